@@ -1,0 +1,204 @@
+"""The `cellfuse` command line. Every failure a user can cause ends in one clear message and a
+non-zero exit, never in a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from . import __version__
+from .graph_model import (
+    Cell,
+    CellError,
+    analyze,
+    init_params,
+    load_cell,
+    load_npz,
+    load_template,
+    require_valid,
+    run_reference,
+    save_npz,
+    template_names,
+)
+from .graph_model.templates import template_text
+
+log = logging.getLogger("cellfuse")
+
+
+def resolve_cell(spec: str) -> Cell:
+    """A cell file's path, or the name of a built-in template when no such file exists."""
+    path = Path(spec)
+    if not path.exists() and spec in template_names():
+        return load_template(spec)
+    return load_cell(path)
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+# -- commands -----------------------------------------------------------------------------------
+
+def cmd_gui(args: argparse.Namespace) -> int:
+    from .app.main import run_app
+
+    return run_app(args.cell)
+
+
+def cmd_templates(args: argparse.Namespace) -> int:
+    if args.name is None:
+        for name in template_names():
+            cell = load_template(name)
+            print(f"{name:16s} {cell.name}: {cell.description}")
+        return 0
+    text = template_text(args.name)
+    if args.output:
+        from .graph_model import atomic_write
+
+        atomic_write(args.output, text.encode())
+        print(f"wrote {args.output}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    cell = resolve_cell(args.cell)
+    info = analyze(cell)
+    for p in info.problems:
+        print(f"{args.cell}: {p}")
+    if info.errors:
+        print(f"{args.cell}: {len(info.errors)} error(s)")
+        return 1
+    print(f"{args.cell}: cell '{cell.name}' is valid ({len(cell.nodes)} nodes, "
+          f"{len(info.problems)} warning(s))")
+    return 0
+
+
+def _sizes(cell: Cell, args: argparse.Namespace) -> tuple[int, int]:
+    return args.input or cell.sizes["input"], args.hidden or cell.sizes["hidden"]
+
+
+def cmd_init_params(args: argparse.Namespace) -> int:
+    cell = resolve_cell(args.cell)
+    require_valid(cell)
+    input_size, hidden = _sizes(cell, args)
+    params = init_params(cell, args.layers, input_size, hidden, args.seed)
+    save_npz(args.output, params)
+    print(f"wrote {args.output}: {len(params)} arrays for {args.layers} layer(s), "
+          f"input {input_size}, hidden {hidden}")
+    return 0
+
+
+def cmd_init_inputs(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    cell = resolve_cell(args.cell)
+    require_valid(cell)
+    input_size = args.input or cell.sizes["input"]
+    rng = np.random.default_rng(args.seed)
+    x = rng.standard_normal((args.seq, args.batch, input_size)).astype(np.float32)
+    save_npz(args.output, {"x": x})
+    print(f"wrote {args.output}: x of shape {list(x.shape)}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    cell = resolve_cell(args.cell)
+    require_valid(cell)
+    params = load_npz(args.params, "parameters")
+    inputs = load_npz(args.inputs, "inputs")
+    if args.backend == "numpy" and args.schedule is None:
+        result = run_reference(cell, params, inputs, args.layers)
+    else:
+        from .gpu_runtime.execute import run_schedule
+
+        result = run_schedule(cell, params, inputs, args.layers, args.schedule or "hoisted",
+                              args.backend)
+    save_npz(args.output, result.arrays())
+    print(f"wrote {args.output}: y of shape {list(result.y.shape)}, "
+          f"final states {', '.join(result.final)}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="cellfuse",
+        description="Design recurrent cells and run them fast on NVIDIA GPUs. "
+                    "CELL is a .cell.json file or the name of a built-in template (see 'cellfuse templates').",
+    )
+    p.add_argument("--version", action="version", version=f"cellfuse {__version__}")
+    p.add_argument("-v", "--verbose", action="store_true", help="log what is being done")
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+
+    s = sub.add_parser("gui", help="open the editor (with CELL, or a new LSTM)")
+    s.add_argument("cell", nargs="?")
+    s.set_defaults(func=cmd_gui)
+
+    s = sub.add_parser("templates", help="list the built-in cells, or print/write one")
+    s.add_argument("name", nargs="?")
+    s.add_argument("-o", "--output", type=Path, help="write the template to this file")
+    s.set_defaults(func=cmd_templates)
+
+    s = sub.add_parser("validate", help="print every problem of a cell; exit 1 on any error")
+    s.add_argument("cell")
+    s.set_defaults(func=cmd_validate)
+
+    s = sub.add_parser("init-params", help="write random parameters for a cell")
+    s.add_argument("cell")
+    s.add_argument("--layers", type=_positive, default=1)
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--input", type=_positive, help="input size (default: the cell's)")
+    s.add_argument("--hidden", type=_positive, help="hidden size (default: the cell's)")
+    s.add_argument("-o", "--output", type=Path, required=True)
+    s.set_defaults(func=cmd_init_params)
+
+    s = sub.add_parser("init-inputs", help="write a random input sequence x [T, B, input]")
+    s.add_argument("cell")
+    s.add_argument("--seq", type=_positive, default=100)
+    s.add_argument("--batch", type=_positive, default=64)
+    s.add_argument("--input", type=_positive, help="input size (default: the cell's)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("-o", "--output", type=Path, required=True)
+    s.set_defaults(func=cmd_init_inputs)
+
+    s = sub.add_parser("run", help="one forward pass over the whole sequence")
+    s.add_argument("cell")
+    s.add_argument("--params", type=Path, required=True)
+    s.add_argument("--inputs", type=Path, required=True)
+    s.add_argument("-o", "--output", type=Path, required=True)
+    s.add_argument("--layers", type=_positive, help="default: as many as the parameters cover")
+    s.add_argument("--backend", choices=["numpy", "cuda"], default="numpy")
+    s.add_argument("--schedule", help="a schedule of the ladder (default: the reference interpreter "
+                                      "on numpy, 'hoisted' on cuda)")
+    s.set_defaults(func=cmd_run)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="cellfuse: %(message)s")
+    if args.command is None:
+        args = parser.parse_args(["gui", *(argv or sys.argv[1:])])
+    try:
+        return args.func(args)
+    except CellError as e:
+        print(f"cellfuse: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("cellfuse: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

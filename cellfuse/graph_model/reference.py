@@ -1,0 +1,84 @@
+"""The reference interpreter: runs a cell node by node with numpy, in float64.
+
+It is the oracle every schedule and backend is checked against, so it is written for clarity:
+no stacking, no fusion, one op of the op table at a time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .cell import Cell
+from .ops import OPS
+from .params import check_inputs, check_params, hidden_from_params, param_key, param_layers
+from .validate import CellError, require_valid
+
+
+@dataclass
+class Forward:
+    """The result of a forward pass: y [T, B, hidden] and final states [L, B, hidden]."""
+
+    y: np.ndarray
+    final: dict[str, np.ndarray]
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        return {"y": self.y, **{f"final.{s}": v for s, v in self.final.items()}}
+
+
+def step(cell: Cell, order: list[str], weights: dict[str, np.ndarray], x_t: np.ndarray,
+         states: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The value of every live node for one step of one layer."""
+    nodes = cell.by_id()
+    values: dict[str, np.ndarray] = {}
+    for nid in order:
+        n = nodes[nid]
+        if n.op == "input":
+            values[nid] = x_t
+        elif n.op == "state":
+            values[nid] = states[nid]
+        elif n.op == "weight":
+            values[nid] = weights[nid]
+        elif n.op == "const":
+            values[nid] = np.float64(n.value)
+        elif n.op == "matmul":
+            values[nid] = values[n.args[0]] @ values[n.args[1]]
+        else:
+            values[nid] = OPS[n.op].numpy(*(values[a] for a in n.args))
+    return values
+
+
+def resolve_run(cell: Cell, params: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
+                layers: int | None = None) -> tuple[int, int, np.ndarray, dict[str, np.ndarray]]:
+    """Checks a run's data against the cell: (layers, hidden, x, initial states)."""
+    layers = layers or param_layers(params) or 1
+    hidden = hidden_from_params(cell, params) or cell.sizes["hidden"]
+    x, states = check_inputs(cell, inputs, layers, None, hidden)
+    check_params(cell, params, layers, x.shape[2], hidden)
+    return layers, hidden, x, states
+
+
+def run_reference(cell: Cell, params: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
+                  layers: int | None = None) -> Forward:
+    """One forward pass over the whole sequence, all layers; float64 inside, float32 out."""
+    info = require_valid(cell)
+    layers, hidden, x, init = resolve_run(cell, params, inputs, layers)
+    seq = x.astype(np.float64)
+    states_out: dict[str, list[np.ndarray]] = {s: [] for s in init}
+    for layer in range(layers):
+        weights = {w.id: params[param_key(layer, w.id)].astype(np.float64) for w in cell.of_op("weight")}
+        states = {s: v[layer].astype(np.float64) for s, v in init.items()}
+        ys = []
+        for t in range(seq.shape[0]):
+            with np.errstate(all="ignore"):  # overflow is caught below, as a non-finite output
+                values = step(cell, info.order, weights, seq[t], states)
+            states = {s: values[cell.updates[s]] for s in states}
+            ys.append(values[cell.output])
+        seq = np.stack(ys)
+        for s, v in states.items():
+            states_out[s].append(v)
+    if not np.all(np.isfinite(seq)):
+        raise CellError("the output holds NaN or infinity: check the parameters and inputs")
+    return Forward(seq.astype(np.float32),
+                   {s: np.stack(v).astype(np.float32) for s, v in states_out.items()})
