@@ -1,0 +1,213 @@
+"""The Plan: plain data that says what runs, on which buffers, for a whole forward pass.
+
+Every backend executes the same Plan. A Plan names buffers (flat float arrays) and launches that read
+and write them through `Access`es; the step index t moves an access's rows by a rule (`Slot`), so the
+executors of the numpy backend and of the CUDA backend resolve addresses with one function,
+`row_offset`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from ..graph_model import Cell, Sizes
+
+# How an access's first row moves with the step t (B is the batch):
+#   fixed: row 0;  all: row 0 and every T*B rows;  all+1: from row B (a [T+1, B, .] buffer's steps 1..T)
+#   t: row t*B;  t+1: row (t+1)*B;  t%2 and (t+1)%2: one of two alternating [B, .] slots
+Slot = Literal["fixed", "all", "all+1", "t", "t+1", "t%2", "(t+1)%2"]
+
+
+def row_offset(slot: Slot, t: int, batch: int) -> int:
+    """The first row an access touches at step t."""
+    if slot in ("fixed", "all"):
+        return 0
+    if slot == "all+1":
+        return batch
+    if slot == "t":
+        return t * batch
+    if slot == "t+1":
+        return (t + 1) * batch
+    if slot == "t%2":
+        return (t % 2) * batch
+    return ((t + 1) % 2) * batch
+
+
+@dataclass(frozen=True)
+class Access:
+    """Where a value lives: rows of `buffer` with row stride `ld`, from column `col`.
+
+    kind: `row` values are [rows, width]; `vec` values are [width], the same for every row;
+    `scalar` values are one number."""
+
+    buffer: str
+    kind: Literal["row", "vec", "scalar"] = "row"
+    ld: int = 0
+    col: int = 0
+    slot: Slot = "fixed"
+
+    def offset(self, t: int, batch: int) -> int:
+        """The element offset of the access's first element at step t."""
+        return row_offset(self.slot, t, batch) * self.ld + self.col
+
+
+@dataclass(frozen=True)
+class Buffer:
+    name: str
+    size: int  # elements
+    role: Literal["input", "output", "state", "gemm", "value", "weight", "stacked", "bias"]
+    # where a weight-like buffer's contents come from: param keys, stacked along N (for `stacked`),
+    # or (param key or None for zeros) per column block (for `bias`)
+    sources: tuple[str | None, ...] = ()
+    widths: tuple[int, ...] = ()  # for bias buffers: the width of each source's column block
+
+
+@dataclass
+class GemmGroup:
+    """Matmuls that share their left operand, run as one GEMM on weights stacked along N."""
+
+    name: str
+    matmuls: list[str]
+    left: str
+    weights: list[str]
+    k_dim: str  # "input" or "hidden"
+    n_dims: list[str]
+    hoisted: bool
+    stage: int
+    folded: dict[str, str] = field(default_factory=dict)  # add node -> its matmul; bias added in the GEMM
+
+    def bias_of(self, cell: Cell, add_id: str) -> str:
+        return next(a for a in cell.node(add_id).args if a != self.folded[add_id])
+
+
+@dataclass
+class Island:
+    """Elementwise nodes that run as one kernel, one thread per element of a [rows, width] block."""
+
+    name: str
+    nodes: list[str]  # in topological order
+    width_dim: str  # "input" or "hidden"
+    hoisted: bool
+    stage: int
+    inputs: list[str] = field(default_factory=list)  # values read from memory
+    outputs: list[str] = field(default_factory=list)  # values written to memory
+
+
+@dataclass(frozen=True)
+class GemmLaunch:
+    group: str
+    m: int  # rows
+    n: int
+    k: int
+    a: Access
+    w: str  # buffer holding the [K, N] weights, row-major
+    c: Access
+    bias: str | None  # a [N] buffer broadcast into C before the GEMM accumulates into it
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    island: str
+    rows: int
+    width: int
+    inputs: tuple[tuple[str, Access], ...]
+    outputs: tuple[tuple[str, Access], ...]
+
+
+Launch = GemmLaunch | KernelLaunch
+
+
+@dataclass
+class LayerPlan:
+    layer: int
+    input_size: int
+    prologue: list[Launch]
+    step: list[Launch]
+    x: Access  # the layer's input at step t
+    state_read: dict[str, Access]  # where each state is read at step t (slot 0 holds the initial value)
+    output_seq: str  # the [T+1, B, hidden] buffer whose rows B.. hold the layer's output sequence
+
+
+@dataclass
+class Plan:
+    cell: Cell
+    schedule: str
+    sizes: Sizes
+    groups: list[GemmGroup]
+    islands: list[Island]
+    layers: list[LayerPlan]
+    buffers: dict[str, Buffer]
+    dead: list[str]
+    cuda_graph: bool = False
+
+    # -- what the plan says, for people and for `plan --json` -----------------------------------
+    @property
+    def launches_per_step(self) -> int:
+        return len(self.layers[0].step)
+
+    def flops_per_step(self) -> int:
+        """Floating-point operations of one step of one layer (GEMMs, and one per elementwise op)."""
+        total = 0
+        for launch in self.layers[0].step:
+            if isinstance(launch, GemmLaunch):
+                total += launch.flops
+            else:
+                total += launch.rows * launch.width * len(self.island(launch.island).nodes)
+        return total
+
+    def bytes_per_step(self) -> int:
+        """Bytes one step of one layer reads and writes in global memory (float32)."""
+        total = 0
+        for launch in self.layers[0].step:
+            if isinstance(launch, GemmLaunch):
+                total += launch.m * launch.k + launch.k * launch.n + launch.m * launch.n
+                total += launch.m * launch.n if launch.bias else 0
+            else:
+                for _, acc in (*launch.inputs, *launch.outputs):
+                    total += {"row": launch.rows * launch.width, "vec": launch.width, "scalar": 1}[acc.kind]
+        return 4 * total
+
+    def group(self, name: str) -> GemmGroup:
+        return next(g for g in self.groups if g.name == name)
+
+    def island(self, name: str) -> Island:
+        return next(i for i in self.islands if i.name == name)
+
+    def summary(self) -> dict:
+        return {
+            "cell": self.cell.name,
+            "schedule": self.schedule,
+            "sizes": {"seq": self.sizes.seq, "batch": self.sizes.batch, "input": self.sizes.input,
+                      "hidden": self.sizes.hidden, "layers": self.sizes.layers},
+            "gemm_groups": [{"name": g.name, "matmuls": list(g.matmuls), "hoisted": g.hoisted,
+                             "folded": sorted(g.folded)} for g in self.groups],
+            "fused_kernels": [{"name": i.name, "nodes": list(i.nodes), "hoisted": i.hoisted,
+                               "inputs": list(i.inputs), "outputs": list(i.outputs)} for i in self.islands],
+            "launches_per_step": self.launches_per_step,
+            "launches_before_loop": len(self.layers[0].prologue),
+            "flops_per_step": self.flops_per_step(),
+            "bytes_per_step": self.bytes_per_step(),
+            "cuda_graph": self.cuda_graph,
+            "dropped": list(self.dead),
+        }
+
+    # -- the data a run starts from -------------------------------------------------------------
+    def weight_arrays(self, params: dict[str, np.ndarray], dtype=np.float32) -> dict[str, np.ndarray]:
+        """Every weight-like buffer, flat, built from the user's parameters (stacked where grouped)."""
+        out: dict[str, np.ndarray] = {}
+        for b in self.buffers.values():
+            if b.role == "weight":
+                out[b.name] = params[b.sources[0]].astype(dtype).reshape(-1)
+            elif b.role == "stacked":
+                out[b.name] = np.concatenate([params[k].astype(dtype) for k in b.sources], axis=1).reshape(-1)
+            elif b.role == "bias":
+                out[b.name] = np.concatenate([params[k].astype(dtype) if k else np.zeros(w, dtype)
+                                              for k, w in zip(b.sources, b.widths)])
+        return out
