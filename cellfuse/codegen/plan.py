@@ -209,5 +209,5 @@ class Plan:
                 out[b.name] = np.concatenate([params[k].astype(dtype) for k in b.sources], axis=1).reshape(-1)
             elif b.role == "bias":
                 out[b.name] = np.concatenate([params[k].astype(dtype) if k else np.zeros(w, dtype)
-                                              for k, w in zip(b.sources, b.widths)])
+                                              for k, w in zip(b.sources, b.widths, strict=True)])
         return out
