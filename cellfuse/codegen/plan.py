@@ -54,15 +54,28 @@ class Access:
         return row_offset(self.slot, t, batch) * self.ld + self.col
 
 
+# How many rows of its width a buffer has: T*B, (T+1)*B, 2*B, B, or 1.
+Rows = Literal["seq", "seq+1", "pair", "batch", "one"]
+
+
+def row_count(rows: Rows, seq: int, batch: int) -> int:
+    return {"seq": seq * batch, "seq+1": (seq + 1) * batch, "pair": 2 * batch, "batch": batch,
+            "one": 1}[rows]
+
+
 @dataclass(frozen=True)
 class Buffer:
     name: str
-    size: int  # elements
+    rows: Rows
+    width: int
     role: Literal["input", "output", "state", "gemm", "value", "weight", "stacked", "bias"]
     # where a weight-like buffer's contents come from: param keys, stacked along N (for `stacked`),
     # or (param key or None for zeros) per column block (for `bias`)
     sources: tuple[str | None, ...] = ()
     widths: tuple[int, ...] = ()  # for bias buffers: the width of each source's column block
+
+    def elements(self, seq: int, batch: int) -> int:
+        return row_count(self.rows, seq, batch) * self.width
 
 
 @dataclass
@@ -173,6 +186,9 @@ class Plan:
                 for _, acc in (*launch.inputs, *launch.outputs):
                     total += {"row": launch.rows * launch.width, "vec": launch.width, "scalar": 1}[acc.kind]
         return 4 * total
+
+    def buffer_elements(self, name: str) -> int:
+        return self.buffers[name].elements(self.sizes.seq, self.sizes.batch)
 
     def group(self, name: str) -> GemmGroup:
         return next(g for g in self.groups if g.name == name)

@@ -187,18 +187,18 @@ class _Layer:
         self.dims = {"input": self.K, "hidden": self.H, "": 1}
         self.nodes = plan_cell.by_id()
         self.p = f"l{layer}."
-        T, B, H = self.T, self.B, self.H
-        self.y = self._buffer(f"{self.p}y", (T + 1) * B * H, "output")
+        self.y = self._buffer(f"{self.p}y", "seq+1", self.H, "output")
         # A state whose update is the output lives in the output sequence: step t reads row block t
         # and writes block t+1, so no copy is needed. Other states alternate between two slots.
         self.state_in_y = next((s for s, v in plan_cell.updates.items() if v == plan_cell.output), None)
-        self.state_buf = {s: self._buffer(f"{self.p}state.{s}", 2 * B * H, "state")
+        self.state_buf = {s: self._buffer(f"{self.p}state.{s}", "pair", self.H, "state")
                           for s in plan_cell.updates if s != self.state_in_y}
         self.group_of = {m: g for g in st.groups for m in g.matmuls}
         self.fold_of = {a: g for g in st.groups for a in g.folded}
 
-    def _buffer(self, name: str, size: int, role: str, sources: tuple = (), widths: tuple = ()) -> str:
-        self.buffers[name] = Buffer(name, size, role, sources, widths)
+    def _buffer(self, name: str, rows: str, width: int, role: str, sources: tuple = (),
+                widths: tuple = ()) -> str:
+        self.buffers[name] = Buffer(name, rows, width, role, sources, widths)
         return name
 
     def width(self, v: str) -> int:
@@ -211,15 +211,14 @@ class _Layer:
 
     def group_out(self, g: GemmGroup) -> str:
         n_total, _ = self._group_n(g)
-        rows = self.T * self.B if g.hoisted else self.B
-        return self._buffer(f"{self.p}{g.name}.out", rows * n_total, "gemm")
+        return self._buffer(f"{self.p}{g.name}.out", "seq" if g.hoisted else "batch", n_total, "gemm")
 
     def value_buffer(self, v: str) -> str:
         shape = self.shapes[v]
         if len(shape) == 2:
-            rows = self.T * self.B if self.st.phase[v] == PRO else self.B
-            return self._buffer(f"{self.p}v.{v}", rows * self.width(v), "value")
-        return self._buffer(f"{self.p}v.{v}", self.width(v), "value")
+            rows = "seq" if self.st.phase[v] == PRO else "batch"
+            return self._buffer(f"{self.p}v.{v}", rows, self.width(v), "value")
+        return self._buffer(f"{self.p}v.{v}", "one", self.width(v), "value")
 
     def read(self, v: str, reader: str) -> Access:
         """Where a reader of the given phase finds v."""
@@ -234,8 +233,8 @@ class _Layer:
                 return Access(self.y, "row", self.H, 0, "t")
             return Access(self.state_buf[v], "row", self.H, 0, "t%2")
         if node.op == "weight":
-            return Access(self._buffer(f"{self.p}{v}", self.width(v), "weight", (param_key(self.layer, v),)),
-                          "vec")
+            key = (param_key(self.layer, v),)
+            return Access(self._buffer(f"{self.p}{v}", "one", self.width(v), "weight", key), "vec")
         if v in self.group_of or v in self.fold_of:
             g = self.group_of.get(v) or self.fold_of[v]
             m = g.folded.get(v, v)
@@ -269,15 +268,16 @@ class _Layer:
     def gemm(self, g: GemmGroup) -> GemmLaunch:
         n_total, _ = self._group_n(g)
         if len(g.weights) == 1:
-            w = self._buffer(f"{self.p}{g.weights[0]}", self.dims[self.shapes[g.weights[0]][0]] * n_total,
-                             "weight", (param_key(self.layer, g.weights[0]),))
+            k = self.dims[self.shapes[g.weights[0]][0]]
+            w = self._buffer(f"{self.p}{g.weights[0]}", "one", k * n_total, "weight",
+                             (param_key(self.layer, g.weights[0]),))
         else:
-            w = self._buffer(f"{self.p}{g.name}.w", self.dims[g.k_dim] * n_total, "stacked",
+            w = self._buffer(f"{self.p}{g.name}.w", "one", self.dims[g.k_dim] * n_total, "stacked",
                              tuple(param_key(self.layer, x) for x in g.weights))
         bias = None
         if g.folded:
             by_matmul = {m: g.bias_of(self.cell, a) for a, m in g.folded.items()}
-            bias = self._buffer(f"{self.p}{g.name}.bias", n_total, "bias",
+            bias = self._buffer(f"{self.p}{g.name}.bias", "one", n_total, "bias",
                                 tuple(param_key(self.layer, by_matmul[m]) if m in by_matmul else None
                                       for m in g.matmuls),
                                 tuple(self.dims[d] for d in g.n_dims))
@@ -320,7 +320,7 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str) -> Plan:
     info = require_valid(cell)
     level = min(SCHEDULES.index(schedule), _HOIST)
     st = _structure(cell, info.order, info.shapes, level)
-    buffers: dict[str, Buffer] = {"x": Buffer("x", sizes.seq * sizes.batch * sizes.input, "input")}
+    buffers: dict[str, Buffer] = {"x": Buffer("x", "seq", sizes.input, "input")}
     layers = []
     for layer in range(sizes.layers):
         lay = _Layer(cell, info.shapes, st, sizes, layer, buffers)

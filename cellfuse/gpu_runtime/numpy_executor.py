@@ -15,7 +15,7 @@ class NumpyExecutor:
         self.plan, self.dtype = plan, np.dtype(dtype)
         self.batch = plan.sizes.batch
         # Every buffer starts as NaN, so that a launch that reads what nothing wrote shows in the output.
-        self.buf = {name: np.full(b.size, np.nan, self.dtype) for name, b in plan.buffers.items()}
+        self.buf = {name: np.full(plan.buffer_elements(name), np.nan, self.dtype) for name in plan.buffers}
         self.buf.update(plan.weight_arrays(params, self.dtype))
         self.nodes = plan.cell.by_id()
 
