@@ -112,6 +112,7 @@ class Island:
 @dataclass(frozen=True)
 class GemmLaunch:
     group: str
+    row_kind: Rows  # m is T*B (hoisted) or B
     m: int  # rows
     n: int
     k: int
@@ -128,6 +129,7 @@ class GemmLaunch:
 @dataclass(frozen=True)
 class KernelLaunch:
     island: str
+    row_kind: Rows  # rows is T*B (hoisted), B, or 1 (an island of [N] and scalar values only)
     rows: int
     width: int
     inputs: tuple[tuple[str, Access], ...]

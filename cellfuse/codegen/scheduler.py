@@ -283,14 +283,16 @@ class _Layer:
                                 tuple(self.dims[d] for d in g.n_dims))
         phase = PRO if g.hoisted else STEP
         out = self.group_out(g)
-        return GemmLaunch(g.name, self.T * self.B if g.hoisted else self.B, n_total, self.dims[g.k_dim],
+        return GemmLaunch(g.name, "seq" if g.hoisted else "batch", self.T * self.B if g.hoisted else self.B,
+                          n_total, self.dims[g.k_dim],
                           self.read(g.left, phase), w,
                           Access(out, "row", n_total, 0, "all" if g.hoisted else "fixed"), bias)
 
     def kernel(self, isl: Island) -> KernelLaunch:
         phase = PRO if isl.hoisted else STEP
         has_rows = not isl.nodes or any(len(self.shapes[n]) == 2 for n in isl.nodes)
-        rows = (self.T * self.B if isl.hoisted else self.B) if has_rows else 1
+        row_kind = ("seq" if isl.hoisted else "batch") if has_rows else "one"
+        rows = {"seq": self.T * self.B, "batch": self.B, "one": 1}[row_kind]
         inputs = tuple((v, self.read(v, phase)) for v in isl.inputs)
         if isl.hoisted:
             outputs = tuple((v, self._pro_value(v, PRO)) for v in isl.outputs)
@@ -298,7 +300,7 @@ class _Layer:
                 self.value_buffer(v)
         else:
             outputs = tuple((v, acc) for v in isl.outputs for acc in self.stores(v))
-        return KernelLaunch(isl.name, rows, self.dims[isl.width_dim], inputs, outputs)
+        return KernelLaunch(isl.name, row_kind, rows, self.dims[isl.width_dim], inputs, outputs)
 
 
 def _ordered(st: _Structure, hoisted: bool) -> list[GemmGroup | Island]:

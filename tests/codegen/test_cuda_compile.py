@@ -1,0 +1,55 @@
+"""The generated kernels compile with nvcc for sm_90, without a warning."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from cellfuse.codegen import SCHEDULES, generate_cuda, make_plan, plan_kernels
+from cellfuse.codegen.cuda_kernels import PRELUDE
+from cellfuse.graph_model import Sizes, load_template, template_names
+
+pytestmark = [pytest.mark.nvcc,
+              pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")]
+
+SIZES = Sizes(seq=6, batch=3, input=24, hidden=40, layers=2)
+
+
+def nvcc_cubin(source: str, tmp_path) -> None:
+    cu = tmp_path / "kernels.cu"
+    cu.write_text(source)
+    proc = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-O3", "-Werror", "all-warnings",
+                           "-o", str(tmp_path / "kernels.cubin"), str(cu)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == "", proc.stderr
+
+
+@pytest.mark.parametrize("name", template_names())
+def test_kernels_of_every_schedule_compile(name, tmp_path):
+    cell = load_template(name)
+    parts = [PRELUDE]
+    for schedule in SCHEDULES:
+        ks = plan_kernels(make_plan(cell, SIZES, schedule))
+        for kname, body in ks.sources.items():
+            parts.append(body.replace(kname, f"{kname}_{schedule}"))
+    nvcc_cubin("\n".join(parts), tmp_path)
+
+
+def test_exported_kernels_are_the_runtime_kernels():
+    cell = load_template("lstm")
+    plan = make_plan(cell, SIZES, "hoisted")
+    text = generate_cuda(cell, SIZES, "hoisted").text
+    for body in plan_kernels(plan).sources.values():
+        assert body in text
+
+
+def test_export_names_its_sizes_and_build_command():
+    text = generate_cuda(load_template("gru"), SIZES, "hoisted").text
+    head = "\n".join(text.splitlines()[:12])
+    assert "input 24, hidden 40, 2 layer(s)" in head
+    assert "nvcc -O3 -arch=sm_90 -DCELLFUSE_DEMO_MAIN" in head
+    assert "int cellfuse_gru_forward(cublasHandle_t handle, cudaStream_t stream" in text
+    assert "#ifdef CELLFUSE_DEMO_MAIN" in text
