@@ -12,6 +12,7 @@ from . import __version__
 from .graph_model import (
     Cell,
     CellError,
+    Sizes,
     analyze,
     init_params,
     load_cell,
@@ -129,11 +130,73 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _plan_sizes(cell: Cell, args: argparse.Namespace) -> Sizes:
+    input_size, hidden = _sizes(cell, args)
+    return Sizes(seq=args.seq, batch=args.batch, input=input_size, hidden=hidden, layers=args.layers)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    import json
+
+    from .codegen import make_plan
+
+    cell = resolve_cell(args.cell)
+    plan = make_plan(cell, _plan_sizes(cell, args), args.schedule)
+    summary = plan.summary()
+    if args.json:
+        print(json.dumps(summary, indent=2))
+        return 0
+    print(f"cell '{cell.name}', schedule '{plan.schedule}', {summary['sizes']}")
+    mflop, mib = summary["flops_per_step"] / 1e6, summary["bytes_per_step"] / 2**20
+    print(f"{plan.launches_per_step} launch(es) per step, {summary['launches_before_loop']} before the loop; "
+          f"per step {mflop:.1f} MFLOP, {mib:.2f} MiB")
+    print("\nGEMM groups:")
+    for g in plan.groups:
+        where = "hoisted: once for all steps" if g.hoisted else f"every step, stage {g.stage}"
+        folded = f"; bias folded: {', '.join(sorted(g.folded))}" if g.folded else ""
+        operands = f"{g.left} @ [{', '.join(g.weights)}]"
+        print(f"  {g.name:8s} {operands} -> {', '.join(g.matmuls)}  ({where}{folded})")
+    print("\nkernels:")
+    for isl in plan.islands:
+        where = "hoisted" if isl.hoisted else f"stage {isl.stage}"
+        print(f"  {isl.name:8s} ({where}) {', '.join(isl.nodes) or 'stores'}")
+        print(f"           reads {', '.join(isl.inputs) or '-'}; writes {', '.join(isl.outputs) or '-'}")
+    print("\none step, in order:")
+    for launch in plan.layers[0].step:
+        print(f"  {getattr(launch, 'group', None) or launch.island}")
+    if plan.dead:
+        print(f"\nnot computed (nothing depends on them): {', '.join(plan.dead)}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .codegen import generate_cuda
+    from .graph_model import atomic_write
+
+    cell = resolve_cell(args.cell)
+    src = generate_cuda(cell, _plan_sizes(cell, args), args.schedule)
+    atomic_write(args.output, src.text.encode())
+    print(f"wrote {args.output} ({len(src.text.splitlines())} lines); build it with: "
+          f"nvcc -O3 -arch=sm_90 -DCELLFUSE_DEMO_MAIN {args.output} -lcublas")
+    return 0
+
+
+def _size_options(s: argparse.ArgumentParser, seq: bool = True) -> None:
+    s.add_argument("--input", type=_positive, help="input size (default: the cell's)")
+    s.add_argument("--hidden", type=_positive, help="hidden size (default: the cell's)")
+    s.add_argument("--layers", type=_positive, default=1)
+    if seq:
+        s.add_argument("--seq", type=_positive, default=100)
+        s.add_argument("--batch", type=_positive, default=64)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .codegen import SCHEDULES
+
     p = argparse.ArgumentParser(
         prog="cellfuse",
-        description="Design recurrent cells and run them fast on NVIDIA GPUs. "
-                    "CELL is a .cell.json file or the name of a built-in template (see 'cellfuse templates').",
+        description="Design recurrent cells and run them fast on NVIDIA GPUs. CELL is a .cell.json "
+                    "file or the name of a built-in template (see 'cellfuse templates').",
     )
     p.add_argument("--version", action="version", version=f"cellfuse {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log what is being done")
@@ -180,6 +243,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--schedule", help="a schedule of the ladder (default: the reference interpreter "
                                       "on numpy, 'hoisted' on cuda)")
     s.set_defaults(func=cmd_run)
+
+    s = sub.add_parser("plan", help="the schedule the compiler found, as a table or --json")
+    s.add_argument("cell")
+    s.add_argument("--schedule", choices=SCHEDULES, default="hoisted")
+    s.add_argument("--json", action="store_true", help="print the plan's summary as JSON")
+    _size_options(s)
+    s.set_defaults(func=cmd_plan)
+
+    s = sub.add_parser("export", help="write the generated CUDA source, self-contained")
+    s.add_argument("cell")
+    s.add_argument("-o", "--output", type=Path, required=True)
+    s.add_argument("--schedule", choices=SCHEDULES, default="hoisted")
+    _size_options(s)
+    s.set_defaults(func=cmd_export, seq=100, batch=64)
     return p
 
 
@@ -195,6 +272,9 @@ def main(argv: list[str] | None = None) -> int:
     except CellError as e:
         print(f"cellfuse: error: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # the reader of our output went away (| head): not an error of ours
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("cellfuse: interrupted", file=sys.stderr)
         return 130
