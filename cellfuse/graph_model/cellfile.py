@@ -8,31 +8,53 @@ raises CellError naming the line, node or key at fault. Whether the graph makes 
 from __future__ import annotations
 
 import json
-import math
 import os
-import tempfile
+import secrets
+import stat
 from pathlib import Path
 from typing import Any
 
 from .cell import FORMAT, Cell, Node
-from .validate import CellError
+from .validate import CellError, is_finite_number
 
 _NODE_KEYS = {"id", "op", "args", "shape", "value"}
 _TOP_KEYS = {"format", "name", "description", "sizes", "nodes", "updates", "output", "layout"}
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
-    """Writes a file so that it is either the old one or the whole new one, never a torn mix."""
+    """Writes a file so that it is either the old one or the whole new one, never a torn mix.
+
+    The data goes to a temporary file beside the target, which then replaces it. A new file gets the
+    permissions a plain open() would give it; an existing file keeps its own.
+    """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent or ".")
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        mode = None
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            fd = os.open(tmp, flags, 0o666)  # the umask applies, as for any new file
+            break
+        except FileExistsError:
+            continue
+        except OSError as e:
+            # Name the file asked for, not the temporary one.
+            raise OSError(e.errno, e.strerror, str(path)) from None
+    else:
+        raise OSError(f"{path}: cannot create a temporary file beside it")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 
@@ -60,8 +82,7 @@ def _node_from_json(i: int, raw: Any) -> Node:
                               or not all(isinstance(d, str) for d in shape)):
         raise CellError(f"{where}: 'shape' must be a list like [\"input\", \"hidden\"], got {shape!r:.60}")
     value = raw.get("value")
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not math.isfinite(value)):
+    if value is not None and not is_finite_number(value):
         raise CellError(f"{where}: 'value' must be a finite number, got {value!r:.60}")
     return Node(
         id=raw["id"], op=raw["op"], args=list(args), shape=list(shape) if shape is not None else None,
@@ -104,8 +125,7 @@ def cell_from_json(data: Any) -> Cell:
         raise CellError(f"'output' must be a node id, got {output!r:.60}")
     layout = data.get("layout", {})
     if not isinstance(layout, dict) or not all(
-        isinstance(p, list) and len(p) == 2
-        and all(isinstance(c, (int, float)) and not isinstance(c, bool) and math.isfinite(c) for c in p)
+        isinstance(p, list) and len(p) == 2 and all(is_finite_number(c) for c in p)
         for p in layout.values()
     ):
         raise CellError("'layout' must map node ids to [x, y] positions")
@@ -126,6 +146,8 @@ def cell_from_text(text: str, source: str = "<text>") -> Cell:
         raise CellError(f"{source}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except RecursionError:
         raise CellError(f"{source}: invalid JSON: nested too deeply") from None
+    except ValueError as e:  # an integer too long to convert, for one
+        raise CellError(f"{source}: invalid JSON: {e}") from None
     try:
         return cell_from_json(data)
     except CellError as e:

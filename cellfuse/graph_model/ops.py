@@ -17,8 +17,11 @@ OpKind = Literal["source", "matmul", "elementwise"]
 
 
 def _sigmoid(a: np.ndarray) -> np.ndarray:
-    # 0.5 * (1 + tanh(a / 2)) is exactly the logistic function and never overflows.
-    return 0.5 * (1.0 + np.tanh(0.5 * a))
+    # e = e^-|a| never overflows; 1 / (1 + e) for a >= 0 and e / (1 + e) for a < 0 are both the
+    # logistic function, each without the cancellation that 1 + tanh(a / 2) suffers for a << 0.
+    a = np.asarray(a)
+    e = np.exp(-np.abs(a))
+    return np.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
 
 @dataclass(frozen=True)

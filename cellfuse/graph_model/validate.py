@@ -20,6 +20,16 @@ DIMS = ("input", "hidden")
 ID_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
+def is_finite_number(v: object) -> bool:
+    """A finite int or float (not a bool, and not an int too large for a float)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
 def shape_str(shape: Shape | None) -> str:
     if shape is None:
         return "?"
@@ -157,9 +167,8 @@ def analyze(cell: Cell) -> CellInfo:
         elif n.shape is not None:
             error(f"only weights have a shape ('{n.op}' node has {n.shape!r})", n.id)
         if n.op == "const":
-            v = n.value
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                error(f"a const needs a finite number as its value, got {v!r}", n.id)
+            if not is_finite_number(n.value):
+                error(f"a const needs a finite number as its value, got {n.value!r:.60}", n.id)
         elif n.value is not None:
             error(f"only consts have a value ('{n.op}' node has {n.value!r})", n.id)
 

@@ -1,0 +1,321 @@
+"""Validation and shape inference: one test per kind of bad cell, each checking that the problem
+names the node at fault (and the shapes, where shapes are the problem)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from cellfuse.graph_model import CellError, Node, analyze, require_valid, shape_str
+
+B_HIDDEN = "[batch, hidden]"
+
+
+def errors_of(cell):
+    info = analyze(cell)
+    return info.errors
+
+
+def only_error(cell):
+    errs = errors_of(cell)
+    assert len(errs) == 1, [str(e) for e in errs]
+    return errs[0]
+
+
+def replace(nodes, nid, *spec):
+    """The nodes with node `nid` replaced by `spec` (a compact tuple's fields, or one Node)."""
+    new = spec[0] if len(spec) == 1 and isinstance(spec[0], Node) else spec
+    return [new if n[0] == nid else n for n in nodes]
+
+
+def test_the_base_cell_is_valid(make_cell):
+    info = analyze(make_cell())
+    assert info.ok and info.problems == []
+    assert info.shapes["x"] == ("B", "input")
+    assert info.shapes["h"] == info.shapes["xw"] == info.shapes["h_new"] == ("B", "hidden")
+    assert info.shapes["W"] == ("input", "hidden") and info.shapes["b"] == ("hidden",)
+    assert set(info.order) == {n.id for n in make_cell().nodes}
+    pos = {nid: i for i, nid in enumerate(info.order)}
+    for n in make_cell().nodes:
+        for a in n.args:
+            assert pos[a] < pos[n.id], f"{a} must come before {n.id}"
+    assert info.dead == set()
+
+
+def test_broadcasting_rows_and_scalars(make_cell, elman_nodes_list):
+    nodes = elman_nodes_list + [
+        ("half", "const", None, None, 0.5),
+        ("p", "weight", None, ["hidden"]),
+        ("pp", "mul", ["p", "p"]),          # [hidden] * [hidden]
+        ("sp", "mul", ["half", "pp"]),      # [] * [hidden]
+        ("s", "add", ["h_new", "sp"]),      # [B, hidden] + [hidden]
+        ("s2", "sub", ["half", "s"]),       # [] - [B, hidden]
+    ]
+    info = analyze(make_cell(nodes, updates={"h": "s2"}, output="s2"))
+    assert info.ok, [str(p) for p in info.problems]
+    assert info.shapes["pp"] == ("hidden",) and info.shapes["sp"] == ("hidden",)
+    assert info.shapes["half"] == ()
+    assert info.shapes["s"] == info.shapes["s2"] == ("B", "hidden")
+
+
+def test_unknown_op(make_cell, elman_nodes_list):
+    p = only_error(make_cell(replace(elman_nodes_list, "a_b", "a_b", "addd", ["a", "b"])))
+    assert p.node == "a_b"
+    assert "'a_b'" in str(p) and "unknown op 'addd'" in p.message
+
+
+@pytest.mark.parametrize("args", [["a_b", "a"], []])
+def test_wrong_arity(make_cell, elman_nodes_list, args):
+    p = only_error(make_cell(replace(elman_nodes_list, "h_new", "h_new", "tanh", args)))
+    assert p.node == "h_new" and "'h_new'" in str(p)
+    assert "takes 1 arg" in p.message and f"got {len(args)}" in p.message
+
+
+def test_wrong_arity_of_a_source(make_cell, elman_nodes_list):
+    p = only_error(make_cell(replace(elman_nodes_list, "h", "h", "state", ["x"])))
+    assert p.node == "h" and "takes 0 args, got 1" in p.message
+
+
+def test_arg_that_names_no_node(make_cell, elman_nodes_list):
+    p = only_error(make_cell(replace(elman_nodes_list, "a", "a", "add", ["xw", "nope"])))
+    assert p.node == "a" and "'nope'" in p.message and "no node" in p.message
+
+
+def test_duplicate_ids(make_cell, elman_nodes_list):
+    nodes = elman_nodes_list + [("a", "sigmoid", ["xw"])]
+    p = only_error(make_cell(nodes))
+    assert p.node == "a" and "duplicate id 'a'" in p.message
+
+
+@pytest.mark.parametrize("bad", ["1a", "a-b", "a b", "", "é", "a.b"])
+def test_invalid_id(make_cell, elman_nodes_list, bad):
+    nodes = [*elman_nodes_list, (bad, "sigmoid", ["h_new"])]
+    errs = errors_of(make_cell(nodes))
+    assert [e.node for e in errs] == [bad]
+    assert f"'{bad}'" in errs[0].message and "not a valid name" in errs[0].message
+
+
+def test_valid_ids_are_accepted(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("_A9_b", "sigmoid", ["h_new"])]
+    assert analyze(make_cell(nodes)).ok
+
+
+def test_elementwise_shape_mismatch_names_both_shapes(make_cell, elman_nodes_list):
+    nodes = [*replace(elman_nodes_list, "a_b", "a_b", "add", ["a", "bi"]),
+             ("bi", "weight", None, ["input"])]
+    p = only_error(make_cell(nodes))
+    assert p.node == "a_b" and "shape mismatch" in p.message
+    assert B_HIDDEN in p.message and "[input]" in p.message
+    assert "'a'" in p.message and "'bi'" in p.message
+
+
+def test_elementwise_mismatch_of_two_batch_values(make_cell, elman_nodes_list):
+    nodes = replace(elman_nodes_list, "a", "a", "add", ["xw", "x"])
+    p = only_error(make_cell(nodes))
+    assert p.node == "a" and B_HIDDEN in p.message and "[batch, input]" in p.message
+
+
+def test_matmul_shape_mismatch_names_both_shapes(make_cell, elman_nodes_list):
+    p = only_error(make_cell(replace(elman_nodes_list, "xw", "xw", "matmul", ["x", "U"])))
+    assert p.node == "xw" and "shape mismatch" in p.message
+    assert "[batch, input]" in p.message and "[hidden, hidden]" in p.message
+
+
+def test_matmul_of_a_weight_on_the_left(make_cell, elman_nodes_list):
+    p = only_error(make_cell(replace(elman_nodes_list, "hu", "hu", "matmul", ["U", "U"])))
+    assert p.node == "hu" and "[hidden, hidden]" in p.message
+
+
+@pytest.mark.parametrize("w, what", [("b", "1-D weight"), ("h", "state"), ("xw", "matmul")])
+def test_matmul_second_arg_must_be_a_2d_weight(make_cell, elman_nodes_list, w, what):
+    nodes = replace(elman_nodes_list, "hu", "hu", "matmul", ["h", w])
+    errs = errors_of(make_cell(nodes))
+    assert errs, "expected an error"
+    p = errs[0]
+    assert p.node == "hu" and "2-D weight" in p.message and f"'{w}'" in p.message and what in p.message
+
+
+def test_2d_weight_in_an_elementwise_op(make_cell, elman_nodes_list):
+    p = only_error(make_cell(replace(elman_nodes_list, "a_b", "a_b", "add", ["a", "U"])))
+    assert p.node == "a_b" and "'U'" in p.message and "[hidden, hidden]" in p.message
+
+
+def test_cycle_through_no_state_names_its_nodes(make_cell, elman_nodes_list):
+    nodes = replace(elman_nodes_list, "a", "a", "add", ["xw", "h_new"])
+    p = only_error(make_cell(nodes))
+    assert "cycle" in p.message
+    assert p.node in {"a", "a_b", "h_new"}
+    for nid in ("a", "a_b", "h_new"):
+        assert f"{nid} ->" in p.message or f"-> {nid}" in p.message
+    assert "xw" not in p.message and "hu" not in p.message
+
+
+def test_self_loop_is_a_cycle(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("loop", "sigmoid", ["loop"])]
+    p = only_error(make_cell(nodes))
+    assert p.node == "loop" and "cycle" in p.message and "loop -> loop" in p.message
+
+
+def test_a_loop_through_a_state_is_fine(make_cell):
+    # h feeds itself through the update, not through an arg: that is the recurrence, no cycle.
+    assert analyze(make_cell()).ok
+
+
+def test_state_without_update(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("c", "state")]
+    p = only_error(make_cell(nodes))
+    assert p.node == "c" and "no update" in p.message
+
+
+def test_update_of_a_non_state(make_cell):
+    p = only_error(make_cell(updates={"h": "h_new", "a": "h_new"}))
+    assert p.node == "a" and "not a state" in p.message and "'add'" in p.message
+
+
+def test_update_of_no_node(make_cell):
+    p = only_error(make_cell(updates={"h": "h_new", "ghost": "h_new"}))
+    assert "'ghost'" in p.message
+
+
+def test_update_to_no_node(make_cell):
+    p = only_error(make_cell(updates={"h": "ghost"}))
+    assert p.node == "h" and "'ghost'" in p.message
+
+
+def test_update_that_is_not_hidden_sized(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("c", "state")]
+    p = only_error(make_cell(nodes, updates={"h": "h_new", "c": "x"}))
+    assert p.node == "c" and "'x'" in p.message and "[batch, input]" in p.message
+    assert B_HIDDEN in p.message
+
+
+@pytest.mark.parametrize("output, shape", [("x", "[batch, input]"), ("b", "[hidden]"),
+                                           ("W", "[input, hidden]")])
+def test_output_that_is_not_hidden_sized(make_cell, output, shape):
+    errs = errors_of(make_cell(output=output))
+    p = [e for e in errs if "output" in e.message]
+    assert len(p) == 1, [str(e) for e in errs]
+    assert p[0].node == output and shape in p[0].message and B_HIDDEN in p[0].message
+
+
+def test_output_const_is_not_hidden_sized(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("k", "const", None, None, 1.0)]
+    p = only_error(make_cell(nodes, output="k"))
+    assert p.node == "k" and "[]" in p.message
+
+
+def test_missing_output(make_cell):
+    p = only_error(make_cell(output=None))
+    assert "no output" in p.message
+
+
+def test_output_that_names_no_node(make_cell):
+    p = only_error(make_cell(output="ghost"))
+    assert "'ghost'" in p.message
+
+
+def test_no_input(make_cell):
+    nodes = [("h", "state"), ("U", "weight", None, ["hidden", "hidden"]), ("hu", "matmul", ["h", "U"]),
+             ("h_new", "tanh", ["hu"])]
+    p = only_error(make_cell(nodes))
+    assert "no input" in p.message
+
+
+def test_two_inputs(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("x2", "input"), ("W2", "weight", None, ["input", "hidden"]),
+             ("xw2", "matmul", ["x2", "W2"]), ("out", "add", ["h_new", "xw2"])]
+    p = only_error(make_cell(nodes, updates={"h": "out"}, output="out"))
+    assert p.node == "x2" and "one input" in p.message
+
+
+def test_unused_input_is_an_error(make_cell):
+    nodes = [("x", "input"), ("h", "state"), ("U", "weight", None, ["hidden", "hidden"]),
+             ("hu", "matmul", ["h", "U"]), ("h_new", "tanh", ["hu"])]
+    p = only_error(make_cell(nodes))
+    assert p.node == "x" and "not used" in p.message
+
+
+def test_input_used_only_by_a_dead_node_is_an_error(make_cell):
+    nodes = [("x", "input"), ("h", "state"), ("U", "weight", None, ["hidden", "hidden"]),
+             ("W", "weight", None, ["input", "hidden"]), ("xw", "matmul", ["x", "W"]),
+             ("hu", "matmul", ["h", "U"]), ("h_new", "tanh", ["hu"])]
+    info = analyze(make_cell(nodes))
+    assert [e.node for e in info.errors] == ["x"]
+    assert {w.node for w in info.problems if w.severity == "warning"} == {"W", "xw"}
+
+
+def test_dead_node_is_a_warning_not_an_error(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("dead", "sigmoid", ["a"])]
+    info = analyze(make_cell(nodes))
+    assert info.ok and info.errors == []
+    assert len(info.problems) == 1
+    w = info.problems[0]
+    assert w.severity == "warning" and w.node == "dead" and str(w).startswith("warning: node 'dead'")
+    assert info.dead == {"dead"} and "dead" not in info.order
+    require_valid(make_cell(nodes))  # warnings do not stop a run
+
+
+@pytest.mark.parametrize("shape", [["input", "hidden", "hidden"], ["batch"], [], ["hidden", 3], None,
+                                   "hidden"])
+def test_bad_weight_shape(make_cell, elman_nodes_list, shape):
+    nodes = replace(elman_nodes_list, "b", Node("b", "weight", shape=shape))
+    p = only_error(make_cell(nodes))
+    assert p.node == "b" and "weight shape" in p.message and repr(shape) in p.message
+
+
+def test_shape_on_a_non_weight(make_cell, elman_nodes_list):
+    nodes = replace(elman_nodes_list, "a", Node("a", "add", ["xw", "hu"], shape=["hidden"]))
+    p = only_error(make_cell(nodes))
+    assert p.node == "a" and "only weights have a shape" in p.message
+
+
+@pytest.mark.parametrize("value", [None, math.nan, math.inf, -math.inf, True, "1.0"])
+def test_const_without_a_finite_value(make_cell, elman_nodes_list, value):
+    nodes = [*elman_nodes_list, Node("k", "const", value=value), ("s", "mul", ["k", "h_new"])]
+    p = only_error(make_cell(nodes, updates={"h": "s"}, output="s"))
+    assert p.node == "k" and "finite number" in p.message and repr(value) in p.message
+
+
+def test_huge_integer_const_is_an_error_not_an_exception(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, Node("k", "const", value=10**400), ("s", "mul", ["k", "h_new"])]
+    p = only_error(make_cell(nodes, updates={"h": "s"}, output="s"))
+    assert p.node == "k" and "finite number" in p.message
+
+
+def test_value_on_a_non_const(make_cell, elman_nodes_list):
+    nodes = replace(elman_nodes_list, "h", Node("h", "state", value=1.0))
+    p = only_error(make_cell(nodes))
+    assert p.node == "h" and "only consts have a value" in p.message
+
+
+def test_every_error_is_reported_at_once(make_cell, elman_nodes_list):
+    nodes = [*replace(elman_nodes_list, "a", "a", "frob", ["xw", "hu"]), ("c", "state"),
+             ("1x", "sigmoid", ["h_new"])]
+    errs = errors_of(make_cell(nodes, output=None))
+    assert {e.node for e in errs} >= {"a", "c", "1x"}
+    assert any("no output" in e.message for e in errs)
+
+
+def test_require_valid_raises_cell_error_listing_the_errors(make_cell, elman_nodes_list):
+    cell = make_cell([*elman_nodes_list, ("c", "state")], output="ghost")
+    with pytest.raises(CellError) as e:
+        require_valid(cell)
+    assert "2 error(s)" in str(e.value) and "'c'" in str(e.value) and "'ghost'" in str(e.value)
+    assert len(e.value.problems) == 2
+
+
+def test_shape_str():
+    assert shape_str(("B", "hidden")) == B_HIDDEN
+    assert shape_str(()) == "[]"
+    assert shape_str(None) == "?"
+
+
+def test_long_chains_do_not_hit_the_recursion_limit(make_cell, elman_nodes_list):
+    nodes = list(elman_nodes_list)
+    prev = "h_new"
+    for i in range(3000):
+        nodes.append((f"n{i}", "tanh", [prev]))
+        prev = f"n{i}"
+    info = analyze(make_cell(nodes, updates={"h": prev}, output=prev))
+    assert info.ok and info.order[-1] == prev
