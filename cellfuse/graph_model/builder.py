@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Union
 
 from .cell import DEFAULT_SIZES, Cell, Node
-from .validate import require_valid
+from .validate import CellError, require_valid
 
 Operand = Union["Value", float, int]
 
@@ -30,7 +30,9 @@ class Value:
         self.id = node_id
 
     def named(self, node_id: str) -> Value:
-        """Gives this node a readable id."""
+        """Gives this node a readable id; raises CellError if another node has it."""
+        if node_id != self.id and self.builder.cell.has(node_id):
+            raise CellError(f"cannot name node '{self.id}' '{node_id}': that id is taken")
         self.builder.cell.rename(self.id, node_id)
         self.id = node_id
         return self
@@ -129,18 +131,31 @@ class CellBuilder:
 
 
 def auto_layout(cell: Cell) -> dict[str, list[float]]:
-    """Columns by depth from the sources; each source sits one column left of its first consumer."""
+    """Columns by depth from the sources; each source sits one column left of its first consumer.
+
+    Works on any cell the editor may hold: args that name no node are ignored, and so is the edge
+    that closes a cycle.
+    """
     nodes = cell.by_id()
     depth: dict[str, int] = {}
-
-    def node_depth(nid: str) -> int:
-        if nid not in depth:
-            args = nodes[nid].args
-            depth[nid] = 1 + max((node_depth(a) for a in args), default=-1) if args else 0
-        return depth[nid]
-
-    for n in cell.nodes:
-        node_depth(n.id)
+    seen: set[str] = set()
+    for root in nodes:
+        if root in seen:
+            continue
+        seen.add(root)
+        stack: list[tuple[str, int]] = [(root, 0)]
+        while stack:  # depth-first, without recursion: a cell may be a very long chain
+            nid, i = stack[-1]
+            args = [a for a in nodes[nid].args if a in nodes]
+            if i < len(args):
+                stack[-1] = (nid, i + 1)
+                if args[i] not in seen:
+                    seen.add(args[i])
+                    stack.append((args[i], 0))
+                continue
+            stack.pop()
+            done = [depth[a] for a in args if a in depth]
+            depth[nid] = 1 + max(done, default=-1) if nodes[nid].args else 0
     consumers = cell.consumers()
     for n in cell.nodes:
         if not n.args and consumers[n.id]:
@@ -148,6 +163,8 @@ def auto_layout(cell: Cell) -> dict[str, list[float]]:
     rows: dict[int, int] = {}
     layout: dict[str, list[float]] = {}
     for n in cell.nodes:
+        if n.id in layout:
+            continue  # a duplicate id; the first node of it has the place
         d = depth[n.id]
         layout[n.id] = [d * COLUMN_SPACING, rows.get(d, 0) * ROW_SPACING]
         rows[d] = rows.get(d, 0) + 1
