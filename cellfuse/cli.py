@@ -4,6 +4,7 @@ non-zero exit, never in a traceback."""
 from __future__ import annotations
 
 import argparse
+import io
 import logging
 import sys
 from pathlib import Path
@@ -181,6 +182,81 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _print_bench(result) -> None:
+    s = result.sizes
+    print(f"\n{result.cell}: T={s.seq} B={s.batch} input={s.input} hidden={s.hidden} layers={s.layers} "
+          f"on {result.device}")
+    naive = result.row("naive")
+    print(f"  {'implementation':18s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'vs naive':>9s} "
+          f"{'rel err':>9s} {'launch/step':>11s} {'first s':>8s}")
+    for r in result.rows:
+        if not r.ok:
+            print(f"  {r.name:18s} {'FAILED':>10s}  {r.note}")
+            continue
+        speed = (f"{naive.median_ms / r.median_ms:8.1f}x" if naive and naive.ok else f"{'':9s}")
+        lps = "" if r.launches_per_step is None else str(r.launches_per_step)
+        first = "" if r.compile_s is None else f"{r.compile_s:.2f}"
+        print(f"  {r.name:18s} {r.median_ms:10.3f} {r.min_ms:8.3f} {r.max_ms:8.3f} {speed} "
+              f"{r.rel_error:9.1e} {lps:>11s} {first:>8s}")
+    if result.cancelled:
+        print("  (cancelled)")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import json
+
+    from .gpu_runtime.bench import BenchConfig, run_benchmark, run_sweep
+
+    cell = resolve_cell(args.cell)
+    require_valid(cell)
+    config = BenchConfig(_plan_sizes(cell, args), backend=args.backend, repeats=args.repeats)
+    if args.schedules:
+        config.schedules = args.schedules.split(",")
+    if args.baselines is not None:
+        config.baselines = [b for b in args.baselines.split(",") if b]
+
+    def progress(done: int, total: int, message: str) -> None:
+        print(f"[{done}/{total}] {message}", file=sys.stderr, flush=True)
+
+    if args.sweep:
+        param, _, values = args.sweep.partition("=")
+        try:
+            numbers = [int(v) for v in values.split(",") if v]
+        except ValueError:
+            raise CellError(f"--sweep {args.sweep}: expected NAME=N,N,... like batch=1,8,64,256") from None
+        if not numbers:
+            raise CellError(f"--sweep {args.sweep}: expected NAME=N,N,... like batch=1,8,64,256")
+        sweep = run_sweep(cell, config, param, numbers, progress)
+        for res in sweep.results:
+            _print_bench(res)
+        record, results = sweep.to_json(), sweep.results
+    else:
+        result = run_benchmark(cell, config, progress)
+        _print_bench(result)
+        record, results = result.to_json(), [result]
+    from .graph_model import atomic_write
+
+    if args.json:
+        atomic_write(args.json, (json.dumps(record, indent=2) + "\n").encode())
+        print(f"wrote {args.json}")
+    if args.plot:
+        from matplotlib.figure import Figure
+
+        from .gpu_runtime.plots import plot_result, plot_sweep
+
+        fig = Figure(figsize=(10, 4.5))
+        if args.sweep:
+            plot_sweep(sweep, fig)
+        else:
+            plot_result(results[0], fig)
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=120)
+        atomic_write(args.plot, buf.getvalue())
+        print(f"wrote {args.plot}")
+    bad = [r.name for res in results for r in res.rows if not r.ok]
+    return 1 if bad else 0
+
+
 def _size_options(s: argparse.ArgumentParser, seq: bool = True) -> None:
     s.add_argument("--input", type=_positive, help="input size (default: the cell's)")
     s.add_argument("--hidden", type=_positive, help="hidden size (default: the cell's)")
@@ -257,6 +333,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--schedule", choices=SCHEDULES, default="hoisted")
     _size_options(s)
     s.set_defaults(func=cmd_export, seq=100, batch=64)
+
+    s = sub.add_parser("bench", help="check and time every schedule and the available baselines")
+    s.add_argument("cell")
+    _size_options(s)
+    s.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto",
+                   help="auto: cuda where a GPU can be used, else numpy")
+    s.add_argument("--schedules", help=f"comma-separated, of {','.join(SCHEDULES)} (default: all)")
+    s.add_argument("--baselines", help="comma-separated, of 'numpy reference,pytorch eager,torch.compile,"
+                                       "cudnn' (default: all that apply)")
+    s.add_argument("--repeats", type=_positive, default=20, help="timed runs per implementation")
+    s.add_argument("--sweep", help="time over several sizes, e.g. batch=1,8,64,256")
+    s.add_argument("--json", type=Path, help="write the result record here")
+    s.add_argument("--plot", type=Path, help="write a PNG chart here")
+    s.set_defaults(func=cmd_bench)
     return p
 
 

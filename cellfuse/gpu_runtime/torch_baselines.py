@@ -1,0 +1,133 @@
+"""What a researcher could otherwise use, in PyTorch, on the same cell, weights and inputs:
+the cell interpreted op by op ("PyTorch eager"), its step function under torch.compile, and cuDNN
+(torch.nn.LSTM / torch.nn.GRU) when the cell is one cuDNN implements."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..graph_model import Cell, load_template, param_key, require_valid
+
+
+def torch_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def _ops(torch):
+    return {
+        "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "neg": torch.neg,
+        "exp": torch.exp, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": torch.relu,
+    }
+
+
+def make_step(cell: Cell) -> Callable:
+    """step(x_t, states: tuple, weights: dict) -> (output, new states tuple), one torch op per node."""
+    import torch
+
+    info = require_valid(cell)
+    nodes = cell.by_id()
+    ops = _ops(torch)
+    state_ids = list(cell.updates)
+
+    def step(x_t, states, weights):
+        values = {}
+        for nid in info.order:
+            n = nodes[nid]
+            if n.op == "input":
+                values[nid] = x_t
+            elif n.op == "state":
+                values[nid] = states[state_ids.index(nid)]
+            elif n.op == "weight":
+                values[nid] = weights[nid]
+            elif n.op == "const":
+                values[nid] = n.value
+            elif n.op == "matmul":
+                values[nid] = values[n.args[0]] @ values[n.args[1]]
+            else:
+                values[nid] = ops[n.op](*(values[a] for a in n.args))
+        return values[cell.output], tuple(values[cell.updates[s]] for s in state_ids)
+
+    return step
+
+
+class TorchCell:
+    """The cell in PyTorch on the GPU, run over the whole sequence and all layers."""
+
+    def __init__(self, cell: Cell, params: dict[str, np.ndarray], layers: int, compiled: bool = False):
+        import torch
+
+        self.torch = torch
+        self.cell, self.layers = cell, layers
+        dev = torch.device("cuda")
+        self.weights = [{w.id: torch.from_numpy(params[param_key(layer, w.id)]).to(dev)
+                         for w in cell.of_op("weight")} for layer in range(layers)]
+        step = make_step(cell)
+        self.step = torch.compile(step, dynamic=False) if compiled else step
+
+    def __call__(self, x, initial: list):
+        """x: [T, B, input] tensor; initial: per state [L, B, H] tensors. Returns y [T, B, H]."""
+        seq = x
+        with self.torch.no_grad():
+            for layer in range(self.layers):
+                states = tuple(s[layer] for s in initial)
+                ys = []
+                for t in range(seq.shape[0]):
+                    out, states = self.step(seq[t], states, self.weights[layer])
+                    ys.append(out)
+                seq = self.torch.stack(ys)
+        return seq
+
+
+def cudnn_kind(cell: Cell) -> str | None:
+    """"lstm" or "gru" when the cell computes what torch.nn.LSTM / torch.nn.GRU compute."""
+    for kind in ("lstm", "gru"):
+        if cell.structure_hash() == load_template(kind).structure_hash():
+            return kind
+    return None
+
+
+class CudnnCell:
+    """torch.nn.LSTM or torch.nn.GRU (cuDNN) loaded with the cell's weights."""
+
+    _GATES = {"lstm": [("W_i", "U_i", "b_i"), ("W_f", "U_f", "b_f"), ("W_g", "U_g", "b_g"),
+                       ("W_o", "U_o", "b_o")],
+              "gru": [("W_ir", "W_hr", "b_ir", "b_hr"), ("W_iz", "W_hz", "b_iz", "b_hz"),
+                      ("W_in", "W_hn", "b_in", "b_hn")]}
+
+    def __init__(self, kind: str, params: dict[str, np.ndarray], layers: int, input_size: int, hidden: int):
+        import torch
+
+        self.torch, self.kind = torch, kind
+        cls = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
+        self.module = cls(input_size, hidden, num_layers=layers).cuda().eval()
+        with torch.no_grad():
+            for layer in range(layers):
+                def p(name: str, layer: int = layer) -> np.ndarray:
+                    return params[param_key(layer, name)]
+
+                gates = self._GATES[kind]
+                w_ih = np.concatenate([p(g[0]).T for g in gates])
+                w_hh = np.concatenate([p(g[1]).T for g in gates])
+                if kind == "lstm":  # one bias per gate here; cuDNN adds b_ih + b_hh
+                    b_ih = np.concatenate([p(g[2]) for g in gates])
+                    b_hh = np.zeros_like(b_ih)
+                else:
+                    b_ih = np.concatenate([p(g[2]) for g in gates])
+                    b_hh = np.concatenate([p(g[3]) for g in gates])
+                for name, value in (("weight_ih", w_ih), ("weight_hh", w_hh), ("bias_ih", b_ih),
+                                    ("bias_hh", b_hh)):
+                    getattr(self.module, f"{name}_l{layer}").copy_(torch.from_numpy(value))
+
+    def __call__(self, x, initial: list):
+        with self.torch.no_grad():
+            if self.kind == "lstm":  # the cell's states are (h, c), as torch.nn.LSTM's
+                y, _ = self.module(x, (initial[0], initial[1]))
+            else:
+                y, _ = self.module(x, initial[0])
+        return y
