@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import io
 import os
-import zipfile
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -66,16 +66,28 @@ def param_layers(params: dict[str, np.ndarray]) -> int:
     return layers
 
 
+def sizes_from_params(cell: Cell, params: dict[str, np.ndarray]) -> dict[str, int]:
+    """The input and hidden sizes the parameters imply, where some weight has such a dimension.
+
+    Every weight of every layer votes (for layer > 0 `input` is `hidden`) and the most common size wins,
+    so that one mis-shaped parameter is the one reported, not every weight that disagrees with it.
+    """
+    votes: dict[str, Counter[int]] = {"input": Counter(), "hidden": Counter()}
+    for layer in range(param_layers(params)):
+        for w in cell.of_op("weight"):
+            arr = params.get(param_key(layer, w.id))
+            if (not isinstance(arr, np.ndarray) or not isinstance(w.shape, list)
+                    or arr.ndim != len(w.shape)):
+                continue
+            for dim, n in zip(w.shape, arr.shape, strict=True):
+                if dim in votes:
+                    votes[dim if layer == 0 else "hidden"][int(n)] += 1
+    return {dim: counts.most_common(1)[0][0] for dim, counts in votes.items() if counts}
+
+
 def hidden_from_params(cell: Cell, params: dict[str, np.ndarray]) -> int | None:
-    """The hidden size that layer 0's parameters imply, if any weight has a hidden dimension."""
-    for w in cell.of_op("weight"):
-        arr = params.get(param_key(0, w.id))
-        if arr is None or w.shape is None or arr.ndim != len(w.shape):
-            continue
-        for dim, n in zip(w.shape, arr.shape):
-            if dim == "hidden":
-                return int(n)
-    return None
+    """The hidden size that the parameters imply, if any weight has a hidden dimension."""
+    return sizes_from_params(cell, params).get("hidden")
 
 
 def check_params(cell: Cell, params: dict[str, np.ndarray], layers: int, input: int, hidden: int) -> None:
@@ -108,6 +120,8 @@ def check_inputs(cell: Cell, inputs: dict[str, np.ndarray], layers: int, input: 
             if arr.shape != (layers, batch, hidden):
                 raise CellError(f"inputs: initial state '{s.id}' has shape {list(arr.shape)}, "
                                 f"expected [{layers}, {batch}, {hidden}] (layers, batch, hidden)")
+            if not np.issubdtype(arr.dtype, np.floating):
+                raise CellError(f"inputs: initial state '{s.id}' has dtype {arr.dtype}, expected float32")
             states[s.id] = arr
         else:
             states[s.id] = np.zeros((layers, batch, hidden), np.float32)
@@ -115,19 +129,31 @@ def check_inputs(cell: Cell, inputs: dict[str, np.ndarray], layers: int, input: 
 
 
 def load_npz(path: str | os.PathLike[str], what: str) -> dict[str, np.ndarray]:
-    """All arrays of an .npz file; never unpickles anything."""
+    """All arrays of an .npz file; never unpickles anything. `what` names the file in errors."""
     path = Path(path)
     try:
-        with np.load(path, allow_pickle=False) as data:
-            if not isinstance(data, np.lib.npyio.NpzFile):
-                raise CellError(f"{what} {path}: not an .npz archive")
-            return {k: data[k] for k in data.files}
+        data = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise CellError(f"{what} {path}: no such file") from None
-    except CellError:
-        raise
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as e:
-        raise CellError(f"{what} {path}: not a readable .npz file ({e})") from None
+    except IsADirectoryError:
+        raise CellError(f"{what} {path}: is a directory, not an .npz file") from None
+    except Exception as e:  # a file from anywhere: whatever numpy makes of it, it is not ours to run
+        raise CellError(f"{what} {path}: not a readable .npz file ({type(e).__name__}: {e})") from None
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise CellError(f"{what} {path}: not an .npz archive (an .npz holds named arrays, "
+                        "as numpy.savez writes them)")
+    arrays: dict[str, np.ndarray] = {}
+    with data:
+        for key in data.files:
+            try:
+                arr = data[key]
+            except Exception as e:
+                raise CellError(f"{what} {path}: array '{key}' cannot be read "
+                                f"({type(e).__name__}: {e})") from None
+            if not isinstance(arr, np.ndarray):
+                raise CellError(f"{what} {path}: member '{key}' is not a numpy array")
+            arrays[key] = arr
+    return arrays
 
 
 def save_npz(path: str | os.PathLike[str], arrays: dict[str, np.ndarray]) -> None:

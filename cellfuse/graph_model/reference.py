@@ -12,7 +12,7 @@ import numpy as np
 
 from .cell import Cell
 from .ops import OPS
-from .params import check_inputs, check_params, hidden_from_params, param_key, param_layers
+from .params import check_inputs, check_params, param_key, param_layers, sizes_from_params
 from .validate import CellError, require_valid
 
 
@@ -53,8 +53,9 @@ def resolve_run(cell: Cell, params: dict[str, np.ndarray], inputs: dict[str, np.
                 layers: int | None = None) -> tuple[int, int, np.ndarray, dict[str, np.ndarray]]:
     """Checks a run's data against the cell: (layers, hidden, x, initial states)."""
     layers = layers or param_layers(params) or 1
-    hidden = hidden_from_params(cell, params) or cell.sizes["hidden"]
-    x, states = check_inputs(cell, inputs, layers, None, hidden)
+    implied = sizes_from_params(cell, params)
+    hidden = implied.get("hidden", cell.sizes["hidden"])
+    x, states = check_inputs(cell, inputs, layers, implied.get("input"), hidden)
     check_params(cell, params, layers, x.shape[2], hidden)
     return layers, hidden, x, states
 
@@ -80,5 +81,15 @@ def run_reference(cell: Cell, params: dict[str, np.ndarray], inputs: dict[str, n
             states_out[s].append(v)
     if not np.all(np.isfinite(seq)):
         raise CellError("the output holds NaN or infinity: check the parameters and inputs")
-    return Forward(seq.astype(np.float32),
-                   {s: np.stack(v).astype(np.float32) for s, v in states_out.items()})
+    final = {s: np.stack(v) for s, v in states_out.items()}
+    for s, v in final.items():
+        if not np.all(np.isfinite(v)):
+            raise CellError(f"the final value of state '{s}' holds NaN or infinity: check the parameters "
+                            "and inputs")
+    with np.errstate(over="ignore"):  # a finite float64 beyond float32's range becomes inf, checked below
+        y32 = seq.astype(np.float32)
+        final32 = {s: v.astype(np.float32) for s, v in final.items()}
+    if not np.all(np.isfinite(y32)) or not all(np.all(np.isfinite(v)) for v in final32.values()):
+        raise CellError("the output or a final state is too large for float32: check the parameters "
+                        "and inputs")
+    return Forward(y32, final32)
