@@ -4,9 +4,11 @@ non-zero exit, never in a traceback."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import io
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from . import __version__
@@ -32,8 +34,11 @@ log = logging.getLogger("cellfuse")
 def resolve_cell(spec: str) -> Cell:
     """A cell file's path, or the name of a built-in template when no such file exists."""
     path = Path(spec)
-    if not path.exists() and spec in template_names():
-        return load_template(spec)
+    if not path.exists():
+        if spec in template_names():
+            return load_template(spec)
+        raise CellError(f"{spec}: no such file, and no template of that name "
+                        f"(templates: {', '.join(template_names())})")
     return load_cell(path)
 
 
@@ -45,6 +50,25 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+def _seed(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a seed is 0 or more, got {value}")
+    return value
+
+
+@contextlib.contextmanager
+def _allocating(what: str) -> Iterator[None]:
+    """Turns numpy's refusal of an array too large for memory into a CellError."""
+    try:
+        yield
+    except (MemoryError, ValueError) as e:
+        raise CellError(f"cannot make {what}: {e or 'not enough memory'}") from None
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -75,10 +99,10 @@ def cmd_templates(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     cell = resolve_cell(args.cell)
     info = analyze(cell)
-    for p in info.problems:
-        print(f"{args.cell}: {p}")
+    for p in info.problems:  # diagnostics go to stderr, as a compiler's do
+        print(f"{args.cell}: {p}", file=sys.stderr)
     if info.errors:
-        print(f"{args.cell}: {len(info.errors)} error(s)")
+        print(f"{args.cell}: {len(info.errors)} error(s)", file=sys.stderr)
         return 1
     print(f"{args.cell}: cell '{cell.name}' is valid ({len(cell.nodes)} nodes, "
           f"{len(info.problems)} warning(s))")
@@ -93,7 +117,8 @@ def cmd_init_params(args: argparse.Namespace) -> int:
     cell = resolve_cell(args.cell)
     require_valid(cell)
     input_size, hidden = _sizes(cell, args)
-    params = init_params(cell, args.layers, input_size, hidden, args.seed)
+    with _allocating(f"parameters of input {input_size}, hidden {hidden}"):
+        params = init_params(cell, args.layers, input_size, hidden, args.seed)
     save_npz(args.output, params)
     print(f"wrote {args.output}: {len(params)} arrays for {args.layers} layer(s), "
           f"input {input_size}, hidden {hidden}")
@@ -107,7 +132,8 @@ def cmd_init_inputs(args: argparse.Namespace) -> int:
     require_valid(cell)
     input_size = args.input or cell.sizes["input"]
     rng = np.random.default_rng(args.seed)
-    x = rng.standard_normal((args.seq, args.batch, input_size)).astype(np.float32)
+    with _allocating(f"inputs of shape {[args.seq, args.batch, input_size]}"):
+        x = rng.standard_normal((args.seq, args.batch, input_size)).astype(np.float32)
     save_npz(args.output, {"x": x})
     print(f"wrote {args.output}: x of shape {list(x.shape)}")
     return 0
@@ -121,7 +147,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.backend == "numpy" and args.schedule is None:
         result = run_reference(cell, params, inputs, args.layers)
     else:
-        from .gpu_runtime.execute import run_schedule
+        try:
+            from .gpu_runtime.execute import run_schedule
+        except ImportError as e:
+            raise CellError(f"the '{args.backend}' backend is not available: {e}") from None
 
         result = run_schedule(cell, params, inputs, args.layers, args.schedule or "hoisted",
                               args.backend)
@@ -294,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("init-params", help="write random parameters for a cell")
     s.add_argument("cell")
     s.add_argument("--layers", type=_positive, default=1)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=_seed, default=0)
     s.add_argument("--input", type=_positive, help="input size (default: the cell's)")
     s.add_argument("--hidden", type=_positive, help="hidden size (default: the cell's)")
     s.add_argument("-o", "--output", type=Path, required=True)
@@ -305,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seq", type=_positive, default=100)
     s.add_argument("--batch", type=_positive, default=64)
     s.add_argument("--input", type=_positive, help="input size (default: the cell's)")
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seed", type=_seed, default=0)
     s.add_argument("-o", "--output", type=Path, required=True)
     s.set_defaults(func=cmd_init_inputs)
 
@@ -355,8 +384,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="cellfuse: %(message)s")
-    if args.command is None:
-        args = parser.parse_args(["gui", *(argv or sys.argv[1:])])
+    if args.command is None:  # plain `cellfuse` opens the editor
+        args.func, args.cell = cmd_gui, None
     try:
         return args.func(args)
     except CellError as e:
@@ -365,6 +394,13 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of our output went away (| head): not an error of ours
         sys.stderr.close()
         return 0
+    except OSError as e:  # a file that cannot be written (or read), a full disk
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"cellfuse: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print("cellfuse: error: out of memory", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("cellfuse: interrupted", file=sys.stderr)
         return 130
