@@ -1,0 +1,439 @@
+"""The command line: every command that works, and every bad input ending in one message on stderr
+that says what and where, a non-zero exit, no traceback and no output file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cellfuse.cli import main
+from cellfuse.graph_model import load_cell, load_npz, load_template, run_reference, save_npz, template_names
+from cellfuse.graph_model.templates import template_text
+
+ROOT = Path(__file__).resolve().parents[1]
+T, B, INPUT, HIDDEN = 4, 3, 5, 6
+
+
+@pytest.fixture
+def cli(capsys):
+    """cli(*argv) -> (exit code, stdout, stderr)."""
+
+    def run(*argv: object) -> tuple[int, str, str]:
+        code = main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        assert "Traceback" not in err
+        return code, out, err
+
+    return run
+
+
+def write_cell(path: Path, change=None, name: str = "elman") -> Path:
+    data = json.loads(template_text(name))
+    if change is not None:
+        change(data)
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+@pytest.fixture
+def lstm_files(tmp_path, cli):
+    """Parameters for 2 layers and inputs for the LSTM template, written by the CLI itself."""
+    params, inputs = tmp_path / "p.npz", tmp_path / "x.npz"
+    assert cli("init-params", "lstm", "--layers", 2, "--input", INPUT, "--hidden", HIDDEN, "--seed", 3,
+               "-o", params)[0] == 0
+    assert cli("init-inputs", "lstm", "--seq", T, "--batch", B, "--input", INPUT, "--seed", 4,
+               "-o", inputs)[0] == 0
+    return params, inputs
+
+
+# -- commands that work ---------------------------------------------------------------------------
+
+def test_templates_lists_every_template(cli):
+    code, out, err = cli("templates")
+    assert code == 0 and err == ""
+    lines = out.strip().splitlines()
+    assert [ln.split()[0] for ln in lines] == template_names()
+    assert any("LSTM" in ln for ln in lines)
+
+
+def test_templates_prints_one(cli):
+    code, out, _ = cli("templates", "gru")
+    assert code == 0 and out == template_text("gru")
+
+
+def test_templates_writes_one(cli, tmp_path):
+    target = tmp_path / "g.cell.json"
+    code, out, _ = cli("templates", "gru_cho", "-o", target)
+    assert code == 0 and str(target) in out
+    assert target.read_text() == template_text("gru_cho")
+    assert load_cell(target).to_json() == load_template("gru_cho").to_json()
+
+
+@pytest.mark.parametrize("name", template_names())
+def test_validate_a_template_by_name(cli, name):
+    code, out, err = cli("validate", name)
+    assert code == 0 and "is valid" in out and err == ""
+
+
+def test_validate_a_file(cli, tmp_path):
+    path = write_cell(tmp_path / "e.cell.json")
+    code, out, err = cli("validate", path)
+    assert code == 0 and "is valid" in out and "0 warning(s)" in out
+
+
+def test_a_file_named_like_a_template_wins(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    write_cell(tmp_path / "lstm", lambda d: d["nodes"].append({"id": "junk", "op": "nope"}))
+    code, _, err = cli("validate", "lstm")
+    assert code == 1 and "'junk'" in err
+
+
+def test_validate_with_warnings_only(cli, tmp_path):
+    path = write_cell(tmp_path / "w.cell.json",
+                      lambda d: d["nodes"].append({"id": "spare", "op": "sigmoid", "args": ["a"]}))
+    code, out, err = cli("validate", path)
+    assert code == 0 and "is valid" in out and "1 warning(s)" in out
+    assert "warning: node 'spare'" in err
+
+
+def test_init_params(cli, tmp_path):
+    path = tmp_path / "p.npz"
+    code, out, _ = cli("init-params", "lstm", "--layers", 2, "--input", 3, "--hidden", 4, "--seed", 1,
+                       "-o", path)
+    assert code == 0 and str(path) in out
+    params = load_npz(path, "parameters")
+    assert len(params) == 2 * 12
+    assert params["l0.W_i"].shape == (3, 4) and params["l1.W_i"].shape == (4, 4)
+    assert params["l1.U_o"].shape == (4, 4) and params["l0.b_g"].shape == (4,)
+    assert all(v.dtype == np.float32 and np.all(np.abs(v) <= 0.5) for v in params.values())
+    again = tmp_path / "q.npz"
+    cli("init-params", "lstm", "--layers", 2, "--input", 3, "--hidden", 4, "--seed", 1, "-o", again)
+    other = tmp_path / "r.npz"
+    cli("init-params", "lstm", "--layers", 2, "--input", 3, "--hidden", 4, "--seed", 2, "-o", other)
+    b, c = load_npz(again, "parameters"), load_npz(other, "parameters")
+    assert all(np.array_equal(params[k], b[k]) for k in params)
+    assert not np.array_equal(params["l0.W_i"], c["l0.W_i"])
+
+
+def test_init_params_uses_the_cells_sizes(cli, tmp_path):
+    path = write_cell(tmp_path / "e.cell.json", lambda d: d.update(sizes={"input": 2, "hidden": 7}))
+    cli("init-params", path, "-o", tmp_path / "p.npz")
+    params = load_npz(tmp_path / "p.npz", "parameters")
+    assert {k: v.shape for k, v in params.items()} == {"l0.W": (2, 7), "l0.U": (7, 7), "l0.b": (7,)}
+
+
+def test_init_inputs(cli, tmp_path):
+    path = tmp_path / "x.npz"
+    code, out, _ = cli("init-inputs", "gru", "--seq", 7, "--batch", 2, "--input", 3, "-o", path)
+    assert code == 0 and "[7, 2, 3]" in out
+    inputs = load_npz(path, "inputs")
+    assert list(inputs) == ["x"] and inputs["x"].shape == (7, 2, 3) and inputs["x"].dtype == np.float32
+
+
+def test_run(cli, tmp_path, lstm_files):
+    params, inputs = lstm_files
+    out_path = tmp_path / "y.npz"
+    code, out, err = cli("run", "lstm", "--params", params, "--inputs", inputs, "-o", out_path,
+                         "--backend", "numpy")
+    assert code == 0 and str(out_path) in out and err == ""
+    result = load_npz(out_path, "outputs")
+    assert set(result) == {"y", "final.h", "final.c"}
+    assert result["y"].shape == (T, B, HIDDEN) and result["y"].dtype == np.float32
+    assert result["final.h"].shape == result["final.c"].shape == (2, B, HIDDEN)
+    want = run_reference(load_template("lstm"), load_npz(params, "p"), load_npz(inputs, "x"))
+    np.testing.assert_array_equal(result["y"], want.y)
+    np.testing.assert_array_equal(result["final.c"], want.final["c"])
+    np.testing.assert_array_equal(result["y"][-1], result["final.h"][-1])
+
+
+def test_run_fewer_layers_than_the_parameters(cli, tmp_path, lstm_files):
+    params, inputs = lstm_files
+    cli("run", "lstm", "--params", params, "--inputs", inputs, "-o", tmp_path / "one.npz", "--layers", 1)
+    cli("run", "lstm", "--params", params, "--inputs", inputs, "-o", tmp_path / "two.npz")
+    one, two = load_npz(tmp_path / "one.npz", "o"), load_npz(tmp_path / "two.npz", "o")
+    assert one["final.h"].shape == (1, B, HIDDEN) and two["final.h"].shape == (2, B, HIDDEN)
+    np.testing.assert_array_equal(one["final.h"][0], two["final.h"][0])  # layer 0 is the same
+    assert not np.allclose(one["y"], two["y"])
+
+
+def test_run_three_layers_of_a_cell_file(cli, tmp_path):
+    cell = write_cell(tmp_path / "g.cell.json", name="gru")
+    cli("init-params", cell, "--layers", 3, "--input", 2, "--hidden", 3, "-o", tmp_path / "p.npz")
+    cli("init-inputs", cell, "--seq", 2, "--batch", 1, "--input", 2, "-o", tmp_path / "x.npz")
+    code, _, _ = cli("run", cell, "--params", tmp_path / "p.npz", "--inputs", tmp_path / "x.npz",
+                     "-o", tmp_path / "y.npz")
+    assert code == 0
+    result = load_npz(tmp_path / "y.npz", "o")
+    assert result["y"].shape == (2, 1, 3) and result["final.h"].shape == (3, 1, 3)
+
+
+def test_run_with_initial_states_from_the_inputs_file(cli, tmp_path, lstm_files):
+    params, inputs = lstm_files
+    x = load_npz(inputs, "x")["x"]
+    rng = np.random.default_rng(9)
+    h0 = rng.standard_normal((2, B, HIDDEN)).astype(np.float32)
+    c0 = rng.standard_normal((2, B, HIDDEN)).astype(np.float32)
+    save_npz(tmp_path / "xs.npz", {"x": x, "h": h0, "c": c0})
+    cli("run", "lstm", "--params", params, "--inputs", tmp_path / "xs.npz", "-o", tmp_path / "ys.npz")
+    cli("run", "lstm", "--params", params, "--inputs", inputs, "-o", tmp_path / "y0.npz")
+    with_states, from_zero = load_npz(tmp_path / "ys.npz", "o"), load_npz(tmp_path / "y0.npz", "o")
+    assert not np.allclose(with_states["y"], from_zero["y"])
+    want = run_reference(load_template("lstm"), load_npz(params, "p"), {"x": x, "h": h0, "c": c0})
+    np.testing.assert_array_equal(with_states["y"], want.y)
+    np.testing.assert_array_equal(with_states["final.h"], want.final["h"])
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and "cellfuse" in capsys.readouterr().out
+
+
+# -- bad input: one message on stderr, exit != 0, no traceback, no output -------------------------
+
+def _node(d, nid):
+    return next(n for n in d["nodes"] if n["id"] == nid)
+
+
+# (change to the Elman file, words the message must hold)
+BAD_CELLS = {
+    "unknown op": (lambda d: _node(d, "a").update(op="addd"), ["node 'a'", "'addd'"]),
+    "arity": (lambda d: _node(d, "h_new").update(args=["a_b", "a"]), ["node 'h_new'", "takes 1 arg"]),
+    "dangling arg": (lambda d: _node(d, "a").update(args=["xw", "zz"]), ["node 'a'", "'zz'"]),
+    "duplicate id": (lambda d: d["nodes"].append({"id": "a", "op": "tanh", "args": ["xw"]}),
+                     ["node 'a'", "duplicate"]),
+    "invalid id": (lambda d: d["nodes"].append({"id": "9z", "op": "tanh", "args": ["a"]}), ["'9z'"]),
+    "shape mismatch": (lambda d: _node(d, "a").update(args=["xw", "x"]),
+                       ["node 'a'", "[batch, hidden]", "[batch, input]"]),
+    "matmul of a 1-D weight": (lambda d: _node(d, "hu").update(args=["h", "b"]), ["node 'hu'", "2-D weight"]),
+    "cycle": (lambda d: _node(d, "a").update(args=["xw", "h_new"]), ["cycle", "a", "a_b", "h_new"]),
+    "state without update": (lambda d: d["nodes"].append({"id": "c", "op": "state"}), ["node 'c'", "update"]),
+    "update of a non-state": (lambda d: d["updates"].update(xw="a"), ["node 'xw'", "not a state"]),
+    "output not hidden-sized": (lambda d: d.update(output="x"), ["node 'x'", "[batch, input]"]),
+    "no output": (lambda d: d.pop("output"), ["no output"]),
+    "two inputs": (lambda d: d["nodes"].insert(1, {"id": "x2", "op": "input"}), ["node 'x2'", "one input"]),
+    "unused input": (lambda d: _node(d, "xw").update(args=["h", "U"]), ["node 'x'", "not used"]),
+    "bad weight shape": (lambda d: _node(d, "b").update(shape=["hidden", "hidden", "hidden"]),
+                         ["node 'b'", "weight shape"]),
+    "const without value": (lambda d: d["nodes"].append({"id": "k", "op": "const"}), ["node 'k'", "value"]),
+}
+
+
+@pytest.mark.parametrize("what", sorted(BAD_CELLS))
+def test_validate_reports_each_error(cli, tmp_path, what):
+    change, words = BAD_CELLS[what]
+    path = write_cell(tmp_path / "bad.cell.json", change)
+    code, out, err = cli("validate", path)
+    assert code == 1 and "error(s)" in err
+    for w in words:
+        assert w in err, (w, err)
+
+
+@pytest.mark.parametrize("what", sorted(BAD_CELLS))
+def test_every_command_refuses_an_invalid_cell(cli, tmp_path, lstm_files, what):
+    change, words = BAD_CELLS[what]
+    out = tmp_path / "out"
+    out.mkdir()
+    cell = write_cell(out / "bad.cell.json", change)
+    params, inputs = lstm_files
+    for argv in (["init-params", cell, "-o", out / "p.npz"],
+                 ["init-inputs", cell, "-o", out / "x.npz"],
+                 ["run", cell, "--params", params, "--inputs", inputs, "-o", out / "y.npz"]):
+        code, _, err = cli(*argv)
+        assert code == 1 and err.startswith("cellfuse: error: ") and words[0] in err, (argv[0], err)
+    assert [p.name for p in out.iterdir()] == ["bad.cell.json"]
+
+
+def test_const_with_nan_value(cli, tmp_path):
+    path = tmp_path / "k.cell.json"
+    path.write_text(template_text("elman").replace('{"id": "b", "op": "weight", "shape": ["hidden"]}',
+                                                   '{"id": "b", "op": "const", "value": NaN}'))
+    code, _, err = cli("validate", path)
+    assert code == 1 and "node 'b'" in err and "'value'" in err
+
+
+def test_truncated_cell_file_names_the_line(cli, tmp_path):
+    text = template_text("elman")
+    path = tmp_path / "t.cell.json"
+    path.write_text(text[: text.index('"op": "matmul"')])
+    line = text[: text.index('"op": "matmul"')].count("\n") + 1
+    code, _, err = cli("validate", path)
+    assert code == 1 and f"line {line}" in err and str(path) in err
+
+
+def test_unknown_format_version(cli, tmp_path):
+    path = write_cell(tmp_path / "v.cell.json", lambda d: d.update(format="cellfuse.cell/9"))
+    code, _, err = cli("validate", path)
+    assert code == 1 and "cellfuse.cell/9" in err
+
+
+def test_wrong_field_type(cli, tmp_path):
+    path = write_cell(tmp_path / "f.cell.json", lambda d: _node(d, "W").update(shape="input"))
+    code, _, err = cli("validate", path)
+    assert code == 1 and "node 'W'" in err and "'shape'" in err
+
+
+def test_no_such_cell(cli, tmp_path):
+    code, _, err = cli("validate", tmp_path / "nope.cell.json")
+    assert code == 1 and "nope.cell.json" in err and "no such file" in err
+
+
+def test_unknown_template(cli, tmp_path):
+    code, _, err = cli("templates", "lsmt", "-o", tmp_path / "t.json")
+    assert code == 1 and "'lsmt'" in err and not (tmp_path / "t.json").exists()
+
+
+def _drop(key):
+    def change(params, inputs):
+        del params[key]
+    return change
+
+
+def _reshape(where, key, shape):
+    def change(params, inputs):
+        (params if where == "p" else inputs)[key] = np.zeros(shape, np.float32)
+    return change
+
+
+BAD_RUNS = {
+    "missing parameter": (_drop("l1.U_f"), ["'l1.U_f'", "missing", f"[{HIDDEN}, {HIDDEN}]"]),
+    "mis-shaped parameter": (_reshape("p", "l1.W_g", (INPUT, HIDDEN)),
+                             ["'l1.W_g'", f"[{INPUT}, {HIDDEN}]", f"[{HIDDEN}, {HIDDEN}]"]),
+    "mis-shaped bias": (_reshape("p", "l0.b_o", (HIDDEN + 1,)), ["'l0.b_o'", f"[{HIDDEN + 1}]"]),
+    "x missing": (lambda p, i: i.pop("x"), ["'x'", "missing"]),
+    "x of the wrong size": (_reshape("i", "x", (T, B, INPUT + 1)), ["'x'", f"[{T}, {B}, {INPUT + 1}]"]),
+    "x of the wrong rank": (_reshape("i", "x", (T, B)), ["'x'", f"[{T}, {B}]"]),
+    "initial state of the wrong shape": (_reshape("i", "c", (1, B, HIDDEN)),
+                                         ["'c'", f"[1, {B}, {HIDDEN}]", f"[2, {B}, {HIDDEN}]"]),
+    "NaN in x": (lambda p, i: i.update(x=np.full((T, B, INPUT), np.nan, np.float32)), ["NaN or infinity"]),
+}
+
+
+@pytest.mark.parametrize("what", sorted(BAD_RUNS))
+def test_bad_run_data(cli, tmp_path, lstm_files, what):
+    change, words = BAD_RUNS[what]
+    params, inputs = load_npz(lstm_files[0], "p"), load_npz(lstm_files[1], "x")
+    change(params, inputs)
+    save_npz(tmp_path / "bad_p.npz", params)
+    save_npz(tmp_path / "bad_x.npz", inputs)
+    out_path = tmp_path / "y.npz"
+    code, out, err = cli("run", "lstm", "--params", tmp_path / "bad_p.npz",
+                         "--inputs", tmp_path / "bad_x.npz", "-o", out_path)
+    assert code == 1 and err.startswith("cellfuse: error: ")
+    for w in words:
+        assert w in err, (w, err)
+    assert not out_path.exists()
+
+
+def test_more_layers_than_the_parameters(cli, tmp_path, lstm_files):
+    code, _, err = cli("run", "lstm", "--params", lstm_files[0], "--inputs", lstm_files[1], "--layers", 3,
+                       "-o", tmp_path / "y.npz")
+    assert code == 1 and "'l2.W_i'" in err and not (tmp_path / "y.npz").exists()
+
+
+def test_a_failed_run_leaves_an_old_output_alone(cli, tmp_path, lstm_files):
+    out_path = tmp_path / "y.npz"
+    out_path.write_bytes(b"old")
+    code, _, _ = cli("run", "lstm", "--params", lstm_files[1], "--inputs", lstm_files[1], "-o", out_path)
+    assert code == 1 and out_path.read_bytes() == b"old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["p.npz", "x.npz", "y.npz"]
+
+
+@pytest.mark.parametrize("content", [b"not an npz at all", b""])
+def test_params_that_are_not_npz(cli, tmp_path, lstm_files, content):
+    bad = tmp_path / "bad.npz"
+    bad.write_bytes(content)
+    code, _, err = cli("run", "lstm", "--params", bad, "--inputs", lstm_files[1], "-o", tmp_path / "y.npz")
+    assert code == 1 and "parameters" in err and str(bad) in err and not (tmp_path / "y.npz").exists()
+
+
+def test_inputs_with_a_pickled_object_array(cli, tmp_path, lstm_files):
+    evil = tmp_path / "evil.npz"
+    np.savez(evil, x=np.array([object()], dtype=object))
+    code, _, err = cli("run", "lstm", "--params", lstm_files[0], "--inputs", evil, "-o", tmp_path / "y.npz")
+    assert code == 1 and "inputs" in err and str(evil) in err and not (tmp_path / "y.npz").exists()
+
+
+def test_missing_inputs_file(cli, tmp_path, lstm_files):
+    code, _, err = cli("run", "lstm", "--params", lstm_files[0], "--inputs", tmp_path / "none.npz",
+                       "-o", tmp_path / "y.npz")
+    assert code == 1 and "none.npz" in err and "no such file" in err
+
+
+@pytest.mark.parametrize("command", ["init-params", "init-inputs", "templates"])
+def test_output_into_a_missing_folder(cli, tmp_path, command):
+    target = tmp_path / "no" / "such" / "out"
+    argv = [command, "elman", "-o", target]
+    code, _, err = cli(*argv)
+    assert code == 1 and str(target) in err and not (tmp_path / "no").exists()
+
+
+def test_run_output_into_a_missing_folder(cli, tmp_path, lstm_files):
+    target = tmp_path / "no" / "y.npz"
+    code, _, err = cli("run", "lstm", "--params", lstm_files[0], "--inputs", lstm_files[1], "-o", target)
+    assert code == 1 and str(target) in err
+
+
+def test_sizes_too_large_for_memory(cli, tmp_path):
+    code, _, err = cli("init-params", "elman", "--hidden", 10**12, "-o", tmp_path / "p.npz")
+    assert code == 1 and "cannot make parameters" in err and not (tmp_path / "p.npz").exists()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["init-params", "lstm", "--layers", "0", "-o", "p.npz"], ["--layers", "at least 1"]),
+    (["init-params", "lstm", "--seed", "-1", "-o", "p.npz"], ["--seed", "0 or more"]),
+    (["init-inputs", "lstm", "--seq", "ten", "-o", "x.npz"], ["--seq", "'ten'"]),
+    (["init-params", "lstm"], ["-o"]),
+    (["run", "lstm", "--params", "p.npz", "--inputs", "x.npz", "-o", "y.npz", "--backend", "tpu"],
+     ["--backend", "tpu"]),
+    (["frobnicate"], ["frobnicate"]),
+])
+def test_usage_errors(capsys, tmp_path, monkeypatch, argv, words):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "usage:" in err and "Traceback" not in err
+    for w in words:
+        assert w in err
+    assert list(tmp_path.iterdir()) == []
+
+
+# -- a real process ------------------------------------------------------------------------------
+
+def cellfuse(*argv: object, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "cellfuse", *map(str, argv)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_whole_session_in_a_real_process(tmp_path):
+    steps = [
+        ("templates", "mgu", "-o", "m.cell.json"),
+        ("validate", "m.cell.json"),
+        ("init-params", "m.cell.json", "--layers", "2", "--input", "3", "--hidden", "4", "-o", "p.npz"),
+        ("init-inputs", "m.cell.json", "--seq", "5", "--batch", "2", "--input", "3", "-o", "x.npz"),
+        ("run", "m.cell.json", "--params", "p.npz", "--inputs", "x.npz", "-o", "y.npz"),
+    ]
+    for argv in steps:
+        r = cellfuse(*argv, cwd=tmp_path)
+        assert r.returncode == 0, (argv, r.stderr)
+        assert "Traceback" not in r.stderr
+    result = load_npz(tmp_path / "y.npz", "outputs")
+    assert result["y"].shape == (5, 2, 4) and result["final.h"].shape == (2, 2, 4)
+
+
+def test_failures_in_a_real_process(tmp_path):
+    (tmp_path / "bad.cell.json").write_text(template_text("elman").replace('"tanh"', '"tahn"'))
+    r = cellfuse("validate", "bad.cell.json", cwd=tmp_path)
+    assert r.returncode == 1 and "node 'h_new'" in r.stderr and "'tahn'" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = cellfuse("run", "elman", "--params", "none.npz", "--inputs", "none.npz", "-o", "y.npz", cwd=tmp_path)
+    assert r.returncode == 1 and "none.npz" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "y.npz").exists()
