@@ -95,6 +95,9 @@ def check_params(cell: Cell, params: dict[str, np.ndarray], layers: int, input: 
         if key not in params:
             raise CellError(f"parameter '{key}' is missing (expected shape {list(shape)})")
         found = params[key]
+        if not isinstance(found, np.ndarray):
+            raise CellError(f"parameter '{key}' is a {type(found).__name__}, expected a float32 array "
+                            f"of shape {list(shape)}")
         if found.shape != shape:
             raise CellError(f"parameter '{key}' has shape {list(found.shape)}, expected {list(shape)}")
         if not np.issubdtype(found.dtype, np.floating):
@@ -107,6 +110,8 @@ def check_inputs(cell: Cell, inputs: dict[str, np.ndarray], layers: int, input: 
     if "x" not in inputs:
         raise CellError("inputs: key 'x' is missing (expected float32 [T, B, input])")
     x = inputs["x"]
+    if not isinstance(x, np.ndarray):
+        raise CellError(f"inputs: 'x' is a {type(x).__name__}, expected a float32 array [T, B, input]")
     if x.ndim != 3 or (input is not None and x.shape[2] != input) or 0 in x.shape:
         want = f"[T, B, {input}]" if input is not None else "[T, B, input]"
         raise CellError(f"inputs: 'x' has shape {list(x.shape)}, expected {want}")
@@ -117,6 +122,9 @@ def check_inputs(cell: Cell, inputs: dict[str, np.ndarray], layers: int, input: 
     for s in cell.of_op("state"):
         if s.id in inputs:
             arr = inputs[s.id]
+            if not isinstance(arr, np.ndarray):
+                raise CellError(f"inputs: initial state '{s.id}' is a {type(arr).__name__}, expected a "
+                                f"float32 array [{layers}, {batch}, {hidden}]")
             if arr.shape != (layers, batch, hidden):
                 raise CellError(f"inputs: initial state '{s.id}' has shape {list(arr.shape)}, "
                                 f"expected [{layers}, {batch}, {hidden}] (layers, batch, hidden)")

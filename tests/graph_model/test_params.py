@@ -273,3 +273,13 @@ def test_a_run_from_files(tmp_path):
     params, inputs = load_npz(tmp_path / "p.npz", "parameters"), load_npz(tmp_path / "x.npz", "inputs")
     out = run_reference(cell, params, inputs)
     assert out.y.shape == (3, 2, 4) and out.final["c"].shape == (2, 2, 4)
+
+
+def test_values_that_are_not_arrays_are_named():
+    cell, params, inputs = run_data()
+    with pytest.raises(CellError, match="'x' is a list"):
+        resolve_run(cell, params, {"x": [[[0.0] * 5] * 2] * 3})
+    with pytest.raises(CellError, match="initial state 'h' is a float"):
+        resolve_run(cell, params, {**inputs, "h": 0.0})
+    with pytest.raises(CellError, match=r"parameter 'l0.U_i' is a list.*\[4, 4\]"):
+        check_params(cell, {**params, "l0.U_i": [[0.0] * 4] * 4}, 2, 5, 4)
