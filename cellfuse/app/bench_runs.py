@@ -1,0 +1,89 @@
+"""The benchmark runs made since the window opened, and their numbers as table rows.
+
+Plain data: a run holds a BenchResult or a SweepResult of cellfuse.gpu_runtime.bench; the panel
+lists runs, shows one, or compares two.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import dataclass, field
+from typing import Any
+
+COLUMNS = ["Implementation", "Kind", "Median ms", "Min ms", "Max ms", "Rel. error", "Compile s",
+           "Launches/step", "Note"]
+
+
+@dataclass
+class BenchRun:
+    number: int
+    result: Any = None  # BenchResult
+    sweep: Any = None  # SweepResult
+    started: dt.datetime = field(default_factory=dt.datetime.now)
+
+    @property
+    def results(self) -> list[Any]:
+        return list(self.sweep.results) if self.sweep is not None else [self.result]
+
+    @property
+    def first(self) -> Any:
+        return self.results[0] if self.results else None
+
+    def label(self) -> str:
+        r = self.first
+        if r is None:
+            return f"#{self.number} (empty)"
+        s = r.sizes
+        what = (f"sweep {self.sweep.param} = {', '.join(map(str, self.sweep.values))}" if self.sweep
+                else f"T{s.seq} B{s.batch} in{s.input} h{s.hidden} L{s.layers}")
+        stop = " · cancelled" if any(x.cancelled for x in self.results) else ""
+        return f"#{self.number} {r.cell} · {r.backend} · {what} · {self.started:%H:%M:%S}{stop}"
+
+    def to_json(self) -> dict:
+        return self.sweep.to_json() if self.sweep is not None else self.result.to_json()
+
+    def to_csv(self) -> str:
+        if self.sweep is None:
+            return self.result.to_csv()
+        # One CSV for the sweep: each result's rows, with the swept value in front.
+        lines: list[str] = []
+        for value, res in zip(self.sweep.values, self.sweep.results, strict=False):
+            text = res.to_csv().splitlines()
+            if not lines:
+                lines.append(f"{self.sweep.param},{text[0]}")
+            lines += [f"{value},{row}" for row in text[1:]]
+        return "\n".join(lines) + "\n"
+
+
+def _ms(v: float | None) -> str:
+    return "" if v is None else f"{v:.4g}"
+
+
+def result_rows(result: Any) -> list[tuple[list[str], bool]]:
+    """(cells, ok) for each row of a BenchResult, in COLUMNS order."""
+    out = []
+    for r in result.rows:
+        err = "" if r.rel_error is None else ("inf" if r.rel_error == float("inf") else f"{r.rel_error:.1e}")
+        out.append(([r.name, r.kind, _ms(r.median_ms), _ms(r.min_ms), _ms(r.max_ms), err,
+                     "" if r.compile_s is None else f"{r.compile_s:.2f}",
+                     "" if getattr(r, "launches_per_step", None) is None else str(r.launches_per_step),
+                     r.note], bool(r.ok)))
+    return out
+
+
+def comparison_rows(a: BenchRun, b: BenchRun) -> tuple[list[str], list[tuple[list[str], bool]]]:
+    """Columns and rows comparing the median times of two single runs, implementation by implementation."""
+    ra, rb = a.first, b.first
+    names: list[str] = []
+    for r in (*ra.rows, *rb.rows):
+        if r.name not in names:
+            names.append(r.name)
+    columns = ["Implementation", f"#{a.number} ms", f"#{b.number} ms", f"#{b.number} / #{a.number}"]
+    rows = []
+    for name in names:
+        x, y = ra.row(name), rb.row(name)
+        tx = x.median_ms if x is not None and x.ok else None
+        ty = y.median_ms if y is not None and y.ok else None
+        ratio = f"{ty / tx:.2f}×" if tx and ty else ""
+        rows.append(([name, _ms(tx), _ms(ty), ratio], tx is not None and ty is not None))
+    return columns, rows

@@ -1,0 +1,672 @@
+"""The editor's main window: the canvas in the middle, the palette, properties, plan, problems,
+CUDA and benchmark panels around it, the menus, and the document's life (new, open, save,
+autosave, close).
+
+The window wires panels to the cell adapter and to the compiler and benchmark; it holds no cell
+logic of its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from PySide6 import QtCore, QtGui, QtWidgets
+
+from ..codegen import SCHEDULES, generate_cuda, make_plan
+from ..gpu_runtime.bench import BASELINES, BenchConfig, available_backends
+from ..graph_model import (
+    Cell,
+    CellError,
+    CellInfo,
+    Sizes,
+    analyze,
+    atomic_write,
+    cell_from_text,
+    cell_to_text,
+    load_cell,
+    load_template,
+    save_cell,
+)
+from . import autosave, dialogs, fragments, node_marks, recent_files
+from .bench_panel import BenchPanel
+from .bench_runs import BenchRun
+from .bench_worker import BenchWorker
+from .cell_adapter import CellAdapter
+from .cuda_view import CudaView
+from .document import Document, with_cell_suffix
+from .menus import WindowActions, build_menus
+from .palette_panel import PalettePanel
+from .plan_overlay import PlanOverlay
+from .plan_panel import PlanPanel
+from .problems_panel import ProblemsPanel
+from .properties_panel import PropertiesPanel
+
+log = logging.getLogger(__name__)
+
+DEFAULT_TEMPLATE = "lstm"
+DEFAULT_SCHEDULE = "hoisted"
+AUTOSAVE_INTERVAL_MS = 30_000
+PLAN_DELAY_MS = 150
+
+
+class MainWindow(QtWidgets.QMainWindow):
+    """The CellFuse editor. `start(path)` opens a file, or the LSTM template."""
+
+    bench_finished = QtCore.Signal(object)  # the BenchRun, or None when the run failed
+
+    def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setObjectName("CellFuseMainWindow")
+        self.resize(1500, 920)
+        self.adapter = CellAdapter(self)
+        self.document = Document()
+        self.info = CellInfo()
+        self.worker: BenchWorker | None = None
+        self._run_number = 0
+        self._plan_key: tuple | None = None
+        self._last_structure: str | None = None
+        self._shown_once = False
+
+        self.canvas = self.adapter.graph.viewer()
+        self.canvas.setMinimumSize(400, 300)
+        self.setCentralWidget(self.canvas)
+        self.overlay = PlanOverlay(self.adapter)
+
+        self.palette = PalettePanel()
+        self.properties = PropertiesPanel()
+        self.problems = ProblemsPanel()
+        self.plan_panel = PlanPanel(list(SCHEDULES))
+        if DEFAULT_SCHEDULE in SCHEDULES:
+            self.plan_panel.set_schedule(DEFAULT_SCHEDULE)
+        self.cuda_view = CudaView()
+        self.bench_panel = BenchPanel(list(SCHEDULES), list(BASELINES), available_backends())
+        self._build_docks()
+
+        self.actions_ = WindowActions(self)
+        build_menus(self, self.actions_)
+        self._build_status_bar()
+
+        self._plan_timer = QtCore.QTimer(self)
+        self._plan_timer.setSingleShot(True)
+        self._plan_timer.setInterval(PLAN_DELAY_MS)
+        self._plan_timer.timeout.connect(self.refresh_plan)
+        self.autosave_timer = QtCore.QTimer(self)
+        self.autosave_timer.setInterval(AUTOSAVE_INTERVAL_MS)
+        self.autosave_timer.timeout.connect(self.write_autosave)
+        self.autosave_timer.start()
+
+        self._connect()
+        self._restore_window_state()
+
+    # == building ====================================================================================
+    def _dock(self, title: str, name: str, widget: QtWidgets.QWidget,
+              area: QtCore.Qt.DockWidgetArea) -> QtWidgets.QDockWidget:
+        dock = QtWidgets.QDockWidget(title, self)
+        dock.setObjectName(name)
+        dock.setWidget(widget)
+        dock.setFeatures(QtWidgets.QDockWidget.DockWidgetFeature.DockWidgetMovable
+                         | QtWidgets.QDockWidget.DockWidgetFeature.DockWidgetClosable
+                         | QtWidgets.QDockWidget.DockWidgetFeature.DockWidgetFloatable)
+        self.addDockWidget(area, dock)
+        return dock
+
+    def _build_docks(self) -> None:
+        left = QtCore.Qt.DockWidgetArea.LeftDockWidgetArea
+        right = QtCore.Qt.DockWidgetArea.RightDockWidgetArea
+        bottom = QtCore.Qt.DockWidgetArea.BottomDockWidgetArea
+        self.setCorner(QtCore.Qt.Corner.BottomLeftCorner, left)
+        self.setCorner(QtCore.Qt.Corner.BottomRightCorner, right)
+        self.palette_dock = self._dock("Palette", "palette", self.palette, left)
+        self.properties_dock = self._dock("Properties", "properties", self.properties, right)
+        self.plan_dock = self._dock("Plan", "plan", self.plan_panel, right)
+        self.problems_dock = self._dock("Problems", "problems", self.problems, bottom)
+        self.cuda_dock = self._dock("CUDA", "cuda", self.cuda_view, bottom)
+        self.bench_dock = self._dock("Benchmark", "benchmark", self.bench_panel, bottom)
+        self.splitDockWidget(self.properties_dock, self.plan_dock, QtCore.Qt.Orientation.Vertical)
+        self.tabifyDockWidget(self.problems_dock, self.cuda_dock)
+        self.tabifyDockWidget(self.cuda_dock, self.bench_dock)
+        self.problems_dock.raise_()
+        self.panel_docks = [self.palette_dock, self.properties_dock, self.plan_dock, self.problems_dock,
+                            self.cuda_dock, self.bench_dock]
+
+    def _build_status_bar(self) -> None:
+        self.validity_label = QtWidgets.QLabel()
+        self.sizes_label = QtWidgets.QLabel()
+        self.sizes_label.setProperty("role", "hint")
+        self.statusBar().addPermanentWidget(self.sizes_label)
+        self.statusBar().addPermanentWidget(self.validity_label)
+
+    def _connect(self) -> None:
+        a = self.adapter
+        a.cell_changed.connect(self._on_cell_changed)
+        a.selection_changed.connect(self._on_selection_changed)
+        a.message.connect(lambda text: self.statusBar().showMessage(text, 6000))
+        self.palette.op_activated.connect(self.add_node)
+        self.problems.node_activated.connect(self.show_node)
+        self.properties.node_activated.connect(self.show_node)
+        self.properties.rename_requested.connect(self._rename)
+        self.properties.shape_requested.connect(lambda i, s: self._edit(a.set_weight_shape, i, s))
+        self.properties.value_requested.connect(lambda i, v: self._edit(a.set_const_value, i, v))
+        self.properties.cell_info_requested.connect(self._set_cell_info)
+        self.plan_panel.schedule_changed.connect(lambda _s: self.schedule_plan())
+        self.plan_panel.overlay_toggled.connect(self.set_overlay_visible)
+        self.plan_panel.nodes_activated.connect(self._select_nodes)
+        self.cuda_view.export_requested.connect(lambda: self.export_cuda())
+        self.bench_panel.run_requested.connect(self.run_benchmark)
+        self.bench_panel.cancel_requested.connect(self.cancel_benchmark)
+        self.bench_panel.sizes_changed.connect(self.schedule_plan)
+        self.bench_panel.export_chart_requested.connect(lambda: self.export_chart())
+        self.bench_panel.export_results_requested.connect(lambda: self.export_results())
+
+    # == the cell ======================================================================================
+    @property
+    def cell(self) -> Cell:
+        return self.adapter.cell
+
+    def _on_cell_changed(self, cell: Cell) -> None:
+        self.info = analyze(cell)
+        self.problems.show_problems(self.info.problems)
+        node_marks.show_problems(self.adapter, self.info)
+        node_marks.color_wires(self.adapter)
+        self.properties.show_cell(cell, self.info, self.adapter.selected_ids())
+        errors = len(self.info.errors)
+        warnings = len(self.info.problems) - errors
+        if errors:
+            self.validity_label.setText(f'<span style="color:#f07060">● {errors} error(s)</span>')
+        elif warnings:
+            self.validity_label.setText(f'<span style="color:#f0c040">● valid, {warnings} warning(s)</span>')
+        else:
+            self.validity_label.setText('<span style="color:#6fcf97">● valid</span>')
+        self.update_title()
+        structure = cell.structure_hash()
+        if structure != self._last_structure:
+            self._last_structure = structure
+            self.schedule_plan()
+        else:
+            self.overlay.refresh()
+
+    def _on_selection_changed(self, ids: list[str]) -> None:
+        self.properties.show_cell(self.cell, self.info, ids)
+        if ids:
+            self.cuda_view.scroll_to_node(ids[0])
+
+    def update_title(self) -> None:
+        name = self.document.display_name(self.cell)
+        self.setWindowTitle(f"{name}[*] — CellFuse")
+        self.setWindowModified(self.is_modified())
+
+    def is_modified(self) -> bool:
+        return self.document.is_modified(self.cell)
+
+    def _edit(self, fn, *args) -> bool:
+        """Runs one adapter edit; a refused one is said in the properties panel and the status bar."""
+        try:
+            fn(*args)
+        except CellError as e:
+            self.properties.show_error(str(e))
+            self.statusBar().showMessage(str(e), 6000)
+            return False
+        return True
+
+    def _rename(self, old: str, new: str) -> None:
+        if self._edit(self.adapter.rename, old, new):
+            self.adapter.select([new])
+
+    def _set_cell_info(self, info: dict) -> None:
+        self._edit(lambda: self.adapter.set_cell_info(info["name"], info["description"], info["sizes"]))
+        if info["sizes"]:
+            self.bench_panel.set_sizes(**info["sizes"])
+
+    def add_node(self, op: str) -> str:
+        """Adds a node of `op` at the middle of the view (the palette's action); returns its id."""
+        try:
+            node_id = self.adapter.add_node(op)
+        except CellError as e:
+            self.statusBar().showMessage(str(e), 6000)
+            return ""
+        if node_id:
+            self.adapter.select([node_id])
+        return node_id
+
+    def show_node(self, node_id: str) -> None:
+        """Selects a node and centres the canvas on it."""
+        if not self.cell.has(node_id):
+            return
+        self.adapter.select([node_id])
+        self.adapter.centre_on([node_id])
+
+    def _select_nodes(self, ids: list[str]) -> None:
+        ids = [i for i in ids if self.cell.has(i)]
+        self.adapter.select(ids)
+        if ids:
+            self.adapter.centre_on(ids)
+
+    # == plan and CUDA =================================================================================
+    def sizes(self) -> Sizes:
+        return self.bench_panel.sizes()
+
+    def schedule_plan(self) -> None:
+        self._plan_timer.start()
+
+    def refresh_plan(self) -> None:
+        """Asks the scheduler for the plan of the current cell, sizes and schedule, and shows it."""
+        self._plan_timer.stop()
+        sizes = self.sizes()
+        schedule = self.plan_panel.schedule()
+        s = sizes
+        self.plan_panel.show_sizes(f"T={s.seq}, B={s.batch}, input={s.input}, hidden={s.hidden}, "
+                                   f"layers={s.layers} (set in the Benchmark panel)")
+        self.sizes_label.setText(f"T {s.seq} · B {s.batch} · in {s.input} · h {s.hidden} · L {s.layers}")
+        key = (self.cell.structure_hash(), sizes, schedule)
+        if key == self._plan_key:
+            self.overlay.refresh()
+            return
+        self._plan_key = key
+        if not self.info.ok:
+            n = len(self.info.errors)
+            text = f"Fix the {n} error{'s' if n != 1 else ''} in Problems to see the plan."
+            self.plan_panel.show_message(text)
+            self.cuda_view.show_message(text)
+            self.overlay.clear()
+            return
+        try:
+            plan = make_plan(self.cell, sizes, schedule)
+            summary = plan.summary()
+            source = generate_cuda(self.cell, sizes, schedule)
+        except CellError as e:
+            self.plan_panel.show_message(str(e))
+            self.cuda_view.show_message(str(e))
+            self.overlay.clear()
+            return
+        except Exception as e:  # the compiler's failure must not take the editor down
+            log.exception("the scheduler failed on cell '%s'", self.cell.name)
+            text = f"The scheduler failed: {type(e).__name__}: {e}"
+            self.plan_panel.show_message(text)
+            self.cuda_view.show_message(text)
+            self.overlay.clear()
+            return
+        self.plan_panel.show_summary(summary)
+        self.overlay.show_summary(summary)
+        lines = source.text.count("\n") + 1
+        self.cuda_view.show_source(source.text, source.kernel_of_node, source.kernel_line,
+                                   f"{self.cell.name} · schedule '{schedule}' · {lines} lines")
+        selected = self.adapter.selected_ids()
+        if selected:
+            self.cuda_view.scroll_to_node(selected[0])
+
+    def set_overlay_visible(self, visible: bool) -> None:
+        self.overlay.set_visible(visible)
+        for widget in (self.plan_panel.overlay_check, self.actions_.plan_overlay):
+            if widget.isChecked() != visible:
+                widget.blockSignals(True)
+                widget.setChecked(visible)
+                widget.blockSignals(False)
+
+    # == documents =====================================================================================
+    def start(self, path: str | Path | None = None) -> None:
+        """Opens `path`; with none, or when it cannot be opened, a new LSTM (or its autosave)."""
+        if path is not None and self.open_file(Path(path), ask=False):
+            return
+        if path is None and self._restore_untitled():
+            return
+        self.new_from_template(DEFAULT_TEMPLATE, ask=False)
+
+    def _show(self, cell: Cell, path: Path | None, relayout: bool, saved: bool) -> None:
+        self.cancel_benchmark()
+        self.adapter.load(cell, relayout=relayout)
+        self.document = Document(path=path, saved=self.cell.to_json() if saved else None)
+        self.bench_panel.set_sizes(**{k: v for k, v in cell.sizes.items() if k in ("input", "hidden")})
+        self._plan_key = None
+        self._last_structure = None
+        self._on_cell_changed(self.cell)
+        self.refresh_plan()
+        self.adapter.fit()
+
+    def new_from_template(self, name: str, ask: bool = True) -> bool:
+        if ask and not self.maybe_save():
+            return False
+        try:
+            cell = load_template(name)
+        except CellError as e:
+            dialogs.show_error(self, "Cannot open template", str(e))
+            return False
+        self._show(cell, None, relayout=True, saved=True)
+        self.statusBar().showMessage(f"New cell from the template '{name}'", 4000)
+        return True
+
+    def open_file(self, path: Path | None = None, ask: bool = True) -> bool:
+        """Opens a cell file (asking for one when `path` is None). A file that cannot be read is
+        reported in a dialog that names the problem."""
+        if ask and not self.maybe_save():
+            return False
+        if path is None:
+            start = str(self.document.path.parent) if self.document.path else ""
+            path = dialogs.ask_open_path(self, start)
+            if path is None:
+                return False
+        try:
+            cell = load_cell(path)
+        except CellError as e:
+            dialogs.show_error(self, "Cannot open cell", str(e))
+            return False
+        recent_files.add_recent_file(path)
+        found = autosave.find_autosave(path)
+        if found is not None and dialogs.ask_restore_autosave(self, path.name, found.when()):
+            try:
+                restored = cell_from_text(found.file.read_text("utf-8"), str(found.file))
+            except (CellError, OSError) as e:
+                dialogs.show_error(self, "Cannot restore the autosave", str(e))
+            else:
+                self._show(restored, path, relayout=False, saved=False)
+                self.statusBar().showMessage(f"Restored unsaved changes of {path.name}", 6000)
+                return True
+        if found is not None:
+            autosave.remove_autosave(path)
+        self._show(cell, path, relayout=False, saved=True)
+        self.statusBar().showMessage(f"Opened {path}", 4000)
+        return True
+
+    def _restore_untitled(self) -> bool:
+        found = autosave.find_autosave(None)
+        if found is None:
+            return False
+        if not dialogs.ask_restore_autosave(self, "a new cell", found.when()):
+            autosave.remove_autosave(None)
+            return False
+        try:
+            cell = cell_from_text(found.file.read_text("utf-8"), str(found.file))
+        except (CellError, OSError) as e:
+            dialogs.show_error(self, "Cannot restore the autosave", str(e))
+            return False
+        self._show(cell, None, relayout=False, saved=False)
+        return True
+
+    def save(self) -> bool:
+        if self.document.path is None:
+            return self.save_as()
+        return self._save_to(self.document.path)
+
+    def save_as(self, path: Path | None = None) -> bool:
+        if path is None:
+            path = dialogs.ask_save_path(self, "Save cell as", self.document.suggested_name(self.cell),
+                                         dialogs.CELL_FILTER)
+            if path is None:
+                return False
+        return self._save_to(with_cell_suffix(Path(path)))
+
+    def _save_to(self, path: Path) -> bool:
+        cell = self.cell
+        try:
+            save_cell(cell, path)
+        except OSError as e:
+            dialogs.show_error(self, "Cannot save", f"{path}: {e.strerror or e}")
+            return False
+        old = self.document.path
+        self.document = Document(path=path, saved=cell.to_json())
+        autosave.remove_autosave(old)
+        autosave.remove_autosave(path)
+        recent_files.add_recent_file(path)
+        self.update_title()
+        self.statusBar().showMessage(f"Saved {path}", 4000)
+        return True
+
+    def maybe_save(self) -> bool:
+        """True when the document may be replaced: no unsaved changes, or saved, or discarded."""
+        if not self.is_modified():
+            return True
+        answer = dialogs.ask_save_changes(self, self.document.display_name(self.cell))
+        if answer == "save":
+            return self.save()
+        if answer == "discard":
+            autosave.remove_autosave(self.document.path)
+            return True
+        return False
+
+    def write_autosave(self) -> Path | None:
+        """Writes the autosave when there are unsaved changes; returns where."""
+        if not self.is_modified():
+            return None
+        try:
+            return autosave.write_autosave(cell_to_text(self.cell), self.document.path)
+        except OSError as e:
+            log.warning("autosave failed: %s", e)
+            return None
+
+    def export_cuda(self, path: Path | None = None) -> bool:
+        """Writes the generated CUDA of the chosen schedule to a .cu file."""
+        if not self.info.ok:
+            dialogs.show_error(self, "Cannot export CUDA",
+                               f"The cell has {len(self.info.errors)} error(s); see Problems.")
+            return False
+        schedule = self.plan_panel.schedule()
+        if path is None:
+            stem = Path(self.document.suggested_name(self.cell)).name.replace(".cell.json", "")
+            path = dialogs.ask_save_path(self, "Export CUDA", f"{stem}_{schedule}.cu",
+                                         "CUDA source (*.cu);;All files (*)")
+            if path is None:
+                return False
+        try:
+            source = generate_cuda(self.cell, self.sizes(), schedule)
+            atomic_write(path, source.text.encode("utf-8"))
+        except CellError as e:
+            dialogs.show_error(self, "Cannot export CUDA", str(e))
+            return False
+        except OSError as e:
+            dialogs.show_error(self, "Cannot export CUDA", f"{path}: {e.strerror or e}")
+            return False
+        self.statusBar().showMessage(f"Wrote {path}", 4000)
+        return True
+
+    def rebuild_recent_menu(self, menu: QtWidgets.QMenu) -> None:
+        menu.clear()
+        files = recent_files.recent_files()
+        for i, path in enumerate(files):
+            action = menu.addAction(f"&{i + 1}  {path.name}")
+            action.setToolTip(str(path))
+            action.setStatusTip(str(path))
+            action.triggered.connect(lambda _=False, p=path: self.open_file(p))
+        if not files:
+            menu.addAction("No recent files").setEnabled(False)
+        menu.addSeparator()
+        menu.addAction("Clear list", recent_files.clear_recent_files).setEnabled(bool(files))
+
+    # == edit ==========================================================================================
+    def copy_selection(self) -> bool:
+        ids = self.adapter.selected_ids()
+        if not ids:
+            return False
+        fragment = fragments.fragment_of(self.cell, ids, self.adapter.state_update_positions())
+        text = fragments.fragment_to_text(fragment)
+        mime = QtCore.QMimeData()
+        mime.setData(fragments.MIME_TYPE, text.encode())
+        mime.setText(text)
+        QtWidgets.QApplication.clipboard().setMimeData(mime)
+        self.statusBar().showMessage(f"Copied {len(ids)} node(s)", 3000)
+        return True
+
+    def cut_selection(self) -> bool:
+        if not self.copy_selection():
+            return False
+        self.adapter.delete_selected()
+        return True
+
+    def paste(self) -> list[str]:
+        mime = QtWidgets.QApplication.clipboard().mimeData()
+        text = ""
+        if mime is not None and mime.hasFormat(fragments.MIME_TYPE):
+            text = bytes(mime.data(fragments.MIME_TYPE).data()).decode()
+        elif mime is not None and mime.hasText():
+            text = mime.text()
+        fragment = fragments.fragment_from_text(text) if text else None
+        if fragment is None:
+            self.statusBar().showMessage("The clipboard holds no CellFuse nodes", 3000)
+            return []
+        try:
+            return self.adapter.paste(fragments.plan_paste(self.cell, fragment))
+        except CellError as e:
+            self.statusBar().showMessage(f"Cannot paste: {e}", 6000)
+            return []
+
+    def delete_selection(self) -> None:
+        self.adapter.delete_selected()
+
+    def open_node_search(self) -> None:
+        self.adapter.graph.open_node_search(self.adapter.node_search_names())
+
+    # == run ===========================================================================================
+    def validate(self) -> CellInfo:
+        self._on_cell_changed(self.cell)
+        self.problems_dock.show()
+        self.problems_dock.raise_()
+        errors = len(self.info.errors)
+        self.statusBar().showMessage(
+            f"{errors} error(s), {len(self.info.problems) - errors} warning(s)" if self.info.problems
+            else "The cell is valid.", 5000)
+        return self.info
+
+    def bench_config(self) -> BenchConfig:
+        panel = self.bench_panel
+        return BenchConfig(sizes=panel.sizes(), backend=panel.backend(), schedules=panel.schedules(),
+                           baselines=panel.baselines(), repeats=panel.repeats())
+
+    def run_benchmark(self) -> bool:
+        """Starts the benchmark of the current cell in a worker thread; False when it cannot start."""
+        self.bench_dock.show()
+        self.bench_dock.raise_()
+        if self.worker is not None:
+            return False
+        if not self.info.ok:
+            self.bench_panel.show_status(f"Fix the {len(self.info.errors)} error(s) in Problems first.")
+            return False
+        try:
+            sweep = self.bench_panel.sweep()
+        except ValueError as e:
+            self.bench_panel.show_status(str(e))
+            return False
+        config = self.bench_config()
+        if not config.schedules and not config.baselines:
+            self.bench_panel.show_status("Choose at least one schedule or baseline.")
+            return False
+        self.worker = BenchWorker(self.cell, config, sweep, self)
+        self.worker.progressed.connect(self.bench_panel.show_progress)
+        self.worker.succeeded.connect(self._bench_succeeded)
+        self.worker.failed.connect(self._bench_failed)
+        self.worker.finished.connect(self._bench_thread_done)
+        self.bench_panel.set_running(True)
+        self.bench_panel.show_status(f"Running on {config.backend}…")
+        self.worker.start()
+        return True
+
+    def cancel_benchmark(self) -> None:
+        if self.worker is not None:
+            self.worker.cancel()
+            self.bench_panel.show_status("Cancelling…")
+
+    def _bench_succeeded(self, result) -> None:
+        self._run_number += 1
+        is_sweep = hasattr(result, "param")
+        run = BenchRun(self._run_number, sweep=result if is_sweep else None,
+                       result=None if is_sweep else result)
+        self.bench_panel.add_run(run)
+        results = run.results
+        first = run.first
+        cancelled = any(r.cancelled for r in results)
+        wrong = [r.name for res in results for r in res.rows if not r.ok]
+        text = f"Run #{run.number} on {first.device}" if first is not None else f"Run #{run.number}"
+        if cancelled:
+            text += " — cancelled, partial results"
+        if wrong:
+            text += f" — not timed (wrong or failed): {', '.join(dict.fromkeys(wrong))}"
+        self.bench_panel.show_status(text)
+        self.bench_finished.emit(run)
+
+    def _bench_failed(self, message: str) -> None:
+        self.bench_panel.show_status(f"The benchmark failed: {message}")
+        self.bench_finished.emit(None)
+
+    def _bench_thread_done(self) -> None:
+        if self.worker is not None:
+            self.worker.deleteLater()
+        self.worker = None
+        self.bench_panel.set_running(False)
+
+    def export_chart(self, path: Path | None = None) -> bool:
+        if not self.bench_panel.runs:
+            self.statusBar().showMessage("Run the benchmark first", 3000)
+            return False
+        if path is None:
+            path = dialogs.ask_save_path(self, "Save chart", "benchmark.png",
+                                         "PNG image (*.png);;SVG image (*.svg)")
+            if path is None:
+                return False
+        path = Path(path) if Path(path).suffix else Path(path).with_suffix(".png")
+        try:
+            self.bench_panel.figure.savefig(path, dpi=150, facecolor=self.bench_panel.figure.get_facecolor())
+        except (OSError, ValueError) as e:
+            dialogs.show_error(self, "Cannot save chart", f"{path}: {e}")
+            return False
+        self.statusBar().showMessage(f"Wrote {path}", 4000)
+        return True
+
+    def export_results(self, path: Path | None = None) -> bool:
+        run = self.bench_panel.shown_run()
+        if run is None:
+            self.statusBar().showMessage("Run the benchmark first", 3000)
+            return False
+        if path is None:
+            path = dialogs.ask_save_path(self, "Save results", "benchmark.json",
+                                         "JSON (*.json);;CSV (*.csv)")
+            if path is None:
+                return False
+        path = Path(path) if Path(path).suffix else Path(path).with_suffix(".json")
+        import json
+
+        text = run.to_csv() if path.suffix.lower() == ".csv" else json.dumps(run.to_json(), indent=2) + "\n"
+        try:
+            atomic_write(path, text.encode("utf-8"))
+        except OSError as e:
+            dialogs.show_error(self, "Cannot save results", f"{path}: {e.strerror or e}")
+            return False
+        self.statusBar().showMessage(f"Wrote {path}", 4000)
+        return True
+
+    # == window ========================================================================================
+    def _restore_window_state(self) -> None:
+        s = recent_files.settings()
+        geometry = s.value("window/geometry")
+        state = s.value("window/state")
+        self._state_restored = False
+        if isinstance(geometry, QtCore.QByteArray):
+            self.restoreGeometry(geometry)
+        if isinstance(state, QtCore.QByteArray):
+            self._state_restored = self.restoreState(state)
+
+    def arrange_docks(self) -> None:
+        """The default sizes of the panels: most of the window for the canvas."""
+        horizontal, vertical = QtCore.Qt.Orientation.Horizontal, QtCore.Qt.Orientation.Vertical
+        self.resizeDocks([self.palette_dock, self.properties_dock], [190, 340], horizontal)
+        self.resizeDocks([self.problems_dock], [int(self.height() * 0.27)], vertical)
+        self.resizeDocks([self.properties_dock, self.plan_dock],
+                         [int(self.height() * 0.36), int(self.height() * 0.5)], vertical)
+
+    def showEvent(self, event: QtGui.QShowEvent) -> None:  # noqa: N802 (Qt's name)
+        super().showEvent(event)
+        if not self._shown_once:
+            self._shown_once = True
+            if not self._state_restored:
+                self.arrange_docks()
+
+    def closeEvent(self, event: QtGui.QCloseEvent) -> None:  # noqa: N802 (Qt's name)
+        if not self.maybe_save():
+            event.ignore()
+            return
+        if self.worker is not None:
+            self.worker.cancel()
+            self.worker.wait(10_000)
+        autosave.remove_autosave(self.document.path)
+        s = recent_files.settings()
+        s.setValue("window/geometry", self.saveGeometry())
+        s.setValue("window/state", self.saveState())
+        self.autosave_timer.stop()
+        event.accept()

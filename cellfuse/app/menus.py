@@ -1,0 +1,166 @@
+"""The window's actions, their shortcuts, and the menus that hold them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from PySide6 import QtCore, QtGui, QtWidgets
+
+from ..graph_model import load_template, template_names
+from . import theme
+from .palette_panel import palette_entries
+
+if TYPE_CHECKING:
+    from .main_window import MainWindow
+
+Key = QtGui.QKeySequence
+
+
+def _action(parent: QtWidgets.QWidget, text: str, slot, shortcuts=(), tip: str = "",
+            context: QtCore.Qt.ShortcutContext = QtCore.Qt.ShortcutContext.WindowShortcut) -> QtGui.QAction:
+    action = QtGui.QAction(text, parent)
+    keys = []
+    for s in shortcuts:
+        keys += Key.keyBindings(s) if isinstance(s, Key.StandardKey) else [Key(s)]
+    action.setShortcuts(keys)
+    action.setShortcutContext(context)
+    if tip:
+        action.setStatusTip(tip)
+        action.setToolTip(tip)
+    action.triggered.connect(lambda _checked=False: slot())
+    parent.addAction(action)
+    return action
+
+
+class WindowActions:
+    """Every action of the window, by name (tests trigger them as a user would)."""
+
+    def __init__(self, w: MainWindow) -> None:
+        canvas_only = QtCore.Qt.ShortcutContext.WidgetWithChildrenShortcut
+        std = Key.StandardKey
+        self.open = _action(w, "&Open…", lambda: w.open_file(), [std.Open], "Open a cell file")
+        self.save = _action(w, "&Save", w.save, [std.Save], "Save the cell")
+        self.save_as = _action(w, "Save &As…", lambda: w.save_as(), ["Ctrl+Shift+S"], "Save under a new name")
+        self.export_cuda = _action(w, "Export &CUDA…", lambda: w.export_cuda(), ["Ctrl+E"],
+                                   "Write the generated CUDA of the chosen schedule to a .cu file")
+        self.quit = _action(w, "&Quit", w.close, [std.Quit])
+        self.new = _action(w, "&New LSTM", lambda: w.new_from_template("lstm"), [std.New],
+                           "A new cell from the LSTM template")
+
+        stack = w.adapter.undo_stack()
+        self.undo = stack.createUndoAction(w, "&Undo")
+        self.undo.setShortcuts([Key("Ctrl+Z")])
+        self.redo = stack.createRedoAction(w, "&Redo")
+        self.redo.setShortcuts([Key("Ctrl+Shift+Z"), Key("Ctrl+Y")])
+        w.addAction(self.undo)
+        w.addAction(self.redo)
+        self.cut = _action(w, "Cu&t", w.cut_selection, [std.Cut])
+        self.copy = _action(w, "&Copy", w.copy_selection, [std.Copy])
+        self.paste = _action(w, "&Paste", w.paste, [std.Paste])
+        self.delete = _action(w.canvas, "&Delete", w.delete_selection, ["Del", "Backspace"],
+                              "Delete the selected nodes", canvas_only)
+        self.select_all = _action(w, "Select &All", w.adapter.select_all, [std.SelectAll])
+        self.node_search = _action(w.canvas, "Add Node by &Name…", w.open_node_search, ["Tab"],
+                                   "Search the ops by name and add one", canvas_only)
+
+        self.fit = _action(w.canvas, "&Fit", w.adapter.fit, ["F"],
+                           "Frame the selected nodes, or the whole cell", canvas_only)
+        self.auto_layout = _action(w, "Auto &Layout", w.adapter.auto_layout, ["Ctrl+L"],
+                                   "Arrange the nodes in columns from the input to the updates")
+        self.plan_overlay = _action(w, "Plan &Outlines", lambda: w.set_overlay_visible(
+            self.plan_overlay.isChecked()), ["Ctrl+Shift+P"], "Outline GEMM groups and fused kernels")
+        self.plan_overlay.setCheckable(True)
+        self.plan_overlay.setChecked(True)
+
+        self.validate = _action(w, "&Validate", w.validate, ["F7"], "Check the cell and list its problems")
+        self.benchmark = _action(w, "&Benchmark", w.run_benchmark, ["F5"],
+                                 "Check and time every schedule of the cell")
+        self.cancel = _action(w, "&Cancel Benchmark", w.cancel_benchmark, ["Shift+F5"])
+
+
+def build_menus(w: MainWindow, a: WindowActions) -> None:
+    bar = w.menuBar()
+    file = bar.addMenu("&File")
+    file.addAction(a.new)
+    templates = file.addMenu("New from &Template")
+    for name in template_names():
+        try:
+            title = load_template(name).name
+        except Exception:  # a broken template must not stop the editor from starting
+            title = name
+        templates.addAction(f"{title}  ({name})", lambda n=name: w.new_from_template(n))
+    file.addSeparator()
+    file.addAction(a.open)
+    recent = file.addMenu("Open &Recent")
+    recent.aboutToShow.connect(lambda: w.rebuild_recent_menu(recent))
+    w.rebuild_recent_menu(recent)
+    file.addSeparator()
+    file.addAction(a.save)
+    file.addAction(a.save_as)
+    file.addAction(a.export_cuda)
+    file.addSeparator()
+    file.addAction(a.quit)
+
+    edit = bar.addMenu("&Edit")
+    for action in (a.undo, a.redo, None, a.cut, a.copy, a.paste, a.delete, None, a.select_all, None,
+                   a.node_search):
+        edit.addSeparator() if action is None else edit.addAction(action)
+    add = edit.addMenu("Add &Node")
+    _add_node_menu(w, add)
+
+    view = bar.addMenu("&View")
+    view.addAction(a.fit)
+    view.addAction(a.auto_layout)
+    view.addAction(a.plan_overlay)
+    view.addSeparator()
+    panels = view.addMenu("&Panels")
+    for dock in w.panel_docks:
+        panels.addAction(dock.toggleViewAction())
+
+    run = bar.addMenu("&Run")
+    run.addAction(a.validate)
+    run.addAction(a.benchmark)
+    run.addAction(a.cancel)
+
+    help_menu = bar.addMenu("&Help")
+    help_menu.addAction("&Keyboard and Mouse", lambda: _show_help(w))
+
+    # The canvas's right-click menu.
+    ctx = w.adapter.graph.get_context_menu("graph").qmenu
+    ctx_add = ctx.addMenu("Add Node")
+    _add_node_menu(w, ctx_add)
+    ctx.addSeparator()
+    for action in (a.cut, a.copy, a.paste, a.delete, None, a.select_all, a.fit, a.auto_layout):
+        ctx.addSeparator() if action is None else ctx.addAction(action)
+
+
+def _add_node_menu(w: MainWindow, menu: QtWidgets.QMenu) -> None:
+    submenus: dict[str, QtWidgets.QMenu] = {}
+    for kind, op, doc in palette_entries():
+        sub = submenus.get(kind)
+        if sub is None:
+            sub = submenus[kind] = menu.addMenu(theme.swatch_icon(theme.KIND_COLORS[kind]),
+                                                theme.KIND_LABELS[kind])
+        action = sub.addAction(op, lambda o=op: w.add_node(o))
+        action.setStatusTip(doc)
+
+
+HELP = """<h3>Canvas</h3>
+<table cellspacing=4>
+<tr><td><b>Drag</b> from an output port to an input port</td><td>connect</td></tr>
+<tr><td><b>Tab</b></td><td>search the ops and add one</td></tr>
+<tr><td><b>Del</b></td><td>delete the selection (a state goes with its update)</td></tr>
+<tr><td><b>F</b></td><td>frame the selection, or the whole cell</td></tr>
+<tr><td><b>Alt+Shift+drag</b></td><td>cut wires</td></tr>
+<tr><td><b>Middle-drag / wheel</b></td><td>pan / zoom</td></tr>
+<tr><td><b>Double-click</b> a title</td><td>rename the node</td></tr>
+</table>
+<h3>Cell</h3>
+<p>A state appears twice: its value from the previous step (an output port) and its
+<i>next</i> node, whose input is the value it takes for the next step. The <i>cell output</i>
+node's input is the layer's output.</p>
+<p><b>F5</b> runs the benchmark, <b>F7</b> validates, <b>Ctrl+E</b> exports CUDA.</p>"""
+
+
+def _show_help(w: MainWindow) -> None:
+    QtWidgets.QMessageBox.information(w, "Keyboard and mouse", HELP)

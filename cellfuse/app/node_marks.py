@@ -1,0 +1,48 @@
+"""What validation found, shown on the canvas: a node with a problem gets a red (error) or amber
+(warning) border and badge, and its tooltip lists the problems and its inferred shape. Wires take
+the colour of the node they come from."""
+
+from __future__ import annotations
+
+from ..graph_model import CellInfo, shape_str
+from .cell_adapter import CellAdapter
+from .node_types import ROLE_OUTPUT, CellNode
+
+
+def show_problems(adapter: CellAdapter, info: CellInfo) -> None:
+    by_node: dict[str, list[tuple[str, str]]] = {}
+    for p in info.problems:
+        if p.node is not None:
+            by_node.setdefault(p.node, []).append((p.severity, p.message))
+    cell_level = [p for p in info.problems if p.node is None]
+    for n in adapter.graph.all_nodes():
+        if not isinstance(n, CellNode):
+            continue
+        n.item.set_shape_text("")
+        if n.ROLE == ROLE_OUTPUT:
+            lines = [p.message for p in cell_level if "output" in p.message]
+            n.item.set_mark("error" if lines else None, lines)
+            continue
+        n.item.set_mark(None, [])
+    for node_id, found in by_node.items():
+        severity = "error" if any(s == "error" for s, _ in found) else "warning"
+        for n in adapter.canvas_nodes(node_id):
+            n.item.set_mark(severity, [m for _, m in found])
+    for node_id, shape in info.shapes.items():
+        for n in adapter.canvas_nodes(node_id):
+            n.item.set_shape_text(shape_str(shape))
+
+
+def color_wires(adapter: CellAdapter) -> None:
+    """Each wire takes the colour of the kind of node it comes from."""
+    for pipe in adapter.graph.viewer().all_pipes():
+        out = pipe.output_port
+        item = out.node if out is not None else None
+        rgb = getattr(item, "kind_rgb", None)
+        if rgb is None:
+            continue
+        color = (int(rgb[0] * 0.8), int(rgb[1] * 0.8), int(rgb[2] * 0.8), 255)
+        if tuple(pipe.color) != color:
+            pipe.color = color
+            if not (pipe.active() or pipe.highlighted()):
+                pipe.reset()

@@ -1,0 +1,120 @@
+"""The plan panel: the schedule chooser and what the scheduler made of the cell at the current sizes
+(launches, FLOPs and bytes per step, the GEMM groups and fused kernels, coloured as on the canvas)."""
+
+from __future__ import annotations
+
+from PySide6 import QtCore, QtWidgets
+
+from . import theme
+from .plan_overlay import regions_of
+
+NODES_ROLE = QtCore.Qt.ItemDataRole.UserRole
+
+
+def human(n: float, unit: str = "") -> str:
+    """1234567 -> '1.23 M'."""
+    for factor, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(n) >= factor:
+            return f"{n / factor:.3g} {prefix}{unit}"
+    return f"{n:.0f} {unit}".rstrip()
+
+
+class PlanPanel(QtWidgets.QWidget):
+    schedule_changed = QtCore.Signal(str)
+    nodes_activated = QtCore.Signal(list)
+    overlay_toggled = QtCore.Signal(bool)
+
+    def __init__(self, schedules: list[str], parent: QtWidgets.QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.schedule_combo = QtWidgets.QComboBox()
+        self.schedule_combo.addItems(schedules)
+        self.overlay_check = QtWidgets.QCheckBox("Outline on canvas")
+        self.overlay_check.setChecked(True)
+        top = QtWidgets.QHBoxLayout()
+        top.addWidget(QtWidgets.QLabel("Schedule"))
+        top.addWidget(self.schedule_combo, 1)
+        top.addWidget(self.overlay_check)
+
+        self.sizes_label = QtWidgets.QLabel()
+        self.sizes_label.setProperty("role", "hint")
+        self.message = QtWidgets.QLabel()
+        self.message.setWordWrap(True)
+        self.message.setProperty("role", "error")
+
+        stats = QtWidgets.QGridLayout()
+        stats.setHorizontalSpacing(14)
+        self.stat_values: dict[str, QtWidgets.QLabel] = {}
+        for row, (key, title) in enumerate([("launches_per_step", "Launches per step"),
+                                            ("launches_before_loop", "Launches before the loop"),
+                                            ("flops_per_step", "FLOPs per step"),
+                                            ("bytes_per_step", "Bytes per step"),
+                                            ("intensity", "FLOPs per byte")]):
+            name = QtWidgets.QLabel(title)
+            name.setProperty("role", "hint")
+            value = QtWidgets.QLabel("–")
+            value.setProperty("role", "heading")
+            value.setAlignment(QtCore.Qt.AlignmentFlag.AlignRight)
+            stats.addWidget(name, row, 0)
+            stats.addWidget(value, row, 1)
+            self.stat_values[key] = value
+        self.stats_box = QtWidgets.QGroupBox("Per step of one layer")
+        self.stats_box.setLayout(stats)
+
+        self.tree = QtWidgets.QTreeWidget()
+        self.tree.setHeaderLabels(["Launch", "Nodes"])
+        self.tree.setRootIsDecorated(False)
+        self.tree.header().setSectionResizeMode(0, QtWidgets.QHeaderView.ResizeMode.ResizeToContents)
+        self.tree.setWordWrap(True)
+
+        layout = QtWidgets.QVBoxLayout(self)
+        layout.setContentsMargins(8, 8, 8, 8)
+        layout.addLayout(top)
+        layout.addWidget(self.sizes_label)
+        layout.addWidget(self.message)
+        layout.addWidget(self.stats_box)
+        layout.addWidget(self.tree, 1)
+
+        self.schedule_combo.currentTextChanged.connect(self.schedule_changed)
+        self.overlay_check.toggled.connect(self.overlay_toggled)
+        self.tree.itemClicked.connect(
+            lambda item, _c: self.nodes_activated.emit(item.data(0, NODES_ROLE) or []))
+        self.show_message("No plan yet.")
+
+    def schedule(self) -> str:
+        return self.schedule_combo.currentText()
+
+    def set_schedule(self, name: str) -> None:
+        self.schedule_combo.setCurrentText(name)
+
+    def show_sizes(self, text: str) -> None:
+        self.sizes_label.setText(text)
+
+    def show_message(self, text: str) -> None:
+        """Says why there is no plan (the cell has errors, or the scheduler refused it)."""
+        self.message.setText(text)
+        self.message.setVisible(True)
+        self.stats_box.setEnabled(False)
+        for v in self.stat_values.values():
+            v.setText("–")
+        self.tree.clear()
+
+    def show_summary(self, summary: dict) -> None:
+        self.message.setVisible(False)
+        self.stats_box.setEnabled(True)
+        flops = summary.get("flops_per_step", 0)
+        nbytes = summary.get("bytes_per_step", 0)
+        self.stat_values["launches_per_step"].setText(str(summary.get("launches_per_step", "?")))
+        self.stat_values["launches_before_loop"].setText(str(summary.get("launches_before_loop", 0)))
+        self.stat_values["flops_per_step"].setText(human(flops, "FLOP"))
+        self.stat_values["bytes_per_step"].setText(human(nbytes, "B"))
+        self.stat_values["intensity"].setText(f"{flops / nbytes:.2f}" if nbytes else "–")
+        self.tree.clear()
+        for region in regions_of(summary):
+            where = "hoisted" if region.hoisted else "each step"
+            kind = "GEMM" if region.kind == "gemm" else "fused"
+            item = QtWidgets.QTreeWidgetItem([f"{region.name}  {kind}, {where}", ", ".join(region.nodes)])
+            item.setIcon(0, theme.swatch_icon(region.rgb))
+            item.setToolTip(0, region.label)
+            item.setToolTip(1, ", ".join(region.nodes))
+            item.setData(0, NODES_ROLE, list(region.nodes))
+            self.tree.addTopLevelItem(item)
