@@ -1,0 +1,373 @@
+"""Random valid cells, for property tests and benchmarks of the scheduler and the backends.
+
+`random_cell(rng)` draws a cell from a numpy Generator; `random_cells()` is a hypothesis strategy
+(hypothesis is imported only when the strategy is asked for, so this module costs nothing at import).
+Both build through CellBuilder, so every cell they return has passed validation. No production code
+path depends on this module.
+
+A cell drawn here has one input `x`, one to three states, 2-D weights `W0, W1, ...` and 1-D weights
+`b0, b1, ...`, and mixes what the scheduler has to find:
+
+- matmuls whose left operand is x, a state, or an earlier row value, including values computed from
+  other matmuls of the same step (dependent GEMM chains, as in Cho's GRU), and several matmuls on one
+  left operand (combinable GEMMs);
+- elementwise DAGs of every op of the op table, on [batch, hidden] and [batch, input] rows, with
+  [N]-shaped weight-only values (`neg(b)`, `exp(tanh(p))`) and scalar const expressions broadcast in;
+- elementwise work on x before a matmul (`relu(x) @ W`);
+- 1-D weights added directly to matmuls, so that hoisted GEMMs fold their bias;
+- state updates of every kind a user may draw: a squashed value, a gated mix of the state, a matmul,
+  another state, or a node shared with another state's update.
+
+Values stay bounded whatever the sequence length: anything that may grow is squashed by tanh or
+sigmoid before it feeds a matmul or a state, divisions divide by something at least 1/2, and exp only
+sees bounded arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+
+from .builder import CellBuilder, Value, exp, relu, sigmoid, tanh
+from .cell import Cell
+
+T = TypeVar("T")
+
+STATE_NAMES = ("h", "c", "m")
+CONST_VALUES = (1.0, 0.5, -1.0, 2.0, 0.25, -0.5)
+# Above this rough bound of |value|, a value is squashed before it feeds a matmul, a state or a product.
+SQUASH_ABOVE = 3.0
+
+
+class _Draws:
+    """The random choices a cell is made of. Subclasses draw from numpy or from hypothesis; the
+    hypothesis one shrinks every choice towards its first option and every chance towards False."""
+
+    def integer(self, lo: int, hi: int) -> int:  # lo..hi inclusive
+        raise NotImplementedError
+
+    def chance(self, p: float) -> bool:
+        raise NotImplementedError
+
+    def pick(self, options: Sequence[T]) -> T:
+        return options[self.integer(0, len(options) - 1)]
+
+
+class _NumpyDraws(_Draws):
+    def __init__(self, rng: np.random.Generator):
+        self.rng = rng
+
+    def integer(self, lo: int, hi: int) -> int:
+        return int(self.rng.integers(lo, hi + 1))
+
+    def chance(self, p: float) -> bool:
+        return bool(self.rng.random() < p)
+
+
+class _HypothesisDraws(_Draws):
+    def __init__(self, draw: Callable[[Any], Any]):
+        from hypothesis import strategies as st
+
+        self.draw, self.st = draw, st
+
+    def integer(self, lo: int, hi: int) -> int:
+        return self.draw(self.st.integers(lo, hi)) if hi > lo else lo
+
+    def chance(self, p: float) -> bool:
+        return self.draw(self.st.integers(0, 99)) >= 100 - round(100 * p)
+
+
+@dataclass
+class _Row:
+    """A [batch, width] value of the cell being drawn, with a rough bound of its magnitude."""
+
+    value: Value
+    width: str
+    bound: float
+
+
+class _CellDrawer:
+    def __init__(self, draws: _Draws, name: str, max_rounds: int):
+        self.d = draws
+        self.max_rounds = max_rounds
+        self.b = CellBuilder(name, description="a random cell for tests", input=8, hidden=8)
+        self.rows: dict[str, list[_Row]] = {"input": [], "hidden": []}
+        self.vecs: dict[str, list[Value]] = {"input": [], "hidden": []}
+        self.weights2d: dict[tuple[str, str], list[Value]] = {}
+        self.lefts: list[_Row] = []  # left operands already used by a matmul
+        self.must_use: list[Value] = []  # values the output must depend on
+        self.n_weights = 0
+        self.n_biases = 0
+
+    # -- leaves ----------------------------------------------------------------------------------
+    def weight2d(self, k: str, n: str) -> Value:
+        have = self.weights2d.setdefault((k, n), [])
+        if have and self.d.chance(0.25):
+            return self.d.pick(have)
+        w = self.b.weight(f"W{self.n_weights}", k, n)
+        self.n_weights += 1
+        have.append(w)
+        return w
+
+    def bias(self, width: str) -> Value:
+        """A 1-D weight node (new or reused)."""
+        have = [v for v in self.vecs[width] if self.b.cell.node(v.id).op == "weight"]
+        if have and self.d.chance(0.3):
+            return self.d.pick(have)
+        w = self.b.weight(f"b{self.n_biases}", width)
+        self.n_biases += 1
+        self.vecs[width].append(w)
+        return w
+
+    def const(self) -> Value:
+        return self.b.const(self.d.pick(CONST_VALUES))
+
+    def scalar(self) -> tuple[Value, float]:
+        """A scalar: a const or a small const expression."""
+        kind = self.d.integer(0, 4)
+        if kind == 0:
+            c = self.const()
+            return c, abs(self.b.cell.node(c.id).value or 0.0)
+        if kind == 1:
+            return tanh(self.const()), 1.0
+        if kind == 2:
+            return sigmoid(self.const()) * self.const(), 2.0
+        if kind == 3:
+            return -self.const(), 2.0
+        return exp(tanh(self.const())), 2.8
+
+    def vec(self, width: str) -> tuple[Value, float]:
+        """An [N] value: a 1-D weight, or a computation on weights only."""
+        if self.vecs[width] and self.d.chance(0.3):
+            return self.d.pick(self.vecs[width]), 1.0
+        kind = self.d.integer(0, 4)
+        if kind == 0:
+            return self.bias(width), 1.0
+        if kind == 1:
+            v = -self.bias(width)
+        elif kind == 2:
+            v = exp(tanh(self.bias(width)))
+        elif kind == 3:
+            v = sigmoid(self.bias(width)) * self.bias(width)
+        else:
+            s, _ = self.scalar()
+            v = self.bias(width) + s if self.d.chance(0.5) else s - self.bias(width)
+            v = tanh(v)
+        self.vecs[width].append(v)
+        return v, 3.0
+
+    # -- rows --------------------------------------------------------------------------------------
+    def squash(self, r: _Row, limit: float = SQUASH_ABOVE) -> _Row:
+        if r.bound <= limit:
+            return r
+        if self.d.chance(0.5):
+            return _Row(tanh(r.value), r.width, 1.0)
+        return _Row(sigmoid(r.value), r.width, 1.0)
+
+    def operand(self, width: str) -> _Row:
+        """A bounded row value of this width already in the cell (there is always one of each width)."""
+        return self.squash(self.d.pick(self.rows[width]))
+
+    def keep(self, r: _Row) -> _Row:
+        self.rows[r.width].append(r)
+        return r
+
+    def expr(self, width: str, depth: int) -> _Row:
+        """A random elementwise DAG over values of the cell, of shape [batch, width]."""
+        if depth == 0 or self.d.chance(0.2):
+            return self.operand(width)
+        kind = self.d.integer(0, 8)
+        if kind <= 2:  # add, sub, mul with a row, an [N] value or a scalar
+            a = self.expr(width, depth - 1)
+            which = self.d.integer(0, 2)
+            if which == 0:
+                other = self.expr(width, depth - 1)
+                if kind == 2:
+                    other = self.squash(other)
+                b_val, b_bound = other.value, other.bound
+            elif which == 1:
+                b_val, b_bound = self.vec(width)
+            else:
+                b_val, b_bound = self.scalar()
+            if kind == 2:
+                a = self.squash(a)
+            x, y = (b_val, a.value) if self.d.chance(0.3) else (a.value, b_val)
+            if kind == 0:
+                return _Row(x + y, width, a.bound + b_bound)
+            if kind == 1:
+                return _Row(x - y, width, a.bound + b_bound)
+            return _Row(x * y, width, a.bound * b_bound)
+        if kind == 3:  # division by something >= 1/2
+            a = self.expr(width, depth - 1)
+            g = self.d.integer(0, 2)
+            if g == 0:
+                guard = self.b.const(self.d.pick((1.0, 0.5))) + sigmoid(self.expr(width, depth - 1).value)
+            elif g == 1:
+                guard = exp(tanh(self.expr(width, depth - 1).value))
+            else:
+                guard = exp(tanh(self.vec(width)[0]))
+            return _Row(a.value / guard, width, 2.8 * a.bound)
+        a = self.expr(width, depth - 1)
+        if kind == 4:
+            return _Row(-a.value, width, a.bound)
+        if kind == 5:
+            return _Row(tanh(a.value), width, 1.0)
+        if kind == 6:
+            return _Row(sigmoid(a.value), width, 1.0)
+        if kind == 7:
+            return _Row(relu(a.value), width, a.bound)
+        return _Row(exp(tanh(a.value)), width, 2.8)
+
+    def matmul(self, n: str) -> _Row:
+        """left @ W with W of shape [K, n]; the left operand is often one already used, so that
+        matmuls share it and combine."""
+        if self.lefts and self.d.chance(0.4):
+            left = self.d.pick(self.lefts)
+        else:
+            width = self.d.pick(("hidden", "input"))
+            # A small value feeds the matmul as it is (a matmul of a matmul, or of a biased matmul).
+            left = self.squash(self.d.pick(self.rows[width]), self.d.pick((1.5, 4.5)))
+            self.lefts.append(left)
+        w = self.weight2d(left.width, n)
+        return _Row(left.value @ w, n, 2.0 * left.bound)
+
+    def with_bias(self, m: _Row) -> _Row:
+        b = self.bias(m.width)
+        v = b + m.value if self.d.chance(0.3) else m.value + b
+        return _Row(v, m.width, m.bound + 1.0)
+
+    def round(self) -> None:
+        kind = self.d.integer(0, 6)
+        if kind == 0:  # a matmul, perhaps also kept itself (then its bias cannot fold)
+            m = self.matmul(self.d.pick(("hidden", "hidden", "input")))
+            self.keep(m)
+        elif kind == 1:  # a matmul with its bias added directly
+            m = self.matmul(self.d.pick(("hidden", "input")))
+            self.keep(self.with_bias(m))
+            if self.d.chance(0.2):
+                self.keep(m)
+        elif kind == 2:  # an elementwise island on hidden rows
+            self.keep(self.expr("hidden", self.d.integer(1, 3)))
+        elif kind == 3:  # elementwise work on the input's width, then a matmul of it
+            e = self.squash(self.expr("input", self.d.integer(1, 2)), 1.5)
+            self.keep(e)
+            self.lefts.append(e)
+            self.keep(self.matmul("hidden"))
+        elif kind == 4:  # a sum of matmuls and a bias, like a gate's pre-activation
+            total = self.matmul("hidden")
+            for _ in range(self.d.integer(0, 2)):
+                m = self.matmul("hidden")
+                total = _Row(total.value + m.value, "hidden", total.bound + m.bound)
+            if self.d.chance(0.6):
+                total = self.with_bias(total)
+            self.keep(_Row(self.d.pick((sigmoid, tanh))(total.value), "hidden", 1.0))
+        elif kind == 5:  # a gate times a row, then a matmul of the product (Cho's U(r * h))
+            gate = _Row(sigmoid(self.matmul("hidden").value), "hidden", 1.0)
+            prod = _Row(gate.value * self.operand("hidden").value, "hidden", SQUASH_ABOVE)
+            self.keep(prod)
+            self.lefts.append(self.squash(prod, 1.5))
+            self.keep(self.matmul(self.d.pick(("hidden", "input"))))
+        else:  # relu(x) @ W, a classic input transform
+            x = self.rows["input"][0]
+            r = _Row(relu(x.value), "input", x.bound)
+            self.keep(r)
+            self.lefts.append(r)
+            self.keep(self.with_bias(self.matmul("hidden")) if self.d.chance(0.5) else self.matmul("hidden"))
+
+    # -- updates and output ------------------------------------------------------------------------
+    def update_value(self, state: Value, states: list[Value], done: list[Value]) -> Value:
+        kind = self.d.integer(0, 5)
+        if kind == 0:  # a squashed expression
+            e = self.expr("hidden", self.d.integer(1, 3))
+            return self.d.pick((tanh, sigmoid))(e.value)
+        if kind == 1:  # a gated mix of the state with a candidate: z*s + (1 - z)*n
+            z = sigmoid(self.operand("hidden").value)
+            n = tanh(self.expr("hidden", self.d.integer(0, 2)).value)
+            return z * state + (1.0 - z) * n
+        if kind == 2 and done:  # shared with an earlier state's update
+            return self.d.pick(done)
+        if kind == 3:  # a matmul; sometimes also with a bias added to it, which the output then uses
+            # Its left operand is squashed, so that no state is a linear recurrence of itself.
+            left = self.squash(self.d.pick(self.rows[self.d.pick(("hidden", "input"))]), 1.0)
+            self.lefts.append(left)
+            m = _Row(left.value @ self.weight2d(left.width, "hidden"), "hidden", 2.0)
+            if self.d.chance(0.5):
+                self.must_use.append(tanh(self.with_bias(m).value))
+            return m.value
+        if kind == 4:  # another state (or itself)
+            return self.d.pick(states)
+        return self.squash(self.d.pick(self.rows["hidden"]), 1.0).value
+
+    def depends_on(self, root: str, target: str) -> bool:
+        nodes = self.b.cell.by_id()
+        stack, seen = [root], set()
+        while stack:
+            nid = stack.pop()
+            if nid == target:
+                return True
+            if nid not in seen:
+                seen.add(nid)
+                stack.extend(nodes[nid].args)
+        return False
+
+    def build(self) -> Cell:
+        d, b = self.d, self.b
+        x = b.input("x")
+        self.rows["input"].append(_Row(x, "input", 1.0))
+        states = [b.state(STATE_NAMES[i]) for i in range(d.integer(1, 3))]
+        for s in states:
+            self.rows["hidden"].append(_Row(s, "hidden", 3.0))
+        for _ in range(d.integer(1, self.max_rounds)):
+            self.round()
+        done: list[Value] = []
+        for s in states:
+            v = self.update_value(s, states, done)
+            b.update(s, v)
+            done.append(v)
+            if self.b.cell.node(v.id).op != "state":
+                self.keep(_Row(v, "hidden", 3.0))
+        kind = d.integer(0, 4)
+        if kind == 0:
+            out = done[0]
+        elif kind == 1:
+            out = self.squash(d.pick(self.rows["hidden"]), d.pick((1.0, 4.5))).value
+        elif kind == 2:
+            out = tanh(self.expr("hidden", d.integer(1, 2)).value)
+        elif kind == 3:
+            out = d.pick(done)
+        else:
+            out = d.pick(states)
+        for v in self.must_use:
+            out = tanh(out + v)
+        # The input must reach an update or the output.
+        if not any(self.depends_on(v, x.id) for v in [*b.cell.updates.values(), out.id]):
+            out = tanh(out + x @ self.weight2d("input", "hidden"))
+        b.output(out)
+        return b.build()
+
+
+def random_cell(rng: np.random.Generator | int | None = None, name: str = "random",
+                max_rounds: int = 6) -> Cell:
+    """A random valid cell; `rng` is a numpy Generator or a seed."""
+    if not isinstance(rng, np.random.Generator):
+        rng = np.random.default_rng(rng)
+    return _CellDrawer(_NumpyDraws(rng), name, max_rounds).build()
+
+
+def draw_cell(draw: Callable[[Any], Any], name: str = "random", max_rounds: int = 6) -> Cell:
+    """A random valid cell from a hypothesis `draw` (inside a composite strategy)."""
+    return _CellDrawer(_HypothesisDraws(draw), name, max_rounds).build()
+
+
+def random_cells(max_rounds: int = 6):
+    """A hypothesis strategy of random valid cells."""
+    from hypothesis import strategies as st
+
+    @st.composite
+    def cells(draw):
+        return draw_cell(draw, max_rounds=max_rounds)
+
+    return cells()
