@@ -72,12 +72,14 @@ def _structure(cell: Cell, order: list[str], shapes: dict, level: int) -> _Struc
     group_of = {m: g for g in groups for m in g.matmuls}
 
     # A bias added directly to a hoisted matmul (its only use) is added by the hoisted GEMM itself.
+    # A matmul that is also an update or the output has another use: its own value must stay readable.
+    targets = set(cell.updates.values()) | {cell.output}
     folded: dict[str, GemmGroup] = {}
     for g in groups:
         if not g.hoisted:
             continue
         for m in g.matmuls:
-            if len(consumers[m]) != 1:
+            if len(consumers[m]) != 1 or m in targets:
                 continue
             c = consumers[m][0]
             other = [a for a in nodes[c].args if a != m]
@@ -120,7 +122,6 @@ def _structure(cell: Cell, order: list[str], shapes: dict, level: int) -> _Struc
     # Each elementwise node runs as late as it can (before the first GEMM or kernel that needs it),
     # so that producers join the island of their consumers.
     elementwise = [n for n in order if kind[n] == "elementwise" and n not in folded]
-    targets = set(cell.updates.values()) | {cell.output}
     last = {p: max((stage[n] for n in order if phase.get(n) == p), default=0) for p in (PRO, STEP)}
     for n in reversed(elementwise):
         latest = [last[phase[n]]]
@@ -187,7 +188,8 @@ class _Layer:
         self.dims = {"input": self.K, "hidden": self.H, "": 1}
         self.nodes = plan_cell.by_id()
         self.p = f"l{layer}."
-        self.y = self._buffer(f"{self.p}y", "seq+1", self.H, "output")
+        # Every buffer name but a weight's has a dot after the layer prefix, so none is a weight's name.
+        self.y = self._buffer(f"{self.p}out.y", "seq+1", self.H, "output")
         # A state whose update is the output lives in the output sequence: step t reads row block t
         # and writes block t+1, so no copy is needed. Other states alternate between two slots.
         self.state_in_y = next((s for s, v in plan_cell.updates.items() if v == plan_cell.output), None)
@@ -227,7 +229,7 @@ class _Layer:
         if node.op == "input":
             if self.layer == 0:
                 return Access("x", "row", self.K, 0, seq)
-            return Access(f"l{self.layer - 1}.y", "row", self.H, 0, "t+1" if reader == STEP else "all+1")
+            return Access(f"l{self.layer - 1}.out.y", "row", self.H, 0, "t+1" if reader == STEP else "all+1")
         if node.op == "state":
             if v == self.state_in_y:
                 return Access(self.y, "row", self.H, 0, "t")
