@@ -372,9 +372,16 @@ class CellAdapter(QtCore.QObject):
         return _Macro()
 
     def view_centre(self) -> tuple[float, float]:
+        """A free spot near the middle of the view for a new node."""
         viewer = self.graph.viewer()
         centre = viewer.mapToScene(viewer.viewport().rect().center())
-        return centre.x() - 75.0, centre.y() - 30.0
+        x, y = centre.x() - 75.0, centre.y() - 40.0
+        taken = [n.view.sceneBoundingRect() for n in self._nodes()]
+        for _ in range(50):
+            if not any(r.intersects(QtCore.QRectF(x, y, 160.0, 80.0)) for r in taken):
+                break
+            x, y = x + 30.0, y + 30.0
+        return x, y
 
     def add_node(self, op: str, pos: tuple[float, float] | None = None, node_id: str | None = None) -> str:
         """Adds a node of `op` (or the output sink, op 'output'); returns its cell id. A state gets

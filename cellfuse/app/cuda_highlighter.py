@@ -1,9 +1,15 @@
 """Syntax colours for CUDA C: keywords, types, CUDA qualifiers and built-ins, numbers, strings,
-preprocessor lines and comments (line and block)."""
+preprocessor lines and comments (line and block).
+
+Matching uses Python's `re` (the generated source is ASCII, so string offsets are Qt's offsets):
+iterating QRegularExpression matches from Python corrupts reference counts in PySide6 6.12.
+"""
 
 from __future__ import annotations
 
-from PySide6 import QtCore, QtGui
+import re
+
+from PySide6 import QtGui
 
 KEYWORDS = ("if else for while do return break continue switch case default sizeof struct typedef "
             "const static extern inline namespace using template typename enum union goto volatile "
@@ -26,43 +32,36 @@ def _fmt(color: str, bold: bool = False, italic: bool = False) -> QtGui.QTextCha
 class CudaHighlighter(QtGui.QSyntaxHighlighter):
     def __init__(self, document: QtGui.QTextDocument) -> None:
         super().__init__(document)
-        words = lambda text: r"\b(" + "|".join(text.split()) + r")\b"  # noqa: E731
+
+        def words(text: str) -> re.Pattern[str]:
+            return re.compile(r"\b(" + "|".join(text.split()) + r")\b")
+
         self._rules = [
-            (QtCore.QRegularExpression(words(KEYWORDS)), _fmt("#c792ea", bold=True)),
-            (QtCore.QRegularExpression(words(TYPES)), _fmt("#82aaff")),
-            (QtCore.QRegularExpression(r"(__global__|__device__|__host__|__shared__|__constant__|"
-                                       r"__forceinline__|__launch_bounds__|__syncthreads)"
-                                       r"|\b(threadIdx|blockIdx|blockDim|gridDim|warpSize)\b"),
+            (words(KEYWORDS), _fmt("#c792ea", bold=True)),
+            (words(TYPES), _fmt("#82aaff")),
+            (re.compile(r"(__global__|__device__|__host__|__shared__|__constant__|__forceinline__|"
+                        r"__launch_bounds__|__syncthreads)|\b(threadIdx|blockIdx|blockDim|gridDim|warpSize)\b"),
              _fmt("#ffcb6b", bold=True)),
-            (QtCore.QRegularExpression(r"\b(cublas\w+|cuda\w+|cf_\w+)\b"), _fmt("#89ddff")),
-            (QtCore.QRegularExpression(r"\b[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?[fFuUlL]*\b"), _fmt("#f78c6c")),
-            (QtCore.QRegularExpression(r'"([^"\\]|\\.)*"'), _fmt("#c3e88d")),
-            (QtCore.QRegularExpression(r"^\s*#\s*\w+.*$"), _fmt("#f07178")),
-            (QtCore.QRegularExpression(r"//[^\n]*"), _fmt("#7f8c98", italic=True)),
+            (re.compile(r"\b(cublas\w+|cuda\w+|cf_\w+)\b"), _fmt("#89ddff")),
+            (re.compile(r"\b[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?[fFuUlL]*\b"), _fmt("#f78c6c")),
+            (re.compile(r'"([^"\\]|\\.)*"'), _fmt("#c3e88d")),
+            (re.compile(r"^\s*#\s*\w+.*$"), _fmt("#f07178")),
+            (re.compile(r"//.*$"), _fmt("#7f8c98", italic=True)),
         ]
         self._comment = _fmt("#7f8c98", italic=True)
-        self._start = QtCore.QRegularExpression(r"/\*")
-        self._end = QtCore.QRegularExpression(r"\*/")
 
     def highlightBlock(self, text: str) -> None:  # noqa: N802 (Qt's name)
         for regex, fmt in self._rules:
-            it = regex.globalMatch(text)
-            while it.hasNext():
-                m = it.next()
-                self.setFormat(m.capturedStart(), m.capturedLength(), fmt)
+            for m in regex.finditer(text):
+                self.setFormat(m.start(), m.end() - m.start(), fmt)
         # Block comments, which may span lines.
         self.setCurrentBlockState(0)
-        start = 0
-        if self.previousBlockState() != 1:
-            m = self._start.match(text)
-            start = m.capturedStart() if m.hasMatch() else -1
+        start = 0 if self.previousBlockState() == 1 else text.find("/*")
         while start >= 0:
-            end = self._end.match(text, start)
-            if end.hasMatch():
-                length = end.capturedEnd() - start
-                self.setFormat(start, length, self._comment)
-                m = self._start.match(text, start + length)
-                start = m.capturedStart() if m.hasMatch() else -1
+            end = text.find("*/", start + (0 if self.previousBlockState() == 1 and start == 0 else 2))
+            if end >= 0:
+                self.setFormat(start, end + 2 - start, self._comment)
+                start = text.find("/*", end + 2)
             else:
                 self.setCurrentBlockState(1)
                 self.setFormat(start, len(text) - start, self._comment)

@@ -14,7 +14,6 @@ from typing import Any
 from ..graph_model import Cell
 
 FRAGMENT_FORMAT = "cellfuse.fragment/1"
-MIME_TYPE = "application/x-cellfuse-fragment"
 
 
 def fragment_of(cell: Cell, ids: list[str], update_positions: dict[str, list[float]] | None = None

@@ -19,6 +19,7 @@ from ..graph_model import (
     Cell,
     CellError,
     CellInfo,
+    Node,
     Sizes,
     analyze,
     atomic_write,
@@ -323,6 +324,14 @@ class MainWindow(QtWidgets.QMainWindow):
         self.refresh_plan()
         self.adapter.fit()
 
+    def new_cell(self, ask: bool = True) -> bool:
+        """A new cell holding only the input and the output node."""
+        if ask and not self.maybe_save():
+            return False
+        self._show(Cell(name="untitled", nodes=[Node("x", "input")]), None, relayout=True, saved=True)
+        self.statusBar().showMessage("New cell: add nodes from the palette (or Tab on the canvas)", 4000)
+        return True
+
     def new_from_template(self, name: str, ask: bool = True) -> bool:
         if ask and not self.maybe_save():
             return False
@@ -477,11 +486,8 @@ class MainWindow(QtWidgets.QMainWindow):
         if not ids:
             return False
         fragment = fragments.fragment_of(self.cell, ids, self.adapter.state_update_positions())
-        text = fragments.fragment_to_text(fragment)
-        mime = QtCore.QMimeData()
-        mime.setData(fragments.MIME_TYPE, text.encode())
-        mime.setText(text)
-        QtWidgets.QApplication.clipboard().setMimeData(mime)
+        # As plain text: a QMimeData made in Python and handed to the clipboard crashes PySide6 at exit.
+        QtWidgets.QApplication.clipboard().setText(fragments.fragment_to_text(fragment))
         self.statusBar().showMessage(f"Copied {len(ids)} node(s)", 3000)
         return True
 
@@ -492,12 +498,7 @@ class MainWindow(QtWidgets.QMainWindow):
         return True
 
     def paste(self) -> list[str]:
-        mime = QtWidgets.QApplication.clipboard().mimeData()
-        text = ""
-        if mime is not None and mime.hasFormat(fragments.MIME_TYPE):
-            text = bytes(mime.data(fragments.MIME_TYPE).data()).decode()
-        elif mime is not None and mime.hasText():
-            text = mime.text()
+        text = QtWidgets.QApplication.clipboard().text()
         fragment = fragments.fragment_from_text(text) if text else None
         if fragment is None:
             self.statusBar().showMessage("The clipboard holds no CellFuse nodes", 3000)

@@ -44,8 +44,8 @@ class WindowActions:
         self.export_cuda = _action(w, "Export &CUDA…", lambda: w.export_cuda(), ["Ctrl+E"],
                                    "Write the generated CUDA of the chosen schedule to a .cu file")
         self.quit = _action(w, "&Quit", w.close, [std.Quit])
-        self.new = _action(w, "&New LSTM", lambda: w.new_from_template("lstm"), [std.New],
-                           "A new cell from the LSTM template")
+        self.new = _action(w, "&New Cell", lambda: w.new_cell(), [std.New],
+                           "A new cell with only its input and output")
 
         stack = w.adapter.undo_stack()
         self.undo = stack.createUndoAction(w, "&Undo")

@@ -96,7 +96,16 @@ class PalettePanel(QtWidgets.QWidget):
             group.setHidden(shown == 0)
         visible = [i for i in self._items() if not i.isHidden()]
         if visible:
-            self.tree.setCurrentItem(visible[0])
+            # The best match is current, so that Enter adds it: the exact name, then a prefix.
+            def rank(item: QtWidgets.QTreeWidgetItem) -> int:
+                op = item.data(0, OP_ROLE)
+                return 0 if op == needle else 1 if op.startswith(needle) else 2 if needle in op else 3
+
+            self.tree.setCurrentItem(min(visible, key=rank))
+
+    def current_op(self) -> str | None:
+        item = self.tree.currentItem()
+        return item.data(0, OP_ROLE) if item is not None and not item.isHidden() else None
 
     def _activate_first(self) -> None:
         current = self.tree.currentItem()

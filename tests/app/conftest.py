@@ -1,0 +1,184 @@
+"""Fixtures for the editor's tests: Qt offscreen, settings and autosaves in a temporary folder, and
+every dialog answered by the test instead of a person."""
+
+from __future__ import annotations
+
+import gc
+import os
+
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before anything imports Qt
+
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+from PySide6 import QtCore  # noqa: E402
+
+from cellfuse.graph_model import Cell  # noqa: E402
+
+TINY = {"seq": 4, "batch": 2, "input": 8, "hidden": 8, "layers": 1}
+
+
+@dataclass
+class Answers:
+    """What the dialogs answer, and what they were asked."""
+
+    save_changes: str = "discard"
+    restore_autosave: bool = False
+    open_path: Path | None = None
+    save_path: Path | None = None
+    asked: list[tuple[str, Any]] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)
+
+
+@pytest.fixture(autouse=True)
+def isolated(tmp_path, monkeypatch):
+    """QSettings and the autosave folder under tmp_path, for every test."""
+    config, data = tmp_path / "config", tmp_path / "data"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
+    monkeypatch.setenv("XDG_DATA_HOME", str(data))
+    for fmt in (QtCore.QSettings.Format.NativeFormat, QtCore.QSettings.Format.IniFormat):
+        QtCore.QSettings.setPath(fmt, QtCore.QSettings.Scope.UserScope, str(config))
+    yield tmp_path
+
+
+@pytest.fixture(autouse=True)
+def answers(monkeypatch) -> Answers:
+    from cellfuse.app import dialogs
+
+    a = Answers()
+
+    def ask_save_changes(parent, name):
+        a.asked.append(("save_changes", name))
+        return a.save_changes
+
+    def ask_restore_autosave(parent, name, when):
+        a.asked.append(("restore_autosave", name))
+        return a.restore_autosave
+
+    def show_error(parent, title, text):
+        a.errors.append((title, text))
+
+    def ask_open_path(parent, directory=""):
+        a.asked.append(("open_path", directory))
+        return a.open_path
+
+    def ask_save_path(parent, title, suggested, filters):
+        a.asked.append(("save_path", suggested))
+        return a.save_path
+
+    for name, fn in [("ask_save_changes", ask_save_changes), ("ask_restore_autosave", ask_restore_autosave),
+                     ("show_error", show_error), ("ask_open_path", ask_open_path),
+                     ("ask_save_path", ask_save_path)]:
+        monkeypatch.setattr(dialogs, name, fn)
+    return a
+
+
+@pytest.fixture
+def make_window(qtbot, qapp):
+    """Opens a real editor window: make_window(path=None) -> MainWindow."""
+    from cellfuse.app.main import configure_application
+    from cellfuse.app.main_window import MainWindow
+
+    configure_application(qapp)
+    made: list[MainWindow] = []
+
+    def make(path: str | Path | None = None, sizes: dict[str, int] | None = None) -> MainWindow:
+        w = MainWindow()
+        made.append(w)
+        w.resize(1400, 900)
+        w.show()
+        w.start(path)
+        w.bench_panel.set_sizes(**(sizes or TINY))
+        w.refresh_plan()
+        return w
+
+    yield make
+    # Close and delete the windows now, not while the interpreter shuts down.
+    for w in made:
+        if w.worker is not None:
+            w.worker.cancel()
+            w.worker.wait(30_000)
+        w.close()
+        w.deleteLater()
+    QtCore.QCoreApplication.sendPostedEvents(None, QtCore.QEvent.Type.DeferredDelete)
+    qapp.processEvents()
+    gc.collect()
+
+
+@pytest.fixture
+def window(make_window):
+    return make_window()
+
+
+# -- what a user does -------------------------------------------------------------------------------
+
+def add_from_palette(qtbot, window, op: str) -> str:
+    """Types the op's name in the palette's search and presses Enter; returns the new node's id."""
+    search = window.palette.search
+    search.clear()
+    qtbot.keyClicks(search, op)
+    assert window.palette.current_op() == op, window.palette.ops()
+    before = {n.id for n in window.cell.nodes}
+    qtbot.keyClick(search, QtCore.Qt.Key.Key_Return)
+    added = [n.id for n in window.cell.nodes if n.id not in before]
+    if op == "output":
+        return ""
+    assert len(added) == 1, added
+    assert window.adapter.selected_ids() == added
+    return added[0]
+
+
+def rename_in_properties(qtbot, window, node_id: str, new: str) -> None:
+    """Selects the node, types a new id in the properties panel and presses Enter."""
+    window.show_node(node_id)
+    edit = window.properties.id_edit
+    assert edit.text() == node_id
+    edit.selectAll()
+    qtbot.keyClicks(edit, new)
+    qtbot.keyClick(edit, QtCore.Qt.Key.Key_Return)
+
+
+def set_value_in_properties(qtbot, window, node_id: str, text: str) -> None:
+    window.show_node(node_id)
+    edit = window.properties.value_edit
+    edit.selectAll()
+    qtbot.keyClick(edit, QtCore.Qt.Key.Key_Delete)
+    qtbot.keyClicks(edit, text)
+    qtbot.keyClick(edit, QtCore.Qt.Key.Key_Return)
+
+
+def comparable(cell: Cell) -> dict[str, Any]:
+    """What the compiler and the file hold, apart from canvas positions."""
+    data = cell.to_json()
+    data.pop("layout", None)
+    data.pop("x-editor", None)
+    return data
+
+
+class User:
+    """The helpers above, bound to a qtbot and a window: `user.add("sigmoid")`."""
+
+    def __init__(self, qtbot, window):
+        self.qtbot, self.window = qtbot, window
+
+    def add(self, op: str) -> str:
+        return add_from_palette(self.qtbot, self.window, op)
+
+    def rename(self, node_id: str, new: str) -> None:
+        rename_in_properties(self.qtbot, self.window, node_id, new)
+
+    def set_value(self, node_id: str, text: str) -> None:
+        set_value_in_properties(self.qtbot, self.window, node_id, text)
+
+
+@pytest.fixture
+def user(qtbot, window) -> User:
+    return User(qtbot, window)
+
+
+@pytest.fixture
+def same():
+    """same(cell_a, cell_b): equal apart from canvas positions."""
+    return lambda a, b: comparable(a) == comparable(b)
