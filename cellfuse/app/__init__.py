@@ -1,6 +1,6 @@
 """The desktop editor: a node canvas that edits a cell, with live validation, the plan and the
 generated CUDA of the cell, and a benchmark panel. Only the `gui` command imports this package."""
 
-from .none_refcount import keep_none_alive
+from .refcount_guard import guard_singletons
 
-keep_none_alive()  # before any Qt call of the editor; see none_refcount
+guard_singletons()  # before any Qt call of the editor; see refcount_guard

@@ -237,7 +237,11 @@ class CellAdapter(QtCore.QObject):
     # == loading =====================================================================================
     def load(self, cell: Cell, relayout: bool = False) -> None:
         """Shows `cell` on a fresh canvas (the undo history is cleared). With `relayout`, or when
-        the cell has no positions, its nodes are laid out anew."""
+        the cell has no positions, its nodes are laid out anew. Raises CellError, leaving the canvas
+        as it was, for a node whose op the canvas has no node for."""
+        for n in cell.nodes:
+            if n.op not in OP_NODE_CLASSES:
+                raise CellError(f"node '{n.id}': unknown op '{n.op}' (the editor knows: {', '.join(OPS)})")
         self._loading = True
         try:
             old = [n for n in self.graph.all_nodes()]

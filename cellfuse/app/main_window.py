@@ -150,7 +150,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.properties.shape_requested.connect(lambda i, s: self._edit(a.set_weight_shape, i, s))
         self.properties.value_requested.connect(lambda i, v: self._edit(a.set_const_value, i, v))
         self.properties.cell_info_requested.connect(self._set_cell_info)
-        self.plan_panel.schedule_changed.connect(lambda _s: self.schedule_plan())
+        self.plan_panel.schedule_changed.connect(lambda _s: self.refresh_plan())
         self.plan_panel.overlay_toggled.connect(self.set_overlay_visible)
         self.plan_panel.nodes_activated.connect(self._select_nodes)
         self.cuda_view.export_requested.connect(lambda: self.export_cuda())
@@ -313,9 +313,14 @@ class MainWindow(QtWidgets.QMainWindow):
             return
         self.new_from_template(DEFAULT_TEMPLATE, ask=False)
 
-    def _show(self, cell: Cell, path: Path | None, relayout: bool, saved: bool) -> None:
+    def _show(self, cell: Cell, path: Path | None, relayout: bool, saved: bool) -> bool:
+        try:
+            self.adapter.load(cell, relayout=relayout)
+        except CellError as e:
+            where = path.name if path is not None else cell.name
+            dialogs.show_error(self, "Cannot show the cell", f"{where}: {e}")
+            return False
         self.cancel_benchmark()
-        self.adapter.load(cell, relayout=relayout)
         self.document = Document(path=path, saved=self.cell.to_json() if saved else None)
         self.bench_panel.set_sizes(**{k: v for k, v in cell.sizes.items() if k in ("input", "hidden")})
         self._plan_key = None
@@ -323,12 +328,14 @@ class MainWindow(QtWidgets.QMainWindow):
         self._on_cell_changed(self.cell)
         self.refresh_plan()
         self.adapter.fit()
+        return True
 
     def new_cell(self, ask: bool = True) -> bool:
         """A new cell holding only the input and the output node."""
         if ask and not self.maybe_save():
             return False
-        self._show(Cell(name="untitled", nodes=[Node("x", "input")]), None, relayout=True, saved=True)
+        if not self._show(Cell(name="untitled", nodes=[Node("x", "input")]), None, relayout=True, saved=True):
+            return False
         self.statusBar().showMessage("New cell: add nodes from the palette (or Tab on the canvas)", 4000)
         return True
 
@@ -340,7 +347,8 @@ class MainWindow(QtWidgets.QMainWindow):
         except CellError as e:
             dialogs.show_error(self, "Cannot open template", str(e))
             return False
-        self._show(cell, None, relayout=True, saved=True)
+        if not self._show(cell, None, relayout=True, saved=True):
+            return False
         self.statusBar().showMessage(f"New cell from the template '{name}'", 4000)
         return True
 
@@ -367,12 +375,13 @@ class MainWindow(QtWidgets.QMainWindow):
             except (CellError, OSError) as e:
                 dialogs.show_error(self, "Cannot restore the autosave", str(e))
             else:
-                self._show(restored, path, relayout=False, saved=False)
-                self.statusBar().showMessage(f"Restored unsaved changes of {path.name}", 6000)
-                return True
+                if self._show(restored, path, relayout=False, saved=False):
+                    self.statusBar().showMessage(f"Restored unsaved changes of {path.name}", 6000)
+                    return True
         if found is not None:
             autosave.remove_autosave(path)
-        self._show(cell, path, relayout=False, saved=True)
+        if not self._show(cell, path, relayout=False, saved=True):
+            return False
         self.statusBar().showMessage(f"Opened {path}", 4000)
         return True
 
@@ -388,8 +397,7 @@ class MainWindow(QtWidgets.QMainWindow):
         except (CellError, OSError) as e:
             dialogs.show_error(self, "Cannot restore the autosave", str(e))
             return False
-        self._show(cell, None, relayout=False, saved=False)
-        return True
+        return self._show(cell, None, relayout=False, saved=False)
 
     def save(self) -> bool:
         if self.document.path is None:
