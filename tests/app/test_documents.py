@@ -182,7 +182,7 @@ def test_new_from_template_menu_lists_every_template(window):
 
 
 def test_run_app_reports_a_bad_file_and_returns(qapp, answers, tmp_path, monkeypatch):
-    from PySide6 import QtCore
+    from PySide6 import QtWidgets
 
     from cellfuse.app import main as app_main
 
@@ -190,20 +190,20 @@ def test_run_app_reports_a_bad_file_and_returns(qapp, answers, tmp_path, monkeyp
     bad.write_text("not json")
     windows = []
 
-    def close_soon():
+    def exec_once(self=None) -> int:  # the event loop, run just long enough to see the window
+        qapp.processEvents()
         for w in qapp.topLevelWidgets():
             if w.objectName() == "CellFuseMainWindow" and w.isVisible():
                 windows.append(w)
                 w.close()
-        qapp.quit()
+        return 0
 
-    QtCore.QTimer.singleShot(300, close_soon)
+    monkeypatch.setattr(QtWidgets.QApplication, "exec", exec_once)
     monkeypatch.setattr("sys.excepthook", __import__("sys").excepthook)
     assert app_main.run_app(str(bad)) == 0
     assert answers.errors and "bad.cell.json" in answers.errors[0][1]
-    assert windows and windows[0].cell.name == "LSTM"
-    for w in windows:
-        w.deleteLater()
+    assert len(windows) == 1 and windows[0].cell.name == "LSTM"
+    windows[0].deleteLater()
 
 
 def test_a_file_with_an_op_the_editor_does_not_know_is_reported(window, answers, tmp_path, same):

@@ -1,0 +1,132 @@
+"""The benchmark panel, run for real on the numpy backend at tiny sizes."""
+
+from __future__ import annotations
+
+import json
+
+from cellfuse.codegen import SCHEDULES
+
+TIMEOUT_MS = 60_000
+TINY = {"seq": 4, "batch": 2, "input": 8, "hidden": 8, "layers": 1}
+
+
+def bars(figure) -> int:
+    return sum(len(ax.patches) for ax in figure.axes)
+
+
+def run(qtbot, window):
+    with qtbot.waitSignal(window.bench_finished, timeout=TIMEOUT_MS) as blocker:
+        window.actions_.benchmark.trigger()  # F5
+        assert window.worker is not None and window.worker.isRunning()
+        assert window.bench_panel.cancel_button.isEnabled() and not window.bench_panel.run_button.isEnabled()
+    qtbot.waitUntil(lambda: window.worker is None, timeout=TIMEOUT_MS)
+    return blocker.args[0]
+
+
+def test_numpy_benchmark_draws_a_chart_and_a_table(qtbot, window):
+    panel = window.bench_panel
+    panel.set_sizes(**TINY)
+    panel.backend_combo.setCurrentText("numpy")
+    panel.repeats_spin.setValue(2)
+    assert window.actions_.benchmark.shortcut().toString() == "F5"
+    result = run(qtbot, window)
+    assert result is not None and result.result.backend == "numpy"
+    assert bars(panel.figure) >= len(SCHEDULES)
+    assert any("numpy backend" in t.get_text() for t in panel.figure.texts)  # says it is not a GPU
+    rows = panel.table_text()
+    names = [r[0] for r in rows]
+    assert set(SCHEDULES) <= set(names) and "numpy reference" in names
+    errors = {r[0]: r[5] for r in rows}
+    assert all(float(errors[s]) < 1e-4 for s in SCHEDULES)  # each checked against the reference
+    assert panel.history.count() == 1
+    assert "numpy" in panel.status.text() or "CPU" in panel.status.text()
+    assert panel.run_button.isEnabled() and not panel.cancel_button.isEnabled()
+    if panel.backend_combo.findText("cuda") < 0:
+        assert "No GPU" in panel.backend_note.text()
+
+
+def test_runs_are_kept_and_two_can_be_compared(qtbot, window):
+    panel = window.bench_panel
+    panel.set_sizes(**TINY)
+    panel.backend_combo.setCurrentText("numpy")
+    panel.repeats_spin.setValue(1)
+    for check in panel.baseline_checks.values():
+        check.setChecked(False)
+    run(qtbot, window)
+    panel.set_sizes(hidden=16)
+    run(qtbot, window)
+    assert panel.history.count() == 2
+    assert "h16" in panel.history.item(1).text()
+    panel.history.item(0).setSelected(True)
+    panel.history.item(1).setSelected(True)
+    assert panel.table.horizontalHeaderItem(1).text() == "#1 ms"
+    assert panel.table.horizontalHeaderItem(3).text() == "#2 / #1"
+    assert bars(panel.figure) >= 2 * len(SCHEDULES)
+    panel.history.clearSelection()
+    panel.history.item(0).setSelected(True)
+    assert panel.table.horizontalHeaderItem(0).text() == "Implementation"
+
+
+def test_chart_and_results_export(qtbot, window, answers, tmp_path):
+    panel = window.bench_panel
+    panel.set_sizes(**TINY)
+    panel.backend_combo.setCurrentText("numpy")
+    panel.repeats_spin.setValue(1)
+    run(qtbot, window)
+    for name in ("chart.png", "chart.svg"):
+        answers.save_path = tmp_path / name
+        panel.export_chart_button.click()
+        assert answers.save_path.stat().st_size > 1000
+    assert (tmp_path / "chart.png").read_bytes()[:4] == b"\x89PNG"
+    assert b"<svg" in (tmp_path / "chart.svg").read_bytes()[:400]
+    answers.save_path = tmp_path / "results.json"
+    panel.export_results_button.click()
+    data = json.loads(answers.save_path.read_text())
+    assert data["backend"] == "numpy" and {r["name"] for r in data["results"]} >= set(SCHEDULES)
+    answers.save_path = tmp_path / "results.csv"
+    panel.export_results_button.click()
+    lines = answers.save_path.read_text().splitlines()
+    assert lines[0].startswith("cell,device,name") and len(lines) > len(SCHEDULES)
+
+
+def test_sweep(qtbot, window, tmp_path):
+    panel = window.bench_panel
+    panel.set_sizes(**TINY)
+    panel.backend_combo.setCurrentText("numpy")
+    panel.repeats_spin.setValue(1)
+    for name, check in panel.schedule_checks.items():
+        check.setChecked(name in ("naive", "hoisted"))
+    panel.sweep_combo.setCurrentText("seq")
+    panel.sweep_values.setText("2, 4")
+    result = run(qtbot, window)
+    assert result.sweep is not None and result.sweep.values == [2, 4]
+    assert any(ax.lines for ax in panel.figure.axes)
+    rows = panel.table_text()
+    assert panel.table.horizontalHeaderItem(0).text() == "seq"
+    assert {r[0] for r in rows} == {"2", "4"}
+    assert window.export_results(tmp_path / "sweep.csv")
+    assert (tmp_path / "sweep.csv").read_text().startswith("seq,cell,device")
+
+
+def test_cancel_stops_the_run_and_the_window_stays_responsive(qtbot, window):
+    panel = window.bench_panel
+    panel.set_sizes(seq=400, batch=16, input=64, hidden=64, layers=2)
+    panel.backend_combo.setCurrentText("numpy")
+    with qtbot.waitSignal(window.bench_finished, timeout=TIMEOUT_MS) as blocker:
+        window.actions_.benchmark.trigger()
+        # The GUI thread is free while the worker runs: edits still go through.
+        node = window.adapter.add_node("relu")
+        assert window.cell.has(node)
+        panel.cancel_button.click()
+    qtbot.waitUntil(lambda: window.worker is None, timeout=TIMEOUT_MS)
+    run_ = blocker.args[0]
+    assert run_ is not None and run_.result.cancelled
+    assert "cancelled" in panel.status.text()
+    assert panel.run_button.isEnabled()
+
+
+def test_an_invalid_cell_is_not_run(window):
+    window.adapter.disconnect("h_new", "b")
+    assert not window.run_benchmark()
+    assert "Fix the 1 error" in window.bench_panel.status.text()
+    assert window.worker is None

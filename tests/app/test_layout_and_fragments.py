@@ -1,0 +1,75 @@
+"""The plain-data parts of the editor: the canvas layout and clipboard fragments."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cellfuse.app.canvas_layout import layered_layout
+from cellfuse.app.fragments import fragment_from_text, fragment_of, fragment_to_text, plan_paste
+from cellfuse.graph_model import load_template, template_names
+
+
+@st.composite
+def dags(draw):
+    n = draw(st.integers(1, 25))
+    edges = []
+    for b in range(1, n):
+        for a in draw(st.lists(st.integers(0, b - 1), max_size=3, unique=True)):
+            edges.append((a, b))
+    sizes = {k: (draw(st.floats(60, 220)), draw(st.floats(40, 120))) for k in range(n)}
+    # Sinks (update and output nodes) only have inputs.
+    sinks = [k for k in draw(st.lists(st.integers(0, n - 1), max_size=3, unique=True))
+             if all(a != k for a, _ in edges)]
+    return list(range(n)), edges, sizes, sinks
+
+
+@settings(max_examples=60, deadline=None)
+@given(dags())
+def test_layout_places_every_node_without_overlap_and_left_to_right(graph):
+    keys, edges, sizes, sinks = graph
+    pos = layered_layout(keys, edges, sizes, sinks)
+    assert set(pos) == set(keys)
+    rects = [(pos[k][0], pos[k][1], sizes[k][0], sizes[k][1]) for k in keys]
+    for i, (x, y, w, h) in enumerate(rects):
+        for x2, y2, w2, h2 in rects[i + 1:]:
+            assert x + w <= x2 or x2 + w2 <= x or y + h <= y2 or y2 + h2 <= y, "nodes overlap"
+    for a, b in edges:
+        assert pos[a][0] < pos[b][0]
+    if sinks:
+        last = max(p[0] for p in pos.values())
+        assert all(pos[s][0] == last for s in sinks)
+
+
+def test_layout_survives_cycles():
+    pos = layered_layout(["a", "b", "c"], [("a", "b"), ("b", "c"), ("c", "a")], {})
+    assert set(pos) == {"a", "b", "c"}
+
+
+def test_fragment_round_trip_renames_clashes_and_drops_outside_links():
+    cell = load_template("lstm")
+    frag = fragment_of(cell, ["h", "hi", "U_i", "c", "fc"], {"h": [10.0, 20.0]})
+    again = fragment_from_text(fragment_to_text(frag))
+    assert again == frag
+    plan = plan_paste(cell, again)
+    by_id = {p.id: p for p in plan.nodes}
+    assert set(by_id) == {"h1", "hi1", "U_i1", "c1", "fc1"}
+    assert by_id["hi1"].args == ["h1", "U_i1"]
+    assert by_id["fc1"].args == [None, "c1"]  # f was not copied; its port stays empty
+    assert plan.states == ["h1", "c1"] and plan.updates == {}
+    assert plan.update_pos == {"h1": (50.0, 60.0)}
+
+
+def test_fragment_of_a_whole_template_pastes_into_an_empty_cell_unchanged():
+    from cellfuse.graph_model import Cell
+
+    for name in template_names():
+        cell = load_template(name)
+        plan = plan_paste(Cell(name="empty"), fragment_of(cell, [n.id for n in cell.nodes]))
+        assert [p.id for p in plan.nodes] == [n.id for n in cell.nodes]
+        assert plan.updates == cell.updates
+
+
+def test_text_that_is_not_a_fragment():
+    for text in ["", "hello", "[1, 2]", '{"format": "cellfuse.cell/1", "nodes": []}', "{" * 5000]:
+        assert fragment_from_text(text) is None

@@ -1,0 +1,164 @@
+"""The panels around the canvas: problems, properties, plan, CUDA."""
+
+from __future__ import annotations
+
+from PySide6 import QtCore
+
+from cellfuse.codegen import make_plan
+
+
+def test_problems_are_live_and_clicking_one_selects_and_centres_its_node(qtbot, window):
+    a = window.adapter
+    a.disconnect("ai_b", "b")  # ai_b now has one arg
+    errors = [p for p in window.info.problems if p.severity == "error"]
+    assert [p.node for p in errors] == ["ai_b"]
+    tree = window.problems.tree
+    assert tree.topLevelItemCount() == len(window.info.problems)
+    assert "1 error" in window.problems.summary.text()
+    assert "error" in window.validity_label.text()
+    assert a.node("ai_b").item.mark == "error"
+    assert "takes 2 args" in a.node("ai_b").item.toolTip()
+
+    a.select([])
+    window.adapter.graph.viewer().centerOn(-5000.0, -5000.0)
+    item = tree.topLevelItem(0)
+    assert item.text(0) == "ai_b"
+    rect = tree.visualItemRect(item)
+    qtbot.mouseClick(tree.viewport(), QtCore.Qt.MouseButton.LeftButton, pos=rect.center())
+    assert a.selected_ids() == ["ai_b"]
+    viewer = a.graph.viewer()
+    visible = viewer.mapToScene(viewer.viewport().rect()).boundingRect()
+    assert visible.contains(a.node("ai_b").view.sceneBoundingRect().center())
+    assert window.properties.id_edit.text() == "ai_b"
+    assert "takes 2 args" in window.properties.problems_label.text()
+
+    window.actions_.undo.trigger()
+    assert window.problems.problem_count() == 0
+    assert a.node("ai_b").item.mark is None
+
+
+def test_warnings_are_amber(window, user):
+    node = user.add("tanh")
+    window.adapter.connect("h_new", node, "a")
+    assert [p.severity for p in window.info.problems] == ["warning"]
+    assert window.adapter.node(node).item.mark == "warning"
+    assert "warning" in window.validity_label.text()
+
+
+def test_state_problems_show_on_both_of_its_nodes(window):
+    a = window.adapter
+    a.update_node("c").input_ports()[0].clear_connections()
+    assert [p.message for p in window.info.problems if p.node == "c"]
+    assert a.node("c").item.mark == "error" and a.update_node("c").item.mark == "error"
+
+
+def test_missing_output_marks_the_output_node(window):
+    sink = window.adapter.output_node()
+    sink.input_ports()[0].clear_connections()
+    assert any(p.node is None and "output" in p.message for p in window.info.problems)
+    assert sink.item.mark == "error"
+    assert window.problems.tree.topLevelItem(0).text(0) == "(cell)"
+
+
+def test_properties_follow_the_selection(window):
+    p = window.properties
+    window.adapter.select([])
+    assert p.stack.currentWidget() is p.cell_page and p.cell_name.text() == "LSTM"
+    window.show_node("W_i")
+    assert p.stack.currentWidget() is p.node_page
+    assert p.shape_label.text() == "[input, hidden]"
+    assert not p.dims_combo.isHidden() and p.value_edit.isHidden()
+    window.show_node("ai")
+    assert p.dims_combo.isHidden() and "xi" in p.inputs_label.text()
+    window.adapter.select(["ai", "af"])
+    assert p.stack.currentWidget() is p.multi_label
+
+
+def test_cell_properties_are_undoable(window):
+    p = window.properties
+    window.adapter.select([])
+    p.cell_name.setText("My LSTM")
+    p.cell_hidden.setText("64")
+    p.cell_hidden.editingFinished.emit()
+    assert window.cell.name == "My LSTM" and window.cell.sizes["hidden"] == 64
+    assert window.bench_panel.sizes().hidden == 64
+    window.actions_.undo.trigger()
+    assert window.cell.name == "LSTM" and window.cell.sizes["hidden"] == 512
+
+
+def test_value_editor_takes_negative_and_scientific_numbers(window, user):
+    k = user.add("const")
+    for text, value in [("-3", -3.0), ("-1.5e-3", -0.0015), ("2E2", 200.0)]:
+        user.set_value(k, text)
+        assert window.cell.node(k).value == value
+    window.properties.value_edit.setText("abc")
+    assert not window.properties.value_edit.hasAcceptableInput()
+
+
+def test_plan_view_outlines_groups_and_marks_hoisted_gemms(window):
+    window.plan_panel.set_schedule("hoisted")
+    summary = make_plan(window.cell, window.sizes(), "hoisted").summary()
+    regions = window.overlay.regions
+    assert {r.name for r in regions} == ({g["name"] for g in summary["gemm_groups"]}
+                                         | {k["name"] for k in summary["fused_kernels"]})
+    hoisted = {m for g in summary["gemm_groups"] if g["hoisted"] for m in g["matmuls"]}
+    assert hoisted == {"xi", "xf", "xo", "xg"}
+    for node_id in ("xi", "xf"):
+        assert window.adapter.node(node_id).item.plan_tag == "hoisted"
+    assert window.adapter.node("hi").item.plan_tag == ""
+    scene_items = window.overlay._items
+    assert scene_items and all(i.scene() is window.canvas.scene() for i in scene_items)
+    stats = window.plan_panel.stat_values
+    assert stats["launches_per_step"].text() == str(summary["launches_per_step"])
+    assert window.plan_panel.tree.topLevelItemCount() == len(regions)
+
+    window.plan_panel.set_schedule("naive")
+    assert window.adapter.node("xi").item.plan_tag == ""
+    assert int(stats["launches_per_step"].text()) > 2
+
+    window.plan_panel.overlay_check.setChecked(False)
+    assert not window.overlay._items and not window.actions_.plan_overlay.isChecked()
+    window.actions_.plan_overlay.trigger()
+    assert window.overlay._items and window.plan_panel.overlay_check.isChecked()
+
+
+def test_plan_list_click_selects_the_group(qtbot, window):
+    tree = window.plan_panel.tree
+    item = tree.topLevelItem(0)
+    pos = tree.visualItemRect(item).center()
+    qtbot.mouseClick(tree.viewport(), QtCore.Qt.MouseButton.LeftButton, pos=pos)
+    assert set(window.adapter.selected_ids()) == set(item.data(0, QtCore.Qt.ItemDataRole.UserRole))
+
+
+def test_plan_follows_the_sizes_and_says_why_when_there_is_none(qtbot, window):
+    window.bench_panel.set_sizes(hidden=16)
+    qtbot.waitUntil(lambda: "hidden=16" in window.plan_panel.sizes_label.text(), timeout=3000)
+    window.adapter.disconnect("h_new", "a")
+    window.refresh_plan()
+    assert "Fix the 1 error" in window.plan_panel.message.text()
+    assert not window.overlay.regions
+    assert window.cuda_view.text().startswith("// Fix")
+    assert not window.cuda_view.export_button.isEnabled()
+
+
+def test_cuda_view_scrolls_to_the_kernel_of_the_selected_node(window):
+    view = window.cuda_view
+    assert "__global__" in view.text()
+    window.show_node("ai_b")
+    kernel = view.kernel_of("ai_b")
+    assert kernel and view.current_line() == view._kernel_line[kernel]
+    line = view.text().splitlines()[view.current_line() - 1]
+    assert kernel in line
+    window.show_node("hi")
+    assert view.kernel_of("hi") != kernel
+    assert view.current_line() == view._kernel_line[view.kernel_of("hi")]
+    window.show_node("x")
+    assert "no kernel" in view.location.text()
+
+
+def test_cuda_source_is_highlighted_and_read_only(window):
+    view = window.cuda_view
+    assert view.editor.isReadOnly()
+    block = view.editor.document().findBlockByLineNumber(view._kernel_line[view.kernel_of("ai")] - 1)
+    formats = block.layout().formats()
+    assert formats, "the kernel's line has no highlighting"
