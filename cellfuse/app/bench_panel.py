@@ -141,7 +141,7 @@ class BenchPanel(QtWidgets.QWidget):
 
         self.figure = Figure(figsize=(7.5, 3.4), dpi=100, facecolor="#f7f7f9")
         self.canvas = FigureCanvasQTAgg(self.figure)
-        self.canvas.setMinimumHeight(140)
+        self.canvas.setMinimumHeight(90)
         self.table = QtWidgets.QTableWidget(0, len(COLUMNS))
         self.table.setHorizontalHeaderLabels(COLUMNS)
         self.table.verticalHeader().setVisible(False)
@@ -151,7 +151,7 @@ class BenchPanel(QtWidgets.QWidget):
         self.history = QtWidgets.QListWidget()
         self.history.setSelectionMode(QtWidgets.QAbstractItemView.SelectionMode.ExtendedSelection)
         for widget in (self.table, self.history):
-            widget.setMinimumHeight(60)
+            widget.setMinimumHeight(40)
         self.history.setToolTip("Runs since the window opened. Select two (Ctrl+click) to compare them.")
 
         exports = QtWidgets.QHBoxLayout()

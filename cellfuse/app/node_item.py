@@ -113,18 +113,27 @@ class CellNodeItem(NodeItem):
             painter.setPen(QtGui.QColor(40, 34, 10))
             painter.drawText(tag, QtCore.Qt.AlignmentFlag.AlignCenter, self.plan_tag)
 
-        # Border: selection first, then problems, then the kind.
-        if self.selected:
-            pen = QtGui.QPen(theme.qcolor(theme.SELECTED_COLOR), 2.0)
-        elif self.mark == "error":
+        # Border: the problem's colour (or the kind's), and the selection as a ring outside it.
+        if self.mark == "error":
             pen = QtGui.QPen(theme.qcolor(theme.ERROR_COLOR), 2.2)
         elif self.mark == "warning":
             pen = QtGui.QPen(theme.qcolor(theme.WARNING_COLOR), 1.8)
         else:
             pen = QtGui.QPen(kind.darker(160), 1.0)
         painter.setBrush(QtCore.Qt.BrushStyle.NoBrush)
-        painter.setPen(pen)
-        painter.drawPath(body)
+        if self.selected:
+            ring = QtGui.QPainterPath()
+            ring.addRoundedRect(rect.adjusted(-0.5, -0.5, 0.5, 0.5), RADIUS + 0.5, RADIUS + 0.5)
+            painter.setPen(QtGui.QPen(theme.qcolor(theme.SELECTED_COLOR), 2.0))
+            painter.drawPath(ring)
+            if self.mark:
+                inner = QtGui.QPainterPath()
+                inner.addRoundedRect(rect.adjusted(2.0, 2.0, -2.0, -2.0), RADIUS - 1.5, RADIUS - 1.5)
+                painter.setPen(pen)
+                painter.drawPath(inner)
+        else:
+            painter.setPen(pen)
+            painter.drawPath(body)
 
         if self.mark:
             rgb = theme.ERROR_COLOR if self.mark == "error" else theme.WARNING_COLOR

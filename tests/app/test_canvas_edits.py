@@ -224,3 +224,27 @@ def test_wrong_connections_show_on_the_node(window, op):
     assert problems
     marked = a.node(problems[0].node).item
     assert marked.mark == "error" and problems[0].message in marked.toolTip()
+
+
+def test_canvas_shortcuts(qtbot, window, monkeypatch):
+    from PySide6 import QtCore
+
+    searched = []
+    monkeypatch.setattr(window.adapter.graph, "open_node_search", lambda names: searched.append(names))
+    window.activateWindow()
+    window.canvas.setFocus()
+    qtbot.waitUntil(window.canvas.hasFocus, timeout=2000)
+    qtbot.keyClick(window.canvas, QtCore.Qt.Key.Key_Tab)
+    assert searched and "sigmoid" in searched[0]
+    window.adapter.select(["ai"])
+    qtbot.keyClick(window.canvas, QtCore.Qt.Key.Key_Delete)
+    assert not window.cell.has("ai")
+    qtbot.keyClick(window.canvas, QtCore.Qt.Key.Key_Z, QtCore.Qt.KeyboardModifier.ControlModifier)
+    assert window.cell.has("ai")
+    qtbot.keyClick(window.canvas, QtCore.Qt.Key.Key_Y, QtCore.Qt.KeyboardModifier.ControlModifier)
+    assert not window.cell.has("ai")
+    qtbot.keyClick(window.canvas, QtCore.Qt.Key.Key_Z, QtCore.Qt.KeyboardModifier.ControlModifier)
+    # Typing in a text field does not trigger the canvas's one-key shortcuts.
+    window.palette.search.setFocus()
+    qtbot.keyClicks(window.palette.search, "f")
+    assert window.palette.search.text() == "f"

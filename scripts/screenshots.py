@@ -1,0 +1,133 @@
+"""Renders screenshots of the editor, offscreen, into docs/screenshots/.
+
+    python scripts/screenshots.py [--out docs/screenshots] [--width 1920 --height 1080]
+
+The window runs with its settings and autosaves in a temporary folder, so the screenshots never
+depend on (or change) the user's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+log = logging.getLogger("screenshots")
+
+BENCH_SIZES = {"seq": 64, "batch": 16, "input": 128, "hidden": 128, "layers": 1}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default_out = Path(__file__).resolve().parent.parent / "docs" / "screenshots"
+    parser.add_argument("--out", type=Path, default=default_out)
+    parser.add_argument("--width", type=int, default=1920)
+    parser.add_argument("--height", type=int, default=1080)
+    parser.add_argument("--overview-width", type=int, default=2560,
+                        help="the whole-cell overview is wider, so that its node titles stay readable")
+    parser.add_argument("--overview-height", type=int, default=1440)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    home = tempfile.mkdtemp(prefix="cellfuse-screenshots-")
+    os.environ["XDG_CONFIG_HOME"] = str(Path(home) / "config")
+    os.environ["XDG_DATA_HOME"] = str(Path(home) / "data")
+
+    from PySide6 import QtCore, QtWidgets
+
+    import cellfuse.app  # noqa: F401  (its guard must come before any Qt call)
+    from cellfuse.app.main import configure_application
+    from cellfuse.app.main_window import MainWindow
+
+    app = QtWidgets.QApplication(sys.argv[:1])
+    configure_application(app)
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def settle(ms: int = 150) -> None:
+        loop = QtCore.QEventLoop()
+        QtCore.QTimer.singleShot(ms, loop.quit)
+        loop.exec()
+
+    def shoot(widget: QtWidgets.QWidget, name: str) -> None:
+        settle()
+        path = args.out / name
+        widget.grab().save(str(path))
+        log.info("wrote %s", path)
+
+    def frame_all_then_select(node_id: str) -> None:
+        w.adapter.select([])
+        w.adapter.fit(margin=30.0)
+        w.adapter.select([node_id])
+
+    w = MainWindow()
+    w.resize(args.overview_width, args.overview_height)
+    w.show()
+    w.start(None)  # the LSTM template
+    w.bench_panel.set_sizes(**BENCH_SIZES)
+    w.plan_panel.set_schedule("hoisted")
+    w.refresh_plan()
+    w.arrange_docks()
+    w.resizeDocks([w.problems_dock], [int(args.overview_height * 0.2)], QtCore.Qt.Orientation.Vertical)
+    settle()
+
+    # 1. The LSTM with its plan drawn on the canvas; a node selected; its properties.
+    w.problems_dock.raise_()
+    frame_all_then_select("ai_b")
+    shoot(w, "editor-lstm-plan.png")
+
+    w.resize(args.width, args.height)
+    w.arrange_docks()
+    settle()
+
+    # 2. A close-up of the canvas: node styles, ports, the hoisted GEMMs and a fused kernel.
+    viewer = w.canvas
+    centre = w.adapter.node("hi").view.sceneBoundingRect().center()
+    viewer.reset_zoom(centre + QtCore.QPointF(260.0, -40.0))
+    shoot(viewer, "canvas-closeup.png")
+
+    # 3. The CUDA view, scrolled to the kernel that computes the selected node.
+    w.cuda_dock.raise_()
+    w.resizeDocks([w.cuda_dock], [int(args.height * 0.42)], QtCore.Qt.Orientation.Vertical)
+    settle()
+    w.show_node("ai_b")
+    shoot(w, "cuda-view.png")
+
+    # 4. A benchmark run on the numpy backend (or the GPU where there is one), with its chart.
+    w.bench_dock.raise_()
+    w.resizeDocks([w.bench_dock], [int(args.height * 0.5)], QtCore.Qt.Orientation.Vertical)
+    w.bench_panel.repeats_spin.setValue(3)
+    finished = []
+    w.bench_finished.connect(finished.append)
+    w.run_benchmark()
+    loop = QtCore.QEventLoop()
+    w.bench_finished.connect(lambda _r: loop.quit())
+    QtCore.QTimer.singleShot(300_000, loop.quit)
+    if not finished:
+        loop.exec()
+    if not finished or finished[0] is None:
+        log.error("the benchmark did not finish: %s", w.bench_panel.status.text())
+        return 1
+    settle(400)
+    frame_all_then_select("ai_b")
+    shoot(w, "benchmark.png")
+
+    # 5. Live validation: a broken connection, its node marked, the problem listed.
+    w.adapter.disconnect("h_new", "b")
+    w.problems_dock.raise_()
+    w.resizeDocks([w.problems_dock], [int(args.height * 0.24)], QtCore.Qt.Orientation.Vertical)
+    w.show_node("h_new")
+    viewer.reset_zoom(w.adapter.node("h_new").view.sceneBoundingRect().center() - QtCore.QPointF(200.0, 0.0))
+    w.adapter.select([])
+    shoot(w, "problems.png")
+
+    w.document.saved = w.cell.to_json()  # close without asking
+    w.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
