@@ -7,8 +7,8 @@ from CPython 3.12. On 3.11 each such call takes one reference away; after a few 
 "none_dealloc: deallocating None" or "bool_dealloc: deallocating True or False".
 
 `guard_singletons()` measures whether the running PySide6 has the bug and, if so, gives None, True
-and False so many references that no session can use them up, as CPython 3.12 does by making them
-immortal.
+and False so many references that no run of the editor can use them up (CPython 3.12 makes them
+immortal to the same effect).
 """
 
 from __future__ import annotations

@@ -158,7 +158,7 @@ def comparable(cell: Cell) -> dict[str, Any]:
 
 
 class User:
-    """The helpers above, bound to a qtbot and a window: `user.add("sigmoid")`."""
+    """The user actions above, bound to a qtbot and a window: `user.add("sigmoid")`."""
 
     def __init__(self, qtbot, window):
         self.qtbot, self.window = qtbot, window

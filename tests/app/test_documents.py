@@ -217,3 +217,21 @@ def test_a_file_with_an_op_the_editor_does_not_know_is_reported(window, answers,
     assert same(window.cell, before)
     with pytest.raises(CellError, match="node 'n'"):
         window.adapter.load(load_cell(path))
+
+
+def test_open_recent_lists_and_opens_files(window, tmp_path):
+    from cellfuse.graph_model import save_cell
+
+    paths = []
+    for name in ("gru", "elman"):
+        path = tmp_path / f"{name}.cell.json"
+        save_cell(load_template(name), path)
+        assert window.open_file(path)
+        paths.append(path)
+    file_menu = next(a.menu() for a in window.menuBar().actions() if a.text() == "&File")
+    recent = next(a.menu() for a in file_menu.actions() if a.menu() and "Recent" in a.text())
+    recent.aboutToShow.emit()
+    entries = [a for a in recent.actions() if a.toolTip().endswith(".cell.json")]
+    assert [a.toolTip() for a in entries] == [str(p.resolve()) for p in reversed(paths)]
+    entries[1].trigger()
+    assert window.cell.name == "GRU" and window.document.path == paths[0]
