@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import logging
 import threading
+from typing import TYPE_CHECKING
 
 from PySide6 import QtCore
 
 from ..graph_model import Cell, CellError
+
+if TYPE_CHECKING:
+    from ..gpu_runtime.bench import BenchConfig
 
 log = logging.getLogger(__name__)
 
@@ -17,7 +21,7 @@ class BenchWorker(QtCore.QThread):
     succeeded = QtCore.Signal(object)  # a BenchResult or a SweepResult
     failed = QtCore.Signal(str)
 
-    def __init__(self, cell: Cell, config, sweep: tuple[str, list[int]] | None = None,
+    def __init__(self, cell: Cell, config: BenchConfig, sweep: tuple[str, list[int]] | None = None,
                  parent: QtCore.QObject | None = None) -> None:
         super().__init__(parent)
         self.cell = cell.copy()  # the worker's own copy: the user goes on editing

@@ -20,6 +20,8 @@ How the canvas holds a cell:
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -92,6 +94,7 @@ class CellAdapter(QtCore.QObject):
         self._seq: dict[str, int] = {}
         self._next_seq = 0
         self._loading = False
+        self._index: dict[str, list[CellNode]] | None = None  # cell id -> canvas nodes, until an edit
         self.graph.undo_stack().indexChanged.connect(self._on_stack_changed)
         self.graph.node_requested.connect(self._on_node_requested)
         self.graph.op_dropped.connect(lambda op, pos: self._add_or_report(op, pos))
@@ -159,13 +162,16 @@ class CellAdapter(QtCore.QObject):
 
     def canvas_nodes(self, cell_id: str) -> list[CellNode]:
         """Every canvas node that shows a cell node: a state's node and its update node."""
-        out: list[CellNode] = []
-        for n in self._ops():
-            if n.name() == cell_id:
-                out.append(n)
-                if n.OP == "state" and (u := self._update_of(n)) is not None:
-                    out.append(u)
-        return out
+        if self._index is None:
+            updates = {u.get_property(PROP_STATE_LINK): u for u in self._updates()}
+            index: dict[str, list[CellNode]] = {}
+            for n in self._ops():
+                shown = index.setdefault(n.name(), [])
+                shown.append(n)
+                if n.OP == "state" and n.id in updates:
+                    shown.append(updates[n.id])
+            self._index = index
+        return list(self._index.get(cell_id, []))
 
     def update_node(self, state_id: str) -> StateUpdateNode:
         u = self._update_of(self.node(state_id))
@@ -212,11 +218,13 @@ class CellAdapter(QtCore.QObject):
 
     # == keeping the Cell in step ====================================================================
     def _on_stack_changed(self, _index: int = 0) -> None:
+        self._index = None
         if not self._loading:
             self.resync()
 
     def resync(self) -> None:
         """Re-reads the whole canvas into the Cell and refreshes the derived labels."""
+        self._index = None
         for u in self._updates():
             state = self._state_of(u)
             title = update_title(state.name()) if state is not None else "(deleted state)"
@@ -243,6 +251,7 @@ class CellAdapter(QtCore.QObject):
             if n.op not in OP_NODE_CLASSES:
                 raise CellError(f"node '{n.id}': unknown op '{n.op}' (the editor knows: {', '.join(OPS)})")
         self._loading = True
+        self._index = None
         try:
             old = [n for n in self.graph.all_nodes()]
             if old:
@@ -362,18 +371,15 @@ class CellAdapter(QtCore.QObject):
                                       pos=list(pos) if pos else None, push_undo=push_undo)
 
     # == edits (each one undoable) =======================================================================
-    def _macro(self, text: str):
-        adapter = self
-
-        class _Macro:
-            def __enter__(self):
-                adapter.graph.undo_stack().beginMacro(text)
-
-            def __exit__(self, *exc):
-                adapter.graph.undo_stack().endMacro()
-                return False
-
-        return _Macro()
+    @contextmanager
+    def _macro(self, text: str) -> Iterator[None]:
+        """One undo step for everything done inside."""
+        stack = self.graph.undo_stack()
+        stack.beginMacro(text)
+        try:
+            yield
+        finally:
+            stack.endMacro()
 
     def view_centre(self) -> tuple[float, float]:
         """A free spot near the middle of the view for a new node."""

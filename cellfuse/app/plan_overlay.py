@@ -150,15 +150,14 @@ class PlanOverlay:
                 if not any(box.intersects(r) for r in (*node_rects, *others, *placed)):
                     spot = (anchor, above, box)
                     break
+            # All the shapes in one winding path, merged into one outline by simplified().
             path = QtGui.QPainterPath()
             path.setFillRule(QtCore.Qt.FillRule.WindingFill)
             for rect in [*rects, *bridges(rects)]:
                 if spot is not None and rect is spot[0]:  # room for the label
                     rect = (rect.adjusted(0.0, -LABEL_BAND, 0.0, 0.0) if spot[1]
                             else rect.adjusted(0.0, 0.0, 0.0, LABEL_BAND))
-                part = QtGui.QPainterPath()
-                part.addRoundedRect(rect, 10.0, 10.0)
-                path = path.united(part)
+                path.addRoundedRect(rect, 10.0, 10.0)
             item = QtWidgets.QGraphicsPathItem(path.simplified())
             fill = QtGui.QColor(color)
             fill.setAlpha(38 if region.kind == "fused" else 52)
