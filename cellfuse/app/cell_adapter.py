@@ -313,7 +313,6 @@ class CellAdapter(QtCore.QObject):
     def _place_sinks(self, editor: dict[str, Any]) -> None:
         """Puts update nodes and the output sink that have no saved position right of their source."""
         upd_pos = editor.get("updates", {}) if isinstance(editor.get("updates"), dict) else {}
-        taken: list[QtCore.QRectF] = []
         sinks: list[CellNode] = []
         for u in self._updates():
             state = self._state_of(u)
@@ -322,6 +321,7 @@ class CellAdapter(QtCore.QObject):
         sink = self.output_node()
         if sink is not None and "output" not in editor:
             sinks.append(sink)
+        taken = [n.view.sceneBoundingRect() for n in self._nodes() if n not in sinks]
         for n in sinks:
             conn = n.input_ports()[0].connected_ports()
             anchor = conn[0].node() if conn else None
@@ -331,8 +331,8 @@ class CellAdapter(QtCore.QObject):
             else:
                 x, y = 0.0, 0.0
             rect = QtCore.QRectF(x, y, n.view.width, n.view.height)
-            while any(rect.intersects(r) for r in taken):
-                rect.translate(0.0, n.view.height + 20.0)
+            while any(rect.adjusted(-10.0, -10.0, 10.0, 10.0).intersects(r) for r in taken):
+                rect.translate(0.0, 30.0)
             taken.append(rect)
             n.set_pos(rect.x(), rect.y())  # not yet undoable: called while loading
 

@@ -235,3 +235,15 @@ def test_open_recent_lists_and_opens_files(window, tmp_path):
     assert [a.toolTip() for a in entries] == [str(p.resolve()) for p in reversed(paths)]
     entries[1].trigger()
     assert window.cell.name == "GRU" and window.document.path == paths[0]
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_a_file_from_the_command_line_opens_with_nothing_overlapping(window, tmp_path, name):
+    from cellfuse.graph_model import save_cell
+
+    path = tmp_path / f"{name}.cell.json"
+    save_cell(load_template(name), path)  # its layout, but no positions for updates and output
+    assert window.open_file(path)
+    assert window.cell.layout == load_template(name).layout
+    rects = [n.view.sceneBoundingRect() for n in window.adapter.graph.all_nodes()]
+    assert not [(r, q) for i, r in enumerate(rects) for q in rects[i + 1:] if r.intersects(q)]
