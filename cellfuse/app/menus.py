@@ -43,7 +43,7 @@ class WindowActions:
         self.save_as = _action(w, "Save &As…", lambda: w.save_as(), ["Ctrl+Shift+S"], "Save under a new name")
         self.export_cuda = _action(w, "Export &CUDA…", lambda: w.export_cuda(), ["Ctrl+E"],
                                    "Write the generated CUDA of the chosen schedule to a .cu file")
-        self.quit = _action(w, "&Quit", w.close, [std.Quit])
+        self.quit = _action(w, "&Quit", w.close, ["Ctrl+Q"])
         self.new = _action(w, "&New Cell", lambda: w.new_cell(), [std.New],
                            "A new cell with only its input and output")
 

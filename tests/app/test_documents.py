@@ -247,3 +247,15 @@ def test_a_file_from_the_command_line_opens_with_nothing_overlapping(window, tmp
     assert window.cell.layout == load_template(name).layout
     rects = [n.view.sceneBoundingRect() for n in window.adapter.graph.all_nodes()]
     assert not [(r, q) for i, r in enumerate(rects) for q in rects[i + 1:] if r.intersects(q)]
+
+
+def test_the_usual_shortcuts(window):
+    a = window.actions_
+    keys = {name: [k.toString() for k in getattr(a, name).shortcuts()] for name in vars(a)}
+    expected = {"new": "Ctrl+N", "open": "Ctrl+O", "save": "Ctrl+S", "save_as": "Ctrl+Shift+S",
+                "undo": "Ctrl+Z", "redo": "Ctrl+Shift+Z", "cut": "Ctrl+X", "copy": "Ctrl+C",
+                "paste": "Ctrl+V", "select_all": "Ctrl+A", "delete": "Del", "fit": "F",
+                "benchmark": "F5", "node_search": "Tab", "quit": "Ctrl+Q"}
+    for name, key in expected.items():
+        assert key in keys[name], (name, keys[name])
+    assert "Ctrl+Y" in keys["redo"]
