@@ -6,7 +6,7 @@ from __future__ import annotations
 import gc
 import os
 
-os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before anything imports Qt
+os.environ["QT_QPA_PLATFORM"] = "offscreen"  # before anything imports Qt
 
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
