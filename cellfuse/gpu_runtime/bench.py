@@ -259,6 +259,9 @@ def _bench_torch(cell, name, sizes, params, x, initial, ref, config) -> BenchRow
 
     from .torch_baselines import CudnnCell, TorchCell, cudnn_kind
 
+    # Float32 against float32: PyTorch would otherwise let cuDNN and cuBLAS round inputs to TF32.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     row = BenchRow(name, "baseline", False)
     xt = torch.from_numpy(x).cuda()
     init = [torch.from_numpy(initial[s]).cuda() for s in cell.updates]
