@@ -33,7 +33,8 @@ class CudaSource:
 
 
 def _var(buffer: str) -> str:
-    return "b_" + c_name(buffer)
+    """The C variable of a buffer: "_" is written "_u" and "." "_d", so distinct names stay distinct."""
+    return "b_" + buffer.replace("_", "_u").replace(".", "_d")
 
 
 def _ptr(acc: Access) -> str:
