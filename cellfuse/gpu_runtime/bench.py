@@ -203,16 +203,17 @@ def _bench_schedule(cell, name, backend, sizes, params, x, initial, ref, config)
             from .numpy_executor import NumpyExecutor
 
             t0 = time.perf_counter()
-            out = NumpyExecutor(plan, params).run(x, initial)
+            ex = NumpyExecutor(plan, params)
+            out = ex.run(x, initial)
             first = time.perf_counter() - t0
             row.rel_error = _rel_error(out, ref)
             if not row.rel_error < TOLERANCE:
                 row.note = f"wrong result: relative error {row.rel_error:.2e}; not timed"
                 return row
             times = []
-            for _ in range(max(1, min(config.repeats, 3))):
+            for _ in range(max(1, min(config.repeats, 3))):  # the numpy executor is slow: a few runs
                 t0 = time.perf_counter()
-                NumpyExecutor(plan, params).run(x, initial)
+                ex.run(x, initial)
                 times.append((time.perf_counter() - t0) * 1e3)
             row.compile_s = 0.0
             row.note = f"first run {first * 1e3:.1f} ms"

@@ -90,10 +90,7 @@ class CudaExecutor:
         kernels = plan_kernels(plan)
         module = _compile(kernels.module_source())
         self.compile_s = time.perf_counter() - t0
-        self.funcs = {}
-        for name in kernels.sources:
-            f = module.get_function(name)
-            self.funcs[name] = f
+        self.funcs = {name: module.get_function(name) for name in kernels.sources}
         self.bias_rows = module.get_function("cf_bias_rows").prepare("PPiii")
         self.name_of = kernels.name_of
 
@@ -110,7 +107,6 @@ class CudaExecutor:
         for name, n in sizes.items():
             self.addr[name] = offset
             offset += n * 4
-        self.total = total
         for name, arr in plan.weight_arrays(params, np.float32).items():
             drv.memcpy_htod(self.addr[name], np.ascontiguousarray(arr))
         self.weights = {name for name, b in plan.buffers.items()
