@@ -1,6 +1,6 @@
-"""The README's table and chart from a committed result file of bench_templates.py.
+"""The README's table, and optionally its chart, from a committed result file of bench_templates.py.
 
-    python benchmarks/chart.py benchmarks/results/FILE.json docs/benchmark.png
+    python benchmarks/chart.py benchmarks/results/FILE.json [docs/benchmark.png]
 """
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ import sys
 
 from matplotlib.figure import Figure
 
+from cellfuse.codegen import SCHEDULES
 
-def main(path: str, png: str) -> None:
+
+def main(path: str, png: str | None) -> None:
     records = json.load(open(path))
-    names = ["naive", "combined", "fused", "hoisted", "graph", "pytorch eager", "torch.compile", "cudnn"]
+    names = [*SCHEDULES, "pytorch eager", "pytorch graph", "torch.compile", "cudnn"]
     print("| cell | " + " | ".join(names) + " | best vs naive |")
     print("|---" * (len(names) + 2) + "|")
     fig = Figure(figsize=(10, 4.5))
@@ -22,7 +24,8 @@ def main(path: str, png: str) -> None:
     for i, rec in enumerate(records):
         ms = {r["name"]: r["median_ms"] for r in rec["results"] if r["ok"]}
         cells = [f"{ms[n]:.2f}" if n in ms else "-" for n in names]
-        print(f"| {rec['template']} | " + " | ".join(cells) + f" | {ms['naive'] / ms['graph']:.1f}x |")
+        best = min(ms[n] for n in SCHEDULES if n in ms)
+        print(f"| {rec['template']} | " + " | ".join(cells) + f" | {ms['naive'] / best:.1f}x |")
         xs = [j + i * width for j, n in enumerate(names) if n in ms]
         ax.bar(xs, [ms[n] for n in names if n in ms], width, label=rec["template"])
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, fontsize=8)
@@ -33,8 +36,9 @@ def main(path: str, png: str) -> None:
                  f"hidden={s['hidden']}, float32", fontsize=9)
     ax.legend(fontsize=7, ncol=4)
     fig.tight_layout()
-    fig.savefig(png, dpi=110)
+    if png:
+        fig.savefig(png, dpi=110)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

@@ -231,18 +231,27 @@ def _print_bench(result) -> None:
         print("  (cancelled)")
 
 
+def _choices(option: str, text: str, known) -> list[str]:
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise CellError(f"{option}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+    return names
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     import json
 
-    from .gpu_runtime.bench import BenchConfig, run_benchmark, run_sweep
+    from .codegen import SCHEDULES
+    from .gpu_runtime.bench import BASELINES, BenchConfig, run_benchmark, run_sweep
 
     cell = resolve_cell(args.cell)
     require_valid(cell)
     config = BenchConfig(_plan_sizes(cell, args), backend=args.backend, repeats=args.repeats)
     if args.schedules:
-        config.schedules = args.schedules.split(",")
+        config.schedules = _choices("--schedules", args.schedules, SCHEDULES)
     if args.baselines is not None:
-        config.baselines = [b for b in args.baselines.split(",") if b]
+        config.baselines = _choices("--baselines", args.baselines, BASELINES)
 
     def progress(done: int, total: int, message: str) -> None:
         print(f"[{done}/{total}] {message}", file=sys.stderr, flush=True)
@@ -297,6 +306,7 @@ def _size_options(s: argparse.ArgumentParser, seq: bool = True) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from .codegen import SCHEDULES
+    from .gpu_runtime.bench import BASELINES
 
     p = argparse.ArgumentParser(
         prog="cellfuse",
@@ -369,8 +379,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--backend", choices=["auto", "numpy", "cuda"], default="auto",
                    help="auto: cuda where a GPU can be used, else numpy")
     s.add_argument("--schedules", help=f"comma-separated, of {','.join(SCHEDULES)} (default: all)")
-    s.add_argument("--baselines", help="comma-separated, of 'numpy reference,pytorch eager,torch.compile,"
-                                       "cudnn' (default: all that apply)")
+    s.add_argument("--baselines", help=f"comma-separated, of {','.join(BASELINES)} (default: all that "
+                                       "apply; empty for none)")
     s.add_argument("--repeats", type=_positive, default=20, help="timed runs per implementation")
     s.add_argument("--sweep", help="time over several sizes, e.g. batch=1,8,64,256")
     s.add_argument("--json", type=Path, help="write the result record here")

@@ -437,3 +437,51 @@ def test_failures_in_a_real_process(tmp_path):
     r = cellfuse("run", "elman", "--params", "none.npz", "--inputs", "none.npz", "-o", "y.npz", cwd=tmp_path)
     assert r.returncode == 1 and "none.npz" in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "y.npz").exists()
+
+
+def test_bench_on_the_numpy_backend_writes_a_record_and_a_chart(cli, tmp_path):
+    code, out, err = cli("bench", "gru", "--backend", "numpy", "--seq", T, "--batch", B, "--input", INPUT,
+                         "--hidden", HIDDEN, "--layers", 2, "--repeats", 2, "--json", tmp_path / "r.json",
+                         "--plot", tmp_path / "r.png")
+    assert code == 0, err
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["sizes"] == {"seq": T, "batch": B, "input": INPUT, "hidden": HIDDEN, "layers": 2}
+    assert [r["name"] for r in record["results"] if r["ok"]] == [
+        "naive", "combined", "fused", "hoisted", "graph", "numpy reference"]
+    assert "timing, round 2 of 2" in err and "graph" in out and "vs naive" in out
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_sweep(cli, tmp_path):
+    code, out, err = cli("bench", "elman", "--backend", "numpy", "--seq", 3, "--input", 4, "--hidden", 4,
+                         "--schedules", "naive,graph", "--baselines", "", "--repeats", 1,
+                         "--sweep", "batch=1,2", "--json", tmp_path / "s.json", "--plot", tmp_path / "s.png")
+    assert code == 0, err
+    record = json.loads((tmp_path / "s.json").read_text())
+    assert record["param"] == "batch" and [r["sizes"]["batch"] for r in record["results"]] == [1, 2]
+    assert [r["name"] for r in record["results"][0]["results"]] == ["naive", "graph"]
+    assert out.count("Elman RNN: T=3") == 2 and (tmp_path / "s.png").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (("--sweep", "batch=1,x"), "expected NAME=N,N,... like batch=1,8,64,256"),
+    (("--sweep", "width=1,2"), "cannot sweep 'width'"),
+    (("--schedules", "naive,fast"), "--schedules: unknown 'fast'; choose from naive"),
+    (("--baselines", "cudnn,tensorflow"), "--baselines: unknown 'tensorflow'"),
+])
+def test_bench_bad_options(cli, tmp_path, argv, message):
+    code, out, err = cli("bench", "elman", "--backend", "numpy", "--seq", 2, "--batch", 1, "--input", 3,
+                         "--hidden", 3, "--json", tmp_path / "r.json", *argv)
+    assert code != 0 and message in err
+    assert not (tmp_path / "r.json").exists()
+
+
+def test_cuda_backend_without_a_gpu_says_what_is_missing(cli, tmp_path):
+    from cellfuse.gpu_runtime.bench import available_backends
+
+    if "cuda" in available_backends():
+        pytest.skip("this machine can run the CUDA backend")
+    code, out, err = cli("bench", "elman", "--backend", "cuda", "--seq", 2, "--batch", 1, "--input", 3,
+                         "--hidden", 3)
+    assert code == 1 and err.count("\n") == 1
+    assert "PyCUDA" in err or "GPU" in err

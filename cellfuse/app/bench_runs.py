@@ -43,16 +43,7 @@ class BenchRun:
         return self.sweep.to_json() if self.sweep is not None else self.result.to_json()
 
     def to_csv(self) -> str:
-        if self.sweep is None:
-            return self.result.to_csv()
-        # One CSV for the sweep: each result's rows, with the swept value in front.
-        lines: list[str] = []
-        for value, res in zip(self.sweep.values, self.sweep.results, strict=False):
-            text = res.to_csv().splitlines()
-            if not lines:
-                lines.append(f"{self.sweep.param},{text[0]}")
-            lines += [f"{value},{row}" for row in text[1:]]
-        return "\n".join(lines) + "\n"
+        return self.sweep.to_csv() if self.sweep is not None else self.result.to_csv()
 
 
 def _ms(v: float | None) -> str:

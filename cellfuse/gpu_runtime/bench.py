@@ -4,6 +4,7 @@ reference interpreter before it is timed. The command line and the editor both c
 from __future__ import annotations
 
 import csv
+import gc
 import io
 import logging
 import platform
@@ -22,7 +23,14 @@ from ..graph_model import Cell, CellError, Forward, Sizes, init_params, run_refe
 log = logging.getLogger(__name__)
 
 TOLERANCE = 1e-4  # relative error allowed in float32
-BASELINES = ("numpy reference", "pytorch eager", "torch.compile", "cudnn")
+BASELINES = ("numpy reference", "pytorch eager", "pytorch graph", "torch.compile", "cudnn")
+BASELINE_NOTES = {
+    "pytorch eager": "the cell op by op in PyTorch, step by step",
+    "pytorch graph": "the same, captured once into a CUDA graph and replayed",
+    "torch.compile": "the step function under torch.compile, called step by step",
+    "cudnn": "torch.nn.LSTM / torch.nn.GRU with the same weights",
+}
+ROUNDS = 5  # timing rounds, each taking every implementation in turn
 
 Progress = Callable[[int, int, str], None]
 
@@ -67,6 +75,7 @@ class BenchResult:
     versions: dict[str, str]
     rows: list[BenchRow] = field(default_factory=list)
     cancelled: bool = False
+    timing: str = ""
 
     def row(self, name: str) -> BenchRow | None:
         return next((r for r in self.rows if r.name == name), None)
@@ -74,7 +83,7 @@ class BenchResult:
     def to_json(self) -> dict:
         return {"cell": self.cell, "cell_hash": self.cell_hash, "sizes": asdict(self.sizes),
                 "backend": self.backend, "device": self.device, "date": self.date, "versions": self.versions,
-                "cancelled": self.cancelled, "results": [asdict(r) for r in self.rows]}
+                "timing": self.timing, "cancelled": self.cancelled, "results": [asdict(r) for r in self.rows]}
 
     def to_csv(self) -> str:
         buf = io.StringIO()
@@ -94,6 +103,15 @@ class SweepResult:
 
     def to_json(self) -> dict:
         return {"param": self.param, "values": self.values, "results": [r.to_json() for r in self.results]}
+
+    def to_csv(self) -> str:
+        """Every result's rows in one table, the swept value in the first column."""
+        lines: list[str] = []
+        for value, res in zip(self.values, self.results, strict=False):
+            header, *rows = res.to_csv().splitlines()
+            lines += [] if lines else [f"{self.param},{header}"]
+            lines += [f"{value},{row}" for row in rows]
+        return "\n".join(lines) + "\n"
 
 
 def available_backends() -> list[str]:
@@ -135,7 +153,12 @@ def _versions() -> dict[str, str]:
 
 def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = None,
                   cancelled: Callable[[], bool] | None = None) -> BenchResult:
-    """Checks and times each schedule and baseline; a wrong result is reported, never timed."""
+    """Checks each schedule and baseline against the reference, then times those that were right.
+
+    A wrong result is reported, never timed. Timing goes in rounds that visit every implementation in
+    turn, so that a slow drift of the machine (clocks, other processes) weighs on all of them alike
+    instead of on whichever happened to run last.
+    """
     sizes = config.sizes
     backend = config.backend
     if backend == "auto":
@@ -149,8 +172,14 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
     params = init_params(cell, sizes.layers, sizes.input, sizes.hidden, config.seed)
     x = rng.standard_normal((sizes.seq, sizes.batch, sizes.input)).astype(np.float32)
     initial = {s: np.zeros((sizes.layers, sizes.batch, sizes.hidden), np.float32) for s in cell.updates}
+    # The numpy executor is slow: a few runs say enough.
+    runs = config.repeats if backend == "cuda" else max(1, min(config.repeats, 3))
+    rounds = max(1, min(ROUNDS, runs))
+    clock = "CUDA events" if backend == "cuda" else "wall clock"
     result = BenchResult(cell.name, cell.structure_hash(), sizes, backend, device,
-                         datetime.now(UTC).isoformat(timespec="seconds"), _versions())
+                         datetime.now(UTC).isoformat(timespec="seconds"), _versions(),
+                         timing=f"{clock}; median of {runs} runs after warm-up, timed in {rounds} rounds "
+                                "that take every implementation in turn")
     schedules = [s for s in config.schedules if s in SCHEDULES]
     baselines = [b for b in config.baselines if b in BASELINES]
     if backend == "numpy":
@@ -162,7 +191,7 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
             baselines = [b for b in baselines if b == "numpy reference"]
         elif cudnn_kind(cell) is None:
             baselines = [b for b in baselines if b != "cudnn"]
-    total = 1 + len(schedules) + len(baselines)
+    total = 1 + len(schedules) + len(baselines) + rounds
     done = 0
 
     def step(message: str) -> None:
@@ -173,126 +202,185 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
             progress(done, total, message)
         done += 1
 
+    problem = _Problem(cell, sizes, params, x, initial, config, runs)
+    ready: list[_Timed] = []
     try:
         step("reference interpreter (numpy, float64)")
         t0 = time.perf_counter()
-        ref = run_reference(cell, params, {"x": x, **initial})
+        problem.ref = run_reference(cell, params, {"x": x, **initial})
         ref_ms = (time.perf_counter() - t0) * 1e3
         for name in schedules:
-            step(f"schedule '{name}' on {backend}")
-            result.rows.append(_bench_schedule(cell, name, backend, sizes, params, x, initial, ref, config))
+            step(f"checking schedule '{name}' on {backend}")
+            row, timed = _prepare_schedule(problem, name, backend)
+            result.rows.append(row)
+            ready += [timed] if timed else []
         for name in baselines:
-            step(f"baseline {name}")
+            step(f"checking baseline {name}")
             if name == "numpy reference":
                 result.rows.append(BenchRow(name, "baseline", True, ref_ms, ref_ms, ref_ms, 0.0,
                                             note="float64 on the CPU, one run"))
-            else:
-                result.rows.append(_bench_torch(cell, name, sizes, params, x, initial, ref, config))
+                continue
+            row, timed = _prepare_torch(problem, name)
+            result.rows.append(row)
+            ready += [timed] if timed else []
+        _time_in_rounds(ready, rounds, step)
         if progress:
             progress(total, total, "done")
     except BenchCancelled:
         result.cancelled = True
+    finally:
+        for timed in ready:
+            timed.finish()
     return result
 
 
-def _bench_schedule(cell, name, backend, sizes, params, x, initial, ref, config) -> BenchRow:
-    plan = make_plan(cell, sizes, name)
-    row = BenchRow(name, "schedule", False, launches_per_step=plan.launches_per_step)
+@dataclass
+class _Problem:
+    """What every implementation of one benchmark runs on, and the answer it must give."""
+
+    cell: Cell
+    sizes: Sizes
+    params: dict[str, np.ndarray]
+    x: np.ndarray
+    initial: dict[str, np.ndarray]
+    config: BenchConfig
+    runs: int  # timed runs of each implementation
+    ref: Forward | None = None
+
+
+@dataclass
+class _Timed:
+    """An implementation that gave the right answer: `once` runs it one time and returns the ms taken."""
+
+    row: BenchRow
+    once: Callable[[], float]
+    runs: int
+    close: Callable[[], None] = lambda: None
+    times: list[float] = field(default_factory=list)
+
+    def finish(self) -> None:
+        if self.times:
+            self.row.ok = True
+            for k, v in _stats(self.times).items():
+                setattr(self.row, k, v)
+        else:
+            self.row.note = "; ".join(filter(None, [self.row.note, "cancelled before it was timed"]))
+        self.close()
+
+
+def _time_in_rounds(ready: list[_Timed], rounds: int, step: Callable[[str], None]) -> None:
+    # A garbage collection in the middle of a host-bound launch loop would show as one slow run; as
+    # timeit does, collect before and not during.
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
     try:
+        for r in range(rounds):
+            step(f"timing, round {r + 1} of {rounds}")
+            for timed in ready:
+                n = timed.runs * (r + 1) // rounds - timed.runs * r // rounds
+                timed.times += [timed.once() for _ in range(n)]
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _wrong(row: BenchRow) -> bool:
+    if row.rel_error < TOLERANCE:
+        return False
+    row.note = f"wrong result: relative error {row.rel_error:.2e}; not timed"
+    return True
+
+
+def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _Timed | None]:
+    row = BenchRow(name, "schedule", False)
+    try:
+        plan = make_plan(p.cell, p.sizes, name)
+        row.launches_per_step = plan.launches_per_step
         if backend == "numpy":
             from .numpy_executor import NumpyExecutor
 
             t0 = time.perf_counter()
-            ex = NumpyExecutor(plan, params)
-            out = ex.run(x, initial)
-            first = time.perf_counter() - t0
-            row.rel_error = _rel_error(out, ref)
-            if not row.rel_error < TOLERANCE:
-                row.note = f"wrong result: relative error {row.rel_error:.2e}; not timed"
-                return row
-            times = []
-            for _ in range(max(1, min(config.repeats, 3))):  # the numpy executor is slow: a few runs
-                t0 = time.perf_counter()
-                ex.run(x, initial)
-                times.append((time.perf_counter() - t0) * 1e3)
+            ex = NumpyExecutor(plan, p.params)
+            out = ex.run(p.x, p.initial)
             row.compile_s = 0.0
-            row.note = f"first run {first * 1e3:.1f} ms"
-        else:
-            from .cuda_executor import CudaExecutor
+            row.note = f"first run {(time.perf_counter() - t0) * 1e3:.1f} ms"
+            row.rel_error = _rel_error(out, p.ref)
+            if _wrong(row):
+                return row, None
 
-            t0 = time.perf_counter()
-            ex = CudaExecutor(plan, params)
-            out = ex.run(x, initial)
-            row.compile_s = time.perf_counter() - t0
-            row.rel_error = _rel_error(out, ref)
-            if not row.rel_error < TOLERANCE:
-                row.note = f"wrong result: relative error {row.rel_error:.2e}; not timed"
-                ex.close()
-                return row
-            times = _time_cuda(ex.drv, ex.stream, ex.forward, config)
+            def once() -> float:
+                t0 = time.perf_counter()
+                ex.run(p.x, p.initial)
+                return (time.perf_counter() - t0) * 1e3
+
+            return row, _Timed(row, once, p.runs)
+        from .cuda_executor import CudaExecutor
+
+        t0 = time.perf_counter()
+        ex = CudaExecutor(plan, p.params)
+        out = ex.run(p.x, p.initial)
+        row.compile_s = time.perf_counter() - t0
+        row.rel_error = _rel_error(out, p.ref)
+        if _wrong(row):
             ex.close()
+            return row, None
     except CellError as e:
         row.note = str(e)
-        return row
-    row.ok = True
-    for k, v in _stats(times).items():
-        setattr(row, k, v)
-    return row
+        return row, None
+    for _ in range(p.config.warmup):
+        ex.forward()
+    ex.stream.synchronize()
+    start, end = ex.drv.Event(), ex.drv.Event()
 
-
-def _time_cuda(drv, stream, fn: Callable[[], None], config: BenchConfig) -> list[float]:
-    for _ in range(config.warmup):
-        fn()
-    stream.synchronize()
-    start, end = drv.Event(), drv.Event()
-    times = []
-    for _ in range(config.repeats):
-        start.record(stream)
-        fn()
-        end.record(stream)
+    def once_cuda() -> float:
+        start.record(ex.stream)
+        ex.forward()
+        end.record(ex.stream)
         end.synchronize()
-        times.append(start.time_till(end))
-    return times
+        return start.time_till(end)
+
+    return row, _Timed(row, once_cuda, p.runs, ex.close)
 
 
-def _bench_torch(cell, name, sizes, params, x, initial, ref, config) -> BenchRow:
+def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
     import torch
 
-    from .torch_baselines import CudnnCell, TorchCell, cudnn_kind
+    from .torch_baselines import CudnnCell, GraphedCell, TorchCell, cudnn_kind
 
     # Float32 against float32: PyTorch would otherwise let cuDNN and cuBLAS round inputs to TF32.
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    row = BenchRow(name, "baseline", False)
-    xt = torch.from_numpy(x).cuda()
-    init = [torch.from_numpy(initial[s]).cuda() for s in cell.updates]
+    row = BenchRow(name, "baseline", False, note=BASELINE_NOTES[name])
+    sizes = p.sizes
+    xt = torch.from_numpy(p.x).cuda()
+    init = [torch.from_numpy(p.initial[s]).cuda() for s in p.cell.updates]
     t0 = time.perf_counter()
     if name == "cudnn":
-        model = CudnnCell(cudnn_kind(cell), params, sizes.layers, sizes.input, sizes.hidden)
+        model = CudnnCell(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden)
     else:
-        model = TorchCell(cell, params, sizes.layers, compiled=name == "torch.compile")
+        model = TorchCell(p.cell, p.params, sizes.layers, compiled=name == "torch.compile")
+        if name == "pytorch graph":
+            model = GraphedCell(model, xt, init)
     y = model(xt, init)
     torch.cuda.synchronize()
     row.compile_s = time.perf_counter() - t0
-    row.rel_error = _rel_error(Forward(y.cpu().numpy(), {}), Forward(ref.y, {}))
-    if not row.rel_error < TOLERANCE:
-        row.note = f"wrong result: relative error {row.rel_error:.2e}; not timed"
-        return row
-    for _ in range(config.warmup):
+    row.rel_error = _rel_error(Forward(y.cpu().numpy(), {}), Forward(p.ref.y, {}))
+    if _wrong(row):
+        return row, None
+    for _ in range(p.config.warmup):
         model(xt, init)
     torch.cuda.synchronize()
-    times = []
-    for _ in range(config.repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+
+    def once() -> float:
         start.record()
         model(xt, init)
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
-    row.ok = True
-    for k, v in _stats(times).items():
-        setattr(row, k, v)
-    return row
+        return start.elapsed_time(end)
+
+    return row, _Timed(row, once, p.runs)
 
 
 def run_sweep(cell: Cell, config: BenchConfig, param: str, values: list[int],

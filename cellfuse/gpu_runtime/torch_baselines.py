@@ -1,5 +1,6 @@
 """What a researcher could otherwise use, in PyTorch, on the same cell, weights and inputs:
-the cell interpreted op by op ("PyTorch eager"), its step function under torch.compile, and cuDNN
+the cell interpreted op by op ("PyTorch eager"), the same captured into a CUDA graph, its step
+function under torch.compile, and cuDNN
 (torch.nn.LSTM / torch.nn.GRU) when the cell is one cuDNN implements."""
 
 from __future__ import annotations
@@ -82,6 +83,32 @@ class TorchCell:
                     ys.append(out)
                 seq = self.torch.stack(ys)
         return seq
+
+
+class GraphedCell:
+    """A model's whole forward pass on fixed tensors, captured once into a CUDA graph and replayed: what
+    eager PyTorch gives once its launch overhead is gone."""
+
+    def __init__(self, model: TorchCell, x, initial: list, warmup: int = 3):
+        import torch
+
+        self.x, self.initial = x, initial
+        side = torch.cuda.Stream()  # torch.cuda.graph wants warm-up runs on a side stream
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(warmup):
+                model(x, initial)
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self.y = model(x, initial)
+
+    def __call__(self, x, initial: list):
+        """Replays the graph; x and initial must be the tensors it was captured on."""
+        if x is not self.x or initial is not self.initial:
+            raise ValueError("a captured forward pass replays on the tensors it was captured on")
+        self.graph.replay()
+        return self.y
 
 
 def cudnn_kind(cell: Cell) -> str | None:

@@ -1,0 +1,150 @@
+"""The benchmark on the numpy backend (everywhere) and on the GPU with its PyTorch baselines (`-m gpu`):
+every result checked before it is timed, timing in interleaved rounds, cancellation, records."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+
+import numpy as np
+import pytest
+
+from cellfuse.codegen import SCHEDULES
+from cellfuse.gpu_runtime import bench
+from cellfuse.gpu_runtime.bench import TOLERANCE, BenchConfig, run_benchmark, run_sweep
+from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
+from cellfuse.graph_model import CellError, Sizes, load_template
+
+SMALL = Sizes(seq=4, batch=3, input=8, hidden=6, layers=2)
+
+
+@pytest.fixture
+def runs(monkeypatch):
+    """The schedule of every numpy executor run, in the order they ran."""
+    seen: list[str] = []
+    original = NumpyExecutor.run
+
+    def run(self, x, initial):
+        seen.append(self.plan.schedule)
+        return original(self, x, initial)
+
+    monkeypatch.setattr(NumpyExecutor, "run", run)
+    return seen
+
+
+def test_every_schedule_is_checked_then_timed_in_rounds(runs):
+    messages = []
+    result = run_benchmark(load_template("lstm"), BenchConfig(SMALL, "numpy", repeats=3),
+                           lambda done, total, m: messages.append((done, total, m)))
+    assert [r.name for r in result.rows] == [*SCHEDULES, "numpy reference"]
+    for r in result.rows:
+        assert r.ok and r.rel_error < TOLERANCE
+        assert r.min_ms <= r.median_ms <= r.max_ms
+    # One checked run each, then three rounds that take every schedule in turn.
+    assert runs == list(SCHEDULES) + list(SCHEDULES) * 3
+    texts = [m for _, _, m in messages]
+    last_check = max(i for i, t in enumerate(texts) if t.startswith("checking"))
+    assert texts.index("timing, round 1 of 3") == last_check + 1
+    assert [d for d, _, _ in messages] == list(range(len(messages) - 1)) + [messages[-1][1]]
+    assert messages[-1][2] == "done"
+    assert "median of 3 runs" in result.timing and not result.cancelled
+
+
+def test_a_wrong_result_is_reported_and_never_timed(runs, monkeypatch):
+    original = NumpyExecutor.run
+
+    def wrong_when_fused(self, x, initial):
+        out = original(self, x, initial)
+        if self.plan.schedule == "fused":
+            out.y[-1, 0, 0] += 1.0
+        return out
+
+    monkeypatch.setattr(NumpyExecutor, "run", wrong_when_fused)
+    result = run_benchmark(load_template("gru"), BenchConfig(SMALL, "numpy", repeats=2))
+    fused = result.row("fused")
+    assert not fused.ok and fused.median_ms is None
+    assert fused.rel_error > TOLERANCE and "wrong result" in fused.note
+    assert runs.count("fused") == 1  # the checked run only
+    assert all(r.ok for r in result.rows if r.name != "fused")
+
+
+def test_a_schedule_that_cannot_be_planned_is_reported(monkeypatch):
+    def refuse(cell, sizes, schedule):
+        raise CellError(f"no plan for '{schedule}'")
+
+    monkeypatch.setattr(bench, "make_plan", refuse)
+    result = run_benchmark(load_template("mgu"), BenchConfig(SMALL, "numpy", schedules=["hoisted"]))
+    assert not result.row("hoisted").ok and result.row("hoisted").note == "no plan for 'hoisted'"
+
+
+def test_cancel_between_rounds_keeps_what_was_timed(runs):
+    config = BenchConfig(SMALL, "numpy", schedules=["naive", "graph"], baselines=[], repeats=3)
+    messages = []
+
+    def cancelled() -> bool:
+        return bool(messages) and messages[-1] == "timing, round 2 of 3"
+
+    result = run_benchmark(load_template("elman"), config, lambda d, t, m: messages.append(m), cancelled)
+    assert result.cancelled
+    assert runs == ["naive", "graph", "naive", "graph", "naive", "graph"]  # checks, rounds 1 and 2
+    assert all(r.ok and r.min_ms <= r.median_ms <= r.max_ms for r in result.rows)
+
+
+def test_cancel_before_timing_reports_rows_as_untimed(runs):
+    result = run_benchmark(load_template("elman"), BenchConfig(SMALL, "numpy", baselines=[]),
+                           lambda d, t, m: None, lambda: len(runs) == len(SCHEDULES))
+    assert result.cancelled and len(result.rows) == len(SCHEDULES)
+    assert all(not r.ok and "cancelled before it was timed" in r.note for r in result.rows)
+
+
+def test_sweep_records_and_csv():
+    sweep = run_sweep(load_template("indrnn"), BenchConfig(SMALL, "numpy", schedules=["naive", "fused"],
+                                                           baselines=[], repeats=1), "batch", [1, 5])
+    assert [r.sizes.batch for r in sweep.results] == [1, 5]
+    rows = list(csv.DictReader(io.StringIO(sweep.to_csv())))
+    assert [(r["batch"], r["name"]) for r in rows] == [("1", "naive"), ("1", "fused"), ("5", "naive"),
+                                                        ("5", "fused")]
+    record = json.loads(json.dumps(sweep.to_json()))
+    assert record["param"] == "batch" and record["results"][1]["sizes"]["batch"] == 5
+    with pytest.raises(CellError, match="cannot sweep 'width'"):
+        run_sweep(load_template("indrnn"), BenchConfig(SMALL, "numpy"), "width", [1])
+
+
+# -- on the GPU, with the PyTorch baselines --------------------------------------------------------
+
+GPU_SIZES = Sizes(seq=6, batch=4, input=32, hidden=48, layers=2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["lstm", "gru", "peephole_lstm"])
+def test_gpu_benchmark_checks_and_times_every_implementation(gpu, name):
+    pytest.importorskip("torch")
+    result = run_benchmark(load_template(name), BenchConfig(GPU_SIZES, "cuda", repeats=4, warmup=1))
+    names = [r.name for r in result.rows]
+    assert names[:len(SCHEDULES)] == list(SCHEDULES)
+    expected = {"numpy reference", "pytorch eager", "pytorch graph", "torch.compile"}
+    if name != "peephole_lstm":
+        expected.add("cudnn")  # same weights in torch.nn.LSTM / torch.nn.GRU
+    assert set(names[len(SCHEDULES):]) == expected
+    for r in result.rows:
+        assert r.ok, (r.name, r.note)
+        assert r.rel_error < TOLERANCE and 0 < r.min_ms <= r.median_ms <= r.max_ms
+    assert result.backend == "cuda" and "CUDA events" in result.timing
+
+
+@pytest.mark.gpu
+def test_gpu_benchmark_reports_a_wrong_schedule(gpu, monkeypatch):
+    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor
+
+    original = CudaExecutor.results
+
+    def off_by_one(self):
+        out = original(self)
+        out.y += 1.0
+        return out
+
+    monkeypatch.setattr(CudaExecutor, "results", off_by_one)
+    result = run_benchmark(load_template("mgu"), BenchConfig(GPU_SIZES, "cuda", baselines=[], repeats=2))
+    assert all(not r.ok and "wrong result" in r.note and r.median_ms is None for r in result.rows)
+    assert np.isfinite([r.rel_error for r in result.rows]).all()
