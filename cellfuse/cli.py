@@ -180,6 +180,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     mflop, mib = summary["flops_per_step"] / 1e6, summary["bytes_per_step"] / 2**20
     print(f"{plan.launches_per_step} launch(es) per step, {summary['launches_before_loop']} before the loop; "
           f"per step {mflop:.1f} MFLOP, {mib:.2f} MiB")
+    if plan.chunk_steps:
+        print(f"hoisted launches run in chunks of {plan.chunk_steps} steps on a second stream, "
+              "beside the loop")
     print("\nGEMM groups:")
     for g in plan.groups:
         where = "hoisted: once for all steps" if g.hoisted else f"every step, stage {g.stage}"

@@ -161,6 +161,9 @@ class Plan:
     buffers: dict[str, Buffer]
     dead: list[str]
     cuda_graph: bool = False
+    # When > 0, the hoisted launches (the prologue) run in chunks of this many steps on a second stream,
+    # beside the recurrence: step t waits only for its own chunk, not for all T steps' GEMMs.
+    chunk_steps: int = 0
 
     # -- what the plan says, for people and for `plan --json` -----------------------------------
     @property
@@ -213,6 +216,7 @@ class Plan:
             "flops_per_step": self.flops_per_step(),
             "bytes_per_step": self.bytes_per_step(),
             "cuda_graph": self.cuda_graph,
+            "hoisted_chunk_steps": self.chunk_steps,
             "dropped": list(self.dead),
         }
 

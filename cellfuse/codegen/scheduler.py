@@ -30,6 +30,9 @@ from .plan import (
 # The ladder of schedules; each keeps what the ones before it do.
 SCHEDULES = ("naive", "combined", "fused", "hoisted", "graph")
 _COMBINE, _FUSE, _HOIST = 1, 2, 3
+# Hoisted work runs in chunks of this many steps beside the recurrence (see Plan.chunk_steps): small
+# enough that step 0 waits for little, large enough that each chunk's GEMM keeps the GPU busy.
+HOIST_CHUNK_STEPS = 10
 
 PRO, STEP = "pro", "step"  # the phases: once before the time loop, and in every step
 
@@ -335,5 +338,6 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str) -> Plan:
         x = next(n.id for n in cell.nodes if n.op == "input")
         layers.append(LayerPlan(layer, lay.K, phases[True], phases[False], lay.read(x, STEP),
                                 {s: lay.read(s, STEP) for s in cell.updates}, lay.y))
+    chunk = min(sizes.seq, HOIST_CHUNK_STEPS) if any(lp.prologue for lp in layers) else 0
     return Plan(cell, schedule, sizes, st.groups, st.islands, layers, buffers, sorted(info.dead),
-                cuda_graph=schedule == "graph")
+                cuda_graph=schedule == "graph", chunk_steps=chunk)

@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 _NAN_BITS = 0x7FC00000  # a float32 quiet NaN, to poison buffers before a checked run
 _CUBLAS_WORKSPACE = 32 * 2**20
+MAIN, SIDE = 0, 1  # the streams: the recurrence, and the hoisted launches beside it
 
 
 class GpuUnavailable(CellError):
@@ -97,7 +98,7 @@ class CudaExecutor:
         sizes = {name: plan.buffer_elements(name) for name in plan.buffers}
         total = sum(sizes.values())
         free, _ = drv.mem_get_info()
-        need = total * 4 + _CUBLAS_WORKSPACE
+        need = total * 4 + 2 * _CUBLAS_WORKSPACE
         if need > free:
             raise CellError(f"out of GPU memory: these sizes need {need / 2**20:.0f} MiB, "
                             f"{free / 2**20:.0f} MiB are free")
@@ -112,11 +113,19 @@ class CudaExecutor:
         self.weights = {name for name, b in plan.buffers.items()
                         if b.role in ("weight", "stacked", "bias")}
 
-        self.stream = drv.Stream(flags=1)  # non-blocking: capturable
-        self.handle = self.cublas.create()
-        self.cublas.set_stream(self.handle, self.stream.handle)
-        self.workspace = drv.mem_alloc(_CUBLAS_WORKSPACE)
-        self.cublas.set_workspace(self.handle, int(self.workspace), _CUBLAS_WORKSPACE)
+        # Two non-blocking (capturable) streams: the recurrence on the main one; with a chunked prologue,
+        # the hoisted launches beside it on the side one, each with its own cuBLAS handle and workspace
+        # (two GEMMs running at once must not share a workspace).
+        self.streams = [drv.Stream(flags=1), drv.Stream(flags=1)]
+        self.stream = self.streams[MAIN]
+        self.handles, self.workspaces = [], []
+        for stream in self.streams:
+            handle = self.cublas.create()
+            self.cublas.set_stream(handle, stream.handle)
+            workspace = drv.mem_alloc(_CUBLAS_WORKSPACE)
+            self.cublas.set_workspace(handle, int(workspace), _CUBLAS_WORKSPACE)
+            self.handles.append(handle)
+            self.workspaces.append(workspace)
         self._scalars = np.array([1.0, 0.0], np.float32)  # alpha and beta live here for cuBLAS
         self.init = drv.mem_alloc(max(1, len(plan.cell.updates)) * plan.sizes.layers * plan.sizes.batch
                                   * plan.sizes.hidden * 4)
@@ -128,52 +137,104 @@ class CudaExecutor:
     def _ptr(self, acc, t: int) -> int:
         return self.addr[acc.buffer] + 4 * acc.offset(t, self.plan.sizes.batch)
 
+    def _event(self):
+        return self.drv.Event(self.drv.event_flags.DISABLE_TIMING)
+
     def _build_calls(self) -> list:
-        plan, B, H = self.plan, self.plan.sizes.batch, self.plan.sizes.hidden
-        one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
+        plan, T, B, H = self.plan, self.plan.sizes.seq, self.plan.sizes.batch, self.plan.sizes.hidden
+        chunk = plan.chunk_steps
         calls = []
         state_ids = list(plan.cell.updates)
+        if chunk:
+            fork = self._event()  # the side stream starts after what came before on the main one
+            calls += [("record", MAIN, fork), ("wait", SIDE, fork)]
+        prev_done: list = []  # per chunk, an event after the previous layer's steps of that chunk
         for lp in plan.layers:
             for i, s in enumerate(state_ids):
                 src = int(self.init) + 4 * ((i * plan.sizes.layers + lp.layer) * B * H)
-                calls.append(("copy", self._ptr(lp.state_read[s], 0), src, B * H * 4))
-            for t, launches in [(0, lp.prologue)] + [(t, lp.step) for t in range(plan.sizes.seq)]:
-                for launch in launches:
-                    calls.extend(self._launch_calls(launch, lp.layer, t, one, zero))
+                calls.append(("copy", MAIN, self._ptr(lp.state_read[s], 0), src, B * H * 4))
+            if not chunk:
+                for launch in lp.prologue:
+                    calls += self._launch_calls(MAIN, launch, lp.layer, 0)
+                for t in range(T):
+                    for launch in lp.step:
+                        calls += self._launch_calls(MAIN, launch, lp.layer, t)
+                continue
+            ready = []
+            for j, first in enumerate(range(0, T, chunk)):
+                rows = (first, min(T, first + chunk))
+                if prev_done:
+                    calls.append(("wait", SIDE, prev_done[j]))
+                for launch in lp.prologue:
+                    if launch.row_kind == "seq":
+                        calls += self._launch_calls(SIDE, launch, lp.layer, 0, rows)
+                    elif j == 0:  # [N] and scalar values: all of them with the first chunk
+                        calls += self._launch_calls(SIDE, launch, lp.layer, 0)
+                ready.append(self._event())
+                calls.append(("record", SIDE, ready[-1]))
+            prev_done = []
+            for t in range(T):
+                if t % chunk == 0:
+                    calls.append(("wait", MAIN, ready[t // chunk]))
+                for launch in lp.step:
+                    calls += self._launch_calls(MAIN, launch, lp.layer, t)
+                if (t + 1) % chunk == 0 or t == T - 1:
+                    prev_done.append(self._event())
+                    calls.append(("record", MAIN, prev_done[-1]))
+        if chunk:
+            join = self._event()  # and the main one ends after everything on the side one
+            calls += [("record", SIDE, join), ("wait", MAIN, join)]
         return calls
 
-    def _launch_calls(self, launch, layer: int, t: int, one: int, zero: int) -> list:
+    def _launch_calls(self, stream: int, launch, layer: int, t: int,
+                      steps: tuple[int, int] | None = None) -> list:
+        """The calls of one launch at step t, or, for a prologue launch over all steps, of its rows of
+        steps [first, last) only."""
+        B = self.plan.sizes.batch
+        first, last = steps if steps else (0, None)
+
+        def ptr(acc) -> int:
+            skip = first * B * acc.ld if acc.kind == "row" else 0
+            return self._ptr(acc, t) + 4 * skip
+
+        one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
         if isinstance(launch, GemmLaunch):
+            m = (last - first) * B if steps else launch.m
             out = []
-            c = self._ptr(launch.c, t)
+            c = ptr(launch.c)
             if launch.bias:
-                n = launch.m * launch.n
-                out.append(("bias", _grid(n), c, self.addr[launch.bias], launch.m, launch.n, launch.c.ld))
-            out.append(("gemm", launch.n, launch.m, launch.k, one, self.addr[launch.w], launch.n,
-                        self._ptr(launch.a, t), launch.a.ld, one if launch.bias else zero, c, launch.c.ld))
+                out.append(("bias", stream, _grid(m * launch.n), c, self.addr[launch.bias], m, launch.n,
+                            launch.c.ld))
+            out.append(("gemm", stream, launch.n, m, launch.k, one, self.addr[launch.w], launch.n,
+                        ptr(launch.a), launch.a.ld, one if launch.bias else zero, c, launch.c.ld))
             return out
         assert isinstance(launch, KernelLaunch)
         name = self.name_of[(layer, launch.island)]
         params = kernel_params(launch)
         if self._prepared[name] is None:
             self._prepared[name] = self.funcs[name].prepare("P" * len(params) + "i")
-        args = [self._ptr(p.access, t) for p in params] + [launch.rows]
-        return [("kernel", self._prepared[name], _grid(launch.rows * launch.width), args)]
+        rows = (last - first) * B if steps else launch.rows
+        args = [ptr(p.access) for p in params] + [rows]
+        return [("kernel", stream, self._prepared[name], _grid(rows * launch.width), args)]
 
     def enqueue(self) -> None:
-        """Puts one whole forward pass on the stream."""
-        drv, cublas, stream, handle = self.drv, self.cublas, self.stream, self.handle
+        """Puts one whole forward pass on the streams."""
+        drv, sgemm, streams, handles = self.drv, self.cublas.sgemm, self.streams, self.handles
         N = 0  # CUBLAS_OP_N
         for call in self.calls:
             kind = call[0]
             if kind == "kernel":
-                call[1].prepared_async_call((call[2], 1), (BLOCK, 1, 1), stream, *call[3])
+                call[2].prepared_async_call((call[3], 1), (BLOCK, 1, 1), streams[call[1]], *call[4])
             elif kind == "gemm":
-                cublas.sgemm(handle, N, N, *call[1:])
+                sgemm(handles[call[1]], N, N, *call[2:])
             elif kind == "bias":
-                self.bias_rows.prepared_async_call((call[1], 1), (BLOCK, 1, 1), stream, *call[2:])
+                self.bias_rows.prepared_async_call((call[2], 1), (BLOCK, 1, 1), streams[call[1]], *call[3:])
+            elif kind == "copy":
+                drv.memcpy_dtod_async(call[2], call[3], call[4], streams[call[1]])
+            elif kind == "record":
+                call[2].record(streams[call[1]])
             else:
-                drv.memcpy_dtod_async(call[1], call[2], call[3], stream)
+                streams[call[1]].wait_for_event(call[2])
 
     def capture_graph(self) -> None:
         """Captures one forward pass into a CUDA graph, replayed by `forward`."""
@@ -208,6 +269,8 @@ class CudaExecutor:
         states = [np.ascontiguousarray(initial[s], np.float32) for s in self.plan.cell.updates]
         if states:
             drv.memcpy_htod(self.init, np.ascontiguousarray(np.stack(states)))
+        # These ran on the legacy default stream, which the non-blocking streams do not wait for.
+        drv.Context.synchronize()
 
     def results(self) -> Forward:
         plan, drv = self.plan, self.drv
@@ -234,9 +297,10 @@ class CudaExecutor:
         return self.results()
 
     def close(self) -> None:
-        self.cublas.destroy(self.handle)
+        for handle, workspace in zip(self.handles, self.workspaces, strict=True):
+            self.cublas.destroy(handle)
+            workspace.free()
         self.memory.free()
-        self.workspace.free()
         self.init.free()
 
 
