@@ -53,3 +53,13 @@ def test_export_names_its_sizes_and_build_command():
     assert "nvcc -O3 -arch=sm_90 -DCELLFUSE_DEMO_MAIN" in head
     assert "int cellfuse_gru_forward(cublasHandle_t handle, cudaStream_t stream" in text
     assert "#ifdef CELLFUSE_DEMO_MAIN" in text
+
+
+@pytest.mark.parametrize("schedule", ["naive", "graph"])
+def test_export_reports_the_line_of_every_kernel_and_gemm(schedule):
+    src = generate_cuda(load_template("gru_cho"), Sizes(100, 64, 32, 48, 2), schedule)
+    lines = src.text.split("\n")
+    assert set(src.kernel_of_node.values()) <= set(src.kernel_line)
+    for name, number in src.kernel_line.items():
+        line = lines[number - 1]
+        assert (f" {name}(" in line and "__global__" in lines[number - 2] + line) or f"/* {name} */" in line
