@@ -264,7 +264,7 @@ class _Timed:
             for k, v in _stats(self.times).items():
                 setattr(self.row, k, v)
         else:
-            self.row.note = "; ".join(filter(None, [self.row.note, "cancelled before it was timed"]))
+            _add_note(self.row, "cancelled before it was timed")
         self.close()
 
 
@@ -288,8 +288,26 @@ def _time_in_rounds(ready: list[_Timed], rounds: int, step: Callable[[str], None
 def _wrong(row: BenchRow) -> bool:
     if row.rel_error < TOLERANCE:
         return False
-    row.note = f"wrong result: relative error {row.rel_error:.2e}; not timed"
+    _add_note(row, f"wrong result: relative error {row.rel_error:.2e}; not timed")
     return True
+
+
+def _add_note(row: BenchRow, text: str) -> None:
+    row.note = "; ".join(filter(None, [row.note, text]))
+
+
+def _same_as_rung_below(plan) -> str:
+    """A note when the rung below this one launches exactly the same work (nothing left to combine, say),
+    so that a difference between their times reads as the noise it is."""
+    rung = SCHEDULES.index(plan.schedule)
+    if rung == 0:
+        return ""
+    below = make_plan(plan.cell, plan.sizes, SCHEDULES[rung - 1])
+    def work(p) -> list:
+        return [p.cuda_graph, p.chunk_steps] + [(lp.prologue, lp.step) for lp in p.layers]
+
+    same = work(below) == work(plan)
+    return f"the same launches as '{below.schedule}'" if same else ""
 
 
 def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _Timed | None]:
@@ -297,6 +315,7 @@ def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _
     try:
         plan = make_plan(p.cell, p.sizes, name)
         row.launches_per_step = plan.launches_per_step
+        row.note = _same_as_rung_below(plan)
         if backend == "numpy":
             from .numpy_executor import NumpyExecutor
 
@@ -304,7 +323,7 @@ def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _
             ex = NumpyExecutor(plan, p.params)
             out = ex.run(p.x, p.initial)
             row.compile_s = 0.0
-            row.note = f"first run {(time.perf_counter() - t0) * 1e3:.1f} ms"
+            _add_note(row, f"first run {(time.perf_counter() - t0) * 1e3:.1f} ms")
             row.rel_error = _rel_error(out, p.ref)
             if _wrong(row):
                 return row, None

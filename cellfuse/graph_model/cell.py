@@ -87,6 +87,9 @@ class Cell:
         self.layout.pop(node_id, None)
 
     def rename(self, old: str, new: str) -> None:
+        """Gives node `old` the id `new`; every reference follows. Callers check that `new` is free."""
+        if new != old and self.has(new):
+            raise ValueError(f"cannot rename '{old}' to '{new}': that id is taken")
         for n in self.nodes:
             if n.id == old:
                 n.id = new

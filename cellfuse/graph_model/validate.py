@@ -189,6 +189,8 @@ def analyze(cell: Cell) -> CellInfo:
     for s in cell.of_op("state"):
         if s.id not in cell.updates:
             error("state has no update (add it to 'updates')", s.id)
+        if s.id == "x":  # the inputs file keys initial states by id, and the input sequence is its 'x'
+            error("a state cannot be called 'x': an inputs file holds the input sequence under 'x'", s.id)
     if cell.output is None:
         error("the cell has no output")
     elif cell.output not in nodes:

@@ -148,3 +148,12 @@ def test_gpu_benchmark_reports_a_wrong_schedule(gpu, monkeypatch):
     result = run_benchmark(load_template("mgu"), BenchConfig(GPU_SIZES, "cuda", baselines=[], repeats=2))
     assert all(not r.ok and "wrong result" in r.note and r.median_ms is None for r in result.rows)
     assert np.isfinite([r.rel_error for r in result.rows]).all()
+
+
+def test_a_rung_that_changes_nothing_says_so():
+    result = run_benchmark(load_template("elman"), BenchConfig(SMALL, "numpy", baselines=[], repeats=1))
+    notes = {r.name: r.note for r in result.rows}
+    assert notes["combined"].startswith("the same launches as 'naive'")  # one matmul per left operand
+    assert not any("the same launches" in notes[s] for s in ("fused", "hoisted", "graph"))
+    lstm = run_benchmark(load_template("lstm"), BenchConfig(SMALL, "numpy", baselines=[], repeats=1))
+    assert not any("the same launches" in r.note for r in lstm.rows)

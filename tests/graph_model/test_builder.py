@@ -206,3 +206,14 @@ def test_auto_layout_of_a_long_chain():
     assert cell.layout[v.id][0] > cell.layout["x"][0]
     cell.nodes.reverse()  # a file need not list its nodes in order; the columns stay the same
     assert {k: p[0] for k, p in auto_layout(cell).items()} == {k: p[0] for k, p in cell.layout.items()}
+
+
+def test_a_cell_refuses_to_rename_a_node_onto_another():
+    b, x, h, W, U, bias = parts()
+    a = x @ W
+    before = b.cell.to_json()
+    with pytest.raises(ValueError, match="to 'h': that id is taken"):
+        b.cell.rename(a.id, "h")
+    assert b.cell.to_json() == before
+    b.cell.rename(a.id, a.id)  # to itself: nothing to do
+    assert b.cell.to_json() == before

@@ -168,6 +168,16 @@ def test_state_without_update(make_cell, elman_nodes_list):
     assert p.node == "c" and "no update" in p.message
 
 
+def test_a_state_called_x_would_clash_with_the_input_sequence(make_cell):
+    from cellfuse.graph_model import load_template
+
+    cell = load_template("elman")
+    cell.rename("x", "inp")
+    cell.rename("h", "x")
+    p = only_error(cell)
+    assert p.node == "x" and "cannot be called 'x'" in p.message
+
+
 def test_update_of_a_non_state(make_cell):
     p = only_error(make_cell(updates={"h": "h_new", "a": "h_new"}))
     assert p.node == "a" and "not a state" in p.message and "'add'" in p.message
