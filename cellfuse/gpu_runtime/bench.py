@@ -143,9 +143,9 @@ def _stats(times_ms: list[float]) -> dict:
 
 def _versions() -> dict[str, str]:
     out = {"cellfuse": __version__, "python": platform.python_version(), "numpy": np.__version__}
-    for mod in ("torch", "pycuda", "nvmath"):
+    for mod, attr in (("torch", "__version__"), ("pycuda", "VERSION_TEXT"), ("nvmath", "__version__")):
         try:
-            out[mod] = __import__(mod).__version__
+            out[mod] = getattr(__import__(mod), attr)
         except (ImportError, AttributeError):
             pass
     return out
