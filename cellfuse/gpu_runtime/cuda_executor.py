@@ -8,6 +8,7 @@ PyCUDA, nvmath and cuda.bindings are imported here only, and only when a GPU run
 from __future__ import annotations
 
 import logging
+import re
 import time
 from functools import lru_cache
 
@@ -67,9 +68,22 @@ def _compile(source: str):
     try:
         return SourceModule(source, no_extern_c=True, arch=f"sm_{major}{minor}", options=["-O3"])
     except drv.CompileError as e:
-        raise CellError(f"nvcc could not compile the generated kernels:\n{e.stderr or e}") from None
+        raise CellError("nvcc could not compile the generated kernels:\n"
+                        + compile_error_lines(e.stderr or str(e), source)) from None
     except OSError as e:
         raise CellError(f"nvcc could not be run ({e}); is the CUDA toolkit on the PATH?") from None
+
+
+def compile_error_lines(stderr: str, source: str) -> str:
+    """nvcc's errors, each followed by the generated line it points at; nvcc's whole output if it names
+    no line."""
+    lines = source.split("\n")
+    found = []
+    for m in re.finditer(r"\((\d+)\): (?:catastrophic )?error: (.*)", stderr):
+        number = int(m.group(1))
+        text = lines[number - 1].strip() if 0 < number <= len(lines) else "(beyond the end of the source)"
+        found.append(f"line {number}: {m.group(2).strip()}\n    {text}")
+    return "\n".join(found) if found else stderr.strip()
 
 
 def _cu_check(result):

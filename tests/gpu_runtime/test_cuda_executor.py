@@ -122,3 +122,51 @@ def test_exported_program_matches_reference(gpu, name, tmp_path):
     assert proc.returncode == 0, proc.stderr
     y = np.fromfile(tmp_path / "d.y.f32", np.float32).reshape(SEQ, BATCH, HIDDEN)
     assert rel(y, run_reference(cell, params, inputs).y) < 1e-4
+
+
+def _broken_kernels(monkeypatch, tag: str):
+    """Makes the next executor compile a module with an error in it (unique, so no cache answers)."""
+    from cellfuse.gpu_runtime import cuda_executor
+
+    original = cuda_executor.plan_kernels
+
+    def broken(plan):
+        kernels = original(plan)
+        name = next(iter(kernels.sources))
+        kernels.sources[name] = kernels.sources[name].replace("{", "{ float oops = " + tag + ";", 1)
+        return kernels
+
+    monkeypatch.setattr(cuda_executor, "plan_kernels", broken)
+
+
+def test_gpu_compile_error_is_reported_with_its_line(gpu, monkeypatch):
+    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor
+
+    _broken_kernels(monkeypatch, "undefined_thing_1")
+    cell = load_template("elman")
+    params, _ = data(cell)
+    plan = make_plan(cell, Sizes(SEQ, BATCH, INPUT, HIDDEN, LAYERS), "fused")
+    with pytest.raises(CellError, match="nvcc could not compile") as e:
+        CudaExecutor(plan, params)
+    assert '"undefined_thing_1" is undefined' in str(e.value)
+    assert "float oops = undefined_thing_1;" in str(e.value)
+
+
+def test_gpu_without_nvcc_says_so(gpu, monkeypatch, tmp_path):
+    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor
+
+    _broken_kernels(monkeypatch, "2")  # valid code, but a source no cache has seen
+    monkeypatch.setenv("PATH", str(tmp_path))
+    cell = load_template("elman")
+    params, _ = data(cell)
+    plan = make_plan(cell, Sizes(SEQ, BATCH, INPUT, HIDDEN, LAYERS), "fused")
+    with pytest.raises(CellError, match="nvcc could not be run"):
+        CudaExecutor(plan, params)
+
+
+def test_gpu_nan_in_the_output_is_an_error(gpu):
+    cell = load_template("lstm")
+    params, inputs = data(cell)
+    params["l1.U_f"][0, 0] = np.nan
+    with pytest.raises(CellError, match="NaN or infinity"):
+        run_schedule(cell, params, inputs, None, "graph", "cuda")
