@@ -137,7 +137,7 @@ def _mutate(data: dict[str, Any], draw) -> None:
     elif kind == "rename":
         node["id"] = draw(ids)
     elif kind == "rename_all":
-        old, new = node["id"], draw(some_id)
+        old, new = node.get("id"), draw(some_id)
         for n in nodes:
             if n.get("id") == old:
                 n["id"] = new
