@@ -220,16 +220,16 @@ def _print_bench(result) -> None:
           f"on {result.device}")
     naive = result.row("naive")
     print(f"  {'implementation':18s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'vs naive':>9s} "
-          f"{'rel err':>9s} {'launch/step':>11s} {'first s':>8s}")
+          f"{'rel err':>9s} {'launch/step':>11s} {'compile s':>9s}  note")
     for r in result.rows:
         if not r.ok:
             print(f"  {r.name:18s} {'FAILED':>10s}  {r.note}")
             continue
         speed = (f"{naive.median_ms / r.median_ms:8.1f}x" if naive and naive.ok else f"{'':9s}")
         lps = "" if r.launches_per_step is None else str(r.launches_per_step)
-        first = "" if r.compile_s is None else f"{r.compile_s:.2f}"
+        compile_s = "" if r.compile_s is None else f"{r.compile_s:.2f}"
         print(f"  {r.name:18s} {r.median_ms:10.3f} {r.min_ms:8.3f} {r.max_ms:8.3f} {speed} "
-              f"{r.rel_error:9.1e} {lps:>11s} {first:>8s}")
+              f"{r.rel_error:9.1e} {lps:>11s} {compile_s:>9s}  {r.note}")
     if result.cancelled:
         print("  (cancelled)")
 
