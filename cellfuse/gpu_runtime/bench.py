@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from .. import __version__
-from ..codegen import SCHEDULES, make_plan
+from ..codegen import SCHEDULES, Plan, make_plan
 from ..graph_model import Cell, CellError, Forward, Sizes, init_params, run_reference
 
 log = logging.getLogger(__name__)
@@ -246,6 +246,13 @@ class _Problem:
     config: BenchConfig
     runs: int  # timed runs of each implementation
     ref: Forward | None = None
+    plans: dict[str, Plan] = field(default_factory=dict)
+
+    def plan(self, schedule: str) -> Plan:
+        """The schedule's Plan, made once: a rung's plan is also compared with the next rung's."""
+        if schedule not in self.plans:
+            self.plans[schedule] = make_plan(self.cell, self.sizes, schedule)
+        return self.plans[schedule]
 
 
 @dataclass
@@ -296,26 +303,26 @@ def _add_note(row: BenchRow, text: str) -> None:
     row.note = "; ".join(filter(None, [row.note, text]))
 
 
-def _same_as_rung_below(plan) -> str:
+def _launched_work(plan: Plan) -> list:
+    return [plan.cuda_graph, plan.chunk_steps] + [(lp.prologue, lp.step) for lp in plan.layers]
+
+
+def _same_as_rung_below(p: _Problem, plan: Plan) -> str:
     """A note when the rung below this one launches exactly the same work (nothing left to combine, say),
     so that a difference between their times reads as the noise it is."""
     rung = SCHEDULES.index(plan.schedule)
     if rung == 0:
         return ""
-    below = make_plan(plan.cell, plan.sizes, SCHEDULES[rung - 1])
-    def work(p) -> list:
-        return [p.cuda_graph, p.chunk_steps] + [(lp.prologue, lp.step) for lp in p.layers]
-
-    same = work(below) == work(plan)
-    return f"the same launches as '{below.schedule}'" if same else ""
+    below = p.plan(SCHEDULES[rung - 1])
+    return f"the same launches as '{below.schedule}'" if _launched_work(below) == _launched_work(plan) else ""
 
 
 def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _Timed | None]:
     row = BenchRow(name, "schedule", False)
     try:
-        plan = make_plan(p.cell, p.sizes, name)
+        plan = p.plan(name)
         row.launches_per_step = plan.launches_per_step
-        row.note = _same_as_rung_below(plan)
+        row.note = _same_as_rung_below(p, plan)
         if backend == "numpy":
             from .numpy_executor import NumpyExecutor
 

@@ -167,32 +167,27 @@ class CudaExecutor:
             for i, s in enumerate(state_ids):
                 src = int(self.init) + 4 * ((i * plan.sizes.layers + lp.layer) * B * H)
                 calls.append(("copy", MAIN, self._ptr(lp.state_read[s], 0), src, B * H * 4))
+            ready = []  # per chunk, an event after its hoisted launches on the side stream
             if not chunk:
                 for launch in lp.prologue:
                     calls += self._launch_calls(MAIN, launch, lp.layer, 0)
-                for t in range(T):
-                    for launch in lp.step:
-                        calls += self._launch_calls(MAIN, launch, lp.layer, t)
-                continue
-            ready = []
-            for j, first in enumerate(range(0, T, chunk)):
-                rows = (first, min(T, first + chunk))
+            for j, first in enumerate(range(0, T, chunk) if chunk else ()):
                 if prev_done:
                     calls.append(("wait", SIDE, prev_done[j]))
                 for launch in lp.prologue:
                     if launch.row_kind == "seq":
-                        calls += self._launch_calls(SIDE, launch, lp.layer, 0, rows)
+                        calls += self._launch_calls(SIDE, launch, lp.layer, 0, (first, min(T, first + chunk)))
                     elif j == 0:  # [N] and scalar values: all of them with the first chunk
                         calls += self._launch_calls(SIDE, launch, lp.layer, 0)
                 ready.append(self._event())
                 calls.append(("record", SIDE, ready[-1]))
             prev_done = []
             for t in range(T):
-                if t % chunk == 0:
+                if chunk and t % chunk == 0:
                     calls.append(("wait", MAIN, ready[t // chunk]))
                 for launch in lp.step:
                     calls += self._launch_calls(MAIN, launch, lp.layer, t)
-                if (t + 1) % chunk == 0 or t == T - 1:
+                if chunk and ((t + 1) % chunk == 0 or t == T - 1):
                     prev_done.append(self._event())
                     calls.append(("record", MAIN, prev_done[-1]))
         if chunk:
@@ -206,6 +201,7 @@ class CudaExecutor:
         steps [first, last) only."""
         B = self.plan.sizes.batch
         first, last = steps if steps else (0, None)
+        chunk_rows = (last - first) * B if steps else None
 
         def ptr(acc) -> int:
             skip = first * B * acc.ld if acc.kind == "row" else 0
@@ -213,7 +209,7 @@ class CudaExecutor:
 
         one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
         if isinstance(launch, GemmLaunch):
-            m = (last - first) * B if steps else launch.m
+            m = chunk_rows or launch.m
             out = []
             c = ptr(launch.c)
             if launch.bias:
@@ -227,7 +223,7 @@ class CudaExecutor:
         params = kernel_params(launch)
         if self._prepared[name] is None:
             self._prepared[name] = self.funcs[name].prepare("P" * len(params) + "i")
-        rows = (last - first) * B if steps else launch.rows
+        rows = chunk_rows or launch.rows
         args = [ptr(p.access) for p in params] + [rows]
         return [("kernel", stream, self._prepared[name], _grid(rows * launch.width), args)]
 

@@ -1,7 +1,7 @@
 """What a researcher could otherwise use, in PyTorch, on the same cell, weights and inputs:
 the cell interpreted op by op ("PyTorch eager"), the same captured into a CUDA graph, its step
-function under torch.compile, and cuDNN
-(torch.nn.LSTM / torch.nn.GRU) when the cell is one cuDNN implements."""
+function under torch.compile, and cuDNN (torch.nn.LSTM / torch.nn.GRU) when the cell is one cuDNN
+implements."""
 
 from __future__ import annotations
 
