@@ -172,33 +172,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     cell = resolve_cell(args.cell)
     plan = make_plan(cell, _plan_sizes(cell, args), args.schedule)
-    summary = plan.summary()
     if args.json:
-        print(json.dumps(summary, indent=2))
+        print(json.dumps(plan.summary(), indent=2))
         return 0
-    print(f"cell '{cell.name}', schedule '{plan.schedule}', {summary['sizes']}")
-    mflop, mib = summary["flops_per_step"] / 1e6, summary["bytes_per_step"] / 2**20
-    print(f"{plan.launches_per_step} launch(es) per step, {summary['launches_before_loop']} before the loop; "
-          f"per step {mflop:.1f} MFLOP, {mib:.2f} MiB")
-    if plan.chunk_steps:
-        print(f"hoisted launches run in chunks of {plan.chunk_steps} steps on a second stream, "
-              "beside the loop")
-    print("\nGEMM groups:")
-    for g in plan.groups:
-        where = "hoisted: once for all steps" if g.hoisted else f"every step, stage {g.stage}"
-        folded = f"; bias folded: {', '.join(sorted(g.folded))}" if g.folded else ""
-        operands = f"{g.left} @ [{', '.join(g.weights)}]"
-        print(f"  {g.name:8s} {operands} -> {', '.join(g.matmuls)}  ({where}{folded})")
-    print("\nkernels:")
-    for isl in plan.islands:
-        where = "hoisted" if isl.hoisted else f"stage {isl.stage}"
-        print(f"  {isl.name:8s} ({where}) {', '.join(isl.nodes) or 'stores'}")
-        print(f"           reads {', '.join(isl.inputs) or '-'}; writes {', '.join(isl.outputs) or '-'}")
-    print("\none step, in order:")
-    for launch in plan.layers[0].step:
-        print(f"  {getattr(launch, 'group', None) or launch.island}")
-    if plan.dead:
-        print(f"\nnot computed (nothing depends on them): {', '.join(plan.dead)}")
+    print(plan.describe())
     return 0
 
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..graph_model.ops import OPS
-from .plan import Access, KernelLaunch, Plan
+from .plan import Access, Const, GemmLaunch, KernelLaunch, Plan
 
 BLOCK = 256  # threads per block of every elementwise kernel
 
@@ -37,10 +36,11 @@ def c_name(text: str) -> str:
 
 
 def float_literal(value: float) -> str:
+    """A float constant as C: parenthesised, so that `-({0})` of a negative one never reads `--1.0f`."""
     text = repr(float(value))
     if "e" not in text and "." not in text:
         text += ".0"
-    return text + "f"
+    return f"({text}f)" if text.startswith("-") else text + "f"
 
 
 @dataclass(frozen=True)
@@ -66,15 +66,14 @@ def _index(acc: Access) -> str:
     return f"(long long)r * {acc.ld} + j"
 
 
-def kernel_source(plan: Plan, launch: KernelLaunch, name: str) -> str:
+def kernel_source(launch: KernelLaunch, name: str) -> str:
     """The source of one kernel. Pointers arrive already offset to the step's rows."""
-    island = plan.island(launch.island)
-    nodes = plan.cell.by_id()
     params = kernel_params(launch)
     names = [f"p{i}_{c_name(p.value)}" for i, p in enumerate(params)]
-    covered = ", ".join(island.nodes) if island.nodes else "stores " + ", ".join(island.outputs)
-    where = "before the time loop, all steps at once" if island.hoisted else "once per time step"
-    lines = [f"// {island.name}: {covered}",
+    covered = ", ".join(op.result for op in launch.body) if launch.body else "stores " + ", ".join(
+        v for v, _ in launch.outputs)
+    where = "before the time loop, all steps at once" if launch.hoisted else "once per time step"
+    lines = [f"// {launch.island}: {covered}",
              f"// runs {where}; {launch.width} columns per row"]
     sig = [f"    {'float*' if p.output else 'const float*'} __restrict__ {n}" for p, n in zip(params, names,
                                                                                         strict=True)]
@@ -92,16 +91,10 @@ def kernel_source(plan: Plan, launch: KernelLaunch, name: str) -> str:
         if not p.output and p.value not in var:
             var[p.value] = f"v_{c_name(p.value)}"
             lines.append(f"        const float {var[p.value]} = {n}[{_index(p.access)}];")
-    for nid in island.nodes:
-        node = nodes[nid]
-        args = []
-        for a in node.args:
-            if a not in var:  # a const, folded into the expression
-                args.append(float_literal(nodes[a].value))
-            else:
-                args.append(var[a])
-        var[nid] = f"v_{c_name(nid)}"
-        lines.append(f"        const float {var[nid]} = {OPS[node.op].cuda.format(*args)};  // {node.op}")
+    for op in launch.body:
+        args = [float_literal(a.value) if isinstance(a, Const) else var[a] for a in op.args]
+        var[op.result] = f"v_{c_name(op.result)}"
+        lines.append(f"        const float {var[op.result]} = {op.op.cuda.format(*args)};  // {op.op.name}")
     for p, n in zip(params, names, strict=True):
         if not p.output:
             continue
@@ -118,28 +111,34 @@ def kernel_source(plan: Plan, launch: KernelLaunch, name: str) -> str:
 
 @dataclass
 class KernelSet:
-    """The distinct kernels of a plan, and which kernel each launch of each layer uses."""
+    """The distinct kernels of a plan, and which kernel each kernel launch uses."""
 
     sources: dict[str, str]  # kernel name -> source
-    name_of: dict[tuple[int, str], str]  # (layer, island) -> kernel name
+    name_of: dict[KernelLaunch, str]  # launch -> kernel name
 
     def module_source(self) -> str:
         return PRELUDE + "\n" + "\n".join(self.sources.values())
 
 
 def plan_kernels(plan: Plan) -> KernelSet:
-    stem = c_name(plan.cell.name).lower()
+    """One kernel per distinct body: the layers above the first share layer 0's kernels where their sizes
+    agree."""
+    stem = c_name(plan.cell_name).lower()
     by_body: dict[str, str] = {}
     sources: dict[str, str] = {}
-    name_of: dict[tuple[int, str], str] = {}
+    name_of: dict[KernelLaunch, str] = {}
     for lp in plan.layers:
         for launch in (*lp.prologue, *lp.step):
-            if not isinstance(launch, KernelLaunch):
-                continue
-            body = kernel_source(plan, launch, "@NAME@")
-            if body not in by_body:
-                name = f"cf_{stem}_{launch.island}" + (f"_l{lp.layer}" if lp.layer else "")
-                by_body[body] = name
-                sources[name] = body.replace("@NAME@", name)
-            name_of[(lp.layer, launch.island)] = by_body[body]
+            match launch:
+                case KernelLaunch():
+                    body = kernel_source(launch, "@NAME@")
+                    if body not in by_body:
+                        name = f"cf_{stem}_{launch.island}" + (f"_l{lp.layer}" if lp.layer else "")
+                        by_body[body] = name
+                        sources[name] = body.replace("@NAME@", name)
+                    name_of[launch] = by_body[body]
+                case GemmLaunch():
+                    pass  # cuBLAS runs it
+                case _:
+                    raise TypeError(f"unknown launch {launch!r}")
     return KernelSet(sources, name_of)

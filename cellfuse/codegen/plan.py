@@ -1,9 +1,10 @@
 """The Plan: plain data that says what runs, on which buffers, for a whole forward pass.
 
-Every backend executes the same Plan. A Plan names buffers (flat float arrays) and launches that read
-and write them through `Access`es; the step index t moves an access's rows by a rule (`Slot`), so the
-executors of the numpy backend and of the CUDA backend resolve addresses with one function,
-`row_offset`.
+Every backend executes the same Plan, lowered once (see `lowering`). A Plan is closed: it names buffers
+(flat float arrays) and launches that read and write them through `Access`es, and each kernel launch
+carries its body as typed instructions (an op of the op table over values and literals), so that no
+backend needs the cell to execute it. The step index t moves an access's rows by a rule (`Slot`), so
+every executor resolves addresses with one function, `row_offset`.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Literal
 
 import numpy as np
 
-from ..graph_model import Cell, Sizes
+from ..graph_model import OpSpec, Sizes
 
 # How an access's first row moves with the step t (B is the batch):
 #   fixed: row 0;  all: row 0 and every T*B rows;  all+1: from row B (a [T+1, B, .] buffer's steps 1..T)
@@ -41,25 +42,28 @@ class Access:
     """Where a value lives: rows of `buffer` with row stride `ld`, from column `col`.
 
     kind: `row` values are [rows, width]; `vec` values are [width], the same for every row;
-    `scalar` values are one number."""
+    `scalar` values are one number. `block` skips that many blocks of B rows (a layer's part of a
+    [layers, B, .] buffer)."""
 
     buffer: str
     kind: Literal["row", "vec", "scalar"] = "row"
     ld: int = 0
     col: int = 0
     slot: Slot = "fixed"
+    block: int = 0
 
     def offset(self, t: int, batch: int) -> int:
         """The element offset of the access's first element at step t."""
-        return row_offset(self.slot, t, batch) * self.ld + self.col
+        return (self.block * batch + row_offset(self.slot, t, batch)) * self.ld + self.col
 
 
-# How many rows of its width a buffer has: T*B, (T+1)*B, 2*B, B, or 1.
-Rows = Literal["seq", "seq+1", "pair", "batch", "one"]
+# How many rows of its width a buffer has: T*B, (T+1)*B, 2*B, B, L*B, or 1.
+Rows = Literal["seq", "seq+1", "pair", "batch", "layers", "one"]
 
 
-def row_count(rows: Rows, seq: int, batch: int) -> int:
-    return {"seq": seq * batch, "seq+1": (seq + 1) * batch, "pair": 2 * batch, "batch": batch,
+def row_count(rows: Rows, sizes: Sizes) -> int:
+    T, B = sizes.seq, sizes.batch
+    return {"seq": T * B, "seq+1": (T + 1) * B, "pair": 2 * B, "batch": B, "layers": sizes.layers * B,
             "one": 1}[rows]
 
 
@@ -68,14 +72,16 @@ class Buffer:
     name: str
     rows: Rows
     width: int
-    role: Literal["input", "output", "state", "gemm", "value", "weight", "stacked", "bias"]
+    # input: x; init and final: a state's [layers, B, hidden] values before the first step and after
+    # the last (named "init.<state>" and "final.<state>"); the rest are the run's own.
+    role: Literal["input", "init", "final", "output", "state", "gemm", "value", "weight", "stacked", "bias"]
     # where a weight-like buffer's contents come from: param keys, stacked along N (for `stacked`),
     # or (param key or None for zeros) per column block (for `bias`)
     sources: tuple[str | None, ...] = ()
     widths: tuple[int, ...] = ()  # for bias buffers: the width of each source's column block
 
-    def elements(self, seq: int, batch: int) -> int:
-        return row_count(self.rows, seq, batch) * self.width
+    def elements(self, sizes: Sizes) -> int:
+        return row_count(self.rows, sizes) * self.width
 
 
 @dataclass
@@ -91,9 +97,27 @@ class GemmGroup:
     hoisted: bool
     stage: int
     folded: dict[str, str] = field(default_factory=dict)  # add node -> its matmul; bias added in the GEMM
+    biases: dict[str, str] = field(default_factory=dict)  # folded add node -> the bias weight it adds
 
-    def bias_of(self, cell: Cell, add_id: str) -> str:
-        return next(a for a in cell.node(add_id).args if a != self.folded[add_id])
+    def bias_of(self, add_id: str) -> str:
+        return self.biases[add_id]
+
+
+@dataclass(frozen=True)
+class Const:
+    """A literal operand of an instruction."""
+
+    value: float
+
+
+@dataclass(frozen=True)
+class Instr:
+    """One elementwise op of a kernel's body: `result = op(*args)`; each arg names a value the kernel
+    reads (one of its inputs) or computed before it in the body, or is a literal."""
+
+    result: str
+    op: OpSpec
+    args: tuple[str | Const, ...]
 
 
 @dataclass
@@ -107,6 +131,7 @@ class Island:
     stage: int
     inputs: list[str] = field(default_factory=list)  # values read from memory
     outputs: list[str] = field(default_factory=list)  # values written to memory
+    body: tuple[Instr, ...] = ()  # the nodes as instructions, in the same order
 
 
 @dataclass(frozen=True)
@@ -134,6 +159,8 @@ class KernelLaunch:
     width: int
     inputs: tuple[tuple[str, Access], ...]
     outputs: tuple[tuple[str, Access], ...]
+    body: tuple[Instr, ...]
+    hoisted: bool
 
 
 Launch = GemmLaunch | KernelLaunch
@@ -152,9 +179,12 @@ class LayerPlan:
 
 @dataclass
 class Plan:
-    cell: Cell
+    cell_name: str
+    description: str
     schedule: str
     sizes: Sizes
+    state_ids: tuple[str, ...]  # the cell's states, in the order of its updates
+    params: dict[str, tuple[int, ...]]  # every parameter key a run needs, with its shape, in file order
     groups: list[GemmGroup]
     islands: list[Island]
     layers: list[LayerPlan]
@@ -174,26 +204,33 @@ class Plan:
         """Floating-point operations of one step of one layer (GEMMs, and one per elementwise op)."""
         total = 0
         for launch in self.layers[0].step:
-            if isinstance(launch, GemmLaunch):
-                total += launch.flops
-            else:
-                total += launch.rows * launch.width * len(self.island(launch.island).nodes)
+            match launch:
+                case GemmLaunch():
+                    total += launch.flops
+                case KernelLaunch():
+                    total += launch.rows * launch.width * len(launch.body)
+                case _:
+                    raise TypeError(f"unknown launch {launch!r}")
         return total
 
     def bytes_per_step(self) -> int:
         """Bytes one step of one layer reads and writes in global memory (float32)."""
         total = 0
         for launch in self.layers[0].step:
-            if isinstance(launch, GemmLaunch):
-                total += launch.m * launch.k + launch.k * launch.n + launch.m * launch.n
-                total += launch.m * launch.n if launch.bias else 0
-            else:
-                for _, acc in (*launch.inputs, *launch.outputs):
-                    total += {"row": launch.rows * launch.width, "vec": launch.width, "scalar": 1}[acc.kind]
+            match launch:
+                case GemmLaunch():
+                    total += launch.m * launch.k + launch.k * launch.n + launch.m * launch.n
+                    total += launch.m * launch.n if launch.bias else 0
+                case KernelLaunch():
+                    for _, acc in (*launch.inputs, *launch.outputs):
+                        total += {"row": launch.rows * launch.width, "vec": launch.width,
+                                  "scalar": 1}[acc.kind]
+                case _:
+                    raise TypeError(f"unknown launch {launch!r}")
         return 4 * total
 
     def buffer_elements(self, name: str) -> int:
-        return self.buffers[name].elements(self.sizes.seq, self.sizes.batch)
+        return self.buffers[name].elements(self.sizes)
 
     def group(self, name: str) -> GemmGroup:
         return next(g for g in self.groups if g.name == name)
@@ -203,7 +240,7 @@ class Plan:
 
     def summary(self) -> dict:
         return {
-            "cell": self.cell.name,
+            "cell": self.cell_name,
             "schedule": self.schedule,
             "sizes": {"seq": self.sizes.seq, "batch": self.sizes.batch, "input": self.sizes.input,
                       "hidden": self.sizes.hidden, "layers": self.sizes.layers},
@@ -220,6 +257,37 @@ class Plan:
             "dropped": list(self.dead),
         }
 
+    def describe(self) -> str:
+        """The plan for people: what `cellfuse plan` prints."""
+        s = self.sizes
+        sizes = f"seq {s.seq}, batch {s.batch}, input {s.input}, hidden {s.hidden}, layers {s.layers}"
+        lines = [f"cell '{self.cell_name}', schedule '{self.schedule}', {sizes}",
+                 f"{self.launches_per_step} launch(es) per step, {len(self.layers[0].prologue)} before the "
+                 f"loop; per step {self.flops_per_step() / 1e6:.1f} MFLOP, "
+                 f"{self.bytes_per_step() / 2**20:.2f} MiB"]
+        if self.chunk_steps:
+            lines.append(f"hoisted launches run in chunks of {self.chunk_steps} steps on a second stream, "
+                         "beside the loop")
+        if self.cuda_graph:
+            lines.append("the whole forward pass is captured once into a CUDA graph and replayed")
+        lines += ["", "GEMM groups:"]
+        for g in self.groups:
+            where = "hoisted: once for all steps" if g.hoisted else f"every step, stage {g.stage}"
+            folded = f"; bias folded: {', '.join(sorted(g.folded))}" if g.folded else ""
+            lines.append(f"  {g.name:8s} {g.left} @ [{', '.join(g.weights)}] -> {', '.join(g.matmuls)}  "
+                         f"({where}{folded})")
+        lines += ["", "kernels:"]
+        for isl in self.islands:
+            where = "hoisted" if isl.hoisted else f"stage {isl.stage}"
+            lines.append(f"  {isl.name:8s} ({where}) {', '.join(isl.nodes) or 'stores'}")
+            lines.append(f"           reads {', '.join(isl.inputs) or '-'}; "
+                         f"writes {', '.join(isl.outputs) or '-'}")
+        lines += ["", "one step, in order:"]
+        lines += [f"  {launch_name(launch)}" for launch in self.layers[0].step]
+        if self.dead:
+            lines += ["", f"not computed (nothing depends on them): {', '.join(self.dead)}"]
+        return "\n".join(lines)
+
     # -- the data a run starts from -------------------------------------------------------------
     def weight_arrays(self, params: dict[str, np.ndarray], dtype=np.float32) -> dict[str, np.ndarray]:
         """Every weight-like buffer, flat, built from the user's parameters (stacked where grouped)."""
@@ -233,3 +301,14 @@ class Plan:
                 out[b.name] = np.concatenate([params[k].astype(dtype) if k else np.zeros(w, dtype)
                                               for k, w in zip(b.sources, b.widths, strict=True)])
         return out
+
+
+def launch_name(launch: Launch) -> str:
+    """The GEMM group or the island a launch runs."""
+    match launch:
+        case GemmLaunch():
+            return launch.group
+        case KernelLaunch():
+            return launch.island
+        case _:
+            raise TypeError(f"unknown launch {launch!r}")

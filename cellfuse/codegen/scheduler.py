@@ -1,25 +1,29 @@
 """The scheduler: from a validated cell, sizes and a schedule name to a Plan for the whole sequence.
 
-It works in two passes. `_structure` decides what is independent of the sizes: which matmuls form a
-GEMM group, which groups are hoisted out of the time loop (and which bias adds fold into them), and
-which elementwise nodes form one kernel. `_instantiate` gives every value of every layer a buffer and
+Each rung of the ladder is a list of named passes (`LADDER`) over the cell's step: grouping matmuls
+into GEMMs, hoisting the GEMMs that depend on no state out of the time loop, folding biases into them,
+placing every node in a phase and a stage, and fusing elementwise nodes into kernels. Together they
+decide what is independent of the sizes; `_Layer` then gives every value of every layer a buffer and
 turns groups and islands into launches with concrete sizes and addresses.
 
 Multi-layer: each layer runs its whole sequence before the next starts; layer l's hoisted GEMMs read
-layer l-1's finished output sequence in one GEMM. (The `wavefront` rung would overlap them.)
+layer l-1's finished output sequence.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..graph_model import Cell, CellError, Sizes, param_key, require_valid
+from ..graph_model import Cell, CellError, CellInfo, Node, Sizes, expected_params, param_key, require_valid
 from ..graph_model.ops import OPS
 from .plan import (
     Access,
     Buffer,
+    Const,
     GemmGroup,
     GemmLaunch,
+    Instr,
     Island,
     KernelLaunch,
     Launch,
@@ -27,9 +31,6 @@ from .plan import (
     Plan,
 )
 
-# The ladder of schedules; each keeps what the ones before it do.
-SCHEDULES = ("naive", "combined", "fused", "hoisted", "graph")
-_COMBINE, _FUSE, _HOIST = 1, 2, 3
 # Hoisted work runs in chunks of this many steps beside the recurrence (see Plan.chunk_steps): small
 # enough that step 0 waits for little, large enough that each chunk's GEMM keeps the GPU busy.
 HOIST_CHUNK_STEPS = 10
@@ -37,169 +38,241 @@ HOIST_CHUNK_STEPS = 10
 PRO, STEP = "pro", "step"  # the phases: once before the time loop, and in every step
 
 
-@dataclass
-class _Structure:
-    groups: list[GemmGroup]
-    islands: list[Island]
-    phase: dict[str, str]  # every live non-source node's phase
-    written_by: dict[str, str]  # value -> island that writes it to memory
+class _Step:
+    """What the passes know of the cell's step, and what they have decided so far."""
+
+    def __init__(self, cell: Cell, info: CellInfo):
+        self.cell, self.order, self.shapes = cell, info.order, info.shapes
+        self.nodes: dict[str, Node] = cell.by_id()
+        self.spec = {n: OPS[self.nodes[n].op] for n in self.order}
+        self.consumers: dict[str, list[str]] = {n: [] for n in self.order}
+        for n in self.order:
+            for a in self.nodes[n].args:
+                if n not in self.consumers[a]:
+                    self.consumers[a].append(n)
+        self.state_dep: dict[str, bool] = {}
+        for n in self.order:
+            args = self.nodes[n].args
+            self.state_dep[n] = self.nodes[n].op == "state" or any(self.state_dep[a] for a in args)
+        self.targets = set(cell.updates.values()) | {cell.output}
+        # decided by the passes
+        self.groups: list[GemmGroup] = []
+        self.folded: dict[str, GemmGroup] = {}  # an add node whose bias a hoisted GEMM adds -> that GEMM
+        self.phase: dict[str, str] = {}  # every live non-source node's phase
+        self.stage: dict[str, int] = {}
+        self.islands: list[Island] = []
+        self.written_by: dict[str, str] = {}  # value -> island that writes it to memory
+
+    def matmuls(self) -> list[str]:
+        return [n for n in self.order if self.spec[n].is_matmul]
+
+    def elementwise(self) -> list[str]:
+        """Elementwise nodes that a kernel computes (a folded bias add is the GEMM's)."""
+        return [n for n in self.order if self.spec[n].is_elementwise and n not in self.folded]
+
+    @property
+    def group_of(self) -> dict[str, GemmGroup]:
+        return {m: g for g in self.groups for m in g.matmuls}
 
 
-def _structure(cell: Cell, order: list[str], shapes: dict, level: int) -> _Structure:
-    nodes = cell.by_id()
-    kind = {n: OPS[nodes[n].op].kind for n in order}
-    consumers: dict[str, list[str]] = {n: [] for n in order}
-    for n in order:
-        for a in nodes[n].args:
-            if n not in consumers[a]:
-                consumers[a].append(n)
-    state_dep: dict[str, bool] = {}
-    for n in order:
-        state_dep[n] = nodes[n].op == "state" or any(state_dep[a] for a in nodes[n].args)
+Pass = Callable[[_Step], None]
 
-    # GEMM groups: one per matmul, or one per shared left operand.
+
+# -- grouping -------------------------------------------------------------------------------------
+def _group(st: _Step, key: Callable[[str], str]) -> None:
     by_key: dict[str, GemmGroup] = {}
-    for n in order:
-        if kind[n] != "matmul":
-            continue
-        left, w = nodes[n].args
-        key = n if level < _COMBINE else left
-        if key not in by_key:
-            by_key[key] = GemmGroup(f"gemm{len(by_key)}", [], left, [], shapes[left][1], [],
-                                    hoisted=level >= _HOIST and not state_dep[left], stage=0)
-        g = by_key[key]
+    for n in st.matmuls():
+        left, w = st.nodes[n].args
+        if key(n) not in by_key:
+            by_key[key(n)] = GemmGroup(f"gemm{len(by_key)}", [], left, [], st.shapes[left][1], [],
+                                       hoisted=False, stage=0)
+        g = by_key[key(n)]
         g.matmuls.append(n)
         g.weights.append(w)
-        g.n_dims.append(shapes[n][1])
-    groups = list(by_key.values())
-    group_of = {m: g for g in groups for m in g.matmuls}
+        g.n_dims.append(st.shapes[n][1])
+    st.groups = list(by_key.values())
 
-    # A bias added directly to a hoisted matmul (its only use) is added by the hoisted GEMM itself.
-    # A matmul that is also an update or the output has another use: its own value must stay readable.
-    targets = set(cell.updates.values()) | {cell.output}
-    folded: dict[str, GemmGroup] = {}
-    for g in groups:
+
+def gemm_each(st: _Step) -> None:
+    """One GEMM per matmul node."""
+    _group(st, lambda m: m)
+
+
+def gemm_per_left_operand(st: _Step) -> None:
+    """Matmuls that share their left operand become one GEMM on weights stacked along N."""
+    _group(st, lambda m: st.nodes[m].args[0])
+
+
+# -- hoisting -------------------------------------------------------------------------------------
+def hoist(st: _Step) -> None:
+    """A GEMM whose left operand depends on no state runs once for all steps, before the loop."""
+    for g in st.groups:
+        g.hoisted = not st.state_dep[g.left]
+
+
+def fold_biases(st: _Step) -> None:
+    """A bias added directly to a hoisted matmul (its only use) is added by the hoisted GEMM itself.
+    A matmul that is also an update or the output has another use: its own value must stay readable."""
+    for g in st.groups:
         if not g.hoisted:
             continue
         for m in g.matmuls:
-            if len(consumers[m]) != 1 or m in targets:
+            if len(st.consumers[m]) != 1 or m in st.targets:
                 continue
-            c = consumers[m][0]
-            other = [a for a in nodes[c].args if a != m]
-            if (nodes[c].op == "add" and len(other) == 1 and nodes[other[0]].op == "weight"
-                    and shapes[other[0]] == (shapes[m][1],)):
+            c = st.consumers[m][0]
+            other = [a for a in st.nodes[c].args if a != m]
+            if (st.nodes[c].op == "add" and len(other) == 1 and st.nodes[other[0]].op == "weight"
+                    and st.shapes[other[0]] == (st.shapes[m][1],)):
                 g.folded[c] = m
-                folded[c] = g
+                g.biases[c] = other[0]
+                st.folded[c] = g
 
-    # Phases: state-independent elementwise work runs before the loop when a hoisted GEMM needs it.
-    phase: dict[str, str] = {}
-    for n in reversed(order):
-        if kind[n] == "matmul":
+
+# -- placing --------------------------------------------------------------------------------------
+def place(st: _Step) -> None:
+    """Each node's phase (state-independent elementwise work runs before the loop when a hoisted GEMM
+    needs it) and stage (how many GEMMs of its own phase it waits for); each elementwise node as late as
+    it can run, so that producers join the island of their consumers."""
+    group_of, phase, stage = st.group_of, st.phase, st.stage
+    for n in reversed(st.order):
+        spec = st.spec[n]
+        if spec.is_matmul:
             phase[n] = PRO if group_of[n].hoisted else STEP
-        elif n in folded:
+        elif n in st.folded:
             phase[n] = PRO
-        elif kind[n] == "elementwise":
-            feeds_pro = any(phase.get(c) == PRO for c in consumers[n] if c not in folded)
-            feeds_pro = feeds_pro or any(group_of[c].hoisted for c in consumers[n]
-                                         if kind[c] == "matmul" and nodes[c].args[0] == n)
-            phase[n] = PRO if level >= _HOIST and not state_dep[n] and feeds_pro else STEP
-
-    # Stages: how many GEMMs of its own phase a value waits for.
-    stage: dict[str, int] = {}
+        elif spec.is_elementwise:
+            feeds_pro = any(phase.get(c) == PRO for c in st.consumers[n] if c not in st.folded)
+            feeds_pro = feeds_pro or any(group_of[c].hoisted for c in st.consumers[n]
+                                         if st.spec[c].is_matmul and st.nodes[c].args[0] == n)
+            phase[n] = PRO if not st.state_dep[n] and feeds_pro else STEP
 
     def stage_in(v: str, reader: str) -> int:
         return stage[v] if phase.get(v) == reader else 0
 
-    for n in order:
-        if kind[n] == "source":
+    for n in st.order:
+        spec = st.spec[n]
+        if spec.is_source:
             stage[n] = 0
-        elif kind[n] == "matmul":
+        elif spec.is_matmul:
             g = group_of[n]
             g.stage = stage_in(g.left, phase[n]) + 1
             stage[n] = g.stage
-        elif n in folded:
-            stage[n] = stage[folded[n].folded[n]]
+        elif n in st.folded:
+            stage[n] = stage[st.folded[n].folded[n]]
         else:
-            stage[n] = max((stage_in(a, phase[n]) for a in nodes[n].args), default=0)
+            stage[n] = max((stage_in(a, phase[n]) for a in st.nodes[n].args), default=0)
 
-    # Each elementwise node runs as late as it can (before the first GEMM or kernel that needs it),
-    # so that producers join the island of their consumers.
-    elementwise = [n for n in order if kind[n] == "elementwise" and n not in folded]
-    last = {p: max((stage[n] for n in order if phase.get(n) == p), default=0) for p in (PRO, STEP)}
+    elementwise = st.elementwise()
+    last = {p: max((stage[n] for n in st.order if phase.get(n) == p), default=0) for p in (PRO, STEP)}
     for n in reversed(elementwise):
         latest = [last[phase[n]]]
-        for c in consumers[n]:
+        for c in st.consumers[n]:
             if phase.get(c) != phase[n]:
                 continue
-            if kind[c] == "matmul":
+            if st.spec[c].is_matmul:
                 latest.append(group_of[c].stage - 1)
-            elif c not in folded:
+            elif c not in st.folded:
                 latest.append(stage[c])
         stage[n] = max(stage[n], min(latest))
 
-    # Islands: in `fused` and above, every elementwise node of one phase, stage and row width in one
-    # kernel; [N] and scalar values join the first island that needs them. Below, a kernel each.
+
+# -- kernels --------------------------------------------------------------------------------------
+def _islands(st: _Step, fuse: bool) -> None:
+    elementwise = st.elementwise()
     key: dict[str, tuple] = {}
     for n in reversed(elementwise):
-        shape = shapes[n]
-        if level < _FUSE:
-            width = shape[-1] if shape else ""
-            key[n] = (phase[n], stage[n], width, elementwise.index(n))
+        shape = st.shapes[n]
+        if not fuse:
+            key[n] = (st.phase[n], st.stage[n], shape[-1] if shape else "", elementwise.index(n))
         elif len(shape) == 2:
-            key[n] = (phase[n], stage[n], shape[1])
-        else:
-            key[n] = min(key[c] for c in consumers[n])
+            key[n] = (st.phase[n], st.stage[n], shape[1])
+        else:  # [N] and scalar values join the first island that needs them
+            key[n] = min(key[c] for c in st.consumers[n])
     members: dict[tuple, list[str]] = {}
     for n in elementwise:
         members.setdefault(key[n], []).append(n)
 
-    islands: list[Island] = []
-    written_by: dict[str, str] = {}
     for k in sorted(members, key=lambda k: (k[0] != PRO, *k[1:2], str(k[2]), *k[3:])):
         inside = members[k]
-        width_dim = next((shapes[n][1] for n in inside if len(shapes[n]) == 2),
-                         next((shapes[n][0] for n in inside if len(shapes[n]) == 1), ""))
-        isl = Island(f"k{len(islands)}", inside, width_dim, hoisted=k[0] == PRO, stage=k[1])
+        width_dim = next((st.shapes[n][1] for n in inside if len(st.shapes[n]) == 2),
+                         next((st.shapes[n][0] for n in inside if len(st.shapes[n]) == 1), ""))
+        isl = Island(f"k{len(st.islands)}", inside, width_dim, hoisted=k[0] == PRO, stage=k[1])
+        body = []
         for n in inside:
-            for a in nodes[n].args:
-                if a not in inside and nodes[a].op != "const" and a not in isl.inputs:
+            args: list[str | Const] = []
+            for a in st.nodes[n].args:
+                if st.nodes[a].op == "const":
+                    args.append(Const(float(st.nodes[a].value)))
+                    continue
+                args.append(a)
+                if a not in inside and a not in isl.inputs:
                     isl.inputs.append(a)
-        isl.outputs = [n for n in inside
-                       if n in targets or any(c not in inside for c in consumers[n])]
+            body.append(Instr(n, st.spec[n], tuple(args)))
+        isl.body = tuple(body)
+        isl.outputs = [n for n in inside if n in st.targets or any(c not in inside for c in st.consumers[n])]
         for n in isl.outputs:
-            written_by[n] = isl.name
-        islands.append(isl)
+            st.written_by[n] = isl.name
+        st.islands.append(isl)
 
-    # What the step must still store: updates and the output that no step kernel writes.
-    unstored = [v for v in dict.fromkeys([*cell.updates.values(), cell.output])
-                if not (phase.get(v) == STEP and v in written_by)]
+
+def kernel_each(st: _Step) -> None:
+    """One kernel per elementwise node."""
+    _islands(st, fuse=False)
+
+
+def fuse(st: _Step) -> None:
+    """Every elementwise node of one phase, stage and row width in one kernel."""
+    _islands(st, fuse=True)
+
+
+def store_the_rest(st: _Step) -> None:
+    """A last kernel stores the updates and the output that no step kernel writes (a state updated to a
+    matmul, a hoisted value, or another state)."""
+    unstored = [v for v in dict.fromkeys([*st.cell.updates.values(), st.cell.output])
+                if not (st.phase.get(v) == STEP and v in st.written_by)]
     if unstored:
-        last = max([g.stage for g in groups if not g.hoisted] + [i.stage for i in islands], default=0)
-        islands.append(Island(f"k{len(islands)}", [], "hidden", hoisted=False, stage=last + 1,
-                              inputs=list(unstored), outputs=list(unstored)))
-    return _Structure(groups, islands, phase, written_by)
+        last = max([g.stage for g in st.groups if not g.hoisted] + [i.stage for i in st.islands], default=0)
+        st.islands.append(Island(f"k{len(st.islands)}", [], "hidden", hoisted=False, stage=last + 1,
+                                 inputs=list(unstored), outputs=list(unstored)))
+
+
+@dataclass(frozen=True)
+class Rung:
+    passes: tuple[Pass, ...]
+    cuda_graph: bool = False  # the whole forward pass captured once into a CUDA graph and replayed
+
+
+_HOISTED = (gemm_per_left_operand, hoist, fold_biases, place, fuse, store_the_rest)
+# The ladder of schedules; each keeps what the ones before it do.
+LADDER: dict[str, Rung] = {
+    "naive": Rung((gemm_each, place, kernel_each, store_the_rest)),
+    "combined": Rung((gemm_per_left_operand, place, kernel_each, store_the_rest)),
+    "fused": Rung((gemm_per_left_operand, place, fuse, store_the_rest)),
+    "hoisted": Rung(_HOISTED),
+    "graph": Rung(_HOISTED, cuda_graph=True),
+}
+SCHEDULES = tuple(LADDER)
 
 
 class _Layer:
     """Buffers and addresses of one layer."""
 
-    def __init__(self, plan_cell: Cell, shapes: dict, st: _Structure, sizes: Sizes, layer: int,
-                 buffers: dict[str, Buffer]):
-        self.cell, self.shapes, self.st, self.layer, self.buffers = plan_cell, shapes, st, layer, buffers
+    def __init__(self, st: _Step, sizes: Sizes, layer: int, buffers: dict[str, Buffer]):
+        self.cell, self.shapes, self.st, self.layer, self.buffers = st.cell, st.shapes, st, layer, buffers
         self.T, self.B, self.H = sizes.seq, sizes.batch, sizes.hidden
         self.K = sizes.layer_input(layer)
         self.dims = {"input": self.K, "hidden": self.H, "": 1}
-        self.nodes = plan_cell.by_id()
+        self.nodes = st.nodes
         self.p = f"l{layer}."
         # Every buffer name but a weight's has a dot after the layer prefix, so none is a weight's name.
         self.y = self._buffer(f"{self.p}out.y", "seq+1", self.H, "output")
         # A state whose update is the output lives in the output sequence: step t reads row block t
         # and writes block t+1, so no copy is needed. Other states alternate between two slots.
-        self.state_in_y = next((s for s, v in plan_cell.updates.items() if v == plan_cell.output), None)
+        self.state_in_y = next((s for s, v in st.cell.updates.items() if v == st.cell.output), None)
         self.state_buf = {s: self._buffer(f"{self.p}state.{s}", "pair", self.H, "state")
-                          for s in plan_cell.updates if s != self.state_in_y}
-        self.group_of = {m: g for g in st.groups for m in g.matmuls}
-        self.fold_of = {a: g for g in st.groups for a in g.folded}
+                          for s in st.cell.updates if s != self.state_in_y}
+        self.group_of = st.group_of
+        self.fold_of = st.folded
 
     def _buffer(self, name: str, rows: str, width: int, role: str, sources: tuple = (),
                 widths: tuple = ()) -> str:
@@ -281,7 +354,7 @@ class _Layer:
                              tuple(param_key(self.layer, x) for x in g.weights))
         bias = None
         if g.folded:
-            by_matmul = {m: g.bias_of(self.cell, a) for a, m in g.folded.items()}
+            by_matmul = {m: g.bias_of(a) for a, m in g.folded.items()}
             bias = self._buffer(f"{self.p}{g.name}.bias", "one", n_total, "bias",
                                 tuple(param_key(self.layer, by_matmul[m]) if m in by_matmul else None
                                       for m in g.matmuls),
@@ -292,6 +365,15 @@ class _Layer:
                           n_total, self.dims[g.k_dim],
                           self.read(g.left, phase), w,
                           Access(out, "row", n_total, 0, "all" if g.hoisted else "fixed"), bias)
+
+    def launch(self, item: GemmGroup | Island) -> Launch:
+        match item:
+            case GemmGroup():
+                return self.gemm(item)
+            case Island():
+                return self.kernel(item)
+            case _:
+                raise TypeError(f"unknown item of a phase: {item!r}")
 
     def kernel(self, isl: Island) -> KernelLaunch:
         phase = PRO if isl.hoisted else STEP
@@ -305,10 +387,11 @@ class _Layer:
                 self.value_buffer(v)
         else:
             outputs = tuple((v, acc) for v in isl.outputs for acc in self.stores(v))
-        return KernelLaunch(isl.name, row_kind, rows, self.dims[isl.width_dim], inputs, outputs)
+        return KernelLaunch(isl.name, row_kind, rows, self.dims[isl.width_dim], inputs, outputs, isl.body,
+                            isl.hoisted)
 
 
-def _ordered(st: _Structure, hoisted: bool) -> list[GemmGroup | Island]:
+def _ordered(st: _Step, hoisted: bool) -> list[GemmGroup | Island]:
     """Launch order of one phase: by stage, a stage's GEMMs before its kernels."""
     items: list[tuple[int, int, int, GemmGroup | Island]] = []
     for i, g in enumerate(st.groups):
@@ -322,22 +405,27 @@ def _ordered(st: _Structure, hoisted: bool) -> list[GemmGroup | Island]:
 
 def make_plan(cell: Cell, sizes: Sizes, schedule: str) -> Plan:
     """The Plan of `schedule` for the cell at these sizes; raises CellError if either is unusable."""
-    if schedule not in SCHEDULES:
+    if schedule not in LADDER:
         raise CellError(f"unknown schedule '{schedule}' (schedules: {', '.join(SCHEDULES)})")
+    rung = LADDER[schedule]
     info = require_valid(cell)
-    level = min(SCHEDULES.index(schedule), _HOIST)
-    st = _structure(cell, info.order, info.shapes, level)
+    st = _Step(cell, info)
+    for run_pass in rung.passes:
+        run_pass(st)
+    H = sizes.hidden
     buffers: dict[str, Buffer] = {"x": Buffer("x", "seq", sizes.input, "input")}
+    for s in cell.updates:
+        buffers[f"init.{s}"] = Buffer(f"init.{s}", "layers", H, "init")
+        buffers[f"final.{s}"] = Buffer(f"final.{s}", "layers", H, "final")
     layers = []
+    x = next(n.id for n in cell.nodes if n.op == "input")
     for layer in range(sizes.layers):
-        lay = _Layer(cell, info.shapes, st, sizes, layer, buffers)
-        phases: dict[bool, list[Launch]] = {}
-        for hoisted in (True, False):
-            phases[hoisted] = [lay.gemm(item) if isinstance(item, GemmGroup) else lay.kernel(item)
-                               for item in _ordered(st, hoisted)]
-        x = next(n.id for n in cell.nodes if n.op == "input")
+        lay = _Layer(st, sizes, layer, buffers)
+        phases = {hoisted: [lay.launch(item) for item in _ordered(st, hoisted)] for hoisted in (True, False)}
         layers.append(LayerPlan(layer, lay.K, phases[True], phases[False], lay.read(x, STEP),
                                 {s: lay.read(s, STEP) for s in cell.updates}, lay.y))
     chunk = min(sizes.seq, HOIST_CHUNK_STEPS) if any(lp.prologue for lp in layers) else 0
-    return Plan(cell, schedule, sizes, st.groups, st.islands, layers, buffers, sorted(info.dead),
-                cuda_graph=schedule == "graph", chunk_steps=chunk)
+    return Plan(cell.name, cell.description, schedule, sizes, tuple(cell.updates),
+                expected_params(cell, sizes.layers, sizes.input, sizes.hidden), st.groups, st.islands,
+                layers, buffers, sorted(info.dead), cuda_graph=rung.cuda_graph,
+                chunk_steps=chunk)

@@ -1,6 +1,7 @@
-"""Executes a Plan on an NVIDIA GPU: PyCUDA kernels in the primary context, cuBLAS through
-nvmath-python's bindings for the GEMMs, one stream, float32; optionally the whole forward pass
-captured once into a CUDA graph and replayed.
+"""Executes a Plan's lowered program on an NVIDIA GPU: PyCUDA kernels in the primary context, cuBLAS
+through nvmath-python's bindings for the GEMMs, float32, on one stream or two (hoisted work beside the
+recurrence, as the program says); optionally the whole forward pass captured once into a CUDA graph
+and replayed.
 
 PyCUDA, nvmath and cuda.bindings are imported here only, and only when a GPU run is asked for.
 """
@@ -10,19 +11,31 @@ from __future__ import annotations
 import logging
 import re
 import time
-from functools import lru_cache
+from collections.abc import Callable
+from functools import lru_cache, partial
 
 import numpy as np
 
-from ..codegen import GemmLaunch, KernelLaunch, Plan, plan_kernels
+from ..codegen import Plan, plan_kernels
 from ..codegen.cuda_kernels import BLOCK, kernel_params
+from ..codegen.lowering import (
+    Copy,
+    Gemm,
+    Instruction,
+    Kernel,
+    Loop,
+    Record,
+    Wait,
+    element_offset,
+    launch_rows,
+    lower,
+)
 from ..graph_model import CellError, Forward
 
 log = logging.getLogger(__name__)
 
 _NAN_BITS = 0x7FC00000  # a float32 quiet NaN, to poison buffers before a checked run
 _CUBLAS_WORKSPACE = 32 * 2**20
-MAIN, SIDE = 0, 1  # the streams: the recurrence, and the hoisted launches beside it
 
 
 class GpuUnavailable(CellError):
@@ -95,12 +108,13 @@ def _cu_check(result):
 
 
 class CudaExecutor:
-    """Device buffers for one plan (allocated once, reused by every run) and its launches."""
+    """Device buffers for one plan (allocated once, reused by every run) and its program's launches."""
 
     def __init__(self, plan: Plan, params: dict[str, np.ndarray]):
         self.drv, _, self.cublas, self.cu = gpu_modules()
         drv = self.drv
         self.plan = plan
+        self.program = lower(plan)
         t0 = time.perf_counter()
         kernels = plan_kernels(plan)
         module = _compile(kernels.module_source())
@@ -127,11 +141,10 @@ class CudaExecutor:
         self.weights = {name for name, b in plan.buffers.items()
                         if b.role in ("weight", "stacked", "bias")}
 
-        # Two non-blocking (capturable) streams: the recurrence on the main one; with a chunked prologue,
-        # the hoisted launches beside it on the side one, each with its own cuBLAS handle and workspace
-        # (two GEMMs running at once must not share a workspace).
-        self.streams = [drv.Stream(flags=1), drv.Stream(flags=1)]
-        self.stream = self.streams[MAIN]
+        # Non-blocking (capturable) streams, the recurrence on the first; each with its own cuBLAS handle
+        # and workspace (two GEMMs running at once must not share a workspace).
+        self.streams = [drv.Stream(flags=1) for _ in range(self.program.streams)]
+        self.stream = self.streams[0]
         self.handles, self.workspaces = [], []
         for stream in self.streams:
             handle = self.cublas.create()
@@ -141,110 +154,57 @@ class CudaExecutor:
             self.handles.append(handle)
             self.workspaces.append(workspace)
         self._scalars = np.array([1.0, 0.0], np.float32)  # alpha and beta live here for cuBLAS
-        self.init = drv.mem_alloc(max(1, len(plan.cell.updates)) * plan.sizes.layers * plan.sizes.batch
-                                  * plan.sizes.hidden * 4)
+        self.events = [drv.Event(drv.event_flags.DISABLE_TIMING) for _ in range(self.program.events)]
         self.graph_exec = None
         self._prepared = {name: None for name in self.funcs}
-        self.calls = self._build_calls()
+        # Every launch of a forward pass with its addresses resolved once; `enqueue` only calls them.
+        self.calls = [call for instr in self.program.instructions for call in self._calls(instr, 0)]
 
-    # -- the launches, with every address resolved once ----------------------------------------
-    def _ptr(self, acc, t: int) -> int:
-        return self.addr[acc.buffer] + 4 * acc.offset(t, self.plan.sizes.batch)
+    def _ptr(self, instr: Gemm | Kernel, acc, t: int) -> int:
+        return self.addr[acc.buffer] + 4 * element_offset(instr, acc, t, self.plan.sizes.batch)
 
-    def _event(self):
-        return self.drv.Event(self.drv.event_flags.DISABLE_TIMING)
-
-    def _build_calls(self) -> list:
-        plan, T, B, H = self.plan, self.plan.sizes.seq, self.plan.sizes.batch, self.plan.sizes.hidden
-        chunk = plan.chunk_steps
-        calls = []
-        state_ids = list(plan.cell.updates)
-        if chunk:
-            fork = self._event()  # the side stream starts after what came before on the main one
-            calls += [("record", MAIN, fork), ("wait", SIDE, fork)]
-        prev_done: list = []  # per chunk, an event after the previous layer's steps of that chunk
-        for lp in plan.layers:
-            for i, s in enumerate(state_ids):
-                src = int(self.init) + 4 * ((i * plan.sizes.layers + lp.layer) * B * H)
-                calls.append(("copy", MAIN, self._ptr(lp.state_read[s], 0), src, B * H * 4))
-            ready = []  # per chunk, an event after its hoisted launches on the side stream
-            if not chunk:
-                for launch in lp.prologue:
-                    calls += self._launch_calls(MAIN, launch, lp.layer, 0)
-            for j, first in enumerate(range(0, T, chunk) if chunk else ()):
-                if prev_done:
-                    calls.append(("wait", SIDE, prev_done[j]))
-                for launch in lp.prologue:
-                    if launch.row_kind == "seq":
-                        calls += self._launch_calls(SIDE, launch, lp.layer, 0, (first, min(T, first + chunk)))
-                    elif j == 0:  # [N] and scalar values: all of them with the first chunk
-                        calls += self._launch_calls(SIDE, launch, lp.layer, 0)
-                ready.append(self._event())
-                calls.append(("record", SIDE, ready[-1]))
-            prev_done = []
-            for t in range(T):
-                if chunk and t % chunk == 0:
-                    calls.append(("wait", MAIN, ready[t // chunk]))
-                for launch in lp.step:
-                    calls += self._launch_calls(MAIN, launch, lp.layer, t)
-                if chunk and ((t + 1) % chunk == 0 or t == T - 1):
-                    prev_done.append(self._event())
-                    calls.append(("record", MAIN, prev_done[-1]))
-        if chunk:
-            join = self._event()  # and the main one ends after everything on the side one
-            calls += [("record", SIDE, join), ("wait", MAIN, join)]
-        return calls
-
-    def _launch_calls(self, stream: int, launch, layer: int, t: int,
-                      steps: tuple[int, int] | None = None) -> list:
-        """The calls of one launch at step t, or, for a prologue launch over all steps, of its rows of
-        steps [first, last) only."""
+    def _calls(self, instr: Instruction, t: int) -> list[Callable[[], object]]:
+        """The calls that put one instruction at step t on its stream."""
         B = self.plan.sizes.batch
-        first, last = steps if steps else (0, None)
-        chunk_rows = (last - first) * B if steps else None
-
-        def ptr(acc) -> int:
-            skip = first * B * acc.ld if acc.kind == "row" else 0
-            return self._ptr(acc, t) + 4 * skip
-
-        one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
-        if isinstance(launch, GemmLaunch):
-            m = chunk_rows or launch.m
-            out = []
-            c = ptr(launch.c)
-            if launch.bias:
-                out.append(("bias", stream, _grid(m * launch.n), c, self.addr[launch.bias], m, launch.n,
-                            launch.c.ld))
-            out.append(("gemm", stream, launch.n, m, launch.k, one, self.addr[launch.w], launch.n,
-                        ptr(launch.a), launch.a.ld, one if launch.bias else zero, c, launch.c.ld))
-            return out
-        assert isinstance(launch, KernelLaunch)
-        name = self.name_of[(layer, launch.island)]
-        params = kernel_params(launch)
-        if self._prepared[name] is None:
-            self._prepared[name] = self.funcs[name].prepare("P" * len(params) + "i")
-        rows = chunk_rows or launch.rows
-        args = [ptr(p.access) for p in params] + [rows]
-        return [("kernel", stream, self._prepared[name], _grid(rows * launch.width), args)]
+        match instr:
+            case Gemm(launch=g, stream=s):
+                m = launch_rows(instr, B)
+                one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
+                c = self._ptr(instr, g.c, t)
+                out: list[Callable[[], object]] = []
+                if g.bias:  # the bias rows first, then C accumulates A @ W onto them
+                    out.append(partial(self.bias_rows.prepared_async_call, (_grid(m * g.n), 1), (BLOCK, 1, 1),
+                                       self.streams[s], c, self.addr[g.bias], m, g.n, g.c.ld))
+                out.append(partial(self.cublas.sgemm, self.handles[s], 0, 0, g.n, m, g.k, one, self.addr[g.w],
+                                   g.n, self._ptr(instr, g.a, t), g.a.ld, one if g.bias else zero, c, g.c.ld))
+                return out
+            case Kernel(launch=k, stream=s):
+                name = self.name_of[k]
+                params = kernel_params(k)
+                if self._prepared[name] is None:
+                    self._prepared[name] = self.funcs[name].prepare("P" * len(params) + "i")
+                rows = launch_rows(instr, B)
+                args = [self._ptr(instr, p.access, t) for p in params] + [rows]
+                return [partial(self._prepared[name].prepared_async_call, (_grid(rows * k.width), 1),
+                                (BLOCK, 1, 1), self.streams[s], *args)]
+            case Copy(src=src, dst=dst, width=width, step=step, stream=s):
+                at = self.plan.sizes.seq if step is None else step
+                to, fro = (self.addr[a.buffer] + 4 * a.offset(at, B) for a in (dst, src))
+                return [partial(self.drv.memcpy_dtod_async, to, fro, B * width * 4, self.streams[s])]
+            case Record(event=e, stream=s):
+                return [partial(self.events[e].record, self.streams[s])]
+            case Wait(event=e, stream=s):
+                return [partial(self.streams[s].wait_for_event, self.events[e])]
+            case Loop(body=body):
+                return [call for step in instr.steps(self.plan.sizes.seq) for inner in body
+                        for call in self._calls(inner, step)]
+            case _:
+                raise TypeError(f"the CUDA executor cannot run {instr!r}")
 
     def enqueue(self) -> None:
         """Puts one whole forward pass on the streams."""
-        drv, sgemm, streams, handles = self.drv, self.cublas.sgemm, self.streams, self.handles
-        N = 0  # CUBLAS_OP_N
         for call in self.calls:
-            kind = call[0]
-            if kind == "kernel":
-                call[2].prepared_async_call((call[3], 1), (BLOCK, 1, 1), streams[call[1]], *call[4])
-            elif kind == "gemm":
-                sgemm(handles[call[1]], N, N, *call[2:])
-            elif kind == "bias":
-                self.bias_rows.prepared_async_call((call[2], 1), (BLOCK, 1, 1), streams[call[1]], *call[3:])
-            elif kind == "copy":
-                drv.memcpy_dtod_async(call[2], call[3], call[4], streams[call[1]])
-            elif kind == "record":
-                call[2].record(streams[call[1]])
-            else:
-                streams[call[1]].wait_for_event(call[2])
+            call()
 
     def capture_graph(self) -> None:
         """Captures one forward pass into a CUDA graph, replayed by `forward`."""
@@ -276,27 +236,21 @@ class CudaExecutor:
             if name not in self.weights:
                 drv.memset_d32(self.addr[name], _NAN_BITS, self.plan.buffer_elements(name))
         drv.memcpy_htod(self.addr["x"], np.ascontiguousarray(x, np.float32))
-        states = [np.ascontiguousarray(initial[s], np.float32) for s in self.plan.cell.updates]
-        if states:
-            drv.memcpy_htod(self.init, np.ascontiguousarray(np.stack(states)))
+        for s in self.plan.state_ids:
+            drv.memcpy_htod(self.addr[f"init.{s}"], np.ascontiguousarray(initial[s], np.float32))
         # These ran on the legacy default stream, which the non-blocking streams do not wait for.
         drv.Context.synchronize()
 
     def results(self) -> Forward:
         plan, drv = self.plan, self.drv
-        T, B, H = plan.sizes.seq, plan.sizes.batch, plan.sizes.hidden
+        T, B, H, L = plan.sizes.seq, plan.sizes.batch, plan.sizes.hidden, plan.sizes.layers
         self.stream.synchronize()
         y = np.empty((T, B, H), np.float32)
         drv.memcpy_dtoh(y, self.addr[plan.layers[-1].output_seq] + 4 * B * H)
         final = {}
-        for s in plan.cell.updates:
-            per_layer = []
-            for lp in plan.layers:
-                buf = np.empty((B, H), np.float32)
-                acc = lp.state_read[s]
-                drv.memcpy_dtoh(buf, self._ptr(acc, T))
-                per_layer.append(buf)
-            final[s] = np.stack(per_layer)
+        for s in plan.state_ids:
+            final[s] = np.empty((L, B, H), np.float32)
+            drv.memcpy_dtoh(final[s], self.addr[f"final.{s}"])
         return Forward(y, final)
 
     def run(self, x: np.ndarray, initial: dict[str, np.ndarray]) -> Forward:
@@ -311,7 +265,6 @@ class CudaExecutor:
             self.cublas.destroy(handle)
             workspace.free()
         self.memory.free()
-        self.init.free()
 
 
 def _grid(n: int) -> int:

@@ -1,70 +1,100 @@
-"""Executes a Plan with numpy: the same buffers, stacked weights, launches and addresses as the CUDA
-executor, so that a scheduling bug shows on a machine without a GPU too."""
+"""Executes a Plan's lowered program with numpy: the same buffers, stacked weights, instructions, streams
+and addresses as the CUDA executor, so that a scheduling bug shows on a machine without a GPU too.
+
+The two streams are interleaved as `execution_order` allows: by default the hoisted work runs as early
+as its events let it, and `prefer=MAIN` runs it as late as the recurrence lets it; a Wait missing from
+the program makes one of the two read a buffer nothing wrote (every buffer starts as NaN)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..codegen.plan import Access, GemmLaunch, Launch, Plan
+from ..codegen.lowering import (
+    SIDE,
+    Copy,
+    Gemm,
+    Instruction,
+    Kernel,
+    Loop,
+    Record,
+    Wait,
+    element_offset,
+    execution_order,
+    launch_rows,
+    lower,
+)
+from ..codegen.plan import Access, Const, Plan
 from ..graph_model import Forward
-from ..graph_model.ops import OPS
 
 
 class NumpyExecutor:
-    def __init__(self, plan: Plan, params: dict[str, np.ndarray], dtype=np.float32):
-        self.plan, self.dtype = plan, np.dtype(dtype)
-        self.batch = plan.sizes.batch
-        # Every buffer starts as NaN, so that a launch that reads what nothing wrote shows in the output.
-        self.buf = {name: np.full(plan.buffer_elements(name), np.nan, self.dtype) for name in plan.buffers}
-        self.buf.update(plan.weight_arrays(params, self.dtype))
-        self.nodes = plan.cell.by_id()
+    def __init__(self, plan: Plan, params: dict[str, np.ndarray], dtype=np.float32, prefer: int = SIDE):
+        self.plan, self.dtype, self.prefer = plan, np.dtype(dtype), prefer
+        self.program = lower(plan)
+        self.batch, self.seq = plan.sizes.batch, plan.sizes.seq
+        self.buf = {name: np.empty(plan.buffer_elements(name), self.dtype) for name in plan.buffers}
+        self.weights = plan.weight_arrays(params, self.dtype)
+        self.buf.update(self.weights)
 
-    def view(self, acc: Access, t: int, rows: int, width: int) -> np.ndarray:
+    def view(self, acc: Access, offset: int, rows: int, width: int) -> np.ndarray:
+        """The [rows, width] block (or [width] vector, or one scalar) of an access starting at `offset`."""
         flat = self.buf[acc.buffer]
-        start = acc.offset(t, self.batch)
         if acc.kind == "scalar":
-            return flat[start:start + 1]
+            return flat[offset:offset + 1]
         if acc.kind == "vec":
-            return flat[start:start + width]
-        end = start + (rows - 1) * acc.ld + width
+            return flat[offset:offset + width]
+        end = offset + (rows - 1) * acc.ld + width
         if end > flat.size:
-            raise IndexError(f"access {acc} at step {t} runs past buffer '{acc.buffer}'")
+            raise IndexError(f"access {acc} at element {offset} runs past buffer '{acc.buffer}'")
         size = flat.itemsize
-        return np.lib.stride_tricks.as_strided(flat[start:end], (rows, width), (acc.ld * size, size))
+        return np.lib.stride_tricks.as_strided(flat[offset:end], (rows, width), (acc.ld * size, size))
 
-    def launch(self, launch: Launch, t: int) -> None:
-        if isinstance(launch, GemmLaunch):
-            a = self.view(launch.a, t, launch.m, launch.k)
-            w = self.buf[launch.w].reshape(launch.k, launch.n)
-            c = self.view(launch.c, t, launch.m, launch.n)
-            c[...] = a @ w
-            if launch.bias:
-                c += self.buf[launch.bias]
-            return
-        values: dict[str, np.ndarray] = {v: self.view(acc, t, launch.rows, launch.width)
-                                         for v, acc in launch.inputs}
-        with np.errstate(all="ignore"):  # a NaN or infinity is reported where the output is checked
-            for nid in self.plan.island(launch.island).nodes:
-                n = self.nodes[nid]
-                args = [values[a] if a in values else self.dtype.type(self.nodes[a].value) for a in n.args]
-                values[nid] = OPS[n.op].numpy(*args).astype(self.dtype, copy=False)
-        for v, acc in launch.outputs:
-            dst = self.view(acc, t, launch.rows, launch.width)
-            dst[...] = np.broadcast_to(values[v], dst.shape) if values[v].ndim else values[v]
+    def execute(self, instr: Instruction, t: int = 0) -> None:
+        B = self.batch
+        match instr:
+            case Gemm(launch=g):
+                rows = launch_rows(instr, B)
+                a = self.view(g.a, element_offset(instr, g.a, t, B), rows, g.k)
+                c = self.view(g.c, element_offset(instr, g.c, t, B), rows, g.n)
+                c[...] = a @ self.buf[g.w].reshape(g.k, g.n)
+                if g.bias:
+                    c += self.buf[g.bias]
+            case Kernel(launch=k):
+                rows = launch_rows(instr, B)
+                values = {v: self.view(acc, element_offset(instr, acc, t, B), rows, k.width)
+                          for v, acc in k.inputs}
+                with np.errstate(all="ignore"):  # a NaN or infinity is reported where the output is checked
+                    for op in k.body:
+                        args = [self.dtype.type(a.value) if isinstance(a, Const) else values[a]
+                                for a in op.args]
+                        values[op.result] = op.op.numpy(*args).astype(self.dtype, copy=False)
+                for v, acc in k.outputs:
+                    dst = self.view(acc, element_offset(instr, acc, t, B), rows, k.width)
+                    dst[...] = np.broadcast_to(values[v], dst.shape) if values[v].ndim else values[v]
+            case Copy(src=src, dst=dst, width=width, step=step):
+                at = self.seq if step is None else step
+                self.view(dst, dst.offset(at, B), B, width)[...] = self.view(src, src.offset(at, B), B, width)
+            case Loop(body=body):
+                for step in instr.steps(self.seq):
+                    for inner in body:
+                        self.execute(inner, step)
+            case Record() | Wait():
+                pass  # the order of `execution_order` already respects them
+            case _:
+                raise TypeError(f"the numpy executor cannot run {instr!r}")
 
     def run(self, x: np.ndarray, initial: dict[str, np.ndarray]) -> Forward:
-        plan, (T, B, H) = self.plan, (self.plan.sizes.seq, self.batch, self.plan.sizes.hidden)
+        plan, (T, B, H) = self.plan, (self.seq, self.batch, self.plan.sizes.hidden)
+        # Every buffer but the weights starts as NaN, so that reading what nothing wrote shows in the output.
+        for name, b in self.buf.items():
+            if name not in self.weights:
+                b.fill(np.nan)
         self.buf["x"][:] = x.astype(self.dtype).reshape(-1)
-        final: dict[str, list[np.ndarray]] = {s: [] for s in plan.cell.updates}
-        for lp in plan.layers:
-            for s, acc in lp.state_read.items():
-                self.view(acc, 0, B, H)[...] = initial[s][lp.layer]
-            for launch in lp.prologue:
-                self.launch(launch, 0)
-            for t in range(T):
-                for launch in lp.step:
-                    self.launch(launch, t)
-            for s, acc in lp.state_read.items():
-                final[s].append(self.view(acc, T, B, H).copy())
+        for s in plan.state_ids:
+            self.buf[f"init.{s}"][:] = initial[s].astype(self.dtype).reshape(-1)
+        for instr in execution_order(self.program, self.prefer):
+            self.execute(instr)
         y = self.buf[plan.layers[-1].output_seq][B * H:].reshape(T, B, H)
-        return Forward(y.astype(np.float32), {s: np.stack(v).astype(np.float32) for s, v in final.items()})
+        final = {s: self.buf[f"final.{s}"].reshape(plan.sizes.layers, B, H).astype(np.float32)
+                 for s in plan.state_ids}
+        return Forward(y.astype(np.float32), final)

@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..graph_model import Cell, load_template, param_key, require_valid
+from ..graph_model import Cell, OpSpec, load_template, param_key, require_valid
+from ..graph_model.reference import step as reference_step
 
 
 def torch_available() -> bool:
@@ -20,38 +21,20 @@ def torch_available() -> bool:
     return torch.cuda.is_available()
 
 
-def _ops(torch):
-    return {
-        "add": torch.add, "sub": torch.sub, "mul": torch.mul, "div": torch.div, "neg": torch.neg,
-        "exp": torch.exp, "sigmoid": torch.sigmoid, "tanh": torch.tanh, "relu": torch.relu,
-    }
-
-
 def make_step(cell: Cell) -> Callable:
-    """step(x_t, states: tuple, weights: dict) -> (output, new states tuple), one torch op per node."""
+    """step(x_t, states: tuple, weights: dict) -> (output, new states tuple), one torch op per node: the
+    reference interpreter's step, with each op's PyTorch meaning from the op table."""
     import torch
 
     info = require_valid(cell)
-    nodes = cell.by_id()
-    ops = _ops(torch)
     state_ids = list(cell.updates)
 
+    def meaning(spec: OpSpec) -> Callable:
+        return getattr(torch, spec.torch)
+
     def step(x_t, states, weights):
-        values = {}
-        for nid in info.order:
-            n = nodes[nid]
-            if n.op == "input":
-                values[nid] = x_t
-            elif n.op == "state":
-                values[nid] = states[state_ids.index(nid)]
-            elif n.op == "weight":
-                values[nid] = weights[nid]
-            elif n.op == "const":
-                values[nid] = n.value
-            elif n.op == "matmul":
-                values[nid] = values[n.args[0]] @ values[n.args[1]]
-            else:
-                values[nid] = ops[n.op](*(values[a] for a in n.args))
+        values = reference_step(cell, info.order, weights, x_t, dict(zip(state_ids, states, strict=True)),
+                                meaning, float)
         return values[cell.output], tuple(values[cell.updates[s]] for s in state_ids)
 
     return step

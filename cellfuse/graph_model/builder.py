@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Union
 
 from .cell import DEFAULT_SIZES, Cell, Node
+from .ops import OPS
 from .validate import CellError, require_valid
 
 Operand = Union["Value", float, int]
@@ -23,7 +24,7 @@ ROW_SPACING = 90.0
 
 
 class Value:
-    """A node of the cell being built; Python operators add nodes."""
+    """A node of the cell being built; Python operators add nodes (see `_operators`)."""
 
     def __init__(self, builder: CellBuilder, node_id: str):
         self.builder = builder
@@ -37,55 +38,69 @@ class Value:
         self.id = node_id
         return self
 
-    def _binary(self, op: str, other: Operand, reverse: bool = False) -> Value:
-        o = self.builder._lift(other)
-        a, b = (o, self) if reverse else (self, o)
-        return self.builder._node(op, a, b)
 
-    def __matmul__(self, w: Value) -> Value:
-        return self.builder._node("matmul", self, w)
-
-    def __add__(self, o: Operand) -> Value:
-        return self._binary("add", o)
-
-    def __radd__(self, o: Operand) -> Value:
-        return self._binary("add", o, reverse=True)
-
-    def __sub__(self, o: Operand) -> Value:
-        return self._binary("sub", o)
-
-    def __rsub__(self, o: Operand) -> Value:
-        return self._binary("sub", o, reverse=True)
-
-    def __mul__(self, o: Operand) -> Value:
-        return self._binary("mul", o)
-
-    def __rmul__(self, o: Operand) -> Value:
-        return self._binary("mul", o, reverse=True)
-
-    def __truediv__(self, o: Operand) -> Value:
-        return self._binary("div", o)
-
-    def __rtruediv__(self, o: Operand) -> Value:
-        return self._binary("div", o, reverse=True)
-
-    def __neg__(self) -> Value:
-        return self.builder._node("neg", self)
+_BINARY_DUNDER = {"+": "add", "-": "sub", "*": "mul", "/": "truediv", "@": "matmul"}
 
 
-def _unary(op: str):
-    def apply(v: Value) -> Value:
-        return v.builder._node(op, v)
+def _install_operators() -> None:
+    """Value's Python operators, one per op of the table that has a symbol: `a + b` adds an `add` node,
+    `-a` a `neg` node, `2 * a` a const and a `mul` node."""
+    for spec in OPS.values():
+        if spec.symbol is None:
+            continue
+        if spec.arity == 1:
+            if spec.symbol != "-":
+                raise ValueError(f"op '{spec.name}': no Python operator '{spec.symbol}' of one operand")
+            Value.__neg__ = lambda v, name=spec.name: v.builder._node(name, v)  # type: ignore[method-assign]
+            continue
+        stem = _BINARY_DUNDER[spec.symbol]
 
-    apply.__name__ = op
-    apply.__doc__ = f"A '{op}' node of v."
-    return apply
+        def forward(a: Value, b: Operand, name: str = spec.name) -> Value:
+            return a.builder._node(name, a, a.builder._lift(b))
+
+        def reverse(a: Value, b: Operand, name: str = spec.name) -> Value:
+            return a.builder._node(name, a.builder._lift(b), a)
+
+        setattr(Value, f"__{stem}__", forward)
+        if spec.is_elementwise:
+            setattr(Value, f"__r{stem}__", reverse)
 
 
-sigmoid = _unary("sigmoid")
-tanh = _unary("tanh")
-relu = _unary("relu")
-exp = _unary("exp")
+_install_operators()
+
+
+def apply(op: str, *args: Operand) -> Value:
+    """A node of op `op` (any op of the table) over the args; at least one arg must be a Value."""
+    spec = OPS.get(op)
+    if spec is None or spec.is_source:
+        known = ", ".join(n for n, s in OPS.items() if not s.is_source)
+        raise CellError(f"unknown op '{op}' (known: {known})")
+    if len(args) != spec.arity:
+        raise CellError(f"'{op}' takes {spec.arity} arg{'s' if spec.arity != 1 else ''}, got {len(args)}")
+    builder = next((a.builder for a in args if isinstance(a, Value)), None)
+    if builder is None:
+        raise CellError(f"'{op}' needs at least one node of the cell being built among its args")
+    return builder._node(op, *(builder._lift(a) for a in args))
+
+
+def function(op: str):
+    """The builder function of an op of the table: `function("sigmoid")(v)` is `apply("sigmoid", v)`."""
+    def call(*args: Operand) -> Value:
+        return apply(op, *args)
+
+    call.__name__ = op
+    call.__doc__ = f"A '{op}' node: {OPS[op].doc}."
+    return call
+
+
+def __getattr__(name: str):
+    # Every op of the table without an operator is a function of this module: `from
+    # cellfuse.graph_model.builder import sigmoid`. Looked up when asked, so an op added to the table
+    # has its function too.
+    spec = OPS.get(name)
+    if spec is not None and spec.symbol is None and not spec.is_source:
+        return function(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class CellBuilder:

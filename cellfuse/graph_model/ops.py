@@ -1,27 +1,43 @@
 """The op table: the single source of truth for every op a cell may use.
 
-Each entry says how many args the op takes, what kind of node it is (a source of values, a matmul,
-or an elementwise op), what it means in numpy (the reference), and how it is written in CUDA C.
-The scheduler, the reference interpreter, the CUDA emitter and the editor's palette all read it.
+Each entry says how many args the op takes, what kind of node it is (a source of values, a matmul, or
+an elementwise op), what it means in numpy (the reference) and in PyTorch (the baselines), how it is
+written in CUDA C, how the Python builder spells it, and how random test cells may use it without
+values growing. The validator, the scheduler, the reference interpreter, the CUDA emitter, the builder,
+the editor's palette and the random cells of the tests all read it: an op added here works everywhere,
+or a test that walks the table names it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Literal
 
 import numpy as np
 
-OpKind = Literal["source", "matmul", "elementwise"]
+
+class OpKind(StrEnum):
+    SOURCE = "source"  # a value the step starts from: the input, a state, a weight, a constant
+    MATMUL = "matmul"  # a row value times a 2-D weight: a GEMM
+    ELEMENTWISE = "elementwise"  # one output element from the same element of each arg (broadcasting)
 
 
-def _sigmoid(a: np.ndarray) -> np.ndarray:
-    # e = e^-|a| never overflows; 1 / (1 + e) for a >= 0 and e / (1 + e) for a < 0 are both the
-    # logistic function, each without the cancellation that 1 + tanh(a / 2) suffers for a << 0.
-    a = np.asarray(a)
-    e = np.exp(-np.abs(a))
-    return np.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+# What a random test cell must guarantee of an argument before it feeds an op, so that values stay
+# bounded over any number of steps:
+#   any: nothing;  bounded: |a| <= 3 (squashed by tanh or sigmoid when it may be larger);
+#   unit: |a| <= 1 (passed through tanh);  positive: a >= 1/e (a divisor)
+ArgDomain = Literal["any", "bounded", "unit", "positive"]
+
+
+@dataclass(frozen=True)
+class RandomUse:
+    """How random cells may use an elementwise op: what each argument must satisfy, and a bound of the
+    result's magnitude from the arguments' bounds."""
+
+    args: tuple[ArgDomain, ...]
+    bound: Callable[..., float]
 
 
 @dataclass(frozen=True)
@@ -35,28 +51,67 @@ class OpSpec:
     # A C expression over the argument expressions {0}, {1}; functions named cf_* are defined in
     # codegen's kernel prelude.
     cuda: str | None = None
+    # The function of the `torch` module with the same meaning (torch.<name>(*args)).
+    torch: str | None = None
+    # The builder's spelling: a Python operator ("+", "-", ... ; "-" of arity 1 is negation), or None
+    # for a function of the same name as the op (`sigmoid(v)`).
+    symbol: str | None = None
+    random: RandomUse | None = None
+
+    @property
+    def is_source(self) -> bool:
+        return self.kind is OpKind.SOURCE
+
+    @property
+    def is_matmul(self) -> bool:
+        return self.kind is OpKind.MATMUL
+
+    @property
+    def is_elementwise(self) -> bool:
+        return self.kind is OpKind.ELEMENTWISE
 
 
-OPS: dict[str, OpSpec] = {
-    spec.name: spec
-    for spec in [
-        OpSpec("input", 0, "source", "the step's input x_t, [B, input]"),
-        OpSpec("state", 0, "source", "a recurrent state's value at t-1, [B, hidden]"),
-        OpSpec("weight", 0, "source", "a learned parameter, [K, N] or [N]"),
-        OpSpec("const", 0, "source", "a scalar constant"),
-        OpSpec("matmul", 2, "matmul", "a @ W, W a 2-D weight", ("a", "W")),
-        OpSpec("add", 2, "elementwise", "a + b", ("a", "b"), np.add, "({0} + {1})"),
-        OpSpec("sub", 2, "elementwise", "a - b", ("a", "b"), np.subtract, "({0} - {1})"),
-        OpSpec("mul", 2, "elementwise", "a * b", ("a", "b"), np.multiply, "({0} * {1})"),
-        OpSpec("div", 2, "elementwise", "a / b", ("a", "b"), np.divide, "({0} / {1})"),
-        OpSpec("neg", 1, "elementwise", "-a", ("a",), np.negative, "(-{0})"),
-        OpSpec("exp", 1, "elementwise", "e^a", ("a",), np.exp, "expf({0})"),
-        OpSpec("sigmoid", 1, "elementwise", "1 / (1 + e^-a)", ("a",), _sigmoid, "cf_sigmoid({0})"),
-        OpSpec("tanh", 1, "elementwise", "tanh(a)", ("a",), np.tanh, "tanhf({0})"),
-        OpSpec("relu", 1, "elementwise", "max(a, 0)", ("a",), lambda a: np.maximum(a, 0.0),
-               "fmaxf({0}, 0.0f)"),
-    ]
-}
+def _sigmoid(a: np.ndarray) -> np.ndarray:
+    # e = e^-|a| never overflows; 1 / (1 + e) for a >= 0 and e / (1 + e) for a < 0 are both the
+    # logistic function, each without the cancellation that 1 + tanh(a / 2) suffers for a << 0.
+    a = np.asarray(a)
+    e = np.exp(-np.abs(a))
+    return np.where(a >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
 
-SOURCE_OPS = frozenset(n for n, s in OPS.items() if s.kind == "source")
-ELEMENTWISE_OPS = frozenset(n for n, s in OPS.items() if s.kind == "elementwise")
+
+def _relu(a: np.ndarray) -> np.ndarray:
+    return np.maximum(a, 0.0)
+
+
+_E = float(np.e)  # e^1: the largest exp of a unit argument
+
+# Node.op names an entry; the order is the palette's.
+OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
+    OpSpec("input", 0, OpKind.SOURCE, "the step's input x_t, [B, input]"),
+    OpSpec("state", 0, OpKind.SOURCE, "a recurrent state's value at t-1, [B, hidden]"),
+    OpSpec("weight", 0, OpKind.SOURCE, "a learned parameter, [K, N] or [N]"),
+    OpSpec("const", 0, OpKind.SOURCE, "a scalar constant"),
+    OpSpec("matmul", 2, OpKind.MATMUL, "a @ W, W a 2-D weight", ("a", "W"), symbol="@"),
+    OpSpec("add", 2, OpKind.ELEMENTWISE, "a + b", ("a", "b"), np.add, "({0} + {1})", "add", "+",
+           RandomUse(("any", "any"), lambda a, b: a + b)),
+    OpSpec("sub", 2, OpKind.ELEMENTWISE, "a - b", ("a", "b"), np.subtract, "({0} - {1})", "sub", "-",
+           RandomUse(("any", "any"), lambda a, b: a + b)),
+    OpSpec("mul", 2, OpKind.ELEMENTWISE, "a * b", ("a", "b"), np.multiply, "({0} * {1})", "mul", "*",
+           RandomUse(("bounded", "bounded"), lambda a, b: a * b)),
+    OpSpec("div", 2, OpKind.ELEMENTWISE, "a / b", ("a", "b"), np.divide, "({0} / {1})", "div", "/",
+           RandomUse(("any", "positive"), lambda a, b: 2.8 * a)),
+    OpSpec("neg", 1, OpKind.ELEMENTWISE, "-a", ("a",), np.negative, "(-{0})", "neg", "-",
+           RandomUse(("any",), lambda a: a)),
+    OpSpec("exp", 1, OpKind.ELEMENTWISE, "e^a", ("a",), np.exp, "expf({0})", "exp", None,
+           RandomUse(("unit",), lambda a: _E)),
+    OpSpec("sigmoid", 1, OpKind.ELEMENTWISE, "1 / (1 + e^-a)", ("a",), _sigmoid, "cf_sigmoid({0})",
+           "sigmoid", None, RandomUse(("any",), lambda a: 1.0)),
+    OpSpec("tanh", 1, OpKind.ELEMENTWISE, "tanh(a)", ("a",), np.tanh, "tanhf({0})", "tanh", None,
+           RandomUse(("any",), lambda a: 1.0)),
+    OpSpec("relu", 1, OpKind.ELEMENTWISE, "max(a, 0)", ("a",), _relu, "fmaxf({0}, 0.0f)", "relu", None,
+           RandomUse(("any",), lambda a: a)),
+]}
+
+
+def elementwise_ops() -> list[OpSpec]:
+    return [s for s in OPS.values() if s.is_elementwise]

@@ -6,12 +6,14 @@ no stacking, no fusion, one op of the op table at a time.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from .cell import Cell
-from .ops import OPS
+from .ops import OPS, OpSpec
 from .params import check_inputs, check_params, param_key, param_layers, sizes_from_params
 from .validate import CellError, require_valid
 
@@ -27,11 +29,19 @@ class Forward:
         return {"y": self.y, **{f"final.{s}": v for s, v in self.final.items()}}
 
 
-def step(cell: Cell, order: list[str], weights: dict[str, np.ndarray], x_t: np.ndarray,
-         states: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The value of every live node for one step of one layer."""
+def numpy_meaning(spec: OpSpec) -> Callable[..., Any]:
+    return spec.numpy
+
+
+def step(cell: Cell, order: list[str], weights: dict[str, Any], x_t: Any, states: dict[str, Any],
+         meaning: Callable[[OpSpec], Callable[..., Any]] = numpy_meaning,
+         const: Callable[[float], Any] = np.float64) -> dict[str, Any]:
+    """The value of every live node for one step of one layer.
+
+    Written once for every array library: `meaning` gives an elementwise op's function (numpy's by
+    default; the PyTorch baselines pass torch's), `const` makes a constant, and a matmul is `a @ W`."""
     nodes = cell.by_id()
-    values: dict[str, np.ndarray] = {}
+    values: dict[str, Any] = {}
     for nid in order:
         n = nodes[nid]
         if n.op == "input":
@@ -41,11 +51,11 @@ def step(cell: Cell, order: list[str], weights: dict[str, np.ndarray], x_t: np.n
         elif n.op == "weight":
             values[nid] = weights[nid]
         elif n.op == "const":
-            values[nid] = np.float64(n.value)
-        elif n.op == "matmul":
+            values[nid] = const(n.value)
+        elif OPS[n.op].is_matmul:
             values[nid] = values[n.args[0]] @ values[n.args[1]]
         else:
-            values[nid] = OPS[n.op].numpy(*(values[a] for a in n.args))
+            values[nid] = meaning(OPS[n.op])(*(values[a] for a in n.args))
     return values
 
 

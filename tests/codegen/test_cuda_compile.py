@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 
 import pytest
+from compile_cuda import nvcc_cubin
 
 from cellfuse.codegen import SCHEDULES, generate_cuda, make_plan, plan_kernels
 from cellfuse.codegen.cuda_kernels import PRELUDE
@@ -15,16 +15,6 @@ pytestmark = [pytest.mark.nvcc,
               pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")]
 
 SIZES = Sizes(seq=6, batch=3, input=24, hidden=40, layers=2)
-
-
-def nvcc_cubin(source: str, tmp_path) -> None:
-    cu = tmp_path / "kernels.cu"
-    cu.write_text(source)
-    proc = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-O3", "-Werror", "all-warnings",
-                           "-o", str(tmp_path / "kernels.cubin"), str(cu)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.strip() == "", proc.stderr
 
 
 @pytest.mark.parametrize("name", template_names())

@@ -9,6 +9,7 @@ from collections import defaultdict
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
+from random_cells import random_cell, random_cells
 
 from cellfuse.codegen import SCHEDULES, GemmLaunch, KernelLaunch, Plan, make_plan
 from cellfuse.codegen.cuda_export import generate_cuda
@@ -26,16 +27,25 @@ from cellfuse.graph_model import (
     template_names,
 )
 from cellfuse.graph_model.ops import OPS
-from cellfuse.graph_model.random_cells import random_cell, random_cells
 
 SIZES = Sizes(seq=3, batch=2, input=6, hidden=5, layers=1)
 TEMPLATES = template_names()
 RUNGS = list(zip(SCHEDULES, SCHEDULES[1:], strict=False))
 
 
+# A Plan is closed (it does not hold its cell); the checks below read the cell it was made from.
+_CELL_OF: dict[int, tuple[Plan, Cell]] = {}
+
+
 def plan_of(cell: Cell, schedule: str, layers: int = 1) -> Plan:
     s = SIZES
-    return make_plan(cell, Sizes(s.seq, s.batch, s.input, s.hidden, layers), schedule)
+    plan = make_plan(cell, Sizes(s.seq, s.batch, s.input, s.hidden, layers), schedule)
+    _CELL_OF[id(plan)] = (plan, cell)  # the plan is kept too, so that its id is not reused
+    return plan
+
+
+def cell_of(plan: Plan) -> Cell:
+    return _CELL_OF[id(plan)][1]
 
 
 # -- reading a plan --------------------------------------------------------------------------------
@@ -94,7 +104,8 @@ def live_consumers(cell: Cell) -> dict[str, list[str]]:
 
 # -- the invariants every plan keeps ------------------------------------------------------------------
 def check_groups(plan: Plan) -> None:
-    cell, nodes = plan.cell, plan.cell.by_id()
+    cell = cell_of(plan)
+    nodes = cell.by_id()
     level = SCHEDULES.index(plan.schedule)
     seen = [m for g in plan.groups for m in g.matmuls]
     assert sorted(seen) == sorted(matmul_nodes(cell)), "every live matmul in exactly one group"
@@ -110,7 +121,7 @@ def check_groups(plan: Plan) -> None:
 
 
 def check_hoisting(plan: Plan) -> None:
-    cell = plan.cell
+    cell = cell_of(plan)
     level = SCHEDULES.index(plan.schedule)
     for g in plan.groups:
         if g.hoisted:
@@ -141,7 +152,8 @@ def check_hoisting(plan: Plan) -> None:
 
 
 def check_folding(plan: Plan) -> None:
-    cell, nodes = plan.cell, plan.cell.by_id()
+    cell = cell_of(plan)
+    nodes = cell.by_id()
     consumers = live_consumers(cell)
     targets = set(cell.updates.values()) | {cell.output}
     folded = {a: g for g in plan.groups for a in g.folded}
@@ -149,7 +161,7 @@ def check_folding(plan: Plan) -> None:
         m = g.folded[add]
         assert g.hoisted and m in g.matmuls
         assert nodes[add].op == "add" and m in nodes[add].args
-        bias = g.bias_of(cell, add)
+        bias = g.bias_of(add)
         assert nodes[bias].op == "weight" and len(nodes[bias].shape) == 1
         assert consumers[m] == [add] and m not in targets, f"{add}: its matmul {m} has another use"
     if SCHEDULES.index(plan.schedule) >= 3:  # every bias that can fold does
@@ -164,7 +176,7 @@ def check_folding(plan: Plan) -> None:
 
 
 def check_islands(plan: Plan) -> None:
-    cell = plan.cell
+    cell = cell_of(plan)
     level = SCHEDULES.index(plan.schedule)
     order = analyze(cell).order
     consumers = live_consumers(cell)
@@ -357,7 +369,7 @@ def test_gru_hoisted_folds_the_input_biases_into_the_hoisted_gemm():
     x_group, h_group = plan.groups
     assert x_group.hoisted and x_group.matmuls == ["xr", "xz", "xn"]
     assert x_group.folded == {"xr_b": "xr", "xz_b": "xz", "xn_b": "xn"}
-    assert [x_group.bias_of(cell, a) for a in ("xr_b", "xz_b", "xn_b")] == ["b_ir", "b_iz", "b_in"]
+    assert [x_group.bias_of(a) for a in ("xr_b", "xz_b", "xn_b")] == ["b_ir", "b_iz", "b_in"]
     assert not h_group.hoisted and h_group.matmuls == ["hr", "hz", "hn"] and not h_group.folded
     (isl,) = plan.islands
     assert sorted(isl.nodes) == sorted(set(elementwise_nodes(cell)) - {"xr_b", "xz_b", "xn_b"})

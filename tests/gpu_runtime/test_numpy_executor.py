@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from random_cells import random_cell, random_cells
 
 from cellfuse.codegen import SCHEDULES, make_plan
 from cellfuse.gpu_runtime.execute import run_schedule
@@ -24,7 +25,6 @@ from cellfuse.graph_model import (
     tanh,
     template_names,
 )
-from cellfuse.graph_model.random_cells import random_cell, random_cells
 
 TOLERANCE = {np.float64: 1e-5, np.float32: 1e-4}
 

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from cellfuse.graph_model import OPS
-from cellfuse.graph_model.ops import ELEMENTWISE_OPS, SOURCE_OPS
+
+SOURCE_OPS = {name for name, spec in OPS.items() if spec.is_source}
+ELEMENTWISE_OPS = {name for name, spec in OPS.items() if spec.is_elementwise}
 
 # op -> (args, expected), every expected value worked out by hand.
 LN2, LN3 = math.log(2.0), math.log(3.0)
@@ -40,7 +42,8 @@ def test_the_table_holds_the_ops_of_version_1_with_their_arity():
 
 def test_kinds():
     assert SOURCE_OPS == {"input", "state", "weight", "const"}
-    assert OPS["matmul"].kind == "matmul"
+    assert OPS["matmul"].kind == "matmul" and OPS["matmul"].is_matmul
+    assert all(sum((s.is_source, s.is_matmul, s.is_elementwise)) == 1 for s in OPS.values())
     assert ELEMENTWISE_OPS == set(CASES)
 
 
@@ -95,3 +98,13 @@ def test_sigmoid_agrees_with_the_logistic_function_where_that_is_finite():
 def test_sources_and_matmul_have_no_elementwise_meaning():
     for name in [*SOURCE_OPS, "matmul"]:
         assert OPS[name].numpy is None and OPS[name].cuda is None
+
+
+@pytest.mark.parametrize("op", sorted(CASES))
+def test_every_elementwise_op_has_every_meaning(op):
+    """What the baselines, the builder and the random cells take from the table."""
+    spec = OPS[op]
+    assert spec.torch and spec.torch.isidentifier()
+    assert spec.symbol in (None, "+", "-", "*", "/")
+    assert spec.random is not None and len(spec.random.args) == spec.arity
+    assert spec.random.bound(*([1.0] * spec.arity)) >= 0.0

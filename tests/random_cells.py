@@ -1,9 +1,9 @@
 """Random valid cells, for property tests and benchmarks of the scheduler and the backends.
 
-`random_cell(rng)` draws a cell from a numpy Generator; `random_cells()` is a hypothesis strategy
-(hypothesis is imported only when the strategy is asked for, so this module costs nothing at import).
-Both build through CellBuilder, so every cell they return has passed validation. No production code
-path depends on this module.
+`random_cell(rng)` draws a cell from a numpy Generator; `random_cells()` is a hypothesis strategy.
+Both build through CellBuilder, so every cell they return has passed validation. The elementwise ops
+come from the op table, each used as its `random` entry allows, so an op added to the table is drawn
+here too.
 
 A cell drawn here has one input `x`, one to three states, 2-D weights `W0, W1, ...` and 1-D weights
 `b0, b1, ...`, and mixes what the scheduler has to find:
@@ -19,8 +19,8 @@ A cell drawn here has one input `x`, one to three states, 2-D weights `W0, W1, .
   another state, or a node shared with another state's update.
 
 Values stay bounded whatever the sequence length: anything that may grow is squashed by tanh or
-sigmoid before it feeds a matmul or a state, divisions divide by something at least 1/2, and exp only
-sees bounded arguments.
+sigmoid before it feeds a matmul or a state, and every argument of an op meets the domain its table
+entry asks for (a divisor is at least 1/e, exp only sees arguments in [-1, 1]).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .builder import CellBuilder, Value, exp, relu, sigmoid, tanh
-from .cell import Cell
+from cellfuse.graph_model import OPS, Cell, CellBuilder, OpSpec, Value
+from cellfuse.graph_model.builder import apply, exp, sigmoid, tanh
 
 T = TypeVar("T")
 
@@ -92,6 +92,7 @@ class _Row:
 class _CellDrawer:
     def __init__(self, draws: _Draws, name: str, max_rounds: int):
         self.d = draws
+        self.ops = [spec for spec in OPS.values() if spec.is_elementwise]
         self.max_rounds = max_rounds
         self.b = CellBuilder(name, description="a random cell for tests", input=8, hidden=8)
         self.rows: dict[str, list[_Row]] = {"input": [], "hidden": []}
@@ -126,38 +127,45 @@ class _CellDrawer:
         return self.b.const(self.d.pick(CONST_VALUES))
 
     def scalar(self) -> tuple[Value, float]:
-        """A scalar: a const or a small const expression."""
-        kind = self.d.integer(0, 4)
-        if kind == 0:
-            c = self.const()
+        """A scalar: a const or an op of the table over consts."""
+        c = self.const()
+        if self.d.chance(0.4):
             return c, abs(self.b.cell.node(c.id).value or 0.0)
-        if kind == 1:
-            return tanh(self.const()), 1.0
-        if kind == 2:
-            return sigmoid(self.const()) * self.const(), 2.0
-        if kind == 3:
-            return -self.const(), 2.0
-        return exp(tanh(self.const())), 2.8
+        return self.combine(self.d.pick(self.ops), lambda: (self.const(), 2.0))
 
     def vec(self, width: str) -> tuple[Value, float]:
-        """An [N] value: a 1-D weight, or a computation on weights only."""
+        """An [N] value: a 1-D weight, or an op of the table over weights and scalars."""
         if self.vecs[width] and self.d.chance(0.3):
             return self.d.pick(self.vecs[width]), 1.0
-        kind = self.d.integer(0, 4)
-        if kind == 0:
+        if self.d.chance(0.2):
             return self.bias(width), 1.0
-        if kind == 1:
-            v = -self.bias(width)
-        elif kind == 2:
-            v = exp(tanh(self.bias(width)))
-        elif kind == 3:
-            v = sigmoid(self.bias(width)) * self.bias(width)
-        else:
-            s, _ = self.scalar()
-            v = self.bias(width) + s if self.d.chance(0.5) else s - self.bias(width)
-            v = tanh(v)
+        v, bound = self.combine(self.d.pick(self.ops), lambda: (self.bias(width), 1.0),
+                                lambda: self.scalar() if self.d.chance(0.5) else (self.bias(width), 1.0))
+        v, bound = tanh(v), 1.0  # weight-only values stay small whatever the op
         self.vecs[width].append(v)
-        return v, 3.0
+        return v, bound
+
+    # -- ops of the table -------------------------------------------------------------------------
+    def meet(self, v: Value, bound: float, domain: str) -> tuple[Value, float]:
+        """The value, changed as little as needed to lie in an op's argument domain."""
+        if domain == "bounded" and bound > SQUASH_ABOVE or domain == "unit" and bound > 1.0:
+            return (tanh(v) if domain == "unit" or self.d.chance(0.5) else sigmoid(v)), 1.0
+        if domain == "positive":  # at least 1/e
+            if self.d.chance(0.5):
+                return self.b.const(self.d.pick((1.0, 0.5))) + sigmoid(v), 2.0
+            return exp(tanh(v)), 2.8
+        return v, bound
+
+    def combine(self, spec: OpSpec, first: Callable[[], tuple[Value, float]],
+                other: Callable[[], tuple[Value, float]] | None = None) -> tuple[Value, float]:
+        """`spec` applied to values drawn by `first` (its first arg) and `other` (the rest), each brought
+        into the domain the op's table entry asks for; sometimes with the args swapped."""
+        use = spec.random
+        drawn = [self.meet(*(first() if i == 0 else (other or first)()), domain)
+                 for i, domain in enumerate(use.args)]
+        if len(drawn) == 2 and use.args[0] == use.args[1] and self.d.chance(0.3):
+            drawn.reverse()
+        return apply(spec.name, *(v for v, _ in drawn)), use.bound(*(b for _, b in drawn))
 
     # -- rows --------------------------------------------------------------------------------------
     def squash(self, r: _Row, limit: float = SQUASH_ABOVE) -> _Row:
@@ -176,50 +184,21 @@ class _CellDrawer:
         return r
 
     def expr(self, width: str, depth: int) -> _Row:
-        """A random elementwise DAG over values of the cell, of shape [batch, width]."""
+        """A random elementwise DAG over values of the cell, of shape [batch, width]: ops of the table
+        whose first arg is a row and whose other args are rows, [N] values or scalars."""
         if depth == 0 or self.d.chance(0.2):
             return self.operand(width)
-        kind = self.d.integer(0, 8)
-        if kind <= 2:  # add, sub, mul with a row, an [N] value or a scalar
-            a = self.expr(width, depth - 1)
+
+        def row() -> tuple[Value, float]:
+            r = self.expr(width, depth - 1)
+            return r.value, r.bound
+
+        def any_operand() -> tuple[Value, float]:
             which = self.d.integer(0, 2)
-            if which == 0:
-                other = self.expr(width, depth - 1)
-                if kind == 2:
-                    other = self.squash(other)
-                b_val, b_bound = other.value, other.bound
-            elif which == 1:
-                b_val, b_bound = self.vec(width)
-            else:
-                b_val, b_bound = self.scalar()
-            if kind == 2:
-                a = self.squash(a)
-            x, y = (b_val, a.value) if self.d.chance(0.3) else (a.value, b_val)
-            if kind == 0:
-                return _Row(x + y, width, a.bound + b_bound)
-            if kind == 1:
-                return _Row(x - y, width, a.bound + b_bound)
-            return _Row(x * y, width, a.bound * b_bound)
-        if kind == 3:  # division by something >= 1/2
-            a = self.expr(width, depth - 1)
-            g = self.d.integer(0, 2)
-            if g == 0:
-                guard = self.b.const(self.d.pick((1.0, 0.5))) + sigmoid(self.expr(width, depth - 1).value)
-            elif g == 1:
-                guard = exp(tanh(self.expr(width, depth - 1).value))
-            else:
-                guard = exp(tanh(self.vec(width)[0]))
-            return _Row(a.value / guard, width, 2.8 * a.bound)
-        a = self.expr(width, depth - 1)
-        if kind == 4:
-            return _Row(-a.value, width, a.bound)
-        if kind == 5:
-            return _Row(tanh(a.value), width, 1.0)
-        if kind == 6:
-            return _Row(sigmoid(a.value), width, 1.0)
-        if kind == 7:
-            return _Row(relu(a.value), width, a.bound)
-        return _Row(exp(tanh(a.value)), width, 2.8)
+            return row() if which == 0 else self.vec(width) if which == 1 else self.scalar()
+
+        value, bound = self.combine(self.d.pick(self.ops), row, any_operand)
+        return _Row(value, width, bound)
 
     def matmul(self, n: str) -> _Row:
         """left @ W with W of shape [K, n]; the left operand is often one already used, so that
@@ -272,7 +251,7 @@ class _CellDrawer:
             self.keep(self.matmul(self.d.pick(("hidden", "input"))))
         else:  # relu(x) @ W, a classic input transform
             x = self.rows["input"][0]
-            r = _Row(relu(x.value), "input", x.bound)
+            r = _Row(apply("relu", x.value), "input", x.bound)
             self.keep(r)
             self.lefts.append(r)
             self.keep(self.with_bias(self.matmul("hidden")) if self.d.chance(0.5) else self.matmul("hidden"))

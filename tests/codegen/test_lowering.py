@@ -1,0 +1,163 @@
+"""The lowering of a Plan to a program, and the order in which its streams may run."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from cellfuse.codegen import make_plan
+from cellfuse.codegen.lowering import (
+    MAIN,
+    SIDE,
+    Copy,
+    Gemm,
+    Kernel,
+    Loop,
+    Program,
+    Record,
+    Wait,
+    execution_order,
+    lower,
+)
+from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
+from cellfuse.graph_model import Sizes, init_params, load_template, run_reference, template_names
+
+SIZES = Sizes(seq=7, batch=2, input=4, hidden=3, layers=2)
+
+
+def test_an_unchunked_program_is_copies_prologue_and_one_loop_per_layer():
+    plan = make_plan(load_template("lstm"), SIZES, "fused")
+    program = lower(plan)
+    assert program.streams == 1 and program.events == 0
+    kinds = [type(i).__name__ for i in program.instructions]
+    # per layer: the initial h and c, the loop, the final h and c
+    assert kinds == ["Copy", "Copy", "Loop", "Copy", "Copy"] * 2
+    loop = program.instructions[2]
+    assert loop.first == 0 and loop.last is None and not loop.reverse
+    assert list(loop.steps(plan.sizes.seq)) == list(range(plan.sizes.seq))
+    assert [i.launch for i in loop.body] == plan.layers[0].step
+
+
+def test_hoisted_work_runs_in_chunks_on_the_side_stream():
+    plan = make_plan(load_template("lstm"), SIZES, "hoisted")
+    assert plan.chunk_steps == 7
+    plan = replace(plan, chunk_steps=3)  # chunks of steps 0-2, 3-5, 6
+    program = lower(plan)
+    assert program.streams == 2
+    side = [i for i in program.instructions if i.stream == SIDE]
+    gemms = [i for i in side if isinstance(i, Gemm)]
+    assert [g.steps for g in gemms] == [(0, 3), (3, 6), (6, 7)] * 2
+    loops = [i for i in program.instructions if isinstance(i, Loop)]
+    assert [(lp.first, lp.last) for lp in loops] == [(0, 3), (3, 6), (6, 7)] * 2
+    assert all(i.stream == MAIN for i in program.instructions if isinstance(i, Loop | Copy))
+    # every loop waits for its own chunk's hoisted work first
+    for i, instr in enumerate(program.instructions):
+        if isinstance(instr, Loop):
+            wait = program.instructions[i - 1]
+            assert isinstance(wait, Wait) and wait.stream == MAIN
+    one = lower(plan, one_stream=True)
+    assert one.streams == 1 and not any(isinstance(i, Record | Wait) for i in one.instructions)
+
+
+@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("chunk", [1, 3, 7])
+@pytest.mark.parametrize("prefer", [MAIN, SIDE])
+def test_chunked_streams_match_the_reference_in_either_order(name, chunk, prefer):
+    """The hoisted work as early as its events allow, or as late as the loop allows: both right."""
+    cell = load_template(name)
+    plan = replace(make_plan(cell, SIZES, "hoisted"), chunk_steps=chunk)
+    params = init_params(cell, SIZES.layers, SIZES.input, SIZES.hidden, seed=1)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((SIZES.seq, SIZES.batch, SIZES.input))
+    initial = {s: rng.standard_normal((SIZES.layers, SIZES.batch, SIZES.hidden)) for s in cell.updates}
+    ref = run_reference(cell, params, {"x": x, **initial})
+    got = NumpyExecutor(plan, params, np.float64, prefer).run(x, initial)
+    np.testing.assert_allclose(got.y, ref.y, rtol=1e-5, atol=1e-6)
+    for s in cell.updates:
+        np.testing.assert_allclose(got.final[s], ref.final[s], rtol=1e-5, atol=1e-6)
+
+
+def _without(program: Program, drop) -> Program:
+    return replace(program, instructions=tuple(i for i in program.instructions if not drop(i)))
+
+
+@pytest.mark.parametrize("prefer", [MAIN, SIDE])
+def test_a_missing_wait_gives_a_wrong_result_in_one_of_the_orders(prefer):
+    """Why both orders are run: each catches the Waits of one stream."""
+    cell = load_template("gru")
+    plan = replace(make_plan(cell, SIZES, "hoisted"), chunk_steps=3)
+    params = init_params(cell, SIZES.layers, SIZES.input, SIZES.hidden, seed=1)
+    x = np.random.default_rng(0).standard_normal((SIZES.seq, SIZES.batch, SIZES.input))
+    initial = {"h": np.zeros((SIZES.layers, SIZES.batch, SIZES.hidden))}
+    ex = NumpyExecutor(plan, params, np.float64, prefer)
+    # MAIN first runs the loop before the hoisted work it skipped waiting for; SIDE first runs layer 1's
+    # hoisted GEMM before layer 0 wrote what it reads.
+    stream = MAIN if prefer == MAIN else SIDE
+    ex.program = _without(ex.program, lambda i: isinstance(i, Wait) and i.stream == stream and i.event > 0)
+    assert not np.all(np.isfinite(ex.run(x, initial).y))
+
+
+def test_execution_order_refuses_what_a_gpu_would_run_wrongly():
+    plan = make_plan(load_template("elman"), SIZES, "fused")
+    body = lower(plan).instructions
+    late = Program(plan, (Wait(0, MAIN), *body, Record(0, MAIN)), 1, 1)
+    with pytest.raises(ValueError, match="before it is recorded"):
+        list(execution_order(late))
+    twice = Program(plan, (Record(0, MAIN), Record(0, MAIN)), 1, 1)
+    with pytest.raises(ValueError, match="recorded twice"):
+        list(execution_order(twice))
+    beyond = Program(plan, (Record(0, SIDE),), 1, 1)
+    with pytest.raises(ValueError, match="beyond"):
+        list(execution_order(beyond))
+
+
+def test_a_loop_runs_in_reverse():
+    loop = Loop((), first=2, last=6, reverse=True)
+    assert list(loop.steps(10)) == [5, 4, 3, 2]
+    assert list(Loop((), first=0, last=None, reverse=True).steps(3)) == [2, 1, 0]
+
+
+def test_every_executor_refuses_an_unknown_instruction(monkeypatch):
+    from cellfuse.codegen import cuda_export
+
+    plan = make_plan(load_template("elman"), SIZES, "hoisted")
+    params = init_params(load_template("elman"), SIZES.layers, SIZES.input, SIZES.hidden)
+    ex = NumpyExecutor(plan, params)
+    with pytest.raises(TypeError, match="cannot run"):
+        ex.execute(object())
+    with pytest.raises(TypeError, match="cannot run"):
+        ex.execute(Loop((object(),)))
+    with pytest.raises(TypeError, match="unknown instruction"):
+        list(execution_order(Program(plan, (object(),), 1, 0)))
+
+    real = cuda_export.lower
+    monkeypatch.setattr(cuda_export, "lower", lambda p, one_stream: Program(
+        p, (*real(p, one_stream).instructions, object()), 1, 0))
+    with pytest.raises(TypeError, match="cannot emit"):
+        cuda_export.emit(plan)
+
+
+def test_the_exporter_refuses_a_program_on_two_streams(monkeypatch):
+    from cellfuse.codegen import cuda_export
+
+    plan = replace(make_plan(load_template("lstm"), SIZES, "hoisted"), chunk_steps=3)
+    real = cuda_export.lower
+    monkeypatch.setattr(cuda_export, "lower", lambda p, one_stream: real(p))
+    with pytest.raises(ValueError, match="one stream"):
+        cuda_export.emit(plan)
+
+
+def test_kernels_carry_their_bodies():
+    """A closed plan: a kernel launch says what it computes, with the op table's entries and literals."""
+    plan = make_plan(load_template("cifg_lstm"), SIZES, "fused")
+    program = lower(plan)
+    kernels = [i for lp in program.instructions if isinstance(lp, Loop) for i in lp.body
+               if isinstance(i, Kernel)]
+    ops = {instr.op.name for k in kernels for instr in k.launch.body}
+    assert {"sigmoid", "tanh", "sub", "mul", "add"} <= ops
+    # f = 1 - i: the constant 1 is a literal of the instruction, not a value read from memory
+    literal = [instr for k in kernels for instr in k.launch.body
+               if any(not isinstance(a, str) for a in instr.args)]
+    assert literal and all(instr.op.is_elementwise for instr in literal)

@@ -1,0 +1,110 @@
+"""The op table is the single source of truth: an op added to it alone works in the builder, the
+reference, every schedule of the numpy executor, the generated CUDA, the PyTorch baseline and the random
+cells of the tests."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+from compile_cuda import nvcc_cubin
+from random_cells import random_cell
+
+from cellfuse.codegen import SCHEDULES, make_plan, plan_kernels
+from cellfuse.codegen.cuda_kernels import PRELUDE
+from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
+from cellfuse.graph_model import OPS, CellBuilder, OpSpec, Sizes, init_params, run_reference
+from cellfuse.graph_model import builder as builder_module
+from cellfuse.graph_model.ops import OpKind, RandomUse
+
+SQUARE = OpSpec("square", 1, OpKind.ELEMENTWISE, "a * a", ("a",), np.square, "({0} * {0})", "square", None,
+                RandomUse(("bounded",), lambda a: a * a))
+SIZES = Sizes(seq=5, batch=2, input=3, hidden=4, layers=2)
+
+
+@pytest.fixture
+def square(monkeypatch):
+    monkeypatch.setitem(OPS, "square", SQUARE)
+
+
+def square_cell():
+    """h' = tanh(square(x W) - square(h U) + b)"""
+    b = CellBuilder("Squares", input=SIZES.input, hidden=SIZES.hidden)
+    x, h = b.input("x"), b.state("h")
+    W, U = b.weight("W", "input", "hidden"), b.weight("U", "hidden", "hidden")
+    bias = b.weight("b", "hidden")
+    h_new = builder_module.tanh(builder_module.square(x @ W) - builder_module.apply("square", h @ U) + bias)
+    b.update(h, h_new.named("h_new"))
+    b.output(h_new)
+    return b.build()
+
+
+def data(cell, seed=0):
+    params = init_params(cell, SIZES.layers, SIZES.input, SIZES.hidden, seed)
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((SIZES.seq, SIZES.batch, SIZES.input))
+    initial = {s: rng.standard_normal((SIZES.layers, SIZES.batch, SIZES.hidden)) for s in cell.updates}
+    return params, x, initial
+
+
+def test_the_builder_and_the_reference_know_the_new_op(square):
+    cell = square_cell()
+    assert sum(n.op == "square" for n in cell.nodes) == 2
+    params, x, initial = data(cell)
+    ref = run_reference(cell, params, {"x": x, **initial}, SIZES.layers)
+    # by hand, layer 0 only
+    p = {k[3:]: v.astype(np.float64) for k, v in params.items() if k.startswith("l0.")}
+    h = initial["h"][0]
+    for t in range(SIZES.seq):
+        h = np.tanh((x[t] @ p["W"]) ** 2 - (h @ p["U"]) ** 2 + p["b"])
+    np.testing.assert_allclose(ref.final["h"][0], h, rtol=1e-6)
+
+
+def test_without_the_table_entry_the_builder_does_not_know_it():
+    with pytest.raises(AttributeError):
+        _ = builder_module.square
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_every_schedule_runs_the_new_op_on_numpy(square, schedule):
+    cell = square_cell()
+    params, x, initial = data(cell)
+    ref = run_reference(cell, params, {"x": x, **initial}, SIZES.layers)
+    got = NumpyExecutor(make_plan(cell, SIZES, schedule), params, np.float64).run(x, initial)
+    np.testing.assert_allclose(got.y, ref.y, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+def test_the_generated_kernels_of_the_new_op_compile(square, tmp_path):
+    cell = square_cell()
+    parts = [PRELUDE]
+    for schedule in SCHEDULES:
+        ks = plan_kernels(make_plan(cell, SIZES, schedule))
+        for name, body in ks.sources.items():
+            parts.append(body.replace(name, f"{name}_{schedule}"))
+    source = "\n".join(parts)
+    assert "// square" in source
+    nvcc_cubin(source, tmp_path)
+
+
+def test_the_torch_baseline_runs_the_new_op(square):
+    torch = pytest.importorskip("torch")
+    from cellfuse.gpu_runtime.torch_baselines import make_step
+
+    cell = square_cell()
+    params, x, initial = data(cell)
+    ref = run_reference(cell, params, {"x": x, **initial}, SIZES.layers)
+    step = make_step(cell)
+    weights = {k[3:]: torch.from_numpy(v.astype(np.float64))
+               for k, v in params.items() if k.startswith("l0.")}
+    states = (torch.from_numpy(initial["h"][0]),)
+    for t in range(SIZES.seq):
+        _, states = step(torch.from_numpy(x[t]), states, weights)
+    np.testing.assert_allclose(states[0].numpy(), ref.final["h"][0], rtol=1e-5, atol=1e-6)
+
+
+def test_random_cells_draw_the_new_op(square):
+    cells = [random_cell(seed) for seed in range(40)]
+    assert any(n.op == "square" for c in cells for n in c.nodes)
