@@ -1,6 +1,9 @@
 """The README's table, and optionally its chart, from a committed result file of bench_templates.py.
 
     python benchmarks/chart.py benchmarks/results/FILE.json [docs/benchmark.png]
+
+The last two columns compare CellFuse's best schedule with the best of the GPU baselines (PyTorch eager
+in a CUDA graph, torch.compile in either mode, cuDNN), whichever was fastest for that cell.
 """
 
 from __future__ import annotations
@@ -11,26 +14,31 @@ import sys
 from matplotlib.figure import Figure
 
 from cellfuse.codegen import SCHEDULES
+from cellfuse.gpu_runtime.bench import BASELINES
+
+GPU_BASELINES = [b for b in BASELINES if b != "numpy reference"]
 
 
 def main(path: str, png: str | None) -> None:
     records = json.load(open(path))
-    names = [*SCHEDULES, "pytorch eager", "pytorch graph", "torch.compile", "cudnn"]
-    print("| cell | " + " | ".join(names) + " | best vs naive |")
-    print("|---" * (len(names) + 2) + "|")
-    fig = Figure(figsize=(10, 4.5))
+    names = [*SCHEDULES, *GPU_BASELINES]
+    print("| cell | " + " | ".join(names) + " | best vs naive | best baseline | best vs it |")
+    print("|---" * (len(names) + 4) + "|")
+    fig = Figure(figsize=(11, 4.5))
     ax = fig.subplots()
     width = 0.8 / len(records)
     for i, rec in enumerate(records):
         ms = {r["name"]: r["median_ms"] for r in rec["results"] if r["ok"]}
         cells = [f"{ms[n]:.2f}" if n in ms else "-" for n in names]
         best = min(ms[n] for n in SCHEDULES if n in ms)
-        print(f"| {rec['template']} | " + " | ".join(cells) + f" | {ms['naive'] / best:.1f}x |")
+        rival = min((n for n in GPU_BASELINES if n in ms and n != "pytorch eager"), key=ms.get)
+        print(f"| {rec['template']} | " + " | ".join(cells) + f" | {ms['naive'] / best:.1f}x | {rival} | "
+              f"{ms[rival] / best:.2f}x |")
         xs = [j + i * width for j, n in enumerate(names) if n in ms]
         ax.bar(xs, [ms[n] for n in names if n in ms], width, label=rec["template"])
     ax.set_xticks([j + 0.4 - width / 2 for j in range(len(names))], names, fontsize=8)
     ax.set_yscale("log")
-    ax.set_ylabel("ms per forward pass (median of 20)")
+    ax.set_ylabel("ms per forward pass (median of 20, log scale)")
     s = records[0]["sizes"]
     ax.set_title(f"{records[0]['device']}, T={s['seq']} B={s['batch']} input={s['input']} "
                  f"hidden={s['hidden']}, float32", fontsize=9)

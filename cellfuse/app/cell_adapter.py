@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import replace
 from typing import Any
 
 from PySide6 import QtCore, QtGui
@@ -620,9 +619,6 @@ class CellAdapter(QtCore.QObject):
                 out.append(s.name())
         return list(dict.fromkeys(out))
 
-    def output_selected(self) -> bool:
-        return any(isinstance(n, CellNode) and n.ROLE == ROLE_OUTPUT for n in self.graph.selected_nodes())
-
     def select_canvas(self, nodes: list[CellNode]) -> None:
         """Selects canvas nodes without an undo step (selection is not an edit)."""
         wanted = {n.id for n in nodes}
@@ -679,8 +675,3 @@ def _pos(raw: Any) -> tuple[float, float] | None:
     if isinstance(raw, (list, tuple)) and len(raw) == 2 and all(isinstance(c, (int, float)) for c in raw):
         return float(raw[0]), float(raw[1])
     return None
-
-
-def without_editor_keys(cell: Cell) -> Cell:
-    """The cell without the canvas's own keys (for comparing what the compiler sees)."""
-    return replace(cell, extra={k: v for k, v in cell.extra.items() if k != EDITOR_KEY})

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from ..codegen import SCHEDULES, generate_cuda, make_plan
+from ..codegen import SCHEDULES, emit, generate_cuda, make_plan
 from ..gpu_runtime.bench import BASELINES, BenchConfig, available_backends
 from ..graph_model import (
     Cell,
@@ -84,8 +84,8 @@ class MainWindow(QtWidgets.QMainWindow):
         self.bench_panel = BenchPanel(list(SCHEDULES), list(BASELINES), available_backends())
         self._build_docks()
 
-        self.actions_ = WindowActions(self)
-        build_menus(self, self.actions_)
+        self.actions_ = WindowActions(self, self)  # the window holds the actions and does what they ask
+        build_menus(self, self, self.actions_)
         self._build_status_bar()
 
         self._plan_timer = QtCore.QTimer(self)
@@ -274,7 +274,7 @@ class MainWindow(QtWidgets.QMainWindow):
         try:
             plan = make_plan(self.cell, sizes, schedule)
             summary = plan.summary()
-            source = generate_cuda(self.cell, sizes, schedule)
+            source = emit(plan)
         except CellError as e:
             self.plan_panel.show_message(str(e))
             self.cuda_view.show_message(str(e))

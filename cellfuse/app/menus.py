@@ -2,18 +2,43 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from ..graph_model import load_template, template_names
+from ..graph_model import CellInfo, load_template, template_names
 from . import theme
+from .cell_adapter import CellAdapter
 from .palette_panel import palette_entries
 
-if TYPE_CHECKING:
-    from .main_window import MainWindow
-
 Key = QtGui.QKeySequence
+
+
+class Editor(Protocol):
+    """What the actions and menus call: the main window is one. Described here rather than imported,
+    because the main window imports this module."""
+
+    adapter: CellAdapter
+    canvas: QtWidgets.QWidget
+    panel_docks: list[QtWidgets.QDockWidget]
+
+    def new_cell(self) -> bool: ...
+    def new_from_template(self, name: str) -> bool: ...
+    def open_file(self) -> bool: ...
+    def rebuild_recent_menu(self, menu: QtWidgets.QMenu) -> None: ...
+    def save(self) -> bool: ...
+    def save_as(self) -> bool: ...
+    def export_cuda(self) -> bool: ...
+    def cut_selection(self) -> bool: ...
+    def copy_selection(self) -> bool: ...
+    def paste(self) -> list[str]: ...
+    def delete_selection(self) -> None: ...
+    def open_node_search(self) -> None: ...
+    def add_node(self, op: str) -> str: ...
+    def set_overlay_visible(self, visible: bool) -> None: ...
+    def validate(self) -> CellInfo: ...
+    def run_benchmark(self) -> bool: ...
+    def cancel_benchmark(self) -> None: ...
 
 
 def _action(parent: QtWidgets.QWidget, text: str, slot, shortcuts=(), tip: str = "",
@@ -33,52 +58,53 @@ def _action(parent: QtWidgets.QWidget, text: str, slot, shortcuts=(), tip: str =
 
 
 class WindowActions:
-    """Every action of the window, by name (tests trigger them as a user would)."""
+    """Every action of the window, by name (tests trigger them as a user would). The actions belong to
+    `w`, the window, and call `e`, the editor: in the application both are the main window."""
 
-    def __init__(self, w: MainWindow) -> None:
+    def __init__(self, w: QtWidgets.QMainWindow, e: Editor) -> None:
         canvas_only = QtCore.Qt.ShortcutContext.WidgetWithChildrenShortcut
         std = Key.StandardKey
-        self.open = _action(w, "&Open…", lambda: w.open_file(), [std.Open], "Open a cell file")
-        self.save = _action(w, "&Save", w.save, [std.Save], "Save the cell")
-        self.save_as = _action(w, "Save &As…", lambda: w.save_as(), ["Ctrl+Shift+S"], "Save under a new name")
-        self.export_cuda = _action(w, "Export &CUDA…", lambda: w.export_cuda(), ["Ctrl+E"],
+        self.open = _action(w, "&Open…", lambda: e.open_file(), [std.Open], "Open a cell file")
+        self.save = _action(w, "&Save", e.save, [std.Save], "Save the cell")
+        self.save_as = _action(w, "Save &As…", lambda: e.save_as(), ["Ctrl+Shift+S"], "Save under a new name")
+        self.export_cuda = _action(w, "Export &CUDA…", lambda: e.export_cuda(), ["Ctrl+E"],
                                    "Write the generated CUDA of the chosen schedule to a .cu file")
         self.quit = _action(w, "&Quit", w.close, ["Ctrl+Q"])
-        self.new = _action(w, "&New Cell", lambda: w.new_cell(), [std.New],
+        self.new = _action(w, "&New Cell", lambda: e.new_cell(), [std.New],
                            "A new cell with only its input and output")
 
-        stack = w.adapter.undo_stack()
+        stack = e.adapter.undo_stack()
         self.undo = stack.createUndoAction(w, "&Undo")
         self.undo.setShortcuts([Key("Ctrl+Z")])
         self.redo = stack.createRedoAction(w, "&Redo")
         self.redo.setShortcuts([Key("Ctrl+Shift+Z"), Key("Ctrl+Y")])
         w.addAction(self.undo)
         w.addAction(self.redo)
-        self.cut = _action(w, "Cu&t", w.cut_selection, [std.Cut])
-        self.copy = _action(w, "&Copy", w.copy_selection, [std.Copy])
-        self.paste = _action(w, "&Paste", w.paste, [std.Paste])
-        self.delete = _action(w.canvas, "&Delete", w.delete_selection, ["Del", "Backspace"],
+        self.cut = _action(w, "Cu&t", e.cut_selection, [std.Cut])
+        self.copy = _action(w, "&Copy", e.copy_selection, [std.Copy])
+        self.paste = _action(w, "&Paste", e.paste, [std.Paste])
+        self.delete = _action(e.canvas, "&Delete", e.delete_selection, ["Del", "Backspace"],
                               "Delete the selected nodes", canvas_only)
-        self.select_all = _action(w, "Select &All", w.adapter.select_all, [std.SelectAll])
-        self.node_search = _action(w.canvas, "Add Node by &Name…", w.open_node_search, ["Tab"],
+        self.select_all = _action(w, "Select &All", e.adapter.select_all, [std.SelectAll])
+        self.node_search = _action(e.canvas, "Add Node by &Name…", e.open_node_search, ["Tab"],
                                    "Search the ops by name and add one", canvas_only)
 
-        self.fit = _action(w.canvas, "&Fit", w.adapter.fit, ["F"],
+        self.fit = _action(e.canvas, "&Fit", e.adapter.fit, ["F"],
                            "Frame the selected nodes, or the whole cell", canvas_only)
-        self.auto_layout = _action(w, "Auto &Layout", w.adapter.auto_layout, ["Ctrl+L"],
+        self.auto_layout = _action(w, "Auto &Layout", e.adapter.auto_layout, ["Ctrl+L"],
                                    "Arrange the nodes in columns from the input to the updates")
-        self.plan_overlay = _action(w, "Plan &Outlines", lambda: w.set_overlay_visible(
+        self.plan_overlay = _action(w, "Plan &Outlines", lambda: e.set_overlay_visible(
             self.plan_overlay.isChecked()), ["Ctrl+Shift+P"], "Outline GEMM groups and fused kernels")
         self.plan_overlay.setCheckable(True)
         self.plan_overlay.setChecked(True)
 
-        self.validate = _action(w, "&Validate", w.validate, ["F7"], "Check the cell and list its problems")
-        self.benchmark = _action(w, "&Benchmark", w.run_benchmark, ["F5"],
+        self.validate = _action(w, "&Validate", e.validate, ["F7"], "Check the cell and list its problems")
+        self.benchmark = _action(w, "&Benchmark", e.run_benchmark, ["F5"],
                                  "Check and time every schedule of the cell")
-        self.cancel = _action(w, "&Cancel Benchmark", w.cancel_benchmark, ["Shift+F5"])
+        self.cancel = _action(w, "&Cancel Benchmark", e.cancel_benchmark, ["Shift+F5"])
 
 
-def build_menus(w: MainWindow, a: WindowActions) -> None:
+def build_menus(w: QtWidgets.QMainWindow, e: Editor, a: WindowActions) -> None:
     bar = w.menuBar()
     file = bar.addMenu("&File")
     file.addAction(a.new)
@@ -88,12 +114,12 @@ def build_menus(w: MainWindow, a: WindowActions) -> None:
             title = load_template(name).name
         except Exception:  # a broken template must not stop the editor from starting
             title = name
-        templates.addAction(f"{title}  ({name})", lambda n=name: w.new_from_template(n))
+        templates.addAction(f"{title}  ({name})", lambda n=name: e.new_from_template(n))
     file.addSeparator()
     file.addAction(a.open)
     recent = file.addMenu("Open &Recent")
-    recent.aboutToShow.connect(lambda: w.rebuild_recent_menu(recent))
-    w.rebuild_recent_menu(recent)
+    recent.aboutToShow.connect(lambda: e.rebuild_recent_menu(recent))
+    e.rebuild_recent_menu(recent)
     file.addSeparator()
     file.addAction(a.save)
     file.addAction(a.save_as)
@@ -106,7 +132,7 @@ def build_menus(w: MainWindow, a: WindowActions) -> None:
                    a.node_search):
         edit.addSeparator() if action is None else edit.addAction(action)
     add = edit.addMenu("Add &Node")
-    _add_node_menu(w, add)
+    _add_node_menu(e, add)
 
     view = bar.addMenu("&View")
     view.addAction(a.fit)
@@ -114,7 +140,7 @@ def build_menus(w: MainWindow, a: WindowActions) -> None:
     view.addAction(a.plan_overlay)
     view.addSeparator()
     panels = view.addMenu("&Panels")
-    for dock in w.panel_docks:
+    for dock in e.panel_docks:
         panels.addAction(dock.toggleViewAction())
 
     run = bar.addMenu("&Run")
@@ -126,22 +152,22 @@ def build_menus(w: MainWindow, a: WindowActions) -> None:
     help_menu.addAction("&Keyboard and Mouse", lambda: _show_help(w))
 
     # The canvas's right-click menu.
-    ctx = w.adapter.graph.get_context_menu("graph").qmenu
+    ctx = e.adapter.graph.get_context_menu("graph").qmenu
     ctx_add = ctx.addMenu("Add Node")
-    _add_node_menu(w, ctx_add)
+    _add_node_menu(e, ctx_add)
     ctx.addSeparator()
     for action in (a.cut, a.copy, a.paste, a.delete, None, a.select_all, a.fit, a.auto_layout):
         ctx.addSeparator() if action is None else ctx.addAction(action)
 
 
-def _add_node_menu(w: MainWindow, menu: QtWidgets.QMenu) -> None:
+def _add_node_menu(e: Editor, menu: QtWidgets.QMenu) -> None:
     submenus: dict[str, QtWidgets.QMenu] = {}
     for kind, op, doc in palette_entries():
         sub = submenus.get(kind)
         if sub is None:
             sub = submenus[kind] = menu.addMenu(theme.swatch_icon(theme.KIND_COLORS[kind]),
                                                 theme.KIND_LABELS[kind])
-        action = sub.addAction(op, lambda o=op: w.add_node(o))
+        action = sub.addAction(op, lambda o=op: e.add_node(o))
         action.setStatusTip(doc)
 
 
@@ -162,5 +188,5 @@ node's input is the layer's output.</p>
 <p><b>F5</b> runs the benchmark, <b>F7</b> validates, <b>Ctrl+E</b> exports CUDA.</p>"""
 
 
-def _show_help(w: MainWindow) -> None:
+def _show_help(w: QtWidgets.QWidget) -> None:
     QtWidgets.QMessageBox.information(w, "Keyboard and mouse", HELP)

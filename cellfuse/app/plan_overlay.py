@@ -93,9 +93,6 @@ class PlanOverlay:
         self._visible = visible
         self.refresh()
 
-    def is_visible(self) -> bool:
-        return self._visible
-
     def show_summary(self, summary: dict | None) -> None:
         self._regions = regions_of(summary) if summary else []
         self.refresh()

@@ -257,9 +257,6 @@ class PropertiesPanel(QtWidgets.QWidget):
             if node.value is not None:
                 self.value_edit.setText(number_text(node.value))
 
-    def current_node(self) -> str | None:
-        return self._node_id
-
     # -- committing ------------------------------------------------------------------------------------
     def _commit_id(self) -> None:
         new = self.id_edit.text().strip()

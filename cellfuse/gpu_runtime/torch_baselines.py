@@ -1,6 +1,7 @@
 """What a researcher could otherwise use, in PyTorch, on the same cell, weights and inputs:
-the cell interpreted op by op ("PyTorch eager"), the same captured into a CUDA graph, its step
-function under torch.compile, and cuDNN (torch.nn.LSTM / torch.nn.GRU) when the cell is one cuDNN
+the cell interpreted op by op ("PyTorch eager"), the same captured into a CUDA graph, the whole forward
+pass (every step of every layer) under torch.compile, with CUDA graphs (mode "reduce-overhead", its
+best) and in its default mode, and cuDNN (torch.nn.LSTM / torch.nn.GRU) when the cell is one cuDNN
 implements."""
 
 from __future__ import annotations
@@ -40,10 +41,16 @@ def make_step(cell: Cell) -> Callable:
     return step
 
 
-class TorchCell:
-    """The cell in PyTorch on the GPU, run over the whole sequence and all layers."""
+# torch.compile's modes that the benchmark runs, by baseline name
+COMPILE_MODES = {"torch.compile": "reduce-overhead", "torch.compile default": "default"}
 
-    def __init__(self, cell: Cell, params: dict[str, np.ndarray], layers: int, compiled: bool = False):
+
+class TorchCell:
+    """The cell in PyTorch on the GPU, run over the whole sequence and all layers; with `compile_mode`,
+    that whole forward pass compiled by torch.compile in that mode."""
+
+    def __init__(self, cell: Cell, params: dict[str, np.ndarray], layers: int,
+                 compile_mode: str | None = None):
         import torch
 
         self.torch = torch
@@ -51,21 +58,25 @@ class TorchCell:
         dev = torch.device("cuda")
         self.weights = [{w.id: torch.from_numpy(params[param_key(layer, w.id)]).to(dev)
                          for w in cell.of_op("weight")} for layer in range(layers)]
-        step = make_step(cell)
-        self.step = torch.compile(step, dynamic=False) if compiled else step
+        self.step = make_step(cell)
+        self.forward = torch.compile(self._forward, mode=compile_mode, dynamic=False) if compile_mode \
+            else self._forward
+
+    def _forward(self, x, initial: list):
+        seq = x
+        for layer in range(self.layers):
+            states = tuple(s[layer] for s in initial)
+            ys = []
+            for t in range(seq.shape[0]):
+                out, states = self.step(seq[t], states, self.weights[layer])
+                ys.append(out)
+            seq = self.torch.stack(ys)
+        return seq
 
     def __call__(self, x, initial: list):
         """x: [T, B, input] tensor; initial: per state [L, B, H] tensors. Returns y [T, B, H]."""
-        seq = x
         with self.torch.no_grad():
-            for layer in range(self.layers):
-                states = tuple(s[layer] for s in initial)
-                ys = []
-                for t in range(seq.shape[0]):
-                    out, states = self.step(seq[t], states, self.weights[layer])
-                    ys.append(out)
-                seq = self.torch.stack(ys)
-        return seq
+            return self.forward(x, initial)
 
 
 class GraphedCell:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from copy import deepcopy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,16 +77,6 @@ class Cell:
         self.nodes.append(node)
         return node
 
-    def remove(self, node_id: str) -> None:
-        """Removes a node and every reference to it (args that named it are dropped)."""
-        self.nodes = [n for n in self.nodes if n.id != node_id]
-        for n in self.nodes:
-            n.args = [a for a in n.args if a != node_id]
-        self.updates = {s: v for s, v in self.updates.items() if s != node_id and v != node_id}
-        if self.output == node_id:
-            self.output = None
-        self.layout.pop(node_id, None)
-
     def rename(self, old: str, new: str) -> None:
         """Gives node `old` the id `new`; every reference follows. Callers check that `new` is free."""
         if new != old and self.has(new):
@@ -135,6 +126,5 @@ class Cell:
         return hashlib.sha256(blob).hexdigest()[:16]
 
     def copy(self) -> Cell:
-        from .cellfile import cell_from_json
-
-        return cell_from_json(self.to_json())
+        """An independent copy: nothing of it, editor data included, is shared with this cell."""
+        return deepcopy(self)

@@ -14,7 +14,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
-from .cell import FORMAT, Cell, Node
+from .cell import DEFAULT_SIZES, FORMAT, Cell, Node
 from .validate import CellError, is_finite_number
 
 _NODE_KEYS = {"id", "op", "args", "shape", "value"}
@@ -129,8 +129,6 @@ def cell_from_json(data: Any) -> Cell:
         for p in layout.values()
     ):
         raise CellError("'layout' must map node ids to [x, y] positions")
-    from .cell import DEFAULT_SIZES
-
     return Cell(
         name=name, nodes=nodes, updates=dict(updates), output=output, description=description,
         sizes={**DEFAULT_SIZES, **sizes},

@@ -85,11 +85,6 @@ def sizes_from_params(cell: Cell, params: dict[str, np.ndarray]) -> dict[str, in
     return {dim: counts.most_common(1)[0][0] for dim, counts in votes.items() if counts}
 
 
-def hidden_from_params(cell: Cell, params: dict[str, np.ndarray]) -> int | None:
-    """The hidden size that the parameters imply, if any weight has a hidden dimension."""
-    return sizes_from_params(cell, params).get("hidden")
-
-
 def check_params(cell: Cell, params: dict[str, np.ndarray], layers: int, input: int, hidden: int) -> None:
     for key, shape in expected_params(cell, layers, input, hidden).items():
         if key not in params:

@@ -123,7 +123,7 @@ def test_gpu_benchmark_checks_and_times_every_implementation(gpu, name):
     result = run_benchmark(load_template(name), BenchConfig(GPU_SIZES, "cuda", repeats=4, warmup=1))
     names = [r.name for r in result.rows]
     assert names[:len(SCHEDULES)] == list(SCHEDULES)
-    expected = {"numpy reference", "pytorch eager", "pytorch graph", "torch.compile"}
+    expected = {"numpy reference", "pytorch eager", "pytorch graph", "torch.compile", "torch.compile default"}
     if name != "peephole_lstm":
         expected.add("cudnn")  # same weights in torch.nn.LSTM / torch.nn.GRU
     assert set(names[len(SCHEDULES):]) == expected
