@@ -28,9 +28,9 @@ BASELINES = ("numpy reference", "pytorch eager", "pytorch graph", "torch.compile
 BASELINE_NOTES = {
     "pytorch eager": "the cell op by op in PyTorch, step by step",
     "pytorch graph": "the same, captured once into a CUDA graph and replayed",
-    "torch.compile": "the whole forward (every step and layer) under torch.compile, mode 'reduce-overhead' "
-                     "(CUDA graphs)",
-    "torch.compile default": "the whole forward under torch.compile in its default mode",
+    "torch.compile": "the whole forward (every step and layer; shared-operand matmuls stacked, input "
+                     "projections before the loop) under torch.compile, mode 'reduce-overhead' (CUDA graphs)",
+    "torch.compile default": "the same whole forward under torch.compile in its default mode",
     "cudnn": "torch.nn.LSTM / torch.nn.GRU with the same weights",
 }
 ROUNDS = 5  # timing rounds, each taking every implementation in turn
@@ -377,7 +377,7 @@ def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _
 def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
     import torch
 
-    from .torch_baselines import COMPILE_MODES, CudnnCell, GraphedCell, TorchCell, cudnn_kind
+    from .torch_baselines import COMPILE_MODES, CompiledCell, CudnnCell, GraphedCell, TorchCell, cudnn_kind
 
     # Float32 against float32: PyTorch would otherwise let cuDNN and cuBLAS round inputs to TF32.
     torch.backends.cudnn.allow_tf32 = False
@@ -390,7 +390,10 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
     if name == "cudnn":
         model = CudnnCell(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden)
     else:
-        model = TorchCell(p.cell, p.params, sizes.layers, COMPILE_MODES.get(name))
+    elif name in COMPILE_MODES:
+        model = CompiledCell(p.cell, p.params, sizes.layers, COMPILE_MODES[name])
+    else:
+        model = TorchCell(p.cell, p.params, sizes.layers)
         if name == "pytorch graph":
             model = GraphedCell(model, xt, init)
     # A copy at once: in mode "reduce-overhead" the next call overwrites the output of this one.

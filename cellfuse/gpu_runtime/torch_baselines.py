@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..graph_model import Cell, OpSpec, load_template, param_key, require_valid
+from ..graph_model import OPS, Cell, OpSpec, load_template, param_key, require_valid
 from ..graph_model.reference import step as reference_step
 
 
@@ -46,35 +46,115 @@ COMPILE_MODES = {"torch.compile": "reduce-overhead", "torch.compile default": "d
 
 
 class TorchCell:
-    """The cell in PyTorch on the GPU, run over the whole sequence and all layers; with `compile_mode`,
-    that whole forward pass compiled by torch.compile in that mode."""
+    """The cell in PyTorch on the GPU, one op per node, run step by step over the whole sequence and all
+    layers."""
 
-    def __init__(self, cell: Cell, params: dict[str, np.ndarray], layers: int,
-                 compile_mode: str | None = None):
+    def __init__(self, cell: Cell, params: dict[str, np.ndarray], layers: int, device: str = "cuda"):
         import torch
 
         self.torch = torch
         self.cell, self.layers = cell, layers
-        dev = torch.device("cuda")
-        self.weights = [{w.id: torch.from_numpy(params[param_key(layer, w.id)]).to(dev)
-                         for w in cell.of_op("weight")} for layer in range(layers)]
+        self.weights = _weights(cell, params, layers, device)
         self.step = make_step(cell)
-        self.forward = torch.compile(self._forward, mode=compile_mode, dynamic=False) if compile_mode \
-            else self._forward
+
+    def __call__(self, x, initial: list):
+        """x: [T, B, input] tensor; initial: per state [L, B, H] tensors. Returns y [T, B, H]."""
+        seq = x
+        with self.torch.no_grad():
+            for layer in range(self.layers):
+                states = tuple(s[layer] for s in initial)
+                ys = []
+                for t in range(seq.shape[0]):
+                    out, states = self.step(seq[t], states, self.weights[layer])
+                    ys.append(out)
+                seq = self.torch.stack(ys)
+        return seq
+
+
+def _weights(cell: Cell, params: dict[str, np.ndarray], layers: int, device: str) -> list[dict]:
+    import torch
+
+    return [{w.id: torch.from_numpy(params[param_key(layer, w.id)]).to(device) for w in cell.of_op("weight")}
+            for layer in range(layers)]
+
+
+class CompiledCell:
+    """The whole forward pass (every step of every layer) under torch.compile in one mode, written as a
+    PyTorch programmer writes an RNN by hand, so that torch.compile starts from its best program: the
+    matmuls that share a left operand are one matmul on weights concatenated along N, and everything that
+    depends on no state (the input projections, and any work on x before them) runs once over all steps
+    before the loop. The op-by-op program of `TorchCell` compiles too, but to a slower forward.
+    With mode None, the same program runs uncompiled (how it is checked on a machine without a GPU)."""
+
+    def __init__(self, cell: Cell, params: dict[str, np.ndarray], layers: int, mode: str | None,
+                 device: str = "cuda"):
+        import torch
+
+        self.torch, self.cell, self.layers = torch, cell, layers
+        info = require_valid(cell)
+        self.order, self.shapes = info.order, info.shapes
+        self.nodes = cell.by_id()
+        self.state_dep: dict[str, bool] = {}
+        for n in self.order:
+            args = self.nodes[n].args
+            self.state_dep[n] = self.nodes[n].op == "state" or any(self.state_dep[a] for a in args)
+        # matmuls by left operand, in order; each group's weights concatenated along N, per layer
+        self.groups: dict[str, list[str]] = {}
+        for n in self.order:
+            if OPS[self.nodes[n].op].is_matmul:
+                self.groups.setdefault(self.nodes[n].args[0], []).append(n)
+        weights = _weights(cell, params, layers, device)
+        self.weights = weights
+        self.stacked = [{left: torch.cat([w[self.nodes[m].args[1]] for m in ms], dim=1)
+                         for left, ms in self.groups.items()} for w in weights]
+        self.forward = torch.compile(self._forward, mode=mode, dynamic=False) if mode else self._forward
+
+    def _values(self, nodes: list[str], values: dict, layer: int, row_of: Callable) -> None:
+        """Computes `nodes` (in order) into `values`; row_of(a) is the value of an arg read from outside."""
+        torch = self.torch
+        for n in nodes:
+            node = self.nodes[n]
+            spec = OPS[node.op]
+            if node.op == "weight":
+                values[n] = self.weights[layer][n]
+            elif node.op == "const":
+                values[n] = float(node.value)
+            elif spec.is_matmul:
+                if n not in values:  # the first of its group: the group's one matmul
+                    ms = self.groups[node.args[0]]
+                    out = row_of(node.args[0]) @ self.stacked[layer][node.args[0]]
+                    widths = [self.weights[layer][self.nodes[m].args[1]].shape[1] for m in ms]
+                    values.update(zip(ms, torch.split(out, widths, dim=1), strict=True))
+            elif spec.is_elementwise:
+                values[n] = getattr(torch, spec.torch)(*(row_of(a) for a in node.args))
 
     def _forward(self, x, initial: list):
         seq = x
+        state_ids = list(self.cell.updates)
         for layer in range(self.layers):
-            states = tuple(s[layer] for s in initial)
+            T, B = seq.shape[0], seq.shape[1]
+            hoisted = {n: seq.reshape(T * B, -1) for n in self.order if self.nodes[n].op == "input"}
+            free = [n for n in self.order if not self.state_dep[n] and self.nodes[n].op != "input"]
+            self._values(free, hoisted, layer, hoisted.__getitem__)
+            states = {s: initial[i][layer] for i, s in enumerate(state_ids)}
             ys = []
-            for t in range(seq.shape[0]):
-                out, states = self.step(seq[t], states, self.weights[layer])
-                ys.append(out)
+            for t in range(T):
+                step = dict(states)
+
+                def row_of(a, t=t, step=step):
+                    if a in step:
+                        return step[a]
+                    v = hoisted[a]
+                    return v[t * B:(t + 1) * B] if self.shapes[a] and self.shapes[a][0] == "B" else v
+
+                self._values([n for n in self.order if self.state_dep[n] and n not in states], step, layer,
+                             row_of)
+                states = {s: row_of(self.cell.updates[s]) for s in state_ids}
+                ys.append(row_of(self.cell.output))
             seq = self.torch.stack(ys)
         return seq
 
     def __call__(self, x, initial: list):
-        """x: [T, B, input] tensor; initial: per state [L, B, H] tensors. Returns y [T, B, H]."""
         with self.torch.no_grad():
             return self.forward(x, initial)
 

@@ -1,0 +1,30 @@
+"""The PyTorch baselines compute the cell: checked on the CPU against the reference (the benchmark checks
+them again on the GPU before it times them)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cellfuse.graph_model import init_params, load_template, run_reference, template_names
+
+torch = pytest.importorskip("torch")
+
+from cellfuse.gpu_runtime.torch_baselines import CompiledCell, TorchCell  # noqa: E402
+
+SEQ, BATCH, INPUT, HIDDEN, LAYERS = 5, 3, 4, 6, 2
+
+
+@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("kind", ["op by op", "as written by hand"])
+def test_the_pytorch_programs_match_the_reference(name, kind):
+    cell = load_template(name)
+    params = {k: v.astype(np.float64) for k, v in init_params(cell, LAYERS, INPUT, HIDDEN, seed=3).items()}
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((SEQ, BATCH, INPUT))
+    initial = {s: rng.standard_normal((LAYERS, BATCH, HIDDEN)) for s in cell.updates}
+    ref = run_reference(cell, params, {"x": x, **initial}, LAYERS)
+    model = (TorchCell(cell, params, LAYERS, device="cpu") if kind == "op by op"
+             else CompiledCell(cell, params, LAYERS, None, device="cpu"))
+    y = model(torch.from_numpy(x), [torch.from_numpy(initial[s]) for s in cell.updates])
+    np.testing.assert_allclose(y.numpy(), ref.y, rtol=1e-6, atol=1e-7)
