@@ -389,7 +389,6 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
     t0 = time.perf_counter()
     if name == "cudnn":
         model = CudnnCell(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden)
-    else:
     elif name in COMPILE_MODES:
         model = CompiledCell(p.cell, p.params, sizes.layers, COMPILE_MODES[name])
     else:
