@@ -141,7 +141,7 @@ class CompiledCell:
             for t in range(T):
                 step = dict(states)
 
-                def row_of(a, t=t, step=step):
+                def row_of(a, t=t, step=step, hoisted=hoisted, B=B):
                     if a in step:
                         return step[a]
                     v = hoisted[a]
