@@ -6,6 +6,7 @@ implements."""
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 
 import numpy as np
@@ -107,7 +108,14 @@ class CompiledCell:
         self.weights = weights
         self.stacked = [{left: torch.cat([w[self.nodes[m].args[1]] for m in ms], dim=1)
                          for left, ms in self.groups.items()} for w in weights]
-        self.forward = torch.compile(self._forward, mode=mode, dynamic=False) if mode else self._forward
+        self.forward = self._forward
+        if mode:
+            # torch.compile keeps its compiled code per Python code object, and past 8 entries (say, the
+            # fifth cell of a benchmark, compiled in two modes) it runs the rest uncompiled without a
+            # word. Each CompiledCell compiles a copy of `_forward`'s code: an entry of its own.
+            code = CompiledCell._forward.__code__.replace()
+            forward = types.FunctionType(code, globals(), "forward")
+            self.forward = torch.compile(types.MethodType(forward, self), mode=mode, dynamic=False)
 
     def _values(self, nodes: list[str], values: dict, layer: int, row_of: Callable) -> None:
         """Computes `nodes` (in order) into `values`; row_of(a) is the value of an arg read from outside."""

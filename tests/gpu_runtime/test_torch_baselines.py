@@ -28,3 +28,21 @@ def test_the_pytorch_programs_match_the_reference(name, kind):
              else CompiledCell(cell, params, LAYERS, None, device="cpu"))
     y = model(torch.from_numpy(x), [torch.from_numpy(initial[s]) for s in cell.updates])
     np.testing.assert_allclose(y.numpy(), ref.y, rtol=1e-6, atol=1e-7)
+
+
+def test_every_compiled_cell_has_compiled_code_of_its_own(monkeypatch):
+    """torch.compile keeps its code per Python code object and runs a function uncompiled past 8 entries:
+    a benchmark of several cells and modes must not time its later cells uncompiled."""
+    import torch._dynamo
+
+    real = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: real(fn, backend="eager", dynamic=False))
+    monkeypatch.setattr(torch._dynamo.config, "fail_on_recompile_limit_hit", True)
+    torch._dynamo.reset()
+    for name in [*template_names(), *template_names()]:  # 16 compiled forwards, twice the limit
+        cell = load_template(name)
+        params = init_params(cell, 1, INPUT, HIDDEN)
+        model = CompiledCell(cell, params, 1, "default", device="cpu")
+        ref = run_reference(cell, params, {"x": np.ones((SEQ, BATCH, INPUT), np.float32)}, 1)
+        y = model(torch.ones(SEQ, BATCH, INPUT), [torch.zeros(1, BATCH, HIDDEN) for _ in cell.updates])
+        np.testing.assert_allclose(y.numpy(), ref.y, rtol=1e-5, atol=1e-6)
