@@ -3,6 +3,7 @@ command line, a canvas in the editor)."""
 
 from __future__ import annotations
 
+import matplotlib
 from matplotlib.figure import Figure
 
 from .bench import BenchResult, SweepResult
@@ -54,15 +55,19 @@ def plot_result(result: BenchResult, fig: Figure) -> None:
 
 
 def plot_sweep(sweep: SweepResult, fig: Figure) -> None:
-    """One curve per implementation: time against the swept size."""
+    """One curve per implementation: time against the swept size, ticked at the swept values. Schedules
+    are solid lines, baselines dashed, each implementation in a colour of its own."""
     fig.clear()
     ax = fig.subplots()
     names: list[str] = []
+    kinds: dict[str, str] = {}
     for res in sweep.results:
         for r in res.rows:
             if r.name not in names:
                 names.append(r.name)
-    for name in names:
+                kinds[r.name] = r.kind
+    palette = matplotlib.colormaps["tab20"]
+    for i, name in enumerate(names):
         xs, ys = [], []
         for v, res in zip(sweep.values, sweep.results, strict=False):
             row = res.row(name)
@@ -70,12 +75,15 @@ def plot_sweep(sweep: SweepResult, fig: Figure) -> None:
                 xs.append(v)
                 ys.append(row.median_ms)
         if xs:
-            ax.plot(xs, ys, marker="o", label=name)
+            ax.plot(xs, ys, marker="o", label=name, color=palette(i % 20),
+                    linestyle="-" if kinds[name] == "schedule" else "--")
     ax.set_xscale("log", base=2)
+    ax.set_xticks(sweep.values, [str(v) for v in sweep.values])
+    ax.minorticks_off()
     ax.set_yscale("log")
-    ax.set_xlabel(sweep.param)
-    ax.set_ylabel("ms per forward pass (median)")
-    ax.legend(fontsize=7)
+    ax.set_xlabel(f"{sweep.param} (log scale)")
+    ax.set_ylabel("ms per forward pass (median, log scale)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     if sweep.results:
         ax.set_title(f"{sweep.results[0].cell}: scaling with {sweep.param}\n{sweep.results[0].device}",
                      fontsize=9)
