@@ -121,7 +121,7 @@ def fold_biases(st: _Step) -> None:
                 continue
             c = st.consumers[m][0]
             other = [a for a in st.nodes[c].args if a != m]
-            if (st.nodes[c].op == "add" and len(other) == 1 and st.nodes[other[0]].op == "weight"
+            if (st.spec[c].folds_into_gemm and len(other) == 1 and st.nodes[other[0]].op == "weight"
                     and st.shapes[other[0]] == (st.shapes[m][1],)):
                 g.folded[c] = m
                 g.biases[c] = other[0]

@@ -57,6 +57,8 @@ class OpSpec:
     # for a function of the same name as the op (`sigmoid(v)`).
     symbol: str | None = None
     random: RandomUse | None = None
+    # a + b: a 1-D weight added to a GEMM's output can be added by the GEMM itself (C = bias; C += A @ W)
+    folds_into_gemm: bool = False
 
     @property
     def is_source(self) -> bool:
@@ -93,7 +95,7 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     OpSpec("const", 0, OpKind.SOURCE, "a scalar constant"),
     OpSpec("matmul", 2, OpKind.MATMUL, "a @ W, W a 2-D weight", ("a", "W"), symbol="@"),
     OpSpec("add", 2, OpKind.ELEMENTWISE, "a + b", ("a", "b"), np.add, "({0} + {1})", "add", "+",
-           RandomUse(("any", "any"), lambda a, b: a + b)),
+           RandomUse(("any", "any"), lambda a, b: a + b), folds_into_gemm=True),
     OpSpec("sub", 2, OpKind.ELEMENTWISE, "a - b", ("a", "b"), np.subtract, "({0} - {1})", "sub", "-",
            RandomUse(("any", "any"), lambda a, b: a + b)),
     OpSpec("mul", 2, OpKind.ELEMENTWISE, "a * b", ("a", "b"), np.multiply, "({0} * {1})", "mul", "*",
