@@ -7,6 +7,9 @@ import argparse
 import contextlib
 import io
 import logging
+import os
+import signal
+import stat
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +43,33 @@ def resolve_cell(spec: str) -> Cell:
         raise CellError(f"{spec}: no such file, and no template of that name "
                         f"(templates: {', '.join(template_names())})")
     return load_cell(path)
+
+
+def output_path(path: Path, option: str = "-o", **reads: str | Path | None) -> Path:
+    """`path` as a file this command may write: not a directory, a device or a FIFO (writing would
+    replace the node with a regular file), and none of the files the command reads (`reads` names them:
+    cell="lstm.cell.json")."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return path
+    except OSError as e:
+        raise CellError(f"{option} {path}: {e.strerror}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise CellError(f"{option} {path}: is a directory; name the file to write")
+    if not stat.S_ISREG(st.st_mode):
+        raise CellError(f"{option} {path}: exists and is not a regular file (a device, FIFO or socket); "
+                        "it is left as it is")
+    for what, other in reads.items():
+        if other is not None and Path(other).exists() and os.path.samefile(path, other):
+            raise CellError(f"{option} {path}: that is the {what} file this command reads; writing it would "
+                            "destroy it")
+    return path
+
+
+def _cell_file(spec: str) -> str | None:
+    """The file a CELL argument names, or None for a template."""
+    return spec if Path(spec).exists() else None
 
 
 def _positive(text: str) -> int:
@@ -89,7 +119,7 @@ def cmd_templates(args: argparse.Namespace) -> int:
     if args.output:
         from .graph_model import atomic_write
 
-        atomic_write(args.output, text.encode())
+        atomic_write(output_path(args.output), text.encode())
         print(f"wrote {args.output}")
     else:
         sys.stdout.write(text)
@@ -119,7 +149,7 @@ def cmd_init_params(args: argparse.Namespace) -> int:
     input_size, hidden = _sizes(cell, args)
     with _allocating(f"parameters of input {input_size}, hidden {hidden}"):
         params = init_params(cell, args.layers, input_size, hidden, args.seed)
-    save_npz(args.output, params)
+    save_npz(output_path(args.output, cell=_cell_file(args.cell)), params)
     print(f"wrote {args.output}: {len(params)} arrays for {args.layers} layer(s), "
           f"input {input_size}, hidden {hidden}")
     return 0
@@ -134,7 +164,7 @@ def cmd_init_inputs(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(args.seed)
     with _allocating(f"inputs of shape {[args.seq, args.batch, input_size]}"):
         x = rng.standard_normal((args.seq, args.batch, input_size)).astype(np.float32)
-    save_npz(args.output, {"x": x})
+    save_npz(output_path(args.output, cell=_cell_file(args.cell)), {"x": x})
     print(f"wrote {args.output}: x of shape {list(x.shape)}")
     return 0
 
@@ -142,6 +172,7 @@ def cmd_init_inputs(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     cell = resolve_cell(args.cell)
     require_valid(cell)
+    output = output_path(args.output, cell=_cell_file(args.cell), parameters=args.params, inputs=args.inputs)
     params = load_npz(args.params, "parameters")
     inputs = load_npz(args.inputs, "inputs")
     if args.backend == "numpy" and args.schedule is None:
@@ -154,7 +185,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         result = run_schedule(cell, params, inputs, args.layers, args.schedule or "hoisted",
                               args.backend)
-    save_npz(args.output, result.arrays())
+    save_npz(output, result.arrays())
     print(f"wrote {args.output}: y of shape {list(result.y.shape)}, "
           f"final states {', '.join(result.final)}")
     return 0
@@ -184,8 +215,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .graph_model import atomic_write
 
     cell = resolve_cell(args.cell)
+    output = output_path(args.output, cell=_cell_file(args.cell))
     src = generate_cuda(cell, _plan_sizes(cell, args), args.schedule)
-    atomic_write(args.output, src.text.encode())
+    atomic_write(output, src.text.encode())
     print(f"wrote {args.output} ({len(src.text.splitlines())} lines); build it with: "
           f"nvcc -O3 -arch=sm_90 -DCELLFUSE_DEMO_MAIN {args.output} -lcublas")
     return 0
@@ -227,6 +259,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     cell = resolve_cell(args.cell)
     require_valid(cell)
+    for option, path in (("--json", args.json), ("--plot", args.plot)):
+        if path is not None:
+            output_path(path, option, cell=_cell_file(args.cell))
+    if args.json is not None and args.plot is not None and args.json.resolve() == args.plot.resolve():
+        raise CellError(f"--json and --plot name the same file, {args.json}")
     config = BenchConfig(_plan_sizes(cell, args), backend=args.backend, repeats=args.repeats)
     if args.schedules:
         config.schedules = _choices("--schedules", args.schedules, SCHEDULES)
@@ -244,6 +281,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise CellError(f"--sweep {args.sweep}: expected NAME=N,N,... like batch=1,8,64,256") from None
         if not numbers:
             raise CellError(f"--sweep {args.sweep}: expected NAME=N,N,... like batch=1,8,64,256")
+        if any(n < 1 for n in numbers):
+            raise CellError(f"--sweep {args.sweep}: every {param} must be at least 1")
         sweep = run_sweep(cell, config, param, numbers, progress)
         for res in sweep.results:
             _print_bench(res)
@@ -369,6 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class Terminated(BaseException):
+    """SIGTERM, raised where the program is, so that what is being written is cleaned up as on Ctrl+C."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -376,6 +423,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="cellfuse: %(message)s")
     if args.command is None:  # plain `cellfuse` opens the editor
         args.func, args.cell = cmd_gui, None
+    previous = signal.signal(signal.SIGTERM, _terminate)
     try:
         return args.func(args)
     except CellError as e:
@@ -394,6 +442,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("cellfuse: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("cellfuse: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":
