@@ -5,11 +5,17 @@ loop, `__restrict__` pointers, row strides baked in as constants."""
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 
-from .plan import Access, Const, GemmLaunch, KernelLaunch, Plan
+import numpy as np
+
+from ..graph_model import CellError
+from .plan import Access, Const, GemmLaunch, Instr, KernelLaunch, Plan
 
 BLOCK = 256  # threads per block of every elementwise kernel
+INT_MAX = 2**31 - 1  # the largest count the generated code holds in an int
+MAX_STEM = 64  # characters of a cell's name kept in the generated names
 
 PRELUDE = """\
 // The logistic function without overflow: expf only ever sees a non-positive argument.
@@ -31,16 +37,97 @@ extern "C" __global__ void __launch_bounds__(256) cf_bias_rows(
 """
 
 
+def comment_text(text: str) -> str:
+    """Any text (a cell's name or description, a node id) as the inside of a `//` or `/* */` comment that
+    stays one: on one line, with no control, format or line-separator character (bidirectional overrides
+    could make the code read differently from what compiles), no `/*` or `*/`, and no backslash or `??/`
+    at its end, which would join the next line to a `//` comment."""
+    kept = "".join(ch if _printable(ch) else " " for ch in text)
+    one_line = " ".join(kept.split())
+    apart = re.sub(r"(?<=/)(?=\*)|(?<=\*)(?=/)", " ", one_line)
+    return apart[:_end_without_continuation(apart)]
+
+
+def _printable(ch: str) -> bool:
+    category = unicodedata.category(ch)
+    return category[0] in "LMNPS" or category == "Zs"
+
+
+def _end_without_continuation(text: str) -> int:
+    """Where the text ends once blanks, backslashes and `??/` are taken off its end (scanned once from the
+    end: a regular expression anchored at the end would take quadratic time on a long run of them)."""
+    end = len(text)
+    while end:
+        if text[end - 1] == "\\" or text[end - 1].isspace():
+            end -= 1
+        elif text.endswith("??/", 0, end):
+            end -= 3
+        else:
+            break
+    return end
+
+
 def c_name(text: str) -> str:
+    """Text as identifier characters (ASCII letters, digits and "_"); a valid node id stays as it is."""
     return re.sub(r"[^A-Za-z0-9_]", "_", text)
 
 
+def c_stem(name: str) -> str:
+    """A cell's name as the stem of the generated C names (`cellfuse_<stem>_forward`, `cf_<stem>_k0`) and
+    of the file name in the build command: lower-case ASCII letters, digits and single underscores, never
+    empty, starting with a letter, and short enough for a file name."""
+    stem = re.sub(r"_+", "_", c_name(name).lower())[:MAX_STEM].strip("_")
+    if not stem:
+        return "cell"
+    return "c_" + stem if stem[0].isdigit() else stem
+
+
 def float_literal(value: float) -> str:
-    """A float constant as C: parenthesised, so that `-({0})` of a negative one never reads `--1.0f`."""
-    text = repr(float(value))
+    """A constant as C: the float32 it rounds to (as the numpy executor computes with it) in the fewest
+    digits that give that float32 back, parenthesised when negative, so that `(-{0})` of a negative one
+    never reads `--1.0f`. Raises ValueError for a value beyond float32's range, which would be infinity."""
+    with np.errstate(over="ignore"):
+        single = np.float32(value)
+    if not np.isfinite(single):
+        raise ValueError(f"{value!r} is beyond float32's range (largest {np.finfo(np.float32).max})")
+    text = str(single)
     if "e" not in text and "." not in text:
         text += ".0"
     return f"({text}f)" if text.startswith("-") else text + "f"
+
+
+def _const(arg: Const, op: Instr) -> str:
+    try:
+        return float_literal(arg.value)
+    except ValueError as e:
+        message = f"node '{op.result}': its constant {e}; the generated CUDA computes in float32"
+        raise CellError(message) from None
+
+
+def check_index_range(plan: Plan) -> None:
+    """Raises CellError where a count that the generated code holds in an int would overflow: a launch's
+    rows (the output sequence has (seq + 1) * batch), a row's width or stride, a GEMM's dimensions. The
+    products of these, element offsets, are computed in 64 bits."""
+    s = plan.sizes
+    counts = [("(seq + 1) * batch", (s.seq + 1) * s.batch), ("input", s.input), ("hidden", s.hidden)]
+    for lp in plan.layers:
+        for launch in (*lp.prologue, *lp.step):
+            match launch:
+                case GemmLaunch(group=name):
+                    what = f"GEMM {name} of layer {lp.layer}"
+                    counts += [(f"the N of {what}", launch.n), (f"the K of {what}", launch.k)]
+                    accesses = [launch.a, launch.c]
+                case KernelLaunch(island=name):
+                    what = f"kernel {name} of layer {lp.layer}"
+                    counts.append((f"the width of {what}", launch.width))
+                    accesses = [acc for _, acc in (*launch.inputs, *launch.outputs)]
+                case _:
+                    raise TypeError(f"unknown launch {launch!r}")
+            counts += [(f"a row stride of {what}", acc.ld) for acc in accesses]
+    for what, count in counts:
+        if count > INT_MAX:
+            raise CellError(f"these sizes are too large for the generated CUDA: {what} is "
+                            f"{count}, and its int indices hold at most {INT_MAX} (2**31 - 1)")
 
 
 @dataclass(frozen=True)
@@ -73,7 +160,7 @@ def kernel_source(launch: KernelLaunch, name: str) -> str:
     covered = ", ".join(op.result for op in launch.body) if launch.body else "stores " + ", ".join(
         v for v, _ in launch.outputs)
     where = "before the time loop, all steps at once" if launch.hoisted else "once per time step"
-    lines = [f"// {launch.island}: {covered}",
+    lines = ["// " + comment_text(f"{launch.island}: {covered}"),
              f"// runs {where}; {launch.width} columns per row"]
     sig = [f"    {'float*' if p.output else 'const float*'} __restrict__ {n}" for p, n in zip(params, names,
                                                                                         strict=True)]
@@ -92,9 +179,10 @@ def kernel_source(launch: KernelLaunch, name: str) -> str:
             var[p.value] = f"v_{c_name(p.value)}"
             lines.append(f"        const float {var[p.value]} = {n}[{_index(p.access)}];")
     for op in launch.body:
-        args = [float_literal(a.value) if isinstance(a, Const) else var[a] for a in op.args]
+        args = [_const(a, op) if isinstance(a, Const) else var[a] for a in op.args]
         var[op.result] = f"v_{c_name(op.result)}"
-        lines.append(f"        const float {var[op.result]} = {op.op.cuda.format(*args)};  // {op.op.name}")
+        lines.append(f"        const float {var[op.result]} = {op.op.cuda.format(*args)};  "
+                     f"// {comment_text(op.op.name)}")
     for p, n in zip(params, names, strict=True):
         if not p.output:
             continue
@@ -122,8 +210,9 @@ class KernelSet:
 
 def plan_kernels(plan: Plan) -> KernelSet:
     """One kernel per distinct body: the layers above the first share layer 0's kernels where their sizes
-    agree."""
-    stem = c_name(plan.cell_name).lower()
+    agree. Raises CellError for sizes whose counts the kernels cannot hold (see check_index_range)."""
+    check_index_range(plan)
+    stem = c_stem(plan.cell_name)
     by_body: dict[str, str] = {}
     sources: dict[str, str] = {}
     name_of: dict[KernelLaunch, str] = {}
@@ -133,7 +222,7 @@ def plan_kernels(plan: Plan) -> KernelSet:
                 case KernelLaunch():
                     body = kernel_source(launch, "@NAME@")
                     if body not in by_body:
-                        name = f"cf_{stem}_{launch.island}" + (f"_l{lp.layer}" if lp.layer else "")
+                        name = f"cf_{stem}_{c_name(launch.island)}" + (f"_l{lp.layer}" if lp.layer else "")
                         by_body[body] = name
                         sources[name] = body.replace("@NAME@", name)
                     name_of[launch] = by_body[body]

@@ -1,0 +1,348 @@
+"""A cell file is untrusted input, and the exported .cu is compiled and run by whoever exports it: whatever
+a valid cell holds (its name, description, node ids and constants), the generated source is the code the
+cell's graph asks for, with the cell's text only in comments and identifiers, and it compiles without a
+warning."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+import unicodedata
+
+import numpy as np
+import pytest
+from compile_cuda import nvcc_cubin
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from random_cells import draw_cell
+
+from cellfuse.codegen import SCHEDULES, generate_cuda, make_plan, plan_kernels
+from cellfuse.codegen.cuda_kernels import INT_MAX, PRELUDE, c_stem, comment_text, float_literal
+from cellfuse.graph_model import (
+    Cell,
+    CellBuilder,
+    CellError,
+    Sizes,
+    cell_from_text,
+    load_template,
+    tanh,
+    template_names,
+)
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+
+SIZES = Sizes(seq=5, batch=3, input=7, hidden=6, layers=2)
+F32_MAX = float(np.finfo(np.float32).max)
+
+# Text that would be code, or would swallow code, if it reached the source outside a comment.
+HOSTILE = ("\n#error INJECTED\n", "*/ int INJECTED; /*", "/*", "*/", "\\", "\\\n", "\\ \t\n", "??/", "??/\n",
+           "\r", "\r\n", "\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x00", "\x1b[2J", "\ud800", "\udfff",
+           "\u202e", "\u2066", "\u200b", "\ufeff", "#define INJECTED 1", '"', "'", "//", "\t",
+           "σ(W x + b)", "Ünïcødé ✓", "1", " ")
+HOSTILE_NAME = "1 */ #x\n#error INJECTED\\"
+HOSTILE_DESCRIPTION = "h = tanh(W x)\n#error INJECTED\r\u2028 */ int injected; /* ?? \u202e\x00 \ud800 \\"
+# Valid node ids that are C keywords or names the generated code itself uses.
+HOSTILE_IDS = ("int", "float", "return", "e", "r", "j", "width", "rows", "one", "zero", "st", "ws", "t",
+               "seq", "batch", "params", "y", "INT_MAX", "NULL", "CHECK", "cf_sigmoid", "cf_blocks", "expf",
+               "main", "__global__", "_Bool", "CELLFUSE_DEMO_MAIN", "handle", "stream", "init", "final",
+               "out", "gemm0", "k0", "v", "p0_h", "b_x", "l0", "b_l0_dout_dy")
+EXTREME_CONSTS = (-0.0, 0.0, -1.0, 1e-45, -1e-45, 5e-324, -1e-300, 1.17549435e-38, F32_MAX, -F32_MAX, 3.4e38,
+                  1e-46, 123456789.0, 0.1)
+
+PREPROCESSOR_LINE = re.compile(r"#(include <\w+\.h>|define [A-Za-z]\w*[ (].*|ifdef CELLFUSE_DEMO_MAIN|endif)")
+# What a C compiler removes before it reads tokens (GCC also joins a backslash followed by blanks).
+_SPLICE = re.compile(r"\\[ \t]*\n")
+_COMMENT_OR_LITERAL = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'", re.S)
+
+
+def code_tokens(source: str) -> list[str]:
+    """The source as the compiler reads it, lines joined and comments and literals removed, split at
+    blanks."""
+    return _COMMENT_OR_LITERAL.sub(" ", _SPLICE.sub("", source)).split()
+
+
+def printable(ch: str) -> bool:
+    """Not a character that breaks a line, or hides or reorders text (controls, format characters)."""
+    category = unicodedata.category(ch)
+    return category[0] in "LMNPS" or category == "Zs"
+
+
+def harmless_twin(cell: Cell) -> Cell:
+    """The same graph, under a name that is its own C stem and with no description."""
+    twin = cell.copy()
+    twin.name, twin.description = c_stem(cell.name), ""
+    return twin
+
+
+def rename_nodes(cell: Cell, ids) -> None:
+    for node, new in zip(list(cell.nodes), ids, strict=False):
+        if not cell.has(new):
+            cell.rename(node.id, new)
+
+
+def check_export(cell: Cell, sizes: Sizes, schedule: str) -> str:
+    """The exported text of a cell with hostile text: the cell's text only in comments, every preprocessor
+    line one the generator writes, no character that hides or breaks lines; returns the text."""
+    text = generate_cuda(cell, sizes, schedule).text
+    text.encode("utf-8")  # no lone surrogate
+    for line in text.split("\n"):
+        assert all(printable(ch) for ch in line), ascii(line)
+        if line.lstrip().startswith("#"):
+            assert PREPROCESSOR_LINE.fullmatch(line), line
+    assert code_tokens(text) == code_tokens(generate_cuda(harmless_twin(cell), sizes, schedule).text)
+    return text
+
+
+hostile_text = st.lists(st.one_of(st.text(max_size=6), st.sampled_from(HOSTILE)), max_size=6).map("".join)
+
+
+finite_float32 = st.one_of(st.sampled_from(EXTREME_CONSTS), st.floats(-F32_MAX, F32_MAX))
+
+
+@st.composite
+def hostile_cells(draw) -> tuple[Cell, Sizes, str]:
+    """A random valid cell with a hostile name, description, node ids and constants, sizes and a schedule."""
+    cell = draw_cell(draw, name=draw(hostile_text), max_rounds=4)
+    cell.description = draw(hostile_text)
+    for node in cell.of_op("const"):
+        node.value = draw(finite_float32)
+    rename_nodes(cell, draw(st.lists(st.sampled_from(HOSTILE_IDS), unique=True, max_size=len(cell.nodes))))
+    sizes = Sizes(seq=draw(st.integers(1, 4)), batch=draw(st.integers(1, 3)), input=draw(st.integers(1, 9)),
+                  hidden=draw(st.integers(1, 9)), layers=draw(st.integers(1, 2)))
+    return cell, sizes, draw(st.sampled_from(SCHEDULES))
+
+
+def hostile_template(name: str) -> Cell:
+    cell = load_template(name)
+    cell.name, cell.description = HOSTILE_NAME, HOSTILE_DESCRIPTION
+    for node, value in zip(cell.of_op("const"), EXTREME_CONSTS, strict=False):
+        node.value = value
+    rename_nodes(cell, HOSTILE_IDS)
+    return cell
+
+
+def compile_objects(sources: list[str], tmp_path) -> None:
+    """Compiles whole exported files, host code and demo program too, with every warning an error, in one
+    nvcc call. cuBLAS's headers need not be installed: a stub declares what the files use, with cuBLAS's
+    own signatures."""
+    (tmp_path / "cublas_v2.h").write_text(CUBLAS_STUB)
+    files = []
+    for i, source in enumerate(sources):
+        files.append(f"export{i}.cu")
+        (tmp_path / files[-1]).write_text(source, encoding="utf-8")
+    proc = subprocess.run(["nvcc", "-arch=sm_90", "-c", "-Werror", "all-warnings", "-DCELLFUSE_DEMO_MAIN",
+                           f"-I{tmp_path}", *files], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == "", proc.stderr
+
+
+CUBLAS_STUB = """\
+#pragma once
+#include <cuda_runtime.h>
+typedef struct cublasContext* cublasHandle_t;
+typedef enum { CUBLAS_STATUS_SUCCESS = 0 } cublasStatus_t;
+typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 } cublasOperation_t;
+cublasStatus_t cublasCreate(cublasHandle_t* handle);
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t streamId);
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                           int m, int n, int k, const float* alpha, const float* A, int lda,
+                           const float* B, int ldb, const float* beta, float* C, int ldc);
+"""
+
+
+# -- comments and names ----------------------------------------------------------------------------
+@pytest.mark.parametrize("text", [*HOSTILE, HOSTILE_NAME, HOSTILE_DESCRIPTION, "a ??/ \\ ", "x*/*/", "/*/",
+                                  "***///", "end \\\\", "end ??/??/ \t"])
+def test_comment_text_stays_one_comment_on_one_line(text):
+    got = comment_text(text)
+    assert all(printable(ch) for ch in got), ascii(got)
+    assert not got.endswith(("\\", "??/", " "))  # nor "??/", a backslash where trigraphs are on
+    assert code_tokens(f"int a;  // {got}\nint b;") == ["int", "a;", "int", "b;"]
+    assert code_tokens(f"int a; /* {got} */ int b;") == ["int", "a;", "int", "b;"]
+
+
+@pytest.mark.parametrize("run", ["\\", "??/", " \\"])
+def test_comment_text_takes_linear_time_on_a_long_run_of_continuations(run):
+    start = time.perf_counter()
+    assert comment_text(run * 50_000 + "x").endswith("x")
+    assert time.perf_counter() - start < 2.0  # a backtracking search would take minutes
+
+
+def test_comment_text_leaves_ordinary_text_as_it_is():
+    for text in ("h = tanh(W x + U h + b)", "GRU (Cho et al., 2014): r * h before U", "σ(W x) ⊙ h", "a/b*c"):
+        assert comment_text(text) == text
+
+
+@pytest.mark.parametrize(("name", "stem"), [
+    ("LSTM", "lstm"), ("Elman RNN", "elman_rnn"), ("1cell", "c_1cell"), ("42", "c_42"), ("", "cell"),
+    ("!!! ***", "cell"), ("_x__y_", "x_y"), ("Ünïcode", "n_code"), ("σ", "cell"), ("int", "int"),
+    (HOSTILE_NAME, "c_1_x_error_injected"), ("Long name " * 100, ("long_name_" * 7)[:64]),
+])
+def test_the_c_stem_of_any_name_is_a_valid_ascii_name(name, stem):
+    assert c_stem(name) == stem
+    assert re.fullmatch(r"[a-z][a-z0-9]*(_[a-z0-9]+)*", stem)
+    assert c_stem(stem) == stem
+
+
+@pytest.mark.parametrize("name", ["1cell", "", "max", "int", "σ", "Elman RNN"])
+def test_a_name_that_is_no_c_name_gives_valid_macros_and_functions(name):
+    cell = load_template("elman")
+    cell.name = name
+    text = generate_cuda(cell, SIZES).text
+    stem = c_stem(name)
+    assert f"int cellfuse_{stem}_forward(" in text
+    # Prefixed, so that a cell called "max" does not redefine <limits.h>'s MAX_INPUT.
+    assert f"#define CELLFUSE_{stem.upper()}_INPUT 7" in text
+
+
+def test_what_a_cell_file_can_hold_is_exported_as_comments():
+    """JSON escapes give any string, a NUL and a lone surrogate included."""
+    text = load_template("elman").to_json()
+    text["name"], text["description"] = "nul\x00 cell", "\ud800 half a pair\n#error INJECTED\\"
+    cell = cell_from_text(json.dumps(text))
+    assert cell.description.startswith("\ud800")
+    source = check_export(cell, SIZES, "hoisted")
+    assert source.split("\n")[0] == "// nul cell: half a pair #error INJECTED"
+
+
+def test_a_hostile_description_and_name_stay_in_comments():
+    cell = load_template("gru")
+    cell.name, cell.description = HOSTILE_NAME, HOSTILE_DESCRIPTION
+    text = check_export(cell, SIZES, "hoisted")
+    lines = text.split("\n")
+    assert lines[0] == "// 1 * / #x #error INJECTED\\: h = tanh(W x) #error INJECTED * / int injected; / * ??"
+    assert lines[1].startswith("// Generated by CellFuse")
+    assert not any(line.lstrip().startswith("#error") for line in lines)
+    assert "injected" not in code_tokens(text)
+
+
+@pytest.mark.parametrize("ending", ["\\", "\\ ", "\\\t", "??/", "\\\\", "??/ "])
+def test_a_description_ending_in_a_line_continuation_does_not_swallow_the_next_line(ending):
+    cell = load_template("elman")
+    cell.description = "trailing" + ending
+    text = check_export(cell, SIZES, "hoisted")
+    first, second = text.split("\n")[:2]
+    assert first == "// Elman RNN: trailing" and second.startswith("// Generated")
+
+
+@pytest.mark.parametrize("name", template_names())
+def test_hostile_templates_export_only_comments_of_their_text(name):
+    for schedule in SCHEDULES:
+        check_export(hostile_template(name), SIZES, schedule)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(hostile_cells())
+def test_random_hostile_cells_export_only_comments_of_their_text(drawn):
+    check_export(*drawn)
+
+
+# -- constants -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("value", "literal"), [
+    (1.0, "1.0f"), (-1.0, "(-1.0f)"), (0.1, "0.1f"), (-0.0, "(-0.0f)"), (1e-45, "1e-45f"), (1e-46, "0.0f"),
+    (-1e-46, "(-0.0f)"), (3.4e38, "3.4e+38f"), (F32_MAX, "3.4028235e+38f"), (123456789.0, "1.2345679e+08f"),
+    (2, "2.0f"),
+])
+def test_a_constant_is_written_as_the_float32_the_executors_compute_with(value, literal):
+    assert float_literal(value) == literal
+
+
+@settings(max_examples=300, deadline=None)
+@given(finite_float32)
+def test_a_float_literal_reads_back_as_the_same_float32(value):
+    literal = float_literal(value)
+    single = np.float32(literal.strip("()").removesuffix("f"))
+    assert single == np.float32(value) and np.signbit(single) == np.signbit(np.float32(value))
+    assert re.fullmatch(r"\d+(\.\d+)?(e[+-]\d+)?f|\(-\d+(\.\d+)?(e[+-]\d+)?f\)", literal)
+
+
+def const_cell(value: float) -> Cell:
+    """h' = tanh(x W + h U) * -c, with c a const of the given value."""
+    b = CellBuilder("consts", input=4, hidden=4)
+    x, h = b.input("x"), b.state("h")
+    c = b.const(value, "c")
+    pre = x @ b.weight("W", "input", "hidden") + h @ b.weight("U", "hidden", "hidden")
+    new = (tanh(pre) * -c).named("h_new")
+    b.update(h, new)
+    b.output(new)
+    return b.build()
+
+
+@pytest.mark.parametrize("schedule", ["naive", "hoisted"])
+def test_the_negation_of_a_negative_constant_is_no_decrement(schedule):
+    plan = make_plan(const_cell(-1.0), SIZES, schedule)
+    source = plan_kernels(plan).module_source()
+    assert "(-(-1.0f))" in source and "--" not in source
+
+
+@pytest.mark.parametrize("value", [1e39, -1e39, 3.4028236e38, 1e308])
+def test_a_constant_beyond_float32_is_refused_naming_the_node_that_uses_it(value):
+    cell = const_cell(value)
+    with pytest.raises(CellError, match=r"node 'neg': its constant .* beyond float32's range"):
+        generate_cuda(cell, SIZES)
+    with pytest.raises(CellError, match="node 'neg'"):  # the CUDA runtime compiles these kernels
+        plan_kernels(make_plan(cell, SIZES, "naive"))
+
+
+# -- sizes -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("cell", "sizes", "what"), [
+    ("elman", Sizes(5, 3, 7, 2**31), "hidden is 2147483648"),
+    ("elman", Sizes(5, 3, 2**31 + 5, 6), "input is 2147483653"),
+    ("lstm", Sizes(5, 3, 7, 2**29), "the N of GEMM gemm0 of layer 0 is 2147483648"),
+    ("elman", Sizes(2**16, 2**15, 7, 6), r"\(seq \+ 1\) \* batch is 2147516416"),
+])
+def test_sizes_beyond_the_generated_int_indices_are_refused(cell, sizes, what):
+    message = f"too large for the generated CUDA: {what}, and its int indices hold at most 2147483647"
+    with pytest.raises(CellError, match=message):
+        generate_cuda(load_template(cell), sizes)
+    with pytest.raises(CellError, match=message):
+        plan_kernels(make_plan(load_template(cell), sizes, "hoisted"))
+
+
+def test_the_exported_launcher_refuses_a_sequence_its_ints_cannot_count():
+    text = generate_cuda(load_template("gru"), SIZES).text
+    guard = ("    if (seq < 0 || batch < 0 || ((long long)seq + 1) * batch > INT_MAX)\n"
+             "        return (int)cudaErrorInvalidValue;\n")
+    forward = text.index("int cellfuse_gru_forward(")
+    assert text.index(guard) > forward and text.index(guard) < text.index("cublasSetStream", forward)
+    assert "with (seq + 1) * batch at most INT_MAX" in "\n".join(text.split("\n")[:3])
+
+
+BOUNDARY = Sizes(seq=5, batch=3, input=INT_MAX, hidden=INT_MAX, layers=2)
+
+
+def test_the_largest_sizes_the_int_indices_hold_are_accepted():
+    plan_kernels(make_plan(load_template("elman"), BOUNDARY, "hoisted"))
+
+
+# -- compiling -------------------------------------------------------------------------------------------
+@pytest.mark.nvcc
+@needs_nvcc
+def test_hostile_exports_of_every_template_and_the_largest_sizes_compile(tmp_path):
+    sources = [generate_cuda(hostile_template(name), SIZES, SCHEDULES[i % len(SCHEDULES)]).text
+               for i, name in enumerate(template_names())]
+    sources.append(generate_cuda(load_template("elman"), BOUNDARY, "naive").text)
+    compile_objects(sources, tmp_path)
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_random_hostile_cells_compile(tmp_path):
+    """A few random hostile cells: their kernels in one module (renamed apart), and the whole files."""
+    drawn: list[tuple[Cell, Sizes, str]] = []
+
+    @settings(max_examples=12, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(hostile_cells())
+    def collect(example):
+        drawn.append(example)
+
+    collect()
+    parts = [PRELUDE]
+    for i, (cell, sizes, schedule) in enumerate(drawn):
+        for name, body in plan_kernels(make_plan(cell, sizes, schedule)).sources.items():
+            parts.append(body.replace(f" {name}(", f" {name}_e{i}("))
+    nvcc_cubin("\n".join(parts), tmp_path)
+    compile_objects([check_export(*example) for example in drawn], tmp_path)
