@@ -1,6 +1,6 @@
 """Renders screenshots of the editor, offscreen, into docs/screenshots/.
 
-    python scripts/screenshots.py [--out docs/screenshots] [--width 1920 --height 1080]
+    python scripts/screenshots.py [--out docs/screenshots] [--width 1920 --height 1080] [--suffix -1366x768]
 
 The window runs with its settings and autosaves in a temporary folder, so the screenshots never
 depend on (or change) the user's own.
@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overview-width", type=int, default=2560,
                         help="the whole-cell overview is wider, so that its node titles stay readable")
     parser.add_argument("--overview-height", type=int, default=1440)
+    parser.add_argument("--suffix", default="", help="added to each file's name, e.g. -1366x768")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
 
@@ -54,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def shoot(widget: QtWidgets.QWidget, name: str) -> None:
         settle()
-        path = args.out / name
+        path = args.out / name.replace(".png", f"{args.suffix}.png")
         widget.grab().save(str(path))
         log.info("wrote %s", path)
 
@@ -96,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     w.show_node("ai_b")
     shoot(w, "cuda-view.png")
 
-    # 4. A benchmark run on the numpy backend (or the GPU where there is one), with its chart.
-    w.bench_dock.raise_()
-    w.resizeDocks([w.bench_dock], [int(args.height * 0.5)], QtCore.Qt.Orientation.Vertical)
+    # 4. A benchmark run on the numpy backend (or the GPU where there is one), in the default layout:
+    # the results open in their tab beside the canvas.
+    w.arrange_docks()
     w.bench_panel.repeats_spin.setValue(3)
     finished = []
     w.bench_finished.connect(finished.append)
@@ -112,10 +113,11 @@ def main(argv: list[str] | None = None) -> int:
         log.error("the benchmark did not finish: %s", w.bench_panel.status.text())
         return 1
     settle(400)
-    frame_all_then_select("ai_b")
     shoot(w, "benchmark.png")
 
     # 5. Live validation: a broken connection, its node marked, the problem listed.
+    w.show_canvas()
+    frame_all_then_select("ai_b")
     w.adapter.disconnect("h_new", "b")
     w.problems_dock.raise_()
     w.resizeDocks([w.problems_dock], [int(args.height * 0.24)], QtCore.Qt.Orientation.Vertical)

@@ -12,6 +12,7 @@ from typing import Any
 
 COLUMNS = ["Implementation", "Kind", "Median ms", "Min ms", "Max ms", "Rel. error", "Compile s",
            "Launches/step", "Note"]
+TableRow = tuple[list[str], bool | None]  # cells, and ok: True, False (wrong or failed), None (not run)
 
 
 @dataclass
@@ -20,6 +21,7 @@ class BenchRun:
     result: Any = None  # BenchResult
     sweep: Any = None  # SweepResult
     started: dt.datetime = field(default_factory=dt.datetime.now)
+    unavailable: dict[str, str] = field(default_factory=dict)  # baseline ticked but not run -> why
 
     @property
     def results(self) -> list[Any]:
@@ -50,19 +52,39 @@ def _ms(v: float | None) -> str:
     return "" if v is None else f"{v:.4g}"
 
 
-def result_rows(result: Any) -> list[tuple[list[str], bool]]:
-    """(cells, ok) for each row of a BenchResult, in COLUMNS order."""
-    out = []
+def unavailable_baselines(requested: list[str], result: Any) -> dict[str, str]:
+    """The baselines the user ticked that the benchmark did not run, each with the reason: the
+    benchmark leaves out, without a row, what the backend or the machine cannot run."""
+    ran = {r.name for r in result.rows}
+    torch_ran = any(r.kind == "baseline" and r.name != "numpy reference" for r in result.rows)
+    out = {}
+    for name in requested:
+        if name in ran or result.cancelled:
+            continue
+        if result.backend == "numpy":
+            out[name] = "not available: no GPU/PyTorch on the numpy backend"
+        elif name == "cudnn" and torch_ran:
+            out[name] = "not available: cuDNN implements only the LSTM and the GRU"
+        else:
+            out[name] = "not available: PyTorch is not installed"
+    return out
+
+
+def result_rows(result: Any, unavailable: dict[str, str] | None = None) -> list[TableRow]:
+    """(cells, ok) for each row of a BenchResult, in COLUMNS order, then the baselines not run."""
+    out: list[TableRow] = []
     for r in result.rows:
         err = "" if r.rel_error is None else ("inf" if r.rel_error == float("inf") else f"{r.rel_error:.1e}")
         out.append(([r.name, r.kind, _ms(r.median_ms), _ms(r.min_ms), _ms(r.max_ms), err,
                      "" if r.compile_s is None else f"{r.compile_s:.2f}",
                      "" if getattr(r, "launches_per_step", None) is None else str(r.launches_per_step),
                      r.note], bool(r.ok)))
+    for name, why in (unavailable or {}).items():
+        out.append(([name, "baseline", "", "", "", "", "", "", why], None))
     return out
 
 
-def comparison_rows(a: BenchRun, b: BenchRun) -> tuple[list[str], list[tuple[list[str], bool]]]:
+def comparison_rows(a: BenchRun, b: BenchRun) -> tuple[list[str], list[TableRow]]:
     """Columns and rows comparing the median times of two single runs, implementation by implementation."""
     ra, rb = a.first, b.first
     names: list[str] = []

@@ -14,6 +14,14 @@ from typing import Any
 from ..graph_model import Cell
 
 FRAGMENT_FORMAT = "cellfuse.fragment/1"
+PASTE_MARGIN = 40.0  # between the copied nodes and their pasted copies
+DEFAULT_NODE_HEIGHT = 80.0  # where the copied nodes are not on the canvas to measure
+
+
+def fragment_ids(fragment: dict[str, Any]) -> list[str]:
+    nodes = fragment.get("nodes", [])
+    return [r["id"] for r in nodes if isinstance(r, dict) and isinstance(r.get("id"), str)]
+
 
 
 def fragment_of(cell: Cell, ids: list[str], update_positions: dict[str, list[float]] | None = None
@@ -52,6 +60,16 @@ def fragment_from_text(text: str) -> dict[str, Any] | None:
     if not isinstance(data.get("nodes"), list):
         return None
     return data
+
+
+def paste_offset(fragment: dict[str, Any], node_height: float) -> tuple[float, float]:
+    """How far to move pasted nodes so that they land clear of their originals: below the copied
+    nodes' bounding box (its height, a node's height and a margin) and a little to the right."""
+    layout = fragment.get("layout") if isinstance(fragment.get("layout"), dict) else {}
+    ys = [float(p[1]) for p in layout.values()
+          if isinstance(p, list) and len(p) == 2 and all(isinstance(c, (int, float)) for c in p)]
+    span = max(ys) - min(ys) if ys else 0.0
+    return PASTE_MARGIN, span + node_height + PASTE_MARGIN
 
 
 @dataclass

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from PySide6 import QtWidgets
 
-from . import recent_files, theme
+from . import platform_check, recent_files, theme
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +32,15 @@ def _log_unexpected(kind, value, tb) -> None:
 
 
 def run_app(cell_path: str | Path | None = None) -> int:
-    """Opens the editor on `cell_path` (or a new LSTM) and runs it; returns the exit code."""
-    app = QtWidgets.QApplication.instance() or QtWidgets.QApplication(sys.argv[:1])
+    """Opens the editor on `cell_path` (or a new LSTM) and runs it; returns the exit code (1, with what
+    to install, where Qt's platform plugin could not load)."""
+    app = QtWidgets.QApplication.instance()
+    if app is None:
+        hint = platform_check.platform_hint()
+        if hint is not None:
+            print(hint, file=sys.stderr)
+            return 1
+        app = QtWidgets.QApplication(sys.argv[:1])
     configure_application(app)
     from .main_window import MainWindow  # after the application exists
 

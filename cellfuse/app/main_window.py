@@ -29,9 +29,9 @@ from ..graph_model import (
     load_template,
     save_cell,
 )
-from . import autosave, dialogs, fragments, node_marks, recent_files
+from . import autosave, dialogs, fragments, node_marks, recent_files, window_geometry
 from .bench_panel import BenchPanel
-from .bench_runs import BenchRun
+from .bench_runs import BenchRun, unavailable_baselines
 from .bench_worker import BenchWorker
 from .cell_adapter import CellAdapter
 from .cuda_view import CudaView
@@ -59,7 +59,9 @@ class MainWindow(QtWidgets.QMainWindow):
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__(parent)
         self.setObjectName("CellFuseMainWindow")
-        self.resize(1500, 920)
+        screen = QtGui.QGuiApplication.primaryScreen()
+        if screen is not None:
+            self.setGeometry(window_geometry.initial_geometry(screen.availableGeometry()))
         self.adapter = CellAdapter(self)
         self.document = Document()
         self.info = CellInfo()
@@ -70,8 +72,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self._shown_once = False
 
         self.canvas = self.adapter.graph.viewer()
-        self.canvas.setMinimumSize(400, 300)
-        self.setCentralWidget(self.canvas)
+        self.canvas.setMinimumSize(*window_geometry.CANVAS_MIN_SIZE)
         self.overlay = PlanOverlay(self.adapter)
 
         self.palette = PalettePanel()
@@ -82,6 +83,7 @@ class MainWindow(QtWidgets.QMainWindow):
             self.plan_panel.set_schedule(DEFAULT_SCHEDULE)
         self.cuda_view = CudaView()
         self.bench_panel = BenchPanel(list(SCHEDULES), list(BASELINES), available_backends())
+        self._build_central_tabs()
         self._build_docks()
 
         self.actions_ = WindowActions(self, self)  # the window holds the actions and does what they ask
@@ -112,6 +114,21 @@ class MainWindow(QtWidgets.QMainWindow):
         self.addDockWidget(area, dock)
         return dock
 
+    def _build_central_tabs(self) -> None:
+        """The canvas, and beside it the benchmark's results: a chart needs more room than a panel
+        at the window's edge has on a laptop screen."""
+        self.central_tabs = QtWidgets.QTabWidget()
+        self.central_tabs.setDocumentMode(True)
+        self.central_tabs.addTab(self.canvas, "Cell")
+        self.central_tabs.addTab(self.bench_panel.results, "Benchmark results")
+        self.setCentralWidget(self.central_tabs)
+
+    def show_canvas(self) -> None:
+        self.central_tabs.setCurrentWidget(self.canvas)
+
+    def show_bench_results(self) -> None:
+        self.central_tabs.setCurrentWidget(self.bench_panel.results)
+
     def _build_docks(self) -> None:
         left = QtCore.Qt.DockWidgetArea.LeftDockWidgetArea
         right = QtCore.Qt.DockWidgetArea.RightDockWidgetArea
@@ -128,6 +145,12 @@ class MainWindow(QtWidgets.QMainWindow):
         self.tabifyDockWidget(self.problems_dock, self.cuda_dock)
         self.tabifyDockWidget(self.cuda_dock, self.bench_dock)
         self.problems_dock.raise_()
+        g = window_geometry
+        self.palette.setMinimumWidth(g.PALETTE_MIN_WIDTH)
+        for panel in (self.properties, self.plan_panel):
+            panel.setMinimumWidth(g.SIDE_PANEL_MIN_WIDTH)
+        for panel in (self.problems, self.cuda_view, self.bench_panel):
+            panel.setMinimumHeight(g.BOTTOM_PANEL_MIN_HEIGHT)
         self.panel_docks = [self.palette_dock, self.properties_dock, self.plan_dock, self.problems_dock,
                             self.cuda_dock, self.bench_dock]
 
@@ -227,13 +250,16 @@ class MainWindow(QtWidgets.QMainWindow):
             self.statusBar().showMessage(str(e), 6000)
             return ""
         if node_id:
+            self.show_canvas()
             self.adapter.select([node_id])
+        self.palette.reset_search()
         return node_id
 
     def show_node(self, node_id: str) -> None:
         """Selects a node and centres the canvas on it."""
         if not self.cell.has(node_id):
             return
+        self.show_canvas()
         self.adapter.select([node_id])
         self.adapter.centre_on([node_id])
 
@@ -241,6 +267,7 @@ class MainWindow(QtWidgets.QMainWindow):
         ids = [i for i in ids if self.cell.has(i)]
         self.adapter.select(ids)
         if ids:
+            self.show_canvas()
             self.adapter.centre_on(ids)
 
     # == plan and CUDA =================================================================================
@@ -266,26 +293,18 @@ class MainWindow(QtWidgets.QMainWindow):
         self._plan_key = key
         if not self.info.ok:
             n = len(self.info.errors)
-            text = f"Fix the {n} error{'s' if n != 1 else ''} in Problems to see the plan."
-            self.plan_panel.show_message(text)
-            self.cuda_view.show_message(text)
-            self.overlay.clear()
+            self._show_out_of_date(f"Fix the {n} error{'s' if n != 1 else ''} in Problems to see the plan.")
             return
         try:
             plan = make_plan(self.cell, sizes, schedule)
             summary = plan.summary()
             source = emit(plan)
         except CellError as e:
-            self.plan_panel.show_message(str(e))
-            self.cuda_view.show_message(str(e))
-            self.overlay.clear()
+            self._show_out_of_date(str(e))
             return
         except Exception as e:  # the compiler's failure must not take the editor down
             log.exception("the scheduler failed on cell '%s'", self.cell.name)
-            text = f"The scheduler failed: {type(e).__name__}: {e}"
-            self.plan_panel.show_message(text)
-            self.cuda_view.show_message(text)
-            self.overlay.clear()
+            self._show_out_of_date(f"The scheduler failed: {type(e).__name__}: {e}")
             return
         self.plan_panel.show_summary(summary)
         self.overlay.show_summary(summary)
@@ -295,6 +314,13 @@ class MainWindow(QtWidgets.QMainWindow):
         selected = self.adapter.selected_ids()
         if selected:
             self.cuda_view.scroll_to_node(selected[0])
+
+    def _show_out_of_date(self, reason: str) -> None:
+        """The last valid plan and CUDA stay on show, marked as out of date, while the cell has no plan.
+        The outlines go: drawn on a graph that has changed since, they would tell the wrong story."""
+        self.plan_panel.mark_out_of_date(reason)
+        self.cuda_view.mark_out_of_date(reason)
+        self.overlay.clear()
 
     def set_overlay_visible(self, visible: bool) -> None:
         self.overlay.set_visible(visible)
@@ -325,6 +351,8 @@ class MainWindow(QtWidgets.QMainWindow):
         self.bench_panel.set_sizes(**{k: v for k, v in cell.sizes.items() if k in ("input", "hidden")})
         self._plan_key = None
         self._last_structure = None
+        self.plan_panel.show_message("No plan yet.")  # another cell's plan is not out of date, it is wrong
+        self.cuda_view.show_message("No source yet.")
         self._on_cell_changed(self.cell)
         self.refresh_plan()
         self.adapter.fit()
@@ -511,8 +539,11 @@ class MainWindow(QtWidgets.QMainWindow):
         if fragment is None:
             self.statusBar().showMessage("The clipboard holds no CellFuse nodes", 3000)
             return []
+        ids = fragments.fragment_ids(fragment)
+        heights = [n.view.height for i in ids for n in self.adapter.canvas_nodes(i)]
+        offset = fragments.paste_offset(fragment, max(heights, default=fragments.DEFAULT_NODE_HEIGHT))
         try:
-            return self.adapter.paste(fragments.plan_paste(self.cell, fragment))
+            return self.adapter.paste(fragments.plan_paste(self.cell, fragment, offset))
         except CellError as e:
             self.statusBar().showMessage(f"Cannot paste: {e}", 6000)
             return []
@@ -577,7 +608,10 @@ class MainWindow(QtWidgets.QMainWindow):
         is_sweep = hasattr(result, "param")
         run = BenchRun(self._run_number, sweep=result if is_sweep else None,
                        result=None if is_sweep else result)
+        if not is_sweep and self.worker is not None:
+            run.unavailable = unavailable_baselines(self.worker.config.baselines, result)
         self.bench_panel.add_run(run)
+        self.show_bench_results()
         results = run.results
         first = run.first
         cancelled = any(r.cancelled for r in results)
@@ -587,6 +621,8 @@ class MainWindow(QtWidgets.QMainWindow):
             text += " — cancelled, partial results"
         if wrong:
             text += f" — not timed (wrong or failed): {', '.join(dict.fromkeys(wrong))}"
+        if run.unavailable:
+            text += f" — not available here: {', '.join(run.unavailable)}"
         self.bench_panel.show_status(text)
         self.bench_finished.emit(run)
 
@@ -611,7 +647,7 @@ class MainWindow(QtWidgets.QMainWindow):
                 return False
         path = Path(path) if Path(path).suffix else Path(path).with_suffix(".png")
         try:
-            self.bench_panel.figure.savefig(path, dpi=150, facecolor=self.bench_panel.figure.get_facecolor())
+            self.bench_panel.results.save_chart(str(path))
         except (OSError, ValueError) as e:
             dialogs.show_error(self, "Cannot save chart", f"{path}: {e}")
             return False
@@ -655,7 +691,7 @@ class MainWindow(QtWidgets.QMainWindow):
         """The default sizes of the panels: most of the window for the canvas."""
         horizontal, vertical = QtCore.Qt.Orientation.Horizontal, QtCore.Qt.Orientation.Vertical
         self.resizeDocks([self.palette_dock, self.properties_dock], [190, 340], horizontal)
-        self.resizeDocks([self.problems_dock], [int(self.height() * 0.27)], vertical)
+        self.resizeDocks([self.problems_dock], [int(self.height() * 0.3)], vertical)
         self.resizeDocks([self.properties_dock, self.plan_dock],
                          [int(self.height() * 0.36), int(self.height() * 0.5)], vertical)
 

@@ -7,7 +7,7 @@ from typing import Protocol
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from ..graph_model import CellInfo, load_template, template_names
-from . import theme
+from . import about, theme
 from .cell_adapter import CellAdapter
 from .palette_panel import palette_entries
 
@@ -102,6 +102,8 @@ class WindowActions:
         self.benchmark = _action(w, "&Benchmark", e.run_benchmark, ["F5"],
                                  "Check and time every schedule of the cell")
         self.cancel = _action(w, "&Cancel Benchmark", e.cancel_benchmark, ["Shift+F5"])
+        self.about = _action(w, "&About CellFuse", lambda: about.show_about(w), (),
+                             "The version, whether a GPU was found, where settings and autosaves live")
 
 
 def build_menus(w: QtWidgets.QMainWindow, e: Editor, a: WindowActions) -> None:
@@ -150,6 +152,8 @@ def build_menus(w: QtWidgets.QMainWindow, e: Editor, a: WindowActions) -> None:
 
     help_menu = bar.addMenu("&Help")
     help_menu.addAction("&Keyboard and Mouse", lambda: _show_help(w))
+    help_menu.addSeparator()
+    help_menu.addAction(a.about)
 
     # The canvas's right-click menu.
     ctx = e.adapter.graph.get_context_menu("graph").qmenu

@@ -103,6 +103,11 @@ class PalettePanel(QtWidgets.QWidget):
 
             self.tree.setCurrentItem(min(visible, key=rank))
 
+    def reset_search(self) -> None:
+        """Shows every op again: a filter left on after adding a node hides the rest of the palette."""
+        if self.search.text():
+            self.search.clear()
+
     def current_op(self) -> str | None:
         item = self.tree.currentItem()
         return item.data(0, OP_ROLE) if item is not None and not item.isHidden() else None

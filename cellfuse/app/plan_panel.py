@@ -78,6 +78,8 @@ class PlanPanel(QtWidgets.QWidget):
         self.overlay_check.toggled.connect(self.overlay_toggled)
         self.tree.itemClicked.connect(
             lambda item, _c: self.nodes_activated.emit(item.data(0, NODES_ROLE) or []))
+        self.has_plan = False
+        self.out_of_date = False
         self.show_message("No plan yet.")
 
     def schedule(self) -> str:
@@ -97,8 +99,23 @@ class PlanPanel(QtWidgets.QWidget):
         for v in self.stat_values.values():
             v.setText("–")
         self.tree.clear()
+        self.has_plan = False
+        self.out_of_date = False
+
+    def mark_out_of_date(self, reason: str) -> None:
+        """Keeps the last plan on show, greyed and marked, while the cell cannot be scheduled (a node
+        being drawn is not connected yet): the plan is what the user was working from."""
+        if not self.has_plan:
+            self.show_message(reason)
+            return
+        self.out_of_date = True
+        self.message.setText(f"Out of date: the last valid plan. {reason}")
+        self.message.setVisible(True)
+        self.stats_box.setEnabled(False)
 
     def show_summary(self, summary: dict) -> None:
+        self.has_plan = True
+        self.out_of_date = False
         self.message.setVisible(False)
         self.stats_box.setEnabled(True)
         flops = summary.get("flops_per_step", 0)

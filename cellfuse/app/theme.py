@@ -33,7 +33,7 @@ KIND_LABELS: dict[str, str] = {
 
 ERROR_COLOR: RGB = (235, 80, 64)
 WARNING_COLOR: RGB = (240, 190, 40)
-SELECTED_COLOR: RGB = (255, 214, 90)
+SELECTED_COLOR: RGB = (80, 170, 255)  # blue: far from the amber of a warning
 NODE_BODY: RGB = (44, 46, 52)
 CANVAS_BACKGROUND: RGB = (30, 31, 35)
 CANVAS_GRID: RGB = (40, 42, 47)
@@ -84,6 +84,18 @@ QLineEdit, QPlainTextEdit, QComboBox, QSpinBox, QListWidget, QTreeWidget, QTable
     selection-background-color: #3d6fb0;
 }
 QLineEdit:focus, QComboBox:focus, QSpinBox:focus { border: 1px solid #5a8fd8; }
+QSpinBox { padding-right: 18px; }
+QSpinBox::up-button, QSpinBox::down-button { subcontrol-origin: border; width: 16px;
+    background: #34373e; border-left: 1px solid #3a3d45; }
+QSpinBox::up-button { subcontrol-position: top right; border-top-right-radius: 3px; }
+QSpinBox::down-button { subcontrol-position: bottom right; border-bottom-right-radius: 3px; }
+QSpinBox::up-button:hover, QSpinBox::down-button:hover { background: #454952; }
+QSpinBox::up-arrow { width: 0; height: 0; border-left: 4px solid transparent;
+    border-right: 4px solid transparent; border-bottom: 5px solid #c8ccd4; }
+QSpinBox::down-arrow { width: 0; height: 0; border-left: 4px solid transparent;
+    border-right: 4px solid transparent; border-top: 5px solid #c8ccd4; }
+QSpinBox::up-arrow:disabled, QSpinBox::down-arrow:disabled { border-bottom-color: #5a5d66;
+    border-top-color: #5a5d66; }
 QLineEdit[invalid="true"] { border: 1px solid #eb5040; }
 QHeaderView::section { background: #2a2c32; border: none; border-right: 1px solid #1b1c20;
     padding: 3px 6px; }

@@ -1,15 +1,27 @@
 """Charts of benchmark results, drawn with matplotlib on a Figure the caller owns (a PNG from the
-command line, a canvas in the editor)."""
+command line, a canvas in the editor).
+
+The charts take their text, edge and background colours from matplotlib's rcParams, so that a
+caller can draw them light (a PNG) or dark (the editor) with `matplotlib.rc_context`. Layout is
+matplotlib's constrained layout: it keeps the titles, tick labels and the footnote inside the figure
+at any size the figure is given, where tight_layout gives up with a warning.
+"""
 
 from __future__ import annotations
 
+import math
+
 import matplotlib
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from .bench import BenchResult, SweepResult
 
 _SCHEDULE_COLOR = "#3b7dd8"
 _BASELINE_COLOR = "#9a9a9a"
+FOOTNOTE_COLOR = "#d0503c"  # readable on a light and on a dark background
+LOG_RANGE = 100.0  # a time axis goes logarithmic only when its bars differ by more than this factor
+VALUE_MARGIN = 1.22  # room right of the longest bar for its value label
 
 
 def _title(result: BenchResult) -> str:
@@ -18,46 +30,81 @@ def _title(result: BenchResult) -> str:
             f"layers={s.layers}\n{result.device}")
 
 
+def ms_text(ms: float) -> str:
+    """A time in ms as people write it: 1970 -> '1970', 12.34 -> '12.3', 0.01234 -> '0.0123'."""
+    if ms >= 100:
+        return f"{ms:.0f}"
+    if ms >= 10:
+        return f"{ms:.1f}"
+    return f"{ms:.3g}"
+
+
+def needs_log_scale(values: list[float]) -> bool:
+    positive = [v for v in values if v > 0]
+    return bool(positive) and max(positive) / min(positive) > LOG_RANGE
+
+
+def _time_axis(ax, times: list[float], label: str) -> None:
+    """A linear axis from zero, or a logarithmic one when the range demands it; the label says which."""
+    if needs_log_scale(times):
+        ax.set_xscale("log")
+        low = 10.0 ** math.floor(math.log10(min(times)))
+        ax.set_xlim(low, max(times) * VALUE_MARGIN ** 3)  # a log axis needs a larger factor for the same room
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_xlabel(f"{label} (log scale)")
+    else:
+        ax.set_xlim(0.0, max(times) * VALUE_MARGIN)
+        ax.set_xlabel(label)
+
+
+def _footnote(fig: Figure, text: str) -> None:
+    # The figure's x label is the one place below the axes that constrained layout keeps room for.
+    fig.supxlabel(text, fontsize=8, color=FOOTNOTE_COLOR)
+
+
 def plot_result(result: BenchResult, fig: Figure) -> None:
-    """Time per implementation (log scale) and speedup over `naive`, for the rows that were timed."""
+    """Time per implementation and speedup over `naive`, for the rows that were timed."""
     fig.clear()
+    fig.set_layout_engine("constrained")
     rows = [r for r in result.rows if r.ok and r.median_ms is not None]
-    ax_time, ax_speed = fig.subplots(1, 2)
+    ax_time, ax_speed = fig.subplots(1, 2, width_ratios=(3, 2))
     fig.suptitle(_title(result), fontsize=9)
+    if result.backend == "numpy":
+        _footnote(fig, "numpy backend, no GPU: CPU times of the Plan's numpy executor, not GPU times")
     if not rows:
         ax_time.text(0.5, 0.5, "nothing was timed", ha="center", va="center", transform=ax_time.transAxes)
+        ax_speed.axis("off")
         return
     names = [r.name for r in rows]
     colors = [_SCHEDULE_COLOR if r.kind == "schedule" else _BASELINE_COLOR for r in rows]
     times = [r.median_ms for r in rows]
     ax_time.barh(names, times, color=colors)
-    ax_time.set_xscale("log")
     ax_time.invert_yaxis()
-    ax_time.set_xlabel("ms per forward pass (median)")
+    _time_axis(ax_time, times, "ms per forward pass (median)")
     for i, t in enumerate(times):
-        ax_time.text(t, i, f" {t:.3g}", va="center", fontsize=7)
+        ax_time.text(t, i, f" {ms_text(t)}", va="center", fontsize=7)
     naive = result.row("naive")
     if naive and naive.ok and naive.median_ms:
         speed = [naive.median_ms / t for t in times]
         ax_speed.barh(names, speed, color=colors)
         ax_speed.invert_yaxis()
-        ax_speed.axvline(1.0, color="black", lw=0.8)
+        ax_speed.axvline(1.0, color=matplotlib.rcParams["axes.edgecolor"], lw=0.8)
+        ax_speed.set_xlim(0.0, max(speed) * VALUE_MARGIN)
         ax_speed.set_xlabel("speedup over naive")
         for i, v in enumerate(speed):
             ax_speed.text(v, i, f" {v:.1f}x", va="center", fontsize=7)
         ax_speed.set_yticklabels([])
     else:
+        ax_speed.axis("off")
         ax_speed.text(0.5, 0.5, "naive was not timed", ha="center", va="center", transform=ax_speed.transAxes)
-    if result.backend == "numpy":
-        fig.text(0.5, 0.01, "numpy backend, no GPU: these are CPU times of the Plan's numpy executor, "
-                 "not GPU times", ha="center", fontsize=8, color="#b03030")
-    fig.tight_layout(rect=(0, 0.04, 1, 0.92))
 
 
 def plot_sweep(sweep: SweepResult, fig: Figure) -> None:
     """One curve per implementation: time against the swept size, ticked at the swept values. Schedules
     are solid lines, baselines dashed, each implementation in a colour of its own."""
     fig.clear()
+    fig.set_layout_engine("constrained")
     ax = fig.subplots()
     names: list[str] = []
     kinds: dict[str, str] = {}
@@ -81,10 +128,12 @@ def plot_sweep(sweep: SweepResult, fig: Figure) -> None:
     ax.set_xticks(sweep.values, [str(v) for v in sweep.values])
     ax.minorticks_off()
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(f"{sweep.param} (log scale)")
     ax.set_ylabel("ms per forward pass (median, log scale)")
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    if ax.lines:
+        fig.legend(fontsize=7, loc="outside right upper")
     if sweep.results:
-        ax.set_title(f"{sweep.results[0].cell}: scaling with {sweep.param}\n{sweep.results[0].device}",
+        fig.suptitle(f"{sweep.results[0].cell}: scaling with {sweep.param}\n{sweep.results[0].device}",
                      fontsize=9)
-    fig.tight_layout()

@@ -1,0 +1,146 @@
+"""What a new user meets first: the plan kept while a node is being drawn, the charts, the small
+touches of the canvas and panels, Help → About, and the hint when Qt cannot open a window."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from matplotlib.figure import Figure
+
+from cellfuse.app import about, platform_check, theme
+from cellfuse.app.bench_runs import unavailable_baselines
+from cellfuse.gpu_runtime.plots import needs_log_scale, plot_result
+
+TIMEOUT_MS = 60_000
+
+
+def test_an_invalid_cell_keeps_the_last_plan_and_cuda_marked_out_of_date(window):
+    summary_before = window.plan_panel.stat_values["launches_per_step"].text()
+    source = window.cuda_view.text()
+    assert "__global__" in source and not window.plan_panel.out_of_date
+    window.adapter.disconnect("h_new", "a")
+    window.refresh_plan()
+    panel, view = window.plan_panel, window.cuda_view
+    assert panel.out_of_date and "Out of date" in panel.message.text()
+    assert panel.stat_values["launches_per_step"].text() == summary_before
+    assert panel.tree.topLevelItemCount() > 0
+    assert view.out_of_date and "Out of date" in view.stale.text()
+    assert source in view.text()
+    view.scroll_to_node("ai_b")  # still finds its line below the note
+    marks = view.editor.extraSelections()
+    assert "v_ai_b =" in view.text().splitlines()[marks[-1].cursor.blockNumber()]
+    window.actions_.undo.trigger()
+    window.refresh_plan()
+    assert not panel.out_of_date and panel.message.isHidden()
+    assert not view.out_of_date and view.text() == source
+
+
+def test_selecting_a_node_marks_its_own_line_in_the_cuda(window):
+    view = window.cuda_view
+    window.show_node("ai_b")
+    own = view.node_line("ai_b")
+    assert own and own != view._kernel_line[view.kernel_of("ai_b")]
+    marks = view.editor.extraSelections()
+    marked = marks[-1].cursor.blockNumber() + 1
+    assert marked == own
+    assert view.text().splitlines()[own - 1].strip().startswith("const float v_ai_b =")
+    assert f"line {own}" in view.location.text()
+
+
+def result(times: dict[str, float], backend: str = "numpy"):
+    rows = [SimpleNamespace(name=n, kind="schedule" if n != "numpy reference" else "baseline", ok=True,
+                            median_ms=t) for n, t in times.items()]
+    return SimpleNamespace(rows=rows, backend=backend, cancelled=False, cell="c", device="CPU",
+                           sizes=SimpleNamespace(seq=1, batch=1, input=1, hidden=1, layers=1),
+                           row=lambda name: next((r for r in rows if r.name == name), None))
+
+
+def test_time_axis_is_linear_from_zero_unless_the_range_is_large():
+    fig = Figure(figsize=(9, 4))
+    plot_result(result({"naive": 1970.0, "fused": 700.0, "graph": 350.0}), fig)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "linear" and ax.get_xlim()[0] == 0.0
+    assert "log" not in ax.get_xlabel()
+    assert [t.get_text().strip() for t in ax.texts] == ["1970", "700", "350"]
+    assert needs_log_scale([1000.0, 1.0])
+    plot_result(result({"naive": 1000.0, "graph": 1.0}), fig)
+    assert fig.axes[0].get_xscale() == "log" and "log scale" in fig.axes[0].get_xlabel()
+
+
+def test_ticked_baselines_that_could_not_run_are_said():
+    res = result({"naive": 1.0, "numpy reference": 2.0})
+    missing = unavailable_baselines(["numpy reference", "pytorch eager", "cudnn"], res)
+    assert set(missing) == {"pytorch eager", "cudnn"}
+    assert all("not available" in why and "no GPU/PyTorch" in why for why in missing.values())
+
+
+def test_numpy_run_lists_unavailable_baselines_and_charts_dark_saves_light(qtbot, window, tmp_path):
+    panel = window.bench_panel
+    panel.backend_combo.setCurrentText("numpy")
+    panel.repeats_spin.setValue(1)
+    with qtbot.waitSignal(window.bench_finished, timeout=TIMEOUT_MS):
+        window.run_benchmark()
+    qtbot.waitUntil(lambda: window.worker is None, timeout=TIMEOUT_MS)
+    rows = {r[0]: r for r in panel.table_text()}
+    assert "not available" in rows["pytorch eager"][-1] and rows["pytorch eager"][2] == ""
+    assert panel.figure.get_facecolor()[0] < 0.3  # dark, as the window
+    path = tmp_path / "chart.png"
+    panel.results.save_chart(str(path))
+    from matplotlib.image import imread
+
+    corner = imread(str(path))[2, 2]
+    assert corner[:3].min() > 0.95  # a saved chart is light
+    assert panel.figure.get_facecolor()[0] < 0.3
+
+
+def test_paste_lands_clear_of_the_originals(window):
+    a = window.adapter
+    a.select(["hi"])
+    window.copy_selection()
+    (new,) = window.paste()
+    old_rect = a.node("hi").view.sceneBoundingRect()
+    new_rect = a.node(new).view.sceneBoundingRect()
+    assert not old_rect.intersects(new_rect)
+    assert new_rect.top() >= old_rect.bottom() + 20
+
+
+def test_the_palette_filter_is_reset_after_adding_a_node(user, window):
+    user.add("sigmoid")
+    assert window.palette.search.text() == ""
+    assert "matmul" in window.palette.ops() and "tanh" in window.palette.ops()
+
+
+def test_selection_and_warning_borders_differ():
+    sel, warn = theme.SELECTED_COLOR, theme.WARNING_COLOR
+    assert sum(abs(x - y) for x, y in zip(sel, warn, strict=True)) > 200
+
+
+def test_spin_boxes_have_drawn_arrows():
+    for part in ("QSpinBox::up-arrow", "QSpinBox::down-arrow", "QSpinBox::up-button"):
+        assert part in theme.STYLESHEET
+
+
+def test_about_says_version_gpu_and_where_files_live(window):
+    from cellfuse import __version__
+    from cellfuse.app import autosave
+
+    text = about.about_text()
+    assert __version__ in text and "GPU" in text
+    assert str(autosave.autosave_dir()) in text and "Settings" in text
+    assert window.actions_.about in window.menuBar().actions()[-1].menu().actions()
+
+
+def test_missing_xcb_libraries_give_an_install_hint():
+    have = {"xcb-cursor", "xcb-image", "xcb-render-util", "xcb-randr", "xcb-shape", "xcb-xkb",
+            "xkbcommon-x11"}
+
+    def find(name):
+        return f"lib{name}.so" if name in have else None
+
+    hint = platform_check.platform_hint({}, "linux", find)
+    assert hint and "sudo apt install libxcb-icccm4 libxcb-keysyms1" in hint
+    assert platform_check.platform_hint({"QT_QPA_PLATFORM": "offscreen"}, "linux", find) is None
+    assert platform_check.platform_hint({"WAYLAND_DISPLAY": "wayland-0"}, "linux", find) is None
+    assert platform_check.platform_hint({"QT_QPA_PLATFORM": "xcb"}, "linux", find) is not None
+    assert platform_check.platform_hint({}, "darwin", find) is None
+    assert platform_check.platform_hint({}, "linux", lambda n: "lib.so") is None
