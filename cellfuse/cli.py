@@ -408,6 +408,26 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+# Characters a shared cell file could use to take over the terminal that prints its name or ids (escape
+# sequences, carriage returns) or to make printed text read differently from what it is (bidirectional
+# overrides): printed as escapes instead.
+_UNSAFE = {c: f"\\x{c:02x}" for c in [*range(0x20), *range(0x7F, 0xA0)] if chr(c) not in "\n\t"}
+_UNSAFE.update({c: f"\\u{c:04x}" for c in [*range(0x202A, 0x202F), *range(0x2066, 0x206A), 0x2028, 0x2029]})
+
+
+class _SafeText:
+    """A text stream that writes every unsafe character of `_UNSAFE` as its escape."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        return self.stream.write(text.translate(_UNSAFE))
+
+    def __getattr__(self, name: str):
+        return getattr(self.stream, name)
+
+
 class Terminated(BaseException):
     """SIGTERM, raised where the program is, so that what is being written is cleaned up as on Ctrl+C."""
 
@@ -424,6 +444,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:  # plain `cellfuse` opens the editor
         args.func, args.cell = cmd_gui, None
     previous = signal.signal(signal.SIGTERM, _terminate)
+    streams = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _SafeText(sys.stdout), _SafeText(sys.stderr)
     try:
         return args.func(args)
     except CellError as e:
@@ -447,6 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + signal.SIGTERM
     finally:
         signal.signal(signal.SIGTERM, previous)
+        sys.stdout, sys.stderr = streams
 
 
 if __name__ == "__main__":

@@ -140,3 +140,15 @@ def test_the_output_of_a_run_that_failed_is_not_written(tmp_path):
     cell.write_text(json.dumps(data))
     proc = cellfuse("export", cell.name, "-o", "e.cu", cwd=tmp_path)
     assert proc.returncode == 1 and not (tmp_path / "e.cu").exists()
+
+
+def test_a_cell_cannot_send_escape_sequences_to_the_terminal(tmp_path):
+    data = json.loads(template_text("elman"))
+    data["name"] = "evil\x1b]0;owned\x07\x1b[2J\r\u202enoisrev"
+    data["nodes"].append({"id": "bad\x1b[31mid", "op": "const", "value": 1.0})
+    (tmp_path / "e.cell.json").write_text(json.dumps(data))
+    for argv in (("validate", "e.cell.json"), ("plan", "e.cell.json")):
+        proc = cellfuse(*argv, cwd=tmp_path)
+        text = proc.stdout + proc.stderr
+        assert "\x1b" not in text and "\r" not in text and "\x07" not in text and "\u202e" not in text
+        assert "\\x1b" in text  # shown, as an escape
