@@ -12,6 +12,7 @@ import signal
 import stat
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from . import __version__
@@ -20,6 +21,7 @@ from .graph_model import (
     CellError,
     Sizes,
     analyze,
+    check_sizes,
     init_params,
     load_cell,
     load_npz,
@@ -161,6 +163,7 @@ def cmd_init_inputs(args: argparse.Namespace) -> int:
     cell = resolve_cell(args.cell)
     require_valid(cell)
     input_size = args.input or cell.sizes["input"]
+    check_sizes(Sizes(seq=args.seq, batch=args.batch, input=input_size, hidden=cell.sizes["hidden"]), cell)
     rng = np.random.default_rng(args.seed)
     with _allocating(f"inputs of shape {[args.seq, args.batch, input_size]}"):
         x = rng.standard_normal((args.seq, args.batch, input_size)).astype(np.float32)
@@ -193,7 +196,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def _plan_sizes(cell: Cell, args: argparse.Namespace) -> Sizes:
     input_size, hidden = _sizes(cell, args)
-    return Sizes(seq=args.seq, batch=args.batch, input=input_size, hidden=hidden, layers=args.layers)
+    sizes = Sizes(seq=args.seq, batch=args.batch, input=input_size, hidden=hidden, layers=args.layers)
+    check_sizes(sizes, cell)
+    return sizes
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -281,8 +286,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
             raise CellError(f"--sweep {args.sweep}: expected NAME=N,N,... like batch=1,8,64,256") from None
         if not numbers:
             raise CellError(f"--sweep {args.sweep}: expected NAME=N,N,... like batch=1,8,64,256")
-        if any(n < 1 for n in numbers):
-            raise CellError(f"--sweep {args.sweep}: every {param} must be at least 1")
+        if param not in ("seq", "batch", "input", "hidden", "layers"):
+            raise CellError(f"--sweep {args.sweep}: cannot sweep '{param}': choose seq, batch, input, hidden "
+                            "or layers")
+        for n in numbers:  # every size of the sweep, before any of them runs
+            check_sizes(replace(config.sizes, **{param: n}), cell)
         sweep = run_sweep(cell, config, param, numbers, progress)
         for res in sweep.results:
             _print_bench(res)

@@ -152,3 +152,20 @@ def test_a_cell_cannot_send_escape_sequences_to_the_terminal(tmp_path):
         text = proc.stdout + proc.stderr
         assert "\x1b" not in text and "\r" not in text and "\x07" not in text and "\u202e" not in text
         assert "\\x1b" in text  # shown, as an escape
+
+
+@pytest.mark.parametrize("argv", [
+    ("plan", "lstm", "--layers", "1000000000"),
+    ("export", "lstm", "--layers", "1000000000", "-o", "x.cu"),
+    ("init-params", "lstm", "--layers", "1000000000", "-o", "p.npz"),
+    ("plan", "lstm", "--hidden", "100000000000"),
+    ("init-params", "lstm", "--hidden", str(10**400), "-o", "p.npz"),
+    ("init-inputs", "lstm", "--seq", "100000000", "--batch", "100000000", "-o", "x.npz"),
+    ("bench", "lstm", "--backend", "numpy", "--sweep", "layers=1,100000000"),
+])
+def test_absurd_sizes_are_refused_at_once(tmp_path, argv):
+    start = time.monotonic()
+    proc = cellfuse(*argv, cwd=tmp_path, timeout=60)
+    assert proc.returncode == 1 and "limit" in proc.stderr, proc.stderr
+    assert time.monotonic() - start < 30
+    assert list(tmp_path.iterdir()) == []

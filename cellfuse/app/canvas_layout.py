@@ -1,6 +1,10 @@
 """A layered left-to-right layout for the canvas: data flows from the sources on the left to the
 updates and the output on the right, and each column is ordered to keep wires short and straight.
 
+Nodes may come in groups (the matmuls of one GEMM, the ops of one fused kernel): within a column, a
+group's nodes are stacked together, one under the other, so that the outline drawn around the group
+is one area and no other node sits between its members.
+
 Plain Python on plain data: node keys, edges (source, consumer) and node sizes in, top-left
 positions out.
 """
@@ -45,10 +49,32 @@ def _layers(keys: list[Key], preds: dict[Key, list[Key]], succs: dict[Key, list[
     return layer
 
 
+def _runs(col: list[Key], group_of: dict[Key, int]) -> list[list[Key]]:
+    """The column cut into what stays together: the members of one group, or a lone node; in the
+    order each first appears."""
+    runs: dict[tuple[str, Key], list[Key]] = {}
+    for k in col:
+        runs.setdefault(("group", group_of[k]) if k in group_of else ("node", k), []).append(k)
+    return list(runs.values())
+
+
+def _order(col: list[Key], group_of: dict[Key, int], near: dict[Key, float]) -> None:
+    """Sorts a column by where its nodes want to be, a group by where its members want to be on
+    average, keeping each group's members next to each other."""
+    runs = _runs(col, group_of)
+    for run in runs:
+        run.sort(key=lambda k: near[k])
+    runs.sort(key=lambda run: sum(near[k] for k in run) / len(run))
+    col[:] = [k for run in runs for k in run]
+
+
 def layered_layout(keys: Iterable[Key], edges: Iterable[tuple[Key, Key]],
                    sizes: dict[Key, tuple[float, float]], sinks: Iterable[Key] = (),
-                   origin: tuple[float, float] = (0.0, 0.0)) -> dict[Key, tuple[float, float]]:
-    """Top-left positions for every key. `sinks` (updates, the output) go to the last column."""
+                   origin: tuple[float, float] = (0.0, 0.0),
+                   groups: Iterable[Iterable[Key]] = ()) -> dict[Key, tuple[float, float]]:
+    """Top-left positions for every key. `sinks` (updates, the output) go to the last column; the
+    keys of each of `groups` (disjoint; a key of a second group counts in its first) stay together
+    in their column."""
     keys = list(dict.fromkeys(keys))
     sink_set = set(sinks) & set(keys)
     preds: dict[Key, list[Key]] = {k: [] for k in keys}
@@ -59,6 +85,11 @@ def layered_layout(keys: Iterable[Key], edges: Iterable[tuple[Key, Key]],
             succs[a].append(b)
     if not keys:
         return {}
+    group_of: dict[Key, int] = {}
+    for i, group in enumerate(groups):
+        for k in group:
+            if k in preds:
+                group_of.setdefault(k, i)
     layer = _layers(keys, preds, succs, sink_set)
     n_layers = max(layer.values()) + 1
     columns: list[list[Key]] = [[] for _ in range(n_layers)]
@@ -71,15 +102,20 @@ def layered_layout(keys: Iterable[Key], edges: Iterable[tuple[Key, Key]],
     y: dict[Key, float] = {}
 
     def stack(col: list[Key], wanted: dict[Key, float] | None = None) -> None:
-        """Places a column top to bottom, each node as near its wanted centre as order allows."""
+        """Places a column top to bottom, each group as one block (its members a row gap apart) and
+        each block as near its members' wanted centre as order allows."""
         top = 0.0
-        for k in col:
-            centre = wanted.get(k) if wanted else None
-            t = top if centre is None else max(top, centre - height(k) / 2.0)
-            y[k] = t
-            top = t + height(k) + ROW_GAP
+        for run in _runs(col, group_of):
+            extent = sum(height(k) for k in run) + ROW_GAP * (len(run) - 1)
+            centres = [wanted[k] for k in run if wanted and k in wanted]
+            t = top if not centres else max(top, sum(centres) / len(centres) - extent / 2.0)
+            for k in run:
+                y[k] = t
+                t += height(k) + ROW_GAP
+            top = t
 
     for col in columns:
+        _order(col, group_of, {k: float(i) for i, k in enumerate(col)})
         stack(col)
 
     def centre(k: Key) -> float:
@@ -96,8 +132,7 @@ def layered_layout(keys: Iterable[Key], edges: Iterable[tuple[Key, Key]],
         for i in order:
             col = columns[i]
             near = {k: barycentre(k, preds[k] if forward else succs[k]) for k in col}
-            fallback = {k: centre(k) for k in col}
-            col.sort(key=lambda k: near[k] if near[k] is not None else fallback[k])
+            _order(col, group_of, {k: centre(k) if v is None else v for k, v in near.items()})
             stack(col, {k: v for k, v in near.items() if v is not None})
 
     # Shift everything so the top is at the origin; columns as wide as their widest node.

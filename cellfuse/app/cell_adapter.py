@@ -20,7 +20,7 @@ How the canvas holds a cell:
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -94,6 +94,9 @@ class CellAdapter(QtCore.QObject):
         self._next_seq = 0
         self._loading = False
         self._index: dict[str, list[CellNode]] | None = None  # cell id -> canvas nodes, until an edit
+        # The sets of cell ids the auto layout keeps together in a column (the editor's plan gives
+        # them); none by default.
+        self.layout_groups: Callable[[Cell], list[list[str]]] = lambda _cell: []
         self.graph.undo_stack().indexChanged.connect(self._on_stack_changed)
         self.graph.node_requested.connect(self._on_node_requested)
         self.graph.op_dropped.connect(lambda op, pos: self._add_or_report(op, pos))
@@ -301,7 +304,7 @@ class CellAdapter(QtCore.QObject):
                 self.message.emit("Not shown on the canvas: " + ", ".join(lost))
             missing = [n for n in canvas.values() if n.name() not in cell.layout]
             if relayout or missing:
-                self._apply_positions(self._layout_positions(), push_undo=False)
+                self._apply_positions(self._layout_positions(cell), push_undo=False)
             else:
                 self._place_sinks(editor)
         finally:
@@ -584,8 +587,10 @@ class CellAdapter(QtCore.QObject):
         return list(made)
 
     # == layout ============================================================================================
-    def _layout_positions(self) -> dict[str, tuple[float, float]]:
+    def _layout_positions(self, cell: Cell) -> dict[str, tuple[float, float]]:
         nodes = self._nodes()
+        canvas_id = {n.name(): n.id for n in nodes if n.ROLE == ROLE_OP}
+        groups = [[canvas_id[i] for i in group if i in canvas_id] for group in self.layout_groups(cell)]
         edges = []
         for n in nodes:
             for p in n.input_ports():
@@ -593,7 +598,7 @@ class CellAdapter(QtCore.QObject):
                     edges.append((c.node().id, n.id))
         sizes = {n.id: (float(n.view.width), float(n.view.height)) for n in nodes}
         sinks = [n.id for n in nodes if n.ROLE != ROLE_OP]
-        return canvas_layout.layered_layout([n.id for n in nodes], edges, sizes, sinks)
+        return canvas_layout.layered_layout([n.id for n in nodes], edges, sizes, sinks, groups=groups)
 
     def _apply_positions(self, positions: dict[str, tuple[float, float]], push_undo: bool) -> None:
         for canvas_id, (x, y) in positions.items():
@@ -604,7 +609,7 @@ class CellAdapter(QtCore.QObject):
     def auto_layout(self) -> None:
         """Lays the canvas out in columns from the input to the updates (one undoable step)."""
         with self._macro("auto layout"):
-            self._apply_positions(self._layout_positions(), push_undo=True)
+            self._apply_positions(self._layout_positions(self.cell), push_undo=True)
 
     # == selection and view ==============================================================================
     def selected_ids(self) -> list[str]:

@@ -63,6 +63,7 @@ class MainWindow(QtWidgets.QMainWindow):
         if screen is not None:
             self.setGeometry(window_geometry.initial_geometry(screen.availableGeometry()))
         self.adapter = CellAdapter(self)
+        self.adapter.layout_groups = self.plan_groups
         self.document = Document()
         self.info = CellInfo()
         self.worker: BenchWorker | None = None
@@ -315,6 +316,19 @@ class MainWindow(QtWidgets.QMainWindow):
         if selected:
             self.cuda_view.scroll_to_node(selected[0])
 
+    def plan_groups(self, cell: Cell) -> list[list[str]]:
+        """The nodes of each GEMM group and of each fused kernel of the cell's plan at the chosen
+        schedule: the auto layout keeps each together, so that its outline is one area. None for a
+        cell that has no plan; it is laid out as drawn."""
+        try:
+            plan = make_plan(cell, self.sizes(), self.plan_panel.schedule())
+        except CellError:
+            return []
+        except Exception:  # the compiler's failure must not take the layout down
+            log.exception("the scheduler failed on cell '%s'", cell.name)
+            return []
+        return [list(g.matmuls) for g in plan.groups] + [list(i.nodes) for i in plan.islands]
+
     def _show_out_of_date(self, reason: str) -> None:
         """The last valid plan and CUDA stay on show, marked as out of date, while the cell has no plan.
         The outlines go: drawn on a graph that has changed since, they would tell the wrong story."""
@@ -444,6 +458,9 @@ class MainWindow(QtWidgets.QMainWindow):
         cell = self.cell
         try:
             save_cell(cell, path)
+        except CellError as e:  # a file refused as a target, or a cell a file cannot hold (a NaN const)
+            dialogs.show_error(self, "Cannot save", str(e))
+            return False
         except OSError as e:
             dialogs.show_error(self, "Cannot save", f"{path}: {e.strerror or e}")
             return False
@@ -474,7 +491,7 @@ class MainWindow(QtWidgets.QMainWindow):
             return None
         try:
             return autosave.write_autosave(cell_to_text(self.cell), self.document.path)
-        except OSError as e:
+        except (OSError, CellError) as e:
             log.warning("autosave failed: %s", e)
             return None
 

@@ -1,6 +1,10 @@
 """The plan drawn on the canvas: a coloured outline around the nodes of each GEMM group and of each
 fused kernel, with its name, and a "hoisted" tag on the matmuls computed once before the loop.
 
+Every launch has a colour of its own (theme.launch_colors), the one the plan panel lists it with. A
+region whose nodes lie apart on the canvas is drawn as several pieces, each labelled with its part
+("k0 (1/3)"), so that no piece is left unnamed.
+
 The outlines are plain scene items behind the nodes; they are not nodes of the graph and never
 reach the undo stack or the file.
 """
@@ -16,6 +20,8 @@ from .cell_adapter import CellAdapter
 
 PAD = 8.0
 LABEL_BAND = 16.0
+LABEL_INDENT = 6.0
+NODE_CLEARANCE = 4.0  # a label keeps this far from any node, so that it never touches a title bar
 Z_VALUE = -5.0
 
 
@@ -25,34 +31,72 @@ class PlanRegion:
 
     name: str
     label: str
+    brief: str  # the label without the words, for a piece too narrow for the whole label
     nodes: tuple[str, ...]
     rgb: theme.RGB
     kind: str  # "gemm" or "fused"
     hoisted: bool
 
 
+@dataclass(frozen=True)
+class PlacedLabel:
+    """A label on the canvas: which piece of which region it names, and where it is."""
+
+    region: str
+    nodes: tuple[str, ...]
+    text: str
+    rect: QtCore.QRectF
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def _gemm_region(i: int, g: dict, rgb: theme.RGB) -> PlanRegion:
+    name = g.get("name", f"gemm{i}")
+    matmuls = list(g.get("matmuls", []))
+    folded = list(g.get("folded", []))
+    where = "hoisted: once for all steps" if g.get("hoisted") else "every step"
+    label = f"{name} · {_plural(len(matmuls), 'matmul')} as one GEMM · {where}"
+    if folded:
+        label += f" · +{len(folded)} bias folded"
+    brief = f"{_plural(len(matmuls), 'matmul')} · {'hoisted' if g.get('hoisted') else 'every step'}"
+    return PlanRegion(name, label, brief, tuple(matmuls + folded), rgb, "gemm", bool(g.get("hoisted")))
+
+
+def _fused_region(i: int, k: dict, rgb: theme.RGB) -> PlanRegion:
+    name = k.get("name", f"k{i}")
+    nodes = list(k.get("nodes", []))
+    where = "hoisted" if k.get("hoisted") else "every step"
+    label = f"{name} · {_plural(len(nodes), 'op')} fused · {where}"
+    brief = f"{_plural(len(nodes), 'op')} · {where}"
+    return PlanRegion(name, label, brief, tuple(nodes), rgb, "fused", bool(k.get("hoisted")))
+
+
 def regions_of(summary: dict) -> list[PlanRegion]:
-    """The regions to outline for a plan summary (see codegen's Plan.summary)."""
-    out: list[PlanRegion] = []
-    for i, g in enumerate(summary.get("gemm_groups", [])):
-        matmuls = list(g.get("matmuls", []))
-        folded = list(g.get("folded", []))
-        where = "hoisted: once for all steps" if g.get("hoisted") else "every step"
-        n = len(matmuls)
-        label = f"{g.get('name', f'gemm{i}')} · {n} matmul{'s' if n != 1 else ''} as one GEMM · {where}"
-        if folded:
-            label += f" · +{len(folded)} bias folded"
-        out.append(PlanRegion(g.get("name", f"gemm{i}"), label, tuple(matmuls + folded),
-                              theme.GEMM_GROUP_COLORS[i % len(theme.GEMM_GROUP_COLORS)], "gemm",
-                              bool(g.get("hoisted"))))
-    for i, k in enumerate(summary.get("fused_kernels", [])):
-        nodes = list(k.get("nodes", []))
-        where = "hoisted" if k.get("hoisted") else "every step"
-        label = f"{k.get('name', f'k{i}')} · {len(nodes)} op{'s' if len(nodes) != 1 else ''} fused · {where}"
-        out.append(PlanRegion(k.get("name", f"k{i}"), label, tuple(nodes),
-                              theme.FUSED_COLORS[i % len(theme.FUSED_COLORS)], "fused",
-                              bool(k.get("hoisted"))))
+    """The regions to outline for a plan summary (see codegen's Plan.summary), one colour each."""
+    groups = list(summary.get("gemm_groups", []))
+    kernels = list(summary.get("fused_kernels", []))
+    colors = theme.launch_colors(len(groups) + len(kernels))
+    out = [_gemm_region(i, g, colors[i]) for i, g in enumerate(groups)]
+    out += [_fused_region(i, k, colors[len(groups) + i]) for i, k in enumerate(kernels)]
     return out
+
+
+def _bridge(a: QtCore.QRectF, b: QtCore.QRectF, column_gap: float, row_gap: float) -> QtCore.QRectF | None:
+    """The rectangle joining two node outlines side by side in adjacent columns, or one above the
+    other; None when they are too far apart (or overlap too little) to read as one area."""
+    dx = max(b.left() - a.right(), a.left() - b.right())
+    dy = max(b.top() - a.bottom(), a.top() - b.bottom())
+    top, bottom = max(a.top(), b.top()), min(a.bottom(), b.bottom())
+    left, right = max(a.left(), b.left()), min(a.right(), b.right())
+    if 0.0 < dx <= column_gap and bottom - top > 20.0:
+        x0 = min(a.right(), b.right())
+        return QtCore.QRectF(x0 - 1.0, top + 6.0, dx + 2.0, bottom - top - 12.0)
+    if 0.0 < dy <= row_gap and right - left > 20.0:
+        y0 = min(a.bottom(), b.bottom())
+        return QtCore.QRectF(left + 6.0, y0 - 1.0, right - left - 12.0, dy + 2.0)
+    return None
 
 
 def bridges(rects: list[QtCore.QRectF], column_gap: float = 110.0, row_gap: float = 30.0
@@ -62,17 +106,41 @@ def bridges(rects: list[QtCore.QRectF], column_gap: float = 110.0, row_gap: floa
     out = []
     for i, a in enumerate(rects):
         for b in rects[i + 1:]:
-            dx = max(b.left() - a.right(), a.left() - b.right())
-            dy = max(b.top() - a.bottom(), a.top() - b.bottom())
-            top, bottom = max(a.top(), b.top()), min(a.bottom(), b.bottom())
-            left, right = max(a.left(), b.left()), min(a.right(), b.right())
-            if 0.0 < dx <= column_gap and bottom - top > 20.0:
-                x0 = min(a.right(), b.right())
-                out.append(QtCore.QRectF(x0 - 1.0, top + 6.0, dx + 2.0, bottom - top - 12.0))
-            elif 0.0 < dy <= row_gap and right - left > 20.0:
-                y0 = min(a.bottom(), b.bottom())
-                out.append(QtCore.QRectF(left + 6.0, y0 - 1.0, right - left - 12.0, dy + 2.0))
+            bridge = _bridge(a, b, column_gap, row_gap)
+            if bridge is not None:
+                out.append(bridge)
     return out
+
+
+def pieces(rects: list[QtCore.QRectF], column_gap: float = 110.0, row_gap: float = 30.0
+           ) -> list[list[int]]:
+    """The indices of `rects` grouped into the areas the outline draws as one: rects that overlap or
+    that a bridge joins. Pieces come top to bottom, then left to right."""
+    parent = list(range(len(rects)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, a in enumerate(rects):
+        for j in range(i + 1, len(rects)):
+            b = rects[j]
+            if a.intersects(b) or _bridge(a, b, column_gap, row_gap) is not None:
+                parent[root(i)] = root(j)
+    groups: dict[int, list[int]] = {}
+    for i in range(len(rects)):
+        groups.setdefault(root(i), []).append(i)
+    return sorted(groups.values(), key=lambda g: min((rects[i].top(), rects[i].left()) for i in g))
+
+
+def label_texts(region: PlanRegion, part: int, parts: int) -> list[str]:
+    """What a piece's label may say, longest first: the shorter ones are for crowded places."""
+    name = region.name if parts == 1 else f"{region.name} ({part}/{parts})"
+    if parts == 1:
+        return [region.label, f"{name} · {region.brief}", name]
+    return [f"{name} · {region.brief}", name]
 
 
 class PlanOverlay:
@@ -82,12 +150,17 @@ class PlanOverlay:
         self._adapter = adapter
         self._regions: list[PlanRegion] = []
         self._items: list[QtWidgets.QGraphicsItem] = []
+        self._labels: list[PlacedLabel] = []
         self._visible = True
         self._tagged: set[str] = set()
 
     @property
     def regions(self) -> list[PlanRegion]:
         return list(self._regions)
+
+    @property
+    def labels(self) -> list[PlacedLabel]:
+        return list(self._labels)
 
     def set_visible(self, visible: bool) -> None:
         self._visible = visible
@@ -102,78 +175,165 @@ class PlanOverlay:
 
     def refresh(self) -> None:
         """Redraws the outlines where the nodes are now."""
+        self._remove_items()
+        if not self._visible:
+            return
+        region_rects = [self._node_rects(region) for region in self._regions]
+        # A label may cover no node and no other region's outline.
+        nodes = [n.view.sceneBoundingRect().adjusted(-NODE_CLEARANCE, -NODE_CLEARANCE, NODE_CLEARANCE,
+                                                     NODE_CLEARANCE) for n in self._adapter.graph.all_nodes()]
+        placed: list[QtCore.QRectF] = []
+        for index, (region, rects) in enumerate(zip(self._regions, region_rects, strict=True)):
+            if not rects:
+                continue
+            others = [r for j, rs in enumerate(region_rects) if j != index for r, _ in rs]
+            self._draw_region(region, rects, [*nodes, *others, *placed], placed)
+
+    def _remove_items(self) -> None:
         scene = self._adapter.graph.viewer().scene()
         for item in self._items:
             scene.removeItem(item)
         self._items.clear()
+        self._labels.clear()
         for node_id in self._tagged:
             for n in self._adapter.canvas_nodes(node_id):
                 n.item.set_plan_tag("")
         self._tagged.clear()
-        if not self._visible:
-            return
-        node_rects = [n.view.sceneBoundingRect() for n in self._adapter.graph.all_nodes()]
-        placed: list[QtCore.QRectF] = []
-        region_rects: list[list[QtCore.QRectF]] = []
-        for region in self._regions:
-            rects: list[QtCore.QRectF] = []
-            for node_id in region.nodes:
-                for n in self._adapter.canvas_nodes(node_id)[:1]:
-                    rects.append(n.view.sceneBoundingRect().adjusted(-PAD, -PAD, PAD, PAD))
-                    if region.kind == "gemm" and region.hoisted:
-                        n.item.set_plan_tag("hoisted")
-                        self._tagged.add(node_id)
-            region_rects.append(rects)
-        for index, (region, rects) in enumerate(zip(self._regions, region_rects, strict=True)):
-            if not rects:
-                continue
-            others = [r for j, rs in enumerate(region_rects) if j != index for r in rs]
-            color = theme.qcolor(region.rgb)
-            label = QtWidgets.QGraphicsSimpleTextItem(region.label)
-            font = label.font()
-            font.setPointSizeF(8.0)
-            font.setBold(True)
-            label.setFont(font)
-            label.setBrush(color.lighter(130))
+
+    def _node_rects(self, region: PlanRegion) -> list[tuple[QtCore.QRectF, str]]:
+        """The padded outline of each node of the region on the canvas; tags the hoisted matmuls."""
+        out = []
+        for node_id in region.nodes:
+            for n in self._adapter.canvas_nodes(node_id)[:1]:
+                out.append((n.view.sceneBoundingRect().adjusted(-PAD, -PAD, PAD, PAD), node_id))
+                if region.kind == "gemm" and region.hoisted:
+                    n.item.set_plan_tag("hoisted")
+                    self._tagged.add(node_id)
+        return out
+
+    def _draw_region(self, region: PlanRegion, rects: list[tuple[QtCore.QRectF, str]],
+                     obstacles: list[QtCore.QRectF], placed: list[QtCore.QRectF]) -> None:
+        color = theme.qcolor(region.rgb)
+        shapes = [r for r, _ in rects]
+        parts = pieces(shapes)
+        for part, members in enumerate(parts, start=1):
+            piece = [rects[i] for i in members]
+            label = self._make_label(color)
+            spot = self._label_spot(label, label_texts(region, part, len(parts)), [r for r, _ in piece],
+                                    [*obstacles, *placed])
+            placed.append(spot.footprint)
+            if spot.band is not None:
+                shapes.append(spot.band)
+            self._add_label(label, spot, region, tuple(node_id for _, node_id in piece))
+        self._add_outline(region, color, shapes)
+
+    @staticmethod
+    def _make_label(color: QtGui.QColor) -> QtWidgets.QGraphicsSimpleTextItem:
+        label = QtWidgets.QGraphicsSimpleTextItem()
+        font = label.font()
+        font.setPointSizeF(8.0)
+        font.setBold(True)
+        label.setFont(font)
+        label.setBrush(color.lighter(130))
+        return label
+
+    @staticmethod
+    def _label_spot(label: QtWidgets.QGraphicsSimpleTextItem, texts: list[str], piece: list[QtCore.QRectF],
+                    obstacles: list[QtCore.QRectF]) -> _Spot:
+        """Where a piece's label goes: the longest text that fits in a band above one of the piece's
+        top nodes or below one of its bottom nodes, the band joining the outline; else the name
+        alone, level with a node's title just left or right of the outline (in the gap between
+        columns, where only a short text fits), or just above or below the piece."""
+        above = sorted(piece, key=lambda r: (r.top(), r.left()))
+        below = sorted(piece, key=lambda r: (-r.bottom(), r.left()))
+        for text in texts:
+            label.setText(text)
             size = label.boundingRect().size()
-            # The label goes above the region's top node, or below its bottom one, where it hides
-            # no node and no other label; where neither is free, the tooltip and the panel say it.
-            top = min(rects, key=lambda r: (r.top(), r.left()))
-            bottom = max(rects, key=lambda r: (r.bottom(), -r.left()))
-            spot = None
-            for anchor, above in ((top, True), (bottom, False)):
-                y = anchor.top() - LABEL_BAND + 1.0 if above else anchor.bottom() + 1.0
-                box = QtCore.QRectF(anchor.left() + 6.0, y, size.width(), size.height())
-                if not any(box.intersects(r) for r in (*node_rects, *others, *placed)):
-                    spot = (anchor, above, box)
-                    break
-            # All the shapes in one winding path, merged into one outline by simplified().
-            path = QtGui.QPainterPath()
-            path.setFillRule(QtCore.Qt.FillRule.WindingFill)
-            for rect in [*rects, *bridges(rects)]:
-                if spot is not None and rect is spot[0]:  # room for the label
-                    rect = (rect.adjusted(0.0, -LABEL_BAND, 0.0, 0.0) if spot[1]
-                            else rect.adjusted(0.0, 0.0, 0.0, LABEL_BAND))
-                path.addRoundedRect(rect, 10.0, 10.0)
-            item = QtWidgets.QGraphicsPathItem(path.simplified())
-            fill = QtGui.QColor(color)
-            fill.setAlpha(38 if region.kind == "fused" else 52)
-            item.setBrush(fill)
-            pen = QtGui.QPen(color, 2.0 if region.kind == "gemm" else 1.6)
-            style = QtCore.Qt.PenStyle
-            pen.setStyle(style.DashLine if region.kind == "gemm" else style.SolidLine)
-            pen.setCosmetic(True)
-            item.setPen(pen)
-            item.setZValue(Z_VALUE)
-            item.setToolTip(region.label)
-            item.setAcceptedMouseButtons(QtCore.Qt.MouseButton.NoButton)
-            scene.addItem(item)
-            self._items.append(item)
-            if spot is None:
-                continue
-            placed.append(spot[2])
-            label.setPos(spot[2].topLeft())
-            label.setZValue(Z_VALUE + 0.5)
-            label.setAcceptedMouseButtons(QtCore.Qt.MouseButton.NoButton)
-            scene.addItem(label)
-            self._items.append(label)
+            spots = [*(_Spot.banded(r, True, size, text) for r in above),
+                     *(_Spot.banded(r, False, size, text) for r in below)]
+            if text == texts[-1]:
+                spots += [_Spot.side(r, left, size, text) for r in above for left in (True, False)]
+            for spot in spots:
+                if not any(spot.footprint.intersects(o) for o in obstacles):
+                    return spot
+        return _Spot.beside(piece, label.boundingRect().size(), texts[-1], obstacles)
+
+    def _add_label(self, label: QtWidgets.QGraphicsSimpleTextItem, spot: _Spot, region: PlanRegion,
+                   nodes: tuple[str, ...]) -> None:
+        label.setText(spot.text)
+        label.setPos(spot.box.topLeft())
+        label.setZValue(Z_VALUE + 0.5)
+        label.setToolTip(region.label)
+        label.setAcceptedMouseButtons(QtCore.Qt.MouseButton.NoButton)
+        self._adapter.graph.viewer().scene().addItem(label)
+        self._items.append(label)
+        self._labels.append(PlacedLabel(region.name, nodes, spot.text, label.sceneBoundingRect()))
+
+    def _add_outline(self, region: PlanRegion, color: QtGui.QColor, shapes: list[QtCore.QRectF]) -> None:
+        # All the shapes in one winding path, merged into one outline by simplified().
+        path = QtGui.QPainterPath()
+        path.setFillRule(QtCore.Qt.FillRule.WindingFill)
+        for rect in [*shapes, *bridges(shapes)]:
+            path.addRoundedRect(rect, 10.0, 10.0)
+        item = QtWidgets.QGraphicsPathItem(path.simplified())
+        fill = QtGui.QColor(color)
+        fill.setAlpha(30 if region.kind == "fused" else 44)
+        item.setBrush(fill)
+        pen = QtGui.QPen(color, 2.0 if region.kind == "gemm" else 1.6)
+        style = QtCore.Qt.PenStyle
+        pen.setStyle(style.DashLine if region.kind == "gemm" else style.SolidLine)
+        pen.setCosmetic(True)
+        item.setPen(pen)
+        item.setZValue(Z_VALUE)
+        item.setToolTip(region.label)
+        item.setAcceptedMouseButtons(QtCore.Qt.MouseButton.NoButton)
+        self._adapter.graph.viewer().scene().addItem(item)
+        self._items.append(item)
+
+
+@dataclass(frozen=True)
+class _Spot:
+    """A label's place: its text box, the area it keeps clear, and the band that joins it to the
+    outline (None for a label beside the piece)."""
+
+    text: str
+    box: QtCore.QRectF
+    footprint: QtCore.QRectF
+    band: QtCore.QRectF | None
+
+    @staticmethod
+    def banded(anchor: QtCore.QRectF, above: bool, size: QtCore.QSizeF, text: str) -> _Spot:
+        y = anchor.top() - LABEL_BAND + 1.0 if above else anchor.bottom() - 1.0
+        box = QtCore.QRectF(anchor.left() + LABEL_INDENT, y, size.width(), size.height())
+        footprint = box.adjusted(-LABEL_INDENT, -1.0, LABEL_INDENT, 1.0)
+        # The band overlaps the anchor's outline, so that the two merge into one shape.
+        edge = anchor.top() if above else anchor.bottom() - 12.0
+        band = footprint.united(QtCore.QRectF(anchor.left(), edge, footprint.width(), 12.0))
+        return _Spot(text, box, footprint, band)
+
+    @staticmethod
+    def side(anchor: QtCore.QRectF, left: bool, size: QtCore.QSizeF, text: str) -> _Spot:
+        x = anchor.left() - size.width() - 2.0 if left else anchor.right() + 2.0
+        box = QtCore.QRectF(x, anchor.top() + PAD, size.width(), size.height())
+        return _Spot(text, box, box.adjusted(-2.0, -1.0, 2.0, 1.0), None)
+
+    @staticmethod
+    def beside(piece: list[QtCore.QRectF], size: QtCore.QSizeF, text: str,
+               obstacles: list[QtCore.QRectF]) -> _Spot:
+        """The first free place going up from the piece's top, or down from its bottom, whichever is
+        nearer; there is always one, past the last obstacle."""
+        top = min(piece, key=lambda r: (r.top(), r.left()))
+        bottom = max(piece, key=lambda r: (r.bottom(), -r.left()))
+        tries = [(QtCore.QRectF(top.left() + LABEL_INDENT, top.top() - size.height() - 2.0, size.width(),
+                                size.height()), -LABEL_BAND),
+                 (QtCore.QRectF(bottom.left() + LABEL_INDENT, bottom.bottom() + 2.0, size.width(),
+                                size.height()), LABEL_BAND)]
+        found = []
+        for box, step in tries:
+            steps = 0
+            while any(box.adjusted(-2.0, -1.0, 2.0, 1.0).intersects(o) for o in obstacles):
+                box = box.translated(0.0, step)
+                steps += 1
+            found.append((steps, box))
+        box = min(found, key=lambda f: f[0])[1]
+        return _Spot(text, box, box.adjusted(-2.0, -1.0, 2.0, 1.0), None)

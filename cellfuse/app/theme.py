@@ -7,6 +7,10 @@ has a colour of its own.
 
 from __future__ import annotations
 
+import colorsys
+import math
+from functools import cache
+
 from PySide6 import QtGui, QtWidgets
 
 from ..graph_model import OPS
@@ -38,11 +42,21 @@ NODE_BODY: RGB = (44, 46, 52)
 CANVAS_BACKGROUND: RGB = (30, 31, 35)
 CANVAS_GRID: RGB = (40, 42, 47)
 
-# Overlay colours of the plan view: GEMM groups, then fused kernels, cycled.
-GEMM_GROUP_COLORS: list[RGB] = [(205, 72, 92), (232, 120, 60), (200, 90, 160), (170, 60, 60)]
-FUSED_COLORS: list[RGB] = [(58, 168, 140), (64, 140, 214), (120, 180, 70), (90, 110, 220),
-                           (40, 180, 200)]
 HOISTED_COLOR: RGB = (255, 214, 90)
+
+# The plan view outlines each launch in a colour of its own. An outline must never read as a node's
+# own colour or as a mark on a node, so launch colours keep away from these, in hue and in distance.
+RESERVED_COLORS: list[RGB] = [*KIND_COLORS.values(), ERROR_COLOR, WARNING_COLOR, SELECTED_COLOR,
+                              HOISTED_COLOR]
+RESERVED_HUE_MARGIN = 15.0  # degrees either side of a reserved colour's hue
+# Saturated enough not to read as grey; each must also stand out from the canvas as a thin line.
+LAUNCH_LIGHTNESS = (0.6, 0.7, 0.8)
+LAUNCH_SATURATION = (0.65, 0.9)
+MIN_CONTRAST = 3.0  # against the canvas: WCAG's least for lines and shapes
+LAUNCH_HUE_STEP = 3  # degrees between candidate hues
+# How much a difference in lightness counts against one in hue and chroma when launch colours are
+# spread apart: two outlines of one hue and two shades read as one colour more than the numbers say.
+LIGHTNESS_WEIGHT = 0.5
 
 
 def op_kind(op: str) -> str:
@@ -55,6 +69,90 @@ def op_kind(op: str) -> str:
     if spec is not None and spec.kind == "matmul":
         return "gemm"
     return "elementwise"
+
+
+def hue_of(rgb: RGB) -> float:
+    """The hue in degrees, 0 to 360."""
+    return colorsys.rgb_to_hls(*(c / 255.0 for c in rgb))[0] * 360.0
+
+
+def hue_distance(a: float, b: float) -> float:
+    d = abs(a - b) % 360.0
+    return min(d, 360.0 - d)
+
+
+def _linear(rgb: RGB) -> tuple[float, float, float]:
+    """The sRGB channels as linear light, 0 to 1."""
+    r, g, b = (v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4 for v in (c / 255.0 for c in rgb))
+    return r, g, b
+
+
+def lab_of(rgb: RGB) -> tuple[float, float, float]:
+    """CIE L*a*b* of an sRGB colour (D65): distances in it follow what the eye sees."""
+    r, g, b = _linear(rgb)
+    x = (0.4124 * r + 0.3576 * g + 0.1805 * b) / 0.95047
+    y = 0.2126 * r + 0.7152 * g + 0.0722 * b
+    z = (0.0193 * r + 0.1192 * g + 0.9505 * b) / 1.08883
+
+    def f(t: float) -> float:
+        return t ** (1.0 / 3.0) if t > 0.008856 else 7.787 * t + 16.0 / 116.0
+
+    return 116.0 * f(y) - 16.0, 500.0 * (f(x) - f(y)), 200.0 * (f(y) - f(z))
+
+
+def contrast(a: RGB, b: RGB) -> float:
+    """WCAG's contrast ratio of two colours, 1 to 21."""
+    def luminance(rgb: RGB) -> float:
+        r, g, b = _linear(rgb)
+        return 0.2126 * r + 0.7152 * g + 0.0722 * b
+
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def _spread_point(rgb: RGB) -> tuple[float, float, float]:
+    lightness, a, b = lab_of(rgb)
+    return lightness * LIGHTNESS_WEIGHT, a, b
+
+
+def _launch_candidates() -> list[RGB]:
+    """Every colour a launch may take: away from the reserved hues, saturated, clear of the canvas."""
+    reserved = [hue_of(c) for c in RESERVED_COLORS]
+    out = []
+    for hue in range(0, 360, LAUNCH_HUE_STEP):
+        if any(hue_distance(hue, r) < RESERVED_HUE_MARGIN for r in reserved):
+            continue
+        for lightness in LAUNCH_LIGHTNESS:
+            for saturation in LAUNCH_SATURATION:
+                r, g, b = colorsys.hls_to_rgb(hue / 360.0, lightness, saturation)
+                rgb = (round(r * 255), round(g * 255), round(b * 255))
+                if contrast(rgb, CANVAS_BACKGROUND) >= MIN_CONTRAST:
+                    out.append(rgb)
+    return out
+
+
+@cache
+def _launch_sequence(n: int) -> tuple[RGB, ...]:
+    """Farthest-point order: each colour is the candidate farthest from the reserved colours and from
+    every colour before it. A prefix of the sequence is as spread as its length allows."""
+    candidates = _launch_candidates()
+    points = [_spread_point(c) for c in candidates]
+    reserved = [_spread_point(c) for c in RESERVED_COLORS]
+    nearest = [min(math.dist(p, r) for r in reserved) for p in points]
+    out: list[RGB] = []
+    for _ in range(min(n, len(candidates))):
+        best = max(range(len(candidates)), key=lambda i: nearest[i])
+        out.append(candidates[best])
+        nearest = [min(d, math.dist(points[i], points[best])) for i, d in enumerate(nearest)]
+    return tuple(out)
+
+
+def launch_colors(n: int) -> list[RGB]:
+    """n outline colours, one per launch of a plan, all different; launch i has the same colour
+    whatever n is, so a launch keeps its colour when the plan grows."""
+    sequence = _launch_sequence(n)
+    # More launches than candidate colours (hundreds) would need repeats; no plan comes near.
+    return [sequence[i % len(sequence)] for i in range(n)]
 
 
 def qcolor(rgb: RGB, alpha: int = 255) -> QtGui.QColor:

@@ -12,11 +12,14 @@ layer l-1's finished output sequence.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..graph_model import Cell, CellError, CellInfo, Node, Sizes, expected_params, param_key, require_valid
+from ..graph_model.limits import MAX_LAYERS
 from ..graph_model.ops import OPS
+from ..graph_model.validate import check_count
 from .plan import (
     Access,
     Buffer,
@@ -403,11 +406,21 @@ def _ordered(st: _Step, hoisted: bool) -> list[GemmGroup | Island]:
     return [it[3] for it in sorted(items, key=lambda it: it[:3])]
 
 
+def _check_plan_sizes(sizes: Sizes) -> None:
+    """Every size a whole number of at least 1, and no more layers than a run may have (the plan loops
+    over them). Nothing is allocated for a plan, so the other sizes are bounded where they are used: by
+    check_sizes before a run, by the int indices of the generated CUDA before an export."""
+    for name in ("seq", "batch", "input", "hidden"):
+        check_count(name, getattr(sizes, name), sys.maxsize)
+    check_count("layers", sizes.layers, MAX_LAYERS)
+
+
 def make_plan(cell: Cell, sizes: Sizes, schedule: str) -> Plan:
     """The Plan of `schedule` for the cell at these sizes; raises CellError if either is unusable."""
     if schedule not in LADDER:
         raise CellError(f"unknown schedule '{schedule}' (schedules: {', '.join(SCHEDULES)})")
     rung = LADDER[schedule]
+    _check_plan_sizes(sizes)
     info = require_valid(cell)
     st = _Step(cell, info)
     for run_pass in rung.passes:

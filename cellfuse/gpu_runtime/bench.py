@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import __version__
 from ..codegen import SCHEDULES, Plan, make_plan
-from ..graph_model import Cell, CellError, Forward, Sizes, init_params, run_reference
+from ..graph_model import Cell, CellError, Forward, Sizes, check_sizes, init_params, run_reference
 
 log = logging.getLogger(__name__)
 
@@ -163,6 +163,7 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
     instead of on whichever happened to run last.
     """
     sizes = config.sizes
+    check_sizes(sizes, cell)
     backend = config.backend
     if backend == "auto":
         backend = "cuda" if "cuda" in available_backends() else "numpy"

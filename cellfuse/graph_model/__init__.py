@@ -3,12 +3,22 @@ a Python builder and the numpy reference interpreter. Imports nothing else of Ce
 
 from .builder import CellBuilder, Value, auto_layout, exp, relu, sigmoid, tanh
 from .cell import FORMAT, Cell, Node
-from .cellfile import atomic_write, cell_from_json, cell_from_text, cell_to_text, load_cell, save_cell
+from .cellfile import (
+    CellFileError,
+    atomic_write,
+    cell_from_json,
+    cell_from_text,
+    cell_to_text,
+    load_cell,
+    save_cell,
+)
 from .ops import OPS, OpSpec
 from .params import (
+    NpzArrays,
     Sizes,
     check_inputs,
     check_params,
+    check_sizes,
     expected_params,
     init_params,
     load_npz,
@@ -23,10 +33,11 @@ from .validate import CellError, CellInfo, Problem, analyze, require_valid, shap
 __all__ = [
     "CellBuilder", "Value", "auto_layout", "exp", "relu", "sigmoid", "tanh",
     "FORMAT", "Cell", "Node",
-    "atomic_write", "cell_from_json", "cell_from_text", "cell_to_text", "load_cell", "save_cell",
+    "CellFileError", "atomic_write", "cell_from_json", "cell_from_text", "cell_to_text", "load_cell",
+    "save_cell",
     "OPS", "OpSpec",
-    "Sizes", "check_inputs", "check_params", "expected_params", "init_params", "load_npz",
-    "param_key", "param_layers", "save_npz",
+    "NpzArrays", "Sizes", "check_inputs", "check_params", "check_sizes", "expected_params", "init_params",
+    "load_npz", "param_key", "param_layers", "save_npz",
     "Forward", "resolve_run", "run_reference",
     "load_template", "template_names",
     "CellError", "CellInfo", "Problem", "analyze", "require_valid", "shape_str",

@@ -8,30 +8,102 @@ raises CellError naming the line, node or key at fault. Whether the graph makes 
 from __future__ import annotations
 
 import json
+import math
 import os
 import secrets
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from .cell import DEFAULT_SIZES, FORMAT, Cell, Node
-from .validate import CellError, is_finite_number
+from .limits import MAX_CELL_FILE_BYTES, MAX_EDITOR_DATA_DEPTH, MAX_WIDTH
+from .validate import CellError, check_count, is_finite_number, shown
 
 _NODE_KEYS = {"id", "op", "args", "shape", "value"}
 _TOP_KEYS = {"format", "name", "description", "sizes", "nodes", "updates", "output", "layout"}
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # none on Windows, where FIFOs are not files
+
+
+class CellFileError(CellError, OSError):
+    """A file that cannot be read or written as asked. A CellError, as every fault a user can cause is,
+    and an OSError, for callers that handle trouble with files as such."""
+
+
+def as_path(path: object, where: str = "") -> Path:
+    """`path` as a Path; CellFileError for what names no file (the wrong type, a NUL character).
+    `where` starts the message (e.g. "parameters ")."""
+    try:
+        p = Path(path) if isinstance(path, (str, os.PathLike)) else None
+    except TypeError:  # an os.PathLike that gives bytes
+        p = None
+    if p is None:
+        raise CellFileError(f"{where}a file name must be a string or a path, got {shown(path)}")
+    if "\0" in str(p):
+        raise CellFileError(f"{where}{shown(str(p))}: a file name cannot hold a NUL character")
+    return p
+
+
+def open_regular(path: Path, where: str, kind: str) -> BinaryIO:
+    """Opens a regular file for reading; CellFileError starting with `where` for anything else.
+
+    The file is opened without blocking and checked before anything is read: opening a FIFO for reading
+    waits for a writer, and a device may never end, so neither is ever read.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | _NONBLOCK | getattr(os, "O_BINARY", 0))
+    except FileNotFoundError:
+        raise CellFileError(f"{where}: no such file") from None
+    except IsADirectoryError:
+        raise CellFileError(f"{where}: is a directory, not {kind}") from None
+    except OSError as e:
+        raise CellFileError(f"{where}: cannot read: {e.strerror or e}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise CellFileError(f"{where}: is a directory, not {kind}")
+        if not stat.S_ISREG(mode):
+            raise CellFileError(f"{where}: not a regular file (a FIFO, device or socket), not {kind}")
+        if _NONBLOCK:
+            os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _mode_to_keep(path: Path) -> int | None:
+    """The permissions of the file that `path` names, which a save keeps (None: no such file yet).
+    Refuses a target that a new file must not replace: a directory, a FIFO, a device."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None  # a new file; if it cannot be made, the write says why
+    if stat.S_ISDIR(st.st_mode):
+        raise CellFileError(f"{path}: is a directory; name the file to write")
+    if not stat.S_ISREG(st.st_mode):
+        raise CellFileError(f"{path}: exists and is not a regular file (a FIFO, device or socket); "
+                            "it is left as it is")
+    return stat.S_IMODE(st.st_mode)
 
 
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
     """Writes a file so that it is either the old one or the whole new one, never a torn mix.
 
     The data goes to a temporary file beside the target, which then replaces it. A new file gets the
-    permissions a plain open() would give it; an existing file keeps its own.
+    permissions a plain open() would give it; an existing file keeps its own. Any failure is a
+    CellFileError naming the target.
     """
-    path = Path(path)
+    path = as_path(path)
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise CellError(f"{path}: the data to write must be bytes, got a {type(data).__name__}")
+    mode = _mode_to_keep(path)
     try:
-        mode: int | None = stat.S_IMODE(os.stat(path).st_mode)
-    except OSError:
-        mode = None
+        _write_beside_and_replace(path, data, mode)
+    except OSError as e:
+        raise CellFileError(f"{path}: cannot write: {e.strerror or e}") from None
+
+
+def _write_beside_and_replace(path: Path, data: bytes, mode: int | None) -> None:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
     for _ in range(100):
         tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
@@ -40,11 +112,8 @@ def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
             break
         except FileExistsError:
             continue
-        except OSError as e:
-            # Name the file asked for, not the temporary one.
-            raise OSError(e.errno, e.strerror, str(path)) from None
     else:
-        raise OSError(f"{path}: cannot create a temporary file beside it")
+        raise OSError("cannot create a temporary file beside it")
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -64,31 +133,81 @@ def _where(i: int, raw: Any) -> str:
     return f"node #{i + 1}"
 
 
+def _unknown_keys(raw: dict[Any, Any], known: set[str]) -> list[Any]:
+    return [k for k in raw if not isinstance(k, str) or (k not in known and not k.startswith("x-"))]
+
+
+def _check_editor_data(where: str, value: Any) -> None:
+    """Editor data is kept as it is, so it must be what a cell file can hold and give back: objects with
+    string keys, lists, strings, finite numbers, true, false and null. Its nesting is bounded, as the
+    editor copies it recursively (and a list that holds itself must not walk us round for ever)."""
+    stack = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, (dict, list)):
+            if depth > MAX_EDITOR_DATA_DEPTH:
+                raise CellError(f"{where} is nested more than {MAX_EDITOR_DATA_DEPTH} levels deep")
+            if isinstance(v, dict) and not all(isinstance(k, str) for k in v):
+                raise CellError(f"{where} holds an object with a key that is not a string")
+            stack.extend((item, depth + 1) for item in (v.values() if isinstance(v, dict) else v))
+        elif isinstance(v, float) and not math.isfinite(v):
+            raise CellError(f"{where} holds {v}, which is not a JSON number")
+        elif v is not None and not isinstance(v, (str, int, float)):
+            raise CellError(f"{where} holds a {type(v).__name__}, which a cell file cannot hold")
+
+
+def _editor_data(where: str, raw: dict[str, Any]) -> dict[str, Any]:
+    extra = {k: v for k, v in raw.items() if k.startswith("x-")}
+    for key, value in extra.items():
+        _check_editor_data(f"{where}'{key}'", value)
+    return extra
+
+
 def _node_from_json(i: int, raw: Any) -> Node:
     if not isinstance(raw, dict):
-        raise CellError(f"node #{i + 1} must be an object with 'id' and 'op', got {raw!r:.60}")
+        raise CellError(f"node #{i + 1} must be an object with 'id' and 'op', got {shown(raw)}")
     where = _where(i, raw)
     for key in ("id", "op"):
         if not isinstance(raw.get(key), str):
-            raise CellError(f"{where}: '{key}' must be a string, got {raw.get(key)!r:.60}")
-    unknown = [k for k in raw if k not in _NODE_KEYS and not k.startswith("x-")]
+            raise CellError(f"{where}: '{key}' must be a string, got {shown(raw.get(key))}")
+    unknown = _unknown_keys(raw, _NODE_KEYS)
     if unknown:
-        raise CellError(f"{where}: unknown key(s) {unknown} (editor data must start with 'x-')")
+        raise CellError(f"{where}: unknown key(s) {shown(unknown)} (editor data must start with 'x-')")
     args = raw.get("args", [])
     if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
-        raise CellError(f"{where}: 'args' must be a list of node ids, got {args!r:.60}")
+        raise CellError(f"{where}: 'args' must be a list of node ids, got {shown(args)}")
     shape = raw.get("shape")
     if shape is not None and (not isinstance(shape, list)
                               or not all(isinstance(d, str) for d in shape)):
-        raise CellError(f"{where}: 'shape' must be a list like [\"input\", \"hidden\"], got {shape!r:.60}")
+        raise CellError(f"{where}: 'shape' must be a list like [\"input\", \"hidden\"], got {shown(shape)}")
     value = raw.get("value")
     if value is not None and not is_finite_number(value):
-        raise CellError(f"{where}: 'value' must be a finite number, got {value!r:.60}")
+        raise CellError(f"{where}: 'value' must be a finite number, got {shown(value)}")
     return Node(
         id=raw["id"], op=raw["op"], args=list(args), shape=list(shape) if shape is not None else None,
         value=float(value) if value is not None else None,
-        extra={k: v for k, v in raw.items() if k.startswith("x-")},
+        extra=_editor_data(f"{where}: ", raw),
     )
+
+
+def _sizes_from_json(sizes: Any) -> dict[str, int]:
+    if not isinstance(sizes, dict) or any(k not in ("input", "hidden") for k in sizes):
+        raise CellError(f"'sizes' must map 'input' and 'hidden' to positive integers, got {shown(sizes, 80)}")
+    return {k: check_count(f"'sizes': '{k}'", v, MAX_WIDTH) for k, v in sizes.items()}
+
+
+def _is_str_map(value: Any) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in value.items())
+
+
+def _layout_from_json(layout: Any) -> dict[str, list[float]]:
+    if not isinstance(layout, dict) or not all(
+        isinstance(k, str) and isinstance(p, list) and len(p) == 2 and all(is_finite_number(c) for c in p)
+        for k, p in layout.items()
+    ):
+        raise CellError("'layout' must map node ids to [x, y] positions")
+    return {k: [float(p[0]), float(p[1])] for k, p in layout.items()}
 
 
 def cell_from_json(data: Any) -> Cell:
@@ -97,55 +216,60 @@ def cell_from_json(data: Any) -> Cell:
         raise CellError("a cell file must hold one JSON object")
     fmt = data.get("format")
     if fmt != FORMAT:
-        raise CellError(f"unknown format {fmt!r}: this version of CellFuse reads '{FORMAT}'")
-    unknown = [k for k in data if k not in _TOP_KEYS and not k.startswith("x-")]
+        raise CellError(f"unknown format {shown(fmt)}: this version of CellFuse reads '{FORMAT}'")
+    unknown = _unknown_keys(data, _TOP_KEYS)
     if unknown:
-        raise CellError(f"unknown top-level key(s) {unknown} (editor data must start with 'x-')")
+        raise CellError(f"unknown top-level key(s) {shown(unknown)} (editor data must start with 'x-')")
     name = data.get("name", "cell")
     if not isinstance(name, str):
-        raise CellError(f"'name' must be a string, got {name!r:.60}")
+        raise CellError(f"'name' must be a string, got {shown(name)}")
     description = data.get("description", "")
     if not isinstance(description, str):
-        raise CellError(f"'description' must be a string, got {description!r:.60}")
-    sizes = data.get("sizes", {})
-    if not isinstance(sizes, dict) or any(
-        k not in ("input", "hidden") or isinstance(v, bool) or not isinstance(v, int) or v < 1
-        for k, v in sizes.items()
-    ):
-        raise CellError(f"'sizes' must map 'input' and 'hidden' to positive integers, got {sizes!r:.80}")
+        raise CellError(f"'description' must be a string, got {shown(description)}")
+    sizes = _sizes_from_json(data.get("sizes", {}))
     nodes_raw = data.get("nodes")
     if not isinstance(nodes_raw, list):
         raise CellError("'nodes' must be a list of nodes")
     nodes = [_node_from_json(i, raw) for i, raw in enumerate(nodes_raw)]
     updates = data.get("updates", {})
-    if not isinstance(updates, dict) or not all(isinstance(v, str) for v in updates.values()):
-        raise CellError(f"'updates' must map state ids to node ids, got {updates!r:.80}")
+    if not _is_str_map(updates):
+        raise CellError(f"'updates' must map state ids to node ids, got {shown(updates, 80)}")
     output = data.get("output")
     if output is not None and not isinstance(output, str):
-        raise CellError(f"'output' must be a node id, got {output!r:.60}")
-    layout = data.get("layout", {})
-    if not isinstance(layout, dict) or not all(
-        isinstance(p, list) and len(p) == 2 and all(is_finite_number(c) for c in p)
-        for p in layout.values()
-    ):
-        raise CellError("'layout' must map node ids to [x, y] positions")
+        raise CellError(f"'output' must be a node id, got {shown(output)}")
     return Cell(
         name=name, nodes=nodes, updates=dict(updates), output=output, description=description,
-        sizes={**DEFAULT_SIZES, **sizes},
-        layout={k: [float(p[0]), float(p[1])] for k, p in layout.items()},
-        extra={k: v for k, v in data.items() if k.startswith("x-")},
+        sizes={**DEFAULT_SIZES, **sizes}, layout=_layout_from_json(data.get("layout", {})),
+        extra=_editor_data("", data),
     )
 
 
+def _object_without_repeated_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object, refusing a key it names twice: json.loads would keep the last silently."""
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            node_id = out.get("id")
+            where = f"node '{node_id}': " if isinstance(node_id, str) else ""
+            raise CellError(f"{where}the key {shown(key)} appears twice in one object; "
+                            "a JSON object names each key once")
+        out[key] = value
+    return out
+
+
 def cell_from_text(text: str, source: str = "<text>") -> Cell:
+    if not isinstance(text, str):
+        raise CellError(f"{source}: a cell file's text must be a str, got a {type(text).__name__}")
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_object_without_repeated_keys)
     except json.JSONDecodeError as e:
         raise CellError(f"{source}: invalid JSON at line {e.lineno}, column {e.colno}: {e.msg}") from None
     except RecursionError:
         raise CellError(f"{source}: invalid JSON: nested too deeply") from None
     except ValueError as e:  # an integer too long to convert, for one
         raise CellError(f"{source}: invalid JSON: {e}") from None
+    except CellError as e:
+        raise CellError(f"{source}: {e}") from None
     try:
         return cell_from_json(data)
     except CellError as e:
@@ -154,15 +278,15 @@ def cell_from_text(text: str, source: str = "<text>") -> Cell:
 
 def load_cell(path: str | os.PathLike[str]) -> Cell:
     """Reads a cell file. Nothing in the file is ever executed."""
-    path = Path(path)
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise CellError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise CellError(f"{path}: is a directory, not a cell file") from None
-    except OSError as e:
-        raise CellError(f"{path}: cannot read: {e.strerror}") from None
+    path = as_path(path)
+    with open_regular(path, str(path), "a cell file") as f:
+        try:
+            raw = f.read(MAX_CELL_FILE_BYTES + 1)
+        except OSError as e:
+            raise CellFileError(f"{path}: cannot read: {e.strerror or e}") from None
+    if len(raw) > MAX_CELL_FILE_BYTES:
+        raise CellFileError(f"{path}: larger than {MAX_CELL_FILE_BYTES // 2**20} MiB, the limit for a "
+                            "cell file")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -171,9 +295,23 @@ def load_cell(path: str | os.PathLike[str]) -> Cell:
 
 
 def cell_to_text(cell: Cell) -> str:
-    """The file's text: one node, and one layout position, per line, so that diffs stay readable."""
+    """The file's text: one node, and one layout position, per line, so that diffs stay readable.
+
+    What loading would refuse (a NaN, a field of the wrong type in a Cell built by hand) is refused
+    here, naming the node or key, rather than written into a file that would not load."""
+    if not isinstance(cell, Cell):
+        raise CellError(f"expected a Cell, got a {type(cell).__name__}")
+    try:
+        data = cell.to_json()
+        cell_from_json(data)
+        return _text_of(data)
+    except (CellError, TypeError, ValueError, RecursionError) as e:
+        raise CellError(f"cell {shown(cell.name)} cannot be written as a cell file: {e}") from None
+
+
+def _text_of(data: dict[str, Any]) -> str:
     lines = ["{"]
-    items = list(cell.to_json().items())
+    items = list(data.items())
     for i, (key, value) in enumerate(items):
         comma = "," if i < len(items) - 1 else ""
         if key == "nodes" or (key == "layout" and value):

@@ -6,16 +6,17 @@ no stacking, no fusion, one op of the op table at a time.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .cell import Cell
+from .cell import DEFAULT_SIZES, Cell
+from .limits import MAX_LAYERS
 from .ops import OPS, OpSpec
-from .params import check_inputs, check_params, param_key, param_layers, sizes_from_params
-from .validate import CellError, require_valid
+from .params import check_inputs, check_names, check_params, param_key, param_layers, sizes_from_params
+from .validate import CellError, check_count, check_types, require_valid
 
 
 @dataclass
@@ -59,18 +60,27 @@ def step(cell: Cell, order: list[str], weights: dict[str, Any], x_t: Any, states
     return values
 
 
-def resolve_run(cell: Cell, params: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
+def resolve_run(cell: Cell, params: Mapping[str, Any], inputs: Mapping[str, Any],
                 layers: int | None = None) -> tuple[int, int, np.ndarray, dict[str, np.ndarray]]:
-    """Checks a run's data against the cell: (layers, hidden, x, initial states)."""
-    layers = layers or param_layers(params) or 1
-    implied = sizes_from_params(cell, params)
-    hidden = implied.get("hidden", cell.sizes["hidden"])
+    """Checks a run's data against the cell: (layers, hidden, x, initial states).
+
+    In this order, so that nothing large is read or made before what makes it large is checked: the
+    keys, the number of layers, the sizes the arrays' shapes imply, and only then the arrays' data.
+    """
+    check_types(cell)
+    for what, arrays in (("parameters", params), ("inputs", inputs)):
+        if not isinstance(arrays, Mapping):
+            raise CellError(f"the {what} must be a mapping of names to arrays, got a {type(arrays).__name__}")
+    check_names(cell, params, inputs)
+    layers = max(param_layers(params), 1) if layers is None else check_count("layers", layers, MAX_LAYERS)
+    implied = sizes_from_params(cell, params, layers)
+    hidden = implied.get("hidden", cell.sizes.get("hidden", DEFAULT_SIZES["hidden"]))
     x, states = check_inputs(cell, inputs, layers, implied.get("input"), hidden)
     check_params(cell, params, layers, x.shape[2], hidden)
     return layers, hidden, x, states
 
 
-def run_reference(cell: Cell, params: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
+def run_reference(cell: Cell, params: Mapping[str, Any], inputs: Mapping[str, Any],
                   layers: int | None = None) -> Forward:
     """One forward pass over the whole sequence, all layers; float64 inside, float32 out."""
     info = require_valid(cell)

@@ -7,11 +7,13 @@ all sizes, so a cell that validates runs at any input and hidden size.
 from __future__ import annotations
 
 import math
+import operator
 import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .cell import Cell
+from .cell import Cell, Node
+from .limits import MAX_NODES
 from .ops import OPS
 
 Shape = tuple[str, ...]
@@ -28,6 +30,39 @@ def is_finite_number(v: object) -> bool:
         return math.isfinite(v)
     except OverflowError:
         return False
+
+
+def shown(value: object, limit: int = 60) -> str:
+    """repr(value) for a message, cut short: a value from a file or a caller may be huge, or an int too
+    long for Python to print, and a message must still come out, and stay one line."""
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        text = f"<a {type(value).__name__} too large to show>"
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def number_str(n: int) -> str:
+    """An int for a message; one too long to print (Python refuses beyond 4300 digits) by its size."""
+    if n.bit_length() <= 64:
+        return str(n)
+    return f"a number of about {int(n.bit_length() * math.log10(2)) + 1} digits"
+
+
+def check_count(name: str, value: object, limit: int) -> int:
+    """`value` as a whole number from 1 to `limit`; a CellError naming `name`, the value and the limit
+    otherwise. A bool is refused: True is an int to Python, but never a size."""
+    try:
+        n = None if isinstance(value, bool) else operator.index(value)  # numpy's integers too
+    except TypeError:
+        n = None
+    if n is None:
+        raise CellError(f"{name} must be a whole number, got {shown(value)}")
+    if n < 1:
+        raise CellError(f"{name} must be at least 1, got {number_str(n)}")
+    if n > limit:
+        raise CellError(f"{name} is {number_str(n)}, above the limit of {limit}")
+    return n
 
 
 def shape_str(shape: Shape | None) -> str:
@@ -131,13 +166,54 @@ def _topo(ids: list[str], args: dict[str, list[str]]) -> list[str]:
     return order
 
 
+def _check_node_types(i: int, n: object) -> None:
+    if not isinstance(n, Node):
+        raise CellError(f"node #{i + 1} is a {type(n).__name__}, not a Node")
+    if not isinstance(n.id, str):
+        raise CellError(f"node #{i + 1}: 'id' must be a string, got {shown(n.id)}")
+    if not isinstance(n.op, str):
+        raise CellError(f"node '{n.id}': 'op' must be a string, got {shown(n.op)}")
+    if not isinstance(n.args, list) or not all(isinstance(a, str) for a in n.args):
+        raise CellError(f"node '{n.id}': 'args' must be a list of node ids, got {shown(n.args)}")
+
+
+def check_types(cell: object) -> None:
+    """Raises CellError unless the cell's fields have the types a loaded cell has.
+
+    A cell file's loader guarantees them; a Cell built by hand in Python may break them, and then
+    there is no graph to report problems about: the message names the node or field instead.
+    """
+    if not isinstance(cell, Cell):
+        raise CellError(f"expected a Cell, got a {type(cell).__name__}")
+    if not isinstance(cell.name, str):
+        raise CellError(f"the cell's 'name' must be a string, got {shown(cell.name)}")
+    if not isinstance(cell.nodes, list):
+        raise CellError(f"'nodes' must be a list of Node, got {shown(cell.nodes)}")
+    for i, n in enumerate(cell.nodes):
+        _check_node_types(i, n)
+    if not isinstance(cell.updates, dict) or not all(isinstance(s, str) and isinstance(t, str)
+                                                     for s, t in cell.updates.items()):
+        raise CellError(f"'updates' must map state ids to node ids, got {shown(cell.updates)}")
+    if cell.output is not None and not isinstance(cell.output, str):
+        raise CellError(f"'output' must be a node id or None, got {shown(cell.output)}")
+    if not isinstance(cell.sizes, dict):  # its values are checked where they are used, as any size is
+        raise CellError(f"'sizes' must map 'input' and 'hidden' to sizes, got {shown(cell.sizes)}")
+
+
 def analyze(cell: Cell) -> CellInfo:
-    """Every problem of the cell, and, when it has no structural error, its shapes and order."""
+    """Every problem of the cell, and, when it has no structural error, its shapes and order.
+
+    Raises CellError only for a cell whose fields have the wrong types (see `check_types`)."""
+    check_types(cell)
     info = CellInfo()
     err = info.problems.append
 
     def error(msg: str, node: str | None = None) -> None:
         err(Problem("error", msg, node))
+
+    if len(cell.nodes) > MAX_NODES:  # the scheduler's passes are not linear in the nodes
+        error(f"the cell has {len(cell.nodes)} nodes, more than the limit of {MAX_NODES}")
+        return info
 
     # Ids, ops, arity, args.
     seen: set[str] = set()
@@ -163,14 +239,14 @@ def analyze(cell: Cell) -> CellInfo:
         if n.op == "weight":
             if (not isinstance(n.shape, list) or len(n.shape) not in (1, 2)
                     or any(d not in DIMS for d in n.shape)):
-                error(f"weight shape must be one or two of {list(DIMS)}, got {n.shape!r}", n.id)
+                error(f"weight shape must be one or two of {list(DIMS)}, got {shown(n.shape)}", n.id)
         elif n.shape is not None:
-            error(f"only weights have a shape ('{n.op}' node has {n.shape!r})", n.id)
+            error(f"only weights have a shape ('{n.op}' node has {shown(n.shape)})", n.id)
         if n.op == "const":
             if not is_finite_number(n.value):
-                error(f"a const needs a finite number as its value, got {n.value!r:.60}", n.id)
+                error(f"a const needs a finite number as its value, got {shown(n.value)}", n.id)
         elif n.value is not None:
-            error(f"only consts have a value ('{n.op}' node has {n.value!r})", n.id)
+            error(f"only consts have a value ('{n.op}' node has {shown(n.value)})", n.id)
 
     inputs = cell.of_op("input")
     if not inputs:

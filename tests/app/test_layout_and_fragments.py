@@ -73,3 +73,27 @@ def test_fragment_of_a_whole_template_pastes_into_an_empty_cell_unchanged():
 def test_text_that_is_not_a_fragment():
     for text in ["", "hello", "[1, 2]", '{"format": "cellfuse.cell/1", "nodes": []}', "{" * 5000]:
         assert fragment_from_text(text) is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(dags(), st.data())
+def test_layout_keeps_each_group_together_in_its_column_without_overlap(graph, data):
+    keys, edges, sizes, sinks = graph
+    groups = [data.draw(st.lists(st.sampled_from(keys), max_size=5, unique=True)) for _ in range(3)]
+    pos = layered_layout(keys, edges, sizes, sinks, groups=groups)
+    for i, a in enumerate(keys):
+        for b in keys[i + 1:]:
+            (xa, ya), (xb, yb) = pos[a], pos[b]
+            if xa == xb:
+                assert ya + sizes[a][1] <= yb or yb + sizes[b][1] <= ya, "nodes overlap"
+    owner: dict[int, int] = {}
+    for g, group in enumerate(groups):
+        for k in group:
+            owner.setdefault(k, g)
+    for g in set(owner.values()):
+        members = [k for k in keys if owner.get(k) == g]
+        for x in {pos[k][0] for k in members}:
+            ys = [pos[k][1] for k in members if pos[k][0] == x]
+            inside = [k for k in keys if pos[k][0] == x and owner.get(k) != g
+                      and min(ys) <= pos[k][1] <= max(ys)]
+            assert not inside, "a node between the members of a group"

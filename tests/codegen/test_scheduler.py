@@ -575,3 +575,12 @@ def test_random_cells_cover_what_the_scheduler_must_find():
             seen[op] += any(n.op == op for n in cell.nodes)
     missing = [k for k, v in seen.items() if v < 5]
     assert not missing, dict(seen)
+
+
+@pytest.mark.parametrize("change", [{"seq": -1}, {"hidden": 0}, {"batch": 0}, {"layers": -1},
+                                    {"layers": 10**9}, {"input": 2.5}, {"seq": True}])
+def test_a_plan_of_impossible_sizes_is_refused(change):
+    from dataclasses import replace
+
+    with pytest.raises(CellError):
+        make_plan(load_template("gru"), replace(SIZES, **change), "hoisted")

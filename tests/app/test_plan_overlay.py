@@ -1,0 +1,119 @@
+"""The plan drawn on the canvas: a colour per launch, a label on every piece of every region that
+covers no other node, and an auto layout that keeps each GEMM group together."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from PySide6 import QtCore, QtWidgets
+
+from cellfuse.app import theme
+from cellfuse.graph_model import template_names
+
+# The least CIE76 distance between two launch colours, and between a launch and a node-kind colour:
+# far beyond the ~2.3 at which two colours can be told apart side by side, so they differ at a glance.
+MIN_DELTA_E = 12.0
+MIN_HUE_GAP = 12.0  # degrees: an outline never has the hue of a node's own colour
+
+
+def delta_e(a: theme.RGB, b: theme.RGB) -> float:
+    return math.dist(theme.lab_of(a), theme.lab_of(b))
+
+
+def outline_colors(window) -> dict[str, theme.RGB]:
+    """The pen colour of each region's outline on the canvas, by the region's tooltip."""
+    out = {}
+    for item in window.overlay._items:
+        if isinstance(item, QtWidgets.QGraphicsPathItem):
+            c = item.pen().color()
+            out[item.toolTip()] = (c.red(), c.green(), c.blue())
+    return out
+
+
+def node_rects(window, node_ids) -> list[QtCore.QRectF]:
+    return [n.view.sceneBoundingRect() for i in node_ids for n in window.adapter.canvas_nodes(i)]
+
+
+def test_every_launch_of_the_naive_lstm_has_its_own_colour_far_from_the_node_colours(window):
+    window.plan_panel.set_schedule("naive")
+    regions = window.overlay.regions
+    assert len(regions) >= 20
+    colors = [r.rgb for r in regions]
+    assert len(set(colors)) == len(colors)
+    for a, b in itertools.combinations(colors, 2):
+        assert delta_e(a, b) >= MIN_DELTA_E, (a, b)
+    for launch, kind in itertools.product(colors, theme.KIND_COLORS.values()):
+        assert delta_e(launch, kind) >= MIN_DELTA_E, (launch, kind)
+        assert theme.hue_distance(theme.hue_of(launch), theme.hue_of(kind)) >= MIN_HUE_GAP, (launch, kind)
+    for launch in colors:
+        assert theme.contrast(launch, theme.CANVAS_BACKGROUND) >= 3.0
+
+
+def test_the_plan_list_shows_each_launch_in_the_colour_of_its_outline(window):
+    drawn = outline_colors(window)
+    tree = window.plan_panel.tree
+    assert tree.topLevelItemCount() == len(window.overlay.regions) >= 3
+    for i, region in enumerate(window.overlay.regions):
+        assert drawn[region.label] == region.rgb
+        icon = tree.topLevelItem(i).icon(0).pixmap(12, 12).toImage()
+        c = icon.pixelColor(6, 6)
+        assert (c.red(), c.green(), c.blue()) == region.rgb
+
+
+def test_a_launch_keeps_its_colour_when_the_plan_grows():
+    assert theme.launch_colors(30)[:5] == theme.launch_colors(5)
+
+
+@pytest.mark.parametrize("schedule", ["hoisted", "naive"])
+def test_every_piece_is_labelled_and_no_label_covers_a_node_of_another_region(window, schedule):
+    window.plan_panel.set_schedule(schedule)
+    for name in template_names():
+        window.new_from_template(name, ask=False)
+        window.refresh_plan()
+        labels = window.overlay.labels
+        everything = {n.id for n in window.cell.nodes}
+        for region in window.overlay.regions:
+            mine = [lab for lab in labels if lab.region == region.name]
+            on_canvas = {i for i in region.nodes if window.adapter.canvas_nodes(i)}
+            assert mine, (name, region.name)
+            assert {i for lab in mine for i in lab.nodes} == on_canvas, (name, region.name)
+            for lab in mine:
+                for rect in node_rects(window, everything - set(region.nodes)):
+                    assert not lab.rect.intersects(rect), (name, schedule, lab.text)
+
+
+def test_each_piece_of_a_region_split_on_the_canvas_says_which_part_it_is(window):
+    window.new_from_template("indrnn", ask=False)
+    window.plan_panel.set_schedule("hoisted")
+    window.refresh_plan()
+    k0 = next(r for r in window.overlay.regions if r.name == "k0")
+    for i, node_id in enumerate(k0.nodes):  # far apart: every node a piece of its own
+        window.adapter.node(node_id).set_pos(3000.0 + 600.0 * i, 2000.0 * i)
+    window.overlay.refresh()
+    mine = [lab for lab in window.overlay.labels if lab.region == "k0"]
+    n = len(k0.nodes)
+    assert n >= 3
+    assert sorted(lab.text.split(" · ")[0] for lab in mine) == [f"k0 ({i}/{n})" for i in range(1, n + 1)]
+    assert sorted(lab.nodes for lab in mine) == sorted((i,) for i in k0.nodes)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "peephole_lstm", "cifg_lstm"])
+def test_auto_layout_keeps_the_matmuls_of_a_gemm_group_together(window, name):
+    window.new_from_template(name, ask=False)
+    window.plan_panel.set_schedule("hoisted")
+    window.refresh_plan()
+    window.adapter.auto_layout()
+    groups = [r for r in window.overlay.regions if r.kind == "gemm" and len(r.nodes) > 1]
+    assert groups
+    views = {n.name(): n.view for n in window.adapter._ops()}
+    for group in groups:
+        matmuls = [m for m in group.nodes if m in views and window.cell.node(m).op == "matmul"]
+        xs = {views[m].pos().x() for m in matmuls}
+        assert len(xs) == 1, (name, group.name)
+        top = min(views[m].pos().y() for m in matmuls)
+        bottom = max(views[m].pos().y() for m in matmuls)
+        between = [i for i, v in views.items() if i not in matmuls and v.pos().x() in xs
+                   and top <= v.pos().y() <= bottom]
+        assert not between, (name, group.name, between)
