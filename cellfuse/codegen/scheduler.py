@@ -16,7 +16,17 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..graph_model import Cell, CellError, CellInfo, Node, Sizes, expected_params, param_key, require_valid
+from ..graph_model import (
+    Cell,
+    CellError,
+    CellInfo,
+    Node,
+    Sizes,
+    expected_params,
+    param_key,
+    require_valid,
+    state_dependent,
+)
 from ..graph_model.limits import MAX_LAYERS
 from ..graph_model.ops import OPS
 from ..graph_model.validate import check_count
@@ -53,10 +63,7 @@ class _Step:
             for a in self.nodes[n].args:
                 if n not in self.consumers[a]:
                     self.consumers[a].append(n)
-        self.state_dep: dict[str, bool] = {}
-        for n in self.order:
-            args = self.nodes[n].args
-            self.state_dep[n] = self.nodes[n].op == "state" or any(self.state_dep[a] for a in args)
+        self.state_dep = state_dependent(cell, self.order)
         self.targets = set(cell.updates.values()) | {cell.output}
         # decided by the passes
         self.groups: list[GemmGroup] = []

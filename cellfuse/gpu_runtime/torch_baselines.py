@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..graph_model import OPS, Cell, OpSpec, load_template, param_key, require_valid
+from ..graph_model import OPS, Cell, OpSpec, load_template, param_key, require_valid, state_dependent
 from ..graph_model.reference import step as reference_step
 
 
@@ -95,10 +95,10 @@ class CompiledCell:
         info = require_valid(cell)
         self.order, self.shapes = info.order, info.shapes
         self.nodes = cell.by_id()
-        self.state_dep: dict[str, bool] = {}
-        for n in self.order:
-            args = self.nodes[n].args
-            self.state_dep[n] = self.nodes[n].op == "state" or any(self.state_dep[a] for a in args)
+        state_dep = state_dependent(cell, self.order)
+        # what runs once over the whole sequence before the loop, and what runs in each step
+        self.before_loop = [n for n in self.order if not state_dep[n] and self.nodes[n].op != "input"]
+        self.in_step = [n for n in self.order if state_dep[n] and self.nodes[n].op != "state"]
         # matmuls by left operand, in order; each group's weights concatenated along N, per layer
         self.groups: dict[str, list[str]] = {}
         for n in self.order:
@@ -142,8 +142,7 @@ class CompiledCell:
         for layer in range(self.layers):
             T, B = seq.shape[0], seq.shape[1]
             hoisted = {n: seq.reshape(T * B, -1) for n in self.order if self.nodes[n].op == "input"}
-            free = [n for n in self.order if not self.state_dep[n] and self.nodes[n].op != "input"]
-            self._values(free, hoisted, layer, hoisted.__getitem__)
+            self._values(self.before_loop, hoisted, layer, hoisted.__getitem__)
             states = {s: initial[i][layer] for i, s in enumerate(state_ids)}
             ys = []
             for t in range(T):
@@ -155,8 +154,7 @@ class CompiledCell:
                     v = hoisted[a]
                     return v[t * B:(t + 1) * B] if self.shapes[a] and self.shapes[a][0] == "B" else v
 
-                self._values([n for n in self.order if self.state_dep[n] and n not in states], step, layer,
-                             row_of)
+                self._values(self.in_step, step, layer, row_of)
                 states = {s: row_of(self.cell.updates[s]) for s in state_ids}
                 ys.append(row_of(self.cell.output))
             seq = self.torch.stack(ys)

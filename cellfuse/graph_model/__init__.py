@@ -28,7 +28,7 @@ from .params import (
 )
 from .reference import Forward, resolve_run, run_reference
 from .templates import load_template, template_names
-from .validate import CellError, CellInfo, Problem, analyze, require_valid, shape_str
+from .validate import CellError, CellInfo, Problem, analyze, require_valid, shape_str, state_dependent
 
 __all__ = [
     "CellBuilder", "Value", "auto_layout", "exp", "relu", "sigmoid", "tanh",
@@ -40,5 +40,5 @@ __all__ = [
     "load_npz", "param_key", "param_layers", "save_npz",
     "Forward", "resolve_run", "run_reference",
     "load_template", "template_names",
-    "CellError", "CellInfo", "Problem", "analyze", "require_valid", "shape_str",
+    "CellError", "CellInfo", "Problem", "analyze", "require_valid", "shape_str", "state_dependent",
 ]

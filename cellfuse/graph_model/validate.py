@@ -360,6 +360,16 @@ def analyze(cell: Cell) -> CellInfo:
     return info
 
 
+def state_dependent(cell: Cell, order: list[str]) -> dict[str, bool]:
+    """For each node of `order` (a topological order, as CellInfo.order), whether it depends on a state:
+    what must run inside the time loop, and what may run once for all steps before it."""
+    nodes = cell.by_id()
+    dep: dict[str, bool] = {}
+    for n in order:
+        dep[n] = nodes[n].op == "state" or any(dep[a] for a in nodes[n].args)
+    return dep
+
+
 def require_valid(cell: Cell) -> CellInfo:
     """The cell's analysis; raises CellError listing every error if it has any."""
     info = analyze(cell)
