@@ -318,8 +318,8 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def plan_groups(self, cell: Cell) -> list[list[str]]:
         """The nodes of each GEMM group and of each fused kernel of the cell's plan at the chosen
-        schedule: the auto layout keeps each together, so that its outline is one area. None for a
-        cell that has no plan; it is laid out as drawn."""
+        schedule: the auto layout keeps each together, so that its outline is one area. Empty for a
+        cell that has no plan; it is laid out by its graph alone."""
         try:
             plan = make_plan(cell, self.sizes(), self.plan_panel.schedule())
         except CellError:
