@@ -13,6 +13,7 @@ from random_cells import random_cell
 
 from cellfuse.codegen import SCHEDULES, make_plan, plan_kernels
 from cellfuse.codegen.cuda_kernels import PRELUDE
+from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
 from cellfuse.graph_model import OPS, CellBuilder, OpSpec, Sizes, init_params, run_reference
 from cellfuse.graph_model import builder as builder_module
@@ -79,7 +80,7 @@ def test_every_schedule_runs_the_new_op_on_numpy(square, schedule):
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_the_generated_kernels_of_the_new_op_compile(square, tmp_path):
     cell = square_cell()
-    parts = [PRELUDE]
+    parts = [PERSISTENT_PRELUDE, PRELUDE]
     for schedule in SCHEDULES:
         ks = plan_kernels(make_plan(cell, SIZES, schedule))
         for name, body in ks.sources.items():

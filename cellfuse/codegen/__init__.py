@@ -2,7 +2,7 @@
 Produces data and text only: no GPU, no Qt."""
 
 from .cuda_export import CudaSource, emit, generate_cuda
-from .cuda_kernels import KernelSet, plan_kernels
+from .kernel_set import KernelSet, plan_kernels
 from .plan import Access, Buffer, GemmGroup, GemmLaunch, Island, KernelLaunch, LayerPlan, Plan
 from .scheduler import SCHEDULES, make_plan
 

@@ -16,15 +16,13 @@ from dataclasses import dataclass
 from datetime import date
 
 from ..graph_model import Cell, Sizes
-from .cuda_kernels import BLOCK, INT_MAX, PRELUDE, c_stem, comment_text, kernel_params, plan_kernels
-from .lowering import Copy, Gemm, Instruction, Kernel, Loop, Record, Wait, lower
-from .plan import Access, GemmLaunch, KernelLaunch, Plan
+from .cuda_kernels import BLOCK, INT_MAX, ROW_EXPR, c_stem, comment_text, kernel_params
+from .cuda_persistent import persistent_buffers
+from .kernel_set import plan_kernels
+from .lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, lower
+from .plan import Access, GemmLaunch, KernelLaunch, PersistentLaunch, Plan
 from .scheduler import make_plan
 
-# The first row of an access at step {t}, as C (see plan.row_offset).
-_ROW_EXPR = {"fixed": "0", "all": "0", "all+1": "batch", "t": "(size_t)({t}) * batch",
-             "t+1": "(size_t)({t} + 1) * batch", "t%2": "(size_t)(({t}) % 2) * batch",
-             "(t+1)%2": "(size_t)(({t} + 1) % 2) * batch"}
 _ROWS_EXPR = {"seq": "(size_t)seq * batch", "seq+1": "((size_t)seq + 1) * batch", "pair": "2 * (size_t)batch",
               "batch": "(size_t)batch", "layers": "(size_t){layers} * batch", "one": "1"}
 _LAUNCH_ROWS = {"seq": "seq * batch", "batch": "batch", "one": "1"}
@@ -50,7 +48,7 @@ _ESCAPES = {"_": "_u", ".": "_d"}
 def _ptr(acc: Access, t: str = "t") -> str:
     """The address of an access at step `t` (a C expression)."""
     parts = [_var(acc.buffer)]
-    row = _ROW_EXPR[acc.slot].format(t=t)
+    row = ROW_EXPR[acc.slot].format(t=t)
     if row != "0" and acc.kind == "row":
         parts.append(f"{row} * {acc.ld}")
     if acc.block:
@@ -90,7 +88,11 @@ def emit(plan: Plan) -> CudaSource:
       f"for input {sizes.input}, hidden {sizes.hidden}, {sizes.layers} layer(s); seq and batch are chosen at "
       "run time,")
     w(f"// with (seq + 1) * batch at most INT_MAX ({INT_MAX}).")
-    w(f"// {plan.launches_per_step} launch(es) per time step and layer.")
+    if plan.layers[0].persistent:
+        w("// Each layer's steps run in one cooperative launch, which needs all its blocks resident at once")
+        w("// (the launcher checks that, and returns cudaErrorCooperativeLaunchTooLarge where they are not).")
+    else:
+        w(f"// {plan.launches_per_step} launch(es) per time step and layer.")
     if plan.chunk_steps:
         w("// Everything runs on one stream, the hoisted launches before each layer's loop (CellFuse's own")
         w("// runtime runs them in chunks on a second stream, beside the loop).")
@@ -111,7 +113,7 @@ def emit(plan: Plan) -> CudaSource:
     w("#include <stddef.h>")
     w("")
     text_before_kernels = lines + 1
-    module = PRELUDE + "\n" + "\n".join(kernels.sources.values())
+    module = kernels.module_source()
     kernel_line = {}
     for i, line in enumerate(module.split("\n")):
         for name in kernels.sources:
@@ -126,11 +128,13 @@ def emit(plan: Plan) -> CudaSource:
     w(f"#define {macro}_PARAMS {len(params)}")
     w(f"#define {macro}_STATES {len(states)}  /* {comment_text(', '.join(states))} */")
     w("")
-    w("static unsigned cf_blocks(size_t n) {")
-    w(f"    size_t b = (n + {BLOCK - 1}) / {BLOCK};")
-    w("    return (unsigned)(b < 1 ? 1 : (b > 65535 ? 65535 : b));")
-    w("}")
-    w("")
+    flat = [i for instr in program.instructions for i in (instr.body if isinstance(instr, Loop) else [instr])]
+    if any(isinstance(i, Kernel) or isinstance(i, Gemm) and i.launch.bias for i in flat):
+        w("static unsigned cf_blocks(size_t n) {")
+        w(f"    size_t b = (n + {BLOCK - 1}) / {BLOCK};")
+        w("    return (unsigned)(b < 1 ? 1 : (b > 65535 ? 65535 : b));")
+        w("}")
+        w("")
     # The caller's memory: x, the parameters, the initial and final states; the rest is workspace.
     ws_buffers = [b for b in plan.buffers.values() if b.role not in ("weight", "input", "init", "final")]
     w("/* Bytes of device workspace a forward pass of these sizes needs. */")
@@ -238,10 +242,35 @@ def emit(plan: Plan) -> CudaSource:
                 for inner in body:
                     emit_instr(inner, "t", indent + "    ")
                 w(f"{indent}}}")
+            case Persistent(launch=p):
+                emit_cooperative(p, indent)
             case Gemm() | Kernel() | Record() | Wait():
                 raise ValueError(f"the exported launcher runs on one stream, in whole launches: {instr!r}")
             case _:
                 raise TypeError(f"the exporter cannot emit {instr!r}")
+
+    def emit_cooperative(p: PersistentLaunch, indent: str) -> None:
+        name = kernels.name_of[p]
+        args = persistent_buffers(p)
+        w(f"{indent}{{  /* every step of layer {p.layer} in one cooperative launch */")
+        w(f"{indent}    int cf_seq = seq, cf_batch = batch, cf_dev = 0, cf_sms = 0, cf_per_sm = 0;")
+        for i, b in enumerate(args):
+            w(f"{indent}    const float* cf_p{i} = {_var(b)};")
+        table = ", ".join(["&cf_seq", "&cf_batch"] + [f"(void*)&cf_p{i}" for i in range(len(args))])
+        w(f"{indent}    void* cf_args[] = {{{table}}};")
+        w(f"{indent}    cudaError_t cf_e = cudaGetDevice(&cf_dev);")
+        w(f"{indent}    if (!cf_e) cf_e = cudaDeviceGetAttribute(&cf_sms, cudaDevAttrMultiProcessorCount, "
+          "cf_dev);")
+        w(f"{indent}    if (!cf_e) cf_e = cudaFuncSetAttribute((const void*){name}, "
+          f"cudaFuncAttributeMaxDynamicSharedMemorySize, {p.smem_bytes});")
+        w(f"{indent}    if (!cf_e) cf_e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cf_per_sm, {name}, "
+          f"{p.threads}, {p.smem_bytes});")
+        w(f"{indent}    if (!cf_e && cf_per_sm * cf_sms < {p.blocks})  /* not all blocks resident at once */")
+        w(f"{indent}        cf_e = cudaErrorCooperativeLaunchTooLarge;")
+        w(f"{indent}    if (!cf_e) cf_e = cudaLaunchCooperativeKernel((const void*){name}, {p.blocks}, "
+          f"{p.threads}, cf_args, {p.smem_bytes}, stream);")
+        w(f"{indent}    if (cf_e) return (int)cf_e;")
+        w(f"{indent}}}")
 
     for instr in program.instructions:
         emit_instr(instr, "0", "    ")
@@ -255,18 +284,22 @@ def emit(plan: Plan) -> CudaSource:
       .replace("@SIZES@", ", ".join(str(math.prod(plan.params[k])) for k in params) or "0"))
 
     kernel_of_node: dict[str, str] = {}
-    for launch in (*plan.layers[0].prologue, *plan.layers[0].step):
-        match launch:
-            case KernelLaunch():
-                for op in launch.body:
-                    kernel_of_node[op.result] = kernels.name_of[launch]
-            case GemmLaunch():
-                pass  # below, by group
-            case _:
-                raise TypeError(f"unknown launch {launch!r}")
+    first = plan.layers[0]
     for g in plan.groups:
         for n in (*g.matmuls, *g.folded):
-            kernel_of_node[n] = g.name
+            kernel_of_node[n] = kernels.name_of[first.persistent] if first.persistent and not g.hoisted \
+                else g.name
+    for launch in (*first.prologue, *first.step):
+        match launch:
+            case KernelLaunch():
+                kernel = kernels.name_of[first.persistent] if first.persistent and not launch.hoisted \
+                    else kernels.name_of[launch]
+                for op in launch.body:
+                    kernel_of_node[op.result] = kernel
+            case GemmLaunch():
+                pass  # above, by group
+            case _:
+                raise TypeError(f"unknown launch {launch!r}")
     kernel_line.update(gemm_line)
     return CudaSource("\n".join(out) + "\n", kernel_of_node, kernel_line)
 

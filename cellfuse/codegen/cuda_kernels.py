@@ -130,6 +130,12 @@ def check_index_range(plan: Plan) -> None:
                             f"{count}, and its int indices hold at most {INT_MAX} (2**31 - 1)")
 
 
+# The first row of an access at step {t}, as C (see plan.row_offset).
+ROW_EXPR = {"fixed": "0", "all": "0", "all+1": "batch", "t": "(size_t)({t}) * batch",
+             "t+1": "(size_t)({t} + 1) * batch", "t%2": "(size_t)(({t}) % 2) * batch",
+             "(t+1)%2": "(size_t)(({t} + 1) % 2) * batch"}
+
+
 @dataclass(frozen=True)
 class Param:
     """One pointer argument of a kernel: the value it carries and where that value lives."""
@@ -153,6 +159,31 @@ def _index(acc: Access) -> str:
     return f"(long long)r * {acc.ld} + j"
 
 
+def element_body(params: list[Param], names: list[str], body: tuple[Instr, ...], indent: str) -> list[str]:
+    """The loads, ops and stores of one element (row r, column j, element e of the launch) of a
+    kernel's body, with `names[i]` the pointer of `params[i]` at the step's rows."""
+    lines, var = [], {}
+    for p, n in zip(params, names, strict=True):
+        if not p.output and p.value not in var:
+            var[p.value] = f"v_{c_name(p.value)}"
+            lines.append(f"{indent}const float {var[p.value]} = {n}[{_index(p.access)}];")
+    for op in body:
+        args = [_const(a, op) if isinstance(a, Const) else var[a] for a in op.args]
+        var[op.result] = f"v_{c_name(op.result)}"
+        lines.append(f"{indent}const float {var[op.result]} = {op.op.cuda.format(*args)};  "
+                     f"// {comment_text(op.op.name)}")
+    for p, n in zip(params, names, strict=True):
+        if not p.output:
+            continue
+        store = f"{n}[{_index(p.access)}] = {var[p.value]};"
+        if p.access.kind == "vec":
+            store = f"if (r == 0) {store}"
+        elif p.access.kind == "scalar":
+            store = f"if (e == 0) {store}"
+        lines.append(f"{indent}{store}")
+    return lines
+
+
 def kernel_source(launch: KernelLaunch, name: str) -> str:
     """The source of one kernel. Pointers arrive already offset to the step's rows."""
     params = kernel_params(launch)
@@ -173,61 +204,7 @@ def kernel_source(launch: KernelLaunch, name: str) -> str:
     lines.append("         e += (long long)gridDim.x * blockDim.x) {")
     lines.append("        const int r = (int)(e / width), j = (int)(e - (long long)r * width);")
     lines.append("        (void)r; (void)j;")
-    var = {}
-    for p, n in zip(params, names, strict=True):
-        if not p.output and p.value not in var:
-            var[p.value] = f"v_{c_name(p.value)}"
-            lines.append(f"        const float {var[p.value]} = {n}[{_index(p.access)}];")
-    for op in launch.body:
-        args = [_const(a, op) if isinstance(a, Const) else var[a] for a in op.args]
-        var[op.result] = f"v_{c_name(op.result)}"
-        lines.append(f"        const float {var[op.result]} = {op.op.cuda.format(*args)};  "
-                     f"// {comment_text(op.op.name)}")
-    for p, n in zip(params, names, strict=True):
-        if not p.output:
-            continue
-        store = f"{n}[{_index(p.access)}] = {var[p.value]};"
-        if p.access.kind == "vec":
-            store = f"if (r == 0) {store}"
-        elif p.access.kind == "scalar":
-            store = f"if (e == 0) {store}"
-        lines.append(f"        {store}")
+    lines += element_body(params, names, launch.body, "        ")
     lines.append("    }")
     lines.append("}")
     return "\n".join(lines) + "\n"
-
-
-@dataclass
-class KernelSet:
-    """The distinct kernels of a plan, and which kernel each kernel launch uses."""
-
-    sources: dict[str, str]  # kernel name -> source
-    name_of: dict[KernelLaunch, str]  # launch -> kernel name
-
-    def module_source(self) -> str:
-        return PRELUDE + "\n" + "\n".join(self.sources.values())
-
-
-def plan_kernels(plan: Plan) -> KernelSet:
-    """One kernel per distinct body: the layers above the first share layer 0's kernels where their sizes
-    agree. Raises CellError for sizes whose counts the kernels cannot hold (see check_index_range)."""
-    check_index_range(plan)
-    stem = c_stem(plan.cell_name)
-    by_body: dict[str, str] = {}
-    sources: dict[str, str] = {}
-    name_of: dict[KernelLaunch, str] = {}
-    for lp in plan.layers:
-        for launch in (*lp.prologue, *lp.step):
-            match launch:
-                case KernelLaunch():
-                    body = kernel_source(launch, "@NAME@")
-                    if body not in by_body:
-                        name = f"cf_{stem}_{c_name(launch.island)}" + (f"_l{lp.layer}" if lp.layer else "")
-                        by_body[body] = name
-                        sources[name] = body.replace("@NAME@", name)
-                    name_of[launch] = by_body[body]
-                case GemmLaunch():
-                    pass  # cuBLAS runs it
-                case _:
-                    raise TypeError(f"unknown launch {launch!r}")
-    return KernelSet(sources, name_of)

@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .plan import Access, GemmLaunch, KernelLaunch, Launch, Plan
+from .plan import Access, GemmLaunch, KernelLaunch, Launch, PersistentLaunch, Plan
 
 MAIN, SIDE = 0, 1  # the streams: the recurrence, and the hoisted launches beside it
 
@@ -84,7 +84,15 @@ class Loop:
         return range(last - 1, self.first - 1, -1) if self.reverse else range(self.first, last)
 
 
-Instruction = Gemm | Kernel | Copy | Record | Wait | Loop
+@dataclass(frozen=True)
+class Persistent:
+    """Every step of a layer, in increasing order, in one cooperative launch (see `PersistentLaunch`)."""
+
+    launch: PersistentLaunch
+    stream: int = MAIN
+
+
+Instruction = Gemm | Kernel | Copy | Record | Wait | Loop | Persistent
 
 
 @dataclass(frozen=True)
@@ -146,7 +154,10 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
         for s in plan.state_ids:
             out.append(Copy(Access(f"init.{s}", "row", H, block=lp.layer), lp.state_read[s], H, 0))
         step = tuple(_instruction(launch) for launch in lp.step)
-        if not chunk:
+        if lp.persistent:
+            out += [_instruction(launch) for launch in lp.prologue]
+            out.append(Persistent(lp.persistent))
+        elif not chunk:
             out += [_instruction(launch) for launch in lp.prologue]
             out.append(Loop(step))
         else:
@@ -192,7 +203,7 @@ def execution_order(program: Program, prefer: int = SIDE) -> Iterator[Instructio
                 recorded_before.add(e)
             case Wait(event=e) if e not in recorded_before:
                 raise ValueError(f"stream {instr.stream} waits for event {e} before it is recorded")
-            case Gemm() | Kernel() | Copy() | Loop() | Wait():
+            case Gemm() | Kernel() | Copy() | Loop() | Persistent() | Wait():
                 pass
             case _:
                 raise TypeError(f"unknown instruction {instr!r}")

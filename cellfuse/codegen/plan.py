@@ -166,6 +166,50 @@ class KernelLaunch:
 Launch = GemmLaunch | KernelLaunch
 
 
+@dataclass(frozen=True)
+class PersistentItem:
+    """One launch of a step, run inside a persistent kernel by every block on its own columns.
+
+    A block owns, of every width W, the columns [p * u, min(W, (p + 1) * u)) with u = ceil(W / blocks):
+    of a kernel's width, and of each column block of a GEMM's stacked output (`columns` lists their
+    widths). Elementwise work reads and writes only its own columns, so it needs no other block; a
+    GEMM reads its whole left operand, so a grid-wide barrier goes before it when other blocks wrote
+    that operand since the last one (`barrier`)."""
+
+    launch: GemmLaunch | KernelLaunch
+    barrier: bool
+    columns: tuple[int, ...]
+    # a kernel of [N] and scalar values only (the same every step): every block computes all of it
+    whole: bool = False
+    # a GEMM whose block of weight columns stays in shared memory for all steps (else read from L2)
+    on_chip: bool = False
+
+
+def owned(width: int, blocks: int, block: int) -> tuple[int, int]:
+    """The columns [first, last) of a width that a block of a persistent kernel owns."""
+    unit = -(-width // blocks)
+    return min(width, block * unit), min(width, (block + 1) * unit)
+
+
+@dataclass(frozen=True)
+class PersistentLaunch:
+    """Every step of one layer in one cooperative launch: `blocks` blocks, all resident at once, run
+    `items` once per step, with grid-wide barriers between them where `barrier` says."""
+
+    layer: int
+    items: tuple[PersistentItem, ...]
+    blocks: int
+    threads: int
+    row_tile: int  # rows of a GEMM's left operand staged in shared memory at a time
+    k_tile: int  # and columns
+    smem_bytes: int  # shared memory per block: on-chip weights, the staged operand, partial sums
+    note: str = ""  # why weights stay off chip, when some do
+
+    @property
+    def barriers_per_step(self) -> int:
+        return sum(item.barrier for item in self.items)
+
+
 @dataclass
 class LayerPlan:
     layer: int
@@ -175,6 +219,7 @@ class LayerPlan:
     x: Access  # the layer's input at step t
     state_read: dict[str, Access]  # where each state is read at step t (slot 0 holds the initial value)
     output_seq: str  # the [T+1, B, hidden] buffer whose rows B.. hold the layer's output sequence
+    persistent: PersistentLaunch | None = None  # the step loop as one launch, in place of `step`
 
 
 @dataclass
@@ -198,7 +243,8 @@ class Plan:
     # -- what the plan says, for people and for `plan --json` -----------------------------------
     @property
     def launches_per_step(self) -> int:
-        return len(self.layers[0].step)
+        """Launches per step and layer: none where one persistent launch runs all of a layer's steps."""
+        return 0 if self.layers[0].persistent else len(self.layers[0].step)
 
     def flops_per_step(self) -> int:
         """Floating-point operations of one step of one layer (GEMMs, and one per elementwise op)."""
@@ -214,12 +260,16 @@ class Plan:
         return total
 
     def bytes_per_step(self) -> int:
-        """Bytes one step of one layer reads and writes in global memory (float32)."""
+        """Bytes one step of one layer reads and writes in global memory (float32); a persistent
+        launch's weights in shared memory are read once, not every step."""
+        persistent = self.layers[0].persistent
+        on_chip = {item.launch for item in persistent.items if item.on_chip} if persistent else set()
         total = 0
         for launch in self.layers[0].step:
             match launch:
                 case GemmLaunch():
-                    total += launch.m * launch.k + launch.k * launch.n + launch.m * launch.n
+                    total += launch.m * launch.k + launch.m * launch.n
+                    total += 0 if launch in on_chip else launch.k * launch.n
                     total += launch.m * launch.n if launch.bias else 0
                 case KernelLaunch():
                     for _, acc in (*launch.inputs, *launch.outputs):
@@ -254,6 +304,13 @@ class Plan:
             "bytes_per_step": self.bytes_per_step(),
             "cuda_graph": self.cuda_graph,
             "hoisted_chunk_steps": self.chunk_steps,
+            "persistent": None if not self.layers[0].persistent else {
+                "blocks": self.layers[0].persistent.blocks, "threads": self.layers[0].persistent.threads,
+                "barriers_per_step": self.layers[0].persistent.barriers_per_step,
+                "smem_bytes_per_block": self.layers[0].persistent.smem_bytes,
+                "weights_on_chip": all(i.on_chip for i in self.layers[0].persistent.items
+                                       if isinstance(i.launch, GemmLaunch)),
+                "note": self.layers[0].persistent.note},
             "dropped": list(self.dead),
         }
 
@@ -261,10 +318,12 @@ class Plan:
         """The plan for people: what `cellfuse plan` prints."""
         s = self.sizes
         sizes = f"seq {s.seq}, batch {s.batch}, input {s.input}, hidden {s.hidden}, layers {s.layers}"
+        persistent = self.layers[0].persistent
+        launches = ("one cooperative launch runs every step of a layer" if persistent
+                    else f"{self.launches_per_step} launch(es) per step")
         lines = [f"cell '{self.cell_name}', schedule '{self.schedule}', {sizes}",
-                 f"{self.launches_per_step} launch(es) per step, {len(self.layers[0].prologue)} before the "
-                 f"loop; per step {self.flops_per_step() / 1e6:.1f} MFLOP, "
-                 f"{self.bytes_per_step() / 2**20:.2f} MiB"]
+                 f"{launches}, {len(self.layers[0].prologue)} before the loop; per step "
+                 f"{self.flops_per_step() / 1e6:.1f} MFLOP, {self.bytes_per_step() / 2**20:.2f} MiB"]
         if self.chunk_steps:
             lines.append(f"hoisted launches run in chunks of {self.chunk_steps} steps on a second stream, "
                          "beside the loop")
@@ -283,7 +342,21 @@ class Plan:
             lines.append(f"           reads {', '.join(isl.inputs) or '-'}; "
                          f"writes {', '.join(isl.outputs) or '-'}")
         lines += ["", "one step, in order:"]
-        lines += [f"  {launch_name(launch)}" for launch in self.layers[0].step]
+        if persistent:
+            lines[-1] = (f"one step, in order, in each of {persistent.blocks} blocks of {persistent.threads} "
+                         f"threads ({persistent.barriers_per_step} grid-wide barrier(s) per step, "
+                         f"{persistent.smem_bytes / 1024:.1f} KiB of shared memory per block):")
+            for item in persistent.items:
+                units = ", ".join(str(-(-w // persistent.blocks)) for w in item.columns)
+                what = ("every block computes all of it" if item.whole
+                        else f"{units} column(s) per block" + (", weights in shared memory" if item.on_chip
+                                                               else ""))
+                lines.append(f"  {'grid barrier, then ' if item.barrier else ''}{launch_name(item.launch)}"
+                             f" ({what})")
+            if persistent.note:
+                lines.append(f"  note: {persistent.note}")
+        else:
+            lines += [f"  {launch_name(launch)}" for launch in self.layers[0].step]
         if self.dead:
             lines += ["", f"not computed (nothing depends on them): {', '.join(self.dead)}"]
         return "\n".join(lines)

@@ -8,6 +8,9 @@ turns groups and islands into launches with concrete sizes and addresses.
 
 Multi-layer: each layer runs its whole sequence before the next starts; layer l's hoisted GEMMs read
 layer l-1's finished output sequence.
+
+The persistent rung keeps the hoisted rung's launches and runs each layer's step loop as one cooperative
+launch (see `persistent`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ..graph_model import (
 from ..graph_model.limits import MAX_LAYERS
 from ..graph_model.ops import OPS
 from ..graph_model.validate import check_count
+from .persistent import H100, Target, persistent_launch
 from .plan import (
     Access,
     Buffer,
@@ -250,6 +254,7 @@ def store_the_rest(st: _Step) -> None:
 class Rung:
     passes: tuple[Pass, ...]
     cuda_graph: bool = False  # the whole forward pass captured once into a CUDA graph and replayed
+    persistent: bool = False  # each layer's step loop is one cooperative launch
 
 
 _HOISTED = (gemm_per_left_operand, hoist, fold_biases, place, fuse, store_the_rest)
@@ -260,6 +265,7 @@ LADDER: dict[str, Rung] = {
     "fused": Rung((gemm_per_left_operand, place, fuse, store_the_rest)),
     "hoisted": Rung(_HOISTED),
     "graph": Rung(_HOISTED, cuda_graph=True),
+    "persistent": Rung(_HOISTED, cuda_graph=True, persistent=True),
 }
 SCHEDULES = tuple(LADDER)
 
@@ -376,6 +382,16 @@ class _Layer:
                           self.read(g.left, phase), w,
                           Access(out, "row", n_total, 0, "all" if g.hoisted else "fixed"), bias)
 
+    def columns(self, item: GemmGroup | Island) -> tuple[int, ...]:
+        """The widths of a launch's column blocks: a GEMM's one per stacked weight, a kernel's one."""
+        match item:
+            case GemmGroup():
+                return tuple(self.dims[d] for d in item.n_dims)
+            case Island():
+                return (self.dims[item.width_dim],)
+            case _:
+                raise TypeError(f"unknown item of a phase: {item!r}")
+
     def launch(self, item: GemmGroup | Island) -> Launch:
         match item:
             case GemmGroup():
@@ -422,8 +438,9 @@ def _check_plan_sizes(sizes: Sizes) -> None:
     check_count("layers", sizes.layers, MAX_LAYERS)
 
 
-def make_plan(cell: Cell, sizes: Sizes, schedule: str) -> Plan:
-    """The Plan of `schedule` for the cell at these sizes; raises CellError if either is unusable."""
+def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100) -> Plan:
+    """The Plan of `schedule` for the cell at these sizes; raises CellError if either is unusable. A
+    persistent plan is made for `target`'s number of SMs and shared memory."""
     if schedule not in LADDER:
         raise CellError(f"unknown schedule '{schedule}' (schedules: {', '.join(SCHEDULES)})")
     rung = LADDER[schedule]
@@ -442,9 +459,15 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str) -> Plan:
     for layer in range(sizes.layers):
         lay = _Layer(st, sizes, layer, buffers)
         phases = {hoisted: [lay.launch(item) for item in _ordered(st, hoisted)] for hoisted in (True, False)}
+        persistent = None
+        if rung.persistent:
+            columns = [lay.columns(item) for item in _ordered(st, False)]
+            persistent = persistent_launch(layer, phases[False], columns, H, sizes.batch, target)
         layers.append(LayerPlan(layer, lay.K, phases[True], phases[False], lay.read(x, STEP),
-                                {s: lay.read(s, STEP) for s in cell.updates}, lay.y))
-    chunk = min(sizes.seq, HOIST_CHUNK_STEPS) if any(lp.prologue for lp in layers) else 0
+                                {s: lay.read(s, STEP) for s in cell.updates}, lay.y, persistent))
+    # The persistent kernel cannot wait for chunks of hoisted work mid-loop: its prologue runs first.
+    hoisting = any(lp.prologue for lp in layers) and not rung.persistent
+    chunk = min(sizes.seq, HOIST_CHUNK_STEPS) if hoisting else 0
     return Plan(cell.name, cell.description, schedule, sizes, tuple(cell.updates),
                 expected_params(cell, sizes.layers, sizes.input, sizes.hidden), st.groups, st.islands,
                 layers, buffers, sorted(info.dead), cuda_graph=rung.cuda_graph,

@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import __version__
 from ..codegen import SCHEDULES, Plan, make_plan
+from ..codegen.persistent import H100, Target
 from ..graph_model import Cell, CellError, Forward, Sizes, check_sizes, init_params, run_reference
 
 log = logging.getLogger(__name__)
@@ -167,11 +168,11 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
     backend = config.backend
     if backend == "auto":
         backend = "cuda" if "cuda" in available_backends() else "numpy"
-    device = "CPU (numpy backend, no GPU)"
+    device, target = "CPU (numpy backend, no GPU)", H100
     if backend == "cuda":
-        from .cuda_executor import device_description
+        from .cuda_executor import device_description, device_target
 
-        device = device_description()
+        device, target = device_description(), device_target()
     rng = np.random.default_rng(config.seed)
     params = init_params(cell, sizes.layers, sizes.input, sizes.hidden, config.seed)
     x = rng.standard_normal((sizes.seq, sizes.batch, sizes.input)).astype(np.float32)
@@ -206,7 +207,7 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
             progress(done, total, message)
         done += 1
 
-    problem = _Problem(cell, sizes, params, x, initial, config, runs)
+    problem = _Problem(cell, sizes, params, x, initial, config, runs, target=target)
     ready: list[_Timed] = []
     try:
         step("reference interpreter (numpy, float64)")
@@ -251,11 +252,12 @@ class _Problem:
     runs: int  # timed runs of each implementation
     ref: Forward | None = None
     plans: dict[str, Plan] = field(default_factory=dict)
+    target: Target = H100  # the GPU a persistent plan is made for
 
     def plan(self, schedule: str) -> Plan:
         """The schedule's Plan, made once: a rung's plan is also compared with the next rung's."""
         if schedule not in self.plans:
-            self.plans[schedule] = make_plan(self.cell, self.sizes, schedule)
+            self.plans[schedule] = make_plan(self.cell, self.sizes, schedule, self.target)
         return self.plans[schedule]
 
 

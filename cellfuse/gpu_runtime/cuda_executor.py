@@ -18,18 +18,22 @@ import numpy as np
 
 from ..codegen import Plan, plan_kernels
 from ..codegen.cuda_kernels import BLOCK, kernel_params
+from ..codegen.cuda_persistent import persistent_buffers
 from ..codegen.lowering import (
     Copy,
     Gemm,
     Instruction,
     Kernel,
     Loop,
+    Persistent,
     Record,
     Wait,
     element_offset,
     launch_rows,
     lower,
 )
+from ..codegen.persistent import Target
+from ..codegen.plan import PersistentLaunch
 from ..graph_model import CellError, Forward
 
 log = logging.getLogger(__name__)
@@ -44,10 +48,9 @@ class GpuUnavailable(CellError):
 
 @lru_cache(maxsize=1)
 def gpu_modules():
-    """(pycuda.driver, SourceModule, cublas, cuda.bindings.driver), or GpuUnavailable."""
+    """(pycuda.driver, cublas, cuda.bindings.driver), or GpuUnavailable."""
     try:
         import pycuda.driver as drv
-        from pycuda.compiler import SourceModule
     except ImportError:
         raise GpuUnavailable("the CUDA backend needs PyCUDA and nvmath-python: install them with "
                              "\"pip install -e '.[gpu]'\" on a machine with an NVIDIA GPU and CUDA") from None
@@ -63,8 +66,8 @@ def gpu_modules():
     try:
         from cuda.bindings import driver as cu
     except ImportError:
-        cu = None  # CUDA graphs need cuda.bindings; direct launches do not
-    return drv, SourceModule, cublas, cu
+        cu = None  # CUDA graphs and cooperative launches need cuda.bindings; the other launches do not
+    return drv, cublas, cu
 
 
 def device_description() -> str:
@@ -75,11 +78,14 @@ def device_description() -> str:
 
 
 @lru_cache(maxsize=64)
-def _compile(source: str):
-    drv, SourceModule, _, _ = gpu_modules()
+def _compile(source: str) -> bytes:
+    """The cubin of a module, for this GPU."""
+    drv = gpu_modules()[0]
+    from pycuda.compiler import compile as nvcc
+
     major, minor = drv.Context.get_device().compute_capability()
     try:
-        return SourceModule(source, no_extern_c=True, arch=f"sm_{major}{minor}", options=["-O3"])
+        return nvcc(source, no_extern_c=True, arch=f"sm_{major}{minor}", options=["-O3"])
     except drv.CompileError as e:
         raise CellError("nvcc could not compile the generated kernels:\n"
                         + compile_error_lines(e.stderr or str(e), source)) from None
@@ -111,15 +117,19 @@ class CudaExecutor:
     """Device buffers for one plan (allocated once, reused by every run) and its program's launches."""
 
     def __init__(self, plan: Plan, params: dict[str, np.ndarray]):
-        self.drv, _, self.cublas, self.cu = gpu_modules()
+        self.drv, self.cublas, self.cu = gpu_modules()
         drv = self.drv
         self.plan = plan
         self.program = lower(plan)
         t0 = time.perf_counter()
         kernels = plan_kernels(plan)
-        module = _compile(kernels.module_source())
+        cubin = _compile(kernels.module_source())
         self.compile_s = time.perf_counter() - t0
-        self.funcs = {name: module.get_function(name) for name in kernels.sources}
+        module = drv.module_from_buffer(cubin)
+        persistent = {name for launch, name in kernels.name_of.items()
+                      if isinstance(launch, PersistentLaunch)}
+        self.funcs = {name: module.get_function(name) for name in kernels.sources if name not in persistent}
+        self.cooperative = _cooperative_functions(self.cu, cubin, kernels) if persistent else {}
         self.bias_rows = module.get_function("cf_bias_rows").prepare("PPiii")
         self.name_of = kernels.name_of
 
@@ -198,6 +208,10 @@ class CudaExecutor:
             case Loop(body=body):
                 return [call for step in instr.steps(self.plan.sizes.seq) for inner in body
                         for call in self._calls(inner, step)]
+            case Persistent(launch=p, stream=s):
+                kernel = self.cooperative[self.name_of[p]]
+                pointers = [self.addr[b] for b in persistent_buffers(p)]
+                return [kernel.call(p, [self.plan.sizes.seq, B], pointers, self.streams[s])]
             case _:
                 raise TypeError(f"the CUDA executor cannot run {instr!r}")
 
@@ -265,6 +279,56 @@ class CudaExecutor:
             self.cublas.destroy(handle)
             workspace.free()
         self.memory.free()
+
+
+def device_target() -> Target:
+    """This GPU's numbers for a persistent plan."""
+    drv = gpu_modules()[0]
+    dev = drv.Context.get_device()
+    attr = drv.device_attribute
+    return Target(dev.get_attribute(attr.MULTIPROCESSOR_COUNT),
+                  dev.get_attribute(attr.MAX_SHARED_MEMORY_PER_BLOCK_OPTIN))
+
+
+class _Cooperative:
+    """A persistent kernel, launched cooperatively through the driver API (PyCUDA has no such launch)."""
+
+    def __init__(self, cu, function):
+        self.cu, self.function = cu, function
+
+    def call(self, launch: PersistentLaunch, ints: list[int], pointers: list[int],
+             stream) -> Callable[[], object]:
+        """The call that launches it: all blocks resident at once, or a CellError saying why not."""
+        cu = self.cu
+        _cu_check(cu.cuFuncSetAttribute(
+            self.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            launch.smem_bytes))
+        per_sm = _cu_check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, launch.threads,
+                                                                           launch.smem_bytes))
+        target = device_target()
+        if per_sm * target.sm_count < launch.blocks:
+            raise CellError(f"the persistent kernel of layer {launch.layer} needs its {launch.blocks} blocks "
+                            f"resident at once, and this GPU holds {per_sm * target.sm_count} of them "
+                            f"({target.sm_count} SMs x {per_sm}, with {launch.smem_bytes} bytes of shared "
+                            "memory each); plan it for this GPU's target")
+        # The driver reads each argument through a pointer: the call holds the values and their table.
+        values = [np.array([v], np.int32) for v in ints] + [np.array([p], np.uint64) for p in pointers]
+        table = np.array([v.ctypes.data for v in values], np.uint64)
+        return partial(self._launch, launch, cu.CUstream(stream.handle), table, values)
+
+    def _launch(self, launch: PersistentLaunch, stream, table: np.ndarray, values: list[np.ndarray]) -> None:
+        del values  # held by the partial, so that the table's pointers stay valid
+        _cu_check(self.cu.cuLaunchCooperativeKernel(self.function, launch.blocks, 1, 1, launch.threads, 1, 1,
+                                                    launch.smem_bytes, stream, table.ctypes.data))
+
+
+def _cooperative_functions(cu, cubin: bytes, kernels) -> dict[str, _Cooperative]:
+    if cu is None:
+        raise GpuUnavailable("the persistent schedule's cooperative launch needs NVIDIA's cuda-python "
+                             "(cuda.bindings): pip install cuda-python")
+    module = _cu_check(cu.cuModuleLoadData(cubin))
+    return {name: _Cooperative(cu, _cu_check(cu.cuModuleGetFunction(module, name.encode())))
+            for launch, name in kernels.name_of.items() if isinstance(launch, PersistentLaunch)}
 
 
 def _grid(n: int) -> int:

@@ -13,15 +13,14 @@ def run_schedule(cell: Cell, params: dict[str, np.ndarray], inputs: dict[str, np
     """Runs the Plan of `schedule` on `backend` ("numpy" or "cuda")."""
     layers, hidden, x, initial = resolve_run(cell, params, inputs, layers)
     sizes = Sizes(seq=x.shape[0], batch=x.shape[1], input=x.shape[2], hidden=hidden, layers=layers)
-    plan = make_plan(cell, sizes, schedule)
     if backend == "numpy":
         from .numpy_executor import NumpyExecutor
 
-        result = NumpyExecutor(plan, params, dtype).run(x, initial)
+        result = NumpyExecutor(make_plan(cell, sizes, schedule), params, dtype).run(x, initial)
     elif backend == "cuda":
-        from .cuda_executor import CudaExecutor
+        from .cuda_executor import CudaExecutor, device_target
 
-        result = CudaExecutor(plan, params).run(x, initial)
+        result = CudaExecutor(make_plan(cell, sizes, schedule, device_target()), params).run(x, initial)
     else:
         raise CellError(f"unknown backend '{backend}' (backends: numpy, cuda)")
     if not np.all(np.isfinite(result.y)):

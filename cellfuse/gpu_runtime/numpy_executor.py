@@ -3,7 +3,12 @@ and addresses as the CUDA executor, so that a scheduling bug shows on a machine 
 
 The two streams are interleaved as `execution_order` allows: by default the hoisted work runs as early
 as its events let it, and `prefer=MAIN` runs it as late as the recurrence lets it; a Wait missing from
-the program makes one of the two read a buffer nothing wrote (every buffer starts as NaN)."""
+the program makes one of the two read a buffer nothing wrote (every buffer starts as NaN).
+
+A persistent launch runs as its blocks would, each on its own columns: between two grid-wide barriers
+the blocks run one after another (in increasing order, or decreasing with `reverse_blocks`), each all of
+its work up to the next barrier, possibly into the next step. A barrier missing from the plan then makes
+a block read another's value before or after it was written, and the result differs from the reference."""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from ..codegen.lowering import (
     Instruction,
     Kernel,
     Loop,
+    Persistent,
     Record,
     Wait,
     element_offset,
@@ -23,13 +29,24 @@ from ..codegen.lowering import (
     launch_rows,
     lower,
 )
-from ..codegen.plan import Access, Const, Plan
+from ..codegen.plan import (
+    Access,
+    Const,
+    GemmLaunch,
+    KernelLaunch,
+    PersistentItem,
+    PersistentLaunch,
+    Plan,
+    owned,
+)
 from ..graph_model import Forward
 
 
 class NumpyExecutor:
-    def __init__(self, plan: Plan, params: dict[str, np.ndarray], dtype=np.float32, prefer: int = SIDE):
+    def __init__(self, plan: Plan, params: dict[str, np.ndarray], dtype=np.float32, prefer: int = SIDE,
+                 reverse_blocks: bool = False):
         self.plan, self.dtype, self.prefer = plan, np.dtype(dtype), prefer
+        self.reverse_blocks = reverse_blocks
         self.program = lower(plan)
         self.batch, self.seq = plan.sizes.batch, plan.sizes.seq
         self.buf = {name: np.empty(plan.buffer_elements(name), self.dtype) for name in plan.buffers}
@@ -60,17 +77,7 @@ class NumpyExecutor:
                 if g.bias:
                     c += self.buf[g.bias]
             case Kernel(launch=k):
-                rows = launch_rows(instr, B)
-                values = {v: self.view(acc, element_offset(instr, acc, t, B), rows, k.width)
-                          for v, acc in k.inputs}
-                with np.errstate(all="ignore"):  # a NaN or infinity is reported where the output is checked
-                    for op in k.body:
-                        args = [self.dtype.type(a.value) if isinstance(a, Const) else values[a]
-                                for a in op.args]
-                        values[op.result] = op.op.numpy(*args).astype(self.dtype, copy=False)
-                for v, acc in k.outputs:
-                    dst = self.view(acc, element_offset(instr, acc, t, B), rows, k.width)
-                    dst[...] = np.broadcast_to(values[v], dst.shape) if values[v].ndim else values[v]
+                self.kernel(instr, t, launch_rows(instr, B), (0, k.width))
             case Copy(src=src, dst=dst, width=width, step=step):
                 at = self.seq if step is None else step
                 self.view(dst, dst.offset(at, B), B, width)[...] = self.view(src, src.offset(at, B), B, width)
@@ -78,10 +85,71 @@ class NumpyExecutor:
                 for step in instr.steps(self.seq):
                     for inner in body:
                         self.execute(inner, step)
+            case Persistent(launch=p):
+                self.persistent(p)
             case Record() | Wait():
                 pass  # the order of `execution_order` already respects them
             case _:
                 raise TypeError(f"the numpy executor cannot run {instr!r}")
+
+    def kernel(self, instr: Kernel, t: int, rows: int, columns: tuple[int, int]) -> None:
+        """A kernel's columns [first, last) of `rows` rows at step t."""
+        k, B = instr.launch, self.batch
+        first, width = columns[0], columns[1] - columns[0]
+        if width == 0:  # a block of a persistent kernel that owns none of this width
+            return
+
+        def at(acc: Access) -> tuple[Access, int, int, int]:  # a scalar has no columns to pick from
+            return acc, element_offset(instr, acc, t, B) + (first if acc.kind != "scalar" else 0), rows, width
+
+        values = {v: self.view(*at(acc)) for v, acc in k.inputs}
+        with np.errstate(all="ignore"):  # a NaN or infinity is reported where the output is checked
+            for op in k.body:
+                args = [self.dtype.type(a.value) if isinstance(a, Const) else values[a] for a in op.args]
+                values[op.result] = op.op.numpy(*args).astype(self.dtype, copy=False)
+        for v, acc in k.outputs:
+            dst = self.view(*at(acc))
+            dst[...] = np.broadcast_to(values[v], dst.shape) if values[v].ndim else values[v]
+
+    def persistent(self, launch: PersistentLaunch) -> None:
+        """Every step of a persistent launch, block by block between barriers (see the module's doc)."""
+        spans: list[list[tuple[int, PersistentItem]]] = [[]]
+        for t in range(self.seq):
+            for item in launch.items:
+                if item.barrier:
+                    spans.append([])
+                spans[-1].append((t, item))
+        order = range(launch.blocks - 1, -1, -1) if self.reverse_blocks else range(launch.blocks)
+        for span in spans:
+            for block in order:
+                for t, item in span:
+                    self.block_item(item, launch.blocks, block, t)
+
+    def block_item(self, item: PersistentItem, blocks: int, block: int, t: int) -> None:
+        """One block's part of one launch of a persistent kernel at step t."""
+        B = self.batch
+        match item.launch:
+            case GemmLaunch() as g:
+                a = self.view(g.a, g.a.offset(t, B), B, g.k)
+                w = self.buf[g.w].reshape(g.k, g.n)
+                start = 0
+                for width in item.columns:
+                    first, last = (start + c for c in owned(width, blocks, block))
+                    start += width
+                    if first == last:
+                        continue
+                    c = self.view(g.c, g.c.offset(t, B) + first, B, last - first)
+                    c[...] = a @ w[:, first:last]
+                    if g.bias:
+                        c += self.buf[g.bias][first:last]
+            case KernelLaunch() as k:
+                instr = Kernel(k)
+                if item.whole:
+                    self.kernel(instr, t, k.rows, (0, k.width))
+                else:
+                    self.kernel(instr, t, B, owned(k.width, blocks, block))
+            case other:
+                raise TypeError(f"unknown launch {other!r}")
 
     def run(self, x: np.ndarray, initial: dict[str, np.ndarray]) -> Forward:
         plan, (T, B, H) = self.plan, (self.seq, self.batch, self.plan.sizes.hidden)

@@ -9,6 +9,7 @@ from compile_cuda import nvcc_cubin
 
 from cellfuse.codegen import SCHEDULES, generate_cuda, make_plan, plan_kernels
 from cellfuse.codegen.cuda_kernels import PRELUDE
+from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE
 from cellfuse.graph_model import Sizes, load_template, template_names
 
 pytestmark = [pytest.mark.nvcc,
@@ -20,7 +21,7 @@ SIZES = Sizes(seq=6, batch=3, input=24, hidden=40, layers=2)
 @pytest.mark.parametrize("name", template_names())
 def test_kernels_of_every_schedule_compile(name, tmp_path):
     cell = load_template(name)
-    parts = [PRELUDE]
+    parts = [PERSISTENT_PRELUDE, PRELUDE]
     for schedule in SCHEDULES:
         ks = plan_kernels(make_plan(cell, SIZES, schedule))
         for kname, body in ks.sources.items():

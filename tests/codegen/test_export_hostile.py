@@ -21,6 +21,7 @@ from random_cells import draw_cell
 
 from cellfuse.codegen import SCHEDULES, generate_cuda, make_plan, plan_kernels
 from cellfuse.codegen.cuda_kernels import INT_MAX, PRELUDE, c_stem, comment_text, float_literal
+from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE
 from cellfuse.graph_model import (
     Cell,
     CellBuilder,
@@ -52,7 +53,8 @@ HOSTILE_IDS = ("int", "float", "return", "e", "r", "j", "width", "rows", "one", 
 EXTREME_CONSTS = (-0.0, 0.0, -1.0, 1e-45, -1e-45, 5e-324, -1e-300, 1.17549435e-38, F32_MAX, -F32_MAX, 3.4e38,
                   1e-46, 123456789.0, 0.1)
 
-PREPROCESSOR_LINE = re.compile(r"#(include <\w+\.h>|define [A-Za-z]\w*[ (].*|ifdef CELLFUSE_DEMO_MAIN|endif)")
+PREPROCESSOR_LINE = re.compile(r"#(include <\w+\.h>|define [A-Za-z]\w*[ (].*|ifdef CELLFUSE_DEMO_MAIN|endif)"
+                               r"| *#pragma unroll( \d+)?")
 # What a C compiler removes before it reads tokens (GCC also joins a backslash followed by blanks).
 _SPLICE = re.compile(r"\\[ \t]*\n")
 _COMMENT_OR_LITERAL = re.compile(r"//[^\n]*|/\*.*?\*/|\"(?:\\.|[^\"\\\n])*\"|'(?:\\.|[^'\\\n])*'", re.S)
@@ -340,7 +342,7 @@ def test_random_hostile_cells_compile(tmp_path):
         drawn.append(example)
 
     collect()
-    parts = [PRELUDE]
+    parts = [PERSISTENT_PRELUDE, PRELUDE]
     for i, (cell, sizes, schedule) in enumerate(drawn):
         for name, body in plan_kernels(make_plan(cell, sizes, schedule)).sources.items():
             parts.append(body.replace(f" {name}(", f" {name}_e{i}("))

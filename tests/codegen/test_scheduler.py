@@ -148,7 +148,7 @@ def check_hoisting(plan: Plan) -> None:
             {i.name for i in plan.islands if i.hoisted}
         assert {x.island for x in lp.step if isinstance(x, KernelLaunch)} == \
             {i.name for i in plan.islands if not i.hoisted}
-    assert plan.cuda_graph == (plan.schedule == "graph")
+    assert plan.cuda_graph == (plan.schedule in ("graph", "persistent"))
 
 
 def check_folding(plan: Plan) -> None:

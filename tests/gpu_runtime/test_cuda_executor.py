@@ -170,3 +170,31 @@ def test_gpu_nan_in_the_output_is_an_error(gpu):
     params["l1.U_f"][0, 0] = np.nan
     with pytest.raises(CellError, match="NaN or infinity"):
         run_schedule(cell, params, inputs, None, "graph", "cuda")
+
+
+@pytest.mark.parametrize("name, batch, hidden, layers", [
+    ("lstm", 1, 512, 1), ("lstm", 8, 512, 1), ("lstm", 64, 512, 1), ("lstm", 80, 512, 3),
+    ("gru_cho", 1, 512, 1), ("gru_cho", 64, 512, 2), ("mgu", 8, 512, 1), ("indrnn", 64, 512, 3),
+    ("peephole_lstm", 64, 256, 1), ("lstm", 8, 1024, 1),
+])
+def test_persistent_at_full_sizes_matches_reference(gpu, name, batch, hidden, layers):
+    """Every block count, tiling and split of K the H100 sizes give: 128 blocks at hidden 512, a batch of
+    one (K split between threads) and of 80 (two row tiles, the second partial), 16 MiB of U on chip."""
+    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
+
+    cell = load_template(name)
+    seq, rng = 12, np.random.default_rng(1)
+    params = init_params(cell, layers, 512, hidden, 1)
+    x = rng.standard_normal((seq, batch, 512)).astype(np.float32)
+    initial = {s: (0.5 * rng.standard_normal((layers, batch, hidden))).astype(np.float32)
+               for s in cell.updates}
+    ref = run_reference(cell, params, {"x": x, **initial}, layers)
+    plan = make_plan(cell, Sizes(seq, batch, 512, hidden, layers), "persistent", device_target())
+    ex = CudaExecutor(plan, params)
+    out = ex.run(x, initial)
+    again = ex.run(x, initial)  # the captured graph replayed
+    ex.close()
+    assert rel(out.y, ref.y) < 1e-4
+    for s in ref.final:
+        assert rel(out.final[s], ref.final[s]) < 1e-4
+    np.testing.assert_array_equal(out.y, again.y)

@@ -1,0 +1,139 @@
+"""The persistent schedule: its barriers, its blocks' columns and shared memory, and a numpy run that
+executes it block by block, so that a barrier missing from a plan shows on a machine without a GPU."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from random_cells import random_cells
+
+from cellfuse.codegen import make_plan
+from cellfuse.codegen.lowering import SIDE
+from cellfuse.codegen.persistent import H100, Target, barriers
+from cellfuse.codegen.plan import GemmLaunch, Plan, owned
+from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
+from cellfuse.graph_model import (
+    CellBuilder,
+    Sizes,
+    init_params,
+    load_template,
+    run_reference,
+    tanh,
+    template_names,
+)
+
+BARRIERS_PER_STEP = {"lstm": 1, "peephole_lstm": 1, "cifg_lstm": 1, "gru": 1, "elman": 1, "indrnn": 0,
+                     "gru_cho": 2, "mgu": 2}
+# Few SMs, so that blocks own several columns each, and uneven shares at these widths.
+SMALL = Target(sm_count=2, smem_per_block=48 * 1024)
+
+
+def run(plan: Plan, cell, layers: int, initial: bool, reverse_blocks: bool, seed: int = 0):
+    s = plan.sizes
+    rng = np.random.default_rng(seed)
+    params = init_params(cell, layers, s.input, s.hidden, seed)
+    inputs = {"x": rng.uniform(-1, 1, (s.seq, s.batch, s.input)).astype(np.float32)}
+    init = {st: (rng.uniform(-1, 1, (layers, s.batch, s.hidden)) if initial
+                 else np.zeros((layers, s.batch, s.hidden))).astype(np.float32) for st in cell.updates}
+    got = NumpyExecutor(plan, params, np.float64, SIDE, reverse_blocks).run(inputs["x"], init)
+    ref = run_reference(cell, params, {**inputs, **init}, layers)
+    return max(float(np.abs(got.y - ref.y).max()),
+               *(float(np.abs(got.final[k] - ref.final[k]).max()) for k in ref.final))
+
+
+@pytest.mark.parametrize("name", template_names())
+def test_barriers_per_step_of_every_template(name):
+    plan = make_plan(load_template(name), Sizes(5, 3, 7, 6), "persistent")
+    launch = plan.layers[0].persistent
+    assert launch.barriers_per_step == BARRIERS_PER_STEP[name]
+    assert plan.launches_per_step == 0 and plan.chunk_steps == 0 and plan.cuda_graph
+    assert [item.launch for item in launch.items] == plan.layers[0].step
+    assert all(item.barrier == isinstance(item.launch, GemmLaunch) for item in launch.items)
+
+
+@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("target", [H100, SMALL], ids=["h100", "two-sms"])
+@pytest.mark.parametrize("layers", [1, 3])
+def test_every_template_matches_the_reference_block_by_block(name, target, layers):
+    cell = load_template(name)
+    plan = make_plan(cell, Sizes(5, 3, 7, 6, layers), "persistent", target)
+    for initial in (False, True):
+        for reverse in (False, True):
+            assert run(plan, cell, layers, initial, reverse) < 1e-9
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_cells())
+def test_random_cells_match_the_reference_block_by_block(cell):
+    for layers, target in ((1, SMALL), (3, H100)):
+        plan = make_plan(cell, Sizes(4, 2, 5, 3, layers), "persistent", target)
+        for reverse in (False, True):
+            assert run(plan, cell, layers, True, reverse) < 1e-6
+
+
+def without_barrier(plan: Plan, index: int) -> Plan:
+    lp = plan.layers[0]
+    items = list(lp.persistent.items)
+    items[index] = dataclasses.replace(items[index], barrier=False)
+    persistent = dataclasses.replace(lp.persistent, items=tuple(items))
+    return dataclasses.replace(plan, layers=[dataclasses.replace(lp, persistent=persistent)])
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru_cho", "mgu"])
+def test_a_missing_barrier_shows_in_the_numpy_run(name):
+    cell = load_template(name)
+    plan = make_plan(cell, Sizes(5, 3, 7, 6), "persistent", SMALL)
+    assert max(run(plan, cell, 1, True, r) for r in (False, True)) < 1e-9
+    for i, item in enumerate(plan.layers[0].persistent.items):
+        if item.barrier:
+            broken = without_barrier(plan, i)
+            errors = [run(broken, cell, 1, True, r) for r in (False, True)]
+            assert max(errors) > 1e-3 or any(np.isnan(errors)), f"barrier before item {i} not needed?"
+
+
+def test_an_operand_overwritten_before_the_first_barrier_gets_a_barrier():
+    """v = tanh(h) is written before the GEMM that reads it: next step's v must wait until every block
+    has read this step's, so a barrier goes before its kernel too."""
+    b = CellBuilder("early operand")
+    x, h = b.input("x"), b.state("h")
+    W, U = b.weight("W", "input", "hidden"), b.weight("U", "hidden", "hidden")
+    v = tanh(h).named("v")
+    h_new = tanh(x @ W + v @ U).named("h_new")
+    b.update(h, h_new)
+    b.output(h_new)
+    cell = b.build()
+    plan = make_plan(cell, Sizes(5, 3, 7, 6), "persistent", SMALL)
+    step = plan.layers[0].step
+    assert barriers(step) == [True, True, False]
+    broken = without_barrier(plan, 0)
+    assert max(run(broken, cell, 1, False, r) for r in (False, True)) > 1e-3
+
+
+def test_blocks_own_every_column_once():
+    for width in (1, 5, 7, 512, 1000):
+        for blocks in (1, 2, 3, 128, 132):
+            cols = [c for p in range(blocks) for c in range(*owned(width, blocks, p))]
+            assert cols == list(range(width))
+
+
+def test_weights_that_do_not_fit_are_read_from_l2_and_the_plan_says_so():
+    cell = load_template("lstm")
+    small = Target(sm_count=4, smem_per_block=12 * 1024)
+    plan = make_plan(cell, Sizes(3, 2, 64, 64), "persistent", small)
+    launch = plan.layers[0].persistent
+    (gemm,) = [item for item in launch.items if isinstance(item.launch, GemmLaunch)]
+    assert not gemm.on_chip and "do not fit" in launch.note and "gemm1 (16 KiB)" in launch.note
+    assert launch.smem_bytes <= small.smem_per_block
+    assert "read from L2" in plan.describe()
+    assert run(plan, cell, 1, True, False) < 1e-9
+
+
+def test_an_h1024_lstm_keeps_its_recurrent_weights_on_chip():
+    plan = make_plan(load_template("lstm"), Sizes(100, 8, 1024, 1024), "persistent")
+    launch = plan.layers[0].persistent
+    assert all(item.on_chip for item in launch.items if isinstance(item.launch, GemmLaunch))
+    assert launch.blocks * launch.smem_bytes >= 16 * 2**20  # all of U, 1024 x 4096 floats
+    assert launch.smem_bytes <= H100.smem_per_block and launch.blocks <= H100.sm_count
