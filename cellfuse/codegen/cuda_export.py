@@ -71,6 +71,8 @@ def emit(plan: Plan) -> CudaSource:
     fn = f"cellfuse_{stem}_forward"
     kernels = plan_kernels(plan)
     program = lower(plan, one_stream=True)
+    max_batch = min((lp.persistent.batch for lp in plan.layers if lp.persistent
+                     and any(item.output_on_chip for item in lp.persistent.items)), default=0)
     states = list(plan.state_ids)
     params = list(plan.params)
     param_index = {k: i for i, k in enumerate(params)}
@@ -150,13 +152,17 @@ def emit(plan: Plan) -> CudaSource:
     w("   init_states: per state [layers, batch, hidden], or NULL (all zero); y: [seq, batch, hidden];")
     w("   final_states: per state [layers, batch, hidden], or NULL; workspace: see *_workspace_bytes.")
     w("   Returns 0, or the first CUDA or cuBLAS error; cudaErrorInvalidValue, before any work, where seq")
-    w("   or batch is negative or (seq + 1) * batch is more than INT_MAX (launches count rows in an int). */")
+    w("   or batch is negative or (seq + 1) * batch is more than INT_MAX (launches count rows in an int)"
+      + (f",\n   or batch is more than {max_batch}. */" if max_batch else ". */"))
     w(f"int {fn}(cublasHandle_t handle, cudaStream_t stream, int seq, int batch, const float* x,")
     w("        const float* const* params, const float* const* init_states, float* y,")
     w("        float* const* final_states, void* workspace)")
     w("{")
     w("    if (seq < 0 || batch < 0 || ((long long)seq + 1) * batch > INT_MAX)")
     w("        return (int)cudaErrorInvalidValue;")
+    if max_batch:
+        w(f"    if (batch > {max_batch})  /* the persistent kernels hold GEMM outputs of this many rows on chip */")
+        w("        return (int)cudaErrorInvalidValue;")
     w("    const float one = 1.0f, zero = 0.0f;  /* alpha and beta of the GEMMs */")
     w("    (void)one; (void)zero;  /* a cell may have no GEMM, or only GEMMs with a bias */")
     w("    float* ws = (float*)workspace;")

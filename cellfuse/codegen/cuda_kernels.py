@@ -159,14 +159,16 @@ def _index(acc: Access) -> str:
     return f"(long long)r * {acc.ld} + j"
 
 
-def element_body(params: list[Param], names: list[str], body: tuple[Instr, ...], indent: str) -> list[str]:
+def element_body(params: list[Param], names: list[str], body: tuple[Instr, ...], indent: str,
+                 index: dict[int, str] | None = None) -> list[str]:
     """The loads, ops and stores of one element (row r, column j, element e of the launch) of a
-    kernel's body, with `names[i]` the pointer of `params[i]` at the step's rows."""
-    lines, var = [], {}
-    for p, n in zip(params, names, strict=True):
+    kernel's body, with `names[i]` the pointer of `params[i]` at the step's rows (or an array that
+    `index[i]` indexes)."""
+    lines, var, index = [], {}, index or {}
+    for i, (p, n) in enumerate(zip(params, names, strict=True)):
         if not p.output and p.value not in var:
             var[p.value] = f"v_{c_name(p.value)}"
-            lines.append(f"{indent}const float {var[p.value]} = {n}[{_index(p.access)}];")
+            lines.append(f"{indent}const float {var[p.value]} = {n}[{index.get(i, _index(p.access))}];")
     for op in body:
         args = [_const(a, op) if isinstance(a, Const) else var[a] for a in op.args]
         var[op.result] = f"v_{c_name(op.result)}"

@@ -11,12 +11,23 @@ cooperative-groups grid barrier goes where the plan says.
 from __future__ import annotations
 
 from .cuda_kernels import ROW_EXPR, Param, comment_text, element_body
-from .persistent import gemm_tiling, padded_k
+from .persistent import GemmTiling, gemm_tiling, k_stride
 from .plan import Access, GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
 
 PERSISTENT_PRELUDE = """\
 #include <cooperative_groups.h>
+
+// 16 bytes from global to shared memory without a register, cached in L2 only: other blocks wrote them.
+__device__ __forceinline__ void cf_copy16(float* shared, const float* global) {
+    const unsigned to = (unsigned)__cvta_generic_to_shared(shared);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" :: "r"(to), "l"(global) : "memory");
+}
+
+__device__ __forceinline__ void cf_copies_done() {
+    asm volatile("cp.async.wait_all;\\n" ::: "memory");
+}
 """
+
 
 
 def persistent_buffers(launch: PersistentLaunch) -> list[str]:
@@ -72,44 +83,63 @@ def persistent_source(launch: PersistentLaunch, name: str) -> str:
     out.append("    const int blk = blockIdx.x, tid = threadIdx.x;")
     out.append("    (void)grid; (void)blk;")
     gemms = [(i, item) for i, item in enumerate(launch.items) if isinstance(item.launch, GemmLaunch)]
-    staged = max((gemm_tiling(item.columns, blocks, launch.row_tile).padded_rows for _, item in gemms),
-                 default=0)
-    offset = 0
+    tilings = {i: gemm_tiling(item.columns, blocks, launch.row_tile, item.launch.k) for i, item in gemms}
+    staged = max((tilings[i].padded_rows * k_stride(item.launch.k) for i, item in gemms), default=0)
+    offset = staged
     if gemms:
-        out.append(f"    float* const cf_stage = cf_smem;  // [{launch.k_tile}][{staged}]: a GEMM's operand")
-        out.append(f"    float* const cf_partial = cf_smem + {staged * launch.k_tile};  // [{threads}]")
-        out.append("    (void)cf_partial;  // used where a small batch splits K between threads")
-        offset = staged * launch.k_tile + threads
+        out.append("    float* const cf_stage = cf_smem;  // [rows][k]: a row tile of a GEMM's operand")
     for i, item in gemms:
-        g, tiling = item.launch, gemm_tiling(item.columns, blocks, launch.row_tile)
+        g, tl = item.launch, tilings[i]
         out += _column_map(i, item, blocks)
         if not item.on_chip:
             continue
-        kp, ncp = padded_k(g.k, launch.k_tile), tiling.padded_cols
-        out.append(f"    float* const w{i} = cf_smem + {offset};  // [{kp}][{ncp}]: this block's columns of "
-                   f"{comment_text(g.w)}")
-        out.append(f"    for (int e = tid; e < {kp * ncp}; e += {threads}) {{")
-        out.append(f"        const int k = e / {ncp}, c = e - k * {ncp}, n = cols{i}(c, blk);")
+        kp, ncp = k_stride(g.k), tl.padded_cols
+        out.append(f"    float* const w{i} = cf_smem + {offset};  // [{ncp}][{kp}]: this block's columns of "
+                   f"{comment_text(g.w)}, transposed")
+        out.append(f"    for (int e = tid; e < {ncp * kp}; e += {threads}) {{")
+        out.append(f"        const int c = e / {kp}, k = e - c * {kp}, n = cols{i}(c, blk);")
         out.append(f"        w{i}[e] = (k < {g.k} && n >= 0) ? {var[g.w]}[(size_t)k * {g.n} + n] : 0.0f;")
         out.append("    }")
         offset += kp * ncp
+    for i, item in gemms:
+        if item.output_on_chip:
+            size = launch.batch * tilings[i].cols
+            out.append(f"    float* const cf_c{i} = cf_smem + {offset};  // [batch][{tilings[i].cols}]: "
+                       f"this block's columns of {comment_text(item.launch.group)}'s output")
+            offset += size
+    if staged:  # the columns past K of every staged row stay zero: the float4 sums run over them
+        out.append(f"    for (int e = tid; e < {staged}; e += {threads}) cf_stage[e] = 0.0f;")
     assert 4 * offset == launch.smem_bytes, "the kernel's shared memory differs from the plan's"
     out.append("    __syncthreads();")
+    on_chip = {item.launch.c.buffer: (i, item, tilings[i].cols) for i, item in gemms if item.output_on_chip}
     out.append("    for (int t = 0; t < seq; ++t) {")
+    n = len(launch.items)
     for i, item in enumerate(launch.items):
         out.append("        {" + f"  // {comment_text(_item_name(item))}")
         if item.barrier:
             out.append("            grid.sync();")
         match item.launch:
             case GemmLaunch():
-                out += _gemm(i, item, launch, var)
+                out += _gemm(i, item, launch, tilings[i], var)
             case KernelLaunch():
-                out += _elementwise(item, blocks, threads, var)
-        out.append("            __syncthreads();")
+                out += _elementwise(item, blocks, threads, var, on_chip)
+                if _needs_sync(item, launch.items[(i + 1) % n]):
+                    out.append("            __syncthreads();")
         out.append("        }")
     out.append("    }")
     out.append("}")
     return "\n".join(out) + "\n"
+
+
+def _needs_sync(item: PersistentItem, after: PersistentItem) -> bool:
+    """Whether the block's threads must wait for each other between an elementwise launch and the next:
+    not where both give each thread the same elements (it reads only what it wrote itself). A GEMM
+    starts with its own wait."""
+    if isinstance(after.launch, GemmLaunch):
+        return False
+    same = (after.whole == item.whole and after.launch.width == item.launch.width
+            and after.launch.rows == item.launch.rows)
+    return not same
 
 
 def _item_name(item: PersistentItem) -> str:
@@ -138,79 +168,108 @@ def _column_map(i: int, item: PersistentItem, blocks: int) -> list[str]:
     return lines
 
 
-def _gemm(i: int, item: PersistentItem, launch: PersistentLaunch, var: dict[str, str]) -> list[str]:
+def _gemm(i: int, item: PersistentItem, launch: PersistentLaunch, tl: GemmTiling,
+          var: dict[str, str]) -> list[str]:
     g: GemmLaunch = item.launch
-    tl = gemm_tiling(item.columns, launch.blocks, launch.row_tile)
-    rt, kt, rows = launch.row_tile, launch.k_tile, tl.padded_rows
-    tr, tc = tl.rows_per_thread, tl.cols_per_thread
-    no, threads = tl.row_threads * tl.col_threads, launch.threads
+    rt, kp, k4 = launch.row_tile, k_stride(g.k), -(-g.k // 4)
+    tr, tc, split = tl.rows_per_thread, tl.cols_per_thread, tl.k_split
+    per_pass = launch.threads // split  # output tiles the block computes at once
     ind = "            "
-    lines = [f"{ind}const float* const a = {_at_step(var[g.a.buffer], g.a)};",
-             f"{ind}float* const c = {_at_step(var[g.c.buffer], g.c)};",
-             f"{ind}const int oi = tid % {no}, ks = tid / {no};",
-             f"{ind}const int c0 = oi % {tl.col_threads}, r0 = (oi / {tl.col_threads}) * {tr};",
-             f"{ind}int n[{tc}];",
-             f"{ind}#pragma unroll",
-             f"{ind}for (int j = 0; j < {tc}; ++j) n[j] = cols{i}(c0 + j * {tl.col_threads}, blk);",
-             f"{ind}for (int rb = 0; rb < batch; rb += {rt}) {{",
-             f"{ind}    float acc[{tr}][{tc}] = {{}};",
-             f"{ind}    for (int k0 = 0; k0 < {g.k}; k0 += {kt}) {{",
-             f"{ind}        __syncthreads();",
-             f"{ind}        for (int e = tid; e < {rows * kt}; e += {threads}) {{",
-             f"{ind}            const int r = e / {kt}, kk = e - r * {kt};",
-             f"{ind}            cf_stage[kk * {rows} + r] = (r < {rt} && rb + r < batch && k0 + kk < {g.k})",
-             f"{ind}                ? __ldcg(a + (size_t)(rb + r) * {g.a.ld} + k0 + kk) : 0.0f;",
-             f"{ind}        }}",
-             f"{ind}        __syncthreads();",
-             f"{ind}        if (ks < {tl.k_split}) {{",
-             f"{ind}            #pragma unroll 4",
-             f"{ind}            for (int kk = ks; kk < {kt}; kk += {tl.k_split}) {{",
-             f"{ind}                float av[{tr}], wv[{tc}];",
-             f"{ind}                #pragma unroll",
-             f"{ind}                for (int q = 0; q < {tr}; ++q) av[q] = cf_stage[kk * {rows} + r0 + q];",
-             f"{ind}                #pragma unroll"]
-    if item.on_chip:
-        ncp = tl.padded_cols
-        lines.append(f"{ind}                for (int j = 0; j < {tc}; ++j) "
-                     f"wv[j] = w{i}[(k0 + kk) * {ncp} + c0 + j * {tl.col_threads}];")
-    else:
-        lines.append(f"{ind}                for (int j = 0; j < {tc}; ++j)")
-        lines.append(f"{ind}                    wv[j] = (n[j] >= 0 && k0 + kk < {g.k})")
-        lines.append(f"{ind}                        ? __ldg({var[g.w]} + (size_t)(k0 + kk) * {g.n} + n[j])")
-        lines.append(f"{ind}                        : 0.0f;")
-    lines += [f"{ind}                #pragma unroll",
-              f"{ind}                for (int q = 0; q < {tr}; ++q)",
-              f"{ind}                    #pragma unroll",
-              f"{ind}                    for (int j = 0; j < {tc}; ++j) acc[q][j] += av[q] * wv[j];",
-              f"{ind}            }}",
-              f"{ind}        }}",
-              f"{ind}    }}"]
-    if tl.k_split > 1:  # then each thread holds one output: add the k_split partial sums
-        lines += [f"{ind}    __syncthreads();",
-                  f"{ind}    cf_partial[tid] = acc[0][0];",
-                  f"{ind}    __syncthreads();",
-                  f"{ind}    if (ks == 0)",
-                  f"{ind}        for (int q = 1; q < {tl.k_split}; ++q)",
-                  f"{ind}            acc[0][0] += cf_partial[q * {no} + oi];"]
-    bias = f" + {var[g.bias]}[n[j]]" if g.bias else ""
-    lines += [f"{ind}    if (ks == 0)",
-              f"{ind}        #pragma unroll",
-              f"{ind}        for (int q = 0; q < {tr}; ++q)",
+    vector = g.k % 4 == 0 and g.a.ld % 4 == 0 and g.a.col % 4 == 0
+    lines = [f"{ind}const float* const a = {_at_step(var[g.a.buffer], g.a)};"]
+    if not item.output_on_chip:
+        lines.append(f"{ind}float* const c = {_at_step(var[g.c.buffer], g.c)};")
+    lines += [f"{ind}for (int rb = 0; rb < batch; rb += {rt}) {{",
+             f"{ind}    __syncthreads();  // the stage is free again"]
+    # Stage rows rb.. of A, every k, from L2 (__ldcg: other blocks wrote them, and L1 is not coherent).
+    if vector:  # asynchronous copies, all in flight at once, through L2 only (cp.async.cg)
+        lines += [f"{ind}    if ((((size_t)a) & 15) == 0) {{",
+                  f"{ind}        for (int e = tid; e < {rt * k4}; e += {launch.threads}) {{",
+                  f"{ind}            const int r = e / {k4}, q = e - r * {k4};",
+                  f"{ind}            float* const s = cf_stage + r * {kp} + 4 * q;",
+                  f"{ind}            if (rb + r < batch) cf_copy16(s, a + (size_t)(rb + r) * {g.a.ld} + 4 * q);",
+                  f"{ind}            else *(float4*)s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);",
+                  f"{ind}        }}",
+                  f"{ind}        cf_copies_done();",
+                  f"{ind}    }} else"]
+    lines += [f"{ind}    for (int e = tid; e < {rt * g.k}; e += {launch.threads}) {{",
+              f"{ind}        const int r = e / {g.k}, k = e - r * {g.k};",
+              f"{ind}        cf_stage[r * {kp} + k] = rb + r < batch ? __ldcg(a + (size_t)(rb + r) * {g.a.ld} + k)"
+              " : 0.0f;",
+              f"{ind}    }}",
+              f"{ind}    __syncthreads();",
+              f"{ind}    const int ks = tid % {split};",
+              f"{ind}    for (int o = tid / {split}; o < {tl.output_threads}; o += {per_pass}) {{",
+              f"{ind}        const int c0 = (o % {tl.col_threads}) * {tc}, r0 = (o / {tl.col_threads}) * {tr};",
+              f"{ind}        float acc[{tr}][{tc}] = {{}};",
+              f"{ind}        for (int q = ks; q < {k4}; q += {split}) {{",
+              f"{ind}            float4 av[{tr}], wv[{tc}];",
               f"{ind}            #pragma unroll",
-              f"{ind}            for (int j = 0; j < {tc}; ++j)",
-              f"{ind}                if (r0 + q < {rt} && rb + r0 + q < batch && n[j] >= 0)",
-              f"{ind}                    c[(size_t)(rb + r0 + q) * {g.c.ld} + n[j]] = acc[q][j]{bias};",
-              f"{ind}}}"]
+              f"{ind}            for (int y = 0; y < {tr}; ++y) av[y] = *(const float4*)(cf_stage + (r0 + y) * {kp} + 4 * q);",
+              f"{ind}            #pragma unroll"]
+    if item.on_chip:
+        lines.append(f"{ind}            for (int x = 0; x < {tc}; ++x) wv[x] = *(const float4*)(w{i} + (c0 + x) * {kp} + 4 * q);")
+    else:  # read from L2, where it never changes
+        lines += [f"{ind}            for (int x = 0; x < {tc}; ++x) {{",
+                  f"{ind}                const int n = cols{i}(c0 + x, blk), k = 4 * q;",
+                  f"{ind}                const float* w = {var[g.w]} + n;",
+                  f"{ind}                wv[x] = n < 0 ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : make_float4(",
+                  f"{ind}                    __ldg(w + (size_t)k * {g.n}), k + 1 < {g.k} ? __ldg(w + (size_t)(k + 1) * {g.n}) : 0.0f,",
+                  f"{ind}                    k + 2 < {g.k} ? __ldg(w + (size_t)(k + 2) * {g.n}) : 0.0f,",
+                  f"{ind}                    k + 3 < {g.k} ? __ldg(w + (size_t)(k + 3) * {g.n}) : 0.0f);",
+                  f"{ind}            }}"]
+    lines += [f"{ind}            #pragma unroll",
+              f"{ind}            for (int y = 0; y < {tr}; ++y)",
+              f"{ind}                #pragma unroll",
+              f"{ind}                for (int x = 0; x < {tc}; ++x)",
+              f"{ind}                    acc[y][x] += av[y].x * wv[x].x + av[y].y * wv[x].y + av[y].z * wv[x].z"
+              " + av[y].w * wv[x].w;",
+              f"{ind}        }}"]
+    if split > 1:  # the lanes of one tile are neighbours in a warp: add their partial sums
+        mask = "0xffffffffu" if split == 32 else f"(0x{(1 << split) - 1:x}u << (tid & 31 & ~{split - 1}))"
+        lines += [f"{ind}        #pragma unroll",
+                  f"{ind}        for (int d = {split // 2}; d > 0; d /= 2)",
+                  f"{ind}            #pragma unroll",
+                  f"{ind}            for (int y = 0; y < {tr}; ++y)",
+                  f"{ind}                #pragma unroll",
+                  f"{ind}                for (int x = 0; x < {tc}; ++x)",
+                  f"{ind}                    acc[y][x] += __shfl_xor_sync({mask}, acc[y][x], d);"]
+    bias = f" + {var[g.bias]}[n]" if g.bias else ""
+    store = (f"cf_c{i}[(rb + r0 + y) * {tl.cols} + c0 + x]" if item.output_on_chip
+             else f"c[(size_t)(rb + r0 + y) * {g.c.ld} + n]")
+    lines += [f"{ind}        if (ks == 0)",
+              f"{ind}            #pragma unroll",
+              f"{ind}            for (int x = 0; x < {tc}; ++x) {{",
+              f"{ind}                const int n = cols{i}(c0 + x, blk);",
+              f"{ind}                #pragma unroll",
+              f"{ind}                for (int y = 0; y < {tr}; ++y)",
+              f"{ind}                    if (n >= 0 && r0 + y < {rt} && rb + r0 + y < batch)",
+              f"{ind}                        {store} = acc[y][x]{bias};",
+              f"{ind}            }}",
+              f"{ind}    }}",
+              f"{ind}}}",
+              f"{ind}__syncthreads();  // C is read next by other threads of the block"]
     return lines
 
 
-def _elementwise(item: PersistentItem, blocks: int, threads: int, var: dict[str, str]) -> list[str]:
+def _elementwise(item: PersistentItem, blocks: int, threads: int, var: dict[str, str],
+                 on_chip: dict[str, tuple[int, PersistentItem, int]]) -> list[str]:
+    """An elementwise launch on the block's columns; a GEMM output kept on chip is read from there."""
     k: KernelLaunch = item.launch
     params = [Param(v, acc, False) for v, acc in k.inputs] + [Param(v, acc, True) for v, acc in k.outputs]
     names = [f"p{i}" for i in range(len(params))]
     ind = "            "
-    lines = [f"{ind}{'float*' if p.output else 'const float*'} const {n} = "
-             f"{_at_step(var[p.access.buffer], p.access)};" for p, n in zip(params, names, strict=True)]
+    lines, index = [], {}
+    for i, (p, n) in enumerate(zip(params, names, strict=True)):
+        if p.access.buffer in on_chip and not p.output:
+            g, gemm, cols = on_chip[p.access.buffer]
+            block = [sum(gemm.columns[:b]) for b in range(len(gemm.columns))].index(p.access.col)
+            start, unit = sum(-(-w // blocks) for w in gemm.columns[:block]), -(-gemm.columns[block] // blocks)
+            names[i] = f"cf_c{g}"
+            index[i] = f"r * {cols} + {start} + j - blk * {unit}"
+        else:
+            lines.append(f"{ind}{'float*' if p.output else 'const float*'} const {n} = "
+                         f"{_at_step(var[p.access.buffer], p.access)};")
     if item.whole:  # the same [N] and scalar values every step, computed by every block
         lines += [f"{ind}for (int e = tid; e < {k.rows * k.width}; e += {threads}) {{",
                   f"{ind}    const int r = e / {k.width}, j = e - r * {k.width};"]
@@ -220,7 +279,7 @@ def _elementwise(item: PersistentItem, blocks: int, threads: int, var: dict[str,
                   f"{ind}    const int r = e / {unit}, j = blk * {unit} + e - r * {unit};",
                   f"{ind}    if (j >= {k.width}) continue;"]
     lines.append(f"{ind}    (void)r;")
-    lines += element_body(params, names, k.body, ind + "    ")
+    lines += element_body(params, names, k.body, ind + "    ", index)
     lines.append(f"{ind}}}")
     return lines
 

@@ -13,13 +13,13 @@ recurrent GEMM none.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from .plan import GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
 
 THREADS = 256  # per block of a persistent kernel
 ROW_TILE = 64  # rows of a GEMM's left operand staged in shared memory at a time, at most
-K_TILE = 32  # and columns
 
 
 @dataclass(frozen=True)
@@ -39,39 +39,82 @@ H100 = Target(132, 227 * 1024)  # also the H200's numbers; the CUDA runtime asks
 
 @dataclass(frozen=True)
 class GemmTiling:
-    """How the threads of a block share its part of a GEMM, C[rows, cols] = A[rows, K] @ W[K, cols]:
-    `col_threads` x `row_threads` threads each hold a register tile of `rows_per_thread` rows (one
-    after another) by `cols_per_thread` columns (`col_threads` apart); with few outputs (a small
-    batch) `k_split` threads share each output's sum over K and add their partial sums at the end."""
+    """How the threads of a block share its part of a GEMM, C[rows, cols] = A[rows, K] @ W[K, cols], with
+    A (a tile of rows) and W both in shared memory, K contiguous: each output thread holds a register
+    tile of `rows_per_thread` consecutive rows by `cols_per_thread` consecutive columns, and `k_split`
+    neighbouring lanes share each tile's sum over K, four k at a time (float4 loads), adding their
+    partial sums with warp shuffles at the end."""
 
     cols: int  # the block's columns of the GEMM, over all its stacked weights
-    col_threads: int
-    row_threads: int
     rows_per_thread: int
     cols_per_thread: int
-    k_split: int
+    k_split: int  # a power of two, at most a warp
+    col_threads: int
+    row_threads: int
 
     @property
-    def padded_cols(self) -> int:  # the width of the on-chip weights, a multiple of col_threads
+    def padded_cols(self) -> int:  # the rows of the on-chip (transposed) weights
         return self.col_threads * self.cols_per_thread
 
     @property
     def padded_rows(self) -> int:  # the rows of the staged operand
         return self.row_threads * self.rows_per_thread
 
+    @property
+    def output_threads(self) -> int:
+        return self.col_threads * self.row_threads
 
-def gemm_tiling(columns: tuple[int, ...], blocks: int, row_tile: int) -> GemmTiling:
+
+def k_stride(k: int) -> int:
+    """Floats per row of a K-contiguous array in shared memory: K in whole float4s, and one float4 more,
+    so that lanes reading the same k of neighbouring rows fall in different banks."""
+    return 4 * (-(-k // 4)) + 4
+
+
+def gemm_tiling(columns: tuple[int, ...], blocks: int, row_tile: int, k: int) -> GemmTiling:
+    """The cheapest tiling by a simple count: the float4 loads and FMAs of the busiest thread, and its
+    shuffles."""
     cols = sum(-(-w // blocks) for w in columns)
-    col_threads = min(cols, THREADS)
-    row_threads = max(1, min(row_tile, THREADS // col_threads))
-    k_split = max(1, THREADS // (row_threads * col_threads))
-    return GemmTiling(cols, col_threads, row_threads, -(-row_tile // row_threads), -(-cols // col_threads),
-                      k_split)
+    k4 = -(-k // 4)
+    best = None
+    for tr in (1, 2, 4, 8):
+        for tc in (1, 2, 4):
+            if tr > 1 and tr > row_tile or tc > 1 and tc > cols:
+                continue
+            ct, rt = -(-cols // tc), -(-row_tile // tr)
+            outputs = ct * rt
+            split = 1
+            while split < 32 and outputs * split * 2 <= THREADS:
+                split *= 2
+            tiles = -(-outputs // (THREADS // split))  # output tiles per thread
+            iters = tiles * -(-k4 // split)
+            cost = iters * (4 * tr * tc + 8 * (tr + tc)) + tiles * tr * tc * 2 * split.bit_length()
+            key = (cost, tr * tc)
+            if best is None or key < best[0]:
+                best = (key, GemmTiling(cols, tr, tc, split, ct, rt))
+    return best[1]
 
 
-def padded_k(k: int, k_tile: int) -> int:
-    """The rows of the on-chip weights: K rounded up to whole k tiles (the padding holds zeros)."""
-    return -(-k // k_tile) * k_tile
+@dataclass(frozen=True)
+class _Placed:
+    """A GEMM of the step and what of it stays in shared memory."""
+
+    launch: GemmLaunch
+    columns: tuple[int, ...]
+    weights: bool  # its block's columns of W
+    output: bool  # its block's columns of C, for every row of the batch
+
+
+def _smem_floats(gemms: list[_Placed], blocks: int, row_tile: int, batch: int) -> int:
+    """Shared memory of a persistent kernel, in floats: the staged rows of the largest GEMM operand, and
+    what of each GEMM stays on chip."""
+    staged = max((gemm_tiling(p.columns, blocks, row_tile, p.launch.k).padded_rows * k_stride(p.launch.k)
+                  for p in gemms), default=0)
+    total = staged
+    for p in gemms:
+        tiling = gemm_tiling(p.columns, blocks, row_tile, p.launch.k)
+        total += p.weights * tiling.padded_cols * k_stride(p.launch.k) + p.output * batch * tiling.cols
+    return total
 
 
 def _writes(launch: GemmLaunch | KernelLaunch) -> set[str]:
@@ -112,24 +155,33 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     per stacked weight, a kernel's one); blocks split the hidden units among the SMs."""
     unit = -(-hidden // target.sm_count)
     blocks = -(-hidden // unit)
-    row_tile = min(batch, ROW_TILE)
-    gemms = [(launch, cols) for launch, cols in zip(step, columns, strict=True)
+    limit = target.smem_per_block // 4
+    gemms = [_Placed(launch, cols, False, False) for launch, cols in zip(step, columns, strict=True)
              if isinstance(launch, GemmLaunch)]
-    k_tile = min(K_TILE, max((launch.k for launch, _ in gemms), default=1))
-    staged = max((gemm_tiling(cols, blocks, row_tile).padded_rows for _, cols in gemms), default=0)
-    fixed = 4 * (staged * k_tile + THREADS) if gemms else 0  # the staged operand and the partial sums
-    free = target.smem_per_block - fixed
+    operands = {p.launch.a.buffer for p in gemms}
+    # What stays on chip, in order of what it saves while it fits beside one staged row of the operand:
+    # the weights (read every step otherwise), then the GEMM outputs that only this block reads (its
+    # elementwise work reads them next); then as many rows of the operand per tile as fit beside them.
+    for field in ("weights", "output"):
+        for i, p in enumerate(gemms):
+            if field == "output" and p.launch.c.buffer in operands:
+                continue  # another GEMM reads it: all blocks must see it, in global memory
+            trial = [*gemms[:i], dataclasses.replace(p, **{field: True}), *gemms[i + 1:]]
+            if _smem_floats(trial, blocks, 1, batch) <= limit:
+                gemms = trial
+    row_tile = max(1, min(batch, ROW_TILE))
+    while row_tile > 1 and _smem_floats(gemms, blocks, row_tile, batch) > limit:
+        row_tile = -(-row_tile // 2)
     items, off_chip = [], []
+    placed = iter(gemms)
     for launch, cols, barrier in zip(step, columns, barriers(step), strict=True):
         match launch:
             case GemmLaunch():
-                need = 4 * padded_k(launch.k, k_tile) * gemm_tiling(cols, blocks, row_tile).padded_cols
-                on_chip = need <= free
-                if on_chip:
-                    free -= need
-                else:
+                p = next(placed)
+                if not p.weights:
+                    need = 4 * gemm_tiling(cols, blocks, row_tile, launch.k).padded_cols * k_stride(launch.k)
                     off_chip.append((launch.group, need))
-                items.append(PersistentItem(launch, barrier, cols, on_chip=on_chip))
+                items.append(PersistentItem(launch, barrier, cols, on_chip=p.weights, output_on_chip=p.output))
             case KernelLaunch():
                 items.append(PersistentItem(launch, barrier, cols, whole=launch.row_kind == "one"))
             case _:
@@ -137,8 +189,8 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     note = ""
     if off_chip:
         what = ", ".join(f"{name} ({need / 1024:.0f} KiB)" for name, need in off_chip)
-        limit = target.smem_per_block // 1024
-        note = (f"the weights of {what} do not fit beside the others in the {limit} KiB of shared memory "
-                "a block may have, so they are read from L2 every step")
-    smem = target.smem_per_block - free
-    return PersistentLaunch(layer, tuple(items), blocks, THREADS, row_tile, k_tile, smem, note)
+        kib = target.smem_per_block // 1024
+        note = (f"the weights of {what} do not fit beside the others in the {kib} KiB of shared memory a "
+                "block may have, so they are read from L2 every step")
+    smem = 4 * _smem_floats(gemms, blocks, row_tile, batch)
+    return PersistentLaunch(layer, tuple(items), blocks, THREADS, batch, row_tile, smem, note)

@@ -183,6 +183,10 @@ class PersistentItem:
     whole: bool = False
     # a GEMM whose block of weight columns stays in shared memory for all steps (else read from L2)
     on_chip: bool = False
+    # a GEMM whose block of output columns, every row of the batch, stays in shared memory for the
+    # elementwise work that reads it (else it goes through global memory); the kernel then holds at
+    # most the plan's batch
+    output_on_chip: bool = False
 
 
 def owned(width: int, blocks: int, block: int) -> tuple[int, int]:
@@ -200,9 +204,9 @@ class PersistentLaunch:
     items: tuple[PersistentItem, ...]
     blocks: int
     threads: int
-    row_tile: int  # rows of a GEMM's left operand staged in shared memory at a time
-    k_tile: int  # and columns
-    smem_bytes: int  # shared memory per block: on-chip weights, the staged operand, partial sums
+    batch: int  # the plan's; the most a kernel with a GEMM output on chip holds
+    row_tile: int  # rows of a GEMM's left operand staged in shared memory at a time, all of K
+    smem_bytes: int  # shared memory per block: on-chip weights and the staged operand
     note: str = ""  # why weights stay off chip, when some do
 
     @property

@@ -125,7 +125,7 @@ def test_weights_that_do_not_fit_are_read_from_l2_and_the_plan_says_so():
     plan = make_plan(cell, Sizes(3, 2, 64, 64), "persistent", small)
     launch = plan.layers[0].persistent
     (gemm,) = [item for item in launch.items if isinstance(item.launch, GemmLaunch)]
-    assert not gemm.on_chip and "do not fit" in launch.note and "gemm1 (16 KiB)" in launch.note
+    assert not gemm.on_chip and "do not fit" in launch.note and "gemm1 (17 KiB)" in launch.note
     assert launch.smem_bytes <= small.smem_per_block
     assert "read from L2" in plan.describe()
     assert run(plan, cell, 1, True, False) < 1e-9

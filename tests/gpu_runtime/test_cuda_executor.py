@@ -100,14 +100,15 @@ def test_out_of_memory_is_reported_with_the_size_needed(gpu):
         CudaExecutor(plan, params)
 
 
+@pytest.mark.parametrize("schedule", ["hoisted", "persistent"])
 @pytest.mark.parametrize("name", template_names())
-def test_exported_program_matches_reference(gpu, name, tmp_path):
+def test_exported_program_matches_reference(gpu, name, schedule, tmp_path):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed")
     cell = load_template(name)
     params, inputs = data(cell, 1)
     inputs = {"x": inputs["x"]}  # the demo program starts from zero states
-    src = generate_cuda(cell, Sizes(SEQ, BATCH, INPUT, HIDDEN, LAYERS), "hoisted")
+    src = generate_cuda(cell, Sizes(SEQ, BATCH, INPUT, HIDDEN, LAYERS), schedule)
     cu = tmp_path / f"{name}.cu"
     cu.write_text(src.text)
     exe = tmp_path / name
