@@ -71,8 +71,7 @@ def emit(plan: Plan) -> CudaSource:
     fn = f"cellfuse_{stem}_forward"
     kernels = plan_kernels(plan)
     program = lower(plan, one_stream=True)
-    max_batch = min((lp.persistent.batch for lp in plan.layers if lp.persistent
-                     and any(item.output_on_chip for item in lp.persistent.items)), default=0)
+    max_batch = min((lp.persistent.batch for lp in plan.layers if lp.persistent), default=0)
     states = list(plan.state_ids)
     params = list(plan.params)
     param_index = {k: i for i, k in enumerate(params)}
@@ -161,7 +160,7 @@ def emit(plan: Plan) -> CudaSource:
     w("    if (seq < 0 || batch < 0 || ((long long)seq + 1) * batch > INT_MAX)")
     w("        return (int)cudaErrorInvalidValue;")
     if max_batch:
-        w(f"    if (batch > {max_batch})  /* the persistent kernels hold GEMM outputs of this many rows on chip */")
+        w(f"    if (batch > {max_batch})  /* the persistent kernels are made for at most this batch */")
         w("        return (int)cudaErrorInvalidValue;")
     w("    const float one = 1.0f, zero = 0.0f;  /* alpha and beta of the GEMMs */")
     w("    (void)one; (void)zero;  /* a cell may have no GEMM, or only GEMMs with a bias */")

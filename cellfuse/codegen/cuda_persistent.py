@@ -1,17 +1,21 @@
 """CUDA C for a persistent launch: one cooperative kernel that runs every step of a layer.
 
-Before its loop each block copies its columns of the recurrent weights into shared memory (padded with
-zeros to whole tiles). Per step it runs the step's launches in order, each on its own columns: a GEMM
-stages its left operand through shared memory in tiles of rows by k (read with `__ldcg`, from L2, since
-other blocks wrote it and L1 is not coherent between SMs), every thread keeping a register tile of
-outputs; an elementwise launch runs the same body as the fused kernel of the hoisted rung. A
-cooperative-groups grid barrier goes where the plan says.
+Block `blk` is column block `cb` of row group `rg` (see `PersistentItem`). Before its loop it copies its
+columns of the recurrent weights into shared memory, transposed so that K is contiguous, padded with
+zeros. Per step it first loads what the step's elementwise work reads and nothing in the step writes
+(the hoisted GEMMs' rows of this step, biases, its own states), so that those loads fly while it waits
+at the barrier; then it runs the step's launches in order. A GEMM stages its rows of the left operand,
+all of K, with asynchronous copies through L2 (other blocks wrote them, and L1 is not coherent between
+SMs), and keeps its output in shared memory where only its own elementwise work reads it; an
+elementwise launch runs the body of the hoisted rung's fused kernel on the block's own elements. A
+cooperative-groups grid barrier goes where the plan says (cheaper on an H100 than a barrier of
+acquire/release atomics: see benchmarks/barrier_probe.cu).
 """
 
 from __future__ import annotations
 
 from .cuda_kernels import ROW_EXPR, Param, comment_text, element_body
-from .persistent import GemmTiling, gemm_tiling, k_stride
+from .persistent import GemmTiling, gemm_tiling, k_stride, output_floats
 from .plan import Access, GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
 
 PERSISTENT_PRELUDE = """\
@@ -28,6 +32,8 @@ __device__ __forceinline__ void cf_copies_done() {
 }
 """
 
+PREFETCH_ELEMENTS = 4  # per thread, at most, for an elementwise launch's loads to start the step early
+IND = "            "  # the body of one launch in the step loop
 
 
 def persistent_buffers(launch: PersistentLaunch) -> list[str]:
@@ -44,15 +50,14 @@ def persistent_buffers(launch: PersistentLaunch) -> list[str]:
     return list(names)
 
 
-def _written(launch: PersistentLaunch) -> set[str]:
-    out = set()
-    for item in launch.items:
-        match item.launch:
-            case GemmLaunch() as g:
-                out.add(g.c.buffer)
-            case KernelLaunch() as k:
-                out |= {acc.buffer for _, acc in k.outputs}
-    return out
+def _writes(item: PersistentItem) -> set[str]:
+    match item.launch:
+        case GemmLaunch() as g:
+            return {g.c.buffer}
+        case KernelLaunch() as k:
+            return {acc.buffer for _, acc in k.outputs}
+        case other:
+            raise TypeError(f"unknown launch {other!r}")
 
 
 def _at_step(var: str, acc: Access) -> str:
@@ -64,71 +69,289 @@ def _at_step(var: str, acc: Access) -> str:
     return " + ".join(parts)
 
 
+class _Kernel:
+    """The text of one persistent kernel, written line by line."""
+
+    def __init__(self, launch: PersistentLaunch, name: str):
+        self.launch, self.name = launch, name
+        self.buffers = persistent_buffers(launch)
+        self.var = {b: f"b{i}" for i, b in enumerate(self.buffers)}
+        self.written = set().union(*(_writes(item) for item in launch.items))
+        self.gemms = [(i, item) for i, item in enumerate(launch.items) if isinstance(item.launch, GemmLaunch)]
+        self.tilings = {i: gemm_tiling(item.columns, launch.column_blocks, launch.row_tile, item.launch.k)
+                        for i, item in self.gemms}
+        # GEMM outputs in shared memory: buffer -> (the GEMM's index, its item, its block's columns)
+        self.on_chip = {item.launch.c.buffer: (i, item, self.tilings[i].cols)
+                        for i, item in self.gemms if item.output_on_chip}
+        self.group_rows = -(-launch.batch // launch.row_groups)  # the most rows a block owns
+        self.lines: list[str] = []
+
+    def w(self, *lines: str) -> None:
+        self.lines += lines
+
+    def source(self) -> str:
+        launch, threads = self.launch, self.launch.threads
+        self.w(f"// every step of layer {launch.layer} in one cooperative launch of {launch.blocks} blocks "
+               f"of {threads} threads",
+               f"// ({launch.column_blocks} column blocks x {launch.row_groups} row groups), "
+               f"{launch.barriers_per_step} grid-wide barrier(s) per step, {launch.smem_bytes} bytes of "
+               "shared memory per block,",
+               f"// a batch of at most {launch.batch}; arguments:")
+        self.w(*(f"//   {self.var[b]}: {comment_text(b)}" for b in self.buffers))
+        sig = [f"    {'float*' if b in self.written else 'const float* __restrict__'} {self.var[b]}"
+               for b in self.buffers]
+        self.w(f'extern "C" __global__ void __launch_bounds__({threads}, 1) {self.name}(',
+               ",\n".join(["    int seq", "    int batch", *sig]) + ")",
+               "{",
+               "    extern __shared__ float cf_smem[];",
+               "    cooperative_groups::grid_group grid = cooperative_groups::this_grid();",
+               f"    const int tid = threadIdx.x, cb = blockIdx.x % {launch.column_blocks}, "
+               f"rg = blockIdx.x / {launch.column_blocks};",
+               f"    const int rows_per_group = (batch + {launch.row_groups - 1}) / {launch.row_groups};",
+               "    const int row0 = min(batch, rg * rows_per_group), "
+               "rows = min(batch, row0 + rows_per_group) - row0;",
+               "    (void)grid; (void)cb; (void)rows;")
+        self._shared_memory()
+        self.w("    for (int t = 0; t < seq; ++t) {")
+        prefetched = self._prefetch()
+        n = len(launch.items)
+        for i, item in enumerate(launch.items):
+            self.w("        {" + f"  // {comment_text(_item_name(item))}")
+            if item.barrier:
+                self.w(f"{IND}grid.sync();")
+            match item.launch:
+                case GemmLaunch():
+                    self._gemm(i, item)
+                case KernelLaunch():
+                    self._elementwise(i, item, prefetched.get(i, {}))
+                    if _needs_sync(item, launch.items[(i + 1) % n]):
+                        self.w(f"{IND}__syncthreads();")
+            self.w("        }")
+        self.w("    }", "}")
+        return "\n".join(self.lines) + "\n"
+
+    def _shared_memory(self) -> None:
+        """Where each part of shared memory starts; the on-chip weights loaded, padding zeroed."""
+        launch, threads = self.launch, self.launch.threads
+        staged = max((self.tilings[i].padded_rows * k_stride(item.launch.k) for i, item in self.gemms),
+                     default=0)
+        offset = staged
+        if self.gemms:
+            self.w("    float* const cf_stage = cf_smem;  // [rows][k]: a row tile of a GEMM's operand")
+        for i, item in self.gemms:
+            g, tl = item.launch, self.tilings[i]
+            self._column_map(i, item)
+            if item.on_chip:
+                kp, ncp = k_stride(g.k), tl.padded_cols
+                self.w(f"    float* const w{i} = cf_smem + {offset};  // [{ncp}][{kp}]: this block's "
+                       f"columns of {comment_text(g.w)}, transposed",
+                       f"    for (int e = tid; e < {ncp * kp}; e += {threads}) {{",
+                       f"        const int c = e / {kp}, k = e - c * {kp}, n = cols{i}(c);",
+                       f"        w{i}[e] = (k < {g.k} && n >= 0) ? {self.var[g.w]}[(size_t)k * {g.n} + n]"
+                       " : 0.0f;",
+                       "    }")
+                offset += kp * ncp
+            if item.output_on_chip:
+                self.w(f"    float* const cf_c{i} = cf_smem + {offset};  // [rows][{tl.cols}]: this block's "
+                       f"part of {comment_text(g.group)}'s output")
+                offset += output_floats(self.group_rows, tl)
+        if staged:  # the columns past K of every staged row stay zero: the float4 sums run over them
+            self.w(f"    for (int e = tid; e < {staged}; e += {threads}) cf_stage[e] = 0.0f;")
+        assert 4 * offset == launch.smem_bytes, "the kernel's shared memory differs from the plan's"
+        self.w("    __syncthreads();")
+
+    def _column_map(self, i: int, item: PersistentItem) -> None:
+        """A lambda from the block's column c of a GEMM to the column of W and C, or -1 for padding."""
+        self.w(f"    auto cols{i} = [cb](int c) -> int {{")
+        start = offset = 0
+        for width in item.columns:
+            unit = -(-width // self.launch.column_blocks)
+            self.w(f"        if (c < {start + unit}) {{ const int j = cb * {unit} + c - {start}; "
+                   f"return j < {width} ? {offset} + j : -1; }}")
+            start += unit
+            offset += width
+        self.w("        return -1;", "    };")
+
+    # -- elementwise work ---------------------------------------------------------------------------
+    def _elements(self, item: PersistentItem) -> tuple[int, str, str]:
+        """(the most elements a thread takes, the element count, how element e maps to r and j)."""
+        k: KernelLaunch = item.launch
+        if item.whole:  # the same [N] and scalar values every step, computed by every block
+            return (-(-k.rows * k.width // self.launch.threads), str(k.rows * k.width),
+                    f"const int r = e / {k.width}, j = e - r * {k.width};")
+        unit = -(-k.width // self.launch.column_blocks)
+        return (-(-self.group_rows * unit // self.launch.threads), f"rows * {unit}",
+                f"const int r = row0 + e / {unit}, j = cb * {unit} + e % {unit};")
+
+    def _params(self, k: KernelLaunch) -> list[Param]:
+        return [Param(v, acc, False) for v, acc in k.inputs] + [Param(v, acc, True) for v, acc in k.outputs]
+
+    def _prefetch(self) -> dict[int, dict[int, str]]:
+        """Loads, at the top of the step, of the elementwise inputs that nothing before their launch in
+        the step writes (and that are not on chip); per launch, param index -> register array."""
+        out: dict[int, dict[int, str]] = {}
+        written: set[str] = set()
+        for i, item in enumerate(self.launch.items):
+            if isinstance(item.launch, KernelLaunch) and not item.whole:
+                most, count, where = self._elements(item)
+                params = self._params(item.launch)
+                early = [(p_i, p) for p_i, p in enumerate(params) if not p.output and p.access.kind == "row"
+                         and p.access.buffer not in written and p.access.buffer not in self.on_chip]
+                if early and most <= PREFETCH_ELEMENTS:
+                    if not out:  # the previous step's writes, by any thread of the block, are done
+                        self.w("        __syncthreads();")
+                    out[i] = {}
+                    for p_i, _ in early:
+                        array = f"pf{i}_{p_i}"
+                        out[i][p_i] = array
+                        self.w(f"        float {array}[{most}];")
+                    self.w(f"        for (int u = 0; u < {most}; ++u) {{",
+                           f"            const int e = tid + u * {self.launch.threads};",
+                           f"            if (e >= {count}) break;",
+                           f"            {where}",
+                           f"            if (j >= {item.launch.width}) continue;")
+                    for p_i, p in early:
+                        at = _at_step(self.var[p.access.buffer], p.access)
+                        self.w(f"            {out[i][p_i]}[u] = ({at})[(long long)r * {p.access.ld} + j];")
+                    self.w("        }")
+            written |= _writes(item)
+        return out
+
+    def _elementwise(self, i: int, item: PersistentItem, prefetched: dict[int, str]) -> None:
+        """An elementwise launch on the block's own elements (or all of them, for [N] and scalar values);
+        a GEMM output on chip is read from there, a prefetched input from its registers."""
+        k: KernelLaunch = item.launch
+        params = self._params(k)
+        names = [f"p{n}" for n in range(len(params))]
+        index: dict[int, str] = {}
+        for n, p in enumerate(params):
+            if n in prefetched:
+                names[n], index[n] = prefetched[n], "u"
+            elif p.access.buffer in self.on_chip and not p.output:
+                g, gemm, cols = self.on_chip[p.access.buffer]
+                block = [sum(gemm.columns[:b]) for b in range(len(gemm.columns))].index(p.access.col)
+                blocks = self.launch.column_blocks
+                start = sum(-(-w // blocks) for w in gemm.columns[:block])
+                unit = -(-gemm.columns[block] // blocks)
+                names[n], index[n] = f"cf_c{g}", f"(r - row0) * {cols} + {start} + j - cb * {unit}"
+            else:
+                self.w(f"{IND}{'float*' if p.output else 'const float*'} const {names[n]} = "
+                       f"{_at_step(self.var[p.access.buffer], p.access)};")
+        most, count, where = self._elements(item)
+        if prefetched:  # the element loop of the prefetch, so that u picks the same elements
+            self.w(f"{IND}for (int u = 0; u < {most}; ++u) {{",
+                   f"{IND}    const int e = tid + u * {self.launch.threads};",
+                   f"{IND}    if (e >= {count}) break;")
+        else:
+            self.w(f"{IND}for (int e = tid; e < {count}; e += {self.launch.threads}) {{")
+        self.w(f"{IND}    {where}",
+               f"{IND}    if (j >= {k.width}) continue;",
+               f"{IND}    (void)r;")
+        self.w(*element_body(params, names, k.body, IND + "    ", index))
+        self.w(f"{IND}}}")
+
+    # -- a GEMM -------------------------------------------------------------------------------------
+    def _gemm(self, i: int, item: PersistentItem) -> None:
+        g: GemmLaunch = item.launch
+        tl: GemmTiling = self.tilings[i]
+        launch, var = self.launch, self.var
+        rt, kp, k4 = launch.row_tile, k_stride(g.k), -(-g.k // 4)
+        tr, tc, split = tl.rows_per_thread, tl.cols_per_thread, tl.k_split
+        threads = launch.threads
+        self.w(f"{IND}const float* const a = {_at_step(var[g.a.buffer], g.a)} + (size_t)row0 * {g.a.ld};")
+        if not item.output_on_chip:
+            self.w(f"{IND}float* const c = {_at_step(var[g.c.buffer], g.c)} + (size_t)row0 * {g.c.ld};")
+        self.w(f"{IND}for (int rb = 0; rb < rows; rb += {rt}) {{",
+               f"{IND}    __syncthreads();  // the stage is free again")
+        # Stage rows rb.. of the block's rows of A, all of K: asynchronous copies, all in flight at once.
+        if g.k % 4 == 0 and g.a.ld % 4 == 0 and g.a.col % 4 == 0:
+            self.w(f"{IND}    if ((((size_t)a) & 15) == 0) {{",
+                   f"{IND}        for (int e = tid; e < {rt * k4}; e += {threads}) {{",
+                   f"{IND}            const int r = e / {k4}, q = e - r * {k4};",
+                   f"{IND}            float* const s = cf_stage + r * {kp} + 4 * q;",
+                   f"{IND}            if (rb + r < rows)",
+                   f"{IND}                cf_copy16(s, a + (size_t)(rb + r) * {g.a.ld} + 4 * q);",
+                   f"{IND}            else *(float4*)s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);",
+                   f"{IND}        }}",
+                   f"{IND}        cf_copies_done();",
+                   f"{IND}    }} else")
+        self.w(f"{IND}    for (int e = tid; e < {rt * g.k}; e += {threads}) {{",
+               f"{IND}        const int r = e / {g.k}, k = e - r * {g.k};",
+               f"{IND}        cf_stage[r * {kp} + k] =",
+               f"{IND}            rb + r < rows ? __ldcg(a + (size_t)(rb + r) * {g.a.ld} + k) : 0.0f;",
+               f"{IND}    }}",
+               f"{IND}    __syncthreads();",
+               f"{IND}    const int ks = tid % {split};",
+               f"{IND}    for (int o = tid / {split}; o < {tl.output_threads}; o += {threads // split}) {{",
+               f"{IND}        const int c0 = (o % {tl.col_threads}) * {tc};",
+               f"{IND}        const int r0 = (o / {tl.col_threads}) * {tr};",
+               f"{IND}        float acc[{tr}][{tc}] = {{}};",
+               f"{IND}        #pragma unroll 2",
+               f"{IND}        for (int q = ks; q < {k4}; q += {split}) {{",
+               f"{IND}            float4 av[{tr}], wv[{tc}];",
+               f"{IND}            #pragma unroll",
+               f"{IND}            for (int y = 0; y < {tr}; ++y)",
+               f"{IND}                av[y] = *(const float4*)(cf_stage + (r0 + y) * {kp} + 4 * q);",
+               f"{IND}            #pragma unroll")
+        if item.on_chip:
+            self.w(f"{IND}            for (int x = 0; x < {tc}; ++x)",
+                   f"{IND}                wv[x] = *(const float4*)(w{i} + (c0 + x) * {kp} + 4 * q);")
+        else:  # read from L2, where it never changes
+            loads = [f"k + {d} < {g.k} ? __ldg(w + (size_t)(k + {d}) * {g.n}) : 0.0f" for d in range(1, 4)]
+            self.w(f"{IND}            for (int x = 0; x < {tc}; ++x) {{",
+                   f"{IND}                const int n = cols{i}(c0 + x), k = 4 * q;",
+                   f"{IND}                const float* w = {var[g.w]} + n;",
+                   f"{IND}                wv[x] = n < 0 ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : make_float4(",
+                   f"{IND}                    __ldg(w + (size_t)k * {g.n}),",
+                   *(f"{IND}                    {load}{',' if d < 2 else ');'}"
+                     for d, load in enumerate(loads)),
+                   f"{IND}            }}")
+        self.w(f"{IND}            #pragma unroll",
+               f"{IND}            for (int y = 0; y < {tr}; ++y)",
+               f"{IND}                #pragma unroll",
+               f"{IND}                for (int x = 0; x < {tc}; ++x)",
+               f"{IND}                    acc[y][x] += av[y].x * wv[x].x + av[y].y * wv[x].y",
+               f"{IND}                               + av[y].z * wv[x].z + av[y].w * wv[x].w;",
+               f"{IND}        }}")
+        if split > 1:  # the lanes of one tile are neighbours in a warp: add their partial sums
+            mask = "0xffffffffu" if split == 32 else f"(0x{(1 << split) - 1:x}u << (tid & 31 & ~{split - 1}))"
+            self.w(f"{IND}        #pragma unroll",
+                   f"{IND}        for (int d = {split // 2}; d > 0; d /= 2)",
+                   f"{IND}            #pragma unroll",
+                   f"{IND}            for (int y = 0; y < {tr}; ++y)",
+                   f"{IND}                #pragma unroll",
+                   f"{IND}                for (int x = 0; x < {tc}; ++x)",
+                   f"{IND}                    acc[y][x] += __shfl_xor_sync({mask}, acc[y][x], d);")
+        bias = f" + {var[g.bias]}[n]" if g.bias else ""
+        store = (f"cf_c{i}[(rb + r0 + y) * {tl.cols} + c0 + x]" if item.output_on_chip
+                 else f"c[(size_t)(rb + r0 + y) * {g.c.ld} + n]")
+        self.w(f"{IND}        if (ks == 0)",
+               f"{IND}            #pragma unroll",
+               f"{IND}            for (int x = 0; x < {tc}; ++x) {{",
+               f"{IND}                const int n = cols{i}(c0 + x);",
+               f"{IND}                #pragma unroll",
+               f"{IND}                for (int y = 0; y < {tr}; ++y)",
+               f"{IND}                    if (n >= 0 && r0 + y < {rt} && rb + r0 + y < rows)",
+               f"{IND}                        {store} = acc[y][x]{bias};",
+               f"{IND}            }}",
+               f"{IND}    }}",
+               f"{IND}}}",
+               f"{IND}__syncthreads();  // C is read next by other threads of the block")
+
+
 def persistent_source(launch: PersistentLaunch, name: str) -> str:
-    buffers = persistent_buffers(launch)
-    written = _written(launch)
-    var = {b: f"b{i}" for i, b in enumerate(buffers)}
-    blocks, threads = launch.blocks, launch.threads
-    out = [f"// every step of layer {launch.layer} in one cooperative launch of {blocks} blocks of {threads} "
-           f"threads,",
-           f"// {launch.barriers_per_step} grid-wide barrier(s) per step, {launch.smem_bytes} bytes of "
-           "shared memory per block; arguments:"]
-    out += [f"//   {var[b]}: {comment_text(b)}" for b in buffers]
-    sig = [f"    {'float*' if b in written else 'const float* __restrict__'} {var[b]}" for b in buffers]
-    out.append(f'extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(')
-    out.append(",\n".join(["    int seq", "    int batch", *sig]) + ")")
-    out.append("{")
-    out.append("    extern __shared__ float cf_smem[];")
-    out.append("    cooperative_groups::grid_group grid = cooperative_groups::this_grid();")
-    out.append("    const int blk = blockIdx.x, tid = threadIdx.x;")
-    out.append("    (void)grid; (void)blk;")
-    gemms = [(i, item) for i, item in enumerate(launch.items) if isinstance(item.launch, GemmLaunch)]
-    tilings = {i: gemm_tiling(item.columns, blocks, launch.row_tile, item.launch.k) for i, item in gemms}
-    staged = max((tilings[i].padded_rows * k_stride(item.launch.k) for i, item in gemms), default=0)
-    offset = staged
-    if gemms:
-        out.append("    float* const cf_stage = cf_smem;  // [rows][k]: a row tile of a GEMM's operand")
-    for i, item in gemms:
-        g, tl = item.launch, tilings[i]
-        out += _column_map(i, item, blocks)
-        if not item.on_chip:
-            continue
-        kp, ncp = k_stride(g.k), tl.padded_cols
-        out.append(f"    float* const w{i} = cf_smem + {offset};  // [{ncp}][{kp}]: this block's columns of "
-                   f"{comment_text(g.w)}, transposed")
-        out.append(f"    for (int e = tid; e < {ncp * kp}; e += {threads}) {{")
-        out.append(f"        const int c = e / {kp}, k = e - c * {kp}, n = cols{i}(c, blk);")
-        out.append(f"        w{i}[e] = (k < {g.k} && n >= 0) ? {var[g.w]}[(size_t)k * {g.n} + n] : 0.0f;")
-        out.append("    }")
-        offset += kp * ncp
-    for i, item in gemms:
-        if item.output_on_chip:
-            size = launch.batch * tilings[i].cols
-            out.append(f"    float* const cf_c{i} = cf_smem + {offset};  // [batch][{tilings[i].cols}]: "
-                       f"this block's columns of {comment_text(item.launch.group)}'s output")
-            offset += size
-    if staged:  # the columns past K of every staged row stay zero: the float4 sums run over them
-        out.append(f"    for (int e = tid; e < {staged}; e += {threads}) cf_stage[e] = 0.0f;")
-    assert 4 * offset == launch.smem_bytes, "the kernel's shared memory differs from the plan's"
-    out.append("    __syncthreads();")
-    on_chip = {item.launch.c.buffer: (i, item, tilings[i].cols) for i, item in gemms if item.output_on_chip}
-    out.append("    for (int t = 0; t < seq; ++t) {")
-    n = len(launch.items)
-    for i, item in enumerate(launch.items):
-        out.append("        {" + f"  // {comment_text(_item_name(item))}")
-        if item.barrier:
-            out.append("            grid.sync();")
-        match item.launch:
-            case GemmLaunch():
-                out += _gemm(i, item, launch, tilings[i], var)
-            case KernelLaunch():
-                out += _elementwise(item, blocks, threads, var, on_chip)
-                if _needs_sync(item, launch.items[(i + 1) % n]):
-                    out.append("            __syncthreads();")
-        out.append("        }")
-    out.append("    }")
-    out.append("}")
-    return "\n".join(out) + "\n"
+    return _Kernel(launch, name).source()
+
+
+def _item_name(item: PersistentItem) -> str:
+    match item.launch:
+        case GemmLaunch() as g:
+            where = "in shared memory" if item.on_chip else "read from L2"
+            return f"{g.group}: this block's part of A @ W, W {where}"
+        case KernelLaunch() as k:
+            return f"{k.island}: {', '.join(op.result for op in k.body) or 'stores'}"
+        case other:
+            raise TypeError(f"unknown launch {other!r}")
 
 
 def _needs_sync(item: PersistentItem, after: PersistentItem) -> bool:
@@ -140,146 +363,3 @@ def _needs_sync(item: PersistentItem, after: PersistentItem) -> bool:
     same = (after.whole == item.whole and after.launch.width == item.launch.width
             and after.launch.rows == item.launch.rows)
     return not same
-
-
-def _item_name(item: PersistentItem) -> str:
-    match item.launch:
-        case GemmLaunch() as g:
-            where = "in shared memory" if item.on_chip else "read from L2"
-            return f"{g.group}: this block's columns of A @ W, W {where}"
-        case KernelLaunch() as k:
-            return f"{k.island}: {', '.join(op.result for op in k.body) or 'stores'}"
-        case other:
-            raise TypeError(f"unknown launch {other!r}")
-
-
-def _column_map(i: int, item: PersistentItem, blocks: int) -> list[str]:
-    """A lambda from a block's column c of the GEMM to the column of W and C, or -1 for padding."""
-    lines = [f"    auto cols{i} = [](int c, int b) -> int {{"]
-    start = offset = 0
-    for width in item.columns:
-        unit = -(-width // blocks)
-        lines.append(f"        if (c < {start + unit}) {{ const int j = b * {unit} + c - {start}; "
-                     f"return j < {width} ? {offset} + j : -1; }}")
-        start += unit
-        offset += width
-    lines.append("        return -1;")
-    lines.append("    };")
-    return lines
-
-
-def _gemm(i: int, item: PersistentItem, launch: PersistentLaunch, tl: GemmTiling,
-          var: dict[str, str]) -> list[str]:
-    g: GemmLaunch = item.launch
-    rt, kp, k4 = launch.row_tile, k_stride(g.k), -(-g.k // 4)
-    tr, tc, split = tl.rows_per_thread, tl.cols_per_thread, tl.k_split
-    per_pass = launch.threads // split  # output tiles the block computes at once
-    ind = "            "
-    vector = g.k % 4 == 0 and g.a.ld % 4 == 0 and g.a.col % 4 == 0
-    lines = [f"{ind}const float* const a = {_at_step(var[g.a.buffer], g.a)};"]
-    if not item.output_on_chip:
-        lines.append(f"{ind}float* const c = {_at_step(var[g.c.buffer], g.c)};")
-    lines += [f"{ind}for (int rb = 0; rb < batch; rb += {rt}) {{",
-             f"{ind}    __syncthreads();  // the stage is free again"]
-    # Stage rows rb.. of A, every k, from L2 (__ldcg: other blocks wrote them, and L1 is not coherent).
-    if vector:  # asynchronous copies, all in flight at once, through L2 only (cp.async.cg)
-        lines += [f"{ind}    if ((((size_t)a) & 15) == 0) {{",
-                  f"{ind}        for (int e = tid; e < {rt * k4}; e += {launch.threads}) {{",
-                  f"{ind}            const int r = e / {k4}, q = e - r * {k4};",
-                  f"{ind}            float* const s = cf_stage + r * {kp} + 4 * q;",
-                  f"{ind}            if (rb + r < batch) cf_copy16(s, a + (size_t)(rb + r) * {g.a.ld} + 4 * q);",
-                  f"{ind}            else *(float4*)s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);",
-                  f"{ind}        }}",
-                  f"{ind}        cf_copies_done();",
-                  f"{ind}    }} else"]
-    lines += [f"{ind}    for (int e = tid; e < {rt * g.k}; e += {launch.threads}) {{",
-              f"{ind}        const int r = e / {g.k}, k = e - r * {g.k};",
-              f"{ind}        cf_stage[r * {kp} + k] = rb + r < batch ? __ldcg(a + (size_t)(rb + r) * {g.a.ld} + k)"
-              " : 0.0f;",
-              f"{ind}    }}",
-              f"{ind}    __syncthreads();",
-              f"{ind}    const int ks = tid % {split};",
-              f"{ind}    for (int o = tid / {split}; o < {tl.output_threads}; o += {per_pass}) {{",
-              f"{ind}        const int c0 = (o % {tl.col_threads}) * {tc}, r0 = (o / {tl.col_threads}) * {tr};",
-              f"{ind}        float acc[{tr}][{tc}] = {{}};",
-              f"{ind}        for (int q = ks; q < {k4}; q += {split}) {{",
-              f"{ind}            float4 av[{tr}], wv[{tc}];",
-              f"{ind}            #pragma unroll",
-              f"{ind}            for (int y = 0; y < {tr}; ++y) av[y] = *(const float4*)(cf_stage + (r0 + y) * {kp} + 4 * q);",
-              f"{ind}            #pragma unroll"]
-    if item.on_chip:
-        lines.append(f"{ind}            for (int x = 0; x < {tc}; ++x) wv[x] = *(const float4*)(w{i} + (c0 + x) * {kp} + 4 * q);")
-    else:  # read from L2, where it never changes
-        lines += [f"{ind}            for (int x = 0; x < {tc}; ++x) {{",
-                  f"{ind}                const int n = cols{i}(c0 + x, blk), k = 4 * q;",
-                  f"{ind}                const float* w = {var[g.w]} + n;",
-                  f"{ind}                wv[x] = n < 0 ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : make_float4(",
-                  f"{ind}                    __ldg(w + (size_t)k * {g.n}), k + 1 < {g.k} ? __ldg(w + (size_t)(k + 1) * {g.n}) : 0.0f,",
-                  f"{ind}                    k + 2 < {g.k} ? __ldg(w + (size_t)(k + 2) * {g.n}) : 0.0f,",
-                  f"{ind}                    k + 3 < {g.k} ? __ldg(w + (size_t)(k + 3) * {g.n}) : 0.0f);",
-                  f"{ind}            }}"]
-    lines += [f"{ind}            #pragma unroll",
-              f"{ind}            for (int y = 0; y < {tr}; ++y)",
-              f"{ind}                #pragma unroll",
-              f"{ind}                for (int x = 0; x < {tc}; ++x)",
-              f"{ind}                    acc[y][x] += av[y].x * wv[x].x + av[y].y * wv[x].y + av[y].z * wv[x].z"
-              " + av[y].w * wv[x].w;",
-              f"{ind}        }}"]
-    if split > 1:  # the lanes of one tile are neighbours in a warp: add their partial sums
-        mask = "0xffffffffu" if split == 32 else f"(0x{(1 << split) - 1:x}u << (tid & 31 & ~{split - 1}))"
-        lines += [f"{ind}        #pragma unroll",
-                  f"{ind}        for (int d = {split // 2}; d > 0; d /= 2)",
-                  f"{ind}            #pragma unroll",
-                  f"{ind}            for (int y = 0; y < {tr}; ++y)",
-                  f"{ind}                #pragma unroll",
-                  f"{ind}                for (int x = 0; x < {tc}; ++x)",
-                  f"{ind}                    acc[y][x] += __shfl_xor_sync({mask}, acc[y][x], d);"]
-    bias = f" + {var[g.bias]}[n]" if g.bias else ""
-    store = (f"cf_c{i}[(rb + r0 + y) * {tl.cols} + c0 + x]" if item.output_on_chip
-             else f"c[(size_t)(rb + r0 + y) * {g.c.ld} + n]")
-    lines += [f"{ind}        if (ks == 0)",
-              f"{ind}            #pragma unroll",
-              f"{ind}            for (int x = 0; x < {tc}; ++x) {{",
-              f"{ind}                const int n = cols{i}(c0 + x, blk);",
-              f"{ind}                #pragma unroll",
-              f"{ind}                for (int y = 0; y < {tr}; ++y)",
-              f"{ind}                    if (n >= 0 && r0 + y < {rt} && rb + r0 + y < batch)",
-              f"{ind}                        {store} = acc[y][x]{bias};",
-              f"{ind}            }}",
-              f"{ind}    }}",
-              f"{ind}}}",
-              f"{ind}__syncthreads();  // C is read next by other threads of the block"]
-    return lines
-
-
-def _elementwise(item: PersistentItem, blocks: int, threads: int, var: dict[str, str],
-                 on_chip: dict[str, tuple[int, PersistentItem, int]]) -> list[str]:
-    """An elementwise launch on the block's columns; a GEMM output kept on chip is read from there."""
-    k: KernelLaunch = item.launch
-    params = [Param(v, acc, False) for v, acc in k.inputs] + [Param(v, acc, True) for v, acc in k.outputs]
-    names = [f"p{i}" for i in range(len(params))]
-    ind = "            "
-    lines, index = [], {}
-    for i, (p, n) in enumerate(zip(params, names, strict=True)):
-        if p.access.buffer in on_chip and not p.output:
-            g, gemm, cols = on_chip[p.access.buffer]
-            block = [sum(gemm.columns[:b]) for b in range(len(gemm.columns))].index(p.access.col)
-            start, unit = sum(-(-w // blocks) for w in gemm.columns[:block]), -(-gemm.columns[block] // blocks)
-            names[i] = f"cf_c{g}"
-            index[i] = f"r * {cols} + {start} + j - blk * {unit}"
-        else:
-            lines.append(f"{ind}{'float*' if p.output else 'const float*'} const {n} = "
-                         f"{_at_step(var[p.access.buffer], p.access)};")
-    if item.whole:  # the same [N] and scalar values every step, computed by every block
-        lines += [f"{ind}for (int e = tid; e < {k.rows * k.width}; e += {threads}) {{",
-                  f"{ind}    const int r = e / {k.width}, j = e - r * {k.width};"]
-    else:
-        unit = -(-k.width // blocks)
-        lines += [f"{ind}for (int e = tid; e < batch * {unit}; e += {threads}) {{",
-                  f"{ind}    const int r = e / {unit}, j = blk * {unit} + e - r * {unit};",
-                  f"{ind}    if (j >= {k.width}) continue;"]
-    lines.append(f"{ind}    (void)r;")
-    lines += element_body(params, names, k.body, ind + "    ", index)
-    lines.append(f"{ind}}}")
-    return lines
-

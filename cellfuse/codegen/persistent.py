@@ -20,6 +20,8 @@ from .plan import GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
 
 THREADS = 256  # per block of a persistent kernel
 ROW_TILE = 64  # rows of a GEMM's left operand staged in shared memory at a time, at most
+ROW_GROUPS = (8, 4, 2, 1)  # the ways to split the batch between blocks, most first
+MIN_GROUP_ROWS = 8  # rows of a group, at least: fewer would not fill a block's threads
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,12 @@ class GemmTiling:
         return self.col_threads * self.row_threads
 
 
+def output_floats(rows: int, tiling: GemmTiling) -> int:
+    """Shared memory for a block's part of a GEMM's output, in whole float4s: what follows it in shared
+    memory is read as float4s."""
+    return 4 * -(-rows * tiling.cols // 4)
+
+
 def k_stride(k: int) -> int:
     """Floats per row of a K-contiguous array in shared memory: K in whole float4s, and one float4 more,
     so that lanes reading the same k of neighbouring rows fall in different banks."""
@@ -105,15 +113,17 @@ class _Placed:
     output: bool  # its block's columns of C, for every row of the batch
 
 
-def _smem_floats(gemms: list[_Placed], blocks: int, row_tile: int, batch: int) -> int:
+def _smem_floats(gemms: list[_Placed], blocks: int, row_tile: int, rows: int) -> int:
     """Shared memory of a persistent kernel, in floats: the staged rows of the largest GEMM operand, and
-    what of each GEMM stays on chip."""
+    what of each GEMM stays on chip (its output for the block's `rows` rows); `blocks` share the
+    columns."""
     staged = max((gemm_tiling(p.columns, blocks, row_tile, p.launch.k).padded_rows * k_stride(p.launch.k)
                   for p in gemms), default=0)
     total = staged
     for p in gemms:
         tiling = gemm_tiling(p.columns, blocks, row_tile, p.launch.k)
-        total += p.weights * tiling.padded_cols * k_stride(p.launch.k) + p.output * batch * tiling.cols
+        total += p.weights * tiling.padded_cols * k_stride(p.launch.k)
+        total += p.output * output_floats(rows, tiling)
     return total
 
 
@@ -149,39 +159,55 @@ def barriers(step: list[GemmLaunch | KernelLaunch]) -> list[bool]:
     return barrier
 
 
-def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns: list[tuple[int, ...]],
-                      hidden: int, batch: int, target: Target) -> PersistentLaunch:
-    """The persistent launch of one layer's step. `columns` gives each launch's column widths (a GEMM's
-    per stacked weight, a kernel's one); blocks split the hidden units among the SMs."""
-    unit = -(-hidden // target.sm_count)
-    blocks = -(-hidden // unit)
-    limit = target.smem_per_block // 4
-    gemms = [_Placed(launch, cols, False, False) for launch, cols in zip(step, columns, strict=True)
-             if isinstance(launch, GemmLaunch)]
+def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int) -> list[_Placed]:
+    """What of each GEMM stays on chip, in order of what it saves, while it fits beside one staged row of
+    the operand: the weights (read every step otherwise), then the GEMM outputs that only this block
+    reads (its elementwise work reads them next)."""
     operands = {p.launch.a.buffer for p in gemms}
-    # What stays on chip, in order of what it saves while it fits beside one staged row of the operand:
-    # the weights (read every step otherwise), then the GEMM outputs that only this block reads (its
-    # elementwise work reads them next); then as many rows of the operand per tile as fit beside them.
     for field in ("weights", "output"):
         for i, p in enumerate(gemms):
             if field == "output" and p.launch.c.buffer in operands:
                 continue  # another GEMM reads it: all blocks must see it, in global memory
             trial = [*gemms[:i], dataclasses.replace(p, **{field: True}), *gemms[i + 1:]]
-            if _smem_floats(trial, blocks, 1, batch) <= limit:
+            if _smem_floats(trial, column_blocks, 1, rows) <= limit:
                 gemms = trial
-    row_tile = max(1, min(batch, ROW_TILE))
-    while row_tile > 1 and _smem_floats(gemms, blocks, row_tile, batch) > limit:
+    return gemms
+
+
+def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns: list[tuple[int, ...]],
+                      hidden: int, batch: int, target: Target) -> PersistentLaunch:
+    """The persistent launch of one layer's step. `columns` gives each launch's column widths (a GEMM's
+    per stacked weight, a kernel's one).
+
+    The blocks split the hidden units among the SMs, and with a large batch the rows too, into as many
+    row groups as keep every recurrent weight on chip: each block then stages only its rows of a GEMM's
+    operand, so a step moves that many times fewer bytes out of L2."""
+    limit = target.smem_per_block // 4
+    gemms = [_Placed(launch, cols, False, False) for launch, cols in zip(step, columns, strict=True)
+             if isinstance(launch, GemmLaunch)]
+    for row_groups in ROW_GROUPS:
+        rows = -(-batch // row_groups)
+        if row_groups > 1 and (rows < MIN_GROUP_ROWS or not gemms):
+            continue
+        unit = -(-hidden // (target.sm_count // row_groups))
+        column_blocks = -(-hidden // unit)
+        placed = _place(gemms, column_blocks, rows, limit)
+        if row_groups == 1 or all(p.weights for p in placed):
+            break
+    row_tile = max(1, min(rows, ROW_TILE))
+    while row_tile > 1 and _smem_floats(placed, column_blocks, row_tile, rows) > limit:
         row_tile = -(-row_tile // 2)
     items, off_chip = [], []
-    placed = iter(gemms)
+    chosen = iter(placed)
     for launch, cols, barrier in zip(step, columns, barriers(step), strict=True):
         match launch:
             case GemmLaunch():
-                p = next(placed)
+                p = next(chosen)
                 if not p.weights:
-                    need = 4 * gemm_tiling(cols, blocks, row_tile, launch.k).padded_cols * k_stride(launch.k)
-                    off_chip.append((launch.group, need))
-                items.append(PersistentItem(launch, barrier, cols, on_chip=p.weights, output_on_chip=p.output))
+                    tiling = gemm_tiling(cols, column_blocks, row_tile, launch.k)
+                    off_chip.append((launch.group, 4 * tiling.padded_cols * k_stride(launch.k)))
+                items.append(PersistentItem(launch, barrier, cols, on_chip=p.weights,
+                                            output_on_chip=p.output))
             case KernelLaunch():
                 items.append(PersistentItem(launch, barrier, cols, whole=launch.row_kind == "one"))
             case _:
@@ -192,5 +218,6 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
         kib = target.smem_per_block // 1024
         note = (f"the weights of {what} do not fit beside the others in the {kib} KiB of shared memory a "
                 "block may have, so they are read from L2 every step")
-    smem = 4 * _smem_floats(gemms, blocks, row_tile, batch)
-    return PersistentLaunch(layer, tuple(items), blocks, THREADS, batch, row_tile, smem, note)
+    smem = 4 * _smem_floats(placed, column_blocks, row_tile, rows)
+    return PersistentLaunch(layer, tuple(items), column_blocks * row_groups, THREADS, batch, row_groups,
+                            row_tile, smem, note)

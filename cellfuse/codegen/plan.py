@@ -168,13 +168,14 @@ Launch = GemmLaunch | KernelLaunch
 
 @dataclass(frozen=True)
 class PersistentItem:
-    """One launch of a step, run inside a persistent kernel by every block on its own columns.
+    """One launch of a step, run inside a persistent kernel by every block on its own rows and columns.
 
-    A block owns, of every width W, the columns [p * u, min(W, (p + 1) * u)) with u = ceil(W / blocks):
-    of a kernel's width, and of each column block of a GEMM's stacked output (`columns` lists their
-    widths). Elementwise work reads and writes only its own columns, so it needs no other block; a
-    GEMM reads its whole left operand, so a grid-wide barrier goes before it when other blocks wrote
-    that operand since the last one (`barrier`)."""
+    Block p is column block p % C of row group p // C (C = blocks / row_groups). It owns, of every width
+    W, the columns `owned(W, C, p % C)`: of a kernel's width, and of each column block of a GEMM's
+    stacked output (`columns` lists their widths); and the rows `owned(batch, row_groups, p // C)`.
+    Elementwise work reads and writes only its own elements, so it needs no other block; a GEMM reads
+    all of K of its rows of the left operand, so a grid-wide barrier goes before it when other blocks
+    wrote that operand since the last one (`barrier`)."""
 
     launch: GemmLaunch | KernelLaunch
     barrier: bool
@@ -189,10 +190,11 @@ class PersistentItem:
     output_on_chip: bool = False
 
 
-def owned(width: int, blocks: int, block: int) -> tuple[int, int]:
-    """The columns [first, last) of a width that a block of a persistent kernel owns."""
-    unit = -(-width // blocks)
-    return min(width, block * unit), min(width, (block + 1) * unit)
+def owned(size: int, parts: int, part: int) -> tuple[int, int]:
+    """The part [first, last) of a size split into `parts` parts of ceil(size / parts): a block's columns
+    of a width, or its row group's rows of the batch."""
+    unit = -(-size // parts)
+    return min(size, part * unit), min(size, (part + 1) * unit)
 
 
 @dataclass(frozen=True)
@@ -204,10 +206,23 @@ class PersistentLaunch:
     items: tuple[PersistentItem, ...]
     blocks: int
     threads: int
-    batch: int  # the plan's; the most a kernel with a GEMM output on chip holds
+    batch: int  # the plan's, the most the kernel holds (its shared memory is sized for it)
+    row_groups: int
     row_tile: int  # rows of a GEMM's left operand staged in shared memory at a time, all of K
     smem_bytes: int  # shared memory per block: on-chip weights and the staged operand
     note: str = ""  # why weights stay off chip, when some do
+
+    @property
+    def column_blocks(self) -> int:
+        return self.blocks // self.row_groups
+
+    def rows(self, block: int, batch: int) -> tuple[int, int]:
+        """The rows [first, last) of the batch that a block owns."""
+        return owned(batch, self.row_groups, block // self.column_blocks)
+
+    def columns(self, width: int, block: int) -> tuple[int, int]:
+        """The columns [first, last) of a width that a block owns."""
+        return owned(width, self.column_blocks, block % self.column_blocks)
 
     @property
     def barriers_per_step(self) -> int:

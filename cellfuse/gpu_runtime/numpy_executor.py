@@ -5,7 +5,7 @@ The two streams are interleaved as `execution_order` allows: by default the hois
 as its events let it, and `prefer=MAIN` runs it as late as the recurrence lets it; a Wait missing from
 the program makes one of the two read a buffer nothing wrote (every buffer starts as NaN).
 
-A persistent launch runs as its blocks would, each on its own columns: between two grid-wide barriers
+A persistent launch runs as its blocks would, each on its own rows and columns: between two grid-wide barriers
 the blocks run one after another (in increasing order, or decreasing with `reverse_blocks`), each all of
 its work up to the next barrier, possibly into the next step. A barrier missing from the plan then makes
 a block read another's value before or after it was written, and the result differs from the reference."""
@@ -37,7 +37,6 @@ from ..codegen.plan import (
     PersistentItem,
     PersistentLaunch,
     Plan,
-    owned,
 )
 from ..graph_model import Forward
 
@@ -77,7 +76,7 @@ class NumpyExecutor:
                 if g.bias:
                     c += self.buf[g.bias]
             case Kernel(launch=k):
-                self.kernel(instr, t, launch_rows(instr, B), (0, k.width))
+                self.kernel(instr, t, (0, launch_rows(instr, B)), (0, k.width))
             case Copy(src=src, dst=dst, width=width, step=step):
                 at = self.seq if step is None else step
                 self.view(dst, dst.offset(at, B), B, width)[...] = self.view(src, src.offset(at, B), B, width)
@@ -92,15 +91,17 @@ class NumpyExecutor:
             case _:
                 raise TypeError(f"the numpy executor cannot run {instr!r}")
 
-    def kernel(self, instr: Kernel, t: int, rows: int, columns: tuple[int, int]) -> None:
-        """A kernel's columns [first, last) of `rows` rows at step t."""
+    def kernel(self, instr: Kernel, t: int, rows: tuple[int, int], columns: tuple[int, int]) -> None:
+        """A kernel's rows [first, last) and columns [first, last) at step t."""
         k, B = instr.launch, self.batch
+        row, count = rows[0], rows[1] - rows[0]
         first, width = columns[0], columns[1] - columns[0]
-        if width == 0:  # a block of a persistent kernel that owns none of this width
+        if width == 0 or count == 0:  # a block of a persistent kernel that owns none of them
             return
 
-        def at(acc: Access) -> tuple[Access, int, int, int]:  # a scalar has no columns to pick from
-            return acc, element_offset(instr, acc, t, B) + (first if acc.kind != "scalar" else 0), rows, width
+        def at(acc: Access) -> tuple[Access, int, int, int]:
+            shift = {"row": row * acc.ld + first, "vec": first, "scalar": 0}[acc.kind]
+            return acc, element_offset(instr, acc, t, B) + shift, count, width
 
         values = {v: self.view(*at(acc)) for v, acc in k.inputs}
         with np.errstate(all="ignore"):  # a NaN or infinity is reported where the output is checked
@@ -123,31 +124,35 @@ class NumpyExecutor:
         for span in spans:
             for block in order:
                 for t, item in span:
-                    self.block_item(item, launch.blocks, block, t)
+                    self.block_item(item, launch, block, t)
 
-    def block_item(self, item: PersistentItem, blocks: int, block: int, t: int) -> None:
+    def block_item(self, item: PersistentItem, launch: PersistentLaunch, block: int, t: int) -> None:
         """One block's part of one launch of a persistent kernel at step t."""
         B = self.batch
+        first_row, last_row = launch.rows(block, B)
         match item.launch:
             case GemmLaunch() as g:
-                a = self.view(g.a, g.a.offset(t, B), B, g.k)
+                if first_row == last_row:
+                    return
+                a = self.view(g.a, g.a.offset(t, B) + first_row * g.a.ld, last_row - first_row, g.k)
                 w = self.buf[g.w].reshape(g.k, g.n)
                 start = 0
                 for width in item.columns:
-                    first, last = (start + c for c in owned(width, blocks, block))
+                    first, last = (start + c for c in launch.columns(width, block))
                     start += width
                     if first == last:
                         continue
-                    c = self.view(g.c, g.c.offset(t, B) + first, B, last - first)
+                    at = g.c.offset(t, B) + first_row * g.c.ld + first
+                    c = self.view(g.c, at, last_row - first_row, last - first)
                     c[...] = a @ w[:, first:last]
                     if g.bias:
                         c += self.buf[g.bias][first:last]
             case KernelLaunch() as k:
                 instr = Kernel(k)
                 if item.whole:
-                    self.kernel(instr, t, k.rows, (0, k.width))
+                    self.kernel(instr, t, (0, k.rows), (0, k.width))
                 else:
-                    self.kernel(instr, t, B, owned(k.width, blocks, block))
+                    self.kernel(instr, t, (first_row, last_row), launch.columns(k.width, block))
             case other:
                 raise TypeError(f"unknown launch {other!r}")
 
