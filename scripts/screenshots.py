@@ -84,10 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     w.arrange_docks()
     settle()
 
-    # 2. A close-up of the canvas: node styles, ports, the hoisted GEMMs and a fused kernel.
+    # 2. A close-up of the canvas at 1:1, centred on the cell (the mean of its nodes' centres: the
+    # bounding box's centre of a cell with a tall column of weights can be empty canvas): node styles,
+    # ports, the hoisted GEMMs and the fused kernels around them.
     viewer = w.canvas
-    centre = w.adapter.node("hi").view.sceneBoundingRect().center()
-    viewer.reset_zoom(centre + QtCore.QPointF(260.0, -40.0))
+    centres = [n.view.sceneBoundingRect().center() for n in w.adapter.graph.all_nodes()]
+    viewer.reset_zoom(sum(centres, QtCore.QPointF()) / len(centres))
     shoot(viewer, "canvas-closeup.png")
 
     # 3. The CUDA view, scrolled to the kernel that computes the selected node.

@@ -16,7 +16,6 @@ SIZE_LABELS = {"seq": "Sequence T", "batch": "Batch B", "input": "Input size", "
 DEFAULT_SIZES = {"seq": 50, "batch": 32, "input": 256, "hidden": 256, "layers": 1}
 SWEEP_NONE = "no sweep"
 SIZE_ROWS = 3
-CHECK_COLUMNS = 2  # schedules and baselines in two columns, so that the panel stays short
 
 
 class BenchPanel(QtWidgets.QWidget):
@@ -48,12 +47,23 @@ class BenchPanel(QtWidgets.QWidget):
 
     # -- building --------------------------------------------------------------------------------------
     def _build_settings(self, schedules: list[str], baselines: list[str], backends: list[str]) -> None:
+        """Every setting in one grid of three rows: the dock is wide and short (at 1366x768 it has room
+        for about four rows beside the run bar). The schedules and baselines are ticked in drop-down
+        lists, each a button that says what is ticked."""
         box = QtWidgets.QWidget()
-        col = QtWidgets.QHBoxLayout(box)  # the groups side by side: the dock is wide and short
-        col.setContentsMargins(0, 0, 0, 0)
+        grid = QtWidgets.QGridLayout(box)
+        grid.setContentsMargins(0, 0, 0, 0)
+        grid.setHorizontalSpacing(8)
+        grid.setVerticalSpacing(4)
 
-        sizes = QtWidgets.QGroupBox("Sizes")
-        grid = QtWidgets.QGridLayout(sizes)
+        def add(row: int, pair: int, label: str, widget: QtWidgets.QWidget | QtWidgets.QLayout,
+                span: int = 1) -> None:
+            grid.addWidget(QtWidgets.QLabel(label), row, 2 * pair)
+            if isinstance(widget, QtWidgets.QLayout):
+                grid.addLayout(widget, row, 2 * pair + 1, 1, 2 * span - 1)
+            else:
+                grid.addWidget(widget, row, 2 * pair + 1, 1, 2 * span - 1)
+
         self.size_spins: dict[str, QtWidgets.QSpinBox] = {}
         for i, key in enumerate(SIZE_FIELDS):
             spin = QtWidgets.QSpinBox()
@@ -61,14 +71,9 @@ class BenchPanel(QtWidgets.QWidget):
             spin.setValue(DEFAULT_SIZES[key])
             spin.setAccelerated(True)
             spin.valueChanged.connect(self.sizes_changed)
-            row, pair = i % SIZE_ROWS, i // SIZE_ROWS  # in pairs of columns: the panel is short
-            grid.addWidget(QtWidgets.QLabel(SIZE_LABELS[key]), row, 2 * pair)
-            grid.addWidget(spin, row, 2 * pair + 1)
+            add(i % SIZE_ROWS, i // SIZE_ROWS, SIZE_LABELS[key], spin)
             self.size_spins[key] = spin
-        col.addWidget(sizes)
 
-        run_box = QtWidgets.QGroupBox("Run")
-        run_form = QtWidgets.QFormLayout(run_box)
         self.backend_combo = QtWidgets.QComboBox()
         self.backend_combo.addItems(backends)
         self.backend_combo.setCurrentText("cuda" if "cuda" in backends else "numpy")
@@ -85,10 +90,16 @@ class BenchPanel(QtWidgets.QWidget):
         sweep = QtWidgets.QHBoxLayout()
         sweep.addWidget(self.sweep_combo)
         sweep.addWidget(self.sweep_values, 1)
-        run_form.addRow("Backend", self.backend_combo)
-        run_form.addRow("Repeats", self.repeats_spin)
-        run_form.addRow("Sweep", sweep)
-        col.addWidget(run_box)
+        self.schedules_button, self.schedule_checks = self._check_list("schedules", schedules)
+        self.baselines_button, self.baseline_checks = self._check_list("baselines", baselines)
+        add(0, 2, "Backend", self.backend_combo)
+        add(1, 2, "Repeats", self.repeats_spin)
+        add(2, 1, "Sweep", sweep, span=2)
+        add(0, 3, "Schedules", self.schedules_button)
+        add(1, 3, "Baselines", self.baselines_button)
+        grid.setColumnStretch(grid.columnCount(), 1)
+        grid.setRowStretch(SIZE_ROWS, 1)
+
         self.backend_note = QtWidgets.QLabel()
         self.backend_note.setProperty("role", "hint")
         if "cuda" not in backends:
@@ -96,34 +107,50 @@ class BenchPanel(QtWidgets.QWidget):
             self.backend_note.setToolTip("The numpy backend runs the same Plan on the CPU, checked "
                                          "against the reference; its times are not GPU times.")
 
-        self.schedule_checks = self._check_group(col, "Schedules", schedules)
-        self.baseline_checks = self._check_group(col, "Baselines", baselines)
-        col.addStretch(1)
-        for group in box.findChildren(QtWidgets.QGroupBox):
-            group.setSizePolicy(QtWidgets.QSizePolicy.Policy.Preferred, QtWidgets.QSizePolicy.Policy.Maximum)
-            col.setAlignment(group, QtCore.Qt.AlignmentFlag.AlignTop)
-
+        # A window smaller than any laptop's still reaches every setting.
         self.settings_scroll = QtWidgets.QScrollArea()
         self.settings_scroll.setWidget(box)
         self.settings_scroll.setWidgetResizable(True)
         self.settings_scroll.setMinimumHeight(60)
         self.settings_scroll.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
 
-    @staticmethod
-    def _check_group(row: QtWidgets.QHBoxLayout, title: str, names: list[str]
-                     ) -> dict[str, QtWidgets.QCheckBox]:
-        """A group of ticked check boxes in columns, added to `row`; returns them by name."""
-        box = QtWidgets.QGroupBox(title)
-        grid = QtWidgets.QGridLayout(box)
+    def _check_list(self, what: str, names: list[str]
+                    ) -> tuple[QtWidgets.QToolButton, dict[str, QtWidgets.QCheckBox]]:
+        """A button whose drop-down list ticks `names` (all ticked at first), and the check boxes by name.
+        Check boxes, not checkable menu items, so that the list stays open while several are ticked."""
+        button = QtWidgets.QToolButton()
+        button.setPopupMode(QtWidgets.QToolButton.ToolButtonPopupMode.InstantPopup)
+        button.setToolButtonStyle(QtCore.Qt.ToolButtonStyle.ToolButtonTextOnly)
+        # As wide as its longest text ("5 of 6") and the drop-down arrow beside it.
+        button.setMinimumWidth(button.fontMetrics().horizontalAdvance(f"{len(names)} of {len(names)}") + 36)
+        menu = QtWidgets.QMenu(button)
         checks: dict[str, QtWidgets.QCheckBox] = {}
-        rows = -(-len(names) // CHECK_COLUMNS)
-        for i, name in enumerate(names):
+        for name in names:
             check = QtWidgets.QCheckBox(name)
             check.setChecked(True)
-            grid.addWidget(check, i % rows, i // rows)
+            check.setContentsMargins(8, 2, 8, 2)
+            action = QtWidgets.QWidgetAction(menu)
+            action.setDefaultWidget(check)
+            menu.addAction(action)
             checks[name] = check
-        row.addWidget(box)
-        return checks
+        button.setMenu(menu)
+
+        def show_ticked() -> None:
+            ticked = [n for n, c in checks.items() if c.isChecked()]
+            if len(ticked) == len(checks):
+                text = f"all {len(checks)}"
+            elif not ticked:
+                text = "none"
+            else:
+                text = f"{len(ticked)} of {len(checks)}"
+            button.setText(text)
+            button.setToolTip(f"The {what} to time: " + (", ".join(ticked) or "none")
+                              + ". Click to choose.")
+
+        for check in checks.values():
+            check.toggled.connect(show_ticked)
+        show_ticked()
+        return button, checks
 
     def _build_run_bar(self) -> QtWidgets.QHBoxLayout:
         bar = QtWidgets.QHBoxLayout()

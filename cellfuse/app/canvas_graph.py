@@ -2,7 +2,8 @@
 
 NodeGraphQt would create nodes from the Tab search or a drop itself, and rename a node from its
 title with no check. Here those gestures become signals; the cell adapter decides what they do, so
-that every node gets a valid, unique cell id and a state gets its update node.
+that every node gets a valid, unique cell id and a state gets its update node. The Tab search lists
+the ops by the names the palette shows.
 """
 
 from __future__ import annotations
@@ -10,13 +11,46 @@ from __future__ import annotations
 import logging
 
 from NodeGraphQt import NodeGraph
-from PySide6 import QtCore
+from NodeGraphQt.widgets.tab_search import TabSearchMenuWidget
+from PySide6 import QtCore, QtGui
 
 from . import theme
 
 log = logging.getLogger(__name__)
 
 OP_MIME_TYPE = "application/x-cellfuse-op"
+
+
+class OpSearchMenu(TabSearchMenuWidget):
+    """NodeGraphQt's node search, with the names it is given as one flat list in their order.
+    NodeGraphQt's own files them in submenus titled with the node classes' type strings
+    ("cellfuse.Elementwise"), which are no names a user knows."""
+
+    def build_menu_tree(self) -> None:
+        for name in self._node_dict:
+            action = QtGui.QAction(name, self)
+            # Not a slot of the menu: a menu drops every connection of an action to itself when the
+            # action is taken out of it, as the list does while the user types.
+            action.triggered.connect(lambda _checked=False, name=name: self._submit(name))
+            self._actions[name] = action
+
+    def _submit(self, name: str) -> None:
+        if not self._block_submit:
+            self.search_submitted.emit(self._node_dict[name])
+        self._close()
+
+    def _set_menu_visible(self, visible: bool) -> None:
+        # NodeGraphQt shows its submenus while nothing is typed, and only the matches while typing;
+        # here every name stands for its submenu.
+        for action in self._actions.values():
+            if visible:
+                self.addAction(action)
+            else:
+                self.removeAction(action)
+
+    def names(self) -> list[str]:
+        """The names listed now, top to bottom."""
+        return [a.text() for a in self.actions() if a in self._actions.values()]
 
 
 class CanvasGraph(NodeGraph):
@@ -32,6 +66,8 @@ class CanvasGraph(NodeGraph):
         self.set_background_color(*theme.CANVAS_BACKGROUND)
         self.set_grid_color(*theme.CANVAS_GRID)
         viewer = self.viewer()
+        viewer._search_widget = self.search_menu = OpSearchMenu()
+        self.search_menu.search_submitted.connect(viewer._on_search_submitted)
         # The window owns Undo and Redo; the viewer's copies would make the shortcuts ambiguous.
         for action in (viewer.qaction_for_undo(), viewer.qaction_for_redo()):
             if action is not None:
@@ -57,5 +93,10 @@ class CanvasGraph(NodeGraph):
 
     # -- search ---------------------------------------------------------------------------------
     def open_node_search(self, names: dict[str, list[str]]) -> None:
-        """Opens NodeGraphQt's node search (Tab) with the given name -> node types."""
+        """Opens the node search (Tab) with the given name -> node types, listed in their order."""
+        # NodeGraphQt keeps the list it built first, and asks for a new one when a node class is
+        # registered: built anew whenever it is not this list.
+        listed = {name: types[0] for name, types in names.items() if len(types) == 1}
+        if self.search_menu._node_dict != listed:
+            self.search_menu.rebuild = True
         self.viewer().tab_search_set_nodes(names)

@@ -7,7 +7,8 @@ never leave the Cell and the canvas apart, whatever signals NodeGraphQt emits or
 
 How the canvas holds a cell:
 - every node of the cell is one canvas node whose name is the cell id (our stable id: the canvas
-  ids of NodeGraphQt change on every load); its input ports are the op's args, in order;
+  ids of NodeGraphQt change on every load); its input ports are the op's args, in order, and a port
+  with no wire is the arg "" (validation names it as not connected);
 - a state is shown twice: the state node (its value at t-1, an output port) and its update node
   (the value it takes at t, an input port), linked by the state node's canvas id and titled with
   the state's name; connecting into the update node sets `cell.updates[state]`;
@@ -27,7 +28,7 @@ from typing import Any
 from PySide6 import QtCore, QtGui
 
 from ..graph_model import OPS, Cell, CellError, Node
-from ..graph_model.validate import DIMS, ID_PATTERN
+from ..graph_model.validate import DIMS, ID_PATTERN, OUTPUT_TITLE, update_title
 from . import canvas_layout
 from .canvas_graph import CanvasGraph
 from .fragments import PastePlan
@@ -36,7 +37,6 @@ from .node_types import (
     DEFAULT_CONST_VALUE,
     DEFAULT_WEIGHT_SHAPE,
     OP_NODE_CLASSES,
-    OUTPUT_TITLE,
     PROP_EXTRA,
     PROP_SHAPE,
     PROP_STATE_LINK,
@@ -49,7 +49,6 @@ from .node_types import (
     StateUpdateNode,
     caption_for,
     node_type_of,
-    update_title,
 )
 
 log = logging.getLogger(__name__)
@@ -186,7 +185,9 @@ class CellAdapter(QtCore.QObject):
         nodes: list[Node] = []
         layout: dict[str, list[float]] = {}
         for n in self._ops():
-            args = [a for p in n.input_ports() if (a := self._source_id(p)) is not None]
+            # A port with no wire is read as the empty id, so that the ports after it keep their place
+            # and validation can say which port it is.
+            args = [self._source_id(p) or "" for p in n.input_ports()]
             shape = n.get_property(PROP_SHAPE) if n.OP == "weight" else None
             value = n.get_property(PROP_VALUE) if n.OP == "const" else None
             nodes.append(Node(id=n.name(), op=n.OP, args=args,
@@ -279,6 +280,8 @@ class CellAdapter(QtCore.QObject):
                 for i, a in enumerate(n.args):
                     if i >= len(ports):
                         lost.append(f"arg {i + 1} of '{n.id}'")
+                    elif a == "":
+                        continue  # a port saved unconnected
                     elif a not in canvas:
                         lost.append(f"arg '{a}' of '{n.id}'")
                     else:

@@ -115,8 +115,8 @@ class CudaView(QtWidgets.QWidget):
 
     def scroll_to_node(self, node_id: str) -> int | None:
         """Scrolls to the kernel that computes `node_id` and marks the node's own line in it (the kernel's
-        first line where the node has none); the cursor goes to the kernel's first line. Returns the
-        marked line, 1-based, or None."""
+        first line where the node has none); the cursor goes to the marked line, so that a copy or a
+        search starts there. Returns the marked line, 1-based, or None."""
         kernel = self._kernel_of_node.get(node_id)
         line = self._kernel_line.get(kernel) if kernel else None
         if line is None:
@@ -125,7 +125,7 @@ class CudaView(QtWidgets.QWidget):
             return None
         own = self.node_line(node_id) or line
         document = self.editor.document()
-        cursor = QtGui.QTextCursor(document.findBlockByLineNumber(line - 1 + self._banner_lines))
+        cursor = QtGui.QTextCursor(document.findBlockByLineNumber(own - 1 + self._banner_lines))
         self.editor.setTextCursor(cursor)
         # The kernel's first line near the top of the view when the node's line fits below it, else
         # the node's line in the middle.

@@ -193,6 +193,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.info = analyze(cell)
         self.problems.show_problems(self.info.problems)
         node_marks.show_problems(self.adapter, self.info)
+        node_marks.show_port_shapes(self.adapter, self.info)
         node_marks.color_wires(self.adapter)
         self.properties.show_cell(cell, self.info, self.adapter.selected_ids())
         errors = len(self.info.errors)
@@ -330,11 +331,11 @@ class MainWindow(QtWidgets.QMainWindow):
         return [list(g.matmuls) for g in plan.groups] + [list(i.nodes) for i in plan.islands]
 
     def _show_out_of_date(self, reason: str) -> None:
-        """The last valid plan and CUDA stay on show, marked as out of date, while the cell has no plan.
-        The outlines go: drawn on a graph that has changed since, they would tell the wrong story."""
+        """The last valid plan, its outlines and its CUDA stay on show, marked as out of date, while the
+        cell has no plan."""
         self.plan_panel.mark_out_of_date(reason)
         self.cuda_view.mark_out_of_date(reason)
-        self.overlay.clear()
+        self.overlay.mark_out_of_date()
 
     def set_overlay_visible(self, visible: bool) -> None:
         self.overlay.set_visible(visible)
@@ -367,6 +368,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self._last_structure = None
         self.plan_panel.show_message("No plan yet.")  # another cell's plan is not out of date, it is wrong
         self.cuda_view.show_message("No source yet.")
+        self.overlay.clear()
         self._on_cell_changed(self.cell)
         self.refresh_plan()
         self.adapter.fit()

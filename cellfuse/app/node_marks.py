@@ -1,12 +1,14 @@
 """What validation found, shown on the canvas: a node with a problem gets a red (error) or amber
-(warning) border and badge, and its tooltip lists the problems and its inferred shape. Wires take
-the colour of the node they come from."""
+(warning) border and badge, and its tooltip lists the problems and its inferred shape; a port's
+tooltip says the shape of the value it carries. Wires take the colour of the node they come from."""
 
 from __future__ import annotations
 
 from ..graph_model import CellInfo, shape_str
 from .cell_adapter import CellAdapter
-from .node_types import ROLE_OUTPUT, CellNode
+from .node_types import ROLE_OP, ROLE_OUTPUT, CellNode
+
+UNKNOWN_SHAPE = "shape not known: see Problems"
 
 
 def show_problems(adapter: CellAdapter, info: CellInfo) -> None:
@@ -31,6 +33,31 @@ def show_problems(adapter: CellAdapter, info: CellInfo) -> None:
     for node_id, shape in info.shapes.items():
         for n in adapter.canvas_nodes(node_id):
             n.item.set_shape_text(shape_str(shape))
+
+
+def _shape_of(info: CellInfo, node_id: str) -> str:
+    shape = info.shapes.get(node_id)
+    return shape_str(shape) if shape is not None else UNKNOWN_SHAPE
+
+
+def show_port_shapes(adapter: CellAdapter, info: CellInfo) -> None:
+    """Each port's tooltip: an output port the shape of its node's value ("h: [batch, hidden]"), an
+    input port that of the value wired into it, and from where (in place of NodeGraphQt's tooltip,
+    which says how many wires the port takes)."""
+    for n in adapter.graph.all_nodes():
+        if not isinstance(n, CellNode):
+            continue
+        if n.ROLE == ROLE_OP:
+            for port in n.output_ports():
+                port.view.setToolTip(f"{n.name()}: {_shape_of(info, n.name())}")
+        for port in n.input_ports():
+            wired = port.connected_ports()
+            source = wired[0].node() if wired else None
+            if isinstance(source, CellNode) and source.ROLE == ROLE_OP:
+                text = f"{port.name()}: {_shape_of(info, source.name())} from '{source.name()}'"
+            else:
+                text = f"{port.name()}: not connected"
+            port.view.setToolTip(text)
 
 
 def color_wires(adapter: CellAdapter) -> None:

@@ -142,9 +142,3 @@ def node_type_of(cls: type[CellNode]) -> str:
     return f"{cls.__identifier__}.{cls.__name__}"
 
 
-def update_title(state_id: str) -> str:
-    """The title of a state's update node; never a valid cell id, so it cannot clash with one."""
-    return f"{state_id} (next)"
-
-
-OUTPUT_TITLE = "cell output"

@@ -5,6 +5,10 @@ Every launch has a colour of its own (theme.launch_colors), the one the plan pan
 region whose nodes lie apart on the canvas is drawn as several pieces, each labelled with its part
 ("k0 (1/3)"), so that no piece is left unnamed.
 
+While the cell has no plan (an error, a node being wired), the last valid plan stays drawn, grey,
+dashed and labelled "out of date", as the plan panel and the CUDA view keep it: it is what the user
+was working from, and a node deleted since simply drops out of it.
+
 The outlines are plain scene items behind the nodes; they are not nodes of the graph and never
 reach the undo stack or the file.
 """
@@ -23,6 +27,8 @@ LABEL_BAND = 16.0
 LABEL_INDENT = 6.0
 NODE_CLEARANCE = 4.0  # a label keeps this far from any node, so that it never touches a title bar
 Z_VALUE = -5.0
+STALE_RGB: theme.RGB = (128, 132, 140)  # every region of an out-of-date plan, in one quiet grey
+STALE_TAG = "out of date"
 
 
 @dataclass(frozen=True)
@@ -152,6 +158,7 @@ class PlanOverlay:
         self._items: list[QtWidgets.QGraphicsItem] = []
         self._labels: list[PlacedLabel] = []
         self._visible = True
+        self._stale = False
         self._tagged: set[str] = set()
 
     @property
@@ -166,8 +173,18 @@ class PlanOverlay:
         self._visible = visible
         self.refresh()
 
+    @property
+    def out_of_date(self) -> bool:
+        return self._stale and bool(self._regions)
+
     def show_summary(self, summary: dict | None) -> None:
         self._regions = regions_of(summary) if summary else []
+        self._stale = False
+        self.refresh()
+
+    def mark_out_of_date(self) -> None:
+        """Keeps the last plan drawn, marked as out of date, while the cell has none."""
+        self._stale = True
         self.refresh()
 
     def clear(self) -> None:
@@ -189,6 +206,9 @@ class PlanOverlay:
             others = [r for j, rs in enumerate(region_rects) if j != index for r, _ in rs]
             self._draw_region(region, rects, [*nodes, *others, *placed], placed)
 
+    def _color(self, region: PlanRegion) -> QtGui.QColor:
+        return theme.qcolor(STALE_RGB if self._stale else region.rgb)
+
     def _remove_items(self) -> None:
         scene = self._adapter.graph.viewer().scene()
         for item in self._items:
@@ -206,26 +226,33 @@ class PlanOverlay:
         for node_id in region.nodes:
             for n in self._adapter.canvas_nodes(node_id)[:1]:
                 out.append((n.view.sceneBoundingRect().adjusted(-PAD, -PAD, PAD, PAD), node_id))
-                if region.kind == "gemm" and region.hoisted:
+                if region.kind == "gemm" and region.hoisted and not self._stale:
                     n.item.set_plan_tag("hoisted")
                     self._tagged.add(node_id)
         return out
 
     def _draw_region(self, region: PlanRegion, rects: list[tuple[QtCore.QRectF, str]],
                      obstacles: list[QtCore.QRectF], placed: list[QtCore.QRectF]) -> None:
-        color = theme.qcolor(region.rgb)
+        color = self._color(region)
         shapes = [r for r, _ in rects]
         parts = pieces(shapes)
         for part, members in enumerate(parts, start=1):
             piece = [rects[i] for i in members]
             label = self._make_label(color)
-            spot = self._label_spot(label, label_texts(region, part, len(parts)), [r for r, _ in piece],
-                                    [*obstacles, *placed])
+            texts = label_texts(region, part, len(parts))
+            if self._stale:
+                texts = [f"{STALE_TAG} · {text}" for text in texts]
+            spot = self._label_spot(label, texts, [r for r, _ in piece], [*obstacles, *placed])
             placed.append(spot.footprint)
             if spot.band is not None:
                 shapes.append(spot.band)
             self._add_label(label, spot, region, tuple(node_id for _, node_id in piece))
         self._add_outline(region, color, shapes)
+
+    def _tooltip(self, region: PlanRegion) -> str:
+        if self._stale:
+            return f"Out of date: the last valid plan. {region.label}"
+        return region.label
 
     @staticmethod
     def _make_label(color: QtGui.QColor) -> QtWidgets.QGraphicsSimpleTextItem:
@@ -263,7 +290,7 @@ class PlanOverlay:
         label.setText(spot.text)
         label.setPos(spot.box.topLeft())
         label.setZValue(Z_VALUE + 0.5)
-        label.setToolTip(region.label)
+        label.setToolTip(self._tooltip(region))
         label.setAcceptedMouseButtons(QtCore.Qt.MouseButton.NoButton)
         self._adapter.graph.viewer().scene().addItem(label)
         self._items.append(label)
@@ -277,15 +304,16 @@ class PlanOverlay:
             path.addRoundedRect(rect, 10.0, 10.0)
         item = QtWidgets.QGraphicsPathItem(path.simplified())
         fill = QtGui.QColor(color)
-        fill.setAlpha(30 if region.kind == "fused" else 44)
+        fill.setAlpha(14 if self._stale else 30 if region.kind == "fused" else 44)
         item.setBrush(fill)
         pen = QtGui.QPen(color, 2.0 if region.kind == "gemm" else 1.6)
         style = QtCore.Qt.PenStyle
-        pen.setStyle(style.DashLine if region.kind == "gemm" else style.SolidLine)
+        pen.setStyle(style.DotLine if self._stale else style.DashLine if region.kind == "gemm"
+                     else style.SolidLine)
         pen.setCosmetic(True)
         item.setPen(pen)
         item.setZValue(Z_VALUE)
-        item.setToolTip(region.label)
+        item.setToolTip(self._tooltip(region))
         item.setAcceptedMouseButtons(QtCore.Qt.MouseButton.NoButton)
         self._adapter.graph.viewer().scene().addItem(item)
         self._items.append(item)

@@ -12,7 +12,7 @@ import html
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from ..graph_model import OPS, Cell, CellInfo, shape_str
-from ..graph_model.validate import DIMS
+from ..graph_model.validate import DIMS, port_name
 from . import theme
 
 ID_REGEX = QtCore.QRegularExpression(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -212,11 +212,10 @@ class PropertiesPanel(QtWidgets.QWidget):
             self.value_edit.setText(number_text(node.value) if node.value is not None else "")
 
         names = spec.args if spec else ()
-        rows = [f"{html.escape(names[i]) if i < len(names) else i}: {_links([a])}"
-                for i, a in enumerate(node.args)]
-        if spec and len(node.args) < len(names):
-            rows += [f'{html.escape(n)}: <span style="color:#f07060">not connected</span>'
-                     for n in names[len(node.args):]]
+        unconnected = '<span style="color:#f07060">not connected</span>'
+        args = [*node.args, *[""] * (len(names) - len(node.args))]
+        rows = [f"{html.escape(port_name(node.op, i))}: {_links([a]) if a else unconnected}"
+                for i, a in enumerate(args)]
         self._form.setRowVisible(self.inputs_label, bool(names))
         self.inputs_label.setText("<br/>".join(rows) or "none")
         users = cell.consumers().get(node.id, [])

@@ -147,6 +147,8 @@ class CellBuilder:
 
 def auto_layout(cell: Cell) -> dict[str, list[float]]:
     """Columns by depth from the sources; each source sits one column left of its first consumer.
+    Matmuls that share their left operand (what the scheduler makes one GEMM of) stay together in
+    their column, and so do the weights they multiply; otherwise a column keeps the cell's order.
 
     Works on any cell the editor may hold: args that name no node are ignored, and so is the edge
     that closes a cycle.
@@ -175,12 +177,28 @@ def auto_layout(cell: Cell) -> dict[str, list[float]]:
     for n in cell.nodes:
         if not n.args and consumers[n.id]:
             depth[n.id] = max(0, min(depth[c] for c in consumers[n.id]) - 1)
-    rows: dict[int, int] = {}
-    layout: dict[str, list[float]] = {}
+    gemm_of_weight: dict[str, str] = {}  # a weight -> the left operand of the first matmul it is W of
     for n in cell.nodes:
-        if n.id in layout:
+        if n.op == "matmul" and len(n.args) == 2:
+            gemm_of_weight.setdefault(n.args[1], n.args[0])
+
+    def run(n: Node) -> tuple[str, str]:
+        """What a node is kept together with in its column, in the order each first appears."""
+        if n.op == "matmul" and len(n.args) == 2:
+            return "matmuls of", n.args[0]
+        if n.op == "weight" and n.id in gemm_of_weight:
+            return "weights of", gemm_of_weight[n.id]
+        return "node", n.id
+
+    columns: dict[int, dict[tuple[str, str], list[str]]] = {}
+    placed: set[str] = set()
+    for n in cell.nodes:
+        if n.id in placed:
             continue  # a duplicate id; the first node of it has the place
-        d = depth[n.id]
-        layout[n.id] = [d * COLUMN_SPACING, rows.get(d, 0) * ROW_SPACING]
-        rows[d] = rows.get(d, 0) + 1
-    return layout
+        placed.add(n.id)
+        columns.setdefault(depth[n.id], {}).setdefault(run(n), []).append(n.id)
+    place: dict[str, list[float]] = {}
+    for d, runs in columns.items():
+        for row, nid in enumerate(nid for members in runs.values() for nid in members):
+            place[nid] = [d * COLUMN_SPACING, row * ROW_SPACING]
+    return {nid: place[nid] for nid in cell.by_id()}  # in the cell's order, as a file lists it

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import operator
 import re
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -63,6 +64,15 @@ def check_count(name: str, value: object, limit: int) -> int:
     if n > limit:
         raise CellError(f"{name} is {number_str(n)}, above the limit of {limit}")
     return n
+
+
+def update_title(state_id: str) -> str:
+    """The editor's title of a state's update node (the value the state takes for the next step); never
+    a valid cell id, so it cannot clash with one. Messages name the node by it."""
+    return f"{state_id} (next)"
+
+
+OUTPUT_TITLE = "cell output"  # the editor's title of the output node
 
 
 def shape_str(shape: Shape | None) -> str:
@@ -201,163 +211,245 @@ def check_types(cell: object) -> None:
 
 
 def analyze(cell: Cell) -> CellInfo:
-    """Every problem of the cell, and, when it has no structural error, its shapes and order.
+    """Every problem of the cell, the shape of every node whose shape can be known, and, when the cell
+    has no structural error, its order.
+
+    Shapes and unused nodes are checked whatever other errors the cell has, so that a half-drawn cell
+    shows all it can: only what is computed from a node with an error of its own goes unchecked.
+    Messages name nodes and ports as the editor's canvas shows them.
 
     Raises CellError only for a cell whose fields have the wrong types (see `check_types`)."""
     check_types(cell)
     info = CellInfo()
-    err = info.problems.append
-
-    def error(msg: str, node: str | None = None) -> None:
-        err(Problem("error", msg, node))
-
     if len(cell.nodes) > MAX_NODES:  # the scheduler's passes are not linear in the nodes
-        error(f"the cell has {len(cell.nodes)} nodes, more than the limit of {MAX_NODES}")
+        info.problems.append(Problem("error", f"the cell has {len(cell.nodes)} nodes, more than the limit "
+                                              f"of {MAX_NODES}"))
         return info
+    _check_structure(cell, info)
+    structural = not info.ok
+    # A node with an error of its own has no shape, nor has anything computed from it; the rest of
+    # the graph is checked as usual. A state's errors never make its shape unknown, unless another
+    # node has its id.
+    counts = Counter(n.id for n in cell.nodes)
+    broken = {p.node for p in info.errors if p.node is not None} - {s.id for s in cell.of_op("state")}
+    broken |= {nid for nid, count in counts.items() if count > 1}
+    order = _infer_shapes(cell, info, broken)
+    _check_liveness(cell, info)
+    if order is not None and not structural:
+        info.order = [nid for nid in order if nid not in info.dead]
+    return info
 
-    # Ids, ops, arity, args.
+
+def _error(info: CellInfo, message: str, node: str | None = None) -> None:
+    info.problems.append(Problem("error", message, node))
+
+
+def port_name(op: str, i: int) -> str:
+    """The canvas's name of the i-th (0-based) input port of an op: the op table's arg name."""
+    spec = OPS.get(op)
+    names = spec.args if spec is not None else ()
+    return names[i] if i < len(names) else f"#{i + 1}"
+
+
+def _ports(names: list[str]) -> str:
+    if len(names) == 1:
+        return f"port {names[0]}"
+    return f"ports {', '.join(names[:-1])} and {names[-1]}"
+
+
+def _check_args(n: Node, nodes: dict[str, Node], info: CellInfo) -> None:
+    """Each port of the node connected once, to a node that exists."""
+    spec = OPS[n.op]
+    if len(n.args) > spec.arity:
+        ports = f" ({', '.join(spec.args)})" if spec.args else ""
+        _error(info, f"'{n.op}' takes {spec.arity} arg{'s' if spec.arity != 1 else ''}{ports}, "
+                     f"got {len(n.args)}", n.id)
+    # An empty id is a port the editor shows unconnected; missing args at the end are too.
+    unconnected = [port_name(n.op, i) for i, a in enumerate(n.args[:spec.arity]) if a == ""]
+    unconnected += [port_name(n.op, i) for i in range(len(n.args), spec.arity)]
+    if unconnected:
+        verb = "is" if len(unconnected) == 1 else "are"
+        _error(info, f"{_ports(unconnected)} of '{n.id}' {verb} not connected", n.id)
+    for i, a in enumerate(n.args):
+        if a != "" and a not in nodes:
+            _error(info, f"{_ports([port_name(n.op, i)])} of '{n.id}' names '{a}', which is no node", n.id)
+
+
+def _check_structure(cell: Cell, info: CellInfo) -> None:
+    """Ids, ops, ports, weight shapes, const values, the input, the updates and the output."""
     seen: set[str] = set()
     for n in cell.nodes:
         if not ID_PATTERN.match(n.id):
-            error(f"id '{n.id}' is not a valid name (letters, digits and _, not starting with a digit)",
-                  n.id)
+            _error(info, f"id '{n.id}' is not a valid name (letters, digits and _, not starting with a "
+                         "digit)", n.id)
         if n.id in seen:
-            error(f"duplicate id '{n.id}'", n.id)
+            _error(info, f"duplicate id '{n.id}'", n.id)
         seen.add(n.id)
     nodes = cell.by_id()
     for n in cell.nodes:
-        spec = OPS.get(n.op)
-        if spec is None:
-            error(f"unknown op '{n.op}' (known: {', '.join(OPS)})", n.id)
+        if n.op not in OPS:
+            _error(info, f"unknown op '{n.op}' (known: {', '.join(OPS)})", n.id)
             continue
-        if len(n.args) != spec.arity:
-            error(f"'{n.op}' takes {spec.arity} arg{'s' if spec.arity != 1 else ''}, "
-                  f"got {len(n.args)}", n.id)
-        for a in n.args:
-            if a not in nodes:
-                error(f"arg '{a}' names no node", n.id)
+        _check_args(n, nodes, info)
         if n.op == "weight":
             if (not isinstance(n.shape, list) or len(n.shape) not in (1, 2)
                     or any(d not in DIMS for d in n.shape)):
-                error(f"weight shape must be one or two of {list(DIMS)}, got {shown(n.shape)}", n.id)
+                _error(info, f"weight shape must be one or two of {list(DIMS)}, got {shown(n.shape)}", n.id)
         elif n.shape is not None:
-            error(f"only weights have a shape ('{n.op}' node has {shown(n.shape)})", n.id)
+            _error(info, f"only weights have a shape ('{n.op}' node has {shown(n.shape)})", n.id)
         if n.op == "const":
             if not is_finite_number(n.value):
-                error(f"a const needs a finite number as its value, got {shown(n.value)}", n.id)
+                _error(info, f"a const needs a finite number as its value, got {shown(n.value)}", n.id)
         elif n.value is not None:
-            error(f"only consts have a value ('{n.op}' node has {shown(n.value)})", n.id)
+            _error(info, f"only consts have a value ('{n.op}' node has {shown(n.value)})", n.id)
 
     inputs = cell.of_op("input")
     if not inputs:
-        error("the cell has no input node")
+        _error(info, "the cell has no input node")
     for extra_input in inputs[1:]:
-        error("a cell has exactly one input node", extra_input.id)
+        _error(info, "a cell has exactly one input node", extra_input.id)
 
     for state, target in cell.updates.items():
         if state not in nodes:
-            error(f"updates names '{state}', which is no node")
+            _error(info, f"updates names '{state}', which is no node")
         elif nodes[state].op != "state":
-            error(f"updates names '{state}', which is a '{nodes[state].op}' node, not a state",
-                  state)
+            _error(info, f"updates names '{state}', which is a '{nodes[state].op}' node, not a state", state)
         if target not in nodes:
-            error(f"the update of '{state}' names '{target}', which is no node", state)
+            _error(info, f"the update of '{state}' names '{target}', which is no node", state)
     for s in cell.of_op("state"):
         if s.id not in cell.updates:
-            error("state has no update (add it to 'updates')", s.id)
+            _error(info, f"'{update_title(s.id)}' has no input: connect the update of state '{s.id}' "
+                         "(its value for the next step) to it", s.id)
         if s.id == "x":  # the inputs file keys initial states by id, and the input sequence is its 'x'
-            error("a state cannot be called 'x': an inputs file holds the input sequence under 'x'", s.id)
+            _error(info, "a state cannot be called 'x': an inputs file holds the input sequence under 'x'",
+                   s.id)
     if cell.output is None:
-        error("the cell has no output")
+        _error(info, f"the cell has no output: connect the layer's output value to the '{OUTPUT_TITLE}' node")
     elif cell.output not in nodes:
-        error(f"output names '{cell.output}', which is no node")
+        _error(info, f"output names '{cell.output}', which is no node")
 
-    if info.errors:
-        return info
 
-    args = {n.id: list(n.args) for n in cell.nodes}
-    cycle = _find_cycle([n.id for n in cell.nodes], args)
+def _describe(nid: str, node: Node, shape: Shape) -> str:
+    """A value as a message names it: its id, what it is where that explains the shape, its shape."""
+    if node.op == "weight":
+        return f"'{nid}', a {len(shape)}-D weight {shape_str(shape)}"
+    if node.op == "const":
+        return f"'{nid}', a const {shape_str(shape)}"
+    return f"'{nid}' {shape_str(shape)}"
+
+
+def _matmul_shape(nid: str, n: Node, nodes: dict[str, Node], shapes: dict[str, Shape],
+                  info: CellInfo) -> Shape | None:
+    a, w = n.args
+    sa, sw = shapes[a], shapes[w]
+    pa, pw = port_name("matmul", 0), port_name("matmul", 1)
+    if nodes[w].op != "weight" or len(sw) != 2:
+        what = "a 1-D weight" if nodes[w].op == "weight" else f"a {nodes[w].op}"
+        _error(info, f"matmul '{nid}': port {pw} takes a 2-D weight [K, N]; it gets '{w}', {what} of shape "
+                     f"{shape_str(sw)}", nid)
+        return None
+    if len(sa) != 2 or sa[0] != ROW:
+        _error(info, f"matmul '{nid}': port {pa} takes a [batch, {sw[0]}] value (the input, a state or one "
+                     f"computed from them); it gets {_describe(a, nodes[a], sa)}", nid)
+        return None
+    if sa[1] != sw[0]:
+        _error(info, f"shape mismatch in matmul '{nid}': port {pa} gets '{a}' {shape_str(sa)}, but port "
+                     f"{pw} holds '{w}' {shape_str(sw)}, which expects [batch, {sw[0]}]", nid)
+        return None
+    return (ROW, sw[1])
+
+
+def _elementwise_shape(nid: str, n: Node, nodes: dict[str, Node], shapes: dict[str, Shape],
+                       info: CellInfo) -> Shape | None:
+    for i, a in enumerate(n.args):
+        if len(shapes[a]) == 2 and shapes[a][0] != ROW:
+            _error(info, f"{n.op} '{nid}': port {port_name(n.op, i)} gets "
+                         f"{_describe(a, nodes[a], shapes[a])}; a 2-D weight only goes into port "
+                         f"{port_name('matmul', 1)} of a matmul", nid)
+            return None
+    out: Shape | None = shapes[n.args[0]]
+    for a in n.args[1:]:
+        out = _broadcast(out, shapes[a]) if out is not None else None
+    if out is None:
+        desc = ", ".join(f"port {port_name(n.op, i)} gets {_describe(a, nodes[a], shapes[a])}"
+                         for i, a in enumerate(n.args))
+        _error(info, f"shape mismatch in {n.op} '{nid}': {desc}; the shapes must be equal, or one a const "
+                     "or a 1-D weight that spreads over the rows", nid)
+    return out
+
+
+def _infer_shapes(cell: Cell, info: CellInfo, broken: set[str]) -> list[str] | None:
+    """The shapes of the nodes not in `broken` and of what is computed from them only, and their
+    topological order (None for a cycle)."""
+    nodes = cell.by_id()
+    ids = [nid for nid in nodes if nid not in broken]
+    # A source takes no args (a state with some has its error already).
+    args = {nid: [] if OPS[nodes[nid].op].is_source else [a for a in nodes[nid].args
+                                                          if a in nodes and a not in broken]
+            for nid in ids}
+    cycle = _find_cycle(ids, args)
     if cycle:
-        error("cycle that passes through no state: " + " -> ".join(cycle + [cycle[0]])
-              + " (a value of the previous step must come from a state node)", cycle[0])
-        return info
+        _error(info, "cycle that passes through no state: " + " -> ".join(cycle + [cycle[0]])
+               + " (a value of the previous step must come from a state node)", cycle[0])
+        return None
 
-    # Shapes, in topological order.
-    order = _topo([n.id for n in cell.nodes], args)
+    order = _topo(ids, args)
     shapes: dict[str, Shape] = {}
     for nid in order:
         n = nodes[nid]
+        shape: Shape | None
         if n.op == "input":
-            shapes[nid] = (ROW, "input")
+            shape = (ROW, "input")
         elif n.op == "state":
-            shapes[nid] = (ROW, "hidden")
+            shape = (ROW, "hidden")
         elif n.op == "weight":
-            shapes[nid] = tuple(n.shape or ())
+            shape = tuple(n.shape or ())
         elif n.op == "const":
-            shapes[nid] = ()
+            shape = ()
         elif any(a not in shapes for a in n.args):
             continue  # an arg is already wrong; its node carries the error
         elif n.op == "matmul":
-            a, w = n.args
-            wn = nodes[w]
-            if wn.op != "weight" or len(shapes[w]) != 2:
-                error(f"the second arg of matmul must be a 2-D weight; '{w}' is "
-                      f"{'a ' + wn.op if wn.op != 'weight' else 'a 1-D weight'} "
-                      f"of shape {shape_str(shapes[w])}", nid)
-                continue
-            sa = shapes[a]
-            if len(sa) != 2 or sa[0] != ROW or sa[1] != shapes[w][0]:
-                error(f"shape mismatch: '{a}' is {shape_str(sa)} but '{w}' is "
-                      f"{shape_str(shapes[w])}; matmul needs [batch, K] @ [K, N]", nid)
-                continue
-            shapes[nid] = (ROW, shapes[w][1])
+            shape = _matmul_shape(nid, n, nodes, shapes, info)
         else:
-            arg_shapes = [shapes[a] for a in n.args]
-            bad = [a for a in n.args if len(shapes[a]) == 2 and shapes[a][0] != ROW]
-            if bad:
-                error(f"'{bad[0]}' is a 2-D weight of shape {shape_str(shapes[bad[0]])}; 2-D weights "
-                      "are only used as the W of a matmul", nid)
-                continue
-            out = arg_shapes[0]
-            for s in arg_shapes[1:]:
-                out = _broadcast(out, s)
-                if out is None:
-                    break
-            if out is None:
-                desc = ", ".join(f"'{a}' is {shape_str(shapes[a])}" for a in n.args)
-                error(f"shape mismatch in '{n.op}': {desc}", nid)
-                continue
-            shapes[nid] = out
+            shape = _elementwise_shape(nid, n, nodes, shapes, info)
+        if shape is not None:
+            shapes[nid] = shape
     info.shapes = shapes
 
     hidden_row = (ROW, "hidden")
     for state, target in cell.updates.items():
         if target in shapes and shapes[target] != hidden_row:
-            error(f"the update of state '{state}' is '{target}' of shape "
-                  f"{shape_str(shapes[target])}; a state must be {shape_str(hidden_row)}", state)
+            _error(info, f"'{update_title(state)}' gets '{target}' of shape {shape_str(shapes[target])}; "
+                         f"a state's update must be {shape_str(hidden_row)}", state)
     if cell.output in shapes and shapes[cell.output] != hidden_row:
-        error(f"the output '{cell.output}' is {shape_str(shapes[cell.output])}; the output must be "
-              f"hidden-sized, {shape_str(hidden_row)}", cell.output)
+        _error(info, f"the '{OUTPUT_TITLE}' node gets '{cell.output}' of shape "
+                     f"{shape_str(shapes[cell.output])}; the output must be hidden-sized, "
+                     f"{shape_str(hidden_row)}", cell.output)
+    return order
 
-    # Liveness: what the updates and the output depend on.
+
+def _check_liveness(cell: Cell, info: CellInfo) -> None:
+    """What the updates and the output depend on; the rest is unused. Checked on any cell that has an
+    output, valid or not: with none, every node would be unused, and the missing output says why."""
+    nodes = cell.by_id()
+    if cell.output not in nodes:
+        return
     live: set[str] = set()
-    stack = [t for t in cell.updates.values()] + [cell.output]
+    stack = [t for t in cell.updates.values() if t in nodes] + [cell.output]
     while stack:
         nid = stack.pop()
         if nid in live:
             continue
         live.add(nid)
-        stack.extend(args[nid])
+        stack.extend(a for a in nodes[nid].args if a in nodes)
     for n in cell.nodes:
         if n.id in live or n.op == "state":
             continue
         if n.op == "input":
-            error("the input is not used by any update or the output", n.id)
+            _error(info, "the input is not used by any update or the output", n.id)
         else:
             info.problems.append(Problem("warning", "no update or output depends on this node", n.id))
     info.dead = {n.id for n in cell.nodes if n.id not in live and n.op != "state"}
-    info.order = [nid for nid in order if nid not in info.dead]
-    return info
 
 
 def state_dependent(cell: Cell, order: list[str]) -> dict[str, bool]:

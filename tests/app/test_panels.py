@@ -17,7 +17,7 @@ def test_problems_are_live_and_clicking_one_selects_and_centres_its_node(qtbot, 
     assert "1 error" in window.problems.summary.text()
     assert "error" in window.validity_label.text()
     assert a.node("ai_b").item.mark == "error"
-    assert "takes 2 args" in a.node("ai_b").item.toolTip()
+    assert "port b of 'ai_b' is not connected" in a.node("ai_b").item.toolTip()
 
     a.select([])
     window.adapter.graph.viewer().centerOn(-5000.0, -5000.0)
@@ -30,7 +30,7 @@ def test_problems_are_live_and_clicking_one_selects_and_centres_its_node(qtbot, 
     visible = viewer.mapToScene(viewer.viewport().rect()).boundingRect()
     assert visible.contains(a.node("ai_b").view.sceneBoundingRect().center())
     assert window.properties.id_edit.text() == "ai_b"
-    assert "takes 2 args" in window.properties.problems_label.text()
+    assert "port b of &#x27;ai_b&#x27; is not connected" in window.properties.problems_label.text()
 
     window.actions_.undo.trigger()
     assert window.problems.problem_count() == 0
@@ -136,7 +136,7 @@ def test_plan_follows_the_sizes_and_says_why_when_there_is_none(qtbot, window):
     window.adapter.disconnect("h_new", "a")
     window.refresh_plan()
     assert "Fix the 1 error" in window.plan_panel.message.text()
-    assert not window.overlay.regions
+    assert window.overlay.regions and window.overlay.out_of_date  # the last plan's, marked
     assert window.cuda_view.text().startswith("// Fix")
     assert not window.cuda_view.export_button.isEnabled()
 
@@ -146,11 +146,14 @@ def test_cuda_view_scrolls_to_the_kernel_of_the_selected_node(window):
     assert "__global__" in view.text()
     window.show_node("ai_b")
     kernel = view.kernel_of("ai_b")
-    assert kernel and view.current_line() == view._kernel_line[kernel]
+    # The cursor on the node's own line, inside its kernel.
+    assert kernel and view.current_line() == view.node_line("ai_b") > view._kernel_line[kernel]
     line = view.text().splitlines()[view.current_line() - 1]
-    assert kernel in line
-    window.show_node("hi")
+    assert line.strip().startswith("const float v_ai_b =")
+    assert view.editor.textCursor().block().text() == line
+    window.show_node("hi")  # computed by a GEMM: no line of its own, the cursor on the GEMM's first
     assert view.kernel_of("hi") != kernel
+    assert view.node_line("hi") is None
     assert view.current_line() == view._kernel_line[view.kernel_of("hi")]
     window.show_node("x")
     assert "no kernel" in view.location.text()

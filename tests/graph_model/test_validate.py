@@ -65,11 +65,20 @@ def test_unknown_op(make_cell, elman_nodes_list):
     assert "'a_b'" in str(p) and "unknown op 'addd'" in p.message
 
 
-@pytest.mark.parametrize("args", [["a_b", "a"], []])
-def test_wrong_arity(make_cell, elman_nodes_list, args):
-    p = only_error(make_cell(replace(elman_nodes_list, "h_new", "h_new", "tanh", args)))
+def test_too_many_args(make_cell, elman_nodes_list):
+    p = only_error(make_cell(replace(elman_nodes_list, "h_new", "h_new", "tanh", ["a_b", "a"])))
     assert p.node == "h_new" and "'h_new'" in str(p)
-    assert "takes 1 arg" in p.message and f"got {len(args)}" in p.message
+    assert "takes 1 arg (a)" in p.message and "got 2" in p.message
+
+
+@pytest.mark.parametrize("args, ports", [(["a"], "port b of 'a_b' is not connected"),
+                                         (["", "b"], "port a of 'a_b' is not connected"),
+                                         ([], "ports a and b of 'a_b' are not connected"),
+                                         (["", ""], "ports a and b of 'a_b' are not connected")])
+def test_an_unconnected_port_is_named_as_on_the_canvas(make_cell, elman_nodes_list, args, ports):
+    # The editor reads a port with no wire as the empty id, so that the ports after it keep their place.
+    errs = errors_of(make_cell(replace(elman_nodes_list, "a_b", "a_b", "add", args)))
+    assert [(e.node, e.message) for e in errs if e.node == "a_b"] == [("a_b", ports)]
 
 
 def test_wrong_arity_of_a_source(make_cell, elman_nodes_list):
@@ -122,9 +131,23 @@ def test_matmul_shape_mismatch_names_both_shapes(make_cell, elman_nodes_list):
     assert "[batch, input]" in p.message and "[hidden, hidden]" in p.message
 
 
+def test_matmul_shape_mismatch_names_the_ports(make_cell, elman_nodes_list):
+    p = only_error(make_cell(replace(elman_nodes_list, "xw", "xw", "matmul", ["x", "U"])))
+    assert p.message == ("shape mismatch in matmul 'xw': port a gets 'x' [batch, input], but port W holds "
+                         "'U' [hidden, hidden], which expects [batch, hidden]")
+
+
 def test_matmul_of_a_weight_on_the_left(make_cell, elman_nodes_list):
     p = only_error(make_cell(replace(elman_nodes_list, "hu", "hu", "matmul", ["U", "U"])))
     assert p.node == "hu" and "[hidden, hidden]" in p.message
+
+
+def test_a_weight_wired_into_port_a_of_a_matmul_is_said_with_the_ports(make_cell, elman_nodes_list):
+    # The weight W wired into both ports of xw: the message says which port takes what.
+    (p,) = [e for e in errors_of(make_cell(replace(elman_nodes_list, "xw", "xw", "matmul", ["W", "W"])))
+            if e.node == "xw"]
+    assert p.message == ("matmul 'xw': port a takes a [batch, input] value (the input, a state or one "
+                         "computed from them); it gets 'W', a 2-D weight [input, hidden]")
 
 
 @pytest.mark.parametrize("w, what", [("b", "1-D weight"), ("h", "state"), ("xw", "matmul")])
@@ -139,6 +162,7 @@ def test_matmul_second_arg_must_be_a_2d_weight(make_cell, elman_nodes_list, w, w
 def test_2d_weight_in_an_elementwise_op(make_cell, elman_nodes_list):
     p = only_error(make_cell(replace(elman_nodes_list, "a_b", "a_b", "add", ["a", "U"])))
     assert p.node == "a_b" and "'U'" in p.message and "[hidden, hidden]" in p.message
+    assert p.message.startswith("add 'a_b': port b gets 'U'") and "port W of a matmul" in p.message
 
 
 def test_cycle_through_no_state_names_its_nodes(make_cell, elman_nodes_list):
@@ -162,10 +186,12 @@ def test_a_loop_through_a_state_is_fine(make_cell):
     assert analyze(make_cell()).ok
 
 
-def test_state_without_update(make_cell, elman_nodes_list):
+def test_state_without_update_names_the_update_node_of_the_canvas(make_cell, elman_nodes_list):
     nodes = [*elman_nodes_list, ("c", "state")]
     p = only_error(make_cell(nodes))
-    assert p.node == "c" and "no update" in p.message
+    assert p.node == "c"
+    assert p.message.startswith("'c (next)' has no input: connect the update of state 'c'")
+    assert "'updates'" not in p.message
 
 
 def test_a_state_called_x_would_clash_with_the_input_sequence(make_cell):
@@ -253,6 +279,38 @@ def test_input_used_only_by_a_dead_node_is_an_error(make_cell):
     info = analyze(make_cell(nodes))
     assert [e.node for e in info.errors] == ["x"]
     assert {w.node for w in info.problems if w.severity == "warning"} == {"W", "xw"}
+
+
+def test_unused_nodes_are_listed_while_the_cell_has_errors(make_cell, elman_nodes_list):
+    # The add 'a' deleted on the canvas: port a of a_b is left unconnected, and the matmuls that fed
+    # 'a' (with their weights, and the input) are used by nothing.
+    nodes = [n for n in replace(elman_nodes_list, "a_b", "a_b", "add", ["", "b"]) if n[0] != "a"]
+    info = analyze(make_cell(nodes))
+    assert [(e.node, e.message) for e in info.errors] == [
+        ("a_b", "port a of 'a_b' is not connected"),
+        ("x", "the input is not used by any update or the output")]
+    assert {w.node for w in info.problems if w.severity == "warning"} == {"xw", "hu", "W", "U"}
+    assert info.dead == {"x", "xw", "hu", "W", "U"}
+
+
+def test_shapes_are_known_and_checked_where_an_error_does_not_reach(make_cell, elman_nodes_list):
+    # a_b has an unconnected port: it and h_new get no shape. The rest is inferred, and checked: the
+    # matmul wired wrong elsewhere is reported at once, not after the first error is fixed.
+    nodes = replace(replace(elman_nodes_list, "a_b", "a_b", "add", ["a", ""]), "hu", "hu", "matmul",
+                    ["h", "W"])
+    info = analyze(make_cell(nodes))
+    assert {e.node for e in info.errors} == {"a_b", "hu"}
+    assert "shape mismatch in matmul 'hu'" in next(e.message for e in info.errors if e.node == "hu")
+    assert info.shapes["xw"] == ("B", "hidden") and info.shapes["h"] == ("B", "hidden")
+    assert "a_b" not in info.shapes and "h_new" not in info.shapes and "a" not in info.shapes
+    assert info.order == []  # no order for a cell with a structural error
+
+
+def test_without_an_output_no_node_is_called_unused(make_cell, elman_nodes_list):
+    # Everything would be unused; the missing output is the one thing to say.
+    info = analyze(make_cell([*elman_nodes_list, ("c", "state")], output=None))
+    assert not [p for p in info.problems if p.severity == "warning"]
+    assert all("not used" not in p.message for p in info.problems)
 
 
 def test_dead_node_is_a_warning_not_an_error(make_cell, elman_nodes_list):
