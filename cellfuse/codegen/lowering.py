@@ -123,7 +123,8 @@ def element_offset(instr: Gemm | Kernel, acc: Access, t: int, batch: int) -> int
     return acc.offset(t, batch) + skip
 
 
-def _instruction(launch: Launch, stream: int = MAIN, steps: tuple[int, int] | None = None) -> Gemm | Kernel:
+def as_instruction(launch: Launch, stream: int = MAIN, steps: tuple[int, int] | None = None) -> Gemm | Kernel:
+    """The instruction that runs a launch (of `steps` only, where given)."""
     match launch:
         case GemmLaunch():
             return Gemm(launch, stream, steps)
@@ -153,12 +154,12 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
     for lp in plan.layers:
         for s in plan.state_ids:
             out.append(Copy(Access(f"init.{s}", "row", H, block=lp.layer), lp.state_read[s], H, 0))
-        step = tuple(_instruction(launch) for launch in lp.step)
+        step = tuple(as_instruction(launch) for launch in lp.step)
         if lp.persistent:
-            out += [_instruction(launch) for launch in lp.prologue]
+            out += [as_instruction(launch) for launch in lp.prologue]
             out.append(Persistent(lp.persistent))
         elif not chunk:
-            out += [_instruction(launch) for launch in lp.prologue]
+            out += [as_instruction(launch) for launch in lp.prologue]
             out.append(Loop(step))
         else:
             chunks = [(first, min(T, first + chunk)) for first in range(0, T, chunk)]
@@ -168,9 +169,9 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
                     out.append(Wait(prev_done[j], SIDE))
                 for launch in lp.prologue:
                     if launch.row_kind == "seq":
-                        out.append(_instruction(launch, SIDE, steps))
+                        out.append(as_instruction(launch, SIDE, steps))
                     elif j == 0:  # [N] and scalar values: all of them with the first chunk
-                        out.append(_instruction(launch, SIDE))
+                        out.append(as_instruction(launch, SIDE))
                 ready.append(event())
                 out.append(Record(ready[-1], SIDE))
             prev_done = []

@@ -1,0 +1,71 @@
+"""The README's table of the persistent rung, and its chart, from the record of run_persistent.sh.
+
+    python benchmarks/persistent_table.py benchmarks/results/FILE.json [docs/persistent.png]
+
+Each row is one case of the record: the cuDNN baseline through PyTorch (where the cell has one), the
+`graph` and `persistent` rungs, and the goal set for that case; "met" compares the best rung with it.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from matplotlib.figure import Figure
+
+# case -> (what the row says, the goal in ms, the baseline it is compared with)
+CASES = {
+    "lstm_B1": ("LSTM B=1", 0.13, "cudnn"),
+    "lstm_B8": ("LSTM B=8", 0.30, "cudnn"),
+    "lstm_B64": ("LSTM B=64", 1.0, "cudnn"),
+    "lstm_B256": ("LSTM B=256", None, "cudnn"),
+    "lstm_T1000_B8": ("LSTM T=1000 B=8", 3.0, "cudnn"),
+    "lstm_B64_L4": ("LSTM B=64, 4 layers", 3.0, "cudnn"),
+    "lstm_H1024_B8": ("LSTM H=1024 B=8", None, "cudnn"),
+    "lstm_H1024_B64": ("LSTM H=1024 B=64", None, "cudnn"),
+    "gru_B1": ("GRU B=1", 0.13, "cudnn"),
+    "gru_B64": ("GRU B=64", 1.0, "cudnn"),
+    "mgu_B64": ("MGU B=64", 1.3, None),
+    "gru_cho_B64": ("Cho GRU B=64", 1.3, None),
+    "indrnn_B64": ("IndRNN B=64", 0.05, None),
+    "peephole_lstm_B64": ("peephole LSTM B=64", 0.9, "torch.compile"),
+}
+
+
+def main(path: str, png: str | None) -> None:
+    record = json.load(open(path))
+    print("| case | baseline | graph | persistent | goal | met | persistent vs graph |")
+    print("|---|---|---|---|---|---|---|")
+    rows = []
+    for case, (label, goal, baseline) in CASES.items():
+        if case not in record["cases"]:
+            continue
+        ms = {r["name"]: r["median_ms"] for r in record["cases"][case]["results"] if r["ok"]}
+        base = f"{baseline} {ms[baseline]:.3f}" if baseline in ms else "-"
+        best = min(ms["graph"], ms["persistent"])
+        met = "-" if goal is None else ("yes" if best <= goal else f"no, {best / goal:.1f}x the goal")
+        print(f"| {label} | {base} | {ms['graph']:.3f} | {ms['persistent']:.3f} | "
+              f"{'-' if goal is None else f'{goal:g}'} | {met} | {ms['graph'] / ms['persistent']:.2f}x |")
+        rows.append((label, ms))
+    if png:
+        fig = Figure(figsize=(10, 5))
+        ax = fig.subplots()
+        names = ["cudnn", "torch.compile", "graph", "persistent"]
+        width = 0.2
+        for i, name in enumerate(names):
+            ys = [(j, ms[name]) for j, (_, ms) in enumerate(rows) if name in ms]
+            ax.barh([j + i * width for j, _ in ys], [y for _, y in ys], width, label=name)
+        ax.set_yticks([j + 1.5 * width for j in range(len(rows))], [label for label, _ in rows], fontsize=8)
+        ax.invert_yaxis()
+        ax.set_xscale("log")
+        ax.set_xlabel("ms per forward pass (median, log scale)")
+        first = next(iter(record["cases"].values()))
+        ax.set_title(f"{first['device']}, float32, T=100 and input=hidden=512 unless the row says",
+                     fontsize=9)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(png, dpi=110)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
