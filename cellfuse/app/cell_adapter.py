@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 EDITOR_KEY = "x-editor"
 OUTPUT_OP = "output"  # the palette's name for the output sink
 SINK_GAP = 70.0
+NEW_NODE_SIZE = (160.0, 80.0)  # room kept for a node added where no position is given
+FREE_SPOT_REACH = 6  # grid cells searched on each side of the view's middle for a free spot
 
 
 class _CellInfoCmd(QtGui.QUndoCommand):
@@ -386,22 +388,32 @@ class CellAdapter(QtCore.QObject):
         finally:
             stack.endMacro()
 
-    def view_centre(self) -> tuple[float, float]:
-        """A free spot near the middle of the view for a new node."""
+    def free_spot(self, width: float = NEW_NODE_SIZE[0]) -> tuple[float, float]:
+        """A free spot for a new node `width` wide (a state and its update node side by side are wider),
+        as near the middle of the view as one is: the cells of a grid around it, nearest first, those
+        inside the view before those outside, so that new nodes neither pile up nor land out of sight."""
         viewer = self.graph.viewer()
-        centre = viewer.mapToScene(viewer.viewport().rect().center())
-        x, y = centre.x() - 75.0, centre.y() - 40.0
-        taken = [n.view.sceneBoundingRect() for n in self._nodes()]
-        for _ in range(50):
-            if not any(r.intersects(QtCore.QRectF(x, y, 160.0, 80.0)) for r in taken):
-                break
-            x, y = x + 30.0, y + 30.0
-        return x, y
+        visible = viewer.mapToScene(viewer.viewport().rect()).boundingRect()
+        centre = visible.center()
+        height = NEW_NODE_SIZE[1]
+        taken = [n.view.sceneBoundingRect().adjusted(-20.0, -15.0, 20.0, 15.0) for n in self._nodes()]
+        reach = range(-FREE_SPOT_REACH, FREE_SPOT_REACH + 1)
+        cells = sorted(((i, j) for i in reach for j in reach), key=lambda c: c[0] ** 2 + c[1] ** 2)
+        spots = [QtCore.QRectF(centre.x() - width / 2 + i * (width + 40.0), centre.y() - height / 2 + j
+                               * (height + 30.0), width, height) for i, j in cells]
+        for rect in sorted(spots, key=lambda r: not visible.contains(r)):  # stable: nearest stays first
+            if not any(r.intersects(rect) for r in taken):
+                return rect.x(), rect.y()
+        right = max((r.right() for r in taken), default=centre.x())  # a crowded canvas: right of it all
+        return right + 40.0, centre.y() - height / 2
 
     def add_node(self, op: str, pos: tuple[float, float] | None = None, node_id: str | None = None) -> str:
         """Adds a node of `op` (or the output sink, op 'output'); returns its cell id. A state gets
         its update node beside it. Raises CellError for an unknown op or a bad or taken id."""
-        pos = pos or self.view_centre()
+        if pos is None:
+            # a state's update node goes beside it: find room for both
+            pair = 2 * NEW_NODE_SIZE[0] + 2 * SINK_GAP
+            pos = self.free_spot(pair if op == "state" else NEW_NODE_SIZE[0])
         if op == OUTPUT_OP:
             sink = self.output_node()
             if sink is not None:
@@ -572,7 +584,7 @@ class CellAdapter(QtCore.QObject):
         made: dict[str, CellNode] = {}
         with self._macro(f"paste {len(plan.nodes)} node(s)"):
             for p in plan.nodes:
-                made[p.id] = self._create_op(p.id, p.op, p.pos or self.view_centre(), p.shape, p.value,
+                made[p.id] = self._create_op(p.id, p.op, p.pos or self.free_spot(), p.shape, p.value,
                                              p.extra)
             for p in plan.nodes:
                 ports = made[p.id].input_ports()

@@ -144,3 +144,20 @@ def test_missing_xcb_libraries_give_an_install_hint():
     assert platform_check.platform_hint({"QT_QPA_PLATFORM": "xcb"}, "linux", find) is not None
     assert platform_check.platform_hint({}, "darwin", find) is None
     assert platform_check.platform_hint({}, "linux", lambda n: "lib.so") is None
+
+
+def test_new_nodes_fill_free_spots_in_view_without_overlapping(window):
+    a = window.adapter
+    viewer = a.graph.viewer()
+    before = {n.name() for n in a._nodes()}
+    ops = ["sigmoid", "tanh", "add", "mul", "sigmoid", "const", "exp", "neg", "sub", "div", "relu", "state"]
+    for op in ops:
+        window.add_node(op)
+    new = [n for n in a._nodes() if n.name() not in before]
+    assert len(new) == len(ops) + 1  # the state brought its update node
+    visible = viewer.mapToScene(viewer.viewport().rect()).boundingRect()
+    rects = [n.view.sceneBoundingRect() for n in a._nodes()]
+    for n in new:
+        rect = n.view.sceneBoundingRect()
+        assert visible.contains(rect), f"{n.name()} is out of sight"
+        assert sum(rect.intersects(r) for r in rects) == 1, f"{n.name()} overlaps another node"
