@@ -187,7 +187,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CellError(f"the '{args.backend}' backend is not available: {e}") from None
 
         result = run_schedule(cell, params, inputs, args.layers, args.schedule or "hoisted",
-                              args.backend)
+                              args.backend, chosen=lambda why: print(why, file=sys.stderr))
     save_npz(output, result.arrays())
     print(f"wrote {args.output}: y of shape {list(result.y.shape)}, "
           f"final states {', '.join(result.final)}")
@@ -201,13 +201,25 @@ def _plan_sizes(cell: Cell, args: argparse.Namespace) -> Sizes:
     return sizes
 
 
+def _schedule(cell: Cell, sizes: Sizes, schedule: str) -> str:
+    """The schedule itself, or the one `auto` stands for on this machine (said on standard error)."""
+    if schedule != "auto":
+        return schedule
+    from .gpu_runtime.auto_schedule import choose_schedule
+
+    choice = choose_schedule(cell, sizes, "auto")
+    print(choice.why, file=sys.stderr)
+    return choice.schedule
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     from .codegen import make_plan
 
     cell = resolve_cell(args.cell)
-    plan = make_plan(cell, _plan_sizes(cell, args), args.schedule)
+    sizes = _plan_sizes(cell, args)
+    plan = make_plan(cell, sizes, _schedule(cell, sizes, args.schedule))
     if args.json:
         print(json.dumps(plan.summary(), indent=2))
         return 0
@@ -221,7 +233,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     cell = resolve_cell(args.cell)
     output = output_path(args.output, cell=_cell_file(args.cell))
-    src = generate_cuda(cell, _plan_sizes(cell, args), args.schedule)
+    sizes = _plan_sizes(cell, args)
+    src = generate_cuda(cell, sizes, _schedule(cell, sizes, args.schedule))
     atomic_write(output, src.text.encode())
     print(f"wrote {args.output} ({len(src.text.splitlines())} lines); build it with: "
           f"nvcc -O3 -arch=sm_90 -DCELLFUSE_DEMO_MAIN {args.output} -lcublas")
@@ -244,6 +257,9 @@ def _print_bench(result) -> None:
         compile_s = "" if r.compile_s is None else f"{r.compile_s:.2f}"
         print(f"  {r.name:18s} {r.median_ms:10.3f} {r.min_ms:8.3f} {r.max_ms:8.3f} {speed} "
               f"{r.rel_error:9.1e} {lps:>11s} {compile_s:>9s}  {r.note}")
+    best = result.best_schedule()
+    if best is not None:
+        print(f"  best schedule at these sizes: {best.name} ({best.median_ms:.3f} ms)")
     if result.cancelled:
         print("  (cancelled)")
 
@@ -382,13 +398,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", type=Path, required=True)
     s.add_argument("--layers", type=_positive, help="default: as many as the parameters cover")
     s.add_argument("--backend", choices=["numpy", "cuda"], default="numpy")
-    s.add_argument("--schedule", help="a schedule of the ladder (default: the reference interpreter "
-                                      "on numpy, 'hoisted' on cuda)")
+    s.add_argument("--schedule", help="a schedule of the ladder, or auto: the one measured fastest on "
+                                      "this GPU for these sizes (default: the reference interpreter on "
+                                      "numpy, 'hoisted' on cuda)")
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("plan", help="the schedule the compiler found, as a table or --json")
     s.add_argument("cell")
-    s.add_argument("--schedule", choices=SCHEDULES, default="hoisted")
+    s.add_argument("--schedule", choices=[*SCHEDULES, "auto"], default="hoisted")
     s.add_argument("--json", action="store_true", help="print the plan's summary as JSON")
     _size_options(s)
     s.set_defaults(func=cmd_plan)
@@ -396,7 +413,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("export", help="write the generated CUDA source, self-contained")
     s.add_argument("cell")
     s.add_argument("-o", "--output", type=Path, required=True)
-    s.add_argument("--schedule", choices=SCHEDULES, default="hoisted")
+    s.add_argument("--schedule", choices=[*SCHEDULES, "auto"], default="hoisted")
     _size_options(s)
     s.set_defaults(func=cmd_export, seq=100, batch=64)
 

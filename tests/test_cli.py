@@ -485,3 +485,19 @@ def test_cuda_backend_without_a_gpu_says_what_is_missing(cli, tmp_path):
                          "--hidden", 3)
     assert code == 1 and err.count("\n") == 1
     assert "PyCUDA" in err or "GPU" in err
+
+
+def test_plan_with_auto_says_which_schedule_it_took(cli):
+    code, out, err = cli("plan", "lstm", "--schedule", "auto", "--json")
+    assert code == 0, err
+    assert "auto: 'graph'" in err and json.loads(out)["schedule"] == "graph"
+
+
+def test_bench_names_the_best_schedule(cli, tmp_path):
+    code, out, err = cli("bench", "elman", "--backend", "numpy", "--seq", 4, "--batch", 2, "--input", 4,
+                         "--hidden", 4, "--repeats", 1, "--baselines", "", "--json", tmp_path / "r.json")
+    assert code == 0, err
+    record = json.loads((tmp_path / "r.json").read_text())
+    times = {r["name"]: r["median_ms"] for r in record["results"]}
+    assert record["best_schedule"] == min(times, key=times.get)
+    assert f"best schedule at these sizes: {record['best_schedule']}" in out

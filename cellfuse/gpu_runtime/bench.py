@@ -84,10 +84,16 @@ class BenchResult:
     def row(self, name: str) -> BenchRow | None:
         return next((r for r in self.rows if r.name == name), None)
 
+    def best_schedule(self) -> BenchRow | None:
+        """The fastest schedule that gave the right answer: the rung to use at these sizes."""
+        timed = [r for r in self.rows if r.kind == "schedule" and r.ok and r.median_ms is not None]
+        return min(timed, key=lambda r: r.median_ms, default=None)
+
     def to_json(self) -> dict:
         return {"cell": self.cell, "cell_hash": self.cell_hash, "sizes": asdict(self.sizes),
                 "backend": self.backend, "device": self.device, "date": self.date, "versions": self.versions,
-                "timing": self.timing, "cancelled": self.cancelled, "results": [asdict(r) for r in self.rows]}
+                "timing": self.timing, "cancelled": self.cancelled, "results": [asdict(r) for r in self.rows],
+                "best_schedule": best.name if (best := self.best_schedule()) else None}
 
     def to_csv(self) -> str:
         buf = io.StringIO()

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from ..codegen import make_plan
 from ..graph_model import Cell, CellError, Forward, Sizes, resolve_run
+from .auto_schedule import AUTO, choose_schedule
 
 
 def run_schedule(cell: Cell, params: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
-                 layers: int | None, schedule: str, backend: str, dtype=np.float32) -> Forward:
-    """Runs the Plan of `schedule` on `backend` ("numpy" or "cuda")."""
+                 layers: int | None, schedule: str, backend: str, dtype=np.float32,
+                 chosen: Callable[[str], None] | None = None) -> Forward:
+    """Runs the Plan of `schedule` on `backend` ("numpy" or "cuda"). For schedule "auto", `chosen` is
+    told which schedule that is, and why."""
     layers, hidden, x, initial = resolve_run(cell, params, inputs, layers)
     sizes = Sizes(seq=x.shape[0], batch=x.shape[1], input=x.shape[2], hidden=hidden, layers=layers)
+    if schedule == AUTO:
+        choice = choose_schedule(cell, sizes, backend)
+        schedule = choice.schedule
+        if chosen is not None:
+            chosen(choice.why)
     if backend == "numpy":
         from .numpy_executor import NumpyExecutor
 

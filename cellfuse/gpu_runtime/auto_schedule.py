@@ -1,0 +1,92 @@
+"""`--schedule auto`: the rung measured fastest on this GPU for a cell and its sizes, measured once and
+remembered.
+
+The candidates are the rungs bound by the GPU rather than by launches from Python (`graph` and
+`persistent`): which wins depends on the sizes (`persistent` at small batches, `graph` where the per-step
+GEMM is large) and on the GPU. Each is checked against the reference and timed by the benchmark; the
+fastest that gave the right answer is kept in a JSON file in the user's cache folder, keyed by the GPU,
+the cell's structure and the sizes. Without a GPU there is nothing to measure, and `auto` is `graph`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..graph_model import Cell, CellError, Sizes, atomic_write
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+CANDIDATES = ("graph", "persistent")
+WITHOUT_GPU = "graph"
+REPEATS = 10  # timed runs of each candidate: the choice, not a published number
+
+
+@dataclass(frozen=True)
+class Choice:
+    schedule: str
+    why: str  # one sentence for the user
+
+
+def cache_path() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("cellfuse")) / "schedules.json"
+
+
+def _key(device: str, cell: Cell, sizes: Sizes) -> str:
+    s = sizes
+    return f"{device} | {cell.structure_hash()} | T={s.seq} B={s.batch} I={s.input} H={s.hidden} L={s.layers}"
+
+
+def _read(path: Path) -> dict[str, dict]:
+    """The cache, or an empty one where the file is missing or not what this module writes."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _measure(cell: Cell, sizes: Sizes) -> dict[str, float]:
+    """Median ms of each candidate that matched the reference on the GPU."""
+    from .bench import BenchConfig, run_benchmark
+
+    result = run_benchmark(cell, BenchConfig(sizes, backend="cuda", schedules=list(CANDIDATES), baselines=[],
+                                             repeats=REPEATS))
+    return {r.name: r.median_ms for r in result.rows if r.ok and r.median_ms is not None}
+
+
+def choose_schedule(cell: Cell, sizes: Sizes, backend: str,
+                    measure: Callable[[Cell, Sizes], dict[str, float]] = _measure) -> Choice:
+    """The schedule `auto` stands for on `backend` ("cuda", "numpy" or "auto")."""
+    if backend == "auto":
+        from .bench import available_backends
+
+        backend = "cuda" if "cuda" in available_backends() else "numpy"
+    if backend != "cuda":
+        return Choice(WITHOUT_GPU, f"auto: '{WITHOUT_GPU}', since there is no GPU to measure the rungs on")
+    from .cuda_executor import device_description
+
+    path, key = cache_path(), _key(device_description(), cell, sizes)
+    cache = _read(path)
+    entry = cache.get(key)
+    if isinstance(entry, dict) and entry.get("schedule") in CANDIDATES:
+        return Choice(entry["schedule"], f"auto: '{entry['schedule']}', measured fastest for these sizes "
+                                         f"on this GPU before (remembered in {path})")
+    times = measure(cell, sizes)
+    if not times:
+        raise CellError(f"auto: none of {', '.join(CANDIDATES)} ran correctly on this GPU for these sizes")
+    best = min(times, key=times.get)
+    cache[key] = {"schedule": best, "ms": times}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, (json.dumps(cache, indent=1, sort_keys=True) + "\n").encode())
+    except OSError as e:  # the choice stands; it is only measured again next time
+        log.warning("could not remember the schedule in %s: %s", path, e)
+    measured = ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(times.items(), key=lambda t: t[1]))
+    return Choice(best, f"auto: '{best}', measured fastest for these sizes on this GPU ({measured})")

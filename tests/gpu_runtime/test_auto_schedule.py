@@ -1,0 +1,90 @@
+"""`--schedule auto`: the rung measured fastest, measured once per GPU, cell and sizes, and remembered."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cellfuse.gpu_runtime import auto_schedule, cuda_executor
+from cellfuse.gpu_runtime.auto_schedule import choose_schedule
+from cellfuse.graph_model import CellError, Sizes, load_template
+
+SIZES = Sizes(seq=10, batch=4, input=8, hidden=8)
+
+
+@pytest.fixture
+def gpu_here(monkeypatch, tmp_path):
+    """A pretend GPU, and a cache in a temporary folder; returns the cache file and the calls to measure."""
+    cache = tmp_path / "cache" / "schedules.json"
+    monkeypatch.setattr(auto_schedule, "cache_path", lambda: cache)
+    monkeypatch.setattr(cuda_executor, "device_description", lambda: "Pretend GPU (driver CUDA 13.0)")
+    calls = []
+
+    def measure(cell, sizes):
+        calls.append(sizes)
+        return {"graph": 1.0, "persistent": 0.5 if sizes.batch < 64 else 2.0}
+
+    return cache, calls, measure
+
+
+def test_without_a_gpu_auto_is_graph():
+    choice = choose_schedule(load_template("lstm"), SIZES, "numpy")
+    assert choice.schedule == "graph" and "no GPU" in choice.why
+
+
+def test_measured_once_then_remembered(gpu_here):
+    cache, calls, measure = gpu_here
+    cell = load_template("lstm")
+    first = choose_schedule(cell, SIZES, "cuda", measure)
+    assert first.schedule == "persistent" and "persistent 0.500 ms" in first.why and len(calls) == 1
+    again = choose_schedule(cell, SIZES, "cuda", measure)
+    assert again.schedule == "persistent" and "before" in again.why and len(calls) == 1
+    big = choose_schedule(cell, Sizes(10, 64, 8, 8), "cuda", measure)
+    assert big.schedule == "graph" and len(calls) == 2
+    other = choose_schedule(load_template("gru"), SIZES, "cuda", measure)  # another cell: measured again
+    assert other.schedule == "persistent" and len(calls) == 3
+    assert len(json.loads(cache.read_text())) == 3
+
+
+def test_a_damaged_cache_is_measured_again_and_rewritten(gpu_here):
+    cache, calls, measure = gpu_here
+    cache.parent.mkdir(parents=True)
+    cache.write_text("{not json")
+    assert choose_schedule(load_template("lstm"), SIZES, "cuda", measure).schedule == "persistent"
+    assert len(calls) == 1 and len(json.loads(cache.read_text())) == 1
+
+
+def test_an_unwritable_cache_still_gives_the_choice(gpu_here, monkeypatch, tmp_path):
+    _, calls, measure = gpu_here
+    blocker = tmp_path / "a file"
+    blocker.write_text("")
+    monkeypatch.setattr(auto_schedule, "cache_path", lambda: blocker / "schedules.json")
+    assert choose_schedule(load_template("lstm"), SIZES, "cuda", measure).schedule == "persistent"
+
+
+def test_no_candidate_that_ran_is_an_error(gpu_here):
+    with pytest.raises(CellError, match="none of graph, persistent ran correctly"):
+        choose_schedule(load_template("lstm"), SIZES, "cuda", lambda cell, sizes: {})
+
+
+@pytest.mark.gpu
+def test_auto_measures_the_rungs_on_the_gpu_and_runs_the_fastest(gpu, monkeypatch, tmp_path):
+    import numpy as np
+
+    from cellfuse.gpu_runtime.execute import run_schedule
+    from cellfuse.graph_model import init_params, run_reference
+
+    cache = tmp_path / "schedules.json"
+    monkeypatch.setattr(auto_schedule, "cache_path", lambda: cache)
+    cell = load_template("lstm")
+    params = init_params(cell, 1, 64, 64, 0)
+    x = np.random.default_rng(0).standard_normal((20, 2, 64)).astype(np.float32)
+    said = []
+    out = run_schedule(cell, params, {"x": x}, 1, "auto", "cuda", chosen=said.append)
+    (why,) = said
+    entry = next(iter(json.loads(cache.read_text()).values()))
+    assert entry["schedule"] in ("graph", "persistent") and set(entry["ms"]) == {"graph", "persistent"}
+    assert f"auto: '{entry['schedule']}'" in why
+    ref = run_reference(cell, params, {"x": x})
+    assert float(np.abs(out.y - ref.y).max() / np.abs(ref.y).max()) < 1e-4
