@@ -15,12 +15,22 @@ from cellfuse.codegen import SCHEDULES, make_plan, plan_kernels
 from cellfuse.codegen.cuda_kernels import PRELUDE
 from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
-from cellfuse.graph_model import OPS, CellBuilder, OpSpec, Sizes, init_params, run_reference
+from cellfuse.graph_model import (
+    OPS,
+    CellBuilder,
+    OpSpec,
+    Sizes,
+    init_params,
+    record_forward,
+    run_reference,
+    run_reference_backward,
+)
 from cellfuse.graph_model import builder as builder_module
 from cellfuse.graph_model.ops import OpKind, RandomUse
 
 SQUARE = OpSpec("square", 1, OpKind.ELEMENTWISE, "a * a", ("a",), np.square, "({0} * {0})", "square", None,
-                RandomUse(("bounded",), lambda a: a * a))
+                RandomUse(("bounded",), lambda a: a * a), grad=(lambda dy, a, y: 2.0 * dy * a,),
+                cuda_grad=("(2.0f * {dy} * {0})",))
 SIZES = Sizes(seq=5, batch=2, input=3, hidden=4, layers=2)
 
 
@@ -109,3 +119,23 @@ def test_the_torch_baseline_runs_the_new_op(square):
 def test_random_cells_draw_the_new_op(square):
     cells = [random_cell(seed) for seed in range(40)]
     assert any(n.op == "square" for c in cells for n in c.nodes)
+
+
+def test_the_backward_reference_differentiates_the_new_op(square):
+    """The derivative rule in the table entry is all the backward pass needs: it matches a central
+    difference of the forward pass along a random direction of the parameters."""
+    cell = square_cell()
+    rng = np.random.default_rng(0)
+    params = init_params(cell, SIZES.layers, SIZES.input, SIZES.hidden, 0)
+    inputs = {"x": rng.uniform(-1, 1, (SIZES.seq, SIZES.batch, SIZES.input))}
+    dy = rng.standard_normal((SIZES.seq, SIZES.batch, SIZES.hidden))
+    grads = run_reference_backward(cell, params, inputs, SIZES.layers, dy)
+    direction = {k: rng.standard_normal(v.shape) for k, v in params.items()}
+
+    def loss(eps: float) -> float:
+        moved = {k: v.astype(np.float64) + eps * direction[k] for k, v in params.items()}
+        return float(np.sum(dy * record_forward(cell, moved, inputs, SIZES.layers).y))
+
+    numeric = (loss(1e-6) - loss(-1e-6)) / 2e-6
+    exact = sum(float(np.sum(grads.dparams[k] * direction[k])) for k in params)
+    assert abs(numeric - exact) <= 1e-6 * max(1.0, abs(exact))

@@ -1,6 +1,7 @@
 """The cell model: a typed dataflow graph of one time step, its file format, validation, templates,
-a Python builder and the numpy reference interpreter. Imports nothing else of CellFuse."""
+a Python builder, the numpy reference interpreter and its backward pass. Imports nothing else of CellFuse."""
 
+from .backward import Gradients, Tape, backward, record_forward, run_reference_backward
 from .builder import CellBuilder, Value, auto_layout, exp, relu, sigmoid, tanh
 from .cell import FORMAT, Cell, Node
 from .cellfile import (
@@ -31,6 +32,7 @@ from .templates import load_template, template_names
 from .validate import CellError, CellInfo, Problem, analyze, require_valid, shape_str, state_dependent
 
 __all__ = [
+    "Gradients", "Tape", "backward", "record_forward", "run_reference_backward",
     "CellBuilder", "Value", "auto_layout", "exp", "relu", "sigmoid", "tanh",
     "FORMAT", "Cell", "Node",
     "CellFileError", "atomic_write", "cell_from_json", "cell_from_text", "cell_to_text", "load_cell",

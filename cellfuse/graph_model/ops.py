@@ -2,7 +2,8 @@
 
 Each entry says how many args the op takes, what kind of node it is (a source of values, a matmul, or
 an elementwise op), what it means in numpy (the reference) and in PyTorch (the baselines), how it is
-written in CUDA C, how the Python builder spells it, and how random test cells may use it without
+written in CUDA C, its derivative (in numpy for the reference's backward pass, in CUDA C for generated
+backward kernels), how the Python builder spells it, and how random test cells may use it without
 values growing. The validator, the scheduler, the reference interpreter, the CUDA emitter, the builder,
 the editor's palette and the random cells of the tests all read it: an op added here works everywhere,
 or a test that walks the table names it.
@@ -59,6 +60,13 @@ class OpSpec:
     random: RandomUse | None = None
     # a + b: a 1-D weight added to a GEMM's output can be added by the GEMM itself (C = bias; C += A @ W)
     folds_into_gemm: bool = False
+    # The derivative, one function per arg: grad[i](dy, *args, y) is the gradient of sum(dy * y) with
+    # respect to arg i, for y the op's output and dy of y's shape. The result has y's shape: where an
+    # arg was broadcast (a [N] row or a scalar), the caller sums the result over the broadcast axes.
+    grad: tuple[Callable[..., np.ndarray], ...] | None = None
+    # The same for generated backward kernels, elementwise ops only: for each arg, a C expression over
+    # {dy}, {y} and the argument expressions {0}, {1}, in float.
+    cuda_grad: tuple[str, ...] | None = None
 
     @property
     def is_source(self) -> bool:
@@ -85,6 +93,25 @@ def _relu(a: np.ndarray) -> np.ndarray:
     return np.maximum(a, 0.0)
 
 
+def _sigmoid_grad(dy: np.ndarray, a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # sigmoid'(a) = sigmoid(a) sigmoid(-a) = e / (1 + e)^2 with e = e^-|a|: exact for every a, where
+    # y (1 - y) is 0 once y rounds to 1 (a > 37), though the derivative is not.
+    e = np.exp(-np.abs(a))
+    return dy * (e / ((1.0 + e) * (1.0 + e)))
+
+
+def _tanh_grad(dy: np.ndarray, a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # 1 - tanh(a)^2 = 4e / (1 + e)^2 with e = e^-2|a|: exact for every a, where 1 - y^2 loses digits as
+    # |y| nears 1 and is 0 once y rounds to +-1 (|a| > 19).
+    e = np.exp(-2.0 * np.abs(a))
+    return dy * (4.0 * e / ((1.0 + e) * (1.0 + e)))
+
+
+def _relu_grad(dy: np.ndarray, a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # At a = 0, where relu has no derivative, 0, as PyTorch takes it.
+    return np.where(a > 0.0, dy, 0.0)
+
+
 _E = float(np.e)  # e^1: the largest exp of a unit argument
 
 # Node.op names an entry; the order is the palette's.
@@ -93,25 +120,40 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
     OpSpec("state", 0, OpKind.SOURCE, "a recurrent state's value at t-1, [B, hidden]"),
     OpSpec("weight", 0, OpKind.SOURCE, "a learned parameter, [K, N] or [N]"),
     OpSpec("const", 0, OpKind.SOURCE, "a scalar constant"),
-    OpSpec("matmul", 2, OpKind.MATMUL, "a @ W, W a 2-D weight", ("a", "W"), symbol="@"),
+    OpSpec("matmul", 2, OpKind.MATMUL, "a @ W, W a 2-D weight", ("a", "W"), symbol="@",
+           grad=(lambda dy, a, w, y: dy @ w.T, lambda dy, a, w, y: a.T @ dy)),
     OpSpec("add", 2, OpKind.ELEMENTWISE, "a + b", ("a", "b"), np.add, "({0} + {1})", "add", "+",
-           RandomUse(("any", "any"), lambda a, b: a + b), folds_into_gemm=True),
+           RandomUse(("any", "any"), lambda a, b: a + b), folds_into_gemm=True,
+           grad=(lambda dy, a, b, y: dy, lambda dy, a, b, y: dy), cuda_grad=("{dy}", "{dy}")),
     OpSpec("sub", 2, OpKind.ELEMENTWISE, "a - b", ("a", "b"), np.subtract, "({0} - {1})", "sub", "-",
-           RandomUse(("any", "any"), lambda a, b: a + b)),
+           RandomUse(("any", "any"), lambda a, b: a + b),
+           grad=(lambda dy, a, b, y: dy, lambda dy, a, b, y: -dy), cuda_grad=("{dy}", "(-{dy})")),
     OpSpec("mul", 2, OpKind.ELEMENTWISE, "a * b", ("a", "b"), np.multiply, "({0} * {1})", "mul", "*",
-           RandomUse(("bounded", "bounded"), lambda a, b: a * b)),
+           RandomUse(("bounded", "bounded"), lambda a, b: a * b),
+           grad=(lambda dy, a, b, y: dy * b, lambda dy, a, b, y: dy * a),
+           cuda_grad=("({dy} * {1})", "({dy} * {0})")),
     OpSpec("div", 2, OpKind.ELEMENTWISE, "a / b", ("a", "b"), np.divide, "({0} / {1})", "div", "/",
-           RandomUse(("any", "positive"), lambda a, b: 2.8 * a)),
+           RandomUse(("any", "positive"), lambda a, b: 2.8 * a),
+           # d(a/b)/db = -a / b^2, written -(a/b) / b: b^2 would overflow for |b| > 1e154
+           grad=(lambda dy, a, b, y: dy / b, lambda dy, a, b, y: -dy * y / b),
+           cuda_grad=("({dy} / {1})", "(-{dy} * {y} / {1})")),
     OpSpec("neg", 1, OpKind.ELEMENTWISE, "-a", ("a",), np.negative, "(-{0})", "neg", "-",
-           RandomUse(("any",), lambda a: a)),
+           RandomUse(("any",), lambda a: a),
+           grad=(lambda dy, a, y: -dy,), cuda_grad=("(-{dy})",)),
     OpSpec("exp", 1, OpKind.ELEMENTWISE, "e^a", ("a",), np.exp, "expf({0})", "exp", None,
-           RandomUse(("unit",), lambda a: _E)),
+           RandomUse(("unit",), lambda a: _E),
+           grad=(lambda dy, a, y: dy * y,), cuda_grad=("({dy} * {y})",)),
     OpSpec("sigmoid", 1, OpKind.ELEMENTWISE, "1 / (1 + e^-a)", ("a",), _sigmoid, "cf_sigmoid({0})",
-           "sigmoid", None, RandomUse(("any",), lambda a: 1.0)),
+           "sigmoid", None, RandomUse(("any",), lambda a: 1.0), grad=(_sigmoid_grad,),
+           # In float, y (1 - y) is off by the rounding of y at most (1e-7 where y nears 1), as the
+           # forward is: not worth computing e^-|a| again.
+           cuda_grad=("({dy} * {y} * (1.0f - {y}))",)),
     OpSpec("tanh", 1, OpKind.ELEMENTWISE, "tanh(a)", ("a",), np.tanh, "tanhf({0})", "tanh", None,
-           RandomUse(("any",), lambda a: 1.0)),
+           RandomUse(("any",), lambda a: 1.0), grad=(_tanh_grad,),
+           # In float, 1 - y^2 is off by the rounding of y at most, as for sigmoid.
+           cuda_grad=("({dy} * (1.0f - {y} * {y}))",)),
     OpSpec("relu", 1, OpKind.ELEMENTWISE, "max(a, 0)", ("a",), _relu, "fmaxf({0}, 0.0f)", "relu", None,
-           RandomUse(("any",), lambda a: a)),
+           RandomUse(("any",), lambda a: a), grad=(_relu_grad,), cuda_grad=("({0} > 0.0f ? {dy} : 0.0f)",)),
 ]}
 
 
