@@ -325,6 +325,7 @@ class Plan:
             "hoisted_chunk_steps": self.chunk_steps,
             "persistent": None if not self.layers[0].persistent else {
                 "blocks": self.layers[0].persistent.blocks, "threads": self.layers[0].persistent.threads,
+                "row_groups": self.layers[0].persistent.row_groups,
                 "barriers_per_step": self.layers[0].persistent.barriers_per_step,
                 "smem_bytes_per_block": self.layers[0].persistent.smem_bytes,
                 "weights_on_chip": all(i.on_chip for i in self.layers[0].persistent.items
@@ -362,14 +363,22 @@ class Plan:
                          f"writes {', '.join(isl.outputs) or '-'}")
         lines += ["", "one step, in order:"]
         if persistent:
-            lines[-1] = (f"one step, in order, in each of {persistent.blocks} blocks of {persistent.threads} "
-                         f"threads ({persistent.barriers_per_step} grid-wide barrier(s) per step, "
-                         f"{persistent.smem_bytes / 1024:.1f} KiB of shared memory per block):")
-            for item in persistent.items:
-                units = ", ".join(str(-(-w // persistent.blocks)) for w in item.columns)
-                what = ("every block computes all of it" if item.whole
-                        else f"{units} column(s) per block" + (", weights in shared memory" if item.on_chip
-                                                               else ""))
+            p = persistent
+            rows = -(-self.sizes.batch // p.row_groups)
+            split = (f"{p.column_blocks} column blocks x {p.row_groups} row groups of {rows} rows"
+                     if p.row_groups > 1 else f"{p.column_blocks} column blocks, every row")
+            lines[-1] = (f"one step, in order, in each of {p.blocks} blocks of {p.threads} threads ({split}; "
+                         f"{p.barriers_per_step} grid-wide barrier(s) per step, "
+                         f"{p.smem_bytes / 1024:.1f} KiB of shared memory per block):")
+            for item in p.items:
+                units = ", ".join(str(-(-w // p.column_blocks)) for w in item.columns)
+                if item.whole:
+                    what = "every block computes all of it"
+                else:
+                    kept = (("weights", item.on_chip), ("output", item.output_on_chip))
+                    on_chip = [name for name, yes in kept if yes]
+                    what = f"{units} column(s) per block" + (f", {' and '.join(on_chip)} in shared memory"
+                                                             if on_chip else "")
                 lines.append(f"  {'grid barrier, then ' if item.barrier else ''}{launch_name(item.launch)}"
                              f" ({what})")
             if persistent.note:
