@@ -28,24 +28,25 @@ from cellfuse.graph_model import (
 from cellfuse.graph_model import builder as builder_module
 from cellfuse.graph_model.ops import OpKind, RandomUse
 
-SQUARE = OpSpec("square", 1, OpKind.ELEMENTWISE, "a * a", ("a",), np.square, "({0} * {0})", "square", None,
-                RandomUse(("bounded",), lambda a: a * a), grad=(lambda dy, a, y: 2.0 * dy * a,),
-                cuda_grad=("(2.0f * {dy} * {0})",))
+# An op the table does not have (sinh), added by the tests alone.
+SINH = OpSpec("sinh", 1, OpKind.ELEMENTWISE, "sinh(a)", ("a",), np.sinh, "sinhf({0})", "sinh", None,
+              RandomUse(("bounded",), lambda a: float(np.sinh(a))), grad=(lambda dy, a, y: dy * np.cosh(a),),
+              cuda_grad=("({dy} * coshf({0}))",))
 SIZES = Sizes(seq=5, batch=2, input=3, hidden=4, layers=2)
 
 
 @pytest.fixture
-def square(monkeypatch):
-    monkeypatch.setitem(OPS, "square", SQUARE)
+def sinh(monkeypatch):
+    monkeypatch.setitem(OPS, "sinh", SINH)
 
 
-def square_cell():
-    """h' = tanh(square(x W) - square(h U) + b)"""
-    b = CellBuilder("Squares", input=SIZES.input, hidden=SIZES.hidden)
+def sinh_cell():
+    """h' = tanh(sinh(x W) - sinh(h U) + b)"""
+    b = CellBuilder("Sinhs", input=SIZES.input, hidden=SIZES.hidden)
     x, h = b.input("x"), b.state("h")
     W, U = b.weight("W", "input", "hidden"), b.weight("U", "hidden", "hidden")
     bias = b.weight("b", "hidden")
-    h_new = builder_module.tanh(builder_module.square(x @ W) - builder_module.apply("square", h @ U) + bias)
+    h_new = builder_module.tanh(builder_module.sinh(x @ W) - builder_module.apply("sinh", h @ U) + bias)
     b.update(h, h_new.named("h_new"))
     b.output(h_new)
     return b.build()
@@ -59,27 +60,27 @@ def data(cell, seed=0):
     return params, x, initial
 
 
-def test_the_builder_and_the_reference_know_the_new_op(square):
-    cell = square_cell()
-    assert sum(n.op == "square" for n in cell.nodes) == 2
+def test_the_builder_and_the_reference_know_the_new_op(sinh):
+    cell = sinh_cell()
+    assert sum(n.op == "sinh" for n in cell.nodes) == 2
     params, x, initial = data(cell)
     ref = run_reference(cell, params, {"x": x, **initial}, SIZES.layers)
     # by hand, layer 0 only
     p = {k[3:]: v.astype(np.float64) for k, v in params.items() if k.startswith("l0.")}
     h = initial["h"][0]
     for t in range(SIZES.seq):
-        h = np.tanh((x[t] @ p["W"]) ** 2 - (h @ p["U"]) ** 2 + p["b"])
+        h = np.tanh(np.sinh(x[t] @ p["W"]) - np.sinh(h @ p["U"]) + p["b"])
     np.testing.assert_allclose(ref.final["h"][0], h, rtol=1e-6)
 
 
 def test_without_the_table_entry_the_builder_does_not_know_it():
     with pytest.raises(AttributeError):
-        _ = builder_module.square
+        _ = builder_module.sinh
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_every_schedule_runs_the_new_op_on_numpy(square, schedule):
-    cell = square_cell()
+def test_every_schedule_runs_the_new_op_on_numpy(sinh, schedule):
+    cell = sinh_cell()
     params, x, initial = data(cell)
     ref = run_reference(cell, params, {"x": x, **initial}, SIZES.layers)
     got = NumpyExecutor(make_plan(cell, SIZES, schedule), params, np.float64).run(x, initial)
@@ -88,23 +89,23 @@ def test_every_schedule_runs_the_new_op_on_numpy(square, schedule):
 
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
-def test_the_generated_kernels_of_the_new_op_compile(square, tmp_path):
-    cell = square_cell()
+def test_the_generated_kernels_of_the_new_op_compile(sinh, tmp_path):
+    cell = sinh_cell()
     parts = [PERSISTENT_PRELUDE, PRELUDE]
     for schedule in SCHEDULES:
         ks = plan_kernels(make_plan(cell, SIZES, schedule))
         for name, body in ks.sources.items():
             parts.append(body.replace(name, f"{name}_{schedule}"))
     source = "\n".join(parts)
-    assert "// square" in source
+    assert "// sinh" in source
     nvcc_cubin(source, tmp_path)
 
 
-def test_the_torch_baseline_runs_the_new_op(square):
+def test_the_torch_baseline_runs_the_new_op(sinh):
     torch = pytest.importorskip("torch")
     from cellfuse.gpu_runtime.torch_baselines import make_step
 
-    cell = square_cell()
+    cell = sinh_cell()
     params, x, initial = data(cell)
     ref = run_reference(cell, params, {"x": x, **initial}, SIZES.layers)
     step = make_step(cell)
@@ -116,15 +117,15 @@ def test_the_torch_baseline_runs_the_new_op(square):
     np.testing.assert_allclose(states[0].numpy(), ref.final["h"][0], rtol=1e-5, atol=1e-6)
 
 
-def test_random_cells_draw_the_new_op(square):
+def test_random_cells_draw_the_new_op(sinh):
     cells = [random_cell(seed) for seed in range(40)]
-    assert any(n.op == "square" for c in cells for n in c.nodes)
+    assert any(n.op == "sinh" for c in cells for n in c.nodes)
 
 
-def test_the_backward_reference_differentiates_the_new_op(square):
+def test_the_backward_reference_differentiates_the_new_op(sinh):
     """The derivative rule in the table entry is all the backward pass needs: it matches a central
     difference of the forward pass along a random direction of the parameters."""
-    cell = square_cell()
+    cell = sinh_cell()
     rng = np.random.default_rng(0)
     params = init_params(cell, SIZES.layers, SIZES.input, SIZES.hidden, 0)
     inputs = {"x": rng.uniform(-1, 1, (SIZES.seq, SIZES.batch, SIZES.input))}

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph_model import CellError
-from .plan import Access, Const, GemmLaunch, Instr, KernelLaunch, Plan
+from .plan import GRAD, Access, Const, GemmLaunch, GradInstr, Instr, KernelLaunch, Plan
 
 BLOCK = 256  # threads per block of every elementwise kernel
 INT_MAX = 2**31 - 1  # the largest count the generated code holds in an int
@@ -96,7 +96,7 @@ def float_literal(value: float) -> str:
     return f"({text}f)" if text.startswith("-") else text + "f"
 
 
-def _const(arg: Const, op: Instr) -> str:
+def _const(arg: Const, op: Instr | GradInstr) -> str:
     try:
         return float_literal(arg.value)
     except ValueError as e:
@@ -159,21 +159,59 @@ def _index(acc: Access) -> str:
     return f"(long long)r * {acc.ld} + j"
 
 
-def element_body(params: list[Param], names: list[str], body: tuple[Instr, ...], indent: str,
+def _reads(instr: Instr | GradInstr) -> set[str]:
+    """The values an instruction's C expression reads."""
+    match instr:
+        case Instr(args=args):
+            return {a for a in args if not isinstance(a, Const)}
+        case GradInstr(args=args, op=op, arg=k, dy=dy, y=y):
+            rule = op.cuda_grad[k]
+            used = {a for i, a in enumerate(args) if not isinstance(a, Const) and f"{{{i}}}" in rule}
+            return used | {dy} | ({y} if "{y}" in rule else set())
+        case other:
+            raise TypeError(f"unknown instruction of a body: {other!r}")
+
+
+def element_body(params: list[Param], names: list[str], body: tuple[Instr | GradInstr, ...], indent: str,
                  index: dict[int, str] | None = None) -> list[str]:
     """The loads, ops and stores of one element (row r, column j, element e of the launch) of a
     kernel's body, with `names[i]` the pointer of `params[i]` at the step's rows (or an array that
-    `index[i]` indexes)."""
+    `index[i]` indexes). A body may hold gradients (`GradInstr`), computed by the op table's rules."""
     lines, var, index = [], {}, index or {}
+
+    def new_var(name: str) -> str:
+        """v_<id> for a node's value, g_<id> for a gradient; a suffix where two names meet in one."""
+        base = f"g_{c_name(name[len(GRAD):])}" if name.startswith(GRAD) else f"v_{c_name(name)}"
+        c, n = base, 1
+        while c in var.values():
+            n += 1
+            c = f"{base}_{n}"
+        var[name] = c
+        return c
+
+    # Only what a store needs, directly or through the body: an adjoint recomputes its forward body, and
+    # a derivative rule may use neither the op's arguments nor its result.
+    needed = {p.value for p in params if p.output}
+    kept = []
+    for instr in reversed(body):
+        if instr.result in needed:
+            kept.append(instr)
+            needed |= _reads(instr)
     for i, (p, n) in enumerate(zip(params, names, strict=True)):
-        if not p.output and p.value not in var:
-            var[p.value] = f"v_{c_name(p.value)}"
-            lines.append(f"{indent}const float {var[p.value]} = {n}[{index.get(i, _index(p.access))}];")
-    for op in body:
-        args = [_const(a, op) if isinstance(a, Const) else var[a] for a in op.args]
-        var[op.result] = f"v_{c_name(op.result)}"
-        lines.append(f"{indent}const float {var[op.result]} = {op.op.cuda.format(*args)};  "
-                     f"// {comment_text(op.op.name)}")
+        if not p.output and p.value not in var and p.value in needed:
+            lines.append(f"{indent}const float {new_var(p.value)} = {n}[{index.get(i, _index(p.access))}];")
+    for instr in reversed(kept):
+        # an argument a derivative rule does not read may not have been computed: it is never formatted in
+        args = [_const(a, instr) if isinstance(a, Const) else var.get(a, "") for a in instr.args]
+        match instr:
+            case Instr():
+                expr, what = instr.op.cuda.format(*args), instr.op.name
+            case GradInstr():
+                expr = instr.op.cuda_grad[instr.arg].format(*args, dy=var[instr.dy], y=var.get(instr.y, ""))
+                what = f"d {instr.op.name} / d {instr.op.args[instr.arg]}"
+            case other:
+                raise TypeError(f"unknown instruction of a body: {other!r}")
+        lines.append(f"{indent}const float {new_var(instr.result)} = {expr};  // {comment_text(what)}")
     for p, n in zip(params, names, strict=True):
         if not p.output:
             continue

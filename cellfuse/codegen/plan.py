@@ -120,6 +120,28 @@ class Instr:
     args: tuple[str | Const, ...]
 
 
+@dataclass(frozen=True)
+class GradInstr:
+    """One step of a kernel's reverse sweep: `result` is the gradient, with respect to argument `arg`
+    of `op`, of sum(dy * y), where y = op(*args) is the value named `y` and `dy` names its gradient
+    (the op table's derivative rule). Gradient names start with GRAD, so they never clash with a node's."""
+
+    result: str
+    op: OpSpec
+    arg: int
+    dy: str
+    args: tuple[str | Const, ...]
+    y: str
+
+
+GRAD = "∂"  # the first character of a gradient's name: not a valid node id's
+
+
+def grad_of(value: str) -> str:
+    """The name of the gradient of a value (as the adjoint's inputs and outputs call it)."""
+    return GRAD + value
+
+
 @dataclass
 class Island:
     """Elementwise nodes that run as one kernel, one thread per element of a [rows, width] block."""

@@ -37,6 +37,8 @@ from ..codegen.plan import (
     Access,
     Const,
     GemmLaunch,
+    GradInstr,
+    Instr,
     KernelLaunch,
     PersistentItem,
     PersistentLaunch,
@@ -45,6 +47,24 @@ from ..codegen.plan import (
 from ..graph_model import Forward
 
 CHECKED_STEPS = 3  # steps of a persistent launch run block by block
+
+
+def run_body(body: tuple[Instr | GradInstr, ...], values: dict[str, np.ndarray], dtype: np.dtype) -> None:
+    """Computes a kernel's body over arrays, adding each result to `values`: an op of the table by its
+    numpy meaning, a gradient by its derivative rule."""
+    def arg(a: str | Const) -> np.ndarray:
+        return dtype.type(a.value) if isinstance(a, Const) else values[a]
+
+    with np.errstate(all="ignore"):  # a NaN or infinity is reported where the output is checked
+        for instr in body:
+            match instr:
+                case Instr(result=result, op=op, args=args):
+                    out = op.numpy(*map(arg, args))
+                case GradInstr(result=result, op=op, arg=k, dy=dy, args=args, y=y):
+                    out = op.grad[k](values[dy], *map(arg, args), values[y])
+                case other:
+                    raise TypeError(f"unknown instruction of a body: {other!r}")
+            values[result] = np.asarray(out).astype(dtype, copy=False)
 
 
 class NumpyExecutor:
@@ -110,10 +130,7 @@ class NumpyExecutor:
             return acc, element_offset(instr, acc, t, B) + shift, count, width
 
         values = {v: self.view(*at(acc)) for v, acc in k.inputs}
-        with np.errstate(all="ignore"):  # a NaN or infinity is reported where the output is checked
-            for op in k.body:
-                args = [self.dtype.type(a.value) if isinstance(a, Const) else values[a] for a in op.args]
-                values[op.result] = op.op.numpy(*args).astype(self.dtype, copy=False)
+        run_body(k.body, values, self.dtype)
         for v, acc in k.outputs:
             dst = self.view(*at(acc))
             dst[...] = np.broadcast_to(values[v], dst.shape) if values[v].ndim else values[v]
