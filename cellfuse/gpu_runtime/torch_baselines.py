@@ -6,6 +6,7 @@ implements."""
 
 from __future__ import annotations
 
+import functools
 import types
 from collections.abc import Callable
 
@@ -23,6 +24,11 @@ def torch_available() -> bool:
     return torch.cuda.is_available()
 
 
+def torch_function(torch, spec: OpSpec) -> Callable:
+    """The op's function of the `torch` module: its table entry's name, dotted into submodules."""
+    return functools.reduce(getattr, spec.torch.split("."), torch)
+
+
 def make_step(cell: Cell) -> Callable:
     """step(x_t, states: tuple, weights: dict) -> (output, new states tuple), one torch op per node: the
     reference interpreter's step, with each op's PyTorch meaning from the op table."""
@@ -32,7 +38,7 @@ def make_step(cell: Cell) -> Callable:
     state_ids = list(cell.updates)
 
     def meaning(spec: OpSpec) -> Callable:
-        return getattr(torch, spec.torch)
+        return torch_function(torch, spec)
 
     def step(x_t, states, weights):
         values = reference_step(cell, info.order, weights, x_t, dict(zip(state_ids, states, strict=True)),
@@ -134,7 +140,7 @@ class CompiledCell:
                     widths = [self.weights[layer][self.nodes[m].args[1]].shape[1] for m in ms]
                     values.update(zip(ms, torch.split(out, widths, dim=1), strict=True))
             elif spec.is_elementwise:
-                values[n] = getattr(torch, spec.torch)(*(row_of(a) for a in node.args))
+                values[n] = torch_function(torch, spec)(*(row_of(a) for a in node.args))
 
     def _forward(self, x, initial: list):
         seq = x

@@ -11,6 +11,7 @@ or a test that walks the table names it.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -52,7 +53,8 @@ class OpSpec:
     # A C expression over the argument expressions {0}, {1}; functions named cf_* are defined in
     # codegen's kernel prelude.
     cuda: str | None = None
-    # The function of the `torch` module with the same meaning (torch.<name>(*args)).
+    # The function of the `torch` module with the same meaning (torch.<name>(*args)); a dotted name
+    # reaches into its submodules ("nn.functional.softplus").
     torch: str | None = None
     # The builder's spelling: a Python operator ("+", "-", ... ; "-" of arity 1 is negation), or None
     # for a function of the same name as the op (`sigmoid(v)`).
@@ -93,6 +95,23 @@ def _relu(a: np.ndarray) -> np.ndarray:
     return np.maximum(a, 0.0)
 
 
+def _softplus(a: np.ndarray) -> np.ndarray:
+    # ln(1 + e^a) = max(a, 0) + ln(1 + e^-|a|): e^-|a| never overflows, and log1p keeps the digits of a
+    # tiny e^-|a| (for a << 0 the result is about e^a, where ln(1 + e^a) would round to 0).
+    return np.maximum(a, 0.0) + np.log1p(np.exp(-np.abs(a)))
+
+
+def _rsqrt(a: np.ndarray) -> np.ndarray:
+    return 1.0 / np.sqrt(a)
+
+
+def _tie_split(dy: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The gradient of max(a, b) with respect to a: dy where a wins, none where b does. Where they tie,
+    max has no derivative: each arg gets half of dy, as PyTorch gives it; the halves still sum to dy, so
+    max(a, a) has the derivative 1 of a, and a central difference across the tie gives the same."""
+    return np.where(a > b, dy, np.where(a == b, 0.5 * dy, 0.0))
+
+
 def _sigmoid_grad(dy: np.ndarray, a: np.ndarray, y: np.ndarray) -> np.ndarray:
     # sigmoid'(a) = sigmoid(a) sigmoid(-a) = e / (1 + e)^2 with e = e^-|a|: exact for every a, where
     # y (1 - y) is 0 once y rounds to 1 (a > 37), though the derivative is not.
@@ -110,6 +129,16 @@ def _tanh_grad(dy: np.ndarray, a: np.ndarray, y: np.ndarray) -> np.ndarray:
 def _relu_grad(dy: np.ndarray, a: np.ndarray, y: np.ndarray) -> np.ndarray:
     # At a = 0, where relu has no derivative, 0, as PyTorch takes it.
     return np.where(a > 0.0, dy, 0.0)
+
+
+def _abs_grad(dy: np.ndarray, a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # sign(0) = 0: at a = 0, where |a| has no derivative, 0, as PyTorch takes it.
+    return dy * np.sign(a)
+
+
+def _rsqrt_grad(dy: np.ndarray, a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # d(a^-1/2)/da = -a^-3/2 / 2 = -y / (2a): from the forward's y, without another square root.
+    return -0.5 * dy * y / a
 
 
 _E = float(np.e)  # e^1: the largest exp of a unit argument
@@ -137,12 +166,40 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
            # d(a/b)/db = -a / b^2, written -(a/b) / b: b^2 would overflow for |b| > 1e154
            grad=(lambda dy, a, b, y: dy / b, lambda dy, a, b, y: -dy * y / b),
            cuda_grad=("({dy} / {1})", "(-{dy} * {y} / {1})")),
+    OpSpec("max", 2, OpKind.ELEMENTWISE, "max(a, b)", ("a", "b"), np.maximum, "fmaxf({0}, {1})", "maximum",
+           None, RandomUse(("any", "any"), lambda a, b: max(a, b)),
+           grad=(lambda dy, a, b, y: _tie_split(dy, a, b), lambda dy, a, b, y: _tie_split(dy, b, a)),
+           cuda_grad=("({0} > {1} ? {dy} : ({0} == {1} ? 0.5f * {dy} : 0.0f))",
+                      "({1} > {0} ? {dy} : ({0} == {1} ? 0.5f * {dy} : 0.0f))")),
+    # |min(a, b)| is bounded by the larger of the bounds of |a| and |b|, as |max(a, b)| is.
+    OpSpec("min", 2, OpKind.ELEMENTWISE, "min(a, b)", ("a", "b"), np.minimum, "fminf({0}, {1})", "minimum",
+           None, RandomUse(("any", "any"), lambda a, b: max(a, b)),
+           grad=(lambda dy, a, b, y: _tie_split(dy, b, a), lambda dy, a, b, y: _tie_split(dy, a, b)),
+           cuda_grad=("({0} < {1} ? {dy} : ({0} == {1} ? 0.5f * {dy} : 0.0f))",
+                      "({1} < {0} ? {dy} : ({0} == {1} ? 0.5f * {dy} : 0.0f))")),
     OpSpec("neg", 1, OpKind.ELEMENTWISE, "-a", ("a",), np.negative, "(-{0})", "neg", "-",
            RandomUse(("any",), lambda a: a),
            grad=(lambda dy, a, y: -dy,), cuda_grad=("(-{dy})",)),
+    OpSpec("abs", 1, OpKind.ELEMENTWISE, "|a|", ("a",), np.abs, "fabsf({0})", "abs", None,
+           RandomUse(("any",), lambda a: a), grad=(_abs_grad,),
+           cuda_grad=("({0} > 0.0f ? {dy} : ({0} < 0.0f ? (-{dy}) : 0.0f))",)),
+    OpSpec("square", 1, OpKind.ELEMENTWISE, "a * a", ("a",), np.square, "({0} * {0})", "square", None,
+           RandomUse(("bounded",), lambda a: a * a),
+           grad=(lambda dy, a, y: 2.0 * dy * a,), cuda_grad=("(2.0f * {dy} * {0})",)),
     OpSpec("exp", 1, OpKind.ELEMENTWISE, "e^a", ("a",), np.exp, "expf({0})", "exp", None,
            RandomUse(("unit",), lambda a: _E),
            grad=(lambda dy, a, y: dy * y,), cuda_grad=("({dy} * {y})",)),
+    # A positive arg lies in [1/e, bound]: its log in [-1, ln bound].
+    OpSpec("log", 1, OpKind.ELEMENTWISE, "ln(a), -inf at a = 0", ("a",), np.log, "logf({0})", "log", None,
+           RandomUse(("positive",), lambda a: max(1.0, math.log(a))),
+           grad=(lambda dy, a, y: dy / a,), cuda_grad=("({dy} / {0})",)),
+    # At a = 0 the derivative is infinite, as PyTorch has it: random cells give sqrt positive args.
+    OpSpec("sqrt", 1, OpKind.ELEMENTWISE, "sqrt(a), a >= 0", ("a",), np.sqrt, "sqrtf({0})", "sqrt", None,
+           RandomUse(("positive",), lambda a: math.sqrt(a)),
+           grad=(lambda dy, a, y: 0.5 * dy / y,), cuda_grad=("(0.5f * {dy} / {y})",)),
+    OpSpec("rsqrt", 1, OpKind.ELEMENTWISE, "1 / sqrt(a), a > 0", ("a",), _rsqrt, "rsqrtf({0})", "rsqrt",
+           None, RandomUse(("positive",), lambda a: math.sqrt(_E)), grad=(_rsqrt_grad,),
+           cuda_grad=("(-0.5f * {dy} * {y} / {0})",)),
     OpSpec("sigmoid", 1, OpKind.ELEMENTWISE, "1 / (1 + e^-a)", ("a",), _sigmoid, "cf_sigmoid({0})",
            "sigmoid", None, RandomUse(("any",), lambda a: 1.0), grad=(_sigmoid_grad,),
            # In float, y (1 - y) is off by the rounding of y at most (1e-7 where y nears 1), as the
@@ -154,6 +211,13 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
            cuda_grad=("({dy} * (1.0f - {y} * {y}))",)),
     OpSpec("relu", 1, OpKind.ELEMENTWISE, "max(a, 0)", ("a",), _relu, "fmaxf({0}, 0.0f)", "relu", None,
            RandomUse(("any",), lambda a: a), grad=(_relu_grad,), cuda_grad=("({0} > 0.0f ? {dy} : 0.0f)",)),
+    # PyTorch's softplus gives a itself for a > 20, 2e-9 off at most.
+    OpSpec("softplus", 1, OpKind.ELEMENTWISE, "ln(1 + e^a), computed so that it never overflows", ("a",),
+           _softplus, "(fmaxf({0}, 0.0f) + log1pf(expf(-fabsf({0}))))", "nn.functional.softplus", None,
+           RandomUse(("any",), lambda a: a + math.log(2.0)),
+           grad=(lambda dy, a, y: dy * _sigmoid(a),),
+           # sigmoid(a) = 1 - e^-y, as e^y = 1 + e^a; expm1f keeps its digits where y is tiny (a << 0).
+           cuda_grad=("(-{dy} * expm1f(-{y}))",)),
 ]}
 
 

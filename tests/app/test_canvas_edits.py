@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from cellfuse.app import theme
 from cellfuse.app.node_types import OP_NODE_CLASSES, node_type_of
 from cellfuse.graph_model import OPS, analyze, init_params, run_reference
 
@@ -14,6 +15,21 @@ def test_a_node_class_per_op_with_ports_named_after_its_args():
     assert len({node_type_of(c) for c in OP_NODE_CLASSES.values()}) == len(OPS)
     for op, cls in OP_NODE_CLASSES.items():
         assert cls.OP == op and cls.NODE_NAME == op
+
+
+def test_the_palette_lists_every_op_of_the_table(window, qtbot):
+    palette = window.palette
+    assert sorted(palette.ops()) == sorted([*OPS, "output"])
+    # grouped by kind; in a group, in the table's order
+    assert [op for op in palette.ops() if op in OPS and OPS[op].is_elementwise] == [
+        op for op, spec in OPS.items() if spec.is_elementwise]
+    for op, spec in OPS.items():
+        palette.search.clear()
+        qtbot.keyClicks(palette.search, op)
+        assert palette.current_op() == op, palette.ops()  # Enter adds it
+        group = palette.tree.currentItem().parent().text(0)
+        assert (group == theme.KIND_LABELS["elementwise"]) == spec.is_elementwise, (op, group)
+    palette.search.clear()
 
 
 def test_ports_are_the_op_args(window):

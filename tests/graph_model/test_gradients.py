@@ -223,16 +223,16 @@ def test_a_gradient_too_large_for_float64_is_refused(elman_run):
 
 
 def test_an_op_without_a_derivative_is_named(monkeypatch):
-    monkeypatch.setitem(OPS, "square", OpSpec("square", 1, OpKind.ELEMENTWISE, "a * a", ("a",), np.square,
-                                              "({0} * {0})", "square", None,
-                                              RandomUse(("bounded",), lambda a: a * a)))
-    b = CellBuilder("squares", input=INPUT, hidden=HIDDEN)
+    monkeypatch.setitem(OPS, "cube", OpSpec("cube", 1, OpKind.ELEMENTWISE, "a * a * a", ("a",),
+                                            lambda a: a * a * a, "({0} * {0} * {0})", "pow", None,
+                                            RandomUse(("unit",), lambda a: a * a * a)))
+    b = CellBuilder("cubes", input=INPUT, hidden=HIDDEN)
     x, h = b.input("x"), b.state("h")
-    h_new = tanh(apply("square", x @ b.weight("W", "input", "hidden")) + h)
+    h_new = tanh(apply("cube", x @ b.weight("W", "input", "hidden")) + h)
     b.update(h, h_new)
     b.output(h_new)
     case = make_case(b.build(), 1, seed=0)
-    with pytest.raises(CellError, match="no derivative in the op table: square"):
+    with pytest.raises(CellError, match="no derivative in the op table: cube"):
         case.gradients()
 
 
@@ -280,7 +280,7 @@ def test_each_rule_against_finite_differences_of_the_numpy_meaning(op):
                                    err_msg=f"{op}, arg {spec.args[i]}")
 
 
-@pytest.mark.parametrize("op", ["add", "sub", "mul", "div"])
+@pytest.mark.parametrize("op", [name for name in ELEMENTWISE if OPS[name].arity == 2])
 def test_a_binary_rule_takes_a_row_or_a_scalar_broadcast_over_the_batch(op):
     spec = OPS[op]
     rng = np.random.default_rng(1)
@@ -319,6 +319,15 @@ EXTREMES: dict[str, list[tuple[float, ...]]] = {
     "sigmoid": [(40.0,), (-40.0,), (700.0,), (-700.0,), (20.0,), (1e-300,)],
     "tanh": [(20.0,), (-20.0,), (40.0,), (-350.0,), (1e-300,)],
     "relu": [(1e-300,), (-1e-300,), (1e300,), (-1e300,)],
+    # at a tie, the central difference of max or min is 1/2 for each arg, as the rule has it
+    "max": [(1e300, -1e300), (-1e-300, 1e-300), (2.0, 2.0), (-3.0, -3.0)],
+    "min": [(1e300, -1e300), (-1e-300, 1e-300), (2.0, 2.0), (-3.0, -3.0)],
+    "abs": [(1e-300,), (-1e-300,), (1e300,), (-1e300,)],
+    "square": [(1e150,), (-1e150,), (1e-300,)],
+    "log": [(1e-300,), (1e300,), (1.0,)],
+    "sqrt": [(1e-300,), (1e300,), (5e-324,)],
+    "rsqrt": [(1e-200,), (1e200,), (4.0,)],
+    "softplus": [(40.0,), (-40.0,), (700.0,), (-700.0,), (1e-300,), (-1e-300,)],
 }
 
 
@@ -334,6 +343,14 @@ def mp_meaning(op: str):
         "sigmoid": lambda a: 1 / (1 + mp.exp(-a)),
         "tanh": mp.tanh,
         "relu": lambda a: a if a > 0 else 0 * a,
+        "max": max,
+        "min": min,
+        "abs": abs,
+        "square": lambda a: a * a,
+        "log": mp.log,
+        "sqrt": mp.sqrt,
+        "rsqrt": lambda a: 1 / mp.sqrt(a),
+        "softplus": lambda a: mp.log(1 + mp.exp(a)),
     }[op]
 
 
@@ -362,6 +379,30 @@ def test_each_rule_is_exact_at_extreme_values(op):
 
 def test_relu_takes_zero_as_its_derivative_at_zero():
     assert float(OPS["relu"].grad[0](np.float64(1.0), np.float64(0.0), np.float64(0.0))) == 0.0
+
+
+def test_abs_takes_zero_as_its_derivative_at_zero():
+    for zero in (0.0, -0.0):
+        assert float(OPS["abs"].grad[0](np.float64(1.0), np.float64(zero), np.float64(0.0))) == 0.0
+
+
+@pytest.mark.parametrize("op", ["max", "min"])
+def test_max_and_min_give_each_arg_half_the_gradient_at_a_tie(op):
+    """As PyTorch does; the halves sum to the whole, so max(a, a) has the derivative of a."""
+    a, b = np.array([2.0, -0.0, 1.0, 3.0]), np.array([2.0, 0.0, 3.0, 1.0])
+    dy = np.array([1.0, -4.0, 1.0, 1.0])
+    y = OPS[op].numpy(a, b)
+    da, db = (rule(dy, a, b, y) for rule in OPS[op].grad)
+    np.testing.assert_array_equal(da[:2], [0.5, -2.0])
+    np.testing.assert_array_equal(db[:2], [0.5, -2.0])
+    winner_is_a = [False, True] if op == "max" else [True, False]
+    np.testing.assert_array_equal(da[2:], np.where(winner_is_a, 1.0, 0.0))
+    np.testing.assert_array_equal(db[2:], np.where(winner_is_a, 0.0, 1.0))
+
+
+def test_sqrt_has_an_infinite_derivative_at_zero():
+    with np.errstate(divide="ignore"):
+        assert float(OPS["sqrt"].grad[0](np.float64(1.0), np.float64(0.0), np.float64(0.0))) == np.inf
 
 
 # -- the CUDA forms of the derivative rules -------------------------------------------------------------
@@ -432,11 +473,40 @@ def test_the_cuda_rules_mean_what_the_numpy_rules_mean(tmp_path):
         points[op] = [[float(v) for v in row] for row in zip(dy, *args, y, strict=True)]
         for rule in spec.grad:
             expected.extend(rule(*(v.astype(np.float64) for v in (dy, *args, y))))
+    got = run_on_host(points, tmp_path)
+    # float's rounding of y (6e-8) and of a few operations after it
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def run_on_host(points: dict[str, list[list[float]]], tmp_path) -> np.ndarray:
+    """What each CUDA rule gives at the points, in the order of cuda_source's main."""
     cu, exe = tmp_path / "rules.cu", tmp_path / "rules"
     cu.write_text(cuda_source(with_main=True, points=points))
     build = subprocess.run(["nvcc", "-O2", "-o", str(exe), str(cu)], capture_output=True, text=True)
     assert build.returncode == 0, build.stderr
     run = subprocess.run([str(exe)], capture_output=True, text=True, check=True)
-    got = np.array([float(line) for line in run.stdout.split()])
-    # float's rounding of y (6e-8) and of a few operations after it
-    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    return np.array([float(line) for line in run.stdout.split()])
+
+
+# Args where an op has no derivative, or an infinite one, and its rule takes a convention: the CUDA rule
+# must take the numpy rule's.
+KINKS: dict[str, list[tuple[float, ...]]] = {
+    "relu": [(0.0,), (-0.0,)],
+    "abs": [(0.0,), (-0.0,)],
+    "max": [(2.0, 2.0), (-0.0, 0.0), (0.0, -0.0)],
+    "min": [(2.0, 2.0), (-0.0, 0.0), (0.0, -0.0)],
+    "sqrt": [(0.0,)],
+}
+
+
+@pytest.mark.nvcc
+@no_nvcc
+def test_the_cuda_rules_take_the_numpy_rules_conventions_at_kinks(tmp_path):
+    points, expected = {}, []
+    for op in ELEMENTWISE:
+        spec = OPS[op]
+        rows = [(dy, *args, float(spec.numpy(*args))) for args in KINKS.get(op, []) for dy in (1.0, -3.0)]
+        points[op] = [list(row) for row in rows]
+        with np.errstate(divide="ignore"):  # sqrt's derivative at 0
+            expected.extend(float(rule(*map(np.float64, row))) for rule in spec.grad for row in rows)
+    np.testing.assert_array_equal(run_on_host(points, tmp_path), expected)
