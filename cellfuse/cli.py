@@ -22,6 +22,8 @@ from .graph_model import (
     Sizes,
     analyze,
     check_sizes,
+    equations_latex,
+    equations_text,
     init_params,
     load_cell,
     load_npz,
@@ -138,6 +140,17 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.cell}: cell '{cell.name}' is valid ({len(cell.nodes)} nodes, "
           f"{len(info.problems)} warning(s))")
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    cell = resolve_cell(args.cell)
+    sys.stdout.write(equations_latex(cell) if args.latex else equations_text(cell))
+    errors = analyze(cell).errors
+    if errors:  # the equations of a cell being drawn still say what it computes so far
+        print(f"{args.cell}: the cell has {len(errors)} error(s); 'cellfuse validate {args.cell}' lists them",
+              file=sys.stderr)
+        return 1
     return 0
 
 
@@ -372,6 +385,11 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("validate", help="print every problem of a cell; exit 1 on any error")
     s.add_argument("cell")
     s.set_defaults(func=cmd_validate)
+
+    s = sub.add_parser("show", help="print the cell's equations, as text or --latex")
+    s.add_argument("cell")
+    s.add_argument("--latex", action="store_true", help="an align* block (amsmath) for a paper")
+    s.set_defaults(func=cmd_show)
 
     s = sub.add_parser("init-params", help="write random parameters for a cell")
     s.add_argument("cell")

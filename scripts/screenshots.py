@@ -99,7 +99,17 @@ def main(argv: list[str] | None = None) -> int:
     w.show_node("ai_b")
     shoot(w, "cuda-view.png")
 
-    # 4. A benchmark run on the numpy backend (or the GPU where there is one), in the default layout:
+    # 4. The equations panel: the LSTM as its paper writes it. A click on the forget gate's sigmoid has
+    # selected the nodes that compute the gate, on the canvas and in the equations.
+    w.equations_dock.raise_()
+    w.resizeDocks([w.equations_dock], [int(args.height * 0.34)], QtCore.Qt.Orientation.Vertical)
+    settle()
+    forget = next(eq for eq in w.equations_panel.equations if eq.name == "f")
+    w.equations_panel.nodes_activated.emit(list(forget.rhs[0].nodes))
+    w.adapter.fit(margin=40.0)  # frames the selection
+    shoot(w, "equations.png")
+
+    # 5. A benchmark run on the numpy backend (or the GPU where there is one), in the default layout:
     # the results open in their tab beside the canvas.
     w.arrange_docks()
     w.bench_panel.repeats_spin.setValue(3)
@@ -117,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     settle(400)
     shoot(w, "benchmark.png")
 
-    # 5. Live validation: a broken connection, its node marked, the problem listed.
+    # 6. Live validation: a broken connection, its node marked, the problem listed.
     w.show_canvas()
     frame_all_then_select("ai_b")
     w.adapter.disconnect("h_new", "b")

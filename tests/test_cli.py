@@ -102,6 +102,40 @@ def test_validate_with_warnings_only(cli, tmp_path):
     assert "warning: node 'spare'" in err
 
 
+def test_show_prints_the_equations(cli):
+    code, out, err = cli("show", "lstm")
+    assert code == 0 and err == ""
+    assert out.splitlines() == ["i  = sigmoid(x @ W_i + h @ U_i + b_i)",
+                                "f  = sigmoid(x @ W_f + h @ U_f + b_f)",
+                                "o  = sigmoid(x @ W_o + h @ U_o + b_o)",
+                                "g  = tanh(x @ W_g + h @ U_g + b_g)",
+                                "c' = f * c + i * g",
+                                "h' = o * tanh(c')",
+                                "y  = h'"]
+
+
+def test_show_latex(cli, tmp_path):
+    code, out, err = cli("show", write_cell(tmp_path / "e.cell.json"), "--latex")
+    assert code == 0 and err == ""
+    assert out == ("\\begin{align*}\n"
+                   "  h' &= \\tanh(x \\, W + h \\, U + b) \\\\\n"
+                   "  y &= h'\n"
+                   "\\end{align*}\n")
+
+
+def test_show_a_cell_with_errors(cli, tmp_path):
+    path = write_cell(tmp_path / "bad.cell.json", lambda d: _node(d, "a_b").update(args=["a"]))
+    code, out, err = cli("show", path)
+    assert code == 1 and out == "h' = tanh(x @ W + h @ U + ?)\ny  = h'\n"
+    assert "1 error(s)" in err and "cellfuse validate" in err
+
+
+def test_show_needs_a_cell(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["show"])
+    assert e.value.code == 2 and "usage:" in capsys.readouterr().err
+
+
 def test_init_params(cli, tmp_path):
     path = tmp_path / "p.npz"
     code, out, _ = cli("init-params", "lstm", "--layers", 2, "--input", 3, "--hidden", 4, "--seed", 1,

@@ -27,7 +27,8 @@ from typing import Any
 
 from PySide6 import QtCore, QtGui
 
-from ..graph_model import OPS, Cell, CellError, Node
+from ..graph_model import OPS, Cell, CellError, FormulaEdit, Node
+from ..graph_model.builder import COLUMN_SPACING, ROW_SPACING
 from ..graph_model.validate import DIMS, ID_PATTERN, OUTPUT_TITLE, update_title
 from . import canvas_layout
 from .canvas_graph import CanvasGraph
@@ -600,6 +601,70 @@ class CellAdapter(QtCore.QObject):
                     u.input_ports()[0].connect_to(made[plan.updates[s]].output(0))
         self.select(list(made))
         return list(made)
+
+    def add_formula(self, edit: FormulaEdit) -> list[str]:
+        """Adds what a typed formula computes (graph_model.formula.plan_formula): its nodes, wired, and
+        the update or output it sets, as one undoable step. Returns the new nodes' ids, selected."""
+        for n in edit.nodes:  # an edit planned on another cell than the canvas's may name a taken id
+            self._check_id(n.id)
+        positions = self._formula_positions(edit)
+        made: dict[str, CellNode] = {}
+
+        def canvas_node(cell_id: str) -> CellNode:
+            return made[cell_id] if cell_id in made else self.node(cell_id)
+
+        with self._macro(f"formula {edit.target}"):
+            for n in edit.nodes:
+                made[n.id] = self._create_op(n.id, n.op, positions[n.id], n.shape, n.value)
+            for n in edit.nodes:
+                ports = made[n.id].input_ports()
+                for i, a in enumerate(n.args):
+                    ports[i].connect_to(canvas_node(a).output(0))
+            for state, target in edit.updates.items():
+                source = canvas_node(target)
+                u = self._update_of(canvas_node(state))
+                if u is None:
+                    x, y = source.pos()
+                    u = self._create_update(canvas_node(state), (x + source.view.width + SINK_GAP, y))
+                u.input_ports()[0].connect_to(source.output(0))
+            for state in (n.id for n in edit.nodes if n.op == "state" and n.id not in edit.updates):
+                node = made[state]
+                x, y = node.pos()
+                self._create_update(node, (x + node.view.width + 2 * SINK_GAP, y))
+            if edit.output is not None:
+                source = canvas_node(edit.output)
+                sink = self.output_node()
+                if sink is None:
+                    x, y = source.pos()
+                    sink = self._create_output((x + source.view.width + SINK_GAP, y))
+                sink.input_ports()[0].connect_to(source.output(0))
+        self.select(list(made))
+        return list(made)
+
+    def _formula_positions(self, edit: FormulaEdit) -> dict[str, tuple[float, float]]:
+        """Where a formula's nodes go: a computed node a column right of its rightmost arg, level with
+        its first; a new source (a weight, a const, a state) a column left of its first user. Each is
+        then moved down until it is clear of the nodes on the canvas and of the others."""
+        known = {nid: (float(p[0]), float(p[1])) for nid, p in self._cell.layout.items()}
+        pos: dict[str, tuple[float, float]] = {}
+        for n in edit.nodes:  # args before the nodes that use them
+            placed = [p for a in n.args if (p := pos.get(a) or known.get(a)) is not None]
+            if placed:
+                pos[n.id] = (max(p[0] for p in placed) + COLUMN_SPACING, placed[0][1])
+        for n in edit.nodes:
+            if n.id in pos:
+                continue
+            user = next((u.id for u in edit.nodes if n.id in u.args and u.id in pos), None)
+            pos[n.id] = ((pos[user][0] - COLUMN_SPACING, pos[user][1] + ROW_SPACING) if user is not None
+                         else self.free_spot())
+        taken = [c.view.sceneBoundingRect() for c in self._nodes()]
+        for n in edit.nodes:
+            rect = QtCore.QRectF(*pos[n.id], *NEW_NODE_SIZE)
+            while any(rect.adjusted(-20.0, -15.0, 20.0, 15.0).intersects(r) for r in taken):
+                rect.translate(0.0, ROW_SPACING / 2)
+            taken.append(rect)
+            pos[n.id] = (rect.x(), rect.y())
+        return pos
 
     # == layout ============================================================================================
     def _layout_positions(self, cell: Cell) -> dict[str, tuple[float, float]]:

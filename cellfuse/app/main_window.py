@@ -1,5 +1,5 @@
 """The editor's main window: the canvas in the middle, the palette, properties, plan, problems,
-CUDA and benchmark panels around it, the menus, and the document's life (new, open, save,
+equations, CUDA and benchmark panels around it, the menus, and the document's life (new, open, save,
 autosave, close).
 
 The window wires panels to the cell adapter and to the compiler and benchmark; it holds no cell
@@ -27,6 +27,7 @@ from ..graph_model import (
     cell_to_text,
     load_cell,
     load_template,
+    plan_formula,
     save_cell,
 )
 from . import autosave, dialogs, fragments, node_marks, recent_files, window_geometry
@@ -36,6 +37,7 @@ from .bench_worker import BenchWorker
 from .cell_adapter import CellAdapter
 from .cuda_view import CudaView
 from .document import Document, with_cell_suffix
+from .equations_panel import EquationsPanel
 from .menus import WindowActions, build_menus
 from .palette_panel import PalettePanel
 from .plan_overlay import PlanOverlay
@@ -79,6 +81,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.palette = PalettePanel()
         self.properties = PropertiesPanel()
         self.problems = ProblemsPanel()
+        self.equations_panel = EquationsPanel()
         self.plan_panel = PlanPanel(list(SCHEDULES))
         if DEFAULT_SCHEDULE in SCHEDULES:
             self.plan_panel.set_schedule(DEFAULT_SCHEDULE)
@@ -140,20 +143,22 @@ class MainWindow(QtWidgets.QMainWindow):
         self.properties_dock = self._dock("Properties", "properties", self.properties, right)
         self.plan_dock = self._dock("Plan", "plan", self.plan_panel, right)
         self.problems_dock = self._dock("Problems", "problems", self.problems, bottom)
+        self.equations_dock = self._dock("Equations", "equations", self.equations_panel, bottom)
         self.cuda_dock = self._dock("CUDA", "cuda", self.cuda_view, bottom)
         self.bench_dock = self._dock("Benchmark", "benchmark", self.bench_panel, bottom)
         self.splitDockWidget(self.properties_dock, self.plan_dock, QtCore.Qt.Orientation.Vertical)
-        self.tabifyDockWidget(self.problems_dock, self.cuda_dock)
+        self.tabifyDockWidget(self.problems_dock, self.equations_dock)
+        self.tabifyDockWidget(self.equations_dock, self.cuda_dock)
         self.tabifyDockWidget(self.cuda_dock, self.bench_dock)
         self.problems_dock.raise_()
         g = window_geometry
         self.palette.setMinimumWidth(g.PALETTE_MIN_WIDTH)
         for panel in (self.properties, self.plan_panel):
             panel.setMinimumWidth(g.SIDE_PANEL_MIN_WIDTH)
-        for panel in (self.problems, self.cuda_view, self.bench_panel):
+        for panel in (self.problems, self.equations_panel, self.cuda_view, self.bench_panel):
             panel.setMinimumHeight(g.BOTTOM_PANEL_MIN_HEIGHT)
         self.panel_docks = [self.palette_dock, self.properties_dock, self.plan_dock, self.problems_dock,
-                            self.cuda_dock, self.bench_dock]
+                            self.equations_dock, self.cuda_dock, self.bench_dock]
 
     def _build_status_bar(self) -> None:
         self.validity_label = QtWidgets.QLabel()
@@ -169,6 +174,8 @@ class MainWindow(QtWidgets.QMainWindow):
         a.message.connect(lambda text: self.statusBar().showMessage(text, 6000))
         self.palette.op_activated.connect(self.add_node)
         self.problems.node_activated.connect(self.show_node)
+        self.equations_panel.nodes_activated.connect(self._select_nodes)
+        self.equations_panel.formula_entered.connect(self.add_formula)
         self.properties.node_activated.connect(self.show_node)
         self.properties.rename_requested.connect(self._rename)
         self.properties.shape_requested.connect(lambda i, s: self._edit(a.set_weight_shape, i, s))
@@ -192,6 +199,7 @@ class MainWindow(QtWidgets.QMainWindow):
     def _on_cell_changed(self, cell: Cell) -> None:
         self.info = analyze(cell)
         self.problems.show_problems(self.info.problems)
+        self.equations_panel.show_cell(cell)
         node_marks.show_problems(self.adapter, self.info)
         node_marks.show_port_shapes(self.adapter, self.info)
         node_marks.color_wires(self.adapter)
@@ -214,6 +222,7 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def _on_selection_changed(self, ids: list[str]) -> None:
         self.properties.show_cell(self.cell, self.info, ids)
+        self.equations_panel.show_selection(ids)
         if ids:
             self.cuda_view.scroll_to_node(ids[0])
 
@@ -256,6 +265,27 @@ class MainWindow(QtWidgets.QMainWindow):
             self.adapter.select([node_id])
         self.palette.reset_search()
         return node_id
+
+    def add_formula(self, formula: str) -> list[str]:
+        """Adds what a typed formula computes, as one undoable edit; returns the new nodes' ids. A formula
+        that cannot be added is said under the entry, with where."""
+        try:
+            edit = plan_formula(self.cell, formula)
+            ids = self.adapter.add_formula(edit)
+        except CellError as e:
+            self.equations_panel.show_formula_error(e)
+            return []
+        self.equations_panel.formula_added()
+        self.statusBar().showMessage(f"{edit.target}: {edit.describe()}", 6000)
+        if ids:
+            self._select_nodes(ids)
+        return ids
+
+    def focus_formula(self) -> None:
+        """Shows the equations panel and puts the cursor in its formula entry."""
+        self.equations_dock.show()
+        self.equations_dock.raise_()
+        self.equations_panel.focus_entry()
 
     def show_node(self, node_id: str) -> None:
         """Selects a node and centres the canvas on it."""

@@ -34,6 +34,7 @@ class Editor(Protocol):
     def paste(self) -> list[str]: ...
     def delete_selection(self) -> None: ...
     def open_node_search(self) -> None: ...
+    def focus_formula(self) -> None: ...
     def add_node(self, op: str) -> str: ...
     def set_overlay_visible(self, visible: bool) -> None: ...
     def validate(self) -> CellInfo: ...
@@ -88,6 +89,8 @@ class WindowActions:
         self.select_all = _action(w, "Select &All", e.adapter.select_all, [std.SelectAll])
         self.node_search = _action(e.canvas, "Add Node by &Name…", e.open_node_search, ["Tab"],
                                    "Search the ops by name and add one", canvas_only)
+        self.formula = _action(w, "Type a &Formula…", e.focus_formula, ["Ctrl+Shift+F"],
+                               "Add nodes by typing what they compute, as f = sigmoid(x @ W_f + b_f)")
 
         self.fit = _action(e.canvas, "&Fit", e.adapter.fit, ["F"],
                            "Frame the selected nodes, or the whole cell", canvas_only)
@@ -131,7 +134,7 @@ def build_menus(w: QtWidgets.QMainWindow, e: Editor, a: WindowActions) -> None:
 
     edit = bar.addMenu("&Edit")
     for action in (a.undo, a.redo, None, a.cut, a.copy, a.paste, a.delete, None, a.select_all, None,
-                   a.node_search):
+                   a.node_search, a.formula):
         edit.addSeparator() if action is None else edit.addAction(action)
     add = edit.addMenu("Add &Node")
     _add_node_menu(e, add)
@@ -189,6 +192,12 @@ HELP = """<h3>Canvas</h3>
 <p>A state appears twice: its value from the previous step (an output port) and its
 <i>next</i> node, whose input is the value it takes for the next step. The <i>cell output</i>
 node's input is the layer's output.</p>
+<h3>Equations</h3>
+<p>The Equations panel shows what the cell computes; click a term to select its nodes.
+<b>Ctrl+Shift+F</b> types a formula, such as <tt>f = sigmoid(x @ W_f + h @ U_f + b_f)</tt>:
+<tt>@</tt> is the matrix product, <tt>*</tt> the elementwise one, <tt>h'</tt> the value state
+<tt>h</tt> takes for the next step and <tt>y</tt> the output. Names the cell lacks become
+weights or states by where they stand. One formula is one undo step.</p>
 <p><b>F5</b> runs the benchmark, <b>F7</b> validates, <b>Ctrl+E</b> exports CUDA.</p>"""
 
 

@@ -1,5 +1,6 @@
 """The cell model: a typed dataflow graph of one time step, its file format, validation, templates,
-a Python builder, the numpy reference interpreter and its backward pass. Imports nothing else of CellFuse."""
+a Python builder, the cell as equations and formulas typed into it, the numpy reference interpreter and
+its backward pass. Imports nothing else of CellFuse."""
 
 from .backward import Gradients, Tape, backward, record_forward, run_reference_backward
 from .builder import CellBuilder, Value, auto_layout, exp, relu, sigmoid, tanh
@@ -13,6 +14,8 @@ from .cellfile import (
     load_cell,
     save_cell,
 )
+from .equations import Equation, Term, equations, equations_latex, equations_text
+from .formula import FormulaEdit, FormulaError, apply_formula, plan_formula
 from .ops import OPS, OpSpec
 from .params import (
     NpzArrays,
@@ -37,6 +40,8 @@ __all__ = [
     "FORMAT", "Cell", "Node",
     "CellFileError", "atomic_write", "cell_from_json", "cell_from_text", "cell_to_text", "load_cell",
     "save_cell",
+    "Equation", "Term", "equations", "equations_latex", "equations_text",
+    "FormulaEdit", "FormulaError", "apply_formula", "plan_formula",
     "OPS", "OpSpec",
     "NpzArrays", "Sizes", "check_inputs", "check_params", "check_sizes", "expected_params", "init_params",
     "load_npz", "param_key", "param_layers", "save_npz",

@@ -1,0 +1,171 @@
+"""The equations panel: the LSTM as a paper prints it, kept in step with every edit, terms that select
+their nodes when clicked, and the formula entry, whose formula is one undo step or a pointed error."""
+
+from __future__ import annotations
+
+from PySide6 import QtCore, QtGui, QtWidgets
+
+from cellfuse.app.equations_panel import SELECTED_COLOR, UNUSED_COLOR
+from cellfuse.graph_model import equations, load_template
+
+FORMULA = "q = sigmoid(x @ W_q + h @ U_q + b_q)"
+
+
+def equations_shown(qapp, window):
+    window.equations_dock.show()
+    window.equations_dock.raise_()
+    qapp.processEvents()
+    return window.equations_panel
+
+
+def shown_text(panel) -> str:
+    return "".join(f"{e.text}\n" for e in panel.equations)
+
+
+def template_text(name: str) -> str:
+    return "".join(f"{e.text}\n" for e in equations(load_template(name)))
+
+
+def drawn(panel, text: str):
+    """The artist and term drawn for the term of that plain text (the first one)."""
+    return next((artist, term) for artist, term, _eq in panel.items if term.text == text)
+
+
+def click(qtbot, panel, artist) -> None:
+    """A left click in the middle of a drawn term, as a user's mouse gives it."""
+    box = artist.get_window_extent()
+    ratio = panel.view.devicePixelRatioF()
+    x, y = (box.x0 + box.x1) / 2 / ratio, panel.view.height() - (box.y0 + box.y1) / 2 / ratio
+    pos = QtCore.QPoint(round(x), round(y))
+    qtbot.mouseClick(panel.view, QtCore.Qt.MouseButton.LeftButton, pos=pos)
+
+
+def type_formula(qtbot, panel, formula: str) -> None:
+    panel.entry.clear()
+    qtbot.keyClicks(panel.entry, formula)
+    qtbot.keyClick(panel.entry, QtCore.Qt.Key.Key_Return)
+
+
+def test_the_panel_shows_the_lstm(qapp, window):
+    panel = equations_shown(qapp, window)
+    assert window.equations_dock in window.panel_docks
+    assert shown_text(panel) == template_text("lstm")
+    shown = [artist.get_text() for artist, _term, _eq in panel.items]
+    assert shown[:3] == ["$i$", "$=$", r"$\sigma($"] and "$c'$" in shown and r"$f \odot c$" in shown
+    assert panel.view.width() > 200 and not panel.message.isVisible()
+
+
+def test_the_panel_is_drawn_when_it_is_first_shown(qapp, window):
+    window.problems_dock.raise_()
+    qapp.processEvents()
+    window.adapter.rename("g", "cand")
+    panel = window.equations_panel
+    assert "cand = tanh(x @ W_g + h @ U_g + b_g)" in shown_text(panel)  # known at once, drawn later
+    equations_shown(qapp, window)
+    assert any(term.text == "cand" for _a, term, _eq in panel.items)
+
+
+def test_the_panel_follows_every_edit_and_undo(qapp, window, user):
+    panel = equations_shown(qapp, window)
+    user.rename("f", "forget")
+    assert "forget = sigmoid(x @ W_f + h @ U_f + b_f)" in shown_text(panel)
+    assert "c' = forget * c + i * g" in shown_text(panel)
+    assert any(term.text == "forget * c" for _a, term, _eq in panel.items)
+    window.adapter.disconnect("c_new", "b")
+    assert "c' = forget * c + ?" in shown_text(panel)
+    window.actions_.undo.trigger()
+    window.actions_.undo.trigger()
+    assert shown_text(panel) == template_text("lstm")
+
+
+def test_clicking_a_term_selects_its_nodes(qtbot, qapp, window):
+    panel = equations_shown(qapp, window)
+    artist, term = drawn(panel, "x @ W_f")
+    click(qtbot, panel, artist)
+    assert set(window.adapter.selected_ids()) == {"xf", "x", "W_f"} == set(term.nodes)
+    assert window.central_tabs.currentWidget() is window.canvas
+    assert artist.get_color() == SELECTED_COLOR  # the term takes the selection's colour
+    head, term = drawn(panel, "tanh(")  # the candidate's head: the whole candidate
+    click(qtbot, panel, head)
+    assert set(window.adapter.selected_ids()) == set(term.nodes) >= {"g", "ag_b", "ag", "xg", "hg"}
+
+
+def test_the_wheel_is_left_to_the_scroll_area(qapp, window):
+    """matplotlib's canvas would take the wheel: ignored, Qt hands it on to the scroll area around."""
+    panel = equations_shown(qapp, window)
+    centre = QtCore.QPointF(panel.view.width() / 2, 20)
+    down = QtCore.QPoint(0, -120)  # one notch of the wheel, towards the user
+    wheel = QtGui.QWheelEvent(centre, panel.view.mapToGlobal(centre), QtCore.QPoint(0, 0), down,
+                              QtCore.Qt.MouseButton.NoButton, QtCore.Qt.KeyboardModifier.NoModifier,
+                              QtCore.Qt.ScrollPhase.NoScrollPhase, False)
+    QtWidgets.QApplication.sendEvent(panel.view, wheel)
+    assert not wheel.isAccepted()
+
+
+def test_a_click_between_terms_selects_nothing(qtbot, qapp, window):
+    panel = equations_shown(qapp, window)
+    window.adapter.select(["xf"])
+    qtbot.mouseClick(panel.view, QtCore.Qt.MouseButton.LeftButton, pos=QtCore.QPoint(2, 2))
+    assert window.adapter.selected_ids() == ["xf"]
+
+
+def test_a_typed_formula_is_one_undo_step(qtbot, qapp, window, same):
+    panel = equations_shown(qapp, window)
+    stack = window.adapter.undo_stack()
+    before, steps = window.cell.copy(), stack.index()
+    type_formula(qtbot, panel, FORMULA)
+    assert stack.index() == steps + 1
+    assert window.cell.node("q").op == "sigmoid" and window.cell.node("W_q").shape == ["input", "hidden"]
+    assert panel.entry.text() == "" and not panel.error.isVisible()
+    assert f"{FORMULA}\n" in shown_text(panel)
+    assert next(eq for eq in panel.equations if eq.name == "q").kind == "unused"  # nothing uses q yet
+    assert drawn(panel, "q")[0].get_color() in (UNUSED_COLOR, SELECTED_COLOR)
+    added = {"W_q", "matmul", "U_q", "matmul1", "add", "b_q", "add1", "q"}
+    assert set(window.adapter.selected_ids()) == added
+    every = window.adapter.graph.all_nodes()
+    for a in (n for i in added for n in window.adapter.canvas_nodes(i)):  # nothing lands on another node
+        assert not any(b is not a and a.view.sceneBoundingRect().intersects(b.view.sceneBoundingRect())
+                       for b in every), a.name()
+    window.actions_.undo.trigger()
+    assert same(window.cell, before)
+    window.actions_.redo.trigger()
+    assert window.cell.node("q").args == ["add1"]
+
+
+def test_an_elman_rnn_typed_into_a_new_cell(qtbot, qapp, window):
+    window.new_cell(ask=False)
+    panel = equations_shown(qapp, window)
+    steps = window.adapter.undo_stack().index()
+    for formula in ["a = x @ W + h @ U + b", "h' = tanh(a)", "y = h'"]:
+        type_formula(qtbot, panel, formula)
+        assert not panel.error.isVisible(), panel.error.text()
+    assert window.adapter.undo_stack().index() == steps + 3
+    assert window.info.ok, window.info.problems
+    assert shown_text(panel) == template_text("elman")
+
+
+def test_a_bad_formula_is_pointed_at_and_adds_nothing(qtbot, qapp, window, same):
+    panel = equations_shown(qapp, window)
+    stack = window.adapter.undo_stack()
+    before, steps = window.cell.copy(), stack.index()
+    type_formula(qtbot, panel, "q = sigmoid(x @")
+    assert panel.error.isVisible() and panel.error.text().startswith("Column 12: ")
+    assert panel.pointer.text() == "q = sigmoid(x @\n           ^"
+    assert panel.entry.text() == "q = sigmoid(x @" and panel.entry.cursorPosition() == 11
+    assert stack.index() == steps and same(window.cell, before)
+    qtbot.keyClicks(panel.entry, " W_q)")
+    assert not panel.error.isVisible()  # typing on clears it
+    type_formula(qtbot, panel, "q = eval('1')")
+    assert "'eval' is not a function" in panel.error.text()
+    assert stack.index() == steps and same(window.cell, before)
+
+
+def test_the_shortcut_opens_the_formula_entry(qtbot, qapp, window):
+    window.problems_dock.raise_()
+    window.activateWindow()
+    qapp.processEvents()
+    assert window.actions_.formula.shortcut().toString() == "Ctrl+Shift+F"
+    window.actions_.formula.trigger()
+    qapp.processEvents()
+    assert not window.equations_dock.visibleRegion().isEmpty()
+    assert QtWidgets.QApplication.focusWidget() is window.equations_panel.entry
