@@ -99,6 +99,11 @@ def test_ctrl_c_at_any_moment_ends_cleanly(tmp_path, delay):
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
+    if "Fatal Python error: init_import_site" in err:
+        # The signal came while Python itself was starting (importing `site`, before any code of
+        # CellFuse ran): Python stops with its own message, which no program can change.
+        assert proc.returncode != 0
+        return
     assert "Traceback" not in err, err
     # finished before the signal, interrupted with our message, or stopped by the signal before
     # Python's own handler was installed
