@@ -280,6 +280,7 @@ class Plan:
     # When > 0, the hoisted launches (the prologue) run in chunks of this many steps on a second stream,
     # beside the recurrence: step t waits only for its own chunk, not for all T steps' GEMMs.
     chunk_steps: int = 0
+    saves_steps: bool = False  # every step's states, values and GEMM outputs kept (see make_plan)
 
     # -- what the plan says, for people and for `plan --json` -----------------------------------
     @property

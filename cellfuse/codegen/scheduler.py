@@ -273,7 +273,7 @@ SCHEDULES = tuple(LADDER)
 class _Layer:
     """Buffers and addresses of one layer."""
 
-    def __init__(self, st: _Step, sizes: Sizes, layer: int, buffers: dict[str, Buffer]):
+    def __init__(self, st: _Step, sizes: Sizes, layer: int, buffers: dict[str, Buffer], save_steps: bool):
         self.cell, self.shapes, self.st, self.layer, self.buffers = st.cell, st.shapes, st, layer, buffers
         self.T, self.B, self.H = sizes.seq, sizes.batch, sizes.hidden
         self.K = sizes.layer_input(layer)
@@ -283,9 +283,14 @@ class _Layer:
         # Every buffer name but a weight's has a dot after the layer prefix, so none is a weight's name.
         self.y = self._buffer(f"{self.p}out.y", "seq+1", self.H, "output")
         # A state whose update is the output lives in the output sequence: step t reads row block t
-        # and writes block t+1, so no copy is needed. Other states alternate between two slots.
+        # and writes block t+1, so no copy is needed. Other states alternate between two slots, and a
+        # step's values and GEMM outputs are overwritten by the next step's, unless the steps are saved
+        # (for a backward pass): then every step keeps its own rows, as the output sequence does.
         self.state_in_y = next((s for s, v in st.cell.updates.items() if v == st.cell.output), None)
-        self.state_buf = {s: self._buffer(f"{self.p}state.{s}", "pair", self.H, "state")
+        self.state_rows, self.state_read, self.state_write = (("seq+1", "t", "t+1") if save_steps
+                                                             else ("pair", "t%2", "(t+1)%2"))
+        self.step_rows, self.step_slot = ("seq", "t") if save_steps else ("batch", "fixed")
+        self.state_buf = {s: self._buffer(f"{self.p}state.{s}", self.state_rows, self.H, "state")
                           for s in st.cell.updates if s != self.state_in_y}
         self.group_of = st.group_of
         self.fold_of = st.folded
@@ -305,12 +310,12 @@ class _Layer:
 
     def group_out(self, g: GemmGroup) -> str:
         n_total, _ = self._group_n(g)
-        return self._buffer(f"{self.p}{g.name}.out", "seq" if g.hoisted else "batch", n_total, "gemm")
+        return self._buffer(f"{self.p}{g.name}.out", "seq" if g.hoisted else self.step_rows, n_total, "gemm")
 
     def value_buffer(self, v: str) -> str:
         shape = self.shapes[v]
         if len(shape) == 2:
-            rows = "seq" if self.st.phase[v] == PRO else "batch"
+            rows = "seq" if self.st.phase[v] == PRO else self.step_rows
             return self._buffer(f"{self.p}v.{v}", rows, self.width(v), "value")
         return self._buffer(f"{self.p}v.{v}", "one", self.width(v), "value")
 
@@ -325,7 +330,7 @@ class _Layer:
         if node.op == "state":
             if v == self.state_in_y:
                 return Access(self.y, "row", self.H, 0, "t")
-            return Access(self.state_buf[v], "row", self.H, 0, "t%2")
+            return Access(self.state_buf[v], "row", self.H, 0, self.state_read)
         if node.op == "weight":
             key = (param_key(self.layer, v),)
             return Access(self._buffer(f"{self.p}{v}", "one", self.width(v), "weight", key), "vec")
@@ -333,7 +338,7 @@ class _Layer:
             g = self.group_of.get(v) or self.fold_of[v]
             m = g.folded.get(v, v)
             n_total, offsets = self._group_n(g)
-            slot = (seq if g.hoisted else "fixed")
+            slot = seq if g.hoisted else self.step_slot
             return Access(f"{self.p}{g.name}.out", "row", n_total, offsets[g.matmuls.index(m)], slot)
         return self.stores(v)[0] if self.st.phase[v] == STEP else self._pro_value(v, reader)
 
@@ -350,11 +355,11 @@ class _Layer:
             out.append(Access(self.y, "row", self.H, 0, "t+1"))
         for s, target in self.cell.updates.items():
             if target == v and s != self.state_in_y:
-                out.append(Access(self.state_buf[s], "row", self.H, 0, "(t+1)%2"))
+                out.append(Access(self.state_buf[s], "row", self.H, 0, self.state_write))
         if not out:
             name = self.value_buffer(v)
             if len(self.shapes[v]) == 2:
-                out.append(Access(name, "row", self.width(v), 0, "fixed"))
+                out.append(Access(name, "row", self.width(v), 0, self.step_slot))
             else:
                 out.append(Access(name, "vec" if self.shapes[v] else "scalar"))
         return out
@@ -380,7 +385,7 @@ class _Layer:
         return GemmLaunch(g.name, "seq" if g.hoisted else "batch", self.T * self.B if g.hoisted else self.B,
                           n_total, self.dims[g.k_dim],
                           self.read(g.left, phase), w,
-                          Access(out, "row", n_total, 0, "all" if g.hoisted else "fixed"), bias)
+                          Access(out, "row", n_total, 0, "all" if g.hoisted else self.step_slot), bias)
 
     def columns(self, item: GemmGroup | Island) -> tuple[int, ...]:
         """The widths of a launch's column blocks: a GEMM's one per stacked weight, a kernel's one."""
@@ -438,9 +443,12 @@ def _check_plan_sizes(sizes: Sizes) -> None:
     check_count("layers", sizes.layers, MAX_LAYERS)
 
 
-def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100) -> Plan:
+def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
+              save_steps: bool = False) -> Plan:
     """The Plan of `schedule` for the cell at these sizes; raises CellError if either is unusable. A
-    persistent plan is made for `target`'s number of SMs and shared memory."""
+    persistent plan is made for `target`'s number of SMs and shared memory. With `save_steps`, every
+    state, step value and recurrent GEMM output keeps its rows of every step (what a backward pass
+    reads) instead of being overwritten by the next step's."""
     if schedule not in LADDER:
         raise CellError(f"unknown schedule '{schedule}' (schedules: {', '.join(SCHEDULES)})")
     rung = LADDER[schedule]
@@ -457,7 +465,7 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100) ->
     layers = []
     x = next(n.id for n in cell.nodes if n.op == "input")
     for layer in range(sizes.layers):
-        lay = _Layer(st, sizes, layer, buffers)
+        lay = _Layer(st, sizes, layer, buffers, save_steps)
         phases = {hoisted: [lay.launch(item) for item in _ordered(st, hoisted)] for hoisted in (True, False)}
         persistent = None
         if rung.persistent:
@@ -471,4 +479,4 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100) ->
     return Plan(cell.name, cell.description, schedule, sizes, tuple(cell.updates),
                 expected_params(cell, sizes.layers, sizes.input, sizes.hidden), st.groups, st.islands,
                 layers, buffers, sorted(info.dead), cuda_graph=rung.cuda_graph,
-                chunk_steps=chunk)
+                chunk_steps=chunk, saves_steps=save_steps)

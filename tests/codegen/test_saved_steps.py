@@ -1,0 +1,74 @@
+"""A forward plan that saves its steps (what a backward pass reads): the same results, and every step's
+states, values and recurrent GEMM outputs kept in their own rows, equal to the reference's."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from random_cells import random_cells
+
+from cellfuse.codegen import SCHEDULES, make_plan
+from cellfuse.codegen.plan import Access, GemmLaunch, KernelLaunch
+from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
+from cellfuse.graph_model import Sizes, init_params, load_template, record_forward, template_names
+
+SIZES = Sizes(seq=4, batch=3, input=5, hidden=6, layers=2)
+
+
+def run_saved(cell, schedule: str, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    params = init_params(cell, SIZES.layers, SIZES.input, SIZES.hidden, seed)
+    x = rng.uniform(-1, 1, (SIZES.seq, SIZES.batch, SIZES.input))
+    init = {s: rng.uniform(-1, 1, (SIZES.layers, SIZES.batch, SIZES.hidden)) for s in cell.updates}
+    plain = NumpyExecutor(make_plan(cell, SIZES, schedule), params, np.float64)
+    saved_plan = make_plan(cell, SIZES, schedule, save_steps=True)
+    saved = NumpyExecutor(saved_plan, params, np.float64)
+    return plain.run(x, init), saved, saved.run(x, init), record_forward(cell, params, {"x": x, **init})
+
+
+def check(cell, schedule: str) -> None:
+    plain, ex, got, tape = run_saved(cell, schedule)
+    np.testing.assert_allclose(got.y, plain.y, rtol=1e-12, atol=1e-12)
+    B, H, plan = SIZES.batch, SIZES.hidden, ex.plan
+    for lp in plan.layers:
+        values = tape.values[lp.layer]
+        for t in range(1, SIZES.seq):  # the state each step read: the update of the step before
+            for s, acc in lp.state_read.items():
+                np.testing.assert_allclose(ex.view(acc, acc.offset(t, B), B, H),
+                                           values[t - 1][cell.updates[s]], rtol=1e-9, atol=1e-12)
+        for t in range(SIZES.seq):  # every step's kernel outputs and GEMM outputs, kept after the run
+            for launch in lp.step:
+                match launch:
+                    case KernelLaunch():
+                        kept = [(v, acc) for v, acc in launch.outputs if acc.kind == "row"]
+                        for v, acc in kept:
+                            np.testing.assert_allclose(ex.view(acc, acc.offset(t, B), B, launch.width),
+                                                       np.broadcast_to(values[t][v], (B, launch.width)),
+                                                       rtol=1e-9, atol=1e-12)
+                    case GemmLaunch():
+                        c = ex.view(launch.c, launch.c.offset(t, B), B, launch.n)
+                        group = plan.group(launch.group)
+                        want = np.concatenate([values[t][m] for m in group.matmuls], 1)
+                        np.testing.assert_allclose(c, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_saved_steps_of_every_template(name, schedule):
+    check(load_template(name), schedule)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_cells())
+def test_saved_steps_of_random_cells(cell):
+    check(cell, "graph")
+
+
+def test_saved_buffers_have_a_row_block_per_step():
+    plan = make_plan(load_template("lstm"), SIZES, "hoisted", save_steps=True)
+    assert plan.saves_steps
+    rows = {b.name: b.rows for b in plan.buffers.values()}
+    assert rows["l0.state.c"] == "seq+1" and rows["l0.gemm1.out"] == "seq"
+    assert all(isinstance(a, Access) and a.slot == "t" for a in plan.layers[0].state_read.values()
+               if a.buffer != "l0.out.y")
