@@ -140,6 +140,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         return 1
     print(f"{args.cell}: cell '{cell.name}' is valid ({len(cell.nodes)} nodes, "
           f"{len(info.problems)} warning(s))")
+    for note in info.notes:  # what its sizes must meet: facts about a valid cell, not diagnostics
+        print(f"{args.cell}: {note}")
     return 0
 
 

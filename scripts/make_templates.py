@@ -151,9 +151,45 @@ def elman() -> Cell:
     return b.build()
 
 
+def sru() -> Cell:
+    b = CellBuilder("SRU", "Simple recurrent unit of Lei et al. 2017, Simple Recurrent Units for Highly "
+                    "Parallelizable Recurrence, with v_f, v_r on c(t-1): no recurrent matmul, and the "
+                    "highway term (1 - r) * x needs input size = hidden size")
+    x, c = b.input("x"), b.state("c")
+    x_tilde = (x @ b.weight("W", "input", "hidden")).named("x_tilde")
+    one = b.const(1.0, "one")
+    gates = {}
+    for g in "fr":
+        W, v = b.weight(f"W_{g}", "input", "hidden"), b.weight(f"v_{g}", "hidden")
+        pre = ((x @ W).named(f"x{g}") + (v * c).named(f"vc_{g}")).named(f"a{g}")
+        gates[g] = sigmoid((pre + b.weight(f"b_{g}", "hidden")).named(f"a{g}_b")).named(g)
+    f, r = gates["f"], gates["r"]
+    c_new = ((f * c).named("fc") + ((one - f).named("one_minus_f") * x_tilde).named("fx")).named("c_new")
+    h = ((r * c_new).named("rc") + ((one - r).named("one_minus_r") * x).named("highway")).named("h")
+    b.update(c, c_new)
+    b.output(h)
+    return b.build()
+
+
+def residual_lstm() -> Cell:
+    b = CellBuilder("Residual LSTM", "LSTM with a residual connection around the layer, as between the "
+                    "stacked layers of Wu et al. 2016 (GNMT): the output is h + x, while the recurrent state "
+                    "h = o * tanh(c) has no residual; needs input size = hidden size")
+    x, h, c = b.input("x"), b.state("h"), b.state("c")
+    i, f, o = (_gate(b, x, h, g, sigmoid) for g in "ifo")
+    g = _gate(b, x, h, "g", tanh)
+    c_new = ((f * c).named("fc") + (i * g).named("ig")).named("c_new")
+    h_new = (o * tanh(c_new).named("tc")).named("h_new")
+    b.update(h, h_new)
+    b.update(c, c_new)
+    b.output((h_new + x).named("y"))
+    return b.build()
+
+
 TEMPLATES: dict[str, Callable[[], Cell]] = {
     "lstm": lstm, "peephole_lstm": peephole_lstm, "cifg_lstm": cifg_lstm, "gru": gru,
-    "gru_cho": gru_cho, "mgu": mgu, "indrnn": indrnn, "elman": elman,
+    "gru_cho": gru_cho, "mgu": mgu, "indrnn": indrnn, "elman": elman, "sru": sru,
+    "residual_lstm": residual_lstm,
 }
 
 

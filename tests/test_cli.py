@@ -13,7 +13,15 @@ import numpy as np
 import pytest
 
 from cellfuse.cli import main
-from cellfuse.graph_model import load_cell, load_npz, load_template, run_reference, save_npz, template_names
+from cellfuse.graph_model import (
+    expected_params,
+    load_cell,
+    load_npz,
+    load_template,
+    run_reference,
+    save_npz,
+    template_names,
+)
 from cellfuse.graph_model.templates import template_text
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -243,8 +251,8 @@ BAD_CELLS = {
     "duplicate id": (lambda d: d["nodes"].append({"id": "a", "op": "tanh", "args": ["xw"]}),
                      ["node 'a'", "duplicate"]),
     "invalid id": (lambda d: d["nodes"].append({"id": "9z", "op": "tanh", "args": ["a"]}), ["'9z'"]),
-    "shape mismatch": (lambda d: _node(d, "a").update(args=["xw", "x"]),
-                       ["node 'a'", "[batch, hidden]", "[batch, input]"]),
+    "shape mismatch": (lambda d: _node(d, "b").update(shape=["input"]),
+                       ["node 'a_b'", "[batch, hidden]", "[input]"]),
     "matmul of a 1-D weight": (lambda d: _node(d, "hu").update(args=["h", "b"]), ["node 'hu'", "2-D weight"]),
     "cycle": (lambda d: _node(d, "a").update(args=["xw", "h_new"]), ["cycle", "a", "a_b", "h_new"]),
     "state without update": (lambda d: d["nodes"].append({"id": "c", "op": "state"}), ["node 'c'", "update"]),
@@ -282,6 +290,54 @@ def test_every_command_refuses_an_invalid_cell(cli, tmp_path, lstm_files, what):
         code, _, err = cli(*argv)
         assert code == 1 and err.startswith("cellfuse: error: ") and words[0] in err, (argv[0], err)
     assert [p.name for p in out.iterdir()] == ["bad.cell.json"]
+
+
+# -- a cell that ties the input width to the hidden width ----------------------------------------------
+
+def tie_refused(err: str, cell: str, node: str, input: int, hidden: int) -> bool:
+    """The one-line refusal of sizes a cell that ties the widths cannot run at."""
+    return (err.startswith("cellfuse: error: ") and err.count("\n") == 1 and f"cell '{cell}'" in err
+            and f"input size {input} and hidden size {hidden}: node '{node}'" in err
+            and err.endswith(", so the two must be equal\n"))
+
+
+def test_validate_accepts_a_cell_that_ties_the_widths(cli, tmp_path):
+    path = write_cell(tmp_path / "r.cell.json", lambda d: _node(d, "a").update(args=["xw", "x"]))
+    code, out, _ = cli("validate", path)
+    assert code == 0 and "is valid" in out
+
+
+@pytest.mark.parametrize("command", [["plan"], ["plan", "--json"], ["plan", "--schedule", "persistent"],
+                                     ["export", "-o", "out.cu"], ["init-params", "-o", "p.npz"],
+                                     ["bench", "--backend", "numpy", "--repeats", 1, "--baselines", ""]])
+def test_every_command_refuses_sizes_that_untie_the_widths(cli, tmp_path, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    sizes = ["--input", 3, "--hidden", 4]
+    if command[0] in ("plan", "bench"):
+        sizes += ["--seq", 2, "--batch", 1, "--layers", 2]
+    code, out, err = cli(command[0], "sru", *command[1:], *sizes)
+    assert code == 1 and tie_refused(err, "SRU", "highway", 3, 4), err
+    assert list(tmp_path.iterdir()) == []
+    code, _, _ = cli(command[0], "sru", *command[1:], "--input", 4, "--hidden", 4)
+    assert code == 0
+
+
+def test_bench_refuses_a_sweep_that_unties_the_widths(cli, tmp_path):
+    code, out, err = cli("bench", "residual_lstm", "--backend", "numpy", "--seq", 2, "--batch", 1,
+                         "--input", 4, "--hidden", 4, "--repeats", 1, "--baselines", "",
+                         "--schedules", "hoisted", "--sweep", "hidden=3")
+    assert code == 1 and tie_refused(err.splitlines(keepends=True)[-1], "Residual LSTM", "y", 4, 3), err
+
+
+@pytest.mark.parametrize("schedule", [[], ["--schedule", "hoisted"]])
+def test_run_refuses_inputs_that_untie_the_widths(cli, tmp_path, schedule):
+    params, inputs, out = tmp_path / "p.npz", tmp_path / "x.npz", tmp_path / "y.npz"
+    save_npz(params, {k: np.zeros(shape, np.float32)
+                      for k, shape in expected_params(load_template("sru"), 2, 3, 4).items()})
+    assert cli("init-inputs", "sru", "--seq", T, "--batch", B, "--input", 3, "-o", inputs)[0] == 0
+    code, _, err = cli("run", "sru", "--params", params, "--inputs", inputs, "-o", out, *schedule)
+    assert code == 1 and tie_refused(err, "SRU", "highway", 3, 4), err
+    assert not out.exists()
 
 
 def test_const_with_nan_value(cli, tmp_path):
@@ -535,3 +591,9 @@ def test_bench_names_the_best_schedule(cli, tmp_path):
     times = {r["name"]: r["median_ms"] for r in record["results"]}
     assert record["best_schedule"] == min(times, key=times.get)
     assert f"best schedule at these sizes: {record['best_schedule']}" in out
+
+
+def test_validate_says_which_sizes_a_cell_needs_equal(cli):
+    code, out, err = cli("validate", "sru")
+    assert code == 0 and err == "", err
+    assert "info: node 'highway'" in out and "input size must equal the hidden size" in out

@@ -32,6 +32,7 @@ from ..graph_model import (
 )
 from ..graph_model.limits import MAX_LAYERS
 from ..graph_model.ops import OPS
+from ..graph_model.params import check_widths
 from ..graph_model.validate import check_count
 from .persistent import H100, Target, persistent_launch
 from .plan import (
@@ -454,6 +455,7 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
     rung = LADDER[schedule]
     _check_plan_sizes(sizes)
     info = require_valid(cell)
+    check_widths(sizes, cell, info)
     st = _Step(cell, info)
     for run_pass in rung.passes:
         run_pass(st)

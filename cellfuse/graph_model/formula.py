@@ -42,7 +42,7 @@ from .cell import Cell, Node
 from .equations import OUTPUT_NAME, PRIME
 from .limits import MAX_NODES
 from .ops import OPS, OpSpec
-from .validate import ID_PATTERN, ROW, CellError, Shape, analyze, shape_str
+from .validate import ID_PATTERN, ROW, CellError, Shape, analyze, broadcast, shape_str
 
 MAX_FORMULA_LENGTH = 2000
 # Stands for the prime while Python reads the formula: a letter Python allows in a name, one character
@@ -396,7 +396,7 @@ class _Planner:
             return None
         out: Shape = shapes[0]  # type: ignore[assignment]
         for s in shapes[1:]:
-            joined = _broadcast(out, s)  # type: ignore[arg-type]
+            joined = broadcast(out, s)  # type: ignore[arg-type]
             if joined is None:
                 described = " and ".join(f"'{v.name}' {shape_str(v.shape)}" for v in values)
                 raise self.error(node, f"'{spec.name}' of {described}: the shapes must be equal, or one a "
@@ -495,19 +495,6 @@ class _Planner:
 
 def _op_of_symbol(symbol: str, arity: int) -> OpSpec | None:
     return next((s for s in OPS.values() if s.symbol == symbol and s.arity == arity), None)
-
-
-def _broadcast(a: Shape, b: Shape) -> Shape | None:
-    """The shape of an elementwise op's result, as validation has it."""
-    if a == b or b == ():
-        return a
-    if a == ():
-        return b
-    if len(a) == 2 and len(b) == 1 and a[1] == b[0]:
-        return a
-    if len(b) == 2 and len(a) == 1 and b[1] == a[0]:
-        return b
-    return None
 
 
 def plan_formula(cell: Cell, formula: str) -> FormulaEdit:

@@ -21,7 +21,7 @@ import numpy as np
 from .cell import Cell, Node
 from .cellfile import as_path, atomic_write, open_regular
 from .limits import MAX_ELEMENTS, MAX_LAYERS, MAX_LENGTH, MAX_WIDTH
-from .validate import DIMS, CellError, check_count, check_types, number_str, shown
+from .validate import DIMS, CellError, CellInfo, analyze, check_count, check_types, number_str, shown
 
 
 @dataclass(frozen=True)
@@ -93,6 +93,22 @@ def check_sizes(sizes: Sizes, cell: Cell | None = None) -> None:
                             f"hidden {hidden} hold {weights} numbers, above the limit of {MAX_ELEMENTS}")
 
 
+def check_widths(sizes: Sizes, cell: Cell, info: CellInfo | None = None) -> None:
+    """Raises CellError, in one sentence naming the node, where the cell combines a [batch, input] value
+    with a [batch, hidden] one (a width tie, see validate.WidthTie) and the first layer's input size is
+    not its hidden size; every later layer reads hidden-wide values, so only the first is checked.
+    `info` is the cell's analysis where the caller has it.
+
+    Called by whatever runs, plans or makes parameters for the sizes, and not by check_sizes, which a
+    caller that knows only some of the sizes (the input of an inputs file) calls too."""
+    ties = (info or analyze(cell)).ties
+    if ties and sizes.input != sizes.hidden:
+        tie = ties[0]
+        raise CellError(f"cell '{cell.name}' cannot run at input size {number_str(sizes.input)} and hidden "
+                        f"size {number_str(sizes.hidden)}: node '{tie.node}' {tie.reason}, so the two must "
+                        "be equal")
+
+
 # -- parameters -----------------------------------------------------------------------------------
 
 def expected_params(cell: Cell, layers: int, input: int, hidden: int) -> dict[str, tuple[int, ...]]:
@@ -124,7 +140,9 @@ def init_params(cell: Cell, layers: int, input: int, hidden: int, seed: int = 0)
     """Random parameters, uniform in +-1/sqrt(hidden) as PyTorch initialises its RNNs."""
     try:
         # The weights do not depend on the sequence or the batch: 1 leaves them unconstrained.
-        check_sizes(Sizes(seq=1, batch=1, input=input, hidden=hidden, layers=layers), cell)
+        sizes = Sizes(seq=1, batch=1, input=input, hidden=hidden, layers=layers)
+        check_sizes(sizes, cell)
+        check_widths(sizes, cell)
     except CellError as e:
         raise CellError(f"cannot make parameters: {e}") from None
     shapes = expected_params(cell, layers, input, hidden)
@@ -291,7 +309,9 @@ def check_inputs(cell: Cell, inputs: Mapping[str, object], layers: int, input: i
                  hidden: int) -> tuple[np.ndarray, dict[str, np.ndarray]]:
     """The input sequence and the initial states (zeros where not given), checked."""
     seq, batch, x_input = _check_x(inputs, input)
-    check_sizes(Sizes(seq=seq, batch=batch, input=x_input, hidden=hidden, layers=layers), cell)
+    sizes = Sizes(seq=seq, batch=batch, input=x_input, hidden=hidden, layers=layers)
+    check_sizes(sizes, cell)
+    check_widths(sizes, cell)
     x = inputs["x"]
     _check_finite("inputs: 'x'", x)
     states = {}

@@ -1,7 +1,9 @@
 """Validation and shape inference of a cell.
 
 Shapes are symbolic: a tuple of "B" (the batch), "input" and "hidden". A cell is checked once for
-all sizes, so a cell that validates runs at any input and hidden size.
+all sizes, so a cell that validates runs at any input and hidden size, except where an elementwise op
+combines a [batch, input] value with a [batch, hidden] one: such a cell runs only where the two sizes
+are equal, and its analysis lists the nodes that tie them (`CellInfo.ties`).
 """
 
 from __future__ import annotations
@@ -83,7 +85,10 @@ def shape_str(shape: Shape | None) -> str:
 
 @dataclass(frozen=True)
 class Problem:
-    severity: Literal["error", "warning"]
+    """An error (the cell cannot run), a warning (it runs, but something in it is likely a mistake) or
+    an info (it runs, under a condition the user should know of)."""
+
+    severity: Literal["error", "warning", "info"]
     message: str
     node: str | None = None
 
@@ -100,14 +105,24 @@ class CellError(Exception):
         self.problems = problems or []
 
 
+@dataclass(frozen=True)
+class WidthTie:
+    """An elementwise node that combines a [batch, input] value with a [batch, hidden] one: the cell
+    runs only where the input size equals the hidden size, as it does in every layer above the first."""
+
+    node: str
+    reason: str  # what the node combines, e.g. "adds 'x' [batch, input] to 'h_new' [batch, hidden]"
+
+
 @dataclass
 class CellInfo:
     """What validation learnt about a cell."""
 
-    problems: list[Problem] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)  # errors and warnings
     shapes: dict[str, Shape] = field(default_factory=dict)
     order: list[str] = field(default_factory=list)  # topological order of the live nodes
     dead: set[str] = field(default_factory=set)
+    ties: list[WidthTie] = field(default_factory=list)  # of the nodes that are computed, in topological order
 
     @property
     def errors(self) -> list[Problem]:
@@ -117,14 +132,27 @@ class CellInfo:
     def ok(self) -> bool:
         return not self.errors
 
+    @property
+    def notes(self) -> list[Problem]:
+        """What a user should know of a cell that runs, as info-level problems: the conditions its
+        sizes must meet. Apart from `problems`, which lists what may need fixing."""
+        return [Problem("info", f"{t.reason}, so the first layer's input size must equal the hidden size; "
+                                "the result is [batch, hidden]", t.node) for t in self.ties]
 
-def _broadcast(a: Shape, b: Shape) -> Shape | None:
+
+def broadcast(a: Shape, b: Shape) -> Shape | None:
+    """The shape of an elementwise op on values of shapes a and b (none of them a 2-D weight), None where
+    they do not combine: validation's rule, public for any other module that infers shapes."""
     if a == b:
         return a
     if a == ():
         return b
     if b == ():
         return a
+    if len(a) == 2 and len(b) == 2:
+        # [batch, input] and [batch, hidden]: a width tie (see WidthTie). The result is hidden-wide, so
+        # that it can be a state's update or the output.
+        return (ROW, "hidden")
     if len(a) == 2 and len(b) == 1 and a[1] == b[0]:
         return a
     if len(b) == 2 and len(a) == 1 and b[1] == a[0]:
@@ -235,6 +263,7 @@ def analyze(cell: Cell) -> CellInfo:
     broken |= {nid for nid, count in counts.items() if count > 1}
     order = _infer_shapes(cell, info, broken)
     _check_liveness(cell, info)
+    info.ties = [t for t in info.ties if t.node not in info.dead]  # a node not computed ties nothing
     if order is not None and not structural:
         info.order = [nid for nid in order if nid not in info.dead]
     return info
@@ -369,13 +398,27 @@ def _elementwise_shape(nid: str, n: Node, nodes: dict[str, Node], shapes: dict[s
             return None
     out: Shape | None = shapes[n.args[0]]
     for a in n.args[1:]:
-        out = _broadcast(out, shapes[a]) if out is not None else None
+        out = broadcast(out, shapes[a]) if out is not None else None
     if out is None:
         desc = ", ".join(f"port {port_name(n.op, i)} gets {_describe(a, nodes[a], shapes[a])}"
                          for i, a in enumerate(n.args))
         _error(info, f"shape mismatch in {n.op} '{nid}': {desc}; the shapes must be equal, or one a const "
                      "or a 1-D weight that spreads over the rows", nid)
+    elif {shapes[a] for a in n.args} >= {(ROW, "input"), (ROW, "hidden")}:
+        info.ties.append(WidthTie(nid, _combines(n, nodes, shapes)))
     return out
+
+
+# How a width tie's reason says what its node does with two values, by op; other ops say "applies".
+_COMBINING = {"add": "adds {b} to {a}", "sub": "subtracts {b} from {a}", "mul": "multiplies {a} by {b}",
+              "div": "divides {a} by {b}"}
+
+
+def _combines(n: Node, nodes: dict[str, Node], shapes: dict[str, Shape]) -> str:
+    described = [_describe(a, nodes[a], shapes[a]) for a in n.args]
+    if n.op in _COMBINING and len(described) == 2:
+        return _COMBINING[n.op].format(a=described[0], b=described[1])
+    return f"applies '{n.op}' to {' and '.join(described)}"
 
 
 def _infer_shapes(cell: Cell, info: CellInfo, broken: set[str]) -> list[str] | None:

@@ -18,6 +18,7 @@ from cellfuse.graph_model import (
     CellError,
     Forward,
     Sizes,
+    analyze,
     init_params,
     load_template,
     run_reference,
@@ -67,6 +68,8 @@ def check_all_schedules(cell: Cell, params, inputs, layers: int, floor: float = 
 def test_every_schedule_of_every_template_matches_the_reference(name, schedule):
     cell = load_template(name)
     seq, batch, input, hidden = 6, 3, 7, 5
+    if analyze(cell).ties:  # a cell that ties the two widths runs only where they are equal
+        input = hidden
     for layers in (1, 2):
         for initial in (False, True):
             params, inputs = make_data(cell, seq, batch, input, hidden, layers, initial, seed=layers)

@@ -149,12 +149,22 @@ def test_building_a_cell_without_output_raises():
 
 def test_building_a_cell_with_a_shape_mismatch_raises():
     b, x, h, W, U, bias = parts()
-    bad = (x + h).named("bad")
+    bad = (x + bias).named("bad")
     b.update(h, tanh(bad @ U))
     b.output(h)
     with pytest.raises(CellError) as e:
         b.build()
-    assert "'bad'" in str(e.value) and "[batch, input]" in str(e.value)
+    assert "'bad'" in str(e.value) and "[batch, input]" in str(e.value) and "[hidden]" in str(e.value)
+
+
+def test_building_a_cell_that_ties_the_widths():
+    """x + h builds: the cell runs where the input size equals the hidden size."""
+    b, x, h, W, U, bias = parts()
+    mixed = (x + h).named("mixed")
+    b.update(h, tanh(mixed @ U))
+    b.output(h)
+    info = analyze(b.build())
+    assert info.ok and [t.node for t in info.ties] == ["mixed"]
 
 
 def test_building_a_cell_with_a_state_without_update_raises():

@@ -83,6 +83,22 @@ y       = h'
 h' = relu(x @ W + u * h + b)
 y  = h'
 """,
+    # No matmul of the state; the output is no state's update, so it is y, and x~ = x @ W is written out.
+    "sru": """\
+f  = sigmoid(x @ W_f + v_f * c + b_f)
+r  = sigmoid(x @ W_r + v_r * c + b_r)
+c' = f * c + (1 - f) * (x @ W)
+y  = r * c' + (1 - r) * x
+""",
+    "residual_lstm": """\
+i  = sigmoid(x @ W_i + h @ U_i + b_i)
+f  = sigmoid(x @ W_f + h @ U_f + b_f)
+o  = sigmoid(x @ W_o + h @ U_o + b_o)
+g  = tanh(x @ W_g + h @ U_g + b_g)
+c' = f * c + i * g
+h' = o * tanh(c')
+y  = h' + x
+""",
 }
 
 LSTM_LATEX = r"""\begin{align*}

@@ -15,6 +15,7 @@ from cellfuse.graph_model import (
     FormulaError,
     Node,
     OpSpec,
+    analyze,
     apply_formula,
     equations,
     equations_text,
@@ -35,9 +36,9 @@ def empty_cell() -> Cell:
     return Cell("typed", nodes=[Node("x", "input")], sizes={"input": INPUT, "hidden": HIDDEN})
 
 
-def run(cell: Cell, params: dict[str, np.ndarray], seed: int = 0):
+def run(cell: Cell, params: dict[str, np.ndarray], seed: int = 0, width: int = INPUT):
     rng = np.random.default_rng(seed)
-    inputs = {"x": rng.standard_normal((5, 2, INPUT))}
+    inputs = {"x": rng.standard_normal((5, 2, width))}
     for s in sorted(cell.updates):
         inputs[s] = rng.standard_normal((1, 2, HIDDEN))
     return run_reference(cell, params, inputs, layers=1)
@@ -61,6 +62,16 @@ def test_the_three_formulas_of_an_elman_rnn():
     np.testing.assert_array_equal(got.final["h"], expected.final["h"])
 
 
+def test_a_formula_may_tie_the_input_width_to_the_hidden_width():
+    """As validation allows: x + h is hidden-wide, and the cell runs where the two sizes are equal."""
+    cell = load_template("elman")
+    apply_formula(cell, "y = h' + x")
+    info = analyze(cell)
+    assert info.ok and info.shapes[cell.output] == ("B", "hidden")
+    assert [(t.node, t.reason) for t in info.ties] == [(cell.output, "adds 'x' [batch, input] to 'h_new' "
+                                                                     "[batch, hidden]")]
+
+
 @pytest.mark.parametrize("name", template_names())
 def test_the_equations_of_a_template_typed_back(name):
     """Each line of `cellfuse show` is a formula: typed into an empty cell, they make the template again."""
@@ -72,8 +83,9 @@ def test_the_equations_of_a_template_typed_back(name):
         apply_formula(cell, eq.text)
     require_valid(cell)
     assert equations_text(cell) == equations_text(template)
-    params = init_params(template, 1, INPUT, HIDDEN, seed=2)
-    expected, got = run(template, params), run(cell, params)
+    width = HIDDEN if analyze(template).ties else INPUT  # a cell that ties the widths runs only where equal
+    params = init_params(template, 1, width, HIDDEN, seed=2)
+    expected, got = run(template, params, width=width), run(cell, params, width=width)
     np.testing.assert_array_equal(got.y, expected.y)
     for s in template.updates:
         np.testing.assert_array_equal(got.final[s], expected.final[s])
@@ -236,7 +248,7 @@ BAD = [
     ("f = a_b", 5, ["computes nothing"]),
     ("f = sigmoid(q)", 13, ["unknown name 'q'", "NAME = state()"]),
     ("f = q * r", 5, ["unknown name 'q'"]),
-    ("f = x + h", 5, ["'add' of 'x' [batch, input] and 'h' [batch, hidden]"]),
+    ("f = x + b", 5, ["'add' of 'x' [batch, input] and 'b' [hidden]"]),
     ("f = W @ h", 5, ["left operand of @"]),
     ("f = h @ b", 9, ["2-D weight"]),
     ("f = h @ W", 5, ["first dim must be hidden"]),

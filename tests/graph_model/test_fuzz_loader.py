@@ -84,6 +84,8 @@ def check_loader(text: str) -> None:
     assert info.ok == (not info.errors)
     for p in info.problems:
         assert p.severity in ("error", "warning") and p.message
+    for p in info.notes:
+        assert p.severity == "info" and p.message and p.node
     cell.structure_hash()
     layout = auto_layout(cell)
     assert set(layout) == {n.id for n in cell.nodes}
@@ -91,8 +93,9 @@ def check_loader(text: str) -> None:
     again = cell_from_text(cell_to_text(cell))
     assert cell_to_text(again) == cell_to_text(cell)
     if info.ok:
-        params = init_params(cell, 2, 2, 3, seed=0)
-        x = np.linspace(-1.0, 1.0, 2 * 2 * 2, dtype=np.float32).reshape(2, 2, 2)
+        width = 3 if info.ties else 2  # a cell that ties the input width to the hidden width needs them equal
+        params = init_params(cell, 2, width, 3, seed=0)
+        x = np.linspace(-1.0, 1.0, 2 * 2 * width, dtype=np.float32).reshape(2, 2, width)
         try:
             out = run_reference(cell, params, {"x": x})
         except CellError:

@@ -21,6 +21,7 @@ from cellfuse.graph_model import (
     CellBuilder,
     CellError,
     OpSpec,
+    analyze,
     backward,
     init_params,
     load_template,
@@ -94,12 +95,13 @@ class Case:
 def make_case(cell: Cell, layers: int, seed: int, given_states: bool = True, with_dfinal: bool = True,
               seq: int = T, batch: int = B) -> Case:
     rng = np.random.default_rng(seed)
+    width = HIDDEN if analyze(cell).ties else INPUT  # a cell that ties the two widths runs only where equal
     # twice PyTorch's scale, so that the gates work away from their linear middle
-    params = init_params(cell, layers, INPUT, HIDDEN, seed)
+    params = init_params(cell, layers, width, HIDDEN, seed)
     params = {k: 2.0 * v.astype(np.float64) for k, v in params.items()}
     states = {s.id: (rng.standard_normal((layers, batch, HIDDEN)) if given_states
                      else np.zeros((layers, batch, HIDDEN))) for s in cell.of_op("state")}
-    variables = {"x": rng.standard_normal((seq, batch, INPUT)), **states, **params}
+    variables = {"x": rng.standard_normal((seq, batch, width)), **states, **params}
     dfinal = {s: rng.standard_normal((layers, batch, HIDDEN)) for s in states} if with_dfinal else None
     return Case(cell, layers, variables, given_states, rng.standard_normal((seq, batch, HIDDEN)), dfinal)
 

@@ -1,13 +1,26 @@
-"""The built-in cells: all there, all valid, laid out, and exactly what scripts/make_templates.py writes."""
+"""The built-in cells: all there, all valid, laid out, and exactly what scripts/make_templates.py writes;
+the cells that tie the input width to the hidden width against formulas written here from their papers."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from cellfuse.graph_model import CellError, analyze, load_template, template_names
+from cellfuse.graph_model import (
+    CellError,
+    analyze,
+    expected_params,
+    init_params,
+    load_template,
+    run_reference,
+    template_names,
+)
 from cellfuse.graph_model.templates import template_text
 
-NAMES = ["cifg_lstm", "elman", "gru", "gru_cho", "indrnn", "lstm", "mgu", "peephole_lstm"]
+NAMES = ["cifg_lstm", "elman", "gru", "gru_cho", "indrnn", "lstm", "mgu", "peephole_lstm", "residual_lstm",
+         "sru"]
+# The templates that combine x with a hidden-wide value, and the node that does it.
+TIES = {"residual_lstm": "y", "sru": "highway"}
 
 
 def test_template_names():
@@ -19,8 +32,9 @@ def test_template_validates_without_problems(name):
     cell = load_template(name)
     info = analyze(cell)
     assert info.problems == []
+    assert [t.node for t in info.ties] == ([TIES[name]] if name in TIES else [])
     assert cell.name and cell.description
-    assert cell.sizes == {"input": 512, "hidden": 512}
+    assert cell.sizes == {"input": 512, "hidden": 512}  # equal, as a cell that ties them needs
     assert len(cell.of_op("input")) == 1
 
 
@@ -67,6 +81,8 @@ EXPECTED_WEIGHTS = {
     "mgu": {f"{m}_{g}" for m in "WUb" for g in "fh"},
     "indrnn": {"W", "u", "b"},
     "elman": {"W", "U", "b"},
+    "sru": {"W", "W_f", "W_r", "v_f", "v_r", "b_f", "b_r"},
+    "residual_lstm": {f"{m}_{g}" for m in "WUb" for g in "ifog"},
 }
 
 
@@ -81,3 +97,104 @@ def test_weights(name):
             assert w.shape == ["hidden", "hidden"]
         else:
             assert w.shape == ["hidden"]
+
+
+# -- the cells that tie the widths, against their papers --------------------------------------------
+# Row vectors, x @ W with W of shape [in, hidden], parameters named as in the template files. The other
+# templates are checked against their papers in test_reference.
+
+T, B, WIDTH = 5, 3, 4
+
+
+def sig(a):
+    return 1.0 / (1.0 + np.exp(-a))
+
+
+def sru(p, x, s):
+    # Lei et al. 2017, Simple Recurrent Units for Highly Parallelizable Recurrence (the form with v_f and
+    # v_r on c(t-1)): no matrix multiplies the state; the highway term carries x itself to the output.
+    c_prev = s["c"]
+    x_tilde = x @ p["W"]
+    f = sig(x @ p["W_f"] + p["v_f"] * c_prev + p["b_f"])
+    r = sig(x @ p["W_r"] + p["v_r"] * c_prev + p["b_r"])
+    c = f * c_prev + (1.0 - f) * x_tilde
+    h = r * c + (1.0 - r) * x
+    return {"c": c}, h
+
+
+def residual_lstm(p, x, s):
+    # An LSTM (forget gate of Gers 2000) whose output adds its input, as between the stacked layers of
+    # Wu et al. 2016 (GNMT): x(l+1) = h(l) + x(l), while the state it carries to the next step is h(l).
+    h, c = s["h"], s["c"]
+    i = sig(x @ p["W_i"] + h @ p["U_i"] + p["b_i"])
+    f = sig(x @ p["W_f"] + h @ p["U_f"] + p["b_f"])
+    o = sig(x @ p["W_o"] + h @ p["U_o"] + p["b_o"])
+    g = np.tanh(x @ p["W_g"] + h @ p["U_g"] + p["b_g"])
+    c = f * c + i * g
+    h = o * np.tanh(c)
+    return {"h": h, "c": c}, h + x
+
+
+PAPERS = {"sru": sru, "residual_lstm": residual_lstm}
+
+
+def test_every_template_that_ties_the_widths_has_its_paper_here():
+    assert sorted(PAPERS) == sorted(TIES)
+
+
+def run_paper(step, params, x, init, layers):
+    seq = x.astype(np.float64)
+    finals: dict[str, list[np.ndarray]] = {}
+    for layer in range(layers):
+        prefix = f"l{layer}."
+        p = {k[len(prefix):]: v.astype(np.float64) for k, v in params.items() if k.startswith(prefix)}
+        s = {k: v[layer].astype(np.float64) for k, v in init.items()}
+        ys = []
+        for t in range(seq.shape[0]):
+            s, y = step(p, seq[t], s)
+            ys.append(y)
+        seq = np.stack(ys)
+        for k, v in s.items():
+            finals.setdefault(k, []).append(v)
+    return seq, {k: np.stack(v) for k, v in finals.items()}
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("with_states", [False, True])
+@pytest.mark.parametrize("name", sorted(PAPERS))
+def test_a_template_that_ties_the_widths_computes_its_paper(name, layers, with_states):
+    rng = np.random.default_rng([layers, int(with_states), len(name)])
+    cell = load_template(name)
+    params = {k: (rng.standard_normal(shape) * 0.6).astype(np.float32)
+              for k, shape in expected_params(cell, layers, WIDTH, WIDTH).items()}
+    x = rng.standard_normal((T, B, WIDTH)).astype(np.float32)
+    state_ids = sorted(cell.updates)
+    init = {s: (rng.standard_normal((layers, B, WIDTH)) * 0.8).astype(np.float32) if with_states
+            else np.zeros((layers, B, WIDTH), np.float32) for s in state_ids}
+
+    got = run_reference(cell, params, {"x": x, **(init if with_states else {})})
+    want_y, want_final = run_paper(PAPERS[name], params, x, init, layers)
+
+    assert got.y.shape == (T, B, WIDTH) and sorted(got.final) == state_ids
+    np.testing.assert_allclose(got.y, want_y, rtol=1e-5, atol=1e-6)
+    for s in state_ids:
+        assert got.final[s].shape == (layers, B, WIDTH)
+        np.testing.assert_allclose(got.final[s], want_final[s], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(TIES))
+def test_a_template_that_ties_the_widths_refuses_other_sizes(name):
+    cell = load_template(name)
+    node = TIES[name]
+    with pytest.raises(CellError) as e:
+        init_params(cell, 2, 3, 4)
+    assert f"node '{node}'" in str(e.value) and "input size 3 and hidden size 4" in str(e.value)
+    rng = np.random.default_rng(0)
+    params = {k: rng.standard_normal(shape).astype(np.float32)
+              for k, shape in expected_params(cell, 2, 3, 4).items()}
+    with pytest.raises(CellError) as e:
+        run_reference(cell, params, {"x": np.zeros((2, 1, 3), np.float32)})
+    message = str(e.value)
+    assert message.startswith(f"cell '{cell.name}' cannot run at input size 3 and hidden size 4: "
+                              f"node '{node}' ")
+    assert message.endswith(", so the two must be equal") and "\n" not in message

@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from random_cells import random_cell
 
 from cellfuse.graph_model import CellError, Node, analyze, require_valid, shape_str
 
@@ -119,10 +120,88 @@ def test_elementwise_shape_mismatch_names_both_shapes(make_cell, elman_nodes_lis
     assert "'a'" in p.message and "'bi'" in p.message
 
 
-def test_elementwise_mismatch_of_two_batch_values(make_cell, elman_nodes_list):
-    nodes = replace(elman_nodes_list, "a", "a", "add", ["xw", "x"])
-    p = only_error(make_cell(nodes))
-    assert p.node == "a" and B_HIDDEN in p.message and "[batch, input]" in p.message
+def test_an_input_wide_row_weight_does_not_meet_a_hidden_wide_value(make_cell, elman_nodes_list):
+    # Only values with a batch dimension tie the widths: a weight's dimension is what it declares.
+    nodes = [*elman_nodes_list, ("v", "weight", None, ["input"]), ("vh", "mul", ["v", "h_new"])]
+    p = only_error(make_cell(nodes, output="vh"))
+    assert p.node == "vh" and "shape mismatch" in p.message and "[input]" in p.message
+
+
+# -- width ties: [batch, input] meets [batch, hidden] -----------------------------------------------
+
+def test_an_input_wide_and_a_hidden_wide_value_meet_where_the_sizes_are_equal(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("y", "add", ["h_new", "x"])]
+    info = analyze(make_cell(nodes, output="y"))
+    assert info.ok and info.problems == []
+    assert info.shapes["y"] == ("B", "hidden")  # hidden-wide, so that it can be the output
+    assert [(t.node, t.reason) for t in info.ties] == [
+        ("y", "adds 'x' [batch, input] to 'h_new' [batch, hidden]")]
+    [note] = info.notes
+    assert note.severity == "info" and note.node == "y"
+    assert str(note) == ("info: node 'y': adds 'x' [batch, input] to 'h_new' [batch, hidden], so the first "
+                         "layer's input size must equal the hidden size; the result is [batch, hidden]")
+    require_valid(make_cell(nodes, output="y"))
+
+
+@pytest.mark.parametrize("op, args, reason", [
+    ("sub", ["x", "h"], "subtracts 'h' [batch, hidden] from 'x' [batch, input]"),
+    ("mul", ["h", "x"], "multiplies 'h' [batch, hidden] by 'x' [batch, input]"),
+    ("div", ["x", "h"], "divides 'x' [batch, input] by 'h' [batch, hidden]"),
+    ("max", ["x", "h"], "applies 'max' to 'x' [batch, input] and 'h' [batch, hidden]"),
+])
+def test_each_op_says_how_it_ties_the_widths(make_cell, elman_nodes_list, op, args, reason):
+    nodes = [*elman_nodes_list, ("t", op, args), ("s", "add", ["h_new", "t"])]
+    info = analyze(make_cell(nodes, updates={"h": "s"}, output="s"))
+    assert info.ok and [(t.node, t.reason) for t in info.ties] == [("t", reason)]
+
+
+def test_a_tied_value_goes_on_hidden_wide(make_cell, elman_nodes_list):
+    # into a state's update, and into a matmul by a [hidden, N] weight but not by an [input, N] one
+    nodes = [*replace(elman_nodes_list, "a", "a", "add", ["xw", "x"]), ("m", "matmul", ["a", "U"])]
+    info = analyze(make_cell(nodes, updates={"h": "a"}, output="m"))
+    assert info.ok and info.shapes["a"] == info.shapes["m"] == ("B", "hidden")
+    assert [t.node for t in info.ties] == ["a"]
+    nodes = [*nodes[:-1], ("m", "matmul", ["a", "W"])]
+    p = only_error(make_cell(nodes, updates={"h": "a"}, output="m"))
+    assert p.node == "m" and "'a' [batch, hidden]" in p.message
+
+
+def test_values_of_one_width_tie_nothing(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("xx", "mul", ["x", "x"]), ("xw2", "matmul", ["xx", "W"]),
+             ("s", "add", ["h_new", "xw2"])]
+    info = analyze(make_cell(nodes, updates={"h": "s"}, output="s"))
+    assert info.ok and info.ties == [] and info.notes == []
+    assert info.shapes["xx"] == ("B", "input")
+
+
+def test_a_tie_nothing_computes_is_no_condition(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("spare", "add", ["x", "h"])]
+    info = analyze(make_cell(nodes))
+    assert info.ok and info.ties == [] and info.notes == []
+    assert [(p.severity, p.node) for p in info.problems] == [("warning", "spare")]
+
+
+def test_every_tie_is_listed_in_order(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("t1", "mul", ["x", "h"]), ("t2", "add", ["h_new", "x"]),
+             ("s", "add", ["t2", "t1"])]
+    info = analyze(make_cell(nodes, updates={"h": "s"}, output="s"))
+    assert info.ok and {t.node for t in info.ties} == {"t1", "t2"}
+    assert [n.node for n in info.notes] == [t.node for t in info.ties]
+    pos = {nid: i for i, nid in enumerate(info.order)}
+    assert [t.node for t in info.ties] == sorted(["t1", "t2"], key=pos.get)
+
+
+def test_a_tie_is_listed_while_the_cell_has_errors(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("t", "add", ["x", "h"]), ("s", "add", ["h_new", "t"]), ("c", "state")]
+    info = analyze(make_cell(nodes, updates={"h": "s"}, output="s"))
+    assert [e.node for e in info.errors] == ["c"] and [t.node for t in info.ties] == ["t"]
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_cells_tie_no_widths(seed):
+    """The random cells keep input-wide and hidden-wide values apart: they run at any sizes."""
+    info = analyze(random_cell(seed))
+    assert info.ok and info.ties == [] and info.notes == []
 
 
 def test_matmul_shape_mismatch_names_both_shapes(make_cell, elman_nodes_list):
