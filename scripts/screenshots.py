@@ -109,25 +109,47 @@ def main(argv: list[str] | None = None) -> int:
     w.adapter.fit(margin=40.0)  # frames the selection
     shoot(w, "equations.png")
 
+    def benchmark() -> bool:
+        """Runs the benchmark and waits for it; False (and the reason logged) when it did not finish."""
+        finished = []
+        loop = QtCore.QEventLoop()
+
+        def done(run) -> None:
+            finished.append(run)
+            loop.quit()
+
+        w.bench_finished.connect(done)
+        w.run_benchmark()
+        QtCore.QTimer.singleShot(300_000, loop.quit)
+        if not finished:
+            loop.exec()
+        w.bench_finished.disconnect(done)
+        if not finished or finished[0] is None:
+            log.error("the benchmark did not finish: %s", w.bench_panel.status.text())
+            return False
+        return True
+
     # 5. A benchmark run on the numpy backend (or the GPU where there is one), in the default layout:
     # the results open in their tab beside the canvas.
     w.arrange_docks()
     w.bench_panel.repeats_spin.setValue(3)
-    finished = []
-    w.bench_finished.connect(finished.append)
-    w.run_benchmark()
-    loop = QtCore.QEventLoop()
-    w.bench_finished.connect(lambda _r: loop.quit())
-    QtCore.QTimer.singleShot(300_000, loop.quit)
-    if not finished:
-        loop.exec()
-    if not finished or finished[0] is None:
-        log.error("the benchmark did not finish: %s", w.bench_panel.status.text())
+    if not benchmark():
         return 1
     settle(400)
     shoot(w, "benchmark.png")
 
-    # 6. Live validation: a broken connection, its node marked, the problem listed.
+    # 6. The same cell at twice the hidden size, compared with the first run: both runs' bars on one
+    # scale, and the ratio of the second to the first.
+    w.bench_panel.set_sizes(hidden=2 * BENCH_SIZES["hidden"])
+    if not benchmark():
+        return 1
+    w.bench_panel.history.item(0).setSelected(True)  # beside the new run, selected already
+    settle(400)
+    shoot(w, "benchmark-compare.png")
+    w.bench_panel.set_sizes(**BENCH_SIZES)
+    w.refresh_plan()  # the plan of these sizes, before the next shot breaks the cell
+
+    # 7. Live validation: a broken connection, its node marked, the problem listed.
     w.show_canvas()
     frame_all_then_select("ai_b")
     w.adapter.disconnect("h_new", "b")

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import matplotlib
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from .bench_runs import BenchRun
+from .bench_runs import BenchRun, implementations, median_ms, ratio_text
 
 RUN_COLORS = ("#3b7dd8", "#e08a2c")
 
@@ -33,44 +35,67 @@ def draw_run(run: BenchRun, fig: Figure) -> None:
         plot_result(run.result, fig)
 
 
+def _log_x(ax, low: float, high: float, margin: float) -> None:
+    """A logarithmic x axis from `low` past `high`, leaving right of `high` the share of the width that
+    `high * margin` leaves on a linear axis from zero: room for the value written there."""
+    ax.set_xscale("log")
+    ax.set_xlim(low, high * (high / low) ** (margin - 1.0))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
 def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
-    """Median time of each implementation in run a and run b, as paired bars."""
-    from ..gpu_runtime.plots import FOOTNOTE_COLOR, ms_text, needs_log_scale
+    """Two single runs side by side: each implementation's median time in run a and in run b as paired
+    bars on one time axis, and beside them the ratio b / a (above 1: b is slower)."""
+    from ..gpu_runtime.plots import FOOTNOTE_COLOR, VALUE_MARGIN, ms_text, needs_log_scale
 
     fig.clear()
     fig.set_layout_engine("constrained")
-    ax = fig.subplots()
-    ra, rb = a.first, b.first
-    names: list[str] = []
-    for r in (*ra.rows, *rb.rows):
-        if r.name not in names:
-            names.append(r.name)
+    ax_time, ax_ratio = fig.subplots(1, 2, width_ratios=(3, 2), sharey=True)
+    names = implementations(a, b)
     height = 0.38
     every: list[float] = []
-    for k, (run, res) in enumerate(((a, ra), (b, rb))):
-        ys, xs = [], []
-        for i, name in enumerate(names):
-            row = res.row(name)
-            if row is not None and row.ok and row.median_ms:
-                ys.append(i + (k - 0.5) * height)
-                xs.append(row.median_ms)
-        ax.barh(ys, xs, height=height, color=RUN_COLORS[k], label=run.label())
+    for k, run in enumerate((a, b)):
+        bars = [(i + (k - 0.5) * height, t) for i, name in enumerate(names)
+                if (t := median_ms(run, name)) is not None]
+        ys, xs = [y for y, _ in bars], [t for _, t in bars]
+        ax_time.barh(ys, xs, height=height, color=RUN_COLORS[k], label=run.label())
         every += xs
-        for y, x in zip(ys, xs, strict=True):
-            ax.text(x, y, f" {ms_text(x)}", va="center", fontsize=7)
-    ax.set_yticks(range(len(names)))
-    ax.set_yticklabels(names)
-    ax.invert_yaxis()
+        for y, x in bars:
+            ax_time.text(x, y, f" {ms_text(x)}", va="center", fontsize=7)
+    ax_time.set_yticks(range(len(names)), names)
+    ax_time.invert_yaxis()
     label = "ms per forward pass (median)"
     if needs_log_scale(every):
-        ax.set_xscale("log")
-        ax.set_xlabel(f"{label} (log scale)")
+        # From a power of ten at least half the shortest time below it, so that no bar is empty.
+        low = 10.0 ** math.floor(math.log10(min(every) / 2.0))
+        _log_x(ax_time, low, max(every), VALUE_MARGIN)
+        ax_time.set_xlabel(f"{label} (log scale)")
     elif every:
-        ax.set_xlim(0.0, max(every) * 1.22)
-        ax.set_xlabel(label)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title(f"Run #{a.number} against run #{b.number}", fontsize=9)
-    if "numpy" in (ra.backend, rb.backend):
+        ax_time.set_xlim(0.0, max(every) * VALUE_MARGIN)
+        ax_time.set_xlabel(label)
+
+    ratios = {i: tb / ta for i, name in enumerate(names)
+              if (ta := median_ms(a, name)) is not None and (tb := median_ms(b, name)) is not None}
+    # Each ratio a bar from 1: left where run b is faster, right where it is slower.
+    ax_ratio.barh(list(ratios), [r - 1.0 for r in ratios.values()], left=1.0, height=2 * height,
+                  color=RUN_COLORS[1])
+    ax_ratio.axvline(1.0, color=matplotlib.rcParams["axes.edgecolor"], lw=0.8)
+    low, high = min([1.0, *ratios.values()]), max([1.0, *ratios.values()])
+    if needs_log_scale([low, high]):
+        _log_x(ax_ratio, low / VALUE_MARGIN, high, VALUE_MARGIN)
+    else:
+        ax_ratio.set_xlim(0.0, high * VALUE_MARGIN)
+    ax_ratio.set_xlabel(f"time of #{b.number} / time of #{a.number}")
+    ax_ratio.tick_params(labelleft=False)
+    for i in range(len(names)):
+        text = f" {ratio_text(ratios[i])}" if i in ratios else " not timed in both"
+        ax_ratio.text(max(ratios.get(i, 1.0), 1.0), i, text, va="center", fontsize=7)
+    # Above the axes, where it hides no bar, and titled: constrained layout would lay a title of the
+    # figure's own over a legend outside the axes.
+    fig.legend(fontsize=7, loc="outside upper center", ncols=2, title_fontsize=9,
+               title=f"Run #{a.number} and run #{b.number}: median time, and #{b.number} / #{a.number}")
+    if "numpy" in (a.first.backend, b.first.backend):
         fig.supxlabel("numpy backend runs are CPU times of the Plan's numpy executor, not GPU times",
                       fontsize=8, color=FOOTNOTE_COLOR)
 

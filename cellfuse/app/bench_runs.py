@@ -84,19 +84,32 @@ def result_rows(result: Any, unavailable: dict[str, str] | None = None) -> list[
     return out
 
 
-def comparison_rows(a: BenchRun, b: BenchRun) -> tuple[list[str], list[TableRow]]:
-    """Columns and rows comparing the median times of two single runs, implementation by implementation."""
-    ra, rb = a.first, b.first
+def implementations(a: BenchRun, b: BenchRun) -> list[str]:
+    """The implementations of two single runs, in the order they first appear."""
     names: list[str] = []
-    for r in (*ra.rows, *rb.rows):
+    for r in (*a.first.rows, *b.first.rows):
         if r.name not in names:
             names.append(r.name)
+    return names
+
+
+def median_ms(run: BenchRun, name: str) -> float | None:
+    """The median time of an implementation in a single run, None where it was not timed (or wrong)."""
+    row = run.first.row(name)
+    return row.median_ms if row is not None and row.ok and row.median_ms else None
+
+
+def ratio_text(ratio: float) -> str:
+    """A ratio of two times, to three digits at most past 10: 0.86×, 11.5×, 145×."""
+    return f"{ratio:.0f}×" if ratio >= 100 else f"{ratio:.1f}×" if ratio >= 10 else f"{ratio:.2f}×"
+
+
+def comparison_rows(a: BenchRun, b: BenchRun) -> tuple[list[str], list[TableRow]]:
+    """Columns and rows comparing the median times of two single runs, implementation by implementation."""
     columns = ["Implementation", f"#{a.number} ms", f"#{b.number} ms", f"#{b.number} / #{a.number}"]
     rows = []
-    for name in names:
-        x, y = ra.row(name), rb.row(name)
-        tx = x.median_ms if x is not None and x.ok else None
-        ty = y.median_ms if y is not None and y.ok else None
-        ratio = f"{ty / tx:.2f}×" if tx and ty else ""
+    for name in implementations(a, b):
+        tx, ty = median_ms(a, name), median_ms(b, name)
+        ratio = ratio_text(ty / tx) if tx and ty else ""
         rows.append(([name, _ms(tx), _ms(ty), ratio], tx is not None and ty is not None))
     return columns, rows

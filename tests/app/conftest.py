@@ -178,6 +178,64 @@ def user(qtbot, window) -> User:
     return User(qtbot, window)
 
 
+# -- charts ------------------------------------------------------------------------------------------------
+
+def inside(inner, outer, slack: float = 1.0) -> bool:
+    """Whether matplotlib box `inner` lies within `outer`, give or take `slack` pixels."""
+    return (inner.x0 >= outer.x0 - slack and inner.y0 >= outer.y0 - slack
+            and inner.x1 <= outer.x1 + slack and inner.y1 <= outer.y1 + slack)
+
+
+def _tick_labels(axis, low: float, high: float) -> list:
+    """The tick labels an axis draws: those of its ticks within its limits (it keeps others)."""
+    low, high = min(low, high), max(low, high)
+    return [t.label1 for t in axis.get_major_ticks()
+            if t.label1.get_visible() and t.label1.get_text() and low <= t.get_loc() <= high]
+
+
+def problems_of_chart(fig) -> list[str]:
+    """What is out of place in a drawn figure: a label (title, footnote, legend, axis label, tick label)
+    not wholly inside the figure, a value written at a bar's end outside its axes, the title not above
+    the axes, the footnote not below them, or a figure legend over a plot or over the title."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    box = fig.bbox
+    drawn = [ax for ax in fig.axes if ax.axison]
+    problems: list[str] = []
+    labels = [t for t in (fig._suptitle, fig._supxlabel, fig._supylabel) if t is not None]
+    legends = [*fig.legends, *(ax.get_legend() for ax in drawn if ax.get_legend() is not None)]
+    labels += [t for legend in legends for t in (legend.get_title(), *legend.get_texts())]
+    for ax in drawn:
+        labels += [ax.title, ax.xaxis.label, ax.yaxis.label]
+        labels += _tick_labels(ax.xaxis, *ax.get_xlim()) + _tick_labels(ax.yaxis, *ax.get_ylim())
+        for t in ax.texts:
+            if not inside(t.get_window_extent(renderer), ax.bbox, slack=2.0):
+                problems.append(f"{t.get_text()!r} outside its axes")
+    for t in labels:
+        if t.get_visible() and t.get_text() and not inside(t.get_window_extent(renderer), box):
+            problems.append(f"{t.get_text()!r} outside the figure")
+    for ax in drawn:
+        tight = ax.get_tightbbox(renderer)
+        if fig._suptitle is not None and fig._suptitle.get_window_extent(renderer).y0 < tight.y1 - 1.0:
+            problems.append("the title overlaps the axes")
+        if fig._supxlabel is not None and fig._supxlabel.get_window_extent(renderer).y1 > tight.y0 + 1.0:
+            problems.append("the footnote overlaps the axes")
+        for legend in fig.legends:  # an axes' own legend is placed on its plot by design
+            if legend.get_window_extent(renderer).overlaps(ax.bbox):
+                problems.append("a legend over a plot")
+    for legend in fig.legends:
+        for t in (fig._suptitle, fig._supxlabel):
+            if t is not None and legend.get_window_extent(renderer).overlaps(t.get_window_extent(renderer)):
+                problems.append(f"a legend over {t.get_text()!r}")
+    return problems
+
+
+@pytest.fixture
+def chart_problems():
+    """problems_of_chart, for a test: chart_problems(fig) -> what is out of place in the figure."""
+    return problems_of_chart
+
+
 @pytest.fixture
 def same():
     """same(cell_a, cell_b): equal apart from canvas positions."""

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import json
+import math
 
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import to_rgba
+from matplotlib.figure import Figure
+
+from cellfuse.app.bench_charts import RUN_COLORS, draw_comparison, draw_themed
+from cellfuse.app.bench_runs import BenchRun, implementations, median_ms, ratio_text
 from cellfuse.codegen import SCHEDULES
+from cellfuse.gpu_runtime.bench import BenchResult, BenchRow
+from cellfuse.graph_model import Sizes
 
 TIMEOUT_MS = 60_000
 TINY = {"seq": 4, "batch": 2, "input": 8, "hidden": 8, "layers": 1}
@@ -130,3 +139,69 @@ def test_an_invalid_cell_is_not_run(window):
     assert not window.run_benchmark()
     assert "Fix the 1 error" in window.bench_panel.status.text()
     assert window.worker is None
+
+
+def test_two_earlier_runs_are_drawn_side_by_side_with_their_ratio(qtbot, qapp, window, chart_problems):
+    window.resize(1366, 768)
+    window.arrange_docks()
+    panel = window.bench_panel
+    panel.set_sizes(**TINY)
+    panel.backend_combo.setCurrentText("numpy")
+    panel.repeats_spin.setValue(1)
+    for sizes in ({}, {"hidden": 16}, {"seq": 8}):
+        panel.set_sizes(**sizes)
+        run(qtbot, window)
+    first, _, second = panel.runs
+    panel.history.clearSelection()
+    panel.history.item(2).setSelected(True)
+    panel.history.item(0).setSelected(True)
+    qapp.processEvents()
+    assert panel.selected_runs() == [first, second]
+
+    fig = panel.figure
+    ax_time, ax_ratio = [ax for ax in fig.axes if ax.axison]
+    names = implementations(first, second)
+    common = [n for n in names if median_ms(first, n) and median_ms(second, n)]
+    assert set(SCHEDULES) <= set(common)
+    # Both runs' bars on the one time axis, each implementation's pair side by side.
+    for k, run_ in enumerate((first, second)):
+        color = to_rgba(RUN_COLORS[k])
+        for name in common:
+            centre = names.index(name) + (k - 0.5) * 0.38
+            bar = [p for p in ax_time.patches if p.get_facecolor() == color
+                   and abs(p.get_y() + p.get_height() / 2 - centre) < 1e-9]
+            assert len(bar) == 1 and bar[0].get_width() == median_ms(run_, name), (name, k)
+    (legend,) = fig.legends
+    assert [t.get_text() for t in legend.get_texts()] == [first.label(), second.label()]
+    assert "#3 / #1" in legend.get_title().get_text()
+    # The ratio, second / first, written by each implementation's bar.
+    written = {round(t.get_position()[1]): t.get_text().strip() for t in ax_ratio.texts}
+    for name in common:
+        ratio = median_ms(second, name) / median_ms(first, name)
+        assert written[names.index(name)] == ratio_text(ratio), name
+        row = names.index(name)
+        (bar,) = [p for p in ax_ratio.patches if abs(p.get_y() + p.get_height() / 2 - row) < 1e-9]
+        assert bar.get_x() == 1.0 and math.isclose(1.0 + bar.get_width(), ratio), name  # a bar from 1
+    assert ax_ratio.get_xlabel() == f"time of #{second.number} / time of #{first.number}"
+    assert panel.table.horizontalHeaderItem(3).text() == "#3 / #1"
+    assert not chart_problems(fig)
+
+
+def single_run(number: int, times: dict[str, float | None]) -> BenchRun:
+    rows = [BenchRow(name, "schedule" if name in SCHEDULES else "baseline", t is not None, t)
+            for name, t in times.items()]
+    return BenchRun(number, BenchResult("LSTM", "", Sizes(4, 2, 8, 8, 1), "numpy", "CPU", "", {}, rows))
+
+
+def test_a_comparison_of_far_apart_times_keeps_every_label_inside(chart_problems):
+    """Times three decades apart, ratios from 1/50 to 300, an implementation timed in one run only."""
+    first = single_run(1, {"naive": 2.0, "hoisted": 500.0, "graph": 0.01, "pytorch eager": 1.0})
+    second = single_run(2, {"naive": 600.0, "hoisted": 10.0, "graph": 0.012, "pytorch eager": None})
+    fig = Figure(figsize=(7.5, 3.4), dpi=100)
+    FigureCanvasAgg(fig)
+    draw_themed(lambda f: draw_comparison(first, second, f), fig, dark=True)
+    ax_time, ax_ratio = fig.axes
+    assert ax_time.get_xscale() == "log" and ax_ratio.get_xscale() == "log"
+    written = [t.get_text().strip() for t in ax_ratio.texts]
+    assert written == ["300×", "0.02×", "1.20×", "not timed in both"]
+    assert not chart_problems(fig)
