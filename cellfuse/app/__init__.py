@@ -1,6 +1,2 @@
 """The desktop editor: a node canvas that edits a cell, with live validation, the plan and the
 generated CUDA of the cell, and a benchmark panel. Only the `gui` command imports this package."""
-
-from .refcount_guard import guard_singletons
-
-guard_singletons()  # before any Qt call of the editor; see refcount_guard

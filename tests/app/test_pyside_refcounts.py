@@ -1,12 +1,8 @@
-"""Whether the installed PySide6 keeps the reference counts of None, True and False, measured with no
-guard: in an interpreter of its own that never imports cellfuse.app (whose refcount_guard would cover
-the loss), seconds of void Qt calls, signal emits into Python slots, and painting through a Python
+"""That the pinned PySide6 keeps the reference counts of None, True and False: in an interpreter of
+its own, seconds of void Qt calls, signal emits into Python slots, and painting through a Python
 paint(). On a PySide6 that drops one reference a call, CPython 3.11 aborts within a second
-("deallocating None" or "deallocating True or False").
-
-PySide6-Essentials 6.12.0 drops them (refcount_guard exists for it); 6.11.0 and 6.11.3 keep them.
-On a release that keeps them the xfail below does not apply and the test must pass; then the guard
-(refcount_guard.py, its call in cellfuse/app/__init__.py, test_refcount_guard.py) and the xfail can go.
+("deallocating None" or "deallocating True or False"): PySide6-Essentials 6.12.0 does (so the project
+pins 6.11.3, which does not), and this test then fails.
 """
 
 from __future__ import annotations
@@ -15,13 +11,6 @@ import json
 import subprocess
 import sys
 import textwrap
-
-import PySide6
-import pytest
-
-# Releases that drop the references, on a CPython whose None, True and False are not immortal.
-DROPS_REFERENCES = {"6.12.0"}
-AFFECTED = PySide6.__version__ in DROPS_REFERENCES and sys.version_info < (3, 12)
 
 ROUNDS = 600  # of 1,000 calls of each kind and a paint of the scene: several seconds in all
 STRESS = textwrap.dedent(f"""
@@ -71,8 +60,6 @@ STRESS = textwrap.dedent(f"""
 """)
 
 
-@pytest.mark.xfail(AFFECTED, strict=True, reason=f"PySide6 {PySide6.__version__} drops references to "
-                   "None, True and False on CPython 3.11: refcount_guard covers the editor")
 def test_void_calls_emits_and_paints_keep_the_singletons_alive_without_the_guard():
     done = subprocess.run([sys.executable, "-c", STRESS], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
