@@ -1,21 +1,24 @@
 """`python -m cellfuse` and the `cellfuse` command."""
 
-import signal
-import sys
+# Ctrl+C while Python imports the command line would tear an import apart halfway (numpy then reports a
+# broken install, with a traceback). So the first thing this module does is hold the interrupt, through
+# _signal, which is built into the interpreter and so imported without touching the file system; the
+# interrupt then ends the program as it does later, when a command runs: one line, exit 130.
+import _signal
+
+_held: list[int] = []
+_previous = _signal.signal(_signal.SIGINT, lambda signum, frame: _held.append(signum))
+
+import sys  # noqa: E402  (after the interrupt is held)
 
 
 def main() -> int:
-    # Ctrl+C while Python imports the command line would tear a C extension's import apart halfway
-    # (numpy then reports a broken install, with a traceback). The interrupt is held until the imports
-    # are done, then ends the program as it does later, when a command runs: one line, exit 130.
-    held: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: held.append(signum))
     try:
         from .cli import main as cli_main
     finally:
-        signal.signal(signal.SIGINT, previous)
+        _signal.signal(_signal.SIGINT, _previous)
     try:
-        if held:
+        if _held:
             raise KeyboardInterrupt
         return cli_main()
     except KeyboardInterrupt:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -91,6 +92,14 @@ def test_a_sweep_over_sizes_below_one_is_refused(tmp_path, sweep):
     assert proc.returncode == 1 and "at least 1" in proc.stderr
 
 
+def _before_cellfuse_ran(err: str) -> bool:
+    """A KeyboardInterrupt traceback in which no line of CellFuse's own code had started: Python's
+    startup and runpy only, at most the package's __init__ (which only sets the version)."""
+    frames = re.findall(r'File "([^"]+)", line \d+', err)
+    ours = [f for f in frames if f"{os.sep}cellfuse{os.sep}" in f]
+    return err.rstrip().endswith("KeyboardInterrupt") and all(f.endswith("__init__.py") for f in ours)
+
+
 @pytest.mark.parametrize("delay", [0.0, 0.02, 0.05, 0.1, 0.2, 0.4])
 def test_ctrl_c_at_any_moment_ends_cleanly(tmp_path, delay):
     """While Python imports, while the parser is built, while the command runs."""
@@ -99,9 +108,10 @@ def test_ctrl_c_at_any_moment_ends_cleanly(tmp_path, delay):
     time.sleep(delay)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
-    if "Fatal Python error: init_import_site" in err:
-        # The signal came while Python itself was starting (importing `site`, before any code of
-        # CellFuse ran): Python stops with its own message, which no program can change.
+    if "Fatal Python error: init_import_site" in err or _before_cellfuse_ran(err):
+        # The signal came while Python itself was starting (importing `site`, or running the package
+        # before the first line of cellfuse/__main__.py): Python stops with its own message, which no
+        # program can change.
         assert proc.returncode != 0
         return
     assert "Traceback" not in err, err
