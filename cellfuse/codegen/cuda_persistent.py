@@ -15,7 +15,7 @@ acquire/release atomics: see benchmarks/barrier_probe.cu).
 from __future__ import annotations
 
 from .cuda_kernels import ROW_EXPR, Param, comment_text, element_body
-from .persistent import GemmTiling, gemm_tiling, k_stride, output_floats
+from .persistent import GemmTiling, gemm_tiling, k_stride, output_floats, writes
 from .plan import Access, GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
 
 PERSISTENT_PRELUDE = """\
@@ -50,16 +50,6 @@ def persistent_buffers(launch: PersistentLaunch) -> list[str]:
     return list(names)
 
 
-def _writes(item: PersistentItem) -> set[str]:
-    match item.launch:
-        case GemmLaunch() as g:
-            return {g.c.buffer}
-        case KernelLaunch() as k:
-            return {acc.buffer for _, acc in k.outputs}
-        case other:
-            raise TypeError(f"unknown launch {other!r}")
-
-
 def _at_step(var: str, acc: Access) -> str:
     """The address of an access's first element at step t, in a kernel with `batch` as an argument."""
     row = ROW_EXPR[acc.slot].format(t="t")
@@ -76,14 +66,13 @@ class _Kernel:
         self.launch, self.name = launch, name
         self.buffers = persistent_buffers(launch)
         self.var = {b: f"b{i}" for i, b in enumerate(self.buffers)}
-        self.written = set().union(*(_writes(item) for item in launch.items))
+        self.written = set().union(*(writes(item.launch) for item in launch.items))
         self.gemms = [(i, item) for i, item in enumerate(launch.items) if isinstance(item.launch, GemmLaunch)]
         self.tilings = {i: gemm_tiling(item.columns, launch.column_blocks, launch.row_tile, item.launch.k)
                         for i, item in self.gemms}
         # GEMM outputs in shared memory: buffer -> (the GEMM's index, its item, its block's columns)
         self.on_chip = {item.launch.c.buffer: (i, item, self.tilings[i].cols)
                         for i, item in self.gemms if item.output_on_chip}
-        self.group_rows = -(-launch.batch // launch.row_groups)  # the most rows a block owns
         self.lines: list[str] = []
 
     def w(self, *lines: str) -> None:
@@ -154,7 +143,7 @@ class _Kernel:
             if item.output_on_chip:
                 self.w(f"    float* const cf_c{i} = cf_smem + {offset};  // [rows][{tl.cols}]: this block's "
                        f"part of {comment_text(g.group)}'s output")
-                offset += output_floats(self.group_rows, tl)
+                offset += output_floats(self.launch.group_rows, tl)
         if staged:  # the columns past K of every staged row stay zero: the float4 sums run over them
             self.w(f"    for (int e = tid; e < {staged}; e += {threads}) cf_stage[e] = 0.0f;")
         assert 4 * offset == launch.smem_bytes, "the kernel's shared memory differs from the plan's"
@@ -165,7 +154,7 @@ class _Kernel:
         self.w(f"    auto cols{i} = [cb](int c) -> int {{")
         start = offset = 0
         for width in item.columns:
-            unit = -(-width // self.launch.column_blocks)
+            unit = self.launch.unit(width)
             self.w(f"        if (c < {start + unit}) {{ const int j = cb * {unit} + c - {start}; "
                    f"return j < {width} ? {offset} + j : -1; }}")
             start += unit
@@ -179,8 +168,8 @@ class _Kernel:
         if item.whole:  # the same [N] and scalar values every step, computed by every block
             return (-(-k.rows * k.width // self.launch.threads), str(k.rows * k.width),
                     f"const int r = e / {k.width}, j = e - r * {k.width};")
-        unit = -(-k.width // self.launch.column_blocks)
-        return (-(-self.group_rows * unit // self.launch.threads), f"rows * {unit}",
+        unit = self.launch.unit(k.width)
+        return (-(-self.launch.group_rows * unit // self.launch.threads), f"rows * {unit}",
                 f"const int r = row0 + e / {unit}, j = cb * {unit} + e % {unit};")
 
     def _params(self, k: KernelLaunch) -> list[Param]:
@@ -214,7 +203,7 @@ class _Kernel:
                         at = _at_step(self.var[p.access.buffer], p.access)
                         self.w(f"            {out[i][p_i]}[u] = ({at})[(long long)r * {p.access.ld} + j];")
                     self.w("        }")
-            written |= _writes(item)
+            written |= writes(item.launch)
         return out
 
     def _elementwise(self, i: int, item: PersistentItem, prefetched: dict[int, str]) -> None:
@@ -230,9 +219,8 @@ class _Kernel:
             elif p.access.buffer in self.on_chip and not p.output:
                 g, gemm, cols = self.on_chip[p.access.buffer]
                 block = [sum(gemm.columns[:b]) for b in range(len(gemm.columns))].index(p.access.col)
-                blocks = self.launch.column_blocks
-                start = sum(-(-w // blocks) for w in gemm.columns[:block])
-                unit = -(-gemm.columns[block] // blocks)
+                start = sum(map(self.launch.unit, gemm.columns[:block]))
+                unit = self.launch.unit(gemm.columns[block])
                 names[n], index[n] = f"cf_c{g}", f"(r - row0) * {cols} + {start} + j - cb * {unit}"
             else:
                 self.w(f"{IND}{'float*' if p.output else 'const float*'} const {names[n]} = "

@@ -127,7 +127,8 @@ def _smem_floats(gemms: list[_Placed], blocks: int, row_tile: int, rows: int) ->
     return total
 
 
-def _writes(launch: GemmLaunch | KernelLaunch) -> set[str]:
+def writes(launch: GemmLaunch | KernelLaunch) -> set[str]:
+    """The buffers a launch of the step writes."""
     match launch:
         case GemmLaunch():
             return {launch.c.buffer}
@@ -151,10 +152,10 @@ def barriers(step: list[GemmLaunch | KernelLaunch]) -> list[bool]:
                     barrier[i] = changed = True
                 if barrier[i]:
                     dirty.clear()
-                dirty |= _writes(launch)
+                dirty |= writes(launch)
         first = barrier.index(True) if True in barrier else len(step)
         for i in range(first):
-            if _writes(step[i]) & operands:
+            if writes(step[i]) & operands:
                 barrier[i] = changed = True
     return barrier
 

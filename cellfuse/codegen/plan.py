@@ -238,6 +238,15 @@ class PersistentLaunch:
     def column_blocks(self) -> int:
         return self.blocks // self.row_groups
 
+    @property
+    def group_rows(self) -> int:
+        """The most rows of the plan's batch that a block owns."""
+        return -(-self.batch // self.row_groups)
+
+    def unit(self, width: int) -> int:
+        """The most columns of a width that a block owns."""
+        return -(-width // self.column_blocks)
+
     def rows(self, block: int, batch: int) -> tuple[int, int]:
         """The rows [first, last) of the batch that a block owns."""
         return owned(batch, self.row_groups, block // self.column_blocks)
@@ -387,14 +396,14 @@ class Plan:
         lines += ["", "one step, in order:"]
         if persistent:
             p = persistent
-            rows = -(-self.sizes.batch // p.row_groups)
+            rows = p.group_rows
             split = (f"{p.column_blocks} column blocks x {p.row_groups} row groups of {rows} rows"
                      if p.row_groups > 1 else f"{p.column_blocks} column blocks, every row")
             lines[-1] = (f"one step, in order, in each of {p.blocks} blocks of {p.threads} threads ({split}; "
                          f"{p.barriers_per_step} grid-wide barrier(s) per step, "
                          f"{p.smem_bytes / 1024:.1f} KiB of shared memory per block):")
             for item in p.items:
-                units = ", ".join(str(-(-w // p.column_blocks)) for w in item.columns)
+                units = ", ".join(str(p.unit(w)) for w in item.columns)
                 if item.whole:
                     what = "every block computes all of it"
                 else:

@@ -129,7 +129,8 @@ class CudaExecutor:
         persistent = {name for launch, name in kernels.name_of.items()
                       if isinstance(launch, PersistentLaunch)}
         self.funcs = {name: module.get_function(name) for name in kernels.sources if name not in persistent}
-        self.cooperative = _cooperative_functions(self.cu, cubin, kernels) if persistent else {}
+        self._cu_module, self.cooperative = (_cooperative_functions(self.cu, cubin, kernels) if persistent
+                                             else (None, {}))
         self.bias_rows = module.get_function("cf_bias_rows").prepare("PPiii")
         self.name_of = kernels.name_of
 
@@ -278,6 +279,8 @@ class CudaExecutor:
         for handle, workspace in zip(self.handles, self.workspaces, strict=True):
             self.cublas.destroy(handle)
             workspace.free()
+        if self._cu_module is not None:
+            _cu_check(self.cu.cuModuleUnload(self._cu_module))
         self.memory.free()
 
 
@@ -322,13 +325,15 @@ class _Cooperative:
                                                     launch.smem_bytes, stream, table.ctypes.data))
 
 
-def _cooperative_functions(cu, cubin: bytes, kernels) -> dict[str, _Cooperative]:
+def _cooperative_functions(cu, cubin: bytes, kernels) -> tuple[object, dict[str, _Cooperative]]:
+    """The module loaded a second time, through the driver API (PyCUDA exposes no handle of its own
+    module or functions, which the cooperative launch needs), and its persistent kernels."""
     if cu is None:
         raise GpuUnavailable("the persistent schedule's cooperative launch needs NVIDIA's cuda-python "
                              "(cuda.bindings): pip install cuda-python")
     module = _cu_check(cu.cuModuleLoadData(cubin))
-    return {name: _Cooperative(cu, _cu_check(cu.cuModuleGetFunction(module, name.encode())))
-            for launch, name in kernels.name_of.items() if isinstance(launch, PersistentLaunch)}
+    return module, {name: _Cooperative(cu, _cu_check(cu.cuModuleGetFunction(module, name.encode())))
+                    for launch, name in kernels.name_of.items() if isinstance(launch, PersistentLaunch)}
 
 
 def _grid(n: int) -> int:
