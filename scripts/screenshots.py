@@ -80,6 +80,16 @@ def main(argv: list[str] | None = None) -> int:
     frame_all_then_select("ai_b")
     shoot(w, "editor-lstm-plan.png")
 
+    # 1b. The LSTM fitted in a 1440x900 window: each gate is a group, one node with its name large. Its
+    # size is in its name, so it is made once, not for each --suffix.
+    if not args.suffix:
+        w.resize(1440, 900)
+        w.arrange_docks()
+        settle()
+        w.adapter.select([])
+        w.adapter.fit(margin=30.0)
+        shoot(w, "grouped-lstm-1440x900.png")
+
     w.resize(args.width, args.height)
     w.arrange_docks()
     settle()
@@ -88,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     # bounding box's centre of a cell with a tall column of weights can be empty canvas): node styles,
     # ports, the hoisted GEMMs and the fused kernels around them.
     viewer = w.canvas
-    centres = [n.view.sceneBoundingRect().center() for n in w.adapter.graph.all_nodes()]
+    centres = [n.view.sceneBoundingRect().center() for n in w.adapter.graph.all_nodes() if n.view.isVisible()]
     viewer.reset_zoom(sum(centres, QtCore.QPointF()) / len(centres))
     shoot(viewer, "canvas-closeup.png")
 

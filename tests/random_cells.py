@@ -16,7 +16,10 @@ A cell drawn here has one input `x`, one to three states, 2-D weights `W0, W1, .
 - elementwise work on x before a matmul (`relu(x) @ W`);
 - 1-D weights added directly to matmuls, so that hoisted GEMMs fold their bias;
 - state updates of every kind a user may draw: a squashed value, a gated mix of the state, a matmul,
-  another state, or a node shared with another state's update.
+  another state, or a node shared with another state's update;
+- with `reductions`, row reductions: [batch, 1] values (a row's mean or squashed sum) spread over rows
+  of either width and over [N] values, and layer norms, some of them before a matmul (so hoisted when
+  they depend on no state), the [batch, 1] values reused across kernels and steps' stages.
 
 Values stay bounded whatever the sequence length: anything that may grow is squashed by tanh or
 sigmoid before it feeds a matmul or a state, and every argument of an op meets the domain its table
@@ -25,6 +28,7 @@ entry asks for (a divisor is at least 1/e, exp only sees arguments in [-1, 1]).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -90,8 +94,10 @@ class _Row:
 
 
 class _CellDrawer:
-    def __init__(self, draws: _Draws, name: str, max_rounds: int):
+    def __init__(self, draws: _Draws, name: str, max_rounds: int, reductions: bool = False):
         self.d = draws
+        self.reductions = reductions
+        self.cols: list[tuple[Value, float]] = []  # [batch, 1] values, with a bound of their magnitude
         self.ops = [spec for spec in OPS.values() if spec.is_elementwise]
         self.max_rounds = max_rounds
         self.b = CellBuilder(name, description="a random cell for tests", input=8, hidden=8)
@@ -167,6 +173,31 @@ class _CellDrawer:
             drawn.reverse()
         return apply(spec.name, *(v for v, _ in drawn)), use.bound(*(b for _, b in drawn))
 
+    # -- row reductions ----------------------------------------------------------------------------
+    def column(self) -> tuple[Value, float]:
+        """A [batch, 1] value: a row reduction of a hidden-wide value, or one drawn before."""
+        if self.cols and self.d.chance(0.3):
+            return self.d.pick(self.cols)
+        r = self.operand("hidden")
+        if self.d.chance(0.5):
+            col = (apply("row_mean", r.value), r.bound)
+        else:  # a sum grows with the width, which a drawn cell does not know
+            col = (tanh(apply("row_sum", r.value)), 1.0)
+        self.cols.append(col)
+        return col
+
+    def normalised(self) -> _Row:
+        """A layer norm without gain: (r - mean(r)) / sqrt(mean((r - mean(r))^2) + 1/2), of a row of the
+        cell or of a new projection of the input (which depends on no state)."""
+        if self.d.chance(0.5):
+            r = self.operand("hidden")
+        else:
+            r = _Row(self.rows["input"][0].value @ self.weight2d("input", "hidden"), "hidden", 2.0)
+        d = r.value - apply("row_mean", r.value)
+        spread = apply("row_mean", apply("square", d)) + self.b.const(0.5)
+        self.cols.append((spread, 2.0 * r.bound * r.bound + 0.5))
+        return _Row(d * apply("rsqrt", spread), "hidden", 2.0 * r.bound * math.sqrt(2.0))
+
     # -- rows --------------------------------------------------------------------------------------
     def squash(self, r: _Row, limit: float = SQUASH_ABOVE) -> _Row:
         if r.bound <= limit:
@@ -194,7 +225,9 @@ class _CellDrawer:
             return r.value, r.bound
 
         def any_operand() -> tuple[Value, float]:
-            which = self.d.integer(0, 2)
+            which = self.d.integer(0, 3 if self.reductions else 2)
+            if which == 3:
+                return self.column()
             return row() if which == 0 else self.vec(width) if which == 1 else self.scalar()
 
         value, bound = self.combine(self.d.pick(self.ops), row, any_operand)
@@ -219,7 +252,7 @@ class _CellDrawer:
         return _Row(v, m.width, m.bound + 1.0)
 
     def round(self) -> None:
-        kind = self.d.integer(0, 6)
+        kind = self.d.integer(0, 8 if self.reductions else 6)
         if kind == 0:  # a matmul, perhaps also kept itself (then its bias cannot fold)
             m = self.matmul(self.d.pick(("hidden", "hidden", "input")))
             self.keep(m)
@@ -249,6 +282,29 @@ class _CellDrawer:
             self.keep(prod)
             self.lefts.append(self.squash(prod, 1.5))
             self.keep(self.matmul(self.d.pick(("hidden", "input"))))
+        elif kind == 7:  # a layer norm, perhaps before a matmul (hoisted where it depends on no state)
+            n = self.keep(self.normalised())
+            if self.d.chance(0.5):
+                left = self.squash(n, 1.5)
+                self.lefts.append(left)
+                self.keep(_Row(left.value @ self.weight2d("hidden", "hidden"), "hidden", 2.0 * left.bound))
+        elif kind == 8:  # a [batch, 1] value spread over a row of either width by an op of the table
+            width = self.d.pick(("hidden", "hidden", "input"))
+            col = self.column()
+
+            def row() -> tuple[Value, float]:
+                r = self.operand(width)
+                return r.value, r.bound
+
+            binary = [op for op in self.ops if op.arity == 2]
+            value, bound = self.combine(self.d.pick(binary), row, lambda: col)
+            first = self.keep(_Row(value, width, bound))
+            if self.d.chance(0.7):  # and again after a matmul of that: the column crosses kernels
+                left = self.squash(first, 1.5)
+                self.lefts.append(left)
+                m = left.value @ self.weight2d(width, "hidden")
+                value, bound = self.combine(self.d.pick(binary), lambda: (m, 2.0 * left.bound), lambda: col)
+                self.keep(_Row(value, "hidden", bound))
         else:  # relu(x) @ W, a classic input transform
             x = self.rows["input"][0]
             r = _Row(apply("relu", x.value), "input", x.bound)
@@ -329,24 +385,39 @@ class _CellDrawer:
 
 
 def random_cell(rng: np.random.Generator | int | None = None, name: str = "random",
-                max_rounds: int = 6) -> Cell:
-    """A random valid cell; `rng` is a numpy Generator or a seed."""
+                max_rounds: int = 6, reductions: bool = False) -> Cell:
+    """A random valid cell; `rng` is a numpy Generator or a seed. With `reductions`, it may reduce rows
+    (which the persistent schedule does not run yet); a seed gives the same cell without them as before."""
     if not isinstance(rng, np.random.Generator):
         rng = np.random.default_rng(rng)
-    return _CellDrawer(_NumpyDraws(rng), name, max_rounds).build()
+    return _CellDrawer(_NumpyDraws(rng), name, max_rounds, reductions).build()
 
 
-def draw_cell(draw: Callable[[Any], Any], name: str = "random", max_rounds: int = 6) -> Cell:
+def draw_cell(draw: Callable[[Any], Any], name: str = "random", max_rounds: int = 6,
+              reductions: bool = False) -> Cell:
     """A random valid cell from a hypothesis `draw` (inside a composite strategy)."""
-    return _CellDrawer(_HypothesisDraws(draw), name, max_rounds).build()
+    return _CellDrawer(_HypothesisDraws(draw), name, max_rounds, reductions).build()
 
 
-def random_cells(max_rounds: int = 6):
+def random_cells(max_rounds: int = 6, reductions: bool = False):
     """A hypothesis strategy of random valid cells."""
     from hypothesis import strategies as st
 
     @st.composite
     def cells(draw):
-        return draw_cell(draw, max_rounds=max_rounds)
+        return draw_cell(draw, max_rounds=max_rounds, reductions=reductions)
 
     return cells()
+
+
+def reduces_rows(cell: Cell) -> bool:
+    """Whether the cell has a row reduction, which the persistent schedule refuses for now."""
+    return any(OPS[n.op].is_reduction for n in cell.nodes if n.op in OPS)
+
+
+def runnable_schedules(cell: Cell) -> list[str]:
+    """The schedules that take the cell: all but the persistent ones for a cell that reduces rows."""
+    from cellfuse.codegen import SCHEDULES
+    from cellfuse.codegen.scheduler import LADDER
+
+    return [s for s in SCHEDULES if not (LADDER[s].persistent and reduces_rows(cell))]

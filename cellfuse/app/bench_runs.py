@@ -63,7 +63,7 @@ def unavailable_baselines(requested: list[str], result: Any) -> dict[str, str]:
             continue
         if result.backend == "numpy":
             out[name] = "not available: no GPU/PyTorch on the numpy backend"
-        elif name == "cudnn" and torch_ran:
+        elif name.startswith("cudnn") and torch_ran:  # cudnn, and cuDNN's persistent algorithms
             out[name] = "not available: cuDNN implements only the LSTM and the GRU"
         else:
             out[name] = "not available: PyTorch is not installed"
@@ -71,14 +71,15 @@ def unavailable_baselines(requested: list[str], result: Any) -> dict[str, str]:
 
 
 def result_rows(result: Any, unavailable: dict[str, str] | None = None) -> list[TableRow]:
-    """(cells, ok) for each row of a BenchResult, in COLUMNS order, then the baselines not run."""
+    """(cells, ok) for each row of a BenchResult, in COLUMNS order, then the baselines not run; ok is None
+    for a baseline that does not apply (cuDNN refusing a size, say)."""
     out: list[TableRow] = []
     for r in result.rows:
         err = "" if r.rel_error is None else ("inf" if r.rel_error == float("inf") else f"{r.rel_error:.1e}")
         out.append(([r.name, r.kind, _ms(r.median_ms), _ms(r.min_ms), _ms(r.max_ms), err,
                      "" if r.compile_s is None else f"{r.compile_s:.2f}",
                      "" if getattr(r, "launches_per_step", None) is None else str(r.launches_per_step),
-                     r.note], bool(r.ok)))
+                     r.note], bool(r.ok) if getattr(r, "applicable", True) else None))
     for name, why in (unavailable or {}).items():
         out.append(([name, "baseline", "", "", "", "", "", "", why], None))
     return out

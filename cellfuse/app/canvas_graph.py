@@ -73,6 +73,12 @@ class CanvasGraph(NodeGraph):
             if action is not None:
                 action.setShortcuts([])
 
+    def get_unique_name(self, name: str) -> str:
+        # NodeGraphQt renames a node whose name another node has ("f" -> "f 1"). The adapter keeps cell
+        # ids unique itself, and the name of a group is free: two groups, or a group and a node, may
+        # share one, so NodeGraphQt must take every name as it is given.
+        return name
+
     # -- NodeGraphQt's handlers, redirected ------------------------------------------------------
     def _on_search_triggered(self, node_type: str, pos) -> None:
         self.node_requested.emit(node_type, (float(pos[0]), float(pos[1])))

@@ -14,8 +14,22 @@ How the canvas holds a cell:
   the state's name; connecting into the update node sets `cell.updates[state]`;
 - the output sink's input sets `cell.output`;
 - weight shapes, const values and a node's editor keys are hidden node properties, so that their
-  edits are undoable too; positions of update nodes and of the output sink are kept in the cell's
-  `x-editor` key.
+  edits are undoable too; positions of update nodes, of the output sink and of group nodes are kept
+  in the cell's `x-editor` key.
+
+Groups (the cell's `groups`, presentation only) are canvas nodes too: a group node holds the canvas
+ids of its members in a hidden property, so that grouping, ungrouping and moving a group are undo
+steps of the same stack, and its title is the group's name. While it is closed its members are
+hidden, and it shows, as ports, the values that enter and leave the group; the wires to them are
+drawn by the adapter (group_items) and the cell's own wires stay where they are, hidden. Opening a
+group (double-click) shows its members alone, with a stub for each value entering or leaving it.
+
+NodeGraphQt has group nodes of its own (GroupNode, expand_group_node, sub-graph tabs), but they do
+not serve here: a collapsed GroupNode holds its nodes only as a serialized NodeGraphQt session, not
+as nodes of the graph this adapter reads the Cell from; an expanded one is a second graph with an
+undo stack of its own, so that edits inside it would miss both the window's undo and the Cell, and
+its session is written back on collapse with no undo step; it has no way to group nodes that
+exist, only to build inside an empty group; and its tabs would replace the canvas the window shows.
 """
 
 from __future__ import annotations
@@ -25,31 +39,37 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from PySide6 import QtCore, QtGui
+from PySide6 import QtCore, QtGui, QtWidgets
 
-from ..graph_model import OPS, Cell, CellError, FormulaEdit, Node
+from ..graph_model import OPS, Cell, CellError, FormulaEdit, Group, Node, group_name_problem
 from ..graph_model.builder import COLUMN_SPACING, ROW_SPACING
 from ..graph_model.validate import DIMS, ID_PATTERN, OUTPUT_TITLE, update_title
 from . import canvas_layout
 from .canvas_graph import CanvasGraph
 from .fragments import PastePlan
+from .group_items import STUB_HEIGHT, GroupWire, PortStub
 from .node_types import (
     ALL_NODE_CLASSES,
     DEFAULT_CONST_VALUE,
     DEFAULT_WEIGHT_SHAPE,
+    INPUT_PORT_COLOR,
     OP_NODE_CLASSES,
     PROP_EXTRA,
+    PROP_MEMBERS,
     PROP_SHAPE,
     PROP_STATE_LINK,
     PROP_VALUE,
+    ROLE_GROUP,
     ROLE_OP,
     ROLE_OUTPUT,
     ROLE_UPDATE,
+    CellGroupNode,
     CellNode,
     OutputNode,
     StateUpdateNode,
     caption_for,
     node_type_of,
+    port_color,
 )
 
 log = logging.getLogger(__name__)
@@ -59,6 +79,8 @@ OUTPUT_OP = "output"  # the palette's name for the output sink
 SINK_GAP = 70.0
 NEW_NODE_SIZE = (160.0, 80.0)  # room kept for a node added where no position is given
 FREE_SPOT_REACH = 6  # grid cells searched on each side of the view's middle for a free spot
+STUB_GAP = 90.0  # between an open group's nodes and the stubs of its inputs and outputs
+STUB_SPACING = 12.0
 
 
 class _CellInfoCmd(QtGui.QUndoCommand):
@@ -83,11 +105,12 @@ class CellAdapter(QtCore.QObject):
     cell_changed = QtCore.Signal(object)  # the new Cell
     selection_changed = QtCore.Signal(list)  # ids of the selected cell nodes
     message = QtCore.Signal(str)  # a short note for the status bar
+    group_opened = QtCore.Signal(object)  # the name of the group opened, or None: back to the whole cell
 
     def __init__(self, parent: QtCore.QObject | None = None) -> None:
         super().__init__(parent)
         self.graph = CanvasGraph(self)
-        for cls in ALL_NODE_CLASSES:
+        for cls in [*ALL_NODE_CLASSES, CellGroupNode]:
             self.graph.register_node(cls)
         self._info: dict[str, Any] = {"name": "untitled", "description": "", "sizes": {},
                                       "extra": {}}
@@ -96,6 +119,10 @@ class CellAdapter(QtCore.QObject):
         self._next_seq = 0
         self._loading = False
         self._index: dict[str, list[CellNode]] | None = None  # cell id -> canvas nodes, until an edit
+        self._member_index: dict[str, CellGroupNode] | None = None  # canvas id -> its group, until an edit
+        self._open: str | None = None  # the canvas id of the open group's node
+        self._group_items: list[QtWidgets.QGraphicsItem] = []  # the wires and stubs drawn for groups
+        self._top_view: QtCore.QRectF | None = None  # the view of the whole cell, while a group is open
         # The sets of cell ids the auto layout keeps together in a column (the editor's plan gives
         # them); none by default.
         self.layout_groups: Callable[[Cell], list[list[str]]] = lambda _cell: []
@@ -105,6 +132,7 @@ class CellAdapter(QtCore.QObject):
         self.graph.rename_requested.connect(self._on_canvas_rename)
         self.graph.node_selection_changed.connect(lambda *_: self._emit_selection())
         self.graph.node_selected.connect(lambda *_: self._emit_selection())
+        self.graph.node_double_clicked.connect(self._on_double_clicked)
 
     # == reading ====================================================================================
     @property
@@ -216,21 +244,30 @@ class CellAdapter(QtCore.QObject):
             output = self._source_id(sink.input_ports()[0])
             x, y = sink.pos()
             editor["output"] = [round(float(x), 1), round(float(y), 1)]
+        groups: list[Group] = []
+        for g in self._groups():
+            members = self.members(g)
+            if members:
+                groups.append(Group(g.name(), [m.name() for m in members]))
+                x, y = g.pos()
+                editor.setdefault("groups", []).append([round(float(x), 1), round(float(y), 1)])
         extra = dict(self._info["extra"])
         extra[EDITOR_KEY] = editor
         return Cell(name=self._info["name"], nodes=nodes, updates=updates, output=output,
                     description=self._info["description"], sizes=dict(self._info["sizes"]),
-                    layout=layout, extra=extra)
+                    layout=layout, extra=extra, groups=groups)
 
     # == keeping the Cell in step ====================================================================
     def _on_stack_changed(self, _index: int = 0) -> None:
         self._index = None
+        self._member_index = None
         if not self._loading:
             self.resync()
 
     def resync(self) -> None:
-        """Re-reads the whole canvas into the Cell and refreshes the derived labels."""
+        """Re-reads the whole canvas into the Cell and refreshes the derived labels and the groups."""
         self._index = None
+        self._member_index = None
         for u in self._updates():
             state = self._state_of(u)
             title = update_title(state.name()) if state is not None else "(deleted state)"
@@ -242,6 +279,7 @@ class CellAdapter(QtCore.QObject):
                                                else None,
                                                n.get_property(PROP_VALUE) if n.OP == "const" else None))
         self._cell = self._read()
+        self._refresh_groups()
         self.cell_changed.emit(self._cell)
 
     def _set_info(self, info: dict[str, Any]) -> None:
@@ -258,7 +296,10 @@ class CellAdapter(QtCore.QObject):
                 raise CellError(f"node '{n.id}': unknown op '{n.op}' (the editor knows: {', '.join(OPS)})")
         self._loading = True
         self._index = None
+        self._member_index = None
+        was_open, self._open = self._open, None
         try:
+            self._clear_group_items()
             old = [n for n in self.graph.all_nodes()]
             if old:
                 self.graph.delete_nodes(old, push_undo=False)
@@ -305,6 +346,19 @@ class CellAdapter(QtCore.QObject):
                 sink.input_ports()[0].connect_to(canvas[cell.output].output(0), push_undo=False)
             elif cell.output is not None:
                 lost.append(f"the output '{cell.output}'")
+            saved_groups = editor.get("groups") if isinstance(editor.get("groups"), list) else []
+            unplaced: list[CellGroupNode] = []
+            for i, group in enumerate(cell.groups):
+                held = [canvas[m].id for m in group.nodes if m in canvas]
+                if not held:
+                    lost.append(f"the group '{group.name}'")
+                    continue
+                pos = _pos(saved_groups[i]) if i < len(saved_groups) else None
+                made = self._create_group(group.name, held, pos, push_undo=False)
+                if pos is None:
+                    unplaced.append(made)
+            self._member_index = None
+            self._sync_group_ports()
             if lost:
                 log.warning("the canvas cannot show %s", ", ".join(lost))
                 self.message.emit("Not shown on the canvas: " + ", ".join(lost))
@@ -312,11 +366,14 @@ class CellAdapter(QtCore.QObject):
             if relayout or missing:
                 self._apply_positions(self._layout_positions(cell), push_undo=False)
             else:
+                self._place_groups(unplaced)
                 self._place_sinks(editor)
         finally:
             self._loading = False
         self.graph.undo_stack().clear()
         self.resync()
+        if was_open is not None:
+            self.group_opened.emit(None)
 
     def _place_sinks(self, editor: dict[str, Any]) -> None:
         """Puts update nodes and the output sink that have no saved position right of their source."""
@@ -329,7 +386,8 @@ class CellAdapter(QtCore.QObject):
         sink = self.output_node()
         if sink is not None and "output" not in editor:
             sinks.append(sink)
-        taken = [n.view.sceneBoundingRect() for n in self._nodes() if n not in sinks]
+        inside = self._membership()
+        taken = [n.view.sceneBoundingRect() for n in self._nodes() if n not in sinks and n.id not in inside]
         for n in sinks:
             conn = n.input_ports()[0].connected_ports()
             anchor = conn[0].node() if conn else None
@@ -343,6 +401,20 @@ class CellAdapter(QtCore.QObject):
                 rect.translate(0.0, 30.0)
             taken.append(rect)
             n.set_pos(rect.x(), rect.y())  # not yet undoable: called while loading
+
+    def _place_groups(self, groups: list[CellGroupNode]) -> None:
+        """Puts group nodes that have no saved position where their members' top left is, moved down
+        clear of the nodes shown beside them."""
+        inside = self._membership()
+        taken = [n.view.sceneBoundingRect() for n in self._nodes()
+                 if n.id not in inside and n.ROLE in (ROLE_OP, ROLE_GROUP) and n not in groups]
+        for g in groups:
+            corner = _united([m.view.sceneBoundingRect() for m in self._with_partners(self.members(g))])
+            rect = QtCore.QRectF(corner.left(), corner.top(), g.view.width, g.view.height)
+            while any(rect.adjusted(-10.0, -10.0, 10.0, 10.0).intersects(r) for r in taken):
+                rect.translate(0.0, 30.0)
+            taken.append(rect)
+            g.set_pos(rect.x(), rect.y())  # not yet undoable: called while loading
 
     # == creating canvas nodes ===========================================================================
     def _create_op(self, cell_id: str, op: str, pos: tuple[float, float] | None,
@@ -378,6 +450,14 @@ class CellAdapter(QtCore.QObject):
         return self.graph.create_node(node_type_of(OutputNode), name=OUTPUT_TITLE, selected=push_undo,
                                       pos=list(pos) if pos else None, push_undo=push_undo)
 
+    def _create_group(self, name: str, members: list[str], pos: tuple[float, float] | None,
+                      push_undo: bool = True) -> CellGroupNode:
+        """A group node holding the canvas nodes `members` (canvas ids of cell nodes)."""
+        node = self.graph.create_node(node_type_of(CellGroupNode), name=name, selected=False,
+                                      pos=list(pos) if pos else None, push_undo=push_undo)
+        node.set_property(PROP_MEMBERS, list(members), push_undo=push_undo)
+        return node
+
     # == edits (each one undoable) =======================================================================
     @contextmanager
     def _macro(self, text: str) -> Iterator[None]:
@@ -397,7 +477,7 @@ class CellAdapter(QtCore.QObject):
         visible = viewer.mapToScene(viewer.viewport().rect()).boundingRect()
         centre = visible.center()
         height = NEW_NODE_SIZE[1]
-        taken = [n.view.sceneBoundingRect().adjusted(-20.0, -15.0, 20.0, 15.0) for n in self._nodes()]
+        taken = [n.view.sceneBoundingRect().adjusted(-20.0, -15.0, 20.0, 15.0) for n in self._shown()]
         reach = range(-FREE_SPOT_REACH, FREE_SPOT_REACH + 1)
         cells = sorted(((i, j) for i in reach for j in reach), key=lambda c: c[0] ** 2 + c[1] ** 2)
         spots = [QtCore.QRectF(centre.x() - width / 2 + i * (width + 40.0), centre.y() - height / 2 + j
@@ -432,6 +512,7 @@ class CellAdapter(QtCore.QObject):
             node = self._create_op(new_id, op, pos)
             if op == "state":
                 self._create_update(node, (pos[0] + node.view.width + 2 * SINK_GAP, pos[1]))
+            self._join_open_group([node])
         return new_id
 
     def _add_or_report(self, op: str, pos: tuple[float, float] | None) -> None:
@@ -567,7 +648,15 @@ class CellAdapter(QtCore.QObject):
         return self._delete_canvas(nodes)
 
     def _delete_canvas(self, nodes: list[CellNode]) -> int:
-        nodes = self._with_partners(nodes)
+        """Deletes canvas nodes: a group's node with its members, a state with its update node, and a
+        group whose members all go."""
+        nodes = self._with_partners([m for n in nodes for m in
+                                     ([n, *self.members(n)] if n.ROLE == ROLE_GROUP else [n])])
+        going = {n.id for n in nodes}
+        for g in self._groups():
+            held = self.members(g)
+            if g.id not in going and held and all(m.id in going for m in held):
+                nodes.append(g)
         if not nodes:
             return 0
         with self._macro(f"delete {len(nodes)} node(s)"):
@@ -599,6 +688,13 @@ class CellAdapter(QtCore.QObject):
                                         or (x + state.view.width + 2 * SINK_GAP, y))
                 if s in plan.updates:
                     u.input_ports()[0].connect_to(made[plan.updates[s]].output(0))
+            if self.open_group_node() is not None:  # groups do not nest: all join the open one
+                self._join_open_group(list(made.values()))
+            else:
+                for group in plan.groups:
+                    held = [made[i] for i in group.nodes if i in made]
+                    rect = _united([n.view.sceneBoundingRect() for n in held])
+                    self._create_group(group.name, [n.id for n in held], (rect.left(), rect.top()))
         self.select(list(made))
         return list(made)
 
@@ -638,6 +734,7 @@ class CellAdapter(QtCore.QObject):
                     x, y = source.pos()
                     sink = self._create_output((x + source.view.width + SINK_GAP, y))
                 sink.input_ports()[0].connect_to(source.output(0))
+            self._join_open_group(list(made.values()))
         self.select(list(made))
         return list(made)
 
@@ -657,7 +754,7 @@ class CellAdapter(QtCore.QObject):
             user = next((u.id for u in edit.nodes if n.id in u.args and u.id in pos), None)
             pos[n.id] = ((pos[user][0] - COLUMN_SPACING, pos[user][1] + ROW_SPACING) if user is not None
                          else self.free_spot())
-        taken = [c.view.sceneBoundingRect() for c in self._nodes()]
+        taken = [c.view.sceneBoundingRect() for c in self._shown()]
         for n in edit.nodes:
             rect = QtCore.QRectF(*pos[n.id], *NEW_NODE_SIZE)
             while any(rect.adjusted(-20.0, -15.0, 20.0, 15.0).intersects(r) for r in taken):
@@ -668,17 +765,28 @@ class CellAdapter(QtCore.QObject):
 
     # == layout ============================================================================================
     def _layout_positions(self, cell: Cell) -> dict[str, tuple[float, float]]:
+        """Where each canvas node goes: the nodes outside groups and the groups' nodes in columns, each
+        group as one node; then the members of each group laid out alike on their own, from where its
+        node is, as opening the group shows them."""
         nodes = self._nodes()
+        index = self._membership()
+        unit = {n.id: index[n.id].id if n.id in index else n.id for n in nodes}  # what stands for it on top
         canvas_id = {n.name(): n.id for n in nodes if n.ROLE == ROLE_OP}
-        groups = [[canvas_id[i] for i in group if i in canvas_id] for group in self.layout_groups(cell)]
-        edges = []
-        for n in nodes:
-            for p in n.input_ports():
-                for c in p.connected_ports():
-                    edges.append((c.node().id, n.id))
+        together = [[canvas_id[i] for i in group if i in canvas_id] for group in self.layout_groups(cell)]
+        edges = [(src.id, dst.id) for src, dst, _port in self._edges()]
         sizes = {n.id: (float(n.view.width), float(n.view.height)) for n in nodes}
-        sinks = [n.id for n in nodes if n.ROLE != ROLE_OP]
-        return canvas_layout.layered_layout([n.id for n in nodes], edges, sizes, sinks, groups=groups)
+        sinks = {n.id for n in nodes if n.ROLE in (ROLE_UPDATE, ROLE_OUTPUT)}
+        top = [n.id for n in nodes if n.id not in index]
+        positions = canvas_layout.layered_layout(
+            top, [(unit[a], unit[b]) for a, b in edges if unit[a] != unit[b]], sizes, sinks & set(top),
+            groups=[list(dict.fromkeys(unit[k] for k in group)) for group in together])
+        for g in self._groups():
+            inside = [n.id for n in nodes if index.get(n.id) is g]
+            held = set(inside)
+            positions.update(canvas_layout.layered_layout(
+                inside, [(a, b) for a, b in edges if a in held and b in held], sizes, sinks & held,
+                origin=positions[g.id], groups=[[k for k in group if k in held] for group in together]))
+        return positions
 
     def _apply_positions(self, positions: dict[str, tuple[float, float]], push_undo: bool) -> None:
         for canvas_id, (x, y) in positions.items():
@@ -693,12 +801,15 @@ class CellAdapter(QtCore.QObject):
 
     # == selection and view ==============================================================================
     def selected_ids(self) -> list[str]:
-        """The cell ids of the selected canvas nodes (an update node stands for its state)."""
+        """The cell ids of the selected canvas nodes (an update node stands for its state, a group's node
+        for its members)."""
         out: list[str] = []
         for n in self.graph.selected_nodes():
             if not isinstance(n, CellNode):
                 continue
-            if n.ROLE == ROLE_OP:
+            if n.ROLE == ROLE_GROUP:
+                out.extend(m.name() for m in self.members(n))
+            elif n.ROLE == ROLE_OP:
                 out.append(n.name())
             elif n.ROLE == ROLE_UPDATE and (s := self._state_of(n)) is not None:
                 out.append(s.name())
@@ -715,26 +826,27 @@ class CellAdapter(QtCore.QObject):
         self._emit_selection()
 
     def select(self, ids: list[str]) -> None:
-        nodes = [n for i in ids for n in self.canvas_nodes(i)[:1]]
-        self.select_canvas(nodes)
+        """Selects the nodes that show the cell nodes `ids` (a closed group's node for its members)."""
+        nodes = [n for i in ids for n in self.shown_nodes(i)[:1]]
+        self.select_canvas(list(dict.fromkeys(nodes)))
 
     def select_all(self) -> None:
-        self.select_canvas(self._nodes())
+        self.select_canvas(self._shown())
 
     def centre_on(self, ids: list[str]) -> None:
-        nodes = [n for i in ids for n in self.canvas_nodes(i)]
+        nodes = list(dict.fromkeys(n for i in ids for n in self.shown_nodes(i)))
         if nodes:
             self.graph.center_on(nodes)
 
     def fit(self, margin: float = 50.0) -> None:
         """Frames the selection, or the whole cell when nothing is selected (never beyond 1:1)."""
         viewer = self.graph.viewer()
-        items = [n.view for n in (self.graph.selected_nodes() or self._nodes())]
+        items = [n.view for n in self.graph.selected_nodes() if n.view.isVisible()]
+        if not items:
+            items = [n.view for n in self._shown()] + self._group_items
         if not items:
             return
-        rect = QtCore.QRectF()
-        for item in items:
-            rect = rect.united(item.sceneBoundingRect())
+        rect = _united([item.sceneBoundingRect() for item in items])
         rect = rect.adjusted(-margin, -margin, margin, margin)
         port = viewer.viewport().rect()
         if rect.width() < port.width() and rect.height() < port.height():
@@ -751,9 +863,324 @@ class CellAdapter(QtCore.QObject):
         editor = self._cell.extra.get(EDITOR_KEY, {})
         return dict(editor.get("updates", {})) if isinstance(editor, dict) else {}
 
+    # == groups =============================================================================================
+    def _groups(self) -> list[CellGroupNode]:
+        return [n for n in self._nodes() if n.ROLE == ROLE_GROUP]  # type: ignore[misc]
+
+    def group_nodes(self) -> list[CellNode]:
+        """The canvas nodes of the groups, in the order they were made."""
+        return list(self._groups())
+
+    def _shown(self) -> list[CellNode]:
+        return [n for n in self._nodes() if n.view.isVisible()]
+
+    def _membership(self) -> dict[str, CellGroupNode]:
+        """The canvas id of every node inside a group (a state's update node goes with its state) -> the
+        group's node; a node that two group nodes name belongs to the first."""
+        if self._member_index is None:
+            index: dict[str, CellGroupNode] = {}
+            updates = {u.get_property(PROP_STATE_LINK): u for u in self._updates()}
+            for g in self._groups():
+                for cid in g.get_property(PROP_MEMBERS) or []:
+                    node = self.graph.get_node_by_id(cid)
+                    if not isinstance(node, CellNode) or node.ROLE != ROLE_OP or cid in index:
+                        continue  # deleted since, or taken
+                    index[cid] = g
+                    if node.OP == "state" and cid in updates:
+                        index[updates[cid].id] = g
+            self._member_index = index
+        return self._member_index
+
+    def members(self, group: CellNode) -> list[CellNode]:
+        """The cell's nodes in a group, in the cell's order (a state without its update node)."""
+        index = self._membership()
+        return [n for n in self._ops() if index.get(n.id) is group]
+
+    def shown_nodes(self, cell_id: str) -> list[CellNode]:
+        """The canvas nodes that show a cell node now: its own (a state's two) where they are shown,
+        else the node of the closed group that holds it; none while a group it is not in is open."""
+        index = self._membership()
+        out: list[CellNode] = []
+        for n in self.canvas_nodes(cell_id):
+            if n.view.isVisible():
+                out.append(n)
+            elif (g := index.get(n.id)) is not None and g.view.isVisible():
+                out.append(g)
+        return list(dict.fromkeys(out))
+
+    def _edges(self) -> list[tuple[CellNode, CellNode, Any]]:
+        """Every wire of the canvas: (the node it comes from, the node it goes into, that node's port)."""
+        out = []
+        for n in self._nodes():
+            for port in n.input_ports():
+                for c in port.connected_ports():
+                    if isinstance(c.node(), CellNode):
+                        out.append((c.node(), n, port))
+        return out
+
+    def _boundary(self, group: CellNode) -> tuple[list[CellNode], list[CellNode]]:
+        """The nodes outside `group` whose values enter it, and its members whose values leave it."""
+        index = self._membership()
+        into, out_of = set(), set()
+        for src, dst, _port in self._edges():
+            inside_src, inside_dst = index.get(src.id) is group, index.get(dst.id) is group
+            if inside_dst and not inside_src:
+                into.add(src.id)
+            if inside_src and not inside_dst:
+                out_of.add(src.id)
+        ops = self._ops()
+        return [n for n in ops if n.id in into], [n for n in ops if n.id in out_of]
+
+    def group(self, ids: list[str], name: str) -> None:
+        """Makes the cell nodes `ids` one group named `name`, shown as one node where they were; a group
+        that held any of them is merged into it. One undoable step. Raises CellError for a bad name, an
+        unknown node, no node, or a group open (groups do not nest)."""
+        problem = group_name_problem(name)
+        if problem is not None:
+            raise CellError(problem)
+        if self.open_group_node() is not None:
+            raise CellError("groups do not nest: go back to the whole cell (the path above the canvas) "
+                            "to group nodes")
+        nodes = [self.node(i) for i in dict.fromkeys(ids)]
+        if not nodes:
+            raise CellError("select the nodes to group first")
+        index = self._membership()
+        old = list(dict.fromkeys(g for n in nodes if (g := index.get(n.id)) is not None))
+        held = {n.id for n in nodes} | {m.id for g in old for m in self.members(g)}
+        members = [n for n in self._ops() if n.id in held]
+        rect = _united([n.view.sceneBoundingRect() for n in [*self._with_partners(members), *old]
+                        if n.view.isVisible()])
+        with self._macro(f"group '{name}'"):
+            if old:
+                self.graph.delete_nodes(old)
+            made = self._create_group(name, [n.id for n in members], (rect.left(), rect.top()))
+        self.select_canvas([made])
+
+    def ungroup_selected(self) -> list[str]:
+        """Ungroups the selected groups, or else the open one, as one undoable step: their members are
+        shown again where the group's node was, selected. Returns the ungrouped groups' names."""
+        groups = [n for n in self.graph.selected_nodes() if isinstance(n, CellNode) and n.ROLE == ROLE_GROUP]
+        if not groups and (g := self.open_group_node()) is not None:
+            groups = [g]
+        if not groups:
+            return []
+        if self.open_group_node() in groups:
+            self.close_group()
+        freed: list[CellNode] = []
+        with self._macro(f"ungroup {', '.join(repr(g.name()) for g in groups)}"):
+            for g in groups:
+                inside = self._with_partners(self.members(g))
+                rect = _united([n.view.sceneBoundingRect() for n in inside])
+                dx, dy = g.pos()[0] - rect.left(), g.pos()[1] - rect.top()
+                for n in inside if (dx, dy) != (0.0, 0.0) else []:
+                    x, y = n.pos()
+                    n.set_property("pos", [x + dx, y + dy])
+                freed += inside
+            names = [g.name() for g in groups]
+            self.graph.delete_nodes(groups)
+        self.select_canvas([n for n in freed if n.ROLE == ROLE_OP])
+        return names
+
+    def _join_open_group(self, nodes: list[CellNode]) -> None:
+        """New nodes made while a group is open join it (inside the edit's undo step)."""
+        g = self.open_group_node()
+        joining = [n.id for n in nodes if n.ROLE == ROLE_OP]
+        if g is not None and joining:
+            g.set_property(PROP_MEMBERS, [*(g.get_property(PROP_MEMBERS) or []), *joining])
+
+    # -- opening a group ---------------------------------------------------------------------------------
+    def open_group_node(self) -> CellNode | None:
+        node = self.graph.get_node_by_id(self._open) if self._open is not None else None
+        return node if isinstance(node, CellNode) and node.ROLE == ROLE_GROUP else None
+
+    @property
+    def open_group(self) -> str | None:
+        """The name of the open group; None while the canvas shows the whole cell."""
+        g = self.open_group_node()
+        return g.name() if g is not None else None
+
+    def reveal(self, cell_id: str) -> None:
+        """Shows the cell node itself: opens the group that holds it, or goes back to the whole cell
+        from a group it is not in."""
+        group = self._membership().get(self.node(cell_id).id)
+        if group is None:
+            self.close_group()
+        elif group.id != self._open:
+            self._open_node(group)
+
+    def open_group_of(self, cell_id: str) -> None:
+        """Opens the group that holds the cell node `cell_id` (as a double-click on its node does)."""
+        g = self._membership().get(self.node(cell_id).id)
+        if g is None:
+            raise CellError(f"node '{cell_id}' is in no group")
+        self._open_node(g)
+
+    def _on_double_clicked(self, node) -> None:
+        if isinstance(node, CellNode) and node.ROLE == ROLE_GROUP:
+            self._open_node(node)
+
+    def _open_node(self, group: CellNode) -> None:
+        viewer = self.graph.viewer()
+        if self._open is None:
+            self._top_view = QtCore.QRectF(viewer._scene_range)
+        self._open = group.id
+        self._refresh_groups()
+        self.select_canvas([])
+        self.fit()
+        self.group_opened.emit(group.name())
+
+    def close_group(self) -> None:
+        """Back to the whole cell, the open group's node selected and the view as it was."""
+        group = self.open_group_node()
+        if self._open is None:
+            return
+        self._open = None
+        self._refresh_groups()
+        self.select_canvas([group] if group is not None else [])
+        viewer = self.graph.viewer()
+        if self._top_view is not None:
+            viewer._scene_range = self._top_view  # NodeGraphQt's visible range (see fit)
+            viewer._update_scene()
+        self._top_view = None
+        self.group_opened.emit(None)
+
+    # -- drawing the groups ------------------------------------------------------------------------------
+    def _refresh_groups(self) -> None:
+        """The groups' ports, what the canvas shows (a closed group's node for its members; an open
+        group's members alone), and the wires and stubs drawn for groups."""
+        if self._open is not None and self.open_group_node() is None:  # its group went (an undo)
+            self._open = None
+            self._top_view = None
+            self.group_opened.emit(None)
+        open_group = self.open_group_node()
+        self._sync_group_ports()
+        index = self._membership()
+        for n in self._nodes():
+            if n.ROLE == ROLE_GROUP:
+                shown = open_group is None
+            else:
+                shown = index.get(n.id) is open_group
+            if n.view.isVisible() != shown:
+                if not shown:
+                    n.view.setSelected(False)
+                n.view.setVisible(shown)
+        for pipe in self.graph.viewer().all_pipes():  # NodeGraphQt hides a wire whose end is hidden
+            pipe.draw_path(pipe.input_port, pipe.output_port)
+        self._clear_group_items()
+        if open_group is None:
+            self._draw_group_wires()
+        else:
+            self._draw_stubs(open_group)
+
+    def _sync_group_ports(self) -> None:
+        """Each group node's ports: an input for each value that enters the group, an output for each
+        that leaves it, named after the node that computes it. Drawn only: the user wires the cell's
+        own nodes, inside the group."""
+        for g in self._groups():
+            into, out_of = self._boundary(g)
+            g.item.set_caption(f"group of {len(self.members(g))} · double-click to open")
+            if ([p.name() for p in g.input_ports()] == [n.name() for n in into]
+                    and [p.name() for p in g.output_ports()] == [n.name() for n in out_of]):
+                continue
+            for port in list(g.input_ports()):
+                g.delete_input(port)
+            for port in list(g.output_ports()):
+                g.delete_output(port)
+            for n in into:
+                g.add_input(n.name(), color=INPUT_PORT_COLOR).view.locked = True
+            for n in out_of:
+                g.add_output(n.name(), color=port_color(n.KIND)).view.locked = True
+            g.view.draw_node()
+
+    def _clear_group_items(self) -> None:
+        scene = self.graph.viewer().scene()
+        for item in self._group_items:
+            scene.removeItem(item)
+        self._group_items.clear()
+        for n in self._nodes():
+            n.item.wires.clear()
+
+    def _add_wire(self, start: QtWidgets.QGraphicsItem, end: QtWidgets.QGraphicsItem, rgb, nodes) -> None:
+        wire = GroupWire(start, end, rgb)
+        self.graph.viewer().scene().addItem(wire)
+        self._group_items.append(wire)
+        for n in nodes:
+            n.item.wires.append(wire)
+
+    def _draw_group_wires(self) -> None:
+        """A wire for each value into or out of a closed group, between the ports that show it."""
+        index = self._membership()
+        drawn = set()
+        for src, dst, port in self._edges():
+            gs, gd = index.get(src.id), index.get(dst.id)
+            if gs is gd:
+                continue  # the cell's own wire shows it, or both ends are inside one group
+            start = gs.get_output(src.name()) if gs is not None else src.output(0)
+            end = gd.get_input(src.name()) if gd is not None else port
+            if start is None or end is None or (start.view, end.view) in drawn:
+                continue
+            drawn.add((start.view, end.view))
+            self._add_wire(start.view, end.view, src.item.kind_rgb, [start.node(), end.node()])
+
+    def _draw_stubs(self, group: CellNode) -> None:
+        """An open group's inputs as stubs left of its nodes, wired to the ports they feed, and its
+        outputs as stubs right of them."""
+        index = self._membership()
+        inside = [n for n in self._nodes() if index.get(n.id) is group]
+        if not inside:
+            return
+        feeds: dict[str, tuple[CellNode, list]] = {}  # a value entering: its node, the ports it feeds
+        leaves: dict[str, CellNode] = {}
+        for src, dst, port in self._edges():
+            src_in, dst_in = index.get(src.id) is group, index.get(dst.id) is group
+            if dst_in and not src_in:
+                feeds.setdefault(src.id, (src, []))[1].append(port)
+            if src_in and not dst_in:
+                leaves[src.id] = src
+        order = {n.id: i for i, n in enumerate(self._nodes())}
+        box = _united([n.view.sceneBoundingRect() for n in inside])
+        scene = self.graph.viewer().scene()
+
+        def place(stubs: list[tuple[PortStub, float]], left: bool) -> None:
+            bottom = -float("inf")
+            for stub, wanted in sorted(stubs, key=lambda s: s[1]):
+                y = max(wanted - STUB_HEIGHT / 2, bottom + STUB_SPACING)
+                x = box.left() - STUB_GAP - stub.rect.width() if left else box.right() + STUB_GAP
+                stub.setPos(x, y)
+                bottom = y + STUB_HEIGHT
+                scene.addItem(stub)
+                self._group_items.append(stub)
+
+        entering = []
+        for src_id in sorted(feeds, key=order.__getitem__):
+            src, ports = feeds[src_id]
+            stub = PortStub(src.name(), src.item.kind_rgb, facing_right=True)
+            ys = [p.view.sceneBoundingRect().center().y() for p in ports]
+            entering.append((stub, sum(ys) / len(ys), src, ports))
+        place([(s, y) for s, y, _, _ in entering], left=True)
+        for stub, _y, src, ports in entering:
+            for port in ports:
+                self._add_wire(stub.dot, port.view, src.item.kind_rgb, [port.node()])
+        leaving = []
+        for src_id in sorted(leaves, key=order.__getitem__):
+            src = leaves[src_id]
+            stub = PortStub(src.name(), src.item.kind_rgb, facing_right=False)
+            leaving.append((stub, src.output(0).view.sceneBoundingRect().center().y(), src))
+        place([(s, y) for s, y, _ in leaving], left=False)
+        for stub, _y, src in leaving:
+            self._add_wire(src.output(0).view, stub.dot, src.item.kind_rgb, [src])
+
     def node_search_names(self) -> dict[str, list[str]]:
         """Name -> node types for NodeGraphQt's node search (update nodes come with their state)."""
         return {cls.NODE_NAME: [node_type_of(cls)] for cls in ALL_NODE_CLASSES if cls.ROLE != ROLE_UPDATE}
+
+
+def _united(rects: list[QtCore.QRectF]) -> QtCore.QRectF:
+    """The rectangle that holds them all (an empty one at the origin for none)."""
+    out = QtCore.QRectF(rects[0]) if rects else QtCore.QRectF()
+    for r in rects[1:]:
+        out = out.united(r)
+    return out
 
 
 def _pos(raw: Any) -> tuple[float, float] | None:

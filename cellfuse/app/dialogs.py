@@ -57,3 +57,10 @@ def ask_save_path(parent: QtWidgets.QWidget | None, title: str, suggested: str, 
                   ) -> Path | None:
     path, _ = QtWidgets.QFileDialog.getSaveFileName(parent, title, suggested, filters)
     return Path(path) if path else None
+
+
+def ask_group_name(parent: QtWidgets.QWidget | None, suggested: str) -> str | None:
+    """The name of a new group of nodes ("forget gate"), or None when the user cancels."""
+    text, ok = QtWidgets.QInputDialog.getText(parent, "Group nodes", "Name of the group:",
+                                              QtWidgets.QLineEdit.EchoMode.Normal, suggested)
+    return text if ok else None

@@ -1,8 +1,8 @@
 """Clipboard fragments: a few nodes of a cell, as plain JSON, and how to paste them into another cell.
 
 A fragment keeps the links between its own nodes and drops the links to nodes it does not hold
-(an arg it does not hold becomes None, so that the other args keep their ports). Pasted ids that are
-taken get fresh ones.
+(an arg it does not hold becomes None, so that the other args keep their ports), and the groups all
+of whose nodes it holds. Pasted ids that are taken get fresh ones.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..graph_model import Cell
+from ..graph_model import Cell, Group, group_name_problem
 
 FRAGMENT_FORMAT = "cellfuse.fragment/1"
 PASTE_MARGIN = 40.0  # between the copied nodes and their pasted copies
@@ -42,6 +42,7 @@ def fragment_of(cell: Cell, ids: list[str], update_positions: dict[str, list[flo
         "states": [n.id for n in keep if n.op == "state"],
         "layout": {i: list(cell.layout[i]) for i in held if i in cell.layout},
         "update_layout": {s: list(p) for s, p in (update_positions or {}).items() if s in held},
+        "groups": [g.to_json() for g in cell.groups if all(m in held for m in g.nodes)],
     }
 
 
@@ -89,6 +90,7 @@ class PastePlan:
     updates: dict[str, str]  # new state id -> new id
     states: list[str]  # new ids of the pasted states, each gets an update node
     update_pos: dict[str, tuple[float, float]]
+    groups: list[Group] = field(default_factory=list)  # under the new ids
 
 
 def plan_paste(cell: Cell, fragment: dict[str, Any], offset: tuple[float, float] = (40.0, 40.0)
@@ -135,4 +137,12 @@ def plan_paste(cell: Cell, fragment: dict[str, Any], offset: tuple[float, float]
     upd_layout = fragment.get("update_layout", {}) if isinstance(fragment.get("update_layout"), dict) else {}
     update_pos = {renames[s]: p for s, raw in upd_layout.items() if s in renames
                   and (p := moved(raw)) is not None}
-    return PastePlan(nodes=nodes, updates=updates, states=states, update_pos=update_pos)
+    groups = []
+    for raw in fragment.get("groups", []) if isinstance(fragment.get("groups"), list) else []:
+        if not isinstance(raw, dict) or group_name_problem(raw.get("name")) is not None:
+            continue
+        held = [renames[m] for m in raw.get("nodes", []) if isinstance(m, str) and m in renames] \
+            if isinstance(raw.get("nodes"), list) else []
+        if held:
+            groups.append(Group(raw["name"], list(dict.fromkeys(held))))
+    return PastePlan(nodes=nodes, updates=updates, states=states, update_pos=update_pos, groups=groups)

@@ -34,6 +34,7 @@ from . import autosave, dialogs, fragments, node_marks, recent_files, window_geo
 from .bench_panel import BenchPanel
 from .bench_runs import BenchRun, unavailable_baselines
 from .bench_worker import BenchWorker
+from .breadcrumb import Breadcrumb
 from .cell_adapter import CellAdapter
 from .cuda_view import CudaView
 from .document import Document, with_cell_suffix
@@ -76,6 +77,7 @@ class MainWindow(QtWidgets.QMainWindow):
 
         self.canvas = self.adapter.graph.viewer()
         self.canvas.setMinimumSize(*window_geometry.CANVAS_MIN_SIZE)
+        self.breadcrumb = Breadcrumb(self.canvas)
         self.overlay = PlanOverlay(self.adapter)
 
         self.palette = PalettePanel()
@@ -172,6 +174,8 @@ class MainWindow(QtWidgets.QMainWindow):
         a.cell_changed.connect(self._on_cell_changed)
         a.selection_changed.connect(self._on_selection_changed)
         a.message.connect(lambda text: self.statusBar().showMessage(text, 6000))
+        a.group_opened.connect(self._on_group_opened)
+        self.breadcrumb.back_requested.connect(a.close_group)
         self.palette.op_activated.connect(self.add_node)
         self.problems.node_activated.connect(self.show_node)
         self.equations_panel.nodes_activated.connect(self._select_nodes)
@@ -204,6 +208,7 @@ class MainWindow(QtWidgets.QMainWindow):
         node_marks.show_port_shapes(self.adapter, self.info)
         node_marks.color_wires(self.adapter)
         self.properties.show_cell(cell, self.info, self.adapter.selected_ids())
+        self.breadcrumb.show_path(cell.name, self.adapter.open_group)
         errors = len(self.info.errors)
         warnings = len(self.info.problems) - errors
         if errors:
@@ -225,6 +230,14 @@ class MainWindow(QtWidgets.QMainWindow):
         self.equations_panel.show_selection(ids)
         if ids:
             self.cuda_view.scroll_to_node(ids[0])
+
+    def _on_group_opened(self, name: str | None) -> None:
+        self.breadcrumb.show_path(self.cell.name, name)
+        self.overlay.refresh()  # around the nodes shown now
+        if name is not None:
+            self.show_canvas()
+            self.statusBar().showMessage(f"Group '{name}': the path at the canvas's top left goes back to "
+                                         "the whole cell", 6000)
 
     def update_title(self) -> None:
         name = self.document.display_name(self.cell)
@@ -288,10 +301,11 @@ class MainWindow(QtWidgets.QMainWindow):
         self.equations_panel.focus_entry()
 
     def show_node(self, node_id: str) -> None:
-        """Selects a node and centres the canvas on it."""
+        """Selects a node and centres the canvas on it, opening the group that holds it."""
         if not self.cell.has(node_id):
             return
         self.show_canvas()
+        self.adapter.reveal(node_id)
         self.adapter.select([node_id])
         self.adapter.centre_on([node_id])
 
@@ -599,6 +613,33 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def delete_selection(self) -> None:
         self.adapter.delete_selected()
+
+    def group_selection(self, name: str | None = None) -> bool:
+        """Groups the selected nodes under `name` (asked for when None), as one undoable edit."""
+        ids = self.adapter.selected_ids()
+        if not ids:
+            self.statusBar().showMessage("Select the nodes to group first", 4000)
+            return False
+        if name is None:
+            name = dialogs.ask_group_name(self, "group")
+            if name is None:
+                return False
+        try:
+            self.adapter.group(ids, name)
+        except CellError as e:
+            self.statusBar().showMessage(f"Cannot group: {e}", 6000)
+            return False
+        self.statusBar().showMessage(f"Grouped {len(ids)} node(s) as '{name}': double-click to open", 6000)
+        return True
+
+    def ungroup_selection(self) -> bool:
+        """Ungroups the selected groups, or the open one, as one undoable edit."""
+        names = self.adapter.ungroup_selected()
+        if not names:
+            self.statusBar().showMessage("Select a group to ungroup", 4000)
+            return False
+        self.statusBar().showMessage(f"Ungrouped {', '.join(repr(n) for n in names)}", 4000)
+        return True
 
     def open_node_search(self) -> None:
         self.adapter.graph.open_node_search(self.adapter.node_search_names())

@@ -33,6 +33,8 @@ class Editor(Protocol):
     def copy_selection(self) -> bool: ...
     def paste(self) -> list[str]: ...
     def delete_selection(self) -> None: ...
+    def group_selection(self) -> bool: ...
+    def ungroup_selection(self) -> bool: ...
     def open_node_search(self) -> None: ...
     def focus_formula(self) -> None: ...
     def add_node(self, op: str) -> str: ...
@@ -87,6 +89,10 @@ class WindowActions:
         self.delete = _action(e.canvas, "&Delete", e.delete_selection, ["Del", "Backspace"],
                               "Delete the selected nodes", canvas_only)
         self.select_all = _action(w, "Select &All", e.adapter.select_all, [std.SelectAll])
+        self.group = _action(w, "&Group…", lambda: e.group_selection(), ["Ctrl+G"],
+                             "Show the selected nodes as one node, under a name")
+        self.ungroup = _action(w, "U&ngroup", e.ungroup_selection, ["Ctrl+Shift+G"],
+                               "Show the nodes of the selected groups (or of the open one) again")
         self.node_search = _action(e.canvas, "Add Node by &Name…", e.open_node_search, ["Tab"],
                                    "Search the ops by name and add one", canvas_only)
         self.formula = _action(w, "Type a &Formula…", e.focus_formula, ["Ctrl+Shift+F"],
@@ -133,8 +139,8 @@ def build_menus(w: QtWidgets.QMainWindow, e: Editor, a: WindowActions) -> None:
     file.addAction(a.quit)
 
     edit = bar.addMenu("&Edit")
-    for action in (a.undo, a.redo, None, a.cut, a.copy, a.paste, a.delete, None, a.select_all, None,
-                   a.node_search, a.formula):
+    for action in (a.undo, a.redo, None, a.cut, a.copy, a.paste, a.delete, None, a.select_all, a.group,
+                   a.ungroup, None, a.node_search, a.formula):
         edit.addSeparator() if action is None else edit.addAction(action)
     add = edit.addMenu("Add &Node")
     _add_node_menu(e, add)
@@ -163,7 +169,8 @@ def build_menus(w: QtWidgets.QMainWindow, e: Editor, a: WindowActions) -> None:
     ctx_add = ctx.addMenu("Add Node")
     _add_node_menu(e, ctx_add)
     ctx.addSeparator()
-    for action in (a.cut, a.copy, a.paste, a.delete, None, a.select_all, a.fit, a.auto_layout):
+    for action in (a.cut, a.copy, a.paste, a.delete, None, a.group, a.ungroup, None, a.select_all, a.fit,
+                   a.auto_layout):
         ctx.addSeparator() if action is None else ctx.addAction(action)
 
 
@@ -187,6 +194,9 @@ HELP = """<h3>Canvas</h3>
 <tr><td><b>Alt+Shift+drag</b></td><td>cut wires</td></tr>
 <tr><td><b>Middle-drag / wheel</b></td><td>pan / zoom</td></tr>
 <tr><td><b>Double-click</b> a title</td><td>rename the node</td></tr>
+<tr><td><b>Ctrl+G</b></td><td>group the selection under a name: one node on the canvas</td></tr>
+<tr><td><b>Double-click</b> a group</td><td>open it; the path above the canvas goes back</td></tr>
+<tr><td><b>Ctrl+Shift+G</b></td><td>ungroup the selected groups, or the open one</td></tr>
 </table>
 <h3>Cell</h3>
 <p>A state appears twice: its value from the previous step (an output port) and its

@@ -10,7 +10,7 @@ proxy mode (which hides the port names and the title item), switched at one zoom
 from __future__ import annotations
 
 from NodeGraphQt.qgraphics.node_base import NodeItem
-from PySide6 import QtCore, QtGui
+from PySide6 import QtCore, QtGui, QtWidgets
 
 from . import theme
 
@@ -39,6 +39,9 @@ class CellNodeItem(NodeItem):
         self._icon_item.setVisible(False)
         self._zoom = 1.0  # the scale the node was last painted at
         self.compact_title_px = 0.0  # the compact title's height on screen as last drawn
+        # Wires drawn to this node's ports besides NodeGraphQt's own (a group's), redrawn as it moves.
+        self.wires: list = []
+        self.setFlag(QtWidgets.QGraphicsItem.GraphicsItemFlag.ItemSendsGeometryChanges, True)
 
     @property
     def compact(self) -> bool:
@@ -81,6 +84,12 @@ class CellNodeItem(NodeItem):
         # Qt's level of detail: the scale this paint draws at, in whichever view (or image) draws it.
         self._zoom = option.levelOfDetailFromTransform(painter.worldTransform())
         super().paint(painter, option, widget)
+
+    def itemChange(self, change, value):  # noqa: N802 (Qt's name)
+        if change == QtWidgets.QGraphicsItem.GraphicsItemChange.ItemPositionHasChanged:
+            for wire in self.wires:
+                wire.redraw()
+        return super().itemChange(change, value)
 
     def auto_switch_mode(self) -> None:
         # NodeGraphQt switches by each node's width on screen, so that a wide node would keep its
@@ -204,7 +213,8 @@ class CellNodeItem(NodeItem):
         probe = QtGui.QFont(font)
         probe.setPixelSize(100)
         per_px = QtGui.QFontMetricsF(probe).horizontalAdvance(self.name) / 100.0  # width per pixel
-        fit_width = room.width() / max(per_px, 1e-3) * zoom
+        # A little less than the width measured at 100 pixels: small text is hinted wider.
+        fit_width = 0.92 * room.width() / max(per_px, 1e-3) * zoom
         return min(max(min(COMPACT_TITLE_PX, fit_width), COMPACT_MIN_TITLE_PX), room.height() * 0.6 * zoom)
 
     def _draw_border(self, painter, rect: QtCore.QRectF, kind: QtGui.QColor, unit: float) -> None:
@@ -246,3 +256,15 @@ class CellNodeItem(NodeItem):
         painter.setFont(bold)
         painter.setPen(QtGui.QColor(20, 20, 22))
         painter.drawText(badge, QtCore.Qt.AlignmentFlag.AlignCenter, "!")
+
+
+class GroupNodeItem(CellNodeItem):
+    """A group's node: a double-click anywhere on it, its title included, opens the group."""
+
+    def mouseDoubleClickEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        viewer = self.viewer()
+        if event.button() == QtCore.Qt.MouseButton.LeftButton and viewer is not None:
+            viewer.node_double_clicked.emit(self.id)
+            event.accept()
+            return
+        super().mouseDoubleClickEvent(event)

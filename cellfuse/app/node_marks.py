@@ -1,12 +1,13 @@
 """What validation found, shown on the canvas: a node with a problem gets a red (error) or amber
-(warning) border and badge, and its tooltip lists the problems and its inferred shape; a port's
-tooltip says the shape of the value it carries. Wires take the colour of the node they come from."""
+(warning) border and badge, and its tooltip lists the problems and its inferred shape; a group's node
+gets the worst mark of its members and all their problems. A port's tooltip says the shape of the
+value it carries. Wires take the colour of the node they come from."""
 
 from __future__ import annotations
 
 from ..graph_model import CellInfo, shape_str
 from .cell_adapter import CellAdapter
-from .node_types import ROLE_OP, ROLE_OUTPUT, CellNode
+from .node_types import ROLE_GROUP, ROLE_OP, ROLE_OUTPUT, CellNode
 
 UNKNOWN_SHAPE = "shape not known: see Problems"
 
@@ -33,6 +34,10 @@ def show_problems(adapter: CellAdapter, info: CellInfo) -> None:
     for node_id, shape in info.shapes.items():
         for n in adapter.canvas_nodes(node_id):
             n.item.set_shape_text(shape_str(shape))
+    for g in adapter.group_nodes():
+        marked = [m.item for m in adapter.members(g) if m.item.mark]
+        severity = ("error" if any(i.mark == "error" for i in marked) else "warning") if marked else None
+        g.item.set_mark(severity, list(dict.fromkeys(line for i in marked for line in i.mark_lines)))
 
 
 def _shape_of(info: CellInfo, node_id: str) -> str:
@@ -46,6 +51,10 @@ def show_port_shapes(adapter: CellAdapter, info: CellInfo) -> None:
     which says how many wires the port takes)."""
     for n in adapter.graph.all_nodes():
         if not isinstance(n, CellNode):
+            continue
+        if n.ROLE == ROLE_GROUP:  # its ports are named after the nodes whose values they show
+            for port in [*n.input_ports(), *n.output_ports()]:
+                port.view.setToolTip(f"{port.name()}: {_shape_of(info, port.name())}")
             continue
         if n.ROLE == ROLE_OP:
             for port in n.output_ports():

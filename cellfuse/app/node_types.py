@@ -2,10 +2,11 @@
 
 Every op of `OPS` gets one NodeGraphQt class whose input ports are named after the op's args and
 whose colour says its kind. Two classes are not ops: a state's update (the value written at t, one
-input port; the state node itself is the value read at t-1) and the cell's output sink.
+input port; the state node itself is the value read at t-1) and the cell's output sink. A group
+node stands for a group of the cell's nodes (see cell_adapter); it is no node of the cell.
 
 A canvas node's role says how the adapter reads it: `op` (a node of the cell, its name is the
-cell id), `update` (linked to its state node) or `output`.
+cell id), `update` (linked to its state node), `output`, or `group` (its name is the group's).
 """
 
 from __future__ import annotations
@@ -14,19 +15,21 @@ from NodeGraphQt import BaseNode
 
 from ..graph_model import OPS, OpSpec
 from . import theme
-from .node_item import CellNodeItem
+from .node_item import CellNodeItem, GroupNodeItem
 
 OUTPUT_PORT = "out"
 SINK_PORT = "value"
 ROLE_OP = "op"
 ROLE_UPDATE = "update"
 ROLE_OUTPUT = "output"
+ROLE_GROUP = "group"
 
 # Hidden properties the adapter keeps on canvas nodes (never shown by NodeGraphQt).
 PROP_SHAPE = "cell_shape"
 PROP_VALUE = "cell_value"
 PROP_EXTRA = "cell_extra"
 PROP_STATE_LINK = "state_link"  # on update nodes: the canvas id of their state node
+PROP_MEMBERS = "group_members"  # on group nodes: the canvas ids of the cell's nodes they hold
 
 DEFAULT_WEIGHT_SHAPE = ["hidden", "hidden"]
 DEFAULT_CONST_VALUE = 1.0
@@ -48,8 +51,10 @@ def caption_for(op: str, shape: list[str] | None = None, value: float | None = N
         return "state: new value at step t"
     if op == ROLE_OUTPUT:
         return "the layer's output"
+    if op == ROLE_GROUP:
+        return "group: double-click to open"
     spec = OPS.get(op)
-    return f"{op}: {spec.doc}" if spec and spec.kind == "elementwise" else op
+    return f"{op}: {spec.doc}" if spec and spec.in_kernel else op
 
 
 class CellNode(BaseNode):
@@ -58,9 +63,10 @@ class CellNode(BaseNode):
     ROLE = ROLE_OP
     OP = ""
     KIND = "elementwise"
+    ITEM_CLASS: type[CellNodeItem] = CellNodeItem
 
     def __init__(self) -> None:
-        super().__init__(qgraphics_item=CellNodeItem)
+        super().__init__(qgraphics_item=self.ITEM_CLASS)
         self.create_property(PROP_EXTRA, {})
 
     @property
@@ -68,7 +74,7 @@ class CellNode(BaseNode):
         return self.view
 
 
-def _port_color(kind: str) -> tuple[int, int, int]:
+def port_color(kind: str) -> tuple[int, int, int]:
     r, g, b = theme.KIND_COLORS[kind]
     return (int(r * 0.7), int(g * 0.7), int(b * 0.7))
 
@@ -81,7 +87,7 @@ def make_op_node_class(spec: OpSpec) -> type[CellNode]:
         CellNode.__init__(self)
         for arg in spec.args:
             self.add_input(arg, color=INPUT_PORT_COLOR)
-        self.add_output(OUTPUT_PORT, color=_port_color(kind))
+        self.add_output(OUTPUT_PORT, color=port_color(kind))
         if spec.name == "weight":
             self.create_property(PROP_SHAPE, list(DEFAULT_WEIGHT_SHAPE))
         if spec.name == "const":
@@ -131,6 +137,25 @@ class OutputNode(CellNode):
         self.add_input(SINK_PORT, color=INPUT_PORT_COLOR)
         self.item.set_style(theme.KIND_COLORS["output"], caption_for(ROLE_OUTPUT))
         self.item.text_item.set_locked(True)
+
+
+class CellGroupNode(CellNode):
+    """Nodes of the cell shown as one. Its ports name the values that enter the group and leave it;
+    they are drawn, never wired: the cell's wires stay between the cell's own nodes."""
+
+    __identifier__ = "cellfuse.Group"
+    NODE_NAME = "group"
+    ROLE = ROLE_GROUP
+    OP = "group"
+    KIND = "group"
+    ITEM_CLASS = GroupNodeItem
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.create_property(PROP_MEMBERS, [])
+        self.set_port_deletion_allowed(True)  # its ports follow the wires in and out of the group
+        self.item.set_style(theme.GROUP_COLOR, caption_for(ROLE_GROUP))
+        self.item.text_item.set_locked(True)  # a double-click opens the group
 
 
 OP_NODE_CLASSES: dict[str, type[CellNode]] = {name: make_op_node_class(spec) for name, spec in OPS.items()}

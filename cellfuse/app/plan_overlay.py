@@ -198,7 +198,8 @@ class PlanOverlay:
         region_rects = [self._node_rects(region) for region in self._regions]
         # A label may cover no node and no other region's outline.
         nodes = [n.view.sceneBoundingRect().adjusted(-NODE_CLEARANCE, -NODE_CLEARANCE, NODE_CLEARANCE,
-                                                     NODE_CLEARANCE) for n in self._adapter.graph.all_nodes()]
+                                                     NODE_CLEARANCE)
+                 for n in self._adapter.graph.all_nodes() if n.view.isVisible()]
         placed: list[QtCore.QRectF] = []
         for index, (region, rects) in enumerate(zip(self._regions, region_rects, strict=True)):
             if not rects:
@@ -221,11 +222,14 @@ class PlanOverlay:
         self._tagged.clear()
 
     def _node_rects(self, region: PlanRegion) -> list[tuple[QtCore.QRectF, str]]:
-        """The padded outline of each node of the region on the canvas; tags the hoisted matmuls."""
+        """The padded outline of the node that shows each node of the region on the canvas (a closed
+        group's node for its members); tags the hoisted matmuls."""
         out = []
         for node_id in region.nodes:
-            for n in self._adapter.canvas_nodes(node_id)[:1]:
+            for n in self._adapter.shown_nodes(node_id)[:1]:
                 out.append((n.view.sceneBoundingRect().adjusted(-PAD, -PAD, PAD, PAD), node_id))
+                if n not in self._adapter.canvas_nodes(node_id):
+                    continue  # a group's node: its members are not all hoisted matmuls
                 if region.kind == "gemm" and region.hoisted and not self._stale:
                     n.item.set_plan_tag("hoisted")
                     self._tagged.add(node_id)

@@ -23,6 +23,7 @@ KIND_COLORS: dict[str, RGB] = {
     "state": (150, 96, 200),
     "gemm": (205, 72, 92),
     "elementwise": (58, 168, 140),
+    "reduction": (58, 168, 140),  # the elementwise colour: a row reduction runs in the same fused kernels
     "output": (225, 200, 90),
 }
 
@@ -32,6 +33,7 @@ KIND_LABELS: dict[str, str] = {
     "state": "State",
     "gemm": "GEMM",
     "elementwise": "Elementwise",
+    "reduction": "Reduction",
     "output": "Cell",
 }
 
@@ -43,6 +45,8 @@ CANVAS_BACKGROUND: RGB = (30, 31, 35)
 CANVAS_GRID: RGB = (40, 42, 47)
 
 HOISTED_COLOR: RGB = (255, 214, 90)
+# A group node: a quiet slate, far from the saturated colours of the kinds and of the plan's outlines.
+GROUP_COLOR: RGB = (96, 108, 132)
 
 # The plan view outlines each launch in a colour of its own. An outline must never read as a node's
 # own colour or as a mark on a node, so launch colours keep away from these, in hue and in distance.
@@ -68,6 +72,8 @@ def op_kind(op: str) -> str:
     spec = OPS.get(op)
     if spec is not None and spec.kind == "matmul":
         return "gemm"
+    if spec is not None and spec.kind == "reduction":
+        return "reduction"
     return "elementwise"
 
 

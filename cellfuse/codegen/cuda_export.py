@@ -17,10 +17,10 @@ from datetime import date
 
 from ..graph_model import Cell, Sizes
 from .cuda_kernels import BLOCK, INT_MAX, ROW_EXPR, c_stem, comment_text, kernel_params
-from .cuda_persistent import persistent_buffers
+from .cuda_persistent import persistent_buffers, wavefront_buffers
 from .kernel_set import plan_kernels
-from .lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, lower
-from .plan import Access, GemmLaunch, KernelLaunch, PersistentLaunch, Plan
+from .lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, Wavefront, lower
+from .plan import Access, GemmLaunch, KernelLaunch, PersistentLaunch, Plan, WavefrontLaunch
 from .scheduler import make_plan
 
 _ROWS_EXPR = {"seq": "(size_t)seq * batch", "seq+1": "((size_t)seq + 1) * batch", "pair": "2 * (size_t)batch",
@@ -49,7 +49,7 @@ def _ptr(acc: Access, t: str = "t") -> str:
     """The address of an access at step `t` (a C expression)."""
     parts = [_var(acc.buffer)]
     row = ROW_EXPR[acc.slot].format(t=t)
-    if row != "0" and acc.kind == "row":
+    if row != "0" and acc.kind in ("row", "col"):
         parts.append(f"{row} * {acc.ld}")
     if acc.block:
         parts.append(f"(size_t){acc.block} * batch * {acc.ld}")
@@ -89,7 +89,11 @@ def emit(plan: Plan) -> CudaSource:
       f"for input {sizes.input}, hidden {sizes.hidden}, {sizes.layers} layer(s); seq and batch are chosen at "
       "run time,")
     w(f"// with (seq + 1) * batch at most INT_MAX ({INT_MAX}).")
-    if plan.layers[0].persistent:
+    if plan.wavefront:
+        w("// Every layer's steps run in one cooperative launch, layer l+1 a step behind layer l, which")
+        w("// needs all its blocks resident at once")
+        w("// (the launcher checks that, and returns cudaErrorCooperativeLaunchTooLarge where they are not).")
+    elif plan.layers[0].persistent:
         w("// Each layer's steps run in one cooperative launch, which needs all its blocks resident at once")
         w("// (the launcher checks that, and returns cudaErrorCooperativeLaunchTooLarge where they are not).")
     else:
@@ -247,17 +251,17 @@ def emit(plan: Plan) -> CudaSource:
                 for inner in body:
                     emit_instr(inner, "t", indent + "    ")
                 w(f"{indent}}}")
-            case Persistent(launch=p):
+            case Persistent(launch=p) | Wavefront(launch=p):
                 emit_cooperative(p, indent)
             case Gemm() | Kernel() | Record() | Wait():
                 raise ValueError(f"the exported launcher runs on one stream, in whole launches: {instr!r}")
             case _:
                 raise TypeError(f"the exporter cannot emit {instr!r}")
 
-    def emit_cooperative(p: PersistentLaunch, indent: str) -> None:
+    def emit_cooperative(p: PersistentLaunch | WavefrontLaunch, indent: str) -> None:
         name = kernels.name_of[p]
-        args = persistent_buffers(p)
-        w(f"{indent}{{  /* every step of layer {p.layer} in one cooperative launch */")
+        args = persistent_buffers(p) if isinstance(p, PersistentLaunch) else wavefront_buffers(p)
+        w(f"{indent}{{  /* every step of {p.label} in one cooperative launch */")
         w(f"{indent}    int cf_seq = seq, cf_batch = batch, cf_dev = 0, cf_sms = 0, cf_per_sm = 0;")
         for i, b in enumerate(args):
             w(f"{indent}    const float* cf_p{i} = {_var(b)};")
@@ -290,15 +294,14 @@ def emit(plan: Plan) -> CudaSource:
 
     kernel_of_node: dict[str, str] = {}
     first = plan.layers[0]
+    in_loop = plan.wavefront or first.persistent  # the launch that runs the steps, if one does
     for g in plan.groups:
         for n in (*g.matmuls, *g.folded):
-            kernel_of_node[n] = kernels.name_of[first.persistent] if first.persistent and not g.hoisted \
-                else g.name
+            kernel_of_node[n] = kernels.name_of[in_loop] if in_loop and not g.hoisted else g.name
     for launch in (*first.prologue, *first.step):
         match launch:
             case KernelLaunch():
-                kernel = kernels.name_of[first.persistent] if first.persistent and not launch.hoisted \
-                    else kernels.name_of[launch]
+                kernel = kernels.name_of[in_loop if in_loop and not launch.hoisted else launch]
                 for op in launch.body:
                     kernel_of_node[op.result] = kernel
             case GemmLaunch():

@@ -1,11 +1,17 @@
 """CUDA C for the kernels of a Plan: one `__global__` function per fused island (or per node, in
 `naive`), written as a CUDA engineer would by hand: one thread per output element, a grid-stride
-loop, `__restrict__` pointers, row strides baked in as constants."""
+loop, `__restrict__` pointers, row strides baked in as constants.
+
+A kernel that reduces a row (`row_sum`, `row_mean`) runs a block per row instead, each thread on the
+columns j = threadIdx.x + k * BLOCK of it: its body is cut into passes over the row at each reduction,
+the row sums go through warp shuffles and shared memory, and the values a later pass needs stay in
+registers, so that a layer norm reads its row from global memory once."""
 
 from __future__ import annotations
 
 import re
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +20,10 @@ from ..graph_model import CellError
 from .plan import GRAD, Access, Const, GemmLaunch, GradInstr, Instr, KernelLaunch, Plan
 
 BLOCK = 256  # threads per block of every elementwise kernel
+WARP = 32
+# A pass over a row is unrolled where each thread holds at most this many of its columns, so that the
+# values kept for a later pass stay in registers; a wider row keeps them in (cached) local memory.
+MAX_UNROLLED_COLUMNS = 32
 INT_MAX = 2**31 - 1  # the largest count the generated code holds in an int
 MAX_STEM = 64  # characters of a cell's name kept in the generated names
 
@@ -22,6 +32,12 @@ PRELUDE = """\
 __device__ __forceinline__ float cf_sigmoid(float a) {
     const float z = expf(-fabsf(a));
     return a >= 0.0f ? 1.0f / (1.0f + z) : z / (1.0f + z);
+}
+
+// The sum of v over the lanes of a warp, in every lane (on the device only: warps shuffle there).
+__forceinline__ __device__ float cf_warp_sum(float v) {
+    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    return v;
 }
 
 // Broadcasts a bias row into every row of a GEMM's output before the GEMM accumulates into it.
@@ -156,6 +172,8 @@ def _index(acc: Access) -> str:
         return "0"
     if acc.kind == "vec":
         return "j"
+    if acc.kind == "col":
+        return f"(long long)r * {acc.ld}"
     return f"(long long)r * {acc.ld} + j"
 
 
@@ -173,10 +191,11 @@ def _reads(instr: Instr | GradInstr) -> set[str]:
 
 
 def element_body(params: list[Param], names: list[str], body: tuple[Instr | GradInstr, ...], indent: str,
-                 index: dict[int, str] | None = None) -> list[str]:
+                 index: dict[int, str] | None = None, accumulate: bool = False) -> list[str]:
     """The loads, ops and stores of one element (row r, column j, element e of the launch) of a
     kernel's body, with `names[i]` the pointer of `params[i]` at the step's rows (or an array that
-    `index[i]` indexes). A body may hold gradients (`GradInstr`), computed by the op table's rules."""
+    `index[i]` indexes). A body may hold gradients (`GradInstr`), computed by the op table's rules;
+    with `accumulate`, the stores add to memory (a backward kernel's gradients)."""
     lines, var, index = [], {}, index or {}
 
     def new_var(name: str) -> str:
@@ -215,9 +234,11 @@ def element_body(params: list[Param], names: list[str], body: tuple[Instr | Grad
     for p, n in zip(params, names, strict=True):
         if not p.output:
             continue
-        store = f"{n}[{_index(p.access)}] = {var[p.value]};"
+        store = f"{n}[{_index(p.access)}] {'+=' if accumulate else '='} {var[p.value]};"
         if p.access.kind == "vec":
             store = f"if (r == 0) {store}"
+        elif p.access.kind == "col":
+            store = f"if (j == 0) {store}"
         elif p.access.kind == "scalar":
             store = f"if (e == 0) {store}"
         lines.append(f"{indent}{store}")
@@ -226,11 +247,17 @@ def element_body(params: list[Param], names: list[str], body: tuple[Instr | Grad
 
 def kernel_source(launch: KernelLaunch, name: str) -> str:
     """The source of one kernel. Pointers arrive already offset to the step's rows."""
+    if any(instr.op.is_reduction for instr in launch.body):
+        return reduction_kernel_source(launch, name)
     params = kernel_params(launch)
     names = [f"p{i}_{c_name(p.value)}" for i, p in enumerate(params)]
     covered = ", ".join(op.result for op in launch.body) if launch.body else "stores " + ", ".join(
         v for v, _ in launch.outputs)
-    where = "before the time loop, all steps at once" if launch.hoisted else "once per time step"
+    if launch.accumulate:  # a backward kernel: the hoisted ones run after the reverse time loop
+        where = ("after the time loop, all steps at once" if launch.hoisted else "once per time step, in "
+                 "reverse") + "; adds the gradients it computes into its outputs"
+    else:
+        where = "before the time loop, all steps at once" if launch.hoisted else "once per time step"
     lines = ["// " + comment_text(f"{launch.island}: {covered}"),
              f"// runs {where}; {launch.width} columns per row"]
     sig = [f"    {'float*' if p.output else 'const float*'} __restrict__ {n}" for p, n in zip(params, names,
@@ -244,7 +271,154 @@ def kernel_source(launch: KernelLaunch, name: str) -> str:
     lines.append("         e += (long long)gridDim.x * blockDim.x) {")
     lines.append("        const int r = (int)(e / width), j = (int)(e - (long long)r * width);")
     lines.append("        (void)r; (void)j;")
-    lines += element_body(params, names, launch.body, "        ")
+    lines += element_body(params, names, launch.body, "        ", accumulate=launch.accumulate)
+    lines.append("    }")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _passes(body: tuple[Instr, ...], uniform_inputs: set[str]) -> tuple[dict[str, int], set[str]]:
+    """The pass over the row in which each value of a reducing kernel's body is computed, and which
+    values are uniform over the row (one per row: a reduction's result, what is computed from such
+    values, scalars and consts only). A reduction's result is there from the pass after the one that
+    computes its argument; anything else from the pass of its latest argument."""
+    level: dict[str, int] = {}
+    uniform = set(uniform_inputs)
+    for instr in body:
+        args = [a for a in instr.args if not isinstance(a, Const)]
+        first = max((level.get(a, 0) for a in args), default=0)
+        if instr.op.is_reduction:
+            level[instr.result] = first + 1
+            uniform.add(instr.result)
+        else:
+            level[instr.result] = first
+            if all(a in uniform for a in args):
+                uniform.add(instr.result)
+    return level, uniform
+
+
+def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
+    """A kernel whose body reduces rows: a block per row (see the module's docstring). Pointers arrive
+    already offset to the step's rows; the launch may have any number of blocks of BLOCK threads."""
+    if any(not isinstance(instr, Instr) for instr in launch.body):
+        raise CellError(f"kernel {launch.island}: the gradient of a kernel that reduces a row is not "
+                        "generated")
+    params = kernel_params(launch)
+    ptr = {p.value: f"p{i}_{c_name(p.value)}" for i, p in enumerate(params) if not p.output}
+    inputs = {p.value: p.access for p in params if not p.output}
+    uniform_in = {v for v, acc in inputs.items() if acc.kind in ("col", "scalar")}
+    level, uniform = _passes(launch.body, uniform_in)
+    passes = max(level.values()) + 1
+    # where each value is read: the pass of an elementwise use, or the pass before a reduction's result
+    used: dict[str, set[int]] = {}
+    for instr in launch.body:
+        for a in instr.args:
+            if not isinstance(a, Const):
+                used.setdefault(a, set()).add(level[instr.result] - instr.op.is_reduction)
+    per_element = [v for v in (*inputs, *level) if v not in uniform]
+    made = {v: level[v] if v in level else min(used[v]) for v in per_element}  # an input: where first read
+    kept = [v for v in per_element if max(used.get(v, set()), default=-1) > made[v]]
+    columns = -(-launch.width // BLOCK)
+    sums = max(Counter(level[i.result] for i in launch.body if i.op.is_reduction).values())
+
+    def var(v: str) -> str:
+        return f"v_{c_name(v)}"
+
+    def expr(instr: Instr, total: str = "") -> str:
+        args = [_const(a, instr) if isinstance(a, Const) else var(a) for a in instr.args]
+        if instr.op.is_reduction:
+            return instr.op.cuda.format(total, width=float_literal(launch.width))
+        return instr.op.cuda.format(*args)
+
+    stores: dict[str, list[str]] = {}
+    for p, n in zip(params, [*ptr.values(), *(f"p{i}_{c_name(p.value)}" for i, p in enumerate(params)
+                                             if p.output)], strict=True):
+        if p.output:
+            stores.setdefault(p.value, []).append(f"{n}[{_index(p.access)}]")
+
+    covered = ", ".join(instr.result for instr in launch.body)
+    where = "before the time loop, all steps at once" if launch.hoisted else "once per time step"
+    lines = ["// " + comment_text(f"{launch.island}: {covered}"),
+             f"// runs {where}; a block per row of {launch.width} columns, {passes} pass(es) over the row, "
+             "row sums by warp shuffles and shared memory"]
+    sig = [f"    {'float*' if p.output else 'const float*'} __restrict__ p{i}_{c_name(p.value)}"
+           for i, p in enumerate(params)]
+    lines.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}(')
+    lines.append(",\n".join([*sig, "    int rows"]) + ")")
+    lines.append("{")
+    lines.append(f"    const int width = {launch.width};")
+    lines.append(f"    constexpr int COLUMNS = {columns};  // of the row, per thread")
+    lines.append(f"    constexpr int WARPS = {BLOCK // WARP};")
+    lines.append(f"    __shared__ float cf_partial[{sums} * WARPS];  // the warps' partial row sums")
+    lines.append("    for (int r = blockIdx.x; r < rows; r += gridDim.x) {  // alike for the whole block")
+    ind = "        "
+    for v in inputs:
+        if v in uniform:
+            lines.append(f"{ind}const float {var(v)} = {ptr[v]}[{_index(inputs[v])}];")
+    for v in kept:
+        lines.append(f"{ind}float a_{c_name(v)}[COLUMNS];  // kept for a later pass")
+
+    def store_uniform(v: str) -> None:
+        for target in stores.get(v, []):
+            cond = "threadIdx.x == 0" + (" && r == 0" if target.endswith("[0]") else "")
+            lines.append(f"{ind}if ({cond}) {target} = {var(v)};")
+
+    for v in uniform_in:
+        store_uniform(v)
+    for step in range(passes):
+        for instr in launch.body:  # what is uniform over the row, once the row sums it needs are done
+            if level[instr.result] == step and instr.result in uniform and not instr.op.is_reduction:
+                lines.append(f"{ind}const float {var(instr.result)} = {expr(instr)};  // {instr.op.name}")
+                store_uniform(instr.result)
+        reductions = [i for i in launch.body if i.op.is_reduction and level[i.result] == step + 1]
+        work = [i for i in launch.body if level[i.result] == step and i.result not in uniform]
+        loads = [v for v in inputs if v not in uniform and made[v] == step]
+        reads = [v for v in kept if made[v] < step and step in used.get(v, set())]
+        if not (reductions or work or loads or reads):
+            continue
+        for i, red in enumerate(reductions):
+            lines.append(f"{ind}float s_{step}_{i} = 0.0f;  // {comment_text(red.result)}: the thread's part "
+                         "of the row sum")
+        lines.append(f"{ind}// pass {step + 1} over the row")
+        if columns <= MAX_UNROLLED_COLUMNS:
+            lines.append(f"{ind}#pragma unroll")
+        lines.append(f"{ind}for (int k = 0; k < COLUMNS; ++k) {{")
+        lines.append(f"{ind}    const int j = threadIdx.x + k * {BLOCK};")
+        lines.append(f"{ind}    if (j < width) {{")
+        inner = ind + "        "
+        for v in loads:
+            lines.append(f"{inner}const float {var(v)} = {ptr[v]}[{_index(inputs[v])}];")
+        for v in reads:
+            lines.append(f"{inner}const float {var(v)} = a_{c_name(v)}[k];")
+        for instr in work:
+            lines.append(f"{inner}const float {var(instr.result)} = {expr(instr)};  // {instr.op.name}")
+        for v in [*loads, *(i.result for i in work)]:
+            if v in kept:
+                lines.append(f"{inner}a_{c_name(v)}[k] = {var(v)};")
+            for target in stores.get(v, []):
+                vec = target.endswith("[j]")
+                lines.append(f"{inner}{'if (r == 0) ' if vec else ''}{target} = {var(v)};")
+        for i, red in enumerate(reductions):
+            lines.append(f"{inner}s_{step}_{i} += {var(red.args[0])};")
+        lines.append(f"{ind}    }}")
+        lines.append(f"{ind}}}")
+        if reductions:
+            lines.append(f"{ind}{{  // the row sums: a warp's by shuffles, then the warps' in shared memory")
+            lines += [f"{ind}    const float w_{i} = cf_warp_sum(s_{step}_{i});"
+                      for i in range(len(reductions))]
+            lines.append(f"{ind}    __syncthreads();  // every thread has read the row sums before these")
+            lines.append(f"{ind}    if (threadIdx.x % {WARP} == 0) {{")
+            lines += [f"{ind}        cf_partial[{i} * WARPS + threadIdx.x / {WARP}] = w_{i};"
+                      for i in range(len(reductions))]
+            lines.append(f"{ind}    }}")
+            lines.append(f"{ind}    __syncthreads();")
+            lines.append(f"{ind}}}")
+            for i, red in enumerate(reductions):
+                total = f"t_{i}_{step}"
+                lines.append(f"{ind}const float {total} = cf_warp_sum(threadIdx.x % {WARP} < WARPS ? "
+                             f"cf_partial[{i} * WARPS + threadIdx.x % {WARP}] : 0.0f);")
+                lines.append(f"{ind}const float {var(red.result)} = {expr(red, total)};  // {red.op.name}")
+                store_uniform(red.result)
     lines.append("    }")
     lines.append("}")
     return "\n".join(lines) + "\n"

@@ -14,9 +14,11 @@ acquire/release atomics: see benchmarks/barrier_probe.cu).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from .cuda_kernels import ROW_EXPR, Param, comment_text, element_body
 from .persistent import GemmTiling, gemm_tiling, k_stride, output_floats, writes
-from .plan import Access, GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
+from .plan import Access, GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch, WavefrontLaunch
 
 PERSISTENT_PRELUDE = """\
 #include <cooperative_groups.h>
@@ -59,14 +61,31 @@ def _at_step(var: str, acc: Access) -> str:
     return " + ".join(parts)
 
 
-class _Kernel:
-    """The text of one persistent kernel, written line by line."""
+@dataclass(frozen=True)
+class _Wave:
+    """A layer's part of a wavefront kernel: its step t runs at wave t + `layer` of `layers`, and every
+    wave ends with `pad` grid-wide barriers more than its own step has."""
 
-    def __init__(self, launch: PersistentLaunch, name: str):
-        self.launch, self.name = launch, name
+    layer: int
+    layers: int
+    pad: int
+
+
+class _Kernel:
+    """The text of one persistent kernel, or of one layer's part of a wavefront kernel, written line by
+    line. `var` names the kernel's pointer arguments, `written` those it writes (all of the kernel's
+    layers), and `foreign` the buffers other blocks write that this part reads outside a GEMM (the
+    output of the layer below, in a wavefront): those it reads through L2 and never ahead of a
+    barrier."""
+
+    def __init__(self, launch: PersistentLaunch, name: str, var: dict[str, str] | None = None,
+                 written: set[str] | None = None, foreign: frozenset[str] = frozenset(),
+                 wave: _Wave | None = None):
+        self.launch, self.name, self.wave, self.foreign = launch, name, wave, foreign
         self.buffers = persistent_buffers(launch)
-        self.var = {b: f"b{i}" for i, b in enumerate(self.buffers)}
-        self.written = set().union(*(writes(item.launch) for item in launch.items))
+        self.var = var or {b: f"b{i}" for i, b in enumerate(self.buffers)}
+        self.written = written if written is not None else set().union(
+            *(writes(item.launch) for item in launch.items))
         self.gemms = [(i, item) for i, item in enumerate(launch.items) if isinstance(item.launch, GemmLaunch)]
         self.tilings = {i: gemm_tiling(item.columns, launch.column_blocks, launch.row_tile, item.launch.k)
                         for i, item in self.gemms}
@@ -79,35 +98,45 @@ class _Kernel:
         self.lines += lines
 
     def source(self) -> str:
-        launch, threads = self.launch, self.launch.threads
+        """A kernel of its own: every step of the layer."""
+        launch = self.launch
         self.w(f"// every step of layer {launch.layer} in one cooperative launch of {launch.blocks} blocks "
-               f"of {threads} threads",
+               f"of {launch.threads} threads",
                f"// ({launch.column_blocks} column blocks x {launch.row_groups} row groups), "
                f"{launch.barriers_per_step} grid-wide barrier(s) per step, {launch.smem_bytes} bytes of "
                "shared memory per block,",
                f"// a batch of at most {launch.batch}; arguments:")
-        self.w(*(f"//   {self.var[b]}: {comment_text(b)}" for b in self.buffers))
-        sig = [f"    {'float*' if b in self.written else 'const float* __restrict__'} {self.var[b]}"
-               for b in self.buffers]
-        self.w(f'extern "C" __global__ void __launch_bounds__({threads}, 1) {self.name}(',
-               ",\n".join(["    int seq", "    int batch", *sig]) + ")",
-               "{",
-               "    extern __shared__ float cf_smem[];",
-               "    cooperative_groups::grid_group grid = cooperative_groups::this_grid();",
-               f"    const int tid = threadIdx.x, cb = blockIdx.x % {launch.column_blocks}, "
-               f"rg = blockIdx.x / {launch.column_blocks};",
+        self.w(*signature(self.buffers, self.var, self.written, launch.threads, self.name),
+               "{", *KERNEL_START)
+        self.body("blockIdx.x", "")
+        self.w("}")
+        return "\n".join(self.lines) + "\n"
+
+    def body(self, block: str, indent: str) -> None:
+        """What block `block` of the launch does, from its shared memory to its last step, each line
+        indented by `indent` more than at the kernel's top level."""
+        launch, wave = self.launch, self.wave
+        start = len(self.lines)
+        columns = launch.column_blocks
+        self.w(f"    const int cb = ({block}) % {columns}, rg = ({block}) / {columns};",
                f"    const int rows_per_group = (batch + {launch.row_groups - 1}) / {launch.row_groups};",
                "    const int row0 = min(batch, rg * rows_per_group), "
                "rows = min(batch, row0 + rows_per_group) - row0;",
-               "    (void)grid; (void)cb; (void)rows;")
+               "    (void)cb; (void)rows;")
         self._shared_memory()
-        self.w("    for (int t = 0; t < seq; ++t) {")
+        if wave is None:
+            self.w("    for (int t = 0; t < seq; ++t) {")
+        else:
+            self.w(f"    for (int wave = 0; wave < seq + {wave.layers - 1}; ++wave) {{",
+                   f"        const int t = wave - {wave.layer};",
+                   "        const bool cf_on = t >= 0 && t < seq;  // this layer has a step at this wave")
         prefetched = self._prefetch()
         n = len(launch.items)
         for i, item in enumerate(launch.items):
             self.w("        {" + f"  // {comment_text(_item_name(item))}")
             if item.barrier:
                 self.w(f"{IND}grid.sync();")
+            at = len(self.lines)
             match item.launch:
                 case GemmLaunch():
                     self._gemm(i, item)
@@ -115,9 +144,15 @@ class _Kernel:
                     self._elementwise(i, item, prefetched.get(i, {}))
                     if _needs_sync(item, launch.items[(i + 1) % n]):
                         self.w(f"{IND}__syncthreads();")
+            if wave is not None:  # the work, but not the barrier, only at the layer's own waves
+                self.lines[at:] = [f"{IND}if (cf_on) {{", *("    " + line for line in self.lines[at:]),
+                                   f"{IND}}}"]
             self.w("        }")
-        self.w("    }", "}")
-        return "\n".join(self.lines) + "\n"
+        if wave is not None and wave.pad:
+            self.w(f"        // the wave's barriers that layer {wave.layer}'s step does not pass",
+                   *["        grid.sync();"] * wave.pad)
+        self.w("    }")
+        self.lines[start:] = [indent + line for line in self.lines[start:]]
 
     def _shared_memory(self) -> None:
         """Where each part of shared memory starts; the on-chip weights loaded, padding zeroed."""
@@ -179,7 +214,7 @@ class _Kernel:
         """Loads, at the top of the step, of the elementwise inputs that nothing before their launch in
         the step writes (and that are not on chip); per launch, param index -> register array."""
         out: dict[int, dict[int, str]] = {}
-        written: set[str] = set()
+        written = set(self.foreign)
         for i, item in enumerate(self.launch.items):
             if isinstance(item.launch, KernelLaunch) and not item.whole:
                 most, count, where = self._elements(item)
@@ -194,7 +229,8 @@ class _Kernel:
                         array = f"pf{i}_{p_i}"
                         out[i][p_i] = array
                         self.w(f"        float {array}[{most}];")
-                    self.w(f"        for (int u = 0; u < {most}; ++u) {{",
+                    on = "cf_on && " if self.wave else ""
+                    self.w(f"        for (int u = 0; {on}u < {most}; ++u) {{",
                            f"            const int e = tid + u * {self.launch.threads};",
                            f"            if (e >= {count}) break;",
                            f"            {where}",
@@ -235,6 +271,12 @@ class _Kernel:
         self.w(f"{IND}    {where}",
                f"{IND}    if (j >= {k.width}) continue;",
                f"{IND}    (void)r;")
+        for n, p in enumerate(params):  # other blocks wrote it: through L2, which is coherent, not L1
+            if not p.output and p.access.buffer in self.foreign and n not in index:
+                assert p.access.kind == "row", "only the output of another layer is foreign"
+                self.w(f"{IND}    const float cf_l2_{n}[1] = {{__ldcg({names[n]} + (long long)r * "
+                       f"{p.access.ld} + j)}};")
+                names[n], index[n] = f"cf_l2_{n}", "0"
         self.w(*element_body(params, names, k.body, IND + "    ", index))
         self.w(f"{IND}}}")
 
@@ -327,8 +369,57 @@ class _Kernel:
                f"{IND}__syncthreads();  // C is read next by other threads of the block")
 
 
+KERNEL_START = (
+    "    extern __shared__ float cf_smem[];",
+    "    cooperative_groups::grid_group grid = cooperative_groups::this_grid();",
+    "    const int tid = threadIdx.x;",
+    "    (void)grid;",
+)
+
+
+def signature(buffers: list[str], var: dict[str, str], written: set[str], threads: int,
+              name: str) -> list[str]:
+    """The comment on a persistent kernel's arguments, and its signature."""
+    sig = [f"    {'float*' if b in written else 'const float* __restrict__'} {var[b]}" for b in buffers]
+    return [*(f"//   {var[b]}: {comment_text(b)}" for b in buffers),
+            f'extern "C" __global__ void __launch_bounds__({threads}, 1) {name}(',
+            ",\n".join(["    int seq", "    int batch", *sig]) + ")"]
+
+
 def persistent_source(launch: PersistentLaunch, name: str) -> str:
     return _Kernel(launch, name).source()
+
+
+def wavefront_buffers(launch: WavefrontLaunch) -> list[str]:
+    """The buffers of every layer, in the order of the kernel's pointer arguments (after seq, batch)."""
+    return list(dict.fromkeys(b for p in launch.layers for b in persistent_buffers(p)))
+
+
+def wavefront_source(launch: WavefrontLaunch, name: str) -> str:
+    """One kernel for every step of every layer: each layer's blocks run that layer's persistent code,
+    its steps shifted by the layer's number of waves, and all blocks pass the same barriers."""
+    buffers = wavefront_buffers(launch)
+    var = {b: f"b{i}" for i, b in enumerate(buffers)}
+    layer_writes = [set().union(*(writes(item.launch) for item in p.items)) for p in launch.layers]
+    written = set().union(*layer_writes)
+    lines = [f"// every step of {len(launch.layers)} layers in one cooperative launch of {launch.blocks} "
+             f"blocks of {launch.threads} threads: layer l runs its step t at wave t + l,",
+             f"// beside layer l-1's step t+1; {launch.barriers} grid-wide barrier(s) per wave, at most "
+             f"{launch.smem_bytes} bytes of shared memory per block, a batch of at most {launch.batch};",
+             "// arguments:",
+             *signature(buffers, var, written, launch.threads, name), "{", *KERNEL_START]
+    for layer, (p, first) in enumerate(zip(launch.layers, launch.first, strict=True)):
+        foreign = frozenset(set().union(*layer_writes[:layer], *layer_writes[layer + 1:]))
+        part = _Kernel(p, name, var, written, foreign,
+                       _Wave(layer, len(launch.layers), launch.barriers - p.barriers_per_step))
+        part.body(f"blockIdx.x - {first}", "    ")
+        end = first + p.blocks
+        lines += [f"    if ({f'blockIdx.x >= {first} && ' if first else ''}blockIdx.x < {end}) {{  "
+                  f"// layer {layer}: {p.blocks} blocks "
+                  f"({p.column_blocks} column blocks x {p.row_groups} row groups), "
+                  f"{p.barriers_per_step} barrier(s) per step",
+                  *part.lines, "    }"]
+    return "\n".join([*lines, "}"]) + "\n"
 
 
 def _item_name(item: PersistentItem) -> str:

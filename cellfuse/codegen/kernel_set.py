@@ -3,11 +3,12 @@ persistent layer, each distinct source once, named after the cell."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from .backward_plan import BackwardPlan
 from .cuda_kernels import PRELUDE, c_name, c_stem, check_index_range, kernel_source
-from .cuda_persistent import PERSISTENT_PRELUDE, persistent_source
-from .plan import GemmLaunch, KernelLaunch, PersistentLaunch, Plan
+from .cuda_persistent import PERSISTENT_PRELUDE, persistent_source, wavefront_source
+from .plan import GemmLaunch, KernelLaunch, PersistentLaunch, Plan, WavefrontLaunch
 
 
 @dataclass
@@ -15,10 +16,20 @@ class KernelSet:
     """The distinct kernels of a plan, and which kernel each kernel launch and persistent launch uses."""
 
     sources: dict[str, str]  # kernel name -> source
-    name_of: dict[KernelLaunch | PersistentLaunch, str]  # launch -> kernel name
+    name_of: dict[KernelLaunch | PersistentLaunch | WavefrontLaunch, str]  # launch -> kernel name
+
+    by_body: dict[str, str] = field(default_factory=dict, repr=False)  # source with @NAME@ -> kernel name
+
+    def add(self, launch: KernelLaunch | PersistentLaunch | WavefrontLaunch, body: str, name: str) -> None:
+        """A launch of the kernel `body` (its name written @NAME@): named `name`, or the name of the same
+        body added before."""
+        if body not in self.by_body:
+            self.by_body[body] = name
+            self.sources[name] = body.replace("@NAME@", name)
+        self.name_of[launch] = self.by_body[body]
 
     def module_source(self) -> str:
-        persistent = any(isinstance(launch, PersistentLaunch) for launch in self.name_of)
+        persistent = any(isinstance(launch, PersistentLaunch | WavefrontLaunch) for launch in self.name_of)
         return (PERSISTENT_PRELUDE if persistent else "") + PRELUDE + "\n" + "\n".join(self.sources.values())
 
 
@@ -27,16 +38,8 @@ def plan_kernels(plan: Plan) -> KernelSet:
     agree. Raises CellError for sizes whose counts the kernels cannot hold (see check_index_range)."""
     check_index_range(plan)
     stem = c_stem(plan.cell_name)
-    by_body: dict[str, str] = {}
-    sources: dict[str, str] = {}
-    name_of: dict[KernelLaunch | PersistentLaunch, str] = {}
-
-    def add(launch: KernelLaunch | PersistentLaunch, body: str, name: str) -> None:
-        if body not in by_body:
-            by_body[body] = name
-            sources[name] = body.replace("@NAME@", name)
-        name_of[launch] = by_body[body]
-
+    kernels = KernelSet({}, {})
+    add = kernels.add
     for lp in plan.layers:
         suffix = f"_l{lp.layer}" if lp.layer else ""
         launches = (*lp.prologue, *(() if lp.persistent else lp.step))
@@ -48,6 +51,23 @@ def plan_kernels(plan: Plan) -> KernelSet:
                     pass  # cuBLAS runs it
                 case _:
                     raise TypeError(f"unknown launch {launch!r}")
-        if lp.persistent:
+        if lp.persistent and not plan.wavefront:
             add(lp.persistent, persistent_source(lp.persistent, "@NAME@"), f"cf_{stem}_persistent{suffix}")
-    return KernelSet(sources, name_of)
+    if plan.wavefront:
+        add(plan.wavefront, wavefront_source(plan.wavefront, "@NAME@"), f"cf_{stem}_wavefront")
+    return kernels
+
+
+def backward_kernels(plan: BackwardPlan) -> KernelSet:
+    """The adjoint kernels of a backward plan, each distinct source once (cuBLAS runs its GEMMs). Its
+    buffers and launches have the forward plan's sizes, which `check_index_range` of that plan bounds."""
+    check_index_range(plan.forward)
+    stem = c_stem(plan.forward.cell_name)
+    kernels = KernelSet({}, {})
+    for lb in plan.layers:
+        suffix = f"_l{lb.layer}" if lb.layer else ""
+        for launch in (*lb.step, *lb.after):
+            if isinstance(launch, KernelLaunch):
+                kernels.add(launch, kernel_source(launch, "@NAME@"),
+                            f"cf_{stem}_{c_name(launch.island)}{suffix}")
+    return kernels

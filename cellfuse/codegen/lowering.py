@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .plan import Access, GemmLaunch, KernelLaunch, Launch, PersistentLaunch, Plan
+from .plan import Access, GemmLaunch, KernelLaunch, Launch, PersistentLaunch, Plan, WavefrontLaunch
 
 MAIN, SIDE = 0, 1  # the streams: the recurrence, and the hoisted launches beside it
 
@@ -92,7 +92,15 @@ class Persistent:
     stream: int = MAIN
 
 
-Instruction = Gemm | Kernel | Copy | Record | Wait | Loop | Persistent
+@dataclass(frozen=True)
+class Wavefront:
+    """Every step of every layer, in one cooperative launch (see `WavefrontLaunch`)."""
+
+    launch: WavefrontLaunch
+    stream: int = MAIN
+
+
+Instruction = Gemm | Kernel | Copy | Record | Wait | Loop | Persistent | Wavefront
 
 
 @dataclass(frozen=True)
@@ -119,7 +127,7 @@ def launch_rows(instr: Gemm | Kernel, batch: int) -> int:
 
 def element_offset(instr: Gemm | Kernel, acc: Access, t: int, batch: int) -> int:
     """Where an access of the instruction starts at step t, in elements of its buffer."""
-    skip = instr.steps[0] * batch * acc.ld if instr.steps and acc.kind == "row" else 0
+    skip = instr.steps[0] * batch * acc.ld if instr.steps and acc.kind in ("row", "col") else 0
     return acc.offset(t, batch) + skip
 
 
@@ -150,6 +158,8 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
     if chunk:  # the side stream starts after what came before on the main one
         fork = event()
         out += [Record(fork, MAIN), Wait(fork, SIDE)]
+    if plan.wavefront:
+        return _lower_wavefront(plan)
     prev_done: list[int] = []  # per chunk, an event after the previous layer's steps of that chunk
     for lp in plan.layers:
         for s in plan.state_ids:
@@ -187,6 +197,19 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
     return Program(plan, tuple(out), 2 if chunk else 1, events)
 
 
+def _lower_wavefront(plan: Plan) -> Program:
+    """Every layer's initial states, the first layer's hoisted launches (the others have none: they
+    compute their input's part in their steps), the one launch, and every layer's final states."""
+    H = plan.sizes.hidden
+    out: list[Instruction] = [Copy(Access(f"init.{s}", "row", H, block=lp.layer), lp.state_read[s], H, 0)
+                              for lp in plan.layers for s in plan.state_ids]
+    out += [as_instruction(launch) for launch in plan.layers[0].prologue]
+    out.append(Wavefront(plan.wavefront))
+    out += [Copy(lp.state_read[s], Access(f"final.{s}", "row", H, block=lp.layer), H, None)
+            for lp in plan.layers for s in plan.state_ids]
+    return Program(plan, tuple(out), 1, 0)
+
+
 def execution_order(program: Program, prefer: int = SIDE) -> Iterator[Instruction]:
     """The top-level instructions in an order the streams allow: each stream's own in program order, and
     none after a Wait before its event is recorded. `prefer` runs that stream's work as early as it may
@@ -204,7 +227,7 @@ def execution_order(program: Program, prefer: int = SIDE) -> Iterator[Instructio
                 recorded_before.add(e)
             case Wait(event=e) if e not in recorded_before:
                 raise ValueError(f"stream {instr.stream} waits for event {e} before it is recorded")
-            case Gemm() | Kernel() | Copy() | Loop() | Persistent() | Wait():
+            case Gemm() | Kernel() | Copy() | Loop() | Persistent() | Wavefront() | Wait():
                 pass
             case _:
                 raise TypeError(f"unknown instruction {instr!r}")

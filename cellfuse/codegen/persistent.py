@@ -16,7 +16,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .plan import GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
+from ..graph_model import CellError
+from .plan import Access, GemmLaunch, KernelLaunch, Launch, PersistentItem, PersistentLaunch, WavefrontLaunch
 
 THREADS = 256  # per block of a persistent kernel: faster than 128 or 512 at every size measured
 ROW_TILE = 64  # rows of a GEMM's left operand staged in shared memory at a time, at most
@@ -138,6 +139,51 @@ def writes(launch: GemmLaunch | KernelLaunch) -> set[str]:
             raise TypeError(f"unknown launch {launch!r}")
 
 
+def reads(launch: GemmLaunch | KernelLaunch) -> set[str]:
+    """The buffers a launch of the step reads."""
+    match launch:
+        case GemmLaunch():
+            return {launch.a.buffer, launch.w, *([launch.bias] if launch.bias else [])}
+        case KernelLaunch():
+            return {acc.buffer for _, acc in launch.inputs}
+        case _:
+            raise TypeError(f"unknown launch {launch!r}")
+
+
+def at_step(launch: GemmLaunch | KernelLaunch, batch: int) -> GemmLaunch | KernelLaunch:
+    """A hoisted launch's work for step t alone: its rows of step t, written where the step's launches
+    read them (a hoisted buffer keeps a row block per step)."""
+    slot = {"all": "t", "all+1": "t+1"}
+
+    def step_rows(acc: Access) -> Access:
+        return dataclasses.replace(acc, slot=slot.get(acc.slot, acc.slot))
+
+    match launch:
+        case GemmLaunch():
+            return dataclasses.replace(launch, row_kind="batch", m=batch, a=step_rows(launch.a),
+                                       c=step_rows(launch.c))
+        case KernelLaunch():
+            rows = {"row_kind": "batch", "rows": batch} if launch.row_kind == "seq" else {}
+            return dataclasses.replace(launch, inputs=tuple((v, step_rows(a)) for v, a in launch.inputs),
+                                       outputs=tuple((v, step_rows(a)) for v, a in launch.outputs),
+                                       hoisted=False, **rows)
+        case _:
+            raise TypeError(f"unknown launch {launch!r}")
+
+
+def with_hoisted(prologue: list[tuple[Launch, tuple[int, ...]]], step: list[tuple[Launch, tuple[int, ...]]],
+                 batch: int) -> list[tuple[Launch, tuple[int, ...]]]:
+    """A step (its launches, each with its column widths) that also does the hoisted launches' work of
+    its own step, as a layer of a wavefront must: its input is the output of the layer below, one step
+    at a time. They go, in their order, just before the first launch that reads what they write, so
+    that as much of the step as can runs before them: in an LSTM, after the barrier of the recurrent
+    GEMM, beside it."""
+    hoisted = [(at_step(launch, batch), cols) for launch, cols in prologue]
+    written = set().union(*(writes(launch) for launch, _ in hoisted))
+    at = next((i for i, (launch, _) in enumerate(step) if reads(launch) & written), len(step))
+    return [*step[:at], *hoisted, *step[at:]]
+
+
 def barriers(step: list[GemmLaunch | KernelLaunch]) -> list[bool]:
     """For each launch of the step, in order, whether a grid-wide barrier goes before it."""
     barrier = [False] * len(step)
@@ -160,12 +206,12 @@ def barriers(step: list[GemmLaunch | KernelLaunch]) -> list[bool]:
     return barrier
 
 
-def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int) -> list[_Placed]:
+def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int, saved: bool) -> list[_Placed]:
     """What of each GEMM stays on chip, in order of what it saves, while it fits beside one staged row of
     the operand: the weights (read every step otherwise), then the GEMM outputs that only this block
     reads (its elementwise work reads them next)."""
     operands = {p.launch.a.buffer for p in gemms}
-    for field in ("weights", "output"):
+    for field in ("weights", "output") if not saved else ("weights",):
         for i, p in enumerate(gemms):
             if field == "output" and p.launch.c.buffer in operands:
                 continue  # another GEMM reads it: all blocks must see it, in global memory
@@ -176,13 +222,22 @@ def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int) -> l
 
 
 def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns: list[tuple[int, ...]],
-                      hidden: int, batch: int, target: Target) -> PersistentLaunch:
+                      hidden: int, batch: int, target: Target, saved: bool = False) -> PersistentLaunch:
     """The persistent launch of one layer's step. `columns` gives each launch's column widths (a GEMM's
-    per stacked weight, a kernel's one).
+    per stacked weight, a kernel's one). A plan that saves its steps for a backward pass (`saved`) keeps
+    no GEMM output on chip only: the backward pass reads them all.
 
     The blocks split the hidden units among the SMs, and with a large batch the rows too, into as many
     row groups as keep every recurrent weight on chip: each block then stages only its rows of a GEMM's
     operand, so a step moves that many times fewer bytes out of L2."""
+    for launch in step:  # a row reduction needs the whole row, which the blocks share out
+        row_values = [i.result for i in launch.body if i.op.is_reduction] + [
+            v for v, acc in (*launch.inputs, *launch.outputs) if acc.kind == "col"] if isinstance(
+            launch, KernelLaunch) else []
+        if row_values:
+            raise CellError(f"the persistent schedule cannot yet run node '{row_values[0]}', one number per "
+                            "row of a row reduction, in its time loop (its blocks each own a slice of the "
+                            "row): use the graph schedule")
     limit = target.smem_per_block // 4
     gemms = [_Placed(launch, cols, False, False) for launch, cols in zip(step, columns, strict=True)
              if isinstance(launch, GemmLaunch)]
@@ -192,7 +247,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
             continue
         unit = -(-hidden // (target.sm_count // row_groups))
         column_blocks = -(-hidden // unit)
-        placed = _place(gemms, column_blocks, rows, limit)
+        placed = _place(gemms, column_blocks, rows, limit, saved)
         if row_groups == 1 or all(p.weights for p in placed):
             break
     row_tile = max(1, min(rows, ROW_TILE))
@@ -222,3 +277,47 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     smem = 4 * _smem_floats(placed, column_blocks, row_tile, rows)
     return PersistentLaunch(layer, tuple(items), column_blocks * row_groups, THREADS, batch, row_groups,
                             row_tile, smem, note)
+
+
+def layer_targets(steps: list[list[Launch]], target: Target) -> list[Target]:
+    """The SMs of the target shared between the layers of a wavefront in proportion to the work of their
+    steps (a GEMM's multiply-adds per row, an elementwise launch's ops per row): the layer with the most
+    sets the pace of every wave."""
+    work = [sum(launch.k * launch.n if isinstance(launch, GemmLaunch) else launch.width * len(launch.body)
+                for launch in step) or 1 for step in steps]
+    exact = [target.sm_count * w / sum(work) for w in work]
+    shares = [max(1, int(e)) for e in exact]
+    for i in sorted(range(len(steps)), key=lambda i: int(exact[i]) - exact[i]):  # largest remainder first
+        if sum(shares) >= target.sm_count:
+            break
+        shares[i] += 1
+    if sum(shares) > target.sm_count:
+        raise CellError(f"a wavefront of {len(steps)} layers needs a block per layer at least, and the "
+                        f"target has {target.sm_count} SMs")
+    return [dataclasses.replace(target, sm_count=n) for n in shares]
+
+
+def _phases(launch: PersistentLaunch, buffer: str, write: bool) -> list[int]:
+    """The phases (barriers passed since the step began) of the items that read, or write, a buffer."""
+    out, phase = [], 0
+    for item in launch.items:
+        phase += item.barrier
+        if buffer in (writes if write else reads)(item.launch):
+            out.append(phase)
+    return out
+
+
+def wavefront_launch(layers: list[PersistentLaunch], outputs: list[str]) -> WavefrontLaunch:
+    """The layers' persistent launches as one (see `WavefrontLaunch`); `outputs` names each layer's
+    output sequence. Layer l writes its output in some phase p of wave w, and layer l+1 reads it in
+    phase q of wave w+1: the barriers between them are the P - p left in wave w (P: the most barriers a
+    layer's step has) and the first q of wave w+1. Where that is none, a barrier goes at each wave's
+    end."""
+    most = max(p.barriers_per_step for p in layers)
+    end = False
+    for below, above, y in zip(layers, layers[1:], outputs, strict=False):
+        written, read = _phases(below, y, write=True), _phases(above, y, write=False)
+        if written and read and most - max(written) + min(read) < 1:
+            end = True
+    first = [sum(p.blocks for p in layers[:i]) for i in range(len(layers))]
+    return WavefrontLaunch(tuple(layers), tuple(first), end)

@@ -42,11 +42,12 @@ class Access:
     """Where a value lives: rows of `buffer` with row stride `ld`, from column `col`.
 
     kind: `row` values are [rows, width]; `vec` values are [width], the same for every row;
+    `col` values are [rows, 1], one number per row (a row reduction's), the same for every column;
     `scalar` values are one number. `block` skips that many blocks of B rows (a layer's part of a
     [layers, B, .] buffer)."""
 
     buffer: str
-    kind: Literal["row", "vec", "scalar"] = "row"
+    kind: Literal["row", "vec", "col", "scalar"] = "row"
     ld: int = 0
     col: int = 0
     slot: Slot = "fixed"
@@ -74,7 +75,9 @@ class Buffer:
     width: int
     # input: x; init and final: a state's [layers, B, hidden] values before the first step and after
     # the last (named "init.<state>" and "final.<state>"); the rest are the run's own.
-    role: Literal["input", "init", "final", "output", "state", "gemm", "value", "weight", "stacked", "bias"]
+    # grad: a backward pass's gradient (it starts at zero); ones: T*B ones, for column sums by GEMM
+    role: Literal["input", "init", "final", "output", "state", "gemm", "value", "weight", "stacked", "bias",
+                  "grad", "ones"]
     # where a weight-like buffer's contents come from: param keys, stacked along N (for `stacked`),
     # or (param key or None for zeros) per column block (for `bias`)
     sources: tuple[str | None, ...] = ()
@@ -158,15 +161,23 @@ class Island:
 
 @dataclass(frozen=True)
 class GemmLaunch:
+    """C = op(A) @ op(W) (+ bias): a forward GEMM, or one of a backward pass (see `backward_plan`)."""
+
     group: str
-    row_kind: Rows  # m is T*B (hoisted) or B
+    # m is T*B (hoisted) or B; in a backward pass also 1 (a column sum) or the weight's K dimension
+    # ("input" or "hidden": a weight's gradient)
+    row_kind: Rows | Literal["input", "hidden"]
     m: int  # rows
     n: int
     k: int
-    a: Access
-    w: str  # buffer holding the [K, N] weights, row-major
+    a: Access  # [M, K] rows of A, or [K, M] when trans_a
+    w: str  # buffer holding the [K, N] weights, row-major ([N, K] when trans_w)
     c: Access
     bias: str | None  # a [N] buffer broadcast into C before the GEMM accumulates into it
+    # cuBLAS's transpose flags and beta = 1: a backward pass's dA = dC @ W^T, dW += A^T @ dC
+    trans_a: bool = False
+    trans_w: bool = False
+    accumulate: bool = False  # C += op(A) @ op(W) instead of C = ...
 
     @property
     def flops(self) -> int:
@@ -181,8 +192,9 @@ class KernelLaunch:
     width: int
     inputs: tuple[tuple[str, Access], ...]
     outputs: tuple[tuple[str, Access], ...]
-    body: tuple[Instr, ...]
+    body: tuple[Instr | GradInstr, ...]
     hoisted: bool
+    accumulate: bool = False  # outputs add into memory (a backward kernel's gradients) instead of storing
 
 
 Launch = GemmLaunch | KernelLaunch
@@ -259,6 +271,49 @@ class PersistentLaunch:
     def barriers_per_step(self) -> int:
         return sum(item.barrier for item in self.items)
 
+    @property
+    def label(self) -> str:
+        return f"layer {self.layer}"
+
+
+@dataclass(frozen=True)
+class WavefrontLaunch:
+    """Every step of every layer in one cooperative launch. Layer l has the blocks from `first[l]` on
+    (`layers[l].blocks` of them) and runs its step t at wave t + l, so that layer l+1's step t, which
+    reads layer l's output of step t, runs beside layer l's step t+1. Every block passes `barriers`
+    grid-wide barriers per wave, whether or not its layer has a step at that wave: first its own step's
+    (`layers[l].barriers_per_step`), then as many more as the layer with the most has, and then, where
+    `end_barrier`, one at the end of the wave, without which a layer could read the output of the layer
+    below before all of it is written."""
+
+    layers: tuple[PersistentLaunch, ...]
+    first: tuple[int, ...]
+    end_barrier: bool
+
+    @property
+    def blocks(self) -> int:
+        return self.first[-1] + self.layers[-1].blocks
+
+    @property
+    def threads(self) -> int:
+        return self.layers[0].threads
+
+    @property
+    def smem_bytes(self) -> int:
+        return max(p.smem_bytes for p in self.layers)
+
+    @property
+    def batch(self) -> int:
+        return self.layers[0].batch
+
+    @property
+    def barriers(self) -> int:
+        return max(p.barriers_per_step for p in self.layers) + self.end_barrier
+
+    @property
+    def label(self) -> str:
+        return f"layers 0 to {len(self.layers) - 1}"
+
 
 @dataclass
 class LayerPlan:
@@ -290,6 +345,8 @@ class Plan:
     # beside the recurrence: step t waits only for its own chunk, not for all T steps' GEMMs.
     chunk_steps: int = 0
     saves_steps: bool = False  # every step's states, values and GEMM outputs kept (see make_plan)
+    # every layer's steps in one launch (each layer's `persistent` is its part of it)
+    wavefront: WavefrontLaunch | None = None
 
     # -- what the plan says, for people and for `plan --json` -----------------------------------
     @property
@@ -325,7 +382,7 @@ class Plan:
                 case KernelLaunch():
                     for _, acc in (*launch.inputs, *launch.outputs):
                         total += {"row": launch.rows * launch.width, "vec": launch.width,
-                                  "scalar": 1}[acc.kind]
+                                  "col": launch.rows, "scalar": 1}[acc.kind]
                 case _:
                     raise TypeError(f"unknown launch {launch!r}")
         return 4 * total
@@ -363,6 +420,11 @@ class Plan:
                 "weights_on_chip": all(i.on_chip for i in self.layers[0].persistent.items
                                        if isinstance(i.launch, GemmLaunch)),
                 "note": self.layers[0].persistent.note},
+            "wavefront": None if not self.wavefront else {
+                "blocks": self.wavefront.blocks, "barriers_per_wave": self.wavefront.barriers,
+                "layers": [{"blocks": p.blocks, "first_block": first, "smem_bytes_per_block": p.smem_bytes,
+                            "barriers_per_step": p.barriers_per_step, "note": p.note}
+                           for p, first in zip(self.wavefront.layers, self.wavefront.first, strict=True)]},
             "dropped": list(self.dead),
         }
 
@@ -415,11 +477,29 @@ class Plan:
                              f" ({what})")
             if persistent.note:
                 lines.append(f"  note: {persistent.note}")
+            if self.wavefront:
+                lines += ["", *self._describe_wavefront()]
         else:
             lines += [f"  {launch_name(launch)}" for launch in self.layers[0].step]
         if self.dead:
             lines += ["", f"not computed (nothing depends on them): {', '.join(self.dead)}"]
         return "\n".join(lines)
+
+    def _describe_wavefront(self) -> list[str]:
+        wf = self.wavefront
+        end = ", one of them at the end of each wave" if wf.end_barrier else ""
+        lines = [f"wavefront: every layer's steps in one cooperative launch of {wf.blocks} blocks; layer l "
+                 f"runs its step t at wave t + l, beside layer l-1's step t+1; {wf.barriers} grid-wide "
+                 f"barrier(s) per wave{end}:"]
+        for p, first in zip(wf.layers, wf.first, strict=True):
+            input_work = "" if not p.layer else "; its input's part of the hoisted work in each step"
+            lines.append(f"  layer {p.layer}: blocks {first} to {first + p.blocks - 1} ({p.column_blocks} "
+                         f"column blocks x {p.row_groups} row groups), {p.barriers_per_step} barrier(s) per "
+                         "step, "
+                         f"{p.smem_bytes / 1024:.1f} KiB of shared memory per block{input_work}")
+            if p.note and p.layer:
+                lines.append(f"    note: {p.note}")
+        return lines
 
     # -- the data a run starts from -------------------------------------------------------------
     def weight_arrays(self, params: dict[str, np.ndarray], dtype=np.float32) -> dict[str, np.ndarray]:

@@ -33,8 +33,8 @@ from ..graph_model import (
 from ..graph_model.limits import MAX_LAYERS
 from ..graph_model.ops import OPS
 from ..graph_model.params import check_widths
-from ..graph_model.validate import check_count
-from .persistent import H100, Target, persistent_launch
+from ..graph_model.validate import ONE, ROW, check_count
+from .persistent import H100, Target, layer_targets, persistent_launch, wavefront_launch, with_hoisted
 from .plan import (
     Access,
     Buffer,
@@ -82,8 +82,8 @@ class _Step:
         return [n for n in self.order if self.spec[n].is_matmul]
 
     def elementwise(self) -> list[str]:
-        """Elementwise nodes that a kernel computes (a folded bias add is the GEMM's)."""
-        return [n for n in self.order if self.spec[n].is_elementwise and n not in self.folded]
+        """Elementwise nodes and row reductions, which a kernel computes (a folded bias add is the GEMM's)."""
+        return [n for n in self.order if self.spec[n].in_kernel and n not in self.folded]
 
     @property
     def group_of(self) -> dict[str, GemmGroup]:
@@ -155,7 +155,7 @@ def place(st: _Step) -> None:
             phase[n] = PRO if group_of[n].hoisted else STEP
         elif n in st.folded:
             phase[n] = PRO
-        elif spec.is_elementwise:
+        elif spec.in_kernel:
             feeds_pro = any(phase.get(c) == PRO for c in st.consumers[n] if c not in st.folded)
             feeds_pro = feeds_pro or any(group_of[c].hoisted for c in st.consumers[n]
                                          if st.spec[c].is_matmul and st.nodes[c].args[0] == n)
@@ -192,15 +192,28 @@ def place(st: _Step) -> None:
 
 
 # -- kernels --------------------------------------------------------------------------------------
+def _width_dim(st: _Step, inside: list[str]) -> str:
+    """The width of an island's rows: the hidden width where it reduces a row (its kernel runs a block per
+    row), else that of its [batch, D] values, else 1 for [batch, 1] values only, else that of its [N]
+    values."""
+    if any(st.spec[n].is_reduction for n in inside):
+        return "hidden"
+    rows = [st.shapes[n][1] for n in inside if len(st.shapes[n]) == 2]
+    return next((d for d in rows if d != ONE), rows[0] if rows else
+                next((st.shapes[n][0] for n in inside if len(st.shapes[n]) == 1), ""))
+
+
 def _islands(st: _Step, fuse: bool) -> None:
     elementwise = st.elementwise()
     key: dict[str, tuple] = {}
     for n in reversed(elementwise):
         shape = st.shapes[n]
+        # A [batch, 1] value goes with the hidden-wide rows it reduces or spreads over.
+        width = ("hidden" if shape[-1] == ONE else shape[-1]) if shape else ""
         if not fuse:
-            key[n] = (st.phase[n], st.stage[n], shape[-1] if shape else "", elementwise.index(n))
+            key[n] = (st.phase[n], st.stage[n], width, elementwise.index(n))
         elif len(shape) == 2:
-            key[n] = (st.phase[n], st.stage[n], shape[1])
+            key[n] = (st.phase[n], st.stage[n], width)
         else:  # [N] and scalar values join the first island that needs them
             key[n] = min(key[c] for c in st.consumers[n])
     members: dict[tuple, list[str]] = {}
@@ -209,9 +222,7 @@ def _islands(st: _Step, fuse: bool) -> None:
 
     for k in sorted(members, key=lambda k: (k[0] != PRO, *k[1:2], str(k[2]), *k[3:])):
         inside = members[k]
-        width_dim = next((st.shapes[n][1] for n in inside if len(st.shapes[n]) == 2),
-                         next((st.shapes[n][0] for n in inside if len(st.shapes[n]) == 1), ""))
-        isl = Island(f"k{len(st.islands)}", inside, width_dim, hoisted=k[0] == PRO, stage=k[1])
+        isl = Island(f"k{len(st.islands)}", inside, _width_dim(st, inside), hoisted=k[0] == PRO, stage=k[1])
         body = []
         for n in inside:
             args: list[str | Const] = []
@@ -256,6 +267,7 @@ class Rung:
     passes: tuple[Pass, ...]
     cuda_graph: bool = False  # the whole forward pass captured once into a CUDA graph and replayed
     persistent: bool = False  # each layer's step loop is one cooperative launch
+    wavefront: bool = False  # and all the layers' loops one launch, layer l+1 a step behind layer l
 
 
 _HOISTED = (gemm_per_left_operand, hoist, fold_biases, place, fuse, store_the_rest)
@@ -267,6 +279,7 @@ LADDER: dict[str, Rung] = {
     "hoisted": Rung(_HOISTED),
     "graph": Rung(_HOISTED, cuda_graph=True),
     "persistent": Rung(_HOISTED, cuda_graph=True, persistent=True),
+    "wavefront": Rung(_HOISTED, cuda_graph=True, persistent=True, wavefront=True),
 }
 SCHEDULES = tuple(LADDER)
 
@@ -278,7 +291,7 @@ class _Layer:
         self.cell, self.shapes, self.st, self.layer, self.buffers = st.cell, st.shapes, st, layer, buffers
         self.T, self.B, self.H = sizes.seq, sizes.batch, sizes.hidden
         self.K = sizes.layer_input(layer)
-        self.dims = {"input": self.K, "hidden": self.H, "": 1}
+        self.dims = {"input": self.K, "hidden": self.H, ONE: 1, "": 1}
         self.nodes = st.nodes
         self.p = f"l{layer}."
         # Every buffer name but a weight's has a dot after the layer prefix, so none is a weight's name.
@@ -313,6 +326,10 @@ class _Layer:
         n_total, _ = self._group_n(g)
         return self._buffer(f"{self.p}{g.name}.out", "seq" if g.hoisted else self.step_rows, n_total, "gemm")
 
+    def kind(self, v: str) -> str:
+        """The access kind of a value of a row per batch row: "col" for a [batch, 1] value."""
+        return "col" if self.shapes[v] == (ROW, ONE) else "row"
+
     def value_buffer(self, v: str) -> str:
         shape = self.shapes[v]
         if len(shape) == 2:
@@ -346,7 +363,7 @@ class _Layer:
     def _pro_value(self, v: str, reader: str) -> Access:
         name = f"{self.p}v.{v}"
         if len(self.shapes[v]) == 2:
-            return Access(name, "row", self.width(v), 0, "t" if reader == STEP else "all")
+            return Access(name, self.kind(v), self.width(v), 0, "t" if reader == STEP else "all")
         return Access(name, "vec" if self.shapes[v] else "scalar")
 
     def stores(self, v: str) -> list[Access]:
@@ -360,7 +377,7 @@ class _Layer:
         if not out:
             name = self.value_buffer(v)
             if len(self.shapes[v]) == 2:
-                out.append(Access(name, "row", self.width(v), 0, self.step_slot))
+                out.append(Access(name, self.kind(v), self.width(v), 0, self.step_slot))
             else:
                 out.append(Access(name, "vec" if self.shapes[v] else "scalar"))
         return out
@@ -466,19 +483,29 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
         buffers[f"final.{s}"] = Buffer(f"final.{s}", "layers", H, "final")
     layers = []
     x = next(n.id for n in cell.nodes if n.op == "input")
+    wavefront = rung.wavefront and sizes.layers > 1  # of one layer: the persistent plan itself
+    laid = []
     for layer in range(sizes.layers):
         lay = _Layer(st, sizes, layer, buffers, save_steps)
-        phases = {hoisted: [lay.launch(item) for item in _ordered(st, hoisted)] for hoisted in (True, False)}
-        persistent = None
-        if rung.persistent:
-            columns = [lay.columns(item) for item in _ordered(st, False)]
-            persistent = persistent_launch(layer, phases[False], columns, H, sizes.batch, target)
-        layers.append(LayerPlan(layer, lay.K, phases[True], phases[False], lay.read(x, STEP),
+        prologue, step = ([(lay.launch(item), lay.columns(item)) for item in _ordered(st, hoisted)]
+                          for hoisted in (True, False))
+        if wavefront and layer:  # its input comes a step at a time, from the layer below
+            prologue, step = [], with_hoisted(prologue, step, sizes.batch)
+        laid.append((lay, [launch for launch, _ in prologue], [launch for launch, _ in step],
+                     [cols for _, cols in step]))
+    targets = (layer_targets([step for _, _, step, _ in laid], target) if wavefront
+               else [target] * sizes.layers)
+    for (lay, prologue, step, columns), on in zip(laid, targets, strict=True):
+        persistent = (persistent_launch(lay.layer, step, columns, H, sizes.batch, on, save_steps)
+                      if rung.persistent else None)
+        layers.append(LayerPlan(lay.layer, lay.K, prologue, step, lay.read(x, STEP),
                                 {s: lay.read(s, STEP) for s in cell.updates}, lay.y, persistent))
+    whole = (wavefront_launch([lp.persistent for lp in layers], [lp.output_seq for lp in layers])
+             if wavefront else None)
     # The persistent kernel cannot wait for chunks of hoisted work mid-loop: its prologue runs first.
     hoisting = any(lp.prologue for lp in layers) and not rung.persistent
     chunk = min(sizes.seq, HOIST_CHUNK_STEPS) if hoisting else 0
     return Plan(cell.name, cell.description, schedule, sizes, tuple(cell.updates),
                 expected_params(cell, sizes.layers, sizes.input, sizes.hidden), st.groups, st.islands,
                 layers, buffers, sorted(info.dead), cuda_graph=rung.cuda_graph,
-                chunk_steps=chunk, saves_steps=save_steps)
+                chunk_steps=chunk, saves_steps=save_steps, wavefront=whole)

@@ -1,11 +1,12 @@
 """`--schedule auto`: the rung measured fastest on this GPU for a cell and its sizes, measured once and
 remembered.
 
-The candidates are the rungs bound by the GPU rather than by launches from Python (`graph` and
-`persistent`): which wins depends on the sizes (`persistent` at small batches, `graph` where the per-step
-GEMM is large) and on the GPU. Each is checked against the reference and timed by the benchmark; the
-fastest that gave the right answer is kept in a JSON file in the user's cache folder, keyed by the GPU,
-the cell's structure and the sizes. Without a GPU there is nothing to measure, and `auto` is `graph`.
+The candidates are the rungs bound by the GPU rather than by launches from Python (`graph`,
+`persistent`, and for several layers `wavefront`): which wins depends on the sizes (`persistent` at small
+batches, `graph` where the per-step GEMM is large) and on the GPU. Each is checked against the reference
+and timed by the benchmark; the fastest that gave the right answer is kept in a JSON file in the user's
+cache folder, keyed by the GPU, the cell's structure and the sizes. Without a GPU there is nothing to
+measure, and `auto` is `graph`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..graph_model import Cell, CellError, Sizes, atomic_write
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
-CANDIDATES = ("graph", "persistent")
+CANDIDATES = ("graph", "persistent", "wavefront")
 WITHOUT_GPU = "graph"
 REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 
@@ -52,11 +53,16 @@ def _read(path: Path) -> dict[str, dict]:
     return data if isinstance(data, dict) else {}
 
 
+def candidates(sizes: Sizes) -> list[str]:
+    """The rungs to measure: a wavefront of one layer is the persistent plan itself."""
+    return [s for s in CANDIDATES if s != "wavefront" or sizes.layers > 1]
+
+
 def _measure(cell: Cell, sizes: Sizes) -> dict[str, float]:
     """Median ms of each candidate that matched the reference on the GPU."""
     from .bench import BenchConfig, run_benchmark
 
-    result = run_benchmark(cell, BenchConfig(sizes, backend="cuda", schedules=list(CANDIDATES), baselines=[],
+    result = run_benchmark(cell, BenchConfig(sizes, backend="cuda", schedules=candidates(sizes), baselines=[],
                                              repeats=REPEATS))
     return {r.name: r.median_ms for r in result.rows if r.ok and r.median_ms is not None}
 
@@ -80,7 +86,8 @@ def choose_schedule(cell: Cell, sizes: Sizes, backend: str,
                                          f"on this GPU before (remembered in {path})")
     times = measure(cell, sizes)
     if not times:
-        raise CellError(f"auto: none of {', '.join(CANDIDATES)} ran correctly on this GPU for these sizes")
+        raise CellError(f"auto: none of {', '.join(candidates(sizes))} ran correctly on this GPU for these "
+                        "sizes")
     best = min(times, key=times.get)
     cache[key] = {"schedule": best, "ms": times}
     try:

@@ -20,12 +20,14 @@ from .. import __version__
 from ..codegen import SCHEDULES, Plan, make_plan
 from ..codegen.persistent import H100, Target
 from ..graph_model import Cell, CellError, Forward, Sizes, check_sizes, init_params, run_reference
+from .cudnn_persistent import ALGORITHM_NAMES, CudnnPersistentRNN, CudnnRefused, unavailable_reason
+from .cudnn_persistent import ALGORITHMS as CUDNN_PERSISTENT
 
 log = logging.getLogger(__name__)
 
 TOLERANCE = 1e-4  # relative error allowed in float32
 BASELINES = ("numpy reference", "pytorch eager", "pytorch graph", "torch.compile", "torch.compile default",
-             "cudnn")
+             "cudnn", *CUDNN_PERSISTENT)
 BASELINE_NOTES = {
     "pytorch eager": "the cell op by op in PyTorch, step by step",
     "pytorch graph": "the same, captured once into a CUDA graph and replayed",
@@ -33,6 +35,8 @@ BASELINE_NOTES = {
                      "projections before the loop) under torch.compile, mode 'reduce-overhead' (CUDA graphs)",
     "torch.compile default": "the same whole forward under torch.compile in its default mode",
     "cudnn": "torch.nn.LSTM / torch.nn.GRU with the same weights",
+    **{name: f"cuDNN's {ALGORITHM_NAMES[algo]} in float32 (no TF32) with the same weights, through cuDNN's C "
+             "API" for name, algo in CUDNN_PERSISTENT.items()},
 }
 ROUNDS = 5  # timing rounds, each taking every implementation in turn
 
@@ -66,6 +70,8 @@ class BenchRow:
     compile_s: float | None = None
     launches_per_step: int | None = None
     note: str = ""
+    # False for a baseline that does not run here or at these sizes (said in the note): not a failure
+    applicable: bool = True
 
 
 @dataclass
@@ -201,7 +207,7 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
         if not torch_available():
             baselines = [b for b in baselines if b == "numpy reference"]
         elif cudnn_kind(cell) is None:
-            baselines = [b for b in baselines if b != "cudnn"]
+            baselines = [b for b in baselines if b != "cudnn" and b not in CUDNN_PERSISTENT]
     total = 1 + len(schedules) + len(baselines) + rounds
     done = 0
 
@@ -384,6 +390,10 @@ def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _
 
 
 def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
+    row = BenchRow(name, "baseline", False, note=BASELINE_NOTES[name])
+    if name in CUDNN_PERSISTENT and (reason := unavailable_reason()):
+        row.note, row.applicable = f"not available: {reason}; {row.note}", False
+        return row, None
     import torch
 
     from .torch_baselines import COMPILE_MODES, CompiledCell, CudnnCell, GraphedCell, TorchCell, cudnn_kind
@@ -391,22 +401,29 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
     # Float32 against float32: PyTorch would otherwise let cuDNN and cuBLAS round inputs to TF32.
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    row = BenchRow(name, "baseline", False, note=BASELINE_NOTES[name])
     sizes = p.sizes
     xt = torch.from_numpy(p.x).cuda()
     init = [torch.from_numpy(p.initial[s]).cuda() for s in p.cell.updates]
     t0 = time.perf_counter()
-    if name == "cudnn":
-        model = CudnnCell(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden)
-    elif name in COMPILE_MODES:
-        model = CompiledCell(p.cell, p.params, sizes.layers, COMPILE_MODES[name])
-    else:
-        model = TorchCell(p.cell, p.params, sizes.layers)
-        if name == "pytorch graph":
-            model = GraphedCell(model, xt, init)
-    # A copy at once: in mode "reduce-overhead" the next call overwrites the output of this one.
-    y = model(xt, init).clone()
-    torch.cuda.synchronize()
+    try:
+        if name == "cudnn":
+            model = CudnnCell(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden)
+        elif name in CUDNN_PERSISTENT:
+            model = CudnnPersistentRNN(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden,
+                                       sizes.batch, sizes.seq, CUDNN_PERSISTENT[name])
+            _add_note(row, f"cuDNN {model.cudnn.version}")
+        elif name in COMPILE_MODES:
+            model = CompiledCell(p.cell, p.params, sizes.layers, COMPILE_MODES[name])
+        else:
+            model = TorchCell(p.cell, p.params, sizes.layers)
+            if name == "pytorch graph":
+                model = GraphedCell(model, xt, init)
+        # A copy at once: in mode "reduce-overhead" the next call overwrites the output of this one.
+        y = model(xt, init).clone()
+        torch.cuda.synchronize()
+    except CudnnRefused as e:  # cuDNN does not run this algorithm at these sizes: a fact, not a failure
+        row.note, row.applicable = f"not applicable: {e}; {row.note}", False
+        return row, None
     row.compile_s = time.perf_counter() - t0  # setup and first call: torch.compile compiles in the call
     row.rel_error = _rel_error(Forward(y.cpu().numpy(), {}), Forward(p.ref.y, {}))
     if _wrong(row):

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..codegen import Plan, plan_kernels
 from ..codegen.cuda_kernels import BLOCK, kernel_params
-from ..codegen.cuda_persistent import persistent_buffers
+from ..codegen.cuda_persistent import persistent_buffers, wavefront_buffers
 from ..codegen.lowering import (
     Copy,
     Gemm,
@@ -28,12 +28,13 @@ from ..codegen.lowering import (
     Persistent,
     Record,
     Wait,
+    Wavefront,
     element_offset,
     launch_rows,
     lower,
 )
 from ..codegen.persistent import Target
-from ..codegen.plan import PersistentLaunch
+from ..codegen.plan import PersistentLaunch, WavefrontLaunch
 from ..graph_model import CellError, Forward
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ class CudaExecutor:
         self.compile_s = time.perf_counter() - t0
         module = drv.module_from_buffer(cubin)
         persistent = {name for launch, name in kernels.name_of.items()
-                      if isinstance(launch, PersistentLaunch)}
+                      if isinstance(launch, PersistentLaunch | WavefrontLaunch)}
         self.funcs = {name: module.get_function(name) for name in kernels.sources if name not in persistent}
         self._cu_module, self.cooperative = (_cooperative_functions(self.cu, cubin, kernels) if persistent
                                              else (None, {}))
@@ -186,8 +187,12 @@ class CudaExecutor:
                 if g.bias:  # the bias rows first, then C accumulates A @ W onto them
                     out.append(partial(self.bias_rows.prepared_async_call, (_grid(m * g.n), 1), (BLOCK, 1, 1),
                                        self.streams[s], c, self.addr[g.bias], m, g.n, g.c.ld))
-                out.append(partial(self.cublas.sgemm, self.handles[s], 0, 0, g.n, m, g.k, one, self.addr[g.w],
-                                   g.n, self._ptr(instr, g.a, t), g.a.ld, one if g.bias else zero, c, g.c.ld))
+                # Row-major C = op(A) @ op(W) is column-major C^T = op(W)^T @ op(A)^T: W goes first, and a
+                # transposed operand (stored [N, K] or [K, M]) is cuBLAS's op T (1) with its own row length.
+                ldw = g.k if g.trans_w else g.n
+                out.append(partial(self.cublas.sgemm, self.handles[s], int(g.trans_w), int(g.trans_a), g.n, m,
+                                   g.k, one, self.addr[g.w], ldw, self._ptr(instr, g.a, t), g.a.ld,
+                                   one if g.bias or g.accumulate else zero, c, g.c.ld))
                 return out
             case Kernel(launch=k, stream=s):
                 name = self.name_of[k]
@@ -209,9 +214,10 @@ class CudaExecutor:
             case Loop(body=body):
                 return [call for step in instr.steps(self.plan.sizes.seq) for inner in body
                         for call in self._calls(inner, step)]
-            case Persistent(launch=p, stream=s):
+            case Persistent(launch=p, stream=s) | Wavefront(launch=p, stream=s):
                 kernel = self.cooperative[self.name_of[p]]
-                pointers = [self.addr[b] for b in persistent_buffers(p)]
+                buffers = persistent_buffers(p) if isinstance(p, PersistentLaunch) else wavefront_buffers(p)
+                pointers = [self.addr[b] for b in buffers]
                 return [kernel.call(p, [self.plan.sizes.seq, B], pointers, self.streams[s])]
             case _:
                 raise TypeError(f"the CUDA executor cannot run {instr!r}")
@@ -294,12 +300,13 @@ def device_target() -> Target:
 
 
 class _Cooperative:
-    """A persistent kernel, launched cooperatively through the driver API (PyCUDA has no such launch)."""
+    """A persistent or wavefront kernel, launched cooperatively through the driver API (PyCUDA has no such
+    launch)."""
 
     def __init__(self, cu, function):
         self.cu, self.function = cu, function
 
-    def call(self, launch: PersistentLaunch, ints: list[int], pointers: list[int],
+    def call(self, launch: PersistentLaunch | WavefrontLaunch, ints: list[int], pointers: list[int],
              stream) -> Callable[[], object]:
         """The call that launches it: all blocks resident at once, or a CellError saying why not."""
         cu = self.cu
@@ -310,7 +317,7 @@ class _Cooperative:
                                                                            launch.smem_bytes))
         target = device_target()
         if per_sm * target.sm_count < launch.blocks:
-            raise CellError(f"the persistent kernel of layer {launch.layer} needs its {launch.blocks} blocks "
+            raise CellError(f"the persistent kernel of {launch.label} needs its {launch.blocks} blocks "
                             f"resident at once, and this GPU holds {per_sm * target.sm_count} of them "
                             f"({target.sm_count} SMs x {per_sm}, with {launch.smem_bytes} bytes of shared "
                             "memory each); plan it for this GPU's target")
@@ -319,7 +326,8 @@ class _Cooperative:
         table = np.array([v.ctypes.data for v in values], np.uint64)
         return partial(self._launch, launch, cu.CUstream(stream.handle), table, values)
 
-    def _launch(self, launch: PersistentLaunch, stream, table: np.ndarray, values: list[np.ndarray]) -> None:
+    def _launch(self, launch: PersistentLaunch | WavefrontLaunch, stream, table: np.ndarray,
+                values: list[np.ndarray]) -> None:
         del values  # held by the partial, so that the table's pointers stay valid
         _cu_check(self.cu.cuLaunchCooperativeKernel(self.function, launch.blocks, 1, 1, launch.threads, 1, 1,
                                                     launch.smem_bytes, stream, table.ctypes.data))
@@ -333,7 +341,8 @@ def _cooperative_functions(cu, cubin: bytes, kernels) -> tuple[object, dict[str,
                              "(cuda.bindings): pip install cuda-python")
     module = _cu_check(cu.cuModuleLoadData(cubin))
     return module, {name: _Cooperative(cu, _cu_check(cu.cuModuleGetFunction(module, name.encode())))
-                    for launch, name in kernels.name_of.items() if isinstance(launch, PersistentLaunch)}
+                    for launch, name in kernels.name_of.items()
+                    if isinstance(launch, PersistentLaunch | WavefrontLaunch)}
 
 
 def _grid(n: int) -> int:

@@ -27,6 +27,7 @@ from ..codegen.lowering import (
     Persistent,
     Record,
     Wait,
+    Wavefront,
     as_instruction,
     element_offset,
     execution_order,
@@ -43,10 +44,12 @@ from ..codegen.plan import (
     PersistentItem,
     PersistentLaunch,
     Plan,
+    WavefrontLaunch,
 )
 from ..graph_model import Forward
 
 CHECKED_STEPS = 3  # steps of a persistent launch run block by block
+Event = tuple[int, PersistentItem] | None  # what a block of a cooperative kernel does, or a barrier
 
 
 def run_body(body: tuple[Instr | GradInstr, ...], values: dict[str, np.ndarray], dtype: np.dtype) -> None:
@@ -79,12 +82,15 @@ class NumpyExecutor:
         self.buf.update(self.weights)
 
     def view(self, acc: Access, offset: int, rows: int, width: int) -> np.ndarray:
-        """The [rows, width] block (or [width] vector, or one scalar) of an access starting at `offset`."""
+        """The [rows, width] block (or [width] vector, [rows, 1] column, or one scalar) of an access starting
+        at `offset`."""
         flat = self.buf[acc.buffer]
         if acc.kind == "scalar":
             return flat[offset:offset + 1]
         if acc.kind == "vec":
             return flat[offset:offset + width]
+        if acc.kind == "col":  # one number per row, spread over the columns by broadcasting
+            width = 1
         end = offset + (rows - 1) * acc.ld + width
         if end > flat.size:
             raise IndexError(f"access {acc} at element {offset} runs past buffer '{acc.buffer}'")
@@ -96,9 +102,14 @@ class NumpyExecutor:
         match instr:
             case Gemm(launch=g):
                 rows = launch_rows(instr, B)
-                a = self.view(g.a, element_offset(instr, g.a, t, B), rows, g.k)
+                at = element_offset(instr, g.a, t, B)
+                a = self.view(g.a, at, g.k, rows).T if g.trans_a else self.view(g.a, at, rows, g.k)
+                w = self.buf[g.w].reshape(g.n, g.k).T if g.trans_w else self.buf[g.w].reshape(g.k, g.n)
                 c = self.view(g.c, element_offset(instr, g.c, t, B), rows, g.n)
-                c[...] = a @ self.buf[g.w].reshape(g.k, g.n)
+                if g.accumulate:
+                    c += a @ w
+                else:
+                    c[...] = a @ w
                 if g.bias:
                     c += self.buf[g.bias]
             case Kernel(launch=k):
@@ -112,6 +123,8 @@ class NumpyExecutor:
                         self.execute(inner, step)
             case Persistent(launch=p):
                 self.persistent(p)
+            case Wavefront(launch=p):
+                self.wavefront(p)
             case Record() | Wait():
                 pass  # the order of `execution_order` already respects them
             case _:
@@ -126,32 +139,62 @@ class NumpyExecutor:
             return
 
         def at(acc: Access) -> tuple[Access, int, int, int]:
-            shift = {"row": row * acc.ld + first, "vec": first, "scalar": 0}[acc.kind]
+            shift = {"row": row * acc.ld + first, "vec": first, "col": row * acc.ld, "scalar": 0}[acc.kind]
             return acc, element_offset(instr, acc, t, B) + shift, count, width
 
         values = {v: self.view(*at(acc)) for v, acc in k.inputs}
         run_body(k.body, values, self.dtype)
         for v, acc in k.outputs:
             dst = self.view(*at(acc))
-            dst[...] = np.broadcast_to(values[v], dst.shape) if values[v].ndim else values[v]
+            value = np.broadcast_to(values[v], dst.shape) if values[v].ndim else values[v]
+            if k.accumulate:
+                dst += value
+            else:
+                dst[...] = value
 
     def persistent(self, launch: PersistentLaunch) -> None:
         """Every step of a persistent launch, block by block between barriers (see the module's doc)."""
-        spans: list[list[tuple[int, PersistentItem]]] = [[]]
-        for t in range(self.seq):
-            for item in launch.items:
-                if item.barrier:
-                    spans.append([])
-                spans[-1].append((t, item))
-        order = range(launch.blocks - 1, -1, -1) if self.reverse_blocks else range(launch.blocks)
-        for span in spans:
-            if span and span[0][0] >= CHECKED_STEPS:
-                for t, item in span:  # every block at once: the launch itself, on all rows and columns
-                    self.execute(as_instruction(item.launch), t)
+        self.blocks([(launch, [event for t in range(self.seq) for item in launch.items
+                               for event in ([None] if item.barrier else []) + [(t, item)]])])
+
+    def wavefront(self, launch: WavefrontLaunch) -> None:
+        """Every wave of a wavefront launch: each layer's step of the wave, or only its barriers where
+        it has none, and then the barriers it has fewer than the wave's."""
+        timelines = []
+        for layer, p in enumerate(launch.layers):
+            events: list[Event] = []
+            for wave in range(self.seq + len(launch.layers) - 1):
+                t = wave - layer
+                for item in p.items:
+                    events += ([None] if item.barrier else []) + ([(t, item)] if 0 <= t < self.seq else [])
+                events += [None] * (launch.barriers - p.barriers_per_step)
+            timelines.append((p, events))
+        self.blocks(timelines)
+
+    def blocks(self, timelines: list[tuple[PersistentLaunch, list[Event]]]) -> None:
+        """The launches of one cooperative kernel, each on its own blocks, the blocks of all of them in a
+        row: what each block does, (step, item) or a grid-wide barrier (None), in order."""
+        spans = []  # per launch, its work between barriers
+        for _, events in timelines:
+            spans.append([[]])
+            for event in events:
+                if event is None:
+                    spans[-1].append([])
+                else:
+                    spans[-1][-1].append(event)
+        assert len({len(s) for s in spans}) == 1, "the blocks of one kernel pass different barriers"
+        blocks = [(p, block, own) for (p, _), own in zip(timelines, spans, strict=True)
+                  for block in range(p.blocks)]
+        order = blocks[::-1] if self.reverse_blocks else blocks
+        for i in range(len(spans[0])):
+            if all(t >= CHECKED_STEPS for own in spans for t, _ in own[i]):
+                for own in spans:  # every block at once: each launch on all rows and columns
+                    for t, item in own[i]:
+                        self.execute(as_instruction(item.launch), t)
                 continue
-            for block in order:
-                for t, item in span:
-                    self.block_item(item, launch, block, t)
+            for p, block, own in order:
+                for t, item in own[i]:
+                    self.block_item(item, p, block, t)
 
     def block_item(self, item: PersistentItem, launch: PersistentLaunch, block: int, t: int) -> None:
         """One block's part of one launch of a persistent kernel at step t."""

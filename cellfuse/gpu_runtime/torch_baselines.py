@@ -25,8 +25,10 @@ def torch_available() -> bool:
 
 
 def torch_function(torch, spec: OpSpec) -> Callable:
-    """The op's function of the `torch` module: its table entry's name, dotted into submodules."""
-    return functools.reduce(getattr, spec.torch.split("."), torch)
+    """The op's function of the `torch` module: its table entry's name, dotted into submodules; a row
+    reduction's over the last dim, kept as a column that spreads over the row."""
+    function = functools.reduce(getattr, spec.torch.split("."), torch)
+    return functools.partial(function, dim=-1, keepdim=True) if spec.is_reduction else function
 
 
 def make_step(cell: Cell) -> Callable:
@@ -139,7 +141,7 @@ class CompiledCell:
                     out = row_of(node.args[0]) @ self.stacked[layer][node.args[0]]
                     widths = [self.weights[layer][self.nodes[m].args[1]].shape[1] for m in ms]
                     values.update(zip(ms, torch.split(out, widths, dim=1), strict=True))
-            elif spec.is_elementwise:
+            elif spec.in_kernel:
                 values[n] = torch_function(torch, spec)(*(row_of(a) for a in node.args))
 
     def _forward(self, x, initial: list):
@@ -205,13 +207,18 @@ def cudnn_kind(cell: Cell) -> str | None:
     return None
 
 
+# The cell's parameters of each gate, in the gate order of cuDNN and of torch.nn.LSTM / GRU: (input weight,
+# recurrent weight, bias) for the LSTM, whose one bias per gate is cuDNN's b_ih + b_hh; (input weight,
+# recurrent weight, input bias, recurrent bias) for the GRU, whose recurrent bias of the new gate is
+# inside r * (...), as in cuDNN's and PyTorch's GRU.
+CUDNN_GATES = {"lstm": [("W_i", "U_i", "b_i"), ("W_f", "U_f", "b_f"), ("W_g", "U_g", "b_g"),
+                        ("W_o", "U_o", "b_o")],
+               "gru": [("W_ir", "W_hr", "b_ir", "b_hr"), ("W_iz", "W_hz", "b_iz", "b_hz"),
+                       ("W_in", "W_hn", "b_in", "b_hn")]}
+
+
 class CudnnCell:
     """torch.nn.LSTM or torch.nn.GRU (cuDNN) loaded with the cell's weights."""
-
-    _GATES = {"lstm": [("W_i", "U_i", "b_i"), ("W_f", "U_f", "b_f"), ("W_g", "U_g", "b_g"),
-                       ("W_o", "U_o", "b_o")],
-              "gru": [("W_ir", "W_hr", "b_ir", "b_hr"), ("W_iz", "W_hz", "b_iz", "b_hz"),
-                      ("W_in", "W_hn", "b_in", "b_hn")]}
 
     def __init__(self, kind: str, params: dict[str, np.ndarray], layers: int, input_size: int, hidden: int):
         import torch
@@ -224,7 +231,7 @@ class CudnnCell:
                 def p(name: str, layer: int = layer) -> np.ndarray:
                     return params[param_key(layer, name)]
 
-                gates = self._GATES[kind]
+                gates = CUDNN_GATES[kind]
                 w_ih = np.concatenate([p(g[0]).T for g in gates])
                 w_hh = np.concatenate([p(g[1]).T for g in gates])
                 if kind == "lstm":  # one bias per gate here; cuDNN adds b_ih + b_hh

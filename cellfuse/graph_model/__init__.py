@@ -4,13 +4,14 @@ its backward pass. Imports nothing else of CellFuse."""
 
 from .backward import Gradients, Tape, backward, record_forward, run_reference_backward
 from .builder import CellBuilder, Value, auto_layout, exp, relu, sigmoid, tanh
-from .cell import FORMAT, Cell, Node
+from .cell import FORMAT, Cell, Group, Node
 from .cellfile import (
     CellFileError,
     atomic_write,
     cell_from_json,
     cell_from_text,
     cell_to_text,
+    group_name_problem,
     load_cell,
     save_cell,
 )
@@ -37,9 +38,9 @@ from .validate import CellError, CellInfo, Problem, analyze, require_valid, shap
 __all__ = [
     "Gradients", "Tape", "backward", "record_forward", "run_reference_backward",
     "CellBuilder", "Value", "auto_layout", "exp", "relu", "sigmoid", "tanh",
-    "FORMAT", "Cell", "Node",
+    "FORMAT", "Cell", "Group", "Node",
     "CellFileError", "atomic_write", "cell_from_json", "cell_from_text", "cell_to_text", "load_cell",
-    "save_cell",
+    "save_cell", "group_name_problem",
     "Equation", "Term", "equations", "equations_latex", "equations_text",
     "FormulaEdit", "FormulaError", "apply_formula", "plan_formula",
     "OPS", "OpSpec",

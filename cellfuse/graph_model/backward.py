@@ -103,8 +103,11 @@ def _seed(what: str, value: object, shape: tuple[int, ...]) -> np.ndarray:
 
 def _unbroadcast(g: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
     """The gradient of an arg of `shape` from the gradient `g` of the broadcast value: a [N] row was
-    repeated over the batch and a scalar over everything, so their gradients are the sums."""
-    return g if g.ndim == len(shape) else g.sum(axis=tuple(range(g.ndim - len(shape))))
+    repeated over the batch, a [B, 1] column over the row and a scalar over everything, so their
+    gradients are the sums."""
+    g = g.sum(axis=tuple(range(g.ndim - len(shape)))) if g.ndim > len(shape) else g
+    spread = tuple(i for i, n in enumerate(shape) if n == 1 and g.shape[i] != 1)
+    return g.sum(axis=spread, keepdims=True) if spread else g
 
 
 def _accumulate(grads: dict[str, np.ndarray], nid: str, g: np.ndarray) -> None:

@@ -1,4 +1,5 @@
-"""Build cells in Python: `f = sigmoid(x @ W_f + h @ U_f + b_f)`.
+"""Build cells in Python: `f = sigmoid(x @ W_f + h @ U_f + b_f)`. The nodes added inside a block
+`with b.group("forget gate"):` are one group, which the editor shows as one node.
 
     b = CellBuilder("Elman")
     x, h = b.input("x"), b.state("h")
@@ -11,9 +12,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Union
 
-from .cell import DEFAULT_SIZES, Cell, Node
+from .cell import DEFAULT_SIZES, Cell, Group, Node
+from .cellfile import group_name_problem
 from .ops import OPS
 from .validate import CellError, require_valid
 
@@ -107,6 +111,27 @@ class CellBuilder:
     def __init__(self, name: str, description: str = "", input: int = DEFAULT_SIZES["input"],
                  hidden: int = DEFAULT_SIZES["hidden"]):
         self.cell = Cell(name=name, description=description, sizes={"input": input, "hidden": hidden})
+        self._group: str | None = None  # the name of the group being built
+
+    @contextmanager
+    def group(self, name: str) -> Iterator[None]:
+        """Every node added inside the block joins the group `name` (presentation only: the editor shows
+        the group as one node). Raises CellError for a bad name, a group inside another, or no node."""
+        problem = group_name_problem(name)
+        if problem is not None:
+            raise CellError(problem)
+        if self._group is not None:
+            raise CellError(f"group {name!r} inside group {self._group!r}: groups do not nest")
+        start = len(self.cell.nodes)
+        self._group = name
+        try:
+            yield
+        finally:
+            self._group = None
+        added = self.cell.nodes[start:]
+        if not added:
+            raise CellError(f"group {name!r} holds no node: add its nodes inside the 'with' block")
+        self.cell.groups.append(Group(name, [n.id for n in added]))
 
     def _add(self, node: Node) -> Value:
         self.cell.add(node)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 FORMAT = "cellfuse.cell/1"
+GROUPS_VERSION = 1  # of the file's optional "groups" field
 DEFAULT_SIZES = {"input": 512, "hidden": 512}
 
 
@@ -34,6 +35,18 @@ class Node:
 
 
 @dataclass
+class Group:
+    """Nodes the editor shows as one node under a name ("forget gate"). Presentation only: nothing
+    that validates, plans, compiles or runs a cell reads its groups."""
+
+    name: str
+    nodes: list[str]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "nodes": list(self.nodes)}
+
+
+@dataclass
 class Cell:
     name: str
     nodes: list[Node] = field(default_factory=list)
@@ -43,6 +56,7 @@ class Cell:
     sizes: dict[str, int] = field(default_factory=lambda: dict(DEFAULT_SIZES))
     layout: dict[str, list[float]] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)  # top-level "x-" keys
+    groups: list[Group] = field(default_factory=list)  # disjoint; for the editor only
 
     # -- lookup -------------------------------------------------------------------------------
     def node(self, node_id: str) -> Node:
@@ -91,6 +105,8 @@ class Cell:
             self.output = new
         if old in self.layout:
             self.layout[new] = self.layout.pop(old)
+        for g in self.groups:
+            g.nodes = [new if m == old else m for m in g.nodes]
 
     def fresh_id(self, stem: str) -> str:
         taken = {n.id for n in self.nodes}
@@ -110,15 +126,17 @@ class Cell:
         out["nodes"] = [n.to_json() for n in self.nodes]
         out["updates"] = dict(self.updates)
         out["output"] = self.output
+        if self.groups:
+            out["groups"] = {"version": GROUPS_VERSION, "list": [g.to_json() for g in self.groups]}
         if self.layout:
             out["layout"] = {k: list(v) for k, v in self.layout.items()}
         out.update(self.extra)
         return out
 
     def structure_hash(self) -> str:
-        """A hash of what the compiler sees (not the layout or editor keys)."""
+        """A hash of what the compiler sees (not the layout, the groups or editor keys)."""
         data = self.to_json()
-        for key in ("layout", "description", "sizes"):
+        for key in ("layout", "groups", "description", "sizes"):
             data.pop(key, None)
         data = {k: v for k, v in data.items() if not k.startswith("x-")}
         data["nodes"] = [{k: v for k, v in n.items() if not k.startswith("x-")} for n in data["nodes"]]

@@ -15,12 +15,14 @@ import stat
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from .cell import DEFAULT_SIZES, FORMAT, Cell, Node
-from .limits import MAX_CELL_FILE_BYTES, MAX_EDITOR_DATA_DEPTH, MAX_WIDTH
+from .cell import DEFAULT_SIZES, FORMAT, GROUPS_VERSION, Cell, Group, Node
+from .limits import MAX_CELL_FILE_BYTES, MAX_EDITOR_DATA_DEPTH, MAX_GROUP_NAME, MAX_WIDTH
 from .validate import CellError, check_count, is_finite_number, shown
 
 _NODE_KEYS = {"id", "op", "args", "shape", "value"}
-_TOP_KEYS = {"format", "name", "description", "sizes", "nodes", "updates", "output", "layout"}
+_TOP_KEYS = {"format", "name", "description", "sizes", "nodes", "updates", "output", "groups", "layout"}
+_GROUPS_KEYS = {"version", "list"}
+_GROUP_KEYS = {"name", "nodes"}
 _NONBLOCK = getattr(os, "O_NONBLOCK", 0)  # none on Windows, where FIFOs are not files
 
 
@@ -210,6 +212,65 @@ def _layout_from_json(layout: Any) -> dict[str, list[float]]:
     return {k: [float(p[0]), float(p[1])] for k, p in layout.items()}
 
 
+def group_name_problem(name: Any) -> str | None:
+    """What is wrong with the name of a group, or None: it is one line of printable text of 1 to
+    MAX_GROUP_NAME characters, as the canvas draws it in a node's title."""
+    if not isinstance(name, str):
+        return f"a group's name must be a string, got {shown(name)}"
+    if len(name) > MAX_GROUP_NAME:
+        return f"a group's name has {len(name)} characters, above the limit of {MAX_GROUP_NAME}"
+    if not name.strip():
+        return "a group's name cannot be empty"
+    if not name.isprintable():
+        return f"a group's name must be one line of printable text, got {shown(name)}"
+    return None
+
+
+def _groups_from_json(raw: Any, ids: set[str]) -> list[Group]:
+    """The groups of the optional 'groups' field: each names nodes of the file, and no node is in two."""
+    like = f'{{"version": {GROUPS_VERSION}, "list": [{{"name": "forget gate", "nodes": ["f", ...]}}]}}'
+    if not isinstance(raw, dict):
+        raise CellError(f"'groups' must be an object like {like}, got {shown(raw)}")
+    unknown = [k for k in raw if k not in _GROUPS_KEYS]
+    if unknown:
+        raise CellError(f"'groups': unknown key(s) {shown(unknown)} (it holds 'version' and 'list')")
+    version = raw.get("version")
+    if type(version) is not int or version != GROUPS_VERSION:  # not True, which == 1
+        raise CellError(f"'groups': 'version' must be {GROUPS_VERSION}, the version of groups this "
+                        f"version of CellFuse reads, got {shown(version)}")
+    items = raw.get("list")
+    if not isinstance(items, list):
+        raise CellError(f"'groups': 'list' must be a list of groups, got {shown(items)}")
+    owner: dict[str, int] = {}
+    groups: list[Group] = []
+    for i, item in enumerate(items):
+        where = f"'groups': group #{i + 1}"
+        if not isinstance(item, dict):
+            raise CellError(f"{where} must be an object with 'name' and 'nodes', got {shown(item)}")
+        unknown = [k for k in item if k not in _GROUP_KEYS]
+        if unknown:
+            raise CellError(f"{where}: unknown key(s) {shown(unknown)} (a group has 'name' and 'nodes')")
+        problem = group_name_problem(item.get("name"))
+        if problem is not None:
+            raise CellError(f"{where}: {problem}")
+        name = item["name"]
+        where = f"'groups': group {shown(name)}"
+        nodes = item.get("nodes")
+        if not isinstance(nodes, list) or not nodes or not all(isinstance(n, str) for n in nodes):
+            raise CellError(f"{where}: 'nodes' must be a list of one or more node ids, got {shown(nodes)}")
+        for node_id in nodes:
+            if node_id not in ids:
+                raise CellError(f"{where}: there is no node {shown(node_id)} in 'nodes'")
+            if owner.get(node_id) == i:
+                raise CellError(f"{where}: names node {shown(node_id)} twice")
+            if node_id in owner:
+                raise CellError(f"{where}: node {shown(node_id)} is in group "
+                                f"{shown(groups[owner[node_id]].name)} too; a node is in one group at most")
+            owner[node_id] = i
+        groups.append(Group(name, list(nodes)))
+    return groups
+
+
 def cell_from_json(data: Any) -> Cell:
     """A Cell from the parsed JSON of a cell file; raises CellError on a structural fault."""
     if not isinstance(data, dict):
@@ -237,10 +298,11 @@ def cell_from_json(data: Any) -> Cell:
     output = data.get("output")
     if output is not None and not isinstance(output, str):
         raise CellError(f"'output' must be a node id, got {shown(output)}")
+    groups = _groups_from_json(data["groups"], {n.id for n in nodes}) if "groups" in data else []
     return Cell(
         name=name, nodes=nodes, updates=dict(updates), output=output, description=description,
         sizes={**DEFAULT_SIZES, **sizes}, layout=_layout_from_json(data.get("layout", {})),
-        extra=_editor_data("", data),
+        extra=_editor_data("", data), groups=groups,
     )
 
 
@@ -314,7 +376,12 @@ def _text_of(data: dict[str, Any]) -> str:
     items = list(data.items())
     for i, (key, value) in enumerate(items):
         comma = "," if i < len(items) - 1 else ""
-        if key == "nodes" or (key == "layout" and value):
+        if key == "groups":  # one group per line
+            inner = [json.dumps(g) for g in value["list"]]
+            lines.append(f'  "groups": {{"version": {json.dumps(value["version"])}, "list": [')
+            lines.extend(f"    {line}{',' if j < len(inner) - 1 else ''}" for j, line in enumerate(inner))
+            lines.append(f"  ]}}{comma}")
+        elif key == "nodes" or (key == "layout" and value):
             inner = ([json.dumps(v) for v in value] if key == "nodes"
                      else [f"{json.dumps(k)}: {json.dumps(v)}" for k, v in value.items()])
             opener, closer = ("[", "]") if key == "nodes" else ("{", "}")

@@ -42,7 +42,7 @@ from .cell import Cell, Node
 from .equations import OUTPUT_NAME, PRIME
 from .limits import MAX_NODES
 from .ops import OPS, OpSpec
-from .validate import ID_PATTERN, ROW, CellError, Shape, analyze, broadcast, shape_str
+from .validate import DIMS, ID_PATTERN, ROW, CellError, Shape, analyze, broadcast, reduced, shape_str
 
 MAX_FORMULA_LENGTH = 2000
 # Stands for the prime while Python reads the formula: a letter Python allows in a name, one character
@@ -349,6 +349,8 @@ class _Planner:
         values = [self.value(a) for a in operands]
         if spec.is_matmul:
             shape = self.matmul(node, values)
+        elif spec.is_reduction:
+            shape = self.reduction(node, spec, values[0])
         else:
             shape = self.elementwise(node, spec, values)
         made = self.add(spec.name, [v.id for v in values], shape)  # type: ignore[misc]
@@ -358,7 +360,7 @@ class _Planner:
     def matmul(self, node: ast.AST, values: list[_Value]) -> Shape | None:
         a, w = values
         assert a.id is not None, "an unknown left operand of @ is a state (see `plan`)"
-        if a.shape is not None and (len(a.shape) != 2 or a.shape[0] != ROW):
+        if a.shape is not None and (len(a.shape) != 2 or a.shape[0] != ROW or a.shape[1] not in DIMS):
             raise self.error(a.column, f"the left operand of @ must be a [batch, D] value (the input, a "
                                        f"state or one computed from them); '{a.name}' is "
                                        f"{shape_str(a.shape)}")
@@ -377,8 +379,21 @@ class _Planner:
                                    f"weight's first dim must be {a.shape[1]}")
         return (ROW, w.shape[1])
 
+    def reduction(self, node: ast.AST, spec: OpSpec, v: _Value) -> Shape | None:
+        if v.id is None:
+            raise self.unknown(v, f"nothing beside it in '{spec.name}' says what it is")
+        if v.shape is None:
+            return None
+        out = reduced(v.shape)
+        if out is None:
+            raise self.error(v.column, f"'{spec.name}' reduces a [batch, hidden] value; '{v.name}' is "
+                                       f"{shape_str(v.shape)}")
+        return out
+
     def elementwise(self, node: ast.AST, spec: OpSpec, values: list[_Value]) -> Shape | None:
-        rows = [v.shape for v in values if v.id is not None and v.shape is not None and len(v.shape) == 2]
+        # the [batch, D] values whose D a new weight [D] beside them takes ([batch, 1] gives none)
+        rows = [v.shape for v in values if v.id is not None and v.shape is not None and len(v.shape) == 2
+                and v.shape[1] in DIMS]
         for i, v in enumerate(values):
             if v.id is not None:
                 continue

@@ -15,3 +15,4 @@ MAX_ELEMENTS = 2**34
 MAX_NODES = 10_000  # nodes in one cell
 MAX_CELL_FILE_BYTES = 16 * 2**20
 MAX_EDITOR_DATA_DEPTH = 32  # nesting of the lists and objects under an `x-` key
+MAX_GROUP_NAME = 80  # characters in the name of a group of the editor's

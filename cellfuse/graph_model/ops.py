@@ -1,12 +1,12 @@
 """The op table: the single source of truth for every op a cell may use.
 
-Each entry says how many args the op takes, what kind of node it is (a source of values, a matmul, or
-an elementwise op), what it means in numpy (the reference) and in PyTorch (the baselines), how it is
-written in CUDA C, its derivative (in numpy for the reference's backward pass, in CUDA C for generated
-backward kernels), how the Python builder spells it, and how random test cells may use it without
-values growing. The validator, the scheduler, the reference interpreter, the CUDA emitter, the builder,
-the editor's palette and the random cells of the tests all read it: an op added here works everywhere,
-or a test that walks the table names it.
+Each entry says how many args the op takes, what kind of node it is (a source of values, a matmul, an
+elementwise op, or a row reduction), what it means in numpy (the reference) and in PyTorch (the
+baselines), how it is written in CUDA C, its derivative (in numpy for the reference's backward pass, in
+CUDA C for generated backward kernels), how the Python builder spells it, and how random test cells may
+use it without values growing. The validator, the scheduler, the reference interpreter, the CUDA
+emitter, the builder, the editor's palette and the random cells of the tests all read it: an op added
+here works everywhere, or a test that walks the table names it.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ class OpKind(StrEnum):
     SOURCE = "source"  # a value the step starts from: the input, a state, a weight, a constant
     MATMUL = "matmul"  # a row value times a 2-D weight: a GEMM
     ELEMENTWISE = "elementwise"  # one output element from the same element of each arg (broadcasting)
+    REDUCTION = "reduction"  # one number per row of a [B, hidden] arg: a [B, 1] value
 
 
 # What a random test cell must guarantee of an argument before it feeds an op, so that values stay
@@ -51,10 +52,12 @@ class OpSpec:
     args: tuple[str, ...] = ()
     numpy: Callable[..., np.ndarray] | None = None
     # A C expression over the argument expressions {0}, {1}; functions named cf_* are defined in
-    # codegen's kernel prelude.
+    # codegen's kernel prelude. For a row reduction, over {0}, the sum of its arg over the row, and
+    # {width}, the row's width as a float.
     cuda: str | None = None
     # The function of the `torch` module with the same meaning (torch.<name>(*args)); a dotted name
-    # reaches into its submodules ("nn.functional.softplus").
+    # reaches into its submodules ("nn.functional.softplus"). A row reduction's function is called with
+    # dim=-1, keepdim=True.
     torch: str | None = None
     # The builder's spelling: a Python operator ("+", "-", ... ; "-" of arity 1 is negation), or None
     # for a function of the same name as the op (`sigmoid(v)`).
@@ -66,8 +69,9 @@ class OpSpec:
     # respect to arg i, for y the op's output and dy of y's shape. The result has y's shape: where an
     # arg was broadcast (a [N] row or a scalar), the caller sums the result over the broadcast axes.
     grad: tuple[Callable[..., np.ndarray], ...] | None = None
-    # The same for generated backward kernels, elementwise ops only: for each arg, a C expression over
-    # {dy}, {y} and the argument expressions {0}, {1}, in float.
+    # The same for generated backward kernels: for each arg, a C expression over {dy}, {y} and the
+    # argument expressions {0}, {1}, in float (and {width}, a row reduction's width as a float). A row
+    # reduction's rule gives each element of the row its part of the row's gradient: it broadcasts.
     cuda_grad: tuple[str, ...] | None = None
 
     @property
@@ -81,6 +85,15 @@ class OpSpec:
     @property
     def is_elementwise(self) -> bool:
         return self.kind is OpKind.ELEMENTWISE
+
+    @property
+    def is_reduction(self) -> bool:
+        return self.kind is OpKind.REDUCTION
+
+    @property
+    def in_kernel(self) -> bool:
+        """Computed by a generated kernel from the values of a row: an elementwise op or a row reduction."""
+        return self.kind in (OpKind.ELEMENTWISE, OpKind.REDUCTION)
 
 
 def _sigmoid(a: np.ndarray) -> np.ndarray:
@@ -139,6 +152,23 @@ def _abs_grad(dy: np.ndarray, a: np.ndarray, y: np.ndarray) -> np.ndarray:
 def _rsqrt_grad(dy: np.ndarray, a: np.ndarray, y: np.ndarray) -> np.ndarray:
     # d(a^-1/2)/da = -a^-3/2 / 2 = -y / (2a): from the forward's y, without another square root.
     return -0.5 * dy * y / a
+
+
+def _row_sum(a: np.ndarray) -> np.ndarray:
+    return np.sum(a, axis=-1, keepdims=True)
+
+
+def _row_mean(a: np.ndarray) -> np.ndarray:
+    return np.mean(a, axis=-1, keepdims=True)
+
+
+def _row_sum_grad(dy: np.ndarray, a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    # Every element of the row adds to the sum once: the row's gradient goes to each of them.
+    return dy * np.ones_like(a)
+
+
+def _row_mean_grad(dy: np.ndarray, a: np.ndarray, y: np.ndarray) -> np.ndarray:
+    return dy * np.ones_like(a) / np.shape(a)[-1]
 
 
 _E = float(np.e)  # e^1: the largest exp of a unit argument
@@ -218,6 +248,12 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
            grad=(lambda dy, a, y: dy * _sigmoid(a),),
            # sigmoid(a) = 1 - e^-y, as e^y = 1 + e^a; expm1f keeps its digits where y is tiny (a << 0).
            cuda_grad=("(-{dy} * expm1f(-{y}))",)),
+    # Row reductions: of a [B, hidden] value, one number per row, a [B, 1] value that spreads over the row
+    # in elementwise ops. A kernel that computes one runs a block per row (see codegen.cuda_kernels).
+    OpSpec("row_sum", 1, OpKind.REDUCTION, "the sum of the row, [batch, 1]", ("a",), _row_sum, "{0}", "sum",
+           None, grad=(_row_sum_grad,), cuda_grad=("{dy}",)),
+    OpSpec("row_mean", 1, OpKind.REDUCTION, "the mean of the row, [batch, 1]", ("a",), _row_mean,
+           "({0} / {width})", "mean", None, grad=(_row_mean_grad,), cuda_grad=("({dy} / {width})",)),
 ]}
 
 

@@ -1,6 +1,8 @@
 """Validation and shape inference of a cell.
 
-Shapes are symbolic: a tuple of "B" (the batch), "input" and "hidden". A cell is checked once for
+Shapes are symbolic: a tuple of "B" (the batch), "input", "hidden" and "1" (the one column of a row
+reduction's result, [batch, 1], which spreads over a row as a [N] row spreads over the batch). A cell
+is checked once for
 all sizes, so a cell that validates runs at any input and hidden size, except where an elementwise op
 combines a [batch, input] value with a [batch, hidden] one: such a cell runs only where the two sizes
 are equal, and its analysis lists the nodes that tie them (`CellInfo.ties`).
@@ -22,6 +24,7 @@ from .ops import OPS
 Shape = tuple[str, ...]
 ROW = "B"
 DIMS = ("input", "hidden")
+ONE = "1"  # the width of a row reduction's result: one number per row
 ID_PATTERN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
@@ -149,6 +152,11 @@ def broadcast(a: Shape, b: Shape) -> Shape | None:
         return b
     if b == ():
         return a
+    # [batch, 1]: one number per row, the same for every column of the row
+    if a == (ROW, ONE) and (len(b) == 2 or len(b) == 1 and b[0] != ONE):
+        return (ROW, b[-1])
+    if b == (ROW, ONE) and (len(a) == 2 or len(a) == 1 and a[0] != ONE):
+        return (ROW, a[-1])
     if len(a) == 2 and len(b) == 2:
         # [batch, input] and [batch, hidden]: a width tie (see WidthTie). The result is hidden-wide, so
         # that it can be a state's update or the output.
@@ -377,6 +385,11 @@ def _matmul_shape(nid: str, n: Node, nodes: dict[str, Node], shapes: dict[str, S
         _error(info, f"matmul '{nid}': port {pw} takes a 2-D weight [K, N]; it gets '{w}', {what} of shape "
                      f"{shape_str(sw)}", nid)
         return None
+    if sa == (ROW, ONE):
+        _error(info, f"matmul '{nid}': port {pa} gets {_describe(a, nodes[a], sa)}, one number per row (a "
+                     f"row reduction's result), which is no GEMM operand; a matmul takes a [batch, {sw[0]}] "
+                     "value", nid)
+        return None
     if len(sa) != 2 or sa[0] != ROW:
         _error(info, f"matmul '{nid}': port {pa} takes a [batch, {sw[0]}] value (the input, a state or one "
                      f"computed from them); it gets {_describe(a, nodes[a], sa)}", nid)
@@ -406,6 +419,23 @@ def _elementwise_shape(nid: str, n: Node, nodes: dict[str, Node], shapes: dict[s
                      "or a 1-D weight that spreads over the rows", nid)
     elif {shapes[a] for a in n.args} >= {(ROW, "input"), (ROW, "hidden")}:
         info.ties.append(WidthTie(nid, _combines(n, nodes, shapes)))
+    return out
+
+
+def reduced(shape: Shape) -> Shape | None:
+    """The shape of a row reduction of a value of `shape`, None where it cannot be reduced: validation's
+    rule, public for any other module that infers shapes. Only a [batch, hidden] value is: the kernel that
+    reduces it runs a block per row of the hidden width."""
+    return (ROW, ONE) if shape == (ROW, "hidden") else None
+
+
+def _reduction_shape(nid: str, n: Node, nodes: dict[str, Node], shapes: dict[str, Shape],
+                     info: CellInfo) -> Shape | None:
+    a = n.args[0]
+    out = reduced(shapes[a])
+    if out is None:
+        _error(info, f"{n.op} '{nid}': port {port_name(n.op, 0)} gets {_describe(a, nodes[a], shapes[a])}; "
+                     "a row reduction takes a [batch, hidden] value", nid)
     return out
 
 
@@ -453,6 +483,8 @@ def _infer_shapes(cell: Cell, info: CellInfo, broken: set[str]) -> list[str] | N
             continue  # an arg is already wrong; its node carries the error
         elif n.op == "matmul":
             shape = _matmul_shape(nid, n, nodes, shapes, info)
+        elif OPS[n.op].is_reduction:
+            shape = _reduction_shape(nid, n, nodes, shapes, info)
         else:
             shape = _elementwise_shape(nid, n, nodes, shapes, info)
         if shape is not None:

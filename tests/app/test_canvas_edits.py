@@ -178,6 +178,8 @@ def test_refused_rename_is_said_and_changes_nothing(window, user, same):
 
 def test_copy_paste_keeps_inner_links_and_takes_fresh_ids(window):
     a = window.adapter
+    window.actions_.select_all.trigger()
+    window.actions_.ungroup.trigger()  # nodes one by one, not the input gate's group
     a.select(["h", "hi", "U_i"])
     assert window.actions_.copy.isEnabled()
     window.actions_.copy.trigger()
@@ -213,6 +215,10 @@ def test_node_search_and_drop_add_through_the_adapter(window):
     assert len([n for n in graph.all_nodes() if n.ROLE == "output"]) == 1
 
 
+def shown_rects(window) -> list:
+    return [n.view.sceneBoundingRect() for n in window.adapter.graph.all_nodes() if n.view.isVisible()]
+
+
 def test_select_all_and_auto_layout(window):
     window.actions_.select_all.trigger()
     assert set(window.adapter.selected_ids()) == {n.id for n in window.cell.nodes}
@@ -222,8 +228,14 @@ def test_select_all_and_auto_layout(window):
         node.set_pos(0, 0)
     window.actions_.auto_layout.trigger()
     layout = window.cell.layout
-    rects = [n.view.sceneBoundingRect() for n in window.adapter.graph.all_nodes()]
+    rects = shown_rects(window)
     assert not any(r.intersects(q) for i, r in enumerate(rects) for q in rects[i + 1:])
+    for group in window.adapter.group_nodes():  # and the nodes of each group, opened
+        window.adapter.open_group_of(window.adapter.members(group)[0].name())
+        rects = shown_rects(window)
+        assert len(rects) >= 2
+        assert not any(r.intersects(q) for i, r in enumerate(rects) for q in rects[i + 1:])
+    window.adapter.close_group()
     window.actions_.undo.trigger()
     assert all(p == [0.0, 0.0] for p in window.cell.layout.values())
     assert layout != before or True

@@ -14,7 +14,7 @@ from random_cells import random_cells
 from cellfuse.codegen import make_plan, plan_kernels
 from cellfuse.codegen.lowering import SIDE
 from cellfuse.codegen.persistent import H100, Target, barriers
-from cellfuse.codegen.plan import GemmLaunch, Plan, owned
+from cellfuse.codegen.plan import GemmLaunch, KernelLaunch, Plan, owned
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
 from cellfuse.graph_model import (
     CellBuilder,
@@ -28,7 +28,9 @@ from cellfuse.graph_model import (
 )
 
 BARRIERS_PER_STEP = {"lstm": 1, "peephole_lstm": 1, "cifg_lstm": 1, "gru": 1, "elman": 1, "indrnn": 0,
-                     "gru_cho": 2, "mgu": 2, "sru": 0, "residual_lstm": 1}
+                     "gru_cho": 2, "mgu": 2, "sru": 0, "residual_lstm": 1, "slstm": 1}
+# The templates the persistent rungs run: all but those with a row reduction in their steps.
+TEMPLATES = [name for name in template_names() if name in BARRIERS_PER_STEP]
 # Few SMs, so that blocks own several columns each, and uneven shares at these widths.
 SMALL = Target(sm_count=2, smem_per_block=48 * 1024)
 # Eight SMs and a batch of 19: two row groups of 10 and 9 rows, four column blocks.
@@ -48,7 +50,7 @@ def run(plan: Plan, cell, layers: int, initial: bool, reverse_blocks: bool, seed
                *(float(np.abs(got.final[k] - ref.final[k]).max()) for k in ref.final))
 
 
-@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("name", TEMPLATES)
 def test_barriers_per_step_of_every_template(name):
     cell = load_template(name)
     plan = make_plan(cell, Sizes(5, 3, 6 if analyze(cell).ties else 7, 6), "persistent")
@@ -59,7 +61,7 @@ def test_barriers_per_step_of_every_template(name):
     assert all(item.barrier == isinstance(item.launch, GemmLaunch) for item in launch.items)
 
 
-@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("name", TEMPLATES)
 @pytest.mark.parametrize("target, batch", [(H100, 3), (SMALL, 3), (EIGHT, 19)],
                          ids=["h100", "two-sms", "row-groups"])
 @pytest.mark.parametrize("layers", [1, 3])
@@ -147,7 +149,7 @@ def test_an_h1024_lstm_keeps_its_recurrent_weights_on_chip():
     assert launch.smem_bytes <= H100.smem_per_block and launch.blocks <= H100.sm_count
 
 
-@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("name", TEMPLATES)
 def test_shared_memory_arrays_start_on_16_byte_boundaries(name):
     """The kernel reads its shared-memory arrays as float4s: an array after a GEMM output of an odd
     size would be misaligned (the GPU stops with "misaligned address")."""
@@ -158,3 +160,65 @@ def test_shared_memory_arrays_start_on_16_byte_boundaries(name):
         for body in plan_kernels(make_plan(cell, sizes, "persistent")).sources.values():
             for offset in re.findall(r"cf_smem \+ (\d+);", body):
                 assert int(offset) % 4 == 0, f"{sizes}: an array at float {offset}"
+
+
+# -- the wavefront: every layer in one launch, layer l+1 a step behind layer l ------------------------------
+@pytest.mark.parametrize("name", TEMPLATES)
+@pytest.mark.parametrize("target, batch", [(H100, 3), (EIGHT, 19)], ids=["h100", "row-groups"])
+@pytest.mark.parametrize("layers", [2, 3])
+def test_every_template_matches_the_reference_in_a_wavefront(name, target, batch, layers):
+    cell = load_template(name)
+    plan = make_plan(cell, Sizes(5, batch, 6 if analyze(cell).ties else 7, 6, layers), "wavefront", target)
+    wf = plan.wavefront
+    assert wf.blocks <= target.sm_count and len(wf.layers) == layers
+    assert all(not lp.prologue for lp in plan.layers[1:])  # their input comes a step at a time
+    for initial in (False, True):
+        for reverse in (False, True):
+            assert run(plan, cell, layers, initial, reverse) < 1e-9
+
+
+def test_a_wavefront_of_one_layer_is_the_persistent_plan():
+    cell = load_template("lstm")
+    one, persistent = (make_plan(cell, Sizes(5, 3, 7, 6), s) for s in ("wavefront", "persistent"))
+    assert one.wavefront is None and one.layers == persistent.layers
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_cells())
+def test_random_cells_match_the_reference_in_a_wavefront(cell):
+    for layers, target, batch in ((2, EIGHT, 17), (3, H100, 2)):
+        plan = make_plan(cell, Sizes(4, batch, 5, 5, layers), "wavefront", target)
+        for reverse in (False, True):
+            assert run(plan, cell, layers, True, reverse) < 1e-6
+
+
+@pytest.mark.parametrize("name, barriers, end", [("lstm", 1, False), ("gru_cho", 2, False),
+                                                 ("indrnn", 1, True),
+                                                 ("sru", 1, True)])
+def test_barriers_per_wave(name, barriers, end):
+    """An LSTM's upper layers compute their input's GEMM after the step's barrier, beside the recurrent
+    one, so one barrier a wave does; a cell with no recurrent GEMM needs one at each wave's end, or a
+    layer would read the output of the one below while it is written."""
+    cell = load_template(name)
+    plan = make_plan(cell, Sizes(5, 3, 6, 6, 3), "wavefront")
+    assert (plan.wavefront.barriers, plan.wavefront.end_barrier) == (barriers, end)
+    if name == "lstm":
+        upper = plan.layers[1].persistent.items
+        assert [type(i.launch) for i in upper] == [GemmLaunch, GemmLaunch, KernelLaunch]
+        assert upper[0].barrier and upper[1].launch.a.buffer == plan.layers[0].output_seq
+    if end:
+        broken = dataclasses.replace(plan, wavefront=dataclasses.replace(plan.wavefront, end_barrier=False))
+        errors = [run(broken, cell, 3, True, r) for r in (False, True)]
+        assert max(errors) > 1e-3 or any(np.isnan(errors))
+
+
+def test_a_wavefront_shares_the_sms_by_the_work_of_each_layer():
+    """An LSTM's first layer has only its recurrent GEMM in the loop, the others their input's GEMM too:
+    they get about twice its blocks, and all of them fit on the GPU at once."""
+    plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512, 4), "wavefront")
+    blocks = [p.blocks for p in plan.wavefront.layers]
+    assert sum(blocks) <= H100.sm_count and 1.7 < blocks[1] / blocks[0] < 2.3
+    assert plan.wavefront.first == (0, *np.cumsum(blocks)[:-1])
+    assert all(p.smem_bytes <= H100.smem_per_block for p in plan.wavefront.layers)
+    text = plan.describe()
+    assert "wavefront: every layer's steps in one cooperative launch" in text and "layer 3: blocks" in text

@@ -10,11 +10,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from random_cells import random_cell, random_cells
+from random_cells import random_cell, random_cells, reduces_rows
 
 from cellfuse.codegen import SCHEDULES, GemmLaunch, KernelLaunch, Plan, make_plan
 from cellfuse.codegen.cuda_export import generate_cuda
 from cellfuse.codegen.plan import Access
+from cellfuse.codegen.scheduler import LADDER
 from cellfuse.graph_model import (
     Cell,
     CellBuilder,
@@ -27,6 +28,7 @@ from cellfuse.graph_model import (
     tanh,
     template_names,
 )
+from cellfuse.graph_model.builder import apply
 from cellfuse.graph_model.ops import OPS
 
 SIZES = Sizes(seq=3, batch=2, input=6, hidden=5, layers=1)
@@ -51,8 +53,9 @@ def cell_of(plan: Plan) -> Cell:
 
 # -- reading a plan --------------------------------------------------------------------------------
 def elementwise_nodes(cell: Cell) -> list[str]:
+    """The nodes a kernel computes: elementwise ops and row reductions."""
     nodes = cell.by_id()
-    return [n for n in analyze(cell).order if OPS[nodes[n].op].kind == "elementwise"]
+    return [n for n in analyze(cell).order if OPS[nodes[n].op].in_kernel]
 
 
 def matmul_nodes(cell: Cell) -> list[str]:
@@ -134,22 +137,22 @@ def check_hoisting(plan: Plan) -> None:
         assert not plan.layers[0].prologue and not any(i.hoisted for i in plan.islands)
     rows = plan.sizes.seq * plan.sizes.batch
     for lp in plan.layers:  # a hoisted GEMM is one [T*B, K] x [K, N] GEMM; a step's GEMM has B rows
+        # a wavefront's layers above the first do their hoisted work a step at a time, in their steps
+        stepwise = plan.wavefront is not None and lp.layer > 0
         for launch in [*lp.prologue, *lp.step]:
             if isinstance(launch, GemmLaunch):
-                hoisted = plan.group(launch.group).hoisted
+                hoisted = plan.group(launch.group).hoisted and not stepwise
                 assert launch.m == (rows if hoisted else plan.sizes.batch)
                 assert launch.k == (lp.input_size if plan.group(launch.group).k_dim == "input"
                                     else plan.sizes.hidden)
-    for lp in plan.layers:
-        assert {x.group for x in lp.prologue if isinstance(x, GemmLaunch)} == \
-            {g.name for g in plan.groups if g.hoisted}
-        assert {x.group for x in lp.step if isinstance(x, GemmLaunch)} == \
-            {g.name for g in plan.groups if not g.hoisted}
-        assert {x.island for x in lp.prologue if isinstance(x, KernelLaunch)} == \
-            {i.name for i in plan.islands if i.hoisted}
-        assert {x.island for x in lp.step if isinstance(x, KernelLaunch)} == \
-            {i.name for i in plan.islands if not i.hoisted}
-    assert plan.cuda_graph == (plan.schedule in ("graph", "persistent"))
+        before = {x.group if isinstance(x, GemmLaunch) else x.island for x in lp.prologue}
+        during = {x.group if isinstance(x, GemmLaunch) else x.island for x in lp.step}
+        hoisted = {x.name for x in [*plan.groups, *plan.islands] if x.hoisted}
+        looped = {x.name for x in [*plan.groups, *plan.islands] if not x.hoisted}
+        assert before == (set() if stepwise else hoisted)
+        assert during == (looped | hoisted if stepwise else looped)
+    assert plan.cuda_graph == (plan.schedule in ("graph", "persistent", "wavefront"))
+    assert (plan.wavefront is not None) == (plan.schedule == "wavefront" and plan.sizes.layers > 1)
 
 
 def check_folding(plan: Plan) -> None:
@@ -204,6 +207,8 @@ def _elements(acc: Access, t: int, batch: int, rows: int, width: int) -> set[int
         return {start}
     if acc.kind == "vec":
         return set(range(start, start + width))
+    if acc.kind == "col":
+        return {start + r * acc.ld for r in range(rows)}
     return {start + r * acc.ld + c for r in range(rows) for c in range(width)}
 
 
@@ -283,7 +288,7 @@ def check_plan(plan: Plan) -> None:
 
 
 def check_ladder(cell: Cell) -> dict[str, Plan]:
-    plans = {s: plan_of(cell, s) for s in SCHEDULES}
+    plans = {s: plan_of(cell, s) for s in runnable(cell)}
     nodes = cell.by_id()
     lefts = [nodes[m].args[0] for m in matmul_nodes(cell)]
     n = {s: p.launches_per_step for s, p in plans.items()}
@@ -298,6 +303,11 @@ def check_ladder(cell: Cell) -> dict[str, Plan]:
     assert step_of(hoisted) == step_of(graph) and hoisted.layers[0].prologue == graph.layers[0].prologue
     assert not hoisted.cuda_graph and graph.cuda_graph
     return plans
+
+
+def runnable(cell: Cell) -> list[str]:
+    """The schedules that take the cell: all but the persistent ones for a cell that reduces rows."""
+    return [s for s in SCHEDULES if not LADDER[s].persistent or not reduces_rows(cell)]
 
 
 # -- the templates, as an expert schedules them -----------------------------------------------------------
@@ -410,17 +420,17 @@ def test_the_ladder_of_every_template(name):
     # fused: fewer kernels than combined; hoisted: fewer launches per step than fused.
     assert kernel_launches(fused.layers[0].step) < kernel_launches(combined.layers[0].step)
     assert hoisted.launches_per_step < fused.launches_per_step
-    counts = [plans[s].launches_per_step for s in SCHEDULES]
+    counts = [plans[s].launches_per_step for s in plans]
     assert counts == sorted(counts, reverse=True)
-    for s in SCHEDULES:
-        check_plan(plans[s])
+    for plan in plans.values():
+        check_plan(plan)
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_gate_cells_step_in_two_launches_when_hoisted(name):
     plan = plan_of(load_template(name), "hoisted")
     expected = {"lstm": 2, "peephole_lstm": 2, "cifg_lstm": 2, "gru": 2, "elman": 2, "indrnn": 1,
-                "gru_cho": 4, "mgu": 4, "sru": 1, "residual_lstm": 2}
+                "gru_cho": 4, "mgu": 4, "sru": 1, "residual_lstm": 2, "slstm": 2, "layernorm_lstm": 2}
     assert plan.launches_per_step == expected[name]
     assert len(plan.layers[0].prologue) == 1
 
@@ -429,14 +439,19 @@ def test_gate_cells_step_in_two_launches_when_hoisted(name):
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_two_layers_chain_outputs_into_inputs(name, schedule):
     cell = load_template(name)
+    if schedule not in runnable(cell):
+        pytest.skip("the persistent schedule refuses a row reduction (test_persistent_refuses_...)")
     plan = plan_of(cell, schedule, layers=2)
     check_plan(plan)
     l0, l1 = plan.layers
     assert (l0.input_size, l1.input_size) == (plan.sizes.input, SIZES.hidden)
     assert l0.x.buffer == "x" and l1.x.buffer == l0.output_seq
-    assert step_of(plan, 0) == step_of(plan, 1)
-    for launch in l1.prologue:
-        if isinstance(launch, GemmLaunch):
+    if plan.wavefront:  # the layer above does its hoisted work in its steps, a step at a time
+        assert not l1.prologue and len(l1.step) == len(l0.prologue) + len(l0.step)
+    else:
+        assert step_of(plan, 0) == step_of(plan, 1)
+    for launch in [*l1.prologue, *l1.step]:
+        if isinstance(launch, GemmLaunch) and plan.group(launch.group).hoisted:
             assert launch.a.buffer == l0.output_seq and launch.k == SIZES.hidden
     names0 = {b for x in [*l0.prologue, *l0.step] for b, _ in _writes(x, 0, SIZES.batch)}
     names1 = {b for x in [*l1.prologue, *l1.step] for b, _ in _writes(x, 0, SIZES.batch)}
@@ -536,19 +551,20 @@ def test_unknown_schedule_and_invalid_cell_are_errors():
 
 
 # -- random cells ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reductions", [False, True])
 @pytest.mark.parametrize("seed", range(60))
-def test_plans_of_random_cells_keep_the_invariants(seed):
-    cell = random_cell(np.random.default_rng(seed))
+def test_plans_of_random_cells_keep_the_invariants(seed, reductions):
+    cell = random_cell(np.random.default_rng(seed), reductions=reductions)
     check_ladder(cell)
-    for schedule in SCHEDULES:
+    for schedule in runnable(cell):
         check_plan(plan_of(cell, schedule, layers=1 + seed % 2))
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_cells())
+@given(random_cells(reductions=True))
 def test_plans_of_drawn_cells_keep_the_invariants(cell):
     check_ladder(cell)
-    for schedule in SCHEDULES:
+    for schedule in runnable(cell):
         check_plan(plan_of(cell, schedule))
 
 
@@ -556,7 +572,7 @@ def test_random_cells_cover_what_the_scheduler_must_find():
     """The generator draws every feature the scheduler handles, so the property tests exercise them."""
     seen: dict[str, int] = defaultdict(int)
     for seed in range(150):
-        cell = random_cell(seed)
+        cell = random_cell(seed, reductions=seed % 2 == 1)
         nodes = cell.by_id()
         plan = plan_of(cell, "hoisted")
         seen["combined"] += any(len(g.matmuls) > 1 for g in plan.groups)
@@ -572,6 +588,11 @@ def test_random_cells_cover_what_the_scheduler_must_find():
         shapes = analyze(cell).shapes
         seen["vector value"] += any(len(shapes[n]) == 1 and nodes[n].op != "weight" for n in shapes)
         seen["scalar value"] += any(shapes[n] == () and nodes[n].op != "const" for n in shapes)
+        launches = [k for k in (*plan.layers[0].prologue, *plan.layers[0].step)
+                    if isinstance(k, KernelLaunch)]
+        seen["one column between kernels"] += any(acc.kind == "col" for k in launches for _, acc in k.inputs)
+        seen["hoisted reduction"] += any(i.hoisted and any(OPS[nodes[n].op].is_reduction for n in i.nodes)
+                                         for i in plan.islands)
         for op in OPS:
             seen[op] += any(n.op == op for n in cell.nodes)
     missing = [k for k, v in seen.items() if v < 5]
@@ -585,3 +606,71 @@ def test_a_plan_of_impossible_sizes_is_refused(change):
 
     with pytest.raises(CellError):
         make_plan(load_template("gru"), replace(SIZES, **change), "hoisted")
+
+
+# -- row reductions ---------------------------------------------------------------------------------------
+def run_on_numpy(cell: Cell, schedule: str, layers: int, seed: int) -> float:
+    """The largest difference between the numpy executor's run of the schedule's plan and the reference,
+    in float64, with initial states."""
+    from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
+    from cellfuse.graph_model import run_reference
+
+    s = replace(SIZES, layers=layers, input=SIZES.hidden if analyze(cell).ties else SIZES.input)
+    rng = np.random.default_rng(seed)
+    params = init_params(cell, layers, s.input, s.hidden, seed)
+    x = rng.uniform(-1, 1, (s.seq, s.batch, s.input))
+    initial = {st: rng.uniform(0.5, 1.0, (layers, s.batch, s.hidden)) for st in cell.updates}
+    ref = run_reference(cell, params, {"x": x, **initial}, layers)
+    got = NumpyExecutor(make_plan(cell, s, schedule), params, np.float64).run(x, initial)
+    return max(float(np.abs(got.y - ref.y).max()),
+               *(float(np.abs(got.final[k] - ref.final[k]).max()) for k in ref.final))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_random_cells_that_reduce_rows_match_the_reference_under_every_schedule_but_persistent(seed):
+    cell = random_cell(seed, reductions=True)
+    for schedule in runnable(cell):
+        assert run_on_numpy(cell, schedule, 1 + seed % 2, seed) < 1e-9, schedule
+
+
+def test_a_layer_norm_is_one_kernel_with_its_reductions():
+    """The layer-normalised LSTM's step: the recurrent GEMM, then one kernel that normalises x W, h U and
+    the cell in passes over each row: no value of the norm goes through global memory."""
+    plan = plan_of(load_template("layernorm_lstm"), "hoisted")
+    assert [kind for kind, _ in step_of(plan)] == ["gemm", "kernel"]
+    [kernel] = [k for k in plan.layers[0].step if isinstance(k, KernelLaunch)]
+    assert kernel.width == SIZES.hidden and sum(i.op.is_reduction for i in kernel.body) == 18
+    assert [v for v, _ in kernel.outputs] == ["c_new", "h_new"]
+    assert all(acc.kind != "col" for _, acc in (*kernel.inputs, *kernel.outputs))
+
+
+def test_the_persistent_schedule_refuses_a_row_reduction_naming_the_node():
+    with pytest.raises(CellError) as e:
+        plan_of(load_template("layernorm_lstm"), "persistent")
+    message = str(e.value)
+    assert message.startswith("the persistent schedule cannot yet run node 'mean_xi', one number per row")
+    assert "use the graph schedule" in message and "\n" not in message
+
+
+def test_a_row_reduction_before_the_loop_and_its_column_read_in_every_step():
+    # m = row_mean(tanh(x W)) depends on no state and feeds a hoisted GEMM: it is computed before the loop,
+    # and the step reads it as one number per row.
+    b = CellBuilder("hoisted-mean")
+    x, h = b.input("x"), b.state("h")
+    W, W2, U = (b.weight("W", "input", "hidden"), b.weight("W2", "hidden", "hidden"),
+                b.weight("U", "hidden", "hidden"))
+    t = tanh(x @ W).named("t")
+    m = apply("row_mean", t).named("m")
+    b.update(h, tanh((t - m) @ W2 + h @ U + m).named("h_new"))
+    b.output(h)
+    cell = b.build()
+    plan = plan_of(cell, "hoisted")
+    assert any(i.hoisted and "m" in i.nodes for i in plan.islands)
+    reads = [acc for k in plan.layers[0].step if isinstance(k, KernelLaunch)
+             for v, acc in k.inputs if v == "m"]
+    assert [(acc.kind, acc.ld, acc.slot) for acc in reads] == [("col", 1, "t")]
+    for schedule in runnable(cell):
+        check_plan(plan_of(cell, schedule, layers=2))
+        assert run_on_numpy(cell, schedule, 2, 0) < 1e-9, schedule
+    with pytest.raises(CellError, match="node 'm'"):
+        plan_of(cell, "persistent")

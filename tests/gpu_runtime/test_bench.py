@@ -126,8 +126,11 @@ def test_gpu_benchmark_checks_and_times_every_implementation(gpu, name):
     expected = {"numpy reference", "pytorch eager", "pytorch graph", "torch.compile", "torch.compile default"}
     if name != "peephole_lstm":
         expected.add("cudnn")  # same weights in torch.nn.LSTM / torch.nn.GRU
+        expected.update(bench.CUDNN_PERSISTENT)  # and in cuDNN's persistent algorithms
     assert set(names[len(SCHEDULES):]) == expected
     for r in result.rows:
+        if r.name in bench.CUDNN_PERSISTENT and r.note.startswith("not applicable: "):
+            continue  # cuDNN may refuse an algorithm at these sizes; that is not a failure
         assert r.ok, (r.name, r.note)
         assert r.rel_error < TOLERANCE and 0 < r.min_ms <= r.median_ms <= r.max_ms
     assert result.backend == "cuda" and "CUDA events" in result.timing

@@ -251,3 +251,28 @@ def test_auto_layout_keeps_the_matmuls_of_a_gemm_group_together(name):
         column = sorted(p[1] for p in layout.values() if p[0] in xs)
         block = column[column.index(rows[0]):column.index(rows[-1]) + 1]
         assert block == rows, (name, what, members)
+
+
+def test_a_with_block_groups_the_nodes_added_in_it():
+    from cellfuse.graph_model import Group
+
+    b = CellBuilder("Elman")
+    x, h = b.input("x"), b.state("h")
+    with b.group("pre-activation"):
+        W, U = b.weight("W", "input", "hidden"), b.weight("U", "hidden", "hidden")
+        pre = (x @ W + h @ U).named("a")
+    h_new = tanh(pre).named("h_new")
+    b.update(h, h_new)
+    b.output(h_new)
+    cell = b.build()
+    assert cell.groups == [Group("pre-activation", ["W", "U", "matmul", "matmul1", "a"])]
+    with pytest.raises(CellError, match="groups do not nest"):
+        with b.group("outer"):
+            with b.group("inner"):
+                pass
+    with pytest.raises(CellError, match="holds no node"):
+        with b.group("empty"):
+            pass
+    with pytest.raises(CellError, match="cannot be empty"):
+        with b.group(" "):
+            pass

@@ -321,3 +321,83 @@ def test_an_existing_file_keeps_its_permissions(tmp_path):
     save_cell(load_template("elman"), path)
     assert stat.S_IMODE(path.stat().st_mode) == 0o640
     assert Path(path).read_text().startswith("{")
+
+
+# -- groups (the optional "groups" field) -----------------------------------------------------------
+
+def lstm_json() -> dict:
+    return json.loads(template_text("lstm"))
+
+
+def test_groups_round_trip_and_one_group_is_written_per_line(tmp_path):
+    cell = load_template("lstm")
+    assert [g.name for g in cell.groups] == ["input gate", "forget gate", "output gate", "candidate"]
+    path = tmp_path / "lstm.cell.json"
+    save_cell(cell, path)
+    assert load_cell(path).groups == cell.groups
+    lines = path.read_text().splitlines()
+    start = lines.index('  "groups": {"version": 1, "list": [')
+    assert json.loads(lines[start + 2].rstrip(",")) == {"name": "forget gate", "nodes": cell.groups[1].nodes}
+
+
+def test_groups_are_not_part_of_the_structure_and_renames_follow():
+    cell = load_template("lstm")
+    flat = cell.copy()
+    flat.groups = []
+    assert cell.structure_hash() == flat.structure_hash()
+    cell.rename("f", "forget")
+    assert cell.groups[1].nodes[-1] == "forget"
+    assert cell_from_text(cell_to_text(cell)).groups == cell.groups
+
+
+def test_a_file_without_groups_has_none_and_writes_none():
+    data = elman_json()
+    assert "groups" not in data
+    cell = cell_from_json(data)
+    assert cell.groups == [] and "groups" not in cell.to_json()
+
+
+HOSTILE_GROUPS = [
+    ([], "'groups' must be an object"),
+    ({"version": 1}, "'list' must be a list"),
+    ({"version": 2, "list": []}, "'version' must be 1"),
+    ({"version": True, "list": []}, "'version' must be 1"),
+    ({"version": "1", "list": []}, "'version' must be 1"),
+    ({"version": 1, "list": [], "extra": 1}, "unknown key(s) ['extra']"),
+    ({"version": 1, "list": ["f"]}, "group #1 must be an object"),
+    ({"version": 1, "list": [{"name": "g", "nodes": ["f"], "pos": [0, 0]}]}, "unknown key(s) ['pos']"),
+    ({"version": 1, "list": [{"nodes": ["f"]}]}, "group #1: a group's name must be a string, got None"),
+    ({"version": 1, "list": [{"name": 7, "nodes": ["f"]}]}, "a group's name must be a string, got 7"),
+    ({"version": 1, "list": [{"name": "", "nodes": ["f"]}]}, "a group's name cannot be empty"),
+    ({"version": 1, "list": [{"name": "a\nb", "nodes": ["f"]}]}, "one line of printable text"),
+    ({"version": 1, "list": [{"name": "x" * 10**6, "nodes": ["f"]}]},
+     "has 1000000 characters, above the limit of 80"),
+    ({"version": 1, "list": [{"name": "g", "nodes": []}]}, "'nodes' must be a list of one or more"),
+    ({"version": 1, "list": [{"name": "g", "nodes": "f"}]}, "group 'g': 'nodes' must be a list"),
+    ({"version": 1, "list": [{"name": "g", "nodes": [1]}]}, "group 'g': 'nodes' must be a list"),
+    ({"version": 1, "list": [{"name": "g", "nodes": ["nope"]}]}, "group 'g': there is no node 'nope'"),
+    ({"version": 1, "list": [{"name": "g", "nodes": ["f", "f"]}]}, "group 'g': names node 'f' twice"),
+    ({"version": 1, "list": [{"name": "a", "nodes": ["f"]}, {"name": "b", "nodes": ["i", "f"]}]},
+     "group 'b': node 'f' is in group 'a' too; a node is in one group at most"),
+]
+
+
+@pytest.mark.parametrize("groups, expected", HOSTILE_GROUPS)
+def test_hostile_or_inconsistent_groups_are_refused_naming_the_file_and_field(tmp_path, groups, expected):
+    data = lstm_json()
+    data["groups"] = groups
+    path = tmp_path / "bad.cell.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(CellError) as e:
+        load_cell(path)
+    message = str(e.value)
+    assert message.startswith(f"{path}: 'groups'") and expected in message, message
+    assert len(message) < 400  # a huge name is not repeated in full
+
+
+def test_a_cell_with_a_group_of_a_deleted_node_is_not_saved(tmp_path):
+    cell = load_template("lstm")
+    cell.nodes = [n for n in cell.nodes if n.id != "W_f"]
+    with pytest.raises(CellError, match="group 'forget gate': there is no node 'W_f'"):
+        save_cell(cell, tmp_path / "x.cell.json")
+    assert not (tmp_path / "x.cell.json").exists()

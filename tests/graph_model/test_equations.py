@@ -99,6 +99,63 @@ c' = f * c + i * g
 h' = o * tanh(c')
 y  = h' + x
 """,
+    # log sigmoid(f~) written as -softplus(-f~); the stabiliser m and the normaliser n are states.
+    "slstm": """\
+i_tilde = x @ W_i + h @ U_i + b_i
+z       = tanh(x @ W_z + h @ U_z + b_z)
+o       = sigmoid(x @ W_o + h @ U_o + b_o)
+sp_f    = softplus(-(x @ W_f + h @ U_f + b_f))
+log_f_m = -sp_f + m
+m'      = max(log_f_m, i_tilde)
+i_s     = exp(i_tilde - m')
+f_s     = exp(log_f_m - m')
+c'      = f_s * c + i_s * z
+n'      = f_s * n + i_s
+h'      = o * (c' / n')
+y       = h'
+""",
+    # The layer norm of x W (and of h U) over the four gates' values as one row: its mean and variance
+    # from each gate's.
+    "layernorm_lstm": "".join([
+        'xi      = x @ W_i\n',
+        'xf      = x @ W_f\n',
+        'xo      = x @ W_o\n',
+        'xg      = x @ W_g\n',
+        'hi      = h @ U_i\n',
+        'hf      = h @ U_f\n',
+        'ho      = h @ U_o\n',
+        'hg      = h @ U_g\n',
+        'mean_xi = row_mean(xi)\n',
+        'mean_xf = row_mean(xf)\n',
+        'mean_xo = row_mean(xo)\n',
+        'mean_xg = row_mean(xg)\n',
+        'mu_x    = (mean_xi + mean_xf + mean_xo + mean_xg) * 0.25\n',
+        'd_xi    = xi - mu_x\n',
+        'd_xf    = xf - mu_x\n',
+        'd_xo    = xo - mu_x\n',
+        'd_xg    = xg - mu_x\n',
+        'rstd_x  = rsqrt((row_mean(square(d_xi)) + row_mean(square(d_xf)) +'
+        ' row_mean(square(d_xo)) + row_mean(square(d_xg))) * 0.25 + 1e-05)\n',
+        'mean_hi = row_mean(hi)\n',
+        'mean_hf = row_mean(hf)\n',
+        'mean_ho = row_mean(ho)\n',
+        'mean_hg = row_mean(hg)\n',
+        'mu_h    = (mean_hi + mean_hf + mean_ho + mean_hg) * 0.25\n',
+        'd_hi    = hi - mu_h\n',
+        'd_hf    = hf - mu_h\n',
+        'd_ho    = ho - mu_h\n',
+        'd_hg    = hg - mu_h\n',
+        'rstd_h  = rsqrt((row_mean(square(d_hi)) + row_mean(square(d_hf)) +'
+        ' row_mean(square(d_ho)) + row_mean(square(d_hg))) * 0.25 + 1e-05)\n',
+        "c'      = sigmoid(d_xf * rstd_x * alpha_x_f + beta_x_f + (d_hf * rstd_h * alpha_h_f +"
+        ' beta_h_f) + b_f) * c + sigmoid(d_xi * rstd_x * alpha_x_i + beta_x_i + (d_hi * rstd_h *'
+        ' alpha_h_i + beta_h_i) + b_i) * tanh(d_xg * rstd_x * alpha_x_g + beta_x_g + (d_hg *'
+        ' rstd_h * alpha_h_g + beta_h_g) + b_g)\n',
+        "d_c     = c' - row_mean(c')\n",
+        "h'      = sigmoid(d_xo * rstd_x * alpha_x_o + beta_x_o + (d_ho * rstd_h * alpha_h_o +"
+        ' beta_h_o) + b_o) * tanh(d_c * rsqrt(row_mean(square(d_c)) + 1e-05) * alpha_c + beta_c)\n',
+        "y       = h'\n",
+    ]),
 }
 
 LSTM_LATEX = r"""\begin{align*}

@@ -306,3 +306,35 @@ def test_a_long_sum_is_fine():
     cell = load_template("elman")
     apply_formula(cell, "f = " + " + ".join(["h"] * 200))
     assert sum(n.op == "add" for n in cell.nodes) == 2 + 199
+
+
+def test_a_row_reduction_typed_in_a_formula():
+    """A layer norm as formulas: row_mean of a [batch, hidden] value is [batch, 1], and a gain beside the
+    normalised value is a weight [hidden]."""
+    cell = load_template("elman")
+    apply_formula(cell, "d = h' - row_mean(h')")
+    apply_formula(cell, "y = d * rsqrt(row_mean(square(d)) + 0.00001) * gain + bias")
+    info = analyze(cell)
+    assert info.ok, [str(p) for p in info.problems]
+    assert info.shapes["row_mean"] == ("B", "1") and info.shapes[cell.output] == ("B", "hidden")
+    weights = {n.id: n.shape for n in cell.of_op("weight")}
+    assert weights["gain"] == weights["bias"] == ["hidden"]
+    params = init_params(cell, 1, INPUT, HIDDEN, seed=2)
+    elman = {k: v for k, v in params.items() if k in ("l0.W", "l0.U", "l0.b")}
+    y, h = run(cell, params).y, run(load_template("elman"), elman).y
+    d = h - h.mean(axis=-1, keepdims=True)
+    norm = d / np.sqrt((d * d).mean(axis=-1, keepdims=True) + 1e-5) * params["l0.gain"] + params["l0.bias"]
+    np.testing.assert_allclose(y, norm, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("formula, column, words", [
+    ("m = row_mean(x)", 13, "'row_mean' reduces a [batch, hidden] value; 'x' is [batch, input]"),
+    ("m = row_sum(q)", 12, "unknown name 'q'"),
+    ("m = row_mean(h_new) * g", 22, "unknown name 'g'"),
+    ("m = row_mean(h_new) @ U", 4, "the left operand of @ must be a [batch, D] value"),
+])
+def test_a_row_reduction_that_cannot_be_typed(formula, column, words):
+    cell = load_template("elman")
+    with pytest.raises(FormulaError) as e:
+        apply_formula(cell, formula)
+    assert e.value.column == column and words in e.value.reason, (e.value.column, e.value.reason)

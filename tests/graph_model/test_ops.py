@@ -44,7 +44,9 @@ CONTRACT_ARITY = {
     "add": 2, "sub": 2, "mul": 2, "div": 2,
     "neg": 1, "exp": 1, "sigmoid": 1, "tanh": 1, "relu": 1,
     "max": 2, "min": 2, "abs": 1, "square": 1, "log": 1, "sqrt": 1, "rsqrt": 1, "softplus": 1,
+    "row_sum": 1, "row_mean": 1,
 }
+REDUCTION_OPS = {"row_sum", "row_mean"}
 
 
 def test_the_table_holds_the_ops_of_version_1_with_their_arity():
@@ -55,8 +57,10 @@ def test_the_table_holds_the_ops_of_version_1_with_their_arity():
 def test_kinds():
     assert SOURCE_OPS == {"input", "state", "weight", "const"}
     assert OPS["matmul"].kind == "matmul" and OPS["matmul"].is_matmul
-    assert all(sum((s.is_source, s.is_matmul, s.is_elementwise)) == 1 for s in OPS.values())
+    assert all(sum((s.is_source, s.is_matmul, s.is_elementwise, s.is_reduction)) == 1 for s in OPS.values())
     assert ELEMENTWISE_OPS == set(CASES)
+    assert {name for name, spec in OPS.items() if spec.is_reduction} == REDUCTION_OPS
+    assert {name for name, spec in OPS.items() if spec.in_kernel} == ELEMENTWISE_OPS | REDUCTION_OPS
 
 
 def test_every_elementwise_op_has_a_test_case():
@@ -120,6 +124,43 @@ def test_every_elementwise_op_has_every_meaning(op):
     assert spec.symbol in (None, "+", "-", "*", "/")
     assert spec.random is not None and len(spec.random.args) == spec.arity
     assert spec.random.bound(*([1.0] * spec.arity)) >= 0.0
+
+
+# -- row reductions ---------------------------------------------------------------------------------------
+
+def test_row_reductions_reduce_the_last_axis_to_one_column():
+    a = np.array([[1.0, 2.0, -6.0], [0.5, 0.25, 0.25]])
+    np.testing.assert_array_equal(OPS["row_sum"].numpy(a), [[-3.0], [1.0]])
+    np.testing.assert_array_equal(OPS["row_mean"].numpy(a), [[-1.0], [1.0 / 3.0]])
+    # the [B, 1] result spreads over a row in an elementwise op: a layer norm's centring
+    np.testing.assert_allclose(a - OPS["row_mean"].numpy(a), [[2.0, 3.0, -5.0], [1 / 6, -1 / 12, -1 / 12]],
+                               rtol=1e-15)
+
+
+@pytest.mark.parametrize("op", sorted(REDUCTION_OPS))
+def test_a_row_reduction_has_every_meaning_but_random_use(op):
+    """Random cells draw reductions themselves (their bound depends on the width)."""
+    spec = OPS[op]
+    assert spec.arity == 1 and spec.args == ("a",) and spec.symbol is None
+    assert spec.torch in ("sum", "mean") and spec.random is None
+    text = spec.cuda.format("SUM", width="W")
+    assert "SUM" in text and (op == "row_sum" or "W" in text)
+    assert spec.grad is not None and spec.cuda_grad is not None and len(spec.cuda_grad) == 1
+
+
+@pytest.mark.parametrize("op", sorted(REDUCTION_OPS))
+def test_the_gradient_of_a_row_reduction_broadcasts_over_the_row(op):
+    rng = np.random.default_rng(0)
+    a, dy = rng.standard_normal((3, 5)), rng.standard_normal((3, 1))
+    spec = OPS[op]
+    g = spec.grad[0](dy, a, spec.numpy(a))
+    assert g.shape == a.shape
+    step = 1e-6
+    for j in range(a.shape[1]):  # central differences of sum(dy * op(a)) along each column
+        e = np.zeros_like(a)
+        e[:, j] = step
+        fd = (np.sum(dy * spec.numpy(a + e), axis=1) - np.sum(dy * spec.numpy(a - e), axis=1)) / (2 * step)
+        np.testing.assert_allclose(g[:, j], fd, rtol=1e-6)
 
 
 # -- extreme values -------------------------------------------------------------------------------------

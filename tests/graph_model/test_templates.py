@@ -17,8 +17,8 @@ from cellfuse.graph_model import (
 )
 from cellfuse.graph_model.templates import template_text
 
-NAMES = ["cifg_lstm", "elman", "gru", "gru_cho", "indrnn", "lstm", "mgu", "peephole_lstm", "residual_lstm",
-         "sru"]
+NAMES = ["cifg_lstm", "elman", "gru", "gru_cho", "indrnn", "layernorm_lstm", "lstm", "mgu", "peephole_lstm",
+         "residual_lstm", "slstm", "sru"]
 # The templates that combine x with a hidden-wide value, and the node that does it.
 TIES = {"residual_lstm": "y", "sru": "highway"}
 
@@ -83,6 +83,10 @@ EXPECTED_WEIGHTS = {
     "elman": {"W", "U", "b"},
     "sru": {"W", "W_f", "W_r", "v_f", "v_r", "b_f", "b_r"},
     "residual_lstm": {f"{m}_{g}" for m in "WUb" for g in "ifog"},
+    "slstm": {f"{m}_{g}" for m in "WUb" for g in "ifzo"},
+    "layernorm_lstm": ({f"{m}_{g}" for m in "WUb" for g in "ifog"}
+                       | {f"{m}_{side}_{g}" for m in ("alpha", "beta") for side in "xh" for g in "ifog"}
+                       | {"alpha_c", "beta_c"}),
 }
 
 
@@ -198,3 +202,104 @@ def test_a_template_that_ties_the_widths_refuses_other_sizes(name):
     assert message.startswith(f"cell '{cell.name}' cannot run at input size 3 and hidden size 4: "
                               f"node '{node}' ")
     assert message.endswith(", so the two must be equal") and "\n" not in message
+
+
+# -- sLSTM and the layer-normalised LSTM, against their papers ------------------------------------------
+# Written from the papers, with the gates' weights side by side as the papers' stacked matrices.
+
+def slstm(p, x, s):
+    # Beck et al. 2024, xLSTM: Extended Long Short-Term Memory, the sLSTM of section 2.2 with one head (so
+    # the recurrent matrix is dense), an exponential input gate i = exp(i~) and a sigmoid forget gate,
+    # stabilised by the state m: m_t = max(log f_t + m_{t-1}, log i_t), i' = exp(log i_t - m_t),
+    # f' = exp(log f_t + m_{t-1} - m_t); c_t = f' c_{t-1} + i' z_t, n_t = f' n_{t-1} + i',
+    # h_t = o_t c_t / n_t.
+    h, c, n, m = s["h"], s["c"], s["n"], s["m"]
+    z = np.tanh(x @ p["W_z"] + h @ p["U_z"] + p["b_z"])
+    log_i = x @ p["W_i"] + h @ p["U_i"] + p["b_i"]
+    f = sig(x @ p["W_f"] + h @ p["U_f"] + p["b_f"])
+    o = sig(x @ p["W_o"] + h @ p["U_o"] + p["b_o"])
+    m_new = np.maximum(np.log(f) + m, log_i)
+    i_prime = np.exp(log_i - m_new)
+    f_prime = np.exp(np.log(f) + m - m_new)
+    c = f_prime * c + i_prime * z
+    n = f_prime * n + i_prime
+    h = o * (c / n)
+    return {"h": h, "c": c, "n": n, "m": m_new}, h
+
+
+def layer_norm(a, gain, bias, eps=1e-5):
+    """Ba et al. 2016, eq. 4 and Haste's LayerNorm: the mean and the (biased) variance of each row."""
+    mu = a.mean(axis=-1, keepdims=True)
+    sigma = np.sqrt(((a - mu) ** 2).mean(axis=-1, keepdims=True) + eps)
+    return (a - mu) / sigma * gain + bias
+
+
+def layernorm_lstm(p, x, s):
+    # Ba et al. 2016, Layer Normalization, section 6.2 (as Haste's LayerNormLSTM computes it): the four
+    # gates' pre-activations x W and h U each normalised as one vector, then the cell before its tanh:
+    # (i, f, o, g) = LN(h U; a1, b1) + LN(x W; a2, b2) + b, c = s(f) c + s(i) tanh(g),
+    # h = s(o) tanh(LN(c; a3, b3)). The cell carries c itself, not its norm.
+    h, c = s["h"], s["c"]
+    stack = lambda key: np.concatenate([p[key.format(g)] for g in "ifog"], axis=-1)  # noqa: E731
+    gates = (layer_norm(h @ stack("U_{}"), stack("alpha_h_{}"), stack("beta_h_{}"))
+             + layer_norm(x @ stack("W_{}"), stack("alpha_x_{}"), stack("beta_x_{}")) + stack("b_{}"))
+    i, f, o, g = np.split(gates, 4, axis=-1)
+    c = sig(f) * c + sig(i) * np.tanh(g)
+    h = sig(o) * np.tanh(layer_norm(c, p["alpha_c"], p["beta_c"]))
+    return {"h": h, "c": c}, h
+
+
+RECENT_PAPERS = {"slstm": slstm, "layernorm_lstm": layernorm_lstm}
+INPUT, HIDDEN = 3, 5
+
+
+def initial_states(name, rng, layers, with_states):
+    """Zeros (what a run starts from when none are given), or random ones; sLSTM's normaliser n, a
+    sum of positive terms, is positive."""
+    cell = load_template(name)
+    if not with_states:
+        return {s: np.zeros((layers, B, HIDDEN), np.float32) for s in cell.updates}
+    out = {s: (rng.standard_normal((layers, B, HIDDEN)) * 0.8).astype(np.float32) for s in cell.updates}
+    if name == "slstm":
+        out["n"] = rng.uniform(0.5, 1.5, (layers, B, HIDDEN)).astype(np.float32)
+    return out
+
+
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("with_states", [False, True])
+@pytest.mark.parametrize("name", sorted(RECENT_PAPERS))
+def test_slstm_and_layernorm_lstm_compute_their_papers(name, layers, with_states):
+    rng = np.random.default_rng([layers, int(with_states), len(name), 7])
+    cell = load_template(name)
+    params = {k: (rng.standard_normal(shape) * 0.6).astype(np.float32)
+              for k, shape in expected_params(cell, layers, INPUT, HIDDEN).items()}
+    x = rng.standard_normal((T, B, INPUT)).astype(np.float32)
+    init = initial_states(name, rng, layers, with_states)
+
+    got = run_reference(cell, params, {"x": x, **(init if with_states else {})})
+    want_y, want_final = run_paper(RECENT_PAPERS[name], params, x, init, layers)
+
+    assert got.y.shape == (T, B, HIDDEN) and sorted(got.final) == sorted(init)
+    np.testing.assert_allclose(got.y, want_y, rtol=1e-5, atol=1e-6)
+    for s in init:
+        np.testing.assert_allclose(got.final[s], want_final[s], rtol=1e-5, atol=1e-6)
+
+
+def test_the_first_step_of_slstm_from_zero_states_has_a_positive_normaliser():
+    """With n = m = 0 before the first step, n_1 = i' = exp(i~ - m_1), positive: h_1 = o c_1 / n_1 is never
+    0/0, not even where i~ is far below log f (i' small, c_1 = i' z as small)."""
+    cell = load_template("slstm")
+    rng = np.random.default_rng(3)
+    params = {k: (rng.standard_normal(shape) * 0.6).astype(np.float32)
+              for k, shape in expected_params(cell, 1, INPUT, HIDDEN).items()}
+    params["l0.b_i"] = np.full(HIDDEN, -30.0, np.float32)  # i~ about -30: i' = e^-30 at most
+    x = rng.standard_normal((1, B, INPUT)).astype(np.float32)
+    got = run_reference(cell, params, {"x": x})
+    want_y, want_final = run_paper(slstm, params, x, initial_states("slstm", rng, 1, False), 1)
+    assert np.all(got.final["n"] > 0.0) and np.all(got.final["n"] < 1e-10)
+    np.testing.assert_allclose(got.final["n"], want_final["n"], rtol=1e-5)
+    np.testing.assert_allclose(got.y, want_y, rtol=1e-4, atol=1e-7)
+    # h_1 = o z: c_1 / n_1 = i' z / i'
+    z = np.tanh(x[0] @ params["l0.W_z"] + params["l0.b_z"])
+    o = sig(x[0] @ params["l0.W_o"] + params["l0.b_o"])
+    np.testing.assert_allclose(got.y[0], o * z, rtol=1e-5, atol=1e-7)

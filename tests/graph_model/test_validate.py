@@ -466,3 +466,69 @@ def test_long_chains_do_not_hit_the_recursion_limit(make_cell, elman_nodes_list)
         prev = f"n{i}"
     info = analyze(make_cell(nodes, updates={"h": prev}, output=prev))
     assert info.ok and info.order[-1] == prev
+
+
+# -- row reductions: [batch, 1] ----------------------------------------------------------------------------
+
+def test_a_row_reduction_gives_one_column_that_spreads_over_a_row(make_cell, elman_nodes_list):
+    # a layer norm without gain: (a - mean(a)) * rsqrt(mean((a - mean(a))^2) + eps)
+    nodes = [*elman_nodes_list, ("eps", "const", None, None, 1e-5), ("b2", "weight", None, ["hidden"]),
+             ("mu", "row_mean", ["a_b"]), ("d", "sub", ["a_b", "mu"]), ("sq", "square", ["d"]),
+             ("var", "row_mean", ["sq"]), ("ve", "add", ["var", "eps"]), ("r", "rsqrt", ["ve"]),
+             ("n", "mul", ["d", "r"]), ("total", "row_sum", ["h"]), ("rb", "add", ["total", "b2"]),
+             ("y", "add", ["n", "rb"])]
+    info = analyze(make_cell(nodes, output="y"))
+    assert info.ok and info.problems == [], [str(p) for p in info.problems]
+    for nid in ("mu", "var", "ve", "r", "total"):
+        assert info.shapes[nid] == ("B", "1") and shape_str(info.shapes[nid]) == "[batch, 1]"
+    assert info.shapes["d"] == info.shapes["n"] == info.shapes["y"] == ("B", "hidden")
+    assert info.shapes["rb"] == ("B", "hidden")  # [batch, 1] + [hidden]: every row's number over the row
+    assert info.ties == []
+
+
+def test_a_row_reduction_of_an_input_wide_value_is_refused_naming_the_node(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("m", "row_mean", ["x"]), ("y", "add", ["h_new", "m"])]
+    p = only_error(make_cell(nodes, output="y"))
+    assert p.node == "m"
+    assert p.message == ("row_mean 'm': port a gets 'x' [batch, input]; a row reduction takes a "
+                         "[batch, hidden] value")
+
+
+@pytest.mark.parametrize("arg, described", [("b", "'b', a 1-D weight [hidden]"), ("k", "'k', a const []")])
+def test_a_row_reduction_of_a_weight_or_a_const_is_refused(make_cell, elman_nodes_list, arg, described):
+    nodes = [*elman_nodes_list, ("k", "const", None, None, 2.0), ("s", "row_sum", [arg]),
+             ("y", "add", ["h_new", "s"])]
+    p = only_error(make_cell(nodes, output="y"))
+    assert p.node == "s" and described in p.message and "a row reduction takes a [batch, hidden]" in p.message
+
+
+def test_a_row_reduction_of_a_row_reduction_is_refused(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("m", "row_mean", ["h_new"]), ("mm", "row_sum", ["m"]),
+             ("y", "add", ["h_new", "mm"])]
+    p = only_error(make_cell(nodes, output="y"))
+    assert p.node == "mm" and "'m' [batch, 1]" in p.message
+
+
+def test_a_one_column_value_is_no_gemm_operand(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("m", "row_mean", ["h_new"]), ("mu", "matmul", ["m", "U"]),
+             ("y", "add", ["h_new", "mu"])]
+    p = only_error(make_cell(nodes, output="y"))
+    assert p.node == "mu"
+    assert p.message == ("matmul 'mu': port a gets 'm' [batch, 1], one number per row (a row reduction's "
+                         "result), which is no GEMM operand; a matmul takes a [batch, hidden] value")
+
+
+def test_a_one_column_value_is_no_update_nor_output(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("m", "row_mean", ["h_new"])]
+    errors = errors_of(make_cell(nodes, updates={"h": "h_new"}, output="m"))
+    assert [p.node for p in errors] == ["m"] and "[batch, 1]" in errors[0].message
+    errors = errors_of(make_cell(nodes, updates={"h": "m"}, output="h_new"))
+    assert [p.node for p in errors] == ["h"] and "[batch, 1]" in errors[0].message
+
+
+def test_one_column_values_combine_with_input_wide_ones_without_a_tie(make_cell, elman_nodes_list):
+    nodes = [*elman_nodes_list, ("m", "row_mean", ["h"]), ("xm", "mul", ["x", "m"]),
+             ("W2", "weight", None, ["input", "hidden"]), ("xmw", "matmul", ["xm", "W2"]),
+             ("y", "add", ["h_new", "xmw"])]
+    info = analyze(make_cell(nodes, output="y"))
+    assert info.ok and info.shapes["xm"] == ("B", "input") and info.ties == []

@@ -1,0 +1,345 @@
+"""The backward Plan: the gradients of a forward run, planned from the forward Plan's own launches.
+
+For seeds dy (of the output sequence) and dfinal (of the final states), a backward pass gives the
+gradient of sum(dy * y) + sum(dfinal * final) with respect to x, every initial state and every
+parameter, as `graph_model.backward` does in float64 for reference. It mirrors the forward Plan of any
+rung of the `graph` family (naive, combined, fused, hoisted, graph), made with `save_steps`:
+
+- A reverse time loop per layer, the last layer first. Step t walks the forward step's launches
+  backwards: each elementwise kernel becomes its adjoint (`adjoint.py`), and each GEMM C = A @ W
+  becomes dA += dC @ W^T on the same stacked weights (one GEMM per GEMM group, so the gradients of a
+  combined group's matmuls are summed by the GEMM itself).
+- After the loop: the forward's hoisted launches backwards, over all T steps at once (a hoisted
+  kernel's adjoint in one launch, dx of a hoisted GEMM in one GEMM); then every weight's gradient as
+  one GEMM over all T steps, dW += A^T @ dC, and column sums (a GEMM with a row of ones) for folded
+  biases and the [N] values that kernels broadcast over their rows; then the kernels of [N] values
+  only (`one` rows), whose inputs do not change with t, once, from their outputs' summed gradients.
+
+Saved or recomputed. The backward pass reads what the forward plan with `save_steps` keeps of every
+step: each state's value, each GEMM's output and each value a kernel writes to memory for another
+launch. What a kernel computes inside itself is not kept: its adjoint recomputes the kernel's body in
+registers from the kernel's saved inputs, then sweeps it in reverse. Elementwise work is cheap beside
+the memory traffic of writing every intermediate value of every step and reading it back, so the
+backward pass stores nothing the forward kernels did not already write.
+
+Gradients live in buffers of their own (`grad_of` of the forward buffer's name, of the same rows and
+width: states keep seq+1 row blocks, GEMM outputs and step values one per step); every gradient
+buffer starts at zero and every backward launch adds into it (cuBLAS's beta = 1, kernels' `+=`),
+so a value read by several launches collects each one's gradient. Within one launch no two threads
+add into the same element: a [N] value that a kernel broadcasts over its rows gets its gradient per
+row into a buffer of that kernel's own (T*B rows), summed after the loop.
+
+A persistent or wavefront forward plan keeps its steps' launches beside its cooperative ones: its
+backward pass is the graph rung's, planned from those launches (see `_Layer`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..graph_model import OPS, CellError, Gradients
+from .adjoint import adjoint
+from .lowering import Instruction, Loop, as_instruction
+from .plan import Access, Buffer, GemmLaunch, Instr, KernelLaunch, Launch, Plan, grad_of, launch_name
+
+ONES = "ones"  # T*B ones: the left operand of a column sum
+
+
+@dataclass(frozen=True)
+class LayerBackward:
+    """One layer's backward launches: `step` once per step, t from T-1 down to 0, then `after` once."""
+
+    layer: int
+    step: tuple[Launch, ...]
+    after: tuple[Launch, ...]
+
+
+@dataclass
+class BackwardPlan:
+    forward: Plan
+    buffers: dict[str, Buffer]  # gradient buffers (zeroed before a run) and the ones
+    layers: list[LayerBackward]  # in the order they run: the last layer first
+
+    @property
+    def launches_per_step(self) -> int:
+        return len(self.layers[0].step)
+
+    def instructions(self) -> tuple[Instruction, ...]:
+        """The program of the whole backward pass: per layer, the reverse loop, then what follows it."""
+        out: list[Instruction] = []
+        for lb in self.layers:
+            out.append(Loop(tuple(as_instruction(launch) for launch in lb.step), reverse=True))
+            out += [as_instruction(launch) for launch in lb.after]
+        return tuple(out)
+
+    def buffer_elements(self, name: str) -> int:
+        return self.buffers[name].elements(self.forward.sizes)
+
+    # -- the seeds a run starts from and the gradients it ends with ------------------------------------
+    def seeds(self, dy: np.ndarray, dfinal: Mapping[str, np.ndarray] | None,
+              dtype=np.float32) -> dict[str, np.ndarray]:
+        """The gradient buffers that hold seeds, whole and flat: dy [T, B, hidden] in the rows of the last
+        layer's output sequence, dfinal[state] [L, B, hidden] (any states, or none) after each layer's last
+        step. Every other gradient buffer starts at zero. Raises CellError for a seed that does not fit."""
+        plan = self.forward
+        s = plan.sizes
+        T, B, H, L = s.seq, s.batch, s.hidden, s.layers
+        dfinal = dict(dfinal or {})
+        _check_seed("dy", dy, (T, B, H))
+        for state, seed in dfinal.items():
+            if state not in plan.state_ids:
+                raise CellError(f"dfinal: '{state}' is not a state of cell '{plan.cell_name}' "
+                                f"(states: {', '.join(plan.state_ids) or 'none'})")
+            _check_seed(f"dfinal '{state}'", seed, (L, B, H))
+        out: dict[str, np.ndarray] = {}
+
+        def add(name: str, at: int, seed: np.ndarray) -> None:
+            if name not in out:
+                out[name] = np.zeros(self.buffer_elements(name), dtype)
+            out[name][at:at + seed.size] += seed.astype(dtype).reshape(-1)
+
+        add(grad_of(plan.layers[-1].output_seq), B * H, dy)
+        for state, seed in dfinal.items():
+            for layer in range(L):
+                add(*self._state_grad(state, layer, s.seq), seed[layer])
+        return out
+
+    def gradients(self, read: Callable[[str], np.ndarray]) -> Gradients:
+        """The gradients of x, of every initial state and of every parameter key, each in its shape, from
+        the gradient buffers after a run (`read(name)` gives one whole and flat). Stacked weights and bias
+        rows are split back into the keys they were built from; a key used in several places gets the
+        sum of its parts."""
+        plan = self.forward
+        s = plan.sizes
+        B, H = s.batch, s.hidden
+        dx = read(grad_of("x")).reshape(s.seq, B, s.input)
+        dinitial = {}
+        for state in plan.state_ids:
+            parts = []
+            for layer in range(s.layers):
+                name, at = self._state_grad(state, layer, 0)
+                parts.append(read(name)[at:at + B * H].reshape(B, H))
+            dinitial[state] = np.stack(parts)
+        dparams = {key: np.zeros(shape, dx.dtype) for key, shape in plan.params.items()}
+        for b in plan.buffers.values():
+            if b.role not in ("weight", "stacked", "bias"):
+                continue
+            g = read(grad_of(b.name))
+            if b.role == "weight":
+                dparams[b.sources[0]] += g.reshape(plan.params[b.sources[0]])
+                continue
+            widths = b.widths if b.role == "bias" else tuple(plan.params[key][1] for key in b.sources)
+            g = g.reshape(-1, sum(widths))
+            col = 0
+            for key, width in zip(b.sources, widths, strict=True):
+                if key is not None:
+                    dparams[key] += g[:, col:col + width].reshape(plan.params[key])
+                col += width
+        return Gradients(dx.copy(), dinitial, dparams)
+
+    def _state_grad(self, state: str, layer: int, t: int) -> tuple[str, int]:
+        """The gradient buffer and element offset of a layer's state before step t (t = T: after the last)."""
+        acc = self.forward.layers[layer].state_read[state]
+        return grad_of(acc.buffer), acc.offset(t, self.forward.sizes.batch)
+
+    def describe(self) -> str:
+        """The backward plan for people."""
+        lines = [f"backward pass of '{self.forward.cell_name}', schedule '{self.forward.schedule}': "
+                 f"{self.launches_per_step} launch(es) per step in reverse, "
+                 f"{len(self.layers[0].after)} after the loop"]
+        lb = self.layers[0]
+        lines += ["", "one step, in order:", *(f"  {launch_name(launch)}" for launch in lb.step)]
+        lines += ["", "after the loop:", *(f"  {launch_name(launch)}" for launch in lb.after)]
+        return "\n".join(lines)
+
+
+def grad(acc: Access) -> Access:
+    """The gradient of what an access reads or writes: the same place in the gradient buffer."""
+    return replace(acc, buffer=grad_of(acc.buffer))
+
+
+def all_steps(acc: Access) -> Access:
+    """An access of one step as the access of all T steps at once (T*B rows)."""
+    return replace(acc, slot={"t": "all", "t+1": "all+1"}.get(acc.slot, acc.slot))
+
+
+def backward_plan(forward: Plan) -> BackwardPlan:
+    """The backward Plan of a forward Plan made with `save_steps`; raises CellError for one without."""
+    if not forward.saves_steps:
+        raise CellError(f"the backward pass of '{forward.cell_name}' reads every step of the forward pass: "
+                        "make the forward plan with save_steps=True")
+    buffers = {grad_of(b.name): Buffer(grad_of(b.name), b.rows, b.width, "grad")
+               for b in forward.buffers.values() if b.role not in ("init", "final")}
+    buffers[ONES] = Buffer(ONES, "seq", 1, "ones")
+    layers = [_Layer(forward, lp.layer, buffers).launches() for lp in reversed(forward.layers)]
+    return BackwardPlan(forward, buffers, layers)
+
+
+class _Layer:
+    """The backward launches of one layer."""
+
+    def __init__(self, forward: Plan, layer: int, buffers: dict[str, Buffer]):
+        self.plan, self.buffers = forward, buffers
+        self.lp = forward.layers[layer]
+        self.rows = forward.sizes.seq * forward.sizes.batch  # T*B: the rows of all steps
+        # The launches of the graph rung, also those of a persistent or wavefront plan, whose backward pass
+        # is therefore the graph rung's.
+        self.forward_launches = [*self.lp.prologue, *self.lp.step]
+        for k in self.kernels():
+            for instr in k.body:
+                if not instr.op.is_elementwise:  # its adjoint would sum over a row, across threads
+                    raise CellError(f"node '{instr.result}' (kernel {k.island}): the backward pass has no "
+                                    f"plan for op '{instr.op.name}' yet, only for elementwise ops")
+        self.varies = self._varies()
+        # per-row gradients of [N] values that row kernels broadcast: (kernel, value) -> their buffer
+        self.parts: dict[tuple[str, str], str] = {}
+        for k in self.kernels(rows=True):
+            for v, acc in k.inputs:
+                if acc.kind != "row" and self.varies[v]:
+                    if acc.kind == "scalar":
+                        raise CellError(f"kernel {k.island} reads a scalar '{v}' that varies: scalars are "
+                                        "constants")
+                    name = f"{grad_of(f'l{layer}.{k.island}')}.{v}"
+                    buffers[name] = Buffer(name, "seq", k.width, "grad")
+                    self.parts[k.island, v] = name
+        # the kernel that writes each value to memory
+        self.producer = {v: k for k in self.kernels() for v, _ in k.outputs}
+
+    def kernels(self, rows: bool | None = None) -> list[KernelLaunch]:
+        """The layer's kernels in forward order: those with rows, those of [N] values only, or all."""
+        return [k for k in self.forward_launches if isinstance(k, KernelLaunch)
+                and (rows is None or (k.row_kind != "one") == rows)]
+
+    def _varies(self) -> dict[str, bool]:
+        """Which values depend on x, a state or a weight (only they have gradients): every row value,
+        and what a kernel computes from a weight."""
+        varies: dict[str, bool] = {}
+        for k in self.kernels():
+            for v, acc in k.inputs:
+                if v not in varies:  # a row value, a weight, or a value of a kernel of another phase
+                    varies[v] = acc.kind == "row" or self.plan.buffers[acc.buffer].role == "weight"
+            for instr in k.body:
+                varies[instr.result] = any(varies[a] for a in instr.args if isinstance(a, str))
+        return varies
+
+    # -- launches ------------------------------------------------------------------------------------
+    def launches(self) -> LayerBackward:
+        step: list[Launch] = []
+        for launch in reversed(self.lp.step):
+            step += self.reverse(launch)
+        after: list[Launch] = []
+        for launch in reversed(self.lp.prologue):
+            after += self.reverse(launch)
+        for launch in self.forward_launches:
+            if isinstance(launch, GemmLaunch):
+                after += self.weight_grads(launch)
+        for (island, v), name in self.parts.items():
+            if self.producer.get(v) is None or self.producer[v].row_kind == "one":
+                k = next(k for k in self.kernels() if k.island == island)
+                acc = dict(k.inputs)[v]
+                after.append(self.column_sum(f"sum {island}.{v}", name, k.width,
+                                             Access(grad_of(acc.buffer), "row", k.width, acc.col)))
+        for k in reversed(self.kernels(rows=False)):
+            after += self.adjoint(k)
+        return LayerBackward(self.lp.layer, tuple(step), tuple(after))
+
+    def reverse(self, launch: Launch) -> list[Launch]:
+        """The backward launches of a forward launch of the loop or the prologue, in that place."""
+        match launch:
+            case GemmLaunch():
+                return [self.grad_a(launch)]
+            case KernelLaunch() if launch.row_kind == "one":
+                return []  # after the loop, once (see `launches`)
+            case KernelLaunch():
+                return self.adjoint(launch)
+            case _:
+                raise TypeError(f"unknown launch {launch!r}")
+
+    def grad_a(self, g: GemmLaunch) -> GemmLaunch:
+        """dA += dC @ W^T."""
+        return GemmLaunch(f"{g.group} dA", g.row_kind, g.m, g.k, g.n, grad(g.c), g.w, grad(g.a), None,
+                          trans_w=True, accumulate=True)
+
+    def weight_grads(self, g: GemmLaunch) -> list[GemmLaunch]:
+        """dW += A^T @ dC over all steps, and the column sums of dC for a folded bias."""
+        if g.c.col != 0 or g.c.ld != g.n or self.plan.buffers[g.c.buffer].width != g.n:
+            raise CellError(f"GEMM {g.group} of layer {self.lp.layer} does not write all of its output "
+                            "buffer: its weights' gradient reads that buffer whole")
+        k_dim = self.plan.group(g.group).k_dim
+        out = [GemmLaunch(f"{g.group} dW", k_dim, g.k, g.n, self.rows, all_steps(g.a), grad_of(g.c.buffer),
+                          Access(grad_of(g.w), "row", g.n), None, trans_a=True, accumulate=True)]
+        if g.bias:
+            out.append(self.column_sum(f"{g.group} dbias", grad_of(g.c.buffer), g.n,
+                                       Access(grad_of(g.bias), "row", g.n)))
+        return out
+
+    def column_sum(self, name: str, rows: str, width: int, into: Access) -> GemmLaunch:
+        """into += the sum of the T*B rows of a [T*B, width] buffer: ones[1, T*B] @ rows."""
+        return GemmLaunch(name, "one", 1, width, self.rows, Access(ONES, "row", self.rows), rows, into, None,
+                          accumulate=True)
+
+    def adjoint(self, k: KernelLaunch) -> list[KernelLaunch]:
+        """The adjoint kernel of a kernel: its inputs and its outputs' gradients in, its inputs' gradients
+        added out; none where no input's gradient is wanted."""
+        outputs = [v for v in dict.fromkeys(v for v, _ in k.outputs) if self.varies[v]]
+        adj = adjoint(k.body, [v for v, _ in k.inputs], outputs)
+        slot = "t" if k.row_kind == "batch" else "all"
+        inputs, sums = list(k.inputs), []
+        for o in outputs:
+            sources = self.output_grads(k, o, slot)
+            if len(sources) == 1:
+                inputs.append((grad_of(o), sources[0]))
+                continue
+            names = [f"{grad_of(o)}@{i}" for i in range(len(sources))]
+            inputs += zip(names, sources, strict=True)
+            total = names[0]
+            for i, name in enumerate(names[1:], 1):
+                result = grad_of(o) if i == len(names) - 1 else f"{grad_of(o)}@+{i}"
+                sums.append(Instr(result, OPS["add"], (total, name)))
+                total = result
+        stores = []
+        for v, acc in k.inputs:
+            if not self.varies[v] or v not in adj.grads:
+                continue
+            if acc.kind == "row" or k.row_kind == "one":
+                stores.append((adj.grads[v], grad(acc)))
+            else:  # a [N] value broadcast over the kernel's rows: its gradient per row, summed later
+                stores.append((adj.grads[v], Access(self.parts[k.island, v], "row", k.width, 0, slot)))
+        if not stores:
+            return []
+        return [KernelLaunch(f"{k.island}_grad", k.row_kind, k.rows, k.width, tuple(inputs), tuple(stores),
+                             (*sums, *adj.body), k.hoisted, accumulate=True)]
+
+    def output_grads(self, k: KernelLaunch, value: str, slot: str) -> list[Access]:
+        """Where the gradient of a kernel's output is found, in parts that add up: the gradient of each
+        place it is stored, or, for a [N] value that a kernel with rows computes, the per-row gradients
+        of the kernels that read it."""
+        out = []
+        for v, acc in k.outputs:
+            if v != value:
+                continue
+            if acc.kind == "row" or k.row_kind == "one":
+                out.append(grad(acc))
+                continue
+            for (island, read), name in self.parts.items():
+                if read != value:
+                    continue
+                reader = next(r for r in self.kernels() if r.island == island)
+                if reader.row_kind == "seq" and slot == "t":
+                    raise CellError(f"kernel {reader.island} runs before the loop and reads '{value}', "
+                                    f"which kernel {k.island} computes in every step")
+                out.append(Access(name, "row", k.width, 0, slot))
+            if any(value in (v for v, _ in r.inputs) for r in self.kernels(rows=False)):
+                raise CellError(f"kernel {k.island} computes '{value}' per row and a kernel of [N] values "
+                                "reads it: the plan mixes two rungs")
+        return out
+
+
+def _check_seed(what: str, value: object, shape: tuple[int, ...]) -> None:
+    if not isinstance(value, np.ndarray) or not np.issubdtype(value.dtype, np.floating):
+        raise CellError(f"{what} must be a float array of shape {list(shape)}, got {type(value).__name__}")
+    if value.shape != shape:
+        raise CellError(f"{what} has shape {list(value.shape)}, expected {list(shape)}")

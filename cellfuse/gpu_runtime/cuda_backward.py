@@ -1,0 +1,79 @@
+"""The backward pass of a CUDA executor's forward run: the backward Plan's launches on the GPU, reading the
+forward run's saved buffers where they are, float32.
+
+    forward = CudaExecutor(make_plan(cell, sizes, schedule, device_target(), save_steps=True), params)
+    out = forward.run(x, initial)
+    grads = CudaBackward(forward).run(dy, dfinal)  # graph_model.Gradients: dx, dinitial, dparams
+
+The gradient buffers and the adjoint kernels join the forward executor's tables of addresses and kernels,
+so that its one way of putting an instruction on a stream (cuBLAS with the GEMM's transposes and beta,
+the kernels with their pointers at step t) runs the backward program too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..codegen.backward_plan import BackwardPlan, backward_plan
+from ..codegen.kernel_set import backward_kernels
+from ..graph_model import CellError, Gradients
+from .cuda_executor import _CUBLAS_WORKSPACE, CudaExecutor, _compile
+
+_ONE_BITS = 0x3F800000  # float32 1.0
+
+
+class CudaBackward:
+    """Device gradient buffers for a forward executor's plan (allocated once) and the backward program's
+    launches. `run` reads what the executor's last forward run saved."""
+
+    def __init__(self, forward: CudaExecutor):
+        drv = forward.drv
+        self.forward = forward
+        self.plan: BackwardPlan = backward_plan(forward.plan)
+        kernels = backward_kernels(self.plan)
+        module = drv.module_from_buffer(_compile(kernels.module_source()))
+        forward.funcs.update({name: module.get_function(name) for name in kernels.sources})
+        forward._prepared.update({name: None for name in kernels.sources})
+        forward.name_of.update(kernels.name_of)
+
+        sizes = {name: self.plan.buffer_elements(name) for name in self.plan.buffers}
+        free, _ = drv.mem_get_info()
+        need = 4 * sum(sizes.values())
+        if need + _CUBLAS_WORKSPACE > free:
+            raise CellError(f"out of GPU memory: the backward pass at these sizes needs {need / 2**20:.0f} "
+                            f"MiB more, {free / 2**20:.0f} MiB are free")
+        self.memory = drv.mem_alloc(need)
+        offset = int(self.memory)
+        for name, n in sizes.items():
+            forward.addr[name] = offset
+            offset += 4 * n
+        self.calls = [call for instr in self.plan.instructions() for call in forward._calls(instr, 0)]
+
+    def run(self, dy: np.ndarray, dfinal: Mapping[str, np.ndarray] | None = None) -> Gradients:
+        """The gradients of sum(dy * y) + sum(dfinal[s] * final[s]) for the forward run, float32 (see
+        BackwardPlan.seeds for the seeds); raises CellError for a seed that does not fit."""
+        drv, addr = self.forward.drv, self.forward.addr
+        seeds = self.plan.seeds(dy, dfinal, np.float32)
+        for name, b in self.plan.buffers.items():
+            if name in seeds:
+                drv.memcpy_htod(addr[name], seeds[name])
+            else:
+                bits = _ONE_BITS if b.role == "ones" else 0
+                drv.memset_d32(addr[name], bits, self.plan.buffer_elements(name))
+        # These ran on the legacy default stream, which the executor's non-blocking streams do not wait for.
+        drv.Context.synchronize()
+        for call in self.calls:
+            call()
+        self.forward.stream.synchronize()
+
+        def read(name: str) -> np.ndarray:
+            out = np.empty(self.plan.buffer_elements(name), np.float32)
+            drv.memcpy_dtoh(out, addr[name])
+            return out
+
+        return self.plan.gradients(read)
+
+    def close(self) -> None:
+        self.memory.free()

@@ -1,0 +1,124 @@
+"""The backward Plan's shape: a reverse loop per layer (the last layer first) of adjoint kernels and dA
+GEMMs on the forward's stacked weights, then the weight gradients as GEMMs over all steps and column
+sums; its kernels compile with nvcc. Its gradients are checked in tests/gpu_runtime/test_numpy_backward.py."""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import replace
+
+import pytest
+from compile_cuda import nvcc_cubin
+
+from cellfuse.codegen import make_plan
+from cellfuse.codegen.backward_plan import backward_plan
+from cellfuse.codegen.kernel_set import backward_kernels
+from cellfuse.codegen.lowering import Gemm, Kernel, Loop
+from cellfuse.codegen.plan import GemmLaunch, KernelLaunch, grad_of, launch_name
+from cellfuse.graph_model import OPS, CellError, Sizes, analyze, load_template, template_names
+
+SIZES = Sizes(seq=5, batch=3, input=6, hidden=4, layers=2)
+
+
+def plan_of(name: str, schedule: str, sizes: Sizes = SIZES):
+    cell = load_template(name)
+    if analyze(cell).ties:
+        sizes = replace(sizes, input=sizes.hidden)
+    return backward_plan(make_plan(cell, sizes, schedule, save_steps=True))
+
+
+def test_the_lstm_step_is_its_kernel_then_one_gemm_on_the_stacked_recurrent_weights():
+    plan = plan_of("lstm", "hoisted")
+    assert [launch_name(launch) for launch in plan.layers[0].step] == ["k0_grad", "gemm1 dA"]
+    (kernel, gemm) = plan.layers[0].step
+    assert kernel.accumulate and kernel.rows == SIZES.batch
+    # dh_{t-1} += d[hi hf ho hg]_t @ [U_i U_f U_o U_g]^T
+    assert (gemm.trans_w, gemm.trans_a, gemm.accumulate) == (True, False, True)
+    assert gemm.w == "l1.gemm1.w" and gemm.a.buffer == grad_of("l1.gemm1.out")
+    assert (gemm.m, gemm.n, gemm.k) == (SIZES.batch, SIZES.hidden, 4 * SIZES.hidden)
+    assert gemm.c.buffer == grad_of("l1.out.y") and gemm.c.slot == "t"
+    after = [launch_name(launch) for launch in plan.layers[0].after]
+    # dx of the hoisted GEMM over all steps, both weight gradients, the four biases' column sums
+    assert after[:3] == ["gemm0 dA", "gemm0 dW", "gemm1 dW"]
+    assert sorted(after[3:]) == [f"sum k0.b_{g}" for g in "fgio"]
+    dw = plan.layers[0].after[2]
+    assert dw.trans_a and not dw.trans_w and dw.accumulate
+    assert (dw.m, dw.n, dw.k) == (SIZES.hidden, 4 * SIZES.hidden, SIZES.seq * SIZES.batch)
+    assert dw.a.buffer == "l1.out.y" and dw.a.slot == "all"  # h_{t-1} of every step: rows 0 .. T-1
+
+
+def test_layers_run_last_first_each_a_reverse_loop_then_what_follows_it():
+    plan = plan_of("gru", "graph")
+    assert [lb.layer for lb in plan.layers] == [1, 0]
+    instructions = plan.instructions()
+    loops = [i for i, instr in enumerate(instructions) if isinstance(instr, Loop)]
+    assert len(loops) == 2 and loops[0] == 0
+    assert all(instructions[i].reverse for i in loops)
+    assert list(instructions[0].steps(SIZES.seq)) == list(range(SIZES.seq - 1, -1, -1))
+    assert all(isinstance(instr, Gemm | Kernel) for i, instr in enumerate(instructions) if i not in loops)
+    # the layer below adds the gradient of its output where layer 1's dx goes
+    dx = next(launch for launch in plan.layers[0].after if launch_name(launch) == "gemm0 dA")
+    assert dx.c.buffer == grad_of("l0.out.y") and dx.c.slot == "all+1"
+
+
+@pytest.mark.parametrize("schedule, gemms", [("naive", 6), ("combined", 3), ("hoisted", 2)])
+def test_the_step_is_the_forward_step_in_reverse_with_one_dA_gemm_per_gemm_group(schedule, gemms):
+    """Cho's GRU: x @ [W_r, W_z, W_n] (before the loop once hoisted), h @ [U_r, U_z] and (r*h) @ U_n,
+    each matmul alone in `naive`."""
+    plan = plan_of("gru_cho", schedule)
+    step = plan.layers[0].step
+    assert sum(isinstance(launch, GemmLaunch) for launch in step) == gemms
+    # (r*h) @ U_n's dA before the adjoint of the kernel that computed r*h, which reads its gradient
+    forward = plan.forward.layers[0].step
+    assert [launch_name(b).split()[0].removesuffix("_grad") for b in step] == \
+        [launch_name(f) for f in reversed(forward)]
+
+
+def test_gradient_buffers_mirror_the_forward_buffers():
+    plan = plan_of("lstm", "hoisted")
+    fwd = plan.forward.buffers
+    for name in ("l0.state.c", "l0.out.y", "l0.gemm1.out", "l0.gemm0.w", "x"):
+        assert (plan.buffers[grad_of(name)].rows, plan.buffers[grad_of(name)].width) == (fwd[name].rows,
+                                                                                          fwd[name].width)
+        assert plan.buffers[grad_of(name)].role == "grad"
+    assert plan.buffers[grad_of("l0.state.c")].rows == "seq+1"
+    assert plan.buffers["ones"].role == "ones" and plan.buffer_elements("ones") == SIZES.seq * SIZES.batch
+    # the per-row gradient of b_i, summed after the loop
+    assert plan.buffers[grad_of("l0.k0") + ".b_i"].rows == "seq"
+
+
+def test_a_plan_that_does_not_save_its_steps_is_refused():
+    with pytest.raises(CellError, match="save_steps=True"):
+        backward_plan(make_plan(load_template("lstm"), SIZES, "graph"))
+
+
+def test_a_row_reduction_is_refused_by_node():
+    reducing = [n for n in template_names() if any(OPS[node.op].kind.value == "reduction"
+                                                   for node in load_template(n).nodes)]
+    for name in reducing:
+        with pytest.raises(CellError, match=r"node '.*' \(kernel k\d+\): the backward pass has no plan"):
+            plan_of(name, "graph")
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("schedule", ["naive", "hoisted"])
+def test_backward_kernels_compile(name, schedule, tmp_path):
+    cell = load_template(name)
+    sizes = Sizes(3, 2, 24, 40, 2)
+    if analyze(cell).ties:
+        sizes = replace(sizes, input=sizes.hidden)
+    try:
+        plan = backward_plan(make_plan(cell, sizes, schedule, save_steps=True))
+    except CellError as e:
+        assert "row_" in str(e)  # a row reduction's (see above)
+        return
+    kernels = backward_kernels(plan)
+    launches = [launch for lb in plan.layers for launch in (*lb.step, *lb.after)
+                if isinstance(launch, KernelLaunch)]
+    assert launches and all(launch.accumulate for launch in launches)
+    assert set(kernels.name_of) == set(launches)
+    source = kernels.module_source()
+    assert "+= " in source
+    nvcc_cubin(source, tmp_path)

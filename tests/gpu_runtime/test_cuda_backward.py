@@ -1,0 +1,55 @@
+"""The backward Plan on the GPU: the gradients of every template and of seeded random cells, on every
+schedule of the graph family, against the float64 reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gradient_runs import GRAPH_FAMILY, Run, assert_gradients, elementwise_only, make_run
+from random_cells import random_cell
+
+from cellfuse.codegen import make_plan
+from cellfuse.graph_model import Gradients, Sizes, load_template, template_names
+
+pytestmark = pytest.mark.gpu
+
+SIZES = Sizes(seq=7, batch=5, input=24, hidden=40)
+
+
+def cuda_gradients(run: Run, schedule: str) -> Gradients:
+    from cellfuse.gpu_runtime.cuda_backward import CudaBackward
+    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
+
+    s = run.sizes
+    plan = make_plan(run.cell, s, schedule, device_target(), save_steps=True)
+    initial = run.initial or {st: np.zeros((s.layers, s.batch, s.hidden)) for st in run.cell.updates}
+    forward = CudaExecutor(plan, run.params)
+    backward = None
+    try:
+        forward.run(run.x, initial)
+        backward = CudaBackward(forward)
+        return backward.run(run.dy, run.dfinal)
+    finally:
+        if backward is not None:
+            backward.close()
+        forward.close()
+
+
+@pytest.mark.parametrize("schedule", [*GRAPH_FAMILY, "persistent"])
+@pytest.mark.parametrize("name", template_names())
+def test_gradients_of_every_template_on_the_gpu(gpu, name, schedule):
+    cell = load_template(name)
+    if not elementwise_only(cell):
+        pytest.skip("a row reduction has no backward plan yet")
+    run = make_run(cell, 2, seed=1, initial=name != "slstm", sizes=SIZES, scale=1.0)
+    assert_gradients(cuda_gradients(run, schedule), run.reference(), 1e-4, f"{name} {schedule}")
+
+
+@pytest.mark.parametrize("schedule", GRAPH_FAMILY)
+def test_gradients_of_seeded_random_cells_on_the_gpu(gpu, schedule):
+    for seed in range(20):
+        cell = random_cell(seed)
+        if not elementwise_only(cell):
+            continue
+        run = make_run(cell, 1 + seed % 2, seed=seed, initial=seed % 3 != 0, sizes=SIZES, scale=1.0)
+        assert_gradients(cuda_gradients(run, schedule), run.reference(), 1e-4, f"random cell {seed}")

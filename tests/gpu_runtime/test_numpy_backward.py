@@ -1,0 +1,176 @@
+"""The backward Plan run by the numpy executor: the gradients of x, of every initial state and of every
+parameter equal the float64 reference's (graph_model.backward), for every template, seeded random cells,
+1 and 2 layers, with and without initial states and seeds of the final states, on every schedule."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from gradient_runs import GRAPH_FAMILY, SIZES, assert_gradients, elementwise_only, make_run
+from hypothesis import HealthCheck, given, settings
+from random_cells import random_cell, random_cells
+
+from cellfuse.codegen import make_plan
+from cellfuse.gpu_runtime.numpy_backward import NumpyBackward
+from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
+from cellfuse.graph_model import (
+    Cell,
+    CellBuilder,
+    CellError,
+    Sizes,
+    exp,
+    load_template,
+    relu,
+    sigmoid,
+    tanh,
+    template_names,
+)
+
+
+@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("schedule", GRAPH_FAMILY)
+@pytest.mark.parametrize("layers", [1, 2])
+def test_gradients_of_every_template_equal_the_reference(name, schedule, layers):
+    cell = load_template(name)
+    run = make_run(cell, layers)
+    if not elementwise_only(cell):
+        with pytest.raises(CellError, match="no plan for op"):
+            run.numpy(schedule)
+        return
+    assert_gradients(run.numpy(schedule), run.reference(), 1e-9, f"{name} {schedule}")
+
+
+@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("initial, dfinal", [(False, False), (False, True), (True, False)])
+def test_gradients_without_initial_states_or_final_seeds(name, initial, dfinal):
+    cell = load_template(name)
+    if not elementwise_only(cell):
+        pytest.skip("a row reduction has no backward plan yet (checked above)")
+    run = make_run(cell, 2, seed=3, initial=initial, dfinal=dfinal)
+    assert_gradients(run.numpy("hoisted"), run.reference(), 1e-9, name)
+
+
+@pytest.mark.parametrize("schedule", GRAPH_FAMILY)
+def test_gradients_of_seeded_random_cells_equal_the_reference(schedule):
+    for seed in range(60):
+        cell = random_cell(seed)
+        if not elementwise_only(cell):
+            continue
+        run = make_run(cell, layers=1 + seed % 2, seed=seed, initial=seed % 3 != 0, dfinal=seed % 4 != 0,
+                       sizes=Sizes(seq=3, batch=2, input=5, hidden=4), scale=1.0)
+        assert_gradients(run.numpy(schedule), run.reference(), 1e-9, f"random cell {seed}")
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(random_cells())
+def test_gradients_of_random_cells_equal_the_reference(cell):
+    if not elementwise_only(cell):
+        return
+    run = make_run(cell, 2, sizes=Sizes(seq=3, batch=2, input=5, hidden=4), scale=1.0)
+    want = run.reference()
+    for schedule in ("naive", "hoisted"):
+        assert_gradients(run.numpy(schedule), want, 1e-9, schedule)
+
+
+def shared_row_value_cell() -> Cell:
+    """A [hidden] value nb computed once and read by the kernels of two stages: the fused kernel of the
+    first computes it per row and stores it for the second (a [N] output of a kernel with rows)."""
+    b = CellBuilder("shared")
+    x, h = b.input("x"), b.state("h")
+    W, U1, U2 = b.weight("W", "input", "hidden"), b.weight("U1", "hidden", "hidden"), b.weight("U2", "hidden",
+                                                                                               "hidden")
+    nb = exp(tanh(b.weight("b", "hidden")) * 0.5).named("nb")
+    r = sigmoid(x @ W + h @ U1 + nb).named("r")
+    n = tanh((r * h).named("rh") @ U2 + nb * 2.0).named("n")
+    b.update(h, n)
+    b.output(n)
+    return b.build()
+
+
+def hoisted_row_value_cell() -> Cell:
+    """A [hidden] value read by a kernel before the loop (which computes it) and by one in every step."""
+    b = CellBuilder("hoisted_vec")
+    x, h, c = b.input("x"), b.state("h"), b.state("c")
+    nb = tanh(b.weight("b", "hidden")).named("nb")
+    xr = relu(x @ b.weight("W0", "input", "hidden") + nb * 0.5).named("xr")
+    bh = b.weight("bh", "hidden")
+    hh = tanh(xr @ b.weight("W1", "hidden", "hidden") + h @ b.weight("U1", "hidden", "hidden")
+              + bh * tanh(bh)).named("hh")
+    z = sigmoid(hh @ b.weight("W2", "hidden", "hidden") + nb).named("z")
+    c_new = (z * c + (1.0 - z) * hh).named("c_new")
+    b.update(h, hh)
+    b.update(c, c_new)
+    b.output(c_new)
+    return b.build()
+
+
+@pytest.mark.parametrize("make, hoisted", [(shared_row_value_cell, False), (hoisted_row_value_cell, True)])
+@pytest.mark.parametrize("schedule", GRAPH_FAMILY)
+def test_a_row_value_shared_between_kernels(make, hoisted, schedule):
+    """Random cells rarely draw these: the gradient of a [N] value that a kernel with rows computes comes
+    from the per-row gradients of the kernels that read it (in `fused` and up); in `naive` and `combined`
+    a kernel of [N] values only computes it, and its gradient is their column sum."""
+    cell = make()
+    run = make_run(cell, 2, sizes=replace(SIZES, input=SIZES.hidden))
+    plan = make_plan(cell, run.sizes, schedule, save_steps=True)
+    kernels = [k for k in (*plan.layers[0].prologue, *plan.layers[0].step) if hasattr(k, "island")]
+    vec_outputs = [k for k in kernels if k.row_kind != "one" and any(a.kind == "vec" for _, a in k.outputs)]
+    if schedule in ("naive", "combined"):
+        assert any(k.row_kind == "one" for k in kernels) and not vec_outputs
+    else:
+        assert vec_outputs and vec_outputs[0].hoisted == (hoisted and schedule != "fused")
+    assert_gradients(run.numpy(schedule), run.reference(), 1e-9, schedule)
+
+
+@pytest.mark.parametrize("name", template_names())
+def test_float32_gradients_are_within_1e_4_of_the_reference(name):
+    cell = load_template(name)
+    if not elementwise_only(cell):
+        pytest.skip("a row reduction has no backward plan yet")
+    # The states start at 0, as sLSTM's do: from random ones its normaliser state starts near 0, where
+    # rounding x and the weights to float32 moves the exact gradients by 1e-2 already.
+    run = make_run(cell, 2, seed=5, initial=False, sizes=Sizes(seq=20, batch=8, input=32, hidden=48),
+                   scale=1.0)
+    got = run.numpy("graph", np.float32)
+    assert got.dx.dtype == np.float32 and all(g.dtype == np.float32 for g in got.dparams.values())
+    assert_gradients(got, run.reference(), 1e-4, name)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru_cho", "sru"])
+def test_a_persistent_forward_plan_gets_the_graph_backward(name):
+    cell = load_template(name)
+    run = make_run(cell, 2)
+    assert_gradients(run.numpy("persistent"), run.reference(), 1e-9, name)
+
+
+def test_a_second_run_starts_again_from_zero():
+    """Gradients accumulate into their buffers during a run: each run zeroes them first."""
+    run = make_run(load_template("gru"), 2)
+    s = run.sizes
+    forward = NumpyExecutor(make_plan(run.cell, s, "graph", save_steps=True), run.params, np.float64)
+    forward.run(run.x, run.initial)
+    backward = NumpyBackward(forward)
+    first = backward.run(run.dy, run.dfinal)
+    again = backward.run(run.dy, run.dfinal)
+    assert_gradients(again, first, 1e-15)
+    # and a new forward run is what the next backward run reads
+    x2 = run.x[::-1].copy()
+    forward.run(x2, run.initial)
+    assert_gradients(backward.run(run.dy, run.dfinal), replace(run, x=x2).reference(), 1e-9)
+
+
+def test_seeds_that_do_not_fit_are_refused_by_name():
+    run = make_run(load_template("lstm"), 1)
+    forward = NumpyExecutor(make_plan(run.cell, run.sizes, "graph", save_steps=True), run.params, np.float64)
+    forward.run(run.x, run.initial)
+    backward = NumpyBackward(forward)
+    with pytest.raises(CellError, match=r"dy has shape \[4, 3, 5\], expected \[4, 3, 4\]"):
+        backward.run(np.zeros((4, 3, 5)))
+    with pytest.raises(CellError, match="'m' is not a state of cell 'LSTM' \\(states: h, c\\)"):
+        backward.run(run.dy, {"m": np.zeros((1, 3, 4))})
+    with pytest.raises(CellError, match="dfinal 'c' has shape"):
+        backward.run(run.dy, {"c": np.zeros((2, 3, 4))})
+    with pytest.raises(CellError, match="dy must be a float array"):
+        backward.run([[0.0]])
