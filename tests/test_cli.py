@@ -597,3 +597,17 @@ def test_validate_says_which_sizes_a_cell_needs_equal(cli):
     code, out, err = cli("validate", "sru")
     assert code == 0 and err == "", err
     assert "info: node 'highway'" in out and "input size must equal the hidden size" in out
+
+
+def test_plan_and_export_of_a_wavefront(cli, tmp_path):
+    code, out, err = cli("plan", "lstm", "--schedule", "wavefront", "--layers", 3, "--json")
+    assert code == 0, err
+    wavefront = json.loads(out)["wavefront"]
+    assert len(wavefront["layers"]) == 3 and wavefront["barriers_per_wave"] == 1
+    assert sum(layer["blocks"] for layer in wavefront["layers"]) == wavefront["blocks"] <= 132
+    code, out, err = cli("plan", "lstm", "--schedule", "wavefront", "--layers", 3)
+    assert code == 0 and "layer l runs its step t at wave t + l" in out and "layer 2: blocks" in out
+    code, _, err = cli("export", "lstm", "--schedule", "wavefront", "--layers", 2, "-o", tmp_path / "w.cu")
+    text = (tmp_path / "w.cu").read_text()
+    assert code == 0, err
+    assert text.count("cudaLaunchCooperativeKernel(") == 1 and "every step of layers 0 to 1" in text
