@@ -408,16 +408,3 @@ def random_cells(max_rounds: int = 6, reductions: bool = False):
         return draw_cell(draw, max_rounds=max_rounds, reductions=reductions)
 
     return cells()
-
-
-def reduces_rows(cell: Cell) -> bool:
-    """Whether the cell has a row reduction, which the persistent schedule refuses for now."""
-    return any(OPS[n.op].is_reduction for n in cell.nodes if n.op in OPS)
-
-
-def runnable_schedules(cell: Cell) -> list[str]:
-    """The schedules that take the cell: all but the persistent ones for a cell that reduces rows."""
-    from cellfuse.codegen import SCHEDULES
-    from cellfuse.codegen.scheduler import LADDER
-
-    return [s for s in SCHEDULES if not (LADDER[s].persistent and reduces_rows(cell))]

@@ -56,7 +56,7 @@ def _at_step(var: str, acc: Access) -> str:
     """The address of an access's first element at step t, in a kernel with `batch` as an argument."""
     row = ROW_EXPR[acc.slot].format(t="t")
     rows = " + ".join(part for part in (f"(size_t){acc.block} * batch" if acc.block else "",
-                                        row if row != "0" and acc.kind == "row" else "") if part)
+                                        row if row != "0" and acc.kind in ("row", "col") else "") if part)
     parts = [var] + ([f"({rows}) * {acc.ld}"] if rows else []) + ([str(acc.col)] if acc.col else [])
     return " + ".join(parts)
 
@@ -272,13 +272,46 @@ class _Kernel:
                f"{IND}    if (j >= {k.width}) continue;",
                f"{IND}    (void)r;")
         for n, p in enumerate(params):  # other blocks wrote it: through L2, which is coherent, not L1
-            if not p.output and p.access.buffer in self.foreign and n not in index:
+            if p.output or n in index:
+                continue
+            if p.access.kind == "sums":  # every block's partial sums of the row, in a fixed order
+                ld = p.access.ld
+                self.w(f"{IND}    float cf_sum_{n}[1] = {{0.0f}};",
+                       f"{IND}    for (int c = 0; c < {ld}; ++c)",
+                       f"{IND}        cf_sum_{n}[0] += __ldcg({names[n]} + (long long)r * {ld} + c);")
+                names[n], index[n] = f"cf_sum_{n}", "0"
+            elif p.access.buffer in self.foreign:
                 assert p.access.kind == "row", "only the output of another layer is foreign"
                 self.w(f"{IND}    const float cf_l2_{n}[1] = {{__ldcg({names[n]} + (long long)r * "
                        f"{p.access.ld} + j)}};")
                 names[n], index[n] = f"cf_l2_{n}", "0"
-        self.w(*element_body(params, names, k.body, IND + "    ", index))
+        # the partial sums are not stored element by element: below, once the block's values are written
+        keep = [n for n, p in enumerate(params) if not (p.output and p.access.kind == "sums")]
+        self.w(*element_body([params[n] for n in keep], [names[n] for n in keep], k.body, IND + "    ",
+                             {m: index[n] for m, n in enumerate(keep) if n in index}))
         self.w(f"{IND}}}")
+        for n, p in enumerate(params):
+            if p.output and p.access.kind == "sums":
+                self._partial_sums(k, params, names, n)
+
+    def _partial_sums(self, k: KernelLaunch, params: list[Param], names: list[str], n: int) -> None:
+        """The block's sum of a value over its own columns, for each of its rows, into its column of the
+        partial sums: a warp per row, read back from where the launch left the value (its threads wrote
+        it, and L2 has it), added in a fixed order."""
+        value, unit = params[n].value, self.launch.unit(k.width)
+        at = next(m for m, p in enumerate(params) if p.output and p.value == value and p.access.kind == "row")
+        ld, sums_ld = params[at].access.ld, params[n].access.ld
+        self.w(f"{IND}__syncthreads();  // the block's values of {comment_text(value)} are written",
+               f"{IND}for (int rr = tid / 32; rr < rows; rr += {self.launch.threads // 32}) {{",
+               f"{IND}    float s = 0.0f;",
+               f"{IND}    for (int c = tid % 32; c < {unit}; c += 32) {{",
+               f"{IND}        const int j = cb * {unit} + c;",
+               f"{IND}        if (j < {k.width})",
+               f"{IND}            s += __ldcg({names[at]} + (long long)(row0 + rr) * {ld} + j);",
+               f"{IND}    }}",
+               f"{IND}    for (int d = 16; d > 0; d /= 2) s += __shfl_xor_sync(0xffffffffu, s, d);",
+               f"{IND}    if (tid % 32 == 0) {names[n]}[(long long)(row0 + rr) * {sums_ld} + cb] = s;",
+               f"{IND}}}")
 
     # -- a GEMM -------------------------------------------------------------------------------------
     def _gemm(self, i: int, item: PersistentItem) -> None:

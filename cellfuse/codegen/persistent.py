@@ -17,7 +17,17 @@ import dataclasses
 from dataclasses import dataclass
 
 from ..graph_model import CellError
-from .plan import Access, GemmLaunch, KernelLaunch, Launch, PersistentItem, PersistentLaunch, WavefrontLaunch
+from .plan import (
+    Access,
+    Buffer,
+    GemmLaunch,
+    KernelLaunch,
+    Launch,
+    PersistentItem,
+    PersistentLaunch,
+    WavefrontLaunch,
+)
+from .row_stages import reduces, row_stages
 
 THREADS = 256  # per block of a persistent kernel: faster than 128 or 512 at every size measured
 ROW_TILE = 64  # rows of a GEMM's left operand staged in shared memory at a time, at most
@@ -184,17 +194,29 @@ def with_hoisted(prologue: list[tuple[Launch, tuple[int, ...]]], step: list[tupl
     return [*step[:at], *hoisted, *step[at:]]
 
 
+def shared(launch: GemmLaunch | KernelLaunch) -> set[str]:
+    """The buffers a launch reads where other blocks wrote them: a GEMM's left operand (all of K of its
+    rows), a stage's partial sums of a row reduction (every block's)."""
+    match launch:
+        case GemmLaunch():
+            return {launch.a.buffer}
+        case KernelLaunch():
+            return {acc.buffer for _, acc in launch.inputs if acc.kind == "sums"}
+        case _:
+            raise TypeError(f"unknown launch {launch!r}")
+
+
 def barriers(step: list[GemmLaunch | KernelLaunch]) -> list[bool]:
     """For each launch of the step, in order, whether a grid-wide barrier goes before it."""
     barrier = [False] * len(step)
-    operands = {launch.a.buffer for launch in step if isinstance(launch, GemmLaunch)}
+    operands = set().union(*map(shared, step))
     changed = True
     while changed:
         changed = False
         dirty: set[str] = set()
-        for _ in range(2):  # twice round: step t's first GEMMs read what step t-1 wrote last
+        for _ in range(2):  # twice round: step t's first reads are of what step t-1 wrote last
             for i, launch in enumerate(step):
-                if isinstance(launch, GemmLaunch) and launch.a.buffer in dirty and not barrier[i]:
+                if shared(launch) & dirty and not barrier[i]:
                     barrier[i] = changed = True
                 if barrier[i]:
                     dirty.clear()
@@ -230,14 +252,6 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     The blocks split the hidden units among the SMs, and with a large batch the rows too, into as many
     row groups as keep every recurrent weight on chip: each block then stages only its rows of a GEMM's
     operand, so a step moves that many times fewer bytes out of L2."""
-    for launch in step:  # a row reduction needs the whole row, which the blocks share out
-        row_values = [i.result for i in launch.body if i.op.is_reduction] + [
-            v for v, acc in (*launch.inputs, *launch.outputs) if acc.kind == "col"] if isinstance(
-            launch, KernelLaunch) else []
-        if row_values:
-            raise CellError(f"the persistent schedule cannot yet run node '{row_values[0]}', one number per "
-                            "row of a row reduction, in its time loop (its blocks each own a slice of the "
-                            "row): use the graph schedule")
     limit = target.smem_per_block // 4
     gemms = [_Placed(launch, cols, False, False) for launch, cols in zip(step, columns, strict=True)
              if isinstance(launch, GemmLaunch)]
@@ -253,6 +267,17 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     row_tile = max(1, min(rows, ROW_TILE))
     while row_tile > 1 and _smem_floats(placed, column_blocks, row_tile, rows) > limit:
         row_tile = -(-row_tile // 2)
+    # A kernel with row reductions runs in stages, with barriers between them (see row_stages).
+    staged: list[tuple[GemmLaunch | KernelLaunch, tuple[int, ...]]] = []
+    added: list[Buffer] = []
+    for launch, cols in zip(step, columns, strict=True):
+        if isinstance(launch, KernelLaunch) and reduces(launch):
+            stages = row_stages(launch, f"l{layer}.{launch.island}.", column_blocks)
+            staged += [(stage, cols) for stage in stages.launches]
+            added += stages.buffers
+        else:
+            staged.append((launch, cols))
+    step, columns = [launch for launch, _ in staged], [cols for _, cols in staged]
     items, off_chip = [], []
     chosen = iter(placed)
     for launch, cols, barrier in zip(step, columns, barriers(step), strict=True):
@@ -276,7 +301,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
                 "block may have, so they are read from L2 every step")
     smem = 4 * _smem_floats(placed, column_blocks, row_tile, rows)
     return PersistentLaunch(layer, tuple(items), column_blocks * row_groups, THREADS, batch, row_groups,
-                            row_tile, smem, note)
+                            row_tile, smem, note, tuple(added))
 
 
 def layer_targets(steps: list[list[Launch]], target: Target) -> list[Target]:

@@ -43,11 +43,14 @@ class Access:
 
     kind: `row` values are [rows, width]; `vec` values are [width], the same for every row;
     `col` values are [rows, 1], one number per row (a row reduction's), the same for every column;
+    `sums` are a persistent launch's partial sums of a row reduction, [rows, ld], one column per block
+    that shares the row (see `row_stages`): as an output, the block's sum of the value over its own
+    columns; as an input, the sum over every block's, one number per row;
     `scalar` values are one number. `block` skips that many blocks of B rows (a layer's part of a
     [layers, B, .] buffer)."""
 
     buffer: str
-    kind: Literal["row", "vec", "col", "scalar"] = "row"
+    kind: Literal["row", "vec", "col", "scalar", "sums"] = "row"
     ld: int = 0
     col: int = 0
     slot: Slot = "fixed"
@@ -245,6 +248,8 @@ class PersistentLaunch:
     row_tile: int  # rows of a GEMM's left operand staged in shared memory at a time, all of K
     smem_bytes: int  # shared memory per block: on-chip weights and the staged operand
     note: str = ""  # why weights stay off chip, when some do
+    # the launch's own buffers: partial sums of row reductions, values carried between their stages
+    buffers: tuple[Buffer, ...] = ()
 
     @property
     def column_blocks(self) -> int:

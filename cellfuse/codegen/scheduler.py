@@ -498,6 +498,7 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
     for (lay, prologue, step, columns), on in zip(laid, targets, strict=True):
         persistent = (persistent_launch(lay.layer, step, columns, H, sizes.batch, on, save_steps)
                       if rung.persistent else None)
+        buffers.update({b.name: b for b in persistent.buffers} if persistent else {})
         layers.append(LayerPlan(lay.layer, lay.K, prologue, step, lay.read(x, STEP),
                                 {s: lay.read(s, STEP) for s in cell.updates}, lay.y, persistent))
     whole = (wavefront_launch([lp.persistent for lp in layers], [lp.output_seq for lp in layers])

@@ -54,7 +54,8 @@ Event = tuple[int, PersistentItem] | None  # what a block of a cooperative kerne
 
 def run_body(body: tuple[Instr | GradInstr, ...], values: dict[str, np.ndarray], dtype: np.dtype) -> None:
     """Computes a kernel's body over arrays, adding each result to `values`: an op of the table by its
-    numpy meaning, a gradient by its derivative rule."""
+    numpy meaning, a gradient by its derivative rule. A row reduction (of a value, or of an adjoint's
+    gradients) sums the arrays' last axis: the arrays must hold whole rows."""
     def arg(a: str | Const) -> np.ndarray:
         return dtype.type(a.value) if isinstance(a, Const) else values[a]
 
@@ -130,8 +131,10 @@ class NumpyExecutor:
             case _:
                 raise TypeError(f"the numpy executor cannot run {instr!r}")
 
-    def kernel(self, instr: Kernel, t: int, rows: tuple[int, int], columns: tuple[int, int]) -> None:
-        """A kernel's rows [first, last) and columns [first, last) at step t."""
+    def kernel(self, instr: Kernel, t: int, rows: tuple[int, int], columns: tuple[int, int],
+               part: int | None = None) -> None:
+        """A kernel's rows [first, last) and columns [first, last) at step t: those of column block
+        `part` of a persistent launch, or all of them."""
         k, B = instr.launch, self.batch
         row, count = rows[0], rows[1] - rows[0]
         first, width = columns[0], columns[1] - columns[0]
@@ -139,12 +142,21 @@ class NumpyExecutor:
             return
 
         def at(acc: Access) -> tuple[Access, int, int, int]:
+            if acc.kind == "sums":  # every block's partial sums of the rows
+                return acc, element_offset(instr, acc, t, B) + row * acc.ld, count, acc.ld
             shift = {"row": row * acc.ld + first, "vec": first, "col": row * acc.ld, "scalar": 0}[acc.kind]
             return acc, element_offset(instr, acc, t, B) + shift, count, width
 
-        values = {v: self.view(*at(acc)) for v, acc in k.inputs}
+        values = {v: self.view(*at(acc)).sum(axis=1, keepdims=True) if acc.kind == "sums"
+                  else self.view(*at(acc)) for v, acc in k.inputs}
         run_body(k.body, values, self.dtype)
         for v, acc in k.outputs:
+            if acc.kind == "sums":  # this block's sums in its own column; run whole, all in the first
+                sums = self.view(*at(acc))
+                if part is None:
+                    sums[...] = 0
+                sums[:, part or 0] = np.broadcast_to(values[v], (count, width)).sum(axis=1)
+                continue
             dst = self.view(*at(acc))
             value = np.broadcast_to(values[v], dst.shape) if values[v].ndim else values[v]
             if k.accumulate:
@@ -222,7 +234,8 @@ class NumpyExecutor:
                 if item.whole:
                     self.kernel(instr, t, (0, k.rows), (0, k.width))
                 else:
-                    self.kernel(instr, t, (first_row, last_row), launch.columns(k.width, block))
+                    self.kernel(instr, t, (first_row, last_row), launch.columns(k.width, block),
+                                block % launch.column_blocks)
             case other:
                 raise TypeError(f"unknown launch {other!r}")
 

@@ -8,9 +8,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from random_cells import random_cells, runnable_schedules
+from random_cells import random_cells
 
-from cellfuse.codegen import make_plan
+from cellfuse.codegen import SCHEDULES, make_plan
 from cellfuse.codegen.plan import Access, GemmLaunch, KernelLaunch
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
 from cellfuse.graph_model import Sizes, analyze, init_params, load_template, record_forward, template_names
@@ -60,10 +60,9 @@ def check(cell, schedule: str) -> None:
 
 
 @pytest.mark.parametrize("name", template_names())
-def test_saved_steps_of_every_template(name):
-    cell = load_template(name)
-    for schedule in runnable_schedules(cell):
-        check(cell, schedule)
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_saved_steps_of_every_template(name, schedule):
+    check(load_template(name), schedule)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

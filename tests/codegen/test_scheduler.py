@@ -10,12 +10,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from random_cells import random_cell, random_cells, reduces_rows
+from random_cells import random_cell, random_cells
 
 from cellfuse.codegen import SCHEDULES, GemmLaunch, KernelLaunch, Plan, make_plan
 from cellfuse.codegen.cuda_export import generate_cuda
 from cellfuse.codegen.plan import Access
-from cellfuse.codegen.scheduler import LADDER
 from cellfuse.graph_model import (
     Cell,
     CellBuilder,
@@ -288,7 +287,7 @@ def check_plan(plan: Plan) -> None:
 
 
 def check_ladder(cell: Cell) -> dict[str, Plan]:
-    plans = {s: plan_of(cell, s) for s in runnable(cell)}
+    plans = {s: plan_of(cell, s) for s in SCHEDULES}
     nodes = cell.by_id()
     lefts = [nodes[m].args[0] for m in matmul_nodes(cell)]
     n = {s: p.launches_per_step for s, p in plans.items()}
@@ -303,11 +302,6 @@ def check_ladder(cell: Cell) -> dict[str, Plan]:
     assert step_of(hoisted) == step_of(graph) and hoisted.layers[0].prologue == graph.layers[0].prologue
     assert not hoisted.cuda_graph and graph.cuda_graph
     return plans
-
-
-def runnable(cell: Cell) -> list[str]:
-    """The schedules that take the cell: all but the persistent ones for a cell that reduces rows."""
-    return [s for s in SCHEDULES if not LADDER[s].persistent or not reduces_rows(cell)]
 
 
 # -- the templates, as an expert schedules them -----------------------------------------------------------
@@ -439,8 +433,6 @@ def test_gate_cells_step_in_two_launches_when_hoisted(name):
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_two_layers_chain_outputs_into_inputs(name, schedule):
     cell = load_template(name)
-    if schedule not in runnable(cell):
-        pytest.skip("the persistent schedule refuses a row reduction (test_persistent_refuses_...)")
     plan = plan_of(cell, schedule, layers=2)
     check_plan(plan)
     l0, l1 = plan.layers
@@ -556,7 +548,7 @@ def test_unknown_schedule_and_invalid_cell_are_errors():
 def test_plans_of_random_cells_keep_the_invariants(seed, reductions):
     cell = random_cell(np.random.default_rng(seed), reductions=reductions)
     check_ladder(cell)
-    for schedule in runnable(cell):
+    for schedule in SCHEDULES:
         check_plan(plan_of(cell, schedule, layers=1 + seed % 2))
 
 
@@ -564,7 +556,7 @@ def test_plans_of_random_cells_keep_the_invariants(seed, reductions):
 @given(random_cells(reductions=True))
 def test_plans_of_drawn_cells_keep_the_invariants(cell):
     check_ladder(cell)
-    for schedule in runnable(cell):
+    for schedule in SCHEDULES:
         check_plan(plan_of(cell, schedule))
 
 
@@ -627,9 +619,9 @@ def run_on_numpy(cell: Cell, schedule: str, layers: int, seed: int) -> float:
 
 
 @pytest.mark.parametrize("seed", range(40))
-def test_random_cells_that_reduce_rows_match_the_reference_under_every_schedule_but_persistent(seed):
+def test_random_cells_that_reduce_rows_match_the_reference_under_every_schedule(seed):
     cell = random_cell(seed, reductions=True)
-    for schedule in runnable(cell):
+    for schedule in SCHEDULES:
         assert run_on_numpy(cell, schedule, 1 + seed % 2, seed) < 1e-9, schedule
 
 
@@ -642,14 +634,6 @@ def test_a_layer_norm_is_one_kernel_with_its_reductions():
     assert kernel.width == SIZES.hidden and sum(i.op.is_reduction for i in kernel.body) == 18
     assert [v for v, _ in kernel.outputs] == ["c_new", "h_new"]
     assert all(acc.kind != "col" for _, acc in (*kernel.inputs, *kernel.outputs))
-
-
-def test_the_persistent_schedule_refuses_a_row_reduction_naming_the_node():
-    with pytest.raises(CellError) as e:
-        plan_of(load_template("layernorm_lstm"), "persistent")
-    message = str(e.value)
-    assert message.startswith("the persistent schedule cannot yet run node 'mean_xi', one number per row")
-    assert "use the graph schedule" in message and "\n" not in message
 
 
 def test_a_row_reduction_before_the_loop_and_its_column_read_in_every_step():
@@ -669,8 +653,6 @@ def test_a_row_reduction_before_the_loop_and_its_column_read_in_every_step():
     reads = [acc for k in plan.layers[0].step if isinstance(k, KernelLaunch)
              for v, acc in k.inputs if v == "m"]
     assert [(acc.kind, acc.ld, acc.slot) for acc in reads] == [("col", 1, "t")]
-    for schedule in runnable(cell):
+    for schedule in SCHEDULES:
         check_plan(plan_of(cell, schedule, layers=2))
         assert run_on_numpy(cell, schedule, 2, 0) < 1e-9, schedule
-    with pytest.raises(CellError, match="node 'm'"):
-        plan_of(cell, "persistent")

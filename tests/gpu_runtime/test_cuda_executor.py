@@ -10,10 +10,8 @@ import numpy as np
 import pytest
 
 from cellfuse.codegen import SCHEDULES, generate_cuda, make_plan
-from cellfuse.codegen.scheduler import LADDER
 from cellfuse.gpu_runtime.execute import run_schedule
 from cellfuse.graph_model import (
-    OPS,
     CellError,
     Sizes,
     analyze,
@@ -52,10 +50,6 @@ def rel(a, b):
 def test_schedule_matches_reference_on_gpu(gpu, name, schedule):
     cell = load_template(name)
     params, inputs = data(cell)
-    if LADDER[schedule].persistent and any(OPS[n.op].is_reduction for n in cell.nodes):
-        with pytest.raises(CellError, match="cannot yet run node"):  # a row reduction: not yet
-            run_schedule(cell, params, inputs, None, schedule, "cuda")
-        return
     ref = run_reference(cell, params, inputs)
     out = run_schedule(cell, params, inputs, None, schedule, "cuda")
     assert rel(out.y, ref.y) < 1e-4
@@ -119,8 +113,6 @@ def test_exported_program_matches_reference(gpu, name, schedule, tmp_path):
     if shutil.which("nvcc") is None:
         pytest.skip("nvcc is not installed")
     cell = load_template(name)
-    if LADDER[schedule].persistent and any(OPS[n.op].is_reduction for n in cell.nodes):
-        pytest.skip("the persistent schedule refuses a row reduction (checked on the GPU above)")
     params, inputs = data(cell, 1)
     inputs = {"x": inputs["x"]}  # the demo program starts from zero states
     src = generate_cuda(cell, Sizes(SEQ, BATCH, width(cell), HIDDEN, LAYERS), schedule)
@@ -247,7 +239,7 @@ def test_persistent_random_cells_match_reference_on_gpu(gpu, seed, schedule):
     assert max(float(np.abs(g - r).max()) for g, r in pairs) / scale < 1e-4
 
 
-@pytest.mark.parametrize("schedule", [s for s in SCHEDULES if not LADDER[s].persistent])
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("hidden", [40, 512, 1500])
 def test_layer_norm_kernels_match_reference_on_gpu(gpu, schedule, hidden):
     """The kernels that reduce rows at a row narrower than a block, of two columns per thread, and of
