@@ -1,5 +1,6 @@
 """The import rules of docs/architecture.md, as the contracts in pyproject.toml state them: arrows point
-down, the faces stay apart, Qt only in app, torch only in the benchmark's baselines, no import cycles."""
+down, the faces stay apart, Qt only in app, torch only in nn and the benchmark's baselines, no import
+cycles."""
 
 import shutil
 import subprocess

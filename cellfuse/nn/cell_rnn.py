@@ -1,0 +1,237 @@
+"""CellRNN: a drawn cell, stacked and run over a sequence, as a torch.nn.Module that trains."""
+
+from __future__ import annotations
+
+import os
+from collections import OrderedDict
+from collections.abc import Mapping
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..codegen import SCHEDULES, make_plan
+from ..codegen.backward_plan import backward_plan
+from ..gpu_runtime.auto_schedule import AUTO
+from ..graph_model import (
+    Cell,
+    CellError,
+    NpzArrays,
+    Sizes,
+    check_params,
+    check_sizes,
+    init_params,
+    load_cell,
+    load_npz,
+    load_template,
+    param_layers,
+    require_valid,
+    save_npz,
+    template_names,
+)
+from ..graph_model.limits import MAX_LAYERS, MAX_WIDTH
+from ..graph_model.params import check_names
+from ..graph_model.validate import check_count
+from .cell_function import CellFunction
+from .runners import DTYPES, Runner, dtype_names, make_runner
+
+MAX_RUNNERS = 4  # sizes, dtypes and devices whose plans and executors a module keeps at once
+
+
+def resolve_cell(cell: Cell | str | os.PathLike[str]) -> Cell:
+    """A Cell as it is; a path to a cell file; else the name of a built-in template."""
+    if isinstance(cell, Cell):
+        return cell
+    if not isinstance(cell, (str, os.PathLike)):
+        raise TypeError(f"cell must be a Cell, a path to a .cell.json file or a template name, got a "
+                        f"{type(cell).__name__}")
+    if Path(cell).exists():
+        return load_cell(cell)
+    if isinstance(cell, str) and cell in template_names():
+        return load_template(cell)
+    raise CellError(f"{cell}: no such cell file, and no template of that name "
+                    f"(templates: {', '.join(template_names())})")
+
+
+def _size(cell: Cell, given: int | None, dim: str, argument: str) -> int:
+    """The size given, else the cell file's."""
+    if given is None:
+        if dim not in cell.sizes:
+            raise CellError(f"{argument} is not given, and cell '{cell.name}' has no '{dim}' size to take it "
+                            "from")
+        given = cell.sizes[dim]
+    return check_count(argument, given, MAX_WIDTH)
+
+
+def _param_name(key: str) -> str:
+    """The name torch registers a parameter key under ('l0.W_i' -> 'l0_W_i'): torch refuses dots, and
+    a weight id never starts with a digit, so no two keys meet."""
+    return key.replace(".", "_", 1)
+
+
+class CellRNN(torch.nn.Module):
+    """A recurrent cell drawn in CellFuse, `num_layers` of it stacked, as a PyTorch module.
+
+    `cell` is a Cell, a path to a .cell.json file, or the name of a built-in template ("lstm", "gru",
+    ...). `input_size` and `hidden_size` default to the sizes in the cell file (the editor saves them;
+    a template's are 512). The parameters are the cell's weights for every layer, one
+    torch.nn.Parameter per .npz key (`param("l0.W_i")`; registered as `l0_W_i`), initialised as
+    `cellfuse init-params` does: uniform in +-1/sqrt(hidden). With `seed` they are exactly those of
+    `cellfuse init-params --seed SEED`; without, the seed is drawn from torch's generator, so
+    torch.manual_seed makes them repeatable.
+
+    `forward(x, states)` runs the forward Plan of `schedule` over the whole sequence; its gradients
+    come from the backward Plan. `auto` is, on the CPU, the rung that auto_schedule picks without a GPU;
+    on a GPU, the rung auto_schedule measures fastest for the sizes, or `graph` where that rung cannot
+    keep the steps a backward pass reads. Every backward pass runs the `graph` machinery (see
+    codegen.backward_plan).
+
+    On CPU tensors the numpy executor runs the plans, in float32 or float64 (so that
+    torch.autograd.gradcheck runs on it); on a CUDA device, CellFuse's CUDA executor, float32. The plans
+    and executors of each (sequence length, batch, dtype, device) are made once and kept for the next
+    call (the last MAX_RUNNERS of them).
+
+    A cell whose backward pass the backward Plan cannot plan (an op with no derivative in the op table)
+    is refused here, with the node that stops it.
+    """
+
+    def __init__(self, cell: Cell | str | os.PathLike[str], input_size: int | None = None,
+                 hidden_size: int | None = None, num_layers: int = 1, schedule: str = AUTO,
+                 seed: int | None = None):
+        super().__init__()
+        self.cell = resolve_cell(cell)
+        require_valid(self.cell)
+        self.input_size = _size(self.cell, input_size, "input", "input_size")
+        self.hidden_size = _size(self.cell, hidden_size, "hidden", "hidden_size")
+        self.num_layers = check_count("num_layers", num_layers, MAX_LAYERS)
+        if schedule != AUTO and schedule not in SCHEDULES:
+            raise CellError(f"unknown schedule {schedule!r} (schedules: {AUTO}, {', '.join(SCHEDULES)})")
+        self.schedule = schedule
+        self.state_ids = tuple(self.cell.updates)
+        if seed is None:
+            seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
+        params = init_params(self.cell, self.num_layers, self.input_size, self.hidden_size, seed)
+        sizes = Sizes(seq=1, batch=1, input=self.input_size, hidden=self.hidden_size, layers=self.num_layers)
+        try:  # the ops decide it, not the sequence or the batch
+            backward_plan(make_plan(self.cell, sizes, "graph", save_steps=True))
+        except CellError as e:
+            raise CellError(f"cell '{self.cell.name}' cannot be trained as a CellRNN: {e}") from None
+        self._names = {key: _param_name(key) for key in params}
+        for key, value in params.items():
+            self.register_parameter(self._names[key], torch.nn.Parameter(torch.from_numpy(value)))
+        self._runners: OrderedDict[tuple, Runner] = OrderedDict()
+
+    def extra_repr(self) -> str:
+        return (f"cell={self.cell.name!r}, input_size={self.input_size}, hidden_size={self.hidden_size}, "
+                f"num_layers={self.num_layers}, schedule={self.schedule!r}")
+
+    # -- parameters ----------------------------------------------------------------------------------
+    @property
+    def keys(self) -> tuple[str, ...]:
+        """The parameter keys of the .npz files, in file order."""
+        return tuple(self._names)
+
+    def param(self, key: str) -> torch.nn.Parameter:
+        """The parameter behind an .npz key ("l0.W_i")."""
+        if key not in self._names:
+            raise CellError(f"{key!r} is not a parameter of this CellRNN ({self.num_layers} layer(s) of cell "
+                            f"'{self.cell.name}'): its keys are {', '.join(self._names)}")
+        return getattr(self, self._names[key])  # the attribute, which torch.func.functional_call replaces
+
+    def load_params(self, params: Mapping[str, object] | str | os.PathLike[str]) -> None:
+        """Copies every parameter from a mapping of .npz keys to arrays or tensors, as `cellfuse
+        init-params` writes them, or from such an .npz file; each is checked (present, of its shape,
+        finite) before any is copied."""
+        if isinstance(params, (str, os.PathLike)):
+            params = load_npz(params, "parameters")
+        if not isinstance(params, Mapping):
+            raise TypeError(f"params must map .npz keys to arrays, or name an .npz file; got a "
+                            f"{type(params).__name__}")
+        check_names(self.cell, params, {})
+        if param_layers(params) > self.num_layers:
+            raise CellError(f"the parameters are for {param_layers(params)} layers, and this CellRNN has "
+                            f"{self.num_layers}")
+        arrays = params if isinstance(params, NpzArrays) else {
+            key: value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
+            for key, value in params.items()}
+        check_params(self.cell, arrays, self.num_layers, self.input_size, self.hidden_size)
+        with torch.no_grad():
+            for key in self.keys:
+                self.param(key).copy_(torch.from_numpy(np.asarray(arrays[key])))
+
+    def save_params(self, path: str | os.PathLike[str]) -> None:
+        """Writes the parameters as `cellfuse init-params` does: an .npz of float32 arrays by key."""
+        save_npz(path, {key: self.param(key).detach().cpu().numpy().astype(np.float32) for key in self.keys})
+
+    # -- the forward pass ----------------------------------------------------------------------------
+    def forward(self, x: torch.Tensor, states: Mapping[str, torch.Tensor] | None = None
+                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """x [T, B, input_size]; states maps state ids (any of them, or none: zeros) to initial values
+        [num_layers, B, hidden_size]. Returns y [T, B, hidden_size], the last layer's output at every step,
+        and the final value of every state, [num_layers, B, hidden_size] each."""
+        initial = self._check(x, states)
+        params = [self.param(key) for key in self.keys]
+        runner = self._runner(x.shape[0], x.shape[1], x.dtype, x.device)
+        y, *finals = CellFunction.apply(runner, x, *initial, *params)
+        return y, dict(zip(self.state_ids, finals, strict=True))
+
+    def _check(self, x: object, states: object) -> list[torch.Tensor]:
+        """The initial states in the order of `state_ids` (zeros where not given), after checking every
+        input against the module: shapes, dtype and device."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"x must be a tensor [T, B, {self.input_size}], got a {type(x).__name__}")
+        if x.dim() != 3 or x.shape[2] != self.input_size or 0 in x.shape:
+            raise CellError(f"x has shape {list(x.shape)}, expected [T, B, {self.input_size}] (sequence, "
+                            "batch, input_size), T and B at least 1")
+        device, dtype = x.device, x.dtype
+        if device.type not in DTYPES:
+            raise CellError(f"x is on {device}; CellRNN runs on the CPU or a CUDA device")
+        if dtype not in DTYPES[device.type]:
+            raise CellError(f"x has dtype {dtype}; on {device.type} CellRNN runs {dtype_names(device.type)}")
+        for key in self.keys:
+            p = self.param(key)
+            if p.device != device or p.dtype != dtype:
+                raise CellError(f"parameter '{key}' is {p.dtype} on {p.device}, and x is {dtype} on "
+                                f"{device}: move the module to x's device and dtype (module.to(x))")
+        T, B = x.shape[0], x.shape[1]
+        check_sizes(Sizes(seq=T, batch=B, input=self.input_size, hidden=self.hidden_size,
+                          layers=self.num_layers), self.cell)
+        if states is None:
+            states = {}
+        if not isinstance(states, Mapping):
+            raise TypeError(f"states must map state ids to tensors, got a {type(states).__name__}")
+        for s in states:
+            if s not in self.state_ids:
+                raise CellError(f"states: {s!r} is not a state of cell '{self.cell.name}' (states: "
+                                f"{', '.join(self.state_ids)})")
+        want = (self.num_layers, B, self.hidden_size)
+        for s, value in states.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"state '{s}' must be a tensor {list(want)}, got a {type(value).__name__}")
+            if tuple(value.shape) != want:
+                raise CellError(f"state '{s}' has shape {list(value.shape)}, expected {list(want)} "
+                                "(num_layers, batch, hidden_size)")
+            if value.device != device or value.dtype != dtype:
+                raise CellError(f"state '{s}' is {value.dtype} on {value.device}, and x is {dtype} on "
+                                f"{device}")
+        return [states[s] if s in states else torch.zeros(want, dtype=dtype, device=device)
+                for s in self.state_ids]
+
+    def _runner(self, seq: int, batch: int, dtype: torch.dtype, device: torch.device) -> Runner:
+        key = (seq, batch, dtype, device)
+        if key in self._runners:
+            self._runners.move_to_end(key)
+            return self._runners[key]
+        sizes = Sizes(seq=seq, batch=batch, input=self.input_size, hidden=self.hidden_size,
+                      layers=self.num_layers)
+        runner = make_runner(self.cell, sizes, self.schedule, dtype, device)
+        self._runners[key] = runner
+        if len(self._runners) > MAX_RUNNERS:
+            self._runners.popitem(last=False)  # a backward pass that still needs it holds it
+        return runner
+
+    def __getstate__(self) -> dict:
+        # Executors hold buffers and device handles: a copy or a pickle of the module makes its own.
+        state = self.__dict__.copy()
+        state["_runners"] = OrderedDict()
+        return state

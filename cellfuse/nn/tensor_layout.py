@@ -1,0 +1,128 @@
+"""Where a CellRNN's tensors live in the buffers of a forward Plan and of its backward Plan.
+
+The executors own their buffers (numpy arrays, or one device allocation on the GPU); torch sees each one
+as a flat tensor over the same memory (a `view`). This module copies the module's tensors into those
+views before a run and the results out of them after it, with torch's own ops, so that the one layout
+serves the numpy executor and the CUDA executor alike:
+
+- x [T, B, input] into the buffer `x`, each initial state [L, B, hidden] into `init.<state>`, and each
+  parameter into the weight-like buffers built from it: a column block of a matrix of weights stacked
+  along N, of a bias row, or the whole of a weight's own buffer (`Plan.weight_arrays` builds the same
+  buffers in numpy);
+- y out of the last layer's output sequence, the final states out of `final.<state>`;
+- the seeds dy and dfinal added into the gradient buffers where `BackwardPlan.seeds` puts them, every
+  other gradient buffer zero (the `ones` one), and the gradients of x, of the initial states and of
+  every parameter read back as `BackwardPlan.gradients` reads them: a key used in several buffers gets
+  the sum of its parts, a weight no launch reads gets zeros.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..codegen.backward_plan import BackwardPlan
+from ..codegen.plan import Plan, grad_of
+
+
+@dataclass(frozen=True)
+class WeightBlock:
+    """A parameter's place in a weight-like buffer: the buffer seen as rows of `total` columns, the key's
+    columns from `col` on, `width` of them."""
+
+    buffer: str
+    key: str
+    col: int
+    width: int
+    total: int
+
+
+def weight_blocks(plan: Plan) -> list[WeightBlock]:
+    """Every place a parameter is copied to before a run (a bias row's zero blocks are no parameter's)."""
+    out = []
+    for b in plan.buffers.values():
+        if b.role == "weight":
+            width = plan.params[b.sources[0]][-1]
+            out.append(WeightBlock(b.name, b.sources[0], 0, width, width))
+            continue
+        if b.role == "stacked":
+            widths = tuple(plan.params[key][1] for key in b.sources)
+        elif b.role == "bias":
+            widths = b.widths
+        else:
+            continue
+        col = 0
+        for key, width in zip(b.sources, widths, strict=True):
+            if key is not None:
+                out.append(WeightBlock(b.name, key, col, width, sum(widths)))
+            col += width
+    return out
+
+
+class TensorLayout:
+    """The module's tensors in and out of an executor's buffers, seen by torch as `views` (flat tensors
+    of the executor's dtype and device, one per forward and gradient buffer)."""
+
+    def __init__(self, plan: Plan, backward: BackwardPlan, views: dict[str, torch.Tensor]):
+        self.plan, self.backward, self.views = plan, backward, views
+        self.state_ids = plan.state_ids
+        self.keys = tuple(plan.params)
+        self.blocks = weight_blocks(plan)
+
+    def _block(self, buffer: str, block: WeightBlock) -> torch.Tensor:
+        return self.views[buffer].view(-1, block.total)[:, block.col:block.col + block.width]
+
+    def _state_grad(self, state: str, layer: int, t: int) -> torch.Tensor:
+        """The [B * hidden] gradient of a layer's state before step t (t = T: after the last step): the
+        gradient buffer of the place the step reads the state from (as in BackwardPlan.seeds)."""
+        acc = self.plan.layers[layer].state_read[state]
+        at = acc.offset(t, self.plan.sizes.batch)
+        return self.views[grad_of(acc.buffer)][at:at + self.plan.sizes.batch * self.plan.sizes.hidden]
+
+    # -- forward -------------------------------------------------------------------------------------
+    def load(self, x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> None:
+        """x, the initial states (in the order of `state_ids`) and the parameters (in the order of `keys`)
+        into the forward buffers."""
+        self.views["x"].copy_(x.reshape(-1))
+        for state, value in zip(self.state_ids, states, strict=True):
+            self.views[f"init.{state}"].copy_(value.reshape(-1))
+        by_key = dict(zip(self.keys, params, strict=True))
+        for block in self.blocks:
+            self._block(block.buffer, block).copy_(by_key[block.key].reshape(-1, block.width))
+
+    def outputs(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """y [T, B, hidden] and the final states [L, B, hidden] of the last run, as tensors of their own."""
+        s = self.plan.sizes
+        T, B, H, L = s.seq, s.batch, s.hidden, s.layers
+        y = self.views[self.plan.layers[-1].output_seq][B * H:].view(T, B, H).clone()
+        return y, [self.views[f"final.{state}"].view(L, B, H).clone() for state in self.state_ids]
+
+    # -- backward ------------------------------------------------------------------------------------
+    def seed(self, dy: torch.Tensor, dfinals: Sequence[torch.Tensor]) -> None:
+        """The gradient buffers before a backward run: dy [T, B, hidden] and dfinal [L, B, hidden] per
+        state added where the forward pass wrote y and the final states, zeros elsewhere."""
+        s = self.plan.sizes
+        for name, b in self.backward.buffers.items():
+            self.views[name].fill_(1.0 if b.role == "ones" else 0.0)
+        # A state that is the output lives in the output sequence: its final seed adds to dy's last step.
+        self.views[grad_of(self.plan.layers[-1].output_seq)][s.batch * s.hidden:].add_(dy.reshape(-1))
+        for state, seed in zip(self.state_ids, dfinals, strict=True):
+            for layer in range(s.layers):
+                self._state_grad(state, layer, s.seq).add_(seed[layer].reshape(-1))
+
+    def gradients(self) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """The gradients of x, of the initial states (in the order of `state_ids`) and of the parameters
+        (in the order of `keys`) after a backward run, as tensors of their own."""
+        s = self.plan.sizes
+        B, H = s.batch, s.hidden
+        dx = self.views[grad_of("x")].view(s.seq, B, s.input).clone()
+        dinitial = [torch.stack([self._state_grad(state, layer, 0).view(B, H) for layer in range(s.layers)])
+                    for state in self.state_ids]
+        x = self.views["x"]
+        dparams = {key: torch.zeros(shape, dtype=x.dtype, device=x.device)
+                   for key, shape in self.plan.params.items()}
+        for block in self.blocks:
+            dparams[block.key] += self._block(grad_of(block.buffer), block).reshape(dparams[block.key].shape)
+        return dx, dinitial, [dparams[key] for key in self.keys]

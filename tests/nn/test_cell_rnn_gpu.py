@@ -1,0 +1,100 @@
+"""CellRNN on CUDA tensors, float32: outputs and gradients against the float64 reference and the cell in
+eager PyTorch (relative error below 1e-4), on torch's current stream whichever it is, and a few
+optimizer steps giving the losses they give on the CPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from cell_rnn_runs import eager_run, given_states, module_for, module_run
+from gradient_runs import assert_gradients, make_run
+
+from cellfuse.graph_model import CellError, Sizes, load_template, run_reference
+from cellfuse.nn import CellRNN
+
+pytestmark = pytest.mark.gpu
+
+SIZES = Sizes(seq=7, batch=5, input=24, hidden=40)
+RTOL = 1e-4
+
+
+def assert_outputs(y, final, want_y, want_final, what: str) -> None:
+    scale = float(np.max(np.abs(want_y)))
+    np.testing.assert_allclose(y, want_y, rtol=RTOL, atol=RTOL * scale, err_msg=f"{what} y")
+    for s, v in want_final.items():
+        np.testing.assert_allclose(final[s], v, rtol=RTOL, atol=RTOL * float(np.max(np.abs(v))),
+                                   err_msg=f"{what} final {s}")
+
+
+@pytest.mark.parametrize("schedule", ["hoisted", "graph", "persistent", "wavefront", "auto"])
+@pytest.mark.parametrize("name", ["lstm", "gru", "gru_cho"])
+@pytest.mark.parametrize("layers, initial", [(1, True), (2, True), (2, False)])
+def test_outputs_and_gradients_on_the_gpu(cuda, name, schedule, layers, initial):
+    run = make_run(load_template(name), layers, seed=layers, initial=initial, sizes=SIZES, scale=1.0)
+    rnn = module_for(run, schedule, torch.float32, str(cuda))
+    y, final, got = module_run(rnn, run)
+    what = f"{name} {schedule} {layers} layer(s)"
+    ref = run_reference(run.cell, run.params, {"x": run.x, **(run.initial or {})}, layers)
+    assert_outputs(y, final, ref.y, ref.final, what)
+    assert_gradients(got, given_states(run, run.reference()), RTOL, what)
+    eager_y, eager_final, eager = eager_run(run)
+    assert_outputs(y, final, eager_y, eager_final, f"{what} against eager PyTorch")
+    assert_gradients(got, eager, RTOL, f"{what} against eager PyTorch")
+
+
+def test_on_a_stream_of_torchs_own(cuda):
+    """The executor's streams wait for torch's current stream, and it for them: the same results on a
+    side stream, with the inputs made and the results read there without a synchronize."""
+    run = make_run(load_template("lstm"), 2, seed=3, sizes=SIZES, scale=1.0)
+    rnn = module_for(run, "graph", torch.float32, str(cuda))
+    want_y, want_final, want = module_run(rnn, run)
+    side = torch.cuda.Stream(cuda)
+    side.wait_stream(torch.cuda.current_stream(cuda))
+    with torch.cuda.stream(side):
+        y, final, got = module_run(rnn, run)
+    torch.cuda.synchronize(cuda)
+    np.testing.assert_array_equal(y, want_y)
+    assert_gradients(got, want, 1e-6, "side stream")
+
+
+def test_two_forward_passes_before_one_backward_on_the_gpu(cuda):
+    rnn = CellRNN("gru_cho", 24, 40, 2, seed=1).to(cuda)
+    xs = [torch.randn(7, 5, 24, device=cuda, requires_grad=True) for _ in range(2)]
+    separate = [torch.autograd.grad(rnn(x)[0].square().sum(), x)[0] for x in xs]
+    outs = [rnn(x)[0] for x in xs]
+    together = torch.autograd.grad(sum(y.square().sum() for y in outs), xs)
+    for a, b in zip(together, separate, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_a_few_optimizer_steps_give_the_losses_of_the_cpu(cuda):
+    losses = {}
+    for device in ("cpu", cuda):
+        torch.manual_seed(0)
+        rnn = CellRNN("lstm", 24, 40, 2, seed=7).to(device)
+        head = torch.nn.Linear(40, 3).to(device)
+        optimizer = torch.optim.AdamW([*rnn.parameters(), *head.parameters()], lr=1e-2)
+        gen = torch.Generator().manual_seed(1)
+        x = torch.randn(7, 5, 24, generator=gen).to(device)
+        target = torch.randint(0, 3, (7 * 5,), generator=gen).to(device)
+        losses[str(device)] = []
+        for _ in range(5):
+            optimizer.zero_grad()
+            y, _ = rnn(x)
+            loss = torch.nn.functional.cross_entropy(head(y).reshape(-1, 3), target)
+            loss.backward()
+            optimizer.step()
+            losses[str(device)].append(loss.item())
+    cpu, gpu = losses.pop("cpu"), losses.popitem()[1]
+    np.testing.assert_allclose(gpu, cpu, rtol=1e-4)
+    assert cpu[-1] < cpu[0]
+
+
+def test_float64_and_a_module_on_another_device_are_refused_on_the_gpu(cuda):
+    rnn = CellRNN("lstm", 4, 3)
+    with pytest.raises(CellError, match=f"parameter 'l0.W_i' is torch.float32 on cpu, and x is torch.float32 "
+                                        f"on {cuda}"):
+        rnn(torch.randn(5, 2, 4, device=cuda))
+    with pytest.raises(CellError, match="x has dtype torch.float64; on cuda CellRNN runs torch.float32"):
+        rnn.to(cuda, torch.float64)(torch.randn(5, 2, 4, device=cuda, dtype=torch.float64))

@@ -1,0 +1,241 @@
+"""CellRNN as a module: what it is built from, its parameters (initialised, loaded and saved as .npz files
+as `cellfuse init-params` writes them), the plans it keeps, and a clear error for every input it cannot
+run, naming what was expected and what was given."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from cellfuse.graph_model import CellError, init_params, load_npz, load_template, save_cell, save_npz
+from cellfuse.nn import CellRNN
+
+
+def small(name: str = "lstm", layers: int = 2, **kw) -> CellRNN:
+    return CellRNN(name, 4, 3, layers, seed=0, **kw)
+
+
+# -- what it is built from --------------------------------------------------------------------------
+def test_a_cell_a_cell_file_or_a_template_name(tmp_path):
+    cell = load_template("gru")
+    path = tmp_path / "mine.cell.json"
+    save_cell(cell, path)
+    for given in (cell, path, str(path), "gru"):
+        rnn = CellRNN(given, 4, 3)
+        assert rnn.state_ids == ("h",) and rnn.keys[0].startswith("l0.")
+
+
+def test_the_sizes_default_to_the_cell_files():
+    cell = load_template("elman")
+    cell.sizes = {"input": 6, "hidden": 5}
+    rnn = CellRNN(cell)
+    assert (rnn.input_size, rnn.hidden_size, rnn.num_layers) == (6, 5, 1)
+    assert rnn.param("l0.W").shape == (6, 5)
+
+
+def test_a_size_neither_given_nor_in_the_cell_is_named():
+    cell = load_template("elman")
+    cell.sizes = {"input": 6}
+    with pytest.raises(CellError, match="hidden_size is not given, and cell 'Elman RNN' has no 'hidden'"):
+        CellRNN(cell)
+
+
+@pytest.mark.parametrize("given, message", [
+    ("no_such_cell", r"no_such_cell: no such cell file, and no template of that name \(templates: .*lstm"),
+    (42, None),
+])
+def test_an_unknown_cell(given, message):
+    with pytest.raises(TypeError if message is None else CellError, match=message):
+        CellRNN(given, 4, 3)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"schedule": "fastest"}, r"unknown schedule 'fastest' \(schedules: auto, naive, "),
+    ({"num_layers": 0}, "num_layers must be at least 1, got 0"),
+    ({"hidden_size": 2.5}, "hidden_size must be a whole number, got 2.5"),
+])
+def test_bad_arguments(kw, message):
+    args = {"input_size": 4, "hidden_size": 3, **kw}
+    with pytest.raises(CellError, match=message):
+        CellRNN("lstm", **args)
+
+
+def test_a_cell_that_ties_the_widths_needs_them_equal():
+    with pytest.raises(CellError, match="cannot run at input size 4 and hidden size 3: node '.*'"):
+        CellRNN("sru", 4, 3)
+
+
+def test_an_invalid_cell_is_refused_with_its_problems():
+    cell = load_template("elman")
+    cell.output = "nowhere"
+    with pytest.raises(CellError, match="nowhere"):
+        CellRNN(cell, 4, 3)
+
+
+# -- parameters ------------------------------------------------------------------------------------
+def test_the_parameters_are_those_of_init_params():
+    rnn = small(layers=2)
+    want = init_params(load_template("lstm"), 2, 4, 3, seed=0)
+    assert rnn.keys == tuple(want)
+    for key, value in want.items():
+        assert rnn.param(key).dtype == torch.float32
+        np.testing.assert_array_equal(rnn.param(key).detach().numpy(), value)
+    names = dict(rnn.named_parameters())
+    assert set(names) == {key.replace(".", "_") for key in want}
+    assert names["l1_U_f"] is rnn.param("l1.U_f")
+
+
+def test_without_a_seed_torch_manual_seed_makes_the_parameters_repeatable():
+    torch.manual_seed(3)
+    a = CellRNN("gru", 4, 3)
+    torch.manual_seed(3)
+    b = CellRNN("gru", 4, 3)
+    c = CellRNN("gru", 4, 3)
+    assert all(torch.equal(a.param(k), b.param(k)) for k in a.keys)
+    assert not torch.equal(a.param("l0.W_iz"), c.param("l0.W_iz"))
+
+
+def test_save_and_load_round_trip(tmp_path):
+    rnn = small()
+    with torch.no_grad():
+        rnn.param("l1.b_o").add_(1.5)
+    path = tmp_path / "p.npz"
+    rnn.save_params(path)
+    saved = load_npz(path, "parameters")
+    assert set(saved) == set(rnn.keys)
+    assert all(saved[k].dtype == np.float32 for k in rnn.keys)
+    other = CellRNN("lstm", 4, 3, 2, seed=9)
+    other.load_params(path)
+    for key in rnn.keys:
+        assert torch.equal(other.param(key), rnn.param(key)), key
+    other.load_params({k: torch.zeros_like(rnn.param(k)) for k in rnn.keys})  # tensors too
+    assert not other.param("l0.W_i").any()
+
+
+def test_an_init_params_file_loads(tmp_path):
+    path = tmp_path / "p.npz"
+    save_npz(path, init_params(load_template("lstm"), 2, 4, 3, seed=5))
+    rnn = small()
+    rnn.load_params(load_npz(path, "parameters"))
+    np.testing.assert_array_equal(rnn.param("l1.U_g").detach().numpy(),
+                                  init_params(load_template("lstm"), 2, 4, 3, seed=5)["l1.U_g"])
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda p: p.pop("l1.U_i"), r"parameter 'l1.U_i' is missing \(expected shape \[3, 3\]\)"),
+    (lambda p: p.update({"l0.W_i": np.zeros((3, 3), np.float32)}),
+     r"parameter 'l0.W_i' has shape \[3, 3\], expected \[4, 3\]"),
+    (lambda p: p.update({"l0.W_q": np.zeros((4, 3), np.float32)}),
+     "parameter 'l0.W_q' is not a parameter of cell 'LSTM'"),
+    (lambda p: p.update({"l2.W_i": np.zeros((3, 3), np.float32)}),
+     "the parameters are for 3 layers, and this CellRNN has 2"),
+    (lambda p: p.update({"l0.b_i": np.full(3, np.nan, np.float32)}), "parameter 'l0.b_i' holds NaN"),
+])
+def test_load_params_errors(change, message):
+    rnn = small()
+    before = {k: rnn.param(k).detach().clone() for k in rnn.keys}
+    params = {k: v.detach().numpy().copy() for k, v in before.items()}
+    change(params)
+    with pytest.raises(CellError, match=message):
+        rnn.load_params(params)
+    assert all(torch.equal(rnn.param(k), v) for k, v in before.items()), "nothing is loaded from a bad set"
+
+
+def test_an_unknown_key():
+    with pytest.raises(CellError, match=r"'l0.W' is not a parameter of this CellRNN \(2 layer\(s\) of cell "
+                                        r"'LSTM'\): its keys are l0.W_i, "):
+        small().param("l0.W")
+
+
+# -- the plans it keeps ----------------------------------------------------------------------------
+def test_plans_are_made_once_per_sizes_dtype_and_device():
+    rnn = small()
+    first = rnn._runner(5, 2, torch.float32, torch.device("cpu"))
+    assert rnn._runner(5, 2, torch.float32, torch.device("cpu")) is first
+    assert rnn._runner(5, 2, torch.float64, torch.device("cpu")) is not first
+    assert rnn._runner(6, 2, torch.float32, torch.device("cpu")) is not first
+    assert first.schedule == "graph"  # auto on the CPU
+
+
+def test_a_copy_and_a_pickle_make_their_own_plans():
+    rnn = small()
+    x = torch.randn(5, 2, 4)
+    y, _ = rnn(x)
+    for other in (copy.deepcopy(rnn), pickle.loads(pickle.dumps(rnn))):
+        assert not other._runners
+        torch.testing.assert_close(other(x)[0], y, rtol=0, atol=0)
+
+
+# -- inputs it cannot run --------------------------------------------------------------------------
+def test_forward_returns_y_and_every_final_state():
+    rnn = small()
+    y, final = rnn(torch.randn(5, 2, 4))
+    assert y.shape == (5, 2, 3) and set(final) == {"h", "c"}
+    assert all(v.shape == (2, 2, 3) for v in final.values())
+    torch.testing.assert_close(final["h"][-1], y[-1], rtol=0, atol=0)  # LSTM: h is the output
+
+
+def test_initial_states_given_for_some_states_only():
+    rnn = small()
+    x = torch.randn(4, 2, 4)
+    c = torch.randn(2, 2, 3)
+    y, _ = rnn(x, {"c": c})
+    y0, _ = rnn(x, {"c": c, "h": torch.zeros(2, 2, 3)})
+    torch.testing.assert_close(y, y0, rtol=0, atol=0)
+    assert not torch.equal(y, rnn(x)[0])
+
+
+@pytest.mark.parametrize("x, message", [
+    (torch.randn(5, 4), r"x has shape \[5, 4\], expected \[T, B, 4\] \(sequence, batch, input_size\)"),
+    (torch.randn(5, 2, 3), r"x has shape \[5, 2, 3\], expected \[T, B, 4\]"),
+    (torch.randn(0, 2, 4), r"x has shape \[0, 2, 4\], expected \[T, B, 4\] .*T and B at least 1"),
+    (torch.randn(5, 2, 4, dtype=torch.float16),
+     "x has dtype torch.float16; on cpu CellRNN runs torch.float32 or torch.float64"),
+    (torch.ones(5, 2, 4, dtype=torch.int64), "x has dtype torch.int64; on cpu CellRNN runs"),
+    (torch.randn(5, 2, 4, dtype=torch.float64),
+     "parameter 'l0.W_i' is torch.float32 on cpu, and x is torch.float64 on cpu: move the module"),
+    (torch.randn(5, 2, 4, device="meta"), "x is on meta; CellRNN runs on the CPU or a CUDA device"),
+])
+def test_bad_inputs(x, message):
+    with pytest.raises(CellError, match=message):
+        small()(x)
+
+
+def test_x_must_be_a_tensor():
+    with pytest.raises(TypeError, match=r"x must be a tensor \[T, B, 4\], got a ndarray"):
+        small()(np.zeros((5, 2, 4), np.float32))
+
+
+def test_parameters_on_another_device():
+    rnn = small().to("meta")
+    with pytest.raises(CellError, match="parameter 'l0.W_i' is torch.float32 on meta, and x is torch.float32 "
+                                        "on cpu"):
+        rnn(torch.randn(5, 2, 4))
+
+
+@pytest.mark.parametrize("states, error, message", [
+    ({"q": torch.zeros(2, 2, 3)}, CellError, r"states: 'q' is not a state of cell 'LSTM' \(states: h, c\)"),
+    ({"h": torch.zeros(1, 2, 3)}, CellError,
+     r"state 'h' has shape \[1, 2, 3\], expected \[2, 2, 3\] \(num_layers, batch, hidden_size\)"),
+    ({"c": torch.zeros(2, 2, 3, dtype=torch.float64)}, CellError,
+     "state 'c' is torch.float64 on cpu, and x is torch.float32 on cpu"),
+    ({"c": torch.zeros(2, 2, 3, device="meta")}, CellError,
+     "state 'c' is torch.float32 on meta, and x is torch.float32 on cpu"),
+    ({"c": np.zeros((2, 2, 3))}, TypeError, r"state 'c' must be a tensor \[2, 2, 3\], got a ndarray"),
+    ([torch.zeros(2, 2, 3)], TypeError, "states must map state ids to tensors, got a list"),
+])
+def test_bad_states(states, error, message):
+    with pytest.raises(error, match=message):
+        small()(torch.randn(5, 2, 4), states)
+
+
+def test_sizes_beyond_the_limits_are_refused_before_anything_is_made():
+    rnn = CellRNN("elman", 1, 1)
+    x = torch.zeros(1, 1, 1).expand(2**24, 2**11, 1)  # no memory behind it
+    with pytest.raises(CellError, match="make 68719476736 activations .* above the limit"):
+        rnn(x)
+    assert not rnn._runners
