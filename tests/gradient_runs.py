@@ -24,10 +24,9 @@ GRAPH_FAMILY = ("naive", "combined", "fused", "hoisted", "graph")
 SIZES = Sizes(seq=4, batch=3, input=5, hidden=4, layers=2)
 
 
-def elementwise_only(cell: Cell) -> bool:
-    """A cell the backward pass plans: no op but sources, matmuls and elementwise ones (a row reduction's
-    adjoint sums over a row, which is not planned yet)."""
-    return all(OPS[n.op].is_source or OPS[n.op].is_matmul or OPS[n.op].is_elementwise for n in cell.nodes)
+def reduces_rows(cell: Cell) -> bool:
+    """Whether the cell has a row reduction (whose adjoint sums gradients over rows)."""
+    return any(OPS[n.op].is_reduction for n in cell.nodes)
 
 
 @dataclass

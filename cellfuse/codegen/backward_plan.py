@@ -29,6 +29,17 @@ so a value read by several launches collects each one's gradient. Within one lau
 add into the same element: a [N] value that a kernel broadcasts over its rows gets its gradient per
 row into a buffer of that kernel's own (T*B rows), summed after the loop.
 
+Row reductions. A row reduction's result is a column, [batch, 1] (the `col` kind of an access), which
+spreads over the row in the ops that read it. Its gradient is one number per row: the adjoint of a
+kernel that reads a column sums over the row what each element passes it, and the adjoint of the
+reduction spreads that number back over the row of its argument (see `adjoint`). So the adjoint of a
+kernel that reduces rows or reads a column reduces rows itself, and runs as a reduction kernel, a block
+per row (`cuda_kernels.reduction_kernel_source`); the numpy executor runs its body over whole rows. A
+column's gradient buffer is of width 1, like the column's own; where a column crosses kernels (each
+node its own kernel in `naive`), every kernel that reads it adds its row sums there, and the adjoint of
+the kernel that computes it reads them, as for any value. A block owns its row, so no two threads add
+into one element there either.
+
 A persistent or wavefront forward plan keeps its steps' launches beside its cooperative ones: its
 backward pass is the graph rung's, planned from those launches (see `_Layer`).
 """
@@ -190,15 +201,15 @@ class _Layer:
         self.forward_launches = [*self.lp.prologue, *self.lp.step]
         for k in self.kernels():
             for instr in k.body:
-                if not instr.op.is_elementwise:  # its adjoint would sum over a row, across threads
-                    raise CellError(f"node '{instr.result}' (kernel {k.island}): the backward pass has no "
-                                    f"plan for op '{instr.op.name}' yet, only for elementwise ops")
+                if instr.op.grad is None or instr.op.cuda_grad is None:
+                    raise CellError(f"node '{instr.result}' (kernel {k.island}): op '{instr.op.name}' has no "
+                                    "derivative in the op table, so the backward pass has no plan for it")
         self.varies = self._varies()
         # per-row gradients of [N] values that row kernels broadcast: (kernel, value) -> their buffer
         self.parts: dict[tuple[str, str], str] = {}
         for k in self.kernels(rows=True):
             for v, acc in k.inputs:
-                if acc.kind != "row" and self.varies[v]:
+                if acc.kind in ("vec", "scalar") and self.varies[v]:
                     if acc.kind == "scalar":
                         raise CellError(f"kernel {k.island} reads a scalar '{v}' that varies: scalars are "
                                         "constants")
@@ -214,13 +225,13 @@ class _Layer:
                 and (rows is None or (k.row_kind != "one") == rows)]
 
     def _varies(self) -> dict[str, bool]:
-        """Which values depend on x, a state or a weight (only they have gradients): every row value,
-        and what a kernel computes from a weight."""
+        """Which values depend on x, a state or a weight (only they have gradients): every row value and
+        column (a row reduction's), and what a kernel computes from a weight."""
         varies: dict[str, bool] = {}
         for k in self.kernels():
             for v, acc in k.inputs:
                 if v not in varies:  # a row value, a weight, or a value of a kernel of another phase
-                    varies[v] = acc.kind == "row" or self.plan.buffers[acc.buffer].role == "weight"
+                    varies[v] = acc.kind in ("row", "col") or self.plan.buffers[acc.buffer].role == "weight"
             for instr in k.body:
                 varies[instr.result] = any(varies[a] for a in instr.args if isinstance(a, str))
         return varies
@@ -285,7 +296,7 @@ class _Layer:
         """The adjoint kernel of a kernel: its inputs and its outputs' gradients in, its inputs' gradients
         added out; none where no input's gradient is wanted."""
         outputs = [v for v in dict.fromkeys(v for v, _ in k.outputs) if self.varies[v]]
-        adj = adjoint(k.body, [v for v, _ in k.inputs], outputs)
+        adj = adjoint(k.body, {v: acc.kind for v, acc in k.inputs}, outputs)
         slot = "t" if k.row_kind == "batch" else "all"
         inputs, sums = list(k.inputs), []
         for o in outputs:
@@ -304,7 +315,7 @@ class _Layer:
         for v, acc in k.inputs:
             if not self.varies[v] or v not in adj.grads:
                 continue
-            if acc.kind == "row" or k.row_kind == "one":
+            if acc.kind in ("row", "col") or k.row_kind == "one":
                 stores.append((adj.grads[v], grad(acc)))
             else:  # a [N] value broadcast over the kernel's rows: its gradient per row, summed later
                 stores.append((adj.grads[v], Access(self.parts[k.island, v], "row", k.width, 0, slot)))
@@ -321,7 +332,7 @@ class _Layer:
         for v, acc in k.outputs:
             if v != value:
                 continue
-            if acc.kind == "row" or k.row_kind == "one":
+            if acc.kind in ("row", "col") or k.row_kind == "one":
                 out.append(grad(acc))
                 continue
             for (island, read), name in self.parts.items():

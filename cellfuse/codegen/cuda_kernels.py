@@ -5,7 +5,8 @@ loop, `__restrict__` pointers, row strides baked in as constants.
 A kernel that reduces a row (`row_sum`, `row_mean`) runs a block per row instead, each thread on the
 columns j = threadIdx.x + k * BLOCK of it: its body is cut into passes over the row at each reduction,
 the row sums go through warp shuffles and shared memory, and the values a later pass needs stay in
-registers, so that a layer norm reads its row from global memory once."""
+registers, so that a layer norm reads its row from global memory once. The adjoint of such a kernel (a
+backward pass's, see `adjoint`) runs the same way: its gradients of columns are row sums too."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..graph_model import CellError
+from .adjoint import value_kinds
 from .plan import GRAD, Access, Const, GemmLaunch, GradInstr, Instr, KernelLaunch, Plan
 
 BLOCK = 256  # threads per block of every elementwise kernel
@@ -190,47 +192,68 @@ def _reads(instr: Instr | GradInstr) -> set[str]:
             raise TypeError(f"unknown instruction of a body: {other!r}")
 
 
-def element_body(params: list[Param], names: list[str], body: tuple[Instr | GradInstr, ...], indent: str,
-                 index: dict[int, str] | None = None, accumulate: bool = False) -> list[str]:
-    """The loads, ops and stores of one element (row r, column j, element e of the launch) of a
-    kernel's body, with `names[i]` the pointer of `params[i]` at the step's rows (or an array that
-    `index[i]` indexes). A body may hold gradients (`GradInstr`), computed by the op table's rules;
-    with `accumulate`, the stores add to memory (a backward kernel's gradients)."""
-    lines, var, index = [], {}, index or {}
+def _live(body: tuple[Instr | GradInstr, ...], stored: set[str]) -> tuple[Instr | GradInstr, ...]:
+    """The instructions of a body that the stored values need, directly or through the body, in order:
+    an adjoint recomputes its whole forward body, and a derivative rule may use neither the op's
+    arguments nor its result."""
+    needed, kept = set(stored), []
+    for instr in reversed(body):
+        if instr.result in needed:
+            kept.append(instr)
+            needed |= _reads(instr)
+    return tuple(reversed(kept))
 
-    def new_var(name: str) -> str:
-        """v_<id> for a node's value, g_<id> for a gradient; a suffix where two names meet in one."""
+
+def _c_vars(values: list[str]) -> dict[str, str]:
+    """The C variable of each value: v_<id> for a node's value, g_<id> for a gradient; a suffix where two
+    names meet in one."""
+    var: dict[str, str] = {}
+    for name in values:
         base = f"g_{c_name(name[len(GRAD):])}" if name.startswith(GRAD) else f"v_{c_name(name)}"
         c, n = base, 1
         while c in var.values():
             n += 1
             c = f"{base}_{n}"
         var[name] = c
-        return c
+    return var
 
-    # Only what a store needs, directly or through the body: an adjoint recomputes its forward body, and
-    # a derivative rule may use neither the op's arguments nor its result.
-    needed = {p.value for p in params if p.output}
-    kept = []
-    for instr in reversed(body):
-        if instr.result in needed:
-            kept.append(instr)
-            needed |= _reads(instr)
-    for i, (p, n) in enumerate(zip(params, names, strict=True)):
-        if not p.output and p.value not in var and p.value in needed:
-            lines.append(f"{indent}const float {new_var(p.value)} = {n}[{index.get(i, _index(p.access))}];")
-    for instr in reversed(kept):
-        # an argument a derivative rule does not read may not have been computed: it is never formatted in
-        args = [_const(a, instr) if isinstance(a, Const) else var.get(a, "") for a in instr.args]
-        match instr:
-            case Instr():
-                expr, what = instr.op.cuda.format(*args), instr.op.name
-            case GradInstr():
-                expr = instr.op.cuda_grad[instr.arg].format(*args, dy=var[instr.dy], y=var.get(instr.y, ""))
-                what = f"d {instr.op.name} / d {instr.op.args[instr.arg]}"
-            case other:
-                raise TypeError(f"unknown instruction of a body: {other!r}")
-        lines.append(f"{indent}const float {new_var(instr.result)} = {expr};  // {comment_text(what)}")
+
+def _expression(instr: Instr | GradInstr, var: dict[str, str], width: str = "") -> tuple[str, str]:
+    """The C expression of an elementwise instruction or a gradient over the C variables of its values,
+    and what it computes, for a comment; `width` is the row's width, which a row reduction's derivative
+    reads. An argument a derivative rule does not read may not have been computed: it is never formatted
+    in."""
+    args = [_const(a, instr) if isinstance(a, Const) else var.get(a, "") for a in instr.args]
+    match instr:
+        case Instr():
+            return instr.op.cuda.format(*args), instr.op.name
+        case GradInstr():
+            expr = instr.op.cuda_grad[instr.arg].format(*args, dy=var[instr.dy], y=var.get(instr.y, ""),
+                                                        width=width)
+            return expr, f"d {instr.op.name} / d {instr.op.args[instr.arg]}"
+        case other:
+            raise TypeError(f"unknown instruction of a body: {other!r}")
+
+
+def element_body(params: list[Param], names: list[str], body: tuple[Instr | GradInstr, ...], indent: str,
+                 index: dict[int, str] | None = None, accumulate: bool = False) -> list[str]:
+    """The loads, ops and stores of one element (row r, column j, element e of the launch) of a
+    kernel's body, with `names[i]` the pointer of `params[i]` at the step's rows (or an array that
+    `index[i]` indexes). A body may hold gradients (`GradInstr`), computed by the op table's rules;
+    with `accumulate`, the stores add to memory (a backward kernel's gradients)."""
+    lines, index = [], index or {}
+    kept = _live(body, {p.value for p in params if p.output})
+    needed = {p.value for p in params if p.output}.union(*map(_reads, kept))
+    loads: dict[str, int] = {}  # each input the stores need, from its first pointer
+    for i, p in enumerate(params):
+        if not p.output and p.value in needed:
+            loads.setdefault(p.value, i)
+    var = _c_vars([*loads, *(instr.result for instr in kept)])
+    for v, i in loads.items():
+        lines.append(f"{indent}const float {var[v]} = {names[i]}[{index.get(i, _index(params[i].access))}];")
+    for instr in kept:
+        expr, what = _expression(instr, var)
+        lines.append(f"{indent}const float {var[instr.result]} = {expr};  // {comment_text(what)}")
     for p, n in zip(params, names, strict=True):
         if not p.output:
             continue
@@ -245,21 +268,26 @@ def element_body(params: list[Param], names: list[str], body: tuple[Instr | Grad
     return lines
 
 
+def _where(launch: KernelLaunch) -> str:
+    """When a kernel runs, for the comment above it."""
+    if launch.accumulate:  # a backward kernel: the hoisted ones run after the reverse time loop
+        return ("after the time loop, all steps at once" if launch.hoisted else "once per time step, in "
+                "reverse") + "; adds the gradients it computes into its outputs"
+    return "before the time loop, all steps at once" if launch.hoisted else "once per time step"
+
+
 def kernel_source(launch: KernelLaunch, name: str) -> str:
-    """The source of one kernel. Pointers arrive already offset to the step's rows."""
-    if any(instr.op.is_reduction for instr in launch.body):
+    """The source of one kernel. Pointers arrive already offset to the step's rows. A kernel that reduces
+    a row, or takes the derivative of a row reduction (which reads the row's width), runs a block per
+    row (`reduction_kernel_source`)."""
+    if any(instr.op.is_reduction for instr in _live(launch.body, {v for v, _ in launch.outputs})):
         return reduction_kernel_source(launch, name)
     params = kernel_params(launch)
     names = [f"p{i}_{c_name(p.value)}" for i, p in enumerate(params)]
     covered = ", ".join(op.result for op in launch.body) if launch.body else "stores " + ", ".join(
         v for v, _ in launch.outputs)
-    if launch.accumulate:  # a backward kernel: the hoisted ones run after the reverse time loop
-        where = ("after the time loop, all steps at once" if launch.hoisted else "once per time step, in "
-                 "reverse") + "; adds the gradients it computes into its outputs"
-    else:
-        where = "before the time loop, all steps at once" if launch.hoisted else "once per time step"
     lines = ["// " + comment_text(f"{launch.island}: {covered}"),
-             f"// runs {where}; {launch.width} columns per row"]
+             f"// runs {_where(launch)}; {launch.width} columns per row"]
     sig = [f"    {'float*' if p.output else 'const float*'} __restrict__ {n}" for p, n in zip(params, names,
                                                                                         strict=True)]
     lines.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}(')
@@ -277,102 +305,101 @@ def kernel_source(launch: KernelLaunch, name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _passes(body: tuple[Instr, ...], uniform_inputs: set[str]) -> tuple[dict[str, int], set[str]]:
-    """The pass over the row in which each value of a reducing kernel's body is computed, and which
-    values are uniform over the row (one per row: a reduction's result, what is computed from such
-    values, scalars and consts only). A reduction's result is there from the pass after the one that
-    computes its argument; anything else from the pass of its latest argument."""
+def _sums_the_row(instr: Instr | GradInstr) -> bool:
+    """A row reduction itself; the derivative of one only spreads its row's gradient over the row."""
+    return isinstance(instr, Instr) and instr.op.is_reduction
+
+
+def _passes(body: tuple[Instr | GradInstr, ...]) -> dict[str, int]:
+    """The pass over the row in which each value of a reducing kernel's body is computed: a row sum's
+    result is there from the pass after the one that computes its argument; anything else from the
+    pass of the latest value it reads."""
     level: dict[str, int] = {}
-    uniform = set(uniform_inputs)
     for instr in body:
-        args = [a for a in instr.args if not isinstance(a, Const)]
-        first = max((level.get(a, 0) for a in args), default=0)
-        if instr.op.is_reduction:
-            level[instr.result] = first + 1
-            uniform.add(instr.result)
-        else:
-            level[instr.result] = first
-            if all(a in uniform for a in args):
-                uniform.add(instr.result)
-    return level, uniform
+        first = max((level.get(a, 0) for a in _reads(instr)), default=0)
+        level[instr.result] = first + _sums_the_row(instr)
+    return level
 
 
 def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
     """A kernel whose body reduces rows: a block per row (see the module's docstring). Pointers arrive
-    already offset to the step's rows; the launch may have any number of blocks of BLOCK threads."""
-    if any(not isinstance(instr, Instr) for instr in launch.body):
-        raise CellError(f"kernel {launch.island}: the gradient of a kernel that reduces a row is not "
-                        "generated")
+    already offset to the step's rows; the launch may have any number of blocks of BLOCK threads.
+
+    The body may be an adjoint's (see `adjoint`): its gradients are computed in the same passes, and a
+    column's gradient, the sum over the row of what each element passes it, is one more row sum. A
+    value is uniform over the row (one per row, computed by every thread of the block alike) where its
+    kind is a column or a scalar; the others are computed per element, in the passes."""
     params = kernel_params(launch)
-    ptr = {p.value: f"p{i}_{c_name(p.value)}" for i, p in enumerate(params) if not p.output}
-    inputs = {p.value: p.access for p in params if not p.output}
-    uniform_in = {v for v, acc in inputs.items() if acc.kind in ("col", "scalar")}
-    level, uniform = _passes(launch.body, uniform_in)
-    passes = max(level.values()) + 1
-    # where each value is read: the pass of an elementwise use, or the pass before a reduction's result
-    used: dict[str, set[int]] = {}
-    for instr in launch.body:
-        for a in instr.args:
-            if not isinstance(a, Const):
-                used.setdefault(a, set()).add(level[instr.result] - instr.op.is_reduction)
-    per_element = [v for v in (*inputs, *level) if v not in uniform]
-    made = {v: level[v] if v in level else min(used[v]) for v in per_element}  # an input: where first read
-    kept = [v for v in per_element if max(used.get(v, set()), default=-1) > made[v]]
-    columns = -(-launch.width // BLOCK)
-    sums = max(Counter(level[i.result] for i in launch.body if i.op.is_reduction).values())
-
-    def var(v: str) -> str:
-        return f"v_{c_name(v)}"
-
-    def expr(instr: Instr, total: str = "") -> str:
-        args = [_const(a, instr) if isinstance(a, Const) else var(a) for a in instr.args]
-        if instr.op.is_reduction:
-            return instr.op.cuda.format(total, width=float_literal(launch.width))
-        return instr.op.cuda.format(*args)
-
+    pointer = [f"p{i}_{c_name(p.value)}" for i, p in enumerate(params)]
+    inputs = {p.value: (p.access, n) for p, n in zip(params, pointer, strict=True) if not p.output}
     stores: dict[str, list[str]] = {}
-    for p, n in zip(params, [*ptr.values(), *(f"p{i}_{c_name(p.value)}" for i, p in enumerate(params)
-                                             if p.output)], strict=True):
+    for p, n in zip(params, pointer, strict=True):
         if p.output:
             stores.setdefault(p.value, []).append(f"{n}[{_index(p.access)}]")
+    kinds = value_kinds(launch.body, {v: acc.kind for v, (acc, _) in inputs.items()})
+    uniform = {v for v, kind in kinds.items() if kind in ("col", "scalar")}
+    body = _live(launch.body, set(stores))
+    level = _passes(body)
+    passes = max(level.values(), default=0) + 1
+    # where each value is read: the pass of an elementwise use, or the pass before a row sum's result
+    used: dict[str, set[int]] = {}
+    for instr in body:
+        for a in _reads(instr):
+            used.setdefault(a, set()).add(level[instr.result] - _sums_the_row(instr))
+    read = [v for v in inputs if v in used or v in stores]
+    per_element = [v for v in (*read, *level) if v not in uniform]
+    made = {v: level[v] if v in level else min(used.get(v, {0})) for v in per_element}  # an input: first read
+    kept = [v for v in per_element if max(used.get(v, set()), default=-1) > made[v]]
+    columns = -(-launch.width // BLOCK)
+    sums = max(Counter(level[i.result] for i in body if _sums_the_row(i)).values(), default=0)
+    var = _c_vars([*read, *(instr.result for instr in body)])
+    width = float_literal(launch.width)
+    assign = "+=" if launch.accumulate else "="
+
+    def compute(instr: Instr | GradInstr, indent: str) -> str:
+        expr, what = _expression(instr, var, width)
+        return f"{indent}const float {var[instr.result]} = {expr};  // {comment_text(what)}"
 
     covered = ", ".join(instr.result for instr in launch.body)
-    where = "before the time loop, all steps at once" if launch.hoisted else "once per time step"
+    how = ", row sums by warp shuffles and shared memory" if sums else ""
     lines = ["// " + comment_text(f"{launch.island}: {covered}"),
-             f"// runs {where}; a block per row of {launch.width} columns, {passes} pass(es) over the row, "
-             "row sums by warp shuffles and shared memory"]
-    sig = [f"    {'float*' if p.output else 'const float*'} __restrict__ p{i}_{c_name(p.value)}"
-           for i, p in enumerate(params)]
+             f"// runs {_where(launch)}; a block per row of {launch.width} columns, {passes} pass(es) over "
+             f"the row{how}"]
+    sig = [f"    {'float*' if p.output else 'const float*'} __restrict__ {n}"
+           for p, n in zip(params, pointer, strict=True)]
     lines.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}(')
     lines.append(",\n".join([*sig, "    int rows"]) + ")")
     lines.append("{")
     lines.append(f"    const int width = {launch.width};")
     lines.append(f"    constexpr int COLUMNS = {columns};  // of the row, per thread")
-    lines.append(f"    constexpr int WARPS = {BLOCK // WARP};")
-    lines.append(f"    __shared__ float cf_partial[{sums} * WARPS];  // the warps' partial row sums")
+    if sums:
+        lines.append(f"    constexpr int WARPS = {BLOCK // WARP};")
+        lines.append(f"    __shared__ float cf_partial[{sums} * WARPS];  // the warps' partial row sums")
     lines.append("    for (int r = blockIdx.x; r < rows; r += gridDim.x) {  // alike for the whole block")
     ind = "        "
-    for v in inputs:
+    for v in read:
         if v in uniform:
-            lines.append(f"{ind}const float {var(v)} = {ptr[v]}[{_index(inputs[v])}];")
+            acc, ptr = inputs[v]
+            lines.append(f"{ind}const float {var[v]} = {ptr}[{_index(acc)}];")
     for v in kept:
-        lines.append(f"{ind}float a_{c_name(v)}[COLUMNS];  // kept for a later pass")
+        lines.append(f"{ind}float a_{var[v]}[COLUMNS];  // kept for a later pass")
 
     def store_uniform(v: str) -> None:
         for target in stores.get(v, []):
             cond = "threadIdx.x == 0" + (" && r == 0" if target.endswith("[0]") else "")
-            lines.append(f"{ind}if ({cond}) {target} = {var(v)};")
+            lines.append(f"{ind}if ({cond}) {target} {assign} {var[v]};")
 
-    for v in uniform_in:
-        store_uniform(v)
+    for v in read:
+        if v in uniform:
+            store_uniform(v)
     for step in range(passes):
-        for instr in launch.body:  # what is uniform over the row, once the row sums it needs are done
-            if level[instr.result] == step and instr.result in uniform and not instr.op.is_reduction:
-                lines.append(f"{ind}const float {var(instr.result)} = {expr(instr)};  // {instr.op.name}")
+        for instr in body:  # what is uniform over the row, once the row sums it needs are done
+            if level[instr.result] == step and instr.result in uniform and not _sums_the_row(instr):
+                lines.append(compute(instr, ind))
                 store_uniform(instr.result)
-        reductions = [i for i in launch.body if i.op.is_reduction and level[i.result] == step + 1]
-        work = [i for i in launch.body if level[i.result] == step and i.result not in uniform]
-        loads = [v for v in inputs if v not in uniform and made[v] == step]
+        reductions = [i for i in body if _sums_the_row(i) and level[i.result] == step + 1]
+        work = [i for i in body if level[i.result] == step and i.result not in uniform]
+        loads = [v for v in read if v not in uniform and made[v] == step]
         reads = [v for v in kept if made[v] < step and step in used.get(v, set())]
         if not (reductions or work or loads or reads):
             continue
@@ -387,19 +414,20 @@ def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
         lines.append(f"{ind}    if (j < width) {{")
         inner = ind + "        "
         for v in loads:
-            lines.append(f"{inner}const float {var(v)} = {ptr[v]}[{_index(inputs[v])}];")
+            acc, ptr = inputs[v]
+            lines.append(f"{inner}const float {var[v]} = {ptr}[{_index(acc)}];")
         for v in reads:
-            lines.append(f"{inner}const float {var(v)} = a_{c_name(v)}[k];")
+            lines.append(f"{inner}const float {var[v]} = a_{var[v]}[k];")
         for instr in work:
-            lines.append(f"{inner}const float {var(instr.result)} = {expr(instr)};  // {instr.op.name}")
+            lines.append(compute(instr, inner))
         for v in [*loads, *(i.result for i in work)]:
             if v in kept:
-                lines.append(f"{inner}a_{c_name(v)}[k] = {var(v)};")
+                lines.append(f"{inner}a_{var[v]}[k] = {var[v]};")
             for target in stores.get(v, []):
                 vec = target.endswith("[j]")
-                lines.append(f"{inner}{'if (r == 0) ' if vec else ''}{target} = {var(v)};")
+                lines.append(f"{inner}{'if (r == 0) ' if vec else ''}{target} {assign} {var[v]};")
         for i, red in enumerate(reductions):
-            lines.append(f"{inner}s_{step}_{i} += {var(red.args[0])};")
+            lines.append(f"{inner}s_{step}_{i} += {var[red.args[0]]};")
         lines.append(f"{ind}    }}")
         lines.append(f"{ind}}}")
         if reductions:
@@ -417,7 +445,8 @@ def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
                 total = f"t_{i}_{step}"
                 lines.append(f"{ind}const float {total} = cf_warp_sum(threadIdx.x % {WARP} < WARPS ? "
                              f"cf_partial[{i} * WARPS + threadIdx.x % {WARP}] : 0.0f);")
-                lines.append(f"{ind}const float {var(red.result)} = {expr(red, total)};  // {red.op.name}")
+                expr = red.op.cuda.format(total, width=width)
+                lines.append(f"{ind}const float {var[red.result]} = {expr};  // {red.op.name}")
                 store_uniform(red.result)
     lines.append("    }")
     lines.append("}")

@@ -1,6 +1,7 @@
 """The backward Plan's shape: a reverse loop per layer (the last layer first) of adjoint kernels and dA
 GEMMs on the forward's stacked weights, then the weight gradients as GEMMs over all steps and column
-sums; its kernels compile with nvcc. Its gradients are checked in tests/gpu_runtime/test_numpy_backward.py."""
+sums; the adjoints of row reductions and of the columns they give; its kernels compile with nvcc. Its
+gradients are checked in tests/gpu_runtime/test_numpy_backward.py."""
 
 from __future__ import annotations
 
@@ -9,12 +10,14 @@ from dataclasses import replace
 
 import pytest
 from compile_cuda import nvcc_cubin
+from random_cells import random_cell
 
 from cellfuse.codegen import make_plan
 from cellfuse.codegen.backward_plan import backward_plan
+from cellfuse.codegen.cuda_kernels import kernel_source
 from cellfuse.codegen.kernel_set import backward_kernels
 from cellfuse.codegen.lowering import Gemm, Kernel, Loop
-from cellfuse.codegen.plan import GemmLaunch, KernelLaunch, grad_of, launch_name
+from cellfuse.codegen.plan import Access, GemmLaunch, Instr, KernelLaunch, grad_of, launch_name
 from cellfuse.graph_model import OPS, CellError, Sizes, analyze, load_template, template_names
 
 SIZES = Sizes(seq=5, batch=3, input=6, hidden=4, layers=2)
@@ -92,12 +95,49 @@ def test_a_plan_that_does_not_save_its_steps_is_refused():
         backward_plan(make_plan(load_template("lstm"), SIZES, "graph"))
 
 
-def test_a_row_reduction_is_refused_by_node():
-    reducing = [n for n in template_names() if any(OPS[node.op].kind.value == "reduction"
-                                                   for node in load_template(n).nodes)]
-    for name in reducing:
-        with pytest.raises(CellError, match=r"node '.*' \(kernel k\d+\): the backward pass has no plan"):
-            plan_of(name, "graph")
+def test_a_layer_norm_step_is_one_adjoint_kernel_that_sums_over_rows():
+    """layernorm_lstm, hoisted: the adjoint of its one fused kernel (every layer norm of the step), then
+    dh; the adjoint recomputes the norms, then sums the gradients of their means and spreads over rows."""
+    plan = plan_of("layernorm_lstm", "hoisted")
+    assert [launch_name(launch) for launch in plan.layers[0].step] == ["k0_grad", "gemm1 dA"]
+    kernel = plan.layers[0].step[0]
+    sums = {i.result.split("#")[0] for i in kernel.body if isinstance(i, Instr) and i.op.name == "row_sum"}
+    assert {grad_of(v) for v in ("mu_x", "rstd_x", "mu_h", "rstd_h", "mu_c", "rstd_c")} <= sums
+    # the gains and biases of the norms are [N] weights: per row, summed over all rows after the loop
+    assert "sum k0.alpha_c" in [launch_name(launch) for launch in plan.layers[0].after]
+    assert "__shared__ float cf_partial" in kernel_source(kernel, "cf_k0_grad")
+
+
+def test_a_column_that_crosses_kernels_gets_its_gradient_per_row():
+    """In `naive` mu_c = row_mean(c_new) is a kernel of its own and d_c = c_new - mu_c another: the adjoint
+    of d_c's kernel adds the row sum of its gradient parts into mu_c's gradient buffer, one number per
+    row and step, which the adjoint of mu_c's kernel reads and spreads back over the row of c_new."""
+    plan = plan_of("layernorm_lstm", "naive")
+    by_name = {launch_name(launch): launch for launch in plan.layers[0].step}
+    forward = plan.forward.layers[plan.layers[0].layer]
+    kernels = [launch for launch in forward.step if isinstance(launch, KernelLaunch)]
+    mean = next(k for k in kernels if any(i.result == "mu_c" for i in k.body))
+    sub = next(k for k in kernels if any(i.result == "d_c" for i in k.body))
+    column = dict(mean.outputs)["mu_c"]
+    assert column.kind == "col" and plan.buffers[grad_of(column.buffer)].width == 1
+    stored = dict((v.split("#")[0], acc) for v, acc in by_name[f"{sub.island}_grad"].outputs)
+    assert stored[grad_of("mu_c")] == Access(grad_of(column.buffer), "col", 1, 0, "t")
+    read = dict(by_name[f"{mean.island}_grad"].inputs)
+    assert read[grad_of("mu_c")] == stored[grad_of("mu_c")]
+    step = [launch_name(launch) for launch in plan.layers[0].step]
+    assert step.index(f"{sub.island}_grad") < step.index(f"{mean.island}_grad")
+
+
+def test_an_op_without_a_derivative_is_refused_by_node():
+    forward = make_plan(load_template("gru"), SIZES, "fused", save_steps=True)
+    lp = forward.layers[1]
+    k = next(launch for launch in lp.step if isinstance(launch, KernelLaunch))
+    no_grad = replace(k.body[-1].op, name="tanh_nograd", grad=None, cuda_grad=None)
+    body = (*k.body[:-1], replace(k.body[-1], op=no_grad))
+    lp.step[lp.step.index(k)] = replace(k, body=body)
+    with pytest.raises(CellError, match=rf"node '{k.body[-1].result}' \(kernel {k.island}\): op "
+                                        "'tanh_nograd' has no derivative"):
+        backward_plan(forward)
 
 
 @pytest.mark.nvcc
@@ -109,11 +149,20 @@ def test_backward_kernels_compile(name, schedule, tmp_path):
     sizes = Sizes(3, 2, 24, 40, 2)
     if analyze(cell).ties:
         sizes = replace(sizes, input=sizes.hidden)
-    try:
-        plan = backward_plan(make_plan(cell, sizes, schedule, save_steps=True))
-    except CellError as e:
-        assert "row_" in str(e)  # a row reduction's (see above)
-        return
+    check_backward_kernels(make_plan(cell, sizes, schedule, save_steps=True), tmp_path)
+
+
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+@pytest.mark.parametrize("seed", [0, 1, 2, 4])  # cells with row_mean, row_sum, or both
+def test_backward_kernels_of_random_cells_that_reduce_rows_compile(seed, tmp_path):
+    cell = random_cell(seed, reductions=True)
+    assert any(OPS[n.op].is_reduction for n in cell.nodes)
+    check_backward_kernels(make_plan(cell, Sizes(3, 2, 24, 40, 1), "fused", save_steps=True), tmp_path)
+
+
+def check_backward_kernels(forward, tmp_path) -> None:
+    plan = backward_plan(forward)
     kernels = backward_kernels(plan)
     launches = [launch for lb in plan.layers for launch in (*lb.step, *lb.after)
                 if isinstance(launch, KernelLaunch)]

@@ -1,11 +1,11 @@
-"""The backward Plan on the GPU: the gradients of every template and of seeded random cells, on every
-schedule of the graph family, against the float64 reference."""
+"""The backward Plan on the GPU: the gradients of every template and of seeded random cells (with row
+reductions and without), on every schedule of the graph family, against the float64 reference."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from gradient_runs import GRAPH_FAMILY, Run, assert_gradients, elementwise_only, make_run
+from gradient_runs import GRAPH_FAMILY, Run, assert_gradients, make_run
 from random_cells import random_cell
 
 from cellfuse.codegen import make_plan
@@ -39,17 +39,15 @@ def cuda_gradients(run: Run, schedule: str) -> Gradients:
 @pytest.mark.parametrize("name", template_names())
 def test_gradients_of_every_template_on_the_gpu(gpu, name, schedule):
     cell = load_template(name)
-    if not elementwise_only(cell):
-        pytest.skip("a row reduction has no backward plan yet")
     run = make_run(cell, 2, seed=1, initial=name != "slstm", sizes=SIZES, scale=1.0)
     assert_gradients(cuda_gradients(run, schedule), run.reference(), 1e-4, f"{name} {schedule}")
 
 
 @pytest.mark.parametrize("schedule", GRAPH_FAMILY)
-def test_gradients_of_seeded_random_cells_on_the_gpu(gpu, schedule):
+@pytest.mark.parametrize("reductions", [False, True])
+def test_gradients_of_seeded_random_cells_on_the_gpu(gpu, schedule, reductions):
+    """With reductions, the adjoint kernels of layer norms and columns run a block per row."""
     for seed in range(20):
-        cell = random_cell(seed)
-        if not elementwise_only(cell):
-            continue
+        cell = random_cell(seed, reductions=reductions)
         run = make_run(cell, 1 + seed % 2, seed=seed, initial=seed % 3 != 0, sizes=SIZES, scale=1.0)
         assert_gradients(cuda_gradients(run, schedule), run.reference(), 1e-4, f"random cell {seed}")

@@ -1,6 +1,7 @@
 """The backward Plan run by the numpy executor: the gradients of x, of every initial state and of every
-parameter equal the float64 reference's (graph_model.backward), for every template, seeded random cells,
-1 and 2 layers, with and without initial states and seeds of the final states, on every schedule."""
+parameter equal the float64 reference's (graph_model.backward), for every template, seeded random cells
+(with row reductions and without), 1 and 2 layers, with and without initial states and seeds of the
+final states, on every schedule."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from gradient_runs import GRAPH_FAMILY, SIZES, assert_gradients, elementwise_only, make_run
+from gradient_runs import GRAPH_FAMILY, SIZES, assert_gradients, make_run, reduces_rows
 from hypothesis import HealthCheck, given, settings
 from random_cells import random_cell, random_cells
 
@@ -35,10 +36,6 @@ from cellfuse.graph_model import (
 def test_gradients_of_every_template_equal_the_reference(name, schedule, layers):
     cell = load_template(name)
     run = make_run(cell, layers)
-    if not elementwise_only(cell):
-        with pytest.raises(CellError, match="no plan for op"):
-            run.numpy(schedule)
-        return
     assert_gradients(run.numpy(schedule), run.reference(), 1e-9, f"{name} {schedule}")
 
 
@@ -46,28 +43,29 @@ def test_gradients_of_every_template_equal_the_reference(name, schedule, layers)
 @pytest.mark.parametrize("initial, dfinal", [(False, False), (False, True), (True, False)])
 def test_gradients_without_initial_states_or_final_seeds(name, initial, dfinal):
     cell = load_template(name)
-    if not elementwise_only(cell):
-        pytest.skip("a row reduction has no backward plan yet (checked above)")
     run = make_run(cell, 2, seed=3, initial=initial, dfinal=dfinal)
     assert_gradients(run.numpy("hoisted"), run.reference(), 1e-9, name)
 
 
 @pytest.mark.parametrize("schedule", GRAPH_FAMILY)
-def test_gradients_of_seeded_random_cells_equal_the_reference(schedule):
+@pytest.mark.parametrize("reductions", [False, True])
+def test_gradients_of_seeded_random_cells_equal_the_reference(schedule, reductions):
+    """With reductions, the layer norms and [batch, 1] columns of random cells: in `naive` a column
+    crosses kernels (its gradient, a row sum per reading kernel, adds up in its buffer); from `fused` on
+    it stays inside a kernel whose adjoint sums it over the row; hoisted, before the loop."""
+    reducing = 0
     for seed in range(60):
-        cell = random_cell(seed)
-        if not elementwise_only(cell):
-            continue
+        cell = random_cell(seed, reductions=reductions)
+        reducing += reduces_rows(cell)
         run = make_run(cell, layers=1 + seed % 2, seed=seed, initial=seed % 3 != 0, dfinal=seed % 4 != 0,
                        sizes=Sizes(seq=3, batch=2, input=5, hidden=4), scale=1.0)
         assert_gradients(run.numpy(schedule), run.reference(), 1e-9, f"random cell {seed}")
+    assert (reducing > 20) == reductions
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_cells())
+@given(random_cells(reductions=True))
 def test_gradients_of_random_cells_equal_the_reference(cell):
-    if not elementwise_only(cell):
-        return
     run = make_run(cell, 2, sizes=Sizes(seq=3, batch=2, input=5, hidden=4), scale=1.0)
     want = run.reference()
     for schedule in ("naive", "hoisted"):
@@ -127,8 +125,6 @@ def test_a_row_value_shared_between_kernels(make, hoisted, schedule):
 @pytest.mark.parametrize("name", template_names())
 def test_float32_gradients_are_within_1e_4_of_the_reference(name):
     cell = load_template(name)
-    if not elementwise_only(cell):
-        pytest.skip("a row reduction has no backward plan yet")
     # The states start at 0, as sLSTM's do: from random ones its normaliser state starts near 0, where
     # rounding x and the weights to float32 moves the exact gradients by 1e-2 already.
     run = make_run(cell, 2, seed=5, initial=False, sizes=Sizes(seq=20, batch=8, input=32, hidden=48),
@@ -138,7 +134,7 @@ def test_float32_gradients_are_within_1e_4_of_the_reference(name):
     assert_gradients(got, run.reference(), 1e-4, name)
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru_cho", "sru"])
+@pytest.mark.parametrize("name", ["lstm", "gru_cho", "sru", "layernorm_lstm"])
 def test_a_persistent_forward_plan_gets_the_graph_backward(name):
     cell = load_template(name)
     run = make_run(cell, 2)
