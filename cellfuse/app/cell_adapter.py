@@ -24,6 +24,11 @@ hidden, and it shows, as ports, the values that enter and leave the group; the w
 drawn by the adapter (group_items) and the cell's own wires stay where they are, hidden. Opening a
 group (double-click) shows its members alone, with a stub for each value entering or leaving it.
 
+The panels select cell nodes by id (a term of an equation, a launch of the plan, a problem): the
+canvas selects what shows each one, which is a closed group's node for a member, or, in an open
+group, the stub of a value that enters it. The selection then stands for those ids only, not for
+every member of the group (see _Pick), until the user picks on the canvas.
+
 NodeGraphQt has group nodes of its own (GroupNode, expand_group_node, sub-graph tabs), but they do
 not serve here: a collapsed GroupNode holds its nodes only as a serialized NodeGraphQt session, not
 as nodes of the graph this adapter reads the Cell from; an expanded one is a second graph with an
@@ -37,6 +42,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from PySide6 import QtCore, QtGui, QtWidgets
@@ -83,6 +89,17 @@ STUB_GAP = 90.0  # between an open group's nodes and the stubs of its inputs and
 STUB_SPACING = 12.0
 
 
+@dataclass(frozen=True)
+class _Pick:
+    """What a selection made by `CellAdapter.select` stands for beyond its canvas nodes: for a closed
+    group's node, the members it was selected for; in an open group, the values entering it whose
+    stubs are selected. It holds while the canvas's selection stays the one it was made with."""
+
+    selection: frozenset[str]  # the canvas ids of the nodes selected with it
+    members: dict[str, frozenset[str]]  # a group node's canvas id -> the canvas ids of the members meant
+    stubs: frozenset[str]  # the canvas ids of nodes outside the open group whose stubs are selected
+
+
 class _CellInfoCmd(QtGui.QUndoCommand):
     """Changes the cell's name, description or default sizes, undoably."""
 
@@ -122,6 +139,8 @@ class CellAdapter(QtCore.QObject):
         self._member_index: dict[str, CellGroupNode] | None = None  # canvas id -> its group, until an edit
         self._open: str | None = None  # the canvas id of the open group's node
         self._group_items: list[QtWidgets.QGraphicsItem] = []  # the wires and stubs drawn for groups
+        self._stubs: dict[str, PortStub] = {}  # canvas id of a node outside the open group -> its stub
+        self._pick: _Pick | None = None
         self._top_view: QtCore.QRectF | None = None  # the view of the whole cell, while a group is open
         # The sets of cell ids the auto layout keeps together in a column (the editor's plan gives
         # them); none by default.
@@ -130,8 +149,8 @@ class CellAdapter(QtCore.QObject):
         self.graph.node_requested.connect(self._on_node_requested)
         self.graph.op_dropped.connect(lambda op, pos: self._add_or_report(op, pos))
         self.graph.rename_requested.connect(self._on_canvas_rename)
-        self.graph.node_selection_changed.connect(lambda *_: self._emit_selection())
-        self.graph.node_selected.connect(lambda *_: self._emit_selection())
+        self.graph.node_selection_changed.connect(lambda *_: self._on_canvas_selection(False))
+        self.graph.node_selected.connect(lambda *_: self._on_canvas_selection(True))
         self.graph.node_double_clicked.connect(self._on_double_clicked)
 
     # == reading ====================================================================================
@@ -643,9 +662,20 @@ class CellAdapter(QtCore.QObject):
         self._delete_canvas([self.node(i) for i in ids])
 
     def delete_selected(self) -> int:
-        """Deletes the selected canvas nodes; returns how many cell nodes went."""
-        nodes = [n for n in self.graph.selected_nodes() if isinstance(n, CellNode)]
-        return self._delete_canvas(nodes)
+        """Deletes the selected canvas nodes, of a group's node those members it was selected for (see
+        select); returns how many cell nodes went. A node outside the open group, selected by its stub,
+        stays: it is out of sight."""
+        pick = self._current_pick()
+        nodes: list[CellNode] = []
+        for n in self.graph.selected_nodes():
+            if not isinstance(n, CellNode):
+                continue
+            meant = pick.members.get(n.id) if pick is not None else None
+            nodes.extend([m for m in self.members(n) if m.id in meant] if meant is not None else [n])
+        gone = self._delete_canvas(nodes)
+        if pick is not None:
+            self.select_canvas([])  # what was picked is gone: a group's node left selected meant none of it
+        return gone
 
     def _delete_canvas(self, nodes: list[CellNode]) -> int:
         """Deletes canvas nodes: a group's node with its members, a state with its update node, and a
@@ -801,34 +831,82 @@ class CellAdapter(QtCore.QObject):
 
     # == selection and view ==============================================================================
     def selected_ids(self) -> list[str]:
-        """The cell ids of the selected canvas nodes (an update node stands for its state, a group's node
-        for its members)."""
-        out: list[str] = []
+        """The cell ids of the selected canvas nodes, in the cell's order: an update node stands for its
+        state, a group's node for its members (those it was selected for, where `select` chose some), a
+        selected stub for the node whose value enters the open group."""
+        pick = self._current_pick()
+        chosen: set[str] = set()  # canvas ids of the cell's nodes
         for n in self.graph.selected_nodes():
             if not isinstance(n, CellNode):
                 continue
             if n.ROLE == ROLE_GROUP:
-                out.extend(m.name() for m in self.members(n))
+                meant = pick.members.get(n.id) if pick is not None else None
+                chosen.update(m.id for m in self.members(n) if meant is None or m.id in meant)
             elif n.ROLE == ROLE_OP:
-                out.append(n.name())
+                chosen.add(n.id)
             elif n.ROLE == ROLE_UPDATE and (s := self._state_of(n)) is not None:
-                out.append(s.name())
-        return list(dict.fromkeys(out))
+                chosen.add(s.id)
+        if pick is not None:
+            chosen.update(cid for cid in pick.stubs if cid in self._stubs)
+        return [n.name() for n in self._ops() if n.id in chosen]
 
     def select_canvas(self, nodes: list[CellNode]) -> None:
-        """Selects canvas nodes without an undo step (selection is not an edit)."""
+        """Selects canvas nodes, a group's node for all its members, without an undo step (selection
+        is not an edit)."""
+        self._select(nodes, {}, set())
+
+    def select(self, ids: list[str]) -> None:
+        """Selects the cell nodes `ids` where the canvas shows them: a node shown itself, else the closed
+        group's node that holds it (standing for the members named only), else, in an open group, the
+        stub of its value entering the group; a node shown by none of these is left out."""
+        index = self._membership()
+        nodes: list[CellNode] = []
+        members: dict[str, set[str]] = {}
+        stubs: set[str] = set()
+        for i in ids:
+            for n in self.canvas_nodes(i)[:1]:  # a state's own node
+                if n.view.isVisible():
+                    nodes.append(n)
+                elif (g := index.get(n.id)) is not None and g.view.isVisible():
+                    nodes.append(g)
+                    members.setdefault(g.id, set()).add(n.id)
+                elif n.id in self._stubs:
+                    stubs.add(n.id)
+        self._select(list(dict.fromkeys(nodes)), members, stubs)
+
+    def _select(self, nodes: list[CellNode], members: dict[str, set[str]], stubs: set[str]) -> None:
         wanted = {n.id for n in nodes}
         for item in self.graph.viewer().selected_nodes():
             if item.id not in wanted:
                 item.setSelected(False)
         for n in nodes:
             n.view.setSelected(True)
+        self._pick = None
+        if members or stubs:
+            selection = frozenset(n.id for n in self.graph.selected_nodes())
+            self._pick = _Pick(selection, {g: frozenset(m) for g, m in members.items()}, frozenset(stubs))
+        self._mark_stubs()
         self._emit_selection()
 
-    def select(self, ids: list[str]) -> None:
-        """Selects the nodes that show the cell nodes `ids` (a closed group's node for its members)."""
-        nodes = [n for i in ids for n in self.shown_nodes(i)[:1]]
-        self.select_canvas(list(dict.fromkeys(nodes)))
+    def _current_pick(self) -> _Pick | None:
+        """The pick of the last `select`, while the canvas's selection is still the one it made."""
+        if self._pick is not None and self._pick.selection != frozenset(
+                n.id for n in self.graph.selected_nodes()):
+            self._pick = None
+        return self._pick
+
+    def _on_canvas_selection(self, pressed: bool) -> None:
+        """The user's selection on the canvas: a node clicked is picked whole (a group's node for all
+        its members); a gesture that leaves the selection as it was (a pan) keeps what `select` picked."""
+        if pressed:
+            self._pick = None
+        self._mark_stubs()
+        self._emit_selection()
+
+    def _mark_stubs(self) -> None:
+        pick = self._current_pick()
+        for cid, stub in self._stubs.items():
+            stub.set_selected(pick is not None and cid in pick.stubs)
 
     def select_all(self) -> None:
         self.select_canvas(self._shown())
@@ -999,14 +1077,23 @@ class CellAdapter(QtCore.QObject):
         g = self.open_group_node()
         return g.name() if g is not None else None
 
-    def reveal(self, cell_id: str) -> None:
-        """Shows the cell node itself: opens the group that holds it, or goes back to the whole cell
-        from a group it is not in."""
-        group = self._membership().get(self.node(cell_id).id)
-        if group is None:
-            self.close_group()
-        elif group.id != self._open:
-            self._open_node(group)
+    def reveal(self, ids: list[str]) -> None:
+        """Shows the cell nodes `ids` themselves where one view can: opens the group that holds them,
+        where one holds them all but values that enter it (its stubs show those); else goes back to
+        the whole cell, where a closed group's node shows the members among them."""
+        if not ids:
+            return
+        index = self._membership()
+        nodes = [self.node(i) for i in dict.fromkeys(ids)]
+        groups = list(dict.fromkeys(g for n in nodes if (g := index.get(n.id)) is not None))
+        if len(groups) == 1:
+            group = groups[0]
+            entering = {n.id for n in self._boundary(group)[0]}
+            if all(index.get(n.id) is group or n.id in entering for n in nodes):
+                if group.id != self._open:
+                    self._open_node(group)
+                return
+        self.close_group()
 
     def open_group_of(self, cell_id: str) -> None:
         """Opens the group that holds the cell node `cell_id` (as a double-click on its node does)."""
@@ -1097,6 +1184,7 @@ class CellAdapter(QtCore.QObject):
         for item in self._group_items:
             scene.removeItem(item)
         self._group_items.clear()
+        self._stubs.clear()
         for n in self._nodes():
             n.item.wires.clear()
 
@@ -1159,6 +1247,7 @@ class CellAdapter(QtCore.QObject):
             entering.append((stub, sum(ys) / len(ys), src, ports))
         place([(s, y) for s, y, _, _ in entering], left=True)
         for stub, _y, src, ports in entering:
+            self._stubs[src.id] = stub
             for port in ports:
                 self._add_wire(stub.dot, port.view, src.item.kind_rgb, [port.node()])
         leaving = []
@@ -1169,6 +1258,7 @@ class CellAdapter(QtCore.QObject):
         place([(s, y) for s, y, _ in leaving], left=False)
         for stub, _y, src in leaving:
             self._add_wire(src.output(0).view, stub.dot, src.item.kind_rgb, [src])
+        self._mark_stubs()
 
     def node_search_names(self) -> dict[str, list[str]]:
         """Name -> node types for NodeGraphQt's node search (update nodes come with their state)."""

@@ -18,6 +18,7 @@ MAX_TANGENT = 150.0  # how far a wire's curve runs out of its ports, at most
 STUB_HEIGHT = 32.0
 STUB_MIN_WIDTH = 72.0
 STUB_DOT = 12.0
+SELECTED_RING = 2.0  # the selection's ring around a stub, as around a node
 
 
 class GroupWire(QtWidgets.QGraphicsPathItem):
@@ -44,12 +45,15 @@ class GroupWire(QtWidgets.QGraphicsPathItem):
 
 class PortStub(QtWidgets.QGraphicsItem):
     """An open group's input or output: a small block named after the value, in the colour of the node
-    that computes it, with a dot on the side that faces the group (`dot`, where its wires attach)."""
+    that computes it, with a dot on the side that faces the group (`dot`, where its wires attach).
+    Ringed in the selection's colour while the selection stands for the node outside the group that
+    computes it (the panels select it there)."""
 
     def __init__(self, text: str, rgb: theme.RGB, facing_right: bool) -> None:
         super().__init__()
         self.text = text
         self.rgb = rgb
+        self.selected = False
         font = QtGui.QFont()
         font.setPointSizeF(12.0)  # an open group is seen whole, at about half size
         font.setBold(True)
@@ -63,8 +67,13 @@ class PortStub(QtWidgets.QGraphicsItem):
         self.setAcceptedMouseButtons(QtCore.Qt.MouseButton.NoButton)
         self.setToolTip(f"{text}: {'enters' if facing_right else 'leaves'} the group")
 
+    def set_selected(self, selected: bool) -> None:
+        if selected != self.selected:
+            self.selected = selected
+            self.update()
+
     def boundingRect(self) -> QtCore.QRectF:  # noqa: N802 (Qt's name)
-        return self.rect.adjusted(-STUB_DOT, -1.0, STUB_DOT, 1.0)
+        return self.rect.adjusted(-STUB_DOT, -2 * SELECTED_RING, STUB_DOT, 2 * SELECTED_RING)
 
     def paint(self, painter: QtGui.QPainter, option, widget=None) -> None:
         painter.save()
@@ -73,6 +82,11 @@ class PortStub(QtWidgets.QGraphicsItem):
         painter.setBrush(color.darker(170))
         painter.setPen(QtGui.QPen(color, 1.2))
         painter.drawRoundedRect(self.rect, STUB_HEIGHT / 2, STUB_HEIGHT / 2)
+        if self.selected:
+            painter.setBrush(QtCore.Qt.BrushStyle.NoBrush)
+            painter.setPen(QtGui.QPen(theme.qcolor(theme.SELECTED_COLOR), SELECTED_RING))
+            ring = self.rect.adjusted(-SELECTED_RING, -SELECTED_RING, SELECTED_RING, SELECTED_RING)
+            painter.drawRoundedRect(ring, ring.height() / 2, ring.height() / 2)
         painter.setFont(self._font)
         painter.setPen(QtGui.QColor(235, 237, 240))
         painter.drawText(self.rect, QtCore.Qt.AlignmentFlag.AlignCenter, self.text)

@@ -304,16 +304,17 @@ class MainWindow(QtWidgets.QMainWindow):
         """Selects a node and centres the canvas on it, opening the group that holds it."""
         if not self.cell.has(node_id):
             return
-        self.show_canvas()
-        self.adapter.reveal(node_id)
-        self.adapter.select([node_id])
-        self.adapter.centre_on([node_id])
+        self._select_nodes([node_id])
 
     def _select_nodes(self, ids: list[str]) -> None:
+        """Selects nodes named by a panel (a term, a launch) and centres the canvas on them, opening the
+        group that holds them where one does (see CellAdapter.reveal)."""
         ids = [i for i in ids if self.cell.has(i)]
-        self.adapter.select(ids)
         if ids:
             self.show_canvas()
+            self.adapter.reveal(ids)
+        self.adapter.select(ids)
+        if ids:
             self.adapter.centre_on(ids)
 
     # == plan and CUDA =================================================================================

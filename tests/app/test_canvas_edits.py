@@ -8,6 +8,7 @@ import pytest
 from cellfuse.app import theme
 from cellfuse.app.node_types import OP_NODE_CLASSES, node_type_of
 from cellfuse.graph_model import OPS, analyze, init_params, run_reference
+from cellfuse.graph_model.ops import OpKind
 
 
 def test_a_node_class_per_op_with_ports_named_after_its_args():
@@ -17,19 +18,30 @@ def test_a_node_class_per_op_with_ports_named_after_its_args():
         assert cls.OP == op and cls.NODE_NAME == op
 
 
+# The palette's group of each kind of op of the table; the sources (input, state, weight, const) are
+# filed by what they are to the compiler, each under a group of its own.
+KIND_GROUPS = {OpKind.MATMUL: "GEMM", OpKind.ELEMENTWISE: "Elementwise", OpKind.REDUCTION: "Reduction"}
+SOURCE_GROUPS = {"input": "Data", "const": "Data", "state": "State", "weight": "Weight"}
+
+
 def test_the_palette_lists_every_op_of_the_table(window, qtbot):
     palette = window.palette
     assert sorted(palette.ops()) == sorted([*OPS, "output"])
-    # grouped by kind; in a group, in the table's order
-    assert [op for op in palette.ops() if op in OPS and OPS[op].is_elementwise] == [
-        op for op, spec in OPS.items() if spec.is_elementwise]
+    assert set(OpKind) == {OpKind.SOURCE, *KIND_GROUPS}  # a new kind needs a group of its own
+    group_of = {}
     for op, spec in OPS.items():
         palette.search.clear()
         qtbot.keyClicks(palette.search, op)
         assert palette.current_op() == op, palette.ops()  # Enter adds it
-        group = palette.tree.currentItem().parent().text(0)
-        assert (group == theme.KIND_LABELS["elementwise"]) == spec.is_elementwise, (op, group)
+        group_of[op] = palette.tree.currentItem().parent().text(0)
+        wanted = SOURCE_GROUPS[op] if spec.kind is OpKind.SOURCE else KIND_GROUPS[spec.kind]
+        assert group_of[op] == wanted == theme.KIND_LABELS[theme.op_kind(op)], (op, spec.kind)
     palette.search.clear()
+    # grouped by kind; in a group, in the table's order
+    for group in set(group_of.values()):
+        assert [op for op in palette.ops() if group_of.get(op) == group] == [
+            op for op in OPS if group_of[op] == group], group
+    assert {"row_sum", "row_mean"} <= {op for op, group in group_of.items() if group == "Reduction"}
 
 
 def test_ports_are_the_op_args(window):

@@ -78,16 +78,40 @@ def test_the_panel_follows_every_edit_and_undo(qapp, window, user):
     assert shown_text(panel) == template_text("lstm")
 
 
+def selected_stubs(window) -> list[str]:
+    return [item.text for item in window.adapter._group_items if getattr(item, "selected", False)]
+
+
 def test_clicking_a_term_selects_its_nodes(qtbot, qapp, window):
+    a = window.adapter
     panel = equations_shown(qapp, window)
     artist, term = drawn(panel, "x @ W_f")
     click(qtbot, panel, artist)
-    assert set(window.adapter.selected_ids()) == {"xf", "x", "W_f"} == set(term.nodes)
+    assert set(a.selected_ids()) == {"xf", "x", "W_f"} == set(term.nodes)
     assert window.central_tabs.currentWidget() is window.canvas
     assert artist.get_color() == SELECTED_COLOR  # the term takes the selection's colour
+    # The group that holds the product opens on it; x, outside, is the stub of the value entering it.
+    assert a.open_group == "forget gate"
+    assert {n.name() for n in a.graph.selected_nodes()} == {"xf", "W_f"}
+    assert selected_stubs(window) == ["x"]
     head, term = drawn(panel, "tanh(")  # the candidate's head: the whole candidate
     click(qtbot, panel, head)
-    assert set(window.adapter.selected_ids()) == set(term.nodes) >= {"g", "ag_b", "ag", "xg", "hg"}
+    assert set(a.selected_ids()) == set(term.nodes) >= {"g", "ag_b", "ag", "xg", "hg"}
+    assert a.open_group == "candidate" and sorted(selected_stubs(window)) == ["h", "x"]
+    # A term over nodes of a group and nodes outside it that the group's stubs do not show: the whole
+    # cell, the group's node selected for the one member the term names.
+    artist, term = drawn(panel, "f * c")
+    click(qtbot, panel, artist)
+    assert set(a.selected_ids()) == {"fc", "f", "c"} == set(term.nodes)
+    assert a.open_group is None
+    assert {n.name() for n in a.graph.selected_nodes()} == {"fc", "forget gate", "c"}
+    assert artist.get_color() == SELECTED_COLOR
+    # A click on the group's node on the canvas picks the whole group.
+    forget = next(g for g in a.group_nodes() if g.name() == "forget gate")
+    view = window.canvas
+    centre = view.mapFromScene(forget.view.sceneBoundingRect().center() + QtCore.QPointF(0.0, 12.0))
+    qtbot.mouseClick(view.viewport(), QtCore.Qt.MouseButton.LeftButton, pos=centre)
+    assert set(a.selected_ids()) == {m.name() for m in a.members(forget)}
 
 
 def test_the_wheel_is_left_to_the_scroll_area(qapp, window):
@@ -122,7 +146,7 @@ def test_a_typed_formula_is_one_undo_step(qtbot, qapp, window, same):
     assert drawn(panel, "q")[0].get_color() in (UNUSED_COLOR, SELECTED_COLOR)
     added = {"W_q", "matmul", "U_q", "matmul1", "add", "b_q", "add1", "q"}
     assert set(window.adapter.selected_ids()) == added
-    every = window.adapter.graph.all_nodes()
+    every = [n for n in window.adapter.graph.all_nodes() if n.view.isVisible()]  # not those in closed groups
     for a in (n for i in added for n in window.adapter.canvas_nodes(i)):  # nothing lands on another node
         assert not any(b is not a and a.view.sceneBoundingRect().intersects(b.view.sceneBoundingRect())
                        for b in every), a.name()

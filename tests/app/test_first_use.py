@@ -95,11 +95,13 @@ def test_numpy_run_lists_unavailable_baselines_and_charts_dark_saves_light(qtbot
 
 def test_paste_lands_clear_of_the_originals(window):
     a = window.adapter
-    a.select(["hi"])
+    window.show_node("hi")  # opens the input gate's group, where hi is
     window.copy_selection()
     (new,) = window.paste()
+    assert a.open_group == "input gate" and new in window.cell.groups[0].nodes  # it joins the open group
     old_rect = a.node("hi").view.sceneBoundingRect()
     new_rect = a.node(new).view.sceneBoundingRect()
+    assert a.node(new).view.isVisible() and a.selected_ids() == [new]
     assert not old_rect.intersects(new_rect)
     assert new_rect.top() >= old_rect.bottom() + 20
 
@@ -156,7 +158,7 @@ def test_new_nodes_fill_free_spots_in_view_without_overlapping(window):
     new = [n for n in a._nodes() if n.name() not in before]
     assert len(new) == len(ops) + 1  # the state brought its update node
     visible = viewer.mapToScene(viewer.viewport().rect()).boundingRect()
-    rects = [n.view.sceneBoundingRect() for n in a._nodes()]
+    rects = [n.view.sceneBoundingRect() for n in a._nodes() if n.view.isVisible()]  # not in closed groups
     for n in new:
         rect = n.view.sceneBoundingRect()
         assert visible.contains(rect), f"{n.name()} is out of sight"

@@ -70,7 +70,9 @@ def test_properties_follow_the_selection(window):
     assert not p.dims_combo.isHidden() and p.value_edit.isHidden()
     window.show_node("ai")
     assert p.dims_combo.isHidden() and "xi" in p.inputs_label.text()
+    window.adapter.close_group()  # ai and af are in two groups: their nodes stand for them
     window.adapter.select(["ai", "af"])
+    assert window.adapter.selected_ids() == ["ai", "af"]
     assert p.stack.currentWidget() is p.multi_label
 
 
@@ -103,9 +105,12 @@ def test_plan_view_outlines_groups_and_marks_hoisted_gemms(window):
                                          | {k["name"] for k in summary["fused_kernels"]})
     hoisted = {m for g in summary["gemm_groups"] if g["hoisted"] for m in g["matmuls"]}
     assert hoisted == {"xi", "xf", "xo", "xg"}
-    for node_id in ("xi", "xf"):
+    # A gate's group holds hoisted and per-step matmuls: its node takes no tag, its matmuls do.
+    assert all(g.item.plan_tag == "" for g in window.adapter.group_nodes())
+    for node_id in ("xf", "xi"):
+        window.show_node(node_id)  # opens its gate's group
         assert window.adapter.node(node_id).item.plan_tag == "hoisted"
-    assert window.adapter.node("hi").item.plan_tag == ""
+    assert window.adapter.node("hi").view.isVisible() and window.adapter.node("hi").item.plan_tag == ""
     scene_items = window.overlay._items
     assert scene_items and all(i.scene() is window.canvas.scene() for i in scene_items)
     stats = window.plan_panel.stat_values
@@ -128,6 +133,15 @@ def test_plan_list_click_selects_the_group(qtbot, window):
     pos = tree.visualItemRect(item).center()
     qtbot.mouseClick(tree.viewport(), QtCore.Qt.MouseButton.LeftButton, pos=pos)
     assert set(window.adapter.selected_ids()) == set(item.data(0, QtCore.Qt.ItemDataRole.UserRole))
+    # The x GEMM has a matmul in each gate's group: the gates' nodes stand for them, on the whole cell.
+    assert set(item.data(0, QtCore.Qt.ItemDataRole.UserRole)) == {"xi", "xf", "xo", "xg"}
+    assert window.adapter.open_group is None
+    assert {n.name() for n in window.adapter.graph.selected_nodes()} == {
+        "input gate", "forget gate", "output gate", "candidate"}
+    window.delete_selection()  # what is selected goes, not the rest of the gates
+    assert not {"xi", "xf", "xo", "xg"} & {n.id for n in window.cell.nodes}
+    assert {"hi", "hf", "ho", "hg"} <= {n.id for n in window.cell.nodes}
+    assert [g.name for g in window.cell.groups] == ["input gate", "forget gate", "output gate", "candidate"]
 
 
 def test_plan_follows_the_sizes_and_says_why_when_there_is_none(qtbot, window):
