@@ -259,7 +259,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _print_bench(result) -> None:
     s = result.sizes
     print(f"\n{result.cell}: T={s.seq} B={s.batch} input={s.input} hidden={s.hidden} layers={s.layers} "
-          f"on {result.device}")
+          f"on {result.device}" + (", training: forward + backward" if result.train else ""))
     naive = result.row("naive")
     print(f"  {'implementation':18s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'vs naive':>9s} "
           f"{'rel err':>9s} {'launch/step':>11s} {'compile s':>9s}  note")
@@ -291,7 +291,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import json
 
     from .codegen import SCHEDULES
-    from .gpu_runtime.bench import BASELINES, BenchConfig, run_benchmark, run_sweep
+    from .gpu_runtime.bench import BASELINES, TRAIN_BASELINES, BenchConfig, run_benchmark, run_sweep
 
     cell = resolve_cell(args.cell)
     require_valid(cell)
@@ -300,11 +300,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
             output_path(path, option, cell=_cell_file(args.cell))
     if args.json is not None and args.plot is not None and args.json.resolve() == args.plot.resolve():
         raise CellError(f"--json and --plot name the same file, {args.json}")
-    config = BenchConfig(_plan_sizes(cell, args), backend=args.backend, repeats=args.repeats)
+    config = BenchConfig(_plan_sizes(cell, args), backend=args.backend, repeats=args.repeats,
+                         train=args.train)
     if args.schedules:
         config.schedules = _choices("--schedules", args.schedules, SCHEDULES)
     if args.baselines is not None:
-        config.baselines = _choices("--baselines", args.baselines, BASELINES)
+        config.baselines = _choices("--baselines" + " with --train" * args.train, args.baselines,
+                                    TRAIN_BASELINES if args.train else BASELINES)
 
     def progress(done: int, total: int, message: str) -> None:
         print(f"[{done}/{total}] {message}", file=sys.stderr, flush=True)
@@ -364,7 +366,7 @@ def _size_options(s: argparse.ArgumentParser, seq: bool = True) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from .codegen import SCHEDULES
-    from .gpu_runtime.bench import BASELINES
+    from .gpu_runtime.bench import BASELINES, TRAIN_BASELINES
 
     p = argparse.ArgumentParser(
         prog="cellfuse",
@@ -446,6 +448,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--baselines", help=f"comma-separated, of {','.join(BASELINES)} (default: all that "
                                        "apply; empty for none)")
     s.add_argument("--repeats", type=_positive, default=20, help="timed runs per implementation")
+    s.add_argument("--train", action="store_true",
+                   help="time forward + backward, each checked first by its gradients against the "
+                        f"reference's; the baselines ({','.join(TRAIN_BASELINES)}) with autograd")
     s.add_argument("--sweep", help="time over several sizes, e.g. batch=1,8,64,256")
     s.add_argument("--json", type=Path, help="write the result record here")
     s.add_argument("--plot", type=Path, help="write a PNG chart here")

@@ -611,3 +611,27 @@ def test_plan_and_export_of_a_wavefront(cli, tmp_path):
     text = (tmp_path / "w.cu").read_text()
     assert code == 0, err
     assert text.count("cudaLaunchCooperativeKernel(") == 1 and "every step of layers 0 to 1" in text
+
+
+def test_bench_train_writes_a_training_record(cli, tmp_path):
+    code, out, err = cli("bench", "lstm", "--backend", "numpy", "--train", "--seq", T, "--batch", B,
+                         "--input", INPUT, "--hidden", HIDDEN, "--layers", 2, "--repeats", 1,
+                         "--schedules", "fused,graph,persistent", "--json", tmp_path / "r.json",
+                         "--plot", tmp_path / "r.png")
+    assert code == 0, err
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert record["train"] is True and record["measures"].startswith("forward + backward")
+    rows = {r["name"]: r for r in record["results"]}
+    assert list(rows) == ["fused", "graph", "persistent", "numpy reference"]
+    assert all(r["ok"] and r["rel_error"] < 1e-4 for r in rows.values())
+    assert "training: forward + backward" in out and "reference gradients" in err
+    assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_train_refuses_a_forward_only_baseline(cli, tmp_path):
+    code, out, err = cli("bench", "lstm", "--backend", "numpy", "--train", "--seq", 2, "--batch", 1,
+                         "--input", 3, "--hidden", 3, "--baselines", "pytorch graph",
+                         "--json", tmp_path / "r.json")
+    assert code != 0 and "--baselines with --train: unknown 'pytorch graph'" in err
+    assert "choose from numpy reference, pytorch eager, torch.compile" in err
+    assert not (tmp_path / "r.json").exists()

@@ -1,5 +1,11 @@
 """The benchmark: every schedule of a cell and every available baseline, each checked against the
-reference interpreter before it is timed. The command line and the editor both call `run_benchmark`."""
+reference interpreter before it is timed. The command line and the editor both call `run_benchmark`.
+
+With `BenchConfig.train`, each implementation runs forward + backward: the gradients of sum(dy * y), for a
+fixed random dy, with respect to x, the initial states and every parameter, checked against the float64
+reference's (`run_reference_backward`) before they are timed. A schedule's forward Plan saves its steps
+and its backward Plan runs after it (a persistent or wavefront forward pass with the graph rung's backward
+machinery); the baselines run with autograd."""
 
 from __future__ import annotations
 
@@ -19,7 +25,17 @@ import numpy as np
 from .. import __version__
 from ..codegen import SCHEDULES, Plan, make_plan
 from ..codegen.persistent import H100, Target
-from ..graph_model import Cell, CellError, Forward, Sizes, check_sizes, init_params, run_reference
+from ..graph_model import (
+    Cell,
+    CellError,
+    Forward,
+    Gradients,
+    Sizes,
+    check_sizes,
+    init_params,
+    run_reference,
+    run_reference_backward,
+)
 from .cudnn_persistent import ALGORITHM_NAMES, CudnnPersistentRNN, CudnnRefused, unavailable_reason
 from .cudnn_persistent import ALGORITHMS as CUDNN_PERSISTENT
 
@@ -38,6 +54,19 @@ BASELINE_NOTES = {
     **{name: f"cuDNN's {ALGORITHM_NAMES[algo]} in float32 (no TF32) with the same weights, through cuDNN's C "
              "API" for name, algo in CUDNN_PERSISTENT.items()},
 }
+# The baselines that run in training mode: the captured forward pass and cuDNN's persistent algorithms
+# through its C API are forward only.
+TRAIN_BASELINES = ("numpy reference", "pytorch eager", "torch.compile", "torch.compile default", "cudnn")
+TRAIN_NOTES = {
+    "numpy reference": "float64 on the CPU, forward + backward, one run",
+    "pytorch eager": "the cell op by op in PyTorch, step by step, with autograd",
+    "torch.compile": "the whole forward under torch.compile, mode 'reduce-overhead' (CUDA graphs), and "
+                     "its backward by autograd",
+    "torch.compile default": "the same whole forward under torch.compile in its default mode, with autograd",
+    "cudnn": "torch.nn.LSTM / torch.nn.GRU with the same weights, with autograd",
+}
+MEASURES = {False: "forward", True: "forward + backward (the gradients of x, the initial states and every "
+                                    "parameter for a fixed random dy)"}
 ROUNDS = 5  # timing rounds, each taking every implementation in turn
 
 Progress = Callable[[int, int, str], None]
@@ -56,6 +85,7 @@ class BenchConfig:
     repeats: int = 20
     warmup: int = 3
     seed: int = 0
+    train: bool = False  # forward + backward (a training record) instead of forward only
 
 
 @dataclass
@@ -86,6 +116,7 @@ class BenchResult:
     rows: list[BenchRow] = field(default_factory=list)
     cancelled: bool = False
     timing: str = ""
+    train: bool = False  # the times are of forward + backward
 
     def row(self, name: str) -> BenchRow | None:
         return next((r for r in self.rows if r.name == name), None)
@@ -98,7 +129,8 @@ class BenchResult:
     def to_json(self) -> dict:
         return {"cell": self.cell, "cell_hash": self.cell_hash, "sizes": asdict(self.sizes),
                 "backend": self.backend, "device": self.device, "date": self.date, "versions": self.versions,
-                "timing": self.timing, "cancelled": self.cancelled, "results": [asdict(r) for r in self.rows],
+                "train": self.train, "measures": MEASURES[self.train], "timing": self.timing,
+                "cancelled": self.cancelled, "results": [asdict(r) for r in self.rows],
                 "best_schedule": best.name if (best := self.best_schedule()) else None}
 
     def to_csv(self) -> str:
@@ -153,6 +185,20 @@ def _rel_error(result: Forward, ref: Forward) -> float:
     return worst
 
 
+def _grad_error(got: Gradients, ref: Gradients) -> float:
+    """The largest over every gradient (of x, each initial state, each parameter) of its largest absolute
+    error relative to its own largest value; infinite for a gradient missing or not finite."""
+    pairs = [(got.dx, ref.dx), *((got.dinitial.get(s), v) for s, v in ref.dinitial.items()),
+             *((got.dparams.get(k), v) for k, v in ref.dparams.items())]
+    worst = 0.0
+    for g, want in pairs:
+        if g is None or g.shape != want.shape or not np.all(np.isfinite(g)):
+            return float("inf")
+        scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-30)
+        worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - want), initial=0.0)) / scale)
+    return worst
+
+
 def _stats(times_ms: list[float]) -> dict:
     return {"median_ms": statistics.median(times_ms), "min_ms": min(times_ms), "max_ms": max(times_ms)}
 
@@ -189,6 +235,9 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
     params = init_params(cell, sizes.layers, sizes.input, sizes.hidden, config.seed)
     x = rng.standard_normal((sizes.seq, sizes.batch, sizes.input)).astype(np.float32)
     initial = {s: np.zeros((sizes.layers, sizes.batch, sizes.hidden), np.float32) for s in cell.updates}
+    # in training, the seed of y's gradient: drawn after x, so that x is the forward benchmark's
+    dy = (rng.standard_normal((sizes.seq, sizes.batch, sizes.hidden)).astype(np.float32) if config.train
+          else None)
     # The numpy executor is slow: a few runs say enough.
     runs = config.repeats if backend == "cuda" else max(1, min(config.repeats, 3))
     rounds = max(1, min(ROUNDS, runs))
@@ -196,9 +245,9 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
     result = BenchResult(cell.name, cell.structure_hash(), sizes, backend, device,
                          datetime.now(UTC).isoformat(timespec="seconds"), _versions(),
                          timing=f"{clock}; median of {runs} runs after warm-up, timed in {rounds} rounds "
-                                "that take every implementation in turn")
+                                "that take every implementation in turn", train=config.train)
     schedules = [s for s in config.schedules if s in SCHEDULES]
-    baselines = [b for b in config.baselines if b in BASELINES]
+    baselines = [b for b in config.baselines if b in (TRAIN_BASELINES if config.train else BASELINES)]
     if backend == "numpy":
         baselines = [b for b in baselines if b == "numpy reference"]
     else:
@@ -219,12 +268,16 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
             progress(done, total, message)
         done += 1
 
-    problem = _Problem(cell, sizes, params, x, initial, config, runs, target=target)
+    problem = _Problem(cell, sizes, params, x, initial, config, runs, target=target, dy=dy)
     ready: list[_Timed] = []
     try:
-        step("reference interpreter (numpy, float64)")
         t0 = time.perf_counter()
-        problem.ref = run_reference(cell, params, {"x": x, **initial})
+        if config.train:
+            step("reference gradients (numpy, float64)")
+            problem.ref_grads = run_reference_backward(cell, params, {"x": x, **initial}, sizes.layers, dy)
+        else:
+            step("reference interpreter (numpy, float64)")
+            problem.ref = run_reference(cell, params, {"x": x, **initial})
         ref_ms = (time.perf_counter() - t0) * 1e3
         for name in schedules:
             step(f"checking schedule '{name}' on {backend}")
@@ -234,8 +287,8 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
         for name in baselines:
             step(f"checking baseline {name}")
             if name == "numpy reference":
-                result.rows.append(BenchRow(name, "baseline", True, ref_ms, ref_ms, ref_ms, 0.0,
-                                            note="float64 on the CPU, one run"))
+                note = TRAIN_NOTES[name] if config.train else "float64 on the CPU, one run"
+                result.rows.append(BenchRow(name, "baseline", True, ref_ms, ref_ms, ref_ms, 0.0, note=note))
                 continue
             row, timed = _prepare_torch(problem, name)
             result.rows.append(row)
@@ -265,11 +318,15 @@ class _Problem:
     ref: Forward | None = None
     plans: dict[str, Plan] = field(default_factory=dict)
     target: Target = H100  # the GPU a persistent plan is made for
+    dy: np.ndarray | None = None  # in training: the seed of y's gradient
+    ref_grads: Gradients | None = None  # in training: the float64 reference's gradients for dy
 
     def plan(self, schedule: str) -> Plan:
-        """The schedule's Plan, made once: a rung's plan is also compared with the next rung's."""
+        """The schedule's Plan, made once: a rung's plan is also compared with the next rung's. In
+        training, it saves every step for its backward Plan."""
         if schedule not in self.plans:
-            self.plans[schedule] = make_plan(self.cell, self.sizes, schedule, self.target)
+            self.plans[schedule] = make_plan(self.cell, self.sizes, schedule, self.target,
+                                             save_steps=self.config.train)
         return self.plans[schedule]
 
 
@@ -310,6 +367,15 @@ def _time_in_rounds(ready: list[_Timed], rounds: int, step: Callable[[str], None
             gc.enable()
 
 
+def _wall_clock(run: Callable[[], object]) -> Callable[[], float]:
+    def once() -> float:
+        t0 = time.perf_counter()
+        run()
+        return (time.perf_counter() - t0) * 1e3
+
+    return once
+
+
 def _wrong(row: BenchRow) -> bool:
     if row.rel_error < TOLERANCE:
         return False
@@ -341,6 +407,8 @@ def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _
         plan = p.plan(name)
         row.launches_per_step = plan.launches_per_step
         row.note = _same_as_rung_below(p, plan)
+        if p.config.train:
+            return (_train_numpy if backend == "numpy" else _train_cuda)(p, row, plan)
         if backend == "numpy":
             from .numpy_executor import NumpyExecutor
 
@@ -352,13 +420,7 @@ def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _
             row.rel_error = _rel_error(out, p.ref)
             if _wrong(row):
                 return row, None
-
-            def once() -> float:
-                t0 = time.perf_counter()
-                ex.run(p.x, p.initial)
-                return (time.perf_counter() - t0) * 1e3
-
-            return row, _Timed(row, once, p.runs)
+            return row, _Timed(row, _wall_clock(lambda: ex.run(p.x, p.initial)), p.runs)
         from .cuda_executor import CudaExecutor
 
         ex = CudaExecutor(plan, p.params)
@@ -389,14 +451,105 @@ def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _
     return row, _Timed(row, once_cuda, p.runs, ex.close)
 
 
+def _train_numpy(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Timed | None]:
+    """A schedule's forward run and its backward Plan's run on the numpy executor, float32."""
+    from .numpy_backward import NumpyBackward
+    from .numpy_executor import NumpyExecutor
+
+    t0 = time.perf_counter()
+    ex = NumpyExecutor(plan, p.params)
+    backward = NumpyBackward(ex)
+    row.launches_per_step = plan.launches_per_step + backward.plan.launches_per_step
+
+    def train_step() -> Gradients:
+        ex.run(p.x, p.initial)
+        return backward.run(p.dy)
+
+    grads = train_step()
+    row.compile_s = 0.0
+    _add_note(row, f"first run {(time.perf_counter() - t0) * 1e3:.1f} ms")
+    row.rel_error = _grad_error(grads, p.ref_grads)
+    if _wrong(row):
+        return row, None
+    return row, _Timed(row, _wall_clock(train_step), p.runs)
+
+
+def _train_cuda(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Timed | None]:
+    """A schedule's forward pass and its backward Plan's launches on the GPU. A timed run restores the
+    gradient buffers to their seeded state (the backward launches add into them) with one copy on the
+    device, runs the forward pass (replaying its graph, if it has one) and the backward launches."""
+    from .cuda_backward import CudaBackward
+    from .cuda_executor import CudaExecutor
+
+    ex = CudaExecutor(plan, p.params)
+    releases = [ex.close]  # what was allocated, released in reverse when the row is done with
+
+    def close() -> None:
+        for release in reversed(releases):
+            release()
+
+    try:
+        t0 = time.perf_counter()
+        backward = CudaBackward(ex)
+        releases.append(backward.close)
+        row.compile_s = ex.compile_s + time.perf_counter() - t0  # the backward kernels compile in there
+        row.launches_per_step = plan.launches_per_step + backward.plan.launches_per_step
+        t0 = time.perf_counter()
+        ex.run(p.x, p.initial)
+        grads = backward.run(p.dy)
+        _add_note(row, f"first run {(time.perf_counter() - t0) * 1e3:.1f} ms"
+                       + (", with the graph's capture" if plan.cuda_graph else ""))
+        row.rel_error = _grad_error(grads, p.ref_grads)
+        if _wrong(row):
+            close()
+            return row, None
+        drv, stream = ex.drv, ex.stream
+        backward.seed(p.dy)
+        seeded = drv.mem_alloc(backward.nbytes)
+        releases.append(seeded.free)
+        drv.memcpy_dtod(seeded, backward.memory, backward.nbytes)
+    except BaseException:
+        close()
+        raise
+
+    def train_step() -> None:
+        drv.memcpy_dtod_async(backward.memory, seeded, backward.nbytes, stream)
+        ex.forward()
+        for call in backward.calls:
+            call()
+
+    for _ in range(p.config.warmup):
+        train_step()
+    stream.synchronize()
+    start, end = drv.Event(), drv.Event()
+
+    def once() -> float:
+        start.record(stream)
+        train_step()
+        end.record(stream)
+        end.synchronize()
+        return start.time_till(end)
+
+    return row, _Timed(row, once, p.runs, close)
+
+
 def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
-    row = BenchRow(name, "baseline", False, note=BASELINE_NOTES[name])
+    train = p.config.train
+    row = BenchRow(name, "baseline", False, note=(TRAIN_NOTES if train else BASELINE_NOTES)[name])
     if name in CUDNN_PERSISTENT and (reason := unavailable_reason()):
         row.note, row.applicable = f"not available: {reason}; {row.note}", False
         return row, None
     import torch
 
-    from .torch_baselines import COMPILE_MODES, CompiledCell, CudnnCell, GraphedCell, TorchCell, cudnn_kind
+    from .torch_baselines import (
+        COMPILE_MODES,
+        CompiledCell,
+        CudnnCell,
+        GraphedCell,
+        TorchCell,
+        Training,
+        cudnn_kind,
+    )
 
     # Float32 against float32: PyTorch would otherwise let cuDNN and cuBLAS round inputs to TF32.
     torch.backends.cudnn.allow_tf32 = False
@@ -407,35 +560,44 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
     t0 = time.perf_counter()
     try:
         if name == "cudnn":
-            model = CudnnCell(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden)
+            model = CudnnCell(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden,
+                              train=train)
         elif name in CUDNN_PERSISTENT:
             model = CudnnPersistentRNN(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden,
                                        sizes.batch, sizes.seq, CUDNN_PERSISTENT[name])
             _add_note(row, f"cuDNN {model.cudnn.version}")
         elif name in COMPILE_MODES:
-            model = CompiledCell(p.cell, p.params, sizes.layers, COMPILE_MODES[name])
+            model = CompiledCell(p.cell, p.params, sizes.layers, COMPILE_MODES[name], train=train)
         else:
-            model = TorchCell(p.cell, p.params, sizes.layers)
+            model = TorchCell(p.cell, p.params, sizes.layers, train=train)
             if name == "pytorch graph":
                 model = GraphedCell(model, xt, init)
-        # A copy at once: in mode "reduce-overhead" the next call overwrites the output of this one.
-        y = model(xt, init).clone()
+        # Copied at once: in mode "reduce-overhead" the next call overwrites the results of this one.
+        if train:
+            run = Training(model, list(p.cell.updates), xt, init, torch.from_numpy(p.dy).cuda())
+            grads = run.gradients(run())
+        else:
+            def run():
+                return model(xt, init)
+
+            y = run().clone()
         torch.cuda.synchronize()
     except CudnnRefused as e:  # cuDNN does not run this algorithm at these sizes: a fact, not a failure
         row.note, row.applicable = f"not applicable: {e}; {row.note}", False
         return row, None
     row.compile_s = time.perf_counter() - t0  # setup and first call: torch.compile compiles in the call
-    row.rel_error = _rel_error(Forward(y.cpu().numpy(), {}), Forward(p.ref.y, {}))
+    row.rel_error = (_grad_error(grads, p.ref_grads) if train
+                     else _rel_error(Forward(y.cpu().numpy(), {}), Forward(p.ref.y, {})))
     if _wrong(row):
         return row, None
     for _ in range(p.config.warmup):
-        model(xt, init)
+        run()
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
     def once() -> float:
         start.record()
-        model(xt, init)
+        run()
         end.record()
         end.synchronize()
         return start.elapsed_time(end)

@@ -44,16 +44,18 @@ class CudaBackward:
         if need + _CUBLAS_WORKSPACE > free:
             raise CellError(f"out of GPU memory: the backward pass at these sizes needs {need / 2**20:.0f} "
                             f"MiB more, {free / 2**20:.0f} MiB are free")
-        self.memory = drv.mem_alloc(need)
+        self.memory = drv.mem_alloc(need)  # every gradient buffer, in one span of `nbytes`
+        self.nbytes = need
         offset = int(self.memory)
         for name, n in sizes.items():
             forward.addr[name] = offset
             offset += 4 * n
         self.calls = [call for instr in self.plan.instructions() for call in forward._calls(instr, 0)]
 
-    def run(self, dy: np.ndarray, dfinal: Mapping[str, np.ndarray] | None = None) -> Gradients:
-        """The gradients of sum(dy * y) + sum(dfinal[s] * final[s]) for the forward run, float32 (see
-        BackwardPlan.seeds for the seeds); raises CellError for a seed that does not fit."""
+    def seed(self, dy: np.ndarray, dfinal: Mapping[str, np.ndarray] | None = None) -> None:
+        """Puts the gradient buffers in the state a backward run starts from: the seeds, zeros elsewhere
+        (every backward launch adds into its buffers), the ones; raises CellError for a seed that does
+        not fit."""
         drv, addr = self.forward.drv, self.forward.addr
         seeds = self.plan.seeds(dy, dfinal, np.float32)
         for name, b in self.plan.buffers.items():
@@ -64,6 +66,12 @@ class CudaBackward:
                 drv.memset_d32(addr[name], bits, self.plan.buffer_elements(name))
         # These ran on the legacy default stream, which the executor's non-blocking streams do not wait for.
         drv.Context.synchronize()
+
+    def run(self, dy: np.ndarray, dfinal: Mapping[str, np.ndarray] | None = None) -> Gradients:
+        """The gradients of sum(dy * y) + sum(dfinal[s] * final[s]) for the forward run, float32 (see
+        BackwardPlan.seeds for the seeds); raises CellError for a seed that does not fit."""
+        drv, addr = self.forward.drv, self.forward.addr
+        self.seed(dy, dfinal)
         for call in self.calls:
             call()
         self.forward.stream.synchronize()

@@ -27,7 +27,7 @@ VALUE_MARGIN = 1.22  # room right of the longest bar for its value label
 def _title(result: BenchResult) -> str:
     s = result.sizes
     return (f"{result.cell}: T={s.seq}, B={s.batch}, input={s.input}, hidden={s.hidden}, "
-            f"layers={s.layers}\n{result.device}")
+            f"layers={s.layers}" + (", forward + backward" if result.train else "") + f"\n{result.device}")
 
 
 def ms_text(ms: float) -> str:

@@ -2,7 +2,10 @@
 the cell interpreted op by op ("PyTorch eager"), the same captured into a CUDA graph, the whole forward
 pass (every step of every layer) under torch.compile, with CUDA graphs (mode "reduce-overhead", its
 best) and in its default mode, and cuDNN (torch.nn.LSTM / torch.nn.GRU) when the cell is one cuDNN
-implements."""
+implements.
+
+Built with `train=True`, the cell's programs and cuDNN's run with autograd, their weights leaves that
+require gradients, and `Training` runs one forward + backward pass of any of them."""
 
 from __future__ import annotations
 
@@ -12,7 +15,16 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..graph_model import OPS, Cell, OpSpec, load_template, param_key, require_valid, state_dependent
+from ..graph_model import (
+    OPS,
+    Cell,
+    Gradients,
+    OpSpec,
+    load_template,
+    param_key,
+    require_valid,
+    state_dependent,
+)
 from ..graph_model.reference import step as reference_step
 
 
@@ -54,22 +66,43 @@ def make_step(cell: Cell) -> Callable:
 COMPILE_MODES = {"torch.compile": "reduce-overhead", "torch.compile default": "default"}
 
 
-class TorchCell:
+class _CellWeights:
+    """The cell's weights as tensors, per layer by weight id; with `train`, leaves that require gradients."""
+
+    def __init__(self, cell: Cell, params: dict[str, np.ndarray], layers: int, device: str, train: bool):
+        import torch
+
+        self.torch, self.cell, self.layers, self.train = torch, cell, layers, train
+        def leaf(layer: int, weight: str):
+            return torch.from_numpy(params[param_key(layer, weight)]).to(device).requires_grad_(train)
+
+        self.weights = [{w.id: leaf(layer, w.id) for w in cell.of_op("weight")} for layer in range(layers)]
+
+    def _grad_mode(self):
+        return self.torch.enable_grad() if self.train else self.torch.no_grad()
+
+    def parameters(self) -> list:
+        return [t for layer in self.weights for t in layer.values()]
+
+    def param_gradients(self, grads) -> dict[str, np.ndarray]:
+        """The gradients of `parameters()`, in their order, by parameter key."""
+        keys = [param_key(layer, w) for layer, ws in enumerate(self.weights) for w in ws]
+        return {k: g.detach().cpu().numpy() for k, g in zip(keys, grads, strict=True)}
+
+
+class TorchCell(_CellWeights):
     """The cell in PyTorch on the GPU, one op per node, run step by step over the whole sequence and all
     layers."""
 
-    def __init__(self, cell: Cell, params: dict[str, np.ndarray], layers: int, device: str = "cuda"):
-        import torch
-
-        self.torch = torch
-        self.cell, self.layers = cell, layers
-        self.weights = _weights(cell, params, layers, device)
+    def __init__(self, cell: Cell, params: dict[str, np.ndarray], layers: int, device: str = "cuda",
+                 train: bool = False):
+        super().__init__(cell, params, layers, device, train)
         self.step = make_step(cell)
 
     def __call__(self, x, initial: list):
         """x: [T, B, input] tensor; initial: per state [L, B, H] tensors. Returns y [T, B, H]."""
         seq = x
-        with self.torch.no_grad():
+        with self._grad_mode():
             for layer in range(self.layers):
                 states = tuple(s[layer] for s in initial)
                 ys = []
@@ -80,26 +113,19 @@ class TorchCell:
         return seq
 
 
-def _weights(cell: Cell, params: dict[str, np.ndarray], layers: int, device: str) -> list[dict]:
-    import torch
-
-    return [{w.id: torch.from_numpy(params[param_key(layer, w.id)]).to(device) for w in cell.of_op("weight")}
-            for layer in range(layers)]
-
-
-class CompiledCell:
+class CompiledCell(_CellWeights):
     """The whole forward pass (every step of every layer) under torch.compile in one mode, written as a
     PyTorch programmer writes an RNN by hand, so that torch.compile starts from its best program: the
     matmuls that share a left operand are one matmul on weights concatenated along N, and everything that
     depends on no state (the input projections, and any work on x before them) runs once over all steps
     before the loop. The op-by-op program of `TorchCell` compiles too, but to a slower forward.
-    With mode None, the same program runs uncompiled (how it is checked on a machine without a GPU)."""
+    With mode None, the same program runs uncompiled (how it is checked on a machine without a GPU).
+    With `train`, the stacked weights are concatenated in the forward pass, from the weights that are the
+    leaves, so that autograd splits their gradient back (a weight in two groups gets the sum of both)."""
 
     def __init__(self, cell: Cell, params: dict[str, np.ndarray], layers: int, mode: str | None,
-                 device: str = "cuda"):
-        import torch
-
-        self.torch, self.cell, self.layers = torch, cell, layers
+                 device: str = "cuda", train: bool = False):
+        super().__init__(cell, params, layers, device, train)
         info = require_valid(cell)
         self.order, self.shapes = info.order, info.shapes
         self.nodes = cell.by_id()
@@ -112,10 +138,8 @@ class CompiledCell:
         for n in self.order:
             if OPS[self.nodes[n].op].is_matmul:
                 self.groups.setdefault(self.nodes[n].args[0], []).append(n)
-        weights = _weights(cell, params, layers, device)
-        self.weights = weights
-        self.stacked = [{left: torch.cat([w[self.nodes[m].args[1]] for m in ms], dim=1)
-                         for left, ms in self.groups.items()} for w in weights]
+        with self.torch.no_grad():
+            self.stacked = [self._stack(layer) for layer in range(layers)]
         self.forward = self._forward
         if mode:
             # torch.compile keeps its compiled code per Python code object, and past 8 entries (say, the
@@ -123,9 +147,15 @@ class CompiledCell:
             # word. Each CompiledCell compiles a copy of `_forward`'s code: an entry of its own.
             code = CompiledCell._forward.__code__.replace()
             forward = types.FunctionType(code, globals(), "forward")
-            self.forward = torch.compile(types.MethodType(forward, self), mode=mode, dynamic=False)
+            self.forward = self.torch.compile(types.MethodType(forward, self), mode=mode, dynamic=False)
 
-    def _values(self, nodes: list[str], values: dict, layer: int, row_of: Callable) -> None:
+    def _stack(self, layer: int) -> dict:
+        """Each group's weights of one layer concatenated along N, by the group's left operand."""
+        w = self.weights[layer]
+        return {left: self.torch.cat([w[self.nodes[m].args[1]] for m in ms], dim=1)
+                for left, ms in self.groups.items()}
+
+    def _values(self, nodes: list[str], values: dict, layer: int, row_of: Callable, stacked: dict) -> None:
         """Computes `nodes` (in order) into `values`; row_of(a) is the value of an arg read from outside."""
         torch = self.torch
         for n in nodes:
@@ -138,7 +168,7 @@ class CompiledCell:
             elif spec.is_matmul:
                 if n not in values:  # the first of its group: the group's one matmul
                     ms = self.groups[node.args[0]]
-                    out = row_of(node.args[0]) @ self.stacked[layer][node.args[0]]
+                    out = row_of(node.args[0]) @ stacked[node.args[0]]
                     widths = [self.weights[layer][self.nodes[m].args[1]].shape[1] for m in ms]
                     values.update(zip(ms, torch.split(out, widths, dim=1), strict=True))
             elif spec.in_kernel:
@@ -149,8 +179,9 @@ class CompiledCell:
         state_ids = list(self.cell.updates)
         for layer in range(self.layers):
             T, B = seq.shape[0], seq.shape[1]
+            stacked = self._stack(layer) if self.train else self.stacked[layer]
             hoisted = {n: seq.reshape(T * B, -1) for n in self.order if self.nodes[n].op == "input"}
-            self._values(self.before_loop, hoisted, layer, hoisted.__getitem__)
+            self._values(self.before_loop, hoisted, layer, hoisted.__getitem__, stacked)
             states = {s: initial[i][layer] for i, s in enumerate(state_ids)}
             ys = []
             for t in range(T):
@@ -162,14 +193,14 @@ class CompiledCell:
                     v = hoisted[a]
                     return v[t * B:(t + 1) * B] if self.shapes[a] and self.shapes[a][0] == "B" else v
 
-                self._values(self.in_step, step, layer, row_of)
+                self._values(self.in_step, step, layer, row_of, stacked)
                 states = {s: row_of(self.cell.updates[s]) for s in state_ids}
                 ys.append(row_of(self.cell.output))
             seq = self.torch.stack(ys)
         return seq
 
     def __call__(self, x, initial: list):
-        with self.torch.no_grad():
+        with self._grad_mode():
             return self.forward(x, initial)
 
 
@@ -218,14 +249,17 @@ CUDNN_GATES = {"lstm": [("W_i", "U_i", "b_i"), ("W_f", "U_f", "b_f"), ("W_g", "U
 
 
 class CudnnCell:
-    """torch.nn.LSTM or torch.nn.GRU (cuDNN) loaded with the cell's weights."""
+    """torch.nn.LSTM or torch.nn.GRU (cuDNN) loaded with the cell's weights, in the dtype of `params`."""
 
-    def __init__(self, kind: str, params: dict[str, np.ndarray], layers: int, input_size: int, hidden: int):
+    def __init__(self, kind: str, params: dict[str, np.ndarray], layers: int, input_size: int, hidden: int,
+                 device: str = "cuda", train: bool = False):
         import torch
 
-        self.torch, self.kind = torch, kind
+        self.torch, self.kind, self.layers, self.hidden, self.train = torch, kind, layers, hidden, train
         cls = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
-        self.module = cls(input_size, hidden, num_layers=layers).cuda().eval()
+        dtype = torch.from_numpy(params[param_key(0, CUDNN_GATES[kind][0][0])]).dtype
+        # In training mode: cuDNN's backward pass refuses a module in eval mode (and there is no dropout).
+        self.module = cls(input_size, hidden, num_layers=layers).to(device, dtype).train(train)
         with torch.no_grad():
             for layer in range(layers):
                 def p(name: str, layer: int = layer) -> np.ndarray:
@@ -245,9 +279,55 @@ class CudnnCell:
                     getattr(self.module, f"{name}_l{layer}").copy_(torch.from_numpy(value))
 
     def __call__(self, x, initial: list):
-        with self.torch.no_grad():
+        with self.torch.enable_grad() if self.train else self.torch.no_grad():
             if self.kind == "lstm":  # the cell's states are (h, c), as torch.nn.LSTM's
                 y, _ = self.module(x, (initial[0], initial[1]))
             else:
                 y, _ = self.module(x, initial[0])
         return y
+
+    def parameters(self) -> list:
+        return [getattr(self.module, f"{name}_l{layer}") for layer in range(self.layers)
+                for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+
+    def param_gradients(self, grads) -> dict[str, np.ndarray]:
+        """The gradients of `parameters()`, in their order, mapped back to the cell's parameter keys: the
+        mapping of __init__ read backwards (gate i's rows of weight_ih are W^T; the LSTM's one bias per
+        gate is bias_ih + bias_hh, whose gradients are the same)."""
+        H, out = self.hidden, {}
+        grads = [g.detach().cpu().numpy() for g in grads]
+        for layer in range(self.layers):
+            w_ih, w_hh, b_ih, b_hh = grads[4 * layer:4 * layer + 4]
+            for i, gate in enumerate(CUDNN_GATES[self.kind]):
+                rows = slice(i * H, (i + 1) * H)
+                out[param_key(layer, gate[0])] = w_ih[rows].T
+                out[param_key(layer, gate[1])] = w_hh[rows].T
+                out[param_key(layer, gate[2])] = b_ih[rows]
+                if self.kind == "gru":
+                    out[param_key(layer, gate[3])] = b_hh[rows]
+        return out
+
+
+class Training:
+    """One forward + backward pass of a baseline built with `train=True`, with autograd: the gradients of
+    sum(dy * y) with respect to x, the initial states and every parameter, as the backward Plans give them.
+    Each call returns torch's gradient tensors (which a CUDA-graphed model may overwrite in its next call:
+    `gradients` copies them out)."""
+
+    def __init__(self, model, state_ids: list[str], x, initial: list, dy):
+        import torch
+
+        self.torch, self.model, self.state_ids, self.dy = torch, model, state_ids, dy
+        self.x = x.detach().clone().requires_grad_()
+        self.initial = [s.detach().clone().requires_grad_() for s in initial]
+        self.leaves = [self.x, *self.initial, *model.parameters()]
+
+    def __call__(self) -> tuple:
+        y = self.model(self.x, self.initial)
+        return self.torch.autograd.grad(y, self.leaves, self.dy)
+
+    def gradients(self, grads) -> Gradients:
+        n = len(self.state_ids)
+        dinitial = zip(self.state_ids, grads[1:1 + n], strict=True)
+        return Gradients(grads[0].detach().cpu().numpy(), {s: g.detach().cpu().numpy() for s, g in dinitial},
+                         self.model.param_gradients(grads[1 + n:]))

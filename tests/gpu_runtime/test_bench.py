@@ -70,7 +70,7 @@ def test_a_wrong_result_is_reported_and_never_timed(runs, monkeypatch):
 
 
 def test_a_schedule_that_cannot_be_planned_is_reported(monkeypatch):
-    def refuse(cell, sizes, schedule, target):
+    def refuse(cell, sizes, schedule, target, save_steps):
         raise CellError(f"no plan for '{schedule}'")
 
     monkeypatch.setattr(bench, "make_plan", refuse)

@@ -1,0 +1,170 @@
+"""A 2-layer LSTM language model trained on random tokens twice side by side, from the same initial
+weights: once with CellFuse's CellRNN (the `lstm` template) and once with torch.nn.LSTM (cuDNN on a GPU).
+Embedding, RNN, linear head, cross-entropy, AdamW. Prints both loss curves, their relative difference
+after the last step, and the time per step of each; exit status 1 when that difference is not below the
+goal.
+
+    python benchmarks/train_lm.py --device cuda --json results/train_lm.json
+    python benchmarks/train_lm.py --device cpu --seq 8 --batch 4 --embed 16 --hidden 16 --vocab 50 --steps 10
+
+The two models step in turn (step i of one, then step i of the other), so that a slow drift of the
+machine weighs on both alike. The LSTM weights are mapped as the benchmark's cuDNN baseline maps them
+(torch_baselines.CudnnCell); the cell has one bias per gate where torch.nn.LSTM has two that it adds, so
+torch's second bias stays at zero and out of the optimizer: two biases would each take an AdamW step of
+their own, twice the step the cell's one bias takes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import shlex
+import statistics
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import torch
+
+from cellfuse import __version__
+from cellfuse.gpu_runtime.torch_baselines import CudnnCell
+from cellfuse.nn import CellRNN
+
+GOAL = 1e-3  # the largest relative difference of the two final losses that counts as the same curve
+NAMES = ("CellRNN", "torch.nn.LSTM")
+
+
+class LanguageModel(torch.nn.Module):
+    """tokens [T, B] -> logits [T, B, vocab]; `rnn(x)` returns (y [T, B, hidden], final states)."""
+
+    def __init__(self, embed: torch.nn.Embedding, rnn: torch.nn.Module, head: torch.nn.Linear):
+        super().__init__()
+        self.embed, self.rnn, self.head = embed, rnn, head
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        y, _ = self.rnn(self.embed(tokens))
+        return self.head(y)
+
+
+def make_models(args: argparse.Namespace, device: torch.device) -> list[LanguageModel]:
+    """The CellRNN model and the torch.nn.LSTM model, with the same initial weights."""
+    torch.manual_seed(args.seed)
+    embed = torch.nn.Embedding(args.vocab, args.embed)
+    head = torch.nn.Linear(args.hidden, args.vocab)
+    rnn = CellRNN("lstm", args.embed, args.hidden, args.layers, schedule=args.schedule, seed=args.seed)
+    params = {key: rnn.param(key).detach().numpy() for key in rnn.keys}
+    lstm = CudnnCell("lstm", params, args.layers, args.embed, args.hidden, device="cpu", train=True).module
+    for layer in range(args.layers):
+        getattr(lstm, f"bias_hh_l{layer}").requires_grad_(False)  # stays zero: see the module's doc
+    models = []
+    for recurrent in (rnn, lstm):
+        copies = [torch.nn.Embedding(args.vocab, args.embed), torch.nn.Linear(args.hidden, args.vocab)]
+        for copy, original in zip(copies, (embed, head), strict=True):
+            copy.load_state_dict(original.state_dict())
+        models.append(LanguageModel(copies[0], recurrent, copies[1]).to(device))
+    return models
+
+
+class Trainer:
+    def __init__(self, model: LanguageModel, lr: float, device: torch.device):
+        self.model, self.device = model, device
+        self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+        self.losses: list[float] = []
+        self.ms: list[float] = []
+
+    def step(self, tokens: torch.Tensor) -> None:
+        """One training step on tokens [T + 1, B]: predict each token from those before it."""
+        sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
+        sync()
+        t0 = time.perf_counter()
+        logits = self.model(tokens[:-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[1:].reshape(-1))
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        sync()
+        self.ms.append((time.perf_counter() - t0) * 1e3)
+        self.losses.append(loss.item())  # after the clock stops: reading it waits for the GPU
+
+    def ms_per_step(self) -> float:
+        """The median step after the first (which makes the plans, compiles and warms up)."""
+        return statistics.median(self.ms[1:] or self.ms)
+
+
+def device_description(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    return f"CPU ({platform.processor() or platform.machine()}; CellRNN on the numpy executor)"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cuda")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--seq", type=int, default=100)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--vocab", type=int, default=1000)
+    p.add_argument("--embed", type=int, default=512, help="embedding size, the LSTM's input size")
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--schedule", default="auto", help="CellRNN's schedule")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--every", type=int, default=10, help="print the losses every this many steps")
+    p.add_argument("--json", type=Path, help="write the record here")
+    args = p.parse_args(argv)
+    for name in ("steps", "seq", "batch", "vocab", "embed", "hidden", "layers", "every"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("train_lm: --device cuda, and torch sees no CUDA device", file=sys.stderr)
+        return 2
+    # Float32 against float32: torch would otherwise let cuDNN and cuBLAS round inputs to TF32.
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    trainers = [Trainer(m, args.lr, device) for m in make_models(args, device)]
+    generator = torch.Generator().manual_seed(args.seed + 1)
+    print(f"{'step':>5s} {NAMES[0]:>12s} {NAMES[1]:>14s} {'rel diff':>9s}")
+    for i in range(args.steps):
+        tokens = torch.randint(args.vocab, (args.seq + 1, args.batch), generator=generator).to(device)
+        for trainer in trainers:
+            trainer.step(tokens)
+        a, b = (t.losses[-1] for t in trainers)
+        if (i + 1) % args.every == 0 or i in (0, args.steps - 1):
+            print(f"{i + 1:5d} {a:12.6f} {b:14.6f} {abs(a - b) / abs(b):9.2e}", flush=True)
+    a, b = (t.losses[-1] for t in trainers)
+    rel = abs(a - b) / abs(b)
+    ms = {name: t.ms_per_step() for name, t in zip(NAMES, trainers, strict=True)}
+    print(f"relative difference of the losses after {args.steps} steps: {rel:.2e} "
+          f"(goal: below {GOAL:g}: {'met' if rel < GOAL else 'NOT met'})")
+    for name, value in ms.items():
+        print(f"{name:14s} {value:9.3f} ms per step (median after the first step)")
+    if args.json:
+        command = ["python", "benchmarks/train_lm.py", *(sys.argv[1:] if argv is None else argv)]
+        record = {
+            "device": device_description(device),
+            "date": datetime.now(UTC).isoformat(timespec="seconds"),
+            "command": shlex.join(command),
+            "versions": {"cellfuse": __version__, "torch": torch.__version__,
+                         "python": platform.python_version()},
+            "sizes": {k: getattr(args, k) for k in ("seq", "batch", "vocab", "embed", "hidden", "layers")},
+            "steps": args.steps, "lr": args.lr, "schedule": args.schedule, "seed": args.seed,
+            "losses": {name: t.losses for name, t in zip(NAMES, trainers, strict=True)},
+            "final_rel_diff": rel, "goal": GOAL, "ms_per_step": ms,
+            "step_ms": {name: t.ms for name, t in zip(NAMES, trainers, strict=True)},
+        }
+        args.json.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0 if rel < GOAL else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,66 @@
+"""benchmarks/train_lm.py: a language model trained with CellRNN and with torch.nn.LSTM from the same
+initial weights gives the same loss curve (on the CPU here, tiny sizes; on the GPU with `-m gpu`)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_lm.py"
+TINY = ["--seq", "5", "--batch", "3", "--vocab", "40", "--embed", "10", "--hidden", "12", "--steps", "6",
+        "--every", "2"]
+
+
+@pytest.fixture(scope="module")
+def train_lm():
+    spec = importlib.util.spec_from_file_location("train_lm", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_two_models_start_from_the_same_function(train_lm):
+    args = train_lm.parse_args(["--device", "cpu", *TINY])
+    cellfuse, reference = train_lm.make_models(args, torch.device("cpu"))
+    shared = {id(p) for p in cellfuse.parameters()} & {id(p) for p in reference.parameters()}
+    assert not shared  # each trains its own weights
+    tokens = torch.randint(args.vocab, (args.seq, args.batch), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        a, b = cellfuse(tokens), reference(tokens)
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=0, atol=1e-6)
+    # torch.nn.LSTM's second bias is the cell's nothing: zero, and never stepped by the optimizer
+    frozen = [getattr(reference.rnn, f"bias_hh_l{layer}") for layer in range(args.layers)]
+    assert all(not p.requires_grad and not p.any() for p in frozen)
+
+
+def test_on_the_cpu_the_loss_curves_agree(train_lm, tmp_path, capsys):
+    code = train_lm.main(["--device", "cpu", *TINY, "--json", str(tmp_path / "r.json")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    record = json.loads((tmp_path / "r.json").read_text())
+    ours, theirs = (np.array(record["losses"][name]) for name in train_lm.NAMES)
+    assert len(ours) == len(theirs) == 6
+    assert not np.allclose(ours, ours[0])  # the weights moved: the curves are of training
+    np.testing.assert_allclose(ours, theirs, rtol=1e-4)
+    assert record["final_rel_diff"] < train_lm.GOAL
+    assert record["device"].startswith("CPU") and "--device cpu" in record["command"]
+    assert record["date"] and set(record["ms_per_step"]) == set(train_lm.NAMES)
+    assert "relative difference of the losses after 6 steps" in out and "ms per step" in out
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_loss_curves_agree(gpu, train_lm, tmp_path):
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA device")
+    sizes = "--seq 20 --batch 8 --vocab 100 --embed 64 --hidden 64 --steps 20".split()
+    code = train_lm.main(["--device", "cuda", *sizes, "--json", str(tmp_path / "r.json")])
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert code == 0 and record["final_rel_diff"] < train_lm.GOAL
+    ours, theirs = (np.array(record["losses"][name]) for name in train_lm.NAMES)
+    np.testing.assert_allclose(ours, theirs, rtol=1e-3)
