@@ -249,7 +249,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     cell = resolve_cell(args.cell)
     output = output_path(args.output, cell=_cell_file(args.cell))
     sizes = _plan_sizes(cell, args)
-    src = generate_cuda(cell, sizes, _schedule(cell, sizes, args.schedule))
+    src = generate_cuda(cell, sizes, _schedule(cell, sizes, args.schedule), backward=args.backward)
     atomic_write(output, src.text.encode())
     print(f"wrote {args.output} ({len(src.text.splitlines())} lines); build it with: "
           f"nvcc -O3 -arch=sm_90 -DCELLFUSE_DEMO_MAIN {args.output} -lcublas")
@@ -436,6 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("cell")
     s.add_argument("-o", "--output", type=Path, required=True)
     s.add_argument("--schedule", choices=[*SCHEDULES, "auto"], default="hoisted")
+    s.add_argument("--backward", action="store_true",
+                   help="also write the backward pass's launcher (the forward pass then saves every step)")
     _size_options(s)
     s.set_defaults(func=cmd_export, seq=100, batch=64)
 

@@ -635,3 +635,13 @@ def test_bench_train_refuses_a_forward_only_baseline(cli, tmp_path):
     assert code != 0 and "--baselines with --train: unknown 'pytorch graph'" in err
     assert "choose from numpy reference, pytorch eager, torch.compile" in err
     assert not (tmp_path / "r.json").exists()
+
+
+def test_export_with_the_backward_pass(cli, tmp_path):
+    code, _, err = cli("export", "gru", "--backward", "--layers", 2, "-o", tmp_path / "g.cu")
+    assert code == 0, err
+    text = (tmp_path / "g.cu").read_text()
+    assert "int cellfuse_gru_backward(cublasHandle_t handle, cudaStream_t stream" in text
+    assert "central difference" in text and "cellfuse_gru_workspace_bytes" in text
+    code, _, err = cli("export", "gru", "--layers", 2, "-o", tmp_path / "f.cu")
+    assert code == 0 and "cellfuse_gru_backward" not in (tmp_path / "f.cu").read_text()

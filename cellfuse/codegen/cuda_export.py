@@ -1,5 +1,7 @@
 """The exported .cu: the kernels of a Plan, a host launcher that runs the whole forward pass with
-cuBLAS for the GEMMs, and (behind CELLFUSE_DEMO_MAIN) a program that checks and times it.
+cuBLAS for the GEMMs, optionally a launcher of the backward pass (the backward Plan's program, run after
+a forward pass on the same workspace, whose saved steps it reads), and (behind CELLFUSE_DEMO_MAIN) a
+program that checks and times them, the backward pass against finite differences of the forward.
 
 The launcher takes seq and batch at run time; input, hidden and layers are fixed when it is generated.
 Everything of the cell that reaches the text (its name, description and node ids) is a comment
@@ -12,15 +14,17 @@ cublasSgemm(N, N, n, m, k, W, ldw=n, A, lda, C, ldc).
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from datetime import date
 
 from ..graph_model import Cell, Sizes
+from .backward_plan import BackwardPlan, backward_plan, grad
 from .cuda_kernels import BLOCK, INT_MAX, ROW_EXPR, c_stem, comment_text, kernel_params
 from .cuda_persistent import persistent_buffers, wavefront_buffers
-from .kernel_set import plan_kernels
+from .kernel_set import backward_kernels, plan_kernels
 from .lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, Wavefront, lower
-from .plan import Access, GemmLaunch, KernelLaunch, PersistentLaunch, Plan, WavefrontLaunch
+from .plan import Access, GemmLaunch, KernelLaunch, PersistentLaunch, Plan, WavefrontLaunch, grad_of
 from .scheduler import make_plan
 
 _ROWS_EXPR = {"seq": "(size_t)seq * batch", "seq+1": "((size_t)seq + 1) * batch", "pair": "2 * (size_t)batch",
@@ -58,18 +62,23 @@ def _ptr(acc: Access, t: str = "t") -> str:
     return " + ".join(parts)
 
 
-def generate_cuda(cell: Cell, sizes: Sizes, schedule: str = "hoisted") -> CudaSource:
-    """The self-contained .cu of a cell for one schedule (see the module's docstring)."""
-    plan = make_plan(cell, sizes, schedule)
-    return emit(plan)
+def generate_cuda(cell: Cell, sizes: Sizes, schedule: str = "hoisted", backward: bool = False) -> CudaSource:
+    """The self-contained .cu of a cell for one schedule (see the module's docstring); with `backward`,
+    its forward pass saves every step and a backward launcher follows it."""
+    plan = make_plan(cell, sizes, schedule, save_steps=backward)
+    return emit(plan, backward_plan(plan) if backward else None)
 
 
-def emit(plan: Plan) -> CudaSource:
+def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
     sizes = plan.sizes
     stem = c_stem(plan.cell_name)
     macro = f"CELLFUSE_{stem.upper()}"  # the prefix keeps the macros apart from those of the headers
     fn = f"cellfuse_{stem}_forward"
     kernels = plan_kernels(plan)
+    back_kernels = backward_kernels(backward) if backward else None
+    if back_kernels:
+        assert not set(back_kernels.sources) & set(kernels.sources), "a kernel name used twice"
+        kernels.name_of.update(back_kernels.name_of)
     program = lower(plan, one_stream=True)
     max_batch = min((lp.persistent.batch for lp in plan.layers if lp.persistent), default=0)
     states = list(plan.state_ids)
@@ -125,6 +134,9 @@ def emit(plan: Plan) -> CudaSource:
             if f" {name}(" in line:
                 kernel_line[name] = text_before_kernels + i
     w(module)
+    if back_kernels:
+        w("\n".join(back_kernels.sources.values()))
+        w(_FILL_ONES)
 
     H = sizes.hidden
     w(f"#define {macro}_LAYERS {sizes.layers}")
@@ -133,16 +145,20 @@ def emit(plan: Plan) -> CudaSource:
     w(f"#define {macro}_PARAMS {len(params)}")
     w(f"#define {macro}_STATES {len(states)}  /* {comment_text(', '.join(states))} */")
     w("")
-    flat = [i for instr in program.instructions for i in (instr.body if isinstance(instr, Loop) else [instr])]
-    if any(isinstance(i, Kernel) or isinstance(i, Gemm) and i.launch.bias for i in flat):
+    everything = (*program.instructions, *(backward.instructions() if backward else ()))
+    flat = [i for instr in everything for i in (instr.body if isinstance(instr, Loop) else [instr])]
+    if backward or any(isinstance(i, Kernel) or isinstance(i, Gemm) and i.launch.bias for i in flat):
         w("static unsigned cf_blocks(size_t n) {")
         w(f"    size_t b = (n + {BLOCK - 1}) / {BLOCK};")
         w("    return (unsigned)(b < 1 ? 1 : (b > 65535 ? 65535 : b));")
         w("}")
         w("")
     # The caller's memory: x, the parameters, the initial and final states; the rest is workspace.
-    ws_buffers = [b for b in plan.buffers.values() if b.role not in ("weight", "input", "init", "final")]
-    w("/* Bytes of device workspace a forward pass of these sizes needs. */")
+    forward_ws = [b for b in plan.buffers.values() if b.role not in ("weight", "input", "init", "final")]
+    # the gradients, after the forward pass's buffers, which a backward pass reads
+    ws_buffers = forward_ws + (list(backward.buffers.values()) if backward else [])
+    w("/* Bytes of device workspace a forward pass of these sizes needs"
+      + (", and a backward pass after it. */" if backward else ". */"))
     w(f"size_t {fn[:-len('_forward')]}_workspace_bytes(int seq, int batch) {{")
     w("    size_t n = 0;")
     for b in ws_buffers:
@@ -151,6 +167,11 @@ def emit(plan: Plan) -> CudaSource:
     w("    return n * sizeof(float);")
     w("}")
     w("")
+    def declare_workspace(buffers: list) -> None:
+        for b in buffers:
+            rows = _ROWS_EXPR[b.rows].format(layers=sizes.layers)
+            w(f"    float* {_var(b.name)} = ws; ws += {rows} * {b.width};")
+
     w("/* One forward pass on `stream`. x: [seq, batch, input]; params: device pointers, in the order above;")
     w("   init_states: per state [layers, batch, hidden], or NULL (all zero); y: [seq, batch, hidden];")
     w("   final_states: per state [layers, batch, hidden], or NULL; workspace: see *_workspace_bytes.")
@@ -179,9 +200,7 @@ def emit(plan: Plan) -> CudaSource:
     for i, s in enumerate(states):
         w(f"    const float* {_var(f'init.{s}')} = init_states ? init_states[{i}] : NULL;")
         w(f"    float* {_var(f'final.{s}')} = final_states ? final_states[{i}] : NULL;")
-    for b in ws_buffers:
-        rows = _ROWS_EXPR[b.rows].format(layers=sizes.layers)
-        w(f"    float* {_var(b.name)} = ws; ws += {rows} * {b.width};")
+    declare_workspace(forward_ws)
     w("")
     w("    /* Weights of combined GEMMs, stacked along N; bias rows of hoisted GEMMs. */")
     for b in plan.buffers.values():
@@ -208,20 +227,28 @@ def emit(plan: Plan) -> CudaSource:
 
     gemm_line: dict[str, int] = {}
     first_layer = set(map(id, (*plan.layers[0].prologue, *plan.layers[0].step)))
+    T_B = sizes.seq * sizes.batch
 
     def emit_instr(instr: Instruction, t: str, indent: str) -> None:
         match instr:
             case Gemm(launch=g, steps=None):
-                rows = _LAUNCH_ROWS[g.row_kind]
-                beta = "&zero"
+                if g.row_kind in ("input", "hidden", "one"):  # a weight's gradient or a column sum: all rows
+                    assert g.k == T_B, f"{g.group}: a sum over all rows whose K is not seq * batch"
+                    rows, k = str(g.m), "seq * batch"
+                else:
+                    rows, k = _LAUNCH_ROWS[g.row_kind], str(g.k)
+                beta = "&one" if g.accumulate else "&zero"
                 if g.bias:
                     w(f"{indent}cf_bias_rows<<<cf_blocks((size_t)({rows}) * {g.n}), {BLOCK}, 0, stream>>>("
                       f"{_ptr(g.c, t)}, {_var(g.bias)}, {rows}, {g.n}, {g.c.ld});")
                     beta = "&one"
                 if id(g) in first_layer:
                     gemm_line.setdefault(g.group, lines + 1)
-                w(f"{indent}st = cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, {g.n}, {rows}, {g.k}, "
-                  f"&one, {_var(g.w)}, {g.n}, {_ptr(g.a, t)}, {g.a.ld}, {beta}, "
+                # a transposed operand is cuBLAS's op T, with its own row length (see the executor's call)
+                op_w, op_a = ("CUBLAS_OP_T" if x else "CUBLAS_OP_N" for x in (g.trans_w, g.trans_a))
+                ldw = g.k if g.trans_w else g.n
+                w(f"{indent}st = cublasSgemm(handle, {op_w}, {op_a}, {g.n}, {rows}, {k}, "
+                  f"&one, {_var(g.w)}, {ldw}, {_ptr(g.a, t)}, {g.a.ld}, {beta}, "
                   f"{_ptr(g.c, t)}, {g.c.ld});  /* {comment_text(g.group)} */")
                 w(f"{indent}if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
             case Kernel(launch=k, steps=None):
@@ -281,6 +308,104 @@ def emit(plan: Plan) -> CudaSource:
         w(f"{indent}    if (cf_e) return (int)cf_e;")
         w(f"{indent}}}")
 
+    def emit_backward(bp: BackwardPlan) -> None:
+        nonlocal lines
+        bfn = fn[:-len("_forward")] + "_backward"
+        w("/* The backward pass of the forward pass just run on `stream` with the same seq, batch, x, params")
+        w("   and workspace (which holds every step the forward pass saved): the gradients of sum(dy * y)")
+        w("   plus, per state, sum(dfinal[s] * final[s]). dy: [seq, batch, hidden]; dfinal: per state")
+        w("   [layers, batch, hidden], or NULL (all zero); dx: [seq, batch, input]; dinit_states: per state")
+        w("   [layers, batch, hidden], or NULL (not wanted); dparams: per parameter, in the order above, its")
+        w("   shape. Returns as the forward pass does. */")
+        w(f"int {bfn}(cublasHandle_t handle, cudaStream_t stream, int seq, int batch, const float* x,")
+        w("        const float* const* params, const float* dy, const float* const* dfinal, float* dx,")
+        w("        float* const* dinit_states, float* const* dparams, void* workspace)")
+        w("{")
+        w("    if (seq < 0 || batch < 0 || ((long long)seq + 1) * batch > INT_MAX)")
+        w("        return (int)cudaErrorInvalidValue;")
+        if max_batch:
+            w(f"    if (batch > {max_batch})")
+            w("        return (int)cudaErrorInvalidValue;")
+        w("    const float one = 1.0f, zero = 0.0f;  /* alpha and beta of the GEMMs */")
+        w("    (void)zero;")
+        w("    float* ws = (float*)workspace;")
+        w("    cublasStatus_t st = cublasSetStream(handle, stream);")
+        w("    if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
+        w("    const float* b_x = x;")
+        w("    (void)b_x;")
+        for b in plan.buffers.values():
+            if b.role == "weight":
+                w(f"    const float* {_var(b.name)} = params[{param_index[b.sources[0]]}];  "
+                  f"/* {comment_text(b.sources[0])} */")
+        declarations = len(out)  # the workspace's pointers go here, once the body says which it uses
+        w("")
+        w("    /* Every gradient starts at zero (each launch adds into it), then the seeds; ones are 1. */")
+        for b in bp.buffers.values():
+            n = f"{_ROWS_EXPR[b.rows].format(layers=sizes.layers)} * {b.width}"
+            if b.role == "ones":
+                w(f"    cf_fill_ones<<<cf_blocks({n}), {BLOCK}, 0, stream>>>({_var(b.name)}, {n});")
+            else:
+                w(f"    cudaMemsetAsync({_var(b.name)}, 0, {n} * sizeof(float), stream);")
+
+        def axpy(n: str, src: str, dst: str, indent: str = "    ") -> None:
+            w(f"{indent}st = cublasSaxpy(handle, (int)({n}), &one, {src}, 1, {dst}, 1);")
+            w(f"{indent}if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
+
+        seed_y = f"{_var(grad_of(plan.layers[-1].output_seq))} + (size_t)batch * {H}"
+        axpy(f"(size_t)seq * batch * {H}", "dy", seed_y)
+        if states:
+            w("    if (dfinal) {")
+            for i, state in enumerate(states):
+                for lp in plan.layers:
+                    axpy(f"batch * {H}", f"dfinal[{i}] + (size_t){lp.layer} * batch * {H}",
+                         _ptr(grad(lp.state_read[state]), "seq"), "        ")
+            w("    }")
+        w("")
+        for instr in bp.instructions():
+            emit_instr(instr, "0", "    ")
+        w("")
+        w("    /* The gradients out: x's, the initial states', each parameter's (summed over its parts). */")
+        w(f"    cudaMemcpyAsync(dx, {_var(grad_of('x'))}, (size_t)seq * batch * {sizes.input} * "
+          "sizeof(float), cudaMemcpyDeviceToDevice, stream);")
+        if states:
+            w("    if (dinit_states) {")
+            for i, state in enumerate(states):
+                for lp in plan.layers:
+                    w(f"        cudaMemcpyAsync(dinit_states[{i}] + (size_t){lp.layer} * batch * {H}, "
+                      f"{_ptr(grad(lp.state_read[state]), '0')}, (size_t)batch * {H} * sizeof(float), "
+                      "cudaMemcpyDeviceToDevice, stream);")
+            w("    }")
+        for key in params:
+            w(f"    cudaMemsetAsync(dparams[{param_index[key]}], 0, {math.prod(plan.params[key])} * "
+              f"sizeof(float), stream);  /* {comment_text(key)} */")
+        for b in plan.buffers.values():
+            if b.role == "weight":
+                key = b.sources[0]
+                axpy(str(math.prod(plan.params[key])), _var(grad_of(b.name)), f"dparams[{param_index[key]}]")
+            elif b.role in ("stacked", "bias"):
+                widths = b.widths if b.role == "bias" else tuple(plan.params[key][1] for key in b.sources)
+                rows = 1 if b.role == "bias" else plan.params[b.sources[0]][0]
+                col = 0
+                for key, width in zip(b.sources, widths, strict=True):
+                    if key is not None:  # dparam[rows, width] += the part's columns of the stacked gradient
+                        out_ = f"dparams[{param_index[key]}]"
+                        w(f"    st = cublasSgeam(handle, CUBLAS_OP_N, CUBLAS_OP_N, {width}, {rows}, &one, "
+                          f"{_var(grad_of(b.name))} + {col}, {sum(widths)}, &one, {out_}, {width}, {out_}, "
+                          f"{width});  /* {comment_text(key)} */")
+                        w("    if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
+                    col += width
+        w("    return (int)cudaGetLastError();")
+        w("}")
+        w("")
+        body = "\n".join(out[declarations:])
+        pointers = []
+        for b in ws_buffers:  # a forward buffer the backward pass does not read is only stepped over
+            rows = _ROWS_EXPR[b.rows].format(layers=sizes.layers)
+            used = re.search(rf"\b{_var(b.name)}\b", body)
+            pointers.append(f"    {f'float* {_var(b.name)} = ws; ' if used else ''}ws += {rows} * {b.width};")
+        out[declarations:declarations] = pointers
+        lines += len(pointers)
+
     for instr in program.instructions:
         emit_instr(instr, "0", "    ")
     w(f"    cudaMemcpyAsync(y, {_var(plan.layers[-1].output_seq)} + (size_t)batch * {H}, "
@@ -288,8 +413,12 @@ def emit(plan: Plan) -> CudaSource:
     w("    return (int)cudaGetLastError();")
     w("}")
     w("")
-    w(_DEMO_MAIN.replace("@FN@", fn).replace("@MACRO@", macro).replace("@WS@", fn[:-len("_forward")]
-                                                                            + "_workspace_bytes")
+    if backward:
+        emit_backward(backward)
+    stem_fn = fn[:-len("_forward")]
+    w(_DEMO_MAIN.replace("@BACKWARD_CHECK@", _DEMO_BACKWARD if backward else "")
+      .replace("@BFN@", stem_fn + "_backward").replace("@FN@", fn).replace("@MACRO@", macro)
+      .replace("@WS@", stem_fn + "_workspace_bytes")
       .replace("@SIZES@", ", ".join(str(math.prod(plan.params[k])) for k in params) or "0"))
 
     kernel_of_node: dict[str, str] = {}
@@ -402,7 +531,61 @@ int main(int argc, char** argv) {
     qsort(ms, REPS, sizeof(float), cmp_float);
     printf("seq %d batch %d: forward %.3f ms (median of %d), y[0] = %g\n",
            seq, batch, ms[REPS / 2], REPS, hy[0]);
-    return 0;
+@BACKWARD_CHECK@    return 0;
 }
 #endif
+"""
+
+_FILL_ONES = """
+extern "C" __global__ void cf_fill_ones(float* p, size_t n)
+{
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        p[i] = 1.0f;
+}
+"""
+
+# The backward pass against central differences of the forward, at three elements of the parameters (the
+# first, the middle, the last): the loss is sum(seed * y), summed in double on the host.
+_DEMO_BACKWARD = r"""    {
+        float *dseed, *dgx, *dgp;
+        float* hseed = (float*)malloc(ny * sizeof(float));
+        for (size_t i = 0; i < ny; ++i) hseed[i] = 2.0f * rand() / RAND_MAX - 1.0f;
+        CHECK(cudaMalloc(&dseed, ny * sizeof(float)));
+        CHECK(cudaMalloc(&dgx, nx * sizeof(float)));
+        CHECK(cudaMalloc(&dgp, (total ? total : 1) * sizeof(float)));
+        CHECK(cudaMemcpy(dseed, hseed, ny * sizeof(float), cudaMemcpyHostToDevice));
+        float* dparams[@MACRO@_PARAMS + 1];
+        off = 0;
+        for (int i = 0; i < @MACRO@_PARAMS; ++i) { dparams[i] = dgp + off; off += sizes[i]; }
+        CHECK(@FN@(handle, stream, seq, batch, dx, params, NULL, dy, NULL, ws));
+        CHECK(@BFN@(handle, stream, seq, batch, dx, params, dseed, NULL, dgx, NULL, dparams, ws));
+        CHECK(cudaStreamSynchronize(stream));
+        float* hg = (float*)malloc((total ? total : 1) * sizeof(float));
+        CHECK(cudaMemcpy(hg, dgp, total * sizeof(float), cudaMemcpyDeviceToHost));
+        int bad = 0;
+        for (int c = 0; c < 3 && total; ++c) {
+            const size_t i = (size_t)c * (total - 1) / 2;
+            const float keep = hp[i], eps = 1e-2f * fmaxf(1.0f, fabsf(keep));
+            double loss[2];
+            for (int side = 0; side < 2; ++side) {
+                const float v = side ? keep - eps : keep + eps;
+                CHECK(cudaMemcpy(dp + i, &v, sizeof(float), cudaMemcpyHostToDevice));
+                CHECK(@FN@(handle, stream, seq, batch, dx, params, NULL, dy, NULL, ws));
+                CHECK(cudaMemcpy(hy, dy, ny * sizeof(float), cudaMemcpyDeviceToHost));
+                double sum = 0.0;
+                for (size_t j = 0; j < ny; ++j) sum += (double)hseed[j] * hy[j];
+                loss[side] = sum;
+            }
+            CHECK(cudaMemcpy(dp + i, &keep, sizeof(float), cudaMemcpyHostToDevice));
+            const double fd = (loss[0] - loss[1]) / (2.0 * eps);
+            const double err = fabs(fd - hg[i]) / fmax(fmax(fabs(fd), fabs((double)hg[i])), 1e-3);
+            printf("backward: d loss / d params element %zu = %g, central difference %g (relative %.1e)\n",
+                   i, hg[i], fd, err);
+            if (err > 5e-2) bad = 1;
+        }
+        if (bad) {
+            fprintf(stderr, "the backward pass disagrees with the finite differences\n");
+            return 1;
+        }
+    }
 """

@@ -159,6 +159,11 @@ cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t streamId);
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                            int m, int n, int k, const float* alpha, const float* A, int lda,
                            const float* B, int ldb, const float* beta, float* C, int ldc);
+cublasStatus_t cublasSaxpy(cublasHandle_t handle, int n, const float* alpha, const float* x, int incx,
+                           float* y, int incy);
+cublasStatus_t cublasSgeam(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                           int m, int n, const float* alpha, const float* A, int lda, const float* beta,
+                           const float* B, int ldb, float* C, int ldc);
 """
 
 
@@ -337,6 +342,15 @@ def test_hostile_exports_of_every_template_and_the_largest_sizes_compile(tmp_pat
                for i, cell in enumerate(cells)]
     sources.append(generate_cuda(load_template("elman"), BOUNDARY, "naive").text)
     compile_objects(sources, tmp_path)
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_exports_with_the_backward_pass_of_every_template_compile(tmp_path):
+    """Hostile names too: the backward launcher and its demo check, for every template and schedule."""
+    cells = [hostile_template(name) for name in template_names()]
+    compile_objects([generate_cuda(cell, fit(SIZES, cell), SCHEDULES[i % len(SCHEDULES)], backward=True).text
+                     for i, cell in enumerate(cells)], tmp_path)
 
 
 @pytest.mark.nvcc

@@ -132,6 +132,26 @@ def test_exported_program_matches_reference(gpu, name, schedule, tmp_path):
     assert rel(y, run_reference(cell, params, inputs).y) < 1e-4
 
 
+@pytest.mark.parametrize("schedule", ["graph", "persistent"])
+@pytest.mark.parametrize("name", ["lstm", "gru_cho", "layernorm_lstm", "indrnn"])
+def test_exported_backward_agrees_with_finite_differences(gpu, name, schedule, tmp_path):
+    """The demo program of an export with --backward checks the gradients of three parameter elements
+    against central differences of the forward pass, and fails where they disagree."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    cell = load_template(name)
+    src = generate_cuda(cell, Sizes(SEQ, BATCH, width(cell), HIDDEN, LAYERS), schedule, backward=True)
+    cu = tmp_path / f"{name}.cu"
+    cu.write_text(src.text)
+    exe = tmp_path / name
+    build = subprocess.run(["nvcc", "-O3", "-arch=sm_90", "-DCELLFUSE_DEMO_MAIN", str(cu), "-lcublas",
+                            "-o", str(exe)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    proc = subprocess.run([str(exe), str(SEQ), str(BATCH)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("central difference") == 3, proc.stdout
+
+
 def _broken_kernels(monkeypatch, tag: str):
     """Makes the next executor compile a module with an error in it (unique, so no cache answers)."""
     from cellfuse.gpu_runtime import cuda_executor
