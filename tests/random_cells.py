@@ -19,7 +19,9 @@ A cell drawn here has one input `x`, one to three states, 2-D weights `W0, W1, .
   another state, or a node shared with another state's update;
 - with `reductions`, row reductions: [batch, 1] values (a row's mean or squashed sum) spread over rows
   of either width and over [N] values, and layer norms, some of them before a matmul (so hoisted when
-  they depend on no state), the [batch, 1] values reused across kernels and steps' stages.
+  they depend on no state), the [batch, 1] values reused across kernels and steps' stages;
+- with `ties`, input-wide and hidden-wide rows meeting in an op of the table (a residual or highway
+  term), which ties the two widths: such a cell runs only where the input size equals the hidden size.
 
 Values stay bounded whatever the sequence length: anything that may grow is squashed by tanh or
 sigmoid before it feeds a matmul or a state, and every argument of an op meets the domain its table
@@ -94,9 +96,10 @@ class _Row:
 
 
 class _CellDrawer:
-    def __init__(self, draws: _Draws, name: str, max_rounds: int, reductions: bool = False):
+    def __init__(self, draws: _Draws, name: str, max_rounds: int, reductions: bool = False,
+                 ties: bool = False):
         self.d = draws
-        self.reductions = reductions
+        self.reductions, self.ties = reductions, ties
         self.cols: list[tuple[Value, float]] = []  # [batch, 1] values, with a bound of their magnitude
         self.ops = [spec for spec in OPS.values() if spec.is_elementwise]
         self.max_rounds = max_rounds
@@ -251,7 +254,18 @@ class _CellDrawer:
         v = b + m.value if self.d.chance(0.3) else m.value + b
         return _Row(v, m.width, m.bound + 1.0)
 
+    def tie(self) -> None:
+        """An input-wide row and a hidden-wide one in one op: the result is hidden-wide."""
+        x, h = self.operand("input"), self.operand("hidden")
+        binary = [op for op in self.ops if op.arity == 2]
+        value, bound = self.combine(self.d.pick(binary), lambda: (h.value, h.bound),
+                                    lambda: (x.value, x.bound))
+        self.keep(_Row(value, "hidden", bound))
+
     def round(self) -> None:
+        if self.ties and self.d.chance(0.3):  # drawn only with ties: other seeds give the cells they gave
+            self.tie()
+            return
         kind = self.d.integer(0, 8 if self.reductions else 6)
         if kind == 0:  # a matmul, perhaps also kept itself (then its bias cannot fold)
             m = self.matmul(self.d.pick(("hidden", "hidden", "input")))
@@ -385,26 +399,26 @@ class _CellDrawer:
 
 
 def random_cell(rng: np.random.Generator | int | None = None, name: str = "random",
-                max_rounds: int = 6, reductions: bool = False) -> Cell:
-    """A random valid cell; `rng` is a numpy Generator or a seed. With `reductions`, it may reduce rows
-    (which the persistent schedule does not run yet); a seed gives the same cell without them as before."""
+                max_rounds: int = 6, reductions: bool = False, ties: bool = False) -> Cell:
+    """A random valid cell; `rng` is a numpy Generator or a seed. With `reductions` it may reduce rows,
+    with `ties` combine input-wide and hidden-wide rows; a seed gives the same cell without them as before."""
     if not isinstance(rng, np.random.Generator):
         rng = np.random.default_rng(rng)
-    return _CellDrawer(_NumpyDraws(rng), name, max_rounds, reductions).build()
+    return _CellDrawer(_NumpyDraws(rng), name, max_rounds, reductions, ties).build()
 
 
 def draw_cell(draw: Callable[[Any], Any], name: str = "random", max_rounds: int = 6,
-              reductions: bool = False) -> Cell:
+              reductions: bool = False, ties: bool = False) -> Cell:
     """A random valid cell from a hypothesis `draw` (inside a composite strategy)."""
-    return _CellDrawer(_HypothesisDraws(draw), name, max_rounds, reductions).build()
+    return _CellDrawer(_HypothesisDraws(draw), name, max_rounds, reductions, ties).build()
 
 
-def random_cells(max_rounds: int = 6, reductions: bool = False):
+def random_cells(max_rounds: int = 6, reductions: bool = False, ties: bool = False):
     """A hypothesis strategy of random valid cells."""
     from hypothesis import strategies as st
 
     @st.composite
     def cells(draw):
-        return draw_cell(draw, max_rounds=max_rounds, reductions=reductions)
+        return draw_cell(draw, max_rounds=max_rounds, reductions=reductions, ties=ties)
 
     return cells()

@@ -205,22 +205,32 @@ def _width_dim(st: _Step, inside: list[str]) -> str:
 
 def _islands(st: _Step, fuse: bool) -> None:
     elementwise = st.elementwise()
+
+    def width(n: str) -> str:  # a [batch, 1] value goes with the hidden-wide rows it reduces or spreads over
+        shape = st.shapes[n]
+        return ("hidden" if shape[-1] == ONE else shape[-1]) if shape else ""
+
+    # Rows of the two widths meet where they are tied (x + h), and a [batch, 1] value of a hidden-wide
+    # row spreads over input-wide ones: within a stage, a value may need one of the other width computed
+    # first. Each crossing starts a new level, so that islands in order of level never read a later one.
+    level: dict[str, int] = {}
+    for n in elementwise:
+        if len(st.shapes[n]) == 2:
+            level[n] = max((level[a] + (width(a) != width(n)) for a in st.nodes[n].args if a in level
+                            and (st.phase[a], st.stage[a]) == (st.phase[n], st.stage[n])), default=0)
     key: dict[str, tuple] = {}
     for n in reversed(elementwise):
-        shape = st.shapes[n]
-        # A [batch, 1] value goes with the hidden-wide rows it reduces or spreads over.
-        width = ("hidden" if shape[-1] == ONE else shape[-1]) if shape else ""
         if not fuse:
-            key[n] = (st.phase[n], st.stage[n], width, elementwise.index(n))
-        elif len(shape) == 2:
-            key[n] = (st.phase[n], st.stage[n], width)
+            key[n] = (st.phase[n], st.stage[n], level.get(n, 0), width(n), elementwise.index(n))
+        elif n in level:
+            key[n] = (st.phase[n], st.stage[n], level[n], width(n))
         else:  # [N] and scalar values join the first island that needs them
             key[n] = min(key[c] for c in st.consumers[n])
     members: dict[tuple, list[str]] = {}
     for n in elementwise:
         members.setdefault(key[n], []).append(n)
 
-    for k in sorted(members, key=lambda k: (k[0] != PRO, *k[1:2], str(k[2]), *k[3:])):
+    for k in sorted(members, key=lambda k: (k[0] != PRO, k[1], k[2], str(k[3]), *k[4:])):
         inside = members[k]
         isl = Island(f"k{len(st.islands)}", inside, _width_dim(st, inside), hoisted=k[0] == PRO, stage=k[1])
         body = []

@@ -30,6 +30,10 @@ def _title(result: BenchResult) -> str:
             f"layers={s.layers}" + (", forward + backward" if result.train else "") + f"\n{result.device}")
 
 
+def _pass(train: bool) -> str:
+    return "forward + backward pass" if train else "forward pass"
+
+
 def ms_text(ms: float) -> str:
     """A time in ms as people write it: 1970 -> '1970', 12.34 -> '12.3', 0.01234 -> '0.0123'."""
     if ms >= 100:
@@ -81,7 +85,7 @@ def plot_result(result: BenchResult, fig: Figure) -> None:
     times = [r.median_ms for r in rows]
     ax_time.barh(names, times, color=colors)
     ax_time.invert_yaxis()
-    _time_axis(ax_time, times, "ms per forward pass (median)")
+    _time_axis(ax_time, times, f"ms per {_pass(result.train)} (median)")
     for i, t in enumerate(times):
         ax_time.text(t, i, f" {ms_text(t)}", va="center", fontsize=7)
     naive = result.row("naive")
@@ -131,9 +135,10 @@ def plot_sweep(sweep: SweepResult, fig: Figure) -> None:
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel(f"{sweep.param} (log scale)")
-    ax.set_ylabel("ms per forward pass (median, log scale)")
+    train = any(r.train for r in sweep.results)
+    ax.set_ylabel(f"ms per {_pass(train)} (median, log scale)")
     if ax.lines:
         fig.legend(fontsize=7, loc="outside right upper")
     if sweep.results:
-        fig.suptitle(f"{sweep.results[0].cell}: scaling with {sweep.param}\n{sweep.results[0].device}",
-                     fontsize=9)
+        fig.suptitle(f"{sweep.results[0].cell}: scaling with {sweep.param}"
+                     + (", forward + backward" if train else "") + f"\n{sweep.results[0].device}", fontsize=9)

@@ -656,3 +656,28 @@ def test_a_row_reduction_before_the_loop_and_its_column_read_in_every_step():
     for schedule in SCHEDULES:
         check_plan(plan_of(cell, schedule, layers=2))
         assert run_on_numpy(cell, schedule, 2, 0) < 1e-9, schedule
+
+
+def test_an_input_wide_value_computed_in_the_step_runs_before_the_tie_that_reads_it():
+    """d = h / (1 + sigmoid(x)) and m = min(h, relu(x)): the input-wide kernels of the stage must run
+    before the hidden-wide ones that read them (sorted by width alone, they came after, and every
+    schedule read values nothing had written yet)."""
+    b = CellBuilder("tie in the step")
+    x, h = b.input("x"), b.state("h")
+    U = b.weight("U", "hidden", "hidden")
+    d = (h / (b.const(1.0, "one") + sigmoid(x).named("s")).named("den")).named("d")
+    m = apply("min", h, apply("relu", x).named("r")).named("m")
+    h_new = tanh((sigmoid(d).named("g") @ U).named("hu") + m).named("h_new")
+    b.update(h, h_new)
+    b.output(h_new)
+    cell = b.build()
+    for schedule in SCHEDULES:
+        plan = plan_of(cell, schedule)
+        order = [launch.island for launch in plan.layers[0].step if isinstance(launch, KernelLaunch)]
+        written: set[str] = set()
+        for launch in plan.layers[0].step:
+            if isinstance(launch, KernelLaunch):
+                reads = {v for v, acc in launch.inputs if acc.buffer.startswith("l0.v.")}
+                assert reads <= written, f"{schedule}: {launch.island} of {order} reads {reads - written}"
+                written |= {v for v, _ in launch.outputs}
+        assert run_on_numpy(cell, schedule, 2, 0) < 1e-9, schedule

@@ -202,6 +202,18 @@ def test_every_schedule_of_a_seeded_random_cell_matches_the_reference(seed):
     check_all_schedules(cell, params, inputs, 1 + seed % 2, floor=1e-3)
 
 
+@pytest.mark.parametrize("seed", range(200))
+def test_random_cells_with_reductions_and_tied_widths_match_the_reference_under_every_schedule(seed):
+    """The new ops, [batch, 1] values and input-wide rows meeting hidden-wide ones, which run only where
+    input == hidden: every schedule, the persistent ones included, in float64 and float32."""
+    cell = random_cell(seed + 5000, reductions=True, ties=True)
+    rng = np.random.default_rng(seed)
+    seq, batch = (int(v) for v in rng.integers((1, 1), (6, 4)))
+    # the sizes the cells are drawn with: a cell without a weight of hidden width runs at its own
+    params, inputs = make_data(cell, seq, batch, 8, 8, 1 + seed % 2, seed % 3 == 0, seed)
+    check_all_schedules(cell, params, inputs, 1 + seed % 2, floor=1e-3)
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_random_cells_stay_bounded_over_long_sequences(seed):
     cell = random_cell(seed + 1000)
