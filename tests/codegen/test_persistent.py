@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
-from random_cells import random_cells
+from random_cells import random_cell, random_cells
 
 from cellfuse.codegen import make_plan, plan_kernels
 from cellfuse.codegen.lowering import SIDE
@@ -263,3 +263,14 @@ def test_a_row_reduction_is_a_stage_boundary():
     broken = without_barrier(plan, 2)
     errors = [run(broken, cell, 1, True, r) for r in (False, True)]
     assert max(errors) > 1e-3 or any(np.isnan(errors))
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_random_cells_that_tie_the_widths_match_the_reference_block_by_block(seed):
+    """Input-wide rows meeting hidden-wide ones, and row reductions: in a wavefront's upper layers the
+    input-wide rows are the output of the layer below, read in the step."""
+    cell = random_cell(seed + 9000, reductions=True, ties=True)
+    for schedule, layers, target, batch in (("persistent", 1, EIGHT, 17), ("wavefront", 2, EIGHT, 3)):
+        plan = make_plan(cell, Sizes(4, batch, 8, 8, layers), schedule, target)
+        for reverse in (False, True):
+            assert run(plan, cell, layers, True, reverse) < 1e-6

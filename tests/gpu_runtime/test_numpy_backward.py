@@ -170,3 +170,13 @@ def test_seeds_that_do_not_fit_are_refused_by_name():
         backward.run(run.dy, {"c": np.zeros((2, 3, 4))})
     with pytest.raises(CellError, match="dy must be a float array"):
         backward.run([[0.0]])
+
+
+@pytest.mark.parametrize("schedule", GRAPH_FAMILY)
+def test_gradients_of_random_cells_that_tie_the_widths_equal_the_reference(schedule):
+    """Input-wide rows meeting hidden-wide ones (at equal sizes), with row reductions too."""
+    for seed in range(40):
+        cell = random_cell(seed + 7000, reductions=True, ties=True)
+        run = make_run(cell, layers=1 + seed % 2, seed=seed, initial=seed % 3 != 0, dfinal=seed % 4 != 0,
+                       sizes=Sizes(seq=4, batch=3, input=8, hidden=8))
+        assert_gradients(run.numpy(schedule), run.reference(), 1e-9, f"seed {seed} {schedule}")
