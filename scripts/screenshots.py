@@ -170,6 +170,16 @@ def main(argv: list[str] | None = None) -> int:
     w.adapter.select([])
     shoot(w, "problems.png")
 
+    # 8. A note, not a problem: the residual LSTM adds its input to its output, so it runs only where the
+    # input size equals the hidden size. The note is listed as information, its node has an "i" badge,
+    # and the cell is still valid.
+    w.document.saved = w.cell.to_json()  # the broken cell goes without asking
+    w.new_from_template("residual_lstm", ask=False)
+    w.problems_dock.raise_()
+    w.resizeDocks([w.problems_dock], [int(args.height * 0.24)], QtCore.Qt.Orientation.Vertical)
+    frame_all_then_select("y")
+    shoot(w, "problems-note.png")
+
     w.document.saved = w.cell.to_json()  # close without asking
     w.close()
     return 0

@@ -10,7 +10,7 @@ import matplotlib
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, NullFormatter
 
-from .bench_runs import BenchRun, implementations, median_ms, ratio_text
+from .bench_runs import BenchRun, comparison_refusal, implementations, median_ms, ratio_text
 
 RUN_COLORS = ("#3b7dd8", "#e08a2c")
 
@@ -46,9 +46,12 @@ def _log_x(ax, low: float, high: float, margin: float) -> None:
 
 def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
     """Two single runs side by side: each implementation's median time in run a and in run b as paired
-    bars on one time axis, and beside them the ratio b / a (above 1: b is slower)."""
+    bars on one time axis, and beside them the ratio b / a (above 1: b is slower). Both must time the
+    same: the forward pass, or training."""
     from ..gpu_runtime.plots import FOOTNOTE_COLOR, VALUE_MARGIN, ms_text, needs_log_scale
 
+    if why := comparison_refusal(a, b):
+        raise ValueError(why)
     fig.clear()
     fig.set_layout_engine("constrained")
     ax_time, ax_ratio = fig.subplots(1, 2, width_ratios=(3, 2), sharey=True)
@@ -65,7 +68,7 @@ def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
             ax_time.text(x, y, f" {ms_text(x)}", va="center", fontsize=7)
     ax_time.set_yticks(range(len(names)), names)
     ax_time.invert_yaxis()
-    label = "ms per forward pass (median)"
+    label = f"ms per {a.measures()} pass (median)"
     if needs_log_scale(every):
         # From a power of ten at least half the shortest time below it, so that no bar is empty.
         low = 10.0 ** math.floor(math.log10(min(every) / 2.0))
@@ -94,10 +97,19 @@ def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
     # Above the axes, where it hides no bar, and titled: constrained layout would lay a title of the
     # figure's own over a legend outside the axes.
     fig.legend(fontsize=7, loc="outside upper center", ncols=2, title_fontsize=9,
-               title=f"Run #{a.number} and run #{b.number}: median time, and #{b.number} / #{a.number}")
+               title=f"Run #{a.number} and run #{b.number}{', forward + backward' if a.train else ''}: "
+                     f"median time, and #{b.number} / #{a.number}")
     if "numpy" in (a.first.backend, b.first.backend):
         fig.supxlabel("numpy backend runs are CPU times of the Plan's numpy executor, not GPU times",
                       fontsize=8, color=FOOTNOTE_COLOR)
+
+
+def draw_message(text: str, fig: Figure) -> None:
+    """A chart's place given to a sentence: what there is to do, or why nothing is drawn."""
+    fig.clear()
+    ax = fig.subplots()
+    ax.axis("off")
+    ax.text(0.5, 0.5, text, ha="center", va="center", fontsize=10, wrap=True, transform=ax.transAxes)
 
 
 def draw_themed(draw: Callable[[Figure], None], fig: Figure, dark: bool) -> None:

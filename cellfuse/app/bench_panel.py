@@ -1,14 +1,17 @@
-"""The benchmark panel: sizes, backend, schedules and baselines; Run (F5) and Cancel with a progress
-bar. The window starts and stops the work; the panel only shows it. Its results (chart, table, the
-runs since the window opened) are a view of their own, which the window places where there is room."""
+"""The benchmark panel: sizes, backend, schedules and baselines, the forward pass or training (forward +
+backward); Run (F5) and Cancel with a progress bar. The window starts and stops the work; the panel only
+shows it. Its results (chart, table, the runs since the window opened) are a view of their own, which the
+window places where there is room."""
 
 from __future__ import annotations
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
+from ..gpu_runtime.bench import TRAIN_BASELINES
 from ..graph_model import Sizes
 from .bench_results_view import BenchResultsView
 from .bench_runs import BenchRun
+from .recent_files import settings
 
 SIZE_FIELDS = ("seq", "batch", "input", "hidden", "layers")
 SIZE_LABELS = {"seq": "Sequence T", "batch": "Batch B", "input": "Input size", "hidden": "Hidden size",
@@ -16,6 +19,10 @@ SIZE_LABELS = {"seq": "Sequence T", "batch": "Batch B", "input": "Input size", "
 DEFAULT_SIZES = {"seq": 50, "batch": 32, "input": 256, "hidden": 256, "layers": 1}
 SWEEP_NONE = "no sweep"
 SIZE_ROWS = 3
+TRAIN_KEY = "benchmark/train"  # the training switch, remembered when the editor closes
+TRAIN_TEXT = "Training (forward + backward)"
+FORWARD_ONLY = ("Forward only: not run in training mode, which times forward + backward with autograd "
+                f"and offers {', '.join(TRAIN_BASELINES)}")
 
 
 class BenchPanel(QtWidgets.QWidget):
@@ -90,6 +97,7 @@ class BenchPanel(QtWidgets.QWidget):
         sweep = QtWidgets.QHBoxLayout()
         sweep.addWidget(self.sweep_combo)
         sweep.addWidget(self.sweep_values, 1)
+        self._withheld: set[str] = set()  # the baselines not offered in the mode chosen (forward only)
         self.schedules_button, self.schedule_checks = self._check_list("schedules", schedules)
         self.baselines_button, self.baseline_checks = self._check_list("baselines", baselines)
         add(0, 2, "Backend", self.backend_combo)
@@ -134,29 +142,54 @@ class BenchPanel(QtWidgets.QWidget):
             menu.addAction(action)
             checks[name] = check
         button.setMenu(menu)
-
-        def show_ticked() -> None:
-            ticked = [n for n, c in checks.items() if c.isChecked()]
-            if len(ticked) == len(checks):
-                text = f"all {len(checks)}"
-            elif not ticked:
-                text = "none"
-            else:
-                text = f"{len(ticked)} of {len(checks)}"
-            button.setText(text)
-            button.setToolTip(f"The {what} to time: " + (", ".join(ticked) or "none")
-                              + ". Click to choose.")
-
         for check in checks.values():
-            check.toggled.connect(show_ticked)
-        show_ticked()
+            check.toggled.connect(lambda _on: self._show_ticked(what, button, checks))
+        self._show_ticked(what, button, checks)
         return button, checks
+
+    def _show_ticked(self, what: str, button: QtWidgets.QToolButton,
+                     checks: dict[str, QtWidgets.QCheckBox]) -> None:
+        """The button says what is ticked of what is offered: a box disabled in this mode counts in
+        neither."""
+        offered = [n for n in checks if n not in self._withheld]
+        ticked = [n for n in offered if checks[n].isChecked()]
+        if len(ticked) == len(offered):
+            text = f"all {len(offered)}"
+        elif not ticked:
+            text = "none"
+        else:
+            text = f"{len(ticked)} of {len(offered)}"
+        button.setText(text)
+        button.setToolTip(f"The {what} to time: " + (", ".join(ticked) or "none")
+                          + ". Click to choose.")
+
+    def _train_toggled(self, on: bool) -> None:
+        settings().setValue(TRAIN_KEY, on)
+        self._offer_baselines()
+
+    def _offer_baselines(self) -> None:
+        """In training mode the forward-only baselines are disabled and say why; each keeps its tick for
+        the forward mode."""
+        train = self.train()
+        self._withheld = {n for n in self.baseline_checks if train and n not in TRAIN_BASELINES}
+        for name, check in self.baseline_checks.items():
+            check.setEnabled(name not in self._withheld)
+            check.setToolTip(FORWARD_ONLY if name in self._withheld else "")
+        self._show_ticked("baselines", self.baselines_button, self.baseline_checks)
 
     def _build_run_bar(self) -> QtWidgets.QHBoxLayout:
         bar = QtWidgets.QHBoxLayout()
         self.run_button = QtWidgets.QPushButton("▶  Run benchmark  (F5)")
         self.run_button.setObjectName("primary")
         self.cancel_button = QtWidgets.QPushButton("Cancel")
+        # Beside Run, whose work it changes; the settings' grid has no room left at 1280x720.
+        self.train_check = QtWidgets.QCheckBox(TRAIN_TEXT)
+        self.train_check.setToolTip("Time forward + backward: every schedule's gradients of x, the initial "
+                                    "states and every parameter, checked against the float64 reference's "
+                                    "before they are timed")
+        self.train_check.setChecked(settings().value(TRAIN_KEY, False, type=bool))
+        self.train_check.toggled.connect(self._train_toggled)
+        self._offer_baselines()
         self.progress = QtWidgets.QProgressBar()
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
@@ -166,6 +199,7 @@ class BenchPanel(QtWidgets.QWidget):
         self.status.setWordWrap(True)
         bar.addWidget(self.run_button)
         bar.addWidget(self.cancel_button)
+        bar.addWidget(self.train_check)
         bar.addWidget(self.progress, 1)
         self.run_button.clicked.connect(self.run_requested)
         self.cancel_button.clicked.connect(self.cancel_requested)
@@ -187,7 +221,12 @@ class BenchPanel(QtWidgets.QWidget):
         return [n for n, c in self.schedule_checks.items() if c.isChecked()]
 
     def baselines(self) -> list[str]:
-        return [n for n, c in self.baseline_checks.items() if c.isChecked()]
+        """The baselines ticked and offered in the mode chosen."""
+        return [n for n, c in self.baseline_checks.items() if c.isChecked() and n not in self._withheld]
+
+    def train(self) -> bool:
+        """Whether to time training (forward + backward, gradients checked) instead of the forward pass."""
+        return self.train_check.isChecked()
 
     def repeats(self) -> int:
         return self.repeats_spin.value()
@@ -207,6 +246,7 @@ class BenchPanel(QtWidgets.QWidget):
         self.run_button.setEnabled(not running)
         self.cancel_button.setEnabled(running)
         self.settings_scroll.widget().setEnabled(not running)
+        self.train_check.setEnabled(not running)
         if running:
             self.progress.setRange(0, 0)
 

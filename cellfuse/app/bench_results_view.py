@@ -1,6 +1,7 @@
 """The benchmark's results: the chart and the table of the run shown, and the list of every run since
-the window opened, so that two can be compared. The window shows it as a tab beside the canvas, where
-a chart has the room to be read; the benchmark panel only starts runs."""
+the window opened, so that two of the same mode (forward, or training) can be compared. The window shows
+it as a tab beside the canvas, where a chart has the room to be read; the benchmark panel only starts
+runs."""
 
 from __future__ import annotations
 
@@ -9,7 +10,15 @@ from matplotlib.figure import Figure
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from . import bench_charts
-from .bench_runs import COLUMNS, BenchRun, TableRow, comparison_rows, result_rows
+from .bench_runs import (
+    COLUMNS,
+    BenchRun,
+    TableRow,
+    comparison_refusal,
+    comparison_rows,
+    result_columns,
+    result_rows,
+)
 
 CHART_MIN_HEIGHT = 220  # below this the chart's labels no longer fit beside its bars
 TABLE_MIN_HEIGHT = 110
@@ -42,7 +51,8 @@ class BenchResultsView(QtWidgets.QWidget):
         self.history = QtWidgets.QListWidget()
         self.history.setSelectionMode(QtWidgets.QAbstractItemView.SelectionMode.ExtendedSelection)
         self.history.setMinimumSize(160, TABLE_MIN_HEIGHT)
-        self.history.setToolTip("Runs since the window opened. Select two (Ctrl+click) to compare them.")
+        self.history.setToolTip("Runs since the window opened. Select two of one mode, forward or training "
+                                "(Ctrl+click), to compare them.")
 
         self.export_chart_button = QtWidgets.QPushButton("Save chart…")
         self.export_chart_button.setToolTip("Save the chart shown as PNG or SVG, on a light background")
@@ -89,7 +99,7 @@ class BenchResultsView(QtWidgets.QWidget):
         self.runs.append(run)
         item = QtWidgets.QListWidgetItem(run.label())
         item.setData(QtCore.Qt.ItemDataRole.UserRole, run.number)
-        item.setToolTip(run.label())
+        item.setToolTip(f"{run.label()}\nTimes {run.measures()}.")
         self.history.addItem(item)
         self.history.clearSelection()
         item.setSelected(True)
@@ -115,16 +125,16 @@ class BenchResultsView(QtWidgets.QWidget):
 
     @staticmethod
     def _draw_placeholder(fig: Figure) -> None:
-        fig.clear()
-        ax = fig.subplots()
-        ax.axis("off")
-        ax.text(0.5, 0.5, "Press Run (F5) to check and time every schedule of the cell.",
-                ha="center", va="center", fontsize=10, transform=ax.transAxes)
+        bench_charts.draw_message("Press Run (F5) to check and time every schedule of the cell.", fig)
 
     def _show_selected(self) -> None:
         runs = self.selected_runs()
         if len(runs) >= 2:
             a, b = runs[-2], runs[-1]
+            if why := comparison_refusal(a, b):
+                self._show_chart(lambda fig: bench_charts.draw_message(why, fig))
+                self._fill_table(["Comparison"], [([why], False)])
+                return
             if a.sweep is None and b.sweep is None:
                 self._show_chart(lambda fig: bench_charts.draw_comparison(a, b, fig))
                 self._fill_table(*comparison_rows(a, b))
@@ -138,9 +148,9 @@ class BenchResultsView(QtWidgets.QWidget):
             rows = []
             for value, res in zip(run.sweep.values, run.sweep.results, strict=False):
                 rows += [([str(value), *cells], ok) for cells, ok in result_rows(res)]
-            self._fill_table([run.sweep.param, *COLUMNS], rows)
+            self._fill_table([run.sweep.param, *result_columns(run.train)], rows)
         else:
-            self._fill_table(COLUMNS, result_rows(run.result, run.unavailable))
+            self._fill_table(result_columns(run.train), result_rows(run.result, run.unavailable))
 
     def _fill_table(self, columns: list[str], rows: list[TableRow]) -> None:
         self.table.clear()

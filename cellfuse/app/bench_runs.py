@@ -1,7 +1,8 @@
 """The benchmark runs made since the window opened, and their numbers as table rows.
 
 Plain data: a run holds a BenchResult or a SweepResult of cellfuse.gpu_runtime.bench; the panel
-lists runs, shows one, or compares two.
+lists runs, shows one, or compares two. A run times the forward pass or training (forward + backward):
+its label and its table's headers say which, and two runs are compared only when they time the same.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from typing import Any
 
 COLUMNS = ["Implementation", "Kind", "Median ms", "Min ms", "Max ms", "Rel. error", "Compile s",
            "Launches/step", "Note"]
+# The headers that change in training: the times are of forward + backward, the error is the gradients'.
+TRAIN_COLUMNS = {"Median ms": "Median ms, fwd+bwd", "Rel. error": "Grad. rel. error"}
 TableRow = tuple[list[str], bool | None]  # cells, and ok: True, False (wrong or failed), None (not run)
 
 
@@ -31,6 +34,14 @@ class BenchRun:
     def first(self) -> Any:
         return self.results[0] if self.results else None
 
+    @property
+    def train(self) -> bool:
+        """Whether the run timed training (forward + backward) rather than the forward pass."""
+        return bool(self.first is not None and self.first.train)
+
+    def measures(self) -> str:
+        return "forward + backward" if self.train else "forward"
+
     def label(self) -> str:
         r = self.first
         if r is None:
@@ -39,13 +50,19 @@ class BenchRun:
         what = (f"sweep {self.sweep.param} = {', '.join(map(str, self.sweep.values))}" if self.sweep
                 else f"T{s.seq} B{s.batch} in{s.input} h{s.hidden} L{s.layers}")
         stop = " · cancelled" if any(x.cancelled for x in self.results) else ""
-        return f"#{self.number} {r.cell} · {r.backend} · {what} · {self.started:%H:%M:%S}{stop}"
+        mode = " · training" if self.train else ""
+        return f"#{self.number} {r.cell} · {r.backend}{mode} · {what} · {self.started:%H:%M:%S}{stop}"
 
     def to_json(self) -> dict:
         return self.sweep.to_json() if self.sweep is not None else self.result.to_json()
 
     def to_csv(self) -> str:
         return self.sweep.to_csv() if self.sweep is not None else self.result.to_csv()
+
+
+def result_columns(train: bool) -> list[str]:
+    """The results table's headers for a forward run or a training run."""
+    return [TRAIN_COLUMNS.get(c, c) if train else c for c in COLUMNS]
 
 
 def _ms(v: float | None) -> str:
@@ -105,9 +122,21 @@ def ratio_text(ratio: float) -> str:
     return f"{ratio:.0f}×" if ratio >= 100 else f"{ratio:.1f}×" if ratio >= 10 else f"{ratio:.2f}×"
 
 
+def comparison_refusal(a: BenchRun, b: BenchRun) -> str | None:
+    """Why two runs cannot be compared, or None: a forward time beside a forward + backward time would
+    read as a slowdown that is only the backward pass."""
+    if a.train == b.train:
+        return None
+    return (f"Run #{a.number} times {a.measures()} and run #{b.number} {b.measures()}: their times do not "
+            "compare. Select two forward runs or two training runs.")
+
+
 def comparison_rows(a: BenchRun, b: BenchRun) -> tuple[list[str], list[TableRow]]:
     """Columns and rows comparing the median times of two single runs, implementation by implementation."""
-    columns = ["Implementation", f"#{a.number} ms", f"#{b.number} ms", f"#{b.number} / #{a.number}"]
+    if why := comparison_refusal(a, b):
+        raise ValueError(why)
+    ms = "ms, fwd+bwd" if a.train else "ms"
+    columns = ["Implementation", f"#{a.number} {ms}", f"#{b.number} {ms}", f"#{b.number} / #{a.number}"]
     rows = []
     for name in implementations(a, b):
         tx, ty = median_ms(a, name), median_ms(b, name)

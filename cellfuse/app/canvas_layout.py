@@ -144,3 +144,44 @@ def layered_layout(keys: Iterable[Key], edges: Iterable[tuple[Key, Key]],
         x += w + COLUMN_GAP
     top = min(y.values())
     return {k: (xs[layer[k]], origin[1] + y[k] - top) for k in keys}
+
+
+Rect = tuple[float, float, float, float]  # left, top, width, height
+
+
+def make_room(grown: dict[Key, tuple[Rect, tuple[float, float]]], others: dict[Key, Rect]
+              ) -> dict[Key, tuple[float, float]]:
+    """Top-left corners for boxes that grow in place (a group's node opened into its members: `grown`
+    maps it to its old rectangle and its new size, its top left kept) and for the `others` around
+    them, so that nothing overlaps and the layout stays as it was where it can: first every box right
+    of a column of grown boxes moves right by as much as that column grew wider, then, top to bottom,
+    a box that overlaps one above it moves down below it."""
+    # Columns of grown boxes: those whose old rectangles share some x.
+    columns: list[list[float]] = []  # [left, old right, new right]
+    for (x, _y, w, _h), (new_w, _new_h) in sorted(grown.values(), key=lambda g: g[0][0]):
+        if columns and x < columns[-1][1]:
+            columns[-1][1] = max(columns[-1][1], x + w)
+            columns[-1][2] = max(columns[-1][2], x + new_w)
+        else:
+            columns.append([x, x + w, x + new_w])
+
+    def shift(left: float) -> float:
+        return sum(max(0.0, new_right - right) for _l, right, new_right in columns if left >= right)
+
+    boxes: dict[Key, Rect] = {k: (x + shift(x), y, w, h) for k, (x, y, w, h) in others.items()}
+    boxes.update({k: (x + shift(x), y, new_w, new_h)
+                  for k, ((x, y, _w, _h), (new_w, new_h)) in grown.items()})
+
+    def overlap(a: Rect, b: Rect) -> bool:
+        return (a[0] < b[0] + b[2] and b[0] < a[0] + a[2]
+                and a[1] - ROW_GAP / 2 < b[1] + b[3] and b[1] - ROW_GAP / 2 < a[1] + a[3])
+
+    placed: list[Rect] = []
+    out: dict[Key, tuple[float, float]] = {}
+    for k in sorted(boxes, key=lambda k: (boxes[k][1], boxes[k][0])):
+        x, y, w, h = boxes[k]
+        while hits := [p for p in placed if overlap((x, y, w, h), p)]:
+            y = max(p[1] + p[3] for p in hits) + ROW_GAP
+        placed.append((x, y, w, h))
+        out[k] = (x, y)
+    return out

@@ -1036,7 +1036,9 @@ class CellAdapter(QtCore.QObject):
 
     def ungroup_selected(self) -> list[str]:
         """Ungroups the selected groups, or else the open one, as one undoable step: their members are
-        shown again where the group's node was, selected. Returns the ungrouped groups' names."""
+        shown again, selected, as they were laid out inside, their block's top left where the group's
+        node was, and the nodes around moved clear of the blocks (see canvas_layout.make_room).
+        Returns the ungrouped groups' names."""
         groups = [n for n in self.graph.selected_nodes() if isinstance(n, CellNode) and n.ROLE == ROLE_GROUP]
         if not groups and (g := self.open_group_node()) is not None:
             groups = [g]
@@ -1046,18 +1048,38 @@ class CellAdapter(QtCore.QObject):
             self.close_group()
         freed: list[CellNode] = []
         with self._macro(f"ungroup {', '.join(repr(g.name()) for g in groups)}"):
-            for g in groups:
-                inside = self._with_partners(self.members(g))
-                rect = _united([n.view.sceneBoundingRect() for n in inside])
-                dx, dy = g.pos()[0] - rect.left(), g.pos()[1] - rect.top()
-                for n in inside if (dx, dy) != (0.0, 0.0) else []:
-                    x, y = n.pos()
-                    n.set_property("pos", [x + dx, y + dy])
-                freed += inside
+            for nodes in self._make_room(groups).values():
+                freed += nodes
             names = [g.name() for g in groups]
             self.graph.delete_nodes(groups)
         self.select_canvas([n for n in freed if n.ROLE == ROLE_OP])
         return names
+
+    def _make_room(self, groups: list[CellNode]) -> dict[CellNode, list[CellNode]]:
+        """Moves the members of `groups` (with their update nodes) as blocks to where each group's node
+        is, and the nodes shown beside them (another group's node with its members) clear of them, as
+        part of the edit's undo step. Returns each group's freed nodes."""
+        index = self._membership()
+        inside = {g: self._with_partners(self.members(g)) for g in groups}
+        blocks = {g.id: _united([n.view.sceneBoundingRect() for n in nodes]) for g, nodes in inside.items()}
+        grown = {g.id: (_box(g.view.sceneBoundingRect()), (blocks[g.id].width(), blocks[g.id].height()))
+                 for g in groups}
+        around = {n.id: _box(n.view.sceneBoundingRect()) for n in self._shown() if n.id not in grown}
+        corners = canvas_layout.make_room(grown, around)
+        moving: list[tuple[CellNode, float, float]] = []
+        for g, nodes in inside.items():
+            x, y = corners[g.id]
+            moving += [(n, x - blocks[g.id].left(), y - blocks[g.id].top()) for n in nodes]
+        for n in self._shown():
+            if n.id in around:
+                dx, dy = corners[n.id][0] - around[n.id][0], corners[n.id][1] - around[n.id][1]
+                kept = self._with_partners(self.members(n)) if n.ROLE == ROLE_GROUP else []
+                moving += [(m, dx, dy) for m in [n, *kept] if m is n or index.get(m.id) is n]
+        for n, dx, dy in moving:
+            if (dx, dy) != (0.0, 0.0):
+                x, y = n.pos()
+                n.set_property("pos", [x + dx, y + dy])
+        return inside
 
     def _join_open_group(self, nodes: list[CellNode]) -> None:
         """New nodes made while a group is open join it (inside the edit's undo step)."""
@@ -1271,6 +1293,10 @@ def _united(rects: list[QtCore.QRectF]) -> QtCore.QRectF:
     for r in rects[1:]:
         out = out.united(r)
     return out
+
+
+def _box(rect: QtCore.QRectF) -> canvas_layout.Rect:
+    return rect.left(), rect.top(), rect.width(), rect.height()
 
 
 def _pos(raw: Any) -> tuple[float, float] | None:

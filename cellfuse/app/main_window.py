@@ -202,7 +202,7 @@ class MainWindow(QtWidgets.QMainWindow):
 
     def _on_cell_changed(self, cell: Cell) -> None:
         self.info = analyze(cell)
-        self.problems.show_problems(self.info.problems)
+        self.problems.show_problems(self.info.problems, self.info.notes)
         self.equations_panel.show_cell(cell)
         node_marks.show_problems(self.adapter, self.info)
         node_marks.show_port_shapes(self.adapter, self.info)
@@ -659,7 +659,7 @@ class MainWindow(QtWidgets.QMainWindow):
     def bench_config(self) -> BenchConfig:
         panel = self.bench_panel
         return BenchConfig(sizes=panel.sizes(), backend=panel.backend(), schedules=panel.schedules(),
-                           baselines=panel.baselines(), repeats=panel.repeats())
+                           baselines=panel.baselines(), repeats=panel.repeats(), train=panel.train())
 
     def run_benchmark(self) -> bool:
         """Starts the benchmark of the current cell in a worker thread; False when it cannot start."""

@@ -1,5 +1,6 @@
 """How a node of the cell looks on the canvas: a coloured header by kind, a caption saying what the
-node is, and a red or amber border and badge when validation has something to say about it.
+node is, and a red or amber border and badge for a problem validation found in it, a blue "i" badge
+alone for a note (a condition the cell runs under, no problem).
 
 Zoomed out far enough to see a whole cell, the title and captions would be a few pixels high; below
 COMPACT_BELOW a node draws as a compact block instead: its kind's colour, its name in a large font,
@@ -31,7 +32,7 @@ class CellNodeItem(NodeItem):
         super().__init__(name, parent)
         self.kind_rgb: theme.RGB = theme.KIND_COLORS["elementwise"]
         self.caption = ""
-        self.mark: str | None = None  # "error" | "warning" | None
+        self.mark: str | None = None  # "error" | "warning" | "info" | None
         self.mark_lines: list[str] = []
         self.plan_tag = ""  # e.g. "hoisted", drawn bottom right
         self.shape_text = ""
@@ -110,7 +111,8 @@ class CellNodeItem(NodeItem):
             parts.append(self.caption)
         if self.shape_text:
             parts.append(f"shape {self.shape_text}")
-        color = {"error": "#f07060", "warning": "#f0c040"}.get(self.mark or "", "")
+        color = {"error": "#f07060", "warning": "#f0c040",
+                 "info": theme.qcolor(theme.INFO_COLOR).name()}.get(self.mark or "", "")
         for line in self.mark_lines:
             parts.append(f'<span style="color:{color}">{line}</span>')
         self.setToolTip("<br/>".join(parts))
@@ -218,8 +220,8 @@ class CellNodeItem(NodeItem):
         return min(max(min(COMPACT_TITLE_PX, fit_width), COMPACT_MIN_TITLE_PX), room.height() * 0.6 * zoom)
 
     def _draw_border(self, painter, rect: QtCore.QRectF, kind: QtGui.QColor, unit: float) -> None:
-        """The problem's colour (or the kind's) around the node, and the selection as a ring outside
-        it; `unit` is the scene length of one pen width unit."""
+        """The problem's colour (or the kind's, for a note or nothing) around the node, and the
+        selection as a ring outside it; `unit` is the scene length of one pen width unit."""
         if self.mark == "error":
             pen = QtGui.QPen(theme.qcolor(theme.ERROR_COLOR), 2.2 * unit)
         elif self.mark == "warning":
@@ -233,7 +235,7 @@ class CellNodeItem(NodeItem):
             ring.addRoundedRect(rect.adjusted(-out, -out, out, out), RADIUS + out, RADIUS + out)
             painter.setPen(QtGui.QPen(theme.qcolor(theme.SELECTED_COLOR), 2.0 * unit))
             painter.drawPath(ring)
-            if self.mark:
+            if self.mark in ("error", "warning"):
                 inset = 2.0 * unit
                 inner = QtGui.QPainterPath()
                 inner.addRoundedRect(rect.adjusted(inset, inset, -inset, -inset), RADIUS - 1.5, RADIUS - 1.5)
@@ -246,8 +248,9 @@ class CellNodeItem(NodeItem):
             painter.drawPath(body)
 
     def _draw_badge(self, painter, badge: QtCore.QRectF, unit: float) -> None:
-        """The problem's round badge with its "!", in the painter's font made bold."""
-        rgb = theme.ERROR_COLOR if self.mark == "error" else theme.WARNING_COLOR
+        """The mark's round badge with its "!" (a problem) or "i" (a note), in the painter's font made
+        bold."""
+        rgb = {"error": theme.ERROR_COLOR, "warning": theme.WARNING_COLOR}.get(self.mark, theme.INFO_COLOR)
         painter.setPen(QtGui.QPen(QtGui.QColor(20, 20, 22), 1.2 * unit))
         painter.setBrush(theme.qcolor(rgb))
         painter.drawEllipse(badge)
@@ -255,7 +258,7 @@ class CellNodeItem(NodeItem):
         bold.setBold(True)
         painter.setFont(bold)
         painter.setPen(QtGui.QColor(20, 20, 22))
-        painter.drawText(badge, QtCore.Qt.AlignmentFlag.AlignCenter, "!")
+        painter.drawText(badge, QtCore.Qt.AlignmentFlag.AlignCenter, "i" if self.mark == "info" else "!")
 
 
 class GroupNodeItem(CellNodeItem):

@@ -1,6 +1,7 @@
 """What validation found, shown on the canvas: a node with a problem gets a red (error) or amber
-(warning) border and badge, and its tooltip lists the problems and its inferred shape; a group's node
-gets the worst mark of its members and all their problems. A port's tooltip says the shape of the
+(warning) border and badge, a node with a note (information: a condition the cell runs under) a blue
+"i" badge alone, and its tooltip lists them and its inferred shape; a group's node gets the gravest
+mark of its members and all their lines. A port's tooltip says the shape of the
 value it carries. Wires take the colour of the node they come from."""
 
 from __future__ import annotations
@@ -8,13 +9,14 @@ from __future__ import annotations
 from ..graph_model import CellInfo, shape_str
 from .cell_adapter import CellAdapter
 from .node_types import ROLE_GROUP, ROLE_OP, ROLE_OUTPUT, CellNode
+from .problems_panel import SEVERITY_ORDER
 
 UNKNOWN_SHAPE = "shape not known: see Problems"
 
 
 def show_problems(adapter: CellAdapter, info: CellInfo) -> None:
     by_node: dict[str, list[tuple[str, str]]] = {}
-    for p in info.problems:
+    for p in [*info.problems, *info.notes]:
         if p.node is not None:
             by_node.setdefault(p.node, []).append((p.severity, p.message))
     cell_level = [p for p in info.problems if p.node is None]
@@ -28,7 +30,7 @@ def show_problems(adapter: CellAdapter, info: CellInfo) -> None:
             continue
         n.item.set_mark(None, [])
     for node_id, found in by_node.items():
-        severity = "error" if any(s == "error" for s, _ in found) else "warning"
+        severity = _gravest(s for s, _ in found)
         for n in adapter.canvas_nodes(node_id):
             n.item.set_mark(severity, [m for _, m in found])
     for node_id, shape in info.shapes.items():
@@ -36,8 +38,12 @@ def show_problems(adapter: CellAdapter, info: CellInfo) -> None:
             n.item.set_shape_text(shape_str(shape))
     for g in adapter.group_nodes():
         marked = [m.item for m in adapter.members(g) if m.item.mark]
-        severity = ("error" if any(i.mark == "error" for i in marked) else "warning") if marked else None
+        severity = _gravest(i.mark for i in marked) if marked else None
         g.item.set_mark(severity, list(dict.fromkeys(line for i in marked for line in i.mark_lines)))
+
+
+def _gravest(severities) -> str:
+    return min(severities, key=SEVERITY_ORDER.__getitem__)
 
 
 def _shape_of(info: CellInfo, node_id: str) -> str:

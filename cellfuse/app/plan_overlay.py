@@ -5,6 +5,11 @@ Every launch has a colour of its own (theme.launch_colors), the one the plan pan
 region whose nodes lie apart on the canvas is drawn as several pieces, each labelled with its part
 ("k0 (1/3)"), so that no piece is left unnamed.
 
+A canvas node that shows nodes of several launches (a closed group's node: a gate holds a matmul of
+each GEMM and the ops of a kernel or more) is outlined by each of them side by side, its outline cut
+into one slice per launch from left to right, in the plan's order: the colour of every launch shows
+on it, and a launch that covers a column of groups reads as one band down their slices.
+
 While the cell has no plan (an error, a node being wired), the last valid plan stays drawn, grey,
 dashed and labelled "out of date", as the plan panel and the CUDA view keep it: it is what the user
 was working from, and a node deleted since simply drops out of it.
@@ -21,6 +26,7 @@ from PySide6 import QtCore, QtGui, QtWidgets
 
 from . import theme
 from .cell_adapter import CellAdapter
+from .node_types import CellNode
 
 PAD = 8.0
 LABEL_BAND = 16.0
@@ -141,6 +147,13 @@ def pieces(rects: list[QtCore.QRectF], column_gap: float = 110.0, row_gap: float
     return sorted(groups.values(), key=lambda g: min((rects[i].top(), rects[i].left()) for i in g))
 
 
+def share(rect: QtCore.QRectF, slot: int, slots: int) -> QtCore.QRectF:
+    """The slice `slot` of `slots` side by side that a node's outline `rect` is cut into, for a node
+    that shows nodes of several launches."""
+    width = rect.width() / slots
+    return QtCore.QRectF(rect.left() + slot * width, rect.top(), width, rect.height())
+
+
 def label_texts(region: PlanRegion, part: int, parts: int) -> list[str]:
     """What a piece's label may say, longest first: the shorter ones are for crowded places."""
     name = region.name if parts == 1 else f"{region.name} ({part}/{parts})"
@@ -195,7 +208,15 @@ class PlanOverlay:
         self._remove_items()
         if not self._visible:
             return
-        region_rects = [self._node_rects(region) for region in self._regions]
+        shown = [self._shown_by(region) for region in self._regions]
+        sharing: dict[str, list[int]] = {}  # a canvas node's id -> the regions it shows nodes of
+        for index, pairs in enumerate(shown):
+            for n, _node_id in pairs:
+                if index not in sharing.setdefault(n.id, []):
+                    sharing[n.id].append(index)
+        region_rects = [[(share(n.view.sceneBoundingRect().adjusted(-PAD, -PAD, PAD, PAD),
+                                sharing[n.id].index(index), len(sharing[n.id])), node_id)
+                         for n, node_id in pairs] for index, pairs in enumerate(shown)]
         # A label may cover no node and no other region's outline.
         nodes = [n.view.sceneBoundingRect().adjusted(-NODE_CLEARANCE, -NODE_CLEARANCE, NODE_CLEARANCE,
                                                      NODE_CLEARANCE)
@@ -221,13 +242,13 @@ class PlanOverlay:
                 n.item.set_plan_tag("")
         self._tagged.clear()
 
-    def _node_rects(self, region: PlanRegion) -> list[tuple[QtCore.QRectF, str]]:
-        """The padded outline of the node that shows each node of the region on the canvas (a closed
-        group's node for its members); tags the hoisted matmuls."""
+    def _shown_by(self, region: PlanRegion) -> list[tuple[CellNode, str]]:
+        """The canvas node that shows each node of the region (a closed group's node for its members),
+        with that node's id; tags the hoisted matmuls."""
         out = []
         for node_id in region.nodes:
             for n in self._adapter.shown_nodes(node_id)[:1]:
-                out.append((n.view.sceneBoundingRect().adjusted(-PAD, -PAD, PAD, PAD), node_id))
+                out.append((n, node_id))
                 if n not in self._adapter.canvas_nodes(node_id):
                     continue  # a group's node: its members are not all hoisted matmuls
                 if region.kind == "gemm" and region.hoisted and not self._stale:

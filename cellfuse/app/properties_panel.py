@@ -225,10 +225,11 @@ class PropertiesPanel(QtWidgets.QWidget):
         extra += [f"the update of {html.escape(s)}" for s, v in cell.updates.items() if v == node.id]
         self.users_label.setText(", ".join(filter(None, [_links(users) if users or not extra else "",
                                                         *extra])))
-        lines = [p for p in info.problems if p.node == node.id]
-        color = {"error": "#f07060", "warning": "#f0c040"}
+        lines = [p for p in [*info.problems, *info.notes] if p.node == node.id]
+        color = {"error": "#f07060", "warning": "#f0c040", "info": theme.qcolor(theme.INFO_COLOR).name()}
+        word = {"error": "error", "warning": "warning", "info": "note"}  # a note is no problem
         self.problems_label.setText("<br/>".join(
-            f'<span style="color:{color[p.severity]}">{p.severity}: {html.escape(p.message)}</span>'
+            f'<span style="color:{color[p.severity]}">{word[p.severity]}: {html.escape(p.message)}</span>'
             for p in lines))
         self.problems_label.setVisible(bool(lines))
 

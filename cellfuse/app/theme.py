@@ -39,6 +39,9 @@ KIND_LABELS: dict[str, str] = {
 
 ERROR_COLOR: RGB = (235, 80, 64)
 WARNING_COLOR: RGB = (240, 190, 40)
+# A note (a condition the cell runs under, not a problem): a calm blue, the hue of the selection, which
+# launch colours keep away from already; a note shows as a badge only, never as a ring or border.
+INFO_COLOR: RGB = (110, 175, 240)
 SELECTED_COLOR: RGB = (80, 170, 255)  # blue: far from the amber of a warning
 NODE_BODY: RGB = (44, 46, 52)
 CANVAS_BACKGROUND: RGB = (30, 31, 35)

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from PySide6 import QtCore
 
 from cellfuse.app import dialogs
 from cellfuse.codegen import make_plan
-from cellfuse.graph_model import analyze, load_cell, load_template
+from cellfuse.graph_model import analyze, load_cell, load_template, template_names
 
 GATES = ["input gate", "forget gate", "output gate", "candidate"]
 FORGET = ["W_f", "U_f", "b_f", "xf", "hf", "af", "af_b", "f"]
@@ -74,6 +75,33 @@ def test_group_and_ungroup_the_gates_by_keyboard_and_undo_both(qtbot, window, mo
     window.actions_.redo.trigger()
     window.actions_.redo.trigger()
     assert window.cell.groups[-1].name == "the forget gate"
+
+
+def overlapping_nodes(window) -> list[tuple[str, str]]:
+    """The pairs of canvas nodes shown now whose bodies overlap."""
+    shown = [n for n in window.adapter.graph.all_nodes() if n.view.isVisible()]
+    return [(a.name(), b.name()) for i, a in enumerate(shown) for b in shown[i + 1:]
+            if a.view.sceneBoundingRect().intersects(b.view.sceneBoundingRect())]
+
+
+@pytest.mark.parametrize("template", template_names())
+def test_ungrouping_every_group_lays_the_members_out_clear_of_each_other(qtbot, window, template):
+    window.new_from_template(template, ask=False)
+    a = window.adapter
+    assert not overlapping_nodes(window)
+    inside = {g.name(): a.members(g) for g in a.group_nodes()}
+    before = {name: [m.pos() for m in members] for name, members in inside.items()}
+    window.actions_.select_all.trigger()
+    press(qtbot, window, QtCore.Qt.Key.Key_G, CTRL | SHIFT)
+    assert not window.cell.groups
+    assert not overlapping_nodes(window)
+    for name, members in inside.items():  # each group's members as they were laid out inside it
+        dx, dy = members[0].pos()[0] - before[name][0][0], members[0].pos()[1] - before[name][0][1]
+        moved = [c for x, y in before[name] for c in (x + dx, y + dy)]
+        assert [c for m in members for c in m.pos()] == pytest.approx(moved), name
+    window.actions_.undo.trigger()
+    assert [g.name for g in window.cell.groups] == list(inside)
+    assert not overlapping_nodes(window)
 
 
 def test_grouping_a_group_with_more_nodes_merges_them_and_names_are_checked(window):

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 from PySide6 import QtCore
 
+from cellfuse.app import theme
 from cellfuse.codegen import make_plan
 
 
@@ -43,6 +45,29 @@ def test_warnings_are_amber(window, user):
     assert [p.severity for p in window.info.problems] == ["warning"]
     assert window.adapter.node(node).item.mark == "warning"
     assert "warning" in window.validity_label.text()
+
+
+@pytest.mark.parametrize(("template", "node"), [("sru", "highway"), ("residual_lstm", "y")])
+def test_a_note_is_listed_as_information_and_the_cell_stays_valid(window, template, node):
+    window.new_from_template(template, ask=False)
+    assert not window.info.problems and [p.node for p in window.info.notes] == [node]
+    panel = window.problems
+    assert panel.tree.topLevelItemCount() == 1 and panel.problem_count() == 0
+    item = panel.tree.topLevelItem(0)
+    assert item.text(0) == node and "input size must equal the hidden size" in item.text(1)
+    assert panel.severities() == ["info"] and item.toolTip(0) == "Information"
+    icon = item.icon(0).pixmap(14, 14).toImage().pixelColor(3, 7)
+    assert (icon.red(), icon.green(), icon.blue()) == theme.INFO_COLOR
+    summary = panel.summary.text()
+    assert "the cell is valid" in summary and "1 note" in summary and "warning" not in summary
+    assert "valid" in window.validity_label.text() and "warning" not in window.validity_label.text()
+    window.validate()
+    assert window.statusBar().currentMessage() == "The cell is valid."
+    marked = window.adapter.node(node).item
+    assert marked.mark == "info" and "input size must equal" in marked.toolTip()
+    window.show_node(node)
+    assert "note: " in window.properties.problems_label.text()
+    assert "input size must equal" in window.properties.problems_label.text()
 
 
 def test_state_problems_show_on_both_of_its_nodes(window):

@@ -6,8 +6,9 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
 import pytest
-from PySide6 import QtCore, QtWidgets
+from PySide6 import QtCore, QtGui, QtWidgets
 
 from cellfuse.app import theme
 from cellfuse.graph_model import template_names
@@ -120,3 +121,33 @@ def test_auto_layout_keeps_the_matmuls_of_a_gemm_group_together(window, name):
         between = [i for i, v in views.items() if i not in matmuls and v.pos().x() in xs
                    and top <= v.pos().y() <= bottom]
         assert not between, (name, group.name, between)
+
+
+def rendered_colors(window, colors: list[theme.RGB], tolerance: int = 8) -> dict[theme.RGB, int]:
+    """How many pixels of the canvas scene, rendered offscreen, are each of `colors`."""
+    scene = window.adapter.graph.viewer().scene()
+    source = scene.itemsBoundingRect()
+    image = QtGui.QImage(int(source.width()), int(source.height()), QtGui.QImage.Format.Format_RGB32)
+    image.fill(QtGui.QColor(*theme.CANVAS_BACKGROUND))
+    painter = QtGui.QPainter(image)
+    scene.render(painter, QtCore.QRectF(image.rect()), source)
+    painter.end()
+    # Format_RGB32 holds each pixel as 0xffRRGGBB: bytes B, G, R, 255 on a little-endian machine.
+    raw = np.frombuffer(image.constBits(), np.uint8).reshape(image.height(), image.bytesPerLine())
+    pixels = raw[:, :image.width() * 4].reshape(-1, 4)[:, 2::-1].astype(int)
+    return {rgb: int((np.abs(pixels - np.array(rgb)).max(axis=1) <= tolerance).sum()) for rgb in colors}
+
+
+@pytest.mark.parametrize("schedule", ["hoisted", "naive"])
+def test_every_launch_shows_its_colour_on_the_grouped_lstm(window, schedule):
+    window.plan_panel.set_schedule(schedule)
+    window.refresh_plan()
+    assert len(window.cell.groups) == 4 and window.adapter.open_group is None
+    regions = window.overlay.regions
+    in_gates = [r for r in regions if any(window.adapter.shown_nodes(i)[0] in window.adapter.group_nodes()
+                                          for i in r.nodes)]
+    assert len(in_gates) >= 3
+    found = rendered_colors(window, [r.rgb for r in regions])
+    assert all(found[r.rgb] >= 40 for r in regions), {r.name: found[r.rgb] for r in regions}
+    texts = [lab.rect for lab in window.overlay.labels]
+    assert not any(a.intersects(b) for i, a in enumerate(texts) for b in texts[i + 1:])
