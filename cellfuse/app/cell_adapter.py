@@ -18,11 +18,13 @@ How the canvas holds a cell:
   in the cell's `x-editor` key.
 
 Groups (the cell's `groups`, presentation only) are canvas nodes too: a group node holds the canvas
-ids of its members in a hidden property, so that grouping, ungrouping and moving a group are undo
-steps of the same stack, and its title is the group's name. While it is closed its members are
+ids of its members in a hidden property, so that grouping, ungrouping, renaming and moving a group
+are undo steps of the same stack, and its title is the group's name. While it is closed its members are
 hidden, and it shows, as ports, the values that enter and leave the group; the wires to them are
 drawn by the adapter (group_items) and the cell's own wires stay where they are, hidden. Opening a
 group (double-click) shows its members alone, with a stub for each value entering or leaving it.
+A node added there joins it, but the output sink, which no group holds: adding it goes back to the
+whole cell, where it shows.
 
 The panels select cell nodes by id (a term of an equation, a launch of the plan, a problem): the
 canvas selects what shows each one, which is a closed group's node for a member, or, in an open
@@ -515,14 +517,7 @@ class CellAdapter(QtCore.QObject):
             pair = 2 * NEW_NODE_SIZE[0] + 2 * SINK_GAP
             pos = self.free_spot(pair if op == "state" else NEW_NODE_SIZE[0])
         if op == OUTPUT_OP:
-            sink = self.output_node()
-            if sink is not None:
-                self.select_canvas([sink])
-                self.message.emit("The cell has one output node; it is selected.")
-                return ""
-            with self._macro("add output"):
-                self._create_output(pos)
-            return ""
+            return self._add_output(pos)
         if op not in OPS:
             raise CellError(f"unknown op '{op}' (known: {', '.join(OPS)})")
         new_id = node_id or self._cell.fresh_id(op)
@@ -533,6 +528,26 @@ class CellAdapter(QtCore.QObject):
                 self._create_update(node, (pos[0] + node.view.width + 2 * SINK_GAP, pos[1]))
             self._join_open_group([node])
         return new_id
+
+    def _add_output(self, pos: tuple[float, float]) -> str:
+        """Adds the output sink, or selects the one the cell has; returns "" (the sink is no cell node).
+        The sink belongs to the whole cell, never to a group: while a group is open, the canvas goes
+        back to the whole cell first, so that the user sees the sink, at a free spot of that view."""
+        in_group = self.open_group_node() is not None
+        if in_group:
+            self.close_group()
+            pos = self.free_spot()
+        back = "Back to the whole cell: the output node belongs to no group. " if in_group else ""
+        sink = self.output_node()
+        if sink is not None:
+            self.select_canvas([sink])
+            self.message.emit(f"{back}The cell has one output node; it is selected.")
+            return ""
+        with self._macro("add output"):
+            self._create_output(pos)
+        if in_group:
+            self.message.emit(f"{back}The output node was added to the whole cell.")
+        return ""
 
     def _add_or_report(self, op: str, pos: tuple[float, float] | None) -> None:
         try:
@@ -1033,6 +1048,28 @@ class CellAdapter(QtCore.QObject):
                 self.graph.delete_nodes(old)
             made = self._create_group(name, [n.id for n in members], (rect.left(), rect.top()))
         self.select_canvas([made])
+
+    def group_to_rename(self) -> CellNode | None:
+        """The group a rename acts on: the one group node selected, or else the open group; None where
+        several group nodes are selected, or none is and no group is open."""
+        selected = [n for n in self.graph.selected_nodes()
+                    if isinstance(n, CellNode) and n.ROLE == ROLE_GROUP]
+        if selected:
+            return selected[0] if len(selected) == 1 else None
+        return self.open_group_node()
+
+    def rename_group(self, group: CellNode, name: str) -> None:
+        """Gives `group` (a group's canvas node) the name `name`, as one undoable step. Raises CellError
+        for a bad name, by the rules that grouping keeps."""
+        if not isinstance(group, CellNode) or group.ROLE != ROLE_GROUP:
+            raise CellError(f"'{group.name()}' is no group")
+        problem = group_name_problem(name)
+        if problem is not None:
+            raise CellError(problem)
+        if name == group.name():
+            return
+        with self._macro(f"rename group '{group.name()}' -> '{name}'"):
+            group.set_name(name)
 
     def ungroup_selected(self) -> list[str]:
         """Ungroups the selected groups, or else the open one, as one undoable step: their members are

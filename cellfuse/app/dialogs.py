@@ -60,7 +60,7 @@ def ask_save_path(parent: QtWidgets.QWidget | None, title: str, suggested: str, 
 
 
 def ask_group_name(parent: QtWidgets.QWidget | None, suggested: str) -> str | None:
-    """The name of a new group of nodes ("forget gate"), or None when the user cancels."""
-    text, ok = QtWidgets.QInputDialog.getText(parent, "Group nodes", "Name of the group:",
+    """The name of a group of nodes ("forget gate"), new or renamed, or None when the user cancels."""
+    text, ok = QtWidgets.QInputDialog.getText(parent, "Group name", "Name of the group:",
                                               QtWidgets.QLineEdit.EchoMode.Normal, suggested)
     return text if ok else None

@@ -633,6 +633,26 @@ class MainWindow(QtWidgets.QMainWindow):
         self.statusBar().showMessage(f"Grouped {len(ids)} node(s) as '{name}': double-click to open", 6000)
         return True
 
+    def rename_group_selection(self, name: str | None = None) -> bool:
+        """Renames the selected group, or the open one, to `name` (asked for when None), as one undoable
+        edit."""
+        group = self.adapter.group_to_rename()
+        if group is None:
+            self.statusBar().showMessage("Select one group to rename", 4000)
+            return False
+        old = group.name()
+        if name is None:
+            name = dialogs.ask_group_name(self, old)
+            if name is None:
+                return False
+        try:
+            self.adapter.rename_group(group, name)
+        except CellError as e:
+            self.statusBar().showMessage(f"Cannot rename the group '{old}': {e}", 6000)
+            return False
+        self.statusBar().showMessage(f"Renamed the group '{old}' to '{name}'", 4000)
+        return True
+
     def ungroup_selection(self) -> bool:
         """Ungroups the selected groups, or the open one, as one undoable edit."""
         names = self.adapter.ungroup_selected()

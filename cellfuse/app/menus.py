@@ -34,6 +34,7 @@ class Editor(Protocol):
     def paste(self) -> list[str]: ...
     def delete_selection(self) -> None: ...
     def group_selection(self) -> bool: ...
+    def rename_group_selection(self) -> bool: ...
     def ungroup_selection(self) -> bool: ...
     def open_node_search(self) -> None: ...
     def focus_formula(self) -> None: ...
@@ -91,6 +92,8 @@ class WindowActions:
         self.select_all = _action(w, "Select &All", e.adapter.select_all, [std.SelectAll])
         self.group = _action(w, "&Group…", lambda: e.group_selection(), ["Ctrl+G"],
                              "Show the selected nodes as one node, under a name")
+        self.rename_group = _action(w, "&Rename Group…", lambda: e.rename_group_selection(), ["F2"],
+                                    "Give the selected group (or the open one) a new name")
         self.ungroup = _action(w, "U&ngroup", e.ungroup_selection, ["Ctrl+Shift+G"],
                                "Show the nodes of the selected groups (or of the open one) again")
         self.node_search = _action(e.canvas, "Add Node by &Name…", e.open_node_search, ["Tab"],
@@ -140,7 +143,7 @@ def build_menus(w: QtWidgets.QMainWindow, e: Editor, a: WindowActions) -> None:
 
     edit = bar.addMenu("&Edit")
     for action in (a.undo, a.redo, None, a.cut, a.copy, a.paste, a.delete, None, a.select_all, a.group,
-                   a.ungroup, None, a.node_search, a.formula):
+                   a.rename_group, a.ungroup, None, a.node_search, a.formula):
         edit.addSeparator() if action is None else edit.addAction(action)
     add = edit.addMenu("Add &Node")
     _add_node_menu(e, add)
@@ -169,8 +172,8 @@ def build_menus(w: QtWidgets.QMainWindow, e: Editor, a: WindowActions) -> None:
     ctx_add = ctx.addMenu("Add Node")
     _add_node_menu(e, ctx_add)
     ctx.addSeparator()
-    for action in (a.cut, a.copy, a.paste, a.delete, None, a.group, a.ungroup, None, a.select_all, a.fit,
-                   a.auto_layout):
+    for action in (a.cut, a.copy, a.paste, a.delete, None, a.group, a.rename_group, a.ungroup, None,
+                   a.select_all, a.fit, a.auto_layout):
         ctx.addSeparator() if action is None else ctx.addAction(action)
 
 
@@ -196,6 +199,7 @@ HELP = """<h3>Canvas</h3>
 <tr><td><b>Double-click</b> a title</td><td>rename the node</td></tr>
 <tr><td><b>Ctrl+G</b></td><td>group the selection under a name: one node on the canvas</td></tr>
 <tr><td><b>Double-click</b> a group</td><td>open it; the path above the canvas goes back</td></tr>
+<tr><td><b>F2</b></td><td>rename the selected group, or the open one</td></tr>
 <tr><td><b>Ctrl+Shift+G</b></td><td>ungroup the selected groups, or the open one</td></tr>
 </table>
 <h3>Cell</h3>

@@ -236,3 +236,81 @@ def test_a_file_without_groups_loads_as_before(make_window, tmp_path):
     w = make_window(path)
     assert w.cell.groups == [] and not w.adapter.group_nodes()
     assert "groups" not in w.cell.to_json()
+
+
+def test_rename_a_group_by_f2_undo_redo_and_save(qtbot, make_window, window, monkeypatch, tmp_path):
+    a = window.adapter
+    asked: list[str] = []
+    answer = ["forget"]
+    monkeypatch.setattr(dialogs, "ask_group_name", lambda parent, suggested: asked.append(suggested)
+                        or answer[0])
+    a.select_canvas([group_node(window, "forget gate")])
+    press(qtbot, window, QtCore.Qt.Key.Key_F2, QtCore.Qt.KeyboardModifier.NoModifier)
+    assert asked == ["forget gate"]  # the dialog offers the name it has
+    assert [g.name for g in window.cell.groups] == ["input gate", "forget", "output gate", "candidate"]
+    assert window.cell.groups[1].nodes == FORGET and window.is_modified()
+    assert group_node(window, "forget").view.isVisible()
+
+    answer[0] = "  "  # the rules of Ctrl+G: a name cannot be blank
+    assert not window.rename_group_selection()
+    assert "empty" in window.statusBar().currentMessage()
+    assert window.cell.groups[1].name == "forget"
+
+    window.actions_.undo.trigger()  # the rename is one step
+    assert [g.name for g in window.cell.groups] == GATES and not window.is_modified()
+    window.actions_.redo.trigger()
+    assert window.cell.groups[1].name == "forget"
+
+    # In an open group, the rename acts on it and the path above the canvas follows, undo included.
+    a.open_group_of("f")
+    assert window.breadcrumb.path() == ["LSTM", "forget"]
+    assert window.rename_group_selection("forget gate (f)")
+    assert window.breadcrumb.path() == ["LSTM", "forget gate (f)"]
+    window.actions_.undo.trigger()
+    assert window.breadcrumb.path() == ["LSTM", "forget"] and a.open_group == "forget"
+    window.actions_.redo.trigger()
+    a.close_group()
+
+    edit = next(m.menu() for m in window.menuBar().actions() if m.text() == "&Edit")
+    assert window.actions_.rename_group in edit.actions()
+    assert window.actions_.rename_group in a.graph.get_context_menu("graph").qmenu.actions()
+
+    path = tmp_path / "renamed.cell.json"
+    assert window.save_as(path)
+    other = make_window(path)
+    assert [g.name for g in other.cell.groups] == ["input gate", "forget gate (f)", *GATES[2:]]
+    assert other.cell.groups[1].nodes == FORGET and not other.is_modified()
+
+
+def test_f2_with_no_group_selected_says_what_to_select(window):
+    window.adapter.select(["fc"])
+    assert not window.rename_group_selection("anything")
+    assert window.statusBar().currentMessage() == "Select one group to rename"
+    assert [g.name for g in window.cell.groups] == GATES
+
+
+def test_the_output_node_added_in_an_open_group_goes_to_the_whole_cell_and_shows_it(window):
+    a = window.adapter
+    a.select_canvas([a.output_node()])
+    a.delete_selected()
+    assert a.output_node() is None
+    a.open_group_of("f")
+    window.add_node("output")
+    sink = a.output_node()
+    assert sink is not None and a.open_group is None and window.breadcrumb.path() == []
+    assert sink.view.isVisible() and a.graph.selected_nodes() == [sink]
+    assert "whole cell" in window.statusBar().currentMessage()
+    view = window.canvas
+    assert view.mapToScene(view.viewport().rect()).boundingRect().contains(sink.view.sceneBoundingRect())
+    assert [g.name for g in window.cell.groups] == GATES
+    assert window.cell.groups[1].nodes == FORGET
+    window.actions_.undo.trigger()
+    assert a.output_node() is None
+
+    window.actions_.undo.trigger()  # the deletion: the cell has its output node again
+    # Asked for from inside a group, the output node the cell has is shown, selected.
+    a.open_group_of("f")
+    window.add_node("output")
+    assert a.open_group is None and a.output_node().view.isVisible()
+    assert a.graph.selected_nodes() == [a.output_node()]
+    assert "one output node" in window.statusBar().currentMessage()
