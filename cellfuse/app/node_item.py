@@ -111,8 +111,7 @@ class CellNodeItem(NodeItem):
             parts.append(self.caption)
         if self.shape_text:
             parts.append(f"shape {self.shape_text}")
-        color = {"error": "#f07060", "warning": "#f0c040",
-                 "info": theme.qcolor(theme.INFO_COLOR).name()}.get(self.mark or "", "")
+        color = theme.SEVERITY_TEXT.get(self.mark or "", "")
         for line in self.mark_lines:
             parts.append(f'<span style="color:{color}">{line}</span>')
         self.setToolTip("<br/>".join(parts))

@@ -226,7 +226,7 @@ class PropertiesPanel(QtWidgets.QWidget):
         self.users_label.setText(", ".join(filter(None, [_links(users) if users or not extra else "",
                                                         *extra])))
         lines = [p for p in [*info.problems, *info.notes] if p.node == node.id]
-        color = {"error": "#f07060", "warning": "#f0c040", "info": theme.qcolor(theme.INFO_COLOR).name()}
+        color = theme.SEVERITY_TEXT
         word = {"error": "error", "warning": "warning", "info": "note"}  # a note is no problem
         self.problems_label.setText("<br/>".join(
             f'<span style="color:{color[p.severity]}">{word[p.severity]}: {html.escape(p.message)}</span>'

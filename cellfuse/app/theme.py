@@ -42,6 +42,8 @@ WARNING_COLOR: RGB = (240, 190, 40)
 # A note (a condition the cell runs under, not a problem): a calm blue, the hue of the selection, which
 # launch colours keep away from already; a note shows as a badge only, never as a ring or border.
 INFO_COLOR: RGB = (110, 175, 240)
+# The text of a message by its severity, on the dark panels (lighter than the marks' colours).
+SEVERITY_TEXT = {"error": "#f07060", "warning": "#f0c040", "info": "#{:02x}{:02x}{:02x}".format(*INFO_COLOR)}
 SELECTED_COLOR: RGB = (80, 170, 255)  # blue: far from the amber of a warning
 NODE_BODY: RGB = (44, 46, 52)
 CANVAS_BACKGROUND: RGB = (30, 31, 35)

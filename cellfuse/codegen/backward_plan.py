@@ -135,20 +135,9 @@ class BackwardPlan:
                 parts.append(read(name)[at:at + B * H].reshape(B, H))
             dinitial[state] = np.stack(parts)
         dparams = {key: np.zeros(shape, dx.dtype) for key, shape in plan.params.items()}
-        for b in plan.buffers.values():
-            if b.role not in ("weight", "stacked", "bias"):
-                continue
-            g = read(grad_of(b.name))
-            if b.role == "weight":
-                dparams[b.sources[0]] += g.reshape(plan.params[b.sources[0]])
-                continue
-            widths = b.widths if b.role == "bias" else tuple(plan.params[key][1] for key in b.sources)
-            g = g.reshape(-1, sum(widths))
-            col = 0
-            for key, width in zip(b.sources, widths, strict=True):
-                if key is not None:
-                    dparams[key] += g[:, col:col + width].reshape(plan.params[key])
-                col += width
+        for part in plan.param_parts():
+            g = read(grad_of(part.buffer)).reshape(part.rows, part.ld)
+            dparams[part.key] += g[:, part.col:part.col + part.width].reshape(plan.params[part.key])
         return Gradients(dx.copy(), dinitial, dparams)
 
     def _state_grad(self, state: str, layer: int, t: int) -> tuple[str, int]:

@@ -378,22 +378,12 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
         for key in params:
             w(f"    cudaMemsetAsync(dparams[{param_index[key]}], 0, {math.prod(plan.params[key])} * "
               f"sizeof(float), stream);  /* {comment_text(key)} */")
-        for b in plan.buffers.values():
-            if b.role == "weight":
-                key = b.sources[0]
-                axpy(str(math.prod(plan.params[key])), _var(grad_of(b.name)), f"dparams[{param_index[key]}]")
-            elif b.role in ("stacked", "bias"):
-                widths = b.widths if b.role == "bias" else tuple(plan.params[key][1] for key in b.sources)
-                rows = 1 if b.role == "bias" else plan.params[b.sources[0]][0]
-                col = 0
-                for key, width in zip(b.sources, widths, strict=True):
-                    if key is not None:  # dparam[rows, width] += the part's columns of the stacked gradient
-                        out_ = f"dparams[{param_index[key]}]"
-                        w(f"    st = cublasSgeam(handle, CUBLAS_OP_N, CUBLAS_OP_N, {width}, {rows}, &one, "
-                          f"{_var(grad_of(b.name))} + {col}, {sum(widths)}, &one, {out_}, {width}, {out_}, "
-                          f"{width});  /* {comment_text(key)} */")
-                        w("    if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
-                    col += width
+        for part in plan.param_parts():  # dparam[rows, width] += the part's columns of its buffer's gradient
+            out_ = f"dparams[{param_index[part.key]}]"
+            w(f"    st = cublasSgeam(handle, CUBLAS_OP_N, CUBLAS_OP_N, {part.width}, {part.rows}, &one, "
+              f"{_var(grad_of(part.buffer))} + {part.col}, {part.ld}, &one, {out_}, {part.width}, {out_}, "
+              f"{part.width});  /* {comment_text(part.key)} */")
+            w("    if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
         w("    return (int)cudaGetLastError();")
         w("}")
         w("")

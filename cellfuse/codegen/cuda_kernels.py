@@ -310,7 +310,7 @@ def _sums_the_row(instr: Instr | GradInstr) -> bool:
     return isinstance(instr, Instr) and instr.op.is_reduction
 
 
-def _passes(body: tuple[Instr | GradInstr, ...]) -> dict[str, int]:
+def row_passes(body: tuple[Instr | GradInstr, ...]) -> dict[str, int]:
     """The pass over the row in which each value of a reducing kernel's body is computed: a row sum's
     result is there from the pass after the one that computes its argument; anything else from the
     pass of the latest value it reads."""
@@ -339,7 +339,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
     kinds = value_kinds(launch.body, {v: acc.kind for v, (acc, _) in inputs.items()})
     uniform = {v for v, kind in kinds.items() if kind in ("col", "scalar")}
     body = _live(launch.body, set(stores))
-    level = _passes(body)
+    level = row_passes(body)
     passes = max(level.values(), default=0) + 1
     # where each value is read: the pass of an elementwise use, or the pass before a row sum's result
     used: dict[str, set[int]] = {}

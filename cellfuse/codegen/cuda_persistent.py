@@ -309,7 +309,7 @@ class _Kernel:
                f"{IND}        if (j < {k.width})",
                f"{IND}            s += __ldcg({names[at]} + (long long)(row0 + rr) * {ld} + j);",
                f"{IND}    }}",
-               f"{IND}    for (int d = 16; d > 0; d /= 2) s += __shfl_xor_sync(0xffffffffu, s, d);",
+               f"{IND}    s = cf_warp_sum(s);",
                f"{IND}    if (tid % 32 == 0) {names[n]}[(long long)(row0 + rr) * {sums_ld} + cb] = s;",
                f"{IND}}}")
 

@@ -9,6 +9,8 @@ every executor resolves addresses with one function, `row_offset`.
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -320,6 +322,19 @@ class WavefrontLaunch:
         return f"layers 0 to {len(self.layers) - 1}"
 
 
+@dataclass(frozen=True)
+class ParamPart:
+    """A parameter key's place in a weight-like buffer: `rows` rows of `width` columns from column `col`,
+    the buffer's rows `ld` floats long."""
+
+    buffer: str
+    key: str
+    col: int
+    width: int
+    ld: int
+    rows: int
+
+
 @dataclass
 class LayerPlan:
     layer: int
@@ -505,6 +520,23 @@ class Plan:
             if p.note and p.layer:
                 lines.append(f"    note: {p.note}")
         return lines
+
+    def param_parts(self) -> Iterator[ParamPart]:
+        """Where each parameter key lives in the weight-like buffers: a weight as it is, a stacked
+        weight's or a bias row's columns (a key may live in several)."""
+        for b in self.buffers.values():
+            if b.role == "weight":
+                key = b.sources[0]
+                shape = self.params[key]
+                yield ParamPart(b.name, key, 0, shape[-1], shape[-1], math.prod(shape[:-1]))
+            elif b.role in ("stacked", "bias"):
+                widths = b.widths if b.role == "bias" else tuple(self.params[key][1] for key in b.sources)
+                rows = 1 if b.role == "bias" else self.params[b.sources[0]][0]
+                col = 0
+                for key, width in zip(b.sources, widths, strict=True):
+                    if key is not None:
+                        yield ParamPart(b.name, key, col, width, sum(widths), rows)
+                    col += width
 
     # -- the data a run starts from -------------------------------------------------------------
     def weight_arrays(self, params: dict[str, np.ndarray], dtype=np.float32) -> dict[str, np.ndarray]:

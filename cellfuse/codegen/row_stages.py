@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..graph_model import OPS
+from .cuda_kernels import row_passes
 from .plan import Access, Buffer, Const, Instr, KernelLaunch
 
 
@@ -25,16 +26,6 @@ class Stages:
     buffers: list[Buffer]  # the partial sums and the values carried from one stage to the next
 
 
-def passes(body: tuple[Instr, ...]) -> dict[str, int]:
-    """The pass of each value the body computes: a reduction's result is there from the pass after its
-    argument's, anything else from the pass of its latest argument (inputs are there from pass 0)."""
-    level: dict[str, int] = {}
-    for instr in body:
-        first = max((level.get(a, 0) for a in instr.args if not isinstance(a, Const)), default=0)
-        level[instr.result] = first + instr.op.is_reduction
-    return level
-
-
 def reduces(launch: KernelLaunch) -> bool:
     return any(instr.op.is_reduction for instr in launch.body)
 
@@ -42,7 +33,7 @@ def reduces(launch: KernelLaunch) -> bool:
 def row_stages(launch: KernelLaunch, prefix: str, column_blocks: int) -> Stages:
     """The stages of a kernel with row reductions (see the module's doc); `prefix` starts the names of
     the buffers they add (the layer's), and `column_blocks` is the number of blocks that share a row."""
-    level = passes(launch.body)
+    level = row_passes(launch.body)
     last = max(level.values())
     inputs = dict(launch.inputs)
     reductions = [i for i in launch.body if i.op.is_reduction]

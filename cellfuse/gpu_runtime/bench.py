@@ -56,7 +56,6 @@ BASELINE_NOTES = {
 }
 # The baselines that run in training mode: the captured forward pass and cuDNN's persistent algorithms
 # through its C API are forward only.
-TRAIN_BASELINES = ("numpy reference", "pytorch eager", "torch.compile", "torch.compile default", "cudnn")
 TRAIN_NOTES = {
     "numpy reference": "float64 on the CPU, forward + backward, one run",
     "pytorch eager": "the cell op by op in PyTorch, step by step, with autograd",
@@ -65,6 +64,7 @@ TRAIN_NOTES = {
     "torch.compile default": "the same whole forward under torch.compile in its default mode, with autograd",
     "cudnn": "torch.nn.LSTM / torch.nn.GRU with the same weights, with autograd",
 }
+TRAIN_BASELINES = tuple(TRAIN_NOTES)  # the baselines that have a backward pass
 MEASURES = {False: "forward", True: "forward + backward (the gradients of x, the initial states and every "
                                     "parameter for a fixed random dy)"}
 ROUNDS = 5  # timing rounds, each taking every implementation in turn
@@ -173,30 +173,29 @@ def available_backends() -> list[str]:
     return ["numpy", "cuda"]
 
 
-def _rel_error(result: Forward, ref: Forward) -> float:
-    """The largest absolute error over y and the final states, relative to the largest value."""
-    pairs = [(result.y, ref.y)] + [(result.final[s], v) for s, v in ref.final.items() if s in result.final]
+def _worst_relative(pairs) -> float:
+    """The largest over (got, want) pairs of the largest absolute error relative to want's largest value;
+    infinite where got is missing, of another shape, or not finite."""
     worst = 0.0
     for got, want in pairs:
-        if not np.all(np.isfinite(got)):
+        if got is None or got.shape != want.shape or not np.all(np.isfinite(got)):
             return float("inf")
-        scale = max(float(np.max(np.abs(want))), 1e-30)
-        worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - want))) / scale)
+        scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-30)
+        worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - want), initial=0.0)) / scale)
     return worst
+
+
+def _rel_error(result: Forward, ref: Forward) -> float:
+    """The largest absolute error over y and the final states, relative to the largest value."""
+    return _worst_relative([(result.y, ref.y)] + [(result.final[s], v) for s, v in ref.final.items()
+                                                  if s in result.final])
 
 
 def _grad_error(got: Gradients, ref: Gradients) -> float:
     """The largest over every gradient (of x, each initial state, each parameter) of its largest absolute
     error relative to its own largest value; infinite for a gradient missing or not finite."""
-    pairs = [(got.dx, ref.dx), *((got.dinitial.get(s), v) for s, v in ref.dinitial.items()),
-             *((got.dparams.get(k), v) for k, v in ref.dparams.items())]
-    worst = 0.0
-    for g, want in pairs:
-        if g is None or g.shape != want.shape or not np.all(np.isfinite(g)):
-            return float("inf")
-        scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-30)
-        worst = max(worst, float(np.max(np.abs(g.astype(np.float64) - want), initial=0.0)) / scale)
-    return worst
+    return _worst_relative([(got.dx, ref.dx), *((got.dinitial.get(s), v) for s, v in ref.dinitial.items()),
+                            *((got.dparams.get(k), v) for k, v in ref.dparams.items())])
 
 
 def _stats(times_ms: list[float]) -> dict:

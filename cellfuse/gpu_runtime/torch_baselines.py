@@ -138,8 +138,8 @@ class CompiledCell(_CellWeights):
         for n in self.order:
             if OPS[self.nodes[n].op].is_matmul:
                 self.groups.setdefault(self.nodes[n].args[0], []).append(n)
-        with self.torch.no_grad():
-            self.stacked = [self._stack(layer) for layer in range(layers)]
+        with self.torch.no_grad():  # training stacks them in the forward pass, for autograd to split back
+            self.stacked = [] if self.train else [self._stack(layer) for layer in range(layers)]
         self.forward = self._forward
         if mode:
             # torch.compile keeps its compiled code per Python code object, and past 8 entries (say, the

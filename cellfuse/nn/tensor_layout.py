@@ -19,46 +19,11 @@ serves the numpy executor and the CUDA executor alike:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from ..codegen.backward_plan import BackwardPlan
-from ..codegen.plan import Plan, grad_of
-
-
-@dataclass(frozen=True)
-class WeightBlock:
-    """A parameter's place in a weight-like buffer: the buffer seen as rows of `total` columns, the key's
-    columns from `col` on, `width` of them."""
-
-    buffer: str
-    key: str
-    col: int
-    width: int
-    total: int
-
-
-def weight_blocks(plan: Plan) -> list[WeightBlock]:
-    """Every place a parameter is copied to before a run (a bias row's zero blocks are no parameter's)."""
-    out = []
-    for b in plan.buffers.values():
-        if b.role == "weight":
-            width = plan.params[b.sources[0]][-1]
-            out.append(WeightBlock(b.name, b.sources[0], 0, width, width))
-            continue
-        if b.role == "stacked":
-            widths = tuple(plan.params[key][1] for key in b.sources)
-        elif b.role == "bias":
-            widths = b.widths
-        else:
-            continue
-        col = 0
-        for key, width in zip(b.sources, widths, strict=True):
-            if key is not None:
-                out.append(WeightBlock(b.name, key, col, width, sum(widths)))
-            col += width
-    return out
+from ..codegen.plan import ParamPart, Plan, grad_of
 
 
 class TensorLayout:
@@ -69,10 +34,10 @@ class TensorLayout:
         self.plan, self.backward, self.views = plan, backward, views
         self.state_ids = plan.state_ids
         self.keys = tuple(plan.params)
-        self.blocks = weight_blocks(plan)
+        self.parts = list(plan.param_parts())
 
-    def _block(self, buffer: str, block: WeightBlock) -> torch.Tensor:
-        return self.views[buffer].view(-1, block.total)[:, block.col:block.col + block.width]
+    def _block(self, buffer: str, part: ParamPart) -> torch.Tensor:
+        return self.views[buffer].view(-1, part.ld)[:, part.col:part.col + part.width]
 
     def _state_grad(self, state: str, layer: int, t: int) -> torch.Tensor:
         """The [B * hidden] gradient of a layer's state before step t (t = T: after the last step): the
@@ -89,8 +54,8 @@ class TensorLayout:
         for state, value in zip(self.state_ids, states, strict=True):
             self.views[f"init.{state}"].copy_(value.reshape(-1))
         by_key = dict(zip(self.keys, params, strict=True))
-        for block in self.blocks:
-            self._block(block.buffer, block).copy_(by_key[block.key].reshape(-1, block.width))
+        for part in self.parts:
+            self._block(part.buffer, part).copy_(by_key[part.key].reshape(-1, part.width))
 
     def outputs(self) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """y [T, B, hidden] and the final states [L, B, hidden] of the last run, as tensors of their own."""
@@ -123,6 +88,6 @@ class TensorLayout:
         x = self.views["x"]
         dparams = {key: torch.zeros(shape, dtype=x.dtype, device=x.device)
                    for key, shape in self.plan.params.items()}
-        for block in self.blocks:
-            dparams[block.key] += self._block(grad_of(block.buffer), block).reshape(dparams[block.key].shape)
+        for part in self.parts:
+            dparams[part.key] += self._block(grad_of(part.buffer), part).reshape(dparams[part.key].shape)
         return dx, dinitial, [dparams[key] for key in self.keys]
