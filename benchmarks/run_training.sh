@@ -1,27 +1,54 @@
 #!/usr/bin/env bash
-# The training records and the new templates' comparisons, on the GPU machine, one after another:
-#   bash benchmarks/run_training.sh OUTDIR
-# Each case writes OUTDIR/<case>.json (the record, with the GPU, date and sizes) and OUTDIR/<case>.txt;
-# everything is packed into OUTDIR.tar.gz at the end, one file to bring back.
+# The training records and the new templates' comparisons, on the GPU machine:
+#   bash benchmarks/run_training.sh OUTDIR [CASE...]
+# CASE is a template (its forward pass), a template with _train (forward + backward) or train_lm (the
+# language model); by default lstm_train gru_train train_lm peephole_lstm_train sru residual_lstm slstm
+# layernorm_lstm. Together they take longer than one ten-minute call (mostly compiling
+# torch.compile's baselines, so a call names a few). Each case writes OUTDIR/<case>.json (the record, with
+# the GPU, date and sizes) and OUTDIR/<case>.txt; everything is packed into OUTDIR.tar.gz at the end, one
+# file to bring back. The environment may narrow a call:
+#   SCHEDULES=graph                 the schedules of every case
+#   TRAIN_BASELINES=...  BASELINES=...  the baselines of the training cases and of the forward cases
+#   WARM=1                          first runs every case at once, to fill torch.compile's cache (its
+#                                   compiles take minutes each, on one core each), then one by one as
+#                                   always, so that no two cases are timed at the same time
 set -uo pipefail
-out=${1:?usage: run_training.sh OUTDIR}
+out=${1:?usage: run_training.sh OUTDIR [CASE...]}
+shift
+cases=${*:-lstm_train gru_train train_lm peephole_lstm_train sru residual_lstm slstm layernorm_lstm}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-run() {
-    local case=$1 limit=$2
-    shift 2
-    timeout "$limit" python3 -m cellfuse bench "$@" --json "$out/$case.json" > "$out/$case.txt" 2>&1
+S="--seq 100 --input 512 --hidden 512 --batch 64"
+# Forward + backward against cuDNN, PyTorch eager and torch.compile with autograd; the new templates'
+# forward pass against PyTorch in a CUDA graph and torch.compile. Limits keep one slow compile from
+# taking the whole call.
+schedules=${SCHEDULES:-hoisted,graph,persistent}
+run() {  # run DIR CASE
+    local dir=$1 case=$2 limit argv
+    case $case in
+        train_lm)
+            limit=200 argv=() ;;
+        *_train)
+            limit=300 argv=("${case%_train}" $S --train --schedules "$schedules"
+                            --baselines "${TRAIN_BASELINES:-cudnn,pytorch eager,torch.compile}") ;;
+        *)
+            limit=300 argv=("$case" $S --schedules "$schedules"
+                            --baselines "${BASELINES:-pytorch graph,torch.compile}") ;;
+    esac
+    # -k: a compile in progress can outlive the polite signal
+    if [[ $case == train_lm ]]; then
+        timeout -k 10 "$limit" python3 benchmarks/train_lm.py --device cuda --json "$dir/$case.json" \
+            > "$dir/$case.txt" 2>&1
+    else
+        timeout -k 10 "$limit" python3 -m cellfuse bench "${argv[@]}" --json "$dir/$case.json" \
+            > "$dir/$case.txt" 2>&1
+    fi
     echo "$case: exit $?"
 }
-S="--seq 100 --input 512 --hidden 512 --batch 64"
-# Forward + backward, against cuDNN, PyTorch eager and torch.compile with autograd.
-run lstm_train 300 lstm $S --train --schedules hoisted,graph --baselines "cudnn,pytorch eager,torch.compile"
-run gru_train 300 gru $S --train --schedules hoisted,graph --baselines "cudnn,pytorch eager,torch.compile"
-run peephole_lstm_train 300 peephole_lstm $S --train --schedules hoisted,graph --baselines "torch.compile"
-# The new templates' forward pass against PyTorch in a CUDA graph and torch.compile.
-for cell in sru residual_lstm slstm layernorm_lstm; do
-    run "${cell}_B64" 300 $cell $S --schedules graph,persistent --baselines "pytorch graph,torch.compile"
-done
-timeout 600 python3 benchmarks/train_lm.py --device cuda --json "$out/train_lm.json" > "$out/train_lm.txt" 2>&1
-echo "train_lm: exit $?"
+if [[ ${WARM:-0} == 1 ]]; then
+    mkdir -p "$out/warm"
+    for case in $cases; do run "$out/warm" "$case" & done
+    wait
+fi
+for case in $cases; do run "$out" "$case"; done
 tar czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"

@@ -38,12 +38,13 @@ from ..graph_model import (
 )
 from .cudnn_persistent import ALGORITHM_NAMES, CudnnPersistentRNN, CudnnRefused, unavailable_reason
 from .cudnn_persistent import ALGORITHMS as CUDNN_PERSISTENT
+from .torch_baselines import SRU_PACKAGE
 
 log = logging.getLogger(__name__)
 
 TOLERANCE = 1e-4  # relative error allowed in float32
 BASELINES = ("numpy reference", "pytorch eager", "pytorch graph", "torch.compile", "torch.compile default",
-             "cudnn", *CUDNN_PERSISTENT)
+             "cudnn", *CUDNN_PERSISTENT, SRU_PACKAGE)
 BASELINE_NOTES = {
     "pytorch eager": "the cell op by op in PyTorch, step by step",
     "pytorch graph": "the same, captured once into a CUDA graph and replayed",
@@ -53,6 +54,7 @@ BASELINE_NOTES = {
     "cudnn": "torch.nn.LSTM / torch.nn.GRU with the same weights",
     **{name: f"cuDNN's {ALGORITHM_NAMES[algo]} in float32 (no TF32) with the same weights, through cuDNN's C "
              "API" for name, algo in CUDNN_PERSISTENT.items()},
+    SRU_PACKAGE: "the sru package's SRU (its own fused CUDA kernel) with the same weights",
 }
 # The baselines that run in training mode: the captured forward pass and cuDNN's persistent algorithms
 # through its C API are forward only.
@@ -63,6 +65,7 @@ TRAIN_NOTES = {
                      "its backward by autograd",
     "torch.compile default": "the same whole forward under torch.compile in its default mode, with autograd",
     "cudnn": "torch.nn.LSTM / torch.nn.GRU with the same weights, with autograd",
+    SRU_PACKAGE: "the sru package's SRU with the same weights, its own forward and backward CUDA kernels",
 }
 TRAIN_BASELINES = tuple(TRAIN_NOTES)  # the baselines that have a backward pass
 MEASURES = {False: "forward", True: "forward + backward (the gradients of x, the initial states and every "
@@ -212,6 +215,21 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def runnable_baselines(cell: Cell, config: BenchConfig, backend: str) -> list[str]:
+    """The baselines of `config` that can run the cell on `backend`: only the numpy reference on numpy
+    or without PyTorch's CUDA; cuDNN's for the cells cuDNN implements; the sru package's for SRU."""
+    from .torch_baselines import cudnn_kind, is_sru, torch_available
+
+    baselines = [b for b in config.baselines if b in (TRAIN_BASELINES if config.train else BASELINES)]
+    if backend == "numpy" or not torch_available():
+        return [b for b in baselines if b == "numpy reference"]
+    if cudnn_kind(cell) is None:
+        baselines = [b for b in baselines if b != "cudnn" and b not in CUDNN_PERSISTENT]
+    if not is_sru(cell):
+        baselines = [b for b in baselines if b != SRU_PACKAGE]
+    return baselines
+
+
 def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = None,
                   cancelled: Callable[[], bool] | None = None) -> BenchResult:
     """Checks each schedule and baseline against the reference, then times those that were right.
@@ -246,16 +264,7 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
                          timing=f"{clock}; median of {runs} runs after warm-up, timed in {rounds} rounds "
                                 "that take every implementation in turn", train=config.train)
     schedules = [s for s in config.schedules if s in SCHEDULES]
-    baselines = [b for b in config.baselines if b in (TRAIN_BASELINES if config.train else BASELINES)]
-    if backend == "numpy":
-        baselines = [b for b in baselines if b == "numpy reference"]
-    else:
-        from .torch_baselines import cudnn_kind, torch_available
-
-        if not torch_available():
-            baselines = [b for b in baselines if b == "numpy reference"]
-        elif cudnn_kind(cell) is None:
-            baselines = [b for b in baselines if b != "cudnn" and b not in CUDNN_PERSISTENT]
+    baselines = runnable_baselines(cell, config, backend)
     total = 1 + len(schedules) + len(baselines) + rounds
     done = 0
 
@@ -535,20 +544,24 @@ def _train_cuda(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Time
 def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
     train = p.config.train
     row = BenchRow(name, "baseline", False, note=(TRAIN_NOTES if train else BASELINE_NOTES)[name])
-    if name in CUDNN_PERSISTENT and (reason := unavailable_reason()):
-        row.note, row.applicable = f"not available: {reason}; {row.note}", False
-        return row, None
-    import torch
-
     from .torch_baselines import (
         COMPILE_MODES,
         CompiledCell,
         CudnnCell,
         GraphedCell,
+        SruPackageCell,
         TorchCell,
         Training,
         cudnn_kind,
+        sru_unavailable,
     )
+
+    reason = (unavailable_reason() if name in CUDNN_PERSISTENT
+              else sru_unavailable() if name == SRU_PACKAGE else None)
+    if reason:
+        row.note, row.applicable = f"not available: {reason}; {row.note}", False
+        return row, None
+    import torch
 
     # Float32 against float32: PyTorch would otherwise let cuDNN and cuBLAS round inputs to TF32.
     torch.backends.cudnn.allow_tf32 = False
@@ -565,6 +578,8 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
             model = CudnnPersistentRNN(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden,
                                        sizes.batch, sizes.seq, CUDNN_PERSISTENT[name])
             _add_note(row, f"cuDNN {model.cudnn.version}")
+        elif name == SRU_PACKAGE:
+            model = SruPackageCell(p.params, sizes.layers, sizes.input, sizes.hidden, train=train)
         elif name in COMPILE_MODES:
             model = CompiledCell(p.cell, p.params, sizes.layers, COMPILE_MODES[name], train=train)
         else:

@@ -1,8 +1,8 @@
 """What a researcher could otherwise use, in PyTorch, on the same cell, weights and inputs:
 the cell interpreted op by op ("PyTorch eager"), the same captured into a CUDA graph, the whole forward
 pass (every step of every layer) under torch.compile, with CUDA graphs (mode "reduce-overhead", its
-best) and in its default mode, and cuDNN (torch.nn.LSTM / torch.nn.GRU) when the cell is one cuDNN
-implements.
+best) and in its default mode, cuDNN (torch.nn.LSTM / torch.nn.GRU) when the cell is one cuDNN
+implements, and the `sru` package's own CUDA kernel when the cell is the SRU template.
 
 Built with `train=True`, the cell's programs and cuDNN's run with autograd, their weights leaves that
 require gradients, and `Training` runs one forward + backward pass of any of them."""
@@ -305,6 +305,87 @@ class CudnnCell:
                 out[param_key(layer, gate[2])] = b_ih[rows]
                 if self.kind == "gru":
                     out[param_key(layer, gate[3])] = b_hh[rows]
+        return out
+
+
+SRU_PACKAGE = "sru package"  # the baseline's name
+SRU_INSTALL = "pip install sru ninja"  # ninja builds its kernel at the first import
+
+
+def is_sru(cell: Cell) -> bool:
+    """True when the cell computes what the `sru` package's SRU computes (our `sru` template)."""
+    return cell.structure_hash() == load_template("sru").structure_hash()
+
+
+@functools.cache
+def sru_unavailable() -> str | None:
+    """Why the `sru` package's CUDA kernel cannot run here, or None. The package compiles its kernel with
+    the machine's nvcc at its first import and, when that fails, warns and loads a stub that fails at the
+    first call: the warning is the reason."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            import sru  # noqa: F401
+        except Exception as e:  # not installed, or not even the stub builds (no ninja, no compiler)
+            return f"the sru package does not import ({type(e).__name__}: {e}); {SRU_INSTALL}"
+    for w in caught:
+        if "unsuccessful" in str(w.message):  # the compiler's first error says most; ninja's last line least
+            lines = [line.strip() for line in str(w.message).splitlines()[1:] if line.strip()]
+            errors = [line for line in lines if "error" in line.lower()]
+            return f"the sru package's CUDA kernel did not build: {(errors or lines)[0]}"
+    return None
+
+
+class SruPackageCell:
+    """The `sru` package's SRU (Lei et al. 2017, its version 2 with v_f, v_r on c(t-1); no tanh, no
+    rescaling of x, no dropout) loaded with the SRU template's weights: the package's own fused CUDA kernel
+    for the recurrence, beside cuBLAS for the input projection. Its weight of a layer is [input, 3 * hidden]
+    with the three matrices interleaved per hidden unit (column 3j + k is unit j of matrix k: x_tilde's W,
+    then W_f, then W_r); v and b are [forget; reset]."""
+
+    MATRICES = ("W", "W_f", "W_r")
+
+    def __init__(self, params: dict[str, np.ndarray], layers: int, input_size: int, hidden: int,
+                 device: str = "cuda", train: bool = False):
+        import sru
+        import torch
+
+        self.torch, self.layers, self.hidden, self.train = torch, layers, hidden, train
+        dtype = torch.from_numpy(params[param_key(0, "W")]).dtype
+        self.module = sru.SRU(input_size, hidden, num_layers=layers, dropout=0.0, rescale=False,
+                              has_skip_term=True, use_tanh=False, layer_norm=False)
+        self.module = self.module.to(device, dtype).train(train)
+        with torch.no_grad():
+            for layer, rnn in enumerate(self.module.rnn_lst):
+                def p(name: str, layer: int = layer) -> np.ndarray:
+                    return params[param_key(layer, name)]
+
+                weight = np.stack([p(m) for m in self.MATRICES], axis=-1).reshape(input_size, 3 * hidden)
+                for name, value in (("weight", weight), ("weight_c", np.concatenate([p("v_f"), p("v_r")])),
+                                    ("bias", np.concatenate([p("b_f"), p("b_r")]))):
+                    getattr(rnn, name).copy_(torch.from_numpy(value))
+
+    def __call__(self, x, initial: list):
+        with self.torch.enable_grad() if self.train else self.torch.no_grad():
+            y, _ = self.module(x, initial[0])  # the template's one state is c
+        return y
+
+    def parameters(self) -> list:
+        return [getattr(rnn, name) for rnn in self.module.rnn_lst for name in ("weight", "weight_c", "bias")]
+
+    def param_gradients(self, grads) -> dict[str, np.ndarray]:
+        """The gradients of `parameters()`, in their order, mapped back to the cell's parameter keys."""
+        H, out = self.hidden, {}
+        grads = [g.detach().cpu().numpy() for g in grads]
+        for layer in range(self.layers):
+            weight, v, b = grads[3 * layer:3 * layer + 3]
+            per_matrix = weight.reshape(weight.shape[0], H, 3)
+            for k, m in enumerate(self.MATRICES):
+                out[param_key(layer, m)] = per_matrix[:, :, k]
+            for name, value in (("v_f", v[:H]), ("v_r", v[H:]), ("b_f", b[:H]), ("b_r", b[H:])):
+                out[param_key(layer, name)] = value
         return out
 
 
