@@ -19,16 +19,22 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
 import numpy as np
-from gradient_runs import Run, assert_gradients, make_run
+from gradient_runs import Run, make_run
 from random_cells import random_cell
 
 from cellfuse.codegen import SCHEDULES, make_plan
+from cellfuse.gpu_runtime.bench import _grad_error
 from cellfuse.graph_model import Gradients, Sizes, run_reference
 
 FIRST_SEED = 7000  # apart from the seeds of the other random-cell tests
 # input == hidden: a cell that ties the two widths runs only there; 40 columns over many blocks
 SIZES = Sizes(seq=6, batch=5, input=40, hidden=40)
 FORWARD_TOLERANCE = 1e-4  # float32 against float64, relative to the largest magnitude (at least 1)
+# Gradients, each relative to its own largest magnitude: on numpy in float64, where the plan's arithmetic
+# is the reference's up to rounding; on the GPU in float32, within 1e-4 or, where float32 itself loses
+# more (through three layers of random ops it can: 3e-3 for 2 cells of 1000), within 10 times the error
+# of the numpy executor's float32 gradients on the graph rung, an independent float32 evaluation.
+FLOAT64_GRADIENT_TOLERANCE = 1e-8
 GRADIENT_TOLERANCE = 1e-4
 
 
@@ -68,7 +74,7 @@ def _forward(run: Run, schedule: str, backend: str) -> None:
 
 def _gradients(run: Run, schedule: str, backend: str) -> Gradients:
     if backend == "numpy":
-        return run.numpy(schedule, np.float32)
+        return run.numpy(schedule, np.float64)
     from cellfuse.gpu_runtime.cuda_backward import CudaBackward
     from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
 
@@ -93,15 +99,22 @@ def check(seed: int, backend: str = "cuda", gradients: bool = True) -> Checked:
     run = _run(seed)
     failures = []
     want = run.reference() if gradients else None
+    if not gradients:
+        tolerance = 0.0
+    elif backend == "numpy":
+        tolerance = FLOAT64_GRADIENT_TOLERANCE
+    else:
+        tolerance = max(GRADIENT_TOLERANCE, 10 * _grad_error(run.numpy("graph", np.float32), want))
     for schedule in SCHEDULES:
         for name in ("forward", "backward") if gradients else ("forward",):
             try:
                 if name == "forward":
                     _forward(run, schedule, backend)
                 else:
-                    assert_gradients(_gradients(run, schedule, backend), want, GRADIENT_TOLERANCE)
+                    err = _grad_error(_gradients(run, schedule, backend), want)
+                    assert err < tolerance, f"gradient error {err:.2e} (tolerance {tolerance:.1e})"
             except AssertionError as e:
-                failures.append(f"{schedule} {name}: {str(e).splitlines()[0]}")
+                failures.append(f"{schedule} {name}: {e}")
             except Exception as e:  # a crash is a failure of this cell, reported with the others
                 at = traceback.extract_tb(e.__traceback__)[-1]
                 failures.append(f"{schedule} {name}: {type(e).__name__}: {e} ({at.filename}:{at.lineno})")
