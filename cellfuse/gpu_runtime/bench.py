@@ -523,8 +523,7 @@ def _train_cuda(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Time
     def train_step() -> None:
         drv.memcpy_dtod_async(backward.memory, seeded, backward.nbytes, stream)
         ex.forward()
-        for call in backward.calls:
-            call()
+        backward.enqueue()
 
     for _ in range(p.config.warmup):
         train_step()

@@ -7,7 +7,10 @@ forward run's saved buffers where they are, float32.
 
 The gradient buffers and the adjoint kernels join the forward executor's tables of addresses and kernels,
 so that its one way of putting an instruction on a stream (cuBLAS with the GEMM's transposes and beta,
-the kernels with their pointers at step t) runs the backward program too.
+the kernels with their pointers at step t) runs the backward program too. Where the forward plan runs
+from a CUDA graph (the `graph`, `persistent` and `wavefront` rungs), so does the backward program,
+captured at its first run: launched one by one from Python, its two launches a step would cost more
+host time than the GPU spends on them.
 """
 
 from __future__ import annotations
@@ -51,6 +54,22 @@ class CudaBackward:
             forward.addr[name] = offset
             offset += 4 * n
         self.calls = [call for instr in self.plan.instructions() for call in forward._calls(instr, 0)]
+        self.graph_exec = None
+
+    def capture_graph(self) -> None:
+        """Captures one backward pass into a CUDA graph, which `enqueue` replays."""
+        self.graph_exec = self.forward.capture(self.calls)
+
+    def enqueue(self) -> None:
+        """Puts one backward pass on the forward executor's streams: from its CUDA graph where the forward
+        plan has one (captured at the first call), else launch by launch."""
+        if not self.forward.plan.cuda_graph:
+            for call in self.calls:
+                call()
+            return
+        if self.graph_exec is None:
+            self.capture_graph()
+        self.forward.replay(self.graph_exec)
 
     def seed(self, dy: np.ndarray, dfinal: Mapping[str, np.ndarray] | None = None) -> None:
         """Puts the gradient buffers in the state a backward run starts from: the seeds, zeros elsewhere
@@ -72,8 +91,7 @@ class CudaBackward:
         BackwardPlan.seeds for the seeds); raises CellError for a seed that does not fit."""
         drv, addr = self.forward.drv, self.forward.addr
         self.seed(dy, dfinal)
-        for call in self.calls:
-            call()
+        self.enqueue()
         self.forward.stream.synchronize()
 
         def read(name: str) -> np.ndarray:
@@ -84,4 +102,6 @@ class CudaBackward:
         return self.plan.gradients(read)
 
     def close(self) -> None:
+        if self.graph_exec is not None:
+            self.forward.release(self.graph_exec)
         self.memory.free()

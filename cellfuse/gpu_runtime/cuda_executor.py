@@ -168,6 +168,7 @@ class CudaExecutor:
         self._scalars = np.array([1.0, 0.0], np.float32)  # alpha and beta live here for cuBLAS
         self.events = [drv.Event(drv.event_flags.DISABLE_TIMING) for _ in range(self.program.events)]
         self.graph_exec = None
+        self._cs = self.cu.CUstream(self.stream.handle) if self.cu is not None else None  # for graphs
         self._prepared = {name: None for name in self.funcs}
         # Every launch of a forward pass with its addresses resolved once; `enqueue` only calls them.
         self.calls = [call for instr in self.program.instructions for call in self._calls(instr, 0)]
@@ -227,25 +228,39 @@ class CudaExecutor:
         for call in self.calls:
             call()
 
-    def capture_graph(self) -> None:
-        """Captures one forward pass into a CUDA graph, replayed by `forward`."""
+    def capture(self, calls: list[Callable[[], object]]):
+        """The calls (launches on the executor's streams, which end joined to the first) captured once
+        into a CUDA graph, instantiated for `replay`."""
         if self.cu is None:
             raise GpuUnavailable("CUDA graphs need NVIDIA's cuda-python (cuda.bindings): "
                                  "pip install cuda-python")
         cu = self.cu
-        cs = cu.CUstream(self.stream.handle)
-        _cu_check(cu.cuStreamBeginCapture(cs, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+        _cu_check(cu.cuStreamBeginCapture(self._cs,
+                                          cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
         try:
-            self.enqueue()
+            for call in calls:
+                call()
         finally:
-            graph = _cu_check(cu.cuStreamEndCapture(cs))
-        self.graph_exec = _cu_check(cu.cuGraphInstantiate(graph, 0))
-        self._cs = cs
+            graph = _cu_check(cu.cuStreamEndCapture(self._cs))
+        try:
+            return _cu_check(cu.cuGraphInstantiate(graph, 0))
+        finally:
+            _cu_check(cu.cuGraphDestroy(graph))  # the instantiated graph keeps what it needs
+
+    def replay(self, graph_exec) -> None:
+        _cu_check(self.cu.cuGraphLaunch(graph_exec, self._cs))
+
+    def release(self, graph_exec) -> None:
+        _cu_check(self.cu.cuGraphExecDestroy(graph_exec))
+
+    def capture_graph(self) -> None:
+        """Captures one forward pass into a CUDA graph, replayed by `forward`."""
+        self.graph_exec = self.capture(self.calls)
 
     def forward(self) -> None:
         """One forward pass on the stream: the graph replayed if one was captured, else direct launches."""
         if self.graph_exec is not None:
-            _cu_check(self.cu.cuGraphLaunch(self.graph_exec, self._cs))
+            self.replay(self.graph_exec)
         else:
             self.enqueue()
 
@@ -282,6 +297,8 @@ class CudaExecutor:
         return self.results()
 
     def close(self) -> None:
+        if self.graph_exec is not None:
+            self.release(self.graph_exec)
         for handle, workspace in zip(self.handles, self.workspaces, strict=True):
             self.cublas.destroy(handle)
             workspace.free()

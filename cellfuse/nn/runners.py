@@ -147,11 +147,9 @@ class CudaRunner(Runner):
         self._on_executor_stream(self.executor.forward)
 
     def _backward(self) -> None:
-        self._on_executor_stream(self._enqueue_backward)
-
-    def _enqueue_backward(self) -> None:
-        for call in self.backward_pass.calls:
-            call()
+        if self.executor.plan.cuda_graph and self.backward_pass.graph_exec is None:
+            self.backward_pass.capture_graph()  # captured, not run: the replay below runs it
+        self._on_executor_stream(self.backward_pass.enqueue)
 
 
 def _close(executor, backward) -> None:
