@@ -384,6 +384,23 @@ def _wall_clock(run: Callable[[], object]) -> Callable[[], float]:
     return once
 
 
+def _cuda_clock(drv, stream, run: Callable[[], object], warmup: int) -> Callable[[], float]:
+    """After `warmup` runs, a clock of one run of `run` on a PyCUDA stream, in ms, by CUDA events."""
+    for _ in range(warmup):
+        run()
+    stream.synchronize()
+    start, end = drv.Event(), drv.Event()
+
+    def once() -> float:
+        start.record(stream)
+        run()
+        end.record(stream)
+        end.synchronize()
+        return start.time_till(end)
+
+    return once
+
+
 def _wrong(row: BenchRow) -> bool:
     if row.rel_error < TOLERANCE:
         return False
@@ -444,19 +461,7 @@ def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _
     except CellError as e:
         row.note = str(e)
         return row, None
-    for _ in range(p.config.warmup):
-        ex.forward()
-    ex.stream.synchronize()
-    start, end = ex.drv.Event(), ex.drv.Event()
-
-    def once_cuda() -> float:
-        start.record(ex.stream)
-        ex.forward()
-        end.record(ex.stream)
-        end.synchronize()
-        return start.time_till(end)
-
-    return row, _Timed(row, once_cuda, p.runs, ex.close)
+    return row, _Timed(row, _cuda_clock(ex.drv, ex.stream, ex.forward, p.config.warmup), p.runs, ex.close)
 
 
 def _train_numpy(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Timed | None]:
@@ -525,19 +530,7 @@ def _train_cuda(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Time
         ex.forward()
         backward.enqueue()
 
-    for _ in range(p.config.warmup):
-        train_step()
-    stream.synchronize()
-    start, end = drv.Event(), drv.Event()
-
-    def once() -> float:
-        start.record(stream)
-        train_step()
-        end.record(stream)
-        end.synchronize()
-        return start.time_till(end)
-
-    return row, _Timed(row, once, p.runs, close)
+    return row, _Timed(row, _cuda_clock(drv, stream, train_step, p.config.warmup), p.runs, close)
 
 
 def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
