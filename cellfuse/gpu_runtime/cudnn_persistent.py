@@ -27,8 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from ..graph_model import param_key
-from .torch_baselines import CUDNN_GATES
+from .torch_baselines import cudnn_gates
 
 # cudnnRNNAlgo_t (cudnn_adv.h)
 CUDNN_RNN_ALGO_PERSIST_STATIC = 1
@@ -126,22 +125,15 @@ def cudnn_weights(kind: str, params: Mapping[str, np.ndarray],
     float32, C-contiguous, for cudnnGetRNNWeightParams to place.
 
     With G gates, linLayerIDs 0..G-1 are the gates' input matrices and biases and G..2G-1 their recurrent
-    ones, the gates in cuDNN's order (CUDNN_GATES: i, f, g, o for the LSTM; r, z, n for the GRU), as
-    PyTorch's cuDNN RNN (aten/src/ATen/native/cudnn/RNN.cpp) lays out weight_ih and weight_hh. cuDNN
-    computes W x with W row-major [out, in]; the cell computes x @ W with W [in, out]: one is the other's
-    transpose. cuDNN adds a gate's input and recurrent biases; the LSTM cell has one bias per gate, held
-    as the input bias beside a zero recurrent bias."""
-    gates = CUDNN_GATES[kind]
+    ones, the gates in cuDNN's order (see `cudnn_gates`: i, f, g, o for the LSTM; r, z, n for the GRU), as
+    PyTorch's cuDNN RNN (aten/src/ATen/native/cudnn/RNN.cpp) lays out weight_ih and weight_hh."""
     placed: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
     for layer in range(layers):
-        def p(name: str, layer: int = layer) -> np.ndarray:
-            return np.asarray(params[param_key(layer, name)], np.float32)
-
-        for g, names in enumerate(gates):
-            w_in, w_rec, b_in = p(names[0]), p(names[1]), p(names[2])
-            b_rec = p(names[3]) if len(names) == 4 else np.zeros_like(b_in)
-            placed[layer, g] = (np.ascontiguousarray(w_in.T), b_in)
-            placed[layer, len(gates) + g] = (np.ascontiguousarray(w_rec.T), b_rec)
+        gates = cudnn_gates(kind, params, layer)
+        for g, (w_in, w_rec, b_in, b_rec) in enumerate(gates):
+            placed[layer, g] = (np.ascontiguousarray(w_in, np.float32), np.asarray(b_in, np.float32))
+            placed[layer, len(gates) + g] = (np.ascontiguousarray(w_rec, np.float32),
+                                             np.asarray(b_rec, np.float32))
     return placed
 
 

@@ -248,6 +248,19 @@ CUDNN_GATES = {"lstm": [("W_i", "U_i", "b_i"), ("W_f", "U_f", "b_f"), ("W_g", "U
                        ("W_in", "W_hn", "b_in", "b_hn")]}
 
 
+def cudnn_gates(kind: str, params: dict[str, np.ndarray], layer: int) -> list[tuple[np.ndarray, ...]]:
+    """One layer's parameters gate by gate in cuDNN's order (CUDNN_GATES): its input matrix and its
+    recurrent one as cuDNN holds them, [out, in] (the cell's x @ W has W [in, out]: the transpose), its
+    input bias and its recurrent bias, which cuDNN adds (the LSTM cell has one bias per gate: the input
+    bias, beside a recurrent bias of zeros)."""
+    out = []
+    for names in CUDNN_GATES[kind]:
+        w_in, w_rec, b_in = (params[param_key(layer, name)] for name in names[:3])
+        b_rec = params[param_key(layer, names[3])] if len(names) == 4 else np.zeros_like(b_in)
+        out.append((w_in.T, w_rec.T, b_in, b_rec))
+    return out
+
+
 class CudnnCell:
     """torch.nn.LSTM or torch.nn.GRU (cuDNN) loaded with the cell's weights, in the dtype of `params`."""
 
@@ -262,20 +275,10 @@ class CudnnCell:
         self.module = cls(input_size, hidden, num_layers=layers).to(device, dtype).train(train)
         with torch.no_grad():
             for layer in range(layers):
-                def p(name: str, layer: int = layer) -> np.ndarray:
-                    return params[param_key(layer, name)]
-
-                gates = CUDNN_GATES[kind]
-                w_ih = np.concatenate([p(g[0]).T for g in gates])
-                w_hh = np.concatenate([p(g[1]).T for g in gates])
-                if kind == "lstm":  # one bias per gate here; cuDNN adds b_ih + b_hh
-                    b_ih = np.concatenate([p(g[2]) for g in gates])
-                    b_hh = np.zeros_like(b_ih)
-                else:
-                    b_ih = np.concatenate([p(g[2]) for g in gates])
-                    b_hh = np.concatenate([p(g[3]) for g in gates])
-                for name, value in (("weight_ih", w_ih), ("weight_hh", w_hh), ("bias_ih", b_ih),
-                                    ("bias_hh", b_hh)):
+                # torch.nn.LSTM / GRU stack the gates' matrices and biases along their rows
+                gates = cudnn_gates(kind, params, layer)
+                for i, name in enumerate(("weight_ih", "weight_hh", "bias_ih", "bias_hh")):
+                    value = np.concatenate([gate[i] for gate in gates])
                     getattr(self.module, f"{name}_l{layer}").copy_(torch.from_numpy(value))
 
     def __call__(self, x, initial: list):
