@@ -272,6 +272,11 @@ def _print_bench(result) -> None:
         compile_s = "" if r.compile_s is None else f"{r.compile_s:.2f}"
         print(f"  {r.name:18s} {r.median_ms:10.3f} {r.min_ms:8.3f} {r.max_ms:8.3f} {speed} "
               f"{r.rel_error:9.1e} {lps:>11s} {compile_s:>9s}  {r.note}")
+    left_out: dict[str, list[str]] = {}  # the baselines that cannot run here, by the reason
+    for name, why in result.left_out.items():
+        left_out.setdefault(why.removeprefix("not available: "), []).append(name)
+    for why, names in left_out.items():
+        print(f"  not run: {', '.join(names)} ({why})")
     best = result.best_schedule()
     if best is not None:
         print(f"  best schedule at these sizes: {best.name} ({best.median_ms:.3f} ms)")

@@ -591,6 +591,18 @@ def test_bench_names_the_best_schedule(cli, tmp_path):
     times = {r["name"]: r["median_ms"] for r in record["results"]}
     assert record["best_schedule"] == min(times, key=times.get)
     assert f"best schedule at these sizes: {record['best_schedule']}" in out
+    assert "not run:" not in out and record["left_out"] == {}
+
+
+def test_bench_says_which_baselines_asked_for_cannot_run_and_why(cli, tmp_path):
+    code, out, err = cli("bench", "elman", "--backend", "numpy", "--seq", 2, "--batch", 1, "--input", 3,
+                         "--hidden", 3, "--repeats", 1, "--schedules", "graph",
+                         "--baselines", "numpy reference,cudnn,pytorch eager", "--json", tmp_path / "r.json")
+    assert code == 0, err
+    assert "  not run: cudnn, pytorch eager (no GPU/PyTorch on the numpy backend)" in out
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert set(record["left_out"]) == {"cudnn", "pytorch eager"}
+    assert [r["name"] for r in record["results"]] == ["graph", "numpy reference"]
 
 
 def test_validate_says_which_sizes_a_cell_needs_equal(cli):

@@ -69,24 +69,6 @@ def _ms(v: float | None) -> str:
     return "" if v is None else f"{v:.4g}"
 
 
-def unavailable_baselines(requested: list[str], result: Any) -> dict[str, str]:
-    """The baselines the user ticked that the benchmark did not run, each with the reason: the
-    benchmark leaves out, without a row, what the backend or the machine cannot run."""
-    ran = {r.name for r in result.rows}
-    torch_ran = any(r.kind == "baseline" and r.name != "numpy reference" for r in result.rows)
-    out = {}
-    for name in requested:
-        if name in ran or result.cancelled:
-            continue
-        if result.backend == "numpy":
-            out[name] = "not available: no GPU/PyTorch on the numpy backend"
-        elif name.startswith("cudnn") and torch_ran:  # cudnn, and cuDNN's persistent algorithms
-            out[name] = "not available: cuDNN implements only the LSTM and the GRU"
-        else:
-            out[name] = "not available: PyTorch is not installed"
-    return out
-
-
 def result_rows(result: Any, unavailable: dict[str, str] | None = None) -> list[TableRow]:
     """(cells, ok) for each row of a BenchResult, in COLUMNS order, then the baselines not run; ok is None
     for a baseline that does not apply (cuDNN refusing a size, say)."""

@@ -32,7 +32,7 @@ from ..graph_model import (
 )
 from . import autosave, dialogs, fragments, node_marks, recent_files, window_geometry
 from .bench_panel import BenchPanel
-from .bench_runs import BenchRun, unavailable_baselines
+from .bench_runs import BenchRun
 from .bench_worker import BenchWorker
 from .breadcrumb import Breadcrumb
 from .cell_adapter import CellAdapter
@@ -720,7 +720,7 @@ class MainWindow(QtWidgets.QMainWindow):
         run = BenchRun(self._run_number, sweep=result if is_sweep else None,
                        result=None if is_sweep else result)
         if not is_sweep and self.worker is not None:
-            run.unavailable = unavailable_baselines(self.worker.config.baselines, result)
+            run.unavailable = dict(result.left_out)
         self.bench_panel.add_run(run)
         self.show_bench_results()
         results = run.results

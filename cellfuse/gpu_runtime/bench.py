@@ -120,6 +120,7 @@ class BenchResult:
     cancelled: bool = False
     timing: str = ""
     train: bool = False  # the times are of forward + backward
+    left_out: dict[str, str] = field(default_factory=dict)  # baselines asked for that cannot run: why
 
     def row(self, name: str) -> BenchRow | None:
         return next((r for r in self.rows if r.name == name), None)
@@ -134,6 +135,7 @@ class BenchResult:
                 "backend": self.backend, "device": self.device, "date": self.date, "versions": self.versions,
                 "train": self.train, "measures": MEASURES[self.train], "timing": self.timing,
                 "cancelled": self.cancelled, "results": [asdict(r) for r in self.rows],
+                "left_out": self.left_out,
                 "best_schedule": best.name if (best := self.best_schedule()) else None}
 
     def to_csv(self) -> str:
@@ -215,19 +217,29 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def runnable_baselines(cell: Cell, config: BenchConfig, backend: str) -> list[str]:
-    """The baselines of `config` that can run the cell on `backend`: only the numpy reference on numpy
-    or without PyTorch's CUDA; cuDNN's for the cells cuDNN implements; the sru package's for SRU."""
+def baseline_reasons(cell: Cell, config: BenchConfig, backend: str) -> dict[str, str | None]:
+    """Each baseline of `config` that its mode has, with None where it can run the cell on `backend` and
+    otherwise why not: on numpy or without PyTorch's CUDA only the numpy reference runs; cuDNN's are for
+    the cells cuDNN implements, the sru package's for SRU."""
     from .torch_baselines import cudnn_kind, is_sru, torch_available
 
-    baselines = [b for b in config.baselines if b in (TRAIN_BASELINES if config.train else BASELINES)]
-    if backend == "numpy" or not torch_available():
-        return [b for b in baselines if b == "numpy reference"]
-    if cudnn_kind(cell) is None:
-        baselines = [b for b in baselines if b != "cudnn" and b not in CUDNN_PERSISTENT]
-    if not is_sru(cell):
-        baselines = [b for b in baselines if b != SRU_PACKAGE]
-    return baselines
+    out: dict[str, str | None] = {}
+    for b in config.baselines:
+        if b not in (TRAIN_BASELINES if config.train else BASELINES):
+            continue
+        if b == "numpy reference":
+            out[b] = None
+        elif backend == "numpy":
+            out[b] = "not available: no GPU/PyTorch on the numpy backend"
+        elif not torch_available():
+            out[b] = "not available: PyTorch with CUDA is not installed"
+        elif (b == "cudnn" or b in CUDNN_PERSISTENT) and cudnn_kind(cell) is None:
+            out[b] = "not available: cuDNN implements only the LSTM and the GRU"
+        elif b == SRU_PACKAGE and not is_sru(cell):
+            out[b] = "not available: the sru package implements only the SRU"
+        else:
+            out[b] = None
+    return out
 
 
 def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = None,
@@ -264,7 +276,9 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
                          timing=f"{clock}; median of {runs} runs after warm-up, timed in {rounds} rounds "
                                 "that take every implementation in turn", train=config.train)
     schedules = [s for s in config.schedules if s in SCHEDULES]
-    baselines = runnable_baselines(cell, config, backend)
+    reasons = baseline_reasons(cell, config, backend)
+    baselines = [b for b, why in reasons.items() if why is None]
+    result.left_out = {b: why for b, why in reasons.items() if why is not None}
     total = 1 + len(schedules) + len(baselines) + rounds
     done = 0
 

@@ -8,8 +8,9 @@ from types import SimpleNamespace
 from matplotlib.figure import Figure
 
 from cellfuse.app import about, platform_check, theme
-from cellfuse.app.bench_runs import unavailable_baselines
+from cellfuse.gpu_runtime.bench import BenchConfig, run_benchmark
 from cellfuse.gpu_runtime.plots import needs_log_scale, plot_result
+from cellfuse.graph_model import Sizes, load_template
 
 TIMEOUT_MS = 60_000
 
@@ -68,10 +69,13 @@ def test_time_axis_is_linear_from_zero_unless_the_range_is_large():
 
 
 def test_ticked_baselines_that_could_not_run_are_said():
-    res = result({"naive": 1.0, "numpy reference": 2.0})
-    missing = unavailable_baselines(["numpy reference", "pytorch eager", "cudnn"], res)
-    assert set(missing) == {"pytorch eager", "cudnn"}
-    assert all("not available" in why and "no GPU/PyTorch" in why for why in missing.values())
+    config = BenchConfig(Sizes(seq=2, batch=1, input=3, hidden=4), "numpy", schedules=["graph"],
+                         baselines=["numpy reference", "pytorch eager", "cudnn"], repeats=1)
+    res = run_benchmark(load_template("lstm"), config)
+    assert [r.name for r in res.rows] == ["graph", "numpy reference"]
+    assert set(res.left_out) == {"pytorch eager", "cudnn"}
+    assert all("not available" in why and "no GPU/PyTorch" in why for why in res.left_out.values())
+    assert res.to_json()["left_out"] == res.left_out
 
 
 def test_numpy_run_lists_unavailable_baselines_and_charts_dark_saves_light(qtbot, window, tmp_path):

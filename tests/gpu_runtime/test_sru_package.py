@@ -19,13 +19,18 @@ SIZES = Sizes(seq=5, batch=3, input=16, hidden=16, layers=2)
 def test_it_is_offered_for_the_sru_cell_only(monkeypatch):
     monkeypatch.setattr(torch_baselines, "torch_available", lambda: True)
     config = BenchConfig(SIZES, "cuda", baselines=["pytorch eager", SRU_PACKAGE])
-    assert bench.runnable_baselines(load_template("sru"), config, "cuda") == ["pytorch eager", SRU_PACKAGE]
+    assert bench.baseline_reasons(load_template("sru"), config, "cuda") == {"pytorch eager": None,
+                                                                            SRU_PACKAGE: None}
     for name in ("lstm", "residual_lstm", "indrnn"):
-        assert bench.runnable_baselines(load_template(name), config, "cuda") == ["pytorch eager"], name
-    assert bench.runnable_baselines(load_template("sru"), config, "numpy") == []
+        reasons = bench.baseline_reasons(load_template(name), config, "cuda")
+        assert reasons == {"pytorch eager": None,
+                           SRU_PACKAGE: "not available: the sru package implements only the SRU"}, name
+    on_numpy = bench.baseline_reasons(load_template("sru"), config, "numpy")
+    assert set(on_numpy) == {"pytorch eager", SRU_PACKAGE}
+    assert all("numpy backend" in why for why in on_numpy.values())
     # it has a backward pass: training offers it too
     train = BenchConfig(SIZES, "cuda", baselines=[SRU_PACKAGE], train=True)
-    assert bench.runnable_baselines(load_template("sru"), train, "cuda") == [SRU_PACKAGE]
+    assert bench.baseline_reasons(load_template("sru"), train, "cuda") == {SRU_PACKAGE: None}
 
 
 def test_without_the_package_the_row_says_how_to_get_it(monkeypatch):
