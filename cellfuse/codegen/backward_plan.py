@@ -92,9 +92,10 @@ class BackwardPlan:
     # -- the seeds a run starts from and the gradients it ends with ------------------------------------
     def seeds(self, dy: np.ndarray, dfinal: Mapping[str, np.ndarray] | None,
               dtype=np.float32) -> dict[str, np.ndarray]:
-        """The gradient buffers that hold seeds, whole and flat: dy [T, B, hidden] in the rows of the last
-        layer's output sequence, dfinal[state] [L, B, hidden] (any states, or none) after each layer's last
-        step. Every other gradient buffer starts at zero. Raises CellError for a seed that does not fit."""
+        """The gradient buffers that hold seeds, whole and flat: dy [T, B, hidden] at `dy_place`,
+        dfinal[state] [L, B, hidden] (any states, or none) at `state_grad` after each layer's last step,
+        added to their `start_value`. Every other gradient buffer holds its `start_value`. Raises
+        CellError for a seed that does not fit."""
         plan = self.forward
         s = plan.sizes
         T, B, H, L = s.seq, s.batch, s.hidden, s.layers
@@ -109,14 +110,25 @@ class BackwardPlan:
 
         def add(name: str, at: int, seed: np.ndarray) -> None:
             if name not in out:
-                out[name] = np.zeros(self.buffer_elements(name), dtype)
+                out[name] = np.full(self.buffer_elements(name), self.start_value(name), dtype)
             out[name][at:at + seed.size] += seed.astype(dtype).reshape(-1)
 
-        add(grad_of(plan.layers[-1].output_seq), B * H, dy)
+        add(*self.dy_place(), dy)
         for state, seed in dfinal.items():
             for layer in range(L):
-                add(*self._state_grad(state, layer, s.seq), seed[layer])
+                add(*self.state_grad(state, layer, s.seq), seed[layer])
         return out
+
+    def start_value(self, name: str) -> float:
+        """What a gradient buffer holds before the seeds are added: 0, since every backward launch adds
+        into its buffers; 1 in the `ones` buffer, the left operand of the column sums."""
+        return 1.0 if self.buffers[name].role == "ones" else 0.0
+
+    def dy_place(self) -> tuple[str, int]:
+        """The gradient buffer and element offset of y [T, B, hidden]: the last layer's output sequence
+        from its second row block (the first holds the initial state)."""
+        s = self.forward.sizes
+        return grad_of(self.forward.layers[-1].output_seq), s.batch * s.hidden
 
     def gradients(self, read: Callable[[str], np.ndarray]) -> Gradients:
         """The gradients of x, of every initial state and of every parameter key, each in its shape, from
@@ -131,7 +143,7 @@ class BackwardPlan:
         for state in plan.state_ids:
             parts = []
             for layer in range(s.layers):
-                name, at = self._state_grad(state, layer, 0)
+                name, at = self.state_grad(state, layer, 0)
                 parts.append(read(name)[at:at + B * H].reshape(B, H))
             dinitial[state] = np.stack(parts)
         dparams = {key: np.zeros(shape, dx.dtype) for key, shape in plan.params.items()}
@@ -140,7 +152,7 @@ class BackwardPlan:
             dparams[part.key] += g[:, part.col:part.col + part.width].reshape(plan.params[part.key])
         return Gradients(dx.copy(), dinitial, dparams)
 
-    def _state_grad(self, state: str, layer: int, t: int) -> tuple[str, int]:
+    def state_grad(self, state: str, layer: int, t: int) -> tuple[str, int]:
         """The gradient buffer and element offset of a layer's state before step t (t = T: after the last)."""
         acc = self.forward.layers[layer].state_read[state]
         return grad_of(acc.buffer), acc.offset(t, self.forward.sizes.batch)

@@ -24,8 +24,6 @@ from ..codegen.kernel_set import backward_kernels
 from ..graph_model import CellError, Gradients
 from .cuda_executor import _CUBLAS_WORKSPACE, CudaExecutor, _compile
 
-_ONE_BITS = 0x3F800000  # float32 1.0
-
 
 class CudaBackward:
     """Device gradient buffers for a forward executor's plan (allocated once) and the backward program's
@@ -77,11 +75,11 @@ class CudaBackward:
         not fit."""
         drv, addr = self.forward.drv, self.forward.addr
         seeds = self.plan.seeds(dy, dfinal, np.float32)
-        for name, b in self.plan.buffers.items():
+        for name in self.plan.buffers:
             if name in seeds:
                 drv.memcpy_htod(addr[name], seeds[name])
-            else:
-                bits = _ONE_BITS if b.role == "ones" else 0
+            else:  # memset writes the value's 32 bits
+                bits = int(np.float32(self.plan.start_value(name)).view(np.uint32))
                 drv.memset_d32(addr[name], bits, self.plan.buffer_elements(name))
         # These ran on the legacy default stream, which the executor's non-blocking streams do not wait for.
         drv.Context.synchronize()

@@ -33,11 +33,11 @@ class NumpyBackward:
         dtype (see BackwardPlan.seeds for the seeds); raises CellError for a seed that does not fit."""
         buf = self.forward.buf
         seeds = self.plan.seeds(dy, dfinal, self.forward.dtype)
-        for name, b in self.plan.buffers.items():
+        for name in self.plan.buffers:
             if name in seeds:
                 buf[name][:] = seeds[name]
             else:
-                buf[name].fill(1.0 if b.role == "ones" else 0.0)
+                buf[name].fill(self.plan.start_value(name))
         for instr in self.instructions:
             self.forward.execute(instr)
         return self.plan.gradients(lambda name: buf[name])

@@ -40,11 +40,9 @@ class TensorLayout:
         return self.views[buffer].view(-1, part.ld)[:, part.col:part.col + part.width]
 
     def _state_grad(self, state: str, layer: int, t: int) -> torch.Tensor:
-        """The [B * hidden] gradient of a layer's state before step t (t = T: after the last step): the
-        gradient buffer of the place the step reads the state from (as in BackwardPlan.seeds)."""
-        acc = self.plan.layers[layer].state_read[state]
-        at = acc.offset(t, self.plan.sizes.batch)
-        return self.views[grad_of(acc.buffer)][at:at + self.plan.sizes.batch * self.plan.sizes.hidden]
+        """The [B * hidden] gradient of a layer's state before step t (t = T: after the last step)."""
+        name, at = self.backward.state_grad(state, layer, t)
+        return self.views[name][at:at + self.plan.sizes.batch * self.plan.sizes.hidden]
 
     # -- forward -------------------------------------------------------------------------------------
     def load(self, x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> None:
@@ -69,10 +67,11 @@ class TensorLayout:
         """The gradient buffers before a backward run: dy [T, B, hidden] and dfinal [L, B, hidden] per
         state added where the forward pass wrote y and the final states, zeros elsewhere."""
         s = self.plan.sizes
-        for name, b in self.backward.buffers.items():
-            self.views[name].fill_(1.0 if b.role == "ones" else 0.0)
+        for name in self.backward.buffers:
+            self.views[name].fill_(self.backward.start_value(name))
         # A state that is the output lives in the output sequence: its final seed adds to dy's last step.
-        self.views[grad_of(self.plan.layers[-1].output_seq)][s.batch * s.hidden:].add_(dy.reshape(-1))
+        name, at = self.backward.dy_place()
+        self.views[name][at:at + dy.numel()].add_(dy.reshape(-1))
         for state, seed in zip(self.state_ids, dfinals, strict=True):
             for layer in range(s.layers):
                 self._state_grad(state, layer, s.seq).add_(seed[layer].reshape(-1))
