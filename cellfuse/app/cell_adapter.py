@@ -417,10 +417,7 @@ class CellAdapter(QtCore.QObject):
                 y = anchor.pos()[1]
             else:
                 x, y = 0.0, 0.0
-            rect = QtCore.QRectF(x, y, n.view.width, n.view.height)
-            while any(rect.adjusted(-10.0, -10.0, 10.0, 10.0).intersects(r) for r in taken):
-                rect.translate(0.0, 30.0)
-            taken.append(rect)
+            rect = _clear_below(QtCore.QRectF(x, y, n.view.width, n.view.height), taken, 10.0, 10.0, 30.0)
             n.set_pos(rect.x(), rect.y())  # not yet undoable: called while loading
 
     def _place_groups(self, groups: list[CellGroupNode]) -> None:
@@ -432,9 +429,7 @@ class CellAdapter(QtCore.QObject):
         for g in groups:
             corner = _united([m.view.sceneBoundingRect() for m in self._with_partners(self.members(g))])
             rect = QtCore.QRectF(corner.left(), corner.top(), g.view.width, g.view.height)
-            while any(rect.adjusted(-10.0, -10.0, 10.0, 10.0).intersects(r) for r in taken):
-                rect.translate(0.0, 30.0)
-            taken.append(rect)
+            rect = _clear_below(rect, taken, 10.0, 10.0, 30.0)
             g.set_pos(rect.x(), rect.y())  # not yet undoable: called while loading
 
     # == creating canvas nodes ===========================================================================
@@ -801,10 +796,7 @@ class CellAdapter(QtCore.QObject):
                          else self.free_spot())
         taken = [c.view.sceneBoundingRect() for c in self._shown()]
         for n in edit.nodes:
-            rect = QtCore.QRectF(*pos[n.id], *NEW_NODE_SIZE)
-            while any(rect.adjusted(-20.0, -15.0, 20.0, 15.0).intersects(r) for r in taken):
-                rect.translate(0.0, ROW_SPACING / 2)
-            taken.append(rect)
+            rect = _clear_below(QtCore.QRectF(*pos[n.id], *NEW_NODE_SIZE), taken, 20.0, 15.0, ROW_SPACING / 2)
             pos[n.id] = (rect.x(), rect.y())
         return pos
 
@@ -1322,6 +1314,16 @@ class CellAdapter(QtCore.QObject):
     def node_search_names(self) -> dict[str, list[str]]:
         """Name -> node types for NodeGraphQt's node search (update nodes come with their state)."""
         return {cls.NODE_NAME: [node_type_of(cls)] for cls in ALL_NODE_CLASSES if cls.ROLE != ROLE_UPDATE}
+
+
+def _clear_below(rect: QtCore.QRectF, taken: list[QtCore.QRectF], dx: float, dy: float,
+                 step: float) -> QtCore.QRectF:
+    """`rect` moved down by `step` until it keeps dx and dy clear of every rect in `taken`; it is then
+    taken too."""
+    while any(rect.adjusted(-dx, -dy, dx, dy).intersects(r) for r in taken):
+        rect.translate(0.0, step)
+    taken.append(rect)
+    return rect
 
 
 def _united(rects: list[QtCore.QRectF]) -> QtCore.QRectF:
