@@ -3,12 +3,10 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import matplotlib
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, NullFormatter
 
 from .bench_runs import BenchRun, comparison_refusal, implementations, median_ms, ratio_text
 
@@ -35,20 +33,11 @@ def draw_run(run: BenchRun, fig: Figure) -> None:
         plot_result(run.result, fig)
 
 
-def _log_x(ax, low: float, high: float, margin: float) -> None:
-    """A logarithmic x axis from `low` past `high`, leaving right of `high` the share of the width that
-    `high * margin` leaves on a linear axis from zero: room for the value written there."""
-    ax.set_xscale("log")
-    ax.set_xlim(low, high * (high / low) ** (margin - 1.0))
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-    ax.xaxis.set_minor_formatter(NullFormatter())
-
-
 def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
     """Two single runs side by side: each implementation's median time in run a and in run b as paired
     bars on one time axis, and beside them the ratio b / a (above 1: b is slower). Both must time the
     same: the forward pass, or training."""
-    from ..gpu_runtime.plots import FOOTNOTE_COLOR, VALUE_MARGIN, ms_text, needs_log_scale
+    from ..gpu_runtime.plots import FOOTNOTE_COLOR, VALUE_MARGIN, log_x, ms_text, needs_log_scale, time_axis
 
     if why := comparison_refusal(a, b):
         raise ValueError(why)
@@ -68,15 +57,7 @@ def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
             ax_time.text(x, y, f" {ms_text(x)}", va="center", fontsize=7)
     ax_time.set_yticks(range(len(names)), names)
     ax_time.invert_yaxis()
-    label = f"ms per {a.measures()} pass (median)"
-    if needs_log_scale(every):
-        # From a power of ten at least half the shortest time below it, so that no bar is empty.
-        low = 10.0 ** math.floor(math.log10(min(every) / 2.0))
-        _log_x(ax_time, low, max(every), VALUE_MARGIN)
-        ax_time.set_xlabel(f"{label} (log scale)")
-    elif every:
-        ax_time.set_xlim(0.0, max(every) * VALUE_MARGIN)
-        ax_time.set_xlabel(label)
+    time_axis(ax_time, every, f"ms per {a.measures()} pass (median)")
 
     ratios = {i: tb / ta for i, name in enumerate(names)
               if (ta := median_ms(a, name)) is not None and (tb := median_ms(b, name)) is not None}
@@ -86,7 +67,7 @@ def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
     ax_ratio.axvline(1.0, color=matplotlib.rcParams["axes.edgecolor"], lw=0.8)
     low, high = min([1.0, *ratios.values()]), max([1.0, *ratios.values()])
     if needs_log_scale([low, high]):
-        _log_x(ax_ratio, low / VALUE_MARGIN, high, VALUE_MARGIN)
+        log_x(ax_ratio, low / VALUE_MARGIN, high)
     else:
         ax_ratio.set_xlim(0.0, high * VALUE_MARGIN)
     ax_ratio.set_xlabel(f"time of #{b.number} / time of #{a.number}")

@@ -48,14 +48,22 @@ def needs_log_scale(values: list[float]) -> bool:
     return bool(positive) and max(positive) / min(positive) > LOG_RANGE
 
 
-def _time_axis(ax, times: list[float], label: str) -> None:
+def log_x(ax, low: float, high: float, margin: float = VALUE_MARGIN) -> None:
+    """A logarithmic x axis from `low` past `high`, leaving right of `high` the share of the width that
+    `high * margin` leaves on a linear axis from zero: room for the value written there."""
+    ax.set_xscale("log")
+    ax.set_xlim(low, high * (high / low) ** (margin - 1.0))
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def time_axis(ax, times: list[float], label: str) -> None:
     """A linear axis from zero, or a logarithmic one when the range demands it; the label says which."""
+    if not times:
+        return
     if needs_log_scale(times):
-        ax.set_xscale("log")
-        low = 10.0 ** math.floor(math.log10(min(times)))
-        ax.set_xlim(low, max(times) * VALUE_MARGIN ** 3)  # a log axis needs a larger factor for the same room
-        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
-        ax.xaxis.set_minor_formatter(NullFormatter())
+        # From a power of ten at least half the shortest time below it, so that no bar is empty.
+        log_x(ax, 10.0 ** math.floor(math.log10(min(times) / 2.0)), max(times))
         ax.set_xlabel(f"{label} (log scale)")
     else:
         ax.set_xlim(0.0, max(times) * VALUE_MARGIN)
@@ -85,7 +93,7 @@ def plot_result(result: BenchResult, fig: Figure) -> None:
     times = [r.median_ms for r in rows]
     ax_time.barh(names, times, color=colors)
     ax_time.invert_yaxis()
-    _time_axis(ax_time, times, f"ms per {_pass(result.train)} (median)")
+    time_axis(ax_time, times, f"ms per {_pass(result.train)} (median)")
     for i, t in enumerate(times):
         ax_time.text(t, i, f" {ms_text(t)}", va="center", fontsize=7)
     naive = result.row("naive")
