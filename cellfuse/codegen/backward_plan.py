@@ -54,7 +54,18 @@ import numpy as np
 from ..graph_model import OPS, CellError, Gradients
 from .adjoint import adjoint
 from .lowering import Instruction, Loop, as_instruction
-from .plan import Access, Buffer, GemmLaunch, Instr, KernelLaunch, Launch, Plan, grad_of, launch_name
+from .plan import (
+    ALL_STEPS,
+    Access,
+    Buffer,
+    GemmLaunch,
+    Instr,
+    KernelLaunch,
+    Launch,
+    Plan,
+    grad_of,
+    launch_name,
+)
 
 ONES = "ones"  # T*B ones: the left operand of a column sum
 
@@ -175,7 +186,7 @@ def grad(acc: Access) -> Access:
 
 def all_steps(acc: Access) -> Access:
     """An access of one step as the access of all T steps at once (T*B rows)."""
-    return replace(acc, slot={"t": "all", "t+1": "all+1"}.get(acc.slot, acc.slot))
+    return replace(acc, slot=ALL_STEPS.get(acc.slot, acc.slot))
 
 
 def backward_plan(forward: Plan) -> BackwardPlan:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from ..graph_model import CellError
 from .plan import (
+    ONE_STEP,
     Access,
     Buffer,
     GemmLaunch,
@@ -163,10 +164,8 @@ def reads(launch: GemmLaunch | KernelLaunch) -> set[str]:
 def at_step(launch: GemmLaunch | KernelLaunch, batch: int) -> GemmLaunch | KernelLaunch:
     """A hoisted launch's work for step t alone: its rows of step t, written where the step's launches
     read them (a hoisted buffer keeps a row block per step)."""
-    slot = {"all": "t", "all+1": "t+1"}
-
     def step_rows(acc: Access) -> Access:
-        return dataclasses.replace(acc, slot=slot.get(acc.slot, acc.slot))
+        return dataclasses.replace(acc, slot=ONE_STEP.get(acc.slot, acc.slot))
 
     match launch:
         case GemmLaunch():

@@ -22,6 +22,9 @@ from ..graph_model import OpSpec, Sizes
 #   fixed: row 0;  all: row 0 and every T*B rows;  all+1: from row B (a [T+1, B, .] buffer's steps 1..T)
 #   t: row t*B;  t+1: row (t+1)*B;  t%2 and (t+1)%2: one of two alternating [B, .] slots
 Slot = Literal["fixed", "all", "all+1", "t", "t+1", "t%2", "(t+1)%2"]
+# The same place of a buffer with a row block per step, read by one step and by all T steps at once.
+ALL_STEPS: dict[Slot, Slot] = {"t": "all", "t+1": "all+1"}
+ONE_STEP: dict[Slot, Slot] = {every: one for one, every in ALL_STEPS.items()}
 
 
 def row_offset(slot: Slot, t: int, batch: int) -> int:
