@@ -50,6 +50,25 @@ class Run:
         forward.run(self.x, initial)
         return NumpyBackward(forward).run(self.dy.astype(dtype), self.dfinal)
 
+    def cuda(self, schedule: str) -> Gradients:
+        """The gradients by the CUDA executor's backward Plan, float32 (on a GPU only)."""
+        from cellfuse.gpu_runtime.cuda_backward import CudaBackward
+        from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
+
+        s = self.sizes
+        plan = make_plan(self.cell, s, schedule, device_target(), save_steps=True)
+        initial = self.initial or {st: np.zeros((s.layers, s.batch, s.hidden)) for st in self.cell.updates}
+        forward = CudaExecutor(plan, self.params)
+        backward = None
+        try:
+            forward.run(self.x, initial)
+            backward = CudaBackward(forward)
+            return backward.run(self.dy, self.dfinal)
+        finally:
+            if backward is not None:
+                backward.close()
+            forward.close()
+
 
 def make_run(cell: Cell, layers: int = 2, seed: int = 0, initial: bool = True, dfinal: bool = True,
              sizes: Sizes = SIZES, scale: float = 2.0) -> Run:

@@ -22,7 +22,7 @@ import numpy as np
 from gradient_runs import Run, make_run
 from random_cells import random_cell
 
-from cellfuse.codegen import SCHEDULES, make_plan
+from cellfuse.codegen import SCHEDULES
 from cellfuse.gpu_runtime.bench import _grad_error
 from cellfuse.graph_model import Gradients, Sizes, run_reference
 
@@ -73,24 +73,7 @@ def _forward(run: Run, schedule: str, backend: str) -> None:
 
 
 def _gradients(run: Run, schedule: str, backend: str) -> Gradients:
-    if backend == "numpy":
-        return run.numpy(schedule, np.float64)
-    from cellfuse.gpu_runtime.cuda_backward import CudaBackward
-    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
-
-    s = run.sizes
-    plan = make_plan(run.cell, s, schedule, device_target(), save_steps=True)
-    initial = run.initial or {st: np.zeros((s.layers, s.batch, s.hidden)) for st in run.cell.updates}
-    forward = CudaExecutor(plan, run.params)
-    backward = None
-    try:
-        forward.run(run.x, initial)
-        backward = CudaBackward(forward)
-        return backward.run(run.dy, run.dfinal)
-    finally:
-        if backward is not None:
-            backward.close()
-        forward.close()
+    return run.numpy(schedule, np.float64) if backend == "numpy" else run.cuda(schedule)
 
 
 def check(seed: int, backend: str = "cuda", gradients: bool = True) -> Checked:

@@ -3,36 +3,15 @@ reductions and without), on every schedule of the graph family, against the floa
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
-from gradient_runs import GRAPH_FAMILY, Run, assert_gradients, make_run
+from gradient_runs import GRAPH_FAMILY, assert_gradients, make_run
 from random_cells import random_cell
 
-from cellfuse.codegen import make_plan
-from cellfuse.graph_model import Gradients, Sizes, load_template, template_names
+from cellfuse.graph_model import Sizes, load_template, template_names
 
 pytestmark = pytest.mark.gpu
 
 SIZES = Sizes(seq=7, batch=5, input=24, hidden=40)
-
-
-def cuda_gradients(run: Run, schedule: str) -> Gradients:
-    from cellfuse.gpu_runtime.cuda_backward import CudaBackward
-    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
-
-    s = run.sizes
-    plan = make_plan(run.cell, s, schedule, device_target(), save_steps=True)
-    initial = run.initial or {st: np.zeros((s.layers, s.batch, s.hidden)) for st in run.cell.updates}
-    forward = CudaExecutor(plan, run.params)
-    backward = None
-    try:
-        forward.run(run.x, initial)
-        backward = CudaBackward(forward)
-        return backward.run(run.dy, run.dfinal)
-    finally:
-        if backward is not None:
-            backward.close()
-        forward.close()
 
 
 @pytest.mark.parametrize("schedule", [*GRAPH_FAMILY, "persistent"])
@@ -40,7 +19,7 @@ def cuda_gradients(run: Run, schedule: str) -> Gradients:
 def test_gradients_of_every_template_on_the_gpu(gpu, name, schedule):
     cell = load_template(name)
     run = make_run(cell, 2, seed=1, initial=name != "slstm", sizes=SIZES, scale=1.0)
-    assert_gradients(cuda_gradients(run, schedule), run.reference(), 1e-4, f"{name} {schedule}")
+    assert_gradients(run.cuda(schedule), run.reference(), 1e-4, f"{name} {schedule}")
 
 
 @pytest.mark.parametrize("schedule", GRAPH_FAMILY)
@@ -50,4 +29,4 @@ def test_gradients_of_seeded_random_cells_on_the_gpu(gpu, schedule, reductions):
     for seed in range(20):
         cell = random_cell(seed, reductions=reductions)
         run = make_run(cell, 1 + seed % 2, seed=seed, initial=seed % 3 != 0, sizes=SIZES, scale=1.0)
-        assert_gradients(cuda_gradients(run, schedule), run.reference(), 1e-4, f"random cell {seed}")
+        assert_gradients(run.cuda(schedule), run.reference(), 1e-4, f"random cell {seed}")
