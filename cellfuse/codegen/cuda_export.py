@@ -342,7 +342,7 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
         w("    /* Every gradient starts at zero (each launch adds into it), then the seeds; ones are 1. */")
         for b in bp.buffers.values():
             n = f"{_ROWS_EXPR[b.rows].format(layers=sizes.layers)} * {b.width}"
-            if b.role == "ones":
+            if bp.start_value(b.name):  # 1 (the ones) or 0
                 w(f"    cf_fill_ones<<<cf_blocks({n}), {BLOCK}, 0, stream>>>({_var(b.name)}, {n});")
             else:
                 w(f"    cudaMemsetAsync({_var(b.name)}, 0, {n} * sizeof(float), stream);")
