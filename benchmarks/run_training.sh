@@ -24,25 +24,19 @@ S="--seq 100 --input 512 --hidden 512 --batch 64"
 # taking the whole call.
 schedules=${SCHEDULES:-hoisted,graph,persistent}
 run() {  # run DIR CASE
-    local dir=$1 case=$2 limit argv
+    local dir=$1 case=$2 limit command
     case $case in
         train_lm)
-            limit=200 argv=() ;;
+            limit=200 command=(python3 benchmarks/train_lm.py --device cuda) ;;
         *_train)
-            limit=300 argv=("${case%_train}" $S --train --schedules "$schedules"
-                            --baselines "${TRAIN_BASELINES:-cudnn,pytorch eager,torch.compile}") ;;
+            limit=300 command=(python3 -m cellfuse bench "${case%_train}" $S --train --schedules "$schedules"
+                               --baselines "${TRAIN_BASELINES:-cudnn,pytorch eager,torch.compile}") ;;
         *)
-            limit=300 argv=("$case" $S --schedules "$schedules"
-                            --baselines "${BASELINES:-pytorch graph,torch.compile}") ;;
+            limit=300 command=(python3 -m cellfuse bench "$case" $S --schedules "$schedules"
+                               --baselines "${BASELINES:-pytorch graph,torch.compile}") ;;
     esac
     # -k: a compile in progress can outlive the polite signal
-    if [[ $case == train_lm ]]; then
-        timeout -k 10 "$limit" python3 benchmarks/train_lm.py --device cuda --json "$dir/$case.json" \
-            > "$dir/$case.txt" 2>&1
-    else
-        timeout -k 10 "$limit" python3 -m cellfuse bench "${argv[@]}" --json "$dir/$case.json" \
-            > "$dir/$case.txt" 2>&1
-    fi
+    timeout -k 10 "$limit" "${command[@]}" --json "$dir/$case.json" > "$dir/$case.txt" 2>&1
     echo "$case: exit $?"
 }
 if [[ ${WARM:-0} == 1 ]]; then
