@@ -42,6 +42,7 @@ exist, only to build inside an empty group; and its tabs would replace the canva
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -134,7 +135,9 @@ class CellAdapter(QtCore.QObject):
         self._info: dict[str, Any] = {"name": "untitled", "description": "", "sizes": {},
                                       "extra": {}}
         self._cell = Cell(name="untitled")
-        self._seq: dict[str, int] = {}
+        # Creation order of the canvas nodes, keyed by the node itself: NodeGraphQt's ids are memory
+        # addresses, reused once a deleted node is freed, so an id would hand a new node a dead one's place.
+        self._seq: weakref.WeakKeyDictionary[CellNode, int] = weakref.WeakKeyDictionary()
         self._next_seq = 0
         self._loading = False
         self._index: dict[str, list[CellNode]] | None = None  # cell id -> canvas nodes, until an edit
@@ -171,10 +174,10 @@ class CellAdapter(QtCore.QObject):
     def _nodes(self) -> list[CellNode]:
         nodes = [n for n in self.graph.all_nodes() if isinstance(n, CellNode)]
         for n in nodes:
-            if n.id not in self._seq:
-                self._seq[n.id] = self._next_seq
+            if n not in self._seq:
+                self._seq[n] = self._next_seq
                 self._next_seq += 1
-        return sorted(nodes, key=lambda n: self._seq[n.id])
+        return sorted(nodes, key=lambda n: self._seq[n])
 
     def _ops(self) -> list[CellNode]:
         return [n for n in self._nodes() if n.ROLE == ROLE_OP]

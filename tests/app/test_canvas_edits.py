@@ -288,3 +288,15 @@ def test_canvas_shortcuts(qtbot, window, monkeypatch):
     window.palette.search.setFocus()
     qtbot.keyClicks(window.palette.search, "f")
     assert window.palette.search.text() == "f"
+
+
+def test_a_new_node_comes_last_though_it_takes_a_freed_nodes_canvas_id(window):
+    # NodeGraphQt names a node by its memory address, which Python hands to a new node once a deleted
+    # one is freed: the cell's order must follow the nodes themselves, not those names.
+    a = window.adapter
+    first = next(n.id for n in window.cell.nodes if n.op not in ("input", "state", "weight", "const"))
+    freed = a.canvas_nodes(first)[0].id
+    a.delete([first])
+    kept = window.add_node("tanh")
+    a.canvas_nodes(kept)[0].model.id = freed  # what the allocator may do
+    assert [n.id for n in a._read().nodes][-1] == kept
