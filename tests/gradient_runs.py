@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from cellfuse.codegen import make_plan
+from cellfuse.codegen.plan import H100, Target
 from cellfuse.gpu_runtime.numpy_backward import NumpyBackward
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
 from cellfuse.graph_model import (
@@ -43,10 +44,14 @@ class Run:
         inputs = {"x": self.x, **(self.initial or {})}
         return run_reference_backward(self.cell, self.params, inputs, self.sizes.layers, self.dy, self.dfinal)
 
-    def numpy(self, schedule: str, dtype=np.float64) -> Gradients:
+    def numpy(self, schedule: str, dtype=np.float64, target: Target = H100,
+              reverse_blocks: bool = False) -> Gradients:
+        """The gradients by the numpy executor's backward Plan (a persistent plan's made for `target`, its
+        blocks run in decreasing order with `reverse_blocks`)."""
         s = self.sizes
         initial = self.initial or {st: np.zeros((s.layers, s.batch, s.hidden)) for st in self.cell.updates}
-        forward = NumpyExecutor(make_plan(self.cell, s, schedule, save_steps=True), self.params, dtype)
+        plan = make_plan(self.cell, s, schedule, target, save_steps=True)
+        forward = NumpyExecutor(plan, self.params, dtype, reverse_blocks=reverse_blocks)
         forward.run(self.x, initial)
         return NumpyBackward(forward).run(self.dy.astype(dtype), self.dfinal)
 

@@ -41,7 +41,12 @@ the kernel that computes it reads them, as for any value. A block owns its row, 
 into one element there either.
 
 A persistent or wavefront forward plan keeps its steps' launches beside its cooperative ones: its
-backward pass is the graph rung's, planned from those launches (see `_Layer`).
+backward pass is planned from those launches as the graph rung's (see `_Layer`), and then, where it
+fits, each layer's reverse loop runs as one persistent launch of its own (`LayerBackward.persistent`),
+made by the forward's machinery for the same GPU: the step's adjoint kernels on each block's own
+elements, and each dA += dC @ W^T with the block's rows of W (its columns of W^T) in shared memory, a
+grid-wide barrier before it (every block wrote dC). An LSTM's backward step then has one barrier, as
+its forward step does. A step whose adjoints reduce rows keeps the loop of launches.
 """
 
 from __future__ import annotations
@@ -53,7 +58,8 @@ import numpy as np
 
 from ..graph_model import OPS, CellError, Gradients
 from .adjoint import adjoint
-from .lowering import Instruction, Loop, as_instruction
+from .lowering import Instruction, Loop, Persistent, as_instruction
+from .persistent import persistent_launch
 from .plan import (
     ALL_STEPS,
     Access,
@@ -62,6 +68,7 @@ from .plan import (
     Instr,
     KernelLaunch,
     Launch,
+    PersistentLaunch,
     Plan,
     grad_of,
     launch_name,
@@ -72,11 +79,13 @@ ONES = "ones"  # T*B ones: the left operand of a column sum
 
 @dataclass(frozen=True)
 class LayerBackward:
-    """One layer's backward launches: `step` once per step, t from T-1 down to 0, then `after` once."""
+    """One layer's backward launches: `step` once per step, t from T-1 down to 0, then `after` once.
+    Where `persistent` is given, it runs every step of `step` in one cooperative launch."""
 
     layer: int
     step: tuple[Launch, ...]
     after: tuple[Launch, ...]
+    persistent: PersistentLaunch | None = None
 
 
 @dataclass
@@ -87,13 +96,17 @@ class BackwardPlan:
 
     @property
     def launches_per_step(self) -> int:
-        return len(self.layers[0].step)
+        """Launches per step and layer: none where one persistent launch runs all of a layer's steps."""
+        return 0 if self.layers[0].persistent else len(self.layers[0].step)
 
     def instructions(self) -> tuple[Instruction, ...]:
         """The program of the whole backward pass: per layer, the reverse loop, then what follows it."""
         out: list[Instruction] = []
         for lb in self.layers:
-            out.append(Loop(tuple(as_instruction(launch) for launch in lb.step), reverse=True))
+            if lb.persistent:
+                out.append(Persistent(lb.persistent))
+            else:
+                out.append(Loop(tuple(as_instruction(launch) for launch in lb.step), reverse=True))
             out += [as_instruction(launch) for launch in lb.after]
         return tuple(out)
 
@@ -170,11 +183,16 @@ class BackwardPlan:
 
     def describe(self) -> str:
         """The backward plan for people."""
-        lines = [f"backward pass of '{self.forward.cell_name}', schedule '{self.forward.schedule}': "
-                 f"{self.launches_per_step} launch(es) per step in reverse, "
-                 f"{len(self.layers[0].after)} after the loop"]
         lb = self.layers[0]
-        lines += ["", "one step, in order:", *(f"  {launch_name(launch)}" for launch in lb.step)]
+        head = f"backward pass of '{self.forward.cell_name}', schedule '{self.forward.schedule}': "
+        if lb.persistent:
+            p = lb.persistent
+            head += (f"every step in reverse in one persistent launch per layer ({p.blocks} blocks, "
+                     f"{p.barriers_per_step} grid-wide barrier(s) per step)")
+        else:
+            head += f"{self.launches_per_step} launch(es) per step in reverse"
+        lines = [f"{head}, {len(lb.after)} after the loop", "",
+                 "one step, in order:", *(f"  {launch_name(launch)}" for launch in lb.step)]
         lines += ["", "after the loop:", *(f"  {launch_name(launch)}" for launch in lb.after)]
         return "\n".join(lines)
 
@@ -267,7 +285,21 @@ class _Layer:
                                              Access(grad_of(acc.buffer), "row", k.width, acc.col)))
         for k in reversed(self.kernels(rows=False)):
             after += self.adjoint(k)
-        return LayerBackward(self.lp.layer, tuple(step), tuple(after))
+        return LayerBackward(self.lp.layer, tuple(step), tuple(after), self.persistent(step))
+
+    def persistent(self, step: list[Launch]) -> PersistentLaunch | None:
+        """The reverse loop as one persistent launch, for a persistent forward plan whose backward step
+        reduces no rows; else None."""
+        plan = self.plan
+        if plan.target is None or not step or any(
+                isinstance(launch, KernelLaunch) and (any(i.op.is_reduction for i in launch.body)
+                                                      or any(acc.kind == "col" for _, acc in
+                                                             (*launch.inputs, *launch.outputs)))
+                for launch in step):
+            return None
+        columns = [(launch.n,) if isinstance(launch, GemmLaunch) else (launch.width,) for launch in step]
+        return persistent_launch(self.lp.layer, step, columns, plan.sizes.hidden, plan.sizes.batch,
+                                 plan.target, saved=True, reverse=True)
 
     def reverse(self, launch: Launch) -> list[Launch]:
         """The backward launches of a forward launch of the loop or the prologue, in that place."""

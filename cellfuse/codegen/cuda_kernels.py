@@ -235,6 +235,18 @@ def _expression(instr: Instr | GradInstr, var: dict[str, str], width: str = "") 
             raise TypeError(f"unknown instruction of a body: {other!r}")
 
 
+def loaded(params: list[Param], body: tuple[Instr | GradInstr, ...]) -> dict[str, int]:
+    """The inputs that the stores of a kernel's body need, each value from its first param: the loads of
+    `element_body` (an adjoint need not read every input of its kernel: d(a + b) reads neither)."""
+    needed = {p.value for p in params if p.output}.union(
+        *map(_reads, _live(body, {p.value for p in params if p.output})))
+    loads: dict[str, int] = {}
+    for i, p in enumerate(params):
+        if not p.output and p.value in needed:
+            loads.setdefault(p.value, i)
+    return loads
+
+
 def element_body(params: list[Param], names: list[str], body: tuple[Instr | GradInstr, ...], indent: str,
                  index: dict[int, str] | None = None, accumulate: bool = False) -> list[str]:
     """The loads, ops and stores of one element (row r, column j, element e of the launch) of a
@@ -243,11 +255,7 @@ def element_body(params: list[Param], names: list[str], body: tuple[Instr | Grad
     with `accumulate`, the stores add to memory (a backward kernel's gradients)."""
     lines, index = [], index or {}
     kept = _live(body, {p.value for p in params if p.output})
-    needed = {p.value for p in params if p.output}.union(*map(_reads, kept))
-    loads: dict[str, int] = {}  # each input the stores need, from its first pointer
-    for i, p in enumerate(params):
-        if not p.output and p.value in needed:
-            loads.setdefault(p.value, i)
+    loads = loaded(params, body)
     var = _c_vars([*loads, *(instr.result for instr in kept)])
     for v, i in loads.items():
         lines.append(f"{indent}const float {var[v]} = {names[i]}[{index.get(i, _index(params[i].access))}];")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cuda_kernels import ROW_EXPR, Param, comment_text, element_body
+from .cuda_kernels import ROW_EXPR, Param, comment_text, element_body, loaded
 from .persistent import GemmTiling, gemm_tiling, k_stride, output_floats, writes
 from .plan import Access, GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch, WavefrontLaunch
 
@@ -100,8 +100,9 @@ class _Kernel:
     def source(self) -> str:
         """A kernel of its own: every step of the layer."""
         launch = self.launch
-        self.w(f"// every step of layer {launch.layer} in one cooperative launch of {launch.blocks} blocks "
-               f"of {launch.threads} threads",
+        steps = (f"the backward pass of every step of layer {launch.layer}, from the last to the first,"
+                 if launch.reverse else f"every step of layer {launch.layer}")
+        self.w(f"// {steps} in one cooperative launch of {launch.blocks} blocks of {launch.threads} threads",
                f"// ({launch.column_blocks} column blocks x {launch.row_groups} row groups), "
                f"{launch.barriers_per_step} grid-wide barrier(s) per step, {launch.smem_bytes} bytes of "
                "shared memory per block,",
@@ -124,7 +125,9 @@ class _Kernel:
                "rows = min(batch, row0 + rows_per_group) - row0;",
                "    (void)cb; (void)rows;")
         self._shared_memory()
-        if wave is None:
+        if wave is None and launch.reverse:
+            self.w("    for (int t = seq - 1; t >= 0; --t) {")
+        elif wave is None:
             self.w("    for (int t = 0; t < seq; ++t) {")
         else:
             self.w(f"    for (int wave = 0; wave < seq + {wave.layers - 1}; ++wave) {{",
@@ -167,11 +170,12 @@ class _Kernel:
             self._column_map(i, item)
             if item.on_chip:
                 kp, ncp = k_stride(g.k), tl.padded_cols
-                self.w(f"    float* const w{i} = cf_smem + {offset};  // [{ncp}][{kp}]: this block's "
-                       f"columns of {comment_text(g.w)}, transposed",
+                what = f"rows of {comment_text(g.w)} (columns of its transpose)" if g.trans_w else (
+                    f"columns of {comment_text(g.w)}, transposed")
+                self.w(f"    float* const w{i} = cf_smem + {offset};  // [{ncp}][{kp}]: this block's {what}",
                        f"    for (int e = tid; e < {ncp * kp}; e += {threads}) {{",
                        f"        const int c = e / {kp}, k = e - c * {kp}, n = cols{i}(c);",
-                       f"        w{i}[e] = (k < {g.k} && n >= 0) ? {self.var[g.w]}[(size_t)k * {g.n} + n]"
+                       f"        w{i}[e] = (k < {g.k} && n >= 0) ? {self.var[g.w]}[{_w_index(g, 'k', 'n')}]"
                        " : 0.0f;",
                        "    }")
                 offset += kp * ncp
@@ -219,7 +223,8 @@ class _Kernel:
             if isinstance(item.launch, KernelLaunch) and not item.whole:
                 most, count, where = self._elements(item)
                 params = self._params(item.launch)
-                early = [(p_i, p) for p_i, p in enumerate(params) if not p.output and p.access.kind == "row"
+                used = set(loaded(params, item.launch.body).values())
+                early = [(p_i, p) for p_i, p in enumerate(params) if p_i in used and p.access.kind == "row"
                          and p.access.buffer not in written and p.access.buffer not in self.on_chip]
                 if early and most <= PREFETCH_ELEMENTS:
                     if not out:  # the previous step's writes, by any thread of the block, are done
@@ -249,7 +254,11 @@ class _Kernel:
         params = self._params(k)
         names = [f"p{n}" for n in range(len(params))]
         index: dict[int, str] = {}
+        unused = set(range(len(params))) - set(loaded(params, k.body).values())
+        unused -= {n for n, p in enumerate(params) if p.output}
         for n, p in enumerate(params):
+            if n in unused:  # an adjoint need not read every input of its kernel
+                continue
             if n in prefetched:
                 names[n], index[n] = prefetched[n], "u"
             elif p.access.buffer in self.on_chip and not p.output:
@@ -272,7 +281,7 @@ class _Kernel:
                f"{IND}    if (j >= {k.width}) continue;",
                f"{IND}    (void)r;")
         for n, p in enumerate(params):  # other blocks wrote it: through L2, which is coherent, not L1
-            if p.output or n in index:
+            if p.output or n in index or n in unused:
                 continue
             if p.access.kind == "sums":  # every block's partial sums of the row, in a fixed order
                 ld = p.access.ld
@@ -288,7 +297,7 @@ class _Kernel:
         # the partial sums are not stored element by element: below, once the block's values are written
         keep = [n for n, p in enumerate(params) if not (p.output and p.access.kind == "sums")]
         self.w(*element_body([params[n] for n in keep], [names[n] for n in keep], k.body, IND + "    ",
-                             {m: index[n] for m, n in enumerate(keep) if n in index}))
+                             {m: index[n] for m, n in enumerate(keep) if n in index}, k.accumulate))
         self.w(f"{IND}}}")
         for n, p in enumerate(params):
             if p.output and p.access.kind == "sums":
@@ -360,12 +369,12 @@ class _Kernel:
             self.w(f"{IND}            for (int x = 0; x < {tc}; ++x)",
                    f"{IND}                wv[x] = *(const float4*)(w{i} + (c0 + x) * {kp} + 4 * q);")
         else:  # read from L2, where it never changes
-            loads = [f"k + {d} < {g.k} ? __ldg(w + (size_t)(k + {d}) * {g.n}) : 0.0f" for d in range(1, 4)]
+            loads = [f"k + {d} < {g.k} ? __ldg({var[g.w]} + {_w_index(g, f'(k + {d})', 'n')}) : 0.0f"
+                     for d in range(1, 4)]
             self.w(f"{IND}            for (int x = 0; x < {tc}; ++x) {{",
                    f"{IND}                const int n = cols{i}(c0 + x), k = 4 * q;",
-                   f"{IND}                const float* w = {var[g.w]} + n;",
                    f"{IND}                wv[x] = n < 0 ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : make_float4(",
-                   f"{IND}                    __ldg(w + (size_t)k * {g.n}),",
+                   f"{IND}                    __ldg({var[g.w]} + {_w_index(g, 'k', 'n')}),",
                    *(f"{IND}                    {load}{',' if d < 2 else ');'}"
                      for d, load in enumerate(loads)),
                    f"{IND}            }}")
@@ -395,7 +404,7 @@ class _Kernel:
                f"{IND}                #pragma unroll",
                f"{IND}                for (int y = 0; y < {tr}; ++y)",
                f"{IND}                    if (n >= 0 && r0 + y < {rt} && rb + r0 + y < rows)",
-               f"{IND}                        {store} = acc[y][x]{bias};",
+               f"{IND}                        {store} {'+=' if g.accumulate else '='} acc[y][x]{bias};",
                f"{IND}            }}",
                f"{IND}    }}",
                f"{IND}}}",
@@ -455,11 +464,18 @@ def wavefront_source(launch: WavefrontLaunch, name: str) -> str:
     return "\n".join([*lines, "}"]) + "\n"
 
 
+def _w_index(g: GemmLaunch, k: str, n: str) -> str:
+    """The element of the GEMM's right operand at row k, column n: of W [K, N], or, where the GEMM
+    multiplies by W's transpose (dA = dC @ W^T), of W stored [N, K]."""
+    return f"(size_t){n} * {g.k} + {k}" if g.trans_w else f"(size_t){k} * {g.n} + {n}"
+
+
 def _item_name(item: PersistentItem) -> str:
     match item.launch:
         case GemmLaunch() as g:
             where = "in shared memory" if item.on_chip else "read from L2"
-            return f"{g.group}: this block's part of A @ W, W {where}"
+            what = "dA += dC @ W^T" if g.trans_w and g.accumulate else "A @ W"
+            return f"{g.group}: this block's part of {what}, W {where}"
         case KernelLaunch() as k:
             return f"{k.island}: {', '.join(op.result for op in k.body) or 'stores'}"
         case other:

@@ -59,15 +59,19 @@ def plan_kernels(plan: Plan) -> KernelSet:
 
 
 def backward_kernels(plan: BackwardPlan) -> KernelSet:
-    """The adjoint kernels of a backward plan, each distinct source once (cuBLAS runs its GEMMs). Its
-    buffers and launches have the forward plan's sizes, which `check_index_range` of that plan bounds."""
+    """The adjoint kernels of a backward plan and the persistent kernel of each layer whose reverse loop
+    is one, each distinct source once (cuBLAS runs its other GEMMs). Its buffers and launches have the
+    forward plan's sizes, which `check_index_range` of that plan bounds."""
     check_index_range(plan.forward)
     stem = c_stem(plan.forward.cell_name)
     kernels = KernelSet({}, {})
     for lb in plan.layers:
         suffix = f"_l{lb.layer}" if lb.layer else ""
-        for launch in (*lb.step, *lb.after):
+        for launch in (*(() if lb.persistent else lb.step), *lb.after):
             if isinstance(launch, KernelLaunch):
                 kernels.add(launch, kernel_source(launch, "@NAME@"),
                             f"cf_{stem}_{c_name(launch.island)}{suffix}")
+        if lb.persistent:
+            kernels.add(lb.persistent, persistent_source(lb.persistent, "@NAME@"),
+                        f"cf_{stem}_persistent_backward{suffix}")
     return kernels

@@ -86,7 +86,8 @@ class Loop:
 
 @dataclass(frozen=True)
 class Persistent:
-    """Every step of a layer, in increasing order, in one cooperative launch (see `PersistentLaunch`)."""
+    """Every step of a layer in one cooperative launch, in increasing order, or decreasing where the
+    launch is a backward pass's (see `PersistentLaunch`)."""
 
     launch: PersistentLaunch
     stream: int = MAIN

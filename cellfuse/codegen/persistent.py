@@ -26,7 +26,9 @@ from .plan import (
     Launch,
     PersistentItem,
     PersistentLaunch,
+    Target,
     WavefrontLaunch,
+    row_offset,
 )
 from .row_stages import reduces, row_stages
 
@@ -34,21 +36,6 @@ THREADS = 256  # per block of a persistent kernel: faster than 128 or 512 at eve
 ROW_TILE = 64  # rows of a GEMM's left operand staged in shared memory at a time, at most
 ROW_GROUPS = (8, 4, 2, 1)  # the ways to split the batch between blocks, most first
 MIN_GROUP_ROWS = 8  # rows of a group, at least: fewer would not fill a block's threads
-
-
-@dataclass(frozen=True)
-class Target:
-    """What the scheduler needs to know of the GPU for a persistent plan."""
-
-    sm_count: int
-    smem_per_block: int  # bytes of shared memory one block may have (the opt-in maximum)
-
-    @property
-    def name(self) -> str:
-        return f"{self.sm_count} SMs, {self.smem_per_block // 1024} KiB of shared memory per block"
-
-
-H100 = Target(132, 227 * 1024)  # also the H200's numbers; the CUDA runtime asks its own GPU
 
 
 @dataclass(frozen=True)
@@ -139,15 +126,20 @@ def _smem_floats(gemms: list[_Placed], blocks: int, row_tile: int, rows: int) ->
     return total
 
 
-def writes(launch: GemmLaunch | KernelLaunch) -> set[str]:
-    """The buffers a launch of the step writes."""
+def written(launch: GemmLaunch | KernelLaunch) -> list[Access]:
+    """Where a launch of the step writes."""
     match launch:
         case GemmLaunch():
-            return {launch.c.buffer}
+            return [launch.c]
         case KernelLaunch():
-            return {acc.buffer for _, acc in launch.outputs}
+            return [acc for _, acc in launch.outputs]
         case _:
             raise TypeError(f"unknown launch {launch!r}")
+
+
+def writes(launch: GemmLaunch | KernelLaunch) -> set[str]:
+    """The buffers a launch of the step writes."""
+    return {acc.buffer for acc in written(launch)}
 
 
 def reads(launch: GemmLaunch | KernelLaunch) -> set[str]:
@@ -193,27 +185,48 @@ def with_hoisted(prologue: list[tuple[Launch, tuple[int, ...]]], step: list[tupl
     return [*step[:at], *hoisted, *step[at:]]
 
 
-def shared(launch: GemmLaunch | KernelLaunch) -> set[str]:
-    """The buffers a launch reads where other blocks wrote them: a GEMM's left operand (all of K of its
-    rows), a stage's partial sums of a row reduction (every block's)."""
+def shared_reads(launch: GemmLaunch | KernelLaunch) -> list[Access]:
+    """What a launch reads where other blocks wrote it: a GEMM's left operand (all of K of its rows), a
+    stage's partial sums of a row reduction (every block's)."""
     match launch:
         case GemmLaunch():
-            return {launch.a.buffer}
+            return [launch.a]
         case KernelLaunch():
-            return {acc.buffer for _, acc in launch.inputs if acc.kind == "sums"}
+            return [acc for _, acc in launch.inputs if acc.kind == "sums"]
         case _:
             raise TypeError(f"unknown launch {launch!r}")
 
 
-def barriers(step: list[GemmLaunch | KernelLaunch]) -> list[bool]:
-    """For each launch of the step, in order, whether a grid-wide barrier goes before it."""
+def shared(launch: GemmLaunch | KernelLaunch) -> set[str]:
+    """The buffers a launch reads where other blocks wrote them."""
+    return {acc.buffer for acc in shared_reads(launch)}
+
+
+STEP_SLOTS = ("t", "t+1", "t%2", "(t+1)%2")  # the slots whose rows move with the step
+
+
+def overtakes(write: Access, read: Access, reverse: bool) -> bool:
+    """Whether a block's write at one step may land where a slower block still reads in the step before
+    it (the step after, in a reverse loop): the same buffer, and rows that meet at some step, unless both
+    accesses move with the step to rows that never do."""
+    if write.buffer != read.buffer:
+        return False
+    if write.slot not in STEP_SLOTS or read.slot not in STEP_SLOTS:
+        return True
+    return any(row_offset(write.slot, t, 1) == row_offset(read.slot, t + (1 if reverse else -1), 1)
+               for t in (10, 11))  # an even step and an odd one cover the two-slot rules
+
+
+def barriers(step: list[GemmLaunch | KernelLaunch], reverse: bool = False) -> list[bool]:
+    """For each launch of the step, in order, whether a grid-wide barrier goes before it. `reverse`: the
+    steps run from the last to the first."""
     barrier = [False] * len(step)
-    operands = set().union(*map(shared, step))
+    operands = [acc for launch in step for acc in shared_reads(launch)]
     changed = True
     while changed:
         changed = False
         dirty: set[str] = set()
-        for _ in range(2):  # twice round: step t's first reads are of what step t-1 wrote last
+        for _ in range(2):  # twice round: a step's first reads are of what the step before wrote last
             for i, launch in enumerate(step):
                 if shared(launch) & dirty and not barrier[i]:
                     barrier[i] = changed = True
@@ -222,7 +235,7 @@ def barriers(step: list[GemmLaunch | KernelLaunch]) -> list[bool]:
                 dirty |= writes(launch)
         first = barrier.index(True) if True in barrier else len(step)
         for i in range(first):
-            if writes(step[i]) & operands:
+            if any(overtakes(w, r, reverse) for w in written(step[i]) for r in operands):
                 barrier[i] = changed = True
     return barrier
 
@@ -243,10 +256,12 @@ def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int, save
 
 
 def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns: list[tuple[int, ...]],
-                      hidden: int, batch: int, target: Target, saved: bool = False) -> PersistentLaunch:
+                      hidden: int, batch: int, target: Target, saved: bool = False,
+                      reverse: bool = False) -> PersistentLaunch:
     """The persistent launch of one layer's step. `columns` gives each launch's column widths (a GEMM's
     per stacked weight, a kernel's one). A plan that saves its steps for a backward pass (`saved`) keeps
-    no GEMM output on chip only: the backward pass reads them all.
+    no GEMM output on chip only: the backward pass reads them all; so does the backward pass's own
+    launch, whose steps run in `reverse` and whose GEMMs add into gradients that other launches read.
 
     The blocks split the hidden units among the SMs, and with a large batch the rows too, into as many
     row groups as keep every recurrent weight on chip: each block then stages only its rows of a GEMM's
@@ -279,7 +294,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     step, columns = [launch for launch, _ in staged], [cols for _, cols in staged]
     items, off_chip = [], []
     chosen = iter(placed)
-    for launch, cols, barrier in zip(step, columns, barriers(step), strict=True):
+    for launch, cols, barrier in zip(step, columns, barriers(step, reverse), strict=True):
         match launch:
             case GemmLaunch():
                 p = next(chosen)
@@ -300,7 +315,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
                 "block may have, so they are read from L2 every step")
     smem = 4 * _smem_floats(placed, column_blocks, row_tile, rows)
     return PersistentLaunch(layer, tuple(items), column_blocks * row_groups, THREADS, batch, row_groups,
-                            row_tile, smem, note, tuple(added))
+                            row_tile, smem, note, tuple(added), reverse)
 
 
 def layer_targets(steps: list[list[Launch]], target: Target) -> list[Target]:

@@ -43,6 +43,21 @@ def row_offset(slot: Slot, t: int, batch: int) -> int:
 
 
 @dataclass(frozen=True)
+class Target:
+    """What the scheduler needs to know of the GPU for a persistent plan."""
+
+    sm_count: int
+    smem_per_block: int  # bytes of shared memory one block may have (the opt-in maximum)
+
+    @property
+    def name(self) -> str:
+        return f"{self.sm_count} SMs, {self.smem_per_block // 1024} KiB of shared memory per block"
+
+
+H100 = Target(132, 227 * 1024)  # also the H200's numbers; the CUDA runtime asks its own GPU
+
+
+@dataclass(frozen=True)
 class Access:
     """Where a value lives: rows of `buffer` with row stride `ld`, from column `col`.
 
@@ -255,6 +270,7 @@ class PersistentLaunch:
     note: str = ""  # why weights stay off chip, when some do
     # the launch's own buffers: partial sums of row reductions, values carried between their stages
     buffers: tuple[Buffer, ...] = ()
+    reverse: bool = False  # the steps from the last to the first: a backward pass's
 
     @property
     def column_blocks(self) -> int:
@@ -370,6 +386,7 @@ class Plan:
     saves_steps: bool = False  # every step's states, values and GEMM outputs kept (see make_plan)
     # every layer's steps in one launch (each layer's `persistent` is its part of it)
     wavefront: WavefrontLaunch | None = None
+    target: Target | None = None  # the GPU a persistent plan is made for; its backward pass is too
 
     # -- what the plan says, for people and for `plan --json` -----------------------------------
     @property

@@ -34,8 +34,9 @@ from ..graph_model.limits import MAX_LAYERS
 from ..graph_model.ops import OPS
 from ..graph_model.params import check_widths
 from ..graph_model.validate import ONE, ROW, check_count
-from .persistent import H100, Target, layer_targets, persistent_launch, wavefront_launch, with_hoisted
+from .persistent import layer_targets, persistent_launch, wavefront_launch, with_hoisted
 from .plan import (
+    H100,
     Access,
     Buffer,
     Const,
@@ -47,6 +48,7 @@ from .plan import (
     Launch,
     LayerPlan,
     Plan,
+    Target,
 )
 
 # Hoisted work runs in chunks of this many steps beside the recurrence (see Plan.chunk_steps): small
@@ -519,4 +521,5 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
     return Plan(cell.name, cell.description, schedule, sizes, tuple(cell.updates),
                 expected_params(cell, sizes.layers, sizes.input, sizes.hidden), st.groups, st.islands,
                 layers, buffers, sorted(info.dead), cuda_graph=rung.cuda_graph,
-                chunk_steps=chunk, saves_steps=save_steps, wavefront=whole)
+                chunk_steps=chunk, saves_steps=save_steps, wavefront=whole,
+                target=target if rung.persistent else None)

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import __version__
 from ..codegen import SCHEDULES, Plan, make_plan
-from ..codegen.persistent import H100, Target
+from ..codegen.plan import H100, Target
 from ..graph_model import (
     Cell,
     CellError,

@@ -33,8 +33,7 @@ from ..codegen.lowering import (
     launch_rows,
     lower,
 )
-from ..codegen.persistent import Target
-from ..codegen.plan import PersistentLaunch, WavefrontLaunch
+from ..codegen.plan import PersistentLaunch, Target, WavefrontLaunch
 from ..graph_model import CellError, Forward
 
 log = logging.getLogger(__name__)

@@ -7,11 +7,12 @@ the program makes one of the two read a buffer nothing wrote (every buffer start
 
 A persistent launch runs as its blocks would, each on its own rows and columns: between two grid-wide
 barriers the blocks run one after another (in increasing order, or decreasing with `reverse_blocks`), each
-all of its work up to the next barrier, possibly into the next step. A barrier missing from the plan then
-makes a block read another's value before or after it was written, and the result differs from the
-reference. That shows in the first steps; after `CHECKED_STEPS` steps, where a correct plan gives the same
-either way, the blocks run together, each launch on all rows and columns at once, so that a numpy
-timing of the persistent rung is not a timing of running a hundred blocks one by one."""
+all of its work up to the next barrier, possibly into the next step (the step before, in a backward
+pass's reverse launch). A barrier missing from the plan then makes a block read another's value before
+or after it was written, and the result differs from the reference. That shows in the first steps run;
+after `CHECKED_STEPS` of them, where a correct plan gives the same either way, the blocks run together,
+each launch on all rows and columns at once, so that a numpy timing of the persistent rung is not a
+timing of running a hundred blocks one by one."""
 
 from __future__ import annotations
 
@@ -166,7 +167,8 @@ class NumpyExecutor:
 
     def persistent(self, launch: PersistentLaunch) -> None:
         """Every step of a persistent launch, block by block between barriers (see the module's doc)."""
-        self.blocks([(launch, [event for t in range(self.seq) for item in launch.items
+        steps = range(self.seq - 1, -1, -1) if launch.reverse else range(self.seq)
+        self.blocks([(launch, [event for t in steps for item in launch.items
                                for event in ([None] if item.barrier else []) + [(t, item)]])])
 
     def wavefront(self, launch: WavefrontLaunch) -> None:
@@ -198,8 +200,11 @@ class NumpyExecutor:
         blocks = [(p, block, own) for (p, _), own in zip(timelines, spans, strict=True)
                   for block in range(p.blocks)]
         order = blocks[::-1] if self.reverse_blocks else blocks
+        def late(p: PersistentLaunch, t: int) -> bool:  # past the steps run block by block
+            return (self.seq - 1 - t if p.reverse else t) >= CHECKED_STEPS
+
         for i in range(len(spans[0])):
-            if all(t >= CHECKED_STEPS for own in spans for t, _ in own[i]):
+            if all(late(p, t) for (p, _), own in zip(timelines, spans, strict=True) for t, _ in own[i]):
                 for own in spans:  # every block at once: each launch on all rows and columns
                     for t, item in own[i]:
                         self.execute(as_instruction(item.launch), t)
@@ -217,7 +222,7 @@ class NumpyExecutor:
                 if first_row == last_row:
                     return
                 a = self.view(g.a, g.a.offset(t, B) + first_row * g.a.ld, last_row - first_row, g.k)
-                w = self.buf[g.w].reshape(g.k, g.n)
+                w = self.buf[g.w].reshape(g.n, g.k).T if g.trans_w else self.buf[g.w].reshape(g.k, g.n)
                 start = 0
                 for width in item.columns:
                     first, last = (start + c for c in launch.columns(width, block))
@@ -226,7 +231,10 @@ class NumpyExecutor:
                         continue
                     at = g.c.offset(t, B) + first_row * g.c.ld + first
                     c = self.view(g.c, at, last_row - first_row, last - first)
-                    c[...] = a @ w[:, first:last]
+                    if g.accumulate:
+                        c += a @ w[:, first:last]
+                    else:
+                        c[...] = a @ w[:, first:last]
                     if g.bias:
                         c += self.buf[g.bias][first:last]
             case KernelLaunch() as k:

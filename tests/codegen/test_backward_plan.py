@@ -16,7 +16,7 @@ from cellfuse.codegen import make_plan
 from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.cuda_kernels import kernel_source
 from cellfuse.codegen.kernel_set import backward_kernels
-from cellfuse.codegen.lowering import Gemm, Kernel, Loop
+from cellfuse.codegen.lowering import Gemm, Kernel, Loop, Persistent
 from cellfuse.codegen.plan import Access, GemmLaunch, Instr, KernelLaunch, grad_of, launch_name
 from cellfuse.graph_model import OPS, CellError, Sizes, analyze, load_template, template_names
 
@@ -143,7 +143,7 @@ def test_an_op_without_a_derivative_is_refused_by_node():
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("name", template_names())
-@pytest.mark.parametrize("schedule", ["naive", "hoisted"])
+@pytest.mark.parametrize("schedule", ["naive", "hoisted", "persistent"])
 def test_backward_kernels_compile(name, schedule, tmp_path):
     cell = load_template(name)
     sizes = Sizes(3, 2, 24, 40, 2)
@@ -164,10 +164,38 @@ def test_backward_kernels_of_random_cells_that_reduce_rows_compile(seed, tmp_pat
 def check_backward_kernels(forward, tmp_path) -> None:
     plan = backward_plan(forward)
     kernels = backward_kernels(plan)
-    launches = [launch for lb in plan.layers for launch in (*lb.step, *lb.after)
+    launches = [launch for lb in plan.layers for launch in (*(() if lb.persistent else lb.step), *lb.after)
                 if isinstance(launch, KernelLaunch)]
-    assert launches and all(launch.accumulate for launch in launches)
-    assert set(kernels.name_of) == set(launches)
+    assert all(launch.accumulate for launch in launches)
+    persistent = [lb.persistent for lb in plan.layers if lb.persistent]
+    assert launches or persistent
+    assert set(kernels.name_of) == {*launches, *persistent}
     source = kernels.module_source()
     assert "+= " in source
     nvcc_cubin(source, tmp_path)
+
+
+@pytest.mark.parametrize("name, barriers", [("lstm", 1), ("gru", 1), ("gru_cho", 2), ("mgu", 2), ("sru", 0),
+                                            ("layernorm_lstm", None)])
+def test_a_persistent_forward_gets_a_persistent_reverse_loop_where_it_fits(name, barriers):
+    """Each layer's reverse loop is one cooperative launch with the forward's barriers per step: the
+    adjoint kernels write dC, every block's, then dA += dC @ W^T. The adjoints of a layer norm reduce
+    rows, which the persistent backward does not stage: its loop stays a loop of launches."""
+    plan = plan_of(name, "persistent")
+    program = plan.instructions()
+    if barriers is None:
+        assert all(lb.persistent is None for lb in plan.layers)
+        assert sum(isinstance(i, Loop) and i.reverse for i in program) == len(plan.layers)
+        return
+    assert [i.launch for i in program if isinstance(i, Persistent)] == [lb.persistent for lb in plan.layers]
+    assert not any(isinstance(i, Loop) for i in program)
+    for lb in plan.layers:
+        p = lb.persistent
+        assert p.reverse and p.barriers_per_step == barriers and p.layer == lb.layer
+        assert [item.launch for item in p.items] == list(lb.step)
+        gemms = [item.launch for item in p.items if isinstance(item.launch, GemmLaunch)]
+        assert all(g.trans_w and g.accumulate for g in gemms)
+        # a barrier right before each dA GEMM, none elsewhere: what the adjoints write ahead of the
+        # first is a row block of dC that no block still reads
+        assert [item.barrier for item in p.items] == [isinstance(item.launch, GemmLaunch) for item in p.items]
+    assert "in one persistent launch per layer" in plan.describe() and plan.launches_per_step == 0

@@ -347,10 +347,12 @@ def test_hostile_exports_of_every_template_and_the_largest_sizes_compile(tmp_pat
 @pytest.mark.nvcc
 @needs_nvcc
 def test_exports_with_the_backward_pass_of_every_template_compile(tmp_path):
-    """Hostile names too: the backward launcher and its demo check, for every template and schedule."""
+    """Hostile names too: the backward launcher and its demo check, for every template, on every schedule
+    and on the persistent one (whose reverse loops are cooperative launches of their own)."""
     cells = [hostile_template(name) for name in template_names()]
-    compile_objects([generate_cuda(cell, fit(SIZES, cell), SCHEDULES[i % len(SCHEDULES)], backward=True).text
-                     for i, cell in enumerate(cells)], tmp_path)
+    compile_objects([generate_cuda(cell, fit(SIZES, cell), schedule, backward=True).text
+                     for i, cell in enumerate(cells)
+                     for schedule in dict.fromkeys([SCHEDULES[i % len(SCHEDULES)], "persistent"])], tmp_path)
 
 
 @pytest.mark.nvcc

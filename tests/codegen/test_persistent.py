@@ -13,8 +13,8 @@ from random_cells import random_cell, random_cells
 
 from cellfuse.codegen import make_plan, plan_kernels
 from cellfuse.codegen.lowering import SIDE
-from cellfuse.codegen.persistent import H100, Target, barriers
-from cellfuse.codegen.plan import GemmLaunch, KernelLaunch, Plan, owned
+from cellfuse.codegen.persistent import barriers
+from cellfuse.codegen.plan import H100, GemmLaunch, KernelLaunch, Plan, Target, owned
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
 from cellfuse.graph_model import (
     CellBuilder,

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.gpu
 SIZES = Sizes(seq=7, batch=5, input=24, hidden=40)
 
 
-@pytest.mark.parametrize("schedule", [*GRAPH_FAMILY, "persistent"])
+@pytest.mark.parametrize("schedule", [*GRAPH_FAMILY, "persistent", "wavefront"])
 @pytest.mark.parametrize("name", template_names())
 def test_gradients_of_every_template_on_the_gpu(gpu, name, schedule):
     cell = load_template(name)

@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from random_cells import random_cell, random_cells
 
 from cellfuse.codegen import make_plan
+from cellfuse.codegen.plan import H100, Target
 from cellfuse.gpu_runtime.numpy_backward import NumpyBackward
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
 from cellfuse.graph_model import (
@@ -134,11 +135,37 @@ def test_float32_gradients_are_within_1e_4_of_the_reference(name):
     assert_gradients(got, run.reference(), 1e-4, name)
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru_cho", "sru", "layernorm_lstm"])
-def test_a_persistent_forward_plan_gets_the_graph_backward(name):
-    cell = load_template(name)
-    run = make_run(cell, 2)
-    assert_gradients(run.numpy("persistent"), run.reference(), 1e-9, name)
+@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("schedule", ["persistent", "wavefront"])
+@pytest.mark.parametrize("sms, reverse_blocks", [(132, False), (132, True), (3, False)])
+def test_the_persistent_backward_pass_block_by_block_equals_the_reference(name, schedule, sms,
+                                                                         reverse_blocks):
+    """Each layer's reverse loop as one persistent launch (the layer norm's, whose gradients reduce rows,
+    as a loop of launches), its blocks run one by one between barriers in either order; with 3 SMs a
+    block owns several columns of each width."""
+    run = make_run(load_template(name), 2)
+    got = run.numpy(schedule, target=Target(sms, H100.smem_per_block), reverse_blocks=reverse_blocks)
+    assert_gradients(got, run.reference(), 1e-9, f"{name} {schedule}")
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "gru_cho", "mgu"])
+@pytest.mark.parametrize("reverse_blocks", [False, True])
+def test_a_barrier_missing_from_the_persistent_backward_pass_shows(monkeypatch, name, reverse_blocks):
+    """Without the barrier before a dA GEMM, a block reads dC before the other blocks wrote it (or after
+    they wrote the next step's): the block-by-block run gives other gradients."""
+    from cellfuse.codegen import persistent
+
+    def without_last(step, reverse=False):
+        placed = barriers(step, reverse)
+        if reverse:
+            placed[len(placed) - 1 - placed[::-1].index(True)] = False
+        return placed
+
+    barriers = persistent.barriers
+    monkeypatch.setattr(persistent, "barriers", without_last)
+    run = make_run(load_template(name), 2)
+    with pytest.raises(AssertionError):
+        assert_gradients(run.numpy("persistent", reverse_blocks=reverse_blocks), run.reference(), 1e-9)
 
 
 def test_a_second_run_starts_again_from_zero():
