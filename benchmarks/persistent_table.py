@@ -1,12 +1,13 @@
-"""The README's table of the persistent and wavefront rungs, and its chart, from the record of
+"""The README's table of the persistent, wavefront and tensor rungs, and its chart, from the record of
 run_persistent.sh.
 
     python benchmarks/persistent_table.py benchmarks/results/FILE.json [docs/persistent.png]
 
 Each row is one case of the record: the cuDNN baseline through PyTorch (or torch.compile, where the
 cell has no cuDNN kernel), cuDNN's own persistent algorithms called directly (the faster of static and
-dynamic, where cuDNN runs the size), the `graph`, `persistent` and `wavefront` rungs, and the goal set
-for that case; "met" compares the best rung with it.
+dynamic, where cuDNN runs the size), the `graph`, `persistent`, `wavefront` and `tensor` rungs (a record
+made before `tensor` existed has none), and the goal set for that case; "met" compares the best rung
+with it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ CASES = {
     "indrnn_B64": ("IndRNN B=64", 0.05, None),
     "peephole_lstm_B64": ("peephole LSTM B=64", 0.9, "torch.compile"),
 }
-RUNGS = ("graph", "persistent", "wavefront")
+RUNGS = ("graph", "persistent", "wavefront", "tensor")
 CUDNN_PERSISTENT = ("cudnn persistent static", "cudnn persistent dynamic")
 
 
@@ -45,8 +46,8 @@ def _ms(value: float | None) -> str:
 
 def main(path: str, png: str | None) -> None:
     record = json.load(open(path))
-    print("| case | baseline | cuDNN persistent | graph | persistent | wavefront | goal | met |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| case | baseline | cuDNN persistent | " + " | ".join(RUNGS) + " | goal | met |")
+    print("|---|---|---|" + "---|" * len(RUNGS) + "---|---|")
     rows = []
     for case, (label, goal, baseline) in CASES.items():
         if case not in record["cases"]:
@@ -65,11 +66,12 @@ def main(path: str, png: str | None) -> None:
         fig = Figure(figsize=(10, 5))
         ax = fig.subplots()
         names = ["cudnn", "torch.compile", "cudnn persistent", *RUNGS]
-        width = 0.14
+        width = 0.8 / len(names)
         for i, name in enumerate(names):
             ys = [(j, ms[name]) for j, (_, ms) in enumerate(rows) if name in ms]
             ax.barh([j + i * width for j, _ in ys], [y for _, y in ys], width, label=name)
-        ax.set_yticks([j + 2.5 * width for j in range(len(rows))], [label for label, _ in rows], fontsize=8)
+        ax.set_yticks([j + (len(names) - 1) / 2 * width for j in range(len(rows))],
+                      [label for label, _ in rows], fontsize=8)
         ax.invert_yaxis()
         ax.set_xscale("log")
         ax.set_xlabel("ms per forward pass (median, log scale)")

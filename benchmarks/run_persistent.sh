@@ -13,8 +13,8 @@ run() {
     echo "$case: exit $?"
 }
 S="--seq 100 --input 512 --hidden 512"
-R="--schedules graph,persistent"
-W="--schedules graph,persistent,wavefront"
+R="--schedules graph,persistent,tensor"
+W="--schedules graph,persistent,wavefront,tensor"
 C="cudnn,cudnn persistent static,cudnn persistent dynamic,cudnn persistent small h"
 run lstm_B1 lstm $S --batch 1 $R --baselines "$C"
 run lstm_B8 lstm $S --batch 8 $R --baselines "$C"

@@ -22,7 +22,7 @@ S="--seq 100 --input 512 --hidden 512 --batch 64"
 # Forward + backward against cuDNN, PyTorch eager and torch.compile with autograd; the new templates'
 # forward pass against PyTorch in a CUDA graph and torch.compile. Limits keep one slow compile from
 # taking the whole call.
-schedules=${SCHEDULES:-hoisted,graph,persistent}
+schedules=${SCHEDULES:-hoisted,graph,persistent,tensor}
 run() {  # run DIR CASE
     local dir=$1 case=$2 limit command
     case $case in

@@ -537,7 +537,8 @@ def test_bench_on_the_numpy_backend_writes_a_record_and_a_chart(cli, tmp_path):
     record = json.loads((tmp_path / "r.json").read_text())
     assert record["sizes"] == {"seq": T, "batch": B, "input": INPUT, "hidden": HIDDEN, "layers": 2}
     assert [r["name"] for r in record["results"] if r["ok"]] == [
-        "naive", "combined", "fused", "hoisted", "graph", "persistent", "wavefront", "numpy reference"]
+        "naive", "combined", "fused", "hoisted", "graph", "persistent", "wavefront", "tensor",
+        "numpy reference"]
     assert "timing, round 2 of 2" in err and "graph" in out and "vs naive" in out
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

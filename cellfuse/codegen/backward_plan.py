@@ -299,7 +299,7 @@ class _Layer:
             return None
         columns = [(launch.n,) if isinstance(launch, GemmLaunch) else (launch.width,) for launch in step]
         return persistent_launch(self.lp.layer, step, columns, plan.sizes.hidden, plan.sizes.batch,
-                                 plan.target, saved=True, reverse=True)
+                                 plan.target, saved=True, reverse=True, mma=plan.tensor_cores)
 
     def reverse(self, launch: Launch) -> list[Launch]:
         """The backward launches of a forward launch of the loop or the prologue, in that place."""

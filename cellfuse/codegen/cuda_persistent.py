@@ -17,11 +17,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cuda_kernels import ROW_EXPR, Param, comment_text, element_body, loaded
-from .persistent import GemmTiling, gemm_tiling, k_stride, output_floats, writes
+from .persistent import (
+    MMA_K,
+    MMA_TILE,
+    WARPS,
+    GemmTiling,
+    gemm_tiling,
+    k_stride,
+    output_floats,
+    whole32,
+    writes,
+)
 from .plan import Access, GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch, WavefrontLaunch
 
 PERSISTENT_PRELUDE = """\
 #include <cooperative_groups.h>
+#include <mma.h>
 
 // 16 bytes from global to shared memory without a register, cached in L2 only: other blocks wrote them.
 __device__ __forceinline__ void cf_copy16(float* shared, const float* global) {
@@ -31,6 +42,17 @@ __device__ __forceinline__ void cf_copy16(float* shared, const float* global) {
 
 __device__ __forceinline__ void cf_copies_done() {
     asm volatile("cp.async.wait_all;\\n" ::: "memory");
+}
+
+// A fragment of float32 values split in two of TF32 (10 bits of mantissa each): hi, and what hi lost.
+template <typename Fragment>
+__device__ __forceinline__ void cf_split_tf32(Fragment& hi, Fragment& lo) {
+    #pragma unroll
+    for (int e = 0; e < hi.num_elements; ++e) {
+        const float v = hi.x[e];
+        hi.x[e] = nvcuda::wmma::__float_to_tf32(v);
+        lo.x[e] = nvcuda::wmma::__float_to_tf32(v - hi.x[e]);
+    }
 }
 """
 
@@ -87,8 +109,8 @@ class _Kernel:
         self.written = written if written is not None else set().union(
             *(writes(item.launch) for item in launch.items))
         self.gemms = [(i, item) for i, item in enumerate(launch.items) if isinstance(item.launch, GemmLaunch)]
-        self.tilings = {i: gemm_tiling(item.columns, launch.column_blocks, launch.row_tile, item.launch.k)
-                        for i, item in self.gemms}
+        self.tilings = {i: gemm_tiling(item.columns, launch.column_blocks, launch.row_tile, item.launch.k,
+                                       item.mma) for i, item in self.gemms}
         # GEMM outputs in shared memory: buffer -> (the GEMM's index, its item, its block's columns)
         self.on_chip = {item.launch.c.buffer: (i, item, self.tilings[i].cols)
                         for i, item in self.gemms if item.output_on_chip}
@@ -160,8 +182,8 @@ class _Kernel:
     def _shared_memory(self) -> None:
         """Where each part of shared memory starts; the on-chip weights loaded, padding zeroed."""
         launch, threads = self.launch, self.launch.threads
-        staged = max((self.tilings[i].padded_rows * k_stride(item.launch.k) for i, item in self.gemms),
-                     default=0)
+        staged = max((whole32(self.tilings[i].padded_rows * k_stride(item.launch.k))
+                      for i, item in self.gemms), default=0)
         offset = staged
         if self.gemms:
             self.w("    float* const cf_stage = cf_smem;  // [rows][k]: a row tile of a GEMM's operand")
@@ -178,11 +200,16 @@ class _Kernel:
                        f"        w{i}[e] = (k < {g.k} && n >= 0) ? {self.var[g.w]}[{_w_index(g, 'k', 'n')}]"
                        " : 0.0f;",
                        "    }")
-                offset += kp * ncp
+                offset += whole32(kp * ncp)
             if item.output_on_chip:
                 self.w(f"    float* const cf_c{i} = cf_smem + {offset};  // [rows][{tl.cols}]: this block's "
                        f"part of {comment_text(g.group)}'s output")
                 offset += output_floats(self.launch.group_rows, tl)
+        scratch = max((tl.mma_floats for tl in self.tilings.values()), default=0)
+        if scratch:
+            self.w(f"    float* const cf_mma = cf_smem + {offset};  // the warps' partial tiles of a GEMM's "
+                   "output, on tensor cores")
+            offset += scratch
         if staged:  # the columns past K of every staged row stay zero: the float4 sums run over them
             self.w(f"    for (int e = tid; e < {staged}; e += {threads}) cf_stage[e] = 0.0f;")
         assert 4 * offset == launch.smem_bytes, "the kernel's shared memory differs from the plan's"
@@ -352,8 +379,11 @@ class _Kernel:
                f"{IND}        cf_stage[r * {kp} + k] =",
                f"{IND}            rb + r < rows ? __ldcg(a + (size_t)(rb + r) * {g.a.ld} + k) : 0.0f;",
                f"{IND}    }}",
-               f"{IND}    __syncthreads();",
-               f"{IND}    const int ks = tid % {split};",
+               f"{IND}    __syncthreads();")
+        if item.mma:
+            self._mma(i, item)
+            return
+        self.w(f"{IND}    const int ks = tid % {split};",
                f"{IND}    for (int o = tid / {split}; o < {tl.output_threads}; o += {threads // split}) {{",
                f"{IND}        const int c0 = (o % {tl.col_threads}) * {tc};",
                f"{IND}        const int r0 = (o / {tl.col_threads}) * {tr};",
@@ -394,9 +424,6 @@ class _Kernel:
                    f"{IND}                #pragma unroll",
                    f"{IND}                for (int x = 0; x < {tc}; ++x)",
                    f"{IND}                    acc[y][x] += __shfl_xor_sync({mask}, acc[y][x], d);")
-        bias = f" + {var[g.bias]}[n]" if g.bias else ""
-        store = (f"cf_c{i}[(rb + r0 + y) * {tl.cols} + c0 + x]" if item.output_on_chip
-                 else f"c[(size_t)(rb + r0 + y) * {g.c.ld} + n]")
         self.w(f"{IND}        if (ks == 0)",
                f"{IND}            #pragma unroll",
                f"{IND}            for (int x = 0; x < {tc}; ++x) {{",
@@ -404,15 +431,76 @@ class _Kernel:
                f"{IND}                #pragma unroll",
                f"{IND}                for (int y = 0; y < {tr}; ++y)",
                f"{IND}                    if (n >= 0 && r0 + y < {rt} && rb + r0 + y < rows)",
-               f"{IND}                        {store} {'+=' if g.accumulate else '='} acc[y][x]{bias};",
+               f"{IND}                        {self._store(i, item, 'rb + r0 + y', 'c0 + x', 'acc[y][x]')}",
                f"{IND}            }}",
                f"{IND}    }}",
                f"{IND}}}",
                f"{IND}__syncthreads();  // C is read next by other threads of the block")
 
 
+    def _store(self, i: int, item: PersistentItem, row: str, col: str, value: str) -> str:
+        """The statement that puts a GEMM's `value` at `row` of the block's rows and `col` of its columns
+        (n: the column of C): into shared memory where the output stays on chip, else to C, with the
+        bias; added to what is there for a GEMM that accumulates."""
+        g: GemmLaunch = item.launch
+        at = (f"cf_c{i}[({row}) * {self.tilings[i].cols} + {col}]" if item.output_on_chip
+              else f"c[(size_t)({row}) * {g.c.ld} + n]")
+        bias = f" + {self.var[g.bias]}[n]" if g.bias else ""
+        return f"{at} {'+=' if g.accumulate else '='} {value}{bias};"
+
+    def _mma(self, i: int, item: PersistentItem) -> None:
+        """The rest of a GEMM's row tile on tensor cores: each warp's 16 x 16 tile of C, over its share of K,
+        eight k at a time, each product in three TF32 ones, the small ones first; then the warps' partial
+        tiles added up and stored by all the block's threads, through the column map and the bias."""
+        g: GemmLaunch = item.launch
+        tl: GemmTiling = self.tilings[i]
+        threads, rt, kp = self.launch.threads, self.launch.row_tile, k_stride(g.k)
+        split, tiles, nt = tl.k_split, tl.output_threads, tl.col_threads
+        k8 = MMA_K * -(-g.k // MMA_K)  # within the row's stride: the zeros past K add nothing
+        area = MMA_TILE * MMA_TILE
+        shape = f"{MMA_TILE}, {MMA_TILE}, {MMA_K}"
+        tf32 = "nvcuda::wmma::precision::tf32"
+        self.w(f"{IND}    for (int o = tid / 32; o < {tiles * split}; o += {WARPS}) {{",
+               f"{IND}        const int tile = o / {split}, ks = o % {split};",
+               f"{IND}        const float* const at = cf_stage + (tile / {nt}) * {MMA_TILE * kp};",
+               f"{IND}        const float* const wt = w{i} + (tile % {nt}) * {MMA_TILE * kp};",
+               f"{IND}        nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, {shape}, {tf32}, "
+               "nvcuda::wmma::row_major> a_hi, a_lo;",
+               f"{IND}        nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, {shape}, {tf32}, "
+               "nvcuda::wmma::col_major> w_hi, w_lo;",
+               f"{IND}        nvcuda::wmma::fragment<nvcuda::wmma::accumulator, {shape}, float> acc;",
+               f"{IND}        nvcuda::wmma::fill_fragment(acc, 0.0f);",
+               f"{IND}        for (int k = ks * {MMA_K}; k < {k8}; k += {split * MMA_K}) {{",
+               f"{IND}            nvcuda::wmma::load_matrix_sync(a_hi, at + k, {kp});",
+               f"{IND}            nvcuda::wmma::load_matrix_sync(w_hi, wt + k, {kp});",
+               f"{IND}            cf_split_tf32(a_hi, a_lo);",
+               f"{IND}            cf_split_tf32(w_hi, w_lo);",
+               f"{IND}            nvcuda::wmma::mma_sync(acc, a_lo, w_hi, acc);",
+               f"{IND}            nvcuda::wmma::mma_sync(acc, a_hi, w_lo, acc);",
+               f"{IND}            nvcuda::wmma::mma_sync(acc, a_hi, w_hi, acc);",
+               f"{IND}        }}",
+               f"{IND}        nvcuda::wmma::store_matrix_sync(cf_mma + o * {area}, acc, {MMA_TILE}, "
+               "nvcuda::wmma::mem_row_major);",
+               f"{IND}    }}",
+               f"{IND}    __syncthreads();",
+               f"{IND}    for (int e = tid; e < {tiles * area}; e += {threads}) {{",
+               f"{IND}        const int tile = e / {area}, y = e % {area} / {MMA_TILE}, x = e % {MMA_TILE};",
+               f"{IND}        const int r = (tile / {nt}) * {MMA_TILE} + y;",
+               f"{IND}        const int cc = (tile % {nt}) * {MMA_TILE} + x;  // the block's column",
+               f"{IND}        const int n = cols{i}(cc);",
+               f"{IND}        if (n < 0 || r >= {rt} || rb + r >= rows) continue;",
+               f"{IND}        float v = 0.0f;",
+               f"{IND}        #pragma unroll",
+               f"{IND}        for (int s = 0; s < {split}; ++s) v += cf_mma[(tile * {split} + s) * {area} + "
+               f"e % {area}];")
+        self.w(f"{IND}        {self._store(i, item, 'rb + r', 'cc', 'v')}",
+               f"{IND}    }}",
+               f"{IND}}}",
+               f"{IND}__syncthreads();  // C is read next by other threads of the block")
+
+
 KERNEL_START = (
-    "    extern __shared__ float cf_smem[];",
+    "    extern __shared__ __align__(128) float cf_smem[];  // each part 32-byte aligned (see whole32)",
     "    cooperative_groups::grid_group grid = cooperative_groups::this_grid();",
     "    const int tid = threadIdx.x;",
     "    (void)grid;",

@@ -44,7 +44,11 @@ class GemmTiling:
     A (a tile of rows) and W both in shared memory, K contiguous: each output thread holds a register
     tile of `rows_per_thread` consecutive rows by `cols_per_thread` consecutive columns, and `k_split`
     neighbouring lanes share each tile's sum over K, four k at a time (float4 loads), adding their
-    partial sums with warp shuffles at the end."""
+    partial sums with warp shuffles at the end.
+
+    On tensor cores (`mma`), each warp holds a 16 x 16 tile of C instead (`rows_per_thread` and
+    `cols_per_thread` are 16, the `*_threads` count tiles), and `k_split` warps share each tile's sum
+    over K, eight k at a time, adding their partial tiles through shared memory (`mma_floats`)."""
 
     cols: int  # the block's columns of the GEMM, over all its stacked weights
     rows_per_thread: int
@@ -52,6 +56,7 @@ class GemmTiling:
     k_split: int  # a power of two, at most a warp
     col_threads: int
     row_threads: int
+    mma: bool = False
 
     @property
     def padded_cols(self) -> int:  # the rows of the on-chip (transposed) weights
@@ -65,23 +70,41 @@ class GemmTiling:
     def output_threads(self) -> int:
         return self.col_threads * self.row_threads
 
+    @property
+    def mma_floats(self) -> int:
+        """Shared memory for the warps' partial tiles of C, on tensor cores."""
+        return self.output_threads * self.k_split * MMA_TILE * MMA_TILE if self.mma else 0
+
+
+MMA_TILE = 16  # rows and columns of a warp's tile of C on tensor cores (wmma's m16n16k8 for TF32)
+MMA_K = 8
+WARPS = THREADS // 32
+
 
 def output_floats(rows: int, tiling: GemmTiling) -> int:
-    """Shared memory for a block's part of a GEMM's output, in whole float4s: what follows it in shared
-    memory is read as float4s."""
-    return 4 * -(-rows * tiling.cols // 4)
+    """Shared memory for a block's part of a GEMM's output, in whole 32 bytes: what follows it in shared
+    memory is read as float4s or as tensor-core fragments (which start 32-byte aligned)."""
+    return 8 * -(-rows * tiling.cols // 8)
 
 
 def k_stride(k: int) -> int:
     """Floats per row of a K-contiguous array in shared memory: K in whole float4s, and one float4 more,
-    so that lanes reading the same k of neighbouring rows fall in different banks."""
+    so that lanes reading the same k of neighbouring rows fall in different banks. It holds K in whole
+    eights too (the zeros past K), as tensor cores read it."""
     return 4 * (-(-k // 4)) + 4
 
 
-def gemm_tiling(columns: tuple[int, ...], blocks: int, row_tile: int, k: int) -> GemmTiling:
+def gemm_tiling(columns: tuple[int, ...], blocks: int, row_tile: int, k: int,
+                mma: bool = False) -> GemmTiling:
     """The cheapest tiling by a simple count: the float4 loads and FMAs of the busiest thread, and its
-    shuffles."""
+    shuffles. On tensor cores: 16 x 16 tiles, and as many warps on each as leaves none idle."""
     cols = sum(-(-w // blocks) for w in columns)
+    if mma:
+        ct, rt = -(-cols // MMA_TILE), -(-row_tile // MMA_TILE)
+        split = 1
+        while split < WARPS and ct * rt * split * 2 <= WARPS:
+            split *= 2
+        return GemmTiling(cols, MMA_TILE, MMA_TILE, split, ct, rt, mma=True)
     k4 = -(-k // 4)
     best = None
     for tr in (1, 2, 4, 8):
@@ -110,20 +133,29 @@ class _Placed:
     columns: tuple[int, ...]
     weights: bool  # its block's columns of W
     output: bool  # its block's columns of C, for every row of the batch
+    mma: bool = False  # on tensor cores, which read W from shared memory only
+
+    def tiling(self, blocks: int, row_tile: int) -> GemmTiling:
+        return gemm_tiling(self.columns, blocks, row_tile, self.launch.k, self.mma)
 
 
 def _smem_floats(gemms: list[_Placed], blocks: int, row_tile: int, rows: int) -> int:
-    """Shared memory of a persistent kernel, in floats: the staged rows of the largest GEMM operand, and
-    what of each GEMM stays on chip (its output for the block's `rows` rows); `blocks` share the
-    columns."""
-    staged = max((gemm_tiling(p.columns, blocks, row_tile, p.launch.k).padded_rows * k_stride(p.launch.k)
-                  for p in gemms), default=0)
-    total = staged
-    for p in gemms:
-        tiling = gemm_tiling(p.columns, blocks, row_tile, p.launch.k)
-        total += p.weights * tiling.padded_cols * k_stride(p.launch.k)
+    """Shared memory of a persistent kernel, in floats: the staged rows of the largest GEMM operand, what
+    of each GEMM stays on chip (its output for the block's `rows` rows), and the partial tiles of the
+    GEMM on tensor cores that has the most; `blocks` share the columns."""
+    tilings = [p.tiling(blocks, row_tile) for p in gemms]
+    total = max((whole32(t.padded_rows * k_stride(p.launch.k)) for p, t in zip(gemms, tilings, strict=True)),
+                default=0)
+    for p, tiling in zip(gemms, tilings, strict=True):
+        total += p.weights * whole32(tiling.padded_cols * k_stride(p.launch.k))
         total += p.output * output_floats(rows, tiling)
-    return total
+    return total + max((t.mma_floats for t in tilings), default=0)
+
+
+def whole32(floats: int) -> int:
+    """Floats in whole 32 bytes: each part of a persistent kernel's shared memory starts 32-byte aligned,
+    as tensor-core fragments must."""
+    return 8 * -(-floats // 8)
 
 
 def written(launch: GemmLaunch | KernelLaunch) -> list[Access]:
@@ -240,28 +272,33 @@ def barriers(step: list[GemmLaunch | KernelLaunch], reverse: bool = False) -> li
     return barrier
 
 
-def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int, saved: bool) -> list[_Placed]:
+def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int, saved: bool,
+           mma: bool) -> list[_Placed]:
     """What of each GEMM stays on chip, in order of what it saves, while it fits beside one staged row of
-    the operand: the weights (read every step otherwise), then the GEMM outputs that only this block
-    reads (its elementwise work reads them next)."""
+    the operand: the weights (read every step otherwise; with `mma`, on tensor cores where that fits
+    too), then the GEMM outputs that only this block reads (its elementwise work reads them next)."""
     operands = {p.launch.a.buffer for p in gemms}
     for field in ("weights", "output") if not saved else ("weights",):
         for i, p in enumerate(gemms):
             if field == "output" and p.launch.c.buffer in operands:
                 continue  # another GEMM reads it: all blocks must see it, in global memory
-            trial = [*gemms[:i], dataclasses.replace(p, **{field: True}), *gemms[i + 1:]]
-            if _smem_floats(trial, column_blocks, 1, rows) <= limit:
-                gemms = trial
+            tries = [{"weights": True, "mma": True}] if field == "weights" and mma else []
+            for change in [*tries, {field: True}]:
+                trial = [*gemms[:i], dataclasses.replace(p, **change), *gemms[i + 1:]]
+                if _smem_floats(trial, column_blocks, 1, rows) <= limit:
+                    gemms = trial
+                    break
     return gemms
 
 
 def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns: list[tuple[int, ...]],
                       hidden: int, batch: int, target: Target, saved: bool = False,
-                      reverse: bool = False) -> PersistentLaunch:
+                      reverse: bool = False, mma: bool = False) -> PersistentLaunch:
     """The persistent launch of one layer's step. `columns` gives each launch's column widths (a GEMM's
     per stacked weight, a kernel's one). A plan that saves its steps for a backward pass (`saved`) keeps
     no GEMM output on chip only: the backward pass reads them all; so does the backward pass's own
     launch, whose steps run in `reverse` and whose GEMMs add into gradients that other launches read.
+    With `mma`, the GEMMs whose weights stay on chip run on tensor cores (see `PersistentItem.mma`).
 
     The blocks split the hidden units among the SMs, and with a large batch the rows too, into as many
     row groups as keep every recurrent weight on chip: each block then stages only its rows of a GEMM's
@@ -275,7 +312,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
             continue
         unit = -(-hidden // (target.sm_count // row_groups))
         column_blocks = -(-hidden // unit)
-        placed = _place(gemms, column_blocks, rows, limit, saved)
+        placed = _place(gemms, column_blocks, rows, limit, saved, mma)
         if row_groups == 1 or all(p.weights for p in placed):
             break
     row_tile = max(1, min(rows, ROW_TILE))
@@ -302,7 +339,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
                     tiling = gemm_tiling(cols, column_blocks, row_tile, launch.k)
                     off_chip.append((launch.group, 4 * tiling.padded_cols * k_stride(launch.k)))
                 items.append(PersistentItem(launch, barrier, cols, on_chip=p.weights,
-                                            output_on_chip=p.output))
+                                            output_on_chip=p.output, mma=p.mma))
             case KernelLaunch():
                 items.append(PersistentItem(launch, barrier, cols, whole=launch.row_kind == "one"))
             case _:

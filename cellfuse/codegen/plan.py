@@ -245,6 +245,9 @@ class PersistentItem:
     # elementwise work that reads it (else it goes through global memory); the kernel then holds at
     # most the plan's batch
     output_on_chip: bool = False
+    # a GEMM on tensor cores, each product in three TF32 ones (a = a_hi + a_lo, a_hi * b_lo + a_lo * b_hi
+    # + a_hi * b_hi), as accurate as float32's (its weights on chip: the fragments load from there)
+    mma: bool = False
 
 
 def owned(size: int, parts: int, part: int) -> tuple[int, int]:
@@ -387,6 +390,7 @@ class Plan:
     # every layer's steps in one launch (each layer's `persistent` is its part of it)
     wavefront: WavefrontLaunch | None = None
     target: Target | None = None  # the GPU a persistent plan is made for; its backward pass is too
+    tensor_cores: bool = False  # the GEMMs of its persistent kernels (and its backward's) on tensor cores
 
     # -- what the plan says, for people and for `plan --json` -----------------------------------
     @property
@@ -459,6 +463,7 @@ class Plan:
                 "smem_bytes_per_block": self.layers[0].persistent.smem_bytes,
                 "weights_on_chip": all(i.on_chip for i in self.layers[0].persistent.items
                                        if isinstance(i.launch, GemmLaunch)),
+                "tensor_cores": any(i.mma for i in self.layers[0].persistent.items),
                 "note": self.layers[0].persistent.note},
             "wavefront": None if not self.wavefront else {
                 "blocks": self.wavefront.blocks, "barriers_per_wave": self.wavefront.barriers,
@@ -513,6 +518,7 @@ class Plan:
                     on_chip = [name for name, yes in kept if yes]
                     what = f"{units} column(s) per block" + (f", {' and '.join(on_chip)} in shared memory"
                                                              if on_chip else "")
+                    what += ", on tensor cores (3xTF32)" if item.mma else ""
                 lines.append(f"  {'grid barrier, then ' if item.barrier else ''}{launch_name(item.launch)}"
                              f" ({what})")
             if persistent.note:

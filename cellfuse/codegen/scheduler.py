@@ -10,7 +10,9 @@ Multi-layer: each layer runs its whole sequence before the next starts; layer l'
 layer l-1's finished output sequence.
 
 The persistent rung keeps the hoisted rung's launches and runs each layer's step loop as one cooperative
-launch (see `persistent`).
+launch (see `persistent`); the wavefront rung runs all the layers' loops as one; the tensor rung runs the
+GEMMs of the persistent rung's launches on tensor cores, each float32 product as three TF32 ones: the
+error of float32's, at a third of the tensor cores' rate, several times the CUDA cores'.
 """
 
 from __future__ import annotations
@@ -280,10 +282,12 @@ class Rung:
     cuda_graph: bool = False  # the whole forward pass captured once into a CUDA graph and replayed
     persistent: bool = False  # each layer's step loop is one cooperative launch
     wavefront: bool = False  # and all the layers' loops one launch, layer l+1 a step behind layer l
+    tensor_cores: bool = False  # and the GEMMs in them on tensor cores, three TF32 products for each
 
 
 _HOISTED = (gemm_per_left_operand, hoist, fold_biases, place, fuse, store_the_rest)
-# The ladder of schedules; each keeps what the ones before it do.
+# The ladder of schedules; each keeps what the ones before it do, but `tensor` is `persistent`'s next
+# step, not the wavefront's (which loses to one layer after another at the sizes measured).
 LADDER: dict[str, Rung] = {
     "naive": Rung((gemm_each, place, kernel_each, store_the_rest)),
     "combined": Rung((gemm_per_left_operand, place, kernel_each, store_the_rest)),
@@ -292,6 +296,7 @@ LADDER: dict[str, Rung] = {
     "graph": Rung(_HOISTED, cuda_graph=True),
     "persistent": Rung(_HOISTED, cuda_graph=True, persistent=True),
     "wavefront": Rung(_HOISTED, cuda_graph=True, persistent=True, wavefront=True),
+    "tensor": Rung(_HOISTED, cuda_graph=True, persistent=True, tensor_cores=True),
 }
 SCHEDULES = tuple(LADDER)
 
@@ -508,8 +513,8 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
     targets = (layer_targets([step for _, _, step, _ in laid], target) if wavefront
                else [target] * sizes.layers)
     for (lay, prologue, step, columns), on in zip(laid, targets, strict=True):
-        persistent = (persistent_launch(lay.layer, step, columns, H, sizes.batch, on, save_steps)
-                      if rung.persistent else None)
+        persistent = (persistent_launch(lay.layer, step, columns, H, sizes.batch, on, save_steps,
+                                        mma=rung.tensor_cores) if rung.persistent else None)
         buffers.update({b.name: b for b in persistent.buffers} if persistent else {})
         layers.append(LayerPlan(lay.layer, lay.K, prologue, step, lay.read(x, STEP),
                                 {s: lay.read(s, STEP) for s in cell.updates}, lay.y, persistent))
@@ -522,4 +527,4 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
                 expected_params(cell, sizes.layers, sizes.input, sizes.hidden), st.groups, st.islands,
                 layers, buffers, sorted(info.dead), cuda_graph=rung.cuda_graph,
                 chunk_steps=chunk, saves_steps=save_steps, wavefront=whole,
-                target=target if rung.persistent else None)
+                target=target if rung.persistent else None, tensor_cores=rung.tensor_cores)

@@ -2,11 +2,11 @@
 remembered.
 
 The candidates are the rungs bound by the GPU rather than by launches from Python (`graph`,
-`persistent`, and for several layers `wavefront`): which wins depends on the sizes (`persistent` at small
-batches, `graph` where the per-step GEMM is large) and on the GPU. Each is checked against the reference
-and timed by the benchmark; the fastest that gave the right answer is kept in a JSON file in the user's
-cache folder, keyed by the GPU, the cell's structure and the sizes. Without a GPU there is nothing to
-measure, and `auto` is `graph`.
+`persistent`, `tensor`, and for several layers `wavefront`): which wins depends on the sizes
+(`persistent` at small batches, `graph` where the per-step GEMM is large) and on the GPU. Each is
+checked against the reference and timed by the benchmark; the fastest that gave the right answer is
+kept in a JSON file in the user's cache folder, keyed by the GPU, the cell's structure and the sizes.
+Without a GPU there is nothing to measure, and `auto` is `graph`.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..graph_model import Cell, CellError, Sizes, atomic_write
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
-CANDIDATES = ("graph", "persistent", "wavefront")
+CANDIDATES = ("graph", "persistent", "wavefront", "tensor")
 WITHOUT_GPU = "graph"
 REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 

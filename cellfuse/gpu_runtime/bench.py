@@ -427,7 +427,8 @@ def _add_note(row: BenchRow, text: str) -> None:
 
 
 def _launched_work(plan: Plan) -> list:
-    return [plan.cuda_graph, plan.chunk_steps] + [(lp.prologue, lp.step) for lp in plan.layers]
+    return [plan.cuda_graph, plan.chunk_steps, plan.wavefront] + [(lp.prologue, lp.step, lp.persistent)
+                                                                   for lp in plan.layers]
 
 
 def _same_as_rung_below(p: _Problem, plan: Plan) -> str:

@@ -13,7 +13,7 @@ from random_cells import random_cell, random_cells
 
 from cellfuse.codegen import make_plan, plan_kernels
 from cellfuse.codegen.lowering import SIDE
-from cellfuse.codegen.persistent import barriers
+from cellfuse.codegen.persistent import barriers, gemm_tiling
 from cellfuse.codegen.plan import H100, GemmLaunch, KernelLaunch, Plan, Target, owned
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
 from cellfuse.graph_model import (
@@ -274,3 +274,40 @@ def test_random_cells_that_tie_the_widths_match_the_reference_block_by_block(see
         plan = make_plan(cell, Sizes(4, batch, 8, 8, layers), schedule, target)
         for reverse in (False, True):
             assert run(plan, cell, layers, True, reverse) < 1e-6
+
+
+@pytest.mark.parametrize("name, batch", [("lstm", 64), ("lstm", 8), ("gru_cho", 64), ("lstm", 1)])
+def test_the_tensor_rung_puts_the_gemms_whose_weights_fit_on_tensor_cores(name, batch):
+    """`tensor` is `persistent` with each on-chip GEMM in 16 x 16 warp tiles: the operand's rows padded to
+    16 (zeros), the warps sharing each tile's K, their partial tiles in shared memory, every part of
+    it 32-byte aligned; the plan says so."""
+    cell = load_template(name)
+    sizes = Sizes(100, batch, 512, 512)
+    plan, fp32 = make_plan(cell, sizes, "tensor"), make_plan(cell, sizes, "persistent")
+    launch = plan.layers[0].persistent
+    gemms = [item for item in launch.items if isinstance(item.launch, GemmLaunch)]
+    assert gemms and all(item.mma and item.on_chip for item in gemms)
+    assert not any(item.mma for item in fp32.layers[0].persistent.items)
+    assert [item.launch for item in launch.items] == [item.launch for item in fp32.layers[0].persistent.items]
+    assert launch.smem_bytes <= H100.smem_per_block and launch.smem_bytes % 32 == 0
+    for item in gemms:
+        tiling = gemm_tiling(item.columns, launch.column_blocks, launch.row_tile, item.launch.k, mma=True)
+        assert tiling.padded_rows % 16 == 0 and tiling.padded_cols % 16 == 0
+        assert tiling.padded_rows >= launch.row_tile and tiling.padded_cols >= tiling.cols
+        assert tiling.output_threads * tiling.k_split <= 8 or tiling.k_split == 1  # no warp idle
+        assert tiling.mma_floats == tiling.output_threads * tiling.k_split * 256
+    assert plan.summary()["persistent"]["tensor_cores"] and "on tensor cores (3xTF32)" in plan.describe()
+    source = plan_kernels(plan).module_source()
+    assert source.count("nvcuda::wmma::mma_sync(acc") == 3 * len(gemms)  # three TF32 products each
+
+
+def test_a_gemm_on_tensor_cores_falls_back_to_the_cuda_cores_where_its_larger_tiles_do_not_fit():
+    """The backward step's dA GEMM of an LSTM at B=64 reads 4H = 2048 of K: 16 staged rows of it beside
+    its weights pass the 227 KiB a block may have, so it stays on the CUDA cores, weights still on chip."""
+    from cellfuse.codegen.backward_plan import backward_plan
+
+    plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "tensor", save_steps=True)
+    back = backward_plan(plan).layers[0].persistent
+    gemm = next(item for item in back.items if isinstance(item.launch, GemmLaunch))
+    assert gemm.on_chip and not gemm.mma and back.reverse
+    assert plan.layers[0].persistent.items[0].mma  # the forward's GEMM, with K = 512, fits

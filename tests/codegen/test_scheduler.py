@@ -150,8 +150,10 @@ def check_hoisting(plan: Plan) -> None:
         looped = {x.name for x in [*plan.groups, *plan.islands] if not x.hoisted}
         assert before == (set() if stepwise else hoisted)
         assert during == (looped | hoisted if stepwise else looped)
-    assert plan.cuda_graph == (plan.schedule in ("graph", "persistent", "wavefront"))
+    assert plan.cuda_graph == (plan.schedule in ("graph", "persistent", "wavefront", "tensor"))
     assert (plan.wavefront is not None) == (plan.schedule == "wavefront" and plan.sizes.layers > 1)
+    assert plan.tensor_cores == (plan.schedule == "tensor")
+    assert (plan.target is not None) == (plan.schedule in ("persistent", "wavefront", "tensor"))
 
 
 def check_folding(plan: Plan) -> None:

@@ -64,7 +64,7 @@ def test_an_unwritable_cache_still_gives_the_choice(gpu_here, monkeypatch, tmp_p
 
 
 def test_no_candidate_that_ran_is_an_error(gpu_here):
-    with pytest.raises(CellError, match="none of graph, persistent ran correctly"):
+    with pytest.raises(CellError, match="none of graph, persistent, tensor ran correctly"):
         choose_schedule(load_template("lstm"), SIZES, "cuda", lambda cell, sizes: {})
 
 
