@@ -208,11 +208,16 @@ def test_gpu_nan_in_the_output_is_an_error(gpu):
     ("persistent", "lstm", 8, 1024, 1), ("wavefront", "lstm", 1, 512, 3), ("wavefront", "lstm", 64, 512, 4),
     ("wavefront", "gru_cho", 8, 512, 3), ("wavefront", "indrnn", 64, 512, 3), ("wavefront", "sru", 8, 512, 2),
     ("wavefront", "residual_lstm", 8, 512, 2), ("wavefront", "lstm", 8, 256, 2),
+    ("tensor", "lstm", 1, 512, 1), ("tensor", "lstm", 8, 512, 1), ("tensor", "lstm", 64, 512, 1),
+    ("tensor", "lstm", 80, 512, 3), ("tensor", "gru_cho", 64, 512, 2), ("tensor", "mgu", 8, 512, 1),
+    ("tensor", "peephole_lstm", 64, 256, 1), ("tensor", "lstm", 8, 1024, 1), ("tensor", "lstm", 64, 1024, 1),
 ])
 def test_persistent_at_full_sizes_matches_reference(gpu, schedule, name, batch, hidden, layers):
     """Every block count, tiling and split of K the H100 sizes give: 128 blocks at hidden 512, a batch of
-    one (K split between threads) and of 80 (two row tiles, the second partial), 16 MiB of U on chip; and
-    wavefronts of 2 to 4 layers, whose upper layers read their input's weights from L2."""
+    one (K split between threads) and of 80 (two row tiles, the second partial), 16 MiB of U on chip;
+    wavefronts of 2 to 4 layers, whose upper layers read their input's weights from L2; and the same on
+    tensor cores (a batch of one padded to 16 rows, warps splitting K, the weights that do not fit
+    with the larger tiles on the CUDA cores)."""
     from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
 
     cell = load_template(name)
@@ -233,7 +238,7 @@ def test_persistent_at_full_sizes_matches_reference(gpu, schedule, name, batch, 
     np.testing.assert_array_equal(out.y, again.y)
 
 
-@pytest.mark.parametrize("schedule", ["persistent", "wavefront"])
+@pytest.mark.parametrize("schedule", ["persistent", "wavefront", "tensor"])
 @pytest.mark.parametrize("seed", range(24))
 def test_persistent_random_cells_match_reference_on_gpu(gpu, seed, schedule):
     """Seeded random cells (their ops, shapes and state wiring drawn from the op table), with 1 and 3
@@ -244,7 +249,7 @@ def test_persistent_random_cells_match_reference_on_gpu(gpu, seed, schedule):
     from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
 
     cell = random_cell(seed)
-    layers = 1 + 2 * (seed % 2) if schedule == "persistent" else 2 + seed % 2
+    layers = 2 + seed % 2 if schedule == "wavefront" else 1 + 2 * (seed % 2)
     rng = np.random.default_rng(seed)
     params = init_params(cell, layers, INPUT, HIDDEN, seed)
     x = rng.uniform(-1, 1, (SEQ, BATCH, INPUT)).astype(np.float32)
