@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# The GPU tests and the long random-cell check, on the GPU machine, in groups that each fit a call:
+#   bash benchmarks/run_gpu_checks.sh OUTDIR [GROUP...]
+# GROUP is one of
+#   forward    the CUDA executor: every template under every schedule, the persistent and tensor rungs
+#              at full sizes, random cells; the exported .cu built and run (its backward checked by
+#              finite differences)
+#   backward   the backward Plans on the GPU (every template and schedule, random cells, full sizes,
+#              the CUDA-graph capture)
+#   rest       the benchmark, auto, cuDNN's persistent algorithms, the sru package, cellfuse.nn
+#   random     tests/random_cell_checks.py: 200 random cells forward and backward under every schedule
+# (default: all four, longer than one ten-minute call). Each group writes OUTDIR/<group>.log; everything
+# is packed into OUTDIR.tar.gz at the end, one file to bring back. LIMIT (seconds, default 540) bounds
+# each group.
+set -uo pipefail
+out=${1:?usage: run_gpu_checks.sh OUTDIR [GROUP...]}
+shift
+groups=${*:-forward backward rest random}
+limit=${LIMIT:-540}
+mkdir -p "$out"
+export PYTHONUNBUFFERED=1
+for group in $groups; do
+    case $group in
+        forward)
+            command=(python3 -m pytest -q -m gpu -rs tests/gpu_runtime/test_cuda_executor.py) ;;
+        backward)
+            command=(python3 -m pytest -q -m gpu -rs tests/gpu_runtime/test_cuda_backward.py
+                     tests/gpu_runtime/test_cuda_backward_graph.py) ;;
+        rest)
+            command=(python3 -m pytest -q -m gpu -rs tests/gpu_runtime/test_bench.py
+                     tests/gpu_runtime/test_bench_train.py tests/gpu_runtime/test_bench_train_lm.py
+                     tests/gpu_runtime/test_auto_schedule.py tests/gpu_runtime/test_cudnn_persistent.py
+                     tests/gpu_runtime/test_sru_package.py tests/gpu_runtime/test_random_cell_checks.py
+                     tests/nn/test_cell_rnn_gpu.py) ;;
+        random)
+            command=(python3 tests/random_cell_checks.py --count 200 --workers 16 --backend cuda) ;;
+        *)
+            echo "unknown group '$group' (groups: forward backward rest random)" >&2
+            exit 2 ;;
+    esac
+    # -k: a compile in progress can outlive the polite signal
+    timeout -k 10 "$limit" "${command[@]}" > "$out/$group.log" 2>&1
+    echo "$group: exit $?" | tee -a "$out/summary.txt"
+    tail -3 "$out/$group.log"
+done
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$out/summary.txt"
+date -u +%FT%TZ >> "$out/summary.txt"
+tar czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"
