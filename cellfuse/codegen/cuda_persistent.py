@@ -182,7 +182,7 @@ class _Kernel:
     def _shared_memory(self) -> None:
         """Where each part of shared memory starts; the on-chip weights loaded, padding zeroed."""
         launch, threads = self.launch, self.launch.threads
-        staged = max((whole32(self.tilings[i].padded_rows * k_stride(item.launch.k))
+        staged = max((whole32(self.tilings[i].padded_rows * self.tilings[i].stage_stride(item.launch.k))
                       for i, item in self.gemms), default=0)
         offset = staged
         if self.gemms:
@@ -360,29 +360,13 @@ class _Kernel:
         self.w(f"{IND}const float* const a = {_at_step(var[g.a.buffer], g.a)} + (size_t)row0 * {g.a.ld};")
         if not item.output_on_chip:
             self.w(f"{IND}float* const c = {_at_step(var[g.c.buffer], g.c)} + (size_t)row0 * {g.c.ld};")
-        self.w(f"{IND}for (int rb = 0; rb < rows; rb += {rt}) {{",
-               f"{IND}    __syncthreads();  // the stage is free again")
-        # Stage rows rb.. of the block's rows of A, all of K: asynchronous copies, all in flight at once.
-        if g.k % 4 == 0 and g.a.ld % 4 == 0 and g.a.col % 4 == 0:
-            self.w(f"{IND}    if ((((size_t)a) & 15) == 0) {{",
-                   f"{IND}        for (int e = tid; e < {rt * k4}; e += {threads}) {{",
-                   f"{IND}            const int r = e / {k4}, q = e - r * {k4};",
-                   f"{IND}            float* const s = cf_stage + r * {kp} + 4 * q;",
-                   f"{IND}            if (rb + r < rows)",
-                   f"{IND}                cf_copy16(s, a + (size_t)(rb + r) * {g.a.ld} + 4 * q);",
-                   f"{IND}            else *(float4*)s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);",
-                   f"{IND}        }}",
-                   f"{IND}        cf_copies_done();",
-                   f"{IND}    }} else")
-        self.w(f"{IND}    for (int e = tid; e < {rt * g.k}; e += {threads}) {{",
-               f"{IND}        const int r = e / {g.k}, k = e - r * {g.k};",
-               f"{IND}        cf_stage[r * {kp} + k] =",
-               f"{IND}            rb + r < rows ? __ldcg(a + (size_t)(rb + r) * {g.a.ld} + k) : 0.0f;",
-               f"{IND}    }}",
-               f"{IND}    __syncthreads();")
+        self.w(f"{IND}for (int rb = 0; rb < rows; rb += {rt}) {{")
         if item.mma:
             self._mma(i, item)
             return
+        self.w(f"{IND}    __syncthreads();  // the stage is free again")
+        self._stage(g, "0", g.k, kp, IND + "    ")
+        self.w(f"{IND}    __syncthreads();")
         self.w(f"{IND}    const int ks = tid % {split};",
                f"{IND}    for (int o = tid / {split}; o < {tl.output_threads}; o += {threads // split}) {{",
                f"{IND}        const int c0 = (o % {tl.col_threads}) * {tc};",
@@ -438,6 +422,31 @@ class _Kernel:
                f"{IND}__syncthreads();  // C is read next by other threads of the block")
 
 
+    def _stage(self, g: GemmLaunch, first: str, width: int, stride: int, ind: str) -> None:
+        """Stages rows rb.. of the block's rows of A, columns `first` .. + `width` of K (zeros past K), at
+        `stride` floats a row: asynchronous copies, all in flight at once, where A's rows allow them."""
+        rt, threads = self.launch.row_tile, self.launch.threads
+        past = f"{first} + " if first != "0" else ""
+        clip = width < g.k  # a chunk of K, the last one possibly past its end
+        if g.k % 4 == 0 and g.a.ld % 4 == 0 and g.a.col % 4 == 0 and width % 4 == 0:
+            w4 = width // 4
+            self.w(f"{ind}if ((((size_t)a) & 15) == 0) {{",
+                   f"{ind}    for (int e = tid; e < {rt * w4}; e += {threads}) {{",
+                   f"{ind}        const int r = e / {w4}, q = e - r * {w4};",
+                   f"{ind}        float* const s = cf_stage + r * {stride} + 4 * q;",
+                   f"{ind}        if (rb + r < rows{f' && {past}4 * q < {g.k}' if clip else ''})",
+                   f"{ind}            cf_copy16(s, a + (size_t)(rb + r) * {g.a.ld} + {past}4 * q);",
+                   f"{ind}        else *(float4*)s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);",
+                   f"{ind}    }}",
+                   f"{ind}    cf_copies_done();",
+                   f"{ind}}} else")
+        self.w(f"{ind}for (int e = tid; e < {rt * width}; e += {threads}) {{",
+               f"{ind}    const int r = e / {width}, k = e - r * {width};",
+               f"{ind}    cf_stage[r * {stride} + k] =",
+               f"{ind}        rb + r < rows{f' && {past}k < {g.k}' if clip else ''} ? "
+               f"__ldcg(a + (size_t)(rb + r) * {g.a.ld} + {past}k) : 0.0f;",
+               f"{ind}}}")
+
     def _store(self, i: int, item: PersistentItem, row: str, col: str, value: str) -> str:
         """The statement that puts a GEMM's `value` at `row` of the block's rows and `col` of its columns
         (n: the column of C): into shared memory where the output stays on chip, else to C, with the
@@ -449,38 +458,55 @@ class _Kernel:
         return f"{at} {'+=' if g.accumulate else '='} {value}{bias};"
 
     def _mma(self, i: int, item: PersistentItem) -> None:
-        """The rest of a GEMM's row tile on tensor cores: each warp's 16 x 16 tile of C, over its share of K,
-        eight k at a time, each product in three TF32 ones, the small ones first; then the warps' partial
-        tiles added up and stored by all the block's threads, through the column map and the bias."""
+        """The body of a GEMM's row-tile loop on tensor cores: per chunk of K, the chunk staged, then each
+        warp's 16 x 16 tile of C over its share of the chunk, eight k at a time, each product in three
+        TF32 ones, the small ones first, its partial tile carried in shared memory from one chunk to the
+        next; then the warps' partial tiles added up and stored by all the block's threads, through the
+        column map and the bias."""
         g: GemmLaunch = item.launch
         tl: GemmTiling = self.tilings[i]
         threads, rt, kp = self.launch.threads, self.launch.row_tile, k_stride(g.k)
         split, tiles, nt = tl.k_split, tl.output_threads, tl.col_threads
-        k8 = MMA_K * -(-g.k // MMA_K)  # within the row's stride: the zeros past K add nothing
+        chunk, stride = tl.k_chunk, tl.stage_stride(g.k)
+        k8 = MMA_K * -(-chunk // MMA_K)  # within the staged row's stride: the zeros past K add nothing
+        chunks = -(-g.k // chunk)
         area = MMA_TILE * MMA_TILE
         shape = f"{MMA_TILE}, {MMA_TILE}, {MMA_K}"
         tf32 = "nvcuda::wmma::precision::tf32"
-        self.w(f"{IND}    for (int o = tid / 32; o < {tiles * split}; o += {WARPS}) {{",
-               f"{IND}        const int tile = o / {split}, ks = o % {split};",
-               f"{IND}        const float* const at = cf_stage + (tile / {nt}) * {MMA_TILE * kp};",
-               f"{IND}        const float* const wt = w{i} + (tile % {nt}) * {MMA_TILE * kp};",
-               f"{IND}        nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, {shape}, {tf32}, "
+        ind = IND + "        "
+        self.w(f"{IND}    for (int kc = 0; kc < {chunks * chunk}; kc += {chunk}) {{",
+               f"{IND}        __syncthreads();  // the stage and the partial tiles are free again")
+        self._stage(g, "kc", chunk, stride, ind)
+        self.w(f"{ind}__syncthreads();",
+               f"{ind}for (int o = tid / 32; o < {tiles * split}; o += {WARPS}) {{",
+               f"{ind}    const int tile = o / {split}, ks = o % {split};",
+               f"{ind}    const float* const at = cf_stage + (tile / {nt}) * {MMA_TILE * stride};",
+               f"{ind}    const float* const wt = w{i} + (tile % {nt}) * {MMA_TILE * kp} + kc;",
+               f"{ind}    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, {shape}, {tf32}, "
                "nvcuda::wmma::row_major> a_hi, a_lo;",
-               f"{IND}        nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, {shape}, {tf32}, "
+               f"{ind}    nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, {shape}, {tf32}, "
                "nvcuda::wmma::col_major> w_hi, w_lo;",
-               f"{IND}        nvcuda::wmma::fragment<nvcuda::wmma::accumulator, {shape}, float> acc;",
-               f"{IND}        nvcuda::wmma::fill_fragment(acc, 0.0f);",
-               f"{IND}        for (int k = ks * {MMA_K}; k < {k8}; k += {split * MMA_K}) {{",
-               f"{IND}            nvcuda::wmma::load_matrix_sync(a_hi, at + k, {kp});",
-               f"{IND}            nvcuda::wmma::load_matrix_sync(w_hi, wt + k, {kp});",
-               f"{IND}            cf_split_tf32(a_hi, a_lo);",
-               f"{IND}            cf_split_tf32(w_hi, w_lo);",
-               f"{IND}            nvcuda::wmma::mma_sync(acc, a_lo, w_hi, acc);",
-               f"{IND}            nvcuda::wmma::mma_sync(acc, a_hi, w_lo, acc);",
-               f"{IND}            nvcuda::wmma::mma_sync(acc, a_hi, w_hi, acc);",
-               f"{IND}        }}",
-               f"{IND}        nvcuda::wmma::store_matrix_sync(cf_mma + o * {area}, acc, {MMA_TILE}, "
+               f"{ind}    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, {shape}, float> acc;")
+        if chunks > 1:
+            self.w(f"{ind}    if (kc == 0) nvcuda::wmma::fill_fragment(acc, 0.0f);",
+                   f"{ind}    else nvcuda::wmma::load_matrix_sync(acc, cf_mma + o * {area}, {MMA_TILE}, "
+                   "nvcuda::wmma::mem_row_major);")
+        else:
+            self.w(f"{ind}    nvcuda::wmma::fill_fragment(acc, 0.0f);")
+        # the last chunk may end before the others do: no k past K's last eight (the rows of W end there)
+        end = str(k8) if g.k % chunk == 0 else f"min({k8}, {MMA_K * -(-g.k // MMA_K)} - kc)"
+        self.w(f"{ind}    for (int k = ks * {MMA_K}; k < {end}; k += {split * MMA_K}) {{",
+               f"{ind}        nvcuda::wmma::load_matrix_sync(a_hi, at + k, {stride});",
+               f"{ind}        nvcuda::wmma::load_matrix_sync(w_hi, wt + k, {kp});",
+               f"{ind}        cf_split_tf32(a_hi, a_lo);",
+               f"{ind}        cf_split_tf32(w_hi, w_lo);",
+               f"{ind}        nvcuda::wmma::mma_sync(acc, a_lo, w_hi, acc);",
+               f"{ind}        nvcuda::wmma::mma_sync(acc, a_hi, w_lo, acc);",
+               f"{ind}        nvcuda::wmma::mma_sync(acc, a_hi, w_hi, acc);",
+               f"{ind}    }}",
+               f"{ind}    nvcuda::wmma::store_matrix_sync(cf_mma + o * {area}, acc, {MMA_TILE}, "
                "nvcuda::wmma::mem_row_major);",
+               f"{ind}}}",
                f"{IND}    }}",
                f"{IND}    __syncthreads();",
                f"{IND}    for (int e = tid; e < {tiles * area}; e += {threads}) {{",
@@ -492,8 +518,8 @@ class _Kernel:
                f"{IND}        float v = 0.0f;",
                f"{IND}        #pragma unroll",
                f"{IND}        for (int s = 0; s < {split}; ++s) v += cf_mma[(tile * {split} + s) * {area} + "
-               f"e % {area}];")
-        self.w(f"{IND}        {self._store(i, item, 'rb + r', 'cc', 'v')}",
+               f"e % {area}];",
+               f"{IND}        {self._store(i, item, 'rb + r', 'cc', 'v')}",
                f"{IND}    }}",
                f"{IND}}}",
                f"{IND}__syncthreads();  // C is read next by other threads of the block")

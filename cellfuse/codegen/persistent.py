@@ -48,7 +48,9 @@ class GemmTiling:
 
     On tensor cores (`mma`), each warp holds a 16 x 16 tile of C instead (`rows_per_thread` and
     `cols_per_thread` are 16, the `*_threads` count tiles), and `k_split` warps share each tile's sum
-    over K, eight k at a time, adding their partial tiles through shared memory (`mma_floats`)."""
+    over K, eight k at a time, adding their partial tiles through shared memory (`mma_floats`). The
+    operand is staged `k_chunk` columns of K at a time, the warps' partial tiles kept in shared memory
+    from one chunk to the next, so that a long K (a backward step's 4H) leaves room for the weights."""
 
     cols: int  # the block's columns of the GEMM, over all its stacked weights
     rows_per_thread: int
@@ -57,6 +59,7 @@ class GemmTiling:
     col_threads: int
     row_threads: int
     mma: bool = False
+    k_chunk: int = 0  # columns of K staged at a time (0: all of K)
 
     @property
     def padded_cols(self) -> int:  # the rows of the on-chip (transposed) weights
@@ -70,6 +73,10 @@ class GemmTiling:
     def output_threads(self) -> int:
         return self.col_threads * self.row_threads
 
+    def stage_stride(self, k: int) -> int:
+        """Floats per staged row of the operand (of a GEMM with K = k)."""
+        return k_stride(self.k_chunk or k)
+
     @property
     def mma_floats(self) -> int:
         """Shared memory for the warps' partial tiles of C, on tensor cores."""
@@ -78,6 +85,7 @@ class GemmTiling:
 
 MMA_TILE = 16  # rows and columns of a warp's tile of C on tensor cores (wmma's m16n16k8 for TF32)
 MMA_K = 8
+MMA_K_CHUNK = 512  # columns of K staged at a time on tensor cores, at most
 WARPS = THREADS // 32
 
 
@@ -104,7 +112,7 @@ def gemm_tiling(columns: tuple[int, ...], blocks: int, row_tile: int, k: int,
         split = 1
         while split < WARPS and ct * rt * split * 2 <= WARPS:
             split *= 2
-        return GemmTiling(cols, MMA_TILE, MMA_TILE, split, ct, rt, mma=True)
+        return GemmTiling(cols, MMA_TILE, MMA_TILE, split, ct, rt, mma=True, k_chunk=min(k, MMA_K_CHUNK))
     k4 = -(-k // 4)
     best = None
     for tr in (1, 2, 4, 8):
@@ -144,8 +152,8 @@ def _smem_floats(gemms: list[_Placed], blocks: int, row_tile: int, rows: int) ->
     of each GEMM stays on chip (its output for the block's `rows` rows), and the partial tiles of the
     GEMM on tensor cores that has the most; `blocks` share the columns."""
     tilings = [p.tiling(blocks, row_tile) for p in gemms]
-    total = max((whole32(t.padded_rows * k_stride(p.launch.k)) for p, t in zip(gemms, tilings, strict=True)),
-                default=0)
+    total = max((whole32(t.padded_rows * t.stage_stride(p.launch.k))
+                 for p, t in zip(gemms, tilings, strict=True)), default=0)
     for p, tiling in zip(gemms, tilings, strict=True):
         total += p.weights * whole32(tiling.padded_cols * k_stride(p.launch.k))
         total += p.output * output_floats(rows, tiling)
@@ -301,11 +309,13 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     With `mma`, the GEMMs whose weights stay on chip run on tensor cores (see `PersistentItem.mma`).
 
     The blocks split the hidden units among the SMs, and with a large batch the rows too, into as many
-    row groups as keep every recurrent weight on chip: each block then stages only its rows of a GEMM's
-    operand, so a step moves that many times fewer bytes out of L2."""
+    row groups as keep every recurrent weight on chip (on tensor cores, with `mma`, where fewer groups
+    allow it): each block then stages only its rows of a GEMM's operand, so a step moves that many times
+    fewer bytes out of L2."""
     limit = target.smem_per_block // 4
     gemms = [_Placed(launch, cols, False, False) for launch, cols in zip(step, columns, strict=True)
              if isinstance(launch, GemmLaunch)]
+    chosen = None
     for row_groups in ROW_GROUPS:
         rows = -(-batch // row_groups)
         if row_groups > 1 and (rows < MIN_GROUP_ROWS or not gemms):
@@ -313,8 +323,13 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
         unit = -(-hidden // (target.sm_count // row_groups))
         column_blocks = -(-hidden // unit)
         placed = _place(gemms, column_blocks, rows, limit, saved, mma)
-        if row_groups == 1 or all(p.weights for p in placed):
+        on_chip = all(p.weights for p in placed)
+        if on_chip and all(p.mma for p in placed) or on_chip and not mma:
+            chosen = (row_groups, rows, column_blocks, placed)
             break
+        if chosen is None and (on_chip or row_groups == 1):  # unless fewer groups put every GEMM on
+            chosen = (row_groups, rows, column_blocks, placed)  # tensor cores
+    row_groups, rows, column_blocks, placed = chosen
     row_tile = max(1, min(rows, ROW_TILE))
     while row_tile > 1 and _smem_floats(placed, column_blocks, row_tile, rows) > limit:
         row_tile = -(-row_tile // 2)

@@ -143,7 +143,7 @@ def test_an_op_without_a_derivative_is_refused_by_node():
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("name", template_names())
-@pytest.mark.parametrize("schedule", ["naive", "hoisted", "persistent"])
+@pytest.mark.parametrize("schedule", ["naive", "hoisted", "persistent", "tensor"])
 def test_backward_kernels_compile(name, schedule, tmp_path):
     cell = load_template(name)
     sizes = Sizes(3, 2, 24, 40, 2)

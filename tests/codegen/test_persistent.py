@@ -302,12 +302,28 @@ def test_the_tensor_rung_puts_the_gemms_whose_weights_fit_on_tensor_cores(name, 
 
 
 def test_a_gemm_on_tensor_cores_falls_back_to_the_cuda_cores_where_its_larger_tiles_do_not_fit():
-    """The backward step's dA GEMM of an LSTM at B=64 reads 4H = 2048 of K: 16 staged rows of it beside
-    its weights pass the 227 KiB a block may have, so it stays on the CUDA cores, weights still on chip."""
+    """At hidden 1024 the LSTM's backward dA GEMM reads 4H = 4096 of K: with 16 staged rows (a chunk of
+    K at a time) beside its weights it passes the 227 KiB a block may have, so it stays on the CUDA cores,
+    weights still on chip. At hidden 512 it fits, its K staged in four chunks of 512."""
     from cellfuse.codegen.backward_plan import backward_plan
 
-    plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "tensor", save_steps=True)
-    back = backward_plan(plan).layers[0].persistent
-    gemm = next(item for item in back.items if isinstance(item.launch, GemmLaunch))
-    assert gemm.on_chip and not gemm.mma and back.reverse
-    assert plan.layers[0].persistent.items[0].mma  # the forward's GEMM, with K = 512, fits
+    for hidden, fits in [(1024, False), (512, True)]:
+        plan = make_plan(load_template("lstm"), Sizes(100, 64, hidden, hidden), "tensor", save_steps=True)
+        back = backward_plan(plan).layers[0].persistent
+        gemm = next(item for item in back.items if isinstance(item.launch, GemmLaunch))
+        assert gemm.on_chip and gemm.mma == fits and back.reverse and back.smem_bytes <= H100.smem_per_block
+        assert plan.layers[0].persistent.items[0].mma  # the forward's GEMM, with K = hidden, fits
+    tiling = gemm_tiling(gemm.columns, back.column_blocks, back.row_tile, gemm.launch.k, mma=True)
+    assert gemm.launch.k == 2048 and tiling.k_chunk == 512
+    assert plan_kernels(plan).module_source().count("kc += 512") == 1
+
+
+def test_fewer_row_groups_where_they_put_every_gemm_on_tensor_cores():
+    """The GRU at B=64: eight row groups keep its weights on chip for the CUDA cores' tiles, not for
+    16-row ones; four groups do, and the tensor rung takes them."""
+    sizes = Sizes(100, 64, 512, 512)
+    cell = load_template("gru")
+    assert make_plan(cell, sizes, "persistent").layers[0].persistent.row_groups == 8
+    launch = make_plan(cell, sizes, "tensor").layers[0].persistent
+    assert launch.row_groups == 4 and all(item.mma for item in launch.items if isinstance(item.launch,
+                                                                                          GemmLaunch))

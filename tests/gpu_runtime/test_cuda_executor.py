@@ -211,13 +211,15 @@ def test_gpu_nan_in_the_output_is_an_error(gpu):
     ("tensor", "lstm", 1, 512, 1), ("tensor", "lstm", 8, 512, 1), ("tensor", "lstm", 64, 512, 1),
     ("tensor", "lstm", 80, 512, 3), ("tensor", "gru_cho", 64, 512, 2), ("tensor", "mgu", 8, 512, 1),
     ("tensor", "peephole_lstm", 64, 256, 1), ("tensor", "lstm", 8, 1024, 1), ("tensor", "lstm", 64, 1024, 1),
+    ("tensor", "gru", 64, 600, 2),
 ])
 def test_persistent_at_full_sizes_matches_reference(gpu, schedule, name, batch, hidden, layers):
     """Every block count, tiling and split of K the H100 sizes give: 128 blocks at hidden 512, a batch of
     one (K split between threads) and of 80 (two row tiles, the second partial), 16 MiB of U on chip;
     wavefronts of 2 to 4 layers, whose upper layers read their input's weights from L2; and the same on
-    tensor cores (a batch of one padded to 16 rows, warps splitting K, the weights that do not fit
-    with the larger tiles on the CUDA cores)."""
+    tensor cores (a batch of one padded to 16 rows, warps splitting K, K staged in chunks of 512 with a
+    partial last one at hidden 600, the weights that do not fit with the larger tiles on the CUDA
+    cores)."""
     from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
 
     cell = load_template(name)
