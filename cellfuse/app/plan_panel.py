@@ -19,6 +19,26 @@ def human(n: float, unit: str = "") -> str:
     return f"{n:.0f} {unit}".rstrip()
 
 
+def persistent_text(summary: dict) -> str:
+    """One sentence on the cooperative kernel of a persistent, tensor or wavefront plan (see
+    Plan.summary), or "" for a plan of launches."""
+    p, wave = summary.get("persistent"), summary.get("wavefront")
+    if not p:
+        return ""
+    if wave:
+        text = (f"One cooperative kernel runs every layer's steps: {wave['blocks']} blocks, "
+                f"{wave['barriers_per_wave']} grid barrier(s) per wave.")
+    else:
+        text = (f"One cooperative kernel per layer runs every step: {p['blocks']} blocks of {p['threads']} "
+                f"threads, {p['barriers_per_step']} grid barrier(s) per step, "
+                f"{p['smem_bytes_per_block'] / 1024:.0f} KiB of shared memory per block.")
+    if p.get("tensor_cores"):
+        text += " GEMMs on tensor cores (3xTF32, float32's accuracy)."
+    if p.get("note"):
+        text += f" Note: {p['note']}."
+    return text
+
+
 class PlanPanel(QtWidgets.QWidget):
     schedule_changed = QtCore.Signal(str)
     nodes_activated = QtCore.Signal(list)
@@ -57,6 +77,12 @@ class PlanPanel(QtWidgets.QWidget):
             stats.addWidget(name, row, 0)
             stats.addWidget(value, row, 1)
             self.stat_values[key] = value
+        # what a persistent rung's kernel holds: blocks, barriers, shared memory, tensor cores
+        self.kernel_label = QtWidgets.QLabel()
+        self.kernel_label.setWordWrap(True)
+        self.kernel_label.setProperty("role", "hint")
+        self.kernel_label.setVisible(False)
+        stats.addWidget(self.kernel_label, len(self.stat_values), 0, 1, 2)
         self.stats_box = QtWidgets.QGroupBox("Per step of one layer")
         self.stats_box.setLayout(stats)
 
@@ -98,6 +124,7 @@ class PlanPanel(QtWidgets.QWidget):
         self.stats_box.setEnabled(False)
         for v in self.stat_values.values():
             v.setText("–")
+        self.kernel_label.setVisible(False)
         self.tree.clear()
         self.has_plan = False
         self.out_of_date = False
@@ -125,6 +152,9 @@ class PlanPanel(QtWidgets.QWidget):
         self.stat_values["flops_per_step"].setText(human(flops, "FLOP"))
         self.stat_values["bytes_per_step"].setText(human(nbytes, "B"))
         self.stat_values["intensity"].setText(f"{flops / nbytes:.2f}" if nbytes else "–")
+        kernel = persistent_text(summary)
+        self.kernel_label.setText(kernel)
+        self.kernel_label.setVisible(bool(kernel))
         self.tree.clear()
         for region in regions_of(summary):
             where = "hoisted" if region.hoisted else "each step"

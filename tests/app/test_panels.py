@@ -180,6 +180,25 @@ def test_plan_follows_the_sizes_and_says_why_when_there_is_none(qtbot, window):
     assert not window.cuda_view.export_button.isEnabled()
 
 
+def test_plan_view_says_what_a_persistent_kernel_holds(window):
+    """Under `persistent` and `tensor` a layer's steps are one cooperative kernel: the plan view says how
+    many blocks it has, its barriers per step, its shared memory and whether its GEMMs run on tensor
+    cores; under `graph` there is no such kernel and nothing is said."""
+    panel = window.plan_panel
+    window.bench_panel.set_sizes(hidden=64)
+    panel.set_schedule("tensor")
+    window.refresh_plan()
+    text = panel.kernel_label.text()
+    assert panel.kernel_label.isVisibleTo(window) and "1 grid barrier(s) per step" in text
+    assert "on tensor cores (3xTF32" in text and panel.stat_values["launches_per_step"].text() == "0"
+    panel.set_schedule("persistent")
+    window.refresh_plan()
+    assert "blocks of 256 threads" in panel.kernel_label.text() and "tensor" not in panel.kernel_label.text()
+    panel.set_schedule("graph")
+    window.refresh_plan()
+    assert not panel.kernel_label.isVisibleTo(window)
+
+
 def test_cuda_view_scrolls_to_the_kernel_of_the_selected_node(window):
     view = window.cuda_view
     assert "__global__" in view.text()
