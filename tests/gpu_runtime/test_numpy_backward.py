@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from random_cells import random_cell, random_cells
 
 from cellfuse.codegen import make_plan
+from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.plan import H100, Target
 from cellfuse.gpu_runtime.numpy_backward import NumpyBackward
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
@@ -62,6 +63,24 @@ def test_gradients_of_seeded_random_cells_equal_the_reference(schedule, reductio
                        sizes=Sizes(seq=3, batch=2, input=5, hidden=4), scale=1.0)
         assert_gradients(run.numpy(schedule), run.reference(), 1e-9, f"random cell {seed}")
     assert (reducing > 20) == reductions
+
+
+@pytest.mark.parametrize("reductions", [False, True])
+def test_persistent_backward_passes_of_seeded_random_cells_equal_the_reference(reductions):
+    """The reverse loop as one persistent launch (or, where the gradients reduce rows, a loop of
+    launches), run block by block on 3 SMs, so that blocks own several columns, in both orders."""
+    few = Target(3, H100.smem_per_block)
+    persistent = 0
+    for seed in range(40):
+        cell = random_cell(seed, reductions=reductions)
+        run = make_run(cell, layers=1 + seed % 2, seed=seed, initial=seed % 3 != 0, dfinal=seed % 4 != 0,
+                       sizes=Sizes(seq=3, batch=2, input=5, hidden=7), scale=1.0)
+        schedule = ("persistent", "tensor")[seed % 2]
+        persistent += backward_plan(make_plan(run.cell, run.sizes, schedule, few, save_steps=True)
+                                    ).layers[0].persistent is not None
+        got = run.numpy(schedule, target=few, reverse_blocks=seed % 3 == 1)
+        assert_gradients(got, run.reference(), 1e-9, f"random cell {seed}, {schedule}")
+    assert persistent > 20 if not reductions else persistent < 40
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
