@@ -9,7 +9,8 @@
 #              the CUDA-graph capture)
 #   rest       the benchmark, auto, cuDNN's persistent algorithms, the sru package, cellfuse.nn
 #   random     tests/random_cell_checks.py: 200 random cells forward and backward under every schedule
-# (default: all four, longer than one ten-minute call). Each group writes OUTDIR/<group>.log; everything
+#   probes     benchmarks/barrier_probe.cu and tf32x3_gemm_probe.cu, built and run
+# (default: the first four, longer than one ten-minute call). Each group writes OUTDIR/<group>.log; everything
 # is packed into OUTDIR.tar.gz at the end, one file to bring back. LIMIT (seconds, default 540) bounds
 # each group.
 set -uo pipefail
@@ -34,8 +35,12 @@ for group in $groups; do
                      tests/nn/test_cell_rnn_gpu.py) ;;
         random)
             command=(python3 tests/random_cell_checks.py --count 200 --workers 16 --backend cuda) ;;
+        probes)
+            command=(bash -c "nvcc -O3 -arch=sm_90 benchmarks/barrier_probe.cu -o /tmp/barrier_probe &&
+                              /tmp/barrier_probe && nvcc -O3 -arch=sm_90 benchmarks/tf32x3_gemm_probe.cu
+                              -lcublas -o /tmp/tf32x3_gemm_probe && /tmp/tf32x3_gemm_probe") ;;
         *)
-            echo "unknown group '$group' (groups: forward backward rest random)" >&2
+            echo "unknown group '$group' (groups: forward backward rest random probes)" >&2
             exit 2 ;;
     esac
     # -k: a compile in progress can outlive the polite signal
