@@ -37,8 +37,9 @@ for group in $groups; do
             command=(python3 tests/random_cell_checks.py --count 200 --workers 16 --backend cuda) ;;
         probes)
             command=(bash -c "nvcc -O3 -arch=sm_90 benchmarks/barrier_probe.cu -o /tmp/barrier_probe &&
-                              /tmp/barrier_probe && nvcc -O3 -arch=sm_90 benchmarks/tf32x3_gemm_probe.cu
-                              -lcublas -o /tmp/tf32x3_gemm_probe && /tmp/tf32x3_gemm_probe") ;;
+                              /tmp/barrier_probe &&
+                              nvcc -O3 -arch=sm_90 benchmarks/tf32x3_gemm_probe.cu -lcublas -o /tmp/tf32x3 &&
+                              /tmp/tf32x3") ;;
         *)
             echo "unknown group '$group' (groups: forward backward rest random probes)" >&2
             exit 2 ;;
