@@ -8,10 +8,10 @@ forward run's saved buffers where they are, float32.
 The gradient buffers, the adjoint kernels and the persistent kernels of reverse loops that run as one
 (see `backward_plan`) join the forward executor's tables of addresses and kernels, so that its one way
 of putting an instruction on a stream (cuBLAS with the GEMM's transposes and beta, the kernels with
-their pointers at step t, the cooperative launches) runs the backward program too. Where the forward plan runs
-from a CUDA graph (the `graph`, `persistent` and `wavefront` rungs), so does the backward program,
-captured at its first run: launched one by one from Python, its two launches a step would cost more
-host time than the GPU spends on them.
+their pointers at step t, the cooperative launches) runs the backward program too. Where the forward
+plan runs from a CUDA graph (the `graph`, `persistent`, `wavefront` and `tensor` rungs), so does the
+backward program, captured at its first run: launched one by one from Python, its two launches a step
+would cost more host time than the GPU spends on them.
 """
 
 from __future__ import annotations
