@@ -327,3 +327,22 @@ def test_fewer_row_groups_where_they_put_every_gemm_on_tensor_cores():
     launch = make_plan(cell, sizes, "tensor").layers[0].persistent
     assert launch.row_groups == 4 and all(item.mma for item in launch.items if isinstance(item.launch,
                                                                                           GemmLaunch))
+
+
+def test_a_write_overtakes_a_read_only_where_their_rows_can_meet():
+    """A block's write at step t ahead of the step's first barrier lands while slower blocks may still
+    read the step before (t-1; t+1 in a reverse loop): a conflict only where those rows meet."""
+    from cellfuse.codegen.persistent import overtakes
+    from cellfuse.codegen.plan import Access
+
+    def acc(slot, buffer="v"):
+        return Access(buffer, "row", 4, slot=slot)
+
+    assert not overtakes(acc("t"), acc("t", "w"), False)  # other buffers never meet
+    assert not overtakes(acc("t"), acc("t"), False) and not overtakes(acc("t"), acc("t"), True)
+    assert overtakes(acc("t"), acc("t+1"), False)  # row t is what step t-1 reads as t+1
+    assert not overtakes(acc("t"), acc("t+1"), True)
+    assert overtakes(acc("t+1"), acc("t"), True)  # row t+1 is what step t+1 reads as t
+    assert overtakes(acc("t%2"), acc("(t+1)%2"), False) and overtakes(acc("t%2"), acc("(t+1)%2"), True)
+    assert not overtakes(acc("t%2"), acc("t%2"), False)
+    assert overtakes(acc("fixed"), acc("t"), False) and overtakes(acc("t"), acc("all"), True)
