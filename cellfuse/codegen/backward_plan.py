@@ -73,6 +73,7 @@ from .plan import (
     grad_of,
     launch_name,
 )
+from .row_stages import reduces
 
 ONES = "ones"  # T*B ones: the left operand of a column sum
 
@@ -292,9 +293,8 @@ class _Layer:
         reduces no rows; else None."""
         plan = self.plan
         if plan.target is None or not step or any(
-                isinstance(launch, KernelLaunch) and (any(i.op.is_reduction for i in launch.body)
-                                                      or any(acc.kind == "col" for _, acc in
-                                                             (*launch.inputs, *launch.outputs)))
+                isinstance(launch, KernelLaunch) and (reduces(launch) or any(
+                    acc.kind == "col" for _, acc in (*launch.inputs, *launch.outputs)))
                 for launch in step):
             return None
         columns = [(launch.n,) if isinstance(launch, GemmLaunch) else (launch.width,) for launch in step]

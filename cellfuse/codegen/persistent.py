@@ -324,7 +324,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
         column_blocks = -(-hidden // unit)
         placed = _place(gemms, column_blocks, rows, limit, saved, mma)
         on_chip = all(p.weights for p in placed)
-        if on_chip and all(p.mma for p in placed) or on_chip and not mma:
+        if on_chip and (not mma or all(p.mma for p in placed)):
             chosen = (row_groups, rows, column_blocks, placed)
             break
         if chosen is None and (on_chip or row_groups == 1):  # unless fewer groups put every GEMM on

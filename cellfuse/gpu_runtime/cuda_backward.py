@@ -6,12 +6,13 @@ forward run's saved buffers where they are, float32.
     grads = CudaBackward(forward).run(dy, dfinal)  # graph_model.Gradients: dx, dinitial, dparams
 
 The gradient buffers, the adjoint kernels and the persistent kernels of reverse loops that run as one
-(see `backward_plan`) join the forward executor's tables of addresses and kernels, so that its one way
-of putting an instruction on a stream (cuBLAS with the GEMM's transposes and beta, the kernels with
-their pointers at step t, the cooperative launches) runs the backward program too. Where the forward
-plan runs from a CUDA graph (the `graph`, `persistent`, `wavefront` and `tensor` rungs), so does the
-backward program, captured at its first run: launched one by one from Python, its two launches a step
-would cost more host time than the GPU spends on them.
+(see `backward_plan`) join the forward executor's tables of addresses and kernels
+(`CudaExecutor.add_kernels`; it unloads them when it closes), so that its one way of putting an
+instruction on a stream (cuBLAS with the GEMM's transposes and beta, the kernels with their pointers at
+step t, the cooperative launches) runs the backward program too. Where the forward plan runs from a CUDA
+graph (the `graph`, `persistent`, `wavefront` and `tensor` rungs), so does the backward program, captured
+at its first run: launched one by one from Python, its two launches a step would cost more host time than
+the GPU spends on them.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ import numpy as np
 
 from ..codegen.backward_plan import BackwardPlan, backward_plan
 from ..codegen.kernel_set import backward_kernels
-from ..codegen.plan import PersistentLaunch
 from ..graph_model import CellError, Gradients
-from .cuda_executor import _CUBLAS_WORKSPACE, CudaExecutor, _compile, _cooperative_functions, _cu_check
+from .cuda_executor import _CUBLAS_WORKSPACE, CudaExecutor, _compile
 
 
 class CudaBackward:
@@ -36,18 +36,7 @@ class CudaBackward:
         self.forward = forward
         self.plan: BackwardPlan = backward_plan(forward.plan)
         kernels = backward_kernels(self.plan)
-        cubin = _compile(kernels.module_source())
-        module = drv.module_from_buffer(cubin)
-        cooperative = {name for launch, name in kernels.name_of.items()
-                       if isinstance(launch, PersistentLaunch)}
-        plain = [name for name in kernels.sources if name not in cooperative]
-        forward.funcs.update({name: module.get_function(name) for name in plain})
-        forward._prepared.update({name: None for name in plain})
-        forward.name_of.update(kernels.name_of)
-        self._cu_module = None  # the persistent kernels' module, loaded through the driver API
-        if cooperative:
-            self._cu_module, functions = _cooperative_functions(forward.cu, cubin, kernels)
-            forward.cooperative.update(functions)
+        forward.add_kernels(kernels, _compile(kernels.module_source()))
 
         sizes = {name: self.plan.buffer_elements(name) for name in self.plan.buffers}
         free, _ = drv.mem_get_info()
@@ -112,6 +101,4 @@ class CudaBackward:
     def close(self) -> None:
         if self.graph_exec is not None:
             self.forward.release(self.graph_exec)
-        if self._cu_module is not None:
-            _cu_check(self.forward.cu.cuModuleUnload(self._cu_module))
         self.memory.free()

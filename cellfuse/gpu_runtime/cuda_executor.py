@@ -19,6 +19,7 @@ import numpy as np
 from ..codegen import Plan, plan_kernels
 from ..codegen.cuda_kernels import BLOCK, kernel_params
 from ..codegen.cuda_persistent import persistent_buffers, wavefront_buffers
+from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import (
     Copy,
     Gemm,
@@ -125,14 +126,13 @@ class CudaExecutor:
         kernels = plan_kernels(plan)
         cubin = _compile(kernels.module_source())
         self.compile_s = time.perf_counter() - t0
-        module = drv.module_from_buffer(cubin)
-        persistent = {name for launch, name in kernels.name_of.items()
-                      if isinstance(launch, PersistentLaunch | WavefrontLaunch)}
-        self.funcs = {name: module.get_function(name) for name in kernels.sources if name not in persistent}
-        self._cu_module, self.cooperative = (_cooperative_functions(self.cu, cubin, kernels) if persistent
-                                             else (None, {}))
+        self.funcs: dict = {}  # kernel name -> PyCUDA function
+        self._prepared: dict = {}  # kernel name -> the function prepared for its arguments, at first use
+        self.cooperative: dict[str, _Cooperative] = {}  # persistent kernel name -> its cooperative launch
+        self.name_of: dict = {}  # launch -> kernel name
+        self._cu_modules: list = []  # modules loaded through the driver API, for the persistent kernels
+        module = self.add_kernels(kernels, cubin)
         self.bias_rows = module.get_function("cf_bias_rows").prepare("PPiii")
-        self.name_of = kernels.name_of
 
         sizes = {name: plan.buffer_elements(name) for name in plan.buffers}
         total = sum(sizes.values())
@@ -168,9 +168,24 @@ class CudaExecutor:
         self.events = [drv.Event(drv.event_flags.DISABLE_TIMING) for _ in range(self.program.events)]
         self.graph_exec = None
         self._cs = self.cu.CUstream(self.stream.handle) if self.cu is not None else None  # for graphs
-        self._prepared = {name: None for name in self.funcs}
         # Every launch of a forward pass with its addresses resolved once; `enqueue` only calls them.
         self.calls = [call for instr in self.program.instructions for call in self._calls(instr, 0)]
+
+    def add_kernels(self, kernels: KernelSet, cubin: bytes):
+        """Makes a compiled module of kernels launchable by `_calls` (the executor's own, or a backward
+        pass's): its plain kernels through PyCUDA, its persistent ones a second time through the driver
+        API, whose cooperative launch they need. Returns the PyCUDA module."""
+        module = self.drv.module_from_buffer(cubin)
+        cooperative = {name for launch, name in kernels.name_of.items()
+                       if isinstance(launch, PersistentLaunch | WavefrontLaunch)}
+        self.funcs.update({name: module.get_function(name) for name in kernels.sources
+                           if name not in cooperative})
+        if cooperative:
+            cu_module, functions = _cooperative_functions(self.cu, cubin, kernels)
+            self._cu_modules.append(cu_module)
+            self.cooperative.update(functions)
+        self.name_of.update(kernels.name_of)
+        return module
 
     def _ptr(self, instr: Gemm | Kernel, acc, t: int) -> int:
         return self.addr[acc.buffer] + 4 * element_offset(instr, acc, t, self.plan.sizes.batch)
@@ -197,7 +212,7 @@ class CudaExecutor:
             case Kernel(launch=k, stream=s):
                 name = self.name_of[k]
                 params = kernel_params(k)
-                if self._prepared[name] is None:
+                if self._prepared.get(name) is None:
                     self._prepared[name] = self.funcs[name].prepare("P" * len(params) + "i")
                 rows = launch_rows(instr, B)
                 args = [self._ptr(instr, p.access, t) for p in params] + [rows]
@@ -301,8 +316,8 @@ class CudaExecutor:
         for handle, workspace in zip(self.handles, self.workspaces, strict=True):
             self.cublas.destroy(handle)
             workspace.free()
-        if self._cu_module is not None:
-            _cu_check(self.cu.cuModuleUnload(self._cu_module))
+        for cu_module in self._cu_modules:
+            _cu_check(self.cu.cuModuleUnload(cu_module))
         self.memory.free()
 
 
