@@ -169,7 +169,8 @@ def kernel_params(launch: KernelLaunch) -> list[Param]:
     return inputs + [Param(v, acc, True) for v, acc in launch.outputs]
 
 
-def _index(acc: Access) -> str:
+def element_index(acc: Access) -> str:
+    """Where element (r, j) of an access is, from the pointer to its first element at the step."""
     if acc.kind == "scalar":
         return "0"
     if acc.kind == "vec":
@@ -258,14 +259,15 @@ def element_body(params: list[Param], names: list[str], body: tuple[Instr | Grad
     loads = loaded(params, body)
     var = _c_vars([*loads, *(instr.result for instr in kept)])
     for v, i in loads.items():
-        lines.append(f"{indent}const float {var[v]} = {names[i]}[{index.get(i, _index(params[i].access))}];")
+        at = index.get(i) or element_index(params[i].access)
+        lines.append(f"{indent}const float {var[v]} = {names[i]}[{at}];")
     for instr in kept:
         expr, what = _expression(instr, var)
         lines.append(f"{indent}const float {var[instr.result]} = {expr};  // {comment_text(what)}")
     for p, n in zip(params, names, strict=True):
         if not p.output:
             continue
-        store = f"{n}[{_index(p.access)}] {'+=' if accumulate else '='} {var[p.value]};"
+        store = f"{n}[{element_index(p.access)}] {'+=' if accumulate else '='} {var[p.value]};"
         if p.access.kind == "vec":
             store = f"if (r == 0) {store}"
         elif p.access.kind == "col":
@@ -343,7 +345,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
     stores: dict[str, list[str]] = {}
     for p, n in zip(params, pointer, strict=True):
         if p.output:
-            stores.setdefault(p.value, []).append(f"{n}[{_index(p.access)}]")
+            stores.setdefault(p.value, []).append(f"{n}[{element_index(p.access)}]")
     kinds = value_kinds(launch.body, {v: acc.kind for v, (acc, _) in inputs.items()})
     uniform = {v for v, kind in kinds.items() if kind in ("col", "scalar")}
     body = _live(launch.body, set(stores))
@@ -388,7 +390,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
     for v in read:
         if v in uniform:
             acc, ptr = inputs[v]
-            lines.append(f"{ind}const float {var[v]} = {ptr}[{_index(acc)}];")
+            lines.append(f"{ind}const float {var[v]} = {ptr}[{element_index(acc)}];")
     for v in kept:
         lines.append(f"{ind}float a_{var[v]}[COLUMNS];  // kept for a later pass")
 
@@ -423,7 +425,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
         inner = ind + "        "
         for v in loads:
             acc, ptr = inputs[v]
-            lines.append(f"{inner}const float {var[v]} = {ptr}[{_index(acc)}];")
+            lines.append(f"{inner}const float {var[v]} = {ptr}[{element_index(acc)}];")
         for v in reads:
             lines.append(f"{inner}const float {var[v]} = a_{var[v]}[k];")
         for instr in work:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cuda_kernels import ROW_EXPR, Param, comment_text, element_body, loaded
+from .cuda_kernels import ROW_EXPR, Param, comment_text, element_body, element_index, loaded
 from .persistent import (
     MMA_K,
     MMA_TILE,
@@ -316,10 +316,10 @@ class _Kernel:
                        f"{IND}    for (int c = 0; c < {ld}; ++c)",
                        f"{IND}        cf_sum_{n}[0] += __ldcg({names[n]} + (long long)r * {ld} + c);")
                 names[n], index[n] = f"cf_sum_{n}", "0"
-            elif p.access.buffer in self.foreign:
-                assert p.access.kind == "row", "only the output of another layer is foreign"
-                self.w(f"{IND}    const float cf_l2_{n}[1] = {{__ldcg({names[n]} + (long long)r * "
-                       f"{p.access.ld} + j)}};")
+            elif p.access.buffer in self.foreign or p.access.kind == "col":
+                assert p.access.kind in ("row", "col"), "only the output of another layer is foreign"
+                self.w(f"{IND}    const float cf_l2_{n}[1] = {{__ldcg({names[n]} + "
+                       f"{element_index(p.access)})}};")
                 names[n], index[n] = f"cf_l2_{n}", "0"
         # the partial sums are not stored element by element: below, once the block's values are written
         keep = [n for n, p in enumerate(params) if not (p.output and p.access.kind == "sums")]

@@ -2,13 +2,14 @@
 which recurrent weights stay in shared memory, and how much of it each block needs.
 
 One cooperative launch runs every step of a layer. Each block owns the same slice of every width (see
-`owned`), so elementwise work touches only what its own block wrote and needs no barrier; only a GEMM
-reads a whole operand, written by every block. A barrier therefore goes before a GEMM whose left operand
-was written since the last barrier (looking across the step's end, since step t reads what step t-1
-wrote), and before anything that overwrites such an operand ahead of its step's first barrier (a block
-still reading the previous step's value could otherwise see the new one). LSTM and GRU get one barrier per
-step, Cho's GRU and MGU two (their second GEMM reads r*h, computed in the step), and a cell without a
-recurrent GEMM none.
+`owned`), so elementwise work touches only what its own block wrote and needs no barrier, except where it
+follows a row reduction: it reads every block's partial sums, and one number per row (a mean, say) that
+the block owning the first column wrote. The other shared read is a GEMM's whole operand, written by
+every block. A barrier therefore goes before a launch whose shared reads were written since the last
+barrier (looking across the step's end, since step t reads what step t-1 wrote), and before anything
+that overwrites them ahead of its step's first barrier (a block still reading the previous step's value
+could otherwise see the new one). LSTM and GRU get one barrier per step, Cho's GRU and MGU two (their
+second GEMM reads r*h, computed in the step), and a cell without a recurrent GEMM none.
 """
 
 from __future__ import annotations
@@ -227,12 +228,13 @@ def with_hoisted(prologue: list[tuple[Launch, tuple[int, ...]]], step: list[tupl
 
 def shared_reads(launch: GemmLaunch | KernelLaunch) -> list[Access]:
     """What a launch reads where other blocks wrote it: a GEMM's left operand (all of K of its rows), a
-    stage's partial sums of a row reduction (every block's)."""
+    stage's partial sums of a row reduction (every block's), a value of one number per row (written by
+    the block that owns the first column)."""
     match launch:
         case GemmLaunch():
             return [launch.a]
         case KernelLaunch():
-            return [acc for _, acc in launch.inputs if acc.kind == "sums"]
+            return [acc for _, acc in launch.inputs if acc.kind in ("sums", "col")]
         case _:
             raise TypeError(f"unknown launch {launch!r}")
 

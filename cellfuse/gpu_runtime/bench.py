@@ -178,14 +178,17 @@ def available_backends() -> list[str]:
     return ["numpy", "cuda"]
 
 
-def _worst_relative(pairs) -> float:
-    """The largest over (got, want) pairs of the largest absolute error relative to want's largest value;
-    infinite where got is missing, of another shape, or not finite."""
+def _worst_relative(pairs, floor: float = 0.0) -> float:
+    """The largest over (got, want) pairs of the largest absolute error relative to want's largest value,
+    or to `floor` times the largest value of all the wants where that is more; infinite where got is
+    missing, of another shape, or not finite."""
+    pairs = list(pairs)
+    largest = max((float(np.max(np.abs(want), initial=0.0)) for _, want in pairs), default=0.0)
     worst = 0.0
     for got, want in pairs:
         if got is None or got.shape != want.shape or not np.all(np.isfinite(got)):
             return float("inf")
-        scale = max(float(np.max(np.abs(want), initial=0.0)), 1e-30)
+        scale = max(float(np.max(np.abs(want), initial=0.0)), floor * largest, 1e-30)
         worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - want), initial=0.0)) / scale)
     return worst
 
@@ -196,11 +199,18 @@ def _rel_error(result: Forward, ref: Forward) -> float:
                                                   if s in result.final])
 
 
+# A gradient a millionth of the largest, or less, is below what float32 carries through the sums and
+# products that make it (a saturated sigmoid's derivative is exactly 0 in float32): its error counts
+# relative to that millionth, not to its own size.
+GRADIENT_FLOOR = 1e-6
+
+
 def _grad_error(got: Gradients, ref: Gradients) -> float:
     """The largest over every gradient (of x, each initial state, each parameter) of its largest absolute
-    error relative to its own largest value; infinite for a gradient missing or not finite."""
+    error relative to its own largest value (or GRADIENT_FLOOR times the largest of all gradients);
+    infinite for a gradient missing or not finite."""
     return _worst_relative([(got.dx, ref.dx), *((got.dinitial.get(s), v) for s, v in ref.dinitial.items()),
-                            *((got.dparams.get(k), v) for k, v in ref.dparams.items())])
+                            *((got.dparams.get(k), v) for k, v in ref.dparams.items())], GRADIENT_FLOOR)
 
 
 def _stats(times_ms: list[float]) -> dict:

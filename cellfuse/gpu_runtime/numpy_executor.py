@@ -158,6 +158,8 @@ class NumpyExecutor:
                     sums[...] = 0
                 sums[:, part or 0] = np.broadcast_to(values[v], (count, width)).sum(axis=1)
                 continue
+            if acc.kind == "col" and part is not None and first != 0:
+                continue  # one number per row: the block that owns the first column writes it, as on the GPU
             dst = self.view(*at(acc))
             value = np.broadcast_to(values[v], dst.shape) if values[v].ndim else values[v]
             if k.accumulate:

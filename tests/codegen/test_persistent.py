@@ -125,6 +125,25 @@ def test_an_operand_overwritten_before_the_first_barrier_gets_a_barrier():
     assert max(run(broken, cell, 1, False, r) for r in (False, True)) > 1e-3
 
 
+def test_one_number_per_row_is_read_by_other_blocks_behind_a_barrier():
+    """row_mean(h) is one number per row: the block owning the first column writes it, and the launch after
+    it reads it on every block, so a barrier goes between them (without one, a block that runs first reads
+    the previous step's mean)."""
+    cell = dataclasses.replace(random_cell(7125, reductions=True, ties=True),
+                               sizes={"input": 40, "hidden": 40})
+    plan = make_plan(cell, Sizes(6, 5, 40, 40), "persistent")
+    items = plan.layers[0].persistent.items
+    reader = next(i for i, item in enumerate(items) if isinstance(item.launch, KernelLaunch)
+                  and any(acc.kind == "col" for _, acc in item.launch.inputs))
+    assert items[reader].barrier
+    assert max(run(plan, cell, 1, True, r) for r in (False, True)) < 1e-9
+    broken = without_barrier(plan, reader)
+    errors = [run(broken, cell, 1, True, r) for r in (False, True)]
+    assert max(errors) > 1e-3 or any(np.isnan(errors))
+    source = plan_kernels(plan).sources
+    assert any("__ldcg(p1 + (long long)r * 1)" in text for text in source.values())  # through L2, not L1
+
+
 def test_blocks_own_every_column_once():
     for width in (1, 5, 7, 512, 1000):
         for blocks in (1, 2, 3, 128, 132):

@@ -121,6 +121,19 @@ def test_gradient_error_of_a_missing_or_broken_gradient_is_infinite():
     assert bench._grad_error(Gradients(ref.dx * np.nan, ref.dinitial, ref.dparams), ref) == float("inf")
 
 
+def test_gradient_error_of_a_vanishing_gradient_counts_against_the_largest_gradient():
+    """A gradient a millionth of the largest, which float32 rounds to 0 (a saturated sigmoid's derivative),
+    is not an error of 1; an error of that size in a large gradient still counts."""
+    ref = Gradients(np.ones((2, 1, 3)), {"h": np.full((1, 1, 3), 1e-12)}, {"l0.W": np.full((3, 3), 2.0)})
+    vanished = Gradients(ref.dx.copy(), {"h": np.zeros((1, 1, 3))}, {"l0.W": ref.dparams["l0.W"].copy()})
+    assert bench._grad_error(vanished, ref) == pytest.approx(1e-12 / (2.0 * bench.GRADIENT_FLOOR))
+    vanished.dx[0, 0, 0] += 1e-12
+    assert bench._grad_error(vanished, ref) == pytest.approx(1e-12 / (2.0 * bench.GRADIENT_FLOOR))
+    half = Gradients(ref.dx.copy(), {"h": np.full((1, 1, 3), 0.5e-12)}, ref.dparams)
+    ref_small = Gradients(ref.dx, {"h": np.full((1, 1, 3), 1e-3)}, ref.dparams)
+    assert bench._grad_error(half, ref_small) == pytest.approx(1.0, rel=1e-6)  # above the floor: relative
+
+
 def test_training_baselines_are_those_that_run_backward():
     assert set(TRAIN_BASELINES) <= set(bench.BASELINES)
     assert "pytorch graph" not in TRAIN_BASELINES and not set(bench.CUDNN_PERSISTENT) & set(TRAIN_BASELINES)
