@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
           f"(goal: below {GOAL:g}: {'met' if rel < GOAL else 'NOT met'})")
     for name, value in ms.items():
         print(f"{name:14s} {value:9.3f} ms per step (median after the first step)")
+    ran = trainers[0].model.rnn.schedules_run
+    print(f"CellRNN ran the {', '.join(ran)} schedule (asked for {args.schedule})")
     if args.json:
         command = ["python", "benchmarks/train_lm.py", *(sys.argv[1:] if argv is None else argv)]
         record = {
@@ -164,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                          "python": platform.python_version()},
             "sizes": {k: getattr(args, k) for k in ("seq", "batch", "vocab", "embed", "hidden", "layers")},
             "steps": args.steps, "batches": args.batches, "lr": args.lr, "schedule": args.schedule,
-            "seed": args.seed,
+            "schedules_run": ran, "seed": args.seed,
             "losses": {name: t.losses for name, t in zip(NAMES, trainers, strict=True)},
             "final_rel_diff": rel, "goal": GOAL, "ms_per_step": ms,
             "step_ms": {name: t.ms for name, t in zip(NAMES, trainers, strict=True)},

@@ -127,6 +127,11 @@ class CellRNN(torch.nn.Module):
 
     # -- parameters ----------------------------------------------------------------------------------
     @property
+    def schedules_run(self) -> list[str]:
+        """The rungs the module's recent forward passes ran (`auto` resolved), one per size seen."""
+        return [runner.schedule for runner in self._runners.values()]
+
+    @property
     def keys(self) -> tuple[str, ...]:
         """The parameter keys of the .npz files, in file order."""
         return tuple(self._names)

@@ -53,6 +53,8 @@ def test_on_the_cpu_the_loss_curves_agree(train_lm, tmp_path, capsys):
     assert record["date"] and set(record["ms_per_step"]) == set(train_lm.NAMES)
     assert "relative difference of the losses after 6 steps" in out and "ms per step" in out
     assert f"loss {ours[0]:.4f} at the first step, {ours[-1]:.4f} at the last" in out
+    assert record["schedule"] == "auto" and record["schedules_run"] == ["graph"]  # auto, without a GPU
+    assert "CellRNN ran the graph schedule (asked for auto)" in out
 
 
 @pytest.mark.gpu

@@ -239,3 +239,14 @@ def test_sizes_beyond_the_limits_are_refused_before_anything_is_made():
     with pytest.raises(CellError, match="make 68719476736 activations .* above the limit"):
         rnn(x)
     assert not rnn._runners
+
+
+def test_the_schedules_run_say_what_auto_resolved_to():
+    rnn = CellRNN("lstm", 4, 5, schedule="auto")
+    assert rnn.schedules_run == []
+    rnn(torch.zeros(3, 2, 4))
+    rnn(torch.zeros(2, 2, 4))
+    assert rnn.schedules_run == ["graph", "graph"]  # one runner per size; graph is auto without a GPU
+    fused = CellRNN("lstm", 4, 5, schedule="fused")
+    fused(torch.zeros(3, 2, 4))
+    assert fused.schedules_run == ["fused"]
