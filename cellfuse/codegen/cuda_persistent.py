@@ -317,7 +317,8 @@ class _Kernel:
                        f"{IND}        cf_sum_{n}[0] += __ldcg({names[n]} + (long long)r * {ld} + c);")
                 names[n], index[n] = f"cf_sum_{n}", "0"
             elif p.access.buffer in self.foreign or p.access.kind == "col":
-                assert p.access.kind in ("row", "col"), "only the output of another layer is foreign"
+                # another layer's output, or one number per row, which the first column's block wrote
+                assert p.access.kind in ("row", "col"), "only another layer's output is foreign"
                 self.w(f"{IND}    const float cf_l2_{n}[1] = {{__ldcg({names[n]} + "
                        f"{element_index(p.access)})}};")
                 names[n], index[n] = f"cf_l2_{n}", "0"

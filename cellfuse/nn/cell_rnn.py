@@ -125,12 +125,12 @@ class CellRNN(torch.nn.Module):
         return (f"cell={self.cell.name!r}, input_size={self.input_size}, hidden_size={self.hidden_size}, "
                 f"num_layers={self.num_layers}, schedule={self.schedule!r}")
 
-    # -- parameters ----------------------------------------------------------------------------------
     @property
     def schedules_run(self) -> list[str]:
         """The rungs the module's recent forward passes ran (`auto` resolved), one per size seen."""
         return [runner.schedule for runner in self._runners.values()]
 
+    # -- parameters ----------------------------------------------------------------------------------
     @property
     def keys(self) -> tuple[str, ...]:
         """The parameter keys of the .npz files, in file order."""
