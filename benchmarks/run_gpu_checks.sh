@@ -13,6 +13,9 @@
 # (default: the first four, longer than one ten-minute call). Each group writes OUTDIR/<group>.log; everything
 # is packed into OUTDIR.tar.gz at the end, one file to bring back. LIMIT (seconds, default 540) bounds
 # each group.
+# The tests are bound by nvcc's compiles, one at a time: where pytest-xdist imports (its wheel and
+# execnet's, carried in .gpu/ beside the others), each pytest group runs in WORKERS processes (default 8),
+# each with its own CUDA context.
 set -uo pipefail
 out=${1:?usage: run_gpu_checks.sh OUTDIR [GROUP...]}
 shift
@@ -20,15 +23,19 @@ groups=${*:-forward backward rest random}
 limit=${LIMIT:-540}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
+pytest=(python3 -m pytest -q -m gpu -rs)
+if python3 -c "import xdist" 2>/dev/null; then
+    pytest+=(-n "${WORKERS:-8}")
+fi
 for group in $groups; do
     case $group in
         forward)
-            command=(python3 -m pytest -q -m gpu -rs tests/gpu_runtime/test_cuda_executor.py) ;;
+            command=("${pytest[@]}" tests/gpu_runtime/test_cuda_executor.py) ;;
         backward)
-            command=(python3 -m pytest -q -m gpu -rs tests/gpu_runtime/test_cuda_backward.py
+            command=("${pytest[@]}" tests/gpu_runtime/test_cuda_backward.py
                      tests/gpu_runtime/test_cuda_backward_graph.py) ;;
         rest)
-            command=(python3 -m pytest -q -m gpu -rs tests/gpu_runtime/test_bench.py
+            command=("${pytest[@]}" tests/gpu_runtime/test_bench.py
                      tests/gpu_runtime/test_bench_train.py tests/gpu_runtime/test_bench_train_lm.py
                      tests/gpu_runtime/test_auto_schedule.py tests/gpu_runtime/test_cudnn_persistent.py
                      tests/gpu_runtime/test_sru_package.py tests/gpu_runtime/test_random_cell_checks.py
