@@ -180,15 +180,12 @@ def available_backends() -> list[str]:
 
 def _worst_relative(pairs, floor: float = 0.0) -> float:
     """The largest over (got, want) pairs of the largest absolute error relative to want's largest value,
-    or to `floor` times the largest value of all the wants where that is more; infinite where got is
-    missing, of another shape, or not finite."""
-    pairs = list(pairs)
-    largest = max((float(np.max(np.abs(want), initial=0.0)) for _, want in pairs), default=0.0)
+    or to `floor` where that is more; infinite where got is missing, of another shape, or not finite."""
     worst = 0.0
     for got, want in pairs:
         if got is None or got.shape != want.shape or not np.all(np.isfinite(got)):
             return float("inf")
-        scale = max(float(np.max(np.abs(want), initial=0.0)), floor * largest, 1e-30)
+        scale = max(float(np.max(np.abs(want), initial=0.0)), floor, 1e-30)
         worst = max(worst, float(np.max(np.abs(got.astype(np.float64) - want), initial=0.0)) / scale)
     return worst
 
@@ -205,12 +202,19 @@ def _rel_error(result: Forward, ref: Forward) -> float:
 GRADIENT_FLOOR = 1e-6
 
 
+def largest_gradient(g: Gradients) -> float:
+    """The largest magnitude over every gradient (of x, each initial state, each parameter)."""
+    every = (g.dx, *g.dinitial.values(), *g.dparams.values())
+    return max(float(np.max(np.abs(v), initial=0.0)) for v in every)
+
+
 def _grad_error(got: Gradients, ref: Gradients) -> float:
     """The largest over every gradient (of x, each initial state, each parameter) of its largest absolute
     error relative to its own largest value (or GRADIENT_FLOOR times the largest of all gradients);
     infinite for a gradient missing or not finite."""
     return _worst_relative([(got.dx, ref.dx), *((got.dinitial.get(s), v) for s, v in ref.dinitial.items()),
-                            *((got.dparams.get(k), v) for k, v in ref.dparams.items())], GRADIENT_FLOOR)
+                            *((got.dparams.get(k), v) for k, v in ref.dparams.items())],
+                           GRADIENT_FLOOR * largest_gradient(ref))
 
 
 def _stats(times_ms: list[float]) -> dict:
