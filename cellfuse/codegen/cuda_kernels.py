@@ -253,7 +253,9 @@ def element_body(params: list[Param], names: list[str], body: tuple[Instr | Grad
     """The loads, ops and stores of one element (row r, column j, element e of the launch) of a
     kernel's body, with `names[i]` the pointer of `params[i]` at the step's rows (or an array that
     `index[i]` indexes). A body may hold gradients (`GradInstr`), computed by the op table's rules;
-    with `accumulate`, the stores add to memory (a backward kernel's gradients)."""
+    with `accumulate`, the stores add to memory (a backward kernel's gradients): what memory holds is
+    loaded with the inputs, all in flight at once, where `+=` would wait for each in turn (the compiler
+    cannot tell that the outputs do not overlap; they do not, see `_distinct_outputs`)."""
     lines, index = [], index or {}
     kept = _live(body, {p.value for p in params if p.output})
     loads = loaded(params, body)
@@ -261,21 +263,33 @@ def element_body(params: list[Param], names: list[str], body: tuple[Instr | Grad
     for v, i in loads.items():
         at = index.get(i) or element_index(params[i].access)
         lines.append(f"{indent}const float {var[v]} = {names[i]}[{at}];")
+    outputs = [(i, p) for i, p in enumerate(params) if p.output]
+    if accumulate:
+        _distinct_outputs([p for _, p in outputs])
+        for i, p in outputs:
+            guard = _STORE_GUARD.get(p.access.kind)
+            load = f"{names[i]}[{element_index(p.access)}]"
+            lines.append(f"{indent}const float cf_old_{i} = {f'{guard} ? {load} : 0.0f' if guard else load};")
     for instr in kept:
         expr, what = _expression(instr, var)
         lines.append(f"{indent}const float {var[instr.result]} = {expr};  // {comment_text(what)}")
-    for p, n in zip(params, names, strict=True):
-        if not p.output:
-            continue
-        store = f"{n}[{element_index(p.access)}] {'+=' if accumulate else '='} {var[p.value]};"
-        if p.access.kind == "vec":
-            store = f"if (r == 0) {store}"
-        elif p.access.kind == "col":
-            store = f"if (j == 0) {store}"
-        elif p.access.kind == "scalar":
-            store = f"if (e == 0) {store}"
-        lines.append(f"{indent}{store}")
+    for i, p in outputs:
+        value = f"cf_old_{i} + {var[p.value]}" if accumulate else var[p.value]
+        store = f"{names[i]}[{element_index(p.access)}] = {value};"
+        guard = _STORE_GUARD.get(p.access.kind)
+        lines.append(f"{indent}{f'if {guard} ' if guard else ''}{store}")
     return lines
+
+
+# The one element of a launch that stores a value of fewer elements than the launch has.
+_STORE_GUARD = {"vec": "(r == 0)", "col": "(j == 0)", "scalar": "(e == 0)"}
+
+
+def _distinct_outputs(outputs: list[Param]) -> None:
+    """An element's old values are all loaded before any is stored: two outputs at one place would lose
+    one of their additions."""
+    places = [p.access for p in outputs]
+    assert len(set(places)) == len(places), f"outputs of one kernel share a place: {places}"
 
 
 def _where(launch: KernelLaunch) -> str:

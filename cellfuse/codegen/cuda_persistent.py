@@ -372,8 +372,22 @@ class _Kernel:
                f"{IND}    for (int o = tid / {split}; o < {tl.output_threads}; o += {threads // split}) {{",
                f"{IND}        const int c0 = (o % {tl.col_threads}) * {tc};",
                f"{IND}        const int r0 = (o / {tl.col_threads}) * {tr};",
-               f"{IND}        float acc[{tr}][{tc}] = {{}};",
-               f"{IND}        #pragma unroll 2",
+               f"{IND}        float acc[{tr}][{tc}] = {{}};")
+        # Where C adds into memory, its old values are loaded ahead of the products, all at once: the
+        # compiler would wait for each in turn at `+=`, between stores it cannot tell apart.
+        old = g.accumulate and not item.output_on_chip
+        if old:
+            self.w(f"{IND}        float cf_old[{tr}][{tc}];",
+                   f"{IND}        if (ks == 0)",
+                   f"{IND}            #pragma unroll",
+                   f"{IND}            for (int x = 0; x < {tc}; ++x) {{",
+                   f"{IND}                const int n = cols{i}(c0 + x);",
+                   f"{IND}                #pragma unroll",
+                   f"{IND}                for (int y = 0; y < {tr}; ++y)",
+                   f"{IND}                    cf_old[y][x] = n >= 0 && r0 + y < {rt} && rb + r0 + y < rows",
+                   f"{IND}                        ? c[(size_t)(rb + r0 + y) * {g.c.ld} + n] : 0.0f;",
+                   f"{IND}            }}")
+        self.w(f"{IND}        #pragma unroll 2",
                f"{IND}        for (int q = ks; q < {k4}; q += {split}) {{",
                f"{IND}            float4 av[{tr}], wv[{tc}];",
                f"{IND}            #pragma unroll",
@@ -416,7 +430,8 @@ class _Kernel:
                f"{IND}                #pragma unroll",
                f"{IND}                for (int y = 0; y < {tr}; ++y)",
                f"{IND}                    if (n >= 0 && r0 + y < {rt} && rb + r0 + y < rows)",
-               f"{IND}                        {self._store(i, item, 'rb + r0 + y', 'c0 + x', 'acc[y][x]')}",
+               f"{IND}                        "
+               f"{self._store(i, item, 'rb + r0 + y', 'c0 + x', 'acc[y][x]', 'cf_old[y][x]' if old else '')}",
                f"{IND}            }}",
                f"{IND}    }}",
                f"{IND}}}",
@@ -448,14 +463,16 @@ class _Kernel:
                f"__ldcg(a + (size_t)(rb + r) * {g.a.ld} + {past}k) : 0.0f;",
                f"{ind}}}")
 
-    def _store(self, i: int, item: PersistentItem, row: str, col: str, value: str) -> str:
+    def _store(self, i: int, item: PersistentItem, row: str, col: str, value: str, old: str = "") -> str:
         """The statement that puts a GEMM's `value` at `row` of the block's rows and `col` of its columns
         (n: the column of C): into shared memory where the output stays on chip, else to C, with the
-        bias; added to what is there for a GEMM that accumulates."""
+        bias; added to what is there for a GEMM that accumulates (to `old`, where that was loaded)."""
         g: GemmLaunch = item.launch
         at = (f"cf_c{i}[({row}) * {self.tilings[i].cols} + {col}]" if item.output_on_chip
               else f"c[(size_t)({row}) * {g.c.ld} + n]")
         bias = f" + {self.var[g.bias]}[n]" if g.bias else ""
+        if old:
+            return f"{at} = {old} + {value}{bias};"
         return f"{at} {'+=' if g.accumulate else '='} {value}{bias};"
 
     def _mma(self, i: int, item: PersistentItem) -> None:

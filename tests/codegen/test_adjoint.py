@@ -162,8 +162,8 @@ def compile_adjoints(cell, schedule: str, tmp_path, stem: str) -> str:
         isl = plan.island(launch.island)
         adj = adjoint(isl.body, input_kinds(plan, isl), isl.outputs)
         kinds = {v: acc.kind for v, acc in (*launch.inputs, *launch.outputs)}
-        grads = {v: Access("grads", "col" if kind == "col" else "row", launch.width)
-                 for v, kind in kinds.items()}
+        grads = {v: Access(f"grads{n}", "col" if kind == "col" else "row", launch.width)
+                 for n, (v, kind) in enumerate(kinds.items())}
         inputs = (*launch.inputs, *((grad_of(o), grads[o]) for o in isl.outputs))
         outputs = tuple((adj.grads[v], grads[v]) for v in isl.inputs if v in adj.grads)
         backward = KernelLaunch(f"{launch.island}_adjoint", launch.row_kind, launch.rows, launch.width,

@@ -377,3 +377,38 @@ def test_a_write_overtakes_a_read_only_where_their_rows_can_meet():
     assert overtakes(acc("t%2"), acc("(t+1)%2"), False) and overtakes(acc("t%2"), acc("(t+1)%2"), True)
     assert not overtakes(acc("t%2"), acc("t%2"), False)
     assert overtakes(acc("fixed"), acc("t"), False) and overtakes(acc("t"), acc("all"), True)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru", "mgu"])
+def test_a_reverse_loop_loads_what_its_gradients_add_to_all_at_once(name):
+    """The backward's persistent kernel adds into gradients in memory. `p[i] += v` would make each load
+    wait for the store before it (the compiler cannot tell the pointers apart): twelve loads from DRAM
+    in a row, most of the LSTM's reverse step. Every old value is loaded before the first store, and
+    the GEMM's ones before its products."""
+    from cellfuse.codegen.backward_plan import backward_plan
+    from cellfuse.codegen.kernel_set import backward_kernels
+
+    plan = make_plan(load_template(name), Sizes(100, 64, 512, 512), "persistent", save_steps=True)
+    source = backward_kernels(backward_plan(plan)).module_source()
+    body = source[source.index("for (int t = seq - 1"):]
+    assert not re.search(r"\bp\d+\[[^\]]*\] \+=", body) and not re.search(r"\bc\[[^\]]*\] \+=", body)
+    islands = [part for part in body.split("{  // ")[1:] if "cf_old_" in part]
+    assert islands
+    for island in islands:
+        stores = [m.start() for m in re.finditer(r"\bp\d+\[[^\]]*\] = cf_old_\d+ \+", island)]
+        loads = [m.start() for m in re.finditer(r"const float cf_old_\d+ = ", island)]
+        assert stores and len(loads) == len(stores) and max(loads) < min(stores)
+    gemm = body[body.index("dA += "):]
+    assert gemm.index("cf_old[y][x] = ") < gemm.index("for (int q = ks") < gemm.index("= cf_old[y][x] +")
+
+
+def test_outputs_of_one_accumulating_kernel_may_not_share_a_place():
+    from cellfuse.codegen.cuda_kernels import Param, element_body
+    from cellfuse.codegen.plan import Access
+
+    out = Access("g", "row", 8)
+    params = [Param("a", Access("x", "row", 8), False), Param("a", out, True), Param("a", out, True)]
+    with pytest.raises(AssertionError, match="share a place"):
+        element_body(params, ["p0", "p1", "p2"], (), "", accumulate=True)
+    assert element_body(params[:2], ["p0", "p1"], (), "", accumulate=True)[-1] == \
+        "p1[(long long)r * 8 + j] = cf_old_1 + v_a;"

@@ -1,0 +1,173 @@
+"""Where a training step's time goes, on the GPU: each instruction of a schedule's forward program and of
+its backward program timed alone (CUDA events on its stream, the median of --reps runs), and the
+persistent kernels timed again with parts of them taken out (their results are then wrong; only their
+time is measured), so that the grid barrier, the per-step GEMM and the elementwise island each show
+their share.
+
+    python benchmarks/step_profile.py lstm:64 gru:64 lstm:1 --json results/step_profile.json
+
+A CASE is TEMPLATE:BATCH (T=100, input=hidden=512 unless --seq/--hidden say otherwise).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import shlex
+import statistics
+import sys
+from datetime import UTC, datetime
+
+import numpy as np
+
+import cellfuse.gpu_runtime.cuda_backward as cuda_backward
+import cellfuse.gpu_runtime.cuda_executor as cuda_executor
+from cellfuse.codegen.lowering import Gemm, Kernel, Persistent, launch_rows
+from cellfuse.codegen.scheduler import make_plan
+from cellfuse.graph_model import Sizes, init_params, load_template
+
+# Each ablation: (pattern, replacement) edits of a persistent kernel's source.
+_NO_GEMM = (r"rb < rows; rb \+= (\d+)", r"rb < 0; rb += \1")  # no staging, no products, no stores
+_NO_FMA = (r"for \(int q = ks; q < (\d+);", r"for (int q = ks; q < 0;")  # staging and stores only
+_NO_ELEMENTWISE = (r"(?m)^\s*p\d+\[\(long long\)r \* \d+ \+ j\] \+?= [^;]*;\s*$", "")
+_NO_SYNC = (r"grid\.sync\(\);", ";")
+ABLATIONS = {
+    "whole": [],
+    "no grid barrier": [_NO_SYNC],
+    "no GEMM": [_NO_GEMM],
+    "GEMM staging only (no FMAs)": [_NO_FMA],
+    "no elementwise stores": [_NO_ELEMENTWISE],
+    "barrier only": [_NO_GEMM, _NO_ELEMENTWISE],
+}
+
+
+def _ablate(kernels, edits):
+    for name, source in kernels.sources.items():
+        if "grid_group" not in source:
+            continue
+        for pattern, replacement in edits:
+            source, n = re.subn(pattern, replacement, source)
+            assert n, f"{pattern!r} is not in {name}"
+        kernels.sources[name] = source
+    return kernels
+
+
+def _describe(instr, batch: int) -> str:
+    match instr:
+        case Gemm(launch=g):
+            return f"cuBLAS GEMM m={launch_rows(instr, batch)} n={g.n} k={g.k}"
+        case Kernel(launch=k):
+            return f"kernel {k.island} ({k.rows} rows)"
+        case Persistent():
+            return "persistent kernel"
+    return type(instr).__name__
+
+
+def _time(ex, instr, reps: int) -> float:
+    drv = ex.drv
+    stream = ex.streams[getattr(instr, "stream", 0)]
+    calls = ex._calls(instr, 0)
+    start, end = drv.Event(), drv.Event()
+    times = []
+    for _ in range(reps + 2):
+        drv.Context.synchronize()
+        start.record(stream)
+        for call in calls:
+            call()
+        end.record(stream)
+        end.synchronize()
+        times.append(end.time_since(start))
+    return statistics.median(times[2:])
+
+
+def _variants(cell, sizes, schedule, edits):
+    plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=True)
+    yield _ablate(cuda_executor.plan_kernels(plan), edits).module_source()
+    yield _ablate(cuda_backward.backward_kernels(cuda_backward.backward_plan(plan)), edits).module_source()
+
+
+def precompile(cases, seq: int, hidden: int, schedule: str, ablations: dict) -> None:
+    """Every variant's module compiled at once, into PyCUDA's cache of cubins (nvcc runs one module on
+    one core, and there are dozens of them): the timed runs then find them there."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pycuda.compiler import compile as nvcc
+
+    drv = cuda_executor.gpu_modules()[0]
+    major, minor = drv.Context.get_device().compute_capability()
+    sources = {src for name, batch in cases for edits in ablations.values()
+               for src in _variants(load_template(name), Sizes(seq, batch, hidden, hidden), schedule, edits)}
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda src: nvcc(src, no_extern_c=True, arch=f"sm_{major}{minor}", options=["-O3"]),
+                      sources))
+
+
+def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, reps: int,
+            ablations: dict) -> dict:
+    cell = load_template(cell_name)
+    sizes = Sizes(seq, batch, hidden, hidden)
+    params = init_params(cell, 1, hidden, hidden, 0)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((seq, batch, hidden)).astype(np.float32)
+    dy = rng.standard_normal((seq, batch, hidden)).astype(np.float32)
+    record: dict = {"cell": cell_name, "batch": batch, "seq": seq, "hidden": hidden, "schedule": schedule}
+    plan_kernels, backward_kernels = cuda_executor.plan_kernels, cuda_backward.backward_kernels
+    try:
+        for ablation, edits in ablations.items():
+            cuda_executor.plan_kernels = lambda p, e=edits: _ablate(plan_kernels(p), e)
+            cuda_backward.backward_kernels = lambda p, e=edits: _ablate(backward_kernels(p), e)
+            plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=True)
+            ex = cuda_executor.CudaExecutor(plan, params)
+            back = cuda_backward.CudaBackward(ex)
+            try:
+                ex.run(x, {s: np.zeros((1, batch, hidden), np.float32) for s in cell.updates})
+                back.seed(dy)
+                forward = [(_describe(i, batch), _time(ex, i, reps)) for i in ex.program.instructions]
+                backward = [(_describe(i, batch), _time(ex, i, reps)) for i in back.plan.instructions()]
+            finally:
+                back.close()
+                ex.close()
+            if ablation == "whole":
+                record["forward"], record["backward"] = forward, backward
+            record.setdefault("ablations", {})[ablation] = {
+                "forward persistent ms": sum(t for d, t in forward if d == "persistent kernel"),
+                "backward persistent ms": sum(t for d, t in backward if d == "persistent kernel")}
+            print(cell_name, batch, ablation, record["ablations"][ablation], flush=True)
+    finally:
+        cuda_executor.plan_kernels, cuda_backward.backward_kernels = plan_kernels, backward_kernels
+    return record
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("cases", nargs="+", help="TEMPLATE:BATCH")
+    ap.add_argument("--seq", type=int, default=100)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--schedule", default="persistent")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--ablations", default=",".join(ABLATIONS),
+                    help="which of the kernels' variants to time (default: all)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    ablations = {name: ABLATIONS[name] for name in args.ablations.split(",")}
+    cases = [(name, int(batch)) for name, batch in (case.split(":") for case in args.cases)]
+    precompile(cases, args.seq, args.hidden, args.schedule, ablations)
+    records = []
+    for case, (name, batch) in zip(args.cases, cases, strict=True):
+        rec = profile(name, batch, args.seq, args.hidden, args.schedule, args.reps, ablations)
+        for part in ("forward", "backward"):
+            print(f"{case} {part}:")
+            for what, ms in rec[part]:
+                print(f"    {ms:8.4f} ms  {what}")
+        records.append(rec)
+    if args.json:
+        gpu = cuda_executor.device_description()
+        with open(args.json, "w") as f:
+            json.dump({"gpu": gpu, "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                       "command": shlex.join(["python", *sys.argv]),
+                       "records": records}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
