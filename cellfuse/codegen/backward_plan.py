@@ -23,11 +23,12 @@ the memory traffic of writing every intermediate value of every step and reading
 backward pass stores nothing the forward kernels did not already write.
 
 Gradients live in buffers of their own (`grad_of` of the forward buffer's name, of the same rows and
-width: states keep seq+1 row blocks, GEMM outputs and step values one per step); every gradient
-buffer starts at zero and every backward launch adds into it (cuBLAS's beta = 1, kernels' `+=`),
-so a value read by several launches collects each one's gradient. Within one launch no two threads
-add into the same element: a [N] value that a kernel broadcasts over its rows gets its gradient per
-row into a buffer of that kernel's own (T*B rows), summed after the loop.
+width: states keep seq+1 row blocks, GEMM outputs and step values one per step); a gradient buffer
+starts at zero and every backward launch adds into it (cuBLAS's beta = 1, kernels' `+=`), so a value
+read by several launches collects each one's gradient; except a buffer that one kernel writes whole,
+each element once, which that kernel overwrites (`written_once`): it need not load the zeros first.
+Within one launch no two threads add into the same element: a [N] value that a kernel broadcasts over
+its rows gets its gradient per row into a buffer of that kernel's own (T*B rows), summed after the loop.
 
 Row reductions. A row reduction's result is a column, [batch, 1] (the `col` kind of an access), which
 spreads over the row in the ops that read it. Its gradient is one number per row: the adjoint of a
@@ -94,6 +95,7 @@ class BackwardPlan:
     forward: Plan
     buffers: dict[str, Buffer]  # gradient buffers (zeroed before a run) and the ones
     layers: list[LayerBackward]  # in the order they run: the last layer first
+    overwritten: frozenset[str] = frozenset()  # gradient buffers stored, not added to (see written_once)
 
     @property
     def launches_per_step(self) -> int:
@@ -145,8 +147,12 @@ class BackwardPlan:
         return out
 
     def start_value(self, name: str) -> float:
-        """What a gradient buffer holds before the seeds are added: 0, since every backward launch adds
-        into its buffers; 1 in the `ones` buffer, the left operand of the column sums."""
+        """What a gradient buffer holds before the seeds are added: 0, since backward launches add into
+        their buffers; 1 in the `ones` buffer, the left operand of the column sums; NaN in a buffer that
+        one kernel overwrites whole (see `written_once`), so that a read of an element it has not
+        written yet shows."""
+        if name in self.overwritten:
+            return float("nan")
         return 1.0 if self.buffers[name].role == "ones" else 0.0
 
     def dy_place(self) -> tuple[str, int]:
@@ -216,8 +222,52 @@ def backward_plan(forward: Plan) -> BackwardPlan:
     buffers = {grad_of(b.name): Buffer(grad_of(b.name), b.rows, b.width, "grad")
                for b in forward.buffers.values() if b.role not in ("init", "final")}
     buffers[ONES] = Buffer(ONES, "seq", 1, "ones")
-    layers = [_Layer(forward, lp.layer, buffers).launches() for lp in reversed(forward.layers)]
-    return BackwardPlan(forward, buffers, layers)
+    builders = [_Layer(forward, lp.layer, buffers) for lp in reversed(forward.layers)]
+    launched = [b.launches() for b in builders]
+    seeded = {grad_of(lp.output_seq) for lp in forward.layers}
+    seeded |= {grad_of(acc.buffer) for lp in forward.layers for acc in lp.state_read.values()}
+    once = written_once([launch for step, after in launched for launch in (*step, *after)], buffers, seeded)
+
+    def stores(launch: Launch) -> Launch:
+        if not isinstance(launch, KernelLaunch):
+            return launch
+        return replace(launch, overwrites=frozenset(acc.buffer for _, acc in launch.outputs
+                                                    if acc.buffer in once))
+
+    layers = []
+    for b, (step, after) in zip(builders, launched, strict=True):
+        step, after = tuple(map(stores, step)), tuple(map(stores, after))
+        layers.append(LayerBackward(b.lp.layer, step, after, b.persistent(list(step))))
+    return BackwardPlan(forward, buffers, layers, frozenset(once))
+
+
+def written_once(launches: list[Launch], buffers: dict[str, Buffer], seeded: set[str]) -> set[str]:
+    """The gradient buffers that one kernel alone writes, each element once: a step's kernel each step's
+    rows, or a kernel after the loop all T steps' rows at once, its outputs side by side across the
+    buffer's whole width. Such a kernel stores its gradients there instead of adding them to zeros: it
+    need not load what memory holds, and the buffer need not be zeroed first. Seeded buffers, and those
+    a GEMM writes (cuBLAS adds with beta = 1), are not."""
+    writes: dict[str, list[tuple[int, Launch, Access]]] = {}
+    for n, launch in enumerate(launches):
+        outputs = [launch.c] if isinstance(launch, GemmLaunch) else [acc for _, acc in launch.outputs]
+        for acc in outputs:
+            writes.setdefault(acc.buffer, []).append((n, launch, acc))
+    once = set()
+    for name, places in writes.items():
+        buffer = buffers.get(name)
+        if buffer is None or buffer.role != "grad" or buffer.rows != "seq" or name in seeded:
+            continue
+        (n, launch, _), accs = places[0], [acc for _, _, acc in places]
+        if any(m != n for m, _, _ in places) or not isinstance(launch, KernelLaunch):
+            continue
+        every_step = (launch.row_kind, "t") if launch.row_kind == "batch" else ("seq", "all")
+        if any(acc.kind != "row" or acc.ld != buffer.width or acc.block or (launch.row_kind, acc.slot)
+               != every_step for acc in accs):
+            continue
+        if sorted(acc.col for acc in accs) == [i * launch.width for i in range(len(accs))] \
+                and len(accs) * launch.width == buffer.width:
+            once.add(name)
+    return once
 
 
 class _Layer:
@@ -268,7 +318,8 @@ class _Layer:
         return varies
 
     # -- launches ------------------------------------------------------------------------------------
-    def launches(self) -> LayerBackward:
+    def launches(self) -> tuple[list[Launch], list[Launch]]:
+        """The launches of one step of the reverse loop, and those after it."""
         step: list[Launch] = []
         for launch in reversed(self.lp.step):
             step += self.reverse(launch)
@@ -286,7 +337,7 @@ class _Layer:
                                              Access(grad_of(acc.buffer), "row", k.width, acc.col)))
         for k in reversed(self.kernels(rows=False)):
             after += self.adjoint(k)
-        return LayerBackward(self.lp.layer, tuple(step), tuple(after), self.persistent(step))
+        return step, after
 
     def persistent(self, step: list[Launch]) -> PersistentLaunch | None:
         """The reverse loop as one persistent launch, for a persistent forward plan whose backward step

@@ -339,10 +339,13 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
                   f"/* {comment_text(b.sources[0])} */")
         declarations = len(out)  # the workspace's pointers go here, once the body says which it uses
         w("")
-        w("    /* Every gradient starts at zero (each launch adds into it), then the seeds; ones are 1. */")
+        w("    /* Every gradient starts at zero (each launch adds into it; one that a kernel overwrites")
+        w("       whole needs nothing), then the seeds; ones are 1. */")
         for b in bp.buffers.values():
             n = f"{_ROWS_EXPR[b.rows].format(layers=sizes.layers)} * {b.width}"
-            if bp.start_value(b.name):  # 1 (the ones) or 0
+            if b.name in bp.overwritten:
+                continue
+            if b.role == "ones":
                 w(f"    cf_fill_ones<<<cf_blocks({n}), {BLOCK}, 0, stream>>>({_var(b.name)}, {n});")
             else:
                 w(f"    cudaMemsetAsync({_var(b.name)}, 0, {n} * sizeof(float), stream);")

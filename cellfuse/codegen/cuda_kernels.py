@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -249,12 +250,13 @@ def loaded(params: list[Param], body: tuple[Instr | GradInstr, ...]) -> dict[str
 
 
 def element_body(params: list[Param], names: list[str], body: tuple[Instr | GradInstr, ...], indent: str,
-                 index: dict[int, str] | None = None, accumulate: bool = False) -> list[str]:
+                 index: dict[int, str] | None = None,
+                 adds: Callable[[Access], bool] | None = None) -> list[str]:
     """The loads, ops and stores of one element (row r, column j, element e of the launch) of a
     kernel's body, with `names[i]` the pointer of `params[i]` at the step's rows (or an array that
     `index[i]` indexes). A body may hold gradients (`GradInstr`), computed by the op table's rules;
-    with `accumulate`, the stores add to memory (a backward kernel's gradients): what memory holds is
-    loaded with the inputs, all in flight at once, where `+=` would wait for each in turn (the compiler
+    the outputs for which `adds` holds add to memory (a backward kernel's gradients): what memory holds
+    is loaded with the inputs, all in flight at once, where `+=` would wait for each in turn (the compiler
     cannot tell that the outputs do not overlap; they do not, see `_distinct_outputs`)."""
     lines, index = [], index or {}
     kept = _live(body, {p.value for p in params if p.output})
@@ -264,9 +266,11 @@ def element_body(params: list[Param], names: list[str], body: tuple[Instr | Grad
         at = index.get(i) or element_index(params[i].access)
         lines.append(f"{indent}const float {var[v]} = {names[i]}[{at}];")
     outputs = [(i, p) for i, p in enumerate(params) if p.output]
-    if accumulate:
+    added = {i for i, p in outputs if adds is not None and adds(p.access)}
+    if added:
         _distinct_outputs([p for _, p in outputs])
-        for i, p in outputs:
+    for i, p in outputs:
+        if i in added:
             guard = _STORE_GUARD.get(p.access.kind)
             load = f"{names[i]}[{element_index(p.access)}]"
             lines.append(f"{indent}const float cf_old_{i} = {f'{guard} ? {load} : 0.0f' if guard else load};")
@@ -274,7 +278,7 @@ def element_body(params: list[Param], names: list[str], body: tuple[Instr | Grad
         expr, what = _expression(instr, var)
         lines.append(f"{indent}const float {var[instr.result]} = {expr};  // {comment_text(what)}")
     for i, p in outputs:
-        value = f"cf_old_{i} + {var[p.value]}" if accumulate else var[p.value]
+        value = f"cf_old_{i} + {var[p.value]}" if i in added else var[p.value]
         store = f"{names[i]}[{element_index(p.access)}] = {value};"
         guard = _STORE_GUARD.get(p.access.kind)
         lines.append(f"{indent}{f'if {guard} ' if guard else ''}{store}")
@@ -323,7 +327,7 @@ def kernel_source(launch: KernelLaunch, name: str) -> str:
     lines.append("         e += (long long)gridDim.x * blockDim.x) {")
     lines.append("        const int r = (int)(e / width), j = (int)(e - (long long)r * width);")
     lines.append("        (void)r; (void)j;")
-    lines += element_body(params, names, launch.body, "        ", accumulate=launch.accumulate)
+    lines += element_body(params, names, launch.body, "        ", adds=launch.adds)
     lines.append("    }")
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -356,10 +360,11 @@ def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
     params = kernel_params(launch)
     pointer = [f"p{i}_{c_name(p.value)}" for i, p in enumerate(params)]
     inputs = {p.value: (p.access, n) for p, n in zip(params, pointer, strict=True) if not p.output}
-    stores: dict[str, list[str]] = {}
+    stores: dict[str, list[tuple[str, str]]] = {}  # value -> where it goes, and how: += or =
     for p, n in zip(params, pointer, strict=True):
         if p.output:
-            stores.setdefault(p.value, []).append(f"{n}[{element_index(p.access)}]")
+            assign = "+=" if launch.adds(p.access) else "="
+            stores.setdefault(p.value, []).append((f"{n}[{element_index(p.access)}]", assign))
     kinds = value_kinds(launch.body, {v: acc.kind for v, (acc, _) in inputs.items()})
     uniform = {v for v, kind in kinds.items() if kind in ("col", "scalar")}
     body = _live(launch.body, set(stores))
@@ -378,7 +383,6 @@ def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
     sums = max(Counter(level[i.result] for i in body if _sums_the_row(i)).values(), default=0)
     var = _c_vars([*read, *(instr.result for instr in body)])
     width = float_literal(launch.width)
-    assign = "+=" if launch.accumulate else "="
 
     def compute(instr: Instr | GradInstr, indent: str) -> str:
         expr, what = _expression(instr, var, width)
@@ -409,7 +413,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
         lines.append(f"{ind}float a_{var[v]}[COLUMNS];  // kept for a later pass")
 
     def store_uniform(v: str) -> None:
-        for target in stores.get(v, []):
+        for target, assign in stores.get(v, []):
             cond = "threadIdx.x == 0" + (" && r == 0" if target.endswith("[0]") else "")
             lines.append(f"{ind}if ({cond}) {target} {assign} {var[v]};")
 
@@ -447,7 +451,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
         for v in [*loads, *(i.result for i in work)]:
             if v in kept:
                 lines.append(f"{inner}a_{var[v]}[k] = {var[v]};")
-            for target in stores.get(v, []):
+            for target, assign in stores.get(v, []):
                 vec = target.endswith("[j]")
                 lines.append(f"{inner}{'if (r == 0) ' if vec else ''}{target} {assign} {var[v]};")
         for i, red in enumerate(reductions):

@@ -325,7 +325,7 @@ class _Kernel:
         # the partial sums are not stored element by element: below, once the block's values are written
         keep = [n for n, p in enumerate(params) if not (p.output and p.access.kind == "sums")]
         self.w(*element_body([params[n] for n in keep], [names[n] for n in keep], k.body, IND + "    ",
-                             {m: index[n] for m, n in enumerate(keep) if n in index}, k.accumulate))
+                             {m: index[n] for m, n in enumerate(keep) if n in index}, k.adds))
         self.w(f"{IND}}}")
         for n, p in enumerate(params):
             if p.output and p.access.kind == "sums":

@@ -218,6 +218,11 @@ class KernelLaunch:
     body: tuple[Instr | GradInstr, ...]
     hoisted: bool
     accumulate: bool = False  # outputs add into memory (a backward kernel's gradients) instead of storing
+    overwrites: frozenset[str] = frozenset()  # buffers it stores into all the same (see `written_once`)
+
+    def adds(self, acc: Access) -> bool:
+        """Whether an output adds into memory at `acc` rather than storing there."""
+        return self.accumulate and acc.buffer not in self.overwrites
 
 
 Launch = GemmLaunch | KernelLaunch

@@ -162,7 +162,7 @@ class NumpyExecutor:
                 continue  # one number per row: the block that owns the first column writes it, as on the GPU
             dst = self.view(*at(acc))
             value = np.broadcast_to(values[v], dst.shape) if values[v].ndim else values[v]
-            if k.accumulate:
+            if k.adds(acc):
                 dst += value
             else:
                 dst[...] = value

@@ -8,6 +8,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import replace
 
+import numpy as np
 import pytest
 from compile_cuda import nvcc_cubin
 from random_cells import random_cell
@@ -199,3 +200,41 @@ def test_a_persistent_forward_gets_a_persistent_reverse_loop_where_it_fits(name,
         # first is a row block of dC that no block still reads
         assert [item.barrier for item in p.items] == [isinstance(item.launch, GemmLaunch) for item in p.items]
     assert "in one persistent launch per layer" in plan.describe() and plan.launches_per_step == 0
+
+
+def test_a_gradient_one_kernel_writes_whole_is_stored_not_added_to():
+    """The LSTM's adjoint kernel is the only writer of its GEMM outputs' gradients (each step's rows,
+    side by side across the width) and of its biases' per-row gradients: it stores them, and they start
+    as NaN instead of zeros, so a read before the write would show. dc and dh are seeded and collect
+    several launches' gradients: added to."""
+    plan = plan_of("lstm", "hoisted")
+    kernel = plan.layers[0].step[0]
+    expected = {grad_of("l1.gemm0.out"), grad_of("l1.gemm1.out"), *(grad_of(f"l1.k0.b_{g}") for g in "ifog")}
+    assert {grad_of(f"l0.{b}") for b in ("gemm0.out", "gemm1.out")} < plan.overwritten
+    assert expected <= plan.overwritten and kernel.overwrites == expected
+    stored = {acc.buffer: kernel.adds(acc) for _, acc in kernel.outputs}
+    assert stored == {**dict.fromkeys(expected, False), grad_of("l1.state.c"): True}
+    assert np.isnan(plan.start_value(grad_of("l1.gemm1.out")))
+    assert plan.start_value(grad_of("l1.state.c")) == 0
+    assert all(not g.accumulate or g.c.buffer not in plan.overwritten
+               for lb in plan.layers for g in (*lb.step, *lb.after) if isinstance(g, GemmLaunch))
+
+
+def test_a_gradient_written_in_part_twice_or_by_a_gemm_is_added_to():
+    from cellfuse.codegen.backward_plan import written_once
+    from cellfuse.codegen.plan import Buffer
+
+    buffers = {n: Buffer(n, "seq", 8, "grad") for n in ("a", "b", "c")}
+
+    def kernel(*outputs: Access) -> KernelLaunch:
+        return KernelLaunch("k", "batch", 3, 4, (), tuple((f"v{i}", o) for i, o in enumerate(outputs)), (),
+                            False, accumulate=True)
+
+    half = [Access(n, "row", 8, 0, "t") for n in "abc"]
+    whole = [kernel(a, replace(a, col=4)) for a in half]
+    assert written_once(whole, buffers, set()) == {"a", "b", "c"}
+    assert written_once(whole, buffers, {"b"}) == {"a", "c"}  # seeded
+    assert written_once([kernel(half[0]), *whole[1:]], buffers, set()) == {"b", "c"}  # half of a
+    assert written_once([*whole, kernel(half[1], replace(half[1], col=4))], buffers, set()) == {"a", "c"}
+    gemm = GemmLaunch("g dA", "batch", 3, 8, 4, Access("x", "row", 4), "w", half[2], None, accumulate=True)
+    assert written_once([*whole, gemm], buffers, set()) == {"a", "b"}

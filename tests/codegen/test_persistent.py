@@ -409,6 +409,6 @@ def test_outputs_of_one_accumulating_kernel_may_not_share_a_place():
     out = Access("g", "row", 8)
     params = [Param("a", Access("x", "row", 8), False), Param("a", out, True), Param("a", out, True)]
     with pytest.raises(AssertionError, match="share a place"):
-        element_body(params, ["p0", "p1", "p2"], (), "", accumulate=True)
-    assert element_body(params[:2], ["p0", "p1"], (), "", accumulate=True)[-1] == \
+        element_body(params, ["p0", "p1", "p2"], (), "", adds=lambda acc: True)
+    assert element_body(params[:2], ["p0", "p1"], (), "", adds=lambda acc: True)[-1] == \
         "p1[(long long)r * 8 + j] = cf_old_1 + v_a;"
