@@ -42,13 +42,18 @@ ABLATIONS = {
 }
 
 
+class NotApplicable(Exception):
+    """An ablation takes out something a kernel does not have (a cell with no recurrent GEMM, say)."""
+
+
 def _ablate(kernels, edits):
     for name, source in kernels.sources.items():
         if "grid_group" not in source:
             continue
         for pattern, replacement in edits:
             source, n = re.subn(pattern, replacement, source)
-            assert n, f"{pattern!r} is not in {name}"
+            if not n:
+                raise NotApplicable(f"{pattern!r} is not in {name}")
         kernels.sources[name] = source
     return kernels
 
@@ -96,8 +101,14 @@ def precompile(cases, seq: int, hidden: int, schedule: str, ablations: dict) -> 
 
     drv = cuda_executor.gpu_modules()[0]
     major, minor = drv.Context.get_device().compute_capability()
-    sources = {src for name, batch in cases for edits in ablations.values()
-               for src in _variants(load_template(name), Sizes(seq, batch, hidden, hidden), schedule, edits)}
+    sources = set()
+    for name, batch in cases:
+        sizes = Sizes(seq, batch, hidden, hidden)
+        for edits in ablations.values():
+            try:
+                sources.update(_variants(load_template(name), sizes, schedule, edits))
+            except NotApplicable:
+                pass
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda src: nvcc(src, no_extern_c=True, arch=f"sm_{major}{minor}", options=["-O3"]),
                       sources))
@@ -118,8 +129,17 @@ def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, re
             cuda_executor.plan_kernels = lambda p, e=edits: _ablate(plan_kernels(p), e)
             cuda_backward.backward_kernels = lambda p, e=edits: _ablate(backward_kernels(p), e)
             plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=True)
-            ex = cuda_executor.CudaExecutor(plan, params)
-            back = cuda_backward.CudaBackward(ex)
+            try:
+                ex = cuda_executor.CudaExecutor(plan, params)
+            except NotApplicable:
+                record.setdefault("ablations", {})[ablation] = None
+                continue
+            try:
+                back = cuda_backward.CudaBackward(ex)
+            except NotApplicable:
+                ex.close()
+                record.setdefault("ablations", {})[ablation] = None
+                continue
             try:
                 ex.run(x, {s: np.zeros((1, batch, hidden), np.float32) for s in cell.updates})
                 back.seed(dy)
