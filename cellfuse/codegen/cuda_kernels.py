@@ -250,14 +250,15 @@ def loaded(params: list[Param], body: tuple[Instr | GradInstr, ...]) -> dict[str
 
 
 def element_body(params: list[Param], names: list[str], body: tuple[Instr | GradInstr, ...], indent: str,
-                 index: dict[int, str] | None = None,
-                 adds: Callable[[Access], bool] | None = None) -> list[str]:
+                 index: dict[int, str] | None = None, adds: Callable[[Access], bool] | None = None,
+                 copies: dict[int, str] | None = None) -> list[str]:
     """The loads, ops and stores of one element (row r, column j, element e of the launch) of a
     kernel's body, with `names[i]` the pointer of `params[i]` at the step's rows (or an array that
     `index[i]` indexes). A body may hold gradients (`GradInstr`), computed by the op table's rules;
     the outputs for which `adds` holds add to memory (a backward kernel's gradients): what memory holds
     is loaded with the inputs, all in flight at once, where `+=` would wait for each in turn (the compiler
-    cannot tell that the outputs do not overlap; they do not, see `_distinct_outputs`)."""
+    cannot tell that the outputs do not overlap; they do not, see `_distinct_outputs`). An output of
+    `copies` (param index -> a register) is also put in that register."""
     lines, index = [], index or {}
     kept = _live(body, {p.value for p in params if p.output})
     loads = loaded(params, body)
@@ -282,6 +283,7 @@ def element_body(params: list[Param], names: list[str], body: tuple[Instr | Grad
         store = f"{names[i]}[{element_index(p.access)}] = {value};"
         guard = _STORE_GUARD.get(p.access.kind)
         lines.append(f"{indent}{f'if {guard} ' if guard else ''}{store}")
+    lines += [f"{indent}{register} = {var[params[i].value]};" for i, register in (copies or {}).items()]
     return lines
 
 

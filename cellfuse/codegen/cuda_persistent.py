@@ -14,7 +14,7 @@ acquire/release atomics: see benchmarks/barrier_probe.cu).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .cuda_kernels import ROW_EXPR, Param, comment_text, element_body, element_index, loaded
 from .persistent import (
@@ -57,6 +57,11 @@ __device__ __forceinline__ void cf_split_tf32(Fragment& hi, Fragment& lo) {
 """
 
 PREFETCH_ELEMENTS = 4  # per thread, at most, for an elementwise launch's loads to start the step early
+AHEAD_REGISTERS = 64  # per thread, at most, for the inputs of the steps ahead in a launch with no barrier
+AHEAD_STEPS = 16  # steps whose inputs a launch with no barrier loads at once, at most
+# The slot a step writes and the next step reads: of the state a launch with no barrier carries in
+# registers from one step to the next.
+_NEXT_SLOT = {"t%2": "(t+1)%2", "t": "t+1"}
 IND = "            "  # the body of one launch in the step loop
 
 
@@ -147,7 +152,18 @@ class _Kernel:
                "rows = min(batch, row0 + rows_per_group) - row0;",
                "    (void)cb; (void)rows;")
         self._shared_memory()
-        if wave is None and launch.reverse:
+        ahead, carried = self._ahead()
+        depth = max((len(arrays) for arrays in ahead.values()), default=0) and self._depth(ahead)
+        if carried:
+            self._carry_in(carried)
+        if depth:  # a chunk of steps' inputs loaded at once, then the steps, their loop unrolled
+            self.w(f"    for (int t0 = 0; t0 < seq; t0 += {depth}) {{")
+            self._load_ahead(ahead, depth)
+            self.w("    #pragma unroll",
+                   f"    for (int d = 0; d < {depth}; ++d) {{",
+                   "        const int t = t0 + d;",
+                   "        if (t >= seq) break;")
+        elif wave is None and launch.reverse:
             self.w("    for (int t = seq - 1; t >= 0; --t) {")
         elif wave is None:
             self.w("    for (int t = 0; t < seq; ++t) {")
@@ -155,7 +171,10 @@ class _Kernel:
             self.w(f"    for (int wave = 0; wave < seq + {wave.layers - 1}; ++wave) {{",
                    f"        const int t = wave - {wave.layer};",
                    "        const bool cf_on = t >= 0 && t < seq;  // this layer has a step at this wave")
-        prefetched = self._prefetch()
+        skip = {i: {*ahead.get(i, {}), *carried.get(i, {})} for i in {*ahead, *carried}}
+        prefetched = self._prefetch(skip)
+        for i, arrays in ahead.items():
+            prefetched.setdefault(i, {}).update({p_i: f"{array}[d]" for p_i, array in arrays.items()})
         n = len(launch.items)
         for i, item in enumerate(launch.items):
             self.w("        {" + f"  // {comment_text(_item_name(item))}")
@@ -166,7 +185,7 @@ class _Kernel:
                 case GemmLaunch():
                     self._gemm(i, item)
                 case KernelLaunch():
-                    self._elementwise(i, item, prefetched.get(i, {}))
+                    self._elementwise(i, item, prefetched.get(i, {}), carried.get(i, {}))
                     if _needs_sync(item, launch.items[(i + 1) % n]):
                         self.w(f"{IND}__syncthreads();")
             if wave is not None:  # the work, but not the barrier, only at the layer's own waves
@@ -177,6 +196,8 @@ class _Kernel:
             self.w(f"        // the wave's barriers that layer {wave.layer}'s step does not pass",
                    *["        grid.sync();"] * wave.pad)
         self.w("    }")
+        if depth:
+            self.w("    }")
         self.lines[start:] = [indent + line for line in self.lines[start:]]
 
     def _shared_memory(self) -> None:
@@ -241,16 +262,17 @@ class _Kernel:
     def _params(self, k: KernelLaunch) -> list[Param]:
         return [Param(v, acc, False) for v, acc in k.inputs] + [Param(v, acc, True) for v, acc in k.outputs]
 
-    def _prefetch(self) -> dict[int, dict[int, str]]:
+    def _prefetch(self, skip: dict[int, set[int]]) -> dict[int, dict[int, str]]:
         """Loads, at the top of the step, of the elementwise inputs that nothing before their launch in
-        the step writes (and that are not on chip); per launch, param index -> register array."""
+        the step writes (and that are not on chip), but those of `skip` (per launch, param indices);
+        per launch, param index -> register array."""
         out: dict[int, dict[int, str]] = {}
         written = set(self.foreign)
         for i, item in enumerate(self.launch.items):
             if isinstance(item.launch, KernelLaunch) and not item.whole:
                 most, count, where = self._elements(item)
                 params = self._params(item.launch)
-                used = set(loaded(params, item.launch.body).values())
+                used = set(loaded(params, item.launch.body).values()) - skip.get(i, set())
                 early = [(p_i, p) for p_i, p in enumerate(params) if p_i in used and p.access.kind == "row"
                          and p.access.buffer not in written and p.access.buffer not in self.on_chip]
                 if early and most <= PREFETCH_ELEMENTS:
@@ -274,9 +296,89 @@ class _Kernel:
             written |= writes(item.launch)
         return out
 
-    def _elementwise(self, i: int, item: PersistentItem, prefetched: dict[int, str]) -> None:
+    # -- a launch with no barrier: its steps' inputs loaded ahead, its state carried in registers ------
+    def _ahead(self) -> tuple[dict[int, dict[int, str]], dict[int, dict[int, tuple[int, str]]]]:
+        """For a forward launch of elementwise work only, with no barrier (each thread owns its elements
+        for all steps): per launch, the inputs that no launch of the kernel writes (loaded a chunk of
+        steps ahead: param index -> register array [steps][elements]), and the state it reads that it
+        wrote itself the step before (param index -> (the output's param index, register array)), which
+        stays in registers from step to step. The step's loads would otherwise each wait a round trip
+        to memory, one step after the other."""
+        launch = self.launch
+        if launch.reverse or self.wave is not None or self.gemms or launch.barriers_per_step:
+            return {}, {}
+        ahead: dict[int, dict[int, str]] = {}
+        carried: dict[int, dict[int, tuple[int, str]]] = {}
+        for i, item in enumerate(launch.items):
+            if item.whole:
+                continue
+            params = self._params(item.launch)
+            used = set(loaded(params, item.launch.body).values())
+            others = set().union(*(writes(o.launch) for o in launch.items if o is not item))
+            for p_i, p in enumerate(params):
+                if p_i not in used or p.access.kind != "row":
+                    continue
+                if p.access.buffer not in self.written:
+                    ahead.setdefault(i, {})[p_i] = f"cf_ahead{i}_{p_i}"
+                    continue
+                nxt = replace(p.access, slot=_NEXT_SLOT.get(p.access.slot, "none"))
+                out = [q for q, o in enumerate(params) if o.output and o.access == nxt]
+                if out and p.access.buffer not in others:
+                    carried.setdefault(i, {})[p_i] = (out[0], f"cf_carry{i}_{p_i}")
+        return ahead, carried
+
+    def _depth(self, ahead: dict[int, dict[int, str]]) -> int:
+        """Steps whose inputs are loaded at once: as many as AHEAD_REGISTERS hold."""
+        per_step = sum(len(arrays) * self._elements(self.launch.items[i])[0] for i, arrays in ahead.items())
+        return max(1, min(AHEAD_STEPS, AHEAD_REGISTERS // per_step))
+
+    def _element_loop(self, item: PersistentItem, indent: str) -> None:
+        most, count, where = self._elements(item)
+        self.w(f"{indent}for (int u = 0; u < {most}; ++u) {{",
+               f"{indent}    const int e = tid + u * {self.launch.threads};",
+               f"{indent}    if (e >= {count}) break;",
+               f"{indent}    {where}",
+               f"{indent}    if (j >= {item.launch.width}) continue;")
+
+    def _carry_in(self, carried: dict[int, dict[int, tuple[int, str]]]) -> None:
+        """The carried states' registers, loaded with the state before the first step."""
+        for i, arrays in carried.items():
+            item = self.launch.items[i]
+            params = self._params(item.launch)
+            most = self._elements(item)[0]
+            self.w(*(f"    float {array}[{most}];" for _, array in arrays.values()),
+                   "    {",
+                   "        const int t = 0;")
+            self._element_loop(item, "        ")
+            for p_i, (_, array) in arrays.items():
+                acc = params[p_i].access
+                self.w(f"            {array}[u] = ({_at_step(self.var[acc.buffer], acc)})"
+                       f"[(long long)r * {acc.ld} + j];")
+            self.w("        }", "    }")
+
+    def _load_ahead(self, ahead: dict[int, dict[int, str]], depth: int) -> None:
+        """The inputs of steps t0 .. t0 + depth - 1 (those before seq), every load in flight at once."""
+        for i, arrays in ahead.items():
+            item = self.launch.items[i]
+            params = self._params(item.launch)
+            most = self._elements(item)[0]
+            self.w(*(f"        float {array}[{depth}][{most}];" for array in arrays.values()),
+                   "        #pragma unroll",
+                   f"        for (int d = 0; d < {depth}; ++d) {{",
+                   "            const int t = t0 + d;",
+                   "            if (t >= seq) break;")
+            self._element_loop(item, "            ")
+            for p_i, array in arrays.items():
+                acc = params[p_i].access
+                self.w(f"                {array}[d][u] = ({_at_step(self.var[acc.buffer], acc)})"
+                       f"[(long long)r * {acc.ld} + j];")
+            self.w("            }", "        }")
+
+    def _elementwise(self, i: int, item: PersistentItem, prefetched: dict[int, str],
+                     carried: dict[int, tuple[int, str]]) -> None:
         """An elementwise launch on the block's own elements (or all of them, for [N] and scalar values);
-        a GEMM output on chip is read from there, a prefetched input from its registers."""
+        a GEMM output on chip is read from there, a prefetched input from its registers, a carried
+        state from its registers (and the new state put there)."""
         k: KernelLaunch = item.launch
         params = self._params(k)
         names = [f"p{n}" for n in range(len(params))]
@@ -288,6 +390,8 @@ class _Kernel:
                 continue
             if n in prefetched:
                 names[n], index[n] = prefetched[n], "u"
+            elif n in carried:
+                names[n], index[n] = carried[n][1], "u"
             elif p.access.buffer in self.on_chip and not p.output:
                 g, gemm, cols = self.on_chip[p.access.buffer]
                 block = [sum(gemm.columns[:b]) for b in range(len(gemm.columns))].index(p.access.col)
@@ -298,7 +402,7 @@ class _Kernel:
                 self.w(f"{IND}{'float*' if p.output else 'const float*'} const {names[n]} = "
                        f"{_at_step(self.var[p.access.buffer], p.access)};")
         most, count, where = self._elements(item)
-        if prefetched:  # the element loop of the prefetch, so that u picks the same elements
+        if prefetched or carried:  # the element loop of the prefetch, so that u picks the same elements
             self.w(f"{IND}for (int u = 0; u < {most}; ++u) {{",
                    f"{IND}    const int e = tid + u * {self.launch.threads};",
                    f"{IND}    if (e >= {count}) break;")
@@ -324,8 +428,9 @@ class _Kernel:
                 names[n], index[n] = f"cf_l2_{n}", "0"
         # the partial sums are not stored element by element: below, once the block's values are written
         keep = [n for n, p in enumerate(params) if not (p.output and p.access.kind == "sums")]
+        copies = {keep.index(out): f"{array}[u]" for out, array in carried.values()}
         self.w(*element_body([params[n] for n in keep], [names[n] for n in keep], k.body, IND + "    ",
-                             {m: index[n] for m, n in enumerate(keep) if n in index}, k.adds))
+                             {m: index[n] for m, n in enumerate(keep) if n in index}, k.adds, copies))
         self.w(f"{IND}}}")
         for n, p in enumerate(params):
             if p.output and p.access.kind == "sums":

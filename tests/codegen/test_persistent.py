@@ -412,3 +412,19 @@ def test_outputs_of_one_accumulating_kernel_may_not_share_a_place():
         element_body(params, ["p0", "p1", "p2"], (), "", adds=lambda acc: True)
     assert element_body(params[:2], ["p0", "p1"], (), "", adds=lambda acc: True)[-1] == \
         "p1[(long long)r * 8 + j] = cf_old_1 + v_a;"
+
+
+@pytest.mark.parametrize("name", ["sru", "indrnn"])
+def test_a_recurrence_without_barriers_loads_steps_ahead_and_keeps_its_state_in_registers(name):
+    """With no recurrent GEMM each thread owns its elements for all T steps: the inputs of a chunk of
+    steps are loaded at once (none of them is written in the loop) and the state the step wrote is
+    read from a register, not from memory, by the next; where a GEMM needs the others' h, neither."""
+    sizes = Sizes(100, 64, 512, 512)
+    source = plan_kernels(make_plan(load_template(name), sizes, "persistent")).module_source()
+    depth = int(re.search(r"for \(int t0 = 0; t0 < seq; t0 \+= (\d+)\)", source).group(1))
+    assert 1 < depth <= 16 and re.search(rf"float cf_ahead0_\d+\[{depth}\]\[1\];", source)
+    (carry,) = set(re.findall(r"float (cf_carry0_\d+)\[1\];", source))
+    assert re.search(rf"const float v_\w+ = {carry}\[u\];", source)  # the state, from its register
+    assert re.search(rf"{carry}\[u\] = v_\w+;", source)  # and the new state put there
+    lstm = plan_kernels(make_plan(load_template("lstm"), sizes, "persistent")).module_source()
+    assert "cf_ahead" not in lstm and "cf_carry" not in lstm
