@@ -28,7 +28,9 @@ starts at zero and every backward launch adds into it (cuBLAS's beta = 1, kernel
 read by several launches collects each one's gradient; except a buffer that one kernel writes whole,
 each element once, which that kernel overwrites (`written_once`): it need not load the zeros first.
 Within one launch no two threads add into the same element: a [N] value that a kernel broadcasts over
-its rows gets its gradient per row into a buffer of that kernel's own (T*B rows), summed after the loop.
+its rows gets its gradient per row into a buffer of that kernel's own (T*B rows), summed after the loop;
+where only that sum is wanted (a weight's gradient), a kernel of the loop adds each step's into the same
+B rows, so that the sum after the loop adds B rows, not T*B.
 
 Row reductions. A row reduction's result is a column, [batch, 1] (the `col` kind of an access), which
 spreads over the row in the ops that read it. Its gradient is one number per row: the adjoint of a
@@ -286,8 +288,13 @@ class _Layer:
                     raise CellError(f"node '{instr.result}' (kernel {k.island}): op '{instr.op.name}' has no "
                                     "derivative in the op table, so the backward pass has no plan for it")
         self.varies = self._varies()
-        # per-row gradients of [N] values that row kernels broadcast: (kernel, value) -> their buffer
+        # the kernel that writes each value to memory
+        self.producer = {v: k for k in self.kernels() for v, _ in k.outputs}
+        # per-row gradients of [N] values that row kernels broadcast: (kernel, value) -> their buffer. Where
+        # they are only summed after the loop (a weight's, or a value of [N] values only), a kernel of the
+        # loop adds each step's into the same B rows: the column sum then adds B rows, not T*B.
         self.parts: dict[tuple[str, str], str] = {}
+        self.per_batch: set[str] = set()  # the parts of B rows
         for k in self.kernels(rows=True):
             for v, acc in k.inputs:
                 if acc.kind in ("vec", "scalar") and self.varies[v]:
@@ -295,10 +302,12 @@ class _Layer:
                         raise CellError(f"kernel {k.island} reads a scalar '{v}' that varies: scalars are "
                                         "constants")
                     name = f"{grad_of(f'l{layer}.{k.island}')}.{v}"
-                    buffers[name] = Buffer(name, "seq", k.width, "grad")
+                    summed = self.producer.get(v) is None or self.producer[v].row_kind == "one"
+                    if summed and k.row_kind == "batch":
+                        self.per_batch.add(name)
+                    rows = "batch" if name in self.per_batch else "seq"
+                    buffers[name] = Buffer(name, rows, k.width, "grad")
                     self.parts[k.island, v] = name
-        # the kernel that writes each value to memory
-        self.producer = {v: k for k in self.kernels() for v, _ in k.outputs}
 
     def kernels(self, rows: bool | None = None) -> list[KernelLaunch]:
         """The layer's kernels in forward order: those with rows, those of [N] values only, or all."""
@@ -333,8 +342,9 @@ class _Layer:
             if self.producer.get(v) is None or self.producer[v].row_kind == "one":
                 k = next(k for k in self.kernels() if k.island == island)
                 acc = dict(k.inputs)[v]
+                rows = self.plan.sizes.batch if name in self.per_batch else self.rows
                 after.append(self.column_sum(f"sum {island}.{v}", name, k.width,
-                                             Access(grad_of(acc.buffer), "row", k.width, acc.col)))
+                                             Access(grad_of(acc.buffer), "row", k.width, acc.col), rows))
         for k in reversed(self.kernels(rows=False)):
             after += self.adjoint(k)
         return step, after
@@ -382,9 +392,12 @@ class _Layer:
                                        Access(grad_of(g.bias), "row", g.n)))
         return out
 
-    def column_sum(self, name: str, rows: str, width: int, into: Access) -> GemmLaunch:
-        """into += the sum of the T*B rows of a [T*B, width] buffer: ones[1, T*B] @ rows."""
-        return GemmLaunch(name, "one", 1, width, self.rows, Access(ONES, "row", self.rows), rows, into, None,
+    def column_sum(self, name: str, rows: str, width: int, into: Access,
+                   count: int | None = None) -> GemmLaunch:
+        """into += the sum of the `count` rows (T*B unless given) of a [count, width] buffer:
+        ones[1, count] @ rows."""
+        count = count or self.rows
+        return GemmLaunch(name, "one", 1, width, count, Access(ONES, "row", count), rows, into, None,
                           accumulate=True)
 
     def adjoint(self, k: KernelLaunch) -> list[KernelLaunch]:
@@ -413,7 +426,9 @@ class _Layer:
             if acc.kind in ("row", "col") or k.row_kind == "one":
                 stores.append((adj.grads[v], grad(acc)))
             else:  # a [N] value broadcast over the kernel's rows: its gradient per row, summed later
-                stores.append((adj.grads[v], Access(self.parts[k.island, v], "row", k.width, 0, slot)))
+                part = self.parts[k.island, v]
+                stores.append((adj.grads[v], Access(part, "row", k.width, 0,
+                                                    "fixed" if part in self.per_batch else slot)))
         if not stores:
             return []
         return [KernelLaunch(f"{k.island}_grad", k.row_kind, k.rows, k.width, tuple(inputs), tuple(stores),

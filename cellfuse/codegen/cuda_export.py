@@ -233,8 +233,12 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
         match instr:
             case Gemm(launch=g, steps=None):
                 if g.row_kind in ("input", "hidden", "one"):  # a weight's gradient or a column sum: all rows
-                    assert g.k == T_B, f"{g.group}: a sum over all rows whose K is not seq * batch"
-                    rows, k = str(g.m), "seq * batch"
+                    # (a column sum of a buffer of B rows, into which every step added, sums B)
+                    per_batch = backward is not None and g.w in backward.buffers \
+                        and backward.buffers[g.w].rows == "batch"
+                    assert g.k == (sizes.batch if per_batch else T_B), \
+                        f"{g.group}: a sum over all rows whose K is not the rows of its buffer"
+                    rows, k = str(g.m), "batch" if per_batch else "seq * batch"
                 else:
                     rows, k = _LAUNCH_ROWS[g.row_kind], str(g.k)
                 beta = "&one" if g.accumulate else "&zero"

@@ -31,6 +31,10 @@ INT_MAX = 2**31 - 1  # the largest count the generated code holds in an int
 MAX_STEM = 64  # characters of a cell's name kept in the generated names
 
 PRELUDE = """\
+// An op on constants whose float32 result underflows or overflows (1e-38f * 1e-38f) is the float32
+// arithmetic the cell asks for, the numpy executor's too: no mistake for nvcc to warn of.
+#pragma nv_diag_suppress 222
+
 // The logistic function without overflow: expf only ever sees a non-positive argument.
 __device__ __forceinline__ float cf_sigmoid(float a) {
     const float z = expf(-fabsf(a));

@@ -87,8 +87,14 @@ def test_gradient_buffers_mirror_the_forward_buffers():
         assert plan.buffers[grad_of(name)].role == "grad"
     assert plan.buffers[grad_of("l0.state.c")].rows == "seq+1"
     assert plan.buffers["ones"].role == "ones" and plan.buffer_elements("ones") == SIZES.seq * SIZES.batch
-    # the per-row gradient of b_i, summed after the loop
-    assert plan.buffers[grad_of("l0.k0") + ".b_i"].rows == "seq"
+    # the per-row gradient of b_i, which each step of the loop adds into B rows, summed after the loop
+    part = grad_of("l0.k0") + ".b_i"
+    assert plan.buffers[part].rows == "batch"
+    (kernel,) = [k for k in plan.layers[-1].step if isinstance(k, KernelLaunch)]
+    assert [acc.slot for _, acc in kernel.outputs if acc.buffer == part] == ["fixed"] and kernel.adds(
+        dict((acc.buffer, acc) for _, acc in kernel.outputs)[part])
+    (total,) = [g for g in plan.layers[-1].after if g.c.buffer == grad_of("l0.b_i")]
+    assert (total.w, total.m, total.k, total.n) == (part, 1, SIZES.batch, SIZES.hidden)
 
 
 def test_a_plan_that_does_not_save_its_steps_is_refused():
@@ -204,16 +210,18 @@ def test_a_persistent_forward_gets_a_persistent_reverse_loop_where_it_fits(name,
 
 def test_a_gradient_one_kernel_writes_whole_is_stored_not_added_to():
     """The LSTM's adjoint kernel is the only writer of its GEMM outputs' gradients (each step's rows,
-    side by side across the width) and of its biases' per-row gradients: it stores them, and they start
-    as NaN instead of zeros, so a read before the write would show. dc and dh are seeded and collect
-    several launches' gradients: added to."""
+    side by side across the width): it stores them, and they start as NaN instead of zeros, so a read
+    before the write would show. dc and dh are seeded and collect several launches' gradients, and the
+    biases' per-row gradients every step's: added to."""
     plan = plan_of("lstm", "hoisted")
     kernel = plan.layers[0].step[0]
-    expected = {grad_of("l1.gemm0.out"), grad_of("l1.gemm1.out"), *(grad_of(f"l1.k0.b_{g}") for g in "ifog")}
+    expected = {grad_of("l1.gemm0.out"), grad_of("l1.gemm1.out")}
     assert {grad_of(f"l0.{b}") for b in ("gemm0.out", "gemm1.out")} < plan.overwritten
     assert expected <= plan.overwritten and kernel.overwrites == expected
     stored = {acc.buffer: kernel.adds(acc) for _, acc in kernel.outputs}
-    assert stored == {**dict.fromkeys(expected, False), grad_of("l1.state.c"): True}
+    biases = {grad_of(f"l1.k0.b_{g}") for g in "ifog"}  # each step adds into their B rows
+    assert stored == {**dict.fromkeys(expected, False), **dict.fromkeys(biases, True),
+                      grad_of("l1.state.c"): True}
     assert np.isnan(plan.start_value(grad_of("l1.gemm1.out")))
     assert plan.start_value(grad_of("l1.state.c")) == 0
     assert all(not g.accumulate or g.c.buffer not in plan.overwritten

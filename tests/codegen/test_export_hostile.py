@@ -373,3 +373,13 @@ def test_random_hostile_cells_compile(tmp_path):
             parts.append(body.replace(f" {name}(", f" {name}_e{i}("))
     nvcc_cubin("\n".join(parts), tmp_path)
     compile_objects([check_export(*example) for example in drawn], tmp_path)
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_an_op_on_constants_that_underflows_or_overflows_compiles_without_a_warning(tmp_path):
+    """float32 arithmetic on a cell's constants may leave float32's range (the numpy executor's does the
+    same): nvcc's front end, folding it, would warn, and every warning is an error in these tests."""
+    tiny, huge = float_literal(np.finfo(np.float32).tiny), float_literal(3e38)
+    nvcc_cubin(PRELUDE + "\n__global__ void k(float* p) {\n"
+               f"    p[0] = ({tiny} * {tiny});\n    p[1] = ({huge} * {huge});\n}}\n", tmp_path)
