@@ -154,8 +154,11 @@ class _Kernel:
         self._shared_memory()
         ahead, carried = self._ahead()
         depth = max((len(arrays) for arrays in ahead.values()), default=0) and self._depth(ahead)
+        nxt = {} if depth or wave is not None else self._read_only()
         if carried:
             self._carry_in(carried)
+        if nxt:  # the first step's, before the loop; each step then loads the next one's
+            self._load_next(nxt, "seq - 1" if launch.reverse else "0", "    ")
         if depth:  # a chunk of steps' inputs loaded at once, then the steps, their loop unrolled
             self.w(f"    for (int t0 = 0; t0 < seq; t0 += {depth}) {{")
             self._load_ahead(ahead, depth)
@@ -171,10 +174,14 @@ class _Kernel:
             self.w(f"    for (int wave = 0; wave < seq + {wave.layers - 1}; ++wave) {{",
                    f"        const int t = wave - {wave.layer};",
                    "        const bool cf_on = t >= 0 && t < seq;  // this layer has a step at this wave")
-        skip = {i: {*ahead.get(i, {}), *carried.get(i, {})} for i in {*ahead, *carried}}
+        skip = {i: {*ahead.get(i, {}), *carried.get(i, {}), *nxt.get(i, {})}
+                for i in {*ahead, *carried, *nxt}}
         prefetched = self._prefetch(skip)
         for i, arrays in ahead.items():
             prefetched.setdefault(i, {}).update({p_i: f"{array}[d]" for p_i, array in arrays.items()})
+        if nxt:
+            for i, arrays in self._rotate(nxt).items():
+                prefetched.setdefault(i, {}).update(arrays)
         n = len(launch.items)
         for i, item in enumerate(launch.items):
             self.w("        {" + f"  // {comment_text(_item_name(item))}")
@@ -326,6 +333,59 @@ class _Kernel:
                 if out and p.access.buffer not in others:
                     carried.setdefault(i, {})[p_i] = (out[0], f"cf_carry{i}_{p_i}")
         return ahead, carried
+
+    def _read_only(self) -> dict[int, dict[int, str]]:
+        """Per elementwise launch, the inputs that no launch of the kernel writes (the forward's input
+        projections, the saved steps a backward pass reads): param index -> the register array that holds
+        the next step's. A step loads them for the step after it, so that their round trip to memory
+        runs beside its barrier and GEMM instead of ahead of its elementwise work."""
+        out: dict[int, dict[int, str]] = {}
+        for i, item in enumerate(self.launch.items):
+            if not isinstance(item.launch, KernelLaunch) or item.whole:
+                continue
+            if self._elements(item)[0] > PREFETCH_ELEMENTS:
+                continue
+            params = self._params(item.launch)
+            used = set(loaded(params, item.launch.body).values())
+            for p_i, p in enumerate(params):
+                if p_i in used and p.access.kind == "row" and p.access.buffer not in self.written \
+                        and p.access.buffer not in self.foreign and p.access.buffer not in self.on_chip:
+                    out.setdefault(i, {})[p_i] = f"cf_next{i}_{p_i}"
+        return out
+
+    def _load_next(self, nxt: dict[int, dict[int, str]], step: str, indent: str,
+                   declare: bool = True) -> None:
+        """Loads of `nxt`'s inputs at step `step` (a C expression) into their register arrays."""
+        for i, arrays in nxt.items():
+            item = self.launch.items[i]
+            params = self._params(item.launch)
+            most = self._elements(item)[0]
+            if declare:
+                self.w(*(f"{indent}float {array}[{most}];" for array in arrays.values()))
+            self.w(f"{indent}{{", f"{indent}    const int t = {step};")
+            self._element_loop(item, indent + "    ")
+            for p_i, array in arrays.items():
+                acc = params[p_i].access
+                self.w(f"{indent}        {array}[u] = ({_at_step(self.var[acc.buffer], acc)})"
+                       f"[(long long)r * {acc.ld} + j];")
+            self.w(f"{indent}    }}", f"{indent}}}")
+
+    def _rotate(self, nxt: dict[int, dict[int, str]]) -> dict[int, dict[int, str]]:
+        """At the top of a step: this step's inputs taken from the registers the step before filled, and
+        the next step's loads started; per launch, param index -> this step's register array."""
+        now: dict[int, dict[int, str]] = {}
+        for i, arrays in nxt.items():
+            most = self._elements(self.launch.items[i])[0]
+            now[i] = {}
+            for p_i, array in arrays.items():
+                now[i][p_i] = f"cf_now{i}_{p_i}"
+                self.w(f"        float cf_now{i}_{p_i}[{most}];",
+                       f"        for (int u = 0; u < {most}; ++u) cf_now{i}_{p_i}[u] = {array}[u];")
+        step, more = ("t - 1", "t > 0") if self.launch.reverse else ("t + 1", "t + 1 < seq")
+        self.w(f"        if ({more}) {{", f"            const int cf_step = {step};")
+        self._load_next(nxt, "cf_step", "            ", declare=False)
+        self.w("        }")
+        return now
 
     def _depth(self, ahead: dict[int, dict[int, str]]) -> int:
         """Steps whose inputs are loaded at once: as many as AHEAD_REGISTERS hold."""

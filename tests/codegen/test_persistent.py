@@ -428,3 +428,23 @@ def test_a_recurrence_without_barriers_loads_steps_ahead_and_keeps_its_state_in_
     assert re.search(rf"{carry}\[u\] = v_\w+;", source)  # and the new state put there
     lstm = plan_kernels(make_plan(load_template("lstm"), sizes, "persistent")).module_source()
     assert "cf_ahead" not in lstm and "cf_carry" not in lstm
+
+
+def test_a_step_loads_the_next_steps_read_only_inputs():
+    """Where a barrier and a GEMM come before the elementwise work, each step loads the input
+    projection of the step after it (the backward: the saved steps of the one before it), so that the
+    round trip to memory runs beside them; what the loop writes (the cell state) is still read in its own
+    step."""
+    from cellfuse.codegen.backward_plan import backward_plan
+    from cellfuse.codegen.kernel_set import backward_kernels
+
+    plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "persistent", save_steps=True)
+    for source, first, more, step, count in [
+            (plan_kernels(plan).module_source(), "0", "t + 1 < seq", "t + 1", 4),  # x W of the 4 gates
+            (backward_kernels(backward_plan(plan)).module_source(), "seq - 1", "t > 0", "t - 1", 9)]:
+        loop = source.index("for (int t = ")
+        names = set(re.findall(r"float (cf_next\d+_\d+)\[1\];", source[:loop]))
+        assert len(names) == count and f"const int t = {first};" in source[:loop]
+        assert f"if ({more}) {{\n            const int cf_step = {step};" in source[loop:]
+        assert all(re.search(rf"{n}\[u\] = \(b\d+ \+", source[loop:]) for n in names)
+        assert re.search(r"pf\d+_\d+\[u\] = \(b\d+ \+ \(\(size_t\)\(\(?t", source[loop:])  # c, in its step
