@@ -117,7 +117,7 @@ def gemm_tiling(columns: tuple[int, ...], blocks: int, row_tile: int, k: int,
     k4 = -(-k // 4)
     best = None
     for tr in (1, 2, 4, 8):
-        for tc in (1, 2, 4):
+        for tc in (1, 2, 3, 4):  # 3: a GRU's 3 gates give its blocks 3 * 2^n columns, 4 would idle threads
             if tr > 1 and tr > row_tile or tc > 1 and tc > cols:
                 continue
             ct, rt = -(-cols // tc), -(-row_tile // tr)

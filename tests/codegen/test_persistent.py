@@ -448,3 +448,14 @@ def test_a_step_loads_the_next_steps_read_only_inputs():
         assert f"if ({more}) {{\n            const int cf_step = {step};" in source[loop:]
         assert all(re.search(rf"{n}\[u\] = \(b\d+ \+", source[loop:]) for n in names)
         assert re.search(r"pf\d+_\d+\[u\] = \(b\d+ \+ \(\(size_t\)\(\(?t", source[loop:])  # c, in its step
+
+
+@pytest.mark.parametrize("batch", [8, 64])
+def test_a_gru_block_s_three_gates_keep_every_thread_busy(batch):
+    """A GRU block's columns are its units of three gates, 3 * 2^n: register tiles of 4 columns leave a
+    quarter of the threads idle, tiles of 3 none."""
+    launch = make_plan(load_template("gru"), Sizes(100, batch, 512, 512), "persistent").layers[0].persistent
+    (gemm,) = [item for item in launch.items if isinstance(item.launch, GemmLaunch)]
+    tiling = gemm_tiling(gemm.columns, launch.column_blocks, launch.row_tile, gemm.launch.k)
+    assert tiling.cols % 3 == 0 and tiling.cols_per_thread == 3 and tiling.padded_cols == tiling.cols
+    assert tiling.output_threads * tiling.k_split == launch.threads
