@@ -158,7 +158,7 @@ class _Kernel:
         if carried:
             self._carry_in(carried)
         if nxt:  # the first step's, before the loop; each step then loads the next one's
-            self._load_next(nxt, "seq - 1" if launch.reverse else "0", "    ")
+            self._load_at(nxt, "seq - 1" if launch.reverse else "0", "    ")
         if depth:  # a chunk of steps' inputs loaded at once, then the steps, their loop unrolled
             self.w(f"    for (int t0 = 0; t0 < seq; t0 += {depth}) {{")
             self._load_ahead(ahead, depth)
@@ -353,10 +353,11 @@ class _Kernel:
                     out.setdefault(i, {})[p_i] = f"cf_next{i}_{p_i}"
         return out
 
-    def _load_next(self, nxt: dict[int, dict[int, str]], step: str, indent: str,
-                   declare: bool = True) -> None:
-        """Loads of `nxt`'s inputs at step `step` (a C expression) into their register arrays."""
-        for i, arrays in nxt.items():
+    def _load_at(self, inputs: dict[int, dict[int, str]], step: str, indent: str,
+                 declare: bool = True) -> None:
+        """Loads of elementwise inputs (per launch, param index -> register array) at step `step` (a C
+        expression) into their register arrays, declared first unless `declare` is false."""
+        for i, arrays in inputs.items():
             item = self.launch.items[i]
             params = self._params(item.launch)
             most = self._elements(item)[0]
@@ -383,7 +384,7 @@ class _Kernel:
                        f"        for (int u = 0; u < {most}; ++u) cf_now{i}_{p_i}[u] = {array}[u];")
         step, more = ("t - 1", "t > 0") if self.launch.reverse else ("t + 1", "t + 1 < seq")
         self.w(f"        if ({more}) {{", f"            const int cf_step = {step};")
-        self._load_next(nxt, "cf_step", "            ", declare=False)
+        self._load_at(nxt, "cf_step", "            ", declare=False)
         self.w("        }")
         return now
 
@@ -402,19 +403,8 @@ class _Kernel:
 
     def _carry_in(self, carried: dict[int, dict[int, tuple[int, str]]]) -> None:
         """The carried states' registers, loaded with the state before the first step."""
-        for i, arrays in carried.items():
-            item = self.launch.items[i]
-            params = self._params(item.launch)
-            most = self._elements(item)[0]
-            self.w(*(f"    float {array}[{most}];" for _, array in arrays.values()),
-                   "    {",
-                   "        const int t = 0;")
-            self._element_loop(item, "        ")
-            for p_i, (_, array) in arrays.items():
-                acc = params[p_i].access
-                self.w(f"            {array}[u] = ({_at_step(self.var[acc.buffer], acc)})"
-                       f"[(long long)r * {acc.ld} + j];")
-            self.w("        }", "    }")
+        registers = {i: {p_i: array for p_i, (_, array) in arrays.items()} for i, arrays in carried.items()}
+        self._load_at(registers, "0", "    ")
 
     def _load_ahead(self, ahead: dict[int, dict[int, str]], depth: int) -> None:
         """The inputs of steps t0 .. t0 + depth - 1 (those before seq), every load in flight at once."""
