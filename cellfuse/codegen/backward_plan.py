@@ -262,9 +262,9 @@ def written_once(launches: list[Launch], buffers: dict[str, Buffer], seeded: set
         (n, launch, _), accs = places[0], [acc for _, _, acc in places]
         if any(m != n for m, _, _ in places) or not isinstance(launch, KernelLaunch):
             continue
-        every_step = (launch.row_kind, "t") if launch.row_kind == "batch" else ("seq", "all")
-        if any(acc.kind != "row" or acc.ld != buffer.width or acc.block or (launch.row_kind, acc.slot)
-               != every_step for acc in accs):
+        every_step = {"batch": "t", "seq": "all"}.get(launch.row_kind)  # the rows of each step, or of all
+        if any(acc.kind != "row" or acc.ld != buffer.width or acc.block or acc.slot != every_step
+               for acc in accs):
             continue
         if sorted(acc.col for acc in accs) == [i * launch.width for i in range(len(accs))] \
                 and len(accs) * launch.width == buffer.width:
@@ -294,7 +294,6 @@ class _Layer:
         # they are only summed after the loop (a weight's, or a value of [N] values only), a kernel of the
         # loop adds each step's into the same B rows: the column sum then adds B rows, not T*B.
         self.parts: dict[tuple[str, str], str] = {}
-        self.per_batch: set[str] = set()  # the parts of B rows
         for k in self.kernels(rows=True):
             for v, acc in k.inputs:
                 if acc.kind in ("vec", "scalar") and self.varies[v]:
@@ -303,9 +302,7 @@ class _Layer:
                                         "constants")
                     name = f"{grad_of(f'l{layer}.{k.island}')}.{v}"
                     summed = self.producer.get(v) is None or self.producer[v].row_kind == "one"
-                    if summed and k.row_kind == "batch":
-                        self.per_batch.add(name)
-                    rows = "batch" if name in self.per_batch else "seq"
+                    rows = "batch" if summed and k.row_kind == "batch" else "seq"
                     buffers[name] = Buffer(name, rows, k.width, "grad")
                     self.parts[k.island, v] = name
 
@@ -342,9 +339,8 @@ class _Layer:
             if self.producer.get(v) is None or self.producer[v].row_kind == "one":
                 k = next(k for k in self.kernels() if k.island == island)
                 acc = dict(k.inputs)[v]
-                rows = self.plan.sizes.batch if name in self.per_batch else self.rows
                 after.append(self.column_sum(f"sum {island}.{v}", name, k.width,
-                                             Access(grad_of(acc.buffer), "row", k.width, acc.col), rows))
+                                             Access(grad_of(acc.buffer), "row", k.width, acc.col)))
         for k in reversed(self.kernels(rows=False)):
             after += self.adjoint(k)
         return step, after
@@ -392,11 +388,10 @@ class _Layer:
                                        Access(grad_of(g.bias), "row", g.n)))
         return out
 
-    def column_sum(self, name: str, rows: str, width: int, into: Access,
-                   count: int | None = None) -> GemmLaunch:
-        """into += the sum of the `count` rows (T*B unless given) of a [count, width] buffer:
-        ones[1, count] @ rows."""
-        count = count or self.rows
+    def column_sum(self, name: str, rows: str, width: int, into: Access) -> GemmLaunch:
+        """into += the sum of the rows of a [count, width] buffer (T*B rows, or B that every step added
+        to): ones[1, count] @ rows."""
+        count = self.plan.sizes.batch if self.buffers[rows].rows == "batch" else self.rows
         return GemmLaunch(name, "one", 1, width, count, Access(ONES, "row", count), rows, into, None,
                           accumulate=True)
 
@@ -426,9 +421,9 @@ class _Layer:
             if acc.kind in ("row", "col") or k.row_kind == "one":
                 stores.append((adj.grads[v], grad(acc)))
             else:  # a [N] value broadcast over the kernel's rows: its gradient per row, summed later
-                part = self.parts[k.island, v]
+                part = self.parts[k.island, v]  # of B rows that every step adds to, or of every step's
                 stores.append((adj.grads[v], Access(part, "row", k.width, 0,
-                                                    "fixed" if part in self.per_batch else slot)))
+                                                    "fixed" if self.buffers[part].rows == "batch" else slot)))
         if not stores:
             return []
         return [KernelLaunch(f"{k.island}_grad", k.row_kind, k.rows, k.width, tuple(inputs), tuple(stores),

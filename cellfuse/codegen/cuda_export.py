@@ -232,13 +232,13 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
     def emit_instr(instr: Instruction, t: str, indent: str) -> None:
         match instr:
             case Gemm(launch=g, steps=None):
-                if g.row_kind in ("input", "hidden", "one"):  # a weight's gradient or a column sum: all rows
-                    # (a column sum of a buffer of B rows, into which every step added, sums B)
-                    per_batch = backward is not None and g.w in backward.buffers \
-                        and backward.buffers[g.w].rows == "batch"
-                    assert g.k == (sizes.batch if per_batch else T_B), \
-                        f"{g.group}: a sum over all rows whose K is not the rows of its buffer"
-                    rows, k = str(g.m), "batch" if per_batch else "seq * batch"
+                if g.row_kind in ("input", "hidden"):  # a weight's gradient: over all rows
+                    assert g.k == T_B, f"{g.group}: a sum over all rows whose K is not seq * batch"
+                    rows, k = str(g.m), "seq * batch"
+                elif g.row_kind == "one":  # a column sum: over the rows of the buffer it sums
+                    summed = backward.buffers[g.w].rows  # T*B rows, or B that every step added to
+                    assert g.k == {"seq": T_B, "batch": sizes.batch}[summed], f"{g.group}: K is not its rows"
+                    rows, k = str(g.m), _LAUNCH_ROWS[summed]
                 else:
                     rows, k = _LAUNCH_ROWS[g.row_kind], str(g.k)
                 beta = "&one" if g.accumulate else "&zero"

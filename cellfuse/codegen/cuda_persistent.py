@@ -153,7 +153,7 @@ class _Kernel:
                "    (void)cb; (void)rows;")
         self._shared_memory()
         ahead, carried = self._ahead()
-        depth = max((len(arrays) for arrays in ahead.values()), default=0) and self._depth(ahead)
+        depth = self._depth(ahead) if ahead else 0
         nxt = {} if depth or wave is not None else self._read_only()
         if carried:
             self._carry_in(carried)
@@ -277,29 +277,16 @@ class _Kernel:
         written = set(self.foreign)
         for i, item in enumerate(self.launch.items):
             if isinstance(item.launch, KernelLaunch) and not item.whole:
-                most, count, where = self._elements(item)
+                most = self._elements(item)[0]
                 params = self._params(item.launch)
-                used = set(loaded(params, item.launch.body).values()) - skip.get(i, set())
-                early = [(p_i, p) for p_i, p in enumerate(params) if p_i in used and p.access.kind == "row"
-                         and p.access.buffer not in written and p.access.buffer not in self.on_chip]
+                early = [p_i for p_i in self._row_inputs(item) if p_i not in skip.get(i, set())
+                         and params[p_i].access.buffer not in written | self.on_chip.keys()]
                 if early and most <= PREFETCH_ELEMENTS:
                     if not out:  # the previous step's writes, by any thread of the block, are done
                         self.w("        __syncthreads();")
-                    out[i] = {}
-                    for p_i, _ in early:
-                        array = f"pf{i}_{p_i}"
-                        out[i][p_i] = array
-                        self.w(f"        float {array}[{most}];")
-                    on = "cf_on && " if self.wave else ""
-                    self.w(f"        for (int u = 0; {on}u < {most}; ++u) {{",
-                           f"            const int e = tid + u * {self.launch.threads};",
-                           f"            if (e >= {count}) break;",
-                           f"            {where}",
-                           f"            if (j >= {item.launch.width}) continue;")
-                    for p_i, p in early:
-                        at = _at_step(self.var[p.access.buffer], p.access)
-                        self.w(f"            {out[i][p_i]}[u] = ({at})[(long long)r * {p.access.ld} + j];")
-                    self.w("        }")
+                    out[i] = {p_i: f"pf{i}_{p_i}" for p_i in early}
+                    self.w(*(f"        float {array}[{most}];" for array in out[i].values()))
+                    self._element_loads(item, out[i], "        ", "cf_on && " if self.wave else "")
             written |= writes(item.launch)
         return out
 
@@ -319,20 +306,32 @@ class _Kernel:
         for i, item in enumerate(launch.items):
             if item.whole:
                 continue
+            if unwritten := self._unwritten(item):
+                ahead[i] = {p_i: f"cf_ahead{i}_{p_i}" for p_i in unwritten}
             params = self._params(item.launch)
-            used = set(loaded(params, item.launch.body).values())
             others = set().union(*(writes(o.launch) for o in launch.items if o is not item))
-            for p_i, p in enumerate(params):
-                if p_i not in used or p.access.kind != "row":
+            for p_i in self._row_inputs(item):
+                acc = params[p_i].access
+                slot = _NEXT_SLOT.get(acc.slot)
+                if acc.buffer not in self.written or acc.buffer in others or slot is None:
                     continue
-                if p.access.buffer not in self.written:
-                    ahead.setdefault(i, {})[p_i] = f"cf_ahead{i}_{p_i}"
-                    continue
-                nxt = replace(p.access, slot=_NEXT_SLOT.get(p.access.slot, "none"))
-                out = [q for q, o in enumerate(params) if o.output and o.access == nxt]
-                if out and p.access.buffer not in others:
+                out = [q for q, o in enumerate(params) if o.output and o.access == replace(acc, slot=slot)]
+                if out:
                     carried.setdefault(i, {})[p_i] = (out[0], f"cf_carry{i}_{p_i}")
         return ahead, carried
+
+    def _row_inputs(self, item: PersistentItem) -> list[int]:
+        """The param indices of an elementwise launch's inputs that its body reads element by element."""
+        params = self._params(item.launch)
+        used = set(loaded(params, item.launch.body).values())
+        return [p_i for p_i, p in enumerate(params) if p_i in used and p.access.kind == "row"]
+
+    def _unwritten(self, item: PersistentItem) -> list[int]:
+        """Those of `_row_inputs` that nothing of the kernel writes (nor another layer, nor a GEMM on
+        chip): they may be loaded steps ahead."""
+        params = self._params(item.launch)
+        return [p_i for p_i in self._row_inputs(item) if params[p_i].access.buffer not in
+                self.written | self.foreign | self.on_chip.keys()]
 
     def _read_only(self) -> dict[int, dict[int, str]]:
         """Per elementwise launch, the inputs that no launch of the kernel writes (the forward's input
@@ -343,14 +342,8 @@ class _Kernel:
         for i, item in enumerate(self.launch.items):
             if not isinstance(item.launch, KernelLaunch) or item.whole:
                 continue
-            if self._elements(item)[0] > PREFETCH_ELEMENTS:
-                continue
-            params = self._params(item.launch)
-            used = set(loaded(params, item.launch.body).values())
-            for p_i, p in enumerate(params):
-                if p_i in used and p.access.kind == "row" and p.access.buffer not in self.written \
-                        and p.access.buffer not in self.foreign and p.access.buffer not in self.on_chip:
-                    out.setdefault(i, {})[p_i] = f"cf_next{i}_{p_i}"
+            if self._elements(item)[0] <= PREFETCH_ELEMENTS and (unwritten := self._unwritten(item)):
+                out[i] = {p_i: f"cf_next{i}_{p_i}" for p_i in unwritten}
         return out
 
     def _load_at(self, inputs: dict[int, dict[int, str]], step: str, indent: str,
@@ -359,17 +352,12 @@ class _Kernel:
         expression) into their register arrays, declared first unless `declare` is false."""
         for i, arrays in inputs.items():
             item = self.launch.items[i]
-            params = self._params(item.launch)
             most = self._elements(item)[0]
             if declare:
                 self.w(*(f"{indent}float {array}[{most}];" for array in arrays.values()))
             self.w(f"{indent}{{", f"{indent}    const int t = {step};")
-            self._element_loop(item, indent + "    ")
-            for p_i, array in arrays.items():
-                acc = params[p_i].access
-                self.w(f"{indent}        {array}[u] = ({_at_step(self.var[acc.buffer], acc)})"
-                       f"[(long long)r * {acc.ld} + j];")
-            self.w(f"{indent}    }}", f"{indent}}}")
+            self._element_loads(item, arrays, indent + "    ")
+            self.w(f"{indent}}}")
 
     def _rotate(self, nxt: dict[int, dict[int, str]]) -> dict[int, dict[int, str]]:
         """At the top of a step: this step's inputs taken from the registers the step before filled, and
@@ -393,13 +381,26 @@ class _Kernel:
         per_step = sum(len(arrays) * self._elements(self.launch.items[i])[0] for i, arrays in ahead.items())
         return max(1, min(AHEAD_STEPS, AHEAD_REGISTERS // per_step))
 
-    def _element_loop(self, item: PersistentItem, indent: str) -> None:
+    def _element_loop(self, item: PersistentItem, indent: str, on: str = "") -> None:
+        """The loop over a thread's elements of a launch (`on`: a condition that must hold too), open."""
         most, count, where = self._elements(item)
-        self.w(f"{indent}for (int u = 0; u < {most}; ++u) {{",
+        self.w(f"{indent}for (int u = 0; {on}u < {most}; ++u) {{",
                f"{indent}    const int e = tid + u * {self.launch.threads};",
                f"{indent}    if (e >= {count}) break;",
                f"{indent}    {where}",
                f"{indent}    if (j >= {item.launch.width}) continue;")
+
+    def _element_loads(self, item: PersistentItem, registers: dict[int, str], indent: str,
+                       on: str = "") -> None:
+        """The loop over a thread's elements (see `_element_loop`), loading the inputs of `registers`
+        (param index -> register array, indexed by u) at step t."""
+        params = self._params(item.launch)
+        self._element_loop(item, indent, on)
+        for p_i, register in registers.items():
+            acc = params[p_i].access
+            self.w(f"{indent}    {register}[u] = ({_at_step(self.var[acc.buffer], acc)})"
+                   f"[(long long)r * {acc.ld} + j];")
+        self.w(f"{indent}}}")
 
     def _carry_in(self, carried: dict[int, dict[int, tuple[int, str]]]) -> None:
         """The carried states' registers, loaded with the state before the first step."""
@@ -410,19 +411,14 @@ class _Kernel:
         """The inputs of steps t0 .. t0 + depth - 1 (those before seq), every load in flight at once."""
         for i, arrays in ahead.items():
             item = self.launch.items[i]
-            params = self._params(item.launch)
             most = self._elements(item)[0]
             self.w(*(f"        float {array}[{depth}][{most}];" for array in arrays.values()),
                    "        #pragma unroll",
                    f"        for (int d = 0; d < {depth}; ++d) {{",
                    "            const int t = t0 + d;",
                    "            if (t >= seq) break;")
-            self._element_loop(item, "            ")
-            for p_i, array in arrays.items():
-                acc = params[p_i].access
-                self.w(f"                {array}[d][u] = ({_at_step(self.var[acc.buffer], acc)})"
-                       f"[(long long)r * {acc.ld} + j];")
-            self.w("            }", "        }")
+            self._element_loads(item, {p_i: f"{array}[d]" for p_i, array in arrays.items()}, "            ")
+            self.w("        }")
 
     def _elementwise(self, i: int, item: PersistentItem, prefetched: dict[int, str],
                      carried: dict[int, tuple[int, str]]) -> None:
