@@ -306,7 +306,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json is not None and args.plot is not None and args.json.resolve() == args.plot.resolve():
         raise CellError(f"--json and --plot name the same file, {args.json}")
     config = BenchConfig(_plan_sizes(cell, args), backend=args.backend, repeats=args.repeats,
-                         train=args.train)
+                         seed=args.seed, train=args.train)
     if args.schedules:
         config.schedules = _choices("--schedules", args.schedules, SCHEDULES)
     if args.baselines is not None:
@@ -455,6 +455,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--baselines", help=f"comma-separated, of {','.join(BASELINES)} (default: all that "
                                        "apply; empty for none)")
     s.add_argument("--repeats", type=_positive, default=20, help="timed runs per implementation")
+    s.add_argument("--seed", type=_seed, default=0,
+                   help="of the weights, the inputs and, with --train, the output's gradient")
     s.add_argument("--train", action="store_true",
                    help="time forward + backward, each checked first by its gradients against the "
                         f"reference's; the baselines ({','.join(TRAIN_BASELINES)}) with autograd")

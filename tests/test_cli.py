@@ -543,6 +543,19 @@ def test_bench_on_the_numpy_backend_writes_a_record_and_a_chart(cli, tmp_path):
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_seed_draws_other_weights_and_inputs_and_is_recorded(cli, tmp_path):
+    errors = []
+    for seed in (0, 3):
+        code, out, err = cli("bench", "elman", "--backend", "numpy", "--seq", 3, "--batch", 2, "--input", 4,
+                             "--hidden", 4, "--schedules", "graph", "--baselines", "", "--repeats", 1,
+                             "--seed", seed, "--json", tmp_path / f"{seed}.json")
+        assert code == 0, err
+        record = json.loads((tmp_path / f"{seed}.json").read_text())
+        assert record["seed"] == seed
+        errors.append(record["results"][0]["rel_error"])
+    assert errors[0] != errors[1]
+
+
 def test_bench_sweep(cli, tmp_path):
     code, out, err = cli("bench", "elman", "--backend", "numpy", "--seq", 3, "--input", 4, "--hidden", 4,
                          "--schedules", "naive,graph", "--baselines", "", "--repeats", 1,

@@ -121,6 +121,7 @@ class BenchResult:
     timing: str = ""
     train: bool = False  # the times are of forward + backward
     left_out: dict[str, str] = field(default_factory=dict)  # baselines asked for that cannot run: why
+    seed: int = 0  # of the weights and inputs (see BenchConfig)
 
     def row(self, name: str) -> BenchRow | None:
         return next((r for r in self.rows if r.name == name), None)
@@ -135,7 +136,7 @@ class BenchResult:
                 "backend": self.backend, "device": self.device, "date": self.date, "versions": self.versions,
                 "train": self.train, "measures": MEASURES[self.train], "timing": self.timing,
                 "cancelled": self.cancelled, "results": [asdict(r) for r in self.rows],
-                "left_out": self.left_out,
+                "left_out": self.left_out, "seed": self.seed,
                 "best_schedule": best.name if (best := self.best_schedule()) else None}
 
     def to_csv(self) -> str:
@@ -291,7 +292,8 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
     result = BenchResult(cell.name, cell.structure_hash(), sizes, backend, device,
                          datetime.now(UTC).isoformat(timespec="seconds"), _versions(),
                          timing=f"{clock}; median of {runs} runs after warm-up, timed in {rounds} rounds "
-                                "that take every implementation in turn", train=config.train)
+                                "that take every implementation in turn",
+                         train=config.train, seed=config.seed)
     schedules = [s for s in config.schedules if s in SCHEDULES]
     reasons = baseline_reasons(cell, config, backend)
     baselines = [b for b, why in reasons.items() if why is None]
