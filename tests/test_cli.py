@@ -537,7 +537,7 @@ def test_bench_on_the_numpy_backend_writes_a_record_and_a_chart(cli, tmp_path):
     record = json.loads((tmp_path / "r.json").read_text())
     assert record["sizes"] == {"seq": T, "batch": B, "input": INPUT, "hidden": HIDDEN, "layers": 2}
     assert [r["name"] for r in record["results"] if r["ok"]] == [
-        "naive", "combined", "fused", "hoisted", "graph", "persistent", "wavefront", "tensor",
+        "naive", "combined", "fused", "hoisted", "graph", "wavefront", "persistent", "tensor",
         "numpy reference"]
     assert "timing, round 2 of 2" in err and "graph" in out and "vs naive" in out
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -628,15 +628,16 @@ def test_validate_says_which_sizes_a_cell_needs_equal(cli):
 def test_plan_and_export_of_a_wavefront(cli, tmp_path):
     code, out, err = cli("plan", "lstm", "--schedule", "wavefront", "--layers", 3, "--json")
     assert code == 0, err
-    wavefront = json.loads(out)["wavefront"]
-    assert len(wavefront["layers"]) == 3 and wavefront["barriers_per_wave"] == 1
-    assert sum(layer["blocks"] for layer in wavefront["layers"]) == wavefront["blocks"] <= 132
+    summary = json.loads(out)
+    assert summary["layer_streams"] and summary["hoisted_chunk_steps"] == 10
     code, out, err = cli("plan", "lstm", "--schedule", "wavefront", "--layers", 3)
-    assert code == 0 and "layer l runs its step t at wave t + l" in out and "layer 2: blocks" in out
+    assert code == 0 and "each layer's steps run on a stream of their own" in out
+    code, out, err = cli("plan", "lstm", "--schedule", "wavefront", "--layers", 1, "--json")
+    assert code == 0 and not json.loads(out)["layer_streams"]  # one layer: the graph plan
     code, _, err = cli("export", "lstm", "--schedule", "wavefront", "--layers", 2, "-o", tmp_path / "w.cu")
     text = (tmp_path / "w.cu").read_text()
     assert code == 0, err
-    assert text.count("cudaLaunchCooperativeKernel(") == 1 and "every step of layers 0 to 1" in text
+    assert "the layers\n// one after another" in text and "cudaLaunchCooperativeKernel(" not in text
 
 
 def test_bench_train_writes_a_training_record(cli, tmp_path):

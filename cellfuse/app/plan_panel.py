@@ -19,19 +19,19 @@ def human(n: float, unit: str = "") -> str:
     return f"{n:.0f} {unit}".rstrip()
 
 
-def persistent_text(summary: dict) -> str:
-    """One sentence on the cooperative kernel of a persistent, tensor or wavefront plan (see
-    Plan.summary), or "" for a plan of launches."""
-    p, wave = summary.get("persistent"), summary.get("wavefront")
+def loop_text(summary: dict) -> str:
+    """One sentence on how the plan runs its steps beyond launches one after another: the cooperative
+    kernel of a persistent or tensor plan, the layers side by side of a wavefront (see Plan.summary), or
+    "" for neither."""
+    p = summary.get("persistent")
+    if summary.get("layer_streams"):
+        return ("Each layer runs its steps on a stream of its own, a chunk of steps beside the layer "
+                "below's next chunk.")
     if not p:
         return ""
-    if wave:
-        text = (f"One cooperative kernel runs every layer's steps: {wave['blocks']} blocks, "
-                f"{wave['barriers_per_wave']} grid barrier(s) per wave.")
-    else:
-        text = (f"One cooperative kernel per layer runs every step: {p['blocks']} blocks of {p['threads']} "
-                f"threads, {p['barriers_per_step']} grid barrier(s) per step, "
-                f"{p['smem_bytes_per_block'] / 1024:.0f} KiB of shared memory per block.")
+    text = (f"One cooperative kernel per layer runs every step: {p['blocks']} blocks of {p['threads']} "
+            f"threads, {p['barriers_per_step']} grid barrier(s) per step, "
+            f"{p['smem_bytes_per_block'] / 1024:.0f} KiB of shared memory per block.")
     if p.get("tensor_cores"):
         text += " GEMMs on tensor cores (3xTF32, float32's accuracy)."
     if p.get("note"):
@@ -152,7 +152,7 @@ class PlanPanel(QtWidgets.QWidget):
         self.stat_values["flops_per_step"].setText(human(flops, "FLOP"))
         self.stat_values["bytes_per_step"].setText(human(nbytes, "B"))
         self.stat_values["intensity"].setText(f"{flops / nbytes:.2f}" if nbytes else "–")
-        kernel = persistent_text(summary)
+        kernel = loop_text(summary)
         self.kernel_label.setText(kernel)
         self.kernel_label.setVisible(bool(kernel))
         self.tree.clear()

@@ -43,7 +43,7 @@ node its own kernel in `naive`), every kernel that reads it adds its row sums th
 the kernel that computes it reads them, as for any value. A block owns its row, so no two threads add
 into one element there either.
 
-A persistent or wavefront forward plan keeps its steps' launches beside its cooperative ones: its
+A persistent forward plan keeps its steps' launches beside its cooperative ones: its
 backward pass is planned from those launches as the graph rung's (see `_Layer`), and then, where it
 fits, each layer's reverse loop runs as one persistent launch of its own (`LayerBackward.persistent`),
 made by the forward's machinery for the same GPU: the step's adjoint kernels on each block's own
@@ -279,7 +279,7 @@ class _Layer:
         self.plan, self.buffers = forward, buffers
         self.lp = forward.layers[layer]
         self.rows = forward.sizes.seq * forward.sizes.batch  # T*B: the rows of all steps
-        # The launches of the graph rung, also those of a persistent or wavefront plan, whose backward pass
+        # The launches of the graph rung, also those of a persistent plan, whose backward pass
         # is therefore the graph rung's.
         self.forward_launches = [*self.lp.prologue, *self.lp.step]
         for k in self.kernels():

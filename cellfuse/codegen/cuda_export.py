@@ -21,10 +21,10 @@ from datetime import date
 from ..graph_model import Cell, Sizes
 from .backward_plan import BackwardPlan, backward_plan, grad
 from .cuda_kernels import BLOCK, INT_MAX, ROW_EXPR, c_stem, comment_text, kernel_params
-from .cuda_persistent import persistent_buffers, wavefront_buffers
+from .cuda_persistent import persistent_buffers
 from .kernel_set import backward_kernels, plan_kernels
-from .lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, Wavefront, lower
-from .plan import Access, GemmLaunch, KernelLaunch, PersistentLaunch, Plan, WavefrontLaunch, grad_of
+from .lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, lower
+from .plan import Access, GemmLaunch, KernelLaunch, PersistentLaunch, Plan, grad_of
 from .scheduler import make_plan
 
 _ROWS_EXPR = {"seq": "(size_t)seq * batch", "seq+1": "((size_t)seq + 1) * batch", "pair": "2 * (size_t)batch",
@@ -98,16 +98,16 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
       f"for input {sizes.input}, hidden {sizes.hidden}, {sizes.layers} layer(s); seq and batch are chosen at "
       "run time,")
     w(f"// with (seq + 1) * batch at most INT_MAX ({INT_MAX}).")
-    if plan.wavefront:
-        w("// Every layer's steps run in one cooperative launch, layer l+1 a step behind layer l, which")
-        w("// needs all its blocks resident at once")
-        w("// (the launcher checks that, and returns cudaErrorCooperativeLaunchTooLarge where they are not).")
-    elif plan.layers[0].persistent:
+    if plan.layers[0].persistent:
         w("// Each layer's steps run in one cooperative launch, which needs all its blocks resident at once")
         w("// (the launcher checks that, and returns cudaErrorCooperativeLaunchTooLarge where they are not).")
     else:
         w(f"// {plan.launches_per_step} launch(es) per time step and layer.")
-    if plan.chunk_steps:
+    if plan.layer_streams:
+        w("// Everything runs on one stream, the hoisted launches before each layer's loop and the layers")
+        w("// one after another (CellFuse's own runtime runs the hoisted launches in chunks beside the loop")
+        w("// and each layer's chunk of steps beside the layer below's next one, on streams of their own).")
+    elif plan.chunk_steps:
         w("// Everything runs on one stream, the hoisted launches before each layer's loop (CellFuse's own")
         w("// runtime runs them in chunks on a second stream, beside the loop).")
     w("//")
@@ -282,16 +282,16 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
                 for inner in body:
                     emit_instr(inner, "t", indent + "    ")
                 w(f"{indent}}}")
-            case Persistent(launch=p) | Wavefront(launch=p):
+            case Persistent(launch=p):
                 emit_cooperative(p, indent)
             case Gemm() | Kernel() | Record() | Wait():
                 raise ValueError(f"the exported launcher runs on one stream, in whole launches: {instr!r}")
             case _:
                 raise TypeError(f"the exporter cannot emit {instr!r}")
 
-    def emit_cooperative(p: PersistentLaunch | WavefrontLaunch, indent: str) -> None:
+    def emit_cooperative(p: PersistentLaunch, indent: str) -> None:
         name = kernels.name_of[p]
-        args = persistent_buffers(p) if isinstance(p, PersistentLaunch) else wavefront_buffers(p)
+        args = persistent_buffers(p)
         w(f"{indent}{{  /* every step of {p.label} in one cooperative launch */")
         w(f"{indent}    int cf_seq = seq, cf_batch = batch, cf_dev = 0, cf_sms = 0, cf_per_sm = 0;")
         for i, b in enumerate(args):
@@ -420,7 +420,7 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
 
     kernel_of_node: dict[str, str] = {}
     first = plan.layers[0]
-    in_loop = plan.wavefront or first.persistent  # the launch that runs the steps, if one does
+    in_loop = first.persistent  # the launch that runs the steps, if one does
     for g in plan.groups:
         for n in (*g.matmuls, *g.folded):
             kernel_of_node[n] = kernels.name_of[in_loop] if in_loop and not g.hoisted else g.name

@@ -14,7 +14,7 @@ acquire/release atomics: see benchmarks/barrier_probe.cu).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from .cuda_kernels import ROW_EXPR, Param, comment_text, element_body, element_index, loaded
 from .persistent import (
@@ -28,7 +28,7 @@ from .persistent import (
     whole32,
     writes,
 )
-from .plan import Access, GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch, WavefrontLaunch
+from .plan import Access, GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
 
 PERSISTENT_PRELUDE = """\
 #include <cooperative_groups.h>
@@ -88,31 +88,15 @@ def _at_step(var: str, acc: Access) -> str:
     return " + ".join(parts)
 
 
-@dataclass(frozen=True)
-class _Wave:
-    """A layer's part of a wavefront kernel: its step t runs at wave t + `layer` of `layers`, and every
-    wave ends with `pad` grid-wide barriers more than its own step has."""
-
-    layer: int
-    layers: int
-    pad: int
-
-
 class _Kernel:
-    """The text of one persistent kernel, or of one layer's part of a wavefront kernel, written line by
-    line. `var` names the kernel's pointer arguments, `written` those it writes (all of the kernel's
-    layers), and `foreign` the buffers other blocks write that this part reads outside a GEMM (the
-    output of the layer below, in a wavefront): those it reads through L2 and never ahead of a
-    barrier."""
+    """The text of one persistent kernel, written line by line. `var` names the kernel's pointer
+    arguments, `written` those it writes."""
 
-    def __init__(self, launch: PersistentLaunch, name: str, var: dict[str, str] | None = None,
-                 written: set[str] | None = None, foreign: frozenset[str] = frozenset(),
-                 wave: _Wave | None = None):
-        self.launch, self.name, self.wave, self.foreign = launch, name, wave, foreign
+    def __init__(self, launch: PersistentLaunch, name: str):
+        self.launch, self.name = launch, name
         self.buffers = persistent_buffers(launch)
-        self.var = var or {b: f"b{i}" for i, b in enumerate(self.buffers)}
-        self.written = written if written is not None else set().union(
-            *(writes(item.launch) for item in launch.items))
+        self.var = {b: f"b{i}" for i, b in enumerate(self.buffers)}
+        self.written = set().union(*(writes(item.launch) for item in launch.items))
         self.gemms = [(i, item) for i, item in enumerate(launch.items) if isinstance(item.launch, GemmLaunch)]
         self.tilings = {i: gemm_tiling(item.columns, launch.column_blocks, launch.row_tile, item.launch.k,
                                        item.mma) for i, item in self.gemms}
@@ -136,17 +120,15 @@ class _Kernel:
                f"// a batch of at most {launch.batch}; arguments:")
         self.w(*signature(self.buffers, self.var, self.written, launch.threads, self.name),
                "{", *KERNEL_START)
-        self.body("blockIdx.x", "")
+        self.body()
         self.w("}")
         return "\n".join(self.lines) + "\n"
 
-    def body(self, block: str, indent: str) -> None:
-        """What block `block` of the launch does, from its shared memory to its last step, each line
-        indented by `indent` more than at the kernel's top level."""
-        launch, wave = self.launch, self.wave
-        start = len(self.lines)
+    def body(self) -> None:
+        """What a block of the launch does, from its shared memory to its last step."""
+        launch = self.launch
         columns = launch.column_blocks
-        self.w(f"    const int cb = ({block}) % {columns}, rg = ({block}) / {columns};",
+        self.w(f"    const int cb = blockIdx.x % {columns}, rg = blockIdx.x / {columns};",
                f"    const int rows_per_group = (batch + {launch.row_groups - 1}) / {launch.row_groups};",
                "    const int row0 = min(batch, rg * rows_per_group), "
                "rows = min(batch, row0 + rows_per_group) - row0;",
@@ -154,7 +136,7 @@ class _Kernel:
         self._shared_memory()
         ahead, carried = self._ahead()
         depth = self._depth(ahead) if ahead else 0
-        nxt = {} if depth or wave is not None else self._read_only()
+        nxt = {} if depth else self._read_only()
         if carried:
             self._carry_in(carried)
         if nxt:  # the first step's, before the loop; each step then loads the next one's
@@ -166,14 +148,10 @@ class _Kernel:
                    f"    for (int d = 0; d < {depth}; ++d) {{",
                    "        const int t = t0 + d;",
                    "        if (t >= seq) break;")
-        elif wave is None and launch.reverse:
+        elif launch.reverse:
             self.w("    for (int t = seq - 1; t >= 0; --t) {")
-        elif wave is None:
-            self.w("    for (int t = 0; t < seq; ++t) {")
         else:
-            self.w(f"    for (int wave = 0; wave < seq + {wave.layers - 1}; ++wave) {{",
-                   f"        const int t = wave - {wave.layer};",
-                   "        const bool cf_on = t >= 0 && t < seq;  // this layer has a step at this wave")
+            self.w("    for (int t = 0; t < seq; ++t) {")
         skip = {i: {*ahead.get(i, {}), *carried.get(i, {}), *nxt.get(i, {})}
                 for i in {*ahead, *carried, *nxt}}
         prefetched = self._prefetch(skip)
@@ -187,7 +165,6 @@ class _Kernel:
             self.w("        {" + f"  // {comment_text(_item_name(item))}")
             if item.barrier:
                 self.w(f"{IND}grid.sync();")
-            at = len(self.lines)
             match item.launch:
                 case GemmLaunch():
                     self._gemm(i, item)
@@ -195,17 +172,10 @@ class _Kernel:
                     self._elementwise(i, item, prefetched.get(i, {}), carried.get(i, {}))
                     if _needs_sync(item, launch.items[(i + 1) % n]):
                         self.w(f"{IND}__syncthreads();")
-            if wave is not None:  # the work, but not the barrier, only at the layer's own waves
-                self.lines[at:] = [f"{IND}if (cf_on) {{", *("    " + line for line in self.lines[at:]),
-                                   f"{IND}}}"]
             self.w("        }")
-        if wave is not None and wave.pad:
-            self.w(f"        // the wave's barriers that layer {wave.layer}'s step does not pass",
-                   *["        grid.sync();"] * wave.pad)
         self.w("    }")
         if depth:
             self.w("    }")
-        self.lines[start:] = [indent + line for line in self.lines[start:]]
 
     def _shared_memory(self) -> None:
         """Where each part of shared memory starts; the on-chip weights loaded, padding zeroed."""
@@ -274,7 +244,7 @@ class _Kernel:
         the step writes (and that are not on chip), but those of `skip` (per launch, param indices);
         per launch, param index -> register array."""
         out: dict[int, dict[int, str]] = {}
-        written = set(self.foreign)
+        written: set[str] = set()
         for i, item in enumerate(self.launch.items):
             if isinstance(item.launch, KernelLaunch) and not item.whole:
                 most = self._elements(item)[0]
@@ -286,7 +256,7 @@ class _Kernel:
                         self.w("        __syncthreads();")
                     out[i] = {p_i: f"pf{i}_{p_i}" for p_i in early}
                     self.w(*(f"        float {array}[{most}];" for array in out[i].values()))
-                    self._element_loads(item, out[i], "        ", "cf_on && " if self.wave else "")
+                    self._element_loads(item, out[i], "        ")
             written |= writes(item.launch)
         return out
 
@@ -299,7 +269,7 @@ class _Kernel:
         stays in registers from step to step. The step's loads would otherwise each wait a round trip
         to memory, one step after the other."""
         launch = self.launch
-        if launch.reverse or self.wave is not None or self.gemms or launch.barriers_per_step:
+        if launch.reverse or self.gemms or launch.barriers_per_step:
             return {}, {}
         ahead: dict[int, dict[int, str]] = {}
         carried: dict[int, dict[int, tuple[int, str]]] = {}
@@ -327,11 +297,11 @@ class _Kernel:
         return [p_i for p_i, p in enumerate(params) if p_i in used and p.access.kind == "row"]
 
     def _unwritten(self, item: PersistentItem) -> list[int]:
-        """Those of `_row_inputs` that nothing of the kernel writes (nor another layer, nor a GEMM on
-        chip): they may be loaded steps ahead."""
+        """Those of `_row_inputs` that nothing of the kernel writes (nor a GEMM on chip): they may be
+        loaded steps ahead."""
         params = self._params(item.launch)
         return [p_i for p_i in self._row_inputs(item) if params[p_i].access.buffer not in
-                self.written | self.foreign | self.on_chip.keys()]
+                self.written | self.on_chip.keys()]
 
     def _read_only(self) -> dict[int, dict[int, str]]:
         """Per elementwise launch, the inputs that no launch of the kernel writes (the forward's input
@@ -381,21 +351,20 @@ class _Kernel:
         per_step = sum(len(arrays) * self._elements(self.launch.items[i])[0] for i, arrays in ahead.items())
         return max(1, min(AHEAD_STEPS, AHEAD_REGISTERS // per_step))
 
-    def _element_loop(self, item: PersistentItem, indent: str, on: str = "") -> None:
-        """The loop over a thread's elements of a launch (`on`: a condition that must hold too), open."""
+    def _element_loop(self, item: PersistentItem, indent: str) -> None:
+        """The loop over a thread's elements of a launch, open."""
         most, count, where = self._elements(item)
-        self.w(f"{indent}for (int u = 0; {on}u < {most}; ++u) {{",
+        self.w(f"{indent}for (int u = 0; u < {most}; ++u) {{",
                f"{indent}    const int e = tid + u * {self.launch.threads};",
                f"{indent}    if (e >= {count}) break;",
                f"{indent}    {where}",
                f"{indent}    if (j >= {item.launch.width}) continue;")
 
-    def _element_loads(self, item: PersistentItem, registers: dict[int, str], indent: str,
-                       on: str = "") -> None:
+    def _element_loads(self, item: PersistentItem, registers: dict[int, str], indent: str) -> None:
         """The loop over a thread's elements (see `_element_loop`), loading the inputs of `registers`
         (param index -> register array, indexed by u) at step t."""
         params = self._params(item.launch)
-        self._element_loop(item, indent, on)
+        self._element_loop(item, indent)
         for p_i, register in registers.items():
             acc = params[p_i].access
             self.w(f"{indent}    {register}[u] = ({_at_step(self.var[acc.buffer], acc)})"
@@ -466,9 +435,7 @@ class _Kernel:
                        f"{IND}    for (int c = 0; c < {ld}; ++c)",
                        f"{IND}        cf_sum_{n}[0] += __ldcg({names[n]} + (long long)r * {ld} + c);")
                 names[n], index[n] = f"cf_sum_{n}", "0"
-            elif p.access.buffer in self.foreign or p.access.kind == "col":
-                # another layer's output, or one number per row, which the first column's block wrote
-                assert p.access.kind in ("row", "col"), "only another layer's output is foreign"
+            elif p.access.kind == "col":  # one number per row, which the first column's block wrote
                 self.w(f"{IND}    const float cf_l2_{n}[1] = {{__ldcg({names[n]} + "
                        f"{element_index(p.access)})}};")
                 names[n], index[n] = f"cf_l2_{n}", "0"
@@ -713,38 +680,6 @@ def signature(buffers: list[str], var: dict[str, str], written: set[str], thread
 
 def persistent_source(launch: PersistentLaunch, name: str) -> str:
     return _Kernel(launch, name).source()
-
-
-def wavefront_buffers(launch: WavefrontLaunch) -> list[str]:
-    """The buffers of every layer, in the order of the kernel's pointer arguments (after seq, batch)."""
-    return list(dict.fromkeys(b for p in launch.layers for b in persistent_buffers(p)))
-
-
-def wavefront_source(launch: WavefrontLaunch, name: str) -> str:
-    """One kernel for every step of every layer: each layer's blocks run that layer's persistent code,
-    its steps shifted by the layer's number of waves, and all blocks pass the same barriers."""
-    buffers = wavefront_buffers(launch)
-    var = {b: f"b{i}" for i, b in enumerate(buffers)}
-    layer_writes = [set().union(*(writes(item.launch) for item in p.items)) for p in launch.layers]
-    written = set().union(*layer_writes)
-    lines = [f"// every step of {len(launch.layers)} layers in one cooperative launch of {launch.blocks} "
-             f"blocks of {launch.threads} threads: layer l runs its step t at wave t + l,",
-             f"// beside layer l-1's step t+1; {launch.barriers} grid-wide barrier(s) per wave, at most "
-             f"{launch.smem_bytes} bytes of shared memory per block, a batch of at most {launch.batch};",
-             "// arguments:",
-             *signature(buffers, var, written, launch.threads, name), "{", *KERNEL_START]
-    for layer, (p, first) in enumerate(zip(launch.layers, launch.first, strict=True)):
-        foreign = frozenset(set().union(*layer_writes[:layer], *layer_writes[layer + 1:]))
-        part = _Kernel(p, name, var, written, foreign,
-                       _Wave(layer, len(launch.layers), launch.barriers - p.barriers_per_step))
-        part.body(f"blockIdx.x - {first}", "    ")
-        end = first + p.blocks
-        lines += [f"    if ({f'blockIdx.x >= {first} && ' if first else ''}blockIdx.x < {end}) {{  "
-                  f"// layer {layer}: {p.blocks} blocks "
-                  f"({p.column_blocks} column blocks x {p.row_groups} row groups), "
-                  f"{p.barriers_per_step} barrier(s) per step",
-                  *part.lines, "    }"]
-    return "\n".join([*lines, "}"]) + "\n"
 
 
 def _w_index(g: GemmLaunch, k: str, n: str) -> str:

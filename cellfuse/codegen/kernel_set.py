@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 from .backward_plan import BackwardPlan
 from .cuda_kernels import PRELUDE, c_name, c_stem, check_index_range, kernel_source
-from .cuda_persistent import PERSISTENT_PRELUDE, persistent_source, wavefront_source
-from .plan import GemmLaunch, KernelLaunch, PersistentLaunch, Plan, WavefrontLaunch
+from .cuda_persistent import PERSISTENT_PRELUDE, persistent_source
+from .plan import GemmLaunch, KernelLaunch, PersistentLaunch, Plan
 
 
 @dataclass
@@ -16,11 +16,11 @@ class KernelSet:
     """The distinct kernels of a plan, and which kernel each kernel launch and persistent launch uses."""
 
     sources: dict[str, str]  # kernel name -> source
-    name_of: dict[KernelLaunch | PersistentLaunch | WavefrontLaunch, str]  # launch -> kernel name
+    name_of: dict[KernelLaunch | PersistentLaunch, str]  # launch -> kernel name
 
     by_body: dict[str, str] = field(default_factory=dict, repr=False)  # source with @NAME@ -> kernel name
 
-    def add(self, launch: KernelLaunch | PersistentLaunch | WavefrontLaunch, body: str, name: str) -> None:
+    def add(self, launch: KernelLaunch | PersistentLaunch, body: str, name: str) -> None:
         """A launch of the kernel `body` (its name written @NAME@): named `name`, or the name of the same
         body added before."""
         if body not in self.by_body:
@@ -29,7 +29,7 @@ class KernelSet:
         self.name_of[launch] = self.by_body[body]
 
     def module_source(self) -> str:
-        persistent = any(isinstance(launch, PersistentLaunch | WavefrontLaunch) for launch in self.name_of)
+        persistent = any(isinstance(launch, PersistentLaunch) for launch in self.name_of)
         return (PERSISTENT_PRELUDE if persistent else "") + PRELUDE + "\n" + "\n".join(self.sources.values())
 
 
@@ -51,10 +51,8 @@ def plan_kernels(plan: Plan) -> KernelSet:
                     pass  # cuBLAS runs it
                 case _:
                     raise TypeError(f"unknown launch {launch!r}")
-        if lp.persistent and not plan.wavefront:
+        if lp.persistent:
             add(lp.persistent, persistent_source(lp.persistent, "@NAME@"), f"cf_{stem}_persistent{suffix}")
-    if plan.wavefront:
-        add(plan.wavefront, wavefront_source(plan.wavefront, "@NAME@"), f"cf_{stem}_wavefront")
     return kernels
 
 

@@ -8,7 +8,8 @@ here once, and a mistake in them shows on a machine without a GPU too (see `exec
 
 With `Plan.chunk_steps`, the hoisted launches run in chunks of steps on a second stream beside the
 recurrence: step t waits only for its own chunk, and a chunk of layer l's hoisted work waits only for
-the steps of layer l-1 it reads.
+the steps of layer l-1 it reads. With `Plan.layer_streams` as well, each layer has two streams of its
+own, so that its chunk of steps runs beside the next chunk of the layer below.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .plan import Access, GemmLaunch, KernelLaunch, Launch, PersistentLaunch, Plan, WavefrontLaunch
+from .plan import Access, GemmLaunch, KernelLaunch, Launch, PersistentLaunch, Plan
 
 MAIN, SIDE = 0, 1  # the streams: the recurrence, and the hoisted launches beside it
 
@@ -93,23 +94,18 @@ class Persistent:
     stream: int = MAIN
 
 
-@dataclass(frozen=True)
-class Wavefront:
-    """Every step of every layer, in one cooperative launch (see `WavefrontLaunch`)."""
-
-    launch: WavefrontLaunch
-    stream: int = MAIN
-
-
-Instruction = Gemm | Kernel | Copy | Record | Wait | Loop | Persistent | Wavefront
+Instruction = Gemm | Kernel | Copy | Record | Wait | Loop | Persistent
 
 
 @dataclass(frozen=True)
 class Program:
     plan: Plan
     instructions: tuple[Instruction, ...]
-    streams: int  # 1, or 2 when hoisted work runs beside the loop
+    streams: int  # 1; 2 when hoisted work runs beside the loop; 2 per layer with Plan.layer_streams
     events: int  # events are numbered 0 .. events-1, each recorded once
+    # How many layers run their steps at once: each one's GEMMs get this share of the SMs (a GEMM that
+    # spreads over the whole GPU would make the layers' steps wait for each other).
+    sharing: int = 1
 
 
 def launch_rows(instr: Gemm | Kernel, batch: int) -> int:
@@ -145,9 +141,12 @@ def as_instruction(launch: Launch, stream: int = MAIN, steps: tuple[int, int] | 
 
 def lower(plan: Plan, one_stream: bool = False) -> Program:
     """The program of a whole forward pass. `one_stream` runs the hoisted launches before each layer's
-    loop on the main stream instead of in chunks beside it (what the exported .cu does)."""
+    loop on the main stream instead of in chunks beside it (what the exported .cu does), and the layers
+    one after another."""
     T, H = plan.sizes.seq, plan.sizes.hidden
     chunk = 0 if one_stream else plan.chunk_steps
+    apart = bool(chunk) and plan.layer_streams  # each layer on a recurrence stream and a side one of its own
+    streams = 2 * len(plan.layers) if apart else 2 if chunk else 1
     out: list[Instruction] = []
     events = 0
 
@@ -156,16 +155,15 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
         events += 1
         return events - 1
 
-    if chunk:  # the side stream starts after what came before on the main one
+    if streams > 1:  # the other streams start after what came before on the main one
         fork = event()
-        out += [Record(fork, MAIN), Wait(fork, SIDE)]
-    if plan.wavefront:
-        return _lower_wavefront(plan)
+        out += [Record(fork, MAIN), *(Wait(fork, s) for s in range(1, streams))]
     prev_done: list[int] = []  # per chunk, an event after the previous layer's steps of that chunk
     for lp in plan.layers:
+        main, side = (2 * lp.layer, 2 * lp.layer + 1) if apart else (MAIN, SIDE)
         for s in plan.state_ids:
-            out.append(Copy(Access(f"init.{s}", "row", H, block=lp.layer), lp.state_read[s], H, 0))
-        step = tuple(as_instruction(launch) for launch in lp.step)
+            out.append(Copy(Access(f"init.{s}", "row", H, block=lp.layer), lp.state_read[s], H, 0, main))
+        step = tuple(as_instruction(launch, main) for launch in lp.step)
         if lp.persistent:
             out += [as_instruction(launch) for launch in lp.prologue]
             out.append(Persistent(lp.persistent))
@@ -177,45 +175,33 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
             ready = []  # per chunk, an event after its hoisted launches on the side stream
             for j, steps in enumerate(chunks):
                 if prev_done:
-                    out.append(Wait(prev_done[j], SIDE))
+                    out.append(Wait(prev_done[j], side))
                 for launch in lp.prologue:
                     if launch.row_kind == "seq":
-                        out.append(as_instruction(launch, SIDE, steps))
+                        out.append(as_instruction(launch, side, steps))
                     elif j == 0:  # [N] and scalar values: all of them with the first chunk
-                        out.append(as_instruction(launch, SIDE))
+                        out.append(as_instruction(launch, side))
                 ready.append(event())
-                out.append(Record(ready[-1], SIDE))
+                out.append(Record(ready[-1], side))
             prev_done = []
             for j, (first, last) in enumerate(chunks):
-                out += [Wait(ready[j], MAIN), Loop(step, first, last)]
+                out += [Wait(ready[j], main), Loop(step, first, last, stream=main)]
                 prev_done.append(event())
-                out.append(Record(prev_done[-1], MAIN))
+                out.append(Record(prev_done[-1], main))
         for s in plan.state_ids:
-            out.append(Copy(lp.state_read[s], Access(f"final.{s}", "row", H, block=lp.layer), H, None))
-    if chunk:  # and the main one ends after everything on the side one
+            out.append(Copy(lp.state_read[s], Access(f"final.{s}", "row", H, block=lp.layer), H, None, main))
+    for s in range(1, streams):  # and the main one ends after everything on the others
         join = event()
-        out += [Record(join, SIDE), Wait(join, MAIN)]
-    return Program(plan, tuple(out), 2 if chunk else 1, events)
-
-
-def _lower_wavefront(plan: Plan) -> Program:
-    """Every layer's initial states, the first layer's hoisted launches (the others have none: they
-    compute their input's part in their steps), the one launch, and every layer's final states."""
-    H = plan.sizes.hidden
-    out: list[Instruction] = [Copy(Access(f"init.{s}", "row", H, block=lp.layer), lp.state_read[s], H, 0)
-                              for lp in plan.layers for s in plan.state_ids]
-    out += [as_instruction(launch) for launch in plan.layers[0].prologue]
-    out.append(Wavefront(plan.wavefront))
-    out += [Copy(lp.state_read[s], Access(f"final.{s}", "row", H, block=lp.layer), H, None)
-            for lp in plan.layers for s in plan.state_ids]
-    return Program(plan, tuple(out), 1, 0)
+        out += [Record(join, s), Wait(join, MAIN)]
+    return Program(plan, tuple(out), streams, events, len(plan.layers) if apart else 1)
 
 
 def execution_order(program: Program, prefer: int = SIDE) -> Iterator[Instruction]:
     """The top-level instructions in an order the streams allow: each stream's own in program order, and
-    none after a Wait before its event is recorded. `prefer` runs that stream's work as early as it may
-    (SIDE: hoisted work as early as possible; MAIN: as late as the recurrence allows), so that running
-    both orders checks that every needed Wait is there.
+    none after a Wait before its event is recorded. `prefer` runs the work of that kind of stream as early
+    as it may (SIDE: hoisted work as early as possible; MAIN: as late as the recurrence allows), and with
+    a layer's streams of its own (`Plan.layer_streams`) an upper layer's before a lower one's, so that
+    running both orders checks that every needed Wait is there.
 
     Raises ValueError where a GPU would run the program wrongly: a Wait whose event is recorded only
     later in program order (CUDA would not wait at all), or an event recorded twice."""
@@ -228,7 +214,7 @@ def execution_order(program: Program, prefer: int = SIDE) -> Iterator[Instructio
                 recorded_before.add(e)
             case Wait(event=e) if e not in recorded_before:
                 raise ValueError(f"stream {instr.stream} waits for event {e} before it is recorded")
-            case Gemm() | Kernel() | Copy() | Loop() | Persistent() | Wavefront() | Wait():
+            case Gemm() | Kernel() | Copy() | Loop() | Persistent() | Wait():
                 pass
             case _:
                 raise TypeError(f"unknown instruction {instr!r}")
@@ -236,7 +222,7 @@ def execution_order(program: Program, prefer: int = SIDE) -> Iterator[Instructio
     if any(i.stream not in queues for i in program.instructions):
         raise ValueError(f"an instruction names a stream beyond the program's {program.streams}")
     recorded: set[int] = set()
-    order = sorted(queues, key=lambda s: s != prefer)
+    order = sorted(queues, key=lambda s: (s % 2 != prefer, -s))  # a layer's streams: 2 * layer (+ 1)
     while any(queues.values()):
         for s in order:
             head = queues[s][0] if queues[s] else None

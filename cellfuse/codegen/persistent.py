@@ -17,18 +17,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..graph_model import CellError
 from .plan import (
-    ONE_STEP,
     Access,
     Buffer,
     GemmLaunch,
     KernelLaunch,
-    Launch,
     PersistentItem,
     PersistentLaunch,
     Target,
-    WavefrontLaunch,
     row_offset,
 )
 from .row_stages import reduces, row_stages
@@ -194,38 +190,6 @@ def reads(launch: GemmLaunch | KernelLaunch) -> set[str]:
             raise TypeError(f"unknown launch {launch!r}")
 
 
-def at_step(launch: GemmLaunch | KernelLaunch, batch: int) -> GemmLaunch | KernelLaunch:
-    """A hoisted launch's work for step t alone: its rows of step t, written where the step's launches
-    read them (a hoisted buffer keeps a row block per step)."""
-    def step_rows(acc: Access) -> Access:
-        return dataclasses.replace(acc, slot=ONE_STEP.get(acc.slot, acc.slot))
-
-    match launch:
-        case GemmLaunch():
-            return dataclasses.replace(launch, row_kind="batch", m=batch, a=step_rows(launch.a),
-                                       c=step_rows(launch.c))
-        case KernelLaunch():
-            rows = {"row_kind": "batch", "rows": batch} if launch.row_kind == "seq" else {}
-            return dataclasses.replace(launch, inputs=tuple((v, step_rows(a)) for v, a in launch.inputs),
-                                       outputs=tuple((v, step_rows(a)) for v, a in launch.outputs),
-                                       hoisted=False, **rows)
-        case _:
-            raise TypeError(f"unknown launch {launch!r}")
-
-
-def with_hoisted(prologue: list[tuple[Launch, tuple[int, ...]]], step: list[tuple[Launch, tuple[int, ...]]],
-                 batch: int) -> list[tuple[Launch, tuple[int, ...]]]:
-    """A step (its launches, each with its column widths) that also does the hoisted launches' work of
-    its own step, as a layer of a wavefront must: its input is the output of the layer below, one step
-    at a time. They go, in their order, just before the first launch that reads what they write, so
-    that as much of the step as can runs before them: in an LSTM, after the barrier of the recurrent
-    GEMM, beside it."""
-    hoisted = [(at_step(launch, batch), cols) for launch, cols in prologue]
-    written = set().union(*(writes(launch) for launch, _ in hoisted))
-    at = next((i for i, (launch, _) in enumerate(step) if reads(launch) & written), len(step))
-    return [*step[:at], *hoisted, *step[at:]]
-
-
 def shared_reads(launch: GemmLaunch | KernelLaunch) -> list[Access]:
     """What a launch reads where other blocks wrote it: a GEMM's left operand (all of K of its rows), a
     stage's partial sums of a row reduction (every block's), a value of one number per row (written by
@@ -370,47 +334,3 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     smem = 4 * _smem_floats(placed, column_blocks, row_tile, rows)
     return PersistentLaunch(layer, tuple(items), column_blocks * row_groups, THREADS, batch, row_groups,
                             row_tile, smem, note, tuple(added), reverse)
-
-
-def layer_targets(steps: list[list[Launch]], target: Target) -> list[Target]:
-    """The SMs of the target shared between the layers of a wavefront in proportion to the work of their
-    steps (a GEMM's multiply-adds per row, an elementwise launch's ops per row): the layer with the most
-    sets the pace of every wave."""
-    work = [sum(launch.k * launch.n if isinstance(launch, GemmLaunch) else launch.width * len(launch.body)
-                for launch in step) or 1 for step in steps]
-    exact = [target.sm_count * w / sum(work) for w in work]
-    shares = [max(1, int(e)) for e in exact]
-    for i in sorted(range(len(steps)), key=lambda i: int(exact[i]) - exact[i]):  # largest remainder first
-        if sum(shares) >= target.sm_count:
-            break
-        shares[i] += 1
-    if sum(shares) > target.sm_count:
-        raise CellError(f"a wavefront of {len(steps)} layers needs a block per layer at least, and the "
-                        f"target has {target.sm_count} SMs")
-    return [dataclasses.replace(target, sm_count=n) for n in shares]
-
-
-def _phases(launch: PersistentLaunch, buffer: str, write: bool) -> list[int]:
-    """The phases (barriers passed since the step began) of the items that read, or write, a buffer."""
-    out, phase = [], 0
-    for item in launch.items:
-        phase += item.barrier
-        if buffer in (writes if write else reads)(item.launch):
-            out.append(phase)
-    return out
-
-
-def wavefront_launch(layers: list[PersistentLaunch], outputs: list[str]) -> WavefrontLaunch:
-    """The layers' persistent launches as one (see `WavefrontLaunch`); `outputs` names each layer's
-    output sequence. Layer l writes its output in some phase p of wave w, and layer l+1 reads it in
-    phase q of wave w+1: the barriers between them are the P - p left in wave w (P: the most barriers a
-    layer's step has) and the first q of wave w+1. Where that is none, a barrier goes at each wave's
-    end."""
-    most = max(p.barriers_per_step for p in layers)
-    end = False
-    for below, above, y in zip(layers, layers[1:], outputs, strict=False):
-        written, read = _phases(below, y, write=True), _phases(above, y, write=False)
-        if written and read and most - max(written) + min(read) < 1:
-            end = True
-    first = [sum(p.blocks for p in layers[:i]) for i in range(len(layers))]
-    return WavefrontLaunch(tuple(layers), tuple(first), end)

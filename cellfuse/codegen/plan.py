@@ -22,9 +22,8 @@ from ..graph_model import OpSpec, Sizes
 #   fixed: row 0;  all: row 0 and every T*B rows;  all+1: from row B (a [T+1, B, .] buffer's steps 1..T)
 #   t: row t*B;  t+1: row (t+1)*B;  t%2 and (t+1)%2: one of two alternating [B, .] slots
 Slot = Literal["fixed", "all", "all+1", "t", "t+1", "t%2", "(t+1)%2"]
-# The same place of a buffer with a row block per step, read by one step and by all T steps at once.
+# The place of a buffer with a row block per step that one step reads, and the same read by all T steps.
 ALL_STEPS: dict[Slot, Slot] = {"t": "all", "t+1": "all+1"}
-ONE_STEP: dict[Slot, Slot] = {every: one for one, every in ALL_STEPS.items()}
 
 
 def row_offset(slot: Slot, t: int, batch: int) -> int:
@@ -311,45 +310,6 @@ class PersistentLaunch:
 
 
 @dataclass(frozen=True)
-class WavefrontLaunch:
-    """Every step of every layer in one cooperative launch. Layer l has the blocks from `first[l]` on
-    (`layers[l].blocks` of them) and runs its step t at wave t + l, so that layer l+1's step t, which
-    reads layer l's output of step t, runs beside layer l's step t+1. Every block passes `barriers`
-    grid-wide barriers per wave, whether or not its layer has a step at that wave: first its own step's
-    (`layers[l].barriers_per_step`), then as many more as the layer with the most has, and then, where
-    `end_barrier`, one at the end of the wave, without which a layer could read the output of the layer
-    below before all of it is written."""
-
-    layers: tuple[PersistentLaunch, ...]
-    first: tuple[int, ...]
-    end_barrier: bool
-
-    @property
-    def blocks(self) -> int:
-        return self.first[-1] + self.layers[-1].blocks
-
-    @property
-    def threads(self) -> int:
-        return self.layers[0].threads
-
-    @property
-    def smem_bytes(self) -> int:
-        return max(p.smem_bytes for p in self.layers)
-
-    @property
-    def batch(self) -> int:
-        return self.layers[0].batch
-
-    @property
-    def barriers(self) -> int:
-        return max(p.barriers_per_step for p in self.layers) + self.end_barrier
-
-    @property
-    def label(self) -> str:
-        return f"layers 0 to {len(self.layers) - 1}"
-
-
-@dataclass(frozen=True)
 class ParamPart:
     """A parameter key's place in a weight-like buffer: `rows` rows of `width` columns from column `col`,
     the buffer's rows `ld` floats long."""
@@ -391,9 +351,10 @@ class Plan:
     # When > 0, the hoisted launches (the prologue) run in chunks of this many steps on a second stream,
     # beside the recurrence: step t waits only for its own chunk, not for all T steps' GEMMs.
     chunk_steps: int = 0
+    # With chunk_steps: each layer's steps (and its hoisted chunks) on streams of its own, so that layer l
+    # runs its chunk j of steps beside layer l-1's chunk j+1: a wavefront of chunks.
+    layer_streams: bool = False
     saves_steps: bool = False  # every step's states, values and GEMM outputs kept (see make_plan)
-    # every layer's steps in one launch (each layer's `persistent` is its part of it)
-    wavefront: WavefrontLaunch | None = None
     target: Target | None = None  # the GPU a persistent plan is made for; its backward pass is too
     tensor_cores: bool = False  # the GEMMs of its persistent kernels (and its backward's) on tensor cores
 
@@ -461,6 +422,7 @@ class Plan:
             "bytes_per_step": self.bytes_per_step(),
             "cuda_graph": self.cuda_graph,
             "hoisted_chunk_steps": self.chunk_steps,
+            "layer_streams": self.layer_streams,
             "persistent": None if not self.layers[0].persistent else {
                 "blocks": self.layers[0].persistent.blocks, "threads": self.layers[0].persistent.threads,
                 "row_groups": self.layers[0].persistent.row_groups,
@@ -470,11 +432,6 @@ class Plan:
                                        if isinstance(i.launch, GemmLaunch)),
                 "tensor_cores": any(i.mma for i in self.layers[0].persistent.items),
                 "note": self.layers[0].persistent.note},
-            "wavefront": None if not self.wavefront else {
-                "blocks": self.wavefront.blocks, "barriers_per_wave": self.wavefront.barriers,
-                "layers": [{"blocks": p.blocks, "first_block": first, "smem_bytes_per_block": p.smem_bytes,
-                            "barriers_per_step": p.barriers_per_step, "note": p.note}
-                           for p, first in zip(self.wavefront.layers, self.wavefront.first, strict=True)]},
             "dropped": list(self.dead),
         }
 
@@ -491,6 +448,9 @@ class Plan:
         if self.chunk_steps:
             lines.append(f"hoisted launches run in chunks of {self.chunk_steps} steps on a second stream, "
                          "beside the loop")
+        if self.layer_streams:
+            lines.append("each layer's steps run on a stream of their own: layer l runs a chunk of steps "
+                         "beside layer l-1's next chunk")
         if self.cuda_graph:
             lines.append("the whole forward pass is captured once into a CUDA graph and replayed")
         lines += ["", "GEMM groups:"]
@@ -528,29 +488,11 @@ class Plan:
                              f" ({what})")
             if persistent.note:
                 lines.append(f"  note: {persistent.note}")
-            if self.wavefront:
-                lines += ["", *self._describe_wavefront()]
         else:
             lines += [f"  {launch_name(launch)}" for launch in self.layers[0].step]
         if self.dead:
             lines += ["", f"not computed (nothing depends on them): {', '.join(self.dead)}"]
         return "\n".join(lines)
-
-    def _describe_wavefront(self) -> list[str]:
-        wf = self.wavefront
-        end = ", one of them at the end of each wave" if wf.end_barrier else ""
-        lines = [f"wavefront: every layer's steps in one cooperative launch of {wf.blocks} blocks; layer l "
-                 f"runs its step t at wave t + l, beside layer l-1's step t+1; {wf.barriers} grid-wide "
-                 f"barrier(s) per wave{end}:"]
-        for p, first in zip(wf.layers, wf.first, strict=True):
-            input_work = "" if not p.layer else "; its input's part of the hoisted work in each step"
-            lines.append(f"  layer {p.layer}: blocks {first} to {first + p.blocks - 1} ({p.column_blocks} "
-                         f"column blocks x {p.row_groups} row groups), {p.barriers_per_step} barrier(s) per "
-                         "step, "
-                         f"{p.smem_bytes / 1024:.1f} KiB of shared memory per block{input_work}")
-            if p.note and p.layer:
-                lines.append(f"    note: {p.note}")
-        return lines
 
     def param_parts(self) -> Iterator[ParamPart]:
         """Where each parameter key lives in the weight-like buffers: a weight as it is, a stacked

@@ -6,13 +6,15 @@ placing every node in a phase and a stage, and fusing elementwise nodes into ker
 decide what is independent of the sizes; `_Layer` then gives every value of every layer a buffer and
 turns groups and islands into launches with concrete sizes and addresses.
 
-Multi-layer: each layer runs its whole sequence before the next starts; layer l's hoisted GEMMs read
-layer l-1's finished output sequence.
+Multi-layer: layer l's hoisted launches read layer l-1's output sequence, in chunks of steps
+(`HOIST_CHUNK_STEPS`) where they run beside the loop. The layers run one after another, but in the
+wavefront rung, which gives each layer streams of its own so that layer l runs a chunk of its steps
+beside layer l-1's next chunk (see `lowering`).
 
 The persistent rung keeps the hoisted rung's launches and runs each layer's step loop as one cooperative
-launch (see `persistent`); the wavefront rung runs all the layers' loops as one; the tensor rung runs the
-GEMMs of the persistent rung's launches on tensor cores, each float32 product as three TF32 ones: the
-error of float32's, at a third of the tensor cores' rate, several times the CUDA cores'.
+launch (see `persistent`); the tensor rung runs the GEMMs of the persistent rung's launches on tensor
+cores, each float32 product as three TF32 ones: the error of float32's, at a third of the tensor cores'
+rate, several times the CUDA cores'.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from ..graph_model.limits import MAX_LAYERS
 from ..graph_model.ops import OPS
 from ..graph_model.params import check_widths
 from ..graph_model.validate import ONE, ROW, check_count
-from .persistent import layer_targets, persistent_launch, wavefront_launch, with_hoisted
+from .persistent import persistent_launch
 from .plan import (
     H100,
     Access,
@@ -280,22 +282,22 @@ def store_the_rest(st: _Step) -> None:
 class Rung:
     passes: tuple[Pass, ...]
     cuda_graph: bool = False  # the whole forward pass captured once into a CUDA graph and replayed
+    layer_streams: bool = False  # each layer's loop on its own stream, a chunk of steps behind the one below
     persistent: bool = False  # each layer's step loop is one cooperative launch
-    wavefront: bool = False  # and all the layers' loops one launch, layer l+1 a step behind layer l
     tensor_cores: bool = False  # and the GEMMs in them on tensor cores, three TF32 products for each
 
 
 _HOISTED = (gemm_per_left_operand, hoist, fold_biases, place, fuse, store_the_rest)
-# The ladder of schedules; each keeps what the ones before it do, but `tensor` is `persistent`'s next
-# step, not the wavefront's (which loses to one layer after another at the sizes measured).
+# The ladder of schedules; each keeps what the ones before it do, but `persistent` runs the layers one
+# after another (a cooperative launch takes every SM), not as the wavefront does.
 LADDER: dict[str, Rung] = {
     "naive": Rung((gemm_each, place, kernel_each, store_the_rest)),
     "combined": Rung((gemm_per_left_operand, place, kernel_each, store_the_rest)),
     "fused": Rung((gemm_per_left_operand, place, fuse, store_the_rest)),
     "hoisted": Rung(_HOISTED),
     "graph": Rung(_HOISTED, cuda_graph=True),
+    "wavefront": Rung(_HOISTED, cuda_graph=True, layer_streams=True),
     "persistent": Rung(_HOISTED, cuda_graph=True, persistent=True),
-    "wavefront": Rung(_HOISTED, cuda_graph=True, persistent=True, wavefront=True),
     "tensor": Rung(_HOISTED, cuda_graph=True, persistent=True, tensor_cores=True),
 }
 SCHEDULES = tuple(LADDER)
@@ -500,31 +502,24 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
         buffers[f"final.{s}"] = Buffer(f"final.{s}", "layers", H, "final")
     layers = []
     x = next(n.id for n in cell.nodes if n.op == "input")
-    wavefront = rung.wavefront and sizes.layers > 1  # of one layer: the persistent plan itself
-    laid = []
     for layer in range(sizes.layers):
         lay = _Layer(st, sizes, layer, buffers, save_steps)
         prologue, step = ([(lay.launch(item), lay.columns(item)) for item in _ordered(st, hoisted)]
                           for hoisted in (True, False))
-        if wavefront and layer:  # its input comes a step at a time, from the layer below
-            prologue, step = [], with_hoisted(prologue, step, sizes.batch)
-        laid.append((lay, [launch for launch, _ in prologue], [launch for launch, _ in step],
-                     [cols for _, cols in step]))
-    targets = (layer_targets([step for _, _, step, _ in laid], target) if wavefront
-               else [target] * sizes.layers)
-    for (lay, prologue, step, columns), on in zip(laid, targets, strict=True):
-        persistent = (persistent_launch(lay.layer, step, columns, H, sizes.batch, on, save_steps,
-                                        mma=rung.tensor_cores) if rung.persistent else None)
+        step_launches = [launch for launch, _ in step]
+        persistent = (persistent_launch(lay.layer, step_launches, [cols for _, cols in step], H,
+                                        sizes.batch, target, save_steps, mma=rung.tensor_cores)
+                      if rung.persistent else None)
         buffers.update({b.name: b for b in persistent.buffers} if persistent else {})
-        layers.append(LayerPlan(lay.layer, lay.K, prologue, step, lay.read(x, STEP),
-                                {s: lay.read(s, STEP) for s in cell.updates}, lay.y, persistent))
-    whole = (wavefront_launch([lp.persistent for lp in layers], [lp.output_seq for lp in layers])
-             if wavefront else None)
+        layers.append(LayerPlan(lay.layer, lay.K, [launch for launch, _ in prologue], step_launches,
+                                lay.read(x, STEP), {s: lay.read(s, STEP) for s in cell.updates}, lay.y,
+                                persistent))
     # The persistent kernel cannot wait for chunks of hoisted work mid-loop: its prologue runs first.
     hoisting = any(lp.prologue for lp in layers) and not rung.persistent
     chunk = min(sizes.seq, HOIST_CHUNK_STEPS) if hoisting else 0
     return Plan(cell.name, cell.description, schedule, sizes, tuple(cell.updates),
                 expected_params(cell, sizes.layers, sizes.input, sizes.hidden), st.groups, st.islands,
                 layers, buffers, sorted(info.dead), cuda_graph=rung.cuda_graph,
-                chunk_steps=chunk, saves_steps=save_steps, wavefront=whole,
+                chunk_steps=chunk, layer_streams=rung.layer_streams and chunk > 0 and sizes.layers > 1,
+                saves_steps=save_steps,
                 target=target if rung.persistent else None, tensor_cores=rung.tensor_cores)

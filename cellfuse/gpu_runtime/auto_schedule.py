@@ -3,7 +3,8 @@ remembered.
 
 The candidates are the rungs bound by the GPU rather than by launches from Python (`graph`,
 `persistent`, `tensor`, and for several layers `wavefront`): which wins depends on the sizes
-(`persistent` at small batches, `graph` where the per-step GEMM is large) and on the GPU. Each is
+(`persistent` at small batches, `graph` where the per-step GEMM is large, `wavefront` for some stacks)
+and on the GPU. Each is
 checked against the reference and timed by the benchmark; the fastest that gave the right answer is
 kept in a JSON file in the user's cache folder, keyed by the GPU, the cell's structure and the sizes.
 Without a GPU there is nothing to measure, and `auto` is `graph`.
@@ -22,7 +23,7 @@ from ..graph_model import Cell, CellError, Sizes, atomic_write
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
-CANDIDATES = ("graph", "persistent", "wavefront", "tensor")
+CANDIDATES = ("graph", "wavefront", "persistent", "tensor")
 WITHOUT_GPU = "graph"
 REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 
@@ -54,7 +55,7 @@ def _read(path: Path) -> dict[str, dict]:
 
 
 def candidates(sizes: Sizes) -> list[str]:
-    """The rungs to measure: a wavefront of one layer is the persistent plan itself."""
+    """The rungs to measure: a wavefront of one layer is the graph plan itself."""
     return [s for s in CANDIDATES if s != "wavefront" or sizes.layers > 1]
 
 

@@ -4,7 +4,7 @@ reference interpreter before it is timed. The command line and the editor both c
 With `BenchConfig.train`, each implementation runs forward + backward: the gradients of sum(dy * y), for a
 fixed random dy, with respect to x, the initial states and every parameter, checked against the float64
 reference's (`run_reference_backward`) before they are timed. A schedule's forward Plan saves its steps
-and its backward Plan runs after it (a persistent or wavefront forward pass with the graph rung's backward
+and its backward Plan runs after it (a persistent forward pass with the graph rung's backward
 machinery); the baselines run with autograd."""
 
 from __future__ import annotations
@@ -446,8 +446,8 @@ def _add_note(row: BenchRow, text: str) -> None:
 
 
 def _launched_work(plan: Plan) -> list:
-    return [plan.cuda_graph, plan.chunk_steps, plan.wavefront] + [(lp.prologue, lp.step, lp.persistent)
-                                                                   for lp in plan.layers]
+    return [plan.cuda_graph, plan.chunk_steps, plan.layer_streams, *((lp.prologue, lp.step, lp.persistent)
+                                                                    for lp in plan.layers)]
 
 
 def _same_as_rung_below(p: _Problem, plan: Plan) -> str:

@@ -10,7 +10,7 @@ The gradient buffers, the adjoint kernels and the persistent kernels of reverse 
 (`CudaExecutor.add_kernels`; it unloads them when it closes), so that its one way of putting an
 instruction on a stream (cuBLAS with the GEMM's transposes and beta, the kernels with their pointers at
 step t, the cooperative launches) runs the backward program too. Where the forward plan runs from a CUDA
-graph (the `graph`, `persistent`, `wavefront` and `tensor` rungs), so does the backward program, captured
+graph (the `graph`, `wavefront`, `persistent` and `tensor` rungs), so does the backward program, captured
 at its first run: launched one by one from Python, its two launches a step would cost more host time than
 the GPU spends on them.
 """

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..codegen import Plan, plan_kernels
 from ..codegen.cuda_kernels import BLOCK, kernel_params
-from ..codegen.cuda_persistent import persistent_buffers, wavefront_buffers
+from ..codegen.cuda_persistent import persistent_buffers
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import (
     Copy,
@@ -29,12 +29,11 @@ from ..codegen.lowering import (
     Persistent,
     Record,
     Wait,
-    Wavefront,
     element_offset,
     launch_rows,
     lower,
 )
-from ..codegen.plan import PersistentLaunch, Target, WavefrontLaunch
+from ..codegen.plan import PersistentLaunch, Target
 from ..graph_model import CellError, Forward
 
 log = logging.getLogger(__name__)
@@ -162,6 +161,9 @@ class CudaExecutor:
             self.cublas.set_stream(handle, stream.handle)
             workspace = drv.mem_alloc(_CUBLAS_WORKSPACE)
             self.cublas.set_workspace(handle, int(workspace), _CUBLAS_WORKSPACE)
+            if self.program.sharing > 1:  # cuBLAS picks its kernels for a share of the SMs
+                sms = drv.Context.get_device().get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
+                self.cublas.set_sm_count_target(handle, max(1, sms // self.program.sharing))
             self.handles.append(handle)
             self.workspaces.append(workspace)
         self._scalars = np.array([1.0, 0.0], np.float32)  # alpha and beta live here for cuBLAS
@@ -177,7 +179,7 @@ class CudaExecutor:
         API, whose cooperative launch they need. Returns the PyCUDA module."""
         module = self.drv.module_from_buffer(cubin)
         cooperative = {name for launch, name in kernels.name_of.items()
-                       if isinstance(launch, PersistentLaunch | WavefrontLaunch)}
+                       if isinstance(launch, PersistentLaunch)}
         self.funcs.update({name: module.get_function(name) for name in kernels.sources
                            if name not in cooperative})
         if cooperative:
@@ -229,10 +231,9 @@ class CudaExecutor:
             case Loop(body=body):
                 return [call for step in instr.steps(self.plan.sizes.seq) for inner in body
                         for call in self._calls(inner, step)]
-            case Persistent(launch=p, stream=s) | Wavefront(launch=p, stream=s):
+            case Persistent(launch=p, stream=s):
                 kernel = self.cooperative[self.name_of[p]]
-                buffers = persistent_buffers(p) if isinstance(p, PersistentLaunch) else wavefront_buffers(p)
-                pointers = [self.addr[b] for b in buffers]
+                pointers = [self.addr[b] for b in persistent_buffers(p)]
                 return [kernel.call(p, [self.plan.sizes.seq, B], pointers, self.streams[s])]
             case _:
                 raise TypeError(f"the CUDA executor cannot run {instr!r}")
@@ -331,13 +332,13 @@ def device_target() -> Target:
 
 
 class _Cooperative:
-    """A persistent or wavefront kernel, launched cooperatively through the driver API (PyCUDA has no such
+    """A persistent kernel, launched cooperatively through the driver API (PyCUDA has no such
     launch)."""
 
     def __init__(self, cu, function):
         self.cu, self.function = cu, function
 
-    def call(self, launch: PersistentLaunch | WavefrontLaunch, ints: list[int], pointers: list[int],
+    def call(self, launch: PersistentLaunch, ints: list[int], pointers: list[int],
              stream) -> Callable[[], object]:
         """The call that launches it: all blocks resident at once, or a CellError saying why not."""
         cu = self.cu
@@ -357,7 +358,7 @@ class _Cooperative:
         table = np.array([v.ctypes.data for v in values], np.uint64)
         return partial(self._launch, launch, cu.CUstream(stream.handle), table, values)
 
-    def _launch(self, launch: PersistentLaunch | WavefrontLaunch, stream, table: np.ndarray,
+    def _launch(self, launch: PersistentLaunch, stream, table: np.ndarray,
                 values: list[np.ndarray]) -> None:
         del values  # held by the partial, so that the table's pointers stay valid
         _cu_check(self.cu.cuLaunchCooperativeKernel(self.function, launch.blocks, 1, 1, launch.threads, 1, 1,
@@ -373,7 +374,7 @@ def _cooperative_functions(cu, cubin: bytes, kernels) -> tuple[object, dict[str,
     module = _cu_check(cu.cuModuleLoadData(cubin))
     return module, {name: _Cooperative(cu, _cu_check(cu.cuModuleGetFunction(module, name.encode())))
                     for launch, name in kernels.name_of.items()
-                    if isinstance(launch, PersistentLaunch | WavefrontLaunch)}
+                    if isinstance(launch, PersistentLaunch)}
 
 
 def _grid(n: int) -> int:

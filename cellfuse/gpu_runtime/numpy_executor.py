@@ -1,9 +1,9 @@
 """Executes a Plan's lowered program with numpy: the same buffers, stacked weights, instructions, streams
 and addresses as the CUDA executor, so that a scheduling bug shows on a machine without a GPU too.
 
-The two streams are interleaved as `execution_order` allows: by default the hoisted work runs as early
-as its events let it, and `prefer=MAIN` runs it as late as the recurrence lets it; a Wait missing from
-the program makes one of the two read a buffer nothing wrote (every buffer starts as NaN).
+The streams are interleaved as `execution_order` allows: by default the hoisted work runs as early as
+its events let it, and `prefer=MAIN` runs it as late as the recurrence lets it; a Wait missing from the
+program makes one of the two read a buffer nothing wrote (every buffer starts as NaN).
 
 A persistent launch runs as its blocks would, each on its own rows and columns: between two grid-wide
 barriers the blocks run one after another (in increasing order, or decreasing with `reverse_blocks`), each
@@ -28,7 +28,6 @@ from ..codegen.lowering import (
     Persistent,
     Record,
     Wait,
-    Wavefront,
     as_instruction,
     element_offset,
     execution_order,
@@ -45,12 +44,10 @@ from ..codegen.plan import (
     PersistentItem,
     PersistentLaunch,
     Plan,
-    WavefrontLaunch,
 )
 from ..graph_model import Forward
 
 CHECKED_STEPS = 3  # steps of a persistent launch run block by block
-Event = tuple[int, PersistentItem] | None  # what a block of a cooperative kernel does, or a barrier
 
 
 def run_body(body: tuple[Instr | GradInstr, ...], values: dict[str, np.ndarray], dtype: np.dtype) -> None:
@@ -125,8 +122,6 @@ class NumpyExecutor:
                         self.execute(inner, step)
             case Persistent(launch=p):
                 self.persistent(p)
-            case Wavefront(launch=p):
-                self.wavefront(p)
             case Record() | Wait():
                 pass  # the order of `execution_order` already respects them
             case _:
@@ -170,50 +165,21 @@ class NumpyExecutor:
     def persistent(self, launch: PersistentLaunch) -> None:
         """Every step of a persistent launch, block by block between barriers (see the module's doc)."""
         steps = range(self.seq - 1, -1, -1) if launch.reverse else range(self.seq)
-        self.blocks([(launch, [event for t in steps for item in launch.items
-                               for event in ([None] if item.barrier else []) + [(t, item)]])])
-
-    def wavefront(self, launch: WavefrontLaunch) -> None:
-        """Every wave of a wavefront launch: each layer's step of the wave, or only its barriers where
-        it has none, and then the barriers it has fewer than the wave's."""
-        timelines = []
-        for layer, p in enumerate(launch.layers):
-            events: list[Event] = []
-            for wave in range(self.seq + len(launch.layers) - 1):
-                t = wave - layer
-                for item in p.items:
-                    events += ([None] if item.barrier else []) + ([(t, item)] if 0 <= t < self.seq else [])
-                events += [None] * (launch.barriers - p.barriers_per_step)
-            timelines.append((p, events))
-        self.blocks(timelines)
-
-    def blocks(self, timelines: list[tuple[PersistentLaunch, list[Event]]]) -> None:
-        """The launches of one cooperative kernel, each on its own blocks, the blocks of all of them in a
-        row: what each block does, (step, item) or a grid-wide barrier (None), in order."""
-        spans = []  # per launch, its work between barriers
-        for _, events in timelines:
-            spans.append([[]])
-            for event in events:
-                if event is None:
-                    spans[-1].append([])
-                else:
-                    spans[-1][-1].append(event)
-        assert len({len(s) for s in spans}) == 1, "the blocks of one kernel pass different barriers"
-        blocks = [(p, block, own) for (p, _), own in zip(timelines, spans, strict=True)
-                  for block in range(p.blocks)]
-        order = blocks[::-1] if self.reverse_blocks else blocks
-        def late(p: PersistentLaunch, t: int) -> bool:  # past the steps run block by block
-            return (self.seq - 1 - t if p.reverse else t) >= CHECKED_STEPS
-
-        for i in range(len(spans[0])):
-            if all(late(p, t) for (p, _), own in zip(timelines, spans, strict=True) for t, _ in own[i]):
-                for own in spans:  # every block at once: each launch on all rows and columns
-                    for t, item in own[i]:
-                        self.execute(as_instruction(item.launch), t)
+        spans: list[list[tuple[int, PersistentItem]]] = [[]]  # the blocks' work between barriers
+        for t in steps:
+            for item in launch.items:
+                if item.barrier:
+                    spans.append([])
+                spans[-1].append((t, item))
+        blocks = range(launch.blocks - 1, -1, -1) if self.reverse_blocks else range(launch.blocks)
+        for span in spans:
+            if all((self.seq - 1 - t if launch.reverse else t) >= CHECKED_STEPS for t, _ in span):
+                for t, item in span:  # past the steps run block by block: all rows and columns at once
+                    self.execute(as_instruction(item.launch), t)
                 continue
-            for p, block, own in order:
-                for t, item in own[i]:
-                    self.block_item(item, p, block, t)
+            for block in blocks:
+                for t, item in span:
+                    self.block_item(item, launch, block, t)
 
     def block_item(self, item: PersistentItem, launch: PersistentLaunch, block: int, t: int) -> None:
         """One block's part of one launch of a persistent kernel at step t."""

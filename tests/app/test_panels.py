@@ -183,7 +183,7 @@ def test_plan_follows_the_sizes_and_says_why_when_there_is_none(qtbot, window):
 def test_plan_view_says_what_a_persistent_kernel_holds(window):
     """Under `persistent` and `tensor` a layer's steps are one cooperative kernel: the plan view says how
     many blocks it has, its barriers per step, its shared memory and whether its GEMMs run on tensor
-    cores; under `graph` there is no such kernel and nothing is said."""
+    cores; under `wavefront` that the layers run side by side; under `graph` nothing is said."""
     panel = window.plan_panel
     window.bench_panel.set_sizes(hidden=64)
     panel.set_schedule("tensor")
@@ -197,7 +197,8 @@ def test_plan_view_says_what_a_persistent_kernel_holds(window):
     window.bench_panel.set_sizes(layers=2)
     panel.set_schedule("wavefront")
     window.refresh_plan()
-    assert "every layer's steps" in panel.kernel_label.text() and "per wave" in panel.kernel_label.text()
+    text = panel.kernel_label.text()
+    assert "stream of its own" in text and "beside the layer below" in text
     panel.set_schedule("graph")
     window.refresh_plan()
     assert not panel.kernel_label.isVisibleTo(window)

@@ -69,7 +69,11 @@ def test_chunked_streams_match_the_reference_in_either_order(name, chunk, prefer
     cell = load_template(name)
     # a cell that ties the two widths runs only where they are equal
     sizes = replace(SIZES, input=SIZES.hidden) if analyze(cell).ties else SIZES
-    plan = replace(make_plan(cell, sizes, "hoisted"), chunk_steps=chunk)
+    assert_matches_reference(cell, replace(make_plan(cell, sizes, "hoisted"), chunk_steps=chunk), prefer)
+
+
+def assert_matches_reference(cell, plan, prefer: int) -> None:
+    sizes = plan.sizes
     params = init_params(cell, sizes.layers, sizes.input, sizes.hidden, seed=1)
     rng = np.random.default_rng(2)
     x = rng.standard_normal((sizes.seq, sizes.batch, sizes.input))
@@ -97,6 +101,56 @@ def test_a_missing_wait_gives_a_wrong_result_in_one_of_the_orders(prefer):
     # MAIN first runs the loop before the hoisted work it skipped waiting for; SIDE first runs layer 1's
     # hoisted GEMM before layer 0 wrote what it reads.
     stream = MAIN if prefer == MAIN else SIDE
+    ex.program = _without(ex.program, lambda i: isinstance(i, Wait) and i.stream == stream and i.event > 0)
+    assert not np.all(np.isfinite(ex.run(x, initial).y))
+
+
+def test_a_wavefront_gives_each_layer_streams_of_its_own():
+    """Layer l's loop on stream 2l and its hoisted chunks on 2l + 1; a chunk of an upper layer's hoisted
+    work waits for the lower layer's steps of that chunk, on the lower layer's stream, and nothing else
+    ties the layers, so layer l's chunk j runs beside layer l-1's chunk j + 1."""
+    sizes = replace(SIZES, layers=3)
+    plan = replace(make_plan(load_template("lstm"), sizes, "wavefront"), chunk_steps=3)
+    assert plan.layer_streams
+    program = lower(plan)
+    assert program.streams == 6 and program.sharing == 3
+    loops = [i for i in program.instructions if isinstance(i, Loop)]
+    assert [lp.stream for lp in loops] == [0] * 3 + [2] * 3 + [4] * 3
+    assert all(inner.stream == lp.stream for lp in loops for inner in lp.body)
+    gemms = [i for i in program.instructions if isinstance(i, Gemm)]
+    assert [g.stream for g in gemms] == [1] * 3 + [3] * 3 + [5] * 3
+    recorded_on = {i.event: i.stream for i in program.instructions if isinstance(i, Record)}
+    for layer in (1, 2):
+        waits = [i for i in program.instructions if isinstance(i, Wait) and i.stream == 2 * layer + 1]
+        assert [recorded_on[w.event] for w in waits] == [0] + [2 * layer - 2] * 3  # the fork, then chunks
+    assert list(execution_order(program, MAIN)) and list(execution_order(program, SIDE))
+    one = lower(plan, one_stream=True)
+    assert one.streams == 1 and one.sharing == 1
+    assert lower(make_plan(load_template("lstm"), SIZES, "wavefront")).sharing == 2
+    assert not make_plan(load_template("lstm"), replace(SIZES, layers=1), "wavefront").layer_streams
+
+
+@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("chunk", [1, 3])
+@pytest.mark.parametrize("prefer", [MAIN, SIDE])
+def test_a_wavefront_matches_the_reference_in_either_order(name, chunk, prefer):
+    cell = load_template(name)
+    sizes = replace(SIZES, layers=3, input=SIZES.hidden)
+    assert_matches_reference(cell, replace(make_plan(cell, sizes, "wavefront"), chunk_steps=chunk), prefer)
+
+
+@pytest.mark.parametrize("prefer", [MAIN, SIDE])
+def test_a_wavefront_missing_a_wait_between_layers_gives_a_wrong_result(prefer):
+    """The upper layers' streams run as early as they may: without its Waits for the layer below (SIDE)
+    or for its own hoisted chunks (MAIN), a layer reads what nothing wrote yet."""
+    cell = load_template("gru")
+    sizes = replace(SIZES, layers=3)
+    plan = replace(make_plan(cell, sizes, "wavefront"), chunk_steps=3)
+    params = init_params(cell, sizes.layers, sizes.input, sizes.hidden, seed=1)
+    x = np.random.default_rng(0).standard_normal((sizes.seq, sizes.batch, sizes.input))
+    initial = {"h": np.zeros((sizes.layers, sizes.batch, sizes.hidden))}
+    ex = NumpyExecutor(plan, params, np.float64, prefer)
+    stream = 5 if prefer == SIDE else 4  # the top layer's side stream, or its loop's
     ex.program = _without(ex.program, lambda i: isinstance(i, Wait) and i.stream == stream and i.event > 0)
     assert not np.all(np.isfinite(ex.run(x, initial).y))
 

@@ -184,75 +184,12 @@ def test_shared_memory_arrays_start_on_16_byte_boundaries(name):
                 assert int(offset) % 4 == 0, f"{sizes}: an array at float {offset}"
 
 
-# -- the wavefront: every layer in one launch, layer l+1 a step behind layer l ------------------------------
-@pytest.mark.parametrize("name", TEMPLATES)
-@pytest.mark.parametrize("target, batch", [(H100, 3), (EIGHT, 19)], ids=["h100", "row-groups"])
-@pytest.mark.parametrize("layers", [2, 3])
-def test_every_template_matches_the_reference_in_a_wavefront(name, target, batch, layers):
-    cell = load_template(name)
-    plan = make_plan(cell, Sizes(5, batch, 6 if analyze(cell).ties else 7, 6, layers), "wavefront", target)
-    wf = plan.wavefront
-    assert wf.blocks <= target.sm_count and len(wf.layers) == layers
-    assert all(not lp.prologue for lp in plan.layers[1:])  # their input comes a step at a time
-    for initial in (False, True):
-        for reverse in (False, True):
-            assert run(plan, cell, layers, initial, reverse) < 1e-9
-
-
-def test_a_wavefront_of_one_layer_is_the_persistent_plan():
-    cell = load_template("lstm")
-    one, persistent = (make_plan(cell, Sizes(5, 3, 7, 6), s) for s in ("wavefront", "persistent"))
-    assert one.wavefront is None and one.layers == persistent.layers
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(random_cells())
-def test_random_cells_match_the_reference_in_a_wavefront(cell):
-    for layers, target, batch in ((2, EIGHT, 17), (3, H100, 2)):
-        plan = make_plan(cell, Sizes(4, batch, 5, 5, layers), "wavefront", target)
-        for reverse in (False, True):
-            assert run(plan, cell, layers, True, reverse) < 1e-6
-
-
-@pytest.mark.parametrize("name, barriers, end", [("lstm", 1, False), ("gru_cho", 2, False),
-                                                 ("indrnn", 1, True),
-                                                 ("sru", 1, True)])
-def test_barriers_per_wave(name, barriers, end):
-    """An LSTM's upper layers compute their input's GEMM after the step's barrier, beside the recurrent
-    one, so one barrier a wave does; a cell with no recurrent GEMM needs one at each wave's end, or a
-    layer would read the output of the one below while it is written."""
-    cell = load_template(name)
-    plan = make_plan(cell, Sizes(5, 3, 6, 6, 3), "wavefront")
-    assert (plan.wavefront.barriers, plan.wavefront.end_barrier) == (barriers, end)
-    if name == "lstm":
-        upper = plan.layers[1].persistent.items
-        assert [type(i.launch) for i in upper] == [GemmLaunch, GemmLaunch, KernelLaunch]
-        assert upper[0].barrier and upper[1].launch.a.buffer == plan.layers[0].output_seq
-    if end:
-        broken = dataclasses.replace(plan, wavefront=dataclasses.replace(plan.wavefront, end_barrier=False))
-        errors = [run(broken, cell, 3, True, r) for r in (False, True)]
-        assert max(errors) > 1e-3 or any(np.isnan(errors))
-
-
-def test_a_wavefront_shares_the_sms_by_the_work_of_each_layer():
-    """An LSTM's first layer has only its recurrent GEMM in the loop, the others their input's GEMM too:
-    they get about twice its blocks, and all of them fit on the GPU at once."""
-    plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512, 4), "wavefront")
-    blocks = [p.blocks for p in plan.wavefront.layers]
-    assert sum(blocks) <= H100.sm_count and 1.7 < blocks[1] / blocks[0] < 2.3
-    assert plan.wavefront.first == (0, *np.cumsum(blocks)[:-1])
-    assert all(p.smem_bytes <= H100.smem_per_block for p in plan.wavefront.layers)
-    text = plan.describe()
-    assert "wavefront: every layer's steps in one cooperative launch" in text and "layer 3: blocks" in text
-
-
 # -- row reductions: a stage boundary ------------------------------------------------------------------------
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_cells(reductions=True))
 def test_random_cells_with_row_reductions_match_the_reference_block_by_block(cell):
-    for layers, target, batch, schedule in ((1, SMALL, 2, "persistent"), (1, EIGHT, 17, "persistent"),
-                                            (2, EIGHT, 3, "wavefront")):
-        plan = make_plan(cell, Sizes(4, batch, 5, 7, layers), schedule, target)
+    for layers, target, batch in ((1, SMALL, 2), (1, EIGHT, 17), (2, EIGHT, 3)):
+        plan = make_plan(cell, Sizes(4, batch, 5, 7, layers), "persistent", target)
         for reverse in (False, True):
             assert run(plan, cell, layers, True, reverse) < 1e-6
 
@@ -298,11 +235,10 @@ def test_a_row_reduction_is_a_stage_boundary():
 
 @pytest.mark.parametrize("seed", range(30))
 def test_random_cells_that_tie_the_widths_match_the_reference_block_by_block(seed):
-    """Input-wide rows meeting hidden-wide ones, and row reductions: in a wavefront's upper layers the
-    input-wide rows are the output of the layer below, read in the step."""
+    """Input-wide rows meeting hidden-wide ones, and row reductions."""
     cell = random_cell(seed + 9000, reductions=True, ties=True)
-    for schedule, layers, target, batch in (("persistent", 1, EIGHT, 17), ("wavefront", 2, EIGHT, 3)):
-        plan = make_plan(cell, Sizes(4, batch, 8, 8, layers), schedule, target)
+    for layers, target, batch in ((1, EIGHT, 17), (2, EIGHT, 3)):
+        plan = make_plan(cell, Sizes(4, batch, 8, 8, layers), "persistent", target)
         for reverse in (False, True):
             assert run(plan, cell, layers, True, reverse) < 1e-6
 

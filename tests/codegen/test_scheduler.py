@@ -136,11 +136,9 @@ def check_hoisting(plan: Plan) -> None:
         assert not plan.layers[0].prologue and not any(i.hoisted for i in plan.islands)
     rows = plan.sizes.seq * plan.sizes.batch
     for lp in plan.layers:  # a hoisted GEMM is one [T*B, K] x [K, N] GEMM; a step's GEMM has B rows
-        # a wavefront's layers above the first do their hoisted work a step at a time, in their steps
-        stepwise = plan.wavefront is not None and lp.layer > 0
         for launch in [*lp.prologue, *lp.step]:
             if isinstance(launch, GemmLaunch):
-                hoisted = plan.group(launch.group).hoisted and not stepwise
+                hoisted = plan.group(launch.group).hoisted
                 assert launch.m == (rows if hoisted else plan.sizes.batch)
                 assert launch.k == (lp.input_size if plan.group(launch.group).k_dim == "input"
                                     else plan.sizes.hidden)
@@ -148,12 +146,13 @@ def check_hoisting(plan: Plan) -> None:
         during = {x.group if isinstance(x, GemmLaunch) else x.island for x in lp.step}
         hoisted = {x.name for x in [*plan.groups, *plan.islands] if x.hoisted}
         looped = {x.name for x in [*plan.groups, *plan.islands] if not x.hoisted}
-        assert before == (set() if stepwise else hoisted)
-        assert during == (looped | hoisted if stepwise else looped)
-    assert plan.cuda_graph == (plan.schedule in ("graph", "persistent", "wavefront", "tensor"))
-    assert (plan.wavefront is not None) == (plan.schedule == "wavefront" and plan.sizes.layers > 1)
+        assert before == hoisted
+        assert during == looped
+    assert plan.cuda_graph == (plan.schedule in ("graph", "wavefront", "persistent", "tensor"))
+    assert plan.layer_streams == (plan.schedule == "wavefront" and plan.sizes.layers > 1
+                                  and plan.chunk_steps > 0)
     assert plan.tensor_cores == (plan.schedule == "tensor")
-    assert (plan.target is not None) == (plan.schedule in ("persistent", "wavefront", "tensor"))
+    assert (plan.target is not None) == (plan.schedule in ("persistent", "tensor"))
 
 
 def check_folding(plan: Plan) -> None:
@@ -440,10 +439,7 @@ def test_two_layers_chain_outputs_into_inputs(name, schedule):
     l0, l1 = plan.layers
     assert (l0.input_size, l1.input_size) == (plan.sizes.input, SIZES.hidden)
     assert l0.x.buffer == "x" and l1.x.buffer == l0.output_seq
-    if plan.wavefront:  # the layer above does its hoisted work in its steps, a step at a time
-        assert not l1.prologue and len(l1.step) == len(l0.prologue) + len(l0.step)
-    else:
-        assert step_of(plan, 0) == step_of(plan, 1)
+    assert step_of(plan, 0) == step_of(plan, 1)
     for launch in [*l1.prologue, *l1.step]:
         if isinstance(launch, GemmLaunch) and plan.group(launch.group).hoisted:
             assert launch.a.buffer == l0.output_seq and launch.k == SIZES.hidden

@@ -217,7 +217,8 @@ def test_gpu_nan_in_the_output_is_an_error(gpu):
 def test_persistent_at_full_sizes_matches_reference(gpu, schedule, name, batch, hidden, layers):
     """Every block count, tiling and split of K the H100 sizes give: 128 blocks at hidden 512, a batch of
     one (K split between threads) and of 80 (two row tiles, the second partial), 16 MiB of U on chip;
-    wavefronts of 2 to 4 layers, whose upper layers read their input's weights from L2; and the same on
+    wavefronts of 2 to 4 layers, each on streams of its own with cuBLAS planning its GEMMs for its share
+    of the SMs, over two chunks of steps; and the persistent kernels on
     tensor cores (a batch of one padded to 16 rows, warps splitting K, K staged in chunks of 512 with a
     partial last one at hidden 600, the weights that do not fit with the larger tiles on the CUDA
     cores)."""
