@@ -55,3 +55,24 @@ def test_every_compiled_cell_has_compiled_code_of_its_own(monkeypatch):
         assert len(graphs) > before, f"{name}: run without being compiled"
         ref = run_reference(cell, params, {"x": np.ones((SEQ, BATCH, width), np.float32)}, 1)
         np.testing.assert_allclose(y.numpy(), ref.y, rtol=1e-5, atol=1e-6)
+
+
+def test_the_hand_written_program_splits_the_hoisted_rows_once():
+    """Each step reads its rows of a hoisted value (the input projection) from one split, whose backward
+    is one concatenation; indexing the rows in every step would give autograd a zero-padded full-size
+    gradient per step, which torch.compile sums in a kernel that reads all of them for every element."""
+    cell = load_template("peephole_lstm")
+    params = init_params(cell, 1, INPUT, HIDDEN, seed=3)
+    model = CompiledCell(cell, params, 1, None, device="cpu", train=True)
+    x = torch.zeros(SEQ, BATCH, INPUT)
+    y = model(x, [torch.zeros(1, BATCH, HIDDEN) for _ in cell.updates])
+    seen, kinds, todo = set(), [], [y.grad_fn]
+    while todo:
+        fn = todo.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        kinds.append(type(fn).__name__)
+        todo += [nxt for nxt, _ in fn.next_functions]
+    assert not any(k.startswith("SliceBackward") for k in kinds)
+    assert any(k.startswith("SplitBackward") for k in kinds)
