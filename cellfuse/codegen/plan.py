@@ -450,7 +450,8 @@ class Plan:
                          "beside the loop")
         if self.layer_streams:
             lines.append("each layer's steps run on a stream of their own: layer l runs a chunk of steps "
-                         "beside layer l-1's next chunk")
+                         f"beside layer l-1's next chunk, its GEMMs planned by cuBLAS for 1/{s.layers} of "
+                         "the SMs")
         if self.cuda_graph:
             lines.append("the whole forward pass is captured once into a CUDA graph and replayed")
         lines += ["", "GEMM groups:"]
