@@ -148,6 +148,12 @@ class BackwardPlan:
                 add(*self.state_grad(state, layer, s.seq), seed[layer])
         return out
 
+    def restarted(self, name: str) -> bool:
+        """Whether every run must put the buffer back to its start value: one the backward launches add
+        into must; the `ones` (never written) and one that a kernel overwrites whole (whose NaN start only
+        shows a read before the write) keep theirs from one run to the next."""
+        return name not in self.overwritten and self.buffers[name].role != "ones"
+
     def start_value(self, name: str) -> float:
         """What a gradient buffer holds before the seeds are added: 0, since backward launches add into
         their buffers; 1 in the `ones` buffer, the left operand of the column sums; NaN in a buffer that

@@ -523,8 +523,9 @@ def _train_numpy(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Tim
 
 def _train_cuda(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Timed | None]:
     """A schedule's forward pass and its backward Plan's launches on the GPU. A timed run restores the
-    gradient buffers to their seeded state (the backward launches add into them) with one copy on the
-    device, runs the forward pass (replaying its graph, if it has one) and the backward launches."""
+    gradient buffers that the backward launches add into to their seeded state with one copy on the
+    device (those overwritten whole need none), runs the forward pass (replaying its graph, if it has
+    one) and the backward launches."""
     from .cuda_backward import CudaBackward
     from .cuda_executor import CudaExecutor
 
@@ -552,15 +553,15 @@ def _train_cuda(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Time
             return row, None
         drv, stream = ex.drv, ex.stream
         backward.seed(p.dy)
-        seeded = drv.mem_alloc(backward.nbytes)
+        seeded = drv.mem_alloc(backward.restart_nbytes)
         releases.append(seeded.free)
-        drv.memcpy_dtod(seeded, backward.memory, backward.nbytes)
+        drv.memcpy_dtod(seeded, backward.memory, backward.restart_nbytes)
     except BaseException:
         close()
         raise
 
     def train_step() -> None:
-        drv.memcpy_dtod_async(backward.memory, seeded, backward.nbytes, stream)
+        drv.memcpy_dtod_async(backward.memory, seeded, backward.restart_nbytes, stream)
         ex.forward()
         backward.enqueue()
 

@@ -44,12 +44,16 @@ class CudaBackward:
         if need + _CUBLAS_WORKSPACE > free:
             raise CellError(f"out of GPU memory: the backward pass at these sizes needs {need / 2**20:.0f} "
                             f"MiB more, {free / 2**20:.0f} MiB are free")
-        self.memory = drv.mem_alloc(need)  # every gradient buffer, in one span of `nbytes`
+        # Every gradient buffer in one span of `nbytes`, those a run restarts (`BackwardPlan.restarted`)
+        # first, in `restart_nbytes`: a copy of that part puts a seeded state back.
+        self.memory = drv.mem_alloc(need)
         self.nbytes = need
+        order = sorted(sizes, key=lambda name: not self.plan.restarted(name))
+        self.restart_nbytes = 4 * sum(sizes[name] for name in order if self.plan.restarted(name))
         offset = int(self.memory)
-        for name, n in sizes.items():
+        for name in order:
             forward.addr[name] = offset
-            offset += 4 * n
+            offset += 4 * sizes[name]
         self.calls = [call for instr in self.plan.instructions() for call in forward._calls(instr, 0)]
         self.graph_exec = None
 

@@ -11,7 +11,8 @@ serves the numpy executor and the CUDA executor alike:
   buffers in numpy);
 - y out of the last layer's output sequence, the final states out of `final.<state>`;
 - the seeds dy and dfinal added into the gradient buffers where `BackwardPlan.seeds` puts them, every
-  other gradient buffer zero (the `ones` one), and the gradients of x, of the initial states and of
+  other gradient buffer a run adds into zero (the `ones` and those overwritten whole are set once), and
+  the gradients of x, of the initial states and of
   every parameter read back as `BackwardPlan.gradients` reads them: a key used in several buffers gets
   the sum of its parts, a weight no launch reads gets zeros.
 """
@@ -35,6 +36,9 @@ class TensorLayout:
         self.state_ids = plan.state_ids
         self.keys = tuple(plan.params)
         self.parts = list(plan.param_parts())
+        for name in backward.buffers:  # those no run changes the start of (see `seed`), set once
+            if not backward.restarted(name):
+                self.views[name].fill_(backward.start_value(name))
 
     def _block(self, buffer: str, part: ParamPart) -> torch.Tensor:
         return self.views[buffer].view(-1, part.ld)[:, part.col:part.col + part.width]
@@ -65,10 +69,12 @@ class TensorLayout:
     # -- backward ------------------------------------------------------------------------------------
     def seed(self, dy: torch.Tensor, dfinals: Sequence[torch.Tensor]) -> None:
         """The gradient buffers before a backward run: dy [T, B, hidden] and dfinal [L, B, hidden] per
-        state added where the forward pass wrote y and the final states, zeros elsewhere."""
+        state added where the forward pass wrote y and the final states, zeros elsewhere; the buffers a
+        run does not restart keep what they hold (`BackwardPlan.restarted`)."""
         s = self.plan.sizes
         for name in self.backward.buffers:
-            self.views[name].fill_(self.backward.start_value(name))
+            if self.backward.restarted(name):
+                self.views[name].fill_(self.backward.start_value(name))
         # A state that is the output lives in the output sequence: its final seed adds to dy's last step.
         name, at = self.backward.dy_place()
         self.views[name][at:at + dy.numel()].add_(dy.reshape(-1))

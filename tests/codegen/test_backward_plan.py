@@ -224,6 +224,11 @@ def test_a_gradient_one_kernel_writes_whole_is_stored_not_added_to():
                       grad_of("l1.state.c"): True}
     assert np.isnan(plan.start_value(grad_of("l1.gemm1.out")))
     assert plan.start_value(grad_of("l1.state.c")) == 0
+    # what every run must put back: the buffers added into, not the overwritten ones nor the ones
+    restarted = {name for name in plan.buffers if plan.restarted(name)}
+    ones = {name for name, b in plan.buffers.items() if b.role == "ones"}
+    assert ones and restarted == set(plan.buffers) - plan.overwritten - ones
+    assert grad_of("l1.state.c") in restarted and grad_of("x") in restarted
     assert all(not g.accumulate or g.c.buffer not in plan.overwritten
                for lb in plan.layers for g in (*lb.step, *lb.after) if isinstance(g, GemmLaunch))
 
