@@ -119,6 +119,17 @@ def main(argv: list[str] | None = None) -> int:
     w.adapter.fit(margin=40.0)  # frames the selection
     shoot(w, "equations.png")
 
+    # 4b. The plan of three layers under `wavefront`: the plan view says how the layers run side by side.
+    w.bench_panel.set_sizes(layers=3)
+    w.plan_panel.set_schedule("wavefront")
+    w.refresh_plan()
+    w.plan_dock.raise_()
+    frame_all_then_select("ai_b")
+    shoot(w, "plan-wavefront.png")
+    w.bench_panel.set_sizes(**BENCH_SIZES)
+    w.plan_panel.set_schedule("hoisted")
+    w.refresh_plan()
+
     def benchmark() -> bool:
         """Runs the benchmark and waits for it; False (and the reason logged) when it did not finish."""
         finished = []
