@@ -26,6 +26,9 @@ AUTO = "auto"
 CANDIDATES = ("graph", "wavefront", "persistent", "tensor")
 WITHOUT_GPU = "graph"
 REPEATS = 10  # timed runs of each candidate: the choice, not a published number
+# What the candidates are: a choice remembered for rungs that have since changed (version 1's wavefront
+# was one cooperative kernel; version 2's runs each layer on streams of its own) is measured again.
+RUNGS_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -42,7 +45,8 @@ def cache_path() -> Path:
 
 def _key(device: str, cell: Cell, sizes: Sizes) -> str:
     s = sizes
-    return f"{device} | {cell.structure_hash()} | T={s.seq} B={s.batch} I={s.input} H={s.hidden} L={s.layers}"
+    return (f"rungs {RUNGS_VERSION} | {device} | {cell.structure_hash()} | T={s.seq} B={s.batch} I={s.input} "
+            f"H={s.hidden} L={s.layers}")
 
 
 def _read(path: Path) -> dict[str, dict]:

@@ -47,6 +47,17 @@ def test_measured_once_then_remembered(gpu_here):
     assert len(json.loads(cache.read_text())) == 3
 
 
+def test_a_choice_remembered_for_other_rungs_is_measured_again(gpu_here, monkeypatch):
+    """A new version of the rungs (the wavefront's meaning changed, say) makes every remembered choice
+    stale: measured again, and remembered beside the old one."""
+    cache, calls, measure = gpu_here
+    cell = load_template("lstm")
+    choose_schedule(cell, SIZES, "cuda", measure)
+    monkeypatch.setattr(auto_schedule, "RUNGS_VERSION", auto_schedule.RUNGS_VERSION + 1)
+    assert choose_schedule(cell, SIZES, "cuda", measure).schedule == "persistent" and len(calls) == 2
+    assert len(json.loads(cache.read_text())) == 2
+
+
 def test_a_damaged_cache_is_measured_again_and_rewritten(gpu_here):
     cache, calls, measure = gpu_here
     cache.parent.mkdir(parents=True)
