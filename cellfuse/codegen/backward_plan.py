@@ -3,7 +3,7 @@
 For seeds dy (of the output sequence) and dfinal (of the final states), a backward pass gives the
 gradient of sum(dy * y) + sum(dfinal * final) with respect to x, every initial state and every
 parameter, as `graph_model.backward` does in float64 for reference. It mirrors the forward Plan of any
-rung of the `graph` family (naive, combined, fused, hoisted, graph), made with `save_steps`:
+rung of the `graph` family (naive, combined, fused, hoisted, graph, wavefront), made with `save_steps`:
 
 - A reverse time loop per layer, the last layer first. Step t walks the forward step's launches
   backwards: each elementwise kernel becomes its adjoint (`adjoint.py`), and each GEMM C = A @ W

@@ -9,7 +9,9 @@ here once, and a mistake in them shows on a machine without a GPU too (see `exec
 With `Plan.chunk_steps`, the hoisted launches run in chunks of steps on a second stream beside the
 recurrence: step t waits only for its own chunk, and a chunk of layer l's hoisted work waits only for
 the steps of layer l-1 it reads. With `Plan.layer_streams` as well, each layer has two streams of its
-own, so that its chunk of steps runs beside the next chunk of the layer below.
+own (up to `SIDE_BY_SIDE` layers), so that its chunk of steps runs beside the next chunk of the layer
+below; a step that reads the layer below's output itself (a residual's x) reads it after its chunk's
+hoisted work, which waited for those steps.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .plan import Access, GemmLaunch, KernelLaunch, Launch, PersistentLaunch, Plan
+from .plan import SIDE_BY_SIDE, Access, GemmLaunch, KernelLaunch, Launch, PersistentLaunch, Plan
 
 MAIN, SIDE = 0, 1  # the streams: the recurrence, and the hoisted launches beside it
 
@@ -146,7 +148,8 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
     T, H = plan.sizes.seq, plan.sizes.hidden
     chunk = 0 if one_stream else plan.chunk_steps
     apart = bool(chunk) and plan.layer_streams  # each layer on a recurrence stream and a side one of its own
-    streams = 2 * len(plan.layers) if apart else 2 if chunk else 1
+    sharing = min(len(plan.layers), SIDE_BY_SIDE) if apart else 1
+    streams = 2 * sharing if apart else 2 if chunk else 1
     out: list[Instruction] = []
     events = 0
 
@@ -160,7 +163,7 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
         out += [Record(fork, MAIN), *(Wait(fork, s) for s in range(1, streams))]
     prev_done: list[int] = []  # per chunk, an event after the previous layer's steps of that chunk
     for lp in plan.layers:
-        main, side = (2 * lp.layer, 2 * lp.layer + 1) if apart else (MAIN, SIDE)
+        main, side = (2 * (lp.layer % sharing), 2 * (lp.layer % sharing) + 1) if apart else (MAIN, SIDE)
         for s in plan.state_ids:
             out.append(Copy(Access(f"init.{s}", "row", H, block=lp.layer), lp.state_read[s], H, 0, main))
         step = tuple(as_instruction(launch, main) for launch in lp.step)
@@ -193,7 +196,7 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
     for s in range(1, streams):  # and the main one ends after everything on the others
         join = event()
         out += [Record(join, s), Wait(join, MAIN)]
-    return Program(plan, tuple(out), streams, events, len(plan.layers) if apart else 1)
+    return Program(plan, tuple(out), streams, events, sharing)
 
 
 def execution_order(program: Program, prefer: int = SIDE) -> Iterator[Instruction]:

@@ -25,6 +25,10 @@ Slot = Literal["fixed", "all", "all+1", "t", "t+1", "t%2", "(t+1)%2"]
 # The place of a buffer with a row block per step that one step reads, and the same read by all T steps.
 ALL_STEPS: dict[Slot, Slot] = {"t": "all", "t+1": "all+1"}
 
+# With Plan.layer_streams, at most this many layers run side by side: layer l uses the streams of layer
+# l - SIDE_BY_SIDE, after it (so that a deep stack does not make thousands of streams and cuBLAS handles).
+SIDE_BY_SIDE = 8
+
 
 def row_offset(slot: Slot, t: int, batch: int) -> int:
     """The first row an access touches at step t."""
@@ -352,7 +356,8 @@ class Plan:
     # beside the recurrence: step t waits only for its own chunk, not for all T steps' GEMMs.
     chunk_steps: int = 0
     # With chunk_steps: each layer's steps (and its hoisted chunks) on streams of its own, so that layer l
-    # runs its chunk j of steps beside layer l-1's chunk j+1: a wavefront of chunks.
+    # runs its chunk j of steps beside layer l-1's chunk j+1: a wavefront of chunks (of SIDE_BY_SIDE
+    # layers at most).
     layer_streams: bool = False
     saves_steps: bool = False  # every step's states, values and GEMM outputs kept (see make_plan)
     target: Target | None = None  # the GPU a persistent plan is made for; its backward pass is too
@@ -446,12 +451,12 @@ class Plan:
                  f"{launches}, {len(self.layers[0].prologue)} before the loop; per step "
                  f"{self.flops_per_step() / 1e6:.1f} MFLOP, {self.bytes_per_step() / 2**20:.2f} MiB"]
         if self.chunk_steps:
-            lines.append(f"hoisted launches run in chunks of {self.chunk_steps} steps on a second stream, "
-                         "beside the loop")
+            lines.append(f"hoisted launches run in chunks of {self.chunk_steps} steps on a stream of their "
+                         "own, beside the loop")
         if self.layer_streams:
             lines.append("each layer's steps run on a stream of their own: layer l runs a chunk of steps "
-                         f"beside layer l-1's next chunk, its GEMMs planned by cuBLAS for 1/{s.layers} of "
-                         "the SMs")
+                         f"beside layer l-1's next chunk, its GEMMs planned by cuBLAS for "
+                         f"1/{min(s.layers, SIDE_BY_SIDE)} of the SMs")
         if self.cuda_graph:
             lines.append("the whole forward pass is captured once into a CUDA graph and replayed")
         lines += ["", "GEMM groups:"]

@@ -517,9 +517,11 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
     # The persistent kernel cannot wait for chunks of hoisted work mid-loop: its prologue runs first.
     hoisting = any(lp.prologue for lp in layers) and not rung.persistent
     chunk = min(sizes.seq, HOIST_CHUNK_STEPS) if hoisting else 0
+    # the layers side by side only where a layer has more than one chunk to run beside another's
+    side_by_side = rung.layer_streams and sizes.layers > 1 and 0 < chunk < sizes.seq
     return Plan(cell.name, cell.description, schedule, sizes, tuple(cell.updates),
                 expected_params(cell, sizes.layers, sizes.input, sizes.hidden), st.groups, st.islands,
                 layers, buffers, sorted(info.dead), cuda_graph=rung.cuda_graph,
-                chunk_steps=chunk, layer_streams=rung.layer_streams and chunk > 0 and sizes.layers > 1,
+                chunk_steps=chunk, layer_streams=side_by_side,
                 saves_steps=save_steps,
                 target=target if rung.persistent else None, tensor_cores=rung.tensor_cores)

@@ -6,7 +6,8 @@ The candidates are the rungs bound by the GPU rather than by launches from Pytho
 (`persistent` at small batches, `graph` where the per-step GEMM is large, `wavefront` for some stacks)
 and on the GPU. Each is
 checked against the reference and timed by the benchmark; the fastest that gave the right answer is
-kept in a JSON file in the user's cache folder, keyed by the GPU, the cell's structure and the sizes.
+kept in a JSON file in the user's cache folder, keyed by the version of the rungs, the GPU, the cell's
+structure and the sizes.
 Without a GPU there is nothing to measure, and `auto` is `graph`.
 """
 

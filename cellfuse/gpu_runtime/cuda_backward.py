@@ -44,10 +44,9 @@ class CudaBackward:
         if need + _CUBLAS_WORKSPACE > free:
             raise CellError(f"out of GPU memory: the backward pass at these sizes needs {need / 2**20:.0f} "
                             f"MiB more, {free / 2**20:.0f} MiB are free")
-        # Every gradient buffer in one span of `nbytes`, those a run restarts (`BackwardPlan.restarted`)
-        # first, in `restart_nbytes`: a copy of that part puts a seeded state back.
+        # Every gradient buffer in one span, those a run restarts (`BackwardPlan.restarted`) first, in
+        # its first `restart_nbytes`: a copy of that part puts a seeded state back.
         self.memory = drv.mem_alloc(need)
-        self.nbytes = need
         order = sorted(sizes, key=lambda name: not self.plan.restarted(name))
         self.restart_nbytes = 4 * sum(sizes[name] for name in order if self.plan.restarted(name))
         offset = int(self.memory)

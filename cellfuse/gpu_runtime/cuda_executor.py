@@ -1,7 +1,7 @@
 """Executes a Plan's lowered program on an NVIDIA GPU: PyCUDA kernels in the primary context, cuBLAS
-through nvmath-python's bindings for the GEMMs, float32, on one stream or two (hoisted work beside the
-recurrence, as the program says); optionally the whole forward pass captured once into a CUDA graph
-and replayed.
+through nvmath-python's bindings for the GEMMs, float32, on the streams the program names (hoisted work
+beside the recurrence; in a wavefront, each layer on streams of its own); optionally the whole forward
+pass captured once into a CUDA graph and replayed.
 
 PyCUDA, nvmath and cuda.bindings are imported here only, and only when a GPU run is asked for.
 """
@@ -136,7 +136,7 @@ class CudaExecutor:
         sizes = {name: plan.buffer_elements(name) for name in plan.buffers}
         total = sum(sizes.values())
         free, _ = drv.mem_get_info()
-        need = total * 4 + 2 * _CUBLAS_WORKSPACE
+        need = total * 4 + self.program.streams * _CUBLAS_WORKSPACE
         if need > free:
             raise CellError(f"out of GPU memory: these sizes need {need / 2**20:.0f} MiB, "
                             f"{free / 2**20:.0f} MiB are free")
@@ -151,27 +151,39 @@ class CudaExecutor:
         self.weights = {name for name, b in plan.buffers.items()
                         if b.role in ("weight", "stacked", "bias")}
 
-        # Non-blocking (capturable) streams, the recurrence on the first; each with its own cuBLAS handle
-        # and workspace (two GEMMs running at once must not share a workspace).
+        # Non-blocking (capturable) streams, the first layer's recurrence on the first; each with its own
+        # cuBLAS handle and workspace (two GEMMs running at once must not share a workspace). Where the
+        # program's layers run side by side, its GEMMs go through a second handle per stream, for which
+        # cuBLAS picks its kernels for their share of the SMs; a backward pass (one layer at a time, on
+        # the first stream) uses the first, for all of them. The two handles of a stream share its
+        # workspace: the stream runs one GEMM at a time.
         self.streams = [drv.Stream(flags=1) for _ in range(self.program.streams)]
         self.stream = self.streams[0]
-        self.handles, self.workspaces = [], []
-        for stream in self.streams:
-            handle = self.cublas.create()
-            self.cublas.set_stream(handle, stream.handle)
-            workspace = drv.mem_alloc(_CUBLAS_WORKSPACE)
-            self.cublas.set_workspace(handle, int(workspace), _CUBLAS_WORKSPACE)
-            if self.program.sharing > 1:  # cuBLAS picks its kernels for a share of the SMs
-                sms = drv.Context.get_device().get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
-                self.cublas.set_sm_count_target(handle, max(1, sms // self.program.sharing))
-            self.handles.append(handle)
-            self.workspaces.append(workspace)
+        self.workspaces = [drv.mem_alloc(_CUBLAS_WORKSPACE) for _ in self.streams]
+        pairs = list(zip(self.streams, self.workspaces, strict=True))
+        self.handles = [self._handle(stream, workspace) for stream, workspace in pairs]
+        self.forward_handles = self.handles
+        if self.program.sharing > 1:
+            sms = drv.Context.get_device().get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
+            share = max(1, sms // self.program.sharing)
+            self.forward_handles = [self._handle(stream, workspace, share) for stream, workspace in pairs]
         self._scalars = np.array([1.0, 0.0], np.float32)  # alpha and beta live here for cuBLAS
         self.events = [drv.Event(drv.event_flags.DISABLE_TIMING) for _ in range(self.program.events)]
         self.graph_exec = None
         self._cs = self.cu.CUstream(self.stream.handle) if self.cu is not None else None  # for graphs
         # Every launch of a forward pass with its addresses resolved once; `enqueue` only calls them.
-        self.calls = [call for instr in self.program.instructions for call in self._calls(instr, 0)]
+        self.calls = [call for instr in self.program.instructions
+                      for call in self._calls(instr, 0, self.forward_handles)]
+
+    def _handle(self, stream, workspace, sms: int | None = None) -> int:
+        """A cuBLAS handle on the stream, with the workspace, picking its kernels for `sms` SMs where
+        given (for all of them otherwise)."""
+        handle = self.cublas.create()
+        self.cublas.set_stream(handle, stream.handle)
+        self.cublas.set_workspace(handle, int(workspace), _CUBLAS_WORKSPACE)
+        if sms is not None:
+            self.cublas.set_sm_count_target(handle, sms)
+        return handle
 
     def add_kernels(self, kernels: KernelSet, cubin: bytes):
         """Makes a compiled module of kernels launchable by `_calls` (the executor's own, or a backward
@@ -192,8 +204,11 @@ class CudaExecutor:
     def _ptr(self, instr: Gemm | Kernel, acc, t: int) -> int:
         return self.addr[acc.buffer] + 4 * element_offset(instr, acc, t, self.plan.sizes.batch)
 
-    def _calls(self, instr: Instruction, t: int) -> list[Callable[[], object]]:
-        """The calls that put one instruction at step t on its stream."""
+    def _calls(self, instr: Instruction, t: int,
+               handles: list[int] | None = None) -> list[Callable[[], object]]:
+        """The calls that put one instruction at step t on its stream, its GEMMs through `handles` (per
+        stream; the executor's own by default)."""
+        handles = handles or self.handles
         B = self.plan.sizes.batch
         match instr:
             case Gemm(launch=g, stream=s):
@@ -207,7 +222,7 @@ class CudaExecutor:
                 # Row-major C = op(A) @ op(W) is column-major C^T = op(W)^T @ op(A)^T: W goes first, and a
                 # transposed operand (stored [N, K] or [K, M]) is cuBLAS's op T (1) with its own row length.
                 ldw = g.k if g.trans_w else g.n
-                out.append(partial(self.cublas.sgemm, self.handles[s], int(g.trans_w), int(g.trans_a), g.n, m,
+                out.append(partial(self.cublas.sgemm, handles[s], int(g.trans_w), int(g.trans_a), g.n, m,
                                    g.k, one, self.addr[g.w], ldw, self._ptr(instr, g.a, t), g.a.ld,
                                    one if g.bias or g.accumulate else zero, c, g.c.ld))
                 return out
@@ -230,7 +245,7 @@ class CudaExecutor:
                 return [partial(self.streams[s].wait_for_event, self.events[e])]
             case Loop(body=body):
                 return [call for step in instr.steps(self.plan.sizes.seq) for inner in body
-                        for call in self._calls(inner, step)]
+                        for call in self._calls(inner, step, handles)]
             case Persistent(launch=p, stream=s):
                 kernel = self.cooperative[self.name_of[p]]
                 pointers = [self.addr[b] for b in persistent_buffers(p)]
@@ -314,8 +329,9 @@ class CudaExecutor:
     def close(self) -> None:
         if self.graph_exec is not None:
             self.release(self.graph_exec)
-        for handle, workspace in zip(self.handles, self.workspaces, strict=True):
+        for handle in dict.fromkeys([*self.handles, *self.forward_handles]):
             self.cublas.destroy(handle)
+        for workspace in self.workspaces:
             workspace.free()
         for cu_module in self._cu_modules:
             _cu_check(self.cu.cuModuleUnload(cu_module))

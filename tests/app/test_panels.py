@@ -194,7 +194,7 @@ def test_plan_view_says_what_a_persistent_kernel_holds(window):
     panel.set_schedule("persistent")
     window.refresh_plan()
     assert "blocks of 256 threads" in panel.kernel_label.text() and "tensor" not in panel.kernel_label.text()
-    window.bench_panel.set_sizes(layers=2)
+    window.bench_panel.set_sizes(layers=2, seq=24)  # more steps than a chunk: the layers side by side
     panel.set_schedule("wavefront")
     window.refresh_plan()
     text = panel.kernel_label.text()

@@ -110,8 +110,7 @@ def test_a_wavefront_gives_each_layer_streams_of_its_own():
     work waits for the lower layer's steps of that chunk, on the lower layer's stream, and nothing else
     ties the layers, so layer l's chunk j runs beside layer l-1's chunk j + 1."""
     sizes = replace(SIZES, layers=3)
-    plan = replace(make_plan(load_template("lstm"), sizes, "wavefront"), chunk_steps=3)
-    assert plan.layer_streams
+    plan = replace(make_plan(load_template("lstm"), sizes, "wavefront"), chunk_steps=3, layer_streams=True)
     program = lower(plan)
     assert program.streams == 6 and program.sharing == 3
     loops = [i for i in program.instructions if isinstance(i, Loop)]
@@ -126,8 +125,24 @@ def test_a_wavefront_gives_each_layer_streams_of_its_own():
     assert list(execution_order(program, MAIN)) and list(execution_order(program, SIDE))
     one = lower(plan, one_stream=True)
     assert one.streams == 1 and one.sharing == 1
-    assert lower(make_plan(load_template("lstm"), SIZES, "wavefront")).sharing == 2
-    assert not make_plan(load_template("lstm"), replace(SIZES, layers=1), "wavefront").layer_streams
+    lstm = load_template("lstm")
+    assert lower(make_plan(lstm, replace(SIZES, seq=11), "wavefront")).sharing == 2  # chunks of 10 and 1
+    # nothing to overlap: one layer, or one chunk of steps per layer (SIZES has 7, the chunk is 10)
+    assert not make_plan(lstm, replace(SIZES, seq=11, layers=1), "wavefront").layer_streams
+    assert not make_plan(lstm, SIZES, "wavefront").layer_streams
+
+
+def test_a_deep_wavefront_runs_eight_layers_side_by_side_at_most():
+    """Layer l takes the streams of layer l - 8, after it: a stack of 11 layers makes 16 streams."""
+    cell = load_template("gru")
+    sizes = replace(SIZES, layers=11)
+    plan = replace(make_plan(cell, sizes, "wavefront"), chunk_steps=3, layer_streams=True)
+    program = lower(plan)
+    assert program.streams == 16 and program.sharing == 8
+    loops = [i for i in program.instructions if isinstance(i, Loop)]
+    assert [lp.stream for lp in loops][::3] == [0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4]
+    assert_matches_reference(cell, plan, MAIN)
+    assert_matches_reference(cell, plan, SIDE)
 
 
 @pytest.mark.parametrize("name", template_names())
@@ -136,7 +151,8 @@ def test_a_wavefront_gives_each_layer_streams_of_its_own():
 def test_a_wavefront_matches_the_reference_in_either_order(name, chunk, prefer):
     cell = load_template(name)
     sizes = replace(SIZES, layers=3, input=SIZES.hidden)
-    assert_matches_reference(cell, replace(make_plan(cell, sizes, "wavefront"), chunk_steps=chunk), prefer)
+    plan = replace(make_plan(cell, sizes, "wavefront"), chunk_steps=chunk, layer_streams=True)
+    assert_matches_reference(cell, plan, prefer)
 
 
 @pytest.mark.parametrize("prefer", [MAIN, SIDE])
@@ -145,7 +161,7 @@ def test_a_wavefront_missing_a_wait_between_layers_gives_a_wrong_result(prefer):
     or for its own hoisted chunks (MAIN), a layer reads what nothing wrote yet."""
     cell = load_template("gru")
     sizes = replace(SIZES, layers=3)
-    plan = replace(make_plan(cell, sizes, "wavefront"), chunk_steps=3)
+    plan = replace(make_plan(cell, sizes, "wavefront"), chunk_steps=3, layer_streams=True)
     params = init_params(cell, sizes.layers, sizes.input, sizes.hidden, seed=1)
     x = np.random.default_rng(0).standard_normal((sizes.seq, sizes.batch, sizes.input))
     initial = {"h": np.zeros((sizes.layers, sizes.batch, sizes.hidden))}

@@ -150,7 +150,7 @@ def check_hoisting(plan: Plan) -> None:
         assert during == looped
     assert plan.cuda_graph == (plan.schedule in ("graph", "wavefront", "persistent", "tensor"))
     assert plan.layer_streams == (plan.schedule == "wavefront" and plan.sizes.layers > 1
-                                  and plan.chunk_steps > 0)
+                                  and 0 < plan.chunk_steps < plan.sizes.seq)
     assert plan.tensor_cores == (plan.schedule == "tensor")
     assert (plan.target is not None) == (plan.schedule in ("persistent", "tensor"))
 
