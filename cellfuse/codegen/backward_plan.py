@@ -62,7 +62,7 @@ import numpy as np
 from ..graph_model import OPS, CellError, Gradients
 from .adjoint import adjoint
 from .lowering import Instruction, Loop, Persistent, as_instruction
-from .persistent import persistent_launch
+from .persistent import persistent_launch, written
 from .plan import (
     ALL_STEPS,
     Access,
@@ -257,8 +257,7 @@ def written_once(launches: list[Launch], buffers: dict[str, Buffer], seeded: set
     a GEMM writes (cuBLAS adds with beta = 1), are not."""
     writes: dict[str, list[tuple[int, Launch, Access]]] = {}
     for n, launch in enumerate(launches):
-        outputs = [launch.c] if isinstance(launch, GemmLaunch) else [acc for _, acc in launch.outputs]
-        for acc in outputs:
+        for acc in written(launch):
             writes.setdefault(acc.buffer, []).append((n, launch, acc))
     once = set()
     for name, places in writes.items():

@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .plan import SIDE_BY_SIDE, Access, GemmLaunch, KernelLaunch, Launch, PersistentLaunch, Plan
+from .plan import Access, GemmLaunch, KernelLaunch, Launch, PersistentLaunch, Plan
 
 MAIN, SIDE = 0, 1  # the streams: the recurrence, and the hoisted launches beside it
 
@@ -147,8 +147,8 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
     one after another."""
     T, H = plan.sizes.seq, plan.sizes.hidden
     chunk = 0 if one_stream else plan.chunk_steps
-    apart = bool(chunk) and plan.layer_streams  # each layer on a recurrence stream and a side one of its own
-    sharing = min(len(plan.layers), SIDE_BY_SIDE) if apart else 1
+    sharing = plan.side_by_side if chunk else 1
+    apart = sharing > 1  # each layer on a recurrence stream and a side one of its own
     streams = 2 * sharing if apart else 2 if chunk else 1
     out: list[Instruction] = []
     events = 0

@@ -363,6 +363,12 @@ class Plan:
     target: Target | None = None  # the GPU a persistent plan is made for; its backward pass is too
     tensor_cores: bool = False  # the GEMMs of its persistent kernels (and its backward's) on tensor cores
 
+    @property
+    def side_by_side(self) -> int:
+        """How many layers run their steps at once: with `layer_streams`, as many as SIDE_BY_SIDE lets;
+        otherwise one."""
+        return min(self.sizes.layers, SIDE_BY_SIDE) if self.layer_streams else 1
+
     # -- what the plan says, for people and for `plan --json` -----------------------------------
     @property
     def launches_per_step(self) -> int:
@@ -456,7 +462,7 @@ class Plan:
         if self.layer_streams:
             lines.append("each layer's steps run on a stream of their own: layer l runs a chunk of steps "
                          f"beside layer l-1's next chunk, its GEMMs planned by cuBLAS for "
-                         f"1/{min(s.layers, SIDE_BY_SIDE)} of the SMs")
+                         f"1/{self.side_by_side} of the SMs")
         if self.cuda_graph:
             lines.append("the whole forward pass is captured once into a CUDA graph and replayed")
         lines += ["", "GEMM groups:"]

@@ -504,16 +504,15 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
     x = next(n.id for n in cell.nodes if n.op == "input")
     for layer in range(sizes.layers):
         lay = _Layer(st, sizes, layer, buffers, save_steps)
-        prologue, step = ([(lay.launch(item), lay.columns(item)) for item in _ordered(st, hoisted)]
-                          for hoisted in (True, False))
-        step_launches = [launch for launch, _ in step]
-        persistent = (persistent_launch(lay.layer, step_launches, [cols for _, cols in step], H,
+        prologue = [lay.launch(item) for item in _ordered(st, True)]
+        looped = _ordered(st, False)
+        step = [lay.launch(item) for item in looped]
+        persistent = (persistent_launch(lay.layer, step, [lay.columns(item) for item in looped], H,
                                         sizes.batch, target, save_steps, mma=rung.tensor_cores)
                       if rung.persistent else None)
         buffers.update({b.name: b for b in persistent.buffers} if persistent else {})
-        layers.append(LayerPlan(lay.layer, lay.K, [launch for launch, _ in prologue], step_launches,
-                                lay.read(x, STEP), {s: lay.read(s, STEP) for s in cell.updates}, lay.y,
-                                persistent))
+        layers.append(LayerPlan(lay.layer, lay.K, prologue, step, lay.read(x, STEP),
+                                {s: lay.read(s, STEP) for s in cell.updates}, lay.y, persistent))
     # The persistent kernel cannot wait for chunks of hoisted work mid-loop: its prologue runs first.
     hoisting = any(lp.prologue for lp in layers) and not rung.persistent
     chunk = min(sizes.seq, HOIST_CHUNK_STEPS) if hoisting else 0

@@ -164,8 +164,7 @@ class CudaExecutor:
         self.handles = [self._handle(stream, workspace) for stream, workspace in pairs]
         self.forward_handles = self.handles
         if self.program.sharing > 1:
-            sms = drv.Context.get_device().get_attribute(drv.device_attribute.MULTIPROCESSOR_COUNT)
-            share = max(1, sms // self.program.sharing)
+            share = max(1, device_target().sm_count // self.program.sharing)
             self.forward_handles = [self._handle(stream, workspace, share) for stream, workspace in pairs]
         self._scalars = np.array([1.0, 0.0], np.float32)  # alpha and beta live here for cuBLAS
         self.events = [drv.Event(drv.event_flags.DISABLE_TIMING) for _ in range(self.program.events)]
