@@ -29,7 +29,7 @@ from cellfuse.graph_model import Sizes, init_params, load_template
 
 # Each ablation: (pattern, replacement) edits of a persistent kernel's source.
 _NO_GEMM = (r"rb < rows; rb \+= (\d+)", r"rb < 0; rb += \1")  # no staging, no products, no stores
-_NO_FMA = (r"for \(int q = ks; q < (\d+);", r"for (int q = ks; q < 0;")  # staging and stores only
+_NO_FMA = (r"for \(int it = 0; it < (\d+);", r"for (int it = 0; it < 0;")  # staging and stores only
 _NO_ELEMENTWISE = (r"(?m)^\s*p\d+\[\(long long\)r \* \d+ \+ j\] \+?= [^;]*;\s*$", "")
 _NO_SYNC = (r"grid\.sync\(\);", ";")
 ABLATIONS = {

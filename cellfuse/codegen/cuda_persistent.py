@@ -59,6 +59,7 @@ __device__ __forceinline__ void cf_split_tf32(Fragment& hi, Fragment& lo) {
 PREFETCH_ELEMENTS = 4  # per thread, at most, for an elementwise launch's loads to start the step early
 AHEAD_REGISTERS = 64  # per thread, at most, for the inputs of the steps ahead in a launch with no barrier
 AHEAD_STEPS = 16  # steps whose inputs a launch with no barrier loads at once, at most
+FULL_UNROLL = 32  # iterations of a GEMM's loop over K, at most, unrolled whole (else two at a time)
 # The slot a step writes and the next step reads: of the state a launch with no barrier carries in
 # registers from one step to the next.
 _NEXT_SLOT = {"t%2": "(t+1)%2", "t": "t+1"}
@@ -160,11 +161,16 @@ class _Kernel:
         if nxt:
             for i, arrays in self._rotate(nxt).items():
                 prefetched.setdefault(i, {}).update(arrays)
-        n = len(launch.items)
+            if not launch.barriers_per_step:
+                self._load_next(nxt, "        ")
+        n, first_barrier = len(launch.items), True
         for i, item in enumerate(launch.items):
             self.w("        {" + f"  // {comment_text(_item_name(item))}")
             if item.barrier:
                 self.w(f"{IND}grid.sync();")
+                if nxt and first_barrier:
+                    self._load_next(nxt, IND)
+                first_barrier = False
             match item.launch:
                 case GemmLaunch():
                     self._gemm(i, item)
@@ -330,8 +336,8 @@ class _Kernel:
             self.w(f"{indent}}}")
 
     def _rotate(self, nxt: dict[int, dict[int, str]]) -> dict[int, dict[int, str]]:
-        """At the top of a step: this step's inputs taken from the registers the step before filled, and
-        the next step's loads started; per launch, param index -> this step's register array."""
+        """At the top of a step: this step's inputs taken from the registers the step before filled; per
+        launch, param index -> this step's register array."""
         now: dict[int, dict[int, str]] = {}
         for i, arrays in nxt.items():
             most = self._elements(self.launch.items[i])[0]
@@ -340,11 +346,15 @@ class _Kernel:
                 now[i][p_i] = f"cf_now{i}_{p_i}"
                 self.w(f"        float cf_now{i}_{p_i}[{most}];",
                        f"        for (int u = 0; u < {most}; ++u) cf_now{i}_{p_i}[u] = {array}[u];")
-        step, more = ("t - 1", "t > 0") if self.launch.reverse else ("t + 1", "t + 1 < seq")
-        self.w(f"        if ({more}) {{", f"            const int cf_step = {step};")
-        self._load_at(nxt, "cf_step", "            ", declare=False)
-        self.w("        }")
         return now
+
+    def _load_next(self, nxt: dict[int, dict[int, str]], indent: str) -> None:
+        """The next step's loads started, after the step's first barrier where it has one: started before
+        it, the LSTM's step at B=64 took 3% longer on an H100."""
+        step, more = ("t - 1", "t > 0") if self.launch.reverse else ("t + 1", "t + 1 < seq")
+        self.w(f"{indent}if ({more}) {{", f"{indent}    const int cf_step = {step};")
+        self._load_at(nxt, "cf_step", indent + "    ", declare=False)
+        self.w(f"{indent}}}")
 
     def _depth(self, ahead: dict[int, dict[int, str]]) -> int:
         """Steps whose inputs are loaded at once: as many as AHEAD_REGISTERS hold."""
@@ -505,32 +515,30 @@ class _Kernel:
                    f"{IND}                    cf_old[y][x] = n >= 0 && r0 + y < {rt} && rb + r0 + y < rows",
                    f"{IND}                        ? c[(size_t)(rb + r0 + y) * {g.c.ld} + n] : 0.0f;",
                    f"{IND}            }}")
-        self.w(f"{IND}        #pragma unroll 2",
-               f"{IND}        for (int q = ks; q < {k4}; q += {split}) {{",
-               f"{IND}            float4 av[{tr}], wv[{tc}];",
+        # The operands of the next four k are loaded into registers while those of these four are
+        # multiplied (two register sets): with two warps per scheduler, nothing else hides the wait for
+        # shared memory. Each product is a chain of fmaf: a*b + c*d + ... compiles to an FMUL and an FADD
+        # more per four k.
+        iters = -(-k4 // split)
+        self.w(f"{IND}        float4 av[2][{tr}], wv[2][{tc}];",
+               f"{IND}        if (ks < {k4}) {{")
+        self._operands(i, item, "0", "ks", IND + "            ")
+        self.w(f"{IND}        }}",
+               f"{IND}        #pragma unroll{'' if iters <= FULL_UNROLL else ' 2'}",
+               f"{IND}        for (int it = 0; it < {iters}; ++it) {{",
+               f"{IND}            const int q = ks + it * {split}, cur = it & 1;",
+               f"{IND}            if (q >= {k4}) break;",
+               f"{IND}            if (q + {split} < {k4}) {{")
+        self._operands(i, item, "cur ^ 1", f"q + {split}", IND + "                ")
+        self.w(f"{IND}            }}",
                f"{IND}            #pragma unroll",
                f"{IND}            for (int y = 0; y < {tr}; ++y)",
-               f"{IND}                av[y] = *(const float4*)(cf_stage + (r0 + y) * {kp} + 4 * q);",
-               f"{IND}            #pragma unroll")
-        if item.on_chip:
-            self.w(f"{IND}            for (int x = 0; x < {tc}; ++x)",
-                   f"{IND}                wv[x] = *(const float4*)(w{i} + (c0 + x) * {kp} + 4 * q);")
-        else:  # read from L2, where it never changes
-            loads = [f"k + {d} < {g.k} ? __ldg({var[g.w]} + {_w_index(g, f'(k + {d})', 'n')}) : 0.0f"
-                     for d in range(1, 4)]
-            self.w(f"{IND}            for (int x = 0; x < {tc}; ++x) {{",
-                   f"{IND}                const int n = cols{i}(c0 + x), k = 4 * q;",
-                   f"{IND}                wv[x] = n < 0 ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : make_float4(",
-                   f"{IND}                    __ldg({var[g.w]} + {_w_index(g, 'k', 'n')}),",
-                   *(f"{IND}                    {load}{',' if d < 2 else ');'}"
-                     for d, load in enumerate(loads)),
-                   f"{IND}            }}")
-        self.w(f"{IND}            #pragma unroll",
-               f"{IND}            for (int y = 0; y < {tr}; ++y)",
                f"{IND}                #pragma unroll",
-               f"{IND}                for (int x = 0; x < {tc}; ++x)",
-               f"{IND}                    acc[y][x] += av[y].x * wv[x].x + av[y].y * wv[x].y",
-               f"{IND}                               + av[y].z * wv[x].z + av[y].w * wv[x].w;",
+               f"{IND}                for (int x = 0; x < {tc}; ++x) {{",
+               f"{IND}                    const float4 a4 = av[cur][y], w4 = wv[cur][x];",
+               f"{IND}                    acc[y][x] = fmaf(a4.w, w4.w, fmaf(a4.z, w4.z, "
+               "fmaf(a4.y, w4.y, fmaf(a4.x, w4.x, acc[y][x]))));",
+               f"{IND}                }}",
                f"{IND}        }}")
         if split > 1:  # the lanes of one tile are neighbours in a warp: add their partial sums
             mask = "0xffffffffu" if split == 32 else f"(0x{(1 << split) - 1:x}u << (tid & 31 & ~{split - 1}))"
@@ -555,6 +563,30 @@ class _Kernel:
                f"{IND}}}",
                f"{IND}__syncthreads();  // C is read next by other threads of the block")
 
+
+    def _operands(self, i: int, item: PersistentItem, buf: str, q: str, ind: str) -> None:
+        """Loads into register set `buf` of the GEMM's operands at float4 `q` of K: the thread's rows of
+        the staged A, and its columns of W (in shared memory, or read from L2, where it never changes)."""
+        g: GemmLaunch = item.launch
+        tl: GemmTiling = self.tilings[i]
+        kp = k_stride(g.k)
+        self.w(f"{ind}#pragma unroll",
+               f"{ind}for (int y = 0; y < {tl.rows_per_thread}; ++y)",
+               f"{ind}    av[{buf}][y] = *(const float4*)(cf_stage + (r0 + y) * {kp} + 4 * ({q}));",
+               f"{ind}#pragma unroll")
+        if item.on_chip:
+            self.w(f"{ind}for (int x = 0; x < {tl.cols_per_thread}; ++x)",
+                   f"{ind}    wv[{buf}][x] = *(const float4*)(w{i} + (c0 + x) * {kp} + 4 * ({q}));")
+            return
+        w = self.var[g.w]
+        loads = [f"k + {d} < {g.k} ? __ldg({w} + {_w_index(g, f'(k + {d})', 'n')}) : 0.0f"
+                 for d in range(1, 4)]
+        self.w(f"{ind}for (int x = 0; x < {tl.cols_per_thread}; ++x) {{",
+               f"{ind}    const int n = cols{i}(c0 + x), k = 4 * ({q});",
+               f"{ind}    wv[{buf}][x] = n < 0 ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : make_float4(",
+               f"{ind}        __ldg({w} + {_w_index(g, 'k', 'n')}),",
+               *(f"{ind}        {load}{',' if d < 2 else ');'}" for d, load in enumerate(loads)),
+               f"{ind}}}")
 
     def _stage(self, g: GemmLaunch, first: str, width: int, stride: int, ind: str) -> None:
         """Stages rows rb.. of the block's rows of A, columns `first` .. + `width` of K (zeros past K), at

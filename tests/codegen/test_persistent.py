@@ -335,7 +335,7 @@ def test_a_reverse_loop_loads_what_its_gradients_add_to_all_at_once(name):
         loads = [m.start() for m in re.finditer(r"const float cf_old_\d+ = ", island)]
         assert stores and len(loads) == len(stores) and max(loads) < min(stores)
     gemm = body[body.index("dA += "):]
-    assert gemm.index("cf_old[y][x] = ") < gemm.index("for (int q = ks") < gemm.index("= cf_old[y][x] +")
+    assert gemm.index("cf_old[y][x] = ") < gemm.index("for (int it = 0") < gemm.index("= cf_old[y][x] +")
 
 
 def test_outputs_of_one_accumulating_kernel_may_not_share_a_place():
@@ -369,8 +369,8 @@ def test_a_recurrence_without_barriers_loads_steps_ahead_and_keeps_its_state_in_
 def test_a_step_loads_the_next_steps_read_only_inputs():
     """Where a barrier and a GEMM come before the elementwise work, each step loads the input
     projection of the step after it (the backward: the saved steps of the one before it), so that the
-    round trip to memory runs beside them; what the loop writes (the cell state) is still read in its own
-    step."""
+    round trip to memory runs beside them; it starts them after the barrier, whose wait they would
+    lengthen. What the loop writes (the cell state) is still read in its own step."""
     from cellfuse.codegen.backward_plan import backward_plan
     from cellfuse.codegen.kernel_set import backward_kernels
 
@@ -381,7 +381,8 @@ def test_a_step_loads_the_next_steps_read_only_inputs():
         loop = source.index("for (int t = ")
         names = set(re.findall(r"float (cf_next\d+_\d+)\[1\];", source[:loop]))
         assert len(names) == count and f"const int t = {first};" in source[:loop]
-        assert f"if ({more}) {{\n            const int cf_step = {step};" in source[loop:]
+        started = f"grid.sync();\n            if ({more}) {{\n                const int cf_step = {step};"
+        assert started in source[loop:]
         assert all(re.search(rf"{n}\[u\] = \(b\d+ \+", source[loop:]) for n in names)
         assert re.search(r"pf\d+_\d+\[u\] = \(b\d+ \+ \(\(size_t\)\(\(?t", source[loop:])  # c, in its step
 
