@@ -504,17 +504,20 @@ class _Kernel:
         # Where C adds into memory, its old values are loaded ahead of the products, all at once: the
         # compiler would wait for each in turn at `+=`, between stores it cannot tell apart.
         old = g.accumulate and not item.output_on_chip
+        scatter, n_out, owner = _reduction(tr * tc, split)
+        first = " + ".join(f"((ks & {d}) ? {half} : 0)" for d, half in scatter) or "0"
+        self.w(f"{IND}        const int f0 = {first};  // the lane's first output of the tile (y * {tc} + x)",
+               f"{IND}        const bool owner = {owner};  // this lane stores them")
+        where = (f"const int f = f0 + m, y = f / {tc}, x = f % {tc}, n = cols{i}(c0 + x);",
+                 f"n >= 0 && r0 + y < {rt} && rb + r0 + y < rows")
         if old:
-            self.w(f"{IND}        float cf_old[{tr}][{tc}];",
-                   f"{IND}        if (ks == 0)",
-                   f"{IND}            #pragma unroll",
-                   f"{IND}            for (int x = 0; x < {tc}; ++x) {{",
-                   f"{IND}                const int n = cols{i}(c0 + x);",
-                   f"{IND}                #pragma unroll",
-                   f"{IND}                for (int y = 0; y < {tr}; ++y)",
-                   f"{IND}                    cf_old[y][x] = n >= 0 && r0 + y < {rt} && rb + r0 + y < rows",
-                   f"{IND}                        ? c[(size_t)(rb + r0 + y) * {g.c.ld} + n] : 0.0f;",
-                   f"{IND}            }}")
+            self.w(f"{IND}        float cf_old[{n_out}];",
+                   f"{IND}        #pragma unroll",
+                   f"{IND}        for (int m = 0; m < {n_out}; ++m) {{",
+                   f"{IND}            {where[0]}",
+                   f"{IND}            cf_old[m] = owner && {where[1]}",
+                   f"{IND}                ? c[(size_t)(rb + r0 + y) * {g.c.ld} + n] : 0.0f;",
+                   f"{IND}        }}")
         # The operands of the next four k are loaded into registers while those of these four are
         # multiplied (two register sets): with two warps per scheduler, nothing else hides the wait for
         # shared memory. Each product is a chain of fmaf: a*b + c*d + ... compiles to an FMUL and an FADD
@@ -540,24 +543,34 @@ class _Kernel:
                "fmaf(a4.y, w4.y, fmaf(a4.x, w4.x, acc[y][x]))));",
                f"{IND}                }}",
                f"{IND}        }}")
-        if split > 1:  # the lanes of one tile are neighbours in a warp: add their partial sums
-            mask = "0xffffffffu" if split == 32 else f"(0x{(1 << split) - 1:x}u << (tid & 31 & ~{split - 1}))"
+        # The k_split lanes of a tile, neighbours in a warp, add up their partial sums: halving, where
+        # the outputs allow it, the values each lane sends and keeps (a lane keeps the sums of one half
+        # and sends the other), so that each lane ends with its own share of the tile's outputs and a
+        # shuffle carries one value of one output, not of all of them.
+        mask = "0xffffffffu" if split == 32 else f"(0x{(1 << split) - 1:x}u << (tid & 31 & ~{split - 1}))"
+        self.w(f"{IND}        float v[{tr * tc}];",
+               f"{IND}        #pragma unroll",
+               f"{IND}        for (int m = 0; m < {tr * tc}; ++m) v[m] = acc[m / {tc}][m % {tc}];")
+        for d, half in scatter:
             self.w(f"{IND}        #pragma unroll",
-                   f"{IND}        for (int d = {split // 2}; d > 0; d /= 2)",
-                   f"{IND}            #pragma unroll",
-                   f"{IND}            for (int y = 0; y < {tr}; ++y)",
-                   f"{IND}                #pragma unroll",
-                   f"{IND}                for (int x = 0; x < {tc}; ++x)",
-                   f"{IND}                    acc[y][x] += __shfl_xor_sync({mask}, acc[y][x], d);")
-        self.w(f"{IND}        if (ks == 0)",
+                   f"{IND}        for (int m = 0; m < {half}; ++m) {{",
+                   f"{IND}            const float keep = (ks & {d}) ? v[m + {half}] : v[m], "
+                   f"send = (ks & {d}) ? v[m] : v[m + {half}];",
+                   f"{IND}            v[m] = keep + __shfl_xor_sync({mask}, send, {d});",
+                   f"{IND}        }}")
+        d = split // 2 >> len(scatter)
+        while d >= 1:  # the outputs no longer halve: every lane left adds them all
+            self.w(f"{IND}        #pragma unroll",
+                   f"{IND}        for (int m = 0; m < {n_out}; ++m)",
+                   f"{IND}            v[m] += __shfl_xor_sync({mask}, v[m], {d});")
+            d //= 2
+        self.w(f"{IND}        if (owner)",
                f"{IND}            #pragma unroll",
-               f"{IND}            for (int x = 0; x < {tc}; ++x) {{",
-               f"{IND}                const int n = cols{i}(c0 + x);",
-               f"{IND}                #pragma unroll",
-               f"{IND}                for (int y = 0; y < {tr}; ++y)",
-               f"{IND}                    if (n >= 0 && r0 + y < {rt} && rb + r0 + y < rows)",
-               f"{IND}                        "
-               f"{self._store(i, item, 'rb + r0 + y', 'c0 + x', 'acc[y][x]', 'cf_old[y][x]' if old else '')}",
+               f"{IND}            for (int m = 0; m < {n_out}; ++m) {{",
+               f"{IND}                {where[0]}",
+               f"{IND}                if ({where[1]})",
+               f"{IND}                    "
+               f"{self._store(i, item, 'rb + r0 + y', 'c0 + x', 'v[m]', 'cf_old[m]' if old else '')}",
                f"{IND}            }}",
                f"{IND}    }}",
                f"{IND}}}",
@@ -718,6 +731,18 @@ def _w_index(g: GemmLaunch, k: str, n: str) -> str:
     """The element of the GEMM's right operand at row k, column n: of W [K, N], or, where the GEMM
     multiplies by W's transpose (dA = dC @ W^T), of W stored [N, K]."""
     return f"(size_t){n} * {g.k} + {k}" if g.trans_w else f"(size_t){k} * {g.n} + {n}"
+
+
+def _reduction(outputs: int, split: int) -> tuple[list[tuple[int, int]], int, str]:
+    """How the `split` lanes of a register tile of `outputs` values add up their partial sums: the
+    shuffle distances at which each lane keeps half of its values (with that half's size), the number of
+    outputs each lane is left with, and which lanes store them (a C condition on ks)."""
+    scatter, d, n = [], split // 2, outputs
+    while d >= 1 and n % 2 == 0:
+        n //= 2
+        scatter.append((d, n))
+        d //= 2
+    return scatter, n, f"(ks & {2 * d - 1}) == 0" if d else "true"
 
 
 def _item_name(item: PersistentItem) -> str:

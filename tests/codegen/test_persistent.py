@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from random_cells import random_cell, random_cells
 
 from cellfuse.codegen import make_plan, plan_kernels
+from cellfuse.codegen.cuda_persistent import _reduction
 from cellfuse.codegen.lowering import SIDE
 from cellfuse.codegen.persistent import barriers, gemm_tiling
 from cellfuse.codegen.plan import H100, GemmLaunch, KernelLaunch, Plan, Target, owned
@@ -335,7 +336,7 @@ def test_a_reverse_loop_loads_what_its_gradients_add_to_all_at_once(name):
         loads = [m.start() for m in re.finditer(r"const float cf_old_\d+ = ", island)]
         assert stores and len(loads) == len(stores) and max(loads) < min(stores)
     gemm = body[body.index("dA += "):]
-    assert gemm.index("cf_old[y][x] = ") < gemm.index("for (int it = 0") < gemm.index("= cf_old[y][x] +")
+    assert gemm.index("cf_old[m] = ") < gemm.index("for (int it = 0") < gemm.index("= cf_old[m] +")
 
 
 def test_outputs_of_one_accumulating_kernel_may_not_share_a_place():
@@ -396,3 +397,33 @@ def test_a_gru_block_s_three_gates_keep_every_thread_busy(batch):
     tiling = gemm_tiling(gemm.columns, launch.column_blocks, launch.row_tile, gemm.launch.k)
     assert tiling.cols % 3 == 0 and tiling.cols_per_thread == 3 and tiling.padded_cols == tiling.cols
     assert tiling.output_threads * tiling.k_split == launch.threads
+
+
+@pytest.mark.parametrize("outputs, split", [(32, 8), (16, 32), (2, 32), (3, 4), (6, 8), (12, 16), (4, 1),
+                                             (24, 2), (1, 8)])
+def test_the_lanes_of_a_tile_add_up_every_output_once(outputs, split):
+    """The persistent GEMM's k_split lanes add their partial sums as the generated code does (each
+    lane keeps half of its values and sends the other half while they halve, then adds them all): every
+    output of the tile is stored by exactly one lane, with the sum of all the lanes' partial sums."""
+    scatter, n_out, owner = _reduction(outputs, split)
+    partial = np.random.default_rng(outputs * split).standard_normal((split, outputs))
+    v = {ks: list(partial[ks]) for ks in range(split)}
+    for d, half in scatter:  # a lane keeps its half (the upper one where its bit d is set), the other's sent
+        halves = {ks: (v[ks][half:2 * half] if ks & d else v[ks][:half]) for ks in v}
+        v = {ks: [a + b for a, b in zip(halves[ks], (v[ks ^ d][half:2 * half] if ks & d
+                                                     else v[ks ^ d][:half]), strict=True)] for ks in v}
+    d = split // 2 >> len(scatter)
+    while d >= 1:
+        v = {ks: [a + b for a, b in zip(v[ks], v[ks ^ d], strict=True)] for ks in range(split)}
+        d //= 2
+    stored: dict[int, float] = {}
+    for ks in range(split):
+        mask = re.fullmatch(r"\(ks & (\d+)\) == 0", owner)
+        if owner == "true" or mask and ks & int(mask.group(1)) == 0:
+            first = sum(half for d, half in scatter if ks & d)
+            for m in range(n_out):
+                assert first + m not in stored
+                stored[first + m] = v[ks][m]
+    assert sorted(stored) == list(range(outputs))
+    np.testing.assert_allclose([stored[f] for f in range(outputs)], partial.sum(axis=0), rtol=1e-12)
+    assert n_out * split >= outputs and (n_out == outputs >> len(scatter))
