@@ -44,6 +44,22 @@ __device__ __forceinline__ void cf_copies_done() {
     asm volatile("cp.async.wait_all;\\n" ::: "memory");
 }
 
+// An exchange's (step tag, value) pair, 8 aligned bytes: stored at once and read at once, so that a
+// reader that sees the tag it waits for sees the value that came with it.
+__device__ __forceinline__ void cf_publish(unsigned long long* at, unsigned tag, float v) {
+    const unsigned long long w = ((unsigned long long)tag << 32) | __float_as_uint(v);
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\\n" :: "l"(at), "l"(w) : "memory");
+}
+
+__device__ __forceinline__ void cf_peek(const unsigned long long* at, unsigned long long& a) {
+    asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];\\n" : "=l"(a) : "l"(at) : "memory");
+}
+
+__device__ __forceinline__ void cf_peek2(const unsigned long long* at, unsigned long long& a,
+                                         unsigned long long& b) {
+    asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];\\n" : "=l"(a), "=l"(b) : "l"(at) : "memory");
+}
+
 // A fragment of float32 values split in two of TF32 (10 bits of mantissa each): hi, and what hi lost.
 template <typename Fragment>
 __device__ __forceinline__ void cf_split_tf32(Fragment& hi, Fragment& lo) {
@@ -59,6 +75,7 @@ __device__ __forceinline__ void cf_split_tf32(Fragment& hi, Fragment& lo) {
 PREFETCH_ELEMENTS = 4  # per thread, at most, for an elementwise launch's loads to start the step early
 AHEAD_REGISTERS = 64  # per thread, at most, for the inputs of the steps ahead in a launch with no barrier
 AHEAD_STEPS = 16  # steps whose inputs a launch with no barrier loads at once, at most
+POLL_PIECES = 16  # loads of an exchange's pairs a thread has in flight at once, at most
 FULL_UNROLL = 32  # iterations of a GEMM's loop over K, at most, unrolled whole (else two at a time)
 # The slot a step writes and the next step reads: of the state a launch with no barrier carries in
 # registers from one step to the next.
@@ -104,6 +121,8 @@ class _Kernel:
         # GEMM outputs in shared memory: buffer -> (the GEMM's index, its item, its block's columns)
         self.on_chip = {item.launch.c.buffer: (i, item, self.tilings[i].cols)
                         for i, item in self.gemms if item.output_on_chip}
+        # exchanged operands: buffer -> (its index, its Exchange); and per writer, what it publishes
+        self.exchange = {ex.buffer: (n, ex) for n, ex in enumerate(launch.exchange)}
         self.lines: list[str] = []
 
     def w(self, *lines: str) -> None:
@@ -112,11 +131,17 @@ class _Kernel:
     def source(self) -> str:
         """A kernel of its own: every step of the layer."""
         launch = self.launch
+        for n, ex in enumerate(launch.exchange):
+            self.w(f"// the exchange of {comment_text(ex.buffer)}: two slots of [batch][{ex.width}] "
+                   "(step tag, value) pairs",
+                   f"__device__ unsigned long long {self.name}_x{n}[{2 * launch.batch * ex.width}];")
+        if launch.exchange:  # tags differ from one run to the next: a stale pair is never taken for new
+            self.w(f"__device__ unsigned {self.name}_runs;", "")
         steps = (f"the backward pass of every step of layer {launch.layer}, from the last to the first,"
                  if launch.reverse else f"every step of layer {launch.layer}")
         self.w(f"// {steps} in one cooperative launch of {launch.blocks} blocks of {launch.threads} threads",
                f"// ({launch.column_blocks} column blocks x {launch.row_groups} row groups), "
-               f"{launch.barriers_per_step} grid-wide barrier(s) per step, {launch.smem_bytes} bytes of "
+               f"{self._waits()} per step, {launch.smem_bytes} bytes of "
                "shared memory per block,",
                f"// a batch of at most {launch.batch}; arguments:")
         self.w(*signature(self.buffers, self.var, self.written, launch.threads, self.name),
@@ -134,6 +159,8 @@ class _Kernel:
                "    const int row0 = min(batch, rg * rows_per_group), "
                "rows = min(batch, row0 + rows_per_group) - row0;",
                "    (void)cb; (void)rows;")
+        if launch.exchange:
+            self._publish_initial()
         self._shared_memory()
         ahead, carried = self._ahead()
         depth = self._depth(ahead) if ahead else 0
@@ -161,13 +188,14 @@ class _Kernel:
         if nxt:
             for i, arrays in self._rotate(nxt).items():
                 prefetched.setdefault(i, {}).update(arrays)
-            if not launch.barriers_per_step:
+            if not launch.waits_per_step:
                 self._load_next(nxt, "        ")
         n, first_barrier = len(launch.items), True
         for i, item in enumerate(launch.items):
             self.w("        {" + f"  // {comment_text(_item_name(item))}")
             if item.barrier:
-                self.w(f"{IND}grid.sync();")
+                self.w(f"{IND}grid.sync();" if not launch.exchange else
+                       f"{IND}// no barrier: the operand's rows are read from its exchange once written")
                 if nxt and first_barrier:
                     self._load_next(nxt, IND)
                 first_barrier = False
@@ -182,6 +210,39 @@ class _Kernel:
         self.w("    }")
         if depth:
             self.w("    }")
+        if launch.exchange:  # every block took its tags at its start: block 0 ends after every block began
+            self.w(f"    if (blockIdx.x == 0 && tid == 0) atomicAdd(&{self.name}_runs, 1u);")
+
+    def _waits(self) -> str:
+        launch = self.launch
+        if launch.exchange:
+            return f"{launch.waits_per_step} wait(s) on exchanges (no grid-wide barrier)"
+        return f"{launch.barriers_per_step} grid-wide barrier(s)"
+
+    def _exchange_at(self, n: int, ex, slot: str, row: str, col: str) -> str:
+        """The address of an exchange's pair at row `row`, column `col` of the slot `slot` & 1 (a value
+        written at step t goes to slot t & 1, the initial state's to slot 1)."""
+        return (f"{self.name}_x{n} + (size_t)(({slot}) & 1) * batch * {ex.width} "
+                f"+ (size_t)({row}) * {ex.width} + {col}")
+
+    def _publish_initial(self) -> None:
+        """The run's tag base, and each block's own elements of the operands that the first step reads
+        from before the loop (the initial state), published with the tag of step -1."""
+        launch = self.launch
+        self.w(f"    const unsigned cf_base = *(volatile unsigned*)&{self.name}_runs << 16;  "
+               "// a value written at step t has tag cf_base + t + 2")
+        for n, ex in enumerate(launch.exchange):
+            if ex.lag != -1:
+                continue
+            a = next(item.launch.a for item in launch.items
+                     if isinstance(item.launch, GemmLaunch) and item.launch.a.buffer == ex.buffer)
+            unit = launch.unit(ex.width)
+            self.w(f"    for (int e = tid; e < rows * {unit}; e += {launch.threads}) {{",
+                   f"        const int r = row0 + e / {unit}, j = cb * {unit} + e % {unit}, t = 0;",
+                   f"        if (j < {ex.width})",
+                   f"            cf_publish({self._exchange_at(n, ex, '1', 'r', 'j')}, cf_base + 1,",
+                   f"                       ({_at_step(self.var[a.buffer], a)})[(size_t)r * {a.ld} + j]);",
+                   "    }")
 
     def _shared_memory(self) -> None:
         """Where each part of shared memory starts; the on-chip weights loaded, padding zeroed."""
@@ -275,7 +336,7 @@ class _Kernel:
         stays in registers from step to step. The step's loads would otherwise each wait a round trip
         to memory, one step after the other."""
         launch = self.launch
-        if launch.reverse or self.gemms or launch.barriers_per_step:
+        if launch.reverse or self.gemms or launch.waits_per_step:
             return {}, {}
         ahead: dict[int, dict[int, str]] = {}
         carried: dict[int, dict[int, tuple[int, str]]] = {}
@@ -452,8 +513,17 @@ class _Kernel:
         # the partial sums are not stored element by element: below, once the block's values are written
         keep = [n for n, p in enumerate(params) if not (p.output and p.access.kind == "sums")]
         copies = {keep.index(out): f"{array}[u]" for out, array in carried.values()}
+        # the values other blocks read from an exchange: put there too, with the step's tag
+        published = [(n, x, ex) for n, p in enumerate(params) if p.output
+                     for x, ex in [self.exchange.get(p.access.buffer, (0, None))]
+                     if ex is not None and ex.writer == i]
+        for n, x, _ in published:
+            self.w(f"{IND}    float cf_pub{x};")
+            copies[keep.index(n)] = f"cf_pub{x}"
         self.w(*element_body([params[n] for n in keep], [names[n] for n in keep], k.body, IND + "    ",
                              {m: index[n] for m, n in enumerate(keep) if n in index}, k.adds, copies))
+        self.w(*(f"{IND}    cf_publish({self._exchange_at(x, ex, 't', 'r', 'j')}, cf_base + t + 2, "
+                 f"cf_pub{x});" for _, x, ex in published))
         self.w(f"{IND}}}")
         for n, p in enumerate(params):
             if p.output and p.access.kind == "sums":
@@ -486,7 +556,8 @@ class _Kernel:
         rt, kp, k4 = launch.row_tile, k_stride(g.k), -(-g.k // 4)
         tr, tc, split = tl.rows_per_thread, tl.cols_per_thread, tl.k_split
         threads = launch.threads
-        self.w(f"{IND}const float* const a = {_at_step(var[g.a.buffer], g.a)} + (size_t)row0 * {g.a.ld};")
+        if g.a.buffer not in self.exchange:
+            self.w(f"{IND}const float* const a = {_at_step(var[g.a.buffer], g.a)} + (size_t)row0 * {g.a.ld};")
         if not item.output_on_chip:
             self.w(f"{IND}float* const c = {_at_step(var[g.c.buffer], g.c)} + (size_t)row0 * {g.c.ld};")
         self.w(f"{IND}for (int rb = 0; rb < rows; rb += {rt}) {{")
@@ -494,7 +565,10 @@ class _Kernel:
             self._mma(i, item)
             return
         self.w(f"{IND}    __syncthreads();  // the stage is free again")
-        self._stage(g, "0", g.k, kp, IND + "    ")
+        if g.a.buffer in self.exchange:
+            self._poll(*self.exchange[g.a.buffer], kp, IND + "    ")
+        else:
+            self._stage(g, "0", g.k, kp, IND + "    ")
         self.w(f"{IND}    __syncthreads();")
         self.w(f"{IND}    const int ks = tid % {split};",
                f"{IND}    for (int o = tid / {split}; o < {tl.output_threads}; o += {threads // split}) {{",
@@ -599,6 +673,54 @@ class _Kernel:
                f"{ind}    wv[{buf}][x] = n < 0 ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : make_float4(",
                f"{ind}        __ldg({w} + {_w_index(g, 'k', 'n')}),",
                *(f"{ind}        {load}{',' if d < 2 else ');'}" for d, load in enumerate(loads)),
+               f"{ind}}}")
+
+    def _poll(self, n: int, ex, stride: int, ind: str) -> None:
+        """Stages rows rb.. of the block's rows of an exchanged operand from its exchange: the pairs (two
+        at a time where the width is even) loaded all at once, then, in rounds, those whose tag is not
+        yet the step's loaded again, all at once, until every one is."""
+        launch, k = self.launch, ex.width
+        per = 2 if k % 2 == 0 else 1
+        pieces = launch.row_tile * k // per
+        chunk = min(POLL_PIECES, -(-pieces // launch.threads))
+        peek = "cf_peek2(p, w[u][0], w[u][1])" if per == 2 else "cf_peek(p, w[u][0])"
+        stale = " || ".join(f"(unsigned)(w[u][{v}] >> 32) != want" for v in range(per))
+        slot = "t + 1" if ex.lag else "t"  # of the value written at step t - 1, or at step t
+        self.w(f"{ind}{{",
+               f"{ind}    const unsigned want = cf_base + t + {2 + ex.lag};",
+               f"{ind}    for (int e0 = 0; e0 < {pieces}; e0 += {chunk * launch.threads}) {{",
+               f"{ind}        unsigned long long w[{chunk}][{per}];",
+               f"{ind}        #pragma unroll",
+               f"{ind}        for (int u = 0; u < {chunk}; ++u) {{",
+               f"{ind}            const int e = {per} * (e0 + tid + u * {launch.threads}), r = e / {k};",
+               f"{ind}            const unsigned long long* const p = "
+               f"{self._exchange_at(n, ex, slot, 'row0 + rb + r', f'e - r * {k}')};",
+               f"{ind}            if (e < {pieces * per} && rb + r < rows) {peek};",
+               f"{ind}        }}",
+               f"{ind}        for (;;) {{  // rounds, each one trip to L2",
+               f"{ind}            bool ready = true;",
+               f"{ind}            #pragma unroll",
+               f"{ind}            for (int u = 0; u < {chunk}; ++u) {{",
+               f"{ind}                const int e = {per} * (e0 + tid + u * {launch.threads}), r = e / {k};",
+               f"{ind}                const unsigned long long* const p = "
+               f"{self._exchange_at(n, ex, slot, 'row0 + rb + r', f'e - r * {k}')};",
+               f"{ind}                if (e < {pieces * per} && rb + r < rows && ({stale})) {{",
+               f"{ind}                    ready = false;",
+               f"{ind}                    {peek};",
+               f"{ind}                }}",
+               f"{ind}            }}",
+               f"{ind}            if (ready) break;",
+               f"{ind}        }}",
+               f"{ind}        #pragma unroll",
+               f"{ind}        for (int u = 0; u < {chunk}; ++u) {{",
+               f"{ind}            const int e = {per} * (e0 + tid + u * {launch.threads}), r = e / {k};",
+               f"{ind}            if (e >= {pieces * per}) break;",
+               f"{ind}            #pragma unroll",
+               f"{ind}            for (int v = 0; v < {per}; ++v)",
+               f"{ind}                cf_stage[r * {stride} + e - r * {k} + v] =",
+               f"{ind}                    rb + r < rows ? __uint_as_float((unsigned)w[u][v]) : 0.0f;",
+               f"{ind}        }}",
+               f"{ind}    }}",
                f"{ind}}}")
 
     def _stage(self, g: GemmLaunch, first: str, width: int, stride: int, ind: str) -> None:

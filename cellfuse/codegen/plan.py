@@ -266,6 +266,22 @@ def owned(size: int, parts: int, part: int) -> tuple[int, int]:
 
 
 @dataclass(frozen=True)
+class Exchange:
+    """A GEMM operand of a persistent launch that one of its elementwise launches writes (items[writer],
+    its output `value`) and every block reads in full (its row group's rows, all of K): the steps' values
+    go through an exchange buffer, two slots of [batch, width] (step, value) pairs, as well as to the
+    operand's own buffer. A reader at step t wants what the writer wrote at step t + `lag` (-1: the step
+    before, whose value at the first step is the operand's initial rows, which each block publishes for
+    its own elements before the loop; 0: the same step, earlier in it)."""
+
+    buffer: str
+    writer: int
+    value: str
+    width: int
+    lag: int
+
+
+@dataclass(frozen=True)
 class PersistentLaunch:
     """Every step of one layer in one cooperative launch: `blocks` blocks, all resident at once, run
     `items` once per step, with grid-wide barriers between them where `barrier` says."""
@@ -282,6 +298,9 @@ class PersistentLaunch:
     # the launch's own buffers: partial sums of row reductions, values carried between their stages
     buffers: tuple[Buffer, ...] = ()
     reverse: bool = False  # the steps from the last to the first: a backward pass's
+    # GEMM operands that pass between the blocks through an exchange buffer of (step, value) pairs, read
+    # when their step tags say they are written, instead of through memory after a grid-wide barrier
+    exchange: tuple[Exchange, ...] = ()
 
     @property
     def column_blocks(self) -> int:
@@ -305,8 +324,15 @@ class PersistentLaunch:
         return owned(width, self.column_blocks, block % self.column_blocks)
 
     @property
-    def barriers_per_step(self) -> int:
+    def waits_per_step(self) -> int:
+        """The points of a step where a block waits for what other blocks wrote: at a grid-wide barrier,
+        or for its operand's values in an exchange."""
         return sum(item.barrier for item in self.items)
+
+    @property
+    def barriers_per_step(self) -> int:
+        """Grid-wide barriers a step waits at: none where the operands go through exchanges."""
+        return 0 if self.exchange else self.waits_per_step
 
     @property
     def label(self) -> str:
@@ -438,6 +464,8 @@ class Plan:
                 "blocks": self.layers[0].persistent.blocks, "threads": self.layers[0].persistent.threads,
                 "row_groups": self.layers[0].persistent.row_groups,
                 "barriers_per_step": self.layers[0].persistent.barriers_per_step,
+                "exchange_waits_per_step": (self.layers[0].persistent.waits_per_step
+                                            if self.layers[0].persistent.exchange else 0),
                 "smem_bytes_per_block": self.layers[0].persistent.smem_bytes,
                 "weights_on_chip": all(i.on_chip for i in self.layers[0].persistent.items
                                        if isinstance(i.launch, GemmLaunch)),
@@ -483,9 +511,10 @@ class Plan:
             rows = p.group_rows
             split = (f"{p.column_blocks} column blocks x {p.row_groups} row groups of {rows} rows"
                      if p.row_groups > 1 else f"{p.column_blocks} column blocks, every row")
+            waits = (f"{p.waits_per_step} wait(s) per step for values in an exchange, no grid-wide barrier"
+                     if p.exchange else f"{p.barriers_per_step} grid-wide barrier(s) per step")
             lines[-1] = (f"one step, in order, in each of {p.blocks} blocks of {p.threads} threads ({split}; "
-                         f"{p.barriers_per_step} grid-wide barrier(s) per step, "
-                         f"{p.smem_bytes / 1024:.1f} KiB of shared memory per block):")
+                         f"{waits}, {p.smem_bytes / 1024:.1f} KiB of shared memory per block):")
             for item in p.items:
                 units = ", ".join(str(p.unit(w)) for w in item.columns)
                 if item.whole:
@@ -496,8 +525,15 @@ class Plan:
                     what = f"{units} column(s) per block" + (f", {' and '.join(on_chip)} in shared memory"
                                                              if on_chip else "")
                     what += ", on tensor cores (3xTF32)" if item.mma else ""
-                lines.append(f"  {'grid barrier, then ' if item.barrier else ''}{launch_name(item.launch)}"
-                             f" ({what})")
+                wait = ""
+                if item.barrier:
+                    wait = (f"wait for {item.launch.a.buffer} in its exchange, then " if p.exchange
+                            else "grid barrier, then ")
+                lines.append(f"  {wait}{launch_name(item.launch)} ({what})")
+            if persistent.exchange:
+                for ex in p.exchange:
+                    lines.append(f"  {ex.buffer} also goes to an exchange of (step, value) pairs, polled by "
+                                 "the blocks that read it")
             if persistent.note:
                 lines.append(f"  note: {persistent.note}")
         else:

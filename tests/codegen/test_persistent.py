@@ -58,7 +58,12 @@ def test_barriers_per_step_of_every_template(name):
     cell = load_template(name)
     plan = make_plan(cell, Sizes(5, 3, 6 if analyze(cell).ties else 7, 6), "persistent")
     launch = plan.layers[0].persistent
-    assert launch.barriers_per_step == BARRIERS_PER_STEP[name]
+    assert launch.waits_per_step == BARRIERS_PER_STEP[name]
+    # Every wait is for a GEMM operand that one elementwise launch writes: it goes through an exchange,
+    # and no step waits at a grid-wide barrier, but where row reductions read partial sums.
+    exchanged = name not in ("indrnn", "sru", "layernorm_lstm")
+    assert bool(launch.exchange) == exchanged
+    assert launch.barriers_per_step == (0 if exchanged else BARRIERS_PER_STEP[name])
     assert plan.launches_per_step == 0 and plan.chunk_steps == 0 and plan.cuda_graph
     if name != "layernorm_lstm":  # it runs its kernel in stages
         assert [item.launch for item in launch.items] == plan.layers[0].step
@@ -382,8 +387,9 @@ def test_a_step_loads_the_next_steps_read_only_inputs():
         loop = source.index("for (int t = ")
         names = set(re.findall(r"float (cf_next\d+_\d+)\[1\];", source[:loop]))
         assert len(names) == count and f"const int t = {first};" in source[:loop]
-        started = f"grid.sync();\n            if ({more}) {{\n                const int cf_step = {step};"
-        assert started in source[loop:]
+        started = (r"(grid\.sync\(\);|// no barrier: [^\n]*)\n            if \(" + re.escape(more)
+                   + r"\) \{\n                const int cf_step = " + re.escape(step) + ";")
+        assert re.search(started, source[loop:])
         assert all(re.search(rf"{n}\[u\] = \(b\d+ \+", source[loop:]) for n in names)
         assert re.search(r"pf\d+_\d+\[u\] = \(b\d+ \+ \(\(size_t\)\(\(?t", source[loop:])  # c, in its step
 
@@ -427,3 +433,28 @@ def test_the_lanes_of_a_tile_add_up_every_output_once(outputs, split):
     assert sorted(stored) == list(range(outputs))
     np.testing.assert_allclose([stored[f] for f in range(outputs)], partial.sum(axis=0), rtol=1e-12)
     assert n_out * split >= outputs and (n_out == outputs >> len(scatter))
+
+
+@pytest.mark.parametrize("name, lags", [("lstm", [-1]), ("gru_cho", [-1, 0]), ("residual_lstm", [-1])])
+def test_operands_pass_between_blocks_through_exchanges(name, lags):
+    """A forward step's GEMM operands go through exchanges of (step tag, value) pairs: the kernel has no
+    grid barrier; each block publishes its own elements of the initial state before the loop and the
+    operand's values as its elementwise launch writes them, and a GEMM polls its rows for the tag of
+    the step it reads (the one before for h, its own for Cho's r*h). The backward pass and the tensor
+    rung keep their barriers."""
+    from cellfuse.codegen.backward_plan import backward_plan
+    from cellfuse.codegen.kernel_set import backward_kernels
+
+    plan = make_plan(load_template(name), Sizes(100, 8, 512, 512), "persistent", save_steps=True)
+    launch = plan.layers[0].persistent
+    assert [ex.lag for ex in launch.exchange] == lags
+    source = plan_kernels(plan).module_source()
+    loop = source[source.index("for (int t = 0"):]
+    assert "grid.sync()" not in source and "cf_publish(" in source[:source.index("for (int t = 0")]
+    assert loop.count("cf_publish(") == len(lags) and loop.count("for (;;) {  // rounds") == len(lags)
+    for lag in lags:
+        assert f"const unsigned want = cf_base + t + {2 + lag};" in loop
+    assert "atomicAdd(&cf_" in loop and "_runs, 1u)" in loop
+    assert "grid.sync();" in backward_kernels(backward_plan(plan)).module_source()
+    tensor = make_plan(load_template(name), Sizes(100, 8, 512, 512), "tensor").layers[0].persistent
+    assert not tensor.exchange and tensor.barriers_per_step == len(lags)
