@@ -58,7 +58,7 @@ def main(path: str, png: str | None) -> None:
         if direct is not None:
             ms["cudnn persistent"] = direct
         best = min(ms[r] for r in RUNGS if r in ms)
-        met = "-" if goal is None else ("yes" if best <= goal else f"no, {best / goal:.1f}x the goal")
+        met = "-" if goal is None else ("yes" if best <= goal else f"no, {best / goal:.2f}x the goal")
         print(f"| {label} | {base} | {_ms(direct)} | " + " | ".join(_ms(ms.get(r)) for r in RUNGS)
               + f" | {'-' if goal is None else f'{goal:g}'} | {met} |")
         rows.append((label, ms))

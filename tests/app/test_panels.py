@@ -182,8 +182,9 @@ def test_plan_follows_the_sizes_and_says_why_when_there_is_none(qtbot, window):
 
 def test_plan_view_says_what_a_persistent_kernel_holds(window):
     """Under `persistent` and `tensor` a layer's steps are one cooperative kernel: the plan view says how
-    many blocks it has, its barriers per step, its shared memory and whether its GEMMs run on tensor
-    cores; under `wavefront` that the layers run side by side; under `graph` nothing is said."""
+    many blocks it has, its barriers (or waits on exchanges) per step, its shared memory and whether its
+    GEMMs run on tensor cores; under `wavefront` that the layers run side by side; under `graph` nothing
+    is said."""
     panel = window.plan_panel
     window.bench_panel.set_sizes(hidden=64)
     panel.set_schedule("tensor")
@@ -193,7 +194,9 @@ def test_plan_view_says_what_a_persistent_kernel_holds(window):
     assert "on tensor cores (3xTF32" in text and panel.stat_values["launches_per_step"].text() == "0"
     panel.set_schedule("persistent")
     window.refresh_plan()
-    assert "blocks of 256 threads" in panel.kernel_label.text() and "tensor" not in panel.kernel_label.text()
+    text = panel.kernel_label.text()
+    assert "blocks of 256 threads" in text and "tensor" not in text
+    assert "1 wait(s) per step for the values of other blocks in an exchange buffer (no grid barrier)" in text
     window.bench_panel.set_sizes(layers=2, seq=24)  # more steps than a chunk: the layers side by side
     panel.set_schedule("wavefront")
     window.refresh_plan()
