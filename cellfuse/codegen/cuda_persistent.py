@@ -133,10 +133,8 @@ class _Kernel:
         launch = self.launch
         for n, ex in enumerate(launch.exchange):
             self.w(f"// the exchange of {comment_text(ex.buffer)}: two slots of [batch][{ex.width}] "
-                   "(step tag, value) pairs",
-                   f"__device__ unsigned long long {self.name}_x{n}[{2 * launch.batch * ex.width}];")
-        if launch.exchange:  # tags differ from one run to the next: a stale pair is never taken for new
-            self.w(f"__device__ unsigned {self.name}_runs;", "")
+                   "(step tag, value) pairs; one run of the kernel at a time uses it",
+                   f"__device__ unsigned long long {self.name}_x{n}[{2 * launch.batch * ex.width}];", "")
         steps = (f"the backward pass of every step of layer {launch.layer}, from the last to the first,"
                  if launch.reverse else f"every step of layer {launch.layer}")
         self.w(f"// {steps} in one cooperative launch of {launch.blocks} blocks of {launch.threads} threads",
@@ -210,8 +208,6 @@ class _Kernel:
         self.w("    }")
         if depth:
             self.w("    }")
-        if launch.exchange:  # every block took its tags at its start: block 0 ends after every block began
-            self.w(f"    if (blockIdx.x == 0 && tid == 0) atomicAdd(&{self.name}_runs, 1u);")
 
     def _waits(self) -> str:
         launch = self.launch
@@ -226,23 +222,28 @@ class _Kernel:
                 f"+ (size_t)({row}) * {ex.width} + {col}")
 
     def _publish_initial(self) -> None:
-        """The run's tag base, and each block's own elements of the operands that the first step reads
-        from before the loop (the initial state), published with the tag of step -1."""
+        """Before the loop, each block's own elements of every exchange: both slots cleared (tag 0, which
+        no step waits for, so that no pair of an earlier run is taken for one of this run's), and, for
+        an operand the first step reads from before the loop (the initial state), its values with the
+        tag of step -1; then one grid-wide barrier, after which every block sees them. A value written
+        at step t has the tag t + 2."""
         launch = self.launch
-        self.w(f"    const unsigned cf_base = *(volatile unsigned*)&{self.name}_runs << 16;  "
-               "// a value written at step t has tag cf_base + t + 2")
         for n, ex in enumerate(launch.exchange):
-            if ex.lag != -1:
-                continue
-            a = next(item.launch.a for item in launch.items
-                     if isinstance(item.launch, GemmLaunch) and item.launch.a.buffer == ex.buffer)
             unit = launch.unit(ex.width)
             self.w(f"    for (int e = tid; e < rows * {unit}; e += {launch.threads}) {{",
                    f"        const int r = row0 + e / {unit}, j = cb * {unit} + e % {unit}, t = 0;",
-                   f"        if (j < {ex.width})",
-                   f"            cf_publish({self._exchange_at(n, ex, '1', 'r', 'j')}, cf_base + 1,",
-                   f"                       ({_at_step(self.var[a.buffer], a)})[(size_t)r * {a.ld} + j]);",
-                   "    }")
+                   "        (void)t;",
+                   f"        if (j >= {ex.width}) continue;",
+                   f"        cf_publish({self._exchange_at(n, ex, '0', 'r', 'j')}, 0u, 0.0f);")
+            if ex.lag == -1:
+                a = next(item.launch.a for item in launch.items
+                         if isinstance(item.launch, GemmLaunch) and item.launch.a.buffer == ex.buffer)
+                self.w(f"        cf_publish({self._exchange_at(n, ex, '1', 'r', 'j')}, 1u,",
+                       f"                   ({_at_step(self.var[a.buffer], a)})[(size_t)r * {a.ld} + j]);")
+            else:
+                self.w(f"        cf_publish({self._exchange_at(n, ex, '1', 'r', 'j')}, 0u, 0.0f);")
+            self.w("    }")
+        self.w("    grid.sync();  // every block's clearing and initial values are visible")
 
     def _shared_memory(self) -> None:
         """Where each part of shared memory starts; the on-chip weights loaded, padding zeroed."""
@@ -522,7 +523,7 @@ class _Kernel:
             copies[keep.index(n)] = f"cf_pub{x}"
         self.w(*element_body([params[n] for n in keep], [names[n] for n in keep], k.body, IND + "    ",
                              {m: index[n] for m, n in enumerate(keep) if n in index}, k.adds, copies))
-        self.w(*(f"{IND}    cf_publish({self._exchange_at(x, ex, 't', 'r', 'j')}, cf_base + t + 2, "
+        self.w(*(f"{IND}    cf_publish({self._exchange_at(x, ex, 't', 'r', 'j')}, t + 2, "
                  f"cf_pub{x});" for _, x, ex in published))
         self.w(f"{IND}}}")
         for n, p in enumerate(params):
@@ -687,7 +688,7 @@ class _Kernel:
         stale = " || ".join(f"(unsigned)(w[u][{v}] >> 32) != want" for v in range(per))
         slot = "t + 1" if ex.lag else "t"  # of the value written at step t - 1, or at step t
         self.w(f"{ind}{{",
-               f"{ind}    const unsigned want = cf_base + t + {2 + ex.lag};",
+               f"{ind}    const unsigned want = t + {2 + ex.lag};",
                f"{ind}    for (int e0 = 0; e0 < {pieces}; e0 += {chunk * launch.threads}) {{",
                f"{ind}        unsigned long long w[{chunk}][{per}];",
                f"{ind}        #pragma unroll",

@@ -34,6 +34,7 @@ THREADS = 256  # per block of a persistent kernel: faster than 128 or 512 at eve
 ROW_TILE = 64  # rows of a GEMM's left operand staged in shared memory at a time, at most
 ROW_GROUPS = (8, 4, 2, 1)  # the ways to split the batch between blocks, most first
 MIN_GROUP_ROWS = 8  # rows of a group, at least: fewer would not fill a block's threads
+EXCHANGE_BYTES = 64 * 2**20  # of a persistent kernel's exchanges, at most (two slots of 8-byte pairs)
 
 
 @dataclass(frozen=True)
@@ -247,13 +248,14 @@ def barriers(step: list[GemmLaunch | KernelLaunch], reverse: bool = False) -> li
     return barrier
 
 
-def exchanges(items: list[PersistentItem], reverse: bool) -> tuple[Exchange, ...]:
+def exchanges(items: list[PersistentItem], reverse: bool, batch: int) -> tuple[Exchange, ...]:
     """The GEMM operands of a forward step that can go through exchanges instead of grid-wide barriers,
     or none: where every barrier is a GEMM's, for its operand, which one elementwise launch writes whole
     (each block its own elements) in step with the reads. A block then waits only for the values it
     reads (on an H100 a step of the LSTM took half the time at B=1, and 12% less at B=64). Two slots
     are enough: a block writes a slot again only after every block of its row group wrote what it reads
-    next, which each did after reading that slot."""
+    next, which each did after reading that slot. The exchanges are static arrays of the kernel's
+    module: beyond EXCHANGE_BYTES in all, the step meets at barriers instead."""
     if reverse or not any(item.barrier for item in items) or any(item.mma for item in items):
         return ()  # (tensor cores stage their operand in chunks of K, from memory)
     if any(item.barrier and not isinstance(item.launch, GemmLaunch) for item in items):
@@ -280,6 +282,8 @@ def exchanges(items: list[PersistentItem], reverse: bool) -> tuple[Exchange, ...
         if (items[w].whole or acc.kind != "row" or acc.col != read.col or items[w].launch.width != ex.width
                 or not same or out.setdefault(read.buffer, ex) != ex):
             return ()
+    if sum(16 * batch * ex.width for ex in out.values()) > EXCHANGE_BYTES:
+        return ()
     return tuple(out.values())
 
 
@@ -370,4 +374,4 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
                 "block may have, so they are read from L2 every step")
     smem = 4 * _smem_floats(placed, column_blocks, row_tile, rows)
     return PersistentLaunch(layer, tuple(items), column_blocks * row_groups, THREADS, batch, row_groups,
-                            row_tile, smem, note, tuple(added), reverse, exchanges(items, reverse))
+                            row_tile, smem, note, tuple(added), reverse, exchanges(items, reverse, batch))

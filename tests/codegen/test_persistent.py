@@ -438,7 +438,8 @@ def test_the_lanes_of_a_tile_add_up_every_output_once(outputs, split):
 @pytest.mark.parametrize("name, lags", [("lstm", [-1]), ("gru_cho", [-1, 0]), ("residual_lstm", [-1])])
 def test_operands_pass_between_blocks_through_exchanges(name, lags):
     """A forward step's GEMM operands go through exchanges of (step tag, value) pairs: the kernel has no
-    grid barrier; each block publishes its own elements of the initial state before the loop and the
+    grid barrier in its loop; before it, each block clears its own elements of both slots and publishes
+    those of the initial state, and one barrier makes them visible; in the loop it publishes the
     operand's values as its elementwise launch writes them, and a GEMM polls its rows for the tag of
     the step it reads (the one before for h, its own for Cho's r*h). The backward pass and the tensor
     rung keep their barriers."""
@@ -450,11 +451,24 @@ def test_operands_pass_between_blocks_through_exchanges(name, lags):
     assert [ex.lag for ex in launch.exchange] == lags
     source = plan_kernels(plan).module_source()
     loop = source[source.index("for (int t = 0"):]
-    assert "grid.sync()" not in source and "cf_publish(" in source[:source.index("for (int t = 0")]
+    assert "grid.sync()" not in loop
     assert loop.count("cf_publish(") == len(lags) and loop.count("for (;;) {  // rounds") == len(lags)
     for lag in lags:
-        assert f"const unsigned want = cf_base + t + {2 + lag};" in loop
-    assert "atomicAdd(&cf_" in loop and "_runs, 1u)" in loop
+        assert f"const unsigned want = t + {2 + lag};" in loop
+    before = source[source.index("__launch_bounds__"):source.index("for (int t = 0")]
+    assert before.count("grid.sync();") == 1 and before.count("cf_publish(") == 2 * len(lags)
     assert "grid.sync();" in backward_kernels(backward_plan(plan)).module_source()
     tensor = make_plan(load_template(name), Sizes(100, 8, 512, 512), "tensor").layers[0].persistent
     assert not tensor.exchange and tensor.barriers_per_step == len(lags)
+
+
+def test_exchanges_too_large_for_a_module_leave_the_barriers():
+    """The exchanges are static arrays of the kernel's module: a batch and width that would need more
+    than EXCHANGE_BYTES of them keep the grid barriers."""
+    from cellfuse.codegen.persistent import EXCHANGE_BYTES
+
+    small = make_plan(load_template("lstm"), Sizes(10, 64, 512, 512), "persistent").layers[0].persistent
+    large = make_plan(load_template("lstm"), Sizes(10, 4096, 2048, 2048), "persistent").layers[0].persistent
+    assert 16 * 4096 * 2048 > EXCHANGE_BYTES >= 16 * 64 * 512
+    assert small.exchange and small.barriers_per_step == 0
+    assert not large.exchange and large.barriers_per_step == 1 and large.waits_per_step == 1
