@@ -7,9 +7,11 @@ zeros. Per step it first loads what the step's elementwise work reads and nothin
 at the barrier; then it runs the step's launches in order. A GEMM stages its rows of the left operand,
 all of K, with asynchronous copies through L2 (other blocks wrote them, and L1 is not coherent between
 SMs), and keeps its output in shared memory where only its own elementwise work reads it; an
-elementwise launch runs the body of the hoisted rung's fused kernel on the block's own elements. A
-cooperative-groups grid barrier goes where the plan says (cheaper on an H100 than a barrier of
-acquire/release atomics: see benchmarks/barrier_probe.cu).
+elementwise launch runs the body of the hoisted rung's fused kernel on the block's own elements. Where
+the plan waits for other blocks, a cooperative-groups grid barrier (cheaper on an H100 than a barrier of
+acquire/release atomics: see benchmarks/barrier_probe.cu), or, where the plan passes the operand through
+an exchange (`PersistentLaunch.exchange`), none: its writer also stores each value with its step's tag
+in the exchange, and the GEMM stages its rows from there once their tags are the step's.
 """
 
 from __future__ import annotations

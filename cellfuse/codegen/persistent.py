@@ -9,7 +9,9 @@ every block. A barrier therefore goes before a launch whose shared reads were wr
 barrier (looking across the step's end, since step t reads what step t-1 wrote), and before anything
 that overwrites them ahead of its step's first barrier (a block still reading the previous step's value
 could otherwise see the new one). LSTM and GRU get one barrier per step, Cho's GRU and MGU two (their
-second GEMM reads r*h, computed in the step), and a cell without a recurrent GEMM none.
+second GEMM reads r*h, computed in the step), and a cell without a recurrent GEMM none. Where every
+barrier is there for a GEMM's operand, the forward step needs none of them: the operand goes through an
+exchange (see `exchanges`), and the block waits for the values it reads instead of for every block.
 """
 
 from __future__ import annotations
