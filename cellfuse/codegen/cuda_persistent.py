@@ -78,6 +78,7 @@ PREFETCH_ELEMENTS = 4  # per thread, at most, for an elementwise launch's loads 
 AHEAD_REGISTERS = 64  # per thread, at most, for the inputs of the steps ahead in a launch with no barrier
 AHEAD_STEPS = 16  # steps whose inputs a launch with no barrier loads at once, at most
 POLL_PIECES = 16  # loads of an exchange's pairs a thread has in flight at once, at most
+POLL_ROUNDS = 1 << 24  # rounds of polling an exchange, at most (seconds; a step waits microseconds)
 FULL_UNROLL = 32  # iterations of a GEMM's loop over K, at most, unrolled whole (else two at a time)
 # The slot a step writes and the next step reads: of the state a launch with no barrier carries in
 # registers from one step to the next.
@@ -700,7 +701,9 @@ class _Kernel:
                f"{self._exchange_at(n, ex, slot, 'row0 + rb + r', f'e - r * {k}')};",
                f"{ind}            if (e < {pieces * per} && rb + r < rows) {peek};",
                f"{ind}        }}",
-               f"{ind}        for (;;) {{  // rounds, each one trip to L2",
+               f"{ind}        for (unsigned cf_round = 0;; ++cf_round) {{  // rounds, each one trip to L2",
+               f"{ind}            if (cf_round == {POLL_ROUNDS}u) __trap();  // a fault, not a hang, "
+               "should a value never come",
                f"{ind}            bool ready = true;",
                f"{ind}            #pragma unroll",
                f"{ind}            for (int u = 0; u < {chunk}; ++u) {{",

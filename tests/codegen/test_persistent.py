@@ -452,7 +452,8 @@ def test_operands_pass_between_blocks_through_exchanges(name, lags):
     source = plan_kernels(plan).module_source()
     loop = source[source.index("for (int t = 0"):]
     assert "grid.sync()" not in loop
-    assert loop.count("cf_publish(") == len(lags) and loop.count("for (;;) {  // rounds") == len(lags)
+    assert loop.count("cf_publish(") == len(lags) and loop.count("// rounds, each one trip") == len(lags)
+    assert loop.count("__trap();") == len(lags)  # a value that never comes faults instead of hanging
     for lag in lags:
         assert f"const unsigned want = t + {2 + lag};" in loop
     before = source[source.index("__launch_bounds__"):source.index("for (int t = 0")]
