@@ -124,7 +124,7 @@ class _Kernel:
         # GEMM outputs in shared memory: buffer -> (the GEMM's index, its item, its block's columns)
         self.on_chip = {item.launch.c.buffer: (i, item, self.tilings[i].cols)
                         for i, item in self.gemms if item.output_on_chip}
-        # exchanged operands: buffer -> (its index, its Exchange); and per writer, what it publishes
+        # exchanged operands: buffer -> (its index, its Exchange)
         self.exchange = {ex.buffer: (n, ex) for n, ex in enumerate(launch.exchange)}
         self.lines: list[str] = []
 
@@ -142,7 +142,7 @@ class _Kernel:
                  if launch.reverse else f"every step of layer {launch.layer}")
         self.w(f"// {steps} in one cooperative launch of {launch.blocks} blocks of {launch.threads} threads",
                f"// ({launch.column_blocks} column blocks x {launch.row_groups} row groups), "
-               f"{self._waits()} per step, {launch.smem_bytes} bytes of "
+               f"{launch.waits_text}, {launch.smem_bytes} bytes of "
                "shared memory per block,",
                f"// a batch of at most {launch.batch}; arguments:")
         self.w(*signature(self.buffers, self.var, self.written, launch.threads, self.name),
@@ -211,12 +211,6 @@ class _Kernel:
         self.w("    }")
         if depth:
             self.w("    }")
-
-    def _waits(self) -> str:
-        launch = self.launch
-        if launch.exchange:
-            return f"{launch.waits_per_step} wait(s) on exchanges (no grid-wide barrier)"
-        return f"{launch.barriers_per_step} grid-wide barrier(s)"
 
     def _exchange_at(self, n: int, ex, slot: str, row: str, col: str) -> str:
         """The address of an exchange's pair at row `row`, column `col` of the slot `slot` & 1 (a value
@@ -518,9 +512,9 @@ class _Kernel:
         keep = [n for n, p in enumerate(params) if not (p.output and p.access.kind == "sums")]
         copies = {keep.index(out): f"{array}[u]" for out, array in carried.values()}
         # the values other blocks read from an exchange: put there too, with the step's tag
-        published = [(n, x, ex) for n, p in enumerate(params) if p.output
-                     for x, ex in [self.exchange.get(p.access.buffer, (0, None))]
-                     if ex is not None and ex.writer == i]
+        published = [(n, *self.exchange[p.access.buffer]) for n, p in enumerate(params)
+                     if p.output and p.access.buffer in self.exchange
+                     and self.exchange[p.access.buffer][1].writer == i]
         for n, x, _ in published:
             self.w(f"{IND}    float cf_pub{x};")
             copies[keep.index(n)] = f"cf_pub{x}"
@@ -680,9 +674,9 @@ class _Kernel:
                f"{ind}}}")
 
     def _poll(self, n: int, ex, stride: int, ind: str) -> None:
-        """Stages rows rb.. of the block's rows of an exchanged operand from its exchange: the pairs (two
-        at a time where the width is even) loaded all at once, then, in rounds, those whose tag is not
-        yet the step's loaded again, all at once, until every one is."""
+        """Stages rows rb.. of the block's rows of an exchanged operand from its exchange: in rounds, the
+        pairs (two at a time where the width is even) whose tag is not yet the step's loaded again, all
+        at once, until every one is (the first round loads them all)."""
         launch, k = self.launch, ex.width
         per = 2 if k % 2 == 0 else 1
         pieces = launch.row_tile * k // per
@@ -693,14 +687,7 @@ class _Kernel:
         self.w(f"{ind}{{",
                f"{ind}    const unsigned want = t + {2 + ex.lag};",
                f"{ind}    for (int e0 = 0; e0 < {pieces}; e0 += {chunk * launch.threads}) {{",
-               f"{ind}        unsigned long long w[{chunk}][{per}];",
-               f"{ind}        #pragma unroll",
-               f"{ind}        for (int u = 0; u < {chunk}; ++u) {{",
-               f"{ind}            const int e = {per} * (e0 + tid + u * {launch.threads}), r = e / {k};",
-               f"{ind}            const unsigned long long* const p = "
-               f"{self._exchange_at(n, ex, slot, 'row0 + rb + r', f'e - r * {k}')};",
-               f"{ind}            if (e < {pieces * per} && rb + r < rows) {peek};",
-               f"{ind}        }}",
+               f"{ind}        unsigned long long w[{chunk}][{per}] = {{}};  // tag 0: round 0 loads all",
                f"{ind}        for (unsigned cf_round = 0;; ++cf_round) {{  // rounds, each one trip to L2",
                f"{ind}            if (cf_round == {POLL_ROUNDS}u) __trap();  // a fault, not a hang, "
                "should a value never come",

@@ -269,18 +269,18 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int) -> tuple[E
         if not isinstance(item.launch, GemmLaunch):
             continue
         read = item.launch.a
-        writers = [(w, acc, value) for w, other in enumerate(items) if isinstance(other.launch, KernelLaunch)
-                   for value, acc in other.launch.outputs if acc.buffer == read.buffer]
+        writers = [(w, acc) for w, other in enumerate(items) if isinstance(other.launch, KernelLaunch)
+                   for _, acc in other.launch.outputs if acc.buffer == read.buffer]
         if not writers:
             if any(read.buffer in writes(other.launch) for other in items):
                 return ()  # a GEMM writes it
             continue  # nothing of the step writes it: read as it is
         if len(writers) != 1:
             return ()
-        w, acc, value = writers[0]
+        w, acc = writers[0]
         lag = -1 if i < w else 0
         same = all(row_offset(acc.slot, t + lag, 1) == row_offset(read.slot, t, 1) for t in (10, 11))
-        ex = Exchange(read.buffer, w, value, item.launch.k, lag)
+        ex = Exchange(read.buffer, w, item.launch.k, lag)
         if (items[w].whole or acc.kind != "row" or acc.col != read.col or items[w].launch.width != ex.width
                 or not same or out.setdefault(read.buffer, ex) != ex):
             return ()

@@ -267,8 +267,8 @@ def owned(size: int, parts: int, part: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Exchange:
-    """A GEMM operand of a persistent launch that one of its elementwise launches writes (items[writer],
-    its output `value`) and every block reads in full (its row group's rows, all of K): the steps' values
+    """A GEMM operand of a persistent launch that one of its elementwise launches writes (items[writer])
+    and every block reads in full (its row group's rows, all of K): the steps' values
     go through an exchange buffer, two slots of [batch, width] (step, value) pairs, as well as to the
     operand's own buffer. A reader at step t wants what the writer wrote at step t + `lag` (-1: the step
     before, whose value at the first step is the operand's initial rows, which each block publishes for
@@ -276,7 +276,6 @@ class Exchange:
 
     buffer: str
     writer: int
-    value: str
     width: int
     lag: int
 
@@ -333,6 +332,13 @@ class PersistentLaunch:
     def barriers_per_step(self) -> int:
         """Grid-wide barriers a step waits at: none where the operands go through exchanges."""
         return 0 if self.exchange else self.waits_per_step
+
+    @property
+    def waits_text(self) -> str:
+        """How a step waits for other blocks, in words."""
+        if self.exchange:
+            return f"{self.waits_per_step} wait(s) per step for values in an exchange, no grid-wide barrier"
+        return f"{self.barriers_per_step} grid-wide barrier(s) per step"
 
     @property
     def label(self) -> str:
@@ -511,10 +517,8 @@ class Plan:
             rows = p.group_rows
             split = (f"{p.column_blocks} column blocks x {p.row_groups} row groups of {rows} rows"
                      if p.row_groups > 1 else f"{p.column_blocks} column blocks, every row")
-            waits = (f"{p.waits_per_step} wait(s) per step for values in an exchange, no grid-wide barrier"
-                     if p.exchange else f"{p.barriers_per_step} grid-wide barrier(s) per step")
             lines[-1] = (f"one step, in order, in each of {p.blocks} blocks of {p.threads} threads ({split}; "
-                         f"{waits}, {p.smem_bytes / 1024:.1f} KiB of shared memory per block):")
+                         f"{p.waits_text}, {p.smem_bytes / 1024:.1f} KiB of shared memory per block):")
             for item in p.items:
                 units = ", ".join(str(p.unit(w)) for w in item.columns)
                 if item.whole:
@@ -530,10 +534,9 @@ class Plan:
                     wait = (f"wait for {item.launch.a.buffer} in its exchange, then " if p.exchange
                             else "grid barrier, then ")
                 lines.append(f"  {wait}{launch_name(item.launch)} ({what})")
-            if persistent.exchange:
-                for ex in p.exchange:
-                    lines.append(f"  {ex.buffer} also goes to an exchange of (step, value) pairs, polled by "
-                                 "the blocks that read it")
+            for ex in p.exchange:
+                lines.append(f"  {ex.buffer} also goes to an exchange of (step, value) pairs, polled by the "
+                             "blocks that read it")
             if persistent.note:
                 lines.append(f"  note: {persistent.note}")
         else:
