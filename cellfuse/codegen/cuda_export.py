@@ -24,7 +24,16 @@ from .cuda_kernels import BLOCK, INT_MAX, ROW_EXPR, c_stem, comment_text, kernel
 from .cuda_persistent import persistent_buffers
 from .kernel_set import backward_kernels, plan_kernels
 from .lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, lower
-from .plan import Access, GemmLaunch, KernelLaunch, PersistentLaunch, Plan, grad_of
+from .plan import (
+    TF32X3_MIN_MACS,
+    TF32X3_MIN_SIDE,
+    Access,
+    GemmLaunch,
+    KernelLaunch,
+    PersistentLaunch,
+    Plan,
+    grad_of,
+)
 from .scheduler import make_plan
 
 _ROWS_EXPR = {"seq": "(size_t)seq * batch", "seq+1": "((size_t)seq + 1) * batch", "pair": "2 * (size_t)batch",
@@ -147,10 +156,48 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
     w("")
     everything = (*program.instructions, *(backward.instructions() if backward else ()))
     flat = [i for instr in everything for i in (instr.body if isinstance(instr, Loop) else [instr])]
-    if backward or any(isinstance(i, Kernel) or isinstance(i, Gemm) and i.launch.bias for i in flat):
+    T_B = sizes.seq * sizes.batch
+
+    def gemm_dims(g: GemmLaunch) -> tuple[str, str]:
+        """A GEMM's rows and K, as C expressions of seq and batch."""
+        if g.row_kind in ("input", "hidden"):  # a weight's gradient: over all rows
+            assert g.k == T_B, f"{g.group}: a sum over all rows whose K is not seq * batch"
+            return str(g.m), "seq * batch"
+        if g.row_kind == "one":  # a column sum: over the rows of the buffer it sums
+            summed = backward.buffers[g.w].rows  # T*B rows, or B that every step added to
+            assert g.k == {"seq": T_B, "batch": sizes.batch}[summed], f"{g.group}: K is not its rows"
+            return str(g.m), _LAUNCH_ROWS[summed]
+        return _LAUNCH_ROWS[g.row_kind], str(g.k)
+
+    def may_split(g: GemmLaunch) -> bool:
+        """Whether a GEMM may run on tensor cores at some seq and batch (see `on_tensor_cores`)."""
+        if g.row_kind in ("input", "hidden"):  # K is seq * batch
+            return min(g.m, g.n) >= TF32X3_MIN_SIDE
+        return g.row_kind != "one" and min(g.n, g.k) >= TF32X3_MIN_SIDE and 3 * g.k <= INT_MAX
+
+    gemms = list(dict.fromkeys((*gemm_dims(i.launch), i.launch.n) for i in flat
+                               if isinstance(i, Gemm) and may_split(i.launch)))
+    if backward or any(isinstance(i, Kernel | Gemm) for i in flat):
         w("static unsigned cf_blocks(size_t n) {")
         w(f"    size_t b = (n + {BLOCK - 1}) / {BLOCK};")
         w("    return (unsigned)(b < 1 ? 1 : (b > 65535 ? 65535 : b));")
+        w("}")
+        w("")
+    if gemms:
+        w("/* A GEMM of at least 2^30 multiply-adds runs on tensor cores with float32's accuracy, its")
+        w("   operands split by cf_split_tf32x3 into the workspace's first cf_split_elements floats. */")
+        w("static int cf_tf32x3(size_t rows, size_t n, size_t k) {")
+        w(f"    return (double)rows * n * k >= {TF32X3_MIN_MACS}.0 && rows >= {TF32X3_MIN_SIDE} && "
+          f"n >= {TF32X3_MIN_SIDE} && k >= {TF32X3_MIN_SIDE} && 3 * k <= INT_MAX;")
+        w("}")
+        w("")
+        w("static size_t cf_split_elements(int seq, int batch) {")
+        w("    size_t most = 0;")
+        for rows, k, n in gemms:
+            split = f"3 * ((size_t)({rows}) * ({k}) + (size_t)({k}) * {n})"
+            w(f"    if (cf_tf32x3({rows}, {n}, {k}) && {split} > most)")
+            w(f"        most = {split};")
+        w("    return most;")
         w("}")
         w("")
     # The caller's memory: x, the parameters, the initial and final states; the rest is workspace.
@@ -161,6 +208,8 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
       + (", and a backward pass after it. */" if backward else ". */"))
     w(f"size_t {fn[:-len('_forward')]}_workspace_bytes(int seq, int batch) {{")
     w("    size_t n = 0;")
+    if gemms:
+        w("    n += cf_split_elements(seq, batch);")
     for b in ws_buffers:
         rows = _ROWS_EXPR[b.rows].format(layers=sizes.layers)
         w(f"    n += {rows} * {b.width};  /* {comment_text(b.name)} */")
@@ -168,6 +217,9 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
     w("}")
     w("")
     def declare_workspace(buffers: list) -> None:
+        if gemms:
+            w("    float* cf_split = ws; ws += cf_split_elements(seq, batch);")
+            w("    (void)cf_split;  /* a pass may have none of the GEMMs */")
         for b in buffers:
             rows = _ROWS_EXPR[b.rows].format(layers=sizes.layers)
             w(f"    float* {_var(b.name)} = ws; ws += {rows} * {b.width};")
@@ -227,20 +279,11 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
 
     gemm_line: dict[str, int] = {}
     first_layer = set(map(id, (*plan.layers[0].prologue, *plan.layers[0].step)))
-    T_B = sizes.seq * sizes.batch
 
     def emit_instr(instr: Instruction, t: str, indent: str) -> None:
         match instr:
             case Gemm(launch=g, steps=None):
-                if g.row_kind in ("input", "hidden"):  # a weight's gradient: over all rows
-                    assert g.k == T_B, f"{g.group}: a sum over all rows whose K is not seq * batch"
-                    rows, k = str(g.m), "seq * batch"
-                elif g.row_kind == "one":  # a column sum: over the rows of the buffer it sums
-                    summed = backward.buffers[g.w].rows  # T*B rows, or B that every step added to
-                    assert g.k == {"seq": T_B, "batch": sizes.batch}[summed], f"{g.group}: K is not its rows"
-                    rows, k = str(g.m), _LAUNCH_ROWS[summed]
-                else:
-                    rows, k = _LAUNCH_ROWS[g.row_kind], str(g.k)
+                rows, k = gemm_dims(g)
                 beta = "&one" if g.accumulate else "&zero"
                 if g.bias:
                     w(f"{indent}cf_bias_rows<<<cf_blocks((size_t)({rows}) * {g.n}), {BLOCK}, 0, stream>>>("
@@ -251,9 +294,29 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
                 # a transposed operand is cuBLAS's op T, with its own row length (see the executor's call)
                 op_w, op_a = ("CUBLAS_OP_T" if x else "CUBLAS_OP_N" for x in (g.trans_w, g.trans_a))
                 ldw = g.k if g.trans_w else g.n
-                w(f"{indent}st = cublasSgemm(handle, {op_w}, {op_a}, {g.n}, {rows}, {k}, "
-                  f"&one, {_var(g.w)}, {ldw}, {_ptr(g.a, t)}, {g.a.ld}, {beta}, "
-                  f"{_ptr(g.c, t)}, {g.c.ld});  /* {comment_text(g.group)} */")
+                sgemm = (f"st = cublasSgemm(handle, {op_w}, {op_a}, {g.n}, {rows}, {k}, &one, {_var(g.w)}, "
+                         f"{ldw}, {_ptr(g.a, t)}, {g.a.ld}, {beta}, {_ptr(g.c, t)}, {g.c.ld});  "
+                         f"/* {comment_text(g.group)} */")
+                if may_split(g):
+                    # 3xTF32 (see cf_split_tf32x3): A's pieces (hi, hi, lo), W's (hi, lo, hi), a GEMM over 3K
+                    a_shape = (k, rows, g.a.ld, 1) if g.trans_a else (rows, k, g.a.ld, 0)
+                    w_shape = (g.n, k, k, 0) if g.trans_w else (k, g.n, g.n, 1)
+                    split_w = f"cf_split + 3 * (size_t)({rows}) * ({k})"
+                    w(f"{indent}if (cf_tf32x3({rows}, {g.n}, {k})) {{")
+                    for to, fro, (r, c, ld, k_rows), lo in (("cf_split", _ptr(g.a, t), a_shape, 2),
+                                                            (split_w, _var(g.w), w_shape, 1)):
+                        w(f"{indent}    cf_split_tf32x3<<<cf_blocks((size_t)({r}) * ({c})), {BLOCK}, 0, "
+                          f"stream>>>({to}, {fro}, {r}, {c}, {ld}, {k_rows}, {lo});")
+                    ld_w, ld_a = (f"3 * ({k})" if g.trans_w else g.n), (rows if g.trans_a else f"3 * ({k})")
+                    w(f"{indent}    st = cublasGemmEx(handle, {op_w}, {op_a}, {g.n}, {rows}, 3 * ({k}), "
+                      f"&one, {split_w}, CUDA_R_32F, {ld_w}, cf_split, CUDA_R_32F, {ld_a}, {beta}, "
+                      f"{_ptr(g.c, t)}, CUDA_R_32F, {g.c.ld}, CUBLAS_COMPUTE_32F_FAST_TF32, "
+                      "CUBLAS_GEMM_DEFAULT);")
+                    w(f"{indent}}} else {{")
+                    w(f"{indent}    {sgemm}")
+                    w(f"{indent}}}")
+                else:
+                    w(f"{indent}{sgemm}")
                 w(f"{indent}if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
             case Kernel(launch=k, steps=None):
                 rows = _LAUNCH_ROWS[k.row_kind]
@@ -395,7 +458,8 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
         w("}")
         w("")
         body = "\n".join(out[declarations:])
-        pointers = []
+        pointers = (["    float* cf_split = ws; ws += cf_split_elements(seq, batch);", "    (void)cf_split;"]
+                    if gemms else [])
         for b in ws_buffers:  # a forward buffer the backward pass does not read is only stepped over
             rows = _ROWS_EXPR[b.rows].format(layers=sizes.layers)
             used = re.search(rf"\b{_var(b.name)}\b", body)

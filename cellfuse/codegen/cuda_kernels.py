@@ -57,6 +57,36 @@ extern "C" __global__ void __launch_bounds__(256) cf_bias_rows(
         c[(long long)r * ldc + j] = bias[j];
     }
 }
+
+// One operand of a GEMM on tensor cores with float32's accuracy (3xTF32): each x is hi + lo, hi its
+// rounding to TF32 and lo that of x - hi (exact in float32), so that hi*hi' + hi*lo' + lo*hi' misses the
+// product x*x' by about 2^-21 of it, and each of the three TF32 products is exact in float32. The source,
+// [rows, cols] with row length ld, is written three times one after another along the GEMM's K axis
+// (along its rows where k_rows, else along its columns): piece p is lo where p == lo_piece, hi elsewhere.
+// A's pieces (hi, hi, lo) against W's (hi, lo, hi) make the three products one GEMM over 3K.
+extern "C" __global__ void __launch_bounds__(256) cf_split_tf32x3(
+    float* __restrict__ out, const float* __restrict__ src, int rows, int cols, int ld, int k_rows,
+    int lo_piece)
+{
+    const long long total = (long long)rows * cols;
+    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += (long long)gridDim.x * blockDim.x) {
+        const int r = (int)(e / cols), j = (int)(e - (long long)r * cols);
+        const float x = src[(long long)r * ld + j];
+        unsigned bits;
+        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(x));
+        float hi = __uint_as_float(bits);
+        // rounded past FLT_MAX (or x not finite): truncated instead, which keeps inf and NaN as they are
+        if (!isfinite(hi)) hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
+        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(isfinite(x) ? x - hi : 0.0f));
+        const float lo = __uint_as_float(bits);
+        for (int p = 0; p < 3; ++p) {
+            const long long at = k_rows ? ((long long)p * rows + r) * cols + j
+                                        : (long long)r * 3 * cols + (long long)p * cols + j;
+            out[at] = p == lo_piece ? lo : hi;
+        }
+    }
+}
 """
 
 

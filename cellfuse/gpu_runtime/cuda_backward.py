@@ -24,7 +24,7 @@ import numpy as np
 from ..codegen.backward_plan import BackwardPlan, backward_plan
 from ..codegen.kernel_set import backward_kernels
 from ..graph_model import CellError, Gradients
-from .cuda_executor import _CUBLAS_WORKSPACE, CudaExecutor, _compile
+from .cuda_executor import _CUBLAS_WORKSPACE, CudaExecutor, _compile, split_elements
 
 
 class CudaBackward:
@@ -39,8 +39,10 @@ class CudaBackward:
         forward.add_kernels(kernels, _compile(kernels.module_source()))
 
         sizes = {name: self.plan.buffer_elements(name) for name in self.plan.buffers}
+        instructions = self.plan.instructions()
+        splits = split_elements(instructions, forward.plan.sizes.batch, len(forward.streams))
         free, _ = drv.mem_get_info()
-        need = 4 * sum(sizes.values())
+        need = 4 * (sum(sizes.values()) + sum(splits))
         if need + _CUBLAS_WORKSPACE > free:
             raise CellError(f"out of GPU memory: the backward pass at these sizes needs {need / 2**20:.0f} "
                             f"MiB more, {free / 2**20:.0f} MiB are free")
@@ -53,7 +55,11 @@ class CudaBackward:
         for name in order:
             forward.addr[name] = offset
             offset += 4 * sizes[name]
-        self.calls = [call for instr in self.plan.instructions() for call in forward._calls(instr, 0)]
+        split_at = []  # its own room for the operands of its GEMMs on tensor cores
+        for n in splits:
+            split_at.append(offset)
+            offset += 4 * n
+        self.calls = [call for instr in instructions for call in forward._calls(instr, 0, None, split_at)]
         self.graph_exec = None
 
     def capture_graph(self) -> None:

@@ -33,13 +33,14 @@ from ..codegen.lowering import (
     launch_rows,
     lower,
 )
-from ..codegen.plan import PersistentLaunch, Target
+from ..codegen.plan import PersistentLaunch, Target, on_tensor_cores
 from ..graph_model import CellError, Forward
 
 log = logging.getLogger(__name__)
 
 _NAN_BITS = 0x7FC00000  # a float32 quiet NaN, to poison buffers before a checked run
 _CUBLAS_WORKSPACE = 32 * 2**20
+_R_32F, _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT = 0, 77, -1  # cudaDataType, cublasComputeType_t, algo
 
 
 class GpuUnavailable(CellError):
@@ -132,9 +133,11 @@ class CudaExecutor:
         self._cu_modules: list = []  # modules loaded through the driver API, for the persistent kernels
         module = self.add_kernels(kernels, cubin)
         self.bias_rows = module.get_function("cf_bias_rows").prepare("PPiii")
+        self.split_tf32x3 = module.get_function("cf_split_tf32x3").prepare("PPiiiii")
 
         sizes = {name: plan.buffer_elements(name) for name in plan.buffers}
-        total = sum(sizes.values())
+        splits = split_elements(self.program.instructions, plan.sizes.batch, self.program.streams)
+        total = sum(sizes.values()) + sum(splits)
         free, _ = drv.mem_get_info()
         need = total * 4 + self.program.streams * _CUBLAS_WORKSPACE
         if need > free:
@@ -145,6 +148,10 @@ class CudaExecutor:
         offset = int(self.memory)
         for name, n in sizes.items():
             self.addr[name] = offset
+            offset += n * 4
+        self.splits = []  # per stream, where its tensor-core GEMMs split their operands
+        for n in splits:
+            self.splits.append(offset)
             offset += n * 4
         for name, arr in plan.weight_arrays(params, np.float32).items():
             drv.memcpy_htod(self.addr[name], np.ascontiguousarray(arr))
@@ -203,27 +210,44 @@ class CudaExecutor:
     def _ptr(self, instr: Gemm | Kernel, acc, t: int) -> int:
         return self.addr[acc.buffer] + 4 * element_offset(instr, acc, t, self.plan.sizes.batch)
 
-    def _calls(self, instr: Instruction, t: int,
-               handles: list[int] | None = None) -> list[Callable[[], object]]:
+    def _calls(self, instr: Instruction, t: int, handles: list[int] | None = None,
+               splits: list[int] | None = None) -> list[Callable[[], object]]:
         """The calls that put one instruction at step t on its stream, its GEMMs through `handles` (per
-        stream; the executor's own by default)."""
+        stream; the executor's own by default), those on tensor cores splitting their operands into
+        `splits` (per stream, as `split_elements` counts them; the executor's own by default)."""
         handles = handles or self.handles
+        splits = splits or self.splits
         B = self.plan.sizes.batch
         match instr:
             case Gemm(launch=g, stream=s):
                 m = launch_rows(instr, B)
                 one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
                 c = self._ptr(instr, g.c, t)
+                a = self._ptr(instr, g.a, t)
                 out: list[Callable[[], object]] = []
                 if g.bias:  # the bias rows first, then C accumulates A @ W onto them
                     out.append(partial(self.bias_rows.prepared_async_call, (_grid(m * g.n), 1), (BLOCK, 1, 1),
                                        self.streams[s], c, self.addr[g.bias], m, g.n, g.c.ld))
+                beta = one if g.bias or g.accumulate else zero
                 # Row-major C = op(A) @ op(W) is column-major C^T = op(W)^T @ op(A)^T: W goes first, and a
                 # transposed operand (stored [N, K] or [K, M]) is cuBLAS's op T (1) with its own row length.
                 ldw = g.k if g.trans_w else g.n
-                out.append(partial(self.cublas.sgemm, handles[s], int(g.trans_w), int(g.trans_a), g.n, m,
-                                   g.k, one, self.addr[g.w], ldw, self._ptr(instr, g.a, t), g.a.ld,
-                                   one if g.bias or g.accumulate else zero, c, g.c.ld))
+                if not on_tensor_cores(m, g.n, g.k):
+                    out.append(partial(self.cublas.sgemm, handles[s], int(g.trans_w), int(g.trans_a), g.n, m,
+                                       g.k, one, self.addr[g.w], ldw, a, g.a.ld, beta, c, g.c.ld))
+                    return out
+                # 3xTF32: A's pieces (hi, hi, lo) and W's (hi, lo, hi) along K, then one TF32 GEMM over 3K
+                split_a, split_w = splits[s], splits[s] + 4 * 3 * m * g.k
+                a_shape = (g.k, m, g.a.ld, 1) if g.trans_a else (m, g.k, g.a.ld, 0)
+                w_shape = (g.n, g.k, g.k, 0) if g.trans_w else (g.k, g.n, g.n, 1)
+                for to, fro, (rows, cols, ld, k_rows), lo in ((split_a, a, a_shape, 2),
+                                                              (split_w, self.addr[g.w], w_shape, 1)):
+                    out.append(partial(self.split_tf32x3.prepared_async_call, (_grid(rows * cols), 1),
+                                       (BLOCK, 1, 1), self.streams[s], to, fro, rows, cols, ld, k_rows, lo))
+                out.append(partial(self.cublas.gemm_ex, handles[s], int(g.trans_w), int(g.trans_a), g.n, m,
+                                   3 * g.k, one, split_w, _R_32F, 3 * g.k if g.trans_w else g.n,
+                                   split_a, _R_32F, m if g.trans_a else 3 * g.k, beta, c, _R_32F, g.c.ld,
+                                   _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT))
                 return out
             case Kernel(launch=k, stream=s):
                 name = self.name_of[k]
@@ -244,7 +268,7 @@ class CudaExecutor:
                 return [partial(self.streams[s].wait_for_event, self.events[e])]
             case Loop(body=body):
                 return [call for step in instr.steps(self.plan.sizes.seq) for inner in body
-                        for call in self._calls(inner, step, handles)]
+                        for call in self._calls(inner, step, handles, splits)]
             case Persistent(launch=p, stream=s):
                 kernel = self.cooperative[self.name_of[p]]
                 pointers = [self.addr[b] for b in persistent_buffers(p)]
@@ -335,6 +359,20 @@ class CudaExecutor:
         for cu_module in self._cu_modules:
             _cu_check(self.cu.cuModuleUnload(cu_module))
         self.memory.free()
+
+
+def split_elements(instructions, batch: int, streams: int) -> list[int]:
+    """Per stream, the float32 elements its largest GEMM on tensor cores splits its operands into
+    (three times A's, then three times W's; 0 where none runs on tensor cores): one GEMM at a time per
+    stream, so they share it."""
+    need = [0] * streams
+    for instr in instructions:
+        for inner in instr.body if isinstance(instr, Loop) else (instr,):
+            if isinstance(inner, Gemm):
+                g, m = inner.launch, launch_rows(inner, batch)
+                if on_tensor_cores(m, g.n, g.k):
+                    need[inner.stream] = max(need[inner.stream], 3 * (m * g.k + g.k * g.n))
+    return need
 
 
 def device_target() -> Target:

@@ -242,6 +242,60 @@ def test_persistent_at_full_sizes_matches_reference(gpu, schedule, name, batch, 
     np.testing.assert_array_equal(out.y, again.y)
 
 
+@pytest.mark.parametrize("schedule, name, seq, batch, layers", [
+    ("persistent", "lstm", 16, 80, 1), ("persistent", "slstm", 16, 80, 2), ("graph", "gru", 12, 128, 1),
+    ("wavefront", "residual_lstm", 12, 128, 2),
+])
+def test_hoisted_gemms_on_tensor_cores_match_reference(gpu, schedule, name, seq, batch, layers):
+    """Hoisted GEMMs of at least 2^30 multiply-adds run as 3xTF32 on tensor cores (whole, or in chunks
+    of 10 steps beside the loop): float32's accuracy, the captured graph replayed alike."""
+    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
+
+    cell = load_template(name)
+    rng = np.random.default_rng(3)
+    params = init_params(cell, layers, 512, 512, 3)
+    x = rng.standard_normal((seq, batch, 512)).astype(np.float32)
+    initial = {s: (0.5 * rng.standard_normal((layers, batch, 512))).astype(np.float32) for s in cell.updates}
+    ref = run_reference(cell, params, {"x": x, **initial}, layers)
+    plan = make_plan(cell, Sizes(seq, batch, 512, 512, layers), schedule, device_target())
+    assert plan.tensor_core_groups()
+    ex = CudaExecutor(plan, params)
+    out = ex.run(x, initial)
+    again = ex.run(x, initial)
+    ex.close()
+    assert rel(out.y, ref.y) < 1e-4
+    for s in ref.final:
+        assert rel(out.final[s], ref.final[s]) < 1e-4
+    np.testing.assert_array_equal(out.y, again.y)
+
+
+def test_exported_program_runs_its_large_gemms_on_tensor_cores(gpu, tmp_path):
+    """The exported launcher decides at run time by the same rule: at seq 16, batch 80 the LSTM's input
+    GEMM (and, in its backward pass, the weights' and x's gradients) run on tensor cores; the forward
+    output matches the reference and the demo's finite differences agree with the backward pass."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    cell, seq, batch = load_template("lstm"), 16, 80
+    src = generate_cuda(cell, Sizes(seq, batch, 512, 512, 1), "persistent", backward=True)
+    assert "cublasGemmEx" in src.text
+    cu, exe = tmp_path / "lstm.cu", tmp_path / "lstm"
+    cu.write_text(src.text)
+    build = subprocess.run(["nvcc", "-O3", "-arch=sm_90", "-DCELLFUSE_DEMO_MAIN", str(cu), "-lcublas",
+                            "-o", str(exe)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    params = init_params(cell, 1, 512, 512, 4)
+    x = np.random.default_rng(4).standard_normal((seq, batch, 512)).astype(np.float32)
+    keys = list(expected_params(cell, 1, 512, 512))
+    np.concatenate([params[k].reshape(-1) for k in keys]).astype(np.float32).tofile(tmp_path / "d.params.f32")
+    x.tofile(tmp_path / "d.x.f32")
+    proc = subprocess.run([str(exe), str(seq), str(batch), str(tmp_path / "d")], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("central difference") == 3, proc.stdout
+    y = np.fromfile(tmp_path / "d.y.f32", np.float32).reshape(seq, batch, 512)
+    assert rel(y, run_reference(cell, params, {"x": x}).y) < 1e-4
+
+
 @pytest.mark.parametrize("schedule", ["persistent", "wavefront", "tensor"])
 @pytest.mark.parametrize("seed", range(24))
 def test_persistent_random_cells_match_reference_on_gpu(gpu, seed, schedule):

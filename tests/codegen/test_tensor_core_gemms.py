@@ -1,0 +1,58 @@
+"""Which GEMMs run on tensor cores as 3xTF32 (float32's accuracy), as the plan, the executor and the
+exported launcher decide it. The GPU tests check the results; these, the decisions."""
+
+from __future__ import annotations
+
+from cellfuse.codegen import generate_cuda, make_plan
+from cellfuse.codegen.lowering import lower
+from cellfuse.codegen.plan import TF32X3_MIN_MACS, on_tensor_cores
+from cellfuse.gpu_runtime.cuda_executor import split_elements
+from cellfuse.graph_model import Sizes, load_template
+
+
+def test_the_rule_is_the_size_of_the_gemm_and_an_int_for_its_3k():
+    assert on_tensor_cores(1024, 2048, 512) and TF32X3_MIN_MACS == 1024 * 2048 * 512
+    assert not on_tensor_cores(1023, 2048, 512)
+    assert not on_tensor_cores(1, 2**20, 2**30)  # a column sum; and 3K would not count in cuBLAS's int
+    assert not on_tensor_cores(2**16, 2**20, 2**30)
+    assert not on_tensor_cores(2**24, 2**20, 32)
+
+
+def test_hoisted_gemms_of_large_runs_go_to_tensor_cores():
+    lstm = load_template("lstm")
+
+    def groups(schedule, batch):
+        return make_plan(lstm, Sizes(100, batch, 512, 512), schedule).tensor_core_groups()
+
+    assert groups("persistent", 64) == groups("persistent", 11) != []  # 1100 rows: 1.1 x 2^30
+    assert groups("persistent", 10) == []  # 1000 rows
+    assert groups("graph", 64) == []  # in chunks of 10 steps beside the loop: 640 rows
+    assert groups("graph", 128) != []
+
+
+def test_the_plan_says_which_groups_run_on_tensor_cores():
+    plan = make_plan(load_template("gru"), Sizes(100, 64, 512, 512), "persistent")
+    summary = plan.summary()["gemm_groups"]
+    assert [g["tensor_cores"] for g in summary] == [g["hoisted"] for g in summary]
+    assert sum(line.count("on tensor cores (3xTF32)") for line in plan.describe().splitlines()
+               if "hoisted" in line) == 1
+
+
+def test_each_stream_has_room_for_its_largest_split():
+    plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512, 2), "wavefront")
+    program = lower(plan)
+    need = split_elements(program.instructions, 64, program.streams)
+    # the hoisted GEMMs of 10 steps: 640 rows, too small; the recurrent ones of 64 rows too
+    assert need == [0] * program.streams
+    plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "persistent")
+    program = lower(plan)
+    assert split_elements(program.instructions, 64, program.streams)[0] == 3 * (6400 * 512 + 512 * 2048)
+
+
+def test_the_exported_launcher_decides_at_run_time():
+    text = generate_cuda(load_template("lstm"), Sizes(100, 64, 512, 512), "persistent", backward=True).text
+    assert f">= {TF32X3_MIN_MACS}.0" in text
+    # the input GEMM, then in the backward pass x's gradient and the two weights' gradients (not the
+    # column sums of the bias's gradient, nor the steps' dh = dG @ U^T in the persistent kernel)
+    assert text.count("cublasGemmEx(") == 4
+    assert "ws += cf_split_elements(seq, batch);" in text
