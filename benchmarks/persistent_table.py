@@ -1,9 +1,10 @@
-"""The README's table of the persistent, wavefront and tensor rungs, and its chart, from the record of
-run_persistent.sh.
+"""The README's table of the persistent, wavefront and tensor rungs, and its chart, from records of
+run_persistent.sh (or of some of its cases).
 
-    python benchmarks/persistent_table.py benchmarks/results/FILE.json [docs/persistent.png]
+    python benchmarks/persistent_table.py RECORD.json [RECORD.json ...] [--png docs/persistent.png]
 
-Each row is one case of the record: the cuDNN baseline through PyTorch (or torch.compile, where the
+Each row is one case, from the last record given that has it (its commit, from the record's file name,
+in the "run" column): the cuDNN baseline through PyTorch (or torch.compile, where the
 cell has no cuDNN kernel), cuDNN's own persistent algorithms called directly (the faster of static and
 dynamic, where cuDNN runs the size), the `graph`, `persistent`, `wavefront` and `tensor` rungs (a record
 made before `tensor` existed has none), and the goal set for that case; "met" compares the best rung
@@ -12,8 +13,9 @@ with it.
 
 from __future__ import annotations
 
+import argparse
 import json
-import sys
+from pathlib import Path
 
 from matplotlib.figure import Figure
 
@@ -44,23 +46,28 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
 
 
-def main(path: str, png: str | None) -> None:
-    record = json.load(open(path))
-    print("| case | baseline | cuDNN persistent | " + " | ".join(RUNGS) + " | goal | met |")
-    print("|---|---|---|" + "---|" * len(RUNGS) + "---|---|")
+def main(paths: list[str], png: str | None) -> None:
+    cases, run = {}, {}
+    for path in paths:
+        record = json.load(open(path))
+        cases.update(record["cases"])
+        run.update(dict.fromkeys(record["cases"], Path(path).stem.rsplit("_", 1)[-1]))
+    print("| case | run | baseline | cuDNN persistent | " + " | ".join(RUNGS) + " | goal | met |")
+    print("|---|---|---|---|" + "---|" * len(RUNGS) + "---|---|")
     rows = []
     for case, (label, goal, baseline) in CASES.items():
-        if case not in record["cases"]:
+        if case not in cases:
             continue
-        ms = {r["name"]: r["median_ms"] for r in record["cases"][case]["results"] if r["ok"]}
+        ms = {r["name"]: r["median_ms"] for r in cases[case]["results"] if r["ok"]}
         base = f"{baseline} {ms[baseline]:.3f}" if baseline in ms else "-"
         direct = min((ms[n] for n in CUDNN_PERSISTENT if n in ms), default=None)
         if direct is not None:
             ms["cudnn persistent"] = direct
         best = min(ms[r] for r in RUNGS if r in ms)
         met = "-" if goal is None else ("yes" if best <= goal else f"no, {best / goal:.2f}x the goal")
-        print(f"| {label} | {base} | {_ms(direct)} | " + " | ".join(_ms(ms.get(r)) for r in RUNGS)
-              + f" | {'-' if goal is None else f'{goal:g}'} | {met} |")
+        rungs = " | ".join(_ms(ms.get(r)) for r in RUNGS)
+        print(f"| {label} | {run[case]} | {base} | {_ms(direct)} | {rungs} | "
+              f"{'-' if goal is None else f'{goal:g}'} | {met} |")
         rows.append((label, ms))
     if png:
         fig = Figure(figsize=(10, 5))
@@ -75,7 +82,7 @@ def main(path: str, png: str | None) -> None:
         ax.invert_yaxis()
         ax.set_xscale("log")
         ax.set_xlabel("ms per forward pass (median, log scale)")
-        first = next(iter(record["cases"].values()))
+        first = next(iter(cases.values()))
         ax.set_title(f"{first['device']}, float32, T=100 and input=hidden=512 unless the row says",
                      fontsize=9)
         ax.legend(fontsize=8)
@@ -84,4 +91,8 @@ def main(path: str, png: str | None) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("records", nargs="+")
+    parser.add_argument("--png")
+    args = parser.parse_args()
+    main(args.records, args.png)

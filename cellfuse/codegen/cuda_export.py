@@ -177,7 +177,7 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
 
     gemms = list(dict.fromkeys((*gemm_dims(i.launch), i.launch.n) for i in flat
                                if isinstance(i, Gemm) and may_split(i.launch)))
-    if backward or any(isinstance(i, Kernel | Gemm) for i in flat):
+    if backward or gemms or any(isinstance(i, Kernel) or isinstance(i, Gemm) and i.launch.bias for i in flat):
         w("static unsigned cf_blocks(size_t n) {")
         w(f"    size_t b = (n + {BLOCK - 1}) / {BLOCK};")
         w("    return (unsigned)(b < 1 ? 1 : (b > 65535 ? 65535 : b));")
@@ -302,7 +302,7 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
                     a_shape = (k, rows, g.a.ld, 1) if g.trans_a else (rows, k, g.a.ld, 0)
                     w_shape = (g.n, k, k, 0) if g.trans_w else (k, g.n, g.n, 1)
                     split_w = f"cf_split + 3 * (size_t)({rows}) * ({k})"
-                    w(f"{indent}if (cf_tf32x3({rows}, {g.n}, {k})) {{")
+                    w(f"{indent}if (cf_tf32x3({rows}, {g.n}, {k})) {{  /* {comment_text(g.group)} */")
                     for to, fro, (r, c, ld, k_rows), lo in (("cf_split", _ptr(g.a, t), a_shape, 2),
                                                             (split_w, _var(g.w), w_shape, 1)):
                         w(f"{indent}    cf_split_tf32x3<<<cf_blocks((size_t)({r}) * ({c})), {BLOCK}, 0, "

@@ -243,19 +243,23 @@ def test_persistent_at_full_sizes_matches_reference(gpu, schedule, name, batch, 
 
 
 @pytest.mark.parametrize("schedule, name, seq, batch, layers", [
-    ("persistent", "lstm", 16, 80, 1), ("persistent", "slstm", 16, 80, 2), ("graph", "gru", 12, 128, 1),
+    ("persistent", "lstm", 16, 80, 1), ("persistent", "slstm", 16, 80, 2), ("graph", "gru", 12, 160, 1),
     ("wavefront", "residual_lstm", 12, 128, 2),
 ])
 def test_hoisted_gemms_on_tensor_cores_match_reference(gpu, schedule, name, seq, batch, layers):
     """Hoisted GEMMs of at least 2^30 multiply-adds run as 3xTF32 on tensor cores (whole, or in chunks
-    of 10 steps beside the loop): float32's accuracy, the captured graph replayed alike."""
+    of 10 steps beside the loop): float32's accuracy, the captured graph replayed alike. (The sLSTM starts
+    from zero states: from random ones, its normaliser n can start near 0, and h = c / n amplifies any
+    rounding.)"""
     from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
 
     cell = load_template(name)
     rng = np.random.default_rng(3)
     params = init_params(cell, layers, 512, 512, 3)
     x = rng.standard_normal((seq, batch, 512)).astype(np.float32)
-    initial = {s: (0.5 * rng.standard_normal((layers, batch, 512))).astype(np.float32) for s in cell.updates}
+    scale = 0.0 if name == "slstm" else 0.5
+    initial = {s: (scale * rng.standard_normal((layers, batch, 512))).astype(np.float32)
+               for s in cell.updates}
     ref = run_reference(cell, params, {"x": x, **initial}, layers)
     plan = make_plan(cell, Sizes(seq, batch, 512, 512, layers), schedule, device_target())
     assert plan.tensor_core_groups()

@@ -1,0 +1,93 @@
+"""Whether cuBLAS's TF32 GEMM, given operands split into TF32 parts, beats its float32 GEMM at the shapes
+of an LSTM's hoisted and gradient GEMMs with float32's accuracy: the question behind the executor's
+3xTF32 GEMMs (see `cf_split_tf32x3`). Each operand x = hi + lo (hi = x rounded to TF32, lo = x - hi
+rounded again); A's pieces (hi, hi, lo) against W's (hi, lo, hi) along K make the three products one
+GEMM over 3K ("kcat"), timed beside the same three products as two or three accumulating calls. Errors
+are the largest difference from a float64 product over the largest magnitude. Needs PyTorch with CUDA:
+
+    python3 benchmarks/tf32x3_cublas_probe.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+
+def tf32(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to TF32 (10 bits of mantissa), to nearest, ties away from zero."""
+    return ((x.view(torch.int32) + 0x1000) & ~0x1FFF).view(torch.float32)
+
+
+def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    hi = tf32(x)
+    return hi, tf32(x - hi)
+
+
+def median_ms(f, n: int = 30) -> float:
+    for _ in range(3):
+        f()
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
+    for start, end in events:
+        start.record()
+        f()
+        end.record()
+    torch.cuda.synchronize()
+    return sorted(start.elapsed_time(end) for start, end in events)[n // 2]
+
+
+SHAPES = {"input 6400x512 @ 512x2048": (6400, 512, 2048), "dW 512x6400 @ 6400x2048": (512, 6400, 2048),
+          "dx 6400x2048 @ 2048x512": (6400, 2048, 512), "B256 input 25600x512 @ 512x2048": (25600, 512, 2048),
+          "H1024 6400x1024 @ 1024x4096": (6400, 1024, 4096)}
+
+
+def measure(M: int, K: int, N: int, g: torch.Generator) -> dict[str, float]:
+    """Errors and median times of C = A @ B, [M, K] @ [K, N], each way."""
+    A = torch.randn(M, K, device="cuda", generator=g) * 0.5
+    B = torch.randn(K, N, device="cuda", generator=g) * 0.05
+    ref = A.double() @ B.double()
+
+    def err(C: torch.Tensor) -> float:
+        return ((C.double() - ref).abs().max() / ref.abs().max()).item()
+
+    r = {}
+    for tf32_on, label in ((False, "fp32"), (True, "tf32")):
+        torch.backends.cuda.matmul.allow_tf32 = tf32_on
+        r[f"{label} err"], r[f"{label} ms"] = err(A @ B), median_ms(lambda: A @ B)
+    Ah, Al = split(A)
+    Bh, Bl = split(B)
+    A3, B3 = torch.cat([Ah, Ah, Al], 1), torch.cat([Bh, Bl, Bh], 0)
+    r["3xtf32 kcat err"], r["3xtf32 kcat ms"] = err(A3 @ B3), median_ms(lambda: A3 @ B3)
+    A2, B2 = torch.cat([Ah, Al], 1), torch.cat([Bh, Bh], 0)
+    out = torch.empty(M, N, device="cuda")
+
+    def two():
+        torch.matmul(A2, B2, out=out)
+        out.addmm_(Ah, Bl)
+
+    def three():
+        torch.matmul(Ah, Bh, out=out)
+        out.addmm_(Ah, Bl)
+        out.addmm_(Al, Bh)
+
+    for label, f in (("2call", two), ("3call", three)):
+        f()
+        r[f"3xtf32 {label} err"], r[f"3xtf32 {label} ms"] = err(out), median_ms(f)
+    return r
+
+
+def main(path: str) -> None:
+    g = torch.Generator(device="cuda").manual_seed(0)
+    results = {}
+    for name, shape in SHAPES.items():
+        results[name] = r = measure(*shape, g)
+        print(name, {k: round(v, 4) if "ms" in k else float(f"{v:.3g}") for k, v in r.items()}, flush=True)
+    with open(path, "w") as f:
+        json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}, f,
+                  indent=1)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
