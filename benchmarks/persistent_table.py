@@ -76,7 +76,8 @@ def main(paths: list[str], png: str | None) -> None:
         width = 0.8 / len(names)
         for i, name in enumerate(names):
             ys = [(j, ms[name]) for j, (_, ms) in enumerate(rows) if name in ms]
-            ax.barh([j + i * width for j, _ in ys], [y for _, y in ys], width, label=name)
+            if ys:  # each its own color, and no legend entry for a rung none of the cases ran
+                ax.barh([j + i * width for j, _ in ys], [y for _, y in ys], width, label=name, color=f"C{i}")
         ax.set_yticks([j + (len(names) - 1) / 2 * width for j in range(len(rows))],
                       [label for label, _ in rows], fontsize=8)
         ax.invert_yaxis()
