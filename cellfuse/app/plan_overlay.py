@@ -48,6 +48,7 @@ class PlanRegion:
     rgb: theme.RGB
     kind: str  # "gemm" or "fused"
     hoisted: bool
+    tensor_cores: bool = False  # a GEMM run as 3xTF32 on tensor cores
 
 
 @dataclass(frozen=True)
@@ -69,11 +70,14 @@ def _gemm_region(i: int, g: dict, rgb: theme.RGB) -> PlanRegion:
     matmuls = list(g.get("matmuls", []))
     folded = list(g.get("folded", []))
     where = "hoisted: once for all steps" if g.get("hoisted") else "every step"
+    if g.get("tensor_cores"):
+        where += ", on tensor cores (3xTF32)"
     label = f"{name} · {_plural(len(matmuls), 'matmul')} as one GEMM · {where}"
     if folded:
         label += f" · +{len(folded)} bias folded"
     brief = f"{_plural(len(matmuls), 'matmul')} · {'hoisted' if g.get('hoisted') else 'every step'}"
-    return PlanRegion(name, label, brief, tuple(matmuls + folded), rgb, "gemm", bool(g.get("hoisted")))
+    return PlanRegion(name, label, brief, tuple(matmuls + folded), rgb, "gemm", bool(g.get("hoisted")),
+                      bool(g.get("tensor_cores")))
 
 
 def _fused_region(i: int, k: dict, rgb: theme.RGB) -> PlanRegion:

@@ -161,6 +161,7 @@ class PlanPanel(QtWidgets.QWidget):
         self.tree.clear()
         for region in regions_of(summary):
             where = "hoisted" if region.hoisted else "each step"
+            where += ", tensor cores" if region.tensor_cores else ""
             kind = "GEMM" if region.kind == "gemm" else "fused"
             item = QtWidgets.QTreeWidgetItem([f"{region.name}  {kind}, {where}", ", ".join(region.nodes)])
             item.setIcon(0, theme.swatch_icon(region.rgb))

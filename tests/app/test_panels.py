@@ -207,6 +207,24 @@ def test_plan_view_says_what_a_persistent_kernel_holds(window):
     assert not panel.kernel_label.isVisibleTo(window)
 
 
+def test_plan_view_says_which_gemms_run_on_tensor_cores(window):
+    """At T=100, B=64 and 512 units the LSTM's hoisted input GEMM (6400 x 2048 x 512) runs as 3xTF32: its
+    row in the plan list and its outline's label say so; at B=8 (800 rows) neither does."""
+    panel = window.plan_panel
+    panel.set_schedule("persistent")
+    window.bench_panel.set_sizes(seq=100, batch=64, input=512, hidden=512, layers=1)
+    window.refresh_plan()
+    rows = [panel.tree.topLevelItem(i).text(0) for i in range(panel.tree.topLevelItemCount())]
+    assert [r for r in rows if "tensor cores" in r] == [r for r in rows if "GEMM, hoisted" in r] != []
+    labels = [r.label for r in window.overlay.regions if r.tensor_cores]
+    assert labels and all("on tensor cores (3xTF32)" in label for label in labels)
+    window.bench_panel.set_sizes(batch=8)
+    window.refresh_plan()
+    rows = [panel.tree.topLevelItem(i).text(0) for i in range(panel.tree.topLevelItemCount())]
+    assert not any("tensor cores" in r for r in rows)
+    assert not any(r.tensor_cores for r in window.overlay.regions)
+
+
 def test_cuda_view_scrolls_to_the_kernel_of_the_selected_node(window):
     view = window.cuda_view
     assert "__global__" in view.text()
