@@ -40,7 +40,9 @@ def median_ms(f, n: int = 30) -> float:
 
 SHAPES = {"input 6400x512 @ 512x2048": (6400, 512, 2048), "dW 512x6400 @ 6400x2048": (512, 6400, 2048),
           "dx 6400x2048 @ 2048x512": (6400, 2048, 512), "B256 input 25600x512 @ 512x2048": (25600, 512, 2048),
-          "H1024 6400x1024 @ 1024x4096": (6400, 1024, 4096)}
+          "H1024 6400x1024 @ 1024x4096": (6400, 1024, 4096),
+          # around the executor's rule (2^30 multiply-adds: 1024 rows here), and graph's chunks of 10 steps
+          **{f"input {m}x512 @ 512x2048": (m, 512, 2048) for m in (256, 640, 1024, 1280, 2560)}}
 
 
 def measure(M: int, K: int, N: int, g: torch.Generator) -> dict[str, float]:
