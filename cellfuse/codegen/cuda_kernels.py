@@ -72,14 +72,16 @@ extern "C" __global__ void __launch_bounds__(256) cf_split_tf32x3(
     for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
          e += (long long)gridDim.x * blockDim.x) {
         const int r = (int)(e / cols), j = (int)(e - (long long)r * cols);
+        // v rounded to TF32's 10 bits of mantissa, to nearest, ties away from zero (what cvt.rna.tf32.f32
+        // does from sm_80 on; in integer arithmetic, so that the prelude builds for any target)
+        const auto tf32 = [](float v) {
+            return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
+        };
         const float x = src[(long long)r * ld + j];
-        unsigned bits;
-        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(x));
-        float hi = __uint_as_float(bits);
+        float hi = tf32(x);
         // rounded past FLT_MAX (or x not finite): truncated instead, which keeps inf and NaN as they are
         if (!isfinite(hi)) hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
-        asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(bits) : "f"(isfinite(x) ? x - hi : 0.0f));
-        const float lo = __uint_as_float(bits);
+        const float lo = tf32(isfinite(x) ? x - hi : 0.0f);
         for (int p = 0; p < 3; ++p) {
             const long long at = k_rows ? ((long long)p * rows + r) * cols + j
                                         : (long long)r * 3 * cols + (long long)p * cols + j;

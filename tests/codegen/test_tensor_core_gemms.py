@@ -56,3 +56,30 @@ def test_the_exported_launcher_decides_at_run_time():
     # column sums of the bias's gradient, nor the steps' dh = dG @ U^T in the persistent kernel)
     assert text.count("cublasGemmEx(") == 4
     assert "ws += cf_split_elements(seq, batch);" in text
+
+
+def test_the_splits_rounding_is_tf32s_to_nearest_ties_away():
+    """The split's integer rounding (adding half of the dropped bits' unit, then dropping them) is
+    rounding the magnitude to 10 bits of mantissa, ties away from zero, as cvt.rna.tf32.f32 rounds; and
+    hi + lo, both TF32, holds x to about 2^-21 of it."""
+    import numpy as np
+
+    from cellfuse.codegen.cuda_kernels import PRELUDE
+
+    assert "(__float_as_uint(v) + 0x1000u) & 0xffffe000u" in PRELUDE
+
+    def tf32(v):
+        return ((v.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+    rng = np.random.default_rng(0)
+    x = (rng.standard_normal(100_000) * 10.0 ** rng.integers(-30, 30, 100_000)).astype(np.float32)
+    ties = np.array([1 + 2**-11, -(1 + 2**-11), 1 + 3 * 2**-11, 2**-140 + 2**-151], np.float32)  # halfway
+    for v in (x, ties):
+        m, e = np.frexp(v.astype(np.float64))  # |m| in [0.5, 1): 11 significant bits are m * 2^11
+        scaled = np.abs(m) * 2.0**11
+        want = np.sign(m) * np.floor(scaled + 0.5) * 2.0 ** (e - 11)
+        normal = np.abs(v) >= np.finfo(np.float32).tiny
+        np.testing.assert_array_equal(tf32(v)[normal].astype(np.float64), want[normal])
+    hi = tf32(x)
+    lo = tf32((x - hi).astype(np.float32))
+    assert np.all(np.abs((hi.astype(np.float64) + lo) - x) <= 2.0**-21 * np.abs(x))
