@@ -20,7 +20,7 @@ from datetime import date
 
 from ..graph_model import Cell, Sizes
 from .backward_plan import BackwardPlan, backward_plan, grad
-from .cuda_kernels import BLOCK, INT_MAX, ROW_EXPR, c_stem, comment_text, kernel_params
+from .cuda_kernels import BLOCK, INT_MAX, ROW_EXPR, c_stem, comment_text, kernel_params, tf32x3_layout
 from .cuda_persistent import persistent_buffers
 from .kernel_set import backward_kernels, plan_kernels
 from .lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, lower
@@ -299,15 +299,13 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
                          f"/* {comment_text(g.group)} */")
                 if may_split(g):
                     # 3xTF32 (see cf_split_tf32x3): A's pieces (hi, hi, lo), W's (hi, lo, hi), a GEMM over 3K
-                    a_shape = (k, rows, g.a.ld, 1) if g.trans_a else (rows, k, g.a.ld, 0)
-                    w_shape = (g.n, k, k, 0) if g.trans_w else (k, g.n, g.n, 1)
+                    a_split, w_split, ld_a, ld_w = tf32x3_layout(g, rows, k, f"3 * ({k})")
                     split_w = f"cf_split + 3 * (size_t)({rows}) * ({k})"
                     w(f"{indent}if (cf_tf32x3({rows}, {g.n}, {k})) {{  /* {comment_text(g.group)} */")
-                    for to, fro, (r, c, ld, k_rows), lo in (("cf_split", _ptr(g.a, t), a_shape, 2),
-                                                            (split_w, _var(g.w), w_shape, 1)):
+                    for to, fro, (r, c, ld, k_rows, lo) in (("cf_split", _ptr(g.a, t), a_split),
+                                                            (split_w, _var(g.w), w_split)):
                         w(f"{indent}    cf_split_tf32x3<<<cf_blocks((size_t)({r}) * ({c})), {BLOCK}, 0, "
                           f"stream>>>({to}, {fro}, {r}, {c}, {ld}, {k_rows}, {lo});")
-                    ld_w, ld_a = (f"3 * ({k})" if g.trans_w else g.n), (rows if g.trans_a else f"3 * ({k})")
                     w(f"{indent}    st = cublasGemmEx(handle, {op_w}, {op_a}, {g.n}, {rows}, 3 * ({k}), "
                       f"&one, {split_w}, CUDA_R_32F, {ld_w}, cf_split, CUDA_R_32F, {ld_a}, {beta}, "
                       f"{_ptr(g.c, t)}, CUDA_R_32F, {g.c.ld}, CUBLAS_COMPUTE_32F_FAST_TF32, "

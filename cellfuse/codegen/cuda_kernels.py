@@ -92,6 +92,16 @@ extern "C" __global__ void __launch_bounds__(256) cf_split_tf32x3(
 """
 
 
+def tf32x3_layout(g: GemmLaunch, rows, k, k3) -> tuple[tuple, tuple, object, object]:
+    """How a GEMM on tensor cores (see `cf_split_tf32x3`) splits its operands, for the executor (ints)
+    and the exported launcher (C expressions) alike: for A and for W, the source's (rows, cols, row
+    length, whether K runs along its rows, the piece that is lo), then the split copies' row lengths, A's
+    and W's. `rows` and `k` are the GEMM's, `k3` is 3 * k."""
+    a = (k, rows, g.a.ld, 1, 2) if g.trans_a else (rows, k, g.a.ld, 0, 2)
+    w = (g.n, k, k, 0, 1) if g.trans_w else (k, g.n, g.n, 1, 1)
+    return a, w, rows if g.trans_a else k3, k3 if g.trans_w else g.n
+
+
 def comment_text(text: str) -> str:
     """Any text (a cell's name or description, a node id) as the inside of a `//` or `/* */` comment that
     stays one: on one line, with no control, format or line-separator character (bidirectional overrides

@@ -686,15 +686,18 @@ class _Kernel:
         peek = "cf_peek2(p, w[u][0], w[u][1])" if per == 2 else "cf_peek(p, w[u][0])"
         stale = " || ".join(f"(unsigned)(w[u][{v}] >> 32) != want" for v in range(per))
         slot = "t + 1" if ex.lag else "t"  # of the value written at step t - 1, or at step t
+        # the pairs thread tid loads (u-th of its chunk): element e, row r, at p
+        element = f"const int e = {per} * (e0 + tid + u * {launch.threads}), r = e / {k};"
+        at = (f"const unsigned long long* const p = "
+              f"{self._exchange_at(n, ex, slot, 'row0 + rb + r', f'e - r * {k}')};")
         self.w(f"{ind}{{",
                f"{ind}    const unsigned want = t + {2 + ex.lag};",
                f"{ind}    for (int e0 = 0; e0 < {pieces}; e0 += {chunk * launch.threads}) {{",
                f"{ind}        unsigned long long w[{chunk}][{per}];",
                f"{ind}        #pragma unroll",
                f"{ind}        for (int u = 0; u < {chunk}; ++u) {{",
-               f"{ind}            const int e = {per} * (e0 + tid + u * {launch.threads}), r = e / {k};",
-               f"{ind}            const unsigned long long* const p = "
-               f"{self._exchange_at(n, ex, slot, 'row0 + rb + r', f'e - r * {k}')};",
+               f"{ind}            {element}",
+               f"{ind}            {at}",
                f"{ind}            if (e < {pieces * per} && rb + r < rows) {peek};",
                f"{ind}        }}",
                f"{ind}        for (unsigned cf_round = 0;; ++cf_round) {{  // rounds, each one trip to L2",
@@ -703,9 +706,8 @@ class _Kernel:
                f"{ind}            bool ready = true;",
                f"{ind}            #pragma unroll",
                f"{ind}            for (int u = 0; u < {chunk}; ++u) {{",
-               f"{ind}                const int e = {per} * (e0 + tid + u * {launch.threads}), r = e / {k};",
-               f"{ind}                const unsigned long long* const p = "
-               f"{self._exchange_at(n, ex, slot, 'row0 + rb + r', f'e - r * {k}')};",
+               f"{ind}                {element}",
+               f"{ind}                {at}",
                f"{ind}                if (e < {pieces * per} && rb + r < rows && ({stale})) {{",
                f"{ind}                    ready = false;",
                f"{ind}                    {peek};",
@@ -715,7 +717,7 @@ class _Kernel:
                f"{ind}        }}",
                f"{ind}        #pragma unroll",
                f"{ind}        for (int u = 0; u < {chunk}; ++u) {{",
-               f"{ind}            const int e = {per} * (e0 + tid + u * {launch.threads}), r = e / {k};",
+               f"{ind}            {element}",
                f"{ind}            if (e >= {pieces * per}) break;",
                f"{ind}            #pragma unroll",
                f"{ind}            for (int v = 0; v < {per}; ++v)",

@@ -474,13 +474,14 @@ class Plan:
         return next(i for i in self.islands if i.name == name)
 
     def summary(self) -> dict:
+        tensor_cores = self.tensor_core_groups()
         return {
             "cell": self.cell_name,
             "schedule": self.schedule,
             "sizes": {"seq": self.sizes.seq, "batch": self.sizes.batch, "input": self.sizes.input,
                       "hidden": self.sizes.hidden, "layers": self.sizes.layers},
             "gemm_groups": [{"name": g.name, "matmuls": list(g.matmuls), "hoisted": g.hoisted,
-                             "folded": sorted(g.folded), "tensor_cores": g.name in self.tensor_core_groups()}
+                             "folded": sorted(g.folded), "tensor_cores": g.name in tensor_cores}
                             for g in self.groups],
             "fused_kernels": [{"name": i.name, "nodes": list(i.nodes), "hoisted": i.hoisted,
                                "inputs": list(i.inputs), "outputs": list(i.outputs)} for i in self.islands],
