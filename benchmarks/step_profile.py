@@ -69,10 +69,12 @@ def _describe(instr, batch: int) -> str:
     return type(instr).__name__
 
 
-def _time(ex, instr, reps: int) -> float:
+def _time(ex, instr, reps: int, splits: list[int] | None = None) -> float:
+    """The median time of one instruction alone; a backward instruction's GEMMs on tensor cores split
+    their operands into the backward pass's own room (`splits`), the forward's being smaller."""
     drv = ex.drv
     stream = ex.streams[getattr(instr, "stream", 0)]
-    calls = ex._calls(instr, 0)
+    calls = ex._calls(instr, 0, None, splits)
     start, end = drv.Event(), drv.Event()
     times = []
     for _ in range(reps + 2):
@@ -144,7 +146,8 @@ def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, re
                 ex.run(x, {s: np.zeros((1, batch, hidden), np.float32) for s in cell.updates})
                 back.seed(dy)
                 forward = [(_describe(i, batch), _time(ex, i, reps)) for i in ex.program.instructions]
-                backward = [(_describe(i, batch), _time(ex, i, reps)) for i in back.plan.instructions()]
+                backward = [(_describe(i, batch), _time(ex, i, reps, back.splits))
+                            for i in back.plan.instructions()]
             finally:
                 back.close()
                 ex.close()

@@ -55,11 +55,11 @@ class CudaBackward:
         for name in order:
             forward.addr[name] = offset
             offset += 4 * sizes[name]
-        split_at = []  # its own room for the operands of its GEMMs on tensor cores
+        self.splits = []  # per stream, its own room for the operands of its GEMMs on tensor cores
         for n in splits:
-            split_at.append(offset)
+            self.splits.append(offset)
             offset += 4 * n
-        self.calls = [call for instr in instructions for call in forward._calls(instr, 0, None, split_at)]
+        self.calls = [call for instr in instructions for call in forward._calls(instr, 0, None, self.splits)]
         self.graph_exec = None
 
     def capture_graph(self) -> None:
