@@ -77,6 +77,10 @@ def measure(M: int, K: int, N: int, g: torch.Generator) -> dict[str, float]:
     for label, f in (("2call", two), ("3call", three)):
         f()
         r[f"3xtf32 {label} err"], r[f"3xtf32 {label} ms"] = err(out), median_ms(f)
+    # the same GEMM with A stored [3K, M] and read transposed, as a weight gradient's x^T arrives: neither
+    # operand then has K contiguous
+    At = A3.t().contiguous().t()
+    r["3xtf32 kcat A^T err"], r["3xtf32 kcat A^T ms"] = err(At @ B3), median_ms(lambda: At @ B3)
     return r
 
 

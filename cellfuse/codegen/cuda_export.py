@@ -20,7 +20,16 @@ from datetime import date
 
 from ..graph_model import Cell, Sizes
 from .backward_plan import BackwardPlan, backward_plan, grad
-from .cuda_kernels import BLOCK, INT_MAX, ROW_EXPR, c_stem, comment_text, kernel_params, tf32x3_layout
+from .cuda_kernels import (
+    BLOCK,
+    INT_MAX,
+    ROW_EXPR,
+    c_stem,
+    comment_text,
+    kernel_params,
+    split_threads,
+    tf32x3_layout,
+)
 from .cuda_persistent import persistent_buffers
 from .kernel_set import backward_kernels, plan_kernels
 from .lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, lower
@@ -298,15 +307,17 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
                          f"{ldw}, {_ptr(g.a, t)}, {g.a.ld}, {beta}, {_ptr(g.c, t)}, {g.c.ld});  "
                          f"/* {comment_text(g.group)} */")
                 if may_split(g):
-                    # 3xTF32 (see cf_split_tf32x3): A's pieces (hi, hi, lo), W's (hi, lo, hi), a GEMM over 3K
+                    # 3xTF32 (see cf_split_tf32x3): A's pieces (hi, hi, lo), W's (hi, lo, hi), a GEMM over 3K,
+                    # A's copies untransposed (see tf32x3_layout)
                     a_split, w_split, ld_a, ld_w = tf32x3_layout(g, rows, k, f"3 * ({k})")
                     split_w = f"cf_split + 3 * (size_t)({rows}) * ({k})"
                     w(f"{indent}if (cf_tf32x3({rows}, {g.n}, {k})) {{  /* {comment_text(g.group)} */")
-                    for to, fro, (r, c, ld, k_rows, lo) in (("cf_split", _ptr(g.a, t), a_split),
+                    for to, fro, (r, c, ld, layout, lo) in (("cf_split", _ptr(g.a, t), a_split),
                                                             (split_w, _var(g.w), w_split)):
-                        w(f"{indent}    cf_split_tf32x3<<<cf_blocks((size_t)({r}) * ({c})), {BLOCK}, 0, "
-                          f"stream>>>({to}, {fro}, {r}, {c}, {ld}, {k_rows}, {lo});")
-                    w(f"{indent}    st = cublasGemmEx(handle, {op_w}, {op_a}, {g.n}, {rows}, 3 * ({k}), "
+                        threads = split_threads(r, c, layout)
+                        w(f"{indent}    cf_split_tf32x3<<<cf_blocks({threads}), {BLOCK}, 0, "
+                          f"stream>>>({to}, {fro}, {r}, {c}, {ld}, {layout}, {lo});")
+                    w(f"{indent}    st = cublasGemmEx(handle, {op_w}, CUBLAS_OP_N, {g.n}, {rows}, 3 * ({k}), "
                       f"&one, {split_w}, CUDA_R_32F, {ld_w}, cf_split, CUDA_R_32F, {ld_a}, {beta}, "
                       f"{_ptr(g.c, t)}, CUDA_R_32F, {g.c.ld}, CUBLAS_COMPUTE_32F_FAST_TF32, "
                       "CUBLAS_GEMM_DEFAULT);")

@@ -61,45 +61,129 @@ extern "C" __global__ void __launch_bounds__(256) cf_bias_rows(
 // One operand of a GEMM on tensor cores with float32's accuracy (3xTF32): each x is hi + lo, hi its
 // rounding to TF32 and lo that of x - hi (exact in float32), so that hi*hi' + hi*lo' + lo*hi' misses the
 // product x*x' by about 2^-21 of it, and each of the three TF32 products is exact in float32. The source,
-// [rows, cols] with row length ld, is written three times one after another along the GEMM's K axis
-// (along its rows where k_rows, else along its columns): piece p is lo where p == lo_piece, hi elsewhere.
-// A's pieces (hi, hi, lo) against W's (hi, lo, hi) make the three products one GEMM over 3K.
+// [rows, cols] with row length ld, is written three times, piece p lo where p == lo_piece and hi
+// elsewhere, one copy after the other along the GEMM's K axis, as `layout` says:
+//   CF_SIDE_BY_SIDE (0): K runs along the source's rows; out is [rows, 3 * cols]
+//   CF_STACKED (1):      K runs down its columns; out is [3 * rows, cols]
+//   CF_TRANSPOSED (2):   K runs down its columns; out is [cols, 3 * rows], K along each row, as cuBLAS's
+//                        TF32 GEMMs read an operand fastest (read transposed instead, a weight gradient's
+//                        x^T took 0.186 ms against 0.129 on an H100: tf32x3_cublas_probe.py)
+// A's pieces (hi, hi, lo) against W's (hi, lo, hi) make the three products one GEMM over 3K. Launched
+// with 256 threads a block, as many in all as `split_threads` counts.
+#define CF_SIDE_BY_SIDE 0
+#define CF_STACKED 1
+#define CF_TRANSPOSED 2
 extern "C" __global__ void __launch_bounds__(256) cf_split_tf32x3(
-    float* __restrict__ out, const float* __restrict__ src, int rows, int cols, int ld, int k_rows,
+    float* __restrict__ out, const float* __restrict__ src, int rows, int cols, int ld, int layout,
     int lo_piece)
 {
-    const long long total = (long long)rows * cols;
-    for (long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
-         e += (long long)gridDim.x * blockDim.x) {
-        const int r = (int)(e / cols), j = (int)(e - (long long)r * cols);
-        // v rounded to TF32's 10 bits of mantissa, to nearest, ties away from zero (what cvt.rna.tf32.f32
-        // does from sm_80 on; in integer arithmetic, so that the prelude builds for any target)
-        const auto tf32 = [](float v) {
-            return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
-        };
-        const float x = src[(long long)r * ld + j];
-        float hi = tf32(x);
+    // v rounded to TF32's 10 bits of mantissa, to nearest, ties away from zero (what cvt.rna.tf32.f32
+    // does from sm_80 on; in integer arithmetic, so that the prelude builds for any target)
+    const auto tf32 = [](float v) {
+        return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
+    };
+    const auto split = [tf32](float x, float& hi, float& lo) {
+        hi = tf32(x);
         // rounded past FLT_MAX (or x not finite): truncated instead, which keeps inf and NaN as they are
         if (!isfinite(hi)) hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
-        const float lo = tf32(isfinite(x) ? x - hi : 0.0f);
+        lo = tf32(isfinite(x) ? x - hi : 0.0f);
+    };
+    // Indices are 32-bit (a 64-bit division per element is dozens of instructions): rows * cols < 2^32
+    // wherever the three copies, 12 bytes an element, fit in a GPU's memory.
+    if (layout == CF_TRANSPOSED) {
+        // tiles of 32 x 32 through shared memory, so that both the loads (along a source row) and the
+        // stores (along an output row) are coalesced
+        __shared__ float tile[32][33];
+        const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+        const unsigned across = (cols + 31) / 32, tiles = across * ((rows + 31) / 32);
+        for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
+            const int c0 = 32 * (t % across), k0 = 32 * (t / across);
+            for (int i = ty; i < 32; i += 8) {
+                const int k = k0 + i, c = c0 + tx;
+                tile[i][tx] = k < rows && c < cols ? src[(size_t)k * ld + c] : 0.0f;
+            }
+            __syncthreads();
+            for (int i = ty; i < 32; i += 8) {
+                const int c = c0 + i, k = k0 + tx;
+                if (c >= cols || k >= rows) continue;
+                float hi, lo;
+                split(tile[tx][i], hi, lo);
+                float* const o = out + (size_t)c * 3 * rows + k;
+                #pragma unroll
+                for (int p = 0; p < 3; ++p) o[(size_t)p * rows] = p == lo_piece ? lo : hi;
+            }
+            __syncthreads();
+        }
+        return;
+    }
+    // A split is bound by memory: a thread takes 4 columns of a row at a time, in one 16-byte load and
+    // three 16-byte stores where the row length and the pointers allow.
+    const unsigned groups = (cols + 3) / 4, total = (unsigned)rows * groups;
+    const bool whole = ((cols | ld) & 3) == 0
+                       && ((reinterpret_cast<size_t>(src) | reinterpret_cast<size_t>(out)) & 15) == 0;
+    const size_t piece = layout == CF_STACKED ? (size_t)rows * cols : (size_t)cols;  // copy to copy
+    const size_t out_row = layout == CF_STACKED ? (size_t)cols : 3 * (size_t)cols;
+    for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
+        const unsigned r = e / groups, j = 4 * (e - r * groups);
+        const float* const s = src + (size_t)r * ld + j;
+        float* const o = out + (size_t)r * out_row + j;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (whole) {
+            x = *reinterpret_cast<const float4*>(s);
+        } else {
+            x.x = s[0];
+            if (j + 1 < cols) x.y = s[1];
+            if (j + 2 < cols) x.z = s[2];
+            if (j + 3 < cols) x.w = s[3];
+        }
+        float4 hi, lo;
+        split(x.x, hi.x, lo.x);
+        split(x.y, hi.y, lo.y);
+        split(x.z, hi.z, lo.z);
+        split(x.w, hi.w, lo.w);
+        #pragma unroll
         for (int p = 0; p < 3; ++p) {
-            const long long at = k_rows ? ((long long)p * rows + r) * cols + j
-                                        : (long long)r * 3 * cols + (long long)p * cols + j;
-            out[at] = p == lo_piece ? lo : hi;
+            const float4 v = p == lo_piece ? lo : hi;
+            float* const to = o + p * piece;
+            if (whole) {
+                *reinterpret_cast<float4*>(to) = v;
+            } else {
+                to[0] = v.x;
+                if (j + 1 < cols) to[1] = v.y;
+                if (j + 2 < cols) to[2] = v.z;
+                if (j + 3 < cols) to[3] = v.w;
+            }
         }
     }
 }
 """
 
 
+SIDE_BY_SIDE, STACKED, TRANSPOSED = 0, 1, 2  # the layouts of cf_split_tf32x3's copies
+
+
+def split_threads(rows, cols, layout: int):
+    """The threads cf_split_tf32x3 runs with for a source of `rows` x `cols`: one per 32 x 32 tile and
+    per 256 threads where it transposes, else one per 4 columns of a row. For the executor `rows` and
+    `cols` are ints; for the exported launcher, C expressions (and so is the count)."""
+    if isinstance(rows, int) and isinstance(cols, int):
+        if layout == TRANSPOSED:
+            return BLOCK * -(-rows // 32) * -(-cols // 32)
+        return rows * -(-cols // 4)
+    if layout == TRANSPOSED:
+        return f"(size_t){BLOCK} * ((({rows}) + 31) / 32) * ((({cols}) + 31) / 32)"
+    return f"(size_t)({rows}) * ((({cols}) + 3) / 4)"
+
+
 def tf32x3_layout(g: GemmLaunch, rows, k, k3) -> tuple[tuple, tuple, object, object]:
     """How a GEMM on tensor cores (see `cf_split_tf32x3`) splits its operands, for the executor (ints)
     and the exported launcher (C expressions) alike: for A and for W, the source's (rows, cols, row
-    length, whether K runs along its rows, the piece that is lo), then the split copies' row lengths, A's
-    and W's. `rows` and `k` are the GEMM's, `k3` is 3 * k."""
-    a = (k, rows, g.a.ld, 1, 2) if g.trans_a else (rows, k, g.a.ld, 0, 2)
-    w = (g.n, k, k, 0, 1) if g.trans_w else (k, g.n, g.n, 1, 1)
-    return a, w, rows if g.trans_a else k3, k3 if g.trans_w else g.n
+    length, layout, the piece that is lo), then the split copies' row lengths, A's and W's. A's copies
+    are always [rows, 3K], K contiguous, which the GEMM reads untransposed: where A is stored transposed
+    (a weight gradient's x^T), its split transposes it. `rows` and `k` are the GEMM's, `k3` is 3 * k."""
+    a = (k, rows, g.a.ld, TRANSPOSED, 2) if g.trans_a else (rows, k, g.a.ld, SIDE_BY_SIDE, 2)
+    w = (g.n, k, k, SIDE_BY_SIDE, 1) if g.trans_w else (k, g.n, g.n, STACKED, 1)
+    return a, w, k3, k3 if g.trans_w else g.n
 
 
 def comment_text(text: str) -> str:

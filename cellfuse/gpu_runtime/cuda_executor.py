@@ -17,7 +17,7 @@ from functools import lru_cache, partial
 import numpy as np
 
 from ..codegen import Plan, plan_kernels
-from ..codegen.cuda_kernels import BLOCK, kernel_params, tf32x3_layout
+from ..codegen.cuda_kernels import BLOCK, kernel_params, split_threads, tf32x3_layout
 from ..codegen.cuda_persistent import persistent_buffers
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import (
@@ -236,14 +236,16 @@ class CudaExecutor:
                     out.append(partial(self.cublas.sgemm, handles[s], int(g.trans_w), int(g.trans_a), g.n, m,
                                        g.k, one, self.addr[g.w], ldw, a, g.a.ld, beta, c, g.c.ld))
                     return out
-                # 3xTF32: A's pieces (hi, hi, lo) and W's (hi, lo, hi) along K, then one TF32 GEMM over 3K
+                # 3xTF32: A's pieces (hi, hi, lo) and W's (hi, lo, hi) along K, then one TF32 GEMM over 3K,
+                # A's copies untransposed (see tf32x3_layout)
                 split_a, split_w = splits[s], splits[s] + 4 * 3 * m * g.k
                 a_split, w_split, lda, ldw = tf32x3_layout(g, m, g.k, 3 * g.k)
                 for to, fro, (rows, cols, *how) in ((split_a, a, a_split),
                                                     (split_w, self.addr[g.w], w_split)):
-                    out.append(partial(self.split_tf32x3.prepared_async_call, (_grid(rows * cols), 1),
-                                       (BLOCK, 1, 1), self.streams[s], to, fro, rows, cols, *how))
-                out.append(partial(self.cublas.gemm_ex, handles[s], int(g.trans_w), int(g.trans_a), g.n, m,
+                    out.append(partial(self.split_tf32x3.prepared_async_call,
+                                       (_grid(split_threads(rows, cols, how[1])), 1), (BLOCK, 1, 1),
+                                       self.streams[s], to, fro, rows, cols, *how))
+                out.append(partial(self.cublas.gemm_ex, handles[s], int(g.trans_w), 0, g.n, m,
                                    3 * g.k, one, split_w, _R_32F, ldw, split_a, _R_32F, lda, beta, c, _R_32F,
                                    g.c.ld, _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT))
                 return out

@@ -273,6 +273,51 @@ def test_hoisted_gemms_on_tensor_cores_match_reference(gpu, schedule, name, seq,
     np.testing.assert_array_equal(out.y, again.y)
 
 
+@pytest.mark.parametrize("layout", [0, 1, 2])
+@pytest.mark.parametrize("rows, cols, ld, offset", [
+    (64, 512, 512, 0),  # whole 16-byte groups
+    (37, 5, 7, 0),  # a row length that is not a multiple of 4: one value at a time
+    (9, 12, 12, 3),  # a source that does not start on 16 bytes
+    (300, 8, 12, 0),  # more threads than one block, rows of 8 in rows of 12
+    (70, 45, 50, 1),  # tiles of 32 x 32 cut at both edges, transposed
+])
+def test_the_split_writes_three_copies_of_tf32_parts(gpu, rows, cols, ld, offset, layout):
+    """cf_split_tf32x3 against numpy, with extreme values beside ordinary ones: the copies lie one after
+    another along K (side by side along the rows, stacked, or side by side in the transposed source's
+    rows), piece 1 is lo, the others hi; hi + lo is x to 2^-21 of it, infinities and NaN stay in hi;
+    nothing past the copies is written."""
+    from cellfuse.codegen.cuda_kernels import BLOCK, PRELUDE, split_threads
+    from cellfuse.gpu_runtime.cuda_executor import _compile, _grid
+
+    drv = gpu[0]
+    rng = np.random.default_rng(rows + cols)
+    src = (rng.standard_normal(offset + rows * ld) * 10.0 ** rng.integers(-20, 20, offset + rows * ld))
+    src = src.astype(np.float32)
+    src[offset:offset + 4] = [np.inf, -np.inf, np.nan, np.finfo(np.float32).max]
+    x = src[offset:].reshape(rows, ld)[:, :cols]
+    n = 3 * rows * cols
+    module = drv.module_from_buffer(_compile(PRELUDE))
+    split = module.get_function("cf_split_tf32x3").prepare("PPiiiii")
+    src_d = drv.to_device(src)
+    out_d = drv.to_device(np.full(n + 64, 7.0, np.float32))
+    split.prepared_call((_grid(split_threads(rows, cols, layout)), 1), (BLOCK, 1, 1), out_d,
+                        int(src_d) + 4 * offset, rows, cols, ld, layout, 1)
+    got = drv.from_device(out_d, (n + 64,), np.float32)
+    np.testing.assert_array_equal(got[n:], 7.0)
+    copies = (got[:n].reshape(rows, 3, cols).transpose(1, 0, 2), got[:n].reshape(3, rows, cols),
+              got[:n].reshape(cols, 3, rows).transpose(1, 2, 0))[layout]
+    hi, lo, hi2 = copies
+    np.testing.assert_array_equal(hi, hi2)
+    bits = hi.view(np.uint32)
+    assert np.all((bits & 0x1FFF) == 0)
+    assert np.all((lo.view(np.uint32) & 0x1FFF) == 0)
+    finite = np.isfinite(x)
+    np.testing.assert_array_equal(hi[~finite], x[~finite])
+    assert np.all(lo[~finite] == 0.0)
+    big = finite & (np.abs(x) < np.finfo(np.float32).max / 2)
+    assert np.all(np.abs(hi[big].astype(np.float64) + lo[big] - x[big]) <= 2.0**-21 * np.abs(x[big]))
+
+
 def test_exported_program_runs_its_large_gemms_on_tensor_cores(gpu, tmp_path):
     """The exported launcher decides at run time by the same rule: at seq 16, batch 80 the LSTM's input
     GEMM (and, in its backward pass, the weights' and x's gradients) run on tensor cores; the forward
