@@ -511,17 +511,20 @@ class _Kernel:
         # the partial sums are not stored element by element: below, once the block's values are written
         keep = [n for n, p in enumerate(params) if not (p.output and p.access.kind == "sums")]
         copies = {keep.index(out): f"{array}[u]" for out, array in carried.values()}
-        # the values other blocks read from an exchange: put there too, with the step's tag
+        # the values other blocks read from an exchange: put there too, with the step's tag, each output
+        # at its columns of the exchange
         published = [(n, *self.exchange[p.access.buffer]) for n, p in enumerate(params)
                      if p.output and p.access.buffer in self.exchange
                      and self.exchange[p.access.buffer][1].writer == i]
-        for n, x, _ in published:
-            self.w(f"{IND}    float cf_pub{x};")
-            copies[keep.index(n)] = f"cf_pub{x}"
+        for n, _, _ in published:
+            self.w(f"{IND}    float cf_pub{n};")
+            copies[keep.index(n)] = f"cf_pub{n}"
         self.w(*element_body([params[n] for n in keep], [names[n] for n in keep], k.body, IND + "    ",
                              {m: index[n] for m, n in enumerate(keep) if n in index}, k.adds, copies))
-        self.w(*(f"{IND}    cf_publish({self._exchange_at(x, ex, 't', 'r', 'j')}, t + 2, "
-                 f"cf_pub{x});" for _, x, ex in published))
+        for n, x, ex in published:
+            col = params[n].access.col - ex.col
+            at = self._exchange_at(x, ex, "t", "r", f"j + {col}" if col else "j")
+            self.w(f"{IND}    cf_publish({at}, t + 2, cf_pub{n});")
         self.w(f"{IND}}}")
         for n, p in enumerate(params):
             if p.output and p.access.kind == "sums":

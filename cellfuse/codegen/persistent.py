@@ -37,6 +37,13 @@ ROW_TILE = 64  # rows of a GEMM's left operand staged in shared memory at a time
 ROW_GROUPS = (8, 4, 2, 1)  # the ways to split the batch between blocks, most first
 MIN_GROUP_ROWS = 8  # rows of a group, at least: fewer would not fill a block's threads
 EXCHANGE_BYTES = 64 * 2**20  # of a persistent kernel's exchanges, at most (two slots of 8-byte pairs)
+# The bytes an exchange's (tag, value) pairs add to a step's reads from L2 (its readers' rows of the
+# operand, 4 more bytes a value), per grid-wide barrier it takes away, at most. Measured on an H100,
+# exchanges against barriers: 2 and 4 MiB a wait gained 8% and 12% (the MGU's backward, the LSTM's
+# forward, B=64), 6 MiB broke even (the GRU's backward, B=64), 8 MiB lost 3% (the LSTM's backward, B=8),
+# 16 MiB 7% and 10% (the LSTM's forward at B=256, its backward at B=64), 32 MiB 15% (its forward at
+# H=1024, B=64).
+EXCHANGE_BYTES_PER_WAIT = 6 * 2**20
 
 
 @dataclass(frozen=True)
@@ -250,15 +257,19 @@ def barriers(step: list[GemmLaunch | KernelLaunch], reverse: bool = False) -> li
     return barrier
 
 
-def exchanges(items: list[PersistentItem], reverse: bool, batch: int) -> tuple[Exchange, ...]:
-    """The GEMM operands of a forward step that can go through exchanges instead of grid-wide barriers,
-    or none: where every barrier is a GEMM's, for its operand, which one elementwise launch writes whole
-    (each block its own elements) in step with the reads. A block then waits only for the values it
-    reads (on an H100 a step of the LSTM took half the time at B=1, and 12% less at B=64). Two slots
-    are enough: a block writes a slot again only after every block of its row group wrote what it reads
-    next, which each did after reading that slot. The exchanges are static arrays of the kernel's
-    module: beyond EXCHANGE_BYTES in all, the step meets at barriers instead."""
-    if reverse or not any(item.barrier for item in items) or any(item.mma for item in items):
+def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
+              column_blocks: int) -> tuple[Exchange, ...]:
+    """The GEMM operands of a step that can go through exchanges instead of grid-wide barriers, or none:
+    where every barrier is a GEMM's, for its operand, which one elementwise launch writes whole (each
+    block its own elements, in one output or in several side by side) in step with the reads. A block
+    then waits only for the values it reads (on an H100 a forward step of the LSTM took half the time at
+    B=1, and 12% less at B=64). Two slots are enough: a block writes a slot again only after every block
+    of its row group wrote what it reads next, which each did after reading that slot; in a `reverse`
+    loop as well, whose tags fall from step to step and never meet those of two steps before. The
+    exchanges are static arrays of the kernel's module: beyond EXCHANGE_BYTES in all, or where the pairs
+    would move more than EXCHANGE_BYTES_PER_WAIT for each barrier they take away (every block of a row
+    group reads all its rows), the step meets at barriers instead."""
+    if not any(item.barrier for item in items) or any(item.mma for item in items):
         return ()  # (tensor cores stage their operand in chunks of K, from memory)
     if any(item.barrier and not isinstance(item.launch, GemmLaunch) for item in items):
         return ()
@@ -275,16 +286,24 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int) -> tuple[E
             if any(read.buffer in writes(other.launch) for other in items):
                 return ()  # a GEMM writes it
             continue  # nothing of the step writes it: read as it is
-        if len(writers) != 1:
+        w = writers[0][0]
+        if any(other != w for other, _ in writers):
             return ()
-        w, acc = writers[0]
         lag = -1 if i < w else 0
-        same = all(row_offset(acc.slot, t + lag, 1) == row_offset(read.slot, t, 1) for t in (10, 11))
-        ex = Exchange(read.buffer, w, item.launch.k, lag)
-        if (items[w].whole or acc.kind != "row" or acc.col != read.col or items[w].launch.width != ex.width
-                or not same or out.setdefault(read.buffer, ex) != ex):
+        if lag and reverse:
+            return ()  # (the tags and slots of a value from the step before are those of a forward loop)
+        width = items[w].launch.width
+        # the outputs tile the operand's columns, side by side
+        tiles = sorted(acc.col - read.col for _, acc in writers) == [width * m for m in range(len(writers))]
+        same = all(row_offset(acc.slot, t + lag, 1) == row_offset(read.slot, t, 1)
+                   for _, acc in writers for t in (10, 11))
+        ex = Exchange(read.buffer, w, item.launch.k, lag, read.col)
+        if (items[w].whole or any(acc.kind != "row" for _, acc in writers) or not tiles
+                or width * len(writers) != ex.width or not same or out.setdefault(read.buffer, ex) != ex):
             return ()
     if sum(16 * batch * ex.width for ex in out.values()) > EXCHANGE_BYTES:
+        return ()
+    if 4 * batch * column_blocks * sum(ex.width for ex in out.values()) > EXCHANGE_BYTES_PER_WAIT * len(out):
         return ()
     return tuple(out.values())
 
@@ -376,4 +395,5 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
                 "block may have, so they are read from L2 every step")
     smem = 4 * _smem_floats(placed, column_blocks, row_tile, rows)
     return PersistentLaunch(layer, tuple(items), column_blocks * row_groups, THREADS, batch, row_groups,
-                            row_tile, smem, note, tuple(added), reverse, exchanges(items, reverse, batch))
+                            row_tile, smem, note, tuple(added), reverse,
+                            exchanges(items, reverse, batch, column_blocks))

@@ -289,12 +289,15 @@ class Exchange:
     go through an exchange buffer, two slots of [batch, width] (step, value) pairs, as well as to the
     operand's own buffer. A reader at step t wants what the writer wrote at step t + `lag` (-1: the step
     before, whose value at the first step is the operand's initial rows, which each block publishes for
-    its own elements before the loop; 0: the same step, earlier in it)."""
+    its own elements before the loop; 0: the same step, earlier in it). The operand starts at column
+    `col` of its buffer; the writer may write it in several outputs side by side (a backward step's
+    gradients of the stacked gates), each to the exchange's columns from its own column less `col`."""
 
     buffer: str
     writer: int
     width: int
     lag: int
+    col: int = 0
 
 
 @dataclass(frozen=True)

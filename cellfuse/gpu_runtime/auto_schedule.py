@@ -30,8 +30,9 @@ REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 # What the candidates are: a choice remembered for rungs that have since changed (version 1's wavefront
 # was one cooperative kernel; version 2's runs each layer on streams of its own; version 3's persistent
 # forward passes its operands through exchanges, without grid barriers; version 4's large GEMMs run on
-# tensor cores, 3xTF32) is measured again.
-RUNGS_VERSION = 4
+# tensor cores, 3xTF32; version 5's persistent steps use exchanges only where they move few bytes per
+# barrier, forward and backward) is measured again.
+RUNGS_VERSION = 5
 
 
 @dataclass(frozen=True)

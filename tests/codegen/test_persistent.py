@@ -441,8 +441,10 @@ def test_operands_pass_between_blocks_through_exchanges(name, lags):
     grid barrier in its loop; before it, each block clears its own elements of both slots and publishes
     those of the initial state, and one barrier makes them visible; in the loop it publishes the
     operand's values as its elementwise launch writes them, and a GEMM polls its rows for the tag of
-    the step it reads (the one before for h, its own for Cho's r*h). The backward pass and the tensor
-    rung keep their barriers."""
+    the step it reads (the one before for h, its own for Cho's r*h). At B=8 the LSTM's backward step,
+    whose operand is 2048 gates wide, keeps its barrier (see EXCHANGE_BYTES_PER_WAIT), Cho's GRU's too
+    (its r*h gradient comes from the step before, in a reverse loop), and the tensor rung keeps its
+    barriers."""
     from cellfuse.codegen.backward_plan import backward_plan
     from cellfuse.codegen.kernel_set import backward_kernels
 
@@ -461,6 +463,49 @@ def test_operands_pass_between_blocks_through_exchanges(name, lags):
     assert "grid.sync();" in backward_kernels(backward_plan(plan)).module_source()
     tensor = make_plan(load_template(name), Sizes(100, 8, 512, 512), "tensor").layers[0].persistent
     assert not tensor.exchange and tensor.barriers_per_step == len(lags)
+
+
+@pytest.mark.parametrize("name, batch, hidden, forward, backward", [
+    ("lstm", 1, 512, True, True),  # 0.25 and 1 MiB of pairs a wait
+    ("lstm", 64, 512, True, False),  # 4 MiB; the backward's operand, 2048 gates wide, 16 MiB
+    ("lstm", 256, 512, False, False),  # 16 MiB forward
+    ("lstm", 64, 1024, False, False),  # 32 MiB forward
+    ("mgu", 64, 512, True, True),  # 2 MiB a wait, both ways
+])
+def test_exchanges_only_where_their_pairs_move_few_bytes_per_barrier(name, batch, hidden, forward, backward):
+    """An exchange's pairs add 4 bytes to every value that every block of a row group reads: a step uses
+    exchanges only where that adds at most EXCHANGE_BYTES_PER_WAIT to its reads from L2 for each barrier
+    they take away (measured: more lost to the barrier it replaced), forward and backward alike."""
+    from cellfuse.codegen.backward_plan import backward_plan
+    from cellfuse.codegen.lowering import Persistent
+    from cellfuse.codegen.persistent import EXCHANGE_BYTES_PER_WAIT
+
+    plan = make_plan(load_template(name), Sizes(100, batch, hidden, hidden), "persistent", save_steps=True)
+    back = [i.launch for i in backward_plan(plan).instructions() if isinstance(i, Persistent)]
+    for launch, want in ((plan.layers[0].persistent, forward), (back[0], backward)):
+        assert bool(launch.exchange) == want
+        if want:
+            moved = 4 * batch * launch.column_blocks * sum(ex.width for ex in launch.exchange)
+            assert moved <= EXCHANGE_BYTES_PER_WAIT * len(launch.exchange) and launch.barriers_per_step == 0
+        else:
+            assert launch.barriers_per_step == launch.waits_per_step > 0
+
+
+def test_a_backward_step_exchanges_the_gate_gradients_side_by_side():
+    """The LSTM's backward step at B=1: its adjoint kernel writes dC, the gradients of the four stacked
+    gates, as four outputs side by side, and publishes each at its columns of one exchange 2048 wide;
+    the dA GEMM polls it for the tag of its own step, in a loop that runs from the last step down, with
+    no grid barrier in it."""
+    from cellfuse.codegen.backward_plan import backward_plan
+    from cellfuse.codegen.kernel_set import backward_kernels
+
+    plan = make_plan(load_template("lstm"), Sizes(100, 1, 512, 512), "persistent", save_steps=True)
+    source = backward_kernels(backward_plan(plan)).module_source()
+    loop = source[source.index("for (int t = seq - 1; t >= 0; --t)"):]
+    assert "grid.sync()" not in loop and "const unsigned want = t + 2;" in loop
+    published = re.findall(r"cf_publish\(\w+_x0 \+ \(size_t\)\(\(t\) & 1\) \* batch \* 2048 "
+                           r"\+ \(size_t\)\(r\) \* 2048 \+ j( \+ \d+)?, t \+ 2,", loop)
+    assert sorted(published) == ["", " + 1024", " + 1536", " + 512"]
 
 
 def test_exchanges_too_large_for_a_module_leave_the_barriers():
