@@ -297,7 +297,7 @@ class Exchange:
     writer: int
     width: int
     lag: int
-    col: int = 0
+    col: int
 
 
 @dataclass(frozen=True)

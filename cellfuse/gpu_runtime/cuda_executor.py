@@ -240,11 +240,11 @@ class CudaExecutor:
                 # A's copies untransposed (see tf32x3_layout)
                 split_a, split_w = splits[s], splits[s] + 4 * 3 * m * g.k
                 a_split, w_split, lda, ldw = tf32x3_layout(g, m, g.k, 3 * g.k)
-                for to, fro, (rows, cols, *how) in ((split_a, a, a_split),
-                                                    (split_w, self.addr[g.w], w_split)):
+                for to, fro, (rows, cols, ld, layout, lo) in ((split_a, a, a_split),
+                                                              (split_w, self.addr[g.w], w_split)):
                     out.append(partial(self.split_tf32x3.prepared_async_call,
-                                       (_grid(split_threads(rows, cols, how[1])), 1), (BLOCK, 1, 1),
-                                       self.streams[s], to, fro, rows, cols, *how))
+                                       (_grid(split_threads(rows, cols, layout)), 1), (BLOCK, 1, 1),
+                                       self.streams[s], to, fro, rows, cols, ld, layout, lo))
                 out.append(partial(self.cublas.gemm_ex, handles[s], int(g.trans_w), 0, g.n, m,
                                    3 * g.k, one, split_w, _R_32F, ldw, split_a, _R_32F, lda, beta, c, _R_32F,
                                    g.c.ld, _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT))
