@@ -45,6 +45,9 @@ from .plan import (
 )
 from .scheduler import make_plan
 
+# the start of the workspace, where the GEMMs on tensor cores split their operands (see cf_split_elements)
+_SPLIT_ROOM = ("    float* cf_split = ws; ws += cf_split_elements(seq, batch);",
+               "    (void)cf_split;  /* a pass may have none of the GEMMs */")
 _ROWS_EXPR = {"seq": "(size_t)seq * batch", "seq+1": "((size_t)seq + 1) * batch", "pair": "2 * (size_t)batch",
               "batch": "(size_t)batch", "layers": "(size_t){layers} * batch", "one": "1"}
 _LAUNCH_ROWS = {"seq": "seq * batch", "batch": "batch", "one": "1"}
@@ -226,9 +229,8 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
     w("}")
     w("")
     def declare_workspace(buffers: list) -> None:
-        if gemms:
-            w("    float* cf_split = ws; ws += cf_split_elements(seq, batch);")
-            w("    (void)cf_split;  /* a pass may have none of the GEMMs */")
+        for line in _SPLIT_ROOM if gemms else ():
+            w(line)
         for b in buffers:
             rows = _ROWS_EXPR[b.rows].format(layers=sizes.layers)
             w(f"    float* {_var(b.name)} = ws; ws += {rows} * {b.width};")
@@ -309,8 +311,8 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
                 if may_split(g):
                     # 3xTF32 (see cf_split_tf32x3): A's pieces (hi, hi, lo), W's (hi, lo, hi), a GEMM over 3K,
                     # A's copies untransposed (see tf32x3_layout)
-                    a_split, w_split, ld_a, ld_w = tf32x3_layout(g, rows, k, f"3 * ({k})")
-                    split_w = f"cf_split + 3 * (size_t)({rows}) * ({k})"
+                    a_split, w_split, ld_a, ld_w, w_at = tf32x3_layout(g, rows, k, f"3 * ({k})")
+                    split_w = f"cf_split + {w_at}"
                     w(f"{indent}if (cf_tf32x3({rows}, {g.n}, {k})) {{  /* {comment_text(g.group)} */")
                     for to, fro, (r, c, ld, layout, lo) in (("cf_split", _ptr(g.a, t), a_split),
                                                             (split_w, _var(g.w), w_split)):
@@ -467,8 +469,7 @@ def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
         w("}")
         w("")
         body = "\n".join(out[declarations:])
-        pointers = (["    float* cf_split = ws; ws += cf_split_elements(seq, batch);", "    (void)cf_split;"]
-                    if gemms else [])
+        pointers = list(_SPLIT_ROOM) if gemms else []
         for b in ws_buffers:  # a forward buffer the backward pass does not read is only stepped over
             rows = _ROWS_EXPR[b.rows].format(layers=sizes.layers)
             used = re.search(rf"\b{_var(b.name)}\b", body)

@@ -175,15 +175,17 @@ def split_threads(rows, cols, layout: int):
     return f"(size_t)({rows}) * ((({cols}) + 3) / 4)"
 
 
-def tf32x3_layout(g: GemmLaunch, rows, k, k3) -> tuple[tuple, tuple, object, object]:
+def tf32x3_layout(g: GemmLaunch, rows, k, k3) -> tuple[tuple, tuple, object, object, object]:
     """How a GEMM on tensor cores (see `cf_split_tf32x3`) splits its operands, for the executor (ints)
     and the exported launcher (C expressions) alike: for A and for W, the source's (rows, cols, row
-    length, layout, the piece that is lo), then the split copies' row lengths, A's and W's. A's copies
-    are always [rows, 3K], K contiguous, which the GEMM reads untransposed: where A is stored transposed
-    (a weight gradient's x^T), its split transposes it. `rows` and `k` are the GEMM's, `k3` is 3 * k."""
+    length, layout, the piece that is lo), then the split copies' row lengths, A's and W's, and where
+    W's copies start, in floats after A's. A's copies are always [rows, 3K], K contiguous, which the GEMM
+    reads untransposed: where A is stored transposed (a weight gradient's x^T), its split transposes it.
+    `rows` and `k` are the GEMM's, `k3` is 3 * k."""
     a = (k, rows, g.a.ld, TRANSPOSED, 2) if g.trans_a else (rows, k, g.a.ld, SIDE_BY_SIDE, 2)
     w = (g.n, k, k, SIDE_BY_SIDE, 1) if g.trans_w else (k, g.n, g.n, STACKED, 1)
-    return a, w, k3, k3 if g.trans_w else g.n
+    w_at = rows * k3 if isinstance(rows, int) and isinstance(k3, int) else f"3 * (size_t)({rows}) * ({k})"
+    return a, w, k3, k3 if g.trans_w else g.n, w_at
 
 
 def comment_text(text: str) -> str:

@@ -238,8 +238,8 @@ class CudaExecutor:
                     return out
                 # 3xTF32: A's pieces (hi, hi, lo) and W's (hi, lo, hi) along K, then one TF32 GEMM over 3K,
                 # A's copies untransposed (see tf32x3_layout)
-                split_a, split_w = splits[s], splits[s] + 4 * 3 * m * g.k
-                a_split, w_split, lda, ldw = tf32x3_layout(g, m, g.k, 3 * g.k)
+                a_split, w_split, lda, ldw, w_at = tf32x3_layout(g, m, g.k, 3 * g.k)
+                split_a, split_w = splits[s], splits[s] + 4 * w_at
                 for to, fro, (rows, cols, ld, layout, lo) in ((split_a, a, a_split),
                                                               (split_w, self.addr[g.w], w_split)):
                     out.append(partial(self.split_tf32x3.prepared_async_call,
