@@ -386,11 +386,11 @@ def element_body(params: list[Param], names: list[str], body: tuple[Instr | Grad
                  copies: dict[int, str] | None = None) -> list[str]:
     """The loads, ops and stores of one element (row r, column j, element e of the launch) of a
     kernel's body, with `names[i]` the pointer of `params[i]` at the step's rows (or an array that
-    `index[i]` indexes). A body may hold gradients (`GradInstr`), computed by the op table's rules;
-    the outputs for which `adds` holds add to memory (a backward kernel's gradients): what memory holds
-    is loaded with the inputs, all in flight at once, where `+=` would wait for each in turn (the compiler
-    cannot tell that the outputs do not overlap; they do not, see `_distinct_outputs`). An output of
-    `copies` (param index -> a register) is also put in that register."""
+    `index[i]` indexes, input or output). A body may hold gradients (`GradInstr`), computed by the op
+    table's rules; the outputs for which `adds` holds add to memory (a backward kernel's gradients): what
+    memory holds is loaded with the inputs, all in flight at once, where `+=` would wait for each in turn
+    (the compiler cannot tell that the outputs do not overlap; they do not, see `_distinct_outputs`). An
+    output of `copies` (param index -> a register) is also put in that register."""
     lines, index = [], index or {}
     kept = _live(body, {p.value for p in params if p.output})
     loads = loaded(params, body)
@@ -405,14 +405,14 @@ def element_body(params: list[Param], names: list[str], body: tuple[Instr | Grad
     for i, p in outputs:
         if i in added:
             guard = _STORE_GUARD.get(p.access.kind)
-            load = f"{names[i]}[{element_index(p.access)}]"
+            load = f"{names[i]}[{index.get(i) or element_index(p.access)}]"
             lines.append(f"{indent}const float cf_old_{i} = {f'{guard} ? {load} : 0.0f' if guard else load};")
     for instr in kept:
         expr, what = _expression(instr, var)
         lines.append(f"{indent}const float {var[instr.result]} = {expr};  // {comment_text(what)}")
     for i, p in outputs:
         value = f"cf_old_{i} + {var[p.value]}" if i in added else var[p.value]
-        store = f"{names[i]}[{element_index(p.access)}] = {value};"
+        store = f"{names[i]}[{index.get(i) or element_index(p.access)}] = {value};"
         guard = _STORE_GUARD.get(p.access.kind)
         lines.append(f"{indent}{f'if {guard} ' if guard else ''}{store}")
     lines += [f"{indent}{register} = {var[params[i].value]};" for i, register in (copies or {}).items()]

@@ -27,6 +27,7 @@ from .persistent import (
     gemm_tiling,
     k_stride,
     output_floats,
+    sums_floats,
     whole32,
     writes,
 )
@@ -273,6 +274,14 @@ class _Kernel:
             self.w(f"    float* const cf_mma = cf_smem + {offset};  // the warps' partial tiles of a GEMM's "
                    "output, on tensor cores")
             offset += scratch
+        totals, values = sums_floats([item.launch for item in launch.items], launch.group_rows,
+                                     launch.column_blocks)
+        if totals:
+            self.w(f"    float* const cf_tot = cf_smem + {offset};  // the row sums' totals a stage reads")
+            offset += totals
+        if values:
+            self.w(f"    float* const cf_red = cf_smem + {offset};  // the values a stage sums, by rows")
+            offset += values
         if staged:  # the columns past K of every staged row stay zero: the float4 sums run over them
             self.w(f"    for (int e = tid; e < {staged}; e += {threads}) cf_stage[e] = 0.0f;")
         assert 4 * offset == launch.smem_bytes, "the kernel's shared memory differs from the plan's"
@@ -485,6 +494,19 @@ class _Kernel:
             else:
                 self.w(f"{IND}{'float*' if p.output else 'const float*'} const {names[n]} = "
                        f"{_at_step(self.var[p.access.buffer], p.access)};")
+        sums_in = [n for n, p in enumerate(params)
+                   if not p.output and p.access.kind == "sums" and n not in unused]
+        sums_out = [n for n, p in enumerate(params) if p.output and p.access.kind == "sums"]
+        assert not (item.whole and (sums_in or sums_out)), "a kernel of [N] values reduces no row"
+        rows, unit = self.launch.group_rows, self.launch.unit(k.width)
+        if sums_in:
+            self._totals(params, names, sums_in)
+        for m, n in enumerate(sums_in):
+            names[n], index[n] = "cf_tot", f"{m * rows} + r - row0"
+        pointers = {n: names[n] for n in sums_out}
+        for m, n in enumerate(sums_out):  # summed below, once the block's values are in shared memory
+            names[n] = "cf_red"
+            index[n] = f"{m * rows * (unit + 1)} + (r - row0) * {unit + 1} + j - cb * {unit}"
         most, count, where = self._elements(item)
         if prefetched or carried:  # the element loop of the prefetch, so that u picks the same elements
             self.w(f"{IND}for (int u = 0; u < {most}; ++u) {{",
@@ -498,19 +520,11 @@ class _Kernel:
         for n, p in enumerate(params):  # other blocks wrote it: through L2, which is coherent, not L1
             if p.output or n in index or n in unused:
                 continue
-            if p.access.kind == "sums":  # every block's partial sums of the row, in a fixed order
-                ld = p.access.ld
-                self.w(f"{IND}    float cf_sum_{n}[1] = {{0.0f}};",
-                       f"{IND}    for (int c = 0; c < {ld}; ++c)",
-                       f"{IND}        cf_sum_{n}[0] += __ldcg({names[n]} + (long long)r * {ld} + c);")
-                names[n], index[n] = f"cf_sum_{n}", "0"
-            elif p.access.kind == "col":  # one number per row, which the first column's block wrote
+            if p.access.kind == "col":  # one number per row, which the first column's block wrote
                 self.w(f"{IND}    const float cf_l2_{n}[1] = {{__ldcg({names[n]} + "
                        f"{element_index(p.access)})}};")
                 names[n], index[n] = f"cf_l2_{n}", "0"
-        # the partial sums are not stored element by element: below, once the block's values are written
-        keep = [n for n, p in enumerate(params) if not (p.output and p.access.kind == "sums")]
-        copies = {keep.index(out): f"{array}[u]" for out, array in carried.values()}
+        copies = {out: f"{array}[u]" for out, array in carried.values()}
         # the values other blocks read from an exchange: put there too, with the step's tag, each output
         # at its columns of the exchange
         published = [(n, *self.exchange[p.access.buffer]) for n, p in enumerate(params)
@@ -518,35 +532,51 @@ class _Kernel:
                      and self.exchange[p.access.buffer][1].writer == i]
         for n, _, _ in published:
             self.w(f"{IND}    float cf_pub{n};")
-            copies[keep.index(n)] = f"cf_pub{n}"
-        self.w(*element_body([params[n] for n in keep], [names[n] for n in keep], k.body, IND + "    ",
-                             {m: index[n] for m, n in enumerate(keep) if n in index}, k.adds, copies))
+            copies[n] = f"cf_pub{n}"
+        self.w(*element_body(params, names, k.body, IND + "    ", index, k.adds, copies))
         for n, x, ex in published:
             col = params[n].access.col - ex.col
             at = self._exchange_at(x, ex, "t", "r", f"j + {col}" if col else "j")
             self.w(f"{IND}    cf_publish({at}, t + 2, cf_pub{n});")
         self.w(f"{IND}}}")
-        for n, p in enumerate(params):
-            if p.output and p.access.kind == "sums":
-                self._partial_sums(k, params, names, n)
+        if sums_out:
+            self._partial_sums(k, [params[n] for n in sums_out], [pointers[n] for n in sums_out])
 
-    def _partial_sums(self, k: KernelLaunch, params: list[Param], names: list[str], n: int) -> None:
-        """The block's sum of a value over its own columns, for each of its rows, into its column of the
-        partial sums: a warp per row, read back from where the launch left the value (its threads wrote
-        it, and L2 has it), added in a fixed order."""
-        value, unit = params[n].value, self.launch.unit(k.width)
-        at = next(m for m, p in enumerate(params) if p.output and p.value == value and p.access.kind == "row")
-        ld, sums_ld = params[at].access.ld, params[n].access.ld
-        self.w(f"{IND}__syncthreads();  // the block's values of {comment_text(value)} are written",
-               f"{IND}for (int rr = tid / 32; rr < rows; rr += {self.launch.threads // 32}) {{",
+    def _totals(self, params: list[Param], names: list[str], sums_in: list[int]) -> None:
+        """The totals of the partial sums a stage reads, into shared memory (`cf_tot`, a row of each in
+        turn): a thread per row of each, adding up every block's partial sum of it in a fixed order. The
+        partial sums are read through L2: other blocks wrote them."""
+        rows, ld = self.launch.group_rows, params[sums_in[0]].access.ld
+        source = " : ".join(f"q < {(m + 1) * rows} ? {names[n]}" for m, n in enumerate(sums_in[:-1]))
+        last = names[sums_in[-1]]
+        self.w(f"{IND}for (int q = tid; q < {len(sums_in) * rows}; q += {self.launch.threads}) {{",
+               f"{IND}    const int rr = q % {rows};",
+               f"{IND}    if (rr >= rows) continue;",
+               f"{IND}    const float* const sums = {f'{source} : {last}' if source else last};",
                f"{IND}    float s = 0.0f;",
-               f"{IND}    for (int c = tid % 32; c < {unit}; c += 32) {{",
-               f"{IND}        const int j = cb * {unit} + c;",
-               f"{IND}        if (j < {k.width})",
-               f"{IND}            s += __ldcg({names[at]} + (long long)(row0 + rr) * {ld} + j);",
-               f"{IND}    }}",
-               f"{IND}    s = cf_warp_sum(s);",
-               f"{IND}    if (tid % 32 == 0) {names[n]}[(long long)(row0 + rr) * {sums_ld} + cb] = s;",
+               f"{IND}    #pragma unroll",
+               f"{IND}    for (int c = 0; c < {ld}; ++c)",
+               f"{IND}        s += __ldcg(sums + (long long)(row0 + rr) * {ld} + c);",
+               f"{IND}    cf_tot[q] = s;",
+               f"{IND}}}",
+               f"{IND}__syncthreads();  // the totals are in shared memory")
+
+    def _partial_sums(self, k: KernelLaunch, params: list[Param], pointers: list[str]) -> None:
+        """The block's sums of the values it put in `cf_red` over its own columns, each row of each into
+        its column of the value's partial sums: a thread per row of each, adding in a fixed order."""
+        rows, unit, ld = self.launch.group_rows, self.launch.unit(k.width), params[0].access.ld
+        source = " : ".join(f"q < {(m + 1) * rows} ? {p}" for m, p in enumerate(pointers[:-1]))
+        what = ", ".join(comment_text(p.value) for p in params)
+        self.w(f"{IND}__syncthreads();  // the block's values of {what} are in shared memory",
+               f"{IND}for (int q = tid; q < {len(params) * rows}; q += {self.launch.threads}) {{",
+               f"{IND}    const int rr = q % {rows};",
+               f"{IND}    if (rr >= rows) continue;",
+               f"{IND}    float* const sums = {f'{source} : {pointers[-1]}' if source else pointers[-1]};",
+               f"{IND}    const float* const v = cf_red + q * {unit + 1};",
+               f"{IND}    float s = 0.0f;",
+               f"{IND}    for (int c = 0; c < min({unit}, {k.width} - cb * {unit}); ++c)",
+               f"{IND}        s += v[c];",
+               f"{IND}    sums[(long long)(row0 + rr) * {ld} + cb] = s;",
                f"{IND}}}")
 
     # -- a GEMM -------------------------------------------------------------------------------------
@@ -892,6 +922,9 @@ def _needs_sync(item: PersistentItem, after: PersistentItem) -> bool:
     starts with its own wait."""
     if isinstance(after.launch, GemmLaunch):
         return False
+    accesses = (*after.launch.inputs, *after.launch.outputs)
+    if not after.barrier and any(acc.kind == "sums" for _, acc in accesses):
+        return True  # the shared memory of its row sums may still be read by the launch before
     same = (after.whole == item.whole and after.launch.width == item.launch.width
             and after.launch.rows == item.launch.rows)
     return not same

@@ -168,6 +168,21 @@ def _smem_floats(gemms: list[_Placed], blocks: int, row_tile: int, rows: int) ->
     return total + max((t.mma_floats for t in tilings), default=0)
 
 
+def sums_floats(step: list[GemmLaunch | KernelLaunch], rows: int, column_blocks: int) -> tuple[int, int]:
+    """Shared memory for the row reductions of a step's stages, in floats (each in whole 32 bytes): the
+    totals of the partial sums a stage reads (one a row of each), and the values a stage sums (a row of
+    the block's columns of each, one float longer, so that the threads adding up one row each fall in
+    different banks)."""
+    totals = values = 0
+    for launch in step:
+        if isinstance(launch, KernelLaunch):
+            ins = sum(acc.kind == "sums" for _, acc in launch.inputs)
+            outs = sum(acc.kind == "sums" for _, acc in launch.outputs)
+            totals = max(totals, whole32(ins * rows))
+            values = max(values, whole32(outs * rows * (-(-launch.width // column_blocks) + 1)))
+    return totals, values
+
+
 def whole32(floats: int) -> int:
     """Floats in whole 32 bytes: each part of a persistent kernel's shared memory starts 32-byte aligned,
     as tensor-core fragments must."""
@@ -327,6 +342,23 @@ def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int, save
     return gemms
 
 
+def _stages(step: list[GemmLaunch | KernelLaunch], columns: list[tuple[int, ...]], layer: int,
+            column_blocks: int) -> tuple[list[tuple[GemmLaunch | KernelLaunch, tuple[int, ...]]],
+                                         list[Buffer]]:
+    """The step's launches with each kernel with row reductions cut into its stages, which run with
+    barriers between them (see row_stages), each with its column widths; and the buffers they add."""
+    staged: list[tuple[GemmLaunch | KernelLaunch, tuple[int, ...]]] = []
+    added: list[Buffer] = []
+    for launch, cols in zip(step, columns, strict=True):
+        if isinstance(launch, KernelLaunch) and reduces(launch):
+            stages = row_stages(launch, f"l{layer}.{launch.island}.", column_blocks)
+            staged += [(stage, cols) for stage in stages.launches]
+            added += stages.buffers
+        else:
+            staged.append((launch, cols))
+    return staged, added
+
+
 def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns: list[tuple[int, ...]],
                       hidden: int, batch: int, target: Target, saved: bool = False,
                       reverse: bool = False, mma: bool = False) -> PersistentLaunch:
@@ -350,27 +382,20 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
             continue
         unit = -(-hidden // (target.sm_count // row_groups))
         column_blocks = -(-hidden // unit)
-        placed = _place(gemms, column_blocks, rows, limit, saved, mma)
+        staged, added = _stages(step, columns, layer, column_blocks)
+        scratch = sum(sums_floats([launch for launch, _ in staged], rows, column_blocks))
+        placed = _place(gemms, column_blocks, rows, limit - scratch, saved, mma)
         on_chip = all(p.weights for p in placed)
+        candidate = (row_groups, rows, column_blocks, placed, staged, added, scratch)
         if on_chip and (not mma or all(p.mma for p in placed)):
-            chosen = (row_groups, rows, column_blocks, placed)
+            chosen = candidate
             break
         if chosen is None and (on_chip or row_groups == 1):  # unless fewer groups put every GEMM on
-            chosen = (row_groups, rows, column_blocks, placed)  # tensor cores
-    row_groups, rows, column_blocks, placed = chosen
+            chosen = candidate  # tensor cores
+    row_groups, rows, column_blocks, placed, staged, added, scratch = chosen
     row_tile = max(1, min(rows, ROW_TILE))
-    while row_tile > 1 and _smem_floats(placed, column_blocks, row_tile, rows) > limit:
+    while row_tile > 1 and _smem_floats(placed, column_blocks, row_tile, rows) + scratch > limit:
         row_tile = -(-row_tile // 2)
-    # A kernel with row reductions runs in stages, with barriers between them (see row_stages).
-    staged: list[tuple[GemmLaunch | KernelLaunch, tuple[int, ...]]] = []
-    added: list[Buffer] = []
-    for launch, cols in zip(step, columns, strict=True):
-        if isinstance(launch, KernelLaunch) and reduces(launch):
-            stages = row_stages(launch, f"l{layer}.{launch.island}.", column_blocks)
-            staged += [(stage, cols) for stage in stages.launches]
-            added += stages.buffers
-        else:
-            staged.append((launch, cols))
     step, columns = [launch for launch, _ in staged], [cols for _, cols in staged]
     items, off_chip = [], []
     chosen = iter(placed)
@@ -393,7 +418,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
         kib = target.smem_per_block // 1024
         note = (f"the weights of {what} do not fit beside the others in the {kib} KiB of shared memory a "
                 "block may have, so they are read from L2 every step")
-    smem = 4 * _smem_floats(placed, column_blocks, row_tile, rows)
+    smem = 4 * (_smem_floats(placed, column_blocks, row_tile, rows) + scratch)
     return PersistentLaunch(layer, tuple(items), column_blocks * row_groups, THREADS, batch, row_groups,
                             row_tile, smem, note, tuple(added), reverse,
                             exchanges(items, reverse, batch, column_blocks))

@@ -7,8 +7,8 @@ argument). A stage ends by summing, in each block, its own columns of every argu
 the block's column of a [batch, blocks] buffer of partial sums (an output of kind `sums`); the next
 stage, after a grid-wide barrier, reads the partial sums of its rows from every block and adds them up
 (an input of kind `sums`; a mean then divides by the width). The block's own values that a later stage
-reads, and the values a stage sums, go through memory, in a [batch, width] buffer of the stage's own:
-the block wrote them itself, so they need no barrier.
+reads go through memory, in a [batch, width] buffer of the stage's own: the block wrote them itself, so
+they need no barrier.
 """
 
 from __future__ import annotations
@@ -83,12 +83,9 @@ def row_stages(launch: KernelLaunch, prefix: str, column_blocks: int) -> Stages:
             if any(p > s for p in readers.get(v, [])):
                 outs.append((v, carry(v)))
         for red in (r for r in reductions if level[r.result] == s + 1):
-            (arg,) = red.args
-            # the sums are taken from where the stage stores its argument (an input is copied there)
-            if not any(v == arg and acc.kind == "row" for v, acc in outs):
-                if arg in inputs:
-                    ins[arg] = inputs[arg]
-                outs.append((arg, carry(arg)))
+            (arg,) = red.args  # computed in this stage, or an input (the pass of a reduction's argument)
+            if arg not in available:
+                ins[arg] = inputs[arg]
             outs.append((arg, partial[red.result]))
         stages.append(KernelLaunch(f"{launch.island}.{s}", launch.row_kind, launch.rows, launch.width,
                                    tuple(ins.items()), tuple(outs), tuple(body), launch.hoisted))
