@@ -76,7 +76,6 @@ from .plan import (
     grad_of,
     launch_name,
 )
-from .row_stages import reduces
 
 ONES = "ones"  # T*B ones: the left operand of a column sum
 
@@ -355,7 +354,7 @@ class _Layer:
         reduces no rows; else None."""
         plan = self.plan
         if plan.target is None or not step or any(
-                isinstance(launch, KernelLaunch) and (reduces(launch) or any(
+                isinstance(launch, KernelLaunch) and (launch.reduces_rows or any(
                     acc.kind == "col" for _, acc in (*launch.inputs, *launch.outputs)))
                 for launch in step):
             return None

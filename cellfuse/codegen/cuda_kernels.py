@@ -483,9 +483,20 @@ def row_passes(body: tuple[Instr | GradInstr, ...]) -> dict[str, int]:
     return level
 
 
-def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
+def row_sum_floats(body: tuple[Instr | GradInstr, ...]) -> int:
+    """The static shared memory of a kernel whose body reduces rows, in floats: its warps' partial row
+    sums, for the pass that has the most."""
+    level = row_passes(body)
+    sums = max(Counter(level[i.result] for i in body if _sums_the_row(i)).values(), default=0)
+    return sums * (BLOCK // WARP)
+
+
+def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = False) -> str:
     """A kernel whose body reduces rows: a block per row (see the module's docstring). Pointers arrive
-    already offset to the step's rows; the launch may have any number of blocks of BLOCK threads.
+    already offset to the step's rows; the launch may have any number of blocks of BLOCK threads. A
+    `device` function instead, with the same body, for a persistent kernel's blocks to run: it loads
+    through L2 (`__ldcg`), since other blocks of the kernel wrote what it reads, and an SM's L1 is not
+    coherent with the others'.
 
     The body may be an adjoint's (see `adjoint`): its gradients are computed in the same passes, and a
     column's gradient, the sum over the row of what each element passes it, is one more row sum. A
@@ -514,7 +525,10 @@ def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
     made = {v: level[v] if v in level else min(used.get(v, {0})) for v in per_element}  # an input: first read
     kept = [v for v in per_element if max(used.get(v, set()), default=-1) > made[v]]
     columns = -(-launch.width // BLOCK)
-    sums = max(Counter(level[i.result] for i in body if _sums_the_row(i)).values(), default=0)
+    partial = row_sum_floats(body)
+
+    def load(ptr: str, at: str) -> str:
+        return f"__ldcg({ptr} + {at})" if device else f"{ptr}[{at}]"
     var = _c_vars([*read, *(instr.result for instr in body)])
     width = float_literal(launch.width)
 
@@ -523,26 +537,27 @@ def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
         return f"{indent}const float {var[instr.result]} = {expr};  // {comment_text(what)}"
 
     covered = ", ".join(instr.result for instr in launch.body)
-    how = ", row sums by warp shuffles and shared memory" if sums else ""
+    how = ", row sums by warp shuffles and shared memory" if partial else ""
     lines = ["// " + comment_text(f"{launch.island}: {covered}"),
              f"// runs {_where(launch)}; a block per row of {launch.width} columns, {passes} pass(es) over "
              f"the row{how}"]
     sig = [f"    {'float*' if p.output else 'const float*'} __restrict__ {n}"
            for p, n in zip(params, pointer, strict=True)]
-    lines.append(f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}(')
+    lines.append(f"__device__ __forceinline__ void {name}(" if device else
+                 f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}(')
     lines.append(",\n".join([*sig, "    int rows"]) + ")")
     lines.append("{")
     lines.append(f"    const int width = {launch.width};")
     lines.append(f"    constexpr int COLUMNS = {columns};  // of the row, per thread")
-    if sums:
+    if partial:
         lines.append(f"    constexpr int WARPS = {BLOCK // WARP};")
-        lines.append(f"    __shared__ float cf_partial[{sums} * WARPS];  // the warps' partial row sums")
+        lines.append(f"    __shared__ float cf_partial[{partial}];  // the warps' partial row sums")
     lines.append("    for (int r = blockIdx.x; r < rows; r += gridDim.x) {  // alike for the whole block")
     ind = "        "
     for v in read:
         if v in uniform:
             acc, ptr = inputs[v]
-            lines.append(f"{ind}const float {var[v]} = {ptr}[{element_index(acc)}];")
+            lines.append(f"{ind}const float {var[v]} = {load(ptr, element_index(acc))};")
     for v in kept:
         lines.append(f"{ind}float a_{var[v]}[COLUMNS];  // kept for a later pass")
 
@@ -577,7 +592,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str) -> str:
         inner = ind + "        "
         for v in loads:
             acc, ptr = inputs[v]
-            lines.append(f"{inner}const float {var[v]} = {ptr}[{element_index(acc)}];")
+            lines.append(f"{inner}const float {var[v]} = {load(ptr, element_index(acc))};")
         for v in reads:
             lines.append(f"{inner}const float {var[v]} = a_{var[v]}[k];")
         for instr in work:

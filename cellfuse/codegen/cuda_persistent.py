@@ -18,7 +18,17 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .cuda_kernels import ROW_EXPR, Param, comment_text, element_body, element_index, loaded
+from .cuda_kernels import (
+    BLOCK,
+    ROW_EXPR,
+    Param,
+    comment_text,
+    element_body,
+    element_index,
+    kernel_params,
+    loaded,
+    reduction_kernel_source,
+)
 from .persistent import (
     MMA_K,
     MMA_TILE,
@@ -27,7 +37,6 @@ from .persistent import (
     gemm_tiling,
     k_stride,
     output_floats,
-    sums_floats,
     whole32,
     writes,
 )
@@ -125,6 +134,8 @@ class _Kernel:
         # GEMM outputs in shared memory: buffer -> (the GEMM's index, its item, its block's columns)
         self.on_chip = {item.launch.c.buffer: (i, item, self.tilings[i].cols)
                         for i, item in self.gemms if item.output_on_chip}
+        # what kernels that run a block per row write: other blocks read it, after a barrier, through L2
+        self.by_rows = set().union(*(writes(item.launch) for item in launch.items if item.by_rows))
         # exchanged operands: buffer -> (its index, its Exchange)
         self.exchange = {ex.buffer: (n, ex) for n, ex in enumerate(launch.exchange)}
         self.lines: list[str] = []
@@ -141,6 +152,10 @@ class _Kernel:
                    f"__device__ unsigned long long {self.name}_x{n}[{2 * launch.batch * ex.width}];", "")
         steps = (f"the backward pass of every step of layer {launch.layer}, from the last to the first,"
                  if launch.reverse else f"every step of layer {launch.layer}")
+        assert launch.threads == BLOCK, "a block per row runs the body of a kernel of BLOCK threads"
+        for i, item in enumerate(launch.items):
+            if item.by_rows:
+                self.w(reduction_kernel_source(item.launch, f"{self.name}_rows{i}", device=True))
         self.w(f"// {steps} in one cooperative launch of {launch.blocks} blocks of {launch.threads} threads",
                f"// ({launch.column_blocks} column blocks x {launch.row_groups} row groups), "
                f"{launch.waits_text}, {launch.smem_bytes} bytes of "
@@ -204,6 +219,10 @@ class _Kernel:
             match item.launch:
                 case GemmLaunch():
                     self._gemm(i, item)
+                case KernelLaunch() if item.by_rows:
+                    params = kernel_params(item.launch)
+                    args = [_at_step(self.var[p.access.buffer], p.access) for p in params]
+                    self.w(f"{IND}{self.name}_rows{i}({', '.join(args)}, batch);  // a block per row")
                 case KernelLaunch():
                     self._elementwise(i, item, prefetched.get(i, {}), carried.get(i, {}))
                     if _needs_sync(item, launch.items[(i + 1) % n]):
@@ -274,14 +293,6 @@ class _Kernel:
             self.w(f"    float* const cf_mma = cf_smem + {offset};  // the warps' partial tiles of a GEMM's "
                    "output, on tensor cores")
             offset += scratch
-        totals, values = sums_floats([item.launch for item in launch.items], launch.group_rows,
-                                     launch.column_blocks)
-        if totals:
-            self.w(f"    float* const cf_tot = cf_smem + {offset};  // the row sums' totals a stage reads")
-            offset += totals
-        if values:
-            self.w(f"    float* const cf_red = cf_smem + {offset};  // the values a stage sums, by rows")
-            offset += values
         if staged:  # the columns past K of every staged row stay zero: the float4 sums run over them
             self.w(f"    for (int e = tid; e < {staged}; e += {threads}) cf_stage[e] = 0.0f;")
         assert 4 * offset == launch.smem_bytes, "the kernel's shared memory differs from the plan's"
@@ -320,11 +331,11 @@ class _Kernel:
         out: dict[int, dict[int, str]] = {}
         written: set[str] = set()
         for i, item in enumerate(self.launch.items):
-            if isinstance(item.launch, KernelLaunch) and not item.whole:
+            if isinstance(item.launch, KernelLaunch) and not (item.whole or item.by_rows):
                 most = self._elements(item)[0]
                 params = self._params(item.launch)
                 early = [p_i for p_i in self._row_inputs(item) if p_i not in skip.get(i, set())
-                         and params[p_i].access.buffer not in written | self.on_chip.keys()]
+                         and params[p_i].access.buffer not in written | self.on_chip.keys() | self.by_rows]
                 if early and most <= PREFETCH_ELEMENTS:
                     if not out:  # the previous step's writes, by any thread of the block, are done
                         self.w("        __syncthreads();")
@@ -348,7 +359,7 @@ class _Kernel:
         ahead: dict[int, dict[int, str]] = {}
         carried: dict[int, dict[int, tuple[int, str]]] = {}
         for i, item in enumerate(launch.items):
-            if item.whole:
+            if item.whole or item.by_rows:
                 continue
             if unwritten := self._unwritten(item):
                 ahead[i] = {p_i: f"cf_ahead{i}_{p_i}" for p_i in unwritten}
@@ -384,7 +395,7 @@ class _Kernel:
         runs beside its barrier and GEMM instead of ahead of its elementwise work."""
         out: dict[int, dict[int, str]] = {}
         for i, item in enumerate(self.launch.items):
-            if not isinstance(item.launch, KernelLaunch) or item.whole:
+            if not isinstance(item.launch, KernelLaunch) or item.whole or item.by_rows:
                 continue
             if self._elements(item)[0] <= PREFETCH_ELEMENTS and (unwritten := self._unwritten(item)):
                 out[i] = {p_i: f"cf_next{i}_{p_i}" for p_i in unwritten}
@@ -494,19 +505,6 @@ class _Kernel:
             else:
                 self.w(f"{IND}{'float*' if p.output else 'const float*'} const {names[n]} = "
                        f"{_at_step(self.var[p.access.buffer], p.access)};")
-        sums_in = [n for n, p in enumerate(params)
-                   if not p.output and p.access.kind == "sums" and n not in unused]
-        sums_out = [n for n, p in enumerate(params) if p.output and p.access.kind == "sums"]
-        assert not (item.whole and (sums_in or sums_out)), "a kernel of [N] values reduces no row"
-        rows, unit = self.launch.group_rows, self.launch.unit(k.width)
-        if sums_in:
-            self._totals(params, names, sums_in)
-        for m, n in enumerate(sums_in):
-            names[n], index[n] = "cf_tot", f"{m * rows} + r - row0"
-        pointers = {n: names[n] for n in sums_out}
-        for m, n in enumerate(sums_out):  # summed below, once the block's values are in shared memory
-            names[n] = "cf_red"
-            index[n] = f"{m * rows * (unit + 1)} + (r - row0) * {unit + 1} + j - cb * {unit}"
         most, count, where = self._elements(item)
         if prefetched or carried:  # the element loop of the prefetch, so that u picks the same elements
             self.w(f"{IND}for (int u = 0; u < {most}; ++u) {{",
@@ -520,7 +518,7 @@ class _Kernel:
         for n, p in enumerate(params):  # other blocks wrote it: through L2, which is coherent, not L1
             if p.output or n in index or n in unused:
                 continue
-            if p.access.kind == "col":  # one number per row, which the first column's block wrote
+            if p.access.kind == "col" or p.access.buffer in self.by_rows:  # (a column: the first block's)
                 self.w(f"{IND}    const float cf_l2_{n}[1] = {{__ldcg({names[n]} + "
                        f"{element_index(p.access)})}};")
                 names[n], index[n] = f"cf_l2_{n}", "0"
@@ -539,45 +537,6 @@ class _Kernel:
             at = self._exchange_at(x, ex, "t", "r", f"j + {col}" if col else "j")
             self.w(f"{IND}    cf_publish({at}, t + 2, cf_pub{n});")
         self.w(f"{IND}}}")
-        if sums_out:
-            self._partial_sums(k, [params[n] for n in sums_out], [pointers[n] for n in sums_out])
-
-    def _totals(self, params: list[Param], names: list[str], sums_in: list[int]) -> None:
-        """The totals of the partial sums a stage reads, into shared memory (`cf_tot`, a row of each in
-        turn): a thread per row of each, adding up every block's partial sum of it in a fixed order. The
-        partial sums are read through L2: other blocks wrote them."""
-        rows, ld = self.launch.group_rows, params[sums_in[0]].access.ld
-        source = " : ".join(f"q < {(m + 1) * rows} ? {names[n]}" for m, n in enumerate(sums_in[:-1]))
-        last = names[sums_in[-1]]
-        self.w(f"{IND}for (int q = tid; q < {len(sums_in) * rows}; q += {self.launch.threads}) {{",
-               f"{IND}    const int rr = q % {rows};",
-               f"{IND}    if (rr >= rows) continue;",
-               f"{IND}    const float* const sums = {f'{source} : {last}' if source else last};",
-               f"{IND}    float s = 0.0f;",
-               f"{IND}    #pragma unroll",
-               f"{IND}    for (int c = 0; c < {ld}; ++c)",
-               f"{IND}        s += __ldcg(sums + (long long)(row0 + rr) * {ld} + c);",
-               f"{IND}    cf_tot[q] = s;",
-               f"{IND}}}",
-               f"{IND}__syncthreads();  // the totals are in shared memory")
-
-    def _partial_sums(self, k: KernelLaunch, params: list[Param], pointers: list[str]) -> None:
-        """The block's sums of the values it put in `cf_red` over its own columns, each row of each into
-        its column of the value's partial sums: a thread per row of each, adding in a fixed order."""
-        rows, unit, ld = self.launch.group_rows, self.launch.unit(k.width), params[0].access.ld
-        source = " : ".join(f"q < {(m + 1) * rows} ? {p}" for m, p in enumerate(pointers[:-1]))
-        what = ", ".join(comment_text(p.value) for p in params)
-        self.w(f"{IND}__syncthreads();  // the block's values of {what} are in shared memory",
-               f"{IND}for (int q = tid; q < {len(params) * rows}; q += {self.launch.threads}) {{",
-               f"{IND}    const int rr = q % {rows};",
-               f"{IND}    if (rr >= rows) continue;",
-               f"{IND}    float* const sums = {f'{source} : {pointers[-1]}' if source else pointers[-1]};",
-               f"{IND}    const float* const v = cf_red + q * {unit + 1};",
-               f"{IND}    float s = 0.0f;",
-               f"{IND}    for (int c = 0; c < min({unit}, {k.width} - cb * {unit}); ++c)",
-               f"{IND}        s += v[c];",
-               f"{IND}    sums[(long long)(row0 + rr) * {ld} + cb] = s;",
-               f"{IND}}}")
 
     # -- a GEMM -------------------------------------------------------------------------------------
     def _gemm(self, i: int, item: PersistentItem) -> None:
@@ -869,7 +828,7 @@ KERNEL_START = (
     "    extern __shared__ __align__(128) float cf_smem[];  // each part 32-byte aligned (see whole32)",
     "    cooperative_groups::grid_group grid = cooperative_groups::this_grid();",
     "    const int tid = threadIdx.x;",
-    "    (void)grid;",
+    "    (void)grid; (void)tid;",
 )
 
 
@@ -922,9 +881,6 @@ def _needs_sync(item: PersistentItem, after: PersistentItem) -> bool:
     starts with its own wait."""
     if isinstance(after.launch, GemmLaunch):
         return False
-    accesses = (*after.launch.inputs, *after.launch.outputs)
-    if not after.barrier and any(acc.kind == "sums" for _, acc in accesses):
-        return True  # the shared memory of its row sums may still be read by the launch before
     same = (after.whole == item.whole and after.launch.width == item.launch.width
             and after.launch.rows == item.launch.rows)
     return not same

@@ -2,14 +2,15 @@
 which recurrent weights stay in shared memory, and how much of it each block needs.
 
 One cooperative launch runs every step of a layer. Each block owns the same slice of every width (see
-`owned`), so elementwise work touches only what its own block wrote and needs no barrier, except where it
-follows a row reduction: it reads every block's partial sums, and one number per row (a mean, say) that
-the block owning the first column wrote. The other shared read is a GEMM's whole operand, written by
-every block. A barrier therefore goes before a launch whose shared reads were written since the last
-barrier (looking across the step's end, since step t reads what step t-1 wrote), and before anything
-that overwrites them ahead of its step's first barrier (a block still reading the previous step's value
-could otherwise see the new one). LSTM and GRU get one barrier per step, Cho's GRU and MGU two (their
-second GEMM reads r*h, computed in the step), and a cell without a recurrent GEMM none. Where every
+`owned`), so elementwise work touches only what its own block wrote and needs no barrier. The shared
+reads are a GEMM's whole operand, written by every block, and everything that a kernel with row
+reductions reads and writes: it runs a block per row, every column, so that a row's sums need no other
+block. A barrier therefore goes before a launch whose shared reads were written since the last barrier
+(looking across the step's end, since step t reads what step t-1 wrote), and before anything that
+overwrites them ahead of its step's first barrier (a block still reading the previous step's value could
+otherwise see the new one). LSTM and GRU get one barrier per step, Cho's GRU and MGU two (their second
+GEMM reads r*h, computed in the step), a cell whose step reduces rows after its GEMM two (the GEMM's
+output, then the new state, cross between blocks), and a cell without a recurrent GEMM none. Where every
 barrier is there for a GEMM's operand, the forward step needs none of them: the operand goes through an
 exchange (see `exchanges`), and the block waits for the values it reads instead of for every block.
 """
@@ -19,9 +20,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from .cuda_kernels import row_sum_floats
 from .plan import (
     Access,
-    Buffer,
     Exchange,
     GemmLaunch,
     KernelLaunch,
@@ -30,7 +31,6 @@ from .plan import (
     Target,
     row_offset,
 )
-from .row_stages import reduces, row_stages
 
 THREADS = 256  # per block of a persistent kernel: faster than 128 or 512 at every size measured
 ROW_TILE = 64  # rows of a GEMM's left operand staged in shared memory at a time, at most
@@ -168,21 +168,6 @@ def _smem_floats(gemms: list[_Placed], blocks: int, row_tile: int, rows: int) ->
     return total + max((t.mma_floats for t in tilings), default=0)
 
 
-def sums_floats(step: list[GemmLaunch | KernelLaunch], rows: int, column_blocks: int) -> tuple[int, int]:
-    """Shared memory for the row reductions of a step's stages, in floats (each in whole 32 bytes): the
-    totals of the partial sums a stage reads (one a row of each), and the values a stage sums (a row of
-    the block's columns of each, one float longer, so that the threads adding up one row each fall in
-    different banks)."""
-    totals = values = 0
-    for launch in step:
-        if isinstance(launch, KernelLaunch):
-            ins = sum(acc.kind == "sums" for _, acc in launch.inputs)
-            outs = sum(acc.kind == "sums" for _, acc in launch.outputs)
-            totals = max(totals, whole32(ins * rows))
-            values = max(values, whole32(outs * rows * (-(-launch.width // column_blocks) + 1)))
-    return totals, values
-
-
 def whole32(floats: int) -> int:
     """Floats in whole 32 bytes: each part of a persistent kernel's shared memory starts 32-byte aligned,
     as tensor-core fragments must."""
@@ -216,22 +201,22 @@ def reads(launch: GemmLaunch | KernelLaunch) -> set[str]:
             raise TypeError(f"unknown launch {launch!r}")
 
 
-def shared_reads(launch: GemmLaunch | KernelLaunch) -> list[Access]:
-    """What a launch reads where other blocks wrote it: a GEMM's left operand (all of K of its rows), a
-    stage's partial sums of a row reduction (every block's), a value of one number per row (written by
-    the block that owns the first column)."""
+def shared_reads(launch: GemmLaunch | KernelLaunch, step: list[GemmLaunch | KernelLaunch]) -> list[Access]:
+    """What a launch of the step reads where other blocks wrote it: a GEMM's left operand (all of K of
+    its rows); a value of one number per row (written by the block that owns the first column); what
+    a kernel that reduces rows (a block per row) reads of what the others write, and they of what it
+    writes. A kernel of [N] and scalar values reads only values that every block computes alike."""
     match launch:
         case GemmLaunch():
             return [launch.a]
         case KernelLaunch():
-            return [acc for _, acc in launch.inputs if acc.kind in ("sums", "col")]
+            by_rows = launch.reduces_rows
+            other = set().union(*(writes(o) for o in step
+                                  if isinstance(o, KernelLaunch) and o.row_kind != "one"
+                                  and o.reduces_rows != by_rows or by_rows and isinstance(o, GemmLaunch)))
+            return [acc for _, acc in launch.inputs if acc.kind == "col" or acc.buffer in other]
         case _:
             raise TypeError(f"unknown launch {launch!r}")
-
-
-def shared(launch: GemmLaunch | KernelLaunch) -> set[str]:
-    """The buffers a launch reads where other blocks wrote them."""
-    return {acc.buffer for acc in shared_reads(launch)}
 
 
 STEP_SLOTS = ("t", "t+1", "t%2", "(t+1)%2")  # the slots whose rows move with the step
@@ -253,14 +238,15 @@ def barriers(step: list[GemmLaunch | KernelLaunch], reverse: bool = False) -> li
     """For each launch of the step, in order, whether a grid-wide barrier goes before it. `reverse`: the
     steps run from the last to the first."""
     barrier = [False] * len(step)
-    operands = [acc for launch in step for acc in shared_reads(launch)]
+    reads = [shared_reads(launch, step) for launch in step]
+    operands = [acc for accesses in reads for acc in accesses]
     changed = True
     while changed:
         changed = False
         dirty: set[str] = set()
         for _ in range(2):  # twice round: a step's first reads are of what the step before wrote last
             for i, launch in enumerate(step):
-                if shared(launch) & dirty and not barrier[i]:
+                if {acc.buffer for acc in reads[i]} & dirty and not barrier[i]:
                     barrier[i] = changed = True
                 if barrier[i]:
                     dirty.clear()
@@ -288,8 +274,10 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
         return ()  # (tensor cores stage their operand in chunks of K, from memory)
     if any(item.barrier and not isinstance(item.launch, GemmLaunch) for item in items):
         return ()
-    if any(isinstance(item.launch, KernelLaunch) and shared_reads(item.launch) for item in items):
-        return ()  # row reductions: their partial sums are read after a barrier
+    step = [item.launch for item in items]
+    if any(item.by_rows or isinstance(item.launch, KernelLaunch) and shared_reads(item.launch, step)
+           for item in items):
+        return ()  # (its writers own columns, and its readers wait for more than the operand)
     out: dict[str, Exchange] = {}
     for i, item in enumerate(items):
         if not isinstance(item.launch, GemmLaunch):
@@ -324,15 +312,16 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
 
 
 def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int, saved: bool,
-           mma: bool) -> list[_Placed]:
+           mma: bool, by_rows: set[str]) -> list[_Placed]:
     """What of each GEMM stays on chip, in order of what it saves, while it fits beside one staged row of
     the operand: the weights (read every step otherwise; with `mma`, on tensor cores where that fits
-    too), then the GEMM outputs that only this block reads (its elementwise work reads them next)."""
-    operands = {p.launch.a.buffer for p in gemms}
+    too), then the GEMM outputs that only this block reads (its elementwise work reads them next; not
+    those of `by_rows`, which a kernel that reduces rows reads)."""
+    operands = {p.launch.a.buffer for p in gemms} | by_rows
     for field in ("weights", "output") if not saved else ("weights",):
         for i, p in enumerate(gemms):
             if field == "output" and p.launch.c.buffer in operands:
-                continue  # another GEMM reads it: all blocks must see it, in global memory
+                continue  # another GEMM, or a block per row, reads it: in global memory, for every block
             tries = [{"weights": True, "mma": True}] if field == "weights" and mma else []
             for change in [*tries, {field: True}]:
                 trial = [*gemms[:i], dataclasses.replace(p, **change), *gemms[i + 1:]]
@@ -340,23 +329,6 @@ def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int, save
                     gemms = trial
                     break
     return gemms
-
-
-def _stages(step: list[GemmLaunch | KernelLaunch], columns: list[tuple[int, ...]], layer: int,
-            column_blocks: int) -> tuple[list[tuple[GemmLaunch | KernelLaunch, tuple[int, ...]]],
-                                         list[Buffer]]:
-    """The step's launches with each kernel with row reductions cut into its stages, which run with
-    barriers between them (see row_stages), each with its column widths; and the buffers they add."""
-    staged: list[tuple[GemmLaunch | KernelLaunch, tuple[int, ...]]] = []
-    added: list[Buffer] = []
-    for launch, cols in zip(step, columns, strict=True):
-        if isinstance(launch, KernelLaunch) and reduces(launch):
-            stages = row_stages(launch, f"l{layer}.{launch.island}.", column_blocks)
-            staged += [(stage, cols) for stage in stages.launches]
-            added += stages.buffers
-        else:
-            staged.append((launch, cols))
-    return staged, added
 
 
 def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns: list[tuple[int, ...]],
@@ -372,7 +344,11 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     row groups as keep every recurrent weight on chip (on tensor cores, with `mma`, where fewer groups
     allow it): each block then stages only its rows of a GEMM's operand, so a step moves that many times
     fewer bytes out of L2."""
-    limit = target.smem_per_block // 4
+    # a kernel that reduces rows keeps its row sums in shared memory of its own, beside the kernel's
+    limit = target.smem_per_block // 4 - max((row_sum_floats(launch.body) for launch in step
+                                               if isinstance(launch, KernelLaunch)), default=0)
+    by_rows = {acc.buffer for launch in step if isinstance(launch, KernelLaunch) and launch.reduces_rows
+               for _, acc in launch.inputs}
     gemms = [_Placed(launch, cols, False, False) for launch, cols in zip(step, columns, strict=True)
              if isinstance(launch, GemmLaunch)]
     chosen = None
@@ -382,21 +358,17 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
             continue
         unit = -(-hidden // (target.sm_count // row_groups))
         column_blocks = -(-hidden // unit)
-        staged, added = _stages(step, columns, layer, column_blocks)
-        scratch = sum(sums_floats([launch for launch, _ in staged], rows, column_blocks))
-        placed = _place(gemms, column_blocks, rows, limit - scratch, saved, mma)
+        placed = _place(gemms, column_blocks, rows, limit, saved, mma, by_rows)
         on_chip = all(p.weights for p in placed)
-        candidate = (row_groups, rows, column_blocks, placed, staged, added, scratch)
         if on_chip and (not mma or all(p.mma for p in placed)):
-            chosen = candidate
+            chosen = (row_groups, rows, column_blocks, placed)
             break
         if chosen is None and (on_chip or row_groups == 1):  # unless fewer groups put every GEMM on
-            chosen = candidate  # tensor cores
-    row_groups, rows, column_blocks, placed, staged, added, scratch = chosen
+            chosen = (row_groups, rows, column_blocks, placed)  # tensor cores
+    row_groups, rows, column_blocks, placed = chosen
     row_tile = max(1, min(rows, ROW_TILE))
-    while row_tile > 1 and _smem_floats(placed, column_blocks, row_tile, rows) + scratch > limit:
+    while row_tile > 1 and _smem_floats(placed, column_blocks, row_tile, rows) > limit:
         row_tile = -(-row_tile // 2)
-    step, columns = [launch for launch, _ in staged], [cols for _, cols in staged]
     items, off_chip = [], []
     chosen = iter(placed)
     for launch, cols, barrier in zip(step, columns, barriers(step, reverse), strict=True):
@@ -409,7 +381,8 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
                 items.append(PersistentItem(launch, barrier, cols, on_chip=p.weights,
                                             output_on_chip=p.output, mma=p.mma))
             case KernelLaunch():
-                items.append(PersistentItem(launch, barrier, cols, whole=launch.row_kind == "one"))
+                items.append(PersistentItem(launch, barrier, cols, whole=launch.row_kind == "one",
+                                            by_rows=launch.reduces_rows))
             case _:
                 raise TypeError(f"unknown launch {launch!r}")
     note = ""
@@ -418,7 +391,6 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
         kib = target.smem_per_block // 1024
         note = (f"the weights of {what} do not fit beside the others in the {kib} KiB of shared memory a "
                 "block may have, so they are read from L2 every step")
-    smem = 4 * (_smem_floats(placed, column_blocks, row_tile, rows) + scratch)
+    smem = 4 * _smem_floats(placed, column_blocks, row_tile, rows)
     return PersistentLaunch(layer, tuple(items), column_blocks * row_groups, THREADS, batch, row_groups,
-                            row_tile, smem, note, tuple(added), reverse,
-                            exchanges(items, reverse, batch, column_blocks))
+                            row_tile, smem, note, reverse, exchanges(items, reverse, batch, column_blocks))

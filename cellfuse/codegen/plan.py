@@ -83,14 +83,11 @@ class Access:
 
     kind: `row` values are [rows, width]; `vec` values are [width], the same for every row;
     `col` values are [rows, 1], one number per row (a row reduction's), the same for every column;
-    `sums` are a persistent launch's partial sums of a row reduction, [rows, ld], one column per block
-    that shares the row (see `row_stages`): as an output, the block's sum of the value over its own
-    columns; as an input, the sum over every block's, one number per row;
     `scalar` values are one number. `block` skips that many blocks of B rows (a layer's part of a
     [layers, B, .] buffer)."""
 
     buffer: str
-    kind: Literal["row", "vec", "col", "scalar", "sums"] = "row"
+    kind: Literal["row", "vec", "col", "scalar"] = "row"
     ld: int = 0
     col: int = 0
     slot: Slot = "fixed"
@@ -244,6 +241,11 @@ class KernelLaunch:
         """Whether an output adds into memory at `acc` rather than storing there."""
         return self.accumulate and acc.buffer not in self.overwrites
 
+    @property
+    def reduces_rows(self) -> bool:
+        """Whether its body sums rows: then it runs a block per row (see `reduction_kernel_source`)."""
+        return any(instr.op.is_reduction for instr in self.body)
+
 
 Launch = GemmLaunch | KernelLaunch
 
@@ -257,7 +259,9 @@ class PersistentItem:
     stacked output (`columns` lists their widths); and the rows `owned(batch, row_groups, p // C)`.
     Elementwise work reads and writes only its own elements, so it needs no other block; a GEMM reads
     all of K of its rows of the left operand, so a grid-wide barrier goes before it when other blocks
-    wrote that operand since the last one (`barrier`)."""
+    wrote that operand since the last one (`barrier`). A kernel that reduces rows (`by_rows`) runs a
+    block per row instead, as its own kernel would: block p takes rows p, p + blocks, ..., every column;
+    so it reads what other blocks wrote, and they read what it writes."""
 
     launch: GemmLaunch | KernelLaunch
     barrier: bool
@@ -273,6 +277,8 @@ class PersistentItem:
     # a GEMM on tensor cores, each product in three TF32 ones (a = a_hi + a_lo, a_hi * b_lo + a_lo * b_hi
     # + a_hi * b_hi), as accurate as float32's (its weights on chip: the fragments load from there)
     mma: bool = False
+    # a kernel that reduces rows, run a block per row
+    by_rows: bool = False
 
 
 def owned(size: int, parts: int, part: int) -> tuple[int, int]:
@@ -312,10 +318,8 @@ class PersistentLaunch:
     batch: int  # the plan's, the most the kernel holds (its shared memory is sized for it)
     row_groups: int
     row_tile: int  # rows of a GEMM's left operand staged in shared memory at a time, all of K
-    smem_bytes: int  # shared memory per block: on-chip weights and the staged operand
+    smem_bytes: int  # dynamic shared memory per block: on-chip weights and the staged operand
     note: str = ""  # why weights stay off chip, when some do
-    # the launch's own buffers: partial sums of row reductions, values carried between their stages
-    buffers: tuple[Buffer, ...] = ()
     reverse: bool = False  # the steps from the last to the first: a backward pass's
     # GEMM operands that pass between the blocks through an exchange buffer of (step, value) pairs, read
     # when their step tags say they are written, instead of through memory after a grid-wide barrier
@@ -554,6 +558,8 @@ class Plan:
                 units = ", ".join(str(p.unit(w)) for w in item.columns)
                 if item.whole:
                     what = "every block computes all of it"
+                elif item.by_rows:
+                    what = "a block per row"
                 else:
                     kept = (("weights", item.on_chip), ("output", item.output_on_chip))
                     on_chip = [name for name, yes in kept if yes]

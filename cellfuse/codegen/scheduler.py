@@ -510,7 +510,6 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
         persistent = (persistent_launch(lay.layer, step, [lay.columns(item) for item in looped], H,
                                         sizes.batch, target, save_steps, mma=rung.tensor_cores)
                       if rung.persistent else None)
-        buffers.update({b.name: b for b in persistent.buffers} if persistent else {})
         layers.append(LayerPlan(lay.layer, lay.K, prologue, step, lay.read(x, STEP),
                                 {s: lay.read(s, STEP) for s in cell.updates}, lay.y, persistent))
     # The persistent kernel cannot wait for chunks of hoisted work mid-loop: its prologue runs first.

@@ -31,8 +31,9 @@ REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 # was one cooperative kernel; version 2's runs each layer on streams of its own; version 3's persistent
 # forward passes its operands through exchanges, without grid barriers; version 4's large GEMMs run on
 # tensor cores, 3xTF32; version 5's persistent steps use exchanges only where they move few bytes per
-# barrier, forward and backward) is measured again.
-RUNGS_VERSION = 5
+# barrier, forward and backward; version 6's persistent steps run a kernel with row reductions a block per
+# row) is measured again.
+RUNGS_VERSION = 6
 
 
 @dataclass(frozen=True)

@@ -138,21 +138,12 @@ class NumpyExecutor:
             return
 
         def at(acc: Access) -> tuple[Access, int, int, int]:
-            if acc.kind == "sums":  # every block's partial sums of the rows
-                return acc, element_offset(instr, acc, t, B) + row * acc.ld, count, acc.ld
             shift = {"row": row * acc.ld + first, "vec": first, "col": row * acc.ld, "scalar": 0}[acc.kind]
             return acc, element_offset(instr, acc, t, B) + shift, count, width
 
-        values = {v: self.view(*at(acc)).sum(axis=1, keepdims=True) if acc.kind == "sums"
-                  else self.view(*at(acc)) for v, acc in k.inputs}
+        values = {v: self.view(*at(acc)) for v, acc in k.inputs}
         run_body(k.body, values, self.dtype)
         for v, acc in k.outputs:
-            if acc.kind == "sums":  # this block's sums in its own column; run whole, all in the first
-                sums = self.view(*at(acc))
-                if part is None:
-                    sums[...] = 0
-                sums[:, part or 0] = np.broadcast_to(values[v], (count, width)).sum(axis=1)
-                continue
             if acc.kind == "col" and part is not None and first != 0:
                 continue  # one number per row: the block that owns the first column writes it, as on the GPU
             dst = self.view(*at(acc))
@@ -209,6 +200,9 @@ class NumpyExecutor:
                 instr = Kernel(k)
                 if item.whole:
                     self.kernel(instr, t, (0, k.rows), (0, k.width))
+                elif item.by_rows:  # rows block, block + blocks, ..., whole
+                    for r in range(block, B, launch.blocks):
+                        self.kernel(instr, t, (r, r + 1), (0, k.width))
                 else:
                     self.kernel(instr, t, (first_row, last_row), launch.columns(k.width, block),
                                 block % launch.column_blocks)

@@ -29,10 +29,10 @@ from cellfuse.graph_model import (
 )
 from cellfuse.graph_model.builder import apply
 
-# The layer-normalised LSTM's step: its recurrent GEMM, then its kernel in five stages, each pass over the
-# row after the first one behind a barrier (the partial sums of its reductions).
+# The layer-normalised LSTM's step: its recurrent GEMM, then its kernel, a block per row, behind a barrier
+# (it reads every block's columns of the GEMM's output).
 BARRIERS_PER_STEP = {"lstm": 1, "peephole_lstm": 1, "cifg_lstm": 1, "gru": 1, "elman": 1, "indrnn": 0,
-                     "gru_cho": 2, "mgu": 2, "sru": 0, "residual_lstm": 1, "slstm": 1, "layernorm_lstm": 5}
+                     "gru_cho": 2, "mgu": 2, "sru": 0, "residual_lstm": 1, "slstm": 1, "layernorm_lstm": 2}
 TEMPLATES = template_names()
 # Few SMs, so that blocks own several columns each, and uneven shares at these widths.
 SMALL = Target(sm_count=2, smem_per_block=48 * 1024)
@@ -60,14 +60,15 @@ def test_barriers_per_step_of_every_template(name):
     launch = plan.layers[0].persistent
     assert launch.waits_per_step == BARRIERS_PER_STEP[name]
     # Every wait is for a GEMM operand that one elementwise launch writes: it goes through an exchange,
-    # and no step waits at a grid-wide barrier, but where row reductions read partial sums.
+    # and no step waits at a grid-wide barrier, but where a kernel runs a block per row.
     exchanged = name not in ("indrnn", "sru", "layernorm_lstm")
     assert bool(launch.exchange) == exchanged
     assert launch.barriers_per_step == (0 if exchanged else BARRIERS_PER_STEP[name])
     assert plan.launches_per_step == 0 and plan.chunk_steps == 0 and plan.cuda_graph
-    if name != "layernorm_lstm":  # it runs its kernel in stages
-        assert [item.launch for item in launch.items] == plan.layers[0].step
-        assert all(item.barrier == isinstance(item.launch, GemmLaunch) for item in launch.items)
+    assert [item.launch for item in launch.items] == plan.layers[0].step
+    by_rows = [item.by_rows for item in launch.items]
+    assert by_rows == [name == "layernorm_lstm" and isinstance(i.launch, KernelLaunch) for i in launch.items]
+    assert all(item.barrier == (isinstance(item.launch, GemmLaunch) or item.by_rows) for item in launch.items)
 
 
 @pytest.mark.parametrize("name", TEMPLATES)
@@ -190,7 +191,7 @@ def test_shared_memory_arrays_start_on_16_byte_boundaries(name):
                 assert int(offset) % 4 == 0, f"{sizes}: an array at float {offset}"
 
 
-# -- row reductions: a stage boundary ------------------------------------------------------------------------
+# -- row reductions: a block per row ------------------------------------------------------------------------
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(random_cells(reductions=True))
 def test_random_cells_with_row_reductions_match_the_reference_block_by_block(cell):
@@ -202,9 +203,9 @@ def test_random_cells_with_row_reductions_match_the_reference_block_by_block(cel
 
 @pytest.mark.parametrize("seed", range(7000, 7060))
 def test_seeded_random_cells_with_row_reductions_and_ties_match_block_by_block(seed):
-    """Row reductions split a step into stages whose partial sums and per-row values other blocks read:
-    the barriers between them must be where the plan puts them, in either block order. (The seeds of
-    random_cell_checks, whose cells with a row mean of a state once raced on the GPU.)"""
+    """A kernel with row reductions runs a block per row, reading what other blocks wrote and writing
+    what they read: the barriers around it must be where the plan puts them, in either block order. (The
+    seeds of random_cell_checks, whose cells with a row mean of a state once raced on the GPU.)"""
     cell = dataclasses.replace(random_cell(seed, reductions=True, ties=True), sizes={"input": 6, "hidden": 6})
     for layers, target, batch in ((1, SMALL, 2), (2, H100, 3), (1, EIGHT, 17)):
         plan = make_plan(cell, Sizes(4, batch, 6, 6, layers), "persistent", target)
@@ -212,10 +213,11 @@ def test_seeded_random_cells_with_row_reductions_and_ties_match_block_by_block(s
             assert run(plan, cell, layers, True, reverse) < 1e-6
 
 
-def test_a_row_reduction_is_a_stage_boundary():
-    """m = row_mean(v): each block sums v over its own columns into its column of m's partial sums,
-    and the next stage, behind a barrier, adds every block's; without that barrier a block reads sums
-    that other blocks have not written yet."""
+def test_a_kernel_with_a_row_reduction_runs_a_block_per_row_behind_a_barrier():
+    """m = row_mean(v): the kernel runs a block per row, every column, so that it sums its rows alone;
+    but it reads the GEMM's output, which every block wrote its columns of, and writes the state that
+    the next step's GEMM reads: a barrier before it, and one before the GEMM. Without the first, a block
+    reads columns that other blocks have not written yet."""
     b = CellBuilder("norm")
     x, h = b.input("x"), b.state("h")
     W, U = b.weight("W", "input", "hidden"), b.weight("U", "hidden", "hidden")
@@ -227,14 +229,11 @@ def test_a_row_reduction_is_a_stage_boundary():
     cell = b.build()
     plan = make_plan(cell, Sizes(5, 3, 7, 10), "persistent", SMALL)
     items = plan.layers[0].persistent.items
-    assert [i.barrier for i in items] == [True, False, True]
-    first, second = items[1].launch, items[2].launch
-    sums = [acc for _, acc in first.outputs if acc.kind == "sums"]
-    assert len(sums) == 1 and sums[0].ld == plan.layers[0].persistent.column_blocks == 2
-    assert [acc.kind for v, acc in second.inputs if v == "m#sum"] == ["sums"]
-    assert sums[0].buffer in plan.buffers
+    assert [(i.barrier, i.by_rows) for i in items] == [(True, False), (True, True)]
+    assert not items[0].output_on_chip  # the other blocks read it
+    assert plan.layers[0].persistent.column_blocks == 2
     assert max(run(plan, cell, 1, True, r) for r in (False, True)) < 1e-9
-    broken = without_barrier(plan, 2)
+    broken = without_barrier(plan, 1)
     errors = [run(broken, cell, 1, True, r) for r in (False, True)]
     assert max(errors) > 1e-3 or any(np.isnan(errors))
 
