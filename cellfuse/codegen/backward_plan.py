@@ -49,7 +49,7 @@ fits, each layer's reverse loop runs as one persistent launch of its own (`Layer
 made by the forward's machinery for the same GPU: the step's adjoint kernels on each block's own
 elements, and each dA += dC @ W^T with the block's rows of W (its columns of W^T) in shared memory, a
 grid-wide barrier before it (every block wrote dC). An LSTM's backward step then has one barrier, as
-its forward step does. A step whose adjoints reduce rows keeps the loop of launches.
+its forward step does. An adjoint that reduces rows runs a block per row there, as in the forward step.
 """
 
 from __future__ import annotations
@@ -350,13 +350,9 @@ class _Layer:
         return step, after
 
     def persistent(self, step: list[Launch]) -> PersistentLaunch | None:
-        """The reverse loop as one persistent launch, for a persistent forward plan whose backward step
-        reduces no rows; else None."""
+        """The reverse loop as one persistent launch, for a persistent forward plan; else None."""
         plan = self.plan
-        if plan.target is None or not step or any(
-                isinstance(launch, KernelLaunch) and (launch.reduces_rows or any(
-                    acc.kind == "col" for _, acc in (*launch.inputs, *launch.outputs)))
-                for launch in step):
+        if plan.target is None or not step:
             return None
         columns = [(launch.n,) if isinstance(launch, GemmLaunch) else (launch.width,) for launch in step]
         return persistent_launch(self.lp.layer, step, columns, plan.sizes.hidden, plan.sizes.batch,

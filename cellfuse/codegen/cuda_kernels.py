@@ -495,8 +495,8 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
     """A kernel whose body reduces rows: a block per row (see the module's docstring). Pointers arrive
     already offset to the step's rows; the launch may have any number of blocks of BLOCK threads. A
     `device` function instead, with the same body, for a persistent kernel's blocks to run: it loads
-    through L2 (`__ldcg`), since other blocks of the kernel wrote what it reads, and an SM's L1 is not
-    coherent with the others'.
+    through L2 (`__ldcg`), what it adds to as well, since other blocks of the kernel wrote them, and an
+    SM's L1 is not coherent with the others'.
 
     The body may be an adjoint's (see `adjoint`): its gradients are computed in the same passes, and a
     column's gradient, the sum over the row of what each element passes it, is one more row sum. A
@@ -529,6 +529,11 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
 
     def load(ptr: str, at: str) -> str:
         return f"__ldcg({ptr} + {at})" if device else f"{ptr}[{at}]"
+
+    def store(target: str, assign: str, value: str) -> str:
+        if device and assign == "+=":  # what it adds to, other blocks may have written
+            return f"{target} = __ldcg(&{target}) + {value};"
+        return f"{target} {assign} {value};"
     var = _c_vars([*read, *(instr.result for instr in body)])
     width = float_literal(launch.width)
 
@@ -564,7 +569,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
     def store_uniform(v: str) -> None:
         for target, assign in stores.get(v, []):
             cond = "threadIdx.x == 0" + (" && r == 0" if target.endswith("[0]") else "")
-            lines.append(f"{ind}if ({cond}) {target} {assign} {var[v]};")
+            lines.append(f"{ind}if ({cond}) {store(target, assign, var[v])}")
 
     for v in read:
         if v in uniform:
@@ -602,7 +607,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
                 lines.append(f"{inner}a_{var[v]}[k] = {var[v]};")
             for target, assign in stores.get(v, []):
                 vec = target.endswith("[j]")
-                lines.append(f"{inner}{'if (r == 0) ' if vec else ''}{target} {assign} {var[v]};")
+                lines.append(f"{inner}{'if (r == 0) ' if vec else ''}{store(target, assign, var[v])}")
         for i, red in enumerate(reductions):
             lines.append(f"{inner}s_{step}_{i} += {var[red.args[0]]};")
         lines.append(f"{ind}    }}")

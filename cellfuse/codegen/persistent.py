@@ -214,7 +214,9 @@ def shared_reads(launch: GemmLaunch | KernelLaunch, step: list[GemmLaunch | Kern
             other = set().union(*(writes(o) for o in step
                                   if isinstance(o, KernelLaunch) and o.row_kind != "one"
                                   and o.reduces_rows != by_rows or by_rows and isinstance(o, GemmLaunch)))
-            return [acc for _, acc in launch.inputs if acc.kind == "col" or acc.buffer in other]
+            # (what it adds to, it reads: a backward kernel's gradients)
+            read = [*launch.inputs, *((v, acc) for v, acc in launch.outputs if launch.adds(acc))]
+            return [acc for _, acc in read if acc.kind == "col" or acc.buffer in other]
         case _:
             raise TypeError(f"unknown launch {launch!r}")
 

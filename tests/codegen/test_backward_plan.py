@@ -184,21 +184,18 @@ def check_backward_kernels(forward, tmp_path) -> None:
 
 @pytest.mark.parametrize("name, waits, exchanged", [
     ("lstm", 1, True), ("gru", 1, True), ("gru_cho", 2, False), ("mgu", 2, True), ("sru", 0, False),
-    ("layernorm_lstm", None, False),
+    ("layernorm_lstm", 2, False),
 ])
 def test_a_persistent_forward_gets_a_persistent_reverse_loop_where_it_fits(name, waits, exchanged):
     """Each layer's reverse loop is one cooperative launch that waits as often per step as the forward:
     the adjoint kernels write dC, every block's, then dA += dC @ W^T. Where the adjoint writes the whole
     of dC in step with the GEMM (side by side, the gradients of the stacked gates), dC also goes through
     an exchange and no grid-wide barrier is left; Cho's GRU, whose second GEMM's dC comes from the step
-    before in a reverse loop, keeps its barriers. The adjoints of a layer norm reduce rows, which the
-    persistent backward does not stage: its loop stays a loop of launches."""
+    before in a reverse loop, keeps its barriers. The adjoint of a layer norm reduces rows: it runs a
+    block per row, behind a barrier (it reads dh, which every block's dA GEMM added to), and writes dC,
+    which the GEMM reads whole after one."""
     plan = plan_of(name, "persistent")
     program = plan.instructions()
-    if waits is None:
-        assert all(lb.persistent is None for lb in plan.layers)
-        assert sum(isinstance(i, Loop) and i.reverse for i in program) == len(plan.layers)
-        return
     assert [i.launch for i in program if isinstance(i, Persistent)] == [lb.persistent for lb in plan.layers]
     assert not any(isinstance(i, Loop) for i in program)
     for lb in plan.layers:
@@ -208,9 +205,13 @@ def test_a_persistent_forward_gets_a_persistent_reverse_loop_where_it_fits(name,
         assert [item.launch for item in p.items] == list(lb.step)
         gemms = [item.launch for item in p.items if isinstance(item.launch, GemmLaunch)]
         assert all(g.trans_w and g.accumulate for g in gemms)
-        # a wait right before each dA GEMM, none elsewhere: what the adjoints write ahead of the
-        # first is a row block of dC that no block still reads
-        assert [item.barrier for item in p.items] == [isinstance(item.launch, GemmLaunch) for item in p.items]
+        # a wait right before each dA GEMM, and before an adjoint that runs a block per row, none
+        # elsewhere: what the adjoints write ahead of the first is a row block of dC that no block
+        # still reads
+        assert [item.barrier for item in p.items] == [isinstance(item.launch, GemmLaunch) or item.by_rows
+                                                      for item in p.items]
+        assert [item.by_rows for item in p.items] == [name == "layernorm_lstm" and not isinstance(
+            item.launch, GemmLaunch) for item in p.items]
         for ex in p.exchange:  # dC, whole: the adjoint's outputs side by side, read in the same step
             assert ex.lag == 0 and ex.buffer.startswith("∂") and ex.width in {g.k for g in gemms}
     assert "in one persistent launch per layer" in plan.describe() and plan.launches_per_step == 0

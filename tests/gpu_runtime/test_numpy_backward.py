@@ -67,8 +67,8 @@ def test_gradients_of_seeded_random_cells_equal_the_reference(schedule, reductio
 
 @pytest.mark.parametrize("reductions", [False, True])
 def test_persistent_backward_passes_of_seeded_random_cells_equal_the_reference(reductions):
-    """The reverse loop as one persistent launch (or, where the gradients reduce rows, a loop of
-    launches), run block by block on 3 SMs, so that blocks own several columns, in both orders."""
+    """The reverse loop as one persistent launch (an adjoint that reduces rows a block per row in it),
+    run block by block on 3 SMs, so that blocks own several columns, in both orders."""
     few = Target(3, H100.smem_per_block)
     persistent = 0
     for seed in range(40):
@@ -80,7 +80,7 @@ def test_persistent_backward_passes_of_seeded_random_cells_equal_the_reference(r
                                     ).layers[0].persistent is not None
         got = run.numpy(schedule, target=few, reverse_blocks=seed % 3 == 1)
         assert_gradients(got, run.reference(), 1e-9, f"random cell {seed}, {schedule}")
-    assert persistent > 20 if not reductions else persistent < 40
+    assert persistent > 20
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
