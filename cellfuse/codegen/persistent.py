@@ -279,7 +279,7 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
     step = [item.launch for item in items]
     if any(item.by_rows or isinstance(item.launch, KernelLaunch) and shared_reads(item.launch, step)
            for item in items):
-        return ()  # (its writers own columns, and its readers wait for more than the operand)
+        return ()  # a block per row, or a kernel that reads other blocks' values: the step meets at barriers
     out: dict[str, Exchange] = {}
     for i, item in enumerate(items):
         if not isinstance(item.launch, GemmLaunch):
