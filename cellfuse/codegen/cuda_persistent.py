@@ -52,6 +52,11 @@ __device__ __forceinline__ void cf_copy16(float* shared, const float* global) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\\n" :: "r"(to), "l"(global) : "memory");
 }
 
+// A hint: the 128-byte line at `p` into L2, where a load through L2 finds it later.
+__device__ __forceinline__ void cf_prefetch_l2(const float* p) {
+    asm volatile("prefetch.global.L2 [%0];\\n" :: "l"(p));
+}
+
 __device__ __forceinline__ void cf_copies_done() {
     asm volatile("cp.async.wait_all;\\n" ::: "memory");
 }
@@ -208,6 +213,8 @@ class _Kernel:
             if not launch.waits_per_step:
                 self._load_next(nxt, "        ")
         n, first_barrier = len(launch.items), True
+        if not launch.waits_per_step:
+            self._prefetch_rows("        ")
         for i, item in enumerate(launch.items):
             self.w("        {" + f"  // {comment_text(_item_name(item))}")
             if item.barrier:
@@ -215,6 +222,8 @@ class _Kernel:
                        f"{IND}// no barrier: the operand's rows are read from its exchange once written")
                 if nxt and first_barrier:
                     self._load_next(nxt, IND)
+                if first_barrier:
+                    self._prefetch_rows(IND)
                 first_barrier = False
             match item.launch:
                 case GemmLaunch():
@@ -434,6 +443,24 @@ class _Kernel:
         self.w(f"{indent}if ({more}) {{", f"{indent}    const int cf_step = {step};")
         self._load_at(nxt, "cf_step", indent + "    ", declare=False)
         self.w(f"{indent}}}")
+
+    def _prefetch_rows(self, indent: str) -> None:
+        """The step's rows that a kernel run a block per row reads and nothing of the kernel writes (the
+        hoisted GEMMs' outputs, the saved steps of a backward pass), each block its own, into L2 while it
+        waits and runs the step's GEMMs: the block per row loads them from there."""
+        threads = self.launch.threads
+        for item in self.launch.items:
+            if not item.by_rows:
+                continue
+            for p in kernel_params(item.launch):
+                acc = p.access
+                if p.output or acc.kind != "row" or acc.buffer in self.written:
+                    continue
+                self.w(f"{indent}for (int r = blockIdx.x; r < batch; r += gridDim.x)  // "
+                       f"{comment_text(p.value)}",
+                       f"{indent}    for (int e = 32 * tid; e < {item.launch.width}; e += {32 * threads})",
+                       f"{indent}        cf_prefetch_l2({_at_step(self.var[acc.buffer], acc)} + "
+                       f"(size_t)r * {acc.ld} + e);")
 
     def _depth(self, ahead: dict[int, dict[int, str]]) -> int:
         """Steps whose inputs are loaded at once: as many as AHEAD_REGISTERS hold."""
