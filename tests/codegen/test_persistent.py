@@ -8,11 +8,13 @@ import re
 
 import numpy as np
 import pytest
+from compile_cuda import nvcc_cubin
 from hypothesis import HealthCheck, given, settings
 from random_cells import random_cell, random_cells
 
 from cellfuse.codegen import make_plan, plan_kernels
-from cellfuse.codegen.cuda_persistent import _reduction
+from cellfuse.codegen.cuda_kernels import PRELUDE
+from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE, _reduction
 from cellfuse.codegen.lowering import SIDE
 from cellfuse.codegen.persistent import barriers, gemm_tiling
 from cellfuse.codegen.plan import H100, GemmLaunch, KernelLaunch, Plan, Target, owned
@@ -24,6 +26,7 @@ from cellfuse.graph_model import (
     init_params,
     load_template,
     run_reference,
+    sigmoid,
     tanh,
     template_names,
 )
@@ -236,6 +239,35 @@ def test_a_kernel_with_a_row_reduction_runs_a_block_per_row_behind_a_barrier():
     broken = without_barrier(plan, 1)
     errors = [run(broken, cell, 1, True, r) for r in (False, True)]
     assert max(errors) > 1e-3 or any(np.isnan(errors))
+
+
+def test_what_a_block_per_row_writes_other_blocks_read_after_a_barrier_through_l2(tmp_path):
+    """A block per row (the layer norm of v) writes n, which the next GEMM reads, and which the kernel
+    after that, each block on its own columns, reads too: a barrier before each, and the loads of n go
+    through L2 (an SM's L1 may hold an older n), in the kernel nvcc builds without a warning."""
+    b = CellBuilder("norm then gate")
+    x, h = b.input("x"), b.state("h")
+    W, U, V = (b.weight("W", "input", "hidden"), b.weight("U", "hidden", "hidden"),
+               b.weight("V", "hidden", "hidden"))
+    v = tanh(x @ W + h @ U).named("v")
+    n = (v - apply("row_mean", v).named("m")).named("n")
+    h_new = (sigmoid(n @ V).named("g") * n).named("h_new")
+    b.update(h, h_new)
+    b.output(h_new)
+    cell = b.build()
+    plan = make_plan(cell, Sizes(5, 3, 7, 10), "persistent", SMALL)
+    p = plan.layers[0].persistent
+    assert [(type(i.launch).__name__, i.barrier, i.by_rows) for i in p.items] == [
+        ("GemmLaunch", True, False), ("KernelLaunch", True, True), ("GemmLaunch", True, False),
+        ("KernelLaunch", False, False)]
+    assert max(run(plan, cell, 1, True, r) for r in (False, True)) < 1e-9
+    source = plan_kernels(plan).sources
+    (kernel,) = [body for body in source.values() if "grid_group" in body]
+    written = {acc.buffer for _, acc in p.items[1].launch.outputs}
+    last = p.items[3].launch
+    reads = [n for n, (_, acc) in enumerate(last.inputs) if acc.buffer in written]
+    assert reads and all(f"__ldcg(p{n} + " in kernel for n in reads)
+    nvcc_cubin(PERSISTENT_PRELUDE + PRELUDE + "\n".join(source.values()), tmp_path)
 
 
 @pytest.mark.parametrize("seed", range(30))
