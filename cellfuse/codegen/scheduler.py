@@ -150,10 +150,11 @@ def fold_biases(st: _Step) -> None:
 
 
 # -- placing --------------------------------------------------------------------------------------
-def place(st: _Step) -> None:
+def place(st: _Step, reductions_before_the_loop: bool = False) -> None:
     """Each node's phase (state-independent elementwise work runs before the loop when a hoisted GEMM
-    needs it) and stage (how many GEMMs of its own phase it waits for); each elementwise node as late as
-    it can run, so that producers join the island of their consumers."""
+    needs it, and with `reductions_before_the_loop` also a row reduction that depends on no state, see
+    `_hoist_reductions`) and stage (how many GEMMs of its own phase it waits for); each elementwise node
+    as late as it can run, so that producers join the island of their consumers."""
     group_of, phase, stage = st.group_of, st.phase, st.stage
     for n in reversed(st.order):
         spec = st.spec[n]
@@ -166,6 +167,8 @@ def place(st: _Step) -> None:
             feeds_pro = feeds_pro or any(group_of[c].hoisted for c in st.consumers[n]
                                          if st.spec[c].is_matmul and st.nodes[c].args[0] == n)
             phase[n] = PRO if not st.state_dep[n] and feeds_pro else STEP
+    if reductions_before_the_loop:
+        _hoist_reductions(st)
 
     def stage_in(v: str, reader: str) -> int:
         return stage[v] if phase.get(v) == reader else 0
@@ -195,6 +198,36 @@ def place(st: _Step) -> None:
             elif c not in st.folded:
                 latest.append(stage[c])
         stage[n] = max(stage[n], min(latest))
+
+
+def _hoist_reductions(st: _Step) -> None:
+    """A row reduction that depends on no state runs before the loop where what it reads is there (a
+    hoisted GEMM's output, the input, weights), and with it what it needs and what needs it that depends
+    on no state either (the layer norm of x W): in a persistent step a reduction is a block per row, while
+    the other blocks wait; before the loop every step's rows are reduced at once. (In `graph` the
+    hoisted kernel, run in chunks beside the loop, delayed the steps more than it saved them: the
+    layer-normalised LSTM at B=64 took 1.963 ms against 1.868 on an H100.)"""
+    phase = st.phase
+    ready: set[str] = set()  # elementwise nodes that could run before the loop
+    for n in st.elementwise():
+        if not st.state_dep[n] and all(st.spec[a].is_source or phase.get(a) == PRO or a in ready
+                                       for a in st.nodes[n].args):
+            ready.add(n)
+    after: set[str] = set()  # ... that are a reduction or read one
+    for n in st.order:
+        if n in ready and (st.spec[n].is_reduction or any(a in after for a in st.nodes[n].args)):
+            after.add(n)
+    hoisted = set(after)
+    for n in reversed(st.order):  # and what those read
+        if n in ready and any(c in hoisted for c in st.consumers[n]):
+            hoisted.add(n)
+    for n in hoisted:
+        phase[n] = PRO
+
+
+def place_reductions_before_the_loop(st: _Step) -> None:
+    """`place`, with the row reductions that depend on no state before the loop."""
+    place(st, reductions_before_the_loop=True)
 
 
 # -- kernels --------------------------------------------------------------------------------------
@@ -288,8 +321,11 @@ class Rung:
 
 
 _HOISTED = (gemm_per_left_operand, hoist, fold_biases, place, fuse, store_the_rest)
+_PERSISTENT = (gemm_per_left_operand, hoist, fold_biases, place_reductions_before_the_loop, fuse,
+               store_the_rest)
 # The ladder of schedules; each keeps what the ones before it do, but `persistent` runs the layers one
-# after another (a cooperative launch takes every SM), not as the wavefront does.
+# after another (a cooperative launch takes every SM), not as the wavefront does, and its row reductions
+# that depend on no state before the loop.
 LADDER: dict[str, Rung] = {
     "naive": Rung((gemm_each, place, kernel_each, store_the_rest)),
     "combined": Rung((gemm_per_left_operand, place, kernel_each, store_the_rest)),
@@ -297,8 +333,8 @@ LADDER: dict[str, Rung] = {
     "hoisted": Rung(_HOISTED),
     "graph": Rung(_HOISTED, cuda_graph=True),
     "wavefront": Rung(_HOISTED, cuda_graph=True, layer_streams=True),
-    "persistent": Rung(_HOISTED, cuda_graph=True, persistent=True),
-    "tensor": Rung(_HOISTED, cuda_graph=True, persistent=True, tensor_cores=True),
+    "persistent": Rung(_PERSISTENT, cuda_graph=True, persistent=True),
+    "tensor": Rung(_PERSISTENT, cuda_graph=True, persistent=True, tensor_cores=True),
 }
 SCHEDULES = tuple(LADDER)
 

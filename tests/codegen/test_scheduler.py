@@ -634,6 +634,23 @@ def test_a_layer_norm_is_one_kernel_with_its_reductions():
     assert all(acc.kind != "col" for _, acc in (*kernel.inputs, *kernel.outputs))
 
 
+@pytest.mark.parametrize("schedule", ["persistent", "tensor"])
+def test_a_persistent_step_leaves_the_layer_norm_of_x_w_to_a_kernel_before_the_loop(schedule):
+    """The norm of x W depends on no state: one kernel before the loop normalises every step's rows, and
+    the step's kernel, a block per row in the persistent kernel, reads the normalised x W in place of x W
+    and normalises only h U and the cell. (`graph` keeps it in the step: see `_hoist_reductions`.)"""
+    plan = plan_of(load_template("layernorm_lstm"), schedule)
+    [kernel] = [k for k in plan.layers[0].step if isinstance(k, KernelLaunch)]
+    [before] = [k for k in plan.layers[0].prologue if isinstance(k, KernelLaunch)]
+    assert before.hoisted and before.row_kind == "seq" and sum(i.op.is_reduction for i in before.body) == 8
+    assert sum(i.op.is_reduction for i in kernel.body) == 10
+    assert [v for v, _ in before.outputs] == ["ln_xi", "ln_xf", "ln_xo", "ln_xg"]
+    assert {v for v, _ in before.outputs} <= {v for v, _ in kernel.inputs}
+    assert not {"xi", "xf", "xo", "xg"} & {v for v, _ in kernel.inputs}
+    graph = plan_of(load_template("layernorm_lstm"), "graph")
+    assert not any(isinstance(k, KernelLaunch) for k in graph.layers[0].prologue)
+
+
 def test_a_row_reduction_before_the_loop_and_its_column_read_in_every_step():
     # m = row_mean(tanh(x W)) depends on no state and feeds a hoisted GEMM: it is computed before the loop,
     # and the step reads it as one number per row.
