@@ -11,8 +11,9 @@ Multi-layer: layer l's hoisted launches read layer l-1's output sequence, in chu
 wavefront rung, which gives each layer streams of its own so that layer l runs a chunk of its steps
 beside layer l-1's next chunk (see `lowering`).
 
-The persistent rung keeps the hoisted rung's launches and runs each layer's step loop as one cooperative
-launch (see `persistent`); the tensor rung runs the GEMMs of the persistent rung's launches on tensor
+The persistent rung keeps the hoisted rung's launches, but for the row reductions that depend on no
+state, which it runs before the loop, and runs each layer's step loop as one cooperative launch (see
+`persistent`); the tensor rung runs the GEMMs of the persistent rung's launches on tensor
 cores, each float32 product as three TF32 ones: the error of float32's, at a third of the tensor cores'
 rate, several times the CUDA cores'.
 """
