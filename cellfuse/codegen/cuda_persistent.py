@@ -140,7 +140,7 @@ class _Kernel:
         self.on_chip = {item.launch.c.buffer: (i, item, self.tilings[i].cols)
                         for i, item in self.gemms if item.output_on_chip}
         # what kernels that run a block per row write: other blocks read it, after a barrier, through L2
-        self.by_rows = set().union(*(writes(item.launch) for item in launch.items if item.by_rows))
+        self.written_by_rows = set().union(*(writes(item.launch) for item in launch.items if item.by_rows))
         # exchanged operands: buffer -> (its index, its Exchange)
         self.exchange = {ex.buffer: (n, ex) for n, ex in enumerate(launch.exchange)}
         self.lines: list[str] = []
@@ -343,8 +343,9 @@ class _Kernel:
             if isinstance(item.launch, KernelLaunch) and not (item.whole or item.by_rows):
                 most = self._elements(item)[0]
                 params = self._params(item.launch)
+                later = written | self.on_chip.keys() | self.written_by_rows  # (not before the barrier)
                 early = [p_i for p_i in self._row_inputs(item) if p_i not in skip.get(i, set())
-                         and params[p_i].access.buffer not in written | self.on_chip.keys() | self.by_rows]
+                         and params[p_i].access.buffer not in later]
                 if early and most <= PREFETCH_ELEMENTS:
                     if not out:  # the previous step's writes, by any thread of the block, are done
                         self.w("        __syncthreads();")
@@ -545,7 +546,8 @@ class _Kernel:
         for n, p in enumerate(params):  # other blocks wrote it: through L2, which is coherent, not L1
             if p.output or n in index or n in unused:
                 continue
-            if p.access.kind == "col" or p.access.buffer in self.by_rows:  # (a column: the first block's)
+            # a column (the first column's block wrote it), or what a block per row wrote
+            if p.access.kind == "col" or p.access.buffer in self.written_by_rows:
                 self.w(f"{IND}    const float cf_l2_{n}[1] = {{__ldcg({names[n]} + "
                        f"{element_index(p.access)})}};")
                 names[n], index[n] = f"cf_l2_{n}", "0"

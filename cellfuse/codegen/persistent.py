@@ -314,12 +314,12 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
 
 
 def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int, saved: bool,
-           mma: bool, by_rows: set[str]) -> list[_Placed]:
+           mma: bool, read_by_rows: set[str]) -> list[_Placed]:
     """What of each GEMM stays on chip, in order of what it saves, while it fits beside one staged row of
     the operand: the weights (read every step otherwise; with `mma`, on tensor cores where that fits
     too), then the GEMM outputs that only this block reads (its elementwise work reads them next; not
-    those of `by_rows`, which a kernel that reduces rows reads)."""
-    operands = {p.launch.a.buffer for p in gemms} | by_rows
+    those of `read_by_rows`, which a kernel that reduces rows reads)."""
+    operands = {p.launch.a.buffer for p in gemms} | read_by_rows
     for field in ("weights", "output") if not saved else ("weights",):
         for i, p in enumerate(gemms):
             if field == "output" and p.launch.c.buffer in operands:
@@ -349,8 +349,8 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     # a kernel that reduces rows keeps its row sums in shared memory of its own, beside the kernel's
     limit = target.smem_per_block // 4 - max((row_sum_floats(launch.body) for launch in step
                                                if isinstance(launch, KernelLaunch)), default=0)
-    by_rows = {acc.buffer for launch in step if isinstance(launch, KernelLaunch) and launch.reduces_rows
-               for _, acc in launch.inputs}
+    read_by_rows = {acc.buffer for launch in step if isinstance(launch, KernelLaunch) and launch.reduces_rows
+                    for _, acc in launch.inputs}
     gemms = [_Placed(launch, cols, False, False) for launch, cols in zip(step, columns, strict=True)
              if isinstance(launch, GemmLaunch)]
     chosen = None
@@ -360,7 +360,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
             continue
         unit = -(-hidden // (target.sm_count // row_groups))
         column_blocks = -(-hidden // unit)
-        placed = _place(gemms, column_blocks, rows, limit, saved, mma, by_rows)
+        placed = _place(gemms, column_blocks, rows, limit, saved, mma, read_by_rows)
         on_chip = all(p.weights for p in placed)
         if on_chip and (not mma or all(p.mma for p in placed)):
             chosen = (row_groups, rows, column_blocks, placed)
@@ -383,8 +383,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
                 items.append(PersistentItem(launch, barrier, cols, on_chip=p.weights,
                                             output_on_chip=p.output, mma=p.mma))
             case KernelLaunch():
-                items.append(PersistentItem(launch, barrier, cols, whole=launch.row_kind == "one",
-                                            by_rows=launch.reduces_rows))
+                items.append(PersistentItem(launch, barrier, cols, whole=launch.row_kind == "one"))
             case _:
                 raise TypeError(f"unknown launch {launch!r}")
     note = ""

@@ -277,8 +277,11 @@ class PersistentItem:
     # a GEMM on tensor cores, each product in three TF32 ones (a = a_hi + a_lo, a_hi * b_lo + a_lo * b_hi
     # + a_hi * b_hi), as accurate as float32's (its weights on chip: the fragments load from there)
     mma: bool = False
-    # a kernel that reduces rows, run a block per row
-    by_rows: bool = False
+
+    @property
+    def by_rows(self) -> bool:
+        """A kernel that reduces rows: run a block per row."""
+        return isinstance(self.launch, KernelLaunch) and self.launch.reduces_rows
 
 
 def owned(size: int, parts: int, part: int) -> tuple[int, int]:
