@@ -9,6 +9,7 @@
 # file to bring back. The environment may narrow a call:
 #   SCHEDULES=graph                 the schedules of every case
 #   TRAIN_BASELINES=...  BASELINES=...  the baselines of the training cases and of the forward cases
+#   CASE_LIMIT=300                  seconds each benchmark case may take, at most
 #   WARM=1                          first runs every case at once, to fill torch.compile's cache (its
 #                                   compiles take minutes each, on one core each), then one by one as
 #                                   always, so that no two cases are timed at the same time
@@ -29,10 +30,10 @@ run() {  # run DIR CASE
         train_lm)
             limit=200 command=(python3 benchmarks/train_lm.py --device cuda) ;;
         *_train)
-            limit=300 command=(python3 -m cellfuse bench "${case%_train}" $S --train --schedules "$schedules"
+            limit=${CASE_LIMIT:-300} command=(python3 -m cellfuse bench "${case%_train}" $S --train --schedules "$schedules"
                                --baselines "${TRAIN_BASELINES:-cudnn,pytorch eager,torch.compile}") ;;
         *)
-            limit=300 command=(python3 -m cellfuse bench "$case" $S --schedules "$schedules"
+            limit=${CASE_LIMIT:-300} command=(python3 -m cellfuse bench "$case" $S --schedules "$schedules"
                                --baselines "${BASELINES:-pytorch graph,torch.compile}") ;;
     esac
     # -k: a compile in progress can outlive the polite signal

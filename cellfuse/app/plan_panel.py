@@ -29,9 +29,10 @@ def loop_text(summary: dict) -> str:
                 "below's next chunk.")
     if not p:
         return ""
+    barriers = f"{p['barriers_per_step']} grid barrier(s)"
     waits = (f"{p['exchange_waits_per_step']} wait(s) per step for the values of other blocks in an "
-             "exchange buffer (no grid barrier)" if p.get("exchange_waits_per_step")
-             else f"{p['barriers_per_step']} grid barrier(s) per step")
+             f"exchange buffer ({barriers if p['barriers_per_step'] else 'no grid barrier'})"
+             if p.get("exchange_waits_per_step") else f"{barriers} per step")
     text = (f"One cooperative kernel per layer runs every step: {p['blocks']} blocks of {p['threads']} "
             f"threads, {waits}, "
             f"{p['smem_bytes_per_block'] / 1024:.0f} KiB of shared memory per block.")

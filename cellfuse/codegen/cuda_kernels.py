@@ -27,6 +27,9 @@ WARP = 32
 # A pass over a row is unrolled where each thread holds at most this many of its columns, so that the
 # values kept for a later pass stay in registers; a wider row keeps them in (cached) local memory.
 MAX_UNROLLED_COLUMNS = 32
+# Floats per thread that a reducing kernel loads in its first pass for a later one (see
+# `reduction_kernel_source`), at most: enough for a layer norm's gains, biases and other operands.
+EARLY_LOAD_FLOATS = 64
 INT_MAX = 2**31 - 1  # the largest count the generated code holds in an int
 MAX_STEM = 64  # characters of a cell's name kept in the generated names
 
@@ -491,12 +494,17 @@ def row_sum_floats(body: tuple[Instr | GradInstr, ...]) -> int:
     return sums * (BLOCK // WARP)
 
 
-def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = False) -> str:
+def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = False,
+                            written: frozenset[str] = frozenset(), published: dict[int, str] | None = None,
+                            ) -> str:
     """A kernel whose body reduces rows: a block per row (see the module's docstring). Pointers arrive
     already offset to the step's rows; the launch may have any number of blocks of BLOCK threads. A
     `device` function instead, with the same body, for a persistent kernel's blocks to run: it loads
-    through L2 (`__ldcg`), what it adds to as well, since other blocks of the kernel wrote them, and an
-    SM's L1 is not coherent with the others'.
+    the buffers that the kernel writes (`written`) through L2 (`__ldcg`), what it adds to as well, since
+    other blocks of the kernel wrote them, and an SM's L1 is not coherent with the others'; and it
+    also publishes the outputs of `published` (the index of each among the kernel's parameters) to
+    an exchange, at the address given (in r, j and the batch, `rows`), with the tag of its step `t`, an
+    argument after the rows (see `cuda_persistent`).
 
     The body may be an adjoint's (see `adjoint`): its gradients are computed in the same passes, and a
     column's gradient, the sum over the row of what each element passes it, is one more row sum. A
@@ -505,11 +513,12 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
     params = kernel_params(launch)
     pointer = [f"p{i}_{c_name(p.value)}" for i, p in enumerate(params)]
     inputs = {p.value: (p.access, n) for p, n in zip(params, pointer, strict=True) if not p.output}
-    stores: dict[str, list[tuple[str, str]]] = {}  # value -> where it goes, and how: += or =
-    for p, n in zip(params, pointer, strict=True):
+    published = published or {}
+    stores: dict[str, list[tuple[str, str, int]]] = {}  # value -> where it goes, how (+= or =), parameter
+    for i, (p, n) in enumerate(zip(params, pointer, strict=True)):
         if p.output:
             assign = "+=" if launch.adds(p.access) else "="
-            stores.setdefault(p.value, []).append((f"{n}[{element_index(p.access)}]", assign))
+            stores.setdefault(p.value, []).append((f"{n}[{element_index(p.access)}]", assign, i))
     kinds = value_kinds(launch.body, {v: acc.kind for v, (acc, _) in inputs.items()})
     uniform = {v for v, kind in kinds.items() if kind in ("col", "scalar")}
     body = _live(launch.body, set(stores))
@@ -523,12 +532,21 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
     read = [v for v in inputs if v in used or v in stores]
     per_element = [v for v in (*read, *level) if v not in uniform]
     made = {v: level[v] if v in level else min(used.get(v, {0})) for v in per_element}  # an input: first read
-    kept = [v for v in per_element if max(used.get(v, set()), default=-1) > made[v]]
     columns = -(-launch.width // BLOCK)
+    # A later pass's inputs are loaded in the first, while what the thread holds for them fits in
+    # registers: their trips to memory then overlap the first pass's instead of following a row sum.
+    early = 0
+    for v in read:
+        if v in made and made[v] > 0 and columns <= MAX_UNROLLED_COLUMNS \
+                and early + columns <= EARLY_LOAD_FLOATS:
+            made[v], early = 0, early + columns
+    kept = [v for v in per_element if max(used.get(v, set()), default=-1) > made[v]]
     partial = row_sum_floats(body)
 
-    def load(ptr: str, at: str) -> str:
-        return f"__ldcg({ptr} + {at})" if device else f"{ptr}[{at}]"
+    def load(v: str) -> str:
+        acc, ptr = inputs[v]
+        at = element_index(acc)
+        return f"__ldcg({ptr} + {at})" if device and acc.buffer in written else f"{ptr}[{at}]"
 
     def store(target: str, assign: str, value: str) -> str:
         if device and assign == "+=":  # what it adds to, other blocks may have written
@@ -550,7 +568,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
            for p, n in zip(params, pointer, strict=True)]
     lines.append(f"__device__ __forceinline__ void {name}(" if device else
                  f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}(')
-    lines.append(",\n".join([*sig, "    int rows"]) + ")")
+    lines.append(",\n".join([*sig, "    int rows", *(["    int t"] if published else [])]) + ")")
     lines.append("{")
     lines.append(f"    const int width = {launch.width};")
     lines.append(f"    constexpr int COLUMNS = {columns};  // of the row, per thread")
@@ -561,13 +579,12 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
     ind = "        "
     for v in read:
         if v in uniform:
-            acc, ptr = inputs[v]
-            lines.append(f"{ind}const float {var[v]} = {load(ptr, element_index(acc))};")
+            lines.append(f"{ind}const float {var[v]} = {load(v)};")
     for v in kept:
         lines.append(f"{ind}float a_{var[v]}[COLUMNS];  // kept for a later pass")
 
     def store_uniform(v: str) -> None:
-        for target, assign in stores.get(v, []):
+        for target, assign, _ in stores.get(v, []):
             cond = "threadIdx.x == 0" + (" && r == 0" if target.endswith("[0]") else "")
             lines.append(f"{ind}if ({cond}) {store(target, assign, var[v])}")
 
@@ -596,8 +613,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
         lines.append(f"{ind}    if (j < width) {{")
         inner = ind + "        "
         for v in loads:
-            acc, ptr = inputs[v]
-            lines.append(f"{inner}const float {var[v]} = {load(ptr, element_index(acc))};")
+            lines.append(f"{inner}const float {var[v]} = {load(v)};")
         for v in reads:
             lines.append(f"{inner}const float {var[v]} = a_{var[v]}[k];")
         for instr in work:
@@ -605,9 +621,11 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
         for v in [*loads, *(i.result for i in work)]:
             if v in kept:
                 lines.append(f"{inner}a_{var[v]}[k] = {var[v]};")
-            for target, assign in stores.get(v, []):
+            for target, assign, i in stores.get(v, []):
                 vec = target.endswith("[j]")
                 lines.append(f"{inner}{'if (r == 0) ' if vec else ''}{store(target, assign, var[v])}")
+                if i in published:
+                    lines.append(f"{inner}cf_publish({published[i]}, t + 2, {var[v]});")
         for i, red in enumerate(reductions):
             lines.append(f"{inner}s_{step}_{i} += {var[red.args[0]]};")
         lines.append(f"{ind}    }}")

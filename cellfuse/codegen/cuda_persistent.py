@@ -10,8 +10,9 @@ SMs), and keeps its output in shared memory where only its own elementwise work 
 elementwise launch runs the body of the hoisted rung's fused kernel on the block's own elements. Where
 the plan waits for other blocks, a cooperative-groups grid barrier (cheaper on an H100 than a barrier of
 acquire/release atomics: see benchmarks/barrier_probe.cu), or, where the plan passes the operand through
-an exchange (`PersistentLaunch.exchange`), none: its writer also stores each value with its step's tag
-in the exchange, and the GEMM stages its rows from there once their tags are the step's.
+an exchange (`PersistentLaunch.exchange`), none before the GEMM: its writer (an elementwise launch, or
+a block per row, whose device function publishes as it stores) also stores each value with its step's
+tag in the exchange, and the GEMM stages its rows from there once their tags are the step's.
 """
 
 from __future__ import annotations
@@ -160,7 +161,8 @@ class _Kernel:
         assert launch.threads == BLOCK, "a block per row runs the body of a kernel of BLOCK threads"
         for i, item in enumerate(launch.items):
             if item.by_rows:
-                self.w(reduction_kernel_source(item.launch, f"{self.name}_rows{i}", device=True))
+                self.w(reduction_kernel_source(item.launch, f"{self.name}_rows{i}", device=True,
+                                               written=frozenset(self.written), published=self._published(i)))
         self.w(f"// {steps} in one cooperative launch of {launch.blocks} blocks of {launch.threads} threads",
                f"// ({launch.column_blocks} column blocks x {launch.row_groups} row groups), "
                f"{launch.waits_text}, {launch.smem_bytes} bytes of "
@@ -218,7 +220,7 @@ class _Kernel:
         for i, item in enumerate(launch.items):
             self.w("        {" + f"  // {comment_text(_item_name(item))}")
             if item.barrier:
-                self.w(f"{IND}grid.sync();" if not launch.exchange else
+                self.w(f"{IND}grid.sync();" if launch.grid_barrier(item) else
                        f"{IND}// no barrier: the operand's rows are read from its exchange once written")
                 if nxt and first_barrier:
                     self._load_next(nxt, IND)
@@ -231,7 +233,8 @@ class _Kernel:
                 case KernelLaunch() if item.by_rows:
                     params = kernel_params(item.launch)
                     args = [_at_step(self.var[p.access.buffer], p.access) for p in params]
-                    self.w(f"{IND}{self.name}_rows{i}({', '.join(args)}, batch);  // a block per row")
+                    step = ", t" if self._published(i) else ""
+                    self.w(f"{IND}{self.name}_rows{i}({', '.join(args)}, batch{step});  // a block per row")
                 case KernelLaunch():
                     self._elementwise(i, item, prefetched.get(i, {}), carried.get(i, {}))
                     if _needs_sync(item, launch.items[(i + 1) % n]):
@@ -241,11 +244,32 @@ class _Kernel:
         if depth:
             self.w("    }")
 
-    def _exchange_at(self, n: int, ex, slot: str, row: str, col: str) -> str:
+    def _exchange_at(self, n: int, ex, slot: str, row: str, col: str, batch: str = "batch") -> str:
         """The address of an exchange's pair at row `row`, column `col` of the slot `slot` & 1 (a value
         written at step t goes to slot t & 1, the initial state's to slot 1)."""
-        return (f"{self.name}_x{n} + (size_t)(({slot}) & 1) * batch * {ex.width} "
+        return (f"{self.name}_x{n} + (size_t)(({slot}) & 1) * {batch} * {ex.width} "
                 f"+ (size_t)({row}) * {ex.width} + {col}")
+
+    def _exchanged_outputs(self, i: int, params: list) -> list[tuple[int, int, object]]:
+        """The outputs of item i (a kernel with those parameters) that other blocks read from an
+        exchange: (the output's index among the parameters, the exchange's index, the Exchange)."""
+        return [(n, *self.exchange[p.access.buffer]) for n, p in enumerate(params)
+                if p.output and p.access.buffer in self.exchange
+                and self.exchange[p.access.buffer][1].writer == i]
+
+    def _at_columns(self, n: int, x: int, ex, params: list, batch: str = "batch") -> str:
+        """Where output n of an exchange's writer goes in it at row r, column j of the step t: at its
+        columns of the exchange."""
+        col = params[n].access.col - ex.col
+        return self._exchange_at(x, ex, "t", "r", f"j + {col}" if col else "j", batch)
+
+    def _published(self, i: int) -> dict[int, str]:
+        """Of a block per row that writes an exchanged operand (item i), where each such output (by its
+        index among the kernel's parameters) goes in its exchange, in the terms of the device function
+        (the batch is `rows` there)."""
+        params = kernel_params(self.launch.items[i].launch)
+        return {n: self._at_columns(n, x, ex, params, "rows")
+                for n, x, ex in self._exchanged_outputs(i, params)}
 
     def _publish_initial(self) -> None:
         """Before the loop, each block's own elements of every exchange: both slots cleared (tag 0, which
@@ -554,17 +578,13 @@ class _Kernel:
         copies = {out: f"{array}[u]" for out, array in carried.values()}
         # the values other blocks read from an exchange: put there too, with the step's tag, each output
         # at its columns of the exchange
-        published = [(n, *self.exchange[p.access.buffer]) for n, p in enumerate(params)
-                     if p.output and p.access.buffer in self.exchange
-                     and self.exchange[p.access.buffer][1].writer == i]
+        published = self._exchanged_outputs(i, params)
         for n, _, _ in published:
             self.w(f"{IND}    float cf_pub{n};")
             copies[n] = f"cf_pub{n}"
         self.w(*element_body(params, names, k.body, IND + "    ", index, k.adds, copies))
         for n, x, ex in published:
-            col = params[n].access.col - ex.col
-            at = self._exchange_at(x, ex, "t", "r", f"j + {col}" if col else "j")
-            self.w(f"{IND}    cf_publish({at}, t + 2, cf_pub{n});")
+            self.w(f"{IND}    cf_publish({self._at_columns(n, x, ex, params)}, t + 2, cf_pub{n});")
         self.w(f"{IND}}}")
 
     # -- a GEMM -------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ otherwise see the new one). LSTM and GRU get one barrier per step, Cho's GRU and
 GEMM reads r*h, computed in the step), a cell whose step reduces rows after its GEMM two (the GEMM's
 output, then the new state, cross between blocks), and a cell without a recurrent GEMM none. Where every
 barrier is there for a GEMM's operand, the forward step needs none of them: the operand goes through an
-exchange (see `exchanges`), and the block waits for the values it reads instead of for every block.
+exchange (see `exchanges`), and the block waits for the values it reads instead of for every block; a
+step that ends with a block per row writing the operand keeps the barrier before it, and only that one.
 """
 
 from __future__ import annotations
@@ -264,7 +265,8 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
               column_blocks: int) -> tuple[Exchange, ...]:
     """The GEMM operands of a step that can go through exchanges instead of grid-wide barriers, or none:
     where every barrier is a GEMM's, for its operand, which one elementwise launch writes whole (each
-    block its own elements, in one output or in several side by side) in step with the reads. A block
+    block its own elements, in one output or in several side by side) in step with the reads, or a
+    block per row's, which keeps it (see `_rows_then_gemms`). A block
     then waits only for the values it reads (on an H100 a forward step of the LSTM took half the time at
     B=1, and 12% less at B=64). Two slots are enough: a block writes a slot again only after every block
     of its row group wrote what it reads next, which each did after reading that slot; in a `reverse`
@@ -274,12 +276,14 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
     group reads all its rows), the step meets at barriers instead."""
     if not any(item.barrier for item in items) or any(item.mma for item in items):
         return ()  # (tensor cores stage their operand in chunks of K, from memory)
-    if any(item.barrier and not isinstance(item.launch, GemmLaunch) for item in items):
-        return ()
     step = [item.launch for item in items]
-    if any(item.by_rows or isinstance(item.launch, KernelLaunch) and shared_reads(item.launch, step)
+    if any(item.barrier and not isinstance(item.launch, GemmLaunch) and not item.by_rows
+           or not item.by_rows and isinstance(item.launch, KernelLaunch) and shared_reads(item.launch, step)
            for item in items):
-        return ()  # a block per row, or a kernel that reads other blocks' values: the step meets at barriers
+        return ()  # a kernel that reads other blocks' values: the step meets at barriers
+    by_rows = any(item.by_rows for item in items)
+    if by_rows and not _rows_then_gemms(items):
+        return ()
     out: dict[str, Exchange] = {}
     for i, item in enumerate(items):
         if not isinstance(item.launch, GemmLaunch):
@@ -288,11 +292,11 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
         writers = [(w, acc) for w, other in enumerate(items) if isinstance(other.launch, KernelLaunch)
                    for _, acc in other.launch.outputs if acc.buffer == read.buffer]
         if not writers:
-            if any(read.buffer in writes(other.launch) for other in items):
-                return ()  # a GEMM writes it
+            if by_rows or any(read.buffer in writes(other.launch) for other in items):
+                return ()  # a GEMM writes it, or its barrier, beside a block per row's, is for another reason
             continue  # nothing of the step writes it: read as it is
         w = writers[0][0]
-        if any(other != w for other, _ in writers):
+        if any(other != w for other, _ in writers) or by_rows and w != len(items) - 1:
             return ()
         lag = -1 if i < w else 0
         if lag and reverse:
@@ -311,6 +315,20 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
     if 4 * batch * column_blocks * sum(ex.width for ex in out.values()) > EXCHANGE_BYTES_PER_WAIT * len(out):
         return ()
     return tuple(out.values())
+
+
+def _rows_then_gemms(items: list[PersistentItem]) -> bool:
+    """Whether a step whose kernels that reduce rows keep their grid-wide barriers may pass its GEMM
+    operands through exchanges: where the step's last launch, a block per row behind a barrier, writes
+    them (the new state of a layer-normalised cell), and each GEMM is followed by a barrier. A GEMM of
+    the next step then waits only for its row group's rows, which the blocks that write them publish
+    after they have read the rows of the GEMM outputs that it overwrites; everything else of a step
+    crosses a barrier before another block reads it."""
+    *_, last = items
+    if not (last.by_rows and last.barrier):
+        return False
+    gemms = [i for i, item in enumerate(items) if isinstance(item.launch, GemmLaunch) and item.barrier]
+    return all(items[i + 1].barrier and not isinstance(items[i + 1].launch, GemmLaunch) for i in gemms)
 
 
 def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int, saved: bool,

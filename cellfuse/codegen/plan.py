@@ -355,17 +355,29 @@ class PersistentLaunch:
         or for its operand's values in an exchange."""
         return sum(item.barrier for item in self.items)
 
+    def grid_barrier(self, item: PersistentItem) -> bool:
+        """Whether the blocks meet at a grid-wide barrier before the item: where the plan puts a barrier,
+        but for a GEMM where the operands go through exchanges (it waits for its operand there)."""
+        return item.barrier and not (self.exchange and isinstance(item.launch, GemmLaunch))
+
     @property
     def barriers_per_step(self) -> int:
-        """Grid-wide barriers a step waits at: none where the operands go through exchanges."""
-        return 0 if self.exchange else self.waits_per_step
+        """Grid-wide barriers a step waits at."""
+        return sum(self.grid_barrier(item) for item in self.items)
+
+    @property
+    def exchange_waits_per_step(self) -> int:
+        """The points of a step where a block waits for its operand in an exchange."""
+        return self.waits_per_step - self.barriers_per_step
 
     @property
     def waits_text(self) -> str:
         """How a step waits for other blocks, in words."""
+        barriers = f"{self.barriers_per_step} grid-wide barrier(s)"
         if self.exchange:
-            return f"{self.waits_per_step} wait(s) per step for values in an exchange, no grid-wide barrier"
-        return f"{self.barriers_per_step} grid-wide barrier(s) per step"
+            return (f"{self.exchange_waits_per_step} wait(s) per step for values in an exchange, "
+                    + (barriers if self.barriers_per_step else "no grid-wide barrier"))
+        return f"{barriers} per step"
 
     @property
     def label(self) -> str:
@@ -506,8 +518,7 @@ class Plan:
                 "blocks": self.layers[0].persistent.blocks, "threads": self.layers[0].persistent.threads,
                 "row_groups": self.layers[0].persistent.row_groups,
                 "barriers_per_step": self.layers[0].persistent.barriers_per_step,
-                "exchange_waits_per_step": (self.layers[0].persistent.waits_per_step
-                                            if self.layers[0].persistent.exchange else 0),
+                "exchange_waits_per_step": self.layers[0].persistent.exchange_waits_per_step,
                 "smem_bytes_per_block": self.layers[0].persistent.smem_bytes,
                 "weights_on_chip": all(i.on_chip for i in self.layers[0].persistent.items
                                        if isinstance(i.launch, GemmLaunch)),
@@ -571,8 +582,8 @@ class Plan:
                     what += ", on tensor cores (3xTF32)" if item.mma else ""
                 wait = ""
                 if item.barrier:
-                    wait = (f"wait for {item.launch.a.buffer} in its exchange, then " if p.exchange
-                            else "grid barrier, then ")
+                    wait = ("grid barrier, then " if p.grid_barrier(item)
+                            else f"wait for {item.launch.a.buffer} in its exchange, then ")
                 lines.append(f"  {wait}{launch_name(item.launch)} ({what})")
             for ex in p.exchange:
                 lines.append(f"  {ex.buffer} also goes to an exchange of (step, value) pairs, polled by the "

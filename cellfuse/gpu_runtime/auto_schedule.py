@@ -32,9 +32,10 @@ REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 # forward passes its operands through exchanges, without grid barriers; version 4's large GEMMs run on
 # tensor cores, 3xTF32; version 5's persistent steps use exchanges only where they move few bytes per
 # barrier, forward and backward; version 6's persistent steps run a kernel with row reductions a block per
-# row; version 7's persistent rungs reduce rows that depend on no state before the loop) is measured
-# again.
-RUNGS_VERSION = 7
+# row; version 7's persistent rungs reduce rows that depend on no state before the loop; version 8's
+# blocks per row load every operand at once, and pass the state they write to the next step's GEMM
+# through an exchange) is measured again.
+RUNGS_VERSION = 8
 
 
 @dataclass(frozen=True)

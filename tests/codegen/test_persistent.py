@@ -63,10 +63,12 @@ def test_barriers_per_step_of_every_template(name):
     launch = plan.layers[0].persistent
     assert launch.waits_per_step == BARRIERS_PER_STEP[name]
     # Every wait is for a GEMM operand that one elementwise launch writes: it goes through an exchange,
-    # and no step waits at a grid-wide barrier, but where a kernel runs a block per row.
-    exchanged = name not in ("indrnn", "sru", "layernorm_lstm")
+    # and no step waits at a grid-wide barrier, but before a kernel that runs a block per row.
+    exchanged = name not in ("indrnn", "sru")
     assert bool(launch.exchange) == exchanged
-    assert launch.barriers_per_step == (0 if exchanged else BARRIERS_PER_STEP[name])
+    by_rows = sum(item.by_rows for item in launch.items)
+    assert launch.barriers_per_step == (by_rows if exchanged else BARRIERS_PER_STEP[name])
+    assert launch.exchange_waits_per_step == (BARRIERS_PER_STEP[name] - by_rows if exchanged else 0)
     assert plan.launches_per_step == 0 and plan.chunk_steps == 0 and plan.cuda_graph
     assert [item.launch for item in launch.items] == plan.layers[0].step
     by_rows = [item.by_rows for item in launch.items]
@@ -268,6 +270,22 @@ def test_what_a_block_per_row_writes_other_blocks_read_after_a_barrier_through_l
     reads = [n for n, (_, acc) in enumerate(last.inputs) if acc.buffer in written]
     assert reads and all(f"__ldcg(p{n} + " in kernel for n in reads)
     nvcc_cubin(PERSISTENT_PRELUDE + PRELUDE + "\n".join(source.values()), tmp_path)
+
+
+def test_a_block_per_row_loads_its_operands_at_once_and_only_what_the_kernel_writes_through_l2():
+    """The layer-normalised LSTM's block per row loads every operand in its first pass over the row (a
+    later pass's loads would wait for a row sum first), the GEMM's output and the state through L2,
+    which other blocks (or steps) of the kernel write, and the gains and biases, which nothing writes,
+    through the read-only cache."""
+    plan = make_plan(load_template("layernorm_lstm"), Sizes(100, 64, 512, 512), "persistent")
+    (kernel,) = [body for body in plan_kernels(plan).sources.values() if "grid_group" in body]
+    rows = kernel[kernel.index("_rows1("):kernel.index("extern \"C\"")]
+    first, later = rows.split("// pass 2 over the row")
+    loaded = set(re.findall(r"= (?:__ldcg\()?(p\d+_\w+)[ \[]", first))
+    assert len(loaded) == 23  # the four gates of h U, ten gains and biases, x's four, b's four, c
+    assert not re.search(r"= (?:__ldcg\()?p\d+_", later)
+    through_l2 = set(re.findall(r"__ldcg\((p\d+_\w+) ", rows))
+    assert through_l2 == {"p0_hi", "p1_hf", "p2_ho", "p3_hg", "p20_c"}
 
 
 @pytest.mark.parametrize("seed", range(30))
