@@ -73,6 +73,10 @@ class OpSpec:
     # argument expressions {0}, {1}, in float (and {width}, a row reduction's width as a float). A row
     # reduction's rule gives each element of the row its part of the row's gradient: it broadcasts.
     cuda_grad: tuple[str, ...] | None = None
+    # Where the derivative jumps (relu's and abs's at 0, max's and min's where the args are equal): the
+    # signed distance of the args from there, kink(*args), of y's shape. Moving the first arg by twice
+    # minus that distance takes it to the kink's other side (see `kinks`).
+    kink: Callable[..., np.ndarray] | None = None
 
     @property
     def is_source(self) -> bool:
@@ -200,19 +204,19 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
            None, RandomUse(("any", "any"), lambda a, b: max(a, b)),
            grad=(lambda dy, a, b, y: _tie_split(dy, a, b), lambda dy, a, b, y: _tie_split(dy, b, a)),
            cuda_grad=("({0} > {1} ? {dy} : ({0} == {1} ? 0.5f * {dy} : 0.0f))",
-                      "({1} > {0} ? {dy} : ({0} == {1} ? 0.5f * {dy} : 0.0f))")),
+                      "({1} > {0} ? {dy} : ({0} == {1} ? 0.5f * {dy} : 0.0f))"), kink=np.subtract),
     # |min(a, b)| is bounded by the larger of the bounds of |a| and |b|, as |max(a, b)| is.
     OpSpec("min", 2, OpKind.ELEMENTWISE, "min(a, b)", ("a", "b"), np.minimum, "fminf({0}, {1})", "minimum",
            None, RandomUse(("any", "any"), lambda a, b: max(a, b)),
            grad=(lambda dy, a, b, y: _tie_split(dy, b, a), lambda dy, a, b, y: _tie_split(dy, a, b)),
            cuda_grad=("({0} < {1} ? {dy} : ({0} == {1} ? 0.5f * {dy} : 0.0f))",
-                      "({1} < {0} ? {dy} : ({0} == {1} ? 0.5f * {dy} : 0.0f))")),
+                      "({1} < {0} ? {dy} : ({0} == {1} ? 0.5f * {dy} : 0.0f))"), kink=np.subtract),
     OpSpec("neg", 1, OpKind.ELEMENTWISE, "-a", ("a",), np.negative, "(-{0})", "neg", "-",
            RandomUse(("any",), lambda a: a),
            grad=(lambda dy, a, y: -dy,), cuda_grad=("(-{dy})",)),
     OpSpec("abs", 1, OpKind.ELEMENTWISE, "|a|", ("a",), np.abs, "fabsf({0})", "abs", None,
            RandomUse(("any",), lambda a: a), grad=(_abs_grad,),
-           cuda_grad=("({0} > 0.0f ? {dy} : ({0} < 0.0f ? (-{dy}) : 0.0f))",)),
+           cuda_grad=("({0} > 0.0f ? {dy} : ({0} < 0.0f ? (-{dy}) : 0.0f))",), kink=np.positive),
     OpSpec("square", 1, OpKind.ELEMENTWISE, "a * a", ("a",), np.square, "({0} * {0})", "square", None,
            RandomUse(("bounded",), lambda a: a * a),
            grad=(lambda dy, a, y: 2.0 * dy * a,), cuda_grad=("(2.0f * {dy} * {0})",)),
@@ -240,7 +244,8 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
            # In float, 1 - y^2 is off by the rounding of y at most, as for sigmoid.
            cuda_grad=("({dy} * (1.0f - {y} * {y}))",)),
     OpSpec("relu", 1, OpKind.ELEMENTWISE, "max(a, 0)", ("a",), _relu, "fmaxf({0}, 0.0f)", "relu", None,
-           RandomUse(("any",), lambda a: a), grad=(_relu_grad,), cuda_grad=("({0} > 0.0f ? {dy} : 0.0f)",)),
+           RandomUse(("any",), lambda a: a), grad=(_relu_grad,), cuda_grad=("({0} > 0.0f ? {dy} : 0.0f)",),
+           kink=np.positive),
     # PyTorch's softplus gives a itself for a > 20, 2e-9 off at most.
     OpSpec("softplus", 1, OpKind.ELEMENTWISE, "ln(1 + e^a), computed so that it never overflows", ("a",),
            _softplus, "(fmaxf({0}, 0.0f) + log1pf(expf(-fabsf({0}))))", "nn.functional.softplus", None,
