@@ -207,6 +207,17 @@ def test_plan_view_says_what_a_persistent_kernel_holds(window):
     assert not panel.kernel_label.isVisibleTo(window)
 
 
+def test_plan_view_counts_a_step_s_exchange_waits_and_its_grid_barriers_apart():
+    """The layer-normalised LSTM's persistent step waits for h in an exchange, then at a grid barrier
+    before its block per row reads the GEMM's output."""
+    from cellfuse.app.plan_panel import loop_text
+    from cellfuse.graph_model import Sizes, load_template
+
+    plan = make_plan(load_template("layernorm_lstm"), Sizes(100, 64, 512, 512), "persistent")
+    assert ("1 wait(s) per step for the values of other blocks in an exchange buffer (1 grid barrier(s))"
+            in loop_text(plan.summary()))
+
+
 def test_plan_view_says_which_gemms_run_on_tensor_cores(window):
     """At T=100, B=64 and 512 units the LSTM's hoisted input GEMM (6400 x 2048 x 512) runs as 3xTF32: its
     row in the plan list and its outline's label say so; at B=8 (800 rows) neither does."""
