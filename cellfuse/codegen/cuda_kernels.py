@@ -495,8 +495,8 @@ def row_sum_floats(body: tuple[Instr | GradInstr, ...]) -> int:
 
 
 def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = False,
-                            written: frozenset[str] = frozenset(), published: dict[int, str] | None = None,
-                            ) -> str:
+                            written: frozenset[str] = frozenset(),
+                            published: dict[int, str] | None = None) -> str:
     """A kernel whose body reduces rows: a block per row (see the module's docstring). Pointers arrive
     already offset to the step's rows; the launch may have any number of blocks of BLOCK threads. A
     `device` function instead, with the same body, for a persistent kernel's blocks to run: it loads

@@ -266,21 +266,21 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
     """The GEMM operands of a step that can go through exchanges instead of grid-wide barriers, or none:
     where every barrier is a GEMM's, for its operand, which one elementwise launch writes whole (each
     block its own elements, in one output or in several side by side) in step with the reads, or a
-    block per row's, which keeps it (see `_rows_then_gemms`). A block
-    then waits only for the values it reads (on an H100 a forward step of the LSTM took half the time at
-    B=1, and 12% less at B=64). Two slots are enough: a block writes a slot again only after every block
-    of its row group wrote what it reads next, which each did after reading that slot; in a `reverse`
-    loop as well, whose tags fall from step to step and never meet those of two steps before. The
-    exchanges are static arrays of the kernel's module: beyond EXCHANGE_BYTES in all, or where the pairs
-    would move more than EXCHANGE_BYTES_PER_WAIT for each barrier they take away (every block of a row
-    group reads all its rows), the step meets at barriers instead."""
+    block per row's, which keeps it (see `_rows_then_gemms`). A block then waits only for the values it
+    reads (on an H100 a forward step of the LSTM took half the time at B=1, and 12% less at B=64). Two
+    slots are enough: a block writes a slot again only after every block of its row group wrote what it
+    reads next, which each did after reading that slot; in a `reverse` loop as well, whose tags fall
+    from step to step and never meet those of two steps before. The exchanges are static arrays of the
+    kernel's module: beyond EXCHANGE_BYTES in all, or where the pairs would move more than
+    EXCHANGE_BYTES_PER_WAIT for each barrier they take away (every block of a row group reads all its
+    rows), the step meets at barriers instead."""
     if not any(item.barrier for item in items) or any(item.mma for item in items):
         return ()  # (tensor cores stage their operand in chunks of K, from memory)
     step = [item.launch for item in items]
-    if any(item.barrier and not isinstance(item.launch, GemmLaunch) and not item.by_rows
-           or not item.by_rows and isinstance(item.launch, KernelLaunch) and shared_reads(item.launch, step)
-           for item in items):
-        return ()  # a kernel that reads other blocks' values: the step meets at barriers
+    for item in items:
+        if isinstance(item.launch, KernelLaunch) and not item.by_rows and (
+                item.barrier or shared_reads(item.launch, step)):
+            return ()  # a kernel that reads other blocks' values: the step meets at barriers
     by_rows = any(item.by_rows for item in items)
     if by_rows and not _rows_then_gemms(items):
         return ()

@@ -381,8 +381,8 @@ class _Problem:
     def check_gradients(self, row: BenchRow, grads: Gradients) -> None:
         """The row's error against the reference's gradients; where that is too large and the reference
         passes within rounding of kinks, against its gradients with some of them on their other side
-        (one, then two, ... of the nearest), which a float32 run may take as rightly: the smallest such
-        error that passes, and the row's note says which."""
+        (one, then two, ... of the nearest), which a float32 run may take as rightly: the error against
+        the first of those that it matches, and the row's note says which kinks."""
         row.rel_error = _grad_error(grads, self.ref_grads)
         if row.rel_error < TOLERANCE or self.tape is None:
             return
