@@ -41,7 +41,7 @@ from .persistent import (
     whole32,
     writes,
 )
-from .plan import Access, GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
+from .plan import Access, Exchange, GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
 
 PERSISTENT_PRELUDE = """\
 #include <cooperative_groups.h>
@@ -144,6 +144,8 @@ class _Kernel:
         self.written_by_rows = set().union(*(writes(item.launch) for item in launch.items if item.by_rows))
         # exchanged operands: buffer -> (its index, its Exchange)
         self.exchange = {ex.buffer: (n, ex) for n, ex in enumerate(launch.exchange)}
+        # of each block per row that writes an exchanged operand: where it publishes (see `_published`)
+        self.published = {i: self._published(i) for i, item in enumerate(launch.items) if item.by_rows}
         self.lines: list[str] = []
 
     def w(self, *lines: str) -> None:
@@ -162,7 +164,7 @@ class _Kernel:
         for i, item in enumerate(launch.items):
             if item.by_rows:
                 self.w(reduction_kernel_source(item.launch, f"{self.name}_rows{i}", device=True,
-                                               written=frozenset(self.written), published=self._published(i)))
+                                               written=frozenset(self.written), published=self.published[i]))
         self.w(f"// {steps} in one cooperative launch of {launch.blocks} blocks of {launch.threads} threads",
                f"// ({launch.column_blocks} column blocks x {launch.row_groups} row groups), "
                f"{launch.waits_text}, {launch.smem_bytes} bytes of "
@@ -233,7 +235,7 @@ class _Kernel:
                 case KernelLaunch() if item.by_rows:
                     params = kernel_params(item.launch)
                     args = [_at_step(self.var[p.access.buffer], p.access) for p in params]
-                    step = ", t" if self._published(i) else ""
+                    step = ", t" if self.published[i] else ""
                     self.w(f"{IND}{self.name}_rows{i}({', '.join(args)}, batch{step});  // a block per row")
                 case KernelLaunch():
                     self._elementwise(i, item, prefetched.get(i, {}), carried.get(i, {}))
@@ -250,14 +252,14 @@ class _Kernel:
         return (f"{self.name}_x{n} + (size_t)(({slot}) & 1) * {batch} * {ex.width} "
                 f"+ (size_t)({row}) * {ex.width} + {col}")
 
-    def _exchanged_outputs(self, i: int, params: list) -> list[tuple[int, int, object]]:
+    def _exchanged_outputs(self, i: int, params: list) -> list[tuple[int, int, Exchange]]:
         """The outputs of item i (a kernel with those parameters) that other blocks read from an
         exchange: (the output's index among the parameters, the exchange's index, the Exchange)."""
         return [(n, *self.exchange[p.access.buffer]) for n, p in enumerate(params)
                 if p.output and p.access.buffer in self.exchange
                 and self.exchange[p.access.buffer][1].writer == i]
 
-    def _at_columns(self, n: int, x: int, ex, params: list, batch: str = "batch") -> str:
+    def _at_columns(self, n: int, x: int, ex: Exchange, params: list, batch: str = "batch") -> str:
         """Where output n of an exchange's writer goes in it at row r, column j of the step t: at its
         columns of the exchange."""
         col = params[n].access.col - ex.col
