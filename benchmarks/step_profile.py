@@ -29,7 +29,9 @@ from cellfuse.graph_model import Sizes, init_params, load_template
 
 # Each ablation: (pattern, replacement) edits of a persistent kernel's source.
 _NO_GEMM = (r"rb < rows; rb \+= (\d+)", r"rb < 0; rb += \1")  # no staging, no products, no stores
-_NO_FMA = (r"for \(int it = 0; it < (\d+);", r"for (int it = 0; it < 0;")  # staging and stores only
+# staging and stores only: the loop over K of the CUDA cores' products, or of the tensor cores'
+_NO_FMA = (r"for \(int (it = 0; it < )\d+;|for \(int (k = ks \* \d+; k < )",
+           lambda m: f"for (int {m[1]}0;" if m[1] else f"for (int {m[2]}0 && k < ")
 _NO_ELEMENTWISE = (r"(?m)^\s*p\d+\[\(long long\)r \* \d+ \+ j\] \+?= [^;]*;\s*$", "")
 _NO_SYNC = (r"grid\.sync\(\);", ";")
 ABLATIONS = {

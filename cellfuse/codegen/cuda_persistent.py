@@ -31,8 +31,9 @@ from .cuda_kernels import (
     reduction_kernel_source,
 )
 from .persistent import (
-    MMA_K,
-    MMA_TILE,
+    MMA_K_BLOCK,
+    MMA_M,
+    MMA_N,
     WARPS,
     GemmTiling,
     gemm_tiling,
@@ -45,7 +46,6 @@ from .plan import Access, Exchange, GemmLaunch, KernelLaunch, PersistentItem, Pe
 
 PERSISTENT_PRELUDE = """\
 #include <cooperative_groups.h>
-#include <mma.h>
 
 // 16 bytes from global to shared memory without a register, cached in L2 only: other blocks wrote them.
 __device__ __forceinline__ void cf_copy16(float* shared, const float* global) {
@@ -78,15 +78,22 @@ __device__ __forceinline__ void cf_peek2(const unsigned long long* at, unsigned 
     asm volatile("ld.relaxed.gpu.global.v2.u64 {%0, %1}, [%2];\\n" : "=l"(a), "=l"(b) : "l"(at) : "memory");
 }
 
-// A fragment of float32 values split in two of TF32 (10 bits of mantissa each): hi, and what hi lost.
-template <typename Fragment>
-__device__ __forceinline__ void cf_split_tf32(Fragment& hi, Fragment& lo) {
-    #pragma unroll
-    for (int e = 0; e < hi.num_elements; ++e) {
-        const float v = hi.x[e];
-        hi.x[e] = nvcuda::wmma::__float_to_tf32(v);
-        lo.x[e] = nvcuda::wmma::__float_to_tf32(v - hi.x[e]);
-    }
+// A float32 value split in two TF32 ones (10 bits of mantissa each): hi, its 13 low bits cleared, and
+// lo = v - hi, exact in float32, whose low bits the tensor cores leave out as they do hi's. Two
+// instructions: cvt.rna.tf32.f32, which rounds instead, compiles to five on an H100 (the LSTM's
+// persistent kernel at B=64 took 0.770 ms with it, 0.699 with this, 0.634 with no split at all).
+__device__ __forceinline__ void cf_split_tf32(float v, unsigned& hi, unsigned& lo) {
+    hi = __float_as_uint(v) & 0xffffe000u;
+    lo = __float_as_uint(v - __uint_as_float(hi));
+}
+
+// c += a @ b on tensor cores: a 16 x 8 tile of C over eight k, the fragments as mma.sync lays them out.
+__device__ __forceinline__ void cf_mma_tf32(float (&c)[4], unsigned a0, unsigned a1, unsigned a2,
+                                            unsigned a3, unsigned b0, unsigned b1) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
 """
 
@@ -309,7 +316,7 @@ class _Kernel:
             g, tl = item.launch, self.tilings[i]
             self._column_map(i, item)
             if item.on_chip:
-                kp, ncp = k_stride(g.k), tl.padded_cols
+                kp, ncp = tl.w_stride(g.k), tl.padded_cols
                 what = f"rows of {comment_text(g.w)} (columns of its transpose)" if g.trans_w else (
                     f"columns of {comment_text(g.w)}, transposed")
                 self.w(f"    float* const w{i} = cf_smem + {offset};  // [{ncp}][{kp}]: this block's {what}",
@@ -808,67 +815,102 @@ class _Kernel:
         return f"{at} {'+=' if g.accumulate else '='} {value}{bias};"
 
     def _mma(self, i: int, item: PersistentItem) -> None:
-        """The body of a GEMM's row-tile loop on tensor cores: per chunk of K, the chunk staged, then each
-        warp's 16 x 16 tile of C over its share of the chunk, eight k at a time, each product in three
-        TF32 ones, the small ones first, its partial tile carried in shared memory from one chunk to the
-        next; then the warps' partial tiles added up and stored by all the block's threads, through the
-        column map and the bias."""
+        """The body of a GEMM's row-tile loop on tensor cores: per chunk of K, the chunk staged (or its
+        rows taken from their exchange), then each warp's tile of C over its share of the chunk, sixteen
+        k at a time, each product in three TF32 ones, the small ones first, its partial tile carried in
+        shared memory from one chunk to the next; then the warps' partial tiles added up and stored by
+        all the block's threads, through the column map and the bias.
+
+        A lane of group g (lane / 4) and place q (lane % 4) holds, for the mma.sync products, rows g and
+        g + 8 of A and column g of W (of each product's eight columns), at k q and q + 4 of each product.
+        Those k are taken in an order of their own: the first product of a K_BLOCK reads the block's k
+        4q and 4q + 1, the second 4q + 2 and 4q + 3, so that each row a lane reads is one float4 (A and
+        W in the same order, the sum over K is the same)."""
         g: GemmLaunch = item.launch
         tl: GemmTiling = self.tilings[i]
-        threads, rt, kp = self.launch.threads, self.launch.row_tile, k_stride(g.k)
+        threads, rt, kp = self.launch.threads, self.launch.row_tile, tl.w_stride(g.k)
         split, tiles, nt = tl.k_split, tl.output_threads, tl.col_threads
         chunk, stride = tl.k_chunk, tl.stage_stride(g.k)
-        k8 = MMA_K * -(-chunk // MMA_K)  # within the staged row's stride: the zeros past K add nothing
+        wc = tl.cols_per_thread  # a warp tile's columns
+        nb = wc // MMA_N  # its products side by side
+        regs = 4 * nb  # of its accumulators
+        area = MMA_M * wc
         chunks = -(-g.k // chunk)
-        area = MMA_TILE * MMA_TILE
-        shape = f"{MMA_TILE}, {MMA_TILE}, {MMA_K}"
-        tf32 = "nvcuda::wmma::precision::tf32"
         ind = IND + "        "
+        # the last chunk may end before the others do: no k past K's last block (the rows of W end there)
+        blocks = -(-chunk // MMA_K_BLOCK)
+        end = (str(MMA_K_BLOCK * blocks) if g.k % chunk == 0
+               else f"min({MMA_K_BLOCK * blocks}, {MMA_K_BLOCK * -(-g.k // MMA_K_BLOCK)} - kc)")
+        iters = -(-blocks // split)
         self.w(f"{IND}    for (int kc = 0; kc < {chunks * chunk}; kc += {chunk}) {{",
                f"{IND}        __syncthreads();  // the stage and the partial tiles are free again")
-        self._stage(g, "kc", chunk, stride, ind)
+        if g.a.buffer in self.exchange:  # (one chunk: all of K, see persistent.exchanges)
+            self._poll(*self.exchange[g.a.buffer], stride, ind)
+        else:
+            self._stage(g, "kc", chunk, stride, ind)
         self.w(f"{ind}__syncthreads();",
+               f"{ind}const int lane = tid & 31;",
                f"{ind}for (int o = tid / 32; o < {tiles * split}; o += {WARPS}) {{",
                f"{ind}    const int tile = o / {split}, ks = o % {split};",
-               f"{ind}    const float* const at = cf_stage + (tile / {nt}) * {MMA_TILE * stride};",
-               f"{ind}    const float* const wt = w{i} + (tile % {nt}) * {MMA_TILE * kp} + kc;",
-               f"{ind}    nvcuda::wmma::fragment<nvcuda::wmma::matrix_a, {shape}, {tf32}, "
-               "nvcuda::wmma::row_major> a_hi, a_lo;",
-               f"{ind}    nvcuda::wmma::fragment<nvcuda::wmma::matrix_b, {shape}, {tf32}, "
-               "nvcuda::wmma::col_major> w_hi, w_lo;",
-               f"{ind}    nvcuda::wmma::fragment<nvcuda::wmma::accumulator, {shape}, float> acc;")
-        if chunks > 1:
-            self.w(f"{ind}    if (kc == 0) nvcuda::wmma::fill_fragment(acc, 0.0f);",
-                   f"{ind}    else nvcuda::wmma::load_matrix_sync(acc, cf_mma + o * {area}, {MMA_TILE}, "
-                   "nvcuda::wmma::mem_row_major);")
-        else:
-            self.w(f"{ind}    nvcuda::wmma::fill_fragment(acc, 0.0f);")
-        # the last chunk may end before the others do: no k past K's last eight (the rows of W end there)
-        end = str(k8) if g.k % chunk == 0 else f"min({k8}, {MMA_K * -(-g.k // MMA_K)} - kc)"
-        self.w(f"{ind}    for (int k = ks * {MMA_K}; k < {end}; k += {split * MMA_K}) {{",
-               f"{ind}        nvcuda::wmma::load_matrix_sync(a_hi, at + k, {stride});",
-               f"{ind}        nvcuda::wmma::load_matrix_sync(w_hi, wt + k, {kp});",
-               f"{ind}        cf_split_tf32(a_hi, a_lo);",
-               f"{ind}        cf_split_tf32(w_hi, w_lo);",
-               f"{ind}        nvcuda::wmma::mma_sync(acc, a_lo, w_hi, acc);",
-               f"{ind}        nvcuda::wmma::mma_sync(acc, a_hi, w_lo, acc);",
-               f"{ind}        nvcuda::wmma::mma_sync(acc, a_hi, w_hi, acc);",
+               f"{ind}    const float* const at = cf_stage + ((tile / {nt}) * {MMA_M} + (lane >> 2)) * "
+               f"{stride} + 4 * (lane & 3);",
+               f"{ind}    const float* const wt = w{i} + ((tile % {nt}) * {wc} + (lane >> 2)) * {kp} + kc + "
+               "4 * (lane & 3);",
+               f"{ind}    float* const part = cf_mma + (size_t)o * {regs * 32} + lane;  // [{regs}][32]",
+               f"{ind}    float acc[{nb}][4];",
+               f"{ind}    #pragma unroll",
+               f"{ind}    for (int m = 0; m < {regs}; ++m)",
+               f"{ind}        acc[m / 4][m % 4] = {'kc ? part[m * 32] : 0.0f' if chunks > 1 else '0.0f'};",
+               f"{ind}    #pragma unroll{'' if iters <= FULL_UNROLL else ' 2'}",
+               f"{ind}    for (int k = ks * {MMA_K_BLOCK}; k < {end}; k += {split * MMA_K_BLOCK}) {{",
+               f"{ind}        const float4 a4[2] = {{*(const float4*)(at + k), "
+               f"*(const float4*)(at + {8 * stride} + k)}};",
+               f"{ind}        unsigned ah[2][4], al[2][4];  // [product][fragment register]",
+               f"{ind}        #pragma unroll",
+               f"{ind}        for (int y = 0; y < 2; ++y) {{  // rows g and g + 8",
+               f"{ind}            cf_split_tf32(a4[y].x, ah[0][y], al[0][y]);",
+               f"{ind}            cf_split_tf32(a4[y].y, ah[0][y + 2], al[0][y + 2]);",
+               f"{ind}            cf_split_tf32(a4[y].z, ah[1][y], al[1][y]);",
+               f"{ind}            cf_split_tf32(a4[y].w, ah[1][y + 2], al[1][y + 2]);",
+               f"{ind}        }}",
+               f"{ind}        #pragma unroll",
+               f"{ind}        for (int x = 0; x < {nb}; ++x) {{",
+               f"{ind}            const float4 w4 = *(const float4*)(wt + x * {MMA_N * kp} + k);",
+               f"{ind}            unsigned wh[4], wl[4];",
+               f"{ind}            cf_split_tf32(w4.x, wh[0], wl[0]);",
+               f"{ind}            cf_split_tf32(w4.y, wh[1], wl[1]);",
+               f"{ind}            cf_split_tf32(w4.z, wh[2], wl[2]);",
+               f"{ind}            cf_split_tf32(w4.w, wh[3], wl[3]);",
+               f"{ind}            #pragma unroll",
+               f"{ind}            for (int p = 0; p < 2; ++p) {{",
+               f"{ind}                cf_mma_tf32(acc[x], al[p][0], al[p][1], al[p][2], al[p][3], "
+               "wh[2 * p], wh[2 * p + 1]);",
+               f"{ind}                cf_mma_tf32(acc[x], ah[p][0], ah[p][1], ah[p][2], ah[p][3], "
+               "wl[2 * p], wl[2 * p + 1]);",
+               f"{ind}                cf_mma_tf32(acc[x], ah[p][0], ah[p][1], ah[p][2], ah[p][3], "
+               "wh[2 * p], wh[2 * p + 1]);",
+               f"{ind}            }}",
+               f"{ind}        }}",
                f"{ind}    }}",
-               f"{ind}    nvcuda::wmma::store_matrix_sync(cf_mma + o * {area}, acc, {MMA_TILE}, "
-               "nvcuda::wmma::mem_row_major);",
+               f"{ind}    #pragma unroll",
+               f"{ind}    for (int m = 0; m < {regs}; ++m) part[m * 32] = acc[m / 4][m % 4];",
                f"{ind}}}",
                f"{IND}    }}",
                f"{IND}    __syncthreads();",
+               # element (y, x) of a warp tile is register 4 (x / 8) + 2 (y / 8) + x % 2 of lane
+               # 4 (y % 8) + x % 8 / 2: mma.sync's layout of C
                f"{IND}    for (int e = tid; e < {tiles * area}; e += {threads}) {{",
-               f"{IND}        const int tile = e / {area}, y = e % {area} / {MMA_TILE}, x = e % {MMA_TILE};",
-               f"{IND}        const int r = (tile / {nt}) * {MMA_TILE} + y;",
-               f"{IND}        const int cc = (tile % {nt}) * {MMA_TILE} + x;  // the block's column",
+               f"{IND}        const int tile = e / {area}, y = e % {area} / {wc}, x = e % {wc};",
+               f"{IND}        const int r = (tile / {nt}) * {MMA_M} + y;",
+               f"{IND}        const int cc = (tile % {nt}) * {wc} + x;  // the block's column",
                f"{IND}        const int n = cols{i}(cc);",
                f"{IND}        if (n < 0 || r >= {rt} || rb + r >= rows) continue;",
+               f"{IND}        const int at = (4 * (x / 8) + 2 * (y / 8) + x % 2) * 32 + 4 * (y % 8) + "
+               "x % 8 / 2;",
                f"{IND}        float v = 0.0f;",
                f"{IND}        #pragma unroll",
-               f"{IND}        for (int s = 0; s < {split}; ++s) v += cf_mma[(tile * {split} + s) * {area} + "
-               f"e % {area}];",
+               f"{IND}        for (int s = 0; s < {split}; ++s) v += cf_mma[(size_t)(tile * {split} + s) * "
+               f"{regs * 32} + at];",
                f"{IND}        {self._store(i, item, 'rb + r', 'cc', 'v')}",
                f"{IND}    }}",
                f"{IND}}}",

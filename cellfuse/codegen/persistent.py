@@ -55,11 +55,12 @@ class GemmTiling:
     neighbouring lanes share each tile's sum over K, four k at a time (float4 loads), adding their
     partial sums with warp shuffles at the end.
 
-    On tensor cores (`mma`), each warp holds a 16 x 16 tile of C instead (`rows_per_thread` and
-    `cols_per_thread` are 16, the `*_threads` count tiles), and `k_split` warps share each tile's sum
-    over K, eight k at a time, adding their partial tiles through shared memory (`mma_floats`). The
-    operand is staged `k_chunk` columns of K at a time, the warps' partial tiles kept in shared memory
-    from one chunk to the next, so that a long K (a backward step's 4H) leaves room for the weights."""
+    On tensor cores (`mma`), each warp holds a tile of C instead, 16 rows by `cols_per_thread` (eight
+    columns for each of its `mma.sync` products; the `*_threads` count tiles), and `k_split` warps share
+    each tile's sum over K, sixteen k at a time, adding their partial tiles through shared memory
+    (`mma_floats`). The operand is staged `k_chunk` columns of K at a time, the warps' partial tiles
+    kept in shared memory from one chunk to the next, so that a long K (a backward step's 4H) leaves
+    room for the weights."""
 
     cols: int  # the block's columns of the GEMM, over all its stacked weights
     rows_per_thread: int
@@ -84,17 +85,26 @@ class GemmTiling:
 
     def stage_stride(self, k: int) -> int:
         """Floats per staged row of the operand (of a GEMM with K = k)."""
-        return k_stride(self.k_chunk or k)
+        return self.w_stride(self.k_chunk or k)
+
+    def w_stride(self, k: int) -> int:
+        """Floats per row of the on-chip (transposed) weights, K contiguous (of a GEMM with K = k)."""
+        return mma_stride(k) if self.mma else k_stride(k)
 
     @property
     def mma_floats(self) -> int:
         """Shared memory for the warps' partial tiles of C, on tensor cores."""
-        return self.output_threads * self.k_split * MMA_TILE * MMA_TILE if self.mma else 0
+        if not self.mma:
+            return 0
+        return self.output_threads * self.k_split * self.rows_per_thread * self.cols_per_thread
 
 
-MMA_TILE = 16  # rows and columns of a warp's tile of C on tensor cores (wmma's m16n16k8 for TF32)
-MMA_K = 8
+MMA_M, MMA_N, MMA_K = 16, 8, 8  # the tile of C and the K of one mma.sync product on TF32 operands
+# K read at a time by a warp on tensor cores: two products, each lane's operands of both one float4 of a
+# row (the k of a product taken in the order that makes them so: any order gives the same sum)
+MMA_K_BLOCK = 16
 MMA_K_CHUNK = 512  # columns of K staged at a time on tensor cores, at most
+MMA_COL_TILES = (1, 2, 4, 8)  # the products side by side in a warp's tile of C, the choices
 WARPS = THREADS // 32
 
 
@@ -111,17 +121,38 @@ def k_stride(k: int) -> int:
     return 4 * (-(-k // 4)) + 4
 
 
+def mma_stride(k: int) -> int:
+    """Floats per row of a K-contiguous array that tensor cores read: K in whole MMA_K_BLOCKs, and one
+    more, so that the eight lanes of a float4 load (two rows, four float4s of each) fall in different
+    banks."""
+    return MMA_K_BLOCK * (-(-k // MMA_K_BLOCK) + 1)
+
+
 def gemm_tiling(columns: tuple[int, ...], blocks: int, row_tile: int, k: int,
                 mma: bool = False) -> GemmTiling:
     """The cheapest tiling by a simple count: the float4 loads and FMAs of the busiest thread, and its
-    shuffles. On tensor cores: 16 x 16 tiles, and as many warps on each as leaves none idle."""
+    shuffles. On tensor cores: the warp tiles' width and the warps on each tile that cost the busiest
+    warp the fewest loads and products, leaving no warp idle that could share a tile's K."""
     cols = sum(-(-w // blocks) for w in columns)
     if mma:
-        ct, rt = -(-cols // MMA_TILE), -(-row_tile // MMA_TILE)
-        split = 1
-        while split < WARPS and ct * rt * split * 2 <= WARPS:
-            split *= 2
-        return GemmTiling(cols, MMA_TILE, MMA_TILE, split, ct, rt, mma=True, k_chunk=min(k, MMA_K_CHUNK))
+        chunk = min(k, MMA_K_CHUNK)
+        n_tiles, rt, kb = -(-cols // MMA_N), -(-row_tile // MMA_M), -(-chunk // MMA_K_BLOCK)
+        best = None
+        for nb in MMA_COL_TILES:
+            if nb > 1 and nb > n_tiles:
+                continue
+            ct = -(-n_tiles // nb)
+            split = 1
+            while split < WARPS and ct * rt * split * 2 <= WARPS and split * 2 <= kb:
+                split *= 2
+            units = -(-ct * rt * split // WARPS)  # warp tiles of the busiest warp
+            # per K_BLOCK: two float4s of A and one of W per product column, two products each, three
+            # TF32 products for each; then the sums of the split warps' partial tiles
+            cost = (units * -(-kb // split) * (2 + nb + 6 * nb)
+                    + ct * rt * split * MMA_M * nb * MMA_N // THREADS)
+            if best is None or cost < best[0]:
+                best = (cost, GemmTiling(cols, MMA_M, MMA_N * nb, split, ct, rt, mma=True, k_chunk=chunk))
+        return best[1]
     k4 = -(-k // 4)
     best = None
     for tr in (1, 2, 4, 8):
@@ -164,7 +195,7 @@ def _smem_floats(gemms: list[_Placed], blocks: int, row_tile: int, rows: int) ->
     total = max((whole32(t.padded_rows * t.stage_stride(p.launch.k))
                  for p, t in zip(gemms, tilings, strict=True)), default=0)
     for p, tiling in zip(gemms, tilings, strict=True):
-        total += p.weights * whole32(tiling.padded_cols * k_stride(p.launch.k))
+        total += p.weights * whole32(tiling.padded_cols * tiling.w_stride(p.launch.k))
         total += p.output * output_floats(rows, tiling)
     return total + max((t.mma_floats for t in tilings), default=0)
 
@@ -274,8 +305,9 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
     kernel's module: beyond EXCHANGE_BYTES in all, or where the pairs would move more than
     EXCHANGE_BYTES_PER_WAIT for each barrier they take away (every block of a row group reads all its
     rows), the step meets at barriers instead."""
-    if not any(item.barrier for item in items) or any(item.mma for item in items):
-        return ()  # (tensor cores stage their operand in chunks of K, from memory)
+    if not any(item.barrier for item in items) or any(
+            item.mma and item.launch.k > MMA_K_CHUNK for item in items):
+        return ()  # (tensor cores stage a long K in chunks, from memory)
     step = [item.launch for item in items]
     for item in items:
         if isinstance(item.launch, KernelLaunch) and not item.by_rows and (

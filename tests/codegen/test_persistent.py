@@ -300,9 +300,9 @@ def test_random_cells_that_tie_the_widths_match_the_reference_block_by_block(see
 
 @pytest.mark.parametrize("name, batch", [("lstm", 64), ("lstm", 8), ("gru_cho", 64), ("lstm", 1)])
 def test_the_tensor_rung_puts_the_gemms_whose_weights_fit_on_tensor_cores(name, batch):
-    """`tensor` is `persistent` with each on-chip GEMM in 16 x 16 warp tiles: the operand's rows padded to
-    16 (zeros), the warps sharing each tile's K, their partial tiles in shared memory, every part of
-    it 32-byte aligned; the plan says so."""
+    """`tensor` is `persistent` with each on-chip GEMM in warp tiles of mma.sync products, 16 rows by 8
+    columns each: the operand's rows padded to 16 (zeros), the warps sharing each tile's K, their
+    partial tiles in shared memory, every part of it 32-byte aligned; the plan says so."""
     cell = load_template(name)
     sizes = Sizes(100, batch, 512, 512)
     plan, fp32 = make_plan(cell, sizes, "tensor"), make_plan(cell, sizes, "persistent")
@@ -314,29 +314,32 @@ def test_the_tensor_rung_puts_the_gemms_whose_weights_fit_on_tensor_cores(name, 
     assert launch.smem_bytes <= H100.smem_per_block and launch.smem_bytes % 32 == 0
     for item in gemms:
         tiling = gemm_tiling(item.columns, launch.column_blocks, launch.row_tile, item.launch.k, mma=True)
-        assert tiling.padded_rows % 16 == 0 and tiling.padded_cols % 16 == 0
+        assert tiling.padded_rows % 16 == 0 and tiling.padded_cols % 8 == 0
         assert tiling.padded_rows >= launch.row_tile and tiling.padded_cols >= tiling.cols
+        assert tiling.padded_cols - tiling.cols < tiling.cols_per_thread  # no warp tile of padding alone
         assert tiling.output_threads * tiling.k_split <= 8 or tiling.k_split == 1  # no warp idle
-        assert tiling.mma_floats == tiling.output_threads * tiling.k_split * 256
+        assert tiling.mma_floats == tiling.output_threads * tiling.k_split * 16 * tiling.cols_per_thread
+        assert tiling.w_stride(item.launch.k) % 32 == 16  # a lane group's float4s in different banks
     assert plan.summary()["persistent"]["tensor_cores"] and "on tensor cores (3xTF32)" in plan.describe()
     source = plan_kernels(plan).module_source()
-    assert source.count("nvcuda::wmma::mma_sync(acc") == 3 * len(gemms)  # three TF32 products each
+    assert source.count("cf_mma_tf32(acc[x]") == 3 * len(gemms)  # three TF32 products each
 
 
 def test_a_gemm_on_tensor_cores_falls_back_to_the_cuda_cores_where_its_larger_tiles_do_not_fit():
-    """At hidden 1024 the LSTM's backward dA GEMM reads 4H = 4096 of K: with 16 staged rows (a chunk of
-    K at a time) beside its weights it passes the 227 KiB a block may have, so it stays on the CUDA cores,
-    weights still on chip. At hidden 512 it fits, its K staged in four chunks of 512."""
+    """At hidden 1280 the LSTM's GEMMs, forward and backward, with their weights padded to whole
+    K_BLOCKs and 16 staged rows beside them, pass the 227 KiB a block may have: they stay on the CUDA
+    cores, weights still on chip. At hidden 1024 they fit, the backward dA GEMM's K (4H = 4096) staged in
+    eight chunks of 512."""
     from cellfuse.codegen.backward_plan import backward_plan
 
-    for hidden, fits in [(1024, False), (512, True)]:
+    for hidden, fits in [(1280, False), (1024, True)]:
         plan = make_plan(load_template("lstm"), Sizes(100, 64, hidden, hidden), "tensor", save_steps=True)
         back = backward_plan(plan).layers[0].persistent
         gemm = next(item for item in back.items if isinstance(item.launch, GemmLaunch))
         assert gemm.on_chip and gemm.mma == fits and back.reverse and back.smem_bytes <= H100.smem_per_block
-        assert plan.layers[0].persistent.items[0].mma  # the forward's GEMM, with K = hidden, fits
+        assert plan.layers[0].persistent.items[0].mma == fits  # the forward's GEMM, K = hidden
     tiling = gemm_tiling(gemm.columns, back.column_blocks, back.row_tile, gemm.launch.k, mma=True)
-    assert gemm.launch.k == 2048 and tiling.k_chunk == 512
+    assert gemm.launch.k == 4096 and tiling.k_chunk == 512
     assert plan_kernels(plan).module_source().count("kc += 512") == 1
 
 
@@ -492,8 +495,8 @@ def test_operands_pass_between_blocks_through_exchanges(name, lags):
     operand's values as its elementwise launch writes them, and a GEMM polls its rows for the tag of
     the step it reads (the one before for h, its own for Cho's r*h). At B=8 the LSTM's backward step,
     whose operand is 2048 gates wide, keeps its barrier (see EXCHANGE_BYTES_PER_WAIT), Cho's GRU's too
-    (its r*h gradient comes from the step before, in a reverse loop), and the tensor rung keeps its
-    barriers."""
+    (its r*h gradient comes from the step before, in a reverse loop). The tensor rung passes them the
+    same way where it stages all of K at once (not at hidden 1024: two chunks of 512)."""
     from cellfuse.codegen.backward_plan import backward_plan
     from cellfuse.codegen.kernel_set import backward_kernels
 
@@ -511,7 +514,9 @@ def test_operands_pass_between_blocks_through_exchanges(name, lags):
     assert before.count("grid.sync();") == 1 and before.count("cf_publish(") == 2 * len(lags)
     assert "grid.sync();" in backward_kernels(backward_plan(plan)).module_source()
     tensor = make_plan(load_template(name), Sizes(100, 8, 512, 512), "tensor").layers[0].persistent
-    assert not tensor.exchange and tensor.barriers_per_step == len(lags)
+    assert tensor.exchange == launch.exchange and not tensor.barriers_per_step
+    wide = make_plan(load_template(name), Sizes(100, 8, 1024, 1024), "tensor").layers[0].persistent
+    assert not wide.exchange and wide.barriers_per_step == len(lags)
 
 
 @pytest.mark.parametrize("name, batch, hidden, forward, backward", [

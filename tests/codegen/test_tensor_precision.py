@@ -1,8 +1,9 @@
 """The arithmetic of the `tensor` rung, emulated in numpy: each float32 product as three TF32 products
-(a = a_hi + a_lo, with a_hi = a rounded to TF32's 10 bits of mantissa and a_lo = what it lost, rounded
-again; then a_lo b_hi + a_hi b_lo + a_hi b_hi, summed in float32), as the generated kernels do with
-`__float_to_tf32` and `wmma`. It is as accurate as float32's own products for the GEMMs of a step,
-where one TF32 product alone is not: that is why the rung pays for three."""
+(a = a_hi + a_lo, with a_hi = a with its 13 low bits cleared, TF32's 10 bits of mantissa, and a_lo =
+what it lost, exact in float32, of which the tensor cores read 10 bits of mantissa as well; then
+a_lo b_hi + a_hi b_lo + a_hi b_hi, summed in float32), as the generated kernels do with `mma.sync`. It
+is as accurate as float32's own products for the GEMMs of a step, where one TF32 product alone is not:
+that is why the rung pays for three."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ import pytest
 
 
 def tf32(x: np.ndarray) -> np.ndarray:
-    """float32 rounded to TF32 (10 explicit bits of mantissa), to nearest, ties away from zero, as
-    cvt.rna.tf32.f32 does; the 13 low bits become zero."""
-    bits = x.astype(np.float32).view(np.uint32)
-    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+    """float32 as the tensor cores read it as TF32: 10 explicit bits of mantissa, the 13 low bits left
+    out (towards zero)."""
+    return (x.astype(np.float32).view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
 def three_tf32(a: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -28,13 +28,15 @@ def rel(got: np.ndarray, want: np.ndarray) -> float:
 
 
 def test_tf32_keeps_ten_bits_of_mantissa():
-    x = np.float32([1.0, 1.0 + 2.0**-10, 1.0 + 2.0**-11, 1.0 + 2.0**-12, -3.14159265, 1e-30, 3e38])
+    x = np.float32([1.0, 1.0 + 2.0**-10, 1.0 + 2.0**-11 + 2.0**-12, -3.14159265, 1e-30, 3e38])
     got = tf32(x)
     assert got[0] == 1.0 and got[1] == 1.0 + 2.0**-10  # representable: kept
-    assert got[2] == 1.0 + 2.0**-10  # a tie: away from zero
-    assert got[3] == 1.0  # below half a unit: down
-    assert np.all(np.abs(got[4:] - x[4:]) <= np.abs(x[4:]) * 2.0**-11)
+    assert got[2] == 1.0  # below a unit: towards zero
+    assert got[3] == np.float32(-3.140625)  # towards zero for negative values too
+    assert np.all(np.abs(got[3:] - x[3:]) <= np.abs(x[3:]) * 2.0**-10)
     assert np.all(got.view(np.uint32) & 0x1FFF == 0)
+    split = np.float32([-3.14159265, 0.1, 7e-3])
+    assert np.all(tf32(split) + (split - tf32(split)) == split)  # hi + lo is exact
 
 
 @pytest.mark.parametrize("k", [512, 2048])
