@@ -34,8 +34,9 @@ REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 # barrier, forward and backward; version 6's persistent steps run a kernel with row reductions a block per
 # row; version 7's persistent rungs reduce rows that depend on no state before the loop; version 8's
 # blocks per row load every operand at once, and pass the state they write to the next step's GEMM
-# through an exchange) is measured again.
-RUNGS_VERSION = 8
+# through an exchange; version 9's tensor rung multiplies with mma.sync and passes operands through
+# exchanges) is measured again.
+RUNGS_VERSION = 9
 
 
 @dataclass(frozen=True)
