@@ -104,7 +104,8 @@ MMA_M, MMA_N, MMA_K = 16, 8, 8  # the tile of C and the K of one mma.sync produc
 # row (the k of a product taken in the order that makes them so: any order gives the same sum)
 MMA_K_BLOCK = 16
 MMA_K_CHUNK = 512  # columns of K staged at a time on tensor cores, at most
-MMA_COL_TILES = (1, 2, 4, 8)  # the products side by side in a warp's tile of C, the choices
+# the products side by side in a warp's tile of C, the choices (3 and 6: a GRU block's 3 * 2^n columns)
+MMA_COL_TILES = (1, 2, 3, 4, 6, 8)
 WARPS = THREADS // 32
 
 
