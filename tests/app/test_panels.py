@@ -183,15 +183,20 @@ def test_plan_follows_the_sizes_and_says_why_when_there_is_none(qtbot, window):
 def test_plan_view_says_what_a_persistent_kernel_holds(window):
     """Under `persistent` and `tensor` a layer's steps are one cooperative kernel: the plan view says how
     many blocks it has, its barriers (or waits on exchanges) per step, its shared memory and whether its
-    GEMMs run on tensor cores; under `wavefront` that the layers run side by side; under `graph` nothing
-    is said."""
+    GEMMs run on tensor cores (whose K, staged in chunks past 512, keeps a grid barrier); under
+    `wavefront` that the layers run side by side; under `graph` nothing is said."""
     panel = window.plan_panel
     window.bench_panel.set_sizes(hidden=64)
     panel.set_schedule("tensor")
     window.refresh_plan()
     text = panel.kernel_label.text()
-    assert panel.kernel_label.isVisibleTo(window) and "1 grid barrier(s) per step" in text
+    assert panel.kernel_label.isVisibleTo(window)
+    assert "1 wait(s) per step for the values of other blocks in an exchange buffer (no grid barrier)" in text
     assert "on tensor cores (3xTF32" in text and panel.stat_values["launches_per_step"].text() == "0"
+    window.bench_panel.set_sizes(hidden=1024)  # a K of 1024 on tensor cores, staged in two chunks
+    window.refresh_plan()
+    assert "1 grid barrier(s) per step" in panel.kernel_label.text()
+    window.bench_panel.set_sizes(hidden=64)
     panel.set_schedule("persistent")
     window.refresh_plan()
     text = panel.kernel_label.text()
