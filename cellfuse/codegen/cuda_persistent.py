@@ -37,7 +37,6 @@ from .persistent import (
     WARPS,
     GemmTiling,
     gemm_tiling,
-    k_stride,
     output_floats,
     whole32,
     writes,
@@ -601,7 +600,7 @@ class _Kernel:
         g: GemmLaunch = item.launch
         tl: GemmTiling = self.tilings[i]
         launch, var = self.launch, self.var
-        rt, kp, k4 = launch.row_tile, k_stride(g.k), -(-g.k // 4)
+        rt, stride, k4 = launch.row_tile, tl.stage_stride(g.k), -(-g.k // 4)
         tr, tc, split = tl.rows_per_thread, tl.cols_per_thread, tl.k_split
         threads = launch.threads
         if g.a.buffer not in self.exchange:
@@ -614,9 +613,9 @@ class _Kernel:
             return
         self.w(f"{IND}    __syncthreads();  // the stage is free again")
         if g.a.buffer in self.exchange:
-            self._poll(*self.exchange[g.a.buffer], kp, IND + "    ")
+            self._poll(*self.exchange[g.a.buffer], stride, IND + "    ")
         else:
-            self._stage(g, "0", g.k, kp, IND + "    ")
+            self._stage(g, "0", g.k, stride, IND + "    ")
         self.w(f"{IND}    __syncthreads();")
         self.w(f"{IND}    const int ks = tid % {split};",
                f"{IND}    for (int o = tid / {split}; o < {tl.output_threads}; o += {threads // split}) {{",
@@ -704,10 +703,10 @@ class _Kernel:
         the staged A, and its columns of W (in shared memory, or read from L2, where it never changes)."""
         g: GemmLaunch = item.launch
         tl: GemmTiling = self.tilings[i]
-        kp = k_stride(g.k)
+        stride, kp = tl.stage_stride(g.k), tl.w_stride(g.k)
         self.w(f"{ind}#pragma unroll",
                f"{ind}for (int y = 0; y < {tl.rows_per_thread}; ++y)",
-               f"{ind}    av[{buf}][y] = *(const float4*)(cf_stage + (r0 + y) * {kp} + 4 * ({q}));",
+               f"{ind}    av[{buf}][y] = *(const float4*)(cf_stage + (r0 + y) * {stride} + 4 * ({q}));",
                f"{ind}#pragma unroll")
         if item.on_chip:
             self.w(f"{ind}for (int x = 0; x < {tl.cols_per_thread}; ++x)",

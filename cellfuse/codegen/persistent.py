@@ -430,7 +430,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
                 p = next(chosen)
                 if not p.weights:
                     tiling = gemm_tiling(cols, column_blocks, row_tile, launch.k)
-                    off_chip.append((launch.group, 4 * tiling.padded_cols * k_stride(launch.k)))
+                    off_chip.append((launch.group, 4 * tiling.padded_cols * tiling.w_stride(launch.k)))
                 items.append(PersistentItem(launch, barrier, cols, on_chip=p.weights,
                                             output_on_chip=p.output, mma=p.mma))
             case KernelLaunch():
