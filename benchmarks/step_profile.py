@@ -6,7 +6,9 @@ their share.
 
     python benchmarks/step_profile.py lstm:64 gru:64 lstm:1 --json results/step_profile.json
 
-A CASE is TEMPLATE:BATCH (T=100, input=hidden=512 unless --seq/--hidden say otherwise).
+A CASE is TEMPLATE:BATCH (T=100, input=hidden=512 unless --seq/--hidden say otherwise). With
+--inference, the forward program of inference (no step saved for a backward pass: the one the forward
+benchmark times) instead of a training step's two programs.
 """
 
 from __future__ import annotations
@@ -90,13 +92,15 @@ def _time(ex, instr, reps: int, splits: list[int] | None = None) -> float:
     return statistics.median(times[2:])
 
 
-def _variants(cell, sizes, schedule, edits):
-    plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=True)
+def _variants(cell, sizes, schedule, edits, training: bool):
+    plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=training)
     yield _ablate(cuda_executor.plan_kernels(plan), edits).module_source()
-    yield _ablate(cuda_backward.backward_kernels(cuda_backward.backward_plan(plan)), edits).module_source()
+    if training:
+        yield _ablate(cuda_backward.backward_kernels(cuda_backward.backward_plan(plan)),
+                      edits).module_source()
 
 
-def precompile(cases, seq: int, hidden: int, schedule: str, ablations: dict) -> None:
+def precompile(cases, seq: int, hidden: int, schedule: str, ablations: dict, training: bool = True) -> None:
     """Every variant's module compiled at once, into PyCUDA's cache of cubins (nvcc runs one module on
     one core, and there are dozens of them): the timed runs then find them there."""
     from concurrent.futures import ThreadPoolExecutor
@@ -110,7 +114,7 @@ def precompile(cases, seq: int, hidden: int, schedule: str, ablations: dict) -> 
         sizes = Sizes(seq, batch, hidden, hidden)
         for edits in ablations.values():
             try:
-                sources.update(_variants(load_template(name), sizes, schedule, edits))
+                sources.update(_variants(load_template(name), sizes, schedule, edits, training))
             except NotApplicable:
                 pass
     with ThreadPoolExecutor(16) as pool:
@@ -119,39 +123,43 @@ def precompile(cases, seq: int, hidden: int, schedule: str, ablations: dict) -> 
 
 
 def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, reps: int,
-            ablations: dict) -> dict:
+            ablations: dict, training: bool = True) -> dict:
     cell = load_template(cell_name)
     sizes = Sizes(seq, batch, hidden, hidden)
     params = init_params(cell, 1, hidden, hidden, 0)
     rng = np.random.default_rng(0)
     x = rng.standard_normal((seq, batch, hidden)).astype(np.float32)
     dy = rng.standard_normal((seq, batch, hidden)).astype(np.float32)
-    record: dict = {"cell": cell_name, "batch": batch, "seq": seq, "hidden": hidden, "schedule": schedule}
+    record: dict = {"cell": cell_name, "batch": batch, "seq": seq, "hidden": hidden, "schedule": schedule,
+                    "training": training}
     plan_kernels, backward_kernels = cuda_executor.plan_kernels, cuda_backward.backward_kernels
     try:
         for ablation, edits in ablations.items():
             cuda_executor.plan_kernels = lambda p, e=edits: _ablate(plan_kernels(p), e)
             cuda_backward.backward_kernels = lambda p, e=edits: _ablate(backward_kernels(p), e)
-            plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=True)
+            plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=training)
             try:
                 ex = cuda_executor.CudaExecutor(plan, params)
             except NotApplicable:
                 record.setdefault("ablations", {})[ablation] = None
                 continue
             try:
-                back = cuda_backward.CudaBackward(ex)
+                back = cuda_backward.CudaBackward(ex) if training else None
             except NotApplicable:
                 ex.close()
                 record.setdefault("ablations", {})[ablation] = None
                 continue
             try:
                 ex.run(x, {s: np.zeros((1, batch, hidden), np.float32) for s in cell.updates})
-                back.seed(dy)
                 forward = [(_describe(i, batch), _time(ex, i, reps)) for i in ex.program.instructions]
-                backward = [(_describe(i, batch), _time(ex, i, reps, back.splits))
-                            for i in back.plan.instructions()]
+                backward = []
+                if back:
+                    back.seed(dy)
+                    backward = [(_describe(i, batch), _time(ex, i, reps, back.splits))
+                                for i in back.plan.instructions()]
             finally:
-                back.close()
+                if back:
+                    back.close()
                 ex.close()
             if ablation == "whole":
                 record["forward"], record["backward"] = forward, backward
@@ -173,15 +181,18 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--ablations", default=",".join(ABLATIONS),
                     help="which of the kernels' variants to time (default: all)")
+    ap.add_argument("--inference", action="store_true",
+                    help="the forward program of inference alone, not a training step's two programs")
     ap.add_argument("--json")
     args = ap.parse_args()
     ablations = {name: ABLATIONS[name] for name in args.ablations.split(",")}
     cases = [(name, int(batch)) for name, batch in (case.split(":") for case in args.cases)]
-    precompile(cases, args.seq, args.hidden, args.schedule, ablations)
+    training = not args.inference
+    precompile(cases, args.seq, args.hidden, args.schedule, ablations, training)
     records = []
     for case, (name, batch) in zip(args.cases, cases, strict=True):
-        rec = profile(name, batch, args.seq, args.hidden, args.schedule, args.reps, ablations)
-        for part in ("forward", "backward"):
+        rec = profile(name, batch, args.seq, args.hidden, args.schedule, args.reps, ablations, training)
+        for part in ("forward", "backward") if training else ("forward",):
             print(f"{case} {part}:")
             for what, ms in rec[part]:
                 print(f"    {ms:8.4f} ms  {what}")

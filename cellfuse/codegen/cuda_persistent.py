@@ -199,6 +199,8 @@ class _Kernel:
         nxt = {} if depth else self._read_only()
         if carried:
             self._carry_in(carried)
+        if fixed := self._fixed():
+            self._load_fixed(fixed)
         if nxt:  # the first step's, before the loop; each step then loads the next one's
             self._load_at(nxt, "seq - 1" if launch.reverse else "0", "    ")
         if depth:  # a chunk of steps' inputs loaded at once, then the steps, their loop unrolled
@@ -215,6 +217,8 @@ class _Kernel:
         skip = {i: {*ahead.get(i, {}), *carried.get(i, {}), *nxt.get(i, {})}
                 for i in {*ahead, *carried, *nxt}}
         prefetched = self._prefetch(skip)
+        for i, arrays in fixed.items():
+            prefetched.setdefault(i, {}).update(arrays)
         for i, arrays in ahead.items():
             prefetched.setdefault(i, {}).update({p_i: f"{array}[d]" for p_i, array in arrays.items()})
         if nxt:
@@ -442,6 +446,34 @@ class _Kernel:
             if self._elements(item)[0] <= PREFETCH_ELEMENTS and (unwritten := self._unwritten(item)):
                 out[i] = {p_i: f"cf_next{i}_{p_i}" for p_i in unwritten}
         return out
+
+    def _fixed(self) -> dict[int, dict[int, str]]:
+        """Per elementwise launch, the inputs the same for every row and step (a bias, a peephole's or a
+        norm's weights), loaded once, before the loop: param index -> the register array that holds
+        them. Loaded every step, each waited its trip to L1 behind the step's other work."""
+        out: dict[int, dict[int, str]] = {}
+        for i, item in enumerate(self.launch.items):
+            if not isinstance(item.launch, KernelLaunch) or item.whole or item.by_rows:
+                continue
+            params = self._params(item.launch)
+            used = set(loaded(params, item.launch.body).values())
+            vectors = [p_i for p_i, p in enumerate(params) if p_i in used and not p.output
+                       and p.access.kind == "vec" and p.access.buffer not in self.written]
+            if vectors and self._elements(item)[0] <= PREFETCH_ELEMENTS:
+                out[i] = {p_i: f"cf_fixed{i}_{p_i}" for p_i in vectors}
+        return out
+
+    def _load_fixed(self, fixed: dict[int, dict[int, str]]) -> None:
+        """The loads of `_fixed`'s inputs into their register arrays, before the loop."""
+        for i, arrays in fixed.items():
+            item = self.launch.items[i]
+            params = self._params(item.launch)
+            self.w(*(f"    float {array}[{self._elements(item)[0]}];" for array in arrays.values()))
+            self._element_loop(item, "    ")
+            at = {p_i: _at_step(self.var[params[p_i].access.buffer], params[p_i].access) for p_i in arrays}
+            self.w("        (void)r;",
+                   *(f"        {array}[u] = ({at[p_i]})[j];" for p_i, array in arrays.items()),
+                   "    }")
 
     def _load_at(self, inputs: dict[int, dict[int, str]], step: str, indent: str,
                  declare: bool = True) -> None:

@@ -446,6 +446,19 @@ def test_a_step_loads_the_next_steps_read_only_inputs():
         assert re.search(r"pf\d+_\d+\[u\] = \(b\d+ \+ \(\(size_t\)\(\(?t", source[loop:])  # c, in its step
 
 
+@pytest.mark.parametrize("name, count", [("lstm", 4), ("peephole_lstm", 7)])
+def test_the_weights_of_the_elementwise_work_are_loaded_once_before_the_loop(name, count):
+    """A bias (or a peephole's weights) is the same at every step: it is loaded into registers before
+    the loop, and the step reads the registers."""
+    plan = make_plan(load_template(name), Sizes(100, 8, 512, 512), "persistent")
+    source = plan_kernels(plan).module_source()
+    loop = source.index("for (int t = ")
+    fixed = re.findall(r"(cf_fixed\d+_\d+)\[u\] = \(b\d+\)\[j\];", source[:loop])
+    assert len(set(fixed)) == count
+    assert all(f"= {array}[u];" in source[loop:] for array in fixed)
+    assert not re.search(r"const float\* const p\d+ = b\d+;", source[loop:])  # no weight read in the loop
+
+
 @pytest.mark.parametrize("batch", [8, 64])
 def test_a_gru_block_s_three_gates_keep_every_thread_busy(batch):
     """A GRU block's columns are its units of three gates, 3 * 2^n: register tiles of 4 columns leave a
