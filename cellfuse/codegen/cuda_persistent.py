@@ -100,6 +100,7 @@ PREFETCH_ELEMENTS = 4  # per thread, at most, for an elementwise launch's loads 
 AHEAD_REGISTERS = 64  # per thread, at most, for the inputs of the steps ahead in a launch with no barrier
 AHEAD_STEPS = 16  # steps whose inputs a launch with no barrier loads at once, at most
 POLL_PIECES = 16  # loads of an exchange's pairs a thread has in flight at once, at most
+W_LOADS = 8  # loads of the on-chip weights a thread has in flight at once, before the loop
 POLL_ROUNDS = 1 << 24  # rounds of polling an exchange, at most (seconds; a step waits microseconds)
 FULL_UNROLL = 32  # iterations of a GEMM's loop over K, at most, unrolled whole (else two at a time)
 # The slot a step writes and the next step reads: of the state a launch with no barrier carries in
@@ -322,11 +323,25 @@ class _Kernel:
                 kp, ncp = tl.w_stride(g.k), tl.padded_cols
                 what = f"rows of {comment_text(g.w)} (columns of its transpose)" if g.trans_w else (
                     f"columns of {comment_text(g.w)}, transposed")
+                # consecutive threads load consecutive elements of W's rows (of a transposed W, of its
+                # columns), W_LOADS loads in flight: one at a time, each thread's 100-odd loads along a
+                # column of W took the LSTM's kernel 5% of its time at B=64 and at B=1
+                along = (f"c = e / {kp}, k = e - c * {kp}" if g.trans_w else
+                         f"k = e / {ncp}, c = e - k * {ncp}")
                 self.w(f"    float* const w{i} = cf_smem + {offset};  // [{ncp}][{kp}]: this block's {what}",
-                       f"    for (int e = tid; e < {ncp * kp}; e += {threads}) {{",
-                       f"        const int c = e / {kp}, k = e - c * {kp}, n = cols{i}(c);",
-                       f"        w{i}[e] = (k < {g.k} && n >= 0) ? {self.var[g.w]}[{_w_index(g, 'k', 'n')}]"
-                       " : 0.0f;",
+                       f"    for (int e0 = tid; e0 < {ncp * kp}; e0 += {threads * W_LOADS}) {{",
+                       f"        float v[{W_LOADS}];",
+                       "        #pragma unroll",
+                       f"        for (int q = 0; q < {W_LOADS}; ++q) {{",
+                       f"            const int e = e0 + q * {threads}, {along}, n = cols{i}(c);",
+                       f"            v[q] = (e < {ncp * kp} && k < {g.k} && n >= 0) ? "
+                       f"{self.var[g.w]}[{_w_index(g, 'k', 'n')}] : 0.0f;",
+                       "        }",
+                       "        #pragma unroll",
+                       f"        for (int q = 0; q < {W_LOADS}; ++q) {{",
+                       f"            const int e = e0 + q * {threads}, {along};",
+                       f"            if (e < {ncp * kp}) w{i}[c * {kp} + k] = v[q];",
+                       "        }",
                        "    }")
                 offset += whole32(kp * ncp)
             if item.output_on_chip:
@@ -930,19 +945,23 @@ class _Kernel:
                f"{IND}    __syncthreads();",
                # element (y, x) of a warp tile is register 4 (x / 8) + 2 (y / 8) + x % 2 of lane
                # 4 (y % 8) + x % 8 / 2: mma.sync's layout of C
-               f"{IND}    for (int e = tid; e < {tiles * area}; e += {threads}) {{",
+               # (the thread's elements unrolled, their loads before any test: all in flight at once)
+               f"{IND}    #pragma unroll",
+               f"{IND}    for (int q = 0; q < {-(-tiles * area // threads)}; ++q) {{",
+               f"{IND}        const int e = tid + q * {threads};",
+               *([f"{IND}        if (e >= {tiles * area}) break;"] if tiles * area % threads else []),
                f"{IND}        const int tile = e / {area}, y = e % {area} / {wc}, x = e % {wc};",
                f"{IND}        const int r = (tile / {nt}) * {MMA_M} + y;",
                f"{IND}        const int cc = (tile % {nt}) * {wc} + x;  // the block's column",
-               f"{IND}        const int n = cols{i}(cc);",
-               f"{IND}        if (n < 0 || r >= {rt} || rb + r >= rows) continue;",
                f"{IND}        const int at = (4 * (x / 8) + 2 * (y / 8) + x % 2) * 32 + 4 * (y % 8) + "
                "x % 8 / 2;",
                f"{IND}        float v = 0.0f;",
                f"{IND}        #pragma unroll",
                f"{IND}        for (int s = 0; s < {split}; ++s) v += cf_mma[(size_t)(tile * {split} + s) * "
                f"{regs * 32} + at];",
-               f"{IND}        {self._store(i, item, 'rb + r', 'cc', 'v')}",
+               f"{IND}        const int n = cols{i}(cc);",
+               f"{IND}        if (n >= 0 && r < {rt} && rb + r < rows)",
+               f"{IND}            {self._store(i, item, 'rb + r', 'cc', 'v')}",
                f"{IND}    }}",
                f"{IND}}}",
                f"{IND}__syncthreads();  // C is read next by other threads of the block")

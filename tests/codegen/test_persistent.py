@@ -325,6 +325,18 @@ def test_the_tensor_rung_puts_the_gemms_whose_weights_fit_on_tensor_cores(name, 
     assert source.count("cf_mma_tf32(acc[x]") == 3 * len(gemms)  # three TF32 products each
 
 
+@pytest.mark.parametrize("name, batch", [("lstm", 64), ("layernorm_lstm", 64), ("gru_cho", 8)])
+def test_the_tensor_rung_s_kernels_compile_forward_and_backward(name, batch, tmp_path):
+    """Its GEMMs' outputs go on chip or, for a block per row or a backward pass, to memory: both compile."""
+    from cellfuse.codegen.backward_plan import backward_plan
+    from cellfuse.codegen.kernel_set import backward_kernels
+
+    plan = make_plan(load_template(name), Sizes(100, batch, 512, 512), "tensor", save_steps=True)
+    assert any(item.mma for item in plan.layers[0].persistent.items)
+    nvcc_cubin(plan_kernels(plan).module_source(), tmp_path)
+    nvcc_cubin(backward_kernels(backward_plan(plan)).module_source(), tmp_path)
+
+
 def test_a_gemm_on_tensor_cores_falls_back_to_the_cuda_cores_where_its_larger_tiles_do_not_fit():
     """At hidden 1280 the LSTM's GEMMs, forward and backward, with their weights padded to whole
     K_BLOCKs and 16 staged rows beside them, pass the 227 KiB a block may have: they stay on the CUDA
