@@ -324,8 +324,8 @@ class _Kernel:
                 what = f"rows of {comment_text(g.w)} (columns of its transpose)" if g.trans_w else (
                     f"columns of {comment_text(g.w)}, transposed")
                 # consecutive threads load consecutive elements of W's rows (of a transposed W, of its
-                # columns), W_LOADS loads in flight: one at a time, each thread's 100-odd loads along a
-                # column of W took the LSTM's kernel 5% of its time at B=64 and at B=1
+                # columns), W_LOADS loads in flight: one at a time, each thread's 132 loads down a column
+                # of W held 5% of the samples of the LSTM's tensor-core kernel at B=64 (ncu)
                 along = (f"c = e / {kp}, k = e - c * {kp}" if g.trans_w else
                          f"k = e / {ncp}, c = e - k * {ncp}")
                 self.w(f"    float* const w{i} = cf_smem + {offset};  // [{ncp}][{kp}]: this block's {what}",
