@@ -436,11 +436,12 @@ class _Kernel:
                     carried.setdefault(i, {})[p_i] = (out[0], f"cf_carry{i}_{p_i}")
         return ahead, carried
 
-    def _row_inputs(self, item: PersistentItem) -> list[int]:
-        """The param indices of an elementwise launch's inputs that its body reads element by element."""
+    def _row_inputs(self, item: PersistentItem, kind: str = "row") -> list[int]:
+        """The param indices of an elementwise launch's inputs that its body reads element by element
+        (or, of kind "vec", column by column: the same for every row)."""
         params = self._params(item.launch)
         used = set(loaded(params, item.launch.body).values())
-        return [p_i for p_i, p in enumerate(params) if p_i in used and p.access.kind == "row"]
+        return [p_i for p_i, p in enumerate(params) if p_i in used and p.access.kind == kind]
 
     def _unwritten(self, item: PersistentItem) -> list[int]:
         """Those of `_row_inputs` that nothing of the kernel writes (nor a GEMM on chip): they may be
@@ -471,9 +472,8 @@ class _Kernel:
             if not isinstance(item.launch, KernelLaunch) or item.whole or item.by_rows:
                 continue
             params = self._params(item.launch)
-            used = set(loaded(params, item.launch.body).values())
-            vectors = [p_i for p_i, p in enumerate(params) if p_i in used and not p.output
-                       and p.access.kind == "vec" and p.access.buffer not in self.written]
+            vectors = [p_i for p_i in self._row_inputs(item, "vec")
+                       if not params[p_i].output and params[p_i].access.buffer not in self.written]
             if vectors and self._elements(item)[0] <= PREFETCH_ELEMENTS:
                 out[i] = {p_i: f"cf_fixed{i}_{p_i}" for p_i in vectors}
         return out
@@ -482,13 +482,8 @@ class _Kernel:
         """The loads of `_fixed`'s inputs into their register arrays, before the loop."""
         for i, arrays in fixed.items():
             item = self.launch.items[i]
-            params = self._params(item.launch)
             self.w(*(f"    float {array}[{self._elements(item)[0]}];" for array in arrays.values()))
-            self._element_loop(item, "    ")
-            at = {p_i: _at_step(self.var[params[p_i].access.buffer], params[p_i].access) for p_i in arrays}
-            self.w("        (void)r;",
-                   *(f"        {array}[u] = ({at[p_i]})[j];" for p_i, array in arrays.items()),
-                   "    }")
+            self._element_loads(item, arrays, "    ")
 
     def _load_at(self, inputs: dict[int, dict[int, str]], step: str, indent: str,
                  declare: bool = True) -> None:
@@ -561,10 +556,12 @@ class _Kernel:
         (param index -> register array, indexed by u) at step t."""
         params = self._params(item.launch)
         self._element_loop(item, indent)
+        if all(params[p_i].access.kind == "vec" for p_i in registers):  # the same for every row
+            self.w(f"{indent}    (void)r;")
         for p_i, register in registers.items():
             acc = params[p_i].access
             self.w(f"{indent}    {register}[u] = ({_at_step(self.var[acc.buffer], acc)})"
-                   f"[(long long)r * {acc.ld} + j];")
+                   f"[{element_index(acc)}];")
         self.w(f"{indent}}}")
 
     def _carry_in(self, carried: dict[int, dict[int, tuple[int, str]]]) -> None:
