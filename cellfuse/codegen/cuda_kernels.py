@@ -53,9 +53,10 @@ __device__ __forceinline__ float cf_sigmoid(float a) {
     return (a >= 0.0f ? 1.0f : z) * r;
 }
 
-// The sum of v over the lanes of a warp, in every lane (on the device only: warps shuffle there).
-__forceinline__ __device__ float cf_warp_sum(float v) {
-    for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
+// The sum of v over each group of `lanes` lanes of a warp (a power of two, at most 32), in every lane
+// of the group (on the device only: warps shuffle there).
+__forceinline__ __device__ float cf_lanes_sum(float v, int lanes) {
+    for (int offset = lanes / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
     return v;
 }
 
@@ -641,7 +642,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
         lines.append(f"{ind}}}")
         if reductions:
             lines.append(f"{ind}{{  // the row sums: a warp's by shuffles, then the warps' in shared memory")
-            lines += [f"{ind}    const float w_{i} = cf_warp_sum(s_{step}_{i});"
+            lines += [f"{ind}    const float w_{i} = cf_lanes_sum(s_{step}_{i}, {WARP});"
                       for i in range(len(reductions))]
             lines.append(f"{ind}    __syncthreads();  // every thread has read the row sums before these")
             lines.append(f"{ind}    if (threadIdx.x % {WARP} == 0) {{")
@@ -652,8 +653,10 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
             lines.append(f"{ind}}}")
             for i, red in enumerate(reductions):
                 total = f"t_{i}_{step}"
-                lines.append(f"{ind}const float {total} = cf_warp_sum(threadIdx.x % {WARP} < WARPS ? "
-                             f"cf_partial[{i} * WARPS + threadIdx.x % {WARP}] : 0.0f);")
+                # each group of WARPS lanes sums the warps' sums: fewer shuffles than a warp's 32 lanes
+                # (zeros past WARPS), and the same sum, in the same order
+                lines.append(f"{ind}const float {total} = "
+                             f"cf_lanes_sum(cf_partial[{i} * WARPS + threadIdx.x % WARPS], WARPS);")
                 expr = red.op.cuda.format(total, width=width)
                 lines.append(f"{ind}const float {var[red.result]} = {expr};  // {red.op.name}")
                 store_uniform(red.result)

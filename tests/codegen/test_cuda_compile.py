@@ -75,5 +75,5 @@ def test_kernels_that_reduce_rows_compile_at_every_width(hidden, tmp_path):
         ks = plan_kernels(make_plan(cell, Sizes(4, 3, 24, hidden, 1), "fused" if i % 2 else "hoisted"))
         parts += [body.replace(name, f"{name}_{i}") for name, body in ks.sources.items()]
     source = "\n".join(parts)
-    assert "cf_warp_sum(" in source and "__syncthreads();" in source
+    assert "cf_lanes_sum(" in source and "__syncthreads();" in source
     nvcc_cubin(source, tmp_path)
