@@ -261,7 +261,7 @@ class _Kernel:
         """The address of an exchange's pair at row `row`, column `col` of the slot `slot` & 1 (a value
         written at step t goes to slot t & 1, the initial state's to slot 1)."""
         return (f"{self.name}_x{n} + (size_t)(({slot}) & 1) * {batch} * {ex.width} "
-                f"+ (size_t)({row}) * {ex.width} + {col}")
+                f"+ (size_t)({row}) * {ex.width}" + (f" + {col}" if col != "0" else ""))
 
     def _exchanged_outputs(self, i: int, params: list) -> list[tuple[int, int, Exchange]]:
         """The outputs of item i (a kernel with those parameters) that other blocks read from an
@@ -779,12 +779,19 @@ class _Kernel:
         peek = "cf_peek2(p, w[u][0], w[u][1])" if per == 2 else "cf_peek(p, w[u][0])"
         stale = " || ".join(f"(unsigned)(w[u][{v}] >> 32) != want" for v in range(per))
         slot = "t + 1" if ex.lag else "t"  # of the value written at step t - 1, or at step t
-        # the pairs thread tid loads (u-th of its chunk): element e, row r, at p
+        # the pairs thread tid loads (u-th of its chunk): element e of the rows, of row r, at p
         element = f"const int e = {per} * (e0 + tid + u * {launch.threads}), r = e / {k};"
-        at = (f"const unsigned long long* const p = "
-              f"{self._exchange_at(n, ex, slot, 'row0 + rb + r', f'e - r * {k}')};")
+        # p as the rows' start + e where row groups split the rows (on an H100, B=64: the layer-normalised
+        # LSTM 1.115 -> 1.045 ms, Cho's GRU 0.875 -> 0.815, the LSTM 0.805 -> 0.778), but through row
+        # r where every block polls every row: there its quicker polls cost the LSTM at B=8 4% (0.271 ->
+        # 0.283; benchmarks/results/h100_2026-11-26_exchange_address_variants.json)
+        split = launch.row_groups > 1
+        rows = self._exchange_at(n, ex, slot, "row0 + rb", "0")
+        p = "rows_at + e" if split else self._exchange_at(n, ex, slot, "row0 + rb + r", f"e - r * {k}")
+        at = f"const unsigned long long* const p = {p};"
         self.w(f"{ind}{{",
                f"{ind}    const unsigned want = t + {2 + ex.lag};",
+               *((f"{ind}    const unsigned long long* const rows_at = {rows};",) if split else ()),
                f"{ind}    for (int e0 = 0; e0 < {pieces}; e0 += {chunk * launch.threads}) {{",
                f"{ind}        unsigned long long w[{chunk}][{per}];",
                f"{ind}        #pragma unroll",

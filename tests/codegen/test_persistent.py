@@ -587,6 +587,23 @@ def test_a_backward_step_exchanges_the_gate_gradients_side_by_side():
     assert sorted(published) == ["", " + 1024", " + 1536", " + 512"]
 
 
+@pytest.mark.parametrize("name, batch, schedule", [("lstm", 8, "persistent"), ("lstm", 64, "persistent"),
+                                                    ("layernorm_lstm", 64, "tensor")])
+def test_a_poll_addresses_its_pairs_from_the_rows_start_where_row_groups_split_the_rows(name, batch,
+                                                                                         schedule):
+    """Where row groups split the rows, a block's poll addresses pair e of its rows as their start + e;
+    where every block polls every row, through the row r of e (each form the faster there)."""
+    plan = make_plan(load_template(name), Sizes(100, batch, 512, 512), schedule)
+    source = plan_kernels(plan).module_source()
+    split = plan.layers[0].persistent.row_groups > 1
+    assert split == (batch == 64)
+    start = re.search(r"const unsigned long long\* const rows_at = \w+_x0 \+ \(size_t\)\(\(t \+ 1\) & 1\) "
+                      r"\* batch \* 512 \+ \(size_t\)\(row0 \+ rb\) \* 512;", source)
+    through_r = "(size_t)(row0 + rb + r) * 512 + e - r * 512;" in source
+    assert (bool(start), "const unsigned long long* const p = rows_at + e;" in source, through_r) == (
+        split, split, not split)
+
+
 def test_exchanges_too_large_for_a_module_leave_the_barriers():
     """The exchanges are static arrays of the kernel's module: a batch and width that would need more
     than EXCHANGE_BYTES of them keep the grid barriers."""
