@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -58,6 +57,27 @@ __device__ __forceinline__ float cf_sigmoid(float a) {
 __forceinline__ __device__ float cf_lanes_sum(float v, int lanes) {
     for (int offset = lanes / 2; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
     return v;
+}
+
+// Over each group of `lanes` lanes (a power of two, at most 32), each lane holding the sum s of `count`
+// values of a row and q, the sum of their squared deviations from their own mean: those of all the
+// group's values, in every lane of it (Chan, Golub and LeVeque's pairwise update: two halves of n values
+// each add (s_a - s_b)^2 / 2n to q).
+__forceinline__ __device__ void cf_lanes_deviations(float& s, float& q, int lanes, float count) {
+    for (int offset = lanes / 2; offset > 0; offset >>= 1, count *= 2.0f) {
+        const float s2 = __shfl_xor_sync(0xffffffffu, s, offset);
+        const float q2 = __shfl_xor_sync(0xffffffffu, q, offset);
+        const float d = s - s2;
+        q += q2 + d * d * (0.5f / count);
+        s += s2;
+    }
+}
+
+// The sum over a row of n values x of (x - m)^2, from their sum s and q, the sum of their squared
+// deviations from their own mean: q + n (s / n - m)^2.
+__forceinline__ __host__ __device__ float cf_deviations(float s, float q, float m, float n) {
+    const float d = s / n - m;
+    return fmaf(n * d, d, q);
 }
 
 // Broadcasts a bias row into every row of a GEMM's output before the GEMM accumulates into it.
@@ -339,15 +359,19 @@ def _reads(instr: Instr | GradInstr) -> set[str]:
             raise TypeError(f"unknown instruction of a body: {other!r}")
 
 
-def _live(body: tuple[Instr | GradInstr, ...], stored: set[str]) -> tuple[Instr | GradInstr, ...]:
+def _live(body: tuple[Instr | GradInstr, ...], stored: set[str],
+          deviations: dict[str, _Deviations] | None = None) -> tuple[Instr | GradInstr, ...]:
     """The instructions of a body that the stored values need, directly or through the body, in order:
     an adjoint recomputes its whole forward body, and a derivative rule may use neither the op's
-    arguments nor its result."""
+    arguments nor its result. A row sum taken from deviation sums reads their x and m instead of its
+    argument."""
+    deviations = deviations or {}
     needed, kept = set(stored), []
     for instr in reversed(body):
         if instr.result in needed:
             kept.append(instr)
-            needed |= _reads(instr)
+            dev = deviations.get(instr.result)
+            needed |= {dev.x, dev.m} if dev else _reads(instr)
     return tuple(reversed(kept))
 
 
@@ -485,23 +509,95 @@ def _sums_the_row(instr: Instr | GradInstr) -> bool:
     return isinstance(instr, Instr) and instr.op.is_reduction
 
 
-def row_passes(body: tuple[Instr | GradInstr, ...]) -> dict[str, int]:
-    """The pass over the row in which each value of a reducing kernel's body is computed: a row sum's
-    result is there from the pass after the one that computes its argument; anything else from the
-    pass of the latest value it reads."""
+@dataclass(frozen=True)
+class _Deviations:
+    """A row sum (or mean) of (x - m)^2, m uniform over the row (a variance, say), taken from x's sum and
+    its sum of squared deviations from its own mean, which x's pass gathers (`cf_lanes_deviations`):
+    q + n (s / n - m)^2 (`cf_deviations`) needs no pass over the row after m's. A layer norm's
+    variance then costs no round of row sums of its own (on an H100, the layer-normalised LSTM's step
+    takes two rounds instead of four)."""
+
+    x: str
+    m: str
+
+
+def _squared_deviation(instr: Instr | GradInstr, made: dict[str, Instr | GradInstr],
+                       uniform: set[str]) -> _Deviations | None:
+    """Of a row sum or mean of square(x - m) (or of (x - m) * (x - m), or of m - x), m uniform over the
+    row and x not: its x and m."""
+    if not (isinstance(instr, Instr) and instr.op.is_reduction):
+        return None
+    sq = made.get(instr.args[0]) if isinstance(instr.args[0], str) else None
+    if not isinstance(sq, Instr) or not (sq.op.name == "square" or sq.op.name == "mul"
+                                         and sq.args[0] == sq.args[1]):
+        return None
+    sub = made.get(sq.args[0]) if isinstance(sq.args[0], str) else None
+    if not (isinstance(sub, Instr) and sub.op.name == "sub"):
+        return None
+    x, m = sub.args
+    if isinstance(x, str) and x in uniform:
+        x, m = m, x
+    if not (isinstance(x, str) and isinstance(m, str)) or x in uniform or m not in uniform:
+        return None
+    return _Deviations(x, m)
+
+
+@dataclass(frozen=True)
+class _RowSums:
+    """How a reducing kernel's body is cut into passes over the row: the pass that computes each value
+    (a row sum's result is there from the pass after the one that computes its argument, anything else
+    from the pass of the latest value it reads), and the row sums taken from deviation sums instead
+    (see `_Deviations`: where every thread holds as many of the row's columns, which the pairwise update
+    assumes, in a pass unrolled, and x comes a pass before m)."""
+
+    body: tuple[Instr | GradInstr, ...]  # the instructions the stored values need
+    uniform: set[str]  # the values uniform over the row: one per row, every thread computes it alike
+    level: dict[str, int]
+    deviations: dict[str, _Deviations]  # by the result of the row sum each gives
+
+    @property
+    def passes(self) -> int:
+        return max((self.level[i.result] for i in self.body), default=0) + 1
+
+    def sums(self, step: int) -> tuple[list[Instr | GradInstr], list[str]]:
+        """The row sums that pass `step` gathers: the plain ones, and the values x whose deviation sums
+        it gathers (a plain sum of such an x comes with them)."""
+        stats = list(dict.fromkeys(d.x for r, d in self.deviations.items() if self.level.get(d.x, 0) == step))
+        plain = [i for i in self.body if _sums_the_row(i) and i.result not in self.deviations
+                 and self.level[i.result] == step + 1]
+        return plain, stats
+
+
+def row_sums(launch: KernelLaunch) -> _RowSums:
+    """The passes over the row of a kernel whose body reduces rows."""
+    params = kernel_params(launch)
+    kinds = value_kinds(launch.body, {p.value: p.access.kind for p in params if not p.output})
+    uniform = {v for v, kind in kinds.items() if kind in ("col", "scalar")}
+    even = launch.width % BLOCK == 0 and launch.width // BLOCK <= MAX_UNROLLED_COLUMNS
     level: dict[str, int] = {}
-    for instr in body:
+    deviations: dict[str, _Deviations] = {}
+    made: dict[str, Instr | GradInstr] = {}
+    for instr in launch.body:
+        made[instr.result] = instr
+        dev = _squared_deviation(instr, made, uniform) if even else None
+        if dev and level.get(dev.x, 0) < level.get(dev.m, 0):
+            deviations[instr.result], level[instr.result] = dev, level[dev.m]
+            continue
         first = max((level.get(a, 0) for a in _reads(instr)), default=0)
         level[instr.result] = first + _sums_the_row(instr)
-    return level
+    stored = {p.value for p in params if p.output}
+    return _RowSums(_live(launch.body, stored, deviations), uniform, level, deviations)
 
 
-def row_sum_floats(body: tuple[Instr | GradInstr, ...]) -> int:
+def row_sum_floats(launch: KernelLaunch) -> int:
     """The static shared memory of a kernel whose body reduces rows, in floats: its warps' partial row
-    sums, for the pass that has the most."""
-    level = row_passes(body)
-    sums = max(Counter(level[i.result] for i in body if _sums_the_row(i)).values(), default=0)
-    return sums * (BLOCK // WARP)
+    sums (two for deviation sums), for the pass that has the most."""
+    rs = row_sums(launch)
+    most = 0
+    for step in range(rs.passes):
+        plain, stats = rs.sums(step)
+        most = max(most, sum(i.args[0] not in stats for i in plain) + 2 * len(stats))
+    return most * (BLOCK // WARP)
 
 
 def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = False,
@@ -529,18 +625,21 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
         if p.output:
             assign = "+=" if launch.adds(p.access) else "="
             stores.setdefault(p.value, []).append((f"{n}[{element_index(p.access)}]", assign, i))
-    kinds = value_kinds(launch.body, {v: acc.kind for v, (acc, _) in inputs.items()})
-    uniform = {v for v, kind in kinds.items() if kind in ("col", "scalar")}
-    body = _live(launch.body, set(stores))
-    level = row_passes(body)
-    passes = max(level.values(), default=0) + 1
+    rs = row_sums(launch)
+    body, uniform, level, deviations = rs.body, rs.uniform, rs.level, rs.deviations
+    passes = rs.passes
     # where each value is read: the pass of an elementwise use, or the pass before a row sum's result
+    # (for deviation sums, x's own pass, and m where their row sum is taken)
     used: dict[str, set[int]] = {}
     for instr in body:
+        if dev := deviations.get(instr.result):
+            used.setdefault(dev.x, set()).add(level.get(dev.x, 0))
+            used.setdefault(dev.m, set()).add(level[instr.result])
+            continue
         for a in _reads(instr):
             used.setdefault(a, set()).add(level[instr.result] - _sums_the_row(instr))
     read = [v for v in inputs if v in used or v in stores]
-    per_element = [v for v in (*read, *level) if v not in uniform]
+    per_element = [v for v in (*read, *(i.result for i in body)) if v not in uniform]
     made = {v: level[v] if v in level else min(used.get(v, {0})) for v in per_element}  # an input: first read
     columns = -(-launch.width // BLOCK)
     # A later pass's inputs are loaded in the first, while what the thread holds for them fits in
@@ -551,7 +650,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
                 and early + columns <= EARLY_LOAD_FLOATS:
             made[v], early = 0, early + columns
     kept = [v for v in per_element if max(used.get(v, set()), default=-1) > made[v]]
-    partial = row_sum_floats(body)
+    partial = row_sum_floats(launch)
 
     def load(v: str) -> str:
         acc, ptr = inputs[v]
@@ -601,20 +700,33 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
     for v in read:
         if v in uniform:
             store_uniform(v)
+    totals: dict[str, tuple[str, str]] = {}  # x -> its row's sum and deviation sum, once gathered
     for step in range(passes):
         for instr in body:  # what is uniform over the row, once the row sums it needs are done
-            if level[instr.result] == step and instr.result in uniform and not _sums_the_row(instr):
+            if level[instr.result] != step or instr.result not in uniform:
+                continue
+            if dev := deviations.get(instr.result):
+                total = f"cf_deviations({', '.join(totals[dev.x])}, {var[dev.m]}, {width})"
+                expr = instr.op.cuda.format(total, width=width)
+                lines.append(f"{ind}const float {var[instr.result]} = {expr};  // {instr.op.name}, from "
+                             "deviation sums")
+                store_uniform(instr.result)
+            elif not _sums_the_row(instr):
                 lines.append(compute(instr, ind))
                 store_uniform(instr.result)
-        reductions = [i for i in body if _sums_the_row(i) and level[i.result] == step + 1]
+        plain, stats = rs.sums(step)
+        own = [red for red in plain if red.args[0] not in stats]  # the others come with deviation sums
         work = [i for i in body if level[i.result] == step and i.result not in uniform]
         loads = [v for v in read if v not in uniform and made[v] == step]
         reads = [v for v in kept if made[v] < step and step in used.get(v, set())]
-        if not (reductions or work or loads or reads):
+        if not (plain or stats or work or loads or reads):
             continue
-        for i, red in enumerate(reductions):
+        for i, red in enumerate(own):
             lines.append(f"{ind}float s_{step}_{i} = 0.0f;  // {comment_text(red.result)}: the thread's part "
                          "of the row sum")
+        for i, x in enumerate(stats):
+            lines.append(f"{ind}float ds_{step}_{i} = 0.0f, dm_{step}_{i} = 0.0f, dq_{step}_{i} = 0.0f;  // "
+                         f"{comment_text(x)}: the thread's sum, mean and squared deviations from it")
         lines.append(f"{ind}// pass {step + 1} over the row")
         if columns <= MAX_UNROLLED_COLUMNS:
             lines.append(f"{ind}#pragma unroll")
@@ -636,30 +748,53 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
                 lines.append(f"{inner}{'if (r == 0) ' if vec else ''}{store(target, assign, var[v])}")
                 if i in published:
                     lines.append(f"{inner}cf_publish({published[i]}, t + 2, {var[v]});")
-        for i, red in enumerate(reductions):
+        for i, red in enumerate(own):
             lines.append(f"{inner}s_{step}_{i} += {var[red.args[0]]};")
+        for i, x in enumerate(stats):  # Welford's update, k + 1 values so far (k is a constant, unrolled)
+            lines += [f"{inner}ds_{step}_{i} += {var[x]};",
+                      f"{inner}{{",
+                      f"{inner}    const float dv = {var[x]} - dm_{step}_{i};",
+                      f"{inner}    dm_{step}_{i} += dv * (1.0f / (k + 1));",
+                      f"{inner}    dq_{step}_{i} += dv * ({var[x]} - dm_{step}_{i});",
+                      f"{inner}}}"]
         lines.append(f"{ind}    }}")
         lines.append(f"{ind}}}")
-        if reductions:
-            lines.append(f"{ind}{{  // the row sums: a warp's by shuffles, then the warps' in shared memory")
-            lines += [f"{ind}    const float w_{i} = cf_lanes_sum(s_{step}_{i}, {WARP});"
-                      for i in range(len(reductions))]
-            lines.append(f"{ind}    __syncthreads();  // every thread has read the row sums before these")
-            lines.append(f"{ind}    if (threadIdx.x % {WARP} == 0) {{")
-            lines += [f"{ind}        cf_partial[{i} * WARPS + threadIdx.x / {WARP}] = w_{i};"
-                      for i in range(len(reductions))]
-            lines.append(f"{ind}    }}")
-            lines.append(f"{ind}    __syncthreads();")
-            lines.append(f"{ind}}}")
-            for i, red in enumerate(reductions):
-                total = f"t_{i}_{step}"
-                # each group of WARPS lanes sums the warps' sums: fewer shuffles than a warp's 32 lanes
-                # (zeros past WARPS), and the same sum, in the same order
-                lines.append(f"{ind}const float {total} = "
-                             f"cf_lanes_sum(cf_partial[{i} * WARPS + threadIdx.x % WARPS], WARPS);")
-                expr = red.op.cuda.format(total, width=width)
-                lines.append(f"{ind}const float {var[red.result]} = {expr};  // {red.op.name}")
-                store_uniform(red.result)
+        if not (own or stats):
+            continue
+        lines.append(f"{ind}{{  // the row sums: a warp's by shuffles, then the warps' in shared memory")
+        lines += [f"{ind}    const float w_{i} = cf_lanes_sum(s_{step}_{i}, {WARP});"
+                  for i in range(len(own))]
+        lines += [f"{ind}    cf_lanes_deviations(ds_{step}_{i}, dq_{step}_{i}, {WARP}, COLUMNS);"
+                  for i in range(len(stats))]
+        lines.append(f"{ind}    __syncthreads();  // every thread has read the row sums before these")
+        lines.append(f"{ind}    if (threadIdx.x % {WARP} == 0) {{")
+        lines += [f"{ind}        cf_partial[{i} * WARPS + threadIdx.x / {WARP}] = w_{i};"
+                  for i in range(len(own))]
+        for i in range(len(stats)):
+            at = len(own) + 2 * i
+            lines += [f"{ind}        cf_partial[{at} * WARPS + threadIdx.x / {WARP}] = ds_{step}_{i};",
+                      f"{ind}        cf_partial[{at + 1} * WARPS + threadIdx.x / {WARP}] = dq_{step}_{i};"]
+        lines.append(f"{ind}    }}")
+        lines.append(f"{ind}    __syncthreads();")
+        lines.append(f"{ind}}}")
+        sums = {}
+        for i, red in enumerate(own):
+            # each group of WARPS lanes sums the warps' sums: fewer shuffles than a warp's 32 lanes
+            # (zeros past WARPS), and the same sum, in the same order
+            sums[red.result] = f"t_{i}_{step}"
+            lines.append(f"{ind}const float t_{i}_{step} = "
+                         f"cf_lanes_sum(cf_partial[{i} * WARPS + threadIdx.x % WARPS], WARPS);")
+        for i, x in enumerate(stats):
+            at = len(own) + 2 * i
+            totals[x] = (f"ts_{i}_{step}", f"tq_{i}_{step}")
+            lines += [f"{ind}float ts_{i}_{step} = cf_partial[{at} * WARPS + threadIdx.x % WARPS];",
+                      f"{ind}float tq_{i}_{step} = cf_partial[{at + 1} * WARPS + threadIdx.x % WARPS];",
+                      f"{ind}cf_lanes_deviations(ts_{i}_{step}, tq_{i}_{step}, WARPS, {WARP} * COLUMNS);"]
+        for red in plain:
+            total = sums.get(red.result) or totals[red.args[0]][0]
+            lines.append(f"{ind}const float {var[red.result]} = {red.op.cuda.format(total, width=width)};"
+                         f"  // {red.op.name}")
+            store_uniform(red.result)
     lines.append("    }")
     lines.append("}")
     return "\n".join(lines) + "\n"

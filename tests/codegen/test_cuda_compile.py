@@ -76,4 +76,6 @@ def test_kernels_that_reduce_rows_compile_at_every_width(hidden, tmp_path):
         parts += [body.replace(name, f"{name}_{i}") for name, body in ks.sources.items()]
     source = "\n".join(parts)
     assert "cf_lanes_sum(" in source and "__syncthreads();" in source
+    # variances from deviation sums where every thread holds as many columns, unrolled
+    assert ("cf_deviations(ts_" in source) == (hidden == 256)
     nvcc_cubin(source, tmp_path)

@@ -288,6 +288,25 @@ def test_a_block_per_row_loads_its_operands_at_once_and_only_what_the_kernel_wri
     assert through_l2 == {"p0_hi", "p1_hf", "p2_ho", "p3_hg", "p20_c"}
 
 
+@pytest.mark.parametrize("hidden, rounds", [(512, 2), (40, 4)])
+def test_a_variance_takes_no_round_of_row_sums_of_its_own_where_every_thread_holds_as_many_columns(
+        hidden, rounds):
+    """The layer-normalised LSTM's block per row: the variances of h U's gates and of the cell, each
+    mean((v - mu)^2) with mu a mean of the row, come from v's sum and its sum of squared deviations from
+    its own mean, which the pass that computes v gathers beside its plain sum: two rounds of row sums a
+    step instead of four, where every thread holds two of the row's 512 columns; at 40 (some threads
+    hold none, which the pairwise update does not allow for), four as before."""
+    plan = make_plan(load_template("layernorm_lstm"), Sizes(100, 64, hidden, hidden), "persistent")
+    (kernel,) = [body for body in plan_kernels(plan).sources.values() if "grid_group" in body]
+    rows = kernel[kernel.index("_rows1("):kernel.index("extern \"C\"")]
+    assert rows.count("__syncthreads();  // every thread has read the row sums before these") == rounds
+    assert f"// pass {rounds + 1} over the row" in rows and f"// pass {rounds + 2} over" not in rows
+    deviations = re.findall(r"const float v_(var_\w+) = \(cf_deviations\(ts_\d_0, tq_\d_0, v_mu_h|"
+                            r"const float v_(var_c) = \(cf_deviations\(ts_0_1, tq_0_1, v_mu_c", rows)
+    assert len(deviations) == (5 if rounds == 2 else 0)
+    assert ("cf_lanes_deviations(" in rows) == (rounds == 2)
+
+
 @pytest.mark.parametrize("seed", range(30))
 def test_random_cells_that_tie_the_widths_match_the_reference_block_by_block(seed):
     """Input-wide rows meeting hidden-wide ones, and row reductions."""

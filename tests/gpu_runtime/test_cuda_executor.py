@@ -371,6 +371,39 @@ def test_persistent_random_cells_match_reference_on_gpu(gpu, seed, schedule):
     assert max(float(np.abs(g - r).max()) for g, r in pairs) / scale < 1e-4
 
 
+@pytest.mark.parametrize("schedule", ["fused", "persistent", "tensor"])
+def test_random_cells_with_variances_from_deviation_sums_match_reference_on_gpu(gpu, schedule):
+    """At 256 columns, one a thread, the layer norms of seeded random cells take their variances from
+    deviation sums (`cf_lanes_deviations`), in the kernels before the loop and in the step's: six such
+    cells, x of a mean far from 0 beside its spread in every other one. Against the reference."""
+    from random_cells import random_cell
+
+    from cellfuse.codegen import plan_kernels
+    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
+
+    checked = 0
+    for seed in range(100):
+        cell = random_cell(seed + 300, reductions=True)
+        plan = make_plan(cell, Sizes(SEQ, BATCH, 256, 256, 1), schedule, device_target())
+        if "cf_lanes_deviations(ds_" not in plan_kernels(plan).module_source():
+            continue  # no variance in it, or one taken in a pass of its own
+        rng = np.random.default_rng(seed)
+        params = init_params(cell, 1, 256, 256, seed)
+        x = (rng.uniform(-1, 1, (SEQ, BATCH, 256)) + 8.0 * (checked % 2)).astype(np.float32)
+        initial = {s: rng.uniform(-1, 1, (1, BATCH, 256)).astype(np.float32) for s in cell.updates}
+        ref = run_reference(cell, params, {"x": x, **initial}, 1)
+        ex = CudaExecutor(plan, params)
+        out = ex.run(x, initial)
+        ex.close()
+        pairs = [(out.y, ref.y)] + [(out.final[s], ref.final[s]) for s in ref.final]
+        scale = max(1.0, max(float(np.abs(r).max()) for _, r in pairs))
+        assert max(float(np.abs(g - r).max()) for g, r in pairs) / scale < 1e-4, seed
+        checked += 1
+        if checked == 6:
+            break
+    assert checked == 6
+
+
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("hidden", [40, 512, 1500])
 def test_layer_norm_kernels_match_reference_on_gpu(gpu, schedule, hidden):
