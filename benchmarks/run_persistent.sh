@@ -2,6 +2,7 @@
 # The persistent rung's benchmark records, on the GPU machine, one run after another:
 #   bash benchmarks/run_persistent.sh OUTDIR
 # Each case writes OUTDIR/<case>.json (the record, with the GPU, date and sizes) and OUTDIR/<case>.txt.
+# CASES="lstm_B64 gru_B64" runs only those cases.
 set -uo pipefail
 out=${1:?usage: run_persistent.sh OUTDIR}
 mkdir -p "$out"
@@ -9,6 +10,9 @@ export PYTHONUNBUFFERED=1
 run() {
     local case=$1
     shift
+    if [[ -n ${CASES:-} && " $CASES " != *" $case "* ]]; then
+        return
+    fi
     timeout 300 python3 -m cellfuse bench "$@" --json "$out/$case.json" > "$out/$case.txt" 2>&1
     echo "$case: exit $?"
 }
