@@ -4,8 +4,9 @@ loop, `__restrict__` pointers, row strides baked in as constants.
 
 A kernel that reduces a row (`row_sum`, `row_mean`) runs a block per row instead, each thread on the
 columns j = threadIdx.x + k * BLOCK of it: its body is cut into passes over the row at each reduction,
-the row sums go through warp shuffles and shared memory, and the values a later pass needs stay in
-registers, so that a layer norm reads its row from global memory once. The adjoint of such a kernel (a
+the row sums go through warp shuffles and shared memory (a variance's come with the sum of what it
+deviates from: see `_Deviations`), and the values a later pass needs stay in registers, so that a layer
+norm reads its row from global memory once. The adjoint of such a kernel (a
 backward pass's, see `adjoint`) runs the same way: its gradients of columns are row sums too."""
 
 from __future__ import annotations
@@ -528,8 +529,8 @@ def _squared_deviation(instr: Instr | GradInstr, made: dict[str, Instr | GradIns
     if not (isinstance(instr, Instr) and instr.op.is_reduction):
         return None
     sq = made.get(instr.args[0]) if isinstance(instr.args[0], str) else None
-    if not isinstance(sq, Instr) or not (sq.op.name == "square" or sq.op.name == "mul"
-                                         and sq.args[0] == sq.args[1]):
+    if not isinstance(sq, Instr) or not (sq.op.name == "square"
+                                         or (sq.op.name == "mul" and sq.args[0] == sq.args[1])):
         return None
     sub = made.get(sq.args[0]) if isinstance(sq.args[0], str) else None
     if not (isinstance(sub, Instr) and sub.op.name == "sub"):
@@ -559,13 +560,14 @@ class _RowSums:
     def passes(self) -> int:
         return max((self.level[i.result] for i in self.body), default=0) + 1
 
-    def sums(self, step: int) -> tuple[list[Instr | GradInstr], list[str]]:
-        """The row sums that pass `step` gathers: the plain ones, and the values x whose deviation sums
-        it gathers (a plain sum of such an x comes with them)."""
+    def sums(self, step: int) -> tuple[list[Instr | GradInstr], list[Instr | GradInstr], list[str]]:
+        """The row sums that pass `step` gathers: the plain ones, those of them that need a sum of their
+        own, and the values x whose deviation sums it gathers (a plain sum of such an x comes with
+        them)."""
         stats = list(dict.fromkeys(d.x for r, d in self.deviations.items() if self.level.get(d.x, 0) == step))
         plain = [i for i in self.body if _sums_the_row(i) and i.result not in self.deviations
                  and self.level[i.result] == step + 1]
-        return plain, stats
+        return plain, [i for i in plain if i.args[0] not in stats], stats
 
 
 def row_sums(launch: KernelLaunch) -> _RowSums:
@@ -595,8 +597,8 @@ def row_sum_floats(launch: KernelLaunch) -> int:
     rs = row_sums(launch)
     most = 0
     for step in range(rs.passes):
-        plain, stats = rs.sums(step)
-        most = max(most, sum(i.args[0] not in stats for i in plain) + 2 * len(stats))
+        _, own, stats = rs.sums(step)
+        most = max(most, len(own) + 2 * len(stats))
     return most * (BLOCK // WARP)
 
 
@@ -714,8 +716,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
             elif not _sums_the_row(instr):
                 lines.append(compute(instr, ind))
                 store_uniform(instr.result)
-        plain, stats = rs.sums(step)
-        own = [red for red in plain if red.args[0] not in stats]  # the others come with deviation sums
+        plain, own, stats = rs.sums(step)
         work = [i for i in body if level[i.result] == step and i.result not in uniform]
         loads = [v for v in read if v not in uniform and made[v] == step]
         reads = [v for v in kept if made[v] < step and step in used.get(v, set())]

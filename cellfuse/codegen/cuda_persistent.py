@@ -786,12 +786,12 @@ class _Kernel:
         # r where every block polls every row: there its quicker polls cost the LSTM at B=8 4% (0.271 ->
         # 0.283; benchmarks/results/h100_2026-11-26_exchange_address_variants.json)
         split = launch.row_groups > 1
-        rows = self._exchange_at(n, ex, slot, "row0 + rb", "0")
+        start = self._exchange_at(n, ex, slot, "row0 + rb", "0")
         p = "rows_at + e" if split else self._exchange_at(n, ex, slot, "row0 + rb + r", f"e - r * {k}")
         at = f"const unsigned long long* const p = {p};"
         self.w(f"{ind}{{",
                f"{ind}    const unsigned want = t + {2 + ex.lag};",
-               *((f"{ind}    const unsigned long long* const rows_at = {rows};",) if split else ()),
+               *((f"{ind}    const unsigned long long* const rows_at = {start};",) if split else ()),
                f"{ind}    for (int e0 = 0; e0 < {pieces}; e0 += {chunk * launch.threads}) {{",
                f"{ind}        unsigned long long w[{chunk}][{per}];",
                f"{ind}        #pragma unroll",
