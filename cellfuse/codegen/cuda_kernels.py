@@ -564,10 +564,20 @@ class _RowSums:
         """The row sums that pass `step` gathers: the plain ones, those of them that need a sum of their
         own, and the values x whose deviation sums it gathers (a plain sum of such an x comes with
         them)."""
-        stats = list(dict.fromkeys(d.x for r, d in self.deviations.items() if self.level.get(d.x, 0) == step))
+        stats = list(dict.fromkeys(d.x for d in self.deviations.values() if self.level.get(d.x, 0) == step))
         plain = [i for i in self.body if _sums_the_row(i) and i.result not in self.deviations
                  and self.level[i.result] == step + 1]
         return plain, [i for i in plain if i.args[0] not in stats], stats
+
+    @property
+    def floats(self) -> int:
+        """The static shared memory of the kernel, in floats: its warps' partial row sums (two for
+        deviation sums), for the pass that has the most."""
+        most = 0
+        for step in range(self.passes):
+            _, own, stats = self.sums(step)
+            most = max(most, len(own) + 2 * len(stats))
+        return most * (BLOCK // WARP)
 
 
 def row_sums(launch: KernelLaunch) -> _RowSums:
@@ -589,17 +599,6 @@ def row_sums(launch: KernelLaunch) -> _RowSums:
         level[instr.result] = first + _sums_the_row(instr)
     stored = {p.value for p in params if p.output}
     return _RowSums(_live(launch.body, stored, deviations), uniform, level, deviations)
-
-
-def row_sum_floats(launch: KernelLaunch) -> int:
-    """The static shared memory of a kernel whose body reduces rows, in floats: its warps' partial row
-    sums (two for deviation sums), for the pass that has the most."""
-    rs = row_sums(launch)
-    most = 0
-    for step in range(rs.passes):
-        _, own, stats = rs.sums(step)
-        most = max(most, len(own) + 2 * len(stats))
-    return most * (BLOCK // WARP)
 
 
 def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = False,
@@ -652,7 +651,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
                 and early + columns <= EARLY_LOAD_FLOATS:
             made[v], early = 0, early + columns
     kept = [v for v in per_element if max(used.get(v, set()), default=-1) > made[v]]
-    partial = row_sum_floats(launch)
+    partial = rs.floats
 
     def load(v: str) -> str:
         acc, ptr = inputs[v]

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .cuda_kernels import row_sum_floats
+from .cuda_kernels import row_sums
 from .plan import (
     Access,
     Exchange,
@@ -398,7 +398,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     allow it): each block then stages only its rows of a GEMM's operand, so a step moves that many times
     fewer bytes out of L2."""
     # a kernel that reduces rows keeps its row sums in shared memory of its own, beside the kernel's
-    limit = target.smem_per_block // 4 - max((row_sum_floats(launch) for launch in step
+    limit = target.smem_per_block // 4 - max((row_sums(launch).floats for launch in step
                                                if isinstance(launch, KernelLaunch)), default=0)
     read_by_rows = {acc.buffer for launch in step if isinstance(launch, KernelLaunch) and launch.reduces_rows
                     for _, acc in launch.inputs}
