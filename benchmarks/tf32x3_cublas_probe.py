@@ -3,9 +3,13 @@ of an LSTM's hoisted and gradient GEMMs with float32's accuracy: the question be
 3xTF32 GEMMs (see `cf_split_tf32x3`). Each operand x = hi + lo (hi = x rounded to TF32, lo = x - hi
 rounded again); A's pieces (hi, hi, lo) against W's (hi, lo, hi) along K make the three products one
 GEMM over 3K ("kcat"), timed beside the same three products as two or three accumulating calls. Errors
-are the largest difference from a float64 product over the largest magnitude. Needs PyTorch with CUDA:
+are the largest difference from a float64 product over the largest magnitude. "kcat raw hi" passes A and
+W unsplit as the hi pieces (the tensor cores then leave out their low 13 bits, if cuBLAS does not round
+them first: its error says which) beside lo pieces taken against the truncation. "kcat best of N" is the
+fastest of the N algorithms cuBLASLt offers for the kcat GEMM (nvmath-python's Matmul, each timed alone),
+beside "kcat heuristic", the first it offers. Needs PyTorch with CUDA (and nvmath-python for those two):
 
-    python3 benchmarks/tf32x3_cublas_probe.py OUT.json
+    python3 benchmarks/tf32x3_cublas_probe.py OUT.json [SHAPE ...]
 """
 
 from __future__ import annotations
@@ -26,6 +30,11 @@ def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, tf32(x - hi)
 
 
+def truncated(x: torch.Tensor) -> torch.Tensor:
+    """x with the 13 low bits of its mantissa cleared: what the tensor cores keep of a float32 as TF32."""
+    return (x.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
 def median_ms(f, n: int = 30) -> float:
     for _ in range(3):
         f()
@@ -38,7 +47,9 @@ def median_ms(f, n: int = 30) -> float:
     return sorted(start.elapsed_time(end) for start, end in events)[n // 2]
 
 
-SHAPES = {"input 6400x512 @ 512x2048": (6400, 512, 2048), "dW 512x6400 @ 6400x2048": (512, 6400, 2048),
+SHAPES = {"input 6400x512 @ 512x2048": (6400, 512, 2048),
+          "IndRNN input 6400x512 @ 512x512": (6400, 512, 512),
+          "dW 512x6400 @ 6400x2048": (512, 6400, 2048),
           "dx 6400x2048 @ 2048x512": (6400, 2048, 512), "B256 input 25600x512 @ 512x2048": (25600, 512, 2048),
           "H1024 6400x1024 @ 1024x4096": (6400, 1024, 4096),
           # around the executor's rule (2^30 multiply-adds: 1024 rows here), and graph's chunks of 10 steps
@@ -81,19 +92,43 @@ def measure(M: int, K: int, N: int, g: torch.Generator) -> dict[str, float]:
     # operand then has K contiguous
     At = A3.t().contiguous().t()
     r["3xtf32 kcat A^T err"], r["3xtf32 kcat A^T ms"] = err(At @ B3), median_ms(lambda: At @ B3)
+    Ar, Br = torch.cat([A, A, A - truncated(A)], 1), torch.cat([B, B - truncated(B), B], 0)
+    r["3xtf32 kcat raw hi err"], r["3xtf32 kcat raw hi ms"] = err(Ar @ Br), median_ms(lambda: Ar @ Br)
+    r.update(algorithms(A3, B3, err))
     return r
 
 
-def main(path: str) -> None:
+def algorithms(A3: torch.Tensor, B3: torch.Tensor, err) -> dict[str, float]:
+    """The kcat GEMM under each algorithm cuBLASLt offers for it, in TF32."""
+    try:
+        from nvmath.linalg.advanced import Matmul, MatmulComputeType
+    except ImportError:
+        return {}
+    out = {}
+    with Matmul(A3, B3, options={"compute_type": MatmulComputeType.COMPUTE_32F_FAST_TF32}) as mm:
+        offered = mm.plan(preferences={"limit": 64})
+        times = [median_ms(lambda a=a: mm.execute(algorithm=a)) for a in offered]
+        best = min(range(len(times)), key=times.__getitem__)
+        out["3xtf32 kcat heuristic ms"] = times[0]
+        out[f"3xtf32 kcat best of {len(times)} ms"] = times[best]
+        out["3xtf32 kcat best err"] = err(mm.execute(algorithm=offered[best]))
+        out["3xtf32 kcat best algorithm"] = str(offered[best].tile), str(offered[best].stages)
+    return out
+
+
+def main(path: str, names: list[str]) -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     results = {}
     for name, shape in SHAPES.items():
+        if names and not any(n in name for n in names):
+            continue
         results[name] = r = measure(*shape, g)
-        print(name, {k: round(v, 4) if "ms" in k else float(f"{v:.3g}") for k, v in r.items()}, flush=True)
+        print(name, {k: round(v, 4) if "ms" in k else v if isinstance(v, tuple) else float(f"{v:.3g}")
+                    for k, v in r.items()}, flush=True)
     with open(path, "w") as f:
         json.dump({"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "results": results}, f,
                   indent=1)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:])
