@@ -396,7 +396,9 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     The blocks split the hidden units among the SMs, and with a large batch the rows too, into as many
     row groups as keep every recurrent weight on chip (on tensor cores, with `mma`, where fewer groups
     allow it): each block then stages only its rows of a GEMM's operand, so a step moves that many times
-    fewer bytes out of L2."""
+    fewer bytes out of L2. A step with no GEMM splits the rows as much: its blocks' columns are then as
+    many more, so that a warp's elements lie along fewer rows, each in longer runs of memory (IndRNN at
+    B=64: 32 columns of 8 rows a block, a row of 32 a warp, instead of 4 columns of every row)."""
     # a kernel that reduces rows keeps its row sums in shared memory of its own, beside the kernel's
     limit = target.smem_per_block // 4 - max((row_sums(launch).floats for launch in step
                                                if isinstance(launch, KernelLaunch)), default=0)
@@ -407,7 +409,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     chosen = None
     for row_groups in ROW_GROUPS:
         rows = -(-batch // row_groups)
-        if row_groups > 1 and (rows < MIN_GROUP_ROWS or not gemms):
+        if row_groups > 1 and rows < MIN_GROUP_ROWS:
             continue
         unit = -(-hidden // (target.sm_count // row_groups))
         column_blocks = -(-hidden // unit)

@@ -13,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from random_cells import random_cell, random_cells
 
 from cellfuse.codegen import make_plan, plan_kernels
+from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.cuda_kernels import PRELUDE
 from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE, _reduction
 from cellfuse.codegen.lowering import SIDE
@@ -83,7 +84,7 @@ def test_barriers_per_step_of_every_template(name):
 def test_every_template_matches_the_reference_block_by_block(name, target, batch, layers):
     cell = load_template(name)
     plan = make_plan(cell, Sizes(5, batch, 6 if analyze(cell).ties else 7, 6, layers), "persistent", target)
-    if batch == 19 and name not in ("indrnn", "sru"):  # IndRNN and the SRU have no GEMM to share the rows of
+    if batch == 19:
         assert plan.layers[0].persistent.row_groups == 2
     for initial in (False, True):
         for reverse in (False, True):
@@ -383,6 +384,20 @@ def test_fewer_row_groups_where_they_put_every_gemm_on_tensor_cores():
     launch = make_plan(cell, sizes, "tensor").layers[0].persistent
     assert launch.row_groups == 4 and all(item.mma for item in launch.items if isinstance(item.launch,
                                                                                           GemmLaunch))
+
+
+@pytest.mark.parametrize("name", ["indrnn", "sru"])
+def test_a_step_with_no_gemm_splits_the_rows_so_that_a_warp_reads_along_one(name):
+    """IndRNN and the SRU at B=64 on an H100: 8 row groups of 8 rows and 16 column blocks of 32 units, so
+    that each warp's elements are one row's 32 adjacent units (with every row, a block owned 4 units of
+    64 rows and a warp read 8 runs of 16 bytes); forward and backward alike."""
+    cell = load_template(name)
+    plan = make_plan(cell, Sizes(100, 64, 512, 512), "persistent", save_steps=True)
+    for launch in (plan.layers[0].persistent, backward_plan(plan).layers[0].persistent):
+        assert (launch.row_groups, launch.column_blocks, launch.blocks) == (8, 16, 128)
+        assert launch.unit(512) == 32
+    source = plan_kernels(plan).module_source()
+    assert "const int r = row0 + e / 32, j = cb * 32 + e % 32;" in source
 
 
 def test_a_write_overtakes_a_read_only_where_their_rows_can_meet():

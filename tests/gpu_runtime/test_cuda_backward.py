@@ -34,11 +34,13 @@ def test_gradients_of_seeded_random_cells_on_the_gpu(gpu, schedule, reductions):
 
 @pytest.mark.parametrize("schedule", ["graph", "persistent", "tensor"])
 @pytest.mark.parametrize("name, batch, layers", [("lstm", 64, 1), ("lstm", 1, 2), ("gru_cho", 64, 1),
-                                                 ("gru", 8, 2), ("mgu", 80, 1)])
+                                                 ("gru", 8, 2), ("mgu", 80, 1), ("indrnn", 64, 1),
+                                                 ("sru", 19, 2)])
 def test_gradients_at_full_sizes_on_the_gpu(gpu, name, batch, layers, schedule):
     """At hidden 512 the persistent backward's blocks own 4 to 16 units, split the batch into row groups
     and stage the 2048 columns of dG in row tiles (on tensor cores, in chunks of 512 columns); its dA
-    GEMM reads W^T rows from shared memory."""
+    GEMM reads W^T rows from shared memory. A step with no GEMM (IndRNN, the SRU) splits the rows too,
+    at B=19 into groups of 10 and 9."""
     cell = load_template(name)
     run = make_run(cell, layers, seed=2, sizes=Sizes(seq=6, batch=batch, input=512, hidden=512), scale=1.0)
     assert_gradients(run.cuda(schedule), run.reference(), 1e-4, f"{name} {schedule} B={batch}")

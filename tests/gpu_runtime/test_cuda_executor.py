@@ -205,7 +205,8 @@ def test_gpu_nan_in_the_output_is_an_error(gpu):
     ("persistent", "lstm", 1, 512, 1), ("persistent", "lstm", 8, 512, 1), ("persistent", "lstm", 64, 512, 1),
     ("persistent", "lstm", 80, 512, 3), ("persistent", "gru_cho", 1, 512, 1),
     ("persistent", "gru_cho", 64, 512, 2), ("persistent", "mgu", 8, 512, 1),
-    ("persistent", "indrnn", 64, 512, 3), ("persistent", "peephole_lstm", 64, 256, 1),
+    ("persistent", "indrnn", 64, 512, 3), ("persistent", "sru", 19, 512, 2), ("persistent", "sru", 64, 512, 1),
+    ("persistent", "peephole_lstm", 64, 256, 1),
     ("persistent", "lstm", 8, 1024, 1), ("wavefront", "lstm", 1, 512, 3), ("wavefront", "lstm", 64, 512, 4),
     ("wavefront", "gru_cho", 8, 512, 3), ("wavefront", "indrnn", 64, 512, 3), ("wavefront", "sru", 8, 512, 2),
     ("wavefront", "residual_lstm", 8, 512, 2), ("wavefront", "lstm", 8, 256, 2),
@@ -217,6 +218,8 @@ def test_gpu_nan_in_the_output_is_an_error(gpu):
 def test_persistent_at_full_sizes_matches_reference(gpu, schedule, name, batch, hidden, layers):
     """Every block count, tiling and split of K the H100 sizes give: 128 blocks at hidden 512, a batch of
     one (K split between threads) and of 80 (two row tiles, the second partial), 16 MiB of U on chip;
+    steps with no GEMM in row groups (IndRNN and the SRU at B=64: eight of 8 rows; at B=19 two, the
+    second of 9 rows);
     wavefronts of 2 to 4 layers, each on streams of its own with cuBLAS planning its GEMMs for its share
     of the SMs, over two chunks of steps; and the persistent kernels on
     tensor cores (a batch of one padded to 16 rows, warps splitting K, K staged in chunks of 512 with a
