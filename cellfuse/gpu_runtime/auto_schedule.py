@@ -37,8 +37,9 @@ REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 # through an exchange; version 9's tensor rung multiplies with mma.sync and passes operands through
 # exchanges; version 10's sigmoid divides without IEEE division's slow path, and its persistent kernels
 # load their weights in rows, their biases once; version 11's row sums take fewer shuffles and a
-# variance no pass of its own, and its polls of row groups a cheaper address) is measured again.
-RUNGS_VERSION = 11
+# variance no pass of its own, and its polls of row groups a cheaper address; version 12's persistent
+# steps with no GEMM split the rows into groups) is measured again.
+RUNGS_VERSION = 12
 
 
 @dataclass(frozen=True)
