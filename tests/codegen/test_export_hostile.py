@@ -379,7 +379,9 @@ def test_random_hostile_cells_compile(tmp_path):
     parts = [PERSISTENT_PRELUDE, PRELUDE]
     for i, (cell, sizes, schedule) in enumerate(drawn):
         for name, body in plan_kernels(make_plan(cell, sizes, schedule)).sources.items():
-            parts.append(body.replace(f" {name}(", f" {name}_e{i}("))
+            # the kernel and what it names after itself (a persistent kernel's exchanges, name_x0, and its
+            # blocks per row, name_rows1): two cells' persistent kernels may share a name
+            parts.append(re.sub(rf"\b{re.escape(name)}(?![A-Za-z0-9])", f"{name}_e{i}", body))
     nvcc_cubin("\n".join(parts), tmp_path)
     compile_objects([check_export(*example) for example in drawn], tmp_path)
 
