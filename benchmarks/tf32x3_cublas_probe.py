@@ -6,8 +6,10 @@ GEMM over 3K ("kcat"), timed beside the same three products as two or three accu
 are the largest difference from a float64 product over the largest magnitude. "kcat raw hi" passes A and
 W unsplit as the hi pieces (the tensor cores then leave out their low 13 bits, if cuBLAS does not round
 them first: its error says which) beside lo pieces taken against the truncation. "kcat best of N" is the
-fastest of the N algorithms cuBLASLt offers for the kcat GEMM (nvmath-python's Matmul, each timed alone),
-beside "kcat heuristic", the first it offers. Needs PyTorch with CUDA (and nvmath-python for those two):
+fastest of the N algorithms cuBLASLt offers for the kcat GEMM (nvmath-python's Matmul), beside "kcat
+heuristic", the first it offers: each execute is launched from Python, whose overhead per call (about
+0.035 ms on an H100) can exceed the GEMM's own time and hide the differences. Needs PyTorch with CUDA
+(and nvmath-python for those two):
 
     python3 benchmarks/tf32x3_cublas_probe.py OUT.json [SHAPE ...]
 """
