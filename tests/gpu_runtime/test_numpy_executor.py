@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from forward_errors import relative_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from random_cells import random_cell, random_cells
@@ -16,7 +17,6 @@ from cellfuse.graph_model import (
     Cell,
     CellBuilder,
     CellError,
-    Forward,
     Sizes,
     analyze,
     init_params,
@@ -39,18 +39,6 @@ def make_data(cell: Cell, seq: int, batch: int, input: int, hidden: int, layers:
         for s in cell.of_op("state"):
             inputs[s.id] = rng.uniform(-1.0, 1.0, (layers, batch, hidden)).astype(np.float32)
     return params, inputs
-
-
-def relative_error(got: Forward, ref: Forward, floor: float = 0.0) -> float:
-    """max |got - ref| / max |ref| over the output sequence and the final states; the scale is at
-    least `floor`, for outputs that are all nearly zero."""
-    assert set(got.final) == set(ref.final)
-    pairs = [(got.y, ref.y)] + [(got.final[s], ref.final[s]) for s in ref.final]
-    for g, r in pairs:
-        assert g.shape == r.shape
-    err = max(float(np.abs(g.astype(np.float64) - r).max()) for g, r in pairs)
-    scale = max(max(float(np.abs(r).max()) for _, r in pairs), floor)
-    return err / scale if scale > 0 else err
 
 
 def check_all_schedules(cell: Cell, params, inputs, layers: int, floor: float = 0.0) -> None:
