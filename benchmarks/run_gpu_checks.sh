@@ -3,8 +3,8 @@
 #   bash benchmarks/run_gpu_checks.sh OUTDIR [GROUP...]
 # GROUP is one of
 #   forward    the CUDA executor: every template under every schedule, the persistent and tensor rungs
-#              at full sizes, random cells; the exported .cu built and run (its backward checked by
-#              finite differences)
+#              at full sizes, random cells, the algorithms of its TF32 GEMMs; the exported .cu built and
+#              run (its backward checked by finite differences)
 #   backward   the backward Plans on the GPU (every template and schedule, random cells, full sizes,
 #              the CUDA-graph capture)
 #   rest       the benchmark, auto, cuDNN's persistent algorithms, the sru package, cellfuse.nn
@@ -30,7 +30,7 @@ fi
 for group in $groups; do
     case $group in
         forward)
-            command=("${pytest[@]}" tests/gpu_runtime/test_cuda_executor.py) ;;
+            command=("${pytest[@]}" tests/gpu_runtime/test_cuda_executor.py tests/gpu_runtime/test_tf32_gemms.py) ;;
         backward)
             command=("${pytest[@]}" tests/gpu_runtime/test_cuda_backward.py
                      tests/gpu_runtime/test_cuda_backward_graph.py) ;;

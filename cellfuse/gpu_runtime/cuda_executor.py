@@ -35,12 +35,12 @@ from ..codegen.lowering import (
 )
 from ..codegen.plan import PersistentLaunch, Target, on_tensor_cores
 from ..graph_model import CellError, Forward
+from .tf32_gemms import Shape, TensorCoreGemms
 
 log = logging.getLogger(__name__)
 
 _NAN_BITS = 0x7FC00000  # a float32 quiet NaN, to poison buffers before a checked run
 _CUBLAS_WORKSPACE = 32 * 2**20
-_R_32F, _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT = 0, 77, -1  # cudaDataType, cublasComputeType_t, algo
 
 
 class GpuUnavailable(CellError):
@@ -167,6 +167,8 @@ class CudaExecutor:
         self.streams = [drv.Stream(flags=1) for _ in range(self.program.streams)]
         self.stream = self.streams[0]
         self.workspaces = [drv.mem_alloc(_CUBLAS_WORKSPACE) for _ in self.streams]
+        self._on_handle: dict[int, tuple[object, int, int]] = {}  # handle -> its stream, workspace, SMs
+        self.tf32_gemms = TensorCoreGemms(drv, device_description(), _CUBLAS_WORKSPACE)
         pairs = list(zip(self.streams, self.workspaces, strict=True))
         self.handles = [self._handle(stream, workspace) for stream, workspace in pairs]
         self.forward_handles = self.handles
@@ -183,12 +185,13 @@ class CudaExecutor:
 
     def _handle(self, stream, workspace, sms: int | None = None) -> int:
         """A cuBLAS handle on the stream, with the workspace, picking its kernels for `sms` SMs where
-        given (for all of them otherwise)."""
+        given (for all of them otherwise); the TF32 GEMMs through it go to `tf32_gemms` with the same."""
         handle = self.cublas.create()
         self.cublas.set_stream(handle, stream.handle)
         self.cublas.set_workspace(handle, int(workspace), _CUBLAS_WORKSPACE)
         if sms is not None:
             self.cublas.set_sm_count_target(handle, sms)
+        self._on_handle[handle] = (stream, int(workspace), sms or 0)
         return handle
 
     def add_kernels(self, kernels: KernelSet, cubin: bytes):
@@ -245,9 +248,11 @@ class CudaExecutor:
                     out.append(partial(self.split_tf32x3.prepared_async_call,
                                        (_grid(split_threads(rows, cols, layout)), 1), (BLOCK, 1, 1),
                                        self.streams[s], to, fro, rows, cols, ld, layout, lo))
-                out.append(partial(self.cublas.gemm_ex, handles[s], int(g.trans_w), 0, g.n, m,
-                                   3 * g.k, one, split_w, _R_32F, ldw, split_a, _R_32F, lda, beta, c, _R_32F,
-                                   g.c.ld, _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT))
+                stream, workspace, sms = self._on_handle[handles[s]]
+                shape = Shape(g.trans_w, g.n, m, 3 * g.k, ldw, lda, g.c.ld, sms)
+                self.tf32_gemms.chosen(shape, stream, workspace)  # measured now, not while captured
+                out.append(partial(self.tf32_gemms.call, shape, stream, workspace, one, split_w, split_a,
+                                   beta, c))
                 return out
             case Kernel(launch=k, stream=s):
                 name = self.name_of[k]
@@ -354,6 +359,7 @@ class CudaExecutor:
             self.release(self.graph_exec)
         for handle in dict.fromkeys([*self.handles, *self.forward_handles]):
             self.cublas.destroy(handle)
+        self.tf32_gemms.close()
         for workspace in self.workspaces:
             workspace.free()
         for cu_module in self._cu_modules:

@@ -1,0 +1,141 @@
+"""The TF32 GEMMs of 3xTF32 products (see `cf_split_tf32x3`) through cuBLASLt, each shape with the
+algorithm measured fastest on this GPU among those cuBLASLt's heuristic offers.
+
+cublasGemmEx takes the heuristic's first algorithm, which is not always the fastest: for IndRNN's input
+projection at B=64 (C[6400, 512] over K = 3 x 512) its second took 0.040 ms against 0.049 on an H100
+(benchmarks/results/h100_2026-11-27_cublaslt_algorithms.json). So the first time a shape is asked for,
+its candidates run a few times each on the stream, into scratch memory, and the fastest is kept for the
+rest of the process.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+_R_32F, _COMPUTE_32F_FAST_TF32 = 0, 77  # cudaDataType, cublasComputeType_t
+CANDIDATES = 8  # of the heuristic's algorithms, at most, timed per shape
+_RUNS = 5  # timed runs of each candidate (after one to warm up); the median counts
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A column-major GEMM C[m, n] = op(A)[m, k] @ B[k, n] (cuBLAS's terms), with op(A) = A^T where
+    `trans_a`, picking its kernels for `sms` SMs (0: all of them)."""
+
+    trans_a: bool
+    m: int
+    n: int
+    k: int
+    lda: int
+    ldb: int
+    ldc: int
+    sms: int = 0
+
+
+class _Chosen:
+    """One shape's descriptors and the algorithm chosen for it (cuBLASLt's 64-byte struct)."""
+
+    def __init__(self, lt, shape: Shape):
+        self.desc = lt.matmul_desc_create(_COMPUTE_32F_FAST_TF32, _R_32F)
+        if shape.trans_a:
+            _set(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.TRANSA, 1)
+        if shape.sms:
+            _set(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.SM_COUNT_TARGET, shape.sms)
+        a_rows, a_cols = (shape.k, shape.m) if shape.trans_a else (shape.m, shape.k)
+        self.a = lt.matrix_layout_create(_R_32F, a_rows, a_cols, shape.lda)
+        self.b = lt.matrix_layout_create(_R_32F, shape.k, shape.n, shape.ldb)
+        self.c = lt.matrix_layout_create(_R_32F, shape.m, shape.n, shape.ldc)
+        self.algo = np.zeros(0, np.uint8)  # set by `TensorCoreGemms.chosen`
+        self.times_ms: list[float] = []  # each candidate's, in the heuristic's order
+
+
+def _set(setter, desc, attribute, value: int) -> None:
+    v = np.array([value], np.int32)
+    setter(desc, attribute, v.ctypes.data, v.nbytes)
+
+
+class TensorCoreGemms:
+    """The GEMMs over 3K of an executor's 3xTF32 products: one cuBLASLt handle, and per shape the
+    algorithm measured fastest (measured once per process: every executor shares the choices)."""
+
+    _chosen: dict[tuple[str, Shape], _Chosen] = {}
+
+    def __init__(self, drv, gpu: str, workspace_bytes: int):
+        from nvmath.bindings import cublasLt
+
+        self.lt, self.drv, self.gpu = cublasLt, drv, gpu
+        self.workspace_bytes = workspace_bytes
+        self.handle = cublasLt.create()
+
+    def close(self) -> None:
+        self.lt.destroy(self.handle)
+
+    def chosen(self, shape: Shape, stream, workspace: int) -> _Chosen:
+        """The shape's descriptors and algorithm, measured on `stream` the first time it is asked for."""
+        key = (self.gpu, shape)
+        if key not in self._chosen:
+            self._chosen[key] = self._measure(shape, stream, workspace)
+        return self._chosen[key]
+
+    def _measure(self, shape: Shape, stream, workspace: int) -> _Chosen:
+        lt, drv = self.lt, self.drv
+        chosen = _Chosen(lt, shape)
+        preference = lt.matmul_preference_create()
+        try:
+            limit = np.array([self.workspace_bytes], np.uint64)
+            lt.matmul_preference_set_attribute(preference, lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES,
+                                               limit.ctypes.data, limit.nbytes)
+            results = lt.MatmulHeuristicResult(CANDIDATES)
+            count = np.zeros(1, np.int32)
+            lt.matmul_algo_get_heuristic(self.handle, chosen.desc, chosen.a, chosen.b, chosen.c, chosen.c,
+                                         preference, CANDIDATES, results.ptr, count.ctypes.data)
+        finally:
+            lt.matmul_preference_destroy(preference)
+        size = lt.matmul_heuristic_result_dtype.itemsize
+        algos = [np.frombuffer(ctypes.string_at(results.ptr + i * size, lt.matmul_algo_dtype.itemsize),
+                               np.uint8).copy() for i in range(int(count[0]))]
+        if not algos:
+            raise RuntimeError(f"cuBLASLt offers no algorithm for the TF32 GEMM {shape}")
+        # scratch operands as large as the GEMM's: the time does not depend on their values, and the
+        # executor's own buffers (a gradient that accumulates, say) must not change
+        a_elems = shape.lda * (shape.m if shape.trans_a else shape.k)
+        scratch = drv.mem_alloc(4 * (a_elems + shape.ldb * shape.n + shape.ldc * shape.n))
+        try:
+            a = int(scratch)
+            b = a + 4 * a_elems
+            c = b + 4 * shape.ldb * shape.n
+            alpha_beta = np.array([1.0, 0.0], np.float32)
+            start, end = drv.Event(), drv.Event()
+            for algo in algos:
+                def run(algo=algo):
+                    lt.matmul(self.handle, chosen.desc, alpha_beta.ctypes.data, a, chosen.a, b, chosen.b,
+                              alpha_beta.ctypes.data + 4, c, chosen.c, c, chosen.c, algo.ctypes.data,
+                              workspace, self.workspace_bytes, stream.handle)
+                try:
+                    run()
+                except lt.cuBLASLtError:  # offered, yet refused for these operands: never chosen
+                    chosen.times_ms.append(float("inf"))
+                    continue
+                times = []
+                for _ in range(_RUNS):
+                    start.record(stream)
+                    run()
+                    end.record(stream)
+                    end.synchronize()
+                    times.append(end.time_since(start))
+                chosen.times_ms.append(statistics.median(times))
+        finally:
+            scratch.free()
+        chosen.algo = algos[int(np.argmin(chosen.times_ms))]
+        return chosen
+
+    def call(self, shape: Shape, stream, workspace: int, alpha: int, a: int, b: int, beta: int, c: int):
+        """C = alpha op(A) @ B + beta C on `stream`, by the algorithm chosen for the shape (alpha, beta:
+        host addresses of float32 scalars)."""
+        chosen = self.chosen(shape, stream, workspace)
+        self.lt.matmul(self.handle, chosen.desc, alpha, a, chosen.a, b, chosen.b, beta, c, chosen.c, c,
+                       chosen.c, chosen.algo.ctypes.data, workspace, self.workspace_bytes, stream.handle)

@@ -1,0 +1,50 @@
+"""The TF32 GEMMs of 3xTF32 products through cuBLASLt, each shape by the algorithm measured fastest."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cellfuse.gpu_runtime.cuda_executor import device_description
+from cellfuse.gpu_runtime.tf32_gemms import Shape, TensorCoreGemms
+
+pytestmark = pytest.mark.gpu
+
+WORKSPACE = 32 * 2**20
+
+
+@pytest.fixture
+def gemms(gpu):
+    drv = gpu[0]
+    g = TensorCoreGemms(drv, device_description(), WORKSPACE)
+    workspace = drv.mem_alloc(WORKSPACE)
+    yield drv, g, workspace
+    workspace.free()
+    g.close()
+
+
+@pytest.mark.parametrize("trans_a", [False, True])
+def test_the_fastest_measured_algorithm_computes_the_product(gemms, trans_a):
+    drv, g, workspace = gemms
+    m, n, k = 96, 80, 3 * 64  # column-major C[m, n] = op(A)[m, k] @ B[k, n]
+    rng = np.random.default_rng(0)
+    op_a = rng.standard_normal((m, k)).astype(np.float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    # column-major [rows, cols] with ld = rows is row-major [cols, rows]: A^T stored is op(A)
+    a_stored = op_a if trans_a else op_a.T
+    lda = k if trans_a else m
+    shape = Shape(trans_a, m, n, k, lda, k, m)
+    stream = drv.Stream()
+    a_dev, b_dev = drv.to_device(np.ascontiguousarray(a_stored)), drv.to_device(np.ascontiguousarray(b.T))
+    c_dev = drv.mem_alloc(4 * m * n)
+    chosen = g.chosen(shape, stream, int(workspace))
+    assert chosen.times_ms and np.isfinite(min(chosen.times_ms))
+    assert g.chosen(shape, stream, int(workspace)) is chosen  # measured once
+    scalars = np.array([1.0, 0.0], np.float32)
+    g.call(shape, stream, int(workspace), scalars.ctypes.data, int(a_dev), int(b_dev),
+           scalars.ctypes.data + 4, int(c_dev))
+    stream.synchronize()
+    c = drv.from_device(c_dev, (n, m), np.float32).T  # column-major [m, n]
+    ref = op_a.astype(np.float64) @ b.astype(np.float64)
+    assert np.max(np.abs(c - ref)) / np.max(np.abs(ref)) < 2e-3  # TF32's 10 bits of mantissa
+    assert np.max(np.abs(c - ref)) / np.max(np.abs(ref)) > 1e-7  # and on tensor cores, not in float32
