@@ -38,10 +38,20 @@ from .persistent import (
     GemmTiling,
     gemm_tiling,
     output_floats,
+    partials_allowed,
     whole32,
     writes,
 )
 from .plan import Access, Exchange, GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
+
+
+def _tree_sum(terms: list[str]) -> str:
+    """The terms added in pairs, the pairs in pairs, and so on."""
+    while len(terms) > 1:
+        pairs = [f"({terms[n]} + {terms[n + 1]})" for n in range(0, len(terms) - 1, 2)]
+        terms = pairs + terms[len(terms) & ~1:]
+    return terms[0]
+
 
 PERSISTENT_PRELUDE = """\
 #include <cooperative_groups.h>
@@ -86,6 +96,15 @@ __device__ __forceinline__ void cf_split_tf32(float v, unsigned& hi, unsigned& l
     lo = __float_as_uint(v - __uint_as_float(hi));
 }
 
+// A block's part of a GEMM's output kept as each warp's partial sums, [rows][warps][COLS]: c[i], i a
+// row's start plus a column, adds the warps' partials of that column, as a tree (fewer dependent adds).
+template <int COLS> struct cf_warp_sums {
+    const float* p;
+    __device__ __forceinline__ float operator[](int i) const {
+        return WARP_SUMS;
+    }
+};
+
 // c += a @ b on tensor cores: a 16 x 8 tile of C over eight k, the fragments as mma.sync lays them out.
 __device__ __forceinline__ void cf_mma_tf32(float (&c)[4], unsigned a0, unsigned a1, unsigned a2,
                                             unsigned a3, unsigned b0, unsigned b1) {
@@ -94,7 +113,7 @@ __device__ __forceinline__ void cf_mma_tf32(float (&c)[4], unsigned a0, unsigned
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-"""
+""".replace("WARP_SUMS", _tree_sum([f"p[i + {w} * COLS]" for w in range(WARPS)]))
 
 PREFETCH_ELEMENTS = 4  # per thread, at most, for an elementwise launch's loads to start the step early
 AHEAD_REGISTERS = 64  # per thread, at most, for the inputs of the steps ahead in a launch with no barrier
@@ -143,7 +162,9 @@ class _Kernel:
         self.written = set().union(*(writes(item.launch) for item in launch.items))
         self.gemms = [(i, item) for i, item in enumerate(launch.items) if isinstance(item.launch, GemmLaunch)]
         self.tilings = {i: gemm_tiling(item.columns, launch.column_blocks, launch.row_tile, item.launch.k,
-                                       item.mma) for i, item in self.gemms}
+                                       item.mma, partials_allowed(item.launch, item.on_chip,
+                                                                  item.output_on_chip))
+                        for i, item in self.gemms}
         # GEMM outputs in shared memory: buffer -> (the GEMM's index, its item, its block's columns)
         self.on_chip = {item.launch.c.buffer: (i, item, self.tilings[i].cols)
                         for i, item in self.gemms if item.output_on_chip}
@@ -195,6 +216,7 @@ class _Kernel:
         if launch.exchange:
             self._publish_initial()
         self._shared_memory()
+        self._weights_in_registers()
         ahead, carried = self._ahead()
         depth = self._depth(ahead) if ahead else 0
         nxt = {} if depth else self._read_only()
@@ -344,7 +366,13 @@ class _Kernel:
                        "        }",
                        "    }")
                 offset += whole32(kp * ncp)
-            if item.output_on_chip:
+            if item.output_on_chip and tl.in_registers:
+                width = tl.cols_per_thread
+                self.w(f"    float* const cf_part{i} = cf_smem + {offset};  // [rows][{WARPS}][{width}]: "
+                       f"each warp's partial sums of this block's part of {comment_text(g.group)}'s output",
+                       f"    const cf_warp_sums<{width}> cf_c{i} = {{cf_part{i}}};")
+                offset += output_floats(self.launch.group_rows, tl)
+            elif item.output_on_chip:
                 self.w(f"    float* const cf_c{i} = cf_smem + {offset};  // [rows][{tl.cols}]: this block's "
                        f"part of {comment_text(g.group)}'s output")
                 offset += output_floats(self.launch.group_rows, tl)
@@ -357,6 +385,21 @@ class _Kernel:
             self.w(f"    for (int e = tid; e < {staged}; e += {threads}) cf_stage[e] = 0.0f;")
         assert 4 * offset == launch.smem_bytes, "the kernel's shared memory differs from the plan's"
         self.w("    __syncthreads();")
+
+    def _weights_in_registers(self) -> None:
+        """Of each GEMM whose products are in registers, the thread's two rows of the block's columns of W
+        (its two k of K), from shared memory, once."""
+        for i, item in self.gemms:
+            tl = self.tilings[i]
+            if not tl.in_registers:
+                continue
+            k, width, kp = item.launch.k, tl.cols_per_thread, tl.w_stride(item.launch.k)
+            self.w(f"    float cf_w{i}[2][{width}];",
+                   "    #pragma unroll",
+                   f"    for (int c = 0; c < {width}; ++c) {{",
+                   f"        cf_w{i}[0][c] = 2 * tid < {k} ? w{i}[c * {kp} + 2 * tid] : 0.0f;",
+                   f"        cf_w{i}[1][c] = 2 * tid < {k} ? w{i}[c * {kp} + 2 * tid + 1] : 0.0f;",
+                   "    }")
 
     def _column_map(self, i: int, item: PersistentItem) -> None:
         """A lambda from the block's column c of a GEMM to the column of W and C, or -1 for padding."""
@@ -605,7 +648,8 @@ class _Kernel:
                 block = [sum(gemm.columns[:b]) for b in range(len(gemm.columns))].index(p.access.col)
                 start = sum(map(self.launch.unit, gemm.columns[:block]))
                 unit = self.launch.unit(gemm.columns[block])
-                names[n], index[n] = f"cf_c{g}", f"(r - row0) * {cols} + {start} + j - cb * {unit}"
+                row = WARPS * self.tilings[g].cols_per_thread if self.tilings[g].in_registers else cols
+                names[n], index[n] = f"cf_c{g}", f"(r - row0) * {row} + {start} + j - cb * {unit}"
             else:
                 self.w(f"{IND}{'float*' if p.output else 'const float*'} const {names[n]} = "
                        f"{_at_step(self.var[p.access.buffer], p.access)};")
@@ -651,6 +695,9 @@ class _Kernel:
             self.w(f"{IND}const float* const a = {_at_step(var[g.a.buffer], g.a)} + (size_t)row0 * {g.a.ld};")
         if not item.output_on_chip:
             self.w(f"{IND}float* const c = {_at_step(var[g.c.buffer], g.c)} + (size_t)row0 * {g.c.ld};")
+        if tl.in_registers:
+            self._products_in_registers(i, item)
+            return
         self.w(f"{IND}for (int rb = 0; rb < rows; rb += {rt}) {{")
         if item.mma:
             self._mma(i, item)
@@ -741,6 +788,63 @@ class _Kernel:
                f"{IND}}}",
                f"{IND}__syncthreads();  // C is read next by other threads of the block")
 
+
+    def _products_in_registers(self, i: int, item: PersistentItem) -> None:
+        """A GEMM one row at a time, its products in registers (see GemmTiling): per row, each thread's two
+        k of the operand (polled from its exchange, or loaded), times its two rows of W; the warp's
+        lanes' products added by shuffles, halving the values each lane keeps as the tile's do; each
+        warp's partial row into shared memory."""
+        g: GemmLaunch = item.launch
+        width, k = self.tilings[i].cols_per_thread, g.k
+        self.w(f"{IND}__syncthreads();  // the partial sums are free again",
+               f"{IND}for (int rb = 0; rb < rows; ++rb) {{",
+               f"{IND}    float a0 = 0.0f, a1 = 0.0f;",
+               f"{IND}    if (2 * tid < {k}) {{")
+        if g.a.buffer in self.exchange:
+            n, ex = self.exchange[g.a.buffer]
+            slot = "t + 1" if ex.lag else "t"  # as in `_poll`
+            self.w(f"{IND}        const unsigned want = t + {2 + ex.lag};",
+                   f"{IND}        const unsigned long long* const p = "
+                   f"{self._exchange_at(n, ex, slot, 'row0 + rb', '2 * tid')};",
+                   f"{IND}        unsigned long long w0, w1;",
+                   f"{IND}        cf_peek2(p, w0, w1);",
+                   f"{IND}        for (unsigned cf_round = 1; (unsigned)(w0 >> 32) != want "
+                   "|| (unsigned)(w1 >> 32) != want; ++cf_round) {",
+                   f"{IND}            if (cf_round == {POLL_ROUNDS}u) __trap();  // a fault, not a hang, "
+                   "should a value never come",
+                   f"{IND}            cf_peek2(p, w0, w1);",
+                   f"{IND}        }}",
+                   f"{IND}        a0 = __uint_as_float((unsigned)w0);",
+                   f"{IND}        a1 = __uint_as_float((unsigned)w1);")
+        else:
+            self.w(f"{IND}        a0 = __ldcg(a + (size_t)rb * {g.a.ld} + 2 * tid);",
+                   f"{IND}        a1 = __ldcg(a + (size_t)rb * {g.a.ld} + 2 * tid + 1);")
+        # the lanes together again (their polls ended apart) before they shuffle: diverged, every
+        # shuffle takes the slow path (the LSTM's step at B=1 took 2.0 us instead of 1.2)
+        self.w(f"{IND}    }}",
+               f"{IND}    __syncwarp();",
+               f"{IND}    float v[{width}];",
+               f"{IND}    #pragma unroll",
+               f"{IND}    for (int c = 0; c < {width}; ++c)",
+               f"{IND}        v[c] = fmaf(a1, cf_w{i}[1][c], a0 * cf_w{i}[0][c]);",
+               f"{IND}    const int ks = tid & 31;")
+        scatter, _, owner = _reduction(width, 32)  # as a tile's k_split lanes add theirs
+        for d, half in scatter:
+            self.w(f"{IND}    #pragma unroll",
+                   f"{IND}    for (int c = 0; c < {half}; ++c) {{",
+                   f"{IND}        const float keep = (ks & {d}) ? v[c + {half}] : v[c], "
+                   f"send = (ks & {d}) ? v[c] : v[c + {half}];",
+                   f"{IND}        v[c] = keep + __shfl_xor_sync(0xffffffffu, send, {d});",
+                   f"{IND}    }}")
+        d = 16 >> len(scatter)
+        while d >= 1:  # one value left: the lanes add it up
+            self.w(f"{IND}    v[0] += __shfl_xor_sync(0xffffffffu, v[0], {d});")
+            d //= 2
+        column = " + ".join(f"((ks & {d}) ? {half} : 0)" for d, half in scatter) or "0"
+        self.w(f"{IND}    if ({owner})",
+               f"{IND}        cf_part{i}[(rb * {WARPS} + tid / 32) * {width} + {column}] = v[0];",
+               f"{IND}}}",
+               f"{IND}__syncthreads();  // the partial sums are read next by other threads of the block")
 
     def _operands(self, i: int, item: PersistentItem, buf: str, q: str, ind: str) -> None:
         """Loads into register set `buf` of the GEMM's operands at float4 `q` of K: the thread's rows of

@@ -38,8 +38,9 @@ REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 # exchanges; version 10's sigmoid divides without IEEE division's slow path, and its persistent kernels
 # load their weights in rows, their biases once; version 11's row sums take fewer shuffles and a
 # variance no pass of its own, and its polls of row groups a cheaper address; version 12's persistent
-# steps with no GEMM split the rows into groups) is measured again.
-RUNGS_VERSION = 12
+# steps with no GEMM split the rows into groups; version 13's persistent GEMMs of one row multiply in
+# registers, and its 3xTF32 GEMMs take cuBLASLt's algorithm measured fastest) is measured again.
+RUNGS_VERSION = 13
 
 
 @dataclass(frozen=True)

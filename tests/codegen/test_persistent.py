@@ -15,7 +15,7 @@ from random_cells import random_cell, random_cells
 from cellfuse.codegen import make_plan, plan_kernels
 from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.cuda_kernels import PRELUDE
-from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE, _reduction
+from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE, _Kernel, _reduction
 from cellfuse.codegen.lowering import SIDE
 from cellfuse.codegen.persistent import barriers, gemm_tiling
 from cellfuse.codegen.plan import H100, GemmLaunch, KernelLaunch, Plan, Target, owned
@@ -355,6 +355,42 @@ def test_the_tensor_rung_s_kernels_compile_forward_and_backward(name, batch, tmp
     assert any(item.mma for item in plan.layers[0].persistent.items)
     nvcc_cubin(plan_kernels(plan).module_source(), tmp_path)
     nvcc_cubin(backward_kernels(backward_plan(plan)).module_source(), tmp_path)
+
+
+def _recurrent_tilings(name: str, batch: int, hidden: int, schedule: str = "persistent"):
+    plan = make_plan(load_template(name), Sizes(100, batch, hidden, hidden), schedule)
+    launch = plan.layers[0].persistent
+    tilings = _Kernel(launch, "cf_cell").tilings
+    return plan, [(item, tilings[i]) for i, item in enumerate(launch.items)
+                  if isinstance(item.launch, GemmLaunch)]
+
+
+@pytest.mark.parametrize("name, hidden, widths", [("lstm", 512, [16]), ("gru", 512, [16]),
+                                                  ("elman", 512, [4]), ("mgu", 256, [2, 2]),
+                                                  ("gru_cho", 512, [8, 4])])
+def test_one_row_at_a_time_multiplies_in_registers(name, hidden, widths, tmp_path):
+    """At B=1 each thread polls its two k of h and multiplies them by its two rows of the block's columns
+    of U held in registers (a power of two of them, the GRU's 12 padded to 16); the island adds the
+    warps' partial sums: no staged operand, one barrier after the products, and it compiles."""
+    plan, gemms = _recurrent_tilings(name, 1, hidden)
+    assert [t.cols_per_thread for _, t in gemms if t.in_registers] == widths
+    source = plan_kernels(plan).module_source()
+    loop = source.index("for (int t = 0; t < seq; ++t)")
+    assert "the stage is free again" not in source[loop:] and "cf_stage[r *" not in source[loop:]
+    assert all(f"const cf_warp_sums<{w}> cf_c" in source for w in widths)
+    assert source[loop:].count("__syncwarp();") == len(widths)
+    nvcc_cubin(source, tmp_path)
+
+
+@pytest.mark.parametrize("name, batch, hidden, schedule", [("lstm", 8, 512, "persistent"),
+                                                           ("lstm", 1, 1024, "persistent"),
+                                                           ("lstm", 1, 512, "tensor"),
+                                                           ("layernorm_lstm", 1, 512, "persistent")])
+def test_products_stay_tiled_where_registers_do_not_hold_them(name, batch, hidden, schedule):
+    """Several rows at a time, more than two k a thread (K = 1024), tensor cores, or an output that the
+    elementwise work does not read from shared memory: the tiled GEMM."""
+    _, gemms = _recurrent_tilings(name, batch, hidden, schedule)
+    assert gemms and not any(t.in_registers for _, t in gemms)
 
 
 def test_a_gemm_on_tensor_cores_falls_back_to_the_cuda_cores_where_its_larger_tiles_do_not_fit():

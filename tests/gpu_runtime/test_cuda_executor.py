@@ -205,6 +205,7 @@ def test_gpu_nan_in_the_output_is_an_error(gpu):
 @pytest.mark.parametrize("schedule, name, batch, hidden, layers", [
     ("persistent", "lstm", 1, 512, 1), ("persistent", "lstm", 8, 512, 1), ("persistent", "lstm", 64, 512, 1),
     ("persistent", "lstm", 80, 512, 3), ("persistent", "gru_cho", 1, 512, 1),
+    ("persistent", "gru", 1, 512, 1), ("persistent", "elman", 1, 512, 1), ("persistent", "mgu", 1, 256, 2),
     ("persistent", "gru_cho", 64, 512, 2), ("persistent", "mgu", 8, 512, 1),
     ("persistent", "indrnn", 64, 512, 3), ("persistent", "sru", 19, 512, 2),
     ("persistent", "sru", 64, 512, 1), ("persistent", "peephole_lstm", 64, 256, 1),
@@ -218,7 +219,8 @@ def test_gpu_nan_in_the_output_is_an_error(gpu):
 ])
 def test_persistent_at_full_sizes_matches_reference(gpu, schedule, name, batch, hidden, layers):
     """Every block count, tiling and split of K the H100 sizes give: 128 blocks at hidden 512, a batch of
-    one (K split between threads) and of 80 (two row tiles, the second partial), 16 MiB of U on chip;
+    one (each thread's two k times the weights in its registers: 16, 12 padded to 16, 8 and 4, 4 and 2
+    columns, K of 512 and 256) and of 80 (two row tiles, the second partial), 16 MiB of U on chip;
     steps with no GEMM in row groups (IndRNN and the SRU at B=64: eight of 8 rows; at B=19 two, the
     second of 9 rows);
     wavefronts of 2 to 4 layers, each on streams of its own with cuBLAS planning its GEMMs for its share
@@ -368,6 +370,28 @@ def test_persistent_random_cells_match_reference_on_gpu(gpu, seed, schedule):
     ref = run_reference(cell, params, {"x": x, **initial}, layers)
     plan = make_plan(cell, Sizes(SEQ, BATCH, INPUT, HIDDEN, layers), schedule, device_target())
     ex = CudaExecutor(plan, params)
+    out = ex.run(x, initial)
+    ex.close()
+    assert relative_error(out, ref, floor=1.0) < 1e-4
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_persistent_random_cells_at_a_batch_of_one_match_reference_on_gpu(gpu, seed):
+    """Seeded random cells at B=1, 1 and 3 layers, with initial states: their recurrent GEMMs one row at a
+    time, in registers (K of 40, less than two k per thread)."""
+    from random_cells import random_cell
+
+    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
+
+    cell = random_cell(seed)
+    layers = 1 + 2 * (seed % 2)
+    rng = np.random.default_rng(seed)
+    params = init_params(cell, layers, INPUT, HIDDEN, seed)
+    x = rng.uniform(-1, 1, (SEQ, 1, INPUT)).astype(np.float32)
+    initial = {s: rng.uniform(-1, 1, (layers, 1, HIDDEN)).astype(np.float32) for s in cell.updates}
+    ref = run_reference(cell, params, {"x": x, **initial}, layers)
+    ex = CudaExecutor(make_plan(cell, Sizes(SEQ, 1, INPUT, HIDDEN, layers), "persistent", device_target()),
+                      params)
     out = ex.run(x, initial)
     ex.close()
     assert relative_error(out, ref, floor=1.0) < 1e-4
