@@ -165,6 +165,8 @@ class _Kernel:
                                        item.mma, partials_allowed(item.launch, item.on_chip,
                                                                   item.output_on_chip))
                         for i, item in self.gemms}
+        assert all(self.tilings[i].in_registers == item.in_registers for i, item in self.gemms), \
+            "the kernel's GEMM tilings differ from the plan's"
         # GEMM outputs in shared memory: buffer -> (the GEMM's index, its item, its block's columns)
         self.on_chip = {item.launch.c.buffer: (i, item, self.tilings[i].cols)
                         for i, item in self.gemms if item.output_on_chip}

@@ -461,8 +461,9 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
                 if not p.weights:
                     tiling = gemm_tiling(cols, column_blocks, row_tile, launch.k)
                     off_chip.append((launch.group, 4 * tiling.padded_cols * tiling.w_stride(launch.k)))
-                items.append(PersistentItem(launch, barrier, cols, on_chip=p.weights,
-                                            output_on_chip=p.output, mma=p.mma))
+                items.append(PersistentItem(launch, barrier, cols, on_chip=p.weights, output_on_chip=p.output,
+                                            mma=p.mma,
+                                            in_registers=p.tiling(column_blocks, row_tile).in_registers))
             case KernelLaunch():
                 items.append(PersistentItem(launch, barrier, cols, whole=launch.row_kind == "one"))
             case _:

@@ -277,6 +277,9 @@ class PersistentItem:
     # a GEMM on tensor cores, each product in three TF32 ones (a = a_hi + a_lo, a_hi * b_lo + a_lo * b_hi
     # + a_hi * b_hi), as accurate as float32's (its weights on chip: the fragments load from there)
     mma: bool = False
+    # a GEMM of one row at a time whose products are in registers, its output kept on chip as the warps'
+    # partial sums, which the elementwise work adds up (see persistent.GemmTiling)
+    in_registers: bool = False
 
     @property
     def by_rows(self) -> bool:
@@ -580,6 +583,7 @@ class Plan:
                     what = f"{units} column(s) per block" + (f", {' and '.join(on_chip)} in shared memory"
                                                              if on_chip else "")
                     what += ", on tensor cores (3xTF32)" if item.mma else ""
+                    what += ", products in registers" if item.in_registers else ""
                 wait = ""
                 if item.barrier:
                     wait = ("grid barrier, then " if p.grid_barrier(item)

@@ -374,6 +374,7 @@ def test_one_row_at_a_time_multiplies_in_registers(name, hidden, widths, tmp_pat
     warps' partial sums: no staged operand, one barrier after the products, and it compiles."""
     plan, gemms = _recurrent_tilings(name, 1, hidden)
     assert [t.cols_per_thread for _, t in gemms if t.in_registers] == widths
+    assert all(item.in_registers for item, _ in gemms) and "products in registers" in plan.describe()
     source = plan_kernels(plan).module_source()
     loop = source.index("for (int t = 0; t < seq; ++t)")
     assert "the stage is free again" not in source[loop:] and "cf_stage[r *" not in source[loop:]
@@ -389,8 +390,9 @@ def test_one_row_at_a_time_multiplies_in_registers(name, hidden, widths, tmp_pat
 def test_products_stay_tiled_where_registers_do_not_hold_them(name, batch, hidden, schedule):
     """Several rows at a time, more than two k a thread (K = 1024), tensor cores, or an output that the
     elementwise work does not read from shared memory: the tiled GEMM."""
-    _, gemms = _recurrent_tilings(name, batch, hidden, schedule)
-    assert gemms and not any(t.in_registers for _, t in gemms)
+    plan, gemms = _recurrent_tilings(name, batch, hidden, schedule)
+    assert gemms and not any(t.in_registers or item.in_registers for item, t in gemms)
+    assert "products in registers" not in plan.describe()
 
 
 def test_a_gemm_on_tensor_cores_falls_back_to_the_cuda_cores_where_its_larger_tiles_do_not_fit():
