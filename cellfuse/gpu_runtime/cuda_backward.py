@@ -24,7 +24,7 @@ import numpy as np
 from ..codegen.backward_plan import BackwardPlan, backward_plan
 from ..codegen.kernel_set import backward_kernels
 from ..graph_model import CellError, Gradients
-from .cuda_executor import _CUBLAS_WORKSPACE, CudaExecutor, _compile, split_elements
+from .cuda_executor import _CUBLAS_WORKSPACE, CudaExecutor, _compile, aligned_offsets, split_elements
 
 
 class CudaBackward:
@@ -41,24 +41,20 @@ class CudaBackward:
         sizes = {name: self.plan.buffer_elements(name) for name in self.plan.buffers}
         instructions = self.plan.instructions()
         splits = split_elements(instructions, forward.plan.sizes.batch, len(forward.streams))
+        # Every gradient buffer in one span, those a run restarts (`BackwardPlan.restarted`) first, in
+        # its first `restart_nbytes`: a copy of that part puts a seeded state back.
+        order = sorted(sizes, key=lambda name: not self.plan.restarted(name))
+        offsets, need = aligned_offsets([*(sizes[name] for name in order), *splits])
         free, _ = drv.mem_get_info()
-        need = 4 * (sum(sizes.values()) + sum(splits))
         if need + _CUBLAS_WORKSPACE > free:
             raise CellError(f"out of GPU memory: the backward pass at these sizes needs {need / 2**20:.0f} "
                             f"MiB more, {free / 2**20:.0f} MiB are free")
-        # Every gradient buffer in one span, those a run restarts (`BackwardPlan.restarted`) first, in
-        # its first `restart_nbytes`: a copy of that part puts a seeded state back.
         self.memory = drv.mem_alloc(need)
-        order = sorted(sizes, key=lambda name: not self.plan.restarted(name))
-        self.restart_nbytes = 4 * sum(sizes[name] for name in order if self.plan.restarted(name))
-        offset = int(self.memory)
-        for name in order:
-            forward.addr[name] = offset
-            offset += 4 * sizes[name]
-        self.splits = []  # per stream, its own room for the operands of its GEMMs on tensor cores
-        for n in splits:
-            self.splits.append(offset)
-            offset += 4 * n
+        restarted = sum(self.plan.restarted(name) for name in order)
+        self.restart_nbytes = offsets[restarted] if restarted < len(offsets) else need
+        at = [int(self.memory) + offset for offset in offsets]
+        forward.addr.update(zip(order, at, strict=False))
+        self.splits = at[len(order):]  # per stream, room for the operands of its GEMMs on tensor cores
         self.calls = [call for instr in instructions for call in forward._calls(instr, 0, None, self.splits)]
         self.graph_exec = None
 

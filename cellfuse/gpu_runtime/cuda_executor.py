@@ -35,11 +35,12 @@ from ..codegen.lowering import (
 )
 from ..codegen.plan import PersistentLaunch, Target, on_tensor_cores
 from ..graph_model import CellError, Forward
-from .tf32_gemms import Shape, TensorCoreGemms
+from .tf32_gemms import Shape, TensorCoreGemms, alignment
 
 log = logging.getLogger(__name__)
 
 _NAN_BITS = 0x7FC00000  # a float32 quiet NaN, to poison buffers before a checked run
+ALIGNMENT = 256  # bytes: where each device buffer starts
 _CUBLAS_WORKSPACE = 32 * 2**20
 
 
@@ -137,22 +138,16 @@ class CudaExecutor:
 
         sizes = {name: plan.buffer_elements(name) for name in plan.buffers}
         splits = split_elements(self.program.instructions, plan.sizes.batch, self.program.streams)
-        total = sum(sizes.values()) + sum(splits)
+        offsets, span = aligned_offsets([*sizes.values(), *splits])
         free, _ = drv.mem_get_info()
-        need = total * 4 + self.program.streams * _CUBLAS_WORKSPACE
+        need = span + self.program.streams * _CUBLAS_WORKSPACE
         if need > free:
             raise CellError(f"out of GPU memory: these sizes need {need / 2**20:.0f} MiB, "
                             f"{free / 2**20:.0f} MiB are free")
-        self.memory = drv.mem_alloc(total * 4)
-        self.addr: dict[str, int] = {}
-        offset = int(self.memory)
-        for name, n in sizes.items():
-            self.addr[name] = offset
-            offset += n * 4
-        self.splits = []  # per stream, where its tensor-core GEMMs split their operands
-        for n in splits:
-            self.splits.append(offset)
-            offset += n * 4
+        self.memory = drv.mem_alloc(span)
+        at = [int(self.memory) + offset for offset in offsets]
+        self.addr: dict[str, int] = dict(zip(sizes, at, strict=False))
+        self.splits = at[len(sizes):]  # per stream, where its tensor-core GEMMs split their operands
         for name, arr in plan.weight_arrays(params, np.float32).items():
             drv.memcpy_htod(self.addr[name], np.ascontiguousarray(arr))
         self.weights = {name for name, b in plan.buffers.items()
@@ -249,7 +244,8 @@ class CudaExecutor:
                                        (_grid(split_threads(rows, cols, layout)), 1), (BLOCK, 1, 1),
                                        self.streams[s], to, fro, rows, cols, ld, layout, lo))
                 stream, workspace, sms = self._on_handle[handles[s]]
-                shape = Shape(g.trans_w, g.n, m, 3 * g.k, ldw, lda, g.c.ld, sms)
+                shape = Shape(g.trans_w, g.n, m, 3 * g.k, ldw, lda, g.c.ld, sms,
+                              (alignment(split_w), alignment(split_a), alignment(c)))
                 self.tf32_gemms.chosen(shape, stream, workspace)  # measured now, not while captured
                 out.append(partial(self.tf32_gemms.call, shape, stream, workspace, one, split_w, split_a,
                                    beta, c))
@@ -365,6 +361,16 @@ class CudaExecutor:
         for cu_module in self._cu_modules:
             _cu_check(self.cu.cuModuleUnload(cu_module))
         self.memory.free()
+
+
+def aligned_offsets(counts: list[int]) -> tuple[list[int], int]:
+    """Where arrays of these numbers of float32 values go, one after another, each from a multiple of
+    ALIGNMENT bytes (cuBLAS's fastest kernels want their operands there), and the bytes they span."""
+    offsets, end = [], 0
+    for n in counts:
+        offsets.append(end)
+        end += -(-4 * n // ALIGNMENT) * ALIGNMENT
+    return offsets, end
 
 
 def split_elements(instructions, batch: int, streams: int) -> list[int]:

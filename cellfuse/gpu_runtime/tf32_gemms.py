@@ -24,7 +24,8 @@ _RUNS = 5  # timed runs of each candidate (after one to warm up); the median cou
 @dataclass(frozen=True)
 class Shape:
     """A column-major GEMM C[m, n] = op(A)[m, k] @ B[k, n] (cuBLAS's terms), with op(A) = A^T where
-    `trans_a`, picking its kernels for `sms` SMs (0: all of them)."""
+    `trans_a`, picking its kernels for `sms` SMs (0: all of them), on A, B and C at addresses aligned to
+    `aligned` bytes (see `alignment`): cuBLASLt's algorithms assume 256 unless told less."""
 
     trans_a: bool
     m: int
@@ -34,6 +35,12 @@ class Shape:
     ldb: int
     ldc: int
     sms: int = 0
+    aligned: tuple[int, int, int] = (256, 256, 256)
+
+
+def alignment(address: int) -> int:
+    """The largest power of two, up to 256, that divides a device address: its alignment in bytes."""
+    return min(256, address & -address) if address else 256
 
 
 class _Chosen:
@@ -89,6 +96,12 @@ class TensorCoreGemms:
             limit = np.array([self.workspace_bytes], np.uint64)
             lt.matmul_preference_set_attribute(preference, lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES,
                                                limit.ctypes.data, limit.nbytes)
+            at = lt.MatmulPreferenceAttribute
+            a, b, c = shape.aligned
+            for attribute, aligned in ((at.MIN_ALIGNMENT_A_BYTES, a), (at.MIN_ALIGNMENT_B_BYTES, b),
+                                       (at.MIN_ALIGNMENT_C_BYTES, c), (at.MIN_ALIGNMENT_D_BYTES, c)):
+                v = np.array([aligned], np.uint32)
+                lt.matmul_preference_set_attribute(preference, attribute, v.ctypes.data, v.nbytes)
             results = lt.MatmulHeuristicResult(CANDIDATES)
             count = np.zeros(1, np.int32)
             lt.matmul_algo_get_heuristic(self.handle, chosen.desc, chosen.a, chosen.b, chosen.c, chosen.c,

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cellfuse.gpu_runtime.cuda_executor import device_description
-from cellfuse.gpu_runtime.tf32_gemms import Shape, TensorCoreGemms
+from cellfuse.gpu_runtime.tf32_gemms import Shape, TensorCoreGemms, alignment
 
 pytestmark = pytest.mark.gpu
 
@@ -23,8 +23,10 @@ def gemms(gpu):
     g.close()
 
 
-@pytest.mark.parametrize("trans_a", [False, True])
-def test_the_fastest_measured_algorithm_computes_the_product(gemms, trans_a):
+@pytest.mark.parametrize("trans_a, offset", [(False, 0), (True, 0), (False, 4), (True, 12)])
+def test_the_fastest_measured_algorithm_computes_the_product(gemms, trans_a, offset):
+    """Each way round, on operands at 256-byte boundaries and `offset` bytes past them (a GEMM's output
+    inside a larger buffer: cuBLASLt then offers only algorithms that allow it)."""
     drv, g, workspace = gemms
     m, n, k = 96, 80, 3 * 64  # column-major C[m, n] = op(A)[m, k] @ B[k, n]
     rng = np.random.default_rng(0)
@@ -33,18 +35,26 @@ def test_the_fastest_measured_algorithm_computes_the_product(gemms, trans_a):
     # column-major [rows, cols] with ld = rows is row-major [cols, rows]: A^T stored is op(A)
     a_stored = op_a if trans_a else op_a.T
     lda = k if trans_a else m
-    shape = Shape(trans_a, m, n, k, lda, k, m)
     stream = drv.Stream()
-    a_dev, b_dev = drv.to_device(np.ascontiguousarray(a_stored)), drv.to_device(np.ascontiguousarray(b.T))
-    c_dev = drv.mem_alloc(4 * m * n)
+    room = drv.mem_alloc(4 * (a_stored.size + b.size + m * n) + 3 * 512)
+    a_dev, b_dev, c_dev = (int(room) + 512 * i + offset for i in range(3))
+    b_dev += 4 * a_stored.size
+    c_dev += 4 * (a_stored.size + b.size)
+    drv.memcpy_htod(a_dev, np.ascontiguousarray(a_stored))
+    drv.memcpy_htod(b_dev, np.ascontiguousarray(b.T))
+    aligned = tuple(alignment(p) for p in (a_dev, b_dev, c_dev))
+    assert offset == 0 or max(aligned) <= offset
+    shape = Shape(trans_a, m, n, k, lda, k, m, 0, aligned)
     chosen = g.chosen(shape, stream, int(workspace))
     assert chosen.times_ms and np.isfinite(min(chosen.times_ms))
     assert g.chosen(shape, stream, int(workspace)) is chosen  # measured once
     scalars = np.array([1.0, 0.0], np.float32)
-    g.call(shape, stream, int(workspace), scalars.ctypes.data, int(a_dev), int(b_dev),
-           scalars.ctypes.data + 4, int(c_dev))
+    g.call(shape, stream, int(workspace), scalars.ctypes.data, a_dev, b_dev, scalars.ctypes.data + 4, c_dev)
     stream.synchronize()
-    c = drv.from_device(c_dev, (n, m), np.float32).T  # column-major [m, n]
+    c = np.empty((n, m), np.float32)
+    drv.memcpy_dtoh(c, c_dev)
+    c = c.T  # column-major [m, n]
+    room.free()
     ref = op_a.astype(np.float64) @ b.astype(np.float64)
     assert np.max(np.abs(c - ref)) / np.max(np.abs(ref)) < 2e-3  # TF32's 10 bits of mantissa
     assert np.max(np.abs(c - ref)) / np.max(np.abs(ref)) > 1e-7  # and on tensor cores, not in float32
