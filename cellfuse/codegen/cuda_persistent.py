@@ -757,27 +757,12 @@ class _Kernel:
                "fmaf(a4.y, w4.y, fmaf(a4.x, w4.x, acc[y][x]))));",
                f"{IND}                }}",
                f"{IND}        }}")
-        # The k_split lanes of a tile, neighbours in a warp, add up their partial sums: halving, where
-        # the outputs allow it, the values each lane sends and keeps (a lane keeps the sums of one half
-        # and sends the other), so that each lane ends with its own share of the tile's outputs and a
-        # shuffle carries one value of one output, not of all of them.
+        # The k_split lanes of a tile, neighbours in a warp, add up their partial sums (`_lane_sums`).
         mask = "0xffffffffu" if split == 32 else f"(0x{(1 << split) - 1:x}u << (tid & 31 & ~{split - 1}))"
         self.w(f"{IND}        float v[{tr * tc}];",
                f"{IND}        #pragma unroll",
                f"{IND}        for (int m = 0; m < {tr * tc}; ++m) v[m] = acc[m / {tc}][m % {tc}];")
-        for d, half in scatter:
-            self.w(f"{IND}        #pragma unroll",
-                   f"{IND}        for (int m = 0; m < {half}; ++m) {{",
-                   f"{IND}            const float keep = (ks & {d}) ? v[m + {half}] : v[m], "
-                   f"send = (ks & {d}) ? v[m] : v[m + {half}];",
-                   f"{IND}            v[m] = keep + __shfl_xor_sync({mask}, send, {d});",
-                   f"{IND}        }}")
-        d = split // 2 >> len(scatter)
-        while d >= 1:  # the outputs no longer halve: every lane left adds them all
-            self.w(f"{IND}        #pragma unroll",
-                   f"{IND}        for (int m = 0; m < {n_out}; ++m)",
-                   f"{IND}            v[m] += __shfl_xor_sync({mask}, v[m], {d});")
-            d //= 2
+        self.w(*_lane_sums(split, tr * tc, mask, IND + "        "))
         self.w(f"{IND}        if (owner)",
                f"{IND}            #pragma unroll",
                f"{IND}            for (int m = 0; m < {n_out}; ++m) {{",
@@ -789,7 +774,6 @@ class _Kernel:
                f"{IND}    }}",
                f"{IND}}}",
                f"{IND}__syncthreads();  // C is read next by other threads of the block")
-
 
     def _products_in_registers(self, i: int, item: PersistentItem) -> None:
         """A GEMM one row at a time, its products in registers (see GemmTiling): per row, each thread's two
@@ -831,17 +815,7 @@ class _Kernel:
                f"{IND}        v[c] = fmaf(a1, cf_w{i}[1][c], a0 * cf_w{i}[0][c]);",
                f"{IND}    const int ks = tid & 31;")
         scatter, _, owner = _reduction(width, 32)  # as a tile's k_split lanes add theirs
-        for d, half in scatter:
-            self.w(f"{IND}    #pragma unroll",
-                   f"{IND}    for (int c = 0; c < {half}; ++c) {{",
-                   f"{IND}        const float keep = (ks & {d}) ? v[c + {half}] : v[c], "
-                   f"send = (ks & {d}) ? v[c] : v[c + {half}];",
-                   f"{IND}        v[c] = keep + __shfl_xor_sync(0xffffffffu, send, {d});",
-                   f"{IND}    }}")
-        d = 16 >> len(scatter)
-        while d >= 1:  # one value left: the lanes add it up
-            self.w(f"{IND}    v[0] += __shfl_xor_sync(0xffffffffu, v[0], {d});")
-            d //= 2
+        self.w(*_lane_sums(32, width, "0xffffffffu", IND + "    "))
         column = " + ".join(f"((ks & {d}) ? {half} : 0)" for d, half in scatter) or "0"
         self.w(f"{IND}    if ({owner})",
                f"{IND}        cf_part{i}[(rb * {WARPS} + tid / 32) * {width} + {column}] = v[0];",
@@ -1102,6 +1076,30 @@ def _w_index(g: GemmLaunch, k: str, n: str) -> str:
     """The element of the GEMM's right operand at row k, column n: of W [K, N], or, where the GEMM
     multiplies by W's transpose (dA = dC @ W^T), of W stored [N, K]."""
     return f"(size_t){n} * {g.k} + {k}" if g.trans_w else f"(size_t){k} * {g.n} + {n}"
+
+
+def _lane_sums(split: int, outputs: int, mask: str, ind: str) -> list[str]:
+    """The shuffles by which `split` neighbouring lanes (ks, their index among them), each with partial
+    sums v[0..outputs), add them up (see `_reduction`): halving, where the outputs allow it, the values
+    each lane sends and keeps (a lane keeps the sums of one half and sends the other), so that each lane
+    ends with its own share of the outputs and a shuffle carries one value of one output, not of all of
+    them; then, the outputs no longer halving, every lane left adds them all."""
+    scatter, n_out, _ = _reduction(outputs, split)
+    lines = []
+    for d, half in scatter:
+        lines += [f"{ind}#pragma unroll",
+                  f"{ind}for (int m = 0; m < {half}; ++m) {{",
+                  f"{ind}    const float keep = (ks & {d}) ? v[m + {half}] : v[m], "
+                  f"send = (ks & {d}) ? v[m] : v[m + {half}];",
+                  f"{ind}    v[m] = keep + __shfl_xor_sync({mask}, send, {d});",
+                  f"{ind}}}"]
+    d = split // 2 >> len(scatter)
+    while d >= 1:
+        lines += [f"{ind}#pragma unroll",
+                  f"{ind}for (int m = 0; m < {n_out}; ++m)",
+                  f"{ind}    v[m] += __shfl_xor_sync({mask}, v[m], {d});"]
+        d //= 2
+    return lines
 
 
 def _reduction(outputs: int, split: int) -> tuple[list[tuple[int, int]], int, str]:
