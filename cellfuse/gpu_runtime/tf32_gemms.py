@@ -56,7 +56,7 @@ class _Chosen:
         self.a = lt.matrix_layout_create(_R_32F, a_rows, a_cols, shape.lda)
         self.b = lt.matrix_layout_create(_R_32F, shape.k, shape.n, shape.ldb)
         self.c = lt.matrix_layout_create(_R_32F, shape.m, shape.n, shape.ldc)
-        self.algo = np.zeros(0, np.uint8)  # set by `TensorCoreGemms.chosen`
+        self.algo = np.zeros(0, np.uint8)  # set by `TensorCoreGemms._measure`
         self.times_ms: list[float] = []  # each candidate's, in the heuristic's order
 
 
