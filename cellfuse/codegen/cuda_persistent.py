@@ -38,7 +38,6 @@ from .persistent import (
     GemmTiling,
     gemm_tiling,
     output_floats,
-    partials_allowed,
     whole32,
     writes,
 )
@@ -161,15 +160,11 @@ class _Kernel:
         self.var = {b: f"b{i}" for i, b in enumerate(self.buffers)}
         self.written = set().union(*(writes(item.launch) for item in launch.items))
         self.gemms = [(i, item) for i, item in enumerate(launch.items) if isinstance(item.launch, GemmLaunch)]
+        # (the plan chose which GEMMs multiply in registers: their tiling is that one)
         self.tilings = {i: gemm_tiling(item.columns, launch.column_blocks, launch.row_tile, item.launch.k,
-                                       item.mma, partials_allowed(item.launch, item.on_chip,
-                                                                  item.output_on_chip))
-                        for i, item in self.gemms}
-        assert all(self.tilings[i].in_registers == item.in_registers for i, item in self.gemms), \
-            "the kernel's GEMM tilings differ from the plan's"
-        # GEMM outputs in shared memory: buffer -> (the GEMM's index, its item, its block's columns)
-        self.on_chip = {item.launch.c.buffer: (i, item, self.tilings[i].cols)
-                        for i, item in self.gemms if item.output_on_chip}
+                                       item.mma, item.in_registers) for i, item in self.gemms}
+        # GEMM outputs in shared memory: buffer -> (the GEMM's index, its item)
+        self.on_chip = {item.launch.c.buffer: (i, item) for i, item in self.gemms if item.output_on_chip}
         # what kernels that run a block per row write: other blocks read it, after a barrier, through L2
         self.written_by_rows = set().union(*(writes(item.launch) for item in launch.items if item.by_rows))
         # exchanged operands: buffer -> (its index, its Exchange)
@@ -373,10 +368,10 @@ class _Kernel:
                 self.w(f"    float* const cf_part{i} = cf_smem + {offset};  // [rows][{WARPS}][{width}]: "
                        f"each warp's partial sums of this block's part of {comment_text(g.group)}'s output",
                        f"    const cf_warp_sums<{width}> cf_c{i} = {{cf_part{i}}};")
-                offset += output_floats(self.launch.group_rows, tl)
             elif item.output_on_chip:
                 self.w(f"    float* const cf_c{i} = cf_smem + {offset};  // [rows][{tl.cols}]: this block's "
                        f"part of {comment_text(g.group)}'s output")
+            if item.output_on_chip:
                 offset += output_floats(self.launch.group_rows, tl)
         scratch = max((tl.mma_floats for tl in self.tilings.values()), default=0)
         if scratch:
@@ -646,11 +641,11 @@ class _Kernel:
             elif n in carried:
                 names[n], index[n] = carried[n][1], "u"
             elif p.access.buffer in self.on_chip and not p.output:
-                g, gemm, cols = self.on_chip[p.access.buffer]
+                g, gemm = self.on_chip[p.access.buffer]
                 block = [sum(gemm.columns[:b]) for b in range(len(gemm.columns))].index(p.access.col)
                 start = sum(map(self.launch.unit, gemm.columns[:block]))
                 unit = self.launch.unit(gemm.columns[block])
-                row = WARPS * self.tilings[g].cols_per_thread if self.tilings[g].in_registers else cols
+                row = self.tilings[g].output_stride
                 names[n], index[n] = f"cf_c{g}", f"(r - row0) * {row} + {start} + j - cb * {unit}"
             else:
                 self.w(f"{IND}{'float*' if p.output else 'const float*'} const {names[n]} = "

@@ -82,6 +82,12 @@ class GemmTiling:
     in_registers: bool = False
 
     @property
+    def output_stride(self) -> int:
+        """Floats per row of the block's part of the output in shared memory (of products in registers,
+        each warp's partial sums of the padded columns, warp after warp)."""
+        return WARPS * self.cols_per_thread if self.in_registers else self.cols
+
+    @property
     def padded_cols(self) -> int:  # the rows of the on-chip (transposed) weights
         return self.col_threads * self.cols_per_thread
 
@@ -123,8 +129,7 @@ def output_floats(rows: int, tiling: GemmTiling) -> int:
     """Shared memory for a block's part of a GEMM's output (of products in registers, each warp's partial
     sums of it), in whole 32 bytes: what follows it in shared memory is read as float4s or as tensor-core
     fragments (which start 32-byte aligned)."""
-    per_row = WARPS * tiling.cols_per_thread if tiling.in_registers else tiling.cols
-    return 8 * -(-rows * per_row // 8)
+    return 8 * -(-rows * tiling.output_stride // 8)
 
 
 def k_stride(k: int) -> int:
@@ -206,14 +211,9 @@ class _Placed:
 
     @property
     def partials(self) -> bool:
-        """Whether the elementwise work may read its output as the warps' partial sums."""
-        return partials_allowed(self.launch, self.weights, self.output)
-
-
-def partials_allowed(g: GemmLaunch, weights_on_chip: bool, output_on_chip: bool) -> bool:
-    """Whether a GEMM's output may stay on chip as partial sums that its readers add up: W and C on chip,
-    C neither biased nor added into."""
-    return weights_on_chip and output_on_chip and not g.bias and not g.accumulate
+        """Whether the elementwise work may read its output as the warps' partial sums that it adds up:
+        W and C on chip, C neither biased nor added into."""
+        return self.weights and self.output and not self.launch.bias and not self.launch.accumulate
 
 
 def _smem_floats(gemms: list[_Placed], blocks: int, row_tile: int, rows: int) -> int:
