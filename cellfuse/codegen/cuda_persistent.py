@@ -138,6 +138,8 @@ def persistent_buffers(launch: PersistentLaunch) -> list[str]:
                 names.update(dict.fromkeys(acc.buffer for _, acc in (*k.inputs, *k.outputs)))
             case other:
                 raise TypeError(f"unknown launch {other!r}")
+    for state in launch.states:
+        names.update(dict.fromkeys([state.initial.buffer, state.read.buffer, state.final.buffer]))
     return list(names)
 
 
@@ -158,7 +160,8 @@ class _Kernel:
         self.launch, self.name = launch, name
         self.buffers = persistent_buffers(launch)
         self.var = {b: f"b{i}" for i, b in enumerate(self.buffers)}
-        self.written = set().union(*(writes(item.launch) for item in launch.items))
+        self.written = set().union(*(writes(item.launch) for item in launch.items),
+                                   (state.final.buffer for state in launch.states))
         self.gemms = [(i, item) for i, item in enumerate(launch.items) if isinstance(item.launch, GemmLaunch)]
         # (the plan chose which GEMMs multiply in registers: their tiling is that one)
         self.tilings = {i: gemm_tiling(item.columns, launch.column_blocks, launch.row_tile, item.launch.k,
@@ -210,6 +213,9 @@ class _Kernel:
                "    const int row0 = min(batch, rg * rows_per_group), "
                "rows = min(batch, row0 + rows_per_group) - row0;",
                "    (void)cb; (void)rows;")
+        if launch.states:
+            self._copy_states("0", "initial", "read")
+            self.w("    __syncthreads();  // the block's initial states are where its first step reads them")
         if launch.exchange:
             self._publish_initial()
         self._shared_memory()
@@ -275,6 +281,33 @@ class _Kernel:
         self.w("    }")
         if depth:
             self.w("    }")
+        if launch.states:
+            by_rows = any(state.read.buffer in self.written_by_rows for state in launch.states)
+            self.w("    grid.sync();  // blocks per row wrote the final states" if by_rows else
+                   "    __syncthreads();  // the block wrote its final states")
+            self._copy_states("seq", "read", "final")
+
+    def _copy_states(self, step: str, source: str, target: str) -> None:
+        """The block's own elements of each state copied, at step `step`, from one of its places (see
+        `StateCopies`) to another. An exported program's caller may pass no initial states (zeros
+        then) and ask for no final ones: their pointers may be null."""
+        launch, width = self.launch, self.launch.states[0].initial.ld
+        unit = launch.unit(width)
+        self.w("    {",
+               f"        const int t = {step};",
+               f"        for (int e = tid; e < rows * {unit}; e += {launch.threads}) {{",
+               f"            const int r = row0 + e / {unit}, j = cb * {unit} + e % {unit};",
+               f"            if (j >= {width}) continue;")
+        for state in launch.states:
+            to, fro = getattr(state, target), getattr(state, source)
+            value = f"({_at_step(self.var[fro.buffer], fro)})[(size_t)r * {fro.ld} + j]"
+            if fro is state.initial:
+                value = f"{self.var[fro.buffer]} ? {value} : 0.0f"
+            guard = f"if ({self.var[to.buffer]}) " if to is state.final else ""
+            at = f"({_at_step(self.var[to.buffer], to)})[(size_t)r * {to.ld} + j]"
+            self.w(f"            {guard}{at} = {value};")
+        self.w("        }",
+               "    }")
 
     def _exchange_at(self, n: int, ex, slot: str, row: str, col: str, batch: str = "batch") -> str:
         """The address of an exchange's pair at row `row`, column `col` of the slot `slot` & 1 (a value

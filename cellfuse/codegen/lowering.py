@@ -164,13 +164,14 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
     prev_done: list[int] = []  # per chunk, an event after the previous layer's steps of that chunk
     for lp in plan.layers:
         main, side = (2 * (lp.layer % sharing), 2 * (lp.layer % sharing) + 1) if apart else (MAIN, SIDE)
-        for s in plan.state_ids:
-            out.append(Copy(Access(f"init.{s}", "row", H, block=lp.layer), lp.state_read[s], H, 0, main))
         step = tuple(as_instruction(launch, main) for launch in lp.step)
-        if lp.persistent:
+        if lp.persistent:  # whose kernel copies the states in and out itself (`PersistentLaunch.states`)
             out += [as_instruction(launch) for launch in lp.prologue]
             out.append(Persistent(lp.persistent))
-        elif not chunk:
+            continue
+        for s in plan.state_ids:
+            out.append(Copy(Access(f"init.{s}", "row", H, block=lp.layer), lp.state_read[s], H, 0, main))
+        if not chunk:
             out += [as_instruction(launch) for launch in lp.prologue]
             out.append(Loop(step))
         else:

@@ -313,6 +313,15 @@ class Exchange:
 
 
 @dataclass(frozen=True)
+class StateCopies:
+    """A state of a persistent launch: its initial value, where the steps read it, its final value."""
+
+    initial: Access
+    read: Access
+    final: Access
+
+
+@dataclass(frozen=True)
 class PersistentLaunch:
     """Every step of one layer in one cooperative launch: `blocks` blocks, all resident at once, run
     `items` once per step, with grid-wide barriers between them where `barrier` says."""
@@ -330,6 +339,11 @@ class PersistentLaunch:
     # GEMM operands that pass between the blocks through an exchange buffer of (step, value) pairs, read
     # when their step tags say they are written, instead of through memory after a grid-wide barrier
     exchange: tuple[Exchange, ...] = ()
+    # Of a forward launch, each state's initial value (init.s), where the steps read it (slot 0 holds the
+    # initial value, slot seq the final one) and where its final value goes (final.s): the kernel
+    # copies its own elements of both, before its first step and after its last, instead of copies
+    # before and after it.
+    states: tuple[StateCopies, ...] = ()
 
     @property
     def column_blocks(self) -> int:

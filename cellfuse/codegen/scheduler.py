@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..graph_model import (
     Cell,
@@ -53,6 +53,7 @@ from .plan import (
     Launch,
     LayerPlan,
     Plan,
+    StateCopies,
     Target,
 )
 
@@ -544,11 +545,16 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
         prologue = [lay.launch(item) for item in _ordered(st, True)]
         looped = _ordered(st, False)
         step = [lay.launch(item) for item in looped]
-        persistent = (persistent_launch(lay.layer, step, [lay.columns(item) for item in looped], H,
-                                        sizes.batch, target, save_steps, mma=rung.tensor_cores)
-                      if rung.persistent else None)
-        layers.append(LayerPlan(lay.layer, lay.K, prologue, step, lay.read(x, STEP),
-                                {s: lay.read(s, STEP) for s in cell.updates}, lay.y, persistent))
+        state_read = {s: lay.read(s, STEP) for s in cell.updates}
+        persistent = None
+        if rung.persistent:
+            states = tuple(StateCopies(Access(f"init.{s}", "row", H, block=layer), state_read[s],
+                                       Access(f"final.{s}", "row", H, block=layer)) for s in cell.updates)
+            persistent = replace(persistent_launch(lay.layer, step, [lay.columns(item) for item in looped], H,
+                                                   sizes.batch, target, save_steps, mma=rung.tensor_cores),
+                                 states=states)
+        layers.append(LayerPlan(lay.layer, lay.K, prologue, step, lay.read(x, STEP), state_read, lay.y,
+                                persistent))
     # The persistent kernel cannot wait for chunks of hoisted work mid-loop: its prologue runs first.
     hoisting = any(lp.prologue for lp in layers) and not rung.persistent
     chunk = min(sizes.seq, HOIST_CHUNK_STEPS) if hoisting else 0

@@ -114,8 +114,7 @@ class NumpyExecutor:
             case Kernel(launch=k):
                 self.kernel(instr, t, (0, launch_rows(instr, B)), (0, k.width))
             case Copy(src=src, dst=dst, width=width, step=step):
-                at = self.seq if step is None else step
-                self.view(dst, dst.offset(at, B), B, width)[...] = self.view(src, src.offset(at, B), B, width)
+                self.copy(src, dst, width, self.seq if step is None else step)
             case Loop(body=body):
                 for step in instr.steps(self.seq):
                     for inner in body:
@@ -154,7 +153,11 @@ class NumpyExecutor:
                 dst[...] = value
 
     def persistent(self, launch: PersistentLaunch) -> None:
-        """Every step of a persistent launch, block by block between barriers (see the module's doc)."""
+        """Every step of a persistent launch, block by block between barriers (see the module's doc), the
+        states copied in before the first and out after the last (each block its own elements of them,
+        in the kernel)."""
+        for state in launch.states:
+            self.copy(state.initial, state.read, state.initial.ld, 0)
         steps = range(self.seq - 1, -1, -1) if launch.reverse else range(self.seq)
         spans: list[list[tuple[int, PersistentItem]]] = [[]]  # the blocks' work between barriers
         for t in steps:
@@ -171,6 +174,13 @@ class NumpyExecutor:
             for block in blocks:
                 for t, item in span:
                     self.block_item(item, launch, block, t)
+        for state in launch.states:
+            self.copy(state.read, state.final, state.final.ld, self.seq)
+
+    def copy(self, src: Access, dst: Access, width: int, at: int) -> None:
+        """A [batch, width] block from src to dst, both addressed at step `at`."""
+        B = self.batch
+        self.view(dst, dst.offset(at, B), B, width)[...] = self.view(src, src.offset(at, B), B, width)
 
     def block_item(self, item: PersistentItem, launch: PersistentLaunch, block: int, t: int) -> None:
         """One block's part of one launch of a persistent kernel at step t."""

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from cellfuse.codegen import make_plan
+from cellfuse.codegen import make_plan, plan_kernels
 from cellfuse.codegen.lowering import (
     MAIN,
     SIDE,
@@ -38,6 +38,23 @@ def test_an_unchunked_program_is_copies_prologue_and_one_loop_per_layer():
     assert loop.first == 0 and loop.last is None and not loop.reverse
     assert list(loop.steps(plan.sizes.seq)) == list(range(plan.sizes.seq))
     assert [i.launch for i in loop.body] == plan.layers[0].step
+
+
+@pytest.mark.parametrize("schedule", ["persistent", "tensor"])
+def test_a_persistent_kernel_copies_its_layer_s_states_in_and_out_itself(schedule):
+    """No copies around a persistent launch: it carries, per state, where the initial value comes from,
+    where its steps read it and where the final value goes, and its kernel copies its own elements."""
+    plan = make_plan(load_template("lstm"), SIZES, schedule)
+    program = lower(plan)
+    assert not any(isinstance(i, Copy) for i in program.instructions)
+    for lp in plan.layers:
+        states = lp.persistent.states
+        assert [(c.initial.buffer, c.read, c.final.buffer) for c in states] == [
+            (f"init.{s}", lp.state_read[s], f"final.{s}") for s in plan.state_ids]
+        assert all(c.initial.block == c.final.block == lp.layer for c in states)
+    kernels = plan_kernels(plan).sources.values()
+    assert all("the block's initial states are where its first step reads them" in k for k in kernels)
+    assert all("the block wrote its final states" in k for k in kernels)
 
 
 def test_hoisted_work_runs_in_chunks_on_the_side_stream():

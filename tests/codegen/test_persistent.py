@@ -357,6 +357,15 @@ def test_the_tensor_rung_s_kernels_compile_forward_and_backward(name, batch, tmp
     nvcc_cubin(backward_kernels(backward_plan(plan)).module_source(), tmp_path)
 
 
+def test_final_states_that_blocks_per_row_write_are_copied_out_after_a_grid_barrier():
+    """The layer-normalised LSTM's block per row writes its states, every column of a row: a block's own
+    elements of them are another block's work, so the copies of the final states wait for every block."""
+    source = plan_kernels(make_plan(load_template("layernorm_lstm"), Sizes(100, 8, 512, 512),
+                                    "persistent")).module_source()
+    assert "grid.sync();  // blocks per row wrote the final states" in source
+    assert "the block wrote its final states" not in source
+
+
 def _recurrent_tilings(name: str, batch: int, hidden: int, schedule: str = "persistent"):
     plan = make_plan(load_template(name), Sizes(100, batch, hidden, hidden), schedule)
     launch = plan.layers[0].persistent
