@@ -39,8 +39,9 @@ REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 # load their weights in rows, their biases once; version 11's row sums take fewer shuffles and a
 # variance no pass of its own, and its polls of row groups a cheaper address; version 12's persistent
 # steps with no GEMM split the rows into groups; version 13's persistent GEMMs of one row multiply in
-# registers, and its 3xTF32 GEMMs take cuBLASLt's algorithm measured fastest) is measured again.
-RUNGS_VERSION = 13
+# registers, and its 3xTF32 GEMMs take cuBLASLt's algorithm measured fastest; version 14's persistent kernels
+# copy their layer's states in and out themselves) is measured again.
+RUNGS_VERSION = 14
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ class CudaBackward:
         restarted = sum(self.plan.restarted(name) for name in order)
         self.restart_nbytes = offsets[restarted] if restarted < len(offsets) else need
         at = [int(self.memory) + offset for offset in offsets]
-        forward.addr.update(zip(order, at, strict=False))
+        forward.addr.update(zip(order, at[:len(order)], strict=True))
         self.splits = at[len(order):]  # per stream, room for the operands of its GEMMs on tensor cores
         self.calls = [call for instr in instructions for call in forward._calls(instr, 0, None, self.splits)]
         self.graph_exec = None

@@ -146,7 +146,7 @@ class CudaExecutor:
                             f"{free / 2**20:.0f} MiB are free")
         self.memory = drv.mem_alloc(span)
         at = [int(self.memory) + offset for offset in offsets]
-        self.addr: dict[str, int] = dict(zip(sizes, at, strict=False))
+        self.addr: dict[str, int] = dict(zip(sizes, at[:len(sizes)], strict=True))
         self.splits = at[len(sizes):]  # per stream, where its tensor-core GEMMs split their operands
         for name, arr in plan.weight_arrays(params, np.float32).items():
             drv.memcpy_htod(self.addr[name], np.ascontiguousarray(arr))
@@ -246,8 +246,8 @@ class CudaExecutor:
                 stream, workspace, sms = self._on_handle[handles[s]]
                 shape = Shape(g.trans_w, g.n, m, 3 * g.k, ldw, lda, g.c.ld, sms,
                               (alignment(split_w), alignment(split_a), alignment(c)))
-                self.tf32_gemms.chosen(shape, stream, workspace)  # measured now, not while captured
-                out.append(partial(self.tf32_gemms.call, shape, stream, workspace, one, split_w, split_a,
+                chosen = self.tf32_gemms.chosen(shape, stream, workspace)  # measured now, not while captured
+                out.append(partial(self.tf32_gemms.call, chosen, stream, workspace, one, split_w, split_a,
                                    beta, c))
                 return out
             case Kernel(launch=k, stream=s):

@@ -44,7 +44,8 @@ def alignment(address: int) -> int:
 
 
 class _Chosen:
-    """One shape's descriptors and the algorithm chosen for it (cuBLASLt's 64-byte struct)."""
+    """One shape's descriptors and the algorithm chosen for it (cuBLASLt's 64-byte struct), kept for the
+    rest of the process like the choice itself."""
 
     def __init__(self, lt, shape: Shape):
         self.desc = lt.matmul_desc_create(_COMPUTE_32F_FAST_TF32, _R_32F)
@@ -143,12 +144,13 @@ class TensorCoreGemms:
                 chosen.times_ms.append(statistics.median(times))
         finally:
             scratch.free()
+        if all(t == float("inf") for t in chosen.times_ms):
+            raise RuntimeError(f"cuBLASLt refused every algorithm it offered for the TF32 GEMM {shape}")
         chosen.algo = algos[int(np.argmin(chosen.times_ms))]
         return chosen
 
-    def call(self, shape: Shape, stream, workspace: int, alpha: int, a: int, b: int, beta: int, c: int):
-        """C = alpha op(A) @ B + beta C on `stream`, by the algorithm chosen for the shape (alpha, beta:
+    def call(self, chosen: _Chosen, stream, workspace: int, alpha: int, a: int, b: int, beta: int, c: int):
+        """C = alpha op(A) @ B + beta C on `stream`, by the algorithm `chosen` for its shape (alpha, beta:
         host addresses of float32 scalars)."""
-        chosen = self.chosen(shape, stream, workspace)
         self.lt.matmul(self.handle, chosen.desc, alpha, a, chosen.a, b, chosen.b, beta, c, chosen.c, c,
                        chosen.c, chosen.algo.ctypes.data, workspace, self.workspace_bytes, stream.handle)

@@ -49,7 +49,7 @@ def test_the_fastest_measured_algorithm_computes_the_product(gemms, trans_a, off
     assert chosen.times_ms and np.isfinite(min(chosen.times_ms))
     assert g.chosen(shape, stream, int(workspace)) is chosen  # measured once
     scalars = np.array([1.0, 0.0], np.float32)
-    g.call(shape, stream, int(workspace), scalars.ctypes.data, a_dev, b_dev, scalars.ctypes.data + 4, c_dev)
+    g.call(chosen, stream, int(workspace), scalars.ctypes.data, a_dev, b_dev, scalars.ctypes.data + 4, c_dev)
     stream.synchronize()
     c = np.empty((n, m), np.float32)
     drv.memcpy_dtoh(c, c_dev)
