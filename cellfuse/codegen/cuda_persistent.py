@@ -36,7 +36,9 @@ from .persistent import (
     MMA_N,
     WARPS,
     GemmTiling,
+    final_states_barrier,
     gemm_tiling,
+    initial_states_barrier,
     output_floats,
     whole32,
     writes,
@@ -215,7 +217,9 @@ class _Kernel:
                "    (void)cb; (void)rows;")
         if launch.states:
             self._copy_states("0", "initial", "read")
-            self.w("    __syncthreads();  // the block's initial states are where its first step reads them")
+            self.w("    grid.sync();  // every block's initial states are where the first step reads them"
+                   if initial_states_barrier(launch) else
+                   "    __syncthreads();  // the block's initial states are where its first step reads them")
         if launch.exchange:
             self._publish_initial()
         self._shared_memory()
@@ -282,8 +286,8 @@ class _Kernel:
         if depth:
             self.w("    }")
         if launch.states:
-            by_rows = any(state.read.buffer in self.written_by_rows for state in launch.states)
-            self.w("    grid.sync();  // blocks per row wrote the final states" if by_rows else
+            self.w("    grid.sync();  // blocks per row wrote the final states"
+                   if final_states_barrier(launch) else
                    "    __syncthreads();  // the block wrote its final states")
             self._copy_states("seq", "read", "final")
 

@@ -282,6 +282,30 @@ def shared_reads(launch: GemmLaunch | KernelLaunch, step: list[GemmLaunch | Kern
             raise TypeError(f"unknown launch {launch!r}")
 
 
+def initial_states_barrier(launch: PersistentLaunch) -> bool:
+    """Whether the blocks meet at a grid-wide barrier between their copies of the initial states (each
+    its own elements, as its elementwise work owns them) and the first step: where, before the step's
+    first barrier, a block reads elements of a state that other blocks copied (a GEMM all of K of its
+    operand, a kernel that reduces rows whole rows). With exchanges there is one anyway: the initial
+    values they publish, read from the copies, are behind one."""
+    if launch.exchange:
+        return False
+    states = {state.read.buffer for state in launch.states}
+    for item in launch.items:
+        if launch.grid_barrier(item):
+            return False
+        if (item.by_rows or isinstance(item.launch, GemmLaunch)) and reads(item.launch) & states:
+            return True
+    return False
+
+
+def final_states_barrier(launch: PersistentLaunch) -> bool:
+    """Whether the blocks meet at a grid-wide barrier between the last step and their copies of the final
+    states: where a kernel that reduces rows (whole rows, other blocks' elements) wrote a state."""
+    states = {state.read.buffer for state in launch.states}
+    return any(item.by_rows and writes(item.launch) & states for item in launch.items)
+
+
 STEP_SLOTS = ("t", "t+1", "t%2", "(t+1)%2")  # the slots whose rows move with the step
 
 

@@ -34,6 +34,7 @@ from ..codegen.lowering import (
     launch_rows,
     lower,
 )
+from ..codegen.persistent import final_states_barrier, initial_states_barrier
 from ..codegen.plan import (
     Access,
     Const,
@@ -114,7 +115,8 @@ class NumpyExecutor:
             case Kernel(launch=k):
                 self.kernel(instr, t, (0, launch_rows(instr, B)), (0, k.width))
             case Copy(src=src, dst=dst, width=width, step=step):
-                self.copy(src, dst, width, self.seq if step is None else step)
+                at = self.seq if step is None else step
+                self.view(dst, dst.offset(at, B), B, width)[...] = self.view(src, src.offset(at, B), B, width)
             case Loop(body=body):
                 for step in instr.steps(self.seq):
                     for inner in body:
@@ -153,34 +155,51 @@ class NumpyExecutor:
                 dst[...] = value
 
     def persistent(self, launch: PersistentLaunch) -> None:
-        """Every step of a persistent launch, block by block between barriers (see the module's doc), the
-        states copied in before the first and out after the last (each block its own elements of them,
-        in the kernel)."""
-        for state in launch.states:
-            self.copy(state.initial, state.read, state.initial.ld, 0)
+        """Every step of a persistent launch, block by block between barriers (see the module's doc), each
+        block copying its own elements of the states in before its first step and out after its last,
+        as the kernel does."""
         steps = range(self.seq - 1, -1, -1) if launch.reverse else range(self.seq)
-        spans: list[list[tuple[int, PersistentItem]]] = [[]]  # the blocks' work between barriers
+        # the blocks' work between barriers: (step, item), or (step, "in" / "out") for the states' copies
+        spans: list[list[tuple[int, PersistentItem | str]]] = [[]]
+        if launch.states:
+            spans[-1].append((0, "in"))
+            if initial_states_barrier(launch) or launch.exchange:  # (publishing to an exchange ends in one)
+                spans.append([])
         for t in steps:
             for item in launch.items:
                 if item.barrier:
                     spans.append([])
                 spans[-1].append((t, item))
+        if launch.states:
+            if final_states_barrier(launch):
+                spans.append([])
+            spans[-1].append((self.seq, "out"))
         blocks = range(launch.blocks - 1, -1, -1) if self.reverse_blocks else range(launch.blocks)
         for span in spans:
-            if all((self.seq - 1 - t if launch.reverse else t) >= CHECKED_STEPS for t, _ in span):
-                for t, item in span:  # past the steps run block by block: all rows and columns at once
-                    self.execute(as_instruction(item.launch), t)
-                continue
-            for block in blocks:
+            past = all((self.seq - 1 - t if launch.reverse else t) >= CHECKED_STEPS for t, _ in span)
+            for block in [None] if past else blocks:  # past the first steps: all rows and columns at once
                 for t, item in span:
-                    self.block_item(item, launch, block, t)
-        for state in launch.states:
-            self.copy(state.read, state.final, state.final.ld, self.seq)
+                    if isinstance(item, str):
+                        self.copy_states(launch, item, block)
+                    elif block is None:
+                        self.execute(as_instruction(item.launch), t)
+                    else:
+                        self.block_item(item, launch, block, t)
 
-    def copy(self, src: Access, dst: Access, width: int, at: int) -> None:
-        """A [batch, width] block from src to dst, both addressed at step `at`."""
+    def copy_states(self, launch: PersistentLaunch, way: str, block: int | None) -> None:
+        """A block's own elements of a persistent launch's states (every block's where `block` is None)
+        copied in ("in": initial value to slot 0) or out ("out": slot seq to final value)."""
         B = self.batch
-        self.view(dst, dst.offset(at, B), B, width)[...] = self.view(src, src.offset(at, B), B, width)
+        for state in launch.states:
+            src, dst, at = ((state.initial, state.read, 0) if way == "in" else
+                            (state.read, state.final, self.seq))
+            width = state.initial.ld
+            (r0, r1), (c0, c1) = (((0, B), (0, width)) if block is None else
+                                  (launch.rows(block, B), launch.columns(width, block)))
+            if r0 == r1:
+                continue
+            to, fro = (self.view(acc, acc.offset(at, B) + r0 * acc.ld, r1 - r0, width) for acc in (dst, src))
+            to[:, c0:c1] = fro[:, c0:c1]
 
     def block_item(self, item: PersistentItem, launch: PersistentLaunch, block: int, t: int) -> None:
         """One block's part of one launch of a persistent kernel at step t."""

@@ -17,8 +17,9 @@ from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.cuda_kernels import PRELUDE
 from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE, _Kernel, _reduction
 from cellfuse.codegen.lowering import SIDE
-from cellfuse.codegen.persistent import barriers, gemm_tiling
+from cellfuse.codegen.persistent import barriers, final_states_barrier, gemm_tiling, initial_states_barrier
 from cellfuse.codegen.plan import H100, GemmLaunch, KernelLaunch, Plan, Target, owned
+from cellfuse.gpu_runtime import numpy_executor
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
 from cellfuse.graph_model import (
     CellBuilder,
@@ -364,6 +365,40 @@ def test_final_states_that_blocks_per_row_write_are_copied_out_after_a_grid_barr
                                     "persistent")).module_source()
     assert "grid.sync();  // blocks per row wrote the final states" in source
     assert "the block wrote its final states" not in source
+
+
+def test_initial_states_that_a_block_per_row_reads_are_copied_in_before_a_grid_barrier(tmp_path,
+                                                                                       monkeypatch):
+    """h' = tanh(x + h - row_mean(h)): the step has no GEMM and no barrier, its one kernel a block per row
+    that reads whole rows of h; the blocks copy their own columns of the initial h in, so the first step
+    waits for every block's copy (and the last block per row's writes are copied out after another).
+    Without the first barrier the numpy executor's blocks, run one by one, read columns not copied yet."""
+    b = CellBuilder("centred")
+    x, h = b.input("x"), b.state("h")
+    h_new = tanh(x + (h - apply("row_mean", h).named("m"))).named("h_new")
+    b.update(h, h_new)
+    b.output(h_new)
+    # (no weight says the hidden size: the cell does)
+    cell = dataclasses.replace(b.build(), sizes={"input": 10, "hidden": 10})
+    plan = make_plan(cell, Sizes(5, 3, 10, 10), "persistent", SMALL)
+    launch = plan.layers[0].persistent
+    assert [(i.barrier, i.by_rows) for i in launch.items] == [(False, True)] and launch.column_blocks > 1
+    assert initial_states_barrier(launch) and final_states_barrier(launch)
+    source = plan_kernels(plan).module_source()
+    assert "grid.sync();  // every block's initial states are where the first step reads them" in source
+    assert "grid.sync();  // blocks per row wrote the final states" in source
+    nvcc_cubin(source, tmp_path)
+    assert max(run(plan, cell, 1, True, r) for r in (False, True)) < 1e-9
+    monkeypatch.setattr(numpy_executor, "initial_states_barrier", lambda launch: False)
+    errors = [run(plan, cell, 1, True, r) for r in (False, True)]
+    assert max(errors) > 1e-3 or any(np.isnan(errors))
+
+
+def test_the_lstm_s_initial_states_need_no_barrier_of_their_own():
+    """The LSTM's GEMM reads h through an exchange, whose initial values each block publishes from its
+    own copies behind a grid-wide barrier: no second one after the copies, nor before the copies out."""
+    launch = make_plan(load_template("lstm"), Sizes(5, 3, 10, 10), "persistent", SMALL).layers[0].persistent
+    assert launch.exchange and not initial_states_barrier(launch) and not final_states_barrier(launch)
 
 
 def _recurrent_tilings(name: str, batch: int, hidden: int, schedule: str = "persistent"):
