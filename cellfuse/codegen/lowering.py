@@ -20,7 +20,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .plan import Access, GemmLaunch, KernelLaunch, Launch, PersistentLaunch, Plan
+from .plan import Access, GemmLaunch, KernelLaunch, Launch, PersistentLaunch, Plan, state_copies
 
 MAIN, SIDE = 0, 1  # the streams: the recurrence, and the hoisted launches beside it
 
@@ -169,8 +169,8 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
             out += [as_instruction(launch) for launch in lp.prologue]
             out.append(Persistent(lp.persistent))
             continue
-        for s in plan.state_ids:
-            out.append(Copy(Access(f"init.{s}", "row", H, block=lp.layer), lp.state_read[s], H, 0, main))
+        copies = state_copies(lp.state_read, H, lp.layer)
+        out += [Copy(c.initial, c.read, H, 0, main) for c in copies]
         if not chunk:
             out += [as_instruction(launch) for launch in lp.prologue]
             out.append(Loop(step))
@@ -192,8 +192,7 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
                 out += [Wait(ready[j], main), Loop(step, first, last, stream=main)]
                 prev_done.append(event())
                 out.append(Record(prev_done[-1], main))
-        for s in plan.state_ids:
-            out.append(Copy(lp.state_read[s], Access(f"final.{s}", "row", H, block=lp.layer), H, None, main))
+        out += [Copy(c.read, c.final, H, None, main) for c in copies]
     for s in range(1, streams):  # and the main one ends after everything on the others
         join = event()
         out += [Record(join, s), Wait(join, MAIN)]

@@ -321,6 +321,14 @@ class StateCopies:
     final: Access
 
 
+def state_copies(state_read: dict[str, Access], hidden: int, layer: int) -> tuple[StateCopies, ...]:
+    """Of a layer, per state (in `state_read`'s order): its block of init.s, where its steps read it (see
+    `LayerPlan.state_read`), and its block of final.s."""
+    return tuple(StateCopies(Access(f"init.{s}", "row", hidden, block=layer), read,
+                             Access(f"final.{s}", "row", hidden, block=layer))
+                 for s, read in state_read.items())
+
+
 @dataclass(frozen=True)
 class PersistentLaunch:
     """Every step of one layer in one cooperative launch: `blocks` blocks, all resident at once, run

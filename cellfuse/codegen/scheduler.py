@@ -53,8 +53,8 @@ from .plan import (
     Launch,
     LayerPlan,
     Plan,
-    StateCopies,
     Target,
+    state_copies,
 )
 
 # Hoisted work runs in chunks of this many steps beside the recurrence (see Plan.chunk_steps): small
@@ -548,11 +548,9 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
         state_read = {s: lay.read(s, STEP) for s in cell.updates}
         persistent = None
         if rung.persistent:
-            states = tuple(StateCopies(Access(f"init.{s}", "row", H, block=layer), state_read[s],
-                                       Access(f"final.{s}", "row", H, block=layer)) for s in cell.updates)
             persistent = replace(persistent_launch(lay.layer, step, [lay.columns(item) for item in looped], H,
                                                    sizes.batch, target, save_steps, mma=rung.tensor_cores),
-                                 states=states)
+                                 states=state_copies(state_read, H, lay.layer))
         layers.append(LayerPlan(lay.layer, lay.K, prologue, step, lay.read(x, STEP), state_read, lay.y,
                                 persistent))
     # The persistent kernel cannot wait for chunks of hoisted work mid-loop: its prologue runs first.
