@@ -3,13 +3,14 @@
 #   bash benchmarks/run_gpu_checks.sh OUTDIR [GROUP...]
 # GROUP is one of
 #   forward    the CUDA executor: every template under every schedule, the persistent and tensor rungs
-#              at full sizes, random cells, the algorithms of its TF32 GEMMs; the exported .cu built and
-#              run (its backward checked by finite differences)
+#              at full sizes, random cells, the algorithms of its TF32 GEMMs, the warpgroup GEMM and
+#              either route of a GEMM on tensor cores; the exported .cu built and run (its backward
+#              checked by finite differences)
 #   backward   the backward Plans on the GPU (every template and schedule, random cells, full sizes,
 #              the CUDA-graph capture)
 #   rest       the benchmark, auto, cuDNN's persistent algorithms, the sru package, cellfuse.nn
 #   random     tests/random_cell_checks.py: 200 random cells forward and backward under every schedule
-#   probes     benchmarks/barrier_probe.cu and tf32x3_gemm_probe.cu, built and run
+#   probes     benchmarks/barrier_probe.cu, tf32x3_gemm_probe.cu and tf32x3_wgmma_probe.cu, built and run
 # (default: the first four, longer than one ten-minute call). Each group writes OUTDIR/<group>.log; everything
 # is packed into OUTDIR.tar.gz at the end, one file to bring back. LIMIT (seconds, default 540) bounds
 # each group.
@@ -30,7 +31,8 @@ fi
 for group in $groups; do
     case $group in
         forward)
-            command=("${pytest[@]}" tests/gpu_runtime/test_cuda_executor.py tests/gpu_runtime/test_tf32_gemms.py) ;;
+            command=("${pytest[@]}" tests/gpu_runtime/test_cuda_executor.py tests/gpu_runtime/test_tf32_gemms.py
+                     tests/gpu_runtime/test_wgmma_gemm.py) ;;
         backward)
             command=("${pytest[@]}" tests/gpu_runtime/test_cuda_backward.py
                      tests/gpu_runtime/test_cuda_backward_graph.py) ;;
@@ -46,7 +48,10 @@ for group in $groups; do
             command=(bash -c "nvcc -O3 -arch=sm_90 benchmarks/barrier_probe.cu -o /tmp/barrier_probe &&
                               /tmp/barrier_probe &&
                               nvcc -O3 -arch=sm_90 benchmarks/tf32x3_gemm_probe.cu -lcublas -o /tmp/tf32x3 &&
-                              /tmp/tf32x3") ;;
+                              /tmp/tf32x3 &&
+                              nvcc -O3 -gencode arch=compute_90a,code=sm_90a benchmarks/tf32x3_wgmma_probe.cu \
+                                  -lcublas -o /tmp/tf32x3_wgmma &&
+                              /tmp/tf32x3_wgmma") ;;
         *)
             echo "unknown group '$group' (groups: forward backward rest random probes)" >&2
             exit 2 ;;

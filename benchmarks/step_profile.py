@@ -17,7 +17,6 @@ import argparse
 import json
 import re
 import shlex
-import statistics
 import sys
 from datetime import UTC, datetime
 
@@ -27,6 +26,7 @@ import cellfuse.gpu_runtime.cuda_backward as cuda_backward
 import cellfuse.gpu_runtime.cuda_executor as cuda_executor
 from cellfuse.codegen.lowering import Gemm, Kernel, Persistent, launch_rows
 from cellfuse.codegen.scheduler import make_plan
+from cellfuse.gpu_runtime.event_timing import median_ms
 from cellfuse.graph_model import Sizes, init_params, load_template
 
 # Each ablation: (pattern, replacement) edits of a persistent kernel's source.
@@ -76,20 +76,15 @@ def _describe(instr, batch: int) -> str:
 def _time(ex, instr, reps: int, splits: list[int] | None = None) -> float:
     """The median time of one instruction alone; a backward instruction's GEMMs on tensor cores split
     their operands into the backward pass's own room (`splits`), the forward's being smaller."""
-    drv = ex.drv
     stream = ex.streams[getattr(instr, "stream", 0)]
     calls = ex._calls(instr, 0, None, splits)
-    start, end = drv.Event(), drv.Event()
-    times = []
-    for _ in range(reps + 2):
-        drv.Context.synchronize()
-        start.record(stream)
+
+    def run():
         for call in calls:
             call()
-        end.record(stream)
-        end.synchronize()
-        times.append(end.time_since(start))
-    return statistics.median(times[2:])
+    for _ in range(2):  # warm
+        run()
+    return median_ms(ex.drv, run, stream, reps, idle=True)
 
 
 def _variants(cell, sizes, schedule, edits, training: bool):

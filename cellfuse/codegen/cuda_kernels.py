@@ -33,6 +33,25 @@ EARLY_LOAD_FLOATS = 64
 INT_MAX = 2**31 - 1  # the largest count the generated code holds in an int
 MAX_STEM = 64  # characters of a cell's name kept in the generated names
 
+# A float32 value as two TF32 ones, for the GEMMs on tensor cores with float32's accuracy: in every
+# module (the prelude) and in the warpgroup GEMM's (see cuda_wgmma).
+TF32_PIECES = """\
+// v rounded to TF32's 10 bits of mantissa, to nearest, ties away from zero (what cvt.rna.tf32.f32
+// does from sm_80 on; in integer arithmetic, so that the prelude builds for any target)
+__forceinline__ __device__ float cf_tf32(float v) {
+    return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
+}
+
+// x as hi + lo, hi its rounding to TF32 and lo that of x - hi (exact in float32)
+__forceinline__ __device__ void cf_tf32_pieces(float x, float& hi, float& lo) {
+    // rounded past FLT_MAX (or x not finite): truncated instead, which keeps inf and NaN as they are (a
+    // choice of values, not a branch: the warpgroup GEMM splits between its wgmmas)
+    const float rounded = cf_tf32(x);
+    hi = isfinite(rounded) ? rounded : __uint_as_float(__float_as_uint(x) & 0xffffe000u);
+    lo = cf_tf32(isfinite(x) ? x - hi : 0.0f);
+}
+"""
+
 PRELUDE = """\
 // An op on constants whose float32 result underflows or overflows (1e-38f * 1e-38f) is the float32
 // arithmetic the cell asks for, the numpy executor's too: no mistake for nvcc to warn of.
@@ -92,6 +111,7 @@ extern "C" __global__ void __launch_bounds__(256) cf_bias_rows(
     }
 }
 
+TF32_PIECES
 // One operand of a GEMM on tensor cores with float32's accuracy (3xTF32): each x is hi + lo, hi its
 // rounding to TF32 and lo that of x - hi (exact in float32), so that hi*hi' + hi*lo' + lo*hi' misses the
 // product x*x' by about 2^-21 of it, and each of the three TF32 products is exact in float32. The source,
@@ -111,17 +131,6 @@ extern "C" __global__ void __launch_bounds__(256) cf_split_tf32x3(
     float* __restrict__ out, const float* __restrict__ src, int rows, int cols, int ld, int layout,
     int lo_piece)
 {
-    // v rounded to TF32's 10 bits of mantissa, to nearest, ties away from zero (what cvt.rna.tf32.f32
-    // does from sm_80 on; in integer arithmetic, so that the prelude builds for any target)
-    const auto tf32 = [](float v) {
-        return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
-    };
-    const auto split = [tf32](float x, float& hi, float& lo) {
-        hi = tf32(x);
-        // rounded past FLT_MAX (or x not finite): truncated instead, which keeps inf and NaN as they are
-        if (!isfinite(hi)) hi = __uint_as_float(__float_as_uint(x) & 0xffffe000u);
-        lo = tf32(isfinite(x) ? x - hi : 0.0f);
-    };
     // Indices are 32-bit (a 64-bit division per element is dozens of instructions): rows * cols < 2^32
     // wherever the three copies, 12 bytes an element, fit in a GPU's memory.
     if (layout == CF_TRANSPOSED) {
@@ -141,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(256) cf_split_tf32x3(
                 const int c = c0 + i, k = k0 + tx;
                 if (c >= cols || k >= rows) continue;
                 float hi, lo;
-                split(tile[tx][i], hi, lo);
+                cf_tf32_pieces(tile[tx][i], hi, lo);
                 float* const o = out + (size_t)c * 3 * rows + k;
                 #pragma unroll
                 for (int p = 0; p < 3; ++p) o[(size_t)p * rows] = p == lo_piece ? lo : hi;
@@ -171,10 +180,10 @@ extern "C" __global__ void __launch_bounds__(256) cf_split_tf32x3(
             if (j + 3 < cols) x.w = s[3];
         }
         float4 hi, lo;
-        split(x.x, hi.x, lo.x);
-        split(x.y, hi.y, lo.y);
-        split(x.z, hi.z, lo.z);
-        split(x.w, hi.w, lo.w);
+        cf_tf32_pieces(x.x, hi.x, lo.x);
+        cf_tf32_pieces(x.y, hi.y, lo.y);
+        cf_tf32_pieces(x.z, hi.z, lo.z);
+        cf_tf32_pieces(x.w, hi.w, lo.w);
         #pragma unroll
         for (int p = 0; p < 3; ++p) {
             const float4 v = p == lo_piece ? lo : hi;
@@ -190,7 +199,7 @@ extern "C" __global__ void __launch_bounds__(256) cf_split_tf32x3(
         }
     }
 }
-"""
+""".replace("TF32_PIECES\n", TF32_PIECES + "\n")
 
 
 SIDE_BY_SIDE, STACKED, TRANSPOSED = 0, 1, 2  # the layouts of cf_split_tf32x3's copies

@@ -40,8 +40,9 @@ REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 # variance no pass of its own, and its polls of row groups a cheaper address; version 12's persistent
 # steps with no GEMM split the rows into groups; version 13's persistent GEMMs of one row multiply in
 # registers, and its 3xTF32 GEMMs take cuBLASLt's algorithm measured fastest; version 14's persistent kernels
-# copy their layer's states in and out themselves) is measured again.
-RUNGS_VERSION = 14
+# copy their layer's states in and out themselves; version 15's 3xTF32 GEMMs may run on wgmma, splitting
+# as they load) is measured again.
+RUNGS_VERSION = 15
 
 
 @dataclass(frozen=True)

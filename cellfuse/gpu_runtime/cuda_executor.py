@@ -12,6 +12,7 @@ import logging
 import re
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from functools import lru_cache, partial
 
 import numpy as np
@@ -36,6 +37,7 @@ from ..codegen.lowering import (
 from ..codegen.plan import PersistentLaunch, Target, on_tensor_cores
 from ..graph_model import CellError, Forward
 from .tf32_gemms import Shape, TensorCoreGemms, alignment
+from .wgmma_gemms import Operands, WgmmaGemms, usable
 
 log = logging.getLogger(__name__)
 
@@ -80,14 +82,14 @@ def device_description() -> str:
 
 
 @lru_cache(maxsize=64)
-def _compile(source: str) -> bytes:
-    """The cubin of a module, for this GPU."""
+def _compile(source: str, arch: str | None = None) -> bytes:
+    """The cubin of a module, for this GPU (or for `arch`, such as sm_90a's own instructions)."""
     drv = gpu_modules()[0]
     from pycuda.compiler import compile as nvcc
 
     major, minor = drv.Context.get_device().compute_capability()
     try:
-        return nvcc(source, no_extern_c=True, arch=f"sm_{major}{minor}", options=["-O3"])
+        return nvcc(source, no_extern_c=True, arch=arch or f"sm_{major}{minor}", options=["-O3"])
     except drv.CompileError as e:
         raise CellError("nvcc could not compile the generated kernels:\n"
                         + compile_error_lines(e.stderr or str(e), source)) from None
@@ -164,6 +166,8 @@ class CudaExecutor:
         self.workspaces = [drv.mem_alloc(_CUBLAS_WORKSPACE) for _ in self.streams]
         self._on_handle: dict[int, tuple[object, int, int]] = {}  # handle -> its stream, workspace, SMs
         self.tf32_gemms = TensorCoreGemms(drv, device_description(), _CUBLAS_WORKSPACE)
+        self.capability = drv.Context.get_device().compute_capability()
+        self._wgmma: WgmmaGemms | None = None  # compiled at the first GEMM it could run
         pairs = list(zip(self.streams, self.workspaces, strict=True))
         self.handles = [self._handle(stream, workspace) for stream, workspace in pairs]
         self.forward_handles = self.handles
@@ -208,6 +212,49 @@ class CudaExecutor:
     def _ptr(self, instr: Gemm | Kernel, acc, t: int) -> int:
         return self.addr[acc.buffer] + 4 * element_offset(instr, acc, t, self.plan.sizes.batch)
 
+    def _copies(self, g, op: Operands, s: int, handles: list[int]) -> list[Callable[[], object]]:
+        """A GEMM on tensor cores as 3xTF32 copies: A's pieces (hi, hi, lo) and W's (hi, lo, hi) along K,
+        into `op.image`, then one cuBLASLt TF32 GEMM over 3K, A's copies untransposed (see
+        tf32x3_layout)."""
+        a_split, w_split, lda, ldw, w_at = tf32x3_layout(g, op.m, g.k, 3 * g.k)
+        split_a, split_w = op.pieces, op.pieces + 4 * w_at
+        out: list[Callable[[], object]] = [
+            partial(self.split_tf32x3.prepared_async_call, (_grid(split_threads(rows, cols, layout)), 1),
+                    (BLOCK, 1, 1), self.streams[s], to, fro, rows, cols, ld, layout, lo)
+            for to, fro, (rows, cols, ld, layout, lo) in ((split_a, op.x, a_split), (split_w, op.w, w_split))]
+        stream, workspace, sms = self._on_handle[handles[s]]
+        shape = Shape(g.trans_w, g.n, op.m, 3 * g.k, ldw, lda, op.ldc, sms,
+                      (alignment(split_w), alignment(split_a), alignment(op.c)))
+        chosen = self.tf32_gemms.chosen(shape, stream, workspace)  # measured now, not while captured
+        one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
+        out.append(partial(self.tf32_gemms.call, chosen, stream, workspace, one, split_w, split_a,
+                           one if op.accumulate else zero, op.c))
+        return out
+
+    def _wgmma_gemms(self) -> WgmmaGemms:
+        if self._wgmma is None:
+            self._wgmma = WgmmaGemms(self.drv, _compile)
+        return self._wgmma
+
+    def _route(self, g, op: Operands, s: int, handles: list[int]) -> str:
+        """Which route runs a GEMM on tensor cores that the warpgroup GEMM could run: the one measured
+        faster for its shape (on scratch memory as large as its operands, so that no buffer of the
+        executor changes), once per process."""
+        stream, _, sms = self._on_handle[handles[s]]
+        key = (device_description(), op.m, op.n, op.k, op.lda, op.ldw, op.ldc, op.trans_w, op.accumulate, sms)
+        w_rows = op.n if op.trans_w else op.k
+        sizes = [op.m * op.lda, w_rows * op.ldw, op.m * op.ldc, 3 * (op.m * op.k + op.k * op.n)]
+        offsets, span = aligned_offsets(sizes)
+        scratch = self.drv.mem_alloc(span)
+        try:
+            x, w, c, pieces = (int(scratch) + offset for offset in offsets)
+            on = replace(op, c=c, x=x, w=w, pieces=pieces)
+            return self._wgmma_gemms().route(key, {"copies": self._copies(g, on, s, handles),
+                                                   "wgmma": self._wgmma_gemms().calls(on, stream)}, stream)
+        finally:
+            stream.synchronize()
+            scratch.free()
+
     def _calls(self, instr: Instruction, t: int, handles: list[int] | None = None,
                splits: list[int] | None = None) -> list[Callable[[], object]]:
         """The calls that put one instruction at step t on its stream, its GEMMs through `handles` (per
@@ -234,22 +281,12 @@ class CudaExecutor:
                     out.append(partial(self.cublas.sgemm, handles[s], int(g.trans_w), int(g.trans_a), g.n, m,
                                        g.k, one, self.addr[g.w], ldw, a, g.a.ld, beta, c, g.c.ld))
                     return out
-                # 3xTF32: A's pieces (hi, hi, lo) and W's (hi, lo, hi) along K, then one TF32 GEMM over 3K,
-                # A's copies untransposed (see tf32x3_layout)
-                a_split, w_split, lda, ldw, w_at = tf32x3_layout(g, m, g.k, 3 * g.k)
-                split_a, split_w = splits[s], splits[s] + 4 * w_at
-                for to, fro, (rows, cols, ld, layout, lo) in ((split_a, a, a_split),
-                                                              (split_w, self.addr[g.w], w_split)):
-                    out.append(partial(self.split_tf32x3.prepared_async_call,
-                                       (_grid(split_threads(rows, cols, layout)), 1), (BLOCK, 1, 1),
-                                       self.streams[s], to, fro, rows, cols, ld, layout, lo))
-                stream, workspace, sms = self._on_handle[handles[s]]
-                shape = Shape(g.trans_w, g.n, m, 3 * g.k, ldw, lda, g.c.ld, sms,
-                              (alignment(split_w), alignment(split_a), alignment(c)))
-                chosen = self.tf32_gemms.chosen(shape, stream, workspace)  # measured now, not while captured
-                out.append(partial(self.tf32_gemms.call, chosen, stream, workspace, one, split_w, split_a,
-                                   beta, c))
-                return out
+                op = Operands(c, a, self.addr[g.w], splits[s], m, g.n, g.k, g.a.ld, ldw, g.c.ld, g.trans_w,
+                              beta == one)
+                wgmma = not g.trans_a and usable(self.capability, op)
+                if wgmma and self._route(g, op, s, handles) == "wgmma":
+                    return out + self._wgmma_gemms().calls(op, self.streams[s])
+                return out + self._copies(g, op, s, handles)
             case Kernel(launch=k, stream=s):
                 name = self.name_of[k]
                 params = kernel_params(k)

@@ -11,10 +11,11 @@ rest of the process.
 from __future__ import annotations
 
 import ctypes
-import statistics
 from dataclasses import dataclass
 
 import numpy as np
+
+from .event_timing import median_ms
 
 _R_32F, _COMPUTE_32F_FAST_TF32 = 0, 77  # cudaDataType, cublasComputeType_t
 CANDIDATES = 8  # of the heuristic's algorithms, at most, timed per shape
@@ -123,7 +124,6 @@ class TensorCoreGemms:
             b = a + 4 * a_elems
             c = b + 4 * shape.ldb * shape.n
             alpha_beta = np.array([1.0, 0.0], np.float32)
-            start, end = drv.Event(), drv.Event()
             for algo in algos:
                 def run(algo=algo):
                     lt.matmul(self.handle, chosen.desc, alpha_beta.ctypes.data, a, chosen.a, b, chosen.b,
@@ -134,14 +134,7 @@ class TensorCoreGemms:
                 except lt.cuBLASLtError:  # offered, yet refused for these operands: never chosen
                     chosen.times_ms.append(float("inf"))
                     continue
-                times = []
-                for _ in range(_RUNS):
-                    start.record(stream)
-                    run()
-                    end.record(stream)
-                    end.synchronize()
-                    times.append(end.time_since(start))
-                chosen.times_ms.append(statistics.median(times))
+                chosen.times_ms.append(median_ms(drv, run, stream, _RUNS))
         finally:
             scratch.free()
         if all(t == float("inf") for t in chosen.times_ms):

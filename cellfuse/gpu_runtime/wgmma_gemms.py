@@ -1,0 +1,89 @@
+"""The warpgroup GEMM that splits its operands as it loads them (codegen.cuda_wgmma) on this GPU, and the
+choice, per GEMM shape, between it and the split copies with cuBLASLt's TF32 GEMM over 3K: the two
+routes of a GEMM on tensor cores with float32's accuracy.
+
+Neither wins everywhere: on an H100 the warpgroup GEMM took IndRNN's input GEMM (6400 x 512 x 512) in
+0.042 ms against 0.062 for the copies and cuBLAS, but its tiles of 128 x 256 leave SMs idle or run in
+a second wave where cuBLAS's do not (benchmarks/tf32x3_wgmma_probe.cu). So the first time a shape is
+asked for, both routes run a few times each on scratch memory, and the faster is kept for the process.
+The kernel needs sm_90a's instructions: on any other GPU the copies and cuBLAS are the only route.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+
+from ..codegen.cuda_wgmma import SMEM_BYTES, SOURCE, THREADS, gemm_grid, wgmma_shape_fits
+from .event_timing import median_ms
+
+_RUNS = 5  # timed runs of each route (after one to warm up); the median counts
+
+
+@dataclass(frozen=True)
+class Operands:
+    """Where a GEMM C[m, n] (+)= x[m, k] @ W on tensor cores reads and writes: W is [k, n] (row length
+    ldw), or [n, k] where `trans_w`; `pieces` has room for the operands' TF32 pieces (three copies of
+    each, or the warpgroup GEMM's image of W)."""
+
+    c: int
+    x: int
+    w: int
+    pieces: int
+    m: int
+    n: int
+    k: int
+    lda: int
+    ldw: int
+    ldc: int
+    trans_w: bool
+    accumulate: bool
+
+
+def usable(compute_capability: tuple[int, int], op: Operands) -> bool:
+    """Whether the warpgroup GEMM can run this GEMM: an sm_90 GPU (sm_90a's instructions), a shape of
+    whole tiles of columns and stages of K, x's rows 16-byte aligned and C's 8-byte aligned."""
+    return (compute_capability == (9, 0) and op.m > 0 and wgmma_shape_fits(op.n, op.k, False)
+            and op.x % 16 == 0 and op.lda % 4 == 0 and op.c % 8 == 0 and op.ldc % 2 == 0)
+
+
+class WgmmaGemms:
+    """The compiled kernels (once per process) and the route chosen per shape (shared by every
+    executor of the process, like cuBLASLt's algorithms)."""
+
+    _functions: tuple | None = None
+    _chosen: dict[tuple, str] = {}
+
+    def __init__(self, drv, compile_source: Callable[[str, str], bytes]):
+        self.drv = drv
+        if WgmmaGemms._functions is None:
+            module = drv.module_from_buffer(compile_source(SOURCE, "sm_90a"))
+            gemm = module.get_function("cf_wgmma_gemm")
+            gemm.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM_BYTES)
+            WgmmaGemms._functions = (module, module.get_function("cf_wgmma_image").prepare("PPiiii"),
+                                     gemm.prepare("PPPiiiiii"))
+
+    def calls(self, op: Operands, stream) -> list[Callable[[], object]]:
+        """W's image, then the GEMM, on `stream`."""
+        _, image, gemm = WgmmaGemms._functions
+        elements = op.n * op.k
+        return [partial(image.prepared_async_call, ((elements + 255) // 256, 1), (256, 1, 1), stream,
+                        op.pieces, op.w, op.n, op.k, op.ldw, int(op.trans_w)),
+                partial(gemm.prepared_async_call, gemm_grid(op.m, op.n), (THREADS, 1, 1), stream,
+                        op.c, op.x, op.pieces, op.m, op.n, op.k, op.lda, op.ldc, int(op.accumulate),
+                        shared_size=SMEM_BYTES)]
+
+    def route(self, key: tuple, routes: dict[str, list[Callable[[], object]]], stream) -> str:
+        """The route of `routes` (each its calls, on scratch memory) that ran fastest on `stream`, measured
+        the first time `key` is asked for."""
+        if key not in self._chosen:
+            times = {}
+            for name, calls in routes.items():
+                def run(calls=calls):
+                    for call in calls:
+                        call()
+                run()  # warm
+                times[name] = median_ms(self.drv, run, stream, _RUNS)
+            self._chosen[key] = min(times, key=times.get)
+        return self._chosen[key]

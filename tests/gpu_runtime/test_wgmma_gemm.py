@@ -1,0 +1,83 @@
+"""The warpgroup GEMM on an sm_90 GPU (H100, H200): against float64 sums, at the edges of its tiles, and
+each route of a GEMM on tensor cores in the executor against the reference."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cellfuse.codegen import make_plan
+from cellfuse.graph_model import Sizes, init_params, load_template, run_reference
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def sm90(gpu):
+    drv = gpu[0]
+    if drv.Context.get_device().compute_capability() != (9, 0):
+        pytest.skip("the warpgroup GEMM needs an sm_90 GPU (H100, H200)")
+    return drv
+
+
+@pytest.mark.parametrize("m, n, k, lda, ldc, trans_w, accumulate", [
+    (6400, 512, 512, 512, 512, False, False),  # IndRNN's input GEMM at B=64
+    (200, 256, 96, 100, 260, True, True),  # a last block of 72 rows, padded rows of x and C, W as [n, k]
+    (5, 768, 32, 32, 768, False, True),  # fewer rows than a warp's, one stage of K
+    (300, 512, 160, 160, 512, False, False),  # an odd number of stages (5): the loop's second half unused
+])
+def test_the_warpgroup_gemm_matches_float64_sums(sm90, m, n, k, lda, ldc, trans_w, accumulate):
+    """C (+)= x @ W to float32's accuracy (3xTF32), with values over many magnitudes; nothing written
+    past C's m rows and n columns."""
+    from cellfuse.gpu_runtime.cuda_executor import _compile
+    from cellfuse.gpu_runtime.wgmma_gemms import Operands, WgmmaGemms, usable
+
+    drv = sm90
+    rng = np.random.default_rng(m + n + k)
+    x = (rng.standard_normal((m, lda)) * 2.0 ** rng.integers(-8, 8, (m, lda))).astype(np.float32)
+    w = (rng.standard_normal((n, k) if trans_w else (k, n)) / np.sqrt(k)).astype(np.float32)
+    c0 = rng.standard_normal((m + 3, ldc)).astype(np.float32)
+    want = (x[:, :k].astype(np.float64) @ (w.T if trans_w else w).astype(np.float64))
+    if accumulate:
+        want += c0[:m, :n]
+    x_d, w_d, c_d = drv.to_device(x), drv.to_device(w), drv.to_device(c0)
+    pieces = drv.mem_alloc(4 * 2 * n * k)
+    op = Operands(int(c_d), int(x_d), int(w_d), int(pieces), m, n, k, lda, k if trans_w else n, ldc, trans_w,
+                  accumulate)
+    assert usable((9, 0), op)
+    stream = drv.Stream()
+    for call in WgmmaGemms(drv, _compile).calls(op, stream):
+        call()
+    stream.synchronize()
+    got = drv.from_device(c_d, c0.shape, np.float32)
+    assert np.max(np.abs(got[:m, :n] - want)) <= 1e-5 * np.max(np.abs(want))
+    np.testing.assert_array_equal(got[m:], c0[m:])
+    np.testing.assert_array_equal(got[:, n:], c0[:, n:])
+
+
+@pytest.mark.parametrize("route", ["copies", "wgmma"])
+@pytest.mark.parametrize("name, schedule, batch", [
+    ("indrnn", "persistent", 64), ("lstm", "persistent", 80), ("gru", "graph", 160),
+])
+def test_either_route_matches_the_reference(sm90, monkeypatch, route, name, schedule, batch):
+    """Whichever route the measurement picks, the forward pass matches: each forced in turn, for a GEMM
+    with the bias rows before it (the LSTM's, accumulating) and one without (IndRNN's)."""
+    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
+    from cellfuse.gpu_runtime.wgmma_gemms import WgmmaGemms
+
+    monkeypatch.setattr(WgmmaGemms, "route", lambda self, key, routes, stream: route)
+    cell = load_template(name)
+    seq = 100 if name == "indrnn" else 16
+    rng = np.random.default_rng(5)
+    params = init_params(cell, 1, 512, 512, 5)
+    x = rng.standard_normal((seq, batch, 512)).astype(np.float32)
+    initial = {s: (0.5 * rng.standard_normal((1, batch, 512))).astype(np.float32) for s in cell.updates}
+    ref = run_reference(cell, params, {"x": x, **initial}, 1)
+    plan = make_plan(cell, Sizes(seq, batch, 512, 512), schedule, device_target())
+    assert plan.tensor_core_groups()
+    ex = CudaExecutor(plan, params)
+    out = ex.run(x, initial)
+    ex.close()
+    assert ex._wgmma is not None  # the route was asked for
+    rel = float(np.max(np.abs(out.y - ref.y)) / np.max(np.abs(ref.y)))
+    assert rel < 1e-4
