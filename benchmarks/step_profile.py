@@ -65,7 +65,7 @@ def _ablate(kernels, edits):
 def _describe(instr, batch: int) -> str:
     match instr:
         case Gemm(launch=g):
-            return f"cuBLAS GEMM m={launch_rows(instr, batch)} n={g.n} k={g.k}"
+            return f"GEMM m={launch_rows(instr, batch)} n={g.n} k={g.k}"
         case Kernel(launch=k):
             return f"kernel {k.island} ({k.rows} rows)"
         case Persistent():
