@@ -19,6 +19,7 @@ from ..codegen.cuda_wgmma import SMEM_BYTES, SOURCE, THREADS, gemm_grid, wgmma_s
 from .event_timing import median_ms
 
 _RUNS = 5  # timed runs of each route (after one to warm up); the median counts
+_GRID_Y = 65535  # blocks, at most, along a grid's second dimension
 
 
 @dataclass(frozen=True)
@@ -43,8 +44,10 @@ class Operands:
 
 def usable(compute_capability: tuple[int, int], op: Operands) -> bool:
     """Whether the warpgroup GEMM can run this GEMM: an sm_90 GPU (sm_90a's instructions), a shape of
-    whole tiles of columns and stages of K, x's rows 16-byte aligned and C's 8-byte aligned."""
-    return (compute_capability == (9, 0) and op.m > 0 and wgmma_shape_fits(op.n, op.k, False)
+    whole tiles of columns and stages of K with no more blocks of rows than a grid's second dimension
+    holds, x's rows 16-byte aligned and C's 8-byte aligned."""
+    return (compute_capability == (9, 0) and 0 < op.m and gemm_grid(op.m, op.n)[1] <= _GRID_Y
+            and wgmma_shape_fits(op.n, op.k, False)
             and op.x % 16 == 0 and op.lda % 4 == 0 and op.c % 8 == 0 and op.ldc % 2 == 0)
 
 

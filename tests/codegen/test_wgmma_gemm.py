@@ -30,3 +30,4 @@ def test_the_source_compiles_for_sm_90a_without_a_fence_added(tmp_path):
     assert "injected" not in proc.stderr and "serialized" not in proc.stderr, proc.stderr
     spills = [line for line in proc.stderr.splitlines() if "spill stores" in line]
     assert spills and all(" 0 bytes spill stores, 0 bytes spill loads" in line for line in spills)
+
