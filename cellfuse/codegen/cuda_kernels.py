@@ -34,7 +34,9 @@ INT_MAX = 2**31 - 1  # the largest count the generated code holds in an int
 MAX_STEM = 64  # characters of a cell's name kept in the generated names
 
 # A float32 value as two TF32 ones, for the GEMMs on tensor cores with float32's accuracy: in every
-# module (the prelude) and in the warpgroup GEMM's (see cuda_wgmma).
+# module (the prelude) and in the warpgroup GEMM's (see cuda_wgmma). Declared `__forceinline__ __device__`,
+# device functions only (their bit casts are), where the prelude's math is `__device__ __forceinline__`,
+# which the op table's tests compile for the host too.
 TF32_PIECES = """\
 // v rounded to TF32's 10 bits of mantissa, to nearest, ties away from zero (what cvt.rna.tf32.f32
 // does from sm_80 on; in integer arithmetic, so that the prelude builds for any target)

@@ -7,8 +7,9 @@ and lo (`cf_wgmma_image`, W's 2 * k * n floats); x stays float32 where it is: ea
 rows' elements of a stage into registers and splits them there, as the A fragments of the wgmmas. Each
 product is lo*hi + hi*lo + hi*hi, summed in float32. K is permuted within each stage, on both sides
 alike, so that a thread's elements of x in a stage are contiguous. Measured on an H100 for IndRNN's input
-GEMM (6400 x 512 x 512): 0.042 ms for the image and the GEMM, against 0.062 for the splits and cuBLAS's
-GEMM over 3K (benchmarks/tf32x3_wgmma_probe.cu, whose variants chose these tiles).
+GEMM (6400 x 512 x 512): about 0.042 ms for the image and the GEMM (ncu: 0.004 and 0.038), against 0.062
+for the splits (0.022 in a CUDA graph) and cuBLASLt's GEMM over 3K (0.040); the variants of
+benchmarks/tf32x3_wgmma_probe.cu chose these tiles.
 
 Blocks of two warpgroups own 128 rows by 256 columns of C; B's stages of 32 values of K go through
 shared memory, each one bulk copy (the tensor memory accelerator's, from the image, which is

@@ -214,7 +214,7 @@ class CudaExecutor:
 
     def _copies(self, g, op: Operands, s: int, handles: list[int]) -> list[Callable[[], object]]:
         """A GEMM on tensor cores as 3xTF32 copies: A's pieces (hi, hi, lo) and W's (hi, lo, hi) along K,
-        into `op.image`, then one cuBLASLt TF32 GEMM over 3K, A's copies untransposed (see
+        into `op.pieces`, then one cuBLASLt TF32 GEMM over 3K, A's copies untransposed (see
         tf32x3_layout)."""
         a_split, w_split, lda, ldw, w_at = tf32x3_layout(g, op.m, g.k, 3 * g.k)
         split_a, split_w = op.pieces, op.pieces + 4 * w_at
