@@ -97,6 +97,19 @@ def _compile(source: str, arch: str | None = None) -> bytes:
         raise CellError(f"nvcc could not be run ({e}); is the CUDA toolkit on the PATH?") from None
 
 
+@lru_cache(maxsize=1)
+def warpgroup_gemms() -> WgmmaGemms | None:
+    """The warpgroup GEMM, compiled at its first use (for sm_90a); None where nvcc cannot build it (a CUDA
+    toolkit before 12.0 has no sm_90a), which the log says once: the copies and cuBLAS then run every GEMM
+    on tensor cores."""
+    try:
+        return WgmmaGemms(gpu_modules()[0], _compile)
+    except CellError as e:
+        log.warning("the warpgroup GEMM does not build here, so every GEMM on tensor cores goes through "
+                    "cuBLAS: %s", e)
+        return None
+
+
 def compile_error_lines(stderr: str, source: str) -> str:
     """nvcc's errors, each followed by the generated line it points at; nvcc's whole output if it names
     no line."""
@@ -167,7 +180,6 @@ class CudaExecutor:
         self._on_handle: dict[int, tuple[object, int, int]] = {}  # handle -> its stream, workspace, SMs
         self.tf32_gemms = TensorCoreGemms(drv, device_description(), _CUBLAS_WORKSPACE)
         self.capability = drv.Context.get_device().compute_capability()
-        self._wgmma: WgmmaGemms | None = None  # compiled at the first GEMM it could run
         pairs = list(zip(self.streams, self.workspaces, strict=True))
         self.handles = [self._handle(stream, workspace) for stream, workspace in pairs]
         self.forward_handles = self.handles
@@ -231,11 +243,6 @@ class CudaExecutor:
                            one if op.accumulate else zero, op.c))
         return out
 
-    def _wgmma_gemms(self) -> WgmmaGemms:
-        if self._wgmma is None:
-            self._wgmma = WgmmaGemms(self.drv, _compile)
-        return self._wgmma
-
     def _route(self, g, op: Operands, s: int, handles: list[int]) -> str:
         """Which route runs a GEMM on tensor cores that the warpgroup GEMM could run: the one measured
         faster for its shape (on scratch memory as large as its operands, so that no buffer of the
@@ -249,8 +256,8 @@ class CudaExecutor:
         try:
             x, w, c, pieces = (int(scratch) + offset for offset in offsets)
             on = replace(op, c=c, x=x, w=w, pieces=pieces)
-            return self._wgmma_gemms().route(key, {"copies": self._copies(g, on, s, handles),
-                                                   "wgmma": self._wgmma_gemms().calls(on, stream)}, stream)
+            return warpgroup_gemms().route(key, {"copies": self._copies(g, on, s, handles),
+                                                 "wgmma": warpgroup_gemms().calls(on, stream)}, stream)
         finally:
             stream.synchronize()
             scratch.free()
@@ -283,9 +290,9 @@ class CudaExecutor:
                     return out
                 op = Operands(c, a, self.addr[g.w], splits[s], m, g.n, g.k, g.a.ld, ldw, g.c.ld, g.trans_w,
                               beta == one)
-                wgmma = not g.trans_a and usable(self.capability, op)
+                wgmma = not g.trans_a and usable(self.capability, op) and warpgroup_gemms() is not None
                 if wgmma and self._route(g, op, s, handles) == "wgmma":
-                    return out + self._wgmma_gemms().calls(op, self.streams[s])
+                    return out + warpgroup_gemms().calls(op, self.streams[s])
                 return out + self._copies(g, op, s, handles)
             case Kernel(launch=k, stream=s):
                 name = self.name_of[k]

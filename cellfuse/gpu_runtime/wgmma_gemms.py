@@ -52,24 +52,21 @@ def usable(compute_capability: tuple[int, int], op: Operands) -> bool:
 
 
 class WgmmaGemms:
-    """The compiled kernels (once per process) and the route chosen per shape (shared by every
-    executor of the process, like cuBLASLt's algorithms)."""
-
-    _functions: tuple | None = None
-    _chosen: dict[tuple, str] = {}
+    """The compiled kernels and the route chosen per shape (one instance per process, shared by every
+    executor, like cuBLASLt's algorithms)."""
 
     def __init__(self, drv, compile_source: Callable[[str, str], bytes]):
         self.drv = drv
-        if WgmmaGemms._functions is None:
-            module = drv.module_from_buffer(compile_source(SOURCE, "sm_90a"))
-            gemm = module.get_function("cf_wgmma_gemm")
-            gemm.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM_BYTES)
-            WgmmaGemms._functions = (module, module.get_function("cf_wgmma_image").prepare("PPiiii"),
-                                     gemm.prepare("PPPiiiiii"))
+        self.module = drv.module_from_buffer(compile_source(SOURCE, "sm_90a"))
+        gemm = self.module.get_function("cf_wgmma_gemm")
+        gemm.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM_BYTES)
+        self.image = self.module.get_function("cf_wgmma_image").prepare("PPiiii")
+        self.gemm = gemm.prepare("PPPiiiiii")
+        self._chosen: dict[tuple, str] = {}
 
     def calls(self, op: Operands, stream) -> list[Callable[[], object]]:
         """W's image, then the GEMM, on `stream`."""
-        _, image, gemm = WgmmaGemms._functions
+        image, gemm = self.image, self.gemm
         elements = op.n * op.k
         return [partial(image.prepared_async_call, ((elements + 255) // 256, 1), (256, 1, 1), stream,
                         op.pieces, op.w, op.n, op.k, op.ldw, int(op.trans_w)),

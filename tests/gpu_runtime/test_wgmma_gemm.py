@@ -29,8 +29,8 @@ def sm90(gpu):
 def test_the_warpgroup_gemm_matches_float64_sums(sm90, m, n, k, lda, ldc, trans_w, accumulate):
     """C (+)= x @ W to float32's accuracy (3xTF32), with values over many magnitudes; nothing written
     past C's m rows and n columns."""
-    from cellfuse.gpu_runtime.cuda_executor import _compile
-    from cellfuse.gpu_runtime.wgmma_gemms import Operands, WgmmaGemms, usable
+    from cellfuse.gpu_runtime.cuda_executor import warpgroup_gemms
+    from cellfuse.gpu_runtime.wgmma_gemms import Operands, usable
 
     drv = sm90
     rng = np.random.default_rng(m + n + k)
@@ -46,7 +46,7 @@ def test_the_warpgroup_gemm_matches_float64_sums(sm90, m, n, k, lda, ldc, trans_
                   accumulate)
     assert usable((9, 0), op)
     stream = drv.Stream()
-    for call in WgmmaGemms(drv, _compile).calls(op, stream):
+    for call in warpgroup_gemms().calls(op, stream):
         call()
     stream.synchronize()
     got = drv.from_device(c_d, c0.shape, np.float32)
@@ -78,6 +78,38 @@ def test_either_route_matches_the_reference(sm90, monkeypatch, route, name, sche
     ex = CudaExecutor(plan, params)
     out = ex.run(x, initial)
     ex.close()
-    assert ex._wgmma is not None  # the route was asked for
     rel = float(np.max(np.abs(out.y - ref.y)) / np.max(np.abs(ref.y)))
     assert rel < 1e-4
+
+
+def test_without_the_warpgroup_gemm_the_copies_run(sm90, monkeypatch, caplog):
+    """Where nvcc cannot build the warpgroup GEMM for sm_90a, the log says so once and the copies and
+    cuBLAS run the GEMM: the forward pass still matches."""
+    import cellfuse.gpu_runtime.cuda_executor as cuda_executor
+    from cellfuse.graph_model import CellError
+
+    real = cuda_executor._compile
+
+    def no_sm90a(source, arch=None):
+        if arch == "sm_90a":
+            raise CellError("nvcc could not compile the generated kernels: no sm_90a here")
+        return real(source, arch)
+
+    monkeypatch.setattr(cuda_executor, "_compile", no_sm90a)
+    cuda_executor.warpgroup_gemms.cache_clear()
+    try:
+        cell = load_template("indrnn")
+        rng = np.random.default_rng(6)
+        params = init_params(cell, 1, 512, 512, 6)
+        x = rng.standard_normal((100, 64, 512)).astype(np.float32)
+        initial = {"h": (0.5 * rng.standard_normal((1, 64, 512))).astype(np.float32)}
+        ref = run_reference(cell, params, {"x": x, **initial}, 1)
+        plan = make_plan(cell, Sizes(100, 64, 512, 512), "persistent", cuda_executor.device_target())
+        ex = cuda_executor.CudaExecutor(plan, params)
+        out = ex.run(x, initial)
+        ex.close()
+        assert cuda_executor.warpgroup_gemms() is None
+        assert "does not build here" in caplog.text
+        assert float(np.max(np.abs(out.y - ref.y)) / np.max(np.abs(ref.y))) < 1e-4
+    finally:
+        cuda_executor.warpgroup_gemms.cache_clear()
