@@ -245,22 +245,25 @@ class CudaExecutor:
 
     def _route(self, g, op: Operands, s: int, handles: list[int]) -> str:
         """Which route runs a GEMM on tensor cores that the warpgroup GEMM could run: the one measured
-        faster for its shape (on scratch memory as large as its operands, so that no buffer of the
-        executor changes), once per process."""
+        faster for its shape, once per process (on scratch memory as large as its operands, so that no
+        buffer of the executor changes; a shape already measured costs nothing more)."""
+        gemms = warpgroup_gemms()
         stream, _, sms = self._on_handle[handles[s]]
         key = (device_description(), op.m, op.n, op.k, op.lda, op.ldw, op.ldc, op.trans_w, op.accumulate, sms)
-        w_rows = op.n if op.trans_w else op.k
-        sizes = [op.m * op.lda, w_rows * op.ldw, op.m * op.ldc, 3 * (op.m * op.k + op.k * op.n)]
-        offsets, span = aligned_offsets(sizes)
-        scratch = self.drv.mem_alloc(span)
-        try:
-            x, w, c, pieces = (int(scratch) + offset for offset in offsets)
-            on = replace(op, c=c, x=x, w=w, pieces=pieces)
-            return warpgroup_gemms().route(key, {"copies": self._copies(g, on, s, handles),
-                                                 "wgmma": warpgroup_gemms().calls(on, stream)}, stream)
-        finally:
-            stream.synchronize()
-            scratch.free()
+        if key not in gemms.chosen:
+            w_rows = op.n if op.trans_w else op.k
+            sizes = [op.m * op.lda, w_rows * op.ldw, op.m * op.ldc, 3 * (op.m * op.k + op.k * op.n)]
+            offsets, span = aligned_offsets(sizes)
+            scratch = self.drv.mem_alloc(span)
+            try:
+                x, w, c, pieces = (int(scratch) + offset for offset in offsets)
+                on = replace(op, c=c, x=x, w=w, pieces=pieces)
+                gemms.chosen[key] = gemms.faster({"copies": self._copies(g, on, s, handles),
+                                                  "wgmma": gemms.calls(on, stream)}, stream)
+            finally:
+                stream.synchronize()
+                scratch.free()
+        return gemms.chosen[key]
 
     def _calls(self, instr: Instruction, t: int, handles: list[int] | None = None,
                splits: list[int] | None = None) -> list[Callable[[], object]]:

@@ -62,7 +62,7 @@ class WgmmaGemms:
         gemm.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM_BYTES)
         self.image = self.module.get_function("cf_wgmma_image").prepare("PPiiii")
         self.gemm = gemm.prepare("PPPiiiiii")
-        self._chosen: dict[tuple, str] = {}
+        self.chosen: dict[tuple, str] = {}  # shape -> its route, measured by the executor (`faster`)
 
     def calls(self, op: Operands, stream) -> list[Callable[[], object]]:
         """W's image, then the GEMM, on `stream`."""
@@ -74,16 +74,13 @@ class WgmmaGemms:
                         op.c, op.x, op.pieces, op.m, op.n, op.k, op.lda, op.ldc, int(op.accumulate),
                         shared_size=SMEM_BYTES)]
 
-    def route(self, key: tuple, routes: dict[str, list[Callable[[], object]]], stream) -> str:
-        """The route of `routes` (each its calls, on scratch memory) that ran fastest on `stream`, measured
-        the first time `key` is asked for."""
-        if key not in self._chosen:
-            times = {}
-            for name, calls in routes.items():
-                def run(calls=calls):
-                    for call in calls:
-                        call()
-                run()  # warm
-                times[name] = median_ms(self.drv, run, stream, _RUNS)
-            self._chosen[key] = min(times, key=times.get)
-        return self._chosen[key]
+    def faster(self, routes: dict[str, list[Callable[[], object]]], stream) -> str:
+        """The route of `routes` (each its calls, on scratch memory) that runs fastest on `stream`."""
+        times = {}
+        for name, calls in routes.items():
+            def run(calls=calls):
+                for call in calls:
+                    call()
+            run()  # warm
+            times[name] = median_ms(self.drv, run, stream, _RUNS)
+        return min(times, key=times.get)

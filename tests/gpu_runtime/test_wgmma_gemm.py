@@ -63,9 +63,8 @@ def test_either_route_matches_the_reference(sm90, monkeypatch, route, name, sche
     """Whichever route the measurement picks, the forward pass matches: each forced in turn, for a GEMM
     with the bias rows before it (the LSTM's, accumulating) and one without (IndRNN's)."""
     from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
-    from cellfuse.gpu_runtime.wgmma_gemms import WgmmaGemms
 
-    monkeypatch.setattr(WgmmaGemms, "route", lambda self, key, routes, stream: route)
+    monkeypatch.setattr(CudaExecutor, "_route", lambda self, g, op, s, handles: route)
     cell = load_template(name)
     seq = 100 if name == "indrnn" else 16
     rng = np.random.default_rng(5)
