@@ -37,11 +37,6 @@ def wgmma_shape_fits(n: int, k: int, trans_a: bool) -> bool:
     return not trans_a and n % COLUMNS == 0 and k % STAGE_K == 0 and n > 0 and k > 0
 
 
-def image_elements(n: int, k: int) -> int:
-    """Floats of W's image (hi and lo of every value)."""
-    return 2 * n * k
-
-
 def gemm_grid(m: int, n: int) -> tuple[int, int]:
     return n // COLUMNS, (m + ROWS - 1) // ROWS
 

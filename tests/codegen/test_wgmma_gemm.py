@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import subprocess
 
-from cellfuse.codegen.cuda_wgmma import SOURCE, gemm_grid, image_elements, wgmma_shape_fits
+from cellfuse.codegen.cuda_wgmma import SOURCE, gemm_grid, wgmma_shape_fits
 
 
 def test_the_shapes_it_takes_are_whole_tiles_of_columns_and_stages():
@@ -16,7 +16,6 @@ def test_the_shapes_it_takes_are_whole_tiles_of_columns_and_stages():
     assert not wgmma_shape_fits(512, 48, False)  # a part of a stage of 32
     assert not wgmma_shape_fits(0, 512, False)
     assert gemm_grid(6400, 512) == (2, 50) and gemm_grid(6401, 512) == (2, 51)
-    assert image_elements(512, 512) == 2 * 512 * 512
 
 
 def test_the_source_compiles_for_sm_90a_without_a_fence_added(tmp_path):
