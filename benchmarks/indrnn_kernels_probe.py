@@ -1,0 +1,264 @@
+"""IndRNN's forward at B=64 (T=100, input = hidden = 512) under `persistent`, with its three kernels (W's
+image, the warpgroup GEMM, the persistent scan) swapped one at a time for variants, each variant's
+whole forward replayed from a CUDA graph: where its time goes, and which change would shorten it.
+
+Variants:
+- parts: the forward without one of its kernels, or a kernel alone (their outputs then are not
+  checked, only timed);
+- scan: the generated kernel launched as an ordinary kernel (it has no grid barrier), generated with 32
+  steps' inputs loaded ahead instead of 16, and a plain thread-per-element scan with the same arguments;
+- gemm: the warpgroup GEMM built with other stages (values of K per stage, stages in shared memory);
+- pdl: the GEMM and the scan launched with programmatic dependent launch (each waits with
+  griddepcontrol.wait before reading what the kernel before it wrote; the kernel before lets it start
+  at its exit, after its main loop, or at its start).
+Every variant's output is compared with the executor's, and the executor's with the float64 reference,
+before anything is timed. The variants are timed in turns (ROUNDS of them), each turn the median of RUNS
+replays, so that a drift of the GPU's clock reaches all of them alike.
+
+    python3 benchmarks/indrnn_kernels_probe.py --json OUT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from datetime import UTC, datetime
+from functools import partial
+
+import numpy as np
+
+import cellfuse.codegen.cuda_persistent as cuda_persistent
+import cellfuse.codegen.cuda_wgmma as cuda_wgmma
+import cellfuse.gpu_runtime.cuda_executor as cuda_executor
+from cellfuse.codegen import make_plan, plan_kernels
+from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, _compile, _cu_check, device_description
+from cellfuse.gpu_runtime.event_timing import median_ms
+from cellfuse.graph_model import Sizes, init_params, load_template
+from cellfuse.graph_model.reference import run_reference
+
+T, B, H = 100, 64, 512
+ROUNDS, RUNS = 7, 40
+WAIT = 'asm volatile("griddepcontrol.wait;" ::: "memory");'
+TRIGGER = 'asm volatile("griddepcontrol.launch_dependents;" ::: "memory");'
+PLAIN_SCAN = r"""
+// the generated kernel's arguments: u, the states' slots (slot t: h before step t), xW, b, h0, final h
+extern "C" __global__ void __launch_bounds__(256) plain_scan(
+    int seq, int batch, const float* __restrict__ u, float* __restrict__ hs, const float* __restrict__ xw,
+    const float* __restrict__ b, const float* __restrict__ h0, float* __restrict__ final_h)
+{
+    @WAIT@
+    const int n = batch * 512, i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    const float uu = u[i % 512], bb = b[i % 512];
+    float h = h0 ? h0[i] : 0.0f;
+    hs[i] = h;
+    #pragma unroll @UNROLL@
+    for (int t = 0; t < seq; ++t) {
+        h = fmaxf(xw[(size_t)t * n + i] + uu * h + bb, 0.0f);
+        hs[(size_t)(t + 1) * n + i] = h;
+    }
+    if (final_h) final_h[i] = h;
+}
+"""
+
+
+def wgmma_module(stage_k: int, stages: int) -> dict:
+    """cuda_wgmma's namespace rebuilt with other stages (its source text, constants replaced)."""
+    text = open(cuda_wgmma.__file__).read()
+    text = text.replace("from .cuda_kernels", "from cellfuse.codegen.cuda_kernels")
+    text = re.sub(r"(?m)^STAGE_K = \d+", f"STAGE_K = {stage_k}", text)
+    text = re.sub(r"(?m)^STAGES = \d+", f"STAGES = {stages}", text)
+    namespace: dict = {"__name__": f"wgmma_{stage_k}x{stages}"}
+    exec(compile(text, namespace["__name__"], "exec"), namespace)
+    return namespace
+
+
+def with_pdl(source: str, trigger: str) -> str:
+    """The warpgroup GEMM source with griddepcontrol: the GEMM waits for the image before its first
+    copy of it; the image lets the GEMM start at its start; the GEMM lets the next kernel start where
+    `trigger` says ("exit": never explicitly, "loop": after its main loop, "start": at once)."""
+    source = source.replace("    const long long e = (long long)blockIdx.x",
+                            f"    {TRIGGER}\n    const long long e = (long long)blockIdx.x", 1)
+    source = source.replace("    if (tid == 0)\n        for (int kb = 0; kb < CF_STAGES - 2",
+                            f"    {WAIT}\n" + ({"start": f"    {TRIGGER}\n"}.get(trigger, ""))
+                            + "    if (tid == 0)\n        for (int kb = 0; kb < CF_STAGES - 2", 1)
+    if trigger == "loop":
+        source = source.replace('    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");',
+                                f'    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");\n'
+                                f"    {TRIGGER}", 1)
+    assert source.count("griddepcontrol") == (2 if trigger == "exit" else 3), trigger
+    return source
+
+
+class DriverKernel:
+    """A kernel launched through the driver API: plainly, or with programmatic stream serialization."""
+
+    def __init__(self, cu, cubin: bytes, name: str, smem: int = 0):
+        self.cu = cu
+        self.module = _cu_check(cu.cuModuleLoadData(cubin))
+        self.function = _cu_check(cu.cuModuleGetFunction(self.module, name.encode()))
+        self.smem = smem
+        if smem:
+            _cu_check(cu.cuFuncSetAttribute(
+                self.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem))
+
+    def call(self, grid, threads: int, stream, args: list, pdl: bool = False):
+        cu = self.cu
+        values = [np.array([v], np.int32 if kind == "i" else np.uint64) for kind, v in args]
+        table = np.array([v.ctypes.data for v in values], np.uint64)
+        config = cu.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = (*grid, 1) if len(grid) == 2 else (grid[0], 1, 1)
+        config.blockDimX, config.blockDimY, config.blockDimZ = threads, 1, 1
+        config.sharedMemBytes = self.smem
+        config.hStream = cu.CUstream(stream.handle)
+        if pdl:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            config.attrs = [attr]
+            config.numAttrs = 1
+        else:
+            config.numAttrs = 0
+
+        def launch(values=values):
+            _cu_check(cu.cuLaunchKernelEx(config, self.function, table.ctypes.data, 0))
+        return launch
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    cell = load_template("indrnn")
+    cuda_executor.CudaExecutor._route = lambda *a: "wgmma"  # the route this probe studies
+    target = cuda_executor.device_target()
+    plan = make_plan(cell, Sizes(T, B, H, H), "persistent", target)
+    params = init_params(cell, 1, H, H, 0)
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((T, B, H)).astype(np.float32)
+    (state,) = plan.state_ids
+    h0 = rng.uniform(0, 1, (1, B, H)).astype(np.float32)
+    ref = run_reference(cell, params, {"x": x, state: h0})
+    ex = CudaExecutor(plan, params)
+    drv, cu, stream = ex.drv, ex.cu, ex.stream
+    ex.load(x, {state: h0})
+    image, gemm, scan = ex.calls  # W's image, the GEMM, the persistent kernel
+    assert scan.func.__name__ == "_launch", [c.func for c in ex.calls]
+    (_, _, _, c, xp, pieces, m, n, k, lda, ldc, acc) = gemm.args
+    (_, _, _, _, w, *image_ints) = image.args
+    persistent = next(i for i in ex.program.instructions if type(i).__name__ == "Persistent").launch
+    buffers = cuda_persistent.persistent_buffers(persistent)
+    scan_args = [("i", T), ("i", B)] + [("p", ex.addr[b]) for b in buffers]
+    y_at = ex.addr[plan.layers[-1].output_seq] + 4 * B * H
+
+    def output() -> np.ndarray:
+        stream.synchronize()
+        y = np.empty((T, B, H), np.float32)
+        drv.memcpy_dtoh(y, y_at)
+        return y
+
+    # the executor's forward, checked against the reference
+    ex.capture_graph()
+    ex.forward()
+    y_exec = output()
+    scale = float(np.abs(ref.y).max())
+    error = float(np.abs(y_exec - ref.y).max()) / scale
+    assert error < 1e-4, f"the executor's forward: error {error:.2e} of the largest output"
+    print(f"{device_description()}; the executor's forward: error {error:.1e}", flush=True)
+
+    variants: dict[str, list] = {"executor": [image, gemm, scan]}
+    checked = {"executor"}
+    variants["parts: image + GEMM"] = [image, gemm]
+    variants["parts: GEMM + scan (no image)"] = [gemm, scan]
+    variants["parts: GEMM alone"] = [gemm]
+    variants["parts: scan alone"] = [scan]
+    variants["parts: image alone"] = [image]
+
+    def plain(kernel: DriverKernel, pdl: bool = False):
+        return kernel.call((persistent.blocks,), persistent.threads, stream, scan_args, pdl)
+
+    kernels = plan_kernels(plan)
+    (name,) = [nm for launch, nm in kernels.name_of.items() if launch is persistent]
+    source = kernels.module_source()
+    generated = DriverKernel(cu, _compile(source), name, persistent.smem_bytes)
+    variants["scan: generated, ordinary launch"] = [image, gemm, plain(generated)]
+    cuda_persistent.AHEAD_STEPS = 32
+    ahead = plan_kernels(plan)
+    cuda_persistent.AHEAD_STEPS = 16
+    assert ahead.module_source() != source
+    variants["scan: generated, 32 steps ahead"] = [
+        image, gemm, plain(DriverKernel(cu, _compile(ahead.module_source()), name, persistent.smem_bytes))]
+    for unroll in (8, 16, 32):
+        kernel = DriverKernel(cu, _compile(PLAIN_SCAN.replace("@WAIT@", "").replace("@UNROLL@", str(unroll))),
+                              "plain_scan")
+        variants[f"scan: plain, unroll {unroll}"] = [
+            image, gemm, kernel.call((B * H // 256,), 256, stream, scan_args)]
+
+    grid = cuda_wgmma.gemm_grid(m, n)
+    gemm_args = [("p", c), ("p", xp), ("p", pieces), ("i", m), ("i", n), ("i", k), ("i", lda), ("i", ldc),
+                 ("i", acc)]
+    image_args = [("p", pieces), ("p", w), *(("i", v) for v in image_ints)]
+    image_grid = (n * k + 255) // 256
+    for stage_k, stages in ((32, 3), (16, 4), (16, 5), (16, 6)):
+        ns = wgmma_module(stage_k, stages)
+        cubin = _compile(ns["SOURCE"], "sm_90a")
+        g = DriverKernel(cu, cubin, "cf_wgmma_gemm", ns["SMEM_BYTES"])
+        im = DriverKernel(cu, cubin, "cf_wgmma_image")
+        variants[f"gemm: stages of {stage_k}, {stages} in shared memory"] = [
+            im.call((image_grid,), 256, stream, image_args), g.call(grid, 256, stream, gemm_args), scan]
+    body = kernels.sources[name]
+    top = "    const int tid = threadIdx.x;\n"
+    waiting = body.replace(top, f"    {WAIT}\n{top}", 1)
+    assert waiting != body
+    pdl_scan = DriverKernel(cu, _compile(source.replace(body, waiting)), name, persistent.smem_bytes)
+    plain_pdl = DriverKernel(cu, _compile(PLAIN_SCAN.replace("@WAIT@", WAIT).replace("@UNROLL@", "16")),
+                             "plain_scan")
+    for trigger in ("exit", "loop", "start"):
+        cubin = _compile(with_pdl(cuda_wgmma.SOURCE, trigger), "sm_90a")
+        g = DriverKernel(cu, cubin, "cf_wgmma_gemm", cuda_wgmma.SMEM_BYTES)
+        im = DriverKernel(cu, cubin, "cf_wgmma_image")
+        first = [im.call((image_grid,), 256, stream, image_args), g.call(grid, 256, stream, gemm_args, True)]
+        variants[f"pdl: GEMM lets the scan start at its {trigger}"] = [*first, plain(pdl_scan, True)]
+        variants[f"pdl: GEMM lets the plain scan (unroll 16) start at its {trigger}"] = [
+            *first, plain_pdl.call((B * H // 256,), 256, stream, scan_args, True)]
+
+    graphs, errors = {}, {}
+    for label, calls in variants.items():
+        graphs[label] = ex.capture(calls)
+        if label.startswith("parts") or label in checked:
+            continue
+        drv.memset_d32(y_at, 0x7FC00000, T * B * H)
+        ex.replay(graphs[label])
+        errors[label] = float(np.abs(output() - y_exec).max()) / scale
+        print(f"{label}: difference from the executor {errors[label]:.1e}", flush=True)
+        assert errors[label] < 1e-5, label
+    times: dict[str, list[float]] = {label: [] for label in graphs}
+    for graph in graphs.values():  # warm
+        for _ in range(20):
+            ex.replay(graph)
+    for _ in range(ROUNDS):
+        for label, graph in graphs.items():
+            times[label].append(median_ms(drv, partial(ex.replay, graph), stream, RUNS))
+    results = {label: {"median_ms": round(statistics.median(ts), 4), "min_ms": round(min(ts), 4),
+                       "rounds_ms": [round(t, 4) for t in ts], "difference": errors.get(label)}
+               for label, ts in times.items()}
+    for label, r in results.items():
+        print(f"{r['median_ms']:.4f} ms (min {r['min_ms']:.4f})  {label}", flush=True)
+    if args.json:
+        record = {"command": "python3 benchmarks/indrnn_kernels_probe.py --json OUT",
+                  "gpu": device_description(), "date": datetime.now(UTC).isoformat(timespec="seconds"),
+                  "sizes": {"seq": T, "batch": B, "input": H, "hidden": H}, "reference_error": error,
+                  "rounds": ROUNDS, "runs_per_round": RUNS, "variants": results}
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
+    for graph in graphs.values():
+        ex.release(graph)
+    ex.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
