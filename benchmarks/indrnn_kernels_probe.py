@@ -1,16 +1,16 @@
-"""IndRNN's forward at B=64 (T=100, input = hidden = 512) under `persistent`, with its three kernels (W's
-image, the warpgroup GEMM, the persistent scan) swapped one at a time for variants, each variant's
-whole forward replayed from a CUDA graph: where its time goes, and which change would shorten it.
+"""IndRNN's forward at B=64 (T=100, input = hidden = 512) under `persistent`: the executor's (the
+warpgroup GEMM reading W's image, kept apart; the persistent scan launched early, programmatic dependent
+launch) beside variants, each variant's whole forward replayed from a CUDA graph: where the time goes,
+and which change would shorten it.
 
 Variants:
-- parts: the forward without one of its kernels, or a kernel alone (their outputs then are not
-  checked, only timed);
-- scan: the generated kernel launched as an ordinary kernel (it has no grid barrier), generated with 32
-  steps' inputs loaded ahead instead of 16, and a plain thread-per-element scan with the same arguments;
-- gemm: the warpgroup GEMM built with other stages (values of K per stage, stages in shared memory);
-- pdl: the GEMM and the scan launched with programmatic dependent launch (each waits with
-  griddepcontrol.wait before reading what the kernel before it wrote; the kernel before lets it start
-  at its exit, after its main loop, or at its start).
+- W's image made by every run (as before it was kept apart), and parts of the forward alone (their
+  outputs then are not checked, only timed);
+- scan: the generated kernel launched without programmatic dependent launch; with parts of its text
+  taken out (cooperative groups' grid object, the guards of its element loops: right at these sizes,
+  where every thread has one element); a plain thread-per-element scan with the same arguments.
+(Before this version, at 76a1f60: the GEMM with other stages, PDL triggers at the GEMM's start or after
+its main loop, 32 steps ahead; none was faster: results/h100_2026-11-27_indrnn_kernels_probe_76a1f60.json.)
 Every variant's output is compared with the executor's, and the executor's with the float64 reference,
 before anything is timed. The variants are timed in turns (ROUNDS of them), each turn the median of RUNS
 replays, so that a drift of the GPU's clock reaches all of them alike.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 import sys
 from datetime import UTC, datetime
@@ -31,7 +30,6 @@ from functools import partial
 import numpy as np
 
 import cellfuse.codegen.cuda_persistent as cuda_persistent
-import cellfuse.codegen.cuda_wgmma as cuda_wgmma
 import cellfuse.gpu_runtime.cuda_executor as cuda_executor
 from cellfuse.codegen import make_plan, plan_kernels
 from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, _compile, _cu_check, device_description
@@ -42,7 +40,6 @@ from cellfuse.graph_model.reference import run_reference
 T, B, H = 100, 64, 512
 ROUNDS, RUNS = 7, 40
 WAIT = 'asm volatile("griddepcontrol.wait;" ::: "memory");'
-TRIGGER = 'asm volatile("griddepcontrol.launch_dependents;" ::: "memory");'
 PLAIN_SCAN = r"""
 // the generated kernel's arguments: u, the states' slots (slot t: h before step t), xW, b, h0, final h
 extern "C" __global__ void __launch_bounds__(256) plain_scan(
@@ -63,34 +60,6 @@ extern "C" __global__ void __launch_bounds__(256) plain_scan(
     if (final_h) final_h[i] = h;
 }
 """
-
-
-def wgmma_module(stage_k: int, stages: int) -> dict:
-    """cuda_wgmma's namespace rebuilt with other stages (its source text, constants replaced)."""
-    text = open(cuda_wgmma.__file__).read()
-    text = text.replace("from .cuda_kernels", "from cellfuse.codegen.cuda_kernels")
-    text = re.sub(r"(?m)^STAGE_K = \d+", f"STAGE_K = {stage_k}", text)
-    text = re.sub(r"(?m)^STAGES = \d+", f"STAGES = {stages}", text)
-    namespace: dict = {"__name__": f"wgmma_{stage_k}x{stages}"}
-    exec(compile(text, namespace["__name__"], "exec"), namespace)
-    return namespace
-
-
-def with_pdl(source: str, trigger: str) -> str:
-    """The warpgroup GEMM source with griddepcontrol: the GEMM waits for the image before its first
-    copy of it; the image lets the GEMM start at its start; the GEMM lets the next kernel start where
-    `trigger` says ("exit": never explicitly, "loop": after its main loop, "start": at once)."""
-    source = source.replace("    const long long e = (long long)blockIdx.x",
-                            f"    {TRIGGER}\n    const long long e = (long long)blockIdx.x", 1)
-    source = source.replace("    if (tid == 0)\n        for (int kb = 0; kb < CF_STAGES - 2",
-                            f"    {WAIT}\n" + ({"start": f"    {TRIGGER}\n"}.get(trigger, ""))
-                            + "    if (tid == 0)\n        for (int kb = 0; kb < CF_STAGES - 2", 1)
-    if trigger == "loop":
-        source = source.replace('    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");',
-                                f'    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");\n'
-                                f"    {TRIGGER}", 1)
-    assert source.count("griddepcontrol") == (2 if trigger == "exit" else 3), trigger
-    return source
 
 
 class DriverKernel:
@@ -145,10 +114,10 @@ def main(argv=None) -> int:
     ex = CudaExecutor(plan, params)
     drv, cu, stream = ex.drv, ex.cu, ex.stream
     ex.load(x, {state: h0})
-    image, gemm, scan = ex.calls  # W's image, the GEMM, the persistent kernel
-    assert scan.func.__name__ == "_launch", [c.func for c in ex.calls]
+    gemm, scan = ex.calls  # the GEMM (W's image kept apart), the persistent kernel
+    (image,) = ex.image_calls.values()
+    assert scan.func.__name__ == "_launch_early", [c.func for c in ex.calls]
     (_, _, _, c, xp, pieces, m, n, k, lda, ldc, acc) = gemm.args
-    (_, _, _, _, w, *image_ints) = image.args
     persistent = next(i for i in ex.program.instructions if type(i).__name__ == "Persistent").launch
     buffers = cuda_persistent.persistent_buffers(persistent)
     scan_args = [("i", T), ("i", B)] + [("p", ex.addr[b]) for b in buffers]
@@ -169,61 +138,40 @@ def main(argv=None) -> int:
     assert error < 1e-4, f"the executor's forward: error {error:.2e} of the largest output"
     print(f"{device_description()}; the executor's forward: error {error:.1e}", flush=True)
 
-    variants: dict[str, list] = {"executor": [image, gemm, scan]}
+    variants: dict[str, list] = {"executor": [gemm, scan]}
     checked = {"executor"}
-    variants["parts: image + GEMM"] = [image, gemm]
-    variants["parts: GEMM + scan (no image)"] = [gemm, scan]
+    variants["executor, W's image made by every run"] = [image, gemm, scan]
     variants["parts: GEMM alone"] = [gemm]
     variants["parts: scan alone"] = [scan]
     variants["parts: image alone"] = [image]
 
-    def plain(kernel: DriverKernel, pdl: bool = False):
-        return kernel.call((persistent.blocks,), persistent.threads, stream, scan_args, pdl)
+    def plain(kernel: DriverKernel, pdl: bool = True, blocks: int = persistent.blocks):
+        return kernel.call((blocks,), persistent.threads, stream, scan_args, pdl)
 
     kernels = plan_kernels(plan)
     (name,) = [nm for launch, nm in kernels.name_of.items() if launch is persistent]
-    source = kernels.module_source()
-    generated = DriverKernel(cu, _compile(source), name, persistent.smem_bytes)
-    variants["scan: generated, ordinary launch"] = [image, gemm, plain(generated)]
-    cuda_persistent.AHEAD_STEPS = 32
-    ahead = plan_kernels(plan)
-    cuda_persistent.AHEAD_STEPS = 16
-    assert ahead.module_source() != source
-    variants["scan: generated, 32 steps ahead"] = [
-        image, gemm, plain(DriverKernel(cu, _compile(ahead.module_source()), name, persistent.smem_bytes))]
-    for unroll in (8, 16, 32):
-        kernel = DriverKernel(cu, _compile(PLAIN_SCAN.replace("@WAIT@", "").replace("@UNROLL@", str(unroll))),
-                              "plain_scan")
-        variants[f"scan: plain, unroll {unroll}"] = [
-            image, gemm, kernel.call((B * H // 256,), 256, stream, scan_args)]
-
-    grid = cuda_wgmma.gemm_grid(m, n)
-    gemm_args = [("p", c), ("p", xp), ("p", pieces), ("i", m), ("i", n), ("i", k), ("i", lda), ("i", ldc),
-                 ("i", acc)]
-    image_args = [("p", pieces), ("p", w), *(("i", v) for v in image_ints)]
-    image_grid = (n * k + 255) // 256
-    for stage_k, stages in ((32, 3), (16, 4), (16, 5), (16, 6)):
-        ns = wgmma_module(stage_k, stages)
-        cubin = _compile(ns["SOURCE"], "sm_90a")
-        g = DriverKernel(cu, cubin, "cf_wgmma_gemm", ns["SMEM_BYTES"])
-        im = DriverKernel(cu, cubin, "cf_wgmma_image")
-        variants[f"gemm: stages of {stage_k}, {stages} in shared memory"] = [
-            im.call((image_grid,), 256, stream, image_args), g.call(grid, 256, stream, gemm_args), scan]
-    body = kernels.sources[name]
-    top = "    const int tid = threadIdx.x;\n"
-    waiting = body.replace(top, f"    {WAIT}\n{top}", 1)
-    assert waiting != body
-    pdl_scan = DriverKernel(cu, _compile(source.replace(body, waiting)), name, persistent.smem_bytes)
-    plain_pdl = DriverKernel(cu, _compile(PLAIN_SCAN.replace("@WAIT@", WAIT).replace("@UNROLL@", "16")),
-                             "plain_scan")
-    for trigger in ("exit", "loop", "start"):
-        cubin = _compile(with_pdl(cuda_wgmma.SOURCE, trigger), "sm_90a")
-        g = DriverKernel(cu, cubin, "cf_wgmma_gemm", cuda_wgmma.SMEM_BYTES)
-        im = DriverKernel(cu, cubin, "cf_wgmma_image")
-        first = [im.call((image_grid,), 256, stream, image_args), g.call(grid, 256, stream, gemm_args, True)]
-        variants[f"pdl: GEMM lets the scan start at its {trigger}"] = [*first, plain(pdl_scan, True)]
-        variants[f"pdl: GEMM lets the plain scan (unroll 16) start at its {trigger}"] = [
-            *first, plain_pdl.call((B * H // 256,), 256, stream, scan_args, True)]
+    source, body = kernels.module_source(), kernels.sources[name]
+    assert "griddepcontrol.wait" in body
+    edits = {
+        "no cooperative groups": [
+            ("    cooperative_groups::grid_group grid = cooperative_groups::this_grid();\n", ""),
+            ("(void)grid; ", "")],
+        "no element guards": [("if (j >= 512) continue;", ""), ("if (e >= rows * 32) break;", "")],
+    }
+    edits["neither"] = [e for edit in edits.values() for e in edit]
+    variants["scan: generated, without programmatic dependent launch"] = [
+        gemm, plain(DriverKernel(cu, _compile(source), name, persistent.smem_bytes), pdl=False)]
+    for label, pairs in edits.items():
+        edited = body
+        for old, new in pairs:
+            assert old in edited, (label, old)
+            edited = edited.replace(old, new)
+        kernel = DriverKernel(cu, _compile(source.replace(body, edited)), name, persistent.smem_bytes)
+        variants[f"scan: generated, {label}"] = [gemm, plain(kernel)]
+    for unroll in (16, 32):
+        text = PLAIN_SCAN.replace("@WAIT@", WAIT).replace("@UNROLL@", str(unroll))
+        kernel = DriverKernel(cu, _compile(text), "plain_scan")
+        variants[f"scan: plain, unroll {unroll}"] = [gemm, plain(kernel, blocks=B * H // 256)]
 
     graphs, errors = {}, {}
     for label, calls in variants.items():

@@ -38,6 +38,7 @@ from .persistent import (
     GemmTiling,
     final_states_barrier,
     gemm_tiling,
+    independent_blocks,
     initial_states_barrier,
     output_floats,
     whole32,
@@ -195,13 +196,16 @@ class _Kernel:
             if item.by_rows:
                 self.w(reduction_kernel_source(item.launch, f"{self.name}_rows{i}", device=True,
                                                written=frozenset(self.written), published=self.published[i]))
-        self.w(f"// {steps} in one cooperative launch of {launch.blocks} blocks of {launch.threads} threads",
+        how = "launch" if independent_blocks(launch) else "cooperative launch"
+        self.w(f"// {steps} in one {how} of {launch.blocks} blocks of {launch.threads} threads",
                f"// ({launch.column_blocks} column blocks x {launch.row_groups} row groups), "
                f"{launch.waits_text}, {launch.smem_bytes} bytes of "
                "shared memory per block,",
                f"// a batch of at most {launch.batch}; arguments:")
         self.w(*signature(self.buffers, self.var, self.written, launch.threads, self.name),
                "{", *KERNEL_START)
+        if independent_blocks(launch):
+            self.w(*PDL_WAIT)
         self.body()
         self.w("}")
         return "\n".join(self.lines) + "\n"
@@ -1088,6 +1092,17 @@ KERNEL_START = (
     "    cooperative_groups::grid_group grid = cooperative_groups::this_grid();",
     "    const int tid = threadIdx.x;",
     "    (void)grid; (void)tid;",
+)
+
+# At the top of a launch whose blocks are independent: the executor launches it while the kernel before it
+# on the stream may still run, its launch and its blocks' start hidden behind that kernel's last blocks
+# (on an H100, IndRNN's forward at B=64 took 0.0528 ms so against 0.0539: benchmarks/indrnn_kernels_probe.py);
+# it waits here for that kernel to end and its writes to be seen. Launched otherwise, the wait returns
+# at once.
+PDL_WAIT = (
+    "#if __CUDA_ARCH__ >= 900",
+    '    asm volatile("griddepcontrol.wait;" ::: "memory");',
+    "#endif",
 )
 
 

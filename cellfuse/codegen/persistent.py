@@ -306,6 +306,15 @@ def final_states_barrier(launch: PersistentLaunch) -> bool:
     return any(item.by_rows and writes(item.launch) & states for item in launch.items)
 
 
+def independent_blocks(launch: PersistentLaunch) -> bool:
+    """Whether no block of the launch ever waits for another (no grid-wide barrier, no exchange): each owns
+    its elements for every step, as in a recurrence of elementwise work only (IndRNN's). Such a launch
+    needs not all its blocks resident at once, so it is an ordinary launch, which may start while the
+    kernel before it ends (programmatic dependent launch: see cuda_persistent's `PDL_WAIT`)."""
+    return not (launch.waits_per_step or launch.exchange or initial_states_barrier(launch)
+                or final_states_barrier(launch))
+
+
 STEP_SLOTS = ("t", "t+1", "t%2", "(t+1)%2")  # the slots whose rows move with the step
 
 

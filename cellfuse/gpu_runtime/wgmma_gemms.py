@@ -66,13 +66,19 @@ class WgmmaGemms:
 
     def calls(self, op: Operands, stream) -> list[Callable[[], object]]:
         """W's image, then the GEMM, on `stream`."""
-        image, gemm = self.image, self.gemm
+        return [self.image_call(op, stream), self.gemm_call(op, stream)]
+
+    def image_call(self, op: Operands, stream) -> Callable[[], object]:
+        """W's image into `op.pieces` (2 k n floats), on `stream`."""
         elements = op.n * op.k
-        return [partial(image.prepared_async_call, ((elements + 255) // 256, 1), (256, 1, 1), stream,
-                        op.pieces, op.w, op.n, op.k, op.ldw, int(op.trans_w)),
-                partial(gemm.prepared_async_call, gemm_grid(op.m, op.n), (THREADS, 1, 1), stream,
-                        op.c, op.x, op.pieces, op.m, op.n, op.k, op.lda, op.ldc, int(op.accumulate),
-                        shared_size=SMEM_BYTES)]
+        return partial(self.image.prepared_async_call, ((elements + 255) // 256, 1), (256, 1, 1), stream,
+                       op.pieces, op.w, op.n, op.k, op.ldw, int(op.trans_w))
+
+    def gemm_call(self, op: Operands, stream) -> Callable[[], object]:
+        """The GEMM, W's image in `op.pieces`, on `stream`."""
+        return partial(self.gemm.prepared_async_call, gemm_grid(op.m, op.n), (THREADS, 1, 1), stream,
+                       op.c, op.x, op.pieces, op.m, op.n, op.k, op.lda, op.ldc, int(op.accumulate),
+                       shared_size=SMEM_BYTES)
 
     def faster(self, routes: dict[str, list[Callable[[], object]]], stream) -> str:
         """The route of `routes` (each its calls, on scratch memory) that runs fastest on `stream`."""

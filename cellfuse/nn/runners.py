@@ -142,9 +142,14 @@ class CudaRunner(Runner):
         current.wait_stream(self.stream)
 
     def _forward(self) -> None:
-        if self.executor.plan.cuda_graph and self.executor.graph_exec is None:
-            self.executor.capture_graph()  # captured, not run: the replay below runs it
-        self._on_executor_stream(self.executor.forward)
+        executor = self.executor
+        if executor.plan.cuda_graph and executor.graph_exec is None:
+            executor.capture_graph()  # captured, not run: the replay below runs it
+
+        def run() -> None:
+            executor.weights_changed()  # the parameters were just copied into its weights' buffers
+            executor.forward()
+        self._on_executor_stream(run)
 
     def _backward(self) -> None:
         if self.executor.plan.cuda_graph and self.backward_pass.graph_exec is None:

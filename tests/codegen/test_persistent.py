@@ -15,9 +15,15 @@ from random_cells import random_cell, random_cells
 from cellfuse.codegen import make_plan, plan_kernels
 from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.cuda_kernels import PRELUDE
-from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE, _Kernel, _reduction
+from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE, _Kernel, _reduction, persistent_source
 from cellfuse.codegen.lowering import SIDE
-from cellfuse.codegen.persistent import barriers, final_states_barrier, gemm_tiling, initial_states_barrier
+from cellfuse.codegen.persistent import (
+    barriers,
+    final_states_barrier,
+    gemm_tiling,
+    independent_blocks,
+    initial_states_barrier,
+)
 from cellfuse.codegen.plan import H100, GemmLaunch, KernelLaunch, Plan, Target, owned
 from cellfuse.gpu_runtime import numpy_executor
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
@@ -730,3 +736,17 @@ def test_exchanges_too_large_for_a_module_leave_the_barriers():
     assert 16 * 4096 * 2048 > EXCHANGE_BYTES >= 16 * 64 * 512
     assert small.exchange and small.barriers_per_step == 0
     assert not large.exchange and large.barriers_per_step == 1 and large.waits_per_step == 1
+
+
+def test_a_launch_of_independent_blocks_starts_early_and_waits_at_its_top():
+    """IndRNN's blocks never wait for each other: its kernel is launched as an ordinary kernel that may
+    start while the kernel before it ends, so its first statement waits for that one
+    (griddepcontrol.wait, on sm_90 and later); the LSTM's kernel, whose blocks meet at a barrier every
+    step, is a cooperative launch with no such wait."""
+    for name, independent in (("indrnn", True), ("lstm", False), ("gru_cho", False)):
+        plan = make_plan(load_template(name), Sizes(100, 64, 512, 512), "persistent")
+        launch = plan.layers[0].persistent
+        assert independent_blocks(launch) == independent, name
+        source = persistent_source(launch, "k")
+        assert ("griddepcontrol.wait" in source) == independent, name
+        assert ("cooperative launch" in source) != independent, name

@@ -81,6 +81,34 @@ def test_either_route_matches_the_reference(sm90, monkeypatch, route, name, sche
     assert rel < 1e-4
 
 
+def test_new_weights_reach_the_kept_image_once_the_executor_is_told(sm90, monkeypatch):
+    """The forward pass reads W's image made when the weights were written, not by every run: weights
+    written into the executor's buffers (as cellfuse.nn writes them) and `weights_changed` called, the
+    next run (its CUDA graph replayed) matches the reference with the new weights; the image kernel is
+    not among the forward pass's own calls."""
+    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
+
+    monkeypatch.setattr(CudaExecutor, "_route", lambda self, g, op, s, handles: "wgmma")
+    cell = load_template("indrnn")
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((100, 64, 512)).astype(np.float32)
+    initial = {"h": (0.5 * rng.standard_normal((1, 64, 512))).astype(np.float32)}
+    plan = make_plan(cell, Sizes(100, 64, 512, 512), "persistent", device_target())
+    ex = CudaExecutor(plan, init_params(cell, 1, 512, 512, 7))
+    try:
+        assert len(ex.image_calls) == 1 and not set(ex.image_calls.values()) & set(ex.calls)
+        ex.run(x, initial)
+        params = init_params(cell, 1, 512, 512, 8)
+        for name, arr in plan.weight_arrays(params, np.float32).items():
+            ex.drv.memcpy_htod(ex.addr[name], np.ascontiguousarray(arr))
+        ex.weights_changed()
+        out = ex.run(x, initial)
+    finally:
+        ex.close()
+    ref = run_reference(cell, params, {"x": x, **initial}, 1)
+    assert float(np.max(np.abs(out.y - ref.y)) / np.max(np.abs(ref.y))) < 1e-4
+
+
 def test_without_the_warpgroup_gemm_the_copies_run(sm90, monkeypatch, caplog):
     """Where nvcc cannot build the warpgroup GEMM for sm_90a, the log says so once and the copies and
     cuBLAS run the GEMM: the forward pass still matches."""

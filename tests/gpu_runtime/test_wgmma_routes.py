@@ -19,3 +19,27 @@ def test_the_route_is_offered_only_where_the_kernel_can_run():
     assert not usable((9, 0), replace(op, m=0))
     assert usable((9, 0), replace(op, m=65535 * 128)) and not usable((9, 0), replace(op, m=65535 * 128 + 1))
     assert not usable((9, 0), replace(op, n=384)) and not usable((9, 0), replace(op, k=48))
+
+
+def test_the_forward_keeps_an_image_of_each_weight_gemm_the_kernel_takes():
+    """IndRNN's input GEMM (W a weight, 6400 x 512 x 512) and the LSTM's (6400 x 2048 x 512) get a place
+    for W's image, kept between forward passes; under `graph` (the input GEMM in chunks of 640 rows, the
+    recurrent one of 64 rows a step: CUDA cores) and where W is not a weight, none does."""
+    from cellfuse.codegen import make_plan
+    from cellfuse.codegen.lowering import lower
+    from cellfuse.gpu_runtime.cuda_executor import image_elements
+    from cellfuse.graph_model import Sizes, load_template
+
+    def images(name, schedule, batch, weights=None):
+        plan = make_plan(load_template(name), Sizes(100, batch, 512, 512), schedule)
+        weights = weights if weights is not None else {n for n, b in plan.buffers.items()
+                                                       if b.role in ("weight", "stacked", "bias")}
+        return image_elements(lower(plan).instructions, batch, weights)
+
+    found = images("indrnn", "persistent", 64)
+    assert list(found.values()) == [2 * 512 * 512]
+    ((w, n, k, trans_w),) = found
+    assert (n, k, trans_w) == (512, 512, False)
+    assert images("indrnn", "persistent", 64, weights=set()) == {}
+    assert [key[1:] for key in images("lstm", "persistent", 64)] == [(2048, 512, False)]
+    assert images("lstm", "graph", 64) == {}
