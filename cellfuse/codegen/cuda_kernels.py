@@ -432,21 +432,26 @@ def loaded(params: list[Param], body: tuple[Instr | GradInstr, ...]) -> dict[str
 
 def element_body(params: list[Param], names: list[str], body: tuple[Instr | GradInstr, ...], indent: str,
                  index: dict[int, str] | None = None, adds: Callable[[Access], bool] | None = None,
-                 copies: dict[int, str] | None = None) -> list[str]:
+                 copies: dict[int, str] | None = None, valid: str | None = None) -> list[str]:
     """The loads, ops and stores of one element (row r, column j, element e of the launch) of a
     kernel's body, with `names[i]` the pointer of `params[i]` at the step's rows (or an array that
     `index[i]` indexes, input or output). A body may hold gradients (`GradInstr`), computed by the op
     table's rules; the outputs for which `adds` holds add to memory (a backward kernel's gradients): what
     memory holds is loaded with the inputs, all in flight at once, where `+=` would wait for each in turn
     (the compiler cannot tell that the outputs do not overlap; they do not, see `_distinct_outputs`). An
-    output of `copies` (param index -> a register) is also put in that register."""
+    output of `copies` (param index -> a register) is also put in that register. Where `valid` (a C
+    condition) is given, an element for which it is false loads element 0 of memory and stores nothing."""
     lines, index = [], index or {}
     kept = _live(body, {p.value for p in params if p.output})
     loads = loaded(params, body)
     var = _c_vars([*loads, *(instr.result for instr in kept)])
+
+    def place(i: int) -> str:
+        at = element_index(params[i].access)
+        return index.get(i) or (f"{valid} ? {at} : 0" if valid else at)
+
     for v, i in loads.items():
-        at = index.get(i) or element_index(params[i].access)
-        lines.append(f"{indent}const float {var[v]} = {names[i]}[{at}];")
+        lines.append(f"{indent}const float {var[v]} = {names[i]}[{place(i)}];")
     outputs = [(i, p) for i, p in enumerate(params) if p.output]
     added = {i for i, p in outputs if adds is not None and adds(p.access)}
     if added:
@@ -454,7 +459,7 @@ def element_body(params: list[Param], names: list[str], body: tuple[Instr | Grad
     for i, p in outputs:
         if i in added:
             guard = _STORE_GUARD.get(p.access.kind)
-            load = f"{names[i]}[{index.get(i) or element_index(p.access)}]"
+            load = f"{names[i]}[{place(i)}]"
             lines.append(f"{indent}const float cf_old_{i} = {f'{guard} ? {load} : 0.0f' if guard else load};")
     for instr in kept:
         expr, what = _expression(instr, var)
@@ -462,8 +467,8 @@ def element_body(params: list[Param], names: list[str], body: tuple[Instr | Grad
     for i, p in outputs:
         value = f"cf_old_{i} + {var[p.value]}" if i in added else var[p.value]
         store = f"{names[i]}[{index.get(i) or element_index(p.access)}] = {value};"
-        guard = _STORE_GUARD.get(p.access.kind)
-        lines.append(f"{indent}{f'if {guard} ' if guard else ''}{store}")
+        guard = " && ".join(g for g in (valid, _STORE_GUARD.get(p.access.kind)) if g)
+        lines.append(f"{indent}{f'if ({guard}) ' if guard else ''}{store}")
     lines += [f"{indent}{register} = {var[params[i].value]};" for i, register in (copies or {}).items()]
     return lines
 

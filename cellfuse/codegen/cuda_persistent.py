@@ -177,6 +177,9 @@ class _Kernel:
         self.exchange = {ex.buffer: (n, ex) for n, ex in enumerate(launch.exchange)}
         # of each block per row that writes an exchanged operand: where it publishes (see `_published`)
         self.published = {i: self._published(i) for i, item in enumerate(launch.items) if item.by_rows}
+        # In a launch whose steps' inputs are loaded ahead, a thread's elements are not skipped by branches
+        # but masked (see `_element_loop`); set by `body`.
+        self.masked = False
         self.lines: list[str] = []
 
     def w(self, *lines: str) -> None:
@@ -230,6 +233,7 @@ class _Kernel:
         self._weights_in_registers()
         ahead, carried = self._ahead()
         depth = self._depth(ahead) if ahead else 0
+        self.masked = bool(depth)
         nxt = {} if depth else self._read_only()
         if carried:
             self._carry_in(carried)
@@ -624,11 +628,19 @@ class _Kernel:
         return max(1, min(AHEAD_STEPS, AHEAD_REGISTERS // per_step))
 
     def _element_loop(self, item: PersistentItem, indent: str) -> None:
-        """The loop over a thread's elements of a launch, open."""
+        """The loop over a thread's elements of a launch, open. Where `masked`, an element past the
+        block's is not skipped but has `cf_ok` false: its loads read element 0 and it stores nothing.
+        A branch per load and store, around each of a chunk's steps, made IndRNN's kernel at B=64 about
+        2.3 us slower on an H100 (benchmarks/indrnn_kernels_probe.py)."""
         most, count, where = self._elements(item)
         self.w(f"{indent}for (int u = 0; u < {most}; ++u) {{",
-               f"{indent}    const int e = tid + u * {self.launch.threads};",
-               f"{indent}    if (e >= {count}) break;",
+               f"{indent}    const int e = tid + u * {self.launch.threads};")
+        if self.masked:
+            self.w(f"{indent}    {where}",
+                   f"{indent}    const bool cf_ok = e < {count} && j < {item.launch.width};",
+                   f"{indent}    (void)cf_ok;")
+            return
+        self.w(f"{indent}    if (e >= {count}) break;",
                f"{indent}    {where}",
                f"{indent}    if (j >= {item.launch.width}) continue;")
 
@@ -641,8 +653,8 @@ class _Kernel:
             self.w(f"{indent}    (void)r;")
         for p_i, register in registers.items():
             acc = params[p_i].access
-            self.w(f"{indent}    {register}[u] = ({_at_step(self.var[acc.buffer], acc)})"
-                   f"[{element_index(acc)}];")
+            at = f"cf_ok ? {element_index(acc)} : 0" if self.masked else element_index(acc)
+            self.w(f"{indent}    {register}[u] = ({_at_step(self.var[acc.buffer], acc)})[{at}];")
         self.w(f"{indent}}}")
 
     def _carry_in(self, carried: dict[int, dict[int, tuple[int, str]]]) -> None:
@@ -692,22 +704,22 @@ class _Kernel:
                 self.w(f"{IND}{'float*' if p.output else 'const float*'} const {names[n]} = "
                        f"{_at_step(self.var[p.access.buffer], p.access)};")
         most, count, where = self._elements(item)
+        valid = None
         if prefetched or carried:  # the element loop of the prefetch, so that u picks the same elements
-            self.w(f"{IND}for (int u = 0; u < {most}; ++u) {{",
-                   f"{IND}    const int e = tid + u * {self.launch.threads};",
-                   f"{IND}    if (e >= {count}) break;")
+            self._element_loop(item, IND)
+            valid = "cf_ok" if self.masked else None
         else:
-            self.w(f"{IND}for (int e = tid; e < {count}; e += {self.launch.threads}) {{")
-        self.w(f"{IND}    {where}",
-               f"{IND}    if (j >= {k.width}) continue;",
-               f"{IND}    (void)r;")
+            self.w(f"{IND}for (int e = tid; e < {count}; e += {self.launch.threads}) {{",
+                   f"{IND}    {where}",
+                   f"{IND}    if (j >= {k.width}) continue;")
+        self.w(f"{IND}    (void)r;")
         for n, p in enumerate(params):  # other blocks wrote it: through L2, which is coherent, not L1
             if p.output or n in index or n in unused:
                 continue
             # a column (the first column's block wrote it), or what a block per row wrote
             if p.access.kind == "col" or p.access.buffer in self.written_by_rows:
-                self.w(f"{IND}    const float cf_l2_{n}[1] = {{__ldcg({names[n]} + "
-                       f"{element_index(p.access)})}};")
+                at = f"({valid} ? {element_index(p.access)} : 0)" if valid else element_index(p.access)
+                self.w(f"{IND}    const float cf_l2_{n}[1] = {{__ldcg({names[n]} + {at})}};")
                 names[n], index[n] = f"cf_l2_{n}", "0"
         copies = {out: f"{array}[u]" for out, array in carried.values()}
         # the values other blocks read from an exchange: put there too, with the step's tag, each output
@@ -716,7 +728,7 @@ class _Kernel:
         for n, _, _ in published:
             self.w(f"{IND}    float cf_pub{n};")
             copies[n] = f"cf_pub{n}"
-        self.w(*element_body(params, names, k.body, IND + "    ", index, k.adds, copies))
+        self.w(*element_body(params, names, k.body, IND + "    ", index, k.adds, copies, valid))
         for n, x, ex in published:
             self.w(f"{IND}    cf_publish({self._at_columns(n, x, ex, params)}, t + 2, cf_pub{n});")
         self.w(f"{IND}}}")

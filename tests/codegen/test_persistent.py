@@ -750,3 +750,7 @@ def test_a_launch_of_independent_blocks_starts_early_and_waits_at_its_top():
         source = persistent_source(launch, "k")
         assert ("griddepcontrol.wait" in source) == independent, name
         assert ("cooperative launch" in source) != independent, name
+        # IndRNN's inputs are loaded steps ahead: its elements are masked, not skipped by branches
+        loop = source.split("for (int t0")[-1].split("// the block wrote its final states")[0]
+        assert ("if (cf_ok) " in loop and "continue;" not in loop and ") break;" not in loop.replace(
+            "if (t >= seq) break;", "")) == independent
