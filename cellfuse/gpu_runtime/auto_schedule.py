@@ -41,8 +41,9 @@ REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 # steps with no GEMM split the rows into groups; version 13's persistent GEMMs of one row multiply in
 # registers, and its 3xTF32 GEMMs take cuBLASLt's algorithm measured fastest; version 14's persistent kernels
 # copy their layer's states in and out themselves; version 15's 3xTF32 GEMMs may run on wgmma, splitting
-# as they load) is measured again.
-RUNGS_VERSION = 15
+# as they load; version 16's forward keeps W's image for wgmma between runs, and its persistent kernels of
+# independent blocks start early and mask their elements) is measured again.
+RUNGS_VERSION = 16
 
 
 @dataclass(frozen=True)
