@@ -1108,9 +1108,9 @@ KERNEL_START = (
 
 # At the top of a launch whose blocks are independent: the executor launches it while the kernel before it
 # on the stream may still run, its launch and its blocks' start hidden behind that kernel's last blocks
-# (on an H100, IndRNN's forward at B=64 took 0.0528 ms so against 0.0539: benchmarks/indrnn_kernels_probe.py);
-# it waits here for that kernel to end and its writes to be seen. Launched otherwise, the wait returns
-# at once.
+# (on an H100 IndRNN's forward at B=64 took 0.3-1.1 us less so, in two runs of
+# benchmarks/indrnn_kernels_probe.py); it waits here for that kernel to end and its writes to be seen.
+# Launched otherwise, the wait returns at once.
 PDL_WAIT = (
     "#if __CUDA_ARCH__ >= 900",
     '    asm volatile("griddepcontrol.wait;" ::: "memory");',

@@ -199,7 +199,7 @@ class CudaExecutor:
         self._cs = self.cu.CUstream(self.stream.handle) if self.cu is not None else None  # for graphs
         # Every launch of a forward pass with its addresses resolved once; `enqueue` only calls them. The
         # images of W that its warpgroup GEMMs read are made apart, when the weights are written (see
-        # `weights_changed`): on an H100 that took IndRNN's forward at B=64 from 0.0539 ms to 0.0510.
+        # `weights_changed`): on an H100 that took IndRNN's forward at B=64 from 0.0532 ms to 0.0506.
         self.image_calls: dict[tuple, Callable[[], object]] = {}
         self.calls = [call for instr in self.program.instructions
                       for call in self._calls(instr, 0, self.forward_handles, images=self.image_calls)]
