@@ -149,13 +149,13 @@ class CudaExecutor:
         self.persistent: dict[str, _PersistentKernel] = {}  # persistent kernel name -> its launches
         self.name_of: dict = {}  # launch -> kernel name
         self._cu_modules: list = []  # modules loaded through the driver API, for the persistent kernels
+        self.capability = drv.Context.get_device().compute_capability()
         module = self.add_kernels(kernels, cubin)
         self.bias_rows = module.get_function("cf_bias_rows").prepare("PPiii")
         self.split_tf32x3 = module.get_function("cf_split_tf32x3").prepare("PPiiiii")
 
         self.weights = {name for name, b in plan.buffers.items()
                         if b.role in ("weight", "stacked", "bias")}
-        self.capability = drv.Context.get_device().compute_capability()
         sizes = {name: plan.buffer_elements(name) for name in plan.buffers}
         splits = split_elements(self.program.instructions, plan.sizes.batch, self.program.streams)
         images = (image_elements(self.program.instructions, plan.sizes.batch, self.weights)
@@ -226,7 +226,7 @@ class CudaExecutor:
         self.funcs.update({name: module.get_function(name) for name in kernels.sources
                            if name not in persistent})
         if persistent:
-            cu_module, functions = _persistent_functions(self.cu, cubin, kernels)
+            cu_module, functions = _persistent_functions(self.cu, cubin, kernels, self.capability >= (9, 0))
             self._cu_modules.append(cu_module)
             self.persistent.update(functions)
         self.name_of.update(kernels.name_of)
@@ -446,17 +446,24 @@ def aligned_offsets(counts: list[int]) -> tuple[list[int], int]:
     return offsets, end
 
 
-def split_elements(instructions, batch: int, streams: int) -> list[int]:
-    """Per stream, the float32 elements its largest GEMM on tensor cores splits its operands into
-    (three times A's, then three times W's; 0 where none runs on tensor cores): one GEMM at a time per
-    stream, so they share it."""
-    need = [0] * streams
+def _tensor_core_gemms(instructions, batch: int):
+    """The program's GEMMs on tensor cores (those of a loop's body once each), with their rows."""
     for instr in instructions:
         for inner in instr.body if isinstance(instr, Loop) else (instr,):
             if isinstance(inner, Gemm):
                 g, m = inner.launch, launch_rows(inner, batch)
                 if on_tensor_cores(m, g.n, g.k):
-                    need[inner.stream] = max(need[inner.stream], 3 * (m * g.k + g.k * g.n))
+                    yield inner, m
+
+
+def split_elements(instructions, batch: int, streams: int) -> list[int]:
+    """Per stream, the float32 elements its largest GEMM on tensor cores splits its operands into
+    (three times A's, then three times W's; 0 where none runs on tensor cores): one GEMM at a time per
+    stream, so they share it."""
+    need = [0] * streams
+    for gemm, m in _tensor_core_gemms(instructions, batch):
+        g = gemm.launch
+        need[gemm.stream] = max(need[gemm.stream], 3 * (m * g.k + g.k * g.n))
     return need
 
 
@@ -468,15 +475,9 @@ def image_key(g) -> tuple:
 def image_elements(instructions, batch: int, weights: set[str]) -> dict[tuple, int]:
     """Per GEMM of the weights whose shape the warpgroup GEMM takes (see wgmma_gemms.usable), by
     `image_key`: the float32 elements of W's image (hi and lo, 2 k n)."""
-    out = {}
-    for instr in instructions:
-        for inner in instr.body if isinstance(instr, Loop) else (instr,):
-            if isinstance(inner, Gemm):
-                g, m = inner.launch, launch_rows(inner, batch)
-                if (g.w in weights and not g.trans_a and on_tensor_cores(m, g.n, g.k)
-                        and wgmma_shape_fits(g.n, g.k, False)):
-                    out[image_key(g)] = 2 * g.n * g.k
-    return out
+    gemms = [gemm.launch for gemm, _ in _tensor_core_gemms(instructions, batch)]
+    return {image_key(g): 2 * g.n * g.k for g in gemms
+            if g.w in weights and wgmma_shape_fits(g.n, g.k, g.trans_a)}
 
 
 def device_target() -> Target:
@@ -491,11 +492,11 @@ def device_target() -> Target:
 class _PersistentKernel:
     """A persistent kernel, launched through the driver API (PyCUDA has neither launch it needs):
     cooperatively where its blocks wait for each other; otherwise as an ordinary kernel, with programmatic
-    stream serialization where the GPU has it (compute capability 9.0 on), so that it starts while the
-    kernel before it ends (the kernel waits for it at its top: see cuda_persistent's PDL_WAIT)."""
+    stream serialization where the GPU has it (`early`: compute capability 9.0 on), so that it starts
+    while the kernel before it ends (the kernel waits for it at its top: see cuda_persistent's PDL_WAIT)."""
 
-    def __init__(self, cu, function):
-        self.cu, self.function = cu, function
+    def __init__(self, cu, function, early: bool):
+        self.cu, self.function, self.early = cu, function, early
 
     def call(self, launch: PersistentLaunch, ints: list[int], pointers: list[int],
              stream) -> Callable[[], object]:
@@ -528,7 +529,7 @@ class _PersistentKernel:
         config.sharedMemBytes = launch.smem_bytes
         config.hStream = cu.CUstream(stream.handle)
         config.numAttrs = 0
-        if gpu_modules()[0].Context.get_device().compute_capability() >= (9, 0):
+        if self.early:
             early = cu.CUlaunchAttribute()
             early.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
             early.value.programmaticStreamSerializationAllowed = 1
@@ -547,14 +548,17 @@ class _PersistentKernel:
         _cu_check(self.cu.cuLaunchKernelEx(config, self.function, table.ctypes.data, 0))
 
 
-def _persistent_functions(cu, cubin: bytes, kernels) -> tuple[object, dict[str, _PersistentKernel]]:
+def _persistent_functions(cu, cubin: bytes, kernels,
+                          early: bool) -> tuple[object, dict[str, _PersistentKernel]]:
     """The module loaded a second time, through the driver API (PyCUDA exposes no handle of its own
-    module or functions, which the persistent kernels' launches need), and its persistent kernels."""
+    module or functions, which the persistent kernels' launches need), and its persistent kernels (see
+    _PersistentKernel for `early`)."""
     if cu is None:
         raise GpuUnavailable("the persistent schedule's launches need NVIDIA's cuda-python "
                              "(cuda.bindings): pip install cuda-python")
     module = _cu_check(cu.cuModuleLoadData(cubin))
-    return module, {name: _PersistentKernel(cu, _cu_check(cu.cuModuleGetFunction(module, name.encode())))
+    return module, {name: _PersistentKernel(cu, _cu_check(cu.cuModuleGetFunction(module, name.encode())),
+                                            early)
                     for launch, name in kernels.name_of.items()
                     if isinstance(launch, PersistentLaunch)}
 
