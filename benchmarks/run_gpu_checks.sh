@@ -10,7 +10,7 @@
 #              the CUDA-graph capture)
 #   rest       the benchmark, auto, cuDNN's persistent algorithms, the sru package, cellfuse.nn
 #   random     tests/random_cell_checks.py: 200 random cells forward and backward under every schedule
-#   probes     benchmarks/barrier_probe.cu, tf32x3_gemm_probe.cu and tf32x3_wgmma_probe.cu, built and run
+#   probes     benchmarks/probes/barrier_probe.cu, tf32x3_gemm_probe.cu and tf32x3_wgmma_probe.cu, built and run
 # (default: the first four, longer than one ten-minute call). Each group writes OUTDIR/<group>.log; everything
 # is packed into OUTDIR.tar.gz at the end, one file to bring back. LIMIT (seconds, default 540) bounds
 # each group.
@@ -45,11 +45,11 @@ for group in $groups; do
         random)
             command=(python3 tests/random_cell_checks.py --count 200 --workers 16 --backend cuda) ;;
         probes)
-            command=(bash -c "nvcc -O3 -arch=sm_90 benchmarks/barrier_probe.cu -o /tmp/barrier_probe &&
+            command=(bash -c "nvcc -O3 -arch=sm_90 benchmarks/probes/barrier_probe.cu -o /tmp/barrier_probe &&
                               /tmp/barrier_probe &&
-                              nvcc -O3 -arch=sm_90 benchmarks/tf32x3_gemm_probe.cu -lcublas -o /tmp/tf32x3 &&
+                              nvcc -O3 -arch=sm_90 benchmarks/probes/tf32x3_gemm_probe.cu -lcublas -o /tmp/tf32x3 &&
                               /tmp/tf32x3 &&
-                              nvcc -O3 -gencode arch=compute_90a,code=sm_90a benchmarks/tf32x3_wgmma_probe.cu \
+                              nvcc -O3 -gencode arch=compute_90a,code=sm_90a benchmarks/probes/tf32x3_wgmma_probe.cu \
                                   -lcublas -o /tmp/tf32x3_wgmma &&
                               /tmp/tf32x3_wgmma") ;;
         *)

@@ -4,7 +4,7 @@
 // not float32-accurate) is timed for scale. Each result is checked against double-precision sums at
 // sampled elements first. The kernel is plain: 128 x 128 tiles of C, no split of K (so dW's shape,
 // with 512 rows, fills only 64 blocks), two stages of cp.async.
-//   nvcc -O3 -arch=sm_90 benchmarks/tf32x3_gemm_probe.cu -lcublas -o tf32x3_gemm_probe && ./tf32x3_gemm_probe
+//   nvcc -O3 -arch=sm_90 benchmarks/probes/tf32x3_gemm_probe.cu -lcublas -o tf32x3_gemm_probe && ./tf32x3_gemm_probe
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <mma.h>

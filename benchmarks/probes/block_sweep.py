@@ -3,7 +3,7 @@ planned for fewer SMs than the GPU has (so fewer, larger blocks, each with more 
 among fewer), each checked against the plan for all SMs, then timed (CUDA events, the forward pass from
 its CUDA graph, median of --reps).
 
-    python benchmarks/block_sweep.py lstm:1 lstm:8 lstm:64 gru:1 --sms 16,32,64,132 --json F
+    python benchmarks/probes/block_sweep.py lstm:1 lstm:8 lstm:64 gru:1 --sms 16,32,64,132 --json F
 
 A CASE is TEMPLATE:BATCH (T=100, input=hidden=512 unless --seq/--hidden say otherwise).
 """

@@ -9,7 +9,7 @@ GEMM is done (a simple kernel: a thread per element of h, its loads a few steps 
 it is the executor's order. Each variant's h is checked against a float64 recurrence over the numpy
 product first. The executor's own forward (its persistent kernel) is timed beside them.
 
-    python3 benchmarks/indrnn_pipeline_probe.py [--json OUT.json]
+    python3 benchmarks/probes/indrnn_pipeline_probe.py [--json OUT.json]
 """
 
 from __future__ import annotations
@@ -196,7 +196,7 @@ def main(argv=None) -> int:
     ex.release(graph)
     print(f"{alone}: {parts[alone]:.4f} ms; {mine}: {parts[mine]:.4f} ms", flush=True)
     if args.json:
-        record = {"command": "python3 benchmarks/indrnn_pipeline_probe.py --json OUT",
+        record = {"command": "python3 benchmarks/probes/indrnn_pipeline_probe.py --json OUT",
                   "gpu": device_description(), "date": datetime.now(UTC).isoformat(timespec="seconds"),
                   "sizes": {"seq": T, "batch": B, "input": H, "hidden": H}, "variants": results,
                   "parts": parts}

@@ -1,7 +1,7 @@
 """How much the order of timed runs moves the numbers: every implementation of one cell timed all in a row
 (each one's runs back to back), then in interleaved rounds as `cellfuse bench` does, then in a row again.
 
-    python benchmarks/timing_order.py lstm --batch 64
+    python benchmarks/probes/timing_order.py lstm --batch 64
 """
 
 from __future__ import annotations

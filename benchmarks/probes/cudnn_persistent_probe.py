@@ -3,7 +3,7 @@ benchmark (T=100, input = hidden = 512, one layer) at B = 1, 8 and 64: each chec
 (PyTorch's choice of cuDNN algorithm, TF32 off) with the same weights, then timed with CUDA events after a
 warm-up, the median of the repeats. Needs only PyTorch with CUDA and cuDNN 9.
 
-    python benchmarks/cudnn_persistent_probe.py [--kind lstm --seq 100 --hidden 512 --batches 1,8,64]
+    python benchmarks/probes/cudnn_persistent_probe.py [--kind lstm --seq 100 --hidden 512 --batches 1,8,64]
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ heuristic", the first it offers: each execute is launched from Python, whose ove
 0.035 ms on an H100) can exceed the GEMM's own time and hide the differences. Needs PyTorch with CUDA
 (and nvmath-python for those two):
 
-    python3 benchmarks/tf32x3_cublas_probe.py OUT.json [SHAPE ...]
+    python3 benchmarks/probes/tf32x3_cublas_probe.py OUT.json [SHAPE ...]
 """
 
 from __future__ import annotations

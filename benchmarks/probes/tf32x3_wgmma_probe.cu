@@ -8,7 +8,7 @@
 // float32: float32's accuracy, checked against double-precision sums at sampled elements before timing.
 // K is permuted within each stage (the same permutation on both sides), so that a thread's A elements of
 // a stage are contiguous in x: two 16-byte loads per row instead of eight 4-byte ones.
-//   nvcc -O3 -gencode arch=compute_90a,code=sm_90a benchmarks/tf32x3_wgmma_probe.cu -lcublas \
+//   nvcc -O3 -gencode arch=compute_90a,code=sm_90a benchmarks/probes/tf32x3_wgmma_probe.cu -lcublas \
 //       -o tf32x3_wgmma_probe
 //   ./tf32x3_wgmma_probe
 #include <cublas_v2.h>

@@ -1,7 +1,7 @@
 // What a grid-wide barrier costs on this GPU, per barrier, with every block resident (one per SM):
 // cooperative groups' grid.sync() against a counter barrier with acquire/release atomics, and a thread
 // block cluster's barrier (which spans only the cluster's blocks, for comparison).
-//   nvcc -O3 -arch=sm_90 benchmarks/barrier_probe.cu -o barrier_probe && ./barrier_probe
+//   nvcc -O3 -arch=sm_90 benchmarks/probes/barrier_probe.cu -o barrier_probe && ./barrier_probe
 #include <cooperative_groups.h>
 #include <cuda/atomic>
 #include <cstdio>

@@ -10,14 +10,15 @@ Variants:
   taken out (cooperative groups' grid object, the masks of its elements: right at these sizes, where
   every thread has one element); a plain thread-per-element scan with the same arguments.
 (Earlier versions: at 76a1f60, the GEMM with other stages, PDL triggers at the GEMM's start or after its
-main loop, 32 steps ahead, none faster: results/h100_2026-11-27_indrnn_kernels_probe_76a1f60.json; at
-9465bdc, the element loops' guards as branches taken out, 2.3 us faster, which the kernel's masks now
-are: results/h100_2026-11-27_indrnn_kernels_probe_9465bdc.json.)
+main loop, 32 steps ahead, none faster:
+benchmarks/results/h100_2026-11-27_indrnn_kernels_probe_76a1f60.json; at 9465bdc, the element loops' guards
+as branches taken out, 2.3 us faster, which the kernel's masks now are:
+benchmarks/results/h100_2026-11-27_indrnn_kernels_probe_9465bdc.json.)
 Every variant's output is compared with the executor's, and the executor's with the float64 reference,
 before anything is timed. The variants are timed in turns (ROUNDS of them), each turn the median of RUNS
 replays, so that a drift of the GPU's clock reaches all of them alike.
 
-    python3 benchmarks/indrnn_kernels_probe.py --json OUT.json
+    python3 benchmarks/probes/indrnn_kernels_probe.py --json OUT.json
 """
 
 from __future__ import annotations
@@ -199,7 +200,7 @@ def main(argv=None) -> int:
     for label, r in results.items():
         print(f"{r['median_ms']:.4f} ms (min {r['min_ms']:.4f})  {label}", flush=True)
     if args.json:
-        record = {"command": "python3 benchmarks/indrnn_kernels_probe.py --json OUT",
+        record = {"command": "python3 benchmarks/probes/indrnn_kernels_probe.py --json OUT",
                   "gpu": device_description(), "date": datetime.now(UTC).isoformat(timespec="seconds"),
                   "sizes": {"seq": T, "batch": B, "input": H, "hidden": H}, "reference_error": error,
                   "rounds": ROUNDS, "runs_per_round": RUNS, "variants": results}
