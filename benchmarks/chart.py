@@ -1,4 +1,5 @@
-"""The README's table, and optionally its chart, from a committed result file of bench_templates.py.
+"""The table of every template against the baselines, and optionally its chart, from a committed result
+file of bench_templates.py (docs/results/2026-11-23-templates-and-baselines.md shows one).
 
     python benchmarks/chart.py benchmarks/results/FILE.json [docs/benchmark.png]
 

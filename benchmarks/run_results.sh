@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# The benchmark records of the README, on the GPU machine, one after another (never two at once, so
-# that no run disturbs another's timing):
+# The records of every template against the baselines and of the LSTM against batch size
+# (docs/results/2026-11-23-templates-and-baselines.md), on the GPU machine, one after another (never two
+# at once, so that no run disturbs another's timing):
 #   bash benchmarks/run_results.sh OUTDIR
 # OUTDIR gets one JSON record per run and a log; the records are then copied to benchmarks/results/.
 set -uo pipefail
