@@ -24,7 +24,7 @@ import numpy as np
 
 import cellfuse.gpu_runtime.cuda_backward as cuda_backward
 import cellfuse.gpu_runtime.cuda_executor as cuda_executor
-from cellfuse.codegen.lowering import Gemm, Kernel, Persistent, launch_rows
+from cellfuse.codegen.lowering import Gemm, Kernel, Persistent
 from cellfuse.codegen.scheduler import make_plan
 from cellfuse.gpu_runtime.event_timing import median_ms
 from cellfuse.graph_model import Sizes, init_params, load_template
@@ -65,7 +65,7 @@ def _ablate(kernels, edits):
 def _describe(instr, batch: int) -> str:
     match instr:
         case Gemm(launch=g):
-            return f"GEMM m={launch_rows(instr, batch)} n={g.n} k={g.k}"
+            return f"GEMM m={instr.rows} n={g.n} k={g.k}"
         case Kernel(launch=k):
             return f"kernel {k.island} ({k.rows} rows)"
         case Persistent():

@@ -231,14 +231,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
     import json
 
     from .codegen import make_plan
+    from .codegen.plan_text import describe, summary
 
     cell = resolve_cell(args.cell)
     sizes = _plan_sizes(cell, args)
     plan = make_plan(cell, sizes, _schedule(cell, sizes, args.schedule))
     if args.json:
-        print(json.dumps(plan.summary(), indent=2))
+        print(json.dumps(summary(plan), indent=2))
         return 0
-    print(plan.describe())
+    print(describe(plan))
     return 0
 
 

@@ -13,7 +13,7 @@ from random_cells import random_cell
 
 from cellfuse.codegen import SCHEDULES, make_plan, plan_kernels
 from cellfuse.codegen.cuda_kernels import PRELUDE
-from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE
+from cellfuse.codegen.persistent_cuda import PERSISTENT_PRELUDE
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
 from cellfuse.graph_model import (
     OPS,

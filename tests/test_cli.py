@@ -637,7 +637,7 @@ def test_plan_and_export_of_a_wavefront(cli, tmp_path):
     code, _, err = cli("export", "lstm", "--schedule", "wavefront", "--layers", 2, "-o", tmp_path / "w.cu")
     text = (tmp_path / "w.cu").read_text()
     assert code == 0, err
-    assert "the layers\n// one after another" in text and "cudaLaunchCooperativeKernel(" not in text
+    assert "the\n// layers one after another" in text and "cudaLaunchCooperativeKernel(" not in text
 
 
 def test_bench_train_writes_a_training_record(cli, tmp_path):

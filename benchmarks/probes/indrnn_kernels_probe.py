@@ -32,7 +32,7 @@ from functools import partial
 
 import numpy as np
 
-import cellfuse.codegen.cuda_persistent as cuda_persistent
+import cellfuse.codegen.persistent_cuda as cuda_persistent
 import cellfuse.gpu_runtime.cuda_executor as cuda_executor
 from cellfuse.codegen import make_plan, plan_kernels
 from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, _compile, _cu_check, device_description

@@ -23,7 +23,8 @@ from datetime import UTC, datetime
 import numpy as np
 
 from cellfuse.codegen import make_plan
-from cellfuse.codegen.cuda_kernels import BLOCK, SIDE_BY_SIDE, STACKED, split_threads
+from cellfuse.codegen.gemm_routes import SIDE_BY_SIDE, STACKED, split_threads
+from cellfuse.codegen.kernel_abi import BLOCK
 from cellfuse.gpu_runtime.cuda_executor import (
     _CUBLAS_WORKSPACE,
     CudaExecutor,
@@ -102,7 +103,8 @@ def main(argv=None) -> int:
         steps = [(T * c // chunks, T * (c + 1) // chunks) for c in range(chunks)]
         # W's split, then the fork to the side streams
         if with_gemm:
-            out.append(lambda: split.prepared_async_call(grid(split_threads(H, H, STACKED)), (BLOCK, 1, 1),
+            out.append(lambda: split.prepared_async_call(grid(int(split_threads(H, H, STACKED))),
+                                                         (BLOCK, 1, 1),
                                                          main_stream, addr["w_cat"], addr["w"], H, H, H,
                                                          STACKED, 1))
         fork = next(ev)
@@ -116,7 +118,7 @@ def main(argv=None) -> int:
             pre = addr["pre"] + 4 * t0 * n
             if with_gemm:
                 out.append(lambda side=side, a_cat=a_cat, t0=t0, rows=rows: split.prepared_async_call(
-                    grid(split_threads(rows, H, SIDE_BY_SIDE)), (BLOCK, 1, 1), side, a_cat,
+                    grid(int(split_threads(rows, H, SIDE_BY_SIDE))), (BLOCK, 1, 1), side, a_cat,
                     addr["x"] + 4 * t0 * B * H, rows, H, H, SIDE_BY_SIDE, 2))
                 shape = Shape(False, H, rows, 3 * H, H, 3 * H, H, 0,
                               (alignment(addr["w_cat"]), alignment(a_cat), alignment(pre)))

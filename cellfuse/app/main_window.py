@@ -14,6 +14,7 @@ from pathlib import Path
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from ..codegen import SCHEDULES, emit, generate_cuda, make_plan
+from ..codegen.plan_text import summary
 from ..gpu_runtime.bench import BASELINES, BenchConfig, available_backends
 from ..graph_model import (
     Cell,
@@ -344,7 +345,7 @@ class MainWindow(QtWidgets.QMainWindow):
             return
         try:
             plan = make_plan(self.cell, sizes, schedule)
-            summary = plan.summary()
+            said = summary(plan)
             source = emit(plan)
         except CellError as e:
             self._show_out_of_date(str(e))
@@ -353,8 +354,8 @@ class MainWindow(QtWidgets.QMainWindow):
             log.exception("the scheduler failed on cell '%s'", self.cell.name)
             self._show_out_of_date(f"The scheduler failed: {type(e).__name__}: {e}")
             return
-        self.plan_panel.show_summary(summary)
-        self.overlay.show_summary(summary)
+        self.plan_panel.show_summary(said)
+        self.overlay.show_summary(said)
         lines = source.text.count("\n") + 1
         self.cuda_view.show_source(source.text, source.kernel_of_node, source.kernel_line,
                                    f"{self.cell.name} · schedule '{schedule}' · {lines} lines")

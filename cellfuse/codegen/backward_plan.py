@@ -106,12 +106,13 @@ class BackwardPlan:
     def instructions(self) -> tuple[Instruction, ...]:
         """The program of the whole backward pass: per layer, the reverse loop, then what follows it."""
         out: list[Instruction] = []
+        batch = self.forward.sizes.batch
         for lb in self.layers:
             if lb.persistent:
                 out.append(Persistent(lb.persistent))
             else:
-                out.append(Loop(tuple(as_instruction(launch) for launch in lb.step), reverse=True))
-            out += [as_instruction(launch) for launch in lb.after]
+                out.append(Loop(tuple(as_instruction(launch, batch) for launch in lb.step), reverse=True))
+            out += [as_instruction(launch, batch) for launch in lb.after]
         return tuple(out)
 
     def buffer_elements(self, name: str) -> int:

@@ -1,7 +1,8 @@
-"""The exported .cu: the kernels of a Plan, a host launcher that runs the whole forward pass with
-cuBLAS for the GEMMs, optionally a launcher of the backward pass (the backward Plan's program, run after
-a forward pass on the same workspace, whose saved steps it reads), and (behind CELLFUSE_DEMO_MAIN) a
-program that checks and times them, the backward pass against finite differences of the forward.
+"""The exported .cu: the kernels of a Plan, a host launcher that runs the whole forward pass with cuBLAS
+for the GEMMs, optionally a launcher of the backward pass (the backward Plan's program, run after a
+forward pass on the same workspace, whose saved steps it reads), and (behind CELLFUSE_DEMO_MAIN) a
+program that checks and times them, the backward pass against finite differences of the forward
+(resources/cuda/export_demo.cuh).
 
 The launcher takes seq and batch at run time; input, hidden and layers are fixed when it is generated.
 Everything of the cell that reaches the text (its name, description and node ids) is a comment
@@ -18,39 +19,16 @@ import re
 from dataclasses import dataclass
 from datetime import date
 
-from ..graph_model import Cell, Sizes
-from .backward_plan import BackwardPlan, backward_plan, grad
-from .cuda_kernels import (
-    BLOCK,
-    INT_MAX,
-    ROW_EXPR,
-    c_stem,
-    comment_text,
-    kernel_params,
-    split_threads,
-    tf32x3_layout,
-)
-from .cuda_persistent import persistent_buffers
+from .address import SEQ, Expr, Int, T, c_address, rows_of
+from .backward_plan import BackwardPlan, grad
+from .c_text import CWriter, c_stem, comment_text
+from .cuda_library import cuda_library
+from .gemm_routes import TENSOR_CORE_RULE, may_run_on_tensor_cores, split_threads, tf32x3_layout
+from .kernel_abi import BLOCK, INT_MAX, kernel_params
 from .kernel_set import backward_kernels, plan_kernels
 from .lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, lower
-from .plan import (
-    TF32X3_MIN_MACS,
-    TF32X3_MIN_SIDE,
-    Access,
-    GemmLaunch,
-    KernelLaunch,
-    PersistentLaunch,
-    Plan,
-    grad_of,
-)
-from .scheduler import make_plan
-
-# the start of the workspace, where the GEMMs on tensor cores split their operands (see cf_split_elements)
-_SPLIT_ROOM = ("    float* cf_split = ws; ws += cf_split_elements(seq, batch);",
-               "    (void)cf_split;  /* a pass may have none of the GEMMs */")
-_ROWS_EXPR = {"seq": "(size_t)seq * batch", "seq+1": "((size_t)seq + 1) * batch", "pair": "2 * (size_t)batch",
-              "batch": "(size_t)batch", "layers": "(size_t){layers} * batch", "one": "1"}
-_LAUNCH_ROWS = {"seq": "seq * batch", "batch": "batch", "one": "1"}
+from .persistent_cuda import persistent_buffers
+from .plan import Access, Buffer, GemmLaunch, KernelLaunch, PersistentLaunch, Plan, grad_of
 
 
 @dataclass
@@ -58,6 +36,12 @@ class CudaSource:
     text: str
     kernel_of_node: dict[str, str]  # node id -> the kernel (or GEMM) that computes it
     kernel_line: dict[str, int]  # kernel or GEMM name -> 1-based line where it is defined or called
+
+
+def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
+    """The self-contained .cu of a forward plan (see the module's docstring); with its `backward` plan,
+    whose forward plan it must be, a backward launcher follows the forward one."""
+    return _Export(plan, backward).source()
 
 
 def _var(buffer: str) -> str:
@@ -70,597 +54,461 @@ def _var(buffer: str) -> str:
 _ESCAPES = {"_": "_u", ".": "_d"}
 
 
-def _ptr(acc: Access, t: str = "t") -> str:
-    """The address of an access at step `t` (a C expression)."""
-    parts = [_var(acc.buffer)]
-    row = ROW_EXPR[acc.slot].format(t=t)
-    if row != "0" and acc.kind in ("row", "col"):
-        parts.append(f"{row} * {acc.ld}")
-    if acc.block:
-        parts.append(f"(size_t){acc.block} * batch * {acc.ld}")
-    if acc.col:
-        parts.append(str(acc.col))
-    return " + ".join(parts)
+def _ptr(acc: Access, t: Expr | int = T) -> str:
+    """The address of an access at step `t` (see `address.c_address`)."""
+    return c_address(_var(acc.buffer), acc, t)
 
 
-def generate_cuda(cell: Cell, sizes: Sizes, schedule: str = "hoisted", backward: bool = False) -> CudaSource:
-    """The self-contained .cu of a cell for one schedule (see the module's docstring); with `backward`,
-    its forward pass saves every step and a backward launcher follows it."""
-    plan = make_plan(cell, sizes, schedule, save_steps=backward)
-    return emit(plan, backward_plan(plan) if backward else None)
+# the start of the workspace, where the GEMMs on tensor cores split their operands (see cf_split_elements)
+_SPLIT_ROOM = ("float* cf_split = ws; ws += cf_split_elements(seq, batch);",
+               "(void)cf_split;  /* a pass may have none of the GEMMs */")
 
 
-def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
-    sizes = plan.sizes
-    stem = c_stem(plan.cell_name)
-    macro = f"CELLFUSE_{stem.upper()}"  # the prefix keeps the macros apart from those of the headers
-    fn = f"cellfuse_{stem}_forward"
-    kernels = plan_kernels(plan)
-    back_kernels = backward_kernels(backward) if backward else None
-    if back_kernels:
-        assert not set(back_kernels.sources) & set(kernels.sources), "a kernel name used twice"
-        kernels.name_of.update(back_kernels.name_of)
-    program = lower(plan, one_stream=True)
-    max_batch = min((lp.persistent.batch for lp in plan.layers if lp.persistent), default=0)
-    states = list(plan.state_ids)
-    params = list(plan.params)
-    param_index = {k: i for i, k in enumerate(params)}
-    out: list[str] = []
-    lines = 0  # lines written so far, to report where each kernel and GEMM lands
+class _Export:
+    """The text of one exported .cu, written part by part, top to bottom (see `source`)."""
 
-    def w(text: str) -> None:
-        nonlocal lines
-        out.append(text)
-        lines += text.count("\n") + 1
+    def __init__(self, plan: Plan, backward: BackwardPlan | None):
+        self.plan, self.backward = plan, backward
+        self.sizes = plan.sizes
+        self.stem = c_stem(plan.cell_name)
+        self.macro = f"CELLFUSE_{self.stem.upper()}"  # the prefix keeps the macros apart from the headers'
+        self.fn = f"cellfuse_{self.stem}_forward"
+        self.kernels = plan_kernels(plan)
+        self.back_kernels = backward_kernels(backward) if backward else None
+        if self.back_kernels:
+            assert not set(self.back_kernels.sources) & set(self.kernels.sources), "a kernel name used twice"
+            self.kernels.name_of.update(self.back_kernels.name_of)
+        self.program = lower(plan, one_stream=True)
+        self.max_batch = min((lp.persistent.batch for lp in plan.layers if lp.persistent), default=0)
+        self.states = list(plan.state_ids)
+        self.params = list(plan.params)
+        self.param_index = {k: i for i, k in enumerate(self.params)}
+        everything = (*self.program.instructions, *(backward.instructions() if backward else ()))
+        flat = [i for instr in everything for i in (instr.body if isinstance(instr, Loop) else [instr])]
+        self.flat = flat
+        # the shapes of the GEMMs that may run on tensor cores at some seq and batch: (rows, K, N)
+        self.splits = list(dict.fromkeys((*self._gemm_dims(i.launch), i.launch.n) for i in flat
+                                         if isinstance(i, Gemm) and may_run_on_tensor_cores(i.launch)))
+        # The caller's memory: x, the parameters, the initial and final states; the rest is workspace.
+        caller = ("weight", "input", "init", "final")
+        self.forward_ws = [b for b in plan.buffers.values() if b.role not in caller]
+        # the gradients, after the forward pass's buffers, which a backward pass reads
+        self.ws_buffers = self.forward_ws + (list(backward.buffers.values()) if backward else [])
+        self.first_layer = set(map(id, (*plan.layers[0].prologue, *plan.layers[0].step)))
+        self.kernel_line: dict[str, int] = {}  # kernel or GEMM -> its line
+        self.w = CWriter()
 
-    title = f"{plan.cell_name}: {plan.description}" if plan.description else plan.cell_name
-    w(f"// {comment_text(title)}")
-    w(f"// Generated by CellFuse on {date.today().isoformat()}, schedule '{comment_text(plan.schedule)}', "
-      f"for input {sizes.input}, hidden {sizes.hidden}, {sizes.layers} layer(s); seq and batch are chosen at "
-      "run time,")
-    w(f"// with (seq + 1) * batch at most INT_MAX ({INT_MAX}).")
-    if plan.layers[0].persistent:
-        w("// Each layer's steps run in one cooperative launch, which needs all its blocks resident at once")
-        w("// (the launcher checks that, and returns cudaErrorCooperativeLaunchTooLarge where they are not).")
-    else:
-        w(f"// {plan.launches_per_step} launch(es) per time step and layer.")
-    if plan.layer_streams:
-        w("// Everything runs on one stream, the hoisted launches before each layer's loop and the layers")
-        w("// one after another (CellFuse's own runtime runs the hoisted launches in chunks beside the loop")
-        w("// and each layer's chunk of steps beside the layer below's next one, on streams of their own).")
-    elif plan.chunk_steps:
-        w("// Everything runs on one stream, the hoisted launches before each layer's loop (CellFuse's own")
-        w("// runtime runs them in chunks on a second stream, beside the loop).")
-    w("//")
-    w("// Build a program that checks and times it:")
-    w(f"//   nvcc -O3 -arch=sm_90 -DCELLFUSE_DEMO_MAIN {stem}.cu -lcublas -o {stem}")
-    w(f"//   ./{stem} [seq batch [PREFIX]]")
-    w("// With PREFIX it reads PREFIX.params.f32 (the parameters below, float32, concatenated in order)")
-    w("// and PREFIX.x.f32 ([seq, batch, input]), and writes PREFIX.y.f32 ([seq, batch, hidden]).")
-    w("//")
-    w(f"// Parameters of {fn}, in order (the keys of a CellFuse parameter file):")
-    for k in params:
-        w(f"//   params[{param_index[k]}] = {comment_text(k)}")
-    w("")
-    w("#include <cuda_runtime.h>")
-    w("#include <cublas_v2.h>")
-    w("#include <limits.h>")
-    w("#include <stddef.h>")
-    w("")
-    text_before_kernels = lines + 1
-    module = kernels.module_source()
-    kernel_line = {}
-    for i, line in enumerate(module.split("\n")):
-        for name in kernels.sources:
-            if f" {name}(" in line:
-                kernel_line[name] = text_before_kernels + i
-    w(module)
-    if back_kernels:
-        w("\n".join(back_kernels.sources.values()))
-        w(_FILL_ONES)
+    def source(self) -> CudaSource:
+        self._header()
+        self._kernels()
+        self._sizes()
+        self._helpers()
+        self._workspace_bytes()
+        self._forward()
+        if self.backward:
+            self._backward(self.backward)
+        self._demo()
+        return CudaSource(self.w.text(), self._kernel_of_node(), self.kernel_line)
 
-    H = sizes.hidden
-    w(f"#define {macro}_LAYERS {sizes.layers}")
-    w(f"#define {macro}_INPUT {sizes.input}")
-    w(f"#define {macro}_HIDDEN {H}")
-    w(f"#define {macro}_PARAMS {len(params)}")
-    w(f"#define {macro}_STATES {len(states)}  /* {comment_text(', '.join(states))} */")
-    w("")
-    everything = (*program.instructions, *(backward.instructions() if backward else ()))
-    flat = [i for instr in everything for i in (instr.body if isinstance(instr, Loop) else [instr])]
-    T_B = sizes.seq * sizes.batch
+    @property
+    def _line(self) -> int:
+        """The 1-based number of the next line written."""
+        return len(self.w.lines) + 1
 
-    def gemm_dims(g: GemmLaunch) -> tuple[str, str]:
-        """A GEMM's rows and K, as C expressions of seq and batch."""
-        if g.row_kind in ("input", "hidden"):  # a weight's gradient: over all rows
-            assert g.k == T_B, f"{g.group}: a sum over all rows whose K is not seq * batch"
-            return str(g.m), "seq * batch"
-        if g.row_kind == "one":  # a column sum: over the rows of the buffer it sums
-            summed = backward.buffers[g.w].rows  # T*B rows, or B that every step added to
-            assert g.k == {"seq": T_B, "batch": sizes.batch}[summed], f"{g.group}: K is not its rows"
-            return str(g.m), _LAUNCH_ROWS[summed]
-        return _LAUNCH_ROWS[g.row_kind], str(g.k)
+    # -- the parts of the file, top to bottom --------------------------------------------------------
+    def _header(self) -> None:
+        plan, sizes, w = self.plan, self.sizes, self.w
+        title = f"{plan.cell_name}: {plan.description}" if plan.description else plan.cell_name
+        w(f"// {comment_text(title)}",
+          f"// Generated by CellFuse on {date.today().isoformat()}, schedule "
+          f"'{comment_text(plan.schedule)}', for input {sizes.input}, hidden {sizes.hidden},",
+          f"// {sizes.layers} layer(s); seq and batch are chosen at run time, with (seq + 1) * batch at most "
+          f"INT_MAX ({INT_MAX}).")
+        if plan.layers[0].persistent:
+            w("// Each layer's steps run in one cooperative launch, which needs all its blocks resident at",
+              "// once (the launcher checks that, and returns cudaErrorCooperativeLaunchTooLarge where they",
+              "// are not).")
+        else:
+            w(f"// {plan.launches_per_step} launch(es) per time step and layer.")
+        if plan.layer_streams:
+            w("// Everything runs on one stream, the hoisted launches before each layer's loop and the",
+              "// layers one after another (CellFuse's own runtime runs the hoisted launches in chunks",
+              "// beside the loop and each layer's chunk of steps beside the layer below's next one, on",
+              "// streams of their own).")
+        elif plan.chunk_steps:
+            w("// Everything runs on one stream, the hoisted launches before each layer's loop (CellFuse's",
+              "// own runtime runs them in chunks on a second stream, beside the loop).")
+        w("//",
+          "// Build a program that checks and times it:",
+          f"//   nvcc -O3 -arch=sm_90 -DCELLFUSE_DEMO_MAIN {self.stem}.cu -lcublas -o {self.stem}",
+          f"//   ./{self.stem} [seq batch [PREFIX]]",
+          "// With PREFIX it reads PREFIX.params.f32 (the parameters below, float32, concatenated in order)",
+          "// and PREFIX.x.f32 ([seq, batch, input]), and writes PREFIX.y.f32 ([seq, batch, hidden]).",
+          "//",
+          f"// Parameters of {self.fn}, in order (the keys of a CellFuse parameter file):",
+          *(f"//   params[{self.param_index[k]}] = {comment_text(k)}" for k in self.params),
+          "",
+          "#include <cuda_runtime.h>",
+          "#include <cublas_v2.h>",
+          "#include <limits.h>",
+          "#include <stddef.h>",
+          "")
 
-    def may_split(g: GemmLaunch) -> bool:
-        """Whether a GEMM may run on tensor cores at some seq and batch (see `on_tensor_cores`)."""
-        if g.row_kind in ("input", "hidden"):  # K is seq * batch
-            return min(g.m, g.n) >= TF32X3_MIN_SIDE
-        return g.row_kind != "one" and min(g.n, g.k) >= TF32X3_MIN_SIDE and 3 * g.k <= INT_MAX
+    def _kernels(self) -> None:
+        """The kernels' module, each kernel's line noted; the backward pass's kernels after it."""
+        first = self._line
+        module = self.kernels.module_source()
+        for i, line in enumerate(module.split("\n")):
+            for name in self.kernels.sources:
+                if f" {name}(" in line:
+                    self.kernel_line[name] = first + i
+        self.w(*module.split("\n"))
+        if self.back_kernels:
+            self.w(*"\n".join(self.back_kernels.sources.values()).split("\n"),
+                   *cuda_library("fill_ones.cuh").split("\n"))
 
-    gemms = list(dict.fromkeys((*gemm_dims(i.launch), i.launch.n) for i in flat
-                               if isinstance(i, Gemm) and may_split(i.launch)))
-    if backward or gemms or any(isinstance(i, Kernel) or isinstance(i, Gemm) and i.launch.bias for i in flat):
-        w("static unsigned cf_blocks(size_t n) {")
-        w(f"    size_t b = (n + {BLOCK - 1}) / {BLOCK};")
-        w("    return (unsigned)(b < 1 ? 1 : (b > 65535 ? 65535 : b));")
-        w("}")
+    def _sizes(self) -> None:
+        sizes, macro = self.sizes, self.macro
+        self.w(f"#define {macro}_LAYERS {sizes.layers}",
+               f"#define {macro}_INPUT {sizes.input}",
+               f"#define {macro}_HIDDEN {sizes.hidden}",
+               f"#define {macro}_PARAMS {len(self.params)}",
+               f"#define {macro}_STATES {len(self.states)}  /* {comment_text(', '.join(self.states))} */",
+               "")
+
+    def _helpers(self) -> None:
+        """The launch grid of a count of threads, the tensor-core rule and the room its splits take."""
+        w, flat = self.w, self.flat
+        if self.backward or self.splits or any(isinstance(i, Kernel) or isinstance(i, Gemm) and i.launch.bias
+                                               for i in flat):
+            with w.block("static unsigned cf_blocks(size_t n) {"):
+                w(f"size_t b = (n + {BLOCK - 1}) / {BLOCK};",
+                  "return (unsigned)(b < 1 ? 1 : (b > 65535 ? 65535 : b));")
+            w("")
+        if not self.splits:
+            return
+        w("/* A GEMM of at least 2^30 multiply-adds runs on tensor cores with float32's accuracy, its",
+          "   operands split by cf_split_tf32x3 into the workspace's first cf_split_elements floats. */",
+          *TENSOR_CORE_RULE.split("\n"),
+          "")
+        with w.block("static size_t cf_split_elements(int seq, int batch) {"):
+            w("size_t most = 0;")
+            for rows, k, n in self.splits:
+                split = (3 * (rows * k + k * n)).c()
+                w(f"if (cf_tf32x3({rows.c(wide=False)}, {n}, {k.c(wide=False)}) && {split} > most)",
+                  f"    most = {split};")
+            w("return most;")
         w("")
-    if gemms:
-        w("/* A GEMM of at least 2^30 multiply-adds runs on tensor cores with float32's accuracy, its")
-        w("   operands split by cf_split_tf32x3 into the workspace's first cf_split_elements floats. */")
-        w("static int cf_tf32x3(size_t rows, size_t n, size_t k) {")
-        w(f"    return (double)rows * n * k >= {TF32X3_MIN_MACS}.0 && rows >= {TF32X3_MIN_SIDE} && "
-          f"n >= {TF32X3_MIN_SIDE} && k >= {TF32X3_MIN_SIDE} && 3 * k <= INT_MAX;")
-        w("}")
-        w("")
-        w("static size_t cf_split_elements(int seq, int batch) {")
-        w("    size_t most = 0;")
-        for rows, k, n in gemms:
-            split = f"3 * ((size_t)({rows}) * ({k}) + (size_t)({k}) * {n})"
-            w(f"    if (cf_tf32x3({rows}, {n}, {k}) && {split} > most)")
-            w(f"        most = {split};")
-        w("    return most;")
-        w("}")
-        w("")
-    # The caller's memory: x, the parameters, the initial and final states; the rest is workspace.
-    forward_ws = [b for b in plan.buffers.values() if b.role not in ("weight", "input", "init", "final")]
-    # the gradients, after the forward pass's buffers, which a backward pass reads
-    ws_buffers = forward_ws + (list(backward.buffers.values()) if backward else [])
-    w("/* Bytes of device workspace a forward pass of these sizes needs"
-      + (", and a backward pass after it. */" if backward else ". */"))
-    w(f"size_t {fn[:-len('_forward')]}_workspace_bytes(int seq, int batch) {{")
-    w("    size_t n = 0;")
-    if gemms:
-        w("    n += cf_split_elements(seq, batch);")
-    for b in ws_buffers:
-        rows = _ROWS_EXPR[b.rows].format(layers=sizes.layers)
-        w(f"    n += {rows} * {b.width};  /* {comment_text(b.name)} */")
-    w("    return n * sizeof(float);")
-    w("}")
-    w("")
-    def declare_workspace(buffers: list) -> None:
-        for line in _SPLIT_ROOM if gemms else ():
-            w(line)
-        for b in buffers:
-            rows = _ROWS_EXPR[b.rows].format(layers=sizes.layers)
-            w(f"    float* {_var(b.name)} = ws; ws += {rows} * {b.width};")
 
-    w("/* One forward pass on `stream`. x: [seq, batch, input]; params: device pointers, in the order above;")
-    w("   init_states: per state [layers, batch, hidden], or NULL (all zero); y: [seq, batch, hidden];")
-    w("   final_states: per state [layers, batch, hidden], or NULL; workspace: see *_workspace_bytes.")
-    w("   Returns 0, or the first CUDA or cuBLAS error; cudaErrorInvalidValue, before any work, where seq")
-    w("   or batch is negative or (seq + 1) * batch is more than INT_MAX (launches count rows in an int)"
-      + (f",\n   or batch is more than {max_batch}. */" if max_batch else ". */"))
-    w(f"int {fn}(cublasHandle_t handle, cudaStream_t stream, int seq, int batch, const float* x,")
-    w("        const float* const* params, const float* const* init_states, float* y,")
-    w("        float* const* final_states, void* workspace)")
-    w("{")
-    w("    if (seq < 0 || batch < 0 || ((long long)seq + 1) * batch > INT_MAX)")
-    w("        return (int)cudaErrorInvalidValue;")
-    if max_batch:
-        w(f"    if (batch > {max_batch})  /* the persistent kernels are made for at most this batch */")
-        w("        return (int)cudaErrorInvalidValue;")
-    w("    const float one = 1.0f, zero = 0.0f;  /* alpha and beta of the GEMMs */")
-    w("    (void)one; (void)zero;  /* a cell may have no GEMM, or only GEMMs with a bias */")
-    w("    float* ws = (float*)workspace;")
-    w("    cublasStatus_t st = cublasSetStream(handle, stream);")
-    w("    if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
-    w("    const float* b_x = x;")
-    for b in plan.buffers.values():
-        if b.role == "weight":
-            w(f"    const float* {_var(b.name)} = params[{param_index[b.sources[0]]}];  "
-              f"/* {comment_text(b.sources[0])} */")
-    for i, s in enumerate(states):
-        w(f"    const float* {_var(f'init.{s}')} = init_states ? init_states[{i}] : NULL;")
-        w(f"    float* {_var(f'final.{s}')} = final_states ? final_states[{i}] : NULL;")
-    declare_workspace(forward_ws)
-    w("")
-    w("    /* Weights of combined GEMMs, stacked along N; bias rows of hoisted GEMMs. */")
-    for b in plan.buffers.values():
-        if b.role == "stacked":
-            shapes = [plan.params[key] for key in b.sources]
-            n_total = sum(n for _, n in shapes)
-            col = 0
-            for key, (k, n) in zip(b.sources, shapes, strict=True):
-                w(f"    cudaMemcpy2DAsync({_var(b.name)} + {col}, {n_total} * sizeof(float), "
-                  f"params[{param_index[key]}], {n} * sizeof(float), {n} * sizeof(float), {k}, "
-                  f"cudaMemcpyDeviceToDevice, stream);  /* {comment_text(key)} */")
-                col += n
-        elif b.role == "bias":
-            col = 0
-            for key, width in zip(b.sources, b.widths, strict=True):
-                if key:
-                    w(f"    cudaMemcpyAsync({_var(b.name)} + {col}, params[{param_index[key]}], "
-                      f"{width} * sizeof(float), cudaMemcpyDeviceToDevice, stream);  "
-                      f"/* {comment_text(key)} */")
+    def _workspace_bytes(self) -> None:
+        w = self.w
+        w("/* Bytes of device workspace a forward pass of these sizes needs"
+          + (", and a backward pass after it. */" if self.backward else ". */"))
+        with w.block(f"size_t {self.fn[:-len('_forward')]}_workspace_bytes(int seq, int batch) {{"):
+            w("size_t n = 0;")
+            if self.splits:
+                w("n += cf_split_elements(seq, batch);")
+            for b in self.ws_buffers:
+                w(f"n += {self._rows(b)} * {b.width};  /* {comment_text(b.name)} */")
+            w("return n * sizeof(float);")
+        w("")
+
+    def _forward(self) -> None:
+        plan, w, H = self.plan, self.w, self.sizes.hidden
+        w("/* One forward pass on `stream`. x: [seq, batch, input]; params: device pointers, in the order",
+          "   above; init_states: per state [layers, batch, hidden], or NULL (all zero); y: [seq, batch,",
+          "   hidden]; final_states: per state [layers, batch, hidden], or NULL; workspace: see",
+          "   *_workspace_bytes. Returns 0, or the first CUDA or cuBLAS error; cudaErrorInvalidValue, before",
+          "   any work, where seq or batch is negative or (seq + 1) * batch is more than INT_MAX (launches",
+          "   count rows in an int)" + ("," if self.max_batch else ". */"),
+          *((f"   or batch is more than {self.max_batch}. */",) if self.max_batch else ()),
+          f"int {self.fn}(cublasHandle_t handle, cudaStream_t stream, int seq, int batch, const float* x,",
+          "        const float* const* params, const float* const* init_states, float* y,",
+          "        float* const* final_states, void* workspace)")
+        with w.block("{"):
+            self._check_sizes()
+            w("const float one = 1.0f, zero = 0.0f;  /* alpha and beta of the GEMMs */",
+              "(void)one; (void)zero;  /* a cell may have no GEMM, or only GEMMs with a bias */",
+              "float* ws = (float*)workspace;",
+              "cublasStatus_t st = cublasSetStream(handle, stream);",
+              "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;",
+              "const float* b_x = x;")
+            self._weights()
+            for i, s in enumerate(self.states):
+                w(f"const float* {_var(f'init.{s}')} = init_states ? init_states[{i}] : NULL;",
+                  f"float* {_var(f'final.{s}')} = final_states ? final_states[{i}] : NULL;")
+            if self.splits:
+                w(*_SPLIT_ROOM)
+            for b in self.forward_ws:
+                w(f"float* {_var(b.name)} = ws; ws += {self._rows(b)} * {b.width};")
+            w("")
+            self._stacked_weights()
+            w("")
+            for instr in self.program.instructions:
+                self._instruction(instr, 0)
+            w(f"cudaMemcpyAsync(y, {_var(plan.layers[-1].output_seq)} + (size_t)batch * {H}, "
+              f"(size_t)seq * batch * {H} * sizeof(float), cudaMemcpyDeviceToDevice, stream);",
+              "return (int)cudaGetLastError();")
+        w("")
+
+    def _backward(self, bp: BackwardPlan) -> None:
+        plan, sizes, w, H = self.plan, self.sizes, self.w, self.sizes.hidden
+        bfn = self.fn[:-len("_forward")] + "_backward"
+        w("/* The backward pass of the forward pass just run on `stream` with the same seq, batch, x, params",
+          "   and workspace (which holds every step the forward pass saved): the gradients of sum(dy * y)",
+          "   plus, per state, sum(dfinal[s] * final[s]). dy: [seq, batch, hidden]; dfinal: per state",
+          "   [layers, batch, hidden], or NULL (all zero); dx: [seq, batch, input]; dinit_states: per state",
+          "   [layers, batch, hidden], or NULL (not wanted); dparams: per parameter, in the order above, its",
+          "   shape. Returns as the forward pass does. */",
+          f"int {bfn}(cublasHandle_t handle, cudaStream_t stream, int seq, int batch, const float* x,",
+          "        const float* const* params, const float* dy, const float* const* dfinal, float* dx,",
+          "        float* const* dinit_states, float* const* dparams, void* workspace)")
+        with w.block("{"):
+            self._check_sizes()
+            w("const float one = 1.0f, zero = 0.0f;  /* alpha and beta of the GEMMs */",
+              "(void)zero;",
+              "float* ws = (float*)workspace;",
+              "cublasStatus_t st = cublasSetStream(handle, stream);",
+              "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;",
+              "const float* b_x = x;",
+              "(void)b_x;")
+            self._weights()
+            declarations = len(w.lines)  # the workspace's pointers go here, once the body says which it uses
+            w("",
+              "/* Every gradient starts at zero (each launch adds into it; one that a kernel overwrites",
+              "   whole needs nothing), then the seeds; ones are 1. */")
+            for b in bp.buffers.values():
+                n = f"{self._rows(b)} * {b.width}"
+                if b.name in bp.overwritten:
+                    continue
+                if b.role == "ones":
+                    w(f"cf_fill_ones<<<cf_blocks({n}), {BLOCK}, 0, stream>>>({_var(b.name)}, {n});")
                 else:
-                    w(f"    cudaMemsetAsync({_var(b.name)} + {col}, 0, {width} * sizeof(float), stream);")
-                col += width
-    w("")
+                    w(f"cudaMemsetAsync({_var(b.name)}, 0, {n} * sizeof(float), stream);")
+            seed_y = f"{_var(grad_of(plan.layers[-1].output_seq))} + (size_t)batch * {H}"
+            self._axpy(f"(size_t)seq * batch * {H}", "dy", seed_y)
+            if self.states:
+                with w.block("if (dfinal) {"):
+                    for i, state in enumerate(self.states):
+                        for lp in plan.layers:
+                            self._axpy(f"batch * {H}", f"dfinal[{i}] + (size_t){lp.layer} * batch * {H}",
+                                       _ptr(grad(lp.state_read[state]), SEQ))
+            w("")
+            for instr in bp.instructions():
+                self._instruction(instr, 0)
+            w("",
+              "/* The gradients out: x's, the initial states', each parameter's (summed over its parts). */",
+              f"cudaMemcpyAsync(dx, {_var(grad_of('x'))}, (size_t)seq * batch * {sizes.input} * "
+              "sizeof(float), cudaMemcpyDeviceToDevice, stream);")
+            if self.states:
+                with w.block("if (dinit_states) {"):
+                    for i, state in enumerate(self.states):
+                        for lp in plan.layers:
+                            w(f"cudaMemcpyAsync(dinit_states[{i}] + (size_t){lp.layer} * batch * {H}, "
+                              f"{_ptr(grad(lp.state_read[state]), 0)}, (size_t)batch * {H} * sizeof(float), "
+                              "cudaMemcpyDeviceToDevice, stream);")
+            for key in self.params:
+                w(f"cudaMemsetAsync(dparams[{self.param_index[key]}], 0, {math.prod(plan.params[key])} * "
+                  f"sizeof(float), stream);  /* {comment_text(key)} */")
+            for part in plan.param_parts():  # dparam[rows, width] += its columns of the buffer's gradient
+                out = f"dparams[{self.param_index[part.key]}]"
+                w(f"st = cublasSgeam(handle, CUBLAS_OP_N, CUBLAS_OP_N, {part.width}, {part.rows}, &one, "
+                  f"{_var(grad_of(part.buffer))} + {part.col}, {part.ld}, &one, {out}, {part.width}, {out}, "
+                  f"{part.width});  /* {comment_text(part.key)} */",
+                  "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
+            w("return (int)cudaGetLastError();")
+            body = "\n".join(w.lines[declarations:])
+            pointers = list(_SPLIT_ROOM) if self.splits else []
+            for b in self.ws_buffers:  # a forward buffer the backward pass does not read is only stepped over
+                used = re.search(rf"\b{_var(b.name)}\b", body)
+                pointers.append(f"{f'float* {_var(b.name)} = ws; ' if used else ''}ws += {self._rows(b)} * "
+                                f"{b.width};")
+            w.lines[declarations:declarations] = ["    " + line for line in pointers]
+        w("")
 
-    gemm_line: dict[str, int] = {}
-    first_layer = set(map(id, (*plan.layers[0].prologue, *plan.layers[0].step)))
+    def _demo(self) -> None:
+        stem_fn, w = self.fn[:-len("_forward")], self.w
+        sizes = ", ".join(str(math.prod(shape)) for shape in self.plan.params.values()) or "0"
+        w("#ifdef CELLFUSE_DEMO_MAIN",
+          f"#define CF_DEMO_FORWARD {self.fn}",
+          *((f"#define CF_DEMO_BACKWARD {stem_fn}_backward",) if self.backward else ()),
+          f"#define CF_DEMO_WORKSPACE {stem_fn}_workspace_bytes",
+          *(f"#define CF_DEMO_{size} {self.macro}_{size}" for size in ("PARAMS", "INPUT", "HIDDEN")),
+          f"#define CF_DEMO_PARAM_SIZES {sizes}",
+          "#endif",
+          *cuda_library("export_demo.cuh").split("\n"))
 
-    def emit_instr(instr: Instruction, t: str, indent: str) -> None:
+    # -- pieces of the launchers ---------------------------------------------------------------------
+    def _rows(self, b: Buffer) -> str:
+        """A buffer's rows, as C (in size_t)."""
+        return rows_of(b.rows).substitute({"layers": self.sizes.layers}).c()
+
+    def _check_sizes(self) -> None:
+        w = self.w
+        w("if (seq < 0 || batch < 0 || ((long long)seq + 1) * batch > INT_MAX)",
+          "    return (int)cudaErrorInvalidValue;")
+        if self.max_batch:
+            w(f"if (batch > {self.max_batch})  /* the persistent kernels are made for at most this batch */",
+              "    return (int)cudaErrorInvalidValue;")
+
+    def _weights(self) -> None:
+        for b in self.plan.buffers.values():
+            if b.role == "weight":
+                self.w(f"const float* {_var(b.name)} = params[{self.param_index[b.sources[0]]}];  "
+                       f"/* {comment_text(b.sources[0])} */")
+
+    def _stacked_weights(self) -> None:
+        plan, w = self.plan, self.w
+        w("/* Weights of combined GEMMs, stacked along N; bias rows of hoisted GEMMs. */")
+        for b in plan.buffers.values():
+            if b.role == "stacked":
+                shapes = [plan.params[key] for key in b.sources]
+                n_total = sum(n for _, n in shapes)
+                col = 0
+                for key, (k, n) in zip(b.sources, shapes, strict=True):
+                    w(f"cudaMemcpy2DAsync({_var(b.name)} + {col}, {n_total} * sizeof(float), "
+                      f"params[{self.param_index[key]}], {n} * sizeof(float), {n} * sizeof(float), {k}, "
+                      f"cudaMemcpyDeviceToDevice, stream);  /* {comment_text(key)} */")
+                    col += n
+            elif b.role == "bias":
+                col = 0
+                for key, width in zip(b.sources, b.widths, strict=True):
+                    if key:
+                        w(f"cudaMemcpyAsync({_var(b.name)} + {col}, params[{self.param_index[key]}], "
+                          f"{width} * sizeof(float), cudaMemcpyDeviceToDevice, stream);  "
+                          f"/* {comment_text(key)} */")
+                    else:
+                        w(f"cudaMemsetAsync({_var(b.name)} + {col}, 0, {width} * sizeof(float), stream);")
+                    col += width
+
+    def _axpy(self, n: str, src: str, dst: str) -> None:
+        self.w(f"st = cublasSaxpy(handle, (int)({n}), &one, {src}, 1, {dst}, 1);",
+               "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
+
+    def _gemm_dims(self, g: GemmLaunch) -> tuple[Expr, Expr]:
+        """A GEMM's rows and K, as expressions of seq and batch."""
+        sizes = self.sizes
+        seq_batch = sizes.seq * sizes.batch
+        if g.row_kind in ("input", "hidden"):  # a weight's gradient: over all rows
+            assert g.k == seq_batch, f"{g.group}: a sum over all rows whose K is not seq * batch"
+            return Int(g.m), rows_of("seq")
+        if g.row_kind == "one":  # a column sum: over the rows of the buffer it sums
+            summed = self.backward.buffers[g.w].rows  # T*B rows, or B that every step added to
+            assert g.k == {"seq": seq_batch, "batch": sizes.batch}[summed], f"{g.group}: K is not its rows"
+            return Int(g.m), rows_of(summed)
+        return rows_of(g.row_kind), Int(g.k)
+
+    def _instruction(self, instr: Instruction, t: Expr | int) -> None:
+        w = self.w
         match instr:
             case Gemm(launch=g, steps=None):
-                rows, k = gemm_dims(g)
-                beta = "&one" if g.accumulate else "&zero"
-                if g.bias:
-                    w(f"{indent}cf_bias_rows<<<cf_blocks((size_t)({rows}) * {g.n}), {BLOCK}, 0, stream>>>("
-                      f"{_ptr(g.c, t)}, {_var(g.bias)}, {rows}, {g.n}, {g.c.ld});")
-                    beta = "&one"
-                if id(g) in first_layer:
-                    gemm_line.setdefault(g.group, lines + 1)
-                # a transposed operand is cuBLAS's op T, with its own row length (see the executor's call)
-                op_w, op_a = ("CUBLAS_OP_T" if x else "CUBLAS_OP_N" for x in (g.trans_w, g.trans_a))
-                ldw = g.k if g.trans_w else g.n
-                sgemm = (f"st = cublasSgemm(handle, {op_w}, {op_a}, {g.n}, {rows}, {k}, &one, {_var(g.w)}, "
-                         f"{ldw}, {_ptr(g.a, t)}, {g.a.ld}, {beta}, {_ptr(g.c, t)}, {g.c.ld});  "
-                         f"/* {comment_text(g.group)} */")
-                if may_split(g):
-                    # 3xTF32 (see cf_split_tf32x3): A's pieces (hi, hi, lo), W's (hi, lo, hi), a GEMM over 3K,
-                    # A's copies untransposed (see tf32x3_layout)
-                    a_split, w_split, ld_a, ld_w, w_at = tf32x3_layout(g, rows, k, f"3 * ({k})")
-                    split_w = f"cf_split + {w_at}"
-                    w(f"{indent}if (cf_tf32x3({rows}, {g.n}, {k})) {{  /* {comment_text(g.group)} */")
-                    for to, fro, (r, c, ld, layout, lo) in (("cf_split", _ptr(g.a, t), a_split),
-                                                            (split_w, _var(g.w), w_split)):
-                        threads = split_threads(r, c, layout)
-                        w(f"{indent}    cf_split_tf32x3<<<cf_blocks({threads}), {BLOCK}, 0, "
-                          f"stream>>>({to}, {fro}, {r}, {c}, {ld}, {layout}, {lo});")
-                    w(f"{indent}    st = cublasGemmEx(handle, {op_w}, CUBLAS_OP_N, {g.n}, {rows}, 3 * ({k}), "
-                      f"&one, {split_w}, CUDA_R_32F, {ld_w}, cf_split, CUDA_R_32F, {ld_a}, {beta}, "
-                      f"{_ptr(g.c, t)}, CUDA_R_32F, {g.c.ld}, CUBLAS_COMPUTE_32F_FAST_TF32, "
-                      "CUBLAS_GEMM_DEFAULT);")
-                    w(f"{indent}}} else {{")
-                    w(f"{indent}    {sgemm}")
-                    w(f"{indent}}}")
-                else:
-                    w(f"{indent}{sgemm}")
-                w(f"{indent}if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
+                self._gemm(g, t)
             case Kernel(launch=k, steps=None):
-                rows = _LAUNCH_ROWS[k.row_kind]
+                rows = rows_of(k.row_kind)
                 args = [_ptr(p.access, t) for p in kernel_params(k)]
-                w(f"{indent}{kernels.name_of[k]}<<<cf_blocks((size_t)({rows}) * {k.width}), {BLOCK}, 0, "
-                  "stream>>>(")
-                w(f"{indent}    {', '.join(args + [rows])});")
+                w(f"{self.kernels.name_of[k]}<<<cf_blocks({(rows * k.width).c()}), {BLOCK}, 0, stream>>>(",
+                  f"    {', '.join(args + [rows.c(wide=False)])});")
             case Copy(src=src, dst=dst, width=width, step=step):
-                at = "seq" if step is None else str(step)
+                at = SEQ if step is None else step
                 size = f"(size_t)batch * {width} * sizeof(float)"
                 copy = (f"cudaMemcpyAsync({_ptr(dst, at)}, {_ptr(src, at)}, {size}, "
                         "cudaMemcpyDeviceToDevice, stream);")
-                if plan.buffers[src.buffer].role == "init":  # the caller may pass no initial states
-                    w(f"{indent}if (init_states) {copy}")
-                    w(f"{indent}else cudaMemsetAsync({_ptr(dst, at)}, 0, {size}, stream);")
-                elif plan.buffers[dst.buffer].role == "final":  # nor ask for the final ones
-                    w(f"{indent}if (final_states) {copy}")
+                if self.plan.buffers[src.buffer].role == "init":  # the caller may pass no initial states
+                    w(f"if (init_states) {copy}",
+                      f"else cudaMemsetAsync({_ptr(dst, at)}, 0, {size}, stream);")
+                elif self.plan.buffers[dst.buffer].role == "final":  # nor ask for the final ones
+                    w(f"if (final_states) {copy}")
                 else:
-                    w(f"{indent}{copy}")
+                    w(copy)
             case Loop(body=body, first=first, last=last, reverse=reverse):
                 end = "seq" if last is None else str(last)
-                if reverse:
-                    w(f"{indent}for (int t = {end} - 1; t >= {first}; --t) {{")
-                else:
-                    w(f"{indent}for (int t = {first}; t < {end}; ++t) {{")
-                for inner in body:
-                    emit_instr(inner, "t", indent + "    ")
-                w(f"{indent}}}")
+                with w.block(f"for (int t = {end} - 1; t >= {first}; --t) {{" if reverse else
+                             f"for (int t = {first}; t < {end}; ++t) {{"):
+                    for inner in body:
+                        self._instruction(inner, T)
             case Persistent(launch=p):
-                emit_cooperative(p, indent)
+                self._cooperative(p)
             case Gemm() | Kernel() | Record() | Wait():
                 raise ValueError(f"the exported launcher runs on one stream, in whole launches: {instr!r}")
             case _:
                 raise TypeError(f"the exporter cannot emit {instr!r}")
 
-    def emit_cooperative(p: PersistentLaunch, indent: str) -> None:
-        name = kernels.name_of[p]
+    def _gemm(self, g: GemmLaunch, t: Expr | int) -> None:
+        w = self.w
+        m, kk = self._gemm_dims(g)
+        rows, k = m.c(wide=False), kk.c(wide=False)
+        beta = "&one" if g.accumulate else "&zero"
+        if g.bias:
+            w(f"cf_bias_rows<<<cf_blocks({(m * g.n).c()}), {BLOCK}, 0, stream>>>("
+              f"{_ptr(g.c, t)}, {_var(g.bias)}, {rows}, {g.n}, {g.c.ld});")
+            beta = "&one"
+        if id(g) in self.first_layer:
+            self.kernel_line.setdefault(g.group, self._line)
+        # a transposed operand is cuBLAS's op T, with its own row length (see the executor's call)
+        op_w, op_a = ("CUBLAS_OP_T" if x else "CUBLAS_OP_N" for x in (g.trans_w, g.trans_a))
+        ldw = g.k if g.trans_w else g.n
+        sgemm = (f"st = cublasSgemm(handle, {op_w}, {op_a}, {g.n}, {rows}, {k}, &one, {_var(g.w)}, "
+                 f"{ldw}, {_ptr(g.a, t)}, {g.a.ld}, {beta}, {_ptr(g.c, t)}, {g.c.ld});  "
+                 f"/* {comment_text(g.group)} */")
+        if not may_run_on_tensor_cores(g):
+            w(sgemm)
+        else:
+            # 3xTF32 (see cf_split_tf32x3): A's pieces (hi, hi, lo), W's (hi, lo, hi), a GEMM over 3K, A's
+            # copies untransposed (see tf32x3_layout)
+            a_split, w_split, ld_a, ld_w, w_at = tf32x3_layout(g, m, kk)
+            split_w = f"cf_split + {w_at.c()}"
+            with w.block(f"if (cf_tf32x3({rows}, {g.n}, {k})) {{  /* {comment_text(g.group)} */", "} else {"):
+                for to, fro, (r, c, ld, layout, lo) in (("cf_split", _ptr(g.a, t), a_split),
+                                                        (split_w, _var(g.w), w_split)):
+                    threads = split_threads(r, c, layout).c()
+                    w(f"cf_split_tf32x3<<<cf_blocks({threads}), {BLOCK}, 0, stream>>>({to}, {fro}, "
+                      f"{r.c(wide=False)}, {c.c(wide=False)}, {ld.c(wide=False)}, {layout}, {lo});")
+                w(f"st = cublasGemmEx(handle, {op_w}, CUBLAS_OP_N, {g.n}, {rows}, {(3 * kk).c(wide=False)}, "
+                  f"&one, {split_w}, CUDA_R_32F, {ld_w.c(wide=False)}, cf_split, CUDA_R_32F, "
+                  f"{ld_a.c(wide=False)}, {beta}, {_ptr(g.c, t)}, CUDA_R_32F, {g.c.ld}, "
+                  "CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);")
+            with w.indented():
+                w(sgemm)
+            w("}")
+        w("if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
+
+    def _cooperative(self, p: PersistentLaunch) -> None:
+        name, w = self.kernels.name_of[p], self.w
         args = persistent_buffers(p)
-        w(f"{indent}{{  /* every step of {p.label} in one cooperative launch */")
-        w(f"{indent}    int cf_seq = seq, cf_batch = batch, cf_dev = 0, cf_sms = 0, cf_per_sm = 0;")
-        for i, b in enumerate(args):
-            w(f"{indent}    const float* cf_p{i} = {_var(b)};")
-        table = ", ".join(["&cf_seq", "&cf_batch"] + [f"(void*)&cf_p{i}" for i in range(len(args))])
-        w(f"{indent}    void* cf_args[] = {{{table}}};")
-        w(f"{indent}    cudaError_t cf_e = cudaGetDevice(&cf_dev);")
-        w(f"{indent}    if (!cf_e) cf_e = cudaDeviceGetAttribute(&cf_sms, cudaDevAttrMultiProcessorCount, "
-          "cf_dev);")
-        w(f"{indent}    if (!cf_e) cf_e = cudaFuncSetAttribute((const void*){name}, "
-          f"cudaFuncAttributeMaxDynamicSharedMemorySize, {p.smem_bytes});")
-        w(f"{indent}    if (!cf_e) cf_e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cf_per_sm, {name}, "
-          f"{p.threads}, {p.smem_bytes});")
-        w(f"{indent}    if (!cf_e && cf_per_sm * cf_sms < {p.blocks})  /* not all blocks resident at once */")
-        w(f"{indent}        cf_e = cudaErrorCooperativeLaunchTooLarge;")
-        w(f"{indent}    if (!cf_e) cf_e = cudaLaunchCooperativeKernel((const void*){name}, {p.blocks}, "
-          f"{p.threads}, cf_args, {p.smem_bytes}, stream);")
-        w(f"{indent}    if (cf_e) return (int)cf_e;")
-        w(f"{indent}}}")
+        with w.block(f"{{  /* every step of {p.label} in one cooperative launch */"):
+            w("int cf_seq = seq, cf_batch = batch, cf_dev = 0, cf_sms = 0, cf_per_sm = 0;",
+              *(f"const float* cf_p{i} = {_var(b)};" for i, b in enumerate(args)))
+            table = ", ".join(["&cf_seq", "&cf_batch"] + [f"(void*)&cf_p{i}" for i in range(len(args))])
+            w(f"void* cf_args[] = {{{table}}};",
+              "cudaError_t cf_e = cudaGetDevice(&cf_dev);",
+              "if (!cf_e) cf_e = cudaDeviceGetAttribute(&cf_sms, cudaDevAttrMultiProcessorCount, cf_dev);",
+              f"if (!cf_e) cf_e = cudaFuncSetAttribute((const void*){name}, "
+              f"cudaFuncAttributeMaxDynamicSharedMemorySize, {p.smem_bytes});",
+              f"if (!cf_e) cf_e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&cf_per_sm, {name}, "
+              f"{p.threads}, {p.smem_bytes});",
+              f"if (!cf_e && cf_per_sm * cf_sms < {p.blocks})  /* not all blocks resident at once */",
+              "    cf_e = cudaErrorCooperativeLaunchTooLarge;",
+              f"if (!cf_e) cf_e = cudaLaunchCooperativeKernel((const void*){name}, {p.blocks}, {p.threads}, "
+              f"cf_args, {p.smem_bytes}, stream);",
+              "if (cf_e) return (int)cf_e;")
 
-    def emit_backward(bp: BackwardPlan) -> None:
-        nonlocal lines
-        bfn = fn[:-len("_forward")] + "_backward"
-        w("/* The backward pass of the forward pass just run on `stream` with the same seq, batch, x, params")
-        w("   and workspace (which holds every step the forward pass saved): the gradients of sum(dy * y)")
-        w("   plus, per state, sum(dfinal[s] * final[s]). dy: [seq, batch, hidden]; dfinal: per state")
-        w("   [layers, batch, hidden], or NULL (all zero); dx: [seq, batch, input]; dinit_states: per state")
-        w("   [layers, batch, hidden], or NULL (not wanted); dparams: per parameter, in the order above, its")
-        w("   shape. Returns as the forward pass does. */")
-        w(f"int {bfn}(cublasHandle_t handle, cudaStream_t stream, int seq, int batch, const float* x,")
-        w("        const float* const* params, const float* dy, const float* const* dfinal, float* dx,")
-        w("        float* const* dinit_states, float* const* dparams, void* workspace)")
-        w("{")
-        w("    if (seq < 0 || batch < 0 || ((long long)seq + 1) * batch > INT_MAX)")
-        w("        return (int)cudaErrorInvalidValue;")
-        if max_batch:
-            w(f"    if (batch > {max_batch})")
-            w("        return (int)cudaErrorInvalidValue;")
-        w("    const float one = 1.0f, zero = 0.0f;  /* alpha and beta of the GEMMs */")
-        w("    (void)zero;")
-        w("    float* ws = (float*)workspace;")
-        w("    cublasStatus_t st = cublasSetStream(handle, stream);")
-        w("    if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
-        w("    const float* b_x = x;")
-        w("    (void)b_x;")
-        for b in plan.buffers.values():
-            if b.role == "weight":
-                w(f"    const float* {_var(b.name)} = params[{param_index[b.sources[0]]}];  "
-                  f"/* {comment_text(b.sources[0])} */")
-        declarations = len(out)  # the workspace's pointers go here, once the body says which it uses
-        w("")
-        w("    /* Every gradient starts at zero (each launch adds into it; one that a kernel overwrites")
-        w("       whole needs nothing), then the seeds; ones are 1. */")
-        for b in bp.buffers.values():
-            n = f"{_ROWS_EXPR[b.rows].format(layers=sizes.layers)} * {b.width}"
-            if b.name in bp.overwritten:
-                continue
-            if b.role == "ones":
-                w(f"    cf_fill_ones<<<cf_blocks({n}), {BLOCK}, 0, stream>>>({_var(b.name)}, {n});")
-            else:
-                w(f"    cudaMemsetAsync({_var(b.name)}, 0, {n} * sizeof(float), stream);")
-
-        def axpy(n: str, src: str, dst: str, indent: str = "    ") -> None:
-            w(f"{indent}st = cublasSaxpy(handle, (int)({n}), &one, {src}, 1, {dst}, 1);")
-            w(f"{indent}if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
-
-        seed_y = f"{_var(grad_of(plan.layers[-1].output_seq))} + (size_t)batch * {H}"
-        axpy(f"(size_t)seq * batch * {H}", "dy", seed_y)
-        if states:
-            w("    if (dfinal) {")
-            for i, state in enumerate(states):
-                for lp in plan.layers:
-                    axpy(f"batch * {H}", f"dfinal[{i}] + (size_t){lp.layer} * batch * {H}",
-                         _ptr(grad(lp.state_read[state]), "seq"), "        ")
-            w("    }")
-        w("")
-        for instr in bp.instructions():
-            emit_instr(instr, "0", "    ")
-        w("")
-        w("    /* The gradients out: x's, the initial states', each parameter's (summed over its parts). */")
-        w(f"    cudaMemcpyAsync(dx, {_var(grad_of('x'))}, (size_t)seq * batch * {sizes.input} * "
-          "sizeof(float), cudaMemcpyDeviceToDevice, stream);")
-        if states:
-            w("    if (dinit_states) {")
-            for i, state in enumerate(states):
-                for lp in plan.layers:
-                    w(f"        cudaMemcpyAsync(dinit_states[{i}] + (size_t){lp.layer} * batch * {H}, "
-                      f"{_ptr(grad(lp.state_read[state]), '0')}, (size_t)batch * {H} * sizeof(float), "
-                      "cudaMemcpyDeviceToDevice, stream);")
-            w("    }")
-        for key in params:
-            w(f"    cudaMemsetAsync(dparams[{param_index[key]}], 0, {math.prod(plan.params[key])} * "
-              f"sizeof(float), stream);  /* {comment_text(key)} */")
-        for part in plan.param_parts():  # dparam[rows, width] += the part's columns of its buffer's gradient
-            out_ = f"dparams[{param_index[part.key]}]"
-            w(f"    st = cublasSgeam(handle, CUBLAS_OP_N, CUBLAS_OP_N, {part.width}, {part.rows}, &one, "
-              f"{_var(grad_of(part.buffer))} + {part.col}, {part.ld}, &one, {out_}, {part.width}, {out_}, "
-              f"{part.width});  /* {comment_text(part.key)} */")
-            w("    if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
-        w("    return (int)cudaGetLastError();")
-        w("}")
-        w("")
-        body = "\n".join(out[declarations:])
-        pointers = list(_SPLIT_ROOM) if gemms else []
-        for b in ws_buffers:  # a forward buffer the backward pass does not read is only stepped over
-            rows = _ROWS_EXPR[b.rows].format(layers=sizes.layers)
-            used = re.search(rf"\b{_var(b.name)}\b", body)
-            pointers.append(f"    {f'float* {_var(b.name)} = ws; ' if used else ''}ws += {rows} * {b.width};")
-        out[declarations:declarations] = pointers
-        lines += len(pointers)
-
-    for instr in program.instructions:
-        emit_instr(instr, "0", "    ")
-    w(f"    cudaMemcpyAsync(y, {_var(plan.layers[-1].output_seq)} + (size_t)batch * {H}, "
-      f"(size_t)seq * batch * {H} * sizeof(float), cudaMemcpyDeviceToDevice, stream);")
-    w("    return (int)cudaGetLastError();")
-    w("}")
-    w("")
-    if backward:
-        emit_backward(backward)
-    stem_fn = fn[:-len("_forward")]
-    w(_DEMO_MAIN.replace("@BACKWARD_CHECK@", _DEMO_BACKWARD if backward else "")
-      .replace("@BFN@", stem_fn + "_backward").replace("@FN@", fn).replace("@MACRO@", macro)
-      .replace("@WS@", stem_fn + "_workspace_bytes")
-      .replace("@SIZES@", ", ".join(str(math.prod(plan.params[k])) for k in params) or "0"))
-
-    kernel_of_node: dict[str, str] = {}
-    first = plan.layers[0]
-    in_loop = first.persistent  # the launch that runs the steps, if one does
-    for g in plan.groups:
-        for n in (*g.matmuls, *g.folded):
-            kernel_of_node[n] = kernels.name_of[in_loop] if in_loop and not g.hoisted else g.name
-    for launch in (*first.prologue, *first.step):
-        match launch:
-            case KernelLaunch():
-                kernel = kernels.name_of[in_loop if in_loop and not launch.hoisted else launch]
-                for op in launch.body:
-                    kernel_of_node[op.result] = kernel
-            case GemmLaunch():
-                pass  # above, by group
-            case _:
-                raise TypeError(f"unknown launch {launch!r}")
-    kernel_line.update(gemm_line)
-    return CudaSource("\n".join(out) + "\n", kernel_of_node, kernel_line)
-
-
-_DEMO_MAIN = r"""
-#ifdef CELLFUSE_DEMO_MAIN
-#include <stdio.h>
-#include <stdlib.h>
-#include <math.h>
-
-#define CHECK(call) do { int e_ = (int)(call); if (e_) { \
-    fprintf(stderr, "%s:%d: error %d\n", __FILE__, __LINE__, e_); exit(1); } } while (0)
-
-static float* read_file(const char* path, size_t n) {
-    FILE* f = fopen(path, "rb");
-    if (!f) { fprintf(stderr, "cannot open %s\n", path); exit(1); }
-    float* h = (float*)malloc(n * sizeof(float));
-    if (fread(h, sizeof(float), n, f) != n) {
-        fprintf(stderr, "%s: expected %zu floats\n", path, n);
-        exit(1);
-    }
-    fclose(f);
-    return h;
-}
-
-static int cmp_float(const void* a, const void* b) {
-    float x = *(const float*)a, y = *(const float*)b;
-    return (x > y) - (x < y);
-}
-
-int main(int argc, char** argv) {
-    int seq = argc > 2 ? atoi(argv[1]) : 100, batch = argc > 2 ? atoi(argv[2]) : 64;
-    const char* prefix = argc > 3 ? argv[3] : NULL;
-    const size_t sizes[] = {@SIZES@};
-    size_t total = 0;
-    for (int i = 0; i < @MACRO@_PARAMS; ++i) total += sizes[i];
-    size_t nx = (size_t)seq * batch * @MACRO@_INPUT, ny = (size_t)seq * batch * @MACRO@_HIDDEN;
-    float *hp, *hx;
-    char path[4096];
-    if (prefix) {
-        snprintf(path, sizeof path, "%s.params.f32", prefix); hp = read_file(path, total);
-        snprintf(path, sizeof path, "%s.x.f32", prefix); hx = read_file(path, nx);
-    } else {
-        srand(0);
-        hp = (float*)malloc((total ? total : 1) * sizeof(float));
-        hx = (float*)malloc(nx * sizeof(float));
-        float bound = 1.0f / sqrtf((float)@MACRO@_HIDDEN);
-        for (size_t i = 0; i < total; ++i) hp[i] = bound * (2.0f * rand() / RAND_MAX - 1.0f);
-        for (size_t i = 0; i < nx; ++i) hx[i] = 2.0f * rand() / RAND_MAX - 1.0f;
-    }
-    float *dp, *dx, *dy;
-    void* ws;
-    CHECK(cudaMalloc(&dp, (total ? total : 1) * sizeof(float)));
-    CHECK(cudaMalloc(&dx, nx * sizeof(float)));
-    CHECK(cudaMalloc(&dy, ny * sizeof(float)));
-    CHECK(cudaMalloc(&ws, @WS@(seq, batch)));
-    CHECK(cudaMemcpy(dp, hp, total * sizeof(float), cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dx, hx, nx * sizeof(float), cudaMemcpyHostToDevice));
-    const float* params[@MACRO@_PARAMS + 1];
-    size_t off = 0;
-    for (int i = 0; i < @MACRO@_PARAMS; ++i) { params[i] = dp + off; off += sizes[i]; }
-    cublasHandle_t handle;
-    CHECK(cublasCreate(&handle));
-    cudaStream_t stream;
-    CHECK(cudaStreamCreate(&stream));
-    CHECK(@FN@(handle, stream, seq, batch, dx, params, NULL, dy, NULL, ws));
-    CHECK(cudaStreamSynchronize(stream));
-    float* hy = (float*)malloc(ny * sizeof(float));
-    CHECK(cudaMemcpy(hy, dy, ny * sizeof(float), cudaMemcpyDeviceToHost));
-    if (prefix) {
-        snprintf(path, sizeof path, "%s.y.f32", prefix);
-        FILE* f = fopen(path, "wb");
-        if (!f || fwrite(hy, sizeof(float), ny, f) != ny) {
-            fprintf(stderr, "cannot write %s\n", path);
-            exit(1);
-        }
-        fclose(f);
-    }
-    enum { REPS = 20 };
-    float ms[REPS];
-    cudaEvent_t a, b;
-    CHECK(cudaEventCreate(&a));
-    CHECK(cudaEventCreate(&b));
-    for (int i = 0; i < 3; ++i) CHECK(@FN@(handle, stream, seq, batch, dx, params, NULL, dy, NULL, ws));
-    for (int i = 0; i < REPS; ++i) {
-        CHECK(cudaEventRecord(a, stream));
-        CHECK(@FN@(handle, stream, seq, batch, dx, params, NULL, dy, NULL, ws));
-        CHECK(cudaEventRecord(b, stream));
-        CHECK(cudaEventSynchronize(b));
-        CHECK(cudaEventElapsedTime(&ms[i], a, b));
-    }
-    qsort(ms, REPS, sizeof(float), cmp_float);
-    printf("seq %d batch %d: forward %.3f ms (median of %d), y[0] = %g\n",
-           seq, batch, ms[REPS / 2], REPS, hy[0]);
-@BACKWARD_CHECK@    return 0;
-}
-#endif
-"""
-
-_FILL_ONES = """
-extern "C" __global__ void cf_fill_ones(float* p, size_t n)
-{
-    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
-        p[i] = 1.0f;
-}
-"""
-
-# The backward pass against finite differences of the forward, at three elements of the parameters (the
-# first, the middle, the last): the loss is sum(seed * y), summed in double on the host. A cell with a kink
-# (relu, max, abs) has many of them near any point, so the gradient must agree with the central difference
-# or with one of the one-sided ones: a kink on one side spoils only that side's difference.
-_DEMO_BACKWARD = r"""    {
-        float *dseed, *dgx, *dgp;
-        float* hseed = (float*)malloc(ny * sizeof(float));
-        for (size_t i = 0; i < ny; ++i) hseed[i] = 2.0f * rand() / RAND_MAX - 1.0f;
-        CHECK(cudaMalloc(&dseed, ny * sizeof(float)));
-        CHECK(cudaMalloc(&dgx, nx * sizeof(float)));
-        CHECK(cudaMalloc(&dgp, (total ? total : 1) * sizeof(float)));
-        CHECK(cudaMemcpy(dseed, hseed, ny * sizeof(float), cudaMemcpyHostToDevice));
-        float* dparams[@MACRO@_PARAMS + 1];
-        off = 0;
-        for (int i = 0; i < @MACRO@_PARAMS; ++i) { dparams[i] = dgp + off; off += sizes[i]; }
-        CHECK(@FN@(handle, stream, seq, batch, dx, params, NULL, dy, NULL, ws));
-        CHECK(@BFN@(handle, stream, seq, batch, dx, params, dseed, NULL, dgx, NULL, dparams, ws));
-        CHECK(cudaStreamSynchronize(stream));
-        float* hg = (float*)malloc((total ? total : 1) * sizeof(float));
-        CHECK(cudaMemcpy(hg, dgp, total * sizeof(float), cudaMemcpyDeviceToHost));
-        int bad = 0;
-        for (int c = 0; c < 3 && total; ++c) {
-            const size_t i = (size_t)c * (total - 1) / 2;
-            const float keep = hp[i], eps = 1e-3f * fmaxf(1.0f, fabsf(keep));
-            double loss[3];  /* at keep + eps, keep, keep - eps */
-            for (int side = 0; side < 3; ++side) {
-                const float v = side == 0 ? keep + eps : side == 1 ? keep : keep - eps;
-                CHECK(cudaMemcpy(dp + i, &v, sizeof(float), cudaMemcpyHostToDevice));
-                CHECK(@FN@(handle, stream, seq, batch, dx, params, NULL, dy, NULL, ws));
-                CHECK(cudaMemcpy(hy, dy, ny * sizeof(float), cudaMemcpyDeviceToHost));
-                double sum = 0.0;
-                for (size_t j = 0; j < ny; ++j) sum += (double)hseed[j] * hy[j];
-                loss[side] = sum;
-            }
-            const double fd[3] = {(loss[0] - loss[2]) / (2.0 * eps), (loss[0] - loss[1]) / eps,
-                                  (loss[1] - loss[2]) / eps};
-            double err = 1e30;
-            for (int k = 0; k < 3; ++k)  /* the floor: float32 rounding, over eps, for a gradient near 0 */
-                err = fmin(err, fabs(fd[k] - hg[i]) / fmax(fmax(fabs(fd[k]), fabs((double)hg[i])), 1e-2));
-            printf("backward: d loss / d params element %zu = %g, central difference %g, one-sided %g and %g "
-                   "(relative %.1e)\n", i, hg[i], fd[0], fd[1], fd[2], err);
-            if (err > 5e-2) bad = 1;
-        }
-        if (bad) {
-            fprintf(stderr, "the backward pass disagrees with the finite differences\n");
-            return 1;
-        }
-    }
-"""
+    def _kernel_of_node(self) -> dict[str, str]:
+        """Which kernel (or GEMM) computes each node of the cell, in its first layer."""
+        plan, name_of = self.plan, self.kernels.name_of
+        kernel_of_node: dict[str, str] = {}
+        first = plan.layers[0]
+        in_loop = first.persistent  # the launch that runs the steps, if one does
+        for g in plan.groups:
+            for n in (*g.matmuls, *g.folded):
+                kernel_of_node[n] = name_of[in_loop] if in_loop and not g.hoisted else g.name
+        for launch in (*first.prologue, *first.step):
+            match launch:
+                case KernelLaunch():
+                    kernel = name_of[in_loop if in_loop and not launch.hoisted else launch]
+                    for op in launch.body:
+                        kernel_of_node[op.result] = kernel
+                case GemmLaunch():
+                    pass  # above, by group
+                case _:
+                    raise TypeError(f"unknown launch {launch!r}")
+        return kernel_of_node

@@ -6,8 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .backward_plan import BackwardPlan
-from .cuda_kernels import PRELUDE, c_name, c_stem, check_index_range, kernel_source
-from .cuda_persistent import PERSISTENT_PRELUDE, persistent_source
+from .c_text import c_name, c_stem
+from .cuda_kernels import PRELUDE, elementwise_kernel_source, reduces_rows
+from .cuda_rows import reduction_kernel_source
+from .kernel_abi import check_index_range
+from .persistent_cuda import PERSISTENT_PRELUDE, persistent_source
 from .plan import GemmLaunch, KernelLaunch, PersistentLaunch, Plan
 
 
@@ -31,6 +34,13 @@ class KernelSet:
     def module_source(self) -> str:
         persistent = any(isinstance(launch, PersistentLaunch) for launch in self.name_of)
         return (PERSISTENT_PRELUDE if persistent else "") + PRELUDE + "\n" + "\n".join(self.sources.values())
+
+
+def kernel_source(launch: KernelLaunch, name: str) -> str:
+    """The source of a fused kernel: a thread per element, or a block per row where it reduces rows."""
+    if reduces_rows(launch):
+        return reduction_kernel_source(launch, name)
+    return elementwise_kernel_source(launch, name)
 
 
 def plan_kernels(plan: Plan) -> KernelSet:

@@ -20,6 +20,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .gemm_routes import Route, route
 from .plan import Access, GemmLaunch, KernelLaunch, Launch, PersistentLaunch, Plan, state_copies
 
 MAIN, SIDE = 0, 1  # the streams: the recurrence, and the hoisted launches beside it
@@ -27,18 +28,23 @@ MAIN, SIDE = 0, 1  # the streams: the recurrence, and the hoisted launches besid
 
 @dataclass(frozen=True)
 class Gemm:
-    """C = A @ W (+ bias). With `steps`, a hoisted GEMM's rows of steps [first, last) only."""
+    """C = A @ W (+ bias) on `rows` rows, by its `route` (see gemm_routes). With `steps`, a hoisted
+    GEMM's rows of steps [first, last) only."""
 
     launch: GemmLaunch
+    rows: int
+    route: Route
     stream: int = MAIN
     steps: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
 class Kernel:
-    """A fused elementwise kernel. With `steps`, a hoisted kernel's rows of steps [first, last) only."""
+    """A fused elementwise kernel on `rows` rows. With `steps`, a hoisted kernel's rows of steps [first,
+    last) only."""
 
     launch: KernelLaunch
+    rows: int
     stream: int = MAIN
     steps: tuple[int, int] | None = None
 
@@ -110,33 +116,21 @@ class Program:
     sharing: int = 1
 
 
-def launch_rows(instr: Gemm | Kernel, batch: int) -> int:
-    """The rows the instruction computes: the launch's, or those of its steps."""
-    if instr.steps:
-        first, last = instr.steps
-        return (last - first) * batch
-    match instr.launch:
-        case GemmLaunch() as g:
-            return g.m
-        case KernelLaunch() as k:
-            return k.rows
-        case other:
-            raise TypeError(f"unknown launch {other!r}")
-
-
 def element_offset(instr: Gemm | Kernel, acc: Access, t: int, batch: int) -> int:
     """Where an access of the instruction starts at step t, in elements of its buffer."""
     skip = instr.steps[0] * batch * acc.ld if instr.steps and acc.kind in ("row", "col") else 0
     return acc.offset(t, batch) + skip
 
 
-def as_instruction(launch: Launch, stream: int = MAIN, steps: tuple[int, int] | None = None) -> Gemm | Kernel:
-    """The instruction that runs a launch (of `steps` only, where given)."""
+def as_instruction(launch: Launch, batch: int, stream: int = MAIN,
+                   steps: tuple[int, int] | None = None) -> Gemm | Kernel:
+    """The instruction that runs a launch (of `steps` only, where given, each of `batch` rows)."""
     match launch:
         case GemmLaunch():
-            return Gemm(launch, stream, steps)
+            rows = (steps[1] - steps[0]) * batch if steps else launch.m
+            return Gemm(launch, rows, route(launch, rows), stream, steps)
         case KernelLaunch():
-            return Kernel(launch, stream, steps)
+            return Kernel(launch, (steps[1] - steps[0]) * batch if steps else launch.rows, stream, steps)
         case _:
             raise TypeError(f"unknown launch {launch!r}")
 
@@ -145,7 +139,7 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
     """The program of a whole forward pass. `one_stream` runs the hoisted launches before each layer's
     loop on the main stream instead of in chunks beside it (what the exported .cu does), and the layers
     one after another."""
-    T, H = plan.sizes.seq, plan.sizes.hidden
+    T, H, B = plan.sizes.seq, plan.sizes.hidden, plan.sizes.batch
     chunk = 0 if one_stream else plan.chunk_steps
     sharing = plan.side_by_side if chunk else 1
     apart = sharing > 1  # each layer on a recurrence stream and a side one of its own
@@ -164,15 +158,15 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
     prev_done: list[int] = []  # per chunk, an event after the previous layer's steps of that chunk
     for lp in plan.layers:
         main, side = (2 * (lp.layer % sharing), 2 * (lp.layer % sharing) + 1) if apart else (MAIN, SIDE)
-        step = tuple(as_instruction(launch, main) for launch in lp.step)
+        step = tuple(as_instruction(launch, B, main) for launch in lp.step)
         if lp.persistent:  # whose kernel copies the states in and out itself (`PersistentLaunch.states`)
-            out += [as_instruction(launch) for launch in lp.prologue]
+            out += [as_instruction(launch, B) for launch in lp.prologue]
             out.append(Persistent(lp.persistent))
             continue
         copies = state_copies(lp.state_read, H, lp.layer)
         out += [Copy(c.initial, c.read, H, 0, main) for c in copies]
         if not chunk:
-            out += [as_instruction(launch) for launch in lp.prologue]
+            out += [as_instruction(launch, B) for launch in lp.prologue]
             out.append(Loop(step))
         else:
             chunks = [(first, min(T, first + chunk)) for first in range(0, T, chunk)]
@@ -182,9 +176,9 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
                     out.append(Wait(prev_done[j], side))
                 for launch in lp.prologue:
                     if launch.row_kind == "seq":
-                        out.append(as_instruction(launch, side, steps))
+                        out.append(as_instruction(launch, B, side, steps))
                     elif j == 0:  # [N] and scalar values: all of them with the first chunk
-                        out.append(as_instruction(launch, side))
+                        out.append(as_instruction(launch, B, side))
                 ready.append(event())
                 out.append(Record(ready[-1], side))
             prev_done = []

@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .cuda_kernels import row_sums
+from .address import slot_rows
 from .plan import (
     Access,
     Exchange,
@@ -29,15 +29,23 @@ from .plan import (
     KernelLaunch,
     PersistentItem,
     PersistentLaunch,
+    StateCopies,
     Target,
-    row_offset,
+)
+from .row_passes import row_sums
+from .tiling import (
+    MMA_K_CHUNK,
+    THREADS,
+    GemmTiling,
+    SharedRegions,
+    gemm_tiling,
+    output_floats,
+    whole32,
 )
 
-THREADS = 256  # per block of a persistent kernel: faster than 128 or 512 at every size measured
 ROW_TILE = 64  # rows of a GEMM's left operand staged in shared memory at a time, at most
 ROW_GROUPS = (8, 4, 2, 1)  # the ways to split the batch between blocks, most first
 MIN_GROUP_ROWS = 8  # rows of a group, at least: fewer would not fill a block's threads
-REGISTER_COLS = 16  # a block's columns of a GEMM, at most, held in registers for products one row at a time
 EXCHANGE_BYTES = 64 * 2**20  # of a persistent kernel's exchanges, at most (two slots of 8-byte pairs)
 # The bytes an exchange's (tag, value) pairs add to a step's reads from L2 (its readers' rows of the
 # operand, 4 more bytes a value), per grid-wide barrier it takes away, at most. Measured on an H100,
@@ -49,158 +57,11 @@ EXCHANGE_BYTES_PER_WAIT = 6 * 2**20
 
 
 @dataclass(frozen=True)
-class GemmTiling:
-    """How the threads of a block share its part of a GEMM, C[rows, cols] = A[rows, K] @ W[K, cols], with
-    A (a tile of rows) and W both in shared memory, K contiguous: each output thread holds a register
-    tile of `rows_per_thread` consecutive rows by `cols_per_thread` consecutive columns, and `k_split`
-    neighbouring lanes share each tile's sum over K, four k at a time (float4 loads), adding their
-    partial sums with warp shuffles at the end.
-
-    With one row at a time (`in_registers`: a batch of one, as a row tile), each thread instead holds
-    two k of the operand's row, the first it polls or loads, and its two rows of the block's columns of W
-    in registers (all `cols_per_thread` of them, a power of two, the columns past the block's zero): it
-    multiplies them as soon as its values come, each warp adds its lanes' products by shuffles, and the
-    elementwise work reads the sum of the warps' partial rows from shared memory (`output_floats`): one
-    barrier after the products instead of the stage's two and C's (on an H100, the LSTM's persistent
-    kernel at B=1 0.120 -> 0.095 ms, the GRU's 0.113 -> 0.100).
-
-    On tensor cores (`mma`), each warp holds a tile of C instead, 16 rows by `cols_per_thread` (eight
-    columns for each of its `mma.sync` products; the `*_threads` count tiles), and `k_split` warps share
-    each tile's sum over K, sixteen k at a time, adding their partial tiles through shared memory
-    (`mma_floats`). The operand is staged `k_chunk` columns of K at a time, the warps' partial tiles
-    kept in shared memory from one chunk to the next, so that a long K (a backward step's 4H) leaves
-    room for the weights."""
-
-    cols: int  # the block's columns of the GEMM, over all its stacked weights
-    rows_per_thread: int
-    cols_per_thread: int
-    k_split: int  # a power of two, at most a warp
-    col_threads: int
-    row_threads: int
-    mma: bool = False
-    k_chunk: int = 0  # columns of K staged at a time (0: all of K)
-    in_registers: bool = False
-
-    @property
-    def output_stride(self) -> int:
-        """Floats per row of the block's part of the output in shared memory (of products in registers,
-        each warp's partial sums of the padded columns, warp after warp)."""
-        return WARPS * self.cols_per_thread if self.in_registers else self.cols
-
-    @property
-    def padded_cols(self) -> int:  # the rows of the on-chip (transposed) weights
-        return self.col_threads * self.cols_per_thread
-
-    @property
-    def padded_rows(self) -> int:  # the rows of the staged operand
-        return self.row_threads * self.rows_per_thread
-
-    @property
-    def output_threads(self) -> int:
-        return self.col_threads * self.row_threads
-
-    def stage_stride(self, k: int) -> int:
-        """Floats per staged row of the operand (of a GEMM with K = k)."""
-        return self.w_stride(self.k_chunk or k)
-
-    def w_stride(self, k: int) -> int:
-        """Floats per row of the on-chip (transposed) weights, K contiguous (of a GEMM with K = k)."""
-        return mma_stride(k) if self.mma else k_stride(k)
-
-    @property
-    def mma_floats(self) -> int:
-        """Shared memory for the warps' partial tiles of C, on tensor cores."""
-        if not self.mma:
-            return 0
-        return self.output_threads * self.k_split * self.rows_per_thread * self.cols_per_thread
-
-
-MMA_M, MMA_N, MMA_K = 16, 8, 8  # the tile of C and the K of one mma.sync product on TF32 operands
-# K read at a time by a warp on tensor cores: two products, each lane's operands of both one float4 of a
-# row (the k of a product taken in the order that makes them so: any order gives the same sum)
-MMA_K_BLOCK = 16
-MMA_K_CHUNK = 512  # columns of K staged at a time on tensor cores, at most
-# the products side by side in a warp's tile of C, the choices (3 and 6: a GRU block's 3 * 2^n columns)
-MMA_COL_TILES = (1, 2, 3, 4, 6, 8)
-WARPS = THREADS // 32
-
-
-def output_floats(rows: int, tiling: GemmTiling) -> int:
-    """Shared memory for a block's part of a GEMM's output (of products in registers, each warp's partial
-    sums of it), in whole 32 bytes: what follows it in shared memory is read as float4s or as tensor-core
-    fragments (which start 32-byte aligned)."""
-    return 8 * -(-rows * tiling.output_stride // 8)
-
-
-def k_stride(k: int) -> int:
-    """Floats per row of a K-contiguous array in shared memory: K in whole float4s, and one float4 more,
-    so that lanes reading the same k of neighbouring rows fall in different banks. It holds K in whole
-    eights too (the zeros past K), as tensor cores read it."""
-    return 4 * (-(-k // 4)) + 4
-
-
-def mma_stride(k: int) -> int:
-    """Floats per row of a K-contiguous array that tensor cores read: K in whole MMA_K_BLOCKs, and one
-    more, so that the eight lanes of a float4 load (two rows, four float4s of each) fall in different
-    banks."""
-    return MMA_K_BLOCK * (-(-k // MMA_K_BLOCK) + 1)
-
-
-def gemm_tiling(columns: tuple[int, ...], blocks: int, row_tile: int, k: int,
-                mma: bool = False, partials: bool = False) -> GemmTiling:
-    """The cheapest tiling by a simple count: the float4 loads and FMAs of the busiest thread, and its
-    shuffles. On tensor cores: the warp tiles' width and the warps on each tile that cost the busiest
-    warp the fewest loads and products, leaving no warp idle that could share a tile's K. With one row
-    at a time, the products in registers where they fit and the elementwise work may read the output as
-    partial sums (`partials`: W and C on chip, no bias, nothing added into C)."""
-    cols = sum(-(-w // blocks) for w in columns)
-    if partials and not mma and row_tile == 1 and k % 2 == 0 and k <= 2 * THREADS and cols <= REGISTER_COLS:
-        width = 1 << (cols - 1).bit_length()
-        return GemmTiling(cols, 1, width, 32, 1, 1, in_registers=True)
-    if mma:
-        chunk = min(k, MMA_K_CHUNK)
-        n_tiles, rt, kb = -(-cols // MMA_N), -(-row_tile // MMA_M), -(-chunk // MMA_K_BLOCK)
-        best = None
-        for nb in MMA_COL_TILES:
-            if nb > 1 and nb > n_tiles:
-                continue
-            ct = -(-n_tiles // nb)
-            split = 1
-            while split < WARPS and ct * rt * split * 2 <= WARPS and split * 2 <= kb:
-                split *= 2
-            units = -(-ct * rt * split // WARPS)  # warp tiles of the busiest warp
-            # per K_BLOCK: two float4s of A and one of W per product column, two products each, three
-            # TF32 products for each; then the sums of the split warps' partial tiles
-            cost = (units * -(-kb // split) * (2 + nb + 6 * nb)
-                    + ct * rt * split * MMA_M * nb * MMA_N // THREADS)
-            if best is None or cost < best[0]:
-                best = (cost, GemmTiling(cols, MMA_M, MMA_N * nb, split, ct, rt, mma=True, k_chunk=chunk))
-        return best[1]
-    k4 = -(-k // 4)
-    best = None
-    for tr in (1, 2, 4, 8):
-        for tc in (1, 2, 3, 4):  # 3: a GRU's 3 gates give its blocks 3 * 2^n columns, 4 would idle threads
-            if tr > 1 and tr > row_tile or tc > 1 and tc > cols:
-                continue
-            ct, rt = -(-cols // tc), -(-row_tile // tr)
-            outputs = ct * rt
-            split = 1
-            while split < 32 and outputs * split * 2 <= THREADS:
-                split *= 2
-            tiles = -(-outputs // (THREADS // split))  # output tiles per thread
-            iters = tiles * -(-k4 // split)
-            cost = iters * (4 * tr * tc + 8 * (tr + tc)) + tiles * tr * tc * 2 * split.bit_length()
-            key = (cost, tr * tc)
-            if best is None or key < best[0]:
-                best = (key, GemmTiling(cols, tr, tc, split, ct, rt))
-    return best[1]
-
-
-@dataclass(frozen=True)
 class _Placed:
-    """A GEMM of the step and what of it stays in shared memory."""
+    """A GEMM of the step (item `index` of the step) and what of it stays in shared memory."""
 
     launch: GemmLaunch
+    index: int
     columns: tuple[int, ...]
     weights: bool  # its block's columns of W
     output: bool  # its block's columns of C, for every row of the batch
@@ -216,23 +77,23 @@ class _Placed:
         return self.weights and self.output and not self.launch.bias and not self.launch.accumulate
 
 
-def _smem_floats(gemms: list[_Placed], blocks: int, row_tile: int, rows: int) -> int:
-    """Shared memory of a persistent kernel, in floats: the staged rows of the largest GEMM operand, what
-    of each GEMM stays on chip (its output for the block's `rows` rows), and the partial tiles of the
+def shared_regions(gemms: list[_Placed], blocks: int, row_tile: int, rows: int) -> SharedRegions:
+    """The shared memory of a persistent kernel, in floats: the staged rows of the largest GEMM operand,
+    what of each GEMM stays on chip (its output for the block's `rows` rows), and the partial tiles of the
     GEMM on tensor cores that has the most; `blocks` share the columns."""
     tilings = [p.tiling(blocks, row_tile) for p in gemms]
-    total = max((whole32(t.padded_rows * t.stage_stride(p.launch.k))
+    stage = max((whole32(t.padded_rows * t.stage_stride(p.launch.k))
                  for p, t in zip(gemms, tilings, strict=True)), default=0)
+    at, weights, outputs = stage, [], []
     for p, tiling in zip(gemms, tilings, strict=True):
-        total += p.weights * whole32(tiling.padded_cols * tiling.w_stride(p.launch.k))
-        total += p.output * output_floats(rows, tiling)
-    return total + max((t.mma_floats for t in tilings), default=0)
-
-
-def whole32(floats: int) -> int:
-    """Floats in whole 32 bytes: each part of a persistent kernel's shared memory starts 32-byte aligned,
-    as tensor-core fragments must."""
-    return 8 * -(-floats // 8)
+        if p.weights:
+            weights.append((p.index, at))
+            at += whole32(tiling.padded_cols * tiling.w_stride(p.launch.k))
+        if p.output:
+            outputs.append((p.index, at))
+            at += output_floats(rows, tiling)
+    mma = max((t.mma_floats for t in tilings), default=0)
+    return SharedRegions(stage, tuple(weights), tuple(outputs), at if mma else None, at + mma)
 
 
 def written(launch: GemmLaunch | KernelLaunch) -> list[Access]:
@@ -282,37 +143,26 @@ def shared_reads(launch: GemmLaunch | KernelLaunch, step: list[GemmLaunch | Kern
             raise TypeError(f"unknown launch {launch!r}")
 
 
-def initial_states_barrier(launch: PersistentLaunch) -> bool:
+def _states_barriers(items: list[PersistentItem], exchange: tuple[Exchange, ...],
+                     states: tuple[StateCopies, ...]) -> tuple[bool, bool]:
     """Whether the blocks meet at a grid-wide barrier between their copies of the initial states (each
-    its own elements, as its elementwise work owns them) and the first step: where, before the step's
-    first barrier, a block reads elements of a state that other blocks copied (a GEMM all of K of its
-    operand, a kernel that reduces rows whole rows). With exchanges there is one anyway: the initial
-    values they publish, read from the copies, are behind one."""
-    if launch.exchange:
-        return False
-    states = {state.read.buffer for state in launch.states}
-    for item in launch.items:
-        if launch.grid_barrier(item):
-            return False
-        if (item.by_rows or isinstance(item.launch, GemmLaunch)) and reads(item.launch) & states:
-            return True
-    return False
+    its own elements, as its elementwise work owns them) and the first step, and between the last step and
+    their copies of the final states.
 
-
-def final_states_barrier(launch: PersistentLaunch) -> bool:
-    """Whether the blocks meet at a grid-wide barrier between the last step and their copies of the final
-    states: where a kernel that reduces rows (whole rows, other blocks' elements) wrote a state."""
-    states = {state.read.buffer for state in launch.states}
-    return any(item.by_rows and writes(item.launch) & states for item in launch.items)
-
-
-def independent_blocks(launch: PersistentLaunch) -> bool:
-    """Whether no block of the launch ever waits for another (no grid-wide barrier, no exchange): each owns
-    its elements for every step, as in a recurrence of elementwise work only (IndRNN's). Such a launch
-    needs not all its blocks resident at once, so it is an ordinary launch, which may start while the
-    kernel before it ends (programmatic dependent launch: see cuda_persistent's `PDL_WAIT`)."""
-    return not (launch.waits_per_step or launch.exchange or initial_states_barrier(launch)
-                or final_states_barrier(launch))
+    Before the first step: where, before the step's first barrier, a block reads elements of a state that
+    other blocks copied (a GEMM all of K of its operand, a kernel that reduces rows whole rows). With
+    exchanges there is one anyway: the initial values they publish, read from the copies, are behind one.
+    After the last: where a kernel that reduces rows (whole rows, other blocks' elements) wrote a state."""
+    read = {state.read.buffer for state in states}
+    first = False
+    for item in () if exchange else items:
+        if item.barrier:
+            break
+        if (item.by_rows or isinstance(item.launch, GemmLaunch)) and reads(item.launch) & read:
+            first = True
+            break
+    last = any(item.by_rows and writes(item.launch) & read for item in items)
+    return first, last
 
 
 STEP_SLOTS = ("t", "t+1", "t%2", "(t+1)%2")  # the slots whose rows move with the step
@@ -326,7 +176,8 @@ def overtakes(write: Access, read: Access, reverse: bool) -> bool:
         return False
     if write.slot not in STEP_SLOTS or read.slot not in STEP_SLOTS:
         return True
-    return any(row_offset(write.slot, t, 1) == row_offset(read.slot, t + (1 if reverse else -1), 1)
+    return any(slot_rows(write.slot).evaluate(t=t, batch=1)
+               == slot_rows(read.slot).evaluate(t=t + (1 if reverse else -1), batch=1)
                for t in (10, 11))  # an even step and an odd one cover the two-slot rules
 
 
@@ -398,8 +249,8 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
         width = items[w].launch.width
         # the outputs tile the operand's columns, side by side
         tiles = sorted(acc.col - read.col for _, acc in writers) == [width * m for m in range(len(writers))]
-        same = all(row_offset(acc.slot, t + lag, 1) == row_offset(read.slot, t, 1)
-                   for _, acc in writers for t in (10, 11))
+        same = all(slot_rows(acc.slot).evaluate(t=t + lag, batch=1)
+                   == slot_rows(read.slot).evaluate(t=t, batch=1) for _, acc in writers for t in (10, 11))
         ex = Exchange(read.buffer, w, item.launch.k, lag, read.col)
         if (items[w].whole or any(acc.kind != "row" for _, acc in writers) or not tiles
                 or width * len(writers) != ex.width or not same or out.setdefault(read.buffer, ex) != ex):
@@ -439,7 +290,7 @@ def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int, save
             tries = [{"weights": True, "mma": True}] if field == "weights" and mma else []
             for change in [*tries, {field: True}]:
                 trial = [*gemms[:i], dataclasses.replace(p, **change), *gemms[i + 1:]]
-                if _smem_floats(trial, column_blocks, 1, rows) <= limit:
+                if shared_regions(trial, column_blocks, 1, rows).floats <= limit:
                     gemms = trial
                     break
     return gemms
@@ -447,12 +298,14 @@ def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int, save
 
 def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns: list[tuple[int, ...]],
                       hidden: int, batch: int, target: Target, saved: bool = False,
-                      reverse: bool = False, mma: bool = False) -> PersistentLaunch:
+                      reverse: bool = False, mma: bool = False,
+                      states: tuple[StateCopies, ...] = ()) -> PersistentLaunch:
     """The persistent launch of one layer's step. `columns` gives each launch's column widths (a GEMM's
     per stacked weight, a kernel's one). A plan that saves its steps for a backward pass (`saved`) keeps
     no GEMM output on chip only: the backward pass reads them all; so does the backward pass's own
     launch, whose steps run in `reverse` and whose GEMMs add into gradients that other launches read.
-    With `mma`, the GEMMs whose weights stay on chip run on tensor cores (see `PersistentItem.mma`).
+    With `mma`, the GEMMs whose weights stay on chip run on tensor cores (see `PersistentItem.mma`). A
+    forward launch copies its layer's `states` in and out itself (see `PersistentLaunch.states`).
 
     The blocks split the hidden units among the SMs, and with a large batch the rows too, into as many
     row groups as keep every recurrent weight on chip (on tensor cores, with `mma`, where fewer groups
@@ -465,7 +318,8 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
                                                if isinstance(launch, KernelLaunch)), default=0)
     read_by_rows = {acc.buffer for launch in step if isinstance(launch, KernelLaunch) and launch.reduces_rows
                     for _, acc in launch.inputs}
-    gemms = [_Placed(launch, cols, False, False) for launch, cols in zip(step, columns, strict=True)
+    gemms = [_Placed(launch, i, cols, False, False) for i, (launch, cols) in enumerate(zip(step, columns,
+                                                                                           strict=True))
              if isinstance(launch, GemmLaunch)]
     chosen = None
     for row_groups in ROW_GROUPS:
@@ -483,7 +337,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
             chosen = (row_groups, rows, column_blocks, placed)  # tensor cores
     row_groups, rows, column_blocks, placed = chosen
     row_tile = max(1, min(rows, ROW_TILE))
-    while row_tile > 1 and _smem_floats(placed, column_blocks, row_tile, rows) > limit:
+    while row_tile > 1 and shared_regions(placed, column_blocks, row_tile, rows).floats > limit:
         row_tile = -(-row_tile // 2)
     items, off_chip = [], []
     chosen = iter(placed)
@@ -491,12 +345,11 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
         match launch:
             case GemmLaunch():
                 p = next(chosen)
+                tiling = p.tiling(column_blocks, row_tile)
                 if not p.weights:
-                    tiling = gemm_tiling(cols, column_blocks, row_tile, launch.k)
                     off_chip.append((launch.group, 4 * tiling.padded_cols * tiling.w_stride(launch.k)))
                 items.append(PersistentItem(launch, barrier, cols, on_chip=p.weights, output_on_chip=p.output,
-                                            mma=p.mma,
-                                            in_registers=p.tiling(column_blocks, row_tile).in_registers))
+                                            tiling=tiling))
             case KernelLaunch():
                 items.append(PersistentItem(launch, barrier, cols, whole=launch.row_kind == "one"))
             case _:
@@ -507,6 +360,10 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
         kib = target.smem_per_block // 1024
         note = (f"the weights of {what} do not fit beside the others in the {kib} KiB of shared memory a "
                 "block may have, so they are read from L2 every step")
-    smem = 4 * _smem_floats(placed, column_blocks, row_tile, rows)
+    exchange = exchanges(items, reverse, batch, column_blocks)
+    first, last = _states_barriers(items, exchange, states)
+    waits = any(item.barrier for item in items)
     return PersistentLaunch(layer, tuple(items), column_blocks * row_groups, THREADS, batch, row_groups,
-                            row_tile, smem, note, reverse, exchanges(items, reverse, batch, column_blocks))
+                            row_tile, shared_regions(placed, column_blocks, row_tile, rows), note, reverse,
+                            exchange, states, initial_barrier=first, final_barrier=last,
+                            cooperative=bool(waits or exchange or first or last))

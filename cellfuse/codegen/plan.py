@@ -3,8 +3,8 @@
 Every backend executes the same Plan, lowered once (see `lowering`). A Plan is closed: it names buffers
 (flat float arrays) and launches that read and write them through `Access`es, and each kernel launch
 carries its body as typed instructions (an op of the op table over values and literals), so that no
-backend needs the cell to execute it. The step index t moves an access's rows by a rule (`Slot`), so
-every executor resolves addresses with one function, `row_offset`.
+backend needs the cell to execute it. The step index t moves an access's rows by a rule (`Slot`), and
+every executor and emitter resolves addresses with one expression per access (see `address`).
 """
 
 from __future__ import annotations
@@ -17,32 +17,15 @@ from typing import Literal
 import numpy as np
 
 from ..graph_model import OpSpec, Sizes
+from .address import Rows, Slot, access_offset, rows_of
+from .tiling import GemmTiling, SharedRegions
 
-# How an access's first row moves with the step t (B is the batch):
-#   fixed: row 0;  all: row 0 and every T*B rows;  all+1: from row B (a [T+1, B, .] buffer's steps 1..T)
-#   t: row t*B;  t+1: row (t+1)*B;  t%2 and (t+1)%2: one of two alternating [B, .] slots
-Slot = Literal["fixed", "all", "all+1", "t", "t+1", "t%2", "(t+1)%2"]
 # The place of a buffer with a row block per step that one step reads, and the same read by all T steps.
 ALL_STEPS: dict[Slot, Slot] = {"t": "all", "t+1": "all+1"}
 
 # With Plan.layer_streams, at most this many layers run side by side: layer l uses the streams of layer
 # l - SIDE_BY_SIDE, after it (so that a deep stack does not make thousands of streams and cuBLAS handles).
 SIDE_BY_SIDE = 8
-
-
-def row_offset(slot: Slot, t: int, batch: int) -> int:
-    """The first row an access touches at step t."""
-    if slot in ("fixed", "all"):
-        return 0
-    if slot == "all+1":
-        return batch
-    if slot == "t":
-        return t * batch
-    if slot == "t+1":
-        return (t + 1) * batch
-    if slot == "t%2":
-        return (t % 2) * batch
-    return ((t + 1) % 2) * batch
 
 
 @dataclass(frozen=True)
@@ -55,23 +38,6 @@ class Target:
     @property
     def name(self) -> str:
         return f"{self.sm_count} SMs, {self.smem_per_block // 1024} KiB of shared memory per block"
-
-
-# A GEMM of at least this many multiply-adds runs on tensor cores with float32's accuracy: each operand
-# split into TF32 parts (`cf_split_tf32x3` in every module) and the three products that matter summed by
-# one cuBLAS TF32 GEMM over 3K. Measured on an H100: the LSTM's 6400 x 2048 x 512 input GEMM in 0.13 ms
-# against cuBLAS's float32 0.33 (its largest error 6e-6 of the largest output, float32's 1e-6); a
-# smaller GEMM gains less than its two splits cost, and one of few rows or columns (a column sum) is
-# bound by memory, which the splits triple.
-TF32X3_MIN_MACS = 2**30
-TF32X3_MIN_SIDE = 64
-
-
-def on_tensor_cores(rows: int, n: int, k: int) -> bool:
-    """Whether a GEMM of these rows, columns and K runs as 3xTF32 on tensor cores (else float32): where
-    it is large enough, and its K of 3K still counts in cuBLAS's int."""
-    return (rows * n * k >= TF32X3_MIN_MACS and min(rows, n, k) >= TF32X3_MIN_SIDE
-            and 3 * k <= 2**31 - 1)
 
 
 H100 = Target(132, 227 * 1024)  # also the H200's numbers; the CUDA runtime asks its own GPU
@@ -94,18 +60,8 @@ class Access:
     block: int = 0
 
     def offset(self, t: int, batch: int) -> int:
-        """The element offset of the access's first element at step t."""
-        return (self.block * batch + row_offset(self.slot, t, batch)) * self.ld + self.col
-
-
-# How many rows of its width a buffer has: T*B, (T+1)*B, 2*B, B, L*B, or 1.
-Rows = Literal["seq", "seq+1", "pair", "batch", "layers", "one"]
-
-
-def row_count(rows: Rows, sizes: Sizes) -> int:
-    T, B = sizes.seq, sizes.batch
-    return {"seq": T * B, "seq+1": (T + 1) * B, "pair": 2 * B, "batch": B, "layers": sizes.layers * B,
-            "one": 1}[rows]
+        """The element offset of the access's first element at step t (see `address.access_offset`)."""
+        return access_offset(self).evaluate(t=t, batch=batch)
 
 
 @dataclass(frozen=True)
@@ -124,7 +80,7 @@ class Buffer:
     widths: tuple[int, ...] = ()  # for bias buffers: the width of each source's column block
 
     def elements(self, sizes: Sizes) -> int:
-        return row_count(self.rows, sizes) * self.width
+        return rows_of(self.rows).evaluate(seq=sizes.seq, batch=sizes.batch, layers=sizes.layers) * self.width
 
 
 @dataclass
@@ -274,12 +230,20 @@ class PersistentItem:
     # elementwise work that reads it (else it goes through global memory); the kernel then holds at
     # most the plan's batch
     output_on_chip: bool = False
-    # a GEMM on tensor cores, each product in three TF32 ones (a = a_hi + a_lo, a_hi * b_lo + a_lo * b_hi
-    # + a_hi * b_hi), as accurate as float32's (its weights on chip: the fragments load from there)
-    mma: bool = False
-    # a GEMM of one row at a time whose products are in registers, its output kept on chip as the warps'
-    # partial sums, which the elementwise work adds up (see persistent.GemmTiling)
-    in_registers: bool = False
+    # of a GEMM: how the block's threads share it (see `tiling.GemmTiling`)
+    tiling: GemmTiling | None = None
+
+    @property
+    def mma(self) -> bool:
+        """A GEMM on tensor cores, each product in three TF32 ones (a = a_hi + a_lo, a_hi * b_lo + a_lo *
+        b_hi + a_hi * b_hi), as accurate as float32's (its weights on chip: the fragments load from there)."""
+        return self.tiling is not None and self.tiling.mma
+
+    @property
+    def in_registers(self) -> bool:
+        """A GEMM of one row at a time whose products are in registers, its output kept on chip as the
+        warps' partial sums, which the elementwise work adds up."""
+        return self.tiling is not None and self.tiling.in_registers
 
     @property
     def by_rows(self) -> bool:
@@ -331,8 +295,8 @@ def state_copies(state_read: dict[str, Access], hidden: int, layer: int) -> tupl
 
 @dataclass(frozen=True)
 class PersistentLaunch:
-    """Every step of one layer in one cooperative launch: `blocks` blocks, all resident at once, run
-    `items` once per step, with grid-wide barriers between them where `barrier` says."""
+    """Every step of one layer in one launch: `blocks` blocks run `items` once per step, with grid-wide
+    barriers between them where `barrier` says (then all resident at once: `cooperative`)."""
 
     layer: int
     items: tuple[PersistentItem, ...]
@@ -341,7 +305,7 @@ class PersistentLaunch:
     batch: int  # the plan's, the most the kernel holds (its shared memory is sized for it)
     row_groups: int
     row_tile: int  # rows of a GEMM's left operand staged in shared memory at a time, all of K
-    smem_bytes: int  # dynamic shared memory per block: on-chip weights and the staged operand
+    shared: SharedRegions  # dynamic shared memory per block: on-chip weights and outputs, the staged operand
     note: str = ""  # why weights stay off chip, when some do
     reverse: bool = False  # the steps from the last to the first: a backward pass's
     # GEMM operands that pass between the blocks through an exchange buffer of (step, value) pairs, read
@@ -352,6 +316,21 @@ class PersistentLaunch:
     # copies its own elements of both, before its first step and after its last, instead of copies
     # before and after it.
     states: tuple[StateCopies, ...] = ()
+    # Whether the blocks meet at a grid-wide barrier after copying the initial states in (a block reads
+    # other blocks' elements of a state before the step's first barrier), and before copying the final
+    # ones out (a block per row wrote a state): see `persistent._states_barriers`
+    initial_barrier: bool = False
+    final_barrier: bool = False
+    # Whether its blocks wait for each other (at barriers, or for an exchange's values), so that all of
+    # them must be resident at once: a cooperative launch. Otherwise (a recurrence of elementwise work
+    # only, IndRNN's) each block owns its elements for every step, and the launch is an ordinary one,
+    # which may start while the kernel before it ends (programmatic dependent launch).
+    cooperative: bool = True
+
+    @property
+    def smem_bytes(self) -> int:
+        """Dynamic shared memory per block."""
+        return 4 * self.shared.floats
 
     @property
     def column_blocks(self) -> int:
@@ -507,120 +486,11 @@ class Plan:
     def buffer_elements(self, name: str) -> int:
         return self.buffers[name].elements(self.sizes)
 
-    def tensor_core_groups(self) -> list[str]:
-        """The GEMM groups whose hoisted launches run on tensor cores (3xTF32, see `on_tensor_cores`): in
-        chunks of `chunk_steps` steps where the plan has them, whole otherwise."""
-        rows = self.chunk_steps * self.sizes.batch if self.chunk_steps else self.sizes.seq * self.sizes.batch
-        return [g.group for g in self.layers[0].prologue
-                if isinstance(g, GemmLaunch) and on_tensor_cores(rows, g.n, g.k)]
-
     def group(self, name: str) -> GemmGroup:
         return next(g for g in self.groups if g.name == name)
 
     def island(self, name: str) -> Island:
         return next(i for i in self.islands if i.name == name)
-
-    def summary(self) -> dict:
-        tensor_cores = self.tensor_core_groups()
-        return {
-            "cell": self.cell_name,
-            "schedule": self.schedule,
-            "sizes": {"seq": self.sizes.seq, "batch": self.sizes.batch, "input": self.sizes.input,
-                      "hidden": self.sizes.hidden, "layers": self.sizes.layers},
-            "gemm_groups": [{"name": g.name, "matmuls": list(g.matmuls), "hoisted": g.hoisted,
-                             "folded": sorted(g.folded), "tensor_cores": g.name in tensor_cores}
-                            for g in self.groups],
-            "fused_kernels": [{"name": i.name, "nodes": list(i.nodes), "hoisted": i.hoisted,
-                               "inputs": list(i.inputs), "outputs": list(i.outputs)} for i in self.islands],
-            "launches_per_step": self.launches_per_step,
-            "launches_before_loop": len(self.layers[0].prologue),
-            "flops_per_step": self.flops_per_step(),
-            "bytes_per_step": self.bytes_per_step(),
-            "cuda_graph": self.cuda_graph,
-            "hoisted_chunk_steps": self.chunk_steps,
-            "layer_streams": self.layer_streams,
-            "persistent": None if not self.layers[0].persistent else {
-                "blocks": self.layers[0].persistent.blocks, "threads": self.layers[0].persistent.threads,
-                "row_groups": self.layers[0].persistent.row_groups,
-                "barriers_per_step": self.layers[0].persistent.barriers_per_step,
-                "exchange_waits_per_step": self.layers[0].persistent.exchange_waits_per_step,
-                "smem_bytes_per_block": self.layers[0].persistent.smem_bytes,
-                "weights_on_chip": all(i.on_chip for i in self.layers[0].persistent.items
-                                       if isinstance(i.launch, GemmLaunch)),
-                "tensor_cores": any(i.mma for i in self.layers[0].persistent.items),
-                "note": self.layers[0].persistent.note},
-            "dropped": list(self.dead),
-        }
-
-    def describe(self) -> str:
-        """The plan for people: what `cellfuse plan` prints."""
-        s = self.sizes
-        sizes = f"seq {s.seq}, batch {s.batch}, input {s.input}, hidden {s.hidden}, layers {s.layers}"
-        persistent = self.layers[0].persistent
-        launches = ("one cooperative launch runs every step of a layer" if persistent
-                    else f"{self.launches_per_step} launch(es) per step")
-        lines = [f"cell '{self.cell_name}', schedule '{self.schedule}', {sizes}",
-                 f"{launches}, {len(self.layers[0].prologue)} before the loop; per step "
-                 f"{self.flops_per_step() / 1e6:.1f} MFLOP, {self.bytes_per_step() / 2**20:.2f} MiB"]
-        if self.chunk_steps:
-            lines.append(f"hoisted launches run in chunks of {self.chunk_steps} steps on a stream of their "
-                         "own, beside the loop")
-        if self.layer_streams:
-            lines.append("each layer's steps run on a stream of their own: layer l runs a chunk of steps "
-                         f"beside layer l-1's next chunk, its GEMMs planned by cuBLAS for "
-                         f"1/{self.side_by_side} of the SMs")
-        if self.cuda_graph:
-            lines.append("the whole forward pass is captured once into a CUDA graph and replayed")
-        lines += ["", "GEMM groups:"]
-        tensor_cores = self.tensor_core_groups()
-        for g in self.groups:
-            where = "hoisted: once for all steps" if g.hoisted else f"every step, stage {g.stage}"
-            where += ", on tensor cores (3xTF32)" if g.name in tensor_cores else ""
-            folded = f"; bias folded: {', '.join(sorted(g.folded))}" if g.folded else ""
-            lines.append(f"  {g.name:8s} {g.left} @ [{', '.join(g.weights)}] -> {', '.join(g.matmuls)}  "
-                         f"({where}{folded})")
-        lines += ["", "kernels:"]
-        for isl in self.islands:
-            where = "hoisted" if isl.hoisted else f"stage {isl.stage}"
-            lines.append(f"  {isl.name:8s} ({where}) {', '.join(isl.nodes) or 'stores'}")
-            lines.append(f"           reads {', '.join(isl.inputs) or '-'}; "
-                         f"writes {', '.join(isl.outputs) or '-'}")
-        lines += ["", "one step, in order:"]
-        if persistent:
-            p = persistent
-            rows = p.group_rows
-            split = (f"{p.column_blocks} column blocks x {p.row_groups} row groups of {rows} rows"
-                     if p.row_groups > 1 else f"{p.column_blocks} column blocks, every row")
-            lines[-1] = (f"one step, in order, in each of {p.blocks} blocks of {p.threads} threads ({split}; "
-                         f"{p.waits_text}, {p.smem_bytes / 1024:.1f} KiB of shared memory per block):")
-            for item in p.items:
-                units = ", ".join(str(p.unit(w)) for w in item.columns)
-                if item.whole:
-                    what = "every block computes all of it"
-                elif item.by_rows:
-                    what = "a block per row"
-                else:
-                    kept = (("weights", item.on_chip), ("output", item.output_on_chip))
-                    on_chip = [name for name, yes in kept if yes]
-                    what = f"{units} column(s) per block" + (f", {' and '.join(on_chip)} in shared memory"
-                                                             if on_chip else "")
-                    what += ", on tensor cores (3xTF32)" if item.mma else ""
-                    what += ", products in registers" if item.in_registers else ""
-                wait = ""
-                if item.barrier:
-                    wait = ("grid barrier, then " if p.grid_barrier(item)
-                            else f"wait for {item.launch.a.buffer} in its exchange, then ")
-                lines.append(f"  {wait}{launch_name(item.launch)} ({what})")
-            for ex in p.exchange:
-                lines.append(f"  {ex.buffer} also goes to an exchange of (step, value) pairs, polled by the "
-                             "blocks that read it")
-            if persistent.note:
-                lines.append(f"  note: {persistent.note}")
-        else:
-            lines += [f"  {launch_name(launch)}" for launch in self.layers[0].step]
-        if self.dead:
-            lines += ["", f"not computed (nothing depends on them): {', '.join(self.dead)}"]
-        return "\n".join(lines)
 
     def param_parts(self) -> Iterator[ParamPart]:
         """Where each parameter key lives in the weight-like buffers: a weight as it is, a stacked

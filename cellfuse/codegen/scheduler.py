@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from ..graph_model import (
     Cell,
@@ -548,9 +548,9 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
         state_read = {s: lay.read(s, STEP) for s in cell.updates}
         persistent = None
         if rung.persistent:
-            persistent = replace(persistent_launch(lay.layer, step, [lay.columns(item) for item in looped], H,
-                                                   sizes.batch, target, save_steps, mma=rung.tensor_cores),
-                                 states=state_copies(state_read, H, lay.layer))
+            persistent = persistent_launch(lay.layer, step, [lay.columns(item) for item in looped], H,
+                                           sizes.batch, target, save_steps, mma=rung.tensor_cores,
+                                           states=state_copies(state_read, H, lay.layer))
         layers.append(LayerPlan(lay.layer, lay.K, prologue, step, lay.read(x, STEP), state_read, lay.y,
                                 persistent))
     # The persistent kernel cannot wait for chunks of hoisted work mid-loop: its prologue runs first.

@@ -40,7 +40,7 @@ class CudaBackward:
 
         sizes = {name: self.plan.buffer_elements(name) for name in self.plan.buffers}
         instructions = self.plan.instructions()
-        splits = split_elements(instructions, forward.plan.sizes.batch, len(forward.streams))
+        splits = split_elements(instructions, len(forward.streams))
         # Every gradient buffer in one span, those a run restarts (`BackwardPlan.restarted`) first, in
         # its first `restart_nbytes`: a copy of that part puts a seeded state back.
         order = sorted(sizes, key=lambda name: not self.plan.restarted(name))

@@ -18,9 +18,8 @@ from functools import lru_cache, partial
 import numpy as np
 
 from ..codegen import Plan, plan_kernels
-from ..codegen.cuda_kernels import BLOCK, kernel_params, split_threads, tf32x3_layout
-from ..codegen.cuda_persistent import persistent_buffers
-from ..codegen.cuda_wgmma import wgmma_shape_fits
+from ..codegen.gemm_routes import split_threads, tf32x3_layout
+from ..codegen.kernel_abi import BLOCK, kernel_params
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import (
     Copy,
@@ -32,11 +31,10 @@ from ..codegen.lowering import (
     Record,
     Wait,
     element_offset,
-    launch_rows,
     lower,
 )
-from ..codegen.persistent import independent_blocks
-from ..codegen.plan import PersistentLaunch, Target, on_tensor_cores
+from ..codegen.persistent_cuda import persistent_buffers
+from ..codegen.plan import PersistentLaunch, Target
 from ..graph_model import CellError, Forward
 from .tf32_gemms import Shape, TensorCoreGemms, alignment
 from .wgmma_gemms import Operands, WgmmaGemms, usable
@@ -157,8 +155,8 @@ class CudaExecutor:
         self.weights = {name for name, b in plan.buffers.items()
                         if b.role in ("weight", "stacked", "bias")}
         sizes = {name: plan.buffer_elements(name) for name in plan.buffers}
-        splits = split_elements(self.program.instructions, plan.sizes.batch, self.program.streams)
-        images = (image_elements(self.program.instructions, plan.sizes.batch, self.weights)
+        splits = split_elements(self.program.instructions, self.program.streams)
+        images = (image_elements(self.program.instructions, self.weights)
                   if self.capability == (9, 0) else {})
         offsets, span = aligned_offsets([*sizes.values(), *splits, *images.values()])
         free, _ = drv.mem_get_info()
@@ -239,11 +237,13 @@ class CudaExecutor:
         """A GEMM on tensor cores as 3xTF32 copies: A's pieces (hi, hi, lo) and W's (hi, lo, hi) along K,
         into `op.pieces`, then one cuBLASLt TF32 GEMM over 3K, A's copies untransposed (see
         tf32x3_layout)."""
-        a_split, w_split, lda, ldw, w_at = tf32x3_layout(g, op.m, g.k, 3 * g.k)
+        a_split, w_split, lda, ldw, w_at = (int(e) if not isinstance(e, tuple) else e
+                                            for e in tf32x3_layout(g, op.m, g.k))
         split_a, split_w = op.pieces, op.pieces + 4 * w_at
         out: list[Callable[[], object]] = [
-            partial(self.split_tf32x3.prepared_async_call, (_grid(split_threads(rows, cols, layout)), 1),
-                    (BLOCK, 1, 1), self.streams[s], to, fro, rows, cols, ld, layout, lo)
+            partial(self.split_tf32x3.prepared_async_call,
+                    (_grid(int(split_threads(rows, cols, layout))), 1), (BLOCK, 1, 1), self.streams[s], to,
+                    fro, int(rows), int(cols), int(ld), layout, lo)
             for to, fro, (rows, cols, ld, layout, lo) in ((split_a, op.x, a_split), (split_w, op.w, w_split))]
         stream, workspace, sms = self._on_handle[handles[s]]
         shape = Shape(g.trans_w, g.n, op.m, 3 * g.k, ldw, lda, op.ldc, sms,
@@ -288,8 +288,7 @@ class CudaExecutor:
         splits = splits or self.splits
         B = self.plan.sizes.batch
         match instr:
-            case Gemm(launch=g, stream=s):
-                m = launch_rows(instr, B)
+            case Gemm(launch=g, rows=m, route=route, stream=s):
                 one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
                 c = self._ptr(instr, g.c, t)
                 a = self._ptr(instr, g.a, t)
@@ -301,13 +300,14 @@ class CudaExecutor:
                 # Row-major C = op(A) @ op(W) is column-major C^T = op(W)^T @ op(A)^T: W goes first, and a
                 # transposed operand (stored [N, K] or [K, M]) is cuBLAS's op T (1) with its own row length.
                 ldw = g.k if g.trans_w else g.n
-                if not on_tensor_cores(m, g.n, g.k):
+                if route == "float32":
                     out.append(partial(self.cublas.sgemm, handles[s], int(g.trans_w), int(g.trans_a), g.n, m,
                                        g.k, one, self.addr[g.w], ldw, a, g.a.ld, beta, c, g.c.ld))
                     return out
                 op = Operands(c, a, self.addr[g.w], splits[s], m, g.n, g.k, g.a.ld, ldw, g.c.ld, g.trans_w,
                               beta == one)
-                wgmma = not g.trans_a and usable(self.capability, op) and warpgroup_gemms() is not None
+                wgmma = (route == "tf32x3-wgmma" and usable(self.capability, op)
+                         and warpgroup_gemms() is not None)
                 if wgmma and self._route(g, op, s, handles) == "wgmma":
                     gemms, key = warpgroup_gemms(), image_key(g)
                     if images is None or key not in self.image_at:  # W's image made by every run
@@ -316,12 +316,11 @@ class CudaExecutor:
                     images.setdefault(key, gemms.image_call(op, self.stream))
                     return out + [gemms.gemm_call(op, self.streams[s])]
                 return out + self._copies(g, op, s, handles)
-            case Kernel(launch=k, stream=s):
+            case Kernel(launch=k, rows=rows, stream=s):
                 name = self.name_of[k]
                 params = kernel_params(k)
                 if self._prepared.get(name) is None:
                     self._prepared[name] = self.funcs[name].prepare("P" * len(params) + "i")
-                rows = launch_rows(instr, B)
                 args = [self._ptr(instr, p.access, t) for p in params] + [rows]
                 return [partial(self._prepared[name].prepared_async_call, (_grid(rows * k.width), 1),
                                 (BLOCK, 1, 1), self.streams[s], *args)]
@@ -446,24 +445,22 @@ def aligned_offsets(counts: list[int]) -> tuple[list[int], int]:
     return offsets, end
 
 
-def _tensor_core_gemms(instructions, batch: int):
-    """The program's GEMMs on tensor cores (those of a loop's body once each), with their rows."""
+def _tensor_core_gemms(instructions):
+    """The program's GEMMs on tensor cores (those of a loop's body once each)."""
     for instr in instructions:
         for inner in instr.body if isinstance(instr, Loop) else (instr,):
-            if isinstance(inner, Gemm):
-                g, m = inner.launch, launch_rows(inner, batch)
-                if on_tensor_cores(m, g.n, g.k):
-                    yield inner, m
+            if isinstance(inner, Gemm) and inner.route != "float32":
+                yield inner
 
 
-def split_elements(instructions, batch: int, streams: int) -> list[int]:
+def split_elements(instructions, streams: int) -> list[int]:
     """Per stream, the float32 elements its largest GEMM on tensor cores splits its operands into
     (three times A's, then three times W's; 0 where none runs on tensor cores): one GEMM at a time per
     stream, so they share it."""
     need = [0] * streams
-    for gemm, m in _tensor_core_gemms(instructions, batch):
+    for gemm in _tensor_core_gemms(instructions):
         g = gemm.launch
-        need[gemm.stream] = max(need[gemm.stream], 3 * (m * g.k + g.k * g.n))
+        need[gemm.stream] = max(need[gemm.stream], 3 * (gemm.rows * g.k + g.k * g.n))
     return need
 
 
@@ -472,12 +469,12 @@ def image_key(g) -> tuple:
     return g.w, g.n, g.k, g.trans_w
 
 
-def image_elements(instructions, batch: int, weights: set[str]) -> dict[tuple, int]:
-    """Per GEMM of the weights whose shape the warpgroup GEMM takes (see wgmma_gemms.usable), by
-    `image_key`: the float32 elements of W's image (hi and lo, 2 k n)."""
-    gemms = [gemm.launch for gemm, _ in _tensor_core_gemms(instructions, batch)]
-    return {image_key(g): 2 * g.n * g.k for g in gemms
-            if g.w in weights and wgmma_shape_fits(g.n, g.k, g.trans_a)}
+def image_elements(instructions, weights: set[str]) -> dict[tuple, int]:
+    """Per GEMM of the weights that the warpgroup GEMM may run (its route), by `image_key`: the float32
+    elements of W's image (hi and lo, 2 k n)."""
+    return {image_key(gemm.launch): 2 * gemm.launch.n * gemm.launch.k
+            for gemm in _tensor_core_gemms(instructions)
+            if gemm.route == "tf32x3-wgmma" and gemm.launch.w in weights}
 
 
 def device_target() -> Target:
@@ -493,7 +490,8 @@ class _PersistentKernel:
     """A persistent kernel, launched through the driver API (PyCUDA has neither launch it needs):
     cooperatively where its blocks wait for each other; otherwise as an ordinary kernel, with programmatic
     stream serialization where the GPU has it (`early`: compute capability 9.0 on), so that it starts
-    while the kernel before it ends (the kernel waits for it at its top: see cuda_persistent's PDL_WAIT)."""
+    while the kernel before it ends (the kernel waits for it at its top: see persistent_cuda.skeleton's
+    PDL_WAIT)."""
 
     def __init__(self, cu, function, early: bool):
         self.cu, self.function, self.early = cu, function, early
@@ -509,7 +507,7 @@ class _PersistentKernel:
         # The driver reads each argument through a pointer: the call holds the values and their table.
         values = [np.array([v], np.int32) for v in ints] + [np.array([p], np.uint64) for p in pointers]
         table = np.array([v.ctypes.data for v in values], np.uint64)
-        if independent_blocks(launch):
+        if not launch.cooperative:
             return partial(self._launch_early, self._config(launch, stream), table, values)
         per_sm = _cu_check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, launch.threads,
                                                                            launch.smem_bytes))

@@ -31,10 +31,8 @@ from ..codegen.lowering import (
     as_instruction,
     element_offset,
     execution_order,
-    launch_rows,
     lower,
 )
-from ..codegen.persistent import final_states_barrier, initial_states_barrier
 from ..codegen.plan import (
     Access,
     Const,
@@ -101,7 +99,7 @@ class NumpyExecutor:
         B = self.batch
         match instr:
             case Gemm(launch=g):
-                rows = launch_rows(instr, B)
+                rows = instr.rows
                 at = element_offset(instr, g.a, t, B)
                 a = self.view(g.a, at, g.k, rows).T if g.trans_a else self.view(g.a, at, rows, g.k)
                 w = self.buf[g.w].reshape(g.n, g.k).T if g.trans_w else self.buf[g.w].reshape(g.k, g.n)
@@ -113,7 +111,7 @@ class NumpyExecutor:
                 if g.bias:
                     c += self.buf[g.bias]
             case Kernel(launch=k):
-                self.kernel(instr, t, (0, launch_rows(instr, B)), (0, k.width))
+                self.kernel(instr, t, (0, instr.rows), (0, k.width))
             case Copy(src=src, dst=dst, width=width, step=step):
                 at = self.seq if step is None else step
                 self.view(dst, dst.offset(at, B), B, width)[...] = self.view(src, src.offset(at, B), B, width)
@@ -163,7 +161,7 @@ class NumpyExecutor:
         spans: list[list[tuple[int, PersistentItem | str]]] = [[]]
         if launch.states:
             spans[-1].append((0, "in"))
-            if initial_states_barrier(launch) or launch.exchange:  # (publishing to an exchange ends in one)
+            if launch.initial_barrier or launch.exchange:  # (publishing to an exchange ends in one)
                 spans.append([])
         for t in steps:
             for item in launch.items:
@@ -171,7 +169,7 @@ class NumpyExecutor:
                     spans.append([])
                 spans[-1].append((t, item))
         if launch.states:
-            if final_states_barrier(launch):
+            if launch.final_barrier:
                 spans.append([])
             spans[-1].append((self.seq, "out"))
         blocks = range(launch.blocks - 1, -1, -1) if self.reverse_blocks else range(launch.blocks)
@@ -182,7 +180,7 @@ class NumpyExecutor:
                     if isinstance(item, str):
                         self.copy_states(launch, item, block)
                     elif block is None:
-                        self.execute(as_instruction(item.launch), t)
+                        self.execute(as_instruction(item.launch, self.batch), t)
                     else:
                         self.block_item(item, launch, block, t)
 
@@ -226,7 +224,7 @@ class NumpyExecutor:
                     if g.bias:
                         c += self.buf[g.bias][first:last]
             case KernelLaunch() as k:
-                instr = Kernel(k)
+                instr = Kernel(k, k.rows)
                 if item.whole:
                     self.kernel(instr, t, (0, k.rows), (0, k.width))
                 elif item.by_rows:  # rows block, block + blocks, ..., whole

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from ..codegen.cuda_wgmma import SMEM_BYTES, SOURCE, THREADS, gemm_grid, wgmma_shape_fits
+from ..codegen.cuda_wgmma import SMEM_BYTES, SOURCE, THREADS, gemm_grid
 from .event_timing import median_ms
 
 _RUNS = 5  # timed runs of each route (after one to warm up); the median counts
@@ -43,11 +43,10 @@ class Operands:
 
 
 def usable(compute_capability: tuple[int, int], op: Operands) -> bool:
-    """Whether the warpgroup GEMM can run this GEMM: an sm_90 GPU (sm_90a's instructions), a shape of
-    whole tiles of columns and stages of K with no more blocks of rows than a grid's second dimension
-    holds, x's rows 16-byte aligned and C's 8-byte aligned."""
+    """Whether the warpgroup GEMM can run a GEMM whose route allows it (its shape, see
+    gemm_routes.wgmma_shape_fits) here: an sm_90 GPU (sm_90a's instructions), no more blocks of rows than
+    a grid's second dimension holds, x's rows 16-byte aligned and C's 8-byte aligned."""
     return (compute_capability == (9, 0) and 0 < op.m and gemm_grid(op.m, op.n)[1] <= _GRID_Y
-            and wgmma_shape_fits(op.n, op.k, False)
             and op.x % 16 == 0 and op.lda % 4 == 0 and op.c % 8 == 0 and op.ldc % 2 == 0)
 
 

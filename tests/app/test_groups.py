@@ -11,6 +11,7 @@ from PySide6 import QtCore
 
 from cellfuse.app import dialogs
 from cellfuse.codegen import make_plan
+from cellfuse.codegen.plan_text import describe
 from cellfuse.graph_model import analyze, load_cell, load_template, template_names
 
 GATES = ["input gate", "forget gate", "output gate", "candidate"]
@@ -128,7 +129,7 @@ def test_the_plan_and_the_cuda_are_byte_identical_with_and_without_groups(window
     assert (tmp_path / "grouped.cu").read_bytes() == (tmp_path / "flat.cu").read_bytes()
     sizes = window.sizes()
     for schedule in ("naive", "hoisted", "persistent"):
-        assert make_plan(grouped, sizes, schedule).describe() == make_plan(flat, sizes, schedule).describe()
+        assert describe(make_plan(grouped, sizes, schedule)) == describe(make_plan(flat, sizes, schedule))
     assert analyze(grouped).problems == analyze(flat).problems
     assert grouped.structure_hash() == flat.structure_hash()
 

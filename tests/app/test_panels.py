@@ -7,6 +7,7 @@ from PySide6 import QtCore
 
 from cellfuse.app import theme
 from cellfuse.codegen import make_plan
+from cellfuse.codegen.plan_text import summary
 
 
 def test_problems_are_live_and_clicking_one_selects_and_centres_its_node(qtbot, window):
@@ -124,11 +125,11 @@ def test_value_editor_takes_negative_and_scientific_numbers(window, user):
 
 def test_plan_view_outlines_groups_and_marks_hoisted_gemms(window):
     window.plan_panel.set_schedule("hoisted")
-    summary = make_plan(window.cell, window.sizes(), "hoisted").summary()
+    said = summary(make_plan(window.cell, window.sizes(), "hoisted"))
     regions = window.overlay.regions
-    assert {r.name for r in regions} == ({g["name"] for g in summary["gemm_groups"]}
-                                         | {k["name"] for k in summary["fused_kernels"]})
-    hoisted = {m for g in summary["gemm_groups"] if g["hoisted"] for m in g["matmuls"]}
+    assert {r.name for r in regions} == ({g["name"] for g in said["gemm_groups"]}
+                                         | {k["name"] for k in said["fused_kernels"]})
+    hoisted = {m for g in said["gemm_groups"] if g["hoisted"] for m in g["matmuls"]}
     assert hoisted == {"xi", "xf", "xo", "xg"}
     # A gate's group holds hoisted and per-step matmuls: its node takes no tag, its matmuls do.
     assert all(g.item.plan_tag == "" for g in window.adapter.group_nodes())
@@ -139,7 +140,7 @@ def test_plan_view_outlines_groups_and_marks_hoisted_gemms(window):
     scene_items = window.overlay._items
     assert scene_items and all(i.scene() is window.canvas.scene() for i in scene_items)
     stats = window.plan_panel.stat_values
-    assert stats["launches_per_step"].text() == str(summary["launches_per_step"])
+    assert stats["launches_per_step"].text() == str(said["launches_per_step"])
     assert window.plan_panel.tree.topLevelItemCount() == len(regions)
 
     window.plan_panel.set_schedule("naive")
@@ -220,7 +221,7 @@ def test_plan_view_counts_a_step_s_exchange_waits_and_its_grid_barriers_apart():
 
     plan = make_plan(load_template("layernorm_lstm"), Sizes(100, 64, 512, 512), "persistent")
     assert ("1 wait(s) per step for the values of other blocks in an exchange buffer (1 grid barrier(s))"
-            in loop_text(plan.summary()))
+            in loop_text(summary(plan)))
 
 
 def test_plan_view_says_which_gemms_run_on_tensor_cores(window):

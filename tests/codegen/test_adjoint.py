@@ -17,7 +17,8 @@ from random_cells import random_cell, random_cells
 
 from cellfuse.codegen import make_plan
 from cellfuse.codegen.adjoint import adjoint, value_kinds
-from cellfuse.codegen.cuda_kernels import PRELUDE, kernel_source
+from cellfuse.codegen.cuda_kernels import PRELUDE
+from cellfuse.codegen.kernel_set import kernel_source
 from cellfuse.codegen.plan import GRAD, Access, GradInstr, Instr, Island, KernelLaunch, grad_of
 from cellfuse.gpu_runtime.numpy_executor import run_body
 from cellfuse.graph_model import OPS, Sizes, analyze, load_template, template_names

@@ -15,8 +15,7 @@ from random_cells import random_cell
 
 from cellfuse.codegen import make_plan
 from cellfuse.codegen.backward_plan import backward_plan
-from cellfuse.codegen.cuda_kernels import kernel_source
-from cellfuse.codegen.kernel_set import backward_kernels
+from cellfuse.codegen.kernel_set import backward_kernels, kernel_source
 from cellfuse.codegen.lowering import Gemm, Kernel, Loop, Persistent
 from cellfuse.codegen.plan import Access, GemmLaunch, Instr, KernelLaunch, grad_of, launch_name
 from cellfuse.graph_model import OPS, CellError, Sizes, analyze, load_template, template_names

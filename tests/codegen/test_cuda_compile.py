@@ -10,7 +10,7 @@ from compile_cuda import nvcc_cubin
 
 from cellfuse.codegen import SCHEDULES, generate_cuda, make_plan, plan_kernels
 from cellfuse.codegen.cuda_kernels import PRELUDE
-from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE
+from cellfuse.codegen.persistent_cuda import PERSISTENT_PRELUDE
 from cellfuse.graph_model import Sizes, analyze, load_template, template_names
 
 pytestmark = [pytest.mark.nvcc,

@@ -13,8 +13,9 @@ import pytest
 from random_cells import random_cell
 
 from cellfuse.codegen import make_plan
+from cellfuse.codegen.address import slot_rows
 from cellfuse.codegen.persistent import written
-from cellfuse.codegen.plan import GemmLaunch, PersistentLaunch, Target, row_offset
+from cellfuse.codegen.plan import GemmLaunch, PersistentLaunch, Target
 from cellfuse.graph_model import Sizes, analyze, load_template, template_names
 
 # Eight SMs and a batch of 19: two row groups, four column blocks.
@@ -74,7 +75,7 @@ def simulate(launch: PersistentLaunch, steps: int, pick) -> None:
         return all(tag.get((buffer, want & 1, r, c), 0) == want for r in group[block] for c in range(columns))
 
     def footprint(acc, t: int, rows: range, col: int) -> set[tuple[int, int]]:
-        first = acc.block * batch + row_offset(acc.slot, t, batch)
+        first = acc.block * batch + slot_rows(acc.slot).evaluate(t=t, batch=batch)
         return {(first + r, col) for r in rows}
 
     def meet(a: set, b: set) -> bool:

@@ -21,8 +21,10 @@ from hypothesis import strategies as st
 from random_cells import draw_cell
 
 from cellfuse.codegen import SCHEDULES, generate_cuda, make_plan, plan_kernels
-from cellfuse.codegen.cuda_kernels import INT_MAX, PRELUDE, c_stem, comment_text, float_literal
-from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE
+from cellfuse.codegen.c_text import c_stem, comment_text, float_literal
+from cellfuse.codegen.cuda_kernels import PRELUDE
+from cellfuse.codegen.kernel_abi import INT_MAX
+from cellfuse.codegen.persistent_cuda import PERSISTENT_PRELUDE
 from cellfuse.graph_model import (
     Cell,
     CellBuilder,
@@ -61,7 +63,7 @@ EXTREME_CONSTS = (-0.0, 0.0, -1.0, 1e-45, -1e-45, 5e-324, -1e-300, 1.17549435e-3
                   1e-46, 123456789.0, 0.1)
 
 PREPROCESSOR_LINE = re.compile(r"#(include <\w+\.h>|define [A-Za-z]\w*[ (].*"
-                               r"|ifdef (CELLFUSE_DEMO_MAIN|__CUDA_ARCH__)|if __CUDA_ARCH__ >= 900"
+                               r"|ifdef (CELLFUSE_DEMO_MAIN|CF_DEMO_BACKWARD|__CUDA_ARCH__)|if __CUDA_ARCH__ >= 900"
                                r"|else|endif)"
                                r"| *#pragma unroll( \d+)?|#pragma nv_diag_suppress \d+")
 # What a C compiler removes before it reads tokens (GCC also joins a backslash followed by blanks).

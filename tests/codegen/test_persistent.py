@@ -15,17 +15,13 @@ from random_cells import random_cell, random_cells
 from cellfuse.codegen import make_plan, plan_kernels
 from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.cuda_kernels import PRELUDE
-from cellfuse.codegen.cuda_persistent import PERSISTENT_PRELUDE, _Kernel, _reduction, persistent_source
 from cellfuse.codegen.lowering import SIDE
-from cellfuse.codegen.persistent import (
-    barriers,
-    final_states_barrier,
-    gemm_tiling,
-    independent_blocks,
-    initial_states_barrier,
-)
+from cellfuse.codegen.persistent import barriers
+from cellfuse.codegen.persistent_cuda import PERSISTENT_PRELUDE, persistent_source
+from cellfuse.codegen.persistent_cuda.gemm_fma import _reduction
 from cellfuse.codegen.plan import H100, GemmLaunch, KernelLaunch, Plan, Target, owned
-from cellfuse.gpu_runtime import numpy_executor
+from cellfuse.codegen.plan_text import describe, summary
+from cellfuse.codegen.tiling import gemm_tiling
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
 from cellfuse.graph_model import (
     CellBuilder,
@@ -179,7 +175,7 @@ def test_weights_that_do_not_fit_are_read_from_l2_and_the_plan_says_so():
     (gemm,) = [item for item in launch.items if isinstance(item.launch, GemmLaunch)]
     assert not gemm.on_chip and "do not fit" in launch.note and "gemm1 (17 KiB)" in launch.note
     assert launch.smem_bytes <= small.smem_per_block
-    assert "read from L2" in plan.describe()
+    assert "read from L2" in describe(plan)
     assert run(plan, cell, 1, True, False) < 1e-9
 
 
@@ -347,7 +343,7 @@ def test_the_tensor_rung_puts_the_gemms_whose_weights_fit_on_tensor_cores(name, 
         assert tiling.output_threads * tiling.k_split <= 8 or tiling.k_split == 1  # no warp idle
         assert tiling.mma_floats == tiling.output_threads * tiling.k_split * 16 * tiling.cols_per_thread
         assert tiling.w_stride(item.launch.k) % 32 == 16  # a lane group's float4s in different banks
-    assert plan.summary()["persistent"]["tensor_cores"] and "on tensor cores (3xTF32)" in plan.describe()
+    assert summary(plan)["persistent"]["tensor_cores"] and "on tensor cores (3xTF32)" in describe(plan)
     source = plan_kernels(plan).module_source()
     assert source.count("cf_mma_tf32(acc[x]") == 3 * len(gemms)  # three TF32 products each
 
@@ -373,8 +369,7 @@ def test_final_states_that_blocks_per_row_write_are_copied_out_after_a_grid_barr
     assert "the block wrote its final states" not in source
 
 
-def test_initial_states_that_a_block_per_row_reads_are_copied_in_before_a_grid_barrier(tmp_path,
-                                                                                       monkeypatch):
+def test_initial_states_that_a_block_per_row_reads_are_copied_in_before_a_grid_barrier(tmp_path):
     """h' = tanh(x + h - row_mean(h)): the step has no GEMM and no barrier, its one kernel a block per row
     that reads whole rows of h; the blocks copy their own columns of the initial h in, so the first step
     waits for every block's copy (and the last block per row's writes are copied out after another).
@@ -389,14 +384,15 @@ def test_initial_states_that_a_block_per_row_reads_are_copied_in_before_a_grid_b
     plan = make_plan(cell, Sizes(5, 3, 10, 10), "persistent", SMALL)
     launch = plan.layers[0].persistent
     assert [(i.barrier, i.by_rows) for i in launch.items] == [(False, True)] and launch.column_blocks > 1
-    assert initial_states_barrier(launch) and final_states_barrier(launch)
+    assert launch.initial_barrier and launch.final_barrier and launch.cooperative
     source = plan_kernels(plan).module_source()
     assert "grid.sync();  // every block's initial states are where the first step reads them" in source
     assert "grid.sync();  // blocks per row wrote the final states" in source
     nvcc_cubin(source, tmp_path)
     assert max(run(plan, cell, 1, True, r) for r in (False, True)) < 1e-9
-    monkeypatch.setattr(numpy_executor, "initial_states_barrier", lambda launch: False)
-    errors = [run(plan, cell, 1, True, r) for r in (False, True)]
+    without = dataclasses.replace(plan, layers=[dataclasses.replace(
+        plan.layers[0], persistent=dataclasses.replace(launch, initial_barrier=False))])
+    errors = [run(without, cell, 1, True, r) for r in (False, True)]
     assert max(errors) > 1e-3 or any(np.isnan(errors))
 
 
@@ -404,15 +400,13 @@ def test_the_lstm_s_initial_states_need_no_barrier_of_their_own():
     """The LSTM's GEMM reads h through an exchange, whose initial values each block publishes from its
     own copies behind a grid-wide barrier: no second one after the copies, nor before the copies out."""
     launch = make_plan(load_template("lstm"), Sizes(5, 3, 10, 10), "persistent", SMALL).layers[0].persistent
-    assert launch.exchange and not initial_states_barrier(launch) and not final_states_barrier(launch)
+    assert launch.exchange and not launch.initial_barrier and not launch.final_barrier
 
 
 def _recurrent_tilings(name: str, batch: int, hidden: int, schedule: str = "persistent"):
     plan = make_plan(load_template(name), Sizes(100, batch, hidden, hidden), schedule)
     launch = plan.layers[0].persistent
-    tilings = _Kernel(launch, "cf_cell").tilings
-    return plan, [(item, tilings[i]) for i, item in enumerate(launch.items)
-                  if isinstance(item.launch, GemmLaunch)]
+    return plan, [(item, item.tiling) for item in launch.items if isinstance(item.launch, GemmLaunch)]
 
 
 @pytest.mark.parametrize("name, hidden, widths", [("lstm", 512, [16]), ("gru", 512, [16]),
@@ -424,11 +418,11 @@ def test_one_row_at_a_time_multiplies_in_registers(name, hidden, widths, tmp_pat
     warps' partial sums: no staged operand, one barrier after the products, and it compiles."""
     plan, gemms = _recurrent_tilings(name, 1, hidden)
     assert [t.cols_per_thread for _, t in gemms if t.in_registers] == widths
-    assert all(item.in_registers for item, _ in gemms) and "products in registers" in plan.describe()
+    assert all(item.in_registers for item, _ in gemms) and "products in registers" in describe(plan)
     source = plan_kernels(plan).module_source()
     loop = source.index("for (int t = 0; t < seq; ++t)")
     assert "the stage is free again" not in source[loop:] and "cf_stage[r *" not in source[loop:]
-    assert all(f"const cf_warp_sums<{w}> cf_c" in source for w in widths)
+    assert all(f"const cf_warp_sums<{w}, 8> cf_c" in source for w in widths)
     assert source[loop:].count("__syncwarp();") == len(widths)
     nvcc_cubin(source, tmp_path)
 
@@ -442,7 +436,7 @@ def test_products_stay_tiled_where_registers_do_not_hold_them(name, batch, hidde
     elementwise work does not read from shared memory: the tiled GEMM."""
     plan, gemms = _recurrent_tilings(name, batch, hidden, schedule)
     assert gemms and not any(t.in_registers or item.in_registers for item, t in gemms)
-    assert "products in registers" not in plan.describe()
+    assert "products in registers" not in describe(plan)
 
 
 def test_a_gemm_on_tensor_cores_falls_back_to_the_cuda_cores_where_its_larger_tiles_do_not_fit():
@@ -531,15 +525,18 @@ def test_a_reverse_loop_loads_what_its_gradients_add_to_all_at_once(name):
 
 
 def test_outputs_of_one_accumulating_kernel_may_not_share_a_place():
-    from cellfuse.codegen.cuda_kernels import Param, element_body
+    from cellfuse.codegen.c_text import CWriter
+    from cellfuse.codegen.cuda_kernels import element_body
+    from cellfuse.codegen.kernel_abi import Param
     from cellfuse.codegen.plan import Access
 
     out = Access("g", "row", 8)
     params = [Param("a", Access("x", "row", 8), False), Param("a", out, True), Param("a", out, True)]
     with pytest.raises(AssertionError, match="share a place"):
-        element_body(params, ["p0", "p1", "p2"], (), "", adds=lambda acc: True)
-    assert element_body(params[:2], ["p0", "p1"], (), "", adds=lambda acc: True)[-1] == \
-        "p1[(long long)r * 8 + j] = cf_old_1 + v_a;"
+        element_body(CWriter(), params, ["p0", "p1", "p2"], (), adds=lambda acc: True)
+    w = CWriter()
+    element_body(w, params[:2], ["p0", "p1"], (), adds=lambda acc: True)
+    assert w.lines[-1] == "p1[(long long)r * 8 + j] = cf_old_1 + v_a;"
 
 
 @pytest.mark.parametrize("name", ["sru", "indrnn"])
@@ -577,7 +574,7 @@ def test_a_step_loads_the_next_steps_read_only_inputs():
                    + r"\) \{\n                const int cf_step = " + re.escape(step) + ";")
         assert re.search(started, source[loop:])
         assert all(re.search(rf"{n}\[u\] = \(b\d+ \+", source[loop:]) for n in names)
-        assert re.search(r"pf\d+_\d+\[u\] = \(b\d+ \+ \(\(size_t\)\(\(?t", source[loop:])  # c, in its step
+        assert re.search(r"pf\d+_\d+\[u\] = \(b\d+ \+ \(size_t\)\(?t", source[loop:])  # c, in its step
 
 
 @pytest.mark.parametrize("name, count", [("lstm", 4), ("peephole_lstm", 7)])
@@ -746,7 +743,7 @@ def test_a_launch_of_independent_blocks_starts_early_and_waits_at_its_top():
     for name, independent in (("indrnn", True), ("lstm", False), ("gru_cho", False)):
         plan = make_plan(load_template(name), Sizes(100, 64, 512, 512), "persistent")
         launch = plan.layers[0].persistent
-        assert independent_blocks(launch) == independent, name
+        assert launch.cooperative != independent, name
         source = persistent_source(launch, "k")
         assert ("griddepcontrol.wait" in source) == independent, name
         assert ("cooperative launch" in source) != independent, name

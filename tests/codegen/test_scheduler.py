@@ -12,8 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from random_cells import random_cell, random_cells
 
-from cellfuse.codegen import SCHEDULES, GemmLaunch, KernelLaunch, Plan, make_plan
-from cellfuse.codegen.cuda_export import generate_cuda
+from cellfuse.codegen import SCHEDULES, GemmLaunch, KernelLaunch, Plan, generate_cuda, make_plan
 from cellfuse.codegen.plan import Access
 from cellfuse.graph_model import (
     Cell,

@@ -4,8 +4,9 @@ exported launcher decide it. The GPU tests check the results; these, the decisio
 from __future__ import annotations
 
 from cellfuse.codegen import generate_cuda, make_plan
+from cellfuse.codegen.gemm_routes import TF32X3_MIN_MACS, on_tensor_cores
 from cellfuse.codegen.lowering import lower
-from cellfuse.codegen.plan import TF32X3_MIN_MACS, on_tensor_cores
+from cellfuse.codegen.plan_text import describe, summary, tensor_core_groups
 from cellfuse.gpu_runtime.cuda_executor import split_elements
 from cellfuse.graph_model import Sizes, load_template
 
@@ -22,7 +23,7 @@ def test_hoisted_gemms_of_large_runs_go_to_tensor_cores():
     lstm = load_template("lstm")
 
     def groups(schedule, batch):
-        return make_plan(lstm, Sizes(100, batch, 512, 512), schedule).tensor_core_groups()
+        return tensor_core_groups(make_plan(lstm, Sizes(100, batch, 512, 512), schedule))
 
     assert groups("persistent", 64) == groups("persistent", 11) != []  # 1100 rows: 1.1 x 2^30
     assert groups("persistent", 10) == []  # 1000 rows
@@ -30,23 +31,44 @@ def test_hoisted_gemms_of_large_runs_go_to_tensor_cores():
     assert groups("graph", 128) != []
 
 
+def test_each_gemm_instruction_carries_its_route():
+    """The lowering decides each GEMM's route once, from the rows it computes: the LSTM's input GEMM of
+    6400 rows on tensor cores, where the warpgroup GEMM takes its shape too; in chunks of 640 rows, and
+    its recurrent GEMM of 64 rows a step, in float32; a weight's gradient (x^T read transposed) through
+    the split copies only."""
+    from cellfuse.codegen.backward_plan import backward_plan
+    from cellfuse.codegen.lowering import Gemm, Loop
+
+    def routes(instructions):
+        flat = [i for instr in instructions for i in (instr.body if isinstance(instr, Loop) else (instr,))]
+        return {(i.launch.group, i.launch.trans_a): (i.rows, i.route) for i in flat if isinstance(i, Gemm)}
+
+    lstm = load_template("lstm")
+    assert routes(lower(make_plan(lstm, Sizes(100, 64, 512, 512), "persistent")).instructions) == {
+        ("gemm0", False): (6400, "tf32x3-wgmma")}
+    assert routes(lower(make_plan(lstm, Sizes(100, 64, 512, 512), "hoisted")).instructions) == {
+        ("gemm0", False): (640, "float32"), ("gemm1", False): (64, "float32")}
+    back = backward_plan(make_plan(lstm, Sizes(100, 64, 512, 512), "hoisted", save_steps=True))
+    assert "tf32x3" in {route for (_, trans_a), (_, route) in routes(back.instructions()).items() if trans_a}
+
+
 def test_the_plan_says_which_groups_run_on_tensor_cores():
     plan = make_plan(load_template("gru"), Sizes(100, 64, 512, 512), "persistent")
-    summary = plan.summary()["gemm_groups"]
-    assert [g["tensor_cores"] for g in summary] == [g["hoisted"] for g in summary]
-    assert sum(line.count("on tensor cores (3xTF32)") for line in plan.describe().splitlines()
+    groups_said = summary(plan)["gemm_groups"]
+    assert [g["tensor_cores"] for g in groups_said] == [g["hoisted"] for g in groups_said]
+    assert sum(line.count("on tensor cores (3xTF32)") for line in describe(plan).splitlines()
                if "hoisted" in line) == 1
 
 
 def test_each_stream_has_room_for_its_largest_split():
     plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512, 2), "wavefront")
     program = lower(plan)
-    need = split_elements(program.instructions, 64, program.streams)
+    need = split_elements(program.instructions, program.streams)
     # the hoisted GEMMs of 10 steps: 640 rows, too small; the recurrent ones of 64 rows too
     assert need == [0] * program.streams
     plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "persistent")
     program = lower(plan)
-    assert split_elements(program.instructions, 64, program.streams)[0] == 3 * (6400 * 512 + 512 * 2048)
+    assert split_elements(program.instructions, program.streams)[0] == 3 * (6400 * 512 + 512 * 2048)
 
 
 def test_the_exported_launcher_decides_at_run_time():

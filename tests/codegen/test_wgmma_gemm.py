@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import subprocess
 
-from cellfuse.codegen.cuda_wgmma import SOURCE, gemm_grid, wgmma_shape_fits
+from cellfuse.codegen.cuda_wgmma import SOURCE, gemm_grid
+from cellfuse.codegen.gemm_routes import wgmma_shape_fits
 
 
 def test_the_shapes_it_takes_are_whole_tiles_of_columns_and_stages():

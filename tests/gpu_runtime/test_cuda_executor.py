@@ -11,6 +11,7 @@ import pytest
 from forward_errors import relative_error
 
 from cellfuse.codegen import SCHEDULES, generate_cuda, make_plan
+from cellfuse.codegen.plan_text import tensor_core_groups
 from cellfuse.gpu_runtime.execute import run_schedule
 from cellfuse.graph_model import (
     CellError,
@@ -268,7 +269,7 @@ def test_hoisted_gemms_on_tensor_cores_match_reference(gpu, schedule, name, seq,
                for s in cell.updates}
     ref = run_reference(cell, params, {"x": x, **initial}, layers)
     plan = make_plan(cell, Sizes(seq, batch, 512, 512, layers), schedule, device_target())
-    assert plan.tensor_core_groups()
+    assert tensor_core_groups(plan)
     ex = CudaExecutor(plan, params)
     out = ex.run(x, initial)
     again = ex.run(x, initial)
@@ -292,7 +293,9 @@ def test_the_split_writes_three_copies_of_tf32_parts(gpu, rows, cols, ld, offset
     another along K (side by side along the rows, stacked, or side by side in the transposed source's
     rows), piece 1 is lo, the others hi; hi + lo is x to 2^-21 of it, infinities and NaN stay in hi;
     nothing past the copies is written."""
-    from cellfuse.codegen.cuda_kernels import BLOCK, PRELUDE, split_threads
+    from cellfuse.codegen.cuda_kernels import PRELUDE
+    from cellfuse.codegen.gemm_routes import split_threads
+    from cellfuse.codegen.kernel_abi import BLOCK
     from cellfuse.gpu_runtime.cuda_executor import _compile, _grid
 
     drv = gpu[0]
@@ -306,7 +309,7 @@ def test_the_split_writes_three_copies_of_tf32_parts(gpu, rows, cols, ld, offset
     split = module.get_function("cf_split_tf32x3").prepare("PPiiiii")
     src_d = drv.to_device(src)
     out_d = drv.to_device(np.full(n + 64, 7.0, np.float32))
-    split.prepared_call((_grid(split_threads(rows, cols, layout)), 1), (BLOCK, 1, 1), out_d,
+    split.prepared_call((_grid(int(split_threads(rows, cols, layout))), 1), (BLOCK, 1, 1), out_d,
                         int(src_d) + 4 * offset, rows, cols, ld, layout, 1)
     got = drv.from_device(out_d, (n + 64,), np.float32)
     np.testing.assert_array_equal(got[n:], 7.0)

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from cellfuse.codegen import make_plan
+from cellfuse.codegen.plan_text import tensor_core_groups
 from cellfuse.graph_model import Sizes, init_params, load_template, run_reference
 
 pytestmark = pytest.mark.gpu
@@ -73,7 +74,7 @@ def test_either_route_matches_the_reference(sm90, monkeypatch, route, name, sche
     initial = {s: (0.5 * rng.standard_normal((1, batch, 512))).astype(np.float32) for s in cell.updates}
     ref = run_reference(cell, params, {"x": x, **initial}, 1)
     plan = make_plan(cell, Sizes(seq, batch, 512, 512), schedule, device_target())
-    assert plan.tensor_core_groups()
+    assert tensor_core_groups(plan)
     ex = CudaExecutor(plan, params)
     out = ex.run(x, initial)
     ex.close()

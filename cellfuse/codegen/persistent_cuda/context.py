@@ -1,0 +1,60 @@
+"""What every part of a persistent kernel's text reads: the launch, the kernel's pointer arguments and
+which of them it writes, its GEMMs and their outputs on chip, its exchanges, how a thread walks its
+elements; and the writer all parts write to."""
+
+from __future__ import annotations
+
+from ..c_text import CWriter
+from ..persistent import writes
+from ..plan import GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
+
+
+def persistent_buffers(launch: PersistentLaunch) -> list[str]:
+    """The buffers the kernel reads or writes, in the order of its pointer arguments (after seq, batch)."""
+    names: dict[str, None] = {}
+    for item in launch.items:
+        match item.launch:
+            case GemmLaunch() as g:
+                names.update(dict.fromkeys([g.a.buffer, g.w, g.c.buffer, *([g.bias] if g.bias else [])]))
+            case KernelLaunch() as k:
+                names.update(dict.fromkeys(acc.buffer for _, acc in (*k.inputs, *k.outputs)))
+            case other:
+                raise TypeError(f"unknown launch {other!r}")
+    for state in launch.states:
+        names.update(dict.fromkeys([state.initial.buffer, state.read.buffer, state.final.buffer]))
+    return list(names)
+
+
+class Kernel:
+    """One persistent kernel being written: `var` names its pointer arguments (`b0`, `b1`, ...), `written`
+    the buffers it writes; `w` the writer of its text."""
+
+    def __init__(self, launch: PersistentLaunch, name: str):
+        self.launch, self.name = launch, name
+        self.buffers = persistent_buffers(launch)
+        self.var = {b: f"b{i}" for i, b in enumerate(self.buffers)}
+        self.written = set().union(*(writes(item.launch) for item in launch.items),
+                                   (state.final.buffer for state in launch.states))
+        self.gemms = [(i, item) for i, item in enumerate(launch.items) if isinstance(item.launch, GemmLaunch)]
+        # GEMM outputs in shared memory: buffer -> (the GEMM's index, its item)
+        self.on_chip = {item.launch.c.buffer: (i, item) for i, item in self.gemms if item.output_on_chip}
+        # what kernels that run a block per row write: other blocks read it, after a barrier, through L2
+        self.written_by_rows = set().union(*(writes(item.launch) for item in launch.items if item.by_rows))
+        # exchanged operands: buffer -> (its index, its Exchange)
+        self.exchange = {ex.buffer: (n, ex) for n, ex in enumerate(launch.exchange)}
+        # In a launch whose steps' inputs are loaded ahead, a thread's elements are not skipped by branches
+        # but masked (see `elementwise.element_loop`); set by the skeleton.
+        self.masked = False
+        self.w = CWriter()
+
+    def elements(self, item: PersistentItem) -> tuple[int, str, str]:
+        """Of an elementwise launch: the most elements a thread takes, the element count, and how element e
+        maps to its row r and column j."""
+        k: KernelLaunch = item.launch
+        threads = self.launch.threads
+        if item.whole:  # the same [N] and scalar values every step, computed by every block
+            return (-(-k.rows * k.width // threads), str(k.rows * k.width),
+                    f"const int r = e / {k.width}, j = e - r * {k.width};")
+        unit = self.launch.unit(k.width)
+        return (-(-self.launch.group_rows * unit // threads), f"rows * {unit}",
+                f"const int r = row0 + e / {unit}, j = cb * {unit} + e % {unit};")

@@ -1,0 +1,112 @@
+"""A GEMM of a persistent kernel on tensor cores (`mma.sync` on TF32, each float32 product as three TF32
+ones, the error of float32's): per tile of rows and chunk of K, the chunk staged (or its rows taken from
+their exchange), each warp's tile of C over its share of the chunk, the warps that share a tile adding
+their partial tiles through shared memory."""
+
+from __future__ import annotations
+
+from ..plan import GemmLaunch, PersistentItem
+from ..tiling import MMA_K_BLOCK, MMA_M, MMA_N, WARPS, GemmTiling
+from .context import Kernel
+from .exchange import poll_rows
+from .gemm_fma import FULL_UNROLL
+from .staging import pointers, stage, store
+
+# a product's three TF32 ones, the A and W fragments of each: lo * hi, hi * lo, hi * hi
+_PRODUCTS = (("al", "wh"), ("ah", "wl"), ("ah", "wh"))
+
+
+def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
+    """Per tile of rows and chunk of K, each warp's tile of C over its share of the chunk, sixteen k at a
+    time, each product in three TF32 ones, the small ones first, its partial tile carried in shared memory
+    from one chunk to the next; then the warps' partial tiles added up and stored by all the block's
+    threads, through the column map and the bias.
+
+    A lane of group g (lane / 4) and place q (lane % 4) holds, for the mma.sync products, rows g and g + 8
+    of A and column g of W (of each product's eight columns), at k q and q + 4 of each product. Those k
+    are taken in an order of their own: the first product of a K_BLOCK reads the block's k 4q and 4q + 1,
+    the second 4q + 2 and 4q + 3, so that each row a lane reads is one float4 (A and W in the same order,
+    the sum over K is the same)."""
+    g: GemmLaunch = item.launch
+    tl: GemmTiling = item.tiling
+    w = k.w
+    threads, rt, kp = k.launch.threads, k.launch.row_tile, tl.w_stride(g.k)
+    split, tiles, nt = tl.k_split, tl.output_threads, tl.col_threads
+    chunk, stride = tl.k_chunk, tl.stage_stride(g.k)
+    wc = tl.cols_per_thread  # a warp tile's columns
+    nb = wc // MMA_N  # its products side by side
+    regs = 4 * nb  # of its accumulators
+    area = MMA_M * wc
+    chunks = -(-g.k // chunk)
+    # the last chunk may end before the others do: no k past K's last block (the rows of W end there)
+    blocks = -(-chunk // MMA_K_BLOCK)
+    end = (str(MMA_K_BLOCK * blocks) if g.k % chunk == 0
+           else f"min({MMA_K_BLOCK * blocks}, {MMA_K_BLOCK * -(-g.k // MMA_K_BLOCK)} - kc)")
+    iters = -(-blocks // split)
+    pointers(k, item)
+    with w.block(f"for (int rb = 0; rb < rows; rb += {rt}) {{"):
+        with w.block(f"for (int kc = 0; kc < {chunks * chunk}; kc += {chunk}) {{"):
+            w("__syncthreads();  // the stage and the partial tiles are free again")
+            if g.a.buffer in k.exchange:  # (one chunk: all of K, see persistent.exchanges)
+                poll_rows(k, *k.exchange[g.a.buffer], stride)
+            else:
+                stage(k, g, "kc", chunk, stride)
+            w("__syncthreads();",
+              "const int lane = tid & 31;")
+            with w.block(f"for (int o = tid / 32; o < {tiles * split}; o += {WARPS}) {{"):
+                w(f"const int tile = o / {split}, ks = o % {split};",
+                  f"const float* const at = cf_stage + ((tile / {nt}) * {MMA_M} + (lane >> 2)) * {stride} + "
+                  "4 * (lane & 3);",
+                  f"const float* const wt = w{i} + ((tile % {nt}) * {wc} + (lane >> 2)) * {kp} + kc + "
+                  "4 * (lane & 3);",
+                  f"float* const part = cf_mma + (size_t)o * {regs * 32} + lane;  // [{regs}][32]",
+                  f"float acc[{nb}][4];",
+                  "#pragma unroll",
+                  f"for (int m = 0; m < {regs}; ++m)",
+                  f"    acc[m / 4][m % 4] = {'kc ? part[m * 32] : 0.0f' if chunks > 1 else '0.0f'};",
+                  f"#pragma unroll{'' if iters <= FULL_UNROLL else ' 2'}")
+                with w.block(f"for (int k = ks * {MMA_K_BLOCK}; k < {end}; k += {split * MMA_K_BLOCK}) {{"):
+                    w(f"const float4 a4[2] = {{*(const float4*)(at + k), "
+                      f"*(const float4*)(at + {8 * stride} + k)}};",
+                      "unsigned ah[2][4], al[2][4];  // [product][fragment register]",
+                      "#pragma unroll")
+                    with w.block("for (int y = 0; y < 2; ++y) {  // rows g and g + 8"):
+                        w("cf_split_tf32(a4[y].x, ah[0][y], al[0][y]);",
+                          "cf_split_tf32(a4[y].y, ah[0][y + 2], al[0][y + 2]);",
+                          "cf_split_tf32(a4[y].z, ah[1][y], al[1][y]);",
+                          "cf_split_tf32(a4[y].w, ah[1][y + 2], al[1][y + 2]);")
+                    w("#pragma unroll")
+                    with w.block(f"for (int x = 0; x < {nb}; ++x) {{"):
+                        w(f"const float4 w4 = *(const float4*)(wt + x * {MMA_N * kp} + k);",
+                          "unsigned wh[4], wl[4];",
+                          "cf_split_tf32(w4.x, wh[0], wl[0]);",
+                          "cf_split_tf32(w4.y, wh[1], wl[1]);",
+                          "cf_split_tf32(w4.z, wh[2], wl[2]);",
+                          "cf_split_tf32(w4.w, wh[3], wl[3]);",
+                          "#pragma unroll")
+                        with w.block("for (int p = 0; p < 2; ++p) {"):  # the small products first
+                            w(*(f"cf_mma_tf32(acc[x], {a}[p][0], {a}[p][1], {a}[p][2], {a}[p][3], "
+                                f"{b}[2 * p], {b}[2 * p + 1]);" for a, b in _PRODUCTS))
+                w("#pragma unroll",
+                  f"for (int m = 0; m < {regs}; ++m) part[m * 32] = acc[m / 4][m % 4];")
+        # element (y, x) of a warp tile is register 4 (x / 8) + 2 (y / 8) + x % 2 of lane 4 (y % 8) + x % 8
+        # / 2: mma.sync's layout of C (the thread's elements unrolled, their loads before any test: all in
+        # flight at once)
+        w("__syncthreads();",
+          "#pragma unroll")
+        with w.block(f"for (int q = 0; q < {-(-tiles * area // threads)}; ++q) {{"):
+            w(f"const int e = tid + q * {threads};")
+            if tiles * area % threads:
+                w(f"if (e >= {tiles * area}) break;")
+            w(f"const int tile = e / {area}, y = e % {area} / {wc}, x = e % {wc};",
+              f"const int r = (tile / {nt}) * {MMA_M} + y;",
+              f"const int cc = (tile % {nt}) * {wc} + x;  // the block's column",
+              "const int at = (4 * (x / 8) + 2 * (y / 8) + x % 2) * 32 + 4 * (y % 8) + x % 8 / 2;",
+              "float v = 0.0f;",
+              "#pragma unroll",
+              f"for (int s = 0; s < {split}; ++s) "
+              f"v += cf_mma[(size_t)(tile * {split} + s) * {regs * 32} + at];",
+              f"const int n = cols{i}(cc);",
+              f"if (n >= 0 && r < {rt} && rb + r < rows)",
+              f"    {store(k, i, item, 'rb + r', 'cc', 'v')}")
+    w("__syncthreads();  // C is read next by other threads of the block")

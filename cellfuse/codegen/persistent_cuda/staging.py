@@ -1,0 +1,54 @@
+"""What every GEMM of a persistent kernel does around its products: its operand's and output's pointers
+at the step, the rows of its operand staged in shared memory, and the store of an output value."""
+
+from __future__ import annotations
+
+from ..address import c_address
+from ..plan import GemmLaunch, PersistentItem
+from .context import Kernel
+
+
+def pointers(k: Kernel, item: PersistentItem) -> None:
+    """`a`, the block's first row of the operand at step t (unless it comes from an exchange), and `c`, of
+    the output (unless it stays on chip)."""
+    g: GemmLaunch = item.launch
+    if g.a.buffer not in k.exchange:
+        k.w(f"const float* const a = {c_address(k.var[g.a.buffer], g.a)} + (size_t)row0 * {g.a.ld};")
+    if not item.output_on_chip:
+        k.w(f"float* const c = {c_address(k.var[g.c.buffer], g.c)} + (size_t)row0 * {g.c.ld};")
+
+
+def stage(k: Kernel, g: GemmLaunch, first: str, width: int, stride: int) -> None:
+    """Stages rows rb.. of the block's rows of A, columns `first` .. + `width` of K (zeros past K), at
+    `stride` floats a row: asynchronous copies, all in flight at once, where A's rows allow them."""
+    rt, threads, w = k.launch.row_tile, k.launch.threads, k.w
+    past = f"{first} + " if first != "0" else ""
+    clip = width < g.k  # a chunk of K, the last one possibly past its end
+    if g.k % 4 == 0 and g.a.ld % 4 == 0 and g.a.col % 4 == 0 and width % 4 == 0:
+        w4 = width // 4
+        with w.block("if ((((size_t)a) & 15) == 0) {", "} else"):
+            with w.block(f"for (int e = tid; e < {rt * w4}; e += {threads}) {{"):
+                w(f"const int r = e / {w4}, q = e - r * {w4};",
+                  f"float* const s = cf_stage + r * {stride} + 4 * q;",
+                  f"if (rb + r < rows{f' && {past}4 * q < {g.k}' if clip else ''})",
+                  f"    cf_copy16(s, a + (size_t)(rb + r) * {g.a.ld} + {past}4 * q);",
+                  "else *(float4*)s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);")
+            w("cf_copies_done();")
+    with w.block(f"for (int e = tid; e < {rt * width}; e += {threads}) {{"):
+        w(f"const int r = e / {width}, k = e - r * {width};",
+          f"cf_stage[r * {stride} + k] =",
+          f"    rb + r < rows{f' && {past}k < {g.k}' if clip else ''} ? "
+          f"__ldcg(a + (size_t)(rb + r) * {g.a.ld} + {past}k) : 0.0f;")
+
+
+def store(k: Kernel, i: int, item: PersistentItem, row: str, col: str, value: str, old: str = "") -> str:
+    """The statement that puts a GEMM's `value` at `row` of the block's rows and `col` of its columns (n:
+    the column of C): into shared memory where the output stays on chip, else to C, with the bias; added
+    to what is there for a GEMM that accumulates (to `old`, where that was loaded)."""
+    g: GemmLaunch = item.launch
+    at = (f"cf_c{i}[({row}) * {item.tiling.cols} + {col}]" if item.output_on_chip
+          else f"c[(size_t)({row}) * {g.c.ld} + n]")
+    bias = f" + {k.var[g.bias]}[n]" if g.bias else ""
+    if old:
+        return f"{at} = {old} + {value}{bias};"
+    return f"{at} {'+=' if g.accumulate else '='} {value}{bias};"
