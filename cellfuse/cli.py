@@ -33,6 +33,7 @@ from .graph_model import (
     save_npz,
     template_names,
 )
+from .graph_model.cellfile import write_target
 from .graph_model.templates import template_text
 
 log = logging.getLogger("cellfuse")
@@ -52,10 +53,15 @@ def resolve_cell(spec: str) -> Cell:
 def output_path(path: Path, option: str = "-o", **reads: str | Path | None) -> Path:
     """`path` as a file this command may write: not a directory, a device or a FIFO (writing would
     replace the node with a regular file), and none of the files the command reads (`reads` names them:
-    cell="lstm.cell.json")."""
+    cell="lstm.cell.json"). A symbolic link is written through (see write_target): these checks are of the
+    file it points to."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
+        try:
+            write_target(path)  # a link into a folder that does not exist, refused before any work
+        except CellError as e:
+            raise CellError(f"{option} {e}") from None
         return path
     except OSError as e:
         raise CellError(f"{option} {path}: {e.strerror}") from None

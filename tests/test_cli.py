@@ -470,6 +470,50 @@ def test_run_output_into_a_missing_folder(cli, tmp_path, lstm_files):
     assert code == 1 and str(target) in err
 
 
+# -- outputs through symbolic links: the link stays, the file it points to is written -------------------
+
+def _entries(*folders: Path) -> dict[str, bytes | str]:
+    """Every entry of the folders: a link as where it points, a file as its bytes, a folder as "/"."""
+    return {str(p): os.readlink(p) if p.is_symlink() else "/" if p.is_dir() else p.read_bytes()
+            for folder in folders for p in sorted(folder.iterdir())}
+
+
+def test_an_output_through_a_symlink_updates_its_target(cli, tmp_path):
+    (tmp_path / "build").mkdir()
+    target = tmp_path / "build" / "elman.cu"
+    target.write_text("old")
+    link = tmp_path / "elman.cu"
+    link.symlink_to(Path("build") / "elman.cu")
+    code, _, err = cli("export", "elman", "-o", link, "--input", 4, "--hidden", 4)
+    assert code == 0, err
+    assert link.is_symlink() and os.readlink(link) == str(Path("build") / "elman.cu")
+    assert "cellfuse_elman_rnn_forward" in target.read_text()
+    assert sorted(p.name for p in (tmp_path / "build").iterdir()) == ["elman.cu"]
+
+
+def test_a_failed_command_leaves_a_symlinked_output_and_its_target(cli, tmp_path, lstm_files):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "y.npz").write_bytes(b"old")
+    (tmp_path / "y.npz").symlink_to(tmp_path / "out" / "y.npz")
+    bad_cell = write_cell(tmp_path / "bad.cell.json", BAD_CELLS["cycle"][0])
+    before = _entries(tmp_path, tmp_path / "out")
+    for argv in (["run", "lstm", "--params", lstm_files[1], "--inputs", lstm_files[1]],  # x.npz as parameters
+                 ["run", bad_cell, "--params", lstm_files[0], "--inputs", lstm_files[1]],
+                 ["init-params", bad_cell]):
+        code, _, err = cli(*argv, "-o", tmp_path / "y.npz")
+        assert code == 1 and err.startswith("cellfuse: error: "), (argv, err)
+        assert _entries(tmp_path, tmp_path / "out") == before, argv
+
+
+def test_an_output_through_a_symlink_into_a_missing_folder_is_refused_before_any_work(cli, tmp_path):
+    link, target = tmp_path / "lstm.cu", tmp_path / "gone" / "lstm.cu"
+    link.symlink_to(target)
+    code, out, err = cli("export", "lstm", "-o", link)
+    assert code == 1 and out == ""
+    assert err == f"cellfuse: error: -o {link}: is a symbolic link to {target}, whose folder does not exist\n"
+    assert _entries(tmp_path) == {str(link): str(target)}
+
+
 def test_sizes_too_large_for_memory(cli, tmp_path):
     code, _, err = cli("init-params", "elman", "--hidden", 10**12, "-o", tmp_path / "p.npz")
     assert code == 1 and "cannot make parameters" in err and not (tmp_path / "p.npz").exists()
