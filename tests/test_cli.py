@@ -514,6 +514,68 @@ def test_an_output_through_a_symlink_into_a_missing_folder_is_refused_before_any
     assert _entries(tmp_path) == {str(link): str(target)}
 
 
+# -- an output named as another kind of file is refused, unless --force -----------------------------------
+
+_BENCH = ["bench", "elman", "--backend", "numpy", "--seq", 2, "--batch", 1, "--input", 3, "--hidden", 3,
+          "--schedules", "graph", "--baselines", "", "--repeats", 1]
+_PNG, _SVG, _PDF, _ZIP = b"\x89PNG\r\n\x1a\n", b"<?xml", b"%PDF", b"PK\x03\x04"
+
+# command: (its arguments before the output's name, the output's option, what it writes, a name of the
+# right kind with the start of what is written there, a name of another kind with what --force writes there)
+OUTPUTS = {
+    "templates": (["templates", "gru"], "-o", "a cell file (.cell.json or .json)",
+                  ("g.cell.json", b"{"), ("g.npz", b"{")),
+    "init-params": (["init-params", "elman", "--input", 3, "--hidden", 4], "-o", "NumPy arrays (.npz)",
+                    ("p2.npz", _ZIP), ("p2.cu", _ZIP)),
+    "init-inputs": (["init-inputs", "elman", "--seq", 2, "--batch", 2, "--input", 3], "-o",
+                    "NumPy arrays (.npz)", ("x2.npz", _ZIP), ("x2.json", _ZIP)),
+    "run": (["run", "lstm", "--params", "p.npz", "--inputs", "x.npz"], "-o", "NumPy arrays (.npz)",
+            ("y.npz", _ZIP), ("y.png", _ZIP)),
+    "export": (["export", "elman", "--input", 4, "--hidden", 4], "-o", "CUDA source (.cu or .cuh)",
+               ("e.cu", b"// Elman"), ("params.npz", b"// Elman")),
+    "bench --json": (_BENCH, "--json", "a JSON record (.json)", ("r.json", b"{"), ("r.cell.json", b"{")),
+    "bench --plot": (_BENCH, "--plot", "a chart (.png or .svg or .pdf)", ("r.svg", _SVG), ("r.npz", _PNG)),
+}
+
+
+@pytest.mark.parametrize("command", sorted(OUTPUTS))
+def test_an_output_named_as_another_kind_of_file_is_refused_unless_forced(cli, tmp_path, lstm_files,
+                                                                           monkeypatch, command):
+    monkeypatch.chdir(tmp_path)  # where lstm_files wrote p.npz and x.npz
+    argv, option, writes, (right, right_start), (wrong, forced_start) = OUTPUTS[command]
+    target = tmp_path / wrong
+    target.write_bytes(b"keep")
+    before = sorted(tmp_path.iterdir())
+    code, out, err = cli(*argv, option, wrong)
+    suffix = ".cell.json" if wrong.endswith(".cell.json") else Path(wrong).suffix
+    assert code == 1 and out == ""
+    assert err == (f"cellfuse: error: {option} {wrong}: names a {suffix} file, and this command writes "
+                   f"{writes}; pass --force to write it anyway\n")
+    assert target.read_bytes() == b"keep" and sorted(tmp_path.iterdir()) == before
+
+    code, _, err = cli(*argv, option, wrong, "--force")
+    assert code == 0, err
+    assert target.read_bytes().startswith(forced_start)
+
+    code, _, err = cli(*argv, option, right)
+    assert code == 0, err
+    assert (tmp_path / right).read_bytes().startswith(right_start)
+
+
+@pytest.mark.parametrize("name", ["lstm", "lstm.txt", "lstm.cuh", "LSTM.CU"])
+def test_an_output_named_as_no_other_kind_of_file_is_written(cli, tmp_path, name):
+    code, _, err = cli("export", "elman", "--input", 4, "--hidden", 4, "-o", tmp_path / name)
+    assert code == 0, err
+    assert (tmp_path / name).read_text().startswith("// Elman")
+
+
+@pytest.mark.parametrize("name, start", [("r.png", _PNG), ("r.pdf", _PDF), ("chart", _PNG)])
+def test_bench_plot_writes_the_format_its_name_says(cli, tmp_path, name, start):
+    code, _, err = cli(*_BENCH, "--plot", tmp_path / name)
+    assert code == 0, err
+    assert (tmp_path / name).read_bytes().startswith(start)
+
+
 def test_sizes_too_large_for_memory(cli, tmp_path):
     code, _, err = cli("init-params", "elman", "--hidden", 10**12, "-o", tmp_path / "p.npz")
     assert code == 1 and "cannot make parameters" in err and not (tmp_path / "p.npz").exists()
