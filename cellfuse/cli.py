@@ -26,9 +26,11 @@ from .graph_model import (
     equations_latex,
     equations_text,
     init_params,
+    input_key_check,
     load_cell,
     load_npz,
     load_template,
+    param_key_check,
     require_valid,
     run_reference,
     save_npz,
@@ -238,8 +240,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     require_valid(cell)
     output = output_path(args.output, ARRAYS, force=args.force, cell=_cell_file(args.cell),
                          parameters=args.params, inputs=args.inputs)
-    params = load_npz(args.params, "parameters")
-    inputs = load_npz(args.inputs, "inputs")
+    params = load_npz(args.params, "parameters", param_key_check(cell))
+    inputs = load_npz(args.inputs, "inputs", input_key_check(cell))
     if args.backend == "numpy" and args.schedule is None:
         result = run_reference(cell, params, inputs, args.layers)
     else:

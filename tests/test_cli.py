@@ -402,6 +402,12 @@ BAD_RUNS = {
     "initial state of the wrong shape": (_reshape("i", "c", (1, B, HIDDEN)),
                                          ["'c'", f"[1, {B}, {HIDDEN}]", f"[2, {B}, {HIDDEN}]"]),
     "NaN in x": (lambda p, i: i.update(x=np.full((T, B, INPUT), np.nan, np.float32)), ["NaN or infinity"]),
+    "a parameter the cell does not have": (lambda p, i: p.update({"l0.W_q": np.zeros(1, np.float32)}),
+                                           ["parameters ", "bad_p.npz: holds 25 arrays, and 'l0.W_q' is "
+                                            "not a parameter of cell 'LSTM'"]),
+    "an input the cell does not have": (lambda p, i: i.update(y=np.zeros(1, np.float32)),
+                                        ["inputs ", "bad_x.npz: holds 2 arrays, and 'y' is neither the input "
+                                         "sequence 'x' nor a state of cell 'LSTM' (states: h, c)"]),
 }
 
 
