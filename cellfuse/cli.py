@@ -14,6 +14,7 @@ import sys
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
+from typing import NamedTuple
 
 from . import __version__
 from .graph_model import (
@@ -25,14 +26,17 @@ from .graph_model import (
     equations_latex,
     equations_text,
     init_params,
+    input_key_check,
     load_cell,
     load_npz,
     load_template,
+    param_key_check,
     require_valid,
     run_reference,
     save_npz,
     template_names,
 )
+from .graph_model.cellfile import write_target
 from .graph_model.templates import template_text
 
 log = logging.getLogger("cellfuse")
@@ -49,25 +53,67 @@ def resolve_cell(spec: str) -> Cell:
     return load_cell(path)
 
 
-def output_path(path: Path, option: str = "-o", **reads: str | Path | None) -> Path:
+class Writes(NamedTuple):
+    """What a command writes to a file: in words, and the suffixes a file of that kind is named with."""
+
+    what: str
+    suffixes: tuple[str, ...]
+
+
+CELL_FILE = Writes("a cell file", (".cell.json", ".json"))
+ARRAYS = Writes("NumPy arrays", (".npz",))
+CUDA_SOURCE = Writes("CUDA source", (".cu", ".cuh"))
+JSON_RECORD = Writes("a JSON record", (".json",))
+CHART = Writes("a chart", (".png", ".svg", ".pdf"))
+
+# Suffixes that say what a file holds. An output named with one of them that the command does not write
+# is refused (without --force): `export -o params.npz` would otherwise put CUDA source where the
+# parameters were. Longest first, as a cell file's suffix ends in another's. Any other name (`-o out`,
+# `-o lstm.txt`) says nothing about its content and is written.
+_KNOWN_SUFFIXES = tuple(sorted({
+    ".cell.json", ".json", ".npz", ".npy", ".cu", ".cuh", ".c", ".cc", ".cpp", ".h", ".hpp", ".py", ".ipynb",
+    ".csv", ".png", ".svg", ".pdf", ".jpg", ".jpeg", ".o", ".so", ".ptx", ".cubin", ".pt", ".pth",
+    ".safetensors",
+}, key=len, reverse=True))
+
+
+def _known_suffix(path: Path) -> str | None:
+    name = path.name.lower()
+    return next((s for s in _KNOWN_SUFFIXES if name.endswith(s)), None)
+
+
+def output_path(path: Path, writes: Writes, option: str = "-o", force: bool = False,
+                **reads: str | Path | None) -> Path:
     """`path` as a file this command may write: not a directory, a device or a FIFO (writing would
-    replace the node with a regular file), and none of the files the command reads (`reads` names them:
-    cell="lstm.cell.json")."""
+    replace the node with a regular file), none of the files the command reads (`reads` names them:
+    cell="lstm.cell.json"), and, unless `force`, not named as another kind of file than `writes` (the
+    name given is the one that counts). A symbolic link is written through (see write_target): the other
+    checks are of the file it points to."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
-        return path
+        st = None
     except OSError as e:
         raise CellError(f"{option} {path}: {e.strerror}") from None
-    if stat.S_ISDIR(st.st_mode):
+    if st is None:
+        try:
+            write_target(path)  # a link into a folder that does not exist, refused before any work
+        except CellError as e:
+            raise CellError(f"{option} {e}") from None
+    elif stat.S_ISDIR(st.st_mode):
         raise CellError(f"{option} {path}: is a directory; name the file to write")
-    if not stat.S_ISREG(st.st_mode):
+    elif not stat.S_ISREG(st.st_mode):
         raise CellError(f"{option} {path}: exists and is not a regular file (a device, FIFO or socket); "
                         "it is left as it is")
-    for what, other in reads.items():
-        if other is not None and Path(other).exists() and os.path.samefile(path, other):
-            raise CellError(f"{option} {path}: that is the {what} file this command reads; writing it would "
-                            "destroy it")
+    else:
+        for what, other in reads.items():
+            if other is not None and Path(other).exists() and os.path.samefile(path, other):
+                raise CellError(f"{option} {path}: that is the {what} file this command reads; writing it "
+                                "would destroy it")
+    suffix = _known_suffix(path)
+    if not force and suffix is not None and suffix not in writes.suffixes:
+        raise CellError(f"{option} {path}: names a {suffix} file, and this command writes {writes.what} "
+                        f"({' or '.join(writes.suffixes)}); pass --force to write it anyway")
     return path
 
 
@@ -123,7 +169,7 @@ def cmd_templates(args: argparse.Namespace) -> int:
     if args.output:
         from .graph_model import atomic_write
 
-        atomic_write(output_path(args.output), text.encode())
+        atomic_write(output_path(args.output, CELL_FILE, force=args.force), text.encode())
         print(f"wrote {args.output}")
     else:
         sys.stdout.write(text)
@@ -163,10 +209,11 @@ def _sizes(cell: Cell, args: argparse.Namespace) -> tuple[int, int]:
 def cmd_init_params(args: argparse.Namespace) -> int:
     cell = resolve_cell(args.cell)
     require_valid(cell)
+    output = output_path(args.output, ARRAYS, force=args.force, cell=_cell_file(args.cell))
     input_size, hidden = _sizes(cell, args)
     with _allocating(f"parameters of input {input_size}, hidden {hidden}"):
         params = init_params(cell, args.layers, input_size, hidden, args.seed)
-    save_npz(output_path(args.output, cell=_cell_file(args.cell)), params)
+    save_npz(output, params)
     print(f"wrote {args.output}: {len(params)} arrays for {args.layers} layer(s), "
           f"input {input_size}, hidden {hidden}")
     return 0
@@ -177,12 +224,13 @@ def cmd_init_inputs(args: argparse.Namespace) -> int:
 
     cell = resolve_cell(args.cell)
     require_valid(cell)
+    output = output_path(args.output, ARRAYS, force=args.force, cell=_cell_file(args.cell))
     input_size = args.input or cell.sizes["input"]
     check_sizes(Sizes(seq=args.seq, batch=args.batch, input=input_size, hidden=cell.sizes["hidden"]), cell)
     rng = np.random.default_rng(args.seed)
     with _allocating(f"inputs of shape {[args.seq, args.batch, input_size]}"):
         x = rng.standard_normal((args.seq, args.batch, input_size)).astype(np.float32)
-    save_npz(output_path(args.output, cell=_cell_file(args.cell)), {"x": x})
+    save_npz(output, {"x": x})
     print(f"wrote {args.output}: x of shape {list(x.shape)}")
     return 0
 
@@ -190,9 +238,10 @@ def cmd_init_inputs(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     cell = resolve_cell(args.cell)
     require_valid(cell)
-    output = output_path(args.output, cell=_cell_file(args.cell), parameters=args.params, inputs=args.inputs)
-    params = load_npz(args.params, "parameters")
-    inputs = load_npz(args.inputs, "inputs")
+    output = output_path(args.output, ARRAYS, force=args.force, cell=_cell_file(args.cell),
+                         parameters=args.params, inputs=args.inputs)
+    params = load_npz(args.params, "parameters", param_key_check(cell))
+    inputs = load_npz(args.inputs, "inputs", input_key_check(cell))
     if args.backend == "numpy" and args.schedule is None:
         result = run_reference(cell, params, inputs, args.layers)
     else:
@@ -248,7 +297,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .graph_model import atomic_write
 
     cell = resolve_cell(args.cell)
-    output = output_path(args.output, cell=_cell_file(args.cell))
+    output = output_path(args.output, CUDA_SOURCE, force=args.force, cell=_cell_file(args.cell))
     sizes = _plan_sizes(cell, args)
     src = generate_cuda(cell, sizes, _schedule(cell, sizes, args.schedule), backward=args.backward)
     atomic_write(output, src.text.encode())
@@ -301,9 +350,9 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     cell = resolve_cell(args.cell)
     require_valid(cell)
-    for option, path in (("--json", args.json), ("--plot", args.plot)):
+    for option, path, writes in (("--json", args.json, JSON_RECORD), ("--plot", args.plot, CHART)):
         if path is not None:
-            output_path(path, option, cell=_cell_file(args.cell))
+            output_path(path, writes, option, force=args.force, cell=_cell_file(args.cell))
     if args.json is not None and args.plot is not None and args.json.resolve() == args.plot.resolve():
         raise CellError(f"--json and --plot name the same file, {args.json}")
     config = BenchConfig(_plan_sizes(cell, args), backend=args.backend, repeats=args.repeats,
@@ -354,11 +403,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
         else:
             plot_result(results[0], fig)
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=120)
+        fig.savefig(buf, format=_chart_format(args.plot), dpi=120)
         atomic_write(args.plot, buf.getvalue())
         print(f"wrote {args.plot}")
     bad = [r.name for res in results for r in res.rows if not r.ok and r.applicable]
     return 1 if bad else 0
+
+
+def _chart_format(path: Path) -> str:
+    """The chart's format: the one its name says (PNG, SVG or PDF), and PNG for any other name."""
+    suffix = path.suffix.lower()
+    return suffix[1:] if suffix in CHART.suffixes else "png"
+
+
+def _force_option(s: argparse.ArgumentParser) -> None:
+    s.add_argument("--force", action="store_true",
+                   help="write the output even where its name says it is another kind of file")
 
 
 def _size_options(s: argparse.ArgumentParser, seq: bool = True) -> None:
@@ -390,6 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("templates", help="list the built-in cells, or print/write one")
     s.add_argument("name", nargs="?")
     s.add_argument("-o", "--output", type=Path, help="write the template to this file")
+    _force_option(s)
     s.set_defaults(func=cmd_templates)
 
     s = sub.add_parser("validate", help="print every problem of a cell; exit 1 on any error")
@@ -408,6 +469,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--input", type=_positive, help="input size (default: the cell's)")
     s.add_argument("--hidden", type=_positive, help="hidden size (default: the cell's)")
     s.add_argument("-o", "--output", type=Path, required=True)
+    _force_option(s)
     s.set_defaults(func=cmd_init_params)
 
     s = sub.add_parser("init-inputs", help="write a random input sequence x [T, B, input]")
@@ -417,6 +479,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--input", type=_positive, help="input size (default: the cell's)")
     s.add_argument("--seed", type=_seed, default=0)
     s.add_argument("-o", "--output", type=Path, required=True)
+    _force_option(s)
     s.set_defaults(func=cmd_init_inputs)
 
     s = sub.add_parser("run", help="one forward pass over the whole sequence")
@@ -424,6 +487,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--params", type=Path, required=True)
     s.add_argument("--inputs", type=Path, required=True)
     s.add_argument("-o", "--output", type=Path, required=True)
+    _force_option(s)
     s.add_argument("--layers", type=_positive, help="default: as many as the parameters cover")
     s.add_argument("--backend", choices=["numpy", "cuda"], default="numpy")
     s.add_argument("--schedule", help="a schedule of the ladder, or auto: the one measured fastest on "
@@ -441,6 +505,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("export", help="write the generated CUDA source, self-contained")
     s.add_argument("cell")
     s.add_argument("-o", "--output", type=Path, required=True)
+    _force_option(s)
     s.add_argument("--schedule", choices=[*SCHEDULES, "auto"], default="hoisted")
     s.add_argument("--backward", action="store_true",
                    help="also write the backward pass's launcher (the forward pass then saves every step)")
@@ -463,7 +528,8 @@ def build_parser() -> argparse.ArgumentParser:
                         f"reference's; the baselines ({','.join(TRAIN_BASELINES)}) with autograd")
     s.add_argument("--sweep", help="time over several sizes, e.g. batch=1,8,64,256")
     s.add_argument("--json", type=Path, help="write the result record here")
-    s.add_argument("--plot", type=Path, help="write a PNG chart here")
+    s.add_argument("--plot", type=Path, help="write a chart here: SVG or PDF where named so, else PNG")
+    _force_option(s)
     s.set_defaults(func=cmd_bench)
     return p
 

@@ -402,6 +402,12 @@ BAD_RUNS = {
     "initial state of the wrong shape": (_reshape("i", "c", (1, B, HIDDEN)),
                                          ["'c'", f"[1, {B}, {HIDDEN}]", f"[2, {B}, {HIDDEN}]"]),
     "NaN in x": (lambda p, i: i.update(x=np.full((T, B, INPUT), np.nan, np.float32)), ["NaN or infinity"]),
+    "a parameter the cell does not have": (lambda p, i: p.update({"l0.W_q": np.zeros(1, np.float32)}),
+                                           ["parameters ", "bad_p.npz: holds 25 arrays, and 'l0.W_q' is "
+                                            "not a parameter of cell 'LSTM'"]),
+    "an input the cell does not have": (lambda p, i: i.update(y=np.zeros(1, np.float32)),
+                                        ["inputs ", "bad_x.npz: holds 2 arrays, and 'y' is neither the input "
+                                         "sequence 'x' nor a state of cell 'LSTM' (states: h, c)"]),
 }
 
 
@@ -468,6 +474,112 @@ def test_run_output_into_a_missing_folder(cli, tmp_path, lstm_files):
     target = tmp_path / "no" / "y.npz"
     code, _, err = cli("run", "lstm", "--params", lstm_files[0], "--inputs", lstm_files[1], "-o", target)
     assert code == 1 and str(target) in err
+
+
+# -- outputs through symbolic links: the link stays, the file it points to is written -------------------
+
+def _entries(*folders: Path) -> dict[str, bytes | str]:
+    """Every entry of the folders: a link as where it points, a file as its bytes, a folder as "/"."""
+    return {str(p): os.readlink(p) if p.is_symlink() else "/" if p.is_dir() else p.read_bytes()
+            for folder in folders for p in sorted(folder.iterdir())}
+
+
+def test_an_output_through_a_symlink_updates_its_target(cli, tmp_path):
+    (tmp_path / "build").mkdir()
+    target = tmp_path / "build" / "elman.cu"
+    target.write_text("old")
+    link = tmp_path / "elman.cu"
+    link.symlink_to(Path("build") / "elman.cu")
+    code, _, err = cli("export", "elman", "-o", link, "--input", 4, "--hidden", 4)
+    assert code == 0, err
+    assert link.is_symlink() and os.readlink(link) == str(Path("build") / "elman.cu")
+    assert "cellfuse_elman_rnn_forward" in target.read_text()
+    assert sorted(p.name for p in (tmp_path / "build").iterdir()) == ["elman.cu"]
+
+
+def test_a_failed_command_leaves_a_symlinked_output_and_its_target(cli, tmp_path, lstm_files):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "y.npz").write_bytes(b"old")
+    (tmp_path / "y.npz").symlink_to(tmp_path / "out" / "y.npz")
+    bad_cell = write_cell(tmp_path / "bad.cell.json", BAD_CELLS["cycle"][0])
+    before = _entries(tmp_path, tmp_path / "out")
+    for argv in (["run", "lstm", "--params", lstm_files[1], "--inputs", lstm_files[1]],  # x.npz as parameters
+                 ["run", bad_cell, "--params", lstm_files[0], "--inputs", lstm_files[1]],
+                 ["init-params", bad_cell]):
+        code, _, err = cli(*argv, "-o", tmp_path / "y.npz")
+        assert code == 1 and err.startswith("cellfuse: error: "), (argv, err)
+        assert _entries(tmp_path, tmp_path / "out") == before, argv
+
+
+def test_an_output_through_a_symlink_into_a_missing_folder_is_refused_before_any_work(cli, tmp_path):
+    link, target = tmp_path / "lstm.cu", tmp_path / "gone" / "lstm.cu"
+    link.symlink_to(target)
+    code, out, err = cli("export", "lstm", "-o", link)
+    assert code == 1 and out == ""
+    assert err == f"cellfuse: error: -o {link}: is a symbolic link to {target}, whose folder does not exist\n"
+    assert _entries(tmp_path) == {str(link): str(target)}
+
+
+# -- an output named as another kind of file is refused, unless --force -----------------------------------
+
+_BENCH = ["bench", "elman", "--backend", "numpy", "--seq", 2, "--batch", 1, "--input", 3, "--hidden", 3,
+          "--schedules", "graph", "--baselines", "", "--repeats", 1]
+_PNG, _SVG, _PDF, _ZIP = b"\x89PNG\r\n\x1a\n", b"<?xml", b"%PDF", b"PK\x03\x04"
+
+# command: (its arguments before the output's name, the output's option, what it writes, a name of the
+# right kind with the start of what is written there, a name of another kind with what --force writes there)
+OUTPUTS = {
+    "templates": (["templates", "gru"], "-o", "a cell file (.cell.json or .json)",
+                  ("g.cell.json", b"{"), ("g.npz", b"{")),
+    "init-params": (["init-params", "elman", "--input", 3, "--hidden", 4], "-o", "NumPy arrays (.npz)",
+                    ("p2.npz", _ZIP), ("p2.cu", _ZIP)),
+    "init-inputs": (["init-inputs", "elman", "--seq", 2, "--batch", 2, "--input", 3], "-o",
+                    "NumPy arrays (.npz)", ("x2.npz", _ZIP), ("x2.json", _ZIP)),
+    "run": (["run", "lstm", "--params", "p.npz", "--inputs", "x.npz"], "-o", "NumPy arrays (.npz)",
+            ("y.npz", _ZIP), ("y.png", _ZIP)),
+    "export": (["export", "elman", "--input", 4, "--hidden", 4], "-o", "CUDA source (.cu or .cuh)",
+               ("e.cu", b"// Elman"), ("params.npz", b"// Elman")),
+    "bench --json": (_BENCH, "--json", "a JSON record (.json)", ("r.json", b"{"), ("r.cell.json", b"{")),
+    "bench --plot": (_BENCH, "--plot", "a chart (.png or .svg or .pdf)", ("r.svg", _SVG), ("r.npz", _PNG)),
+}
+
+
+@pytest.mark.parametrize("command", sorted(OUTPUTS))
+def test_an_output_named_as_another_kind_of_file_is_refused_unless_forced(cli, tmp_path, lstm_files,
+                                                                           monkeypatch, command):
+    monkeypatch.chdir(tmp_path)  # where lstm_files wrote p.npz and x.npz
+    argv, option, writes, (right, right_start), (wrong, forced_start) = OUTPUTS[command]
+    target = tmp_path / wrong
+    target.write_bytes(b"keep")
+    before = sorted(tmp_path.iterdir())
+    code, out, err = cli(*argv, option, wrong)
+    suffix = ".cell.json" if wrong.endswith(".cell.json") else Path(wrong).suffix
+    assert code == 1 and out == ""
+    assert err == (f"cellfuse: error: {option} {wrong}: names a {suffix} file, and this command writes "
+                   f"{writes}; pass --force to write it anyway\n")
+    assert target.read_bytes() == b"keep" and sorted(tmp_path.iterdir()) == before
+
+    code, _, err = cli(*argv, option, wrong, "--force")
+    assert code == 0, err
+    assert target.read_bytes().startswith(forced_start)
+
+    code, _, err = cli(*argv, option, right)
+    assert code == 0, err
+    assert (tmp_path / right).read_bytes().startswith(right_start)
+
+
+@pytest.mark.parametrize("name", ["lstm", "lstm.txt", "lstm.cuh", "LSTM.CU"])
+def test_an_output_named_as_no_other_kind_of_file_is_written(cli, tmp_path, name):
+    code, _, err = cli("export", "elman", "--input", 4, "--hidden", 4, "-o", tmp_path / name)
+    assert code == 0, err
+    assert (tmp_path / name).read_text().startswith("// Elman")
+
+
+@pytest.mark.parametrize("name, start", [("r.png", _PNG), ("r.pdf", _PDF), ("chart", _PNG)])
+def test_bench_plot_writes_the_format_its_name_says(cli, tmp_path, name, start):
+    code, _, err = cli(*_BENCH, "--plot", tmp_path / name)
+    assert code == 0, err
+    assert (tmp_path / name).read_bytes().startswith(start)
 
 
 def test_sizes_too_large_for_memory(cli, tmp_path):

@@ -139,9 +139,12 @@ def _c(e: Expr, wide: bool) -> tuple[str, bool]:
         case "+":
             (a, wa), (b, wb) = _c(e.args[0], wide), _c(e.args[1], wide)
             return f"{a} + {b}", wa or wb
-        case "%" | "/":
+        case "%":  # (of a step: small)
             a, _ = _c(e.args[0], False)
-            return f"{_factor(e.args[0], a)} {e.op} {e.args[1].args[0]}", False
+            return f"{_factor(e.args[0], a)} % {e.args[1].args[0]}", False
+        case "/":  # (of a count, which may pass INT_MAX before it is divided)
+            a, wa = _c(e.args[0], wide)
+            return f"{_factor(e.args[0], a)} / {e.args[1].args[0]}", wa
         case "*":
             (a, wa), (b, wb) = _c(e.args[0], wide), _c(e.args[1], wide)
             if wide and not (wa or wb):  # the product of ints that may pass INT_MAX: in size_t

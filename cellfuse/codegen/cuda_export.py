@@ -59,9 +59,6 @@ def _ptr(acc: Access, t: Expr | int = T) -> str:
     return c_address(_var(acc.buffer), acc, t)
 
 
-# the start of the workspace, where the GEMMs on tensor cores split their operands (see cf_split_elements)
-_SPLIT_ROOM = ("float* cf_split = ws; ws += cf_split_elements(seq, batch);",
-               "(void)cf_split;  /* a pass may have none of the GEMMs */")
 
 
 class _Export:
@@ -237,8 +234,7 @@ class _Export:
             for i, s in enumerate(self.states):
                 w(f"const float* {_var(f'init.{s}')} = init_states ? init_states[{i}] : NULL;",
                   f"float* {_var(f'final.{s}')} = final_states ? final_states[{i}] : NULL;")
-            if self.splits:
-                w(*_SPLIT_ROOM)
+            w(*self._split_room(self.program.instructions))
             for b in self.forward_ws:
                 w(f"float* {_var(b.name)} = ws; ws += {self._rows(b)} * {b.width};")
             w("")
@@ -318,7 +314,7 @@ class _Export:
                   "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
             w("return (int)cudaGetLastError();")
             body = "\n".join(w.lines[declarations:])
-            pointers = list(_SPLIT_ROOM) if self.splits else []
+            pointers = self._split_room(bp.instructions())
             for b in self.ws_buffers:  # a forward buffer the backward pass does not read is only stepped over
                 used = re.search(rf"\b{_var(b.name)}\b", body)
                 pointers.append(f"{f'float* {_var(b.name)} = ws; ' if used else ''}ws += {self._rows(b)} * "
@@ -342,6 +338,17 @@ class _Export:
     def _rows(self, b: Buffer) -> str:
         """A buffer's rows, as C (in size_t)."""
         return rows_of(b.rows).substitute({"layers": self.sizes.layers}).c()
+
+    def _split_room(self, instructions) -> list[str]:
+        """The start of the workspace, where the GEMMs on tensor cores split their operands (see
+        cf_split_elements): named where these instructions split, stepped over where only the other pass
+        does (the forward and backward passes find their buffers at the same places)."""
+        if not self.splits:
+            return []
+        flat = [i for instr in instructions for i in (instr.body if isinstance(instr, Loop) else [instr])]
+        if any(isinstance(i, Gemm) and may_run_on_tensor_cores(i.launch) for i in flat):
+            return ["float* cf_split = ws; ws += cf_split_elements(seq, batch);"]
+        return ["ws += cf_split_elements(seq, batch);  /* where the other pass splits its GEMMs' operands */"]
 
     def _check_sizes(self) -> None:
         w = self.w

@@ -88,19 +88,38 @@ def _mode_to_keep(path: Path) -> int | None:
     return stat.S_IMODE(st.st_mode)
 
 
+def write_target(path: Path) -> Path:
+    """The file a write to `path` replaces: `path` itself, or, where `path` is a symbolic link, the file
+    it points to (through any chain of links).
+
+    A write goes through a link rather than replacing it: replacing it would turn the link into a
+    regular file and leave the file it pointed to stale. A link whose target does not exist yet names
+    the file to create, which needs the target's folder to exist; a loop of links names no file."""
+    if not os.path.islink(path):
+        return path
+    target = Path(os.path.realpath(path))
+    if os.path.islink(target):  # realpath stops where the links go round
+        raise CellFileError(f"{path}: is a loop of symbolic links; it names no file to write")
+    if not target.parent.is_dir():
+        raise CellFileError(f"{path}: is a symbolic link to {target}, whose folder does not exist")
+    return target
+
+
 def atomic_write(path: str | os.PathLike[str], data: bytes) -> None:
     """Writes a file so that it is either the old one or the whole new one, never a torn mix.
 
-    The data goes to a temporary file beside the target, which then replaces it. A new file gets the
-    permissions a plain open() would give it; an existing file keeps its own. Any failure is a
-    CellFileError naming the target.
+    The data goes to a temporary file beside the target, which then replaces it; where `path` is a
+    symbolic link, the target is the file it points to and the link stays (see write_target). A new file
+    gets the permissions a plain open() would give it; an existing file keeps its own. Any failure is a
+    CellFileError naming `path`.
     """
     path = as_path(path)
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise CellError(f"{path}: the data to write must be bytes, got a {type(data).__name__}")
-    mode = _mode_to_keep(path)
+    target = write_target(path)
+    mode = _mode_to_keep(path)  # stat follows the link: the target's permissions, named as given
     try:
-        _write_beside_and_replace(path, data, mode)
+        _write_beside_and_replace(target, data, mode)
     except OSError as e:
         raise CellFileError(f"{path}: cannot write: {e.strerror or e}") from None
 

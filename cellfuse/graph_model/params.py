@@ -10,7 +10,7 @@ import re
 import weakref
 import zipfile
 from collections import Counter
-from collections.abc import Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -192,20 +192,37 @@ def _names_a_parameter(key: object, weights: list[str]) -> bool:
     return layer is not None and weight in weights and key == param_key(layer, weight)
 
 
+# Of a key of a file of arrays: None where it is expected, else why not, as the end of a sentence that
+# starts with the key.
+KeyCheck = Callable[[object], str | None]
+
+
+def param_key_check(cell: Cell) -> KeyCheck:
+    """The check of a parameter key against the cell: l{layer}.{weight} for one of its weights."""
+    weights = [w.id for w in cell.of_op("weight")]
+    why = (f"is not a parameter of cell '{cell.name}': its parameters are l{{layer}}.{{weight}} for the "
+           f"weights {', '.join(weights) or '(none)'}")
+    return lambda key: None if _names_a_parameter(key, weights) else why
+
+
+def input_key_check(cell: Cell) -> KeyCheck:
+    """The check of an inputs key against the cell: 'x' or the id of one of its states."""
+    states = [s.id for s in cell.of_op("state")]
+    why = (f"is neither the input sequence 'x' nor a state of cell '{cell.name}' "
+           f"(states: {', '.join(states) or 'none'})")
+    return lambda key: None if key == "x" or key in states else why
+
+
 def check_names(cell: Cell, params: Mapping[str, object], inputs: Mapping[str, object]) -> None:
     """Refuses a key that names nothing of the cell, before any array is read: an array nobody needs
-    is never read from its file, and a misspelt key does not go unnoticed."""
-    weights = [w.id for w in cell.of_op("weight")]
-    for key in params:
-        if not _names_a_parameter(key, weights):
-            raise CellError(f"parameter {shown(key)} is not a parameter of cell '{cell.name}': its "
-                            f"parameters are l{{layer}}.{{weight}} for the weights "
-                            f"{', '.join(weights) or '(none)'}")
-    states = [s.id for s in cell.of_op("state")]
-    for key in inputs:
-        if key != "x" and key not in states:
-            raise CellError(f"inputs: {shown(key)} is neither the input sequence 'x' nor a state of cell "
-                            f"'{cell.name}' (states: {', '.join(states) or 'none'})")
+    is never read from its file, and a misspelt key does not go unnoticed. (load_npz, given the same
+    checks, refuses such a key before it reads even the arrays' headers.)"""
+    for start, keys, check in (("parameter ", params, param_key_check(cell)),
+                               ("inputs: ", inputs, input_key_check(cell))):
+        for key in keys:
+            why = check(key)
+            if why is not None:
+                raise CellError(f"{start}{shown(key)} {why}")
 
 
 def sizes_from_params(cell: Cell, params: Mapping[str, object], layers: int) -> dict[str, int]:
@@ -435,15 +452,30 @@ class NpzArrays(MutableMapping[str, np.ndarray]):
             return np.lib.format.read_array(f, allow_pickle=False)
 
 
-def load_npz(path: str | os.PathLike[str], what: str) -> NpzArrays:
+def load_npz(path: str | os.PathLike[str], what: str, keys: KeyCheck | None = None) -> NpzArrays:
     """The arrays of an .npz file, read when first used (see NpzArrays); never unpickles anything.
-    `what` names the file in errors."""
+    `what` names the file in errors.
+
+    `keys` (param_key_check(cell), input_key_check(cell)) refuses an array the caller does not expect,
+    naming the first and how many arrays the file holds, from the archive's directory alone: before any
+    array's header is read, so that a file of a hundred thousand arrays is refused at once rather than
+    after a hundred thousand headers have been read and checked.
+    """
     path = as_path(path, f"{what} ")
     where = f"{what} {path}"
     z = _open_zip(path, where)
     try:
+        found = _members(z, where)
+        for name in found if keys is not None else ():
+            try:
+                why = keys(name)
+            except CellError as e:  # a key of a layer beyond the limit
+                raise CellError(f"{where}: {e}") from None
+            if why is not None:
+                held = f"{len(found)} array{'s' * (len(found) != 1)}"
+                raise CellError(f"{where}: holds {held}, and {shown(name)} {why}")
         members = {}
-        for name, info in _members(z, where).items():
+        for name, info in found.items():
             with _reading(where, name), z.open(info) as f:
                 members[name] = _Member(info, _read_header(f, info, name, where))
     except BaseException:

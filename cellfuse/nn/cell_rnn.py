@@ -24,6 +24,7 @@ from ..graph_model import (
     load_cell,
     load_npz,
     load_template,
+    param_key_check,
     param_layers,
     require_valid,
     save_npz,
@@ -148,7 +149,7 @@ class CellRNN(torch.nn.Module):
         init-params` writes them, or from such an .npz file; each is checked (present, of its shape,
         finite) before any is copied."""
         if isinstance(params, (str, os.PathLike)):
-            params = load_npz(params, "parameters")
+            params = load_npz(params, "parameters", param_key_check(self.cell))
         if not isinstance(params, Mapping):
             raise TypeError(f"params must map .npz keys to arrays, or name an .npz file; got a "
                             f"{type(params).__name__}")

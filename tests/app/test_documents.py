@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 
 from cellfuse.app import autosave, recent_files
 from cellfuse.graph_model import CellError, load_cell, load_template, template_names
+from cellfuse.graph_model.templates import template_text
 
 
 def test_starts_with_an_lstm_ready_to_run(window):
@@ -57,6 +60,20 @@ def test_save_is_atomic_and_keeps_the_format(window, tmp_path):
     assert set(data["layout"]) == {n.id for n in window.cell.nodes}
     assert "x-editor" in data  # positions of update nodes and of the output node
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_saving_a_cell_opened_through_a_symlink_keeps_the_link(window, user, tmp_path, same):
+    (tmp_path / "cells").mkdir()
+    target = tmp_path / "cells" / "lstm.cell.json"
+    target.write_text(template_text("lstm"))
+    link = tmp_path / "current.cell.json"
+    link.symlink_to(Path("cells") / "lstm.cell.json")
+    assert window.open_file(link)
+    user.rename("U_f", "U_forget")
+    assert window.is_modified() and window.save()
+    assert link.is_symlink() and os.readlink(link) == str(Path("cells") / "lstm.cell.json")
+    assert same(load_cell(target), window.cell) and load_cell(target).has("U_forget")
+    assert sorted(p.name for p in (tmp_path / "cells").iterdir()) == ["lstm.cell.json"]
 
 
 def test_properties_survive_save_and_reload(make_window, user, window, tmp_path, same):

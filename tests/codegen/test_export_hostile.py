@@ -20,10 +20,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from random_cells import draw_cell
 
-from cellfuse.codegen import SCHEDULES, generate_cuda, make_plan, plan_kernels
+from cellfuse.codegen import SCHEDULES, KernelSet, generate_cuda, make_plan, plan_kernels
+from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.c_text import c_stem, comment_text, float_literal
 from cellfuse.codegen.cuda_kernels import PRELUDE
 from cellfuse.codegen.kernel_abi import INT_MAX
+from cellfuse.codegen.kernel_set import backward_kernels
 from cellfuse.codegen.persistent_cuda import PERSISTENT_PRELUDE
 from cellfuse.graph_model import (
     Cell,
@@ -96,16 +98,18 @@ def rename_nodes(cell: Cell, ids) -> None:
             cell.rename(node.id, new)
 
 
-def check_export(cell: Cell, sizes: Sizes, schedule: str) -> str:
-    """The exported text of a cell with hostile text: the cell's text only in comments, every preprocessor
-    line one the generator writes, no character that hides or breaks lines; returns the text."""
-    text = generate_cuda(cell, sizes, schedule).text
+def check_export(cell: Cell, sizes: Sizes, schedule: str, backward: bool = False) -> str:
+    """The exported text of a cell with hostile text (with the backward pass's launcher, with `backward`):
+    the cell's text only in comments, every preprocessor line one the generator writes, no character that
+    hides or breaks lines; returns the text."""
+    text = generate_cuda(cell, sizes, schedule, backward=backward).text
     text.encode("utf-8")  # no lone surrogate
     for line in text.split("\n"):
         assert all(printable(ch) for ch in line), ascii(line)
         if line.lstrip().startswith("#"):
             assert PREPROCESSOR_LINE.fullmatch(line), line
-    assert code_tokens(text) == code_tokens(generate_cuda(harmless_twin(cell), sizes, schedule).text)
+    twin = generate_cuda(harmless_twin(cell), sizes, schedule, backward=backward).text
+    assert code_tokens(text) == code_tokens(twin)
     return text
 
 
@@ -367,26 +371,57 @@ def test_exports_with_the_backward_pass_of_every_template_compile(tmp_path):
                      for schedule in dict.fromkeys([SCHEDULES[i % len(SCHEDULES)], "persistent"])], tmp_path)
 
 
-@pytest.mark.nvcc
-@needs_nvcc
-def test_random_hostile_cells_compile(tmp_path):
-    """A few random hostile cells: their kernels in one module (renamed apart), and the whole files."""
+def draw_hostile_cells(count: int) -> list[tuple[Cell, Sizes, str]]:
+    """`count` random hostile cells, each with sizes and a schedule."""
     drawn: list[tuple[Cell, Sizes, str]] = []
 
-    @settings(max_examples=12, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
+    @settings(max_examples=count, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
     @given(hostile_cells())
     def collect(example):
         drawn.append(example)
 
     collect()
+    return drawn
+
+
+def kernels_apart(kernel_sets: list[KernelSet]) -> str:
+    """The kernels of several plans as one module, each plan's renamed apart: the kernel and what it names
+    after itself (a persistent kernel's exchanges, name_x0, and its blocks per row, name_rows1), as two
+    cells' persistent kernels may share a name."""
     parts = [PERSISTENT_PRELUDE, PRELUDE]
-    for i, (cell, sizes, schedule) in enumerate(drawn):
-        for name, body in plan_kernels(make_plan(cell, sizes, schedule)).sources.items():
-            # the kernel and what it names after itself (a persistent kernel's exchanges, name_x0, and its
-            # blocks per row, name_rows1): two cells' persistent kernels may share a name
-            parts.append(body.replace(name, f"{name}_e{i}"))
-    nvcc_cubin("\n".join(parts), tmp_path)
+    for i, kernels in enumerate(kernel_sets):
+        parts.extend(body.replace(name, f"{name}_e{i}") for name, body in kernels.sources.items())
+    return "\n".join(parts)
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_random_hostile_cells_compile(tmp_path):
+    """A few random hostile cells: their kernels in one module (renamed apart), and the whole files."""
+    drawn = draw_hostile_cells(12)
+    nvcc_cubin(kernels_apart([plan_kernels(make_plan(*example)) for example in drawn]), tmp_path)
     compile_objects([check_export(*example) for example in drawn], tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+@needs_nvcc
+def test_random_hostile_cells_compile_with_the_backward_pass(tmp_path):
+    """The backward analogue of the test above, in one nvcc call: the backward kernels of a few random
+    hostile cells in one module (renamed apart), as the CUDA executor compiles them, and their whole files
+    with the backward launcher and its demo check."""
+    drawn = draw_hostile_cells(12)
+    module = kernels_apart([backward_kernels(backward_plan(make_plan(*example, save_steps=True)))
+                            for example in drawn])
+    compile_objects([module, *(check_export(*example, backward=True) for example in drawn)], tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+@needs_nvcc
+def test_the_largest_sizes_compile_with_the_backward_pass(tmp_path):
+    """The backward analogue of the largest sizes' forward export above."""
+    compile_objects([generate_cuda(load_template("elman"), BOUNDARY, "naive", backward=True).text], tmp_path)
 
 
 @pytest.mark.nvcc

@@ -14,6 +14,7 @@ from cellfuse.graph_model import (
     FORMAT,
     Cell,
     CellError,
+    CellFileError,
     Node,
     atomic_write,
     cell_from_json,
@@ -300,6 +301,83 @@ def test_atomic_write_into_a_missing_folder_names_the_target(tmp_path):
         atomic_write(target, b"x")
     assert str(target) in str(e.value)
     assert not (tmp_path / "missing").exists()
+
+
+# -- writes through symbolic links ----------------------------------------------------------------------
+
+def _tree(*folders: Path) -> dict[str, bytes | str]:
+    """Every entry of the folders: a link as where it points, a file as its bytes."""
+    return {str(p): os.readlink(p) if p.is_symlink() else p.read_bytes()
+            for folder in folders for p in sorted(folder.iterdir())}
+
+
+def test_a_write_through_a_symlink_keeps_the_link_and_replaces_its_target(tmp_path, monkeypatch):
+    (tmp_path / "data").mkdir()
+    target = tmp_path / "data" / "c.bin"
+    target.write_bytes(b"old")
+    target.chmod(0o640)
+    link = tmp_path / "c.bin"
+    link.symlink_to(Path("data") / "c.bin")  # relative, as links often are
+    replaced = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda src, dst: (replaced.append((Path(src), Path(dst))),
+                                                         real_replace(src, dst)))
+    atomic_write(link, b"new")
+    assert link.is_symlink() and os.readlink(link) == str(Path("data") / "c.bin")
+    assert target.read_bytes() == b"new" and stat.S_IMODE(target.stat().st_mode) == 0o640
+    # atomically still: a temporary file beside the target, renamed onto it
+    [(src, dst)] = replaced
+    assert dst == target.resolve() and src.parent == target.parent.resolve()
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["c.bin"]
+
+
+def test_a_write_through_a_chain_of_links_reaches_the_last_target(tmp_path):
+    target = tmp_path / "c.bin"
+    target.write_bytes(b"old")
+    (tmp_path / "one").symlink_to("c.bin")
+    (tmp_path / "two").symlink_to("one")
+    save_cell(load_template("elman"), tmp_path / "two")
+    assert os.readlink(tmp_path / "two") == "one" and os.readlink(tmp_path / "one") == "c.bin"
+    assert target.read_text() == cell_to_text(load_template("elman"))
+
+
+def test_a_dangling_symlink_creates_the_file_it_names(tmp_path):
+    link = tmp_path / "c.bin"
+    link.symlink_to("new.bin")
+    atomic_write(link, b"made")
+    assert link.is_symlink() and (tmp_path / "new.bin").read_bytes() == b"made"
+
+
+def test_a_symlink_into_a_missing_folder_is_refused_naming_both(tmp_path):
+    link, target = tmp_path / "c.bin", tmp_path / "missing" / "c.bin"
+    link.symlink_to(target)
+    with pytest.raises(CellFileError) as e:
+        atomic_write(link, b"x")
+    assert str(e.value) == f"{link}: is a symbolic link to {target}, whose folder does not exist"
+    assert _tree(tmp_path) == {str(link): str(target)}
+
+
+def test_a_loop_of_symlinks_is_refused(tmp_path):
+    (tmp_path / "a").symlink_to("b")
+    (tmp_path / "b").symlink_to("a")
+    with pytest.raises(CellFileError, match="loop of symbolic links"):
+        atomic_write(tmp_path / "a", b"x")
+    assert _tree(tmp_path) == {str(tmp_path / "a"): "b", str(tmp_path / "b"): "a"}
+
+
+def test_a_failed_write_through_a_symlink_leaves_the_link_and_its_target(tmp_path, monkeypatch):
+    target = tmp_path / "c.bin"
+    target.write_bytes(b"old")
+    (tmp_path / "link").symlink_to("c.bin")
+    before = _tree(tmp_path)
+
+    def broken_fsync(fd):
+        raise OSError("no space left")
+
+    monkeypatch.setattr(os, "fsync", broken_fsync)
+    with pytest.raises(CellFileError, match="link: cannot write: no space left"):
+        atomic_write(tmp_path / "link", b"new")
+    assert _tree(tmp_path) == before
 
 
 def _umask() -> int:

@@ -11,10 +11,12 @@ import math
 import os
 import signal
 import stat
+import struct
 import threading
 import tracemalloc
 import warnings
 import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -37,9 +39,11 @@ from cellfuse.graph_model import (
     check_sizes,
     expected_params,
     init_params,
+    input_key_check,
     load_cell,
     load_npz,
     load_template,
+    param_key_check,
     param_layers,
     resolve_run,
     run_reference,
@@ -655,6 +659,103 @@ def test_many_arrays_are_read_in_linear_time(tmp_path):
     with within(60):
         out = run_reference(cell, load_npz(tmp_path / "p.npz", "parameters"), {"x": x})
     assert out.final["c"].shape == (MAX_LAYERS, 1, 1)
+
+
+def _stored_zip(path: Path, names: list[str], data: bytes) -> Path:
+    """A zip archive of `data` stored under each name, written record by record: zipfile takes seconds
+    for a hundred thousand members, this a fraction of one. It ends in zip64 records, as an archive of
+    more than 65535 members must."""
+    crc, size, offset = zlib.crc32(data), len(data), 0
+    local, central = [], []
+    for name in names:
+        n = name.encode()
+        # zipfile's own layouts: a local file header, a central directory entry (no compression, 1980-01-01)
+        head = struct.pack("<4s2B4HL2L2H", b"PK\x03\x04", 20, 0, 0, 0, 0, 0x21, crc, size, size, len(n), 0)
+        central.append(struct.pack("<4s4B4HL2L5H2L", b"PK\x01\x02", 20, 3, 20, 0, 0, 0, 0, 0x21, crc, size,
+                                   size, len(n), 0, 0, 0, 0, 0, offset) + n)
+        head += n
+        local.append(head + data)
+        offset += len(head) + size
+    directory = b"".join(central)
+    end64 = struct.pack("<4sQ2H2L4Q", b"PK\x06\x06", 44, 45, 45, 0, 0, len(names), len(names), len(directory),
+                        offset)
+    locator = struct.pack("<4sLQL", b"PK\x06\x07", 0, offset + len(directory), 1)
+    end = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 0xFFFF, 0xFFFF, len(directory), offset, 0)
+    path.write_bytes(b"".join(local) + directory + end64 + locator + end)
+    return path
+
+
+def test_the_stored_zip_of_these_tests_is_an_npz(tmp_path):
+    path = _stored_zip(tmp_path / "a.npz", ["a.npy", "b.npy"], _npy(np.arange(3, dtype=np.float32)))
+    with zipfile.ZipFile(path) as z:
+        assert z.testzip() is None and z.namelist() == ["a.npy", "b.npy"]
+    arrays = load_npz(path, "inputs")
+    np.testing.assert_array_equal(arrays["b"], [0, 1, 2])
+
+
+@contextlib.contextmanager
+def headers_seen(monkeypatch) -> Iterator[list[str]]:
+    """The names of the members whose .npy header is read."""
+    seen: list[str] = []
+    real = np.lib.format.read_magic
+
+    def spy(f):
+        seen.append(f.name.removesuffix(".npy"))
+        return real(f)
+
+    monkeypatch.setattr(np.lib.format, "read_magic", spy)
+    yield seen
+
+
+MANY = 100_000
+
+
+@pytest.fixture(scope="module")
+def many_arrays(tmp_path_factory) -> Path:
+    """An .npz of a hundred thousand tiny arrays, none of them a parameter or an input of any cell."""
+    return _stored_zip(tmp_path_factory.mktemp("many") / "many.npz", [f"junk{i}.npy" for i in range(MANY)],
+                       _npy(np.zeros(1, np.float32)))
+
+
+@pytest.mark.parametrize("what, check, words", [
+    ("parameters", param_key_check,
+     "is not a parameter of cell 'LSTM': its parameters are l{layer}.{weight} for the weights W_i, U_i, b_i, "
+     "W_f, U_f, b_f, W_o, U_o, b_o, W_g, U_g, b_g"),
+    ("inputs", input_key_check,
+     "is neither the input sequence 'x' nor a state of cell 'LSTM' (states: h, c)"),
+], ids=["parameters", "inputs"])
+def test_a_hundred_thousand_unexpected_arrays_are_refused_before_any_header_is_read(many_arrays, monkeypatch,
+                                                                                    what, check, words):
+    path = many_arrays
+    with headers_seen(monkeypatch) as seen, pytest.raises(CellError) as e:
+        load_npz(path, what, check(load_template("lstm")))
+    assert str(e.value) == f"{what} {path}: holds {MANY} arrays, and 'junk0' {words}"
+    assert seen == []
+
+
+def test_the_first_unexpected_array_is_named_wherever_it_is(tmp_path, monkeypatch):
+    cell = load_template("elman")
+    params = init_params(cell, 2, 3, 4)
+    names = [f"{key}.npy" for key in params] + ["l0.V.npy"]
+    path = _stored_zip(tmp_path / "p.npz", names, _npy(np.zeros(1, np.float32)))
+    with headers_seen(monkeypatch) as seen, pytest.raises(CellError) as e:
+        load_npz(path, "parameters", param_key_check(cell))
+    assert str(e.value) == (f"parameters {path}: holds 7 arrays, and 'l0.V' is not a parameter of cell "
+                            "'Elman RNN': its parameters are l{layer}.{weight} for the weights W, U, b")
+    assert seen == []
+    with pytest.raises(CellError) as e:
+        load_npz(_stored_zip(tmp_path / "p.npz", ["l5000.W.npy"], b""), "parameters", param_key_check(cell))
+    assert str(e.value).startswith(f"parameters {path}: parameter 'l5000.W' is for a layer beyond the limit")
+
+
+def test_expected_arrays_load_as_without_a_check(tmp_path):
+    cell = load_template("lstm")
+    save_npz(tmp_path / "p.npz", init_params(cell, 2, 3, 4))
+    save_npz(tmp_path / "x.npz", {"x": np.ones((2, 1, 3), np.float32), "c": np.zeros((2, 1, 4), np.float32)})
+    params = load_npz(tmp_path / "p.npz", "parameters", param_key_check(cell))
+    inputs = load_npz(tmp_path / "x.npz", "inputs", input_key_check(cell))
+    assert sorted(params) == sorted(init_params(cell, 2, 3, 4)) and sorted(inputs) == ["c", "x"]
+    assert run_reference(cell, params, inputs).y.shape == (2, 1, 4)
 
 
 # -- 7. more of the same kinds ---------------------------------------------------------------------------

@@ -145,6 +145,16 @@ def test_load_params_errors(change, message):
     assert all(torch.equal(rnn.param(k), v) for k, v in before.items()), "nothing is loaded from a bad set"
 
 
+def test_a_parameters_file_with_a_key_of_no_parameter_is_refused_naming_the_file(tmp_path):
+    path = tmp_path / "p.npz"
+    rnn = small()
+    save_npz(path, {**{k: rnn.param(k).detach().numpy() for k in rnn.keys}, "l0.W_q": np.zeros(1)})
+    with pytest.raises(CellError) as e:
+        rnn.load_params(path)
+    assert str(e.value).startswith(f"parameters {path}: holds 25 arrays, and 'l0.W_q' is not a parameter of "
+                                   "cell 'LSTM'")
+
+
 def test_an_unknown_key():
     with pytest.raises(CellError, match=r"'l0.W' is not a parameter of this CellRNN \(2 layer\(s\) of cell "
                                         r"'LSTM'\): its keys are l0.W_i, "):
