@@ -65,7 +65,8 @@ EXTREME_CONSTS = (-0.0, 0.0, -1.0, 1e-45, -1e-45, 5e-324, -1e-300, 1.17549435e-3
                   1e-46, 123456789.0, 0.1)
 
 PREPROCESSOR_LINE = re.compile(r"#(include <\w+\.h>|define [A-Za-z]\w*[ (].*"
-                               r"|ifdef (CELLFUSE_DEMO_MAIN|CF_DEMO_BACKWARD|__CUDA_ARCH__)|if __CUDA_ARCH__ >= 900"
+                               r"|ifdef (CELLFUSE_DEMO_MAIN|CF_DEMO_BACKWARD|__CUDA_ARCH__)"
+                               r"|if __CUDA_ARCH__ >= 900"
                                r"|else|endif)"
                                r"| *#pragma unroll( \d+)?|#pragma nv_diag_suppress \d+")
 # What a C compiler removes before it reads tokens (GCC also joins a backslash followed by blanks).
