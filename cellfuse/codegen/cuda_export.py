@@ -204,10 +204,10 @@ class _Export:
         with w.block(f"size_t {self.fn[:-len('_forward')]}_workspace_bytes(int seq, int batch) {{"):
             w("size_t n = 0;")
             if self.splits:
-                w("n += cf_split_elements(seq, batch);")
+                w("n += cf_split_elements(seq, batch) * sizeof(float);")
             for b in self.ws_buffers:
-                w(f"n += {self._rows(b)} * {b.width};  /* {comment_text(b.name)} */")
-            w("return n * sizeof(float);")
+                w(f"n += {self._bytes(b)};  /* {comment_text(b.name)} */")
+            w("return n;")
         w("")
 
     def _forward(self) -> None:
@@ -226,7 +226,7 @@ class _Export:
             self._check_sizes()
             w("const float one = 1.0f, zero = 0.0f;  /* alpha and beta of the GEMMs */",
               "(void)one; (void)zero;  /* a cell may have no GEMM, or only GEMMs with a bias */",
-              "float* ws = (float*)workspace;",
+              "unsigned char* ws = (unsigned char*)workspace;",
               "cublasStatus_t st = cublasSetStream(handle, stream);",
               "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;",
               "const float* b_x = x;")
@@ -236,7 +236,7 @@ class _Export:
                   f"float* {_var(f'final.{s}')} = final_states ? final_states[{i}] : NULL;")
             w(*self._split_room(self.program.instructions))
             for b in self.forward_ws:
-                w(f"float* {_var(b.name)} = ws; ws += {self._rows(b)} * {b.width};")
+                w(f"{b.dtype.c}* {_var(b.name)} = ({b.dtype.c}*)ws; ws += {self._bytes(b)};")
             w("")
             self._stacked_weights()
             w("")
@@ -263,7 +263,7 @@ class _Export:
             self._check_sizes()
             w("const float one = 1.0f, zero = 0.0f;  /* alpha and beta of the GEMMs */",
               "(void)zero;",
-              "float* ws = (float*)workspace;",
+              "unsigned char* ws = (unsigned char*)workspace;",
               "cublasStatus_t st = cublasSetStream(handle, stream);",
               "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;",
               "const float* b_x = x;",
@@ -280,7 +280,7 @@ class _Export:
                 if b.role == "ones":
                     w(f"cf_fill_ones<<<cf_blocks({n}), {BLOCK}, 0, stream>>>({_var(b.name)}, {n});")
                 else:
-                    w(f"cudaMemsetAsync({_var(b.name)}, 0, {n} * sizeof(float), stream);")
+                    w(f"cudaMemsetAsync({_var(b.name)}, 0, {n} * sizeof({b.dtype.c}), stream);")
             seed_y = f"{_var(grad_of(plan.layers[-1].output_seq))} + (size_t)batch * {H}"
             self._axpy(f"(size_t)seq * batch * {H}", "dy", seed_y)
             if self.states:
@@ -317,8 +317,8 @@ class _Export:
             pointers = self._split_room(bp.instructions())
             for b in self.ws_buffers:  # a forward buffer the backward pass does not read is only stepped over
                 used = re.search(rf"\b{_var(b.name)}\b", body)
-                pointers.append(f"{f'float* {_var(b.name)} = ws; ' if used else ''}ws += {self._rows(b)} * "
-                                f"{b.width};")
+                declare = f"{b.dtype.c}* {_var(b.name)} = ({b.dtype.c}*)ws; " if used else ""
+                pointers.append(f"{declare}ws += {self._bytes(b)};")
             w.lines[declarations:declarations] = ["    " + line for line in pointers]
         w("")
 
@@ -339,6 +339,13 @@ class _Export:
         """A buffer's rows, as C (in size_t)."""
         return rows_of(b.rows).substitute({"layers": self.sizes.layers}).c()
 
+    def _bytes(self, b: Buffer) -> str:
+        """A buffer's bytes, as C (in size_t)."""
+        return f"{self._rows(b)} * {b.width} * sizeof({b.dtype.c})"
+
+    def _buffer(self, name: str) -> Buffer:
+        return self.plan.buffers[name] if name in self.plan.buffers else self.backward.buffers[name]
+
     def _split_room(self, instructions) -> list[str]:
         """The start of the workspace, where the GEMMs on tensor cores split their operands (see
         cf_split_elements): named where these instructions split, stepped over where only the other pass
@@ -347,8 +354,8 @@ class _Export:
             return []
         flat = [i for instr in instructions for i in (instr.body if isinstance(instr, Loop) else [instr])]
         if any(isinstance(i, Gemm) and may_run_on_tensor_cores(i.launch) for i in flat):
-            return ["float* cf_split = ws; ws += cf_split_elements(seq, batch);"]
-        return ["ws += cf_split_elements(seq, batch);  /* where the other pass splits its GEMMs' operands */"]
+            return ["float* cf_split = (float*)ws; ws += cf_split_elements(seq, batch) * sizeof(float);"]
+        return ["ws += cf_split_elements(seq, batch) * sizeof(float);  /* the other pass's splits */"]
 
     def _check_sizes(self) -> None:
         w = self.w
@@ -417,7 +424,7 @@ class _Export:
                   f"    {', '.join(args + [rows.c(wide=False)])});")
             case Copy(src=src, dst=dst, width=width, step=step):
                 at = SEQ if step is None else step
-                size = f"(size_t)batch * {width} * sizeof(float)"
+                size = f"(size_t)batch * {width} * sizeof({dst.dtype.c})"
                 copy = (f"cudaMemcpyAsync({_ptr(dst, at)}, {_ptr(src, at)}, {size}, "
                         "cudaMemcpyDeviceToDevice, stream);")
                 if self.plan.buffers[src.buffer].role == "init":  # the caller may pass no initial states
@@ -484,7 +491,7 @@ class _Export:
         args = persistent_buffers(p)
         with w.block(f"{{  /* every step of {p.label} in one cooperative launch */"):
             w("int cf_seq = seq, cf_batch = batch, cf_dev = 0, cf_sms = 0, cf_per_sm = 0;",
-              *(f"const float* cf_p{i} = {_var(b)};" for i, b in enumerate(args)))
+              *(f"const {self._buffer(b).dtype.c}* cf_p{i} = {_var(b)};" for i, b in enumerate(args)))
             table = ", ".join(["&cf_seq", "&cf_batch"] + [f"(void*)&cf_p{i}" for i in range(len(args))])
             w(f"void* cf_args[] = {{{table}}};",
               "cudaError_t cf_e = cudaGetDevice(&cf_dev);",

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from ..graph_model import CellError
 from .c_text import CWriter, c_name, comment_text, float_literal
 from .cuda_library import cuda_library
+from .dtypes import COMPUTE
 from .kernel_abi import BLOCK, Param, element_index, kernel_params
 from .plan import GRAD, Access, Const, GradInstr, Instr, KernelLaunch
 from .row_passes import live, loaded
@@ -17,6 +18,7 @@ from .row_passes import live, loaded
 # The device math of the op table and the row sums, and the kernels every module's GEMMs call (the bias
 # rows, the 3xTF32 splits): at the top of every module.
 PRELUDE = cuda_library("math.cuh", "gemm_splits.cuh")
+F = COMPUTE.c  # what a kernel computes in
 
 
 def _const(arg: Const, op: Instr | GradInstr) -> str:
@@ -78,8 +80,13 @@ def element_body(w: CWriter, params: list[Param], names: list[str], body: tuple[
         at = element_index(params[i].access)
         return index.get(i) or (f"{valid} ? {at} : 0" if valid else at)
 
+    def element(i: int) -> str:
+        """Param i's element as float32: from memory, converted from its type; from an array, as it is."""
+        at = f"{names[i]}[{place(i)}]"
+        return at if i in index else params[i].access.dtype.load(at)
+
     for v, i in loads.items():
-        w(f"const float {var[v]} = {names[i]}[{place(i)}];")
+        w(f"const {F} {var[v]} = {element(i)};")
     outputs = [(i, p) for i, p in enumerate(params) if p.output]
     added = {i for i, p in outputs if adds is not None and adds(p.access)}
     if added:
@@ -87,13 +94,13 @@ def element_body(w: CWriter, params: list[Param], names: list[str], body: tuple[
     for i, p in outputs:
         if i in added:
             guard = _STORE_GUARD.get(p.access.kind)
-            load = f"{names[i]}[{place(i)}]"
-            w(f"const float cf_old_{i} = {f'{guard} ? {load} : 0.0f' if guard else load};")
+            w(f"const {F} cf_old_{i} = {f'{guard} ? {element(i)} : 0.0f' if guard else element(i)};")
     for instr in kept:
         expr, what = expression(instr, var)
-        w(f"const float {var[instr.result]} = {expr};  // {comment_text(what)}")
+        w(f"const {F} {var[instr.result]} = {expr};  // {comment_text(what)}")
     for i, p in outputs:
         value = f"cf_old_{i} + {var[p.value]}" if i in added else var[p.value]
+        value = value if i in index else p.access.dtype.store(value)
         store = f"{names[i]}[{index.get(i) or element_index(p.access)}] = {value};"
         guard = " && ".join(g for g in (valid, _STORE_GUARD.get(p.access.kind)) if g)
         w(f"{f'if ({guard}) ' if guard else ''}{store}")
@@ -109,6 +116,11 @@ def _distinct_outputs(outputs: list[Param]) -> None:
     one of their additions."""
     places = [p.access for p in outputs]
     assert len(set(places)) == len(places), f"outputs of one kernel share a place: {places}"
+
+
+def pointer_type(p: Param) -> str:
+    """The C type of a kernel's pointer argument: to its access's type, const where it only reads."""
+    return f"{p.access.dtype.c}*" if p.output else f"const {p.access.dtype.c}*"
 
 
 def when_it_runs(launch: KernelLaunch) -> str:
@@ -138,8 +150,7 @@ def elementwise_kernel_source(launch: KernelLaunch, name: str) -> str:
       f"// runs {when_it_runs(launch)}; {launch.width} columns per row",
       f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}(')
     with w.indented():
-        w(*(f"{'float*' if p.output else 'const float*'} __restrict__ {n}," for p, n in zip(params, names,
-                                                                                        strict=True)),
+        w(*(f"{pointer_type(p)} __restrict__ {n}," for p, n in zip(params, names, strict=True)),
           "int rows)")
     with w.block("{"):
         w(f"const int width = {launch.width};",

@@ -9,7 +9,8 @@ persistent kernel runs the same body as a device function (`device`)."""
 from __future__ import annotations
 
 from .c_text import CWriter, c_name, comment_text, float_literal
-from .cuda_kernels import c_vars, expression, when_it_runs
+from .cuda_kernels import F, c_vars, expression, pointer_type, when_it_runs
+from .dtypes import COMPUTE
 from .kernel_abi import BLOCK, WARP, element_index, kernel_params
 from .plan import GradInstr, Instr, KernelLaunch
 from .row_passes import MAX_UNROLLED_COLUMNS, RowSums, instr_reads, row_sums, sums_the_row
@@ -74,18 +75,23 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
     def load(v: str) -> str:
         acc, ptr = inputs[v]
         at = element_index(acc)
-        return f"__ldcg({ptr} + {at})" if device and acc.buffer in written else f"{ptr}[{at}]"
+        return acc.dtype.load(f"__ldcg({ptr} + {at})" if device and acc.buffer in written else f"{ptr}[{at}]")
 
-    def store(target: str, assign: str, value: str) -> str:
-        if device and assign == "+=":  # what it adds to, other blocks may have written
-            return f"{target} = __ldcg(&{target}) + {value};"
-        return f"{target} {assign} {value};"
+    def store(target: str, assign: str, value: str, i: int) -> str:
+        """`target` (param i's element) set to, or added `value`."""
+        dtype = params[i].access.dtype
+        if assign == "=":
+            return f"{target} = {dtype.store(value)};"
+        if device or dtype != COMPUTE:  # what it adds to, other blocks may have written (through L2)
+            old = f"__ldcg(&{target})" if device else target
+            return f"{target} = {dtype.store(f'{dtype.load(old)} + {value}')};"
+        return f"{target} += {value};"
     var = c_vars([*read, *(instr.result for instr in body)])
     width = float_literal(launch.width)
 
     def compute(instr: Instr | GradInstr) -> None:
         expr, what = expression(instr, var, width)
-        w(f"const float {var[instr.result]} = {expr};  // {comment_text(what)}")
+        w(f"const {F} {var[instr.result]} = {expr};  // {comment_text(what)}")
 
     covered = ", ".join(instr.result for instr in launch.body)
     how = ", row sums by warp shuffles and shared memory" if partial else ""
@@ -95,7 +101,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
       f"over the row{how}",
       f"__device__ __forceinline__ void {name}(" if device else
       f'extern "C" __global__ void __launch_bounds__({BLOCK}) {name}(')
-    args = [*(f"{'float*' if p.output else 'const float*'} __restrict__ {n}"
+    args = [*(f"{pointer_type(p)} __restrict__ {n}"
               for p, n in zip(params, pointer, strict=True)), "int rows", *(["int t"] if published else [])]
     with w.indented():
         w(*(f"{arg}," for arg in args[:-1]), f"{args[-1]})")
@@ -104,7 +110,7 @@ def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = Fals
           f"constexpr int COLUMNS = {columns};  // of the row, per thread")
         if partial:
             w(f"constexpr int WARPS = {BLOCK // WARP};",
-              f"__shared__ float cf_partial[{partial}];  // the warps' partial row sums")
+              f"__shared__ {F} cf_partial[{partial}];  // the warps' partial row sums")
         with w.block("for (int r = blockIdx.x; r < rows; r += gridDim.x) {  // alike for the whole block"):
             _rows(w, rs, read, kept, uniform, made, used, stores, published, var, width, columns, load, store,
                   compute)
@@ -117,14 +123,14 @@ def _rows(w: CWriter, rs: RowSums, read, kept, uniform, made, used, stores, publ
     body, level, deviations = rs.body, rs.level, rs.deviations
     for v in read:
         if v in uniform:
-            w(f"const float {var[v]} = {load(v)};")
+            w(f"const {F} {var[v]} = {load(v)};")
     for v in kept:
-        w(f"float a_{var[v]}[COLUMNS];  // kept for a later pass")
+        w(f"{F} a_{var[v]}[COLUMNS];  // kept for a later pass")
 
     def store_uniform(v: str) -> None:
-        for target, assign, _ in stores.get(v, []):
+        for target, assign, i in stores.get(v, []):
             cond = "threadIdx.x == 0" + (" && r == 0" if target.endswith("[0]") else "")
-            w(f"if ({cond}) {store(target, assign, var[v])}")
+            w(f"if ({cond}) {store(target, assign, var[v], i)}")
 
     for v in read:
         if v in uniform:
@@ -137,7 +143,7 @@ def _rows(w: CWriter, rs: RowSums, read, kept, uniform, made, used, stores, publ
             if dev := deviations.get(instr.result):
                 total = f"cf_deviations({', '.join(totals[dev.x])}, {var[dev.m]}, {width})"
                 expr = instr.op.cuda.format(total, width=width)
-                w(f"const float {var[instr.result]} = {expr};  // {instr.op.name}, from deviation sums")
+                w(f"const {F} {var[instr.result]} = {expr};  // {instr.op.name}, from deviation sums")
                 store_uniform(instr.result)
             elif not sums_the_row(instr):
                 compute(instr)
@@ -149,9 +155,9 @@ def _rows(w: CWriter, rs: RowSums, read, kept, uniform, made, used, stores, publ
         if not (plain or stats or work or loads or reads):
             continue
         for i, red in enumerate(own):
-            w(f"float s_{step}_{i} = 0.0f;  // {comment_text(red.result)}: the thread's part of the row sum")
+            w(f"{F} s_{step}_{i} = 0.0f;  // {comment_text(red.result)}: the thread's part of the row sum")
         for i, x in enumerate(stats):
-            w(f"float ds_{step}_{i} = 0.0f, dm_{step}_{i} = 0.0f, dq_{step}_{i} = 0.0f;  // "
+            w(f"{F} ds_{step}_{i} = 0.0f, dm_{step}_{i} = 0.0f, dq_{step}_{i} = 0.0f;  // "
               f"{comment_text(x)}: the thread's sum, mean and squared deviations from it")
         w(f"// pass {step + 1} over the row")
         if columns <= MAX_UNROLLED_COLUMNS:
@@ -160,9 +166,9 @@ def _rows(w: CWriter, rs: RowSums, read, kept, uniform, made, used, stores, publ
             w(f"const int j = threadIdx.x + k * {BLOCK};")
             with w.block("if (j < width) {"):
                 for v in loads:
-                    w(f"const float {var[v]} = {load(v)};")
+                    w(f"const {F} {var[v]} = {load(v)};")
                 for v in reads:
-                    w(f"const float {var[v]} = a_{var[v]}[k];")
+                    w(f"const {F} {var[v]} = a_{var[v]}[k];")
                 for instr in work:
                     compute(instr)
                 for v in [*loads, *(i.result for i in work)]:
@@ -170,7 +176,7 @@ def _rows(w: CWriter, rs: RowSums, read, kept, uniform, made, used, stores, publ
                         w(f"a_{var[v]}[k] = {var[v]};")
                     for target, assign, i in stores.get(v, []):
                         vec = target.endswith("[j]")
-                        w(f"{'if (r == 0) ' if vec else ''}{store(target, assign, var[v])}")
+                        w(f"{'if (r == 0) ' if vec else ''}{store(target, assign, var[v], i)}")
                         if i in published:
                             w(f"cf_publish({published[i]}, t + 2, {var[v]});")
                 for i, red in enumerate(own):
@@ -178,13 +184,13 @@ def _rows(w: CWriter, rs: RowSums, read, kept, uniform, made, used, stores, publ
                 for i, x in enumerate(stats):  # Welford's update, k + 1 values so far (k a constant)
                     w(f"ds_{step}_{i} += {var[x]};")
                     with w.block("{"):
-                        w(f"const float dv = {var[x]} - dm_{step}_{i};",
+                        w(f"const {F} dv = {var[x]} - dm_{step}_{i};",
                           f"dm_{step}_{i} += dv * (1.0f / (k + 1));",
                           f"dq_{step}_{i} += dv * ({var[x]} - dm_{step}_{i});")
         if not (own or stats):
             continue
         with w.block("{  // the row sums: a warp's by shuffles, then the warps' in shared memory"):
-            w(*(f"const float w_{i} = cf_lanes_sum(s_{step}_{i}, {WARP});" for i in range(len(own))),
+            w(*(f"const {F} w_{i} = cf_lanes_sum(s_{step}_{i}, {WARP});" for i in range(len(own))),
               *(f"cf_lanes_deviations(ds_{step}_{i}, dq_{step}_{i}, {WARP}, COLUMNS);"
                 for i in range(len(stats))),
               "__syncthreads();  // every thread has read the row sums before these")
@@ -200,15 +206,15 @@ def _rows(w: CWriter, rs: RowSums, read, kept, uniform, made, used, stores, publ
             # each group of WARPS lanes sums the warps' sums: fewer shuffles than a warp's 32 lanes (zeros
             # past WARPS), and the same sum, in the same order
             sums[red.result] = f"t_{i}_{step}"
-            w(f"const float t_{i}_{step} = "
+            w(f"const {F} t_{i}_{step} = "
               f"cf_lanes_sum(cf_partial[{i} * WARPS + threadIdx.x % WARPS], WARPS);")
         for i, x in enumerate(stats):
             at = len(own) + 2 * i
             totals[x] = (f"ts_{i}_{step}", f"tq_{i}_{step}")
-            w(f"float ts_{i}_{step} = cf_partial[{at} * WARPS + threadIdx.x % WARPS];",
-              f"float tq_{i}_{step} = cf_partial[{at + 1} * WARPS + threadIdx.x % WARPS];",
+            w(f"{F} ts_{i}_{step} = cf_partial[{at} * WARPS + threadIdx.x % WARPS];",
+              f"{F} tq_{i}_{step} = cf_partial[{at + 1} * WARPS + threadIdx.x % WARPS];",
               f"cf_lanes_deviations(ts_{i}_{step}, tq_{i}_{step}, WARPS, {WARP} * COLUMNS);")
         for red in plain:
             total = sums.get(red.result) or totals[red.args[0]][0]
-            w(f"const float {var[red.result]} = {red.op.cuda.format(total, width=width)};  // {red.op.name}")
+            w(f"const {F} {var[red.result]} = {red.op.cuda.format(total, width=width)};  // {red.op.name}")
             store_uniform(red.result)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..graph_model import OpSpec, Sizes
 from .address import Rows, Slot, access_offset, rows_of
+from .dtypes import FLOAT32, DType
 from .tiling import GemmTiling, SharedRegions
 
 # The place of a buffer with a row block per step that one step reads, and the same read by all T steps.
@@ -50,7 +51,7 @@ class Access:
     kind: `row` values are [rows, width]; `vec` values are [width], the same for every row;
     `col` values are [rows, 1], one number per row (a row reduction's), the same for every column;
     `scalar` values are one number. `block` skips that many blocks of B rows (a layer's part of a
-    [layers, B, .] buffer)."""
+    [layers, B, .] buffer). `dtype` is its buffer's, which a kernel reads and writes it in."""
 
     buffer: str
     kind: Literal["row", "vec", "col", "scalar"] = "row"
@@ -58,6 +59,7 @@ class Access:
     col: int = 0
     slot: Slot = "fixed"
     block: int = 0
+    dtype: DType = FLOAT32
 
     def offset(self, t: int, batch: int) -> int:
         """The element offset of the access's first element at step t (see `address.access_offset`)."""
@@ -78,9 +80,13 @@ class Buffer:
     # or (param key or None for zeros) per column block (for `bias`)
     sources: tuple[str | None, ...] = ()
     widths: tuple[int, ...] = ()  # for bias buffers: the width of each source's column block
+    dtype: DType = FLOAT32  # what its elements are stored in
 
     def elements(self, sizes: Sizes) -> int:
         return rows_of(self.rows).evaluate(seq=sizes.seq, batch=sizes.batch, layers=sizes.layers) * self.width
+
+    def nbytes(self, sizes: Sizes) -> int:
+        return self.elements(sizes) * self.dtype.itemsize
 
 
 @dataclass
@@ -464,24 +470,27 @@ class Plan:
         return total
 
     def bytes_per_step(self) -> int:
-        """Bytes one step of one layer reads and writes in global memory (float32); a persistent
-        launch's weights in shared memory are read once, not every step."""
+        """Bytes one step of one layer reads and writes in global memory; a persistent launch's weights
+        in shared memory are read once, not every step."""
         persistent = self.layers[0].persistent
         on_chip = {item.launch for item in persistent.items if item.on_chip} if persistent else set()
         total = 0
         for launch in self.layers[0].step:
             match launch:
                 case GemmLaunch():
-                    total += launch.m * launch.k + launch.m * launch.n
-                    total += 0 if launch in on_chip else launch.k * launch.n
-                    total += launch.m * launch.n if launch.bias else 0
+                    total += launch.m * launch.k * launch.a.dtype.itemsize
+                    total += launch.m * launch.n * launch.c.dtype.itemsize
+                    w = self.buffers[launch.w].dtype.itemsize
+                    total += 0 if launch in on_chip else launch.k * launch.n * w
+                    if launch.bias:
+                        total += launch.m * launch.n * self.buffers[launch.bias].dtype.itemsize
                 case KernelLaunch():
                     for _, acc in (*launch.inputs, *launch.outputs):
-                        total += {"row": launch.rows * launch.width, "vec": launch.width,
-                                  "col": launch.rows, "scalar": 1}[acc.kind]
+                        total += acc.dtype.itemsize * {"row": launch.rows * launch.width, "vec": launch.width,
+                                                       "col": launch.rows, "scalar": 1}[acc.kind]
                 case _:
                     raise TypeError(f"unknown launch {launch!r}")
-        return 4 * total
+        return total
 
     def buffer_elements(self, name: str) -> int:
         return self.buffers[name].elements(self.sizes)

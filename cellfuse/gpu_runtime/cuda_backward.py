@@ -38,13 +38,13 @@ class CudaBackward:
         kernels = backward_kernels(self.plan)
         forward.add_kernels(kernels, _compile(kernels.module_source()))
 
-        sizes = {name: self.plan.buffer_elements(name) for name in self.plan.buffers}
+        sizes = {name: b.nbytes(forward.plan.sizes) for name, b in self.plan.buffers.items()}
         instructions = self.plan.instructions()
         splits = split_elements(instructions, len(forward.streams))
         # Every gradient buffer in one span, those a run restarts (`BackwardPlan.restarted`) first, in
         # its first `restart_nbytes`: a copy of that part puts a seeded state back.
         order = sorted(sizes, key=lambda name: not self.plan.restarted(name))
-        offsets, need = aligned_offsets([*(sizes[name] for name in order), *splits])
+        offsets, need = aligned_offsets([*(sizes[name] for name in order), *(4 * n for n in splits)])
         free, _ = drv.mem_get_info()
         if need + _CUBLAS_WORKSPACE > free:
             raise CellError(f"out of GPU memory: the backward pass at these sizes needs {need / 2**20:.0f} "

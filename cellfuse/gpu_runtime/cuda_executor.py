@@ -154,11 +154,11 @@ class CudaExecutor:
 
         self.weights = {name for name, b in plan.buffers.items()
                         if b.role in ("weight", "stacked", "bias")}
-        sizes = {name: plan.buffer_elements(name) for name in plan.buffers}
+        sizes = {name: b.nbytes(plan.sizes) for name, b in plan.buffers.items()}
         splits = split_elements(self.program.instructions, self.program.streams)
         images = (image_elements(self.program.instructions, self.weights)
                   if self.capability == (9, 0) else {})
-        offsets, span = aligned_offsets([*sizes.values(), *splits, *images.values()])
+        offsets, span = aligned_offsets([*sizes.values(), *(4 * n for n in (*splits, *images.values()))])
         free, _ = drv.mem_get_info()
         need = span + self.program.streams * _CUBLAS_WORKSPACE
         if need > free:
@@ -231,7 +231,8 @@ class CudaExecutor:
         return module
 
     def _ptr(self, instr: Gemm | Kernel, acc, t: int) -> int:
-        return self.addr[acc.buffer] + 4 * element_offset(instr, acc, t, self.plan.sizes.batch)
+        return self.addr[acc.buffer] + acc.dtype.itemsize * element_offset(instr, acc, t,
+                                                                          self.plan.sizes.batch)
 
     def _copies(self, g, op: Operands, s: int, handles: list[int]) -> list[Callable[[], object]]:
         """A GEMM on tensor cores as 3xTF32 copies: A's pieces (hi, hi, lo) and W's (hi, lo, hi) along K,
@@ -263,8 +264,8 @@ class CudaExecutor:
         key = (device_description(), op.m, op.n, op.k, op.lda, op.ldw, op.ldc, op.trans_w, op.accumulate, sms)
         if key not in gemms.chosen:
             w_rows = op.n if op.trans_w else op.k
-            sizes = [op.m * op.lda, w_rows * op.ldw, op.m * op.ldc, 3 * (op.m * op.k + op.k * op.n)]
-            offsets, span = aligned_offsets(sizes)
+            floats = [op.m * op.lda, w_rows * op.ldw, op.m * op.ldc, 3 * (op.m * op.k + op.k * op.n)]
+            offsets, span = aligned_offsets([4 * n for n in floats])
             scratch = self.drv.mem_alloc(span)
             try:
                 x, w, c, pieces = (int(scratch) + offset for offset in offsets)
@@ -326,8 +327,10 @@ class CudaExecutor:
                                 (BLOCK, 1, 1), self.streams[s], *args)]
             case Copy(src=src, dst=dst, width=width, step=step, stream=s):
                 at = self.plan.sizes.seq if step is None else step
-                to, fro = (self.addr[a.buffer] + 4 * a.offset(at, B) for a in (dst, src))
-                return [partial(self.drv.memcpy_dtod_async, to, fro, B * width * 4, self.streams[s])]
+                assert src.dtype == dst.dtype, f"a copy from {src.buffer} to {dst.buffer} converts"
+                to, fro = (self.addr[a.buffer] + a.dtype.itemsize * a.offset(at, B) for a in (dst, src))
+                return [partial(self.drv.memcpy_dtod_async, to, fro, B * width * src.dtype.itemsize,
+                                self.streams[s])]
             case Record(event=e, stream=s):
                 return [partial(self.events[e].record, self.streams[s])]
             case Wait(event=e, stream=s):
@@ -435,13 +438,13 @@ class CudaExecutor:
         self.memory.free()
 
 
-def aligned_offsets(counts: list[int]) -> tuple[list[int], int]:
-    """Where arrays of these numbers of float32 values go, one after another, each from a multiple of
-    ALIGNMENT bytes (cuBLAS's fastest kernels want their operands there), and the bytes they span."""
+def aligned_offsets(nbytes: list[int]) -> tuple[list[int], int]:
+    """Where arrays of these numbers of bytes go, one after another, each from a multiple of ALIGNMENT
+    bytes (cuBLAS's fastest kernels want their operands there), and the bytes they span."""
     offsets, end = [], 0
-    for n in counts:
+    for n in nbytes:
         offsets.append(end)
-        end += -(-4 * n // ALIGNMENT) * ALIGNMENT
+        end += -(-n // ALIGNMENT) * ALIGNMENT
     return offsets, end
 
 

@@ -4,9 +4,12 @@ elements; and the writer all parts write to."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from ..c_text import CWriter
+from ..dtypes import FLOAT32
 from ..persistent import writes
-from ..plan import GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
+from ..plan import Access, GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
 
 
 def persistent_buffers(launch: PersistentLaunch) -> list[str]:
@@ -25,6 +28,17 @@ def persistent_buffers(launch: PersistentLaunch) -> list[str]:
     return list(names)
 
 
+def _accesses(launch: PersistentLaunch) -> Iterator[Access]:
+    for item in launch.items:
+        match item.launch:
+            case GemmLaunch() as g:
+                yield from (g.a, g.c)
+            case KernelLaunch() as k:
+                yield from (acc for _, acc in (*k.inputs, *k.outputs))
+    for state in launch.states:
+        yield from (state.initial, state.read, state.final)
+
+
 class Kernel:
     """One persistent kernel being written: `var` names its pointer arguments (`b0`, `b1`, ...), `written`
     the buffers it writes; `w` the writer of its text."""
@@ -33,6 +47,10 @@ class Kernel:
         self.launch, self.name = launch, name
         self.buffers = persistent_buffers(launch)
         self.var = {b: f"b{i}" for i, b in enumerate(self.buffers)}
+        # what each buffer's elements are stored in: as its accesses say; a GEMM's weights and bias, which
+        # no access names, are float32, as the GEMMs read them (see staging.pointers)
+        self.dtype = dict.fromkeys(self.buffers, FLOAT32)
+        self.dtype.update((acc.buffer, acc.dtype) for acc in _accesses(launch))
         self.written = set().union(*(writes(item.launch) for item in launch.items),
                                    (state.final.buffer for state in launch.states))
         self.gemms = [(i, item) for i, item in enumerate(launch.items) if isinstance(item.launch, GemmLaunch)]

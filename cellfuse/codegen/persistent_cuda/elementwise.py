@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from ..address import c_address
 from ..c_text import comment_text
-from ..cuda_kernels import element_body
+from ..cuda_kernels import F, element_body, pointer_type
 from ..kernel_abi import element_index, kernel_params
 from ..persistent import writes
 from ..plan import KernelLaunch, PersistentItem
@@ -133,7 +133,7 @@ def prefetch(k: Kernel, skip: dict[int, set[int]]) -> Arrays:
                 if not out:  # the previous step's writes, by any thread of the block, are done
                     w("__syncthreads();")
                 out[i] = {p_i: f"pf{i}_{p_i}" for p_i in early}
-                w(*(f"float {array}[{most}];" for array in out[i].values()))
+                w(*(f"{F} {array}[{most}];" for array in out[i].values()))
                 element_loads(k, item, out[i])
         written |= writes(item.launch)
     return out
@@ -143,7 +143,7 @@ def load_fixed(k: Kernel, arrays_of: Arrays) -> None:
     """The loads of `fixed`'s inputs into their register arrays, before the loop."""
     for i, arrays in arrays_of.items():
         item = k.launch.items[i]
-        k.w(*(f"float {array}[{k.elements(item)[0]}];" for array in arrays.values()))
+        k.w(*(f"{F} {array}[{k.elements(item)[0]}];" for array in arrays.values()))
         element_loads(k, item, arrays)
 
 
@@ -155,7 +155,7 @@ def load_at(k: Kernel, inputs: Arrays, step: str, declare: bool = True) -> None:
         item = k.launch.items[i]
         most = k.elements(item)[0]
         if declare:
-            w(*(f"float {array}[{most}];" for array in arrays.values()))
+            w(*(f"{F} {array}[{most}];" for array in arrays.values()))
         with w.block("{"):
             w(f"const int t = {step};")
             element_loads(k, item, arrays)
@@ -170,7 +170,7 @@ def rotate(k: Kernel, nxt: Arrays) -> Arrays:
         now[i] = {}
         for p_i, array in arrays.items():
             now[i][p_i] = f"cf_now{i}_{p_i}"
-            k.w(f"float cf_now{i}_{p_i}[{most}];",
+            k.w(f"{F} cf_now{i}_{p_i}[{most}];",
                 f"for (int u = 0; u < {most}; ++u) cf_now{i}_{p_i}[u] = {array}[u];")
     return now
 
@@ -227,7 +227,7 @@ def element_loads(k: Kernel, item: PersistentItem, registers: dict[int, str]) ->
         for p_i, register in registers.items():
             acc = params[p_i].access
             at = f"cf_ok ? {element_index(acc)} : 0" if k.masked else element_index(acc)
-            k.w(f"{register}[u] = ({c_address(k.var[acc.buffer], acc)})[{at}];")
+            k.w(f"{register}[u] = {acc.dtype.load(f'({c_address(k.var[acc.buffer], acc)})[{at}]')};")
 
 
 def carry_in(k: Kernel, carried: dict[int, dict[int, tuple[int, str]]]) -> None:
@@ -242,7 +242,7 @@ def load_ahead(k: Kernel, loads: Arrays, steps: int) -> None:
     for i, arrays in loads.items():
         item = k.launch.items[i]
         most = k.elements(item)[0]
-        w(*(f"float {array}[{steps}][{most}];" for array in arrays.values()), "#pragma unroll")
+        w(*(f"{F} {array}[{steps}][{most}];" for array in arrays.values()), "#pragma unroll")
         with w.block(f"for (int d = 0; d < {steps}; ++d) {{"):
             w("const int t = t0 + d;", "if (t >= seq) break;")
             element_loads(k, item, {p_i: f"{array}[d]" for p_i, array in arrays.items()})
@@ -275,8 +275,7 @@ def elementwise(k: Kernel, i: int, item: PersistentItem, prefetched: dict[int, s
             row = gemm.tiling.output_stride
             names[n], index[n] = f"cf_c{g}", f"(r - row0) * {row} + {start} + j - cb * {unit}"
         else:
-            w(f"{'float*' if p.output else 'const float*'} const {names[n]} = "
-              f"{c_address(k.var[p.access.buffer], p.access)};")
+            w(f"{pointer_type(p)} const {names[n]} = {c_address(k.var[p.access.buffer], p.access)};")
     _, count, where = k.elements(item)
     valid = None
     if prefetched or carried:  # the element loop of the prefetch, so that u picks the same elements
@@ -294,14 +293,14 @@ def elementwise(k: Kernel, i: int, item: PersistentItem, prefetched: dict[int, s
             # a column (the first column's block wrote it), or what a block per row wrote
             if p.access.kind == "col" or p.access.buffer in k.written_by_rows:
                 at = f"({valid} ? {element_index(p.access)} : 0)" if valid else element_index(p.access)
-                w(f"const float cf_l2_{n}[1] = {{__ldcg({names[n]} + {at})}};")
+                w(f"const {F} cf_l2_{n}[1] = {{{p.access.dtype.load(f'__ldcg({names[n]} + {at})')}}};")
                 names[n], index[n] = f"cf_l2_{n}", "0"
         copies = {out: f"{array}[u]" for out, array in carried.values()}
         # the values other blocks read from an exchange: put there too, with the step's tag, each output at
         # its columns of the exchange
         published = exchanged_outputs(k, i, params)
         for n, _, _ in published:
-            w(f"float cf_pub{n};")
+            w(f"{F} cf_pub{n};")
             copies[n] = f"cf_pub{n}"
         element_body(w, params, names, launch.body, index, launch.adds, copies, valid)
         for n, x, ex in published:

@@ -5,6 +5,7 @@ time, the products in registers (see `tiling.GemmTiling`)."""
 
 from __future__ import annotations
 
+from ..cuda_kernels import F
 from ..plan import GemmLaunch, PersistentItem
 from ..tiling import WARPS, GemmTiling
 from .context import Kernel
@@ -37,7 +38,7 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
         with w.block(f"for (int o = tid / {split}; o < {tl.output_threads}; o += {step}) {{"):
             w(f"const int c0 = (o % {tl.col_threads}) * {tc};",
               f"const int r0 = (o / {tl.col_threads}) * {tr};",
-              f"float acc[{tr}][{tc}] = {{}};")
+              f"{F} acc[{tr}][{tc}] = {{}};")
             # Where C adds into memory, its old values are loaded ahead of the products, all at once: the
             # compiler would wait for each in turn at `+=`, between stores it cannot tell apart.
             old = g.accumulate and not item.output_on_chip
@@ -48,7 +49,7 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
             where = (f"const int f = f0 + m, y = f / {tc}, x = f % {tc}, n = cols{i}(c0 + x);",
                      f"n >= 0 && r0 + y < {rt} && rb + r0 + y < rows")
             if old:
-                w(f"float cf_old[{n_out}];", "#pragma unroll")
+                w(f"{F} cf_old[{n_out}];", "#pragma unroll")
                 with w.block(f"for (int m = 0; m < {n_out}; ++m) {{"):
                     w(where[0],
                       f"cf_old[m] = owner && {where[1]}",
@@ -76,7 +77,7 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
                       "acc[y][x]))));")
             # The k_split lanes of a tile, neighbours in a warp, add up their partial sums (`lane_sums`).
             mask = "0xffffffffu" if split == 32 else f"(0x{(1 << split) - 1:x}u << (tid & 31 & ~{split - 1}))"
-            w(f"float v[{tr * tc}];",
+            w(f"{F} v[{tr * tc}];",
               "#pragma unroll",
               f"for (int m = 0; m < {tr * tc}; ++m) v[m] = acc[m / {tc}][m % {tc}];")
             lane_sums(k, split, tr * tc, mask)
@@ -97,7 +98,7 @@ def products_in_registers(k: Kernel, i: int, item: PersistentItem) -> None:
     width, w = item.tiling.cols_per_thread, k.w
     w("__syncthreads();  // the partial sums are free again")
     with w.block("for (int rb = 0; rb < rows; ++rb) {"):
-        w("float a0 = 0.0f, a1 = 0.0f;")
+        w(f"{F} a0 = 0.0f, a1 = 0.0f;")
         with w.block(f"if (2 * tid < {g.k}) {{"):
             if g.a.buffer in k.exchange:
                 poll_pair(k, *k.exchange[g.a.buffer])
@@ -107,7 +108,7 @@ def products_in_registers(k: Kernel, i: int, item: PersistentItem) -> None:
         # the lanes together again (their polls ended apart) before they shuffle: diverged, every shuffle
         # takes the slow path (docs/results)
         w("__syncwarp();",
-          f"float v[{width}];",
+          f"{F} v[{width}];",
           "#pragma unroll",
           f"for (int c = 0; c < {width}; ++c)",
           f"    v[c] = fmaf(a1, cf_w{i}[1][c], a0 * cf_w{i}[0][c]);",
@@ -154,7 +155,7 @@ def lane_sums(k: Kernel, split: int, outputs: int, mask: str) -> None:
     for d, half in scatter:
         w("#pragma unroll")
         with w.block(f"for (int m = 0; m < {half}; ++m) {{"):
-            w(f"const float keep = (ks & {d}) ? v[m + {half}] : v[m], "
+            w(f"const {F} keep = (ks & {d}) ? v[m + {half}] : v[m], "
               f"send = (ks & {d}) ? v[m] : v[m + {half}];",
               f"v[m] = keep + __shfl_xor_sync({mask}, send, {d});")
     d = split // 2 >> len(scatter)

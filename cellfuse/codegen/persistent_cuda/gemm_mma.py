@@ -5,6 +5,7 @@ their partial tiles through shared memory."""
 
 from __future__ import annotations
 
+from ..cuda_kernels import F
 from ..plan import GemmLaunch, PersistentItem
 from ..tiling import MMA_K_BLOCK, MMA_M, MMA_N, WARPS, GemmTiling
 from .context import Kernel
@@ -55,12 +56,12 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
               "const int lane = tid & 31;")
             with w.block(f"for (int o = tid / 32; o < {tiles * split}; o += {WARPS}) {{"):
                 w(f"const int tile = o / {split}, ks = o % {split};",
-                  f"const float* const at = cf_stage + ((tile / {nt}) * {MMA_M} + (lane >> 2)) * {stride} + "
+                  f"const {F}* const at = cf_stage + ((tile / {nt}) * {MMA_M} + (lane >> 2)) * {stride} + "
                   "4 * (lane & 3);",
-                  f"const float* const wt = w{i} + ((tile % {nt}) * {wc} + (lane >> 2)) * {kp} + kc + "
+                  f"const {F}* const wt = w{i} + ((tile % {nt}) * {wc} + (lane >> 2)) * {kp} + kc + "
                   "4 * (lane & 3);",
-                  f"float* const part = cf_mma + (size_t)o * {regs * 32} + lane;  // [{regs}][32]",
-                  f"float acc[{nb}][4];",
+                  f"{F}* const part = cf_mma + (size_t)o * {regs * 32} + lane;  // [{regs}][32]",
+                  f"{F} acc[{nb}][4];",
                   "#pragma unroll",
                   f"for (int m = 0; m < {regs}; ++m)",
                   f"    acc[m / 4][m % 4] = {'kc ? part[m * 32] : 0.0f' if chunks > 1 else '0.0f'};",
@@ -102,7 +103,7 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
               f"const int r = (tile / {nt}) * {MMA_M} + y;",
               f"const int cc = (tile % {nt}) * {wc} + x;  // the block's column",
               "const int at = (4 * (x / 8) + 2 * (y / 8) + x % 2) * 32 + 4 * (y % 8) + x % 8 / 2;",
-              "float v = 0.0f;",
+              f"{F} v = 0.0f;",
               "#pragma unroll",
               f"for (int s = 0; s < {split}; ++s) "
               f"v += cf_mma[(size_t)(tile * {split} + s) * {regs * 32} + at];",

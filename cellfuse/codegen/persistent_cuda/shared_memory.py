@@ -5,6 +5,7 @@ and the map from a block's columns of a GEMM to the columns of W and C."""
 from __future__ import annotations
 
 from ..c_text import comment_text
+from ..cuda_kernels import F
 from ..plan import GemmLaunch, PersistentItem
 from ..tiling import WARPS
 from .context import Kernel
@@ -22,7 +23,7 @@ def shared_memory(k: Kernel) -> None:
     """Where each part of shared memory starts; the on-chip weights loaded, padding zeroed."""
     threads, shared, w = k.launch.threads, k.launch.shared, k.w
     if k.gemms:
-        w("float* const cf_stage = cf_smem;  // [rows][k]: a row tile of a GEMM's operand")
+        w(f"{F}* const cf_stage = cf_smem;  // [rows][k]: a row tile of a GEMM's operand")
     for i, item in k.gemms:
         g, tl = item.launch, item.tiling
         column_map(k, i, item)
@@ -34,9 +35,9 @@ def shared_memory(k: Kernel) -> None:
             # columns), W_LOADS loads in flight: one at a time, each thread's loads down a column of W
             # held the tensor-core kernel back (ncu, docs/results)
             along = f"c = e / {kp}, k = e - c * {kp}" if g.trans_w else f"k = e / {ncp}, c = e - k * {ncp}"
-            w(f"float* const w{i} = cf_smem + {shared.weights_at(i)};  // [{ncp}][{kp}]: this block's {what}")
+            w(f"{F}* const w{i} = cf_smem + {shared.weights_at(i)};  // [{ncp}][{kp}]: this block's {what}")
             with w.block(f"for (int e0 = tid; e0 < {ncp * kp}; e0 += {threads * W_LOADS}) {{"):
-                w(f"float v[{W_LOADS}];", "#pragma unroll")
+                w(f"{F} v[{W_LOADS}];", "#pragma unroll")
                 with w.block(f"for (int q = 0; q < {W_LOADS}; ++q) {{"):
                     w(f"const int e = e0 + q * {threads}, {along}, n = cols{i}(c);",
                       f"v[q] = (e < {ncp * kp} && k < {g.k} && n >= 0) ? "
@@ -47,14 +48,14 @@ def shared_memory(k: Kernel) -> None:
                       f"if (e < {ncp * kp}) w{i}[c * {kp} + k] = v[q];")
         if item.output_on_chip and tl.in_registers:
             width = tl.cols_per_thread
-            w(f"float* const cf_part{i} = cf_smem + {shared.output_at(i)};  // [rows][{WARPS}][{width}]: "
+            w(f"{F}* const cf_part{i} = cf_smem + {shared.output_at(i)};  // [rows][{WARPS}][{width}]: "
               f"each warp's partial sums of this block's part of {comment_text(g.group)}'s output",
               f"const cf_warp_sums<{width}, {WARPS}> cf_c{i} = {{cf_part{i}}};")
         elif item.output_on_chip:
-            w(f"float* const cf_c{i} = cf_smem + {shared.output_at(i)};  // [rows][{tl.cols}]: this block's "
+            w(f"{F}* const cf_c{i} = cf_smem + {shared.output_at(i)};  // [rows][{tl.cols}]: this block's "
               f"part of {comment_text(g.group)}'s output")
     if shared.mma is not None:
-        w(f"float* const cf_mma = cf_smem + {shared.mma};  // the warps' partial tiles of a GEMM's output, "
+        w(f"{F}* const cf_mma = cf_smem + {shared.mma};  // the warps' partial tiles of a GEMM's output, "
           "on tensor cores")
     if shared.stage:  # the columns past K of every staged row stay zero: the float4 sums run over them
         w(f"for (int e = tid; e < {shared.stage}; e += {threads}) cf_stage[e] = 0.0f;")
@@ -70,7 +71,7 @@ def weights_in_registers(k: Kernel) -> None:
         if not tl.in_registers:
             continue
         kk, width, kp = item.launch.k, tl.cols_per_thread, tl.w_stride(item.launch.k)
-        w(f"float cf_w{i}[2][{width}];", "#pragma unroll")
+        w(f"{F} cf_w{i}[2][{width}];", "#pragma unroll")
         with w.block(f"for (int c = 0; c < {width}; ++c) {{"):
             w(f"cf_w{i}[0][c] = 2 * tid < {kk} ? w{i}[c * {kp} + 2 * tid] : 0.0f;",
               f"cf_w{i}[1][c] = 2 * tid < {kk} ? w{i}[c * {kp} + 2 * tid + 1] : 0.0f;")

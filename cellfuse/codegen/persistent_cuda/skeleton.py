@@ -71,8 +71,8 @@ def persistent_source(launch: PersistentLaunch, name: str) -> str:
       f"// a batch of at most {launch.batch}; arguments:",
       *(f"//   {k.var[b]}: {comment_text(b)}" for b in k.buffers),
       f'extern "C" __global__ void __launch_bounds__({launch.threads}, 1) {name}(')
-    args = ["int seq", "int batch",
-            *(f"{'float*' if b in k.written else 'const float* __restrict__'} {k.var[b]}" for b in k.buffers)]
+    args = ["int seq", "int batch", *(f"{k.dtype[b].c}* {k.var[b]}" if b in k.written else
+                                      f"const {k.dtype[b].c}* __restrict__ {k.var[b]}" for b in k.buffers)]
     with w.indented():
         w(*(f"{arg}," for arg in args[:-1]), f"{args[-1]})")
     with w.block("{"):
@@ -181,9 +181,10 @@ def _copy_states(k: Kernel, step: str, source: str, target: str) -> None:
               f"if (j >= {width}) continue;")
             for state in launch.states:
                 to, fro = getattr(state, target), getattr(state, source)
-                value = f"({c_address(k.var[fro.buffer], fro)})[(size_t)r * {fro.ld} + j]"
+                value = fro.dtype.load(f"({c_address(k.var[fro.buffer], fro)})[(size_t)r * {fro.ld} + j]")
                 if fro is state.initial:
                     value = f"{k.var[fro.buffer]} ? {value} : 0.0f"
+                value = to.dtype.store(value)
                 guard = f"if ({k.var[to.buffer]}) " if to is state.final else ""
                 w(f"{guard}({c_address(k.var[to.buffer], to)})[(size_t)r * {to.ld} + j] = {value};")
 

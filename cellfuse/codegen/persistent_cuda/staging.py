@@ -4,6 +4,8 @@ at the step, the rows of its operand staged in shared memory, and the store of a
 from __future__ import annotations
 
 from ..address import c_address
+from ..cuda_kernels import F
+from ..dtypes import FLOAT32
 from ..plan import GemmLaunch, PersistentItem
 from .context import Kernel
 
@@ -12,10 +14,12 @@ def pointers(k: Kernel, item: PersistentItem) -> None:
     """`a`, the block's first row of the operand at step t (unless it comes from an exchange), and `c`, of
     the output (unless it stays on chip)."""
     g: GemmLaunch = item.launch
+    # the staging's 16-byte copies, the products' float4 loads and the stores are float32's
+    assert g.a.dtype == g.c.dtype == FLOAT32, f"{g.group}: a persistent GEMM reads and writes float32"
     if g.a.buffer not in k.exchange:
-        k.w(f"const float* const a = {c_address(k.var[g.a.buffer], g.a)} + (size_t)row0 * {g.a.ld};")
+        k.w(f"const {F}* const a = {c_address(k.var[g.a.buffer], g.a)} + (size_t)row0 * {g.a.ld};")
     if not item.output_on_chip:
-        k.w(f"float* const c = {c_address(k.var[g.c.buffer], g.c)} + (size_t)row0 * {g.c.ld};")
+        k.w(f"{F}* const c = {c_address(k.var[g.c.buffer], g.c)} + (size_t)row0 * {g.c.ld};")
 
 
 def stage(k: Kernel, g: GemmLaunch, first: str, width: int, stride: int) -> None:
@@ -29,7 +33,7 @@ def stage(k: Kernel, g: GemmLaunch, first: str, width: int, stride: int) -> None
         with w.block("if ((((size_t)a) & 15) == 0) {", "} else"):
             with w.block(f"for (int e = tid; e < {rt * w4}; e += {threads}) {{"):
                 w(f"const int r = e / {w4}, q = e - r * {w4};",
-                  f"float* const s = cf_stage + r * {stride} + 4 * q;",
+                  f"{F}* const s = cf_stage + r * {stride} + 4 * q;",
                   f"if (rb + r < rows{f' && {past}4 * q < {g.k}' if clip else ''})",
                   f"    cf_copy16(s, a + (size_t)(rb + r) * {g.a.ld} + {past}4 * q);",
                   "else *(float4*)s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);")
