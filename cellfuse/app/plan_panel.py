@@ -20,9 +20,9 @@ def human(n: float, unit: str = "") -> str:
 
 
 def loop_text(summary: dict) -> str:
-    """One sentence on how the plan runs its steps beyond launches one after another: the cooperative
-    kernel of a persistent or tensor plan, the layers side by side of a wavefront (see Plan.summary), or
-    "" for neither."""
+    """One sentence on how the plan runs its steps beyond launches one after another: the kernel per layer
+    of a persistent or tensor plan (cooperative where its blocks wait for each other), the layers side by
+    side of a wavefront (see plan_text.summary), or "" for neither."""
     p = summary.get("persistent")
     if summary.get("layer_streams"):
         return ("Each layer runs its steps on a stream of its own, a chunk of steps beside the layer "
@@ -33,7 +33,8 @@ def loop_text(summary: dict) -> str:
     waits = (f"{p['exchange_waits_per_step']} wait(s) per step for the values of other blocks in an "
              f"exchange buffer ({barriers if p['barriers_per_step'] else 'no grid barrier'})"
              if p.get("exchange_waits_per_step") else f"{barriers} per step")
-    text = (f"One cooperative kernel per layer runs every step: {p['blocks']} blocks of {p['threads']} "
+    kind = "cooperative kernel" if p.get("cooperative", True) else "kernel, its blocks independent,"
+    text = (f"One {kind} per layer runs every step: {p['blocks']} blocks of {p['threads']} "
             f"threads, {waits}, "
             f"{p['smem_bytes_per_block'] / 1024:.0f} KiB of shared memory per block.")
     if p.get("tensor_cores"):

@@ -224,6 +224,18 @@ def test_plan_view_counts_a_step_s_exchange_waits_and_its_grid_barriers_apart():
             in loop_text(summary(plan)))
 
 
+def test_plan_view_says_when_a_persistent_kernel_s_blocks_never_wait_for_each_other():
+    """IndRNN's blocks never wait for each other: its kernel is no cooperative launch; the LSTM's is."""
+    from cellfuse.app.plan_panel import loop_text
+    from cellfuse.graph_model import Sizes, load_template
+
+    def text(name):
+        return loop_text(summary(make_plan(load_template(name), Sizes(100, 64, 512, 512), "persistent")))
+
+    assert text("indrnn").startswith("One kernel, its blocks independent, per layer runs every step")
+    assert text("lstm").startswith("One cooperative kernel per layer runs every step")
+
+
 def test_plan_view_says_which_gemms_run_on_tensor_cores(window):
     """At T=100, B=64 and 512 units the LSTM's hoisted input GEMM (6400 x 2048 x 512) runs as 3xTF32: its
     row in the plan list and its outline's label say so; at B=8 (800 rows) neither does."""
