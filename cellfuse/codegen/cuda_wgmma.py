@@ -7,16 +7,17 @@ and lo (`cf_wgmma_image`, W's 2 * k * n floats); x stays float32 where it is: ea
 rows' elements of a stage into registers and splits them there, as the A fragments of the wgmmas. Each
 product is lo*hi + hi*lo + hi*hi, summed in float32. K is permuted within each stage, on both sides
 alike, so that a thread's elements of x in a stage are contiguous. Measured on an H100 for IndRNN's input
-GEMM (6400 x 512 x 512): about 0.042 ms for the image and the GEMM (ncu: 0.004 and 0.038), against 0.062
-for the splits (0.022 in a CUDA graph) and cuBLASLt's GEMM over 3K (0.040); the variants of
+GEMM (6400 x 512 x 512), the image and this GEMM together took less time than the split copies and
+cuBLASLt's GEMM over 3K: the copies' cost is gone, and the GEMM itself is about as fast as cuBLASLt's
+(docs/results/2026-11-27-persistent-rungs-changes-14-to-19.md, change 18 and IndRNN); the variants of
 benchmarks/probes/tf32x3_wgmma_probe.cu chose these tiles.
 
 Blocks of two warpgroups own 128 rows by 256 columns of C; B's stages of 32 values of K go through
 shared memory, each one bulk copy (the tensor memory accelerator's, from the image, which is
 contiguous) issued by one thread, one stage ahead; mbarriers say when a stage has arrived and when every
 warp is done with its slot, so no block-wide barrier stops the loop. A stage's wgmmas run while the
-next one's are issued. (In the probe, cp.async by every thread with a barrier per stage of 16 took
-0.042-0.044 ms where this took 0.040-0.042.)
+next one's are issued. (In the probe, cp.async by every thread with a barrier per stage of 16 was slower:
+docs/results/2026-11-27-persistent-rungs-changes-14-to-19.md, change 18.)
 """
 
 from __future__ import annotations

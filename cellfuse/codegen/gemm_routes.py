@@ -15,9 +15,10 @@ from .plan import GemmLaunch
 
 # A GEMM of at least this many multiply-adds runs on tensor cores with float32's accuracy: each operand
 # split into TF32 parts (`cf_split_tf32x3` in every module) and the three products that matter summed by
-# one cuBLAS TF32 GEMM over 3K. On an H100 that took the LSTM's 6400 x 2048 x 512 input GEMM 2.5 times
-# less time than cuBLAS's float32 GEMM, as accurately (docs/results); a smaller GEMM gains less than its
-# two splits cost, and one of few rows or columns (a column sum) is bound by memory, which the splits
+# one cuBLAS TF32 GEMM over 3K. On an H100 that took the LSTM's 6400 x 2048 x 512 input GEMM much less
+# time than cuBLAS's float32 GEMM, as accurately
+# (docs/results/2026-11-26-persistent-rungs-changes-1-to-13.md, change 4); a smaller GEMM gains less than
+# its two splits cost, and one of few rows or columns (a column sum) is bound by memory, which the splits
 # triple.
 TF32X3_MIN_MACS = 2**30
 TF32X3_MIN_SIDE = 64

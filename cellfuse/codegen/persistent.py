@@ -49,10 +49,10 @@ MIN_GROUP_ROWS = 8  # rows of a group, at least: fewer would not fill a block's 
 EXCHANGE_BYTES = 64 * 2**20  # of a persistent kernel's exchanges, at most (two slots of 8-byte pairs)
 # The bytes an exchange's (tag, value) pairs add to a step's reads from L2 (its readers' rows of the
 # operand, 4 more bytes a value), per grid-wide barrier it takes away, at most. Measured on an H100,
-# exchanges against barriers: 2 and 4 MiB a wait gained 8% and 12% (the MGU's backward, the LSTM's
-# forward, B=64), 6 MiB broke even (the GRU's backward, B=64), 8 MiB lost 3% (the LSTM's backward, B=8),
-# 16 MiB 7% and 10% (the LSTM's forward at B=256, its backward at B=64), 32 MiB 15% (its forward at
-# H=1024, B=64).
+# exchanges against barriers: at 2 and 4 MiB a wait the exchanges were faster (the MGU's backward, the
+# LSTM's forward, B=64), at 6 MiB they broke even (the GRU's backward, B=64), and from 8 MiB on they were
+# slower, the more so the more bytes (the LSTM's backward at B=8 and B=64, its forward at B=256 and at
+# H=1024, B=64) (docs/results/2026-11-26-persistent-rungs-changes-1-to-13.md, changes 3 and 5).
 EXCHANGE_BYTES_PER_WAIT = 6 * 2**20
 
 
@@ -211,13 +211,14 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
     where every barrier is a GEMM's, for its operand, which one elementwise launch writes whole (each
     block its own elements, in one output or in several side by side) in step with the reads, or a
     block per row's, which keeps it (see `_rows_then_gemms`). A block then waits only for the values it
-    reads (on an H100 a forward step of the LSTM took half the time at B=1, and 12% less at B=64). Two
-    slots are enough: a block writes a slot again only after every block of its row group wrote what it
-    reads next, which each did after reading that slot; in a `reverse` loop as well, whose tags fall
-    from step to step and never meet those of two steps before. The exchanges are static arrays of the
-    kernel's module: beyond EXCHANGE_BYTES in all, or where the pairs would move more than
-    EXCHANGE_BYTES_PER_WAIT for each barrier they take away (every block of a row group reads all its
-    rows), the step meets at barriers instead."""
+    reads (on an H100 a forward step of the LSTM took less time at B=1, 8 and 64, the most at B=1:
+    docs/results/2026-11-26-persistent-rungs-changes-1-to-13.md, change 3). Two slots are enough: a block
+    writes a slot again only after every block of its row group wrote what it reads next, which each did
+    after reading that slot; in a `reverse` loop as well, whose tags fall from step to step and never meet
+    those of two steps before. The exchanges are static arrays of the kernel's module: beyond
+    EXCHANGE_BYTES in all, or where the pairs would move more than EXCHANGE_BYTES_PER_WAIT for each
+    barrier they take away (every block of a row group reads all its rows), the step meets at barriers
+    instead."""
     if not any(item.barrier for item in items) or any(
             item.mma and item.launch.k > MMA_K_CHUNK for item in items):
         return ()  # (tensor cores stage a long K in chunks, from memory)

@@ -207,8 +207,9 @@ def _hoist_reductions(st: _Step) -> None:
     hoisted GEMM's output, the input, weights), and with it what it needs and what needs it that depends
     on no state either (the layer norm of x W): in a persistent step a reduction is a block per row, while
     the other blocks wait; before the loop every step's rows are reduced at once. (In `graph` the
-    hoisted kernel, run in chunks beside the loop, delayed the steps more than it saved them: the
-    layer-normalised LSTM at B=64 took 1.963 ms against 1.868 on an H100.)"""
+    hoisted kernel, run in chunks beside the loop, delayed the steps more than it saved them, as the
+    layer-normalised LSTM at B=64 showed on an H100:
+    docs/results/2026-11-26-persistent-rungs-changes-1-to-13.md, change 6.)"""
     phase = st.phase
     ready: set[str] = set()  # elementwise nodes that could run before the loop
     for n in st.elementwise():

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-THREADS = 256  # per block of a persistent kernel: faster than 128 or 512 at every size measured
+# Threads per block of a persistent kernel: faster than 128 or 512 at every size measured
+# (benchmarks/results/h100_2026-11-23_persistent_threads.txt)
+THREADS = 256
 WARPS = THREADS // 32
 REGISTER_COLS = 16  # a block's columns of a GEMM, at most, held in registers for products one row at a time
 
@@ -24,8 +26,9 @@ class GemmTiling:
     in registers (all `cols_per_thread` of them, a power of two, the columns past the block's zero): it
     multiplies them as soon as its values come, each warp adds its lanes' products by shuffles, and the
     elementwise work reads the sum of the warps' partial rows from shared memory (`output_floats`): one
-    barrier after the products instead of the stage's two and C's (on an H100, the LSTM's persistent
-    kernel at B=1 0.120 -> 0.095 ms, the GRU's 0.113 -> 0.100).
+    barrier after the products instead of the stage's two and C's (on an H100 the LSTM's and the GRU's
+    persistent kernels at B=1 took less time this way:
+    docs/results/2026-11-27-persistent-rungs-changes-14-to-19.md, change 16).
 
     On tensor cores (`mma`), each warp holds a tile of C instead, 16 rows by `cols_per_thread` (eight
     columns for each of its `mma.sync` products; the `*_threads` count tiles), and `k_split` warps share

@@ -12,7 +12,7 @@ instruction on a stream (cuBLAS with the GEMM's transposes and beta, the kernels
 step t, the cooperative launches) runs the backward program too. Where the forward plan runs from a CUDA
 graph (the `graph`, `wavefront`, `persistent` and `tensor` rungs), so does the backward program, captured
 at its first run: launched one by one from Python, its two launches a step would cost more host time than
-the GPU spends on them.
+the GPU spends on them (docs/results/2026-11-23-training.md).
 """
 
 from __future__ import annotations

@@ -197,7 +197,8 @@ class CudaExecutor:
         self._cs = self.cu.CUstream(self.stream.handle) if self.cu is not None else None  # for graphs
         # Every launch of a forward pass with its addresses resolved once; `enqueue` only calls them. The
         # images of W that its warpgroup GEMMs read are made apart, when the weights are written (see
-        # `weights_changed`): on an H100 that took IndRNN's forward at B=64 from 0.0532 ms to 0.0506.
+        # `weights_changed`): on an H100 that made IndRNN's forward at B=64 faster
+        # (docs/results/2026-11-27-persistent-rungs-changes-14-to-19.md, change 19).
         self.image_calls: dict[tuple, Callable[[], object]] = {}
         self.calls = [call for instr in self.program.instructions
                       for call in self._calls(instr, 0, self.forward_handles, images=self.image_calls)]

@@ -118,7 +118,8 @@ class CompiledCell(_CellWeights):
     PyTorch programmer writes an RNN by hand, so that torch.compile starts from its best program: the
     matmuls that share a left operand are one matmul on weights concatenated along N, and everything that
     depends on no state (the input projections, and any work on x before them) runs once over all steps
-    before the loop. The op-by-op program of `TorchCell` compiles too, but to a slower forward.
+    before the loop. The op-by-op program of `TorchCell` compiles too, but to a slower forward
+    (docs/results/2026-11-23-templates-and-baselines.md).
     With mode None, the same program runs uncompiled (how it is checked on a machine without a GPU).
     With `train`, the stacked weights are concatenated in the forward pass, from the weights that are the
     leaves, so that autograd splits their gradient back (a weight in two groups gets the sum of both)."""
@@ -185,7 +186,8 @@ class CompiledCell(_CellWeights):
             # Each step's rows of a hoisted value, split once: autograd joins the steps' gradients back
             # with one concatenation. Indexing the rows in each step instead gives each step's gradient
             # its own zero-padded full-size tensor, which torch.compile sums in one kernel that reads all
-            # T of them for every element (5.9 of 14 ms of the peephole LSTM's training step, measured).
+            # T of them for every element (a large part of the peephole LSTM's training step, measured:
+            # docs/results/2026-11-26-training-against-torch-compile.md).
             rows = {a: v.split(B) for a, v in hoisted.items() if self.shapes[a] and self.shapes[a][0] == "B"}
             states = {s: initial[i][layer] for i, s in enumerate(state_ids)}
             ys = []

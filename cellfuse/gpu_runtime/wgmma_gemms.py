@@ -3,7 +3,8 @@ choice, per GEMM shape, between it and the split copies with cuBLASLt's TF32 GEM
 routes of a GEMM on tensor cores with float32's accuracy.
 
 Neither wins everywhere: on an H100 the warpgroup GEMM took IndRNN's input GEMM (6400 x 512 x 512) in
-about 0.042 ms against 0.062 for the copies and cuBLAS (see codegen.cuda_wgmma), but its tiles of 128 x
+less time than the copies and cuBLAS (see codegen.cuda_wgmma;
+docs/results/2026-11-27-persistent-rungs-changes-14-to-19.md, change 18), but its tiles of 128 x
 256 leave SMs idle or run in a second wave where cuBLAS's do not. So the first time a shape is
 asked for, both routes run a few times each on scratch memory, and the faster is kept for the process.
 The kernel needs sm_90a's instructions: on any other GPU the copies and cuBLAS are the only route.

@@ -10,10 +10,11 @@ with asynchronous copies through L2 (other blocks wrote them, and L1 is not cohe
 keeps its output in shared memory where only its own elementwise work reads it; an elementwise launch
 runs the body of the hoisted rung's fused kernel on the block's own elements. Where the plan waits for
 other blocks, a cooperative-groups grid barrier (cheaper on an H100 than a barrier of acquire/release
-atomics: benchmarks/probes/barrier_probe.cu), or, where the plan passes the operand through an exchange
-(`PersistentLaunch.exchange`), none before the GEMM: its writer (an elementwise launch, or a block per
-row, whose device function publishes as it stores) also stores each value with its step's tag in the
-exchange, and the GEMM stages its rows from there once their tags are the step's.
+atomics, measured with benchmarks/probes/barrier_probe.cu:
+docs/results/2026-11-23-persistent-and-wavefront-rungs.md), or, where the plan passes the operand through
+an exchange (`PersistentLaunch.exchange`), none before the GEMM: its writer (an elementwise launch, or a
+block per row, whose device function publishes as it stores) also stores each value with its step's tag
+in the exchange, and the GEMM stages its rows from there once their tags are the step's.
 
 The parts, each a module: `skeleton` (the kernel from top to bottom), `shared_memory`, `elementwise`,
 `exchange`, `staging`, `gemm_fma` (CUDA cores) and `gemm_mma` (tensor cores); `context` holds what they

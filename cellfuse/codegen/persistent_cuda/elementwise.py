@@ -177,7 +177,8 @@ def rotate(k: Kernel, nxt: Arrays) -> Arrays:
 
 def load_next(k: Kernel, nxt: Arrays) -> None:
     """The next step's loads started, after the step's first barrier where it has one: started before it,
-    the LSTM's step took longer on an H100 (docs/results)."""
+    the LSTM's step took longer on an H100 (docs/results/2026-11-26-persistent-rungs-changes-1-to-13.md,
+    change 1)."""
     step, more = ("t - 1", "t > 0") if k.launch.reverse else ("t + 1", "t + 1 < seq")
     with k.w.block(f"if ({more}) {{"):
         k.w(f"const int cf_step = {step};")
@@ -205,8 +206,9 @@ def prefetch_rows(k: Kernel) -> None:
 def element_loop(k: Kernel, item: PersistentItem) -> Iterator[None]:
     """The loop over a thread's elements of a launch. Where `masked`, an element past the block's is not
     skipped but has `cf_ok` false: its loads read element 0 and it stores nothing. A branch per load and
-    store, around each of a chunk's steps, made IndRNN's kernel slower on an H100
-    (benchmarks/probes/indrnn_kernels_probe.py)."""
+    store, around each of a chunk's steps, made IndRNN's kernel slower on an H100 (measured with
+    benchmarks/probes/indrnn_kernels_probe.py: docs/results/2026-11-27-persistent-rungs-changes-14-to-19.md,
+    change 19)."""
     most, count, where = k.elements(item)
     with k.w.block(f"for (int u = 0; u < {most}; ++u) {{"):
         k.w(f"const int e = tid + u * {k.launch.threads};")

@@ -69,7 +69,9 @@ def poll_rows(k: Kernel, n: int, ex: Exchange, stride: int) -> None:
     """Stages rows rb.. of the block's rows of an exchanged operand from its exchange: the pairs (two at a
     time where the width is even) loaded all at once, then, in rounds, those whose tag is not yet the
     step's loaded again, all at once, until every one is. (The first loads written as a round of the loop
-    instead, from tags of 0, cost ptxas registers and the LSTM time at B=8: docs/results.)"""
+    instead, from tags of 0, cost ptxas registers and the LSTM time at B=8:
+    docs/results/2026-11-26-persistent-rungs-changes-1-to-13.md, "The LSTM at B=8 between bc46496 and
+    12b9cf3".)"""
     launch, width, w = k.launch, ex.width, k.w
     per = 2 if width % 2 == 0 else 1
     pieces = launch.row_tile * width // per
@@ -80,7 +82,8 @@ def poll_rows(k: Kernel, n: int, ex: Exchange, stride: int) -> None:
     # the pairs thread tid loads (u-th of its chunk): element e of the rows, of row r, at p
     element = f"const int e = {per} * (e0 + tid + u * {launch.threads}), r = e / {width};"
     # p as the rows' start + e where row groups split the rows, but through row r where every block polls
-    # every row: each was the faster there on an H100 (docs/results)
+    # every row: each was the faster there on an H100
+    # (docs/results/2026-11-26-persistent-rungs-changes-1-to-13.md, change 12)
     split = launch.row_groups > 1
     start = pair_at(k, n, ex, slot, "row0 + rb", "0")
     p = "rows_at + e" if split else pair_at(k, n, ex, slot, "row0 + rb + r", f"e - r * {width}")

@@ -106,7 +106,7 @@ def products_in_registers(k: Kernel, i: int, item: PersistentItem) -> None:
                 w(f"a0 = __ldcg(a + (size_t)rb * {g.a.ld} + 2 * tid);",
                   f"a1 = __ldcg(a + (size_t)rb * {g.a.ld} + 2 * tid + 1);")
         # the lanes together again (their polls ended apart) before they shuffle: diverged, every shuffle
-        # takes the slow path (docs/results)
+        # takes the slow path (docs/results/2026-11-27-persistent-rungs-changes-14-to-19.md, change 16)
         w("__syncwarp();",
           f"{F} v[{width}];",
           "#pragma unroll",

@@ -33,7 +33,8 @@ def shared_memory(k: Kernel) -> None:
                 f"columns of {comment_text(g.w)}, transposed")
             # consecutive threads load consecutive elements of W's rows (of a transposed W, of its
             # columns), W_LOADS loads in flight: one at a time, each thread's loads down a column of W
-            # held the tensor-core kernel back (ncu, docs/results)
+            # held the tensor-core kernel back (ncu;
+            # docs/results/2026-11-26-persistent-rungs-changes-1-to-13.md, change 10)
             along = f"c = e / {kp}, k = e - c * {kp}" if g.trans_w else f"k = e / {ncp}, c = e - k * {ncp}"
             w(f"{F}* const w{i} = cf_smem + {shared.weights_at(i)};  // [{ncp}][{kp}]: this block's {what}")
             with w.block(f"for (int e0 = tid; e0 < {ncp * kp}; e0 += {threads * W_LOADS}) {{"):

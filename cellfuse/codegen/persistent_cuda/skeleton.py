@@ -38,8 +38,9 @@ KERNEL_START = (
 
 # At the top of a launch whose blocks are independent: the executor launches it while the kernel before it
 # on the stream may still run, its launch and its blocks' start hidden behind that kernel's last blocks
-# (benchmarks/probes/indrnn_kernels_probe.py measured the gain); it waits here for that kernel to end and
-# its writes to be seen. Launched otherwise, the wait returns at once.
+# (benchmarks/probes/indrnn_kernels_probe.py measured the gain:
+# docs/results/2026-11-27-persistent-rungs-changes-14-to-19.md, change 19); it waits here for that kernel
+# to end and its writes to be seen. Launched otherwise, the wait returns at once.
 PDL_WAIT = (
     "#if __CUDA_ARCH__ >= 900",
     'asm volatile("griddepcontrol.wait;" ::: "memory");',

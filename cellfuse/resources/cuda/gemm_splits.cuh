@@ -23,7 +23,8 @@ extern "C" __global__ void __launch_bounds__(256) cf_bias_rows(
 //   CF_STACKED (1):      K runs down its columns; out is [3 * rows, cols]
 //   CF_TRANSPOSED (2):   K runs down its columns; out is [cols, 3 * rows], K along each row, as cuBLAS's
 //                        TF32 GEMMs read an operand fastest (read transposed instead, a weight gradient's
-//                        x^T took 0.186 ms against 0.129 on an H100: tf32x3_cublas_probe.py)
+//                        x^T took longer on an H100:
+//                        benchmarks/results/h100_2026-11-26_tf32x3_cublas_layouts.json)
 // A's pieces (hi, hi, lo) against W's (hi, lo, hi) make the three products one GEMM over 3K. Launched
 // with 256 threads a block, as many in all as `split_threads` counts.
 #define CF_SIDE_BY_SIDE 0

@@ -8,7 +8,8 @@
 // a divisor in [1, 2], is on the device the reciprocal instruction and one Newton step (within an ulp of
 // IEEE division, without its checks for zero, huge and subnormal divisors and the slow path they branch
 // to, which also kept the compiler from moving the loads of later values above it: with it, the LSTM's
-// persistent kernel took 11% longer at B=1 and 6% at B=64 on an H100).
+// persistent kernel took longer at B=1, 8 and 64 on an H100:
+// benchmarks/results/h100_2026-11-26_sigmoid_and_fixed_weights.json).
 __device__ __forceinline__ float cf_sigmoid(float a) {
     const float z = expf(-fabsf(a)), d = 1.0f + z;
 #ifdef __CUDA_ARCH__

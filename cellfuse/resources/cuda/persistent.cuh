@@ -36,8 +36,9 @@ __device__ __forceinline__ void cf_peek2(const unsigned long long* at, unsigned 
 
 // A float32 value split in two TF32 ones (10 bits of mantissa each): hi, its 13 low bits cleared, and
 // lo = v - hi, exact in float32, whose low bits the tensor cores leave out as they do hi's. Two
-// instructions: cvt.rna.tf32.f32, which rounds instead, compiles to five on an H100 (the LSTM's
-// persistent kernel at B=64 took 0.770 ms with it, 0.699 with this, 0.634 with no split at all).
+// instructions: cvt.rna.tf32.f32, which rounds instead, compiles to five on an H100, and the LSTM's
+// persistent kernel at B=64 took longer with it than with this
+// (docs/results/2026-11-26-persistent-rungs-changes-1-to-13.md, change 8).
 __device__ __forceinline__ void cf_split_tf32(float v, unsigned& hi, unsigned& lo) {
     hi = __float_as_uint(v) & 0xffffe000u;
     lo = __float_as_uint(v - __uint_as_float(hi));
