@@ -22,6 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .address import slot_rows
+from .dtypes import COMPUTE
 from .plan import (
     Access,
     Exchange,
@@ -315,8 +316,9 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     many more, so that a warp's elements lie along fewer rows, each in longer runs of memory (IndRNN at
     B=64: 32 columns of 8 rows a block, a row of 32 a warp, instead of 4 columns of every row)."""
     # a kernel that reduces rows keeps its row sums in shared memory of its own, beside the kernel's
-    limit = target.smem_per_block // 4 - max((row_sums(launch).floats for launch in step
-                                               if isinstance(launch, KernelLaunch)), default=0)
+    row_sums_floats = max((row_sums(launch).floats for launch in step if isinstance(launch, KernelLaunch)),
+                          default=0)
+    limit = target.smem_per_block // COMPUTE.itemsize - row_sums_floats
     read_by_rows = {acc.buffer for launch in step if isinstance(launch, KernelLaunch) and launch.reduces_rows
                     for _, acc in launch.inputs}
     gemms = [_Placed(launch, i, cols, False, False) for i, (launch, cols) in enumerate(zip(step, columns,
@@ -348,7 +350,8 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
                 p = next(chosen)
                 tiling = p.tiling(column_blocks, row_tile)
                 if not p.weights:
-                    off_chip.append((launch.group, 4 * tiling.padded_cols * tiling.w_stride(launch.k)))
+                    need = COMPUTE.itemsize * tiling.padded_cols * tiling.w_stride(launch.k)
+                    off_chip.append((launch.group, need))
                 items.append(PersistentItem(launch, barrier, cols, on_chip=p.weights, output_on_chip=p.output,
                                             tiling=tiling))
             case KernelLaunch():

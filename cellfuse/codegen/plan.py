@@ -18,7 +18,7 @@ import numpy as np
 
 from ..graph_model import OpSpec, Sizes
 from .address import Rows, Slot, access_offset, rows_of
-from .dtypes import FLOAT32, DType
+from .dtypes import COMPUTE, FLOAT32, DType
 from .tiling import GemmTiling, SharedRegions
 
 # The place of a buffer with a row block per step that one step reads, and the same read by all T steps.
@@ -336,7 +336,7 @@ class PersistentLaunch:
     @property
     def smem_bytes(self) -> int:
         """Dynamic shared memory per block."""
-        return 4 * self.shared.floats
+        return COMPUTE.itemsize * self.shared.floats
 
     @property
     def column_blocks(self) -> int:
