@@ -248,9 +248,18 @@ def test_select_all_and_auto_layout(window):
         assert len(rects) >= 2
         assert not any(r.intersects(q) for i, r in enumerate(rects) for q in rects[i + 1:])
     window.adapter.close_group()
+    assert set(layout) == set(before)  # a place for every node of the cell
     window.actions_.undo.trigger()
     assert all(p == [0.0, 0.0] for p in window.cell.layout.values())
-    assert layout != before or True
+    window.actions_.redo.trigger()
+    assert window.cell.layout == layout
+    # The layout is the graph's, not the nodes' places before: from other places, the same one.
+    window.actions_.undo.trigger()
+    for i, node in enumerate(window.adapter.graph.all_nodes()):
+        node.set_pos(37.0 * i, -11.0 * i)
+    assert window.cell.layout != layout
+    window.actions_.auto_layout.trigger()
+    assert window.cell.layout == layout
 
 
 @pytest.mark.parametrize("op", ["add", "matmul"])
