@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from PySide6 import QtCore, QtGui, QtWidgets
+from tiers import slow_where
 
 from cellfuse.app import theme
 from cellfuse.graph_model import template_names
@@ -68,7 +69,9 @@ def test_a_launch_keeps_its_colour_when_the_plan_grows():
     assert theme.launch_colors(30)[:5] == theme.launch_colors(5)
 
 
-@pytest.mark.parametrize("schedule", ["hoisted", "naive"])
+# Slow: the outline of the layer-normalised LSTM's fused region (hoisted, the editor's default) takes
+# QPainterPath.simplified() seconds (plan_overlay._add_outline).
+@pytest.mark.parametrize("schedule", slow_where(["hoisted", "naive"], lambda schedule: schedule == "hoisted"))
 def test_every_piece_is_labelled_and_no_label_covers_a_node_of_another_region(window, schedule):
     window.plan_panel.set_schedule(schedule)
     for name in template_names():

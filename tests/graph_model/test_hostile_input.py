@@ -647,6 +647,7 @@ def test_an_npz_rewritten_in_place_after_it_was_opened(tmp_path):
         arrays["x"]
 
 
+@pytest.mark.slow  # thousands of arrays: a quadratic reader would take minutes, a linear one seconds
 def test_many_arrays_are_read_in_linear_time(tmp_path):
     cell = load_template("lstm")
     params = init_params(cell, MAX_LAYERS, 1, 1)  # 12 arrays a layer, the most a run takes
