@@ -11,6 +11,7 @@ import pytest
 from compile_cuda import nvcc_cubin
 from hypothesis import HealthCheck, given, settings
 from random_cells import random_cell, random_cells
+from tiers import slow_beyond
 
 from cellfuse.codegen import make_plan, plan_kernels
 from cellfuse.codegen.backward_plan import backward_plan
@@ -352,6 +353,7 @@ def test_the_tensor_rung_puts_the_gemms_whose_weights_fit_on_tensor_cores(name, 
     assert source.count("cf_mma_tf32(acc[x]") == 3 * len(gemms)  # three TF32 products each
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, batch", [("lstm", 64), ("layernorm_lstm", 64), ("gru_cho", 8)])
 def test_the_tensor_rung_s_kernels_compile_forward_and_backward(name, batch, tmp_path):
     """Its GEMMs' outputs go on chip or, for a block per row or a backward pass, to memory: both compile."""
@@ -415,9 +417,9 @@ def _recurrent_tilings(name: str, batch: int, hidden: int, schedule: str = "pers
                   if isinstance(item.launch, GemmLaunch)]
 
 
-@pytest.mark.parametrize("name, hidden, widths", [("lstm", 512, [16]), ("gru", 512, [16]),
-                                                  ("elman", 512, [4]), ("mgu", 256, [2, 2]),
-                                                  ("gru_cho", 512, [8, 4])])
+@pytest.mark.parametrize("name, hidden, widths", slow_beyond([("lstm", 512, [16]), ("gru", 512, [16]),
+                                                              ("elman", 512, [4]), ("mgu", 256, [2, 2]),
+                                                              ("gru_cho", 512, [8, 4])], 1, several=True))
 def test_one_row_at_a_time_multiplies_in_registers(name, hidden, widths, tmp_path):
     """At B=1 each thread polls its two k of h and multiplies them by its two rows of the block's columns
     of U held in registers (a power of two of them, the GRU's 12 padded to 16); the island adds the
