@@ -200,12 +200,16 @@ def test_random_cells_exchanges_hold_in_any_order():
     assert checked >= 20
 
 
-def test_random_cells_with_row_reductions_exchange_beside_their_barriers_in_any_order():
+# Few random cells end their step with the block per row that writes h: one of the first 200 seeds, five
+# of the next 1300 (each on two targets).
+@pytest.mark.parametrize("seeds, least", [(range(200), 2), pytest.param(range(200, 1500), 8,
+                                                                         marks=pytest.mark.slow)])
+def test_random_cells_with_row_reductions_exchange_beside_their_barriers_in_any_order(seeds, least):
     """A block per row that writes the next step's GEMM operand publishes it by rows, and keeps its
     barrier: the GEMM waits only for its row group's rows, and overwrites its outputs only after the
     blocks that read them have."""
     checked = 0
-    for seed in range(1500):  # few random cells end their step with the block per row that writes h
+    for seed in seeds:
         cell = random_cell(seed, reductions=True)
         for launch in plans(cell, f"random {seed}"):
             if any(item.by_rows for item in launch.items):
@@ -213,7 +217,7 @@ def test_random_cells_with_row_reductions_exchange_beside_their_barriers_in_any_
                 for pick in orders(seed):
                     simulate(launch, 5, pick)
                 checked += 1
-    assert checked >= 8
+    assert checked >= least
 
 
 def test_a_block_per_row_after_the_writer_would_read_what_the_next_gemm_overwrites():

@@ -542,7 +542,8 @@ def test_unknown_schedule_and_invalid_cell_are_errors():
 
 # -- random cells ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("reductions", [False, True])
-@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("seed", [*range(15),
+                                  *(pytest.param(s, marks=pytest.mark.slow) for s in range(15, 60))])
 def test_plans_of_random_cells_keep_the_invariants(seed, reductions):
     cell = random_cell(np.random.default_rng(seed), reductions=reductions)
     check_ladder(cell)

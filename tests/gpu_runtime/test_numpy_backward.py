@@ -12,6 +12,7 @@ import pytest
 from gradient_runs import GRAPH_FAMILY, SIZES, assert_gradients, make_run, reduces_rows
 from hypothesis import HealthCheck, given, settings
 from random_cells import random_cell, random_cells
+from tiers import slow_where
 
 from cellfuse.codegen import make_plan
 from cellfuse.codegen.backward_plan import backward_plan
@@ -49,7 +50,7 @@ def test_gradients_without_initial_states_or_final_seeds(name, initial, dfinal):
     assert_gradients(run.numpy("hoisted"), run.reference(), 1e-9, name)
 
 
-@pytest.mark.parametrize("schedule", GRAPH_FAMILY)
+@pytest.mark.parametrize("schedule", slow_where(GRAPH_FAMILY, lambda s: s not in ("naive", "hoisted")))
 @pytest.mark.parametrize("reductions", [False, True])
 def test_gradients_of_seeded_random_cells_equal_the_reference(schedule, reductions):
     """With reductions, the layer norms and [batch, 1] columns of random cells: in `naive` a column
@@ -216,7 +217,7 @@ def test_seeds_that_do_not_fit_are_refused_by_name():
         backward.run([[0.0]])
 
 
-@pytest.mark.parametrize("schedule", GRAPH_FAMILY)
+@pytest.mark.parametrize("schedule", slow_where(GRAPH_FAMILY, lambda schedule: schedule != "hoisted"))
 def test_gradients_of_random_cells_that_tie_the_widths_equal_the_reference(schedule):
     """Input-wide rows meeting hidden-wide ones (at equal sizes), with row reductions too."""
     for seed in range(40):

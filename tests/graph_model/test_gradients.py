@@ -14,6 +14,7 @@ from compile_cuda import nvcc_ptx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from random_cells import random_cells
+from tiers import slow_where
 
 from cellfuse.graph_model import (
     OPS,
@@ -130,8 +131,10 @@ def check_coordinates(case: Case, grads: dict[str, np.ndarray], rng: np.random.G
                          f"{name}[{np.unravel_index(index, value.shape)}]")
 
 
-@pytest.mark.parametrize("given_states", [True, False], ids=["initial-states", "zero-states"])
-@pytest.mark.parametrize("layers", [1, 2])
+# The default tier: one layer from given states (the random cells' [dev] run draws stacks and zero states)
+@pytest.mark.parametrize("given_states", slow_where([True, False], lambda given: not given),
+                         ids=["initial-states", "zero-states"])
+@pytest.mark.parametrize("layers", slow_where([1, 2], lambda layers: layers == 2))
 @pytest.mark.parametrize("name", template_names())
 def test_every_template_against_finite_differences(name, layers, given_states):
     case = make_case(load_template(name), layers, seed=layers, given_states=given_states)
