@@ -309,7 +309,8 @@ def test_validate_accepts_a_cell_that_ties_the_widths(cli, tmp_path):
 
 @pytest.mark.parametrize("command", [["plan"], ["plan", "--json"], ["plan", "--schedule", "persistent"],
                                      ["export", "-o", "out.cu"], ["init-params", "-o", "p.npz"],
-                                     ["bench", "--backend", "numpy", "--repeats", 1, "--baselines", ""]])
+                                     pytest.param(["bench", "--backend", "numpy", "--repeats", 1,
+                                                   "--baselines", ""], marks=pytest.mark.slow)])
 def test_every_command_refuses_sizes_that_untie_the_widths(cli, tmp_path, monkeypatch, command):
     monkeypatch.chdir(tmp_path)
     sizes = ["--input", 3, "--hidden", 4]

@@ -617,7 +617,8 @@ def run_on_numpy(cell: Cell, schedule: str, layers: int, seed: int) -> float:
                *(float(np.abs(got.final[k] - ref.final[k]).max()) for k in ref.final))
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", [*range(10),
+                                  *(pytest.param(s, marks=pytest.mark.slow) for s in range(10, 40))])
 def test_random_cells_that_reduce_rows_match_the_reference_under_every_schedule(seed):
     cell = random_cell(seed, reductions=True)
     for schedule in SCHEDULES:
