@@ -544,6 +544,7 @@ def test_bench_on_the_numpy_backend_writes_a_record_and_a_chart(cli, tmp_path):
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # two numpy benchmarks
 def test_bench_seed_draws_other_weights_and_inputs_and_is_recorded(cli, tmp_path):
     errors = []
     for seed in (0, 3):
@@ -557,6 +558,7 @@ def test_bench_seed_draws_other_weights_and_inputs_and_is_recorded(cli, tmp_path
     assert errors[0] != errors[1]
 
 
+@pytest.mark.slow  # a numpy benchmark of each size
 def test_bench_sweep(cli, tmp_path):
     code, out, err = cli("bench", "elman", "--backend", "numpy", "--seq", 3, "--input", 4, "--hidden", 4,
                          "--schedules", "naive,graph", "--baselines", "", "--repeats", 1,

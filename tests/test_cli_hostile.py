@@ -34,6 +34,7 @@ def write_cell(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # a subprocess a case
 def test_export_onto_its_own_cell_file_is_refused(tmp_path):
     cell = write_cell(tmp_path / "e.cell.json")
     before = cell.read_bytes()
@@ -45,6 +46,7 @@ def test_export_onto_its_own_cell_file_is_refused(tmp_path):
     assert proc.returncode == 1 and cell.read_bytes() == before
 
 
+@pytest.mark.slow  # a subprocess a case
 def test_run_onto_its_parameters_or_inputs_is_refused(tmp_path):
     cell = write_cell(tmp_path / "e.cell.json")
     assert cellfuse("init-params", cell.name, "--input", 3, "--hidden", 4, "-o", "p.npz",
@@ -61,6 +63,7 @@ def test_run_onto_its_parameters_or_inputs_is_refused(tmp_path):
     assert proc.returncode == 1 and "the cell file" in proc.stderr
 
 
+@pytest.mark.slow  # a subprocess a case
 def test_an_output_that_is_not_a_regular_file_is_left_as_it_is(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
@@ -72,6 +75,7 @@ def test_an_output_that_is_not_a_regular_file_is_left_as_it_is(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
 
 
+@pytest.mark.slow  # a subprocess a case
 def test_an_output_that_is_a_directory_names_the_directory(tmp_path):
     (tmp_path / "out").mkdir()
     proc = cellfuse("export", "elman", "-o", "out", cwd=tmp_path)

@@ -138,6 +138,7 @@ def test_the_plan_and_the_cuda_are_byte_identical_with_and_without_groups(window
     assert grouped.structure_hash() == flat.structure_hash()
 
 
+@pytest.mark.slow
 def test_groups_survive_save_and_reopen(make_window, window, tmp_path, same):
     a = window.adapter
     a.select_canvas([group_node(window, "candidate")])

@@ -189,7 +189,8 @@ def baseline_gradients(model, cell, x, initial, dy) -> Gradients:
     return first
 
 
-@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("name", [*(n if n in ("lstm", "gru") else pytest.param(n, marks=pytest.mark.slow)
+                                   for n in template_names())])
 @pytest.mark.parametrize("kind", ["op by op", "as written by hand"])
 def test_the_pytorch_programs_gradients_match_the_reference(name, kind):
     pytest.importorskip("torch")

@@ -66,7 +66,7 @@ def test_gradients_of_seeded_random_cells_equal_the_reference(schedule, reductio
     assert (reducing > 20) == reductions
 
 
-@pytest.mark.parametrize("reductions", [False, True])
+@pytest.mark.parametrize("reductions", slow_where([False, True], lambda reductions: not reductions))
 def test_persistent_backward_passes_of_seeded_random_cells_equal_the_reference(reductions):
     """The reverse loop as one persistent launch (an adjoint that reduces rows a block per row in it),
     run block by block on 3 SMs, so that blocks own several columns, in both orders."""
@@ -157,7 +157,8 @@ def test_float32_gradients_are_within_1e_4_of_the_reference(name):
 
 
 @pytest.mark.parametrize("name", template_names())
-@pytest.mark.parametrize("sms, reverse_blocks", [(132, False), (132, True), (3, False)])
+@pytest.mark.parametrize("sms, reverse_blocks", [pytest.param(132, False, marks=pytest.mark.slow),
+                                                 pytest.param(132, True, marks=pytest.mark.slow), (3, False)])
 def test_the_persistent_backward_pass_block_by_block_equals_the_reference(name, sms, reverse_blocks):
     """Each layer's reverse loop as one persistent launch (the layer norm's, whose gradients reduce rows,
     as a loop of launches), its blocks run one by one between barriers in either order; with 3 SMs a

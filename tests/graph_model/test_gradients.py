@@ -504,6 +504,7 @@ KINKS: dict[str, list[tuple[float, ...]]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.nvcc
 @no_nvcc
 def test_the_cuda_rules_take_the_numpy_rules_conventions_at_kinks(tmp_path):
