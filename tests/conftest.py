@@ -2,9 +2,11 @@
 
 The default tier (`python -m pytest`) is the loop to run before every commit; the slow tier
 (`python -m pytest -m slow`) is the rest: the long sweeps, the compiles of every template and schedule,
-and the Hypothesis tests at their full counts. CI runs both. pyproject.toml's addopts deselect the slow
-tier (`-m "not slow"`); a `-m` on the command line replaces that one (`-m slow`, `-m gpu`, or `-m ""` for
-everything at once).
+most of the editor's tests (see tests/app/conftest.py), and the Hypothesis tests at their full counts.
+A test goes to the slow tier with `@pytest.mark.slow`, a case of a parametrisation with
+`pytest.param(..., marks=pytest.mark.slow)` (tests/tiers.py has helpers). CI runs both tiers.
+pyproject.toml's addopts deselect the slow tier (`-m "not slow"`); a `-m` on the command line replaces
+that one (`-m slow`, `-m gpu`, or `-m ""` for everything at once).
 
 Hypothesis: every test with `@given` runs twice, as `test[dev]` and `test[full]`.
 
