@@ -309,7 +309,8 @@ def test_validate_accepts_a_cell_that_ties_the_widths(cli, tmp_path):
 
 @pytest.mark.parametrize("command", [["plan"], ["plan", "--json"], ["plan", "--schedule", "persistent"],
                                      ["export", "-o", "out.cu"], ["init-params", "-o", "p.npz"],
-                                     ["bench", "--backend", "numpy", "--repeats", 1, "--baselines", ""]])
+                                     pytest.param(["bench", "--backend", "numpy", "--repeats", 1,
+                                                   "--baselines", ""], marks=pytest.mark.slow)])
 def test_every_command_refuses_sizes_that_untie_the_widths(cli, tmp_path, monkeypatch, command):
     monkeypatch.chdir(tmp_path)
     sizes = ["--input", 3, "--hidden", 4]
@@ -655,6 +656,7 @@ def test_bench_on_the_numpy_backend_writes_a_record_and_a_chart(cli, tmp_path):
     assert (tmp_path / "r.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow  # two numpy benchmarks
 def test_bench_seed_draws_other_weights_and_inputs_and_is_recorded(cli, tmp_path):
     errors = []
     for seed in (0, 3):
@@ -668,6 +670,7 @@ def test_bench_seed_draws_other_weights_and_inputs_and_is_recorded(cli, tmp_path
     assert errors[0] != errors[1]
 
 
+@pytest.mark.slow  # a numpy benchmark of each size
 def test_bench_sweep(cli, tmp_path):
     code, out, err = cli("bench", "elman", "--backend", "numpy", "--seq", 3, "--input", 4, "--hidden", 4,
                          "--schedules", "naive,graph", "--baselines", "", "--repeats", 1,

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from tiers import slow_beyond, slow_where
 
 from cellfuse.graph_model.templates import template_text
 
@@ -33,6 +34,7 @@ def write_cell(path: Path) -> Path:
     return path
 
 
+@pytest.mark.slow  # a subprocess a case
 def test_export_onto_its_own_cell_file_is_refused(tmp_path):
     cell = write_cell(tmp_path / "e.cell.json")
     before = cell.read_bytes()
@@ -44,6 +46,7 @@ def test_export_onto_its_own_cell_file_is_refused(tmp_path):
     assert proc.returncode == 1 and cell.read_bytes() == before
 
 
+@pytest.mark.slow  # a subprocess a case
 def test_run_onto_its_parameters_or_inputs_is_refused(tmp_path):
     cell = write_cell(tmp_path / "e.cell.json")
     assert cellfuse("init-params", cell.name, "--input", 3, "--hidden", 4, "-o", "p.npz",
@@ -60,6 +63,7 @@ def test_run_onto_its_parameters_or_inputs_is_refused(tmp_path):
     assert proc.returncode == 1 and "the cell file" in proc.stderr
 
 
+@pytest.mark.slow  # a subprocess a case
 def test_an_output_that_is_not_a_regular_file_is_left_as_it_is(tmp_path):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
@@ -71,6 +75,7 @@ def test_an_output_that_is_not_a_regular_file_is_left_as_it_is(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
 
 
+@pytest.mark.slow  # a subprocess a case
 def test_an_output_that_is_a_directory_names_the_directory(tmp_path):
     (tmp_path / "out").mkdir()
     proc = cellfuse("export", "elman", "-o", "out", cwd=tmp_path)
@@ -86,7 +91,8 @@ def test_bench_json_and_plot_cannot_be_one_file(tmp_path):
     assert proc.returncode == 1 and "same file" in proc.stderr
 
 
-@pytest.mark.parametrize("sweep", ["batch=-1", "hidden=-3", "seq=-2", "batch=0", "layers=1,0"])
+@pytest.mark.parametrize("sweep", slow_beyond(["batch=-1", "hidden=-3", "seq=-2", "batch=0", "layers=1,0"],
+                                              1))
 def test_a_sweep_over_sizes_below_one_is_refused(tmp_path, sweep):
     proc = cellfuse("bench", "elman", "--backend", "numpy", "--sweep", sweep, cwd=tmp_path)
     assert proc.returncode == 1 and "at least 1" in proc.stderr
@@ -100,7 +106,8 @@ def _before_cellfuse_ran(err: str) -> bool:
     return err.rstrip().endswith("KeyboardInterrupt") and all(f.endswith("__init__.py") for f in ours)
 
 
-@pytest.mark.parametrize("delay", [0.0, 0.02, 0.05, 0.1, 0.2, 0.4])
+@pytest.mark.parametrize("delay", slow_where([0.0, 0.02, 0.05, 0.1, 0.2, 0.4],
+                                             lambda delay: delay not in (0.05, 0.4)))
 def test_ctrl_c_at_any_moment_ends_cleanly(tmp_path, delay):
     """While Python imports, while the parser is built, while the command runs."""
     proc = subprocess.Popen([sys.executable, "-m", "cellfuse", "plan", "lstm"], cwd=tmp_path, env=ENV,
@@ -169,7 +176,7 @@ def test_a_cell_cannot_send_escape_sequences_to_the_terminal(tmp_path):
         assert "\\x1b" in text  # shown, as an escape
 
 
-@pytest.mark.parametrize("argv", [
+@pytest.mark.parametrize("argv", slow_where([
     ("plan", "lstm", "--layers", "1000000000"),
     ("export", "lstm", "--layers", "1000000000", "-o", "x.cu"),
     ("init-params", "lstm", "--layers", "1000000000", "-o", "p.npz"),
@@ -177,7 +184,7 @@ def test_a_cell_cannot_send_escape_sequences_to_the_terminal(tmp_path):
     ("init-params", "lstm", "--hidden", str(10**400), "-o", "p.npz"),
     ("init-inputs", "lstm", "--seq", "100000000", "--batch", "100000000", "-o", "x.npz"),
     ("bench", "lstm", "--backend", "numpy", "--sweep", "layers=1,100000000"),
-])
+], lambda argv: argv[:3] not in (("plan", "lstm", "--layers"), ("init-inputs", "lstm", "--seq"))))
 def test_absurd_sizes_are_refused_at_once(tmp_path, argv):
     start = time.monotonic()
     proc = cellfuse(*argv, cwd=tmp_path, timeout=60)

@@ -1,5 +1,9 @@
 """Fixtures for the editor's tests: Qt offscreen, settings and autosaves in a temporary folder, and
-every dialog answered by the test instead of a person."""
+every dialog answered by the test instead of a person.
+
+A test that opens a window takes a second or more (a window's start draws the equations panel, with
+matplotlib, several times): the default tier keeps a few of them in each file, a test of each part of
+the editor, and the others are marked slow (see tests/conftest.py)."""
 
 from __future__ import annotations
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 
+import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.colors import to_rgba
 from matplotlib.figure import Figure
@@ -54,6 +55,7 @@ def test_numpy_benchmark_draws_a_chart_and_a_table(qtbot, window):
         assert "No GPU" in panel.backend_note.text()
 
 
+@pytest.mark.slow
 def test_runs_are_kept_and_two_can_be_compared(qtbot, window):
     panel = window.bench_panel
     panel.set_sizes(**TINY)
@@ -76,6 +78,7 @@ def test_runs_are_kept_and_two_can_be_compared(qtbot, window):
     assert panel.table.horizontalHeaderItem(0).text() == "Implementation"
 
 
+@pytest.mark.slow
 def test_chart_and_results_export(qtbot, window, answers, tmp_path):
     panel = window.bench_panel
     panel.set_sizes(**TINY)
@@ -98,6 +101,7 @@ def test_chart_and_results_export(qtbot, window, answers, tmp_path):
     assert lines[0].startswith("cell,device,name") and len(lines) > len(SCHEDULES)
 
 
+@pytest.mark.slow
 def test_sweep(qtbot, window, tmp_path):
     panel = window.bench_panel
     panel.set_sizes(**TINY)
@@ -117,6 +121,7 @@ def test_sweep(qtbot, window, tmp_path):
     assert (tmp_path / "sweep.csv").read_text().startswith("seq,cell,device")
 
 
+@pytest.mark.slow
 def test_cancel_stops_the_run_and_the_window_stays_responsive(qtbot, window):
     panel = window.bench_panel
     panel.set_sizes(seq=400, batch=16, input=64, hidden=64, layers=2)
@@ -141,6 +146,7 @@ def test_an_invalid_cell_is_not_run(window):
     assert window.worker is None
 
 
+@pytest.mark.slow
 def test_two_earlier_runs_are_drawn_side_by_side_with_their_ratio(qtbot, qapp, window, chart_problems):
     window.resize(1366, 768)
     window.arrange_docks()

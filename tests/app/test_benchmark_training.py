@@ -71,6 +71,7 @@ def test_the_training_switch_times_forward_plus_backward_with_checked_gradients(
     assert not chart_problems(fig)
 
 
+@pytest.mark.slow
 def test_a_training_sweep_says_forward_plus_backward(qtbot, window):
     panel = numpy_panel(window, train=True, schedules=("naive",))
     for check in panel.baseline_checks.values():
@@ -111,6 +112,7 @@ def test_training_offers_only_the_baselines_that_have_a_backward_pass(window):
     assert not window.bench_config().train
 
 
+@pytest.mark.slow
 def test_the_choice_is_remembered_by_the_next_window(make_window):
     first = make_window()
     assert not first.bench_panel.train_check.isChecked()  # forward by default
@@ -122,6 +124,7 @@ def test_the_choice_is_remembered_by_the_next_window(make_window):
     assert not make_window().bench_panel.train()
 
 
+@pytest.mark.slow
 def test_the_history_keeps_forward_and_training_runs_apart(qtbot, qapp, window, chart_problems):
     numpy_panel(window, train=False, schedules=("naive", "hoisted"))
     panel = window.bench_panel
@@ -159,6 +162,7 @@ def test_the_history_keeps_forward_and_training_runs_apart(qtbot, qapp, window, 
     assert not chart_problems(panel.figure)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(1366, 768), (1280, 720)])
 def test_the_switch_and_a_training_table_fit_the_default_layout(qtbot, qapp, window, size):
     window.resize(*size)

@@ -44,6 +44,7 @@ def test_the_palette_lists_every_op_of_the_table(window, qtbot):
     assert {"row_sum", "row_mean"} <= {op for op, group in group_of.items() if group == "Reduction"}
 
 
+@pytest.mark.slow
 def test_ports_are_the_op_args(window):
     for op, spec in OPS.items():
         node_id = window.adapter.add_node(op)
@@ -52,6 +53,7 @@ def test_ports_are_the_op_args(window):
         assert len(node.output_ports()) == 1
 
 
+@pytest.mark.slow
 def test_build_an_lstm_from_the_palette(window, user):
     window.actions_.new.trigger()
     a = window.adapter
@@ -124,6 +126,7 @@ def test_build_an_lstm_from_the_palette(window, user):
     assert out.y.shape == (3, 2, 8)
 
 
+@pytest.mark.slow
 def test_a_state_is_two_nodes_and_its_update_node_sets_the_update(window, user):
     a = window.adapter
     h = user.add("state")
@@ -175,6 +178,7 @@ def test_delete_and_undo(window):
     assert window.problems.problem_count() == 0
 
 
+@pytest.mark.slow
 def test_refused_rename_is_said_and_changes_nothing(window, user, same):
     before = window.cell.copy()
     user.rename("xi", "hi")  # taken
@@ -214,6 +218,7 @@ def test_copy_paste_keeps_inner_links_and_takes_fresh_ids(window):
     assert window.cell.has("ai") and window.cell.node("ai").args == ["", ""]  # links to outside are not kept
 
 
+@pytest.mark.slow
 def test_node_search_and_drop_add_through_the_adapter(window):
     graph = window.adapter.graph
     names = window.adapter.node_search_names()
@@ -231,6 +236,7 @@ def shown_rects(window) -> list:
     return [n.view.sceneBoundingRect() for n in window.adapter.graph.all_nodes() if n.view.isVisible()]
 
 
+@pytest.mark.slow
 def test_select_all_and_auto_layout(window):
     window.actions_.select_all.trigger()
     assert set(window.adapter.selected_ids()) == {n.id for n in window.cell.nodes}
@@ -248,12 +254,21 @@ def test_select_all_and_auto_layout(window):
         assert len(rects) >= 2
         assert not any(r.intersects(q) for i, r in enumerate(rects) for q in rects[i + 1:])
     window.adapter.close_group()
+    assert set(layout) == set(before)  # a place for every node of the cell
     window.actions_.undo.trigger()
     assert all(p == [0.0, 0.0] for p in window.cell.layout.values())
-    assert layout != before or True
+    window.actions_.redo.trigger()
+    assert window.cell.layout == layout
+    # The layout is the graph's, not the nodes' places before: from other places, the same one.
+    window.actions_.undo.trigger()
+    for i, node in enumerate(window.adapter.graph.all_nodes()):
+        node.set_pos(37.0 * i, -11.0 * i)
+    assert window.cell.layout != layout
+    window.actions_.auto_layout.trigger()
+    assert window.cell.layout == layout
 
 
-@pytest.mark.parametrize("op", ["add", "matmul"])
+@pytest.mark.parametrize("op", ["add", pytest.param("matmul", marks=pytest.mark.slow)])
 def test_wrong_connections_show_on_the_node(window, op):
     a = window.adapter
     node = a.add_node(op)
@@ -266,6 +281,7 @@ def test_wrong_connections_show_on_the_node(window, op):
     assert marked.mark == "error" and problems[0].message in marked.toolTip()
 
 
+@pytest.mark.slow
 def test_canvas_shortcuts(qtbot, window, monkeypatch):
     from PySide6 import QtCore
 
@@ -290,6 +306,7 @@ def test_canvas_shortcuts(qtbot, window, monkeypatch):
     assert window.palette.search.text() == "f"
 
 
+@pytest.mark.slow
 def test_a_new_node_comes_last_though_it_takes_a_freed_nodes_canvas_id(window):
     # NodeGraphQt names a node by its memory address, which Python hands to a new node once a deleted
     # one is freed: the cell's order must follow the nodes themselves, not those names.

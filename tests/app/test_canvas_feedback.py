@@ -42,6 +42,7 @@ def test_deleting_a_node_lists_its_error_and_the_nodes_it_leaves_unused(window):
     assert first.text(0) in ("a_b", "x") and last.text(1) == "no update or output depends on this node"
 
 
+@pytest.mark.slow
 def test_messages_name_the_ports_and_nodes_of_the_canvas(window):
     a = window.adapter
     window.new_from_template("elman", ask=False)
@@ -65,6 +66,7 @@ def test_messages_name_the_ports_and_nodes_of_the_canvas(window):
     assert message in a.update_node("h").item.toolTip()
 
 
+@pytest.mark.slow
 def test_ports_show_the_shape_of_their_value(window):
     a = window.adapter
     window.new_from_template("elman", ask=False)
@@ -89,6 +91,7 @@ def test_ports_show_the_shape_of_their_value(window):
     assert port(window, "xw", "W").view.toolTip() == "W: [hidden, hidden] from 'W'"
 
 
+@pytest.mark.slow
 def test_tab_search_lists_the_ops_by_their_names_only(window, monkeypatch):
     menu = window.adapter.graph.search_menu
     monkeypatch.setattr(menu, "exec_", lambda *_: None)  # it would wait for a click
@@ -160,11 +163,13 @@ def test_the_last_plan_stays_outlined_marked_out_of_date_while_the_cell_has_an_e
     assert tag_of_xi(window) == "hoisted"
 
 
+@pytest.mark.slow
 def test_another_cell_does_not_inherit_the_outlines_of_the_last(window):
     window.new_cell(ask=False)  # no plan: the LSTM's outlines are not this cell's, out of date or not
     assert not window.overlay.regions and not window.overlay._items
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(1366, 768), (1280, 720)])
 def test_the_benchmark_settings_fit_their_dock_without_scrolling(qapp, window, size):
     window.resize(*size)
@@ -179,6 +184,7 @@ def test_the_benchmark_settings_fit_their_dock_without_scrolling(qapp, window, s
     assert not scroll.horizontalScrollBar().isVisible() and not scroll.verticalScrollBar().isVisible()
 
 
+@pytest.mark.slow
 def test_schedules_and_baselines_are_ticked_in_lists_that_say_what_is_ticked(window):
     panel = window.bench_panel
     button = panel.schedules_button
@@ -195,6 +201,7 @@ def test_schedules_and_baselines_are_ticked_in_lists_that_say_what_is_ticked(win
     assert listed == list(panel.schedule_checks.values())
 
 
+@pytest.mark.slow
 def test_a_half_wired_node_is_saved_and_reopened_with_the_same_port_empty(window, tmp_path):
     window.new_from_template("elman", ask=False)
     window.adapter.disconnect("a", "a")

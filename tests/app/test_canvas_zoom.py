@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from PySide6 import QtCore, QtGui
 
 from cellfuse.app import theme
@@ -67,6 +68,7 @@ def fitted_compact_and_readable(window, least: int) -> list:
     return items
 
 
+@pytest.mark.slow
 def test_the_lstm_fitted_to_a_1440x900_window_shows_every_node_compact_with_a_readable_title(window):
     window.resize(1440, 900)
     grouped = fitted_compact_and_readable(window, 15)  # as the editor opens it: the gates as groups
@@ -96,6 +98,7 @@ def test_nodes_switch_to_compact_just_below_the_threshold_and_back(window):
         assert not any(item._icon_item.isVisible() for item in items)  # no icon, zoomed in or out
 
 
+@pytest.mark.slow
 def test_outlines_and_problem_marks_stay_visible_when_compact(window):
     show_ungrouped(window)  # the gates' groups hold a node of most launches: their outlines would coincide
     scale = COMPACT_BELOW * 0.6

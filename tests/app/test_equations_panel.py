@@ -3,6 +3,7 @@ their nodes when clicked, and the formula entry, whose formula is one undo step 
 
 from __future__ import annotations
 
+import pytest
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from cellfuse.app.equations_panel import SELECTED_COLOR, UNUSED_COLOR
@@ -46,6 +47,7 @@ def type_formula(qtbot, panel, formula: str) -> None:
     qtbot.keyClick(panel.entry, QtCore.Qt.Key.Key_Return)
 
 
+@pytest.mark.slow
 def test_the_panel_shows_the_lstm(qapp, window):
     panel = equations_shown(qapp, window)
     assert window.equations_dock in window.panel_docks
@@ -55,6 +57,7 @@ def test_the_panel_shows_the_lstm(qapp, window):
     assert panel.view.width() > 200 and not panel.message.isVisible()
 
 
+@pytest.mark.slow
 def test_the_panel_is_drawn_when_it_is_first_shown(qapp, window):
     window.problems_dock.raise_()
     qapp.processEvents()
@@ -82,6 +85,7 @@ def selected_stubs(window) -> list[str]:
     return [item.text for item in window.adapter._group_items if getattr(item, "selected", False)]
 
 
+@pytest.mark.slow
 def test_clicking_a_term_selects_its_nodes(qtbot, qapp, window):
     a = window.adapter
     panel = equations_shown(qapp, window)
@@ -114,6 +118,7 @@ def test_clicking_a_term_selects_its_nodes(qtbot, qapp, window):
     assert set(a.selected_ids()) == {m.name() for m in a.members(forget)}
 
 
+@pytest.mark.slow
 def test_the_wheel_is_left_to_the_scroll_area(qapp, window):
     """matplotlib's canvas would take the wheel: ignored, Qt hands it on to the scroll area around."""
     panel = equations_shown(qapp, window)
@@ -126,6 +131,7 @@ def test_the_wheel_is_left_to_the_scroll_area(qapp, window):
     assert not wheel.isAccepted()
 
 
+@pytest.mark.slow
 def test_a_click_between_terms_selects_nothing(qtbot, qapp, window):
     panel = equations_shown(qapp, window)
     window.adapter.select(["xf"])
@@ -156,6 +162,7 @@ def test_a_typed_formula_is_one_undo_step(qtbot, qapp, window, same):
     assert window.cell.node("q").args == ["add1"]
 
 
+@pytest.mark.slow
 def test_an_elman_rnn_typed_into_a_new_cell(qtbot, qapp, window):
     window.new_cell(ask=False)
     panel = equations_shown(qapp, window)
@@ -168,6 +175,7 @@ def test_an_elman_rnn_typed_into_a_new_cell(qtbot, qapp, window):
     assert shown_text(panel) == template_text("elman")
 
 
+@pytest.mark.slow
 def test_a_bad_formula_is_pointed_at_and_adds_nothing(qtbot, qapp, window, same):
     panel = equations_shown(qapp, window)
     stack = window.adapter.undo_stack()
@@ -184,6 +192,7 @@ def test_a_bad_formula_is_pointed_at_and_adds_nothing(qtbot, qapp, window, same)
     assert stack.index() == steps and same(window.cell, before)
 
 
+@pytest.mark.slow
 def test_the_shortcut_opens_the_formula_entry(qtbot, qapp, window):
     window.problems_dock.raise_()
     window.activateWindow()

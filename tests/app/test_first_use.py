@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 from matplotlib.figure import Figure
 
 from cellfuse.app import about, platform_check, theme
@@ -36,6 +37,7 @@ def test_an_invalid_cell_keeps_the_last_plan_and_cuda_marked_out_of_date(window)
     assert not view.out_of_date and view.text() == source
 
 
+@pytest.mark.slow
 def test_selecting_a_node_marks_its_own_line_in_the_cuda(window):
     view = window.cuda_view
     window.show_node("ai_b")
@@ -97,6 +99,7 @@ def test_numpy_run_lists_unavailable_baselines_and_charts_dark_saves_light(qtbot
     assert panel.figure.get_facecolor()[0] < 0.3
 
 
+@pytest.mark.slow
 def test_paste_lands_clear_of_the_originals(window):
     a = window.adapter
     window.show_node("hi")  # opens the input gate's group, where hi is
@@ -110,6 +113,7 @@ def test_paste_lands_clear_of_the_originals(window):
     assert new_rect.top() >= old_rect.bottom() + 20
 
 
+@pytest.mark.slow
 def test_the_palette_filter_is_reset_after_adding_a_node(user, window):
     user.add("sigmoid")
     assert window.palette.search.text() == ""
@@ -126,6 +130,7 @@ def test_spin_boxes_have_drawn_arrows():
         assert part in theme.STYLESHEET
 
 
+@pytest.mark.slow
 def test_about_says_version_gpu_and_where_files_live(window):
     from cellfuse import __version__
     from cellfuse.app import autosave
@@ -152,6 +157,7 @@ def test_missing_xcb_libraries_give_an_install_hint():
     assert platform_check.platform_hint({}, "linux", lambda n: "lib.so") is None
 
 
+@pytest.mark.slow
 def test_new_nodes_fill_free_spots_in_view_without_overlapping(window):
     a = window.adapter
     viewer = a.graph.viewer()

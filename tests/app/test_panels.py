@@ -40,6 +40,7 @@ def test_problems_are_live_and_clicking_one_selects_and_centres_its_node(qtbot, 
     assert a.node("ai_b").item.mark is None
 
 
+@pytest.mark.slow
 def test_warnings_are_amber(window, user):
     node = user.add("tanh")
     window.adapter.connect("h_new", node, "a")
@@ -48,6 +49,7 @@ def test_warnings_are_amber(window, user):
     assert "warning" in window.validity_label.text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("template", "node"), [("sru", "highway"), ("residual_lstm", "y")])
 def test_a_note_is_listed_as_information_and_the_cell_stays_valid(window, template, node):
     window.new_from_template(template, ask=False)
@@ -71,6 +73,7 @@ def test_a_note_is_listed_as_information_and_the_cell_stays_valid(window, templa
     assert "input size must equal" in window.properties.problems_label.text()
 
 
+@pytest.mark.slow
 def test_state_problems_show_on_both_of_its_nodes(window):
     a = window.adapter
     a.update_node("c").input_ports()[0].clear_connections()
@@ -78,6 +81,7 @@ def test_state_problems_show_on_both_of_its_nodes(window):
     assert a.node("c").item.mark == "error" and a.update_node("c").item.mark == "error"
 
 
+@pytest.mark.slow
 def test_missing_output_marks_the_output_node(window):
     sink = window.adapter.output_node()
     sink.input_ports()[0].clear_connections()
@@ -102,6 +106,7 @@ def test_properties_follow_the_selection(window):
     assert p.stack.currentWidget() is p.multi_label
 
 
+@pytest.mark.slow
 def test_cell_properties_are_undoable(window):
     p = window.properties
     window.adapter.select([])
@@ -114,6 +119,7 @@ def test_cell_properties_are_undoable(window):
     assert window.cell.name == "LSTM" and window.cell.sizes["hidden"] == 512
 
 
+@pytest.mark.slow
 def test_value_editor_takes_negative_and_scientific_numbers(window, user):
     k = user.add("const")
     for text, value in [("-3", -3.0), ("-1.5e-3", -0.0015), ("2E2", 200.0)]:
@@ -123,6 +129,7 @@ def test_value_editor_takes_negative_and_scientific_numbers(window, user):
     assert not window.properties.value_edit.hasAcceptableInput()
 
 
+@pytest.mark.slow
 def test_plan_view_outlines_groups_and_marks_hoisted_gemms(window):
     window.plan_panel.set_schedule("hoisted")
     said = summary(make_plan(window.cell, window.sizes(), "hoisted"))
@@ -153,6 +160,7 @@ def test_plan_view_outlines_groups_and_marks_hoisted_gemms(window):
     assert window.overlay._items and window.plan_panel.overlay_check.isChecked()
 
 
+@pytest.mark.slow
 def test_plan_list_click_selects_the_group(qtbot, window):
     tree = window.plan_panel.tree
     item = tree.topLevelItem(0)
@@ -181,6 +189,7 @@ def test_plan_follows_the_sizes_and_says_why_when_there_is_none(qtbot, window):
     assert not window.cuda_view.export_button.isEnabled()
 
 
+@pytest.mark.slow
 def test_plan_view_says_what_a_persistent_kernel_holds(window):
     """Under `persistent` and `tensor` a layer's steps are one cooperative kernel: the plan view says how
     many blocks it has, its barriers (or waits on exchanges) per step, its shared memory and whether its
@@ -236,6 +245,7 @@ def test_plan_view_says_when_a_persistent_kernel_s_blocks_never_wait_for_each_ot
     assert text("lstm").startswith("One cooperative kernel per layer runs every step")
 
 
+@pytest.mark.slow
 def test_plan_view_says_which_gemms_run_on_tensor_cores(window):
     """At T=100, B=64 and 512 units the LSTM's hoisted input GEMM (6400 x 2048 x 512) runs as 3xTF32: its
     row in the plan list and its outline's label say so; at B=8 (800 rows) neither does."""
@@ -272,6 +282,7 @@ def test_cuda_view_scrolls_to_the_kernel_of_the_selected_node(window):
     assert "no kernel" in view.location.text()
 
 
+@pytest.mark.slow
 def test_cuda_source_is_highlighted_and_read_only(window):
     view = window.cuda_view
     assert view.editor.isReadOnly()

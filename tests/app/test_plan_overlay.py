@@ -9,6 +9,7 @@ import math
 import numpy as np
 import pytest
 from PySide6 import QtCore, QtGui, QtWidgets
+from tiers import slow_beyond
 
 from cellfuse.app import theme
 from cellfuse.graph_model import template_names
@@ -53,6 +54,7 @@ def test_every_launch_of_the_naive_lstm_has_its_own_colour_far_from_the_node_col
         assert theme.contrast(launch, theme.CANVAS_BACKGROUND) >= 3.0
 
 
+@pytest.mark.slow
 def test_the_plan_list_shows_each_launch_in_the_colour_of_its_outline(window):
     drawn = outline_colors(window)
     tree = window.plan_panel.tree
@@ -68,6 +70,9 @@ def test_a_launch_keeps_its_colour_when_the_plan_grows():
     assert theme.launch_colors(30)[:5] == theme.launch_colors(5)
 
 
+# Slow: every template, and under hoisted the outline of the layer-normalised LSTM's fused region, which
+# takes QPainterPath.simplified() seconds (plan_overlay._add_outline).
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["hoisted", "naive"])
 def test_every_piece_is_labelled_and_no_label_covers_a_node_of_another_region(window, schedule):
     window.plan_panel.set_schedule(schedule)
@@ -101,7 +106,7 @@ def test_each_piece_of_a_region_split_on_the_canvas_says_which_part_it_is(window
     assert sorted(lab.nodes for lab in mine) == sorted((i,) for i in k0.nodes)
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", "peephole_lstm", "cifg_lstm"])
+@pytest.mark.parametrize("name", slow_beyond(["lstm", "gru", "peephole_lstm", "cifg_lstm"], 1))
 def test_auto_layout_keeps_the_matmuls_of_a_gemm_group_together(window, name):
     window.new_from_template(name, ask=False)
     window.plan_panel.set_schedule("hoisted")
@@ -138,6 +143,7 @@ def rendered_colors(window, colors: list[theme.RGB], tolerance: int = 8) -> dict
     return {rgb: int((np.abs(pixels - np.array(rgb)).max(axis=1) <= tolerance).sum()) for rgb in colors}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["hoisted", "naive"])
 def test_every_launch_shows_its_colour_on_the_grouped_lstm(window, schedule):
     window.plan_panel.set_schedule(schedule)

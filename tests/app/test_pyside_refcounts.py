@@ -12,6 +12,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 ROUNDS = 600  # of 1,000 calls of each kind and a paint of the scene: several seconds in all
 STRESS = textwrap.dedent(f"""
     import json, os, sys
@@ -60,6 +62,7 @@ STRESS = textwrap.dedent(f"""
 """)
 
 
+@pytest.mark.slow
 def test_void_calls_emits_and_paints_keep_the_singletons_alive_without_the_guard():
     done = subprocess.run([sys.executable, "-c", STRESS], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 from PySide6 import QtCore, QtWidgets
+from tiers import slow_beyond
 
 from cellfuse.app.window_geometry import PALETTE_MIN_WIDTH, PREFERRED_SIZE, initial_geometry
 
@@ -42,7 +43,7 @@ def visible_docks(window) -> list[QtWidgets.QDockWidget]:
     return [d for d in window.panel_docks if d.isVisible() and not d.visibleRegion().isEmpty()]
 
 
-@pytest.mark.parametrize("size", SCREENS)
+@pytest.mark.parametrize("size", slow_beyond(SCREENS, 1))
 def test_panels_do_not_overlap_and_keep_their_room(qapp, window, size):
     settle(qapp, window, size)
     docks = visible_docks(window)
@@ -61,6 +62,7 @@ def test_panels_do_not_overlap_and_keep_their_room(qapp, window, size):
     assert not window.bench_dock.geometry().intersects(window.plan_dock.geometry())
 
 
+@pytest.mark.slow
 def test_the_palette_keeps_its_width_when_the_window_shrinks_and_grows(qapp, window):
     settle(qapp, window, (1280, 720))
     window.resize(900, 600)
@@ -77,6 +79,7 @@ def run_to_end(qtbot, window):
     return blocker.args[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("size", [(1366, 768), (1280, 720)])
 def test_a_finished_run_is_readable_in_the_default_layout(qtbot, qapp, window, size, chart_problems):
     window.new_from_template("elman", ask=False)

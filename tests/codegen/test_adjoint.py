@@ -152,9 +152,16 @@ def test_a_column_gets_the_row_sum_of_what_its_elements_pass_it():
 
 
 def compile_adjoints(cell, schedule: str, tmp_path, stem: str) -> str:
+    """The adjoint kernels of adjoint_source, compiled with nvcc; gives the source."""
+    source = adjoint_source(cell, schedule, stem)
+    nvcc_cubin(source, tmp_path)
+    return source
+
+
+def adjoint_source(cell, schedule: str, stem: str) -> str:
     """The adjoint of every kernel of a plan's step, as a kernel: the island's inputs and the outputs'
     gradients in (a column's one per row), the inputs' gradients out (a column's one per row, any other
-    input's one per element, even a broadcast one's), compiled with nvcc; gives the source."""
+    input's one per element, even a broadcast one's)."""
     plan = make_plan(cell, fit(Sizes(3, 2, 24, 40), cell), schedule)
     parts = [PRELUDE]
     for launch in plan.layers[0].step:
@@ -170,11 +177,18 @@ def compile_adjoints(cell, schedule: str, tmp_path, stem: str) -> str:
         backward = KernelLaunch(f"{launch.island}_adjoint", launch.row_kind, launch.rows, launch.width,
                                 inputs, outputs, adj.body, False, accumulate=True)
         parts.append(kernel_source(backward, f"cf_{stem}_{launch.island}_adjoint"))
-    source = "\n".join(parts)
-    nvcc_cubin(source, tmp_path)
-    return source
+    return "\n".join(parts)
 
 
+def test_adjoint_kernels_of_every_template_run_a_block_per_row_where_the_cell_reduces_rows():
+    """What test_adjoint_kernels_compile checks of the source before it compiles it (the slow tier)."""
+    for name in template_names():
+        cell = load_template(name)
+        source = adjoint_source(cell, "hoisted", name)
+        assert ("__shared__ float cf_partial" in source) == any(OPS[n.op].is_reduction for n in cell.nodes)
+
+
+@pytest.mark.slow
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("name", template_names())
@@ -185,6 +199,7 @@ def test_adjoint_kernels_compile(name, tmp_path):
     assert ("__shared__ float cf_partial" in source) == any(OPS[n.op].is_reduction for n in cell.nodes)
 
 
+@pytest.mark.slow
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("seed", [0, 1, 2, 4])  # cells with row_mean, row_sum, or both

@@ -146,18 +146,32 @@ def test_an_op_without_a_derivative_is_refused_by_node():
         backward_plan(forward)
 
 
+@pytest.mark.slow
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("name", template_names())
 @pytest.mark.parametrize("schedule", ["naive", "hoisted", "persistent", "tensor"])
 def test_backward_kernels_compile(name, schedule, tmp_path):
+    check_backward_kernels(compile_plan(name, schedule), tmp_path)
+
+
+def compile_plan(name: str, schedule: str):
     cell = load_template(name)
     sizes = Sizes(3, 2, 24, 40, 2)
     if analyze(cell).ties:
         sizes = replace(sizes, input=sizes.hidden)
-    check_backward_kernels(make_plan(cell, sizes, schedule, save_steps=True), tmp_path)
+    return make_plan(cell, sizes, schedule, save_steps=True)
 
 
+@pytest.mark.parametrize("schedule", ["naive", "hoisted", "persistent", "tensor"])
+def test_backward_kernels_of_every_template_add_into_their_gradients(schedule):
+    """What test_backward_kernels_compile checks of the source before it compiles it (the slow tier);
+    the default tier compiles a few of these kernels (test_cuda_compile)."""
+    for name in template_names():
+        backward_source(compile_plan(name, schedule))
+
+
+@pytest.mark.slow
 @pytest.mark.nvcc
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 @pytest.mark.parametrize("seed", [0, 1, 2, 4])  # cells with row_mean, row_sum, or both
@@ -168,6 +182,11 @@ def test_backward_kernels_of_random_cells_that_reduce_rows_compile(seed, tmp_pat
 
 
 def check_backward_kernels(forward, tmp_path) -> None:
+    nvcc_cubin(backward_source(forward), tmp_path)
+
+
+def backward_source(forward) -> str:
+    """The source of the backward kernels, each of whose launches adds into its gradients."""
     plan = backward_plan(forward)
     kernels = backward_kernels(plan)
     launches = [launch for lb in plan.layers for launch in (*(() if lb.persistent else lb.step), *lb.after)
@@ -178,7 +197,7 @@ def check_backward_kernels(forward, tmp_path) -> None:
     assert set(kernels.name_of) == {*launches, *persistent}
     source = kernels.module_source()
     assert "+= " in source
-    nvcc_cubin(source, tmp_path)
+    return source
 
 
 @pytest.mark.parametrize("name, waits, exchanged", [

@@ -1,4 +1,6 @@
-"""The generated kernels compile with nvcc for sm_90, without a warning."""
+"""The generated kernels compile with nvcc for sm_90, without a warning: a kernel of every kind in one
+nvcc run to PTX (the default tier), every template's under every schedule, and row reductions at every
+width, each through ptxas (the slow tier)."""
 
 from __future__ import annotations
 
@@ -6,10 +8,12 @@ import shutil
 from dataclasses import replace
 
 import pytest
-from compile_cuda import nvcc_cubin
+from compile_cuda import nvcc_cubin, nvcc_ptx, renamed_apart
 
 from cellfuse.codegen import SCHEDULES, generate_cuda, make_plan, plan_kernels
+from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.cuda_kernels import PRELUDE
+from cellfuse.codegen.kernel_set import backward_kernels
 from cellfuse.codegen.persistent_cuda import PERSISTENT_PRELUDE
 from cellfuse.graph_model import Sizes, analyze, load_template, template_names
 
@@ -24,6 +28,40 @@ def fit(sizes: Sizes, cell) -> Sizes:
     return replace(sizes, input=sizes.hidden) if analyze(cell).ties else sizes
 
 
+def test_a_kernel_of_every_kind_compiles(tmp_path):
+    """One nvcc run, to PTX: the layer-normalised LSTM's kernels a node each (`naive`, row reductions in
+    kernels of their own), fused (`hoisted`, a block per row), persistent (a block per row behind a
+    barrier, exchanges) and on tensor cores; its fused kernel where a row is narrower than a warp, where
+    every thread holds as many columns (unrolled) and where they are more than are unrolled; a
+    persistent kernel that multiplies one row at a time in registers (Cho's GRU at B=1) and one of
+    independent blocks (IndRNN); the backward kernels: adjoints that reduce rows, a persistent reverse loop
+    with an exchange and one on tensor cores; and the prelude's kernels (the TF32 split, the bias rows).
+    The inline PTX is assembled by the exports' compile (test_export_hostile) and the warpgroup GEMM's
+    (test_wgmma_gemm); the slow tier compiles every template under every schedule to cubins."""
+    cell = load_template("layernorm_lstm")
+    parts = [PERSISTENT_PRELUDE, PRELUDE]
+    for schedule in ("naive", "hoisted", "persistent", "tensor"):
+        parts += renamed_apart(plan_kernels(make_plan(cell, SIZES, schedule)).sources, schedule)
+    for hidden in (7, 256, 9000):
+        parts += renamed_apart(plan_kernels(make_plan(cell, Sizes(4, 3, 24, hidden, 1), "hoisted")).sources,
+                               f"h{hidden}")
+    parts += renamed_apart(plan_kernels(make_plan(load_template("gru_cho"), Sizes(6, 1, 24, 64),
+                                                  "persistent")).sources, "b1")
+    parts += renamed_apart(plan_kernels(make_plan(load_template("indrnn"), SIZES, "persistent")).sources,
+                           "independent")
+    for name, schedule in (("layernorm_lstm", "hoisted"), ("lstm", "persistent"), ("gru_cho", "tensor")):
+        forward = make_plan(load_template(name), SIZES, schedule, save_steps=True)
+        parts += renamed_apart(backward_kernels(backward_plan(forward)).sources, f"{schedule}_grad")
+    source = "\n".join(parts)
+    for kind in ("cf_lanes_sum(", "_rows1(", "cf_deviations(", "cf_publish(", "cf_mma_tf32(acc",
+                 "cf_warp_sums<", "griddepcontrol.wait", "for (int t = seq - 1",
+                 "__shared__ float cf_partial", "cf_split_tf32x3(", "cf_bias_rows("):
+        assert kind in source, kind
+    ptx = nvcc_ptx(source, tmp_path)
+    assert ptx.count(".entry ") == source.count("__global__")
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", template_names())
 def test_kernels_of_every_schedule_compile(name, tmp_path):
     cell = load_template(name)
@@ -62,6 +100,7 @@ def test_export_reports_the_line_of_every_kernel_and_gemm(schedule):
         assert (f" {name}(" in line and "__global__" in lines[number - 2] + line) or f"/* {name} */" in line
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("hidden", [7, 256, 1000, 9000])
 def test_kernels_that_reduce_rows_compile_at_every_width(hidden, tmp_path):
     """A row narrower than a warp, one thread per column, several columns per thread, and more than are

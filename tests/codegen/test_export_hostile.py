@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from compile_cuda import nvcc_cubin
+from compile_cuda import nvcc_cubin, nvcc_ptx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from random_cells import draw_cell
@@ -353,6 +353,24 @@ def test_the_largest_sizes_the_int_indices_hold_are_accepted():
 # -- compiling -------------------------------------------------------------------------------------------
 @pytest.mark.nvcc
 @needs_nvcc
+def test_an_export_without_and_one_with_the_backward_pass_compile(tmp_path):
+    """Whole files, hostile names and constants in both, in one nvcc run: Cho's GRU, hoisted, forward
+    only, and the layer-normalised LSTM on tensor cores, forward and backward (persistent kernels with
+    blocks per row, exchanges, reverse loops), whose kernels use the inline PTX of the persistent
+    kernels, which ptxas assembles here. The slow tier compiles every template's export, with and
+    without the backward pass."""
+    gru, norm = hostile_template("gru_cho"), hostile_template("layernorm_lstm")
+    sources = [generate_cuda(gru, fit(SIZES, gru), "hoisted").text,
+               generate_cuda(norm, fit(SIZES, norm), "tensor", backward=True).text]
+    assert "_backward(" not in sources[0] and "int cellfuse_c_1_x_error_injected_backward(" in sources[1]
+    for helper in ("cf_mma_tf32", "cf_copy16", "cf_prefetch_l2", "cf_copies_done", "cf_publish", "cf_peek2"):
+        assert sources[1].count(f"{helper}(") > 1, helper  # called, not only defined
+    compile_objects(sources, tmp_path)
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+@needs_nvcc
 def test_hostile_exports_of_every_template_and_the_largest_sizes_compile(tmp_path):
     cells = [hostile_template(name) for name in template_names()]
     sources = [generate_cuda(cell, fit(SIZES, cell), SCHEDULES[i % len(SCHEDULES)]).text
@@ -361,6 +379,7 @@ def test_hostile_exports_of_every_template_and_the_largest_sizes_compile(tmp_pat
     compile_objects(sources, tmp_path)
 
 
+@pytest.mark.slow
 @pytest.mark.nvcc
 @needs_nvcc
 def test_exports_with_the_backward_pass_of_every_template_compile(tmp_path):
@@ -395,6 +414,7 @@ def kernels_apart(kernel_sets: list[KernelSet]) -> str:
     return "\n".join(parts)
 
 
+@pytest.mark.slow
 @pytest.mark.nvcc
 @needs_nvcc
 def test_random_hostile_cells_compile(tmp_path):
@@ -429,7 +449,8 @@ def test_the_largest_sizes_compile_with_the_backward_pass(tmp_path):
 @needs_nvcc
 def test_an_op_on_constants_that_underflows_or_overflows_compiles_without_a_warning(tmp_path):
     """float32 arithmetic on a cell's constants may leave float32's range (the numpy executor's does the
-    same): nvcc's front end, folding it, would warn, and every warning is an error in these tests."""
+    same): nvcc's front end, folding it, would warn, and every warning is an error in these tests (PTX is
+    as far as the front end goes)."""
     tiny, huge = float_literal(np.finfo(np.float32).tiny), float_literal(3e38)
-    nvcc_cubin(PRELUDE + "\n__global__ void k(float* p) {\n"
+    nvcc_ptx(PRELUDE + "\n__global__ void k(float* p) {\n"
                f"    p[0] = ({tiny} * {tiny});\n    p[1] = ({huge} * {huge});\n}}\n", tmp_path)

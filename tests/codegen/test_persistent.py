@@ -83,7 +83,7 @@ def test_barriers_per_step_of_every_template(name):
 @pytest.mark.parametrize("name", TEMPLATES)
 @pytest.mark.parametrize("target, batch", [(H100, 3), (SMALL, 3), (EIGHT, 19)],
                          ids=["h100", "two-sms", "row-groups"])
-@pytest.mark.parametrize("layers", [1, 3])
+@pytest.mark.parametrize("layers", [1, pytest.param(3, marks=pytest.mark.slow)])
 def test_every_template_matches_the_reference_block_by_block(name, target, batch, layers):
     cell = load_template(name)
     plan = make_plan(cell, Sizes(5, batch, 6 if analyze(cell).ties else 7, 6, layers), "persistent", target)
@@ -210,7 +210,8 @@ def test_random_cells_with_row_reductions_match_the_reference_block_by_block(cel
             assert run(plan, cell, layers, True, reverse) < 1e-6
 
 
-@pytest.mark.parametrize("seed", range(7000, 7060))
+@pytest.mark.parametrize("seed", [*range(7000, 7010),
+                                  *(pytest.param(s, marks=pytest.mark.slow) for s in range(7010, 7060))])
 def test_seeded_random_cells_with_row_reductions_and_ties_match_block_by_block(seed):
     """A kernel with row reductions runs a block per row, reading what other blocks wrote and writing
     what they read: the barriers around it must be where the plan puts them, in either block order. (The
@@ -311,7 +312,8 @@ def test_a_variance_takes_no_round_of_row_sums_of_its_own_where_every_thread_hol
     assert ("cf_lanes_deviations(" in rows) == (rounds == 2)
 
 
-@pytest.mark.parametrize("seed", range(30))
+@pytest.mark.parametrize("seed", [*range(5),
+                                  *(pytest.param(s, marks=pytest.mark.slow) for s in range(5, 30))])
 def test_random_cells_that_tie_the_widths_match_the_reference_block_by_block(seed):
     """Input-wide rows meeting hidden-wide ones, and row reductions."""
     cell = random_cell(seed + 9000, reductions=True, ties=True)
@@ -348,6 +350,7 @@ def test_the_tensor_rung_puts_the_gemms_whose_weights_fit_on_tensor_cores(name, 
     assert source.count("cf_mma_tf32(acc[x]") == 3 * len(gemms)  # three TF32 products each
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name, batch", [("lstm", 64), ("layernorm_lstm", 64), ("gru_cho", 8)])
 def test_the_tensor_rung_s_kernels_compile_forward_and_backward(name, batch, tmp_path):
     """Its GEMMs' outputs go on chip or, for a block per row or a backward pass, to memory: both compile."""
@@ -409,9 +412,9 @@ def _recurrent_tilings(name: str, batch: int, hidden: int, schedule: str = "pers
     return plan, [(item, item.tiling) for item in launch.items if isinstance(item.launch, GemmLaunch)]
 
 
-@pytest.mark.parametrize("name, hidden, widths", [("lstm", 512, [16]), ("gru", 512, [16]),
-                                                  ("elman", 512, [4]), ("mgu", 256, [2, 2]),
-                                                  ("gru_cho", 512, [8, 4])])
+@pytest.mark.parametrize("name, hidden, widths", [
+    ("lstm", 512, [16]), *(pytest.param(*case, marks=pytest.mark.slow) for case in [
+        ("gru", 512, [16]), ("elman", 512, [4]), ("mgu", 256, [2, 2]), ("gru_cho", 512, [8, 4])])])
 def test_one_row_at_a_time_multiplies_in_registers(name, hidden, widths, tmp_path):
     """At B=1 each thread polls its two k of h and multiplies them by its two rows of the block's columns
     of U held in registers (a power of two of them, the GRU's 12 padded to 16); the island adds the

@@ -60,7 +60,8 @@ def check(cell, schedule: str) -> None:
 
 
 @pytest.mark.parametrize("name", template_names())
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", [s if s in ("naive", "hoisted", "persistent", "tensor")
+                                      else pytest.param(s, marks=pytest.mark.slow) for s in SCHEDULES])
 def test_saved_steps_of_every_template(name, schedule):
     check(load_template(name), schedule)
 

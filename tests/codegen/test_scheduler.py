@@ -541,7 +541,8 @@ def test_unknown_schedule_and_invalid_cell_are_errors():
 
 # -- random cells ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("reductions", [False, True])
-@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("seed", [*range(15),
+                                  *(pytest.param(s, marks=pytest.mark.slow) for s in range(15, 60))])
 def test_plans_of_random_cells_keep_the_invariants(seed, reductions):
     cell = random_cell(np.random.default_rng(seed), reductions=reductions)
     check_ladder(cell)
@@ -615,7 +616,8 @@ def run_on_numpy(cell: Cell, schedule: str, layers: int, seed: int) -> float:
                *(float(np.abs(got.final[k] - ref.final[k]).max()) for k in ref.final))
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", [*range(10),
+                                  *(pytest.param(s, marks=pytest.mark.slow) for s in range(10, 40))])
 def test_random_cells_that_reduce_rows_match_the_reference_under_every_schedule(seed):
     cell = random_cell(seed, reductions=True)
     for schedule in SCHEDULES:

@@ -41,7 +41,8 @@ def backward_runs(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("name", ["lstm", "gru", "layernorm_lstm"])
+@pytest.mark.parametrize("name", ["lstm", pytest.param("gru", marks=pytest.mark.slow),
+                                  pytest.param("layernorm_lstm", marks=pytest.mark.slow)])
 def test_every_schedule_is_checked_by_its_gradients_then_timed(backward_runs, name):
     result = run_benchmark(load_template(name), BenchConfig(SMALL, "numpy", repeats=2, train=True))
     assert result.train and [r.name for r in result.rows] == [*SCHEDULES, "numpy reference"]
@@ -188,7 +189,8 @@ def baseline_gradients(model, cell, x, initial, dy) -> Gradients:
     return first
 
 
-@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("name", [*(n if n in ("lstm", "gru") else pytest.param(n, marks=pytest.mark.slow)
+                                   for n in template_names())])
 @pytest.mark.parametrize("kind", ["op by op", "as written by hand"])
 def test_the_pytorch_programs_gradients_match_the_reference(name, kind):
     pytest.importorskip("torch")

@@ -39,6 +39,7 @@ def test_the_two_models_start_from_the_same_function(train_lm):
     assert all(not p.requires_grad and not p.any() for p in frozen)
 
 
+@pytest.mark.slow  # trains the small language model twice
 def test_on_the_cpu_the_loss_curves_agree(train_lm, tmp_path, capsys):
     code = train_lm.main(["--device", "cpu", *TINY, "--json", str(tmp_path / "r.json")])
     out = capsys.readouterr().out

@@ -12,6 +12,7 @@ import pytest
 from gradient_runs import GRAPH_FAMILY, SIZES, assert_gradients, make_run, reduces_rows
 from hypothesis import HealthCheck, given, settings
 from random_cells import random_cell, random_cells
+from tiers import slow_where
 
 from cellfuse.codegen import make_plan
 from cellfuse.codegen.backward_plan import backward_plan
@@ -34,7 +35,7 @@ from cellfuse.graph_model import (
 
 @pytest.mark.parametrize("name", template_names())
 @pytest.mark.parametrize("schedule", GRAPH_FAMILY)
-@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("layers", slow_where([1, 2], lambda layers: layers == 2))
 def test_gradients_of_every_template_equal_the_reference(name, schedule, layers):
     cell = load_template(name)
     run = make_run(cell, layers)
@@ -49,7 +50,7 @@ def test_gradients_without_initial_states_or_final_seeds(name, initial, dfinal):
     assert_gradients(run.numpy("hoisted"), run.reference(), 1e-9, name)
 
 
-@pytest.mark.parametrize("schedule", GRAPH_FAMILY)
+@pytest.mark.parametrize("schedule", slow_where(GRAPH_FAMILY, lambda s: s != "naive"))
 @pytest.mark.parametrize("reductions", [False, True])
 def test_gradients_of_seeded_random_cells_equal_the_reference(schedule, reductions):
     """With reductions, the layer norms and [batch, 1] columns of random cells: in `naive` a column
@@ -65,7 +66,7 @@ def test_gradients_of_seeded_random_cells_equal_the_reference(schedule, reductio
     assert (reducing > 20) == reductions
 
 
-@pytest.mark.parametrize("reductions", [False, True])
+@pytest.mark.parametrize("reductions", slow_where([False, True], lambda reductions: not reductions))
 def test_persistent_backward_passes_of_seeded_random_cells_equal_the_reference(reductions):
     """The reverse loop as one persistent launch (an adjoint that reduces rows a block per row in it),
     run block by block on 3 SMs, so that blocks own several columns, in both orders."""
@@ -142,7 +143,8 @@ def test_a_row_value_shared_between_kernels(make, hoisted, schedule):
     assert_gradients(run.numpy(schedule), run.reference(), 1e-9, schedule)
 
 
-@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("name", slow_where(template_names(), lambda name: name not in ("lstm", "gru_cho",
+                                                                                      "layernorm_lstm")))
 def test_float32_gradients_are_within_1e_4_of_the_reference(name):
     cell = load_template(name)
     # The states start at 0, as sLSTM's do: from random ones its normaliser state starts near 0, where
@@ -155,7 +157,8 @@ def test_float32_gradients_are_within_1e_4_of_the_reference(name):
 
 
 @pytest.mark.parametrize("name", template_names())
-@pytest.mark.parametrize("sms, reverse_blocks", [(132, False), (132, True), (3, False)])
+@pytest.mark.parametrize("sms, reverse_blocks", [pytest.param(132, False, marks=pytest.mark.slow),
+                                                 pytest.param(132, True, marks=pytest.mark.slow), (3, False)])
 def test_the_persistent_backward_pass_block_by_block_equals_the_reference(name, sms, reverse_blocks):
     """Each layer's reverse loop as one persistent launch (the layer norm's, whose gradients reduce rows,
     as a loop of launches), its blocks run one by one between barriers in either order; with 3 SMs a
@@ -216,7 +219,7 @@ def test_seeds_that_do_not_fit_are_refused_by_name():
         backward.run([[0.0]])
 
 
-@pytest.mark.parametrize("schedule", GRAPH_FAMILY)
+@pytest.mark.parametrize("schedule", slow_where(GRAPH_FAMILY, lambda schedule: schedule != "hoisted"))
 def test_gradients_of_random_cells_that_tie_the_widths_equal_the_reference(schedule):
     """Input-wide rows meeting hidden-wide ones (at equal sizes), with row reductions too."""
     for seed in range(40):

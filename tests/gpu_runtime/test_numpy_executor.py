@@ -9,6 +9,7 @@ from forward_errors import relative_error
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from random_cells import random_cell, random_cells
+from tiers import slow_beyond, slow_where
 
 from cellfuse.codegen import SCHEDULES, make_plan
 from cellfuse.gpu_runtime.execute import run_schedule
@@ -53,22 +54,22 @@ def check_all_schedules(cell: Cell, params, inputs, layers: int, floor: float = 
 # -- the templates -------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", template_names())
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_every_schedule_of_every_template_matches_the_reference(name, schedule):
+@pytest.mark.parametrize("layers", slow_where([1, 2], lambda layers: layers == 2))
+def test_every_schedule_of_every_template_matches_the_reference(name, schedule, layers):
     cell = load_template(name)
     seq, batch, input, hidden = 6, 3, 7, 5
     if analyze(cell).ties:  # a cell that ties the two widths runs only where they are equal
         input = hidden
-    for layers in (1, 2):
-        for initial in (False, True):
-            params, inputs = make_data(cell, seq, batch, input, hidden, layers, initial, seed=layers)
-            ref = run_reference(cell, params, inputs, layers)
-            for dtype, tol in TOLERANCE.items():
-                got = run_schedule(cell, params, inputs, layers, schedule, "numpy", dtype)
-                assert got.y.shape == (seq, batch, hidden) and got.y.dtype == np.float32
-                assert {s: v.shape for s, v in got.final.items()} == \
-                    {s.id: (layers, batch, hidden) for s in cell.of_op("state")}
-                rel = relative_error(got, ref)
-                assert rel < tol, f"layers={layers} initial={initial} {np.dtype(dtype).name}: {rel:.2e}"
+    for initial in (False, True):
+        params, inputs = make_data(cell, seq, batch, input, hidden, layers, initial, seed=layers)
+        ref = run_reference(cell, params, inputs, layers)
+        for dtype, tol in TOLERANCE.items():
+            got = run_schedule(cell, params, inputs, layers, schedule, "numpy", dtype)
+            assert got.y.shape == (seq, batch, hidden) and got.y.dtype == np.float32
+            assert {s: v.shape for s, v in got.final.items()} == \
+                {s.id: (layers, batch, hidden) for s in cell.of_op("state")}
+            rel = relative_error(got, ref)
+            assert rel < tol, f"layers={layers} initial={initial} {np.dtype(dtype).name}: {rel:.2e}"
 
 
 @pytest.mark.parametrize("name", ["lstm", "gru_cho"])
@@ -163,6 +164,8 @@ def test_state_independent_values_used_before_and_inside_the_loop():
 
 
 # -- random cells ---------------------------------------------------------------------------------------
+# Three sweeps of random cells: the default tier runs the first seeds of the last, the widest (row
+# reductions and tied widths among the ops of the table), the slow tier the rest of it and the other two.
 @st.composite
 def runs(draw):
     cell = draw(random_cells())
@@ -173,6 +176,7 @@ def runs(draw):
     return cell, (seq, batch, input, hidden, layers, initial, seed)
 
 
+@pytest.mark.slow
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(runs())
 def test_every_schedule_of_a_random_cell_matches_the_reference(run):
@@ -181,6 +185,7 @@ def test_every_schedule_of_a_random_cell_matches_the_reference(run):
     check_all_schedules(cell, params, inputs, layers, floor=1e-3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", range(40))
 def test_every_schedule_of_a_seeded_random_cell_matches_the_reference(seed):
     cell = random_cell(np.random.default_rng(seed))
@@ -190,7 +195,7 @@ def test_every_schedule_of_a_seeded_random_cell_matches_the_reference(seed):
     check_all_schedules(cell, params, inputs, 1 + seed % 2, floor=1e-3)
 
 
-@pytest.mark.parametrize("seed", range(200))
+@pytest.mark.parametrize("seed", slow_beyond(range(200), 20))
 def test_random_cells_with_reductions_and_tied_widths_match_the_reference_under_every_schedule(seed):
     """The new ops, [batch, 1] values and input-wide rows meeting hidden-wide ones, which run only where
     input == hidden: every schedule, the persistent ones included, in float64 and float32."""

@@ -10,6 +10,7 @@ import random_cell_checks as rc
 from cellfuse.gpu_runtime import execute
 
 
+@pytest.mark.slow  # six cells, every schedule, forward and backward, in worker processes
 def test_a_few_cells_match_under_every_schedule_on_numpy():
     checked = list(rc.check_many(range(rc.FIRST_SEED, rc.FIRST_SEED + 6), "numpy", workers=2))
     assert sorted(c.seed for c in checked) == list(range(rc.FIRST_SEED, rc.FIRST_SEED + 6))

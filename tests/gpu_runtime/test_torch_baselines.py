@@ -31,6 +31,7 @@ def test_the_pytorch_programs_match_the_reference(name, kind):
     np.testing.assert_allclose(y.numpy(), ref.y, rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow  # torch.compile of several cells: a minute
 def test_every_compiled_cell_has_compiled_code_of_its_own(monkeypatch):
     """torch.compile keeps its code per Python code object and runs a function uncompiled past 8 entries:
     a benchmark of several cells and modes must not time its later cells uncompiled."""

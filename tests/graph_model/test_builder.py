@@ -206,6 +206,7 @@ def test_auto_layout_survives_cycles_and_missing_args():
     assert s.id in layout
 
 
+@pytest.mark.slow  # 3000 nodes
 def test_auto_layout_of_a_long_chain():
     b, x, h, W, U, bias = parts()
     v = x @ W

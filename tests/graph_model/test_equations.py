@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from matplotlib.mathtext import MathTextParser
 from random_cells import random_cell
+from tiers import slow_beyond
 
 from cellfuse.graph_model import (
     OPS,
@@ -229,7 +230,7 @@ def test_the_terms_cover_every_node_the_cell_computes_with(name):
     assert covered == set(analyze(cell).order)
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", slow_beyond(range(40), 10))
 def test_the_terms_of_random_cells_cover_their_nodes(seed):
     """Every node an update or the output uses, and every node that a value nothing uses is computed
     from, stands in some term: all but a state whose old value nothing reads."""

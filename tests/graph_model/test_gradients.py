@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from compile_cuda import nvcc_cubin
+from compile_cuda import nvcc_ptx
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from random_cells import random_cells
+from tiers import slow_where
 
 from cellfuse.graph_model import (
     OPS,
@@ -130,8 +131,10 @@ def check_coordinates(case: Case, grads: dict[str, np.ndarray], rng: np.random.G
                          f"{name}[{np.unravel_index(index, value.shape)}]")
 
 
-@pytest.mark.parametrize("given_states", [True, False], ids=["initial-states", "zero-states"])
-@pytest.mark.parametrize("layers", [1, 2])
+# The default tier: one layer from given states (the random cells' [dev] run draws stacks and zero states)
+@pytest.mark.parametrize("given_states", slow_where([True, False], lambda given: not given),
+                         ids=["initial-states", "zero-states"])
+@pytest.mark.parametrize("layers", slow_where([1, 2], lambda layers: layers == 2))
 @pytest.mark.parametrize("name", template_names())
 def test_every_template_against_finite_differences(name, layers, given_states):
     case = make_case(load_template(name), layers, seed=layers, given_states=given_states)
@@ -457,7 +460,7 @@ def cuda_source(with_main: bool, points: dict[str, list[list[float]]] | None = N
 @pytest.mark.nvcc
 @no_nvcc
 def test_the_cuda_rules_compile_without_a_warning(tmp_path):
-    nvcc_cubin(cuda_source(with_main=False), tmp_path)
+    nvcc_ptx(cuda_source(with_main=False), tmp_path)  # the front end's checks: each rule is a C expression
 
 
 @pytest.mark.nvcc
@@ -501,6 +504,7 @@ KINKS: dict[str, list[tuple[float, ...]]] = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.nvcc
 @no_nvcc
 def test_the_cuda_rules_take_the_numpy_rules_conventions_at_kinks(tmp_path):

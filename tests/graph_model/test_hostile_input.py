@@ -587,6 +587,7 @@ def test_an_unknown_member_is_refused_by_name_without_being_read(tmp_path, monke
     assert seen == []
 
 
+@pytest.mark.slow  # writes a large member and traces the memory a read takes
 def test_a_known_member_of_a_layer_not_run_is_not_read(tmp_path, monkeypatch):
     cell, params, inputs = elman_run()
     path = _npz_with(tmp_path, params, {"l1.U": BIG})
@@ -595,6 +596,7 @@ def test_a_known_member_of_a_layer_not_run_is_not_read(tmp_path, monkeypatch):
     assert out.y.shape == (2, 2, 4) and sorted(seen) == ["l0.U", "l0.W", "l0.b"]
 
 
+@pytest.mark.slow  # writes a large member and traces the memory a read takes
 def test_a_needed_member_of_the_wrong_shape_is_refused_before_it_is_read(tmp_path, monkeypatch):
     cell, params, inputs = elman_run()
     del params["l0.b"]
@@ -651,6 +653,7 @@ def test_an_npz_rewritten_in_place_after_it_was_opened(tmp_path):
         arrays["x"]
 
 
+@pytest.mark.slow  # thousands of arrays: a quadratic reader would take minutes, a linear one seconds
 def test_many_arrays_are_read_in_linear_time(tmp_path):
     cell = load_template("lstm")
     params = init_params(cell, MAX_LAYERS, 1, 1)  # 12 arrays a layer, the most a run takes
