@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..graph_model import Cell, CellError, Sizes, atomic_write
+from .kernel_cache import cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -53,9 +54,8 @@ class Choice:
 
 
 def cache_path() -> Path:
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("cellfuse")) / "schedules.json"
+    """schedules.json in cellfuse's cache folder (CELLFUSE_CACHE_DIR where it is set), beside the kernels."""
+    return cache_dir() / "schedules.json"
 
 
 def _key(device: str, cell: Cell, sizes: Sizes) -> str:
@@ -65,12 +65,21 @@ def _key(device: str, cell: Cell, sizes: Sizes) -> str:
 
 
 def _read(path: Path) -> dict[str, dict]:
-    """The cache, or an empty one where the file is missing or not what this module writes."""
+    """The cache, or an empty one where the file is missing or not what this module writes; the log names
+    a file that is there but unusable, since every choice it held is measured again (and it is rewritten)."""
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
+        data = json.loads(path.read_bytes())
+    except FileNotFoundError:
         return {}
-    return data if isinstance(data, dict) else {}
+    except OSError as e:
+        log.warning("cannot read the remembered schedules in %s (%s); measuring again", path, e.strerror or e)
+        return {}
+    except ValueError:  # not JSON, or not UTF-8
+        data = None
+    if not isinstance(data, dict):
+        log.warning("%s is not a JSON object of remembered schedules; measuring again", path)
+        return {}
+    return data
 
 
 def candidates(sizes: Sizes) -> list[str]:

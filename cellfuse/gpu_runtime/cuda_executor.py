@@ -9,7 +9,6 @@ PyCUDA, nvmath and cuda.bindings are imported here only, and only when a GPU run
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -36,6 +35,7 @@ from ..codegen.lowering import (
 from ..codegen.persistent_cuda import persistent_buffers
 from ..codegen.plan import PersistentLaunch, Target
 from ..graph_model import CellError, Forward
+from .kernel_cache import compile_error_lines
 from .tf32_gemms import Shape, TensorCoreGemms, alignment
 from .wgmma_gemms import Operands, WgmmaGemms, usable
 
@@ -108,18 +108,6 @@ def warpgroup_gemms() -> WgmmaGemms | None:
         log.warning("the warpgroup GEMM does not build here, so every GEMM on tensor cores goes through "
                     "cuBLAS: %s", e)
         return None
-
-
-def compile_error_lines(stderr: str, source: str) -> str:
-    """nvcc's errors, each followed by the generated line it points at; nvcc's whole output if it names
-    no line."""
-    lines = source.split("\n")
-    found = []
-    for m in re.finditer(r"\((\d+)\): (?:catastrophic )?error: (.*)", stderr):
-        number = int(m.group(1))
-        text = lines[number - 1].strip() if 0 < number <= len(lines) else "(beyond the end of the source)"
-        found.append(f"line {number}: {m.group(2).strip()}\n    {text}")
-    return "\n".join(found) if found else stderr.strip()
 
 
 def _cu_check(result):

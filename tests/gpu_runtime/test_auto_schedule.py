@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
@@ -64,6 +65,25 @@ def test_a_damaged_cache_is_measured_again_and_rewritten(gpu_here):
     cache.write_text("{not json")
     assert choose_schedule(load_template("lstm"), SIZES, "cuda", measure).schedule == "persistent"
     assert len(calls) == 1 and len(json.loads(cache.read_text())) == 1
+
+
+@pytest.mark.parametrize("damaged", [b"{not json", b"[1, 2]", b"\xff\xfe not UTF-8", b""],
+                         ids=["not JSON", "not an object", "not UTF-8", "empty"])
+def test_a_damaged_cache_is_logged_a_missing_one_is_not(gpu_here, caplog, damaged):
+    cache, _, measure = gpu_here
+    cell = load_template("lstm")
+    with caplog.at_level(logging.WARNING, logger=auto_schedule.__name__):
+        choose_schedule(cell, SIZES, "cuda", measure)
+        assert caplog.records == []
+        cache.write_bytes(damaged)
+        choose_schedule(cell, SIZES, "cuda", measure)
+    assert [str(cache) in r.getMessage() for r in caplog.records] == [True]
+    assert len(json.loads(cache.read_text())) == 1
+
+
+def test_the_cache_goes_where_the_environment_says(monkeypatch, tmp_path):
+    monkeypatch.setenv("CELLFUSE_CACHE_DIR", str(tmp_path))
+    assert auto_schedule.cache_path() == tmp_path / "schedules.json"
 
 
 def test_an_unwritable_cache_still_gives_the_choice(gpu_here, monkeypatch, tmp_path):

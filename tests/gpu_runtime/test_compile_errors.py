@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cellfuse.gpu_runtime.cuda_executor import compile_error_lines
+from cellfuse.gpu_runtime.kernel_cache import compile_error_lines
 
 
 def test_a_compile_error_quotes_the_generated_line():

@@ -1,0 +1,215 @@
+"""The cache of compiled kernels: compiled once, read back by later processes without nvcc, and a bad file
+or an unwritable folder never in the way of a run.
+
+The tests marked nvcc compile for real; the others stand a counting fake in for nvcc, since what they
+check (the files, the warnings) does not depend on what the cubin holds."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cellfuse.gpu_runtime import kernel_cache
+from cellfuse.gpu_runtime.kernel_cache import cubin, unpack
+from cellfuse.graph_model import CellError
+
+no_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
+as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+needs_permissions = pytest.mark.skipif(as_root, reason="root reads and writes whatever the permissions say")
+
+TINY = 'extern "C" __global__ void k(float* p) { p[0] = 1; }\n'
+ELF = b"\x7fELF"
+
+
+@pytest.fixture(autouse=True)
+def cache(monkeypatch, tmp_path):
+    """A cache folder of the test's own, and nothing remembered in memory before or after the test."""
+    folder = tmp_path / "cache"
+    monkeypatch.setenv("CELLFUSE_CACHE_DIR", str(folder))
+    memories = (kernel_cache.cubin, kernel_cache.nvcc_version)  # before a test puts a fake in their place
+    for memory in memories:
+        memory.cache_clear()
+    yield folder
+    for memory in memories:
+        memory.cache_clear()
+
+
+@pytest.fixture
+def fake_nvcc(monkeypatch):
+    """nvcc replaced by a fake whose cubin names the source; returns the sources it was asked to compile."""
+    compiled = []
+
+    def compile_(source, arch, options):
+        compiled.append(source)
+        return f"cubin of {source} for {arch}".encode()
+
+    monkeypatch.setattr(kernel_cache, "_compile", compile_)
+    monkeypatch.setattr(kernel_cache, "nvcc_version", lambda: "fake nvcc 1.0")
+    return compiled
+
+
+def only_file(cache) -> Path:
+    files = list((cache / "kernels").iterdir())
+    assert len(files) == 1, files
+    return files[0]
+
+
+def no_nvcc_runs(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"nvcc ran: {args}")
+
+    monkeypatch.setattr(kernel_cache.subprocess, "run", refuse)
+
+
+@pytest.mark.nvcc
+@no_nvcc
+def test_a_kernel_compiled_once_is_read_back_without_nvcc(cache, monkeypatch):
+    first = cubin(TINY, "sm_90")
+    assert first.startswith(ELF)
+    assert unpack(only_file(cache).read_bytes()) == (first, None)
+    kernel_cache.cubin.cache_clear()  # as a new process would start (nvcc's version aside)
+    no_nvcc_runs(monkeypatch)
+    assert cubin(TINY, "sm_90") == first
+
+
+@pytest.mark.nvcc
+@no_nvcc
+def test_a_truncated_file_is_compiled_again_and_fixed(cache, caplog):
+    first = cubin(TINY, "sm_90")
+    path = only_file(cache)
+    path.write_bytes(path.read_bytes()[:100])
+    kernel_cache.cubin.cache_clear()
+    with caplog.at_level(logging.WARNING, logger=kernel_cache.__name__):
+        assert cubin(TINY, "sm_90") == first
+    assert [str(path) in r.getMessage() for r in caplog.records] == [True]
+    assert unpack(path.read_bytes()) == (first, None)
+
+
+@pytest.mark.nvcc
+@no_nvcc
+def test_a_compile_error_names_the_generated_line():
+    source = 'extern "C" __global__ void k(float* p) {\n    // the value\n    p[0] = nothing_here;\n}\n'
+    with pytest.raises(CellError) as error:
+        cubin(source, "sm_90")
+    assert str(error.value) == ("nvcc could not compile the generated kernels:\n"
+                                'line 3: identifier "nothing_here" is undefined\n    p[0] = nothing_here;')
+
+
+def test_without_nvcc_the_error_says_where_to_look(monkeypatch):
+    monkeypatch.setenv("PATH", "")
+    with pytest.raises(CellError, match=r"^nvcc could not be run \(.*\); is the CUDA toolkit on the PATH\?$"):
+        cubin(TINY, "sm_90")
+
+
+def _truncated(path):
+    path.write_bytes(path.read_bytes()[:-1])
+
+
+def _garbage(path):
+    path.write_bytes(b"not a cubin at all, " * 10)
+
+
+def _empty(path):
+    path.write_bytes(b"")
+
+
+def _another_cubin(path):
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))
+
+
+def _a_folder(path):
+    path.unlink()
+    path.mkdir()
+
+
+def _unreadable(path):
+    path.chmod(0)
+
+
+@pytest.mark.parametrize("damage", [_truncated, _garbage, _empty, _another_cubin, _a_folder,
+                                    pytest.param(_unreadable, marks=needs_permissions)],
+                         ids=lambda f: f.__name__.strip("_"))
+def test_a_damaged_file_is_logged_compiled_again_and_replaced(cache, fake_nvcc, caplog, damage):
+    first = cubin("k", "sm_90")
+    path = only_file(cache)
+    damage(path)
+    kernel_cache.cubin.cache_clear()
+    with caplog.at_level(logging.WARNING, logger=kernel_cache.__name__):
+        assert cubin("k", "sm_90") == first
+    assert [str(path) in r.getMessage() for r in caplog.records] == [True]
+    assert fake_nvcc == ["k", "k"]
+    assert unpack(path.read_bytes()) == (first, None)
+
+
+@needs_permissions
+def test_an_unwritable_folder_still_gives_the_cubin(cache, fake_nvcc, caplog):
+    cache.mkdir()
+    cache.chmod(0o500)
+    try:
+        with caplog.at_level(logging.WARNING, logger=kernel_cache.__name__):
+            assert cubin("k", "sm_90") == b"cubin of k for sm_90"
+    finally:
+        cache.chmod(0o700)
+    assert len(caplog.records) == 1 and str(cache / "kernels") in caplog.records[0].getMessage()
+    assert not (cache / "kernels").exists()
+
+
+def test_a_file_where_the_folder_should_be_still_gives_the_cubin(cache, fake_nvcc, caplog):
+    """The unwritable folder of a test that runs as root too, which permissions do not stop."""
+    cache.write_text("")
+    with caplog.at_level(logging.WARNING, logger=kernel_cache.__name__):
+        assert cubin("k", "sm_90") == b"cubin of k for sm_90"
+    assert len(caplog.records) == 1 and str(cache / "kernels") in caplog.records[0].getMessage()
+
+
+def test_each_arch_options_and_nvcc_have_a_file_of_their_own(cache, fake_nvcc, monkeypatch):
+    cubin("k", "sm_90")
+    cubin("k", "sm_90a")
+    cubin("k", "sm_90", ("-O2",))
+    monkeypatch.setattr(kernel_cache, "nvcc_version", lambda: "fake nvcc 2.0")
+    kernel_cache.cubin.cache_clear()
+    cubin("k", "sm_90")
+    assert len(list((cache / "kernels").iterdir())) == 4 and len(fake_nvcc) == 4
+
+
+def test_a_process_remembers_its_cubins_in_memory(cache, fake_nvcc):
+    first = cubin("k", "sm_90")
+    only_file(cache).unlink()
+    assert cubin("k", "sm_90") == first and fake_nvcc == ["k"]
+
+
+def test_the_cache_folder_is_the_users_unless_the_environment_names_one(cache, monkeypatch):
+    assert kernel_cache.kernels_dir() == cache / "kernels"
+    monkeypatch.delenv("CELLFUSE_CACHE_DIR")
+    import platformdirs
+
+    assert kernel_cache.cache_dir() == Path(platformdirs.user_cache_dir("cellfuse"))
+
+
+COMPILE_IN_A_PROCESS = """
+import sys
+from cellfuse.gpu_runtime.kernel_cache import cubin
+open(sys.argv[1], "wb").write(cubin(sys.argv[2], "sm_90"))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+@no_nvcc
+def test_two_processes_compiling_one_kernel_at_once_both_get_it(cache, tmp_path):
+    outs = [tmp_path / f"out{i}.cubin" for i in range(2)]
+    procs = [subprocess.Popen([sys.executable, "-c", COMPILE_IN_A_PROCESS, str(out), TINY], env=os.environ,
+                              stderr=subprocess.PIPE, text=True) for out in outs]
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0, proc.stderr.read()
+    first, second = (out.read_bytes() for out in outs)
+    assert first.startswith(ELF) and first == second
+    assert unpack(only_file(cache).read_bytes()) == (first, None)
