@@ -9,9 +9,11 @@
 #   backward   the backward Plans on the GPU (every template and schedule, random cells, full sizes,
 #              the CUDA-graph capture)
 #   rest       the benchmark, auto, cuDNN's persistent algorithms, the sru package, cellfuse.nn
+#   nn         cellfuse.nn on the GPU: CellRNN against the reference, in CUDA graphs, torch.compile and
+#              torch.export, out of memory, a faulting kernel, two devices where there are two
 #   random     tests/random_cell_checks.py: 200 random cells forward and backward under every schedule
 #   probes     benchmarks/probes/barrier_probe.cu, tf32x3_gemm_probe.cu and tf32x3_wgmma_probe.cu, built and run
-# (default: the first four, longer than one ten-minute call). Each group writes OUTDIR/<group>.log; everything
+# (default: forward, backward, rest, nn and random, longer than one ten-minute call). Each group writes OUTDIR/<group>.log; everything
 # is packed into OUTDIR.tar.gz at the end, one file to bring back. LIMIT (seconds, default 540) bounds
 # each group.
 # The tests are bound by nvcc's compiles, one at a time: where pytest-xdist imports (its wheel and
@@ -20,7 +22,7 @@
 set -uo pipefail
 out=${1:?usage: run_gpu_checks.sh OUTDIR [GROUP...]}
 shift
-groups=${*:-forward backward rest random}
+groups=${*:-forward backward rest nn random}
 limit=${LIMIT:-540}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
@@ -40,8 +42,9 @@ for group in $groups; do
             command=("${pytest[@]}" tests/gpu_runtime/test_bench.py
                      tests/gpu_runtime/test_bench_train.py tests/gpu_runtime/test_bench_train_lm.py
                      tests/gpu_runtime/test_auto_schedule.py tests/gpu_runtime/test_cudnn_persistent.py
-                     tests/gpu_runtime/test_sru_package.py tests/gpu_runtime/test_random_cell_checks.py
-                     tests/nn/test_cell_rnn_gpu.py) ;;
+                     tests/gpu_runtime/test_sru_package.py tests/gpu_runtime/test_random_cell_checks.py) ;;
+        nn)
+            command=("${pytest[@]}" tests/nn) ;;
         random)
             command=(python3 tests/random_cell_checks.py --count 200 --workers 16 --backend cuda) ;;
         probes)

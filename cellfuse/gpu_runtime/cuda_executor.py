@@ -35,7 +35,7 @@ from ..codegen.lowering import (
 from ..codegen.persistent_cuda import persistent_buffers
 from ..codegen.plan import PersistentLaunch, Target
 from ..graph_model import CellError, Forward
-from .kernel_cache import compile_error_lines
+from .kernel_cache import cubin
 from .tf32_gemms import Shape, TensorCoreGemms, alignment
 from .wgmma_gemms import Operands, WgmmaGemms, usable
 
@@ -81,20 +81,11 @@ def device_description() -> str:
     return f"{dev.name()} (driver CUDA {version // 1000}.{version % 1000 // 10})"
 
 
-@lru_cache(maxsize=64)
 def _compile(source: str, arch: str | None = None) -> bytes:
-    """The cubin of a module, for this GPU (or for `arch`, such as sm_90a's own instructions)."""
-    drv = gpu_modules()[0]
-    from pycuda.compiler import compile as nvcc
-
-    major, minor = drv.Context.get_device().compute_capability()
-    try:
-        return nvcc(source, no_extern_c=True, arch=arch or f"sm_{major}{minor}", options=["-O3"])
-    except drv.CompileError as e:
-        raise CellError("nvcc could not compile the generated kernels:\n"
-                        + compile_error_lines(e.stderr or str(e), source)) from None
-    except OSError as e:
-        raise CellError(f"nvcc could not be run ({e}); is the CUDA toolkit on the PATH?") from None
+    """The cubin of a module, for this GPU (or for `arch`, such as sm_90a's own instructions), from the
+    kernel cache."""
+    major, minor = gpu_modules()[0].Context.get_device().compute_capability()
+    return cubin(source, arch or f"sm_{major}{minor}")
 
 
 @lru_cache(maxsize=1)

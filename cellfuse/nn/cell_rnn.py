@@ -18,6 +18,7 @@ from ..graph_model import (
     CellError,
     NpzArrays,
     Sizes,
+    cell_to_text,
     check_params,
     check_sizes,
     init_params,
@@ -33,10 +34,10 @@ from ..graph_model import (
 from ..graph_model.limits import MAX_LAYERS, MAX_WIDTH
 from ..graph_model.params import check_names
 from ..graph_model.validate import check_count
-from .cell_function import CellFunction
-from .runners import DTYPES, Runner, dtype_names, make_runner
+from . import ops
+from .runners import DTYPES, dtype_names
 
-MAX_RUNNERS = 4  # sizes, dtypes and devices whose plans and executors a module keeps at once
+MAX_SEEN = 4  # the sizes, dtypes and devices whose rungs `schedules_run` reports
 
 
 def resolve_cell(cell: Cell | str | os.PathLike[str]) -> Cell:
@@ -120,7 +121,8 @@ class CellRNN(torch.nn.Module):
         self._names = {key: _param_name(key) for key in params}
         for key, value in params.items():
             self.register_parameter(self._names[key], torch.nn.Parameter(torch.from_numpy(value)))
-        self._runners: OrderedDict[tuple, Runner] = OrderedDict()
+        self._cell_text = cell_to_text(self.cell)  # how the custom ops name the cell
+        self._seen: OrderedDict[tuple, None] = OrderedDict()  # (T, B, device) of the recent forward calls
 
     def extra_repr(self) -> str:
         return (f"cell={self.cell.name!r}, input_size={self.input_size}, hidden_size={self.hidden_size}, "
@@ -129,7 +131,8 @@ class CellRNN(torch.nn.Module):
     @property
     def schedules_run(self) -> list[str]:
         """The rungs the module's recent forward passes ran (`auto` resolved), one per size seen."""
-        return [runner.schedule for runner in self._runners.values()]
+        return [ops.plans(self._cell_text, *shape, self.hidden_size, self.num_layers, self.schedule,
+                          device).schedule for shape, device in self._seen]
 
     # -- parameters ----------------------------------------------------------------------------------
     @property
@@ -175,11 +178,21 @@ class CellRNN(torch.nn.Module):
         """x [T, B, input_size]; states maps state ids (any of them, or none: zeros) to initial values
         [num_layers, B, hidden_size]. Returns y [T, B, hidden_size], the last layer's output at every step,
         and the final value of every state, [num_layers, B, hidden_size] each."""
+        if torch.onnx.is_in_onnx_export():
+            raise CellError("a CellRNN cannot be exported to ONNX: its forward pass is the custom op "
+                            "cellfuse::rnn, which ONNX has no operator for (torch.export.export keeps it)")
         initial = self._check(x, states)
         params = [self.param(key) for key in self.keys]
-        runner = self._runner(x.shape[0], x.shape[1], x.dtype, x.device)
-        y, *finals = CellFunction.apply(runner, x, *initial, *params)
-        return y, dict(zip(self.state_ids, finals, strict=True))
+        # the steps are saved only where a backward pass may follow
+        save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *initial, *params))
+        out = torch.ops.cellfuse.rnn(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
+                                     self.schedule, save)
+        if not torch.compiler.is_compiling():
+            self._seen[(tuple(x.shape), x.device)] = None
+            self._seen.move_to_end((tuple(x.shape), x.device))
+            if len(self._seen) > MAX_SEEN:
+                self._seen.popitem(last=False)
+        return out[0], dict(zip(self.state_ids, out[1:1 + len(self.state_ids)], strict=True))
 
     def _check(self, x: object, states: object) -> list[torch.Tensor]:
         """The initial states in the order of `state_ids` (zeros where not given), after checking every
@@ -223,21 +236,8 @@ class CellRNN(torch.nn.Module):
         return [states[s] if s in states else torch.zeros(want, dtype=dtype, device=device)
                 for s in self.state_ids]
 
-    def _runner(self, seq: int, batch: int, dtype: torch.dtype, device: torch.device) -> Runner:
-        key = (seq, batch, dtype, device)
-        if key in self._runners:
-            self._runners.move_to_end(key)
-            return self._runners[key]
-        sizes = Sizes(seq=seq, batch=batch, input=self.input_size, hidden=self.hidden_size,
-                      layers=self.num_layers)
-        runner = make_runner(self.cell, sizes, self.schedule, dtype, device)
-        self._runners[key] = runner
-        if len(self._runners) > MAX_RUNNERS:
-            self._runners.popitem(last=False)  # a backward pass that still needs it holds it
-        return runner
-
     def __getstate__(self) -> dict:
-        # Executors hold buffers and device handles: a copy or a pickle of the module makes its own.
         state = self.__dict__.copy()
-        state["_runners"] = OrderedDict()
+        state["_seen"] = OrderedDict()
         return state
+

@@ -1,28 +1,29 @@
-"""A CellRNN's plans and executors for one set of sizes, dtype and device: made once, run every step.
+"""A CellRNN's plans for one set of sizes, dtype and device, and the runner that executes them: made once,
+run by every call of the module's custom ops (see ops).
 
-A runner holds a forward Plan made with `save_steps` and its backward Plan, an executor of each, and
-torch's views of their buffers (see tensor_layout). One forward run's saved steps live in the buffers
-until the next forward run overwrites them; `runs` counts the forward runs, so that a backward pass can
-tell whether the buffers still hold its own forward run (see cell_function).
+A runner's `forward` takes the module's tensors and returns new ones: y, the final states and, where the
+steps are saved for a backward pass, a `reserve` (a uint8 tensor, as cuDNN's reserve space) that holds
+them; `backward` takes the reserve back. So any number of forward calls can wait for their backward
+passes, and autograd holds what each one needs.
 
-On the CPU the numpy executor runs the plans, in float32 or float64. On a CUDA device CellFuse's CUDA
-executor runs them, float32, on its own non-blocking streams, ordered after and before the work on
-torch's current stream by events; the tensors are copied into and out of its device buffers by torch on
-the device, never through the host.
+On the CPU the numpy executor runs the plans, in float32 or float64, in its own buffers: the reserve is
+a copy of them. On a CUDA device, see cuda_runner: the kernels compute in torch's tensors, on torch's
+current stream.
 """
 
 from __future__ import annotations
 
 import logging
-import weakref
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..codegen import make_plan
-from ..codegen.plan import Plan
+from ..codegen.backward_plan import BackwardPlan, backward_plan
+from ..codegen.plan import Plan, Target
 from ..gpu_runtime.auto_schedule import AUTO, choose_schedule
 from ..graph_model import Cell, CellError, Sizes
 from .tensor_layout import TensorLayout
@@ -39,155 +40,130 @@ def dtype_names(device_type: str) -> str:
     return " or ".join(str(d) for d in DTYPES[device_type])
 
 
+@dataclass(frozen=True)
+class Plans:
+    """The plans of one set of sizes on one kind of device: `forward` runs without a backward pass to
+    follow (the rung `cellfuse bench` times), `train` saves its steps for `backward`."""
+
+    forward: Plan
+    train: Plan
+    backward: BackwardPlan
+
+    @property
+    def schedule(self) -> str:
+        return self.forward.schedule
+
+
+def device_target(device: torch.device) -> Target:
+    """A GPU's numbers for a persistent plan."""
+    props = torch.cuda.get_device_properties(device)
+    return Target(props.multi_processor_count, props.shared_memory_per_block_optin)
+
+
+def make_plans(cell: Cell, sizes: Sizes, schedule: str, device: torch.device) -> Plans:
+    """The plans of `schedule` (or of the rung `auto` stands for here) at these sizes on the device."""
+    if device.type == "cpu":
+        if schedule == AUTO:
+            schedule = choose_schedule(cell, sizes, "numpy").schedule
+        # the numpy executor runs the plan that saves its steps, with a backward pass to follow or not
+        train = make_plan(cell, sizes, schedule, save_steps=True)
+        return Plans(train, train, backward_plan(train))
+    target = device_target(device)
+    if schedule == AUTO:
+        choice = choose_schedule(cell, sizes, "cuda")
+        log.info("%s", choice.why)
+        schedule = choice.schedule
+    forward = make_plan(cell, sizes, schedule, target, save_steps=False)
+    try:
+        train = make_plan(cell, sizes, schedule, target, save_steps=True)
+    except CellError as e:
+        if schedule == GRAPH:
+            raise
+        # The rung measured fastest forward may not fit on chip with its steps saved for the backward pass.
+        log.info("'%s' cannot run with its steps saved (%s); training runs '%s'", schedule, e, GRAPH)
+        train = make_plan(cell, sizes, GRAPH, target, save_steps=True)
+    return Plans(forward, train, backward_plan(train))
+
+
 class Runner(ABC):
-    """The forward and backward runs of one plan on buffers that torch sees through `layout`."""
+    """The forward and backward runs of one set of plans."""
 
-    layout: TensorLayout
-
-    def __init__(self, schedule: str):
-        self.schedule = schedule  # the rung that runs, `auto` resolved
-        self.runs = 0
-
-    def forward(self, x: torch.Tensor, states: Sequence[torch.Tensor],
-                params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        self.layout.load(x, states, params)
-        self._forward()
-        self.runs += 1
-        return self.layout.outputs()
-
-    def backward(self, dy: torch.Tensor, dfinals: Sequence[torch.Tensor]
-                 ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """The gradients for the seeds, of the last forward run."""
-        self.layout.seed(dy, dfinals)
-        self._backward()
-        return self.layout.gradients()
+    def __init__(self, plans: Plans):
+        self.plans = plans
+        self.schedule = plans.schedule
+        self.layout = TensorLayout(plans.train, plans.backward)
 
     @abstractmethod
-    def _forward(self) -> None:
-        """Runs the forward program on the buffers as they are."""
+    def forward(self, x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
+                save: bool) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+        """y [T, B, hidden], the final states [L, B, hidden] (in the order of `layout.state_ids`) and the
+        reserve: the saved steps where `save`, else empty."""
 
     @abstractmethod
-    def _backward(self) -> None:
-        """Runs the backward program on the buffers as they are."""
+    def backward(self, dy: torch.Tensor, dfinals: Sequence[torch.Tensor], x: torch.Tensor,
+                 states: Sequence[torch.Tensor], params: Sequence[torch.Tensor], y: torch.Tensor,
+                 reserve: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """The gradients of x, of the initial states and of the parameters, for the seeds dy and dfinals,
+        of the forward run that returned y and the reserve."""
+
+
+def reserve_bytes(plans: Plans, device_type: str, dtype: torch.dtype) -> int:
+    """The bytes of a forward run's reserve, known before it runs (for torch.compile's fake tensors)."""
+    if device_type == "cpu":
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return itemsize * sum(plans.train.buffer_elements(name) for name in plans.train.buffers)
+    from .cuda_runner import Memory
+
+    return Memory(plans.train, plans.backward).reserve_bytes
 
 
 class NumpyRunner(Runner):
-    def __init__(self, plan: Plan, dtype: torch.dtype):
+    """The numpy executor in its own buffers; a reserve is a copy of all of them."""
+
+    def __init__(self, plans: Plans, dtype: torch.dtype):
         from ..codegen.lowering import execution_order
         from ..gpu_runtime.numpy_backward import NumpyBackward
         from ..gpu_runtime.numpy_executor import NumpyExecutor
 
-        super().__init__(plan.schedule)
+        super().__init__(plans)
+        plan = plans.train
         np_dtype = np.float64 if dtype == torch.float64 else np.float32
-        # The weights are copied from the parameters before every run; zeros until then.
-        self.executor = NumpyExecutor(plan, _zeros(plan), np_dtype)
+        zeros = {key: np.zeros(shape, np.float32) for key, shape in plan.params.items()}
+        self.executor = NumpyExecutor(plan, zeros, np_dtype)
         self.backward_pass = NumpyBackward(self.executor)  # its gradient buffers join the executor's
         self.order = list(execution_order(self.executor.program, self.executor.prefer))
-        views = {name: torch.from_numpy(arr) for name, arr in self.executor.buf.items()}
-        self.layout = TensorLayout(plan, self.backward_pass.plan, views)
+        self.views = {name: torch.from_numpy(arr) for name, arr in self.executor.buf.items()}
+        self.saved = list(plan.buffers)  # the forward buffers, in the order a reserve holds them
 
-    def _forward(self) -> None:
+    def forward(self, x, states, params, save):
+        views, plan = self.views, self.plans.train
+        views["x"].copy_(x.reshape(-1))
+        for state, value in zip(plan.state_ids, states, strict=True):
+            views[f"init.{state}"].copy_(value.reshape(-1))
+        self.layout.pack(views, params)
         for instr in self.order:
             self.executor.execute(instr)
+        s = plan.sizes
+        T, B, H, L = s.seq, s.batch, s.hidden, s.layers
+        y = views[plan.layers[-1].output_seq][B * H:].view(T, B, H).clone()
+        finals = [views[f"final.{state}"].view(L, B, H).clone() for state in plan.state_ids]
+        reserve = (torch.cat([views[name] for name in self.saved]).view(torch.uint8) if save
+                   else torch.empty(0, dtype=torch.uint8))
+        return y, finals, reserve
 
-    def _backward(self) -> None:
+    def backward(self, dy, dfinals, x, states, params, y, reserve):
+        views = self.views
+        at = 0
+        saved = reserve.view(views["x"].dtype)
+        for name in self.saved:  # the forward run's buffers back, then the gradients' start values
+            n = views[name].numel()
+            views[name].copy_(saved[at:at + n])
+            at += n
+        backward = self.plans.backward
+        for name in backward.buffers:
+            views[name].fill_(backward.start_value(name))
+        self.layout.seed(views, dy, dfinals)
         for instr in self.backward_pass.instructions:
             self.executor.execute(instr)
-
-
-class _DeviceSpan:
-    """Float32 device memory that the CUDA executor allocated, described by the CUDA array interface, so
-    that torch.as_tensor sees it as a tensor without a copy. No stream: the runner orders the work."""
-
-    def __init__(self, address: int, elements: int):
-        self.__cuda_array_interface__ = {"shape": (elements,), "typestr": "<f4", "data": (address, False),
-                                         "strides": None, "stream": None, "version": 3}
-
-
-class CudaRunner(Runner):
-    """The CUDA executor's forward and backward runs, each between two waits: the executor's stream waits
-    for what torch's current stream has queued (the tensors copied in), and torch's current stream waits
-    for the executor's (before the results are copied out). Every launch of the executor's program joins
-    its main stream before the program ends, so waiting for that one stream is waiting for all of them.
-
-    The inputs, parameters and results cross between torch's tensors and the executor's buffers as
-    copies on the device; the executor computing in the tensors' own memory would save them."""
-
-    def __init__(self, plan: Plan, device: torch.device):
-        from ..gpu_runtime.cuda_backward import CudaBackward
-        from ..gpu_runtime.cuda_executor import CudaExecutor
-
-        super().__init__(plan.schedule)
-        self.device = device
-        self.executor = CudaExecutor(plan, _zeros(plan))
-        try:
-            self.backward_pass = CudaBackward(self.executor)
-        except BaseException:
-            self.executor.close()
-            raise
-        # Closed when the runner is dropped from the module's cache and no backward pass holds it any more.
-        weakref.finalize(self, _close, self.executor, self.backward_pass).atexit = False
-        elements = {name: plan.buffer_elements(name) for name in plan.buffers}
-        elements.update({name: self.backward_pass.plan.buffer_elements(name)
-                         for name in self.backward_pass.plan.buffers})
-        views = {name: torch.as_tensor(_DeviceSpan(self.executor.addr[name], n), device=device)
-                 for name, n in elements.items()}
-        self.layout = TensorLayout(plan, self.backward_pass.plan, views)
-        self.stream = torch.cuda.ExternalStream(self.executor.stream.handle, device=device)
-
-    def _on_executor_stream(self, enqueue: Callable[[], None]) -> None:
-        current = torch.cuda.current_stream(self.device)
-        self.stream.wait_stream(current)
-        enqueue()
-        current.wait_stream(self.stream)
-
-    def _forward(self) -> None:
-        executor = self.executor
-        if executor.plan.cuda_graph and executor.graph_exec is None:
-            executor.capture_graph()  # captured, not run: the replay below runs it
-
-        def run() -> None:
-            executor.weights_changed()  # the parameters were just copied into its weights' buffers
-            executor.forward()
-        self._on_executor_stream(run)
-
-    def _backward(self) -> None:
-        if self.executor.plan.cuda_graph and self.backward_pass.graph_exec is None:
-            self.backward_pass.capture_graph()  # captured, not run: the replay below runs it
-        self._on_executor_stream(self.backward_pass.enqueue)
-
-
-def _close(executor, backward) -> None:
-    backward.close()
-    executor.close()
-
-
-def _zeros(plan: Plan) -> dict[str, np.ndarray]:
-    return {key: np.zeros(shape, np.float32) for key, shape in plan.params.items()}
-
-
-def make_runner(cell: Cell, sizes: Sizes, schedule: str, dtype: torch.dtype, device: torch.device) -> Runner:
-    """The runner of `schedule` (or of the rung `auto` stands for here) at these sizes, dtype and device."""
-    if device.type == "cpu":
-        if schedule == AUTO:
-            schedule = choose_schedule(cell, sizes, "numpy").schedule
-        return NumpyRunner(make_plan(cell, sizes, schedule, save_steps=True), dtype)
-    from ..gpu_runtime.cuda_executor import device_target, gpu_modules
-
-    drv = gpu_modules()[0]  # or GpuUnavailable, saying what is missing
-    if drv.Context.get_device() != drv.Device(device.index):
-        raise CellError(f"the tensors are on {device}, but CellFuse's CUDA executor runs on the device of "
-                        f"PyCUDA's context, {drv.Context.get_device().name()}: set CUDA_DEVICE to the "
-                        "tensors' device index before the process first uses the GPU through CellFuse")
-    if schedule != AUTO:
-        return CudaRunner(make_plan(cell, sizes, schedule, device_target(), save_steps=True), device)
-    choice = choose_schedule(cell, sizes, "cuda")
-    log.info("%s", choice.why)
-    try:
-        return CudaRunner(make_plan(cell, sizes, choice.schedule, device_target(), save_steps=True), device)
-    except CellError as e:
-        if choice.schedule == GRAPH:
-            raise
-        # The rung measured fastest forward may not fit on chip with its steps saved for the backward pass.
-        log.info("auto: '%s' cannot run with its steps saved (%s); running '%s'", choice.schedule, e, GRAPH)
-        return CudaRunner(make_plan(cell, sizes, GRAPH, device_target(), save_steps=True), device)
+        dx, dinitial, dparams = self.layout.gradients(views)
+        return dx.clone(), dinitial, dparams

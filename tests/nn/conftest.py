@@ -15,5 +15,5 @@ def cuda():
         pytest.skip(str(e))
     if not torch.cuda.is_available():
         pytest.skip("this torch has no CUDA")
-    device = drv.Context.get_device()
+    device = drv.Context.get_device()  # where `auto` measures the rungs
     return next(torch.device("cuda", i) for i in range(drv.Device.count()) if drv.Device(i) == device)

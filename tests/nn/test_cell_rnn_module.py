@@ -162,22 +162,57 @@ def test_an_unknown_key():
 
 
 # -- the plans it keeps ----------------------------------------------------------------------------
-def test_plans_are_made_once_per_sizes_dtype_and_device():
+def test_plans_are_made_once_per_cell_sizes_dtype_and_device():
+    from cellfuse.nn import ops
+
     rnn = small()
-    first = rnn._runner(5, 2, torch.float32, torch.device("cpu"))
-    assert rnn._runner(5, 2, torch.float32, torch.device("cpu")) is first
-    assert rnn._runner(5, 2, torch.float64, torch.device("cpu")) is not first
-    assert rnn._runner(6, 2, torch.float32, torch.device("cpu")) is not first
+
+    def runner(T, dtype):
+        return ops.runner(rnn._cell_text, torch.zeros(T, 2, 4, dtype=dtype), 3, 2, "auto")
+    first = runner(5, torch.float32)
+    assert runner(5, torch.float32) is first
+    assert runner(5, torch.float64) is not first
+    assert runner(6, torch.float32) is not first
     assert first.schedule == "graph"  # auto on the CPU
 
 
-def test_a_copy_and_a_pickle_make_their_own_plans():
+def test_a_copy_and_a_pickle_compute_what_the_module_does():
     rnn = small()
     x = torch.randn(5, 2, 4)
     y, _ = rnn(x)
     for other in (copy.deepcopy(rnn), pickle.loads(pickle.dumps(rnn))):
-        assert not other._runners
         torch.testing.assert_close(other(x)[0], y, rtol=0, atol=0)
+
+
+def test_many_forward_passes_wait_for_their_backward_passes_each_with_its_own_steps():
+    rnn = small().double()
+    xs = [torch.randn(5, 2, 4, dtype=torch.float64, requires_grad=True) for _ in range(6)]
+    separate = [torch.autograd.grad(rnn(x)[0].square().sum(), x)[0] for x in xs]
+    outs = [rnn(x)[0] for x in xs]  # six forward passes, then their backward passes in another order
+    for i in (3, 0, 5, 1, 4, 2):
+        torch.testing.assert_close(torch.autograd.grad(outs[i].square().sum(), xs[i])[0], separate[i])
+
+
+def test_without_gradients_no_steps_are_saved():
+    rnn = small()
+    x = torch.randn(5, 2, 4)
+    params = [rnn.param(k) for k in rnn.keys]
+    zeros = [torch.zeros(2, 2, 3)] * 2
+    with torch.no_grad():
+        y, *_, reserve = torch.ops.cellfuse.rnn(x, zeros, params, rnn._cell_text, 3, 2, "auto", False)
+    assert reserve.numel() == 0
+    y2, *_, reserve = torch.ops.cellfuse.rnn(x, zeros, params, rnn._cell_text, 3, 2, "auto", True)
+    assert reserve.numel() > 0
+    torch.testing.assert_close(y, y2, rtol=0, atol=0)
+    with torch.no_grad():
+        y, _ = rnn(x)
+    assert y.grad_fn is None
+
+
+def test_a_non_contiguous_input_gives_what_its_copy_does():
+    rnn = small()
+    x = torch.randn(2, 5, 4).transpose(0, 1)
+    torch.testing.assert_close(rnn(x)[0], rnn(x.contiguous())[0], rtol=0, atol=0)
 
 
 # -- inputs it cannot run --------------------------------------------------------------------------
@@ -248,7 +283,6 @@ def test_sizes_beyond_the_limits_are_refused_before_anything_is_made():
     x = torch.zeros(1, 1, 1).expand(2**24, 2**11, 1)  # no memory behind it
     with pytest.raises(CellError, match="make 68719476736 activations .* above the limit"):
         rnn(x)
-    assert not rnn._runners
 
 
 def test_the_schedules_run_say_what_auto_resolved_to():

@@ -1,0 +1,216 @@
+"""A CellRNN's plans run on a CUDA device in torch's own tensors, on torch's current stream.
+
+Every call takes its memory from torch's caching allocator: y (with the initial state's row before it,
+as the plan's output sequence has it) and each final state are tensors of their own; everything else a
+forward run writes is one uint8 tensor, the `reserve`, which a training forward returns for autograd to
+keep until the backward pass, and an inference forward drops when it returns (the allocator reuses it
+once the stream has passed the run). The kernels read x and the initial states where they are. The
+parameters are packed into the weight buffers the kernels read (stacked along N where GEMMs share an
+operand) only when they change: their version counters and addresses tell, so a forward pass of unchanged
+weights copies nothing; under a CUDA graph capture they are always packed, so that a replay reads the
+parameters as they are then.
+
+No call synchronises with the host. Making a runner's programs compiles (or finds in the kernel cache),
+loads and measures, so the first call at a size must come before any CUDA graph capture of it, as torch
+asks of any warm-up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from ..codegen import kernel_set
+from ..codegen.backward_plan import BackwardPlan
+from ..codegen.lowering import lower
+from ..codegen.plan import Plan
+from ..graph_model import CellError
+from .runners import Plans, Runner
+from .tensor_layout import WEIGHT_ROLES
+
+ALIGNMENT = 256  # bytes: where each buffer starts in a piece of memory (cuBLAS's fastest kernels want it)
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-nbytes // ALIGNMENT) * ALIGNMENT
+
+
+def _in_place(t: torch.Tensor) -> torch.Tensor:
+    """The tensor where the kernels can read it: contiguous, at a 16-byte address (their widest loads);
+    copied only where it is not."""
+    if not t.is_contiguous() or t.data_ptr() % 16:
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+class Memory:
+    """Where each buffer of a training forward plan and its backward plan lives: in the caller's tensors
+    (x, the initial states, y's sequence, the final states), in the packed weights, in the reserve, or in
+    a backward run's gradient memory. Scratch for GEMMs on tensor cores comes after the reserve's buffers
+    (and the gradients'), sized for the copies route, the larger of the two."""
+
+    def __init__(self, plan: Plan, backward: BackwardPlan | None, scratch: dict[str, int] | None = None,
+                 backward_scratch: dict[str, int] | None = None):
+        from ..gpu_runtime.cuda_executor import split_elements
+
+        self.output = plan.layers[-1].output_seq
+        external = {"x", self.output, *(f"{e}.{s}" for s in plan.state_ids for e in ("init", "final"))}
+        weights = [name for name, b in plan.buffers.items() if b.role in WEIGHT_ROLES]
+        own = [name for name in plan.buffers if name not in external and name not in weights]
+        program = lower(plan)
+        splits = split_elements(program.instructions, program.streams)
+        scratch = scratch or {f"split:{s}": 4 * n for s, n in enumerate(splits) if n}
+        self.reserve, self.reserve_bytes = _layout([(n, plan.buffers[n].nbytes(plan.sizes)) for n in own]
+                                                   + list(scratch.items()))
+        self.weights, self.weight_bytes = _layout([(n, plan.buffers[n].nbytes(plan.sizes)) for n in weights])
+        if backward is not None:
+            instructions = backward.instructions()
+            splits = split_elements(instructions, 1 + max((getattr(i, "stream", 0) for i in instructions),
+                                                          default=0))
+            scratch = backward_scratch or {f"split:{s}": 4 * n for s, n in enumerate(splits) if n}
+            grads = [(n, b.nbytes(plan.sizes)) for n, b in backward.buffers.items()]
+            self.grads, self.grad_bytes = _layout(grads + list(scratch.items()))
+
+
+def _layout(sizes: list[tuple[str, int]]) -> tuple[dict[str, int], int]:
+    offsets, end = {}, 0
+    for name, nbytes in sizes:
+        offsets[name] = end
+        end += _aligned(nbytes)
+    return offsets, end
+
+
+class CudaRunner(Runner):
+    """The plans' programs on one CUDA device, made at the first call that needs each."""
+
+    def __init__(self, plans: Plans, device: torch.device):
+        super().__init__(plans)
+        self.device = device
+        self.index = device.index if device.index is not None else torch.cuda.current_device()
+        self._programs: dict[str, object] = {}
+        self.memory = Memory(plans.train, plans.backward)
+        self.infer_memory = Memory(plans.forward, None)
+        self.packed: torch.Tensor | None = None  # the weight buffers, then W's images
+        self._packed_for: tuple | None = None  # the parameters' addresses and versions packed last
+        self._images: dict[str, int] = {}
+
+    # -- programs -------------------------------------------------------------------------------------
+    def _program(self, which: str):
+        """The forward (`forward`, `train`) or `backward` program, made at its first use."""
+        if which not in self._programs:
+            from ..gpu_runtime.stream_program import StreamProgram
+
+            major, minor = torch.cuda.get_device_capability(self.index)
+            props = torch.cuda.get_device_properties(self.index)
+            if which == "backward":
+                plan, instructions = self.plans.train, self.plans.backward.instructions()
+                kernels = kernel_set.backward_kernels(self.plans.backward)
+            else:
+                plan = self.plans.forward if which == "forward" else self.plans.train
+                instructions, kernels = lower(plan).instructions, kernel_set.plan_kernels(plan)
+            program = StreamProgram(plan, instructions, kernels, f"sm_{major}{minor}", (major, minor),
+                                    props.multi_processor_count, f"{plan.cell_name}'s {which} kernels")
+            self._programs[which] = program
+            self._check_scratch(which, program)
+            if program.images:
+                self._images.update(program.images)
+                self.packed, self._packed_for = None, None  # room for the images: packed again
+        return self._programs[which]
+
+    def _check_scratch(self, which: str, program) -> None:
+        memory = self.infer_memory if which == "forward" else self.memory
+        have = memory.grads if which == "backward" else memory.reserve
+        for name, nbytes in program.scratch.items():
+            if name not in have:
+                raise CellError(f"{program.what}: scratch {name!r} of {nbytes} bytes has no room")
+
+    def _weights(self, params: Sequence[torch.Tensor], stream: int) -> dict[str, int]:
+        """The addresses of the packed weights and images, packed again where the parameters changed (or
+        a CUDA graph is being captured)."""
+        capturing = torch.cuda.is_current_stream_capturing()
+        key = tuple((p.data_ptr(), p._version) for p in params)
+        if self.packed is None:
+            images, end = _layout(list(self._images.items()))
+            self.packed = torch.empty(self.memory.weight_bytes + end, dtype=torch.uint8, device=self.device)
+            self._image_at = {name: self.memory.weight_bytes + at for name, at in images.items()}
+        base = self.packed.data_ptr()
+        addresses = {name: base + at for name, at in self.memory.weights.items()}
+        addresses.update({name: base + at for name, at in self._image_at.items()})
+        if key != self._packed_for or capturing:
+            views = {name: self._view(self.packed, at, name, self.plans.train)
+                     for name, at in self.memory.weights.items()}
+            self.layout.pack(views, params)
+            for program in self._programs.values():
+                program.weights_changed(addresses, stream)
+            self._packed_for = None if capturing else key
+        return addresses
+
+    @staticmethod
+    def _view(memory: torch.Tensor, at: int, name: str, plan: Plan) -> torch.Tensor:
+        b = plan.buffers[name]
+        return memory[at:at + b.nbytes(plan.sizes)].view(torch.float32)
+
+    # -- runs -----------------------------------------------------------------------------------------
+    def forward(self, x, states, params, save):
+        x, states = _in_place(x), [_in_place(s) for s in states]
+        which = "train" if save else "forward"
+        program = self._program(which)
+        plan = self.plans.train if save else self.plans.forward
+        memory = self.memory if save else self.infer_memory
+        stream = torch._C._cuda_getCurrentRawStream(self.index)
+        addresses = self._weights(params, stream)
+        s = plan.sizes
+        T, B, H, L = s.seq, s.batch, s.hidden, s.layers
+        out = torch.empty((T + 1, B, H), dtype=x.dtype, device=x.device)
+        finals = [torch.empty((L, B, H), dtype=x.dtype, device=x.device) for _ in states]
+        reserve = torch.empty(memory.reserve_bytes, dtype=torch.uint8, device=x.device)
+        base = reserve.data_ptr()
+        addresses.update({name: base + at for name, at in memory.reserve.items()})
+        addresses["x"] = x.data_ptr()
+        addresses[memory.output] = out.data_ptr()
+        for state, initial, final in zip(plan.state_ids, states, finals, strict=True):
+            addresses[f"init.{state}"] = initial.data_ptr()
+            addresses[f"final.{state}"] = final.data_ptr()
+        program.run(addresses, stream)
+        return out[1:], finals, reserve if save else reserve[:0]
+
+    def backward(self, dy, dfinals, x, states, params, y, reserve):
+        x, states = _in_place(x), [_in_place(s) for s in states]
+        plan, backward, memory = self.plans.train, self.plans.backward, self.memory
+        program = self._program("backward")
+        s = plan.sizes
+        row = s.batch * s.hidden * y.element_size()
+        if y.storage_offset() * y.element_size() < row or reserve.numel() != memory.reserve_bytes:
+            raise CellError("the backward pass was given a y or saved steps that its forward run did not "
+                            "make")
+        stream = torch._C._cuda_getCurrentRawStream(self.index)
+        addresses = self._weights(params, stream)
+        grads = torch.zeros(memory.grad_bytes, dtype=torch.uint8, device=x.device)
+        views = {name: self._grad_view(grads, at, name) for name, at in memory.grads.items()
+                 if name in backward.buffers}
+        for name in backward.buffers:
+            if backward.start_value(name) == 1.0:
+                views[name].fill_(1.0)
+        self.layout.seed(views, dy.contiguous(), [d.contiguous() for d in dfinals])
+        base, gbase = reserve.data_ptr(), grads.data_ptr()
+        addresses.update({name: base + at for name, at in memory.reserve.items()
+                          if name not in memory.grads})  # the backward run's own scratch
+        addresses.update({name: gbase + at for name, at in memory.grads.items()})
+        addresses["x"] = x.data_ptr()
+        addresses[memory.output] = y.data_ptr() - row
+        for state, initial in zip(plan.state_ids, states, strict=True):
+            addresses[f"init.{state}"] = initial.data_ptr()
+        program.run(addresses, stream)
+        dx, dinitial, dparams = self.layout.gradients(views)
+        return dx, dinitial, dparams
+
+    def _grad_view(self, grads: torch.Tensor, at: int, name: str) -> torch.Tensor:
+        b = self.plans.backward.buffers[name]
+        return grads[at:at + b.nbytes(self.plans.train.sizes)].view(torch.float32)
+
+    def close(self) -> None:
+        for program in self._programs.values():
+            program.close()
+        self._programs.clear()
+

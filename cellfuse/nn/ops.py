@@ -1,0 +1,153 @@
+"""CellRNN's forward and backward passes as PyTorch custom operators, `cellfuse::rnn` and
+`cellfuse::rnn_backward`, so that torch.compile and torch.export see them as single ops (with
+fake-tensor implementations that give their outputs' shapes) and autograd joins them through
+`register_autograd`.
+
+An op names its cell by the cell's text (the .cell.json format) and its sizes and schedule by value, so
+an exported program holds everything it needs; the runner of each (cell, sizes, schedule, dtype, device)
+is made at its first call and kept (the last MAX_RUNNERS of them) for the process.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import torch
+
+from ..graph_model import CellError, Sizes, cell_from_text
+from .runners import Plans, Runner, make_plans, reserve_bytes
+
+MAX_RUNNERS = 16  # sizes, dtypes and devices whose plans and programs the process keeps at once
+
+_plans: OrderedDict[tuple, Plans] = OrderedDict()
+_runners: OrderedDict[tuple, Runner] = OrderedDict()
+
+
+def _remember(cache: OrderedDict, key: tuple, make):
+    if key in cache:
+        cache.move_to_end(key)
+        return cache[key]
+    value = cache[key] = make()
+    if len(cache) > MAX_RUNNERS:
+        cache.popitem(last=False)  # a backward pass that still needs it made it again
+    return value
+
+
+def plans(cell: str, seq: int, batch: int, input_size: int, hidden: int, layers: int, schedule: str,
+          device: torch.device) -> Plans:
+    sizes = Sizes(seq=seq, batch=batch, input=input_size, hidden=hidden, layers=layers)
+    key = (cell, sizes, schedule, device.type, device.index)
+    return _remember(_plans, key, lambda: make_plans(cell_from_text(cell), sizes, schedule, device))
+
+
+def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str) -> Runner:
+    """The runner of the op's arguments (made, and its plans with it, at the first call)."""
+    T, B, inputs = x.shape
+    key = (cell, T, B, inputs, hidden, layers, schedule, x.dtype, x.device)
+    if key in _runners:
+        _runners.move_to_end(key)
+        return _runners[key]
+
+    def make() -> Runner:
+        p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device)
+        if x.device.type == "cpu":
+            from .runners import NumpyRunner
+
+            return NumpyRunner(p, x.dtype)
+        from .cuda_runner import CudaRunner
+
+        return CudaRunner(p, x.device)
+    return _remember(_runners, key, make)
+
+
+def _on_device(x: torch.Tensor):
+    """The tensors' device made current, where it is not (the kernels load into its context)."""
+    if x.device.type == "cuda" and x.device.index != torch.cuda.current_device():
+        return torch.cuda.device(x.device)
+    return _NOTHING
+
+
+class _Nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NOTHING = _Nothing()
+
+
+@torch.library.custom_op("cellfuse::rnn", mutates_args=())
+def rnn(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor], cell: str, hidden: int,
+        layers: int, schedule: str, save: bool) -> list[torch.Tensor]:
+    """[y, *final states, reserve]: the forward pass of `layers` of the cell over x [T, B, input] from the
+    initial states (each [layers, B, hidden], in the cell's order of states), the parameters in the
+    order of the .npz keys; the reserve holds the steps for `rnn_backward` where `save`, else is empty."""
+    with _on_device(x):
+        y, finals, reserve = runner(cell, x, hidden, layers, schedule).forward(x, states, params, save)
+    return [y, *finals, reserve]
+
+
+@rnn.register_fake
+def _rnn_fake(x, states, params, cell, hidden, layers, schedule, save):
+    T, B, inputs = (int(n) for n in x.shape)  # a plan is made for sizes, not for symbols
+    p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device)
+    nbytes = reserve_bytes(p, x.device.type, x.dtype) if save else 0
+    return [x.new_empty((T, B, hidden)), *(s.new_empty(s.shape) for s in states),
+            x.new_empty((nbytes,), dtype=torch.uint8)]
+
+
+@torch.library.custom_op("cellfuse::rnn_backward", mutates_args=())
+def rnn_backward(dy: torch.Tensor, dfinals: list[torch.Tensor], x: torch.Tensor, states: list[torch.Tensor],
+                 params: list[torch.Tensor], y: torch.Tensor, reserve: torch.Tensor, cell: str, hidden: int,
+                 layers: int, schedule: str) -> list[torch.Tensor]:
+    """[dx, *d initial states, *d parameters] of the forward pass that returned y and the reserve, for
+    the seeds dy and dfinals."""
+    with _on_device(x):
+        dx, dstates, dparams = runner(cell, x, hidden, layers, schedule).backward(
+            dy, dfinals, x, states, params, y, reserve)
+    return [dx, *dstates, *dparams]
+
+
+@rnn_backward.register_fake
+def _rnn_backward_fake(dy, dfinals, x, states, params, y, reserve, cell, hidden, layers, schedule):
+    return [x.new_empty(x.shape), *(s.new_empty(s.shape) for s in states),
+            *(p.new_empty(p.shape) for p in params)]
+
+
+def _setup_context(ctx, inputs, output) -> None:
+    x, states, params, cell, hidden, layers, schedule, save = inputs
+    ctx.meta = (len(states), len(params), cell, hidden, layers, schedule, save)
+    ctx.save_for_backward(x, *states, *params, output[0], output[-1])
+
+
+def _backward(ctx, grads: Sequence[torch.Tensor | None]):
+    n_states, n_params, cell, hidden, layers, schedule, save = ctx.meta
+    if not save:
+        raise CellError("this CellRNN forward pass ran without saving its steps (gradients were not "
+                        "needed when it ran), so it has no backward pass")
+    x, *rest = ctx.saved_tensors
+    states, params = rest[:n_states], rest[n_states:n_states + n_params]
+    y, reserve = rest[-2], rest[-1]
+    dy = grads[0] if grads[0] is not None else torch.zeros_like(y)
+    dfinals = [g if g is not None else torch.zeros_like(s) for g, s in zip(grads[1:1 + n_states], states,
+                                                                           strict=True)]
+    out = torch.ops.cellfuse.rnn_backward(dy, dfinals, x, list(states), list(params), y, reserve, cell,
+                                          hidden, layers, schedule)
+    dx, dstates, dparams = out[0], out[1:1 + n_states], out[1 + n_states:]
+    return dx, list(dstates), list(dparams), None, None, None, None, None
+
+
+rnn.register_autograd(_backward, setup_context=_setup_context)
+
+
+def close_runners() -> None:
+    """Drops every runner the process keeps (their programs, streams and device memory)."""
+    for r in _runners.values():
+        close = getattr(r, "close", None)
+        if close is not None:
+            close()
+    _runners.clear()
+    _plans.clear()

@@ -1,0 +1,76 @@
+"""CellRNN inside torch.compile and torch.export, on the CPU: its forward and backward passes are the
+custom ops cellfuse::rnn and cellfuse::rnn_backward, so a model holding it compiles with fullgraph=True
+(no graph break) and exports to a program that computes, matching eager on new inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cellfuse.graph_model import CellError
+from cellfuse.nn import CellRNN
+
+
+class LanguageModel(torch.nn.Module):
+    def __init__(self, cell="lstm", layers=1):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 8)
+        self.rnn = CellRNN(cell, 8, 16, layers, seed=5)
+        self.head = torch.nn.Linear(16, 50)
+
+    def forward(self, tokens):
+        y, final = self.rnn(self.embed(tokens))
+        return self.head(y) + final["h"][-1].sum()
+
+
+def _compare(model, compiled, tokens) -> None:
+    torch.testing.assert_close(compiled(tokens), model(tokens))
+    compiled(tokens).square().mean().backward()
+    got = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    model(tokens).square().mean().backward()
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(got[name], p.grad, msg=name)
+    model.zero_grad()
+
+
+@pytest.mark.parametrize("cell, layers", [("lstm", 1), ("gru", 2)])
+def test_compiled_with_fullgraph_matches_eager_forward_and_backward(cell, layers):
+    torch._dynamo.reset()
+    model = LanguageModel(cell, layers)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for seed in range(2):
+        _compare(model, compiled, torch.randint(0, 50, (6, 3), generator=torch.Generator().manual_seed(seed)))
+
+
+@pytest.mark.slow
+def test_compiled_by_inductor_matches_eager():
+    torch._dynamo.reset()
+    model = LanguageModel()
+    _compare(model, torch.compile(model, fullgraph=True), torch.randint(0, 50, (6, 3)))
+
+
+def test_exported_program_computes_on_new_inputs():
+    model = LanguageModel().eval()
+    exported = torch.export.export(model, (torch.randint(0, 50, (6, 3)),))
+    assert any("cellfuse.rnn" in str(node.target) for node in exported.graph.nodes)
+    for seed in range(3):
+        tokens = torch.randint(0, 50, (6, 3), generator=torch.Generator().manual_seed(seed))
+        torch.testing.assert_close(exported.module()(tokens), model(tokens))
+
+
+def test_onnx_export_is_refused_naming_the_op(tmp_path):
+    model = LanguageModel()
+    with pytest.raises(CellError, match="cellfuse::rnn"):
+        torch.onnx.export(model, (torch.randint(0, 50, (6, 3)),), str(tmp_path / "m.onnx"), dynamo=False)
+
+
+def test_a_failure_inside_the_compiled_op_leaves_torchs_random_state_as_it_was():
+    torch._dynamo.reset()
+    model = LanguageModel()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    state = torch.get_rng_state()
+    with pytest.raises(CellError, match="x has shape"):
+        compiled.rnn(torch.zeros(6, 3, 5))  # the wrong input size
+    assert torch.equal(torch.get_rng_state(), state)
+    _compare(model, compiled, torch.randint(0, 50, (6, 3)))

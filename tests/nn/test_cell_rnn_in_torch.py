@@ -1,0 +1,207 @@
+"""CellRNN on a GPU as a part of PyTorch: its kernels compute in torch's tensors on torch's current
+stream, so that a CUDA graph captures them, torch.compile and torch.export see its custom ops, memory
+shows in torch's allocator, and any device of the process runs it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from cellfuse.nn import CellRNN, ops
+
+pytestmark = pytest.mark.gpu
+
+
+def _lstm(cuda, schedule="persistent", layers=1, hidden=64, inputs=32, seed=3):
+    return CellRNN("lstm", inputs, hidden, layers, schedule=schedule, seed=seed).to(cuda)
+
+
+def test_no_grad_saves_no_steps_and_training_keeps_them_in_torchs_memory(cuda):
+    rnn = _lstm(cuda)
+    x = torch.randn(50, 8, 32, device=cuda)
+    with torch.no_grad():
+        zeros = [torch.zeros(1, 8, 64, device=cuda)] * 2
+        out = torch.ops.cellfuse.rnn(x, zeros, [rnn.param(k) for k in rnn.keys], rnn._cell_text, 64, 1,
+                                     "persistent", False)
+    assert out[-1].numel() == 0
+    rnn(x.requires_grad_())  # made once: the next call's memory is its own
+    torch.cuda.synchronize(cuda)
+    before = torch.cuda.memory_allocated(cuda)
+    pending = [rnn(x)[0] for _ in range(3)]  # three forward passes waiting for their backward passes
+    held = torch.cuda.memory_allocated(cuda) - before
+    assert held >= 3 * 50 * 8 * 4 * 64 * 4  # each keeps at least its gates
+    sum(y.sum() for y in pending).backward()
+
+
+def test_changed_parameters_are_seen_and_unchanged_ones_are_not_packed_again(cuda):
+    rnn = _lstm(cuda)
+    x = torch.randn(20, 4, 32, device=cuda)
+    with torch.no_grad():
+        y0, _ = rnn(x)
+        runner = ops.runner(rnn._cell_text, x, 64, 1, "persistent")
+        packed = runner._packed_for
+        y1, _ = rnn(x)
+        assert runner._packed_for == packed
+        rnn.param("l0.W_i").mul_(0.5)
+        y2, _ = rnn(x)
+    torch.testing.assert_close(y1, y0, rtol=0, atol=0)
+    assert (y2 - y0).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("schedule", ["persistent", "graph", "tensor"])
+def test_a_captured_forward_replays_on_new_inputs(cuda, schedule):
+    rnn = _lstm(cuda, schedule, layers=2)
+    static_x = torch.randn(30, 8, 32, device=cuda)
+    side = torch.cuda.Stream(cuda)
+    side.wait_stream(torch.cuda.current_stream(cuda))
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(2):
+            rnn(static_x)
+    torch.cuda.current_stream(cuda).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static_y, static_final = rnn(static_x)
+    new_x = torch.randn_like(static_x)
+    static_x.copy_(new_x)
+    graph.replay()
+    with torch.no_grad():
+        want_y, want_final = rnn(new_x)
+    torch.testing.assert_close(static_y, want_y, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(static_final["c"], want_final["c"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_captured_training_step_replays(cuda):
+    rnn = _lstm(cuda, "persistent")
+    head = torch.nn.Linear(64, 5).to(cuda)
+    params = [*rnn.parameters(), *head.parameters()]
+    optimizer = torch.optim.SGD(params, lr=0.1)
+    static_x = torch.randn(20, 4, 32, device=cuda)
+    static_t = torch.randint(0, 5, (80,), device=cuda)
+
+    def step():
+        y, _ = rnn(static_x)
+        loss = torch.nn.functional.cross_entropy(head(y).reshape(-1, 5), static_t)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    side = torch.cuda.Stream(cuda)
+    side.wait_stream(torch.cuda.current_stream(cuda))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            step()
+    torch.cuda.current_stream(cuda).wait_stream(side)
+    # the eager twin of what the replays will do, from the same parameters
+    twin_rnn, twin_head = _lstm(cuda, "persistent"), torch.nn.Linear(64, 5).to(cuda)
+    twin_rnn.load_state_dict(rnn.state_dict())
+    twin_head.load_state_dict(head.state_dict())
+    optimizer.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step()
+    twin_opt = torch.optim.SGD([*twin_rnn.parameters(), *twin_head.parameters()], lr=0.1)
+    for i in range(3):
+        x, t = torch.randn_like(static_x), torch.randint(0, 5, (80,), device=cuda)
+        static_x.copy_(x)
+        static_t.copy_(t)
+        graph.replay()
+        twin_opt.zero_grad()
+        y, _ = twin_rnn(x)
+        loss = torch.nn.functional.cross_entropy(twin_head(y).reshape(-1, 5), t)
+        loss.backward()
+        twin_opt.step()
+        torch.testing.assert_close(static_loss, loss, rtol=1e-4, atol=1e-5, msg=f"replay {i}")
+    torch.testing.assert_close(rnn.param("l0.W_i"), twin_rnn.param("l0.W_i"), rtol=1e-4, atol=1e-5)
+
+
+class _LanguageModel(torch.nn.Module):
+    def __init__(self, schedule="persistent"):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 32)
+        self.rnn = CellRNN("lstm", 32, 64, 1, schedule=schedule, seed=5)
+        self.head = torch.nn.Linear(64, 50)
+
+    def forward(self, tokens):
+        y, _ = self.rnn(self.embed(tokens))
+        return self.head(y)
+
+
+@pytest.mark.parametrize("mode", [None, "reduce-overhead"])
+def test_torch_compile_fullgraph_matches_eager(cuda, mode):
+    torch._dynamo.reset()
+    model = _LanguageModel().to(cuda)
+    compiled = torch.compile(model, fullgraph=True, mode=mode)
+    for _ in range(3):
+        tokens = torch.randint(0, 50, (20, 4), device=cuda)
+        want = model(tokens)
+        got = compiled(tokens)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    loss = compiled(tokens).square().mean()
+    loss.backward()
+    grad = model.rnn.param("l0.W_i").grad.clone()
+    model.zero_grad()
+    model(tokens).square().mean().backward()
+    torch.testing.assert_close(grad, model.rnn.param("l0.W_i").grad, rtol=1e-4, atol=1e-6)
+
+
+def test_torch_export_computes_on_new_inputs(cuda):
+    model = _LanguageModel().to(cuda).eval()
+    tokens = torch.randint(0, 50, (20, 4), device=cuda)
+    exported = torch.export.export(model, (tokens,))
+    assert "cellfuse.rnn" in str(exported.graph)
+    new = torch.randint(0, 50, (20, 4), device=cuda)
+    with torch.no_grad():
+        torch.testing.assert_close(exported.module()(new), model(new), rtol=1e-5, atol=1e-5)
+
+
+def test_modules_on_two_devices_of_one_process():
+    if torch.cuda.device_count() < 2:
+        pytest.skip("needs two GPUs")
+    x = torch.randn(10, 3, 32)
+    want, _ = CellRNN("lstm", 32, 64, 1, schedule="graph", seed=1)(x)
+    for index in (1, 0):
+        rnn = CellRNN("lstm", 32, 64, 1, schedule="persistent", seed=1).to(f"cuda:{index}")
+        with torch.no_grad():
+            y, _ = rnn(x.to(f"cuda:{index}"))
+        assert y.device == torch.device("cuda", index)
+        torch.testing.assert_close(y.cpu(), want.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_out_of_memory_raises_torchs_error_and_leaves_the_module_usable(cuda):
+    rnn = _lstm(cuda, "graph", hidden=1024, inputs=32)
+    free, _ = torch.cuda.mem_get_info(cuda)
+    batch = int(free // (200 * 4 * 1024 * 4)) + 64  # x fits; the gates of its 200 steps do not
+    x = torch.zeros(200, batch, 32, device=cuda)
+    with pytest.raises(torch.cuda.OutOfMemoryError), torch.no_grad():
+        rnn(x)
+    del x
+    with torch.no_grad():
+        y, _ = rnn(torch.randn(10, 4, 32, device=cuda))
+    assert torch.isfinite(y).all()
+
+
+def test_a_faulting_kernel_is_named_not_hung(cuda, tmp_path):
+    """With CELLFUSE_CHECK_LAUNCHES=1 each launch is waited for: a fault (x at an address no memory is
+    at) raises an error naming the launch. In a process of its own: a fault ends its CUDA context."""
+    script = tmp_path / "fault.py"
+    script.write_text(
+        "import torch\n"
+        "from cellfuse.gpu_runtime import stream_program\n"
+        "from cellfuse.nn import CellRNN\n"
+        "real = stream_program.StreamProgram.run\n"
+        "stream_program.StreamProgram.run = lambda self, at, s: real(self, {**at, 'x': 1 << 40}, s)\n"
+        "rnn = CellRNN('lstm', 32, 64, 1, schedule='fused', seed=1).cuda()\n"
+        "try:\n"
+        "    with torch.no_grad():\n"
+        "        rnn(torch.randn(5, 2, 32, device='cuda'))\n"
+        "except Exception as e:\n"
+        "    print('RAISED', type(e).__name__, e)\n")
+    env = {**os.environ, "CELLFUSE_CHECK_LAUNCHES": "1"}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
+    assert "RAISED" in done.stdout, done.stdout + done.stderr
+    assert "while running" in done.stdout and "ILLEGAL_ADDRESS" in done.stdout, done.stdout

@@ -1,0 +1,98 @@
+"""benchmarks/cellrnn_vs_cudnn.py on the CPU at tiny sizes: every case checked against torch.nn.LSTM / GRU
+before it is timed, its numbers in the JSON record, and a case that fails its check left untimed."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "cellrnn_vs_cudnn.py"
+TINY = ["--device", "cpu", "--hidden", "16", "--input", "16", "--batches", "2", "--seqs", "5",
+        "--layers", "1", "--repeats", "2"]
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("cellrnn_vs_cudnn", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def timed(part: dict, name: str) -> float:
+    value = part[name]["device"]["median_ms"]
+    assert isinstance(value, float) and math.isfinite(value) and value > 0
+    assert part[name]["host"]["median_ms"] > 0 and len(part[name]["device"]["runs_ms"]) == 2
+    return value
+
+
+def check_row(script, row: dict) -> None:
+    assert (row["seq"], row["batch"], row["layers"], row["hidden"]) == (5, 2, 1, 16)
+    assert row["ok"] and row["error"] is None
+    assert row["rung"] == "graph"  # auto, without a GPU
+    assert 0 <= row["max_abs_diff"] <= script.TOLERANCE
+    timed(row["forward"], "CellRNN"), timed(row["forward"], "cuDNN")
+    train = row["train"]
+    assert train["ok"] and 0 <= train["grad_rel_error"] <= script.GRAD_TOLERANCE
+    timed(train, "CellRNN"), timed(train, "cuDNN")
+    # the parts that need a GPU say so instead of running
+    assert {mode: b["ms"] for mode, b in row["bench"].items()} == {"forward": None, "train": None}
+    assert all("needs a GPU" in b["note"] for b in row["bench"].values())
+
+
+def test_on_the_cpu_every_case_is_checked_then_timed(script, tmp_path, capsys):
+    out = tmp_path / "record.json"
+    code = script.main([*TINY, "--no-compile", "--out", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    record = json.loads(out.read_text())
+    assert record["device"].startswith("CPU") and record["gpu"] is None
+    assert record["date"] and record["versions"]["torch"] == torch.__version__
+    assert "--device cpu" in record["command"] and "--repeats 2" in record["command"]
+    rows = record["rows"]
+    assert sorted(r["cell"] for r in rows) == ["gru", "lstm"]
+    for row in rows:
+        check_row(script, row)
+    assert record["compile"] == []
+    for heading in ("| cell | T | B | layers | rung | bench ms | CellRNN ms | CellRNN host ms | cuDNN ms |",
+                    "Training step"):
+        assert heading in stdout
+    assert "| lstm | 5 | 2 | 1 | graph |" in stdout and "| gru | 5 | 2 | 1 | graph |" in stdout
+
+
+@pytest.mark.filterwarnings("ignore:Dynamo detected:UserWarning")  # torch.compile tracing into cellfuse
+def test_torch_compile_of_the_language_model_is_timed_or_its_failure_kept(script, tmp_path, capsys):
+    out = tmp_path / "record.json"
+    code = script.main([*TINY, "--cells", "lstm", "--out", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    record = json.loads(out.read_text())
+    (row,) = record["rows"]
+    check_row(script, row)
+    (c,) = record["compile"]
+    assert (c["cell"], c["seq"], c["batch"], c["layers"]) == ("lstm", 5, 2, 1)
+    timed(c, "eager")
+    if c["ok"]:
+        assert 0 <= c["max_abs_diff"] <= script.TOLERANCE
+        timed(c, "compiled")
+    else:  # the failure is text in the record and the table, and the compiled model is not timed
+        assert c["error"] and "compiled" not in c and "| failed: " in stdout
+    assert "torch.compile(model, fullgraph=True)" in stdout
+
+
+def test_a_case_that_fails_its_check_is_not_timed(script, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(script, "TOLERANCE", -1.0)  # no difference passes
+    out = tmp_path / "record.json"
+    code = script.main([*TINY, "--cells", "lstm", "--no-compile", "--out", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 1
+    (row,) = json.loads(out.read_text())["rows"]
+    assert not row["ok"] and row["max_abs_diff"] >= 0 and "not timed" in row["error"]
+    assert row["forward"] is None and row["train"] is None
+    assert "FAILED" in stdout and "Failures:" in stdout
