@@ -44,6 +44,11 @@ def check(result, doing: str = ""):
     return values[0] if len(values) == 1 else values
 
 
+def fail(err, doing: str) -> None:
+    """Raises the DriverError of a call's error code."""
+    check((err,), doing)
+
+
 def current_device() -> int:
     """The ordinal of the device whose context is current on this thread."""
     return int(check(bindings().cuCtxGetDevice(), "asking for the current device"))
@@ -80,6 +85,7 @@ class Launch:
         for i, value in enumerate(args):
             self.values[i] = value & 0xFFFFFFFFFFFFFFFF
         self.table = self.values.ctypes.data + 8 * np.arange(len(args), dtype=np.uint64)
+        self.params = self.table.ctypes.data  # numpy's .ctypes costs microseconds: read once
         if smem > 48 * 1024:
             cu = self.cu
             check(cu.cuFuncSetAttribute(function, cu.CUfunction_attribute
@@ -91,8 +97,10 @@ class Launch:
 
     def __call__(self, stream) -> None:
         gx, gy, gz = self.grid
-        check(self.cu.cuLaunchKernel(self.function, gx, gy, gz, self.block, 1, 1, self.smem, stream,
-                                     self.table.ctypes.data, 0), f"launching {self.name}")
+        err, = self.cu.cuLaunchKernel(self.function, gx, gy, gz, self.block, 1, 1, self.smem, stream,
+                                      self.params, 0)
+        if int(err):
+            fail(err, f"launching {self.name}")
 
 
 class CooperativeLaunch(Launch):
@@ -100,8 +108,10 @@ class CooperativeLaunch(Launch):
 
     def __call__(self, stream) -> None:
         gx, gy, gz = self.grid
-        check(self.cu.cuLaunchCooperativeKernel(self.function, gx, gy, gz, self.block, 1, 1, self.smem,
-                                                stream, self.table.ctypes.data), f"launching {self.name}")
+        err, = self.cu.cuLaunchCooperativeKernel(self.function, gx, gy, gz, self.block, 1, 1, self.smem,
+                                                 stream, self.params)
+        if int(err):
+            fail(err, f"launching {self.name}")
 
 
 class EarlyLaunch(Launch):
@@ -122,11 +132,14 @@ class EarlyLaunch(Launch):
         config.attrs = [early]
         config.numAttrs = 1
         self.config = config
+        self._stream = None
 
     def __call__(self, stream) -> None:
-        self.config.hStream = stream
-        check(self.cu.cuLaunchKernelEx(self.config, self.function, self.table.ctypes.data, 0),
-              f"launching {self.name}")
+        if stream is not self._stream:  # setting a field of the struct costs more than comparing
+            self.config.hStream = self._stream = stream
+        err, = self.cu.cuLaunchKernelEx(self.config, self.function, self.params, 0)
+        if int(err):
+            fail(err, f"launching {self.name}")
 
 
 def resident_blocks(function, threads: int, smem: int) -> int:

@@ -9,7 +9,8 @@ beside the caller's (forked from it and joined back to it by the program's own e
 of arguments of its launches.
 
     program = StreamProgram(plan, lower(plan).instructions, kernels, arch)
-    program.run({"x": x_ptr, "init.h": ..., ...}, stream_handle)   # every buffer of `program.buffers`
+    at = program.resolve({"x": x_ptr, "init.h": ..., ...})  # every buffer of `program.buffers`
+    program.run(at, stream_handle)
 
 The GEMMs run as the Plan's routes say: float32 through cuBLAS; on tensor cores, 3xTF32, as split copies
 and cuBLAS's TF32 GEMM over 3K, or as the warpgroup GEMM where it is usable and measured faster for the
@@ -350,6 +351,7 @@ class StreamProgram:
         self.calls, self.names, self.buffers = calls.calls, calls.names, calls.buffers
         self.scratch, self.images, self._image_calls = calls.scratch, calls.images, calls.image_calls
         self._main_stream: int | None = None  # the stream the first handle was last set to
+        self._streams: list = []  # it and the side streams, as cuda.bindings takes them
 
     def resolve(self, addresses: Mapping[str, int]) -> list[int]:
         """The addresses in the order of `buffers`, or a CellError naming one not given."""
@@ -358,14 +360,15 @@ class StreamProgram:
         except KeyError as e:
             raise CellError(f"{self.what}: no memory given for buffer {e.args[0]!r}") from None
 
-    def run(self, addresses: Mapping[str, int], stream: int) -> None:
-        """Puts the whole program on `stream` (a raw CUstream handle), its side streams forked from it and
-        joined back to it by the program's events."""
-        at = self.resolve(addresses)
+    def run(self, at: list[int], stream: int) -> None:
+        """Puts the whole program on `stream` (a raw CUstream handle) over buffers at the addresses `at`
+        (in the order of `buffers`; see `resolve`), its side streams forked from it and joined back to it
+        by the program's events."""
         if stream != self._main_stream:
             self.res.cublas.set_stream(self.res.handles[0], stream)
             self._main_stream = stream
-        streams = [driver.as_stream(stream), *self.side_streams]
+            self._streams = [driver.as_stream(stream), *self.side_streams]
+        streams = self._streams
         if CHECK_LAUNCHES:
             self._run_checked(at, streams)
             return
@@ -379,11 +382,15 @@ class StreamProgram:
             call(at, streams)
             check(cu.cuCtxSynchronize(), f"running {name} ({self.what})")
 
-    def weights_changed(self, addresses: Mapping[str, int], stream: int) -> None:
-        """Remakes W's images for the warpgroup GEMMs from the weights at `addresses`, on `stream`."""
+    def resolve_some(self, addresses: Mapping[str, int]) -> list[int]:
+        """The addresses given, in the order of `buffers`; 0 for the others (for `weights_changed`)."""
+        return [addresses.get(name, 0) for name in self.buffers]
+
+    def weights_changed(self, at: list[int], stream: int) -> None:
+        """Remakes W's images for the warpgroup GEMMs from the weights (addresses in the order of
+        `buffers`: those of the weights and images are read), on `stream`."""
         if not self._image_calls:
             return
-        at = [addresses[name] if name in addresses else 0 for name in self.buffers]
         streams = [driver.as_stream(stream)] * (1 + len(self.side_streams))
         for call in self._image_calls.values():
             call(at, streams)

@@ -122,6 +122,9 @@ class CellRNN(torch.nn.Module):
         for key, value in params.items():
             self.register_parameter(self._names[key], torch.nn.Parameter(torch.from_numpy(value)))
         self._cell_text = cell_to_text(self.cell)  # how the custom ops name the cell
+        check_sizes(sizes, self.cell)
+        self._sizes_checked: set[tuple[int, int]] = set()  # (T, B) that passed check_sizes
+        self._zero_states: dict[tuple, torch.Tensor] = {}
         self._seen: OrderedDict[tuple, None] = OrderedDict()  # (T, B, device) of the recent forward calls
 
     def extra_repr(self) -> str:
@@ -146,6 +149,11 @@ class CellRNN(torch.nn.Module):
             raise CellError(f"{key!r} is not a parameter of this CellRNN ({self.num_layers} layer(s) of cell "
                             f"'{self.cell.name}'): its keys are {', '.join(self._names)}")
         return getattr(self, self._names[key])  # the attribute, which torch.func.functional_call replaces
+
+    def _params(self) -> list[torch.Tensor]:
+        """The parameters in the order of `keys`, as torch.func.functional_call may have replaced them (in
+        `_parameters`, which Module.__getattr__ would search more slowly)."""
+        return [self._parameters[name] for name in self._names.values()]
 
     def load_params(self, params: Mapping[str, object] | str | os.PathLike[str]) -> None:
         """Copies every parameter from a mapping of .npz keys to arrays or tensors, as `cellfuse
@@ -182,7 +190,7 @@ class CellRNN(torch.nn.Module):
             raise CellError("a CellRNN cannot be exported to ONNX: its forward pass is the custom op "
                             "cellfuse::rnn, which ONNX has no operator for (torch.export.export keeps it)")
         initial = self._check(x, states)
-        params = [self.param(key) for key in self.keys]
+        params = self._params()
         # the steps are saved only where a backward pass may follow
         save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *initial, *params))
         out = torch.ops.cellfuse.rnn(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
@@ -207,14 +215,15 @@ class CellRNN(torch.nn.Module):
             raise CellError(f"x is on {device}; CellRNN runs on the CPU or a CUDA device")
         if dtype not in DTYPES[device.type]:
             raise CellError(f"x has dtype {dtype}; on {device.type} CellRNN runs {dtype_names(device.type)}")
-        for key in self.keys:
-            p = self.param(key)
+        for key, p in zip(self._names, self._params(), strict=True):
             if p.device != device or p.dtype != dtype:
                 raise CellError(f"parameter '{key}' is {p.dtype} on {p.device}, and x is {dtype} on "
                                 f"{device}: move the module to x's device and dtype (module.to(x))")
         T, B = x.shape[0], x.shape[1]
-        check_sizes(Sizes(seq=T, batch=B, input=self.input_size, hidden=self.hidden_size,
-                          layers=self.num_layers), self.cell)
+        if (T, B) not in self._sizes_checked:  # the cell's part was checked when the module was made
+            check_sizes(Sizes(seq=T, batch=B, input=self.input_size, hidden=self.hidden_size,
+                              layers=self.num_layers))
+            self._sizes_checked.add((T, B))
         if states is None:
             states = {}
         if not isinstance(states, Mapping):
@@ -233,11 +242,23 @@ class CellRNN(torch.nn.Module):
             if value.device != device or value.dtype != dtype:
                 raise CellError(f"state '{s}' is {value.dtype} on {value.device}, and x is {dtype} on "
                                 f"{device}")
-        return [states[s] if s in states else torch.zeros(want, dtype=dtype, device=device)
-                for s in self.state_ids]
+        return [states[s] if s in states else self._zeros(want, dtype, device) for s in self.state_ids]
+
+    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        """Initial states of zeros: in eager mode one tensor per shape, dtype and device, kept (the ops
+        only read it), so that a call allocates and fills none."""
+        if torch.compiler.is_compiling():
+            return torch.zeros(shape, dtype=dtype, device=device)
+        key = (shape, dtype, device)
+        if key not in self._zero_states:
+            if len(self._zero_states) >= MAX_SEEN:
+                self._zero_states.pop(next(iter(self._zero_states)))
+            self._zero_states[key] = torch.zeros(shape, dtype=dtype, device=device)
+        return self._zero_states[key]
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_seen"] = OrderedDict()
+        state["_zero_states"] = {}
         return state
 

@@ -27,7 +27,7 @@ from ..codegen.lowering import lower
 from ..codegen.plan import Plan
 from ..graph_model import CellError
 from .runners import Plans, Runner
-from .tensor_layout import WEIGHT_ROLES
+from .tensor_layout import WEIGHT_ROLES, TensorLayout
 
 ALIGNMENT = 256  # bytes: where each buffer starts in a piece of memory (cuBLAS's fastest kernels want it)
 
@@ -63,7 +63,7 @@ class Memory:
         scratch = scratch or {f"split:{s}": 4 * n for s, n in enumerate(splits) if n}
         self.reserve, self.reserve_bytes = _layout([(n, plan.buffers[n].nbytes(plan.sizes)) for n in own]
                                                    + list(scratch.items()))
-        self.weights, self.weight_bytes = _layout([(n, plan.buffers[n].nbytes(plan.sizes)) for n in weights])
+        self.weights = {n: plan.buffers[n].nbytes(plan.sizes) for n in weights}
         if backward is not None:
             instructions = backward.instructions()
             splits = split_elements(instructions, 1 + max((getattr(i, "stream", 0) for i in instructions),
@@ -91,9 +91,25 @@ class CudaRunner(Runner):
         self._programs: dict[str, object] = {}
         self.memory = Memory(plans.train, plans.backward)
         self.infer_memory = Memory(plans.forward, None)
+        # the weight buffers of both forward plans (the same where their rungs are), packed side by side
+        weights = {**self.memory.weights, **self.infer_memory.weights}
+        for name, nbytes in self.infer_memory.weights.items():
+            if self.memory.weights.get(name, nbytes) != nbytes:
+                raise CellError(f"weight buffer {name!r} differs between the plans of '{plans.schedule}' and "
+                                f"'{plans.train.schedule}'")
+        self.weight_at, self.weight_bytes = _layout(list(weights.items()))
+        self.packing = [(self.layout, set(self.memory.weights))]
+        if set(self.infer_memory.weights) - set(self.memory.weights):
+            self.packing.append((TensorLayout(plans.forward, plans.backward),
+                                 set(self.infer_memory.weights) - set(self.memory.weights)))
         self.packed: torch.Tensor | None = None  # the weight buffers, then W's images
         self._packed_for: tuple | None = None  # the parameters' addresses and versions packed last
-        self._images: dict[str, int] = {}
+        self._images: dict[str, int] = {}  # W's images the programs read: name -> bytes
+        self._image_at: dict[str, int] = {}  # where each is in `packed`
+        self._binders: dict[str, list[tuple[int, int]]] = {}
+        s = plans.train.sizes
+        self._sizes = (s.seq, s.batch, s.hidden, s.layers)
+        self._ones = [name for name in plans.backward.buffers if plans.backward.start_value(name) == 1.0]
 
     # -- programs -------------------------------------------------------------------------------------
     def _program(self, which: str):
@@ -113,10 +129,16 @@ class CudaRunner(Runner):
                                     props.multi_processor_count, f"{plan.cell_name}'s {which} kernels")
             self._programs[which] = program
             self._check_scratch(which, program)
-            if program.images:
+            if program.images.keys() - self._images.keys():
                 self._images.update(program.images)
                 self.packed, self._packed_for = None, None  # room for the images: packed again
+                self._place_images()
+            self._binders = {name: self._binder(name, p) for name, p in self._programs.items()}
         return self._programs[which]
+
+    def _place_images(self) -> None:
+        images, _ = _layout(list(self._images.items()))
+        self._image_at = {name: self.weight_bytes + at for name, at in images.items()}
 
     def _check_scratch(self, which: str, program) -> None:
         memory = self.infer_memory if which == "forward" else self.memory
@@ -125,26 +147,25 @@ class CudaRunner(Runner):
             if name not in have:
                 raise CellError(f"{program.what}: scratch {name!r} of {nbytes} bytes has no room")
 
-    def _weights(self, params: Sequence[torch.Tensor], stream: int) -> dict[str, int]:
-        """The addresses of the packed weights and images, packed again where the parameters changed (or
+    def _weights(self, params: Sequence[torch.Tensor], stream: int) -> int:
+        """The address of the packed weights and images, packed again where the parameters changed (or
         a CUDA graph is being captured)."""
         capturing = torch.cuda.is_current_stream_capturing()
         key = tuple((p.data_ptr(), p._version) for p in params)
         if self.packed is None:
-            images, end = _layout(list(self._images.items()))
-            self.packed = torch.empty(self.memory.weight_bytes + end, dtype=torch.uint8, device=self.device)
-            self._image_at = {name: self.memory.weight_bytes + at for name, at in images.items()}
+            _, images = _layout(list(self._images.items()))
+            self.packed = torch.empty(self.weight_bytes + images, dtype=torch.uint8, device=self.device)
         base = self.packed.data_ptr()
-        addresses = {name: base + at for name, at in self.memory.weights.items()}
-        addresses.update({name: base + at for name, at in self._image_at.items()})
         if key != self._packed_for or capturing:
-            views = {name: self._view(self.packed, at, name, self.plans.train)
-                     for name, at in self.memory.weights.items()}
-            self.layout.pack(views, params)
+            for layout, buffers in self.packing:
+                views = {name: self._view(self.packed, self.weight_at[name], name, layout.plan)
+                         for name in buffers}
+                layout.pack(views, params, buffers)
+            addresses = {name: base + at for name, at in (*self.weight_at.items(), *self._image_at.items())}
             for program in self._programs.values():
-                program.weights_changed(addresses, stream)
+                program.weights_changed(program.resolve_some(addresses), stream)
             self._packed_for = None if capturing else key
-        return addresses
+        return base
 
     @staticmethod
     def _view(memory: torch.Tensor, at: int, name: str, plan: Plan) -> torch.Tensor:
@@ -152,58 +173,72 @@ class CudaRunner(Runner):
         return memory[at:at + b.nbytes(plan.sizes)].view(torch.float32)
 
     # -- runs -----------------------------------------------------------------------------------------
+    # A call's memory: the bases its buffers are found at, in this order, then the initial states' and the
+    # final states' tensors (see `_binder`).
+    RESERVE, PACKED, X, OUT, GRADS, STATES = range(6)
+
+    def _binder(self, which: str, program) -> list[tuple[int, int]]:
+        """Per buffer of the program, in its order: which base of a call its address is at, and the bytes
+        after it."""
+        memory = self.infer_memory if which == "forward" else self.memory
+        ids = self.plans.train.state_ids
+        out = []
+        for name in program.buffers:
+            if which == "backward" and name in memory.grads:
+                out.append((self.GRADS, memory.grads[name]))
+            elif name in memory.reserve:
+                out.append((self.RESERVE, memory.reserve[name]))
+            elif name in self.weight_at:
+                out.append((self.PACKED, self.weight_at[name]))
+            elif name in self._image_at:
+                out.append((self.PACKED, self._image_at[name]))
+            elif name == "x":
+                out.append((self.X, 0))
+            elif name == memory.output:
+                out.append((self.OUT, 0))
+            elif name.startswith(("init.", "final.")):
+                kind, state = name.split(".", 1)
+                out.append((self.STATES + ids.index(state) + (len(ids) if kind == "final" else 0), 0))
+            else:
+                raise CellError(f"{program.what}: buffer {name!r} has no place in a call's memory")
+        return out
+
     def forward(self, x, states, params, save):
         x, states = _in_place(x), [_in_place(s) for s in states]
         which = "train" if save else "forward"
         program = self._program(which)
-        plan = self.plans.train if save else self.plans.forward
         memory = self.memory if save else self.infer_memory
         stream = torch._C._cuda_getCurrentRawStream(self.index)
-        addresses = self._weights(params, stream)
-        s = plan.sizes
-        T, B, H, L = s.seq, s.batch, s.hidden, s.layers
+        packed = self._weights(params, stream)
+        T, B, H, L = self._sizes
         out = torch.empty((T + 1, B, H), dtype=x.dtype, device=x.device)
         finals = [torch.empty((L, B, H), dtype=x.dtype, device=x.device) for _ in states]
         reserve = torch.empty(memory.reserve_bytes, dtype=torch.uint8, device=x.device)
-        base = reserve.data_ptr()
-        addresses.update({name: base + at for name, at in memory.reserve.items()})
-        addresses["x"] = x.data_ptr()
-        addresses[memory.output] = out.data_ptr()
-        for state, initial, final in zip(plan.state_ids, states, finals, strict=True):
-            addresses[f"init.{state}"] = initial.data_ptr()
-            addresses[f"final.{state}"] = final.data_ptr()
-        program.run(addresses, stream)
+        bases = [reserve.data_ptr(), packed, x.data_ptr(), out.data_ptr(), 0,
+                 *(s.data_ptr() for s in states), *(f.data_ptr() for f in finals)]
+        program.run([bases[k] + at for k, at in self._binders[which]], stream)
         return out[1:], finals, reserve if save else reserve[:0]
 
     def backward(self, dy, dfinals, x, states, params, y, reserve):
         x, states = _in_place(x), [_in_place(s) for s in states]
-        plan, backward, memory = self.plans.train, self.plans.backward, self.memory
+        backward, memory = self.plans.backward, self.memory
         program = self._program("backward")
-        s = plan.sizes
-        row = s.batch * s.hidden * y.element_size()
+        T, B, H, L = self._sizes
+        row = B * H * y.element_size()
         if y.storage_offset() * y.element_size() < row or reserve.numel() != memory.reserve_bytes:
             raise CellError("the backward pass was given a y or saved steps that its forward run did not "
                             "make")
         stream = torch._C._cuda_getCurrentRawStream(self.index)
-        addresses = self._weights(params, stream)
+        packed = self._weights(params, stream)
         grads = torch.zeros(memory.grad_bytes, dtype=torch.uint8, device=x.device)
-        views = {name: self._grad_view(grads, at, name) for name, at in memory.grads.items()
-                 if name in backward.buffers}
-        for name in backward.buffers:
-            if backward.start_value(name) == 1.0:
-                views[name].fill_(1.0)
-        self.layout.seed(views, dy.contiguous(), [d.contiguous() for d in dfinals])
-        base, gbase = reserve.data_ptr(), grads.data_ptr()
-        addresses.update({name: base + at for name, at in memory.reserve.items()
-                          if name not in memory.grads})  # the backward run's own scratch
-        addresses.update({name: gbase + at for name, at in memory.grads.items()})
-        addresses["x"] = x.data_ptr()
-        addresses[memory.output] = y.data_ptr() - row
-        for state, initial in zip(plan.state_ids, states, strict=True):
-            addresses[f"init.{state}"] = initial.data_ptr()
-        program.run(addresses, stream)
-        dx, dinitial, dparams = self.layout.gradients(views)
-        return dx, dinitial, dparams
+        views = {name: self._grad_view(grads, memory.grads[name], name) for name in backward.buffers}
+        for name in self._ones:
+            views[name].fill_(1.0)
+        self.layout.seed(views, dy, dfinals)
+        bases = [reserve.data_ptr(), packed, x.data_ptr(), y.data_ptr() - row, grads.data_ptr(),
+                 *(s.data_ptr() for s in states), *([0] * len(states))]
+        program.run([bases[k] + at for k, at in self._binders["backward"]], stream)
+        return self.layout.gradients(views)
 
     def _grad_view(self, grads: torch.Tensor, at: int, name: str) -> torch.Tensor:
         b = self.plans.backward.buffers[name]

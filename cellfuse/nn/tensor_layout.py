@@ -17,7 +17,7 @@ both:
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import torch
 
@@ -48,10 +48,14 @@ class TensorLayout:
         name, at = self.backward.state_grad(state, layer, t)
         return views[name][at:at + self.plan.sizes.batch * self.plan.sizes.hidden]
 
-    def pack(self, views: Views, params: Sequence[torch.Tensor]) -> None:
-        """The parameters (in the order of `keys`) into the weight buffers."""
+    def pack(self, views: Views, params: Sequence[torch.Tensor],
+             buffers: Collection[str] | None = None) -> None:
+        """The parameters (in the order of `keys`) into the weight buffers (those of `buffers`, where
+        given)."""
         by_key = dict(zip(self.keys, params, strict=True))
         for part in self.parts:
+            if buffers is not None and part.buffer not in buffers:
+                continue
             self._block(views, part.buffer, part).copy_(by_key[part.key].reshape(-1, part.width))
 
     def seed(self, views: Views, dy: torch.Tensor, dfinals: Sequence[torch.Tensor]) -> None:
