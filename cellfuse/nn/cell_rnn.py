@@ -125,6 +125,7 @@ class CellRNN(torch.nn.Module):
         check_sizes(sizes, self.cell)
         self._sizes_checked: set[tuple[int, int]] = set()  # (T, B) that passed check_sizes
         self._zero_states: dict[tuple, torch.Tensor] = {}
+        self._last_seen: tuple | None = None
         self._seen: OrderedDict[tuple, None] = OrderedDict()  # (T, B, device) of the recent forward calls
 
     def extra_repr(self) -> str:
@@ -193,13 +194,16 @@ class CellRNN(torch.nn.Module):
         params = self._params()
         # the steps are saved only where a backward pass may follow
         save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *initial, *params))
-        out = torch.ops.cellfuse.rnn(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
-                                     self.schedule, save)
+        out = ops.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers, self.schedule,
+                      save)
         if not torch.compiler.is_compiling():
-            self._seen[(tuple(x.shape), x.device)] = None
-            self._seen.move_to_end((tuple(x.shape), x.device))
-            if len(self._seen) > MAX_SEEN:
-                self._seen.popitem(last=False)
+            seen = (x.shape, x.device)
+            if seen != self._last_seen:
+                self._last_seen = seen
+                self._seen[seen] = None
+                self._seen.move_to_end(seen)
+                if len(self._seen) > MAX_SEEN:
+                    self._seen.popitem(last=False)
         return out[0], dict(zip(self.state_ids, out[1:1 + len(self.state_ids)], strict=True))
 
     def _check(self, x: object, states: object) -> list[torch.Tensor]:
@@ -260,5 +264,6 @@ class CellRNN(torch.nn.Module):
         state = self.__dict__.copy()
         state["_seen"] = OrderedDict()
         state["_zero_states"] = {}
+        state["_last_seen"] = None
         return state
 

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..graph_model import CellError, Sizes, cell_from_text
 from .runners import Plans, Runner, make_plans, reserve_bytes
@@ -79,15 +80,17 @@ class _Nothing:
 _NOTHING = _Nothing()
 
 
-@torch.library.custom_op("cellfuse::rnn", mutates_args=())
-def rnn(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor], cell: str, hidden: int,
-        layers: int, schedule: str, save: bool) -> list[torch.Tensor]:
+def rnn_impl(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor], cell: str, hidden: int,
+             layers: int, schedule: str, save: bool) -> list[torch.Tensor]:
     """[y, *final states, reserve]: the forward pass of `layers` of the cell over x [T, B, input] from the
     initial states (each [layers, B, hidden], in the cell's order of states), the parameters in the
     order of the .npz keys; the reserve holds the steps for `rnn_backward` where `save`, else is empty."""
     with _on_device(x):
         y, finals, reserve = runner(cell, x, hidden, layers, schedule).forward(x, states, params, save)
     return [y, *finals, reserve]
+
+
+rnn = torch.library.custom_op("cellfuse::rnn", rnn_impl, mutates_args=())
 
 
 @rnn.register_fake
@@ -99,16 +102,19 @@ def _rnn_fake(x, states, params, cell, hidden, layers, schedule, save):
             x.new_empty((nbytes,), dtype=torch.uint8)]
 
 
-@torch.library.custom_op("cellfuse::rnn_backward", mutates_args=())
-def rnn_backward(dy: torch.Tensor, dfinals: list[torch.Tensor], x: torch.Tensor, states: list[torch.Tensor],
-                 params: list[torch.Tensor], y: torch.Tensor, reserve: torch.Tensor, cell: str, hidden: int,
-                 layers: int, schedule: str) -> list[torch.Tensor]:
+def rnn_backward_impl(dy: torch.Tensor, dfinals: list[torch.Tensor], x: torch.Tensor,
+                      states: list[torch.Tensor], params: list[torch.Tensor], y: torch.Tensor,
+                      reserve: torch.Tensor, cell: str, hidden: int, layers: int,
+                      schedule: str) -> list[torch.Tensor]:
     """[dx, *d initial states, *d parameters] of the forward pass that returned y and the reserve, for
     the seeds dy and dfinals."""
     with _on_device(x):
         dx, dstates, dparams = runner(cell, x, hidden, layers, schedule).backward(
             dy, dfinals, x, states, params, y, reserve)
     return [dx, *dstates, *dparams]
+
+
+rnn_backward = torch.library.custom_op("cellfuse::rnn_backward", rnn_backward_impl, mutates_args=())
 
 
 @rnn_backward.register_fake
@@ -123,7 +129,9 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(x, *states, *params, output[0], output[-1])
 
 
-def _backward(ctx, grads: Sequence[torch.Tensor | None]):
+def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward) -> tuple:
+    """dx, the initial states' and the parameters' gradients, from `backward` (the op, or the runner's
+    own) given the seeds; None seeds are zeros."""
     n_states, n_params, cell, hidden, layers, schedule, save = ctx.meta
     if not save:
         raise CellError("this CellRNN forward pass ran without saving its steps (gradients were not "
@@ -132,15 +140,48 @@ def _backward(ctx, grads: Sequence[torch.Tensor | None]):
     states, params = rest[:n_states], rest[n_states:n_states + n_params]
     y, reserve = rest[-2], rest[-1]
     dy = grads[0] if grads[0] is not None else torch.zeros_like(y)
-    dfinals = [g if g is not None else torch.zeros_like(s) for g, s in zip(grads[1:1 + n_states], states,
-                                                                           strict=True)]
-    out = torch.ops.cellfuse.rnn_backward(dy, dfinals, x, list(states), list(params), y, reserve, cell,
-                                          hidden, layers, schedule)
-    dx, dstates, dparams = out[0], out[1:1 + n_states], out[1 + n_states:]
-    return dx, list(dstates), list(dparams), None, None, None, None, None
+    dfinals = [g if g is not None else torch.zeros_like(s)
+               for g, s in zip(grads[1:1 + n_states], states, strict=True)]
+    out = backward(dy, dfinals, x, list(states), list(params), y, reserve, cell, hidden, layers, schedule)
+    return out[0], list(out[1:1 + n_states]), list(out[1 + n_states:])
 
 
-rnn.register_autograd(_backward, setup_context=_setup_context)
+def _op_backward(ctx, grads):
+    dx, dstates, dparams = _gradients(ctx, grads, torch.ops.cellfuse.rnn_backward)
+    return dx, dstates, dparams, None, None, None, None, None
+
+
+rnn.register_autograd(_op_backward, setup_context=_setup_context)
+
+
+class _Eager(torch.autograd.Function):
+    """The same forward and backward passes as the ops, called without the dispatcher: in eager mode the
+    op's dispatch and checks cost more host time than the kernels of a small forward pass take on the
+    GPU (on an H200, about 90 microseconds a call: docs/results/2026-11-28-cellrnn-in-torch.md)."""
+
+    @staticmethod
+    def forward(ctx, x, cell, hidden, layers, schedule, save, n_states, *tensors):
+        # (ctx in forward: a separate setup_context makes autograd bind the arguments by inspect, slowly)
+        states, params = list(tensors[:n_states]), list(tensors[n_states:])
+        output = rnn_impl(x, states, params, cell, hidden, layers, schedule, save)
+        _setup_context(ctx, (x, states, params, cell, hidden, layers, schedule, save), output)
+        ctx.mark_non_differentiable(output[-1])
+        return tuple(output)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, *grads):
+        dx, dstates, dparams = _gradients(ctx, grads, rnn_backward_impl)
+        return dx, None, None, None, None, None, None, *dstates, *dparams
+
+
+def run(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor], cell: str, hidden: int,
+        layers: int, schedule: str, save: bool) -> Sequence[torch.Tensor]:
+    """[y, *final states, reserve] of `rnn`: through the op where torch.compile or torch.export traces
+    (fake or functional tensors), else straight to the runner."""
+    if torch.compiler.is_compiling() or type(x) is not torch.Tensor:
+        return torch.ops.cellfuse.rnn(x, states, params, cell, hidden, layers, schedule, save)
+    return _Eager.apply(x, cell, hidden, layers, schedule, save, len(states), *states, *params)
 
 
 def close_runners() -> None:
