@@ -46,7 +46,6 @@ def main() -> None:
 
     x = torch.zeros(1 << 20, device="cuda")
     stream = torch._C._cuda_getCurrentRawStream(0)
-    cu = driver.bindings()
     major, minor = torch.cuda.get_device_capability(0)
     module = driver.Module(cubin(SOURCE, f"sm_{major}{minor}"), "probe")
     function = module.function("k")
@@ -60,15 +59,16 @@ def main() -> None:
     p = x.data_ptr()
     libcuda = ctypes.CDLL("libcuda.so.1")
     launch = libcuda.cuLaunchKernel
-    launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 6 + [ctypes.c_uint, ctypes.c_void_p, ctypes.c_void_p,
-                                                                 ctypes.c_void_p]
+    pointer = ctypes.c_void_p
+    launch.argtypes = [pointer, *[ctypes.c_uint] * 7, pointer, pointer, pointer]
     fn_ptr, stream_ptr = int(function), stream
     rows = {
-        "cuBLAS sgemm (nvmath), 1 x 2048 x 512": lambda: cublas.sgemm(handle, 0, 0, 2048, 1, 512, one, p, 2048,
-                                                                       p, 512, zero, p, 2048),
+        "cuBLAS sgemm (nvmath), 1 x 2048 x 512": lambda: cublas.sgemm(handle, 0, 0, 2048, 1, 512, one, p,
+                                                                       2048, p, 512, zero, p, 2048),
         "cuLaunchKernel (cuda.bindings)": lambda: plain(s),
         "cuLaunchKernelEx with PDL (cuda.bindings)": lambda: early(s),
-        "cuLaunchKernel (ctypes)": lambda: launch(fn_ptr, 1, 1, 1, 32, 1, 1, 0, stream_ptr, plain.params, None),
+        "cuLaunchKernel (ctypes)": lambda: launch(fn_ptr, 1, 1, 1, 32, 1, 1, 0, stream_ptr, plain.params,
+                                                  None),
         "torch.empty(4 KiB) on the GPU": lambda: torch.empty(1024, device="cuda"),
         "autograd.Function.apply, nothing in it": lambda: Nothing.apply(x),
         "torch._C._cuda_getCurrentRawStream": lambda: torch._C._cuda_getCurrentRawStream(0),
