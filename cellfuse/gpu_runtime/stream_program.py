@@ -87,14 +87,17 @@ class _KernelCall:
     def __init__(self, launch: Launch, pointers: list[_Pointer], stream: int):
         self.launch, self.pointers, self.stream = launch, pointers, stream
 
-    def __call__(self, at: list[int], streams: list) -> None:
-        values = self.launch.values
-        for p in self.pointers:
-            values[p.arg] = at[p.slot] + p.offset
+    def __call__(self, at: list[int], streams: list, bound: bool = False) -> None:
+        if not bound:
+            values = self.launch.values
+            for p in self.pointers:
+                values[p.arg] = at[p.slot] + p.offset
         self.launch(streams[self.stream])
 
 
-Call = Callable[[list[int], list], None]  # a launch, given the buffers' addresses and the streams
+# A launch, given the buffers' addresses, the streams, and whether the addresses are those of the call
+# before (a kernel's table of arguments then holds them already).
+Call = Callable[[list[int], list, bool], None]
 
 
 class _Resources:
@@ -181,15 +184,16 @@ class _Calls:
                 to = (self._slot(dst.buffer), dst.dtype.itemsize * dst.offset(at, B))
                 fro = (self._slot(src.buffer), src.dtype.itemsize * src.offset(at, B))
 
-                def copy(a: list[int], streams: list, to=to, fro=fro, nbytes=nbytes, s=s) -> None:
+                def copy(a: list[int], streams: list, bound: bool = False, to=to, fro=fro, nbytes=nbytes,
+                         s=s) -> None:
                     check(cu.cuMemcpyDtoDAsync(a[to[0]] + to[1], a[fro[0]] + fro[1], nbytes, streams[s]),
                           "copying a state")
                 self._append(copy, f"the copy of {src.buffer} to {dst.buffer}")
             case Record(event=e, stream=s):
-                self._append(lambda a, streams, event=self.events[e], s=s: check(
+                self._append(lambda a, streams, bound=False, event=self.events[e], s=s: check(
                     cu.cuEventRecord(event, streams[s]), "recording an event"), "an event")
             case Wait(event=e, stream=s):
-                self._append(lambda a, streams, event=self.events[e], s=s: check(
+                self._append(lambda a, streams, bound=False, event=self.events[e], s=s: check(
                     cu.cuStreamWaitEvent(streams[s], event, 0), "waiting for an event"), "a wait")
             case Loop(body=body):
                 for step in instr.steps(self.plan.sizes.seq):
@@ -244,7 +248,7 @@ class _Calls:
         sgemm, handles = self.res.cublas.sgemm, self.res.handles
         tw, ta, n, k, lda, ldc = int(g.trans_w), int(g.trans_a), g.n, g.k, g.a.ld, g.c.ld
 
-        def call(at: list[int], streams: list) -> None:
+        def call(at: list[int], streams: list, bound: bool = False) -> None:
             sgemm(handles[s], tw, ta, n, m, k, one, at[sw], ldw, at[sa] + a[1], lda, beta, at[sc] + c[1], ldc)
         return call
 
@@ -265,7 +269,7 @@ class _Calls:
         gemm_ex, handles = self.res.cublas.gemm_ex, self.res.handles
         tw, n, k3, ldc, w_off = int(g.trans_w), g.n, 3 * g.k, g.c.ld, 4 * w_at
 
-        def gemm(at: list[int], streams: list) -> None:
+        def gemm(at: list[int], streams: list, bound: bool = False) -> None:
             gemm_ex(handles[s], tw, 0, n, m, k3, one, at[sp] + w_off, _R_32F, ldw3, at[sp], _R_32F, lda3,
                     beta, at[sc] + c[1], _R_32F, ldc, _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT)
         self._append(gemm, f"cuBLAS's TF32 GEMM of {g.group}")
@@ -352,6 +356,7 @@ class StreamProgram:
         self.scratch, self.images, self._image_calls = calls.scratch, calls.images, calls.image_calls
         self._main_stream: int | None = None  # the stream the first handle was last set to
         self._streams: list = []  # it and the side streams, as cuda.bindings takes them
+        self._bound: list[int] | None = None  # the addresses the kernels' tables hold
 
     def resolve(self, addresses: Mapping[str, int]) -> list[int]:
         """The addresses in the order of `buffers`, or a CellError naming one not given."""
@@ -372,14 +377,16 @@ class StreamProgram:
         if CHECK_LAUNCHES:
             self._run_checked(at, streams)
             return
+        bound = at == self._bound  # the caching allocator often gives a call the memory of the one before
         for call in self.calls:
-            call(at, streams)
+            call(at, streams, bound)
+        self._bound = at
 
     def _run_checked(self, at: list[int], streams: list) -> None:
         """Each call waited for, so that a fault names the kernel that made it."""
         cu = self.res.cu
         for call, name in zip(self.calls, self.names, strict=True):
-            call(at, streams)
+            call(at, streams, False)
             check(cu.cuCtxSynchronize(), f"running {name} ({self.what})")
 
     def resolve_some(self, addresses: Mapping[str, int]) -> list[int]:
@@ -393,7 +400,7 @@ class StreamProgram:
             return
         streams = [driver.as_stream(stream)] * (1 + len(self.side_streams))
         for call in self._image_calls.values():
-            call(at, streams)
+            call(at, streams, False)
 
     def close(self) -> None:
         self.res.close()

@@ -109,6 +109,7 @@ class CudaRunner(Runner):
         self._binders: dict[str, list[tuple[int, int]]] = {}
         s = plans.train.sizes
         self._sizes = (s.seq, s.batch, s.hidden, s.layers)
+        self._empty = torch.empty(0, dtype=torch.uint8, device=device)  # the reserve of a run that saves none
         self._ones = [name for name in plans.backward.buffers if plans.backward.start_value(name) == 1.0]
 
     # -- programs -------------------------------------------------------------------------------------
@@ -211,13 +212,32 @@ class CudaRunner(Runner):
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         packed = self._weights(params, stream)
         T, B, H, L = self._sizes
-        out = torch.empty((T + 1, B, H), dtype=x.dtype, device=x.device)
-        finals = [torch.empty((L, B, H), dtype=x.dtype, device=x.device) for _ in states]
-        reserve = torch.empty(memory.reserve_bytes, dtype=torch.uint8, device=x.device)
+        if save:  # tensors of their own: autograd holds each for as long as it needs it
+            out = torch.empty((T + 1, B, H), dtype=x.dtype, device=x.device)
+            finals = [torch.empty((L, B, H), dtype=x.dtype, device=x.device) for _ in states]
+            reserve = torch.empty(memory.reserve_bytes, dtype=torch.uint8, device=x.device)
+        else:  # one allocation, in the time of a call that returns in microseconds
+            out, finals, reserve = self._inference_memory(x, len(states))
         bases = [reserve.data_ptr(), packed, x.data_ptr(), out.data_ptr(), 0,
                  *(s.data_ptr() for s in states), *(f.data_ptr() for f in finals)]
         program.run([bases[k] + at for k, at in self._binders[which]], stream)
-        return out[1:], finals, reserve if save else reserve[:0]
+        return out[1:], finals, reserve if save else self._empty
+
+    def _inference_memory(self, x: torch.Tensor, states: int):
+        """y's sequence, the final states and the scratch of a forward run without saved steps, as views
+        of one tensor."""
+        T, B, H, L = self._sizes
+        size = x.element_size()
+        out_bytes, final_bytes = (T + 1) * B * H * size, L * B * H * size
+        at = _aligned(out_bytes)
+        block = torch.empty(at + states * _aligned(final_bytes) + self.infer_memory.reserve_bytes,
+                            dtype=torch.uint8, device=x.device)
+        out = block[:out_bytes].view(x.dtype).view(T + 1, B, H)
+        finals = []
+        for _ in range(states):
+            finals.append(block[at:at + final_bytes].view(x.dtype).view(L, B, H))
+            at += _aligned(final_bytes)
+        return out, finals, block[at:]
 
     def backward(self, dy, dfinals, x, states, params, y, reserve):
         x, states = _in_place(x), [_in_place(s) for s in states]

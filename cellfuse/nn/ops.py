@@ -181,6 +181,8 @@ def run(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor],
     (fake or functional tensors), else straight to the runner."""
     if torch.compiler.is_compiling() or type(x) is not torch.Tensor:
         return torch.ops.cellfuse.rnn(x, states, params, cell, hidden, layers, schedule, save)
+    if not save:  # no backward pass to follow: nothing for autograd to record
+        return rnn_impl(x, states, params, cell, hidden, layers, schedule, save)
     return _Eager.apply(x, cell, hidden, layers, schedule, save, len(states), *states, *params)
 
 
