@@ -69,8 +69,15 @@ class Memory:
             splits = split_elements(instructions, 1 + max((getattr(i, "stream", 0) for i in instructions),
                                                           default=0))
             scratch = backward_scratch or {f"split:{s}": 4 * n for s, n in enumerate(splits) if n}
-            grads = [(n, b.nbytes(plan.sizes)) for n, b in backward.buffers.items()]
+            # those a run must start at zero first, so that one memset of `restart_bytes` clears them all;
+            # a buffer that a kernel overwrites whole, and the scratch, need no start
+            order = sorted(backward.buffers, key=lambda n: not backward.restarted(n))
+            grads = [(n, backward.buffers[n].nbytes(plan.sizes)) for n in order]
             self.grads, self.grad_bytes = _layout(grads + list(scratch.items()))
+            restarted = [n for n in order if backward.restarted(n)]
+            self.restart_bytes = (self.grads[restarted[-1]] + _aligned(backward.buffers[restarted[-1]]
+                                                                       .nbytes(plan.sizes))
+                                  if restarted else 0)
 
 
 def _layout(sizes: list[tuple[str, int]]) -> tuple[dict[str, int], int]:
@@ -204,7 +211,7 @@ class CudaRunner(Runner):
                 raise CellError(f"{program.what}: buffer {name!r} has no place in a call's memory")
         return out
 
-    def forward(self, x, states, params, save):
+    def forward(self, x, states, params, save, shared=False):
         x, states = _in_place(x), [_in_place(s) for s in states]
         which = "train" if save else "forward"
         program = self._program(which)
@@ -212,16 +219,16 @@ class CudaRunner(Runner):
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         packed = self._weights(params, stream)
         T, B, H, L = self._sizes
-        if save:  # tensors of their own: autograd holds each for as long as it needs it
+        if shared and not save:  # one allocation, in the time of a call that returns in microseconds
+            out, finals, reserve = self._inference_memory(x, len(states))
+        else:  # tensors of their own: autograd holds each for as long as it needs it
             out = torch.empty((T + 1, B, H), dtype=x.dtype, device=x.device)
             finals = [torch.empty((L, B, H), dtype=x.dtype, device=x.device) for _ in states]
             reserve = torch.empty(memory.reserve_bytes, dtype=torch.uint8, device=x.device)
-        else:  # one allocation, in the time of a call that returns in microseconds
-            out, finals, reserve = self._inference_memory(x, len(states))
         bases = [reserve.data_ptr(), packed, x.data_ptr(), out.data_ptr(), 0,
                  *(s.data_ptr() for s in states), *(f.data_ptr() for f in finals)]
         program.run([bases[k] + at for k, at in self._binders[which]], stream)
-        return out[1:], finals, reserve if save else self._empty
+        return out[1:], finals, reserve if save else reserve.new_empty(0) if not shared else self._empty
 
     def _inference_memory(self, x: torch.Tensor, states: int):
         """y's sequence, the final states and the scratch of a forward run without saved steps, as views
@@ -250,7 +257,8 @@ class CudaRunner(Runner):
                             "make")
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         packed = self._weights(params, stream)
-        grads = torch.zeros(memory.grad_bytes, dtype=torch.uint8, device=x.device)
+        grads = torch.empty(memory.grad_bytes, dtype=torch.uint8, device=x.device)
+        grads[:memory.restart_bytes].zero_()
         views = {name: self._grad_view(grads, memory.grads[name], name) for name in backward.buffers}
         for name in self._ones:
             views[name].fill_(1.0)

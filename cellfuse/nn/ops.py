@@ -85,8 +85,15 @@ def rnn_impl(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Ten
     """[y, *final states, reserve]: the forward pass of `layers` of the cell over x [T, B, input] from the
     initial states (each [layers, B, hidden], in the cell's order of states), the parameters in the
     order of the .npz keys; the reserve holds the steps for `rnn_backward` where `save`, else is empty."""
+    return _forward(x, states, params, cell, hidden, layers, schedule, save, shared=False)
+
+
+def _forward(x, states, params, cell, hidden, layers, schedule, save, shared: bool) -> list[torch.Tensor]:
+    """rnn's outputs; where `shared` (not through the op, which wants outputs of their own, and without
+    saved steps), y and the final states may be views of one piece of memory."""
     with _on_device(x):
-        y, finals, reserve = runner(cell, x, hidden, layers, schedule).forward(x, states, params, save)
+        y, finals, reserve = runner(cell, x, hidden, layers, schedule).forward(x, states, params, save,
+                                                                                 shared)
     return [y, *finals, reserve]
 
 
@@ -182,7 +189,7 @@ def run(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor],
     if torch.compiler.is_compiling() or type(x) is not torch.Tensor:
         return torch.ops.cellfuse.rnn(x, states, params, cell, hidden, layers, schedule, save)
     if not save:  # no backward pass to follow: nothing for autograd to record
-        return rnn_impl(x, states, params, cell, hidden, layers, schedule, save)
+        return _forward(x, states, params, cell, hidden, layers, schedule, save, shared=True)
     return _Eager.apply(x, cell, hidden, layers, schedule, save, len(states), *states, *params)
 
 

@@ -95,9 +95,10 @@ class Runner(ABC):
 
     @abstractmethod
     def forward(self, x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
-                save: bool) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
+                save: bool, shared: bool = False) -> tuple[torch.Tensor, list[torch.Tensor], torch.Tensor]:
         """y [T, B, hidden], the final states [L, B, hidden] (in the order of `layout.state_ids`) and the
-        reserve: the saved steps where `save`, else empty."""
+        reserve: the saved steps where `save`, else empty. Where `shared` and not `save`, the outputs may
+        be views of one tensor."""
 
     @abstractmethod
     def backward(self, dy: torch.Tensor, dfinals: Sequence[torch.Tensor], x: torch.Tensor,
@@ -135,7 +136,7 @@ class NumpyRunner(Runner):
         self.views = {name: torch.from_numpy(arr) for name, arr in self.executor.buf.items()}
         self.saved = list(plan.buffers)  # the forward buffers, in the order a reserve holds them
 
-    def forward(self, x, states, params, save):
+    def forward(self, x, states, params, save, shared=False):
         views, plan = self.views, self.plans.train
         views["x"].copy_(x.reshape(-1))
         for state, value in zip(plan.state_ids, states, strict=True):
