@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections import OrderedDict
 from collections.abc import Mapping
@@ -121,7 +122,9 @@ class CellRNN(torch.nn.Module):
         self._names = {key: _param_name(key) for key in params}
         for key, value in params.items():
             self.register_parameter(self._names[key], torch.nn.Parameter(torch.from_numpy(value)))
-        self._cell_text = cell_to_text(self.cell)  # how the custom ops name the cell
+        # How the custom ops name the cell: its file's text on one line (code that torch.compile generates
+        # around an op holds its string arguments, and a string of many lines broke inductor's).
+        self._cell_text = json.dumps(json.loads(cell_to_text(self.cell)), separators=(",", ":"))
         check_sizes(sizes, self.cell)
         self._sizes_checked: set[tuple[int, int]] = set()  # (T, B) that passed check_sizes
         self._zero_states: dict[tuple, torch.Tensor] = {}
