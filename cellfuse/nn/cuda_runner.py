@@ -80,6 +80,15 @@ class Memory:
                                   if restarted else 0)
 
 
+def _views(memory: torch.Tensor, extents: dict[str, tuple[int, int]], names) -> dict[str, torch.Tensor]:
+    """Float32 views of the buffers `names` in a piece of memory, by their (offset, bytes)."""
+    out = {}
+    for name in names:
+        at, nbytes = extents[name]
+        out[name] = memory[at:at + nbytes].view(torch.float32)
+    return out
+
+
 def _layout(sizes: list[tuple[str, int]]) -> tuple[dict[str, int], int]:
     offsets, end = {}, 0
     for name, nbytes in sizes:
@@ -105,6 +114,11 @@ class CudaRunner(Runner):
                 raise CellError(f"weight buffer {name!r} differs between the plans of '{plans.schedule}' and "
                                 f"'{plans.train.schedule}'")
         self.weight_at, self.weight_bytes = _layout(list(weights.items()))
+        # where each weight and gradient buffer is, and its bytes: the sizes' expressions evaluated once
+        self._weight_extents = {name: (self.weight_at[name], nbytes) for name, nbytes in weights.items()}
+        sizes = plans.train.sizes
+        self._grad_extents = {name: (self.memory.grads[name], b.nbytes(sizes))
+                              for name, b in plans.backward.buffers.items()}
         self.packing = [(self.layout, set(self.memory.weights))]
         if set(self.infer_memory.weights) - set(self.memory.weights):
             self.packing.append((TensorLayout(plans.forward, plans.backward),
@@ -166,19 +180,12 @@ class CudaRunner(Runner):
         base = self.packed.data_ptr()
         if key != self._packed_for or capturing:
             for layout, buffers in self.packing:
-                views = {name: self._view(self.packed, self.weight_at[name], name, layout.plan)
-                         for name in buffers}
-                layout.pack(views, params, buffers)
+                layout.pack(_views(self.packed, self._weight_extents, buffers), params, buffers)
             addresses = {name: base + at for name, at in (*self.weight_at.items(), *self._image_at.items())}
             for program in self._programs.values():
                 program.weights_changed(program.resolve_some(addresses), stream)
             self._packed_for = None if capturing else key
         return base
-
-    @staticmethod
-    def _view(memory: torch.Tensor, at: int, name: str, plan: Plan) -> torch.Tensor:
-        b = plan.buffers[name]
-        return memory[at:at + b.nbytes(plan.sizes)].view(torch.float32)
 
     # -- runs -----------------------------------------------------------------------------------------
     # A call's memory: the bases its buffers are found at, in this order, then the initial states' and the
@@ -259,7 +266,7 @@ class CudaRunner(Runner):
         packed = self._weights(params, stream)
         grads = torch.empty(memory.grad_bytes, dtype=torch.uint8, device=x.device)
         grads[:memory.restart_bytes].zero_()
-        views = {name: self._grad_view(grads, memory.grads[name], name) for name in backward.buffers}
+        views = _views(grads, self._grad_extents, backward.buffers)
         for name in self._ones:
             views[name].fill_(1.0)
         self.layout.seed(views, dy, dfinals)
@@ -267,10 +274,6 @@ class CudaRunner(Runner):
                  *(s.data_ptr() for s in states), *([0] * len(states))]
         program.run([bases[k] + at for k, at in self._binders["backward"]], stream)
         return self.layout.gradients(views)
-
-    def _grad_view(self, grads: torch.Tensor, at: int, name: str) -> torch.Tensor:
-        b = self.plans.backward.buffers[name]
-        return grads[at:at + b.nbytes(self.plans.train.sizes)].view(torch.float32)
 
     def close(self) -> None:
         for program in self._programs.values():

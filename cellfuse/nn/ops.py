@@ -136,9 +136,10 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(x, *states, *params, output[0], output[-1])
 
 
-def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward) -> tuple:
+def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: bool) -> tuple:
     """dx, the initial states' and the parameters' gradients, from `backward` (the op, or the runner's
-    own) given the seeds; None seeds are zeros."""
+    own) given the seeds; a final state's None seed stays None where `none_seeds` (no seed added), else
+    is zeros, as y's always is."""
     n_states, n_params, cell, hidden, layers, schedule, save = ctx.meta
     if not save:
         raise CellError("this CellRNN forward pass ran without saving its steps (gradients were not "
@@ -147,14 +148,14 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward) -> tuple:
     states, params = rest[:n_states], rest[n_states:n_states + n_params]
     y, reserve = rest[-2], rest[-1]
     dy = grads[0] if grads[0] is not None else torch.zeros_like(y)
-    dfinals = [g if g is not None else torch.zeros_like(s)
+    dfinals = [g if g is not None or none_seeds else torch.zeros_like(s)
                for g, s in zip(grads[1:1 + n_states], states, strict=True)]
     out = backward(dy, dfinals, x, list(states), list(params), y, reserve, cell, hidden, layers, schedule)
     return out[0], list(out[1:1 + n_states]), list(out[1 + n_states:])
 
 
 def _op_backward(ctx, grads):
-    dx, dstates, dparams = _gradients(ctx, grads, torch.ops.cellfuse.rnn_backward)
+    dx, dstates, dparams = _gradients(ctx, grads, torch.ops.cellfuse.rnn_backward, none_seeds=False)
     return dx, dstates, dparams, None, None, None, None, None
 
 
@@ -178,7 +179,7 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, *grads):
-        dx, dstates, dparams = _gradients(ctx, grads, rnn_backward_impl)
+        dx, dstates, dparams = _gradients(ctx, grads, rnn_backward_impl, none_seeds=True)
         return dx, None, None, None, None, None, None, *dstates, *dparams
 
 

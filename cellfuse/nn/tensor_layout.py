@@ -39,13 +39,18 @@ class TensorLayout:
         self.keys = tuple(plan.params)
         self.parts = list(plan.param_parts())
         self.weights = [name for name, b in plan.buffers.items() if b.role in WEIGHT_ROLES]
+        s = plan.sizes
+        # the places of the seeds and of the states' gradients, worked out once (addresses are expressions)
+        self.dy_place = backward.dy_place()
+        self.state_places = {(state, layer, t): backward.state_grad(state, layer, t)
+                             for state in self.state_ids for layer in range(s.layers) for t in (0, s.seq)}
 
     def _block(self, views: Views, buffer: str, part: ParamPart) -> torch.Tensor:
         return views[buffer].view(-1, part.ld)[:, part.col:part.col + part.width]
 
     def _state_grad(self, views: Views, state: str, layer: int, t: int) -> torch.Tensor:
         """The [B * hidden] gradient of a layer's state before step t (t = T: after the last step)."""
-        name, at = self.backward.state_grad(state, layer, t)
+        name, at = self.state_places[state, layer, t]
         return views[name][at:at + self.plan.sizes.batch * self.plan.sizes.hidden]
 
     def pack(self, views: Views, params: Sequence[torch.Tensor],
@@ -58,14 +63,16 @@ class TensorLayout:
                 continue
             self._block(views, part.buffer, part).copy_(by_key[part.key].reshape(-1, part.width))
 
-    def seed(self, views: Views, dy: torch.Tensor, dfinals: Sequence[torch.Tensor]) -> None:
+    def seed(self, views: Views, dy: torch.Tensor, dfinals: Sequence[torch.Tensor | None]) -> None:
         """dy [T, B, hidden] and dfinal [L, B, hidden] per state added where the forward pass wrote y and
         the final states, into gradient buffers that hold their start values."""
         s = self.plan.sizes
         # A state that is the output lives in the output sequence: its final seed adds to dy's last step.
-        name, at = self.backward.dy_place()
+        name, at = self.dy_place
         views[name][at:at + dy.numel()].add_(dy.reshape(-1))
         for state, seed in zip(self.state_ids, dfinals, strict=True):
+            if seed is None:  # no gradient reaches this final state
+                continue
             for layer in range(s.layers):
                 self._state_grad(views, state, layer, s.seq).add_(seed[layer].reshape(-1))
 
