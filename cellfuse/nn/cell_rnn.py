@@ -90,9 +90,10 @@ class CellRNN(torch.nn.Module):
     codegen.backward_plan).
 
     On CPU tensors the numpy executor runs the plans, in float32 or float64 (so that
-    torch.autograd.gradcheck runs on it); on a CUDA device, CellFuse's CUDA executor, float32. The plans
-    and executors of each (sequence length, batch, dtype, device) are made once and kept for the next
-    call (the last MAX_RUNNERS of them).
+    torch.autograd.gradcheck runs on it); on a CUDA device the kernels compute in float32 in torch's
+    tensors on torch's current stream (see cuda_runner). Under torch.no_grad(), or where nothing needs a
+    gradient, no steps are saved. The plans and programs of each (cell, sizes, dtype, device) are made
+    once for the process (see ops).
 
     A cell whose backward pass the backward Plan cannot plan (an op with no derivative in the op table)
     is refused here, with the node that stops it.

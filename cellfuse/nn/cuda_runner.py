@@ -17,6 +17,7 @@ asks of any warm-up.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -50,9 +51,9 @@ class Memory:
     a backward run's gradient memory. Scratch for GEMMs on tensor cores comes after the reserve's buffers
     (and the gradients'), sized for the copies route, the larger of the two."""
 
-    def __init__(self, plan: Plan, backward: BackwardPlan | None, scratch: dict[str, int] | None = None,
-                 backward_scratch: dict[str, int] | None = None):
+    def __init__(self, plan: Plan, backward: BackwardPlan | None):
         from ..gpu_runtime.cuda_executor import split_elements
+        from ..gpu_runtime.stream_program import split_name
 
         self.output = plan.layers[-1].output_seq
         external = {"x", self.output, *(f"{e}.{s}" for s in plan.state_ids for e in ("init", "final"))}
@@ -60,7 +61,7 @@ class Memory:
         own = [name for name in plan.buffers if name not in external and name not in weights]
         program = lower(plan)
         splits = split_elements(program.instructions, program.streams)
-        scratch = scratch or {f"split:{s}": 4 * n for s, n in enumerate(splits) if n}
+        scratch = {split_name(s): 4 * n for s, n in enumerate(splits) if n}
         self.reserve, self.reserve_bytes = _layout([(n, plan.buffers[n].nbytes(plan.sizes)) for n in own]
                                                    + list(scratch.items()))
         self.weights = {n: plan.buffers[n].nbytes(plan.sizes) for n in weights}
@@ -68,7 +69,7 @@ class Memory:
             instructions = backward.instructions()
             splits = split_elements(instructions, 1 + max((getattr(i, "stream", 0) for i in instructions),
                                                           default=0))
-            scratch = backward_scratch or {f"split:{s}": 4 * n for s, n in enumerate(splits) if n}
+            scratch = {split_name(s): 4 * n for s, n in enumerate(splits) if n}
             # those a run must start at zero first, so that one memset of `restart_bytes` clears them all;
             # a buffer that a kernel overwrites whole, and the scratch, need no start
             order = sorted(backward.buffers, key=lambda n: not backward.restarted(n))
@@ -105,6 +106,8 @@ class CudaRunner(Runner):
         self.device = device
         self.index = device.index if device.index is not None else torch.cuda.current_device()
         self._programs: dict[str, object] = {}
+        # their cuBLAS handles, streams and events go when the runner does (dropped from the process's cache)
+        weakref.finalize(self, _close, self._programs).atexit = False
         self.memory = Memory(plans.train, plans.backward)
         self.infer_memory = Memory(plans.forward, None)
         # the weight buffers of both forward plans (the same where their rungs are), packed side by side
@@ -275,8 +278,10 @@ class CudaRunner(Runner):
         program.run([bases[k] + at for k, at in self._binders["backward"]], stream)
         return self.layout.gradients(views)
 
-    def close(self) -> None:
-        for program in self._programs.values():
-            program.close()
-        self._programs.clear()
+
+
+def _close(programs: dict) -> None:
+    for program in programs.values():
+        program.close()
+    programs.clear()
 

@@ -3,13 +3,17 @@
 fake-tensor implementations that give their outputs' shapes) and autograd joins them through
 `register_autograd`.
 
-An op names its cell by the cell's text (the .cell.json format) and its sizes and schedule by value, so
-an exported program holds everything it needs; the runner of each (cell, sizes, schedule, dtype, device)
-is made at its first call and kept (the last MAX_RUNNERS of them) for the process.
+An op names its cell by the cell's text (the .cell.json format, on one line) and its sizes and schedule
+by value, so an exported program holds everything it needs; the runner of each (cell, sizes, schedule,
+dtype, device) is made at its first call and kept (the last MAX_RUNNERS of them) for the process.
+
+In eager mode `run` calls the same runner without the dispatcher (see _Eager), or, where nothing is saved
+for a backward pass, with no autograd at all.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import OrderedDict
 from collections.abc import Sequence
 
@@ -17,7 +21,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..graph_model import CellError, Sizes, cell_from_text
-from .runners import Plans, Runner, make_plans, reserve_bytes
+from .runners import Plans, Runner, make_plans
 
 MAX_RUNNERS = 16  # sizes, dtypes and devices whose plans and programs the process keeps at once
 
@@ -40,6 +44,16 @@ def plans(cell: str, seq: int, batch: int, input_size: int, hidden: int, layers:
     sizes = Sizes(seq=seq, batch=batch, input=input_size, hidden=hidden, layers=layers)
     key = (cell, sizes, schedule, device.type, device.index)
     return _remember(_plans, key, lambda: make_plans(cell_from_text(cell), sizes, schedule, device))
+
+
+def reserve_bytes(plans: Plans, device_type: str, dtype: torch.dtype) -> int:
+    """The bytes of a forward run's reserve, known before it runs (for torch.compile's fake tensors)."""
+    if device_type == "cpu":
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return itemsize * sum(plans.train.buffer_elements(name) for name in plans.train.buffers)
+    from .cuda_runner import Memory
+
+    return Memory(plans.train, plans.backward).reserve_bytes
 
 
 def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str) -> Runner:
@@ -69,15 +83,7 @@ def _on_device(x: torch.Tensor):
     return _NOTHING
 
 
-class _Nothing:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NOTHING = _Nothing()
+_NOTHING = contextlib.nullcontext()
 
 
 def rnn_impl(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor], cell: str, hidden: int,
@@ -192,13 +198,3 @@ def run(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor],
     if not save:  # no backward pass to follow: nothing for autograd to record
         return _forward(x, states, params, cell, hidden, layers, schedule, save, shared=True)
     return _Eager.apply(x, cell, hidden, layers, schedule, save, len(states), *states, *params)
-
-
-def close_runners() -> None:
-    """Drops every runner the process keeps (their programs, streams and device memory)."""
-    for r in _runners.values():
-        close = getattr(r, "close", None)
-        if close is not None:
-            close()
-    _runners.clear()
-    _plans.clear()

@@ -108,16 +108,6 @@ class Runner(ABC):
         of the forward run that returned y and the reserve."""
 
 
-def reserve_bytes(plans: Plans, device_type: str, dtype: torch.dtype) -> int:
-    """The bytes of a forward run's reserve, known before it runs (for torch.compile's fake tensors)."""
-    if device_type == "cpu":
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return itemsize * sum(plans.train.buffer_elements(name) for name in plans.train.buffers)
-    from .cuda_runner import Memory
-
-    return Memory(plans.train, plans.backward).reserve_bytes
-
-
 class NumpyRunner(Runner):
     """The numpy executor in its own buffers; a reserve is a copy of all of them."""
 

@@ -44,8 +44,8 @@ def test_outputs_and_gradients_on_the_gpu(cuda, name, schedule, layers, initial)
 
 
 def test_on_a_stream_of_torchs_own(cuda):
-    """The executor's streams wait for torch's current stream, and it for them: the same results on a
-    side stream, with the inputs made and the results read there without a synchronize."""
+    """The kernels run on torch's current stream, whichever it is: the same results on a side stream,
+    with the inputs made and the results read there without a synchronize."""
     run = make_run(load_template("lstm"), 2, seed=3, sizes=SIZES, scale=1.0)
     rnn = module_for(run, "graph", torch.float32, str(cuda))
     want_y, want_final, want = module_run(rnn, run)

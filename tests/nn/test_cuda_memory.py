@@ -1,0 +1,42 @@
+"""Where a CellRNN call's buffers live on a GPU (cuda_runner.Memory), checked on the CPU: the caller's
+tensors and the weights stay out of the reserve, every buffer a backward run adds into is cleared by its
+one memset, and every piece starts where cuBLAS's fastest kernels want it."""
+
+from __future__ import annotations
+
+import pytest
+
+from cellfuse.codegen import make_plan
+from cellfuse.codegen.backward_plan import backward_plan
+from cellfuse.codegen.plan import Target
+from cellfuse.graph_model import Sizes, load_template
+from cellfuse.nn.cuda_runner import ALIGNMENT, Memory
+from cellfuse.nn.tensor_layout import WEIGHT_ROLES
+
+H100 = Target(132, 232448)
+
+
+CASES = [("lstm", "persistent", 1), ("gru", "tensor", 2), ("lstm", "graph", 2),
+         ("layernorm_lstm", "persistent", 1)]
+
+
+@pytest.mark.parametrize("name, schedule, layers", CASES)
+def test_a_calls_memory_holds_every_buffer_once(name, schedule, layers):
+    sizes = Sizes(seq=7, batch=64, input=32, hidden=64, layers=layers)
+    plan = make_plan(load_template(name), sizes, schedule, H100, save_steps=True)
+    backward = backward_plan(plan)
+    memory = Memory(plan, backward)
+    states = {f"{e}.{s}" for s in plan.state_ids for e in ("init", "final")}
+    caller = {"x", plan.layers[-1].output_seq, *states}
+    weights = {n for n, b in plan.buffers.items() if b.role in WEIGHT_ROLES}
+    assert set(memory.weights) == weights
+    in_reserve = {n for n in memory.reserve if not n.startswith("split:")}
+    assert in_reserve == set(plan.buffers) - caller - weights
+    assert set(backward.buffers) <= set(memory.grads)
+    for offsets in (memory.reserve, memory.grads):
+        assert all(at % ALIGNMENT == 0 for at in offsets.values())
+        ends = sorted(offsets.values())
+        assert len(set(ends)) == len(ends)  # no two buffers start at one place
+    cleared = [n for n in backward.buffers if memory.grads[n] < memory.restart_bytes]
+    assert set(cleared) == {n for n in backward.buffers if backward.restarted(n)}
+    assert memory.reserve_bytes >= sum(plan.buffers[n].nbytes(plan.sizes) for n in in_reserve)
