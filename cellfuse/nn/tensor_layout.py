@@ -78,17 +78,21 @@ class TensorLayout:
 
     def gradients(self, views: Views) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
         """The gradients of x, of the initial states (in the order of `state_ids`) and of the parameters
-        (in the order of `keys`) after a backward run: x's a view of its buffer, the rest tensors of their
-        own."""
+        (in the order of `keys`) after a backward run, each a tensor of its own (a view would keep all the
+        gradient buffers alive for as long as a .grad holds it), made by one copy."""
         s = self.plan.sizes
         B, H = s.batch, s.hidden
-        dx = views[grad_of("x")].view(s.seq, B, s.input)
+        dx = views[grad_of("x")].view(s.seq, B, s.input).clone()
         dinitial = [torch.stack([self._state_grad(views, state, layer, 0).view(B, H)
                                  for layer in range(s.layers)]) for state in self.state_ids]
         dparams: dict[str, torch.Tensor] = {}
         for part in self.parts:
-            block = self._block(views, grad_of(part.buffer), part).reshape(self.plan.params[part.key])
-            dparams[part.key] = dparams[part.key] + block if part.key in dparams else block.clone()
+            block = self._block(views, grad_of(part.buffer), part)
+            if part.key in dparams:
+                dparams[part.key] += block.reshape(dparams[part.key].shape)
+            else:
+                own = dparams[part.key] = block.new_empty(self.plan.params[part.key])
+                own.view(block.shape).copy_(block)
         for key, shape in self.plan.params.items():
             if key not in dparams:
                 dparams[key] = dx.new_zeros(shape)
