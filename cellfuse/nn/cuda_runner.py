@@ -61,7 +61,7 @@ class Memory:
         own = [name for name in plan.buffers if name not in external and name not in weights]
         program = lower(plan)
         splits = split_elements(program.instructions, program.streams)
-        scratch = {split_name(s): 4 * n for s, n in enumerate(splits) if n}
+        self.scratch = scratch = {split_name(s): 4 * n for s, n in enumerate(splits) if n}
         self.reserve, self.reserve_bytes = _layout([(n, plan.buffers[n].nbytes(plan.sizes)) for n in own]
                                                    + list(scratch.items()))
         self.weights = {n: plan.buffers[n].nbytes(plan.sizes) for n in weights}
@@ -69,7 +69,7 @@ class Memory:
             instructions = backward.instructions()
             splits = split_elements(instructions, 1 + max((getattr(i, "stream", 0) for i in instructions),
                                                           default=0))
-            scratch = {split_name(s): 4 * n for s, n in enumerate(splits) if n}
+            self.grad_scratch = scratch = {split_name(s): 4 * n for s, n in enumerate(splits) if n}
             # those a run must start at zero first, so that one memset of `restart_bytes` clears them all;
             # a buffer that a kernel overwrites whole, and the scratch, need no start
             order = sorted(backward.buffers, key=lambda n: not backward.restarted(n))
@@ -167,10 +167,11 @@ class CudaRunner(Runner):
 
     def _check_scratch(self, which: str, program) -> None:
         memory = self.infer_memory if which == "forward" else self.memory
-        have = memory.grads if which == "backward" else memory.reserve
+        have = memory.grad_scratch if which == "backward" else memory.scratch
         for name, nbytes in program.scratch.items():
-            if name not in have:
-                raise CellError(f"{program.what}: scratch {name!r} of {nbytes} bytes has no room")
+            if nbytes > have.get(name, 0):
+                raise CellError(f"{program.what}: scratch {name!r} needs {nbytes} bytes, and the call's "
+                                f"memory holds {have.get(name, 0)} for it")
 
     def _weights(self, params: Sequence[torch.Tensor], stream: int) -> int:
         """The address of the packed weights and images, packed again where the parameters changed (or
