@@ -21,6 +21,7 @@ import weakref
 from collections.abc import Sequence
 
 import torch
+from torch.nn import Parameter
 
 from ..codegen import kernel_set
 from ..codegen.backward_plan import BackwardPlan
@@ -175,20 +176,26 @@ class CudaRunner(Runner):
 
     def _weights(self, params: Sequence[torch.Tensor], stream: int) -> int:
         """The address of the packed weights and images, packed again where the parameters changed (or
-        a CUDA graph is being captured)."""
+        a CUDA graph is being captured).
+
+        A parameter's address and version counter tell whether it changed only for a torch.nn.Parameter
+        (or a view of one): a tensor computed for the call (torch.func.functional_call's, say) may get
+        the address of the one before it from the caching allocator, at version 0 again, with other
+        values. Such parameters are packed at every call."""
         capturing = torch.cuda.is_current_stream_capturing()
         key = tuple((p.data_ptr(), p._version) for p in params)
+        trusted = all(isinstance(p, Parameter) or isinstance(p._base, Parameter) for p in params)
         if self.packed is None:
             _, images = _layout(list(self._images.items()))
             self.packed = torch.empty(self.weight_bytes + images, dtype=torch.uint8, device=self.device)
         base = self.packed.data_ptr()
-        if key != self._packed_for or capturing:
+        if key != self._packed_for or capturing or not trusted:
             for layout, buffers in self.packing:
                 layout.pack(_views(self.packed, self._weight_extents, buffers), params, buffers)
             addresses = {name: base + at for name, at in (*self.weight_at.items(), *self._image_at.items())}
             for program in self._programs.values():
                 program.weights_changed(program.resolve_some(addresses), stream)
-            self._packed_for = None if capturing else key
+            self._packed_for = key if trusted and not capturing else None
         return base
 
     # -- runs -----------------------------------------------------------------------------------------

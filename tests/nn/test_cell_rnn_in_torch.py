@@ -209,3 +209,20 @@ def test_a_faulting_kernel_is_named_not_hung(cuda, tmp_path):
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, env=env)
     assert "RAISED" in done.stdout, done.stdout + done.stderr
     assert "while running" in done.stdout and "ILLEGAL_ADDRESS" in done.stdout, done.stdout
+
+
+def test_parameters_computed_for_each_call_are_packed_each_time(cuda):
+    """torch.func.functional_call's tensors may come back at the same address and version: their values
+    still count."""
+    rnn = _lstm(cuda)
+    x = torch.randn(10, 2, 32, device=cuda)
+    with torch.no_grad():
+        want = [rnn(x)[0]]
+        for scale in (0.5, 0.25):
+            swapped = {name: p * scale for name, p in rnn.named_parameters()}
+            y, _ = torch.func.functional_call(rnn, swapped, (x,))
+            twin = _lstm(cuda)
+            twin.load_state_dict(swapped)
+            torch.testing.assert_close(y, twin(x)[0], rtol=1e-5, atol=1e-6)
+            want.append(y)
+    assert (want[1] - want[2]).abs().max() > 1e-4
