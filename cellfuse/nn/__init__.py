@@ -9,5 +9,6 @@ except ImportError:
     raise ImportError("cellfuse.nn needs PyTorch: pip install 'cellfuse[torch]'") from None
 
 from .cell_rnn import CellRNN
+from .torch_rnn import GRU, LSTM
 
-__all__ = ["CellRNN"]
+__all__ = ["CellRNN", "GRU", "LSTM"]

@@ -1,0 +1,224 @@
+"""`cellfuse.nn.LSTM` and `cellfuse.nn.GRU`: torch.nn.LSTM and torch.nn.GRU's constructor, parameters
+(names, shapes, initialisation), forward signature and results, computed by the drawn `lstm` and `gru`
+templates through CellRNN's ops, so that a model built on torch's modules changes one line.
+
+The parameters are torch's (`weight_ih_l0`, `weight_hh_l0_reverse`, `bias_ih_l0`, ...: a state dict loads
+both ways); each call reads the template's weights out of them as views (gate i's rows of `weight_ih`
+are the transpose of the template's `W`), and the LSTM's one bias per gate as `bias_ih + bias_hh`.
+
+A stack of one direction runs as one fused call of every layer. Two directions, or dropout between layers
+while training, run layer by layer: the reverse direction on the sequence reversed in time, torch's
+dropout between layers. Sequences of different lengths (a PackedSequence) are not run yet: the module
+says so.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import torch
+from torch.nn.utils.rnn import PackedSequence
+
+from ..gpu_runtime.auto_schedule import AUTO
+from ..gpu_runtime.torch_baselines import CUDNN_GATES
+from ..graph_model import CellError, cell_to_text, init_params, load_template
+from . import ops
+from .runners import DTYPES, dtype_names
+
+
+class _TorchRNN(torch.nn.Module):
+    """What LSTM and GRU share; `kind` is the template ("lstm" or "gru")."""
+
+    kind: str
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 device=None, dtype=None, *, schedule: str = AUTO):
+        super().__init__()
+        for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
+                            ("num_layers", num_layers)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise CellError(f"{name} must be a whole number of at least 1, got {value!r}")
+        if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout <= 1:
+            raise CellError(f"dropout must be a number from 0 to 1, got {dropout!r}")
+        self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
+        self.bidirectional, self.schedule = bool(bidirectional), schedule
+        cell = load_template(self.kind)
+        # the ops name the cell by its text on one line (see CellRNN)
+        self._cell_text = json.dumps(json.loads(cell_to_text(cell)), separators=(",", ":"))
+        self._state_ids = tuple(cell.updates)
+        self._gates = CUDNN_GATES[self.kind]
+        # the template's weights of a layer, in the order of its keys (l0.W_i -> W_i), which the ops take
+        self._names = [key.split(".", 1)[1] for key in init_params(cell, 1, 1, 1, 0)]
+        gate_rows = len(self._gates) * hidden_size
+        factory = {"device": device, "dtype": dtype}
+        for layer in range(num_layers):
+            width = input_size if layer == 0 else hidden_size * self._directions
+            for suffix in self._suffixes:
+                self.register_parameter(f"weight_ih_l{layer}{suffix}",
+                                        torch.nn.Parameter(torch.empty(gate_rows, width, **factory)))
+                self.register_parameter(f"weight_hh_l{layer}{suffix}",
+                                        torch.nn.Parameter(torch.empty(gate_rows, hidden_size, **factory)))
+                if self.bias:
+                    for name in ("bias_ih", "bias_hh"):
+                        self.register_parameter(f"{name}_l{layer}{suffix}",
+                                                torch.nn.Parameter(torch.empty(gate_rows, **factory)))
+        self.reset_parameters()
+
+    @property
+    def _directions(self) -> int:
+        return 2 if self.bidirectional else 1
+
+    @property
+    def _suffixes(self) -> tuple[str, ...]:
+        return ("", "_reverse") if self.bidirectional else ("",)
+
+    def reset_parameters(self) -> None:
+        """Every parameter uniform in +-1/sqrt(hidden_size), as torch's modules start."""
+        bound = 1.0 / math.sqrt(self.hidden_size)
+        for p in self.parameters():
+            torch.nn.init.uniform_(p, -bound, bound)
+
+    def flatten_parameters(self) -> None:
+        """Nothing to do, here as in torch's modules after a move: the kernels' copy of the weights is
+        made again whenever a parameter changes (its version counter tells)."""
+
+    def extra_repr(self) -> str:
+        s = f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}"
+        for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0),
+                              ("bidirectional", False)):
+            if getattr(self, name) != default:
+                s += f", {name}={getattr(self, name)}"
+        return s + f", schedule={self.schedule!r}"
+
+    # -- the template's weights, read out of torch's ---------------------------------------------------
+    def _layer_params(self, layer: int, suffix: str) -> list[torch.Tensor]:
+        """One layer's weights in the template's order of keys (CUDNN_GATES gate by gate)."""
+        H = self.hidden_size
+        w_ih, w_hh = (getattr(self, f"{name}_l{layer}{suffix}") for name in ("weight_ih", "weight_hh"))
+        if self.bias:
+            b_ih, b_hh = (getattr(self, f"{name}_l{layer}{suffix}") for name in ("bias_ih", "bias_hh"))
+        else:
+            b_ih = b_hh = w_ih.new_zeros(w_ih.shape[0])
+        by_name = {}
+        for i, names in enumerate(self._gates):  # torch's gates, in torch's order of rows
+            rows = slice(i * H, (i + 1) * H)
+            by_name[names[0]], by_name[names[1]] = w_ih[rows].t(), w_hh[rows].t()
+            if len(names) == 4:  # the GRU's input and recurrent biases, apart
+                by_name[names[2]], by_name[names[3]] = b_ih[rows], b_hh[rows]
+            else:  # the LSTM's one bias per gate
+                by_name[names[2]] = b_ih[rows] + b_hh[rows]
+        return [by_name[name] for name in self._names]
+
+    # -- the forward pass ------------------------------------------------------------------------------
+    def _check(self, x: object) -> torch.Tensor:
+        if isinstance(x, PackedSequence):
+            name = type(self).__name__
+            raise CellError(f"cellfuse.nn.{name} does not run sequences of different lengths (a "
+                            "PackedSequence) yet: pad them (torch.nn.utils.rnn.pad_packed_sequence) or use "
+                            f"torch.nn.{name} for those")
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"input must be a tensor, got a {type(x).__name__}")
+        if x.dim() not in (2, 3) or x.shape[-1] != self.input_size or 0 in x.shape:
+            raise CellError(f"input has shape {list(x.shape)}, expected [T, B, {self.input_size}]"
+                            f"{' with batch_first: [B, T, ...]' if self.batch_first else ''} or unbatched "
+                            f"[T, {self.input_size}]")
+        if x.device.type not in DTYPES or x.dtype not in DTYPES[x.device.type]:
+            raise CellError(f"input is {x.dtype} on {x.device}; on {x.device.type} this module runs "
+                            f"{dtype_names(x.device.type) if x.device.type in DTYPES else 'nothing'}")
+        p = self.weight_ih_l0
+        if p.device != x.device or p.dtype != x.dtype:
+            raise CellError(f"the parameters are {p.dtype} on {p.device}, and input is {x.dtype} on "
+                            f"{x.device}: move the module to the input's device and dtype")
+        return x
+
+    def _initial(self, hx, batch: int, x: torch.Tensor) -> list[torch.Tensor]:
+        """The initial states in the template's order, each [layers * directions, B, H]."""
+        want = (self.num_layers * self._directions, batch, self.hidden_size)
+        given = (hx if isinstance(hx, (tuple, list)) else (hx,)) if hx is not None else None
+        if given is not None and len(given) != len(self._state_ids):
+            raise CellError(f"hx must be {self._hx_doc}, got {len(given)} tensor(s)")
+        out = []
+        for i, state in enumerate(self._state_ids):
+            value = given[i] if given is not None else x.new_zeros(want)
+            if tuple(value.shape) != want:
+                raise CellError(f"hx's {state} has shape {list(value.shape)}, expected {list(want)} "
+                                "(num_layers * num_directions, batch, hidden_size)")
+            out.append(value)
+        return out
+
+    def _run(self, x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor],
+             layers: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *states, *params))
+        out = ops.run(x, states, params, self._cell_text, self.hidden_size, layers, self.schedule, save)
+        return out[0], list(out[1:1 + len(states)])
+
+    def forward(self, input, hx=None):
+        x = self._check(input)
+        unbatched = x.dim() == 2
+        if unbatched:
+            x = x.unsqueeze(1)
+            if hx is not None:
+                hx = tuple(h.unsqueeze(1) for h in (hx if isinstance(hx, (tuple, list)) else (hx,)))
+        elif self.batch_first:
+            x = x.transpose(0, 1)
+        initial = self._initial(hx, x.shape[1], x)
+        if not self.bidirectional and (self.dropout == 0 or not self.training or self.num_layers == 1):
+            params = [p for layer in range(self.num_layers) for p in self._layer_params(layer, "")]
+            y, finals = self._run(x, initial, params, self.num_layers)
+        else:
+            y, finals = self._layer_by_layer(x, initial)
+        if unbatched:
+            y, finals = y.squeeze(1), [f.squeeze(1) for f in finals]
+        elif self.batch_first:
+            y = y.transpose(0, 1)
+        if self.kind == "lstm":
+            return y, (finals[0], finals[1])
+        return y, finals[0]
+
+    def _layer_by_layer(self, x: torch.Tensor, initial: list[torch.Tensor]):
+        """Each layer and direction a call of its own: the reverse direction on the sequence reversed in
+        time, torch's dropout on each layer's output but the last while training."""
+        finals: list[list[torch.Tensor]] = [[] for _ in initial]
+        for layer in range(self.num_layers):
+            outputs = []
+            for d, suffix in enumerate(self._suffixes):
+                index = layer * self._directions + d
+                states = [s[index:index + 1] for s in initial]
+                source = x.flip(0) if suffix else x
+                y, last = self._run(source, states, self._layer_params(layer, suffix), 1)
+                outputs.append(y.flip(0) if suffix else y)
+                for i, value in enumerate(last):
+                    finals[i].append(value)
+            x = torch.cat(outputs, dim=2) if len(outputs) == 2 else outputs[0]
+            if self.dropout and self.training and layer < self.num_layers - 1:
+                x = torch.nn.functional.dropout(x, self.dropout, training=True)
+        return x, [torch.cat(f) for f in finals]
+
+
+class LSTM(_TorchRNN):
+    """torch.nn.LSTM's module (without `proj_size`), run by CellFuse's `lstm` template; `schedule` as
+    CellRNN's. forward(input, (h_0, c_0)=None) -> output, (h_n, c_n)."""
+
+    kind = "lstm"
+    _hx_doc = "(h_0, c_0)"
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
+                 batch_first: bool = False, dropout: float = 0.0, bidirectional: bool = False,
+                 proj_size: int = 0, device=None, dtype=None, *, schedule: str = AUTO):
+        if proj_size:
+            raise CellError("cellfuse.nn.LSTM has no proj_size (LSTM with projections): its template has no "
+                            "projection; draw a cell with one, or use torch.nn.LSTM")
+        super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
+                         device, dtype, schedule=schedule)
+        self.proj_size = 0
+
+
+class GRU(_TorchRNN):
+    """torch.nn.GRU's module, run by CellFuse's `gru` template; `schedule` as CellRNN's.
+    forward(input, h_0=None) -> output, h_n."""
+
+    kind = "gru"
+    _hx_doc = "h_0"

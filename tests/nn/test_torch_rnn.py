@@ -1,0 +1,120 @@
+"""cellfuse.nn.LSTM and GRU against torch.nn.LSTM and GRU from the same state dict, on the CPU in float64:
+outputs, final states and every gradient, for batch_first x bidirectional x layers, with torch's dropout
+between layers, without biases, unbatched; and what they refuse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cellfuse.graph_model import CellError
+from cellfuse.nn import GRU, LSTM
+
+PAIRS = {"lstm": (LSTM, torch.nn.LSTM), "gru": (GRU, torch.nn.GRU)}
+INPUT, H = 5, 4
+
+
+def _pair(kind, **options):
+    ours_cls, torch_cls = PAIRS[kind]
+    ours = ours_cls(INPUT, H, **options).double()
+    ref = torch_cls(INPUT, H, **options).double()
+    ref.load_state_dict(ours.state_dict())
+    return ours, ref
+
+
+def _finals(kind, states):
+    return list(states) if kind == "lstm" else [states]
+
+
+def _loss(kind, y, states):
+    return y.square().sum() + sum((i + 2) * s.sum() for i, s in enumerate(_finals(kind, states)))
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("layers", [1, 3])
+def test_outputs_states_and_gradients_are_torchs(kind, batch_first, bidirectional, layers):
+    ours, ref = _pair(kind, num_layers=layers, batch_first=batch_first, bidirectional=bidirectional)
+    shape = (3, 6, INPUT) if batch_first else (6, 3, INPUT)
+    x = torch.randn(*shape, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(layers * (2 if bidirectional else 1), 3, H, dtype=torch.float64, requires_grad=True)
+    hx = (h0, torch.randn_like(h0)) if kind == "lstm" else h0
+    (y, states), (want_y, want_states) = ours(x, hx), ref(x, hx)
+    torch.testing.assert_close(y, want_y, rtol=1e-10, atol=1e-12)
+    for got, want in zip(_finals(kind, states), _finals(kind, want_states), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    inputs = [x, h0]
+    got = torch.autograd.grad(_loss(kind, y, states), [*inputs, *ours.parameters()])
+    want = torch.autograd.grad(_loss(kind, want_y, want_states), [*inputs, *ref.parameters()])
+    names = ["x", "h0", *(name for name, _ in ours.named_parameters())]
+    for name, a, b in zip(names, got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11, msg=name)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_dropout_between_layers_is_torchs_with_the_same_seed(kind):
+    ours, ref = _pair(kind, num_layers=3, dropout=0.5)
+    x = torch.randn(6, 3, INPUT, dtype=torch.float64)
+    torch.manual_seed(7)
+    y = ours(x)[0]
+    torch.manual_seed(7)
+    torch.testing.assert_close(y, ref(x)[0], rtol=1e-10, atol=1e-12)
+    torch.manual_seed(8)
+    assert (ours(x)[0] - y).abs().max() > 1e-3  # another draw, other units dropped
+    ours.eval(), ref.eval()
+    torch.testing.assert_close(ours(x)[0], ref(x)[0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_without_biases_and_unbatched(kind):
+    ours, ref = _pair(kind, bias=False, num_layers=2)
+    assert not any("bias" in name for name, _ in ours.named_parameters())
+    x = torch.randn(6, INPUT, dtype=torch.float64)  # [T, input]: no batch
+    (y, states), (want_y, want_states) = ours(x), ref(x)
+    assert y.shape == (6, H)
+    torch.testing.assert_close(y, want_y, rtol=1e-10, atol=1e-12)
+    for got, want in zip(_finals(kind, states), _finals(kind, want_states), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_state_dict_loads_both_ways_and_float32_runs(kind):
+    ours_cls, torch_cls = PAIRS[kind]
+    ref = torch_cls(INPUT, H, num_layers=2, bidirectional=True)
+    ours = ours_cls(INPUT, H, num_layers=2, bidirectional=True)
+    assert list(ours.state_dict()) == list(ref.state_dict())
+    ours.load_state_dict(ref.state_dict())
+    back = torch_cls(INPUT, H, num_layers=2, bidirectional=True)
+    back.load_state_dict(ours.state_dict())
+    x = torch.randn(5, 2, INPUT)
+    torch.testing.assert_close(ours(x)[0], back(x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_what_it_refuses():
+    with pytest.raises(CellError, match="proj_size"):
+        LSTM(INPUT, H, proj_size=2)
+    lstm = LSTM(INPUT, H)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.randn(4, 2, INPUT), [4, 2])
+    with pytest.raises(CellError, match="PackedSequence"):
+        lstm(packed)
+    with pytest.raises(CellError, match=r"input has shape \[4, 2, 3\]"):
+        lstm(torch.randn(4, 2, 3))
+    with pytest.raises(CellError, match=r"hx's h has shape"):
+        lstm(torch.randn(4, 2, INPUT), (torch.zeros(2, 2, H), torch.zeros(2, 2, H)))
+    with pytest.raises(CellError, match="dropout"):
+        GRU(INPUT, H, dropout=2)
+    with pytest.raises(CellError, match="float64 on cpu, and input is torch.float32"):
+        LSTM(INPUT, H).double()(torch.randn(4, 2, INPUT))
+
+
+def test_compiled_with_fullgraph_matches_eager():
+    torch._dynamo.reset()
+    lstm = LSTM(INPUT, H, num_layers=2, bidirectional=True, batch_first=True)
+    compiled = torch.compile(lstm, fullgraph=True, backend="aot_eager")
+    x = torch.randn(3, 6, INPUT)
+    (y, (h, c)), (want_y, (want_h, want_c)) = compiled(x), lstm(x)
+    for got, want in ((y, want_y), (h, want_h), (c, want_c)):
+        torch.testing.assert_close(got, want)
+    grad = torch.autograd.grad(y.sum(), lstm.weight_hh_l1_reverse)[0]
+    torch.testing.assert_close(grad, torch.autograd.grad(want_y.sum(), lstm.weight_hh_l1_reverse)[0])
