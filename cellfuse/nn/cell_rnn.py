@@ -101,8 +101,11 @@ class CellRNN(torch.nn.Module):
 
     def __init__(self, cell: Cell | str | os.PathLike[str], input_size: int | None = None,
                  hidden_size: int | None = None, num_layers: int = 1, schedule: str = AUTO,
-                 seed: int | None = None):
+                 seed: int | None = None, batch_first: bool = False, dropout: float = 0.0):
         super().__init__()
+        if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout <= 1:
+            raise CellError(f"dropout must be a number from 0 to 1, got {dropout!r}")
+        self.batch_first, self.dropout = bool(batch_first), float(dropout)
         self.cell = resolve_cell(cell)
         require_valid(self.cell)
         self.input_size = _size(self.cell, input_size, "input", "input_size")
@@ -121,6 +124,9 @@ class CellRNN(torch.nn.Module):
         except CellError as e:
             raise CellError(f"cell '{self.cell.name}' cannot be trained as a CellRNN: {e}") from None
         self._names = {key: _param_name(key) for key in params}
+        # each layer's parameter names in the order of a one-layer plan's keys (for dropout between layers)
+        self._layer_names = [[self._names[key] for key in params if key.startswith(f"l{layer}.")]
+                             for layer in range(self.num_layers)]
         for key, value in params.items():
             self.register_parameter(self._names[key], torch.nn.Parameter(torch.from_numpy(value)))
         # How the custom ops name the cell: its file's text on one line (code that torch.compile generates
@@ -134,7 +140,9 @@ class CellRNN(torch.nn.Module):
 
     def extra_repr(self) -> str:
         return (f"cell={self.cell.name!r}, input_size={self.input_size}, hidden_size={self.hidden_size}, "
-                f"num_layers={self.num_layers}, schedule={self.schedule!r}")
+                f"num_layers={self.num_layers}, schedule={self.schedule!r}"
+                + (", batch_first=True" if self.batch_first else "")
+                + (f", dropout={self.dropout}" if self.dropout else ""))
 
     @property
     def schedules_run(self) -> list[str]:
@@ -188,18 +196,21 @@ class CellRNN(torch.nn.Module):
     # -- the forward pass ----------------------------------------------------------------------------
     def forward(self, x: torch.Tensor, states: Mapping[str, torch.Tensor] | None = None
                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """x [T, B, input_size]; states maps state ids (any of them, or none: zeros) to initial values
-        [num_layers, B, hidden_size]. Returns y [T, B, hidden_size], the last layer's output at every step,
-        and the final value of every state, [num_layers, B, hidden_size] each."""
+        """x [T, B, input_size] ([B, T, input_size] with batch_first); states maps state ids (any of them,
+        or none: zeros) to initial values [num_layers, B, hidden_size]. Returns y [T, B, hidden_size]
+        ([B, T, ...] with batch_first), the last layer's output at every step, and the final value of every
+        state, [num_layers, B, hidden_size] each. With dropout, while training, each layer's output but the
+        last goes through torch's dropout, as in torch.nn.LSTM."""
         if torch.onnx.is_in_onnx_export():
             raise CellError("a CellRNN cannot be exported to ONNX: its forward pass is the custom op "
                             "cellfuse::rnn, which ONNX has no operator for (torch.export.export keeps it)")
+        if self.batch_first and isinstance(x, torch.Tensor) and x.dim() == 3:
+            x = x.transpose(0, 1)
         initial = self._check(x, states)
-        params = self._params()
-        # the steps are saved only where a backward pass may follow
-        save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *initial, *params))
-        out = ops.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers, self.schedule,
-                      save)
+        if self.dropout and self.training and self.num_layers > 1:
+            y, finals = self._layer_by_layer(x, initial)
+        else:
+            y, finals = self._run(x, initial, self._params(), self.num_layers)
         if not torch.compiler.is_compiling():
             seen = (x.shape, x.device)
             if seen != self._last_seen:
@@ -208,7 +219,30 @@ class CellRNN(torch.nn.Module):
                 self._seen.move_to_end(seen)
                 if len(self._seen) > MAX_SEEN:
                     self._seen.popitem(last=False)
-        return out[0], dict(zip(self.state_ids, out[1:1 + len(self.state_ids)], strict=True))
+        if self.batch_first:
+            y = y.transpose(0, 1)
+        return y, dict(zip(self.state_ids, finals, strict=True))
+
+    def _run(self, x: torch.Tensor, initial: list[torch.Tensor], params: list[torch.Tensor],
+             layers: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """y and the final states of `layers` layers in one call of the ops."""
+        # the steps are saved only where a backward pass may follow
+        save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *initial, *params))
+        out = ops.run(x, initial, params, self._cell_text, self.hidden_size, layers, self.schedule, save)
+        return out[0], list(out[1:1 + len(initial)])
+
+    def _layer_by_layer(self, x: torch.Tensor, initial: list[torch.Tensor]):
+        """Dropout between layers while training (torch's, from torch's generator, as torch.nn.LSTM's):
+        each layer a call of its own."""
+        finals: list[list[torch.Tensor]] = [[] for _ in initial]
+        for layer, names in enumerate(self._layer_names):
+            params = [self._parameters[name] for name in names]
+            x, last = self._run(x, [s[layer:layer + 1] for s in initial], params, 1)
+            for i, value in enumerate(last):
+                finals[i].append(value)
+            if layer < self.num_layers - 1:
+                x = torch.nn.functional.dropout(x, self.dropout, training=True)
+        return x, [torch.cat(f) for f in finals]
 
     def _check(self, x: object, states: object) -> list[torch.Tensor]:
         """The initial states in the order of `state_ids` (zeros where not given), after checking every

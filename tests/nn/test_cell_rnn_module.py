@@ -294,3 +294,28 @@ def test_the_schedules_run_say_what_auto_resolved_to():
     fused = CellRNN("lstm", 4, 5, schedule="fused")
     fused(torch.zeros(3, 2, 4))
     assert fused.schedules_run == ["fused"]
+
+
+def test_batch_first_and_dropout_between_layers_as_torchs_lstm():
+    from cellfuse.gpu_runtime.torch_baselines import cudnn_gates
+
+    rnn = CellRNN("lstm", 4, 3, 3, seed=2, batch_first=True, dropout=0.5).double()
+    params = {key: rnn.param(key).detach().numpy() for key in rnn.keys}
+    ref = torch.nn.LSTM(4, 3, 3, batch_first=True, dropout=0.5).double()
+    with torch.no_grad():
+        for layer in range(3):
+            gates = cudnn_gates("lstm", params, layer)
+            for i, name in enumerate(("weight_ih", "weight_hh", "bias_ih", "bias_hh")):
+                value = np.concatenate([g[i] for g in gates])
+                getattr(ref, f"{name}_l{layer}").copy_(torch.from_numpy(value))
+    x = torch.randn(2, 5, 4, dtype=torch.float64)  # [B, T, input]
+    for mode in ("train", "eval"):
+        getattr(rnn, mode)(), getattr(ref, mode)()
+        torch.manual_seed(3)
+        y, final = rnn(x)
+        torch.manual_seed(3)
+        want_y, (want_h, want_c) = ref(x)
+        torch.testing.assert_close(y, want_y, rtol=1e-10, atol=1e-12, msg=mode)
+        torch.testing.assert_close(final["c"], want_c, rtol=1e-10, atol=1e-12, msg=mode)
+    with pytest.raises(CellError, match="dropout"):
+        CellRNN("lstm", 4, 3, dropout=-1)
