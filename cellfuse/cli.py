@@ -212,9 +212,10 @@ def cmd_init_params(args: argparse.Namespace) -> int:
     output = output_path(args.output, ARRAYS, force=args.force, cell=_cell_file(args.cell))
     input_size, hidden = _sizes(cell, args)
     with _allocating(f"parameters of input {input_size}, hidden {hidden}"):
-        params = init_params(cell, args.layers, input_size, hidden, args.seed)
+        params = init_params(cell, args.layers, input_size, hidden, args.seed, args.bidirectional)
     save_npz(output, params)
-    print(f"wrote {args.output}: {len(params)} arrays for {args.layers} layer(s), "
+    directions = ", both directions" if args.bidirectional else ""
+    print(f"wrote {args.output}: {len(params)} arrays for {args.layers} layer(s){directions}, "
           f"input {input_size}, hidden {hidden}")
     return 0
 
@@ -468,6 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--seed", type=_seed, default=0)
     s.add_argument("--input", type=_positive, help="input size (default: the cell's)")
     s.add_argument("--hidden", type=_positive, help="hidden size (default: the cell's)")
+    s.add_argument("--bidirectional", action="store_true",
+                   help="the reverse direction's weights too (l0.reverse.W, ...): a bidirectional CellRNN's")
     s.add_argument("-o", "--output", type=Path, required=True)
     _force_option(s)
     s.set_defaults(func=cmd_init_params)

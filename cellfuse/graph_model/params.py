@@ -38,8 +38,11 @@ class Sizes:
         return self.input if layer == 0 else self.hidden
 
 
-def param_key(layer: int, weight_id: str) -> str:
-    return f"l{layer}.{weight_id}"
+REVERSE = "reverse"  # the middle part of a bidirectional stack's reverse-direction keys: l0.reverse.W
+
+
+def param_key(layer: int, weight_id: str, reverse: bool = False) -> str:
+    return f"l{layer}.{REVERSE}.{weight_id}" if reverse else f"l{layer}.{weight_id}"
 
 
 def _weight_dims(w: Node) -> list[str]:
@@ -111,8 +114,11 @@ def check_widths(sizes: Sizes, cell: Cell, info: CellInfo | None = None) -> None
 
 # -- parameters -----------------------------------------------------------------------------------
 
-def expected_params(cell: Cell, layers: int, input: int, hidden: int) -> dict[str, tuple[int, ...]]:
-    """Every parameter key a run needs, with its shape (for layer > 0, `input` is `hidden`).
+def expected_params(cell: Cell, layers: int, input: int, hidden: int,
+                    bidirectional: bool = False) -> dict[str, tuple[int, ...]]:
+    """Every parameter key a run needs, with its shape (for layer > 0, `input` is `hidden`, or twice it
+    in a bidirectional stack, whose layers read both directions' outputs side by side; there each layer
+    has its reverse direction's keys, `l{layer}.reverse.{weight}`, after its own).
 
     Only shapes, nothing allocated: the sizes are checked by whoever makes or reads the arrays (a plan
     for export may name sizes no run could hold). The layers are bounded, as they are looped over."""
@@ -120,9 +126,10 @@ def expected_params(cell: Cell, layers: int, input: int, hidden: int) -> dict[st
     layers = check_count("layers", layers, MAX_LAYERS)
     out = {}
     for layer in range(layers):
-        k = input if layer == 0 else hidden
-        for w in cell.of_op("weight"):
-            out[param_key(layer, w.id)] = weight_shape(cell, w.id, k, hidden)
+        k = input if layer == 0 else hidden * (2 if bidirectional else 1)
+        for reverse in (False, True) if bidirectional else (False,):
+            for w in cell.of_op("weight"):
+                out[param_key(layer, w.id, reverse)] = weight_shape(cell, w.id, k, hidden)
     return out
 
 
@@ -136,8 +143,10 @@ def _check_seed(seed: object) -> int:
     return n
 
 
-def init_params(cell: Cell, layers: int, input: int, hidden: int, seed: int = 0) -> dict[str, np.ndarray]:
-    """Random parameters, uniform in +-1/sqrt(hidden) as PyTorch initialises its RNNs."""
+def init_params(cell: Cell, layers: int, input: int, hidden: int, seed: int = 0,
+                bidirectional: bool = False) -> dict[str, np.ndarray]:
+    """Random parameters, uniform in +-1/sqrt(hidden) as PyTorch initialises its RNNs (with the reverse
+    direction's too, where `bidirectional`: see expected_params)."""
     try:
         # The weights do not depend on the sequence or the batch: 1 leaves them unconstrained.
         sizes = Sizes(seq=1, batch=1, input=input, hidden=hidden, layers=layers)
@@ -145,7 +154,7 @@ def init_params(cell: Cell, layers: int, input: int, hidden: int, seed: int = 0)
         check_widths(sizes, cell)
     except CellError as e:
         raise CellError(f"cannot make parameters: {e}") from None
-    shapes = expected_params(cell, layers, input, hidden)
+    shapes = expected_params(cell, layers, input, hidden, bidirectional)
     rng = np.random.default_rng(_check_seed(seed))
     bound = 1.0 / math.sqrt(hidden)
     try:
@@ -185,11 +194,14 @@ def param_layers(params: Mapping[str, object]) -> int:
     return layers
 
 
-def _names_a_parameter(key: object, weights: list[str]) -> bool:
+def _names_a_parameter(key: object, weights: list[str], bidirectional: bool = False) -> bool:
     if not isinstance(key, str) or "." not in key:
         return False
     layer, weight = _layer_of(key), key.split(".", 1)[1]
-    return layer is not None and weight in weights and key == param_key(layer, weight)
+    reverse = bidirectional and weight.startswith(f"{REVERSE}.")
+    if reverse:
+        weight = weight[len(REVERSE) + 1:]
+    return layer is not None and weight in weights and key == param_key(layer, weight, reverse)
 
 
 # Of a key of a file of arrays: None where it is expected, else why not, as the end of a sentence that
@@ -197,12 +209,14 @@ def _names_a_parameter(key: object, weights: list[str]) -> bool:
 KeyCheck = Callable[[object], str | None]
 
 
-def param_key_check(cell: Cell) -> KeyCheck:
-    """The check of a parameter key against the cell: l{layer}.{weight} for one of its weights."""
+def param_key_check(cell: Cell, bidirectional: bool = False) -> KeyCheck:
+    """The check of a parameter key against the cell: l{layer}.{weight} for one of its weights (or
+    l{layer}.reverse.{weight}, where `bidirectional`)."""
     weights = [w.id for w in cell.of_op("weight")]
-    why = (f"is not a parameter of cell '{cell.name}': its parameters are l{{layer}}.{{weight}} for the "
+    forms = "l{layer}.{weight} and l{layer}.reverse.{weight}" if bidirectional else "l{layer}.{weight}"
+    why = (f"is not a parameter of cell '{cell.name}': its parameters are {forms} for the "
            f"weights {', '.join(weights) or '(none)'}")
-    return lambda key: None if _names_a_parameter(key, weights) else why
+    return lambda key: None if _names_a_parameter(key, weights, bidirectional) else why
 
 
 def input_key_check(cell: Cell) -> KeyCheck:
@@ -213,11 +227,12 @@ def input_key_check(cell: Cell) -> KeyCheck:
     return lambda key: None if key == "x" or key in states else why
 
 
-def check_names(cell: Cell, params: Mapping[str, object], inputs: Mapping[str, object]) -> None:
+def check_names(cell: Cell, params: Mapping[str, object], inputs: Mapping[str, object],
+                bidirectional: bool = False) -> None:
     """Refuses a key that names nothing of the cell, before any array is read: an array nobody needs
     is never read from its file, and a misspelt key does not go unnoticed. (load_npz, given the same
     checks, refuses such a key before it reads even the arrays' headers.)"""
-    for start, keys, check in (("parameter ", params, param_key_check(cell)),
+    for start, keys, check in (("parameter ", params, param_key_check(cell, bidirectional)),
                                ("inputs: ", inputs, input_key_check(cell))):
         for key in keys:
             why = check(key)
@@ -277,8 +292,9 @@ def _check_finite(what: str, arr: np.ndarray) -> None:
     raise CellError(f"{what} holds NaN or infinity (the first at {first}); only finite numbers can be run")
 
 
-def check_params(cell: Cell, params: Mapping[str, object], layers: int, input: int, hidden: int) -> None:
-    for key, shape in expected_params(cell, layers, input, hidden).items():
+def check_params(cell: Cell, params: Mapping[str, object], layers: int, input: int, hidden: int,
+                 bidirectional: bool = False) -> None:
+    for key, shape in expected_params(cell, layers, input, hidden, bidirectional).items():
         if key not in params:
             raise CellError(f"parameter '{key}' is missing (expected shape {list(shape)})")
         found = _peek(params, key)

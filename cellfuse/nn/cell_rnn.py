@@ -33,7 +33,7 @@ from ..graph_model import (
     template_names,
 )
 from ..graph_model.limits import MAX_LAYERS, MAX_WIDTH
-from ..graph_model.params import check_names
+from ..graph_model.params import REVERSE, check_names, check_widths
 from ..graph_model.validate import check_count
 from . import ops
 from .runners import DTYPES, dtype_names
@@ -101,11 +101,13 @@ class CellRNN(torch.nn.Module):
 
     def __init__(self, cell: Cell | str | os.PathLike[str], input_size: int | None = None,
                  hidden_size: int | None = None, num_layers: int = 1, schedule: str = AUTO,
-                 seed: int | None = None, batch_first: bool = False, dropout: float = 0.0):
+                 seed: int | None = None, batch_first: bool = False, dropout: float = 0.0,
+                 bidirectional: bool = False):
         super().__init__()
         if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout <= 1:
             raise CellError(f"dropout must be a number from 0 to 1, got {dropout!r}")
         self.batch_first, self.dropout = bool(batch_first), float(dropout)
+        self.bidirectional = bool(bidirectional)
         self.cell = resolve_cell(cell)
         require_valid(self.cell)
         self.input_size = _size(self.cell, input_size, "input", "input_size")
@@ -117,22 +119,41 @@ class CellRNN(torch.nn.Module):
         self.state_ids = tuple(self.cell.updates)
         if seed is None:
             seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
-        params = init_params(self.cell, self.num_layers, self.input_size, self.hidden_size, seed)
+        params = init_params(self.cell, self.num_layers, self.input_size, self.hidden_size, seed,
+                             self.bidirectional)
         sizes = Sizes(seq=1, batch=1, input=self.input_size, hidden=self.hidden_size, layers=self.num_layers)
         try:  # the ops decide it, not the sequence or the batch
             backward_plan(make_plan(self.cell, sizes, "graph", save_steps=True))
         except CellError as e:
             raise CellError(f"cell '{self.cell.name}' cannot be trained as a CellRNN: {e}") from None
-        self._names = {key: _param_name(key) for key in params}
-        # each layer's parameter names in the order of a one-layer plan's keys (for dropout between layers)
-        self._layer_names = [[self._names[key] for key in params if key.startswith(f"l{layer}.")]
-                             for layer in range(self.num_layers)]
+        # The reverse direction's parameters live in a module of their own, `reverse` (their state-dict
+        # names "reverse.l0_W"): no name made from a weight id can then meet another.
+        self.reverse = torch.nn.Module() if self.bidirectional else None
+        reverse_part = f".{REVERSE}."
+        self._where: dict[str, tuple[torch.nn.Module, str]] = {}  # key -> (module, name)
         for key, value in params.items():
-            self.register_parameter(self._names[key], torch.nn.Parameter(torch.from_numpy(value)))
+            owner = self.reverse if reverse_part in key else self
+            name = _param_name(key.replace(reverse_part, ".", 1))
+            owner.register_parameter(name, torch.nn.Parameter(torch.from_numpy(value)))
+            self._where[key] = (owner, name)
+        self._names = {key: name for key, (owner, name) in self._where.items() if owner is self}
+        # each layer's parameters per direction, in the order of a one-layer plan's keys (for the stacks
+        # that run a layer at a time)
+        self._layer_params = [[[self._where[key] for key in params if key.startswith(f"l{layer}.")
+                                and (reverse_part in key) == reverse] for reverse in self._directions]
+                              for layer in range(self.num_layers)]
         # How the custom ops name the cell: its file's text on one line (code that torch.compile generates
         # around an op holds its string arguments, and a string of many lines broke inductor's).
         self._cell_text = json.dumps(json.loads(cell_to_text(self.cell)), separators=(",", ":"))
         check_sizes(sizes, self.cell)
+        if self.bidirectional and self.num_layers > 1:
+            try:  # the layers above the first read both directions' outputs side by side
+                check_widths(Sizes(seq=1, batch=1, input=2 * self.hidden_size, hidden=self.hidden_size),
+                             self.cell)
+            except CellError as e:
+                raise CellError(f"a bidirectional stack of cell '{self.cell.name}': its layers above the "
+                                f"first read inputs of 2 x hidden_size = {2 * self.hidden_size}, and {e}"
+                                ) from None
         self._sizes_checked: set[tuple[int, int]] = set()  # (T, B) that passed check_sizes
         self._zero_states: dict[tuple, torch.Tensor] = {}
         self._last_seen: tuple | None = None
@@ -142,7 +163,8 @@ class CellRNN(torch.nn.Module):
         return (f"cell={self.cell.name!r}, input_size={self.input_size}, hidden_size={self.hidden_size}, "
                 f"num_layers={self.num_layers}, schedule={self.schedule!r}"
                 + (", batch_first=True" if self.batch_first else "")
-                + (f", dropout={self.dropout}" if self.dropout else ""))
+                + (f", dropout={self.dropout}" if self.dropout else "")
+                + (", bidirectional=True" if self.bidirectional else ""))
 
     @property
     def schedules_run(self) -> list[str]:
@@ -154,14 +176,20 @@ class CellRNN(torch.nn.Module):
     @property
     def keys(self) -> tuple[str, ...]:
         """The parameter keys of the .npz files, in file order."""
-        return tuple(self._names)
+        return tuple(self._where)
+
+    @property
+    def _directions(self) -> tuple[bool, ...]:
+        """Whether each direction runs reversed in time: forward, then reverse where bidirectional."""
+        return (False, True) if self.bidirectional else (False,)
 
     def param(self, key: str) -> torch.nn.Parameter:
         """The parameter behind an .npz key ("l0.W_i")."""
-        if key not in self._names:
+        if key not in self._where:
             raise CellError(f"{key!r} is not a parameter of this CellRNN ({self.num_layers} layer(s) of cell "
-                            f"'{self.cell.name}'): its keys are {', '.join(self._names)}")
-        return getattr(self, self._names[key])  # the attribute, which torch.func.functional_call replaces
+                            f"'{self.cell.name}'): its keys are {', '.join(self._where)}")
+        owner, name = self._where[key]
+        return getattr(owner, name)  # the attribute, which torch.func.functional_call replaces
 
     def _params(self) -> list[torch.Tensor]:
         """The parameters in the order of `keys`, as torch.func.functional_call may have replaced them (in
@@ -173,18 +201,19 @@ class CellRNN(torch.nn.Module):
         init-params` writes them, or from such an .npz file; each is checked (present, of its shape,
         finite) before any is copied."""
         if isinstance(params, (str, os.PathLike)):
-            params = load_npz(params, "parameters", param_key_check(self.cell))
+            params = load_npz(params, "parameters", param_key_check(self.cell, self.bidirectional))
         if not isinstance(params, Mapping):
             raise TypeError(f"params must map .npz keys to arrays, or name an .npz file; got a "
                             f"{type(params).__name__}")
-        check_names(self.cell, params, {})
+        check_names(self.cell, params, {}, self.bidirectional)
         if param_layers(params) > self.num_layers:
             raise CellError(f"the parameters are for {param_layers(params)} layers, and this CellRNN has "
                             f"{self.num_layers}")
         arrays = params if isinstance(params, NpzArrays) else {
             key: value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else value
             for key, value in params.items()}
-        check_params(self.cell, arrays, self.num_layers, self.input_size, self.hidden_size)
+        check_params(self.cell, arrays, self.num_layers, self.input_size, self.hidden_size,
+                     self.bidirectional)
         with torch.no_grad():
             for key in self.keys:
                 self.param(key).copy_(torch.from_numpy(np.asarray(arrays[key])))
@@ -200,14 +229,16 @@ class CellRNN(torch.nn.Module):
         or none: zeros) to initial values [num_layers, B, hidden_size]. Returns y [T, B, hidden_size]
         ([B, T, ...] with batch_first), the last layer's output at every step, and the final value of every
         state, [num_layers, B, hidden_size] each. With dropout, while training, each layer's output but the
-        last goes through torch's dropout, as in torch.nn.LSTM."""
+        last goes through torch's dropout, as in torch.nn.LSTM. Where bidirectional, y holds both
+        directions' outputs side by side ([..., 2 * hidden_size]) and the states are [num_layers * 2, B,
+        hidden_size], in torch's order (layer by layer, forward before reverse)."""
         if torch.onnx.is_in_onnx_export():
             raise CellError("a CellRNN cannot be exported to ONNX: its forward pass is the custom op "
                             "cellfuse::rnn, which ONNX has no operator for (torch.export.export keeps it)")
         if self.batch_first and isinstance(x, torch.Tensor) and x.dim() == 3:
             x = x.transpose(0, 1)
         initial = self._check(x, states)
-        if self.dropout and self.training and self.num_layers > 1:
+        if self.bidirectional or (self.dropout and self.training and self.num_layers > 1):
             y, finals = self._layer_by_layer(x, initial)
         else:
             y, finals = self._run(x, initial, self._params(), self.num_layers)
@@ -232,15 +263,23 @@ class CellRNN(torch.nn.Module):
         return out[0], list(out[1:1 + len(initial)])
 
     def _layer_by_layer(self, x: torch.Tensor, initial: list[torch.Tensor]):
-        """Dropout between layers while training (torch's, from torch's generator, as torch.nn.LSTM's):
-        each layer a call of its own."""
+        """Each layer and direction a call of its own: the reverse direction on the sequence reversed in
+        time, the two directions' outputs side by side; dropout between layers while training (torch's,
+        from torch's generator, as torch.nn.LSTM's). The final states in torch's order, layer by layer,
+        forward before reverse."""
         finals: list[list[torch.Tensor]] = [[] for _ in initial]
-        for layer, names in enumerate(self._layer_names):
-            params = [self._parameters[name] for name in names]
-            x, last = self._run(x, [s[layer:layer + 1] for s in initial], params, 1)
-            for i, value in enumerate(last):
-                finals[i].append(value)
-            if layer < self.num_layers - 1:
+        for layer, directions in enumerate(self._layer_params):
+            outputs = []
+            for d, (reverse, where) in enumerate(zip(self._directions, directions, strict=True)):
+                index = layer * len(self._directions) + d
+                params = [owner._parameters[name] for owner, name in where]
+                y, last = self._run(x.flip(0) if reverse else x, [s[index:index + 1] for s in initial],
+                                    params, 1)
+                outputs.append(y.flip(0) if reverse else y)
+                for i, value in enumerate(last):
+                    finals[i].append(value)
+            x = torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
+            if self.dropout and self.training and layer < self.num_layers - 1:
                 x = torch.nn.functional.dropout(x, self.dropout, training=True)
         return x, [torch.cat(f) for f in finals]
 
@@ -257,7 +296,8 @@ class CellRNN(torch.nn.Module):
             raise CellError(f"x is on {device}; CellRNN runs on the CPU or a CUDA device")
         if dtype not in DTYPES[device.type]:
             raise CellError(f"x has dtype {dtype}; on {device.type} CellRNN runs {dtype_names(device.type)}")
-        for key, p in zip(self._names, self._params(), strict=True):
+        for key, (owner, name) in self._where.items():
+            p = owner._parameters[name]
             if p.device != device or p.dtype != dtype:
                 raise CellError(f"parameter '{key}' is {p.dtype} on {p.device}, and x is {dtype} on "
                                 f"{device}: move the module to x's device and dtype (module.to(x))")
@@ -274,13 +314,14 @@ class CellRNN(torch.nn.Module):
             if s not in self.state_ids:
                 raise CellError(f"states: {s!r} is not a state of cell '{self.cell.name}' (states: "
                                 f"{', '.join(self.state_ids)})")
-        want = (self.num_layers, B, self.hidden_size)
+        want = (self.num_layers * len(self._directions), B, self.hidden_size)
         for s, value in states.items():
             if not isinstance(value, torch.Tensor):
                 raise TypeError(f"state '{s}' must be a tensor {list(want)}, got a {type(value).__name__}")
             if tuple(value.shape) != want:
+                layers = "num_layers * 2" if self.bidirectional else "num_layers"
                 raise CellError(f"state '{s}' has shape {list(value.shape)}, expected {list(want)} "
-                                "(num_layers, batch, hidden_size)")
+                                f"({layers}, batch, hidden_size)")
             if value.device != device or value.dtype != dtype:
                 raise CellError(f"state '{s}' is {value.dtype} on {value.device}, and x is {dtype} on "
                                 f"{device}")
