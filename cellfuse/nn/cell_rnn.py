@@ -35,7 +35,7 @@ from ..graph_model import (
 from ..graph_model.limits import MAX_LAYERS, MAX_WIDTH
 from ..graph_model.params import REVERSE, check_names, check_widths
 from ..graph_model.validate import check_count
-from . import ops
+from . import ops, stacks
 from .runners import DTYPES, dtype_names
 
 MAX_SEEN = 4  # the sizes, dtypes and devices whose rungs `schedules_run` reports
@@ -191,6 +191,10 @@ class CellRNN(torch.nn.Module):
         owner, name = self._where[key]
         return getattr(owner, name)  # the attribute, which torch.func.functional_call replaces
 
+    def _layer_params_of(self, layer: int, reverse: bool) -> list[torch.Tensor]:
+        """One layer's parameters of one direction, in the order of a one-layer plan's keys."""
+        return [owner._parameters[name] for owner, name in self._layer_params[layer][int(reverse)]]
+
     def _params(self) -> list[torch.Tensor]:
         """The parameters in the order of `keys`, as torch.func.functional_call may have replaced them (in
         `_parameters`, which Module.__getattr__ would search more slowly)."""
@@ -239,9 +243,12 @@ class CellRNN(torch.nn.Module):
             x = x.transpose(0, 1)
         initial = self._check(x, states)
         if self.bidirectional or (self.dropout and self.training and self.num_layers > 1):
-            y, finals = self._layer_by_layer(x, initial)
+            y, finals = stacks.layer_by_layer(
+                x, initial, self._layer_params_of, self.num_layers, self.bidirectional, self.dropout,
+                self.training, self._cell_text, self.hidden_size, self.schedule)
         else:
-            y, finals = self._run(x, initial, self._params(), self.num_layers)
+            y, finals = stacks.run(x, initial, self._params(), self._cell_text, self.hidden_size,
+                                   self.num_layers, self.schedule)
         if not torch.compiler.is_compiling():
             seen = (x.shape, x.device)
             if seen != self._last_seen:
@@ -253,35 +260,6 @@ class CellRNN(torch.nn.Module):
         if self.batch_first:
             y = y.transpose(0, 1)
         return y, dict(zip(self.state_ids, finals, strict=True))
-
-    def _run(self, x: torch.Tensor, initial: list[torch.Tensor], params: list[torch.Tensor],
-             layers: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """y and the final states of `layers` layers in one call of the ops."""
-        # the steps are saved only where a backward pass may follow
-        save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *initial, *params))
-        out = ops.run(x, initial, params, self._cell_text, self.hidden_size, layers, self.schedule, save)
-        return out[0], list(out[1:1 + len(initial)])
-
-    def _layer_by_layer(self, x: torch.Tensor, initial: list[torch.Tensor]):
-        """Each layer and direction a call of its own: the reverse direction on the sequence reversed in
-        time, the two directions' outputs side by side; dropout between layers while training (torch's,
-        from torch's generator, as torch.nn.LSTM's). The final states in torch's order, layer by layer,
-        forward before reverse."""
-        finals: list[list[torch.Tensor]] = [[] for _ in initial]
-        for layer, directions in enumerate(self._layer_params):
-            outputs = []
-            for d, (reverse, where) in enumerate(zip(self._directions, directions, strict=True)):
-                index = layer * len(self._directions) + d
-                params = [owner._parameters[name] for owner, name in where]
-                y, last = self._run(x.flip(0) if reverse else x, [s[index:index + 1] for s in initial],
-                                    params, 1)
-                outputs.append(y.flip(0) if reverse else y)
-                for i, value in enumerate(last):
-                    finals[i].append(value)
-            x = torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
-            if self.dropout and self.training and layer < self.num_layers - 1:
-                x = torch.nn.functional.dropout(x, self.dropout, training=True)
-        return x, [torch.cat(f) for f in finals]
 
     def _check(self, x: object, states: object) -> list[torch.Tensor]:
         """The initial states in the order of `state_ids` (zeros where not given), after checking every

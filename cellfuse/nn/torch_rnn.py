@@ -23,7 +23,7 @@ from torch.nn.utils.rnn import PackedSequence
 from ..gpu_runtime.auto_schedule import AUTO
 from ..gpu_runtime.torch_baselines import CUDNN_GATES
 from ..graph_model import CellError, cell_to_text, init_params, load_template
-from . import ops
+from . import stacks
 from .runners import DTYPES, dtype_names
 
 
@@ -94,9 +94,9 @@ class _TorchRNN(torch.nn.Module):
         return s + f", schedule={self.schedule!r}"
 
     # -- the template's weights, read out of torch's ---------------------------------------------------
-    def _layer_params(self, layer: int, suffix: str) -> list[torch.Tensor]:
-        """One layer's weights in the template's order of keys (CUDNN_GATES gate by gate)."""
-        H = self.hidden_size
+    def _layer_params(self, layer: int, reverse: bool) -> list[torch.Tensor]:
+        """One layer's weights of one direction in the template's order of keys."""
+        H, suffix = self.hidden_size, "_reverse" if reverse else ""
         w_ih, w_hh = (getattr(self, f"{name}_l{layer}{suffix}") for name in ("weight_ih", "weight_hh"))
         if self.bias:
             b_ih, b_hh = (getattr(self, f"{name}_l{layer}{suffix}") for name in ("bias_ih", "bias_hh"))
@@ -149,12 +149,6 @@ class _TorchRNN(torch.nn.Module):
             out.append(value)
         return out
 
-    def _run(self, x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor],
-             layers: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *states, *params))
-        out = ops.run(x, states, params, self._cell_text, self.hidden_size, layers, self.schedule, save)
-        return out[0], list(out[1:1 + len(states)])
-
     def forward(self, input, hx=None):
         x = self._check(input)
         unbatched = x.dim() == 2
@@ -166,10 +160,13 @@ class _TorchRNN(torch.nn.Module):
             x = x.transpose(0, 1)
         initial = self._initial(hx, x.shape[1], x)
         if not self.bidirectional and (self.dropout == 0 or not self.training or self.num_layers == 1):
-            params = [p for layer in range(self.num_layers) for p in self._layer_params(layer, "")]
-            y, finals = self._run(x, initial, params, self.num_layers)
+            params = [p for layer in range(self.num_layers) for p in self._layer_params(layer, False)]
+            y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
+                                   self.schedule)
         else:
-            y, finals = self._layer_by_layer(x, initial)
+            y, finals = stacks.layer_by_layer(
+                x, initial, self._layer_params, self.num_layers, self.bidirectional, self.dropout,
+                self.training, self._cell_text, self.hidden_size, self.schedule)
         if unbatched:
             y, finals = y.squeeze(1), [f.squeeze(1) for f in finals]
         elif self.batch_first:
@@ -177,25 +174,6 @@ class _TorchRNN(torch.nn.Module):
         if self.kind == "lstm":
             return y, (finals[0], finals[1])
         return y, finals[0]
-
-    def _layer_by_layer(self, x: torch.Tensor, initial: list[torch.Tensor]):
-        """Each layer and direction a call of its own: the reverse direction on the sequence reversed in
-        time, torch's dropout on each layer's output but the last while training."""
-        finals: list[list[torch.Tensor]] = [[] for _ in initial]
-        for layer in range(self.num_layers):
-            outputs = []
-            for d, suffix in enumerate(self._suffixes):
-                index = layer * self._directions + d
-                states = [s[index:index + 1] for s in initial]
-                source = x.flip(0) if suffix else x
-                y, last = self._run(source, states, self._layer_params(layer, suffix), 1)
-                outputs.append(y.flip(0) if suffix else y)
-                for i, value in enumerate(last):
-                    finals[i].append(value)
-            x = torch.cat(outputs, dim=2) if len(outputs) == 2 else outputs[0]
-            if self.dropout and self.training and layer < self.num_layers - 1:
-                x = torch.nn.functional.dropout(x, self.dropout, training=True)
-        return x, [torch.cat(f) for f in finals]
 
 
 class LSTM(_TorchRNN):
