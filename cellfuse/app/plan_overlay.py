@@ -151,6 +151,19 @@ def pieces(rects: list[QtCore.QRectF], column_gap: float = 110.0, row_gap: float
     return sorted(groups.values(), key=lambda g: min((rects[i].top(), rects[i].left()) for i in g))
 
 
+def outline(rects: list[QtCore.QRectF]) -> QtGui.QPainterPath:
+    """The outline of the union of rectangles. The union is a QRegion's (bands of whole-pixel
+    rectangles, made in time linear in their count), merged into polygons by simplified(), which is quick
+    on straight edges: on rounded rectangles' curves it took seconds for a large fused region (the
+    layer-normalised LSTM's, tens of seconds to open)."""
+    region = QtGui.QRegion()
+    for rect in rects:
+        region = region.united(rect.toAlignedRect())
+    path = QtGui.QPainterPath()
+    path.addRegion(region)
+    return path.simplified()
+
+
 def share(rect: QtCore.QRectF, slot: int, slots: int) -> QtCore.QRectF:
     """The slice `slot` of `slots` side by side that a node's outline `rect` is cut into, for a node
     that shows nodes of several launches."""
@@ -326,12 +339,7 @@ class PlanOverlay:
         self._labels.append(PlacedLabel(region.name, nodes, spot.text, label.sceneBoundingRect()))
 
     def _add_outline(self, region: PlanRegion, color: QtGui.QColor, shapes: list[QtCore.QRectF]) -> None:
-        # All the shapes in one winding path, merged into one outline by simplified().
-        path = QtGui.QPainterPath()
-        path.setFillRule(QtCore.Qt.FillRule.WindingFill)
-        for rect in [*shapes, *bridges(shapes)]:
-            path.addRoundedRect(rect, 10.0, 10.0)
-        item = QtWidgets.QGraphicsPathItem(path.simplified())
+        item = QtWidgets.QGraphicsPathItem(outline([*shapes, *bridges(shapes)]))
         fill = QtGui.QColor(color)
         fill.setAlpha(14 if self._stale else 30 if region.kind == "fused" else 44)
         item.setBrush(fill)
@@ -340,6 +348,7 @@ class PlanOverlay:
         pen.setStyle(style.DotLine if self._stale else style.DashLine if region.kind == "gemm"
                      else style.SolidLine)
         pen.setCosmetic(True)
+        pen.setJoinStyle(QtCore.Qt.PenJoinStyle.RoundJoin)
         item.setPen(pen)
         item.setZValue(Z_VALUE)
         item.setToolTip(self._tooltip(region))

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-from tiers import slow_where
 
 from cellfuse.app import autosave, recent_files
 from cellfuse.graph_model import CellError, load_cell, load_template, template_names
@@ -22,10 +21,7 @@ def test_starts_with_an_lstm_ready_to_run(window):
     assert window.plan_panel.stat_values["launches_per_step"].text() == "2"
 
 
-# The default tier opens the LSTM; the layer-normalised LSTM is slow above all: the outline of its fused
-# region (hoisted, the editor's default) takes QPainterPath.simplified() seconds
-# (plan_overlay._add_outline).
-@pytest.mark.parametrize("name", slow_where(template_names(), lambda name: name != "lstm"))
+@pytest.mark.parametrize("name", template_names())
 def test_each_template_opens_with_no_problems(window, name, same):
     assert window.new_from_template(name)
     assert window.problems.problem_count() == 0, window.info.problems

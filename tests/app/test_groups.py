@@ -8,7 +8,6 @@ import json
 
 import pytest
 from PySide6 import QtCore
-from tiers import slow_where
 
 from cellfuse.app import dialogs
 from cellfuse.codegen import make_plan
@@ -86,10 +85,7 @@ def overlapping_nodes(window) -> list[tuple[str, str]]:
             if a.view.sceneBoundingRect().intersects(b.view.sceneBoundingRect())]
 
 
-# The default tier ungroups the LSTM's; the layer-normalised LSTM is slow above all: the outline of its
-# fused region (hoisted, the editor's default) takes QPainterPath.simplified() seconds
-# (plan_overlay._add_outline).
-@pytest.mark.parametrize("template", slow_where(template_names(), lambda name: name != "lstm"))
+@pytest.mark.parametrize("template", template_names())
 def test_ungrouping_every_group_lays_the_members_out_clear_of_each_other(qtbot, window, template):
     window.new_from_template(template, ask=False)
     a = window.adapter
