@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import traceback
 from pathlib import Path
 
-from PySide6 import QtWidgets
+from PySide6 import QtCore, QtWidgets
 
 from . import platform_check, recent_files, theme
 
@@ -48,4 +49,35 @@ def run_app(cell_path: str | Path | None = None) -> int:
     window = MainWindow()
     window.show()
     window.start(cell_path)
-    return app.exec()
+    return _exec_ending_on_signals(app, window)
+
+
+# The exit statuses of the command line (docs/cell-format.md): Ctrl+C 130, SIGTERM 143.
+SIGNALS = {signal.SIGINT: (130, "interrupted"), signal.SIGTERM: (128 + signal.SIGTERM, "terminated")}
+
+
+def _exec_ending_on_signals(app: QtWidgets.QApplication, window) -> int:
+    """Runs the event loop; Ctrl+C and SIGTERM end it as the command line's other commands end, after
+    the window keeps its unsaved work in the autosave (offered back at the next start)."""
+    def on_signal(signum, frame) -> None:
+        status, word = SIGNALS[signum]
+        QtCore.QTimer.singleShot(0, lambda: _end(window, status, word))
+
+    previous = {signum: signal.signal(signum, on_signal) for signum in SIGNALS}
+    # Python runs a signal handler only between bytecodes: while Qt waits for events, none run. A timer
+    # that calls into Python a few times a second lets the handler run.
+    ticks = QtCore.QTimer()
+    ticks.timeout.connect(lambda: None)
+    ticks.start(200)
+    try:
+        return app.exec()
+    finally:
+        ticks.stop()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _end(window, status: int, word: str) -> None:
+    window.end_by_signal()
+    print(f"cellfuse: {word}", file=sys.stderr)
+    QtWidgets.QApplication.instance().exit(status)

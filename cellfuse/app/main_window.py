@@ -30,6 +30,7 @@ from ..graph_model import (
     load_template,
     plan_formula,
     save_cell,
+    template_names,
 )
 from . import autosave, dialogs, fragments, node_marks, recent_files, window_geometry
 from .bench_panel import BenchPanel
@@ -393,7 +394,11 @@ class MainWindow(QtWidgets.QMainWindow):
 
     # == documents =====================================================================================
     def start(self, path: str | Path | None = None) -> None:
-        """Opens `path`; with none, or when it cannot be opened, a new LSTM (or its autosave)."""
+        """Opens `path` (or, where no such file is, the built-in template of that name); with none, or
+        when it cannot be opened, a new LSTM (or its autosave)."""
+        if path is not None and not Path(path).exists() and str(path) in template_names():
+            self.new_from_template(str(path), ask=False)
+            return
         if path is not None and self.open_file(Path(path), ask=False):
             return
         if path is None and self._restore_untitled():
@@ -814,16 +819,25 @@ class MainWindow(QtWidgets.QMainWindow):
             if not self._state_restored:
                 self.arrange_docks()
 
-    def closeEvent(self, event: QtGui.QCloseEvent) -> None:  # noqa: N802 (Qt's name)
-        if not self.maybe_save():
-            event.ignore()
-            return
+    def end_by_signal(self) -> None:
+        """Before the application ends on Ctrl+C or SIGTERM: no question asked, the unsaved work kept in
+        the autosave (the next start offers it back), the benchmark stopped, the layout remembered."""
+        self.write_autosave()
+        self._wind_down()
+
+    def _wind_down(self) -> None:
         if self.worker is not None:
             self.worker.cancel()
             self.worker.wait(10_000)
-        autosave.remove_autosave(self.document.path)
         s = recent_files.settings()
         s.setValue("window/geometry", self.saveGeometry())
         s.setValue("window/state", self.saveState())
         self.autosave_timer.stop()
+
+    def closeEvent(self, event: QtGui.QCloseEvent) -> None:  # noqa: N802 (Qt's name)
+        if not self.maybe_save():
+            event.ignore()
+            return
+        autosave.remove_autosave(self.document.path)
+        self._wind_down()
         event.accept()

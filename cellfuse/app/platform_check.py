@@ -47,6 +47,10 @@ def platform_hint(environ: Mapping[str, str] = os.environ, platform: str = sys.p
     """What to install before the editor can open its window, or None when nothing is missing."""
     if not uses_xcb(environ, platform):
         return None
+    if not environ.get("DISPLAY"):
+        return ("cellfuse: the editor cannot open a window: there is no display (DISPLAY is not set).\n"
+                "  Run it in a desktop session, over ssh -X, or under a virtual display: xvfb-run cellfuse\n"
+                "The command-line tools (cellfuse plan, export, bench, ...) need no display.")
     missing = missing_xcb_packages(find)
     if not missing:
         return None

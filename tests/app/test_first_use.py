@@ -3,6 +3,11 @@ touches of the canvas and panels, Help → About, and the hint when Qt cannot op
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -148,13 +153,48 @@ def test_missing_xcb_libraries_give_an_install_hint():
     def find(name):
         return f"lib{name}.so" if name in have else None
 
-    hint = platform_check.platform_hint({}, "linux", find)
+    x11 = {"DISPLAY": ":0"}
+    hint = platform_check.platform_hint(x11, "linux", find)
     assert hint and "sudo apt install libxcb-icccm4 libxcb-keysyms1" in hint
     assert platform_check.platform_hint({"QT_QPA_PLATFORM": "offscreen"}, "linux", find) is None
     assert platform_check.platform_hint({"WAYLAND_DISPLAY": "wayland-0"}, "linux", find) is None
-    assert platform_check.platform_hint({"QT_QPA_PLATFORM": "xcb"}, "linux", find) is not None
+    assert platform_check.platform_hint({**x11, "QT_QPA_PLATFORM": "xcb"}, "linux", find) is not None
     assert platform_check.platform_hint({}, "darwin", find) is None
-    assert platform_check.platform_hint({}, "linux", lambda n: "lib.so") is None
+    assert platform_check.platform_hint(x11, "linux", lambda n: "lib.so") is None
+
+
+def test_no_display_is_said_before_qt_aborts():
+    hint = platform_check.platform_hint({}, "linux", lambda n: "lib.so")
+    assert hint and "there is no display (DISPLAY is not set)" in hint and "xvfb-run cellfuse" in hint
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "QT_QPA_PLATFORM", "WAYLAND_DISPLAY")}
+    done = subprocess.run([sys.executable, "-m", "cellfuse", "gui"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert done.returncode == 1 and "there is no display" in done.stderr, (done.returncode, done.stderr)
+
+
+def test_a_template_name_opens_the_template(make_window):
+    window = make_window("gru")
+    assert window.cell.name == "GRU" and window.document.path is None
+
+
+@pytest.mark.parametrize("signum, status, word", [(signal.SIGTERM, 143, "terminated"),
+                                                  (signal.SIGINT, 130, "interrupted")])
+def test_sigterm_and_ctrl_c_end_the_editor_with_the_command_lines_status(tmp_path, signum, status, word):
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "XDG_CONFIG_HOME": str(tmp_path),
+           "XDG_DATA_HOME": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    editor = subprocess.Popen([sys.executable, "-c", "import sys, time; from PySide6 import QtCore; "
+                               "QtCore.QTimer.singleShot(0, lambda: print('ready', flush=True)); "
+                               "from cellfuse.cli import main; sys.exit(main(['gui', 'lstm']))"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert editor.stdout.readline().strip() == "ready"
+        time.sleep(1.0)  # the window starts
+        editor.send_signal(signum)
+        _, err = editor.communicate(timeout=60)
+    finally:
+        editor.kill()
+    assert editor.returncode == status, err
+    assert f"cellfuse: {word}" in err and "unexpected error" not in err
 
 
 @pytest.mark.slow
@@ -173,3 +213,13 @@ def test_new_nodes_fill_free_spots_in_view_without_overlapping(window):
         rect = n.view.sceneBoundingRect()
         assert visible.contains(rect), f"{n.name()} is out of sight"
         assert sum(rect.intersects(r) for r in rects) == 1, f"{n.name()} overlaps another node"
+
+
+def test_ending_on_a_signal_keeps_unsaved_work_in_the_autosave(window):
+    from cellfuse.app import autosave
+
+    window.add_node("tanh")
+    assert window.is_modified() and autosave.find_autosave(None) is None
+    window.end_by_signal()
+    found = autosave.find_autosave(None)
+    assert found is not None and "tanh" in found.file.read_text()
