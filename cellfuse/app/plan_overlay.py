@@ -99,32 +99,51 @@ def regions_of(summary: dict) -> list[PlanRegion]:
     return out
 
 
-def _bridge(a: QtCore.QRectF, b: QtCore.QRectF, column_gap: float, row_gap: float) -> QtCore.QRectF | None:
+Box = tuple[float, float, float, float]  # left, top, right, bottom: plain floats, quicker than QRectF's calls
+
+
+def _box(r: QtCore.QRectF) -> Box:
+    return r.left(), r.top(), r.right(), r.bottom()
+
+
+def _bridge(a: Box, b: Box, column_gap: float, row_gap: float) -> QtCore.QRectF | None:
     """The rectangle joining two node outlines side by side in adjacent columns, or one above the
     other; None when they are too far apart (or overlap too little) to read as one area."""
-    dx = max(b.left() - a.right(), a.left() - b.right())
-    dy = max(b.top() - a.bottom(), a.top() - b.bottom())
-    top, bottom = max(a.top(), b.top()), min(a.bottom(), b.bottom())
-    left, right = max(a.left(), b.left()), min(a.right(), b.right())
+    dx = max(b[0] - a[2], a[0] - b[2])
+    dy = max(b[1] - a[3], a[1] - b[3])
+    top, bottom = max(a[1], b[1]), min(a[3], b[3])
+    left, right = max(a[0], b[0]), min(a[2], b[2])
     if 0.0 < dx <= column_gap and bottom - top > 20.0:
-        x0 = min(a.right(), b.right())
+        x0 = min(a[2], b[2])
         return QtCore.QRectF(x0 - 1.0, top + 6.0, dx + 2.0, bottom - top - 12.0)
     if 0.0 < dy <= row_gap and right - left > 20.0:
-        y0 = min(a.bottom(), b.bottom())
+        y0 = min(a[3], b[3])
         return QtCore.QRectF(left + 6.0, y0 - 1.0, right - left - 12.0, dy + 2.0)
     return None
+
+
+def _near_pairs(boxes: list[Box], reach: float):
+    """The index pairs (i < j) of boxes less than `reach` apart along x, found by a sweep in x: a region
+    of a large cell has hundreds of nodes, and its far pairs can neither touch nor be bridged."""
+    order = sorted(range(len(boxes)), key=lambda i: boxes[i][0])
+    for n, i in enumerate(order):
+        right = boxes[i][2] + reach
+        for j in order[n + 1:]:
+            if boxes[j][0] > right:
+                break
+            yield (i, j) if i < j else (j, i)
 
 
 def bridges(rects: list[QtCore.QRectF], column_gap: float = 110.0, row_gap: float = 30.0
             ) -> list[QtCore.QRectF]:
     """Rectangles that join the outlines of neighbouring nodes of one region (side by side in
     adjacent columns, or one above the other), so that a region reads as one area."""
+    boxes = [_box(r) for r in rects]
     out = []
-    for i, a in enumerate(rects):
-        for b in rects[i + 1:]:
-            bridge = _bridge(a, b, column_gap, row_gap)
-            if bridge is not None:
-                out.append(bridge)
+    for i, j in sorted(_near_pairs(boxes, column_gap)):
+        bridge = _bridge(boxes[i], boxes[j], column_gap, row_gap)
+        if bridge is not None:
+            out.append(bridge)
     return out
 
 
@@ -140,11 +159,10 @@ def pieces(rects: list[QtCore.QRectF], column_gap: float = 110.0, row_gap: float
             i = parent[i]
         return i
 
-    for i, a in enumerate(rects):
-        for j in range(i + 1, len(rects)):
-            b = rects[j]
-            if a.intersects(b) or _bridge(a, b, column_gap, row_gap) is not None:
-                parent[root(i)] = root(j)
+    boxes = [_box(r) for r in rects]
+    for i, j in _near_pairs(boxes, column_gap):
+        if rects[i].intersects(rects[j]) or _bridge(boxes[i], boxes[j], column_gap, row_gap) is not None:
+            parent[root(i)] = root(j)
     groups: dict[int, list[int]] = {}
     for i in range(len(rects)):
         groups.setdefault(root(i), []).append(i)

@@ -173,3 +173,30 @@ def test_a_cell_of_145_nodes_opens_and_redraws_its_plan_in_seconds_not_minutes(w
     window.overlay.refresh()
     redrawn = time.perf_counter() - start
     assert opened < 20.0 and redrawn < 3.0, (opened, redrawn)
+
+
+def test_the_sweep_finds_every_pair_that_touches_or_is_bridged():
+    """pieces() and bridges() look only at pairs near in x; every pair they skip can neither overlap nor
+    be bridged (against all pairs, on random layouts)."""
+    from cellfuse.app.plan_overlay import _box, _bridge, bridges, pieces
+
+    rng = np.random.default_rng(3)
+    for _ in range(30):
+        rects = [QtCore.QRectF(float(x), float(y), 120.0, 50.0)
+                 for x, y in zip(rng.integers(0, 900, 40), rng.integers(0, 600, 40), strict=True)]
+        boxes = [_box(r) for r in rects]
+        parent = list(range(len(rects)))
+
+        def root(i, parent=parent):
+            while parent[i] != i:
+                i = parent[i]
+            return i
+        want_bridges = 0
+        for i, j in itertools.combinations(range(len(rects)), 2):
+            joined = _bridge(boxes[i], boxes[j], 110.0, 30.0) is not None
+            want_bridges += joined
+            if joined or rects[i].intersects(rects[j]):
+                parent[root(i)] = root(j)
+        want = sorted(sorted(i for i in range(len(rects)) if root(i) == r) for r in set(map(root, range(40))))
+        assert sorted(sorted(p) for p in pieces(rects)) == want
+        assert len(bridges(rects)) == want_bridges
