@@ -405,7 +405,8 @@ class _Spot:
     def beside(piece: list[QtCore.QRectF], size: QtCore.QSizeF, text: str,
                obstacles: list[QtCore.QRectF]) -> _Spot:
         """The first free place going up from the piece's top, or down from its bottom, whichever is
-        nearer; there is always one, past the last obstacle."""
+        nearer; there is always one, past the last obstacle. The box jumps past each obstacle it meets
+        (stepping a band at a time took seconds through the column of a 1,000-node cell)."""
         top = min(piece, key=lambda r: (r.top(), r.left()))
         bottom = max(piece, key=lambda r: (r.bottom(), -r.left()))
         tries = [(QtCore.QRectF(top.left() + LABEL_INDENT, top.top() - size.height() - 2.0, size.width(),
@@ -414,10 +415,18 @@ class _Spot:
                                 size.height()), LABEL_BAND)]
         found = []
         for box, step in tries:
-            steps = 0
-            while any(box.adjusted(-2.0, -1.0, 2.0, 1.0).intersects(o) for o in obstacles):
-                box = box.translated(0.0, step)
-                steps += 1
-            found.append((steps, box))
+            # the box moves up or down only: the obstacles in its column are the only ones it can meet
+            left, right = box.left() - 2.0, box.right() + 2.0
+            column = [o for o in obstacles if o.right() >= left and o.left() <= right]
+            moved = 0.0
+            while True:
+                probe = box.adjusted(-2.0, -1.0, 2.0, 1.0)
+                hit = next((o for o in column if probe.intersects(o)), None)
+                if hit is None:
+                    break
+                dy = hit.top() - probe.bottom() - 0.5 if step < 0 else hit.bottom() - probe.top() + 0.5
+                box = box.translated(0.0, dy)
+                moved += abs(dy)
+            found.append((moved, box))
         box = min(found, key=lambda f: f[0])[1]
         return _Spot(text, box, box.adjusted(-2.0, -1.0, 2.0, 1.0), None)
