@@ -8,6 +8,7 @@ computes as one undoable edit, or shows under the entry where and why it cannot.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -56,14 +57,23 @@ class _Drawn:
 def _measure(term: Term) -> _Drawn:
     """A term's LaTeX as mathtext; its plain text where mathtext cannot parse the LaTeX (an id that a
     broken cell file gave odd characters)."""
+    shown, width, ascent, descent = _measured(term.tex, term.text)
+    return _Drawn(term, shown, width, ascent, descent)
+
+
+@functools.lru_cache(maxsize=4096)
+def _measured(tex: str, text: str) -> tuple[str, float, float, float]:
+    """What a term shows and its size: the same for the same LaTeX, so measured once (matplotlib keeps
+    only 50 parses, and a cell of a hundred nodes has hundreds of terms, each measured again at every
+    edit that changes what the cell computes)."""
     prop = FontProperties(size=FONT_SIZE)
-    shown = f"${term.tex}$"
+    shown = f"${tex}$"
     try:
         w, h, d = text_to_path.get_text_width_height_descent(shown, prop, ismath=True)
     except ValueError:
-        shown = term.text.replace("$", r"\$")
+        shown = text.replace("$", r"\$")
         w, h, d = text_to_path.get_text_width_height_descent(shown, prop, ismath=False)
-    return _Drawn(term, shown, float(w), float(h - d), float(d))
+    return shown, float(w), float(h - d), float(d)
 
 
 class _EquationsCanvas(FigureCanvasQTAgg):
