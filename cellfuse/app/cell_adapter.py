@@ -1008,16 +1008,24 @@ class CellAdapter(QtCore.QObject):
 
     def _boundary(self, group: CellNode) -> tuple[list[CellNode], list[CellNode]]:
         """The nodes outside `group` whose values enter it, and its members whose values leave it."""
+        return self._boundaries()[group.id]
+
+    def _boundaries(self) -> dict[str, tuple[list[CellNode], list[CellNode]]]:
+        """`_boundary` of every group, from one pass over the wires (a pass per group made each edit of
+        a cell of a thousand nodes and dozens of groups take most of a second)."""
         index = self._membership()
-        into, out_of = set(), set()
+        into: dict[str, set[str]] = {g.id: set() for g in self._groups()}
+        out_of: dict[str, set[str]] = {g.id: set() for g in self._groups()}
         for src, dst, _port in self._edges():
-            inside_src, inside_dst = index.get(src.id) is group, index.get(dst.id) is group
-            if inside_dst and not inside_src:
-                into.add(src.id)
-            if inside_src and not inside_dst:
-                out_of.add(src.id)
+            g_src, g_dst = index.get(src.id), index.get(dst.id)
+            if g_src is g_dst:
+                continue
+            if g_dst is not None:
+                into[g_dst.id].add(src.id)
+            if g_src is not None:
+                out_of[g_src.id].add(src.id)
         ops = self._ops()
-        return [n for n in ops if n.id in into], [n for n in ops if n.id in out_of]
+        return {g: ([n for n in ops if n.id in into[g]], [n for n in ops if n.id in out_of[g]]) for g in into}
 
     def group(self, ids: list[str], name: str) -> None:
         """Makes the cell nodes `ids` one group named `name`, shown as one node where they were; a group
@@ -1217,8 +1225,9 @@ class CellAdapter(QtCore.QObject):
         """Each group node's ports: an input for each value that enters the group, an output for each
         that leaves it, named after the node that computes it. Drawn only: the user wires the cell's
         own nodes, inside the group."""
+        boundaries = self._boundaries()
         for g in self._groups():
-            into, out_of = self._boundary(g)
+            into, out_of = boundaries[g.id]
             g.item.set_caption(f"group of {len(self.members(g))} · double-click to open")
             if ([p.name() for p in g.input_ports()] == [n.name() for n in into]
                     and [p.name() for p in g.output_ports()] == [n.name() for n in out_of]):
