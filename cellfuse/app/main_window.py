@@ -96,6 +96,7 @@ class MainWindow(QtWidgets.QMainWindow):
 
         self.actions_ = WindowActions(self, self)  # the window holds the actions and does what they ask
         build_menus(self, self, self.actions_)
+        self.actions_.cancel.setEnabled(False)  # while a benchmark runs
         self._build_status_bar()
 
         self._plan_timer = QtCore.QTimer(self)
@@ -711,6 +712,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.worker.failed.connect(self._bench_failed)
         self.worker.finished.connect(self._bench_thread_done)
         self.bench_panel.set_running(True)
+        self.actions_.cancel.setEnabled(True)
         self.bench_panel.show_status(f"Running on {config.backend}…")
         self.worker.start()
         return True
@@ -721,6 +723,13 @@ class MainWindow(QtWidgets.QMainWindow):
             self.bench_panel.show_status("Cancelling…")
 
     def _bench_succeeded(self, result) -> None:
+        parts = result.results if hasattr(result, "param") else [result]  # a sweep's, or the one
+        cancelled = not parts or any(part.cancelled for part in parts)
+        if cancelled and not any(row.median_ms is not None for part in parts for row in part.rows):
+            # cancelled before anything was timed: no run to list, no empty chart
+            self.bench_panel.show_status("Cancelled before anything was timed.")
+            self.bench_finished.emit(None)
+            return
         self._run_number += 1
         is_sweep = hasattr(result, "param")
         run = BenchRun(self._run_number, sweep=result if is_sweep else None,
@@ -752,6 +761,7 @@ class MainWindow(QtWidgets.QMainWindow):
             self.worker.deleteLater()
         self.worker = None
         self.bench_panel.set_running(False)
+        self.actions_.cancel.setEnabled(False)
 
     def export_chart(self, path: Path | None = None) -> bool:
         if not self.bench_panel.runs:

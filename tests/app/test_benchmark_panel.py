@@ -131,12 +131,15 @@ def test_cancel_stops_the_run_and_the_window_stays_responsive(qtbot, window):
         # The GUI thread is free while the worker runs: edits still go through.
         node = window.adapter.add_node("relu")
         assert window.cell.has(node)
+        assert window.actions_.cancel.isEnabled()
         panel.cancel_button.click()
     qtbot.waitUntil(lambda: window.worker is None, timeout=TIMEOUT_MS)
     run_ = blocker.args[0]
-    assert run_ is not None and run_.result.cancelled
-    assert "cancelled" in panel.status.text()
-    assert panel.run_button.isEnabled()
+    if run_ is None:  # cancelled before anything was timed: no run, and the status says so
+        assert "Cancelled before anything was timed" in panel.status.text()
+    else:
+        assert run_.result.cancelled and "cancelled" in panel.status.text()
+    assert panel.run_button.isEnabled() and not window.actions_.cancel.isEnabled()
 
 
 def test_an_invalid_cell_is_not_run(window):
@@ -211,3 +214,15 @@ def test_a_comparison_of_far_apart_times_keeps_every_label_inside(chart_problems
     written = [t.get_text().strip() for t in ax_ratio.texts]
     assert written == ["300×", "0.02×", "1.20×", "not timed in both"]
     assert not chart_problems(fig)
+
+
+def test_cancel_benchmark_is_offered_only_while_one_runs_and_a_run_cancelled_early_adds_nothing(window):
+    from cellfuse.gpu_runtime.bench import BenchResult
+
+    assert not window.actions_.cancel.isEnabled()
+    before = len(window.bench_panel.runs)
+    empty = BenchResult.__new__(BenchResult)
+    empty.rows, empty.cancelled = [], True
+    window._bench_succeeded(empty)
+    assert len(window.bench_panel.runs) == before
+    assert "Cancelled before anything was timed" in window.bench_panel.status.text()
