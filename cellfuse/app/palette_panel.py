@@ -50,7 +50,12 @@ class PalettePanel(QtWidgets.QWidget):
         hint.setProperty("role", "hint")
         layout = QtWidgets.QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
+        self.no_match = QtWidgets.QLabel()
+        self.no_match.setProperty("role", "hint")
+        self.no_match.setWordWrap(True)
+        self.no_match.hide()
         layout.addWidget(self.search)
+        layout.addWidget(self.no_match)
         layout.addWidget(self.tree, 1)
         layout.addWidget(hint)
 
@@ -95,6 +100,8 @@ class PalettePanel(QtWidgets.QWidget):
                 shown += hit
             group.setHidden(shown == 0)
         visible = [i for i in self._items() if not i.isHidden()]
+        self.no_match.setText(f"No op matches “{text.strip()}”." if not visible else "")
+        self.no_match.setVisible(not visible)
         if visible:
             # The best match is current, so that Enter adds it: the exact name, then a prefix.
             def rank(item: QtWidgets.QTreeWidgetItem) -> int:

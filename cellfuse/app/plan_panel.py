@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from PySide6 import QtCore, QtWidgets
 
+from ..codegen.plan_text import SCHEDULE_LINES
 from . import theme
 from .plan_overlay import regions_of
 
@@ -53,6 +54,11 @@ class PlanPanel(QtWidgets.QWidget):
         super().__init__(parent)
         self.schedule_combo = QtWidgets.QComboBox()
         self.schedule_combo.addItems(schedules)
+        for i, name in enumerate(schedules):  # each rung explains itself where it is chosen
+            line = SCHEDULE_LINES.get(name)
+            if line is not None:
+                self.schedule_combo.setItemData(i, f"<b>{name}</b>: {line}",
+                                                QtCore.Qt.ItemDataRole.ToolTipRole)
         self.overlay_check = QtWidgets.QCheckBox("Outline on canvas")
         self.overlay_check.setChecked(True)
         top = QtWidgets.QHBoxLayout()

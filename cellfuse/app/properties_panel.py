@@ -244,9 +244,10 @@ class PropertiesPanel(QtWidgets.QWidget):
         counts = {}
         for n in cell.nodes:
             counts[n.op] = counts.get(n.op, 0) + 1
+        nodes = f"{len(cell.nodes)} node{'' if len(cell.nodes) == 1 else 's'}"
         self.cell_summary.setText(
-            f"{len(cell.nodes)} nodes: {counts.get('state', 0)} state(s), {counts.get('weight', 0)} "
-            f"weight(s), {counts.get('matmul', 0)} matmul(s)")
+            f"{nodes}: {counts.get('state', 0)} state(s), {counts.get('weight', 0)} weight(s), "
+            f"{counts.get('matmul', 0)} matmul(s)")
 
     def show_error(self, text: str) -> None:
         """Says why the last change was refused, and shows the node's values again."""

@@ -122,3 +122,18 @@ def tensor_core_groups(plan: Plan) -> list[str]:
     rows = plan.chunk_steps * plan.sizes.batch if plan.chunk_steps else plan.sizes.seq * plan.sizes.batch
     return [g.group for g in plan.layers[0].prologue
             if isinstance(g, GemmLaunch) and on_tensor_cores(rows, g.n, g.k)]
+
+
+# Each rung in one line, for people choosing one (the editor's schedule list, its tooltips).
+SCHEDULE_LINES = {
+    "naive": "every matmul its own GEMM and every op its own kernel, at every step",
+    "combined": "matmuls that share an operand run as one GEMM",
+    "fused": "each island of elementwise ops runs as one kernel",
+    "hoisted": "GEMMs that depend on no state run once for all steps, beside the loop",
+    "graph": "the hoisted plan captured once into a CUDA graph and replayed",
+    "wavefront": "graph, with each layer on streams of its own, a chunk of steps behind the layer below",
+    "persistent": "each layer's whole step loop in one kernel, its recurrent weights kept on chip "
+                  "(they must fit in the GPU's shared memory)",
+    "tensor": "persistent, with its GEMMs on tensor cores in 3xTF32 (float32's accuracy; needs "
+              "compute capability 8.0 or later)",
+}

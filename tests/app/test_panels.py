@@ -289,3 +289,18 @@ def test_cuda_source_is_highlighted_and_read_only(window):
     block = view.editor.document().findBlockByLineNumber(view._kernel_line[view.kernel_of("ai")] - 1)
     formats = block.layout().formats()
     assert formats, "the kernel's line has no highlighting"
+
+
+def test_each_schedule_explains_itself_and_a_search_that_finds_nothing_says_so(window):
+    from cellfuse.codegen import SCHEDULES
+
+    combo = window.plan_panel.schedule_combo
+    for i in range(combo.count()):
+        tip = combo.itemData(i, QtCore.Qt.ItemDataRole.ToolTipRole)
+        assert tip and combo.itemText(i) in tip, combo.itemText(i)
+    assert [combo.itemText(i) for i in range(combo.count())] == list(SCHEDULES)
+    palette = window.palette
+    palette.search.setText("zzz")
+    assert palette.ops() == [] and palette.no_match.isVisibleTo(palette) and "zzz" in palette.no_match.text()
+    palette.search.setText("tanh")
+    assert "tanh" in palette.ops() and not palette.no_match.isVisibleTo(palette)
