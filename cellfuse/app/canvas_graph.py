@@ -12,7 +12,7 @@ import logging
 
 from NodeGraphQt import NodeGraph
 from NodeGraphQt.widgets.tab_search import TabSearchMenuWidget
-from PySide6 import QtCore, QtGui
+from PySide6 import QtCore, QtGui, QtWidgets
 
 from . import theme
 
@@ -52,6 +52,14 @@ class OpSearchMenu(TabSearchMenuWidget):
         """The names listed now, top to bottom."""
         return [a.text() for a in self.actions() if a in self._actions.values()]
 
+    viewer: QtWidgets.QWidget | None = None  # the canvas it searches for (set by CanvasGraph)
+
+    def move(self, pos: QtCore.QPoint) -> None:
+        # NodeGraphQt places the search at the cursor in the viewer's coordinates; the menu is a window
+        # of its own, placed in the screen's: without the mapping it opened at the screen's top left.
+        viewer = self.viewer
+        super().move(viewer.mapToGlobal(pos) if viewer is not None and self.parent() is None else pos)
+
 
 class CanvasGraph(NodeGraph):
     node_requested = QtCore.Signal(str, object)  # node type, (x, y) in scene coordinates
@@ -67,6 +75,7 @@ class CanvasGraph(NodeGraph):
         self.set_grid_color(*theme.CANVAS_GRID)
         viewer = self.viewer()
         viewer._search_widget = self.search_menu = OpSearchMenu()
+        self.search_menu.viewer = viewer
         self.search_menu.search_submitted.connect(viewer._on_search_submitted)
         # The window owns Undo and Redo; the viewer's copies would make the shortcuts ambiguous.
         for action in (viewer.qaction_for_undo(), viewer.qaction_for_redo()):

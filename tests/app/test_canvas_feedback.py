@@ -215,3 +215,14 @@ def test_a_half_wired_node_is_saved_and_reopened_with_the_same_port_empty(window
     assert [p.name() for p in window.adapter.node("a").input_ports() if p.connected_ports()] == ["b"]
     assert problems_listed(window)["a"] == ["port a of 'a' is not connected"]
     assert not [m for m in messages if "Not shown" in m]
+
+
+def test_tab_search_opens_at_the_cursor(window, monkeypatch):
+    """NodeGraphQt moves the search to the cursor in the canvas's coordinates; the menu is a window of its
+    own, so the place is mapped to the screen's (it opened at the screen's top left)."""
+    menu = window.adapter.graph.search_menu
+    viewer = window.adapter.graph.viewer()
+    monkeypatch.setattr(menu, "exec_", lambda *_: None)
+    cursor = QtCore.QPoint(300, 200)
+    menu.move(cursor)
+    assert menu.pos() == viewer.mapToGlobal(cursor)
