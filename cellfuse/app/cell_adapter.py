@@ -1050,6 +1050,14 @@ class CellAdapter(QtCore.QObject):
             if old:
                 self.graph.delete_nodes(old)
             made = self._create_group(name, [n.id for n in members], (rect.left(), rect.top()))
+            # where its members were, unless that covers another node: then below, in free space
+            inside = {n.id for n in self._with_partners(members)}
+            taken = [c.view.sceneBoundingRect() for c in self._shown()
+                     if c is not made and c.id not in inside]
+            box = made.view.sceneBoundingRect()
+            free = _clear_below(QtCore.QRectF(box), taken, 20.0, 15.0, ROW_SPACING / 2)
+            if free.top() != box.top():
+                made.set_pos(free.left(), free.top())
         self.select_canvas([made])
 
     def group_to_rename(self) -> CellNode | None:

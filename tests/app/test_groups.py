@@ -324,3 +324,21 @@ def test_the_output_node_added_in_an_open_group_goes_to_the_whole_cell_and_shows
     assert a.open_group is None and a.output_node().view.isVisible()
     assert a.graph.selected_nodes() == [a.output_node()]
     assert "one output node" in window.statusBar().currentMessage()
+
+
+def test_a_new_group_does_not_land_on_another_node(window):
+    """Grouping two nodes with a third between them: the group's node, where they were, would cover the
+    third; it goes below, into free space."""
+    a = window.adapter
+    ids = [n.id for n in window.cell.nodes if any(c.view.isVisible() for c in a.canvas_nodes(n.id))]
+    first, middle, last = ids[:3]
+    a.node(first).set_pos(0.0, 0.0)
+    height = a.node(first).view.sceneBoundingRect().height()
+    a.node(middle).set_pos(0.0, height + 8.0)  # just below it: under the group's node, taller than a node
+    a.node(last).set_pos(0.0, 300.0)
+    others = [n.name() for n in a.graph.all_nodes() if n.view.isVisible() and n.name() not in ids[:3]]
+    for i, name in enumerate(others):  # the rest out of the way
+        a.node(name).set_pos(2000.0 + 300.0 * i, 0.0) if a.canvas_nodes(name) else None
+    assert not overlapping_nodes(window)
+    window.adapter.group([first, last], "ends")
+    assert not overlapping_nodes(window), overlapping_nodes(window)
