@@ -127,6 +127,7 @@ class PlanPanel(QtWidgets.QWidget):
 
     def show_sizes(self, text: str) -> None:
         self.sizes_label.setText(text)
+        self.sizes_label.setToolTip(text)  # the whole line, where the dock is too narrow to show it
 
     def show_message(self, text: str) -> None:
         """Says why there is no plan (the cell has errors, or the scheduler refused it)."""

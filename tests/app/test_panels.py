@@ -304,3 +304,4 @@ def test_each_schedule_explains_itself_and_a_search_that_finds_nothing_says_so(w
     assert palette.ops() == [] and palette.no_match.isVisibleTo(palette) and "zzz" in palette.no_match.text()
     palette.search.setText("tanh")
     assert "tanh" in palette.ops() and not palette.no_match.isVisibleTo(palette)
+    assert "layers=" in window.plan_panel.sizes_label.toolTip()  # the sizes line whole, where it is cut
