@@ -136,15 +136,23 @@ def plot_sweep(sweep: SweepResult, fig: Figure) -> None:
         if xs:
             ax.plot(xs, ys, marker="o", label=name, color=palette(i % 20),
                     linestyle="-" if kinds[name] == "schedule" else "--")
-    ax.set_xscale("log", base=2)
+    values = [v for v in sweep.values if v > 0]
+    log = bool(values) and max(values) >= 4 * min(values)  # sizes doubling; a narrow range reads linearly
+    if log:
+        ax.set_xscale("log", base=2)
     ax.set_xticks(sweep.values, [str(v) for v in sweep.values])
+    if len(sweep.values) > 4 or max((len(str(v)) for v in sweep.values), default=0) > 4:
+        # many or long labels run together side by side ("8000100001200014000016000"): slanted, they do not
+        ax.tick_params(axis="x", labelrotation=40)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
     ax.minorticks_off()
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
     ax.yaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel(f"{sweep.param} (log scale)")
+    ax.set_xlabel(f"{sweep.param} (log scale)" if log else sweep.param)
     train = any(r.train for r in sweep.results)
-    ax.set_ylabel(f"ms per {_pass(train)} (median, log scale)")
+    ax.set_ylabel(f"ms per {_pass(train)}\n(median, log scale)")  # two lines: a short chart cuts one
     if ax.lines:
         fig.legend(fontsize=7, loc="outside right upper")
     if sweep.results:

@@ -223,3 +223,24 @@ def test_ending_on_a_signal_keeps_unsaved_work_in_the_autosave(window):
     window.end_by_signal()
     found = autosave.find_autosave(None)
     assert found is not None and "tanh" in found.file.read_text()
+
+
+def test_a_sweep_charts_labels_do_not_run_together(chart_problems):
+    from cellfuse.gpu_runtime.bench import SweepResult
+    from cellfuse.gpu_runtime.plots import plot_sweep
+
+    res = run_benchmark(load_template("elman"), BenchConfig(Sizes(seq=4, batch=2, input=4, hidden=4), "numpy",
+                                                            schedules=["naive"], baselines=[], repeats=1))
+    values = [8000, 10000, 12000, 14000, 16000]
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    fig = Figure(figsize=(8.0, 3.6))
+    FigureCanvasAgg(fig)
+    plot_sweep(SweepResult("seq", values, [res] * len(values)), fig)
+    assert not chart_problems(fig)
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    boxes = [t.get_window_extent(renderer) for t in ax.get_xticklabels() if t.get_text()]
+    assert len(boxes) == len(values)
+    assert not [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:] if a.overlaps(b)]
+    assert ax.get_xscale() == "linear"  # 8000 to 16000: not a range that needs a log scale
