@@ -241,6 +241,8 @@ class MainWindow(QtWidgets.QMainWindow):
             self.show_canvas()
             self.statusBar().showMessage(f"Group '{name}': the path at the canvas's top left goes back to "
                                          "the whole cell", 6000)
+        elif self.statusBar().currentMessage().startswith("Group '"):
+            self.statusBar().clearMessage()  # back on the whole cell: the group's hint no longer holds
 
     def update_title(self) -> None:
         name = self.document.display_name(self.cell)

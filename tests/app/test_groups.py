@@ -189,6 +189,7 @@ def test_double_click_opens_a_group_and_the_path_returns(qtbot, window):
     qtbot.mouseDClick(view.viewport(), QtCore.Qt.MouseButton.LeftButton, pos=view.mapFromScene(centre))
     assert a.open_group == "forget gate"
     assert window.breadcrumb.path() == ["LSTM", "forget gate"]
+    assert window.statusBar().currentMessage().startswith("Group 'forget gate'")
     assert shown_ids(window) == set(FORGET)
     stubs = sorted(item.text for item in a._group_items if hasattr(item, "text"))
     assert stubs == ["f", "h", "x"]  # what enters the group and what leaves it
@@ -204,6 +205,7 @@ def test_double_click_opens_a_group_and_the_path_returns(qtbot, window):
 
     qtbot.mouseClick(window.breadcrumb.cell_button, QtCore.Qt.MouseButton.LeftButton)
     assert a.open_group is None and window.breadcrumb.path() == []
+    assert not window.statusBar().currentMessage()  # the group's hint went with it
     assert forget.view.isVisible() and forget.view.isSelected()
     assert not shown_ids(window) & set(FORGET)
 
