@@ -35,6 +35,7 @@ from ..codegen.lowering import (
 from ..codegen.persistent_cuda import persistent_buffers
 from ..codegen.plan import PersistentLaunch, Target
 from ..graph_model import CellError, Forward
+from .driver import check
 from .kernel_cache import cubin
 from .tf32_gemms import Shape, TensorCoreGemms, alignment
 from .wgmma_gemms import Operands, WgmmaGemms, usable
@@ -99,14 +100,6 @@ def warpgroup_gemms() -> WgmmaGemms | None:
         log.warning("the warpgroup GEMM does not build here, so every GEMM on tensor cores goes through "
                     "cuBLAS: %s", e)
         return None
-
-
-def _cu_check(result):
-    """cuda.bindings calls return (error, *values)."""
-    err, *values = result if isinstance(result, tuple) else (result,)
-    if int(err) != 0:
-        raise CellError(f"CUDA driver error {err}")
-    return values[0] if len(values) == 1 else values
 
 
 class CudaExecutor:
@@ -344,23 +337,23 @@ class CudaExecutor:
             raise GpuUnavailable("CUDA graphs need NVIDIA's cuda-python (cuda.bindings): "
                                  "pip install cuda-python")
         cu = self.cu
-        _cu_check(cu.cuStreamBeginCapture(self._cs,
+        check(cu.cuStreamBeginCapture(self._cs,
                                           cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
         try:
             for call in calls:
                 call()
         finally:
-            graph = _cu_check(cu.cuStreamEndCapture(self._cs))
+            graph = check(cu.cuStreamEndCapture(self._cs))
         try:
-            return _cu_check(cu.cuGraphInstantiate(graph, 0))
+            return check(cu.cuGraphInstantiate(graph, 0))
         finally:
-            _cu_check(cu.cuGraphDestroy(graph))  # the instantiated graph keeps what it needs
+            check(cu.cuGraphDestroy(graph))  # the instantiated graph keeps what it needs
 
     def replay(self, graph_exec) -> None:
-        _cu_check(self.cu.cuGraphLaunch(graph_exec, self._cs))
+        check(self.cu.cuGraphLaunch(graph_exec, self._cs))
 
     def release(self, graph_exec) -> None:
-        _cu_check(self.cu.cuGraphExecDestroy(graph_exec))
+        check(self.cu.cuGraphExecDestroy(graph_exec))
 
     def capture_graph(self) -> None:
         """Captures one forward pass into a CUDA graph, replayed by `forward`."""
@@ -414,7 +407,7 @@ class CudaExecutor:
         for workspace in self.workspaces:
             workspace.free()
         for cu_module in self._cu_modules:
-            _cu_check(self.cu.cuModuleUnload(cu_module))
+            check(self.cu.cuModuleUnload(cu_module))
         self.memory.free()
 
 
@@ -484,7 +477,7 @@ class _PersistentKernel:
         """The call that launches it: for a cooperative launch all blocks resident at once, or a CellError
         saying why not."""
         cu = self.cu
-        _cu_check(cu.cuFuncSetAttribute(
+        check(cu.cuFuncSetAttribute(
             self.function, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             launch.smem_bytes))
         # The driver reads each argument through a pointer: the call holds the values and their table.
@@ -492,7 +485,7 @@ class _PersistentKernel:
         table = np.array([v.ctypes.data for v in values], np.uint64)
         if not launch.cooperative:
             return partial(self._launch_early, self._config(launch, stream), table, values)
-        per_sm = _cu_check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, launch.threads,
+        per_sm = check(cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(self.function, launch.threads,
                                                                            launch.smem_bytes))
         target = device_target()
         if per_sm * target.sm_count < launch.blocks:
@@ -521,12 +514,12 @@ class _PersistentKernel:
     def _launch(self, launch: PersistentLaunch, stream, table: np.ndarray,
                 values: list[np.ndarray]) -> None:
         del values  # held by the partial, so that the table's pointers stay valid
-        _cu_check(self.cu.cuLaunchCooperativeKernel(self.function, launch.blocks, 1, 1, launch.threads, 1, 1,
+        check(self.cu.cuLaunchCooperativeKernel(self.function, launch.blocks, 1, 1, launch.threads, 1, 1,
                                                     launch.smem_bytes, stream, table.ctypes.data))
 
     def _launch_early(self, config, table: np.ndarray, values: list[np.ndarray]) -> None:
         del values  # (as in _launch)
-        _cu_check(self.cu.cuLaunchKernelEx(config, self.function, table.ctypes.data, 0))
+        check(self.cu.cuLaunchKernelEx(config, self.function, table.ctypes.data, 0))
 
 
 def _persistent_functions(cu, cubin: bytes, kernels,
@@ -537,8 +530,8 @@ def _persistent_functions(cu, cubin: bytes, kernels,
     if cu is None:
         raise GpuUnavailable("the persistent schedule's launches need NVIDIA's cuda-python "
                              "(cuda.bindings): pip install cuda-python")
-    module = _cu_check(cu.cuModuleLoadData(cubin))
-    return module, {name: _PersistentKernel(cu, _cu_check(cu.cuModuleGetFunction(module, name.encode())),
+    module = check(cu.cuModuleLoadData(cubin))
+    return module, {name: _PersistentKernel(cu, check(cu.cuModuleGetFunction(module, name.encode())),
                                             early)
                     for launch, name in kernels.name_of.items()
                     if isinstance(launch, PersistentLaunch)}

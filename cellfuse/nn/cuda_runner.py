@@ -246,7 +246,9 @@ class CudaRunner(Runner):
         bases = [reserve.data_ptr(), packed, x.data_ptr(), out.data_ptr(), 0,
                  *(s.data_ptr() for s in states), *(f.data_ptr() for f in finals)]
         program.run([bases[k] + at for k, at in self._binders[which]], stream)
-        return out[1:], finals, reserve if save else reserve.new_empty(0) if not shared else self._empty
+        if not save:  # no steps to keep: an empty reserve (a view of the block would keep it alive)
+            reserve = self._empty if shared else reserve.new_empty(0)
+        return out[1:], finals, reserve
 
     def _inference_memory(self, x: torch.Tensor, states: int):
         """y's sequence, the final states and the scratch of a forward run without saved steps, as views

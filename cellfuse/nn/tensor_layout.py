@@ -38,7 +38,6 @@ class TensorLayout:
         self.state_ids = plan.state_ids
         self.keys = tuple(plan.params)
         self.parts = list(plan.param_parts())
-        self.weights = [name for name, b in plan.buffers.items() if b.role in WEIGHT_ROLES]
         s = plan.sizes
         # the places of the seeds and of the states' gradients, worked out once (addresses are expressions)
         self.dy_place = backward.dy_place()
