@@ -1,5 +1,6 @@
-"""The host time of CellRNN's forward call, layer by layer: the program's launches alone, the runner
-(allocations, addresses, launches), the custom op around it, and the module around that; under
+"""The host time of CellRNN's forward call, layer by layer: the program's launches alone (one call into
+the launch list), the runner (allocations, addresses, launches), the eager path to it, the custom op, and
+the module around them; then the pieces of those layers alone; under
 torch.no_grad(), the LSTM at input = hidden = 512, T=100. A layer whose host time equals the wall time
 of back-to-back calls waits for the GPU somewhere.
 
@@ -13,7 +14,7 @@ import time
 
 import torch
 
-from cellfuse.nn import CellRNN, ops
+from cellfuse.nn import CellRNN, ops, stacks
 
 
 def per_call_us(fn, calls: int) -> tuple[float, float]:
@@ -43,17 +44,16 @@ def main() -> None:
         rnn(x)
         runner = ops.runner(rnn._cell_text, x, 512, 1, args.schedule)
         program = runner._programs["forward"]
-        out = runner.forward(x, zeros, params, False)
         stream = torch._C._cuda_getCurrentRawStream(0)
-        reserve = torch.empty(runner.infer_memory.reserve_bytes, dtype=torch.uint8, device="cuda")
-        y_full = out[0].data_ptr() - 2048 * args.batch
-        bases = [reserve.data_ptr(), runner.packed.data_ptr(), x.data_ptr(), y_full, 0,
-                 *(z.data_ptr() for z in zeros), *(f.data_ptr() for f in out[1])]
-        at = [bases[k] + o for k, o in runner._binders["forward"]]
+        y, finals, out, scratch = runner._inference_memory(x, 2)
+        bases = [scratch, runner.packed.data_ptr(), x.data_ptr(), out, 0, *(z.data_ptr() for z in zeros),
+                 *(f.data_ptr() for f in finals)]
+        cell = rnn._cell_text
         layers = {
-            "program.run": lambda: program.run(at, stream),
-            "runner.forward": lambda: runner.forward(x, zeros, params, False),
-            "torch.ops.cellfuse.rnn": lambda: torch.ops.cellfuse.rnn(x, zeros, params, rnn._cell_text, 512, 1,
+            "program.run": lambda: program.run(bases, stream),
+            "runner.forward": lambda: runner.forward(x, zeros, params, False, True),
+            "ops.run": lambda: ops.run(x, zeros, params, cell, 512, 1, args.schedule, False),
+            "torch.ops.cellfuse.rnn": lambda: torch.ops.cellfuse.rnn(x, zeros, params, cell, 512, 1,
                                                                      args.schedule, False),
             "module": lambda: rnn(x),
         }
@@ -61,7 +61,31 @@ def main() -> None:
             host, wall = per_call_us(fn, args.calls)
             print(f"{name:24s} host {host:8.1f} us  wall {wall:8.1f} us per call", flush=True)
         print("launches of the program:", len(program.calls), program.names)
-
+        # the pieces of the layers above, each alone
+        T, B = x.shape[0], x.shape[1]
+        pieces = {
+            "module.forward": lambda: rnn.forward(x),
+            "stacks.run": lambda: stacks.run(x, zeros, params, cell, 512, 1, args.schedule),
+            "module._check": lambda: rnn._check(x, None),
+            "torch.onnx.is_in_onnx_export": torch.onnx.is_in_onnx_export,
+            "torch.jit.is_tracing": torch.jit.is_tracing,
+            "module._params": rnn._params,
+            "ops.runner (lookup)": lambda: ops.runner(cell, x, 512, 1, args.schedule),
+            "runner._weights": lambda: runner._weights(params, stream),
+            "runner._inference_memory": lambda: runner._inference_memory(x, 2),
+            "torch.empty": lambda: torch.empty(1024, device="cuda"),
+            "empty [T+3, B, H] + split": lambda: torch.empty((T + 3, B, 512), device="cuda").split(
+                [1, T, 1, 1]),
+            "as_strided": lambda: x.as_strided((T, B, 512), (B * 512, 512, 1), 0),
+            "x[1:]": lambda: x[1:],
+            "is_current_stream_capturing": torch.cuda.is_current_stream_capturing,
+            "_cuda_getCurrentRawStream": lambda: torch._C._cuda_getCurrentRawStream(0),
+            "torch.is_grad_enabled": torch.is_grad_enabled,
+            "x.data_ptr()": x.data_ptr,
+        }
+        for name, fn in pieces.items():
+            host, _ = per_call_us(fn, args.calls * 10)
+            print(f"  {name:30s} {host:8.2f} us", flush=True)
 
 if __name__ == "__main__":
     main()

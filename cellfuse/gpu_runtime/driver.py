@@ -1,17 +1,11 @@
 """The CUDA driver API through NVIDIA's cuda.bindings, for work put on a caller's stream: modules loaded
 into the current context (the primary context of the device the caller has made current, as PyTorch does),
-kernels launched from a table of arguments that is rewritten in place before each launch, streams and
-events.
-
-A launch costs one call into the driver and a few stores into a numpy array: the arguments' table is
-built once per kernel call site, so that the host time of a whole forward pass stays below the GPU's.
+streams and events. The launches themselves go through the launch list (launch_list.py), in C.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
-
-import numpy as np
 
 from ..graph_model import CellError
 
@@ -70,76 +64,32 @@ class Module:
         check(self.cu.cuModuleUnload(self.handle), f"unloading {self.what}")
 
 
-class Launch:
-    """One call site of a kernel: its grid, block and shared memory fixed, its arguments in a table the
-    driver reads through pointers. Every argument has an 8-byte slot; an int argument is read from the
-    first 4 bytes of its slot (little-endian), so one uint64 array holds them all."""
+class Event:
+    """A timing event, with the methods of PyCUDA's that event_timing.median_ms calls (this module stands
+    for PyCUDA's driver there)."""
 
-    def __init__(self, function, name: str, grid: tuple[int, ...], block: int, args: list[int],
-                 smem: int = 0):
+    def __init__(self):
         self.cu = bindings()
-        self.function, self.name = function, name
-        self.grid = (*grid, 1, 1)[:3]
-        self.block, self.smem = block, smem
-        self.values = np.zeros(max(1, len(args)), np.uint64)
-        for i, value in enumerate(args):
-            self.values[i] = value & 0xFFFFFFFFFFFFFFFF
-        self.table = self.values.ctypes.data + 8 * np.arange(len(args), dtype=np.uint64)
-        self.params = self.table.ctypes.data  # numpy's .ctypes costs microseconds: read once
-        if smem > 48 * 1024:
-            cu = self.cu
-            check(cu.cuFuncSetAttribute(function, cu.CUfunction_attribute
-                                        .CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem),
-                  f"giving {name} {smem} bytes of shared memory")
+        flags = self.cu.CUevent_flags.CU_EVENT_DEFAULT
+        self.handle = check(self.cu.cuEventCreate(flags), "creating an event")
 
-    def set(self, i: int, value: int) -> None:
-        self.values[i] = value
+    def record(self, stream) -> None:
+        check(self.cu.cuEventRecord(self.handle, stream), "recording an event")
 
-    def __call__(self, stream) -> None:
-        gx, gy, gz = self.grid
-        err, = self.cu.cuLaunchKernel(self.function, gx, gy, gz, self.block, 1, 1, self.smem, stream,
-                                      self.params, 0)
-        if int(err):
-            fail(err, f"launching {self.name}")
+    def synchronize(self) -> None:
+        check(self.cu.cuEventSynchronize(self.handle), "waiting for an event")
+
+    def time_since(self, start: Event) -> float:
+        return check(self.cu.cuEventElapsedTime(start.handle, self.handle), "timing")
+
+    def __del__(self):
+        self.cu.cuEventDestroy(self.handle)
 
 
-class CooperativeLaunch(Launch):
-    """A kernel whose blocks wait for each other: all of them resident at once."""
-
-    def __call__(self, stream) -> None:
-        gx, gy, gz = self.grid
-        err, = self.cu.cuLaunchCooperativeKernel(self.function, gx, gy, gz, self.block, 1, 1, self.smem,
-                                                 stream, self.params)
-        if int(err):
-            fail(err, f"launching {self.name}")
-
-
-class EarlyLaunch(Launch):
-    """A kernel allowed to start while the kernel before it on the stream ends (programmatic stream
-    serialization, compute capability 9.0 on); it waits for it at its top (see persistent_cuda.skeleton's
-    PDL_WAIT)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        cu = self.cu
-        config = cu.CUlaunchConfig()
-        config.gridDimX, config.gridDimY, config.gridDimZ = self.grid
-        config.blockDimX, config.blockDimY, config.blockDimZ = self.block, 1, 1
-        config.sharedMemBytes = self.smem
-        early = cu.CUlaunchAttribute()
-        early.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        early.value.programmaticStreamSerializationAllowed = 1
-        config.attrs = [early]
-        config.numAttrs = 1
-        self.config = config
-        self._stream = None
-
-    def __call__(self, stream) -> None:
-        if stream is not self._stream:  # setting a field of the struct costs more than comparing
-            self.config.hStream = self._stream = stream
-        err, = self.cu.cuLaunchKernelEx(self.config, self.function, self.params, 0)
-        if int(err):
-            fail(err, f"launching {self.name}")
+class Context:
+    @staticmethod
+    def synchronize() -> None:
+        check(bindings().cuCtxSynchronize(), "waiting for the GPU")
 
 
 def resident_blocks(function, threads: int, smem: int) -> int:

@@ -64,6 +64,37 @@ def cubin(source: str, arch: str, options: tuple[str, ...] = ("-O3",)) -> bytes:
     return compiled
 
 
+def shared_library(source: str, name: str) -> Path:
+    """The file of a shared library built by nvcc from C `source` (host code, such as the launch list's),
+    kept in the cache folder's `host/` as `<name>-<sha256>.so`; built where it is not there yet. A
+    CellError where nvcc reports errors; built in a temporary folder where the cache cannot be written."""
+    key = _key(source, "host", _LIBRARY_OPTIONS)
+    path = cache_dir() / "host" / f"{name}-{key}.so"
+    if path.is_file():
+        return path
+    with tempfile.TemporaryDirectory(prefix="cellfuse-host-") as tmp:
+        c, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
+        c.write_text(source, encoding="utf-8")
+        proc = _run_nvcc([*_LIBRARY_OPTIONS, "-o", str(out), str(c)])
+        if proc.returncode != 0:
+            raise CellError(f"nvcc could not build {name}.c:\n"
+                            + compile_error_lines(proc.stderr or proc.stdout, source))
+        built = out.read_bytes()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, built)
+    except OSError as e:
+        log.warning("could not keep the built library in %s: %s", path, e)
+        with tempfile.NamedTemporaryFile(prefix=f"cellfuse-{name}-", suffix=".so", delete=False) as f:
+            f.write(built)  # for this process (the system's temporary folder clears it)
+        return Path(f.name)
+    return path
+
+
+# a C shared library that links nothing of CUDA's (the launch list is given the entry points it calls)
+_LIBRARY_OPTIONS = ("-shared", "-O2", "-Xcompiler", "-fPIC", "-cudart", "none", "-x", "c")
+
+
 def _key(source: str, arch: str, options: tuple[str, ...]) -> str:
     """The sha256 of all that the cubin depends on: another nvcc may compile the same source otherwise."""
     what = [FORMAT_VERSION, nvcc_version(), arch, list(options), source]

@@ -24,10 +24,7 @@ happens when the program is made, so a program must be made before a CUDA graph 
 
 from __future__ import annotations
 
-import os
-import statistics
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -40,13 +37,12 @@ from ..codegen.persistent_cuda import persistent_buffers
 from ..codegen.plan import Plan
 from ..graph_model import CellError
 from . import driver
-from .driver import CooperativeLaunch, EarlyLaunch, Launch, check
+from .driver import check
+from .event_timing import median_ms
 from .kernel_cache import cubin
+from .launch_list import COOPERATIVE, EARLY, KERNEL, LaunchList
 from .wgmma_gemms import Operands, usable
 
-# CELLFUSE_CHECK_LAUNCHES=1: every launch waited for and checked, so that a kernel that faults is named
-# (as CUDA_LAUNCH_BLOCKING does for torch's own); slow, for finding faults.
-CHECK_LAUNCHES = os.environ.get("CELLFUSE_CHECK_LAUNCHES", "") not in ("", "0")
 CUBLAS_WORKSPACE = 8 * 2**20  # bytes per stream's cuBLAS handle
 _R_32F, _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT = 0, 77, -1  # cudaDataType, cublasComputeType_t, algo
 _TIMED_RUNS = 5
@@ -74,32 +70,6 @@ def _module(what: str, source: str, arch: str) -> driver.Module:
     return _loaded[key]
 
 
-@dataclass(frozen=True)
-class _Pointer:
-    """Argument `arg` of a launch is buffer `slot`'s address plus `offset` bytes."""
-
-    arg: int
-    slot: int
-    offset: int
-
-
-class _KernelCall:
-    def __init__(self, launch: Launch, pointers: list[_Pointer], stream: int):
-        self.launch, self.pointers, self.stream = launch, pointers, stream
-
-    def __call__(self, at: list[int], streams: list, bound: bool = False) -> None:
-        if not bound:
-            values = self.launch.values
-            for p in self.pointers:
-                values[p.arg] = at[p.slot] + p.offset
-        self.launch(streams[self.stream])
-
-
-# A launch, given the buffers' addresses, the streams, and whether the addresses are those of the call
-# before (a kernel's table of arguments then holds them already).
-Call = Callable[[list[int], list, bool], None]
-
-
 class _Resources:
     """What a program's calls share and keep: the loaded kernels, a cuBLAS handle per stream (each with
     its workspace), alpha and beta."""
@@ -121,6 +91,14 @@ class _Resources:
             self.handles.append(handle)
         self.scalars = np.array([1.0, 0.0], np.float32)  # cuBLAS reads them when the GEMM is put on a stream
 
+    def workspace(self, s: int) -> tuple[int, int]:
+        return int(self.workspaces[s]), CUBLAS_WORKSPACE
+
+    def point(self, s: int, stream) -> None:
+        """Handle s at `stream`, with its workspace (which cublasSetStream drops for cuBLAS's pool)."""
+        self.cublas.set_stream(self.handles[s], int(stream))
+        self.cublas.set_workspace(self.handles[s], int(self.workspaces[s]), CUBLAS_WORKSPACE)
+
     def function(self, name: str):
         if name not in self.functions:
             self.functions[name] = self.module.function(name)
@@ -139,85 +117,83 @@ class _Resources:
 
 class _Calls:
     """The calls of instructions as they are built: the buffers they address (by slot), the scratch the
-    split copies need, and the images of weights that the warpgroup GEMMs read."""
+    split copies need, and the images of weights that the warpgroup GEMMs read (made by calls of their
+    own, `images`, on one stream)."""
 
-    def __init__(self, res: _Resources, plan: Plan, sm_count: int, events: list):
+    def __init__(self, res: _Resources, plan: Plan, sm_count: int, events: list, what: str):
         self.res, self.plan, self.sm_count, self.events = res, plan, sm_count, events
         self.buffers: dict[str, int] = {}  # buffer name -> slot
         self.scratch: dict[str, int] = {}  # name -> bytes
         self.images: dict[str, int] = {}  # image_name(w) -> bytes
-        self.image_calls: dict[str, Call] = {}
-        self.calls: list[Call] = []
-        self.names: list[str] = []  # what each call runs, for errors
-
-    def _append(self, call: Call, name: str) -> None:
-        self.calls.append(call)
-        self.names.append(name)
+        self.calls = LaunchList(what)
+        self.image_calls = LaunchList(f"{what}: the images of weights")
 
     def _slot(self, name: str) -> int:
         return self.buffers.setdefault(name, len(self.buffers))
 
+    def finish(self, side_streams: list) -> None:
+        """Both lists fixed (on the caller's stream and `side_streams`), each buffer a base of its own."""
+        slots = [(slot, 0) for slot in range(len(self.buffers))]
+        self.calls.finish(side_streams, self.res.handles, self.res.workspace(0))
+        self.image_calls.finish()
+        for listed in (self.calls, self.image_calls):
+            listed.bind(slots)
+
+    def _args(self, args: list) -> list:
+        """(buffer, byte offset) pointers as (slot, byte offset); ints as they are."""
+        return [a if isinstance(a, int) else (self._slot(a[0]), a[1]) for a in args]
+
     def _kernel(self, name: str, grid, block: int, args: list, stream: int, smem: int = 0,
-                kind: type[Launch] = Launch, function=None) -> _KernelCall:
-        """A call of a kernel whose arguments are (buffer, byte offset) pointers or ints."""
-        values = [a if isinstance(a, int) else 0 for a in args]
-        launch = kind(function or self.res.function(name), name, grid if isinstance(grid, tuple) else (grid,),
-                      block, values, smem)
-        pointers = [_Pointer(i, self._slot(a[0]), a[1]) for i, a in enumerate(args) if not isinstance(a, int)]
-        return _KernelCall(launch, pointers, stream)
+                kind: int = KERNEL, function=None, calls: LaunchList | None = None,
+                label: str | None = None) -> None:
+        """A launch of a kernel whose arguments are (buffer, byte offset) pointers or ints; `label` names
+        it in errors (else its name)."""
+        (calls or self.calls).kernel(function or self.res.function(name), label or name,
+                                     grid if isinstance(grid, tuple) else (grid,), block, smem,
+                                     self._args(args), stream, kind)
 
     def add(self, instr: Instruction, t: int) -> None:
         B = self.plan.sizes.batch
-        cu = self.res.cu
         match instr:
             case Gemm():
                 self._gemm(instr, t)
             case Kernel(launch=k, rows=rows, stream=s):
                 args = [(p.access.buffer, p.access.dtype.itemsize * element_offset(instr, p.access, t, B))
                         for p in kernel_params(k)]
-                name = self.res.name_of[k]
-                self._append(self._kernel(name, _grid(rows * k.width), BLOCK, [*args, rows], s), name)
+                self._kernel(self.res.name_of[k], _grid(rows * k.width), BLOCK, [*args, rows], s)
             case Copy(src=src, dst=dst, width=width, step=step, stream=s):
                 at = self.plan.sizes.seq if step is None else step
                 assert src.dtype == dst.dtype, f"a copy from {src.buffer} to {dst.buffer} converts"
                 nbytes = B * width * src.dtype.itemsize
-                to = (self._slot(dst.buffer), dst.dtype.itemsize * dst.offset(at, B))
-                fro = (self._slot(src.buffer), src.dtype.itemsize * src.offset(at, B))
-
-                def copy(a: list[int], streams: list, bound: bool = False, to=to, fro=fro, nbytes=nbytes,
-                         s=s) -> None:
-                    check(cu.cuMemcpyDtoDAsync(a[to[0]] + to[1], a[fro[0]] + fro[1], nbytes, streams[s]),
-                          "copying a state")
-                self._append(copy, f"the copy of {src.buffer} to {dst.buffer}")
+                self.calls.copy((self._slot(dst.buffer), dst.dtype.itemsize * dst.offset(at, B)),
+                                (self._slot(src.buffer), src.dtype.itemsize * src.offset(at, B)), nbytes, s,
+                                f"the copy of {src.buffer} to {dst.buffer}")
             case Record(event=e, stream=s):
-                self._append(lambda a, streams, bound=False, event=self.events[e], s=s: check(
-                    cu.cuEventRecord(event, streams[s]), "recording an event"), "an event")
+                self.calls.record(self.events[e], s)
             case Wait(event=e, stream=s):
-                self._append(lambda a, streams, bound=False, event=self.events[e], s=s: check(
-                    cu.cuStreamWaitEvent(streams[s], event, 0), "waiting for an event"), "a wait")
+                self.calls.wait(self.events[e], s)
             case Loop(body=body):
                 for step in instr.steps(self.plan.sizes.seq):
                     for inner in body:
                         self.add(inner, step)
             case Persistent(launch=p, stream=s):
-                self._append(self._persistent(p, s), self.res.name_of[p])
+                self._persistent(p, s)
             case _:
                 raise TypeError(f"a stream program cannot run {instr!r}")
 
-    def _persistent(self, p, s: int) -> _KernelCall:
+    def _persistent(self, p, s: int) -> None:
         name = self.res.name_of[p]
         function = self.res.function(name)
         early = self.res.capability >= (9, 0)
-        kind = CooperativeLaunch if p.cooperative else EarlyLaunch if early else Launch
+        kind = COOPERATIVE if p.cooperative else EARLY if early else KERNEL
         args = [self.plan.sizes.seq, self.plan.sizes.batch, *((b, 0) for b in persistent_buffers(p))]
-        call = self._kernel(name, p.blocks, p.threads, args, s, p.smem_bytes, kind, function)
+        self._kernel(name, p.blocks, p.threads, args, s, p.smem_bytes, kind, function)
         if p.cooperative:
             per_sm = driver.resident_blocks(function, p.threads, p.smem_bytes)
             if per_sm * self.sm_count < p.blocks:
                 raise CellError(f"the persistent kernel of {p.label} needs its {p.blocks} blocks resident at "
                                 f"once, and this GPU holds {per_sm * self.sm_count} of them ({self.sm_count} "
                                 f"SMs x {per_sm}, with {p.smem_bytes} bytes of shared memory each)")
-        return call
 
     def _gemm(self, instr: Gemm, t: int) -> None:
         g, m, s = instr.launch, instr.rows, instr.stream
@@ -225,12 +201,11 @@ class _Calls:
         a = (g.a.buffer, g.a.dtype.itemsize * element_offset(instr, g.a, t, B))
         c = (g.c.buffer, g.c.dtype.itemsize * element_offset(instr, g.c, t, B))
         if g.bias:  # the bias rows first, then C accumulates A @ W onto them
-            self._append(self._kernel("cf_bias_rows", _grid(m * g.n), BLOCK,
-                                      [c, (g.bias, 0), m, g.n, g.c.ld], s), "cf_bias_rows")
+            self._kernel("cf_bias_rows", _grid(m * g.n), BLOCK, [c, (g.bias, 0), m, g.n, g.c.ld], s)
         accumulate = bool(g.bias or g.accumulate)
         ldw = g.k if g.trans_w else g.n
         if instr.route == "float32":
-            self._append(self._sgemm(g, m, a, c, ldw, accumulate, s), f"cuBLAS's SGEMM of {g.group}")
+            self._sgemm(g, m, a, c, ldw, accumulate, s)
             return
         op = Operands(c[1], a[1], 0, 0, m, g.n, g.k, g.a.ld, ldw, g.c.ld, g.trans_w, accumulate)
         if (instr.route == "tf32x3-wgmma" and usable(self.res.capability, op)
@@ -239,18 +214,14 @@ class _Calls:
         else:
             self.copies(g, m, a, c, accumulate, s)
 
-    def _sgemm(self, g, m: int, a, c, ldw: int, accumulate: bool, s: int) -> Call:
+    def _sgemm(self, g, m: int, a, c, ldw: int, accumulate: bool, s: int) -> None:
         # Row-major C = op(A) @ op(W) is column-major C^T = op(W)^T @ op(A)^T: W goes first, and a
         # transposed operand (stored [N, K] or [K, M]) is cuBLAS's op T (1) with its own row length.
-        sa, sw, sc = self._slot(a[0]), self._slot(g.w), self._slot(c[0])
         one = self.res.scalars.ctypes.data
         beta = one if accumulate else one + 4
-        sgemm, handles = self.res.cublas.sgemm, self.res.handles
-        tw, ta, n, k, lda, ldc = int(g.trans_w), int(g.trans_a), g.n, g.k, g.a.ld, g.c.ld
-
-        def call(at: list[int], streams: list, bound: bool = False) -> None:
-            sgemm(handles[s], tw, ta, n, m, k, one, at[sw], ldw, at[sa] + a[1], lda, beta, at[sc] + c[1], ldc)
-        return call
+        self.calls.sgemm(self.res.handles[s], self._args(
+            [int(g.trans_w), int(g.trans_a), g.n, m, g.k, one, (g.w, 0), ldw, a, g.a.ld, beta, c, g.c.ld]),
+            s, f"cuBLAS's SGEMM of {g.group}")
 
     def copies(self, g, m: int, a, c, accumulate: bool, s: int) -> None:
         """3xTF32 as split copies: A's pieces (hi, hi, lo) and W's (hi, lo, hi) along K into the stream's
@@ -261,18 +232,14 @@ class _Calls:
         self.scratch[scratch] = max(self.scratch.get(scratch, 0), 4 * 3 * (m * g.k + g.k * g.n))
         for to, fro, (rows, cols, ld, layout, lo) in (((scratch, 0), a, a_split),
                                                       ((scratch, 4 * w_at), (g.w, 0), w_split)):
-            self._append(self._kernel("cf_split_tf32x3", _grid(int(split_threads(rows, cols, layout))),
-                                      BLOCK, [to, fro, rows, cols, ld, layout, lo], s), "cf_split_tf32x3")
-        sp, sc = self._slot(scratch), self._slot(c[0])
+            self._kernel("cf_split_tf32x3", _grid(int(split_threads(rows, cols, layout))), BLOCK,
+                         [to, fro, rows, cols, ld, layout, lo], s)
         one = self.res.scalars.ctypes.data
         beta = one if accumulate else one + 4
-        gemm_ex, handles = self.res.cublas.gemm_ex, self.res.handles
-        tw, n, k3, ldc, w_off = int(g.trans_w), g.n, 3 * g.k, g.c.ld, 4 * w_at
-
-        def gemm(at: list[int], streams: list, bound: bool = False) -> None:
-            gemm_ex(handles[s], tw, 0, n, m, k3, one, at[sp] + w_off, _R_32F, ldw3, at[sp], _R_32F, lda3,
-                    beta, at[sc] + c[1], _R_32F, ldc, _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT)
-        self._append(gemm, f"cuBLAS's TF32 GEMM of {g.group}")
+        self.calls.gemm_ex(self.res.handles[s], self._args(
+            [int(g.trans_w), 0, g.n, m, 3 * g.k, one, (scratch, 4 * w_at), _R_32F, ldw3, (scratch, 0), _R_32F,
+             lda3, beta, c, _R_32F, g.c.ld, _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT]),
+            s, f"cuBLAS's TF32 GEMM of {g.group}")
 
     def wgmma(self, g, op: Operands, a, c, s: int) -> None:
         """W's image, then the warpgroup GEMM: the image made by `weights_changed` where W is a weight the
@@ -281,17 +248,18 @@ class _Calls:
         weight = self.plan.buffers[g.w].role in ("weight", "stacked", "bias")
         pieces = (image_name(g.w, g.trans_w), 0) if weight else (split_name(s), 0)
         nbytes = 4 * 2 * g.n * g.k
-        image = self._kernel("cf_wgmma_image", (g.n * g.k + 255) // 256, 256,
-                             [pieces, (g.w, 0), g.n, g.k, op.ldw, int(g.trans_w)], s, function=image_fn)
-        if weight:
+        image = ("cf_wgmma_image", (g.n * g.k + 255) // 256, 256,
+                 [pieces, (g.w, 0), g.n, g.k, op.ldw, int(g.trans_w)])
+        if weight:  # made when the weights change, on the stream given then
+            if pieces[0] not in self.images:
+                self._kernel(*image, 0, function=image_fn, calls=self.image_calls)
             self.images[pieces[0]] = nbytes
-            self.image_calls[pieces[0]] = image
         else:
             self.scratch[pieces[0]] = max(self.scratch.get(pieces[0], 0), nbytes)
-            self._append(image, "cf_wgmma_image")
-        self._append(self._kernel("cf_wgmma_gemm", gemm_grid(op.m, op.n), THREADS,
-                                       [c, a, pieces, op.m, op.n, op.k, op.lda, op.ldc, int(op.accumulate)],
-                                       s, SMEM_BYTES, function=gemm_fn), f"cf_wgmma_gemm of {g.group}")
+            self._kernel(*image, s, function=image_fn)
+        self._kernel("cf_wgmma_gemm", gemm_grid(op.m, op.n), THREADS,
+                     [c, a, pieces, op.m, op.n, op.k, op.lda, op.ldc, int(op.accumulate)], s, SMEM_BYTES,
+                     function=gemm_fn, label=f"cf_wgmma_gemm of {g.group}")
 
 
 def route_choice(res: _Resources, plan: Plan, g, op: Operands, a, c, s: int) -> str:
@@ -303,28 +271,26 @@ def route_choice(res: _Resources, plan: Plan, g, op: Operands, a, c, s: int) -> 
     cu = res.cu
     routes = {}
     for route in ("copies", "wgmma"):
-        calls = _Calls(res, plan, 0, [])
+        calls = _Calls(res, plan, 0, [], f"the {route} route of a GEMM")
         calls.copies(g, op.m, a, c, op.accumulate, s) if route == "copies" else calls.wgmma(g, op, a, c, s)
         routes[route] = calls
     stream = driver.new_stream()
-    names = {name for calls in routes.values() for name in (*calls.buffers, *calls.images)}
+    names = {name for calls in routes.values() for name in calls.buffers}
     w_rows = op.n if op.trans_w else op.k
     largest = 4 * max(op.m * op.lda + a[1] // 4, w_rows * op.ldw, op.m * op.ldc + c[1] // 4,
                       3 * (op.m * op.k + op.k * op.n))
     memory = {name: check(cu.cuMemAlloc(largest), "allocating scratch to time a GEMM") for name in names}
     try:
-        for handle in res.handles:
-            res.cublas.set_stream(handle, int(stream))
-        streams = [stream] * (s + 1)
+        for i in range(s + 1):
+            res.point(i, stream)
         times = {}
         for route, calls in routes.items():
             at = [int(memory[name]) for name in calls.buffers]
-            for image in calls.image_calls.values():
-                image(at, streams)
+            calls.finish([stream] * s)
+            calls.image_calls.run(at, int(stream))
             def run(calls=calls, at=at) -> None:
-                for call in calls.calls:
-                    call(at, streams)
-            times[route] = _median_ms(cu, run, stream)
+                calls.calls.run(at, int(stream))
+            times[route] = median_ms(driver, run, stream, _TIMED_RUNS)
     finally:
         check(cu.cuStreamSynchronize(stream), "timing a GEMM")
         for m in memory.values():
@@ -346,17 +312,25 @@ class StreamProgram:
         self.res = _Resources(kernels, arch, capability, streams, what)
         self.side_streams = [driver.new_stream() for _ in range(streams - 1)]
         self.events = [driver.new_event() for _ in range(events)]
-        calls = _Calls(self.res, plan, sm_count, self.events)
+        calls = _Calls(self.res, plan, sm_count, self.events, what)
         for instr in instructions:
             calls.add(instr, 0)
         # after `add`, whose timing of GEMM routes points the handles at a stream of its own
-        for handle, stream in zip(self.res.handles[1:], self.side_streams, strict=True):
-            self.res.cublas.set_stream(handle, int(stream))
-        self.calls, self.names, self.buffers = calls.calls, calls.names, calls.buffers
-        self.scratch, self.images, self._image_calls = calls.scratch, calls.images, calls.image_calls
-        self._main_stream: int | None = None  # the stream the first handle was last set to
-        self._streams: list = []  # it and the side streams, as cuda.bindings takes them
-        self._bound: list[int] | None = None  # the addresses the kernels' tables hold
+        for s, stream in enumerate(self.side_streams, start=1):
+            self.res.point(s, stream)
+        self.buffers, self.scratch, self.images = calls.buffers, calls.scratch, calls.images
+        calls.finish(self.side_streams)
+        self.calls, self._image_calls = calls.calls, calls.image_calls
+
+    @property
+    def names(self) -> list[str]:
+        """What each launch runs, in order."""
+        return self.calls.names
+
+    def bind(self, binder: Sequence[tuple[int, int]], bases: int = 0) -> None:
+        """Where each buffer (in the order of `buffers`) is in a run's memory: binder[i] = (which of the
+        run's bases, the bytes after it); at first each buffer is a base of its own (see `resolve`)."""
+        self.calls.bind(binder, bases)
 
     def resolve(self, addresses: Mapping[str, int]) -> list[int]:
         """The addresses in the order of `buffers`, or a CellError naming one not given."""
@@ -365,29 +339,10 @@ class StreamProgram:
         except KeyError as e:
             raise CellError(f"{self.what}: no memory given for buffer {e.args[0]!r}") from None
 
-    def run(self, at: list[int], stream: int) -> None:
-        """Puts the whole program on `stream` (a raw CUstream handle) over buffers at the addresses `at`
-        (in the order of `buffers`; see `resolve`), its side streams forked from it and joined back to it
-        by the program's events."""
-        if stream != self._main_stream:
-            self.res.cublas.set_stream(self.res.handles[0], stream)
-            self._main_stream = stream
-            self._streams = [driver.as_stream(stream), *self.side_streams]
-        streams = self._streams
-        if CHECK_LAUNCHES:
-            self._run_checked(at, streams)
-            return
-        bound = at == self._bound  # the caching allocator often gives a call the memory of the one before
-        for call in self.calls:
-            call(at, streams, bound)
-        self._bound = at
-
-    def _run_checked(self, at: list[int], streams: list) -> None:
-        """Each call waited for, so that a fault names the kernel that made it."""
-        cu = self.res.cu
-        for call, name in zip(self.calls, self.names, strict=True):
-            call(at, streams, False)
-            check(cu.cuCtxSynchronize(), f"running {name} ({self.what})")
+    def run(self, bases: Sequence[int], stream: int) -> None:
+        """Puts the whole program on `stream` (a raw CUstream handle) over a run's bases (see `bind`), its
+        side streams forked from it and joined back to it by the program's events."""
+        self.calls.run(bases, stream)
 
     def resolve_some(self, addresses: Mapping[str, int]) -> list[int]:
         """The addresses given, in the order of `buffers`; 0 for the others (for `weights_changed`)."""
@@ -396,11 +351,8 @@ class StreamProgram:
     def weights_changed(self, at: list[int], stream: int) -> None:
         """Remakes W's images for the warpgroup GEMMs from the weights (addresses in the order of
         `buffers`: those of the weights and images are read), on `stream`."""
-        if not self._image_calls:
-            return
-        streams = [driver.as_stream(stream)] * (1 + len(self.side_streams))
-        for call in self._image_calls.values():
-            call(at, streams, False)
+        if len(self._image_calls):
+            self._image_calls.run(at, stream)
 
     def close(self) -> None:
         self.res.close()
@@ -414,24 +366,6 @@ class StreamProgram:
 def _flat(instructions: Sequence[Instruction]):
     for instr in instructions:
         yield from (instr.body if isinstance(instr, Loop) else (instr,))
-
-
-def _median_ms(cu, run: Callable[[], object], stream, runs: int = _TIMED_RUNS) -> float:
-    start, end = (check(cu.cuEventCreate(cu.CUevent_flags.CU_EVENT_DEFAULT), "creating an event")
-                  for _ in "se")
-    try:
-        run()  # warm
-        times = []
-        for _ in range(runs):
-            check(cu.cuEventRecord(start, stream), "timing")
-            run()
-            check(cu.cuEventRecord(end, stream), "timing")
-            check(cu.cuEventSynchronize(end), "timing")
-            times.append(check(cu.cuEventElapsedTime(start, end), "timing"))
-        return statistics.median(times)
-    finally:
-        check(cu.cuEventDestroy(start), "destroying an event")
-        check(cu.cuEventDestroy(end), "destroying an event")
 
 
 def _grid(n: int) -> int:

@@ -236,7 +236,8 @@ class CellRNN(torch.nn.Module):
         last goes through torch's dropout, as in torch.nn.LSTM. Where bidirectional, y holds both
         directions' outputs side by side ([..., 2 * hidden_size]) and the states are [num_layers * 2, B,
         hidden_size], in torch's order (layer by layer, forward before reverse)."""
-        if torch.onnx.is_in_onnx_export():
+        # (ONNX's exporter traces: the cheap test first, as torch.onnx's costs microseconds a call)
+        if torch.jit.is_tracing() and torch.onnx.is_in_onnx_export():
             raise CellError("a CellRNN cannot be exported to ONNX: its forward pass is the custom op "
                             "cellfuse::rnn, which ONNX has no operator for (torch.export.export keeps it)")
         if self.batch_first and isinstance(x, torch.Tensor) and x.dim() == 3:

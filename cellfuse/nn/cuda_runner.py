@@ -84,11 +84,24 @@ class Memory:
 
 def _views(memory: torch.Tensor, extents: dict[str, tuple[int, int]], names) -> dict[str, torch.Tensor]:
     """Float32 views of the buffers `names` in a piece of memory, by their (offset, bytes)."""
-    out = {}
-    for name in names:
-        at, nbytes = extents[name]
-        out[name] = memory[at:at + nbytes].view(torch.float32)
-    return out
+    return {name: _view(memory, *extents[name]) for name in names}
+
+
+def _view(memory: torch.Tensor, at: int, nbytes: int) -> torch.Tensor:
+    return memory[at:at + nbytes].view(torch.float32)
+
+
+class _LazyViews(dict):
+    """Float32 views of a piece of memory's buffers, each made when first asked for: a backward run
+    reads a few of its many buffers, and each view costs microseconds of host time."""
+
+    def __init__(self, memory: torch.Tensor, extents: dict[str, tuple[int, int]]):
+        super().__init__()
+        self.memory, self.extents = memory, extents
+
+    def __missing__(self, name: str) -> torch.Tensor:
+        view = self[name] = _view(self.memory, *self.extents[name])
+        return view
 
 
 def _layout(sizes: list[tuple[str, int]]) -> tuple[dict[str, int], int]:
@@ -131,7 +144,6 @@ class CudaRunner(Runner):
         self._packed_for: tuple | None = None  # the parameters' addresses and versions packed last
         self._images: dict[str, int] = {}  # W's images the programs read: name -> bytes
         self._image_at: dict[str, int] = {}  # where each is in `packed`
-        self._binders: dict[str, list[tuple[int, int]]] = {}
         s = plans.train.sizes
         self._sizes = (s.seq, s.batch, s.hidden, s.layers)
         self._empty = torch.empty(0, dtype=torch.uint8, device=device)  # the reserve of a run that saves none
@@ -159,7 +171,8 @@ class CudaRunner(Runner):
                 self._images.update(program.images)
                 self.packed, self._packed_for = None, None  # room for the images: packed again
                 self._place_images()
-            self._binders = {name: self._binder(name, p) for name, p in self._programs.items()}
+            for name, p in self._programs.items():
+                p.bind(self._binder(name, p), self.STATES + 2 * len(self.plans.train.state_ids))
         return self._programs[which]
 
     def _place_images(self) -> None:
@@ -238,37 +251,39 @@ class CudaRunner(Runner):
         packed = self._weights(params, stream)
         T, B, H, L = self._sizes
         if shared and not save:  # one allocation, in the time of a call that returns in microseconds
-            out, finals, reserve = self._inference_memory(x, len(states))
+            y, finals, out, scratch = self._inference_memory(x, len(states))
+            reserve = self._empty
         else:  # tensors of their own: autograd holds each for as long as it needs it
-            out = torch.empty((T + 1, B, H), dtype=x.dtype, device=x.device)
+            whole = torch.empty((T + 1, B, H), dtype=x.dtype, device=x.device)
+            y, out = whole[1:], whole.data_ptr()
             finals = [torch.empty((L, B, H), dtype=x.dtype, device=x.device) for _ in states]
             reserve = torch.empty(memory.reserve_bytes, dtype=torch.uint8, device=x.device)
-        bases = [reserve.data_ptr(), packed, x.data_ptr(), out.data_ptr(), 0,
-                 *(s.data_ptr() for s in states), *(f.data_ptr() for f in finals)]
-        program.run([bases[k] + at for k, at in self._binders[which]], stream)
-        if not save:  # no steps to keep: an empty reserve (a view of the block would keep it alive)
-            reserve = self._empty if shared else reserve.new_empty(0)
-        return out[1:], finals, reserve
+            scratch = reserve.data_ptr()
+            if not save:  # no steps to keep: an empty reserve (a view of the block would keep it alive)
+                reserve = reserve.new_empty(0)
+        program.run([scratch, packed, x.data_ptr(), out, 0, *(s.data_ptr() for s in states),
+                     *(f.data_ptr() for f in finals)], stream)
+        return y, finals, reserve
 
     def _inference_memory(self, x: torch.Tensor, states: int):
-        """y's sequence, the final states and the scratch of a forward run without saved steps, as views
-        of one tensor."""
+        """y, the final states, y's sequence (y after the initial states' row: its address) and the scratch
+        (its address) of a forward run without saved steps, in one tensor (views made with as_strided, one
+        op each, as the calls that return in microseconds want)."""
         T, B, H, L = self._sizes
         size = x.element_size()
-        out_bytes, final_bytes = (T + 1) * B * H * size, L * B * H * size
-        at = _aligned(out_bytes)
-        block = torch.empty(at + states * _aligned(final_bytes) + self.infer_memory.reserve_bytes,
-                            dtype=torch.uint8, device=x.device)
-        out = block[:out_bytes].view(x.dtype).view(T + 1, B, H)
-        finals = []
-        for _ in range(states):
-            finals.append(block[at:at + final_bytes].view(x.dtype).view(L, B, H))
-            at += _aligned(final_bytes)
-        return out, finals, block[at:]
+        row, final = B * H, L * B * H
+        step = _aligned(final * size) // size
+        at = _aligned((T + 1) * row * size) // size  # elements: every piece 256-byte aligned
+        block = torch.empty(at + states * step + -(-self.infer_memory.reserve_bytes // size), dtype=x.dtype,
+                            device=x.device)
+        y = block.as_strided((T, B, H), (row, H, 1), row)
+        finals = [block.as_strided((L, B, H), (row, H, 1), at + i * step) for i in range(states)]
+        base = block.data_ptr()
+        return y, finals, base, base + (at + states * step) * size
 
     def backward(self, dy, dfinals, x, states, params, y, reserve):
         x, states = _in_place(x), [_in_place(s) for s in states]
-        backward, memory = self.plans.backward, self.memory
+        memory = self.memory
         program = self._program("backward")
         T, B, H, L = self._sizes
         row = B * H * y.element_size()
@@ -279,13 +294,13 @@ class CudaRunner(Runner):
         packed = self._weights(params, stream)
         grads = torch.empty(memory.grad_bytes, dtype=torch.uint8, device=x.device)
         grads[:memory.restart_bytes].zero_()
-        views = _views(grads, self._grad_extents, backward.buffers)
+        views = _LazyViews(grads, self._grad_extents)
         for name in self._ones:
             views[name].fill_(1.0)
         self.layout.seed(views, dy, dfinals)
         bases = [reserve.data_ptr(), packed, x.data_ptr(), y.data_ptr() - row, grads.data_ptr(),
                  *(s.data_ptr() for s in states), *([0] * len(states))]
-        program.run([bases[k] + at for k, at in self._binders["backward"]], stream)
+        program.run(bases, stream)
         return self.layout.gradients(views)
 
 

@@ -20,11 +20,13 @@ def test_matches_cudnn(cuda, schedule, cls, torch_cls, bidirectional):
     ref = torch_cls(24, 40, **options).to(cuda)
     ref.load_state_dict(ours.state_dict())
     x = torch.randn(5, 7, 24, device=cuda, requires_grad=True)
-    (y, states), (want_y, want_states) = ours(x), ref(x)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # cuDNN's RNNs take TF32 by default
+        (y, states), (want_y, want_states) = ours(x), ref(x)
     torch.testing.assert_close(y, want_y, rtol=1e-4, atol=1e-5)
     finals = (states, want_states) if cls is GRU else (states[1], want_states[1])
     torch.testing.assert_close(*finals, rtol=1e-4, atol=1e-5)
     got = torch.autograd.grad(y.square().sum(), [x, *ours.parameters()])
-    want = torch.autograd.grad(want_y.square().sum(), [x, *ref.parameters()])
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        want = torch.autograd.grad(want_y.square().sum(), [x, *ref.parameters()])
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
