@@ -15,6 +15,7 @@ from NodeGraphQt.widgets.tab_search import TabSearchMenuWidget
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from . import theme
+from .canvas_viewer import CanvasViewer
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,9 @@ class CanvasGraph(NodeGraph):
     rename_requested = QtCore.Signal(str, str)  # canvas node id, new name
 
     def __init__(self, parent: QtCore.QObject | None = None) -> None:
-        super().__init__(parent)
+        stack = QtGui.QUndoStack()
+        super().__init__(parent, undo_stack=stack, viewer=CanvasViewer(undo_stack=stack))
+        stack.setParent(self)
         # A refused drag must say why, through validation; and NodeGraphQt's acyclic check can
         # leave an undo macro open when it refuses a connection.
         self.set_acyclic(False)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from NodeGraphQt.constants import Z_VAL_PIPE
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from . import theme
+from . import canvas_wires, theme
 
 WIRE_WIDTH = 1.2  # NodeGraphQt's pipe width
 MAX_TANGENT = 150.0  # how far a wire's curve runs out of its ports, at most
@@ -23,7 +23,7 @@ SELECTED_RING = 2.0  # the selection's ring around a stub, as around a node
 
 class GroupWire(QtWidgets.QGraphicsPathItem):
     """A curved wire from the centre of `start` (an output port, or a stub's dot) to the centre of `end`,
-    in the colour of the node its value comes from, drawn like NodeGraphQt's own."""
+    in the colour of the node its value comes from, drawn and routed around nodes like the cell's own."""
 
     def __init__(self, start: QtWidgets.QGraphicsItem, end: QtWidgets.QGraphicsItem, rgb: theme.RGB) -> None:
         super().__init__()
@@ -41,6 +41,7 @@ class GroupWire(QtWidgets.QGraphicsPathItem):
         path = QtGui.QPainterPath(a)
         path.cubicTo(QtCore.QPointF(a.x() + tangent, a.y()), QtCore.QPointF(b.x() - tangent, b.y()), b)
         self.setPath(path)
+        canvas_wires.route_later(self, self.start, self.end, MAX_TANGENT, self.setPath)  # around nodes
 
 
 class PortStub(QtWidgets.QGraphicsItem):
