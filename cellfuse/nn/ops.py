@@ -119,8 +119,8 @@ def rnn_backward_impl(dy: torch.Tensor, dfinals: list[torch.Tensor], x: torch.Te
                       states: list[torch.Tensor], params: list[torch.Tensor], y: torch.Tensor,
                       reserve: torch.Tensor, cell: str, hidden: int, layers: int,
                       schedule: str) -> list[torch.Tensor]:
-    """[dx, *d initial states, *d parameters] of the forward pass that returned y and the reserve, for
-    the seeds dy and dfinals."""
+    """[dx, *d initial states, *the parameters' gradients grouped (TensorLayout.gradients)] of the forward
+    pass that returned y and the reserve, for the seeds dy and dfinals."""
     with _on_device(x):
         dx, dstates, dparams = runner(cell, x, hidden, layers, schedule).backward(
             dy, dfinals, x, states, params, y, reserve)
@@ -132,8 +132,10 @@ rnn_backward = torch.library.custom_op("cellfuse::rnn_backward", rnn_backward_im
 
 @rnn_backward.register_fake
 def _rnn_backward_fake(dy, dfinals, x, states, params, y, reserve, cell, hidden, layers, schedule):
+    T, B, inputs = (int(n) for n in x.shape)
+    layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device).layout
     return [x.new_empty(x.shape), *(s.new_empty(s.shape) for s in states),
-            *(p.new_empty(p.shape) for p in params)]
+            *(x.new_empty(shape) for shape in layout.grouped_shapes())]
 
 
 def _setup_context(ctx, inputs, output) -> None:
@@ -157,7 +159,9 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: 
     dfinals = [g if g is not None or none_seeds else torch.zeros_like(s)
                for g, s in zip(grads[1:1 + n_states], states, strict=True)]
     out = backward(dy, dfinals, x, list(states), list(params), y, reserve, cell, hidden, layers, schedule)
-    return out[0], list(out[1:1 + n_states]), list(out[1 + n_states:])
+    T, B, inputs = x.shape
+    layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device).layout
+    return out[0], list(out[1:1 + n_states]), layout.param_gradients(out[1 + n_states:], x)
 
 
 def _op_backward(ctx, grads):

@@ -17,6 +17,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -52,6 +53,10 @@ class Plans:
     @property
     def schedule(self) -> str:
         return self.forward.schedule
+
+    @cached_property
+    def layout(self) -> TensorLayout:
+        return TensorLayout(self.train, self.backward)
 
 
 def device_target(device: torch.device) -> Target:
@@ -91,7 +96,7 @@ class Runner(ABC):
     def __init__(self, plans: Plans):
         self.plans = plans
         self.schedule = plans.schedule
-        self.layout = TensorLayout(plans.train, plans.backward)
+        self.layout = plans.layout
 
     @abstractmethod
     def forward(self, x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
@@ -104,8 +109,9 @@ class Runner(ABC):
     def backward(self, dy: torch.Tensor, dfinals: Sequence[torch.Tensor], x: torch.Tensor,
                  states: Sequence[torch.Tensor], params: Sequence[torch.Tensor], y: torch.Tensor,
                  reserve: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """The gradients of x, of the initial states and of the parameters, for the seeds dy and dfinals,
-        of the forward run that returned y and the reserve."""
+        """The gradients of x, of the initial states and of the parameters (grouped: see
+        TensorLayout.gradients), for the seeds dy and dfinals, of the forward run that returned y and the
+        reserve."""
 
 
 class NumpyRunner(Runner):

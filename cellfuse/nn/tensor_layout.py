@@ -13,6 +13,12 @@ both:
   gradients of x, of the initial states and of every parameter read back as `BackwardPlan.gradients`
   reads them: a key used in several buffers gets the sum of its parts, a weight no launch reads gets
   zeros.
+
+The parameters' gradients come out in two steps, as few torch ops as can be (each costs microseconds of
+host time): `gradients` copies them out of the gradient buffers as `grouped` tensors (a stacked buffer
+split evenly among its keys in one copy, [keys, rows, width]; every other key's own tensor), which the
+backward pass returns (a custom op's outputs may not be views of each other); `param_gradients` makes
+each key's gradient of those (views of a group).
 """
 
 from __future__ import annotations
@@ -43,6 +49,17 @@ class TensorLayout:
         self.dy_place = backward.dy_place()
         self.state_places = {(state, layer, t): backward.state_grad(state, layer, t)
                              for state in self.state_ids for layer in range(s.layers) for t in (0, s.seq)}
+        by_buffer: dict[str, list[ParamPart]] = {}
+        for part in self.parts:
+            by_buffer.setdefault(part.buffer, []).append(part)
+        keys = [part.key for part in self.parts]
+        # buffers split evenly among keys found in no other place: their parts, in order, of one width,
+        # cover the rows; the other parts, and the keys they give (in order of first part)
+        self.groups = {name: parts for name, parts in by_buffer.items()
+                       if all(p.width == parts[0].width and p.col == i * p.width and keys.count(p.key) == 1
+                              for i, p in enumerate(parts)) and len(parts) * parts[0].width == parts[0].ld}
+        self.pieces = [part for part in self.parts if part.buffer not in self.groups]
+        self.piece_keys = list(dict.fromkeys(part.key for part in self.pieces))
 
     def _block(self, views: Views, buffer: str, part: ParamPart) -> torch.Tensor:
         return views[buffer].view(-1, part.ld)[:, part.col:part.col + part.width]
@@ -75,24 +92,39 @@ class TensorLayout:
             for layer in range(s.layers):
                 self._state_grad(views, state, layer, s.seq).add_(seed[layer].reshape(-1))
 
+    def grouped_shapes(self) -> list[tuple[int, ...]]:
+        """The shapes of the grouped gradients (see `gradients`)."""
+        return ([(len(parts), parts[0].rows, parts[0].width) for parts in self.groups.values()]
+                + [tuple(self.plan.params[key]) for key in self.piece_keys])
+
     def gradients(self, views: Views) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """The gradients of x, of the initial states (in the order of `state_ids`) and of the parameters
-        (in the order of `keys`) after a backward run, each a tensor of its own (a view would keep all the
-        gradient buffers alive for as long as a .grad holds it), made by one copy."""
+        """The gradients of x and of the initial states (in the order of `state_ids`) after a backward
+        run, and the parameters' grouped (see the module's docstring), each a tensor of its own (a view
+        would keep all the gradient buffers alive for as long as a .grad holds it)."""
         s = self.plan.sizes
         B, H = s.batch, s.hidden
         dx = views[grad_of("x")].view(s.seq, B, s.input).clone()
         dinitial = [torch.stack([self._state_grad(views, state, layer, 0).view(B, H)
                                  for layer in range(s.layers)]) for state in self.state_ids]
-        dparams: dict[str, torch.Tensor] = {}
-        for part in self.parts:
+        grouped = [views[grad_of(name)].view(parts[0].rows, len(parts), parts[0].width).transpose(0, 1)
+                   .contiguous() for name, parts in self.groups.items()]
+        pieces: dict[str, torch.Tensor] = {}
+        for part in self.pieces:
             block = self._block(views, grad_of(part.buffer), part)
-            if part.key in dparams:
-                dparams[part.key] += block.reshape(dparams[part.key].shape)
+            if part.key in pieces:
+                pieces[part.key] += block.reshape(pieces[part.key].shape)
             else:
-                own = dparams[part.key] = block.new_empty(self.plan.params[part.key])
+                own = pieces[part.key] = block.new_empty(self.plan.params[part.key])
                 own.view(block.shape).copy_(block)
-        for key, shape in self.plan.params.items():
-            if key not in dparams:
-                dparams[key] = dx.new_zeros(shape)
-        return dx, dinitial, [dparams[key] for key in self.keys]
+        return dx, dinitial, grouped + [pieces[key] for key in self.piece_keys]
+
+    def param_gradients(self, grouped: Sequence[torch.Tensor], like: torch.Tensor) -> list[torch.Tensor]:
+        """Each parameter's gradient (in the order of `keys`) from the grouped ones: views of a group,
+        a key's own tensor, zeros (of `like`'s dtype and device) where no launch reads the key."""
+        out: dict[str, torch.Tensor] = {}
+        for parts, group in zip(self.groups.values(), grouped, strict=False):
+            for part, grad in zip(parts, group.unbind(0), strict=True):
+                shape = self.plan.params[part.key]
+                out[part.key] = grad if grad.shape == shape else grad.view(shape)
+        out.update(zip(self.piece_keys, grouped[len(self.groups):], strict=True))
+        return [out[key] if key in out else like.new_zeros(self.plan.params[key]) for key in self.keys]
