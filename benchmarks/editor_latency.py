@@ -1,7 +1,10 @@
 """How long the editor takes to answer on cells of real size: opening a cell, and each kind of edit
-(move, wire, add, delete, group), each timed from the change to the moment the window has nothing left
-to do (every timer the edit started has fired, every redraw has run), on the layer-normalised LSTM (145
-nodes) and on generated stacks of LSTM blocks (about 1,000 nodes). Medians of a few runs; JSON out.
+(move, wire, add, delete, group), on the layer-normalised LSTM (145 nodes) and on generated stacks of
+LSTM blocks (about 1,000 nodes). Three times for each, from the change: when the editor first has
+nothing to do (`answer`: the canvas shows the edit, the user can go on), when the plan, the CUDA and the
+equations of the edit are on show (`ready`: made in a worker and between events meanwhile), and the
+longest the editor kept its events waiting in between (`stall`, the answer included: what a click or a
+key would have waited at worst). Medians of a few runs; JSON out.
 
     QT_QPA_PLATFORM=offscreen python benchmarks/editor_latency.py --out benchmarks/results/editor_latency.json
     xvfb-run python benchmarks/editor_latency.py --out ...     # a real X server, where Xvfb is installed
@@ -54,56 +57,86 @@ def lstm_stack(blocks: int) -> Cell:
     return b.build()
 
 
-def settle(app: QtWidgets.QApplication, window) -> None:
-    """Runs the event loop until the window has nothing left to do: the plan's timer fired, every posted
-    event and redraw handled."""
-    while True:
-        app.processEvents(QtCore.QEventLoop.ProcessEventsFlag.AllEvents)
-        if not window._plan_timer.isActive():
-            app.processEvents()
-            return
-        time.sleep(0.001)
+class Watch:
+    """What the editor's thread does after a change, seen from its event loop: a heartbeat timer ticks
+    every millisecond while the loop is free, so that the longest gap between two ticks is the longest a
+    user's click or key would have waited; the event dispatcher says when the loop first has nothing to
+    do (about to wait)."""
+
+    def __init__(self) -> None:
+        self.ticks: list[float] = []
+        self.idle_at: float | None = None
+        self.heartbeat = QtCore.QTimer()
+        self.heartbeat.setTimerType(QtCore.Qt.TimerType.PreciseTimer)
+        self.heartbeat.setInterval(1)
+        self.heartbeat.timeout.connect(lambda: self.ticks.append(time.perf_counter()))
+        QtCore.QAbstractEventDispatcher.instance().aboutToBlock.connect(self._about_to_wait)
+
+    def _about_to_wait(self) -> None:
+        if self.idle_at is None:
+            self.idle_at = time.perf_counter()
+
+    def timed(self, app: QtWidgets.QApplication, window, action) -> dict[str, float]:
+        """Runs `action`; returns, in ms from its start, when the editor first had nothing to do
+        (`answer`), when the plan, the CUDA and the equations it changed were on show (`ready`), and the
+        longest the event loop was kept from its events in between (`stall`, the answer's own time
+        included)."""
+        wait = QtCore.QEventLoop.ProcessEventsFlag.WaitForMoreEvents
+        self.ticks, self.idle_at = [], None
+        self.heartbeat.start()
+        start = time.perf_counter()
+        action()
+        self.idle_at = None
+        while self.idle_at is None:
+            app.processEvents(QtCore.QEventLoop.ProcessEventsFlag.AllEvents | wait)
+        answer = self.idle_at
+        while window.updating():
+            app.processEvents(QtCore.QEventLoop.ProcessEventsFlag.AllEvents | wait)
+        app.processEvents()  # the redraws the last results asked for
+        end = time.perf_counter()
+        self.heartbeat.stop()
+        beats = [start, *self.ticks, end]
+        stall = max(b - a for a, b in zip(beats, beats[1:], strict=False))
+        return {"answer": (answer - start) * 1e3, "ready": (end - start) * 1e3, "stall": stall * 1e3}
 
 
-def timed(app, window, action) -> float:
-    start = time.perf_counter()
-    action()
-    settle(app, window)
-    return (time.perf_counter() - start) * 1e3
-
-
-def measure(app, window_cls, cell: Cell, repeats: int) -> dict:
+def measure(app, window_cls, cell: Cell, repeats: int, panel: str) -> dict:
+    watch = Watch()
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "cell.cell.json"
         save_cell(cell, path)
         window = window_cls()
         window.resize(1366, 768)
         window.show()
-        opened = timed(app, window, lambda: window.start(path))
+        getattr(window, f"{panel}_dock").raise_()
+        def timed(action):
+            return watch.timed(app, window, action)
+
+        opened = timed(lambda: window.start(path))
         a = window.adapter
         ids = [n.id for n in window.cell.nodes]
-        times: dict[str, list[float]] = {k: [] for k in ("move", "add", "delete", "wire", "group")}
+        times: dict[str, list[dict[str, float]]] = {k: [] for k in ("move", "add", "delete", "wire", "group")}
         for r in range(repeats):
             node = a.node(ids[len(ids) // 2])
             x, y = node.pos()
-            times["move"].append(timed(app, window, lambda node=node, x=x, y=y: node.set_pos(x + 30.0, y)))
+            times["move"].append(timed(lambda node=node, x=x, y=y: node.set_pos(x + 30.0, y)))
             made: list[str] = []
-            times["add"].append(timed(app, window, lambda made=made: made.append(window.add_node("tanh"))))
-            times["wire"].append(timed(app, window, lambda made=made: a.connect(ids[0], made[0], 0)))
-            times["delete"].append(timed(app, window, lambda made=made: a.delete(made)))
+            times["add"].append(timed(lambda made=made: made.append(window.add_node("tanh"))))
+            times["wire"].append(timed(lambda made=made: a.connect(ids[0], made[0], 0)))
+            times["delete"].append(timed(lambda made=made: a.delete(made)))
             members = [i for i in ids if a.canvas_nodes(i)][:3]
             if len(members) == 3:
                 a.select(members)
-                times["group"].append(timed(app, window, lambda r=r: window.group_selection(f"bench {r}")))
+                times["group"].append(timed(lambda r=r: window.group_selection(f"bench {r}")))
                 a.graph.undo_stack().undo()  # the next round groups the same nodes again
-                settle(app, window)
+                timed(lambda: None)
         window.save()  # so that closing asks nothing
         window.close()
         window.deleteLater()
         settle_deleted(app)
-    return {"nodes": len(cell.nodes), "open_ms": opened,
-            "edits_ms": {k: statistics.median(v) for k, v in times.items() if v},
-            "edits_all_ms": times}
+    medians = {k: {m: statistics.median(t[m] for t in v) for m in ("answer", "ready", "stall")}
+               for k, v in times.items() if v}
+    return {"nodes": len(cell.nodes), "open_ms": opened, "edits_ms": medians, "edits_all_ms": times}
 
 
 def settle_deleted(app) -> None:
@@ -116,6 +149,8 @@ def main() -> None:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--blocks", default="33", help="comma-separated: LSTM blocks of the generated stacks")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--panel", default="equations", choices=["equations", "cuda", "problems", "bench"],
+                   help="the bottom panel on show (the equations, drawn again on each edit, by default)")
     args = p.parse_args()
     # settings and autosaves of a folder of its own: a user's autosave would make the editor ask (and wait)
     home = tempfile.mkdtemp(prefix="cellfuse-editor-bench-")
@@ -129,14 +164,14 @@ def main() -> None:
     record = {"script": "benchmarks/editor_latency.py", "command": " ".join(["python", *sys.argv]),
               "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
               "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-              "qpa": os.environ.get("QT_QPA_PLATFORM", "default"), "cases": []}
+              "qpa": os.environ.get("QT_QPA_PLATFORM", "default"), "panel": args.panel, "cases": []}
     for cell in cells:
-        result = measure(app, MainWindow, cell, args.repeats)
+        result = measure(app, MainWindow, cell, args.repeats, args.panel)
         result["cell"] = cell.name
         record["cases"].append(result)
-        edits = ", ".join(f"{k} {v:.0f}" for k, v in result["edits_ms"].items())
-        print(f"{cell.name}: {result['nodes']} nodes, open {result['open_ms']:.0f} ms; edits (median ms): "
-              f"{edits}", flush=True)
+        print(f"{cell.name}: {result['nodes']} nodes (ms: answer / ready / longest stall)", flush=True)
+        for name, t in [("open", result["open_ms"]), *result["edits_ms"].items()]:
+            print(f"  {name:7} {t['answer']:7.0f} {t['ready']:7.0f} {t['stall']:7.0f}", flush=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")
 
 

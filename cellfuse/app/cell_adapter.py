@@ -139,9 +139,12 @@ class CellAdapter(QtCore.QObject):
         # addresses, reused once a deleted node is freed, so an id would hand a new node a dead one's place.
         self._seq: weakref.WeakKeyDictionary[CellNode, int] = weakref.WeakKeyDictionary()
         self._next_seq = 0
+        self._listed: list[CellNode] = []  # _nodes() as it was last, of the canvas ids `_listed_ids`
+        self._listed_ids: tuple[str, ...] = ()
         self._loading = False
         self._index: dict[str, list[CellNode]] | None = None  # cell id -> canvas nodes, until an edit
         self._member_index: dict[str, CellGroupNode] | None = None  # canvas id -> its group, until an edit
+        self._members: dict[str, list[CellNode]] = {}  # a group's canvas id -> members(), with the index
         self._open: str | None = None  # the canvas id of the open group's node
         self._group_items: list[QtWidgets.QGraphicsItem] = []  # the wires and stubs drawn for groups
         self._stubs: dict[str, PortStub] = {}  # canvas id of a node outside the open group -> its stub
@@ -172,12 +175,19 @@ class CellAdapter(QtCore.QObject):
                 "sizes": dict(self._info["sizes"]), "extra": dict(self._info["extra"])}
 
     def _nodes(self) -> list[CellNode]:
-        nodes = [n for n in self.graph.all_nodes() if isinstance(n, CellNode)]
-        for n in nodes:
-            if n not in self._seq:
-                self._seq[n] = self._next_seq
-                self._next_seq += 1
-        return sorted(nodes, key=lambda n: self._seq[n])
+        """The canvas's cell nodes in the order they were made. Sorted again only when the canvas's nodes
+        are others than last time: an edit asks a hundred times (the list it keeps holds the nodes, so
+        that no new node can take the id of one in it)."""
+        ids = tuple(self.graph.model.nodes)
+        if ids != self._listed_ids:
+            nodes = [n for n in self.graph.all_nodes() if isinstance(n, CellNode)]
+            for n in nodes:
+                if n not in self._seq:
+                    self._seq[n] = self._next_seq
+                    self._next_seq += 1
+            self._listed = sorted(nodes, key=lambda n: self._seq[n])
+            self._listed_ids = ids
+        return list(self._listed)
 
     def _ops(self) -> list[CellNode]:
         return [n for n in self._nodes() if n.ROLE == ROLE_OP]
@@ -977,12 +987,16 @@ class CellAdapter(QtCore.QObject):
                     if node.OP == "state" and cid in updates:
                         index[updates[cid].id] = g
             self._member_index = index
+            self._members = {}
+            for n in self._ops():
+                if (g := index.get(n.id)) is not None:
+                    self._members.setdefault(g.id, []).append(n)
         return self._member_index
 
     def members(self, group: CellNode) -> list[CellNode]:
         """The cell's nodes in a group, in the cell's order (a state without its update node)."""
-        index = self._membership()
-        return [n for n in self._ops() if index.get(n.id) is group]
+        self._membership()
+        return list(self._members.get(group.id, []))
 
     def shown_nodes(self, cell_id: str) -> list[CellNode]:
         """The canvas nodes that show a cell node now: its own (a state's two) where they are shown,

@@ -1,6 +1,12 @@
-"""The equations panel: the cell as a paper prints it (graph_model.equations), drawn with matplotlib's
-mathtext and drawn again whenever an edit changes what the cell computes. Clicking a term selects the
-nodes it stands for on the canvas; the terms of the selected nodes take the selection's colour.
+"""The equations panel: the cell as a paper prints it (graph_model.equations), drawn term by term with
+matplotlib's mathtext and drawn again whenever an edit changes what the cell computes. Clicking a term
+selects the nodes it stands for on the canvas; the terms of the selected nodes take the selection's
+colour.
+
+Each term's LaTeX is rendered once and kept (term_images): an edit draws the equations again from the
+terms already rendered, and terms not seen yet are rendered a slice at a time between the editor's
+events, the last drawing staying on show meanwhile (a cell of a thousand nodes has five hundred terms,
+a few milliseconds each). Nothing is rendered while the panel is out of sight (a tab behind another).
 
 Above the equations, a one-line entry takes a formula (graph_model.formula): Enter adds what it
 computes as one undoable edit, or shows under the entry where and why it cannot.
@@ -8,32 +14,31 @@ computes as one undoable edit, or shows under the entry where and why it cannot.
 
 from __future__ import annotations
 
-import functools
 import math
+import time
 from dataclasses import dataclass
 
-from matplotlib.backend_bases import MouseEvent
-from matplotlib.backends.backend_qtagg import FigureCanvasQTAgg
-from matplotlib.figure import Figure
-from matplotlib.font_manager import FontProperties
-from matplotlib.text import Text
-from matplotlib.textpath import text_to_path
 from PySide6 import QtCore, QtGui, QtWidgets
 
 from ..graph_model import Cell, CellError, Equation, FormulaError, Term, equations
 from . import theme
 from .bench_charts import DARK_STYLE
+from .term_images import TermImage, is_rendered, term_image
 
 FONT_SIZE = 13.0  # points
-MARGIN = 10.0  # points around the equations
-ROW_GAP = 10.0  # points between two equations
-# Points either side of an operator and of the equals sign: what mathtext puts around them inside a
-# term (`f \odot c`), so that operators between terms and within them are spaced alike.
-OPERATOR_GAP = 2.5
-EQUALS_GAP = 3.5
-SEPARATOR_GAP = 3.0  # points after a comma
-POINTS_PER_INCH = 72.0
-LOGICAL_DPI = 100.0  # the figure's dots per inch on a screen of device pixel ratio 1
+LOGICAL_DPI = 100.0  # the terms' dots per inch on a screen of device pixel ratio 1
+PX = LOGICAL_DPI / 72.0  # logical pixels a point
+MARGIN = 10.0 * PX  # around the equations
+# between two equations (a term's image holds the font's whole height and a pixel more each side: rows are
+# as far apart as matplotlib's measures of the same terms put them)
+ROW_GAP = 7.0 * PX
+# Either side of an operator and of the equals sign: what mathtext puts around them inside a term
+# (`f \odot c`), so that operators between terms and within them are spaced alike.
+OPERATOR_GAP = 2.5 * PX
+EQUALS_GAP = 3.5 * PX
+SEPARATOR_GAP = 3.0 * PX  # after a comma
+SLICE_S = 0.02  # rendering new terms at most this long before the editor handles its events again
+BUSY_AFTER_S = 0.3  # rendering that takes longer is said under the entry
 
 BACKGROUND = DARK_STYLE["figure.facecolor"]
 TEXT_COLOR = DARK_STYLE["text.color"]
@@ -44,41 +49,43 @@ EXAMPLE = "f = sigmoid(x @ W_f + h @ U_f + b_f)"
 
 
 @dataclass
-class _Drawn:
-    """A term as drawn: what its Text artist shows, and its size in points."""
+class DrawnTerm:
+    """A term as drawn: its equation, its image and where the image is, in the view's logical pixels."""
 
     term: Term
-    shown: str
-    width: float
-    ascent: float
-    descent: float
+    equation: Equation
+    image: TermImage
+    rect: QtCore.QRectF
 
 
-def _measure(term: Term) -> _Drawn:
-    """A term's LaTeX as mathtext; its plain text where mathtext cannot parse the LaTeX (an id that a
-    broken cell file gave odd characters)."""
-    shown, width, ascent, descent = _measured(term.tex, term.text)
-    return _Drawn(term, shown, width, ascent, descent)
+class _EquationsView(QtWidgets.QWidget):
+    """The drawn terms; the panel places them and says their colours. The wheel is left to the scroll
+    area around."""
 
+    def __init__(self, panel: EquationsPanel) -> None:
+        super().__init__()
+        self._panel = panel
+        self.setMouseTracking(True)
 
-@functools.lru_cache(maxsize=4096)
-def _measured(tex: str, text: str) -> tuple[str, float, float, float]:
-    """What a term shows and its size: the same for the same LaTeX, so measured once (matplotlib keeps
-    only 50 parses, and a cell of a hundred nodes has hundreds of terms, each measured again at every
-    edit that changes what the cell computes)."""
-    prop = FontProperties(size=FONT_SIZE)
-    shown = f"${tex}$"
-    try:
-        w, h, d = text_to_path.get_text_width_height_descent(shown, prop, ismath=True)
-    except ValueError:
-        shown = text.replace("$", r"\$")
-        w, h, d = text_to_path.get_text_width_height_descent(shown, prop, ismath=False)
-    return shown, float(w), float(h - d), float(d)
+    def paintEvent(self, event: QtGui.QPaintEvent) -> None:  # noqa: N802 (Qt's name)
+        painter = QtGui.QPainter(self)
+        painter.fillRect(event.rect(), QtGui.QColor(BACKGROUND))
+        exposed = QtCore.QRectF(event.rect())
+        for item in self._panel.items:
+            if item.rect.intersects(exposed):
+                painter.drawImage(item.rect.topLeft(), item.image.tinted(self._panel.color_of(item)))
+        painter.end()
 
+    def mouseMoveEvent(self, event: QtGui.QMouseEvent) -> None:  # noqa: N802 (Qt's name)
+        self._panel._hover(self._panel.term_at(event.position()))
 
-class _EquationsCanvas(FigureCanvasQTAgg):
-    def wheelEvent(self, event: QtGui.QWheelEvent) -> None:  # noqa: N802 (Qt's name)
-        event.ignore()  # for the scroll area around the equations, which matplotlib's canvas would keep
+    def leaveEvent(self, event: QtCore.QEvent) -> None:  # noqa: N802 (Qt's name)
+        self._panel._hover(None)
+
+    def mousePressEvent(self, event: QtGui.QMouseEvent) -> None:  # noqa: N802 (Qt's name)
+        item = self._panel.term_at(event.position())
+        if event.button() == QtCore.Qt.MouseButton.LeftButton and item is not None:
+            self._panel.nodes_activated.emit(list(item.term.nodes))
 
 
 class EquationsPanel(QtWidgets.QWidget):
@@ -108,8 +115,11 @@ class EquationsPanel(QtWidgets.QWidget):
         self.message.setProperty("role", "hint")
         self.message.setWordWrap(True)
 
-        self.figure = Figure(dpi=LOGICAL_DPI, facecolor=BACKGROUND)
-        self.view = _EquationsCanvas(self.figure)
+        self.busy = QtWidgets.QLabel("Updating the equations…")
+        self.busy.setProperty("role", "hint")
+        self.busy.setVisible(False)
+
+        self.view = _EquationsView(self)
         self.scroll = QtWidgets.QScrollArea()
         self.scroll.setWidget(self.view)
         self.scroll.setWidgetResizable(False)
@@ -127,20 +137,24 @@ class EquationsPanel(QtWidgets.QWidget):
         layout.addWidget(self.pointer)
         layout.addWidget(self.error)
         layout.addWidget(self.message)
+        layout.addWidget(self.busy)
         layout.addWidget(self.scroll, 1)
 
         self.entry.returnPressed.connect(self._enter)
         self.add_button.clicked.connect(self._enter)
         self.entry.textEdited.connect(lambda _text: self.clear_formula_error())
-        self.view.mpl_connect("button_press_event", self._on_press)
-        self.view.mpl_connect("motion_notify_event", self._on_motion)
-        self.view.mpl_connect("figure_leave_event", lambda _e: self._hover(None))
 
         self.equations: list[Equation] = []
-        self.items: list[tuple[Text, Term, Equation]] = []  # each drawn term, its artist and equation
+        self.items: list[DrawnTerm] = []  # the terms on show, of the equations drawn last
         self._selected: set[str] = set()
         self._hovered: Term | None = None
-        self._stale = False
+        self._stale = False  # the equations changed since they were drawn
+        self._todo: list[tuple[str, str]] = []  # (LaTeX, text) of the terms still to render
+        self._started = 0.0  # when the rendering of the terms now to do began
+        self._slices = QtCore.QTimer(self)
+        self._slices.setSingleShot(True)
+        self._slices.setInterval(0)
+        self._slices.timeout.connect(self._render_some)
         self.clear_formula_error()
         self.show_cell(Cell(name="untitled"))
 
@@ -148,81 +162,116 @@ class EquationsPanel(QtWidgets.QWidget):
     def show_cell(self, cell: Cell) -> None:
         """Shows the cell's equations: drawn now when the panel is on show, else when it is shown."""
         found = equations(cell)
-        if found == self.equations and self.items:
+        if found == self.equations and not self._stale and not self._todo and self.items:
             return
         self.equations = found
         self.message.setText("" if found else "No equations yet: connect a state's update or the cell "
                                               "output, or type a formula above.")
         self.message.setVisible(not found)
         self._stale = True
-        if self.isVisible():
-            self.draw_equations()
+        if not self.visibleRegion().isEmpty():
+            self._start()
 
-    def showEvent(self, event: QtGui.QShowEvent) -> None:  # noqa: N802 (Qt's name)
-        super().showEvent(event)
+    @property
+    def drawing(self) -> bool:
+        """Whether terms are being rendered (between the editor's events) for the equations to draw."""
+        return bool(self._todo)
+
+    def up_to_date(self) -> bool:
+        """Whether the equations on show are the cell's."""
+        return not self._stale and not self._todo
+
+    def paintEvent(self, event: QtGui.QPaintEvent) -> None:  # noqa: N802 (Qt's name)
+        # Painted means on show: a dock behind another's tab is "visible" to Qt, but never painted.
+        super().paintEvent(event)
         if self._stale:
-            self.draw_equations()
+            QtCore.QTimer.singleShot(0, self._start_if_stale)
+
+    def _start_if_stale(self) -> None:
+        if self._stale:
+            self._start()
+
+    def _start(self) -> None:
+        """Renders the terms the equations need that are not rendered yet, a slice now and the rest
+        between the editor's events; the equations are drawn once all are."""
+        self._stale = False
+        ratio = self.view.devicePixelRatioF()
+        needed = dict.fromkeys((t.tex, t.text) for eq in self.equations for t in eq.terms)
+        self._todo = [(tex, text) for tex, text in needed
+                      if not is_rendered(tex, text, FONT_SIZE, LOGICAL_DPI, ratio)]
+        self._started = time.perf_counter()
+        self._render_some()
+
+    def _render_some(self) -> None:
+        ratio = self.view.devicePixelRatioF()
+        end = time.perf_counter() + SLICE_S
+        while self._todo and time.perf_counter() < end:
+            tex, text = self._todo.pop()
+            term_image(tex, text, FONT_SIZE, LOGICAL_DPI, ratio)
+        if self._todo:
+            if time.perf_counter() - self._started > BUSY_AFTER_S and not self.busy.isVisible():
+                self.busy.setVisible(True)
+            self._slices.start()
+            return
+        self.busy.setVisible(False)
+        self.draw_equations()
 
     def draw_equations(self) -> None:
-        """Lays the equations out in rows, their equals signs aligned, one Text artist a term."""
-        self._stale = False
+        """Lays the equations out in rows, their equals signs aligned, from the terms' images (rendered
+        now where they are not yet)."""
         self._hovered = None
-        self.figure.clear()
-        self.items = []
-        rows = [[_measure(term) for term in eq.terms] for eq in self.equations]
+        ratio = self.view.devicePixelRatioF()
+
+        def on_pixel(v: float) -> float:  # a device pixel's edge: an image drawn between would blur
+            return round(v * ratio) / ratio
+
+        rows = [[term_image(t.tex, t.text, FONT_SIZE, LOGICAL_DPI, ratio) for t in eq.terms]
+                for eq in self.equations]
         lhs_width = max((row[0].width for row in rows), default=0.0)
-        placed: list[tuple[float, float, _Drawn, Equation]] = []  # x, baseline from the top, term
+        items: list[DrawnTerm] = []
         top, width = MARGIN, 0.0
         for eq, row in zip(self.equations, rows, strict=True):
             x = MARGIN + lhs_width - row[0].width  # the left sides end where the widest does
-            ascent = max(d.ascent for d in row)
-            for d in row:
-                gap = {"operator": OPERATOR_GAP, "equals": EQUALS_GAP}.get(d.term.kind, 0.0)
-                if d.term.kind == "equals":
+            ascent = max(image.ascent for image in row)
+            for term, image in zip(eq.terms, row, strict=True):
+                gap = {"operator": OPERATOR_GAP, "equals": EQUALS_GAP}.get(term.kind, 0.0)
+                if term.kind == "equals":
                     x = MARGIN + lhs_width
-                placed.append((x + gap, top + ascent, d, eq))
-                x += d.width + 2 * gap + (SEPARATOR_GAP if d.term.kind == "separator" else 0.0)
-            top += ascent + max(d.descent for d in row) + ROW_GAP
+                size = QtCore.QSizeF(image.mask.size()) / ratio
+                corner = QtCore.QPointF(on_pixel(x + gap), on_pixel(top + ascent - image.ascent))
+                items.append(DrawnTerm(term, eq, image, QtCore.QRectF(corner, size)))
+                x += image.width + 2 * gap + (SEPARATOR_GAP if term.kind == "separator" else 0.0)
+            top += ascent + max(image.descent for image in row) + ROW_GAP
             width = max(width, x)
         width += MARGIN if rows else 2 * MARGIN
         height = top - ROW_GAP + MARGIN if rows else 2 * MARGIN
-        self.figure.set_size_inches(width / POINTS_PER_INCH, height / POINTS_PER_INCH)
-        self.view.setFixedSize(math.ceil(width / POINTS_PER_INCH * LOGICAL_DPI),
-                               math.ceil(height / POINTS_PER_INCH * LOGICAL_DPI))
-        for x, baseline, d, eq in placed:
-            artist = self.figure.text(x / POINTS_PER_INCH, (height - baseline) / POINTS_PER_INCH, d.shown,
-                                      transform=self.figure.dpi_scale_trans, fontsize=FONT_SIZE,
-                                      color=self._color(d.term, eq), ha="left", va="baseline")
-            self.items.append((artist, d.term, eq))
-        self.view.draw()
+        self.items = items
+        self.view.setFixedSize(math.ceil(width), math.ceil(height))
+        self.view.update()
 
-    def _color(self, term: Term, eq: Equation) -> str:
-        if term is self._hovered:
+    def color_of(self, item: DrawnTerm) -> str:
+        if item.term is self._hovered:
             return HOVER_COLOR
-        if term.nodes and set(term.nodes) <= self._selected:
+        if item.term.nodes and set(item.term.nodes) <= self._selected:
             return SELECTED_COLOR
-        return UNUSED_COLOR if eq.kind == "unused" else TEXT_COLOR
-
-    def _recolor(self) -> None:
-        for artist, term, eq in self.items:
-            artist.set_color(self._color(term, eq))
-        self.view.draw_idle()
+        return UNUSED_COLOR if item.equation.kind == "unused" else TEXT_COLOR
 
     def show_selection(self, ids: list[str]) -> None:
         """Draws the terms whose nodes are all selected in the selection's colour."""
         selected = set(ids)
         if selected != self._selected:
             self._selected = selected
-            if self.items:
-                self._recolor()
+            self.view.update()
 
-    def term_at(self, event: MouseEvent) -> Term | None:
-        for artist, term, _eq in self.items:
-            if term.nodes and artist.contains(event)[0]:
-                return term
+    def term_at(self, pos: QtCore.QPointF) -> DrawnTerm | None:
+        """The drawn term under `pos` (in the view's pixels) that stands for nodes."""
+        for item in self.items:
+            if item.term.nodes and item.rect.contains(pos):
+                return item
         return None
 
-    def _hover(self, term: Term | None) -> None:
+    def _hover(self, item: DrawnTerm | None) -> None:
+        term = item.term if item is not None else None
         if term is self._hovered:
             return
         self._hovered = term
@@ -232,15 +281,7 @@ class EquationsPanel(QtWidgets.QWidget):
         else:
             self.view.setCursor(QtCore.Qt.CursorShape.PointingHandCursor)
             self.view.setToolTip(f"{term.text.strip()}: {', '.join(term.nodes)} (click to select)")
-        self._recolor()
-
-    def _on_motion(self, event: MouseEvent) -> None:
-        self._hover(self.term_at(event))
-
-    def _on_press(self, event: MouseEvent) -> None:
-        term = self.term_at(event)
-        if term is not None:
-            self.nodes_activated.emit(list(term.nodes))
+        self.view.update()
 
     # == the formula entry ===========================================================================
     def _enter(self) -> None:

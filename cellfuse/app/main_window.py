@@ -13,8 +13,7 @@ from pathlib import Path
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from ..codegen import SCHEDULES, emit, generate_cuda, make_plan
-from ..codegen.plan_text import summary
+from ..codegen import SCHEDULES, generate_cuda, make_plan
 from ..gpu_runtime.bench import BASELINES, BenchConfig, available_backends
 from ..graph_model import (
     Cell,
@@ -45,6 +44,7 @@ from .menus import WindowActions, build_menus
 from .palette_panel import PalettePanel
 from .plan_overlay import PlanOverlay
 from .plan_panel import PlanPanel
+from .plan_worker import PlanOutcome, PlanWorker, plan_outcome
 from .problems_panel import ProblemsPanel
 from .properties_panel import PropertiesPanel
 
@@ -54,6 +54,7 @@ DEFAULT_TEMPLATE = "lstm"
 DEFAULT_SCHEDULE = "hoisted"
 AUTOSAVE_INTERVAL_MS = 30_000
 PLAN_DELAY_MS = 150
+PLAN_BUSY_AFTER_MS = 300  # a plan that takes longer to come back is marked as being updated
 
 
 class MainWindow(QtWidgets.QMainWindow):
@@ -102,7 +103,13 @@ class MainWindow(QtWidgets.QMainWindow):
         self._plan_timer = QtCore.QTimer(self)
         self._plan_timer.setSingleShot(True)
         self._plan_timer.setInterval(PLAN_DELAY_MS)
-        self._plan_timer.timeout.connect(self.refresh_plan)
+        self._plan_timer.timeout.connect(self.request_plan)
+        self.plan_worker = PlanWorker(self)
+        self.plan_worker.ready.connect(self._show_plan)
+        self._plan_busy_timer = QtCore.QTimer(self)
+        self._plan_busy_timer.setSingleShot(True)
+        self._plan_busy_timer.setInterval(PLAN_BUSY_AFTER_MS)
+        self._plan_busy_timer.timeout.connect(lambda: self._set_plan_busy(True))
         self.autosave_timer = QtCore.QTimer(self)
         self.autosave_timer.setInterval(AUTOSAVE_INTERVAL_MS)
         self.autosave_timer.timeout.connect(self.write_autosave)
@@ -169,6 +176,10 @@ class MainWindow(QtWidgets.QMainWindow):
         self.validity_label = QtWidgets.QLabel()
         self.sizes_label = QtWidgets.QLabel()
         self.sizes_label.setProperty("role", "hint")
+        self.plan_busy_label = QtWidgets.QLabel("Updating the plan…")
+        self.plan_busy_label.setProperty("role", "hint")
+        self.plan_busy_label.setVisible(False)
+        self.statusBar().addPermanentWidget(self.plan_busy_label)
         self.statusBar().addPermanentWidget(self.sizes_label)
         self.statusBar().addPermanentWidget(self.validity_label)
 
@@ -206,7 +217,9 @@ class MainWindow(QtWidgets.QMainWindow):
     def _on_cell_changed(self, cell: Cell) -> None:
         self.info = analyze(cell)
         self.problems.show_problems(self.info.problems, self.info.notes)
-        self.equations_panel.show_cell(cell)
+        structure = cell.structure_hash()
+        if structure != self._last_structure:  # the equations are of the structure only, not of a move
+            self.equations_panel.show_cell(cell)
         node_marks.show_problems(self.adapter, self.info)
         node_marks.show_port_shapes(self.adapter, self.info)
         node_marks.color_wires(self.adapter)
@@ -221,7 +234,6 @@ class MainWindow(QtWidgets.QMainWindow):
         else:
             self.validity_label.setText('<span style="color:#6fcf97">● valid</span>')
         self.update_title()
-        structure = cell.structure_hash()
         if structure != self._last_structure:
             self._last_structure = structure
             self.schedule_plan()
@@ -327,45 +339,88 @@ class MainWindow(QtWidgets.QMainWindow):
         return self.bench_panel.sizes()
 
     def schedule_plan(self) -> None:
+        """Asks for the plan a moment from now: a burst of edits asks once."""
         self._plan_timer.start()
 
-    def refresh_plan(self) -> None:
-        """Asks the scheduler for the plan of the current cell, sizes and schedule, and shows it."""
-        self._plan_timer.stop()
-        sizes = self.sizes()
-        schedule = self.plan_panel.schedule()
-        s = sizes
-        self.plan_panel.show_sizes(f"T={s.seq}, B={s.batch}, input={s.input}, hidden={s.hidden}, "
-                                   f"layers={s.layers} (set in the Benchmark panel)")
-        self.sizes_label.setText(f"T {s.seq} · B {s.batch} · in {s.input} · h {s.hidden} · L {s.layers}")
-        key = (self.cell.structure_hash(), sizes, schedule)
-        if key == self._plan_key:
+    def request_plan(self) -> None:
+        """Asks the worker for the plan of the current cell, sizes and schedule; the last plan, its
+        outlines and its CUDA stay on show until it comes back, marked as being updated after a while."""
+        key = self._wanted_plan()
+        if key == self._plan_key:  # on show, or on its way
             self.overlay.refresh()
             return
         self._plan_key = key
-        if not self.info.ok:
-            n = len(self.info.errors)
-            self._show_out_of_date(f"Fix the {n} error{'s' if n != 1 else ''} in Problems to see the plan.")
+        if self._say_no_plan():
             return
+        self.plan_worker.request(self.cell, key[1], key[2])
+        self._plan_busy_timer.start()
+
+    def refresh_plan(self) -> None:
+        """Makes the plan of the current cell, sizes and schedule now, on this thread, and shows it: for
+        what needs it at once, the schedule chosen in the plan panel (the panel then says the plan of
+        the schedule it shows), a script, a test. Edits ask the worker (request_plan)."""
+        key = self._wanted_plan()
+        if key == self._plan_key and not self.plan_worker.busy:
+            self.overlay.refresh()
+            return
+        self._plan_key = key
+        self.plan_worker.drop()  # what it would bring back is older than this
+        if self._say_no_plan():
+            return
+        # the slowest schedules of a cell of a thousand nodes take a few tenths of a second
+        QtWidgets.QApplication.setOverrideCursor(QtCore.Qt.CursorShape.WaitCursor)
         try:
-            plan = make_plan(self.cell, sizes, schedule)
-            said = summary(plan)
-            source = emit(plan)
-        except CellError as e:
-            self._show_out_of_date(str(e))
-            return
-        except Exception as e:  # the compiler's failure must not take the editor down
-            log.exception("the scheduler failed on cell '%s'", self.cell.name)
-            self._show_out_of_date(f"The scheduler failed: {type(e).__name__}: {e}")
+            outcome = plan_outcome(self.cell, key[1], key[2])
+        finally:
+            QtWidgets.QApplication.restoreOverrideCursor()
+        self._show_plan(outcome)
+
+    def updating(self) -> bool:
+        """Whether the plan, the CUDA or the equations of the last edit are still being made (a script
+        or a test that needs them waits for this)."""
+        return self._plan_timer.isActive() or self.plan_worker.busy or self.equations_panel.drawing
+
+    def _wanted_plan(self) -> tuple[str, Sizes, str]:
+        """What the plan to show is of: the cell's structure, the sizes and the schedule (the sizes are
+        shown on the way)."""
+        self._plan_timer.stop()
+        s = self.sizes()
+        self.plan_panel.show_sizes(f"T={s.seq}, B={s.batch}, input={s.input}, hidden={s.hidden}, "
+                                   f"layers={s.layers} (set in the Benchmark panel)")
+        self.sizes_label.setText(f"T {s.seq} · B {s.batch} · in {s.input} · h {s.hidden} · L {s.layers}")
+        return self.cell.structure_hash(), s, self.plan_panel.schedule()
+
+    def _say_no_plan(self) -> bool:
+        """Where the cell has errors, says so over the last plan and drops any plan on its way; True
+        then."""
+        if self.info.ok:
+            return False
+        self.plan_worker.drop()
+        n = len(self.info.errors)
+        self._show_out_of_date(f"Fix the {n} error{'s' if n != 1 else ''} in Problems to see the plan.")
+        return True
+
+    def _show_plan(self, outcome: PlanOutcome) -> None:
+        self._set_plan_busy(False)
+        said, source = outcome.summary, outcome.source
+        if said is None or source is None:
+            self._show_out_of_date(outcome.error or "")
             return
         self.plan_panel.show_summary(said)
         self.overlay.show_summary(said)
         lines = source.text.count("\n") + 1
         self.cuda_view.show_source(source.text, source.kernel_of_node, source.kernel_line,
-                                   f"{self.cell.name} · schedule '{schedule}' · {lines} lines")
+                                   f"{self.cell.name} · schedule '{said['schedule']}' · {lines} lines")
         selected = self.adapter.selected_ids()
         if selected:
             self.cuda_view.scroll_to_node(selected[0])
+
+    def _set_plan_busy(self, busy: bool) -> None:
+        """The mark of a plan being made: in the status bar and the plan panel, once it takes a while."""
+        self._plan_busy_timer.stop()
+        busy = busy and self.plan_worker.busy
+        self.plan_busy_label.setVisible(busy)
+        self.plan_panel.show_updating(busy)
 
     def plan_groups(self, cell: Cell) -> list[list[str]]:
         """The nodes of each GEMM group and of each fused kernel of the cell's plan at the chosen
@@ -383,6 +438,7 @@ class MainWindow(QtWidgets.QMainWindow):
     def _show_out_of_date(self, reason: str) -> None:
         """The last valid plan, its outlines and its CUDA stay on show, marked as out of date, while the
         cell has no plan."""
+        self._set_plan_busy(False)
         self.plan_panel.mark_out_of_date(reason)
         self.cuda_view.mark_out_of_date(reason)
         self.overlay.mark_out_of_date()
@@ -424,7 +480,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.cuda_view.show_message("No source yet.")
         self.overlay.clear()
         self._on_cell_changed(self.cell)
-        self.refresh_plan()
+        self.request_plan()
         self.adapter.fit()
         return True
 
@@ -838,6 +894,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self._wind_down()
 
     def _wind_down(self) -> None:
+        self.plan_worker.stop()
         if self.worker is not None:
             self.worker.cancel()
             self.worker.wait(10_000)

@@ -71,6 +71,9 @@ class PlanPanel(QtWidgets.QWidget):
         self.message = QtWidgets.QLabel()
         self.message.setWordWrap(True)
         self.message.setProperty("role", "error")
+        self.updating = QtWidgets.QLabel("Updating the plan…")
+        self.updating.setProperty("role", "hint")
+        self.updating.setVisible(False)
 
         stats = QtWidgets.QGridLayout()
         stats.setHorizontalSpacing(14)
@@ -108,6 +111,7 @@ class PlanPanel(QtWidgets.QWidget):
         layout.addLayout(top)
         layout.addWidget(self.sizes_label)
         layout.addWidget(self.message)
+        layout.addWidget(self.updating)
         layout.addWidget(self.stats_box)
         layout.addWidget(self.tree, 1)
 
@@ -128,6 +132,10 @@ class PlanPanel(QtWidgets.QWidget):
     def show_sizes(self, text: str) -> None:
         self.sizes_label.setText(text)
         self.sizes_label.setToolTip(text)  # the whole line, where the dock is too narrow to show it
+
+    def show_updating(self, updating: bool) -> None:
+        """Marks the plan on show as being replaced by one on its way (see plan_worker)."""
+        self.updating.setVisible(updating)
 
     def show_message(self, text: str) -> None:
         """Says why there is no plan (the cell has errors, or the scheduler refused it)."""

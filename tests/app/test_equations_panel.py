@@ -12,11 +12,18 @@ from cellfuse.graph_model import equations, load_template
 FORMULA = "q = sigmoid(x @ W_q + h @ U_q + b_q)"
 
 
-def equations_shown(qapp, window):
+def equations_shown(qtbot, window):
+    """The panel on show, its equations drawn."""
     window.equations_dock.show()
     window.equations_dock.raise_()
-    qapp.processEvents()
-    return window.equations_panel
+    return drawn_all(qtbot, window.equations_panel)
+
+
+def drawn_all(qtbot, panel):
+    """The panel once it has drawn the equations it shows (terms it has not seen before are rendered
+    between events)."""
+    qtbot.waitUntil(panel.up_to_date, timeout=10_000)
+    return panel
 
 
 def shown_text(panel) -> str:
@@ -28,17 +35,13 @@ def template_text(name: str) -> str:
 
 
 def drawn(panel, text: str):
-    """The artist and term drawn for the term of that plain text (the first one)."""
-    return next((artist, term) for artist, term, _eq in panel.items if term.text == text)
+    """The drawn term of that plain text (the first one), and its term."""
+    return next((item, item.term) for item in panel.items if item.term.text == text)
 
 
-def click(qtbot, panel, artist) -> None:
+def click(qtbot, panel, item) -> None:
     """A left click in the middle of a drawn term, as a user's mouse gives it."""
-    box = artist.get_window_extent()
-    ratio = panel.view.devicePixelRatioF()
-    x, y = (box.x0 + box.x1) / 2 / ratio, panel.view.height() - (box.y0 + box.y1) / 2 / ratio
-    pos = QtCore.QPoint(round(x), round(y))
-    qtbot.mouseClick(panel.view, QtCore.Qt.MouseButton.LeftButton, pos=pos)
+    qtbot.mouseClick(panel.view, QtCore.Qt.MouseButton.LeftButton, pos=item.rect.center().toPoint())
 
 
 def type_formula(qtbot, panel, formula: str) -> None:
@@ -48,32 +51,33 @@ def type_formula(qtbot, panel, formula: str) -> None:
 
 
 @pytest.mark.slow
-def test_the_panel_shows_the_lstm(qapp, window):
-    panel = equations_shown(qapp, window)
+def test_the_panel_shows_the_lstm(qtbot, qapp, window):
+    panel = equations_shown(qtbot, window)
     assert window.equations_dock in window.panel_docks
     assert shown_text(panel) == template_text("lstm")
-    shown = [artist.get_text() for artist, _term, _eq in panel.items]
+    shown = [item.image.shown for item in panel.items]
     assert shown[:3] == ["$i$", "$=$", r"$\sigma($"] and "$c'$" in shown and r"$f \odot c$" in shown
     assert panel.view.width() > 200 and not panel.message.isVisible()
 
 
 @pytest.mark.slow
-def test_the_panel_is_drawn_when_it_is_first_shown(qapp, window):
+def test_the_panel_is_drawn_when_it_is_first_shown(qtbot, qapp, window):
     window.problems_dock.raise_()
     qapp.processEvents()
     window.adapter.rename("g", "cand")
     panel = window.equations_panel
     assert "cand = tanh(x @ W_g + h @ U_g + b_g)" in shown_text(panel)  # known at once, drawn later
-    equations_shown(qapp, window)
-    assert any(term.text == "cand" for _a, term, _eq in panel.items)
+    equations_shown(qtbot, window)
+    assert any(item.term.text == "cand" for item in panel.items)
 
 
-def test_the_panel_follows_every_edit_and_undo(qapp, window, user):
-    panel = equations_shown(qapp, window)
+def test_the_panel_follows_every_edit_and_undo(qtbot, qapp, window, user):
+    panel = equations_shown(qtbot, window)
     user.rename("f", "forget")
     assert "forget = sigmoid(x @ W_f + h @ U_f + b_f)" in shown_text(panel)
     assert "c' = forget * c + i * g" in shown_text(panel)
-    assert any(term.text == "forget * c" for _a, term, _eq in panel.items)
+    drawn_all(qtbot, panel)
+    assert any(item.term.text == "forget * c" for item in panel.items)
     window.adapter.disconnect("c_new", "b")
     assert "c' = forget * c + ?" in shown_text(panel)
     window.actions_.undo.trigger()
@@ -88,12 +92,12 @@ def selected_stubs(window) -> list[str]:
 @pytest.mark.slow
 def test_clicking_a_term_selects_its_nodes(qtbot, qapp, window):
     a = window.adapter
-    panel = equations_shown(qapp, window)
-    artist, term = drawn(panel, "x @ W_f")
-    click(qtbot, panel, artist)
+    panel = equations_shown(qtbot, window)
+    item, term = drawn(panel, "x @ W_f")
+    click(qtbot, panel, item)
     assert set(a.selected_ids()) == {"xf", "x", "W_f"} == set(term.nodes)
     assert window.central_tabs.currentWidget() is window.canvas
-    assert artist.get_color() == SELECTED_COLOR  # the term takes the selection's colour
+    assert panel.color_of(item) == SELECTED_COLOR  # the term takes the selection's colour
     # The group that holds the product opens on it; x, outside, is the stub of the value entering it.
     assert a.open_group == "forget gate"
     assert {n.name() for n in a.graph.selected_nodes()} == {"xf", "W_f"}
@@ -104,12 +108,12 @@ def test_clicking_a_term_selects_its_nodes(qtbot, qapp, window):
     assert a.open_group == "candidate" and sorted(selected_stubs(window)) == ["h", "x"]
     # A term over nodes of a group and nodes outside it that the group's stubs do not show: the whole
     # cell, the group's node selected for the one member the term names.
-    artist, term = drawn(panel, "f * c")
-    click(qtbot, panel, artist)
+    item, term = drawn(panel, "f * c")
+    click(qtbot, panel, item)
     assert set(a.selected_ids()) == {"fc", "f", "c"} == set(term.nodes)
     assert a.open_group is None
     assert {n.name() for n in a.graph.selected_nodes()} == {"fc", "forget gate", "c"}
-    assert artist.get_color() == SELECTED_COLOR
+    assert panel.color_of(item) == SELECTED_COLOR
     # A click on the group's node on the canvas picks the whole group.
     forget = next(g for g in a.group_nodes() if g.name() == "forget gate")
     view = window.canvas
@@ -119,9 +123,9 @@ def test_clicking_a_term_selects_its_nodes(qtbot, qapp, window):
 
 
 @pytest.mark.slow
-def test_the_wheel_is_left_to_the_scroll_area(qapp, window):
-    """matplotlib's canvas would take the wheel: ignored, Qt hands it on to the scroll area around."""
-    panel = equations_shown(qapp, window)
+def test_the_wheel_is_left_to_the_scroll_area(qtbot, qapp, window):
+    """The drawn equations ignore the wheel: Qt hands it on to the scroll area around."""
+    panel = equations_shown(qtbot, window)
     centre = QtCore.QPointF(panel.view.width() / 2, 20)
     down = QtCore.QPoint(0, -120)  # one notch of the wheel, towards the user
     wheel = QtGui.QWheelEvent(centre, panel.view.mapToGlobal(centre), QtCore.QPoint(0, 0), down,
@@ -133,14 +137,14 @@ def test_the_wheel_is_left_to_the_scroll_area(qapp, window):
 
 @pytest.mark.slow
 def test_a_click_between_terms_selects_nothing(qtbot, qapp, window):
-    panel = equations_shown(qapp, window)
+    panel = equations_shown(qtbot, window)
     window.adapter.select(["xf"])
     qtbot.mouseClick(panel.view, QtCore.Qt.MouseButton.LeftButton, pos=QtCore.QPoint(2, 2))
     assert window.adapter.selected_ids() == ["xf"]
 
 
 def test_a_typed_formula_is_one_undo_step(qtbot, qapp, window, same):
-    panel = equations_shown(qapp, window)
+    panel = equations_shown(qtbot, window)
     stack = window.adapter.undo_stack()
     before, steps = window.cell.copy(), stack.index()
     type_formula(qtbot, panel, FORMULA)
@@ -149,7 +153,8 @@ def test_a_typed_formula_is_one_undo_step(qtbot, qapp, window, same):
     assert panel.entry.text() == "" and not panel.error.isVisible()
     assert f"{FORMULA}\n" in shown_text(panel)
     assert next(eq for eq in panel.equations if eq.name == "q").kind == "unused"  # nothing uses q yet
-    assert drawn(panel, "q")[0].get_color() in (UNUSED_COLOR, SELECTED_COLOR)
+    drawn_all(qtbot, panel)
+    assert panel.color_of(drawn(panel, "q")[0]) in (UNUSED_COLOR, SELECTED_COLOR)
     added = {"W_q", "matmul", "U_q", "matmul1", "add", "b_q", "add1", "q"}
     assert set(window.adapter.selected_ids()) == added
     every = [n for n in window.adapter.graph.all_nodes() if n.view.isVisible()]  # not those in closed groups
@@ -165,7 +170,7 @@ def test_a_typed_formula_is_one_undo_step(qtbot, qapp, window, same):
 @pytest.mark.slow
 def test_an_elman_rnn_typed_into_a_new_cell(qtbot, qapp, window):
     window.new_cell(ask=False)
-    panel = equations_shown(qapp, window)
+    panel = equations_shown(qtbot, window)
     steps = window.adapter.undo_stack().index()
     for formula in ["a = x @ W + h @ U + b", "h' = tanh(a)", "y = h'"]:
         type_formula(qtbot, panel, formula)
@@ -177,7 +182,7 @@ def test_an_elman_rnn_typed_into_a_new_cell(qtbot, qapp, window):
 
 @pytest.mark.slow
 def test_a_bad_formula_is_pointed_at_and_adds_nothing(qtbot, qapp, window, same):
-    panel = equations_shown(qapp, window)
+    panel = equations_shown(qtbot, window)
     stack = window.adapter.undo_stack()
     before, steps = window.cell.copy(), stack.index()
     type_formula(qtbot, panel, "q = sigmoid(x @")
