@@ -47,7 +47,7 @@ class Api(ctypes.Structure):
     """The entry points the C code calls (see launch_list.c's cf_api)."""
 
     _fields_ = [(name, _p) for name in ("launch", "launch_cooperative", "launch_ex", "copy", "record", "wait",
-                                        "synchronize", "sgemm", "gemm_ex", "set_stream", "set_workspace")]
+                                        "synchronize", "sgemm", "gemm_ex", "set_stream")]
 
 
 class _Op(ctypes.Structure):
@@ -60,7 +60,7 @@ class _Program(ctypes.Structure):
     _fields_ = [("api", _p), ("n_ops", ctypes.c_int32), ("n_patches", ctypes.c_int32),
                 ("ops", _p), ("values", _p), ("params", _p), ("patch_value", _p), ("patch_base", _p),
                 ("patch_offset", _p), ("streams", _p), ("handles", _p), ("handle_stream", _p),
-                ("workspace", _p), ("workspace_bytes", ctypes.c_uint64), ("configs", _p)]
+                ("configs", _p)]
 
 
 @lru_cache(maxsize=1)
@@ -98,8 +98,7 @@ def _api() -> Api:
     return Api(*(ctypes.cast(getattr(cuda, name), _p).value for name in (
         "cuLaunchKernel", "cuLaunchCooperativeKernel", "cuLaunchKernelEx", "cuMemcpyDtoDAsync_v2",
         "cuEventRecord", "cuStreamWaitEvent", "cuCtxSynchronize")),
-        *(cublas(name) for name in ("cublasSgemm_v2", "cublasGemmEx", "cublasSetStream_v2",
-                                    "cublasSetWorkspace_v2")))
+        *(cublas(name) for name in ("cublasSgemm_v2", "cublasGemmEx", "cublasSetStream_v2")))
 
 
 Pointer = tuple[int, int]  # (slot, byte offset): an argument that is a buffer's address plus an offset
@@ -161,12 +160,11 @@ class LaunchList:
         self._add(GEMM_EX, stream, 0, [handle, *args], name)
 
     def finish(self, side_streams: Sequence = (), handles: Sequence[int] = (),
-               workspace: tuple[int, int] = (0, 0), api: Api | None = None) -> None:
+               api: Api | None = None) -> None:
         """Fixes the calls: stream 0 is each run's, 1... are `side_streams`; `handles[s]` is the cuBLAS
-        handle of stream s (its stream set by the caller, the first one's by each run, which gives it
-        `workspace` (address, bytes) again then). The first handle is the list's alone: the list
-        remembers which stream it set it to. `api`: the entry points to call (the driver's and cuBLAS's
-        unless given)."""
+        handle of stream s (its stream set by the caller, the first one's by each run). The first handle
+        is the list's alone: the list remembers which stream it set it to. `api`: the entry points to
+        call (the driver's and cuBLAS's unless given)."""
         lib = library()
         n = len(self._ops)
         ops = (_Op * max(1, n))()
@@ -190,7 +188,7 @@ class LaunchList:
             values.ctypes.data, params.ctypes.data, self._patch_value.ctypes.data, None, None,
             ctypes.addressof(streams), ctypes.addressof(cublas) if handles else None,
             _MASK,  # no stream: the first run sets the first handle's
-            *workspace, ctypes.addressof(configs))
+            ctypes.addressof(configs))
         lib.cf_prepare(ctypes.addressof(program))
         self._address = ctypes.addressof(program)
         self._failed = ctypes.c_int32(0)

@@ -4,7 +4,7 @@ caller's memory: the addresses of the buffers are given at every run, not fixed 
 This is how a PyTorch module runs CellFuse's kernels inside PyTorch's own tensors, on
 torch.cuda.current_stream(), so that its work joins a CUDA graph that PyTorch captures, and its memory
 comes from PyTorch's allocator. The caller (cellfuse.nn) owns every byte; the program owns only what does
-not change from run to run: the loaded kernels, a cuBLAS handle and workspace per stream, the streams
+not change from run to run: the loaded kernels, a cuBLAS handle per stream, the streams
 beside the caller's (forked from it and joined back to it by the program's own events) and the tables
 of arguments of its launches.
 
@@ -43,7 +43,6 @@ from .kernel_cache import cubin
 from .launch_list import COOPERATIVE, EARLY, KERNEL, LaunchList
 from .wgmma_gemms import Operands, usable
 
-CUBLAS_WORKSPACE = 8 * 2**20  # bytes per stream's cuBLAS handle
 _R_32F, _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT = 0, 77, -1  # cudaDataType, cublasComputeType_t, algo
 _TIMED_RUNS = 5
 
@@ -71,8 +70,12 @@ def _module(what: str, source: str, arch: str) -> driver.Module:
 
 
 class _Resources:
-    """What a program's calls share and keep: the loaded kernels, a cuBLAS handle per stream (each with
-    its workspace), alpha and beta."""
+    """What a program's calls share and keep: the loaded kernels, a cuBLAS handle per stream, alpha and
+    beta.
+
+    A handle works in cuBLAS's own workspace, which cublasSetStream picks for it: a workspace given by
+    cublasSetWorkspace (8 MiB, tried) made cuBLAS choose algorithms whose gradients were 3x further
+    from float64 (docs/results/2026-11-28-cellrnn-launch-list.md)."""
 
     def __init__(self, kernels: KernelSet, arch: str, capability: tuple[int, int], streams: int, what: str):
         from nvmath.bindings import cublas
@@ -82,22 +85,11 @@ class _Resources:
         self.module = _module(what, kernels.module_source(), arch)
         self.name_of = kernels.name_of
         self.functions: dict[str, object] = {}
-        self.workspaces = [check(self.cu.cuMemAlloc(CUBLAS_WORKSPACE), "allocating cuBLAS's workspace")
-                           for _ in range(streams)]
-        self.handles = []
-        for workspace in self.workspaces:
-            handle = cublas.create()
-            cublas.set_workspace(handle, int(workspace), CUBLAS_WORKSPACE)
-            self.handles.append(handle)
+        self.handles = [cublas.create() for _ in range(streams)]
         self.scalars = np.array([1.0, 0.0], np.float32)  # cuBLAS reads them when the GEMM is put on a stream
 
-    def workspace(self, s: int) -> tuple[int, int]:
-        return int(self.workspaces[s]), CUBLAS_WORKSPACE
-
     def point(self, s: int, stream) -> None:
-        """Handle s at `stream`, with its workspace (which cublasSetStream drops for cuBLAS's pool)."""
         self.cublas.set_stream(self.handles[s], int(stream))
-        self.cublas.set_workspace(self.handles[s], int(self.workspaces[s]), CUBLAS_WORKSPACE)
 
     def function(self, name: str):
         if name not in self.functions:
@@ -111,8 +103,6 @@ class _Resources:
     def close(self) -> None:
         for handle in self.handles:
             self.cublas.destroy(handle)
-        for workspace in self.workspaces:
-            check(self.cu.cuMemFree(workspace), "freeing cuBLAS's workspace")
 
 
 class _Calls:
@@ -134,7 +124,7 @@ class _Calls:
     def finish(self, side_streams: list) -> None:
         """Both lists fixed (on the caller's stream and `side_streams`), each buffer a base of its own."""
         slots = [(slot, 0) for slot in range(len(self.buffers))]
-        self.calls.finish(side_streams, self.res.handles, self.res.workspace(0))
+        self.calls.finish(side_streams, self.res.handles)
         self.image_calls.finish()
         for listed in (self.calls, self.image_calls):
             listed.bind(slots)

@@ -1,6 +1,6 @@
 """The launch list's C code, built by nvcc and run on the CPU against entry points of the test's own that
 record what they are called with: the pointer arguments it writes (a run's base plus fixed offsets), the
-calls in order on their streams, cuBLAS's stream and workspace set when the run's stream changes, and the
+calls in order on their streams, cuBLAS's stream set when the run's stream changes, and the
 errors it reports naming the call."""
 
 from __future__ import annotations
@@ -68,7 +68,6 @@ class Recorder:
                   record=lambda *a: a),
             entry("gemm_ex", i32, *[p] * 19, record=lambda *a: a),
             entry("set_stream", i32, p, p, record=lambda h, s: (h, s)),
-            entry("set_workspace", i32, p, p, ctypes.c_size_t, record=lambda h, w, n: (h, w, n)),
         ]
         self.api = Api(*(ctypes.cast(e, p).value for e in self.entries))
 
@@ -83,7 +82,7 @@ def program(recorder: Recorder) -> LaunchList:
     calls.record(0x55, 1)
     calls.wait(0x55, 0)
     calls.kernel(0x2000, "cf_persistent", (132,), 256, 1024, [(1, 12)], stream=0, kind=EARLY)
-    calls.finish([0xAB], [0x99, 0x98], (0x777, 4096), api=recorder.api)
+    calls.finish([0xAB], [0x99, 0x98], api=recorder.api)
     calls.bind([(1, 100), (0, 0)], bases=3)
     return calls
 
@@ -94,7 +93,6 @@ def test_a_run_writes_each_pointer_from_its_base_and_makes_the_calls_in_order():
     calls.run([1000, 2000, 3000], 0xCD)
     assert recorder.calls == [
         ("set_stream", 0x99, 0xCD),
-        ("set_workspace", 0x99, 0x777, 4096),
         ("launch", 0x1000, (3, 1, 1), 128, 0, 0xCD, (2100 + 16, 7, 1000)),
         ("copy", 1000 + 8, 2100, 64, 0xAB),
         ("sgemm", 0x99, 1, 0, 5, 6, 7, 0x10, 2100, 5, 1004, 7, 0x20, 2132, 5),

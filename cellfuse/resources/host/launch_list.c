@@ -21,7 +21,6 @@ typedef int (*cf_sgemm)(void *, int, int, int, int, int, const float *, const fl
 typedef int (*cf_gemm_ex)(void *, int, int, int, int, int, const void *, const void *, int, int, const void *,
                           int, int, const void *, void *, int, int, int, int);
 typedef int (*cf_set_stream)(void *, CUstream);
-typedef int (*cf_set_workspace)(void *, void *, size_t);
 
 typedef struct {
     CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -36,7 +35,6 @@ typedef struct {
     cf_sgemm sgemm;
     cf_gemm_ex gemm_ex;
     cf_set_stream set_stream;
-    cf_set_workspace set_workspace;
 } cf_api;
 
 /* One call. Its arguments are `args` 8-byte slots of `values` from `first`; a kernel reads them through
@@ -60,9 +58,6 @@ typedef struct {
     CUstream *streams;        /* [0] is the caller's, set by each run; the others are the program's */
     void *const *handles;     /* a cuBLAS handle per stream, [0] pointed at streams[0] by a run */
     CUstream handle_stream;   /* the stream handles[0] was last set to */
-    void *workspace;          /* handles[0]'s workspace, given again after each cublasSetStream (which
-                                 drops it for cuBLAS's own pool, allocated when first used) */
-    uint64_t workspace_bytes;
     CUlaunchConfig *configs;  /* per op, for the early launches */
 } cf_program;
 
@@ -77,8 +72,6 @@ int cf_run(cf_program *p, uint64_t stream, const uint64_t *bases, int checked, i
     p->streams[0] = caller;
     if (p->handles && p->handles[0] && p->handle_stream != caller) {
         int status = api->set_stream(p->handles[0], caller);
-        if (!status)
-            status = api->set_workspace(p->handles[0], p->workspace, (size_t)p->workspace_bytes);
         if (status) { *failed = -1; return 100000 + status; }
         p->handle_stream = caller;
     }

@@ -1,0 +1,52 @@
+"""The LSTM's training-step gradients against a float64 torch.nn.LSTM on the GPU: cellfuse.nn.LSTM under a
+rung, and torch.nn.LSTM in float32 (cuDNN, TF32 off) beside it, each as the largest difference of a
+parameter's gradient relative to the largest of that gradient (or 1e-3 of the largest of all).
+
+    python3 benchmarks/probes/lstm_grad_accuracy.py --cases 1000:8:persistent,100:256:tensor
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from cellfuse.nn import LSTM
+
+
+def grads(module, x):
+    y, _ = module(x)
+    params = list(module.parameters())
+    return y, torch.autograd.grad(y.pow(2).mean(), params)
+
+
+def rel(got, want) -> float:
+    largest = max(float(w.abs().max()) for w in want)
+    return max(float((g.double() - w).abs().max()) / max(float(w.abs().max()), 1e-3 * largest)
+               for g, w in zip(got, want, strict=True))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--cases", default="1000:8:persistent,100:64:tensor,100:256:tensor")
+    args = p.parse_args()
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    for case in args.cases.split(","):
+        T, B, schedule = case.split(":")
+        torch.manual_seed(0)
+        ours = LSTM(512, 512, schedule=schedule).cuda()
+        ref32 = torch.nn.LSTM(512, 512).cuda()
+        ref32.load_state_dict(ours.state_dict())
+        ref64 = torch.nn.LSTM(512, 512).cuda().double()
+        ref64.load_state_dict(ours.state_dict())
+        x = torch.randn(int(T), int(B), 512, device="cuda")
+        y64, g64 = grads(ref64, x.double())
+        for name, module in (("cellfuse", ours), ("cudnn fp32", ref32)):
+            y, g = grads(module, x)
+            print(f"T={T} B={B} {schedule:10s} {name:10s} y {float((y.double() - y64).abs().max()):.2e}  "
+                  f"grads {rel(g, g64):.2e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
