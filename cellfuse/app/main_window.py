@@ -202,6 +202,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.plan_panel.schedule_changed.connect(lambda _s: self.refresh_plan())
         self.plan_panel.overlay_toggled.connect(self.set_overlay_visible)
         self.plan_panel.nodes_activated.connect(self._select_nodes)
+        self.plan_panel.region_hovered.connect(self.overlay.highlight)
         self.cuda_view.export_requested.connect(lambda: self.export_cuda())
         self.bench_panel.run_requested.connect(self.run_benchmark)
         self.bench_panel.cancel_requested.connect(self.cancel_benchmark)

@@ -5,6 +5,12 @@ Every launch has a colour of its own (theme.launch_colors), the one the plan pan
 region whose nodes lie apart on the canvas is drawn as several pieces, each labelled with its part
 ("k0 (1/3)"), so that no piece is left unnamed.
 
+A label is a tab in its launch's colour on the edge of its piece's outline, its text LABEL_PX pixels
+high on screen at any zoom (at the default zoom at 1366x768 a label sized in the scene was 6 pixels
+high). Where the zoom leaves a label no room clear of the nodes and of the labels before it, it is
+shown only while its outline is hovered, or its row in the plan panel. An outline's tooltip says why
+the launch begins and ends where it does (plan_reasons).
+
 A canvas node that shows nodes of several launches (a closed group's node: a gate holds a matmul of
 each GEMM and the ops of a kernel or more) is outlined by each of them side by side, its outline cut
 into one slice per launch from left to right, in the plan's order: the colour of every launch shows
@@ -14,25 +20,36 @@ While the cell has no plan (an error, a node being wired), the last valid plan s
 dashed and labelled "out of date", as the plan panel and the CUDA view keep it: it is what the user
 was working from, and a node deleted since simply drops out of it.
 
-The outlines are plain scene items behind the nodes; they are not nodes of the graph and never
-reach the undo stack or the file.
+The outlines are plain scene items behind the nodes, the labels above them; they are not nodes of the
+graph and never reach the undo stack or the file.
 """
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from . import theme
+from ..graph_model import analyze
+from . import plan_reasons, theme
 from .cell_adapter import CellAdapter
 from .node_types import CellNode
 
 PAD = 8.0
-LABEL_BAND = 16.0
-LABEL_INDENT = 6.0
 NODE_CLEARANCE = 4.0  # a label keeps this far from any node, so that it never touches a title bar
 Z_VALUE = -5.0
+LABEL_Z = 5.0  # above the nodes: a label shown on hover may lie over one
+LABEL_PX = 11  # a label's text height on screen, in pixels, at any zoom
+TAB_PAD = 4.0  # pixels left and right of a label's text on its tab
+LABEL_GAP = 3.0  # pixels kept between two labels
+SPOT_NODES = 3  # the top (bottom, ...) nodes of a piece whose edges a label may sit on
+PLACE_DELAY_MS = 60
+HANG_PX = 18.0  # pixels of its edge a label hanging past the edge's end keeps
+MAX_MOVED = 2  # labels moved to make room for one that finds every spot taken
+GRID = 256.0  # the width of a column of the index of boxes, in the scene
+LIT_PEN = 2.2  # how much wider a region's outline is drawn while brought out
+BASE_WIDTH, BASE_ALPHA = 0, 1  # keys of an outline's own pen width and fill alpha (QGraphicsItem.data)
 STALE_RGB: theme.RGB = (128, 132, 140)  # every region of an out-of-date plan, in one quiet grey
 STALE_TAG = "out of date"
 
@@ -53,12 +70,15 @@ class PlanRegion:
 
 @dataclass(frozen=True)
 class PlacedLabel:
-    """A label on the canvas: which piece of which region it names, and where it is."""
+    """A label on the canvas: which piece of which region it names, and where it is in the scene at the
+    view's zoom; `shown` False: only on hover, there was no room for it."""
 
     region: str
     nodes: tuple[str, ...]
     text: str
     rect: QtCore.QRectF
+    shown: bool
+    piece: QtCore.QRectF  # the outline of the piece it names, as a bounding rectangle
 
 
 def _plural(n: int, word: str) -> str:
@@ -182,11 +202,19 @@ def outline(rects: list[QtCore.QRectF]) -> QtGui.QPainterPath:
     return path.simplified()
 
 
+def _united(rects: list[QtCore.QRectF]) -> QtCore.QRectF:
+    out = QtCore.QRectF(rects[0])
+    for r in rects[1:]:
+        out = out.united(r)
+    return out
+
+
 def share(rect: QtCore.QRectF, slot: int, slots: int) -> QtCore.QRectF:
     """The slice `slot` of `slots` side by side that a node's outline `rect` is cut into, for a node
     that shows nodes of several launches."""
     width = rect.width() / slots
     return QtCore.QRectF(rect.left() + slot * width, rect.top(), width, rect.height())
+
 
 
 def label_texts(region: PlanRegion, part: int, parts: int) -> list[str]:
@@ -197,17 +225,189 @@ def label_texts(region: PlanRegion, part: int, parts: int) -> list[str]:
     return [f"{name} · {region.brief}", name]
 
 
+class PlanLabel(QtWidgets.QGraphicsItem):
+    """A piece's name on a tab in its launch's colour, the same size on screen at any zoom (it ignores the
+    view's scale): set at a corner or an edge of the piece's outline (`anchor`, in the scene), the tab
+    beside it at `offset` (in pixels of the screen)."""
+
+    def __init__(self, color: QtGui.QColor, tooltip: str) -> None:
+        super().__init__()
+        self.setFlag(QtWidgets.QGraphicsItem.GraphicsItemFlag.ItemIgnoresTransformations, True)
+        self.setAcceptedMouseButtons(QtCore.Qt.MouseButton.NoButton)
+        self.setToolTip(tooltip)
+        self.setZValue(LABEL_Z)
+        self.font = QtGui.QFont()
+        self.font.setPixelSize(LABEL_PX)
+        self.font.setBold(True)
+        self._metrics = QtGui.QFontMetricsF(self.font)
+        self.color = color
+        self.text = ""
+        self.offset = QtCore.QPointF()
+        self.shown = True  # placed clear of nodes and other labels; else shown only on hover
+        self._size = QtCore.QSizeF()
+
+    def size_of(self, text: str) -> QtCore.QSizeF:
+        """The tab's size on screen, in pixels, with `text` on it."""
+        return QtCore.QSizeF(self._metrics.horizontalAdvance(text) + 2 * TAB_PAD, self._metrics.height() + 2)
+
+    def place(self, text: str, anchor: QtCore.QPointF, offset: QtCore.QPointF, shown: bool) -> None:
+        self.prepareGeometryChange()
+        self.text, self.offset, self.shown = text, QtCore.QPointF(offset), shown
+        self._size = self.size_of(text)
+        self.setPos(anchor)
+        self.setVisible(shown)
+
+    def boundingRect(self) -> QtCore.QRectF:  # noqa: N802 (Qt's name)
+        return QtCore.QRectF(self.offset, self._size)
+
+    def screen_rect(self, view: QtWidgets.QGraphicsView) -> QtCore.QRectF:
+        """Where the tab is in the view's viewport, in pixels."""
+        return self.deviceTransform(view.viewportTransform()).mapRect(self.boundingRect())
+
+    def paint(self, painter: QtGui.QPainter, option, widget=None) -> None:
+        rect = self.boundingRect()
+        painter.save()
+        painter.setRenderHint(QtGui.QPainter.RenderHint.Antialiasing)
+        painter.setPen(QtCore.Qt.PenStyle.NoPen)
+        painter.setBrush(self.color)
+        painter.drawRoundedRect(rect, 3.0, 3.0)
+        fill = (self.color.red(), self.color.green(), self.color.blue())
+        light, dark = (240, 241, 244), (20, 20, 22)
+        ink = dark if theme.contrast(dark, fill) >= theme.contrast(light, fill) else light
+        painter.setPen(theme.qcolor(ink))
+        painter.setFont(self.font)
+        painter.drawText(rect, QtCore.Qt.AlignmentFlag.AlignCenter, self.text)
+        painter.restore()
+
+
+class _Outline(QtWidgets.QGraphicsPathItem):
+    """A region's outline; hovering it shows its labels where they had no room."""
+
+    def __init__(self, path: QtGui.QPainterPath, on_hover) -> None:
+        super().__init__(path)
+        self._on_hover = on_hover
+        self.setAcceptHoverEvents(True)
+        self.setAcceptedMouseButtons(QtCore.Qt.MouseButton.NoButton)
+
+    def hoverEnterEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        self._on_hover(True)
+        super().hoverEnterEvent(event)
+
+    def hoverLeaveEvent(self, event) -> None:  # noqa: N802 (Qt's name)
+        self._on_hover(False)
+        super().hoverLeaveEvent(event)
+
+
+@dataclass(frozen=True)
+class _Spot:
+    """A place a label may take: `offset` (in pixels) from `anchor` (a point of a node's outline, in the
+    scene)."""
+
+    anchor: QtCore.QPointF
+    offset: QtCore.QPointF
+    hangs: bool = False  # past the end of an edge or beside the outline: a longer text leads it away
+
+    def rect(self, size: QtCore.QSizeF, zoom: float) -> QtCore.QRectF:
+        """The label's rectangle in the scene at this spot, at the view's zoom."""
+        return QtCore.QRectF(self.anchor + self.offset / zoom, size / zoom)
+
+
+@dataclass
+class _Piece:
+    """One outlined area of a region and its label."""
+
+    region: PlanRegion
+    texts: list[str]  # what its label may say, longest first
+    rects: list[QtCore.QRectF]  # the outlines of the nodes in it
+    nodes: tuple[str, ...]
+    label: PlanLabel
+
+    def spots(self, size: QtCore.QSizeF, zoom: float) -> list[_Spot]:
+        """Each place the label may take, best first: on the outline's top edge above a top node, then on
+        its bottom edge below a bottom node, at the edge's left end, at its right end, or hanging past
+        either end (two launches side by side on a column of nodes share its edges: a label wider than its
+        own slice must leave room for its neighbour's); last, beside the outline at a node's top, outside
+        it, right or left."""
+        w, h = size.width(), size.height()
+        top = sorted(self.rects, key=lambda r: (r.top(), r.left()))[:SPOT_NODES]
+        bottom = sorted(self.rects, key=lambda r: (-r.bottom(), r.left()))[:SPOT_NODES]
+        right = sorted(self.rects, key=lambda r: (-r.right(), r.top()))[:SPOT_NODES]
+        left = sorted(self.rects, key=lambda r: (r.left(), r.top()))[:SPOT_NODES]
+        P = QtCore.QPointF  # noqa: N806
+        out = []
+        for edge, dy in [*((r, -h) for r in top), *((r, 0.0) for r in bottom)]:
+            y = edge.top() if dy < 0 else edge.bottom()
+            hang = min(HANG_PX / zoom, edge.width())  # how much of the edge a hanging label keeps
+            out += [_Spot(P(edge.left(), y), P(0.0, dy)), _Spot(P(edge.right(), y), P(-w, dy)),
+                    _Spot(P(edge.left() + hang, y), P(-w, dy), True),
+                    _Spot(P(edge.right() - hang, y), P(0.0, dy), True)]
+        out += [_Spot(r.topRight(), P(0.0, 0.0), True) for r in right]
+        out += [_Spot(r.topLeft(), P(-w, 0.0), True) for r in left]
+        return out
+
+
+_NOBODY = object()  # the owner no rectangle has
+
+
+class _Boxes:
+    """Rectangles of the scene in columns by x, each of an owner, for asking quickly which meet a
+    rectangle."""
+
+    def __init__(self, rects: list[QtCore.QRectF] = ()) -> None:
+        self._columns: dict[int, list[list]] = {}
+        self._owned: dict[object, list[list]] = {}
+        for r in rects:
+            self.add(r)
+
+    def add(self, r: QtCore.QRectF, owner: object = None) -> None:
+        entry = [r.left(), r.top(), r.right(), r.bottom(), owner, True]
+        self._owned.setdefault(owner, []).append(entry)
+        for k in range(int(entry[0] // GRID), int(entry[2] // GRID) + 1):
+            self._columns.setdefault(k, []).append(entry)
+
+    def remove(self, owner: object) -> None:
+        for entry in self._owned.pop(owner, []):
+            entry[5] = False
+
+    def owners(self, r: QtCore.QRectF, skip: object = _NOBODY) -> set:
+        """The owners of the rectangles that meet `r`, but `skip`."""
+        left, top, right, bottom = r.left(), r.top(), r.right(), r.bottom()
+        columns = range(int(left // GRID), int(right // GRID) + 1)
+        return {e[4] for k in columns for e in self._columns.get(k, ())
+                if e[5] and e[4] is not skip and e[0] < right and left < e[2] and e[1] < bottom
+                and top < e[3]}
+
+    def meets(self, r: QtCore.QRectF, skip: object = _NOBODY) -> bool:
+        return bool(self.owners(r, skip))
+
+
 class PlanOverlay:
     """Draws plan regions in the adapter's canvas scene."""
 
     def __init__(self, adapter: CellAdapter) -> None:
         self._adapter = adapter
         self._regions: list[PlanRegion] = []
+        self._reasons: dict[str, list[str]] = {}
         self._items: list[QtWidgets.QGraphicsItem] = []
-        self._labels: list[PlacedLabel] = []
+        self._outlines: dict[str, _Outline] = {}
+        self._pieces: list[_Piece] = []
+        self._nodes = _Boxes()  # the nodes shown, a label's clearance around each
+        self._zoom = 0.0  # the zoom the labels were placed for
         self._visible = True
         self._stale = False
         self._tagged: set[str] = set()
+        self._lit: str | None = None  # the region the plan panel points at
+        self._hovered: str | None = None  # the region under the cursor
+        self._placed = _Boxes()  # the labels placed, while they are placed (place_labels)
+        self._where: dict[int, tuple[str, _Spot]] = {}  # a piece's index -> its label's text and spot
+        self.viewer = adapter.graph.viewer()
+        # Labels are placed again a moment after the view changes, once for a run of wheel steps.
+        self._place_timer = QtCore.QTimer(self.viewer)  # dies with the canvas
+        self._place_timer.setSingleShot(True)
+        self._place_timer.setInterval(PLACE_DELAY_MS)
+        self._place_timer.timeout.connect(self._on_view_settled)
+        self._placed_for = QtCore.QRectF()  # the part of the scene the labels were placed for
+        self.viewer.view_changed.connect(self._place_timer.start)
 
     @property
     def regions(self) -> list[PlanRegion]:
@@ -215,7 +415,22 @@ class PlanOverlay:
 
     @property
     def labels(self) -> list[PlacedLabel]:
-        return list(self._labels)
+        zoom = self._view_zoom()
+        return [PlacedLabel(p.region.name, p.nodes, p.label.text,
+                            QtCore.QRectF(p.label.pos() + p.label.offset / zoom,
+                                          p.label.boundingRect().size() / zoom),
+                            p.label.shown, _united(p.rects)) for p in self._pieces]
+
+    @property
+    def placed_zoom(self) -> float:
+        """The view's scale the labels were last placed for."""
+        return self._zoom
+
+    def label_items(self) -> list[PlanLabel]:
+        return [p.label for p in self._pieces]
+
+    def outline_of(self, region: str) -> QtWidgets.QGraphicsPathItem | None:
+        return self._outlines.get(region)
 
     def set_visible(self, visible: bool) -> None:
         self._visible = visible
@@ -227,6 +442,17 @@ class PlanOverlay:
 
     def show_summary(self, summary: dict | None) -> None:
         self._regions = regions_of(summary) if summary else []
+        self._reasons = {}
+        if summary:
+            cell = self._adapter.cell
+            shapes: dict = {}
+
+            def cell_shapes() -> dict:  # validated once, where a reason needs a width
+                if not shapes:
+                    shapes.update(analyze(cell).shapes)
+                return shapes
+
+            self._reasons = plan_reasons.reasons(summary, cell, cell_shapes)
         self._stale = False
         self.refresh()
 
@@ -237,6 +463,14 @@ class PlanOverlay:
 
     def clear(self) -> None:
         self.show_summary(None)
+
+    def highlight(self, region: str | None) -> None:
+        """Brings out one region's outline and shows its labels (the plan panel's row under the cursor);
+        None: none."""
+        if region != self._lit:
+            old, self._lit = self._lit, region
+            self._emphasise(old)
+            self._emphasise(region)
 
     def refresh(self) -> None:
         """Redraws the outlines where the nodes are now."""
@@ -252,26 +486,140 @@ class PlanOverlay:
         region_rects = [[(share(n.view.sceneBoundingRect().adjusted(-PAD, -PAD, PAD, PAD),
                                 sharing[n.id].index(index), len(sharing[n.id])), node_id)
                          for n, node_id in pairs] for index, pairs in enumerate(shown)]
-        # A label may cover no node and no other region's outline.
-        nodes = [n.view.sceneBoundingRect().adjusted(-NODE_CLEARANCE, -NODE_CLEARANCE, NODE_CLEARANCE,
-                                                     NODE_CLEARANCE)
-                 for n in self._adapter.graph.all_nodes() if n.view.isVisible()]
-        placed: list[QtCore.QRectF] = []
-        for index, (region, rects) in enumerate(zip(self._regions, region_rects, strict=True)):
-            if not rects:
-                continue
-            others = [r for j, rs in enumerate(region_rects) if j != index for r, _ in rs]
-            self._draw_region(region, rects, [*nodes, *others, *placed], placed)
+        self._nodes = _Boxes([n.view.sceneBoundingRect().adjusted(-NODE_CLEARANCE, -NODE_CLEARANCE,
+                                                                   NODE_CLEARANCE, NODE_CLEARANCE)
+                              for n in self._adapter.graph.all_nodes() if n.view.isVisible()])
+        for region, rects in zip(self._regions, region_rects, strict=True):
+            if rects:
+                self._draw_region(region, rects)
+        self.place_labels()
 
+    # -- labels ---------------------------------------------------------------------------------------
+    def _on_view_settled(self) -> None:
+        if self._pieces and (self._view_zoom() != self._zoom
+                             or not self._placed_for.contains(self.viewer.visible_scene_rect())):
+            self.place_labels()
+
+    def _view_zoom(self) -> float:
+        return max(self.viewer.transform().m11(), 1e-3)
+
+    def place_labels(self) -> None:
+        """Places every piece's label for the view's zoom at the first of its spots (see _Piece.spots)
+        that covers no node and no other label: first every label with its name alone (where a label
+        finds every spot taken by labels, one placed before it moves to another spot of its own if it
+        can), then each with the longest text that still fits. Where no spot is free, the label is shown
+        only while its outline is hovered, or its row in the plan panel."""
+        self._place_timer.stop()
+        self._zoom = self._view_zoom()
+        # The pieces in and around the view: a cell of a thousand launches has labels far out of sight.
+        seen = self.viewer.visible_scene_rect()
+        self._placed_for = seen.adjusted(-seen.width(), -seen.height(), seen.width(), seen.height())
+        self._placed = _Boxes()
+        self._where = {}
+        for i, piece in enumerate(self._pieces):
+            if self._placed_for.intersects(_united(piece.rects)) and not self._settle(i, piece.texts[-1]):
+                self._make_room(i, piece.texts[-1])
+        for i in list(self._where):
+            spot = self._where[i][1]
+            for text in self._pieces[i].texts[:-1] if not spot.hangs else ():
+                if self._settle(i, text, at=spot.anchor):
+                    break
+        for i, piece in enumerate(self._pieces):
+            if i in self._where:
+                text, spot = self._where[i]
+                piece.label.place(text, spot.anchor, spot.offset, True)
+            else:
+                spot = piece.spots(piece.label.size_of(piece.texts[0]), self._zoom)[0]
+                piece.label.place(piece.texts[0], spot.anchor, spot.offset, False)
+        for region in {self._lit, self._hovered} - {None}:
+            self._emphasise(region)
+
+    def _spaced(self, rect: QtCore.QRectF) -> QtCore.QRectF:
+        gap = LABEL_GAP / self._zoom
+        return rect.adjusted(-gap, -gap, gap, gap)
+
+    def _settle(self, i: int, text: str, at: QtCore.QPointF | None = None,
+                avoid: QtCore.QRectF | None = None) -> bool:
+        """Puts label `i` with `text` at its first spot that is free (and clear of `avoid`), of those at
+        anchor `at` only where given (a label given a longer text stays where it is). False where none
+        is."""
+        piece = self._pieces[i]
+        size = piece.label.size_of(text)
+        spots = [s for s in piece.spots(size, self._zoom) if at is None or (s.anchor == at and not s.hangs)]
+        for spot in spots:
+            rect = spot.rect(size, self._zoom)
+            if self._nodes.meets(rect) or self._placed.meets(rect, skip=i):
+                continue
+            if avoid is not None and rect.intersects(avoid):
+                continue
+            self._placed.remove(i)
+            self._placed.add(self._spaced(rect), i)
+            self._where[i] = (text, spot)
+            return True
+        return False
+
+    def _make_room(self, i: int, text: str) -> bool:
+        """Label `i` at a spot that only labels placed before it block, each of them moved to another spot
+        of its own; False where no spot can be freed so."""
+        piece = self._pieces[i]
+        size = piece.label.size_of(text)
+        for spot in piece.spots(size, self._zoom):
+            rect = spot.rect(size, self._zoom)
+            if spot.hangs or self._nodes.meets(rect):
+                continue  # (a label made room for sits flush on its edge)
+            blocking = self._placed.owners(rect, skip=i)
+            if len(blocking) > MAX_MOVED:
+                continue
+            kept = {j: self._where[j] for j in blocking}
+            if all(self._settle(j, self._where[j][0], avoid=self._spaced(rect)) for j in blocking):
+                if not self._placed.meets(rect, skip=i):
+                    self._placed.add(self._spaced(rect), i)
+                    self._where[i] = (text, spot)
+                    return True
+            for j, (old_text, old_spot) in kept.items():  # put them back
+                self._placed.remove(j)
+                self._placed.add(self._spaced(old_spot.rect(self._pieces[j].label.size_of(old_text),
+                                                            self._zoom)), j)
+                self._where[j] = (old_text, old_spot)
+        return False
+
+    def _emphasise(self, region: str | None) -> None:
+        """The look of a region's outline and labels: brought out while the plan panel points at it or the
+        cursor is on it, as drawn otherwise."""
+        if region is None:
+            return
+        on = region in (self._lit, self._hovered)
+        for piece in self._pieces:
+            if piece.region.name == region:
+                piece.label.setVisible(on or piece.label.shown)
+        item = self._outlines.get(region)
+        if item is not None:
+            pen = item.pen()
+            base = item.data(BASE_WIDTH)
+            pen.setWidthF(base * LIT_PEN if on else base)
+            item.setPen(pen)
+            fill = item.brush().color()
+            fill.setAlpha(item.data(BASE_ALPHA) * (3 if on else 1))
+            item.setBrush(fill)
+            item.setZValue(Z_VALUE + (0.4 if on else 0.0))
+
+    def _hover(self, region: str, on: bool) -> None:
+        old, self._hovered = self._hovered, region if on else None
+        self._emphasise(old)
+        self._emphasise(self._hovered)
+
+    # -- drawing ----------------------------------------------------------------------------------------
     def _color(self, region: PlanRegion) -> QtGui.QColor:
         return theme.qcolor(STALE_RGB if self._stale else region.rgb)
 
     def _remove_items(self) -> None:
-        scene = self._adapter.graph.viewer().scene()
+        scene = self.viewer.scene()
         for item in self._items:
             scene.removeItem(item)
         self._items.clear()
-        self._labels.clear()
+        self._outlines.clear()
+        self._pieces.clear()
+        self._hovered = None
         for node_id in self._tagged:
             for n in self._adapter.canvas_nodes(node_id):
                 n.item.set_plan_tag("")
@@ -291,142 +639,49 @@ class PlanOverlay:
                     self._tagged.add(node_id)
         return out
 
-    def _draw_region(self, region: PlanRegion, rects: list[tuple[QtCore.QRectF, str]],
-                     obstacles: list[QtCore.QRectF], placed: list[QtCore.QRectF]) -> None:
+    def _draw_region(self, region: PlanRegion, rects: list[tuple[QtCore.QRectF, str]]) -> None:
         color = self._color(region)
         shapes = [r for r, _ in rects]
         parts = pieces(shapes)
+        tooltip = self._tooltip(region)
         for part, members in enumerate(parts, start=1):
-            piece = [rects[i] for i in members]
-            label = self._make_label(color)
             texts = label_texts(region, part, len(parts))
             if self._stale:
                 texts = [f"{STALE_TAG} · {text}" for text in texts]
-            spot = self._label_spot(label, texts, [r for r, _ in piece], [*obstacles, *placed])
-            placed.append(spot.footprint)
-            if spot.band is not None:
-                shapes.append(spot.band)
-            self._add_label(label, spot, region, tuple(node_id for _, node_id in piece))
-        self._add_outline(region, color, shapes)
+            label = PlanLabel(color, tooltip)
+            self.viewer.scene().addItem(label)
+            self._items.append(label)
+            self._pieces.append(_Piece(region, texts, [shapes[i] for i in members],
+                                       tuple(rects[i][1] for i in members), label))
+        self._add_outline(region, color, shapes, tooltip)
 
     def _tooltip(self, region: PlanRegion) -> str:
+        """The region's label and, below it, why it begins and ends where it does (plan_reasons)."""
+        head = html.escape(region.label)
         if self._stale:
-            return f"Out of date: the last valid plan. {region.label}"
-        return region.label
+            head = f"Out of date: the last valid plan. {head}"
+        lines = "".join(f"<li>{html.escape(line)}</li>" for line in self._reasons.get(region.name, []))
+        return f"<qt><b>{head}</b>" + (f"<ul style='margin:0'>{lines}</ul>" if lines else "") + "</qt>"
 
-    @staticmethod
-    def _make_label(color: QtGui.QColor) -> QtWidgets.QGraphicsSimpleTextItem:
-        label = QtWidgets.QGraphicsSimpleTextItem()
-        font = label.font()
-        font.setPointSizeF(8.0)
-        font.setBold(True)
-        label.setFont(font)
-        label.setBrush(color.lighter(130))
-        return label
-
-    @staticmethod
-    def _label_spot(label: QtWidgets.QGraphicsSimpleTextItem, texts: list[str], piece: list[QtCore.QRectF],
-                    obstacles: list[QtCore.QRectF]) -> _Spot:
-        """Where a piece's label goes: the longest text that fits in a band above one of the piece's
-        top nodes or below one of its bottom nodes, the band joining the outline; else the name
-        alone, level with a node's title just left or right of the outline (in the gap between
-        columns, where only a short text fits), or just above or below the piece."""
-        above = sorted(piece, key=lambda r: (r.top(), r.left()))
-        below = sorted(piece, key=lambda r: (-r.bottom(), r.left()))
-        for text in texts:
-            label.setText(text)
-            size = label.boundingRect().size()
-            spots = [*(_Spot.banded(r, True, size, text) for r in above),
-                     *(_Spot.banded(r, False, size, text) for r in below)]
-            if text == texts[-1]:
-                spots += [_Spot.side(r, left, size, text) for r in above for left in (True, False)]
-            for spot in spots:
-                if not any(spot.footprint.intersects(o) for o in obstacles):
-                    return spot
-        return _Spot.beside(piece, label.boundingRect().size(), texts[-1], obstacles)
-
-    def _add_label(self, label: QtWidgets.QGraphicsSimpleTextItem, spot: _Spot, region: PlanRegion,
-                   nodes: tuple[str, ...]) -> None:
-        label.setText(spot.text)
-        label.setPos(spot.box.topLeft())
-        label.setZValue(Z_VALUE + 0.5)
-        label.setToolTip(self._tooltip(region))
-        label.setAcceptedMouseButtons(QtCore.Qt.MouseButton.NoButton)
-        self._adapter.graph.viewer().scene().addItem(label)
-        self._items.append(label)
-        self._labels.append(PlacedLabel(region.name, nodes, spot.text, label.sceneBoundingRect()))
-
-    def _add_outline(self, region: PlanRegion, color: QtGui.QColor, shapes: list[QtCore.QRectF]) -> None:
-        item = QtWidgets.QGraphicsPathItem(outline([*shapes, *bridges(shapes)]))
+    def _add_outline(self, region: PlanRegion, color: QtGui.QColor, shapes: list[QtCore.QRectF],
+                     tooltip: str) -> None:
+        item = _Outline(outline([*shapes, *bridges(shapes)]), lambda on: self._hover(region.name, on))
         fill = QtGui.QColor(color)
-        fill.setAlpha(14 if self._stale else 30 if region.kind == "fused" else 44)
+        alpha = 14 if self._stale else 30 if region.kind == "fused" else 44
+        fill.setAlpha(alpha)
         item.setBrush(fill)
-        pen = QtGui.QPen(color, 2.0 if region.kind == "gemm" else 1.6)
+        width = 2.0 if region.kind == "gemm" else 1.6
+        pen = QtGui.QPen(color, width)
         style = QtCore.Qt.PenStyle
         pen.setStyle(style.DotLine if self._stale else style.DashLine if region.kind == "gemm"
                      else style.SolidLine)
         pen.setCosmetic(True)
         pen.setJoinStyle(QtCore.Qt.PenJoinStyle.RoundJoin)
         item.setPen(pen)
+        item.setData(BASE_WIDTH, width)
+        item.setData(BASE_ALPHA, alpha)
         item.setZValue(Z_VALUE)
-        item.setToolTip(self._tooltip(region))
-        item.setAcceptedMouseButtons(QtCore.Qt.MouseButton.NoButton)
-        self._adapter.graph.viewer().scene().addItem(item)
+        item.setToolTip(tooltip)
+        self.viewer.scene().addItem(item)
         self._items.append(item)
-
-
-@dataclass(frozen=True)
-class _Spot:
-    """A label's place: its text box, the area it keeps clear, and the band that joins it to the
-    outline (None for a label beside the piece)."""
-
-    text: str
-    box: QtCore.QRectF
-    footprint: QtCore.QRectF
-    band: QtCore.QRectF | None
-
-    @staticmethod
-    def banded(anchor: QtCore.QRectF, above: bool, size: QtCore.QSizeF, text: str) -> _Spot:
-        y = anchor.top() - LABEL_BAND + 1.0 if above else anchor.bottom() - 1.0
-        box = QtCore.QRectF(anchor.left() + LABEL_INDENT, y, size.width(), size.height())
-        footprint = box.adjusted(-LABEL_INDENT, -1.0, LABEL_INDENT, 1.0)
-        # The band overlaps the anchor's outline, so that the two merge into one shape.
-        edge = anchor.top() if above else anchor.bottom() - 12.0
-        band = footprint.united(QtCore.QRectF(anchor.left(), edge, footprint.width(), 12.0))
-        return _Spot(text, box, footprint, band)
-
-    @staticmethod
-    def side(anchor: QtCore.QRectF, left: bool, size: QtCore.QSizeF, text: str) -> _Spot:
-        x = anchor.left() - size.width() - 2.0 if left else anchor.right() + 2.0
-        box = QtCore.QRectF(x, anchor.top() + PAD, size.width(), size.height())
-        return _Spot(text, box, box.adjusted(-2.0, -1.0, 2.0, 1.0), None)
-
-    @staticmethod
-    def beside(piece: list[QtCore.QRectF], size: QtCore.QSizeF, text: str,
-               obstacles: list[QtCore.QRectF]) -> _Spot:
-        """The first free place going up from the piece's top, or down from its bottom, whichever is
-        nearer; there is always one, past the last obstacle. The box jumps past each obstacle it meets
-        (stepping a band at a time took seconds through the column of a 1,000-node cell)."""
-        top = min(piece, key=lambda r: (r.top(), r.left()))
-        bottom = max(piece, key=lambda r: (r.bottom(), -r.left()))
-        tries = [(QtCore.QRectF(top.left() + LABEL_INDENT, top.top() - size.height() - 2.0, size.width(),
-                                size.height()), -LABEL_BAND),
-                 (QtCore.QRectF(bottom.left() + LABEL_INDENT, bottom.bottom() + 2.0, size.width(),
-                                size.height()), LABEL_BAND)]
-        found = []
-        for box, step in tries:
-            # the box moves up or down only: the obstacles in its column are the only ones it can meet
-            left, right = box.left() - 2.0, box.right() + 2.0
-            column = [o for o in obstacles if o.right() >= left and o.left() <= right]
-            moved = 0.0
-            while True:
-                probe = box.adjusted(-2.0, -1.0, 2.0, 1.0)
-                hit = next((o for o in column if probe.intersects(o)), None)
-                if hit is None:
-                    break
-                dy = hit.top() - probe.bottom() - 0.5 if step < 0 else hit.bottom() - probe.top() + 0.5
-                box = box.translated(0.0, dy)
-                moved += abs(dy)
-            found.append((moved, box))
-        box = min(found, key=lambda f: f[0])[1]
-        return _Spot(text, box, box.adjusted(-2.0, -1.0, 2.0, 1.0), None)
+        self._outlines[region.name] = item

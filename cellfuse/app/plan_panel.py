@@ -10,6 +10,7 @@ from . import theme
 from .plan_overlay import regions_of
 
 NODES_ROLE = QtCore.Qt.ItemDataRole.UserRole
+REGION_ROLE = QtCore.Qt.ItemDataRole.UserRole + 1
 
 
 def human(n: float, unit: str = "") -> str:
@@ -49,6 +50,7 @@ class PlanPanel(QtWidgets.QWidget):
     schedule_changed = QtCore.Signal(str)
     nodes_activated = QtCore.Signal(list)
     overlay_toggled = QtCore.Signal(bool)
+    region_hovered = QtCore.Signal(object)  # the name of the launch whose row is under the cursor, or None
 
     def __init__(self, schedules: list[str], parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__(parent)
@@ -119,9 +121,18 @@ class PlanPanel(QtWidgets.QWidget):
         self.overlay_check.toggled.connect(self.overlay_toggled)
         self.tree.itemClicked.connect(
             lambda item, _c: self.nodes_activated.emit(item.data(0, NODES_ROLE) or []))
+        # The row under the cursor points at its launch on the canvas.
+        self.tree.setMouseTracking(True)
+        self.tree.itemEntered.connect(lambda item, _c: self.region_hovered.emit(item.data(0, REGION_ROLE)))
+        self.tree.viewport().installEventFilter(self)
         self.has_plan = False
         self.out_of_date = False
         self.show_message("No plan yet.")
+
+    def eventFilter(self, watched: QtCore.QObject, event: QtCore.QEvent) -> bool:  # noqa: N802 (Qt's name)
+        if watched is self.tree.viewport() and event.type() == QtCore.QEvent.Type.Leave:
+            self.region_hovered.emit(None)
+        return super().eventFilter(watched, event)
 
     def schedule(self) -> str:
         return self.schedule_combo.currentText()
@@ -185,4 +196,5 @@ class PlanPanel(QtWidgets.QWidget):
             item.setToolTip(0, region.label)
             item.setToolTip(1, ", ".join(region.nodes))
             item.setData(0, NODES_ROLE, list(region.nodes))
+            item.setData(0, REGION_ROLE, region.name)
             self.tree.addTopLevelItem(item)

@@ -143,7 +143,7 @@ def test_the_last_plan_stays_outlined_marked_out_of_date_while_the_cell_has_an_e
         c = item.pen().color()
         assert (c.red(), c.green(), c.blue()) == STALE_RGB
         assert item.pen().style() == QtCore.Qt.PenStyle.DotLine
-        assert item.toolTip().startswith("Out of date")
+        assert item.toolTip().startswith("<qt><b>Out of date")
     assert overlay.labels and all(lab.text.startswith(f"{STALE_TAG} · ") for lab in overlay.labels)
     assert tag_of_xi(window) == ""  # no tag that claims to be current
 
@@ -156,10 +156,9 @@ def test_the_last_plan_stays_outlined_marked_out_of_date_while_the_cell_has_an_e
     window.actions_.undo.trigger()
     window.refresh_plan()
     assert not overlay.out_of_date and not window.plan_panel.out_of_date
-    colors = {r.label: r.rgb for r in overlay.regions}
-    for item in outlines(window):
-        c = item.pen().color()
-        assert (c.red(), c.green(), c.blue()) == colors[item.toolTip()]
+    for region in overlay.regions:
+        c = overlay.outline_of(region.name).pen().color()
+        assert (c.red(), c.green(), c.blue()) == region.rgb
     assert tag_of_xi(window) == "hoisted"
 
 
