@@ -402,9 +402,9 @@ class CellAdapter(QtCore.QObject):
             else:
                 self._place_groups(unplaced)
                 self._place_sinks(editor)
+            self.graph.undo_stack().clear()  # while loading: the resync below reads the canvas, once
         finally:
             self._loading = False
-        self.graph.undo_stack().clear()
         self.resync()
         if was_open is not None:
             self.group_opened.emit(None)
@@ -1028,18 +1028,24 @@ class CellAdapter(QtCore.QObject):
         """`_boundary` of every group, from one pass over the wires (a pass per group made each edit of
         a cell of a thousand nodes and dozens of groups take most of a second)."""
         index = self._membership()
-        into: dict[str, set[str]] = {g.id: set() for g in self._groups()}
-        out_of: dict[str, set[str]] = {g.id: set() for g in self._groups()}
+        boundaries: dict[str, tuple[list[CellNode], list[CellNode]]] = {g.id: ([], [])
+                                                                         for g in self._groups()}
+        entered: dict[str, set[str]] = {}  # a node's canvas id -> the groups its value enters
+        leaves: set[str] = set()  # the members whose values leave their group
         for src, dst, _port in self._edges():
             g_src, g_dst = index.get(src.id), index.get(dst.id)
             if g_src is g_dst:
                 continue
             if g_dst is not None:
-                into[g_dst.id].add(src.id)
+                entered.setdefault(src.id, set()).add(g_dst.id)
             if g_src is not None:
-                out_of[g_src.id].add(src.id)
-        ops = self._ops()
-        return {g: ([n for n in ops if n.id in into[g]], [n for n in ops if n.id in out_of[g]]) for g in into}
+                leaves.add(src.id)
+        for n in self._ops():  # in the cell's order
+            for g in entered.get(n.id, ()):
+                boundaries[g][0].append(n)
+            if n.id in leaves:
+                boundaries[index[n.id].id][1].append(n)
+        return boundaries
 
     def group(self, ids: list[str], name: str) -> None:
         """Makes the cell nodes `ids` one group named `name`, shown as one node where they were; a group
@@ -1226,6 +1232,7 @@ class CellAdapter(QtCore.QObject):
         open_group = self.open_group_node()
         self._sync_group_ports()
         index = self._membership()
+        turned: list[CellNode] = []  # the nodes shown or hidden now
         for n in self._nodes():
             if n.ROLE == ROLE_GROUP:
                 shown = open_group is None
@@ -1235,7 +1242,13 @@ class CellAdapter(QtCore.QObject):
                 if not shown:
                     n.view.setSelected(False)
                 n.view.setVisible(shown)
-        for pipe in self.graph.viewer().all_pipes():  # NodeGraphQt hides a wire whose end is hidden
+                turned.append(n)
+        # NodeGraphQt shows or hides a wire as its ends are when it draws it, and the canvas routes a wire
+        # drawn anew around the nodes where they are now: the wires into the nodes shown, and those of the
+        # nodes hidden now (not those inside closed groups: most wires of a large cell)
+        ports = [port for n in self._nodes() if n.view.isVisible() for port in n.view.inputs]
+        ports += [port for n in turned for port in [*n.view.inputs, *n.view.outputs]]
+        for pipe in dict.fromkeys(pipe for port in ports for pipe in port.connected_pipes):
             pipe.draw_path(pipe.input_port, pipe.output_port)
         self._clear_group_items()
         if open_group is None:

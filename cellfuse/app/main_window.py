@@ -476,11 +476,10 @@ class MainWindow(QtWidgets.QMainWindow):
         self.document = Document(path=path, saved=self.cell.to_json() if saved else None)
         self.bench_panel.set_sizes(**{k: v for k, v in cell.sizes.items() if k in ("input", "hidden")})
         self._plan_key = None
-        self._last_structure = None
         self.plan_panel.show_message("No plan yet.")  # another cell's plan is not out of date, it is wrong
         self.cuda_view.show_message("No source yet.")
         self.overlay.clear()
-        self._on_cell_changed(self.cell)
+        self.update_title()  # the panels showed the cell as it loaded, the title the old document's name
         self.request_plan()
         self.adapter.fit()
         return True
