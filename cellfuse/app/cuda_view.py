@@ -1,5 +1,10 @@
 """The CUDA view: the generated source of the chosen schedule, highlighted and read-only. Selecting
-a node scrolls to the kernel (or GEMM) that computes it and marks the node's own line in it."""
+a node scrolls to the kernel (or GEMM) that computes it and marks the node's own line in it.
+
+A new source replaces only the lines that differ from those on show: an edit changes a few lines of the
+thousands a large cell's source has, and each line set anew is laid out and highlighted again (the
+view also stays where it was scrolled to).
+"""
 
 from __future__ import annotations
 
@@ -32,6 +37,7 @@ class CudaView(QtWidgets.QWidget):
         top.addWidget(self.export_button)
         self.editor = QtWidgets.QPlainTextEdit()
         self.editor.setReadOnly(True)
+        self.editor.setUndoRedoEnabled(False)  # the text is replaced piecewise (see _show_text)
         self.editor.setLineWrapMode(QtWidgets.QPlainTextEdit.LineWrapMode.NoWrap)
         font = QtGui.QFontDatabase.systemFont(QtGui.QFontDatabase.SystemFont.FixedFont)
         font.setPointSizeF(max(9.0, font.pointSizeF()))
@@ -46,6 +52,7 @@ class CudaView(QtWidgets.QWidget):
         self._kernel_of_node: dict[str, str] = {}
         self._kernel_line: dict[str, int] = {}
         self._source = ""
+        self._shown = ""  # the text on show: the source, under the out-of-date note where there is one
         self._banner_lines = 0  # lines above the source: the out-of-date note
         self.has_source = False
         self.export_button.clicked.connect(self.export_requested)
@@ -54,8 +61,7 @@ class CudaView(QtWidgets.QWidget):
                     title: str) -> None:
         self._source = text
         self._banner_lines = 0
-        if text != self.editor.toPlainText():
-            self.editor.setPlainText(text)
+        self._show_text(text)
         self._kernel_of_node = dict(kernel_of_node)
         self._kernel_line = dict(kernel_line)
         self.title.setText(title)
@@ -78,10 +84,10 @@ class CudaView(QtWidgets.QWidget):
         # The reason heads the source too, so that a copy of the text says what it is.
         banner = f"// {reason}\n// Out of date: the CUDA of the last valid cell, kept for reading.\n\n"
         self._banner_lines = banner.count("\n")
-        self.editor.setPlainText(banner + self._source)
+        self._show_text(banner + self._source)
 
     def show_message(self, text: str) -> None:
-        self.editor.setPlainText(f"// {text}")
+        self._show_text(f"// {text}")
         self.has_source = False
         self._banner_lines = 0
         self.stale.setVisible(False)
@@ -91,7 +97,33 @@ class CudaView(QtWidgets.QWidget):
         self.export_button.setEnabled(False)
 
     def text(self) -> str:
-        return self.editor.toPlainText()
+        return self._shown
+
+    def _show_text(self, text: str) -> None:
+        """Shows `text`, setting anew only the lines from the first that differs from those on show to
+        the last that does."""
+        old, new = self._shown.split("\n"), text.split("\n")
+        if old == new:
+            return
+        same = min(len(old), len(new))
+        first = next((i for i in range(same) if old[i] != new[i]), same)
+        tail = next((k for k in range(same - first) if old[-1 - k] != new[-1 - k]), same - first)
+        document = self.editor.document()
+        cursor = QtGui.QTextCursor(document)
+        end = document.characterCount() - 1  # the text's end, which has no line break after it
+        if first == len(old):  # lines added after the last
+            start, middle = end, "".join("\n" + line for line in new[first:])
+        elif tail:  # up to the first line of the unchanged end
+            start, end = (document.findBlockByNumber(i).position() for i in (first, len(old) - tail))
+            middle = "".join(line + "\n" for line in new[first:len(new) - tail])
+        else:  # to the end
+            start, middle = document.findBlockByNumber(first).position(), "\n".join(new[first:])
+            if first == len(new):
+                start -= 1  # the last lines go: the line break before them too
+        cursor.setPosition(start)
+        cursor.setPosition(end, QtGui.QTextCursor.MoveMode.KeepAnchor)
+        cursor.insertText(middle)
+        self._shown = text
 
     def kernel_of(self, node_id: str) -> str | None:
         return self._kernel_of_node.get(node_id)
