@@ -106,8 +106,9 @@ class TensorLayout:
         dx = views[grad_of("x")].view(s.seq, B, s.input).clone()
         dinitial = [torch.stack([self._state_grad(views, state, layer, 0).view(B, H)
                                  for layer in range(s.layers)]) for state in self.state_ids]
+        # a copy always (contiguous() would return a view where the transpose moves a dimension of 1)
         grouped = [views[grad_of(name)].view(parts[0].rows, len(parts), parts[0].width).transpose(0, 1)
-                   .contiguous() for name, parts in self.groups.items()]
+                   .clone(memory_format=torch.contiguous_format) for name, parts in self.groups.items()]
         pieces: dict[str, torch.Tensor] = {}
         for part in self.pieces:
             block = self._block(views, grad_of(part.buffer), part)
