@@ -26,78 +26,46 @@ from pathlib import Path
 from PySide6 import QtCore, QtWidgets
 
 from cellfuse.graph_model import Cell, load_template, save_cell
-from cellfuse.graph_model.builder import CellBuilder, function
 
-sigmoid, tanh = function("sigmoid"), function("tanh")
-
-
-def lstm_stack(blocks: int) -> Cell:
-    """`blocks` LSTM blocks in series inside one step (each its own h and c, the next block's input its
-    h): about 30 nodes a block."""
-    b = CellBuilder(f"LSTM stack of {blocks}")
-    x = b.input("x")
-    source, width = x, "input"
-    last = None
-    for k in range(blocks):
-        with b.group(f"block {k}"):
-            h, c = b.state(f"h{k}"), b.state(f"c{k}")
-            gates = {}
-            for g in "ifog":
-                w = b.weight(f"W{g}{k}", width, "hidden")
-                u = b.weight(f"U{g}{k}", "hidden", "hidden")
-                bias = b.weight(f"b{g}{k}", "hidden")
-                act = tanh if g == "g" else sigmoid
-                gates[g] = act(source @ w + h @ u + bias)
-            c_new = (gates["f"] * c + gates["i"] * gates["g"]).named(f"c_new{k}")
-            h_new = (gates["o"] * tanh(c_new)).named(f"h_new{k}")
-        b.update(h, h_new)
-        b.update(c, c_new)
-        source, width, last = h_new, "hidden", h_new
-    b.output(last)
-    return b.build()
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from lstm_stacks import lstm_stack  # noqa: E402  (the editor's tests open the same cells)
 
 
 class Watch:
     """What the editor's thread does after a change, seen from its event loop: a heartbeat timer ticks
-    every millisecond while the loop is free, so that the longest gap between two ticks is the longest a
-    user's click or key would have waited; the event dispatcher says when the loop first has nothing to
-    do (about to wait)."""
+    every millisecond while the loop is free, so that a gap between two ticks is a time a user's click or
+    key would have waited."""
 
     def __init__(self) -> None:
         self.ticks: list[float] = []
-        self.idle_at: float | None = None
         self.heartbeat = QtCore.QTimer()
         self.heartbeat.setTimerType(QtCore.Qt.TimerType.PreciseTimer)
         self.heartbeat.setInterval(1)
         self.heartbeat.timeout.connect(lambda: self.ticks.append(time.perf_counter()))
-        QtCore.QAbstractEventDispatcher.instance().aboutToBlock.connect(self._about_to_wait)
-
-    def _about_to_wait(self) -> None:
-        if self.idle_at is None:
-            self.idle_at = time.perf_counter()
 
     def timed(self, app: QtWidgets.QApplication, window, action) -> dict[str, float]:
-        """Runs `action`; returns, in ms from its start, when the editor first had nothing to do
+        """Runs `action`; returns, in ms from its start, when the editor first handled an event again
         (`answer`), when the plan, the CUDA and the equations it changed were on show (`ready`), and the
-        longest the event loop was kept from its events in between (`stall`, the answer's own time
-        included)."""
-        wait = QtCore.QEventLoop.ProcessEventsFlag.WaitForMoreEvents
-        self.ticks, self.idle_at = [], None
+        longest the editor kept its events waiting in between (`stall`: the answer or a later one, such
+        as showing the plan that came back)."""
+        def run_until(done) -> None:
+            while not done():
+                app.processEvents(QtCore.QEventLoop.ProcessEventsFlag.AllEvents
+                                  | QtCore.QEventLoop.ProcessEventsFlag.WaitForMoreEvents)
+
+        self.ticks = []
         self.heartbeat.start()
         start = time.perf_counter()
         action()
-        self.idle_at = None
-        while self.idle_at is None:
-            app.processEvents(QtCore.QEventLoop.ProcessEventsFlag.AllEvents | wait)
-        answer = self.idle_at
-        while window.updating():
-            app.processEvents(QtCore.QEventLoop.ProcessEventsFlag.AllEvents | wait)
-        app.processEvents()  # the redraws the last results asked for
-        end = time.perf_counter()
+        run_until(lambda: bool(self.ticks))
+        answer = self.ticks[0]
+        run_until(lambda: not window.updating())
+        beats = len(self.ticks)
+        run_until(lambda: len(self.ticks) > beats + 1)  # what the last results asked for drawn, and so on
         self.heartbeat.stop()
-        beats = [start, *self.ticks, end]
-        stall = max(b - a for a, b in zip(beats, beats[1:], strict=False))
-        return {"answer": (answer - start) * 1e3, "ready": (end - start) * 1e3, "stall": stall * 1e3}
+        end = self.ticks[-1]
+        gaps = [b - a for a, b in zip([start, *self.ticks], self.ticks, strict=False)]
+        return {"answer": (answer - start) * 1e3, "ready": (end - start) * 1e3, "stall": max(gaps) * 1e3}
 
 
 def measure(app, window_cls, cell: Cell, repeats: int, panel: str) -> dict:

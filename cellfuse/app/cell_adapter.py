@@ -431,7 +431,8 @@ class CellAdapter(QtCore.QObject):
             else:
                 x, y = 0.0, 0.0
             rect = _clear_below(QtCore.QRectF(x, y, n.view.width, n.view.height), taken, 10.0, 10.0, 30.0)
-            n.set_pos(rect.x(), rect.y())  # not yet undoable: called while loading
+            # no undo step: the stack is cleared after loading, and each step makes the groups be read again
+            n.set_property("pos", [rect.x(), rect.y()], push_undo=False)
 
     def _place_groups(self, groups: list[CellGroupNode]) -> None:
         """Puts group nodes that have no saved position where their members' top left is, moved down
@@ -443,7 +444,7 @@ class CellAdapter(QtCore.QObject):
             corner = _united([m.view.sceneBoundingRect() for m in self._with_partners(self.members(g))])
             rect = QtCore.QRectF(corner.left(), corner.top(), g.view.width, g.view.height)
             rect = _clear_below(rect, taken, 10.0, 10.0, 30.0)
-            g.set_pos(rect.x(), rect.y())  # not yet undoable: called while loading
+            g.set_property("pos", [rect.x(), rect.y()], push_undo=False)  # as in _place_sinks
 
     # == creating canvas nodes ===========================================================================
     def _create_op(self, cell_id: str, op: str, pos: tuple[float, float] | None,
