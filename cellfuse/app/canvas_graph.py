@@ -2,8 +2,8 @@
 
 NodeGraphQt would create nodes from the Tab search or a drop itself, and rename a node from its
 title with no check. Here those gestures become signals; the cell adapter decides what they do, so
-that every node gets a valid, unique cell id and a state gets its update node. The Tab search lists
-the ops by the names the palette shows.
+that every node gets a valid, unique cell id and a state gets its update node; a node asked for at the
+cursor goes to the free place nearest it. The Tab search lists the ops by the names the palette shows.
 """
 
 from __future__ import annotations
@@ -11,15 +11,28 @@ from __future__ import annotations
 import logging
 
 from NodeGraphQt import NodeGraph
+from NodeGraphQt.constants import PortTypeEnum
 from NodeGraphQt.widgets.tab_search import TabSearchMenuWidget
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from . import theme
+from . import canvas_layout, theme, wire_drop
 from .canvas_viewer import CanvasViewer
+from .minimap import Minimap
+from .node_types import (
+    ALL_NODE_CLASSES,
+    ROLE_GROUP,
+    ROLE_OP,
+    ROLE_OUTPUT,
+    ROLE_UPDATE,
+    CellNode,
+    OutputNode,
+    node_type_of,
+)
 
 log = logging.getLogger(__name__)
 
 OP_MIME_TYPE = "application/x-cellfuse-op"
+NEW_NODE_SIZE = (160.0, 80.0)  # the room a node added at the cursor keeps clear of the others
 
 
 class OpSearchMenu(TabSearchMenuWidget):
@@ -63,6 +76,9 @@ class OpSearchMenu(TabSearchMenuWidget):
 
 
 class CanvasGraph(NodeGraph):
+    """The canvas's graph. A wire dropped on empty canvas opens the op search with the ops whose node
+    takes it (see wire_drop); the node picked is added there and wired in, as one undo step."""
+
     node_requested = QtCore.Signal(str, object)  # node type, (x, y) in scene coordinates
     op_dropped = QtCore.Signal(str, object)  # op name, (x, y)
     rename_requested = QtCore.Signal(str, str)  # canvas node id, new name
@@ -77,9 +93,12 @@ class CanvasGraph(NodeGraph):
         self.set_background_color(*theme.CANVAS_BACKGROUND)
         self.set_grid_color(*theme.CANVAS_GRID)
         viewer = self.viewer()
+        self.minimap = Minimap(viewer)
         viewer._search_widget = self.search_menu = OpSearchMenu()
         self.search_menu.viewer = viewer
         self.search_menu.search_submitted.connect(viewer._on_search_submitted)
+        self._wire: tuple[CellNode, str, bool] | None = None  # a dropped wire: its node, port, from an output
+        viewer.wire_dropped.connect(self._on_wire_dropped)
         # The window owns Undo and Redo; the viewer's copies would make the shortcuts ambiguous.
         for action in (viewer.qaction_for_undo(), viewer.qaction_for_redo()):
             if action is not None:
@@ -91,9 +110,64 @@ class CanvasGraph(NodeGraph):
         # share one, so NodeGraphQt must take every name as it is given.
         return name
 
+    def free_place(self, x: float, y: float) -> tuple[float, float]:
+        """The place nearest (x, y), a new node's top left, where it covers no node shown."""
+        taken = [item.sceneBoundingRect() for item in self.viewer().all_nodes() if item.isVisible()]
+        return canvas_layout.nearest_free((x, y, *NEW_NODE_SIZE), [(r.x(), r.y(), r.width(), r.height())
+                                                                  for r in taken])
+
     # -- NodeGraphQt's handlers, redirected ------------------------------------------------------
     def _on_search_triggered(self, node_type: str, pos) -> None:
-        self.node_requested.emit(node_type, (float(pos[0]), float(pos[1])))
+        x, y = float(pos[0]), float(pos[1])
+        wire = self._wire
+        if wire is None:
+            self.node_requested.emit(node_type, self.free_place(x, y))
+            return
+        node, port, from_output = wire
+        if not from_output:  # the new node's output port comes to the wire's end: left of it
+            x -= NEW_NODE_SIZE[0]
+        before = set(self.all_nodes())
+        stack = self.undo_stack()
+        stack.beginMacro(f"add a node on the wire of '{node.name()}'")
+        try:
+            self.node_requested.emit(node_type, self.free_place(x, y))
+            made = [n for n in self.all_nodes() if n not in before and isinstance(n, CellNode)
+                    and n.ROLE in (ROLE_OP, ROLE_OUTPUT)]
+            if not made and node_type == node_type_of(OutputNode):  # the cell's one output node
+                made = [n for n in self.all_nodes() if isinstance(n, CellNode) and n.ROLE == ROLE_OUTPUT]
+            if made:
+                self._wire_in(made[0], node, port, from_output)
+        finally:
+            stack.endMacro()
+
+    def _wire_in(self, new: CellNode, node: CellNode, port: str, from_output: bool) -> None:
+        if from_output:
+            inputs = new.input_ports()
+            if inputs:
+                into = inputs[wire_drop.port_for([p.name() for p in inputs], node.OP)]
+                into.connect_to(node.get_output(port))
+        elif new.output_ports():
+            new.output_ports()[0].connect_to(node.get_input(port))
+
+    def _on_wire_dropped(self, port_item, _scene_pos) -> None:
+        node = self.get_node_by_id(port_item.node.id)
+        if not isinstance(node, CellNode) or node.ROLE == ROLE_GROUP:
+            return
+        self._wire = (node, port_item.name, port_item.port_type == PortTypeEnum.OUT.value)
+        # After the release that dropped the wire is done: the search waits for a pick in a loop of its own.
+        QtCore.QTimer.singleShot(0, self._search_for_wire)
+
+    def _search_for_wire(self) -> None:
+        if self._wire is None:
+            return
+        node, port, from_output = self._wire
+        classes = {cls.NODE_NAME: cls for cls in ALL_NODE_CLASSES if cls.ROLE != ROLE_UPDATE}
+        names = {op: [node_type_of(classes[op])] for op in wire_drop.ops_for_wire(from_output, node.OP, port)
+                 if op in classes}
+        try:
+            self.open_node_search(names)
+        finally:
+            self._wire = None
 
     def _on_node_name_changed(self, node_id: str, name: str) -> None:
         self.rename_requested.emit(node_id, name)
@@ -105,7 +179,7 @@ class CanvasGraph(NodeGraph):
     def _on_node_data_dropped(self, mimedata: QtCore.QMimeData, pos: QtCore.QPoint) -> None:
         if mimedata.hasFormat(OP_MIME_TYPE):
             op = bytes(mimedata.data(OP_MIME_TYPE).data()).decode()
-            self.op_dropped.emit(op, (float(pos.x()), float(pos.y())))
+            self.op_dropped.emit(op, self.free_place(float(pos.x()), float(pos.y())))
             return
         log.debug("ignored a drop of %s", mimedata.formats())
 

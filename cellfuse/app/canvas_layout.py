@@ -5,6 +5,10 @@ Nodes may come in groups (the matmuls of one GEMM, the ops of one fused kernel):
 group's nodes are stacked together, one under the other, so that the outline drawn around the group
 is one area and no other node sits between its members.
 
+A wire that skips columns keeps a lane in each column it crosses: a thin stand-in for it is ordered and
+stacked with the column's nodes (Sugiyama's dummy nodes), so that no node is put where the wire runs
+and the wire runs straight where its ends let it.
+
 Plain Python on plain data: node keys, edges (source, consumer) and node sizes in, top-left
 positions out.
 """
@@ -18,6 +22,11 @@ Key = Hashable
 COLUMN_GAP = 80.0
 ROW_GAP = 26.0
 SWEEPS = 6
+LANE = 4.0  # the height of a lane kept for a wire in a column it crosses (a ROW_GAP either side)
+
+
+class _Lane(tuple):
+    """A wire's stand-in in a column it crosses: (source, consumer, column)."""
 
 
 def _layers(keys: list[Key], preds: dict[Key, list[Key]], succs: dict[Key, list[Key]],
@@ -91,13 +100,25 @@ def layered_layout(keys: Iterable[Key], edges: Iterable[tuple[Key, Key]],
             if k in preds:
                 group_of.setdefault(k, i)
     layer = _layers(keys, preds, succs, sink_set)
+    real = list(keys)
+    for a, b in [(u, v) for u in real for v in succs[u] if layer[v] - layer[u] > 1]:
+        chain = [a, *(_Lane((a, b, i)) for i in range(layer[a] + 1, layer[b])), b]
+        succs[a].remove(b)
+        preds[b].remove(a)
+        for u, v in zip(chain, chain[1:], strict=False):
+            if isinstance(v, _Lane):
+                layer[v] = v[2]
+                keys.append(v)
+                preds[v], succs[v] = [], []
+            succs[u].append(v)
+            preds[v].append(u)
     n_layers = max(layer.values()) + 1
     columns: list[list[Key]] = [[] for _ in range(n_layers)]
     for k in keys:
         columns[layer[k]].append(k)
 
     def height(k: Key) -> float:
-        return sizes.get(k, (160.0, 70.0))[1]
+        return LANE if isinstance(k, _Lane) else sizes.get(k, (160.0, 70.0))[1]
 
     y: dict[Key, float] = {}
 
@@ -136,14 +157,15 @@ def layered_layout(keys: Iterable[Key], edges: Iterable[tuple[Key, Key]],
             stack(col, {k: v for k, v in near.items() if v is not None})
 
     # Shift everything so the top is at the origin; columns as wide as their widest node.
-    widths = [max((sizes.get(k, (160.0, 70.0))[0] for k in col), default=160.0) for col in columns]
+    widths = [max((sizes.get(k, (160.0, 70.0))[0] for k in col if not isinstance(k, _Lane)), default=160.0)
+              for col in columns]
     xs: list[float] = []
     x = origin[0]
     for w in widths:
         xs.append(x)
         x += w + COLUMN_GAP
-    top = min(y.values())
-    return {k: (xs[layer[k]], origin[1] + y[k] - top) for k in keys}
+    top = min(y[k] for k in real)
+    return {k: (xs[layer[k]], origin[1] + y[k] - top) for k in real}
 
 
 Rect = tuple[float, float, float, float]  # left, top, width, height
@@ -185,3 +207,29 @@ def make_room(grown: dict[Key, tuple[Rect, tuple[float, float]]], others: dict[K
         placed.append((x, y, w, h))
         out[k] = (x, y)
     return out
+
+
+FREE_STEP = (40.0, 30.0)  # how far apart, in x and y, the places tried for a new node are
+FREE_REACH = 30  # steps tried in each direction before giving up on a free place near the one asked for
+
+
+def nearest_free(box: Rect, taken: list[Rect], gap: float = 20.0) -> tuple[float, float]:
+    """The top-left corner nearest to `box`'s where a box of its size overlaps none of `taken`, `gap`
+    apart: a node added where the user asked (the Tab search at the cursor, a drop) lands beside the
+    nodes there rather than on them. The box's own corner where it is free already."""
+    x, y, w, h = box
+
+    def free(cx: float, cy: float) -> bool:
+        return all(cx + w + gap <= tx or tx + tw + gap <= cx or cy + h + gap <= ty or ty + th + gap <= cy
+                   for tx, ty, tw, th in taken)
+
+    sx, sy = FREE_STEP
+    reach = range(-FREE_REACH, FREE_REACH + 1)
+    steps = sorted(((i, j) for i in reach for j in reach), key=lambda s: (s[0] * sx) ** 2 + (s[1] * sy) ** 2)
+    # only what the places tried can meet
+    taken = [t for t in taken if abs(t[0] - x) < FREE_REACH * sx + w + t[2] + gap
+             and abs(t[1] - y) < FREE_REACH * sy + h + t[3] + gap]
+    for i, j in steps:
+        if free(x + i * sx, y + j * sy):
+            return x + i * sx, y + j * sy
+    return x, max((t[1] + t[3] for t in taken), default=y) + gap  # crowded all round: below everything

@@ -9,6 +9,7 @@ from PySide6 import QtCore, QtGui, QtWidgets
 from ..graph_model import CellInfo, load_template, template_names
 from . import about, theme
 from .cell_adapter import CellAdapter
+from .node_finder import NodeFinder
 from .palette_panel import palette_entries
 
 Key = QtGui.QKeySequence
@@ -39,6 +40,8 @@ class Editor(Protocol):
     def open_node_search(self) -> None: ...
     def focus_formula(self) -> None: ...
     def add_node(self, op: str) -> str: ...
+    def show_node(self, node_id: str) -> None: ...
+    def show_canvas(self) -> None: ...
     def set_overlay_visible(self, visible: bool) -> None: ...
     def validate(self) -> CellInfo: ...
     def run_benchmark(self) -> bool: ...
@@ -101,6 +104,10 @@ class WindowActions:
         self.formula = _action(w, "Type a &Formula…", e.focus_formula, ["Ctrl+Shift+F"],
                                "Add nodes by typing what they compute, as f = sigmoid(x @ W_f + b_f)")
 
+        self.finder = NodeFinder(e.canvas, lambda: [n.id for n in e.adapter.cell.nodes], e.show_node,
+                                 e.show_canvas)
+        self.find = _action(w, "&Find Node…", self.finder.open, ["Ctrl+F"],
+                            "Find a node by its name and go to it")
         self.fit = _action(e.canvas, "&Fit", e.adapter.fit, ["F"],
                            "Frame the selected nodes, or the whole cell", canvas_only)
         self.auto_layout = _action(w, "Auto &Layout", e.adapter.auto_layout, ["Ctrl+L"],
@@ -109,6 +116,11 @@ class WindowActions:
             self.plan_overlay.isChecked()), ["Ctrl+Shift+P"], "Outline GEMM groups and fused kernels")
         self.plan_overlay.setCheckable(True)
         self.plan_overlay.setChecked(True)
+        minimap = e.adapter.graph.minimap
+        self.minimap = _action(w, "&Minimap", lambda: minimap.setVisible(self.minimap.isChecked()),
+                               ["Ctrl+Shift+M"], "The whole cell in the canvas's corner: click to go there")
+        self.minimap.setCheckable(True)
+        self.minimap.setChecked(True)
 
         self.validate = _action(w, "&Validate", e.validate, ["F7"], "Check the cell and list its problems")
         self.benchmark = _action(w, "&Benchmark", e.run_benchmark, ["F5"],
@@ -149,9 +161,11 @@ def build_menus(w: QtWidgets.QMainWindow, e: Editor, a: WindowActions) -> None:
     _add_node_menu(e, add)
 
     view = bar.addMenu("&View")
+    view.addAction(a.find)
     view.addAction(a.fit)
     view.addAction(a.auto_layout)
     view.addAction(a.plan_overlay)
+    view.addAction(a.minimap)
     view.addSeparator()
     panels = view.addMenu("&Panels")
     for dock in e.panel_docks:
@@ -194,6 +208,10 @@ HELP = """<h3>Canvas</h3>
 <tr><td><b>Tab</b></td><td>search the ops and add one</td></tr>
 <tr><td><b>Del</b></td><td>delete the selection (a state goes with its update)</td></tr>
 <tr><td><b>F</b></td><td>frame the selection, or the whole cell</td></tr>
+<tr><td><b>Ctrl+F</b></td><td>find a node by name and go to it</td></tr>
+<tr><td><b>Ctrl+L</b></td><td>lay the cell out again, in columns from the input to the updates</td></tr>
+<tr><td><b>Click or drag</b> the minimap</td><td>move the canvas there</td></tr>
+<tr><td><b>Drop a wire</b> on empty canvas</td><td>add a node that takes it, from a search</td></tr>
 <tr><td><b>Alt+Shift+drag</b></td><td>cut wires</td></tr>
 <tr><td><b>Middle-drag / wheel</b></td><td>pan / zoom</td></tr>
 <tr><td><b>Double-click</b> a title</td><td>rename the node</td></tr>

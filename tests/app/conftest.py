@@ -244,3 +244,57 @@ def chart_problems():
 def same():
     """same(cell_a, cell_b): equal apart from canvas positions."""
     return lambda a, b: comparable(a) == comparable(b)
+
+
+# -- wires ---------------------------------------------------------------------------------------------------
+
+def node_of(item):
+    from cellfuse.app.node_item import CellNodeItem
+
+    while item is not None and not isinstance(item, CellNodeItem):
+        item = item.parentItem()
+    return item
+
+
+def wires_of(window) -> list:
+    """Every wire shown, with its two ends' nodes: the cell's own and the groups'."""
+    from cellfuse.app.canvas_wires import CellPipe
+    from cellfuse.app.group_items import GroupWire
+
+    out = []
+    for item in window.canvas.scene().items():
+        if isinstance(item, CellPipe) and item.isVisible():
+            out.append((item, {item.input_port.node, item.output_port.node}))
+        elif isinstance(item, GroupWire) and item.isVisible():
+            out.append((item, {node_of(item.start), node_of(item.end)}))
+    return out
+
+
+def crossings_of(window) -> list[tuple[str, str, str]]:
+    """(from, to, under) for each wire that runs under a node it does not join."""
+    from cellfuse.app.node_item import CellNodeItem
+
+    window.canvas.router.flush()  # the wires drawn last wait for their routes
+    nodes = [i for i in window.canvas.scene().items() if isinstance(i, CellNodeItem) and i.isVisible()]
+    found = []
+    for wire, ends in wires_of(window):
+        path = wire.path()
+        points = [path.pointAtPercent(k / 200) for k in range(1, 200)]
+        for node in nodes:
+            inner = node.sceneBoundingRect().adjusted(2.0, 2.0, -2.0, -2.0)
+            if node not in ends and any(inner.contains(p) for p in points):
+                names = sorted(n.name for n in ends if n is not None)
+                found.append((*names, node.name))
+    return found
+
+
+@pytest.fixture
+def wires():
+    """wires(window) -> every wire shown, with its two ends' nodes."""
+    return wires_of
+
+
+@pytest.fixture
+def crossings():
+    """crossings(window) -> (from, to, under) for each wire that runs under a node it does not join."""
+    return crossings_of

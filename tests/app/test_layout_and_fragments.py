@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cellfuse.app.canvas_layout import layered_layout
+from cellfuse.app.canvas_layout import layered_layout, nearest_free
 from cellfuse.app.fragments import fragment_from_text, fragment_of, fragment_to_text, plan_paste
 from cellfuse.graph_model import load_template, template_names
 
@@ -97,3 +97,19 @@ def test_layout_keeps_each_group_together_in_its_column_without_overlap(graph, d
             inside = [k for k in keys if pos[k][0] == x and owner.get(k) != g
                       and min(ys) <= pos[k][1] <= max(ys)]
             assert not inside, "a node between the members of a group"
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.floats(-500, 500), st.floats(-500, 500)), max_size=30),
+       st.floats(-300, 300), st.floats(-300, 300))
+def test_a_node_asked_for_where_nodes_are_goes_to_the_nearest_free_place(corners, x, y):
+    taken = [(cx, cy, 160.0, 70.0) for cx, cy in corners]
+
+    def clear(px: float, py: float) -> bool:  # 10 apart from every node taken
+        return all(px + 170.0 <= tx or tx + 170.0 <= px or py + 90.0 <= ty or ty + 80.0 <= py
+                   for tx, ty, _w, _h in taken)
+
+    fx, fy = nearest_free((x, y, 160.0, 80.0), taken, gap=10.0)
+    assert clear(fx, fy)
+    if clear(x, y):
+        assert (fx, fy) == (x, y)  # free already: where it was asked for
