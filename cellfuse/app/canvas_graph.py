@@ -18,6 +18,7 @@ from PySide6 import QtCore, QtGui, QtWidgets
 from . import canvas_layout, theme, wire_drop
 from .canvas_viewer import CanvasViewer
 from .minimap import Minimap
+from .node_finder import NodeFinder
 from .node_types import (
     ALL_NODE_CLASSES,
     ROLE_GROUP,
@@ -94,6 +95,7 @@ class CanvasGraph(NodeGraph):
         self.set_grid_color(*theme.CANVAS_GRID)
         viewer = self.viewer()
         self.minimap = Minimap(viewer)
+        self.finder = NodeFinder(viewer)
         viewer._search_widget = self.search_menu = OpSearchMenu()
         self.search_menu.viewer = viewer
         self.search_menu.search_submitted.connect(viewer._on_search_submitted)

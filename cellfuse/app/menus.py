@@ -9,7 +9,6 @@ from PySide6 import QtCore, QtGui, QtWidgets
 from ..graph_model import CellInfo, load_template, template_names
 from . import about, theme
 from .cell_adapter import CellAdapter
-from .node_finder import NodeFinder
 from .palette_panel import palette_entries
 
 Key = QtGui.QKeySequence
@@ -104,10 +103,10 @@ class WindowActions:
         self.formula = _action(w, "Type a &Formula…", e.focus_formula, ["Ctrl+Shift+F"],
                                "Add nodes by typing what they compute, as f = sigmoid(x @ W_f + b_f)")
 
-        self.finder = NodeFinder(e.canvas, lambda: [n.id for n in e.adapter.cell.nodes], e.show_node,
-                                 e.show_canvas)
-        self.find = _action(w, "&Find Node…", self.finder.open, ["Ctrl+F"],
-                            "Find a node by its name and go to it")
+        finder = e.adapter.graph.finder
+        finder.names = lambda: [n.id for n in e.adapter.cell.nodes]
+        finder.go, finder.before = e.show_node, e.show_canvas
+        self.find = _action(w, "&Find Node…", finder.open, ["Ctrl+F"], "Find a node by its name and go to it")
         self.fit = _action(e.canvas, "&Fit", e.adapter.fit, ["F"],
                            "Frame the selected nodes, or the whole cell", canvas_only)
         self.auto_layout = _action(w, "Auto &Layout", e.adapter.auto_layout, ["Ctrl+L"],

@@ -27,16 +27,17 @@ def best_match(text: str, names: list[str]) -> str | None:
 
 
 class NodeFinder(QtWidgets.QFrame):
-    """The search field, a child of the canvas; `names()` gives the names to search, `go(name)` goes to
-    one, `before()` shows the canvas when the field opens."""
+    """The search field, a child of the canvas. The editor tells it what to do (see menus): `names()`
+    gives the names to search, `go(name)` goes to one, `before()` shows the canvas as the field opens."""
 
-    def __init__(self, canvas: QtWidgets.QWidget, names: Callable[[], list[str]], go: Callable[[str], None],
-                 before: Callable[[], None] = lambda: None) -> None:
+    def __init__(self, canvas: QtWidgets.QWidget) -> None:
         super().__init__(canvas)
         self.setObjectName("nodeFinder")
         self.setFrameShape(QtWidgets.QFrame.Shape.StyledPanel)
         self.setAutoFillBackground(True)
-        self._names, self._go, self._before = names, go, before
+        self.names: Callable[[], list[str]] = list
+        self.go: Callable[[str], None] = lambda _name: None
+        self.before: Callable[[], None] = lambda: None
         self.edit = QtWidgets.QLineEdit()
         self.edit.setPlaceholderText("Find a node by name…")
         self.edit.setClearButtonEnabled(True)
@@ -63,8 +64,8 @@ class NodeFinder(QtWidgets.QFrame):
 
     def open(self) -> None:
         """Shows the field over the canvas, its text selected, with the names the cell has now."""
-        self._before()
-        self.model.setStringList(sorted(self._names(), key=str.lower))
+        self.before()
+        self.model.setStringList(sorted(self.names(), key=str.lower))
         self.message.setVisible(False)
         parent = self.parentWidget()
         self.adjustSize()
@@ -76,12 +77,12 @@ class NodeFinder(QtWidgets.QFrame):
 
     def go_to(self, text: str) -> bool:
         """Goes to the node `text` names (see best_match); says so where none does. True when it went."""
-        name = best_match(text, self._names())
+        name = best_match(text, self.names())
         if name is None:
             self.message.setText(f"No node's name holds '{text.strip()}'" if text.strip() else "Type a name")
             self.message.setVisible(True)
             self.adjustSize()
             return False
         self.hide()
-        self._go(name)
+        self.go(name)
         return True

@@ -23,7 +23,7 @@ def view_centre(window) -> QtCore.QPointF:
 
 
 def test_ctrl_f_finds_a_node_by_part_of_its_name_and_goes_to_it(qtbot, window):
-    finder = window.actions_.finder
+    finder = window.adapter.graph.finder
     window.actions_.find.trigger()
     assert finder.isVisible() and finder.edit.hasFocus()
     qtbot.keyClicks(finder.edit, "H_NE")  # any part, any case
