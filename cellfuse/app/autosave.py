@@ -1,8 +1,12 @@
 """Autosaves of the open cell, so that a crash loses little.
 
 While a document has unsaved changes the window writes it, on a timer, to the application's data
-folder (QStandardPaths), one file per document path. Saving or closing cleanly removes the autosave;
-one that is still there at the next start, and newer than its file, is offered back.
+folder (`CellFuse` in the user's data folder, QStandardPaths), one file per document path. Saving or
+closing cleanly removes the autosave; one that is still there at the next start, and newer than its
+file, is offered back.
+
+Qt's own application data folder names the organisation and then the application, both "CellFuse":
+autosaves went to .../CellFuse/CellFuse/autosave. One left there is still found and offered back.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from PySide6 import QtCore
 
 from ..graph_model import atomic_write
+from .recent_files import APPLICATION, ORGANIZATION
 
 log = logging.getLogger(__name__)
 
@@ -25,8 +30,14 @@ UNTITLED = "untitled"
 
 
 def autosave_dir() -> Path:
-    base = QtCore.QStandardPaths.writableLocation(QtCore.QStandardPaths.StandardLocation.AppDataLocation)
-    return Path(base) / "autosave"
+    base = QtCore.QStandardPaths.writableLocation(QtCore.QStandardPaths.StandardLocation.GenericDataLocation)
+    return Path(base) / APPLICATION / "autosave"
+
+
+def _earlier_dir() -> Path:
+    """Where autosaves went before: Qt's application data folder, the name in it twice."""
+    base = QtCore.QStandardPaths.writableLocation(QtCore.QStandardPaths.StandardLocation.GenericDataLocation)
+    return Path(base) / ORGANIZATION / APPLICATION / "autosave"
 
 
 def _key(path: Path | None) -> str:
@@ -35,8 +46,8 @@ def _key(path: Path | None) -> str:
     return hashlib.sha1(str(Path(path).resolve()).encode()).hexdigest()[:16]
 
 
-def autosave_path(path: Path | None) -> Path:
-    return autosave_dir() / f"{_key(path)}{SUFFIX}"
+def autosave_path(path: Path | None, folder: Path | None = None) -> Path:
+    return (folder or autosave_dir()) / f"{_key(path)}{SUFFIX}"
 
 
 @dataclass(frozen=True)
@@ -62,8 +73,8 @@ def write_autosave(text: str, path: Path | None) -> Path:
 
 def find_autosave(path: Path | None) -> Autosave | None:
     """The autosave of a document, when there is one newer than the document's file."""
-    file = autosave_path(path)
-    if not file.is_file():
+    file = next((f for f in (autosave_path(path), autosave_path(path, _earlier_dir())) if f.is_file()), None)
+    if file is None:
         return None
     mtime = file.stat().st_mtime
     if path is not None and Path(path).is_file() and Path(path).stat().st_mtime >= mtime:
@@ -73,8 +84,8 @@ def find_autosave(path: Path | None) -> Autosave | None:
 
 
 def remove_autosave(path: Path | None) -> None:
-    file = autosave_path(path)
-    for f in (file, file.with_suffix(".note")):
+    files = [autosave_path(path), autosave_path(path, _earlier_dir())]
+    for f in [*files, *(f.with_suffix(".note") for f in files)]:
         try:
             f.unlink(missing_ok=True)
         except OSError as e:

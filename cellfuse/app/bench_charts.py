@@ -1,5 +1,6 @@
 """Benchmark charts on a matplotlib Figure: one run (gpu_runtime's plot_result), a sweep
-(plot_sweep), or two runs side by side; dark in the window, light in a saved file."""
+(plot_sweep), or two runs side by side; dark in the window, light in a saved file. A speedup or a ratio
+that rests on a noisy time (bench_runs.noisy) says so beside it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,16 @@ from collections.abc import Callable
 import matplotlib
 from matplotlib.figure import Figure
 
-from .bench_runs import BenchRun, comparison_refusal, implementations, median_ms, ratio_text
+from .bench_runs import (
+    NOISY,
+    BenchRun,
+    comparison_refusal,
+    implementations,
+    median_ms,
+    noisy,
+    ratio_noisy,
+    ratio_text,
+)
 
 RUN_COLORS = ("#3b7dd8", "#e08a2c")
 
@@ -22,6 +32,7 @@ DARK_STYLE = {
 # A saved chart goes into papers and slides: matplotlib's own light look.
 LIGHT_STYLE = {"figure.facecolor": "white", "axes.facecolor": "white", "savefig.facecolor": "white"}
 EXPORT_SIZE_INCHES = (10.0, 5.0)
+NOISY_MARGIN = 1.6  # room right of the longest bar of a chart that writes "(noisy)" beside its values
 
 
 def draw_run(run: BenchRun, fig: Figure) -> None:
@@ -31,6 +42,27 @@ def draw_run(run: BenchRun, fig: Figure) -> None:
         plot_sweep(run.sweep, fig)
     else:
         plot_result(run.result, fig)
+        _mark_noisy(run, fig)
+
+
+def _mark_noisy(run: BenchRun, fig: Figure) -> None:
+    """Writes "(noisy)" beside the speedup of each noisy row, or beside its time where there is no speedup:
+    plot_result writes one value per timed row, in the rows' order, on each of its two axes."""
+    from ..gpu_runtime.plots import FOOTNOTE_COLOR, VALUE_MARGIN
+
+    rows = [r for r in run.result.rows if r.ok and r.median_ms is not None]
+    if not any(noisy(r) for r in rows):
+        return
+    for ax in reversed(fig.axes):  # the speedups' axes, then the times'
+        if len(ax.texts) == len(rows):
+            for text, row in zip(ax.texts, rows, strict=True):
+                if noisy(row):
+                    text.set_text(f"{text.get_text()} ({NOISY})")
+                    text.set_color(FOOTNOTE_COLOR)
+            low, high = ax.get_xlim()
+            if ax.get_xscale() == "linear":
+                ax.set_xlim(low, high * NOISY_MARGIN / VALUE_MARGIN)
+            return
 
 
 def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
@@ -47,14 +79,18 @@ def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
     names = implementations(a, b)
     height = 0.38
     every: list[float] = []
+    # Each value is written right of the longer bar of its pair: beside its own, it ran over the other.
+    longer = {i: max(times) for i, name in enumerate(names)
+              if (times := [t for r in (a, b) if (t := median_ms(r, name)) is not None])}
+    size = min(7.0, _fitting_pt(fig, names))
     for k, run in enumerate((a, b)):
-        bars = [(i + (k - 0.5) * height, t) for i, name in enumerate(names)
+        bars = [(i, i + (k - 0.5) * height, t) for i, name in enumerate(names)
                 if (t := median_ms(run, name)) is not None]
-        ys, xs = [y for y, _ in bars], [t for _, t in bars]
+        ys, xs = [y for _, y, _ in bars], [t for _, _, t in bars]
         ax_time.barh(ys, xs, height=height, color=RUN_COLORS[k], label=run.label())
         every += xs
-        for y, x in bars:
-            ax_time.text(x, y, f" {ms_text(x)}", va="center", fontsize=7)
+        for i, y, x in bars:
+            ax_time.text(longer[i], y, f" {ms_text(x)}", va="center", fontsize=size, color=RUN_COLORS[k])
     ax_time.set_yticks(range(len(names)), names)
     ax_time.invert_yaxis()
     time_axis(ax_time, every, f"ms per {a.measures()} pass (median)")
@@ -72,9 +108,11 @@ def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
         ax_ratio.set_xlim(0.0, high * VALUE_MARGIN)
     ax_ratio.set_xlabel(f"time of #{b.number} / time of #{a.number}")
     ax_ratio.tick_params(labelleft=False)
-    for i in range(len(names)):
+    for i, name in enumerate(names):
         text = f" {ratio_text(ratios[i])}" if i in ratios else " not timed in both"
-        ax_ratio.text(max(ratios.get(i, 1.0), 1.0), i, text, va="center", fontsize=7)
+        rough = i in ratios and ratio_noisy(a, b, name)
+        ax_ratio.text(max(ratios.get(i, 1.0), 1.0), i, f"{text} ({NOISY})" if rough else text, va="center",
+                      fontsize=7, color=FOOTNOTE_COLOR if rough else None)
     # Above the axes, where it hides no bar, and titled: constrained layout would lay a title of the
     # figure's own over a legend outside the axes.
     fig.legend(fontsize=7, loc="outside upper center", ncols=2, title_fontsize=9,
@@ -83,6 +121,12 @@ def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
     if "numpy" in (a.first.backend, b.first.backend):
         fig.supxlabel("numpy backend runs are CPU times of the Plan's numpy executor, not GPU times",
                       fontsize=8, color=FOOTNOTE_COLOR)
+
+
+def _fitting_pt(fig: Figure, names: list[str]) -> float:
+    """A font size in points whose two lines, one per run, fit in one implementation's row of the chart."""
+    row_px = fig.get_figheight() * fig.dpi * 0.7 / max(len(names), 1)  # the axes take about 0.7 of it
+    return max(5.0, row_px / 2 * 72.0 / fig.dpi * 0.8)
 
 
 def draw_message(text: str, fig: Figure) -> None:

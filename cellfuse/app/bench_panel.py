@@ -21,6 +21,13 @@ SWEEP_NONE = "no sweep"
 SIZE_ROWS = 3
 TRAIN_KEY = "benchmark/train"  # the training switch, remembered when the editor closes
 TRAIN_TEXT = "Training (forward + backward)"
+# Settings in one click. "Quick CPU check": a short sequence and a few repeats on the CPU, a run of
+# seconds that says whether every schedule is right and roughly how they rank; the default: the
+# sizes and repeats the panel opens with.
+PRESETS: dict[str, dict] = {
+    "Quick CPU check": {"sizes": {"seq": 8, "batch": 8}, "repeats": 3, "backend": "numpy"},
+    "Default": {"sizes": {"seq": DEFAULT_SIZES["seq"], "batch": DEFAULT_SIZES["batch"]}, "repeats": 20},
+}
 FORWARD_ONLY = ("Forward only: not run in training mode, which times forward + backward with autograd "
                 f"and offers {', '.join(TRAIN_BASELINES)}")
 
@@ -190,6 +197,15 @@ class BenchPanel(QtWidgets.QWidget):
         self.train_check.setChecked(settings().value(TRAIN_KEY, False, type=bool))
         self.train_check.toggled.connect(self._train_toggled)
         self._offer_baselines()
+        self.preset_button = QtWidgets.QToolButton()
+        self.preset_button.setText("Presets")
+        self.preset_button.setPopupMode(QtWidgets.QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.preset_button.setToolTip("Set the sizes, repeats and backend in one click")
+        presets = QtWidgets.QMenu(self.preset_button)
+        for name, preset in PRESETS.items():
+            action = presets.addAction(f"{name}: {self._preset_text(preset)}")
+            action.triggered.connect(lambda _checked=False, n=name: self.apply_preset(n))
+        self.preset_button.setMenu(presets)
         self.progress = QtWidgets.QProgressBar()
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
@@ -199,6 +215,7 @@ class BenchPanel(QtWidgets.QWidget):
         self.status.setWordWrap(True)
         bar.addWidget(self.run_button)
         bar.addWidget(self.cancel_button)
+        bar.addWidget(self.preset_button)
         bar.addWidget(self.train_check)
         bar.addWidget(self.progress, 1)
         self.run_button.clicked.connect(self.run_requested)
@@ -206,6 +223,24 @@ class BenchPanel(QtWidgets.QWidget):
         return bar
 
     # -- settings ----------------------------------------------------------------------------------------
+    @staticmethod
+    def _preset_text(preset: dict) -> str:
+        parts = [f"{SIZE_LABELS[k].split()[-1]}={v}" for k, v in preset["sizes"].items()]
+        parts.append(f"{preset['repeats']} repeats")
+        if "backend" in preset:
+            parts.append(preset["backend"])
+        return ", ".join(parts)
+
+    def apply_preset(self, name: str) -> None:
+        """Sets the sizes, repeats and backend of preset `name` (the others stay as they are)."""
+        preset = PRESETS[name]
+        self.set_sizes(**preset["sizes"])
+        self.repeats_spin.setValue(preset["repeats"])
+        backend = preset.get("backend")
+        if backend is not None and self.backend_combo.findText(backend) >= 0:
+            self.backend_combo.setCurrentText(backend)
+        self.show_status(f"{name}: {self._preset_text(preset)}. Press Run (F5).")
+
     def sizes(self) -> Sizes:
         return Sizes(**{k: self.size_spins[k].value() for k in SIZE_FIELDS})
 

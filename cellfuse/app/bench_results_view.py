@@ -30,6 +30,7 @@ NOT_RUN_COLOR = QtGui.QColor(141, 145, 154)
 class BenchResultsView(QtWidgets.QWidget):
     export_chart_requested = QtCore.Signal()
     export_results_requested = QtCore.Signal()
+    notice = QtCore.Signal(str)  # for the status bar: why the runs selected are not compared
 
     def __init__(self, parent: QtWidgets.QWidget | None = None) -> None:
         super().__init__(parent)
@@ -128,17 +129,22 @@ class BenchResultsView(QtWidgets.QWidget):
         bench_charts.draw_message("Press Run (F5) to check and time every schedule of the cell.", fig)
 
     def _show_selected(self) -> None:
+        """One run selected: it; two: their comparison, or, where they cannot be compared, why, in the
+        chart's place and in the status bar (a Ctrl+click that changed nothing on show said nothing)."""
         runs = self.selected_runs()
         if len(runs) >= 2:
             a, b = runs[-2], runs[-1]
             if why := comparison_refusal(a, b):
                 self._show_chart(lambda fig: bench_charts.draw_message(why, fig))
                 self._fill_table(["Comparison"], [([why], False)])
+                self.notice.emit(why)
                 return
-            if a.sweep is None and b.sweep is None:
-                self._show_chart(lambda fig: bench_charts.draw_comparison(a, b, fig))
-                self._fill_table(*comparison_rows(a, b))
-                return
+            self._show_chart(lambda fig: bench_charts.draw_comparison(a, b, fig))
+            self._fill_table(*comparison_rows(a, b))
+            if len(runs) > 2:
+                self.notice.emit(f"{len(runs)} runs selected: comparing the last two, #{a.number} and "
+                                 f"#{b.number}")
+            return
         if runs:
             self.show_run(runs[-1])
 

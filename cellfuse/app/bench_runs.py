@@ -16,6 +16,10 @@ COLUMNS = ["Implementation", "Kind", "Median ms", "Min ms", "Max ms", "Rel. erro
 # The headers that change in training: the times are of forward + backward, the error is the gradients'.
 TRAIN_COLUMNS = {"Median ms": "Median ms, fwd+bwd", "Rel. error": "Grad. rel. error"}
 TableRow = tuple[list[str], bool | None]  # cells, and ok: True, False (wrong or failed), None (not run)
+# A time whose repeats spread wider than this share of their median is noisy: a speedup or a ratio of it
+# may be the noise (the numpy backend's repeats of one schedule ranged from 4 s to 13 s on a busy CPU).
+NOISY_SPREAD = 0.5
+NOISY = "noisy"
 
 
 @dataclass
@@ -69,16 +73,29 @@ def _ms(v: float | None) -> str:
     return "" if v is None else f"{v:.4g}"
 
 
+def noisy(row: Any) -> bool:
+    """Whether a row's repeated times spread too far around their median to be read to two digits."""
+    if row is None or not row.ok or not row.median_ms or row.min_ms is None or row.max_ms is None:
+        return False
+    return (row.max_ms - row.min_ms) / row.median_ms > NOISY_SPREAD
+
+
+def noise_note(row: Any) -> str:
+    """'noisy: 4120–13400 ms' for a noisy row, else ''."""
+    return f"{NOISY}: {_ms(row.min_ms)}–{_ms(row.max_ms)} ms" if noisy(row) else ""
+
+
 def result_rows(result: Any, unavailable: dict[str, str] | None = None) -> list[TableRow]:
     """(cells, ok) for each row of a BenchResult, in COLUMNS order, then the baselines not run; ok is None
-    for a baseline that does not apply (cuDNN refusing a size, say)."""
+    for a baseline that does not apply (cuDNN refusing a size, say). A noisy time says so in the note."""
     out: list[TableRow] = []
     for r in result.rows:
         err = "" if r.rel_error is None else ("inf" if r.rel_error == float("inf") else f"{r.rel_error:.1e}")
+        note = "; ".join(n for n in (noise_note(r), r.note) if n)
         out.append(([r.name, r.kind, _ms(r.median_ms), _ms(r.min_ms), _ms(r.max_ms), err,
                      "" if r.compile_s is None else f"{r.compile_s:.2f}",
                      "" if getattr(r, "launches_per_step", None) is None else str(r.launches_per_step),
-                     r.note], bool(r.ok) if getattr(r, "applicable", True) else None))
+                     note], bool(r.ok) if getattr(r, "applicable", True) else None))
     for name, why in (unavailable or {}).items():
         out.append(([name, "baseline", "", "", "", "", "", "", why], None))
     return out
@@ -106,11 +123,21 @@ def ratio_text(ratio: float) -> str:
 
 def comparison_refusal(a: BenchRun, b: BenchRun) -> str | None:
     """Why two runs cannot be compared, or None: a forward time beside a forward + backward time would
-    read as a slowdown that is only the backward pass."""
+    read as a slowdown that is only the backward pass; a sweep is a curve of times, not one time per
+    implementation."""
+    if a.sweep is not None or b.sweep is not None:
+        sweeps = [f"#{r.number}" for r in (a, b) if r.sweep is not None]
+        return (f"Run {' and '.join(sweeps)} {'is a sweep' if len(sweeps) == 1 else 'are sweeps'}: a sweep's "
+                "times are a curve, not one time per implementation. Select two runs without a sweep.")
     if a.train == b.train:
         return None
     return (f"Run #{a.number} times {a.measures()} and run #{b.number} {b.measures()}: their times do not "
             "compare. Select two forward runs or two training runs.")
+
+
+def ratio_noisy(a: BenchRun, b: BenchRun, name: str) -> bool:
+    """Whether the ratio of an implementation's times in two runs rests on a noisy time."""
+    return noisy(a.first.row(name)) or noisy(b.first.row(name))
 
 
 def comparison_rows(a: BenchRun, b: BenchRun) -> tuple[list[str], list[TableRow]]:
@@ -123,5 +150,7 @@ def comparison_rows(a: BenchRun, b: BenchRun) -> tuple[list[str], list[TableRow]
     for name in implementations(a, b):
         tx, ty = median_ms(a, name), median_ms(b, name)
         ratio = ratio_text(ty / tx) if tx and ty else ""
+        if ratio and ratio_noisy(a, b, name):
+            ratio += f" ({NOISY})"
         rows.append(([name, _ms(tx), _ms(ty), ratio], tx is not None and ty is not None))
     return columns, rows

@@ -209,6 +209,7 @@ class MainWindow(QtWidgets.QMainWindow):
         self.bench_panel.sizes_changed.connect(self.schedule_plan)
         self.bench_panel.export_chart_requested.connect(lambda: self.export_chart())
         self.bench_panel.export_results_requested.connect(lambda: self.export_results())
+        self.bench_panel.results.notice.connect(lambda text: self.statusBar().showMessage(text, 8000))
 
     # == the cell ======================================================================================
     @property

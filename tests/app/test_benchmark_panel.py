@@ -226,3 +226,70 @@ def test_cancel_benchmark_is_offered_only_while_one_runs_and_a_run_cancelled_ear
     window._bench_succeeded(empty)
     assert len(window.bench_panel.runs) == before
     assert "Cancelled before anything was timed" in window.bench_panel.status.text()
+
+
+def spread_run(number: int, times: dict[str, tuple[float, float, float]], train: bool = False) -> BenchRun:
+    """A run whose rows have (median, min, max) times."""
+    rows = [BenchRow(name, "schedule" if name in SCHEDULES else "baseline", True, med, lo, hi)
+            for name, (med, lo, hi) in times.items()]
+    return BenchRun(number, BenchResult("LSTM", "", Sizes(4, 2, 8, 8, 1), "numpy", "CPU", "", {}, rows,
+                                        train=train))
+
+
+def test_a_comparison_writes_each_value_clear_of_every_bar(chart_problems):
+    # Many implementations on a short chart, the second run's bars longer: each value used to be written
+    # at the end of its own bar, over its neighbour's.
+    names = [*SCHEDULES, "numpy reference", "pytorch eager"]
+    first = single_run(1, {n: 1.0 + i for i, n in enumerate(names)})
+    second = single_run(2, {n: 3.0 + 2 * i for i, n in enumerate(names)})
+    fig = Figure(figsize=(7.5, 3.4), dpi=100)
+    FigureCanvasAgg(fig)
+    draw_themed(lambda f: draw_comparison(first, second, f), fig, dark=True)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax_time = fig.axes[0]
+    bars_px = [p.get_window_extent(renderer) for p in ax_time.patches]
+    for text in ax_time.texts:
+        box = text.get_window_extent(renderer)
+        # a value may start where a bar ends (a pixel's rounding), not over it
+        hit = [bar for bar in bars_px if box.x0 < bar.x1 - 1.0 and bar.x0 < box.x1 and box.y0 < bar.y1
+               and bar.y0 < box.y1]
+        assert not hit, text.get_text()
+    assert not chart_problems(fig)
+
+
+def test_noisy_times_are_flagged_beside_their_speedup_and_ratio(chart_problems):
+    from cellfuse.app.bench_charts import draw_run
+    from cellfuse.app.bench_runs import comparison_rows, result_rows
+
+    steady = {"naive": (10.0, 9.8, 10.3), "hoisted": (2.0, 1.9, 2.1)}
+    rough = {"naive": (10.0, 9.8, 10.3), "hoisted": (8.0, 4.0, 13.0)}  # 4 to 13: the spread of a busy CPU
+    fig = Figure(figsize=(7.5, 3.4), dpi=100)
+    FigureCanvasAgg(fig)
+    draw_themed(lambda f: draw_run(spread_run(1, rough), f), fig, dark=True)
+    written = [t.get_text() for ax in fig.axes for t in ax.texts]
+    assert any("x" in w and "(noisy)" in w for w in written)  # beside hoisted's speedup
+    assert sum("(noisy)" in w for w in written) == 1  # naive's times are steady
+    assert not chart_problems(fig)
+    notes = {cells[0]: cells[-1] for cells, _ok in result_rows(spread_run(1, rough).result)}
+    assert notes["hoisted"].startswith("noisy: 4–13 ms") and notes["naive"] == ""
+    _columns, rows = comparison_rows(spread_run(1, steady), spread_run(2, rough))
+    assert {cells[0]: cells[-1] for cells, _ok in rows} == {"naive": "1.00×", "hoisted": "4.00× (noisy)"}
+
+
+def test_runs_that_cannot_be_compared_say_why_in_the_status_bar(window):
+    panel = window.bench_panel
+    times = {"naive": (10.0, 9.8, 10.3)}
+    for run_ in (spread_run(1, times), spread_run(2, times, train=True)):
+        panel.add_run(run_)
+    panel.history.item(0).setSelected(True)  # a Ctrl+click: the forward run beside the training one
+    assert "do not compare" in window.statusBar().currentMessage()
+    assert "do not compare" in panel.table_text()[0][0]
+
+
+def test_the_quick_cpu_preset_sets_a_short_sequence_and_few_repeats(window):
+    panel = window.bench_panel
+    (quick,) = [a for a in panel.preset_button.menu().actions() if a.text().startswith("Quick CPU")]
+    quick.trigger()
+    assert panel.sizes().seq <= 10 and panel.repeats() <= 3 and panel.backend() == "numpy"
+    assert "Quick CPU" in panel.status.text()

@@ -181,6 +181,21 @@ def test_autosave_is_offered_back_after_a_crash(make_window, answers, tmp_path, 
     assert autosave.find_autosave(path) is None
 
 
+def test_autosaves_go_to_one_cellfuse_folder_and_one_left_in_the_doubled_one_is_still_found(qapp, isolated):
+    folder = autosave.autosave_dir()
+    assert folder.is_relative_to(isolated) and folder.parts[-2:] == ("CellFuse", "autosave")
+    assert "CellFuse/CellFuse" not in folder.as_posix()  # Qt's folder named the organisation and the app
+    assert autosave.write_autosave("{}", None).parent == folder
+    autosave.remove_autosave(None)
+    earlier = autosave._earlier_dir() / autosave.autosave_path(None).name  # written by an earlier version
+    earlier.parent.mkdir(parents=True)
+    earlier.write_text("{}")
+    found = autosave.find_autosave(None)
+    assert found is not None and found.file == earlier
+    autosave.remove_autosave(None)
+    assert not earlier.exists() and autosave.find_autosave(None) is None
+
+
 @pytest.mark.slow
 def test_declined_autosave_is_removed(make_window, answers, tmp_path):
     w = make_window()
