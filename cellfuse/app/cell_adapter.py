@@ -53,7 +53,7 @@ from PySide6 import QtCore, QtGui, QtWidgets
 from ..graph_model import OPS, Cell, CellError, FormulaEdit, Group, Node, group_name_problem
 from ..graph_model.builder import COLUMN_SPACING, ROW_SPACING
 from ..graph_model.validate import DIMS, ID_PATTERN, OUTPUT_TITLE, update_title
-from . import canvas_layout
+from . import canvas_layout, long_lived
 from .canvas_graph import CanvasGraph
 from .fragments import PastePlan
 from .group_items import STUB_HEIGHT, GroupWire, PortStub
@@ -344,12 +344,16 @@ class CellAdapter(QtCore.QObject):
             editor = cell.extra.get(EDITOR_KEY) if isinstance(cell.extra.get(EDITOR_KEY), dict) else {}
             canvas: dict[str, CellNode] = {}
             lost: list[str] = []
+            # A group's members are hidden from the start, the group closed: their wires are then made
+            # hidden rather than drawn, and routed, to be hidden by the groups' refresh after.
+            grouped = {m for group in cell.groups for m in group.nodes}
             for n in cell.nodes:
                 if n.id in canvas:
                     lost.append(f"a second node '{n.id}'")
                     continue
                 canvas[n.id] = self._create_op(n.id, n.op, _pos(cell.layout.get(n.id)), n.shape, n.value,
                                                n.extra, push_undo=False)
+                canvas[n.id].view.setVisible(n.id not in grouped)
             for n in cell.nodes:
                 node = canvas.get(n.id)
                 if node is None:
@@ -369,6 +373,7 @@ class CellAdapter(QtCore.QObject):
             states += [n.id for n in cell.nodes if n.op == "state" and n.id not in states and n.id in canvas]
             for s in states:
                 u = self._create_update(canvas[s], _pos(upd_pos.get(s)), push_undo=False)
+                u.view.setVisible(s not in grouped)
                 target = cell.updates.get(s)
                 if target in canvas:
                     u.input_ports()[0].connect_to(canvas[target].output(0), push_undo=False)
@@ -406,6 +411,7 @@ class CellAdapter(QtCore.QObject):
         finally:
             self._loading = False
         self.resync()
+        long_lived.freeze_after_next_full_collection()
         if was_open is not None:
             self.group_opened.emit(None)
 
