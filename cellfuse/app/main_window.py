@@ -31,7 +31,7 @@ from ..graph_model import (
     save_cell,
     template_names,
 )
-from . import autosave, dialogs, fragments, node_marks, recent_files, window_geometry
+from . import autosave, dialogs, formula_names, fragments, node_marks, recent_files, window_geometry
 from .bench_panel import BenchPanel
 from .bench_runs import BenchRun
 from .bench_worker import BenchWorker
@@ -302,7 +302,7 @@ class MainWindow(QtWidgets.QMainWindow):
         """Adds what a typed formula computes, as one undoable edit; returns the new nodes' ids. A formula
         that cannot be added is said under the entry, with where."""
         try:
-            edit = plan_formula(self.cell, formula)
+            edit = formula_names.name_nodes(plan_formula(self.cell, formula), self.cell)
             ids = self.adapter.add_formula(edit)
         except CellError as e:
             self.equations_panel.show_formula_error(e)

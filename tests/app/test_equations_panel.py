@@ -155,7 +155,8 @@ def test_a_typed_formula_is_one_undo_step(qtbot, qapp, window, same):
     assert next(eq for eq in panel.equations if eq.name == "q").kind == "unused"  # nothing uses q yet
     drawn_all(qtbot, panel)
     assert panel.color_of(drawn(panel, "q")[0]) in (UNUSED_COLOR, SELECTED_COLOR)
-    added = {"W_q", "matmul", "U_q", "matmul1", "add", "b_q", "add1", "q"}
+    # named from the formula: what each computes, or, too long for a title, the left side and the op
+    added = {"W_q", "xW_q", "U_q", "hU_q", "xW_q_plus_hU_q", "b_q", "q_plus", "q"}
     assert set(window.adapter.selected_ids()) == added
     every = [n for n in window.adapter.graph.all_nodes() if n.view.isVisible()]  # not those in closed groups
     for a in (n for i in added for n in window.adapter.canvas_nodes(i)):  # nothing lands on another node
@@ -164,7 +165,7 @@ def test_a_typed_formula_is_one_undo_step(qtbot, qapp, window, same):
     window.actions_.undo.trigger()
     assert same(window.cell, before)
     window.actions_.redo.trigger()
-    assert window.cell.node("q").args == ["add1"]
+    assert window.cell.node("q").args == ["q_plus"]
 
 
 @pytest.mark.slow

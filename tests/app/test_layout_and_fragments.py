@@ -113,3 +113,19 @@ def test_a_node_asked_for_where_nodes_are_goes_to_the_nearest_free_place(corners
     assert clear(fx, fy)
     if clear(x, y):
         assert (fx, fy) == (x, y)  # free already: where it was asked for
+
+
+def test_the_nodes_a_formula_adds_are_named_after_what_they_compute():
+    from cellfuse.app.formula_names import name_nodes
+    from cellfuse.graph_model import plan_formula
+
+    cell = load_template("lstm")
+    edit = name_nodes(plan_formula(cell, "z = relu(x @ W_z + b_z) * sigmoid(h @ U_z)"), cell)
+    assert [n.id for n in edit.nodes] == ["W_z", "xW_z", "b_z", "xW_z_plus_b_z", "z_relu", "U_z", "hU_z",
+                                          "sigmoid_hU_z", "z"]
+    assert edit.nodes[-1].args == ["z_relu", "sigmoid_hU_z"]  # the wires follow the names
+    edit = name_nodes(plan_formula(cell, "h' = o * tanh(c_new)"), cell)
+    assert [n.id for n in edit.nodes] == ["tanh_c_new", "h_new1"] and edit.updates == {"h": "h_new1"}
+    cell.nodes.extend(name_nodes(plan_formula(cell, "p = o * tanh(c_new)"), cell).nodes)
+    again = name_nodes(plan_formula(cell, "r = o * tanh(c_new)"), cell)
+    assert again.nodes[0].id == "tanh_c_new2"  # a name the cell has already: numbered
