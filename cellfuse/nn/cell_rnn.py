@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 import torch
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from ..codegen import SCHEDULES, make_plan
 from ..codegen.backward_plan import backward_plan
@@ -19,7 +19,6 @@ from ..graph_model import (
     CellError,
     NpzArrays,
     Sizes,
-    cell_to_text,
     check_params,
     check_sizes,
     init_params,
@@ -142,9 +141,7 @@ class CellRNN(torch.nn.Module):
         self._layer_params = [[[self._where[key] for key in params if key.startswith(f"l{layer}.")
                                 and (reverse_part in key) == reverse] for reverse in self._directions]
                               for layer in range(self.num_layers)]
-        # How the custom ops name the cell: its file's text on one line (code that torch.compile generates
-        # around an op holds its string arguments, and a string of many lines broke inductor's).
-        self._cell_text = json.dumps(json.loads(cell_to_text(self.cell)), separators=(",", ":"))
+        self._cell_text = ops.cell_text(self.cell)
         check_sizes(sizes, self.cell)
         if self.bidirectional and self.num_layers > 1:
             try:  # the layers above the first read both directions' outputs side by side
@@ -227,29 +224,42 @@ class CellRNN(torch.nn.Module):
         save_npz(path, {key: self.param(key).detach().cpu().numpy().astype(np.float32) for key in self.keys})
 
     # -- the forward pass ----------------------------------------------------------------------------
-    def forward(self, x: torch.Tensor, states: Mapping[str, torch.Tensor] | None = None
-                ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    def forward(self, x: torch.Tensor | PackedSequence, states: Mapping[str, torch.Tensor] | None = None,
+                lengths: torch.Tensor | Sequence[int] | None = None
+                ) -> tuple[torch.Tensor | PackedSequence, dict[str, torch.Tensor]]:
         """x [T, B, input_size] ([B, T, input_size] with batch_first); states maps state ids (any of them,
         or none: zeros) to initial values [num_layers, B, hidden_size]. Returns y [T, B, hidden_size]
         ([B, T, ...] with batch_first), the last layer's output at every step, and the final value of every
         state, [num_layers, B, hidden_size] each. With dropout, while training, each layer's output but the
         last goes through torch's dropout, as in torch.nn.LSTM. Where bidirectional, y holds both
         directions' outputs side by side ([..., 2 * hidden_size]) and the states are [num_layers * 2, B,
-        hidden_size], in torch's order (layer by layer, forward before reverse)."""
+        hidden_size], in torch's order (layer by layer, forward before reverse).
+
+        Sequences of different lengths: `lengths` (one per batch row, from 1 to T, in any order) makes each
+        row stop at its own length in the kernels (its outputs zero past it, its final states those of its
+        last step; the reverse direction starts at its last step); the padding past a row's length must be
+        finite. Or x is a torch.nn.utils.rnn.PackedSequence, and y is one with the same layout."""
         # (ONNX's exporter traces: the cheap test first, as torch.onnx's costs microseconds a call)
         if torch.jit.is_tracing() and torch.onnx.is_in_onnx_export():
             raise CellError("a CellRNN cannot be exported to ONNX: its forward pass is the custom op "
                             "cellfuse::rnn, which ONNX has no operator for (torch.export.export keeps it)")
-        if self.batch_first and isinstance(x, torch.Tensor) and x.dim() == 3:
+        packed = x if isinstance(x, PackedSequence) else None
+        if packed is not None:
+            if lengths is not None:
+                raise CellError("lengths are given twice: by the PackedSequence and by `lengths`")
+            x, lengths = pad_packed_sequence(packed)
+        elif self.batch_first and isinstance(x, torch.Tensor) and x.dim() == 3:
             x = x.transpose(0, 1)
         initial = self._check(x, states)
+        if lengths is not None:
+            lengths = stacks.check_lengths(lengths, x.shape[0], x.shape[1])
         if self.bidirectional or (self.dropout and self.training and self.num_layers > 1):
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params_of, self.num_layers, self.bidirectional, self.dropout,
-                self.training, self._cell_text, self.hidden_size, self.schedule)
+                self.training, self._cell_text, self.hidden_size, self.schedule, lengths)
         else:
             y, finals = stacks.run(x, initial, self._params(), self._cell_text, self.hidden_size,
-                                   self.num_layers, self.schedule)
+                                   self.num_layers, self.schedule, lengths)
         if not torch.compiler.is_compiling():
             seen = (x.shape, x.device)
             if seen != self._last_seen:
@@ -258,7 +268,9 @@ class CellRNN(torch.nn.Module):
                 self._seen.move_to_end(seen)
                 if len(self._seen) > MAX_SEEN:
                     self._seen.popitem(last=False)
-        if self.batch_first:
+        if packed is not None:
+            y = stacks.repacked(y, packed, lengths)
+        elif self.batch_first:
             y = y.transpose(0, 1)
         return y, dict(zip(self.state_ids, finals, strict=True))
 

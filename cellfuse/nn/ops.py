@@ -14,19 +14,34 @@ for a backward pass, with no autograd at all.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections import OrderedDict
 from collections.abc import Sequence
+from functools import lru_cache
 
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..graph_model import CellError, Sizes, cell_from_text
+from ..graph_model import Cell, CellError, Sizes, cell_from_text, cell_to_text
+from ..graph_model.lengths import masked
 from .runners import Plans, Runner, make_plans
 
 MAX_RUNNERS = 16  # sizes, dtypes and devices whose plans and programs the process keeps at once
 
 _plans: OrderedDict[tuple, Plans] = OrderedDict()
 _runners: OrderedDict[tuple, Runner] = OrderedDict()
+
+
+def cell_text(cell: Cell) -> str:
+    """How the ops name a cell: its file's text on one line (code that torch.compile generates around an
+    op holds its string arguments, and a string of many lines broke inductor's)."""
+    return json.dumps(json.loads(cell_to_text(cell)), separators=(",", ":"))
+
+
+@lru_cache(maxsize=MAX_RUNNERS)
+def masked_text(cell: str) -> str:
+    """The text of the cell that runs each batch row to its own length (graph_model.lengths)."""
+    return cell_text(masked(cell_from_text(cell)))
 
 
 def _remember(cache: OrderedDict, key: tuple, make):

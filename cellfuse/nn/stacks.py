@@ -1,45 +1,109 @@
 """Running a stack of layers through the ops: in one fused call, or a layer and a direction at a time
-(two directions: the reverse one on the sequence reversed in time; dropout between layers while
+(two directions: the reverse one on each sequence reversed in time; dropout between layers while
 training, torch's, from torch's generator, as torch.nn.LSTM's). CellRNN and the drop-ins for
-torch.nn.LSTM and GRU share it."""
+torch.nn.LSTM and GRU share it.
+
+With `lengths` (one per batch row, from 1 to T), each row stops at its own length in the kernels: the
+ops run the cell of graph_model.lengths, whose extra last state starts at the rows' lengths; past its
+length a row's output is zero and its states keep their values, so its final states are those of its
+own last step. The reverse direction reverses each row within its own length (a gather), so that it
+starts at the row's last step.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
 import torch
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
+from ..graph_model import CellError
 from . import ops
 
 
+def check_lengths(lengths: object, seq: int, batch: int) -> torch.Tensor:
+    """The lengths as a 1-D int64 tensor of `batch` values from 1 to `seq` (on the CPU)."""
+    if isinstance(lengths, torch.Tensor):
+        if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+            raise CellError(f"lengths must be integers, got a tensor of {lengths.dtype}")
+        lengths = lengths.detach().to("cpu", torch.int64)
+    else:
+        try:
+            lengths = torch.as_tensor(list(lengths), dtype=torch.int64)
+        except (TypeError, ValueError, RuntimeError):
+            raise CellError(f"lengths must be a sequence of integers, got {lengths!r}") from None
+    if lengths.shape != (batch,):
+        raise CellError(f"lengths has shape {list(lengths.shape)}, expected [{batch}] (one per batch row)")
+    if batch and (int(lengths.min()) < 1 or int(lengths.max()) > seq):
+        raise CellError(f"lengths must be from 1 to the sequence's length {seq}, got "
+                        f"{int(lengths.min())} to {int(lengths.max())}")
+    return lengths
+
+
+def _steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int) -> torch.Tensor:
+    """The initial value of the lengths' state: each row's length in each of its elements, per layer."""
+    B = lengths.shape[0]
+    return lengths.to(x.device, x.dtype).view(1, B, 1).expand(layers, B, hidden).contiguous()
+
+
 def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor], cell: str,
-        hidden: int, layers: int, schedule: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """y and the final states of `layers` layers of the cell in one call of the ops."""
+        hidden: int, layers: int, schedule: str, lengths: torch.Tensor | None = None
+        ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """y and the final states of `layers` layers of the cell in one call of the ops (each row to its own
+    length where `lengths` are given: see the module's docstring)."""
+    states = list(states)
+    if lengths is not None:
+        cell = ops.masked_text(cell)
+        states.append(_steps_left(lengths, layers, x, hidden))
     # the steps are saved only where a backward pass may follow
     save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *states, *params))
-    out = ops.run(x, list(states), list(params), cell, hidden, layers, schedule, save)
-    return out[0], list(out[1:1 + len(states)])
+    out = ops.run(x, states, list(params), cell, hidden, layers, schedule, save)
+    finals = list(out[1:1 + len(states)])
+    return out[0], finals[:-1] if lengths is not None else finals
+
+
+def _reversal(lengths: torch.Tensor | None, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The reversal in time of [T, B, width] tensors like x: of the whole sequence, or of each row's
+    first `lengths` steps (the steps after stay in place)."""
+    if lengths is None:
+        return lambda t: t.flip(0)
+    T, B = x.shape[0], x.shape[1]
+    steps = torch.arange(T).view(T, 1)
+    ends = lengths.view(1, B)
+    index = torch.where(steps < ends, ends - 1 - steps, steps).to(x.device)
+    return lambda t: t.gather(0, index.view(T, B, 1).expand(T, B, t.shape[2]))
 
 
 def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
                    params_of: Callable[[int, bool], list[torch.Tensor]], layers: int, bidirectional: bool,
-                   dropout: float, training: bool, cell: str, hidden: int, schedule: str
-                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                   dropout: float, training: bool, cell: str, hidden: int, schedule: str,
+                   lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """y and the final states of the stack, each layer and direction a call of its own (`params_of(layer,
     reverse)` gives a one-layer call's parameters); both directions' outputs side by side, the final
     states in torch's order (layer by layer, forward before reverse), `initial` in the same order."""
     directions = (False, True) if bidirectional else (False,)
+    reverse_time = _reversal(lengths, x) if bidirectional else None
     finals: list[list[torch.Tensor]] = [[] for _ in initial]
     for layer in range(layers):
         outputs = []
         for d, reverse in enumerate(directions):
             index = layer * len(directions) + d
-            y, last = run(x.flip(0) if reverse else x, [s[index:index + 1] for s in initial],
-                          params_of(layer, reverse), cell, hidden, 1, schedule)
-            outputs.append(y.flip(0) if reverse else y)
+            y, last = run(reverse_time(x) if reverse else x, [s[index:index + 1] for s in initial],
+                          params_of(layer, reverse), cell, hidden, 1, schedule, lengths)
+            outputs.append(reverse_time(y) if reverse else y)
             for i, value in enumerate(last):
                 finals[i].append(value)
         x = torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
         if dropout and training and layer < layers - 1:
             x = torch.nn.functional.dropout(x, dropout, training=True)
     return x, [torch.cat(f) for f in finals]
+
+
+def repacked(y: torch.Tensor, like: PackedSequence, lengths: torch.Tensor) -> PackedSequence:
+    """y [T, B, ...] (padded, the batch in its original order, whose rows are `lengths` long) as a
+    PackedSequence of `like`'s layout."""
+    order = like.sorted_indices
+    if order is not None:
+        y, lengths = y.index_select(1, order.to(y.device)), lengths[order.cpu()]
+    data = pack_padded_sequence(y, lengths, enforce_sorted=True).data
+    return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)

@@ -8,22 +8,21 @@ are the transpose of the template's `W`), and the LSTM's one bias per gate as `b
 
 A stack of one direction runs as one fused call of every layer. Two directions, or dropout between layers
 while training, run layer by layer: the reverse direction on the sequence reversed in time, torch's
-dropout between layers. Sequences of different lengths (a PackedSequence) are not run yet: the module
-says so.
+dropout between layers. A PackedSequence runs each row to its own length in the kernels (see
+stacks) and comes back packed as torch's does; hx and the final states are in the batch's own order.
 """
 
 from __future__ import annotations
 
-import json
 import math
 
 import torch
-from torch.nn.utils.rnn import PackedSequence
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from ..gpu_runtime.auto_schedule import AUTO
 from ..gpu_runtime.torch_baselines import CUDNN_GATES
-from ..graph_model import CellError, cell_to_text, init_params, load_template
-from . import stacks
+from ..graph_model import CellError, init_params, load_template
+from . import ops, stacks
 from .runners import DTYPES, dtype_names
 
 
@@ -47,7 +46,7 @@ class _TorchRNN(torch.nn.Module):
         self.bidirectional, self.schedule = bool(bidirectional), schedule
         cell = load_template(self.kind)
         # the ops name the cell by its text on one line (see CellRNN)
-        self._cell_text = json.dumps(json.loads(cell_to_text(cell)), separators=(",", ":"))
+        self._cell_text = ops.cell_text(cell)
         self._state_ids = tuple(cell.updates)
         self._gates = CUDNN_GATES[self.kind]
         # the template's weights of a layer, in the order of its keys (l0.W_i -> W_i), which the ops take
@@ -114,11 +113,6 @@ class _TorchRNN(torch.nn.Module):
 
     # -- the forward pass ------------------------------------------------------------------------------
     def _check(self, x: object) -> torch.Tensor:
-        if isinstance(x, PackedSequence):
-            name = type(self).__name__
-            raise CellError(f"cellfuse.nn.{name} does not run sequences of different lengths (a "
-                            "PackedSequence) yet: pad them (torch.nn.utils.rnn.pad_packed_sequence) or use "
-                            f"torch.nn.{name} for those")
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"input must be a tensor, got a {type(x).__name__}")
         if x.dim() not in (2, 3) or x.shape[-1] != self.input_size or 0 in x.shape:
@@ -150,25 +144,33 @@ class _TorchRNN(torch.nn.Module):
         return out
 
     def forward(self, input, hx=None):
+        packed = input if isinstance(input, PackedSequence) else None
+        lengths = None
+        if packed is not None:  # padded in the batch's own order (as hx is), each row to its length
+            input, lengths = pad_packed_sequence(packed)
         x = self._check(input)
         unbatched = x.dim() == 2
         if unbatched:
             x = x.unsqueeze(1)
             if hx is not None:
                 hx = tuple(h.unsqueeze(1) for h in (hx if isinstance(hx, (tuple, list)) else (hx,)))
-        elif self.batch_first:
+        elif self.batch_first and packed is None:
             x = x.transpose(0, 1)
+        if lengths is not None:
+            lengths = stacks.check_lengths(lengths, x.shape[0], x.shape[1])
         initial = self._initial(hx, x.shape[1], x)
         if not self.bidirectional and (self.dropout == 0 or not self.training or self.num_layers == 1):
             params = [p for layer in range(self.num_layers) for p in self._layer_params(layer, False)]
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
-                                   self.schedule)
+                                   self.schedule, lengths)
         else:
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params, self.num_layers, self.bidirectional, self.dropout,
-                self.training, self._cell_text, self.hidden_size, self.schedule)
+                self.training, self._cell_text, self.hidden_size, self.schedule, lengths)
         if unbatched:
             y, finals = y.squeeze(1), [f.squeeze(1) for f in finals]
+        elif packed is not None:
+            y = stacks.repacked(y, packed, lengths)
         elif self.batch_first:
             y = y.transpose(0, 1)
         if self.kind == "lstm":

@@ -118,3 +118,17 @@ def test_kernels_that_reduce_rows_compile_at_every_width(hidden, tmp_path):
     # variances from deviation sums where every thread holds as many columns, unrolled
     assert ("cf_deviations(ts_" in source) == (hidden == 256)
     nvcc_cubin(source, tmp_path)
+
+
+def test_the_kernels_of_a_cell_run_to_each_rows_length_compile(tmp_path):
+    """The LSTM rewritten to stop each batch row at its own length (graph_model.lengths), forward and
+    backward under the rungs that keep states on chip or step layers side by side: one nvcc run to PTX."""
+    from cellfuse.graph_model.lengths import masked
+
+    cell = masked(load_template("lstm"))
+    parts = [PERSISTENT_PRELUDE, PRELUDE]
+    for schedule in ("wavefront", "persistent", "tensor"):
+        forward = make_plan(cell, SIZES, schedule, save_steps=True)
+        parts += renamed_apart(plan_kernels(forward).sources, schedule)
+        parts += renamed_apart(backward_kernels(backward_plan(forward)).sources, f"{schedule}_grad")
+    nvcc_ptx("\n".join(parts), tmp_path)

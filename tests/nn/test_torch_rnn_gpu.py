@@ -47,3 +47,30 @@ def test_long_sequence_gradients_stay_near_float64(cuda):
     worst = max(float((g.double() - w).abs().max()) / max(float(w.abs().max()), 1e-3 * largest)
                 for g, w in zip(got, want, strict=True))
     assert worst < 5e-5
+
+
+@pytest.mark.parametrize("schedule", ["graph", "wavefront", "persistent", "tensor"])
+@pytest.mark.parametrize("cls, torch_cls", [(LSTM, torch.nn.LSTM), (GRU, torch.nn.GRU)])
+def test_packed_sequences_match_cudnn(cuda, schedule, cls, torch_cls):
+    """Each row to its own length in the kernels of every rung, two layers, both directions, the lengths
+    unsorted: outputs, final states and gradients against cuDNN's packed run."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    torch.manual_seed(0)
+    ours = cls(24, 40, num_layers=2, bidirectional=True, schedule=schedule).to(cuda)
+    ref = torch_cls(24, 40, num_layers=2, bidirectional=True).to(cuda)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(9, 6, 24, device=cuda, requires_grad=True)
+    packed = pack_padded_sequence(x, torch.tensor([4, 9, 1, 7, 9, 3]), enforce_sorted=False)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        (y, states), (want_y, want_states) = ours(packed), ref(packed)
+        states, want_states = ((s if isinstance(s, tuple) else (s,)) for s in (states, want_states))
+        torch.testing.assert_close(y.data, want_y.data, rtol=1e-4, atol=1e-5)
+        for got, want in zip(states, want_states, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        losses = [out.data.square().sum() + sum(s.sum() for s in ss)
+                  for out, ss in ((y, states), (want_y, want_states))]
+        got = torch.autograd.grad(losses[0], [x, *ours.parameters()], retain_graph=True)
+        want = torch.autograd.grad(losses[1], [x, *ref.parameters()])
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)

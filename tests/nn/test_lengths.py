@@ -1,0 +1,80 @@
+"""Sequences of their own lengths through the modules, on the CPU (float64): the drop-ins given a
+PackedSequence against torch.nn.LSTM / GRU given the same (outputs, final states, every gradient), for
+layers x directions x sorted or not; CellRNN's `lengths` against each row run alone; and the errors."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from cellfuse.graph_model import CellError
+from cellfuse.nn import GRU, LSTM, CellRNN
+
+T, B, INPUT, H = 7, 4, 5, 6
+
+
+@pytest.mark.parametrize("cls, torch_cls", [(LSTM, torch.nn.LSTM), (GRU, torch.nn.GRU)])
+@pytest.mark.parametrize("layers, bidirectional, enforce_sorted",
+                         list(itertools.product((1, 3), (False, True), (False, True))))
+def test_packed_sequences_match_torch(cls, torch_cls, layers, bidirectional, enforce_sorted):
+    torch.manual_seed(layers + 2 * bidirectional)
+    ours = cls(INPUT, H, num_layers=layers, bidirectional=bidirectional).double()
+    ref = torch_cls(INPUT, H, num_layers=layers, bidirectional=bidirectional).double()
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(T, B, INPUT, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([7, 5, 3, 1] if enforce_sorted else [3, 7, 1, 5])
+    packed = pack_padded_sequence(x, lengths, enforce_sorted=enforce_sorted)
+    (y, states), (want_y, want_states) = ours(packed), ref(packed)
+    states, want_states = ((s if isinstance(s, tuple) else (s,)) for s in (states, want_states))
+    assert torch.equal(y.batch_sizes, want_y.batch_sizes)
+    torch.testing.assert_close(y.data, want_y.data, rtol=0, atol=1e-10)
+    for got, want in zip(states, want_states, strict=True):
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
+    loss, want_loss = (out.data.square().sum() + sum(s.sum() for s in ss)
+                       for out, ss in ((y, states), (want_y, want_states)))
+    got = torch.autograd.grad(loss, [x, *ours.parameters()], retain_graph=True)
+    want = torch.autograd.grad(want_loss, [x, *ref.parameters()])
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("name", ["lstm", "slstm"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_cell_rnn_lengths_give_each_row_what_it_gives_alone(name, bidirectional):
+    rnn = CellRNN(name, 4, 8, 2, seed=3, bidirectional=bidirectional, batch_first=True).double()
+    x = torch.randn(3, 6, 4, dtype=torch.float64)
+    lengths = [2, 6, 4]
+    y, states = rnn(x, lengths=lengths)
+    for b, n in enumerate(lengths):
+        alone, alone_states = rnn(x[b:b + 1, :n])
+        torch.testing.assert_close(y[b, :n], alone[0], rtol=0, atol=1e-12)
+        assert (y[b, n:] == 0).all()
+        for state, value in alone_states.items():
+            torch.testing.assert_close(states[state][:, b], value[:, 0], rtol=0, atol=1e-12)
+    packed_y, packed_states = rnn(pack_padded_sequence(x, torch.tensor(lengths), batch_first=True,
+                                                       enforce_sorted=False))
+    padded, got_lengths = pad_packed_sequence(packed_y, batch_first=True)
+    torch.testing.assert_close(padded, y)
+    assert got_lengths.tolist() == lengths
+
+
+@pytest.mark.parametrize("lengths, message", [
+    ([0, 3, 2], "lengths must be from 1 to the sequence's length 5, got 0 to 3"),
+    ([1, 6, 2], "lengths must be from 1 to the sequence's length 5, got 1 to 6"),
+    ([1, 2], r"lengths has shape \[2\], expected \[3\]"),
+    (torch.tensor([1.0, 2.0, 3.0]), "lengths must be integers"),
+])
+def test_bad_lengths_are_refused(lengths, message):
+    rnn = CellRNN("gru", 4, 8, seed=1)
+    with pytest.raises(CellError, match=message):
+        rnn(torch.randn(5, 3, 4), lengths=lengths)
+
+
+def test_lengths_given_twice_are_refused():
+    rnn = CellRNN("gru", 4, 8, seed=1)
+    packed = pack_padded_sequence(torch.randn(5, 2, 4), torch.tensor([5, 3]))
+    with pytest.raises(CellError, match="lengths are given twice"):
+        rnn(packed, lengths=[5, 3])
