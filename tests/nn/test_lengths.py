@@ -78,3 +78,18 @@ def test_lengths_given_twice_are_refused():
     packed = pack_padded_sequence(torch.randn(5, 2, 4), torch.tensor([5, 3]))
     with pytest.raises(CellError, match="lengths are given twice"):
         rnn(packed, lengths=[5, 3])
+
+
+def test_dropout_with_packed_sequences_keeps_the_rows_apart():
+    """Dropout between layers draws over the padded tensor (so not torch's draw over the packed one):
+    while training, rows still stop at their lengths; in eval mode the outputs are torch's."""
+    torch.manual_seed(0)
+    ours = LSTM(INPUT, H, num_layers=3, dropout=0.5).double()
+    ref = torch.nn.LSTM(INPUT, H, num_layers=3, dropout=0.5).double()
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(T, B, INPUT, dtype=torch.float64)
+    packed = pack_padded_sequence(x, torch.tensor([3, 7, 1, 5]), enforce_sorted=False)
+    padded, _ = pad_packed_sequence(ours(packed)[0])
+    assert (padded[3:, 0] == 0).all() and (padded[1:, 2] == 0).all() and padded[:, 1].abs().min() > 0
+    ours.eval(), ref.eval()
+    torch.testing.assert_close(ours(packed)[0].data, ref(packed)[0].data, rtol=0, atol=1e-10)
