@@ -13,6 +13,7 @@ starts at the row's last step.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 
 import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
@@ -80,23 +81,57 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
                    lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """y and the final states of the stack, each layer and direction a call of its own (`params_of(layer,
     reverse)` gives a one-layer call's parameters); both directions' outputs side by side, the final
-    states in torch's order (layer by layer, forward before reverse), `initial` in the same order."""
+    states in torch's order (layer by layer, forward before reverse), `initial` in the same order. On a
+    GPU the two directions of a layer run side by side, the reverse one on a stream of its own."""
     directions = (False, True) if bidirectional else (False,)
     reverse_time = _reversal(lengths, x) if bidirectional else None
     finals: list[list[torch.Tensor]] = [[] for _ in initial]
     for layer in range(layers):
-        outputs = []
-        for d, reverse in enumerate(directions):
-            index = layer * len(directions) + d
-            y, last = run(reverse_time(x) if reverse else x, [s[index:index + 1] for s in initial],
-                          params_of(layer, reverse), cell, hidden, 1, schedule, lengths)
-            outputs.append(reverse_time(y) if reverse else y)
+        calls = [partial(_direction, x, [s[i:i + 1] for s in initial], params_of(layer, reverse),
+                         reverse_time if reverse else None, cell, hidden, schedule, lengths)
+                 for i, reverse in enumerate(directions, start=layer * len(directions))]
+        done = _side_by_side(*calls, x, initial) if bidirectional else [calls[0]()]
+        outputs, lasts = [y for y, _ in done], [last for _, last in done]
+        for last in lasts:
             for i, value in enumerate(last):
                 finals[i].append(value)
         x = torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
         if dropout and training and layer < layers - 1:
             x = torch.nn.functional.dropout(x, dropout, training=True)
     return x, [torch.cat(f) for f in finals]
+
+
+def _direction(x, initial, params, reverse_time, cell, hidden, schedule, lengths):
+    """One direction of one layer: y and the final states (reverse_time: of the reverse direction)."""
+    y, last = run(reverse_time(x) if reverse_time else x, initial, params, cell, hidden, 1, schedule,
+                  lengths)
+    return (reverse_time(y) if reverse_time else y), last
+
+
+_side_streams: dict[int, torch.cuda.Stream] = {}
+
+
+def _side_by_side(first: Callable, second: Callable, x: torch.Tensor, initial: Sequence[torch.Tensor]):
+    """first() on the current stream and second() on a side stream forked from it and joined back; in
+    order where that cannot be (not a GPU, or while torch.compile traces)."""
+    if x.device.type != "cuda" or torch.compiler.is_compiling():
+        return [first(), second()]
+    main = torch.cuda.current_stream(x.device)
+    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
+    if index not in _side_streams:
+        _side_streams[index] = torch.cuda.Stream(x.device)
+    side = _side_streams[index]
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        for t in (x, *initial):  # made on the current stream, read on the side one
+            t.record_stream(side)
+        done = second()
+    out = first()
+    main.wait_stream(side)
+    y, last = done
+    for t in (y, *last):  # made on the side stream, used on the current one
+        t.record_stream(main)
+    return [out, done]
 
 
 def repacked(y: torch.Tensor, like: PackedSequence, lengths: torch.Tensor) -> PackedSequence:

@@ -1,0 +1,151 @@
+"""cellfuse.nn.LSTM / GRU against torch.nn.LSTM / GRU (cuDNN) with the same state dict, called as a training
+script calls them: padded and packed sequences (lengths drawn uniformly), one and two directions; one JSON
+record and a Markdown table.
+
+    python3 benchmarks/dropin_vs_torch.py --out benchmarks/results/h200_DATE_dropin_vs_torch.json
+
+Each case is checked before it is timed: the outputs (a PackedSequence's data) and every gradient of a
+training step against torch's, in float32 with TF32 off on both sides (largest absolute difference of
+the outputs at most 1e-4, of each gradient at most 1e-3 of its largest). Times: CUDA events around the
+forward call under torch.no_grad(), and around a training step (forward, loss = sum of squares of the
+outputs' data, backward; the gradients set to None between steps, outside the clock); medians of
+--repeats runs taken in turns, after --warmup runs of each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence
+
+from cellfuse.nn import GRU, LSTM
+
+CASES = [  # kind, T, B, layers, bidirectional, lengths ("" = padded, all T long)
+    ("lstm", 100, 64, 1, False, ""),
+    ("lstm", 100, 64, 1, False, "uniform:10-100"),
+    ("lstm", 100, 64, 2, True, ""),
+    ("lstm", 100, 64, 2, True, "uniform:10-100"),
+    ("gru", 100, 64, 1, False, "uniform:10-100"),
+    ("lstm", 100, 8, 1, False, "uniform:10-100"),
+    ("lstm", 1000, 8, 1, False, "uniform:100-1000"),
+]
+
+
+def lengths_of(spec: str, T: int, B: int, generator: torch.Generator) -> torch.Tensor | None:
+    if not spec:
+        return None
+    low, high = (int(v) for v in spec.split(":")[1].split("-"))
+    return torch.randint(low, min(high, T) + 1, (B,), generator=generator)
+
+
+def timed(fn, start, end) -> float:
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--input", type=int, default=512)
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--schedule", default="auto")
+    args = p.parse_args()
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
+    device = torch.device("cuda")
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
+    record = {"script": "benchmarks/dropin_vs_torch.py", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+              "gpu": torch.cuda.get_device_name(device), "torch": torch.__version__,
+              "python": platform.python_version(), "commit": commit.strip(), "settings": vars(args) | {
+                  "out": str(args.out)}, "rows": []}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    generator = torch.Generator().manual_seed(0)
+    for kind, T, B, layers, bidirectional, spec in CASES:
+        row = {"kind": kind, "seq": T, "batch": B, "layers": layers, "bidirectional": bidirectional,
+               "lengths": spec or "padded"}
+        print(row, flush=True)
+        torch.manual_seed(0)
+        ours_cls, torch_cls = (LSTM, torch.nn.LSTM) if kind == "lstm" else (GRU, torch.nn.GRU)
+        ours = ours_cls(args.input, args.hidden, layers, bidirectional=bidirectional,
+                        schedule=args.schedule).to(device)
+        ref = torch_cls(args.input, args.hidden, layers, bidirectional=bidirectional).to(device)
+        ref.load_state_dict(ours.state_dict())
+        x = torch.randn(T, B, args.input, device=device)
+        lengths = lengths_of(spec, T, B, generator)
+
+        def given(x=x, lengths=lengths):
+            return x if lengths is None else pack_padded_sequence(x, lengths, enforce_sorted=False)
+
+        def data(out, packed=lengths is not None):
+            return out[0].data if packed else out[0]
+
+        # the check
+        got, want = ours(given()), ref(given())
+        row["max_abs_diff"] = float((data(got) - data(want)).abs().max())
+        grads = []
+        for module, out in ((ours, got), (ref, want)):
+            grads.append(torch.autograd.grad(data(out).square().sum(), list(module.parameters())))
+        row["grad_rel_error"] = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
+                                    for a, b in zip(*grads, strict=True))
+        row["ok"] = row["max_abs_diff"] <= 1e-4 and row["grad_rel_error"] <= 1e-3
+        if not row["ok"]:
+            print("  check failed:", row, flush=True)
+            record["rows"].append(row)
+            continue
+
+        def forward(module):
+            with torch.no_grad():
+                module(given())
+
+        def step(module):
+            data(module(given())).square().sum().backward()
+
+        for what, fn in (("forward", forward), ("train", step)):
+            times = {"cellfuse": [], "torch": []}
+            modules = {"cellfuse": ours, "torch": ref}
+            for module in modules.values():
+                for _ in range(args.warmup):
+                    fn(module)
+                    module.zero_grad(set_to_none=True)
+            for r in range(args.repeats):
+                order = list(modules.items())[::(-1 if r % 2 else 1)]
+                for name, module in order:
+                    torch.cuda.synchronize()
+                    times[name].append(timed(lambda module=module, fn=fn: fn(module), start, end))
+                    module.zero_grad(set_to_none=True)
+            row[what] = {name: statistics.median(v) for name, v in times.items()}
+        row["schedule_run"] = ours.schedules_run if hasattr(ours, "schedules_run") else None
+        print("  ", {k: row[k] for k in ("forward", "train")}, flush=True)
+        record["rows"].append(row)
+        args.out.write_text(json.dumps(record, indent=1))
+    lines = ["| cell | T | B | layers | directions | lengths | forward: cellfuse | cuDNN | speedup | "
+             "training: cellfuse | cuDNN | speedup | check |", "|---" * 13 + "|"]
+    for r in record["rows"]:
+        if not r["ok"]:
+            lines.append(f"| {r['kind']} | {r['seq']} | {r['batch']} | {r['layers']} | "
+                         f"{2 if r['bidirectional'] else 1} | {r['lengths']} | | | | | | | FAILED |")
+            continue
+        f, t = r["forward"], r["train"]
+        lines.append(f"| {r['kind']} | {r['seq']} | {r['batch']} | {r['layers']} | "
+                     f"{2 if r['bidirectional'] else 1} | {r['lengths']} | {f['cellfuse']:.3f} | "
+                     f"{f['torch']:.3f} | {f['torch'] / f['cellfuse']:.2f}x | {t['cellfuse']:.3f} | "
+                     f"{t['torch']:.3f} | {t['torch'] / t['cellfuse']:.2f}x | ok ({r['max_abs_diff']:.1e}) |")
+    record["table"] = "\n".join(lines)
+    args.out.write_text(json.dumps(record, indent=1))
+    print(record["table"])
+
+
+if __name__ == "__main__":
+    main()
