@@ -71,10 +71,11 @@ def reserve_bytes(plans: Plans, device_type: str, dtype: torch.dtype) -> int:
     return Memory(plans.train, plans.backward).reserve_bytes
 
 
-def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str) -> Runner:
-    """The runner of the op's arguments (made, and its plans with it, at the first call)."""
+def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, direction: int = 0) -> Runner:
+    """The runner of the op's arguments (made, and its plans with it, at the first call): one per
+    direction of a layer (its own packed weights and programs), so that the two run side by side."""
     T, B, inputs = x.shape
-    key = (cell, T, B, inputs, hidden, layers, schedule, x.dtype, x.device)
+    key = (cell, T, B, inputs, hidden, layers, schedule, x.dtype, x.device, direction)
     if key in _runners:
         _runners.move_to_end(key)
         return _runners[key]
@@ -102,19 +103,21 @@ _NOTHING = contextlib.nullcontext()
 
 
 def rnn_impl(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor], cell: str, hidden: int,
-             layers: int, schedule: str, save: bool) -> list[torch.Tensor]:
+             layers: int, schedule: str, save: bool, direction: int) -> list[torch.Tensor]:
     """[y, *final states, reserve]: the forward pass of `layers` of the cell over x [T, B, input] from the
     initial states (each [layers, B, hidden], in the cell's order of states), the parameters in the
-    order of the .npz keys; the reserve holds the steps for `rnn_backward` where `save`, else is empty."""
-    return _forward(x, states, params, cell, hidden, layers, schedule, save, shared=False)
+    order of the .npz keys; the reserve holds the steps for `rnn_backward` where `save`, else is empty.
+    `direction`: which direction of a layer the call runs (0 forward, 1 reverse; see `runner`)."""
+    return _forward(x, states, params, cell, hidden, layers, schedule, save, direction, shared=False)
 
 
-def _forward(x, states, params, cell, hidden, layers, schedule, save, shared: bool) -> list[torch.Tensor]:
+def _forward(x, states, params, cell, hidden, layers, schedule, save, direction, shared: bool
+             ) -> list[torch.Tensor]:
     """rnn's outputs; where `shared` (not through the op, which wants outputs of their own, and without
     saved steps), y and the final states may be views of one piece of memory."""
     with _on_device(x):
-        y, finals, reserve = runner(cell, x, hidden, layers, schedule).forward(x, states, params, save,
-                                                                                 shared)
+        y, finals, reserve = runner(cell, x, hidden, layers, schedule, direction).forward(
+            x, states, params, save, shared)
     return [y, *finals, reserve]
 
 
@@ -122,7 +125,7 @@ rnn = torch.library.custom_op("cellfuse::rnn", rnn_impl, mutates_args=())
 
 
 @rnn.register_fake
-def _rnn_fake(x, states, params, cell, hidden, layers, schedule, save):
+def _rnn_fake(x, states, params, cell, hidden, layers, schedule, save, direction):
     T, B, inputs = (int(n) for n in x.shape)  # a plan is made for sizes, not for symbols
     p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device)
     nbytes = reserve_bytes(p, x.device.type, x.dtype) if save else 0
@@ -133,11 +136,11 @@ def _rnn_fake(x, states, params, cell, hidden, layers, schedule, save):
 def rnn_backward_impl(dy: torch.Tensor, dfinals: list[torch.Tensor], x: torch.Tensor,
                       states: list[torch.Tensor], params: list[torch.Tensor], y: torch.Tensor,
                       reserve: torch.Tensor, cell: str, hidden: int, layers: int,
-                      schedule: str) -> list[torch.Tensor]:
+                      schedule: str, direction: int) -> list[torch.Tensor]:
     """[dx, *d initial states, *the parameters' gradients grouped (TensorLayout.gradients)] of the forward
     pass that returned y and the reserve, for the seeds dy and dfinals."""
     with _on_device(x):
-        dx, dstates, dparams = runner(cell, x, hidden, layers, schedule).backward(
+        dx, dstates, dparams = runner(cell, x, hidden, layers, schedule, direction).backward(
             dy, dfinals, x, states, params, y, reserve)
     return [dx, *dstates, *dparams]
 
@@ -146,7 +149,8 @@ rnn_backward = torch.library.custom_op("cellfuse::rnn_backward", rnn_backward_im
 
 
 @rnn_backward.register_fake
-def _rnn_backward_fake(dy, dfinals, x, states, params, y, reserve, cell, hidden, layers, schedule):
+def _rnn_backward_fake(dy, dfinals, x, states, params, y, reserve, cell, hidden, layers, schedule,
+                       direction):
     T, B, inputs = (int(n) for n in x.shape)
     layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device).layout
     return [x.new_empty(x.shape), *(s.new_empty(s.shape) for s in states),
@@ -154,8 +158,8 @@ def _rnn_backward_fake(dy, dfinals, x, states, params, y, reserve, cell, hidden,
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, states, params, cell, hidden, layers, schedule, save = inputs
-    ctx.meta = (len(states), len(params), cell, hidden, layers, schedule, save)
+    x, states, params, cell, hidden, layers, schedule, save, direction = inputs
+    ctx.meta = (len(states), len(params), cell, hidden, layers, schedule, save, direction)
     ctx.save_for_backward(x, *states, *params, output[0], output[-1])
 
 
@@ -163,7 +167,7 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: 
     """dx, the initial states' and the parameters' gradients, from `backward` (the op, or the runner's
     own) given the seeds; a final state's None seed stays None where `none_seeds` (no seed added), else
     is zeros, as y's always is."""
-    n_states, n_params, cell, hidden, layers, schedule, save = ctx.meta
+    n_states, n_params, cell, hidden, layers, schedule, save, direction = ctx.meta
     if not save:
         raise CellError("this CellRNN forward pass ran without saving its steps (gradients were not "
                         "needed when it ran), so it has no backward pass")
@@ -173,7 +177,8 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: 
     dy = grads[0] if grads[0] is not None else torch.zeros_like(y)
     dfinals = [g if g is not None or none_seeds else torch.zeros_like(s)
                for g, s in zip(grads[1:1 + n_states], states, strict=True)]
-    out = backward(dy, dfinals, x, list(states), list(params), y, reserve, cell, hidden, layers, schedule)
+    out = backward(dy, dfinals, x, list(states), list(params), y, reserve, cell, hidden, layers, schedule,
+                   direction)
     T, B, inputs = x.shape
     layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device).layout
     return out[0], list(out[1:1 + n_states]), layout.param_gradients(out[1 + n_states:], x)
@@ -181,7 +186,7 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: 
 
 def _op_backward(ctx, grads):
     dx, dstates, dparams = _gradients(ctx, grads, torch.ops.cellfuse.rnn_backward, none_seeds=False)
-    return dx, dstates, dparams, None, None, None, None, None
+    return dx, dstates, dparams, None, None, None, None, None, None
 
 
 rnn.register_autograd(_op_backward, setup_context=_setup_context)
@@ -193,11 +198,11 @@ class _Eager(torch.autograd.Function):
     GPU (on an H200, about 90 microseconds a call: docs/results/2026-11-28-cellrnn-in-torch.md)."""
 
     @staticmethod
-    def forward(ctx, x, cell, hidden, layers, schedule, save, n_states, *tensors):
+    def forward(ctx, x, cell, hidden, layers, schedule, save, direction, n_states, *tensors):
         # (ctx in forward: a separate setup_context makes autograd bind the arguments by inspect, slowly)
         states, params = list(tensors[:n_states]), list(tensors[n_states:])
-        output = rnn_impl(x, states, params, cell, hidden, layers, schedule, save)
-        _setup_context(ctx, (x, states, params, cell, hidden, layers, schedule, save), output)
+        output = rnn_impl(x, states, params, cell, hidden, layers, schedule, save, direction)
+        _setup_context(ctx, (x, states, params, cell, hidden, layers, schedule, save, direction), output)
         ctx.mark_non_differentiable(output[-1])
         return tuple(output)
 
@@ -205,15 +210,15 @@ class _Eager(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, *grads):
         dx, dstates, dparams = _gradients(ctx, grads, rnn_backward_impl, none_seeds=True)
-        return dx, None, None, None, None, None, None, *dstates, *dparams
+        return dx, None, None, None, None, None, None, None, *dstates, *dparams
 
 
 def run(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor], cell: str, hidden: int,
-        layers: int, schedule: str, save: bool) -> Sequence[torch.Tensor]:
+        layers: int, schedule: str, save: bool, direction: int = 0) -> Sequence[torch.Tensor]:
     """[y, *final states, reserve] of `rnn`: through the op where torch.compile or torch.export traces
     (fake or functional tensors), else straight to the runner."""
     if torch.compiler.is_compiling() or type(x) is not torch.Tensor:
-        return torch.ops.cellfuse.rnn(x, states, params, cell, hidden, layers, schedule, save)
+        return torch.ops.cellfuse.rnn(x, states, params, cell, hidden, layers, schedule, save, direction)
     if not save:  # no backward pass to follow: nothing for autograd to record
-        return _forward(x, states, params, cell, hidden, layers, schedule, save, shared=True)
-    return _Eager.apply(x, cell, hidden, layers, schedule, save, len(states), *states, *params)
+        return _forward(x, states, params, cell, hidden, layers, schedule, save, direction, shared=True)
+    return _Eager.apply(x, cell, hidden, layers, schedule, save, direction, len(states), *states, *params)

@@ -48,17 +48,17 @@ def _steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int
 
 
 def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor], cell: str,
-        hidden: int, layers: int, schedule: str, lengths: torch.Tensor | None = None
+        hidden: int, layers: int, schedule: str, lengths: torch.Tensor | None = None, direction: int = 0
         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """y and the final states of `layers` layers of the cell in one call of the ops (each row to its own
-    length where `lengths` are given: see the module's docstring)."""
+    length where `lengths` are given: see the module's docstring; `direction` as the ops take it)."""
     states = list(states)
     if lengths is not None:
         cell = ops.masked_text(cell)
         states.append(_steps_left(lengths, layers, x, hidden))
     # the steps are saved only where a backward pass may follow
     save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *states, *params))
-    out = ops.run(x, states, list(params), cell, hidden, layers, schedule, save)
+    out = ops.run(x, states, list(params), cell, hidden, layers, schedule, save, direction)
     finals = list(out[1:1 + len(states)])
     return out[0], finals[:-1] if lengths is not None else finals
 
@@ -104,7 +104,7 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
 def _direction(x, initial, params, reverse_time, cell, hidden, schedule, lengths):
     """One direction of one layer: y and the final states (reverse_time: of the reverse direction)."""
     y, last = run(reverse_time(x) if reverse_time else x, initial, params, cell, hidden, 1, schedule,
-                  lengths)
+                  lengths, 1 if reverse_time else 0)
     return (reverse_time(y) if reverse_time else y), last
 
 
@@ -113,8 +113,9 @@ _side_streams: dict[int, torch.cuda.Stream] = {}
 
 def _side_by_side(first: Callable, second: Callable, x: torch.Tensor, initial: Sequence[torch.Tensor]):
     """first() on the current stream and second() on a side stream forked from it and joined back; in
-    order where that cannot be (not a GPU, or while torch.compile traces)."""
-    if x.device.type != "cuda" or torch.compiler.is_compiling():
+    order where that cannot be (not a GPU, while torch.compile traces) or has not been seen to work (a
+    CUDA graph capture of a persistent rung's two directions side by side faulted in its replay)."""
+    if x.device.type != "cuda" or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
         return [first(), second()]
     main = torch.cuda.current_stream(x.device)
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()

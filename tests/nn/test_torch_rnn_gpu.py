@@ -76,9 +76,9 @@ def test_packed_sequences_match_cudnn(cuda, schedule, cls, torch_cls):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
-def test_both_directions_side_by_side_capture_and_replay(cuda):
-    """The reverse direction runs on a side stream forked from the caller's and joined back: a CUDA graph
-    capture of the bidirectional forward pass replays on new inputs to eager's results."""
+def test_both_directions_capture_and_replay(cuda):
+    """Eagerly the reverse direction runs on a side stream; under a CUDA graph capture the two run in
+    order: the capture of the bidirectional forward pass replays on new inputs to eager's results."""
     torch.manual_seed(0)
     lstm = LSTM(24, 40, num_layers=2, bidirectional=True, schedule="persistent").to(cuda)
     x = torch.randn(9, 6, 24, device=cuda)
