@@ -21,9 +21,34 @@ from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from ..gpu_runtime.auto_schedule import AUTO
 from ..gpu_runtime.torch_baselines import CUDNN_GATES
-from ..graph_model import CellError, init_params, load_template
+from ..graph_model import Cell, CellError, init_params, load_template
+from ..graph_model.builder import CellBuilder, sigmoid, tanh
 from . import ops, stacks
 from .runners import DTYPES, dtype_names
+
+# torch.nn.LSTM's gates in the order of its rows: the cell's input and recurrent matrices and its input and
+# recurrent biases (torch_lstm_cell's names)
+LSTM_GATES = [(f"W_{g}", f"U_{g}", f"b_{g}", f"c_{g}") for g in "ifgo"]
+
+
+def torch_lstm_cell() -> Cell:
+    """torch.nn.LSTM's cell: the `lstm` template's, with torch's two biases per gate (b_ih's rows as
+    b_{gate}, b_hh's as c_{gate}), each added by its own GEMM; so that every weight the kernels read is a
+    view of a parameter, whose version counter says when it changed (a sum of two biases made at every
+    call would have the weights packed again at every call)."""
+    b = CellBuilder("LSTM", "torch.nn.LSTM's cell")
+    x, h, c = b.input("x"), b.state("h"), b.state("c")
+    gates = {}
+    for gate, squash in (("i", sigmoid), ("f", sigmoid), ("g", tanh), ("o", sigmoid)):
+        W, U = b.weight(f"W_{gate}", "input", "hidden"), b.weight(f"U_{gate}", "hidden", "hidden")
+        b_in, b_rec = b.weight(f"b_{gate}", "hidden"), b.weight(f"c_{gate}", "hidden")
+        gates[gate] = squash((x @ W + b_in) + (h @ U + b_rec)).named(gate)
+    c_new = (gates["f"] * c + gates["i"] * gates["g"]).named("c_new")
+    h_new = (gates["o"] * tanh(c_new)).named("h_new")
+    b.update(h, h_new)
+    b.update(c, c_new)
+    b.output(h_new)
+    return b.build()
 
 
 class _TorchRNN(torch.nn.Module):
@@ -44,11 +69,11 @@ class _TorchRNN(torch.nn.Module):
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
         self.bidirectional, self.schedule = bool(bidirectional), schedule
-        cell = load_template(self.kind)
+        cell = torch_lstm_cell() if self.kind == "lstm" else load_template(self.kind)
         # the ops name the cell by its text on one line (see CellRNN)
         self._cell_text = ops.cell_text(cell)
         self._state_ids = tuple(cell.updates)
-        self._gates = CUDNN_GATES[self.kind]
+        self._gates = LSTM_GATES if self.kind == "lstm" else CUDNN_GATES[self.kind]
         # the template's weights of a layer, in the order of its keys (l0.W_i -> W_i), which the ops take
         self._names = [key.split(".", 1)[1] for key in init_params(cell, 1, 1, 1, 0)]
         gate_rows = len(self._gates) * hidden_size
@@ -105,10 +130,7 @@ class _TorchRNN(torch.nn.Module):
         for i, names in enumerate(self._gates):  # torch's gates, in torch's order of rows
             rows = slice(i * H, (i + 1) * H)
             by_name[names[0]], by_name[names[1]] = w_ih[rows].t(), w_hh[rows].t()
-            if len(names) == 4:  # the GRU's input and recurrent biases, apart
-                by_name[names[2]], by_name[names[3]] = b_ih[rows], b_hh[rows]
-            else:  # the LSTM's one bias per gate
-                by_name[names[2]] = b_ih[rows] + b_hh[rows]
+            by_name[names[2]], by_name[names[3]] = b_ih[rows], b_hh[rows]
         return [by_name[name] for name in self._names]
 
     # -- the forward pass ------------------------------------------------------------------------------

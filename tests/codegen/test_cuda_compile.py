@@ -120,15 +120,23 @@ def test_kernels_that_reduce_rows_compile_at_every_width(hidden, tmp_path):
     nvcc_cubin(source, tmp_path)
 
 
-def test_the_kernels_of_a_cell_run_to_each_rows_length_compile(tmp_path):
-    """The LSTM rewritten to stop each batch row at its own length (graph_model.lengths), forward and
-    backward under the rungs that keep states on chip or step layers side by side: one nvcc run to PTX."""
+def test_the_kernels_of_the_drop_ins_cells_compile(tmp_path):
+    """torch.nn.LSTM's cell (two biases a gate), and the LSTM rewritten to stop each batch row at its own
+    length (graph_model.lengths), forward and backward under the rungs that keep states on chip or step
+    layers side by side: one nvcc run to PTX."""
     from cellfuse.graph_model.lengths import masked
+    from cellfuse.nn.torch_rnn import torch_lstm_cell
 
-    cell = masked(load_template("lstm"))
     parts = [PERSISTENT_PRELUDE, PRELUDE]
+    for name, cell in (("lengths", masked(load_template("lstm"))), ("torch", torch_lstm_cell())):
+        parts += _kernels_of(cell, name)
+    nvcc_ptx("\n".join(parts), tmp_path)
+
+
+def _kernels_of(cell, name: str) -> list[str]:
+    parts = []
     for schedule in ("wavefront", "persistent", "tensor"):
         forward = make_plan(cell, SIZES, schedule, save_steps=True)
-        parts += renamed_apart(plan_kernels(forward).sources, schedule)
-        parts += renamed_apart(backward_kernels(backward_plan(forward)).sources, f"{schedule}_grad")
-    nvcc_ptx("\n".join(parts), tmp_path)
+        parts += renamed_apart(plan_kernels(forward).sources, f"{name}_{schedule}")
+        parts += renamed_apart(backward_kernels(backward_plan(forward)).sources, f"{name}_{schedule}_grad")
+    return parts
