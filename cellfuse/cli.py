@@ -311,6 +311,9 @@ def _print_bench(result) -> None:
     s = result.sizes
     print(f"\n{result.cell}: T={s.seq} B={s.batch} input={s.input} hidden={s.hidden} layers={s.layers} "
           f"on {result.device}" + (", training: forward + backward" if result.train else ""))
+    if result.lengths:
+        print(f"  each batch row to its own length, {min(result.lengths)} to {max(result.lengths)} steps "
+              f"(mean {sum(result.lengths) / len(result.lengths):.1f})")
     naive = result.row("naive")
     print(f"  {'implementation':18s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'vs naive':>9s} "
           f"{'rel err':>9s} {'launch/step':>11s} {'compile s':>9s}  note")
@@ -357,7 +360,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json is not None and args.plot is not None and args.json.resolve() == args.plot.resolve():
         raise CellError(f"--json and --plot name the same file, {args.json}")
     config = BenchConfig(_plan_sizes(cell, args), backend=args.backend, repeats=args.repeats,
-                         seed=args.seed, train=args.train)
+                         seed=args.seed, train=args.train, lengths=args.lengths)
     if args.schedules:
         config.schedules = _choices("--schedules", args.schedules, SCHEDULES)
     if args.baselines is not None:
@@ -530,6 +533,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time forward + backward, each checked first by its gradients against the "
                         f"reference's; the baselines ({','.join(TRAIN_BASELINES)}) with autograd")
     s.add_argument("--sweep", help="time over several sizes, e.g. batch=1,8,64,256")
+    s.add_argument("--lengths", help="each batch row to a length of its own, drawn uniformly from LOW to "
+                                     "HIGH: uniform:LOW-HIGH, e.g. uniform:10-100")
     s.add_argument("--json", type=Path, help="write the result record here")
     s.add_argument("--plot", type=Path, help="write a chart here: SVG or PDF where named so, else PNG")
     _force_option(s)

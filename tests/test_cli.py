@@ -787,3 +787,16 @@ def test_export_with_the_backward_pass(cli, tmp_path):
     assert "central difference" in text and "cellfuse_gru_workspace_bytes" in text
     code, _, err = cli("export", "gru", "--layers", 2, "-o", tmp_path / "f.cu")
     assert code == 0 and "cellfuse_gru_backward" not in (tmp_path / "f.cu").read_text()
+
+
+def test_bench_lengths_runs_each_row_to_its_own_and_records_them(cli, tmp_path):
+    code, out, err = cli("bench", "lstm", "--backend", "numpy", "--seq", 8, "--batch", B, "--input", INPUT,
+                         "--hidden", HIDDEN, "--schedules", "graph,persistent", "--baselines", "",
+                         "--repeats", 1, "--lengths", "uniform:2-8", "--json", tmp_path / "r.json")
+    assert code == 0, err
+    record = json.loads((tmp_path / "r.json").read_text())
+    assert len(record["lengths"]) == B and all(2 <= n <= 8 for n in record["lengths"])
+    assert [r["ok"] for r in record["results"]] == [True, True]
+    assert "each batch row to its own length" in out
+    code, out, err = cli("bench", "lstm", "--backend", "numpy", "--seq", 8, "--lengths", "uniform:0-9")
+    assert code == 1 and "--lengths uniform:0-9: the lengths must go from at least 1" in err

@@ -41,6 +41,7 @@ from ..graph_model import (
     run_reference,
 )
 from ..graph_model.kinks import Kink, near_kinks, other_branch
+from ..graph_model.lengths import STEPS_LEFT, masked
 from .cudnn_persistent import ALGORITHM_NAMES, CudnnPersistentRNN, CudnnRefused, unavailable_reason
 from .cudnn_persistent import ALGORITHMS as CUDNN_PERSISTENT
 from .torch_baselines import SRU_PACKAGE
@@ -95,6 +96,22 @@ class BenchConfig:
     warmup: int = 3
     seed: int = 0
     train: bool = False  # forward + backward (a training record) instead of forward only
+    # each batch row to a length of its own, drawn as "uniform:LOW-HIGH" says (see draw_lengths)
+    lengths: str | None = None
+
+
+def draw_lengths(spec: str, seq: int, batch: int, rng: np.random.Generator) -> np.ndarray:
+    """`batch` lengths drawn uniformly from LOW to HIGH (both included) as "uniform:LOW-HIGH" says, each
+    from 1 to `seq`; a CellError naming the spec where it is not one."""
+    kind, _, bounds = spec.partition(":")
+    low, _, high = bounds.partition("-")
+    if kind != "uniform" or not low.isdigit() or not high.isdigit():
+        raise CellError(f"--lengths {spec}: expected uniform:LOW-HIGH, such as uniform:10-{seq}")
+    low_n, high_n = int(low), int(high)
+    if not 1 <= low_n <= high_n <= seq:
+        raise CellError(f"--lengths {spec}: the lengths must go from at least 1 to at most the sequence's "
+                        f"length {seq}, LOW no more than HIGH")
+    return rng.integers(low_n, high_n + 1, size=batch)
 
 
 @dataclass
@@ -128,6 +145,7 @@ class BenchResult:
     train: bool = False  # the times are of forward + backward
     left_out: dict[str, str] = field(default_factory=dict)  # baselines asked for that cannot run: why
     seed: int = 0  # of the weights and inputs (see BenchConfig)
+    lengths: list[int] | None = None  # each batch row's, where they were drawn (BenchConfig.lengths)
 
     def row(self, name: str) -> BenchRow | None:
         return next((r for r in self.rows if r.name == name), None)
@@ -142,7 +160,7 @@ class BenchResult:
                 "backend": self.backend, "device": self.device, "date": self.date, "versions": self.versions,
                 "train": self.train, "measures": MEASURES[self.train], "timing": self.timing,
                 "cancelled": self.cancelled, "results": [asdict(r) for r in self.rows],
-                "left_out": self.left_out, "seed": self.seed,
+                "left_out": self.left_out, "seed": self.seed, "lengths": self.lengths,
                 "best_schedule": best.name if (best := self.best_schedule()) else None}
 
     def to_csv(self) -> str:
@@ -257,6 +275,8 @@ def baseline_reasons(cell: Cell, config: BenchConfig, backend: str) -> dict[str,
             out[b] = "not available: no GPU/PyTorch on the numpy backend"
         elif not torch_available():
             out[b] = "not available: PyTorch with CUDA is not installed"
+        elif (b == "cudnn" or b in CUDNN_PERSISTENT) and config.lengths:
+            out[b] = "not with --lengths: cuDNN's run of sequences of their own lengths is not a baseline yet"
         elif (b == "cudnn" or b in CUDNN_PERSISTENT) and cudnn_kind(cell) is None:
             out[b] = "not available: cuDNN implements only the LSTM and the GRU"
         elif b == SRU_PACKAGE and not is_sru(cell):
@@ -291,15 +311,22 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
     # in training, the seed of y's gradient: drawn after x, so that x is the forward benchmark's
     dy = (rng.standard_normal((sizes.seq, sizes.batch, sizes.hidden)).astype(np.float32) if config.train
           else None)
+    lengths, given = None, cell
+    if config.lengths:  # each row to its own length: the cell rewritten so (graph_model.lengths)
+        lengths = draw_lengths(config.lengths, sizes.seq, sizes.batch, rng)
+        cell = masked(cell)
+        initial[STEPS_LEFT] = np.broadcast_to(lengths[None, :, None].astype(np.float32),
+                                              (sizes.layers, sizes.batch, sizes.hidden)).copy()
     # The numpy executor is slow: a few runs say enough.
     runs = config.repeats if backend == "cuda" else max(1, min(config.repeats, 3))
     rounds = max(1, min(ROUNDS, runs))
     clock = "CUDA events" if backend == "cuda" else "wall clock"
-    result = BenchResult(cell.name, cell.structure_hash(), sizes, backend, device,
+    result = BenchResult(cell.name, given.structure_hash(), sizes, backend, device,
                          datetime.now(UTC).isoformat(timespec="seconds"), _versions(),
                          timing=f"{clock}; median of {runs} runs after warm-up, timed in {rounds} rounds "
                                 "that take every implementation in turn",
-                         train=config.train, seed=config.seed)
+                         train=config.train, seed=config.seed,
+                         lengths=None if lengths is None else [int(n) for n in lengths])
     schedules = [s for s in config.schedules if s in SCHEDULES]
     reasons = baseline_reasons(cell, config, backend)
     baselines = [b for b, why in reasons.items() if why is None]
