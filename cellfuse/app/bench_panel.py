@@ -222,6 +222,14 @@ class BenchPanel(QtWidgets.QWidget):
         self.cancel_button.clicked.connect(self.cancel_requested)
         return bar
 
+    def needed_height(self) -> int:
+        """The height that shows the run bar and every setting without scrolling."""
+        layout = self.layout()
+        margins = layout.contentsMargins()
+        rows = [self.run_button.sizeHint().height(), self.status.sizeHint().height(),
+                self.settings_scroll.widget().sizeHint().height() + 2 * self.settings_scroll.frameWidth()]
+        return sum(rows) + 2 * layout.spacing() + margins.top() + margins.bottom()
+
     # -- settings ----------------------------------------------------------------------------------------
     @staticmethod
     def _preset_text(preset: dict) -> str:

@@ -51,7 +51,7 @@ class BenchResultsView(QtWidgets.QWidget):
         rows.setDefaultSectionSize(self.table.fontMetrics().height() + 8)
         self.history = QtWidgets.QListWidget()
         self.history.setSelectionMode(QtWidgets.QAbstractItemView.SelectionMode.ExtendedSelection)
-        self.history.setMinimumSize(160, TABLE_MIN_HEIGHT)
+        self.history.setMinimumSize(160, 3 * self.history.fontMetrics().height())
         self.history.setToolTip("Runs since the window opened. Select two of one mode, forward or training "
                                 "(Ctrl+click), to compare them.")
 
@@ -59,8 +59,8 @@ class BenchResultsView(QtWidgets.QWidget):
         self.export_chart_button.setToolTip("Save the chart shown as PNG or SVG, on a light background")
         self.export_results_button = QtWidgets.QPushButton("Save results…")
         self.export_results_button.setToolTip("Save the numbers of the run shown as JSON or CSV")
+        # Under the list of runs, not in a row above the chart: the chart keeps that height.
         exports = QtWidgets.QHBoxLayout()
-        exports.addStretch(1)
         exports.addWidget(self.export_chart_button)
         exports.addWidget(self.export_results_button)
         hint = QtWidgets.QLabel("Runs: select two to compare")
@@ -70,6 +70,7 @@ class BenchResultsView(QtWidgets.QWidget):
         hcol.setContentsMargins(0, 0, 0, 0)
         hcol.addWidget(hint)
         hcol.addWidget(self.history, 1)
+        hcol.addLayout(exports)
 
         lower = QtWidgets.QSplitter(QtCore.Qt.Orientation.Horizontal)
         lower.addWidget(self.table)
@@ -81,13 +82,13 @@ class BenchResultsView(QtWidgets.QWidget):
         upper = QtWidgets.QSplitter(QtCore.Qt.Orientation.Vertical)
         upper.addWidget(self.canvas)
         upper.addWidget(lower)
-        upper.setStretchFactor(0, 3)
+        # Most of the height for the chart: at 1280x720 it was under 240 pixels high; the table scrolls.
+        upper.setStretchFactor(0, 5)
         upper.setStretchFactor(1, 2)
-        upper.setSizes([300, 200])
+        upper.setSizes([500, 200])
         upper.setChildrenCollapsible(False)
         layout = QtWidgets.QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
-        layout.addLayout(exports)
         layout.addWidget(upper, 1)
 
         self.export_chart_button.clicked.connect(self.export_chart_requested)

@@ -171,6 +171,9 @@ class MainWindow(QtWidgets.QMainWindow):
             panel.setMinimumHeight(g.BOTTOM_PANEL_MIN_HEIGHT)
         self.panel_docks = [self.palette_dock, self.properties_dock, self.plan_dock, self.problems_dock,
                             self.equations_dock, self.cuda_dock, self.bench_dock]
+        self.bottom_docks = window_geometry.BottomDocks(self, [self.equations_dock, self.cuda_dock],
+                                                        [self.problems_dock],
+                                                        {self.bench_dock: self.bench_panel.needed_height})
 
     def _build_status_bar(self) -> None:
         self.validity_label = QtWidgets.QLabel()
@@ -877,7 +880,7 @@ class MainWindow(QtWidgets.QMainWindow):
         """The default sizes of the panels: most of the window for the canvas."""
         horizontal, vertical = QtCore.Qt.Orientation.Horizontal, QtCore.Qt.Orientation.Vertical
         self.resizeDocks([self.palette_dock, self.properties_dock], [190, 340], horizontal)
-        self.resizeDocks([self.problems_dock], [int(self.height() * 0.3)], vertical)
+        self.bottom_docks.fit()
         self.resizeDocks([self.properties_dock, self.plan_dock],
                          [int(self.height() * 0.36), int(self.height() * 0.5)], vertical)
 

@@ -9,6 +9,7 @@ import pytest
 from PySide6 import QtCore, QtWidgets
 from tiers import slow_beyond
 
+from cellfuse.app.bench_runs import BenchRun
 from cellfuse.app.window_geometry import PALETTE_MIN_WIDTH, PREFERRED_SIZE, initial_geometry
 
 TIMEOUT_MS = 60_000
@@ -100,7 +101,7 @@ def test_a_finished_run_is_readable_in_the_default_layout(qtbot, qapp, window, s
     # The results open where there is room, without the user touching the layout.
     assert window.central_tabs.currentWidget() is panel.results
     chart = panel.results.canvas
-    assert chart.width() >= 600 and chart.height() >= 220, chart.size()
+    assert chart.width() >= 600 and chart.height() >= 280, chart.size()
     table = panel.table
     assert table.viewport().width() >= 400
     last = 3  # Implementation, Kind, Median ms, Min ms: whole, without scrolling
@@ -111,3 +112,47 @@ def test_a_finished_run_is_readable_in_the_default_layout(qtbot, qapp, window, s
     assert fig._suptitle is not None
     assert fig._supxlabel is not None and "numpy backend" in fig._supxlabel.get_text()
     assert not chart_problems(fig)
+
+
+def lines_shown(editor: QtWidgets.QPlainTextEdit) -> float:
+    return editor.viewport().height() / editor.fontMetrics().lineSpacing()
+
+
+def test_the_canvas_has_the_room_and_the_bottom_panels_grow_for_code_and_equations(qtbot, qapp, window):
+    settle(qapp, window, (1366, 768))
+    problems = window.problems_dock
+    assert window.bottom_docks.raised() is problems
+    assert problems.height() <= 0.2 * 768 and window.canvas.height() >= 500  # it had 190 and 468 pixels
+    cuda = window.cuda_view.findChild(QtWidgets.QPlainTextEdit)
+    window.cuda_dock.raise_()
+    qtbot.waitUntil(lambda: lines_shown(cuda) >= 12, timeout=2000)  # it showed 6 to 8
+    window.equations_dock.raise_()
+    qtbot.waitUntil(lambda: window.equations_dock.height() >= 0.33 * 768, timeout=2000)
+    problems.raise_()
+    qtbot.waitUntil(lambda: problems.height() <= 0.2 * 768, timeout=2000)  # the canvas has it back
+    # A height set by hand stays.
+    window.resizeDocks([problems], [250], QtCore.Qt.Orientation.Vertical)
+    qapp.processEvents()
+    by_hand = problems.height()
+    assert 0.2 * 768 < by_hand < 0.33 * 768
+    window.cuda_dock.raise_()
+    qtbot.wait(50)
+    assert window.cuda_dock.height() == by_hand
+
+
+def test_a_run_shown_at_1280x720_has_a_chart_280_pixels_high(qapp, window):
+    from cellfuse.gpu_runtime.bench import BenchResult, BenchRow
+    from cellfuse.graph_model import Sizes
+
+    settle(qapp, window, (1280, 720))
+    rows = [BenchRow(name, "schedule", True, 1.0 + i, 0.9 + i, 1.1 + i) for i, name in
+            enumerate(window.bench_panel.schedules())]
+    window.bench_dock.raise_()  # as F5 does
+    result = BenchResult("LSTM", "", Sizes(4, 2, 8, 8, 1), "numpy", "CPU", "", {}, rows)
+    window.bench_panel.add_run(BenchRun(1, result))
+    window.show_bench_results()
+    for _ in range(3):
+        qapp.processEvents()
+    assert window.bench_panel.results.canvas.height() >= 280
+    scroll = window.bench_panel.settings_scroll  # and the settings still show whole
+    assert scroll.widget().sizeHint().height() <= scroll.viewport().height()
