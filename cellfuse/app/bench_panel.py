@@ -32,6 +32,34 @@ FORWARD_ONLY = ("Forward only: not run in training mode, which times forward + b
                 f"and offers {', '.join(TRAIN_BASELINES)}")
 
 
+class StatusLine(QtWidgets.QLabel):
+    """One line of status, cut short with an ellipsis where the panel is narrower than it, the whole in
+    its tooltip: a status that wrapped to three lines (the baselines not available here) took the
+    height of the settings under it. `text()` is the whole."""
+
+    def __init__(self, text: str = "") -> None:
+        super().__init__()
+        self._full = ""
+        self.setSizePolicy(QtWidgets.QSizePolicy.Policy.Ignored, QtWidgets.QSizePolicy.Policy.Preferred)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt's name)
+        self._full = text
+        self.setToolTip(text)
+        self._elide()
+
+    def text(self) -> str:
+        return self._full
+
+    def resizeEvent(self, event: QtGui.QResizeEvent) -> None:  # noqa: N802 (Qt's name)
+        super().resizeEvent(event)
+        self._elide()
+
+    def _elide(self) -> None:
+        elide = QtCore.Qt.TextElideMode.ElideRight
+        super().setText(self.fontMetrics().elidedText(self._full, elide, max(self.width(), 1)))
+
+
 class BenchPanel(QtWidgets.QWidget):
     run_requested = QtCore.Signal()
     cancel_requested = QtCore.Signal()
@@ -210,9 +238,8 @@ class BenchPanel(QtWidgets.QWidget):
         self.progress.setRange(0, 1)
         self.progress.setValue(0)
         self.progress.setTextVisible(True)
-        self.status = QtWidgets.QLabel("Not run yet.")
+        self.status = StatusLine("Not run yet.")
         self.status.setProperty("role", "hint")
-        self.status.setWordWrap(True)
         bar.addWidget(self.run_button)
         bar.addWidget(self.cancel_button)
         bar.addWidget(self.preset_button)

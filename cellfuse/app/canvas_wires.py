@@ -35,10 +35,6 @@ OWN_PEN = 0  # the key of a group's wire's own pen, kept while it is lit (QGraph
 class CellPipe(PipeItem):
     """A wire between two ports of the cell's nodes."""
 
-    def __init__(self, input_port=None, output_port=None) -> None:
-        self.routed = False  # whether the wire runs around nodes rather than on NodeGraphQt's curve
-        super().__init__(input_port, output_port)
-
     # -- look ---------------------------------------------------------------------------------------
     def lit(self) -> bool:
         """Whether a node at either end is selected."""
@@ -66,7 +62,6 @@ class CellPipe(PipeItem):
     # -- path ---------------------------------------------------------------------------------------
     def draw_path(self, start_port, end_port=None, cursor_pos=None) -> None:
         super().draw_path(start_port, end_port, cursor_pos)
-        self.routed = False
         if cursor_pos is not None or end_port is None:
             return
         ports = {start_port.port_type: start_port, end_port.port_type: end_port}
@@ -75,7 +70,6 @@ class CellPipe(PipeItem):
             route_later(self, out, into, into.node.boundingRect().width(), self._take_route)
 
     def _take_route(self, path: QtGui.QPainterPath) -> None:
-        self.routed = True
         # From the input port to the output port, as NodeGraphQt draws it: its arrow reads the path so.
         self.setPath(path.toReversed())
         self._draw_direction_pointer()
