@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from PySide6 import QtCore, QtGui
+from PySide6 import QtCore, QtGui, QtWidgets
 from tiers import slow_beyond
 
 from cellfuse.app import theme
@@ -256,6 +256,13 @@ def test_a_plan_row_under_the_cursor_brings_out_its_outline_and_shows_its_labels
     assert outline.pen().widthF() == width
     assert not any(item.isVisible() for item, lab in zip(overlay.label_items(), overlay.labels, strict=True)
                    if lab.region == region and not lab.shown)
+    # The cursor on the outline itself does the same.
+    outline.hoverEnterEvent(QtWidgets.QGraphicsSceneHoverEvent(QtCore.QEvent.Type.GraphicsSceneHoverEnter))
+    assert outline.pen().widthF() > width
+    assert all(item.isVisible() for item, lab in zip(overlay.label_items(), overlay.labels, strict=True)
+               if lab.region == region)
+    outline.hoverLeaveEvent(QtWidgets.QGraphicsSceneHoverEvent(QtCore.QEvent.Type.GraphicsSceneHoverLeave))
+    assert outline.pen().widthF() == width
 
 
 def test_an_outline_says_why_its_launch_begins_and_ends_there(window):
