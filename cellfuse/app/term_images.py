@@ -37,12 +37,12 @@ class TermImage:
         image = self._tints.get(color)
         if image is None:
             image = QtGui.QImage(self.mask.size(), QtGui.QImage.Format.Format_ARGB32_Premultiplied)
+            image.setDevicePixelRatio(self.mask.devicePixelRatio())  # so that the mask is drawn 1:1
             image.fill(QtGui.QColor(color))
             painter = QtGui.QPainter(image)
             painter.setCompositionMode(QtGui.QPainter.CompositionMode.CompositionMode_DestinationIn)
             painter.drawImage(0, 0, self.mask)
             painter.end()
-            image.setDevicePixelRatio(self.mask.devicePixelRatio())
             self._tints[color] = image
         return image
 
