@@ -20,33 +20,46 @@ import torch
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from ..gpu_runtime.auto_schedule import AUTO
-from ..gpu_runtime.torch_baselines import CUDNN_GATES
-from ..graph_model import Cell, CellError, init_params, load_template
+from ..graph_model import Cell, CellError, init_params
 from ..graph_model.builder import CellBuilder, sigmoid, tanh
 from . import ops, stacks
 from .runners import DTYPES, dtype_names
 
-# torch.nn.LSTM's gates in the order of its rows: the cell's input and recurrent matrices and its input and
-# recurrent biases (torch_lstm_cell's names)
-LSTM_GATES = [(f"W_{g}", f"U_{g}", f"b_{g}", f"c_{g}") for g in "ifgo"]
+# torch's gates in the order of its rows: the cell's input and recurrent matrices and its input and
+# recurrent biases (torch_cell's names)
+GATES = {"lstm": [(f"W_{g}", f"U_{g}", f"b_{g}", f"c_{g}") for g in "ifgo"],
+         "gru": [(f"W_i{g}", f"W_h{g}", f"b_i{g}", f"b_h{g}") for g in "rzn"]}
 
 
-def torch_lstm_cell() -> Cell:
-    """torch.nn.LSTM's cell: the `lstm` template's, with torch's two biases per gate (b_ih's rows as
-    b_{gate}, b_hh's as c_{gate}), each added by its own GEMM; so that every weight the kernels read is a
-    view of a parameter, whose version counter says when it changed (a sum of two biases made at every
-    call would have the weights packed again at every call)."""
-    b = CellBuilder("LSTM", "torch.nn.LSTM's cell")
-    x, h, c = b.input("x"), b.state("h"), b.state("c")
+def torch_cell(kind: str, bias: bool = True) -> Cell:
+    """torch.nn.LSTM's or GRU's cell (the `lstm` and `gru` templates' gates), with torch's two biases per
+    gate apart (b_ih's rows and b_hh's, named as GATES says), or none without `bias`: every weight the
+    kernels read is then a view of a parameter, whose version counter says when it changed (a sum of
+    two biases, or zeros, made at every call would have the weights packed again at every call)."""
+    b = CellBuilder(kind.upper(), f"torch.nn.{kind.upper()}'s cell")
+    x, h = b.input("x"), b.state("h")
+
+    def affine(a, w: str, rows: str, bias_name: str):
+        out = a @ b.weight(w, rows, "hidden")
+        return out + b.weight(bias_name, "hidden") if bias else out
+
     gates = {}
-    for gate, squash in (("i", sigmoid), ("f", sigmoid), ("g", tanh), ("o", sigmoid)):
-        W, U = b.weight(f"W_{gate}", "input", "hidden"), b.weight(f"U_{gate}", "hidden", "hidden")
-        b_in, b_rec = b.weight(f"b_{gate}", "hidden"), b.weight(f"c_{gate}", "hidden")
-        gates[gate] = squash((x @ W + b_in) + (h @ U + b_rec)).named(gate)
-    c_new = (gates["f"] * c + gates["i"] * gates["g"]).named("c_new")
-    h_new = (gates["o"] * tanh(c_new)).named("h_new")
-    b.update(h, h_new)
-    b.update(c, c_new)
+    if kind == "lstm":
+        c = b.state("c")
+        for (w, u, b_in, b_rec), squash in zip(GATES["lstm"], (sigmoid, sigmoid, tanh, sigmoid), strict=True):
+            gate = w.removeprefix("W_")
+            gates[gate] = squash(affine(x, w, "input", b_in) + affine(h, u, "hidden", b_rec)).named(gate)
+        c_new = (gates["f"] * c + gates["i"] * gates["g"]).named("c_new")
+        h_new = (gates["o"] * tanh(c_new)).named("h_new")
+        b.update(h, h_new)  # the states in torch's order: (h, c)
+        b.update(c, c_new)
+    else:
+        (w_r, u_r, b_ir, b_hr), (w_z, u_z, b_iz, b_hz), (w_n, u_n, b_in, b_hn) = GATES["gru"]
+        r = sigmoid(affine(x, w_r, "input", b_ir) + affine(h, u_r, "hidden", b_hr)).named("r")
+        z = sigmoid(affine(x, w_z, "input", b_iz) + affine(h, u_z, "hidden", b_hz)).named("z")
+        n = tanh(affine(x, w_n, "input", b_in) + r * affine(h, u_n, "hidden", b_hn)).named("n")
+        h_new = ((1.0 - z) * n + z * h).named("h_new")
+        b.update(h, h_new)
     b.output(h_new)
     return b.build()
 
@@ -69,11 +82,11 @@ class _TorchRNN(torch.nn.Module):
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
         self.bidirectional, self.schedule = bool(bidirectional), schedule
-        cell = torch_lstm_cell() if self.kind == "lstm" else load_template(self.kind)
+        cell = torch_cell(self.kind, self.bias)
         # the ops name the cell by its text on one line (see CellRNN)
         self._cell_text = ops.cell_text(cell)
         self._state_ids = tuple(cell.updates)
-        self._gates = LSTM_GATES if self.kind == "lstm" else CUDNN_GATES[self.kind]
+        self._gates = GATES[self.kind]
         # the template's weights of a layer, in the order of its keys (l0.W_i -> W_i), which the ops take
         self._names = [key.split(".", 1)[1] for key in init_params(cell, 1, 1, 1, 0)]
         gate_rows = len(self._gates) * hidden_size
@@ -122,15 +135,13 @@ class _TorchRNN(torch.nn.Module):
         """One layer's weights of one direction in the template's order of keys."""
         H, suffix = self.hidden_size, "_reverse" if reverse else ""
         w_ih, w_hh = (getattr(self, f"{name}_l{layer}{suffix}") for name in ("weight_ih", "weight_hh"))
-        if self.bias:
-            b_ih, b_hh = (getattr(self, f"{name}_l{layer}{suffix}") for name in ("bias_ih", "bias_hh"))
-        else:
-            b_ih = b_hh = w_ih.new_zeros(w_ih.shape[0])
         by_name = {}
         for i, names in enumerate(self._gates):  # torch's gates, in torch's order of rows
             rows = slice(i * H, (i + 1) * H)
             by_name[names[0]], by_name[names[1]] = w_ih[rows].t(), w_hh[rows].t()
-            by_name[names[2]], by_name[names[3]] = b_ih[rows], b_hh[rows]
+            if self.bias:
+                b_ih, b_hh = (getattr(self, f"{name}_l{layer}{suffix}") for name in ("bias_ih", "bias_hh"))
+                by_name[names[2]], by_name[names[3]] = b_ih[rows], b_hh[rows]
         return [by_name[name] for name in self._names]
 
     # -- the forward pass ------------------------------------------------------------------------------

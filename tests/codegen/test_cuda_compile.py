@@ -121,14 +121,16 @@ def test_kernels_that_reduce_rows_compile_at_every_width(hidden, tmp_path):
 
 
 def test_the_kernels_of_the_drop_ins_cells_compile(tmp_path):
-    """torch.nn.LSTM's cell (two biases a gate), and the LSTM rewritten to stop each batch row at its own
-    length (graph_model.lengths), forward and backward under the rungs that keep states on chip or step
-    layers side by side: one nvcc run to PTX."""
+    """torch.nn.LSTM's and GRU's cells (two biases a gate, or none), and the LSTM rewritten to stop each
+    batch row at its own length (graph_model.lengths), forward and backward under the rungs that keep
+    states on chip or step layers side by side: one nvcc run to PTX."""
     from cellfuse.graph_model.lengths import masked
-    from cellfuse.nn.torch_rnn import torch_lstm_cell
+    from cellfuse.nn.torch_rnn import torch_cell
 
     parts = [PERSISTENT_PRELUDE, PRELUDE]
-    for name, cell in (("lengths", masked(load_template("lstm"))), ("torch", torch_lstm_cell())):
+    cells = {"lengths": masked(load_template("lstm")), "torch_lstm": torch_cell("lstm"),
+             "torch_gru": torch_cell("gru"), "torch_lstm_unbiased": torch_cell("lstm", bias=False)}
+    for name, cell in cells.items():
         parts += _kernels_of(cell, name)
     nvcc_ptx("\n".join(parts), tmp_path)
 
