@@ -154,7 +154,8 @@ class CellRNN(torch.nn.Module):
         self._sizes_checked: set[tuple[int, int]] = set()  # (T, B) that passed check_sizes
         self._zero_states: dict[tuple, torch.Tensor] = {}
         self._last_seen: tuple | None = None
-        self._seen: OrderedDict[tuple, None] = OrderedDict()  # (T, B, device) of the recent forward calls
+        # ((T, B, input), device, whether lengths were given) of the recent forward calls
+        self._seen: OrderedDict[tuple, None] = OrderedDict()
 
     def extra_repr(self) -> str:
         return (f"cell={self.cell.name!r}, input_size={self.input_size}, hidden_size={self.hidden_size}, "
@@ -166,8 +167,9 @@ class CellRNN(torch.nn.Module):
     @property
     def schedules_run(self) -> list[str]:
         """The rungs the module's recent forward passes ran (`auto` resolved), one per size seen."""
-        return [ops.plans(self._cell_text, *shape, self.hidden_size, self.num_layers, self.schedule,
-                          device).schedule for shape, device in self._seen]
+        return [ops.plans(ops.masked_text(self._cell_text) if lengths else self._cell_text, *shape,
+                          self.hidden_size, self.num_layers, self.schedule, device).schedule
+                for shape, device, lengths in self._seen]
 
     # -- parameters ----------------------------------------------------------------------------------
     @property
@@ -261,7 +263,7 @@ class CellRNN(torch.nn.Module):
             y, finals = stacks.run(x, initial, self._params(), self._cell_text, self.hidden_size,
                                    self.num_layers, self.schedule, lengths)
         if not torch.compiler.is_compiling():
-            seen = (x.shape, x.device)
+            seen = (x.shape, x.device, lengths is not None)
             if seen != self._last_seen:
                 self._last_seen = seen
                 self._seen[seen] = None
