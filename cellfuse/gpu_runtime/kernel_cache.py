@@ -64,13 +64,14 @@ def cubin(source: str, arch: str, options: tuple[str, ...] = ("-O3",)) -> bytes:
     return compiled
 
 
-def shared_library(source: str, name: str) -> Path:
+def shared_library(source: str, name: str, fresh: bool = False) -> Path:
     """The file of a shared library built by nvcc from C `source` (host code, such as the launch list's),
-    kept in the cache folder's `host/` as `<name>-<sha256>.so`; built where it is not there yet. A
-    CellError where nvcc reports errors; built in a temporary folder where the cache cannot be written."""
+    kept in the cache folder's `host/` as `<name>-<sha256>.so`; built where it is not there yet, or again
+    where `fresh` (the caller found the kept one damaged). A CellError where nvcc reports errors; built in
+    a temporary folder where the cache cannot be written."""
     key = _key(source, "host", _LIBRARY_OPTIONS)
     path = cache_dir() / "host" / f"{name}-{key}.so"
-    if path.is_file():
+    if path.is_file() and not fresh:
         return path
     with tempfile.TemporaryDirectory(prefix="cellfuse-host-") as tmp:
         c, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"

@@ -21,6 +21,7 @@ which found the cuBLAS the process uses).
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 from collections.abc import Sequence
 from functools import lru_cache
@@ -31,6 +32,8 @@ import numpy as np
 from ..graph_model import CellError
 from . import driver
 from .kernel_cache import shared_library
+
+log = logging.getLogger(__name__)
 
 KERNEL, COOPERATIVE, EARLY, COPY, RECORD, WAIT, SGEMM, GEMM_EX = range(8)
 _CUBLAS_ERROR = 100000  # cf_run's code for a cuBLAS status s is this plus s
@@ -68,7 +71,12 @@ def library() -> ctypes.CDLL:
     """The launch list's C code, built (or found built) and loaded; its structures' sizes checked
     against this module's."""
     source = (resources.files("cellfuse.resources.host") / "launch_list.c").read_text("utf-8")
-    lib = ctypes.CDLL(str(shared_library(source, "launch_list")))
+    path = shared_library(source, "launch_list")
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError as e:  # a kept file cut short or overwritten: built again
+        log.warning("the launch list's library %s does not load (%s); building it again", path, e)
+        lib = ctypes.CDLL(str(shared_library(source, "launch_list", fresh=True)))
     sizes = (ctypes.c_int32 * 8)()
     lib.cf_sizes(sizes)
     ours = (ctypes.sizeof(Api), ctypes.sizeof(_Op), ctypes.sizeof(_Program))

@@ -139,3 +139,13 @@ def test_the_library_is_built_once_and_found_by_later_processes(monkeypatch):
 
     monkeypatch.setattr(kernel_cache.subprocess, "run", refuse)
     assert launch_list.library().cf_run
+
+
+def test_a_damaged_library_file_is_built_again(tmp_path, caplog):
+    path = kernel_cache.shared_library(
+        (launch_list.resources.files("cellfuse.resources.host") / "launch_list.c").read_text("utf-8"),
+        "launch_list")
+    path.write_bytes(b"not a library")
+    with caplog.at_level("WARNING", logger=launch_list.__name__):
+        assert launch_list.library().cf_run
+    assert "does not load" in caplog.text and path.read_bytes()[:4] == b"\x7fELF"
