@@ -87,6 +87,10 @@ class _TorchRNN(torch.nn.Module):
         self._cell_text = ops.cell_text(cell)
         self._state_ids = tuple(cell.updates)
         self._gates = GATES[self.kind]
+        # each layer's parameters a call reads the cell's weights out of, in the order of a gate's names
+        self._sources = ("weight_ih", "weight_hh", "bias_ih", "bias_hh") if self.bias else ("weight_ih",
+                                                                                           "weight_hh")
+        self._view_cache: dict[tuple[int, bool], tuple[tuple, list[torch.Tensor]]] = {}
         # the template's weights of a layer, in the order of its keys (l0.W_i -> W_i), which the ops take
         self._names = [key.split(".", 1)[1] for key in init_params(cell, 1, 1, 1, 0)]
         gate_rows = len(self._gates) * hidden_size
@@ -132,17 +136,37 @@ class _TorchRNN(torch.nn.Module):
 
     # -- the template's weights, read out of torch's ---------------------------------------------------
     def _layer_params(self, layer: int, reverse: bool) -> list[torch.Tensor]:
-        """One layer's weights of one direction in the template's order of keys."""
-        H, suffix = self.hidden_size, "_reverse" if reverse else ""
-        w_ih, w_hh = (getattr(self, f"{name}_l{layer}{suffix}") for name in ("weight_ih", "weight_hh"))
+        """One layer's weights of one direction in the cell's order of keys: views of torch's parameters,
+        made again only when a parameter was replaced (moved, or swapped by torch.func.functional_call),
+        its requires_grad changed, or grad mode did; a call otherwise reuses them (two dozen views cost
+        tens of microseconds a call), and they follow in-place changes of the parameters as views do."""
+        suffix = "_reverse" if reverse else ""
+        sources = [self._parameters[f"{name}_l{layer}{suffix}"] for name in self._sources]
+        if torch.compiler.is_compiling():
+            return self._views(sources)
+        key = (torch.is_grad_enabled(), *((id(p), p.data_ptr(), p.requires_grad) for p in sources))
+        cached = self._view_cache.get((layer, reverse))
+        if cached is None or cached[0] != key:
+            cached = self._view_cache[layer, reverse] = (key, self._views(sources))
+        return cached[1]
+
+    def _views(self, sources: list[torch.Tensor]) -> list[torch.Tensor]:
+        H = self.hidden_size
         by_name = {}
         for i, names in enumerate(self._gates):  # torch's gates, in torch's order of rows
             rows = slice(i * H, (i + 1) * H)
-            by_name[names[0]], by_name[names[1]] = w_ih[rows].t(), w_hh[rows].t()
-            if self.bias:
-                b_ih, b_hh = (getattr(self, f"{name}_l{layer}{suffix}") for name in ("bias_ih", "bias_hh"))
-                by_name[names[2]], by_name[names[3]] = b_ih[rows], b_hh[rows]
+            for name, source in zip(names, sources, strict=False):
+                by_name[name] = source[rows].t() if source.dim() == 2 else source[rows]
         return [by_name[name] for name in self._names]
+
+    def _apply(self, fn, recurse=True):
+        self._view_cache.clear()  # views of the tensors a move replaces would keep them alive
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_view_cache"] = {}
+        return state
 
     # -- the forward pass ------------------------------------------------------------------------------
     def _check(self, x: object) -> torch.Tensor:

@@ -115,3 +115,27 @@ def test_compiled_with_fullgraph_matches_eager():
         torch.testing.assert_close(got, want)
     grad = torch.autograd.grad(y.sum(), lstm.weight_hh_l1_reverse)[0]
     torch.testing.assert_close(grad, torch.autograd.grad(want_y.sum(), lstm.weight_hh_l1_reverse)[0])
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_the_views_a_call_reuses_follow_the_parameters(kind):
+    """The weights' views are made once and reused: they follow in-place updates (an optimizer's steps,
+    load_state_dict), and grad mode and requires_grad as they change."""
+    ours, ref = _pair(kind, num_layers=2)
+    x = torch.randn(6, 3, INPUT, dtype=torch.float64)
+    with torch.no_grad():
+        ours(x), ref(x)  # views made without grad mode first
+    optimizers = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (ours, ref)]
+    for _ in range(2):
+        for module, optimizer in zip((ours, ref), optimizers, strict=True):
+            optimizer.zero_grad()
+            module(x)[0].square().sum().backward()
+            optimizer.step()
+    torch.testing.assert_close(ours(x)[0], ref(x)[0], rtol=1e-10, atol=1e-12)
+    ours.weight_hh_l1.requires_grad_(False)
+    ours.zero_grad(set_to_none=True)
+    ours(x)[0].sum().backward()
+    assert ours.weight_hh_l1.grad is None and ours.weight_hh_l0.grad is not None
+    fresh = _pair(kind, num_layers=2)[1]
+    ours.load_state_dict(fresh.state_dict())
+    torch.testing.assert_close(ours(x)[0], fresh(x)[0], rtol=1e-10, atol=1e-12)
