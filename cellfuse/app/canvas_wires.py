@@ -8,8 +8,9 @@ where every node is.
 
 NodeGraphQt lights a selected node's wires itself, but from inside the selection change, before the
 node counts as selected, and a wire between two nodes went dark when one of them was deselected while
-the other stayed selected. Here a wire's look follows from the selection as it is: the viewer asks every
-wire again once the selection has changed (see CanvasViewer).
+the other stayed selected. Here a wire's look follows from the selection as it is: once the selection has
+changed, the viewer asks again every wire lit until then and every wire of a node selected now (see
+CanvasViewer); a wire keeps the viewer's set of lit wires as it is styled.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class CellPipe(PipeItem):
                               style=PipeEnum.DRAW_TYPE_DEFAULT.value if lit else self.style)
         self.setZValue(LIT_Z if lit else Z_VAL_PIPE)
         self._draw_direction_pointer()
+        note_lit(self, lit)
 
     # NodeGraphQt calls these while a node's selection changes, and on hover; the look is the selection's.
     def highlight(self) -> None:
@@ -161,6 +163,30 @@ def restyle_group_wire(wire: QtWidgets.QGraphicsPathItem) -> None:
         pen.setWidthF(LIT_WIDTH)
     wire.setPen(pen)
     wire.setZValue(LIT_Z if lit else Z_VAL_PIPE)
+    note_lit(wire, lit)
+
+
+def note_lit(wire: QtWidgets.QGraphicsItem, lit: bool) -> None:
+    """Keeps the canvas's set of lit wires (CanvasViewer.lit_wires) as a wire is styled, so that a change
+    of the selection styles again those and the wires of the nodes selected, not every wire."""
+    scene = wire.scene()
+    views = scene.views() if scene is not None else []
+    lit_wires = getattr(views[0], "lit_wires", None) if views else None
+    if lit_wires is not None:
+        if lit:
+            lit_wires.add(wire)
+        else:
+            lit_wires.discard(wire)
+
+
+def own_color(pipe: PipeItem) -> tuple[int, int, int, int] | None:
+    """A wire's own colour: that of the kind of node it comes from, a little darker; None where its
+    node has no kind."""
+    out = pipe.output_port
+    rgb = getattr(out.node if out is not None else None, "kind_rgb", None)
+    if rgb is None:
+        return None
+    return int(rgb[0] * 0.8), int(rgb[1] * 0.8), int(rgb[2] * 0.8), 255
 
 
 def _node_of(item: QtWidgets.QGraphicsItem | None) -> QtWidgets.QGraphicsItem | None:

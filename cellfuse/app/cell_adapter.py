@@ -189,6 +189,13 @@ class CellAdapter(QtCore.QObject):
             self._listed_ids = ids
         return list(self._listed)
 
+    def node_serials(self, groups: bool = True) -> tuple[int, ...]:
+        """A number for each canvas node (but the groups' nodes, without `groups`), in the order they
+        were made, that no other node ever has (not NodeGraphQt's id, a memory address): the same
+        numbers, the same nodes."""
+        self._nodes()
+        return tuple(self._seq[n] for n in self._listed if groups or n.ROLE != ROLE_GROUP)
+
     def _ops(self) -> list[CellNode]:
         return [n for n in self._nodes() if n.ROLE == ROLE_OP]
 

@@ -26,8 +26,9 @@ graph and never reach the undo stack or the file.
 
 from __future__ import annotations
 
+import functools
 import html
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
@@ -47,7 +48,8 @@ SPOT_NODES = 3  # the top (bottom, ...) nodes of a piece whose edges a label may
 PLACE_DELAY_MS = 60
 HANG_PX = 18.0  # pixels of its edge a label hanging past the edge's end keeps
 MAX_MOVED = 2  # labels moved to make room for one that finds every spot taken
-GRID = 256.0  # the width of a column of the index of boxes, in the scene
+GRID = 256.0  # the side of a cell of the index of boxes, in the scene, at least
+GRID_PX = 64.0  # and at least this many pixels on screen: zoomed far out, a label is thousands wide
 LIT_PEN = 2.2  # how much wider a region's outline is drawn while brought out
 BASE_WIDTH, BASE_ALPHA = 0, 1  # keys of an outline's own pen width and fill alpha (QGraphicsItem.data)
 STALE_RGB: theme.RGB = (128, 132, 140)  # every region of an out-of-date plan, in one quiet grey
@@ -321,6 +323,15 @@ class _Piece:
     rects: list[QtCore.QRectF]  # the outlines of the nodes in it
     nodes: tuple[str, ...]
     label: PlanLabel
+    _spots: dict = field(default_factory=dict, repr=False, compare=False)  # (w, h, zoom) -> spots()
+
+    @functools.cached_property
+    def _ends(self) -> tuple[list[QtCore.QRectF], ...]:
+        """Its top, bottom, right and left nodes' outlines, SPOT_NODES of each."""
+        return (sorted(self.rects, key=lambda r: (r.top(), r.left()))[:SPOT_NODES],
+                sorted(self.rects, key=lambda r: (-r.bottom(), r.left()))[:SPOT_NODES],
+                sorted(self.rects, key=lambda r: (-r.right(), r.top()))[:SPOT_NODES],
+                sorted(self.rects, key=lambda r: (r.left(), r.top()))[:SPOT_NODES])
 
     def spots(self, size: QtCore.QSizeF, zoom: float) -> list[_Spot]:
         """Each place the label may take, best first: on the outline's top edge above a top node, then on
@@ -329,10 +340,10 @@ class _Piece:
         own slice must leave room for its neighbour's); last, beside the outline at a node's top, outside
         it, right or left."""
         w, h = size.width(), size.height()
-        top = sorted(self.rects, key=lambda r: (r.top(), r.left()))[:SPOT_NODES]
-        bottom = sorted(self.rects, key=lambda r: (-r.bottom(), r.left()))[:SPOT_NODES]
-        right = sorted(self.rects, key=lambda r: (-r.right(), r.top()))[:SPOT_NODES]
-        left = sorted(self.rects, key=lambda r: (r.left(), r.top()))[:SPOT_NODES]
+        known = self._spots.get((w, h, zoom))
+        if known is not None:  # a label tries the spots of a text again and again
+            return known
+        top, bottom, right, left = self._ends
         P = QtCore.QPointF  # noqa: N806
         out = []
         for edge, dy in [*((r, -h) for r in top), *((r, 0.0) for r in bottom)]:
@@ -343,6 +354,7 @@ class _Piece:
                     _Spot(P(edge.right() - hang, y), P(0.0, dy), True)]
         out += [_Spot(r.topRight(), P(0.0, 0.0), True) for r in right]
         out += [_Spot(r.topLeft(), P(-w, 0.0), True) for r in left]
+        self._spots[(w, h, zoom)] = out
         return out
 
 
@@ -350,20 +362,25 @@ _NOBODY = object()  # the owner no rectangle has
 
 
 class _Boxes:
-    """Rectangles of the scene in columns by x, each of an owner, for asking quickly which meet a
-    rectangle."""
+    """Rectangles of the scene in square cells of a grid `grid` wide, each of an owner, for asking quickly
+    which meet a rectangle (columns alone held hundreds of a large cell's nodes each)."""
 
-    def __init__(self, rects: list[QtCore.QRectF] = ()) -> None:
-        self._columns: dict[int, list[list]] = {}
+    def __init__(self, rects: list[QtCore.QRectF] = (), grid: float = GRID) -> None:
+        self._grid = grid
+        self._cells: dict[tuple[int, int], list[list]] = {}
         self._owned: dict[object, list[list]] = {}
         for r in rects:
             self.add(r)
 
     def add(self, r: QtCore.QRectF, owner: object = None) -> None:
         entry = [r.left(), r.top(), r.right(), r.bottom(), owner, True]
+        grid = self._grid
         self._owned.setdefault(owner, []).append(entry)
-        for k in range(int(entry[0] // GRID), int(entry[2] // GRID) + 1):
-            self._columns.setdefault(k, []).append(entry)
+        cells = self._cells
+        rows = range(int(entry[1] // grid), int(entry[3] // grid) + 1)
+        for kx in range(int(entry[0] // grid), int(entry[2] // grid) + 1):
+            for ky in rows:
+                cells.setdefault((kx, ky), []).append(entry)
 
     def remove(self, owner: object) -> None:
         for entry in self._owned.pop(owner, []):
@@ -372,13 +389,28 @@ class _Boxes:
     def owners(self, r: QtCore.QRectF, skip: object = _NOBODY) -> set:
         """The owners of the rectangles that meet `r`, but `skip`."""
         left, top, right, bottom = r.left(), r.top(), r.right(), r.bottom()
-        columns = range(int(left // GRID), int(right // GRID) + 1)
-        return {e[4] for k in columns for e in self._columns.get(k, ())
-                if e[5] and e[4] is not skip and e[0] < right and left < e[2] and e[1] < bottom
-                and top < e[3]}
+        cells, grid = self._cells, self._grid
+        rows = range(int(top // grid), int(bottom // grid) + 1)
+        out = set()
+        for kx in range(int(left // grid), int(right // grid) + 1):
+            for ky in rows:
+                for e in cells.get((kx, ky), ()):
+                    if e[0] < right and left < e[2] and e[1] < bottom and top < e[3] and e[5] \
+                            and e[4] is not skip:
+                        out.add(e[4])
+        return out
 
     def meets(self, r: QtCore.QRectF, skip: object = _NOBODY) -> bool:
-        return bool(self.owners(r, skip))
+        left, top, right, bottom = r.left(), r.top(), r.right(), r.bottom()
+        cells, grid = self._cells, self._grid
+        rows = range(int(top // grid), int(bottom // grid) + 1)
+        for kx in range(int(left // grid), int(right // grid) + 1):
+            for ky in rows:
+                for e in cells.get((kx, ky), ()):
+                    if e[0] < right and left < e[2] and e[1] < bottom and top < e[3] and e[5] \
+                            and e[4] is not skip:
+                        return True
+        return False
 
 
 class PlanOverlay:
@@ -391,7 +423,8 @@ class PlanOverlay:
         self._items: list[QtWidgets.QGraphicsItem] = []
         self._outlines: dict[str, _Outline] = {}
         self._pieces: list[_Piece] = []
-        self._nodes = _Boxes()  # the nodes shown, a label's clearance around each
+        self._node_rects: list[QtCore.QRectF] = []  # the nodes shown, a label's clearance around each
+        self._nodes = _Boxes()  # those, while the labels are placed (place_labels)
         self._zoom = 0.0  # the zoom the labels were placed for
         self._visible = True
         self._stale = False
@@ -400,6 +433,9 @@ class PlanOverlay:
         self._hovered: str | None = None  # the region under the cursor
         self._placed = _Boxes()  # the labels placed, while they are placed (place_labels)
         self._where: dict[int, tuple[str, _Spot]] = {}  # a piece's index -> its label's text and spot
+        # A region's node outlines -> its pieces and outline, as drawn by the last refresh (_shapes_of)
+        self._shape_cache: dict[tuple, tuple[list[list[int]], QtGui.QPainterPath]] = {}
+        self._shapes_kept: dict[tuple, tuple[list[list[int]], QtGui.QPainterPath]] = {}
         self.viewer = adapter.graph.viewer()
         # Labels are placed again a moment after the view changes, once for a run of wheel steps.
         self._place_timer = QtCore.QTimer(self.viewer)  # dies with the canvas
@@ -486,12 +522,14 @@ class PlanOverlay:
         region_rects = [[(share(n.view.sceneBoundingRect().adjusted(-PAD, -PAD, PAD, PAD),
                                 sharing[n.id].index(index), len(sharing[n.id])), node_id)
                          for n, node_id in pairs] for index, pairs in enumerate(shown)]
-        self._nodes = _Boxes([n.view.sceneBoundingRect().adjusted(-NODE_CLEARANCE, -NODE_CLEARANCE,
-                                                                   NODE_CLEARANCE, NODE_CLEARANCE)
-                              for n in self._adapter.graph.all_nodes() if n.view.isVisible()])
+        self._node_rects = [n.view.sceneBoundingRect().adjusted(-NODE_CLEARANCE, -NODE_CLEARANCE,
+                                                                NODE_CLEARANCE, NODE_CLEARANCE)
+                            for n in self._adapter.graph.all_nodes() if n.view.isVisible()]
+        self._shapes_kept = {}
         for region, rects in zip(self._regions, region_rects, strict=True):
             if rects:
                 self._draw_region(region, rects)
+        self._shape_cache, self._shapes_kept = self._shapes_kept, {}
         self.place_labels()
 
     # -- labels ---------------------------------------------------------------------------------------
@@ -514,7 +552,9 @@ class PlanOverlay:
         # The pieces in and around the view: a cell of a thousand launches has labels far out of sight.
         seen = self.viewer.visible_scene_rect()
         self._placed_for = seen.adjusted(-seen.width(), -seen.height(), seen.width(), seen.height())
-        self._placed = _Boxes()
+        grid = max(GRID, GRID_PX / self._zoom)  # a label's size in the scene goes as 1 / zoom
+        self._nodes = _Boxes(self._node_rects, grid)
+        self._placed = _Boxes(grid=grid)
         self._where = {}
         for i, piece in enumerate(self._pieces):
             if self._placed_for.intersects(_united(piece.rects)) and not self._settle(i, piece.texts[-1]):
@@ -639,10 +679,20 @@ class PlanOverlay:
                     self._tagged.add(node_id)
         return out
 
+    def _shapes_of(self, shapes: list[QtCore.QRectF]) -> tuple[list[list[int]], QtGui.QPainterPath]:
+        """The pieces and the outline of a region's node outlines, kept from the refresh before where
+        they are the same (an edit moves a node or two: most regions are as they were)."""
+        key = tuple(_box(r) for r in shapes)
+        known = self._shape_cache.get(key)
+        if known is None:
+            known = (pieces(shapes), outline([*shapes, *bridges(shapes)]))
+        self._shapes_kept[key] = known
+        return known
+
     def _draw_region(self, region: PlanRegion, rects: list[tuple[QtCore.QRectF, str]]) -> None:
         color = self._color(region)
         shapes = [r for r, _ in rects]
-        parts = pieces(shapes)
+        parts, path = self._shapes_of(shapes)
         tooltip = self._tooltip(region)
         for part, members in enumerate(parts, start=1):
             texts = label_texts(region, part, len(parts))
@@ -653,7 +703,7 @@ class PlanOverlay:
             self._items.append(label)
             self._pieces.append(_Piece(region, texts, [shapes[i] for i in members],
                                        tuple(rects[i][1] for i in members), label))
-        self._add_outline(region, color, shapes, tooltip)
+        self._add_outline(region, color, path, tooltip)
 
     def _tooltip(self, region: PlanRegion) -> str:
         """The region's label and, below it, why it begins and ends where it does (plan_reasons)."""
@@ -663,9 +713,9 @@ class PlanOverlay:
         lines = "".join(f"<li>{html.escape(line)}</li>" for line in self._reasons.get(region.name, []))
         return f"<qt><b>{head}</b>" + (f"<ul style='margin:0'>{lines}</ul>" if lines else "") + "</qt>"
 
-    def _add_outline(self, region: PlanRegion, color: QtGui.QColor, shapes: list[QtCore.QRectF],
+    def _add_outline(self, region: PlanRegion, color: QtGui.QColor, path: QtGui.QPainterPath,
                      tooltip: str) -> None:
-        item = _Outline(outline([*shapes, *bridges(shapes)]), lambda on: self._hover(region.name, on))
+        item = _Outline(path, lambda on: self._hover(region.name, on))
         fill = QtGui.QColor(color)
         alpha = 14 if self._stale else 30 if region.kind == "fused" else 44
         fill.setAlpha(alpha)
