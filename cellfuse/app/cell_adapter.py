@@ -41,6 +41,7 @@ exist, only to build inside an empty group; and its tabs would replace the canva
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from collections.abc import Callable, Iterator
@@ -512,15 +513,20 @@ class CellAdapter(QtCore.QObject):
         finally:
             stack.endMacro()
 
-    def free_spot(self, width: float = NEW_NODE_SIZE[0]) -> tuple[float, float]:
+    def _taken(self) -> list[QtCore.QRectF]:
+        """The shown nodes' outlines, with the room kept around each."""
+        return [n.view.sceneBoundingRect().adjusted(-20.0, -15.0, 20.0, 15.0) for n in self._shown()]
+
+    def free_spot(self, width: float = NEW_NODE_SIZE[0], height: float = NEW_NODE_SIZE[1],
+                  near: QtCore.QPointF | None = None) -> tuple[float, float]:
         """A free spot for a new node `width` wide (a state and its update node side by side are wider),
-        as near the middle of the view as one is: the cells of a grid around it, nearest first, those
-        inside the view before those outside, so that new nodes neither pile up nor land out of sight."""
+        or for pasted nodes `width` by `height`, as near the middle of the view (or `near`) as one is:
+        the cells of a grid around it, nearest first, those inside the view before those outside, so
+        that new nodes neither pile up nor land out of sight."""
         viewer = self.graph.viewer()
         visible = viewer.mapToScene(viewer.viewport().rect()).boundingRect()
-        centre = visible.center()
-        height = NEW_NODE_SIZE[1]
-        taken = [n.view.sceneBoundingRect().adjusted(-20.0, -15.0, 20.0, 15.0) for n in self._shown()]
+        centre = visible.center() if near is None else near
+        taken = self._taken()
         reach = range(-FREE_SPOT_REACH, FREE_SPOT_REACH + 1)
         cells = sorted(((i, j) for i in reach for j in reach), key=lambda c: c[0] ** 2 + c[1] ** 2)
         spots = [QtCore.QRectF(centre.x() - width / 2 + i * (width + 40.0), centre.y() - height / 2 + j
@@ -738,6 +744,7 @@ class CellAdapter(QtCore.QObject):
             self._check_id(p.id)
             if p.op not in OPS:
                 raise CellError(f"node '{p.id}': unknown op '{p.op}'")
+        plan = self._clear_of_nodes(plan)
         made: dict[str, CellNode] = {}
         with self._macro(f"paste {len(plan.nodes)} node(s)"):
             for p in plan.nodes:
@@ -764,6 +771,28 @@ class CellAdapter(QtCore.QObject):
                     self._create_group(group.name, [n.id for n in held], (rect.left(), rect.top()))
         self.select(list(made))
         return list(made)
+
+    def _clear_of_nodes(self, plan: PastePlan) -> PastePlan:
+        """The plan as it is where its nodes land clear of the nodes shown; else moved, all together, to
+        the free spot nearest that place (see free_spot, which finds a new node its place)."""
+        size = QtCore.QSizeF(*NEW_NODE_SIZE)  # the pasted nodes are not made yet: a new node's room each
+        rects = [QtCore.QRectF(QtCore.QPointF(*pos), size)
+                 for pos in [*(p.pos for p in plan.nodes), *plan.update_pos.values()] if pos is not None]
+        if not rects:
+            return plan
+        block = _united(rects)
+        taken = self._taken()
+        if not any(t.intersects(r) for t in taken for r in rects):
+            return plan
+        x, y = self.free_spot(block.width(), block.height(), near=block.center())
+        dx, dy = x - block.left(), y - block.top()
+
+        def moved(pos: tuple[float, float] | None) -> tuple[float, float] | None:
+            return (pos[0] + dx, pos[1] + dy) if pos is not None else None
+
+        return dataclasses.replace(
+            plan, nodes=[dataclasses.replace(p, pos=moved(p.pos)) for p in plan.nodes],
+            update_pos={s: moved(p) for s, p in plan.update_pos.items()})
 
     def add_formula(self, edit: FormulaEdit) -> list[str]:
         """Adds what a typed formula computes (graph_model.formula.plan_formula): its nodes, wired, and

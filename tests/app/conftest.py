@@ -1,9 +1,11 @@
 """Fixtures for the editor's tests: Qt offscreen, settings and autosaves in a temporary folder, and
 every dialog answered by the test instead of a person.
 
-A test that opens a window takes a second or more (a window's start draws the equations panel, with
-matplotlib, several times): the default tier keeps a few of them in each file, a test of each part of
-the editor, and the others are marked slow (see tests/conftest.py)."""
+A test that opens a window takes about a quarter of a second on a machine of two cores (most of it
+building the window's panels and the LSTM's nodes and wires on the canvas; the equations' terms are
+rendered with matplotlib's mathtext once for the whole test run, between events, once the panel is
+painted), and a test drives it through many edits: the default tier keeps a few of them in each file, a
+test of each part of the editor, and the others are marked slow (see tests/conftest.py)."""
 
 from __future__ import annotations
 

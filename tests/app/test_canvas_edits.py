@@ -317,3 +317,19 @@ def test_a_new_node_comes_last_though_it_takes_a_freed_nodes_canvas_id(window):
     kept = window.add_node("tanh")
     a.canvas_nodes(kept)[0].model.id = freed  # what the allocator may do
     assert [n.id for n in a._read().nodes][-1] == kept
+
+
+def test_paste_lands_in_free_space_where_the_place_below_the_originals_is_taken(window):
+    a = window.adapter
+    window.new_from_template("elman", ask=False)
+    pasted = []
+    for _ in range(3):  # the second lands where the first did, below a_b, unless it looks for room
+        a.select(["a_b"])
+        window.copy_selection()
+        pasted += window.paste()
+    assert len(pasted) == 3 and all(window.cell.has(i) for i in pasted)
+    shown = [n for n in a.graph.all_nodes() if n.view.isVisible()]
+    for new in pasted:
+        rect = a.node(new).view.sceneBoundingRect()
+        hit = [n.name() for n in shown if n.name() != new and n.view.sceneBoundingRect().intersects(rect)]
+        assert not hit, (new, hit)
