@@ -240,7 +240,9 @@ class CellRNN(torch.nn.Module):
         Sequences of different lengths: `lengths` (one per batch row, from 1 to T, in any order) makes each
         row stop at its own length in the kernels (its outputs zero past it, its final states those of its
         last step; the reverse direction starts at its last step); the padding past a row's length must be
-        finite. Or x is a torch.nn.utils.rnn.PackedSequence, and y is one with the same layout."""
+        finite. Or x is a torch.nn.utils.rnn.PackedSequence, and y is one with the same layout. The lengths
+        are read on the host, as torch's packing reads them: give them on the CPU (a GPU tensor of them is
+        copied there, which waits for the GPU)."""
         # (ONNX's exporter traces: the cheap test first, as torch.onnx's costs microseconds a call)
         if torch.jit.is_tracing() and torch.onnx.is_in_onnx_export():
             raise CellError("a CellRNN cannot be exported to ONNX: its forward pass is the custom op "

@@ -44,7 +44,15 @@ def check_lengths(lengths: object, seq: int, batch: int) -> torch.Tensor:
 def _steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int) -> torch.Tensor:
     """The initial value of the lengths' state: each row's length in each of its elements, per layer."""
     B = lengths.shape[0]
-    return lengths.to(x.device, x.dtype).view(1, B, 1).expand(layers, B, hidden).contiguous()
+    return _to_device(lengths.to(x.dtype), x).view(1, B, 1).expand(layers, B, hidden).contiguous()
+
+
+def _to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor on like's device; to a GPU from pinned memory, so that the copy does not wait for the
+    work already on the stream (a copy from pageable memory would)."""
+    if like.device.type == "cuda":
+        return t.pin_memory().to(like.device, non_blocking=True)
+    return t
 
 
 def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor], cell: str,
@@ -71,7 +79,7 @@ def _reversal(lengths: torch.Tensor | None, x: torch.Tensor) -> Callable[[torch.
     T, B = x.shape[0], x.shape[1]
     steps = torch.arange(T).view(T, 1)
     ends = lengths.view(1, B)
-    index = torch.where(steps < ends, ends - 1 - steps, steps).to(x.device)
+    index = _to_device(torch.where(steps < ends, ends - 1 - steps, steps), x)
     return lambda t: t.gather(0, index.view(T, B, 1).expand(T, B, t.shape[2]))
 
 
