@@ -37,6 +37,7 @@ from .graph_model import (
     template_names,
 )
 from .graph_model.cellfile import write_target
+from .graph_model.lengths import STEPS_LEFT, masked
 from .graph_model.templates import template_text
 
 log = logging.getLogger("cellfuse")
@@ -299,11 +300,18 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     cell = resolve_cell(args.cell)
     output = output_path(args.output, CUDA_SOURCE, force=args.force, cell=_cell_file(args.cell))
+    if args.lengths:
+        require_valid(cell)
+        cell = masked(cell)
     sizes = _plan_sizes(cell, args)
     src = generate_cuda(cell, sizes, _schedule(cell, sizes, args.schedule), backward=args.backward)
     atomic_write(output, src.text.encode())
     print(f"wrote {args.output} ({len(src.text.splitlines())} lines); build it with: "
           f"nvcc -O3 -arch=sm_90 -DCELLFUSE_DEMO_MAIN {args.output} -lcublas")
+    if args.lengths:
+        print(f"  each batch row runs to its own length: give the forward launcher init_states whose last, "
+              f"{STEPS_LEFT}, holds each row's length in every element of its row (the demo main starts "
+              "every state at zero: every row stops at once)")
     return 0
 
 
@@ -515,6 +523,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--schedule", choices=[*SCHEDULES, "auto"], default="hoisted")
     s.add_argument("--backward", action="store_true",
                    help="also write the backward pass's launcher (the forward pass then saves every step)")
+    s.add_argument("--lengths", action="store_true",
+                   help="each batch row runs to its own length: the cell gets a last state that starts at "
+                        "each row's length")
     _size_options(s)
     s.set_defaults(func=cmd_export, seq=100, batch=64)
 

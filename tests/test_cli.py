@@ -800,3 +800,12 @@ def test_bench_lengths_runs_each_row_to_its_own_and_records_them(cli, tmp_path):
     assert "each batch row to its own length" in out
     code, out, err = cli("bench", "lstm", "--backend", "numpy", "--seq", 8, "--lengths", "uniform:0-9")
     assert code == 1 and "--lengths uniform:0-9: the lengths must go from at least 1" in err
+
+
+def test_export_lengths_writes_the_cell_run_to_each_rows_length(cli, tmp_path):
+    code, out, err = cli("export", "gru", "-o", tmp_path / "g.cu", "--lengths", "--input", INPUT, "--hidden",
+                         HIDDEN)
+    assert code == 0, err
+    text = (tmp_path / "g.cu").read_text()
+    assert "its last state, cf_len_left, starts at the row's length" in text.splitlines()[0]
+    assert "cf_len_left" in out

@@ -32,6 +32,9 @@ def masked(cell: Cell) -> Cell:
                         "which sequences of their own lengths need for nodes of their own")
     out = deepcopy(cell)
     out.groups, out.layout = [], {}
+    out.description = " ".join(filter(None, [cell.description, (
+        f"Each batch row runs to its own length: its last state, {STEPS_LEFT}, starts at the row's length in "
+        "every element of the row.")]))
 
     def add(node_id: str, op: str, *args: str, value: float | None = None) -> str:
         out.nodes.append(Node(RESERVED + node_id, op, list(args), value=value))
