@@ -1,7 +1,7 @@
-"""The benchmark panel: sizes, backend, schedules and baselines, the forward pass or training (forward +
-backward); Run (F5) and Cancel with a progress bar. The window starts and stops the work; the panel only
-shows it. Its results (chart, table, the runs since the window opened) are a view of their own, which the
-window places where there is room."""
+"""The benchmark panel: sizes, backend, schedules and baselines, the sequence lengths (all T steps, or each
+batch row to its own), the forward pass or training (forward + backward); Run (F5) and Cancel with a
+progress bar. The window starts and stops the work; the panel only shows it. Its results (chart, table,
+the runs since the window opened) are a view of their own, which the window places where there is room."""
 
 from __future__ import annotations
 
@@ -25,9 +25,16 @@ TRAIN_TEXT = "Training (forward + backward)"
 # seconds that says whether every schedule is right and roughly how they rank; the default: the
 # sizes and repeats the panel opens with.
 PRESETS: dict[str, dict] = {
-    "Quick CPU check": {"sizes": {"seq": 8, "batch": 8}, "repeats": 3, "backend": "numpy"},
-    "Default": {"sizes": {"seq": DEFAULT_SIZES["seq"], "batch": DEFAULT_SIZES["batch"]}, "repeats": 20},
+    "Quick CPU check": {"sizes": {"seq": 8, "batch": 8}, "repeats": 3, "backend": "numpy", "lengths": None},
+    "Default": {"sizes": {"seq": DEFAULT_SIZES["seq"], "batch": DEFAULT_SIZES["batch"]}, "repeats": 20,
+                "lengths": None},
 }
+# The sequence lengths: every batch row runs all T steps, or each row to a length of its own drawn uniformly
+# from LOW to HIGH (BenchConfig.lengths, the command line's --lengths uniform:LOW-HIGH).
+LENGTHS_ALL = "all T steps"
+LENGTHS_UNIFORM = "uniform"
+LENGTHS_TIP = ("Each batch row runs all T steps, or, with uniform, to a length of its own drawn from LOW to "
+               "HIGH (both included, from 1 to at most T): the cell is rewritten to stop each row there")
 FORWARD_ONLY = ("Forward only: not run in training mode, which times forward + backward with autograd "
                 f"and offers {', '.join(TRAIN_BASELINES)}")
 
@@ -140,6 +147,7 @@ class BenchPanel(QtWidgets.QWidget):
         add(2, 1, "Sweep", sweep, span=2)
         add(0, 3, "Schedules", self.schedules_button)
         add(1, 3, "Baselines", self.baselines_button)
+        add(2, 3, "Lengths", self._build_lengths())
         grid.setColumnStretch(grid.columnCount(), 1)
         grid.setRowStretch(SIZE_ROWS, 1)
 
@@ -156,6 +164,100 @@ class BenchPanel(QtWidgets.QWidget):
         self.settings_scroll.setWidgetResizable(True)
         self.settings_scroll.setMinimumHeight(60)
         self.settings_scroll.setFrameShape(QtWidgets.QFrame.Shape.NoFrame)
+
+    def _build_lengths(self) -> QtWidgets.QToolButton:
+        """The sequence lengths, a button like the schedules' and baselines' (the grid has no width left at
+        1280x720) whose drop-down offers all T steps or uniform from LOW to HIGH. Checked as they change:
+        a range that does not fit the sequence marks the button and its boxes, and the status says why."""
+        button = QtWidgets.QToolButton()
+        button.setPopupMode(QtWidgets.QToolButton.ToolButtonPopupMode.InstantPopup)
+        button.setToolButtonStyle(QtCore.Qt.ToolButtonStyle.ToolButtonTextOnly)
+        button.setMinimumWidth(button.fontMetrics().horizontalAdvance("10–100") + 36)
+        self.lengths_button = button
+        form = QtWidgets.QWidget()
+        col = QtWidgets.QVBoxLayout(form)
+        col.setContentsMargins(8, 6, 8, 6)
+        heading = QtWidgets.QLabel("Sequence lengths")
+        heading.setProperty("role", "heading")
+        heading.setToolTip(LENGTHS_TIP)
+        self.lengths_all = QtWidgets.QRadioButton(LENGTHS_ALL)
+        self.lengths_all.setToolTip("Every batch row runs the whole sequence")
+        self.lengths_uniform = QtWidgets.QRadioButton(f"{LENGTHS_UNIFORM} from")
+        self.lengths_uniform.setToolTip("Each batch row runs to a length of its own, drawn uniformly from "
+                                        "LOW to HIGH (both included) with the seed")
+        self.lengths_all.setChecked(True)
+        self.lengths_low, self.lengths_high = QtWidgets.QSpinBox(), QtWidgets.QSpinBox()
+        for spin, value, what in ((self.lengths_low, 1, "LOW: the shortest"),
+                                  (self.lengths_high, DEFAULT_SIZES["seq"], "HIGH: the longest")):
+            spin.setRange(1, 1 << 16)
+            spin.setValue(value)
+            spin.setAccelerated(True)
+            spin.setEnabled(False)
+            spin.setProperty("hint", f"{what} length a row runs to, in steps, from 1 to T")
+            spin.setToolTip(spin.property("hint"))
+            spin.valueChanged.connect(self._check_lengths)
+        self.lengths_error = QtWidgets.QLabel()
+        self.lengths_error.setProperty("role", "error")
+        self.lengths_error.setWordWrap(True)
+        self.lengths_error.setMaximumWidth(320)
+        self.lengths_error.hide()
+        uniform = QtWidgets.QHBoxLayout()
+        uniform.setSpacing(4)
+        uniform.addWidget(self.lengths_uniform)
+        uniform.addWidget(self.lengths_low)
+        uniform.addWidget(QtWidgets.QLabel("to"))
+        uniform.addWidget(self.lengths_high)
+        col.addWidget(heading)
+        col.addWidget(self.lengths_all)
+        col.addLayout(uniform)
+        col.addWidget(self.lengths_error)
+        menu = QtWidgets.QMenu(button)
+        action = QtWidgets.QWidgetAction(menu)
+        action.setDefaultWidget(form)
+        menu.addAction(action)
+        button.setMenu(menu)
+        self._lengths_refused = False
+        self.lengths_uniform.toggled.connect(self._lengths_mode_changed)
+        self.size_spins["seq"].valueChanged.connect(self._check_lengths)
+        self.sweep_combo.currentTextChanged.connect(self._check_lengths)
+        self.sweep_values.textChanged.connect(self._check_lengths)
+        self._check_lengths()
+        return button
+
+    def _lengths_mode_changed(self, uniform: bool) -> None:
+        for spin in (self.lengths_low, self.lengths_high):
+            spin.setEnabled(uniform)
+        if uniform:  # a range that fits the sequence as it is now, where the one kept does not
+            seq = self._longest_length()
+            if self.lengths_high.value() > seq:
+                self.lengths_high.setValue(seq)
+            if self.lengths_low.value() > self.lengths_high.value():
+                self.lengths_low.setValue(self.lengths_high.value())
+        self._check_lengths()
+
+    def _check_lengths(self) -> None:
+        """The button says the lengths chosen; while the range cannot run, it and the range's boxes are
+        marked, and the status line and the drop-down say why; once it can again, the status says so."""
+        why = self.lengths_problem()
+        bounds = self.lengths_range()
+        button = self.lengths_button
+        button.setText("all T" if bounds is None else f"{bounds[0]}–{bounds[1]}")
+        chosen = self.lengths_text() or "every batch row runs all T steps"
+        button.setToolTip(why or f"Sequence lengths: {chosen}. Click to choose.")
+        for widget in (button, self.lengths_low, self.lengths_high):
+            widget.setProperty("invalid", why is not None)
+            widget.style().unpolish(widget)
+            widget.style().polish(widget)
+        for spin in (self.lengths_low, self.lengths_high):
+            spin.setToolTip(why or spin.property("hint"))
+        self.lengths_error.setText(why or "")
+        self.lengths_error.setVisible(why is not None)
+        if why is not None:
+            self.show_status(why)
+        elif self._lengths_refused:
+            text = self.lengths_text()
+            self.show_status(f"Sequence lengths: {text}." if text else "Sequence lengths: all T steps.")
+        self._lengths_refused = why is not None
 
     def _check_list(self, what: str, names: list[str]
                     ) -> tuple[QtWidgets.QToolButton, dict[str, QtWidgets.QCheckBox]]:
@@ -197,6 +299,17 @@ class BenchPanel(QtWidgets.QWidget):
         button.setText(text)
         button.setToolTip(f"The {what} to time: " + (", ".join(ticked) or "none")
                           + ". Click to choose.")
+
+    def _longest_length(self) -> int:
+        """The longest length a row may run to: T, or in a sweep of T its shortest value."""
+        seq = self.sizes().seq
+        try:
+            sweep = self.sweep()
+        except ValueError:
+            return seq
+        if sweep is not None and sweep[0] == "seq":
+            return min(sweep[1])
+        return seq
 
     def _train_toggled(self, on: bool) -> None:
         settings().setValue(TRAIN_KEY, on)
@@ -264,11 +377,16 @@ class BenchPanel(QtWidgets.QWidget):
         parts.append(f"{preset['repeats']} repeats")
         if "backend" in preset:
             parts.append(preset["backend"])
+        if "lengths" in preset and preset["lengths"] is None:
+            parts.append(LENGTHS_ALL)
         return ", ".join(parts)
 
     def apply_preset(self, name: str) -> None:
-        """Sets the sizes, repeats and backend of preset `name` (the others stay as they are)."""
+        """Sets the sizes, repeats, backend and sequence lengths of preset `name` (the others stay as they
+        are)."""
         preset = PRESETS[name]
+        if "lengths" in preset:  # first: a range kept would not fit a shorter sequence
+            self.set_lengths(preset["lengths"])
         self.set_sizes(**preset["sizes"])
         self.repeats_spin.setValue(preset["repeats"])
         backend = preset.get("backend")
@@ -310,6 +428,49 @@ class BenchPanel(QtWidgets.QWidget):
         if not values or any(v < 1 for v in values):
             raise ValueError("give the sweep one or more positive sizes, e.g. 16, 32, 64")
         return param, values
+
+    def lengths_range(self) -> tuple[int, int] | None:
+        """(LOW, HIGH) where each row runs to a length of its own, None where every row runs all T steps."""
+        if not self.lengths_uniform.isChecked():
+            return None
+        return self.lengths_low.value(), self.lengths_high.value()
+
+    def set_lengths(self, lengths: tuple[int, int] | None) -> None:
+        """All T steps (None), or each row to its own length from LOW to HIGH."""
+        if lengths is not None:
+            self.lengths_low.setValue(lengths[0])
+            self.lengths_high.setValue(lengths[1])
+        (self.lengths_all if lengths is None else self.lengths_uniform).setChecked(True)
+        self._check_lengths()
+
+    def lengths(self) -> str | None:
+        """BenchConfig.lengths: "uniform:LOW-HIGH", or None for all T steps."""
+        bounds = self.lengths_range()
+        return None if bounds is None else f"uniform:{bounds[0]}-{bounds[1]}"
+
+    def lengths_text(self) -> str:
+        """'each row runs 2 to 6 of T=6 steps', or '' for all T steps."""
+        bounds = self.lengths_range()
+        if bounds is None:
+            return ""
+        return f"each row runs {bounds[0]} to {bounds[1]} of T={self._longest_length()} steps"
+
+    def lengths_problem(self) -> str | None:
+        """Why the range of lengths cannot run, or None (also for all T steps): LOW no more than HIGH,
+        HIGH no more than the sequence's length (in a sweep of T, its shortest)."""
+        bounds = self.lengths_range()
+        if bounds is None:
+            return None
+        low, high = bounds
+        if low > high:
+            return f"Sequence lengths {low}–{high}: LOW is more than HIGH; make LOW at most HIGH."
+        seq = self._longest_length()
+        if high > seq:
+            where = (f"the shortest sequence of the sweep, T={seq}" if seq != self.sizes().seq
+                     else f"the sequence, T={seq}")
+            return (f"Sequence lengths {low}–{high}: HIGH is longer than {where}; a row runs at most T "
+                    f"steps, make HIGH at most {seq}.")
+        return None
 
     # -- running --------------------------------------------------------------------------------------
     def set_running(self, running: bool) -> None:

@@ -1,7 +1,7 @@
 """The benchmark's results: the chart and the table of the run shown, and the list of every run since
-the window opened, so that two of the same mode (forward, or training) can be compared. The window shows
-it as a tab beside the canvas, where a chart has the room to be read; the benchmark panel only starts
-runs."""
+the window opened, so that two of the same mode (forward, or training; each batch row to its own length,
+or all T steps) can be compared. The window shows it as a tab beside the canvas, where a chart has the
+room to be read; the benchmark panel only starts runs."""
 
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ class BenchResultsView(QtWidgets.QWidget):
         self.history = QtWidgets.QListWidget()
         self.history.setSelectionMode(QtWidgets.QAbstractItemView.SelectionMode.ExtendedSelection)
         self.history.setMinimumSize(160, 3 * self.history.fontMetrics().height())
-        self.history.setToolTip("Runs since the window opened. Select two of one mode, forward or training "
-                                "(Ctrl+click), to compare them.")
+        self.history.setToolTip("Runs since the window opened. Select two of one mode, forward or training, "
+                                "both with sequence lengths or both without (Ctrl+click), to compare them.")
 
         self.export_chart_button = QtWidgets.QPushButton("Save chart…")
         self.export_chart_button.setToolTip("Save the chart shown as PNG or SVG, on a light background")
@@ -72,8 +72,20 @@ class BenchResultsView(QtWidgets.QWidget):
         hcol.addWidget(self.history, 1)
         hcol.addLayout(exports)
 
+        # Over the table, for a run whose batch rows each ran to a length of their own: what was drawn.
+        self.lengths_note = QtWidgets.QLabel()
+        self.lengths_note.setProperty("role", "hint")
+        self.lengths_note.setWordWrap(True)
+        self.lengths_note.hide()
+        table_box = QtWidgets.QWidget()
+        tcol = QtWidgets.QVBoxLayout(table_box)
+        tcol.setContentsMargins(0, 0, 0, 0)
+        tcol.setSpacing(2)
+        tcol.addWidget(self.lengths_note)
+        tcol.addWidget(self.table, 1)
+
         lower = QtWidgets.QSplitter(QtCore.Qt.Orientation.Horizontal)
-        lower.addWidget(self.table)
+        lower.addWidget(table_box)
         lower.addWidget(history_box)
         lower.setStretchFactor(0, 4)
         lower.setStretchFactor(1, 1)
@@ -101,7 +113,10 @@ class BenchResultsView(QtWidgets.QWidget):
         self.runs.append(run)
         item = QtWidgets.QListWidgetItem(run.label())
         item.setData(QtCore.Qt.ItemDataRole.UserRole, run.number)
-        item.setToolTip(f"{run.label()}\nTimes {run.measures()}.")
+        tip = f"{run.label()}\nTimes {run.measures()}."
+        if lengths := run.lengths_text():
+            tip += f"\n{lengths[0].upper()}{lengths[1:]}."
+        item.setToolTip(tip)
         self.history.addItem(item)
         self.history.clearSelection()
         item.setSelected(True)
@@ -138,8 +153,10 @@ class BenchResultsView(QtWidgets.QWidget):
             if why := comparison_refusal(a, b):
                 self._show_chart(lambda fig: bench_charts.draw_message(why, fig))
                 self._fill_table(["Comparison"], [([why], False)])
+                self._show_lengths([])
                 self.notice.emit(why)
                 return
+            self._show_lengths([a, b])
             self._show_chart(lambda fig: bench_charts.draw_comparison(a, b, fig))
             self._fill_table(*comparison_rows(a, b))
             if len(runs) > 2:
@@ -149,7 +166,21 @@ class BenchResultsView(QtWidgets.QWidget):
         if runs:
             self.show_run(runs[-1])
 
+    def _show_lengths(self, runs: list[BenchRun]) -> None:
+        """The note over the table: for each run shown whose rows ran to their own lengths, which."""
+        texts = [(run, run.lengths_text()) for run in runs]
+        texts = [(run, text) for run, text in texts if text]
+        if len(runs) == 1 and texts:
+            text = texts[0][1]
+            note = f"{text[0].upper()}{text[1:]}."
+        else:
+            note = " ".join(f"Run #{run.number}: {text}." for run, text in texts)
+        self.lengths_note.setText(note)
+        self.lengths_note.setToolTip(note)
+        self.lengths_note.setVisible(bool(note))
+
     def show_run(self, run: BenchRun) -> None:
+        self._show_lengths([run])
         self._show_chart(lambda fig: bench_charts.draw_run(run, fig))
         if run.sweep is not None:
             rows = []

@@ -2,7 +2,9 @@
 
 Plain data: a run holds a BenchResult or a SweepResult of cellfuse.gpu_runtime.bench; the panel
 lists runs, shows one, or compares two. A run times the forward pass or training (forward + backward):
-its label and its table's headers say which, and two runs are compared only when they time the same.
+its label and its table's headers say which, and two runs are compared only when they time the same. A run
+whose batch rows each ran to a length of their own (BenchConfig.lengths) says so, with the lengths drawn,
+and is compared only with another such run.
 """
 
 from __future__ import annotations
@@ -46,6 +48,28 @@ class BenchRun:
     def measures(self) -> str:
         return "forward + backward" if self.train else "forward"
 
+    @property
+    def lengths(self) -> list[int] | None:
+        """The batch rows' own lengths, each run's of a sweep together; None where every row ran all T
+        steps."""
+        drawn = [n for r in self.results for n in (getattr(r, "lengths", None) or [])]
+        return drawn or None
+
+    def lengths_range(self) -> str:
+        """'2–6' for a run with lengths, else ''."""
+        drawn = self.lengths
+        return f"{min(drawn)}–{max(drawn)}" if drawn else ""
+
+    def lengths_text(self) -> str:
+        """'each batch row ran to its own length: 2–6 steps, mean 4.3, of T=6', or '' where every row ran
+        all T steps."""
+        drawn = self.lengths
+        if not drawn:
+            return ""
+        of = "" if self.sweep is not None else f", of T={self.first.sizes.seq}"
+        return (f"each batch row ran to its own length: {self.lengths_range()} steps, "
+                f"mean {sum(drawn) / len(drawn):.1f}{of}")
+
     def label(self) -> str:
         r = self.first
         if r is None:
@@ -55,7 +79,9 @@ class BenchRun:
                 else f"T{s.seq} B{s.batch} in{s.input} h{s.hidden} L{s.layers}")
         stop = " · cancelled" if any(x.cancelled for x in self.results) else ""
         mode = " · training" if self.train else ""
-        return f"#{self.number} {r.cell} · {r.backend}{mode} · {what} · {self.started:%H:%M:%S}{stop}"
+        lengths = f" · lengths {self.lengths_range()}" if self.lengths else ""
+        return (f"#{self.number} {r.cell} · {r.backend}{mode} · {what}{lengths} · {self.started:%H:%M:%S}"
+                f"{stop}")
 
     def to_json(self) -> dict:
         return self.sweep.to_json() if self.sweep is not None else self.result.to_json()
@@ -124,15 +150,23 @@ def ratio_text(ratio: float) -> str:
 def comparison_refusal(a: BenchRun, b: BenchRun) -> str | None:
     """Why two runs cannot be compared, or None: a forward time beside a forward + backward time would
     read as a slowdown that is only the backward pass; a sweep is a curve of times, not one time per
-    implementation."""
+    implementation; a run whose rows stopped at their own lengths did less work, and work of another
+    kind (the cell rewritten to stop them), than one whose rows all ran T steps."""
     if a.sweep is not None or b.sweep is not None:
         sweeps = [f"#{r.number}" for r in (a, b) if r.sweep is not None]
         return (f"Run {' and '.join(sweeps)} {'is a sweep' if len(sweeps) == 1 else 'are sweeps'}: a sweep's "
                 "times are a curve, not one time per implementation. Select two runs without a sweep.")
-    if a.train == b.train:
-        return None
-    return (f"Run #{a.number} times {a.measures()} and run #{b.number} {b.measures()}: their times do not "
-            "compare. Select two forward runs or two training runs.")
+    if a.train != b.train:
+        return (f"Run #{a.number} times {a.measures()} and run #{b.number} {b.measures()}: their times do "
+                "not compare. Select two forward runs or two training runs.")
+    if bool(a.lengths) != bool(b.lengths):
+        def runs(r: BenchRun) -> str:
+            return (f"each batch row to its own length ({r.lengths_range()} steps)" if r.lengths
+                    else "every batch row all T steps")
+
+        return (f"Run #{a.number} runs {runs(a)} and run #{b.number} {runs(b)}: their times do not compare. "
+                "Select two runs with sequence lengths or two runs without.")
+    return None
 
 
 def ratio_noisy(a: BenchRun, b: BenchRun, name: str) -> bool:

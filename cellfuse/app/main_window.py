@@ -748,7 +748,8 @@ class MainWindow(QtWidgets.QMainWindow):
     def bench_config(self) -> BenchConfig:
         panel = self.bench_panel
         return BenchConfig(sizes=panel.sizes(), backend=panel.backend(), schedules=panel.schedules(),
-                           baselines=panel.baselines(), repeats=panel.repeats(), train=panel.train())
+                           baselines=panel.baselines(), repeats=panel.repeats(), train=panel.train(),
+                           lengths=panel.lengths())
 
     def run_benchmark(self) -> bool:
         """Starts the benchmark of the current cell in a worker thread; False when it cannot start."""
@@ -763,6 +764,9 @@ class MainWindow(QtWidgets.QMainWindow):
             sweep = self.bench_panel.sweep()
         except ValueError as e:
             self.bench_panel.show_status(str(e))
+            return False
+        if why := self.bench_panel.lengths_problem():  # refused here, not by the worker once it has started
+            self.bench_panel.show_status(why)
             return False
         config = self.bench_config()
         if not config.schedules and not config.baselines:
@@ -811,6 +815,8 @@ class MainWindow(QtWidgets.QMainWindow):
             text += f" — not timed (wrong or failed): {', '.join(dict.fromkeys(wrong))}"
         if run.unavailable:
             text += f" — not available here: {', '.join(run.unavailable)}"
+        if lengths := run.lengths_text():
+            text += f" — {lengths}"
         self.bench_panel.show_status(text)
         self.bench_finished.emit(run)
 
