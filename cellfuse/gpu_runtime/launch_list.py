@@ -180,7 +180,6 @@ class LaunchList:
             op.kind, op.stream, op.function = kind, stream, function
             op.grid[:] = grid
             op.block, op.smem, op.first, op.args = block, smem, first, args
-        self._keep = [ops]
         values = np.array(self._values or [0], np.uint64)
         params = values.ctypes.data + 8 * np.arange(len(values), dtype=np.uint64)
         streams = (_p * (1 + len(side_streams)))(0, *(int(s) for s in side_streams))
@@ -190,7 +189,7 @@ class LaunchList:
         self._slots = [s for _, s, _ in self._patches]
         self._offsets = [o for _, _, o in self._patches]
         api = api or _api()
-        self._keep += [values, params, streams, cublas, configs, api]
+        self._keep = [ops, values, params, streams, cublas, configs, api]  # what the C reads, alive
         self._program = program = _Program(
             ctypes.addressof(api), n, len(self._patches), ctypes.addressof(ops),
             values.ctypes.data, params.ctypes.data, self._patch_value.ctypes.data, None, None,

@@ -5,12 +5,12 @@ This is how a PyTorch module runs CellFuse's kernels inside PyTorch's own tensor
 torch.cuda.current_stream(), so that its work joins a CUDA graph that PyTorch captures, and its memory
 comes from PyTorch's allocator. The caller (cellfuse.nn) owns every byte; the program owns only what does
 not change from run to run: the loaded kernels, a cuBLAS handle per stream, the streams
-beside the caller's (forked from it and joined back to it by the program's own events) and the tables
-of arguments of its launches.
+beside the caller's (forked from it and joined back to it by the program's own events) and its calls,
+as a launch list (launch_list.py) that makes them all in one call from Python.
 
     program = StreamProgram(plan, lower(plan).instructions, kernels, arch)
     at = program.resolve({"x": x_ptr, "init.h": ..., ...})  # every buffer of `program.buffers`
-    program.run(at, stream_handle)
+    program.run(at, stream_handle)  # or: program.bind(where each buffer is); program.run(bases, ...)
 
 The GEMMs run as the Plan's routes say: float32 through cuBLAS; on tensor cores, 3xTF32, as split copies
 and cuBLAS's TF32 GEMM over 3K, or as the warpgroup GEMM where it is usable and measured faster for the

@@ -1,10 +1,11 @@
 """`cellfuse.nn.LSTM` and `cellfuse.nn.GRU`: torch.nn.LSTM and torch.nn.GRU's constructor, parameters
-(names, shapes, initialisation), forward signature and results, computed by the drawn `lstm` and `gru`
-templates through CellRNN's ops, so that a model built on torch's modules changes one line.
+(names, shapes, initialisation), forward signature and results, computed by torch's cells (`torch_cell`:
+the `lstm` and `gru` templates' gates with torch's two biases apart) through CellRNN's ops, so that a
+model built on torch's modules changes one line.
 
 The parameters are torch's (`weight_ih_l0`, `weight_hh_l0_reverse`, `bias_ih_l0`, ...: a state dict loads
-both ways); each call reads the template's weights out of them as views (gate i's rows of `weight_ih`
-are the transpose of the template's `W`), and the LSTM's one bias per gate as `bias_ih + bias_hh`.
+both ways); the cell's weights are views of them (gate i's rows of `weight_ih` are the transpose of the
+cell's `W`, its rows of `bias_ih` and `bias_hh` the cell's two biases), made once and reused.
 
 A stack of one direction runs as one fused call of every layer. Two directions, or dropout between layers
 while training, run layer by layer: the reverse direction on the sequence reversed in time, torch's
@@ -43,9 +44,8 @@ def torch_cell(kind: str, bias: bool = True) -> Cell:
         out = a @ b.weight(w, rows, "hidden")
         return out + b.weight(bias_name, "hidden") if bias else out
 
-    gates = {}
     if kind == "lstm":
-        c = b.state("c")
+        c, gates = b.state("c"), {}
         for (w, u, b_in, b_rec), squash in zip(GATES["lstm"], (sigmoid, sigmoid, tanh, sigmoid), strict=True):
             gate = w.removeprefix("W_")
             gates[gate] = squash(affine(x, w, "input", b_in) + affine(h, u, "hidden", b_rec)).named(gate)
