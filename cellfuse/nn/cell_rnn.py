@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence
 
 from ..codegen import SCHEDULES, make_plan
 from ..codegen.backward_plan import backward_plan
@@ -247,14 +247,17 @@ class CellRNN(torch.nn.Module):
         if torch.jit.is_tracing() and torch.onnx.is_in_onnx_export():
             raise CellError("a CellRNN cannot be exported to ONNX: its forward pass is the custom op "
                             "cellfuse::rnn, which ONNX has no operator for (torch.export.export keeps it)")
-        packed = x if isinstance(x, PackedSequence) else None
-        if packed is not None:
+        packed = None
+        if isinstance(x, PackedSequence):
             if lengths is not None:
                 raise CellError("lengths are given twice: by the PackedSequence and by `lengths`")
-            x, lengths = pad_packed_sequence(packed)
+            packed = stacks.Unpacked(x)  # its rows in the packed data's order, the states sorted to it
+            x, lengths = packed.x, packed.lengths
         elif self.batch_first and isinstance(x, torch.Tensor) and x.dim() == 3:
             x = x.transpose(0, 1)
         initial = self._check(x, states)
+        if packed is not None:
+            initial = packed.sorted(initial)
         if lengths is not None:
             lengths = stacks.check_lengths(lengths, x.shape[0], x.shape[1])
         if self.bidirectional or (self.dropout and self.training and self.num_layers > 1):
@@ -273,7 +276,7 @@ class CellRNN(torch.nn.Module):
                 if len(self._seen) > MAX_SEEN:
                     self._seen.popitem(last=False)
         if packed is not None:
-            y = stacks.repacked(y, packed, lengths)
+            y, finals = packed.pack(y), packed.unsorted(finals)
         elif self.batch_first:
             y = y.transpose(0, 1)
         return y, dict(zip(self.state_ids, finals, strict=True))

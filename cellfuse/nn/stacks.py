@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 import torch
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+from torch.nn.utils.rnn import PackedSequence
 
 from ..graph_model import CellError
 from . import ops
@@ -143,11 +143,37 @@ def _side_by_side(first: Callable, second: Callable, x: torch.Tensor, initial: S
     return [out, done]
 
 
-def repacked(y: torch.Tensor, like: PackedSequence, lengths: torch.Tensor) -> PackedSequence:
-    """y [T, B, ...] (padded, the batch in its original order, whose rows are `lengths` long) as a
-    PackedSequence of `like`'s layout."""
-    order = like.sorted_indices
-    if order is not None:
-        y, lengths = y.index_select(1, order.to(y.device)), lengths[order.cpu()]
-    data = pack_padded_sequence(y, lengths, enforce_sorted=True).data
-    return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
+class Unpacked:
+    """A PackedSequence padded in its own order of rows (longest first, as its data holds them), so that
+    nothing waits for the GPU: x [T, B, width] (zeros past each row's length), the rows' lengths (on the
+    CPU, from the batch sizes), and how to pack y back and to move states between the batch's order and
+    this one. torch's pad_packed_sequence and pack_padded_sequence copy a step at a time and read the
+    order of rows back from the GPU, which costs more than the kernels of a layer."""
+
+    def __init__(self, packed: PackedSequence):
+        sizes = packed.batch_sizes
+        T, B = len(sizes), int(sizes[0])
+        present = torch.arange(B).view(1, B) < sizes.view(T, 1)
+        self.lengths = present.sum(0)
+        data = packed.data
+        # where each element of the packed data (step by step, longest row first) is in x [T * B, ...]
+        self._at = _to_device(torch.arange(T * B).view(T, B)[present], data)
+        self._like = packed
+        self.x = data.new_zeros((T * B, *data.shape[1:])).index_copy(0, self._at, data).view(T, B,
+                                                                                           *data.shape[1:])
+
+    def pack(self, y: torch.Tensor) -> PackedSequence:
+        """y [T, B, ...] in this order of rows as a PackedSequence of the input's layout."""
+        like = self._like
+        data = y.reshape(-1, *y.shape[2:]).index_select(0, self._at)
+        return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
+
+    def sorted(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """States [n, B, H] in the batch's order, in this one."""
+        order = self._like.sorted_indices
+        return list(states) if order is None else [s.index_select(1, order) for s in states]
+
+    def unsorted(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """States [n, B, H] in this order, in the batch's."""
+        order = self._like.unsorted_indices
+        return list(states) if order is None else [s.index_select(1, order) for s in states]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 
 import torch
-from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence
 
 from ..gpu_runtime.auto_schedule import AUTO
 from ..graph_model import Cell, CellError, init_params
@@ -201,10 +201,10 @@ class _TorchRNN(torch.nn.Module):
         return out
 
     def forward(self, input, hx=None):
-        packed = input if isinstance(input, PackedSequence) else None
+        packed = stacks.Unpacked(input) if isinstance(input, PackedSequence) else None
         lengths = None
-        if packed is not None:  # padded in the batch's own order (as hx is), each row to its length
-            input, lengths = pad_packed_sequence(packed)
+        if packed is not None:  # padded, each row to its length, in the packed data's order of rows
+            input, lengths = packed.x, packed.lengths
         x = self._check(input)
         unbatched = x.dim() == 2
         if unbatched:
@@ -216,6 +216,8 @@ class _TorchRNN(torch.nn.Module):
         if lengths is not None:
             lengths = stacks.check_lengths(lengths, x.shape[0], x.shape[1])
         initial = self._initial(hx, x.shape[1], x)
+        if packed is not None:
+            initial = packed.sorted(initial)
         if not self.bidirectional and (self.dropout == 0 or not self.training or self.num_layers == 1):
             params = [p for layer in range(self.num_layers) for p in self._layer_params(layer, False)]
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
@@ -227,7 +229,7 @@ class _TorchRNN(torch.nn.Module):
         if unbatched:
             y, finals = y.squeeze(1), [f.squeeze(1) for f in finals]
         elif packed is not None:
-            y = stacks.repacked(y, packed, lengths)
+            y, finals = packed.pack(y), packed.unsorted(finals)
         elif self.batch_first:
             y = y.transpose(0, 1)
         if self.kind == "lstm":

@@ -27,7 +27,11 @@ def test_packed_sequences_match_torch(cls, torch_cls, layers, bidirectional, enf
     x = torch.randn(T, B, INPUT, dtype=torch.float64, requires_grad=True)
     lengths = torch.tensor([7, 5, 3, 1] if enforce_sorted else [3, 7, 1, 5])
     packed = pack_padded_sequence(x, lengths, enforce_sorted=enforce_sorted)
-    (y, states), (want_y, want_states) = ours(packed), ref(packed)
+    # initial states in the batch's order, which differs from the packed rows' where not sorted
+    hx = [torch.randn(layers * (1 + bidirectional), B, H, dtype=torch.float64, requires_grad=True)
+          for _ in range(2 if cls is LSTM else 1)]
+    given = tuple(hx) if cls is LSTM else hx[0]
+    (y, states), (want_y, want_states) = ours(packed, given), ref(packed, given)
     states, want_states = ((s if isinstance(s, tuple) else (s,)) for s in (states, want_states))
     assert torch.equal(y.batch_sizes, want_y.batch_sizes)
     torch.testing.assert_close(y.data, want_y.data, rtol=0, atol=1e-10)
@@ -35,8 +39,8 @@ def test_packed_sequences_match_torch(cls, torch_cls, layers, bidirectional, enf
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10)
     loss, want_loss = (out.data.square().sum() + sum(s.sum() for s in ss)
                        for out, ss in ((y, states), (want_y, want_states)))
-    got = torch.autograd.grad(loss, [x, *ours.parameters()], retain_graph=True)
-    want = torch.autograd.grad(want_loss, [x, *ref.parameters()])
+    got = torch.autograd.grad(loss, [x, *hx, *ours.parameters()], retain_graph=True)
+    want = torch.autograd.grad(want_loss, [x, *hx, *ref.parameters()])
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-9)
 

@@ -1,0 +1,33 @@
+"""benchmarks/dropin_classifier.py on the CPU in float64 at tiny sizes: the classifier with cellfuse.nn.LSTM
+in torch.nn.LSTM's place (two layers, both directions, batch_first, PackedSequences) follows torch's loss
+curve step for step, and the record says so."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "dropin_classifier.py"
+
+
+def test_the_drop_in_follows_torchs_loss_curve(tmp_path):
+    spec = importlib.util.spec_from_file_location("dropin_classifier", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "record.json"
+    script.main(["--device", "cpu", "--dtype", "float64", "--steps", "12", "--warmup", "2", "--batch", "6",
+                 "--seq", "9", "--min-length", "2", "--features", "5", "--hidden", "7", "--lr", "0.05",
+                 "--out", str(out)])
+    record = json.loads(out.read_text())
+    want, got = record["losses"]["torch.nn.LSTM"], record["losses"]["cellfuse.nn.LSTM"]
+    assert len(want) == len(got) == 12
+    assert record["max_abs_loss_diff"] < 1e-10
+    assert record["first_step_whose_losses_differ_by_1e-3"] is None
+    assert want[-1] < want[0]  # it learns: the curves compared are not flat
+    assert set(record["step_ms"]) == {"torch.nn.LSTM", "cellfuse.nn.LSTM"}
+    assert len(record["ms_of_each_step"]["cellfuse.nn.LSTM"]) == 10
