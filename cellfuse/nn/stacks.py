@@ -143,11 +143,14 @@ def _side_by_side(first: Callable, second: Callable, x: torch.Tensor, initial: S
     return [out, done]
 
 
+STEPS_MULTIPLE = 4  # a PackedSequence's steps are run in multiples of this (see Unpacked)
+
+
 class Unpacked:
     """A PackedSequence padded in its own order of rows (longest first, as its data holds them), so that
-    nothing waits for the GPU: x [T, B, width] (zeros past each row's length), the rows' lengths (on the
-    CPU, from the batch sizes), and how to pack y back and to move states between the batch's order and
-    this one. torch's pad_packed_sequence and pack_padded_sequence copy a step at a time and read the
+    nothing waits for the GPU: x [T', B, width] (zeros past each row's length; T' the longest length
+    rounded up to a multiple of STEPS_MULTIPLE), the rows' lengths (on the CPU, from the batch sizes),
+    and how to pack y back and to move states between the batch's order and this one. torch's pad_packed_sequence and pack_padded_sequence copy a step at a time and read the
     order of rows back from the GPU, which costs more than the kernels of a layer."""
 
     def __init__(self, packed: PackedSequence):
@@ -159,8 +162,12 @@ class Unpacked:
         # where each element of the packed data (step by step, longest row first) is in x [T * B, ...]
         self._at = _to_device(torch.arange(T * B).view(T, B)[present], data)
         self._like = packed
-        self.x = data.new_zeros((T * B, *data.shape[1:])).index_copy(0, self._at, data).view(T, B,
-                                                                                           *data.shape[1:])
+        # x's steps rounded up to a multiple of STEPS_MULTIPLE (past every row's length, the steps after
+        # T change nothing): batches whose longest rows differ by a few steps share a runner and `auto`'s
+        # choice, where each new length would have made (and measured) its own
+        steps = -(-T // STEPS_MULTIPLE) * STEPS_MULTIPLE
+        self.x = data.new_zeros((steps * B, *data.shape[1:])).index_copy(0, self._at, data).view(
+            steps, B, *data.shape[1:])
 
     def pack(self, y: torch.Tensor) -> PackedSequence:
         """y [T, B, ...] in this order of rows as a PackedSequence of the input's layout."""

@@ -97,3 +97,24 @@ def test_dropout_with_packed_sequences_keeps_the_rows_apart():
     assert (padded[3:, 0] == 0).all() and (padded[1:, 2] == 0).all() and padded[:, 1].abs().min() > 0
     ours.eval(), ref.eval()
     torch.testing.assert_close(ours(packed)[0].data, ref(packed)[0].data, rtol=0, atol=1e-10)
+
+
+def test_packed_batches_of_nearby_lengths_share_their_runs():
+    """A PackedSequence's steps run in multiples of STEPS_MULTIPLE: batches whose longest rows are 5 and 7
+    steps long run 8 steps, through one runner, and give what torch gives."""
+    from cellfuse.nn import ops, stacks
+
+    assert stacks.STEPS_MULTIPLE == 4
+    torch.manual_seed(5)
+    ours = LSTM(INPUT, H).double()
+    ref = torch.nn.LSTM(INPUT, H).double()
+    ref.load_state_dict(ours.state_dict())
+    ops._runners.clear()
+    for lengths in ([5, 2, 3, 1], [7, 6, 2, 4]):
+        packed = pack_padded_sequence(torch.randn(7, B, INPUT, dtype=torch.float64), torch.tensor(lengths),
+                                      enforce_sorted=False)
+        (y, (h, c)), (want_y, (want_h, want_c)) = ours(packed), ref(packed)
+        torch.testing.assert_close(y.data, want_y.data, rtol=0, atol=1e-10)
+        torch.testing.assert_close(h, want_h, rtol=0, atol=1e-10)
+        torch.testing.assert_close(c, want_c, rtol=0, atol=1e-10)
+    assert [key[1] for key in ops._runners] == [8]
