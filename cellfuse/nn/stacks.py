@@ -150,8 +150,9 @@ class Unpacked:
     """A PackedSequence padded in its own order of rows (longest first, as its data holds them), so that
     nothing waits for the GPU: x [T', B, width] (zeros past each row's length; T' the longest length
     rounded up to a multiple of STEPS_MULTIPLE), the rows' lengths (on the CPU, from the batch sizes),
-    and how to pack y back and to move states between the batch's order and this one. torch's pad_packed_sequence and pack_padded_sequence copy a step at a time and read the
-    order of rows back from the GPU, which costs more than the kernels of a layer."""
+    and how to pack y back and to move states between the batch's order and this one. torch's
+    pad_packed_sequence and pack_padded_sequence copy a step at a time and read the order of rows back
+    from the GPU, which costs more than the kernels of a layer."""
 
     def __init__(self, packed: PackedSequence):
         sizes = packed.batch_sizes
