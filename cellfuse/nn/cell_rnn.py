@@ -258,7 +258,7 @@ class CellRNN(torch.nn.Module):
         initial = self._check(x, states)
         if packed is not None:
             initial = packed.sorted(initial)
-        if lengths is not None:
+        elif lengths is not None:  # (a PackedSequence's are right by construction)
             lengths = stacks.check_lengths(lengths, x.shape[0], x.shape[1])
         if self.bidirectional or (self.dropout and self.training and self.num_layers > 1):
             y, finals = stacks.layer_by_layer(

@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from functools import partial
 
+import numpy as np
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
@@ -155,13 +156,14 @@ class Unpacked:
     from the GPU, which costs more than the kernels of a layer."""
 
     def __init__(self, packed: PackedSequence):
-        sizes = packed.batch_sizes
+        sizes = packed.batch_sizes.numpy()  # on the CPU, as torch keeps them
         T, B = len(sizes), int(sizes[0])
-        present = torch.arange(B).view(1, B) < sizes.view(T, 1)
-        self.lengths = present.sum(0)
+        self.lengths = torch.from_numpy((np.arange(B)[None, :] < sizes[:, None]).sum(0))
+        # where each element of the packed data (step by step, longest row first) is in x [T * B, ...]:
+        # at step t, rows 0 .. sizes[t] - 1 (in numpy: a few microseconds, where torch's small ops take tens)
+        at = np.repeat(np.arange(T) * B - (np.cumsum(sizes) - sizes), sizes) + np.arange(int(sizes.sum()))
         data = packed.data
-        # where each element of the packed data (step by step, longest row first) is in x [T * B, ...]
-        self._at = _to_device(torch.arange(T * B).view(T, B)[present], data)
+        self._at = _to_device(torch.from_numpy(at), data)
         self._like = packed
         # x's steps rounded up to a multiple of STEPS_MULTIPLE (past every row's length, the steps after
         # T change nothing): batches whose longest rows differ by a few steps share a runner and `auto`'s

@@ -213,8 +213,6 @@ class _TorchRNN(torch.nn.Module):
                 hx = tuple(h.unsqueeze(1) for h in (hx if isinstance(hx, (tuple, list)) else (hx,)))
         elif self.batch_first and packed is None:
             x = x.transpose(0, 1)
-        if lengths is not None:
-            lengths = stacks.check_lengths(lengths, x.shape[0], x.shape[1])
         initial = self._initial(hx, x.shape[1], x)
         if packed is not None:
             initial = packed.sorted(initial)
