@@ -31,6 +31,7 @@ from cellfuse.nn import GRU, LSTM
 CASES = [  # kind, T, B, layers, bidirectional, lengths ("" = padded, all T long)
     ("lstm", 100, 64, 1, False, ""),
     ("lstm", 100, 64, 1, False, "uniform:10-100"),
+    ("lstm", 100, 64, 1, True, ""),
     ("lstm", 100, 64, 2, True, ""),
     ("lstm", 100, 64, 2, True, "uniform:10-100"),
     ("gru", 100, 64, 1, False, "uniform:10-100"),

@@ -54,11 +54,27 @@ def _remember(cache: OrderedDict, key: tuple, make):
     return value
 
 
+# A call's `direction`: which direction of a layer it runs, and whether beside the other direction's run
+# (side by side on two streams: its persistent kernels then take half of the SMs, so that both directions'
+# kernels are resident at once) or alone on the GPU.
+FORWARD, REVERSE, FORWARD_BESIDE, REVERSE_BESIDE = range(4)
+
+
+def direction_of(reverse: bool, beside: bool) -> int:
+    return (FORWARD_BESIDE if beside else FORWARD) + int(reverse)
+
+
+def _share(direction: int) -> int:
+    """How many runs share the GPU side by side with a call of this direction."""
+    return 2 if direction >= FORWARD_BESIDE else 1
+
+
 def plans(cell: str, seq: int, batch: int, input_size: int, hidden: int, layers: int, schedule: str,
-          device: torch.device) -> Plans:
+          device: torch.device, direction: int = FORWARD) -> Plans:
     sizes = Sizes(seq=seq, batch=batch, input=input_size, hidden=hidden, layers=layers)
-    key = (cell, sizes, schedule, device.type, device.index)
-    return _remember(_plans, key, lambda: make_plans(cell_from_text(cell), sizes, schedule, device))
+    share = _share(direction) if device.type == "cuda" else 1
+    key = (cell, sizes, schedule, device.type, device.index, share)
+    return _remember(_plans, key, lambda: make_plans(cell_from_text(cell), sizes, schedule, device, share))
 
 
 def reserve_bytes(plans: Plans, device_type: str, dtype: torch.dtype) -> int:
@@ -71,7 +87,8 @@ def reserve_bytes(plans: Plans, device_type: str, dtype: torch.dtype) -> int:
     return Memory(plans.train, plans.backward).reserve_bytes
 
 
-def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, direction: int = 0) -> Runner:
+def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, direction: int = FORWARD
+           ) -> Runner:
     """The runner of the op's arguments (made, and its plans with it, at the first call): one per
     direction of a layer (its own packed weights and programs), so that the two run side by side."""
     T, B, inputs = x.shape
@@ -81,7 +98,7 @@ def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, 
         return _runners[key]
 
     def make() -> Runner:
-        p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device)
+        p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction)
         if x.device.type == "cpu":
             from .runners import NumpyRunner
 
@@ -107,7 +124,7 @@ def rnn_impl(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Ten
     """[y, *final states, reserve]: the forward pass of `layers` of the cell over x [T, B, input] from the
     initial states (each [layers, B, hidden], in the cell's order of states), the parameters in the
     order of the .npz keys; the reserve holds the steps for `rnn_backward` where `save`, else is empty.
-    `direction`: which direction of a layer the call runs (0 forward, 1 reverse; see `runner`)."""
+    `direction`: which direction of a layer the call runs, alone or beside the other (FORWARD, ...)."""
     return _forward(x, states, params, cell, hidden, layers, schedule, save, direction, shared=False)
 
 
@@ -127,7 +144,7 @@ rnn = torch.library.custom_op("cellfuse::rnn", rnn_impl, mutates_args=())
 @rnn.register_fake
 def _rnn_fake(x, states, params, cell, hidden, layers, schedule, save, direction):
     T, B, inputs = (int(n) for n in x.shape)  # a plan is made for sizes, not for symbols
-    p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device)
+    p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction)
     nbytes = reserve_bytes(p, x.device.type, x.dtype) if save else 0
     return [x.new_empty((T, B, hidden)), *(s.new_empty(s.shape) for s in states),
             x.new_empty((nbytes,), dtype=torch.uint8)]
@@ -152,7 +169,7 @@ rnn_backward = torch.library.custom_op("cellfuse::rnn_backward", rnn_backward_im
 def _rnn_backward_fake(dy, dfinals, x, states, params, y, reserve, cell, hidden, layers, schedule,
                        direction):
     T, B, inputs = (int(n) for n in x.shape)
-    layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device).layout
+    layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction).layout
     return [x.new_empty(x.shape), *(s.new_empty(s.shape) for s in states),
             *(x.new_empty(shape) for shape in layout.grouped_shapes())]
 
@@ -180,7 +197,7 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: 
     out = backward(dy, dfinals, x, list(states), list(params), y, reserve, cell, hidden, layers, schedule,
                    direction)
     T, B, inputs = x.shape
-    layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device).layout
+    layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction).layout
     return out[0], list(out[1:1 + n_states]), layout.param_gradients(out[1 + n_states:], x)
 
 
@@ -214,7 +231,7 @@ class _Eager(torch.autograd.Function):
 
 
 def run(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor], cell: str, hidden: int,
-        layers: int, schedule: str, save: bool, direction: int = 0) -> Sequence[torch.Tensor]:
+        layers: int, schedule: str, save: bool, direction: int = FORWARD) -> Sequence[torch.Tensor]:
     """[y, *final states, reserve] of `rnn`: through the op where torch.compile or torch.export traces
     (fake or functional tensors), else straight to the runner."""
     if torch.compiler.is_compiling() or type(x) is not torch.Tensor:

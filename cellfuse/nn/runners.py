@@ -59,21 +59,23 @@ class Plans:
         return TensorLayout(self.train, self.backward)
 
 
-def device_target(device: torch.device) -> Target:
-    """A GPU's numbers for a persistent plan."""
+def device_target(device: torch.device, share: int = 1) -> Target:
+    """A GPU's numbers for a persistent plan; with `share` runs side by side, its part of the SMs, so that
+    the persistent kernels of all of them are resident at once."""
     props = torch.cuda.get_device_properties(device)
-    return Target(props.multi_processor_count, props.shared_memory_per_block_optin)
+    return Target(props.multi_processor_count // share, props.shared_memory_per_block_optin)
 
 
-def make_plans(cell: Cell, sizes: Sizes, schedule: str, device: torch.device) -> Plans:
-    """The plans of `schedule` (or of the rung `auto` stands for here) at these sizes on the device."""
+def make_plans(cell: Cell, sizes: Sizes, schedule: str, device: torch.device, share: int = 1) -> Plans:
+    """The plans of `schedule` (or of the rung `auto` stands for here) at these sizes on the device, for
+    one of `share` runs side by side on it."""
     if device.type == "cpu":
         if schedule == AUTO:
             schedule = choose_schedule(cell, sizes, "numpy").schedule
         # the numpy executor runs the plan that saves its steps, with a backward pass to follow or not
         train = make_plan(cell, sizes, schedule, save_steps=True)
         return Plans(train, train, backward_plan(train))
-    target = device_target(device)
+    target = device_target(device, share)
     if schedule == AUTO:
         choice = choose_schedule(cell, sizes, "cuda")
         log.info("%s", choice.why)

@@ -91,15 +91,18 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     """y and the final states of the stack, each layer and direction a call of its own (`params_of(layer,
     reverse)` gives a one-layer call's parameters); both directions' outputs side by side, the final
     states in torch's order (layer by layer, forward before reverse), `initial` in the same order. On a
-    GPU the two directions of a layer run side by side, the reverse one on a stream of its own."""
+    GPU the two directions of a layer run side by side, the reverse one on a stream of its own, each
+    planned for half of the SMs (ops.FORWARD_BESIDE), so that both persistent kernels run at once."""
     directions = (False, True) if bidirectional else (False,)
     reverse_time = _reversal(lengths, x) if bidirectional else None
+    beside = bidirectional and _beside(x)
     finals: list[list[torch.Tensor]] = [[] for _ in initial]
     for layer in range(layers):
         calls = [partial(_direction, x, [s[i:i + 1] for s in initial], params_of(layer, reverse),
-                         reverse_time if reverse else None, cell, hidden, schedule, lengths)
+                         reverse_time if reverse else None, cell, hidden, schedule, lengths,
+                         ops.direction_of(reverse, beside))
                  for i, reverse in enumerate(directions, start=layer * len(directions))]
-        done = _side_by_side(*calls, x, initial) if bidirectional else [calls[0]()]
+        done = _side_by_side(*calls, x, initial) if beside else [call() for call in calls]
         outputs, lasts = [y for y, _ in done], [last for _, last in done]
         for last in lasts:
             for i, value in enumerate(last):
@@ -110,22 +113,26 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     return x, [torch.cat(f) for f in finals]
 
 
-def _direction(x, initial, params, reverse_time, cell, hidden, schedule, lengths):
+def _direction(x, initial, params, reverse_time, cell, hidden, schedule, lengths, direction):
     """One direction of one layer: y and the final states (reverse_time: of the reverse direction)."""
     y, last = run(reverse_time(x) if reverse_time else x, initial, params, cell, hidden, 1, schedule,
-                  lengths, 1 if reverse_time else 0)
+                  lengths, direction)
     return (reverse_time(y) if reverse_time else y), last
+
+
+def _beside(x: torch.Tensor) -> bool:
+    """Whether a layer's two directions run side by side: on a GPU, but not while torch.compile traces,
+    nor in a CUDA graph capture (a capture of a persistent rung's two directions side by side faulted in
+    its replay)."""
+    return (x.device.type == "cuda" and not torch.compiler.is_compiling()
+            and not torch.cuda.is_current_stream_capturing())
 
 
 _side_streams: dict[int, torch.cuda.Stream] = {}
 
 
 def _side_by_side(first: Callable, second: Callable, x: torch.Tensor, initial: Sequence[torch.Tensor]):
-    """first() on the current stream and second() on a side stream forked from it and joined back; in
-    order where that cannot be (not a GPU, while torch.compile traces) or has not been seen to work (a
-    CUDA graph capture of a persistent rung's two directions side by side faulted in its replay)."""
-    if x.device.type != "cuda" or torch.compiler.is_compiling() or torch.cuda.is_current_stream_capturing():
-        return [first(), second()]
+    """first() on the current stream and second() on a side stream forked from it and joined back."""
     main = torch.cuda.current_stream(x.device)
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
     if index not in _side_streams:

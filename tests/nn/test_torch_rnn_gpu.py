@@ -78,7 +78,8 @@ def test_packed_sequences_match_cudnn(cuda, schedule, cls, torch_cls):
 
 def test_both_directions_capture_and_replay(cuda):
     """Eagerly the reverse direction runs on a side stream; under a CUDA graph capture the two run in
-    order: the capture of the bidirectional forward pass replays on new inputs to eager's results."""
+    order: the capture of the bidirectional forward pass replays on new inputs to eager's results (to
+    rounding: eagerly each direction is planned for half of the SMs, and may sum in another order)."""
     torch.manual_seed(0)
     lstm = LSTM(24, 40, num_layers=2, bidirectional=True, schedule="persistent").to(cuda)
     x = torch.randn(9, 6, 24, device=cuda)
@@ -97,4 +98,20 @@ def test_both_directions_capture_and_replay(cuda):
         want_y, (want_h, want_c) = lstm(fresh)
     torch.cuda.synchronize()
     for got, want in ((y, want_y), (h, want_h), (c, want_c)):
-        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_directions_side_by_side_take_half_of_the_sms_each(cuda):
+    """Eagerly each direction of a bidirectional layer runs a persistent kernel planned for half of the
+    SMs, so that the two are resident at once; a direction alone is planned for all of them."""
+    from cellfuse.nn import ops
+
+    lstm = LSTM(24, 40, bidirectional=True, schedule="persistent").to(cuda)
+    x = torch.randn(9, 6, 24, device=cuda)
+    with torch.no_grad():
+        lstm(x)
+    sms = torch.cuda.get_device_properties(cuda).multi_processor_count
+    cell = lstm._cell_text
+    for direction, share in ((ops.FORWARD_BESIDE, 2), (ops.REVERSE_BESIDE, 2), (ops.FORWARD, 1)):
+        plan = ops.runner(cell, x, 40, 1, "persistent", direction).plans.forward
+        assert plan.target.sm_count == sms // share
