@@ -56,14 +56,16 @@ def image_name(w: str, transposed: bool) -> str:
     return f"image:{w}:{'T' if transposed else 'N'}"
 
 
-_loaded: dict[tuple, driver.Module] = {}  # (device ordinal, what, source) -> its module, for the process
+_loaded: dict[tuple, driver.Module] = {}  # (device ordinal, what, source, lane) -> its module
 _route_choice: dict[tuple, str] = {}  # (device ordinal, shape) -> "wgmma" or "copies", for the process
 
 
-def _module(what: str, source: str, arch: str) -> driver.Module:
+def _module(what: str, source: str, arch: str, lane: int = 0) -> driver.Module:
     """A module compiled for `arch` (or found in the kernel cache), loaded into the current context once
-    per device."""
-    key = (driver.current_device(), what, source)
+    per device and lane. A persistent kernel's exchanges are arrays of its module (one run at a time uses
+    them): programs of the same kernels that run at once, side by side, are given lanes of their own, so
+    that each loads the module for itself."""
+    key = (driver.current_device(), what, source, lane)
     if key not in _loaded:
         _loaded[key] = driver.Module(cubin(source, arch), what)
     return _loaded[key]
@@ -77,12 +79,13 @@ class _Resources:
     cublasSetWorkspace (8 MiB, tried) made cuBLAS choose algorithms whose gradients were 3x further
     from float64 (docs/results/2026-11-28-cellrnn-launch-list.md)."""
 
-    def __init__(self, kernels: KernelSet, arch: str, capability: tuple[int, int], streams: int, what: str):
+    def __init__(self, kernels: KernelSet, arch: str, capability: tuple[int, int], streams: int, what: str,
+                 lane: int):
         from nvmath.bindings import cublas
 
         self.cu, self.cublas = driver.bindings(), cublas
         self.capability = capability
-        self.module = _module(what, kernels.module_source(), arch)
+        self.module = _module(what, kernels.module_source(), arch, lane)
         self.name_of = kernels.name_of
         self.functions: dict[str, object] = {}
         self.handles = [cublas.create() for _ in range(streams)]
@@ -294,12 +297,13 @@ class StreamProgram:
     """A program's launches over buffers whose addresses `run` is given; see the module's docstring."""
 
     def __init__(self, plan: Plan, instructions: Sequence[Instruction], kernels: KernelSet, arch: str,
-                 capability: tuple[int, int], sm_count: int, what: str):
+                 capability: tuple[int, int], sm_count: int, what: str, lane: int = 0):
+        """`lane`: which of the runs of these kernels that may run at once this program is (see _module)."""
         self.plan, self.what = plan, what
         flat = list(_flat(instructions))
         streams = 1 + max((getattr(i, "stream", 0) for i in flat), default=0)
         events = 1 + max((i.event for i in flat if isinstance(i, (Record, Wait))), default=-1)
-        self.res = _Resources(kernels, arch, capability, streams, what)
+        self.res = _Resources(kernels, arch, capability, streams, what, lane)
         self.side_streams = [driver.new_stream() for _ in range(streams - 1)]
         self.events = [driver.new_event() for _ in range(events)]
         calls = _Calls(self.res, plan, sm_count, self.events, what)

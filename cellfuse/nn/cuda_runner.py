@@ -115,9 +115,11 @@ def _layout(sizes: list[tuple[str, int]]) -> tuple[dict[str, int], int]:
 class CudaRunner(Runner):
     """The plans' programs on one CUDA device, made at the first call that needs each."""
 
-    def __init__(self, plans: Plans, device: torch.device):
+    def __init__(self, plans: Plans, device: torch.device, lane: int = 0):
+        """`lane`: which of the runs of the same kernels that may run at once this runner's are (a layer's
+        two directions side by side): each lane loads the kernels' module for itself."""
         super().__init__(plans)
-        self.device = device
+        self.device, self.lane = device, lane
         self.index = device.index if device.index is not None else torch.cuda.current_device()
         self._programs: dict[str, object] = {}
         # their cuBLAS handles, streams and events go when the runner does (dropped from the process's cache)
@@ -164,7 +166,8 @@ class CudaRunner(Runner):
                 plan = self.plans.forward if which == "forward" else self.plans.train
                 instructions, kernels = lower(plan).instructions, kernel_set.plan_kernels(plan)
             program = StreamProgram(plan, instructions, kernels, f"sm_{major}{minor}", (major, minor),
-                                    props.multi_processor_count, f"{plan.cell_name}'s {which} kernels")
+                                    props.multi_processor_count, f"{plan.cell_name}'s {which} kernels",
+                                    self.lane)
             self._programs[which] = program
             self._check_scratch(which, program)
             if program.images.keys() - self._images.keys():

@@ -105,7 +105,7 @@ def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, 
             return NumpyRunner(p, x.dtype)
         from .cuda_runner import CudaRunner
 
-        return CudaRunner(p, x.device)
+        return CudaRunner(p, x.device, direction)
     return _remember(_runners, key, make)
 
 

@@ -121,11 +121,10 @@ def _direction(x, initial, params, reverse_time, cell, hidden, schedule, lengths
 
 
 def _beside(x: torch.Tensor) -> bool:
-    """Whether a layer's two directions run side by side: on a GPU, but not while torch.compile traces,
-    nor in a CUDA graph capture (a capture of a persistent rung's two directions side by side faulted in
-    its replay)."""
-    return (x.device.type == "cuda" and not torch.compiler.is_compiling()
-            and not torch.cuda.is_current_stream_capturing())
+    """Whether a layer's two directions run side by side: on a GPU (in a CUDA graph capture too, where the
+    side stream is a branch of the graph), but not while torch.compile traces (its graph holds the ops one
+    after the other)."""
+    return x.device.type == "cuda" and not torch.compiler.is_compiling()
 
 
 _side_streams: dict[int, torch.cuda.Stream] = {}
