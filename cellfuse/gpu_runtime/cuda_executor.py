@@ -266,8 +266,9 @@ class CudaExecutor:
                 one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
                 c = self._ptr(instr, g.c, t)
                 a = self._ptr(instr, g.a, t)
+                # (the warpgroup GEMM adds the bias in its epilogue; the others accumulate onto its rows)
                 out: list[Callable[[], object]] = []
-                if g.bias:  # the bias rows first, then C accumulates A @ W onto them
+                if g.bias:
                     out.append(partial(self.bias_rows.prepared_async_call, (_grid(m * g.n), 1), (BLOCK, 1, 1),
                                        self.streams[s], c, self.addr[g.bias], m, g.n, g.c.ld))
                 beta = one if g.bias or g.accumulate else zero
@@ -284,11 +285,12 @@ class CudaExecutor:
                          and warpgroup_gemms() is not None)
                 if wgmma and self._route(g, op, s, handles) == "wgmma":
                     gemms, key = warpgroup_gemms(), image_key(g)
+                    op = replace(op, accumulate=bool(g.accumulate), bias=self.addr[g.bias] if g.bias else 0)
                     if images is None or key not in self.image_at:  # W's image made by every run
-                        return out + gemms.calls(op, self.streams[s])
+                        return gemms.calls(op, self.streams[s])
                     op = replace(op, pieces=self.image_at[key])
                     images.setdefault(key, gemms.image_call(op, self.stream))
-                    return out + [gemms.gemm_call(op, self.streams[s])]
+                    return [gemms.gemm_call(op, self.streams[s])]
                 return out + self._copies(g, op, s, handles)
             case Kernel(launch=k, rows=rows, stream=s):
                 name = self.name_of[k]

@@ -25,6 +25,7 @@ happens when the program is made, so a program must be made before a CUDA graph 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -193,17 +194,17 @@ class _Calls:
         B = self.plan.sizes.batch
         a = (g.a.buffer, g.a.dtype.itemsize * element_offset(instr, g.a, t, B))
         c = (g.c.buffer, g.c.dtype.itemsize * element_offset(instr, g.c, t, B))
-        if g.bias:  # the bias rows first, then C accumulates A @ W onto them
-            self._kernel("cf_bias_rows", _grid(m * g.n), BLOCK, [c, (g.bias, 0), m, g.n, g.c.ld], s)
         accumulate = bool(g.bias or g.accumulate)
         ldw = g.k if g.trans_w else g.n
-        if instr.route == "float32":
-            self._sgemm(g, m, a, c, ldw, accumulate, s)
-            return
         op = Operands(c[1], a[1], 0, 0, m, g.n, g.k, g.a.ld, ldw, g.c.ld, g.trans_w, accumulate)
         if (instr.route == "tf32x3-wgmma" and usable(self.res.capability, op)
                 and route_choice(self.res, self.plan, g, op, a, c, s) == "wgmma"):
-            self.wgmma(g, op, a, c, s)
+            self.wgmma(g, replace(op, accumulate=bool(g.accumulate)), a, c, s)  # the bias in its epilogue
+            return
+        if g.bias:  # the bias rows first, then C accumulates A @ W onto them
+            self._kernel("cf_bias_rows", _grid(m * g.n), BLOCK, [c, (g.bias, 0), m, g.n, g.c.ld], s)
+        if instr.route == "float32":
+            self._sgemm(g, m, a, c, ldw, accumulate, s)
         else:
             self.copies(g, m, a, c, accumulate, s)
 
@@ -235,8 +236,9 @@ class _Calls:
             s, f"cuBLAS's TF32 GEMM of {g.group}")
 
     def wgmma(self, g, op: Operands, a, c, s: int) -> None:
-        """W's image, then the warpgroup GEMM: the image made by `weights_changed` where W is a weight the
-        caller keeps an image of, else by every run into the stream's scratch."""
+        """W's image, then the warpgroup GEMM (adding g's bias, if it has one, in its epilogue): the image
+        made by `weights_changed` where W is a weight the caller keeps an image of, else by every run into
+        the stream's scratch."""
         image_fn, gemm_fn = self.res.wgmma_functions()
         weight = self.plan.buffers[g.w].role in ("weight", "stacked", "bias")
         pieces = (image_name(g.w, g.trans_w), 0) if weight else (split_name(s), 0)
@@ -250,9 +252,10 @@ class _Calls:
         else:
             self.scratch[pieces[0]] = max(self.scratch.get(pieces[0], 0), nbytes)
             self._kernel(*image, s, function=image_fn)
+        bias = (g.bias, 0) if g.bias else 0
         self._kernel("cf_wgmma_gemm", gemm_grid(op.m, op.n), THREADS,
-                     [c, a, pieces, op.m, op.n, op.k, op.lda, op.ldc, int(op.accumulate)], s, SMEM_BYTES,
-                     function=gemm_fn, label=f"cf_wgmma_gemm of {g.group}")
+                     [c, a, pieces, bias, op.m, op.n, op.k, op.lda, op.ldc, int(op.accumulate)], s,
+                     SMEM_BYTES, function=gemm_fn, label=f"cf_wgmma_gemm of {g.group}")
 
 
 def route_choice(res: _Resources, plan: Plan, g, op: Operands, a, c, s: int) -> str:

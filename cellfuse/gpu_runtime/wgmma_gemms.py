@@ -41,6 +41,7 @@ class Operands:
     ldc: int
     trans_w: bool
     accumulate: bool
+    bias: int = 0  # the address of a bias added to every row in the GEMM's epilogue, or 0
 
 
 def usable(compute_capability: tuple[int, int], op: Operands) -> bool:
@@ -61,7 +62,7 @@ class WgmmaGemms:
         gemm = self.module.get_function("cf_wgmma_gemm")
         gemm.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM_BYTES)
         self.image = self.module.get_function("cf_wgmma_image").prepare("PPiiii")
-        self.gemm = gemm.prepare("PPPiiiiii")
+        self.gemm = gemm.prepare("PPPPiiiiii")
         self.chosen: dict[tuple, str] = {}  # shape -> its route, measured by the executor (`faster`)
 
     def calls(self, op: Operands, stream) -> list[Callable[[], object]]:
@@ -77,7 +78,7 @@ class WgmmaGemms:
     def gemm_call(self, op: Operands, stream) -> Callable[[], object]:
         """The GEMM, W's image in `op.pieces`, on `stream`."""
         return partial(self.gemm.prepared_async_call, gemm_grid(op.m, op.n), (THREADS, 1, 1), stream,
-                       op.c, op.x, op.pieces, op.m, op.n, op.k, op.lda, op.ldc, int(op.accumulate),
+                       op.c, op.x, op.pieces, op.bias, op.m, op.n, op.k, op.lda, op.ldc, int(op.accumulate),
                        shared_size=SMEM_BYTES)
 
     def faster(self, routes: dict[str, list[Callable[[], object]]], stream) -> str:

@@ -21,15 +21,16 @@ def sm90(gpu):
     return drv
 
 
-@pytest.mark.parametrize("m, n, k, lda, ldc, trans_w, accumulate", [
-    (6400, 512, 512, 512, 512, False, False),  # IndRNN's input GEMM at B=64
-    (200, 256, 96, 100, 260, True, True),  # a last block of 72 rows, padded rows of x and C, W as [n, k]
-    (5, 768, 32, 32, 768, False, True),  # fewer rows than a warp's, one stage of K
-    (300, 512, 160, 160, 512, False, False),  # an odd number of stages (5): the loop's second half unused
+@pytest.mark.parametrize("m, n, k, lda, ldc, trans_w, accumulate, bias", [
+    (6400, 512, 512, 512, 512, False, False, False),  # IndRNN's input GEMM at B=64
+    (6400, 2048, 512, 512, 2048, False, False, True),  # the LSTM's at B=64, its bias in the epilogue
+    (200, 256, 96, 100, 260, True, True, True),  # a last block of 72 rows, padded x and C, W as [n, k]
+    (5, 768, 32, 32, 768, False, True, False),  # fewer rows than a warp's, one stage of K
+    (300, 512, 160, 160, 512, False, False, False),  # an odd number of stages (5): the second half unused
 ])
-def test_the_warpgroup_gemm_matches_float64_sums(sm90, m, n, k, lda, ldc, trans_w, accumulate):
-    """C (+)= x @ W to float32's accuracy (3xTF32), with values over many magnitudes; nothing written
-    past C's m rows and n columns."""
+def test_the_warpgroup_gemm_matches_float64_sums(sm90, m, n, k, lda, ldc, trans_w, accumulate, bias):
+    """C (+)= x @ W (+ bias) to float32's accuracy (3xTF32), with values over many magnitudes; nothing
+    written past C's m rows and n columns."""
     from cellfuse.gpu_runtime.cuda_executor import warpgroup_gemms
     from cellfuse.gpu_runtime.wgmma_gemms import Operands, usable
 
@@ -41,10 +42,13 @@ def test_the_warpgroup_gemm_matches_float64_sums(sm90, m, n, k, lda, ldc, trans_
     want = (x[:, :k].astype(np.float64) @ (w.T if trans_w else w).astype(np.float64))
     if accumulate:
         want += c0[:m, :n]
-    x_d, w_d, c_d = drv.to_device(x), drv.to_device(w), drv.to_device(c0)
+    b = rng.standard_normal(n).astype(np.float32)
+    if bias:
+        want += b
+    x_d, w_d, c_d, b_d = drv.to_device(x), drv.to_device(w), drv.to_device(c0), drv.to_device(b)
     pieces = drv.mem_alloc(4 * 2 * n * k)
     op = Operands(int(c_d), int(x_d), int(w_d), int(pieces), m, n, k, lda, k if trans_w else n, ldc, trans_w,
-                  accumulate)
+                  accumulate, int(b_d) if bias else 0)
     assert usable((9, 0), op)
     stream = drv.Stream()
     for call in warpgroup_gemms().calls(op, stream):

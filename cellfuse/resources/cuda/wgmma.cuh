@@ -100,12 +100,13 @@ __device__ __forceinline__ void cf_wait(unsigned barrier, unsigned parity) {
                      "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(barrier), "r"(parity) : "memory");
 }
 
-// C[m, n] = x[m, k] @ W (or += where `accumulate`), W as its image; x's rows lda floats apart, 16-byte
-// aligned. A block of 256 threads per 128 rows (the last ones clamped to row m - 1 to load, not stored)
-// by CF_COLUMNS columns, CF_SMEM bytes of dynamic shared memory.
+// C[m, n] = x[m, k] @ W (or += where `accumulate`), plus bias[n] in every row where `bias` is not null, W
+// as its image; x's rows lda floats apart, 16-byte aligned, the bias 8-byte aligned. A block of 256
+// threads per 128 rows (the last ones clamped to row m - 1 to load, not stored) by CF_COLUMNS columns,
+// CF_SMEM bytes of dynamic shared memory.
 extern "C" __global__ void __launch_bounds__(256, 1) cf_wgmma_gemm(
-    float* __restrict__ c, const float* __restrict__ x, const float* __restrict__ image, int m, int n,
-    int k, int lda, int ldc, int accumulate)
+    float* __restrict__ c, const float* __restrict__ x, const float* __restrict__ image,
+    const float* __restrict__ bias, int m, int n, int k, int lda, int ldc, int accumulate)
 {
     extern __shared__ __align__(128) float cf_smem[];
     const int tid = threadIdx.x, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -202,6 +203,11 @@ extern "C" __global__ void __launch_bounds__(256, 1) cf_wgmma_gemm(
         #pragma unroll
         for (int v = 0; v < CF_COLUMNS / 8; ++v) {
             float2 sum = make_float2(acc[4 * v + 2 * h], acc[4 * v + 2 * h + 1]);
+            if (bias) {
+                const float2 b = *reinterpret_cast<const float2*>(bias + blockIdx.x * CF_COLUMNS + 2 * t + 8 * v);
+                sum.x += b.x;
+                sum.y += b.y;
+            }
             if (accumulate) {
                 const float2 old = *reinterpret_cast<const float2*>(out + 8 * v);
                 sum.x += old.x;
