@@ -296,6 +296,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .codegen import generate_cuda
+    from .codegen.c_text import c_stem
     from .graph_model import atomic_write
 
     cell = resolve_cell(args.cell)
@@ -304,10 +305,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         require_valid(cell)
         cell = masked(cell)
     sizes = _plan_sizes(cell, args)
-    src = generate_cuda(cell, sizes, _schedule(cell, sizes, args.schedule), backward=args.backward)
+    src = generate_cuda(cell, sizes, _schedule(cell, sizes, args.schedule), backward=args.backward,
+                        bidirectional=args.bidirectional)
     atomic_write(output, src.text.encode())
     print(f"wrote {args.output} ({len(src.text.splitlines())} lines); build it with: "
           f"nvcc -O3 -arch=sm_90 -DCELLFUSE_DEMO_MAIN {args.output} -lcublas")
+    if args.bidirectional:
+        print(f"  both directions of the layer: cellfuse_{c_stem(cell.name)}_bidirectional_forward takes the "
+              "forward direction's parameters, then the reverse one's, and gives y [seq, batch, 2 * hidden]")
     if args.lengths:
         print(f"  each batch row runs to its own length: give the forward launcher init_states whose last, "
               f"{STEPS_LEFT}, holds each row's length in every element of its row (the demo main starts "
@@ -322,6 +327,8 @@ def _print_bench(result) -> None:
     if result.lengths:
         print(f"  each batch row to its own length, {min(result.lengths)} to {max(result.lengths)} steps "
               f"(mean {sum(result.lengths) / len(result.lengths):.1f})")
+    if result.bidirectional:
+        print("  both directions of the layer, side by side on a GPU (each on half of its SMs)")
     naive = result.row("naive")
     print(f"  {'implementation':18s} {'median ms':>10s} {'min':>8s} {'max':>8s} {'vs naive':>9s} "
           f"{'rel err':>9s} {'launch/step':>11s} {'compile s':>9s}  note")
@@ -368,7 +375,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json is not None and args.plot is not None and args.json.resolve() == args.plot.resolve():
         raise CellError(f"--json and --plot name the same file, {args.json}")
     config = BenchConfig(_plan_sizes(cell, args), backend=args.backend, repeats=args.repeats,
-                         seed=args.seed, train=args.train, lengths=args.lengths)
+                         seed=args.seed, train=args.train, lengths=args.lengths,
+                         bidirectional=args.bidirectional)
     if args.schedules:
         config.schedules = _choices("--schedules", args.schedules, SCHEDULES)
     if args.baselines is not None:
@@ -526,6 +534,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--lengths", action="store_true",
                    help="each batch row runs to its own length: the cell gets a last state that starts at "
                         "each row's length")
+    s.add_argument("--bidirectional", action="store_true",
+                   help="also write a launcher of both directions of the layer, side by side (one layer; "
+                        "the reverse direction over each row reversed in time)")
     _size_options(s)
     s.set_defaults(func=cmd_export, seq=100, batch=64)
 
@@ -546,6 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--sweep", help="time over several sizes, e.g. batch=1,8,64,256")
     s.add_argument("--lengths", help="each batch row to a length of its own, drawn uniformly from LOW to "
                                      "HIGH: uniform:LOW-HIGH, e.g. uniform:10-100")
+    s.add_argument("--bidirectional", action="store_true",
+                   help="both directions of one layer side by side, each with weights of its own (the "
+                        "reverse one over each row reversed in time); y is both outputs side by side")
     s.add_argument("--json", type=Path, help="write the result record here")
     s.add_argument("--plot", type=Path, help="write a chart here: SVG or PDF where named so, else PNG")
     _force_option(s)

@@ -802,6 +802,33 @@ def test_bench_lengths_runs_each_row_to_its_own_and_records_them(cli, tmp_path):
     assert code == 1 and "--lengths uniform:0-9: the lengths must go from at least 1" in err
 
 
+def test_bench_bidirectional_runs_both_directions_checked_forward_and_in_training(cli, tmp_path):
+    """Each schedule's two directions (rows of their own lengths too) against the reference's, forward
+    and with --train; the record says so; a stack of layers is sent to cellfuse.nn."""
+    for extra in ([], ["--train"]):
+        code, out, err = cli("bench", "gru", "--backend", "numpy", "--seq", 6, "--batch", B, "--input", INPUT,
+                             "--hidden", HIDDEN, "--schedules", "fused,persistent", "--baselines", "",
+                             "--repeats", 1, "--bidirectional", "--lengths", "uniform:2-6", *extra,
+                             "--json", tmp_path / "r.json", "--force")
+        assert code == 0, err
+        record = json.loads((tmp_path / "r.json").read_text())
+        assert record["bidirectional"] is True and record["train"] is bool(extra)
+        assert [r["ok"] for r in record["results"]] == [True, True]
+        assert "both directions of the layer" in out
+    code, out, err = cli("bench", "gru", "--backend", "numpy", "--seq", 6, "--layers", 2, "--bidirectional")
+    assert code == 1 and "--bidirectional runs one layer, not 2" in err
+
+
+def test_export_bidirectional_writes_a_launcher_of_both_directions(cli, tmp_path):
+    code, out, err = cli("export", "lstm", "-o", tmp_path / "l.cu", "--bidirectional", "--input", INPUT,
+                         "--hidden", HIDDEN, "--layers", 1)
+    assert code == 0, err
+    assert "int cellfuse_lstm_bidirectional_forward(" in (tmp_path / "l.cu").read_text()
+    assert "cellfuse_lstm_bidirectional_forward takes the forward direction's parameters" in out
+    code, out, err = cli("export", "lstm", "-o", tmp_path / "m.cu", "--bidirectional", "--layers", 2)
+    assert code == 1 and "--bidirectional exports one layer, not 2" in err
+
+
 def test_export_lengths_writes_the_cell_run_to_each_rows_length(cli, tmp_path):
     code, out, err = cli("export", "gru", "-o", tmp_path / "g.cu", "--lengths", "--input", INPUT, "--hidden",
                          HIDDEN)

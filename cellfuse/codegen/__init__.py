@@ -1,19 +1,34 @@
 """From a cell to a Plan for the whole sequence (the scheduler) and to CUDA C (the emitters).
 Produces data and text only: no GPU, no Qt."""
 
-from ..graph_model import Cell, Sizes
+from dataclasses import replace
+
+from ..graph_model import Cell, CellError, Sizes
 from .backward_plan import backward_plan
-from .cuda_export import CudaSource, emit
+from .cuda_export import CudaSource, emit, has_exchanges
 from .kernel_set import KernelSet, plan_kernels
-from .plan import Access, Buffer, GemmGroup, GemmLaunch, Island, KernelLaunch, LayerPlan, Plan
+from .plan import H100, Access, Buffer, GemmGroup, GemmLaunch, Island, KernelLaunch, LayerPlan, Plan
 from .scheduler import SCHEDULES, make_plan
 
 
-def generate_cuda(cell: Cell, sizes: Sizes, schedule: str = "hoisted", backward: bool = False) -> CudaSource:
+def generate_cuda(cell: Cell, sizes: Sizes, schedule: str = "hoisted", backward: bool = False,
+                  bidirectional: bool = False) -> CudaSource:
     """The self-contained .cu of a cell for one schedule (see `cuda_export`); with `backward`, its forward
-    pass saves every step and a backward launcher follows it."""
+    pass saves every step and a backward launcher follows it; with `bidirectional`, a launcher of one
+    layer's two directions side by side follows the forward one (its persistent kernels planned for half
+    of the SMs each, where they can run at once)."""
+    if bidirectional:
+        if backward:
+            raise CellError("--bidirectional exports the forward pass of both directions; a backward pass is "
+                            "exported for one direction (leave out --bidirectional)")
+        if sizes.layers != 1:
+            raise CellError(f"--bidirectional exports one layer, not {sizes.layers}: a stack of "
+                            "bidirectional layers runs through cellfuse.nn")
+        plan = make_plan(cell, sizes, schedule, replace(H100, sm_count=H100.sm_count // 2))
+        if not has_exchanges(plan):
+            return emit(plan, bidirectional=True)
     plan = make_plan(cell, sizes, schedule, save_steps=backward)
-    return emit(plan, backward_plan(plan) if backward else None)
+    return emit(plan, backward_plan(plan) if backward else None, bidirectional)
 
 
 __all__ = ["CudaSource", "emit", "generate_cuda", "KernelSet", "plan_kernels", "Access", "Buffer",

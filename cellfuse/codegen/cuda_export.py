@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass
 from datetime import date
 
+from ..graph_model.lengths import STEPS_LEFT
 from .address import SEQ, Expr, Int, T, c_address, rows_of
 from .backward_plan import BackwardPlan, grad
 from .c_text import CWriter, c_stem, comment_text
@@ -38,10 +39,17 @@ class CudaSource:
     kernel_line: dict[str, int]  # kernel or GEMM name -> 1-based line where it is defined or called
 
 
-def emit(plan: Plan, backward: BackwardPlan | None = None) -> CudaSource:
+def emit(plan: Plan, backward: BackwardPlan | None = None, bidirectional: bool = False) -> CudaSource:
     """The self-contained .cu of a forward plan (see the module's docstring); with its `backward` plan,
-    whose forward plan it must be, a backward launcher follows the forward one."""
-    return _Export(plan, backward).source()
+    whose forward plan it must be, a backward launcher follows the forward one; with `bidirectional`, a
+    launcher of both directions of the (one-layer) plan."""
+    return _Export(plan, backward, bidirectional).source()
+
+
+def has_exchanges(plan: Plan) -> bool:
+    """Whether the plan's persistent kernels pass values through exchanges: arrays of their module, which
+    one run at a time may use (two directions of a bidirectional launcher then run one after the other)."""
+    return any(lp.persistent is not None and lp.persistent.exchange for lp in plan.layers)
 
 
 def _var(buffer: str) -> str:
@@ -64,8 +72,8 @@ def _ptr(acc: Access, t: Expr | int = T) -> str:
 class _Export:
     """The text of one exported .cu, written part by part, top to bottom (see `source`)."""
 
-    def __init__(self, plan: Plan, backward: BackwardPlan | None):
-        self.plan, self.backward = plan, backward
+    def __init__(self, plan: Plan, backward: BackwardPlan | None, bidirectional: bool = False):
+        self.plan, self.backward, self.bidirectional = plan, backward, bidirectional
         self.sizes = plan.sizes
         self.stem = c_stem(plan.cell_name)
         self.macro = f"CELLFUSE_{self.stem.upper()}"  # the prefix keeps the macros apart from the headers'
@@ -104,6 +112,8 @@ class _Export:
         self._forward()
         if self.backward:
             self._backward(self.backward)
+        if self.bidirectional:
+            self._both_directions()
         self._demo()
         return CudaSource(self.w.text(), self._kernel_of_node(), self.kernel_line)
 
@@ -139,8 +149,13 @@ class _Export:
           "// Build a program that checks and times it:",
           f"//   nvcc -O3 -arch=sm_90 -DCELLFUSE_DEMO_MAIN {self.stem}.cu -lcublas -o {self.stem}",
           f"//   ./{self.stem} [seq batch [PREFIX]]",
-          "// With PREFIX it reads PREFIX.params.f32 (the parameters below, float32, concatenated in order)",
-          "// and PREFIX.x.f32 ([seq, batch, input]), and writes PREFIX.y.f32 ([seq, batch, hidden]).",
+          *(("// With PREFIX it reads PREFIX.params.f32 (the parameters below, float32, concatenated in "
+             "order)", "// and PREFIX.x.f32 ([seq, batch, input]), and writes PREFIX.y.f32 ([seq, batch, "
+             "hidden]).") if not self.bidirectional else
+            ("// It runs both directions (the launcher at the end). With PREFIX it reads PREFIX.params.f32",
+             "// (the parameters below, float32, concatenated in order, the forward direction's then the",
+             "// reverse one's) and PREFIX.x.f32 ([seq, batch, input]), and writes PREFIX.y.f32 ([seq,",
+             "// batch, 2 * hidden]).")),
           "//",
           f"// Parameters of {self.fn}, in order (the keys of a CellFuse parameter file):",
           *(f"//   params[{self.param_index[k]}] = {comment_text(k)}" for k in self.params),
@@ -176,8 +191,8 @@ class _Export:
     def _helpers(self) -> None:
         """The launch grid of a count of threads, the tensor-core rule and the room its splits take."""
         w, flat = self.w, self.flat
-        if self.backward or self.splits or any(isinstance(i, Kernel) or isinstance(i, Gemm) and i.launch.bias
-                                               for i in flat):
+        if self.backward or self.bidirectional or self.splits or any(
+                isinstance(i, Kernel) or isinstance(i, Gemm) and i.launch.bias for i in flat):
             with w.block("static unsigned cf_blocks(size_t n) {"):
                 w(f"size_t b = (n + {BLOCK - 1}) / {BLOCK};",
                   "return (unsigned)(b < 1 ? 1 : (b > 65535 ? 65535 : b));")
@@ -322,13 +337,99 @@ class _Export:
             w.lines[declarations:declarations] = ["    " + line for line in pointers]
         w("")
 
+    def _both_directions(self) -> None:
+        """The launcher of one layer's two directions: the forward launcher twice, the second time over x
+        reversed in time on a stream of its own, side by side where the kernels allow it."""
+        w, stem_fn, H, width = self.w, self.fn[:-len("_forward")], self.sizes.hidden, self.sizes.input
+        in_order = has_exchanges(self.plan)
+        left = self.states.index(STEPS_LEFT) if STEPS_LEFT in self.states else None
+        w(*cuda_library("directions.cuh").split("\n"), "")
+        w("static size_t cf_aligned(size_t n) { return (n + 255) / 256 * 256; }", "")
+        w("/* Bytes of device workspace a pass of both directions of these sizes needs. */")
+        with w.block(f"size_t {stem_fn}_bidirectional_workspace_bytes(int seq, int batch) {{"):
+            w(f"return 2 * cf_aligned({stem_fn}_workspace_bytes(seq, batch))",
+              f"    + cf_aligned((size_t)seq * batch * {width} * sizeof(float))",
+              f"    + 2 * cf_aligned((size_t)seq * batch * {H} * sizeof(float));")
+        w("")
+        w("/* Both directions of the layer: the forward one on `stream`, the reverse one on `stream_reverse`",
+          "   (with `handle_reverse`) over each batch row reversed in time"
+          + (" (within its length: the initial value of its state" if left is not None else "")
+          + (f" {STEPS_LEFT}, the steps past it staying in place)" if left is not None else "") + ",",
+          "   " + ("after the forward one: the persistent kernels' exchanges are arrays of this file's "
+                   "module, which one" if in_order else "side by side, joined back to `stream` at the end."),
+          *(("   run at a time uses.",) if in_order else ()),
+          f"   params: the forward direction's {self.macro}_PARAMS pointers, then the reverse one's;",
+          "   init_states, final_states: per state [2, batch, hidden] (forward, reverse), or NULL; y:",
+          "   [seq, batch, 2 * hidden], the forward direction's output, then the reverse one's in the steps'",
+          "   order;",
+          "   workspace: see *_bidirectional_workspace_bytes. Returns as the forward launcher does. */",
+          f"int {stem_fn}_bidirectional_forward(cublasHandle_t handle, cublasHandle_t handle_reverse,",
+          "        cudaStream_t stream, cudaStream_t stream_reverse, int seq, int batch, const float* x,",
+          "        const float* const* params, const float* const* init_states, float* y,",
+          "        float* const* final_states, void* workspace)")
+        with w.block("{"):
+            n = len(self.states)
+            w("if (seq < 0 || batch < 0) return (int)cudaErrorInvalidValue;",
+              f"const size_t one = cf_aligned({stem_fn}_workspace_bytes(seq, batch));",
+              f"const size_t xs = cf_aligned((size_t)seq * batch * {width} * sizeof(float));",
+              f"const size_t ys = cf_aligned((size_t)seq * batch * {H} * sizeof(float));",
+              "unsigned char* ws = (unsigned char*)workspace;",
+              "float* x_reverse = (float*)(ws + 2 * one);",
+              "float* y_forward = (float*)(ws + 2 * one + xs);",
+              "float* y_reverse = (float*)(ws + 2 * one + xs + ys);",
+              f"const float* init_forward[{n} + 1];",
+              f"const float* init_reverse[{n} + 1];",
+              f"float* final_forward[{n} + 1];",
+              f"float* final_reverse[{n} + 1];")
+            with w.block(f"for (int i = 0; i < {n}; ++i) {{"):
+                w("init_forward[i] = init_states ? init_states[i] : NULL;",
+                  f"init_reverse[i] = init_states ? init_states[i] + (size_t)batch * {H} : NULL;",
+                  "final_forward[i] = final_states ? final_states[i] : NULL;",
+                  f"final_reverse[i] = final_states ? final_states[i] + (size_t)batch * {H} : NULL;")
+            w("const float* left = " + (f"init_states ? init_states[{left}] : NULL;" if left is not None
+                                        else "NULL;  /* every row the whole sequence long */"),
+              "cudaEvent_t forked, joined;",
+              "int e = (int)cudaEventCreateWithFlags(&forked, cudaEventDisableTiming);",
+              "if (e) return e;",
+              "e = (int)cudaEventCreateWithFlags(&joined, cudaEventDisableTiming);",
+              "if (e) { cudaEventDestroy(forked); return e; }",
+              f"cf_reverse_rows<<<cf_blocks((size_t)seq * batch * {width}), {BLOCK}, 0, stream>>>(x, "
+              f"x_reverse, seq, batch, {width}, left, {H});")
+            forward = (f"{self.fn}(handle, stream, seq, batch, x, params, init_states ? init_forward : NULL, "
+                       "y_forward, final_states ? final_forward : NULL, ws)")
+            reverse = (f"{self.fn}({'handle' if in_order else 'handle_reverse'}, "
+                       f"{'stream' if in_order else 'stream_reverse'}, seq, batch, x_reverse, params + "
+                       f"{self.macro}_PARAMS, init_states ? init_reverse : NULL, y_reverse, final_states ? "
+                       "final_reverse : NULL, ws + one)")
+            if in_order:  # both on `stream` (stream_reverse and handle_reverse unused)
+                w("(void)handle_reverse; (void)stream_reverse;",
+                  f"e = {forward};",
+                  f"if (!e) e = {reverse};")
+            else:  # the reverse direction forks from `stream` after x's reversal and joins it at the end
+                w("e = (int)cudaEventRecord(forked, stream);",
+                  "if (!e) e = (int)cudaStreamWaitEvent(stream_reverse, forked, 0);",
+                  f"if (!e) e = {forward};",
+                  f"if (!e) e = {reverse};",
+                  "if (!e) e = (int)cudaEventRecord(joined, stream_reverse);",
+                  "if (!e) e = (int)cudaStreamWaitEvent(stream, joined, 0);")
+            w(f"if (!e) cf_join_directions<<<cf_blocks((size_t)seq * batch * {2 * H}), {BLOCK}, 0, stream>>>("
+              f"y_forward, y_reverse, y, seq, batch, {H}, left, {H});",
+              "if (!e) e = (int)cudaGetLastError();",
+              "cudaEventDestroy(forked);",
+              "cudaEventDestroy(joined);",
+              "return e;")
+        w("")
+
     def _demo(self) -> None:
         stem_fn, w = self.fn[:-len("_forward")], self.w
         sizes = ", ".join(str(math.prod(shape)) for shape in self.plan.params.values()) or "0"
+        bidirectional = self.bidirectional
         w("#ifdef CELLFUSE_DEMO_MAIN",
           f"#define CF_DEMO_FORWARD {self.fn}",
           *((f"#define CF_DEMO_BACKWARD {stem_fn}_backward",) if self.backward else ()),
-          f"#define CF_DEMO_WORKSPACE {stem_fn}_workspace_bytes",
+          *((f"#define CF_DEMO_BIDIRECTIONAL {stem_fn}_bidirectional_forward",
+             f"#define CF_DEMO_WORKSPACE {stem_fn}_bidirectional_workspace_bytes") if bidirectional else
+            (f"#define CF_DEMO_WORKSPACE {stem_fn}_workspace_bytes",)),
           *(f"#define CF_DEMO_{size} {self.macro}_{size}" for size in ("PARAMS", "INPUT", "HIDDEN")),
           f"#define CF_DEMO_PARAM_SIZES {sizes}",
           "#endif",

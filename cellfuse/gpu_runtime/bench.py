@@ -44,6 +44,7 @@ from ..graph_model.kinks import Kink, near_kinks, other_branch
 from ..graph_model.lengths import STEPS_LEFT, masked
 from .cudnn_persistent import ALGORITHM_NAMES, CudnnPersistentRNN, CudnnRefused, unavailable_reason
 from .cudnn_persistent import ALGORITHMS as CUDNN_PERSISTENT
+from .directions import Directions
 from .torch_baselines import SRU_PACKAGE
 
 log = logging.getLogger(__name__)
@@ -98,6 +99,8 @@ class BenchConfig:
     train: bool = False  # forward + backward (a training record) instead of forward only
     # each batch row to a length of its own, drawn as "uniform:LOW-HIGH" says (see draw_lengths)
     lengths: str | None = None
+    # both directions of the layer side by side, each with weights of its own (see directions.py)
+    bidirectional: bool = False
 
 
 def draw_lengths(spec: str, seq: int, batch: int, rng: np.random.Generator) -> np.ndarray:
@@ -146,6 +149,7 @@ class BenchResult:
     left_out: dict[str, str] = field(default_factory=dict)  # baselines asked for that cannot run: why
     seed: int = 0  # of the weights and inputs (see BenchConfig)
     lengths: list[int] | None = None  # each batch row's, where they were drawn (BenchConfig.lengths)
+    bidirectional: bool = False  # both directions of the layer, side by side (BenchConfig.bidirectional)
 
     def row(self, name: str) -> BenchRow | None:
         return next((r for r in self.rows if r.name == name), None)
@@ -161,6 +165,7 @@ class BenchResult:
                 "train": self.train, "measures": MEASURES[self.train], "timing": self.timing,
                 "cancelled": self.cancelled, "results": [asdict(r) for r in self.rows],
                 "left_out": self.left_out, "seed": self.seed, "lengths": self.lengths,
+                "bidirectional": self.bidirectional,
                 "best_schedule": best.name if (best := self.best_schedule()) else None}
 
     def to_csv(self) -> str:
@@ -277,6 +282,8 @@ def baseline_reasons(cell: Cell, config: BenchConfig, backend: str) -> dict[str,
             out[b] = "not available: PyTorch with CUDA is not installed"
         elif (b == "cudnn" or b in CUDNN_PERSISTENT) and config.lengths:
             out[b] = "not with --lengths: cuDNN's run of sequences of their own lengths is not a baseline yet"
+        elif b != "cudnn" and config.bidirectional:
+            out[b] = "not with --bidirectional: of the baselines, only cuDNN's runs both directions"
         elif (b == "cudnn" or b in CUDNN_PERSISTENT) and cudnn_kind(cell) is None:
             out[b] = "not available: cuDNN implements only the LSTM and the GRU"
         elif b == SRU_PACKAGE and not is_sru(cell):
@@ -304,19 +311,27 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
         from .cuda_executor import device_description, device_target
 
         device, target = device_description(), device_target()
+    count = 2 if config.bidirectional else 1
+    if count == 2 and sizes.layers != 1:
+        raise CellError(f"--bidirectional runs one layer, not {sizes.layers}: a stack of bidirectional "
+                        "layers runs through cellfuse.nn (CellRNN(..., bidirectional=True) or its LSTM)")
     rng = np.random.default_rng(config.seed)
-    params = init_params(cell, sizes.layers, sizes.input, sizes.hidden, config.seed)
+    params = init_params(cell, sizes.layers, sizes.input, sizes.hidden, config.seed, count == 2)
     x = rng.standard_normal((sizes.seq, sizes.batch, sizes.input)).astype(np.float32)
-    initial = {s: np.zeros((sizes.layers, sizes.batch, sizes.hidden), np.float32) for s in cell.updates}
+    state_rows = sizes.layers * count
+    initial = {s: np.zeros((state_rows, sizes.batch, sizes.hidden), np.float32) for s in cell.updates}
     # in training, the seed of y's gradient: drawn after x, so that x is the forward benchmark's
-    dy = (rng.standard_normal((sizes.seq, sizes.batch, sizes.hidden)).astype(np.float32) if config.train
-          else None)
+    dy = (rng.standard_normal((sizes.seq, sizes.batch, count * sizes.hidden)).astype(np.float32)
+          if config.train else None)
     lengths, given = None, cell
     if config.lengths:  # each row to its own length: the cell rewritten so (graph_model.lengths)
         lengths = draw_lengths(config.lengths, sizes.seq, sizes.batch, rng)
         cell = masked(cell)
         initial[STEPS_LEFT] = np.broadcast_to(lengths[None, :, None].astype(np.float32),
-                                              (sizes.layers, sizes.batch, sizes.hidden)).copy()
+                                              (state_rows, sizes.batch, sizes.hidden)).copy()
+    directions = Directions(count, sizes.hidden, lengths)
+    if count == 2:  # the two directions' persistent kernels resident at once, on half of the SMs each
+        target = replace(target, sm_count=target.sm_count // 2)
     # The numpy executor is slow: a few runs say enough.
     runs = config.repeats if backend == "cuda" else max(1, min(config.repeats, 3))
     rounds = max(1, min(ROUNDS, runs))
@@ -326,7 +341,8 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
                          timing=f"{clock}; median of {runs} runs after warm-up, timed in {rounds} rounds "
                                 "that take every implementation in turn",
                          train=config.train, seed=config.seed,
-                         lengths=None if lengths is None else [int(n) for n in lengths])
+                         lengths=None if lengths is None else [int(n) for n in lengths],
+                         bidirectional=config.bidirectional)
     schedules = [s for s in config.schedules if s in SCHEDULES]
     reasons = baseline_reasons(cell, config, backend)
     baselines = [b for b, why in reasons.items() if why is None]
@@ -342,22 +358,27 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
             progress(done, total, message)
         done += 1
 
-    problem = _Problem(cell, sizes, params, x, initial, config, runs, target=target, dy=dy)
+    problem = _Problem(cell, sizes, params, x, initial, config, runs, target=target, dy=dy,
+                       directions=directions)
     ready: list[_Timed] = []
     try:
         t0 = time.perf_counter()
+        runs_of = list(zip(directions.params(params), directions.inputs(x, initial), strict=True))
         if config.train:
             step("reference gradients (numpy, float64)")
-            tape = record_forward(cell, params, {"x": x, **initial}, sizes.layers)
-            problem.ref_grads = backward(tape, dy)
+            tapes = [record_forward(cell, ps, {"x": xs, **init}, sizes.layers) for ps, (xs, init) in runs_of]
+            problem.ref_grads = directions.gradients(
+                [backward(tape, seed) for tape, seed in zip(tapes, directions.seeds(dy), strict=True)])
         else:
             step("reference interpreter (numpy, float64)")
-            problem.ref = run_reference(cell, params, {"x": x, **initial})
+            problem.ref = directions.forward([run_reference(cell, ps, {"x": xs, **init})
+                                              for ps, (xs, init) in runs_of])
         ref_ms = (time.perf_counter() - t0) * 1e3
+        if config.train and count == 1:  # (the other branches of kinks are taken for one direction)
+            problem.kinks = near_kinks(tapes[0], MOST_KINKS)
+            problem.tape = tapes[0] if problem.kinks else None  # kept only to take their other branches
         if config.train:
-            problem.kinks = near_kinks(tape, MOST_KINKS)
-            problem.tape = tape if problem.kinks else None  # kept only to take their other branches
-            del tape
+            del tapes
         for name in schedules:
             step(f"checking schedule '{name}' on {backend}")
             row, timed = _prepare_schedule(problem, name, backend)
@@ -404,6 +425,13 @@ class _Problem:
     kinks: list[Kink] = field(default_factory=list)
     tape: Tape | None = None
     branches: dict[tuple[int, ...], Gradients] = field(default_factory=dict)
+    directions: Directions = field(default_factory=lambda: Directions(1, 0))
+
+    def each_direction(self) -> list[tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]]:
+        """Each direction's parameters, x and initial states."""
+        d = self.directions
+        inputs = d.inputs(self.x, self.initial)
+        return [(ps, xs, init) for ps, (xs, init) in zip(d.params(self.params), inputs, strict=True)]
 
     def check_gradients(self, row: BenchRow, grads: Gradients) -> None:
         """The row's error against the reference's gradients; where that is too large and the reference
@@ -540,30 +568,66 @@ def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _
             from .numpy_executor import NumpyExecutor
 
             t0 = time.perf_counter()
-            ex = NumpyExecutor(plan, p.params)
-            out = ex.run(p.x, p.initial)
+            runs = [(NumpyExecutor(plan, ps), xs, init) for ps, xs, init in p.each_direction()]
+
+            def forward() -> Forward:
+                return p.directions.forward([ex.run(xs, init) for ex, xs, init in runs])
+
+            out = forward()
             row.compile_s = 0.0
             _add_note(row, f"first run {(time.perf_counter() - t0) * 1e3:.1f} ms")
             row.rel_error = _rel_error(out, p.ref)
             if _wrong(row):
                 return row, None
-            return row, _Timed(row, _wall_clock(lambda: ex.run(p.x, p.initial)), p.runs)
+            return row, _Timed(row, _wall_clock(forward), p.runs)
         from .cuda_executor import CudaExecutor
 
-        ex = CudaExecutor(plan, p.params)
-        t0 = time.perf_counter()
-        out = ex.run(p.x, p.initial)
-        row.compile_s = ex.compile_s
+        executors = []
+        try:
+            for ps, _, _ in p.each_direction():
+                executors.append(CudaExecutor(plan, ps))
+            t0 = time.perf_counter()
+            out = p.directions.forward([ex.run(xs, init) for ex, (_, xs, init)
+                                        in zip(executors, p.each_direction(), strict=True)])
+        except BaseException:
+            for ex in executors:
+                ex.close()
+            raise
+        row.compile_s = sum(ex.compile_s for ex in executors)
         _add_note(row, f"first run {(time.perf_counter() - t0) * 1e3:.1f} ms"
                        + (", with the graph's capture" if plan.cuda_graph else ""))
         row.rel_error = _rel_error(out, p.ref)
         if _wrong(row):
-            ex.close()
+            for ex in executors:
+                ex.close()
             return row, None
     except CellError as e:
         row.note = str(e)
         return row, None
-    return row, _Timed(row, _cuda_clock(ex.drv, ex.stream, ex.forward, p.config.warmup), p.runs, ex.close)
+    first = executors[0]
+    side_by_side = _side_by_side(first.drv, [ex.stream for ex in executors], [ex.forward for ex in executors])
+    return row, _Timed(row, _cuda_clock(first.drv, first.stream, side_by_side, p.config.warmup), p.runs,
+                       lambda: [ex.close() for ex in executors])
+
+
+def _side_by_side(drv, streams: list, runs: list[Callable[[], object]]) -> Callable[[], None]:
+    """One call of each of `runs`, each on its stream (the first's the stream a clock times): the others
+    forked from the first stream and joined back to it by events."""
+    if len(runs) == 1:
+        return runs[0]
+    forked, joined = drv.Event(), [drv.Event() for _ in streams[1:]]
+
+    def run() -> None:
+        forked.record(streams[0])
+        for stream in streams[1:]:
+            stream.wait_for_event(forked)
+        for r in runs:
+            r()
+        for event, stream in zip(joined, streams[1:], strict=True):
+            event.record(stream)
+            streams[0].wait_for_event(event)
+
+    return run
 
 
 def _train_numpy(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Timed | None]:
@@ -572,13 +636,19 @@ def _train_numpy(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Tim
     from .numpy_executor import NumpyExecutor
 
     t0 = time.perf_counter()
-    ex = NumpyExecutor(plan, p.params)
-    backward = NumpyBackward(ex)
-    row.launches_per_step = plan.launches_per_step + backward.plan.launches_per_step
+    runs = []
+    for ps, xs, init in p.each_direction():
+        ex = NumpyExecutor(plan, ps)
+        runs.append((ex, NumpyBackward(ex), xs, init))
+    row.launches_per_step = plan.launches_per_step + runs[0][1].plan.launches_per_step
+    seeds = p.directions.seeds(p.dy)
 
     def train_step() -> Gradients:
-        ex.run(p.x, p.initial)
-        return backward.run(p.dy)
+        grads = []
+        for (ex, back, xs, init), seed in zip(runs, seeds, strict=True):
+            ex.run(xs, init)
+            grads.append(back.run(seed))
+        return p.directions.gradients(grads)
 
     grads = train_step()
     row.compile_s = 0.0
@@ -590,50 +660,63 @@ def _train_numpy(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Tim
 
 
 def _train_cuda(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Timed | None]:
-    """A schedule's forward pass and its backward Plan's launches on the GPU. A timed run restores the
-    gradient buffers that the backward launches add into to their seeded state with one copy on the
-    device (those overwritten whole need none), runs the forward pass (replaying its graph, if it has
-    one) and the backward launches."""
+    """A schedule's forward pass and its backward Plan's launches on the GPU (each direction's on its own
+    executor's stream, side by side). A timed run restores the gradient buffers that the backward launches
+    add into to their seeded state with one copy on the device (those overwritten whole need none), runs
+    the forward pass (replaying its graph, if it has one) and the backward launches."""
     from .cuda_backward import CudaBackward
     from .cuda_executor import CudaExecutor
 
-    ex = CudaExecutor(plan, p.params)
-    releases = [ex.close]  # what was allocated, released in reverse when the row is done with
+    releases = []  # what was allocated, released in reverse when the row is done with
 
     def close() -> None:
         for release in reversed(releases):
             release()
 
+    steps = []
     try:
         t0 = time.perf_counter()
-        backward = CudaBackward(ex)
-        releases.append(backward.close)
-        row.compile_s = ex.compile_s + time.perf_counter() - t0  # the backward kernels compile in there
-        row.launches_per_step = plan.launches_per_step + backward.plan.launches_per_step
+        pairs = []
+        for ps, _, _ in p.each_direction():
+            ex = CudaExecutor(plan, ps)
+            releases.append(ex.close)
+            backward = CudaBackward(ex)
+            releases.append(backward.close)
+            pairs.append((ex, backward))
+        # the backward kernels compile in there
+        row.compile_s = time.perf_counter() - t0
+        row.launches_per_step = plan.launches_per_step + pairs[0][1].plan.launches_per_step
         t0 = time.perf_counter()
-        ex.run(p.x, p.initial)
-        grads = backward.run(p.dy)
+        grads = []
+        seeds = p.directions.seeds(p.dy)
+        for (ex, backward), (_, xs, init), seed in zip(pairs, p.each_direction(), seeds, strict=True):
+            ex.run(xs, init)
+            grads.append(backward.run(seed))
         _add_note(row, f"first run {(time.perf_counter() - t0) * 1e3:.1f} ms"
                        + (", with the graph's capture" if plan.cuda_graph else ""))
-        p.check_gradients(row, grads)
+        p.check_gradients(row, p.directions.gradients(grads))
         if _wrong(row):
             close()
             return row, None
-        drv, stream = ex.drv, ex.stream
-        backward.seed(p.dy)
-        seeded = drv.mem_alloc(backward.restart_nbytes)
-        releases.append(seeded.free)
-        drv.memcpy_dtod(seeded, backward.memory, backward.restart_nbytes)
+        for (ex, backward), seed in zip(pairs, seeds, strict=True):
+            backward.seed(seed)
+            seeded = ex.drv.mem_alloc(backward.restart_nbytes)
+            releases.append(seeded.free)
+            ex.drv.memcpy_dtod(seeded, backward.memory, backward.restart_nbytes)
+
+            def train_step(ex=ex, backward=backward, seeded=seeded) -> None:
+                ex.drv.memcpy_dtod_async(backward.memory, seeded, backward.restart_nbytes, ex.stream)
+                ex.forward()
+                backward.enqueue()
+
+            steps.append(train_step)
     except BaseException:
         close()
         raise
-
-    def train_step() -> None:
-        drv.memcpy_dtod_async(backward.memory, seeded, backward.restart_nbytes, stream)
-        ex.forward()
-        backward.enqueue()
-
-    return row, _Timed(row, _cuda_clock(drv, stream, train_step, p.config.warmup), p.runs, close)
+    first = pairs[0][0]
+    side_by_side = _side_by_side(first.drv, [ex.stream for ex, _ in pairs], steps)
+    return row, _Timed(row, _cuda_clock(first.drv, first.stream, side_by_side, p.config.warmup), p.runs,
+                       close)
 
 
 def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
@@ -668,7 +751,7 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
     try:
         if name == "cudnn":
             model = CudnnCell(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden,
-                              train=train)
+                              train=train, bidirectional=p.config.bidirectional)
         elif name in CUDNN_PERSISTENT:
             model = CudnnPersistentRNN(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden,
                                        sizes.batch, sizes.seq, CUDNN_PERSISTENT[name])

@@ -254,38 +254,43 @@ CUDNN_GATES = {"lstm": [("W_i", "U_i", "b_i"), ("W_f", "U_f", "b_f"), ("W_g", "U
                        ("W_in", "W_hn", "b_in", "b_hn")]}
 
 
-def cudnn_gates(kind: str, params: dict[str, np.ndarray], layer: int) -> list[tuple[np.ndarray, ...]]:
-    """One layer's parameters gate by gate in cuDNN's order (CUDNN_GATES): its input matrix and its
-    recurrent one as cuDNN holds them, [out, in] (the cell's x @ W has W [in, out]: the transpose), its
-    input bias and its recurrent bias, which cuDNN adds (the LSTM cell has one bias per gate: the input
-    bias, beside a recurrent bias of zeros)."""
+def cudnn_gates(kind: str, params: dict[str, np.ndarray], layer: int, reverse: bool = False
+                ) -> list[tuple[np.ndarray, ...]]:
+    """One layer's parameters (of its reverse direction, where `reverse`) gate by gate in cuDNN's order
+    (CUDNN_GATES): its input matrix and its recurrent one as cuDNN holds them, [out, in] (the cell's
+    x @ W has W [in, out]: the transpose), its input bias and its recurrent bias, which cuDNN adds (the
+    LSTM cell has one bias per gate: the input bias, beside a recurrent bias of zeros)."""
     out = []
     for names in CUDNN_GATES[kind]:
-        w_in, w_rec, b_in = (params[param_key(layer, name)] for name in names[:3])
-        b_rec = params[param_key(layer, names[3])] if len(names) == 4 else np.zeros_like(b_in)
+        w_in, w_rec, b_in = (params[param_key(layer, name, reverse)] for name in names[:3])
+        b_rec = params[param_key(layer, names[3], reverse)] if len(names) == 4 else np.zeros_like(b_in)
         out.append((w_in.T, w_rec.T, b_in, b_rec))
     return out
 
 
 class CudnnCell:
-    """torch.nn.LSTM or torch.nn.GRU (cuDNN) loaded with the cell's weights, in the dtype of `params`."""
+    """torch.nn.LSTM or torch.nn.GRU (cuDNN) loaded with the cell's weights, in the dtype of `params`;
+    both directions where `bidirectional` (the reverse one's weights the l{layer}.reverse.* keys)."""
 
     def __init__(self, kind: str, params: dict[str, np.ndarray], layers: int, input_size: int, hidden: int,
-                 device: str = "cuda", train: bool = False):
+                 device: str = "cuda", train: bool = False, bidirectional: bool = False):
         import torch
 
         self.torch, self.kind, self.layers, self.hidden, self.train = torch, kind, layers, hidden, train
+        self.suffixes = ("", "_reverse") if bidirectional else ("",)
         cls = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
         dtype = torch.from_numpy(params[param_key(0, CUDNN_GATES[kind][0][0])]).dtype
         # In training mode: cuDNN's backward pass refuses a module in eval mode (and there is no dropout).
-        self.module = cls(input_size, hidden, num_layers=layers).to(device, dtype).train(train)
+        self.module = cls(input_size, hidden, num_layers=layers, bidirectional=bidirectional).to(
+            device, dtype).train(train)
         with torch.no_grad():
             for layer in range(layers):
-                # torch.nn.LSTM / GRU stack the gates' matrices and biases along their rows
-                gates = cudnn_gates(kind, params, layer)
-                for i, name in enumerate(("weight_ih", "weight_hh", "bias_ih", "bias_hh")):
-                    value = np.concatenate([gate[i] for gate in gates])
-                    getattr(self.module, f"{name}_l{layer}").copy_(torch.from_numpy(value))
+                for suffix in self.suffixes:
+                    # torch.nn.LSTM / GRU stack the gates' matrices and biases along their rows
+                    gates = cudnn_gates(kind, params, layer, bool(suffix))
+                    for i, name in enumerate(("weight_ih", "weight_hh", "bias_ih", "bias_hh")):
+                        value = np.concatenate([gate[i] for gate in gates])
+                        getattr(self.module, f"{name}_l{layer}{suffix}").copy_(torch.from_numpy(value))
 
     def __call__(self, x, initial: list):
         with self.torch.enable_grad() if self.train else self.torch.no_grad():
@@ -296,24 +301,26 @@ class CudnnCell:
         return y
 
     def parameters(self) -> list:
-        return [getattr(self.module, f"{name}_l{layer}") for layer in range(self.layers)
-                for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
+        return [getattr(self.module, f"{name}_l{layer}{suffix}") for layer in range(self.layers)
+                for suffix in self.suffixes for name in ("weight_ih", "weight_hh", "bias_ih", "bias_hh")]
 
     def param_gradients(self, grads) -> dict[str, np.ndarray]:
         """The gradients of `parameters()`, in their order, mapped back to the cell's parameter keys: the
         mapping of __init__ read backwards (gate i's rows of weight_ih are W^T; the LSTM's one bias per
         gate is bias_ih + bias_hh, whose gradients are the same)."""
         H, out = self.hidden, {}
-        grads = [g.detach().cpu().numpy() for g in grads]
+        grads = iter([g.detach().cpu().numpy() for g in grads])
         for layer in range(self.layers):
-            w_ih, w_hh, b_ih, b_hh = grads[4 * layer:4 * layer + 4]
-            for i, gate in enumerate(CUDNN_GATES[self.kind]):
-                rows = slice(i * H, (i + 1) * H)
-                out[param_key(layer, gate[0])] = w_ih[rows].T
-                out[param_key(layer, gate[1])] = w_hh[rows].T
-                out[param_key(layer, gate[2])] = b_ih[rows]
-                if self.kind == "gru":
-                    out[param_key(layer, gate[3])] = b_hh[rows]
+            for suffix in self.suffixes:
+                w_ih, w_hh, b_ih, b_hh = (next(grads) for _ in range(4))
+                for i, gate in enumerate(CUDNN_GATES[self.kind]):
+                    rows = slice(i * H, (i + 1) * H)
+                    key = functools.partial(param_key, layer, reverse=bool(suffix))
+                    out[key(gate[0])] = w_ih[rows].T
+                    out[key(gate[1])] = w_hh[rows].T
+                    out[key(gate[2])] = b_ih[rows]
+                    if self.kind == "gru":
+                        out[key(gate[3])] = b_hh[rows]
         return out
 
 

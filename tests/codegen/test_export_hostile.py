@@ -38,6 +38,7 @@ from cellfuse.graph_model import (
     tanh,
     template_names,
 )
+from cellfuse.graph_model.lengths import masked
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
@@ -65,7 +66,8 @@ EXTREME_CONSTS = (-0.0, 0.0, -1.0, 1e-45, -1e-45, 5e-324, -1e-300, 1.17549435e-3
                   1e-46, 123456789.0, 0.1)
 
 PREPROCESSOR_LINE = re.compile(r"#(include <\w+\.h>|define [A-Za-z]\w*[ (].*"
-                               r"|ifdef (CELLFUSE_DEMO_MAIN|CF_DEMO_BACKWARD|__CUDA_ARCH__)"
+                               r"|ifdef (CELLFUSE_DEMO_MAIN|CF_DEMO_BACKWARD|CF_DEMO_BIDIRECTIONAL"
+                               r"|__CUDA_ARCH__)"
                                r"|if __CUDA_ARCH__ >= 900"
                                r"|else|endif)"
                                r"| *#pragma unroll( \d+)?|#pragma nv_diag_suppress \d+")
@@ -99,17 +101,20 @@ def rename_nodes(cell: Cell, ids) -> None:
             cell.rename(node.id, new)
 
 
-def check_export(cell: Cell, sizes: Sizes, schedule: str, backward: bool = False) -> str:
-    """The exported text of a cell with hostile text (with the backward pass's launcher, with `backward`):
-    the cell's text only in comments, every preprocessor line one the generator writes, no character that
-    hides or breaks lines; returns the text."""
-    text = generate_cuda(cell, sizes, schedule, backward=backward).text
+def check_export(cell: Cell, sizes: Sizes, schedule: str, backward: bool = False,
+                 bidirectional: bool = False) -> str:
+    """The exported text of a cell with hostile text (with the backward pass's launcher, with `backward`;
+    with both directions' launcher, with `bidirectional`): the cell's text only in comments, every
+    preprocessor line one the generator writes, no character that hides or breaks lines; returns the
+    text."""
+    text = generate_cuda(cell, sizes, schedule, backward=backward, bidirectional=bidirectional).text
     text.encode("utf-8")  # no lone surrogate
     for line in text.split("\n"):
         assert all(printable(ch) for ch in line), ascii(line)
         if line.lstrip().startswith("#"):
             assert PREPROCESSOR_LINE.fullmatch(line), line
-    twin = generate_cuda(harmless_twin(cell), sizes, schedule, backward=backward).text
+    twin = generate_cuda(harmless_twin(cell), sizes, schedule, backward=backward,
+                         bidirectional=bidirectional).text
     assert code_tokens(text) == code_tokens(twin)
     return text
 
@@ -366,6 +371,30 @@ def test_an_export_without_and_one_with_the_backward_pass_compile(tmp_path):
     for helper in ("cf_mma_tf32", "cf_copy16", "cf_prefetch_l2", "cf_copies_done", "cf_publish", "cf_peek2"):
         assert sources[1].count(f"{helper}(") > 1, helper  # called, not only defined
     compile_objects(sources, tmp_path)
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_exports_of_both_directions_compile(tmp_path):
+    """The launcher of both directions with its demo program: side by side (graph; persistent kernels
+    planned for half of the SMs, where they have no exchanges), one after the other (persistent kernels
+    with exchanges), rows of their own lengths (a steps-left state whose initial values it reads)."""
+    one_layer = replace(SIZES, layers=1)
+    lstm, gru = hostile_template("lstm"), masked(load_template("gru"))
+    sources = [check_export(lstm, one_layer, "graph", bidirectional=True),
+               check_export(lstm, one_layer, "persistent", bidirectional=True),
+               generate_cuda(gru, one_layer, "tensor", bidirectional=True).text,
+               generate_cuda(load_template("indrnn"), one_layer, "persistent", bidirectional=True).text]
+    assert "side by side, joined back to `stream` at the end" in sources[0]
+    assert "after the forward one: the persistent kernels' exchanges" in sources[1]
+    assert "left = init_states ? init_states[1] : NULL;" in sources[2]  # after h: cf_len_left
+    for text in sources:
+        assert "_bidirectional_forward(cublasHandle_t handle, cublasHandle_t handle_reverse," in text
+    compile_objects(sources, tmp_path)
+    with pytest.raises(CellError, match="--bidirectional exports one layer, not 2"):
+        generate_cuda(lstm, SIZES, "graph", bidirectional=True)
+    with pytest.raises(CellError, match="a backward pass is exported for one direction"):
+        generate_cuda(lstm, one_layer, "graph", backward=True, bidirectional=True)
 
 
 @pytest.mark.slow

@@ -134,6 +134,40 @@ def test_exported_program_matches_reference(gpu, name, schedule, tmp_path):
     assert rel(y, run_reference(cell, params, inputs).y) < 1e-4
 
 
+@pytest.mark.parametrize("schedule", ["graph", "persistent", "tensor"])
+@pytest.mark.parametrize("name", ["lstm", "indrnn"])
+def test_exported_launcher_of_both_directions_matches_reference(gpu, name, schedule, tmp_path):
+    """The demo program of an export with --bidirectional runs both directions (side by side, or one after
+    the other where the persistent kernels have exchanges) and writes y [seq, batch, 2 * hidden]: the
+    reference's forward direction, then its reverse one over x reversed in time."""
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    from cellfuse.gpu_runtime.directions import Directions
+
+    cell = load_template(name)
+    params = init_params(cell, 1, width(cell), HIDDEN, seed=2, bidirectional=True)
+    x = np.random.default_rng(2).standard_normal((SEQ, BATCH, width(cell))).astype(np.float32)
+    src = generate_cuda(cell, Sizes(SEQ, BATCH, width(cell), HIDDEN, 1), schedule, bidirectional=True)
+    cu, exe = tmp_path / f"{name}.cu", tmp_path / name
+    cu.write_text(src.text)
+    build = subprocess.run(["nvcc", "-O3", "-arch=sm_90", "-DCELLFUSE_DEMO_MAIN", str(cu), "-lcublas",
+                            "-o", str(exe)], capture_output=True, text=True)
+    assert build.returncode == 0, build.stderr
+    keys = list(expected_params(cell, 1, width(cell), HIDDEN, bidirectional=True))
+    np.concatenate([params[k].reshape(-1) for k in keys]).astype(np.float32).tofile(tmp_path / "d.params.f32")
+    x.tofile(tmp_path / "d.x.f32")
+    proc = subprocess.run([str(exe), str(SEQ), str(BATCH), str(tmp_path / "d")], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "both directions" in proc.stdout
+    y = np.fromfile(tmp_path / "d.y.f32", np.float32).reshape(SEQ, BATCH, 2 * HIDDEN)
+    d = Directions(2, HIDDEN)
+    zeros = {s: np.zeros((2, BATCH, HIDDEN), np.float32) for s in cell.updates}
+    want = d.forward([run_reference(cell, ps, {"x": xs, **init})
+                      for ps, (xs, init) in zip(d.params(params), d.inputs(x, zeros), strict=True)])
+    assert rel(y, want.y) < 1e-4
+
+
 @pytest.mark.parametrize("schedule", ["graph", "persistent"])
 @pytest.mark.parametrize("name", ["lstm", "gru_cho", "layernorm_lstm", "indrnn"])
 def test_exported_backward_agrees_with_finite_differences(gpu, name, schedule, tmp_path):

@@ -1,8 +1,9 @@
 // The demo program of an exported .cu (built with -DCELLFUSE_DEMO_MAIN): it checks and times the
 // forward pass, and with a backward pass checks it against finite differences. The exported file defines,
-// before it, CF_DEMO_FORWARD, CF_DEMO_WORKSPACE (and CF_DEMO_BACKWARD where it has a backward pass): its
+// before it, CF_DEMO_FORWARD, CF_DEMO_WORKSPACE (and CF_DEMO_BACKWARD where it has a backward pass, and
+// CF_DEMO_BIDIRECTIONAL where it has a launcher of both directions, which the demo then runs): its
 // functions; CF_DEMO_PARAMS, CF_DEMO_INPUT and CF_DEMO_HIDDEN: its sizes; and CF_DEMO_PARAM_SIZES: the
-// parameters' sizes, in floats, in order.
+// parameters' sizes, in floats, in order (of one direction).
 #ifdef CELLFUSE_DEMO_MAIN
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,6 +24,25 @@ static float* read_file(const char* path, size_t n) {
     return h;
 }
 
+#ifdef CF_DEMO_BIDIRECTIONAL
+enum { CF_DEMO_DIRECTIONS = 2 };  /* the parameters of the forward direction, then the reverse one's */
+static cublasHandle_t cf_demo_handle_reverse;
+static cudaStream_t cf_demo_stream_reverse;
+#else
+enum { CF_DEMO_DIRECTIONS = 1 };
+#endif
+
+/* The pass the demo checks and times: the forward pass, or both directions' */
+static int demo_forward(cublasHandle_t handle, cudaStream_t stream, int seq, int batch, const float* x,
+                        const float* const* params, float* y, void* ws) {
+#ifdef CF_DEMO_BIDIRECTIONAL
+    return CF_DEMO_BIDIRECTIONAL(handle, cf_demo_handle_reverse, stream, cf_demo_stream_reverse, seq, batch,
+                                 x, params, NULL, y, NULL, ws);
+#else
+    return CF_DEMO_FORWARD(handle, stream, seq, batch, x, params, NULL, y, NULL, ws);
+#endif
+}
+
 static int cmp_float(const void* a, const void* b) {
     float x = *(const float*)a, y = *(const float*)b;
     return (x > y) - (x < y);
@@ -33,8 +53,9 @@ int main(int argc, char** argv) {
     const char* prefix = argc > 3 ? argv[3] : NULL;
     const size_t sizes[] = {CF_DEMO_PARAM_SIZES};
     size_t total = 0;
-    for (int i = 0; i < CF_DEMO_PARAMS; ++i) total += sizes[i];
-    size_t nx = (size_t)seq * batch * CF_DEMO_INPUT, ny = (size_t)seq * batch * CF_DEMO_HIDDEN;
+    for (int i = 0; i < CF_DEMO_PARAMS * CF_DEMO_DIRECTIONS; ++i) total += sizes[i % CF_DEMO_PARAMS];
+    size_t nx = (size_t)seq * batch * CF_DEMO_INPUT;
+    size_t ny = (size_t)seq * batch * CF_DEMO_HIDDEN * CF_DEMO_DIRECTIONS;
     float *hp, *hx;
     char path[4096];
     if (prefix) {
@@ -56,14 +77,21 @@ int main(int argc, char** argv) {
     CHECK(cudaMalloc(&ws, CF_DEMO_WORKSPACE(seq, batch)));
     CHECK(cudaMemcpy(dp, hp, total * sizeof(float), cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(dx, hx, nx * sizeof(float), cudaMemcpyHostToDevice));
-    const float* params[CF_DEMO_PARAMS + 1];
+    const float* params[CF_DEMO_PARAMS * CF_DEMO_DIRECTIONS + 1];
     size_t off = 0;
-    for (int i = 0; i < CF_DEMO_PARAMS; ++i) { params[i] = dp + off; off += sizes[i]; }
+    for (int i = 0; i < CF_DEMO_PARAMS * CF_DEMO_DIRECTIONS; ++i) {
+        params[i] = dp + off;
+        off += sizes[i % CF_DEMO_PARAMS];
+    }
     cublasHandle_t handle;
     CHECK(cublasCreate(&handle));
     cudaStream_t stream;
     CHECK(cudaStreamCreate(&stream));
-    CHECK(CF_DEMO_FORWARD(handle, stream, seq, batch, dx, params, NULL, dy, NULL, ws));
+#ifdef CF_DEMO_BIDIRECTIONAL
+    CHECK(cublasCreate(&cf_demo_handle_reverse));
+    CHECK(cudaStreamCreate(&cf_demo_stream_reverse));
+#endif
+    CHECK(demo_forward(handle, stream, seq, batch, dx, params, dy, ws));
     CHECK(cudaStreamSynchronize(stream));
     float* hy = (float*)malloc(ny * sizeof(float));
     CHECK(cudaMemcpy(hy, dy, ny * sizeof(float), cudaMemcpyDeviceToHost));
@@ -82,17 +110,17 @@ int main(int argc, char** argv) {
     CHECK(cudaEventCreate(&a));
     CHECK(cudaEventCreate(&b));
     for (int i = 0; i < 3; ++i)
-        CHECK(CF_DEMO_FORWARD(handle, stream, seq, batch, dx, params, NULL, dy, NULL, ws));
+        CHECK(demo_forward(handle, stream, seq, batch, dx, params, dy, ws));
     for (int i = 0; i < REPS; ++i) {
         CHECK(cudaEventRecord(a, stream));
-        CHECK(CF_DEMO_FORWARD(handle, stream, seq, batch, dx, params, NULL, dy, NULL, ws));
+        CHECK(demo_forward(handle, stream, seq, batch, dx, params, dy, ws));
         CHECK(cudaEventRecord(b, stream));
         CHECK(cudaEventSynchronize(b));
         CHECK(cudaEventElapsedTime(&ms[i], a, b));
     }
     qsort(ms, REPS, sizeof(float), cmp_float);
-    printf("seq %d batch %d: forward %.3f ms (median of %d), y[0] = %g\n",
-           seq, batch, ms[REPS / 2], REPS, hy[0]);
+    printf("seq %d batch %d: forward%s %.3f ms (median of %d), y[0] = %g\n", seq, batch,
+           CF_DEMO_DIRECTIONS == 2 ? ", both directions," : "", ms[REPS / 2], REPS, hy[0]);
 #ifdef CF_DEMO_BACKWARD
     /* The backward pass against finite differences of the forward, at three elements of the parameters
        (the first, the middle, the last): the loss is sum(seed * y), summed in double on the host. A cell
