@@ -1,7 +1,8 @@
 """The benchmark panel: sizes, backend, schedules and baselines, the sequence lengths (all T steps, or each
-batch row to its own), the forward pass or training (forward + backward); Run (F5) and Cancel with a
-progress bar. The window starts and stops the work; the panel only shows it. Its results (chart, table,
-the runs since the window opened) are a view of their own, which the window places where there is room."""
+batch row to its own), one direction or both, the forward pass or training (forward + backward); Run (F5)
+and Cancel with a progress bar. The window starts and stops the work; the panel only shows it. Its results
+(chart, table, the runs since the window opened) are a view of their own, which the window places where
+there is room."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ TRAIN_KEY = "benchmark/train"  # the training switch, remembered when the editor
 TRAIN_TEXT = "Training (forward + backward)"
 # Settings in one click. "Quick CPU check": a short sequence and a few repeats on the CPU, a run of
 # seconds that says whether every schedule is right and roughly how they rank; the default: the
-# sizes and repeats the panel opens with.
+# sizes and repeats the panel opens with. Both run every row all T steps in one direction, as the panel
+# opens.
 PRESETS: dict[str, dict] = {
-    "Quick CPU check": {"sizes": {"seq": 8, "batch": 8}, "repeats": 3, "backend": "numpy", "lengths": None},
+    "Quick CPU check": {"sizes": {"seq": 8, "batch": 8}, "repeats": 3, "backend": "numpy", "lengths": None,
+                        "bidirectional": False},
     "Default": {"sizes": {"seq": DEFAULT_SIZES["seq"], "batch": DEFAULT_SIZES["batch"]}, "repeats": 20,
-                "lengths": None},
+                "lengths": None, "bidirectional": False},
 }
 # The sequence lengths: every batch row runs all T steps, or each row to a length of its own drawn uniformly
 # from LOW to HIGH (BenchConfig.lengths, the command line's --lengths uniform:LOW-HIGH).
@@ -35,6 +38,11 @@ LENGTHS_ALL = "all T steps"
 LENGTHS_UNIFORM = "uniform"
 LENGTHS_TIP = ("Each batch row runs all T steps, or, with uniform, to a length of its own drawn from LOW to "
                "HIGH (both included, from 1 to at most T): the cell is rewritten to stop each row there")
+# Both directions of the layer side by side (BenchConfig.bidirectional, the command line's --bidirectional).
+BIDIRECTIONAL_TEXT = "Bidirectional"
+BIDIRECTIONAL_TIP = ("Both directions of one layer side by side, each with weights of its own (the reverse "
+                     "one over each row reversed in time); one layer only")
+ONE_DIRECTION = "one direction"
 FORWARD_ONLY = ("Forward only: not run in training mode, which times forward + backward with autograd "
                 f"and offers {', '.join(TRAIN_BASELINES)}")
 
@@ -96,9 +104,9 @@ class BenchPanel(QtWidgets.QWidget):
 
     # -- building --------------------------------------------------------------------------------------
     def _build_settings(self, schedules: list[str], baselines: list[str], backends: list[str]) -> None:
-        """Every setting in one grid of three rows: the dock is wide and short (at 1366x768 it has room
-        for about four rows beside the run bar). The schedules and baselines are ticked in drop-down
-        lists, each a button that says what is ticked."""
+        """Every setting in one grid of three rows, and the directions' box in a fourth under the lengths:
+        the dock is wide and short (at 1366x768 it has room for about four rows beside the run bar). The
+        schedules and baselines are ticked in drop-down lists, each a button that says what is ticked."""
         box = QtWidgets.QWidget()
         grid = QtWidgets.QGridLayout(box)
         grid.setContentsMargins(0, 0, 0, 0)
@@ -148,8 +156,11 @@ class BenchPanel(QtWidgets.QWidget):
         add(0, 3, "Schedules", self.schedules_button)
         add(1, 3, "Baselines", self.baselines_button)
         add(2, 3, "Lengths", self._build_lengths())
+        # Under the lengths, in a row of its own: beside them it made the grid wider than the dock at
+        # 1280x720. Across the label's column too: its text is its label.
+        grid.addWidget(self._build_bidirectional(), SIZE_ROWS, 2 * 3, 1, 2)
         grid.setColumnStretch(grid.columnCount(), 1)
-        grid.setRowStretch(SIZE_ROWS, 1)
+        grid.setRowStretch(grid.rowCount(), 1)
 
         self.backend_note = QtWidgets.QLabel()
         self.backend_note.setProperty("role", "hint")
@@ -258,6 +269,36 @@ class BenchPanel(QtWidgets.QWidget):
             text = self.lengths_text()
             self.show_status(f"Sequence lengths: {text}." if text else "Sequence lengths: all T steps.")
         self._lengths_refused = why is not None
+
+    def _build_bidirectional(self) -> QtWidgets.QCheckBox:
+        """Both directions of the layer, checked as the layers change, as the lengths are: with more than
+        one layer (the spin box's, or in a sweep of layers its largest) the box is marked and the status and
+        its tooltip say why; the window refuses to run it."""
+        check = QtWidgets.QCheckBox(BIDIRECTIONAL_TEXT)
+        check.setToolTip(BIDIRECTIONAL_TIP)
+        self.bidirectional_check = check
+        self._bidirectional_refused = False
+        check.toggled.connect(self._check_bidirectional)
+        self.size_spins["layers"].valueChanged.connect(self._check_bidirectional)
+        self.sweep_combo.currentTextChanged.connect(self._check_bidirectional)
+        self.sweep_values.textChanged.connect(self._check_bidirectional)
+        return check
+
+    def _check_bidirectional(self) -> None:
+        """The box marked while it cannot run, the status and its tooltip saying why; once it can again,
+        the status says so."""
+        why = self.bidirectional_problem()
+        check = self.bidirectional_check
+        check.setToolTip(why or BIDIRECTIONAL_TIP)
+        check.setProperty("invalid", why is not None)
+        check.style().unpolish(check)
+        check.style().polish(check)
+        if why is not None:
+            self.show_status(why)
+        elif self._bidirectional_refused:
+            self.show_status("Both directions of the layer, side by side." if self.bidirectional()
+                             else "One direction of the layer.")
+        self._bidirectional_refused = why is not None
 
     def _check_list(self, what: str, names: list[str]
                     ) -> tuple[QtWidgets.QToolButton, dict[str, QtWidgets.QCheckBox]]:
@@ -379,14 +420,18 @@ class BenchPanel(QtWidgets.QWidget):
             parts.append(preset["backend"])
         if "lengths" in preset and preset["lengths"] is None:
             parts.append(LENGTHS_ALL)
+        if preset.get("bidirectional") is False:
+            parts.append(ONE_DIRECTION)
         return ", ".join(parts)
 
     def apply_preset(self, name: str) -> None:
-        """Sets the sizes, repeats, backend and sequence lengths of preset `name` (the others stay as they
-        are)."""
+        """Sets the sizes, repeats, backend, sequence lengths and directions of preset `name` (the others stay
+        as they are)."""
         preset = PRESETS[name]
         if "lengths" in preset:  # first: a range kept would not fit a shorter sequence
             self.set_lengths(preset["lengths"])
+        if "bidirectional" in preset:
+            self.bidirectional_check.setChecked(preset["bidirectional"])
         self.set_sizes(**preset["sizes"])
         self.repeats_spin.setValue(preset["repeats"])
         backend = preset.get("backend")
@@ -471,6 +516,30 @@ class BenchPanel(QtWidgets.QWidget):
             return (f"Sequence lengths {low}–{high}: HIGH is longer than {where}; a row runs at most T "
                     f"steps, make HIGH at most {seq}.")
         return None
+
+    def bidirectional(self) -> bool:
+        """BenchConfig.bidirectional: both directions of the layer side by side."""
+        return self.bidirectional_check.isChecked()
+
+    def bidirectional_problem(self) -> str | None:
+        """Why both directions cannot run, or None (also for one direction): the bench runs both directions
+        of one layer only (a stack of bidirectional layers runs through cellfuse.nn)."""
+        if not self.bidirectional():
+            return None
+        try:
+            sweep = self.sweep()
+        except ValueError:  # said when Run is pressed; the spin box's layers meanwhile
+            sweep = None
+        if sweep is not None and sweep[0] == "layers":
+            layers = max(sweep[1])
+            of, fix = f"the sweep's L={layers}", "sweep another size (or only L=1)"
+        else:
+            layers = self.sizes().layers
+            of, fix = str(layers), "make Layers L 1"
+        if layers == 1:
+            return None
+        return (f"Bidirectional runs one layer, not {of}: {fix}, or untick Bidirectional. A stack of "
+                "bidirectional layers runs through cellfuse.nn (CellRNN(..., bidirectional=True)).")
 
     # -- running --------------------------------------------------------------------------------------
     def set_running(self, running: bool) -> None:

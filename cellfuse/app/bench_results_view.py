@@ -114,8 +114,9 @@ class BenchResultsView(QtWidgets.QWidget):
         item = QtWidgets.QListWidgetItem(run.label())
         item.setData(QtCore.Qt.ItemDataRole.UserRole, run.number)
         tip = f"{run.label()}\nTimes {run.measures()}."
-        if lengths := run.lengths_text():
-            tip += f"\n{lengths[0].upper()}{lengths[1:]}."
+        for text in (run.directions_text(), run.lengths_text()):
+            if text:
+                tip += f"\n{text[0].upper()}{text[1:]}."
         item.setToolTip(tip)
         self.history.addItem(item)
         self.history.clearSelection()

@@ -4,7 +4,9 @@ Plain data: a run holds a BenchResult or a SweepResult of cellfuse.gpu_runtime.b
 lists runs, shows one, or compares two. A run times the forward pass or training (forward + backward):
 its label and its table's headers say which, and two runs are compared only when they time the same. A run
 whose batch rows each ran to a length of their own (BenchConfig.lengths) says so, with the lengths drawn,
-and is compared only with another such run.
+and is compared only with another such run. A run of both directions of the layer
+(BenchConfig.bidirectional) says so in its label, which is all that tells it from a run of one direction
+at the same sizes.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ TableRow = tuple[list[str], bool | None]  # cells, and ok: True, False (wrong or
 # may be the noise (the numpy backend's repeats of one schedule ranged from 4 s to 13 s on a busy CPU).
 NOISY_SPREAD = 0.5
 NOISY = "noisy"
+BOTH_DIRECTIONS = "both directions"
 
 
 @dataclass
@@ -44,6 +47,17 @@ class BenchRun:
     def train(self) -> bool:
         """Whether the run timed training (forward + backward) rather than the forward pass."""
         return bool(self.first is not None and self.first.train)
+
+    @property
+    def bidirectional(self) -> bool:
+        """Whether the run timed both directions of the layer side by side."""
+        return bool(self.first is not None and self.first.bidirectional)
+
+    def directions_text(self) -> str:
+        """'both directions of the layer side by side, each with weights of its own', or '' for one."""
+        if not self.bidirectional:
+            return ""
+        return f"{BOTH_DIRECTIONS} of the layer side by side, each with weights of its own"
 
     def measures(self) -> str:
         return "forward + backward" if self.train else "forward"
@@ -79,9 +93,10 @@ class BenchRun:
                 else f"T{s.seq} B{s.batch} in{s.input} h{s.hidden} L{s.layers}")
         stop = " · cancelled" if any(x.cancelled for x in self.results) else ""
         mode = " · training" if self.train else ""
+        directions = f" · {BOTH_DIRECTIONS}" if self.bidirectional else ""
         lengths = f" · lengths {self.lengths_range()}" if self.lengths else ""
-        return (f"#{self.number} {r.cell} · {r.backend}{mode} · {what}{lengths} · {self.started:%H:%M:%S}"
-                f"{stop}")
+        return (f"#{self.number} {r.cell} · {r.backend}{mode} · {what}{directions}{lengths} · "
+                f"{self.started:%H:%M:%S}{stop}")
 
     def to_json(self) -> dict:
         return self.sweep.to_json() if self.sweep is not None else self.result.to_json()

@@ -749,7 +749,7 @@ class MainWindow(QtWidgets.QMainWindow):
         panel = self.bench_panel
         return BenchConfig(sizes=panel.sizes(), backend=panel.backend(), schedules=panel.schedules(),
                            baselines=panel.baselines(), repeats=panel.repeats(), train=panel.train(),
-                           lengths=panel.lengths())
+                           lengths=panel.lengths(), bidirectional=panel.bidirectional())
 
     def run_benchmark(self) -> bool:
         """Starts the benchmark of the current cell in a worker thread; False when it cannot start."""
@@ -765,7 +765,8 @@ class MainWindow(QtWidgets.QMainWindow):
         except ValueError as e:
             self.bench_panel.show_status(str(e))
             return False
-        if why := self.bench_panel.lengths_problem():  # refused here, not by the worker once it has started
+        # Refused here, not by the worker once it has started (a sweep would lose the values run before).
+        if why := self.bench_panel.lengths_problem() or self.bench_panel.bidirectional_problem():
             self.bench_panel.show_status(why)
             return False
         config = self.bench_config()
@@ -815,8 +816,9 @@ class MainWindow(QtWidgets.QMainWindow):
             text += f" — not timed (wrong or failed): {', '.join(dict.fromkeys(wrong))}"
         if run.unavailable:
             text += f" — not available here: {', '.join(run.unavailable)}"
-        if lengths := run.lengths_text():
-            text += f" — {lengths}"
+        for said in (run.directions_text(), run.lengths_text()):
+            if said:
+                text += f" — {said}"
         self.bench_panel.show_status(text)
         self.bench_finished.emit(run)
 

@@ -206,7 +206,7 @@ QSpinBox::down-arrow { width: 0; height: 0; border-left: 4px solid transparent;
 QSpinBox::up-arrow:disabled, QSpinBox::down-arrow:disabled { border-bottom-color: #5a5d66;
     border-top-color: #5a5d66; }
 QLineEdit[invalid="true"], QSpinBox[invalid="true"] { border: 1px solid #eb5040; }
-QToolButton[invalid="true"] { color: #f07060; }
+QToolButton[invalid="true"], QCheckBox[invalid="true"] { color: #f07060; }
 QHeaderView::section { background: #2a2c32; border: none; border-right: 1px solid #1b1c20;
     padding: 3px 6px; }
 QPushButton { background: #34373e; border: 1px solid #464a53; border-radius: 3px; padding: 4px 12px; }
