@@ -9,6 +9,11 @@ checked against the reference and timed by the benchmark; the fastest that gave 
 kept in a JSON file in the user's cache folder, keyed by the version of the rungs, the GPU, the cell's
 structure and the sizes.
 Without a GPU there is nothing to measure, and `auto` is `graph`.
+
+For a bidirectional layer the choice is also whether its two directions run side by side (each rung's
+kernels planned for half of the SMs, on two streams) or one after the other (each on all of them): the
+rungs are measured both ways (`bench --bidirectional`, and twice one direction's time), and the fastest
+of all is kept.
 """
 
 from __future__ import annotations
@@ -51,6 +56,7 @@ RUNGS_VERSION = 16
 class Choice:
     schedule: str
     why: str  # one sentence for the user
+    beside: bool = False  # a bidirectional layer's two directions side by side, else one after the other
 
 
 def cache_path() -> Path:
@@ -58,10 +64,10 @@ def cache_path() -> Path:
     return cache_dir() / "schedules.json"
 
 
-def _key(device: str, cell: Cell, sizes: Sizes) -> str:
+def _key(device: str, cell: Cell, sizes: Sizes, bidirectional: bool) -> str:
     s = sizes
     return (f"rungs {RUNGS_VERSION} | {device} | {cell.structure_hash()} | T={s.seq} B={s.batch} I={s.input} "
-            f"H={s.hidden} L={s.layers}")
+            f"H={s.hidden} L={s.layers}" + (" | both directions" if bidirectional else ""))
 
 
 def _read(path: Path) -> dict[str, dict]:
@@ -87,18 +93,33 @@ def candidates(sizes: Sizes) -> list[str]:
     return [s for s in CANDIDATES if s != "wavefront" or sizes.layers > 1]
 
 
-def _measure(cell: Cell, sizes: Sizes) -> dict[str, float]:
-    """Median ms of each candidate that matched the reference on the GPU."""
+def _measure(cell: Cell, sizes: Sizes, bidirectional: bool = False) -> dict[str, float]:
+    """Median ms of each candidate that matched the reference on the GPU (of both directions of the layer
+    side by side, where `bidirectional`)."""
     from .bench import BenchConfig, run_benchmark
 
     result = run_benchmark(cell, BenchConfig(sizes, backend="cuda", schedules=candidates(sizes), baselines=[],
-                                             repeats=REPEATS))
+                                             repeats=REPEATS, bidirectional=bidirectional))
     return {r.name: r.median_ms for r in result.rows if r.ok and r.median_ms is not None}
 
 
-def choose_schedule(cell: Cell, sizes: Sizes, backend: str,
-                    measure: Callable[[Cell, Sizes], dict[str, float]] = _measure) -> Choice:
-    """The schedule `auto` stands for on `backend` ("cuda", "numpy" or "auto")."""
+Measure = Callable[..., dict[str, float]]  # _measure's signature
+IN_ORDER, BESIDE = "one after the other", "side by side"  # how a bidirectional layer's directions ran
+
+
+def _both_ways(cell: Cell, sizes: Sizes, measure: Measure) -> dict[str, float]:
+    """A bidirectional layer's times by rung and way: "RUNG side by side" measured, "RUNG one after the
+    other" twice one direction's."""
+    alone = measure(cell, sizes)
+    beside = measure(cell, sizes, bidirectional=True)
+    return {**{f"{rung} {IN_ORDER}": 2 * ms for rung, ms in alone.items()},
+            **{f"{rung} {BESIDE}": ms for rung, ms in beside.items()}}
+
+
+def choose_schedule(cell: Cell, sizes: Sizes, backend: str, measure: Measure = _measure,
+                    bidirectional: bool = False) -> Choice:
+    """The schedule `auto` stands for on `backend` ("cuda", "numpy" or "auto"); where `bidirectional`,
+    for a layer of both directions, and whether they run side by side (`Choice.beside`)."""
     if backend == "auto":
         from .bench import available_backends
 
@@ -107,22 +128,27 @@ def choose_schedule(cell: Cell, sizes: Sizes, backend: str,
         return Choice(WITHOUT_GPU, f"auto: '{WITHOUT_GPU}', since there is no GPU to measure the rungs on")
     from .cuda_executor import device_description
 
-    path, key = cache_path(), _key(device_description(), cell, sizes)
+    path, key = cache_path(), _key(device_description(), cell, sizes, bidirectional)
     cache = _read(path)
     entry = cache.get(key)
     if isinstance(entry, dict) and entry.get("schedule") in CANDIDATES:
-        return Choice(entry["schedule"], f"auto: '{entry['schedule']}', measured fastest for these sizes "
-                                         f"on this GPU before (remembered in {path})")
-    times = measure(cell, sizes)
+        beside = bool(entry.get("beside"))
+        way = f", the directions {BESIDE if beside else IN_ORDER}" if bidirectional else ""
+        return Choice(entry["schedule"], f"auto: '{entry['schedule']}'{way}, measured fastest for these "
+                                         f"sizes on this GPU before (remembered in {path})", beside)
+    times = _both_ways(cell, sizes, measure) if bidirectional else measure(cell, sizes)
     if not times:
         raise CellError(f"auto: none of {', '.join(candidates(sizes))} ran correctly on this GPU for these "
                         "sizes")
-    best = min(times, key=times.get)
-    cache[key] = {"schedule": best, "ms": times}
+    fastest = min(times, key=times.get)
+    best, beside = fastest.split(" ", 1)[0], fastest.endswith(BESIDE)
+    cache[key] = {"schedule": best, "ms": times, **({"beside": beside} if bidirectional else {})}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         atomic_write(path, (json.dumps(cache, indent=1, sort_keys=True) + "\n").encode())
     except OSError as e:  # the choice stands; it is only measured again next time
         log.warning("could not remember the schedule in %s: %s", path, e)
     measured = ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(times.items(), key=lambda t: t[1]))
-    return Choice(best, f"auto: '{best}', measured fastest for these sizes on this GPU ({measured})")
+    way = f", the directions {BESIDE if beside else IN_ORDER}" if bidirectional else ""
+    return Choice(best, f"auto: '{best}'{way}, measured fastest for these sizes on this GPU ({measured})",
+                  beside)

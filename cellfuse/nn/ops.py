@@ -22,6 +22,7 @@ from functools import lru_cache
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..gpu_runtime.auto_schedule import AUTO, choose_schedule
 from ..graph_model import Cell, CellError, Sizes, cell_from_text, cell_to_text
 from ..graph_model.lengths import masked
 from .runners import Plans, Runner, make_plans
@@ -67,6 +68,25 @@ def direction_of(reverse: bool, beside: bool) -> int:
 def _share(direction: int) -> int:
     """How many runs share the GPU side by side with a call of this direction."""
     return 2 if direction >= FORWARD_BESIDE else 1
+
+
+_ways: OrderedDict[tuple, bool] = OrderedDict()
+
+
+def side_by_side(cell: str, x: torch.Tensor, hidden: int, schedule: str) -> bool:
+    """Whether a bidirectional layer of the cell over x (on a GPU) runs its two directions side by side:
+    under `auto`, as measured for its sizes (auto_schedule's Choice.beside: the persistent rungs on half
+    of the SMs may take longer side by side than one after the other); with a rung named, always."""
+    if schedule != AUTO:
+        return True
+    T, B, inputs = x.shape
+    key = (cell, T, B, inputs, hidden, x.device.index)
+    sizes = Sizes(seq=T, batch=B, input=inputs, hidden=hidden, layers=1)
+
+    def measured() -> bool:
+        with _on_device(x):
+            return choose_schedule(cell_from_text(cell), sizes, "cuda", bidirectional=True).beside
+    return _remember(_ways, key, measured)
 
 
 def plans(cell: str, seq: int, batch: int, input_size: int, hidden: int, layers: int, schedule: str,

@@ -92,12 +92,15 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     reverse)` gives a one-layer call's parameters); both directions' outputs side by side, the final
     states in torch's order (layer by layer, forward before reverse), `initial` in the same order. On a
     GPU the two directions of a layer run side by side, the reverse one on a stream of its own, each
-    planned for half of the SMs (ops.FORWARD_BESIDE), so that both persistent kernels run at once."""
+    planned for half of the SMs (ops.FORWARD_BESIDE), so that both persistent kernels run at once; under
+    `auto`, only where that was measured faster than one after the other (ops.side_by_side)."""
     directions = (False, True) if bidirectional else (False,)
     reverse_time = _reversal(lengths, x) if bidirectional else None
-    beside = bidirectional and _beside(x)
+    can_run_beside = bidirectional and _beside(x)
     finals: list[list[torch.Tensor]] = [[] for _ in initial]
     for layer in range(layers):
+        beside = can_run_beside and ops.side_by_side(
+            cell if lengths is None else ops.masked_text(cell), x, hidden, schedule)
         calls = [partial(_direction, x, [s[i:i + 1] for s in initial], params_of(layer, reverse),
                          reverse_time if reverse else None, cell, hidden, schedule, lengths,
                          ops.direction_of(reverse, beside))

@@ -120,3 +120,28 @@ def test_auto_measures_the_rungs_on_the_gpu_and_runs_the_fastest(gpu, monkeypatc
     assert f"auto: '{entry['schedule']}'" in why
     ref = run_reference(cell, params, {"x": x})
     assert float(np.abs(out.y - ref.y).max() / np.abs(ref.y).max()) < 1e-4
+
+
+@pytest.mark.parametrize("beside_ms, want", [
+    ({"graph": 1.5, "persistent": 1.4, "tensor": 0.9}, ("tensor", True)),  # side by side pays
+    ({"graph": 1.5, "persistent": 3.1, "tensor": 1.2}, ("persistent", False)),  # half of the SMs does not
+])
+def test_a_bidirectional_layer_measures_both_ways_and_remembers_which(gpu_here, beside_ms, want):
+    """Both directions side by side (measured) against one after the other (twice one direction's time):
+    the fastest of all, and whether side by side, remembered apart from the one-direction choice."""
+    cache, _, _ = gpu_here
+    calls = []
+
+    def measure(cell, sizes, bidirectional=False):
+        calls.append(bidirectional)
+        return beside_ms if bidirectional else {"graph": 1.0, "persistent": 0.5, "tensor": 0.6}
+
+    cell = load_template("lstm")
+    choice = choose_schedule(cell, SIZES, "cuda", measure, bidirectional=True)
+    assert (choice.schedule, choice.beside) == want and calls == [False, True]
+    assert ("side by side" if want[1] else "one after the other") in choice.why
+    again = choose_schedule(cell, SIZES, "cuda", measure, bidirectional=True)
+    assert (again.schedule, again.beside) == want and "before" in again.why and len(calls) == 2
+    alone = choose_schedule(cell, SIZES, "cuda", measure)
+    assert (alone.schedule, alone.beside) == ("persistent", False) and len(calls) == 3
+    assert len(json.loads(cache.read_text())) == 2
