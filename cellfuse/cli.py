@@ -349,6 +349,11 @@ def _print_bench(result) -> None:
     best = result.best_schedule()
     if best is not None:
         print(f"  best schedule at these sizes: {best.name} ({best.median_ms:.3f} ms)")
+        if best.roofline:
+            r = best.roofline
+            print(f"  its roofline on this GPU: arithmetic {r['arithmetic_ms']:.3f} ms, bytes "
+                  f"{r['memory_ms']:.3f} ms, synchronisation {r['sync_ms']:.3f} ms: at least "
+                  f"{r['bound_ms']:.3f} ms, {best.median_ms / r['bound_ms']:.1f}x that measured")
     if result.cancelled:
         print("  (cancelled)")
 

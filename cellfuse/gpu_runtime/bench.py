@@ -45,6 +45,7 @@ from ..graph_model.lengths import STEPS_LEFT, masked
 from .cudnn_persistent import ALGORITHM_NAMES, CudnnPersistentRNN, CudnnRefused, unavailable_reason
 from .cudnn_persistent import ALGORITHMS as CUDNN_PERSISTENT
 from .directions import Directions
+from .roofline import Peaks, roofline
 from .torch_baselines import SRU_PACKAGE
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,9 @@ class BenchRow:
     note: str = ""
     # False for a baseline that does not run here or at these sizes (said in the note): not a failure
     applicable: bool = True
+    # of a schedule on a GPU: the times its arithmetic, bytes and synchronisation alone would take there,
+    # and the least of their sum (roofline.Roofline.to_json), in ms
+    roofline: dict[str, float] | None = None
 
 
 @dataclass
@@ -169,12 +173,17 @@ class BenchResult:
                 "best_schedule": best.name if (best := self.best_schedule()) else None}
 
     def to_csv(self) -> str:
+        """A row per implementation; the roofline's times in columns of their own (roofline_bound_ms, ...)."""
         buf = io.StringIO()
-        names = list(asdict(self.rows[0]) if self.rows else BenchRow("", "", False).__dict__)
-        writer = csv.DictWriter(buf, fieldnames=["cell", "device", *names])
+        names = [n for n in BenchRow("", "", False).__dict__ if n != "roofline"]
+        parts = [f"roofline_{k}" for k in ("arithmetic_ms", "memory_ms", "sync_ms", "bound_ms")]
+        writer = csv.DictWriter(buf, fieldnames=["cell", "device", *names, *parts])
         writer.writeheader()
         for r in self.rows:
-            writer.writerow({"cell": self.cell, "device": self.device, **asdict(r)})
+            row = asdict(r)
+            roof = row.pop("roofline") or {}
+            writer.writerow({"cell": self.cell, "device": self.device, **row,
+                             **{f"roofline_{k}": v for k, v in roof.items()}})
         return buf.getvalue()
 
 
@@ -306,11 +315,11 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
     backend = config.backend
     if backend == "auto":
         backend = "cuda" if "cuda" in available_backends() else "numpy"
-    device, target = "CPU (numpy backend, no GPU)", H100
+    device, target, peaks = "CPU (numpy backend, no GPU)", H100, None
     if backend == "cuda":
-        from .cuda_executor import device_description, device_target
+        from .cuda_executor import device_description, device_peaks, device_target
 
-        device, target = device_description(), device_target()
+        device, target, peaks = device_description(), device_target(), device_peaks()
     count = 2 if config.bidirectional else 1
     if count == 2 and sizes.layers != 1:
         raise CellError(f"--bidirectional runs one layer, not {sizes.layers}: a stack of bidirectional "
@@ -359,7 +368,7 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
         done += 1
 
     problem = _Problem(cell, sizes, params, x, initial, config, runs, target=target, dy=dy,
-                       directions=directions)
+                       directions=directions, peaks=peaks)
     ready: list[_Timed] = []
     try:
         t0 = time.perf_counter()
@@ -426,6 +435,7 @@ class _Problem:
     tape: Tape | None = None
     branches: dict[tuple[int, ...], Gradients] = field(default_factory=dict)
     directions: Directions = field(default_factory=lambda: Directions(1, 0))
+    peaks: Peaks | None = None  # the GPU's, for each schedule's roofline
 
     def each_direction(self) -> list[tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]]:
         """Each direction's parameters, x and initial states."""
@@ -562,6 +572,8 @@ def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _
         plan = p.plan(name)
         row.launches_per_step = plan.launches_per_step
         row.note = _same_as_rung_below(p, plan)
+        if p.peaks is not None and not p.config.train:  # (the backward plans' counts are not modelled)
+            row.roofline = roofline(plan, p.peaks, p.directions.count).to_json()
         if p.config.train:
             return (_train_numpy if backend == "numpy" else _train_cuda)(p, row, plan)
         if backend == "numpy":

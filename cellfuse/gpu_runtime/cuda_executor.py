@@ -37,6 +37,7 @@ from ..codegen.plan import PersistentLaunch, Target
 from ..graph_model import CellError, Forward
 from .driver import check
 from .kernel_cache import cubin
+from .roofline import Peaks
 from .tf32_gemms import Shape, TensorCoreGemms, alignment
 from .wgmma_gemms import Operands, WgmmaGemms, usable
 
@@ -453,6 +454,21 @@ def image_elements(instructions, weights: set[str]) -> dict[tuple, int]:
     return {image_key(gemm.launch): 2 * gemm.launch.n * gemm.launch.k
             for gemm in _tensor_core_gemms(instructions)
             if gemm.route == "tf32x3-wgmma" and gemm.launch.w in weights}
+
+
+def device_peaks() -> Peaks | None:
+    """This GPU's peak arithmetic and memory bandwidth (roofline.Peaks), or None where its attributes do
+    not say them."""
+    drv = gpu_modules()[0]
+    dev = drv.Context.get_device()
+    attr = drv.device_attribute
+    try:
+        clock, memory_clock, bus = (dev.get_attribute(getattr(attr, name)) for name in
+                                    ("CLOCK_RATE", "MEMORY_CLOCK_RATE", "GLOBAL_MEMORY_BUS_WIDTH"))
+    except (AttributeError, drv.Error):  # attributes a newer CUDA may no longer have
+        return None
+    return Peaks.of_device(dev.name(), dev.compute_capability(), dev.get_attribute(attr.MULTIPROCESSOR_COUNT),
+                           clock, memory_clock, bus)
 
 
 def device_target() -> Target:

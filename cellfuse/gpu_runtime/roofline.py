@@ -1,0 +1,121 @@
+"""How fast a plan could run on a GPU: the time its arithmetic alone would take at the GPU's peak, the time
+its bytes alone would take at the memory's peak bandwidth, and the time of its per-step synchronisation
+alone, beside which a measured time says what is left (`bench` records it for every schedule it times).
+
+The arithmetic: every GEMM's 2 m n k and one operation per element of each elementwise op (the plan's
+counts, `Plan.flops_per_step` and the hoisted GEMMs), over T steps and every layer (and direction); a GEMM
+that runs on tensor cores (3xTF32: three TF32 products per float32 product) at a third of the TF32 peak,
+the rest at float32's. The bytes: what each launch reads and writes in global memory as `Plan.
+bytes_per_step` counts them (a persistent kernel's weights kept on chip read once), at the HBM's peak;
+values that pass between a persistent kernel's blocks through L2 are not counted. The synchronisation:
+each step waits for the step before it across the whole GPU: a persistent step once per barrier it has
+(at least one; none where its blocks never wait for each other, as IndRNN's), a step of separate
+launches once per launch (each kernel boundary is at least a grid-wide barrier); GRID_BARRIER_S each,
+as measured for cooperative groups' grid.sync() on an H200 (0.97 us) and an H100 (1.1 us):
+benchmarks/results/h200_2026-11-25_probes.txt, docs/results/2026-11-23-persistent-and-wavefront-rungs.md.
+The three add up to no faster than max(arithmetic, bytes) + synchronisation, `bound_ms`.
+
+The peaks are the GPU's at its highest clock, from its SM count, clock and memory interface
+(`Peaks.of_device`): per SM and clock, float32 256 operations (128 FMA units) and TF32 2048 (dense) on
+compute capability 9.0, 256 and 1024 on 8.x.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..codegen.gemm_routes import may_run_on_tensor_cores
+from ..codegen.plan import GemmLaunch, KernelLaunch, LayerPlan, Plan
+
+GRID_BARRIER_S = 1.0e-6
+# float32 and dense TF32 operations per SM per clock, by compute capability (major, minor)
+_PER_SM_CLOCK = {(9, 0): (256, 2048), (8, 0): (128, 1024), (8, 6): (256, 1024), (8, 9): (256, 1024)}
+
+
+@dataclass(frozen=True)
+class Peaks:
+    name: str
+    fp32_flops: float  # per second
+    tf32x3_flops: float  # float32 products on tensor cores, three TF32 products each, per second
+    memory_bytes: float  # per second
+
+    @staticmethod
+    def of_device(name: str, capability: tuple[int, int], sms: int, clock_khz: int, memory_clock_khz: int,
+                  bus_bits: int) -> Peaks | None:
+        """A GPU's peaks from its attributes; None where its compute capability is not in the table."""
+        per_clock = _PER_SM_CLOCK.get(tuple(capability))
+        if per_clock is None or not (sms and clock_khz and memory_clock_khz and bus_bits):
+            return None
+        fp32, tf32 = per_clock
+        hz = clock_khz * 1e3
+        return Peaks(name, sms * fp32 * hz, sms * tf32 * hz / 3, memory_clock_khz * 1e3 * 2 * bus_bits / 8)
+
+
+@dataclass(frozen=True)
+class Roofline:
+    arithmetic_ms: float
+    memory_ms: float
+    sync_ms: float
+
+    @property
+    def bound_ms(self) -> float:
+        return max(self.arithmetic_ms, self.memory_ms) + self.sync_ms
+
+    def to_json(self) -> dict[str, float]:
+        return {**asdict(self), "bound_ms": self.bound_ms}
+
+    def text(self) -> str:
+        return (f"arithmetic {self.arithmetic_ms:.3f} ms, bytes {self.memory_ms:.3f} ms, synchronisation "
+                f"{self.sync_ms:.3f} ms: at least {self.bound_ms:.3f} ms")
+
+
+def _on_tensor_cores(layer: LayerPlan, launch: GemmLaunch, in_step: bool) -> bool:
+    if in_step:  # a step's GEMM: on tensor cores where the persistent kernel multiplies with mma
+        persistent = layer.persistent
+        return persistent is not None and any(item.launch is launch and item.mma for item in persistent.items)
+    return may_run_on_tensor_cores(launch)
+
+
+def _flops_seconds(layer: LayerPlan, launches, peaks: Peaks, in_step: bool) -> float:
+    seconds = 0.0
+    for launch in launches:
+        match launch:
+            case GemmLaunch():
+                fast = _on_tensor_cores(layer, launch, in_step)
+                seconds += launch.flops / (peaks.tf32x3_flops if fast else peaks.fp32_flops)
+            case KernelLaunch():
+                seconds += launch.rows * launch.width * len(launch.body) / peaks.fp32_flops
+    return seconds
+
+
+def _prologue_bytes(plan: Plan, launches) -> int:
+    """What the hoisted GEMMs read and write: A, W, C (and the bias)."""
+    total = 0
+    for launch in launches:
+        if isinstance(launch, GemmLaunch):
+            total += (launch.m * launch.k * launch.a.dtype.itemsize
+                      + launch.m * launch.n * launch.c.dtype.itemsize
+                      + launch.k * launch.n * plan.buffers[launch.w].dtype.itemsize)
+            if launch.bias:
+                total += launch.n * plan.buffers[launch.bias].dtype.itemsize
+    return total
+
+
+def roofline(plan: Plan, peaks: Peaks, directions: int = 1) -> Roofline:
+    """The plan's roofline on a GPU of these peaks (both directions of it side by side, with 2)."""
+    T = plan.sizes.seq
+    arithmetic = memory = sync = 0.0
+    for layer in plan.layers:
+        arithmetic += _flops_seconds(layer, layer.prologue, peaks, in_step=False)
+        arithmetic += T * _flops_seconds(layer, layer.step, peaks, in_step=True)
+        memory += _prologue_bytes(plan, layer.prologue) / peaks.memory_bytes
+        persistent = layer.persistent
+        if persistent is None:
+            waits = len(layer.step)
+        elif persistent.cooperative:
+            waits = max(1, sum(item.barrier for item in persistent.items))
+        else:  # blocks that never wait for each other (IndRNN's): no step waits for the whole GPU
+            waits = 0
+        sync += T * waits * GRID_BARRIER_S
+    memory += T * len(plan.layers) * plan.bytes_per_step() / peaks.memory_bytes
+    return Roofline(1e3 * directions * arithmetic, 1e3 * directions * memory, 1e3 * sync)
