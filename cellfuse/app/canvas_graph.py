@@ -3,7 +3,8 @@
 NodeGraphQt would create nodes from the Tab search or a drop itself, and rename a node from its
 title with no check. Here those gestures become signals; the cell adapter decides what they do, so
 that every node gets a valid, unique cell id and a state gets its update node; a node asked for at the
-cursor goes to the free place nearest it. The Tab search lists the ops by the names the palette shows.
+cursor goes to the free place nearest it (free_place, where every new node finds its place, the
+adapter's too). The Tab search lists the ops by the names the palette shows.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from .node_types import (
 log = logging.getLogger(__name__)
 
 OP_MIME_TYPE = "application/x-cellfuse-op"
-NEW_NODE_SIZE = (160.0, 80.0)  # the room a node added at the cursor keeps clear of the others
+NEW_NODE_SIZE = (160.0, 80.0)  # the room kept clear for a new node, before it is made and its size known
 
 
 class OpSearchMenu(TabSearchMenuWidget):
@@ -112,18 +113,27 @@ class CanvasGraph(NodeGraph):
         # share one, so NodeGraphQt must take every name as it is given.
         return name
 
-    def free_place(self, x: float, y: float) -> tuple[float, float]:
-        """The place nearest (x, y), a new node's top left, where it covers no node shown."""
-        taken = [item.sceneBoundingRect() for item in self.viewer().all_nodes() if item.isVisible()]
-        return canvas_layout.nearest_free((x, y, *NEW_NODE_SIZE), [(r.x(), r.y(), r.width(), r.height())
-                                                                  for r in taken])
+    def free_place(self, near: tuple[float, float] | None = None, size: tuple[float, float] = NEW_NODE_SIZE,
+                   in_sight: bool = False) -> tuple[float, float]:
+        """The top left nearest `near` where a new node (or a block of pasted nodes, or a state and its
+        update node side by side) of `size` covers no node shown; with `in_sight`, places in the view
+        before those outside it. With no `near`: the middle of the view, in sight first, so that nodes
+        added where no place is asked for neither pile up nor land out of sight."""
+        view = self.viewer().visible_scene_rect()
+        if near is None:
+            near, in_sight = (view.center().x() - size[0] / 2, view.center().y() - size[1] / 2), True
+        # The graph's own list of nodes, not the viewer's: that one goes through every item of the scene.
+        shown = [n.view.sceneBoundingRect() for n in self.all_nodes() if n.view.isVisible()]
+        taken = [(r.x(), r.y(), r.width(), r.height()) for r in shown]
+        within = (view.x(), view.y(), view.width(), view.height()) if in_sight else None
+        return canvas_layout.nearest_free((*near, *size), taken, within=within)
 
     # -- NodeGraphQt's handlers, redirected ------------------------------------------------------
     def _on_search_triggered(self, node_type: str, pos) -> None:
         x, y = float(pos[0]), float(pos[1])
         wire = self._wire
         if wire is None:
-            self.node_requested.emit(node_type, self.free_place(x, y))
+            self.node_requested.emit(node_type, self.free_place((x, y)))
             return
         node, port, from_output = wire
         if not from_output:  # the new node's output port comes to the wire's end: left of it
@@ -132,7 +142,7 @@ class CanvasGraph(NodeGraph):
         stack = self.undo_stack()
         stack.beginMacro(f"add a node on the wire of '{node.name()}'")
         try:
-            self.node_requested.emit(node_type, self.free_place(x, y))
+            self.node_requested.emit(node_type, self.free_place((x, y)))
             made = [n for n in self.all_nodes() if n not in before and isinstance(n, CellNode)
                     and n.ROLE in (ROLE_OP, ROLE_OUTPUT)]
             if not made and node_type == node_type_of(OutputNode):  # the cell's one output node
@@ -181,7 +191,7 @@ class CanvasGraph(NodeGraph):
     def _on_node_data_dropped(self, mimedata: QtCore.QMimeData, pos: QtCore.QPoint) -> None:
         if mimedata.hasFormat(OP_MIME_TYPE):
             op = bytes(mimedata.data(OP_MIME_TYPE).data()).decode()
-            self.op_dropped.emit(op, self.free_place(float(pos.x()), float(pos.y())))
+            self.op_dropped.emit(op, self.free_place((float(pos.x()), float(pos.y()))))
             return
         log.debug("ignored a drop of %s", mimedata.formats())
 

@@ -15,6 +15,7 @@ positions out.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Iterable
 
 Key = Hashable
@@ -211,25 +212,48 @@ def make_room(grown: dict[Key, tuple[Rect, tuple[float, float]]], others: dict[K
 
 FREE_STEP = (40.0, 30.0)  # how far apart, in x and y, the places tried for a new node are
 FREE_REACH = 30  # steps tried in each direction before giving up on a free place near the one asked for
+# The steps, nearest first; sorted once, not on each new node.
+_FREE_STEPS = sorted(((i, j) for i in range(-FREE_REACH, FREE_REACH + 1)
+                      for j in range(-FREE_REACH, FREE_REACH + 1)),
+                     key=lambda s: (s[0] * FREE_STEP[0]) ** 2 + (s[1] * FREE_STEP[1]) ** 2)
 
 
-def nearest_free(box: Rect, taken: list[Rect], gap: float = 20.0) -> tuple[float, float]:
+def nearest_free(box: Rect, taken: list[Rect], gap: float = 20.0, within: Rect | None = None
+                 ) -> tuple[float, float]:
     """The top-left corner nearest to `box`'s where a box of its size overlaps none of `taken`, `gap`
     apart: a node added where the user asked (the Tab search at the cursor, a drop) lands beside the
-    nodes there rather than on them. The box's own corner where it is free already."""
+    nodes there rather than on them. The box's own corner where it is free already. With `within` (the
+    view), the places inside it come first, nearest first, so that a new node does not land out of sight
+    while there is room in sight."""
     x, y, w, h = box
-
-    def free(cx: float, cy: float) -> bool:
-        return all(cx + w + gap <= tx or tx + tw + gap <= cx or cy + h + gap <= ty or ty + th + gap <= cy
-                   for tx, ty, tw, th in taken)
-
     sx, sy = FREE_STEP
-    reach = range(-FREE_REACH, FREE_REACH + 1)
-    steps = sorted(((i, j) for i in reach for j in reach), key=lambda s: (s[0] * sx) ** 2 + (s[1] * sy) ** 2)
-    # only what the places tried can meet
-    taken = [t for t in taken if abs(t[0] - x) < FREE_REACH * sx + w + t[2] + gap
-             and abs(t[1] - y) < FREE_REACH * sy + h + t[3] + gap]
+    # Each row of places tried is checked only against the nodes that can meet it, so that a crowded
+    # stretch of a large cell costs a few nodes a place, not all of them.
+    rows: dict[int, list[Rect]] = {}
+    for t in taken:
+        if abs(t[0] - x) < FREE_REACH * sx + w + t[2] + gap:
+            first = max(-FREE_REACH, math.floor((t[1] - h - gap - y) / sy))
+            last = min(FREE_REACH, math.ceil((t[1] + t[3] + gap - y) / sy))
+            for j in range(first, last + 1):
+                rows.setdefault(j, []).append(t)
+
+    def free(cx: float, cy: float, near: list[Rect]) -> bool:
+        return all(cx + w + gap <= tx or tx + tw + gap <= cx or cy + h + gap <= ty or ty + th + gap <= cy
+                   for tx, ty, tw, th in near)
+
+    steps = _FREE_STEPS
+    if within is not None:
+        vx, vy, vw, vh = within
+
+        def outside(step: tuple[int, int]) -> bool:
+            cx, cy = x + step[0] * sx, y + step[1] * sy
+            return cx < vx or cy < vy or cx + w > vx + vw or cy + h > vy + vh
+
+        steps = sorted(steps, key=outside)  # stable: nearest first on either side
     for i, j in steps:
-        if free(x + i * sx, y + j * sy):
+        if free(x + i * sx, y + j * sy, rows.get(j, [])):
             return x + i * sx, y + j * sy
-    return x, max((t[1] + t[3] for t in taken), default=y) + gap  # crowded all round: below everything
+    # Crowded all round: below every node of its column (all of them, not only those near), where it
+    # meets none. The column has a node, or the box's own corner would have been free.
+    column = [t for t in taken if x < t[0] + t[2] + gap and t[0] < x + w + gap]
+    return x, max(t[1] + t[3] for t in column) + gap

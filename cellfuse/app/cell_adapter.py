@@ -55,7 +55,7 @@ from ..graph_model import OPS, Cell, CellError, FormulaEdit, Group, Node, group_
 from ..graph_model.builder import COLUMN_SPACING, ROW_SPACING
 from ..graph_model.validate import DIMS, ID_PATTERN, OUTPUT_TITLE, update_title
 from . import canvas_layout, long_lived
-from .canvas_graph import CanvasGraph
+from .canvas_graph import NEW_NODE_SIZE, CanvasGraph
 from .fragments import PastePlan
 from .group_items import STUB_HEIGHT, GroupWire, PortStub
 from .node_types import (
@@ -87,8 +87,6 @@ log = logging.getLogger(__name__)
 EDITOR_KEY = "x-editor"
 OUTPUT_OP = "output"  # the palette's name for the output sink
 SINK_GAP = 70.0
-NEW_NODE_SIZE = (160.0, 80.0)  # room kept for a node added where no position is given
-FREE_SPOT_REACH = 6  # grid cells searched on each side of the view's middle for a free spot
 STUB_GAP = 90.0  # between an open group's nodes and the stubs of its inputs and outputs
 STUB_SPACING = 12.0
 
@@ -517,33 +515,13 @@ class CellAdapter(QtCore.QObject):
         """The shown nodes' outlines, with the room kept around each."""
         return [n.view.sceneBoundingRect().adjusted(-20.0, -15.0, 20.0, 15.0) for n in self._shown()]
 
-    def free_spot(self, width: float = NEW_NODE_SIZE[0], height: float = NEW_NODE_SIZE[1],
-                  near: QtCore.QPointF | None = None) -> tuple[float, float]:
-        """A free spot for a new node `width` wide (a state and its update node side by side are wider),
-        or for pasted nodes `width` by `height`, as near the middle of the view (or `near`) as one is:
-        the cells of a grid around it, nearest first, those inside the view before those outside, so
-        that new nodes neither pile up nor land out of sight."""
-        viewer = self.graph.viewer()
-        visible = viewer.mapToScene(viewer.viewport().rect()).boundingRect()
-        centre = visible.center() if near is None else near
-        taken = self._taken()
-        reach = range(-FREE_SPOT_REACH, FREE_SPOT_REACH + 1)
-        cells = sorted(((i, j) for i in reach for j in reach), key=lambda c: c[0] ** 2 + c[1] ** 2)
-        spots = [QtCore.QRectF(centre.x() - width / 2 + i * (width + 40.0), centre.y() - height / 2 + j
-                               * (height + 30.0), width, height) for i, j in cells]
-        for rect in sorted(spots, key=lambda r: not visible.contains(r)):  # stable: nearest stays first
-            if not any(r.intersects(rect) for r in taken):
-                return rect.x(), rect.y()
-        right = max((r.right() for r in taken), default=centre.x())  # a crowded canvas: right of it all
-        return right + 40.0, centre.y() - height / 2
-
     def add_node(self, op: str, pos: tuple[float, float] | None = None, node_id: str | None = None) -> str:
         """Adds a node of `op` (or the output sink, op 'output'); returns its cell id. A state gets
         its update node beside it. Raises CellError for an unknown op or a bad or taken id."""
         if pos is None:
             # a state's update node goes beside it: find room for both
-            pair = 2 * NEW_NODE_SIZE[0] + 2 * SINK_GAP
-            pos = self.free_spot(pair if op == "state" else NEW_NODE_SIZE[0])
+            pair = (2 * NEW_NODE_SIZE[0] + 2 * SINK_GAP, NEW_NODE_SIZE[1])
+            pos = self.graph.free_place(size=pair if op == "state" else NEW_NODE_SIZE)
         if op == OUTPUT_OP:
             return self._add_output(pos)
         if op not in OPS:
@@ -560,11 +538,11 @@ class CellAdapter(QtCore.QObject):
     def _add_output(self, pos: tuple[float, float]) -> str:
         """Adds the output sink, or selects the one the cell has; returns "" (the sink is no cell node).
         The sink belongs to the whole cell, never to a group: while a group is open, the canvas goes
-        back to the whole cell first, so that the user sees the sink, at a free spot of that view."""
+        back to the whole cell first, so that the user sees the sink, at a free place of that view."""
         in_group = self.open_group_node() is not None
         if in_group:
             self.close_group()
-            pos = self.free_spot()
+            pos = self.graph.free_place()
         back = "Back to the whole cell: the output node belongs to no group. " if in_group else ""
         sink = self.output_node()
         if sink is not None:
@@ -748,7 +726,7 @@ class CellAdapter(QtCore.QObject):
         made: dict[str, CellNode] = {}
         with self._macro(f"paste {len(plan.nodes)} node(s)"):
             for p in plan.nodes:
-                made[p.id] = self._create_op(p.id, p.op, p.pos or self.free_spot(), p.shape, p.value,
+                made[p.id] = self._create_op(p.id, p.op, p.pos or self.graph.free_place(), p.shape, p.value,
                                              p.extra)
             for p in plan.nodes:
                 ports = made[p.id].input_ports()
@@ -774,7 +752,7 @@ class CellAdapter(QtCore.QObject):
 
     def _clear_of_nodes(self, plan: PastePlan) -> PastePlan:
         """The plan as it is where its nodes land clear of the nodes shown; else moved, all together, to
-        the free spot nearest that place (see free_spot, which finds a new node its place)."""
+        the free place nearest that place, in sight first (see CanvasGraph.free_place)."""
         size = QtCore.QSizeF(*NEW_NODE_SIZE)  # the pasted nodes are not made yet: a new node's room each
         rects = [QtCore.QRectF(QtCore.QPointF(*pos), size)
                  for pos in [*(p.pos for p in plan.nodes), *plan.update_pos.values()] if pos is not None]
@@ -784,7 +762,8 @@ class CellAdapter(QtCore.QObject):
         taken = self._taken()
         if not any(t.intersects(r) for t in taken for r in rects):
             return plan
-        x, y = self.free_spot(block.width(), block.height(), near=block.center())
+        x, y = self.graph.free_place((block.left(), block.top()), (block.width(), block.height()),
+                                     in_sight=True)
         dx, dy = x - block.left(), y - block.top()
 
         def moved(pos: tuple[float, float] | None) -> tuple[float, float] | None:
@@ -849,7 +828,7 @@ class CellAdapter(QtCore.QObject):
                 continue
             user = next((u.id for u in edit.nodes if n.id in u.args and u.id in pos), None)
             pos[n.id] = ((pos[user][0] - COLUMN_SPACING, pos[user][1] + ROW_SPACING) if user is not None
-                         else self.free_spot())
+                         else self.graph.free_place())
         taken = [c.view.sceneBoundingRect() for c in self._shown()]
         for n in edit.nodes:
             rect = _clear_below(QtCore.QRectF(*pos[n.id], *NEW_NODE_SIZE), taken, 20.0, 15.0, ROW_SPACING / 2)

@@ -115,6 +115,15 @@ def test_a_node_asked_for_where_nodes_are_goes_to_the_nearest_free_place(corners
         assert (fx, fy) == (x, y)  # free already: where it was asked for
 
 
+def test_a_node_asked_for_in_a_crowd_wider_than_the_search_lands_clear_of_every_node():
+    # Rows of nodes too close for a node between them, far past the places tried around the one asked
+    # for: it goes below the crowd, clear of the nodes beyond the reach of the search too.
+    taken = [(i * 240.0, j * 96.0, 160.0, 70.0) for i in range(36) for j in range(36)]
+    fx, fy = nearest_free((18 * 240.0 + 10.0, 18 * 96.0 + 10.0, 160.0, 80.0), taken)
+    assert all(fx + 180.0 <= tx or tx + 180.0 <= fx or fy + 100.0 <= ty or ty + 90.0 <= fy
+               for tx, ty, _w, _h in taken)
+
+
 def test_the_nodes_a_formula_adds_are_named_after_what_they_compute():
     from cellfuse.app.formula_names import name_nodes
     from cellfuse.graph_model import plan_formula
