@@ -1,6 +1,6 @@
 """The roofline of each case of a benchmark record beside its measured time: for the fastest rung of each
 case (of `graph`, `persistent`, `tensor`, `wavefront`), the time its plan's arithmetic, bytes and per-step
-synchronisation alone would take (cellfuse.gpu_runtime.roofline) at the published peaks of the GPU the
+synchronisation alone would take (cellfuse.codegen.roofline) at the published peaks of the GPU the
 record ran on, and how far the measured time is above their bound. The README's roofline table.
 
     python benchmarks/roofline_table.py benchmarks/results/h100_2026-11-27_persistent_5136e32.json
@@ -17,14 +17,10 @@ import json
 from pathlib import Path
 
 from cellfuse.codegen import make_plan
-from cellfuse.gpu_runtime.roofline import Peaks, roofline
+from cellfuse.codegen.roofline import PUBLISHED, Peaks, roofline
 from cellfuse.graph_model import Sizes, load_template, template_names
 
 RUNGS = ("graph", "persistent", "tensor", "wavefront")
-# NVIDIA's published figures: float32 66.9 TFLOP/s and dense TF32 494.7 TFLOP/s (3xTF32: a third of it),
-# HBM 3.35 TB/s on the H100 SXM, 4.8 TB/s on the H200 (the same SMs and clocks)
-PUBLISHED = {"H100 80GB HBM3": Peaks("H100 SXM", 66.9e12, 494.7e12 / 3, 3.35e12),
-             "H200": Peaks("H200", 66.9e12, 494.7e12 / 3, 4.8e12)}
 
 
 def peaks_of(device: str) -> Peaks:

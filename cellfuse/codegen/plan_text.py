@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from .gemm_routes import on_tensor_cores
 from .plan import GemmLaunch, Plan, launch_name
+from .roofline import H100_SXM, roofline
 
 
 def summary(plan: Plan) -> dict:
@@ -24,6 +25,8 @@ def summary(plan: Plan) -> dict:
         "launches_before_loop": len(plan.layers[0].prologue),
         "flops_per_step": plan.flops_per_step(),
         "bytes_per_step": plan.bytes_per_step(),
+        # at an H100 SXM's published peaks (codegen.roofline): ms of arithmetic, bytes, barriers, bound
+        "roofline_h100_sxm": roofline(plan, H100_SXM).to_json(),
         "cuda_graph": plan.cuda_graph,
         "hoisted_chunk_steps": plan.chunk_steps,
         "layer_streams": plan.layer_streams,
@@ -113,6 +116,7 @@ def describe(plan: Plan) -> str:
         lines += [f"  {launch_name(launch)}" for launch in plan.layers[0].step]
     if plan.dead:
         lines += ["", f"not computed (nothing depends on them): {', '.join(plan.dead)}"]
+    lines += ["", f"roofline at an {H100_SXM.name}'s published peaks: {roofline(plan, H100_SXM).text()}"]
     return "\n".join(lines)
 
 

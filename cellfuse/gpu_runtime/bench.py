@@ -27,6 +27,7 @@ import numpy as np
 from .. import __version__
 from ..codegen import SCHEDULES, Plan, make_plan
 from ..codegen.plan import H100, Target
+from ..codegen.roofline import Peaks, roofline
 from ..graph_model import (
     Cell,
     CellError,
@@ -45,7 +46,6 @@ from ..graph_model.lengths import STEPS_LEFT, masked
 from .cudnn_persistent import ALGORITHM_NAMES, CudnnPersistentRNN, CudnnRefused, unavailable_reason
 from .cudnn_persistent import ALGORITHMS as CUDNN_PERSISTENT
 from .directions import Directions
-from .roofline import Peaks, roofline
 from .torch_baselines import SRU_PACKAGE
 
 log = logging.getLogger(__name__)

@@ -34,10 +34,10 @@ from ..codegen.lowering import (
 )
 from ..codegen.persistent_cuda import persistent_buffers
 from ..codegen.plan import PersistentLaunch, Target
+from ..codegen.roofline import Peaks
 from ..graph_model import CellError, Forward
 from .driver import check
 from .kernel_cache import cubin
-from .roofline import Peaks
 from .tf32_gemms import Shape, TensorCoreGemms, alignment
 from .wgmma_gemms import Operands, WgmmaGemms, usable
 

@@ -1,6 +1,7 @@
 """How fast a plan could run on a GPU: the time its arithmetic alone would take at the GPU's peak, the time
 its bytes alone would take at the memory's peak bandwidth, and the time of its per-step synchronisation
-alone, beside which a measured time says what is left (`bench` records it for every schedule it times).
+alone, beside which a measured time says what is left (`bench` records it for every schedule it times on
+a GPU, from the GPU's attributes; `cellfuse plan` says it at an H100 SXM's published peaks).
 
 The arithmetic: every GEMM's 2 m n k and one operation per element of each elementwise op (the plan's
 counts, `Plan.flops_per_step` and the hoisted GEMMs), over T steps and every layer (and direction); a GEMM
@@ -24,8 +25,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..codegen.gemm_routes import may_run_on_tensor_cores
-from ..codegen.plan import GemmLaunch, KernelLaunch, LayerPlan, Plan
+from .gemm_routes import may_run_on_tensor_cores
+from .plan import GemmLaunch, KernelLaunch, LayerPlan, Plan
 
 GRID_BARRIER_S = 1.0e-6
 # float32 and dense TF32 operations per SM per clock, by compute capability (major, minor)
@@ -49,6 +50,12 @@ class Peaks:
         fp32, tf32 = per_clock
         hz = clock_khz * 1e3
         return Peaks(name, sms * fp32 * hz, sms * tf32 * hz / 3, memory_clock_khz * 1e3 * 2 * bus_bits / 8)
+
+
+# NVIDIA's published figures: float32 66.9 TFLOP/s and dense TF32 494.7 TFLOP/s (3xTF32: a third of it),
+# HBM 3.35 TB/s on the H100 SXM, 4.8 TB/s on the H200 (the same SMs and clocks)
+H100_SXM = Peaks("H100 SXM", 66.9e12, 494.7e12 / 3, 3.35e12)
+PUBLISHED = {"H100 80GB HBM3": H100_SXM, "H200": Peaks("H200", 66.9e12, 494.7e12 / 3, 4.8e12)}
 
 
 @dataclass(frozen=True)
@@ -112,8 +119,8 @@ def roofline(plan: Plan, peaks: Peaks, directions: int = 1) -> Roofline:
         persistent = layer.persistent
         if persistent is None:
             waits = len(layer.step)
-        elif persistent.cooperative:
-            waits = max(1, sum(item.barrier for item in persistent.items))
+        elif persistent.cooperative:  # its grid-wide barriers and waits for values in an exchange
+            waits = max(1, persistent.waits_per_step)
         else:  # blocks that never wait for each other (IndRNN's): no step waits for the whole GPU
             waits = 0
         sync += T * waits * GRID_BARRIER_S

@@ -9,8 +9,8 @@ import io
 import pytest
 
 from cellfuse.codegen import make_plan
+from cellfuse.codegen.roofline import GRID_BARRIER_S, H100_SXM, Peaks, roofline
 from cellfuse.gpu_runtime.bench import BenchResult, BenchRow
-from cellfuse.gpu_runtime.roofline import GRID_BARRIER_S, Peaks, roofline
 from cellfuse.graph_model import Sizes, load_template
 
 # an H100 SXM's attributes: 132 SMs at 1.98 GHz, HBM3 at 2.619 GHz on a 5120-bit bus
@@ -22,6 +22,7 @@ def test_the_peaks_come_from_the_gpus_attributes():
     assert H100.fp32_flops == pytest.approx(66.9e12, rel=1e-3)  # NVIDIA's float32 figure for the H100 SXM
     assert H100.memory_bytes == pytest.approx(3.35e12, rel=1e-3)  # and its HBM3 bandwidth
     assert H100.tf32x3_flops == pytest.approx(132 * 2048 * 1.98e9 / 3)
+    assert H100_SXM.fp32_flops == pytest.approx(H100.fp32_flops, rel=1e-3)  # the published figure
     assert Peaks.of_device("unknown", (7, 5), 40, 1_500_000, 7_000_000, 256) is None
     assert Peaks.of_device("no clock", (9, 0), 132, 0, 2_619_000, 5120) is None
 
