@@ -7,6 +7,7 @@ import datetime as dt
 from dataclasses import replace
 
 import pytest
+from bench_setup import one_quick_numpy_rung
 from PySide6 import QtCore
 
 from cellfuse.app.bench_runs import BenchRun, comparison_rows
@@ -88,13 +89,7 @@ def test_more_than_one_layer_is_refused_with_a_message_before_any_run(window):
 
 def test_a_numpy_run_of_both_directions_says_so(qtbot, window):
     panel = window.bench_panel
-    panel.set_sizes(**SMALL)
-    panel.backend_combo.setCurrentText("numpy")
-    panel.repeats_spin.setValue(1)
-    for name, check in panel.schedule_checks.items():
-        check.setChecked(name == "naive")
-    for check in panel.baseline_checks.values():
-        check.setChecked(False)
+    one_quick_numpy_rung(panel, SMALL)
     panel.bidirectional_check.click()
     with qtbot.waitSignal(window.bench_finished, timeout=TIMEOUT_MS) as blocker:
         window.actions_.benchmark.trigger()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from bench_setup import one_quick_numpy_rung
 from PySide6 import QtWidgets
 
 from cellfuse.app.bench_runs import BenchRun, comparison_rows
@@ -90,13 +91,7 @@ def test_an_invalid_range_is_refused_with_a_message_before_any_run(window):
 
 def test_a_numpy_run_with_lengths_says_each_row_ran_to_its_own(qtbot, window):
     panel = window.bench_panel
-    panel.set_sizes(**SMALL)
-    panel.backend_combo.setCurrentText("numpy")
-    panel.repeats_spin.setValue(1)
-    for name, check in panel.schedule_checks.items():
-        check.setChecked(name == "naive")
-    for check in panel.baseline_checks.values():
-        check.setChecked(False)
+    one_quick_numpy_rung(panel, SMALL)
     uniform(panel, 2, 6)
     with qtbot.waitSignal(window.bench_finished, timeout=TIMEOUT_MS) as blocker:
         window.actions_.benchmark.trigger()
