@@ -17,16 +17,18 @@ T, B, INPUT, H = 7, 4, 5, 6
 
 
 @pytest.mark.parametrize("cls, torch_cls", [(LSTM, torch.nn.LSTM), (GRU, torch.nn.GRU)])
-@pytest.mark.parametrize("layers, bidirectional, enforce_sorted",
-                         list(itertools.product((1, 3), (False, True), (False, True))))
-def test_packed_sequences_match_torch(cls, torch_cls, layers, bidirectional, enforce_sorted):
+@pytest.mark.parametrize("layers, bidirectional, enforce_sorted, batch_first",
+                         list(itertools.product((1, 3), (False, True), (False, True), (False, True))))
+def test_packed_sequences_match_torch(cls, torch_cls, layers, bidirectional, enforce_sorted, batch_first):
+    """A PackedSequence in, one out, whatever the modules' batch_first (which a packed input ignores) and
+    however the sequence was packed (batch first or not)."""
     torch.manual_seed(layers + 2 * bidirectional)
-    ours = cls(INPUT, H, num_layers=layers, bidirectional=bidirectional).double()
-    ref = torch_cls(INPUT, H, num_layers=layers, bidirectional=bidirectional).double()
+    options = {"num_layers": layers, "bidirectional": bidirectional, "batch_first": batch_first}
+    ours, ref = cls(INPUT, H, **options).double(), torch_cls(INPUT, H, **options).double()
     ref.load_state_dict(ours.state_dict())
-    x = torch.randn(T, B, INPUT, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(*((B, T) if batch_first else (T, B)), INPUT, dtype=torch.float64, requires_grad=True)
     lengths = torch.tensor([7, 5, 3, 1] if enforce_sorted else [3, 7, 1, 5])
-    packed = pack_padded_sequence(x, lengths, enforce_sorted=enforce_sorted)
+    packed = pack_padded_sequence(x, lengths, batch_first=batch_first, enforce_sorted=enforce_sorted)
     # initial states in the batch's order, which differs from the packed rows' where not sorted
     hx = [torch.randn(layers * (1 + bidirectional), B, H, dtype=torch.float64, requires_grad=True)
           for _ in range(2 if cls is LSTM else 1)]

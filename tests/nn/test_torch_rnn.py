@@ -53,13 +53,20 @@ def test_outputs_states_and_gradients_are_torchs(kind, batch_first, bidirectiona
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_dropout_between_layers_is_torchs_with_the_same_seed(kind):
-    ours, ref = _pair(kind, num_layers=3, dropout=0.5)
-    x = torch.randn(6, 3, INPUT, dtype=torch.float64)
+@pytest.mark.parametrize("bidirectional, batch_first", [(False, False), (True, False), (True, True)])
+def test_dropout_between_layers_is_torchs_with_the_same_seed(kind, bidirectional, batch_first):
+    ours, ref = _pair(kind, num_layers=3, dropout=0.5, bidirectional=bidirectional, batch_first=batch_first)
+    x = torch.randn(6, 3, INPUT, dtype=torch.float64, requires_grad=True)
     torch.manual_seed(7)
     y = ours(x)[0]
     torch.manual_seed(7)
-    torch.testing.assert_close(y, ref(x)[0], rtol=1e-10, atol=1e-12)
+    want = ref(x)[0]
+    torch.testing.assert_close(y, want, rtol=1e-10, atol=1e-12)
+    got, expected = (torch.autograd.grad(out.square().sum(), [x, *module.parameters()])
+                     for out, module in ((y, ours), (want, ref)))
+    for a, b in zip(got, expected, strict=True):  # through the same dropped units
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-11)
+    x = x.detach()
     torch.manual_seed(8)
     assert (ours(x)[0] - y).abs().max() > 1e-3  # another draw, other units dropped
     ours.eval(), ref.eval()
