@@ -21,13 +21,13 @@ import weakref
 from collections.abc import Sequence
 
 import torch
-from torch.nn import Parameter
 
 from ..codegen import kernel_set
 from ..codegen.backward_plan import BackwardPlan
 from ..codegen.lowering import lower
 from ..codegen.plan import Plan
 from ..graph_model import CellError
+from .packed_for import PackedFor
 from .runners import Plans, Runner
 from .tensor_layout import WEIGHT_ROLES, TensorLayout
 
@@ -143,7 +143,7 @@ class CudaRunner(Runner):
             self.packing.append((TensorLayout(plans.forward, plans.backward),
                                  set(self.infer_memory.weights) - set(self.memory.weights)))
         self.packed: torch.Tensor | None = None  # the weight buffers, then W's images
-        self._packed_for: tuple | None = None  # the parameters' addresses and versions packed last
+        self._packed_for = PackedFor()  # the parameters `packed` holds
         self._images: dict[str, int] = {}  # W's images the programs read: name -> bytes
         self._image_at: dict[str, int] = {}  # where each is in `packed`
         s = plans.train.sizes
@@ -172,7 +172,8 @@ class CudaRunner(Runner):
             self._check_scratch(which, program)
             if program.images.keys() - self._images.keys():
                 self._images.update(program.images)
-                self.packed, self._packed_for = None, None  # room for the images: packed again
+                self.packed = None  # room for the images: packed again
+                self._packed_for.forget()
                 self._place_images()
             for name, p in self._programs.items():
                 p.bind(self._binder(name, p), self.STATES + 2 * len(self.plans.train.state_ids))
@@ -191,27 +192,23 @@ class CudaRunner(Runner):
                                 f"memory holds {have.get(name, 0)} for it")
 
     def _weights(self, params: Sequence[torch.Tensor], stream: int) -> int:
-        """The address of the packed weights and images, packed again where the parameters changed (or
-        a CUDA graph is being captured).
-
-        A parameter's address and version counter tell whether it changed only for a torch.nn.Parameter
-        (or a view of one): a tensor computed for the call (torch.func.functional_call's, say) may get
-        the address of the one before it from the caching allocator, at version 0 again, with other
-        values. Such parameters are packed at every call."""
+        """The address of the packed weights and images, packed again where they are not these
+        parameters' as they are now (packed_for.PackedFor says), or a CUDA graph is being captured."""
         capturing = torch.cuda.is_current_stream_capturing()
-        key = tuple((p.data_ptr(), p._version) for p in params)
-        trusted = all(isinstance(p, Parameter) or isinstance(p._base, Parameter) for p in params)
         if self.packed is None:
             _, images = _layout(list(self._images.items()))
             self.packed = torch.empty(self.weight_bytes + images, dtype=torch.uint8, device=self.device)
         base = self.packed.data_ptr()
-        if key != self._packed_for or capturing or not trusted:
+        if capturing or not self._packed_for.matches(params):
             for layout, buffers in self.packing:
                 layout.pack(_views(self.packed, self._weight_extents, buffers), params, buffers)
             addresses = {name: base + at for name, at in (*self.weight_at.items(), *self._image_at.items())}
             for program in self._programs.values():
                 program.weights_changed(program.resolve_some(addresses), stream)
-            self._packed_for = key if trusted and not capturing else None
+            if capturing:  # (a replay reads what the capture's packing wrote then)
+                self._packed_for.forget()
+            else:
+                self._packed_for.remember(params)
         return base
 
     # -- runs -----------------------------------------------------------------------------------------

@@ -1,0 +1,53 @@
+"""Whether a runner's packed weights are those of the parameters a call gives: the same parameter objects,
+at the same addresses and versions, since they were packed.
+
+A parameter's address and version counter tell whether it changed only for a torch.nn.Parameter (or a view
+of one): a tensor computed for the call (torch.func.functional_call's, say) may get the address of the one
+before it from the caching allocator, at version 0 again, with other values; such parameters are packed at
+every call. Address and version are not enough for Parameters either: a module made after another was
+freed may get its parameters at the same addresses, at the same versions (the same initialisation), with
+other values. So the Parameters packed are remembered by weak reference: a new module's are other objects,
+and the old ones are gone.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Sequence
+
+import torch
+from torch.nn import Parameter
+
+
+class PackedFor:
+    """The parameters a runner's weights were packed from, by identity, address and version."""
+
+    def __init__(self):
+        self._key: tuple | None = None  # the parameters' addresses and versions
+        self._owners: list[weakref.ref] = []  # the Parameters they are (or are views of)
+
+    def matches(self, params: Sequence[torch.Tensor]) -> bool:
+        """Whether the weights packed last are these parameters' as they are now."""
+        if self._key is None or self._key != tuple((p.data_ptr(), p._version) for p in params):
+            return False
+        return all(ref() is _owner(p) for ref, p in zip(self._owners, params, strict=True))
+
+    def remember(self, params: Sequence[torch.Tensor]) -> None:
+        """The weights were just packed from `params`: remembered where they can be told apart (every one
+        a Parameter or a view of one), else forgotten, so that the next call packs again."""
+        owners = [_owner(p) for p in params]
+        if all(o is not None for o in owners):
+            self._key = tuple((p.data_ptr(), p._version) for p in params)
+            self._owners = [weakref.ref(o) for o in owners]
+        else:
+            self.forget()
+
+    def forget(self) -> None:
+        self._key, self._owners = None, []
+
+
+def _owner(p: torch.Tensor) -> Parameter | None:
+    """The Parameter p is, or is a view of; None for a tensor of its own."""
+    if isinstance(p, Parameter):
+        return p
+    return p._base if isinstance(p._base, Parameter) else None

@@ -1,0 +1,62 @@
+"""A runner packs its weights again unless they are the call's parameters as they are now: the same
+Parameter objects (or views of them) at the same addresses and versions."""
+
+from __future__ import annotations
+
+import gc
+
+import torch
+
+from cellfuse.nn.packed_for import PackedFor
+
+
+def params():
+    w = torch.nn.Parameter(torch.randn(4, 6))
+    b = torch.nn.Parameter(torch.randn(6))
+    return w, b
+
+
+def test_the_same_parameters_match_until_one_changes_in_place():
+    w, b = params()
+    packed = PackedFor()
+    assert not packed.matches([w, b])  # nothing packed yet
+    packed.remember([w, b])
+    assert packed.matches([w, b])
+    assert packed.matches([w[:, :3].t(), b])  # a view made anew is the same parameter's
+    with torch.no_grad():
+        w.mul_(2.0)  # an optimizer's step: the version moves on
+    assert not packed.matches([w, b])
+
+
+def test_other_parameters_at_the_same_addresses_and_versions_do_not_match():
+    """A module made after another was freed may get its memory, at the same versions: other objects."""
+    w, b = params()
+    packed = PackedFor()
+    packed.remember([w, b])
+    twin = torch.nn.Parameter(w.data)  # the same memory and version counter, another Parameter
+    assert twin.data_ptr() == w.data_ptr() and twin._version == w._version
+    assert not packed.matches([twin, b])
+
+
+def test_a_freed_parameter_never_matches_again():
+    w, b = params()
+    packed = PackedFor()
+    packed.remember([w, b])
+    key_w = (w.data_ptr(), w._version)
+    del w
+    gc.collect()
+    stand_in = torch.nn.Parameter(torch.empty(4, 6))
+    if (stand_in.data_ptr(), stand_in._version) == key_w:  # the allocator gave its memory back: still no
+        assert not packed.matches([stand_in, b])
+    assert packed._owners[0]() is None  # the weak reference is dead
+
+
+def test_tensors_of_their_own_are_packed_at_every_call():
+    w, b = params()
+    computed = w * 1.0  # torch.func.functional_call's kind: not a Parameter, nor a view of one
+    packed = PackedFor()
+    packed.remember([computed, b])
+    assert not packed.matches([computed, b])
+    packed.remember([w, b])
+    packed.forget()
+    assert not packed.matches([w, b])
