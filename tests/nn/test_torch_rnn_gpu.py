@@ -119,3 +119,26 @@ def test_directions_side_by_side_take_half_of_the_sms_each(cuda):
     modules = [ops.runner(cell, x, 40, 1, "persistent", d)._program("forward").res.module.handle
                for d in (ops.FORWARD_BESIDE, ops.REVERSE_BESIDE)]
     assert modules[0] != modules[1]
+
+
+@pytest.mark.parametrize("schedule", ["graph", "tensor"])
+def test_modules_of_the_same_sizes_each_run_on_their_own_weights(cuda, schedule):
+    """Two modules of one cell and sizes share a runner (and its packed weights): called in turn, each
+    gets its own results; and a module made after another was freed, likely in its memory and at the
+    same versions, runs on its own weights, not on the freed module's still packed."""
+    torch.manual_seed(0)
+    x = torch.randn(20, 16, 32, device=cuda)
+
+    def pair():
+        ours, ref = LSTM(32, 48, schedule=schedule).to(cuda), torch.nn.LSTM(32, 48).to(cuda)
+        ref.load_state_dict(ours.state_dict())
+        return ours, ref
+
+    (a, ref_a), (b, ref_b) = pair(), pair()
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        for ours, ref in ((a, ref_a), (b, ref_b), (a, ref_a)):
+            torch.testing.assert_close(ours(x)[0], ref(x)[0], rtol=1e-4, atol=1e-5)
+        del a, b, ref_a
+        torch.cuda.synchronize()
+        c, ref_c = pair()  # the freed modules' memory is there for the taking
+        torch.testing.assert_close(c(x)[0], ref_c(x)[0], rtol=1e-4, atol=1e-5)
