@@ -351,8 +351,9 @@ class _Export:
               f"    + cf_aligned((size_t)seq * batch * {width} * sizeof(float))",
               f"    + 2 * cf_aligned((size_t)seq * batch * {H} * sizeof(float));")
         w("")
-        w("/* Both directions of the layer: the forward one on `stream`, the reverse one on `stream_reverse`",
-          "   (with `handle_reverse`) over each batch row reversed in time"
+        w("/* Both directions of the layer: the forward one on `stream`, the reverse one"
+          + (" on `stream`" if in_order else " on `stream_reverse` (with `handle_reverse`)"),
+          "   over each batch row reversed in time"
           + (" (within its length: the initial value of its state" if left is not None else "")
           + (f" {STEPS_LEFT}, the steps past it staying in place)" if left is not None else "") + ",",
           "   " + ("after the forward one: the persistent kernels' exchanges are arrays of this file's "
@@ -388,11 +389,6 @@ class _Export:
                   f"final_reverse[i] = final_states ? final_states[i] + (size_t)batch * {H} : NULL;")
             w("const float* left = " + (f"init_states ? init_states[{left}] : NULL;" if left is not None
                                         else "NULL;  /* every row the whole sequence long */"),
-              "cudaEvent_t forked, joined;",
-              "int e = (int)cudaEventCreateWithFlags(&forked, cudaEventDisableTiming);",
-              "if (e) return e;",
-              "e = (int)cudaEventCreateWithFlags(&joined, cudaEventDisableTiming);",
-              "if (e) { cudaEventDestroy(forked); return e; }",
               f"cf_reverse_rows<<<cf_blocks((size_t)seq * batch * {width}), {BLOCK}, 0, stream>>>(x, "
               f"x_reverse, seq, batch, {width}, left, {H});")
             forward = (f"{self.fn}(handle, stream, seq, batch, x, params, init_states ? init_forward : NULL, "
@@ -403,10 +399,15 @@ class _Export:
                        "final_reverse : NULL, ws + one)")
             if in_order:  # both on `stream` (stream_reverse and handle_reverse unused)
                 w("(void)handle_reverse; (void)stream_reverse;",
-                  f"e = {forward};",
+                  f"int e = {forward};",
                   f"if (!e) e = {reverse};")
             else:  # the reverse direction forks from `stream` after x's reversal and joins it at the end
-                w("e = (int)cudaEventRecord(forked, stream);",
+                w("cudaEvent_t forked, joined;",
+                  "int e = (int)cudaEventCreateWithFlags(&forked, cudaEventDisableTiming);",
+                  "if (e) return e;",
+                  "e = (int)cudaEventCreateWithFlags(&joined, cudaEventDisableTiming);",
+                  "if (e) { cudaEventDestroy(forked); return e; }",
+                  "e = (int)cudaEventRecord(forked, stream);",
                   "if (!e) e = (int)cudaStreamWaitEvent(stream_reverse, forked, 0);",
                   f"if (!e) e = {forward};",
                   f"if (!e) e = {reverse};",
@@ -414,10 +415,11 @@ class _Export:
                   "if (!e) e = (int)cudaStreamWaitEvent(stream, joined, 0);")
             w(f"if (!e) cf_join_directions<<<cf_blocks((size_t)seq * batch * {2 * H}), {BLOCK}, 0, stream>>>("
               f"y_forward, y_reverse, y, seq, batch, {H}, left, {H});",
-              "if (!e) e = (int)cudaGetLastError();",
-              "cudaEventDestroy(forked);",
-              "cudaEventDestroy(joined);",
-              "return e;")
+              "if (!e) e = (int)cudaGetLastError();")
+            if not in_order:
+                w("cudaEventDestroy(forked);",
+                  "cudaEventDestroy(joined);")
+            w("return e;")
         w("")
 
     def _demo(self) -> None:

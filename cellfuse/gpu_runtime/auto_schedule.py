@@ -107,13 +107,18 @@ Measure = Callable[..., dict[str, float]]  # _measure's signature
 IN_ORDER, BESIDE = "one after the other", "side by side"  # how a bidirectional layer's directions ran
 
 
-def _both_ways(cell: Cell, sizes: Sizes, measure: Measure) -> dict[str, float]:
-    """A bidirectional layer's times by rung and way: "RUNG side by side" measured, "RUNG one after the
-    other" twice one direction's."""
+def _both_ways(cell: Cell, sizes: Sizes, measure: Measure) -> dict[tuple[str, bool], float]:
+    """A bidirectional layer's times by (rung, side by side): side by side measured, one after the other
+    twice one direction's."""
     alone = measure(cell, sizes)
     beside = measure(cell, sizes, bidirectional=True)
-    return {**{f"{rung} {IN_ORDER}": 2 * ms for rung, ms in alone.items()},
-            **{f"{rung} {BESIDE}": ms for rung, ms in beside.items()}}
+    return {**{(rung, False): 2 * ms for rung, ms in alone.items()},
+            **{(rung, True): ms for rung, ms in beside.items()}}
+
+
+def _way(bidirectional: bool, beside: bool) -> str:
+    """How a choice's directions run, for its sentence: nothing for one direction."""
+    return f", the directions {BESIDE if beside else IN_ORDER}" if bidirectional else ""
 
 
 def choose_schedule(cell: Cell, sizes: Sizes, backend: str, measure: Measure = _measure,
@@ -132,16 +137,18 @@ def choose_schedule(cell: Cell, sizes: Sizes, backend: str, measure: Measure = _
     cache = _read(path)
     entry = cache.get(key)
     if isinstance(entry, dict) and entry.get("schedule") in CANDIDATES:
-        beside = bool(entry.get("beside"))
-        way = f", the directions {BESIDE if beside else IN_ORDER}" if bidirectional else ""
-        return Choice(entry["schedule"], f"auto: '{entry['schedule']}'{way}, measured fastest for these "
-                                         f"sizes on this GPU before (remembered in {path})", beside)
-    times = _both_ways(cell, sizes, measure) if bidirectional else measure(cell, sizes)
-    if not times:
+        best, beside = entry["schedule"], bool(entry.get("beside"))
+        return Choice(best, f"auto: '{best}'{_way(bidirectional, beside)}, measured fastest for these sizes "
+                            f"on this GPU before (remembered in {path})", beside)
+    ways = (_both_ways(cell, sizes, measure) if bidirectional
+            else {(rung, False): ms for rung, ms in measure(cell, sizes).items()})
+    if not ways:
         raise CellError(f"auto: none of {', '.join(candidates(sizes))} ran correctly on this GPU for these "
                         "sizes")
-    fastest = min(times, key=times.get)
-    best, beside = fastest.split(" ", 1)[0], fastest.endswith(BESIDE)
+    best, beside = min(ways, key=ways.get)
+    # the record's names: the rung, and for both directions how they ran
+    times = {rung + (f" {BESIDE if side else IN_ORDER}" if bidirectional else ""): ms
+             for (rung, side), ms in ways.items()}
     cache[key] = {"schedule": best, "ms": times, **({"beside": beside} if bidirectional else {})}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -149,6 +156,5 @@ def choose_schedule(cell: Cell, sizes: Sizes, backend: str, measure: Measure = _
     except OSError as e:  # the choice stands; it is only measured again next time
         log.warning("could not remember the schedule in %s: %s", path, e)
     measured = ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(times.items(), key=lambda t: t[1]))
-    way = f", the directions {BESIDE if beside else IN_ORDER}" if bidirectional else ""
-    return Choice(best, f"auto: '{best}'{way}, measured fastest for these sizes on this GPU ({measured})",
-                  beside)
+    return Choice(best, f"auto: '{best}'{_way(bidirectional, beside)}, measured fastest for these sizes on "
+                        f"this GPU ({measured})", beside)

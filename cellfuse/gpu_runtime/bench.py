@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
+from functools import cached_property
 
 import numpy as np
 
@@ -372,22 +373,21 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
     ready: list[_Timed] = []
     try:
         t0 = time.perf_counter()
-        runs_of = list(zip(directions.params(params), directions.inputs(x, initial), strict=True))
         if config.train:
             step("reference gradients (numpy, float64)")
-            tapes = [record_forward(cell, ps, {"x": xs, **init}, sizes.layers) for ps, (xs, init) in runs_of]
+            tapes = [record_forward(cell, ps, {"x": xs, **init}, sizes.layers)
+                     for ps, xs, init in problem.each_direction]
             problem.ref_grads = directions.gradients(
                 [backward(tape, seed) for tape, seed in zip(tapes, directions.seeds(dy), strict=True)])
+            if count == 1:  # (the other branches of kinks are taken for one direction)
+                problem.kinks = near_kinks(tapes[0], MOST_KINKS)
+                problem.tape = tapes[0] if problem.kinks else None  # kept only to take their other branches
+            del tapes
         else:
             step("reference interpreter (numpy, float64)")
             problem.ref = directions.forward([run_reference(cell, ps, {"x": xs, **init})
-                                              for ps, (xs, init) in runs_of])
+                                              for ps, xs, init in problem.each_direction])
         ref_ms = (time.perf_counter() - t0) * 1e3
-        if config.train and count == 1:  # (the other branches of kinks are taken for one direction)
-            problem.kinks = near_kinks(tapes[0], MOST_KINKS)
-            problem.tape = tapes[0] if problem.kinks else None  # kept only to take their other branches
-        if config.train:
-            del tapes
         for name in schedules:
             step(f"checking schedule '{name}' on {backend}")
             row, timed = _prepare_schedule(problem, name, backend)
@@ -437,8 +437,9 @@ class _Problem:
     directions: Directions = field(default_factory=lambda: Directions(1, 0))
     peaks: Peaks | None = None  # the GPU's, for each schedule's roofline
 
+    @cached_property
     def each_direction(self) -> list[tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]]:
-        """Each direction's parameters, x and initial states."""
+        """Each direction's parameters, x and initial states (the reverse one's x reversed once)."""
         d = self.directions
         inputs = d.inputs(self.x, self.initial)
         return [(ps, xs, init) for ps, (xs, init) in zip(d.params(self.params), inputs, strict=True)]
@@ -580,7 +581,7 @@ def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _
             from .numpy_executor import NumpyExecutor
 
             t0 = time.perf_counter()
-            runs = [(NumpyExecutor(plan, ps), xs, init) for ps, xs, init in p.each_direction()]
+            runs = [(NumpyExecutor(plan, ps), xs, init) for ps, xs, init in p.each_direction]
 
             def forward() -> Forward:
                 return p.directions.forward([ex.run(xs, init) for ex, xs, init in runs])
@@ -596,11 +597,11 @@ def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _
 
         executors = []
         try:
-            for ps, _, _ in p.each_direction():
+            for ps, _, _ in p.each_direction:
                 executors.append(CudaExecutor(plan, ps))
             t0 = time.perf_counter()
             out = p.directions.forward([ex.run(xs, init) for ex, (_, xs, init)
-                                        in zip(executors, p.each_direction(), strict=True)])
+                                        in zip(executors, p.each_direction, strict=True)])
         except BaseException:
             for ex in executors:
                 ex.close()
@@ -649,7 +650,7 @@ def _train_numpy(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Tim
 
     t0 = time.perf_counter()
     runs = []
-    for ps, xs, init in p.each_direction():
+    for ps, xs, init in p.each_direction:
         ex = NumpyExecutor(plan, ps)
         runs.append((ex, NumpyBackward(ex), xs, init))
     row.launches_per_step = plan.launches_per_step + runs[0][1].plan.launches_per_step
@@ -687,21 +688,21 @@ def _train_cuda(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Time
 
     steps = []
     try:
-        t0 = time.perf_counter()
         pairs = []
-        for ps, _, _ in p.each_direction():
+        row.compile_s = 0.0
+        for ps, _, _ in p.each_direction:
             ex = CudaExecutor(plan, ps)
             releases.append(ex.close)
+            t0 = time.perf_counter()
             backward = CudaBackward(ex)
             releases.append(backward.close)
+            row.compile_s += ex.compile_s + time.perf_counter() - t0  # the backward kernels compile in there
             pairs.append((ex, backward))
-        # the backward kernels compile in there
-        row.compile_s = time.perf_counter() - t0
         row.launches_per_step = plan.launches_per_step + pairs[0][1].plan.launches_per_step
         t0 = time.perf_counter()
         grads = []
         seeds = p.directions.seeds(p.dy)
-        for (ex, backward), (_, xs, init), seed in zip(pairs, p.each_direction(), seeds, strict=True):
+        for (ex, backward), (_, xs, init), seed in zip(pairs, p.each_direction, seeds, strict=True):
             ex.run(xs, init)
             grads.append(backward.run(seed))
         _add_note(row, f"first run {(time.perf_counter() - t0) * 1e3:.1f} ms"

@@ -57,8 +57,8 @@ def _to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor], cell: str,
-        hidden: int, layers: int, schedule: str, lengths: torch.Tensor | None = None, direction: int = 0
-        ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        hidden: int, layers: int, schedule: str, lengths: torch.Tensor | None = None,
+        direction: int = ops.FORWARD) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """y and the final states of `layers` layers of the cell in one call of the ops (each row to its own
     length where `lengths` are given: see the module's docstring; `direction` as the ops take it)."""
     states = list(states)
