@@ -8,7 +8,9 @@ once the stream has passed the run). The kernels read x and the initial states w
 parameters are packed into the weight buffers the kernels read (stacked along N where GEMMs share an
 operand) only when they change: their version counters and addresses tell, so a forward pass of unchanged
 weights copies nothing; under a CUDA graph capture they are always packed, so that a replay reads the
-parameters as they are then.
+parameters as they are then. Modules of the same cell and sizes share a runner, and each module's
+parameters keep packed weights of their own in it (the last MAX_PACKINGS modules'), so that a model of
+several such modules packs nothing when it calls them in turn.
 
 No call synchronises with the host. Making a runner's programs compiles (or finds in the kernel cache),
 loads and measures, so the first call at a size must come before any CUDA graph capture of it, as torch
@@ -18,6 +20,7 @@ asks of any warm-up.
 from __future__ import annotations
 
 import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 
 import torch
@@ -27,11 +30,12 @@ from ..codegen.backward_plan import BackwardPlan
 from ..codegen.lowering import lower
 from ..codegen.plan import Plan
 from ..graph_model import CellError
-from .packed_for import PackedFor
+from .packed_for import PackedFor, owner
 from .runners import Plans, Runner
 from .tensor_layout import WEIGHT_ROLES, TensorLayout
 
 ALIGNMENT = 256  # bytes: where each buffer starts in a piece of memory (cuBLAS's fastest kernels want it)
+MAX_PACKINGS = 8  # modules whose packed weights a runner keeps at once
 
 
 def _aligned(nbytes: int) -> int:
@@ -142,10 +146,12 @@ class CudaRunner(Runner):
         if set(self.infer_memory.weights) - set(self.memory.weights):
             self.packing.append((TensorLayout(plans.forward, plans.backward),
                                  set(self.infer_memory.weights) - set(self.memory.weights)))
-        self.packed: torch.Tensor | None = None  # the weight buffers, then W's images
-        self._packed_for = PackedFor()  # the parameters `packed` holds
+        # per module (its first parameter's id, or None for tensors that are no module's): the weight
+        # buffers, then W's images, and the parameters they were packed from
+        self._packings: OrderedDict[int | None, tuple[torch.Tensor, PackedFor]] = OrderedDict()
+        self._captured: set[int] = set()  # the packings' addresses that a CUDA graph captured
         self._images: dict[str, int] = {}  # W's images the programs read: name -> bytes
-        self._image_at: dict[str, int] = {}  # where each is in `packed`
+        self._image_at: dict[str, int] = {}  # where each is in a packing
         s = plans.train.sizes
         self._sizes = (s.seq, s.batch, s.hidden, s.layers)
         self._empty = torch.empty(0, dtype=torch.uint8, device=device)  # the reserve of a run that saves none
@@ -172,8 +178,7 @@ class CudaRunner(Runner):
             self._check_scratch(which, program)
             if program.images.keys() - self._images.keys():
                 self._images.update(program.images)
-                self.packed = None  # room for the images: packed again
-                self._packed_for.forget()
+                self._packings.clear()  # room for the images: packed again
                 self._place_images()
             for name, p in self._programs.items():
                 p.bind(self._binder(name, p), self.STATES + 2 * len(self.plans.train.state_ids))
@@ -192,24 +197,45 @@ class CudaRunner(Runner):
                                 f"memory holds {have.get(name, 0)} for it")
 
     def _weights(self, params: Sequence[torch.Tensor], stream: int) -> int:
-        """The address of the packed weights and images, packed again where they are not these
-        parameters' as they are now (packed_for.PackedFor says), or a CUDA graph is being captured."""
+        """The address of the packed weights and images of these parameters' module, packed again where
+        they are not its parameters as they are now (packed_for.PackedFor says), or a CUDA graph is being
+        captured."""
         capturing = torch.cuda.is_current_stream_capturing()
-        if self.packed is None:
-            _, images = _layout(list(self._images.items()))
-            self.packed = torch.empty(self.weight_bytes + images, dtype=torch.uint8, device=self.device)
-        base = self.packed.data_ptr()
-        if capturing or not self._packed_for.matches(params):
+        memory, packed_for = self._packing(params)
+        base = memory.data_ptr()
+        if capturing or not packed_for.matches(params):
             for layout, buffers in self.packing:
-                layout.pack(_views(self.packed, self._weight_extents, buffers), params, buffers)
+                layout.pack(_views(memory, self._weight_extents, buffers), params, buffers)
             addresses = {name: base + at for name, at in (*self.weight_at.items(), *self._image_at.items())}
             for program in self._programs.values():
                 program.weights_changed(program.resolve_some(addresses), stream)
-            if capturing:  # (a replay reads what the capture's packing wrote then)
-                self._packed_for.forget()
+            if capturing:  # a replay reads what the capture's packing wrote then, where it is: kept
+                packed_for.forget()
+                self._captured.add(memory.data_ptr())
             else:
-                self._packed_for.remember(params)
+                packed_for.remember(params)
         return base
+
+    def _packing(self, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, PackedFor]:
+        """The packed weights of the parameters' module (found by its first Parameter's id: a module made
+        where a freed one was may find the freed one's, which its PackedFor then tells apart), made where
+        it has none; those of freed modules go first, then the least recently used, but never those a
+        CUDA graph captured."""
+        first = owner(params[0]) if params else None
+        key = None if first is None else id(first)
+        found = self._packings.get(key)
+        if found is not None:
+            self._packings.move_to_end(key)
+            return found
+        evictable = [k for k, (memory, _) in self._packings.items()
+                     if memory.data_ptr() not in self._captured]
+        gone = [k for k in evictable if self._packings[k][1].gone()]
+        for k in gone or evictable[:max(0, len(self._packings) + 1 - MAX_PACKINGS)]:
+            del self._packings[k]
+        _, images = _layout(list(self._images.items()))
+        memory = torch.empty(self.weight_bytes + images, dtype=torch.uint8, device=self.device)
+        found = self._packings[key] = (memory, PackedFor())
+        return found
 
     # -- runs -----------------------------------------------------------------------------------------
     # A call's memory: the bases its buffers are found at, in this order, then the initial states' and the

@@ -30,12 +30,12 @@ class PackedFor:
         """Whether the weights packed last are these parameters' as they are now."""
         if self._key is None or self._key != tuple((p.data_ptr(), p._version) for p in params):
             return False
-        return all(ref() is _owner(p) for ref, p in zip(self._owners, params, strict=True))
+        return all(ref() is owner(p) for ref, p in zip(self._owners, params, strict=True))
 
     def remember(self, params: Sequence[torch.Tensor]) -> None:
         """The weights were just packed from `params`: remembered where they can be told apart (every one
         a Parameter or a view of one), else forgotten, so that the next call packs again."""
-        owners = [_owner(p) for p in params]
+        owners = [owner(p) for p in params]
         if all(o is not None for o in owners):
             self._key = tuple((p.data_ptr(), p._version) for p in params)
             self._owners = [weakref.ref(o) for o in owners]
@@ -45,8 +45,12 @@ class PackedFor:
     def forget(self) -> None:
         self._key, self._owners = None, []
 
+    def gone(self) -> bool:
+        """Whether the Parameters packed last have all been freed (False where none are remembered)."""
+        return bool(self._owners) and all(ref() is None for ref in self._owners)
 
-def _owner(p: torch.Tensor) -> Parameter | None:
+
+def owner(p: torch.Tensor) -> Parameter | None:
     """The Parameter p is, or is a view of; None for a tensor of its own."""
     if isinstance(p, Parameter):
         return p

@@ -43,9 +43,14 @@ def test_changed_parameters_are_seen_and_unchanged_ones_are_not_packed_again(cud
     with torch.no_grad():
         y0, _ = rnn(x)
         runner = ops.runner(rnn._cell_text, x, 64, 1, "persistent")
-        packed = runner._packed_for
+        packings = dict(runner._packings)
+        other = _lstm(cuda)  # a module of the same sizes: the same runner, packed weights of its own
+        other(x)
         y1, _ = rnn(x)
-        assert runner._packed_for == packed
+        assert len(runner._packings) == len(packings) + 1
+        assert all(runner._packings[k] is packing for k, packing in packings.items())
+        for m in (rnn, other):  # neither call packed the other's away
+            assert runner._packing(m._params())[1].matches(m._params())
         rnn.param("l0.W_i").mul_(0.5)
         y2, _ = rnn(x)
     torch.testing.assert_close(y1, y0, rtol=0, atol=0)

@@ -60,3 +60,49 @@ def test_tensors_of_their_own_are_packed_at_every_call():
     packed.remember([w, b])
     packed.forget()
     assert not packed.matches([w, b])
+
+
+def runner_packings():
+    """A CUDA runner's choice of packed weights per module, on the CPU's memory (no programs)."""
+    from collections import OrderedDict
+
+    from cellfuse.nn.cuda_runner import CudaRunner
+
+    runner = CudaRunner.__new__(CudaRunner)
+    runner._packings, runner._captured, runner._images = OrderedDict(), set(), {}
+    runner.weight_bytes, runner.device = 64, torch.device("cpu")
+    return runner
+
+
+def test_each_module_keeps_its_own_packed_weights_in_a_shared_runner():
+    runner = runner_packings()
+    a, b = params(), params()
+    memory_a, for_a = runner._packing(a)
+    for_a.remember(a)
+    memory_b, for_b = runner._packing(b)
+    assert memory_b.data_ptr() != memory_a.data_ptr()
+    assert runner._packing(a) == (memory_a, for_a)  # called in turn: a's are still packed
+    assert for_a.matches(a) and not for_b.matches(a)
+
+
+def test_freed_modules_packings_go_first_then_the_least_recently_used_but_never_a_captured_one():
+    from cellfuse.nn.cuda_runner import MAX_PACKINGS
+
+    runner = runner_packings()
+    modules = [params() for _ in range(MAX_PACKINGS)]
+    for m in modules:
+        runner._packing(m)[1].remember(m)
+    captured = runner._packing(modules[0])[0]
+    runner._captured.add(captured.data_ptr())
+    runner._packing(modules[1])  # modules[2] is now the least recently used but one that is captured
+    newcomer = params()
+    runner._packing(newcomer)
+    held = {id(m[0]) for m in modules if id(m[0]) in runner._packings}
+    assert len(runner._packings) == MAX_PACKINGS
+    assert id(modules[0][0]) in held and id(modules[2][0]) not in held
+    later = params()  # made first, so that it cannot take the freed one's id
+    freed = id(modules[5][0])
+    del modules[5]
+    gc.collect()
+    runner._packing(later)  # a freed module's packing goes before any one in use
+    assert freed not in runner._packings and id(modules[3][0]) in runner._packings

@@ -123,9 +123,9 @@ def test_directions_side_by_side_take_half_of_the_sms_each(cuda):
 
 @pytest.mark.parametrize("schedule", ["graph", "tensor"])
 def test_modules_of_the_same_sizes_each_run_on_their_own_weights(cuda, schedule):
-    """Two modules of one cell and sizes share a runner (and its packed weights): called in turn, each
-    gets its own results; and a module made after another was freed, likely in its memory and at the
-    same versions, runs on its own weights, not on the freed module's still packed."""
+    """Two modules of one cell and sizes share a runner (each with packed weights of its own in it):
+    called in turn, each gets its own results; and a module made after another was freed, likely in its
+    memory and at the same versions, runs on its own weights, not on the freed module's still packed."""
     torch.manual_seed(0)
     x = torch.randn(20, 16, 32, device=cuda)
 
