@@ -245,6 +245,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     params = load_npz(args.params, "parameters", param_key_check(cell))
     inputs = load_npz(args.inputs, "inputs", input_key_check(cell))
     if args.backend == "numpy" and args.schedule is None:
+        if args.precision != "fp32":
+            raise CellError(f"--precision {args.precision} runs a schedule: name one with --schedule (the "
+                            "reference interpreter computes in float64)")
         result = run_reference(cell, params, inputs, args.layers)
     else:
         try:
@@ -253,7 +256,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise CellError(f"the '{args.backend}' backend is not available: {e}") from None
 
         result = run_schedule(cell, params, inputs, args.layers, args.schedule or "hoisted",
-                              args.backend, chosen=lambda why: print(why, file=sys.stderr))
+                              args.backend, chosen=lambda why: print(why, file=sys.stderr),
+                              precision=args.precision)
     save_npz(output, result.arrays())
     print(f"wrote {args.output}: y of shape {list(result.y.shape)}, "
           f"final states {', '.join(result.final)}")
@@ -286,7 +290,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     cell = resolve_cell(args.cell)
     sizes = _plan_sizes(cell, args)
-    plan = make_plan(cell, sizes, _schedule(cell, sizes, args.schedule))
+    plan = make_plan(cell, sizes, _schedule(cell, sizes, args.schedule), precision=args.precision)
     if args.json:
         print(json.dumps(summary(plan), indent=2))
         return 0
@@ -446,6 +450,14 @@ def _force_option(s: argparse.ArgumentParser) -> None:
                    help="write the output even where its name says it is another kind of file")
 
 
+def _precision_option(s: argparse.ArgumentParser) -> None:
+    from .codegen.precision import PRECISIONS
+
+    s.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
+                   help="what x, the weights, the outputs and the states are stored in (bf16, fp16: "
+                        "multiplied on tensor cores into float32; the states that accumulate kept float32)")
+
+
 def _size_options(s: argparse.ArgumentParser, seq: bool = True) -> None:
     s.add_argument("--input", type=_positive, help="input size (default: the cell's)")
     s.add_argument("--hidden", type=_positive, help="hidden size (default: the cell's)")
@@ -520,6 +532,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--schedule", help="a schedule of the ladder, or auto: the one measured fastest on "
                                       "this GPU for these sizes (default: the reference interpreter on "
                                       "numpy, 'hoisted' on cuda)")
+    _precision_option(s)
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("plan", help="the schedule the compiler found, as a table or --json")
@@ -527,6 +540,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--schedule", choices=[*SCHEDULES, "auto"], default="hoisted")
     s.add_argument("--json", action="store_true", help="print the plan's summary as JSON")
     _size_options(s)
+    _precision_option(s)
     s.set_defaults(func=cmd_plan)
 
     s = sub.add_parser("export", help="write the generated CUDA source, self-contained")

@@ -836,3 +836,32 @@ def test_export_lengths_writes_the_cell_run_to_each_rows_length(cli, tmp_path):
     text = (tmp_path / "g.cu").read_text()
     assert "its last state, cf_len_left, starts at the row's length" in text.splitlines()[0]
     assert "cf_len_left" in out
+
+
+def test_run_and_plan_in_a_16_bit_precision(cli, tmp_path, lstm_files):
+    """--precision: run's schedule stores in bf16 (within the stated bound of the reference, and not
+    float32's result); plan says what is stored in which type; the reference and persistent rungs say
+    why they do not run it."""
+    from cellfuse.codegen.precision import forward_tolerance
+
+    params, inputs = lstm_files
+    want = run_reference(load_template("lstm"), load_npz(params, "p"), load_npz(inputs, "x"))
+    results = {}
+    for precision in ("fp32", "bf16"):
+        out_path = tmp_path / f"{precision}.npz"
+        code, _, err = cli("run", "lstm", "--params", params, "--inputs", inputs, "-o", out_path,
+                           "--schedule", "graph", "--precision", precision)
+        assert code == 0, err
+        results[precision] = load_npz(out_path, "outputs")["y"]
+        error = np.abs(results[precision] - want.y).max() / np.abs(want.y).max()
+        assert error < forward_tolerance(precision)
+    assert np.abs(results["bf16"] - results["fp32"]).max() > 1e-4
+    code, _, err = cli("run", "lstm", "--params", params, "--inputs", inputs, "-o", tmp_path / "r.npz",
+                       "--precision", "fp16")
+    assert code == 1 and "--precision fp16 runs a schedule: name one with --schedule" in err
+    code, out, err = cli("plan", "lstm", "--schedule", "graph", "--precision", "fp16", "--json")
+    assert code == 0 and json.loads(out)["precision"] == "fp16"
+    code, out, err = cli("plan", "lstm", "--schedule", "graph", "--precision", "bf16")
+    assert code == 0 and "precision bf16: GEMMs multiply bf16" in out and "kept float32: final.c" in out
+    code, out, err = cli("plan", "lstm", "--schedule", "tensor", "--precision", "bf16")
+    assert code == 1 and "the 'tensor' rung runs in float32 only so far" in err

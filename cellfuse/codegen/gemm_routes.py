@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Literal
 
+from ..graph_model import CellError
 from .address import Expr, as_expr
+from .dtypes import FLOAT32, DType
 from .kernel_abi import BLOCK, INT_MAX
 from .plan import GemmLaunch
 
@@ -29,8 +31,9 @@ WGMMA_STAGE_K = 32
 
 # float32: cuBLAS's float32 GEMM. tf32x3: split copies and cuBLASLt's TF32 GEMM over 3K. tf32x3-wgmma: as
 # tf32x3, or, on a GPU with sm_90a's instructions, the warpgroup GEMM, whichever runs the shape faster
-# there (measured once per shape and process, see gpu_runtime.wgmma_gemms).
-Route = Literal["float32", "tf32x3", "tf32x3-wgmma"]
+# there (measured once per shape and process, see gpu_runtime.wgmma_gemms). 16-bit: a GEMM of a bf16 or
+# fp16 plan, cublasGemmEx multiplying in the 16-bit type on tensor cores, accumulating in float32.
+Route = Literal["float32", "tf32x3", "tf32x3-wgmma", "16-bit"]
 
 
 def on_tensor_cores(rows: int, n: int, k: int) -> bool:
@@ -56,6 +59,8 @@ def wgmma_shape_fits(n: int, k: int, trans_a: bool) -> bool:
 
 def route(g: GemmLaunch, rows: int) -> Route:
     """The route of a GEMM computing `rows` rows."""
+    if g.multiply != FLOAT32:
+        return "16-bit"
     if not on_tensor_cores(rows, g.n, g.k):
         return "float32"
     return "tf32x3-wgmma" if wgmma_shape_fits(g.n, g.k, g.trans_a) else "tf32x3"
@@ -92,3 +97,15 @@ def tf32x3_layout(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> tuple[tuple
     a = (k, rows, lda, TRANSPOSED, 2) if g.trans_a else (rows, k, lda, SIDE_BY_SIDE, 2)
     w = (n, k, k, SIDE_BY_SIDE, 1) if g.trans_w else (k, n, n, STACKED, 1)
     return a, w, 3 * k, 3 * k if g.trans_w else n, 3 * rows * k
+
+
+def gemm_ex_types(g: GemmLaunch, w: DType) -> tuple[tuple[int, int, int], int]:
+    """cublasGemmEx's types of a 16-bit route's GEMM with weights of type `w`: (W's, A's, C's
+    cudaDataType_t) and its cublasComputeType_t. Operands of the 16-bit type multiply as they are,
+    accumulating in float32; float32 operands (a float32 state times its weights) are rounded to the
+    16-bit type as cuBLAS multiplies them (its "fast" compute types)."""
+    if g.a.dtype != w:
+        raise CellError(f"the GEMM of {g.group} multiplies {g.a.dtype.name} by {w.name} weights: cuBLAS "
+                        "multiplies operands of one type")
+    compute = FLOAT32.fast_compute if w != FLOAT32 else g.multiply.fast_compute
+    return (w.cuda, g.a.dtype.cuda, g.c.dtype.cuda), compute

@@ -33,7 +33,10 @@ class KernelSet:
 
     def module_source(self) -> str:
         persistent = any(isinstance(launch, PersistentLaunch) for launch in self.name_of)
-        return (PERSISTENT_PRELUDE if persistent else "") + PRELUDE + "\n" + "\n".join(self.sources.values())
+        headers = sorted({acc.dtype.header for launch in self.name_of if isinstance(launch, KernelLaunch)
+                          for _, acc in (*launch.inputs, *launch.outputs)} - {""})
+        return ("".join(f"#include <{h}>\n" for h in headers) + (PERSISTENT_PRELUDE if persistent else "")
+                + PRELUDE + "\n" + "\n".join(self.sources.values()))
 
 
 def kernel_source(launch: KernelLaunch, name: str) -> str:

@@ -180,6 +180,7 @@ class GemmLaunch:
     trans_a: bool = False
     trans_w: bool = False
     accumulate: bool = False  # C += op(A) @ op(W) instead of C = ...
+    multiply: DType = FLOAT32  # what its operands are rounded to as they are multiplied (see `precision`)
 
     @property
     def flops(self) -> int:
@@ -443,6 +444,7 @@ class Plan:
     saves_steps: bool = False  # every step's states, values and GEMM outputs kept (see make_plan)
     target: Target | None = None  # the GPU a persistent plan is made for; its backward pass is too
     tensor_cores: bool = False  # the GEMMs of its persistent kernels (and its backward's) on tensor cores
+    precision: str = "fp32"  # what its GEMMs multiply in (see `precision`); each buffer has its own type
 
     @property
     def side_by_side(self) -> int:

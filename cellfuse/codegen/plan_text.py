@@ -14,6 +14,7 @@ def summary(plan: Plan) -> dict:
     return {
         "cell": plan.cell_name,
         "schedule": plan.schedule,
+        "precision": plan.precision,
         "sizes": {"seq": plan.sizes.seq, "batch": plan.sizes.batch, "input": plan.sizes.input,
                   "hidden": plan.sizes.hidden, "layers": plan.sizes.layers},
         "gemm_groups": [{"name": g.name, "matmuls": list(g.matmuls), "hoisted": g.hoisted,
@@ -58,6 +59,13 @@ def describe(plan: Plan) -> str:
     lines = [f"cell '{plan.cell_name}', schedule '{plan.schedule}', {sizes}",
              f"{launches}, {len(plan.layers[0].prologue)} before the loop; per step "
              f"{plan.flops_per_step() / 1e6:.1f} MFLOP, {plan.bytes_per_step() / 2**20:.2f} MiB"]
+    if plan.precision != "fp32":
+        sixteen = sorted(name for name, b in plan.buffers.items() if b.dtype.itemsize == 2)
+        kept = sorted(name for name, b in plan.buffers.items()
+                      if b.dtype.itemsize == 4 and b.role not in ("gemm", "bias"))
+        lines.append(f"precision {plan.precision}: GEMMs multiply {plan.precision} on tensor cores into "
+                     f"float32; stored in {plan.precision}: {', '.join(sixteen)}"
+                     + (f"; kept float32: {', '.join(kept)}" if kept else ""))
     if plan.chunk_steps:
         lines.append(f"hoisted launches run in chunks of {plan.chunk_steps} steps on a stream of their "
                      "own, beside the loop")

@@ -5,20 +5,20 @@ a GPU, from the GPU's attributes; `cellfuse plan` says it at an H100 SXM's publi
 
 The arithmetic: every GEMM's 2 m n k and one operation per element of each elementwise op (the plan's
 counts, `Plan.flops_per_step` and the hoisted GEMMs), over T steps and every layer (and direction); a GEMM
-that runs on tensor cores (3xTF32: three TF32 products per float32 product) at a third of the TF32 peak,
-the rest at float32's. The bytes: what each launch reads and writes in global memory as `Plan.
-bytes_per_step` counts them (a persistent kernel's weights kept on chip read once), at the HBM's peak;
-values that pass between a persistent kernel's blocks through L2 are not counted. The synchronisation:
-each step waits for the step before it across the whole GPU: a persistent step once per barrier it has
-(at least one; none where its blocks never wait for each other, as IndRNN's), a step of separate
-launches once per launch (each kernel boundary is at least a grid-wide barrier); GRID_BARRIER_S each,
-as measured for cooperative groups' grid.sync() on an H200 (0.97 us) and an H100 (1.1 us):
+that runs on tensor cores (3xTF32: three TF32 products per float32 product) at a third of the TF32 peak, a
+GEMM of a 16-bit plan at the dense bf16/fp16 peak, the rest at float32's. The bytes: what each launch reads
+and writes in global memory as `Plan.bytes_per_step` counts them (a persistent kernel's weights kept on chip
+read once), at the HBM's peak; values that pass between a persistent kernel's blocks through L2 are not
+counted. The synchronisation: each step waits for the step before it across the whole GPU: a persistent step
+once per barrier it has (at least one; none where its blocks never wait for each other, as IndRNN's), a step
+of separate launches once per launch (each kernel boundary is at least a grid-wide barrier); GRID_BARRIER_S
+each, as measured for cooperative groups' grid.sync() on an H200 (0.97 us) and an H100 (1.1 us):
 benchmarks/results/h200_2026-11-25_probes.txt, docs/results/2026-11-23-persistent-and-wavefront-rungs.md.
 The three add up to no faster than max(arithmetic, bytes) + synchronisation, `bound_ms`.
 
 The peaks are the GPU's at its highest clock, from its SM count, clock and memory interface
-(`Peaks.of_device`): per SM and clock, float32 256 operations (128 FMA units) and TF32 2048 (dense) on
-compute capability 9.0, 256 and 1024 on 8.x.
+(`Peaks.of_device`): per SM and clock, float32 256 operations (128 FMA units), TF32 2048 and bf16/fp16
+4096 (dense) on compute capability 9.0; 256 (128 on 8.0), 1024 and 2048 on 8.x.
 """
 
 from __future__ import annotations
@@ -29,8 +29,9 @@ from .gemm_routes import may_run_on_tensor_cores
 from .plan import GemmLaunch, KernelLaunch, LayerPlan, Plan
 
 GRID_BARRIER_S = 1.0e-6
-# float32 and dense TF32 operations per SM per clock, by compute capability (major, minor)
-_PER_SM_CLOCK = {(9, 0): (256, 2048), (8, 0): (128, 1024), (8, 6): (256, 1024), (8, 9): (256, 1024)}
+# float32, dense TF32 and dense bf16/fp16 operations per SM per clock, by compute capability (major, minor)
+_PER_SM_CLOCK = {(9, 0): (256, 2048, 4096), (8, 0): (128, 1024, 2048), (8, 6): (256, 1024, 2048),
+                 (8, 9): (256, 1024, 2048)}
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class Peaks:
     fp32_flops: float  # per second
     tf32x3_flops: float  # float32 products on tensor cores, three TF32 products each, per second
     memory_bytes: float  # per second
+    sixteen_bit_flops: float  # bf16 or fp16 products on tensor cores (dense), per second
 
     @staticmethod
     def of_device(name: str, capability: tuple[int, int], sms: int, clock_khz: int, memory_clock_khz: int,
@@ -47,15 +49,17 @@ class Peaks:
         per_clock = _PER_SM_CLOCK.get(tuple(capability))
         if per_clock is None or not (sms and clock_khz and memory_clock_khz and bus_bits):
             return None
-        fp32, tf32 = per_clock
+        fp32, tf32, sixteen = per_clock
         hz = clock_khz * 1e3
-        return Peaks(name, sms * fp32 * hz, sms * tf32 * hz / 3, memory_clock_khz * 1e3 * 2 * bus_bits / 8)
+        return Peaks(name, sms * fp32 * hz, sms * tf32 * hz / 3, memory_clock_khz * 1e3 * 2 * bus_bits / 8,
+                     sms * sixteen * hz)
 
 
-# NVIDIA's published figures: float32 66.9 TFLOP/s and dense TF32 494.7 TFLOP/s (3xTF32: a third of it),
-# HBM 3.35 TB/s on the H100 SXM, 4.8 TB/s on the H200 (the same SMs and clocks)
-H100_SXM = Peaks("H100 SXM", 66.9e12, 494.7e12 / 3, 3.35e12)
-PUBLISHED = {"H100 80GB HBM3": H100_SXM, "H200": Peaks("H200", 66.9e12, 494.7e12 / 3, 4.8e12)}
+# NVIDIA's published figures: float32 66.9 TFLOP/s, dense TF32 494.7 TFLOP/s (3xTF32: a third of it) and
+# dense bf16/fp16 989.4 TFLOP/s, HBM 3.35 TB/s on the H100 SXM, 4.8 TB/s on the H200 (the same SMs and
+# clocks)
+H100_SXM = Peaks("H100 SXM", 66.9e12, 494.7e12 / 3, 3.35e12, 989.4e12)
+PUBLISHED = {"H100 80GB HBM3": H100_SXM, "H200": Peaks("H200", 66.9e12, 494.7e12 / 3, 4.8e12, 989.4e12)}
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,8 @@ def _flops_seconds(layer: LayerPlan, launches, peaks: Peaks, in_step: bool) -> f
     seconds = 0.0
     for launch in launches:
         match launch:
+            case GemmLaunch() if launch.multiply.itemsize == 2:
+                seconds += launch.flops / peaks.sixteen_bit_flops
             case GemmLaunch():
                 fast = _on_tensor_cores(layer, launch, in_step)
                 seconds += launch.flops / (peaks.tf32x3_flops if fast else peaks.fp32_flops)

@@ -21,7 +21,7 @@ rate, several times the CUDA cores'.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from ..graph_model import (
@@ -56,6 +56,7 @@ from .plan import (
     Target,
     state_copies,
 )
+from .precision import check_precision, with_precision
 
 # Hoisted work runs in chunks of this many steps beside the recurrence (see Plan.chunk_steps): small
 # enough that step 0 waits for little, large enough that each chunk's GEMM keeps the GPU busy.
@@ -520,11 +521,14 @@ def _check_plan_sizes(sizes: Sizes) -> None:
 
 
 def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
-              save_steps: bool = False) -> Plan:
+              save_steps: bool = False, precision: str = "fp32",
+              float32_states: Collection[str] | None = None) -> Plan:
     """The Plan of `schedule` for the cell at these sizes; raises CellError if either is unusable. A
     persistent plan is made for `target`'s number of SMs and shared memory. With `save_steps`, every
     state, step value and recurrent GEMM output keeps its rows of every step (what a backward pass
-    reads) instead of being overwritten by the next step's."""
+    reads) instead of being overwritten by the next step's. `precision` and `float32_states`: see
+    `precision.with_precision`."""
+    check_precision(precision)
     if schedule not in LADDER:
         raise CellError(f"unknown schedule '{schedule}' (schedules: {', '.join(SCHEDULES)})")
     rung = LADDER[schedule]
@@ -559,9 +563,10 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
     chunk = min(sizes.seq, HOIST_CHUNK_STEPS) if hoisting else 0
     # the layers side by side only where a layer has more than one chunk to run beside another's
     side_by_side = rung.layer_streams and sizes.layers > 1 and 0 < chunk < sizes.seq
-    return Plan(cell.name, cell.description, schedule, sizes, tuple(cell.updates),
+    plan = Plan(cell.name, cell.description, schedule, sizes, tuple(cell.updates),
                 expected_params(cell, sizes.layers, sizes.input, sizes.hidden), st.groups, st.islands,
                 layers, buffers, sorted(info.dead), cuda_graph=rung.cuda_graph,
                 chunk_steps=chunk, layer_streams=side_by_side,
                 saves_steps=save_steps,
                 target=target if rung.persistent else None, tensor_cores=rung.tensor_cores)
+    return with_precision(plan, cell, precision, float32_states)

@@ -17,7 +17,8 @@ from functools import lru_cache, partial
 import numpy as np
 
 from ..codegen import Plan, plan_kernels
-from ..codegen.gemm_routes import split_threads, tf32x3_layout
+from ..codegen.dtypes import loaded, stored
+from ..codegen.gemm_routes import gemm_ex_types, split_threads, tf32x3_layout
 from ..codegen.kernel_abi import BLOCK, kernel_params
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import (
@@ -43,7 +44,7 @@ from .wgmma_gemms import Operands, WgmmaGemms, usable
 
 log = logging.getLogger(__name__)
 
-_NAN_BITS = 0x7FC00000  # a float32 quiet NaN, to poison buffers before a checked run
+_GEMM_DEFAULT = -1  # cublasGemmAlgo_t: cuBLAS's own choice
 ALIGNMENT = 256  # bytes: where each device buffer starts
 _CUBLAS_WORKSPACE = 32 * 2**20
 
@@ -145,7 +146,7 @@ class CudaExecutor:
         # per GEMM of the weights that the warpgroup GEMM may run, where the forward pass keeps W's image
         self.image_at = dict(zip(images, at[len(sizes) + len(splits):], strict=True))
         for name, arr in plan.weight_arrays(params, np.float32).items():
-            drv.memcpy_htod(self.addr[name], np.ascontiguousarray(arr))
+            drv.memcpy_htod(self.addr[name], stored(plan.buffers[name].dtype, arr))
 
         # Non-blocking (capturable) streams, the first layer's recurrence on the first; each with its own
         # cuBLAS handle and workspace (two GEMMs running at once must not share a workspace). Where the
@@ -280,6 +281,12 @@ class CudaExecutor:
                     out.append(partial(self.cublas.sgemm, handles[s], int(g.trans_w), int(g.trans_a), g.n, m,
                                        g.k, one, self.addr[g.w], ldw, a, g.a.ld, beta, c, g.c.ld))
                     return out
+                if route == "16-bit":
+                    (w_type, a_type, c_type), compute = gemm_ex_types(g, self.plan.buffers[g.w].dtype)
+                    out.append(partial(self.cublas.gemm_ex, handles[s], int(g.trans_w), int(g.trans_a), g.n,
+                                       m, g.k, one, self.addr[g.w], w_type, ldw, a, a_type, g.a.ld, beta, c,
+                                       c_type, g.c.ld, compute, _GEMM_DEFAULT))
+                    return out
                 op = Operands(c, a, self.addr[g.w], splits[s], m, g.n, g.k, g.a.ld, ldw, g.c.ld, g.trans_w,
                               beta == one)
                 wgmma = (route == "tf32x3-wgmma" and usable(self.capability, op)
@@ -372,13 +379,14 @@ class CudaExecutor:
     # -- data in and out ------------------------------------------------------------------------
     def load(self, x: np.ndarray, initial: dict[str, np.ndarray]) -> None:
         """Uploads x and the initial states; every other buffer is poisoned with NaN."""
-        drv = self.drv
-        for name in self.plan.buffers:
+        drv, buffers = self.drv, self.plan.buffers
+        for name, b in buffers.items():
             if name not in self.weights:
-                drv.memset_d32(self.addr[name], _NAN_BITS, self.plan.buffer_elements(name))
-        drv.memcpy_htod(self.addr["x"], np.ascontiguousarray(x, np.float32))
+                memset = drv.memset_d32 if b.dtype.itemsize == 4 else drv.memset_d16
+                memset(self.addr[name], b.dtype.nan_bits, self.plan.buffer_elements(name))
+        drv.memcpy_htod(self.addr["x"], stored(buffers["x"].dtype, x))
         for s in self.plan.state_ids:
-            drv.memcpy_htod(self.addr[f"init.{s}"], np.ascontiguousarray(initial[s], np.float32))
+            drv.memcpy_htod(self.addr[f"init.{s}"], stored(buffers[f"init.{s}"].dtype, initial[s]))
         # These ran on the legacy default stream, which the non-blocking streams do not wait for.
         drv.Context.synchronize()
 
@@ -386,13 +394,16 @@ class CudaExecutor:
         plan, drv = self.plan, self.drv
         T, B, H, L = plan.sizes.seq, plan.sizes.batch, plan.sizes.hidden, plan.sizes.layers
         self.stream.synchronize()
-        y = np.empty((T, B, H), np.float32)
-        drv.memcpy_dtoh(y, self.addr[plan.layers[-1].output_seq] + 4 * B * H)
-        final = {}
-        for s in plan.state_ids:
-            final[s] = np.empty((L, B, H), np.float32)
-            drv.memcpy_dtoh(final[s], self.addr[f"final.{s}"])
-        return Forward(y, final)
+
+        def read(name: str, shape: tuple[int, ...], skip: int = 0) -> np.ndarray:
+            """The buffer's elements after the first `skip`, as float32 values."""
+            dtype = plan.buffers[name].dtype
+            memory = np.empty(shape, dtype.numpy)
+            drv.memcpy_dtoh(memory, self.addr[name] + skip * dtype.itemsize)
+            return loaded(dtype, memory)
+
+        y = read(plan.layers[-1].output_seq, (T, B, H), B * H)
+        return Forward(y, {s: read(f"final.{s}", (L, B, H)) for s in plan.state_ids})
 
     def run(self, x: np.ndarray, initial: dict[str, np.ndarray]) -> Forward:
         self.load(x, initial)
@@ -425,10 +436,10 @@ def aligned_offsets(nbytes: list[int]) -> tuple[list[int], int]:
 
 
 def _tensor_core_gemms(instructions):
-    """The program's GEMMs on tensor cores (those of a loop's body once each)."""
+    """The program's GEMMs on tensor cores as 3xTF32 (those of a loop's body once each)."""
     for instr in instructions:
         for inner in instr.body if isinstance(instr, Loop) else (instr,):
-            if isinstance(inner, Gemm) and inner.route != "float32":
+            if isinstance(inner, Gemm) and inner.route.startswith("tf32x3"):
                 yield inner
 
 

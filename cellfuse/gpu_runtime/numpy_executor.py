@@ -12,12 +12,16 @@ pass's reverse launch). A barrier missing from the plan then makes a block read 
 or after it was written, and the result differs from the reference. That shows in the first steps run;
 after `CHECKED_STEPS` of them, where a correct plan gives the same either way, the blocks run together,
 each launch on all rows and columns at once, so that a numpy timing of the persistent rung is not a
-timing of running a hundred blocks one by one."""
+timing of running a hundred blocks one by one.
+
+A plan in a 16-bit precision runs emulated: its buffers are arrays of the executor's type, and what is
+stored into a 16-bit buffer is rounded to that type (`dtypes.round_to`), as are a GEMM's operands."""
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..codegen.dtypes import FLOAT32, round_to
 from ..codegen.lowering import (
     SIDE,
     Copy,
@@ -44,6 +48,7 @@ from ..codegen.plan import (
     PersistentLaunch,
     Plan,
 )
+from ..codegen.precision import PRECISIONS
 from ..graph_model import Forward
 
 CHECKED_STEPS = 3  # steps of a persistent launch run block by block
@@ -76,8 +81,19 @@ class NumpyExecutor:
         self.program = lower(plan)
         self.batch, self.seq = plan.sizes.batch, plan.sizes.seq
         self.buf = {name: np.empty(plan.buffer_elements(name), self.dtype) for name in plan.buffers}
-        self.weights = plan.weight_arrays(params, self.dtype)
+        # the buffers stored in a 16-bit type, and the type a GEMM's operands are rounded to
+        self.rounded = {name: b.dtype for name, b in plan.buffers.items() if b.dtype != FLOAT32}
+        self.gemm_dtype = PRECISIONS[plan.precision]
+        self.weights = {name: self.round(name, w)
+                        for name, w in plan.weight_arrays(params, self.dtype).items()}
         self.buf.update(self.weights)
+
+    def round(self, buffer: str, values: np.ndarray) -> np.ndarray:
+        """`values` as buffer `buffer` holds them."""
+        return round_to(self.rounded[buffer], values) if buffer in self.rounded else values
+
+    def _operand(self, values: np.ndarray) -> np.ndarray:
+        return values if self.gemm_dtype == FLOAT32 else round_to(self.gemm_dtype, values)
 
     def view(self, acc: Access, offset: int, rows: int, width: int) -> np.ndarray:
         """The [rows, width] block (or [width] vector, [rows, 1] column, or one scalar) of an access starting
@@ -104,17 +120,21 @@ class NumpyExecutor:
                 a = self.view(g.a, at, g.k, rows).T if g.trans_a else self.view(g.a, at, rows, g.k)
                 w = self.buf[g.w].reshape(g.n, g.k).T if g.trans_w else self.buf[g.w].reshape(g.k, g.n)
                 c = self.view(g.c, element_offset(instr, g.c, t, B), rows, g.n)
+                product = self._operand(a) @ self._operand(w)
                 if g.accumulate:
-                    c += a @ w
+                    c += product
                 else:
-                    c[...] = a @ w
+                    c[...] = product
                 if g.bias:
                     c += self.buf[g.bias]
+                if g.c.buffer in self.rounded:
+                    c[...] = self.round(g.c.buffer, c)
             case Kernel(launch=k):
                 self.kernel(instr, t, (0, instr.rows), (0, k.width))
             case Copy(src=src, dst=dst, width=width, step=step):
                 at = self.seq if step is None else step
-                self.view(dst, dst.offset(at, B), B, width)[...] = self.view(src, src.offset(at, B), B, width)
+                self.view(dst, dst.offset(at, B), B, width)[...] = self.round(
+                    dst.buffer, self.view(src, src.offset(at, B), B, width))
             case Loop(body=body):
                 for step in instr.steps(self.seq):
                     for inner in body:
@@ -151,6 +171,8 @@ class NumpyExecutor:
                 dst += value
             else:
                 dst[...] = value
+            if acc.buffer in self.rounded:
+                dst[...] = self.round(acc.buffer, dst)
 
     def persistent(self, launch: PersistentLaunch) -> None:
         """Every step of a persistent launch, block by block between barriers (see the module's doc), each
@@ -242,9 +264,9 @@ class NumpyExecutor:
         for name, b in self.buf.items():
             if name not in self.weights:
                 b.fill(np.nan)
-        self.buf["x"][:] = x.astype(self.dtype).reshape(-1)
+        self.buf["x"][:] = self.round("x", x.astype(self.dtype).reshape(-1))
         for s in plan.state_ids:
-            self.buf[f"init.{s}"][:] = initial[s].astype(self.dtype).reshape(-1)
+            self.buf[f"init.{s}"][:] = self.round(f"init.{s}", initial[s].astype(self.dtype).reshape(-1))
         for instr in execution_order(self.program, self.prefer):
             self.execute(instr)
         y = self.buf[plan.layers[-1].output_seq][B * H:].reshape(T, B, H)

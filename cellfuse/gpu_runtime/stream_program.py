@@ -30,7 +30,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..codegen.cuda_wgmma import SMEM_BYTES, SOURCE, THREADS, gemm_grid
-from ..codegen.gemm_routes import split_threads, tf32x3_layout
+from ..codegen.gemm_routes import gemm_ex_types, split_threads, tf32x3_layout
 from ..codegen.kernel_abi import BLOCK, kernel_params
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, element_offset
@@ -205,6 +205,8 @@ class _Calls:
             self._kernel("cf_bias_rows", _grid(m * g.n), BLOCK, [c, (g.bias, 0), m, g.n, g.c.ld], s)
         if instr.route == "float32":
             self._sgemm(g, m, a, c, ldw, accumulate, s)
+        elif instr.route == "16-bit":
+            self._gemm_ex(g, m, a, c, ldw, accumulate, s)
         else:
             self.copies(g, m, a, c, accumulate, s)
 
@@ -216,6 +218,17 @@ class _Calls:
         self.calls.sgemm(self.res.handles[s], self._args(
             [int(g.trans_w), int(g.trans_a), g.n, m, g.k, one, (g.w, 0), ldw, a, g.a.ld, beta, c, g.c.ld]),
             s, f"cuBLAS's SGEMM of {g.group}")
+
+    def _gemm_ex(self, g, m: int, a, c, ldw: int, accumulate: bool, s: int) -> None:
+        """A GEMM of a 16-bit plan (as _sgemm's operands): cublasGemmEx in the operands' own type (see
+        gemm_ex_types)."""
+        one = self.res.scalars.ctypes.data
+        beta = one if accumulate else one + 4
+        types, compute = gemm_ex_types(g, self.plan.buffers[g.w].dtype)
+        self.calls.gemm_ex(self.res.handles[s], self._args(
+            [int(g.trans_w), int(g.trans_a), g.n, m, g.k, one, (g.w, 0), types[0], ldw, a, types[1], g.a.ld,
+             beta, c, types[2], g.c.ld, compute, _GEMM_DEFAULT]),
+            s, f"cuBLAS's {g.multiply.name} GEMM of {g.group}")
 
     def copies(self, g, m: int, a, c, accumulate: bool, s: int) -> None:
         """3xTF32 as split copies: A's pieces (hi, hi, lo) and W's (hi, lo, hi) along K into the stream's

@@ -1,6 +1,6 @@
-"""Storage types: every buffer and access of a plan carries its element type (float32 today), and the
-emitters write a kernel's pointers, loads and stores from that type's entry of the table, so that another
-storage type is an addition: a kernel of half-precision storage here, with a type made in the test."""
+"""Storage types: every buffer and access of a plan carries its element type (float32 unless a plan's
+precision says otherwise, see test_precision), and the emitters write a kernel's pointers, loads and
+stores from that type's entry of the table: a kernel of half-precision storage here."""
 
 from __future__ import annotations
 
@@ -12,12 +12,12 @@ from compile_cuda import nvcc_cubin
 from cellfuse.codegen import SCHEDULES, make_plan
 from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.cuda_kernels import PRELUDE
-from cellfuse.codegen.dtypes import COMPUTE, DTYPES, FLOAT32, DType
+from cellfuse.codegen.dtypes import BFLOAT16, COMPUTE, DTYPES, FLOAT16, FLOAT32, DType
 from cellfuse.codegen.kernel_set import kernel_source
 from cellfuse.codegen.plan import Access, GemmLaunch, KernelLaunch
 from cellfuse.graph_model import Sizes, load_template, template_names
 
-HALF = DType("float16", "__half", 2, "float16", load_as="__half2float({})", store_as="__float2half({})")
+HALF = FLOAT16
 
 
 def _accesses(launch):
@@ -41,10 +41,12 @@ def test_every_access_is_of_its_buffers_type(name):
                 assert acc.dtype == buffers[acc.buffer].dtype == FLOAT32, (schedule, launch, acc)
 
 
-def test_float32_is_the_one_entry_and_what_kernels_compute_in():
-    assert DTYPES == {"float32": FLOAT32} and COMPUTE == FLOAT32
+def test_the_table_holds_float32_and_the_16_bit_types_and_kernels_compute_in_float32():
+    assert DTYPES == {"float32": FLOAT32, "bfloat16": BFLOAT16, "float16": FLOAT16} and COMPUTE == FLOAT32
     assert (FLOAT32.c, FLOAT32.itemsize) == ("float", 4)
     assert (FLOAT32.load("p[j]"), FLOAT32.store("v")) == ("p[j]", "v")
+    assert (BFLOAT16.c, BFLOAT16.itemsize, BFLOAT16.header) == ("__nv_bfloat16", 2, "cuda_bf16.h")
+    assert BFLOAT16.store("v") == "__float2bfloat16_rn(v)" and FLOAT16.load("p[j]") == "__half2float(p[j])"
 
 
 def _stored_as(launch: KernelLaunch, dtype: DType) -> KernelLaunch:
@@ -68,7 +70,7 @@ def test_a_kernel_of_another_storage_type_converts_as_it_loads_and_stores():
     sources = _kernels_stored_as_half()
     for source in sources:
         assert "const __half* __restrict__" in source and "__half* __restrict__" in source
-        assert "__half2float(" in source and "__float2half(" in source
+        assert "__half2float(" in source and "__float2half_rn(" in source
         assert "float* __restrict__" not in source  # no pointer of float32 left
     assert any("cf_partial" in source for source in sources)  # a block per row among them
 

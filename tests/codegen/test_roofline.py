@@ -22,6 +22,7 @@ def test_the_peaks_come_from_the_gpus_attributes():
     assert H100.fp32_flops == pytest.approx(66.9e12, rel=1e-3)  # NVIDIA's float32 figure for the H100 SXM
     assert H100.memory_bytes == pytest.approx(3.35e12, rel=1e-3)  # and its HBM3 bandwidth
     assert H100.tf32x3_flops == pytest.approx(132 * 2048 * 1.98e9 / 3)
+    assert H100.sixteen_bit_flops == pytest.approx(2 * H100.tf32x3_flops * 3)  # twice dense TF32
     assert H100_SXM.fp32_flops == pytest.approx(H100.fp32_flops, rel=1e-3)  # the published figure
     assert Peaks.of_device("unknown", (7, 5), 40, 1_500_000, 7_000_000, 256) is None
     assert Peaks.of_device("no clock", (9, 0), 132, 0, 2_619_000, 5120) is None
@@ -38,6 +39,11 @@ def test_the_lstms_arithmetic_is_its_26_8_gflop():
     half = gemm / 2
     want = 1e3 * (half / H100.tf32x3_flops + half / H100.fp32_flops)
     assert persistent.arithmetic_ms == pytest.approx(want, rel=0.02)
+    bf16 = roofline(make_plan(load_template("lstm"), LSTM_B64, "graph", precision="bf16"), H100)
+    # (and its elementwise work, at float32's peak: 3% of it)
+    assert bf16.arithmetic_ms == pytest.approx(1e3 * gemm / H100.sixteen_bit_flops, rel=0.05)
+    fp32 = roofline(make_plan(load_template("lstm"), LSTM_B64, "graph"), H100)
+    assert bf16.memory_ms < 0.75 * fp32.memory_ms  # x, the weights and the outputs in half the bytes
 
 
 def test_synchronisation_is_a_barrier_a_step_or_a_launch():

@@ -480,3 +480,22 @@ def test_layer_norm_kernels_match_reference_on_gpu(gpu, schedule, hidden):
         assert rel(out.y, ref.y) < 1e-4, name
         for s in ref.final:
             assert rel(out.final[s], ref.final[s]) < 1e-4, (name, s)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("schedule", ["fused", "graph", "wavefront"])
+@pytest.mark.parametrize("name", template_names())
+def test_a_16_bit_schedule_is_within_its_bound_on_gpu(gpu, name, schedule, precision):
+    """x, weights, outputs and states in 16 bits, GEMMs through cublasGemmEx: within the bound of the
+    float64 reference that the numpy executor's emulation meets (codegen.precision), and not float32's
+    result."""
+    from cellfuse.codegen.precision import forward_tolerance
+
+    cell = load_template(name)
+    params, inputs = data(cell)
+    ref = run_reference(cell, params, inputs)
+    out = run_schedule(cell, params, inputs, None, schedule, "cuda", precision=precision)
+    error = relative_error(out, ref)
+    assert error < forward_tolerance(precision), f"{error:.2e}"
+    fp32 = run_schedule(cell, params, inputs, None, schedule, "cuda")
+    assert relative_error(out, fp32) > 1e-5

@@ -1,0 +1,145 @@
+"""A plan's precision: what its buffers are stored in, and what its GEMMs multiply in.
+
+In float32 (`fp32`) every buffer is float32 and a GEMM multiplies in float32 (or 3xTF32, its accuracy).
+In `bf16` or `fp16` the input, the weights, the outputs, the step values and the states are stored in
+the 16-bit type, a GEMM multiplies 16-bit operands into float32 (accumulating in float32), and every
+kernel computes in float32 as always, converting as it loads and stores. Some buffers stay float32:
+
+- the states that accumulate over time (an LSTM's c, a GRU's h, sLSTM's n and m: a state the step adds
+  something to, `accumulating_states`), with their initial and final values, unless the caller names
+  the states to keep in float32 itself; a 16-bit state that adds small updates to itself every step loses
+  them to rounding.
+- the GEMMs' outputs (float32 accumulators that the next kernel reads; a bias added to them first), and
+  the biases.
+- the weights of a GEMM whose left operand is a float32 state: cuBLAS multiplies operands of one type,
+  so that GEMM reads both in float32 and rounds them to the 16-bit type's precision on tensor cores
+  (cuBLAS's "fast" compute types), which is the arithmetic of a 16-bit GEMM.
+
+`with_precision` sets these types on a float32 plan: each Buffer's, then every Access's to its buffer's
+and every GEMM's `multiply`, in one pass over the plan's launches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Collection
+
+from ..graph_model import Cell, CellError
+from .dtypes import BFLOAT16, FLOAT16, FLOAT32, DType
+from .plan import Access, GemmLaunch, Plan
+
+PRECISIONS: dict[str, DType] = {"fp32": FLOAT32, "bf16": BFLOAT16, "fp16": FLOAT16}
+
+# What one rounding to a 16-bit type may change a number by, relative to it: half the spacing of its
+# numbers at 1 (8 and 11 significant bits).
+UNIT = {"bf16": 2.0**-8, "fp16": 2.0**-11}
+# A 16-bit forward pass's largest error over its outputs and final states, relative to their largest
+# magnitude, against the float64 reference, in units of its type's rounding: every template at T=20 and
+# 100, two layers, emulated, came within 0.3 to 1.9 units (the residual LSTM's largest), so rounding does
+# not compound over the steps; the bound allows twice that.
+BOUND_UNITS = 4.0
+FLOAT32_TOLERANCE = 1e-4  # the same for float32 (3xTF32 and float32 GEMMs alike)
+
+
+def forward_tolerance(precision: str) -> float:
+    """The relative error a forward pass in `precision` is allowed against the float64 reference."""
+    return FLOAT32_TOLERANCE if precision == "fp32" else BOUND_UNITS * UNIT[precision]
+
+# Ops through which a state's value passes on into its update as a share of itself, not squashed or
+# multiplied by a weight: a path of these from a state to its update, through an add or sub, is the state
+# added to itself.
+_CARRYING = {"add", "sub", "mul", "neg", "max", "min"}
+_ADDING = {"add", "sub"}
+
+_SIXTEEN_BIT_ROLES = {"input", "init", "final", "output", "state", "value", "weight", "stacked"}
+
+
+def check_precision(precision: str) -> DType:
+    if precision not in PRECISIONS:
+        raise CellError(f"unknown precision {precision!r} (precisions: {', '.join(PRECISIONS)})")
+    return PRECISIONS[precision]
+
+
+def accumulating_states(cell: Cell) -> set[str]:
+    """The states whose update is the state plus something: reached from the state node through
+    `_CARRYING` ops alone, at least one of them adding."""
+    nodes = cell.by_id()
+    out = set()
+    for state, update in cell.updates.items():
+        # from the update back to the state: (node, whether an adding op was passed)
+        stack, seen = [(update, False)], set()
+        while stack:
+            node_id, added = stack.pop()
+            if (node_id, added) in seen:
+                continue
+            seen.add((node_id, added))
+            node = nodes[node_id]
+            if node_id == state:
+                if added:
+                    out.add(state)
+                    break
+                continue
+            if node.op in _CARRYING:
+                stack.extend((a, added or node.op in _ADDING) for a in node.args)
+    return out
+
+
+def with_precision(plan: Plan, cell: Cell, precision: str, float32_states: Collection[str] | None = None
+                   ) -> Plan:
+    """The float32 `plan` of `cell` in `precision` (see the module's doc). `float32_states`: the states kept
+    in float32 (None: those that accumulate)."""
+    dtype = check_precision(precision)
+    if dtype == FLOAT32:
+        return plan
+    if plan.target is not None:
+        raise CellError(f"the '{plan.schedule}' rung runs in float32 only so far: precision {precision} "
+                        "runs on the rungs up to 'wavefront'")
+    keep = accumulating_states(cell) if float32_states is None else set(float32_states)
+    unknown = keep - set(plan.state_ids)
+    if unknown:
+        raise CellError(f"float32 states {sorted(unknown)} are not states of cell '{cell.name}' "
+                        f"(its states: {', '.join(plan.state_ids)})")
+    dtypes = {name: dtype if b.role in _SIXTEEN_BIT_ROLES else FLOAT32 for name, b in plan.buffers.items()}
+    for s in keep:
+        dtypes[f"init.{s}"] = dtypes[f"final.{s}"] = FLOAT32
+        for lp in plan.layers:  # a state that lives in the output sequence takes the outputs with it
+            dtypes[lp.state_read[s].buffer] = FLOAT32
+    for g in _gemms(plan):
+        if dtypes[g.a.buffer] == FLOAT32:
+            dtypes[g.w] = FLOAT32
+    return dataclasses.replace(_retyped(plan, dtypes, dtype), precision=precision,
+                               buffers={name: dataclasses.replace(b, dtype=dtypes[name])
+                                        for name, b in plan.buffers.items()})
+
+
+def _gemms(plan: Plan):
+    for lp in plan.layers:
+        for launch in (*lp.prologue, *lp.step):
+            if isinstance(launch, GemmLaunch):
+                yield launch
+
+
+def _retyped(value, dtypes: dict[str, DType], multiply: DType):
+    """`value` with every Access in it (through dataclasses, lists, tuples and dicts) given its buffer's
+    type and every GEMM launch multiplying in `multiply`; the same object where nothing in it changes."""
+    if isinstance(value, Access):
+        dtype = dtypes.get(value.buffer, value.dtype)
+        return value if dtype == value.dtype else dataclasses.replace(value, dtype=dtype)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        changes = {"multiply": multiply} if isinstance(value, GemmLaunch) else {}
+        for f in dataclasses.fields(value):
+            if f.init:
+                old = getattr(value, f.name)
+                new = _retyped(old, dtypes, multiply)
+                if new is not old:
+                    changes[f.name] = new
+        return dataclasses.replace(value, **changes) if changes else value
+    if isinstance(value, (list, tuple)):
+        items = [_retyped(v, dtypes, multiply) for v in value]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        return type(value)(*items) if hasattr(value, "_fields") else type(value)(items)
+    if isinstance(value, dict):
+        items = {k: _retyped(v, dtypes, multiply) for k, v in value.items()}
+        return value if all(items[k] is value[k] for k in value) else items
+    return value

@@ -1,0 +1,144 @@
+"""A plan's precision: which buffers a bf16 or fp16 plan stores in 16 bits, every access typed as its
+buffer, the rounding emulated by the numpy executor, and the results within a bound stated in units of the
+16-bit type's rounding of the float64 reference, for every template."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from compile_cuda import nvcc_cubin
+from forward_errors import relative_error
+from random_cells import random_cell
+
+from cellfuse.codegen import make_plan
+from cellfuse.codegen.backward_plan import backward_plan
+from cellfuse.codegen.dtypes import BFLOAT16, FLOAT16, FLOAT32, round_to
+from cellfuse.codegen.kernel_set import plan_kernels
+from cellfuse.codegen.plan import GemmLaunch, KernelLaunch
+from cellfuse.codegen.precision import BOUND_UNITS, PRECISIONS, UNIT, accumulating_states, forward_tolerance
+from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
+from cellfuse.graph_model import (
+    CellError,
+    Sizes,
+    init_params,
+    load_template,
+    resolve_run,
+    run_reference,
+    template_names,
+)
+
+NOT_PERSISTENT = ["naive", "combined", "fused", "hoisted", "graph", "wavefront"]
+SIZES = Sizes(seq=20, batch=4, input=32, hidden=32, layers=2)
+
+
+def test_rounding_is_to_nearest_with_ties_to_even_and_keeps_infinities_and_nans():
+    ones = np.array([1.0, 1 + 2.0**-8, 1 + 3 * 2.0**-8, 1 + 3 * 2.0**-9, np.inf, -np.inf, np.nan])
+    bf = round_to(BFLOAT16, ones)
+    np.testing.assert_array_equal(bf[:6], [1.0, 1.0, 1 + 2.0**-6, 1 + 2.0**-7, np.inf, -np.inf])
+    assert np.isnan(bf[6]) and bf.dtype == np.float64
+    assert round_to(FLOAT16, np.array([65519.0, 65520.0], np.float32)).tolist() == [65504.0, np.inf]
+    assert round_to(BFLOAT16, np.array([3.4e38], np.float32))[0] == np.inf  # beyond bf16's largest
+    x = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    for dtype in (BFLOAT16, FLOAT16):
+        once = round_to(dtype, x)
+        np.testing.assert_array_equal(round_to(dtype, once), once)  # representable numbers stay
+        assert np.abs(once - x).max() <= np.abs(x).max() * 2.0**-8
+
+
+@pytest.mark.parametrize("name, expected", [("lstm", {"c"}), ("gru", {"h"}), ("elman", set()),
+                                            ("indrnn", set()), ("slstm", {"c", "m", "n"}), ("sru", {"c"})])
+def test_the_states_a_step_adds_to_are_the_accumulating_ones(name, expected):
+    assert accumulating_states(load_template(name)) == expected
+
+
+@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_16_bit_plan_types_its_buffers_by_role_and_every_access_as_its_buffer(name, precision):
+    cell = load_template(name)
+    sixteen = PRECISIONS[precision]
+    keep = accumulating_states(cell)
+    for schedule in NOT_PERSISTENT:
+        plan = make_plan(cell, SIZES, schedule, precision=precision)
+        assert plan.precision == precision
+        kept = {f"{e}.{s}" for s in keep for e in ("init", "final")}
+        kept |= {lp.state_read[s].buffer for s in keep for lp in plan.layers}
+        gemms = [g for lp in plan.layers for g in (*lp.prologue, *lp.step) if isinstance(g, GemmLaunch)]
+        for g in gemms:
+            assert plan.buffers[g.c.buffer].dtype == FLOAT32  # accumulators
+            a, w = plan.buffers[g.a.buffer].dtype, plan.buffers[g.w].dtype
+            assert a == w, (schedule, g.group)  # cuBLAS multiplies operands of one type
+        for buffer in plan.buffers.values():
+            if buffer.role in ("gemm", "bias") or buffer.name in kept:
+                assert buffer.dtype == FLOAT32, (schedule, buffer.name)
+            elif buffer.role in ("input", "value", "state", "init", "final", "output"):
+                assert buffer.dtype == sixteen, (schedule, buffer.name)
+        for lp in plan.layers:
+            for launch in (*lp.prologue, *lp.step):
+                accesses = ([launch.a, launch.c] if isinstance(launch, GemmLaunch)
+                            else [acc for _, acc in (*launch.inputs, *launch.outputs)])
+                for acc in accesses:
+                    assert acc.dtype == plan.buffers[acc.buffer].dtype, (schedule, acc)
+
+
+def test_the_caller_chooses_the_float32_states():
+    cell = load_template("lstm")
+    every = make_plan(cell, SIZES, "graph", precision="bf16", float32_states=())
+    assert all(b.dtype == BFLOAT16 for b in every.buffers.values() if b.role in ("state", "init", "final"))
+    both = make_plan(cell, SIZES, "graph", precision="bf16", float32_states=("c", "h"))
+    assert all(b.dtype == FLOAT32 for b in both.buffers.values() if b.role in ("init", "final", "output"))
+    with pytest.raises(CellError, match=r"float32 states \['q'\] are not states of cell 'LSTM'"):
+        make_plan(cell, SIZES, "graph", precision="bf16", float32_states=("q",))
+
+
+def test_float32_is_the_plan_of_before_and_unknown_precisions_and_persistent_rungs_are_refused():
+    cell = load_template("lstm")
+    assert make_plan(cell, SIZES, "graph", precision="fp32") == make_plan(cell, SIZES, "graph")
+    with pytest.raises(CellError, match="unknown precision 'fp8' \\(precisions: fp32, bf16, fp16\\)"):
+        make_plan(cell, SIZES, "graph", precision="fp8")
+    for schedule in ("persistent", "tensor"):
+        with pytest.raises(CellError, match=f"the '{schedule}' rung runs in float32 only so far"):
+            make_plan(cell, SIZES, schedule, precision="bf16")
+    with pytest.raises(CellError, match="the backward pass runs in float32 only so far: 'LSTM' in fp16"):
+        backward_plan(make_plan(cell, SIZES, "graph", save_steps=True, precision="fp16"))
+    assert forward_tolerance("fp32") == 1e-4 and forward_tolerance("bf16") == 4 * 2.0**-8
+
+
+def _errors(cell, precision: str, schedule: str, seq: int = 20, **plan_options) -> float:
+    rng = np.random.default_rng(0)
+    params = init_params(cell, SIZES.layers, SIZES.input, SIZES.hidden, 0)
+    inputs = {"x": rng.uniform(-1.0, 1.0, (seq, SIZES.batch, SIZES.input)).astype(np.float32)}
+    ref = run_reference(cell, params, inputs, SIZES.layers)
+    _, _, x, initial = resolve_run(cell, params, inputs, SIZES.layers)
+    sizes = Sizes(seq, SIZES.batch, SIZES.input, SIZES.hidden, SIZES.layers)
+    plan = make_plan(cell, sizes, schedule, precision=precision, **plan_options)
+    return relative_error(NumpyExecutor(plan, params, np.float32).run(x, initial), ref) / UNIT[precision]
+
+
+@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_every_template_in_16_bits_is_within_the_bound_of_the_float64_reference(name, precision):
+    cell = load_template(name)
+    for schedule in ("fused", "graph", "wavefront"):
+        units = _errors(cell, precision, schedule)
+        assert units < BOUND_UNITS, f"{name} {schedule} {precision}: {units:.2f} units of rounding"
+    # the emulation rounds: a 16-bit run is not float32's (float32 is within 1e-4 of the reference)
+    assert _errors(cell, precision, "graph") > 1e-4 / UNIT[precision] or name == "slstm"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_random_cells_in_bf16_are_within_the_bound(seed):
+    cell = random_cell(seed)
+    units = _errors(cell, "bf16", "graph")
+    assert units < BOUND_UNITS, f"random cell {seed}: {units:.2f} units of rounding"
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_kernels_of_a_16_bit_plan_include_their_types_header_and_compile(precision, tmp_path):
+    for name in ("lstm", "layernorm_lstm"):
+        plan = make_plan(load_template(name), SIZES, "graph", precision=precision)
+        source = plan_kernels(plan).module_source()
+        dtype = PRECISIONS[precision]
+        assert f"#include <{dtype.header}>" in source and f"const {dtype.c}* __restrict__" in source
+        assert any(isinstance(launch, KernelLaunch) for lp in plan.layers for launch in lp.step)
+        nvcc_cubin(source, tmp_path)
