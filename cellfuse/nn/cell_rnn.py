@@ -35,7 +35,7 @@ from ..graph_model.limits import MAX_LAYERS, MAX_WIDTH
 from ..graph_model.params import REVERSE, check_names, check_widths
 from ..graph_model.validate import check_count
 from . import ops, stacks
-from .runners import DTYPES, dtype_names
+from .runners import DTYPES, dtype_names, runs_with
 
 MAX_SEEN = 4  # the sizes, dtypes and devices whose rungs `schedules_run` reports
 
@@ -93,6 +93,12 @@ class CellRNN(torch.nn.Module):
     tensors on torch's current stream (see cuda_runner). Under torch.no_grad(), or where nothing needs a
     gradient, no steps are saved. The plans and programs of each (cell, sizes, dtype, device) are made
     once for the process (see ops).
+
+    x of bfloat16 or float16 (or float32 x under torch.autocast) runs the plans of that precision
+    (codegen.precision; on the CPU emulated): y and the final states come back in x's dtype, the
+    parameters may stay float32 (packed into 16-bit weights when they change). `auto` is `graph` there,
+    the rungs up to `wavefront` run it, and a pass that a backward pass may follow runs in float32 so far
+    (with a warning).
 
     A cell whose backward pass the backward Plan cannot plan (an op with no derivative in the op table)
     is refused here, with the node that stops it.
@@ -255,6 +261,11 @@ class CellRNN(torch.nn.Module):
             x, lengths = packed.x, packed.lengths
         elif self.batch_first and isinstance(x, torch.Tensor) and x.dim() == 3:
             x = x.transpose(0, 1)
+        cast = stacks.autocast_dtype(x) if isinstance(x, torch.Tensor) else None
+        if cast is not None:  # under torch.autocast: x and the states in its dtype
+            x = x.to(cast)
+            if isinstance(states, Mapping):
+                states = {s: v.to(cast) if isinstance(v, torch.Tensor) else v for s, v in states.items()}
         initial = self._check(x, states)
         if packed is not None:
             initial = packed.sorted(initial)
@@ -296,7 +307,7 @@ class CellRNN(torch.nn.Module):
             raise CellError(f"x has dtype {dtype}; on {device.type} CellRNN runs {dtype_names(device.type)}")
         for key, (owner, name) in self._where.items():
             p = owner._parameters[name]
-            if p.device != device or p.dtype != dtype:
+            if p.device != device or not runs_with(p.dtype, dtype):
                 raise CellError(f"parameter '{key}' is {p.dtype} on {p.device}, and x is {dtype} on "
                                 f"{device}: move the module to x's device and dtype (module.to(x))")
         T, B = x.shape[0], x.shape[1]

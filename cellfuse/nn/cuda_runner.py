@@ -31,7 +31,7 @@ from ..codegen.lowering import lower
 from ..codegen.plan import Plan
 from ..graph_model import CellError
 from .packed_for import PackedFor, owner
-from .runners import Plans, Runner
+from .runners import TORCH_DTYPES, Plans, Runner
 from .tensor_layout import WEIGHT_ROLES, TensorLayout
 
 ALIGNMENT = 256  # bytes: where each buffer starts in a piece of memory (cuBLAS's fastest kernels want it)
@@ -86,13 +86,13 @@ class Memory:
                                   if restarted else 0)
 
 
-def _views(memory: torch.Tensor, extents: dict[str, tuple[int, int]], names) -> dict[str, torch.Tensor]:
-    """Float32 views of the buffers `names` in a piece of memory, by their (offset, bytes)."""
+def _views(memory: torch.Tensor, extents: dict[str, tuple], names) -> dict[str, torch.Tensor]:
+    """Views of the buffers `names` in a piece of memory, by their (offset, bytes[, torch dtype])."""
     return {name: _view(memory, *extents[name]) for name in names}
 
 
-def _view(memory: torch.Tensor, at: int, nbytes: int) -> torch.Tensor:
-    return memory[at:at + nbytes].view(torch.float32)
+def _view(memory: torch.Tensor, at: int, nbytes: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return memory[at:at + nbytes].view(dtype)
 
 
 class _LazyViews(dict):
@@ -137,11 +137,15 @@ class CudaRunner(Runner):
                 raise CellError(f"weight buffer {name!r} differs between the plans of '{plans.schedule}' and "
                                 f"'{plans.train.schedule}'")
         self.weight_at, self.weight_bytes = _layout(list(weights.items()))
-        # where each weight and gradient buffer is, and its bytes: the sizes' expressions evaluated once
-        self._weight_extents = {name: (self.weight_at[name], nbytes) for name, nbytes in weights.items()}
+        # where each weight and gradient buffer is, its bytes and its type: the sizes' expressions evaluated
+        # once
+        buffers = {**plans.forward.buffers, **plans.train.buffers}
+        self._weight_extents = {name: (self.weight_at[name], nbytes, TORCH_DTYPES[buffers[name].dtype.name])
+                                for name, nbytes in weights.items()}
         sizes = plans.train.sizes
+        backward = plans.backward
         self._grad_extents = {name: (self.memory.grads[name], b.nbytes(sizes))
-                              for name, b in plans.backward.buffers.items()}
+                              for name, b in (backward.buffers.items() if backward else ())}
         self.packing = [(self.layout, set(self.memory.weights))]
         if set(self.infer_memory.weights) - set(self.memory.weights):
             self.packing.append((TensorLayout(plans.forward, plans.backward),
@@ -155,7 +159,14 @@ class CudaRunner(Runner):
         s = plans.train.sizes
         self._sizes = (s.seq, s.batch, s.hidden, s.layers)
         self._empty = torch.empty(0, dtype=torch.uint8, device=device)  # the reserve of a run that saves none
-        self._ones = [name for name in plans.backward.buffers if plans.backward.start_value(name) == 1.0]
+        self._ones = [name for name in (backward.buffers if backward else ())
+                      if backward.start_value(name) == 1.0]
+        # the types y and each state are stored in (a 16-bit plan's may differ from the caller's), and
+        # whether y and the final states can share one piece of memory (of one type)
+        plan = plans.forward
+        self._y_dtype = TORCH_DTYPES[plan.buffers[plan.layers[-1].output_seq].dtype.name]
+        self._state_dtypes = [TORCH_DTYPES[plan.buffers[f"init.{s}"].dtype.name] for s in plan.state_ids]
+        self._one_type = plan.precision == "fp32"
 
     # -- programs -------------------------------------------------------------------------------------
     def _program(self, which: str):
@@ -269,26 +280,32 @@ class CudaRunner(Runner):
         return out
 
     def forward(self, x, states, params, save, shared=False):
-        x, states = _in_place(x), [_in_place(s) for s in states]
+        given = states
+        x = _in_place(x)
+        states = [_in_place(s if s.dtype == dtype else s.to(dtype))
+                  for s, dtype in zip(states, self._state_dtypes, strict=True)]
         which = "train" if save else "forward"
         program = self._program(which)
         memory = self.memory if save else self.infer_memory
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         packed = self._weights(params, stream)
         T, B, H, L = self._sizes
-        if shared and not save:  # one allocation, in the time of a call that returns in microseconds
-            y, finals, out, scratch = self._inference_memory(x, len(states))
+        if shared and not save and self._one_type:  # one allocation, in the time of a call that returns
+            y, finals, out, scratch = self._inference_memory(x, len(states))  # in microseconds
             reserve = self._empty
         else:  # tensors of their own: autograd holds each for as long as it needs it
-            whole = torch.empty((T + 1, B, H), dtype=x.dtype, device=x.device)
+            whole = torch.empty((T + 1, B, H), dtype=self._y_dtype, device=x.device)
             y, out = whole[1:], whole.data_ptr()
-            finals = [torch.empty((L, B, H), dtype=x.dtype, device=x.device) for _ in states]
+            finals = [torch.empty((L, B, H), dtype=s.dtype, device=x.device) for s in states]
             reserve = torch.empty(memory.reserve_bytes, dtype=torch.uint8, device=x.device)
             scratch = reserve.data_ptr()
             if not save:  # no steps to keep: an empty reserve (a view of the block would keep it alive)
                 reserve = reserve.new_empty(0)
         program.run([scratch, packed, x.data_ptr(), out, 0, *(s.data_ptr() for s in states),
                      *(f.data_ptr() for f in finals)], stream)
+        if not self._one_type:  # in the caller's types (a state kept float32 back in the given state's)
+            y = y.to(x.dtype)
+            finals = [f.to(s.dtype) for f, s in zip(finals, given, strict=True)]
         return y, finals, reserve
 
     def _inference_memory(self, x: torch.Tensor, states: int):

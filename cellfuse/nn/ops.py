@@ -25,7 +25,7 @@ from torch.autograd.function import once_differentiable
 from ..gpu_runtime.auto_schedule import AUTO, choose_schedule
 from ..graph_model import Cell, CellError, Sizes, cell_from_text, cell_to_text
 from ..graph_model.lengths import masked
-from .runners import Plans, Runner, make_plans
+from .runners import PRECISIONS, Plans, Runner, make_plans, precision_of
 
 MAX_RUNNERS = 16  # sizes, dtypes and devices whose plans and programs the process keeps at once
 
@@ -76,8 +76,9 @@ _ways: OrderedDict[tuple, bool] = OrderedDict()
 def side_by_side(cell: str, x: torch.Tensor, hidden: int, schedule: str) -> bool:
     """Whether a bidirectional layer of the cell over x (on a GPU) runs its two directions side by side:
     under `auto`, as measured for its sizes (auto_schedule's Choice.beside: the persistent rungs on half
-    of the SMs may take longer side by side than one after the other); with a rung named, always."""
-    if schedule != AUTO:
+    of the SMs may take longer side by side than one after the other); with a rung named, or in 16 bits
+    (where `auto` is `graph`), always."""
+    if schedule != AUTO or x.dtype in PRECISIONS:
         return True
     T, B, inputs = x.shape
     key = (cell, T, B, inputs, hidden, x.device.index)
@@ -90,11 +91,12 @@ def side_by_side(cell: str, x: torch.Tensor, hidden: int, schedule: str) -> bool
 
 
 def plans(cell: str, seq: int, batch: int, input_size: int, hidden: int, layers: int, schedule: str,
-          device: torch.device, direction: int = FORWARD) -> Plans:
+          device: torch.device, direction: int = FORWARD, precision: str = "fp32") -> Plans:
     sizes = Sizes(seq=seq, batch=batch, input=input_size, hidden=hidden, layers=layers)
     share = _share(direction) if device.type == "cuda" else 1
-    key = (cell, sizes, schedule, device.type, device.index, share)
-    return _remember(_plans, key, lambda: make_plans(cell_from_text(cell), sizes, schedule, device, share))
+    key = (cell, sizes, schedule, device.type, device.index, share, precision)
+    return _remember(_plans, key, lambda: make_plans(cell_from_text(cell), sizes, schedule, device, share,
+                                                     precision))
 
 
 def reserve_bytes(plans: Plans, device_type: str, dtype: torch.dtype) -> int:
@@ -118,7 +120,7 @@ def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, 
         return _runners[key]
 
     def make() -> Runner:
-        p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction)
+        p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction, precision_of(x.dtype))
         if x.device.type == "cpu":
             from .runners import NumpyRunner
 
@@ -164,7 +166,7 @@ rnn = torch.library.custom_op("cellfuse::rnn", rnn_impl, mutates_args=())
 @rnn.register_fake
 def _rnn_fake(x, states, params, cell, hidden, layers, schedule, save, direction):
     T, B, inputs = (int(n) for n in x.shape)  # a plan is made for sizes, not for symbols
-    p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction)
+    p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction, precision_of(x.dtype))
     nbytes = reserve_bytes(p, x.device.type, x.dtype) if save else 0
     return [x.new_empty((T, B, hidden)), *(s.new_empty(s.shape) for s in states),
             x.new_empty((nbytes,), dtype=torch.uint8)]

@@ -9,6 +9,10 @@ passes, and autograd holds what each one needs.
 On the CPU the numpy executor runs the plans, in float32 or float64, in its own buffers: the reserve is
 a copy of them. On a CUDA device, see cuda_runner: the kernels compute in torch's tensors, on torch's
 current stream.
+
+Inputs of bfloat16 or float16 run the plans of that precision (codegen.precision; emulated in float32 on
+the CPU): forward only, so far, so their Plans have no backward plan (stacks runs a pass that needs one in
+float32).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import torch
 
 from ..codegen import make_plan
 from ..codegen.backward_plan import BackwardPlan, backward_plan
-from ..codegen.plan import Plan, Target
+from ..codegen.plan import H100, Plan, Target
 from ..gpu_runtime.auto_schedule import AUTO, choose_schedule
 from ..graph_model import Cell, CellError, Sizes
 from .tensor_layout import TensorLayout
@@ -34,11 +38,26 @@ log = logging.getLogger(__name__)
 # The rung whose machinery every backward pass uses, and what `auto` falls back to on the GPU where the
 # measured rung cannot save its steps for one.
 GRAPH = "graph"
-DTYPES = {"cpu": (torch.float32, torch.float64), "cuda": (torch.float32,)}
+DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16, torch.float16),
+          "cuda": (torch.float32, torch.bfloat16, torch.float16)}
+# the precision of the plans that inputs of each dtype run (float32's, and float64's on the CPU: fp32)
+PRECISIONS = {torch.bfloat16: "bf16", torch.float16: "fp16"}
+# the torch dtype of each storage type of codegen.dtypes, by name
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def dtype_names(device_type: str) -> str:
-    return " or ".join(str(d) for d in DTYPES[device_type])
+    return ", ".join(str(d) for d in DTYPES[device_type])
+
+
+def precision_of(dtype: torch.dtype) -> str:
+    return PRECISIONS.get(dtype, "fp32")
+
+
+def runs_with(param: torch.dtype, x: torch.dtype) -> bool:
+    """Whether parameters of dtype `param` run with inputs of dtype `x`: of the same dtype, or float32
+    ones with 16-bit inputs (as under torch.autocast: they are packed into 16-bit weights)."""
+    return param == x or (param == torch.float32 and x in PRECISIONS)
 
 
 @dataclass(frozen=True)
@@ -48,7 +67,7 @@ class Plans:
 
     forward: Plan
     train: Plan
-    backward: BackwardPlan
+    backward: BackwardPlan | None  # None in a 16-bit precision (forward only, so far)
 
     @property
     def schedule(self) -> str:
@@ -66,9 +85,16 @@ def device_target(device: torch.device, share: int = 1) -> Target:
     return Target(props.multi_processor_count // share, props.shared_memory_per_block_optin)
 
 
-def make_plans(cell: Cell, sizes: Sizes, schedule: str, device: torch.device, share: int = 1) -> Plans:
+def make_plans(cell: Cell, sizes: Sizes, schedule: str, device: torch.device, share: int = 1,
+               precision: str = "fp32") -> Plans:
     """The plans of `schedule` (or of the rung `auto` stands for here) at these sizes on the device, for
-    one of `share` runs side by side on it."""
+    one of `share` runs side by side on it, in `precision`."""
+    if precision != "fp32":  # the rungs that run 16 bits: `auto` is `graph` there
+        if schedule == AUTO:
+            schedule = GRAPH
+        target = device_target(device, share) if device.type == "cuda" else H100
+        forward = make_plan(cell, sizes, schedule, target, precision=precision)
+        return Plans(forward, forward, None)
     if device.type == "cpu":
         if schedule == AUTO:
             schedule = choose_schedule(cell, sizes, "numpy").schedule
@@ -129,7 +155,10 @@ class NumpyRunner(Runner):
         np_dtype = np.float64 if dtype == torch.float64 else np.float32
         zeros = {key: np.zeros(shape, np.float32) for key, shape in plan.params.items()}
         self.executor = NumpyExecutor(plan, zeros, np_dtype)
-        self.backward_pass = NumpyBackward(self.executor)  # its gradient buffers join the executor's
+        # its gradient buffers join the executor's
+        self.backward_pass = NumpyBackward(self.executor) if plans.backward is not None else None
+        # the weight buffers stored in 16 bits, rounded as the parameters are packed into them
+        self.rounded = [name for name in self.layout.weight_buffers if name in self.executor.rounded]
         self.order = list(execution_order(self.executor.program, self.executor.prefer))
         self.views = {name: torch.from_numpy(arr) for name, arr in self.executor.buf.items()}
         self.saved = list(plan.buffers)  # the forward buffers, in the order a reserve holds them
@@ -140,12 +169,16 @@ class NumpyRunner(Runner):
         for state, value in zip(plan.state_ids, states, strict=True):
             views[f"init.{state}"].copy_(value.reshape(-1))
         self.layout.pack(views, params)
+        for name in self.rounded:
+            views[name].copy_(torch.from_numpy(self.executor.round(name, self.executor.buf[name])))
         for instr in self.order:
             self.executor.execute(instr)
         s = plan.sizes
         T, B, H, L = s.seq, s.batch, s.hidden, s.layers
-        y = views[plan.layers[-1].output_seq][B * H:].view(T, B, H).clone()
-        finals = [views[f"final.{state}"].view(L, B, H).clone() for state in plan.state_ids]
+        # (the 16-bit values, emulated in float32, in the caller's dtypes: exactly)
+        y = views[plan.layers[-1].output_seq][B * H:].view(T, B, H).to(x.dtype, copy=True)
+        finals = [views[f"final.{state}"].view(L, B, H).to(value.dtype, copy=True)
+                  for state, value in zip(plan.state_ids, states, strict=True)]
         reserve = (torch.cat([views[name] for name in self.saved]).view(torch.uint8) if save
                    else torch.empty(0, dtype=torch.uint8))
         return y, finals, reserve

@@ -8,10 +8,17 @@ ops run the cell of graph_model.lengths, whose extra last state starts at the ro
 length a row's output is zero and its states keep their values, so its final states are those of its
 own last step. The reverse direction reverses each row within its own length (a gather), so that it
 starts at the row's last step.
+
+Inputs of bfloat16 or float16 run the plans of that precision forward (the states that accumulate kept
+float32 inside); a pass that saves its steps for a backward one runs in float32 so far, its results
+given back in the inputs' dtypes. Under torch.autocast, float32 inputs run in autocast's dtype, as torch's
+RNN modules do (the parameters stay float32: the packed 16-bit weights are made from them when they
+change).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -21,6 +28,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from ..graph_model import CellError
 from . import ops
+from .runners import DTYPES, PRECISIONS
 
 
 def check_lengths(lengths: object, seq: int, batch: int) -> torch.Tensor:
@@ -42,10 +50,21 @@ def check_lengths(lengths: object, seq: int, batch: int) -> torch.Tensor:
     return lengths
 
 
+def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
+    """The dtype float32 inputs like x run in under torch.autocast on x's device (None: as they are)."""
+    device = x.device.type
+    if x.dtype != torch.float32 or device not in DTYPES or not torch.is_autocast_enabled(device):
+        return None
+    dtype = torch.get_autocast_dtype(device)
+    return dtype if dtype in PRECISIONS else None
+
+
 def _steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int) -> torch.Tensor:
-    """The initial value of the lengths' state: each row's length in each of its elements, per layer."""
+    """The initial value of the lengths' state: each row's length in each of its elements, per layer (in
+    float32 where x is 16-bit: bf16 holds whole numbers exactly only up to 256)."""
     B = lengths.shape[0]
-    return _to_device(lengths.to(x.dtype), x).view(1, B, 1).expand(layers, B, hidden).contiguous()
+    dtype = torch.float32 if x.dtype in PRECISIONS else x.dtype
+    return _to_device(lengths.to(dtype), x).view(1, B, 1).expand(layers, B, hidden).contiguous()
 
 
 def _to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
@@ -62,11 +81,17 @@ def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.
     """y and the final states of `layers` layers of the cell in one call of the ops (each row to its own
     length where `lengths` are given: see the module's docstring; `direction` as the ops take it)."""
     states = list(states)
+    # the steps are saved only where a backward pass may follow
+    save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *states, *params))
+    if save and x.dtype in PRECISIONS:  # 16-bit plans run forward only so far
+        warnings.warn(f"CellRNN: a pass that a backward pass may follow runs in float32 so far, not in "
+                      f"{x.dtype} (its results are given back in {x.dtype})", stacklevel=3)
+        y, finals = run(x.float(), [s.float() for s in states], [p.float() for p in params], cell, hidden,
+                        layers, schedule, lengths, direction)
+        return y.to(x.dtype), [f.to(s.dtype) for f, s in zip(finals, states, strict=True)]
     if lengths is not None:
         cell = ops.masked_text(cell)
         states.append(_steps_left(lengths, layers, x, hidden))
-    # the steps are saved only where a backward pass may follow
-    save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *states, *params))
     out = ops.run(x, states, list(params), cell, hidden, layers, schedule, save, direction)
     finals = list(out[1:1 + len(states)])
     return out[0], finals[:-1] if lengths is not None else finals

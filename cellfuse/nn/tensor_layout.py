@@ -39,16 +39,19 @@ class TensorLayout:
     """The module's parameters into a plan's weight buffers, the seeds into its backward plan's gradient
     buffers, the gradients out of them."""
 
-    def __init__(self, plan: Plan, backward: BackwardPlan):
+    def __init__(self, plan: Plan, backward: BackwardPlan | None):
+        """`backward`: None for a plan that runs forward only (then only `pack` works)."""
         self.plan, self.backward = plan, backward
         self.state_ids = plan.state_ids
         self.keys = tuple(plan.params)
         self.parts = list(plan.param_parts())
+        self.weight_buffers = list(dict.fromkeys(part.buffer for part in self.parts))
         s = plan.sizes
         # the places of the seeds and of the states' gradients, worked out once (addresses are expressions)
-        self.dy_place = backward.dy_place()
-        self.state_places = {(state, layer, t): backward.state_grad(state, layer, t)
-                             for state in self.state_ids for layer in range(s.layers) for t in (0, s.seq)}
+        if backward is not None:
+            self.dy_place = backward.dy_place()
+            self.state_places = {(state, layer, t): backward.state_grad(state, layer, t)
+                                 for state in self.state_ids for layer in range(s.layers) for t in (0, s.seq)}
         by_buffer: dict[str, list[ParamPart]] = {}
         for part in self.parts:
             by_buffer.setdefault(part.buffer, []).append(part)

@@ -24,7 +24,7 @@ from ..gpu_runtime.auto_schedule import AUTO
 from ..graph_model import Cell, CellError, init_params
 from ..graph_model.builder import CellBuilder, sigmoid, tanh
 from . import ops, stacks
-from .runners import DTYPES, dtype_names
+from .runners import DTYPES, dtype_names, runs_with
 
 # torch's gates in the order of its rows: the cell's input and recurrent matrices and its input and
 # recurrent biases (torch_cell's names)
@@ -180,7 +180,7 @@ class _TorchRNN(torch.nn.Module):
             raise CellError(f"input is {x.dtype} on {x.device}; on {x.device.type} this module runs "
                             f"{dtype_names(x.device.type) if x.device.type in DTYPES else 'nothing'}")
         p = self.weight_ih_l0
-        if p.device != x.device or p.dtype != x.dtype:
+        if p.device != x.device or not runs_with(p.dtype, x.dtype):
             raise CellError(f"the parameters are {p.dtype} on {p.device}, and input is {x.dtype} on "
                             f"{x.device}: move the module to the input's device and dtype")
         return x
@@ -205,6 +205,11 @@ class _TorchRNN(torch.nn.Module):
         lengths = None
         if packed is not None:  # padded, each row to its length, in the packed data's order of rows
             input, lengths = packed.x, packed.lengths
+        cast = stacks.autocast_dtype(input) if isinstance(input, torch.Tensor) else None
+        if cast is not None:  # under torch.autocast: the input and hx in its dtype, as torch.nn.LSTM's
+            input = input.to(cast)
+            if hx is not None:
+                hx = (tuple(h.to(cast) for h in hx) if isinstance(hx, (tuple, list)) else hx.to(cast))
         x = self._check(input)
         unbatched = x.dim() == 2
         if unbatched:

@@ -96,5 +96,6 @@ def test_float64_and_a_module_on_another_device_are_refused_on_the_gpu(cuda):
     with pytest.raises(CellError, match=f"parameter 'l0.W_i' is torch.float32 on cpu, and x is torch.float32 "
                                         f"on {cuda}"):
         rnn(torch.randn(5, 2, 4, device=cuda))
-    with pytest.raises(CellError, match="x has dtype torch.float64; on cuda CellRNN runs torch.float32"):
+    with pytest.raises(CellError, match="x has dtype torch.float64; on cuda CellRNN runs torch.float32, "
+                                        "torch.bfloat16"):
         rnn.to(cuda, torch.float64)(torch.randn(5, 2, 4, device=cuda, dtype=torch.float64))

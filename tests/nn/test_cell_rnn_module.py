@@ -238,8 +238,9 @@ def test_initial_states_given_for_some_states_only():
     (torch.randn(5, 4), r"x has shape \[5, 4\], expected \[T, B, 4\] \(sequence, batch, input_size\)"),
     (torch.randn(5, 2, 3), r"x has shape \[5, 2, 3\], expected \[T, B, 4\]"),
     (torch.randn(0, 2, 4), r"x has shape \[0, 2, 4\], expected \[T, B, 4\] .*T and B at least 1"),
-    (torch.randn(5, 2, 4, dtype=torch.float16),
-     "x has dtype torch.float16; on cpu CellRNN runs torch.float32 or torch.float64"),
+    (torch.randn(5, 2, 4, dtype=torch.complex64),
+     "x has dtype torch.complex64; on cpu CellRNN runs torch.float32, torch.float64, torch.bfloat16, "
+     "torch.float16"),
     (torch.ones(5, 2, 4, dtype=torch.int64), "x has dtype torch.int64; on cpu CellRNN runs"),
     (torch.randn(5, 2, 4, dtype=torch.float64),
      "parameter 'l0.W_i' is torch.float32 on cpu, and x is torch.float64 on cpu: move the module"),

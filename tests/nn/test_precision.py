@@ -1,0 +1,153 @@
+"""cellfuse.nn in bfloat16 and float16: inputs of those dtypes (or float32 ones under torch.autocast) run
+the plans of that precision, within the bound stated against the float64 reference, and give their results
+back in the inputs' dtype; float32 parameters are packed into 16-bit weights; a pass that a backward pass
+may follow runs in float32 so far, and says so. On the CPU (the precision emulated) and on the GPU."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from cellfuse.codegen.precision import forward_tolerance
+from cellfuse.graph_model import CellError, load_template, run_reference
+from cellfuse.nn import GRU, LSTM, CellRNN
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+T, B, INPUT, H = 12, 3, 16, 24
+
+
+@pytest.fixture(params=["cpu", pytest.param("cuda", marks=pytest.mark.gpu)])
+def device(request):
+    return torch.device("cpu") if request.param == "cpu" else request.getfixturevalue("cuda")
+
+
+def _error(got: torch.Tensor, want: np.ndarray) -> float:
+    return float(np.abs(got.float().cpu().numpy() - want).max() / np.abs(want).max())
+
+
+def _reference(rnn: CellRNN, x: torch.Tensor, states: dict | None = None):
+    params = {key: rnn.param(key).detach().float().cpu().numpy() for key in rnn.keys}
+    inputs = {"x": x.float().cpu().numpy()}
+    if states:
+        inputs.update({s: v.float().cpu().numpy() for s, v in states.items()})
+    return run_reference(load_template(rnn.cell.name.lower()), params, inputs, rnn.num_layers)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_16_bit_inputs_run_in_their_precision_within_the_bound(device, name, precision):
+    dtype = DTYPES[precision]
+    rnn = CellRNN(name, INPUT, H, 2, seed=1).to(device)  # float32 parameters, as under autocast
+    x = torch.randn(T, B, INPUT, device=device).to(dtype)
+    states = {"h": (0.5 * torch.randn(2, B, H, device=device)).to(dtype)}
+    with torch.no_grad():
+        y, finals = rnn(x, states)
+        y32, _ = rnn(x.float(), {"h": states["h"].float()})
+    ref = _reference(rnn, x, states)
+    assert y.dtype == dtype and all(f.dtype == dtype for f in finals.values())
+    assert _error(y, ref.y) < forward_tolerance(precision)
+    for s, value in finals.items():
+        assert _error(value, ref.final[s]) < forward_tolerance(precision), s
+    assert (y.float() - y32).abs().max() > 1e-5  # not float32's result
+
+
+def test_under_autocast_float32_inputs_run_in_its_dtype(device):
+    rnn = CellRNN("lstm", INPUT, H, 1, seed=2).to(device)
+    x = torch.randn(T, B, INPUT, device=device)
+    with torch.no_grad():
+        want, _ = rnn(x.bfloat16())
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            got, finals = rnn(x)
+    assert got.dtype == torch.bfloat16 and finals["c"].dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    lstm = LSTM(INPUT, H, batch_first=True).to(device)
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.float16):
+        out, (h, c) = lstm(x.transpose(0, 1))
+    assert out.dtype == h.dtype == c.dtype == torch.float16
+
+
+def test_modules_in_16_bits_and_the_drop_ins_match_torch_within_the_bound(device):
+    for cls, torch_cls in ((LSTM, torch.nn.LSTM), (GRU, torch.nn.GRU)):
+        ours = cls(INPUT, H, num_layers=2).to(device)
+        ref = torch_cls(INPUT, H, num_layers=2).to(device).double()
+        ref.load_state_dict(ours.state_dict())
+        ours = ours.to(torch.bfloat16)  # parameters in bfloat16 too
+        x = torch.randn(T, B, INPUT, device=device)
+        with torch.no_grad():
+            got, _ = ours(x.bfloat16())
+            want, _ = ref(x.bfloat16().double())
+        assert got.dtype == torch.bfloat16
+        error = float((got.double() - want).abs().max() / want.abs().max())
+        assert error < forward_tolerance("bf16"), f"{cls.__name__}: {error:.2e}"
+
+
+def test_a_pass_that_may_be_followed_by_a_backward_pass_runs_in_float32_and_says_so(device):
+    rnn = CellRNN("gru", INPUT, H, 1, seed=3).to(device)
+    x = torch.randn(T, B, INPUT, device=device).bfloat16()
+    x16 = x.clone().requires_grad_()
+    with pytest.warns(UserWarning, match="runs in float32 so far, not in torch.bfloat16"):
+        y, finals = rnn(x16)
+    assert y.dtype == finals["h"].dtype == torch.bfloat16
+    y.float().square().sum().backward()
+    x32 = x.float().requires_grad_()
+    y32, _ = rnn(x32)
+    y32.to(torch.bfloat16).float().square().sum().backward()
+    torch.testing.assert_close(y, y32.to(torch.bfloat16), rtol=0, atol=0)
+    assert x16.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(x16.grad.float(), x32.grad.to(torch.bfloat16).float(), rtol=0, atol=0)
+
+
+def test_lengths_past_256_steps_stay_exact_in_16_bits(device):
+    """The steps left of each row are counted in float32 (bfloat16 holds whole numbers exactly only up to
+    256): rows of 299 and 300 steps stop at their own."""
+    rnn = CellRNN("lstm", 4, 8, 1, seed=4).to(device)
+    x = torch.randn(300, 2, 4, device=device).bfloat16()
+    with torch.no_grad():
+        y, finals = rnn(x, lengths=[299, 300])
+        short, short_finals = rnn(x[:299, :1])
+    assert float(y[299, 0].float().abs().max()) == 0.0 and float(y[299, 1].float().abs().max()) > 0.0
+    torch.testing.assert_close(y[:299, :1], short, rtol=0, atol=0)
+    torch.testing.assert_close(finals["c"][:, :1], short_finals["c"], rtol=0, atol=0)
+
+
+def test_what_16_bit_inputs_refuse(device):
+    rnn = CellRNN("lstm", INPUT, H, 1, seed=5).to(device).to(torch.bfloat16)
+    with pytest.raises(CellError, match="parameter 'l0.W_i' is torch.bfloat16 .* and x is torch.float32"):
+        rnn(torch.randn(T, B, INPUT, device=device))
+    persistent = CellRNN("lstm", INPUT, H, 1, seed=5, schedule="persistent").to(device)
+    with torch.no_grad(), pytest.raises(CellError, match="the 'persistent' rung runs in float32 only so far"):
+        persistent(torch.randn(T, B, INPUT, device=device).half())
+
+
+@pytest.mark.gpu
+def test_a_captured_16_bit_forward_replays_on_new_inputs(cuda):
+    rnn = CellRNN("lstm", INPUT, H, 2, seed=6, schedule="graph").to(cuda)
+    static_x = torch.randn(T, B, INPUT, device=cuda).bfloat16()
+    side = torch.cuda.Stream(cuda)
+    side.wait_stream(torch.cuda.current_stream(cuda))
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(2):
+            rnn(static_x)
+    torch.cuda.current_stream(cuda).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static_y, static_final = rnn(static_x)
+    new_x = torch.randn(T, B, INPUT, device=cuda).bfloat16()
+    static_x.copy_(new_x)
+    graph.replay()
+    with torch.no_grad():
+        want_y, want_final = rnn(new_x)
+    torch.testing.assert_close(static_y, want_y, rtol=0, atol=0)
+    torch.testing.assert_close(static_final["c"], want_final["c"], rtol=0, atol=0)
+
+
+def test_compiled_with_fullgraph_in_16_bits_matches_eager(device):
+    rnn = CellRNN("gru", INPUT, H, 1, seed=7).to(device)
+    compiled = torch.compile(rnn, fullgraph=True, backend="aot_eager")
+    x = torch.randn(T, B, INPUT, device=device).half()
+    with torch.no_grad():
+        want, _ = rnn(x)
+        got, finals = compiled(x)
+    assert got.dtype == finals["h"].dtype == torch.float16
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
