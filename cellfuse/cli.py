@@ -327,7 +327,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 def _print_bench(result) -> None:
     s = result.sizes
     print(f"\n{result.cell}: T={s.seq} B={s.batch} input={s.input} hidden={s.hidden} layers={s.layers} "
-          f"on {result.device}" + (", training: forward + backward" if result.train else ""))
+          f"on {result.device}" + (", training: forward + backward" if result.train else "")
+          + (f", in {result.precision}" if result.precision != "fp32" else ""))
     if result.lengths:
         print(f"  each batch row to its own length, {min(result.lengths)} to {max(result.lengths)} steps "
               f"(mean {sum(result.lengths) / len(result.lengths):.1f})")
@@ -345,7 +346,7 @@ def _print_bench(result) -> None:
         compile_s = "" if r.compile_s is None else f"{r.compile_s:.2f}"
         print(f"  {r.name:18s} {r.median_ms:10.3f} {r.min_ms:8.3f} {r.max_ms:8.3f} {speed} "
               f"{r.rel_error:9.1e} {lps:>11s} {compile_s:>9s}  {r.note}")
-    left_out: dict[str, list[str]] = {}  # the baselines that cannot run here, by the reason
+    left_out: dict[str, list[str]] = {}  # what was asked for that does not run, by the reason
     for name, why in result.left_out.items():
         left_out.setdefault(why.removeprefix("not available: "), []).append(name)
     for why, names in left_out.items():
@@ -385,7 +386,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise CellError(f"--json and --plot name the same file, {args.json}")
     config = BenchConfig(_plan_sizes(cell, args), backend=args.backend, repeats=args.repeats,
                          seed=args.seed, train=args.train, lengths=args.lengths,
-                         bidirectional=args.bidirectional)
+                         bidirectional=args.bidirectional, precision=args.precision)
     if args.schedules:
         config.schedules = _choices("--schedules", args.schedules, SCHEDULES)
     if args.baselines is not None:
@@ -450,12 +451,14 @@ def _force_option(s: argparse.ArgumentParser) -> None:
                    help="write the output even where its name says it is another kind of file")
 
 
-def _precision_option(s: argparse.ArgumentParser) -> None:
+_STORED_IN = ("what x, the weights, the outputs and the states are stored in (bf16, fp16: multiplied on "
+              "tensor cores into float32; the states that accumulate kept float32)")
+
+
+def _precision_option(s: argparse.ArgumentParser, help_text: str = _STORED_IN) -> None:
     from .codegen.precision import PRECISIONS
 
-    s.add_argument("--precision", choices=list(PRECISIONS), default="fp32",
-                   help="what x, the weights, the outputs and the states are stored in (bf16, fp16: "
-                        "multiplied on tensor cores into float32; the states that accumulate kept float32)")
+    s.add_argument("--precision", choices=list(PRECISIONS), default="fp32", help=help_text)
 
 
 def _size_options(s: argparse.ArgumentParser, seq: bool = True) -> None:
@@ -579,6 +582,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--bidirectional", action="store_true",
                    help="both directions of one layer side by side, each with weights of its own (the "
                         "reverse one over each row reversed in time); y is both outputs side by side")
+    _precision_option(s, "what every schedule and baseline runs in, checked against the reference within "
+                         "the precision's bound (bf16, fp16: the rungs that run in it, cuDNN in that type, "
+                         "the other PyTorch baselines under autocast; forward only)")
     s.add_argument("--json", type=Path, help="write the result record here")
     s.add_argument("--plot", type=Path, help="write a chart here: SVG or PDF where named so, else PNG")
     _force_option(s)

@@ -76,6 +76,7 @@ from .plan import (
     grad_of,
     launch_name,
 )
+from .precision import Float32Only
 
 ONES = "ones"  # T*B ones: the left operand of a column sum
 
@@ -228,7 +229,7 @@ def backward_plan(forward: Plan) -> BackwardPlan:
         raise CellError(f"the backward pass of '{forward.cell_name}' reads every step of the forward pass: "
                         "make the forward plan with save_steps=True")
     if forward.precision != "fp32":
-        raise CellError(f"the backward pass runs in float32 only so far: '{forward.cell_name}' in "
+        raise Float32Only(f"the backward pass runs in float32 only so far: '{forward.cell_name}' in "
                         f"{forward.precision} runs forward only")
     buffers = {grad_of(b.name): Buffer(grad_of(b.name), b.rows, b.width, "grad")
                for b in forward.buffers.values() if b.role not in ("init", "final")}

@@ -41,6 +41,11 @@ BOUND_UNITS = 4.0
 FLOAT32_TOLERANCE = 1e-4  # the same for float32 (3xTF32 and float32 GEMMs alike)
 
 
+class Float32Only(CellError):
+    """A plan asked for in a 16-bit precision that its rung (or pass) runs in float32 only so far: not a
+    fault of the cell or its sizes, which callers that try every rung (the benchmark) leave out."""
+
+
 def forward_tolerance(precision: str) -> float:
     """The relative error a forward pass in `precision` is allowed against the float64 reference."""
     return FLOAT32_TOLERANCE if precision == "fp32" else BOUND_UNITS * UNIT[precision]
@@ -92,7 +97,7 @@ def with_precision(plan: Plan, cell: Cell, precision: str, float32_states: Colle
     if dtype == FLOAT32:
         return plan
     if plan.target is not None:
-        raise CellError(f"the '{plan.schedule}' rung runs in float32 only so far: precision {precision} "
+        raise Float32Only(f"the '{plan.schedule}' rung runs in float32 only so far: precision {precision} "
                         "runs on the rungs up to 'wavefront'")
     keep = accumulating_states(cell) if float32_states is None else set(float32_states)
     unknown = keep - set(plan.state_ids)

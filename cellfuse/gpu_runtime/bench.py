@@ -28,6 +28,7 @@ import numpy as np
 from .. import __version__
 from ..codegen import SCHEDULES, Plan, make_plan
 from ..codegen.plan import H100, Target
+from ..codegen.precision import PRECISIONS, Float32Only, check_precision, forward_tolerance
 from ..codegen.roofline import Peaks, roofline
 from ..graph_model import (
     Cell,
@@ -47,11 +48,11 @@ from ..graph_model.lengths import STEPS_LEFT, masked
 from .cudnn_persistent import ALGORITHM_NAMES, CudnnPersistentRNN, CudnnRefused, unavailable_reason
 from .cudnn_persistent import ALGORITHMS as CUDNN_PERSISTENT
 from .directions import Directions
-from .torch_baselines import SRU_PACKAGE
+from .torch_baselines import COMPILE_MODES, SRU_PACKAGE
 
 log = logging.getLogger(__name__)
 
-TOLERANCE = 1e-4  # relative error allowed in float32
+TOLERANCE = 1e-4  # relative error allowed in float32 (a forward pass's: precision.forward_tolerance)
 MOST_KINKS = 3  # of the kinks the reference passes within rounding of, the nearest whose branches count
 BASELINES = ("numpy reference", "pytorch eager", "pytorch graph", "torch.compile", "torch.compile default",
              "cudnn", *CUDNN_PERSISTENT, SRU_PACKAGE)
@@ -78,6 +79,12 @@ TRAIN_NOTES = {
     SRU_PACKAGE: "the sru package's SRU with the same weights, its own forward and backward CUDA kernels",
 }
 TRAIN_BASELINES = tuple(TRAIN_NOTES)  # the baselines that have a backward pass
+# The baselines that run in a 16-bit precision, as PyTorch's mixed precision runs them (the note's {} is
+# the torch type): cuDNN's RNN with its module and inputs in that type, PyTorch's own programs under
+# autocast. The others run in float32 only so far.
+AUTOCAST = ("pytorch eager", "pytorch graph", *COMPILE_MODES)
+SIXTEEN_BIT_NOTES = {"cudnn": "its module and inputs in {}",
+                     **dict.fromkeys(AUTOCAST, "under torch.autocast to {}, its weights float32")}
 MEASURES = {False: "forward", True: "forward + backward (the gradients of x, the initial states and every "
                                     "parameter for a fixed random dy)"}
 ROUNDS = 5  # timing rounds, each taking every implementation in turn
@@ -103,6 +110,8 @@ class BenchConfig:
     lengths: str | None = None
     # both directions of the layer side by side, each with weights of its own (see directions.py)
     bidirectional: bool = False
+    # what every plan is made in and every baseline runs in (codegen.precision.PRECISIONS); forward only
+    precision: str = "fp32"
 
 
 def draw_lengths(spec: str, seq: int, batch: int, rng: np.random.Generator) -> np.ndarray:
@@ -151,10 +160,12 @@ class BenchResult:
     cancelled: bool = False
     timing: str = ""
     train: bool = False  # the times are of forward + backward
-    left_out: dict[str, str] = field(default_factory=dict)  # baselines asked for that cannot run: why
+    # what was asked for that does not run: baselines not here, schedules not in this precision; why
+    left_out: dict[str, str] = field(default_factory=dict)
     seed: int = 0  # of the weights and inputs (see BenchConfig)
     lengths: list[int] | None = None  # each batch row's, where they were drawn (BenchConfig.lengths)
     bidirectional: bool = False  # both directions of the layer, side by side (BenchConfig.bidirectional)
+    precision: str = "fp32"  # of every schedule and baseline (BenchConfig.precision)
 
     def row(self, name: str) -> BenchRow | None:
         return next((r for r in self.rows if r.name == name), None)
@@ -170,7 +181,7 @@ class BenchResult:
                 "train": self.train, "measures": MEASURES[self.train], "timing": self.timing,
                 "cancelled": self.cancelled, "results": [asdict(r) for r in self.rows],
                 "left_out": self.left_out, "seed": self.seed, "lengths": self.lengths,
-                "bidirectional": self.bidirectional,
+                "bidirectional": self.bidirectional, "precision": self.precision,
                 "best_schedule": best.name if (best := self.best_schedule()) else None}
 
     def to_csv(self) -> str:
@@ -178,12 +189,12 @@ class BenchResult:
         buf = io.StringIO()
         names = [n for n in BenchRow("", "", False).__dict__ if n != "roofline"]
         parts = [f"roofline_{k}" for k in ("arithmetic_ms", "memory_ms", "sync_ms", "bound_ms")]
-        writer = csv.DictWriter(buf, fieldnames=["cell", "device", *names, *parts])
+        writer = csv.DictWriter(buf, fieldnames=["cell", "device", "precision", *names, *parts])
         writer.writeheader()
         for r in self.rows:
             row = asdict(r)
             roof = row.pop("roofline") or {}
-            writer.writerow({"cell": self.cell, "device": self.device, **row,
+            writer.writerow({"cell": self.cell, "device": self.device, "precision": self.precision, **row,
                              **{f"roofline_{k}": v for k, v in roof.items()}})
         return buf.getvalue()
 
@@ -277,7 +288,8 @@ def _versions() -> dict[str, str]:
 def baseline_reasons(cell: Cell, config: BenchConfig, backend: str) -> dict[str, str | None]:
     """Each baseline of `config` that its mode has, with None where it can run the cell on `backend` and
     otherwise why not: on numpy or without PyTorch's CUDA only the numpy reference runs; cuDNN's are for
-    the cells cuDNN implements, the sru package's for SRU."""
+    the cells cuDNN implements, the sru package's for SRU; in a 16-bit precision, those of
+    SIXTEEN_BIT_NOTES."""
     from .torch_baselines import cudnn_kind, is_sru, torch_available
 
     out: dict[str, str | None] = {}
@@ -298,6 +310,8 @@ def baseline_reasons(cell: Cell, config: BenchConfig, backend: str) -> dict[str,
             out[b] = "not available: cuDNN implements only the LSTM and the GRU"
         elif b == SRU_PACKAGE and not is_sru(cell):
             out[b] = "not available: the sru package implements only the SRU"
+        elif config.precision != "fp32" and b not in SIXTEEN_BIT_NOTES:
+            out[b] = "runs in float32 only so far"
         else:
             out[b] = None
     return out
@@ -313,6 +327,10 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
     """
     sizes = config.sizes
     check_sizes(sizes, cell)
+    check_precision(config.precision)
+    if config.train and config.precision != "fp32":
+        raise CellError(f"training runs in float32 only so far; --precision {config.precision} times the "
+                        "forward pass")
     backend = config.backend
     if backend == "auto":
         backend = "cuda" if "cuda" in available_backends() else "numpy"
@@ -352,7 +370,7 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
                                 "that take every implementation in turn",
                          train=config.train, seed=config.seed,
                          lengths=None if lengths is None else [int(n) for n in lengths],
-                         bidirectional=config.bidirectional)
+                         bidirectional=config.bidirectional, precision=config.precision)
     schedules = [s for s in config.schedules if s in SCHEDULES]
     reasons = baseline_reasons(cell, config, backend)
     baselines = [b for b, why in reasons.items() if why is None]
@@ -390,7 +408,11 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
         ref_ms = (time.perf_counter() - t0) * 1e3
         for name in schedules:
             step(f"checking schedule '{name}' on {backend}")
-            row, timed = _prepare_schedule(problem, name, backend)
+            try:
+                row, timed = _prepare_schedule(problem, name, backend)
+            except Float32Only as e:  # a rung not yet made for this precision: not a failure
+                result.left_out[name] = str(e)
+                continue
             result.rows.append(row)
             ready += [timed] if timed else []
         for name in baselines:
@@ -437,6 +459,12 @@ class _Problem:
     directions: Directions = field(default_factory=lambda: Directions(1, 0))
     peaks: Peaks | None = None  # the GPU's, for each schedule's roofline
 
+    @property
+    def tolerance(self) -> float:
+        """The relative error a result may have: a forward pass's in the benchmark's precision, or
+        gradients' (training runs in float32)."""
+        return TOLERANCE if self.config.train else forward_tolerance(self.config.precision)
+
     @cached_property
     def each_direction(self) -> list[tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]]:
         """Each direction's parameters, x and initial states (the reverse one's x reversed once)."""
@@ -465,11 +493,11 @@ class _Problem:
                 return
 
     def plan(self, schedule: str) -> Plan:
-        """The schedule's Plan, made once: a rung's plan is also compared with the next rung's. In
-        training, it saves every step for its backward Plan."""
+        """The schedule's Plan in the benchmark's precision, made once: a rung's plan is also compared with
+        the next rung's. In training, it saves every step for its backward Plan."""
         if schedule not in self.plans:
             self.plans[schedule] = make_plan(self.cell, self.sizes, schedule, self.target,
-                                             save_steps=self.config.train)
+                                             save_steps=self.config.train, precision=self.config.precision)
         return self.plans[schedule]
 
 
@@ -541,8 +569,8 @@ def _subsets(count: int) -> list[tuple[int, ...]]:
     return [c for size in range(1, count + 1) for c in itertools.combinations(range(count), size)]
 
 
-def _wrong(row: BenchRow) -> bool:
-    if row.rel_error < TOLERANCE:
+def _wrong(row: BenchRow, tolerance: float) -> bool:
+    if row.rel_error < tolerance:
         return False
     _add_note(row, f"wrong result: relative error {row.rel_error:.2e}; not timed")
     return True
@@ -590,7 +618,7 @@ def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _
             row.compile_s = 0.0
             _add_note(row, f"first run {(time.perf_counter() - t0) * 1e3:.1f} ms")
             row.rel_error = _rel_error(out, p.ref)
-            if _wrong(row):
+            if _wrong(row, p.tolerance):
                 return row, None
             return row, _Timed(row, _wall_clock(forward), p.runs)
         from .cuda_executor import CudaExecutor
@@ -610,10 +638,12 @@ def _prepare_schedule(p: _Problem, name: str, backend: str) -> tuple[BenchRow, _
         _add_note(row, f"first run {(time.perf_counter() - t0) * 1e3:.1f} ms"
                        + (", with the graph's capture" if plan.cuda_graph else ""))
         row.rel_error = _rel_error(out, p.ref)
-        if _wrong(row):
+        if _wrong(row, p.tolerance):
             for ex in executors:
                 ex.close()
             return row, None
+    except Float32Only:  # left out by the caller: not a failure of this row
+        raise
     except CellError as e:
         row.note = str(e)
         return row, None
@@ -667,7 +697,7 @@ def _train_numpy(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Tim
     row.compile_s = 0.0
     _add_note(row, f"first run {(time.perf_counter() - t0) * 1e3:.1f} ms")
     p.check_gradients(row, grads)
-    if _wrong(row):
+    if _wrong(row, p.tolerance):
         return row, None
     return row, _Timed(row, _wall_clock(train_step), p.runs)
 
@@ -708,7 +738,7 @@ def _train_cuda(p: _Problem, row: BenchRow, plan: Plan) -> tuple[BenchRow, _Time
         _add_note(row, f"first run {(time.perf_counter() - t0) * 1e3:.1f} ms"
                        + (", with the graph's capture" if plan.cuda_graph else ""))
         p.check_gradients(row, p.directions.gradients(grads))
-        if _wrong(row):
+        if _wrong(row, p.tolerance):
             close()
             return row, None
         for (ex, backward), seed in zip(pairs, seeds, strict=True):
@@ -736,7 +766,7 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
     train = p.config.train
     row = BenchRow(name, "baseline", False, note=(TRAIN_NOTES if train else BASELINE_NOTES)[name])
     from .torch_baselines import (
-        COMPILE_MODES,
+        Autocast,
         CompiledCell,
         CudnnCell,
         GraphedCell,
@@ -754,17 +784,26 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
         return row, None
     import torch
 
-    # Float32 against float32: PyTorch would otherwise let cuDNN and cuBLAS round inputs to TF32.
+    # Float32 against float32: PyTorch would otherwise let cuDNN and cuBLAS round inputs to TF32. A 16-bit
+    # matmul accumulates in float32, as the schedules' GEMMs do: PyTorch would otherwise let cuBLAS's
+    # split-K sum its parts in the 16-bit type.
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    sizes = p.sizes
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
+    sizes, precision = p.sizes, p.config.precision
+    dtype = getattr(torch, PRECISIONS[precision].name)
+    if precision != "fp32":
+        _add_note(row, SIXTEEN_BIT_NOTES[name].format(dtype))
     xt = torch.from_numpy(p.x).cuda()
     init = [torch.from_numpy(p.initial[s]).cuda() for s in p.cell.updates]
+    if name == "cudnn":  # cuDNN in the precision's type (float32 itself in fp32)
+        xt, init = xt.to(dtype), [s.to(dtype) for s in init]
     t0 = time.perf_counter()
     try:
         if name == "cudnn":
             model = CudnnCell(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden,
-                              train=train, bidirectional=p.config.bidirectional)
+                              train=train, bidirectional=p.config.bidirectional, dtype=dtype)
         elif name in CUDNN_PERSISTENT:
             model = CudnnPersistentRNN(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden,
                                        sizes.batch, sizes.seq, CUDNN_PERSISTENT[name])
@@ -775,8 +814,10 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
             model = CompiledCell(p.cell, p.params, sizes.layers, COMPILE_MODES[name], train=train)
         else:
             model = TorchCell(p.cell, p.params, sizes.layers, train=train)
-            if name == "pytorch graph":
-                model = GraphedCell(model, xt, init)
+        if name in AUTOCAST and precision != "fp32":
+            model = Autocast(model, dtype)
+        if name == "pytorch graph":  # captured as it runs: under autocast in a 16-bit precision
+            model = GraphedCell(model, xt, init)
         # Copied at once: in mode "reduce-overhead" the next call overwrites the results of this one.
         if train:
             run = Training(model, list(p.cell.updates), xt, init, torch.from_numpy(p.dy).cuda())
@@ -794,8 +835,8 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
     if train:
         p.check_gradients(row, grads)
     else:
-        row.rel_error = _rel_error(Forward(y.cpu().numpy(), {}), Forward(p.ref.y, {}))
-    if _wrong(row):
+        row.rel_error = _rel_error(Forward(y.float().cpu().numpy(), {}), Forward(p.ref.y, {}))
+    if _wrong(row, p.tolerance):
         return row, None
     for _ in range(p.config.warmup):
         run()

@@ -27,7 +27,13 @@ VALUE_MARGIN = 1.22  # room right of the longest bar for its value label
 def _title(result: BenchResult) -> str:
     s = result.sizes
     return (f"{result.cell}: T={s.seq}, B={s.batch}, input={s.input}, hidden={s.hidden}, "
-            f"layers={s.layers}" + (", forward + backward" if result.train else "") + f"\n{result.device}")
+            f"layers={s.layers}" + _mode(result) + f"\n{result.device}")
+
+
+def _mode(result: BenchResult) -> str:
+    """What a title says of how the implementations ran: in training, in a 16-bit precision."""
+    return (", forward + backward" if result.train else "") + (
+        f", in {result.precision}" if result.precision != "fp32" else "")
 
 
 def _pass(train: bool) -> str:
@@ -156,5 +162,5 @@ def plot_sweep(sweep: SweepResult, fig: Figure) -> None:
     if ax.lines:
         fig.legend(fontsize=7, loc="outside right upper")
     if sweep.results:
-        fig.suptitle(f"{sweep.results[0].cell}: scaling with {sweep.param}"
-                     + (", forward + backward" if train else "") + f"\n{sweep.results[0].device}", fontsize=9)
+        first = sweep.results[0]
+        fig.suptitle(f"{first.cell}: scaling with {sweep.param}{_mode(first)}\n{first.device}", fontsize=9)

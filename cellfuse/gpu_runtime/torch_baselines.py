@@ -210,11 +210,29 @@ class CompiledCell(_CellWeights):
             return self.forward(x, initial)
 
 
+class Autocast:
+    """A model run under torch.autocast to a 16-bit `dtype`, as PyTorch's mixed precision runs a module:
+    its weights stay float32, and autocast runs the ops it lists for `dtype` (the matmuls) in it and those
+    it lists for float32 in float32. The weights are made leaves that require gradients, as a module's
+    parameters are, so that autocast casts each once per call instead of at each step's use."""
+
+    def __init__(self, model, dtype):
+        self.model, self.dtype = model, dtype
+        for weight in model.parameters():
+            weight.requires_grad_()
+
+    def __call__(self, x, initial: list):
+        import torch
+
+        with torch.autocast(x.device.type, dtype=self.dtype):
+            return self.model(x, initial)
+
+
 class GraphedCell:
     """A model's whole forward pass on fixed tensors, captured once into a CUDA graph and replayed: what
     eager PyTorch gives once its launch overhead is gone."""
 
-    def __init__(self, model: TorchCell, x, initial: list, warmup: int = 3):
+    def __init__(self, model: TorchCell | Autocast, x, initial: list, warmup: int = 3):
         import torch
 
         self.x, self.initial = x, initial
@@ -269,17 +287,19 @@ def cudnn_gates(kind: str, params: dict[str, np.ndarray], layer: int, reverse: b
 
 
 class CudnnCell:
-    """torch.nn.LSTM or torch.nn.GRU (cuDNN) loaded with the cell's weights, in the dtype of `params`;
-    both directions where `bidirectional` (the reverse one's weights the l{layer}.reverse.* keys)."""
+    """torch.nn.LSTM or torch.nn.GRU (cuDNN) loaded with the cell's weights, in the torch `dtype` (None: that
+    of `params`); both directions where `bidirectional` (the reverse one's weights the l{layer}.reverse.*
+    keys)."""
 
     def __init__(self, kind: str, params: dict[str, np.ndarray], layers: int, input_size: int, hidden: int,
-                 device: str = "cuda", train: bool = False, bidirectional: bool = False):
+                 device: str = "cuda", train: bool = False, bidirectional: bool = False, dtype=None):
         import torch
 
         self.torch, self.kind, self.layers, self.hidden, self.train = torch, kind, layers, hidden, train
         self.suffixes = ("", "_reverse") if bidirectional else ("",)
         cls = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
-        dtype = torch.from_numpy(params[param_key(0, CUDNN_GATES[kind][0][0])]).dtype
+        if dtype is None:
+            dtype = torch.from_numpy(params[param_key(0, CUDNN_GATES[kind][0][0])]).dtype
         # In training mode: cuDNN's backward pass refuses a module in eval mode (and there is no dropout).
         self.module = cls(input_size, hidden, num_layers=layers, bidirectional=bidirectional).to(
             device, dtype).train(train)

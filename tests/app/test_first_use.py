@@ -59,7 +59,8 @@ def result(times: dict[str, float], backend: str = "numpy"):
     rows = [SimpleNamespace(name=n, kind="schedule" if n != "numpy reference" else "baseline", ok=True,
                             median_ms=t) for n, t in times.items()]
     return SimpleNamespace(rows=rows, backend=backend, cancelled=False, cell="c", device="CPU", train=False,
-                           sizes=SimpleNamespace(seq=1, batch=1, input=1, hidden=1, layers=1),
+                           precision="fp32", sizes=SimpleNamespace(seq=1, batch=1, input=1, hidden=1,
+                                                                   layers=1),
                            row=lambda name: next((r for r in rows if r.name == name), None))
 
 

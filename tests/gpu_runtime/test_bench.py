@@ -9,11 +9,14 @@ import json
 
 import numpy as np
 import pytest
+from matplotlib.figure import Figure
 
 from cellfuse.codegen import SCHEDULES
+from cellfuse.codegen.precision import forward_tolerance
 from cellfuse.gpu_runtime import bench
 from cellfuse.gpu_runtime.bench import TOLERANCE, BenchConfig, run_benchmark, run_sweep
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
+from cellfuse.gpu_runtime.plots import plot_result
 from cellfuse.graph_model import CellError, Sizes, load_template
 
 SMALL = Sizes(seq=4, batch=3, input=8, hidden=6, layers=2)
@@ -51,7 +54,8 @@ def test_every_schedule_is_checked_then_timed_in_rounds(runs):
     assert "median of 3 runs" in result.timing and not result.cancelled
 
 
-def test_a_wrong_result_is_reported_and_never_timed(runs, monkeypatch):
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_a_wrong_result_is_reported_and_never_timed(runs, monkeypatch, precision):
     original = NumpyExecutor.run
 
     def wrong_when_fused(self, x, initial):
@@ -61,21 +65,67 @@ def test_a_wrong_result_is_reported_and_never_timed(runs, monkeypatch):
         return out
 
     monkeypatch.setattr(NumpyExecutor, "run", wrong_when_fused)
-    result = run_benchmark(load_template("gru"), BenchConfig(SMALL, "numpy", repeats=2))
+    result = run_benchmark(load_template("gru"), BenchConfig(SMALL, "numpy", repeats=2, precision=precision))
     fused = result.row("fused")
     assert not fused.ok and fused.median_ms is None
-    assert fused.rel_error > TOLERANCE and "wrong result" in fused.note
+    assert fused.rel_error > forward_tolerance(precision) and "wrong result" in fused.note
     assert runs.count("fused") == 1  # the checked run only
     assert all(r.ok for r in result.rows if r.name != "fused")
 
 
 def test_a_schedule_that_cannot_be_planned_is_reported(monkeypatch):
-    def refuse(cell, sizes, schedule, target, save_steps):
+    def refuse(cell, sizes, schedule, target, save_steps, precision):
         raise CellError(f"no plan for '{schedule}'")
 
     monkeypatch.setattr(bench, "make_plan", refuse)
     result = run_benchmark(load_template("mgu"), BenchConfig(SMALL, "numpy", schedules=["hoisted"]))
     assert not result.row("hoisted").ok and result.row("hoisted").note == "no plan for 'hoisted'"
+
+
+def test_a_16_bit_benchmark_is_checked_within_its_bound_and_leaves_out_the_float32_rungs(runs):
+    """In bf16 every plan stores in bf16 (an error above float32's tolerance, within bf16's bound); the
+    rungs that run in float32 only are left out with the reason, not failed; the records say bf16."""
+    config = BenchConfig(SMALL, "numpy", schedules=["hoisted", "graph", "persistent"],
+                         baselines=["numpy reference", "cudnn"], repeats=1, precision="bf16")
+    result = run_benchmark(load_template("lstm"), config)
+    assert [r.name for r in result.rows] == ["hoisted", "graph", "numpy reference"]
+    for r in result.rows[:2]:
+        assert r.ok and TOLERANCE < r.rel_error < forward_tolerance("bf16"), (r.name, r.rel_error)
+    assert set(result.left_out) == {"persistent", "cudnn"}
+    assert result.left_out["persistent"].startswith("the 'persistent' rung ")
+    assert "float32" in result.left_out["persistent"] and "persistent" not in runs
+    assert result.to_json()["precision"] == "bf16"
+    assert {r["precision"] for r in csv.DictReader(io.StringIO(result.to_csv()))} == {"bf16"}
+    fig = Figure()
+    plot_result(result, fig)
+    assert fig._suptitle.get_text().splitlines()[0].endswith(", in bf16")
+    fp32 = run_benchmark(load_template("lstm"), BenchConfig(SMALL, "numpy", schedules=["graph", "persistent"],
+                                                            baselines=[], repeats=1))
+    assert fp32.to_json()["precision"] == "fp32" and fp32.left_out == {}
+    assert all(r.ok and r.rel_error < TOLERANCE for r in fp32.rows)
+
+
+def test_training_in_a_16_bit_precision_is_refused_before_anything_runs(runs):
+    with pytest.raises(CellError, match="training runs in float32 only so far; --precision fp16 times the "
+                                        "forward pass"):
+        run_benchmark(load_template("gru"), BenchConfig(SMALL, "numpy", train=True, precision="fp16"))
+    assert runs == []
+
+
+def test_in_a_16_bit_precision_the_baselines_without_one_are_left_out(monkeypatch):
+    """cuDNN's RNN and PyTorch's own programs run in bf16 (cuDNN in the type, the others under autocast);
+    cuDNN's persistent algorithms through its C API and the sru package run in float32 only so far."""
+    from cellfuse.gpu_runtime import torch_baselines
+
+    monkeypatch.setattr(torch_baselines, "torch_available", lambda: True)
+    reasons = bench.baseline_reasons(load_template("lstm"), BenchConfig(SMALL, precision="bf16"), "cuda")
+    assert {b for b, why in reasons.items() if why is None} == {"numpy reference", "cudnn", *bench.AUTOCAST}
+    assert set(bench.AUTOCAST) == {"pytorch eager", "pytorch graph", "torch.compile", "torch.compile default"}
+    assert all(reasons[b] == "runs in float32 only so far" for b in bench.CUDNN_PERSISTENT)
+    assert bench.baseline_reasons(load_template("sru"), BenchConfig(SMALL, precision="fp16"),
+                                  "cuda")[bench.SRU_PACKAGE] == "runs in float32 only so far"
+    fp32 = bench.baseline_reasons(load_template("lstm"), BenchConfig(SMALL), "cuda")
+    assert all(why is None for b, why in fp32.items() if b != bench.SRU_PACKAGE)
 
 
 def test_cancel_between_rounds_keeps_what_was_timed(runs):
@@ -134,6 +184,30 @@ def test_gpu_benchmark_checks_and_times_every_implementation(gpu, name):
         assert r.ok, (r.name, r.note)
         assert r.rel_error < TOLERANCE and 0 < r.min_ms <= r.median_ms <= r.max_ms
     assert result.backend == "cuda" and "CUDA events" in result.timing
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_gpu_benchmark_in_a_16_bit_precision(gpu, precision):
+    """The schedules up to wavefront in the 16-bit type, cuDNN with its module and inputs in it, PyTorch's
+    program under autocast: each checked within the precision's bound, then timed."""
+    pytest.importorskip("torch")
+    config = BenchConfig(GPU_SIZES, "cuda", schedules=["graph", "wavefront", "persistent"],
+                         baselines=["numpy reference", "cudnn", "pytorch eager", "pytorch graph",
+                                    "cudnn persistent static"], repeats=4, warmup=1, precision=precision)
+    result = run_benchmark(load_template("lstm"), config)
+    assert [r.name for r in result.rows] == ["graph", "wavefront", "numpy reference", "cudnn",
+                                             "pytorch eager", "pytorch graph"]
+    for r in result.rows:
+        assert r.ok, (r.name, r.note)
+        assert r.rel_error < forward_tolerance(precision) and 0 < r.min_ms <= r.median_ms <= r.max_ms
+    if precision == "bf16":  # rounded to bf16, not run in float32 (fp16's rounding is nearer float32's)
+        assert all(r.rel_error > TOLERANCE for r in result.rows if r.name != "numpy reference")
+    type_name = {"bf16": "torch.bfloat16", "fp16": "torch.float16"}[precision]
+    assert result.row("cudnn").note.endswith(f"its module and inputs in {type_name}")
+    assert f"under torch.autocast to {type_name}" in result.row("pytorch eager").note
+    assert set(result.left_out) == {"persistent", "cudnn persistent static"}
+    assert result.to_json()["precision"] == precision
 
 
 @pytest.mark.gpu

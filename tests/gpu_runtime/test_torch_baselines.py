@@ -10,7 +10,13 @@ from cellfuse.graph_model import analyze, init_params, load_template, run_refere
 
 torch = pytest.importorskip("torch")
 
-from cellfuse.gpu_runtime.torch_baselines import CompiledCell, TorchCell  # noqa: E402
+from cellfuse.codegen.precision import forward_tolerance  # noqa: E402
+from cellfuse.gpu_runtime.torch_baselines import (  # noqa: E402
+    Autocast,
+    CompiledCell,
+    CudnnCell,
+    TorchCell,
+)
 
 SEQ, BATCH, INPUT, HIDDEN, LAYERS = 5, 3, 4, 6, 2
 
@@ -77,3 +83,28 @@ def test_the_hand_written_program_splits_the_hoisted_rows_once():
         todo += [nxt for nxt, _ in fn.next_functions]
     assert not any(k.startswith("SliceBackward") for k in kinds)
     assert any(k.startswith("SplitBackward") for k in kinds)
+
+
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_in_bf16_the_baselines_run_in_it_within_its_bound(name):
+    """As the benchmark runs them in bf16: PyTorch's programs under autocast with their weights float32,
+    and torch.nn.LSTM / GRU with its module and inputs in bfloat16; each within bf16's bound of the
+    reference, and not float32's result."""
+    cell = load_template(name)
+    params = init_params(cell, LAYERS, INPUT, HIDDEN, seed=3)
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((SEQ, BATCH, INPUT)).astype(np.float32)
+    initial = {s: np.zeros((LAYERS, BATCH, HIDDEN), np.float32) for s in cell.updates}
+    ref = run_reference(cell, params, {"x": x, **initial}, LAYERS)
+    xt, init = torch.from_numpy(x), [torch.from_numpy(initial[s]) for s in cell.updates]
+    eager = TorchCell(cell, params, LAYERS, device="cpu")
+    models = {"op by op": (Autocast(eager, torch.bfloat16), xt, init),
+              "as written by hand": (Autocast(CompiledCell(cell, params, LAYERS, None, device="cpu"),
+                                              torch.bfloat16), xt, init),
+              "cudnn": (CudnnCell(name, params, LAYERS, INPUT, HIDDEN, device="cpu", dtype=torch.bfloat16),
+                        xt.bfloat16(), [s.bfloat16() for s in init])}
+    for kind, (model, x_in, init_in) in models.items():
+        y = model(x_in, init_in).float().numpy()
+        error = np.abs(y - ref.y).max() / np.abs(ref.y).max()
+        assert 1e-4 < error < forward_tolerance("bf16"), (kind, error)
+    assert all(w.dtype == torch.float32 for w in eager.parameters())
