@@ -863,8 +863,8 @@ def test_run_and_plan_in_a_16_bit_precision(cli, tmp_path, lstm_files):
     assert code == 0 and json.loads(out)["precision"] == "fp16"
     code, out, err = cli("plan", "lstm", "--schedule", "graph", "--precision", "bf16")
     assert code == 0 and "precision bf16: GEMMs multiply bf16" in out and "kept float32: final.c" in out
-    code, out, err = cli("plan", "lstm", "--schedule", "tensor", "--precision", "bf16")
-    assert code == 1 and "the 'tensor' rung runs in float32 only so far" in err
+    code, out, err = cli("plan", "lstm", "--schedule", "persistent", "--precision", "bf16")
+    assert code == 1 and "the 'persistent' rung multiplies on CUDA cores in float32" in err
 
 
 def test_bench_in_a_16_bit_precision(cli, tmp_path):

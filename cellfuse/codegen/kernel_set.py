@@ -9,8 +9,9 @@ from .backward_plan import BackwardPlan
 from .c_text import c_name, c_stem
 from .cuda_kernels import PRELUDE, elementwise_kernel_source, reduces_rows
 from .cuda_rows import reduction_kernel_source
+from .dtypes import FLOAT32
 from .kernel_abi import check_index_range
-from .persistent_cuda import PERSISTENT_PRELUDE, persistent_source
+from .persistent_cuda import MMA16_PRELUDE, PERSISTENT_PRELUDE, persistent_source
 from .plan import GemmLaunch, KernelLaunch, PersistentLaunch, Plan
 
 
@@ -32,11 +33,18 @@ class KernelSet:
         self.name_of[launch] = self.by_body[body]
 
     def module_source(self) -> str:
-        persistent = any(isinstance(launch, PersistentLaunch) for launch in self.name_of)
-        headers = sorted({acc.dtype.header for launch in self.name_of if isinstance(launch, KernelLaunch)
-                          for _, acc in (*launch.inputs, *launch.outputs)} - {""})
-        return ("".join(f"#include <{h}>\n" for h in headers) + (PERSISTENT_PRELUDE if persistent else "")
-                + PRELUDE + "\n" + "\n".join(self.sources.values()))
+        persistent = [launch for launch in self.name_of if isinstance(launch, PersistentLaunch)]
+        accesses = [acc for launch in self.name_of if isinstance(launch, KernelLaunch)
+                    for _, acc in (*launch.inputs, *launch.outputs)]
+        accesses += [acc for launch in persistent for item in launch.items
+                      if isinstance(item.launch, KernelLaunch)
+                      for _, acc in (*item.launch.inputs, *item.launch.outputs)]
+        headers = sorted({acc.dtype.header for acc in accesses} - {""})
+        sixteen_bit_mma = any(item.mma and item.launch.multiply != FLOAT32 for launch in persistent
+                              for item in launch.items)
+        preludes = (PERSISTENT_PRELUDE if persistent else "") + (MMA16_PRELUDE if sixteen_bit_mma else "")
+        return ("".join(f"#include <{h}>\n" for h in headers) + preludes + PRELUDE + "\n"
+                + "\n".join(self.sources.values()))
 
 
 def kernel_source(launch: KernelLaunch, name: str) -> str:

@@ -163,7 +163,7 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
             out += [as_instruction(launch, B) for launch in lp.prologue]
             out.append(Persistent(lp.persistent))
             continue
-        copies = state_copies(lp.state_read, H, lp.layer)
+        copies = state_copies(lp.state_read, H, lp.layer, plan.buffers)
         out += [Copy(c.initial, c.read, H, 0, main) for c in copies]
         if not chunk:
             out += [as_instruction(launch, B) for launch in lp.prologue]

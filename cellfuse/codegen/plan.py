@@ -10,7 +10,7 @@ every executor and emitter resolves addresses with one expression per access (se
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -292,11 +292,16 @@ class StateCopies:
     final: Access
 
 
-def state_copies(state_read: dict[str, Access], hidden: int, layer: int) -> tuple[StateCopies, ...]:
+def state_copies(state_read: dict[str, Access], hidden: int, layer: int,
+                 buffers: Mapping[str, Buffer] | None = None) -> tuple[StateCopies, ...]:
     """Of a layer, per state (in `state_read`'s order): its block of init.s, where its steps read it (see
-    `LayerPlan.state_read`), and its block of final.s."""
-    return tuple(StateCopies(Access(f"init.{s}", "row", hidden, block=layer), read,
-                             Access(f"final.{s}", "row", hidden, block=layer))
+    `LayerPlan.state_read`), and its block of final.s; each of its buffer's type in `buffers` (float32
+    where not given)."""
+    def access(name: str) -> Access:
+        dtype = buffers[name].dtype if buffers is not None else FLOAT32
+        return Access(name, "row", hidden, block=layer, dtype=dtype)
+
+    return tuple(StateCopies(access(f"init.{s}"), read, access(f"final.{s}"))
                  for s, read in state_read.items())
 
 

@@ -96,15 +96,15 @@ def with_precision(plan: Plan, cell: Cell, precision: str, float32_states: Colle
     dtype = check_precision(precision)
     if dtype == FLOAT32:
         return plan
-    if plan.target is not None:
-        raise Float32Only(f"the '{plan.schedule}' rung runs in float32 only so far: precision {precision} "
-                        "runs on the rungs up to 'wavefront'")
     keep = accumulating_states(cell) if float32_states is None else set(float32_states)
     unknown = keep - set(plan.state_ids)
     if unknown:
         raise CellError(f"float32 states {sorted(unknown)} are not states of cell '{cell.name}' "
                         f"(its states: {', '.join(plan.state_ids)})")
-    dtypes = {name: dtype if b.role in _SIXTEEN_BIT_ROLES else FLOAT32 for name, b in plan.buffers.items()}
+    operands = _persistent_operands(plan, precision)
+    keep |= {s for s in plan.state_ids if any(lp.state_read[s].buffer in operands for lp in plan.layers)}
+    dtypes = {name: dtype if b.role in _SIXTEEN_BIT_ROLES and name not in operands else FLOAT32
+              for name, b in plan.buffers.items()}
     for s in keep:
         dtypes[f"init.{s}"] = dtypes[f"final.{s}"] = FLOAT32
         for lp in plan.layers:  # a state that lives in the output sequence takes the outputs with it
@@ -115,6 +115,27 @@ def with_precision(plan: Plan, cell: Cell, precision: str, float32_states: Colle
     return dataclasses.replace(_retyped(plan, dtypes, dtype), precision=precision,
                                buffers={name: dataclasses.replace(b, dtype=dtypes[name])
                                         for name, b in plan.buffers.items()})
+
+
+def _persistent_operands(plan: Plan, precision: str) -> set[str]:
+    """The buffers a persistent kernel's GEMMs read as their left operand, kept float32: the kernels
+    stage them in float32 and round them as they take them into registers. Only the tensor rung's
+    kernels multiply in 16 bits (on tensor cores), and only where the weights are on chip."""
+    if plan.target is None:
+        return set()
+    if not plan.tensor_cores:
+        raise Float32Only(f"the '{plan.schedule}' rung multiplies on CUDA cores in float32: in {precision} "
+                          "the persistent kernels run on tensor cores, the 'tensor' rung")
+    operands = set()
+    for lp in plan.layers:
+        for item in lp.persistent.items:
+            if isinstance(item.launch, GemmLaunch):
+                if not item.mma:
+                    raise Float32Only(f"the weights of {item.launch.group} do not fit on chip at hidden size "
+                                      f"{plan.sizes.hidden}: its GEMM would read them on CUDA cores in "
+                                      f"float32; in {precision} the rungs up to 'wavefront' run it")
+                operands.add(item.launch.a.buffer)
+    return operands
 
 
 def _gemms(plan: Plan):
@@ -148,3 +169,4 @@ def _retyped(value, dtypes: dict[str, DType], multiply: DType):
         items = {k: _retyped(v, dtypes, multiply) for k, v in value.items()}
         return value if all(items[k] is value[k] for k in value) else items
     return value
+

@@ -24,6 +24,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..codegen import make_plan
+from ..codegen.plan import Target
+from ..codegen.precision import Float32Only
 from ..graph_model import Cell, CellError, Sizes, atomic_write
 from .kernel_cache import cache_dir
 
@@ -158,3 +161,19 @@ def choose_schedule(cell: Cell, sizes: Sizes, backend: str, measure: Measure = _
     measured = ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(times.items(), key=lambda t: t[1]))
     return Choice(best, f"auto: '{best}'{_way(bidirectional, beside)}, measured fastest for these sizes on "
                         f"this GPU ({measured})", beside)
+
+
+# The rung `auto` stands for in 16 bits: the tensor rung where its kernels multiply in 16 bits (the
+# weights on chip), else graph. Measured on an H200 (benchmarks/results/h200_2026-11-28_precision_*.json):
+# the tensor rung took a third to a half of graph's time at every size tried, in bf16 and fp16.
+SIXTEEN_BIT_AUTO = ("tensor", "graph")
+
+
+def auto_rung(cell: Cell, sizes: Sizes, target: Target, precision: str) -> tuple[str, str]:
+    """The rung `auto` runs in a 16-bit `precision` at these sizes on `target`, and why."""
+    first, fallback = SIXTEEN_BIT_AUTO
+    try:
+        make_plan(cell, sizes, first, target, precision=precision)
+    except Float32Only as e:
+        return fallback, f"auto in {precision}: '{fallback}' ({e})"
+    return first, f"auto in {precision}: '{first}', its kernels multiplying in {precision} on tensor cores"

@@ -7,9 +7,10 @@ from collections.abc import Callable
 import numpy as np
 
 from ..codegen import make_plan
+from ..codegen.plan import H100
 from ..codegen.precision import check_precision
 from ..graph_model import Cell, CellError, Forward, Sizes, resolve_run
-from .auto_schedule import AUTO, choose_schedule
+from .auto_schedule import AUTO, auto_rung, choose_schedule
 
 
 def run_schedule(cell: Cell, params: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
@@ -20,26 +21,29 @@ def run_schedule(cell: Cell, params: dict[str, np.ndarray], inputs: dict[str, np
     layers, hidden, x, initial = resolve_run(cell, params, inputs, layers)
     sizes = Sizes(seq=x.shape[0], batch=x.shape[1], input=x.shape[2], hidden=hidden, layers=layers)
     check_precision(precision)
-    if schedule == AUTO and precision != "fp32":
-        raise CellError(f"auto chooses among the float32 rungs only so far: name a rung for {precision} "
-                        "(graph or wavefront)")
+    if backend not in ("numpy", "cuda"):
+        raise CellError(f"unknown backend '{backend}' (backends: numpy, cuda)")
+    if backend == "cuda":
+        from .cuda_executor import CudaExecutor, device_target
+
+        target = device_target()
+    else:
+        target = H100
     if schedule == AUTO:
-        choice = choose_schedule(cell, sizes, backend)
-        schedule = choice.schedule
+        if precision != "fp32":
+            schedule, why = auto_rung(cell, sizes, target, precision)
+        else:
+            choice = choose_schedule(cell, sizes, backend)
+            schedule, why = choice.schedule, choice.why
         if chosen is not None:
-            chosen(choice.why)
+            chosen(why)
+    plan = make_plan(cell, sizes, schedule, target, precision=precision)
     if backend == "numpy":
         from .numpy_executor import NumpyExecutor
 
-        plan = make_plan(cell, sizes, schedule, precision=precision)
         result = NumpyExecutor(plan, params, dtype).run(x, initial)
-    elif backend == "cuda":
-        from .cuda_executor import CudaExecutor, device_target
-
-        plan = make_plan(cell, sizes, schedule, device_target(), precision=precision)
-        result = CudaExecutor(plan, params).run(x, initial)
     else:
-        raise CellError(f"unknown backend '{backend}' (backends: numpy, cuda)")
+        result = CudaExecutor(plan, params).run(x, initial)
     if not np.all(np.isfinite(result.y)):
         raise CellError(f"schedule '{schedule}' on {backend}: the output holds NaN or infinity")
     return result

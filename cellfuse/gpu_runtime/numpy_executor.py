@@ -229,8 +229,10 @@ class NumpyExecutor:
             case GemmLaunch() as g:
                 if first_row == last_row:
                     return
-                a = self.view(g.a, g.a.offset(t, B) + first_row * g.a.ld, last_row - first_row, g.k)
-                w = self.buf[g.w].reshape(g.n, g.k).T if g.trans_w else self.buf[g.w].reshape(g.k, g.n)
+                a = self._operand(self.view(g.a, g.a.offset(t, B) + first_row * g.a.ld, last_row - first_row,
+                                            g.k))
+                w = self._operand(self.buf[g.w].reshape(g.n, g.k).T if g.trans_w
+                                  else self.buf[g.w].reshape(g.k, g.n))
                 start = 0
                 for width in item.columns:
                     first, last = (start + c for c in launch.columns(width, block))

@@ -14,6 +14,7 @@ from cellfuse.codegen import make_plan
 from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.dtypes import BFLOAT16, FLOAT16, FLOAT32, round_to
 from cellfuse.codegen.kernel_set import plan_kernels
+from cellfuse.codegen.lowering import Copy, Loop, lower
 from cellfuse.codegen.plan import GemmLaunch, KernelLaunch
 from cellfuse.codegen.precision import BOUND_UNITS, PRECISIONS, UNIT, accumulating_states, forward_tolerance
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
@@ -27,7 +28,7 @@ from cellfuse.graph_model import (
     template_names,
 )
 
-NOT_PERSISTENT = ["naive", "combined", "fused", "hoisted", "graph", "wavefront"]
+SIXTEEN_BIT_RUNGS = ["naive", "combined", "fused", "hoisted", "graph", "wavefront", "tensor"]
 SIZES = Sizes(seq=20, batch=4, input=32, hidden=32, layers=2)
 
 
@@ -57,11 +58,16 @@ def test_a_16_bit_plan_types_its_buffers_by_role_and_every_access_as_its_buffer(
     cell = load_template(name)
     sixteen = PRECISIONS[precision]
     keep = accumulating_states(cell)
-    for schedule in NOT_PERSISTENT:
+    for schedule in SIXTEEN_BIT_RUNGS:
         plan = make_plan(cell, SIZES, schedule, precision=precision)
         assert plan.precision == precision
-        kept = {f"{e}.{s}" for s in keep for e in ("init", "final")}
-        kept |= {lp.state_read[s].buffer for s in keep for lp in plan.layers}
+        # the persistent kernels' GEMM operands (and the states that live there) stay float32 too
+        operands = {item.launch.a.buffer for lp in plan.layers if lp.persistent
+                    for item in lp.persistent.items if isinstance(item.launch, GemmLaunch)}
+        states = keep | {s for s in plan.state_ids for lp in plan.layers
+                         if lp.state_read[s].buffer in operands}
+        kept = operands | {f"{e}.{s}" for s in states for e in ("init", "final")}
+        kept |= {lp.state_read[s].buffer for s in states for lp in plan.layers}
         gemms = [g for lp in plan.layers for g in (*lp.prologue, *lp.step) if isinstance(g, GemmLaunch)]
         for g in gemms:
             assert plan.buffers[g.c.buffer].dtype == FLOAT32  # accumulators
@@ -78,6 +84,11 @@ def test_a_16_bit_plan_types_its_buffers_by_role_and_every_access_as_its_buffer(
                             else [acc for _, acc in (*launch.inputs, *launch.outputs)])
                 for acc in accesses:
                     assert acc.dtype == plan.buffers[acc.buffer].dtype, (schedule, acc)
+        for instr in lower(plan).instructions:  # the states' copies in and out too
+            for copy in (instr.body if isinstance(instr, Loop) else (instr,)):
+                if isinstance(copy, Copy):
+                    for acc in (copy.src, copy.dst):
+                        assert acc.dtype == plan.buffers[acc.buffer].dtype, (schedule, acc)
 
 
 def test_the_caller_chooses_the_float32_states():
@@ -95,9 +106,12 @@ def test_float32_is_the_plan_of_before_and_unknown_precisions_and_persistent_run
     assert make_plan(cell, SIZES, "graph", precision="fp32") == make_plan(cell, SIZES, "graph")
     with pytest.raises(CellError, match="unknown precision 'fp8' \\(precisions: fp32, bf16, fp16\\)"):
         make_plan(cell, SIZES, "graph", precision="fp8")
-    for schedule in ("persistent", "tensor"):
-        with pytest.raises(CellError, match=f"the '{schedule}' rung runs in float32 only so far"):
-            make_plan(cell, SIZES, schedule, precision="bf16")
+    with pytest.raises(CellError, match="the 'persistent' rung multiplies on CUDA cores in float32: in bf16 "
+                                        "the persistent kernels run on tensor cores, the 'tensor' rung"):
+        make_plan(cell, SIZES, "persistent", precision="bf16")
+    wide = Sizes(seq=4, batch=64, input=2048, hidden=2048)
+    with pytest.raises(CellError, match="the weights of gemm1 do not fit on chip at hidden size 2048"):
+        make_plan(cell, wide, "tensor", precision="bf16")
     with pytest.raises(CellError, match="the backward pass runs in float32 only so far: 'LSTM' in fp16"):
         backward_plan(make_plan(cell, SIZES, "graph", save_steps=True, precision="fp16"))
     assert forward_tolerance("fp32") == 1e-4 and forward_tolerance("bf16") == 4 * 2.0**-8
@@ -118,7 +132,7 @@ def _errors(cell, precision: str, schedule: str, seq: int = 20, **plan_options) 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_every_template_in_16_bits_is_within_the_bound_of_the_float64_reference(name, precision):
     cell = load_template(name)
-    for schedule in ("fused", "graph", "wavefront"):
+    for schedule in ("fused", "graph", "wavefront", "tensor"):
         units = _errors(cell, precision, schedule)
         assert units < BOUND_UNITS, f"{name} {schedule} {precision}: {units:.2f} units of rounding"
     # the emulation rounds: a 16-bit run is not float32's (float32 is within 1e-4 of the reference)
@@ -142,3 +156,30 @@ def test_the_kernels_of_a_16_bit_plan_include_their_types_header_and_compile(pre
         assert f"#include <{dtype.header}>" in source and f"const {dtype.c}* __restrict__" in source
         assert any(isinstance(launch, KernelLaunch) for lp in plan.layers for launch in lp.step)
         nvcc_cubin(source, tmp_path)
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_tensor_rungs_kernels_multiply_in_16_bits_and_compile(precision, tmp_path):
+    """One mma.sync of the 16-bit type per sixteen k (no TF32 splits), for a step with one GEMM (the LSTM)
+    and with two and an exchange (Cho's GRU), at the LSTM's full sizes too; a step that reduces rows and
+    prefetches its 16-bit values (the layer-normalised LSTM)."""
+    suffix = {"bf16": "bf16", "fp16": "f16"}[precision]
+    cases = (("lstm", Sizes(100, 64, 512, 512, 1)), ("gru_cho", SIZES), ("layernorm_lstm", SIZES))
+    for name, sizes in cases:
+        plan = make_plan(load_template(name), sizes, "tensor", precision=precision)
+        source = plan_kernels(plan).module_source()
+        assert f"cf_mma_{suffix}(acc[x]" in source and "cf_mma_tf32(acc" not in source
+        assert f"m16n8k16.row.col.f32.{suffix}.{suffix}.f32" in source
+        nvcc_cubin(source, tmp_path)
+
+
+def test_auto_in_16_bits_is_the_tensor_rung_where_its_weights_fit_else_graph():
+    from cellfuse.codegen.plan import H100
+    from cellfuse.gpu_runtime.auto_schedule import auto_rung
+
+    cell = load_template("lstm")
+    assert auto_rung(cell, SIZES, H100, "bf16") == (
+        "tensor", "auto in bf16: 'tensor', its kernels multiplying in bf16 on tensor cores")
+    rung, why = auto_rung(cell, Sizes(seq=4, batch=64, input=2048, hidden=2048), H100, "fp16")
+    assert rung == "graph" and "the weights of gemm1 do not fit on chip" in why

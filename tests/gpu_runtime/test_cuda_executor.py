@@ -483,16 +483,19 @@ def test_layer_norm_kernels_match_reference_on_gpu(gpu, schedule, hidden):
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-@pytest.mark.parametrize("schedule", ["fused", "graph", "wavefront"])
+@pytest.mark.parametrize("schedule", ["fused", "graph", "wavefront", "tensor"])
 @pytest.mark.parametrize("name", template_names())
 def test_a_16_bit_schedule_is_within_its_bound_on_gpu(gpu, name, schedule, precision):
-    """x, weights, outputs and states in 16 bits, GEMMs through cublasGemmEx: within the bound of the
-    float64 reference that the numpy executor's emulation meets (codegen.precision), and not float32's
-    result."""
+    """x, weights, outputs and states in 16 bits, GEMMs through cublasGemmEx (the tensor rung's in its
+    kernels): within the bound of the float64 reference that the numpy executor's emulation meets
+    (codegen.precision), and not float32's result. From zero initial states, as the bound is stated: the
+    sLSTM's normalizer n drawn near zero would amplify any rounding by its conditioning (emulated, 0.07
+    from random states)."""
     from cellfuse.codegen.precision import forward_tolerance
 
     cell = load_template(name)
     params, inputs = data(cell)
+    inputs = {"x": inputs["x"]}
     ref = run_reference(cell, params, inputs)
     out = run_schedule(cell, params, inputs, None, schedule, "cuda", precision=precision)
     error = relative_error(out, ref)

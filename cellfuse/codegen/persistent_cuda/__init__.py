@@ -25,7 +25,9 @@ from ..cuda_library import cuda_library
 from .context import persistent_buffers
 from .skeleton import persistent_source
 
-# What a persistent kernel's blocks share, at the top of a module with persistent kernels.
+# What a persistent kernel's blocks share, at the top of a module with persistent kernels; and what those
+# whose GEMMs multiply in 16 bits on tensor cores add.
 PERSISTENT_PRELUDE = cuda_library("persistent.cuh")
+MMA16_PRELUDE = cuda_library("mma16.cuh")
 
-__all__ = ["PERSISTENT_PRELUDE", "persistent_buffers", "persistent_source"]
+__all__ = ["MMA16_PRELUDE", "PERSISTENT_PRELUDE", "persistent_buffers", "persistent_source"]

@@ -1,11 +1,13 @@
 """A GEMM of a persistent kernel on tensor cores (`mma.sync` on TF32, each float32 product as three TF32
-ones, the error of float32's): per tile of rows and chunk of K, the chunk staged (or its rows taken from
-their exchange), each warp's tile of C over its share of the chunk, the warps that share a tile adding
-their partial tiles through shared memory."""
+ones, the error of float32's; in a 16-bit plan, one bf16 or fp16 product, its operands rounded to the
+type as they are taken into registers): per tile of rows and chunk of K, the chunk staged (or its rows
+taken from their exchange), each warp's tile of C over its share of the chunk, the warps that share a tile
+adding their partial tiles through shared memory."""
 
 from __future__ import annotations
 
 from ..cuda_kernels import F
+from ..dtypes import FLOAT32
 from ..plan import GemmLaunch, PersistentItem
 from ..tiling import MMA_K_BLOCK, MMA_M, MMA_N, WARPS, GemmTiling
 from .context import Kernel
@@ -15,6 +17,8 @@ from .staging import pointers, stage, store
 
 # a product's three TF32 ones, the A and W fragments of each: lo * hi, hi * lo, hi * hi
 _PRODUCTS = (("al", "wh"), ("ah", "wl"), ("ah", "wh"))
+# the suffix of mma16.cuh's functions for each 16-bit type
+SIXTEEN_BIT = {"bfloat16": "bf16", "float16": "f16"}
 
 
 def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
@@ -27,7 +31,9 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
     of A and column g of W (of each product's eight columns), at k q and q + 4 of each product. Those k
     are taken in an order of their own: the first product of a K_BLOCK reads the block's k 4q and 4q + 1,
     the second 4q + 2 and 4q + 3, so that each row a lane reads is one float4 (A and W in the same order,
-    the sum over K is the same)."""
+    the sum over K is the same). A 16-bit product (m16n8k16) takes the same float4s: a pair of k in each
+    register, k 4q and 4q + 1 in the first of a row (slots 2q and 2q + 1), 4q + 2 and 4q + 3 in the second
+    (slots 2q + 8 and 2q + 9), W's the same way."""
     g: GemmLaunch = item.launch
     tl: GemmTiling = item.tiling
     w = k.w
@@ -68,26 +74,11 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
                   f"#pragma unroll{'' if iters <= FULL_UNROLL else ' 2'}")
                 with w.block(f"for (int k = ks * {MMA_K_BLOCK}; k < {end}; k += {split * MMA_K_BLOCK}) {{"):
                     w(f"const float4 a4[2] = {{*(const float4*)(at + k), "
-                      f"*(const float4*)(at + {8 * stride} + k)}};",
-                      "unsigned ah[2][4], al[2][4];  // [product][fragment register]",
-                      "#pragma unroll")
-                    with w.block("for (int y = 0; y < 2; ++y) {  // rows g and g + 8"):
-                        w("cf_split_tf32(a4[y].x, ah[0][y], al[0][y]);",
-                          "cf_split_tf32(a4[y].y, ah[0][y + 2], al[0][y + 2]);",
-                          "cf_split_tf32(a4[y].z, ah[1][y], al[1][y]);",
-                          "cf_split_tf32(a4[y].w, ah[1][y + 2], al[1][y + 2]);")
-                    w("#pragma unroll")
-                    with w.block(f"for (int x = 0; x < {nb}; ++x) {{"):
-                        w(f"const float4 w4 = *(const float4*)(wt + x * {MMA_N * kp} + k);",
-                          "unsigned wh[4], wl[4];",
-                          "cf_split_tf32(w4.x, wh[0], wl[0]);",
-                          "cf_split_tf32(w4.y, wh[1], wl[1]);",
-                          "cf_split_tf32(w4.z, wh[2], wl[2]);",
-                          "cf_split_tf32(w4.w, wh[3], wl[3]);",
-                          "#pragma unroll")
-                        with w.block("for (int p = 0; p < 2; ++p) {"):  # the small products first
-                            w(*(f"cf_mma_tf32(acc[x], {a}[p][0], {a}[p][1], {a}[p][2], {a}[p][3], "
-                                f"{b}[2 * p], {b}[2 * p + 1]);" for a, b in _PRODUCTS))
+                      f"*(const float4*)(at + {8 * stride} + k)}};")
+                    if g.multiply != FLOAT32:
+                        _sixteen_bit_products(k, g, nb, kp)
+                    else:
+                        _tf32x3_products(k, nb, kp)
                 w("#pragma unroll",
                   f"for (int m = 0; m < {regs}; ++m) part[m * 32] = acc[m / 4][m % 4];")
         # element (y, x) of a warp tile is register 4 (x / 8) + 2 (y / 8) + x % 2 of lane 4 (y % 8) + x % 8
@@ -111,3 +102,39 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
               f"if (n >= 0 && r < {rt} && rb + r < rows)",
               f"    {store(k, i, item, 'rb + r', 'cc', 'v')}")
     w("__syncthreads();  // C is read next by other threads of the block")
+
+
+def _tf32x3_products(k: Kernel, nb: int, kp: int) -> None:
+    """The products of one block of sixteen k as TF32 ones, from the float4s a4 of A's rows g and g + 8
+    (see `gemm`): each float32 product as three, the small ones first."""
+    k.w("unsigned ah[2][4], al[2][4];  // [product][fragment register]",
+        "#pragma unroll")
+    with k.w.block("for (int y = 0; y < 2; ++y) {  // rows g and g + 8"):
+        k.w("cf_split_tf32(a4[y].x, ah[0][y], al[0][y]);",
+            "cf_split_tf32(a4[y].y, ah[0][y + 2], al[0][y + 2]);",
+            "cf_split_tf32(a4[y].z, ah[1][y], al[1][y]);",
+            "cf_split_tf32(a4[y].w, ah[1][y + 2], al[1][y + 2]);")
+    k.w("#pragma unroll")
+    with k.w.block(f"for (int x = 0; x < {nb}; ++x) {{"):
+        k.w(f"const float4 w4 = *(const float4*)(wt + x * {MMA_N * kp} + k);",
+            "unsigned wh[4], wl[4];",
+            "cf_split_tf32(w4.x, wh[0], wl[0]);",
+            "cf_split_tf32(w4.y, wh[1], wl[1]);",
+            "cf_split_tf32(w4.z, wh[2], wl[2]);",
+            "cf_split_tf32(w4.w, wh[3], wl[3]);",
+            "#pragma unroll")
+        with k.w.block("for (int p = 0; p < 2; ++p) {"):  # the small products first
+            k.w(*(f"cf_mma_tf32(acc[x], {a}[p][0], {a}[p][1], {a}[p][2], {a}[p][3], "
+                  f"{b}[2 * p], {b}[2 * p + 1]);" for a, b in _PRODUCTS))
+
+
+def _sixteen_bit_products(k: Kernel, g: GemmLaunch, nb: int, kp: int) -> None:
+    """The products of one block of sixteen k in the GEMM's 16-bit type, from the float4s a4 of A's rows
+    g and g + 8 (see `gemm`), each of the warp tile's nb tiles of eight columns one mma.sync."""
+    t = SIXTEEN_BIT[g.multiply.name]
+    k.w(f"const unsigned a0 = cf_pack_{t}(a4[0].x, a4[0].y), a1 = cf_pack_{t}(a4[1].x, a4[1].y),",
+        f"               a2 = cf_pack_{t}(a4[0].z, a4[0].w), a3 = cf_pack_{t}(a4[1].z, a4[1].w);",
+        "#pragma unroll")
+    with k.w.block(f"for (int x = 0; x < {nb}; ++x) {{"):
+        k.w(f"const float4 w4 = *(const float4*)(wt + x * {MMA_N * kp} + k);",
+            f"cf_mma_{t}(acc[x], a0, a1, a2, a3, cf_pack_{t}(w4.x, w4.y), cf_pack_{t}(w4.z, w4.w));")

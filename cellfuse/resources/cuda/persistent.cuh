@@ -10,7 +10,7 @@ __device__ __forceinline__ void cf_copy16(float* shared, const float* global) {
 }
 
 // A hint: the 128-byte line at `p` into L2, where a load through L2 finds it later.
-__device__ __forceinline__ void cf_prefetch_l2(const float* p) {
+__device__ __forceinline__ void cf_prefetch_l2(const void* p) {
     asm volatile("prefetch.global.L2 [%0];\n" :: "l"(p));
 }
 
