@@ -271,13 +271,14 @@ def _plan_sizes(cell: Cell, args: argparse.Namespace) -> Sizes:
     return sizes
 
 
-def _schedule(cell: Cell, sizes: Sizes, schedule: str) -> str:
-    """The schedule itself, or the one `auto` stands for on this machine (said on standard error)."""
+def _schedule(cell: Cell, sizes: Sizes, schedule: str, precision: str = "fp32") -> str:
+    """The schedule itself, or the one `auto` stands for on this machine in `precision` (said on standard
+    error)."""
     if schedule != "auto":
         return schedule
     from .gpu_runtime.auto_schedule import choose_schedule
 
-    choice = choose_schedule(cell, sizes, "auto")
+    choice = choose_schedule(cell, sizes, "auto", precision=precision)
     print(choice.why, file=sys.stderr)
     return choice.schedule
 
@@ -290,7 +291,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     cell = resolve_cell(args.cell)
     sizes = _plan_sizes(cell, args)
-    plan = make_plan(cell, sizes, _schedule(cell, sizes, args.schedule), precision=args.precision)
+    plan = make_plan(cell, sizes, _schedule(cell, sizes, args.schedule, args.precision),
+                     precision=args.precision)
     if args.json:
         print(json.dumps(summary(plan), indent=2))
         return 0

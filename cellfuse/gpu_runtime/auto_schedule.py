@@ -10,6 +10,11 @@ kept in a JSON file in the user's cache folder, keyed by the version of the rung
 structure and the sizes.
 Without a GPU there is nothing to measure, and `auto` is `graph`.
 
+In a 16-bit precision (bf16, fp16) the candidates are measured in it, those that do not run it left
+out (the persistent rung, and the tensor rung where the weights do not fit on chip), and the choice is
+remembered apart from float32's: on an H200 the tensor rung was fastest for the LSTM at small batches,
+`graph` at B=256 (benchmarks/results/h200_2026-11-28_precision_7c5152e.json).
+
 For a bidirectional layer the choice is also whether its two directions run side by side (each rung's
 kernels planned for half of the SMs, on two streams) or one after the other (each on all of them): the
 rungs are measured both ways (`bench --bidirectional`, and twice one direction's time), and the fastest
@@ -24,9 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..codegen import make_plan
-from ..codegen.plan import Target
-from ..codegen.precision import Float32Only
 from ..graph_model import Cell, CellError, Sizes, atomic_write
 from .kernel_cache import cache_dir
 
@@ -67,10 +69,11 @@ def cache_path() -> Path:
     return cache_dir() / "schedules.json"
 
 
-def _key(device: str, cell: Cell, sizes: Sizes, bidirectional: bool) -> str:
+def _key(device: str, cell: Cell, sizes: Sizes, bidirectional: bool, precision: str) -> str:
     s = sizes
     return (f"rungs {RUNGS_VERSION} | {device} | {cell.structure_hash()} | T={s.seq} B={s.batch} I={s.input} "
-            f"H={s.hidden} L={s.layers}" + (" | both directions" if bidirectional else ""))
+            f"H={s.hidden} L={s.layers}" + (" | both directions" if bidirectional else "")
+            + (f" | {precision}" if precision != "fp32" else ""))
 
 
 def _read(path: Path) -> dict[str, dict]:
@@ -96,13 +99,15 @@ def candidates(sizes: Sizes) -> list[str]:
     return [s for s in CANDIDATES if s != "wavefront" or sizes.layers > 1]
 
 
-def _measure(cell: Cell, sizes: Sizes, bidirectional: bool = False) -> dict[str, float]:
+def _measure(cell: Cell, sizes: Sizes, bidirectional: bool = False, precision: str = "fp32"
+             ) -> dict[str, float]:
     """Median ms of each candidate that matched the reference on the GPU (of both directions of the layer
-    side by side, where `bidirectional`)."""
+    side by side, where `bidirectional`), in `precision` (where it runs there)."""
     from .bench import BenchConfig, run_benchmark
 
     result = run_benchmark(cell, BenchConfig(sizes, backend="cuda", schedules=candidates(sizes), baselines=[],
-                                             repeats=REPEATS, bidirectional=bidirectional))
+                                             repeats=REPEATS, bidirectional=bidirectional,
+                                             precision=precision))
     return {r.name: r.median_ms for r in result.rows if r.ok and r.median_ms is not None}
 
 
@@ -110,11 +115,11 @@ Measure = Callable[..., dict[str, float]]  # _measure's signature
 IN_ORDER, BESIDE = "one after the other", "side by side"  # how a bidirectional layer's directions ran
 
 
-def _both_ways(cell: Cell, sizes: Sizes, measure: Measure) -> dict[tuple[str, bool], float]:
+def _both_ways(cell: Cell, sizes: Sizes, measure: Measure, precision: str) -> dict[tuple[str, bool], float]:
     """A bidirectional layer's times by (rung, side by side): side by side measured, one after the other
     twice one direction's."""
-    alone = measure(cell, sizes)
-    beside = measure(cell, sizes, bidirectional=True)
+    alone = measure(cell, sizes, precision=precision)
+    beside = measure(cell, sizes, bidirectional=True, precision=precision)
     return {**{(rung, False): 2 * ms for rung, ms in alone.items()},
             **{(rung, True): ms for rung, ms in beside.items()}}
 
@@ -125,9 +130,9 @@ def _way(bidirectional: bool, beside: bool) -> str:
 
 
 def choose_schedule(cell: Cell, sizes: Sizes, backend: str, measure: Measure = _measure,
-                    bidirectional: bool = False) -> Choice:
-    """The schedule `auto` stands for on `backend` ("cuda", "numpy" or "auto"); where `bidirectional`,
-    for a layer of both directions, and whether they run side by side (`Choice.beside`)."""
+                    bidirectional: bool = False, precision: str = "fp32") -> Choice:
+    """The schedule `auto` stands for on `backend` ("cuda", "numpy" or "auto") in `precision`; where
+    `bidirectional`, for a layer of both directions, and whether they run side by side (`Choice.beside`)."""
     if backend == "auto":
         from .bench import available_backends
 
@@ -136,15 +141,15 @@ def choose_schedule(cell: Cell, sizes: Sizes, backend: str, measure: Measure = _
         return Choice(WITHOUT_GPU, f"auto: '{WITHOUT_GPU}', since there is no GPU to measure the rungs on")
     from .cuda_executor import device_description
 
-    path, key = cache_path(), _key(device_description(), cell, sizes, bidirectional)
+    path, key = cache_path(), _key(device_description(), cell, sizes, bidirectional, precision)
     cache = _read(path)
     entry = cache.get(key)
     if isinstance(entry, dict) and entry.get("schedule") in CANDIDATES:
         best, beside = entry["schedule"], bool(entry.get("beside"))
         return Choice(best, f"auto: '{best}'{_way(bidirectional, beside)}, measured fastest for these sizes "
                             f"on this GPU before (remembered in {path})", beside)
-    ways = (_both_ways(cell, sizes, measure) if bidirectional
-            else {(rung, False): ms for rung, ms in measure(cell, sizes).items()})
+    ways = (_both_ways(cell, sizes, measure, precision) if bidirectional
+            else {(rung, False): ms for rung, ms in measure(cell, sizes, precision=precision).items()})
     if not ways:
         raise CellError(f"auto: none of {', '.join(candidates(sizes))} ran correctly on this GPU for these "
                         "sizes")
@@ -162,18 +167,3 @@ def choose_schedule(cell: Cell, sizes: Sizes, backend: str, measure: Measure = _
     return Choice(best, f"auto: '{best}'{_way(bidirectional, beside)}, measured fastest for these sizes on "
                         f"this GPU ({measured})", beside)
 
-
-# The rung `auto` stands for in 16 bits: the tensor rung where its kernels multiply in 16 bits (the
-# weights on chip), else graph. Measured on an H200 (benchmarks/results/h200_2026-11-28_precision_*.json):
-# the tensor rung took a third to a half of graph's time at every size tried, in bf16 and fp16.
-SIXTEEN_BIT_AUTO = ("tensor", "graph")
-
-
-def auto_rung(cell: Cell, sizes: Sizes, target: Target, precision: str) -> tuple[str, str]:
-    """The rung `auto` runs in a 16-bit `precision` at these sizes on `target`, and why."""
-    first, fallback = SIXTEEN_BIT_AUTO
-    try:
-        make_plan(cell, sizes, first, target, precision=precision)
-    except Float32Only as e:
-        return fallback, f"auto in {precision}: '{fallback}' ({e})"
-    return first, f"auto in {precision}: '{first}', its kernels multiplying in {precision} on tensor cores"

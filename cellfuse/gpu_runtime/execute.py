@@ -10,7 +10,7 @@ from ..codegen import make_plan
 from ..codegen.plan import H100
 from ..codegen.precision import check_precision
 from ..graph_model import Cell, CellError, Forward, Sizes, resolve_run
-from .auto_schedule import AUTO, auto_rung, choose_schedule
+from .auto_schedule import AUTO, choose_schedule
 
 
 def run_schedule(cell: Cell, params: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
@@ -30,13 +30,10 @@ def run_schedule(cell: Cell, params: dict[str, np.ndarray], inputs: dict[str, np
     else:
         target = H100
     if schedule == AUTO:
-        if precision != "fp32":
-            schedule, why = auto_rung(cell, sizes, target, precision)
-        else:
-            choice = choose_schedule(cell, sizes, backend)
-            schedule, why = choice.schedule, choice.why
+        choice = choose_schedule(cell, sizes, backend, precision=precision)
+        schedule = choice.schedule
         if chosen is not None:
-            chosen(why)
+            chosen(choice.why)
     plan = make_plan(cell, sizes, schedule, target, precision=precision)
     if backend == "numpy":
         from .numpy_executor import NumpyExecutor

@@ -25,7 +25,7 @@ from torch.autograd.function import once_differentiable
 from ..gpu_runtime.auto_schedule import AUTO, choose_schedule
 from ..graph_model import Cell, CellError, Sizes, cell_from_text, cell_to_text
 from ..graph_model.lengths import masked
-from .runners import PRECISIONS, Plans, Runner, make_plans, precision_of
+from .runners import Plans, Runner, make_plans, precision_of
 
 MAX_RUNNERS = 16  # sizes, dtypes and devices whose plans and programs the process keeps at once
 
@@ -76,17 +76,17 @@ _ways: OrderedDict[tuple, bool] = OrderedDict()
 def side_by_side(cell: str, x: torch.Tensor, hidden: int, schedule: str) -> bool:
     """Whether a bidirectional layer of the cell over x (on a GPU) runs its two directions side by side:
     under `auto`, as measured for its sizes (auto_schedule's Choice.beside: the persistent rungs on half
-    of the SMs may take longer side by side than one after the other); with a rung named, or in 16 bits
-    (where `auto` is `graph`), always."""
-    if schedule != AUTO or x.dtype in PRECISIONS:
+    of the SMs may take longer side by side than one after the other); with a rung named, always."""
+    if schedule != AUTO:
         return True
     T, B, inputs = x.shape
-    key = (cell, T, B, inputs, hidden, x.device.index)
+    key = (cell, T, B, inputs, hidden, x.device.index, x.dtype)
     sizes = Sizes(seq=T, batch=B, input=inputs, hidden=hidden, layers=1)
 
     def measured() -> bool:
         with _on_device(x):
-            return choose_schedule(cell_from_text(cell), sizes, "cuda", bidirectional=True).beside
+            return choose_schedule(cell_from_text(cell), sizes, "cuda", bidirectional=True,
+                                   precision=precision_of(x.dtype)).beside
     return _remember(_ways, key, measured)
 
 

@@ -29,7 +29,7 @@ import torch
 from ..codegen import make_plan
 from ..codegen.backward_plan import BackwardPlan, backward_plan
 from ..codegen.plan import H100, Plan, Target
-from ..gpu_runtime.auto_schedule import AUTO, auto_rung, choose_schedule
+from ..gpu_runtime.auto_schedule import AUTO, choose_schedule
 from ..graph_model import Cell, CellError, Sizes
 from .tensor_layout import TensorLayout
 
@@ -92,8 +92,10 @@ def make_plans(cell: Cell, sizes: Sizes, schedule: str, device: torch.device, sh
     if precision != "fp32":
         target = device_target(device, share) if device.type == "cuda" else H100
         if schedule == AUTO:
-            schedule, why = auto_rung(cell, sizes, target, precision)
-            log.info("%s", why)
+            choice = choose_schedule(cell, sizes, "cuda" if device.type == "cuda" else "numpy",
+                                     bidirectional=share == 2, precision=precision)
+            log.info("%s", choice.why)
+            schedule = choice.schedule
         forward = make_plan(cell, sizes, schedule, target, precision=precision)
         return Plans(forward, forward, None)
     if device.type == "cpu":

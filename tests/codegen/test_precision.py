@@ -173,13 +173,3 @@ def test_the_tensor_rungs_kernels_multiply_in_16_bits_and_compile(precision, tmp
         assert f"m16n8k16.row.col.f32.{suffix}.{suffix}.f32" in source
         nvcc_cubin(source, tmp_path)
 
-
-def test_auto_in_16_bits_is_the_tensor_rung_where_its_weights_fit_else_graph():
-    from cellfuse.codegen.plan import H100
-    from cellfuse.gpu_runtime.auto_schedule import auto_rung
-
-    cell = load_template("lstm")
-    assert auto_rung(cell, SIZES, H100, "bf16") == (
-        "tensor", "auto in bf16: 'tensor', its kernels multiplying in bf16 on tensor cores")
-    rung, why = auto_rung(cell, Sizes(seq=4, batch=64, input=2048, hidden=2048), H100, "fp16")
-    assert rung == "graph" and "the weights of gemm1 do not fit on chip" in why

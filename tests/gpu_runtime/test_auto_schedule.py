@@ -22,7 +22,7 @@ def gpu_here(monkeypatch, tmp_path):
     monkeypatch.setattr(cuda_executor, "device_description", lambda: "Pretend GPU (driver CUDA 13.0)")
     calls = []
 
-    def measure(cell, sizes):
+    def measure(cell, sizes, precision="fp32"):
         calls.append(sizes)
         return {"graph": 1.0, "persistent": 0.5 if sizes.batch < 64 else 2.0}
 
@@ -96,7 +96,7 @@ def test_an_unwritable_cache_still_gives_the_choice(gpu_here, monkeypatch, tmp_p
 
 def test_no_candidate_that_ran_is_an_error(gpu_here):
     with pytest.raises(CellError, match="none of graph, persistent, tensor ran correctly"):
-        choose_schedule(load_template("lstm"), SIZES, "cuda", lambda cell, sizes: {})
+        choose_schedule(load_template("lstm"), SIZES, "cuda", lambda cell, sizes, **_: {})
 
 
 @pytest.mark.gpu
@@ -132,7 +132,7 @@ def test_a_bidirectional_layer_measures_both_ways_and_remembers_which(gpu_here, 
     cache, _, _ = gpu_here
     calls = []
 
-    def measure(cell, sizes, bidirectional=False):
+    def measure(cell, sizes, bidirectional=False, precision="fp32"):
         calls.append(bidirectional)
         return beside_ms if bidirectional else {"graph": 1.0, "persistent": 0.5, "tensor": 0.6}
 
@@ -145,3 +145,21 @@ def test_a_bidirectional_layer_measures_both_ways_and_remembers_which(gpu_here, 
     alone = choose_schedule(cell, SIZES, "cuda", measure)
     assert (alone.schedule, alone.beside) == ("persistent", False) and len(calls) == 3
     assert len(json.loads(cache.read_text())) == 2
+
+
+def test_a_16_bit_choice_is_measured_in_its_precision_and_remembered_apart(gpu_here):
+    """auto in bf16 measures the rungs in bf16 (the bench leaves out those that do not run it) and keeps
+    its choice apart from float32's."""
+    cache, _, _ = gpu_here
+    asked = []
+
+    def measure(cell, sizes, bidirectional=False, precision="fp32"):
+        asked.append(precision)
+        return {"graph": 1.0, "tensor": 0.5} if precision == "bf16" else {"graph": 1.0, "persistent": 0.4}
+
+    cell = load_template("lstm")
+    assert choose_schedule(cell, SIZES, "cuda", measure, precision="bf16").schedule == "tensor"
+    assert choose_schedule(cell, SIZES, "cuda", measure).schedule == "persistent"
+    assert choose_schedule(cell, SIZES, "cuda", measure, precision="bf16").schedule == "tensor"
+    assert asked == ["bf16", "fp32"]  # the third remembered
+    assert sum(" | bf16" in key for key in json.loads(cache.read_text())) == 1
