@@ -591,7 +591,10 @@ def _same_as_rung_below(p: _Problem, plan: Plan) -> str:
     rung = SCHEDULES.index(plan.schedule)
     if rung == 0:
         return ""
-    below = p.plan(SCHEDULES[rung - 1])
+    try:
+        below = p.plan(SCHEDULES[rung - 1])
+    except Float32Only:  # (the persistent rung below the tensor one, in 16 bits)
+        return ""
     return f"the same launches as '{below.schedule}'" if _launched_work(below) == _launched_work(plan) else ""
 
 

@@ -85,11 +85,11 @@ def test_a_schedule_that_cannot_be_planned_is_reported(monkeypatch):
 def test_a_16_bit_benchmark_is_checked_within_its_bound_and_leaves_out_the_float32_rungs(runs):
     """In bf16 every plan stores in bf16 (an error above float32's tolerance, within bf16's bound); the
     rungs that run in float32 only are left out with the reason, not failed; the records say bf16."""
-    config = BenchConfig(SMALL, "numpy", schedules=["hoisted", "graph", "persistent"],
+    config = BenchConfig(SMALL, "numpy", schedules=["hoisted", "graph", "persistent", "tensor"],
                          baselines=["numpy reference", "cudnn"], repeats=1, precision="bf16")
     result = run_benchmark(load_template("lstm"), config)
-    assert [r.name for r in result.rows] == ["hoisted", "graph", "numpy reference"]
-    for r in result.rows[:2]:
+    assert [r.name for r in result.rows] == ["hoisted", "graph", "tensor", "numpy reference"]
+    for r in result.rows[:3]:
         assert r.ok and TOLERANCE < r.rel_error < forward_tolerance("bf16"), (r.name, r.rel_error)
     assert set(result.left_out) == {"persistent", "cudnn"}
     assert result.left_out["persistent"].startswith("the 'persistent' rung ")
