@@ -863,33 +863,38 @@ def test_run_and_plan_in_a_16_bit_precision(cli, tmp_path, lstm_files):
     assert code == 0 and json.loads(out)["precision"] == "fp16"
     code, out, err = cli("plan", "lstm", "--schedule", "graph", "--precision", "bf16")
     assert code == 0 and "precision bf16: GEMMs multiply bf16" in out and "kept float32: final.c" in out
-    code, out, err = cli("plan", "lstm", "--schedule", "persistent", "--precision", "bf16")
-    assert code == 1 and "the 'persistent' rung multiplies on CUDA cores in float32" in err
+    code, out, err = cli("plan", "lstm", "--schedule", "persistent", "--precision", "bf16", "--hidden", 2048)
+    assert code == 1 and "the weights of gemm1 do not fit on chip at hidden size 2048" in err
 
 
 def test_bench_in_a_16_bit_precision(cli, tmp_path):
     """--precision bf16: every schedule checked within bf16's bound (not float32's result); a rung that
-    runs in float32 only is left out with the reason, not failed; training is refused; fp32 as before."""
+    does not run in it (here: weights too large for the chip) is left out with the reason, not failed;
+    training is refused; fp32 as before."""
     from cellfuse.codegen.precision import forward_tolerance
 
     def heading(out: str) -> str:
         return next(line for line in out.splitlines() if line.startswith("LSTM: "))
 
-    def bench(*extra):
+    def bench(*extra, hidden=HIDDEN):
         return cli("bench", "lstm", "--backend", "numpy", "--seq", T, "--batch", B, "--input", INPUT,
-                   "--hidden", HIDDEN, "--layers", 2, "--schedules", "graph,persistent", "--baselines", "",
+                   "--hidden", hidden, "--layers", 2, "--schedules", "graph,persistent", "--baselines", "",
                    "--repeats", 1, "--json", tmp_path / "r.json", "--force", *extra)
 
     code, out, err = bench("--precision", "bf16")
     assert code == 0, err
     record = json.loads((tmp_path / "r.json").read_text())
-    assert record["precision"] == "bf16" and [r["name"] for r in record["results"]] == ["graph"]
-    graph = record["results"][0]
-    assert graph["ok"] and 1e-4 < graph["rel_error"] < forward_tolerance("bf16")
+    assert record["precision"] == "bf16" and [r["name"] for r in record["results"]] == ["graph", "persistent"]
+    for row in record["results"]:
+        assert row["ok"] and 1e-4 < row["rel_error"] < forward_tolerance("bf16")
+    assert heading(out).endswith(", in bf16") and record["left_out"] == {}
+    code, out, err = bench("--precision", "bf16", "--seq", 2, hidden=2048)
+    assert code == 0, err
+    record = json.loads((tmp_path / "r.json").read_text())
     assert list(record["left_out"]) == ["persistent"]
     reason = record["left_out"]["persistent"]
-    assert reason.startswith("the 'persistent' rung ") and "float32" in reason
-    assert heading(out).endswith(", in bf16") and f"  not run: persistent ({reason})" in out
+    assert reason.startswith("the weights of gemm1 do not fit on chip") and "float32" in reason
+    assert f"  not run: persistent ({reason})" in out
     code, out, err = bench("--precision", "bf16", "--train")
     assert code == 1
     assert "training runs in float32 only so far; --precision bf16 times the forward pass" in err

@@ -40,9 +40,9 @@ class KernelSet:
                       if isinstance(item.launch, KernelLaunch)
                       for _, acc in (*item.launch.inputs, *item.launch.outputs)]
         headers = sorted({acc.dtype.header for acc in accesses} - {""})
-        sixteen_bit_mma = any(item.mma and item.launch.multiply != FLOAT32 for launch in persistent
-                              for item in launch.items)
-        preludes = (PERSISTENT_PRELUDE if persistent else "") + (MMA16_PRELUDE if sixteen_bit_mma else "")
+        sixteen_bit = any(isinstance(item.launch, GemmLaunch) and item.launch.multiply != FLOAT32
+                          for launch in persistent for item in launch.items)
+        preludes = (PERSISTENT_PRELUDE if persistent else "") + (MMA16_PRELUDE if sixteen_bit else "")
         return ("".join(f"#include <{h}>\n" for h in headers) + preludes + PRELUDE + "\n"
                 + "\n".join(self.sources.values()))
 

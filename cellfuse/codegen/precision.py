@@ -119,21 +119,19 @@ def with_precision(plan: Plan, cell: Cell, precision: str, float32_states: Colle
 
 def _persistent_operands(plan: Plan, precision: str) -> set[str]:
     """The buffers a persistent kernel's GEMMs read as their left operand, kept float32: the kernels
-    stage them in float32 and round them as they take them into registers. Only the tensor rung's
-    kernels multiply in 16 bits (on tensor cores), and only where the weights are on chip."""
+    stage them in float32 and round them as they multiply them (on tensor cores as they take them into
+    registers, on the CUDA cores as they stage them; the weights as they load them into shared memory).
+    Only where the weights are on chip: weights read from L2 at every step are not rounded."""
     if plan.target is None:
         return set()
-    if not plan.tensor_cores:
-        raise Float32Only(f"the '{plan.schedule}' rung multiplies on CUDA cores in float32: in {precision} "
-                          "the persistent kernels run on tensor cores, the 'tensor' rung")
     operands = set()
     for lp in plan.layers:
         for item in lp.persistent.items:
             if isinstance(item.launch, GemmLaunch):
-                if not item.mma:
+                if not (item.mma or item.on_chip):
                     raise Float32Only(f"the weights of {item.launch.group} do not fit on chip at hidden size "
-                                      f"{plan.sizes.hidden}: its GEMM would read them on CUDA cores in "
-                                      f"float32; in {precision} the rungs up to 'wavefront' run it")
+                                      f"{plan.sizes.hidden}: its GEMM would read them from L2 at every step, "
+                                      f"in float32; in {precision} the rungs up to 'wavefront' run it")
                 operands.add(item.launch.a.buffer)
     return operands
 

@@ -96,9 +96,9 @@ class CellRNN(torch.nn.Module):
 
     x of bfloat16 or float16 (or float32 x under torch.autocast) runs the plans of that precision
     (codegen.precision; on the CPU emulated): y and the final states come back in x's dtype, the
-    parameters may stay float32 (packed into 16-bit weights when they change). The rungs up to
-    `wavefront` and `tensor` run it (`auto` measures them in it), and a pass that a backward pass may
-    follow runs in float32 so far (with a warning).
+    parameters may stay float32 (packed into 16-bit weights when they change). Every rung runs it
+    (`auto` measures them in it), and a pass that a backward pass may follow runs in float32 so far
+    (with a warning).
 
     A cell whose backward pass the backward Plan cannot plan (an op with no derivative in the op table)
     is refused here, with the node that stops it.

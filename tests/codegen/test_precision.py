@@ -28,7 +28,7 @@ from cellfuse.graph_model import (
     template_names,
 )
 
-SIXTEEN_BIT_RUNGS = ["naive", "combined", "fused", "hoisted", "graph", "wavefront", "tensor"]
+SIXTEEN_BIT_RUNGS = ["naive", "combined", "fused", "hoisted", "graph", "wavefront", "persistent", "tensor"]
 SIZES = Sizes(seq=20, batch=4, input=32, hidden=32, layers=2)
 
 
@@ -106,12 +106,10 @@ def test_float32_is_the_plan_of_before_and_unknown_precisions_and_persistent_run
     assert make_plan(cell, SIZES, "graph", precision="fp32") == make_plan(cell, SIZES, "graph")
     with pytest.raises(CellError, match="unknown precision 'fp8' \\(precisions: fp32, bf16, fp16\\)"):
         make_plan(cell, SIZES, "graph", precision="fp8")
-    with pytest.raises(CellError, match="the 'persistent' rung multiplies on CUDA cores in float32: in bf16 "
-                                        "the persistent kernels run on tensor cores, the 'tensor' rung"):
-        make_plan(cell, SIZES, "persistent", precision="bf16")
     wide = Sizes(seq=4, batch=64, input=2048, hidden=2048)
-    with pytest.raises(CellError, match="the weights of gemm1 do not fit on chip at hidden size 2048"):
-        make_plan(cell, wide, "tensor", precision="bf16")
+    for schedule in ("persistent", "tensor"):
+        with pytest.raises(CellError, match="the weights of gemm1 do not fit on chip at hidden size 2048"):
+            make_plan(cell, wide, schedule, precision="bf16")
     with pytest.raises(CellError, match="the backward pass runs in float32 only so far: 'LSTM' in fp16"):
         backward_plan(make_plan(cell, SIZES, "graph", save_steps=True, precision="fp16"))
     assert forward_tolerance("fp32") == 1e-4 and forward_tolerance("bf16") == 4 * 2.0**-8
@@ -132,7 +130,7 @@ def _errors(cell, precision: str, schedule: str, seq: int = 20, **plan_options) 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_every_template_in_16_bits_is_within_the_bound_of_the_float64_reference(name, precision):
     cell = load_template(name)
-    for schedule in ("fused", "graph", "wavefront", "tensor"):
+    for schedule in ("fused", "graph", "wavefront", "persistent", "tensor"):
         units = _errors(cell, precision, schedule)
         assert units < BOUND_UNITS, f"{name} {schedule} {precision}: {units:.2f} units of rounding"
     # the emulation rounds: a 16-bit run is not float32's (float32 is within 1e-4 of the reference)
@@ -173,3 +171,18 @@ def test_the_tensor_rungs_kernels_multiply_in_16_bits_and_compile(precision, tmp
         assert f"m16n8k16.row.col.f32.{suffix}.{suffix}.f32" in source
         nvcc_cubin(source, tmp_path)
 
+
+
+@pytest.mark.nvcc
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_persistent_rungs_kernels_round_what_they_multiply_and_compile(precision, tmp_path):
+    """On the CUDA cores a 16-bit GEMM multiplies values rounded to the type (exact products in float32):
+    the weights as they are loaded into shared memory, the operand as it is staged, polled or loaded
+    (staged rows at B=64, products in registers at B=1)."""
+    suffix = {"bf16": "bf16", "fp16": "f16"}[precision]
+    for batch in (1, 64):
+        sizes = Sizes(100, batch, 512, 512, 1)
+        plan = make_plan(load_template("lstm"), sizes, "persistent", precision=precision)
+        source = plan_kernels(plan).module_source()
+        assert source.count(f"cf_round_{suffix}(") >= 3 and "cf_mma_" not in source.split("extern")[-1]
+        nvcc_cubin(source, tmp_path)

@@ -88,12 +88,17 @@ def test_a_16_bit_benchmark_is_checked_within_its_bound_and_leaves_out_the_float
     config = BenchConfig(SMALL, "numpy", schedules=["hoisted", "graph", "persistent", "tensor"],
                          baselines=["numpy reference", "cudnn"], repeats=1, precision="bf16")
     result = run_benchmark(load_template("lstm"), config)
-    assert [r.name for r in result.rows] == ["hoisted", "graph", "tensor", "numpy reference"]
-    for r in result.rows[:3]:
+    assert [r.name for r in result.rows] == ["hoisted", "graph", "persistent", "tensor", "numpy reference"]
+    for r in result.rows[:4]:
         assert r.ok and TOLERANCE < r.rel_error < forward_tolerance("bf16"), (r.name, r.rel_error)
-    assert set(result.left_out) == {"persistent", "cudnn"}
-    assert result.left_out["persistent"].startswith("the 'persistent' rung ")
-    assert "float32" in result.left_out["persistent"] and "persistent" not in runs
+    assert set(result.left_out) == {"cudnn"}
+    wide = BenchConfig(Sizes(seq=2, batch=1, input=4, hidden=2048), "numpy", schedules=["graph", "tensor"],
+                       baselines=[], repeats=1, precision="bf16")  # the weights do not fit on chip
+    before = len(runs)
+    left = run_benchmark(load_template("lstm"), wide)
+    assert [r.name for r in left.rows] == ["graph"] and set(left.left_out) == {"tensor"}
+    assert left.left_out["tensor"].startswith("the weights of gemm1 do not fit on chip")
+    assert "float32" in left.left_out["tensor"] and "tensor" not in runs[before:]
     assert result.to_json()["precision"] == "bf16"
     assert {r["precision"] for r in csv.DictReader(io.StringIO(result.to_csv()))} == {"bf16"}
     fig = Figure()

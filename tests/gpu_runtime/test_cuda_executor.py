@@ -483,7 +483,7 @@ def test_layer_norm_kernels_match_reference_on_gpu(gpu, schedule, hidden):
 
 
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
-@pytest.mark.parametrize("schedule", ["fused", "graph", "wavefront", "tensor"])
+@pytest.mark.parametrize("schedule", ["fused", "graph", "wavefront", "persistent", "tensor"])
 @pytest.mark.parametrize("name", template_names())
 def test_a_16_bit_schedule_is_within_its_bound_on_gpu(gpu, name, schedule, precision):
     """x, weights, outputs and states in 16 bits, GEMMs through cublasGemmEx (the tensor rung's in its

@@ -5,6 +5,8 @@ the tag 1, in slot 1."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..address import c_address
 from ..kernel_abi import Param, kernel_params
 from ..plan import Exchange, GemmLaunch
@@ -65,13 +67,13 @@ def publish_initial(k: Kernel) -> None:
     w("grid.sync();  // every block's clearing and initial values are visible")
 
 
-def poll_rows(k: Kernel, n: int, ex: Exchange, stride: int) -> None:
+def poll_rows(k: Kernel, n: int, ex: Exchange, stride: int, rounding: Callable[[str], str] = str) -> None:
     """Stages rows rb.. of the block's rows of an exchanged operand from its exchange: the pairs (two at a
     time where the width is even) loaded all at once, then, in rounds, those whose tag is not yet the
     step's loaded again, all at once, until every one is. (The first loads written as a round of the loop
     instead, from tags of 0, cost ptxas registers and the LSTM time at B=8:
     docs/results/2026-11-26-persistent-rungs-changes-1-to-13.md, "The LSTM at B=8 between bc46496 and
-    12b9cf3".)"""
+    12b9cf3".) Each value staged as `rounding` makes it (a 16-bit GEMM's on the CUDA cores rounds it)."""
     launch, width, w = k.launch, ex.width, k.w
     per = 2 if width % 2 == 0 else 1
     pieces = launch.row_tile * width // per
@@ -114,12 +116,13 @@ def poll_rows(k: Kernel, n: int, ex: Exchange, stride: int) -> None:
                   "#pragma unroll",
                   f"for (int v = 0; v < {per}; ++v)",
                   f"    cf_stage[r * {stride} + e - r * {width} + v] =",
-                  "        rb + r < rows ? __uint_as_float((unsigned)w[u][v]) : 0.0f;")
+                  f"        rb + r < rows ? {rounding('__uint_as_float((unsigned)w[u][v])')} : 0.0f;")
 
 
-def poll_pair(k: Kernel, n: int, ex: Exchange) -> None:
+def poll_pair(k: Kernel, n: int, ex: Exchange, rounding: Callable[[str], str] = str) -> None:
     """Thread tid's two k (2 tid, 2 tid + 1) of row rb of its rows of an exchanged operand, into a0 and a1,
-    once their tags are the step's (for products in registers, one row at a time)."""
+    once their tags are the step's (for products in registers, one row at a time), as `rounding` makes
+    them."""
     w = k.w
     slot = "t + 1" if ex.lag else "t"  # as in `poll_rows`
     w(f"const unsigned want = t + {2 + ex.lag};",
@@ -130,5 +133,5 @@ def poll_pair(k: Kernel, n: int, ex: Exchange) -> None:
                  "++cf_round) {"):
         w(f"if (cf_round == {POLL_ROUNDS}u) __trap();  // a fault, not a hang, should a value never come",
           "cf_peek2(p, w0, w1);")
-    w("a0 = __uint_as_float((unsigned)w0);",
-      "a1 = __uint_as_float((unsigned)w1);")
+    w(f"a0 = {rounding('__uint_as_float((unsigned)w0)')};",
+      f"a1 = {rounding('__uint_as_float((unsigned)w1)')};")

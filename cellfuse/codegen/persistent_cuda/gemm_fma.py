@@ -6,12 +6,13 @@ time, the products in registers (see `tiling.GemmTiling`)."""
 from __future__ import annotations
 
 from ..cuda_kernels import F
+from ..dtypes import FLOAT32
 from ..plan import GemmLaunch, PersistentItem
 from ..tiling import WARPS, GemmTiling
 from .context import Kernel
 from .exchange import poll_pair, poll_rows
 from .shared_memory import w_index
-from .staging import pointers, stage, store
+from .staging import pointers, rounded, stage, store
 
 FULL_UNROLL = 32  # iterations of a GEMM's loop over K, at most, unrolled whole (else two at a time)
 
@@ -29,9 +30,9 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
     with w.block(f"for (int rb = 0; rb < rows; rb += {rt}) {{"):
         w("__syncthreads();  // the stage is free again")
         if g.a.buffer in k.exchange:
-            poll_rows(k, *k.exchange[g.a.buffer], stride)
+            poll_rows(k, *k.exchange[g.a.buffer], stride, lambda v: rounded(g, v))
         else:
-            stage(k, g, "0", g.k, stride)
+            stage(k, g, "0", g.k, stride, rounding=g.multiply != FLOAT32)
         w("__syncthreads();",
           f"const int ks = tid % {split};")
         step = launch.threads // split
@@ -101,10 +102,10 @@ def products_in_registers(k: Kernel, i: int, item: PersistentItem) -> None:
         w(f"{F} a0 = 0.0f, a1 = 0.0f;")
         with w.block(f"if (2 * tid < {g.k}) {{"):
             if g.a.buffer in k.exchange:
-                poll_pair(k, *k.exchange[g.a.buffer])
+                poll_pair(k, *k.exchange[g.a.buffer], lambda v: rounded(g, v))
             else:
-                w(f"a0 = __ldcg(a + (size_t)rb * {g.a.ld} + 2 * tid);",
-                  f"a1 = __ldcg(a + (size_t)rb * {g.a.ld} + 2 * tid + 1);")
+                w(f"a0 = {rounded(g, f'__ldcg(a + (size_t)rb * {g.a.ld} + 2 * tid)')};",
+                  f"a1 = {rounded(g, f'__ldcg(a + (size_t)rb * {g.a.ld} + 2 * tid + 1)')};")
         # the lanes together again (their polls ended apart) before they shuffle: diverged, every shuffle
         # takes the slow path (docs/results/2026-11-27-persistent-rungs-changes-14-to-19.md, change 16)
         w("__syncwarp();",

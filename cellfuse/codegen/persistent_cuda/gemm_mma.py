@@ -13,12 +13,10 @@ from ..tiling import MMA_K_BLOCK, MMA_M, MMA_N, WARPS, GemmTiling
 from .context import Kernel
 from .exchange import poll_rows
 from .gemm_fma import FULL_UNROLL
-from .staging import pointers, stage, store
+from .staging import SIXTEEN_BIT, pointers, stage, store
 
 # a product's three TF32 ones, the A and W fragments of each: lo * hi, hi * lo, hi * hi
 _PRODUCTS = (("al", "wh"), ("ah", "wl"), ("ah", "wh"))
-# the suffix of mma16.cuh's functions for each 16-bit type
-SIXTEEN_BIT = {"bfloat16": "bf16", "float16": "f16"}
 
 
 def gemm(k: Kernel, i: int, item: PersistentItem) -> None:

@@ -9,6 +9,7 @@ from ..cuda_kernels import F
 from ..plan import GemmLaunch, PersistentItem
 from ..tiling import WARPS
 from .context import Kernel
+from .staging import rounded
 
 W_LOADS = 8  # loads of the on-chip weights a thread has in flight at once, before the loop
 
@@ -42,7 +43,7 @@ def shared_memory(k: Kernel) -> None:
                 with w.block(f"for (int q = 0; q < {W_LOADS}; ++q) {{"):
                     w(f"const int e = e0 + q * {threads}, {along}, n = cols{i}(c);",
                       f"v[q] = (e < {ncp * kp} && k < {g.k} && n >= 0) ? "
-                      f"{k.var[g.w]}[{w_index(g, 'k', 'n')}] : 0.0f;")
+                      f"{rounded(g, k.var[g.w] + '[' + w_index(g, 'k', 'n') + ']')} : 0.0f;")
                 w("#pragma unroll")
                 with w.block(f"for (int q = 0; q < {W_LOADS}; ++q) {{"):
                     w(f"const int e = e0 + q * {threads}, {along};",

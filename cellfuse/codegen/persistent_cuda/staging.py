@@ -9,6 +9,15 @@ from ..dtypes import FLOAT32
 from ..plan import GemmLaunch, PersistentItem
 from .context import Kernel
 
+# the suffix of mma16.cuh's functions for each 16-bit type
+SIXTEEN_BIT = {"bfloat16": "bf16", "float16": "f16"}
+
+
+def rounded(g: GemmLaunch, value: str) -> str:
+    """`value` as the GEMM multiplies it on the CUDA cores: rounded to its 16-bit type (mma16.cuh), or as it
+    is in float32."""
+    return value if g.multiply == FLOAT32 else f"cf_round_{SIXTEEN_BIT[g.multiply.name]}({value})"
+
 
 def pointers(k: Kernel, item: PersistentItem) -> None:
     """`a`, the block's first row of the operand at step t (unless it comes from an exchange), and `c`, of
@@ -22,9 +31,11 @@ def pointers(k: Kernel, item: PersistentItem) -> None:
         k.w(f"{F}* const c = {c_address(k.var[g.c.buffer], g.c)} + (size_t)row0 * {g.c.ld};")
 
 
-def stage(k: Kernel, g: GemmLaunch, first: str, width: int, stride: int) -> None:
+def stage(k: Kernel, g: GemmLaunch, first: str, width: int, stride: int, rounding: bool = False) -> None:
     """Stages rows rb.. of the block's rows of A, columns `first` .. + `width` of K (zeros past K), at
-    `stride` floats a row: asynchronous copies, all in flight at once, where A's rows allow them."""
+    `stride` floats a row: asynchronous copies, all in flight at once, where A's rows allow them. With
+    `rounding`, each value as the GEMM multiplies it on the CUDA cores (`rounded`): each thread rounds
+    the values it copied once its copies are done."""
     rt, threads, w = k.launch.row_tile, k.launch.threads, k.w
     past = f"{first} + " if first != "0" else ""
     clip = width < g.k  # a chunk of K, the last one possibly past its end
@@ -38,11 +49,16 @@ def stage(k: Kernel, g: GemmLaunch, first: str, width: int, stride: int) -> None
                   f"    cf_copy16(s, a + (size_t)(rb + r) * {g.a.ld} + {past}4 * q);",
                   "else *(float4*)s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);")
             w("cf_copies_done();")
+            if rounding:
+                with w.block(f"for (int e = tid; e < {rt * w4}; e += {threads}) {{"):
+                    w(f"float4* const s = (float4*)(cf_stage + (e / {w4}) * {stride} + 4 * (e % {w4}));",
+                      f"*s = make_float4({', '.join(rounded(g, f's->{c}') for c in 'xyzw')});")
     with w.block(f"for (int e = tid; e < {rt * width}; e += {threads}) {{"):
+        value = f"__ldcg(a + (size_t)(rb + r) * {g.a.ld} + {past}k)"
         w(f"const int r = e / {width}, k = e - r * {width};",
           f"cf_stage[r * {stride} + k] =",
           f"    rb + r < rows{f' && {past}k < {g.k}' if clip else ''} ? "
-          f"__ldcg(a + (size_t)(rb + r) * {g.a.ld} + {past}k) : 0.0f;")
+          f"{rounded(g, value) if rounding else value} : 0.0f;")
 
 
 def store(k: Kernel, i: int, item: PersistentItem, row: str, col: str, value: str, old: str = "") -> str:

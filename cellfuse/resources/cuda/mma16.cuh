@@ -1,4 +1,4 @@
-// GEMMs of a persistent kernel on tensor cores in bfloat16 or float16 (a 16-bit plan's): two float32
+// GEMMs of a persistent kernel in bfloat16 or float16 (a 16-bit plan's). On tensor cores: two float32
 // values rounded to the 16-bit type (to nearest, ties to even) and packed in one register, the first in
 // the low half, as mma.sync takes a fragment's pairs; c += a @ b over sixteen k, accumulated in float32.
 #include <cuda_bf16.h>
@@ -29,3 +29,9 @@ __device__ __forceinline__ void cf_mma_f16(float (&c)[4], unsigned a0, unsigned 
         : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+
+// A float32 value rounded to the 16-bit type and back: what the CUDA cores multiply where a 16-bit plan's
+// GEMM runs on them (a product of two such values is exact in float32, as on tensor cores).
+__device__ __forceinline__ float cf_round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+__device__ __forceinline__ float cf_round_f16(float v) { return __half2float(__float2half_rn(v)); }
