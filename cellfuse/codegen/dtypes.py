@@ -26,6 +26,7 @@ class DType:
     # the cublasComputeType_t of a GEMM of float32 operands rounded to this type as it multiplies them
     fast_compute: int = 68  # CUBLAS_COMPUTE_32F
     nan_bits: int = 0x7FC00000  # a quiet NaN's bits, to poison memory with
+    suffix: str = ""  # of the CUDA library's functions for the type (mma16.cuh: cf_mma_bf16, ...)
 
     def load(self, element: str) -> str:
         return self.load_as.format(element)
@@ -37,9 +38,9 @@ class DType:
 FLOAT32 = DType("float32", "float", 4, "float32")
 # (cuda: CUDA_R_16BF and CUDA_R_16F; fast_compute: CUBLAS_COMPUTE_32F_FAST_16BF and _16F)
 BFLOAT16 = DType("bfloat16", "__nv_bfloat16", 2, "uint16", "__bfloat162float({})", "__float2bfloat16_rn({})",
-                 "cuda_bf16.h", cuda=14, fast_compute=75, nan_bits=0x7FC0)
+                 "cuda_bf16.h", cuda=14, fast_compute=75, nan_bits=0x7FC0, suffix="bf16")
 FLOAT16 = DType("float16", "__half", 2, "float16", "__half2float({})", "__float2half_rn({})", "cuda_fp16.h",
-                cuda=2, fast_compute=74, nan_bits=0x7E00)
+                cuda=2, fast_compute=74, nan_bits=0x7E00, suffix="f16")
 DTYPES = {t.name: t for t in (FLOAT32, BFLOAT16, FLOAT16)}
 
 # What kernels compute in: their registers, shared memory and accumulators

@@ -13,7 +13,7 @@ from ..tiling import MMA_K_BLOCK, MMA_M, MMA_N, WARPS, GemmTiling
 from .context import Kernel
 from .exchange import poll_rows
 from .gemm_fma import FULL_UNROLL
-from .staging import SIXTEEN_BIT, pointers, stage, store
+from .staging import pointers, stage, store
 
 # a product's three TF32 ones, the A and W fragments of each: lo * hi, hi * lo, hi * hi
 _PRODUCTS = (("al", "wh"), ("ah", "wl"), ("ah", "wh"))
@@ -129,7 +129,7 @@ def _tf32x3_products(k: Kernel, nb: int, kp: int) -> None:
 def _sixteen_bit_products(k: Kernel, g: GemmLaunch, nb: int, kp: int) -> None:
     """The products of one block of sixteen k in the GEMM's 16-bit type, from the float4s a4 of A's rows
     g and g + 8 (see `gemm`), each of the warp tile's nb tiles of eight columns one mma.sync."""
-    t = SIXTEEN_BIT[g.multiply.name]
+    t = g.multiply.suffix
     k.w(f"const unsigned a0 = cf_pack_{t}(a4[0].x, a4[0].y), a1 = cf_pack_{t}(a4[1].x, a4[1].y),",
         f"               a2 = cf_pack_{t}(a4[0].z, a4[0].w), a3 = cf_pack_{t}(a4[1].z, a4[1].w);",
         "#pragma unroll")

@@ -9,14 +9,11 @@ from ..dtypes import FLOAT32
 from ..plan import GemmLaunch, PersistentItem
 from .context import Kernel
 
-# the suffix of mma16.cuh's functions for each 16-bit type
-SIXTEEN_BIT = {"bfloat16": "bf16", "float16": "f16"}
-
 
 def rounded(g: GemmLaunch, value: str) -> str:
     """`value` as the GEMM multiplies it on the CUDA cores: rounded to its 16-bit type (mma16.cuh), or as it
     is in float32."""
-    return value if g.multiply == FLOAT32 else f"cf_round_{SIXTEEN_BIT[g.multiply.name]}({value})"
+    return value if g.multiply == FLOAT32 else f"cf_round_{g.multiply.suffix}({value})"
 
 
 def pointers(k: Kernel, item: PersistentItem) -> None:
