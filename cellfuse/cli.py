@@ -257,7 +257,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
         result = run_schedule(cell, params, inputs, args.layers, args.schedule or "hoisted",
                               args.backend, chosen=lambda why: print(why, file=sys.stderr),
-                              precision=args.precision)
+                              precision=args.precision, float32_states=_float32_states(args))
     save_npz(output, result.arrays())
     print(f"wrote {args.output}: y of shape {list(result.y.shape)}, "
           f"final states {', '.join(result.final)}")
@@ -292,7 +292,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cell = resolve_cell(args.cell)
     sizes = _plan_sizes(cell, args)
     plan = make_plan(cell, sizes, _schedule(cell, sizes, args.schedule, args.precision),
-                     precision=args.precision)
+                     precision=args.precision, float32_states=_float32_states(args))
     if args.json:
         print(json.dumps(summary(plan), indent=2))
         return 0
@@ -457,10 +457,26 @@ _STORED_IN = ("what x, the weights, the outputs and the states are stored in (bf
               "tensor cores into float32; the states that accumulate kept float32)")
 
 
-def _precision_option(s: argparse.ArgumentParser, help_text: str = _STORED_IN) -> None:
+def _precision_option(s: argparse.ArgumentParser, help_text: str = _STORED_IN, states: bool = False) -> None:
+    """--precision, and with `states` --float32-states (the states a 16-bit plan keeps in float32)."""
     from .codegen.precision import PRECISIONS
 
     s.add_argument("--precision", choices=list(PRECISIONS), default="fp32", help=help_text)
+    if states:
+        s.add_argument("--float32-states", metavar="S,...",
+                       help="with a 16-bit precision, the states kept in float32 between steps, "
+                            "comma-separated ('' for none; default: those the step adds something to, as the "
+                            "LSTM's c)")
+
+
+def _float32_states(args: argparse.Namespace) -> list[str] | None:
+    """--float32-states as make_plan takes it (None: the plan's own choice)."""
+    if args.float32_states is None:
+        return None
+    if args.precision == "fp32":
+        raise CellError("--float32-states chooses what a 16-bit plan keeps in float32: give --precision bf16 "
+                        "or fp16 with it")
+    return [s.strip() for s in args.float32_states.split(",") if s.strip()]
 
 
 def _size_options(s: argparse.ArgumentParser, seq: bool = True) -> None:
@@ -537,7 +553,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--schedule", help="a schedule of the ladder, or auto: the one measured fastest on "
                                       "this GPU for these sizes (default: the reference interpreter on "
                                       "numpy, 'hoisted' on cuda)")
-    _precision_option(s)
+    _precision_option(s, states=True)
     s.set_defaults(func=cmd_run)
 
     s = sub.add_parser("plan", help="the schedule the compiler found, as a table or --json")
@@ -545,7 +561,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--schedule", choices=[*SCHEDULES, "auto"], default="hoisted")
     s.add_argument("--json", action="store_true", help="print the plan's summary as JSON")
     _size_options(s)
-    _precision_option(s)
+    _precision_option(s, states=True)
     s.set_defaults(func=cmd_plan)
 
     s = sub.add_parser("export", help="write the generated CUDA source, self-contained")

@@ -905,3 +905,19 @@ def test_bench_in_a_16_bit_precision(cli, tmp_path):
     assert record["precision"] == "fp32" and record["left_out"] == {}
     assert heading(out).endswith("on CPU (numpy backend, no GPU)")
     assert [(r["name"], r["ok"]) for r in record["results"]] == [("graph", True), ("persistent", True)]
+
+
+def test_the_states_kept_in_float32_are_chosen_on_the_command_line(cli, tmp_path, lstm_files):
+    """--float32-states: none, or c and h, instead of the plan's own choice (c); refused without a 16-bit
+    precision, and for a state the cell does not have."""
+    code, out, _ = cli("plan", "lstm", "--schedule", "graph", "--precision", "bf16", "--float32-states", "")
+    assert code == 0 and "kept float32" not in out and "l0.state.c" in out
+    code, out, _ = cli("plan", "lstm", "--schedule", "graph", "--precision", "bf16",
+                       "--float32-states", "c,h")
+    assert code == 0 and "kept float32: final.c, final.h, init.c, init.h" in out
+    params, inputs = lstm_files
+    code, _, err = cli("run", "lstm", "--params", params, "--inputs", inputs, "-o", tmp_path / "y.npz",
+                       "--schedule", "graph", "--precision", "fp16", "--float32-states", "q")
+    assert code == 1 and "float32 states ['q'] are not states of cell 'LSTM'" in err
+    code, _, err = cli("plan", "lstm", "--float32-states", "c")
+    assert code == 1 and "give --precision bf16 or fp16 with it" in err

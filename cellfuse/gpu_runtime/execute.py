@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import numpy as np
 
@@ -15,9 +15,11 @@ from .auto_schedule import AUTO, choose_schedule
 
 def run_schedule(cell: Cell, params: dict[str, np.ndarray], inputs: dict[str, np.ndarray],
                  layers: int | None, schedule: str, backend: str, dtype=np.float32,
-                 chosen: Callable[[str], None] | None = None, precision: str = "fp32") -> Forward:
+                 chosen: Callable[[str], None] | None = None, precision: str = "fp32",
+                 float32_states: Collection[str] | None = None) -> Forward:
     """Runs the Plan of `schedule` in `precision` on `backend` ("numpy" or "cuda"; numpy emulates a 16-bit
-    precision in `dtype`). For schedule "auto", `chosen` is told which schedule that is, and why."""
+    precision in `dtype`; `float32_states` as make_plan takes them). For schedule "auto", `chosen` is told
+    which schedule that is, and why."""
     layers, hidden, x, initial = resolve_run(cell, params, inputs, layers)
     sizes = Sizes(seq=x.shape[0], batch=x.shape[1], input=x.shape[2], hidden=hidden, layers=layers)
     check_precision(precision)
@@ -34,7 +36,7 @@ def run_schedule(cell: Cell, params: dict[str, np.ndarray], inputs: dict[str, np
         schedule = choice.schedule
         if chosen is not None:
             chosen(choice.why)
-    plan = make_plan(cell, sizes, schedule, target, precision=precision)
+    plan = make_plan(cell, sizes, schedule, target, precision=precision, float32_states=float32_states)
     if backend == "numpy":
         from .numpy_executor import NumpyExecutor
 
