@@ -1,6 +1,7 @@
 """Benchmark charts on a matplotlib Figure: one run (gpu_runtime's plot_result), a sweep
 (plot_sweep), or two runs side by side; dark in the window, light in a saved file. A speedup or a ratio
-that rests on a noisy time (bench_runs.noisy) says so beside it."""
+that rests on a noisy time (bench_runs.noisy) says so beside it. Two runs of different precisions (an fp32
+run beside a bf16 one) are each named with their precision in the legend."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from .bench_runs import (
     implementations,
     median_ms,
     noisy,
+    precisions_differ,
     ratio_noisy,
     ratio_text,
 )
@@ -68,7 +70,7 @@ def _mark_noisy(run: BenchRun, fig: Figure) -> None:
 def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
     """Two single runs side by side: each implementation's median time in run a and in run b as paired
     bars on one time axis, and beside them the ratio b / a (above 1: b is slower). Both must time the
-    same: the forward pass, or training."""
+    same: the forward pass, or training. Runs of different precisions say each one's in the legend."""
     from ..gpu_runtime.plots import FOOTNOTE_COLOR, VALUE_MARGIN, log_x, ms_text, needs_log_scale, time_axis
 
     if why := comparison_refusal(a, b):
@@ -77,6 +79,7 @@ def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
     fig.set_layout_engine("constrained")
     ax_time, ax_ratio = fig.subplots(1, 2, width_ratios=(3, 2), sharey=True)
     names = implementations(a, b)
+    precisions = precisions_differ(a, b)
     height = 0.38
     every: list[float] = []
     # Each value is written right of the longer bar of its pair: beside its own, it ran over the other.
@@ -87,7 +90,7 @@ def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
         bars = [(i, i + (k - 0.5) * height, t) for i, name in enumerate(names)
                 if (t := median_ms(run, name)) is not None]
         ys, xs = [y for _, y, _ in bars], [t for _, _, t in bars]
-        ax_time.barh(ys, xs, height=height, color=RUN_COLORS[k], label=run.label())
+        ax_time.barh(ys, xs, height=height, color=RUN_COLORS[k], label=run.label(precision=precisions))
         every += xs
         for i, y, x in bars:
             ax_time.text(longer[i], y, f" {ms_text(x)}", va="center", fontsize=size, color=RUN_COLORS[k])
@@ -115,9 +118,11 @@ def draw_comparison(a: BenchRun, b: BenchRun, fig: Figure) -> None:
                       fontsize=7, color=FOOTNOTE_COLOR if rough else None)
     # Above the axes, where it hides no bar, and titled: constrained layout would lay a title of the
     # figure's own over a legend outside the axes.
+    in_a, in_b = (f" in {a.precision}", f" in {b.precision}") if precisions else ("", "")
+    mode = ", forward + backward" if a.train else ""
     fig.legend(fontsize=7, loc="outside upper center", ncols=2, title_fontsize=9,
-               title=f"Run #{a.number} and run #{b.number}{', forward + backward' if a.train else ''}: "
-                     f"median time, and #{b.number} / #{a.number}")
+               title=f"Run #{a.number}{in_a} and run #{b.number}{in_b}{mode}: median time, and "
+                     f"#{b.number} / #{a.number}")
     if "numpy" in (a.first.backend, b.first.backend):
         fig.supxlabel("numpy backend runs are CPU times of the Plan's numpy executor, not GPU times",
                       fontsize=8, color=FOOTNOTE_COLOR)

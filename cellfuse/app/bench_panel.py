@@ -1,13 +1,14 @@
 """The benchmark panel: sizes, backend, schedules and baselines, the sequence lengths (all T steps, or each
-batch row to its own), one direction or both, the forward pass or training (forward + backward); Run (F5)
-and Cancel with a progress bar. The window starts and stops the work; the panel only shows it. Its results
-(chart, table, the runs since the window opened) are a view of their own, which the window places where
-there is room."""
+batch row to its own), one direction or both, the precision (fp32, bf16, fp16), the forward pass or training
+(forward + backward); Run (F5) and Cancel with a progress bar. The window starts and stops the work; the
+panel only shows it. Its results (chart, table, the runs since the window opened) are a view of their own,
+which the window places where there is room."""
 
 from __future__ import annotations
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
+from ..codegen.precision import PRECISIONS, forward_tolerance
 from ..gpu_runtime.bench import TRAIN_BASELINES
 from ..graph_model import Sizes
 from .bench_results_view import BenchResultsView
@@ -24,13 +25,13 @@ TRAIN_KEY = "benchmark/train"  # the training switch, remembered when the editor
 TRAIN_TEXT = "Training (forward + backward)"
 # Settings in one click. "Quick CPU check": a short sequence and a few repeats on the CPU, a run of
 # seconds that says whether every schedule is right and roughly how they rank; the default: the
-# sizes and repeats the panel opens with. Both run every row all T steps in one direction, as the panel
-# opens.
+# sizes and repeats the panel opens with. Both run every row all T steps in one direction, in float32, as
+# the panel opens.
 PRESETS: dict[str, dict] = {
     "Quick CPU check": {"sizes": {"seq": 8, "batch": 8}, "repeats": 3, "backend": "numpy", "lengths": None,
-                        "bidirectional": False},
+                        "bidirectional": False, "precision": "fp32"},
     "Default": {"sizes": {"seq": DEFAULT_SIZES["seq"], "batch": DEFAULT_SIZES["batch"]}, "repeats": 20,
-                "lengths": None, "bidirectional": False},
+                "lengths": None, "bidirectional": False, "precision": "fp32"},
 }
 # The sequence lengths: every batch row runs all T steps, or each row to a length of its own drawn uniformly
 # from LOW to HIGH (BenchConfig.lengths, the command line's --lengths uniform:LOW-HIGH).
@@ -43,6 +44,14 @@ BIDIRECTIONAL_TEXT = "Bidirectional"
 BIDIRECTIONAL_TIP = ("Both directions of one layer side by side, each with weights of its own (the reverse "
                      "one over each row reversed in time); one layer only")
 ONE_DIRECTION = "one direction"
+# What every plan is made in and every baseline runs in (BenchConfig.precision, the command line's
+# --precision); 16-bit ones forward only.
+PRECISION_TEXT = "Precision"
+PRECISION_TIP = ("fp32 runs in float32. bf16 and fp16 store x, the weights, the outputs and the states in 16 "
+                 "bits and multiply on tensor cores into float32, forward only; each result is checked "
+                 "against the float64 reference within the precision's bound "
+                 f"({', '.join(f'{p} {forward_tolerance(p):.1e}' for p in PRECISIONS if p != 'fp32')} of "
+                 "the largest value)")
 FORWARD_ONLY = ("Forward only: not run in training mode, which times forward + backward with autograd "
                 f"and offers {', '.join(TRAIN_BASELINES)}")
 
@@ -104,9 +113,10 @@ class BenchPanel(QtWidgets.QWidget):
 
     # -- building --------------------------------------------------------------------------------------
     def _build_settings(self, schedules: list[str], baselines: list[str], backends: list[str]) -> None:
-        """Every setting in one grid of three rows, and the directions' box in a fourth under the lengths:
-        the dock is wide and short (at 1366x768 it has room for about four rows beside the run bar). The
-        schedules and baselines are ticked in drop-down lists, each a button that says what is ticked."""
+        """Every setting in one grid of three rows, and in a fourth the precision under the repeats and the
+        directions' box under the lengths: the dock is wide and short (at 1366x768 it has room for about
+        four rows beside the run bar). The schedules and baselines are ticked in drop-down lists, each a
+        button that says what is ticked."""
         box = QtWidgets.QWidget()
         grid = QtWidgets.QGridLayout(box)
         grid.setContentsMargins(0, 0, 0, 0)
@@ -159,6 +169,8 @@ class BenchPanel(QtWidgets.QWidget):
         # Under the lengths, in a row of its own: beside them it made the grid wider than the dock at
         # 1280x720. Across the label's column too: its text is its label.
         grid.addWidget(self._build_bidirectional(), SIZE_ROWS, 2 * 3, 1, 2)
+        # In the same row, under the backend and repeats: the grid grows no wider and no taller.
+        add(SIZE_ROWS, 2, PRECISION_TEXT, self._build_precision())
         grid.setColumnStretch(grid.columnCount(), 1)
         grid.setRowStretch(grid.rowCount(), 1)
 
@@ -300,6 +312,37 @@ class BenchPanel(QtWidgets.QWidget):
                              else "One direction of the layer.")
         self._bidirectional_refused = why is not None
 
+    def _build_precision(self) -> QtWidgets.QComboBox:
+        """The precision, fp32 first (as the panel opens). Checked as the training switch changes, as the
+        directions are with the layers: training runs in float32 only, so a 16-bit precision with it marks
+        the box, and the status and its tooltip say why; the window refuses to run it. The switch is built
+        with the run bar, after the settings: its `_train_toggled` checks the precision again."""
+        combo = QtWidgets.QComboBox()
+        combo.addItems(list(PRECISIONS))
+        combo.setCurrentText("fp32")
+        combo.setToolTip(PRECISION_TIP)
+        combo.setAccessibleName(PRECISION_TEXT)
+        self.precision_combo = combo
+        self._precision_refused = False
+        combo.currentTextChanged.connect(self._check_precision)
+        return combo
+
+    def _check_precision(self) -> None:
+        """The box marked while it cannot run, the status and its tooltip saying why; once it can again,
+        the status says so."""
+        why = self.precision_problem()
+        combo = self.precision_combo
+        combo.setToolTip(why or PRECISION_TIP)
+        combo.setProperty("invalid", why is not None)
+        combo.style().unpolish(combo)
+        combo.style().polish(combo)
+        if why is not None:
+            self.show_status(why)
+        elif self._precision_refused:
+            self.show_status(f"Precision {self.precision()}, "
+                             + ("forward + backward." if self.train() else "forward."))
+        self._precision_refused = why is not None
+
     def _check_list(self, what: str, names: list[str]
                     ) -> tuple[QtWidgets.QToolButton, dict[str, QtWidgets.QCheckBox]]:
         """A button whose drop-down list ticks `names` (all ticked at first), and the check boxes by name.
@@ -355,6 +398,7 @@ class BenchPanel(QtWidgets.QWidget):
     def _train_toggled(self, on: bool) -> None:
         settings().setValue(TRAIN_KEY, on)
         self._offer_baselines()
+        self._check_precision()
 
     def _offer_baselines(self) -> None:
         """In training mode the forward-only baselines are disabled and say why; each keeps its tick for
@@ -422,16 +466,20 @@ class BenchPanel(QtWidgets.QWidget):
             parts.append(LENGTHS_ALL)
         if preset.get("bidirectional") is False:
             parts.append(ONE_DIRECTION)
+        if "precision" in preset:
+            parts.append(preset["precision"])
         return ", ".join(parts)
 
     def apply_preset(self, name: str) -> None:
-        """Sets the sizes, repeats, backend, sequence lengths and directions of preset `name` (the others stay
-        as they are)."""
+        """Sets the sizes, repeats, backend, sequence lengths, directions and precision of preset `name` (the
+        others stay as they are)."""
         preset = PRESETS[name]
         if "lengths" in preset:  # first: a range kept would not fit a shorter sequence
             self.set_lengths(preset["lengths"])
         if "bidirectional" in preset:
             self.bidirectional_check.setChecked(preset["bidirectional"])
+        if "precision" in preset:
+            self.precision_combo.setCurrentText(preset["precision"])
         self.set_sizes(**preset["sizes"])
         self.repeats_spin.setValue(preset["repeats"])
         backend = preset.get("backend")
@@ -540,6 +588,18 @@ class BenchPanel(QtWidgets.QWidget):
             return None
         return (f"Bidirectional runs one layer, not {of}: {fix}, or untick Bidirectional. A stack of "
                 "bidirectional layers runs through cellfuse.nn (CellRNN(..., bidirectional=True)).")
+
+    def precision(self) -> str:
+        """BenchConfig.precision: fp32, bf16 or fp16."""
+        return self.precision_combo.currentText()
+
+    def precision_problem(self) -> str | None:
+        """Why the precision cannot run, or None (also for fp32): training runs in float32 only, a 16-bit
+        precision times the forward pass. The fix first: the status line cuts a long message short."""
+        precision = self.precision()
+        if precision == "fp32" or not self.train():
+            return None
+        return f"Precision {precision} runs forward only: choose fp32, or untick {TRAIN_TEXT}."
 
     # -- running --------------------------------------------------------------------------------------
     def set_running(self, running: bool) -> None:

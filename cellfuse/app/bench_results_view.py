@@ -1,7 +1,7 @@
 """The benchmark's results: the chart and the table of the run shown, and the list of every run since
 the window opened, so that two of the same mode (forward, or training; each batch row to its own length,
-or all T steps) can be compared. The window shows it as a tab beside the canvas, where a chart has the
-room to be read; the benchmark panel only starts runs."""
+or all T steps), in one precision or two (fp32 beside bf16, say), can be compared. The window shows it as
+a tab beside the canvas, where a chart has the room to be read; the benchmark panel only starts runs."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ class BenchResultsView(QtWidgets.QWidget):
         item = QtWidgets.QListWidgetItem(run.label())
         item.setData(QtCore.Qt.ItemDataRole.UserRole, run.number)
         tip = f"{run.label()}\nTimes {run.measures()}."
-        for text in (run.directions_text(), run.lengths_text()):
+        for text in (run.precision_text(), run.directions_text(), run.lengths_text()):
             if text:
                 tip += f"\n{text[0].upper()}{text[1:]}."
         item.setToolTip(tip)

@@ -6,7 +6,8 @@ its label and its table's headers say which, and two runs are compared only when
 whose batch rows each ran to a length of their own (BenchConfig.lengths) says so, with the lengths drawn,
 and is compared only with another such run. A run of both directions of the layer
 (BenchConfig.bidirectional) says so in its label, which is all that tells it from a run of one direction
-at the same sizes.
+at the same sizes. A run in bf16 or fp16 (BenchConfig.precision) names its precision in its label; runs of
+different precisions compare (that is what the precision is for), each then named with its own, fp32 too.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..codegen.precision import forward_tolerance
+from ..gpu_runtime.bench import BASELINES
 
 COLUMNS = ["Implementation", "Kind", "Median ms", "Min ms", "Max ms", "Rel. error", "Compile s",
            "Launches/step", "Note"]
@@ -59,6 +63,19 @@ class BenchRun:
             return ""
         return f"{BOTH_DIRECTIONS} of the layer side by side, each with weights of its own"
 
+    @property
+    def precision(self) -> str:
+        """What the run's plans were made in and its baselines ran in: fp32, bf16 or fp16."""
+        return str(getattr(self.first, "precision", "fp32") or "fp32")
+
+    def precision_text(self) -> str:
+        """'in bf16: stored in 16 bits, multiplied on tensor cores into float32, ...', or '' for fp32."""
+        if self.precision == "fp32":
+            return ""
+        return (f"in {self.precision}: stored in 16 bits and multiplied on tensor cores into float32, "
+                "forward only; each result checked against the float64 reference within "
+                f"{forward_tolerance(self.precision):.1e} of its largest value")
+
     def measures(self) -> str:
         return "forward + backward" if self.train else "forward"
 
@@ -84,7 +101,9 @@ class BenchRun:
         return (f"each batch row ran to its own length: {self.lengths_range()} steps, "
                 f"mean {sum(drawn) / len(drawn):.1f}{of}")
 
-    def label(self) -> str:
+    def label(self, precision: bool = False) -> str:
+        """'#2 LSTM · numpy · bf16 · T6 B3 in8 h8 L1 · 12:00:00': the precision where it is not fp32, or
+        always with `precision` (beside a run of another precision)."""
         r = self.first
         if r is None:
             return f"#{self.number} (empty)"
@@ -93,6 +112,7 @@ class BenchRun:
                 else f"T{s.seq} B{s.batch} in{s.input} h{s.hidden} L{s.layers}")
         stop = " · cancelled" if any(x.cancelled for x in self.results) else ""
         mode = " · training" if self.train else ""
+        mode += f" · {self.precision}" if precision or self.precision != "fp32" else ""
         directions = f" · {BOTH_DIRECTIONS}" if self.bidirectional else ""
         lengths = f" · lengths {self.lengths_range()}" if self.lengths else ""
         return (f"#{self.number} {r.cell} · {r.backend}{mode} · {what}{directions}{lengths} · "
@@ -137,8 +157,9 @@ def result_rows(result: Any, unavailable: dict[str, str] | None = None) -> list[
                      "" if r.compile_s is None else f"{r.compile_s:.2f}",
                      "" if getattr(r, "launches_per_step", None) is None else str(r.launches_per_step),
                      note], bool(r.ok) if getattr(r, "applicable", True) else None))
-    for name, why in (unavailable or {}).items():
-        out.append(([name, "baseline", "", "", "", "", "", "", why], None))
+    for name, why in (unavailable or {}).items():  # a baseline not here, a schedule not in this precision
+        kind = "baseline" if name in BASELINES else "schedule"
+        out.append(([name, kind, "", "", "", "", "", "", why], None))
     return out
 
 
@@ -189,12 +210,22 @@ def ratio_noisy(a: BenchRun, b: BenchRun, name: str) -> bool:
     return noisy(a.first.row(name)) or noisy(b.first.row(name))
 
 
+def precisions_differ(a: BenchRun, b: BenchRun) -> bool:
+    """Whether two runs ran in different precisions: each is then named with its own, fp32 too."""
+    return a.precision != b.precision
+
+
 def comparison_rows(a: BenchRun, b: BenchRun) -> tuple[list[str], list[TableRow]]:
-    """Columns and rows comparing the median times of two single runs, implementation by implementation."""
+    """Columns and rows comparing the median times of two single runs, implementation by implementation;
+    where they ran in different precisions, each run's column names its own."""
     if why := comparison_refusal(a, b):
         raise ValueError(why)
     ms = "ms, fwd+bwd" if a.train else "ms"
-    columns = ["Implementation", f"#{a.number} {ms}", f"#{b.number} {ms}", f"#{b.number} / #{a.number}"]
+
+    def time_column(run: BenchRun) -> str:
+        return f"#{run.number} {ms}, {run.precision}" if precisions_differ(a, b) else f"#{run.number} {ms}"
+
+    columns = ["Implementation", time_column(a), time_column(b), f"#{b.number} / #{a.number}"]
     rows = []
     for name in implementations(a, b):
         tx, ty = median_ms(a, name), median_ms(b, name)

@@ -749,7 +749,8 @@ class MainWindow(QtWidgets.QMainWindow):
         panel = self.bench_panel
         return BenchConfig(sizes=panel.sizes(), backend=panel.backend(), schedules=panel.schedules(),
                            baselines=panel.baselines(), repeats=panel.repeats(), train=panel.train(),
-                           lengths=panel.lengths(), bidirectional=panel.bidirectional())
+                           lengths=panel.lengths(), bidirectional=panel.bidirectional(),
+                           precision=panel.precision())
 
     def run_benchmark(self) -> bool:
         """Starts the benchmark of the current cell in a worker thread; False when it cannot start."""
@@ -766,7 +767,8 @@ class MainWindow(QtWidgets.QMainWindow):
             self.bench_panel.show_status(str(e))
             return False
         # Refused here, not by the worker once it has started (a sweep would lose the values run before).
-        if why := self.bench_panel.lengths_problem() or self.bench_panel.bidirectional_problem():
+        panel = self.bench_panel
+        if why := panel.lengths_problem() or panel.bidirectional_problem() or panel.precision_problem():
             self.bench_panel.show_status(why)
             return False
         config = self.bench_config()
@@ -780,7 +782,8 @@ class MainWindow(QtWidgets.QMainWindow):
         self.worker.finished.connect(self._bench_thread_done)
         self.bench_panel.set_running(True)
         self.actions_.cancel.setEnabled(True)
-        self.bench_panel.show_status(f"Running on {config.backend}…")
+        in_precision = f" in {config.precision}" if config.precision != "fp32" else ""
+        self.bench_panel.show_status(f"Running on {config.backend}{in_precision}…")
         self.worker.start()
         return True
 
@@ -801,8 +804,8 @@ class MainWindow(QtWidgets.QMainWindow):
         is_sweep = hasattr(result, "param")
         run = BenchRun(self._run_number, sweep=result if is_sweep else None,
                        result=None if is_sweep else result)
-        if not is_sweep and self.worker is not None:
-            run.unavailable = dict(result.left_out)
+        if not is_sweep:
+            run.unavailable = dict(getattr(result, "left_out", {}))
         self.bench_panel.add_run(run)
         self.show_bench_results()
         results = run.results
@@ -814,9 +817,13 @@ class MainWindow(QtWidgets.QMainWindow):
             text += " — cancelled, partial results"
         if wrong:
             text += f" — not timed (wrong or failed): {', '.join(dict.fromkeys(wrong))}"
-        if run.unavailable:
-            text += f" — not available here: {', '.join(run.unavailable)}"
-        for said in (run.directions_text(), run.lengths_text()):
+        # Of what was left out, the baselines are not here; the schedules do not run in this precision.
+        absent = [name for name in run.unavailable if name in BASELINES]
+        if absent:
+            text += f" — not available here: {', '.join(absent)}"
+        if other := [name for name in run.unavailable if name not in BASELINES]:
+            text += f" — not run in {run.precision}: {', '.join(other)}"
+        for said in (run.precision_text(), run.directions_text(), run.lengths_text()):
             if said:
                 text += f" — {said}"
         self.bench_panel.show_status(text)

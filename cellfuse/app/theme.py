@@ -205,7 +205,8 @@ QSpinBox::down-arrow { width: 0; height: 0; border-left: 4px solid transparent;
     border-right: 4px solid transparent; border-top: 5px solid #c8ccd4; }
 QSpinBox::up-arrow:disabled, QSpinBox::down-arrow:disabled { border-bottom-color: #5a5d66;
     border-top-color: #5a5d66; }
-QLineEdit[invalid="true"], QSpinBox[invalid="true"] { border: 1px solid #eb5040; }
+QLineEdit[invalid="true"], QSpinBox[invalid="true"], QComboBox[invalid="true"] {
+    border: 1px solid #eb5040; }
 QToolButton[invalid="true"], QCheckBox[invalid="true"] { color: #f07060; }
 QHeaderView::section { background: #2a2c32; border: none; border-right: 1px solid #1b1c20;
     padding: 3px 6px; }

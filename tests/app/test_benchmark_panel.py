@@ -95,10 +95,11 @@ def test_chart_and_results_export(qtbot, window, answers, tmp_path):
     panel.export_results_button.click()
     data = json.loads(answers.save_path.read_text())
     assert data["backend"] == "numpy" and {r["name"] for r in data["results"]} >= set(SCHEDULES)
+    assert data["precision"] == "fp32"
     answers.save_path = tmp_path / "results.csv"
     panel.export_results_button.click()
     lines = answers.save_path.read_text().splitlines()
-    assert lines[0].startswith("cell,device,name") and len(lines) > len(SCHEDULES)
+    assert lines[0].startswith("cell,device,precision,name") and len(lines) > len(SCHEDULES)
 
 
 @pytest.mark.slow
