@@ -8,7 +8,11 @@ calls them, beside `cellfuse bench`'s time of the rung CellRNN ran; one JSON rec
         --layers 1 --repeats 2 --out /tmp/cellrnn_vs_cudnn_cpu.json
 
 For each case (cell, T, B, layers), on one device in float32 (TF32 off for cuDNN and cuBLAS, so that both
-sides compute in float32):
+sides compute in float32), or with --precision bf16 / fp16 in that dtype: x in it, torch.nn.LSTM / GRU
+converted to it (cuDNN in 16 bits), CellRNN's parameters left float32 as under torch.autocast (packed
+into 16-bit weights); the check then allows twice the precision's bound (codegen.precision) relative to
+y's largest magnitude, and the training step, the torch.compile part and the bench's training run are
+left out (CellRNN trains in float32 so far):
 
 - the check, before anything is timed: CellRNN(x)'s y against torch.nn.LSTM / GRU(x)'s y, loaded with the
   CellRNN's weights by the benchmark's own mapping (torch_baselines.CudnnCell): a row whose largest
@@ -62,6 +66,7 @@ import torch
 
 from cellfuse import __version__
 from cellfuse.codegen import SCHEDULES
+from cellfuse.codegen.precision import forward_tolerance
 from cellfuse.gpu_runtime.torch_baselines import CudnnCell
 from cellfuse.graph_model import Sizes, atomic_write, load_template
 from cellfuse.nn import CellRNN
@@ -147,14 +152,27 @@ def time_in_turns(impls: dict[str, tuple[Run, Run | None]], clock: Clock, repeat
 
 
 # -- the models ----------------------------------------------------------------------------------------
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
 def make_pair(kind: str, args: argparse.Namespace, layers: int, device: torch.device
               ) -> tuple[CellRNN, CudnnCell]:
-    """The CellRNN and torch.nn.LSTM / GRU (in CudnnCell, the benchmark's mapping) with the same weights."""
+    """The CellRNN and torch.nn.LSTM / GRU (in CudnnCell, the benchmark's mapping) with the same weights,
+    torch's in the benchmark's dtype."""
     rnn = CellRNN(kind, args.input, args.hidden, layers, schedule=args.schedule, seed=args.seed).to(device)
     params = {key: rnn.param(key).detach().cpu().numpy() for key in rnn.keys}
-    cudnn = CudnnCell(kind, params, layers, args.input, args.hidden, device=str(device))
+    cudnn = CudnnCell(kind, params, layers, args.input, args.hidden, device=str(device),
+                      dtype=DTYPES[args.precision])
     cudnn.module.eval()
     return rnn, cudnn
+
+
+def tolerance(args: argparse.Namespace, y_ref: torch.Tensor) -> float:
+    """The largest absolute difference of y that passes: TOLERANCE in float32; in 16 bits twice the
+    precision's bound (each side has its own rounding) of y's largest magnitude."""
+    if args.precision == "fp32":
+        return TOLERANCE
+    return 2 * forward_tolerance(args.precision) * float(y_ref.detach().float().abs().max())
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -216,7 +234,7 @@ def _case(row: dict, kind: str, seq: int, batch: int, layers: int, args: argpars
     rnn, cudnn = make_pair(kind, args, layers, device)
     module = cudnn.module
     generator = torch.Generator().manual_seed(args.seed + 1)
-    x = torch.randn(seq, batch, args.input, generator=generator).to(device)
+    x = torch.randn(seq, batch, args.input, generator=generator).to(device, DTYPES[args.precision])
 
     # the check: nothing is timed before it passes
     with torch.no_grad():
@@ -225,9 +243,10 @@ def _case(row: dict, kind: str, seq: int, batch: int, layers: int, args: argpars
         y_ref = module(x)[0]
         clock.sync()
     row["max_abs_diff"] = max_abs_diff(y, y_ref)
-    if not passes(row["max_abs_diff"], TOLERANCE):
+    row["tolerance"] = args.tolerance = tolerance(args, y_ref)
+    if not passes(row["max_abs_diff"], args.tolerance):
         row["error"] = (f"y differs from torch.nn.{module.__class__.__name__}'s by {row['max_abs_diff']:.3e} "
-                        f"(tolerance {TOLERANCE:g}); not timed")
+                        f"(tolerance {args.tolerance:g}); not timed")
         return
     row["ok"] = True
 
@@ -316,7 +335,7 @@ def bench_part(kind: str, seq: int, batch: int, layers: int, rung: str, train: b
 
     config = BenchConfig(Sizes(seq, batch, args.input, args.hidden, layers), backend="cuda", schedules=[rung],
                          baselines=["cudnn"], repeats=args.repeats, warmup=args.warmup, seed=args.seed,
-                         train=train)
+                         train=train, precision=args.precision)
     out: dict = {"ok": False, "ms": None, "cudnn_ms": None, "note": "", "record": None}
     t0 = time.perf_counter()
     try:
@@ -373,7 +392,7 @@ def graph_part(rnn: CellRNN, module: torch.nn.Module, x: torch.Tensor, y_ref: to
                     break
                 continue
             entry["max_abs_diff"] = max_abs_diff(y, y_ref)
-            if not passes(entry["max_abs_diff"], TOLERANCE):
+            if not passes(entry["max_abs_diff"], args.tolerance):
                 entry["error"] = f"the replay's y differs by {entry['max_abs_diff']:.3e}; not timed"
                 continue
             entry["ok"] = True
@@ -483,7 +502,8 @@ def tables(record: dict) -> str:
     graph = settings["graph"]
     lines = [f"CellRNN against torch.nn.LSTM / GRU on {record['device']}, "
              f"torch {record['versions']['torch']}, input {settings['input']}, hidden {settings['hidden']}, "
-             f"float32; medians of {settings['repeats']} runs, ms", "", "Forward (torch.no_grad()):", ""]
+             f"{DTYPES[settings['precision']]}; medians of {settings['repeats']} runs, ms", "",
+             "Forward (torch.no_grad()):", ""]
     head = ["cell", "T", "B", "layers", "rung", "bench ms", "CellRNN ms", "CellRNN host ms", "cuDNN ms",
             "CellRNN/bench", "speedup vs cuDNN"]
     head += ["CellRNN graph ms", "cuDNN graph ms"] if graph else []
@@ -595,6 +615,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="which `cellfuse bench` runs to compare with: forward,train (default), forward, "
                         "train, or none")
     p.add_argument("--no-train", dest="train", action="store_false", help="leave out the training step")
+    p.add_argument("--precision", choices=list(DTYPES), default="fp32",
+                   help="x and torch's module in this dtype (16 bits: forward only, CellRNN's parameters "
+                        "float32 as under torch.autocast)")
     p.add_argument("--graph", action="store_true", help="also time the replay of a CUDA graph capture")
     p.add_argument("--no-compile", dest="compile", action="store_false",
                    help="leave out torch.compile of the language model")
@@ -618,6 +641,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.compile_case = [min(args.seqs), batch, min(args.layers)]
     if len(args.compile_case) != 3:
         p.error("--compile-case: expected T,B,LAYERS")
+    if args.precision != "fp32":  # CellRNN trains in float32 so far: a 16-bit run times the forward pass
+        args.train, args.compile = False, False
+        args.bench = [mode for mode in args.bench if mode == "forward"]
     return args
 
 

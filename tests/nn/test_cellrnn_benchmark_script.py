@@ -96,3 +96,22 @@ def test_a_case_that_fails_its_check_is_not_timed(script, tmp_path, capsys, monk
     assert not row["ok"] and row["max_abs_diff"] >= 0 and "not timed" in row["error"]
     assert row["forward"] is None and row["train"] is None
     assert "FAILED" in stdout and "Failures:" in stdout
+
+
+def test_in_bf16_the_forward_pass_is_checked_within_the_precisions_bound_then_timed(script, tmp_path, capsys):
+    """--precision bf16: x and torch's module in bf16, CellRNN's parameters float32; each y within twice
+    bf16's bound of y's largest magnitude (and not float32's result); forward only."""
+    from cellfuse.codegen.precision import forward_tolerance
+
+    out = tmp_path / "record.json"
+    code = script.main([*TINY, "--precision", "bf16", "--out", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    record = json.loads(out.read_text())
+    assert record["settings"]["precision"] == "bf16" and record["compile"] == []
+    for row in record["rows"]:
+        assert row["ok"] and row["train"] is None and list(row["bench"]) == ["forward"]
+        assert 1e-5 < row["max_abs_diff"] <= row["tolerance"]
+        assert row["tolerance"] <= 2 * forward_tolerance("bf16") * 1.0  # y of an LSTM/GRU is within [-1, 1]
+        timed(row["forward"], "CellRNN"), timed(row["forward"], "cuDNN")
+    assert "torch.bfloat16; medians of 2 runs" in stdout and "Training step" not in stdout
