@@ -20,7 +20,7 @@ from cellfuse.codegen import make_plan
 from cellfuse.codegen.precision import forward_tolerance
 from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
 from cellfuse.gpu_runtime.event_timing import median_ms
-from cellfuse.gpu_runtime.torch_baselines import cudnn_gates
+from cellfuse.gpu_runtime.torch_baselines import CudnnCell
 from cellfuse.graph_model import CellError, Sizes, init_params, load_template, run_reference
 
 SIZE = 512
@@ -32,16 +32,7 @@ def error(y: np.ndarray, ref: np.ndarray) -> float:
 
 
 def cudnn_ms(kind: str, params, x: np.ndarray, precision: str, ref: np.ndarray, repeats: int):
-    cls = torch.nn.LSTM if kind == "lstm" else torch.nn.GRU
-    rnn = cls(SIZE, SIZE).cuda()
-    gates = cudnn_gates(kind, params, 0)  # per gate, in torch's order: (W_ih, W_hh, b_ih, b_hh)
-    w_ih, w_hh, b_ih, b_hh = (np.concatenate([g[i] for g in gates]) for i in range(4))
-    with torch.no_grad():
-        for p, v in zip((rnn.weight_ih_l0, rnn.weight_hh_l0, rnn.bias_ih_l0, rnn.bias_hh_l0),
-                        (w_ih, w_hh, b_ih, b_hh), strict=True):
-            p.copy_(torch.from_numpy(np.ascontiguousarray(v)))
-    rnn = rnn.to(TORCH[precision])
-    rnn.flatten_parameters()  # (the conversion leaves them apart: cuDNN would compact them at every call)
+    rnn = CudnnCell(kind, params, 1, SIZE, SIZE, dtype=TORCH[precision]).module  # made in the dtype
     xt = torch.from_numpy(x).cuda().to(TORCH[precision])
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         y, _ = rnn(xt)

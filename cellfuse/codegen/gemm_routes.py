@@ -99,6 +99,9 @@ def tf32x3_layout(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> tuple[tuple
     return a, w, 3 * k, 3 * k if g.trans_w else n, 3 * rows * k
 
 
+GEMM_DEFAULT_ALGO = -1  # cublasGemmAlgo_t of cublasGemmEx: cuBLAS's own choice
+
+
 def gemm_ex_types(g: GemmLaunch, w: DType) -> tuple[tuple[int, int, int], int]:
     """cublasGemmEx's types of a 16-bit route's GEMM with weights of type `w`: (W's, A's, C's
     cudaDataType_t) and its cublasComputeType_t. Operands of the 16-bit type multiply as they are,

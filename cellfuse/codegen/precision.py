@@ -50,6 +50,7 @@ def forward_tolerance(precision: str) -> float:
     """The relative error a forward pass in `precision` is allowed against the float64 reference."""
     return FLOAT32_TOLERANCE if precision == "fp32" else BOUND_UNITS * UNIT[precision]
 
+
 # Ops through which a state's value passes on into its update as a share of itself, not squashed or
 # multiplied by a weight: a path of these from a state to its update, through an add or sub, is the state
 # added to itself.
@@ -167,4 +168,3 @@ def _retyped(value, dtypes: dict[str, DType], multiply: DType):
         items = {k: _retyped(v, dtypes, multiply) for k, v in value.items()}
         return value if all(items[k] is value[k] for k in value) else items
     return value
-

@@ -11,9 +11,9 @@ structure and the sizes.
 Without a GPU there is nothing to measure, and `auto` is `graph`.
 
 In a 16-bit precision (bf16, fp16) the candidates are measured in it, those that do not run it left
-out (the persistent rung, and the tensor rung where the weights do not fit on chip), and the choice is
-remembered apart from float32's: on an H200 the tensor rung was fastest for the LSTM at small batches,
-`graph` at B=256 (benchmarks/results/h200_2026-11-28_precision_7c5152e.json).
+out (the persistent ones where the weights do not fit on chip), and the choice is remembered apart from
+float32's: on an H200 the LSTM's fastest 16-bit rung was `persistent` at B=1, `tensor` at B=8 and 64,
+`graph` at B=256 (benchmarks/results/h200_2026-11-28_precision_{3544c2b,7c5152e}.json).
 
 For a bidirectional layer the choice is also whether its two directions run side by side (each rung's
 kernels planned for half of the SMs, on two streams) or one after the other (each on all of them): the

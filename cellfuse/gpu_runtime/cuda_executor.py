@@ -18,7 +18,7 @@ import numpy as np
 
 from ..codegen import Plan, plan_kernels
 from ..codegen.dtypes import loaded, stored
-from ..codegen.gemm_routes import gemm_ex_types, split_threads, tf32x3_layout
+from ..codegen.gemm_routes import GEMM_DEFAULT_ALGO, gemm_ex_types, split_threads, tf32x3_layout
 from ..codegen.kernel_abi import BLOCK, kernel_params
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import (
@@ -44,7 +44,6 @@ from .wgmma_gemms import Operands, WgmmaGemms, usable
 
 log = logging.getLogger(__name__)
 
-_GEMM_DEFAULT = -1  # cublasGemmAlgo_t: cuBLAS's own choice
 ALIGNMENT = 256  # bytes: where each device buffer starts
 _CUBLAS_WORKSPACE = 32 * 2**20
 
@@ -285,7 +284,7 @@ class CudaExecutor:
                     (w_type, a_type, c_type), compute = gemm_ex_types(g, self.plan.buffers[g.w].dtype)
                     out.append(partial(self.cublas.gemm_ex, handles[s], int(g.trans_w), int(g.trans_a), g.n,
                                        m, g.k, one, self.addr[g.w], w_type, ldw, a, a_type, g.a.ld, beta, c,
-                                       c_type, g.c.ld, compute, _GEMM_DEFAULT))
+                                       c_type, g.c.ld, compute, GEMM_DEFAULT_ALGO))
                     return out
                 op = Operands(c, a, self.addr[g.w], splits[s], m, g.n, g.k, g.a.ld, ldw, g.c.ld, g.trans_w,
                               beta == one)

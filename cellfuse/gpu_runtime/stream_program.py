@@ -30,7 +30,7 @@ from dataclasses import replace
 import numpy as np
 
 from ..codegen.cuda_wgmma import SMEM_BYTES, SOURCE, THREADS, gemm_grid
-from ..codegen.gemm_routes import gemm_ex_types, split_threads, tf32x3_layout
+from ..codegen.gemm_routes import GEMM_DEFAULT_ALGO, gemm_ex_types, split_threads, tf32x3_layout
 from ..codegen.kernel_abi import BLOCK, kernel_params
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, element_offset
@@ -44,7 +44,7 @@ from .kernel_cache import cubin
 from .launch_list import COOPERATIVE, EARLY, KERNEL, LaunchList
 from .wgmma_gemms import Operands, usable
 
-_R_32F, _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT = 0, 77, -1  # cudaDataType, cublasComputeType_t, algo
+_R_32F, _COMPUTE_32F_FAST_TF32 = 0, 77  # cudaDataType, cublasComputeType_t
 _TIMED_RUNS = 5
 
 
@@ -227,7 +227,7 @@ class _Calls:
         types, compute = gemm_ex_types(g, self.plan.buffers[g.w].dtype)
         self.calls.gemm_ex(self.res.handles[s], self._args(
             [int(g.trans_w), int(g.trans_a), g.n, m, g.k, one, (g.w, 0), types[0], ldw, a, types[1], g.a.ld,
-             beta, c, types[2], g.c.ld, compute, _GEMM_DEFAULT]),
+             beta, c, types[2], g.c.ld, compute, GEMM_DEFAULT_ALGO]),
             s, f"cuBLAS's {g.multiply.name} GEMM of {g.group}")
 
     def copies(self, g, m: int, a, c, accumulate: bool, s: int) -> None:
@@ -245,7 +245,7 @@ class _Calls:
         beta = one if accumulate else one + 4
         self.calls.gemm_ex(self.res.handles[s], self._args(
             [int(g.trans_w), 0, g.n, m, 3 * g.k, one, (scratch, 4 * w_at), _R_32F, ldw3, (scratch, 0), _R_32F,
-             lda3, beta, c, _R_32F, g.c.ld, _COMPUTE_32F_FAST_TF32, _GEMM_DEFAULT]),
+             lda3, beta, c, _R_32F, g.c.ld, _COMPUTE_32F_FAST_TF32, GEMM_DEFAULT_ALGO]),
             s, f"cuBLAS's TF32 GEMM of {g.group}")
 
     def wgmma(self, g, op: Operands, a, c, s: int) -> None:

@@ -89,26 +89,19 @@ def make_plans(cell: Cell, sizes: Sizes, schedule: str, device: torch.device, sh
                precision: str = "fp32") -> Plans:
     """The plans of `schedule` (or of the rung `auto` stands for here) at these sizes on the device, for
     one of `share` runs side by side on it, in `precision`."""
+    target = device_target(device, share) if device.type == "cuda" else H100
+    if schedule == AUTO:  # (with share 2, the rung measured fastest for both directions side by side)
+        choice = choose_schedule(cell, sizes, "cuda" if device.type == "cuda" else "numpy",
+                                 bidirectional=share == 2, precision=precision)
+        log.info("%s", choice.why)
+        schedule = choice.schedule
     if precision != "fp32":
-        target = device_target(device, share) if device.type == "cuda" else H100
-        if schedule == AUTO:
-            choice = choose_schedule(cell, sizes, "cuda" if device.type == "cuda" else "numpy",
-                                     bidirectional=share == 2, precision=precision)
-            log.info("%s", choice.why)
-            schedule = choice.schedule
         forward = make_plan(cell, sizes, schedule, target, precision=precision)
         return Plans(forward, forward, None)
     if device.type == "cpu":
-        if schedule == AUTO:
-            schedule = choose_schedule(cell, sizes, "numpy").schedule
         # the numpy executor runs the plan that saves its steps, with a backward pass to follow or not
-        train = make_plan(cell, sizes, schedule, save_steps=True)
+        train = make_plan(cell, sizes, schedule, target, save_steps=True)
         return Plans(train, train, backward_plan(train))
-    target = device_target(device, share)
-    if schedule == AUTO:  # (with share 2, the rung measured fastest for both directions side by side)
-        choice = choose_schedule(cell, sizes, "cuda", bidirectional=share == 2)
-        log.info("%s", choice.why)
-        schedule = choice.schedule
     forward = make_plan(cell, sizes, schedule, target, save_steps=False)
     try:
         train = make_plan(cell, sizes, schedule, target, save_steps=True)
