@@ -1,7 +1,9 @@
 """Where the host time of CellRNN's calls goes: cProfile over many forward calls under torch.no_grad()
-and many training steps of the LSTM at input = hidden = 512, B=1, T=100.
+(and, in float32, many training steps) of the LSTM at input = hidden = 512, then torch's profiler over a
+few forward calls (the CUDA API calls and kernels they make, with their times).
 
-    python3 benchmarks/probes/cellrnn_host_profile.py [--schedule persistent] [--calls 500]
+    python3 benchmarks/probes/cellrnn_host_profile.py [--schedule persistent] [--calls 500] [--batch 1]
+        [--seq 100] [--layers 1] [--precision fp32|bf16|fp16]
 """
 
 from __future__ import annotations
@@ -15,16 +17,22 @@ import torch
 
 from cellfuse.nn import CellRNN
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--schedule", default="persistent")
     p.add_argument("--calls", type=int, default=500)
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=100)
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--precision", choices=sorted(DTYPES), default="fp32")
     args = p.parse_args()
-    rnn = CellRNN("lstm", 512, 512, 1, schedule=args.schedule, seed=1).cuda()
-    x = torch.randn(100, args.batch, 512, device="cuda")
+    rnn = CellRNN("lstm", 512, 512, args.layers, schedule=args.schedule, seed=1).cuda()
+    x = torch.randn(args.seq, args.batch, 512, device="cuda").to(DTYPES[args.precision])
     xg = x.clone().requires_grad_()
+    print(f"LSTM T={args.seq} B={args.batch} layers={args.layers} {args.precision} {args.schedule}")
 
     def forward() -> None:
         with torch.no_grad():
@@ -32,9 +40,10 @@ def main() -> None:
 
     def train() -> None:
         y, _ = rnn(xg)
-        y.sum().backward()
+        y.float().sum().backward()
 
-    for name, fn in (("forward", forward), ("training step", train)):
+    passes = [("forward", forward)] + ([("training step", train)] if args.precision == "fp32" else [])
+    for name, fn in passes:
         for _ in range(5):
             fn()
         torch.cuda.synchronize()
@@ -51,7 +60,13 @@ def main() -> None:
             fn()
         profile.disable()
         torch.cuda.synchronize()
-        pstats.Stats(profile).sort_stats("tottime").print_stats(22)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(16)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                                torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(10):
+                fn()
+            torch.cuda.synchronize()
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 
 
 if __name__ == "__main__":

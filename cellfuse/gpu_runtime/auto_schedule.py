@@ -15,6 +15,11 @@ out (the persistent ones where the weights do not fit on chip), and the choice i
 float32's: on an H200 the LSTM's fastest 16-bit rung was `persistent` at B=1, `tensor` at B=8 and 64,
 `graph` at B=256 (benchmarks/results/h200_2026-11-28_precision_{3544c2b,7c5152e}.json).
 
+The benchmark replays a CUDA graph of each rung, so a rung of launches every step (`graph`, `wavefront`)
+costs no host time there. cellfuse.nn's modules put a rung's launches on torch's stream from the host at
+every call, where those rungs are bound by the host's launches: they measure the rungs again as they call
+them (`runs_as`), and remember that choice apart.
+
 For a bidirectional layer the choice is also whether its two directions run side by side (each rung's
 kernels planned for half of the SMs, on two streams) or one after the other (each on all of them): the
 rungs are measured both ways (`bench --bidirectional`, and twice one direction's time), and the fastest
@@ -69,11 +74,11 @@ def cache_path() -> Path:
     return cache_dir() / "schedules.json"
 
 
-def _key(device: str, cell: Cell, sizes: Sizes, bidirectional: bool, precision: str) -> str:
+def _key(device: str, cell: Cell, sizes: Sizes, bidirectional: bool, precision: str, runs_as: str) -> str:
     s = sizes
     return (f"rungs {RUNGS_VERSION} | {device} | {cell.structure_hash()} | T={s.seq} B={s.batch} I={s.input} "
             f"H={s.hidden} L={s.layers}" + (" | both directions" if bidirectional else "")
-            + (f" | {precision}" if precision != "fp32" else ""))
+            + (f" | {precision}" if precision != "fp32" else "") + (f" | {runs_as}" if runs_as else ""))
 
 
 def _read(path: Path) -> dict[str, dict]:
@@ -99,8 +104,8 @@ def candidates(sizes: Sizes) -> list[str]:
     return [s for s in CANDIDATES if s != "wavefront" or sizes.layers > 1]
 
 
-def _measure(cell: Cell, sizes: Sizes, bidirectional: bool = False, precision: str = "fp32"
-             ) -> dict[str, float]:
+def bench_times(cell: Cell, sizes: Sizes, bidirectional: bool = False, precision: str = "fp32"
+                ) -> dict[str, float]:
     """Median ms of each candidate that matched the reference on the GPU (of both directions of the layer
     side by side, where `bidirectional`), in `precision` (where it runs there)."""
     from .bench import BenchConfig, run_benchmark
@@ -111,7 +116,7 @@ def _measure(cell: Cell, sizes: Sizes, bidirectional: bool = False, precision: s
     return {r.name: r.median_ms for r in result.rows if r.ok and r.median_ms is not None}
 
 
-Measure = Callable[..., dict[str, float]]  # _measure's signature
+Measure = Callable[..., dict[str, float]]  # bench_times's signature
 IN_ORDER, BESIDE = "one after the other", "side by side"  # how a bidirectional layer's directions ran
 
 
@@ -129,10 +134,12 @@ def _way(bidirectional: bool, beside: bool) -> str:
     return f", the directions {BESIDE if beside else IN_ORDER}" if bidirectional else ""
 
 
-def choose_schedule(cell: Cell, sizes: Sizes, backend: str, measure: Measure = _measure,
-                    bidirectional: bool = False, precision: str = "fp32") -> Choice:
+def choose_schedule(cell: Cell, sizes: Sizes, backend: str, measure: Measure = bench_times,
+                    bidirectional: bool = False, precision: str = "fp32", runs_as: str = "") -> Choice:
     """The schedule `auto` stands for on `backend` ("cuda", "numpy" or "auto") in `precision`; where
-    `bidirectional`, for a layer of both directions, and whether they run side by side (`Choice.beside`)."""
+    `bidirectional`, for a layer of both directions, and whether they run side by side (`Choice.beside`).
+    `runs_as` names how the rungs run where the choice is used, where `measure` times them otherwise than
+    the benchmark does: each way's choices are remembered apart."""
     if backend == "auto":
         from .bench import available_backends
 
@@ -141,7 +148,7 @@ def choose_schedule(cell: Cell, sizes: Sizes, backend: str, measure: Measure = _
         return Choice(WITHOUT_GPU, f"auto: '{WITHOUT_GPU}', since there is no GPU to measure the rungs on")
     from .cuda_executor import device_description
 
-    path, key = cache_path(), _key(device_description(), cell, sizes, bidirectional, precision)
+    path, key = cache_path(), _key(device_description(), cell, sizes, bidirectional, precision, runs_as)
     cache = _read(path)
     entry = cache.get(key)
     if isinstance(entry, dict) and entry.get("schedule") in CANDIDATES:

@@ -35,7 +35,7 @@ from ..graph_model.limits import MAX_LAYERS, MAX_WIDTH
 from ..graph_model.params import REVERSE, check_names, check_widths
 from ..graph_model.validate import check_count
 from . import ops, stacks
-from .runners import DTYPES, dtype_names, runs_with
+from .runners import DTYPES, FORWARD, direction_of, dtype_names, precision_of, runs_with
 
 MAX_SEEN = 4  # the sizes, dtypes and devices whose rungs `schedules_run` reports
 
@@ -172,10 +172,20 @@ class CellRNN(torch.nn.Module):
 
     @property
     def schedules_run(self) -> list[str]:
-        """The rungs the module's recent forward passes ran (`auto` resolved), one per size seen."""
-        return [ops.plans(ops.masked_text(self._cell_text) if lengths else self._cell_text, *shape,
-                          self.hidden_size, self.num_layers, self.schedule, device).schedule
-                for shape, device, lengths in self._seen]
+        """The rungs the module's recent forward passes ran (`auto` resolved), one per size seen: of the
+        first layer's call where the layers ran one at a time."""
+        return [self._rung(*seen) for seen in self._seen]
+
+    def _rung(self, shape: torch.Size, device: torch.device, dtype: torch.dtype, lengths: bool,
+              by_layer: bool) -> str:
+        """The rung of a forward pass's (first) call to the ops, as stacks makes it."""
+        cell = ops.masked_text(self._cell_text) if lengths else self._cell_text
+        direction = FORWARD
+        if by_layer and self.bidirectional and device.type == "cuda":
+            x = torch.empty((), dtype=dtype, device=device).expand(shape)  # its sizes, no memory
+            direction = direction_of(False, ops.side_by_side(cell, x, self.hidden_size, self.schedule))
+        return ops.plans(cell, *shape, self.hidden_size, 1 if by_layer else self.num_layers, self.schedule,
+                         device, direction, precision_of(dtype)).schedule
 
     # -- parameters ----------------------------------------------------------------------------------
     @property
@@ -271,7 +281,8 @@ class CellRNN(torch.nn.Module):
             initial = packed.sorted(initial)
         elif lengths is not None:  # (a PackedSequence's are right by construction)
             lengths = stacks.check_lengths(lengths, x.shape[0], x.shape[1])
-        if self.bidirectional or (self.dropout and self.training and self.num_layers > 1):
+        by_layer = self.bidirectional or bool(self.dropout and self.training and self.num_layers > 1)
+        if by_layer:
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params_of, self.num_layers, self.bidirectional, self.dropout,
                 self.training, self._cell_text, self.hidden_size, self.schedule, lengths)
@@ -279,7 +290,7 @@ class CellRNN(torch.nn.Module):
             y, finals = stacks.run(x, initial, self._params(), self._cell_text, self.hidden_size,
                                    self.num_layers, self.schedule, lengths)
         if not torch.compiler.is_compiling():
-            seen = (x.shape, x.device, lengths is not None)
+            seen = (x.shape, x.device, x.dtype, lengths is not None, by_layer)
             if seen != self._last_seen:
                 self._last_seen = seen
                 self._seen[seen] = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from collections import OrderedDict
 from collections.abc import Sequence
 from functools import lru_cache
@@ -22,10 +23,13 @@ from functools import lru_cache
 import torch
 from torch.autograd.function import once_differentiable
 
-from ..gpu_runtime.auto_schedule import AUTO, choose_schedule
+from ..gpu_runtime.auto_schedule import AUTO
 from ..graph_model import Cell, CellError, Sizes, cell_from_text, cell_to_text
 from ..graph_model.lengths import masked
-from .runners import Plans, Runner, make_plans, precision_of
+from .auto_choice import choose
+from .runners import FORWARD, FORWARD_BESIDE, Plans, Runner, make_plans, precision_of
+
+log = logging.getLogger(__name__)
 
 MAX_RUNNERS = 16  # sizes, dtypes and devices whose plans and programs the process keeps at once
 
@@ -55,16 +59,6 @@ def _remember(cache: OrderedDict, key: tuple, make):
     return value
 
 
-# A call's `direction`: which direction of a layer it runs, and whether beside the other direction's run
-# (side by side on two streams: its persistent kernels then take half of the SMs, so that both directions'
-# kernels are resident at once) or alone on the GPU.
-FORWARD, REVERSE, FORWARD_BESIDE, REVERSE_BESIDE = range(4)
-
-
-def direction_of(reverse: bool, beside: bool) -> int:
-    return (FORWARD_BESIDE if beside else FORWARD) + int(reverse)
-
-
 def _share(direction: int) -> int:
     """How many runs share the GPU side by side with a call of this direction."""
     return 2 if direction >= FORWARD_BESIDE else 1
@@ -85,8 +79,8 @@ def side_by_side(cell: str, x: torch.Tensor, hidden: int, schedule: str) -> bool
 
     def measured() -> bool:
         with _on_device(x):
-            return choose_schedule(cell_from_text(cell), sizes, "cuda", bidirectional=True,
-                                   precision=precision_of(x.dtype)).beside
+            return choose(cell_from_text(cell), sizes, x.device, bidirectional=True,
+                          precision=precision_of(x.dtype)).beside
     return _remember(_ways, key, measured)
 
 
@@ -95,8 +89,15 @@ def plans(cell: str, seq: int, batch: int, input_size: int, hidden: int, layers:
     sizes = Sizes(seq=seq, batch=batch, input=input_size, hidden=hidden, layers=layers)
     share = _share(direction) if device.type == "cuda" else 1
     key = (cell, sizes, schedule, device.type, device.index, share, precision)
-    return _remember(_plans, key, lambda: make_plans(cell_from_text(cell), sizes, schedule, device, share,
-                                                     precision))
+
+    def make() -> Plans:
+        parsed, rung = cell_from_text(cell), schedule
+        if schedule == AUTO:  # (with share 2, the rung measured fastest for both directions side by side)
+            choice = choose(parsed, sizes, device, bidirectional=share == 2, precision=precision)
+            log.info("%s", choice.why)
+            rung = choice.schedule
+        return make_plans(parsed, sizes, rung, device, share, precision)
+    return _remember(_plans, key, make)
 
 
 def reserve_bytes(plans: Plans, device_type: str, dtype: torch.dtype) -> int:

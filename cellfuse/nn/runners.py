@@ -29,7 +29,6 @@ import torch
 from ..codegen import make_plan
 from ..codegen.backward_plan import BackwardPlan, backward_plan
 from ..codegen.plan import H100, Plan, Target
-from ..gpu_runtime.auto_schedule import AUTO, choose_schedule
 from ..graph_model import Cell, CellError, Sizes
 from .tensor_layout import TensorLayout
 
@@ -44,6 +43,16 @@ DTYPES = {"cpu": (torch.float32, torch.float64, torch.bfloat16, torch.float16),
 PRECISIONS = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 # the torch dtype of each storage type of codegen.dtypes, by name
 TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# A call's `direction`, which is also its runner's lane: which direction of a layer it runs, and whether
+# beside the other direction's run (side by side on two streams: its persistent kernels then take half of
+# the SMs, so that both directions' kernels are resident at once) or alone on the GPU.
+FORWARD, REVERSE, FORWARD_BESIDE, REVERSE_BESIDE = range(4)
+
+
+def direction_of(reverse: bool, beside: bool) -> int:
+    return (FORWARD_BESIDE if beside else FORWARD) + int(reverse)
 
 
 def dtype_names(device_type: str) -> str:
@@ -87,14 +96,9 @@ def device_target(device: torch.device, share: int = 1) -> Target:
 
 def make_plans(cell: Cell, sizes: Sizes, schedule: str, device: torch.device, share: int = 1,
                precision: str = "fp32") -> Plans:
-    """The plans of `schedule` (or of the rung `auto` stands for here) at these sizes on the device, for
-    one of `share` runs side by side on it, in `precision`."""
+    """The plans of the rung `schedule` (not `auto`: ops.plans resolves it) at these sizes on the device,
+    for one of `share` runs side by side on it, in `precision`."""
     target = device_target(device, share) if device.type == "cuda" else H100
-    if schedule == AUTO:  # (with share 2, the rung measured fastest for both directions side by side)
-        choice = choose_schedule(cell, sizes, "cuda" if device.type == "cuda" else "numpy",
-                                 bidirectional=share == 2, precision=precision)
-        log.info("%s", choice.why)
-        schedule = choice.schedule
     if precision != "fp32":
         forward = make_plan(cell, sizes, schedule, target, precision=precision)
         return Plans(forward, forward, None)

@@ -28,7 +28,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from ..graph_model import CellError
 from . import ops
-from .runners import DTYPES, PRECISIONS
+from .runners import DTYPES, FORWARD, PRECISIONS, direction_of
 
 
 def check_lengths(lengths: object, seq: int, batch: int) -> torch.Tensor:
@@ -77,7 +77,7 @@ def _to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor], cell: str,
         hidden: int, layers: int, schedule: str, lengths: torch.Tensor | None = None,
-        direction: int = ops.FORWARD) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        direction: int = FORWARD) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """y and the final states of `layers` layers of the cell in one call of the ops (each row to its own
     length where `lengths` are given: see the module's docstring; `direction` as the ops take it)."""
     states = list(states)
@@ -117,7 +117,7 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     reverse)` gives a one-layer call's parameters); both directions' outputs side by side, the final
     states in torch's order (layer by layer, forward before reverse), `initial` in the same order. On a
     GPU the two directions of a layer run side by side, the reverse one on a stream of its own, each
-    planned for half of the SMs (ops.FORWARD_BESIDE), so that both persistent kernels run at once; under
+    planned for half of the SMs (FORWARD_BESIDE), so that both persistent kernels run at once; under
     `auto`, only where that was measured faster than one after the other (ops.side_by_side)."""
     directions = (False, True) if bidirectional else (False,)
     reverse_time = _reversal(lengths, x) if bidirectional else None
@@ -128,7 +128,7 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
             cell if lengths is None else ops.masked_text(cell), x, hidden, schedule)
         calls = [partial(_direction, x, [s[i:i + 1] for s in initial], params_of(layer, reverse),
                          reverse_time if reverse else None, cell, hidden, schedule, lengths,
-                         ops.direction_of(reverse, beside))
+                         direction_of(reverse, beside))
                  for i, reverse in enumerate(directions, start=layer * len(directions))]
         done = _side_by_side(*calls, x, initial) if beside else [call() for call in calls]
         outputs, lasts = [y for y, _ in done], [last for _, last in done]

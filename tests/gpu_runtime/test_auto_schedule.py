@@ -48,6 +48,20 @@ def test_measured_once_then_remembered(gpu_here):
     assert len(json.loads(cache.read_text())) == 3
 
 
+def test_each_way_of_running_the_rungs_is_chosen_and_remembered_apart(gpu_here):
+    """A module's call times the rungs otherwise than the benchmark does: its choice is measured with its
+    own measure and does not take the benchmark's place."""
+    cache, calls, measure = gpu_here
+    cell = load_template("lstm")
+    assert choose_schedule(cell, SIZES, "cuda", measure).schedule == "persistent"
+    called = choose_schedule(cell, SIZES, "cuda", lambda cell, sizes, **_: {"graph": 0.2, "persistent": 0.3},
+                             runs_as="called")
+    assert called.schedule == "graph" and "measured fastest" in called.why
+    assert choose_schedule(cell, SIZES, "cuda", measure).schedule == "persistent" and len(calls) == 1
+    keys = sorted(json.loads(cache.read_text()))
+    assert len(keys) == 2 and keys[1].endswith(" | called") and keys[0] == keys[1].removesuffix(" | called")
+
+
 def test_a_choice_remembered_for_other_rungs_is_measured_again(gpu_here, monkeypatch):
     """A new version of the rungs (the wavefront's meaning changed, say) makes every remembered choice
     stale: measured again, and remembered beside the old one."""

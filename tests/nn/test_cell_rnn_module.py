@@ -297,6 +297,20 @@ def test_the_schedules_run_say_what_auto_resolved_to():
     assert fused.schedules_run == ["fused"]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_the_schedules_run_are_those_of_the_plans_that_ran(dtype, bidirectional):
+    """Asked after a pass, the rungs are those of the plans it ran (its precision; one layer's where the
+    layers ran one at a time): asking makes no plans of its own (under auto it would measure them)."""
+    from cellfuse.nn import ops
+
+    rnn = CellRNN("lstm", 4, 5, num_layers=2, bidirectional=bidirectional, schedule="fused")
+    with torch.no_grad():
+        rnn(torch.zeros(3, 2, 4, dtype=dtype))
+    made = set(ops._plans)
+    assert rnn.schedules_run == ["fused"] and set(ops._plans) == made
+
+
 def test_batch_first_and_dropout_between_layers_as_torchs_lstm():
     from cellfuse.gpu_runtime.torch_baselines import cudnn_gates
 

@@ -106,6 +106,7 @@ def test_directions_side_by_side_take_half_of_the_sms_each(cuda):
     SMs, so that the two are resident at once, from a module of its own (the kernels' exchanges are
     arrays of their module); a direction alone is planned for all of them."""
     from cellfuse.nn import ops
+    from cellfuse.nn.runners import FORWARD, FORWARD_BESIDE, REVERSE_BESIDE
 
     lstm = LSTM(24, 40, bidirectional=True, schedule="persistent").to(cuda)
     x = torch.randn(9, 6, 24, device=cuda)
@@ -113,11 +114,11 @@ def test_directions_side_by_side_take_half_of_the_sms_each(cuda):
         lstm(x)
     sms = torch.cuda.get_device_properties(cuda).multi_processor_count
     cell = lstm._cell_text
-    for direction, share in ((ops.FORWARD_BESIDE, 2), (ops.REVERSE_BESIDE, 2), (ops.FORWARD, 1)):
+    for direction, share in ((FORWARD_BESIDE, 2), (REVERSE_BESIDE, 2), (FORWARD, 1)):
         plan = ops.runner(cell, x, 40, 1, "persistent", direction).plans.forward
         assert plan.target.sm_count == sms // share
     modules = [ops.runner(cell, x, 40, 1, "persistent", d)._program("forward").res.module.handle
-               for d in (ops.FORWARD_BESIDE, ops.REVERSE_BESIDE)]
+               for d in (FORWARD_BESIDE, REVERSE_BESIDE)]
     assert modules[0] != modules[1]
 
 

@@ -1,0 +1,95 @@
+"""`auto` for cellfuse.nn's modules: the rungs timed as a module calls them.
+
+The benchmark (auto_schedule.bench_times) checks every candidate rung against the reference and times it
+replaying a CUDA graph. A module's call puts a rung's launches on torch's stream from the host instead,
+and a rung of launches every step (`graph`, `wavefront`) is then bound by them: on an H200 the bf16 LSTM
+at T=100, B=8, four layers replayed the `graph` rung in 1.0 ms and called it in 7.7 ms, where the
+`persistent` rung took 1.6 ms called. So here the rungs the benchmark checked are timed again through
+the runner a module's call uses (CudaRunner's forward run, on random inputs), and `auto` keeps the fastest
+of those times, remembered apart from the benchmark's choice (auto_schedule's `runs_as`).
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from functools import partial
+
+import torch
+
+from ..gpu_runtime.auto_schedule import REPEATS, Choice, bench_times, choose_schedule
+from ..graph_model import Cell, CellError, Sizes
+from .runners import FORWARD, FORWARD_BESIDE, REVERSE_BESIDE, make_plans
+
+log = logging.getLogger(__name__)
+
+RUNS_AS = "called from PyTorch"
+WARMUP = 3  # untimed calls of each rung first (the first makes its programs)
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def choose(cell: Cell, sizes: Sizes, device: torch.device, bidirectional: bool = False,
+           precision: str = "fp32") -> Choice:
+    """The rung `auto` stands for in a module's call on the device (with `bidirectional`, for a layer of
+    both directions, and whether they run side by side)."""
+    if device.type != "cuda":
+        return choose_schedule(cell, sizes, "numpy", bidirectional=bidirectional, precision=precision)
+    return choose_schedule(cell, sizes, "cuda", partial(called_times, device), bidirectional, precision,
+                           runs_as=RUNS_AS)
+
+
+def called_times(device: torch.device, cell: Cell, sizes: Sizes, bidirectional: bool = False,
+                 precision: str = "fp32") -> dict[str, float]:
+    """Median ms of a module's forward call of each rung that the benchmark checked (both directions side
+    by side, where `bidirectional`); a rung that cannot run that way is left out, and where none can, the
+    benchmark's times stand."""
+    checked = bench_times(cell, sizes, bidirectional, precision)
+    times = {}
+    for rung in checked:
+        try:
+            times[rung] = _called_ms(cell, sizes, rung, device, bidirectional, precision)
+        except CellError as e:
+            log.info("auto: '%s' ran in the benchmark but not as a module calls it (%s)", rung, e)
+    return times or checked
+
+
+def _called_ms(cell: Cell, sizes: Sizes, rung: str, device: torch.device, bidirectional: bool,
+               precision: str) -> float:
+    from .cuda_runner import CudaRunner
+
+    lanes = (FORWARD_BESIDE, REVERSE_BESIDE) if bidirectional else (FORWARD,)
+    plans = make_plans(cell, sizes, rung, device, len(lanes), precision)
+    runners = [CudaRunner(plans, device, lane) for lane in lanes]
+    s = sizes
+    generator = torch.Generator(device).manual_seed(0)
+    x = torch.randn(s.seq, s.batch, s.input, device=device, generator=generator).to(DTYPES[precision])
+    states = [torch.zeros(s.layers, s.batch, s.hidden, device=device, dtype=x.dtype)
+              for _ in plans.forward.state_ids]
+    # Parameters, so that each is packed once, as a module's are
+    params = [torch.nn.Parameter(0.1 * torch.randn(shape, device=device, generator=generator))
+              for shape in plans.forward.params.values()]
+    main = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device)
+
+    def call() -> None:
+        if len(runners) == 1:
+            runners[0].forward(x, states, params, save=False, shared=True)
+            return
+        side.wait_stream(main)
+        with torch.cuda.stream(side):
+            runners[1].forward(x, states, params, save=False, shared=True)
+        runners[0].forward(x, states, params, save=False, shared=True)
+        main.wait_stream(side)
+
+    for _ in range(WARMUP):
+        call()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(REPEATS):
+        torch.cuda.synchronize(device)
+        start.record(main)
+        call()
+        end.record(main)
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)

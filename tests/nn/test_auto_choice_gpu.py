@@ -1,0 +1,43 @@
+"""`auto` for the modules on a GPU: the rungs the benchmark checked, timed again as a module calls them,
+and that choice remembered apart from the benchmark's."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from cellfuse.gpu_runtime import auto_schedule
+from cellfuse.graph_model import Sizes, load_template
+from cellfuse.nn import auto_choice
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_every_checked_rung_is_timed_as_called(cuda, monkeypatch, tmp_path, bidirectional, precision):
+    monkeypatch.setattr(auto_schedule, "cache_path", lambda: tmp_path / "schedules.json")
+    # (a bidirectional layer is measured one layer at a time)
+    cell = load_template("lstm")
+    sizes = Sizes(seq=12, batch=4, input=16, hidden=32, layers=1 if bidirectional else 2)
+    checked = auto_schedule.bench_times(cell, sizes, bidirectional, precision)
+    called = auto_choice.called_times(cuda, cell, sizes, bidirectional, precision)
+    assert set(called) == set(checked) and "persistent" in called
+    assert all(math.isfinite(ms) and ms > 0 for ms in called.values())
+    choice = auto_choice.choose(cell, sizes, cuda, bidirectional, precision)
+    (key,) = json.loads((tmp_path / "schedules.json").read_text())
+    assert key.endswith(f" | {auto_choice.RUNS_AS}") and choice.schedule in called
+
+
+def test_a_module_under_auto_runs_the_rung_chosen_as_called(cuda, monkeypatch, tmp_path):
+    monkeypatch.setattr(auto_schedule, "cache_path", lambda: tmp_path / "schedules.json")
+    from cellfuse.nn import CellRNN
+
+    rnn = CellRNN("lstm", 16, 24, 2, schedule="auto").to(cuda)
+    with torch.no_grad():  # (sizes no other test runs: auto is measured here)
+        rnn(torch.randn(11, 3, 16, device=cuda, dtype=torch.bfloat16))
+    (entry,) = json.loads((tmp_path / "schedules.json").read_text()).values()
+    assert rnn.schedules_run == [entry["schedule"]]
