@@ -36,6 +36,7 @@ from .tensor_layout import WEIGHT_ROLES, TensorLayout
 
 ALIGNMENT = 256  # bytes: where each buffer starts in a piece of memory (cuBLAS's fastest kernels want it)
 MAX_PACKINGS = 8  # modules whose packed weights a runner keeps at once
+MAX_CONVERTED = 8  # initial states a runner keeps converted to the types its plan stores them in
 
 
 def _aligned(nbytes: int) -> int:
@@ -167,6 +168,8 @@ class CudaRunner(Runner):
         self._y_dtype = TORCH_DTYPES[plan.buffers[plan.layers[-1].output_seq].dtype.name]
         self._state_dtypes = [TORCH_DTYPES[plan.buffers[f"init.{s}"].dtype.name] for s in plan.state_ids]
         self._one_type = plan.precision == "fp32"
+        # initial states converted to their plan's types: (the tensor, by weak reference; its conversion)
+        self._converted: dict[tuple, tuple[weakref.ref, torch.Tensor]] = {}
 
     # -- programs -------------------------------------------------------------------------------------
     def _program(self, which: str):
@@ -279,11 +282,25 @@ class CudaRunner(Runner):
                 raise CellError(f"{program.what}: buffer {name!r} has no place in a call's memory")
         return out
 
+    def _state_in(self, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """An initial state in the type its plan stores it in (a 16-bit plan keeps some float32): converted
+        once per tensor and version where it is not (a module's zeros, given at every call, are converted
+        once), and always under a CUDA graph capture, whose replay converts the tensor as it is then."""
+        if s.dtype == dtype:
+            return _in_place(s)
+        if torch.cuda.is_current_stream_capturing():
+            return s.to(dtype, memory_format=torch.contiguous_format)
+        key = (s.data_ptr(), s._version, s.shape, dtype)
+        kept = self._converted.get(key)
+        if kept is None or kept[0]() is not s:
+            kept = self._converted[key] = (weakref.ref(s), s.to(dtype, memory_format=torch.contiguous_format))
+            if len(self._converted) > MAX_CONVERTED:
+                del self._converted[next(iter(self._converted))]
+        return kept[1]
+
     def forward(self, x, states, params, save, shared=False):
-        given = states
         x = _in_place(x)
-        states = [_in_place(s if s.dtype == dtype else s.to(dtype))
-                  for s, dtype in zip(states, self._state_dtypes, strict=True)]
+        states = [self._state_in(s, dtype) for s, dtype in zip(states, self._state_dtypes, strict=True)]
         which = "train" if save else "forward"
         program = self._program(which)
         memory = self.memory if save else self.infer_memory
@@ -303,9 +320,8 @@ class CudaRunner(Runner):
                 reserve = reserve.new_empty(0)
         program.run([scratch, packed, x.data_ptr(), out, 0, *(s.data_ptr() for s in states),
                      *(f.data_ptr() for f in finals)], stream)
-        if not self._one_type:  # in the caller's types (a state kept float32 back in the given state's)
-            y = y.to(x.dtype)
-            finals = [f.to(s.dtype) for f, s in zip(finals, given, strict=True)]
+        if not self._one_type:  # in x's type, as the initial states are given (those kept float32 back)
+            finals = [f if f.dtype == x.dtype else f.to(x.dtype) for f in finals]
         return y, finals, reserve
 
     def _inference_memory(self, x: torch.Tensor, states: int):

@@ -197,6 +197,9 @@ class _TorchRNN(torch.nn.Module):
             if tuple(value.shape) != want:
                 raise CellError(f"hx's {state} has shape {list(value.shape)}, expected {list(want)} "
                                 "(num_layers * num_directions, batch, hidden_size)")
+            if value.dtype != x.dtype or value.device != x.device:
+                raise CellError(f"hx's {state} is {value.dtype} on {value.device}, and input is {x.dtype} on "
+                                f"{x.device}")
             out.append(value)
         return out
 

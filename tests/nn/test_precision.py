@@ -121,25 +121,49 @@ def test_what_16_bit_inputs_refuse(device):
 
 
 @pytest.mark.gpu
-def test_a_captured_16_bit_forward_replays_on_new_inputs(cuda):
-    rnn = CellRNN("lstm", INPUT, H, 2, seed=6, schedule="graph").to(cuda)
+@pytest.mark.parametrize("schedule", ["graph", "persistent"])
+def test_a_captured_16_bit_forward_replays_on_new_inputs(cuda, schedule):
+    """New x and a new initial c (a state the plan keeps float32, converted by the call) both reach the
+    replay."""
+    rnn = CellRNN("lstm", INPUT, H, 2, seed=6, schedule=schedule).to(cuda)
     static_x = torch.randn(T, B, INPUT, device=cuda).bfloat16()
+    static_c = torch.zeros(2, B, H, device=cuda).bfloat16()
     side = torch.cuda.Stream(cuda)
     side.wait_stream(torch.cuda.current_stream(cuda))
     with torch.no_grad(), torch.cuda.stream(side):
         for _ in range(2):
-            rnn(static_x)
+            rnn(static_x, {"c": static_c})
     torch.cuda.current_stream(cuda).wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(graph):
-        static_y, static_final = rnn(static_x)
+        static_y, static_final = rnn(static_x, {"c": static_c})
     new_x = torch.randn(T, B, INPUT, device=cuda).bfloat16()
+    new_c = torch.randn(2, B, H, device=cuda).bfloat16()
     static_x.copy_(new_x)
+    static_c.copy_(new_c)
     graph.replay()
     with torch.no_grad():
-        want_y, want_final = rnn(new_x)
+        want_y, want_final = rnn(new_x, {"c": new_c})
     torch.testing.assert_close(static_y, want_y, rtol=0, atol=0)
     torch.testing.assert_close(static_final["c"], want_final["c"], rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_an_initial_state_kept_float32_is_read_as_it_is_at_each_call(cuda):
+    """The call converts a state the plan keeps float32 once per tensor and version: a state changed in
+    place between calls is converted again."""
+    rnn = CellRNN("lstm", INPUT, H, 1, seed=7, schedule="persistent").to(cuda)
+    x = torch.randn(T, B, INPUT, device=cuda).bfloat16()
+    c = torch.zeros(1, B, H, device=cuda).bfloat16()
+    with torch.no_grad():
+        first = rnn(x, {"c": c})[0]
+        c.add_(0.5)  # the same tensor, at a new version
+        second = rnn(x, {"c": c})[0]
+        fresh = rnn(x, {"c": c.clone()})[0]
+        zeros = rnn(x)[0]
+    torch.testing.assert_close(second, fresh, rtol=0, atol=0)
+    torch.testing.assert_close(first, zeros, rtol=0, atol=0)
+    assert (first.float() - second.float()).abs().max() > 0
 
 
 def test_compiled_with_fullgraph_in_16_bits_matches_eager(device):

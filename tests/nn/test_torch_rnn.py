@@ -106,6 +106,8 @@ def test_what_it_refuses():
         lstm(torch.randn(4, 2, 3))
     with pytest.raises(CellError, match=r"hx's h has shape"):
         lstm(torch.randn(4, 2, INPUT), (torch.zeros(2, 2, H), torch.zeros(2, 2, H)))
+    with pytest.raises(CellError, match=r"hx's h is torch.float64 on cpu, and input is torch.float32"):
+        lstm(torch.randn(4, 2, INPUT), (torch.zeros(1, 2, H).double(), torch.zeros(1, 2, H).double()))
     with pytest.raises(CellError, match="dropout"):
         GRU(INPUT, H, dropout=2)
     with pytest.raises(CellError, match="float64 on cpu, and input is torch.float32"):
