@@ -321,6 +321,7 @@ class CudaRunner(Runner):
         program.run([scratch, packed, x.data_ptr(), out, 0, *(s.data_ptr() for s in states),
                      *(f.data_ptr() for f in finals)], stream)
         if not self._one_type:  # in x's type, as the initial states are given (those kept float32 back)
+            y = y if y.dtype == x.dtype else y.to(x.dtype)  # (y is a state kept float32 in some cells)
             finals = [f if f.dtype == x.dtype else f.to(x.dtype) for f in finals]
         return y, finals, reserve
 
