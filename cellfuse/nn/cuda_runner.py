@@ -167,7 +167,8 @@ class CudaRunner(Runner):
         plan = plans.forward
         self._y_dtype = TORCH_DTYPES[plan.buffers[plan.layers[-1].output_seq].dtype.name]
         self._state_dtypes = [TORCH_DTYPES[plan.buffers[f"init.{s}"].dtype.name] for s in plan.state_ids]
-        self._one_type = plan.precision == "fp32"
+        self._one_type = all(dtype == self._y_dtype for dtype in self._state_dtypes)
+        self._inference_layout()
         # initial states converted to their plan's types: (the tensor, by weak reference; its conversion)
         self._converted: dict[tuple, tuple[weakref.ref, torch.Tensor]] = {}
 
@@ -308,9 +309,13 @@ class CudaRunner(Runner):
         packed = self._weights(params, stream)
         T, B, H, L = self._sizes
         if shared and not save and self._one_type:  # one allocation, in the time of a call that returns
-            y, finals, out, scratch = self._inference_memory(x, len(states))  # in microseconds
+            block = torch.empty(self._block_elements, dtype=self._y_dtype, device=x.device)  # (microseconds)
+            base, size = block.data_ptr(), self._y_dtype.itemsize
+            out, scratch = base, base + self._outputs_end * size
+            finals = [base + at * size for at in self._finals_at]
             reserve = self._empty
         else:  # tensors of their own: autograd holds each for as long as it needs it
+            block = None
             whole = torch.empty((T + 1, B, H), dtype=self._y_dtype, device=x.device)
             y, out = whole[1:], whole.data_ptr()
             finals = [torch.empty((L, B, H), dtype=s.dtype, device=x.device) for s in states]
@@ -319,27 +324,37 @@ class CudaRunner(Runner):
             if not save:  # no steps to keep: an empty reserve (a view of the block would keep it alive)
                 reserve = reserve.new_empty(0)
         program.run([scratch, packed, x.data_ptr(), out, 0, *(s.data_ptr() for s in states),
-                     *(f.data_ptr() for f in finals)], stream)
-        if not self._one_type:  # in x's type, as the initial states are given (those kept float32 back)
-            y = y if y.dtype == x.dtype else y.to(x.dtype)  # (y is a state kept float32 in some cells)
-            finals = [f if f.dtype == x.dtype else f.to(x.dtype) for f in finals]
-        return y, finals, reserve
+                     *(f if block is not None else f.data_ptr() for f in finals)], stream)
+        if block is not None:
+            y, finals = self._inference_outputs(block, x.dtype)
+            return y, finals, reserve
+        # in x's type, as the initial states are given (a 16-bit plan keeps some states, and so maybe y,
+        # in float32)
+        y = y if y.dtype == x.dtype else y.to(x.dtype)
+        return y, [f if f.dtype == x.dtype else f.to(x.dtype) for f in finals], reserve
 
-    def _inference_memory(self, x: torch.Tensor, states: int):
-        """y, the final states, y's sequence (y after the initial states' row: its address) and the scratch
-        (its address) of a forward run without saved steps, in one tensor (views made with as_strided, one
-        op each, as the calls that return in microseconds want)."""
+    def _inference_layout(self) -> None:
+        """Where y's sequence (the initial states' row, then y), each final state and the scratch are in
+        the one tensor (of y's type) of a forward run without saved steps, in elements: every piece
+        256-byte aligned."""
         T, B, H, L = self._sizes
-        size = x.element_size()
-        row, final = B * H, L * B * H
-        step = _aligned(final * size) // size
-        at = _aligned((T + 1) * row * size) // size  # elements: every piece 256-byte aligned
-        block = torch.empty(at + states * step + -(-self.infer_memory.reserve_bytes // size), dtype=x.dtype,
-                            device=x.device)
+        size = self._y_dtype.itemsize
+        step = _aligned(L * B * H * size) // size
+        at = _aligned((T + 1) * B * H * size) // size
+        self._finals_at = [at + i * step for i in range(len(self._state_dtypes))]
+        self._outputs_end = at + len(self._state_dtypes) * step
+        self._block_elements = self._outputs_end + -(-self.infer_memory.reserve_bytes // size)
+
+    def _inference_outputs(self, block: torch.Tensor, dtype: torch.dtype):
+        """y and the final states in such a tensor: views made with as_strided (one op each, as the calls
+        that return in microseconds want), of the tensor, or of its outputs converted to `dtype` in one op
+        where the plan stores them in another type."""
+        T, B, H, L = self._sizes
+        if block.dtype != dtype:
+            block = block[:self._outputs_end].to(dtype)
+        row = B * H
         y = block.as_strided((T, B, H), (row, H, 1), row)
-        finals = [block.as_strided((L, B, H), (row, H, 1), at + i * step) for i in range(states)]
-        base = block.data_ptr()
-        return y, finals, base, base + (at + states * step) * size
+        return y, [block.as_strided((L, B, H), (row, H, 1), at) for at in self._finals_at]
 
     def backward(self, dy, dfinals, x, states, params, y, reserve):
         x, states = _in_place(x), [_in_place(s) for s in states]
