@@ -19,7 +19,9 @@ bytes per name, to be given with the buffers); a warpgroup GEMM of a weight read
 `weights_changed` into memory the caller gives under `image_name(w)` (see `images`).
 
 No call of `run` waits for the GPU or allocates: everything that does (compiling, loading, measuring)
-happens when the program is made, so a program must be made before a CUDA graph capture begins.
+happens when the program is made, so a program must be made before a CUDA graph capture begins. Runs of
+one loaded module's kernels put on two streams are ordered: the second waits for what was put on the
+first (a persistent kernel's exchanges are arrays of its module; see `run`).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def image_name(w: str, transposed: bool) -> str:
 
 
 _loaded: dict[tuple, driver.Module] = {}  # (device ordinal, what, source, lane) -> its module
+_last_stream: dict[int, int] = {}  # a loaded module's handle -> the stream its kernels were last put on
 _route_choice: dict[tuple, str] = {}  # (device ordinal, shape) -> "wgmma" or "copies", for the process
 
 
@@ -331,6 +334,8 @@ class StreamProgram:
         self.buffers, self.scratch, self.images = calls.buffers, calls.scratch, calls.images
         calls.finish(self.side_streams)
         self.calls, self._image_calls = calls.calls, calls.image_calls
+        self._module_key = int(self.res.module.handle)
+        self._handover = driver.new_event()  # marks the other stream's work that a run waits for
 
     @property
     def names(self) -> list[str]:
@@ -352,7 +357,26 @@ class StreamProgram:
     def run(self, bases: Sequence[int], stream: int) -> None:
         """Puts the whole program on `stream` (a raw CUstream handle) over a run's bases (see `bind`), its
         side streams forked from it and joined back to it by the program's events."""
+        last = _last_stream.get(self._module_key)
+        if last != stream and not self._capturing(stream):
+            if last is not None:
+                self._after(last, stream)
+            _last_stream[self._module_key] = stream
         self.calls.run(bases, stream)
+
+    def _capturing(self, stream: int) -> bool:
+        cu = self.res.cu
+        status = check(cu.cuStreamIsCapturing(driver.as_stream(stream)), "asking whether a stream captures")
+        return status != cu.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_NONE
+
+    def _after(self, last: int, stream: int) -> None:
+        """`stream` made to wait for everything put on `last` so far: two runs of one module's kernels
+        (modules of the same sizes share one, and its persistent kernels' exchanges) never overlap, on
+        whichever streams they are put. Not under a CUDA graph capture, which holds no wait for work
+        outside it (a replay's order with other work is the caller's to set, as for any replay)."""
+        cu, doing = self.res.cu, "ordering a run after another"
+        check(cu.cuEventRecord(self._handover, driver.as_stream(last)), doing)
+        check(cu.cuStreamWaitEvent(driver.as_stream(stream), self._handover, 0), doing)
 
     def resolve_some(self, addresses: Mapping[str, int]) -> list[int]:
         """The addresses given, in the order of `buffers`; 0 for the others (for `weights_changed`)."""
@@ -369,7 +393,7 @@ class StreamProgram:
         cu = self.res.cu
         for stream in self.side_streams:
             check(cu.cuStreamDestroy(stream), "destroying a stream")
-        for event in self.events:
+        for event in (*self.events, self._handover):
             check(cu.cuEventDestroy(event), "destroying an event")
 
 

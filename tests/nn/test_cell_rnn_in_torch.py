@@ -232,3 +232,25 @@ def test_parameters_computed_for_each_call_are_packed_each_time(cuda):
             torch.testing.assert_close(y, twin(x)[0], rtol=1e-5, atol=1e-6)
             want.append(y)
     assert (want[1] - want[2]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("schedule", ["persistent", "tensor", "graph"])
+def test_modules_of_the_same_sizes_on_two_streams_at_once_each_give_their_own(cuda, schedule):
+    """Two modules of one cell and sizes share kernels (and a persistent kernel's exchanges): called at once
+    on two streams, each run waits for the other's, and each gives what it gives alone."""
+    first, second = _lstm(cuda, schedule, seed=3), _lstm(cuda, schedule, seed=4)
+    xs = [torch.randn(40, 2, 32, device=cuda) for _ in range(2)]
+    with torch.no_grad():
+        want = [first(xs[0])[0], second(xs[1])[0]]
+        streams = [torch.cuda.Stream(cuda) for _ in range(2)]
+        for stream in streams:
+            stream.wait_stream(torch.cuda.current_stream(cuda))
+        got = [[], []]
+        for _ in range(20):  # queued back to back, without waiting in between
+            for i, (rnn, stream) in enumerate(zip((first, second), streams, strict=True)):
+                with torch.cuda.stream(stream):
+                    got[i].append(rnn(xs[i])[0])
+        torch.cuda.synchronize(cuda)
+    for i in range(2):
+        for y in got[i]:
+            torch.testing.assert_close(y, want[i], rtol=0, atol=0)
