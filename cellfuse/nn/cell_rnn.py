@@ -158,7 +158,7 @@ class CellRNN(torch.nn.Module):
                                 f"first read inputs of 2 x hidden_size = {2 * self.hidden_size}, and {e}"
                                 ) from None
         self._sizes_checked: set[tuple[int, int]] = set()  # (T, B) that passed check_sizes
-        self._zero_states: dict[tuple, torch.Tensor] = {}
+        self._zero_states = stacks.Zeros()
         self._last_seen: tuple | None = None
         # ((T, B, input), device, whether lengths were given) of the recent forward calls
         self._seen: OrderedDict[tuple, None] = OrderedDict()
@@ -345,24 +345,12 @@ class CellRNN(torch.nn.Module):
             if value.device != device or value.dtype != dtype:
                 raise CellError(f"state '{s}' is {value.dtype} on {value.device}, and x is {dtype} on "
                                 f"{device}")
-        return [states[s] if s in states else self._zeros(want, dtype, device) for s in self.state_ids]
-
-    def _zeros(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        """Initial states of zeros: in eager mode one tensor per shape, dtype and device, kept (the ops
-        only read it), so that a call allocates and fills none."""
-        if torch.compiler.is_compiling():
-            return torch.zeros(shape, dtype=dtype, device=device)
-        key = (shape, dtype, device)
-        if key not in self._zero_states:
-            if len(self._zero_states) >= MAX_SEEN:
-                self._zero_states.pop(next(iter(self._zero_states)))
-            self._zero_states[key] = torch.zeros(shape, dtype=dtype, device=device)
-        return self._zero_states[key]
+        return [states[s] if s in states else self._zero_states(want, dtype, device) for s in self.state_ids]
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_seen"] = OrderedDict()
-        state["_zero_states"] = {}
+        state["_zero_states"] = stacks.Zeros()
         state["_last_seen"] = None
         return state
 

@@ -59,6 +59,28 @@ def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     return dtype if dtype in PRECISIONS else None
 
 
+MAX_ZEROS = 4  # the shapes, dtypes and devices whose initial states of zeros a module keeps
+
+
+class Zeros:
+    """A module's initial states of zeros: in eager mode one tensor per shape, dtype and device, kept (the
+    ops only read it), so that a call allocates and fills none, and a 16-bit call converts it to a state
+    kept float32 only once (cuda_runner)."""
+
+    def __init__(self):
+        self._kept: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return torch.zeros(shape, dtype=dtype, device=device)
+        key = (shape, dtype, device)
+        if key not in self._kept:
+            if len(self._kept) >= MAX_ZEROS:
+                self._kept.pop(next(iter(self._kept)))
+            self._kept[key] = torch.zeros(shape, dtype=dtype, device=device)
+        return self._kept[key]
+
+
 def _steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int) -> torch.Tensor:
     """The initial value of the lengths' state: each row's length in each of its elements, per layer (in
     float32 where x is 16-bit: bf16 holds whole numbers exactly only up to 256)."""

@@ -91,6 +91,7 @@ class _TorchRNN(torch.nn.Module):
         self._sources = ("weight_ih", "weight_hh", "bias_ih", "bias_hh") if self.bias else ("weight_ih",
                                                                                            "weight_hh")
         self._view_cache: dict[tuple[int, bool], tuple[tuple, list[torch.Tensor]]] = {}
+        self._zeros = stacks.Zeros()
         # the template's weights of a layer, in the order of its keys (l0.W_i -> W_i), which the ops take
         self._names = [key.split(".", 1)[1] for key in init_params(cell, 1, 1, 1, 0)]
         gate_rows = len(self._gates) * hidden_size
@@ -166,6 +167,7 @@ class _TorchRNN(torch.nn.Module):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_view_cache"] = {}
+        state["_zeros"] = stacks.Zeros()
         return state
 
     # -- the forward pass ------------------------------------------------------------------------------
@@ -193,7 +195,7 @@ class _TorchRNN(torch.nn.Module):
             raise CellError(f"hx must be {self._hx_doc}, got {len(given)} tensor(s)")
         out = []
         for i, state in enumerate(self._state_ids):
-            value = given[i] if given is not None else x.new_zeros(want)
+            value = given[i] if given is not None else self._zeros(want, x.dtype, x.device)
             if tuple(value.shape) != want:
                 raise CellError(f"hx's {state} has shape {list(value.shape)}, expected {list(want)} "
                                 "(num_layers * num_directions, batch, hidden_size)")

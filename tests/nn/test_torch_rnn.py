@@ -148,3 +148,15 @@ def test_the_views_a_call_reuses_follow_the_parameters(kind):
     fresh = _pair(kind, num_layers=2)[1]
     ours.load_state_dict(fresh.state_dict())
     torch.testing.assert_close(ours(x)[0], fresh(x)[0], rtol=1e-10, atol=1e-12)
+
+
+def test_the_initial_zeros_are_made_once_and_not_pickled():
+    """Without hx every call starts from the same kept zeros (nothing to allocate or fill per call); a
+    pickled module leaves them behind."""
+    import pickle
+
+    lstm = LSTM(INPUT, H)
+    x = torch.randn(4, 2, INPUT)
+    assert all(a is b for a, b in zip(lstm._initial(None, 2, x), lstm._initial(None, 2, x), strict=True))
+    torch.testing.assert_close(lstm(x)[0], lstm(x, (torch.zeros(1, 2, H), torch.zeros(1, 2, H)))[0])
+    assert not pickle.loads(pickle.dumps(lstm))._zeros._kept
