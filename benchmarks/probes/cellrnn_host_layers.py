@@ -54,7 +54,7 @@ def main() -> None:
             "runner.forward": lambda: runner.forward(x, zeros, params, False, True),
             "ops.run": lambda: ops.run(x, zeros, params, cell, 512, 1, args.schedule, False),
             "torch.ops.cellfuse.rnn": lambda: torch.ops.cellfuse.rnn(x, zeros, params, cell, 512, 1,
-                                                                     args.schedule, False, 0),
+                                                                     args.schedule, False, 0, ""),
             "module": lambda: rnn(x),
         }
         for name, fn in layers.items():

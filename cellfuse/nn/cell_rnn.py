@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -98,7 +98,8 @@ class CellRNN(torch.nn.Module):
     (codegen.precision; on the CPU emulated): y and the final states come back in x's dtype, the
     parameters may stay float32 (packed into 16-bit weights when they change). Every rung runs it
     (`auto` measures them in it), and a pass that a backward pass may follow runs in float32 so far
-    (with a warning).
+    (with a warning). Those plans keep in float32 the states that accumulate (the LSTM's c, the GRU's h:
+    a state the step adds something to), or the states `float32_states` names (none, with an empty one).
 
     A cell whose backward pass the backward Plan cannot plan (an op with no derivative in the op table)
     is refused here, with the node that stops it.
@@ -107,7 +108,7 @@ class CellRNN(torch.nn.Module):
     def __init__(self, cell: Cell | str | os.PathLike[str], input_size: int | None = None,
                  hidden_size: int | None = None, num_layers: int = 1, schedule: str = AUTO,
                  seed: int | None = None, batch_first: bool = False, dropout: float = 0.0,
-                 bidirectional: bool = False):
+                 bidirectional: bool = False, float32_states: Collection[str] | None = None):
         super().__init__()
         if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout <= 1:
             raise CellError(f"dropout must be a number from 0 to 1, got {dropout!r}")
@@ -122,6 +123,17 @@ class CellRNN(torch.nn.Module):
             raise CellError(f"unknown schedule {schedule!r} (schedules: {AUTO}, {', '.join(SCHEDULES)})")
         self.schedule = schedule
         self.state_ids = tuple(self.cell.updates)
+        if float32_states is not None:
+            if isinstance(float32_states, str):
+                raise TypeError(f"float32_states must be a collection of state ids, got the string "
+                                f"{float32_states!r} (write [{float32_states!r}] for one)")
+            unknown = sorted(set(float32_states) - set(self.state_ids))
+            if unknown:
+                raise CellError(f"float32_states: {', '.join(map(repr, unknown))} not a state of cell "
+                                f"'{self.cell.name}' (states: {', '.join(self.state_ids)})")
+            float32_states = tuple(sorted(set(float32_states)))
+        self.float32_states = float32_states
+        self._float32 = ops.float32_text(float32_states)
         if seed is None:
             seed = int(torch.randint(0, 2**62, (), dtype=torch.int64))
         params = init_params(self.cell, self.num_layers, self.input_size, self.hidden_size, seed,
@@ -168,7 +180,8 @@ class CellRNN(torch.nn.Module):
                 f"num_layers={self.num_layers}, schedule={self.schedule!r}"
                 + (", batch_first=True" if self.batch_first else "")
                 + (f", dropout={self.dropout}" if self.dropout else "")
-                + (", bidirectional=True" if self.bidirectional else ""))
+                + (", bidirectional=True" if self.bidirectional else "")
+                + (f", float32_states={self.float32_states!r}" if self.float32_states is not None else ""))
 
     @property
     def schedules_run(self) -> list[str]:
@@ -184,8 +197,9 @@ class CellRNN(torch.nn.Module):
         if by_layer and self.bidirectional and device.type == "cuda":
             x = torch.empty((), dtype=dtype, device=device).expand(shape)  # its sizes, no memory
             direction = direction_of(False, ops.side_by_side(cell, x, self.hidden_size, self.schedule))
+        float32 = stacks.masked_float32(self._float32) if lengths else self._float32
         return ops.plans(cell, *shape, self.hidden_size, 1 if by_layer else self.num_layers, self.schedule,
-                         device, direction, precision_of(dtype)).schedule
+                         device, direction, precision_of(dtype), float32).schedule
 
     # -- parameters ----------------------------------------------------------------------------------
     @property
@@ -285,10 +299,10 @@ class CellRNN(torch.nn.Module):
         if by_layer:
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params_of, self.num_layers, self.bidirectional, self.dropout,
-                self.training, self._cell_text, self.hidden_size, self.schedule, lengths)
+                self.training, self._cell_text, self.hidden_size, self.schedule, lengths, self._float32)
         else:
             y, finals = stacks.run(x, initial, self._params(), self._cell_text, self.hidden_size,
-                                   self.num_layers, self.schedule, lengths)
+                                   self.num_layers, self.schedule, lengths, float32=self._float32)
         if not torch.compiler.is_compiling():
             seen = (x.shape, x.device, x.dtype, lengths is not None, by_layer)
             if seen != self._last_seen:

@@ -17,7 +17,7 @@ import contextlib
 import json
 import logging
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from functools import lru_cache
 
 import torch
@@ -84,11 +84,32 @@ def side_by_side(cell: str, x: torch.Tensor, hidden: int, schedule: str) -> bool
     return _remember(_ways, key, measured)
 
 
+# How the ops name the states a 16-bit plan keeps in float32: DEFAULT_FLOAT32 for those that accumulate
+# (codegen.precision), else FLOAT32_PREFIX and their ids, comma-separated (none: the prefix alone).
+DEFAULT_FLOAT32, FLOAT32_PREFIX = "", "float32:"
+
+
+def float32_text(states: Collection[str] | None) -> str:
+    return DEFAULT_FLOAT32 if states is None else FLOAT32_PREFIX + ",".join(sorted(states))
+
+
+def float32_states(text: str) -> list[str] | None:
+    """The states of a float32_text (None: those that accumulate)."""
+    if text == DEFAULT_FLOAT32:
+        return None
+    if not text.startswith(FLOAT32_PREFIX):
+        raise CellError(f"{text!r} names no float32 states (expected {FLOAT32_PREFIX!r} and state ids)")
+    return [s for s in text.removeprefix(FLOAT32_PREFIX).split(",") if s]
+
+
 def plans(cell: str, seq: int, batch: int, input_size: int, hidden: int, layers: int, schedule: str,
-          device: torch.device, direction: int = FORWARD, precision: str = "fp32") -> Plans:
+          device: torch.device, direction: int = FORWARD, precision: str = "fp32",
+          float32: str = DEFAULT_FLOAT32) -> Plans:
+    """`float32`: the states a 16-bit plan keeps in float32 (float32_text; float32 plans ignore it)."""
     sizes = Sizes(seq=seq, batch=batch, input=input_size, hidden=hidden, layers=layers)
     share = _share(direction) if device.type == "cuda" else 1
-    key = (cell, sizes, schedule, device.type, device.index, share, precision)
+    float32 = DEFAULT_FLOAT32 if precision == "fp32" else float32
+    key = (cell, sizes, schedule, device.type, device.index, share, precision, float32)
 
     def make() -> Plans:
         parsed, rung = cell_from_text(cell), schedule
@@ -96,7 +117,7 @@ def plans(cell: str, seq: int, batch: int, input_size: int, hidden: int, layers:
             choice = choose(parsed, sizes, device, bidirectional=share == 2, precision=precision)
             log.info("%s", choice.why)
             rung = choice.schedule
-        return make_plans(parsed, sizes, rung, device, share, precision)
+        return make_plans(parsed, sizes, rung, device, share, precision, float32_states(float32))
     return _remember(_plans, key, make)
 
 
@@ -110,18 +131,19 @@ def reserve_bytes(plans: Plans, device_type: str, dtype: torch.dtype) -> int:
     return Memory(plans.train, plans.backward).reserve_bytes
 
 
-def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, direction: int = FORWARD
-           ) -> Runner:
+def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, direction: int = FORWARD,
+           float32: str = DEFAULT_FLOAT32) -> Runner:
     """The runner of the op's arguments (made, and its plans with it, at the first call): one per
     direction of a layer (its own packed weights and programs), so that the two run side by side."""
     T, B, inputs = x.shape
-    key = (cell, T, B, inputs, hidden, layers, schedule, x.dtype, x.device, direction)
+    key = (cell, T, B, inputs, hidden, layers, schedule, x.dtype, x.device, direction, float32)
     if key in _runners:
         _runners.move_to_end(key)
         return _runners[key]
 
     def make() -> Runner:
-        p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction, precision_of(x.dtype))
+        p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction, precision_of(x.dtype),
+                  float32)
         if x.device.type == "cpu":
             from .runners import NumpyRunner
 
@@ -143,20 +165,21 @@ _NOTHING = contextlib.nullcontext()
 
 
 def rnn_impl(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor], cell: str, hidden: int,
-             layers: int, schedule: str, save: bool, direction: int) -> list[torch.Tensor]:
+             layers: int, schedule: str, save: bool, direction: int, float32: str) -> list[torch.Tensor]:
     """[y, *final states, reserve]: the forward pass of `layers` of the cell over x [T, B, input] from the
     initial states (each [layers, B, hidden], in the cell's order of states), the parameters in the
     order of the .npz keys; the reserve holds the steps for `rnn_backward` where `save`, else is empty.
-    `direction`: which direction of a layer the call runs, alone or beside the other (FORWARD, ...)."""
-    return _forward(x, states, params, cell, hidden, layers, schedule, save, direction, shared=False)
+    `direction`: which direction of a layer the call runs, alone or beside the other (FORWARD, ...);
+    `float32`: the states a 16-bit plan keeps in float32 (float32_text)."""
+    return _forward(x, states, params, cell, hidden, layers, schedule, save, direction, float32, shared=False)
 
 
-def _forward(x, states, params, cell, hidden, layers, schedule, save, direction, shared: bool
+def _forward(x, states, params, cell, hidden, layers, schedule, save, direction, float32, shared: bool
              ) -> list[torch.Tensor]:
     """rnn's outputs; where `shared` (not through the op, which wants outputs of their own, and without
     saved steps), y and the final states may be views of one piece of memory."""
     with _on_device(x):
-        y, finals, reserve = runner(cell, x, hidden, layers, schedule, direction).forward(
+        y, finals, reserve = runner(cell, x, hidden, layers, schedule, direction, float32).forward(
             x, states, params, save, shared)
     return [y, *finals, reserve]
 
@@ -165,9 +188,10 @@ rnn = torch.library.custom_op("cellfuse::rnn", rnn_impl, mutates_args=())
 
 
 @rnn.register_fake
-def _rnn_fake(x, states, params, cell, hidden, layers, schedule, save, direction):
+def _rnn_fake(x, states, params, cell, hidden, layers, schedule, save, direction, float32):
     T, B, inputs = (int(n) for n in x.shape)  # a plan is made for sizes, not for symbols
-    p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction, precision_of(x.dtype))
+    p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction, precision_of(x.dtype),
+              float32)
     nbytes = reserve_bytes(p, x.device.type, x.dtype) if save else 0
     return [x.new_empty((T, B, hidden)), *(s.new_empty(s.shape) for s in states),
             x.new_empty((nbytes,), dtype=torch.uint8)]
@@ -198,7 +222,8 @@ def _rnn_backward_fake(dy, dfinals, x, states, params, y, reserve, cell, hidden,
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, states, params, cell, hidden, layers, schedule, save, direction = inputs
+    x, states, params, cell, hidden, layers, schedule, save, direction, _ = inputs  # (a backward pass
+    # runs float32 plans, which keep every state float32)
     ctx.meta = (len(states), len(params), cell, hidden, layers, schedule, save, direction)
     ctx.save_for_backward(x, *states, *params, output[0], output[-1])
 
@@ -226,7 +251,7 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: 
 
 def _op_backward(ctx, grads):
     dx, dstates, dparams = _gradients(ctx, grads, torch.ops.cellfuse.rnn_backward, none_seeds=False)
-    return dx, dstates, dparams, None, None, None, None, None, None
+    return dx, dstates, dparams, None, None, None, None, None, None, None
 
 
 rnn.register_autograd(_op_backward, setup_context=_setup_context)
@@ -241,8 +266,9 @@ class _Eager(torch.autograd.Function):
     def forward(ctx, x, cell, hidden, layers, schedule, save, direction, n_states, *tensors):
         # (ctx in forward: a separate setup_context makes autograd bind the arguments by inspect, slowly)
         states, params = list(tensors[:n_states]), list(tensors[n_states:])
-        output = rnn_impl(x, states, params, cell, hidden, layers, schedule, save, direction)
-        _setup_context(ctx, (x, states, params, cell, hidden, layers, schedule, save, direction), output)
+        output = rnn_impl(x, states, params, cell, hidden, layers, schedule, save, direction, DEFAULT_FLOAT32)
+        _setup_context(ctx, (x, states, params, cell, hidden, layers, schedule, save, direction,
+                             DEFAULT_FLOAT32), output)
         ctx.mark_non_differentiable(output[-1])
         return tuple(output)
 
@@ -254,11 +280,15 @@ class _Eager(torch.autograd.Function):
 
 
 def run(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor], cell: str, hidden: int,
-        layers: int, schedule: str, save: bool, direction: int = FORWARD) -> Sequence[torch.Tensor]:
+        layers: int, schedule: str, save: bool, direction: int = FORWARD, float32: str = DEFAULT_FLOAT32
+        ) -> Sequence[torch.Tensor]:
     """[y, *final states, reserve] of `rnn`: through the op where torch.compile or torch.export traces
-    (fake or functional tensors), else straight to the runner."""
+    (fake or functional tensors), else straight to the runner (a pass that saves its steps runs float32
+    plans: `float32` is for those that do not)."""
     if torch.compiler.is_compiling() or type(x) is not torch.Tensor:
-        return torch.ops.cellfuse.rnn(x, states, params, cell, hidden, layers, schedule, save, direction)
+        return torch.ops.cellfuse.rnn(x, states, params, cell, hidden, layers, schedule, save, direction,
+                                      float32)
     if not save:  # no backward pass to follow: nothing for autograd to record
-        return _forward(x, states, params, cell, hidden, layers, schedule, save, direction, shared=True)
+        return _forward(x, states, params, cell, hidden, layers, schedule, save, direction, float32,
+                        shared=True)
     return _Eager.apply(x, cell, hidden, layers, schedule, save, direction, len(states), *states, *params)

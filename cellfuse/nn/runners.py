@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -95,12 +95,13 @@ def device_target(device: torch.device, share: int = 1) -> Target:
 
 
 def make_plans(cell: Cell, sizes: Sizes, schedule: str, device: torch.device, share: int = 1,
-               precision: str = "fp32") -> Plans:
+               precision: str = "fp32", float32_states: Collection[str] | None = None) -> Plans:
     """The plans of the rung `schedule` (not `auto`: ops.plans resolves it) at these sizes on the device,
-    for one of `share` runs side by side on it, in `precision`."""
+    for one of `share` runs side by side on it, in `precision` (a 16-bit plan keeping `float32_states` in
+    float32; None: those that accumulate)."""
     target = device_target(device, share) if device.type == "cuda" else H100
     if precision != "fp32":
-        forward = make_plan(cell, sizes, schedule, target, precision=precision)
+        forward = make_plan(cell, sizes, schedule, target, precision=precision, float32_states=float32_states)
         return Plans(forward, forward, None)
     if device.type == "cpu":
         # the numpy executor runs the plan that saves its steps, with a backward pass to follow or not

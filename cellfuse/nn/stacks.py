@@ -27,6 +27,7 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 from ..graph_model import CellError
+from ..graph_model.lengths import STEPS_LEFT
 from . import ops
 from .runners import DTYPES, FORWARD, PRECISIONS, direction_of
 
@@ -89,6 +90,13 @@ def _steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int
     return _to_device(lengths.to(dtype), x).view(1, B, 1).expand(layers, B, hidden).contiguous()
 
 
+def masked_float32(float32: str) -> str:
+    """The float32 states (ops.float32_text) of the cell that runs each row to its own length: the count of
+    steps left among them whatever else is (see _steps_left)."""
+    kept = ops.float32_states(float32)
+    return float32 if kept is None else ops.float32_text([*kept, STEPS_LEFT])
+
+
 def _to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A CPU tensor on like's device; to a GPU from pinned memory, so that the copy does not wait for the
     work already on the stream (a copy from pageable memory would)."""
@@ -99,9 +107,11 @@ def _to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor], cell: str,
         hidden: int, layers: int, schedule: str, lengths: torch.Tensor | None = None,
-        direction: int = FORWARD) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        direction: int = FORWARD, float32: str = ops.DEFAULT_FLOAT32
+        ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """y and the final states of `layers` layers of the cell in one call of the ops (each row to its own
-    length where `lengths` are given: see the module's docstring; `direction` as the ops take it)."""
+    length where `lengths` are given: see the module's docstring; `direction` and `float32`, the states a
+    16-bit plan keeps in float32, as the ops take them)."""
     states = list(states)
     # the steps are saved only where a backward pass may follow
     save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *states, *params))
@@ -109,12 +119,13 @@ def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.
         warnings.warn(f"CellRNN: a pass that a backward pass may follow runs in float32 so far, not in "
                       f"{x.dtype} (its results are given back in {x.dtype})", stacklevel=3)
         y, finals = run(x.float(), [s.float() for s in states], [p.float() for p in params], cell, hidden,
-                        layers, schedule, lengths, direction)
+                        layers, schedule, lengths, direction)  # (float32 plans keep every state float32)
         return y.to(x.dtype), [f.to(s.dtype) for f, s in zip(finals, states, strict=True)]
     if lengths is not None:
         cell = ops.masked_text(cell)
         states.append(_steps_left(lengths, layers, x, hidden))
-    out = ops.run(x, states, list(params), cell, hidden, layers, schedule, save, direction)
+        float32 = masked_float32(float32)
+    out = ops.run(x, states, list(params), cell, hidden, layers, schedule, save, direction, float32)
     finals = list(out[1:1 + len(states)])
     return out[0], finals[:-1] if lengths is not None else finals
 
@@ -134,7 +145,8 @@ def _reversal(lengths: torch.Tensor | None, x: torch.Tensor) -> Callable[[torch.
 def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
                    params_of: Callable[[int, bool], list[torch.Tensor]], layers: int, bidirectional: bool,
                    dropout: float, training: bool, cell: str, hidden: int, schedule: str,
-                   lengths: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                   lengths: torch.Tensor | None = None, float32: str = ops.DEFAULT_FLOAT32
+                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """y and the final states of the stack, each layer and direction a call of its own (`params_of(layer,
     reverse)` gives a one-layer call's parameters); both directions' outputs side by side, the final
     states in torch's order (layer by layer, forward before reverse), `initial` in the same order. On a
@@ -150,7 +162,7 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
             cell if lengths is None else ops.masked_text(cell), x, hidden, schedule)
         calls = [partial(_direction, x, [s[i:i + 1] for s in initial], params_of(layer, reverse),
                          reverse_time if reverse else None, cell, hidden, schedule, lengths,
-                         direction_of(reverse, beside))
+                         direction_of(reverse, beside), float32)
                  for i, reverse in enumerate(directions, start=layer * len(directions))]
         done = _side_by_side(*calls, x, initial) if beside else [call() for call in calls]
         outputs, lasts = [y for y, _ in done], [last for _, last in done]
@@ -163,10 +175,10 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     return x, [torch.cat(f) for f in finals]
 
 
-def _direction(x, initial, params, reverse_time, cell, hidden, schedule, lengths, direction):
+def _direction(x, initial, params, reverse_time, cell, hidden, schedule, lengths, direction, float32):
     """One direction of one layer: y and the final states (reverse_time: of the reverse direction)."""
     y, last = run(reverse_time(x) if reverse_time else x, initial, params, cell, hidden, 1, schedule,
-                  lengths, direction)
+                  lengths, direction, float32)
     return (reverse_time(y) if reverse_time else y), last
 
 

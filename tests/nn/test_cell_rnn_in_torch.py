@@ -26,7 +26,7 @@ def test_no_grad_saves_no_steps_and_training_keeps_them_in_torchs_memory(cuda):
     with torch.no_grad():
         zeros = [torch.zeros(1, 8, 64, device=cuda)] * 2
         out = torch.ops.cellfuse.rnn(x, zeros, [rnn.param(k) for k in rnn.keys], rnn._cell_text, 64, 1,
-                                     "persistent", False, 0)
+                                     "persistent", False, 0, "")
     assert out[-1].numel() == 0
     rnn(x.requires_grad_())  # made once: the next call's memory is its own
     torch.cuda.synchronize(cuda)

@@ -199,9 +199,9 @@ def test_without_gradients_no_steps_are_saved():
     params = [rnn.param(k) for k in rnn.keys]
     zeros = [torch.zeros(2, 2, 3)] * 2
     with torch.no_grad():
-        y, *_, reserve = torch.ops.cellfuse.rnn(x, zeros, params, rnn._cell_text, 3, 2, "auto", False, 0)
+        y, *_, reserve = torch.ops.cellfuse.rnn(x, zeros, params, rnn._cell_text, 3, 2, "auto", False, 0, "")
     assert reserve.numel() == 0
-    y2, *_, reserve = torch.ops.cellfuse.rnn(x, zeros, params, rnn._cell_text, 3, 2, "auto", True, 0)
+    y2, *_, reserve = torch.ops.cellfuse.rnn(x, zeros, params, rnn._cell_text, 3, 2, "auto", True, 0, "")
     assert reserve.numel() > 0
     torch.testing.assert_close(y, y2, rtol=0, atol=0)
     with torch.no_grad():

@@ -11,7 +11,7 @@ import torch
 
 from cellfuse.codegen.precision import forward_tolerance
 from cellfuse.graph_model import CellError, load_template, run_reference
-from cellfuse.nn import GRU, LSTM, CellRNN
+from cellfuse.nn import GRU, LSTM, CellRNN, ops
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 T, B, INPUT, H = 12, 3, 16, 24
@@ -98,10 +98,11 @@ def test_a_pass_that_may_be_followed_by_a_backward_pass_runs_in_float32_and_says
     torch.testing.assert_close(x16.grad.float(), x32.grad.to(torch.bfloat16).float(), rtol=0, atol=0)
 
 
-def test_lengths_past_256_steps_stay_exact_in_16_bits(device):
+@pytest.mark.parametrize("float32_states", [None, ()])
+def test_lengths_past_256_steps_stay_exact_in_16_bits(device, float32_states):
     """The steps left of each row are counted in float32 (bfloat16 holds whole numbers exactly only up to
-    256): rows of 299 and 300 steps stop at their own."""
-    rnn = CellRNN("lstm", 4, 8, 1, seed=4).to(device)
+    256), whichever states the module keeps in float32: rows of 299 and 300 steps stop at their own."""
+    rnn = CellRNN("lstm", 4, 8, 1, seed=4, float32_states=float32_states).to(device)
     x = torch.randn(300, 2, 4, device=device).bfloat16()
     with torch.no_grad():
         y, finals = rnn(x, lengths=[299, 300])
@@ -109,6 +110,29 @@ def test_lengths_past_256_steps_stay_exact_in_16_bits(device):
     assert float(y[299, 0].float().abs().max()) == 0.0 and float(y[299, 1].float().abs().max()) > 0.0
     torch.testing.assert_close(y[:299, :1], short, rtol=0, atol=0)
     torch.testing.assert_close(finals["c"][:, :1], short_finals["c"], rtol=0, atol=0)
+
+
+def test_the_states_kept_float32_can_be_named(device):
+    """By default a 16-bit plan keeps the states that accumulate in float32 (the LSTM's c); a module may
+    name others, or none. Each result stays within the bound; keeping c in bfloat16 changes it."""
+    x = torch.randn(T, B, INPUT, device=device).bfloat16()
+    results, kept = {}, {}
+    for states in (None, ("c", "h"), ()):
+        rnn = CellRNN("lstm", INPUT, H, 2, seed=5, float32_states=states).to(device)
+        with torch.no_grad():
+            y, _ = rnn(x)
+        assert _error(y, _reference(rnn, x).y) < forward_tolerance("bf16"), states
+        plans = ops.plans(rnn._cell_text, T, B, INPUT, H, 2, rnn.schedule, x.device, precision="bf16",
+                          float32=rnn._float32)
+        buffers = plans.forward.buffers
+        kept[states] = {s for s in rnn.state_ids if buffers[f"init.{s}"].dtype.name == "float32"}
+        results[states] = y
+    assert kept[None] == {"c"} and kept["c", "h"] == {"c", "h"} and kept[()] == set()
+    assert (results[None].float() - results[()].float()).abs().max() > 0
+    with pytest.raises(CellError, match="float32_states: 'n' not a state of cell 'LSTM'"):
+        CellRNN("lstm", INPUT, H, float32_states=["c", "n"])
+    with pytest.raises(TypeError, match=r"write \['c'\] for one"):
+        CellRNN("lstm", INPUT, H, float32_states="c")
 
 
 def test_what_16_bit_inputs_refuse(device):
@@ -166,8 +190,9 @@ def test_an_initial_state_kept_float32_is_read_as_it_is_at_each_call(cuda):
     assert (first.float() - second.float()).abs().max() > 0
 
 
-def test_compiled_with_fullgraph_in_16_bits_matches_eager(device):
-    rnn = CellRNN("gru", INPUT, H, 1, seed=7).to(device)
+@pytest.mark.parametrize("float32_states", [None, ()])
+def test_compiled_with_fullgraph_in_16_bits_matches_eager(device, float32_states):
+    rnn = CellRNN("gru", INPUT, H, 1, seed=7, float32_states=float32_states).to(device)
     compiled = torch.compile(rnn, fullgraph=True, backend="aot_eager")
     x = torch.randn(T, B, INPUT, device=device).half()
     with torch.no_grad():
