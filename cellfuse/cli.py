@@ -311,8 +311,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         require_valid(cell)
         cell = masked(cell)
     sizes = _plan_sizes(cell, args)
-    src = generate_cuda(cell, sizes, _schedule(cell, sizes, args.schedule), backward=args.backward,
-                        bidirectional=args.bidirectional)
+    src = generate_cuda(cell, sizes, _schedule(cell, sizes, args.schedule, args.precision),
+                        backward=args.backward, bidirectional=args.bidirectional, precision=args.precision,
+                        float32_states=_float32_states(args))
     atomic_write(output, src.text.encode())
     print(f"wrote {args.output} ({len(src.text.splitlines())} lines); build it with: "
           f"nvcc -O3 -arch=sm_90 -DCELLFUSE_DEMO_MAIN {args.output} -lcublas")
@@ -578,6 +579,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also write a launcher of both directions of the layer, side by side (one layer; "
                         "the reverse direction over each row reversed in time)")
     _size_options(s)
+    _precision_option(s, "what the plan stores x, the weights, the outputs and the states in (the launcher's "
+                         "arrays are float32 in each: it converts them); 16 bits: the forward pass, one "
+                         "direction, so far", states=True)
     s.set_defaults(func=cmd_export, seq=100, batch=64)
 
     s = sub.add_parser("bench", help="check and time every schedule and the available baselines")

@@ -789,6 +789,26 @@ def test_export_with_the_backward_pass(cli, tmp_path):
     assert code == 0 and "cellfuse_gru_backward" not in (tmp_path / "f.cu").read_text()
 
 
+def test_export_in_16_bits_writes_the_forward_launcher_of_the_precision(cli, tmp_path):
+    code, out, err = cli("export", "lstm", "--precision", "bf16", "--schedule", "persistent",
+                         "--input", INPUT, "--hidden", HIDDEN, "-o", tmp_path / "l.cu")
+    assert code == 0, err
+    text = (tmp_path / "l.cu").read_text()
+    assert "the states are stored in 16 bits, but the states h, c in float32" in text
+    assert "CUDA_R_16BF" in text and "const float* x" in text  # the launcher's arrays stay float32
+    code, _, err = cli("export", "lstm", "--precision", "fp16", "--float32-states", "",
+                       "-o", tmp_path / "m.cu")
+    assert code == 0, err
+    assert "but the states" not in (tmp_path / "m.cu").read_text()
+    code, _, err = cli("export", "lstm", "--precision", "bf16", "--backward", "-o", tmp_path / "n.cu")
+    assert code == 1 and "leave out --backward to export the forward pass in bf16" in err
+    code, _, err = cli("export", "lstm", "--precision", "bf16", "--bidirectional", "-o", tmp_path / "n.cu")
+    assert code == 1 and "--bidirectional exports float32 launchers only so far" in err
+    code, _, err = cli("export", "lstm", "--float32-states", "c", "-o", tmp_path / "n.cu")
+    assert code == 1 and "give --precision bf16 or fp16 with it" in err
+    assert not (tmp_path / "n.cu").exists()
+
+
 def test_bench_lengths_runs_each_row_to_its_own_and_records_them(cli, tmp_path):
     code, out, err = cli("bench", "lstm", "--backend", "numpy", "--seq", 8, "--batch", B, "--input", INPUT,
                          "--hidden", HIDDEN, "--schedules", "graph,persistent", "--baselines", "",

@@ -5,6 +5,9 @@ program that checks and times them, the backward pass against finite differences
 (resources/cuda/export_demo.cuh).
 
 The launcher takes seq and batch at run time; input, hidden and layers are fixed when it is generated.
+Its arrays are float32 in every precision: a 16-bit plan's launcher converts x, the parameters and the
+initial states into its workspace (cf_convert, resources/cuda/convert.cuh) as it stores them in the plan's
+types, multiplies with cublasGemmEx in those types, and converts y and the final states back.
 Everything of the cell that reaches the text (its name, description and node ids) is a comment
 (`comment_text`) or part of an identifier (`c_stem`, `c_name`, `_var`): a cell file is shared, and the
 .cu is compiled and run by whoever exports it.
@@ -24,7 +27,14 @@ from .address import SEQ, Expr, Int, T, c_address, rows_of
 from .backward_plan import BackwardPlan, grad
 from .c_text import CWriter, c_stem, comment_text
 from .cuda_library import cuda_library
-from .gemm_routes import TENSOR_CORE_RULE, may_run_on_tensor_cores, split_threads, tf32x3_layout
+from .dtypes import COMPUTE_C, FLOAT32
+from .gemm_routes import (
+    TENSOR_CORE_RULE,
+    gemm_ex_types,
+    may_run_on_tensor_cores,
+    split_threads,
+    tf32x3_layout,
+)
 from .kernel_abi import BLOCK, INT_MAX, kernel_params
 from .kernel_set import backward_kernels, plan_kernels
 from .lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, lower
@@ -67,6 +77,11 @@ def _ptr(acc: Access, t: Expr | int = T) -> str:
     return c_address(_var(acc.buffer), acc, t)
 
 
+def _splits(g: GemmLaunch) -> bool:
+    """Whether a GEMM may split its operands for 3xTF32 (a float32 GEMM; a 16-bit one multiplies as it is)."""
+    return g.multiply == FLOAT32 and may_run_on_tensor_cores(g)
+
+
 
 
 class _Export:
@@ -93,10 +108,13 @@ class _Export:
         self.flat = flat
         # the shapes of the GEMMs that may run on tensor cores at some seq and batch: (rows, K, N)
         self.splits = list(dict.fromkeys((*self._gemm_dims(i.launch), i.launch.n) for i in flat
-                                         if isinstance(i, Gemm) and may_run_on_tensor_cores(i.launch)))
-        # The caller's memory: x, the parameters, the initial and final states; the rest is workspace.
+                                         if isinstance(i, Gemm) and _splits(i.launch)))
+        # The caller's memory: x, the parameters, the initial and final states, where the plan stores
+        # them in float32 (as the caller's arrays are); the rest is workspace, with the converted copies
+        # of the others last.
         caller = ("weight", "input", "init", "final")
-        self.forward_ws = [b for b in plan.buffers.values() if b.role not in caller]
+        self.converted = [b for b in plan.buffers.values() if b.role in caller and b.dtype != FLOAT32]
+        self.forward_ws = [b for b in plan.buffers.values() if b.role not in caller] + self.converted
         # the gradients, after the forward pass's buffers, which a backward pass reads
         self.ws_buffers = self.forward_ws + (list(backward.buffers.values()) if backward else [])
         self.first_layer = set(map(id, (*plan.layers[0].prologue, *plan.layers[0].step)))
@@ -131,6 +149,12 @@ class _Export:
           f"schedule '{comment_text(plan.schedule)}', for input {sizes.input}, hidden {sizes.hidden}, "
           f"{sizes.layers} layer(s); seq and batch are chosen at run time,",
           f"// with (seq + 1) * batch at most INT_MAX ({INT_MAX}).")
+        if plan.precision != "fp32":
+            kept = [st for st in self.states if plan.buffers[f"init.{st}"].dtype == FLOAT32]
+            w(f"// In {plan.precision}: x, the weights, the outputs and the states are stored in 16 bits"
+              + (f", but the states {comment_text(', '.join(kept))} in float32" if kept else "") + ";",
+              "// the GEMMs multiply 16-bit operands into float32 and every kernel computes in float32. The",
+              "// launcher's arrays are float32: it converts them into its workspace and the results back.")
         if plan.layers[0].persistent:
             w("// Each layer's steps run in one cooperative launch, which needs all its blocks resident at",
               "// once (the launcher checks that, and returns cudaErrorCooperativeLaunchTooLarge where they",
@@ -175,6 +199,8 @@ class _Export:
                 if f" {name}(" in line:
                     self.kernel_line[name] = first + i
         self.w(*module.split("\n"))
+        if self.converted:
+            self.w(*cuda_library("convert.cuh").split("\n"))
         if self.back_kernels:
             self.w(*"\n".join(self.back_kernels.sources.values()).split("\n"),
                    *cuda_library("fill_ones.cuh").split("\n"))
@@ -191,7 +217,7 @@ class _Export:
     def _helpers(self) -> None:
         """The launch grid of a count of threads, the tensor-core rule and the room its splits take."""
         w, flat = self.w, self.flat
-        if self.backward or self.bidirectional or self.splits or any(
+        if self.backward or self.bidirectional or self.splits or self.converted or any(
                 isinstance(i, Kernel) or isinstance(i, Gemm) and i.launch.bias for i in flat):
             with w.block("static unsigned cf_blocks(size_t n) {"):
                 w(f"size_t b = (n + {BLOCK - 1}) / {BLOCK};",
@@ -243,23 +269,39 @@ class _Export:
               "(void)one; (void)zero;  /* a cell may have no GEMM, or only GEMMs with a bias */",
               "unsigned char* ws = (unsigned char*)workspace;",
               "cublasStatus_t st = cublasSetStream(handle, stream);",
-              "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;",
-              "const float* b_x = x;")
+              "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
+            converted = {b.name for b in self.converted}
+            if "x" not in converted:
+                w("const float* b_x = x;")
             self._weights()
             for i, s in enumerate(self.states):
-                w(f"const float* {_var(f'init.{s}')} = init_states ? init_states[{i}] : NULL;",
-                  f"float* {_var(f'final.{s}')} = final_states ? final_states[{i}] : NULL;")
+                if f"init.{s}" not in converted:
+                    w(f"const float* {_var(f'init.{s}')} = init_states ? init_states[{i}] : NULL;")
+                if f"final.{s}" not in converted:
+                    w(f"float* {_var(f'final.{s}')} = final_states ? final_states[{i}] : NULL;")
             w(*self._split_room(self.program.instructions))
             for b in self.forward_ws:
                 w(f"{b.dtype.c}* {_var(b.name)} = ({b.dtype.c}*)ws; ws += {self._bytes(b)};")
             w("")
+            self._convert_in()
             self._stacked_weights()
             w("")
             for instr in self.program.instructions:
                 self._instruction(instr, 0)
-            w(f"cudaMemcpyAsync(y, {_var(plan.layers[-1].output_seq)} + (size_t)batch * {H}, "
-              f"(size_t)seq * batch * {H} * sizeof(float), cudaMemcpyDeviceToDevice, stream);",
-              "return (int)cudaGetLastError();")
+            output = plan.buffers[plan.layers[-1].output_seq]
+            y_seq = f"{_var(output.name)} + (size_t)batch * {H}"
+            if output.dtype == FLOAT32:
+                w(f"cudaMemcpyAsync(y, {y_seq}, (size_t)seq * batch * {H} * sizeof(float), "
+                  "cudaMemcpyDeviceToDevice, stream);")
+            else:
+                self._convert("y", y_seq, f"(size_t)seq * batch * {H}")
+            for i, s in enumerate(self.states):
+                if f"final.{s}" in converted:
+                    b = plan.buffers[f"final.{s}"]
+                    w("if (final_states)")
+                    with w.indented():
+                        self._convert(f"final_states[{i}]", _var(b.name), f"{self._rows(b)} * {b.width}")
+            w("return (int)cudaGetLastError();")
         w("")
 
     def _backward(self, bp: BackwardPlan) -> None:
@@ -469,10 +511,36 @@ class _Export:
               "    return (int)cudaErrorInvalidValue;")
 
     def _weights(self) -> None:
+        """The weights the kernels read where the caller keeps them (not the converted copies)."""
         for b in self.plan.buffers.values():
-            if b.role == "weight":
+            if b.role == "weight" and b not in self.converted:
                 self.w(f"const float* {_var(b.name)} = params[{self.param_index[b.sources[0]]}];  "
                        f"/* {comment_text(b.sources[0])} */")
+
+    def _convert(self, dst: str, src: str, n: str) -> None:
+        """A launch of cf_convert: n elements of src into dst, each in its own type."""
+        self.w(f"cf_convert<<<cf_blocks({n}), {BLOCK}, 0, stream>>>({dst}, {src}, {n});")
+
+    def _convert_in(self) -> None:
+        """The caller's arrays into the workspace's copies of the plan's types (an initial state not given
+        stays NULL: zeros; a final state not asked for stays NULL: not written)."""
+        w = self.w
+        for b in self.converted:
+            n = f"{self._rows(b)} * {b.width}"
+            match b.role:
+                case "input":
+                    self._convert(_var(b.name), "x", n)
+                case "weight":
+                    self._convert(_var(b.name), f"params[{self.param_index[b.sources[0]]}]", n)
+                case "init":
+                    i = self.states.index(b.name.split(".", 1)[1])
+                    with w.block("if (init_states) {", "} else {"):
+                        self._convert(_var(b.name), f"init_states[{i}]", n)
+                    with w.indented():
+                        w(f"{_var(b.name)} = NULL;")
+                    w("}")
+                case "final":
+                    w(f"if (!final_states) {_var(b.name)} = NULL;")
 
     def _stacked_weights(self) -> None:
         plan, w = self.plan, self.w
@@ -483,9 +551,15 @@ class _Export:
                 n_total = sum(n for _, n in shapes)
                 col = 0
                 for key, (k, n) in zip(b.sources, shapes, strict=True):
-                    w(f"cudaMemcpy2DAsync({_var(b.name)} + {col}, {n_total} * sizeof(float), "
-                      f"params[{self.param_index[key]}], {n} * sizeof(float), {n} * sizeof(float), {k}, "
-                      f"cudaMemcpyDeviceToDevice, stream);  /* {comment_text(key)} */")
+                    param = f"params[{self.param_index[key]}]"
+                    if b.dtype == FLOAT32:
+                        w(f"cudaMemcpy2DAsync({_var(b.name)} + {col}, {n_total} * sizeof(float), {param}, "
+                          f"{n} * sizeof(float), {n} * sizeof(float), {k}, cudaMemcpyDeviceToDevice, "
+                          f"stream);  /* {comment_text(key)} */")
+                    else:
+                        w(f"cf_convert_rows<<<cf_blocks((size_t){k} * {n}), {BLOCK}, 0, stream>>>("
+                          f"{_var(b.name)} + {col}, {n_total}, {param}, {n}, {k}, {n});  "
+                          f"/* {comment_text(key)} */")
                     col += n
             elif b.role == "bias":
                 col = 0
@@ -567,7 +641,14 @@ class _Export:
         sgemm = (f"st = cublasSgemm(handle, {op_w}, {op_a}, {g.n}, {rows}, {k}, &one, {_var(g.w)}, "
                  f"{ldw}, {_ptr(g.a, t)}, {g.a.ld}, {beta}, {_ptr(g.c, t)}, {g.c.ld});  "
                  f"/* {comment_text(g.group)} */")
-        if not may_run_on_tensor_cores(g):
+        if g.multiply != FLOAT32:  # a 16-bit plan's GEMM: in its operands' types (see gemm_ex_types)
+            (w_type, a_type, c_type), compute = gemm_ex_types(g, self.plan.buffers[g.w].dtype)
+            names = {t.cuda: t.cuda_c for t in (FLOAT32, self.plan.buffers[g.w].dtype, g.a.dtype, g.c.dtype)}
+            w(f"st = cublasGemmEx(handle, {op_w}, {op_a}, {g.n}, {rows}, {k}, &one, {_var(g.w)}, "
+              f"{names[w_type]}, {ldw}, {_ptr(g.a, t)}, {names[a_type]}, {g.a.ld}, {beta}, {_ptr(g.c, t)}, "
+              f"{names[c_type]}, {g.c.ld}, {COMPUTE_C[compute]}, CUBLAS_GEMM_DEFAULT);  "
+              f"/* {comment_text(g.group)} */")
+        elif not may_run_on_tensor_cores(g):
             w(sgemm)
         else:
             # 3xTF32 (see cf_split_tf32x3): A's pieces (hi, hi, lo), W's (hi, lo, hi), a GEMM over 3K, A's

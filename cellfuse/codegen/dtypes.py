@@ -23,6 +23,7 @@ class DType:
     store_as: str = "{}"  # C: a float32 value (the {}) as an element in memory
     header: str = ""  # the CUDA header that declares the C type, where one must be included
     cuda: int = 0  # its cudaDataType_t, for cuBLAS
+    cuda_c: str = "CUDA_R_32F"  # the same, as C names it
     # the cublasComputeType_t of a GEMM of float32 operands rounded to this type as it multiplies them
     fast_compute: int = 68  # CUBLAS_COMPUTE_32F
     nan_bits: int = 0x7FC00000  # a quiet NaN's bits, to poison memory with
@@ -36,12 +37,15 @@ class DType:
 
 
 FLOAT32 = DType("float32", "float", 4, "float32")
-# (cuda: CUDA_R_16BF and CUDA_R_16F; fast_compute: CUBLAS_COMPUTE_32F_FAST_16BF and _16F)
+# (fast_compute: CUBLAS_COMPUTE_32F_FAST_16BF and _16F)
 BFLOAT16 = DType("bfloat16", "__nv_bfloat16", 2, "uint16", "__bfloat162float({})", "__float2bfloat16_rn({})",
-                 "cuda_bf16.h", cuda=14, fast_compute=75, nan_bits=0x7FC0, suffix="bf16")
+                 "cuda_bf16.h", cuda=14, cuda_c="CUDA_R_16BF", fast_compute=75, nan_bits=0x7FC0,
+                 suffix="bf16")
 FLOAT16 = DType("float16", "__half", 2, "float16", "__half2float({})", "__float2half_rn({})", "cuda_fp16.h",
-                cuda=2, fast_compute=74, nan_bits=0x7E00, suffix="f16")
+                cuda=2, cuda_c="CUDA_R_16F", fast_compute=74, nan_bits=0x7E00, suffix="f16")
 DTYPES = {t.name: t for t in (FLOAT32, BFLOAT16, FLOAT16)}
+# the cublasComputeType_t of a GEMM of each dtype's fast_compute, as C names it
+COMPUTE_C = {68: "CUBLAS_COMPUTE_32F", 74: "CUBLAS_COMPUTE_32F_FAST_16F", 75: "CUBLAS_COMPUTE_32F_FAST_16BF"}
 
 # What kernels compute in: their registers, shared memory and accumulators
 COMPUTE = FLOAT32

@@ -39,7 +39,7 @@ static size_t cf_workspace(int, int) { return 4; }
 # Each file with what it needs in front of it. The warpgroup GEMM is sm_90a's alone, and is compiled for it
 # by tests/codegen/test_wgmma_gemm.py, with its parameters as the package defines them.
 _ALONE = {"math.cuh": "", "tf32.cuh": "", "gemm_splits.cuh": "", "persistent.cuh": "", "mma16.cuh": "",
-          "fill_ones.cuh": "", "directions.cuh": "", "export_demo.cuh": _DEMO_STUBS}
+          "fill_ones.cuh": "", "directions.cuh": "", "convert.cuh": "", "export_demo.cuh": _DEMO_STUBS}
 
 
 def test_every_file_of_the_library_is_compiled_by_a_test():

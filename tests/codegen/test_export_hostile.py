@@ -174,7 +174,8 @@ cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cubl
                            int m, int n, int k, const float* alpha, const float* A, int lda,
                            const float* B, int ldb, const float* beta, float* C, int ldc);
 #include <library_types.h>
-typedef enum { CUBLAS_COMPUTE_32F_FAST_TF32 = 77 } cublasComputeType_t;
+typedef enum { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_16F = 74, CUBLAS_COMPUTE_32F_FAST_16BF = 75,
+               CUBLAS_COMPUTE_32F_FAST_TF32 = 77 } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                             int m, int n, int k, const void* alpha, const void* A, cudaDataType Atype,
@@ -370,6 +371,25 @@ def test_an_export_without_and_one_with_the_backward_pass_compile(tmp_path):
     assert "_backward(" not in sources[0] and "int cellfuse_c_1_x_error_injected_backward(" in sources[1]
     for helper in ("cf_mma_tf32", "cf_copy16", "cf_prefetch_l2", "cf_copies_done", "cf_publish", "cf_peek2"):
         assert sources[1].count(f"{helper}(") > 1, helper  # called, not only defined
+    compile_objects(sources, tmp_path)
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_16_bit_exports_compile(tmp_path):
+    """Whole files in 16 bits, hostile names in them, in one nvcc run: the LSTM's forward in bf16 on the
+    persistent rung (states kept float32: c, and h, a persistent GEMM's operand), Cho's GRU in fp16,
+    hoisted, with every state in 16 bits, and the layer-normalised LSTM in bf16 on tensor cores (mma.sync
+    of 16-bit operands); their conversions at the launcher's edges are called."""
+    lstm, gru, norm = (hostile_template(name) for name in ("lstm", "gru_cho", "layernorm_lstm"))
+    sources = [generate_cuda(lstm, fit(SIZES, lstm), "persistent", precision="bf16").text,
+               generate_cuda(gru, fit(SIZES, gru), "hoisted", precision="fp16", float32_states=[]).text,
+               generate_cuda(norm, fit(SIZES, norm), "tensor", precision="bf16").text]
+    assert "cf_mma_bf16(" in sources[2]
+    assert "CUDA_R_16F" in sources[1] and "cublasSgemm(" not in sources[1]
+    assert "cf_convert_rows<<<" in sources[1]
+    for source in sources:
+        assert "cf_convert<<<" in source and "cublasGemmEx(" in source
     compile_objects(sources, tmp_path)
 
 
