@@ -12,12 +12,13 @@ of those times, remembered apart from the benchmark's choice (auto_schedule's `r
 from __future__ import annotations
 
 import logging
-import statistics
 from functools import partial
 
 import torch
 
+from ..gpu_runtime import driver
 from ..gpu_runtime.auto_schedule import REPEATS, Choice, bench_times, choose_schedule
+from ..gpu_runtime.event_timing import median_ms
 from ..graph_model import Cell, CellError, Sizes
 from .runners import FORWARD, FORWARD_BESIDE, REVERSE_BESIDE, make_plans
 
@@ -83,13 +84,4 @@ def _called_ms(cell: Cell, sizes: Sizes, rung: str, device: torch.device, bidire
 
     for _ in range(WARMUP):
         call()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    times = []
-    for _ in range(REPEATS):
-        torch.cuda.synchronize(device)
-        start.record(main)
-        call()
-        end.record(main)
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return median_ms(driver, call, driver.as_stream(main.cuda_stream), REPEATS, idle=True)
