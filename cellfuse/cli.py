@@ -307,13 +307,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     cell = resolve_cell(args.cell)
     output = output_path(args.output, CUDA_SOURCE, force=args.force, cell=_cell_file(args.cell))
+    float32_states = _float32_states(args)
     if args.lengths:
         require_valid(cell)
         cell = masked(cell)
+        if float32_states is not None:  # a row's steps left, whole numbers past 256, stay float32
+            float32_states = [*float32_states, STEPS_LEFT]
     sizes = _plan_sizes(cell, args)
     src = generate_cuda(cell, sizes, _schedule(cell, sizes, args.schedule, args.precision),
                         backward=args.backward, bidirectional=args.bidirectional, precision=args.precision,
-                        float32_states=_float32_states(args))
+                        float32_states=float32_states)
     atomic_write(output, src.text.encode())
     print(f"wrote {args.output} ({len(src.text.splitlines())} lines); build it with: "
           f"nvcc -O3 -arch=sm_90 -DCELLFUSE_DEMO_MAIN {args.output} -lcublas")

@@ -800,6 +800,9 @@ def test_export_in_16_bits_writes_the_forward_launcher_of_the_precision(cli, tmp
                        "-o", tmp_path / "m.cu")
     assert code == 0, err
     assert "but the states" not in (tmp_path / "m.cu").read_text()
+    code, _, err = cli("export", "lstm", "--precision", "bf16", "--float32-states", "", "--lengths",
+                       "-o", tmp_path / "k.cu")  # a row's count of steps left stays float32
+    assert code == 0 and "but the states cf_len_left in float32" in (tmp_path / "k.cu").read_text(), err
     code, _, err = cli("export", "lstm", "--precision", "bf16", "--backward", "-o", tmp_path / "n.cu")
     assert code == 1 and "leave out --backward to export the forward pass in bf16" in err
     code, _, err = cli("export", "lstm", "--precision", "bf16", "--bidirectional", "-o", tmp_path / "n.cu")
