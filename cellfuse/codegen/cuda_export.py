@@ -240,12 +240,13 @@ class _Export:
 
     def _workspace_bytes(self) -> None:
         w = self.w
+        w("static size_t cf_aligned(size_t n) { return (n + 255) / 256 * 256; }", "")
         w("/* Bytes of device workspace a forward pass of these sizes needs"
           + (", and a backward pass after it. */" if self.backward else ". */"))
         with w.block(f"size_t {self.fn[:-len('_forward')]}_workspace_bytes(int seq, int batch) {{"):
             w("size_t n = 0;")
             if self.splits:
-                w("n += cf_split_elements(seq, batch) * sizeof(float);")
+                w("n += cf_aligned(cf_split_elements(seq, batch) * sizeof(float));")
             for b in self.ws_buffers:
                 w(f"n += {self._bytes(b)};  /* {comment_text(b.name)} */")
             w("return n;")
@@ -386,7 +387,6 @@ class _Export:
         in_order = has_exchanges(self.plan)
         left = self.states.index(STEPS_LEFT) if STEPS_LEFT in self.states else None
         w(*cuda_library("directions.cuh").split("\n"), "")
-        w("static size_t cf_aligned(size_t n) { return (n + 255) / 256 * 256; }", "")
         w("/* Bytes of device workspace a pass of both directions of these sizes needs. */")
         with w.block(f"size_t {stem_fn}_bidirectional_workspace_bytes(int seq, int batch) {{"):
             w(f"return 2 * cf_aligned({stem_fn}_workspace_bytes(seq, batch))",
@@ -485,8 +485,10 @@ class _Export:
         return rows_of(b.rows).substitute({"layers": self.sizes.layers}).c()
 
     def _bytes(self, b: Buffer) -> str:
-        """A buffer's bytes, as C (in size_t)."""
-        return f"{self._rows(b)} * {b.width} * sizeof({b.dtype.c})"
+        """A buffer's bytes in the workspace, as C (in size_t): rounded up to 256, so that every buffer starts
+        256-byte aligned whatever the types and sizes before it (a 16-bit buffer of an odd count of elements
+        would leave the next float buffer misaligned), as the runtime lays its memory out."""
+        return f"cf_aligned({self._rows(b)} * {b.width} * sizeof({b.dtype.c}))"
 
     def _buffer(self, name: str) -> Buffer:
         return self.plan.buffers[name] if name in self.plan.buffers else self.backward.buffers[name]
@@ -498,9 +500,10 @@ class _Export:
         if not self.splits:
             return []
         flat = [i for instr in instructions for i in (instr.body if isinstance(instr, Loop) else [instr])]
-        if any(isinstance(i, Gemm) and may_run_on_tensor_cores(i.launch) for i in flat):
-            return ["float* cf_split = (float*)ws; ws += cf_split_elements(seq, batch) * sizeof(float);"]
-        return ["ws += cf_split_elements(seq, batch) * sizeof(float);  /* the other pass's splits */"]
+        room = "ws += cf_aligned(cf_split_elements(seq, batch) * sizeof(float));"
+        if any(isinstance(i, Gemm) and _splits(i.launch) for i in flat):
+            return [f"float* cf_split = (float*)ws; {room}"]
+        return [f"{room}  /* the other pass's splits */"]
 
     def _check_sizes(self) -> None:
         w = self.w

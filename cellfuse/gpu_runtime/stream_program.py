@@ -359,7 +359,7 @@ class StreamProgram:
         side streams forked from it and joined back to it by the program's events."""
         last = _last_stream.get(self._module_key)
         if last != stream and not self._capturing(stream):
-            if last is not None:
+            if last is not None and not self._capturing(last):
                 self._after(last, stream)
             _last_stream[self._module_key] = stream
         self.calls.run(bases, stream)
@@ -372,8 +372,11 @@ class StreamProgram:
     def _after(self, last: int, stream: int) -> None:
         """`stream` made to wait for everything put on `last` so far: two runs of one module's kernels
         (modules of the same sizes share one, and its persistent kernels' exchanges) never overlap, on
-        whichever streams they are put. Not under a CUDA graph capture, which holds no wait for work
-        outside it (a replay's order with other work is the caller's to set, as for any replay)."""
+        whichever streams they are put. Not under a CUDA graph capture of either stream, which holds no
+        wait for work outside it (a replay's order with other work is the caller's to set, as for any
+        replay). What it does not cover: runs made from two threads at once (the last stream is read and
+        set without a lock), and a last stream the caller has since destroyed (torch's streams are never
+        destroyed; an external one may be)."""
         cu, doing = self.res.cu, "ordering a run after another"
         check(cu.cuEventRecord(self._handover, driver.as_stream(last)), doing)
         check(cu.cuStreamWaitEvent(driver.as_stream(stream), self._handover, 0), doing)

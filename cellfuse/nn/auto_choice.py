@@ -15,6 +15,7 @@ import logging
 from functools import partial
 
 import torch
+from torch.utils._python_dispatch import _disable_current_modes
 
 from ..gpu_runtime import driver
 from ..gpu_runtime.auto_schedule import REPEATS, Choice, bench_times, choose_schedule
@@ -46,11 +47,14 @@ def called_times(device: torch.device, cell: Cell, sizes: Sizes, bidirectional: 
     benchmark's times stand."""
     checked = bench_times(cell, sizes, bidirectional, precision)
     times = {}
-    for rung in checked:
-        try:
-            times[rung] = _called_ms(cell, sizes, rung, device, bidirectional, precision)
-        except CellError as e:
-            log.info("auto: '%s' ran in the benchmark but not as a module calls it (%s)", rung, e)
+    # (torch.compile and torch.export ask for the plans from the op's fake implementation, under their
+    # dispatch modes: the rungs still run on real tensors)
+    with _disable_current_modes():
+        for rung in checked:
+            try:
+                times[rung] = _called_ms(cell, sizes, rung, device, bidirectional, precision)
+            except CellError as e:
+                log.info("auto: '%s' ran in the benchmark but not as a module calls it (%s)", rung, e)
     return times or checked
 
 

@@ -36,6 +36,7 @@ from ..graph_model.params import REVERSE, check_names, check_widths
 from ..graph_model.validate import check_count
 from . import ops, stacks
 from .runners import DTYPES, FORWARD, direction_of, dtype_names, precision_of, runs_with
+from .zeros import Zeros
 
 MAX_SEEN = 4  # the sizes, dtypes and devices whose rungs `schedules_run` reports
 
@@ -170,7 +171,7 @@ class CellRNN(torch.nn.Module):
                                 f"first read inputs of 2 x hidden_size = {2 * self.hidden_size}, and {e}"
                                 ) from None
         self._sizes_checked: set[tuple[int, int]] = set()  # (T, B) that passed check_sizes
-        self._zero_states = stacks.Zeros()
+        self._zero_states = Zeros()
         self._last_seen: tuple | None = None
         # ((T, B, input), device, whether lengths were given) of the recent forward calls
         self._seen: OrderedDict[tuple, None] = OrderedDict()
@@ -296,15 +297,16 @@ class CellRNN(torch.nn.Module):
         elif lengths is not None:  # (a PackedSequence's are right by construction)
             lengths = stacks.check_lengths(lengths, x.shape[0], x.shape[1])
         by_layer = self.bidirectional or bool(self.dropout and self.training and self.num_layers > 1)
+        params = self._params()
         if by_layer:
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params_of, self.num_layers, self.bidirectional, self.dropout,
                 self.training, self._cell_text, self.hidden_size, self.schedule, lengths, self._float32)
         else:
-            y, finals = stacks.run(x, initial, self._params(), self._cell_text, self.hidden_size,
-                                   self.num_layers, self.schedule, lengths, float32=self._float32)
-        if not torch.compiler.is_compiling():
-            seen = (x.shape, x.device, x.dtype, lengths is not None, by_layer)
+            y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
+                                   self.schedule, lengths, float32=self._float32)
+        if not torch.compiler.is_compiling():  # (the dtype of the plans the pass ran)
+            seen = (x.shape, x.device, stacks.plans_dtype(x, initial, params), lengths is not None, by_layer)
             if seen != self._last_seen:
                 self._last_seen = seen
                 self._seen[seen] = None
@@ -364,7 +366,7 @@ class CellRNN(torch.nn.Module):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_seen"] = OrderedDict()
-        state["_zero_states"] = stacks.Zeros()
+        state["_zero_states"] = Zeros()
         state["_last_seen"] = None
         return state
 

@@ -27,7 +27,7 @@ from ..gpu_runtime.auto_schedule import AUTO
 from ..graph_model import Cell, CellError, Sizes, cell_from_text, cell_to_text
 from ..graph_model.lengths import masked
 from .auto_choice import choose
-from .runners import FORWARD, FORWARD_BESIDE, Plans, Runner, make_plans, precision_of
+from .runners import FORWARD, FORWARD_BESIDE, PRECISIONS, Plans, Runner, make_plans, precision_of
 
 log = logging.getLogger(__name__)
 
@@ -136,6 +136,7 @@ def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, 
     """The runner of the op's arguments (made, and its plans with it, at the first call): one per
     direction of a layer (its own packed weights and programs), so that the two run side by side."""
     T, B, inputs = x.shape
+    float32 = float32 if x.dtype in PRECISIONS else DEFAULT_FLOAT32  # (float32 plans keep every state so)
     key = (cell, T, B, inputs, hidden, layers, schedule, x.dtype, x.device, direction, float32)
     if key in _runners:
         _runners.move_to_end(key)

@@ -60,28 +60,6 @@ def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     return dtype if dtype in PRECISIONS else None
 
 
-MAX_ZEROS = 4  # the shapes, dtypes and devices whose initial states of zeros a module keeps
-
-
-class Zeros:
-    """A module's initial states of zeros: in eager mode one tensor per shape, dtype and device, kept (the
-    ops only read it), so that a call allocates and fills none, and a 16-bit call converts it to a state
-    kept float32 only once (cuda_runner)."""
-
-    def __init__(self):
-        self._kept: dict[tuple, torch.Tensor] = {}
-
-    def __call__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        if torch.compiler.is_compiling():
-            return torch.zeros(shape, dtype=dtype, device=device)
-        key = (shape, dtype, device)
-        if key not in self._kept:
-            if len(self._kept) >= MAX_ZEROS:
-                self._kept.pop(next(iter(self._kept)))
-            self._kept[key] = torch.zeros(shape, dtype=dtype, device=device)
-        return self._kept[key]
-
-
 def _steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int) -> torch.Tensor:
     """The initial value of the lengths' state: each row's length in each of its elements, per layer (in
     float32 where x is 16-bit: bf16 holds whole numbers exactly only up to 256)."""
@@ -105,6 +83,18 @@ def _to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return t
 
 
+def saves(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> bool:
+    """Whether a call saves its steps: only where a backward pass may follow."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (x, *states, *params))
+
+
+def plans_dtype(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
+                ) -> torch.dtype:
+    """The dtype whose plans a call runs: x's, but float32 where a backward pass may follow a 16-bit x's
+    (see `run`)."""
+    return torch.float32 if x.dtype in PRECISIONS and saves(x, states, params) else x.dtype
+
+
 def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor], cell: str,
         hidden: int, layers: int, schedule: str, lengths: torch.Tensor | None = None,
         direction: int = FORWARD, float32: str = ops.DEFAULT_FLOAT32
@@ -113,8 +103,7 @@ def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.
     length where `lengths` are given: see the module's docstring; `direction` and `float32`, the states a
     16-bit plan keeps in float32, as the ops take them)."""
     states = list(states)
-    # the steps are saved only where a backward pass may follow
-    save = torch.is_grad_enabled() and any(t.requires_grad for t in (x, *states, *params))
+    save = saves(x, states, params)
     if save and x.dtype in PRECISIONS:  # 16-bit plans run forward only so far
         warnings.warn(f"CellRNN: a pass that a backward pass may follow runs in float32 so far, not in "
                       f"{x.dtype} (its results are given back in {x.dtype})", stacklevel=3)

@@ -25,6 +25,7 @@ from ..graph_model import Cell, CellError, init_params
 from ..graph_model.builder import CellBuilder, sigmoid, tanh
 from . import ops, stacks
 from .runners import DTYPES, dtype_names, runs_with
+from .zeros import Zeros
 
 # torch's gates in the order of its rows: the cell's input and recurrent matrices and its input and
 # recurrent biases (torch_cell's names)
@@ -91,7 +92,7 @@ class _TorchRNN(torch.nn.Module):
         self._sources = ("weight_ih", "weight_hh", "bias_ih", "bias_hh") if self.bias else ("weight_ih",
                                                                                            "weight_hh")
         self._view_cache: dict[tuple[int, bool], tuple[tuple, list[torch.Tensor]]] = {}
-        self._zeros = stacks.Zeros()
+        self._zeros = Zeros()
         # the template's weights of a layer, in the order of its keys (l0.W_i -> W_i), which the ops take
         self._names = [key.split(".", 1)[1] for key in init_params(cell, 1, 1, 1, 0)]
         gate_rows = len(self._gates) * hidden_size
@@ -167,7 +168,7 @@ class _TorchRNN(torch.nn.Module):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_view_cache"] = {}
-        state["_zeros"] = stacks.Zeros()
+        state["_zeros"] = Zeros()
         return state
 
     # -- the forward pass ------------------------------------------------------------------------------

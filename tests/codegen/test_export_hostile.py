@@ -386,6 +386,11 @@ def test_16_bit_exports_compile(tmp_path):
                generate_cuda(gru, fit(SIZES, gru), "hoisted", precision="fp16", float32_states=[]).text,
                generate_cuda(norm, fit(SIZES, norm), "tensor", precision="bf16").text]
     assert "cf_mma_bf16(" in sources[2]
+    # a 16-bit buffer of an odd count of elements leaves the next buffer where a float would be misaligned:
+    # every buffer starts 256-byte aligned
+    odd = generate_cuda(load_template("indrnn"), Sizes(4, 2, 7, 33, 1), "hoisted", precision="bf16").text
+    steps = [line for line in odd.splitlines() if "ws +=" in line]
+    assert len(steps) > 3 and all("ws += cf_aligned(" in line for line in steps)
     assert "CUDA_R_16F" in sources[1] and "cublasSgemm(" not in sources[1]
     assert "cf_convert_rows<<<" in sources[1]
     for source in sources:

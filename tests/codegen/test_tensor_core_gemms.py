@@ -77,7 +77,7 @@ def test_the_exported_launcher_decides_at_run_time():
     # the input GEMM, then in the backward pass x's gradient and the two weights' gradients (not the
     # column sums of the bias's gradient, nor the steps' dh = dG @ U^T in the persistent kernel)
     assert text.count("cublasGemmEx(") == 4
-    assert "ws += cf_split_elements(seq, batch) * sizeof(float);" in text
+    assert "ws += cf_aligned(cf_split_elements(seq, batch) * sizeof(float));" in text
 
 
 def test_the_splits_rounding_is_tf32s_to_nearest_ties_away():

@@ -41,3 +41,21 @@ def test_a_module_under_auto_runs_the_rung_chosen_as_called(cuda, monkeypatch, t
         rnn(torch.randn(11, 3, 16, device=cuda, dtype=torch.bfloat16))
     (entry,) = json.loads((tmp_path / "schedules.json").read_text()).values()
     assert rnn.schedules_run == [entry["schedule"]]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compiled_before_any_eager_call_auto_measures_on_real_tensors(cuda, monkeypatch, tmp_path, dtype):
+    """torch.compile asks for the plans from the op's fake implementation: `auto` times the rungs there,
+    on real tensors, and the compiled module matches eager."""
+    monkeypatch.setattr(auto_schedule, "cache_path", lambda: tmp_path / "schedules.json")
+    from cellfuse.nn import CellRNN
+
+    torch._dynamo.reset()
+    rnn = CellRNN("gru", 16, 20, 1, schedule="auto", seed=2).to(cuda)
+    x = torch.randn(9, 5, 16, device=cuda, dtype=dtype)  # (sizes no other test runs: auto is measured)
+    with torch.no_grad():
+        got, _ = torch.compile(rnn, fullgraph=True)(x)
+        want, _ = rnn(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    (entry,) = json.loads((tmp_path / "schedules.json").read_text()).values()
+    assert rnn.schedules_run == [entry["schedule"]]

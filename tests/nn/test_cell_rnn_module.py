@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -297,16 +298,19 @@ def test_the_schedules_run_say_what_auto_resolved_to():
     assert fused.schedules_run == ["fused"]
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype, grad", [(torch.float32, False), (torch.bfloat16, False),
+                                         (torch.bfloat16, True)])
 @pytest.mark.parametrize("bidirectional", [False, True])
-def test_the_schedules_run_are_those_of_the_plans_that_ran(dtype, bidirectional):
-    """Asked after a pass, the rungs are those of the plans it ran (its precision; one layer's where the
-    layers ran one at a time): asking makes no plans of its own (under auto it would measure them)."""
+def test_the_schedules_run_are_those_of_the_plans_that_ran(dtype, grad, bidirectional):
+    """Asked after a pass, the rungs are those of the plans it ran (its precision, float32 for a 16-bit
+    pass a backward pass may follow; one layer's where the layers ran one at a time): asking makes no
+    plans of its own (under auto it would measure them)."""
     from cellfuse.nn import ops
 
     rnn = CellRNN("lstm", 4, 5, num_layers=2, bidirectional=bidirectional, schedule="fused")
-    with torch.no_grad():
-        rnn(torch.zeros(3, 2, 4, dtype=dtype))
+    with torch.set_grad_enabled(grad), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the warning that the 16-bit pass runs in float32)
+        rnn(torch.zeros(4 if grad else 3, 2, 4, dtype=dtype))  # (sizes of its own: no other case made them)
     made = set(ops._plans)
     assert rnn.schedules_run == ["fused"] and set(ops._plans) == made
 
@@ -334,3 +338,18 @@ def test_batch_first_and_dropout_between_layers_as_torchs_lstm():
         torch.testing.assert_close(final["c"], want_c, rtol=1e-10, atol=1e-12, msg=mode)
     with pytest.raises(CellError, match="dropout"):
         CellRNN("lstm", 4, 3, dropout=-1)
+
+
+def test_a_modules_zeros_are_made_once_and_known_as_its_own():
+    import gc
+
+    from cellfuse.nn.zeros import Zeros, _made, made_here
+
+    zeros = Zeros()
+    a = zeros((2, 3, 4), torch.float32, torch.device("cpu"))
+    assert a is zeros((2, 3, 4), torch.float32, torch.device("cpu")) and made_here(a)
+    assert not made_here(a.clone()) and not made_here(torch.zeros(2, 3, 4))
+    key = id(a)
+    del zeros, a
+    gc.collect()
+    assert key not in _made

@@ -135,6 +135,32 @@ def test_the_states_kept_float32_can_be_named(device):
         CellRNN("lstm", INPUT, H, float32_states="c")
 
 
+def test_float32_states_change_nothing_in_float32():
+    """A float32 pass keeps every state float32: naming float32 states makes no runner of its own (an
+    inference call and a training step share one)."""
+    rnn = CellRNN("lstm", INPUT, H, 1, seed=9, float32_states=())
+    x = torch.randn(T, B, INPUT)
+    with torch.no_grad():
+        rnn(x)
+    rnn(x)[0].sum().backward()
+    # (cell, T, B, input, hidden, layers, schedule, dtype, device, direction, float32)
+    ours = (rnn._cell_text, T, B, INPUT, H, 1, rnn.schedule, torch.float32)
+    assert len([key for key in ops._runners if key[:8] == ours]) == 1
+
+
+def test_16_bit_calls_run_under_inference_mode(device):
+    """Inference tensors keep no version counter: a state kept float32 is converted without asking one."""
+    rnn = CellRNN("lstm", INPUT, H, 1, seed=8).to(device)
+    x = torch.randn(T, B, INPUT, device=device).bfloat16()
+    with torch.no_grad():
+        want, _ = rnn(x)
+    with torch.inference_mode():
+        got, finals = rnn(x, {"c": torch.zeros(1, B, H, device=device).bfloat16()})
+        again, _ = rnn(x)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    torch.testing.assert_close(again, want, rtol=0, atol=0)
+
+
 def test_what_16_bit_inputs_refuse(device):
     rnn = CellRNN("lstm", INPUT, H, 1, seed=5).to(device).to(torch.bfloat16)
     with pytest.raises(CellError, match="parameter 'l0.W_i' is torch.bfloat16 .* and x is torch.float32"):

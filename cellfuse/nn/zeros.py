@@ -1,0 +1,44 @@
+"""A module's initial states of zeros, made once: in eager mode one tensor per shape, dtype and device,
+kept (the ops only read it, and no one else holds it), so that a call allocates and fills none, and a
+16-bit call converts it only once to a state its plan keeps float32 (cuda_runner, which asks
+`made_here`: any other tensor may change without its version counter telling, as a CUDA graph's replay
+writes its static tensors, and is converted at every call)."""
+
+from __future__ import annotations
+
+import weakref
+from functools import partial
+
+import torch
+
+MAX_ZEROS = 4  # the shapes, dtypes and devices whose initial states of zeros a module keeps
+
+_made: dict[int, weakref.ref] = {}  # id of each kept tensor -> it, while it lives
+
+
+def _forget(key: int, _ref: weakref.ref) -> None:
+    _made.pop(key, None)
+
+
+def made_here(t: torch.Tensor) -> bool:
+    """Whether t is initial states of zeros a module keeps (see the module's docstring)."""
+    ref = _made.get(id(t))
+    return ref is not None and ref() is t
+
+
+class Zeros:
+    """One module's kept initial states of zeros: `zeros(shape, dtype, device)`."""
+
+    def __init__(self):
+        self._kept: dict[tuple, torch.Tensor] = {}
+
+    def __call__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return torch.zeros(shape, dtype=dtype, device=device)
+        key = (shape, dtype, device)
+        if key not in self._kept:
+            if len(self._kept) >= MAX_ZEROS:
+                self._kept.pop(next(iter(self._kept)))
+            t = self._kept[key] = torch.zeros(shape, dtype=dtype, device=device)
+            _made[id(t)] = weakref.ref(t, partial(_forget, id(t)))
+        return self._kept[key]
