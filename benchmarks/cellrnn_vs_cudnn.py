@@ -12,7 +12,9 @@ sides compute in float32), or with --precision bf16 / fp16 in that dtype: x in i
 converted to it (cuDNN in 16 bits), CellRNN's parameters left float32 as under torch.autocast (packed
 into 16-bit weights); the check then allows twice the precision's bound (codegen.precision) relative to
 y's largest magnitude, and the training step, the torch.compile part and the bench's training run are
-left out (CellRNN trains in float32 so far):
+left out (CellRNN trains in float32 so far). --cudnn-precision runs torch's module in another dtype than
+CellRNN (x converted to it outside the clock): fp16 against CellRNN's bf16, cuDNN at its best, since
+torch does not flatten bf16 weights for cuDNN and so compacts them at every call:
 
 - the check, before anything is timed: CellRNN(x)'s y against torch.nn.LSTM / GRU(x)'s y, loaded with the
   CellRNN's weights by the benchmark's own mapping (torch_baselines.CudnnCell): a row whose largest
@@ -162,7 +164,7 @@ def make_pair(kind: str, args: argparse.Namespace, layers: int, device: torch.de
     rnn = CellRNN(kind, args.input, args.hidden, layers, schedule=args.schedule, seed=args.seed).to(device)
     params = {key: rnn.param(key).detach().cpu().numpy() for key in rnn.keys}
     cudnn = CudnnCell(kind, params, layers, args.input, args.hidden, device=str(device),
-                      dtype=DTYPES[args.precision])
+                      dtype=DTYPES[args.cudnn_precision])
     cudnn.module.eval()
     return rnn, cudnn
 
@@ -170,9 +172,10 @@ def make_pair(kind: str, args: argparse.Namespace, layers: int, device: torch.de
 def tolerance(args: argparse.Namespace, y_ref: torch.Tensor) -> float:
     """The largest absolute difference of y that passes: TOLERANCE in float32; in 16 bits twice the
     precision's bound (each side has its own rounding) of y's largest magnitude."""
-    if args.precision == "fp32":
+    if args.precision == args.cudnn_precision == "fp32":
         return TOLERANCE
-    return 2 * forward_tolerance(args.precision) * float(y_ref.detach().float().abs().max())
+    bound = max(forward_tolerance(p) for p in (args.precision, args.cudnn_precision))
+    return 2 * bound * float(y_ref.detach().float().abs().max())
 
 
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -235,12 +238,13 @@ def _case(row: dict, kind: str, seq: int, batch: int, layers: int, args: argpars
     module = cudnn.module
     generator = torch.Generator().manual_seed(args.seed + 1)
     x = torch.randn(seq, batch, args.input, generator=generator).to(device, DTYPES[args.precision])
+    x_cudnn = x.to(DTYPES[args.cudnn_precision])  # (the same x, where cuDNN runs another dtype)
 
     # the check: nothing is timed before it passes
     with torch.no_grad():
         y = rnn(x)[0]
         row["rung"] = rnn.schedules_run[-1]
-        y_ref = module(x)[0]
+        y_ref = module(x_cudnn)[0]
         clock.sync()
     row["max_abs_diff"] = max_abs_diff(y, y_ref)
     row["tolerance"] = args.tolerance = tolerance(args, y_ref)
@@ -251,7 +255,7 @@ def _case(row: dict, kind: str, seq: int, batch: int, layers: int, args: argpars
     row["ok"] = True
 
     with torch.no_grad():
-        forward = {"CellRNN": (lambda: rnn(x), None), "cuDNN": (lambda: module(x), None)}
+        forward = {"CellRNN": (lambda: rnn(x), None), "cuDNN": (lambda: module(x_cudnn), None)}
         row["forward"] = time_in_turns(forward, clock, args.repeats, args.warmup)
     if args.train:
         try:
@@ -266,7 +270,7 @@ def _case(row: dict, kind: str, seq: int, batch: int, layers: int, args: argpars
             row["bench"][mode] = (bench_part(kind, seq, batch, layers, row["rung"], mode == "train", args)
                                   if not out_of_time(args) else dict(SKIPPED))
         if args.graph:
-            row["graph"] = (graph_part(rnn, module, x, y_ref, clock, args) if not out_of_time(args)
+            row["graph"] = (graph_part(rnn, module, x, x_cudnn, y_ref, clock, args) if not out_of_time(args)
                             else dict(SKIPPED))
     else:
         row["bench"] = {mode: {"ok": False, "ms": None, "note": "skipped: the bench needs a GPU"}
@@ -369,14 +373,14 @@ def capture(run: Callable[[], torch.Tensor], warmup: int) -> tuple[torch.cuda.CU
     return graph, y
 
 
-def graph_part(rnn: CellRNN, module: torch.nn.Module, x: torch.Tensor, y_ref: torch.Tensor, clock: Clock,
-               args: argparse.Namespace) -> dict:
+def graph_part(rnn: CellRNN, module: torch.nn.Module, x: torch.Tensor, x_cudnn: torch.Tensor,
+               y_ref: torch.Tensor, clock: Clock, args: argparse.Namespace) -> dict:
     """Each forward pass captured and replayed (cuDNN's first, so that a capture of CellRNN that fails
     cannot take it with it); each replay checked against y_ref, then those that passed timed in turns."""
     out: dict = {}
     graphs = {}
     with torch.no_grad():
-        for name, run in (("cuDNN", lambda: module(x)[0]), ("CellRNN", lambda: rnn(x)[0])):
+        for name, run in (("cuDNN", lambda: module(x_cudnn)[0]), ("CellRNN", lambda: rnn(x)[0])):
             entry: dict = {"ok": False, "error": None, "max_abs_diff": None}
             out[name] = entry
             try:
@@ -500,9 +504,11 @@ def tables(record: dict) -> str:
     rows = sorted(record["rows"], key=lambda r: (r["cell"], r["seq"], r["batch"], r["layers"]))
     settings = record["settings"]
     graph = settings["graph"]
+    cudnn = settings.get("cudnn_precision", settings["precision"])  # (records before the option: the same)
+    theirs = f" (torch's module in {DTYPES[cudnn]})" if cudnn != settings["precision"] else ""
     lines = [f"CellRNN against torch.nn.LSTM / GRU on {record['device']}, "
              f"torch {record['versions']['torch']}, input {settings['input']}, hidden {settings['hidden']}, "
-             f"{DTYPES[settings['precision']]}; medians of {settings['repeats']} runs, ms", "",
+             f"{DTYPES[settings['precision']]}{theirs}; medians of {settings['repeats']} runs, ms", "",
              "Forward (torch.no_grad()):", ""]
     head = ["cell", "T", "B", "layers", "rung", "bench ms", "CellRNN ms", "CellRNN host ms", "cuDNN ms",
             "CellRNN/bench", "speedup vs cuDNN"]
@@ -618,6 +624,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--precision", choices=list(DTYPES), default="fp32",
                    help="x and torch's module in this dtype (16 bits: forward only, CellRNN's parameters "
                         "float32 as under torch.autocast)")
+    p.add_argument("--cudnn-precision", choices=list(DTYPES),
+                   help="torch's module in this dtype instead of --precision's (fp16 beside bf16: cuDNN at "
+                        "its best)")
     p.add_argument("--graph", action="store_true", help="also time the replay of a CUDA graph capture")
     p.add_argument("--no-compile", dest="compile", action="store_false",
                    help="leave out torch.compile of the language model")
@@ -641,6 +650,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         args.compile_case = [min(args.seqs), batch, min(args.layers)]
     if len(args.compile_case) != 3:
         p.error("--compile-case: expected T,B,LAYERS")
+    args.cudnn_precision = args.cudnn_precision or args.precision
+    if args.cudnn_precision != args.precision:  # the training steps compare one dtype's gradients
+        args.train = False
     if args.precision != "fp32":  # CellRNN trains in float32 so far: a 16-bit run times the forward pass
         args.train, args.compile = False, False
         args.bench = [mode for mode in args.bench if mode == "forward"]

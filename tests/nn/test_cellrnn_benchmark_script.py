@@ -115,3 +115,20 @@ def test_in_bf16_the_forward_pass_is_checked_within_the_precisions_bound_then_ti
         assert row["tolerance"] <= 2 * forward_tolerance("bf16") * 1.0  # y of an LSTM/GRU is within [-1, 1]
         timed(row["forward"], "CellRNN"), timed(row["forward"], "cuDNN")
     assert "torch.bfloat16; medians of 2 runs" in stdout and "Training step" not in stdout
+
+
+def test_cuDNN_may_run_another_precision_than_cellrnn(script, tmp_path, capsys):
+    """--precision bf16 --cudnn-precision fp16 (cuDNN at its best beside CellRNN's bf16): x converted for
+    torch's module, the check within twice the coarser bound, the table saying which dtype torch ran."""
+    from cellfuse.codegen.precision import forward_tolerance
+
+    out = tmp_path / "record.json"
+    code = script.main([*TINY, "--precision", "bf16", "--cudnn-precision", "fp16", "--out", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    record = json.loads(out.read_text())
+    assert record["settings"]["cudnn_precision"] == "fp16"
+    for row in record["rows"]:
+        assert row["ok"] and 1e-5 < row["max_abs_diff"] <= row["tolerance"] <= 2 * forward_tolerance("bf16")
+        timed(row["forward"], "cuDNN")
+    assert "torch.bfloat16 (torch's module in torch.float16); medians of 2 runs" in stdout
