@@ -35,7 +35,7 @@ from ..graph_model.limits import MAX_LAYERS, MAX_WIDTH
 from ..graph_model.params import REVERSE, check_names, check_widths
 from ..graph_model.validate import check_count
 from . import ops, stacks
-from .runners import DTYPES, FORWARD, direction_of, dtype_names, precision_of, runs_with
+from .runners import DTYPES, FORWARD, direction_of, dtype_names, param_dtypes, precision_of
 from .zeros import Zeros
 
 MAX_SEEN = 4  # the sizes, dtypes and devices whose rungs `schedules_run` reports
@@ -332,9 +332,12 @@ class CellRNN(torch.nn.Module):
             raise CellError(f"x is on {device}; CellRNN runs on the CPU or a CUDA device")
         if dtype not in DTYPES[device.type]:
             raise CellError(f"x has dtype {dtype}; on {device.type} CellRNN runs {dtype_names(device.type)}")
+        # (by is_cuda, is_cpu and the device's index: a tensor's device is an object made at every ask)
+        cuda, index, dtypes = x.is_cuda, x.get_device(), param_dtypes(dtype)
         for key, (owner, name) in self._where.items():
             p = owner._parameters[name]
-            if p.device != device or not runs_with(p.dtype, dtype):
+            elsewhere = (not p.is_cuda or p.get_device() != index) if cuda else not p.is_cpu
+            if elsewhere or p.dtype not in dtypes:
                 raise CellError(f"parameter '{key}' is {p.dtype} on {p.device}, and x is {dtype} on "
                                 f"{device}: move the module to x's device and dtype (module.to(x))")
         T, B = x.shape[0], x.shape[1]

@@ -63,10 +63,10 @@ def precision_of(dtype: torch.dtype) -> str:
     return PRECISIONS.get(dtype, "fp32")
 
 
-def runs_with(param: torch.dtype, x: torch.dtype) -> bool:
-    """Whether parameters of dtype `param` run with inputs of dtype `x`: of the same dtype, or float32
-    ones with 16-bit inputs (as under torch.autocast: they are packed into 16-bit weights)."""
-    return param == x or (param == torch.float32 and x in PRECISIONS)
+def param_dtypes(x: torch.dtype) -> tuple[torch.dtype, ...]:
+    """The dtypes of parameters that run with inputs of dtype `x`: x's, and float32 with 16-bit inputs (as
+    under torch.autocast: they are packed into 16-bit weights)."""
+    return (x, torch.float32) if x in PRECISIONS else (x,)
 
 
 @dataclass(frozen=True)

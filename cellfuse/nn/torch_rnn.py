@@ -24,7 +24,7 @@ from ..gpu_runtime.auto_schedule import AUTO
 from ..graph_model import Cell, CellError, init_params
 from ..graph_model.builder import CellBuilder, sigmoid, tanh
 from . import ops, stacks
-from .runners import DTYPES, dtype_names, runs_with
+from .runners import DTYPES, dtype_names, param_dtypes
 from .zeros import Zeros
 
 # torch's gates in the order of its rows: the cell's input and recurrent matrices and its input and
@@ -183,7 +183,7 @@ class _TorchRNN(torch.nn.Module):
             raise CellError(f"input is {x.dtype} on {x.device}; on {x.device.type} this module runs "
                             f"{dtype_names(x.device.type) if x.device.type in DTYPES else 'nothing'}")
         p = self.weight_ih_l0
-        if p.device != x.device or not runs_with(p.dtype, x.dtype):
+        if p.device != x.device or p.dtype not in param_dtypes(x.dtype):
             raise CellError(f"the parameters are {p.dtype} on {p.device}, and input is {x.dtype} on "
                             f"{x.device}: move the module to the input's device and dtype")
         return x
