@@ -3,9 +3,11 @@
 fake-tensor implementations that give their outputs' shapes) and autograd joins them through
 `register_autograd`.
 
-An op names its cell by the cell's text (the .cell.json format, on one line) and its sizes and schedule
-by value, so an exported program holds everything it needs; the runner of each (cell, sizes, schedule,
-dtype, device) is made at its first call and kept (the last MAX_RUNNERS of them) for the process.
+An op names its cell by the cell's text (the .cell.json format, on one line), and its sizes, schedule and
+the states a 16-bit plan keeps in float32 (float32_text) by value, so an exported program holds everything
+it needs; the runner of each (cell, sizes, schedule, dtype, device, float32 states) is made at its first
+call and kept (the last MAX_RUNNERS of them) for the process. Under `auto` the rung is the one measured
+fastest as a module calls it (auto_choice).
 
 In eager mode `run` calls the same runner without the dispatcher (see _Eager), or, where nothing is saved
 for a backward pass, with no autograd at all.
