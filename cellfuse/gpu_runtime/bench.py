@@ -80,8 +80,8 @@ TRAIN_NOTES = {
 }
 TRAIN_BASELINES = tuple(TRAIN_NOTES)  # the baselines that have a backward pass
 # The baselines that run in a 16-bit precision, as PyTorch's mixed precision runs them (the note's {} is
-# the torch type): cuDNN's RNN with its module and inputs in that type, PyTorch's own programs under
-# autocast. The others run in float32 only so far.
+# the torch type): cuDNN's RNN with its module and inputs in fp16 (in bf16 torch would copy its weights at
+# every call), PyTorch's own programs under autocast. The others run in float32 only so far.
 AUTOCAST = ("pytorch eager", "pytorch graph", *COMPILE_MODES)
 SIXTEEN_BIT_NOTES = {"cudnn": "its module and inputs in {}",
                      **dict.fromkeys(AUTOCAST, "under torch.autocast to {}, its weights float32")}
@@ -796,11 +796,17 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     sizes, precision = p.sizes, p.config.precision
     dtype = getattr(torch, PRECISIONS[precision].name)
+    if name == "cudnn" and precision == "bf16":
+        # cuDNN's 16-bit RNN at its best: torch flattens no bfloat16 weights for cuDNN, so that its module in
+        # bf16 copies them into one piece at every call
+        dtype = torch.float16
     if precision != "fp32":
         _add_note(row, SIXTEEN_BIT_NOTES[name].format(dtype))
+        if dtype == torch.float16 and precision == "bf16":
+            _add_note(row, "fp16 beside bf16: torch flattens no bfloat16 weights for cuDNN")
     xt = torch.from_numpy(p.x).cuda()
     init = [torch.from_numpy(p.initial[s]).cuda() for s in p.cell.updates]
-    if name == "cudnn":  # cuDNN in the precision's type (float32 itself in fp32)
+    if name == "cudnn":  # cuDNN in a 16-bit type in a 16-bit precision (float32 itself in fp32)
         xt, init = xt.to(dtype), [s.to(dtype) for s in init]
     t0 = time.perf_counter()
     try:
