@@ -796,14 +796,15 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
     torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction = False
     sizes, precision = p.sizes, p.config.precision
     dtype = getattr(torch, PRECISIONS[precision].name)
-    if name == "cudnn" and precision == "bf16":
-        # cuDNN's 16-bit RNN at its best: torch flattens no bfloat16 weights for cuDNN, so that its module in
-        # bf16 copies them into one piece at every call
+    # cuDNN's 16-bit RNN at its best: torch flattens no bfloat16 weights for cuDNN, so that its module in
+    # bf16 copies them into one piece at every call
+    fp16_beside_bf16 = name == "cudnn" and precision == "bf16"
+    if fp16_beside_bf16:
         dtype = torch.float16
     if precision != "fp32":
         _add_note(row, SIXTEEN_BIT_NOTES[name].format(dtype))
-        if dtype == torch.float16 and precision == "bf16":
-            _add_note(row, "fp16 beside bf16: torch flattens no bfloat16 weights for cuDNN")
+    if fp16_beside_bf16:
+        _add_note(row, "fp16 beside bf16: torch flattens no bfloat16 weights for cuDNN")
     xt = torch.from_numpy(p.x).cuda()
     init = [torch.from_numpy(p.initial[s]).cuda() for s in p.cell.updates]
     if name == "cudnn":  # cuDNN in a 16-bit type in a 16-bit precision (float32 itself in fp32)
