@@ -114,6 +114,7 @@ class _Export:
         # of the others last.
         caller = ("weight", "input", "init", "final")
         self.converted = [b for b in plan.buffers.values() if b.role in caller and b.dtype != FLOAT32]
+        self.converted_names = {b.name for b in self.converted}
         self.forward_ws = [b for b in plan.buffers.values() if b.role not in caller] + self.converted
         # the gradients, after the forward pass's buffers, which a backward pass reads
         self.ws_buffers = self.forward_ws + (list(backward.buffers.values()) if backward else [])
@@ -271,7 +272,7 @@ class _Export:
               "unsigned char* ws = (unsigned char*)workspace;",
               "cublasStatus_t st = cublasSetStream(handle, stream);",
               "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
-            converted = {b.name for b in self.converted}
+            converted = self.converted_names
             if "x" not in converted:
                 w("const float* b_x = x;")
             self._weights()
@@ -516,7 +517,7 @@ class _Export:
     def _weights(self) -> None:
         """The weights the kernels read where the caller keeps them (not the converted copies)."""
         for b in self.plan.buffers.values():
-            if b.role == "weight" and b not in self.converted:
+            if b.role == "weight" and b.name not in self.converted_names:
                 self.w(f"const float* {_var(b.name)} = params[{self.param_index[b.sources[0]]}];  "
                        f"/* {comment_text(b.sources[0])} */")
 
@@ -645,11 +646,11 @@ class _Export:
                  f"{ldw}, {_ptr(g.a, t)}, {g.a.ld}, {beta}, {_ptr(g.c, t)}, {g.c.ld});  "
                  f"/* {comment_text(g.group)} */")
         if g.multiply != FLOAT32:  # a 16-bit plan's GEMM: in its operands' types (see gemm_ex_types)
-            (w_type, a_type, c_type), compute = gemm_ex_types(g, self.plan.buffers[g.w].dtype)
-            names = {t.cuda: t.cuda_c for t in (FLOAT32, self.plan.buffers[g.w].dtype, g.a.dtype, g.c.dtype)}
+            w_dtype = self.plan.buffers[g.w].dtype
+            _, compute = gemm_ex_types(g, w_dtype)
             w(f"st = cublasGemmEx(handle, {op_w}, {op_a}, {g.n}, {rows}, {k}, &one, {_var(g.w)}, "
-              f"{names[w_type]}, {ldw}, {_ptr(g.a, t)}, {names[a_type]}, {g.a.ld}, {beta}, {_ptr(g.c, t)}, "
-              f"{names[c_type]}, {g.c.ld}, {COMPUTE_C[compute]}, CUBLAS_GEMM_DEFAULT);  "
+              f"{w_dtype.cuda_c}, {ldw}, {_ptr(g.a, t)}, {g.a.dtype.cuda_c}, {g.a.ld}, {beta}, "
+              f"{_ptr(g.c, t)}, {g.c.dtype.cuda_c}, {g.c.ld}, {COMPUTE_C[compute]}, CUBLAS_GEMM_DEFAULT);  "
               f"/* {comment_text(g.group)} */")
         elif not may_run_on_tensor_cores(g):
             w(sgemm)

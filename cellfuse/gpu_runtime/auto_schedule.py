@@ -173,4 +173,3 @@ def choose_schedule(cell: Cell, sizes: Sizes, backend: str, measure: Measure = b
     measured = ", ".join(f"{name} {ms:.3f} ms" for name, ms in sorted(times.items(), key=lambda t: t[1]))
     return Choice(best, f"auto: '{best}'{_way(bidirectional, beside)}, measured fastest for these sizes on "
                         f"this GPU ({measured})", beside)
-

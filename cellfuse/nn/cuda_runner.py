@@ -33,11 +33,10 @@ from ..graph_model import CellError
 from .packed_for import PackedFor, owner
 from .runners import TORCH_DTYPES, Plans, Runner
 from .tensor_layout import WEIGHT_ROLES, TensorLayout
-from .zeros import made_here
+from .zeros import Zeros, made_here
 
 ALIGNMENT = 256  # bytes: where each buffer starts in a piece of memory (cuBLAS's fastest kernels want it)
 MAX_PACKINGS = 8  # modules whose packed weights a runner keeps at once
-MAX_CONVERTED = 8  # modules' zeros a runner keeps converted to the types its plan stores them in
 
 
 def _aligned(nbytes: int) -> int:
@@ -170,8 +169,7 @@ class CudaRunner(Runner):
         self._state_dtypes = [TORCH_DTYPES[plan.buffers[f"init.{s}"].dtype.name] for s in plan.state_ids]
         self._one_type = all(dtype == self._y_dtype for dtype in self._state_dtypes)
         self._inference_layout()
-        # modules' zeros converted to the plan's types, by id: (the tensor, by weak reference; its conversion)
-        self._converted: dict[int, tuple[weakref.ref, torch.Tensor]] = {}
+        self._zeros = Zeros()  # modules' initial zeros in the types the plan stores them in
 
     # -- programs -------------------------------------------------------------------------------------
     def _program(self, which: str):
@@ -286,18 +284,14 @@ class CudaRunner(Runner):
 
     def _state_in(self, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """An initial state in the type its plan stores it in (a 16-bit plan keeps some float32): converted
-        at every call where it is not, but a module's kept zeros (zeros.made_here) once; under a CUDA graph
-        capture always, whose replay converts the tensor as it is then."""
+        at every call where it is not, but for a module's kept zeros (zeros.made_here, which no one
+        writes) the runner's own kept zeros of that type (not made under a CUDA graph capture, whose zeros
+        would be written only by a replay)."""
         if s.dtype == dtype:
             return _in_place(s)
-        if not made_here(s) or torch.cuda.is_current_stream_capturing():
-            return s.to(dtype, memory_format=torch.contiguous_format)
-        kept = self._converted.get(id(s))
-        if kept is None or kept[0]() is not s:
-            kept = self._converted[id(s)] = (weakref.ref(s), s.to(dtype))
-            if len(self._converted) > MAX_CONVERTED:
-                del self._converted[next(iter(self._converted))]
-        return kept[1]
+        if made_here(s) and not torch.cuda.is_current_stream_capturing():
+            return self._zeros(tuple(s.shape), dtype, s.device)
+        return s.to(dtype, memory_format=torch.contiguous_format)
 
     def forward(self, x, states, params, save, shared=False):
         x = _in_place(x)

@@ -19,7 +19,7 @@ def runner(y_dtype: torch.dtype, states: int) -> CudaRunner:
     made = object.__new__(CudaRunner)
     made._sizes, made._y_dtype, made._state_dtypes = (T, B, H, L), y_dtype, [y_dtype] * states
     made.infer_memory = SimpleNamespace(reserve_bytes=1000)
-    made._converted = {}
+    made._zeros = Zeros()
     made._inference_layout()
     return made
 
