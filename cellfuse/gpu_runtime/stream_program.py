@@ -336,6 +336,10 @@ class StreamProgram:
         self.calls, self._image_calls = calls.calls, calls.image_calls
         self._module_key = int(self.res.module.handle)
         self._handover = driver.new_event()  # marks the other stream's work that a run waits for
+        # whether the host puts launches on the stream at every step (a loop over the steps): such a run
+        # is worth capturing once and replaying (see `capture`)
+        self.per_step = any(isinstance(i, Loop) for i in instructions)
+        self.ran = False  # whether a run was put on a stream yet
 
     @property
     def names(self) -> list[str]:
@@ -357,12 +361,47 @@ class StreamProgram:
     def run(self, bases: Sequence[int], stream: int) -> None:
         """Puts the whole program on `stream` (a raw CUstream handle) over a run's bases (see `bind`), its
         side streams forked from it and joined back to it by the program's events."""
+        self.order(stream)
+        self.calls.run(bases, stream)
+        self.ran = True
+
+    def order(self, stream: int) -> None:
+        """What is put on `stream` from now on made to follow every run put on another stream before (see
+        `_after`). `run` and `replay` do it themselves; a caller that writes a captured run's memory
+        before its replay does it first."""
         last = _last_stream.get(self._module_key)
         if last != stream and not self._capturing(stream):
             if last is not None and not self._capturing(last):
                 self._after(last, stream)
             _last_stream[self._module_key] = stream
-        self.calls.run(bases, stream)
+
+    def capture(self, bases: Sequence[int]):
+        """A run over these bases captured into a CUDA graph, instantiated, for `replay` (and `release`).
+        The memory at the bases is the graph's from then on: every replay reads and writes it there. A
+        program must have run once before (cuBLAS takes what it needs at its first GEMM on a stream)."""
+        cu, doing = self.res.cu, f"capturing a run of {self.what}"
+        stream = driver.new_stream()
+        try:
+            check(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+                  doing)
+            try:
+                self.calls.run(bases, int(stream))
+            finally:
+                graph = check(cu.cuStreamEndCapture(stream), doing)
+            try:
+                return check(cu.cuGraphInstantiate(graph, 0), doing)
+            finally:
+                check(cu.cuGraphDestroy(graph), doing)  # the instantiated graph keeps what it needs
+        finally:
+            check(cu.cuStreamDestroy(stream), doing)
+
+    def replay(self, graph, stream: int) -> None:
+        """A captured run put on `stream` (ordered as `run` orders runs), in one call."""
+        self.order(stream)
+        check(self.res.cu.cuGraphLaunch(graph, driver.as_stream(stream)), f"replaying {self.what}")
+
+    def release(self, graph) -> None:
+        check(self.res.cu.cuGraphExecDestroy(graph), f"releasing a captured run of {self.what}")
 
     def _capturing(self, stream: int) -> bool:
         cu = self.res.cu

@@ -5,6 +5,8 @@ as the plan's output sequence has it) and each final state are tensors of their 
 forward run writes is one uint8 tensor, the `reserve`, which a training forward returns for autograd to
 keep until the backward pass, and an inference forward drops when it returns (the allocator reuses it
 once the stream has passed the run). The kernels read x and the initial states where they are. The
+exception is an inference call of a program that launches at every step (the rungs up to `graph`): it
+replays a CUDA graph of the program over memory the runner keeps (see _Replay). The
 parameters are packed into the weight buffers the kernels read (stacked along N where GEMMs share an
 operand) only when they change: their version counters and addresses tell, so a forward pass of unchanged
 weights copies nothing; under a CUDA graph capture they are always packed, so that a replay reads the
@@ -127,8 +129,10 @@ class CudaRunner(Runner):
         self.device, self.lane = device, lane
         self.index = device.index if device.index is not None else torch.cuda.current_device()
         self._programs: dict[str, object] = {}
-        # their cuBLAS handles, streams and events go when the runner does (dropped from the process's cache)
-        weakref.finalize(self, _close, self._programs).atexit = False
+        self._replays: dict[str, _Replay] = {}  # the forward program's captured run, where it has one
+        # their graphs, cuBLAS handles, streams and events go when the runner does (dropped from the
+        # process's cache)
+        weakref.finalize(self, _close, self._programs, self._replays).atexit = False
         self.memory = Memory(plans.train, plans.backward)
         self.infer_memory = Memory(plans.forward, None)
         # the weight buffers of both forward plans (the same where their rungs are), packed side by side
@@ -194,6 +198,8 @@ class CudaRunner(Runner):
                 self._images.update(program.images)
                 self._packings.clear()  # room for the images: packed again
                 self._place_images()
+                for replay in self._replays.values():  # (their graphs read the packings as they were)
+                    replay.close()
             for name, p in self._programs.items():
                 p.bind(self._binder(name, p), self.STATES + 2 * len(self.plans.train.state_ids))
         return self._programs[which]
@@ -294,13 +300,19 @@ class CudaRunner(Runner):
         return s.to(dtype, memory_format=torch.contiguous_format)
 
     def forward(self, x, states, params, save, shared=False):
-        x = _in_place(x)
-        states = [self._state_in(s, dtype) for s, dtype in zip(states, self._state_dtypes, strict=True)]
         which = "train" if save else "forward"
         program = self._program(which)
-        memory = self.memory if save else self.infer_memory
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         packed = self._weights(params, stream)
+        if not save and program.per_step and program.ran and not torch.cuda.is_current_stream_capturing():
+            # (captured from the second run on: the first made cuBLAS ready on its stream)
+            if which not in self._replays:
+                self._replays[which] = _Replay(self, program, x)
+            y, finals = self._replays[which].run(x, states, packed, stream)
+            return y, finals, self._empty
+        x = _in_place(x)
+        states = [self._state_in(s, dtype) for s, dtype in zip(states, self._state_dtypes, strict=True)]
+        memory = self.memory if save else self.infer_memory
         T, B, H, L = self._sizes
         if shared and not save and self._one_type:  # one allocation, in the time of a call that returns
             block = torch.empty(self._block_elements, dtype=self._y_dtype, device=x.device)  # (microseconds)
@@ -374,7 +386,62 @@ class CudaRunner(Runner):
 
 
 
-def _close(programs: dict) -> None:
+class _Replay:
+    """A forward program that launches at every step (the rungs up to `graph`), captured into a CUDA graph
+    over memory of its own and replayed at every inference call: one call puts the whole pass on the
+    stream, where the launch list would put hundreds from the host. A call copies x and the initial
+    states into that memory and y and the final states out of it, into tensors of their own (in x's
+    type). The memory is one call's, kept for as long as the runner, and shared by every module the
+    runner serves (calls are ordered on the streams: see StreamProgram.order); a graph is captured per
+    address of packed weights (a module's; the last MAX_PACKINGS kept: packed weights found again at the
+    same address are laid out the same, whichever module's they are)."""
+
+    def __init__(self, runner: CudaRunner, program, x: torch.Tensor):
+        T, B, H, L = runner._sizes
+        device, self.program = x.device, program
+        with torch.inference_mode(False):  # written at every call, in inference mode or not
+            self.x = torch.empty(x.shape, dtype=x.dtype, device=device)
+            dtypes = runner._state_dtypes
+            self.states = [torch.empty((L, B, H), dtype=dtype, device=device) for dtype in dtypes]
+            whole = torch.empty((T + 1, B, H), dtype=runner._y_dtype, device=device)
+            self.finals = [torch.empty((L, B, H), dtype=dtype, device=device) for dtype in dtypes]
+            scratch = torch.empty(runner.infer_memory.reserve_bytes, dtype=torch.uint8, device=device)
+        self.y, self._whole, self._scratch = whole[1:], whole, scratch
+        self.graphs: OrderedDict[int, object] = OrderedDict()  # packed weights' address -> graph
+
+    def run(self, x: torch.Tensor, states: Sequence[torch.Tensor], packed: int, stream: int
+            ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        graph = self._graph(packed)
+        self.program.order(stream)  # before the memory is written: a replay on another stream may read it
+        self.x.copy_(x)
+        for mine, s in zip(self.states, states, strict=True):
+            mine.copy_(s)
+        self.program.replay(graph, stream)
+        dtype = x.dtype
+        return self.y.to(dtype, copy=True), [f.to(dtype, copy=True) for f in self.finals]
+
+    def _graph(self, packed: int):
+        graph = self.graphs.get(packed)
+        if graph is not None:
+            self.graphs.move_to_end(packed)
+            return graph
+        while len(self.graphs) >= MAX_PACKINGS:
+            self.program.release(self.graphs.popitem(last=False)[1])
+        bases = [self._scratch.data_ptr(), packed, self.x.data_ptr(), self._whole.data_ptr(), 0,
+                 *(s.data_ptr() for s in self.states), *(f.data_ptr() for f in self.finals)]
+        graph = self.graphs[packed] = self.program.capture(bases)
+        return graph
+
+    def close(self) -> None:
+        for graph in self.graphs.values():
+            self.program.release(graph)
+        self.graphs.clear()
+
+
+def _close(programs: dict, replays: dict) -> None:
+    for replay in replays.values():  # (before the programs whose kernels their graphs launch)
+        replay.close()
+    replays.clear()
     for program in programs.values():
         program.close()
     programs.clear()

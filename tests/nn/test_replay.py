@@ -1,0 +1,95 @@
+"""A CellRNN's inference calls of a rung that launches at every step replay a CUDA graph of the pass (see
+cuda_runner._Replay): the same results as the launches, on new inputs, new initial states and changed
+parameters, for every module of the sizes, in memory that does not grow."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cellfuse.nn import CellRNN, ops
+
+pytestmark = pytest.mark.gpu
+
+T, INPUT, H = 30, 32, 48  # each test its own batch size: runners, and their graphs, are the process's
+
+
+def _lstm(cuda, seed=3, **options):
+    return CellRNN("lstm", INPUT, H, 2, schedule="graph", seed=seed, **options).to(cuda)
+
+
+def _trained_forward(rnn, x, states=None):
+    """The training program's forward pass (launched, not replayed) of the same rung."""
+    y, finals = rnn(x.clone().requires_grad_(), states)
+    return y.detach(), {k: v.detach() for k, v in finals.items()}
+
+
+def _graphs(rnn, x) -> int:
+    """The graphs the runner of the module's calls on x captured."""
+    runner = ops.runner(rnn._cell_text, x, H, 2, "graph", float32=rnn._float32)
+    return len(runner._replays["forward"].graphs)
+
+
+def test_inference_calls_replay_one_graph_and_match_the_launches(cuda):
+    rnn = _lstm(cuda)
+    xs = [torch.randn(T, 4, INPUT, device=cuda) for _ in range(3)]
+    states = {s: torch.randn(2, 4, H, device=cuda) for s in rnn.state_ids}
+    with torch.no_grad():
+        first, first_finals = rnn(xs[0])  # launched: the program's first run
+        kept = first.clone()
+        got = [rnn(x, states if i == 1 else None) for i, x in enumerate(xs)]  # replayed
+    assert _graphs(rnn, xs[0]) == 1
+    torch.testing.assert_close(got[0][0], first, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(first, kept, rtol=0, atol=0)  # later calls wrote their own tensors
+    for i, x in enumerate(xs):
+        y, finals = _trained_forward(rnn, x, states if i == 1 else None)
+        torch.testing.assert_close(got[i][0], y, rtol=1e-5, atol=1e-5)
+        for s in rnn.state_ids:
+            torch.testing.assert_close(got[i][1][s], finals[s], rtol=1e-5, atol=1e-5)
+    assert (got[1][0] - got[0][0]).abs().max() > 1e-3
+
+
+def test_changed_parameters_and_other_modules_are_seen(cuda):
+    rnn, other = _lstm(cuda, seed=3), _lstm(cuda, seed=4)
+    x = torch.randn(T, 5, INPUT, device=cuda)
+    with torch.no_grad():
+        rnn(x), rnn(x), other(x)
+        before, theirs = rnn(x)[0], other(x)[0]
+        rnn.param("l0.W_i").mul_(0.5)  # in place: the same packed weights, written again
+        after = rnn(x)[0]
+    assert _graphs(rnn, x) == 2  # one per module's packed weights
+    torch.testing.assert_close(after, _trained_forward(rnn, x)[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(theirs, _trained_forward(other, x)[0], rtol=1e-5, atol=1e-5)
+    assert (after - before).abs().max() > 1e-4
+
+
+def test_replays_under_inference_mode_hold_no_more_memory(cuda):
+    rnn = _lstm(cuda)
+    x = torch.randn(T, 6, INPUT, device=cuda)
+    with torch.inference_mode():
+        want = rnn(x)[0]
+        rnn(x)
+    torch.cuda.synchronize(cuda)
+    held = torch.cuda.memory_allocated(cuda)
+    with torch.inference_mode():
+        got = [rnn(x)[0] for _ in range(10)]
+    del got
+    torch.cuda.synchronize(cuda)
+    assert torch.cuda.memory_allocated(cuda) <= held
+    with torch.no_grad():  # the memory made under inference_mode is written outside it too
+        torch.testing.assert_close(rnn(x)[0], want, rtol=1e-6, atol=1e-6)
+
+
+def test_a_16_bit_pass_with_states_of_two_types_replays(cuda):
+    """bf16 y and h, float32 c: x's type out, c converted on its way in and out."""
+    rnn = _lstm(cuda)
+    x = torch.randn(T, 7, INPUT, device=cuda).bfloat16()
+    states = {s: torch.randn(2, 7, H, device=cuda).bfloat16() for s in rnn.state_ids}
+    with torch.no_grad():
+        want, want_finals = rnn(x, states)
+        got, finals = rnn(x, states)
+    assert got.dtype == torch.bfloat16 and finals["c"].dtype == torch.bfloat16
+    assert _graphs(rnn, x) == 1
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for s in rnn.state_ids:
+        torch.testing.assert_close(finals[s], want_finals[s], rtol=0, atol=0)
