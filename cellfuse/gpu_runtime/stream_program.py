@@ -43,7 +43,7 @@ from . import driver
 from .driver import check
 from .event_timing import median_ms
 from .kernel_cache import cubin
-from .launch_list import COOPERATIVE, EARLY, KERNEL, LaunchList
+from .launch_list import CHECK_LAUNCHES, COOPERATIVE, EARLY, KERNEL, LaunchList
 from .wgmma_gemms import Operands, usable
 
 _R_32F, _COMPUTE_32F_FAST_TF32 = 0, 77  # cudaDataType, cublasComputeType_t
@@ -336,9 +336,10 @@ class StreamProgram:
         self.calls, self._image_calls = calls.calls, calls.image_calls
         self._module_key = int(self.res.module.handle)
         self._handover = driver.new_event()  # marks the other stream's work that a run waits for
-        # whether the host puts launches on the stream at every step (a loop over the steps): such a run
-        # is worth capturing once and replaying (see `capture`)
-        self.per_step = any(isinstance(i, Loop) for i in instructions)
+        # whether capturing a run once and replaying it (see `capture`) pays: where the host puts launches
+        # on the stream at every step (a loop over the steps), but not where each launch is checked (a
+        # replay's fault would name no launch)
+        self.capture_pays = any(isinstance(i, Loop) for i in instructions) and not CHECK_LAUNCHES
         self.ran = False  # whether a run was put on a stream yet
 
     @property

@@ -304,7 +304,7 @@ class CudaRunner(Runner):
         program = self._program(which)
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         packed = self._weights(params, stream)
-        if not save and program.per_step and program.ran and not torch.cuda.is_current_stream_capturing():
+        if not save and program.capture_pays and program.ran and not torch.cuda.is_current_stream_capturing():
             # (captured from the second run on: the first made cuBLAS ready on its stream)
             if which not in self._replays:
                 self._replays[which] = _Replay(self, program, x)

@@ -1,0 +1,75 @@
+"""The same rung through `cellfuse bench` and through CellRNN's inference calls, each under torch's
+profiler: the kernels each put on the GPU, with their counts and mean times, to tell where a module's
+pass spends the time its benchmark does not.
+
+    python3 benchmarks/probes/module_vs_bench_kernels.py [--batch 64] [--layers 4] [--precision bf16]
+        [--schedule wavefront]
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from cellfuse.gpu_runtime.bench import BenchConfig, run_benchmark
+from cellfuse.graph_model import Sizes, load_template
+from cellfuse.nn import CellRNN
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def kernels(prof, title: str, calls: int) -> None:
+    """Per kernel: launches, mean and total device microseconds per call of the pass."""
+    rows = [e for e in prof.key_averages() if e.device_type == torch.autograd.DeviceType.CUDA
+            and e.self_device_time_total > 0]
+    rows.sort(key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in rows) / calls
+    print(f"\n{title}: {total:.1f} us of kernels per pass")
+    for e in rows[:15]:
+        print(f"  {e.count / calls:8.1f} x {e.self_device_time_total / max(e.count, 1):8.2f} us "
+              f"= {e.self_device_time_total / calls:9.1f} us  {e.key[:90]}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--seq", type=int, default=100)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--precision", choices=sorted(DTYPES), default="bf16")
+    p.add_argument("--schedule", default="wavefront")
+    p.add_argument("--calls", type=int, default=5)
+    args = p.parse_args()
+    sizes = Sizes(args.seq, args.batch, 512, 512, args.layers)
+    config = BenchConfig(sizes, backend="cuda", schedules=[args.schedule], baselines=[], repeats=args.calls,
+                         warmup=1, seed=0, precision=args.precision)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        result = run_benchmark(load_template("lstm"), config)
+        torch.cuda.synchronize()
+    row = result.row(args.schedule)
+    print(f"bench {args.schedule}: {row.median_ms:.3f} ms (ok {row.ok}); the profile holds its checks too")
+    kernels(prof, "bench (checks, warm-up and timed runs)", args.calls + 3)
+
+    rnn = CellRNN("lstm", 512, 512, args.layers, schedule=args.schedule, seed=1).cuda()
+    x = torch.randn(args.seq, args.batch, 512, device="cuda").to(DTYPES[args.precision])
+    with torch.no_grad():
+        for _ in range(3):
+            rnn(x)
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(args.calls):
+            rnn(x)
+        end.record()
+        end.synchronize()
+        ms = start.elapsed_time(end) / args.calls
+        print(f"\nCellRNN {args.schedule}: {ms:.3f} ms a call, back to back")
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            for _ in range(args.calls):
+                rnn(x)
+            torch.cuda.synchronize()
+    kernels(prof, "CellRNN", args.calls)
+
+
+if __name__ == "__main__":
+    main()
