@@ -3,7 +3,7 @@ profiler: the kernels each put on the GPU, with their counts and mean times, to 
 pass spends the time its benchmark does not.
 
     python3 benchmarks/probes/module_vs_bench_kernels.py [--batch 64] [--layers 4] [--precision bf16]
-        [--schedule wavefront]
+        [--schedule wavefront] [--workspace-mib 32]
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from cellfuse.gpu_runtime.bench import BenchConfig, run_benchmark
 from cellfuse.graph_model import Sizes, load_template
-from cellfuse.nn import CellRNN
+from cellfuse.nn import CellRNN, ops
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -39,6 +39,8 @@ def main() -> None:
     p.add_argument("--precision", choices=sorted(DTYPES), default="bf16")
     p.add_argument("--schedule", default="wavefront")
     p.add_argument("--calls", type=int, default=5)
+    p.add_argument("--workspace-mib", type=int, default=0,
+                   help="then again with this much cuBLAS workspace per handle (the benchmark's is 32)")
     args = p.parse_args()
     sizes = Sizes(args.seq, args.batch, 512, 512, args.layers)
     config = BenchConfig(sizes, backend="cuda", schedules=[args.schedule], baselines=[], repeats=args.calls,
@@ -69,6 +71,44 @@ def main() -> None:
                 rnn(x)
             torch.cuda.synchronize()
     kernels(prof, "CellRNN", args.calls)
+    if args.workspace_mib:
+        with torch.no_grad():
+            given_workspace(rnn, x, args.workspace_mib)
+            for _ in range(3):
+                rnn(x)
+            torch.cuda.synchronize()
+            start.record()
+            for _ in range(args.calls):
+                rnn(x)
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end) / args.calls
+            print(f"\nCellRNN {args.schedule}, each cuBLAS handle given {args.workspace_mib} MiB of "
+                  f"workspace as the benchmark's executor gives it: {ms:.3f} ms a call, back to back")
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                for _ in range(args.calls):
+                    rnn(x)
+                torch.cuda.synchronize()
+        kernels(prof, "CellRNN with the workspace", args.calls)
+
+
+def given_workspace(rnn: CellRNN, x: torch.Tensor, mib: int) -> None:
+    """Every cuBLAS handle of the module's inference program given a workspace of its own, and its
+    captured runs captured again (the handles keep it while their streams do not change: a probe's
+    setting, not the library's)."""
+    from nvmath.bindings import cublas
+
+    runner = ops.runner(rnn._cell_text, x, rnn.hidden_size, rnn.num_layers, rnn.schedule)
+    program = runner._programs["forward"]
+    keep = []
+    for handle in program.res.handles:
+        memory = torch.empty(mib * 2**20, dtype=torch.uint8, device=x.device)
+        cublas.set_workspace(handle, memory.data_ptr(), memory.numel())
+        keep.append(memory)
+    given_workspace.kept = keep  # (alive for as long as the handles use them)
+    replay = runner._replays.get("forward")
+    if replay is not None:
+        replay.close()
 
 
 if __name__ == "__main__":

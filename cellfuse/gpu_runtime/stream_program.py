@@ -84,7 +84,8 @@ class _Resources:
     from float64 (docs/results/2026-11-28-cellrnn-launch-list.md)."""
 
     def __init__(self, kernels: KernelSet, arch: str, capability: tuple[int, int], streams: int, what: str,
-                 lane: int):
+                 lane: int, sm_target: int | None = None):
+        """`sm_target`: the SMs cuBLAS picks the handles' kernels for (None: all of the GPU's)."""
         from nvmath.bindings import cublas
 
         self.cu, self.cublas = driver.bindings(), cublas
@@ -93,6 +94,8 @@ class _Resources:
         self.name_of = kernels.name_of
         self.functions: dict[str, object] = {}
         self.handles = [cublas.create() for _ in range(streams)]
+        for handle in self.handles if sm_target else ():
+            cublas.set_sm_count_target(handle, max(1, sm_target))
         self.scalars = np.array([1.0, 0.0], np.float32)  # cuBLAS reads them when the GEMM is put on a stream
 
     def point(self, s: int, stream) -> None:
@@ -316,13 +319,16 @@ class StreamProgram:
     """A program's launches over buffers whose addresses `run` is given; see the module's docstring."""
 
     def __init__(self, plan: Plan, instructions: Sequence[Instruction], kernels: KernelSet, arch: str,
-                 capability: tuple[int, int], sm_count: int, what: str, lane: int = 0):
-        """`lane`: which of the runs of these kernels that may run at once this program is (see _module)."""
+                 capability: tuple[int, int], sm_count: int, what: str, lane: int = 0, sharing: int = 1):
+        """`lane`: which of the runs of these kernels that may run at once this program is (see _module);
+        `sharing`: how many layers run their steps at once (lowering.Program.sharing), each one's GEMMs
+        picked by cuBLAS for that share of the SMs, as the CUDA executor's are."""
         self.plan, self.what = plan, what
         flat = list(_flat(instructions))
         streams = 1 + max((getattr(i, "stream", 0) for i in flat), default=0)
         events = 1 + max((i.event for i in flat if isinstance(i, (Record, Wait))), default=-1)
-        self.res = _Resources(kernels, arch, capability, streams, what, lane)
+        self.res = _Resources(kernels, arch, capability, streams, what, lane,
+                              sm_count // sharing if sharing > 1 else None)
         self.side_streams = [driver.new_stream() for _ in range(streams - 1)]
         self.events = [driver.new_event() for _ in range(events)]
         calls = _Calls(self.res, plan, sm_count, self.events, what)

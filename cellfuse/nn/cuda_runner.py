@@ -183,15 +183,18 @@ class CudaRunner(Runner):
 
             major, minor = torch.cuda.get_device_capability(self.index)
             props = torch.cuda.get_device_properties(self.index)
+            sharing = 1
             if which == "backward":
                 plan, instructions = self.plans.train, self.plans.backward.instructions()
                 kernels = kernel_set.backward_kernels(self.plans.backward)
             else:
                 plan = self.plans.forward if which == "forward" else self.plans.train
-                instructions, kernels = lower(plan).instructions, kernel_set.plan_kernels(plan)
+                lowered = lower(plan)
+                instructions, sharing = lowered.instructions, lowered.sharing
+                kernels = kernel_set.plan_kernels(plan)
             program = StreamProgram(plan, instructions, kernels, f"sm_{major}{minor}", (major, minor),
                                     props.multi_processor_count, f"{plan.cell_name}'s {which} kernels",
-                                    self.lane)
+                                    self.lane, sharing)
             self._programs[which] = program
             self._check_scratch(which, program)
             if program.images.keys() - self._images.keys():
