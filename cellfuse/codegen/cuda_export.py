@@ -372,10 +372,11 @@ class _Export:
                   f"{part.width});  /* {comment_text(part.key)} */",
                   "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
             w("return (int)cudaGetLastError();")
-            body = "\n".join(w.lines[declarations:])
+            # the code without its comments, which may name anything (a node's id may be a buffer's variable)
+            code = re.sub(r"/\*.*?\*/|//[^\n]*", "", "\n".join(w.lines[declarations:]), flags=re.DOTALL)
             pointers = self._split_room(bp.instructions())
             for b in self.ws_buffers:  # a forward buffer the backward pass does not read is only stepped over
-                used = re.search(rf"\b{_var(b.name)}\b", body)
+                used = re.search(rf"\b{_var(b.name)}\b", code)
                 declare = f"{b.dtype.c}* {_var(b.name)} = ({b.dtype.c}*)ws; " if used else ""
                 pointers.append(f"{declare}ws += {self._bytes(b)};")
             w.lines[declarations:declarations] = ["    " + line for line in pointers]

@@ -6,7 +6,9 @@ and a rung of launches every step (`graph`, `wavefront`) is then bound by them: 
 at T=100, B=8, four layers replayed the `graph` rung in 1.0 ms and called it in 7.7 ms, where the
 `persistent` rung took 1.6 ms called. So here the rungs the benchmark checked are timed again through
 the runner a module's call uses (CudaRunner's forward run, on random inputs), and `auto` keeps the fastest
-of those times, remembered apart from the benchmark's choice (auto_schedule's `runs_as`).
+of those times, remembered apart from the benchmark's choice (auto_schedule's `runs_as`). (Since then a
+module's inference call replays a rung of launches every step from a CUDA graph of its own, and the
+times, as called, come closer to the benchmark's.)
 """
 
 from __future__ import annotations
@@ -25,7 +27,10 @@ from .runners import FORWARD, FORWARD_BESIDE, REVERSE_BESIDE, make_plans
 
 log = logging.getLogger(__name__)
 
-RUNS_AS = "called from PyTorch"
+# How a module's call runs the rungs, named in the remembered choices: a choice made for an earlier way is
+# measured again (version 2: a rung that launches at every step is replayed from a CUDA graph, and a
+# wavefront's GEMMs are picked for each layer's share of the SMs).
+RUNS_AS = "called from PyTorch, version 2"
 WARMUP = 3  # untimed calls of each rung first (the first makes its programs)
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

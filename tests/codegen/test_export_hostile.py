@@ -35,6 +35,7 @@ from cellfuse.graph_model import (
     analyze,
     cell_from_text,
     load_template,
+    sigmoid,
     tanh,
     template_names,
 )
@@ -354,6 +355,24 @@ BOUNDARY = Sizes(seq=5, batch=3, input=INT_MAX, hidden=INT_MAX, layers=2)
 
 def test_the_largest_sizes_the_int_indices_hold_are_accepted():
     plan_kernels(make_plan(load_template("elman"), BOUNDARY, "hoisted"))
+
+
+def test_a_node_named_as_a_buffers_variable_declares_no_unused_pointer():
+    """The backward launcher declares a forward buffer's pointer only where its code reads it: a weight
+    whose id is the output sequence's variable, named in a comment, does not count as a read (nvcc's
+    -Werror refuses an unused variable)."""
+    b = CellBuilder("collide", input=3, hidden=4)
+    x, h = b.input("x"), b.state("h")
+    b.update(h, sigmoid(h))
+    out = tanh(x @ b.weight("W", "input", "hidden") + b.weight("b_l0_dout_dy", "hidden")).named("out")
+    b.output(out)
+    text = generate_cuda(b.build(), Sizes(3, 2, 3, 4, 1), "hoisted", backward=True).text
+    launcher = text[text.index("_backward(cublasHandle_t"):]
+    code = re.sub(r"/\*.*?\*/|//[^\n]*", "", launcher[:launcher.index("\n}\n")], flags=re.DOTALL)
+    declared = re.findall(r"\w+\* (b_\w+) = \(\w+\*\)ws;", code)
+    assert "b_l0_dout_dy" in launcher and declared
+    for name in declared:
+        assert len(re.findall(rf"\b{name}\b", code)) > 1, name
 
 
 # -- compiling -------------------------------------------------------------------------------------------
