@@ -347,6 +347,7 @@ class StreamProgram:
         # replay's fault would name no launch)
         self.capture_pays = any(isinstance(i, Loop) for i in instructions) and not CHECK_LAUNCHES
         self.ran = False  # whether a run was put on a stream yet
+        self._capture_stream = None  # made at the first capture
 
     @property
     def names(self) -> list[str]:
@@ -385,22 +386,26 @@ class StreamProgram:
     def capture(self, bases: Sequence[int]):
         """A run over these bases captured into a CUDA graph, instantiated, for `replay` (and `release`).
         The memory at the bases is the graph's from then on: every replay reads and writes it there. A
-        program must have run once before (cuBLAS takes what it needs at its first GEMM on a stream)."""
+        program must have run once before (cuBLAS takes what it needs at its first GEMM on a stream).
+        Captured on a stream of the program's own, kept for its captures."""
         cu, doing = self.res.cu, f"capturing a run of {self.what}"
-        stream = driver.new_stream()
+        if self._capture_stream is None:
+            self._capture_stream = driver.new_stream()
+        stream = self._capture_stream
+        check(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+              doing)
         try:
-            check(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-                  doing)
-            try:
-                self.calls.run(bases, int(stream))
-            finally:
-                graph = check(cu.cuStreamEndCapture(stream), doing)
-            try:
-                return check(cu.cuGraphInstantiate(graph, 0), doing)
-            finally:
-                check(cu.cuGraphDestroy(graph), doing)  # the instantiated graph keeps what it needs
+            self.calls.run(bases, int(stream))
+        except BaseException:
+            err, graph = cu.cuStreamEndCapture(stream)  # the capture ended whatever failed in it
+            if int(err) == 0:
+                cu.cuGraphDestroy(graph)
+            raise
+        graph = check(cu.cuStreamEndCapture(stream), doing)
+        try:
+            return check(cu.cuGraphInstantiate(graph, 0), doing)
         finally:
-            check(cu.cuStreamDestroy(stream), doing)
+            check(cu.cuGraphDestroy(graph), doing)  # the instantiated graph keeps what it needs
 
     def replay(self, graph, stream: int) -> None:
         """A captured run put on `stream` (ordered as `run` orders runs), in one call."""
@@ -440,7 +445,8 @@ class StreamProgram:
     def close(self) -> None:
         self.res.close()
         cu = self.res.cu
-        for stream in self.side_streams:
+        captures = [] if self._capture_stream is None else [self._capture_stream]
+        for stream in [*self.side_streams, *captures]:
             check(cu.cuStreamDestroy(stream), "destroying a stream")
         for event in (*self.events, self._handover):
             check(cu.cuEventDestroy(event), "destroying an event")

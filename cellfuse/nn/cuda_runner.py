@@ -21,6 +21,7 @@ asks of any warm-up.
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -36,6 +37,8 @@ from .packed_for import PackedFor, owner
 from .runners import TORCH_DTYPES, Plans, Runner
 from .tensor_layout import WEIGHT_ROLES, TensorLayout
 from .zeros import Zeros, made_here
+
+log = logging.getLogger(__name__)
 
 ALIGNMENT = 256  # bytes: where each buffer starts in a piece of memory (cuBLAS's fastest kernels want it)
 MAX_PACKINGS = 8  # modules whose packed weights a runner keeps at once
@@ -306,13 +309,20 @@ class CudaRunner(Runner):
         which = "train" if save else "forward"
         program = self._program(which)
         stream = torch._C._cuda_getCurrentRawStream(self.index)
+        program.order(stream)  # (before the packing, which may write what a run on another stream reads)
         packed = self._weights(params, stream)
         if not save and program.capture_pays and program.ran and not torch.cuda.is_current_stream_capturing():
             # (captured from the second run on: the first made cuBLAS ready on its stream)
-            if which not in self._replays:
-                self._replays[which] = _Replay(self, program, x)
-            y, finals = self._replays[which].run(x, states, packed, stream)
-            return y, finals, self._empty
+            replay = self._replays.get(which) or _Replay(self, program, x, (self._replays, which))
+            try:
+                y, finals = replay.run(x, states, packed, stream)
+            except CellError as e:  # (a DriverError among them) launched from then on, as before
+                log.warning("%s: a run could not be captured into a CUDA graph (%s); launching its kernels "
+                            "at every call instead", program.what, e)
+                program.capture_pays = False
+                replay.drop()
+            else:
+                return y, finals, self._empty if shared else x.new_empty(0, dtype=torch.uint8)
         x = _in_place(x)
         states = [self._state_in(s, dtype) for s, dtype in zip(states, self._state_dtypes, strict=True)]
         memory = self.memory if save else self.infer_memory
@@ -394,29 +404,44 @@ class _Replay:
     over memory of its own and replayed at every inference call: one call puts the whole pass on the
     stream, where the launch list would put hundreds from the host. A call copies x and the initial
     states into that memory and y and the final states out of it, into tensors of their own (in x's
-    type). The memory is one call's, kept for as long as the runner, and shared by every module the
-    runner serves (calls are ordered on the streams: see StreamProgram.order); a graph is captured per
-    address of packed weights (a module's; the last MAX_PACKINGS kept: packed weights found again at the
-    same address are laid out the same, whichever module's they are)."""
+    type). The memory is one call's, shared by every module the runner serves (calls are ordered on the
+    streams: see StreamProgram.order), and kept by the last MAX_REPLAYS replays of the process to run (an
+    older one is dropped, its memory given back; its runner makes it again at its next call). A graph is
+    captured per address of packed weights (a module's; the last MAX_PACKINGS kept: packed weights found
+    again at the same address are laid out the same, whichever module's they are)."""
 
-    def __init__(self, runner: CudaRunner, program, x: torch.Tensor):
+    def __init__(self, runner: CudaRunner, program, x: torch.Tensor, home: tuple[dict, str]):
+        """`home`: the runner's replays and this one's key in them."""
         T, B, H, L = runner._sizes
         device, self.program = x.device, program
         with torch.inference_mode(False):  # written at every call, in inference mode or not
             self.x = torch.empty(x.shape, dtype=x.dtype, device=device)
             dtypes = runner._state_dtypes
             self.states = [torch.empty((L, B, H), dtype=dtype, device=device) for dtype in dtypes]
-            whole = torch.empty((T + 1, B, H), dtype=runner._y_dtype, device=device)
+            self._whole = torch.empty((T + 1, B, H), dtype=runner._y_dtype, device=device)
             self.finals = [torch.empty((L, B, H), dtype=dtype, device=device) for dtype in dtypes]
-            scratch = torch.empty(runner.infer_memory.reserve_bytes, dtype=torch.uint8, device=device)
-        self.y, self._whole, self._scratch = whole[1:], whole, scratch
+            self._scratch = torch.empty(runner.infer_memory.reserve_bytes, dtype=torch.uint8, device=device)
+            self.y = self._whole[1:]
         self.graphs: OrderedDict[int, object] = OrderedDict()  # packed weights' address -> graph
+        # the streams its memory was used on (the caching allocator must know them to free it)
+        self._streams = {torch._C._cuda_getCurrentRawStream(runner.index)}
+        self._home = home
+        replays, which = home
+        replays[which] = self
+        _live[id(self)] = self
+        while len(_live) > MAX_REPLAYS:
+            next(iter(_live.values())).drop()
 
     def run(self, x: torch.Tensor, states: Sequence[torch.Tensor], packed: int, stream: int
             ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         graph = self._graph(packed)
-        self.program.order(stream)  # before the memory is written: a replay on another stream may read it
-        self.x.copy_(x)
+        _live.move_to_end(id(self))
+        if stream not in self._streams:
+            current = torch.cuda.current_stream(self.x.device)
+            for t in (self.x, *self.states, self._whole, *self.finals, self._scratch):
+                t.record_stream(current)
+            self._streams.add(stream)
+        self.x.copy_(x)  # (after the caller's StreamProgram.order: a replay on another stream may read it)
         for mine, s in zip(self.states, states, strict=True):
             mine.copy_(s)
         self.program.replay(graph, stream)
@@ -436,15 +461,28 @@ class _Replay:
         return graph
 
     def close(self) -> None:
+        """Its graphs released (captured again at its next run)."""
         for graph in self.graphs.values():
             self.program.release(graph)
         self.graphs.clear()
 
+    def drop(self) -> None:
+        """Its graphs released, and it out of its runner and of the process's live replays: its memory goes
+        back to the caching allocator once nothing refers to it."""
+        self.close()
+        _live.pop(id(self), None)
+        replays, which = self._home
+        if replays.get(which) is self:
+            del replays[which]
+
+
+MAX_REPLAYS = 4  # replays that keep their memory at once, in the process
+_live: OrderedDict[int, _Replay] = OrderedDict()  # by id, the least recently run first
+
 
 def _close(programs: dict, replays: dict) -> None:
-    for replay in replays.values():  # (before the programs whose kernels their graphs launch)
-        replay.close()
-    replays.clear()
+    for replay in list(replays.values()):  # (before the programs whose kernels their graphs launch)
+        replay.drop()
     for program in programs.values():
         program.close()
     programs.clear()

@@ -54,3 +54,56 @@ def test_only_a_modules_kept_zeros_are_converted_once(monkeypatch):
     with torch.inference_mode():
         inference = torch.ones(L, B, H, dtype=torch.bfloat16)
         assert r._state_in(inference, torch.float32).dtype == torch.float32
+
+
+class _Program:
+    """A program's capture and replay as _Replay uses them, recorded."""
+
+    def __init__(self):
+        self.captured, self.released, self.replayed = [], [], []
+
+    def capture(self, bases):
+        self.captured.append(bases[1])
+        return f"graph of {bases[1]}"
+
+    def replay(self, graph, stream):
+        self.replayed.append(graph)
+
+    def release(self, graph):
+        self.released.append(graph)
+
+
+def _replay(monkeypatch, home: dict):
+    from cellfuse.nn import cuda_runner
+
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
+    r = runner(torch.float32, states=2)
+    r.index = 0
+    return cuda_runner._Replay(r, _Program(), torch.zeros(T, B, 3), (home, "forward"))
+
+
+def test_a_replay_captures_per_packing_and_only_the_last_ones_keep_their_memory(monkeypatch):
+    """One graph per address of packed weights (the last MAX_PACKINGS); the process's last MAX_REPLAYS
+    replays to run keep their memory, an older one leaves its runner, its graphs released."""
+    from cellfuse.nn import cuda_runner
+
+    monkeypatch.setattr(cuda_runner, "_live", type(cuda_runner._live)())
+    homes = [{} for _ in range(cuda_runner.MAX_REPLAYS + 1)]
+    replays = [_replay(monkeypatch, home) for home in homes[:2]]
+    x, states = torch.ones(T, B, 3), [torch.ones(L, B, H)] * 2
+    first = replays[0]
+    for packed in [100, 200, 100, *range(1000, 1000 + cuda_runner.MAX_PACKINGS)]:
+        y, finals = first.run(x, states, packed, 7)
+        assert y.shape == (T, B, H) and len(finals) == 2
+        assert y.data_ptr() != first.y.data_ptr()  # a tensor of its own
+    assert first.program.captured == [100, 200, *range(1000, 1000 + cuda_runner.MAX_PACKINGS)]
+    assert first.program.released == ["graph of 200", "graph of 100"]  # 100 ran again after 200
+    torch.testing.assert_close(first.x, x)
+    replays += [_replay(monkeypatch, home) for home in homes[2:-1]]
+    replays[1].run(x, states, 5, 7)  # run last of all: kept
+    newest = _replay(monkeypatch, homes[-1])
+    assert "forward" not in homes[0] and first.graphs == {}  # the least recently run, dropped
+    kept = [*replays[1:], newest]
+    assert all(home["forward"] is replay for home, replay in zip(homes[1:], kept, strict=True))
+    replays[1].drop()
+    assert "forward" not in homes[1] and id(replays[1]) not in cuda_runner._live
