@@ -94,3 +94,38 @@ def test_a_16_bit_pass_with_states_of_two_types_replays(cuda):
     torch.testing.assert_close(got, want, rtol=0, atol=0)
     for s in rnn.state_ids:
         torch.testing.assert_close(finals[s], want_finals[s], rtol=0, atol=0)
+
+
+def test_a_capture_that_fails_leaves_the_launches(cuda, monkeypatch, caplog):
+    from cellfuse.gpu_runtime.driver import DriverError
+    from cellfuse.gpu_runtime.stream_program import StreamProgram
+
+    def refuse(self, bases):
+        raise DriverError("CUDA driver error CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED while capturing")
+
+    rnn = _lstm(cuda)
+    x = torch.randn(T, 8, INPUT, device=cuda)
+    monkeypatch.setattr(StreamProgram, "capture", refuse)
+    with torch.no_grad(), caplog.at_level("WARNING"):
+        got = [rnn(x)[0] for _ in range(3)]
+    runner = ops.runner(rnn._cell_text, x, H, 2, "graph")
+    assert not runner._programs["forward"].capture_pays and "forward" not in runner._replays
+    assert "could not be captured" in caplog.text
+    for y in got:
+        torch.testing.assert_close(y, _trained_forward(rnn, x)[0], rtol=1e-5, atol=1e-5)
+
+
+def test_only_the_last_replays_keep_their_memory_and_a_dropped_one_is_made_again(cuda):
+    from cellfuse.nn import cuda_runner
+
+    rnn = _lstm(cuda)
+    xs = [torch.randn(T, batch, INPUT, device=cuda) for batch in range(9, 10 + cuda_runner.MAX_REPLAYS)]
+    with torch.no_grad():
+        want = [rnn(x)[0] for x in xs]  # launched, each size's first run
+        first = [rnn(x)[0] for x in xs]  # replayed: the first size's replay dropped by the last one's
+        runners = [ops.runner(rnn._cell_text, x, H, 2, "graph") for x in xs]
+        assert "forward" not in runners[0]._replays and all("forward" in r._replays for r in runners[1:])
+        again = rnn(xs[0])[0]
+    assert "forward" in runners[0]._replays and "forward" not in runners[1]._replays
+    for y, w in zip([*first, again], [*want, want[0]], strict=True):
+        torch.testing.assert_close(y, w, rtol=1e-6, atol=1e-6)
