@@ -8,6 +8,12 @@ difference is not below the goal.
 
     python benchmarks/train_lm.py --device cuda --json results/train_lm.json
     python benchmarks/train_lm.py --device cpu --seq 8 --batch 4 --embed 16 --hidden 16 --vocab 50 --steps 10
+    python benchmarks/train_lm.py --device cuda --precision bf16 --json results/train_lm_bf16.json
+
+With `--precision bf16` (or fp16) it trains in mixed precision as PyTorch users do: three runs from the
+same initial weights, CellRNN in float32, then CellRNN and torch.nn.LSTM each under torch.autocast to
+that type (fp16 with a GradScaler). The goal then is the 16-bit CellRNN's final loss within MARGIN_16 of
+the float32 run's (exit status 1 where not); torch.nn.LSTM's 16-bit run is printed beside it for scale.
 
 The two models step in turn (step i of one, then step i of the other), so that a slow drift of the
 machine weighs on both alike. The LSTM weights are mapped as the benchmark's cuDNN baseline maps them
@@ -36,6 +42,16 @@ from cellfuse.nn import CellRNN
 
 GOAL = 1e-3  # the largest relative difference of the two final losses that counts as the same curve
 NAMES = ("CellRNN", "torch.nn.LSTM")
+# A 16-bit run's final loss against the float32 run's, relative: what mixed precision may cost
+MARGIN_16 = 2e-2
+AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def names(precision: str) -> tuple[str, ...]:
+    """The runs, in the order they step: CellRNN's (in float32), then the ones it is measured against."""
+    if precision == "fp32":
+        return NAMES
+    return ("CellRNN", f"CellRNN {precision}", f"torch.nn.LSTM {precision}")
 
 
 class LanguageModel(torch.nn.Module):
@@ -69,10 +85,23 @@ def make_models(args: argparse.Namespace, device: torch.device) -> list[Language
     return models
 
 
+def runs(args: argparse.Namespace, device: torch.device) -> list[tuple[LanguageModel, torch.dtype | None]]:
+    """Each run's model and the type it runs under torch.autocast in (None: float32), as `names` orders
+    them, all from the same initial weights."""
+    cellfuse, reference = make_models(args, device)
+    dtype = AUTOCAST[args.precision]
+    if dtype is None:
+        return [(cellfuse, None), (reference, None)]
+    cellfuse16, reference16 = make_models(args, device)
+    return [(cellfuse, None), (cellfuse16, dtype), (reference16, dtype)]
+
+
 class Trainer:
-    def __init__(self, model: LanguageModel, lr: float, device: torch.device):
-        self.model, self.device = model, device
+    def __init__(self, model: LanguageModel, lr: float, device: torch.device, autocast: torch.dtype | None):
+        self.model, self.device, self.autocast = model, device, autocast
         self.optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=lr)
+        # fp16's gradients may underflow: scaled up before the backward pass, as PyTorch's recipe has it
+        self.scaler = torch.amp.GradScaler(device.type) if autocast == torch.float16 else None
         self.losses: list[float] = []
         self.ms: list[float] = []
 
@@ -81,11 +110,18 @@ class Trainer:
         sync = torch.cuda.synchronize if self.device.type == "cuda" else (lambda: None)
         sync()
         t0 = time.perf_counter()
-        logits = self.model(tokens[:-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[1:].reshape(-1))
+        with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            logits = self.model(tokens[:-1])
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                     tokens[1:].reshape(-1))
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+        if self.scaler is None:
+            loss.backward()
+            self.optimizer.step()
+        else:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         sync()
         self.ms.append((time.perf_counter() - t0) * 1e3)
         self.losses.append(loss.item())  # after the clock stops: reading it waits for the GPU
@@ -116,11 +152,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--schedule", default="auto", help="CellRNN's schedule")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--every", type=int, default=10, help="print the losses every this many steps")
+    p.add_argument("--precision", choices=sorted(AUTOCAST), default="fp32",
+                   help="bf16 or fp16: train under torch.autocast to that type beside float32")
     p.add_argument("--json", type=Path, help="write the record here")
     args = p.parse_args(argv)
     for name in ("steps", "batches", "seq", "batch", "vocab", "embed", "hidden", "layers", "every"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
+    if args.precision == "fp16" and args.device == "cpu":
+        p.error("--precision fp16 needs --device cuda: torch.nn.LSTM runs no float16 on the CPU")
     return args
 
 
@@ -133,27 +173,38 @@ def main(argv: list[str] | None = None) -> int:
     # Float32 against float32: torch would otherwise let cuDNN and cuBLAS round inputs to TF32.
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    trainers = [Trainer(m, args.lr, device) for m in make_models(args, device)]
+    trainers = [Trainer(model, args.lr, device, dtype) for model, dtype in runs(args, device)]
+    labels = names(args.precision)
     generator = torch.Generator().manual_seed(args.seed + 1)
     shape = (args.batches, args.seq + 1, args.batch)
     corpus = torch.randint(args.vocab, shape, generator=generator).to(device)
-    print(f"{'step':>5s} {NAMES[0]:>12s} {NAMES[1]:>14s} {'rel diff':>9s}")
+    # fp32: CellRNN against torch.nn.LSTM; 16 bits: CellRNN's 16-bit run against its float32 run
+    ours, theirs = (trainers[0], trainers[1]) if args.precision == "fp32" else (trainers[1], trainers[0])
+    goal = GOAL if args.precision == "fp32" else MARGIN_16
+    print(f"{'step':>5s} " + " ".join(f"{name:>20s}" for name in labels) + f" {'rel diff':>9s}")
     for i in range(args.steps):
         tokens = corpus[i % args.batches]
         for trainer in trainers:
             trainer.step(tokens)
-        a, b = (t.losses[-1] for t in trainers)
+        a, b = ours.losses[-1], theirs.losses[-1]
         if (i + 1) % args.every == 0 or i in (0, args.steps - 1):
-            print(f"{i + 1:5d} {a:12.6f} {b:14.6f} {abs(a - b) / abs(b):9.2e}", flush=True)
-    a, b = (t.losses[-1] for t in trainers)
+            print(f"{i + 1:5d} " + " ".join(f"{t.losses[-1]:20.6f}" for t in trainers)
+                  + f" {abs(a - b) / abs(b):9.2e}", flush=True)
+    a, b = ours.losses[-1], theirs.losses[-1]
     rel = abs(a - b) / abs(b)
-    ms = {name: t.ms_per_step() for name, t in zip(NAMES, trainers, strict=True)}
-    for name, t in zip(NAMES, trainers, strict=True):
-        print(f"{name:14s} loss {t.losses[0]:.4f} at the first step, {t.losses[-1]:.4f} at the last")
-    print(f"relative difference of the losses after {args.steps} steps: {rel:.2e} "
-          f"(goal: below {GOAL:g}: {'met' if rel < GOAL else 'NOT met'})")
+    ms = {name: t.ms_per_step() for name, t in zip(labels, trainers, strict=True)}
+    for name, t in zip(labels, trainers, strict=True):
+        print(f"{name:20s} loss {t.losses[0]:.4f} at the first step, {t.losses[-1]:.4f} at the last")
+    between = (f"{labels[0]} and {labels[1]}" if args.precision == "fp32"
+               else f"{labels[1]} and {labels[0]} (float32)")
+    print(f"relative difference of the losses of {between} after {args.steps} steps: {rel:.2e} "
+          f"(goal: below {goal:g}: {'met' if rel < goal else 'NOT met'})")
+    scale = None
+    if args.precision != "fp32":
+        scale = abs(trainers[2].losses[-1] - b) / abs(b)
+        print(f"for scale, {labels[2]} against {labels[0]} (float32): {scale:.2e}")
     for name, value in ms.items():
-        print(f"{name:14s} {value:9.3f} ms per step (median after the first step)")
+        print(f"{name:20s} {value:9.3f} ms per step (median after the first step)")
     ran = trainers[0].model.rnn.schedules_run
     print(f"CellRNN ran the {', '.join(ran)} schedule (asked for {args.schedule})")
     if args.json:
@@ -166,14 +217,15 @@ def main(argv: list[str] | None = None) -> int:
                          "python": platform.python_version()},
             "sizes": {k: getattr(args, k) for k in ("seq", "batch", "vocab", "embed", "hidden", "layers")},
             "steps": args.steps, "batches": args.batches, "lr": args.lr, "schedule": args.schedule,
-            "schedules_run": ran, "seed": args.seed,
-            "losses": {name: t.losses for name, t in zip(NAMES, trainers, strict=True)},
-            "final_rel_diff": rel, "goal": GOAL, "ms_per_step": ms,
-            "step_ms": {name: t.ms for name, t in zip(NAMES, trainers, strict=True)},
+            "schedules_run": ran, "seed": args.seed, "precision": args.precision,
+            "losses": {name: t.losses for name, t in zip(labels, trainers, strict=True)},
+            "final_rel_diff": rel, "goal": goal, "ms_per_step": ms,
+            "step_ms": {name: t.ms for name, t in zip(labels, trainers, strict=True)},
+            **({} if scale is None else {"reference_rel_diff": scale}),
         }
         args.json.write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {args.json}")
-    return 0 if rel < GOAL else 1
+    return 0 if rel < goal else 1
 
 
 if __name__ == "__main__":
