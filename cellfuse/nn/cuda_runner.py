@@ -385,6 +385,7 @@ class CudaRunner(Runner):
             raise CellError("the backward pass was given a y or saved steps that its forward run did not "
                             "make")
         stream = torch._C._cuda_getCurrentRawStream(self.index)
+        program.order(stream)  # (before the packing: see forward)
         packed = self._weights(params, stream)
         grads = torch.empty(memory.grad_bytes, dtype=torch.uint8, device=x.device)
         grads[:memory.restart_bytes].zero_()
