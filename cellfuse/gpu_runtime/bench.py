@@ -48,14 +48,14 @@ from ..graph_model.lengths import STEPS_LEFT, masked
 from .cudnn_persistent import ALGORITHM_NAMES, CudnnPersistentRNN, CudnnRefused, unavailable_reason
 from .cudnn_persistent import ALGORITHMS as CUDNN_PERSISTENT
 from .directions import Directions
-from .torch_baselines import COMPILE_MODES, SRU_PACKAGE
+from .torch_baselines import COMPILE_MODES, FLASHRNN, SRU_PACKAGE
 
 log = logging.getLogger(__name__)
 
 TOLERANCE = 1e-4  # relative error allowed in float32 (a forward pass's: precision.forward_tolerance)
 MOST_KINKS = 3  # of the kinks the reference passes within rounding of, the nearest whose branches count
 BASELINES = ("numpy reference", "pytorch eager", "pytorch graph", "torch.compile", "torch.compile default",
-             "cudnn", *CUDNN_PERSISTENT, SRU_PACKAGE)
+             "cudnn", *CUDNN_PERSISTENT, SRU_PACKAGE, FLASHRNN)
 BASELINE_NOTES = {
     "pytorch eager": "the cell op by op in PyTorch, step by step",
     "pytorch graph": "the same, captured once into a CUDA graph and replayed",
@@ -66,6 +66,8 @@ BASELINE_NOTES = {
     **{name: f"cuDNN's {ALGORITHM_NAMES[algo]} in float32 (no TF32) with the same weights, through cuDNN's C "
              "API" for name, algo in CUDNN_PERSISTENT.items()},
     SRU_PACKAGE: "the sru package's SRU (its own fused CUDA kernel) with the same weights",
+    FLASHRNN: "FlashRNN's LSTM (the flashrnn package's fused CUDA kernel) with the same weights, the input "
+              "projection by torch's matmul",
 }
 # The baselines that run in training mode: the captured forward pass and cuDNN's persistent algorithms
 # through its C API are forward only.
@@ -83,7 +85,7 @@ TRAIN_BASELINES = tuple(TRAIN_NOTES)  # the baselines that have a backward pass
 # the torch type): cuDNN's RNN with its module and inputs in fp16 (in bf16 torch would copy its weights at
 # every call), PyTorch's own programs under autocast. The others run in float32 only so far.
 AUTOCAST = ("pytorch eager", "pytorch graph", *COMPILE_MODES)
-SIXTEEN_BIT_NOTES = {"cudnn": "its module and inputs in {}",
+SIXTEEN_BIT_NOTES = {"cudnn": "its module and inputs in {}", FLASHRNN: "its weights and inputs in {}",
                      **dict.fromkeys(AUTOCAST, "under torch.autocast to {}, its weights float32")}
 MEASURES = {False: "forward", True: "forward + backward (the gradients of x, the initial states and every "
                                     "parameter for a fixed random dy)"}
@@ -288,8 +290,8 @@ def _versions() -> dict[str, str]:
 def baseline_reasons(cell: Cell, config: BenchConfig, backend: str) -> dict[str, str | None]:
     """Each baseline of `config` that its mode has, with None where it can run the cell on `backend` and
     otherwise why not: on numpy or without PyTorch's CUDA only the numpy reference runs; cuDNN's are for
-    the cells cuDNN implements, the sru package's for SRU; in a 16-bit precision, those of
-    SIXTEEN_BIT_NOTES."""
+    the cells cuDNN implements, the sru package's for SRU, FlashRNN's for the LSTM; in a 16-bit precision,
+    those of SIXTEEN_BIT_NOTES."""
     from .torch_baselines import cudnn_kind, is_sru, torch_available
 
     out: dict[str, str | None] = {}
@@ -302,7 +304,7 @@ def baseline_reasons(cell: Cell, config: BenchConfig, backend: str) -> dict[str,
             out[b] = "not available: no GPU/PyTorch on the numpy backend"
         elif not torch_available():
             out[b] = "not available: PyTorch with CUDA is not installed"
-        elif (b == "cudnn" or b in CUDNN_PERSISTENT) and config.lengths:
+        elif (b in ("cudnn", FLASHRNN) or b in CUDNN_PERSISTENT) and config.lengths:
             out[b] = "not with --lengths: cuDNN's run of sequences of their own lengths is not a baseline yet"
         elif b != "cudnn" and config.bidirectional:
             out[b] = "not with --bidirectional: of the baselines, only cuDNN's runs both directions"
@@ -310,6 +312,8 @@ def baseline_reasons(cell: Cell, config: BenchConfig, backend: str) -> dict[str,
             out[b] = "not available: cuDNN implements only the LSTM and the GRU"
         elif b == SRU_PACKAGE and not is_sru(cell):
             out[b] = "not available: the sru package implements only the SRU"
+        elif b == FLASHRNN and cudnn_kind(cell) != "lstm":
+            out[b] = "not available: of FlashRNN's cells, the LSTM is the one measured here"
         elif config.precision != "fp32" and b not in SIXTEEN_BIT_NOTES:
             out[b] = "runs in float32 only so far"
         else:
@@ -772,16 +776,19 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
         Autocast,
         CompiledCell,
         CudnnCell,
+        FlashRnnCell,
         GraphedCell,
         SruPackageCell,
         TorchCell,
         Training,
         cudnn_kind,
+        flashrnn_unavailable,
         sru_unavailable,
     )
 
     reason = (unavailable_reason() if name in CUDNN_PERSISTENT
-              else sru_unavailable() if name == SRU_PACKAGE else None)
+              else sru_unavailable() if name == SRU_PACKAGE
+              else flashrnn_unavailable() if name == FLASHRNN else None)
     if reason:
         row.note, row.applicable = f"not available: {reason}; {row.note}", False
         return row, None
@@ -807,7 +814,7 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
         _add_note(row, "fp16 beside bf16: torch flattens no bfloat16 weights for cuDNN")
     xt = torch.from_numpy(p.x).cuda()
     init = [torch.from_numpy(p.initial[s]).cuda() for s in p.cell.updates]
-    if name == "cudnn":  # cuDNN in a 16-bit type in a 16-bit precision (float32 itself in fp32)
+    if name in ("cudnn", FLASHRNN):  # in a 16-bit type in a 16-bit precision (float32 itself in fp32)
         xt, init = xt.to(dtype), [s.to(dtype) for s in init]
     t0 = time.perf_counter()
     try:
@@ -820,6 +827,8 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
             _add_note(row, f"cuDNN {model.cudnn.version}")
         elif name == SRU_PACKAGE:
             model = SruPackageCell(p.params, sizes.layers, sizes.input, sizes.hidden, train=train)
+        elif name == FLASHRNN:
+            model = FlashRnnCell(p.params, sizes.layers, sizes.input, sizes.hidden, dtype)
         elif name in COMPILE_MODES:
             model = CompiledCell(p.cell, p.params, sizes.layers, COMPILE_MODES[name], train=train)
         else:
@@ -840,6 +849,13 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
         torch.cuda.synchronize()
     except CudnnRefused as e:  # cuDNN does not run this algorithm at these sizes: a fact, not a failure
         row.note, row.applicable = f"not applicable: {e}; {row.note}", False
+        return row, None
+    except Exception as e:  # FlashRNN builds its kernels at its first call, where the machine may lack a tool
+        if name != FLASHRNN:
+            raise
+        first = (str(e).strip().splitlines() or [""])[0]
+        row.note = f"not available: FlashRNN failed ({type(e).__name__}: {first}); {row.note}"
+        row.applicable = False
         return row, None
     row.compile_s = time.perf_counter() - t0  # setup and first call: torch.compile compiles in the call
     if train:

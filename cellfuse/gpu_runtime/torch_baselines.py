@@ -2,7 +2,8 @@
 the cell interpreted op by op ("PyTorch eager"), the same captured into a CUDA graph, the whole forward
 pass (every step of every layer) under torch.compile, with CUDA graphs (mode "reduce-overhead", its
 best) and in its default mode, cuDNN (torch.nn.LSTM / torch.nn.GRU) when the cell is one cuDNN
-implements, and the `sru` package's own CUDA kernel when the cell is the SRU template.
+implements, the `sru` package's own CUDA kernel when the cell is the SRU template, and FlashRNN's fused
+LSTM kernel (the `flashrnn` package) when it is the LSTM.
 
 Built with `train=True`, the cell's programs and cuDNN's run with autograd, their weights leaves that
 require gradients, and `Training` runs one forward + backward pass of any of them."""
@@ -423,6 +424,56 @@ class SruPackageCell:
             for name, value in (("v_f", v[:H]), ("v_r", v[H:]), ("b_f", b[:H]), ("b_r", b[H:])):
                 out[param_key(layer, name)] = value
         return out
+
+
+FLASHRNN = "flashrnn"  # the baseline's name
+FLASHRNN_INSTALL = "pip install flashrnn einops ninja"  # ninja builds its kernels at the first call
+FLASHRNN_BACKEND = "cuda_fused"  # its fastest: the recurrence in one kernel, the weights on chip
+
+
+def flashrnn_unavailable() -> str | None:
+    """Why FlashRNN cannot run here, or None (its kernels are built at the first call, whose failure the
+    benchmark reports)."""
+    try:
+        import flashrnn  # noqa: F401
+    except Exception as e:
+        return f"the flashrnn package does not import ({type(e).__name__}: {e}); {FLASHRNN_INSTALL}"
+    return None
+
+
+class FlashRnnCell:
+    """FlashRNN's LSTM (Pöppel et al. 2024, the `flashrnn` package) loaded with the LSTM template's weights,
+    a layer at a time: x @ W for all steps by torch's matmul, then the recurrence by FlashRNN, which takes
+    those pre-activations [B, T, gates, heads, H] (one head here), its recurrent matrix [gates, heads, H, H]
+    as cuDNN holds each gate's ([out, in]), one bias per gate, and the states (h, c) [2, B, 1, heads, H].
+    Its gates are cuDNN's order (i, f, z = g, o). Forward only; the tensors in `dtype`."""
+
+    def __init__(self, params: dict[str, np.ndarray], layers: int, input_size: int, hidden: int, dtype,
+                 device: str = "cuda", backend: str = FLASHRNN_BACKEND):
+        import torch
+        from flashrnn import flashrnn
+
+        self.torch, self.flashrnn, self.backend, self.hidden = torch, flashrnn, backend, hidden
+        self.dtype_name = str(dtype).removeprefix("torch.")
+        self.layers = []
+        for layer in range(layers):
+            gates = cudnn_gates("lstm", params, layer)
+            w = np.concatenate([gate[0].T for gate in gates], axis=1)  # [in, 4H]: x @ w, gate by gate
+            r = np.stack([gate[1] for gate in gates])[:, None]  # [4, 1, H, H]
+            b = np.stack([gate[2] + gate[3] for gate in gates])[:, None]  # [4, 1, H]
+            self.layers.append(tuple(torch.from_numpy(a).to(device, dtype) for a in (w, r, b)))
+
+    def __call__(self, x, initial: list):
+        torch, H = self.torch, self.hidden
+        T, B = x.shape[0], x.shape[1]
+        with torch.no_grad():
+            for layer, (w, r, b) in enumerate(self.layers):
+                wx = (x @ w).view(T, B, 4, 1, H).transpose(0, 1).contiguous()
+                states = torch.stack([initial[0][layer], initial[1][layer]]).view(2, B, 1, 1, H).to(x.dtype)
+                out, _ = self.flashrnn(wx, r, b, states=states, function="lstm", backend=self.backend,
+                                       dtype=self.dtype_name)
+                x = out[0, :, :, 0, :].transpose(0, 1)  # h of every step, [T, B, H]
+        return x
 
 
 class Training:
