@@ -86,6 +86,8 @@ TRAIN_BASELINES = tuple(TRAIN_NOTES)  # the baselines that have a backward pass
 # every call), PyTorch's own programs under autocast. The others run in float32 only so far.
 AUTOCAST = ("pytorch eager", "pytorch graph", *COMPILE_MODES)
 SIXTEEN_BIT_NOTES = {"cudnn": "its module and inputs in {}", FLASHRNN: "its weights and inputs in {}",
+                     **dict.fromkeys(CUDNN_PERSISTENT, "its weights and inputs in {}, on tensor cores "
+                                                       "into float32"),
                      **dict.fromkeys(AUTOCAST, "under torch.autocast to {}, its weights float32")}
 MEASURES = {False: "forward", True: "forward + backward (the gradients of x, the initial states and every "
                                     "parameter for a fixed random dy)"}
@@ -804,17 +806,19 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
     sizes, precision = p.sizes, p.config.precision
     dtype = getattr(torch, PRECISIONS[precision].name)
     # cuDNN's 16-bit RNN at its best: torch flattens no bfloat16 weights for cuDNN, so that its module in
-    # bf16 copies them into one piece at every call
-    fp16_beside_bf16 = name == "cudnn" and precision == "bf16"
+    # bf16 copies them into one piece at every call; its persistent algorithms are measured in fp16 alike
+    fp16_beside_bf16 = (name == "cudnn" or name in CUDNN_PERSISTENT) and precision == "bf16"
     if fp16_beside_bf16:
         dtype = torch.float16
     if precision != "fp32":
         _add_note(row, SIXTEEN_BIT_NOTES[name].format(dtype))
     if fp16_beside_bf16:
-        _add_note(row, "fp16 beside bf16: torch flattens no bfloat16 weights for cuDNN")
+        why = ("torch flattens no bfloat16 weights for cuDNN" if name == "cudnn"
+               else "cuDNN's 16-bit RNN as PyTorch runs it")
+        _add_note(row, f"fp16 beside bf16: {why}")
     xt = torch.from_numpy(p.x).cuda()
     init = [torch.from_numpy(p.initial[s]).cuda() for s in p.cell.updates]
-    if name in ("cudnn", FLASHRNN):  # in a 16-bit type in a 16-bit precision (float32 itself in fp32)
+    if name in ("cudnn", FLASHRNN, *CUDNN_PERSISTENT):  # in the 16-bit type in a 16-bit precision
         xt, init = xt.to(dtype), [s.to(dtype) for s in init]
     t0 = time.perf_counter()
     try:
@@ -823,7 +827,8 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
                               train=train, bidirectional=p.config.bidirectional, dtype=dtype)
         elif name in CUDNN_PERSISTENT:
             model = CudnnPersistentRNN(cudnn_kind(p.cell), p.params, sizes.layers, sizes.input, sizes.hidden,
-                                       sizes.batch, sizes.seq, CUDNN_PERSISTENT[name])
+                                       sizes.batch, sizes.seq, CUDNN_PERSISTENT[name],
+                                       half=dtype == torch.float16)
             _add_note(row, f"cuDNN {model.cudnn.version}")
         elif name == SRU_PACKAGE:
             model = SruPackageCell(p.params, sizes.layers, sizes.input, sizes.hidden, train=train)

@@ -1,8 +1,8 @@
-"""cuDNN's persistent RNN algorithms in float32, a baseline of their own: torch.nn.LSTM and torch.nn.GRU never
-choose CUDNN_RNN_ALGO_PERSIST_STATIC or PERSIST_DYNAMIC for float32 (and PERSIST_STATIC_SMALL_H only for a
-small hidden size), so they are called here directly, through cuDNN's C API (its RNN API:
-cudnnSetRNNDescriptor_v8, cudnnRNNForward, ...) with ctypes, on the cuDNN that PyTorch loads, on torch's CUDA
-tensors and on torch's current stream.
+"""cuDNN's persistent RNN algorithms in float32 (or float16), a baseline of their own: torch.nn.LSTM and
+torch.nn.GRU never choose CUDNN_RNN_ALGO_PERSIST_STATIC or PERSIST_DYNAMIC for float32 (and
+PERSIST_STATIC_SMALL_H only for a small hidden size), so they are called here directly, through cuDNN's C
+API (its RNN API: cudnnSetRNNDescriptor_v8, cudnnRNNForward, ...) with ctypes, on the cuDNN that PyTorch
+loads, on torch's CUDA tensors and on torch's current stream.
 
 Signatures and enum values are those of cuDNN 9.6.0's headers cudnn_graph.h, cudnn_ops.h and cudnn_adv.h,
 unchanged in 9.19.0's (the cuDNN of PyTorch 2.11's CUDA 13 wheels).
@@ -50,10 +50,11 @@ _INFERENCE = 0  # cudnnForwardMode_t CUDNN_FWD_MODE_INFERENCE
 _SEQ_MAJOR_UNPACKED = 0  # cudnnRNNDataLayout_t: [T, B, width], the layout of the benchmark's tensors
 # auxFlags CUDNN_RNN_PADDED_IO_ENABLED: the unpacked layouts need it (cudnn_adv.h)
 _PADDED_IO_ENABLED = 1
-_FLOAT = 0  # cudnnDataType_t CUDNN_DATA_FLOAT (cudnn_graph.h)
-# cudnnMathType_t CUDNN_FMA_MATH (cudnn_graph.h): float32 arithmetic, no TF32 tensor cores, so that the
-# result meets the benchmark's float32 tolerance as every other implementation must
-_FMA_MATH = 3
+_FLOAT, _HALF = 0, 2  # cudnnDataType_t CUDNN_DATA_FLOAT, CUDNN_DATA_HALF (cudnn_graph.h)
+# cudnnMathType_t (cudnn_graph.h): in float32 CUDNN_FMA_MATH, float32 arithmetic, no TF32 tensor cores, so
+# that the result meets the benchmark's float32 tolerance as every other implementation must; in float16
+# CUDNN_TENSOR_OP_MATH, float16 operands on tensor cores, accumulated in float32 (the math precision)
+_FMA_MATH, _TENSOR_OP_MATH = 3, 1
 _SUCCESS = 0  # cudnnStatus_t CUDNN_STATUS_SUCCESS
 _SUBLIBRARIES = ("graph", "ops", "adv")  # each needs the ones before it
 
@@ -257,15 +258,20 @@ class CudnnPersistentRNN:
     cell's weights, built for one persistent algorithm and one problem size, and run by cudnnRNNForward in
     inference mode on torch's CUDA tensors, on torch's current stream.
 
+    With `half`, x, the weights, y and the states are float16 and the GEMMs run on tensor cores,
+    accumulating in float32 (cuDNN's RNN in 16 bits, as PyTorch's float16 RNN runs it).
+
     Raises CudnnUnavailable when cuDNN cannot be called here, and CudnnRefused when cuDNN refuses the
     algorithm or the sizes, here or in the first call."""
 
     def __init__(self, kind: str, params: Mapping[str, np.ndarray], layers: int, input_size: int, hidden: int,
-                 batch: int, seq: int, algo: int):
+                 batch: int, seq: int, algo: int, half: bool = False):
         cudnn = load_cudnn()
         import torch
 
         self.torch, self.cudnn, self.kind, self.algo = torch, cudnn, kind, algo
+        self.data_type = _HALF if half else _FLOAT
+        self.dtype, self.host_dtype = (torch.float16, np.float16) if half else (torch.float32, np.float32)
         self.shape_x, self.shape_state = (seq, batch, input_size), (layers, batch, hidden)
         self._owned: list[tuple[str, c_void_p]] = []
         self._finalizer = weakref.finalize(self, _release, cudnn, self._owned)
@@ -276,8 +282,8 @@ class CudnnPersistentRNN:
         cudnn("cudnnSetDropoutDescriptor", dropout, self.handle, 0.0, None, 0, 0)  # no dropout: no states
         self.rnn = self._new("cudnnCreateRNNDescriptor", "cudnnDestroyRNNDescriptor")
         cudnn("cudnnSetRNNDescriptor_v8", self.rnn, algo, _CELL_MODE[kind], _DOUBLE_BIAS, _UNIDIRECTIONAL,
-              _LINEAR_INPUT, _FLOAT, _FLOAT, _FMA_MATH, input_size, hidden, hidden, layers, dropout,
-              _PADDED_IO_ENABLED)
+              _LINEAR_INPUT, self.data_type, _FLOAT, _TENSOR_OP_MATH if half else _FMA_MATH, input_size,
+              hidden, hidden, layers, dropout, _PADDED_IO_ENABLED)
         if algo == CUDNN_RNN_ALGO_PERSIST_DYNAMIC:  # compiles its kernel for this batch size, with NVRTC
             cudnn("cudnnBuildRNNDynamic", self.handle, self.rnn, batch)
         self.x_desc = self._sequence(seq, batch, input_size)
@@ -290,8 +296,8 @@ class CudnnPersistentRNN:
         cuda = {"device": "cuda"}
         self.workspace = torch.empty(max(work.value, 1), dtype=torch.uint8, **cuda)
         self.seq_lengths = torch.full((batch,), seq, dtype=torch.int32, **cuda)  # read by the GPU
-        self.y = torch.empty(seq, batch, hidden, dtype=torch.float32, **cuda)
-        self.final = tuple(torch.empty(self.shape_state, dtype=torch.float32, **cuda)
+        self.y = torch.empty(seq, batch, hidden, dtype=self.dtype, **cuda)
+        self.final = tuple(torch.empty(self.shape_state, dtype=self.dtype, **cuda)
                            for _ in range(2 if kind == "lstm" else 1))  # (h,) or (h, c): the cell's states
 
     def _new(self, create: str, destroy: str) -> c_void_p:
@@ -303,15 +309,15 @@ class CudnnPersistentRNN:
     def _tensor(self, shape: tuple[int, ...]) -> c_void_p:
         desc = self._new("cudnnCreateTensorDescriptor", "cudnnDestroyTensorDescriptor")
         strides = [math.prod(shape[i + 1:]) for i in range(len(shape))]  # row-major
-        self.cudnn("cudnnSetTensorNdDescriptor", desc, _FLOAT, len(shape), (c_int * len(shape))(*shape),
-                   (c_int * len(shape))(*strides))
+        self.cudnn("cudnnSetTensorNdDescriptor", desc, self.data_type, len(shape),
+                   (c_int * len(shape))(*shape), (c_int * len(shape))(*strides))
         return desc
 
     def _sequence(self, seq: int, batch: int, width: int) -> c_void_p:
         desc = self._new("cudnnCreateRNNDataDescriptor", "cudnnDestroyRNNDataDescriptor")
         lengths = (c_int * batch)(*[seq] * batch)  # every sequence runs all T steps
-        self.cudnn("cudnnSetRNNDataDescriptor", desc, _FLOAT, _SEQ_MAJOR_UNPACKED, seq, batch, width, lengths,
-                   None)
+        self.cudnn("cudnnSetRNNDataDescriptor", desc, self.data_type, _SEQ_MAJOR_UNPACKED, seq, batch, width,
+                   lengths, None)
         return desc
 
     def _dims(self, desc: c_void_p) -> tuple[int, ...]:
@@ -327,9 +333,10 @@ class CudnnPersistentRNN:
         size = c_size_t()
         cudnn("cudnnGetRNNWeightSpaceSize", self.handle, self.rnn, ctypes.byref(size))
         self.weight_bytes = size.value
-        self.weights = torch.empty(size.value // 4, dtype=torch.float32, device="cuda")
+        itemsize = np.dtype(self.host_dtype).itemsize
+        self.weights = torch.empty(size.value // itemsize, dtype=self.dtype, device="cuda")
         base = self.weights.data_ptr()
-        host = np.zeros(size.value // 4, np.float32)
+        host = np.zeros(size.value // itemsize, self.host_dtype)
         matrix_desc = self._tensor((1, 1, 1))  # overwritten with each matrix's shape by cuDNN
         bias_desc = self._tensor((1, 1, 1))
         for (layer, lin_id), (matrix, bias) in cudnn_weights(kind, params, layers).items():
@@ -346,18 +353,18 @@ class CudnnPersistentRNN:
     def _place(host: np.ndarray, base: int, at: int | None, dims: tuple[int, ...], value: np.ndarray,
                what: str) -> None:
         """Writes `value` where cuDNN says it lives: `at` in the weight space that starts at `base`, with
-        cuDNN's shape `dims` ([1, out, in] for a matrix, [1, out, 1] for a bias)."""
-        start = ((at or 0) - base) // 4
+        cuDNN's shape `dims` ([1, out, in] for a matrix, [1, out, 1] for a bias), in host's type."""
+        start = ((at or 0) - base) // host.itemsize
         fits = at is not None and 0 <= start and start + value.size <= host.size
         if not fits or math.prod(dims) != value.size or (value.ndim == 2 and dims[1:] != value.shape):
-            raise RuntimeError(f"cuDNN's {what} has shape {dims} at float {start} of {host.size}; the cell's "
-                               f"is {value.shape}")
+            raise RuntimeError(f"cuDNN's {what} has shape {dims} at element {start} of {host.size}; the "
+                               f"cell's is {value.shape}")
         host[start:start + value.size] = value.ravel()
 
     def __call__(self, x, initial: list | None = None):
-        """x: [T, B, input], float32, contiguous on the GPU; initial: the cell's initial states ([h] for the
-        GRU, [h, c] for the LSTM, each [L, B, H]), or None for zeros. Returns y [T, B, H], a buffer that the
-        next call overwrites; the final states are in `final`."""
+        """x: [T, B, input], float32 (float16 with `half`), contiguous on the GPU; initial: the cell's
+        initial states ([h] for the GRU, [h, c] for the LSTM, each [L, B, H]), or None for zeros. Returns
+        y [T, B, H], a buffer that the next call overwrites; the final states are in `final`."""
         torch = self.torch
         self._check("x", x, self.shape_x)
         starts = [None] * len(self.final)
@@ -379,10 +386,9 @@ class CudnnPersistentRNN:
         return self.y
 
     def _check(self, what: str, t, shape: tuple[int, ...]) -> None:
-        if (tuple(t.shape) != shape or t.dtype != self.torch.float32 or not t.is_cuda
-                or not t.is_contiguous()):
-            raise ValueError(f"{what}: expected a contiguous float32 CUDA tensor of shape {list(shape)}, got "
-                             f"{t.dtype} {list(t.shape)} on {t.device}"
+        if tuple(t.shape) != shape or t.dtype != self.dtype or not t.is_cuda or not t.is_contiguous():
+            raise ValueError(f"{what}: expected a contiguous {self.dtype} CUDA tensor of shape "
+                             f"{list(shape)}, got {t.dtype} {list(t.shape)} on {t.device}"
                              + ("" if t.is_contiguous() else ", not contiguous"))
 
     def close(self) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cellfuse.codegen.precision import forward_tolerance
 from cellfuse.gpu_runtime import bench
 from cellfuse.gpu_runtime import cudnn_persistent as cp
 from cellfuse.gpu_runtime.bench import TOLERANCE, BenchConfig, run_benchmark
@@ -205,8 +206,10 @@ def cuda_torch():
     return torch
 
 
-def run_persistent(torch, kind: str, algo: int, sizes: Sizes, initial: bool, seed: int = 0):
-    """(the reference's Forward, the persistent RNN's Forward), or CudnnRefused."""
+def run_persistent(torch, kind: str, algo: int, sizes: Sizes, initial: bool, seed: int = 0,
+                   half: bool = False):
+    """(the reference's Forward, the persistent RNN's Forward, in float32), or CudnnRefused; with `half`,
+    cuDNN's RNN in float16."""
     cell = load_template(kind)
     params = init_params(cell, sizes.layers, sizes.input, sizes.hidden, seed=seed)
     rng = np.random.default_rng(seed)
@@ -215,14 +218,15 @@ def run_persistent(torch, kind: str, algo: int, sizes: Sizes, initial: bool, see
               for s in cell.updates} if initial else {}
     ref = run_reference(cell, params, {"x": x, **states}, sizes.layers)
     model = cp.CudnnPersistentRNN(kind, params, sizes.layers, sizes.input, sizes.hidden, sizes.batch,
-                                  sizes.seq, algo)
+                                  sizes.seq, algo, half=half)
+    dtype = torch.float16 if half else torch.float32
     side = torch.cuda.Stream()  # on torch's current stream, whichever it is
     with torch.cuda.stream(side):
-        y = model(torch.from_numpy(x).cuda(), [torch.from_numpy(states[s]).cuda() for s in cell.updates]
-                  if initial else None)
+        y = model(torch.from_numpy(x).cuda().to(dtype),
+                  [torch.from_numpy(states[s]).cuda().to(dtype) for s in cell.updates] if initial else None)
     side.synchronize()
-    finals = {s: f.cpu().numpy() for s, f in zip(cell.updates, model.final, strict=True)}
-    got = Forward(y.cpu().numpy(), finals)
+    finals = {s: f.float().cpu().numpy() for s, f in zip(cell.updates, model.final, strict=True)}
+    got = Forward(y.float().cpu().numpy(), finals)
     model.close()
     return ref, got
 
@@ -243,6 +247,21 @@ def test_gpu_each_algorithm_computes_the_cell_or_is_refused(cuda_torch, kind, la
         assert bench._rel_error(got, ref) < TOLERANCE, name
         ran.append(name)
     # At these small sizes the static kernel holds the weights on chip: it must run.
+    assert "cudnn persistent static" in ran
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_gpu_in_float16_each_algorithm_is_within_fp16s_bound_or_is_refused(cuda_torch, kind):
+    sizes = Sizes(seq=7, batch=8, input=64, hidden=64, layers=2)
+    ran = []
+    for name, algo in cp.ALGORITHMS.items():
+        try:
+            ref, got = run_persistent(cuda_torch, kind, algo, sizes, initial=True, seed=3, half=True)
+        except cp.CudnnRefused:
+            continue
+        assert bench._rel_error(got, ref) < forward_tolerance("fp16"), name
+        ran.append(name)
     assert "cudnn persistent static" in ran
 
 
