@@ -54,42 +54,36 @@ def main() -> None:
 
     rnn = CellRNN("lstm", 512, 512, args.layers, schedule=args.schedule, seed=1).cuda()
     x = torch.randn(args.seq, args.batch, 512, device="cuda").to(DTYPES[args.precision])
+    ms, prof = module_calls(rnn, x, args.calls)
+    print(f"\nCellRNN {args.schedule}: {ms:.3f} ms a call, back to back")
+    kernels(prof, "CellRNN", args.calls)
+    if args.workspace_mib:
+        with torch.no_grad():
+            given_workspace(rnn, x, args.workspace_mib)
+        ms, prof = module_calls(rnn, x, args.calls)
+        print(f"\nCellRNN {args.schedule}, each cuBLAS handle given {args.workspace_mib} MiB of workspace as "
+              f"the benchmark's executor gives it: {ms:.3f} ms a call, back to back")
+        kernels(prof, "CellRNN with the workspace", args.calls)
+
+
+def module_calls(rnn: CellRNN, x: torch.Tensor, calls: int):
+    """The module's inference calls after three untimed ones: ms a call, back to back, then torch's
+    profiler over as many."""
     with torch.no_grad():
         for _ in range(3):
             rnn(x)
         torch.cuda.synchronize()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        for _ in range(args.calls):
+        for _ in range(calls):
             rnn(x)
         end.record()
         end.synchronize()
-        ms = start.elapsed_time(end) / args.calls
-        print(f"\nCellRNN {args.schedule}: {ms:.3f} ms a call, back to back")
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(args.calls):
+            for _ in range(calls):
                 rnn(x)
             torch.cuda.synchronize()
-    kernels(prof, "CellRNN", args.calls)
-    if args.workspace_mib:
-        with torch.no_grad():
-            given_workspace(rnn, x, args.workspace_mib)
-            for _ in range(3):
-                rnn(x)
-            torch.cuda.synchronize()
-            start.record()
-            for _ in range(args.calls):
-                rnn(x)
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end) / args.calls
-            print(f"\nCellRNN {args.schedule}, each cuBLAS handle given {args.workspace_mib} MiB of "
-                  f"workspace as the benchmark's executor gives it: {ms:.3f} ms a call, back to back")
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                for _ in range(args.calls):
-                    rnn(x)
-                torch.cuda.synchronize()
-        kernels(prof, "CellRNN with the workspace", args.calls)
+    return start.elapsed_time(end) / calls, prof
 
 
 def given_workspace(rnn: CellRNN, x: torch.Tensor, mib: int) -> None:
