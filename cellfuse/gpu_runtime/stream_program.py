@@ -61,7 +61,7 @@ def image_name(w: str, transposed: bool) -> str:
 
 _loaded: dict[tuple, driver.Module] = {}  # (device ordinal, what, source, lane) -> its module
 _last_stream: dict[int, int] = {}  # a loaded module's handle -> the stream its kernels were last put on
-_route_choice: dict[tuple, str] = {}  # (device ordinal, shape) -> "wgmma" or "copies", for the process
+_route_choice: dict[tuple, str] = {}  # (device ordinal, SMs, shape) -> "wgmma" or "copies", for the process
 
 
 def _module(what: str, source: str, arch: str, lane: int = 0) -> driver.Module:
@@ -94,6 +94,7 @@ class _Resources:
         self.name_of = kernels.name_of
         self.functions: dict[str, object] = {}
         self.handles = [cublas.create() for _ in range(streams)]
+        self.sm_target = sm_target or 0  # (0: all of them, as cuBLAS says it)
         for handle in self.handles if sm_target else ():
             cublas.set_sm_count_target(handle, max(1, sm_target))
         self.scalars = np.array([1.0, 0.0], np.float32)  # cuBLAS reads them when the GEMM is put on a stream
@@ -278,9 +279,11 @@ class _Calls:
 
 
 def route_choice(res: _Resources, plan: Plan, g, op: Operands, a, c, s: int) -> str:
-    """The faster route of a GEMM the warpgroup GEMM could run, timed once per shape and process on
-    scratch memory as large as its operands (their values do not change the time)."""
-    key = (driver.current_device(), op.m, op.n, op.k, op.lda, op.ldw, op.ldc, op.trans_w, op.accumulate)
+    """The faster route of a GEMM the warpgroup GEMM could run, timed once per shape, share of the SMs
+    (cuBLAS picks other kernels for fewer) and process on scratch memory as large as its operands (their
+    values do not change the time)."""
+    key = (driver.current_device(), res.sm_target, op.m, op.n, op.k, op.lda, op.ldw, op.ldc, op.trans_w,
+           op.accumulate)
     if key in _route_choice:
         return _route_choice[key]
     cu = res.cu
