@@ -307,7 +307,8 @@ def baseline_reasons(cell: Cell, config: BenchConfig, backend: str) -> dict[str,
         elif not torch_available():
             out[b] = "not available: PyTorch with CUDA is not installed"
         elif (b in ("cudnn", FLASHRNN) or b in CUDNN_PERSISTENT) and config.lengths:
-            out[b] = "not with --lengths: cuDNN's run of sequences of their own lengths is not a baseline yet"
+            out[b] = (f"not with --lengths: {'FlashRNN' if b == FLASHRNN else 'cuDNN'}'s run of sequences of "
+                      "their own lengths is not a baseline yet")
         elif b != "cudnn" and config.bidirectional:
             out[b] = "not with --bidirectional: of the baselines, only cuDNN's runs both directions"
         elif (b == "cudnn" or b in CUDNN_PERSISTENT) and cudnn_kind(cell) is None:
@@ -833,7 +834,7 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
         elif name == SRU_PACKAGE:
             model = SruPackageCell(p.params, sizes.layers, sizes.input, sizes.hidden, train=train)
         elif name == FLASHRNN:
-            model = FlashRnnCell(p.params, sizes.layers, sizes.input, sizes.hidden, dtype)
+            model = FlashRnnCell(p.params, sizes.layers, sizes.hidden, dtype)
         elif name in COMPILE_MODES:
             model = CompiledCell(p.cell, p.params, sizes.layers, COMPILE_MODES[name], train=train)
         else:

@@ -37,7 +37,7 @@ from ..codegen.persistent_cuda import persistent_buffers
 from ..codegen.plan import PersistentLaunch, Target
 from ..codegen.roofline import Peaks
 from ..graph_model import CellError, Forward
-from .driver import check
+from .driver import capture, check
 from .kernel_cache import cubin
 from .tf32_gemms import Shape, TensorCoreGemms, alignment
 from .wgmma_gemms import Operands, WgmmaGemms, usable
@@ -345,18 +345,12 @@ class CudaExecutor:
         if self.cu is None:
             raise GpuUnavailable("CUDA graphs need NVIDIA's cuda-python (cuda.bindings): "
                                  "pip install cuda-python")
-        cu = self.cu
-        check(cu.cuStreamBeginCapture(self._cs,
-                                          cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
-        try:
+
+        def put() -> None:
             for call in calls:
                 call()
-        finally:
-            graph = check(cu.cuStreamEndCapture(self._cs))
-        try:
-            return check(cu.cuGraphInstantiate(graph, 0))
-        finally:
-            check(cu.cuGraphDestroy(graph))  # the instantiated graph keeps what it needs
+
+        return capture(self._cs, put, "capturing a forward pass")
 
     def replay(self, graph_exec) -> None:
         check(self.cu.cuGraphLaunch(graph_exec, self._cs))

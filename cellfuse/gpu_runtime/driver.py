@@ -5,6 +5,7 @@ streams and events. The launches themselves go through the launch list (launch_l
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 from ..graph_model import CellError
@@ -111,3 +112,23 @@ def new_event():
 def as_stream(handle: int):
     """A cuda.bindings stream of a raw handle (such as torch.cuda.current_stream().cuda_stream)."""
     return bindings().CUstream(handle)
+
+
+def capture(stream, put: Callable[[], object], doing: str):
+    """What `put()` puts on `stream` (and on the streams it forks from it and joins back to it) captured
+    once into a CUDA graph, thread-local, and instantiated: cuGraphLaunch replays it, cuGraphExecDestroy
+    frees it. A capture that `put` fails in is ended, its graph destroyed."""
+    cu = bindings()
+    check(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL), doing)
+    try:
+        put()
+    except BaseException:
+        err, graph = cu.cuStreamEndCapture(stream)
+        if int(err) == 0:
+            cu.cuGraphDestroy(graph)
+        raise
+    graph = check(cu.cuStreamEndCapture(stream), doing)
+    try:
+        return check(cu.cuGraphInstantiate(graph, 0), doing)
+    finally:
+        check(cu.cuGraphDestroy(graph), doing)  # the instantiated graph keeps what it needs

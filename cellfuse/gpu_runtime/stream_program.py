@@ -84,8 +84,8 @@ class _Resources:
     from float64 (docs/results/2026-11-28-cellrnn-launch-list.md)."""
 
     def __init__(self, kernels: KernelSet, arch: str, capability: tuple[int, int], streams: int, what: str,
-                 lane: int, sm_target: int | None = None):
-        """`sm_target`: the SMs cuBLAS picks the handles' kernels for (None: all of the GPU's)."""
+                 lane: int, sm_target: int = 0):
+        """`sm_target`: the SMs cuBLAS picks the handles' kernels for (0: all of the GPU's)."""
         from nvmath.bindings import cublas
 
         self.cu, self.cublas = driver.bindings(), cublas
@@ -94,9 +94,9 @@ class _Resources:
         self.name_of = kernels.name_of
         self.functions: dict[str, object] = {}
         self.handles = [cublas.create() for _ in range(streams)]
-        self.sm_target = sm_target or 0  # (0: all of them, as cuBLAS says it)
+        self.sm_target = sm_target  # (0: all of them, as cuBLAS says it)
         for handle in self.handles if sm_target else ():
-            cublas.set_sm_count_target(handle, max(1, sm_target))
+            cublas.set_sm_count_target(handle, sm_target)
         self.scalars = np.array([1.0, 0.0], np.float32)  # cuBLAS reads them when the GEMM is put on a stream
 
     def point(self, s: int, stream) -> None:
@@ -331,7 +331,7 @@ class StreamProgram:
         streams = 1 + max((getattr(i, "stream", 0) for i in flat), default=0)
         events = 1 + max((i.event for i in flat if isinstance(i, (Record, Wait))), default=-1)
         self.res = _Resources(kernels, arch, capability, streams, what, lane,
-                              sm_count // sharing if sharing > 1 else None)
+                              max(1, sm_count // sharing) if sharing > 1 else 0)
         self.side_streams = [driver.new_stream() for _ in range(streams - 1)]
         self.events = [driver.new_event() for _ in range(events)]
         calls = _Calls(self.res, plan, sm_count, self.events, what)
@@ -391,24 +391,11 @@ class StreamProgram:
         The memory at the bases is the graph's from then on: every replay reads and writes it there. A
         program must have run once before (cuBLAS takes what it needs at its first GEMM on a stream).
         Captured on a stream of the program's own, kept for its captures."""
-        cu, doing = self.res.cu, f"capturing a run of {self.what}"
         if self._capture_stream is None:
             self._capture_stream = driver.new_stream()
         stream = self._capture_stream
-        check(cu.cuStreamBeginCapture(stream, cu.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
-              doing)
-        try:
-            self.calls.run(bases, int(stream))
-        except BaseException:
-            err, graph = cu.cuStreamEndCapture(stream)  # the capture ended whatever failed in it
-            if int(err) == 0:
-                cu.cuGraphDestroy(graph)
-            raise
-        graph = check(cu.cuStreamEndCapture(stream), doing)
-        try:
-            return check(cu.cuGraphInstantiate(graph, 0), doing)
-        finally:
-            check(cu.cuGraphDestroy(graph), doing)  # the instantiated graph keeps what it needs
+        return driver.capture(stream, lambda: self.calls.run(bases, int(stream)),
+                              f"capturing a run of {self.what}")
 
     def replay(self, graph, stream: int) -> None:
         """A captured run put on `stream` (ordered as `run` orders runs), in one call."""

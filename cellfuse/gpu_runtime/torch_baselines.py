@@ -448,8 +448,8 @@ class FlashRnnCell:
     as cuDNN holds each gate's ([out, in]), one bias per gate, and the states (h, c) [2, B, 1, heads, H].
     Its gates are cuDNN's order (i, f, z = g, o). Forward only; the tensors in `dtype`."""
 
-    def __init__(self, params: dict[str, np.ndarray], layers: int, input_size: int, hidden: int, dtype,
-                 device: str = "cuda", backend: str = FLASHRNN_BACKEND):
+    def __init__(self, params: dict[str, np.ndarray], layers: int, hidden: int, dtype, device: str = "cuda",
+                 backend: str = FLASHRNN_BACKEND):
         import torch
         from flashrnn import flashrnn
 

@@ -19,11 +19,12 @@ from functools import partial
 import torch
 from torch.utils._python_dispatch import _disable_current_modes
 
+from ..codegen.precision import PRECISIONS
 from ..gpu_runtime import driver
 from ..gpu_runtime.auto_schedule import REPEATS, Choice, bench_times, choose_schedule
 from ..gpu_runtime.event_timing import median_ms
 from ..graph_model import Cell, CellError, Sizes
-from .runners import FORWARD, FORWARD_BESIDE, REVERSE_BESIDE, make_plans
+from .runners import FORWARD, FORWARD_BESIDE, REVERSE_BESIDE, TORCH_DTYPES, make_plans
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,6 @@ log = logging.getLogger(__name__)
 # wavefront's GEMMs are picked for each layer's share of the SMs).
 RUNS_AS = "called from PyTorch, version 2"
 WARMUP = 3  # untimed calls of each rung first (the first makes its programs)
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def choose(cell: Cell, sizes: Sizes, device: torch.device, bidirectional: bool = False,
@@ -72,7 +72,8 @@ def _called_ms(cell: Cell, sizes: Sizes, rung: str, device: torch.device, bidire
     runners = [CudaRunner(plans, device, lane) for lane in lanes]
     s = sizes
     generator = torch.Generator(device).manual_seed(0)
-    x = torch.randn(s.seq, s.batch, s.input, device=device, generator=generator).to(DTYPES[precision])
+    dtype = TORCH_DTYPES[PRECISIONS[precision].name]
+    x = torch.randn(s.seq, s.batch, s.input, device=device, generator=generator).to(dtype)
     states = [torch.zeros(s.layers, s.batch, s.hidden, device=device, dtype=x.dtype)
               for _ in plans.forward.state_ids]
     # Parameters, so that each is packed once, as a module's are

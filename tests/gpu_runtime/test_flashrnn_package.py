@@ -56,8 +56,8 @@ def test_the_lstm_weights_map_to_flashrnns_layout():
     want = torch_baselines.CudnnCell("lstm", params, SIZES.layers, SIZES.input, SIZES.hidden,
                                      device="cpu")(x, [h0, c0])
     for dtype, tolerance in ((torch.float32, 1e-5), (torch.bfloat16, 3e-2)):
-        model = torch_baselines.FlashRnnCell(params, SIZES.layers, SIZES.input, SIZES.hidden, dtype,
-                                             device="cpu", backend="vanilla")
+        model = torch_baselines.FlashRnnCell(params, SIZES.layers, SIZES.hidden, dtype, device="cpu",
+                                             backend="vanilla")
         got = model(x.to(dtype), [h0.to(dtype), c0.to(dtype)])
         assert got.dtype == dtype and got.shape == want.shape
         assert float((got.float() - want).abs().max()) < tolerance, dtype
