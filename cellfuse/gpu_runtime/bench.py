@@ -63,8 +63,8 @@ BASELINE_NOTES = {
                      "projections before the loop) under torch.compile, mode 'reduce-overhead' (CUDA graphs)",
     "torch.compile default": "the same whole forward under torch.compile in its default mode",
     "cudnn": "torch.nn.LSTM / torch.nn.GRU with the same weights",
-    **{name: f"cuDNN's {ALGORITHM_NAMES[algo]} in float32 (no TF32) with the same weights, through cuDNN's C "
-             "API" for name, algo in CUDNN_PERSISTENT.items()},
+    **{name: f"cuDNN's {ALGORITHM_NAMES[algo]} with the same weights, through cuDNN's C API"
+       for name, algo in CUDNN_PERSISTENT.items()},
     SRU_PACKAGE: "the sru package's SRU (its own fused CUDA kernel) with the same weights",
     FLASHRNN: "FlashRNN's LSTM (the flashrnn package's fused CUDA kernel) with the same weights, the input "
               "projection by torch's matmul",
@@ -813,6 +813,8 @@ def _prepare_torch(p: _Problem, name: str) -> tuple[BenchRow, _Timed | None]:
         dtype = torch.float16
     if precision != "fp32":
         _add_note(row, SIXTEEN_BIT_NOTES[name].format(dtype))
+    elif name in CUDNN_PERSISTENT:
+        _add_note(row, "in float32 (no TF32)")
     if fp16_beside_bf16:
         why = ("torch flattens no bfloat16 weights for cuDNN" if name == "cudnn"
                else "cuDNN's 16-bit RNN as PyTorch runs it")

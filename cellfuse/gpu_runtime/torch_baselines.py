@@ -441,6 +441,31 @@ def flashrnn_unavailable() -> str | None:
     return None
 
 
+def _give_flashrnn_the_device_limits() -> None:
+    """FlashRNN sizes its kernels from four of the device's limits, which it reads through a C++ extension
+    of its own built at the first call; that extension copies every field of cudaDeviceProp, some of which
+    CUDA 13 removed (clockRate, memoryClockRate, ...), so that its build fails there. The same four limits,
+    read from the driver, leave its kernels as they are."""
+    import importlib
+
+    from .driver import bindings, check
+
+    cu = bindings()
+    attribute = cu.CUdevice_attribute
+    limits = {"maxThreadsPerBlock": attribute.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK,
+              "regsPerMultiprocessor": attribute.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR,
+              "multiProcessorCount": attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+              "sharedMemPerBlockOptin": attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN}
+
+    def device_limits(device_id: int) -> dict:
+        check(cu.cuInit(0), "initialising the driver")
+        device = check(cu.cuDeviceGet(device_id), "asking for the device")
+        return {key: int(check(cu.cuDeviceGetAttribute(which, device), f"asking for the device's {key}"))
+                for key, which in limits.items()}
+
+    importlib.import_module("flashrnn.flashrnn.flashrnn").get_gpu_info = device_limits
+
+
 class FlashRnnCell:
     """FlashRNN's LSTM (Pöppel et al. 2024, the `flashrnn` package) loaded with the LSTM template's weights,
     a layer at a time: x @ W for all steps by torch's matmul, then the recurrence by FlashRNN, which takes
@@ -453,6 +478,8 @@ class FlashRnnCell:
         import torch
         from flashrnn import flashrnn
 
+        if backend != "vanilla":
+            _give_flashrnn_the_device_limits()
         self.torch, self.flashrnn, self.backend, self.hidden = torch, flashrnn, backend, hidden
         self.dtype_name = str(dtype).removeprefix("torch.")
         self.layers = []

@@ -65,8 +65,8 @@ def test_the_lstm_weights_map_to_flashrnns_layout():
 
 @pytest.mark.gpu
 def test_its_fused_kernel_is_checked_and_timed_in_bf16(gpu):
-    """In bf16 beside the schedules: within the precision's bound of the reference and timed, or, where
-    the package or its kernels' build is missing, a row that says so."""
+    """In bf16 beside the schedules: within the precision's bound of the reference and timed; where the
+    package is missing, a row that says so. Where it imports, its kernels must build and run."""
     result = run_benchmark(load_template("lstm"), BenchConfig(Sizes(seq=20, batch=8, input=64, hidden=64,
                                                                     layers=1), "cuda", schedules=["graph"],
                                                               baselines=[FLASHRNN], repeats=2,
@@ -74,7 +74,5 @@ def test_its_fused_kernel_is_checked_and_timed_in_bf16(gpu):
     row = result.row(FLASHRNN)
     if torch_baselines.flashrnn_unavailable() is not None:
         assert not row.applicable and row.note.startswith("not available")
-    elif row.applicable:
-        assert row.ok and row.median_ms > 0, row.note
     else:
-        assert row.note.startswith("not available: FlashRNN failed"), row.note
+        assert row.applicable and row.ok and row.median_ms > 0, row.note
