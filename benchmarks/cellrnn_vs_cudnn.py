@@ -26,7 +26,10 @@ torch does not flatten bf16 weights for cuDNN and so compacts them at every call
 - a training step (unless --no-train): forward, loss = y.pow(2).mean(), backward, the gradients zeroed
   (set to None) between steps and outside the clock, no optimizer; checked first by the parameters'
   gradients (each parameter's largest difference relative to its largest gradient, or to GRAD_FLOOR of
-  the largest gradient of all where that is more: at most GRAD_TOLERANCE);
+  the largest gradient of all where that is more: at most GRAD_TOLERANCE); and the same steps queued
+  back to back (BACK_TO_BACK of them, the gradients zeroed before each, the device synchronised only
+  before the first and after the last), as a training loop that reads nothing back runs them: the time
+  per step;
 - `cellfuse bench`'s time of the rung CellRNN ran at the same sizes (run_benchmark in this process, with
   the rung as its only schedule and cuDNN as its only baseline; forward, and with BenchConfig.train the
   equivalent of `cellfuse bench --train`). The bench checks against the float64 reference first, which
@@ -75,6 +78,7 @@ from cellfuse.nn import CellRNN
 
 TOLERANCE = 1e-3  # the largest absolute difference of y (float32 against float32) that passes
 GRAD_TOLERANCE = 1e-3  # of a parameter's gradient, relative to its largest (see GRAD_FLOOR)
+BACK_TO_BACK = 10  # training steps queued without waiting, per timed run of them
 GRAD_FLOOR = 1e-3  # a parameter's gradient counts relative to at least this fraction of the largest of all
 CELLS = ("lstm", "gru")
 BENCH_MODES = ("forward", "train")
@@ -121,6 +125,22 @@ class Clock:
         self.end.synchronize()
         return self.start.elapsed_time(self.end), host
 
+    def per_step(self, run: Run, before: Run, steps: int) -> float:
+        """The time of `steps` runs (each after `before`) queued back to back, divided by `steps`: the
+        device is synchronised before the first and after the last, never between them."""
+        self.sync()
+        if self.cuda:
+            self.start.record()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            before()
+            run()
+        if not self.cuda:
+            return (time.perf_counter() - t0) * 1e3 / steps
+        self.end.record()
+        self.end.synchronize()
+        return self.start.elapsed_time(self.end) / steps
+
 
 def stats(times: list[float]) -> dict:
     return {"median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
@@ -151,6 +171,18 @@ def time_in_turns(impls: dict[str, tuple[Run, Run | None]], clock: Clock, repeat
             gc.enable()
     return {name: {"device": stats([d for d, _ in ts]), "host": stats([h for _, h in ts])}
             for name, ts in times.items()}
+
+
+def time_back_to_back(impls: dict[str, tuple[Run, Run]], clock: Clock, repeats: int) -> dict[str, dict]:
+    """Each implementation's time per step where BACK_TO_BACK steps are queued without waiting for the
+    device, as a training loop that reads no value back runs them (the host's work for a step overlaps the
+    device's for the one before): `repeats` such runs, in turns. {name: stats}"""
+    times: dict[str, list[float]] = {name: [] for name in impls}
+    names = list(impls)
+    for r in range(repeats):
+        for name in names if r % 2 == 0 else names[::-1]:
+            times[name].append(clock.per_step(*impls[name], BACK_TO_BACK))
+    return {name: stats(ts) for name, ts in times.items()}
 
 
 # -- the models ----------------------------------------------------------------------------------------
@@ -326,6 +358,7 @@ def train_part(rnn: CellRNN, cudnn: CudnnCell, x: torch.Tensor, clock: Clock, ar
         return out
     out["ok"] = True
     out.update(time_in_turns(steps, clock, args.repeats, args.warmup))
+    out["back_to_back"] = time_back_to_back(steps, clock, max(2, args.repeats // 4))
     rnn.zero_grad(set_to_none=True)
     module.zero_grad(set_to_none=True)
     module.eval()
@@ -528,7 +561,8 @@ def tables(record: dict) -> str:
     if record["settings"]["train"]:
         lines += ["", "Training step (forward, loss = y.pow(2).mean(), backward):", ""]
         head = ["cell", "T", "B", "layers", "rung", "bench --train ms", "CellRNN ms", "cuDNN ms",
-                "CellRNN/bench", "speedup vs cuDNN", "check (grad rel error)"]
+                "CellRNN/bench", "speedup vs cuDNN", "CellRNN back to back ms", "cuDNN back to back ms",
+                "check (grad rel error)"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rows:
             t = r["train"] or {}
@@ -536,8 +570,11 @@ def tables(record: dict) -> str:
             error = t.get("grad_rel_error")
             check = ("" if not t else ("ok" if t.get("ok") else "FAILED")
                      + ("" if error is None else f" ({error:.1e})"))
+            together = t.get("back_to_back") or {}
             cells = [r["cell"], r["seq"], r["batch"], r["layers"], r["rung"] or "", ms(bench_ms(r, "train")),
-                     ms(ours), ms(theirs), ratio(ours, bench_ms(r, "train")), ratio(theirs, ours, "x"), check]
+                     ms(ours), ms(theirs), ratio(ours, bench_ms(r, "train")), ratio(theirs, ours, "x"),
+                     *(ms(together[name]["median_ms"] if name in together else None)
+                       for name in ("CellRNN", "cuDNN")), check]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
     if record["compile"]:
         lines += ["", "torch.compile(model, fullgraph=True) of embedding -> CellRNN -> linear, forward:", ""]

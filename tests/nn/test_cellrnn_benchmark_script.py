@@ -41,6 +41,9 @@ def check_row(script, row: dict) -> None:
     train = row["train"]
     assert train["ok"] and 0 <= train["grad_rel_error"] <= script.GRAD_TOLERANCE
     timed(train, "CellRNN"), timed(train, "cuDNN")
+    for name in ("CellRNN", "cuDNN"):  # and queued back to back: a time per step of each run of them
+        together = train["back_to_back"][name]
+        assert len(together["runs_ms"]) == 2 and 0 < together["min_ms"] <= together["median_ms"]
     # the parts that need a GPU say so instead of running
     assert {mode: b["ms"] for mode, b in row["bench"].items()} == {"forward": None, "train": None}
     assert all("needs a GPU" in b["note"] for b in row["bench"].values())
@@ -61,7 +64,7 @@ def test_on_the_cpu_every_case_is_checked_then_timed(script, tmp_path, capsys):
         check_row(script, row)
     assert record["compile"] == []
     for heading in ("| cell | T | B | layers | rung | bench ms | CellRNN ms | CellRNN host ms | cuDNN ms |",
-                    "Training step"):
+                    "Training step", "| CellRNN back to back ms | cuDNN back to back ms |"):
         assert heading in stdout
     assert "| lstm | 5 | 2 | 1 | graph |" in stdout and "| gru | 5 | 2 | 1 | graph |" in stdout
 
