@@ -48,7 +48,8 @@ def main() -> None:
 
 def gaps(events) -> str:
     """The GPU's idle stretches of each step (see the module's docstring), as text."""
-    device = sorted((e for e in events if e.device_type == DeviceType.CUDA
+    # (the step's label shows on the GPU too, as a range over its kernels: not a kernel)
+    device = sorted((e for e in events if e.device_type == DeviceType.CUDA and e.name != "step"
                      and "Buffer Request" not in e.name), key=lambda e: e.time_range.start)
     host = [e for e in events if e.device_type == DeviceType.CPU]
     steps = sorted((e for e in host if e.name == "step"), key=lambda e: e.time_range.start)

@@ -268,6 +268,9 @@ class _Eager(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, cell, hidden, layers, schedule, save, direction, n_states, *tensors):
         # (ctx in forward: a separate setup_context makes autograd bind the arguments by inspect, slowly)
+        # Outputs that nothing used get None, not zeros, in backward: a final state no loss reads adds no
+        # seed, where zeros would cost an allocation, a fill and an addition each
+        ctx.set_materialize_grads(False)
         states, params = list(tensors[:n_states]), list(tensors[n_states:])
         output = rnn_impl(x, states, params, cell, hidden, layers, schedule, save, direction, DEFAULT_FLOAT32)
         _setup_context(ctx, (x, states, params, cell, hidden, layers, schedule, save, direction,

@@ -207,3 +207,31 @@ def _eager_sgd(run, x, target, steps: int) -> list[float]:
         optimizer.step()
         losses.append(loss.item())
     return losses
+
+
+def test_a_final_state_no_loss_reads_adds_no_seed(monkeypatch):
+    """A loss of y alone hands the backward pass no seed for the final states (None, not zeros: no
+    allocation, fill or addition for them), one of y and c a seed for c alone; the gradients are those
+    of the same loss through y and through zeros added to the unread states."""
+    from cellfuse.nn.runners import NumpyRunner
+
+    seeds = []
+    original = NumpyRunner.backward
+
+    def recording(self, dy, dfinals, *args):
+        seeds.append([None if d is None else tuple(d.shape) for d in dfinals])
+        return original(self, dy, dfinals, *args)
+
+    monkeypatch.setattr(NumpyRunner, "backward", recording)
+    rnn = CellRNN("lstm", 4, 3, 2, seed=1).double()
+    x = torch.randn(5, 2, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0),
+                    requires_grad=True)
+    y, final = rnn(x)
+    (dx_y,) = torch.autograd.grad((y ** 2).sum(), [x])
+    y, final = rnn(x)
+    (dx_c,) = torch.autograd.grad((y ** 2).sum() + final["c"].sum(), [x])
+    y, final = rnn(x)
+    (dx_all,) = torch.autograd.grad((y ** 2).sum() + final["c"].sum() + 0 * final["h"].sum(), [x])
+    assert seeds == [[None, None], [None, (2, 2, 3)], [(2, 2, 3), (2, 2, 3)]]
+    torch.testing.assert_close(dx_c, dx_all, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(dx_y, dx_c)
