@@ -13,6 +13,7 @@ times, as called, come closer to the benchmark's.)
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from functools import partial
 
@@ -92,6 +93,9 @@ def _called_ms(cell: Cell, sizes: Sizes, rung: str, device: torch.device, bidire
         runners[0].forward(x, states, params, save=False, shared=True)
         main.wait_stream(side)
 
-    for _ in range(WARMUP):
-        call()
-    return median_ms(driver, call, driver.as_stream(main.cuda_stream), REPEATS, idle=True)
+    with contextlib.ExitStack() as held:  # (their replays are the process's: see cuda_runner._live)
+        for runner in runners:
+            held.enter_context(runner.lock)
+        for _ in range(WARMUP):
+            call()
+        return median_ms(driver, call, driver.as_stream(main.cuda_stream), REPEATS, idle=True)

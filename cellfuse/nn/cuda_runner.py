@@ -22,6 +22,7 @@ asks of any warm-up.
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -399,7 +400,6 @@ class CudaRunner(Runner):
         return self.layout.gradients(views)
 
 
-
 class _Replay:
     """A forward program that launches at every step (the rungs up to `graph`), captured into a CUDA graph
     over memory of its own and replayed at every inference call: one call puts the whole pass on the
@@ -407,9 +407,10 @@ class _Replay:
     states into that memory and y and the final states out of it, into tensors of their own (in x's
     type). The memory is one call's, shared by every module the runner serves (calls are ordered on the
     streams: see StreamProgram.order), and kept by the last MAX_REPLAYS replays of the process to run (an
-    older one is dropped, its memory given back; its runner makes it again at its next call). A graph is
-    captured per address of packed weights (a module's; the last MAX_PACKINGS kept: packed weights found
-    again at the same address are laid out the same, whichever module's they are)."""
+    older one is dropped, its memory given back, unless another thread runs it then; its runner makes it
+    again at its next call). A graph is captured per address of packed weights (a module's; the last
+    MAX_PACKINGS kept: packed weights found again at the same address are laid out the same, whichever
+    module's they are)."""
 
     def __init__(self, runner: CudaRunner, program, x: torch.Tensor, home: tuple[dict, str]):
         """`home`: the runner's replays and this one's key in them."""
@@ -426,17 +427,28 @@ class _Replay:
         self.graphs: OrderedDict[int, object] = OrderedDict()  # packed weights' address -> graph
         # the streams its memory was used on (the caching allocator must know them to free it)
         self._streams = {torch._C._cuda_getCurrentRawStream(runner.index)}
-        self._home = home
+        self._home, self._lock = home, runner.lock
         replays, which = home
         replays[which] = self
-        _live[id(self)] = self
-        while len(_live) > MAX_REPLAYS:
-            next(iter(_live.values())).drop()
+        with _live_lock:
+            _live[id(self)] = self
+            others = [r for r in _live.values() if r is not self]  # the least recently run first
+        excess = len(others) + 1 - MAX_REPLAYS
+        for other in others:
+            if excess <= 0:
+                break
+            if other._lock.acquire(blocking=False):  # one that another thread runs now is kept
+                try:
+                    other.drop()  # (dropping one twice, from two threads, changes nothing)
+                finally:
+                    other._lock.release()
+                excess -= 1
 
     def run(self, x: torch.Tensor, states: Sequence[torch.Tensor], packed: int, stream: int
             ) -> tuple[torch.Tensor, list[torch.Tensor]]:
         graph = self._graph(packed)
-        _live.move_to_end(id(self))
+        with _live_lock:
+            _live.move_to_end(id(self))
         if stream not in self._streams:
             current = torch.cuda.current_stream(self.x.device)
             for t in (self.x, *self.states, self._whole, *self.finals, self._scratch):
@@ -471,7 +483,8 @@ class _Replay:
         """Its graphs released, and it out of its runner and of the process's live replays: its memory goes
         back to the caching allocator once nothing refers to it."""
         self.close()
-        _live.pop(id(self), None)
+        with _live_lock:
+            _live.pop(id(self), None)
         replays, which = self._home
         if replays.get(which) is self:
             del replays[which]
@@ -479,6 +492,8 @@ class _Replay:
 
 MAX_REPLAYS = 4  # replays that keep their memory at once, in the process
 _live: OrderedDict[int, _Replay] = OrderedDict()  # by id, the least recently run first
+# _live's changes, from any thread; a replay is dropped only by a thread that holds its runner's lock
+_live_lock = threading.Lock()
 
 
 def _close(programs: dict, replays: dict) -> None:

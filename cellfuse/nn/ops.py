@@ -11,6 +11,11 @@ fastest as a module calls it (auto_choice).
 
 In eager mode `run` calls the same runner without the dispatcher (see _Eager), or, where nothing is saved
 for a backward pass, with no autograd at all.
+
+Calls from several threads are safe: a runner's memory is one run's at a time (its `lock`; the runs
+themselves are ordered on the streams by the programs), and the caches here are changed, and what they
+keep made, under one lock (a second thread that wants a runner being made waits for it rather than
+making it again).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import threading
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
 from functools import lru_cache
@@ -37,6 +43,7 @@ MAX_RUNNERS = 16  # sizes, dtypes and devices whose plans and programs the proce
 
 _plans: OrderedDict[tuple, Plans] = OrderedDict()
 _runners: OrderedDict[tuple, Runner] = OrderedDict()
+_caches = threading.RLock()  # the caches of this module (made under it: plans within a runner's making)
 
 
 def cell_text(cell: Cell) -> str:
@@ -52,13 +59,14 @@ def masked_text(cell: str) -> str:
 
 
 def _remember(cache: OrderedDict, key: tuple, make):
-    if key in cache:
-        cache.move_to_end(key)
-        return cache[key]
-    value = cache[key] = make()
-    if len(cache) > MAX_RUNNERS:
-        cache.popitem(last=False)  # a backward pass that still needs it made it again
-    return value
+    with _caches:
+        if key in cache:
+            cache.move_to_end(key)
+            return cache[key]
+        value = cache[key] = make()
+        if len(cache) > MAX_RUNNERS:
+            cache.popitem(last=False)  # a backward pass that still needs it made it again
+        return value
 
 
 def _share(direction: int) -> int:
@@ -140,9 +148,11 @@ def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, 
     T, B, inputs = x.shape
     float32 = float32 if x.dtype in PRECISIONS else DEFAULT_FLOAT32  # (float32 plans keep every state so)
     key = (cell, T, B, inputs, hidden, layers, schedule, x.dtype, x.device, direction, float32)
-    if key in _runners:
-        _runners.move_to_end(key)
-        return _runners[key]
+    with _caches:
+        found = _runners.get(key)
+        if found is not None:
+            _runners.move_to_end(key)
+            return found
 
     def make() -> Runner:
         p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction, precision_of(x.dtype),
@@ -182,8 +192,9 @@ def _forward(x, states, params, cell, hidden, layers, schedule, save, direction,
     """rnn's outputs; where `shared` (not through the op, which wants outputs of their own, and without
     saved steps), y and the final states may be views of one piece of memory."""
     with _on_device(x):
-        y, finals, reserve = runner(cell, x, hidden, layers, schedule, direction, float32).forward(
-            x, states, params, save, shared)
+        r = runner(cell, x, hidden, layers, schedule, direction, float32)
+        with r.lock:
+            y, finals, reserve = r.forward(x, states, params, save, shared)
     return [y, *finals, reserve]
 
 
@@ -207,8 +218,9 @@ def rnn_backward_impl(dy: torch.Tensor, dfinals: list[torch.Tensor], x: torch.Te
     """[dx, *d initial states, *the parameters' gradients grouped (TensorLayout.gradients)] of the forward
     pass that returned y and the reserve, for the seeds dy and dfinals."""
     with _on_device(x):
-        dx, dstates, dparams = runner(cell, x, hidden, layers, schedule, direction).backward(
-            dy, dfinals, x, states, params, y, reserve)
+        r = runner(cell, x, hidden, layers, schedule, direction)
+        with r.lock:
+            dx, dstates, dparams = r.backward(dy, dfinals, x, states, params, y, reserve)
     return [dx, *dstates, *dparams]
 
 

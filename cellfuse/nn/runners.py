@@ -18,6 +18,7 @@ float32).
 from __future__ import annotations
 
 import logging
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -126,6 +127,9 @@ class Runner(ABC):
         self.plans = plans
         self.schedule = plans.schedule
         self.layout = plans.layout
+        # held by a caller for a whole run: a runner's buffers (the numpy executor's, the GPU's packed
+        # weights and replay memory) are one run's at a time
+        self.lock = threading.Lock()
 
     @abstractmethod
     def forward(self, x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor],

@@ -353,3 +353,35 @@ def test_a_modules_zeros_are_made_once_and_known_as_its_own():
     del zeros, a
     gc.collect()
     assert key not in _made
+
+
+def test_calls_from_several_threads_get_their_own_results():
+    """Threads that call one module at once (one runner: the numpy executor's buffers) get the results of
+    the same calls made one at a time, forward and backward."""
+    import threading
+
+    rnn = CellRNN("lstm", 8, 12, 2, seed=1)
+    gen = torch.Generator().manual_seed(0)
+    xs = [torch.randn(6, 3, 8, generator=gen) for _ in range(3)]
+
+    def run(x):
+        x = x.clone().requires_grad_()
+        y, _ = rnn(x)
+        (dx,) = torch.autograd.grad(y.pow(2).sum(), [x])
+        return y.detach(), dx
+
+    want = [run(x) for x in xs]
+    wrong: list[int] = []
+
+    def work(i: int) -> None:
+        for _ in range(30):
+            y, dx = run(xs[i])
+            if not (torch.equal(y, want[i][0]) and torch.equal(dx, want[i][1])):
+                wrong.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong, f"{len(wrong)} calls of {30 * len(xs)} got another call's result"

@@ -4,6 +4,7 @@ piece of memory, and which initial states it converts once. The GPU runs are tes
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
 import pytest
@@ -20,6 +21,7 @@ def runner(y_dtype: torch.dtype, states: int) -> CudaRunner:
     made._sizes, made._y_dtype, made._state_dtypes = (T, B, H, L), y_dtype, [y_dtype] * states
     made.infer_memory = SimpleNamespace(reserve_bytes=1000)
     made._zeros = Zeros()
+    made.lock = threading.Lock()
     made._inference_layout()
     return made
 
@@ -107,3 +109,22 @@ def test_a_replay_captures_per_packing_and_only_the_last_ones_keep_their_memory(
     assert all(home["forward"] is replay for home, replay in zip(homes[1:], kept, strict=True))
     replays[1].drop()
     assert "forward" not in homes[1] and id(replays[1]) not in cuda_runner._live
+
+
+def test_a_replay_that_another_thread_runs_is_not_dropped(monkeypatch):
+    """Past MAX_REPLAYS, the least recently run replay whose runner no thread holds goes: one whose runner
+    another thread is running (its lock held) keeps its memory and its graphs."""
+    from cellfuse.nn import cuda_runner
+
+    monkeypatch.setattr(cuda_runner, "_live", type(cuda_runner._live)())
+    homes = [{} for _ in range(cuda_runner.MAX_REPLAYS + 1)]
+    replays = [_replay(monkeypatch, home) for home in homes[:-1]]
+    x, states = torch.ones(T, B, 3), [torch.ones(L, B, H)] * 2
+    replays[0].run(x, states, 100, 7)
+    for replay in replays[1:]:
+        replay.run(x, states, 100, 7)
+    with replays[0]._lock:  # as another thread's call of its runner holds it
+        _replay(monkeypatch, homes[-1])
+    assert homes[0]["forward"] is replays[0] and replays[0].graphs  # busy: kept
+    assert "forward" not in homes[1] and replays[1].graphs == {}  # the next least recently run went
+    assert len(cuda_runner._live) == cuda_runner.MAX_REPLAYS

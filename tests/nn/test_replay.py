@@ -129,3 +129,43 @@ def test_only_the_last_replays_keep_their_memory_and_a_dropped_one_is_made_again
     assert "forward" in runners[0]._replays and "forward" not in runners[1]._replays
     for y, w in zip([*first, again], [*want, want[0]], strict=True):
         torch.testing.assert_close(y, w, rtol=1e-6, atol=1e-6)
+
+
+def test_calls_from_several_threads_get_their_own_results(cuda):
+    """Threads that call one module (one runner: one replay's memory) and modules of other sizes (whose
+    replays evict each other's, past MAX_REPLAYS) at once, each on a stream of its own, get the results
+    of the same calls made one at a time."""
+    import threading
+
+    from cellfuse.nn import cuda_runner
+
+    rnn = _lstm(cuda)
+    batches = [2, 3, 2, 3, *range(20, 20 + cuda_runner.MAX_REPLAYS)]
+    xs = [torch.randn(T, b, INPUT, device=cuda) for b in batches]
+    with torch.no_grad():
+        want = [rnn(x)[0] for x in xs]
+        for x in xs:  # the second calls capture: from here on, replays
+            rnn(x)
+    torch.cuda.synchronize()
+    wrong: list[int] = []
+    failed: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            stream = torch.cuda.Stream(cuda)
+            with torch.cuda.stream(stream), torch.no_grad():
+                for _ in range(20):
+                    y = rnn(xs[i])[0]
+                    if not torch.equal(y, want[i]):
+                        wrong.append(i)
+            stream.synchronize()
+        except BaseException as e:  # (reported by the test's thread)
+            failed.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failed, failed
+    assert not wrong, f"{len(wrong)} calls of {20 * len(xs)} got another call's result"
