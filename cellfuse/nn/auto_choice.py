@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from functools import partial
 
 import torch
@@ -51,17 +52,22 @@ def called_times(device: torch.device, cell: Cell, sizes: Sizes, bidirectional: 
     """Median ms of a module's forward call of each rung that the benchmark checked (both directions side
     by side, where `bidirectional`); a rung that cannot run that way is left out, and where none can, the
     benchmark's times stand."""
-    checked = bench_times(cell, sizes, bidirectional, precision)
-    times = {}
-    # (torch.compile and torch.export ask for the plans from the op's fake implementation, under their
-    # dispatch modes: the rungs still run on real tensors)
-    with _disable_current_modes():
-        for rung in checked:
-            try:
-                times[rung] = _called_ms(cell, sizes, rung, device, bidirectional, precision)
-            except CellError as e:
-                log.info("auto: '%s' ran in the benchmark but not as a module calls it (%s)", rung, e)
+    with _measuring:
+        checked = bench_times(cell, sizes, bidirectional, precision)
+        times = {}
+        # (torch.compile and torch.export ask for the plans from the op's fake implementation, under their
+        # dispatch modes: the rungs still run on real tensors)
+        with _disable_current_modes():
+            for rung in checked:
+                try:
+                    times[rung] = _called_ms(cell, sizes, rung, device, bidirectional, precision)
+                except CellError as e:
+                    log.info("auto: '%s' ran in the benchmark but not as a module calls it (%s)", rung, e)
     return times or checked
+
+
+# one measurement at a time in the process: two threads' first calls at new sizes would time each other
+_measuring = threading.Lock()
 
 
 def _called_ms(cell: Cell, sizes: Sizes, rung: str, device: torch.device, bidirectional: bool,

@@ -307,12 +307,10 @@ class CellRNN(torch.nn.Module):
                                    self.schedule, lengths, float32=self._float32)
         if not torch.compiler.is_compiling():  # (the dtype of the plans the pass ran)
             seen = (x.shape, x.device, stacks.plans_dtype(x, initial, params), lengths is not None, by_layer)
-            if seen != self._last_seen:
+            if seen != self._last_seen:  # (a new dict, not changed in place: threads may read it)
                 self._last_seen = seen
-                self._seen[seen] = None
-                self._seen.move_to_end(seen)
-                if len(self._seen) > MAX_SEEN:
-                    self._seen.popitem(last=False)
+                recent = [s for s in self._seen if s != seen][-(MAX_SEEN - 1):] + [seen]
+                self._seen = OrderedDict.fromkeys(recent)
         if packed is not None:
             y, finals = packed.pack(y), packed.unsorted(finals)
         elif self.batch_first:

@@ -307,8 +307,12 @@ class CudaRunner(Runner):
         return s.to(dtype, memory_format=torch.contiguous_format)
 
     def forward(self, x, states, params, save, shared=False):
+        program = self._program("train" if save else "forward")
+        with program.turn:
+            return self._forward(program, x, states, params, save, shared)
+
+    def _forward(self, program, x, states, params, save, shared):
         which = "train" if save else "forward"
-        program = self._program(which)
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         program.order(stream)  # (before the packing, which may write what a run on another stream reads)
         packed = self._weights(params, stream)
@@ -377,9 +381,13 @@ class CudaRunner(Runner):
         return y, [block.as_strided((L, B, H), (row, H, 1), at) for at in self._finals_at]
 
     def backward(self, dy, dfinals, x, states, params, y, reserve):
+        program = self._program("backward")
+        with program.turn:
+            return self._backward(program, dy, dfinals, x, states, params, y, reserve)
+
+    def _backward(self, program, dy, dfinals, x, states, params, y, reserve):
         x, states = _in_place(x), [_in_place(s) for s in states]
         memory = self.memory
-        program = self._program("backward")
         T, B, H, L = self._sizes
         row = B * H * y.element_size()
         if y.storage_offset() * y.element_size() < row or reserve.numel() != memory.reserve_bytes:
@@ -475,9 +483,9 @@ class _Replay:
 
     def close(self) -> None:
         """Its graphs released (captured again at its next run)."""
-        for graph in self.graphs.values():
+        graphs, self.graphs = self.graphs, OrderedDict()  # (taken first: two closes release each once)
+        for graph in graphs.values():
             self.program.release(graph)
-        self.graphs.clear()
 
     def drop(self) -> None:
         """Its graphs released, and it out of its runner and of the process's live replays: its memory goes
@@ -487,13 +495,13 @@ class _Replay:
             _live.pop(id(self), None)
         replays, which = self._home
         if replays.get(which) is self:
-            del replays[which]
+            replays.pop(which, None)
 
 
 MAX_REPLAYS = 4  # replays that keep their memory at once, in the process
 _live: OrderedDict[int, _Replay] = OrderedDict()  # by id, the least recently run first
 # _live's changes, from any thread; a replay is dropped only by a thread that holds its runner's lock
-_live_lock = threading.Lock()
+_live_lock = threading.RLock()  # (reentrant: a runner's finalizer may drop its replay inside)
 
 
 def _close(programs: dict, replays: dict) -> None:

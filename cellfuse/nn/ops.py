@@ -12,10 +12,9 @@ fastest as a module calls it (auto_choice).
 In eager mode `run` calls the same runner without the dispatcher (see _Eager), or, where nothing is saved
 for a backward pass, with no autograd at all.
 
-Calls from several threads are safe: a runner's memory is one run's at a time (its `lock`; the runs
-themselves are ordered on the streams by the programs), and the caches here are changed, and what they
-keep made, under one lock (a second thread that wants a runner being made waits for it rather than
-making it again).
+Calls from several threads are safe: a runner's memory is one run's at a time (its `lock`), a loaded
+module's runs are put on the streams one at a time (StreamProgram.turn), and the caches here change under
+one lock; a thread that wants a runner that another is making waits for it rather than making it again.
 """
 
 from __future__ import annotations
@@ -43,7 +42,8 @@ MAX_RUNNERS = 16  # sizes, dtypes and devices whose plans and programs the proce
 
 _plans: OrderedDict[tuple, Plans] = OrderedDict()
 _runners: OrderedDict[tuple, Runner] = OrderedDict()
-_caches = threading.RLock()  # the caches of this module (made under it: plans within a runner's making)
+_caches = threading.Lock()  # the caches of this module
+_making: dict[tuple, threading.Lock] = {}  # (a cache's id, a key) -> held while its value is made
 
 
 def cell_text(cell: Cell) -> str:
@@ -63,9 +63,23 @@ def _remember(cache: OrderedDict, key: tuple, make):
         if key in cache:
             cache.move_to_end(key)
             return cache[key]
-        value = cache[key] = make()
-        if len(cache) > MAX_RUNNERS:
-            cache.popitem(last=False)  # a backward pass that still needs it made it again
+        making = _making.setdefault((id(cache), key), threading.Lock())
+    # one thread makes it (compiling, maybe measuring, for seconds); another that wants it waits for it,
+    # and those that want something else go on
+    with making:
+        with _caches:
+            if key in cache:
+                cache.move_to_end(key)
+                return cache[key]
+        try:
+            value = make()
+        finally:
+            with _caches:
+                _making.pop((id(cache), key), None)
+        with _caches:
+            cache[key] = value
+            if len(cache) > MAX_RUNNERS:
+                cache.popitem(last=False)  # a backward pass that still needs it made it again
         return value
 
 

@@ -18,6 +18,7 @@ change).
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -178,16 +179,21 @@ def _beside(x: torch.Tensor) -> bool:
     return x.device.type == "cuda" and not torch.compiler.is_compiling()
 
 
-_side_streams: dict[int, torch.cuda.Stream] = {}
+# per thread, per device: a thread's side stream waits for no other thread's work, and joins no other
+# thread's CUDA graph capture
+_side_streams = threading.local()
 
 
 def _side_by_side(first: Callable, second: Callable, x: torch.Tensor, initial: Sequence[torch.Tensor]):
     """first() on the current stream and second() on a side stream forked from it and joined back."""
     main = torch.cuda.current_stream(x.device)
     index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    if index not in _side_streams:
-        _side_streams[index] = torch.cuda.Stream(x.device)
-    side = _side_streams[index]
+    mine = getattr(_side_streams, "by_device", None)
+    if mine is None:
+        mine = _side_streams.by_device = {}
+    if index not in mine:
+        mine[index] = torch.cuda.Stream(x.device)
+    side = mine[index]
     side.wait_stream(main)
     with torch.cuda.stream(side):
         for t in (x, *initial):  # made on the current stream, read on the side one

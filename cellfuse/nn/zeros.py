@@ -36,9 +36,10 @@ class Zeros:
         if torch.compiler.is_compiling():
             return torch.zeros(shape, dtype=dtype, device=device)
         key = (shape, dtype, device)
-        if key not in self._kept:
-            if len(self._kept) >= MAX_ZEROS:
-                self._kept.pop(next(iter(self._kept)))
+        t = self._kept.get(key)
+        if t is None:  # (threads may make one each: the last kept, every one of them zeros)
+            while len(self._kept) >= MAX_ZEROS:
+                self._kept.pop(next(iter(self._kept), None), None)
             t = self._kept[key] = torch.zeros(shape, dtype=dtype, device=device)
             _made[id(t)] = weakref.ref(t, partial(_forget, id(t)))
-        return self._kept[key]
+        return t

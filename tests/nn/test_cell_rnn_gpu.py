@@ -99,3 +99,48 @@ def test_float64_and_a_module_on_another_device_are_refused_on_the_gpu(cuda):
     with pytest.raises(CellError, match="x has dtype torch.float64; on cuda CellRNN runs torch.float32, "
                                         "torch.bfloat16"):
         rnn.to(cuda, torch.float64)(torch.randn(5, 2, 4, device=cuda, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("train", [False, True])
+def test_threads_whose_runs_share_a_persistent_kernel_take_turns(cuda, train):
+    """Modules at two sequence lengths share one loaded persistent kernel (its exchange arrays): threads
+    that call them at once, each on a stream of its own, forward or forward and backward, get the results
+    of the same calls made one at a time."""
+    import threading
+
+    rnn = CellRNN("lstm", 32, 48, 1, schedule="persistent", seed=2).to(cuda)
+    xs = [torch.randn(seq, 4, 32, device=cuda) for seq in (20, 24, 20, 24)]
+
+    def call(x):
+        if not train:
+            with torch.no_grad():
+                return [rnn(x)[0]]
+        x = x.clone().requires_grad_()
+        y, _ = rnn(x)
+        return [y.detach(), *torch.autograd.grad(y.pow(2).sum(), [x])]
+
+    want = [call(x) for x in xs]
+    torch.cuda.synchronize()
+    wrong: list[int] = []
+    failed: list[BaseException] = []
+
+    def work(i: int) -> None:
+        try:
+            stream = torch.cuda.Stream(cuda)
+            with torch.cuda.stream(stream):
+                for _ in range(20):
+                    # (close, not equal: cuBLAS may sum a GEMM's parts in another order on another stream)
+                    if not all(torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+                               for a, b in zip(call(xs[i]), want[i], strict=True)):
+                        wrong.append(i)
+            stream.synchronize()
+        except BaseException as e:  # (reported by the test's thread)
+            failed.append(e)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failed, failed
+    assert not wrong, f"{len(wrong)} calls of {20 * len(xs)} got another call's result"

@@ -385,3 +385,35 @@ def test_calls_from_several_threads_get_their_own_results():
     for t in threads:
         t.join()
     assert not wrong, f"{len(wrong)} calls of {30 * len(xs)} got another call's result"
+
+
+def test_what_a_thread_is_making_is_made_once_and_keeps_no_one_else_waiting():
+    """A runner (or plans) that one thread is making (compiling, measuring: seconds) is made once: a
+    second thread that wants it waits for it, and a third that wants something else goes on."""
+    import threading
+    from collections import OrderedDict
+
+    from cellfuse.nn import ops
+
+    cache: OrderedDict = OrderedDict()
+    started, finish = threading.Event(), threading.Event()
+    made, got = [], []
+
+    def slow():
+        made.append("slow")
+        started.set()
+        assert finish.wait(10)
+        return "slow"
+
+    def want() -> None:
+        got.append(ops._remember(cache, ("slow",), slow))
+
+    first, second = threading.Thread(target=want), threading.Thread(target=want)
+    first.start()
+    assert started.wait(10)
+    second.start()
+    assert ops._remember(cache, ("quick",), lambda: "quick") == "quick"  # while the other is made
+    finish.set()
+    first.join(10)
+    second.join(10)
+    assert made == ["slow"] and got == ["slow", "slow"] and list(cache) == [("quick",), ("slow",)]
