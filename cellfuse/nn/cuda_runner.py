@@ -163,6 +163,7 @@ class CudaRunner(Runner):
         # buffers, then W's images, and the parameters they were packed from
         self._packings: OrderedDict[int | None, tuple[torch.Tensor, PackedFor]] = OrderedDict()
         self._captured: set[int] = set()  # the packings' addresses that a CUDA graph captured
+        self._graphs_memory: list[torch.Tensor] = []  # captured packings no longer in use here (_add_images)
         self._images: dict[str, int] = {}  # W's images the programs read: name -> bytes
         self._image_at: dict[str, int] = {}  # where each is in a packing
         s = plans.train.sizes
@@ -202,14 +203,22 @@ class CudaRunner(Runner):
             self._programs[which] = program
             self._check_scratch(which, program)
             if program.images.keys() - self._images.keys():
-                self._images.update(program.images)
-                self._packings.clear()  # room for the images: packed again
-                self._place_images()
-                for replay in self._replays.values():  # (their graphs read the packings as they were)
-                    replay.close()
+                self._add_images(program.images)
             for name, p in self._programs.items():
                 p.bind(self._binder(name, p), self.STATES + 2 * len(self.plans.train.state_ids))
         return self._programs[which]
+
+    def _add_images(self, images: dict[str, int]) -> None:
+        """W's images that a new program reads: room is made for them after the weights in every packing
+        made from now on. The packings made so far are made again at their next use, but the memory of
+        those that a user's CUDA graph captured stays the graph's (its replays pack and read it there)."""
+        self._images.update(images)
+        self._graphs_memory += [memory for memory, _ in self._packings.values()
+                                if memory.data_ptr() in self._captured]
+        self._packings.clear()
+        self._place_images()
+        for replay in self._replays.values():  # (their graphs read the packings as they were)
+            replay.close()
 
     def _place_images(self) -> None:
         images, _ = _layout(list(self._images.items()))

@@ -128,3 +128,21 @@ def test_a_replay_that_another_thread_runs_is_not_dropped(monkeypatch):
     assert homes[0]["forward"] is replays[0] and replays[0].graphs  # busy: kept
     assert "forward" not in homes[1] and replays[1].graphs == {}  # the next least recently run went
     assert len(cuda_runner._live) == cuda_runner.MAX_REPLAYS
+
+
+def test_new_images_leave_the_packings_a_cuda_graph_captured_alive():
+    """A program whose W's images are new (the first backward pass after inference calls, say) makes
+    every packing anew, with room for them; the memory of a packing that a user's CUDA graph captured is
+    kept, so that the graph's replays still pack and read it there."""
+    from collections import OrderedDict
+
+    from cellfuse.nn.packed_for import PackedFor
+
+    r = runner(torch.float32, states=2)
+    r.weight_bytes, r._images, r._image_at, r._replays = 512, {}, {}, {}
+    captured, other = torch.empty(512, dtype=torch.uint8), torch.empty(512, dtype=torch.uint8)
+    r._packings = OrderedDict([(1, (captured, PackedFor())), (2, (other, PackedFor()))])
+    r._captured, r._graphs_memory = {captured.data_ptr()}, []
+    r._add_images({"image:l0.U:N": 1000})
+    assert not r._packings and len(r._graphs_memory) == 1 and r._graphs_memory[0] is captured
+    assert r._image_at == {"image:l0.U:N": 512}
