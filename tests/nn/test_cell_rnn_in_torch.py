@@ -79,6 +79,33 @@ def test_a_captured_forward_replays_on_new_inputs(cuda, schedule):
     torch.testing.assert_close(static_final["c"], want_final["c"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("schedule", ["tensor", "graph"])
+def test_a_captured_forward_still_replays_after_the_first_training_step(cuda, schedule):
+    """The first backward pass after inference calls makes the module's packed weights anew (its
+    programs read W's images of their own): the memory that a captured forward packs and reads stays the
+    graph's."""
+    rnn = _lstm(cuda, schedule, layers=1)
+    static_x = torch.randn(30, 8, 32, device=cuda)
+    side = torch.cuda.Stream(cuda)
+    side.wait_stream(torch.cuda.current_stream(cuda))
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(2):
+            rnn(static_x)
+    torch.cuda.current_stream(cuda).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static_y, _ = rnn(static_x)
+    y, _ = rnn(torch.randn_like(static_x).requires_grad_())  # the first training step
+    y.pow(2).mean().backward()
+    torch.empty(64 << 20, dtype=torch.uint8, device=cuda).fill_(255)  # what freed memory would become
+    new_x = torch.randn_like(static_x)
+    static_x.copy_(new_x)
+    graph.replay()
+    with torch.no_grad():
+        want_y, _ = rnn(new_x)
+    torch.testing.assert_close(static_y, want_y, rtol=1e-5, atol=1e-5)
+
+
 def test_a_captured_training_step_replays(cuda):
     rnn = _lstm(cuda, "persistent")
     head = torch.nn.Linear(64, 5).to(cuda)
