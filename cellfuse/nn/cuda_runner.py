@@ -164,6 +164,7 @@ class CudaRunner(Runner):
         self._packings: OrderedDict[int | None, tuple[torch.Tensor, PackedFor]] = OrderedDict()
         self._captured: set[int] = set()  # the packings' addresses that a CUDA graph captured
         self._graphs_memory: list[torch.Tensor] = []  # captured packings no longer in use here (_add_images)
+        self._readers: dict[int, set[int]] = {}  # a packing's address -> the streams its runs were put on
         self._images: dict[str, int] = {}  # W's images the programs read: name -> bytes
         self._image_at: dict[str, int] = {}  # where each is in a packing
         s = plans.train.sizes
@@ -216,6 +217,7 @@ class CudaRunner(Runner):
         self._graphs_memory += [memory for memory, _ in self._packings.values()
                                 if memory.data_ptr() in self._captured]
         self._packings.clear()
+        self._readers.clear()
         self._place_images()
         for replay in self._replays.values():  # (their graphs read the packings as they were)
             replay.close()
@@ -239,6 +241,11 @@ class CudaRunner(Runner):
         capturing = torch.cuda.is_current_stream_capturing()
         memory, packed_for = self._packing(params)
         base = memory.data_ptr()
+        readers = self._readers.setdefault(base, set())
+        if stream not in readers and not capturing:  # (a capture's memory is the graph's to keep)
+            # the caching allocator frees memory for reuse only once every stream that used it is past it
+            memory.record_stream(torch.cuda.current_stream(self.device))
+            readers.add(stream)
         if capturing or not packed_for.matches(params):
             for layout, buffers in self.packing:
                 layout.pack(_views(memory, self._weight_extents, buffers), params, buffers)
@@ -267,7 +274,7 @@ class CudaRunner(Runner):
                      if memory.data_ptr() not in self._captured]
         gone = [k for k in evictable if self._packings[k][1].gone()]
         for k in gone or evictable[:max(0, len(self._packings) + 1 - MAX_PACKINGS)]:
-            del self._packings[k]
+            self._readers.pop(self._packings.pop(k)[0].data_ptr(), None)
         _, images = _layout(list(self._images.items()))
         memory = torch.empty(self.weight_bytes + images, dtype=torch.uint8, device=self.device)
         found = self._packings[key] = (memory, PackedFor())

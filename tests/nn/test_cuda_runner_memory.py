@@ -143,6 +143,8 @@ def test_new_images_leave_the_packings_a_cuda_graph_captured_alive():
     captured, other = torch.empty(512, dtype=torch.uint8), torch.empty(512, dtype=torch.uint8)
     r._packings = OrderedDict([(1, (captured, PackedFor())), (2, (other, PackedFor()))])
     r._captured, r._graphs_memory = {captured.data_ptr()}, []
+    r._readers = {captured.data_ptr(): {7}, other.data_ptr(): {7}}
     r._add_images({"image:l0.U:N": 1000})
     assert not r._packings and len(r._graphs_memory) == 1 and r._graphs_memory[0] is captured
+    assert not r._readers  # (the streams of packings made anew start again)
     assert r._image_at == {"image:l0.U:N": 512}

@@ -69,7 +69,7 @@ def runner_packings():
     from cellfuse.nn.cuda_runner import CudaRunner
 
     runner = CudaRunner.__new__(CudaRunner)
-    runner._packings, runner._captured, runner._images = OrderedDict(), set(), {}
+    runner._packings, runner._captured, runner._images, runner._readers = OrderedDict(), set(), {}, {}
     runner.weight_bytes, runner.device = 64, torch.device("cpu")
     return runner
 
@@ -95,11 +95,14 @@ def test_freed_modules_packings_go_first_then_the_least_recently_used_but_never_
     captured = runner._packing(modules[0])[0]
     runner._captured.add(captured.data_ptr())
     runner._packing(modules[1])  # modules[2] is now the least recently used but one that is captured
+    evicted = runner._packings[id(modules[2][0])][0].data_ptr()
+    runner._readers[evicted] = {1}  # the streams its runs were put on
     newcomer = params()
     runner._packing(newcomer)
     held = {id(m[0]) for m in modules if id(m[0]) in runner._packings}
     assert len(runner._packings) == MAX_PACKINGS
     assert id(modules[0][0]) in held and id(modules[2][0]) not in held
+    assert evicted not in runner._readers  # (its address may be another packing's next)
     later = params()  # made first, so that it cannot take the freed one's id
     freed = id(modules[5][0])
     del modules[5]
