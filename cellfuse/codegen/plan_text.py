@@ -63,8 +63,8 @@ def describe(plan: Plan) -> str:
         sixteen = sorted(name for name, b in plan.buffers.items() if b.dtype.itemsize == 2)
         kept = sorted(name for name, b in plan.buffers.items()
                       if b.dtype.itemsize == 4 and b.role not in ("gemm", "bias"))
-        lines.append(f"precision {plan.precision}: GEMMs multiply {plan.precision} on tensor cores into "
-                     f"float32; stored in {plan.precision}: {', '.join(sixteen)}"
+        lines.append(f"precision {plan.precision}: GEMMs multiply {plan.precision} values into float32; "
+                     f"stored in {plan.precision}: {', '.join(sixteen)}"
                      + (f"; kept float32: {', '.join(kept)}" if kept else ""))
     if plan.chunk_steps:
         lines.append(f"hoisted launches run in chunks of {plan.chunk_steps} steps on a stream of their "
@@ -77,9 +77,12 @@ def describe(plan: Plan) -> str:
         lines.append("the whole forward pass is captured once into a CUDA graph and replayed")
     lines += ["", "GEMM groups:"]
     tensor_cores = tensor_core_groups(plan)
+    sixteen_bit = plan.precision != "fp32"
+    on_cores = f", on tensor cores ({_tensor_core_math(plan)})"
     for g in plan.groups:
         where = "hoisted: once for all steps" if g.hoisted else f"every step, stage {g.stage}"
-        where += ", on tensor cores (3xTF32)" if g.name in tensor_cores else ""
+        # (in 16 bits, every GEMM that cuBLAS runs: those of a persistent kernel are said below)
+        where += on_cores if g.name in tensor_cores or (sixteen_bit and (g.hoisted or not persistent)) else ""
         folded = f"; bias folded: {', '.join(sorted(g.folded))}" if g.folded else ""
         lines.append(f"  {g.name:8s} {g.left} @ [{', '.join(g.weights)}] -> {', '.join(g.matmuls)}  "
                      f"({where}{folded})")
@@ -108,7 +111,10 @@ def describe(plan: Plan) -> str:
                 on_chip = [name for name, yes in kept if yes]
                 what = f"{units} column(s) per block" + (f", {' and '.join(on_chip)} in shared memory"
                                                          if on_chip else "")
-                what += ", on tensor cores (3xTF32)" if item.mma else ""
+                if item.mma:
+                    what += on_cores
+                elif sixteen_bit and isinstance(item.launch, GemmLaunch):
+                    what += f", on the CUDA cores, its operands rounded to {plan.precision}"
                 what += ", products in registers" if item.in_registers else ""
             wait = ""
             if item.barrier:
@@ -126,6 +132,11 @@ def describe(plan: Plan) -> str:
         lines += ["", f"not computed (nothing depends on them): {', '.join(plan.dead)}"]
     lines += ["", f"roofline at an {H100_SXM.name}'s published peaks: {roofline(plan, H100_SXM).text()}"]
     return "\n".join(lines)
+
+
+def _tensor_core_math(plan: Plan) -> str:
+    """How a GEMM on tensor cores multiplies in the plan's precision."""
+    return "3xTF32" if plan.precision == "fp32" else f"{plan.precision} into float32"
 
 
 def tensor_core_groups(plan: Plan) -> list[str]:

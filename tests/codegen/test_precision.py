@@ -173,6 +173,28 @@ def test_the_tensor_rungs_kernels_multiply_in_16_bits_and_compile(precision, tmp
 
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_plan_says_how_each_gemm_multiplies_in_16_bits(precision):
+    """`cellfuse plan` in 16 bits: cuBLAS's GEMMs and the tensor rung's on tensor cores in the 16-bit type,
+    the persistent rung's on the CUDA cores on rounded operands; no 3xTF32 anywhere, and no GEMM words
+    on an elementwise kernel."""
+    from cellfuse.codegen.plan_text import describe
+
+    cores = f"on tensor cores ({precision} into float32)"
+    rounded = f"on the CUDA cores, its operands rounded to {precision}"
+    for schedule, step_gemm in (("graph", cores), ("tensor", cores), ("persistent", rounded)):
+        text = describe(make_plan(load_template("lstm"), Sizes(100, 64, 512, 512, 1), schedule,
+                                  precision=precision))
+        lines = text.splitlines()
+        assert "3xTF32" not in text, schedule
+        assert cores in next(line for line in lines if line.strip().startswith("gemm0")), schedule
+        # (a persistent kernel's GEMM is said in its step's lines, cuBLAS's among the groups)
+        said = [line for line in lines if "gemm1 (" in line] if schedule != "graph" else [
+            line for line in lines if line.strip().startswith("gemm1 ")]
+        assert len(said) == 1 and step_gemm in said[0], schedule
+        assert all("cores" not in line for line in lines if line.strip().startswith("k0 (")), schedule
+
+
 @pytest.mark.nvcc
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_the_persistent_rungs_kernels_round_what_they_multiply_and_compile(precision, tmp_path):
