@@ -423,9 +423,9 @@ class StreamProgram:
         (modules of the same sizes share one, and its persistent kernels' exchanges) never overlap, on
         whichever streams they are put. Not under a CUDA graph capture of either stream, which holds no
         wait for work outside it (a replay's order with other work is the caller's to set, as for any
-        replay). What it does not cover: runs made from two threads at once (the last stream is read and
-        set without a lock), and a last stream the caller has since destroyed (torch's streams are never
-        destroyed; an external one may be)."""
+        replay). Runs made from two threads at once are ordered where their callers hold `turn` from
+        `order` until the run is on its stream (CudaRunner does). What it does not cover: a last stream
+        the caller has since destroyed (torch's streams are never destroyed; an external one may be)."""
         cu, doing = self.res.cu, "ordering a run after another"
         check(cu.cuEventRecord(self._handover, driver.as_stream(last)), doing)
         check(cu.cuStreamWaitEvent(driver.as_stream(stream), self._handover, 0), doing)
