@@ -73,13 +73,15 @@ def _remember(cache: OrderedDict, key: tuple, make):
                 return cache[key]
         try:
             value = make()
-        finally:
+        except BaseException:
             with _caches:
                 _making.pop((id(cache), key), None)
-        with _caches:
+            raise
+        with _caches:  # (kept and no longer being made at once: a thread between would make it again)
             cache[key] = value
             if len(cache) > MAX_RUNNERS:
                 cache.popitem(last=False)  # a backward pass that still needs it made it again
+            _making.pop((id(cache), key), None)
         return value
 
 
