@@ -83,7 +83,9 @@ def test_a_captured_forward_replays_on_new_inputs(cuda, schedule):
 def test_a_captured_forward_still_replays_after_the_first_training_step(cuda, schedule):
     """The first backward pass after inference calls makes the module's packed weights anew (its
     programs read W's images of their own): the memory that a captured forward packs and reads stays the
-    graph's."""
+    graph's, not given back for other tensors that its replays would then write."""
+    from cellfuse.nn import ops
+
     rnn = _lstm(cuda, schedule, layers=1)
     static_x = torch.randn(30, 8, 32, device=cuda)
     side = torch.cuda.Stream(cuda)
@@ -95,15 +97,19 @@ def test_a_captured_forward_still_replays_after_the_first_training_step(cuda, sc
     graph = torch.cuda.CUDAGraph()
     with torch.no_grad(), torch.cuda.graph(graph):
         static_y, _ = rnn(static_x)
+    runner = ops.runner(rnn._cell_text, static_x, 64, 1, schedule, float32=rnn._float32)
+    nbytes = next(iter(runner._packings.values()))[0].numel()
     y, _ = rnn(torch.randn_like(static_x).requires_grad_())  # the first training step
     y.pow(2).mean().backward()
-    torch.empty(64 << 20, dtype=torch.uint8, device=cuda).fill_(255)  # what freed memory would become
+    # tensors of the packing's size: where its memory had been given back, one of them would now hold it
+    others = [torch.full((nbytes,), 255, dtype=torch.uint8, device=cuda) for _ in range(32)]
     new_x = torch.randn_like(static_x)
     static_x.copy_(new_x)
     graph.replay()
     with torch.no_grad():
         want_y, _ = rnn(new_x)
     torch.testing.assert_close(static_y, want_y, rtol=1e-5, atol=1e-5)
+    assert all(bool((other == 255).all()) for other in others)
 
 
 def test_a_captured_training_step_replays(cuda):
