@@ -394,6 +394,12 @@ class StreamProgram:
                 self._after(last, stream)
             _last_stream[self._module_key] = stream
 
+    def follow(self, last: int, stream: int) -> None:
+        """`stream` made to wait for everything put on `last` so far, where neither captures (see
+        `_after`): for memory that runs of other modules read and write too."""
+        if last != stream and not self._capturing(stream) and not self._capturing(last):
+            self._after(last, stream)
+
     def capture(self, bases: Sequence[int]):
         """A run over these bases captured into a CUDA graph, instantiated, for `replay` (and `release`).
         The memory at the bases is the graph's from then on: every replay reads and writes it there. A

@@ -26,6 +26,7 @@ import threading
 import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
@@ -164,7 +165,7 @@ class CudaRunner(Runner):
         self._packings: OrderedDict[int | None, tuple[torch.Tensor, PackedFor]] = OrderedDict()
         self._captured: set[int] = set()  # the packings' addresses that a CUDA graph captured
         self._graphs_memory: list[torch.Tensor] = []  # captured packings no longer in use here (_add_images)
-        self._readers: dict[int, set[int]] = {}  # a packing's address -> the streams its runs were put on
+        self._uses: dict[int, _Uses] = {}  # a packing's address -> the streams its runs were put on
         self._images: dict[str, int] = {}  # W's images the programs read: name -> bytes
         self._image_at: dict[str, int] = {}  # where each is in a packing
         s = plans.train.sizes
@@ -217,7 +218,7 @@ class CudaRunner(Runner):
         self._graphs_memory += [memory for memory, _ in self._packings.values()
                                 if memory.data_ptr() in self._captured]
         self._packings.clear()
-        self._readers.clear()
+        self._uses.clear()
         self._place_images()
         for replay in self._replays.values():  # (their graphs read the packings as they were)
             replay.close()
@@ -234,18 +235,21 @@ class CudaRunner(Runner):
                 raise CellError(f"{program.what}: scratch {name!r} needs {nbytes} bytes, and the call's "
                                 f"memory holds {have.get(name, 0)} for it")
 
-    def _weights(self, params: Sequence[torch.Tensor], stream: int) -> int:
+    def _weights(self, params: Sequence[torch.Tensor], stream: int, program) -> int:
         """The address of the packed weights and images of these parameters' module, packed again where
         they are not its parameters as they are now (packed_for.PackedFor says), or a CUDA graph is being
-        captured."""
+        captured; for a run of `program` on `stream`."""
         capturing = torch.cuda.is_current_stream_capturing()
         memory, packed_for = self._packing(params)
         base = memory.data_ptr()
-        readers = self._readers.setdefault(base, set())
-        if stream not in readers and not capturing:  # (a capture's memory is the graph's to keep)
+        uses = self._uses.get(base)
+        if uses is None:
+            uses = self._uses[base] = _Uses()
+        self._follow(uses, program, stream)
+        if stream not in uses.streams and not capturing:  # (a capture's memory is the graph's to keep)
             # the caching allocator frees memory for reuse only once every stream that used it is past it
             memory.record_stream(torch.cuda.current_stream(self.device))
-            readers.add(stream)
+            uses.streams.add(stream)
         if capturing or not packed_for.matches(params):
             for layout, buffers in self.packing:
                 layout.pack(_views(memory, self._weight_extents, buffers), params, buffers)
@@ -258,6 +262,15 @@ class CudaRunner(Runner):
             else:
                 packed_for.remember(params)
         return base
+
+    @staticmethod
+    def _follow(uses: _Uses, program, stream: int) -> None:
+        """A run on another stream than the packing's last one waits for what was put there: the runner's
+        other programs (loaded modules of their own, whose `order` does not see this one's runs) read the
+        packing, and a run may write it (packing anew)."""
+        if uses.last is not None and uses.last != stream:
+            program.follow(uses.last, stream)
+        uses.last = stream
 
     def _packing(self, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, PackedFor]:
         """The packed weights of the parameters' module (found by its first Parameter's id: a module made
@@ -274,7 +287,7 @@ class CudaRunner(Runner):
                      if memory.data_ptr() not in self._captured]
         gone = [k for k in evictable if self._packings[k][1].gone()]
         for k in gone or evictable[:max(0, len(self._packings) + 1 - MAX_PACKINGS)]:
-            self._readers.pop(self._packings.pop(k)[0].data_ptr(), None)
+            self._uses.pop(self._packings.pop(k)[0].data_ptr(), None)
         _, images = _layout(list(self._images.items()))
         memory = torch.empty(self.weight_bytes + images, dtype=torch.uint8, device=self.device)
         found = self._packings[key] = (memory, PackedFor())
@@ -331,7 +344,7 @@ class CudaRunner(Runner):
         which = "train" if save else "forward"
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         program.order(stream)  # (before the packing, which may write what a run on another stream reads)
-        packed = self._weights(params, stream)
+        packed = self._weights(params, stream, program)
         if not save and program.capture_pays and program.ran and not torch.cuda.is_current_stream_capturing():
             # (captured from the second run on: the first made cuBLAS ready on its stream)
             replay = self._replays.get(which) or _Replay(self, program, x, (self._replays, which))
@@ -411,7 +424,7 @@ class CudaRunner(Runner):
                             "make")
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         program.order(stream)  # (before the packing: see forward)
-        packed = self._weights(params, stream)
+        packed = self._weights(params, stream, program)
         grads = torch.empty(memory.grad_bytes, dtype=torch.uint8, device=x.device)
         grads[:memory.restart_bytes].zero_()
         views = _LazyViews(grads, self._grad_extents)
@@ -422,6 +435,14 @@ class CudaRunner(Runner):
                  *(s.data_ptr() for s in states), *([0] * len(states))]
         program.run(bases, stream)
         return self.layout.gradients(views)
+
+
+@dataclass
+class _Uses:
+    """The streams whose runs read a packing, and the last of them."""
+
+    streams: set[int] = field(default_factory=set)
+    last: int | None = None
 
 
 class _Replay:

@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from cellfuse.nn import cuda_runner
 from cellfuse.nn.cuda_runner import CudaRunner
 from cellfuse.nn.zeros import Zeros
 
@@ -76,8 +77,6 @@ class _Program:
 
 
 def _replay(monkeypatch, home: dict):
-    from cellfuse.nn import cuda_runner
-
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 7, raising=False)
     r = runner(torch.float32, states=2)
     r.index = 0
@@ -87,8 +86,6 @@ def _replay(monkeypatch, home: dict):
 def test_a_replay_captures_per_packing_and_only_the_last_ones_keep_their_memory(monkeypatch):
     """One graph per address of packed weights (the last MAX_PACKINGS); the process's last MAX_REPLAYS
     replays to run keep their memory, an older one leaves its runner, its graphs released."""
-    from cellfuse.nn import cuda_runner
-
     monkeypatch.setattr(cuda_runner, "_live", type(cuda_runner._live)())
     homes = [{} for _ in range(cuda_runner.MAX_REPLAYS + 1)]
     replays = [_replay(monkeypatch, home) for home in homes[:2]]
@@ -114,8 +111,6 @@ def test_a_replay_captures_per_packing_and_only_the_last_ones_keep_their_memory(
 def test_a_replay_that_another_thread_runs_is_not_dropped(monkeypatch):
     """Past MAX_REPLAYS, the least recently run replay whose runner no thread holds goes: one whose runner
     another thread is running (its lock held) keeps its memory and its graphs."""
-    from cellfuse.nn import cuda_runner
-
     monkeypatch.setattr(cuda_runner, "_live", type(cuda_runner._live)())
     homes = [{} for _ in range(cuda_runner.MAX_REPLAYS + 1)]
     replays = [_replay(monkeypatch, home) for home in homes[:-1]]
@@ -143,8 +138,25 @@ def test_new_images_leave_the_packings_a_cuda_graph_captured_alive():
     captured, other = torch.empty(512, dtype=torch.uint8), torch.empty(512, dtype=torch.uint8)
     r._packings = OrderedDict([(1, (captured, PackedFor())), (2, (other, PackedFor()))])
     r._captured, r._graphs_memory = {captured.data_ptr()}, []
-    r._readers = {captured.data_ptr(): {7}, other.data_ptr(): {7}}
+    r._uses = {captured.data_ptr(): cuda_runner._Uses({7}, 7), other.data_ptr(): cuda_runner._Uses({7}, 7)}
     r._add_images({"image:l0.U:N": 1000})
     assert not r._packings and len(r._graphs_memory) == 1 and r._graphs_memory[0] is captured
-    assert not r._readers  # (the streams of packings made anew start again)
+    assert not r._uses  # (the streams of packings made anew start again)
     assert r._image_at == {"image:l0.U:N": 512}
+
+
+def test_a_packing_used_on_another_stream_waits_for_the_last_one():
+    """Runs of a runner's programs (loaded modules of their own) on other streams read and write one
+    packing: a run on another stream than the last one's follows it; on the same stream, nothing."""
+
+    class Program:
+        def __init__(self):
+            self.followed = []
+
+        def follow(self, last, stream):
+            self.followed.append((last, stream))
+
+    uses, forward, backward = cuda_runner._Uses(), Program(), Program()
+    for program, stream in ((forward, 1), (forward, 1), (backward, 2), (forward, 2), (forward, 1)):
+        CudaRunner._follow(uses, program, stream)
+    assert backward.followed == [(1, 2)] and forward.followed == [(2, 1)] and uses.last == 1

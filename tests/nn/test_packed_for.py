@@ -69,7 +69,7 @@ def runner_packings():
     from cellfuse.nn.cuda_runner import CudaRunner
 
     runner = CudaRunner.__new__(CudaRunner)
-    runner._packings, runner._captured, runner._images, runner._readers = OrderedDict(), set(), {}, {}
+    runner._packings, runner._captured, runner._images, runner._uses = OrderedDict(), set(), {}, {}
     runner.weight_bytes, runner.device = 64, torch.device("cpu")
     return runner
 
@@ -86,6 +86,7 @@ def test_each_module_keeps_its_own_packed_weights_in_a_shared_runner():
 
 
 def test_freed_modules_packings_go_first_then_the_least_recently_used_but_never_a_captured_one():
+    from cellfuse.nn import cuda_runner
     from cellfuse.nn.cuda_runner import MAX_PACKINGS
 
     runner = runner_packings()
@@ -96,13 +97,13 @@ def test_freed_modules_packings_go_first_then_the_least_recently_used_but_never_
     runner._captured.add(captured.data_ptr())
     runner._packing(modules[1])  # modules[2] is now the least recently used but one that is captured
     evicted = runner._packings[id(modules[2][0])][0].data_ptr()
-    runner._readers[evicted] = {1}  # the streams its runs were put on
+    runner._uses[evicted] = cuda_runner._Uses({1}, 1)  # the streams its runs were put on
     newcomer = params()
     runner._packing(newcomer)
     held = {id(m[0]) for m in modules if id(m[0]) in runner._packings}
     assert len(runner._packings) == MAX_PACKINGS
     assert id(modules[0][0]) in held and id(modules[2][0]) not in held
-    assert evicted not in runner._readers  # (its address may be another packing's next)
+    assert evicted not in runner._uses  # (its address may be another packing's next)
     later = params()  # made first, so that it cannot take the freed one's id
     freed = id(modules[5][0])
     del modules[5]
