@@ -12,7 +12,10 @@ operand) only when they change: their version counters and addresses tell, so a 
 weights copies nothing; under a CUDA graph capture they are always packed, so that a replay reads the
 parameters as they are then. Modules of the same cell and sizes share a runner, and each module's
 parameters keep packed weights of their own in it (the last MAX_PACKINGS modules'), so that a model of
-several such modules packs nothing when it calls them in turn.
+several such modules packs nothing when it calls them in turn. The forward, training and backward
+programs (loaded modules of their own) all read a module's packing, on whichever streams they are called:
+a run on another stream than the packing's last one waits for that stream's work so far, and the caching
+allocator is told every stream that read it.
 
 No call synchronises with the host. Making a runner's programs compiles (or finds in the kernel cache),
 loads and measures, so the first call at a size must come before any CUDA graph capture of it, as torch
