@@ -257,8 +257,8 @@ class CudaRunner(Runner):
             for layout, buffers in self.packing:
                 layout.pack(_views(memory, self._weight_extents, buffers), params, buffers)
             addresses = {name: base + at for name, at in (*self.weight_at.items(), *self._image_at.items())}
-            for program in self._programs.values():
-                program.weights_changed(program.resolve_some(addresses), stream)
+            for each in self._programs.values():
+                each.weights_changed(each.resolve_some(addresses), stream)
             if capturing:  # a replay reads what the capture's packing wrote then, where it is: kept
                 packed_for.forget()
                 self._captured.add(memory.data_ptr())
