@@ -63,7 +63,6 @@ def image_name(w: str, transposed: bool) -> str:
 _loaded: dict[tuple, driver.Module] = {}  # (device ordinal, what, source, lane) -> its module
 _last_stream: dict[int, int] = {}  # a loaded module's handle -> the stream its kernels were last put on
 _turns: dict[int, threading.RLock] = {}  # a loaded module's handle -> its `turn` (see StreamProgram)
-_turns_made = threading.Lock()
 _route_choice: dict[tuple, str] = {}  # (device ordinal, SMs, shape) -> "wgmma" or "copies", for the process
 
 
@@ -349,9 +348,8 @@ class StreamProgram:
         self._module_key = int(self.res.module.handle)
         # held by a caller from `order` until its run is on the stream: programs of one loaded module
         # (another runner's, of other sequence lengths, say) share its exchange arrays and its last stream,
-        # so that another thread's run must not be put on a stream between the two
-        with _turns_made:
-            self.turn = _turns.setdefault(self._module_key, threading.RLock())
+        # so that another thread's run must not be put on a stream between the two (setdefault is atomic)
+        self.turn = _turns.setdefault(self._module_key, threading.RLock())
         self._handover = driver.new_event()  # marks the other stream's work that a run waits for
         # whether capturing a run once and replaying it (see `capture`) pays: where the host puts launches
         # on the stream at every step (a loop over the steps), but not where each launch is checked (a

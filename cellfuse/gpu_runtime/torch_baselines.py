@@ -441,6 +441,7 @@ def flashrnn_unavailable() -> str | None:
     return None
 
 
+@functools.cache  # (once: the package's function is replaced for the process)
 def _give_flashrnn_the_device_limits() -> None:
     """FlashRNN sizes its kernels from four of the device's limits, which it reads through a C++ extension
     of its own built at the first call; that extension copies every field of cudaDeviceProp, some of which

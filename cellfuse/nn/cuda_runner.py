@@ -249,10 +249,8 @@ class CudaRunner(Runner):
         if uses is None:
             uses = self._uses[base] = _Uses()
         self._follow(uses, program, stream)
-        if stream not in uses.streams and not capturing:  # (a capture's memory is the graph's to keep)
-            # the caching allocator frees memory for reuse only once every stream that used it is past it
-            memory.record_stream(torch.cuda.current_stream(self.device))
-            uses.streams.add(stream)
+        if not capturing:  # (a capture's memory is the graph's to keep)
+            _record(uses.streams, stream, (memory,))
         if capturing or not packed_for.matches(params):
             for layout, buffers in self.packing:
                 layout.pack(_views(memory, self._weight_extents, buffers), params, buffers)
@@ -440,6 +438,17 @@ class CudaRunner(Runner):
         return self.layout.gradients(views)
 
 
+def _record(streams: set[int], stream: int, memory: Sequence[torch.Tensor]) -> None:
+    """Memory used on `stream` (the current one), made known to the caching allocator where `streams`,
+    those it was used on so far, lack it: the allocator gives memory back for reuse only once every
+    stream that used it is past it."""
+    if stream not in streams:
+        current = torch.cuda.current_stream(memory[0].device)
+        for t in memory:
+            t.record_stream(current)
+        streams.add(stream)
+
+
 @dataclass
 class _Uses:
     """The streams whose runs read a packing, and the last of them."""
@@ -473,7 +482,7 @@ class _Replay:
             self._scratch = torch.empty(runner.infer_memory.reserve_bytes, dtype=torch.uint8, device=device)
             self.y = self._whole[1:]
         self.graphs: OrderedDict[int, object] = OrderedDict()  # packed weights' address -> graph
-        # the streams its memory was used on (the caching allocator must know them to free it)
+        # the streams its memory was used on (see _record)
         self._streams = {torch._C._cuda_getCurrentRawStream(runner.index)}
         self._home, self._lock = home, runner.lock
         replays, which = home
@@ -497,11 +506,7 @@ class _Replay:
         graph = self._graph(packed)
         with _live_lock:
             _live.move_to_end(id(self))
-        if stream not in self._streams:
-            current = torch.cuda.current_stream(self.x.device)
-            for t in (self.x, *self.states, self._whole, *self.finals, self._scratch):
-                t.record_stream(current)
-            self._streams.add(stream)
+        _record(self._streams, stream, (self.x, *self.states, self._whole, *self.finals, self._scratch))
         self.x.copy_(x)  # (after the caller's StreamProgram.order: a replay on another stream may read it)
         for mine, s in zip(self.states, states, strict=True):
             mine.copy_(s)

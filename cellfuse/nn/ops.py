@@ -58,19 +58,27 @@ def masked_text(cell: str) -> str:
     return cell_text(masked(cell_from_text(cell)))
 
 
-def _remember(cache: OrderedDict, key: tuple, make):
+def _found(cache: OrderedDict, key: tuple):
+    """The cache's value of the key (made the most recently used), or None."""
     with _caches:
-        if key in cache:
+        value = cache.get(key)
+        if value is not None:
             cache.move_to_end(key)
-            return cache[key]
+        return value
+
+
+def _remember(cache: OrderedDict, key: tuple, make):
+    value = _found(cache, key)
+    if value is not None:
+        return value
+    with _caches:
         making = _making.setdefault((id(cache), key), threading.Lock())
     # one thread makes it (compiling, maybe measuring, for seconds); another that wants it waits for it,
     # and those that want something else go on
     with making:
-        with _caches:
-            if key in cache:
-                cache.move_to_end(key)
-                return cache[key]
+        value = _found(cache, key)
+        if value is not None:
+            return value
         try:
             value = make()
         except BaseException:
@@ -164,11 +172,9 @@ def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, 
     T, B, inputs = x.shape
     float32 = float32 if x.dtype in PRECISIONS else DEFAULT_FLOAT32  # (float32 plans keep every state so)
     key = (cell, T, B, inputs, hidden, layers, schedule, x.dtype, x.device, direction, float32)
-    with _caches:
-        found = _runners.get(key)
-        if found is not None:
-            _runners.move_to_end(key)
-            return found
+    found = _found(_runners, key)  # (before `make` is built: the call of every forward pass)
+    if found is not None:
+        return found
 
     def make() -> Runner:
         p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction, precision_of(x.dtype),
