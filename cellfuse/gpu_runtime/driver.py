@@ -44,6 +44,19 @@ def fail(err, doing: str) -> None:
     check((err,), doing)
 
 
+def use_primary_context(index: int) -> None:
+    """The device's primary context made current on this thread where no context is: the CUDA runtime
+    (PyTorch's) makes it current only on a thread that has set a device, and a new thread's first work on
+    the default device sets none."""
+    cu = bindings()
+    if int(check(cu.cuCtxGetCurrent(), "asking for the current context")) == 0:
+        device = check(cu.cuDeviceGet(index), "asking for a device")
+        # (the runtime holds the context alive: its retain here is given back at once)
+        context = check(cu.cuDevicePrimaryCtxRetain(device), "using the device's primary context")
+        check(cu.cuCtxSetCurrent(context), "making the device's primary context current")
+        check(cu.cuDevicePrimaryCtxRelease(device), "using the device's primary context")
+
+
 def current_device() -> int:
     """The ordinal of the device whose context is current on this thread."""
     return int(check(bindings().cuCtxGetDevice(), "asking for the current device"))

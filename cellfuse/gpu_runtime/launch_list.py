@@ -1,4 +1,4 @@
-"""A program's calls (kernel launches, cuBLAS GEMMs, copies, events) made in one call from Python.
+"""A program's calls (kernel launches, cuBLAS GEMMs, copies, fills, events) made in one call from Python.
 
 Python's share of a launch through cuda.bindings is several microseconds, and a small forward pass is
 over on the GPU in about a hundred: launched one by one from Python, the GPU waits for the host. A
@@ -35,7 +35,7 @@ from .kernel_cache import shared_library
 
 log = logging.getLogger(__name__)
 
-KERNEL, COOPERATIVE, EARLY, COPY, RECORD, WAIT, SGEMM, GEMM_EX = range(8)
+KERNEL, COOPERATIVE, EARLY, COPY, RECORD, WAIT, SGEMM, GEMM_EX, FILL = range(9)
 _CUBLAS_ERROR = 100000  # cf_run's code for a cuBLAS status s is this plus s
 _MASK = 0xFFFFFFFFFFFFFFFF
 
@@ -50,7 +50,7 @@ class Api(ctypes.Structure):
     """The entry points the C code calls (see launch_list.c's cf_api)."""
 
     _fields_ = [(name, _p) for name in ("launch", "launch_cooperative", "launch_ex", "copy", "record", "wait",
-                                        "synchronize", "sgemm", "gemm_ex", "set_stream")]
+                                        "synchronize", "sgemm", "gemm_ex", "set_stream", "fill")]
 
 
 class _Op(ctypes.Structure):
@@ -106,7 +106,8 @@ def _api() -> Api:
     return Api(*(ctypes.cast(getattr(cuda, name), _p).value for name in (
         "cuLaunchKernel", "cuLaunchCooperativeKernel", "cuLaunchKernelEx", "cuMemcpyDtoDAsync_v2",
         "cuEventRecord", "cuStreamWaitEvent", "cuCtxSynchronize")),
-        *(cublas(name) for name in ("cublasSgemm_v2", "cublasGemmEx", "cublasSetStream_v2")))
+        *(cublas(name) for name in ("cublasSgemm_v2", "cublasGemmEx", "cublasSetStream_v2")),
+        ctypes.cast(cuda.cuMemsetD32Async, _p).value)
 
 
 Pointer = tuple[int, int]  # (slot, byte offset): an argument that is a buffer's address plus an offset
@@ -152,6 +153,10 @@ class LaunchList:
 
     def copy(self, dst: Pointer, src: Pointer, nbytes: int, stream: int, name: str) -> None:
         self._add(COPY, stream, 0, [dst, src, nbytes], name)
+
+    def fill(self, dst: Pointer, pattern: int, words: int, stream: int, name: str) -> None:
+        """`words` 32-bit words from dst set to `pattern` (the bits of a float32's 1.0, say)."""
+        self._add(FILL, stream, 0, [dst, pattern, words], name)
 
     def record(self, event, stream: int) -> None:
         self._add(RECORD, stream, int(event), [], "an event")

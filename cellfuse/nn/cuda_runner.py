@@ -37,6 +37,7 @@ from ..codegen import kernel_set
 from ..codegen.backward_plan import BackwardPlan
 from ..codegen.lowering import lower
 from ..codegen.plan import Plan
+from ..gpu_runtime.launch_list import LaunchList
 from ..graph_model import CellError
 from .packed_for import PackedFor, owner
 from .runners import TORCH_DTYPES, Plans, Runner
@@ -45,6 +46,7 @@ from .zeros import Zeros, made_here
 
 log = logging.getLogger(__name__)
 
+ONE = 0x3F800000  # the bits of float32's 1.0
 ALIGNMENT = 256  # bytes: where each buffer starts in a piece of memory (cuBLAS's fastest kernels want it)
 MAX_PACKINGS = 8  # modules whose packed weights a runner keeps at once
 
@@ -176,6 +178,7 @@ class CudaRunner(Runner):
         self._empty = torch.empty(0, dtype=torch.uint8, device=device)  # the reserve of a run that saves none
         self._ones = [name for name in (backward.buffers if backward else ())
                       if backward.start_value(name) == 1.0]
+        self._start_calls: LaunchList | None = None  # (_starts)
         # the types y and each state are stored in (a 16-bit plan's may differ from the caller's), and
         # whether y and the final states can share one piece of memory (of one type)
         plan = plans.forward
@@ -415,6 +418,26 @@ class CudaRunner(Runner):
         with program.turn:
             return self._backward(program, dy, dfinals, x, states, params, y, reserve)
 
+    def _starts(self) -> LaunchList:
+        """The gradient memory's start values and dy put there in one call (bases: the memory, dy): the
+        buffers the launches add into zeroed, the ones filled, dy copied where the forward pass wrote y
+        (onto zeros: the same as adding it, as `TensorLayout.seed` does). A call of torch's each would
+        cost the host more than the GPU takes to do them all."""
+        if self._start_calls is None:
+            memory, extents = self.memory, self._grad_extents
+            calls = LaunchList(f"the start of {self.plans.train.cell_name}'s backward pass")
+            if memory.restart_bytes:
+                calls.fill((0, 0), 0, memory.restart_bytes // 4, 0, "the zeroing of the gradients")
+            for name in self._ones:
+                at, nbytes = extents[name]
+                calls.fill((0, at), ONE, nbytes // 4, 0, f"the ones of {name}")
+            name, at = self.layout.dy_place
+            T, B, H, _ = self._sizes
+            calls.copy((0, extents[name][0] + 4 * at), (1, 0), 4 * T * B * H, 0, "the copy of dy")
+            calls.finish()
+            self._start_calls = calls
+        return self._start_calls
+
     def _backward(self, program, dy, dfinals, x, states, params, y, reserve):
         x, states = _in_place(x), [_in_place(s) for s in states]
         memory = self.memory
@@ -427,11 +450,9 @@ class CudaRunner(Runner):
         program.order(stream)  # (before the packing: see forward)
         packed = self._weights(params, stream, program)
         grads = torch.empty(memory.grad_bytes, dtype=torch.uint8, device=x.device)
-        grads[:memory.restart_bytes].zero_()
+        self._starts().run([grads.data_ptr(), _in_place(dy).data_ptr()], stream)
         views = _LazyViews(grads, self._grad_extents)
-        for name in self._ones:
-            views[name].fill_(1.0)
-        self.layout.seed(views, dy, dfinals)
+        self.layout.seed_finals(views, dfinals)
         bases = [reserve.data_ptr(), packed, x.data_ptr(), y.data_ptr() - row, grads.data_ptr(),
                  *(s.data_ptr() for s in states), *([0] * len(states))]
         program.run(bases, stream)

@@ -31,6 +31,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..gpu_runtime.auto_schedule import AUTO
+from ..gpu_runtime.driver import use_primary_context
 from ..graph_model import Cell, CellError, Sizes, cell_from_text, cell_to_text
 from ..graph_model.lengths import masked
 from .auto_choice import choose
@@ -190,13 +191,20 @@ def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, 
 
 
 def _on_device(x: torch.Tensor):
-    """The tensors' device made current, where it is not (the kernels load into its context)."""
-    if x.device.type == "cuda" and x.device.index != torch.cuda.current_device():
-        return torch.cuda.device(x.device)
+    """The tensors' device made current, where it is not (the kernels load into its context); on a
+    thread's first call, for the driver too (use_primary_context)."""
+    if x.device.type != "cuda":
+        return _NOTHING
+    if x.device.index != torch.cuda.current_device():
+        return torch.cuda.device(x.device)  # (the runtime makes the context current as it sets the device)
+    if not getattr(_thread, "has_context", False):
+        use_primary_context(x.device.index)
+        _thread.has_context = True
     return _NOTHING
 
 
 _NOTHING = contextlib.nullcontext()
+_thread = threading.local()
 
 
 def rnn_impl(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor], cell: str, hidden: int,

@@ -85,10 +85,14 @@ class TensorLayout:
     def seed(self, views: Views, dy: torch.Tensor, dfinals: Sequence[torch.Tensor | None]) -> None:
         """dy [T, B, hidden] and dfinal [L, B, hidden] per state added where the forward pass wrote y and
         the final states, into gradient buffers that hold their start values."""
-        s = self.plan.sizes
-        # A state that is the output lives in the output sequence: its final seed adds to dy's last step.
         name, at = self.dy_place
         views[name][at:at + dy.numel()].add_(dy.reshape(-1))
+        self.seed_finals(views, dfinals)
+
+    def seed_finals(self, views: Views, dfinals: Sequence[torch.Tensor | None]) -> None:
+        """`seed`'s dfinals alone, where dy is in already (after it: a state that is the output lives in
+        the output sequence, and its final seed adds to dy's last step)."""
+        s = self.plan.sizes
         for state, seed in zip(self.state_ids, dfinals, strict=True):
             if seed is None:  # no gradient reaches this final state
                 continue

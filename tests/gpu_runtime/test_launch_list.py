@@ -68,6 +68,8 @@ class Recorder:
                   record=lambda *a: a),
             entry("gemm_ex", i32, *[p] * 19, record=lambda *a: a),
             entry("set_stream", i32, p, p, record=lambda h, s: (h, s)),
+            entry("fill", i32, u64, ctypes.c_uint, ctypes.c_size_t, p,
+                  record=lambda d, v, n, st: (d, v, n, st)),
         ]
         self.api = Api(*(ctypes.cast(e, p).value for e in self.entries))
 
@@ -81,6 +83,7 @@ def program(recorder: Recorder) -> LaunchList:
                 name="cuBLAS's SGEMM of gemm0")
     calls.record(0x55, 1)
     calls.wait(0x55, 0)
+    calls.fill((0, 256), 0x3F800000, 32, stream=0, name="the ones")
     calls.kernel(0x2000, "cf_persistent", (132,), 256, 1024, [(1, 12)], stream=0, kind=EARLY)
     calls.finish([0xAB], [0x99, 0x98], api=recorder.api)
     calls.bind([(1, 100), (0, 0)], bases=3)
@@ -98,6 +101,7 @@ def test_a_run_writes_each_pointer_from_its_base_and_makes_the_calls_in_order():
         ("sgemm", 0x99, 1, 0, 5, 6, 7, 0x10, 2100, 5, 1004, 7, 0x20, 2132, 5),
         ("record", 0x55, 0xAB),
         ("wait", 0xCD, 0x55),
+        ("fill", 2100 + 256, 0x3F800000, 32, 0xCD),
         ("launch_ex", 0x2000, 132, 0xCD, (1012,)),
     ]
 
@@ -126,7 +130,7 @@ def test_checked_runs_wait_after_every_call(monkeypatch):
     monkeypatch.setattr(launch_list, "CHECK_LAUNCHES", True)
     calls.run([1000, 2000], 0xCD)
     names = [c[0] for c in recorder.calls]
-    assert names.count("synchronize") == 6
+    assert names.count("synchronize") == 7
     assert names[names.index("copy") + 1] == "synchronize"
 
 

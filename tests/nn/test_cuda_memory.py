@@ -1,6 +1,6 @@
 """Where a CellRNN call's buffers live on a GPU (cuda_runner.Memory), checked on the CPU: the caller's
 tensors and the weights stay out of the reserve, every buffer a backward run adds into is cleared by its
-one memset, and every piece starts where cuBLAS's fastest kernels want it."""
+one memset, dy is copied onto zeros, and every piece starts where cuBLAS's fastest kernels want it."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from cellfuse.codegen import make_plan
 from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.plan import Target
-from cellfuse.graph_model import Sizes, load_template
+from cellfuse.graph_model import Sizes, load_template, template_names
 from cellfuse.nn.cuda_runner import ALIGNMENT, Memory
 from cellfuse.nn.tensor_layout import WEIGHT_ROLES
 
@@ -40,3 +40,17 @@ def test_a_calls_memory_holds_every_buffer_once(name, schedule, layers):
     cleared = [n for n in backward.buffers if memory.grads[n] < memory.restart_bytes]
     assert set(cleared) == {n for n in backward.buffers if backward.restarted(n)}
     assert memory.reserve_bytes >= sum(plan.buffers[n].nbytes(plan.sizes) for n in in_reserve)
+
+
+@pytest.mark.parametrize("name", template_names())
+def test_dy_goes_where_the_memset_left_zeros(name):
+    """The backward run's start copies dy in where the forward pass wrote y (CudaRunner._starts): onto
+    zeros, which makes the copy an addition, and inside its buffer."""
+    sizes = Sizes(seq=5, batch=3, input=16, hidden=16, layers=2)
+    plan = make_plan(load_template(name), sizes, "graph", H100, save_steps=True)
+    backward = backward_plan(plan)
+    memory = Memory(plan, backward)
+    buffer, at = backward.dy_place()
+    assert backward.restarted(buffer) and backward.start_value(buffer) == 0.0
+    assert 4 * (at + sizes.seq * sizes.batch * sizes.hidden) <= backward.buffers[buffer].nbytes(plan.sizes)
+    assert memory.grads[buffer] + 4 * at < memory.restart_bytes

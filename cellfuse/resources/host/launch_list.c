@@ -1,6 +1,7 @@
 /* A program's launches put on a stream in one call from Python.
  *
- * Python builds a program once (its kernels, grids, argument tables, cuBLAS calls, copies and events) and
+ * Python builds a program once (its kernels, grids, argument tables, cuBLAS calls, copies, fills and
+ * events) and
  * then, at every run, gives the bases of the run's memory (a tensor's address, say) and the stream; this
  * code writes each pointer argument (a base plus a fixed offset) into the argument tables and makes the
  * calls. That is one call from Python per forward or backward pass instead of one per launch: Python's
@@ -12,7 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { CF_KERNEL, CF_COOPERATIVE, CF_EARLY, CF_COPY, CF_RECORD, CF_WAIT, CF_SGEMM, CF_GEMM_EX };
+enum { CF_KERNEL, CF_COOPERATIVE, CF_EARLY, CF_COPY, CF_RECORD, CF_WAIT, CF_SGEMM, CF_GEMM_EX, CF_FILL };
 
 /* cuBLAS's entry points, declared here so that no cuBLAS header is needed: handles are pointers, its
  * enums ints, its status an int (0: success). */
@@ -35,6 +36,7 @@ typedef struct {
     cf_sgemm sgemm;
     cf_gemm_ex gemm_ex;
     cf_set_stream set_stream;
+    CUresult (*fill)(CUdeviceptr, unsigned, size_t, CUstream);
 } cf_api;
 
 /* One call. Its arguments are `args` 8-byte slots of `values` from `first`; a kernel reads them through
@@ -96,6 +98,9 @@ int cf_run(cf_program *p, uint64_t stream, const uint64_t *bases, int checked, i
             break;
         case CF_COPY:  /* dst, src, bytes */
             err = api->copy((CUdeviceptr)v[0], (CUdeviceptr)v[1], (size_t)v[2], s);
+            break;
+        case CF_FILL:  /* dst, a 32-bit pattern, words */
+            err = api->fill((CUdeviceptr)v[0], (unsigned)v[1], (size_t)v[2], s);
             break;
         case CF_RECORD:
             err = api->record((CUevent)op->function, s);
