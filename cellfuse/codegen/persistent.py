@@ -67,9 +67,11 @@ class _Placed:
     weights: bool  # its block's columns of W
     output: bool  # its block's columns of C, for every row of the batch
     mma: bool = False  # on tensor cores, which read W from shared memory only
+    w_itemsize: int = 4  # of W on tensor cores (2 in a 16-bit plan: see GemmTiling.w_itemsize)
 
     def tiling(self, blocks: int, row_tile: int) -> GemmTiling:
-        return gemm_tiling(self.columns, blocks, row_tile, self.launch.k, self.mma, self.partials)
+        return gemm_tiling(self.columns, blocks, row_tile, self.launch.k, self.mma, self.partials,
+                           self.w_itemsize)
 
     @property
     def partials(self) -> bool:
@@ -89,7 +91,7 @@ def shared_regions(gemms: list[_Placed], blocks: int, row_tile: int, rows: int) 
     for p, tiling in zip(gemms, tilings, strict=True):
         if p.weights:
             weights.append((p.index, at))
-            at += whole32(tiling.padded_cols * tiling.w_stride(p.launch.k))
+            at += tiling.w_floats(p.launch.k)
         if p.output:
             outputs.append((p.index, at))
             at += output_floats(rows, tiling)
@@ -301,13 +303,14 @@ def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int, save
 def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns: list[tuple[int, ...]],
                       hidden: int, batch: int, target: Target, saved: bool = False,
                       reverse: bool = False, mma: bool = False,
-                      states: tuple[StateCopies, ...] = ()) -> PersistentLaunch:
+                      states: tuple[StateCopies, ...] = (), sixteen_bit: bool = False) -> PersistentLaunch:
     """The persistent launch of one layer's step. `columns` gives each launch's column widths (a GEMM's
     per stacked weight, a kernel's one). A plan that saves its steps for a backward pass (`saved`) keeps
     no GEMM output on chip only: the backward pass reads them all; so does the backward pass's own
     launch, whose steps run in `reverse` and whose GEMMs add into gradients that other launches read.
-    With `mma`, the GEMMs whose weights stay on chip run on tensor cores (see `PersistentItem.mma`). A
-    forward launch copies its layer's `states` in and out itself (see `PersistentLaunch.states`).
+    With `mma`, the GEMMs whose weights stay on chip run on tensor cores (see `PersistentItem.mma`), in
+    a 16-bit plan (`sixteen_bit`) with their weights kept in its type, in half the room. A forward launch
+    copies its layer's `states` in and out itself (see `PersistentLaunch.states`).
 
     The blocks split the hidden units among the SMs, and with a large batch the rows too, into as many
     row groups as keep every recurrent weight on chip (on tensor cores, with `mma`, where fewer groups
@@ -321,8 +324,9 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     limit = target.smem_per_block // COMPUTE.itemsize - row_sums_floats
     read_by_rows = {acc.buffer for launch in step if isinstance(launch, KernelLaunch) and launch.reduces_rows
                     for _, acc in launch.inputs}
-    gemms = [_Placed(launch, i, cols, False, False) for i, (launch, cols) in enumerate(zip(step, columns,
-                                                                                           strict=True))
+    w_itemsize = 2 if sixteen_bit else 4
+    gemms = [_Placed(launch, i, cols, False, False, w_itemsize=w_itemsize)
+             for i, (launch, cols) in enumerate(zip(step, columns, strict=True))
              if isinstance(launch, GemmLaunch)]
     chosen = None
     for row_groups in ROW_GROUPS:

@@ -107,7 +107,9 @@ def describe(plan: Plan) -> str:
             elif item.by_rows:
                 what = "a block per row"
             else:
-                kept = (("weights", item.on_chip), ("output", item.output_on_chip))
+                weights = ("weights" if item.tiling is None or item.tiling.w_itemsize == 4
+                           else f"weights (in {plan.precision})")
+                kept = ((weights, item.on_chip), ("output", item.output_on_chip))
                 on_chip = [name for name, yes in kept if yes]
                 what = f"{units} column(s) per block" + (f", {' and '.join(on_chip)} in shared memory"
                                                          if on_chip else "")

@@ -555,7 +555,8 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
         if rung.persistent:
             persistent = persistent_launch(lay.layer, step, [lay.columns(item) for item in looped], H,
                                            sizes.batch, target, save_steps, mma=rung.tensor_cores,
-                                           states=state_copies(state_read, H, lay.layer))
+                                           states=state_copies(state_read, H, lay.layer),
+                                           sixteen_bit=precision != "fp32")
         layers.append(LayerPlan(lay.layer, lay.K, prologue, step, lay.read(x, STEP), state_read, lay.y,
                                 persistent))
     # The persistent kernel cannot wait for chunks of hoisted work mid-loop: its prologue runs first.

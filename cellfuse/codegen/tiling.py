@@ -46,6 +46,9 @@ class GemmTiling:
     mma: bool = False
     k_chunk: int = 0  # columns of K staged at a time (0: all of K)
     in_registers: bool = False
+    # bytes of an on-chip weight: 2 on tensor cores in a 16-bit plan, whose weights are kept in its type
+    # (rounded once as they are loaded, where float32 ones were rounded at every step's product)
+    w_itemsize: int = 4
 
     @property
     def output_stride(self) -> int:
@@ -70,8 +73,12 @@ class GemmTiling:
         return self.w_stride(self.k_chunk or k)
 
     def w_stride(self, k: int) -> int:
-        """Floats per row of the on-chip (transposed) weights, K contiguous (of a GEMM with K = k)."""
+        """Elements per row of the on-chip (transposed) weights, K contiguous (of a GEMM with K = k)."""
         return mma_stride(k) if self.mma else k_stride(k)
+
+    def w_floats(self, k: int) -> int:
+        """Shared memory for the block's on-chip weights, in floats, whole 32 bytes (see `whole32`)."""
+        return whole32(-(-self.padded_cols * self.w_stride(k) * self.w_itemsize // 4))
 
     @property
     def mma_floats(self) -> int:
@@ -105,19 +112,21 @@ def k_stride(k: int) -> int:
 
 
 def mma_stride(k: int) -> int:
-    """Floats per row of a K-contiguous array that tensor cores read: K in whole MMA_K_BLOCKs, and one
+    """Elements per row of a K-contiguous array that tensor cores read: K in whole MMA_K_BLOCKs, and one
     more, so that the eight lanes of a float4 load (two rows, four float4s of each) fall in different
-    banks."""
+    banks; of 16-bit elements, the sixteen lanes of each half-warp's 8-byte loads (four rows 32 bytes
+    apart in the banks, four loads of each) as well."""
     return MMA_K_BLOCK * (-(-k // MMA_K_BLOCK) + 1)
 
 
 def gemm_tiling(columns: tuple[int, ...], blocks: int, row_tile: int, k: int,
-                mma: bool = False, partials: bool = False) -> GemmTiling:
+                mma: bool = False, partials: bool = False, w_itemsize: int = 4) -> GemmTiling:
     """The cheapest tiling by a simple count: the float4 loads and FMAs of the busiest thread, and its
     shuffles. On tensor cores: the warp tiles' width and the warps on each tile that cost the busiest
     warp the fewest loads and products, leaving no warp idle that could share a tile's K. With one row
     at a time, the products in registers where they fit and the elementwise work may read the output as
-    partial sums (`partials`: W and C on chip, no bias, nothing added into C)."""
+    partial sums (`partials`: W and C on chip, no bias, nothing added into C). `w_itemsize`: of the
+    weights on tensor cores."""
     cols = sum(-(-w // blocks) for w in columns)
     if partials and not mma and row_tile == 1 and k % 2 == 0 and k <= 2 * THREADS and cols <= REGISTER_COLS:
         width = 1 << (cols - 1).bit_length()
@@ -139,7 +148,8 @@ def gemm_tiling(columns: tuple[int, ...], blocks: int, row_tile: int, k: int,
             cost = (units * -(-kb // split) * (2 + nb + 6 * nb)
                     + ct * rt * split * MMA_M * nb * MMA_N // THREADS)
             if best is None or cost < best[0]:
-                best = (cost, GemmTiling(cols, MMA_M, MMA_N * nb, split, ct, rt, mma=True, k_chunk=chunk))
+                best = (cost, GemmTiling(cols, MMA_M, MMA_N * nb, split, ct, rt, mma=True, k_chunk=chunk,
+                                         w_itemsize=w_itemsize))
         return best[1]
     k4 = -(-k // 4)
     best = None

@@ -4,6 +4,8 @@ buffer, the rounding emulated by the numpy executor, and the results within a bo
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from compile_cuda import nvcc_cubin
@@ -169,7 +171,39 @@ def test_the_tensor_rungs_kernels_multiply_in_16_bits_and_compile(precision, tmp
         source = plan_kernels(plan).module_source()
         assert f"cf_mma_{suffix}(acc[x]" in source and "cf_mma_tf32(acc" not in source
         assert f"m16n8k16.row.col.f32.{suffix}.{suffix}.f32" in source
+        # the weights on chip in the 16-bit type, each fragment's two registers one 8-byte load
+        dtype = PRECISIONS[precision]
+        assert f"reinterpret_cast<{dtype.c}*>(cf_smem + " in source and "const uint2 w2 = " in source
+        assert f"cf_pack_{suffix}(w4" not in source
         nvcc_cubin(source, tmp_path)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_16_bit_weights_on_chip_take_half_the_room(precision):
+    """The tensor rung keeps a 16-bit plan's weights in its type: half the shared memory of float32's, so
+    that the LSTM's stay on chip at H=1536 (not in float32) and H=2048 is refused, naming the size."""
+    def shared(plan):
+        (item,) = [i for i in plan.layers[0].persistent.items if isinstance(i.launch, GemmLaunch)]
+        return item, plan.layers[0].persistent.shared
+
+    lstm = load_template("lstm")
+    item, regions = shared(make_plan(lstm, Sizes(100, 64, 1024, 1024, 1), "tensor", precision=precision))
+    tiling = item.tiling
+    assert tiling.w_itemsize == 2
+    assert 2 * tiling.w_floats(1024) == dataclasses.replace(tiling, w_itemsize=4).w_floats(1024)
+    (_, at), = regions.weights
+    assert regions.floats - at >= tiling.w_floats(1024)  # (what follows the weights starts after them)
+    h1536 = Sizes(100, 64, 1536, 1536, 1)
+    plan = make_plan(lstm, h1536, "tensor", precision=precision)
+    item, _ = shared(plan)
+    assert item.on_chip and item.mma
+    from cellfuse.codegen.plan_text import describe
+
+    assert f"weights (in {precision}) and output in shared memory" in describe(plan)
+    item, _ = shared(make_plan(lstm, h1536, "tensor"))
+    assert not item.on_chip
+    with pytest.raises(CellError, match="the weights of gemm1 do not fit on chip at hidden size 2048"):
+        make_plan(lstm, Sizes(100, 64, 2048, 2048, 1), "tensor", precision=precision)
 
 
 

@@ -13,6 +13,7 @@ from ..tiling import MMA_K_BLOCK, MMA_M, MMA_N, WARPS, GemmTiling
 from .context import Kernel
 from .exchange import poll_rows
 from .gemm_fma import FULL_UNROLL
+from .shared_memory import w_type
 from .staging import pointers, stage, store
 
 # a product's three TF32 ones, the A and W fragments of each: lo * hi, hi * lo, hi * hi
@@ -62,8 +63,8 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
                 w(f"const int tile = o / {split}, ks = o % {split};",
                   f"const {F}* const at = cf_stage + ((tile / {nt}) * {MMA_M} + (lane >> 2)) * {stride} + "
                   "4 * (lane & 3);",
-                  f"const {F}* const wt = w{i} + ((tile % {nt}) * {wc} + (lane >> 2)) * {kp} + kc + "
-                  "4 * (lane & 3);",
+                  f"const {w_type(item)}* const wt = w{i} + ((tile % {nt}) * {wc} + (lane >> 2)) * {kp} + "
+                  "kc + 4 * (lane & 3);",
                   f"{F}* const part = cf_mma + (size_t)o * {regs * 32} + lane;  // [{regs}][32]",
                   f"{F} acc[{nb}][4];",
                   "#pragma unroll",
@@ -74,7 +75,7 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
                     w(f"const float4 a4[2] = {{*(const float4*)(at + k), "
                       f"*(const float4*)(at + {8 * stride} + k)}};")
                     if g.multiply != FLOAT32:
-                        _sixteen_bit_products(k, g, nb, kp)
+                        _sixteen_bit_products(k, g, nb, kp, tl.w_itemsize == 2)
                     else:
                         _tf32x3_products(k, nb, kp)
                 w("#pragma unroll",
@@ -126,13 +127,19 @@ def _tf32x3_products(k: Kernel, nb: int, kp: int) -> None:
                   f"{b}[2 * p], {b}[2 * p + 1]);" for a, b in _PRODUCTS))
 
 
-def _sixteen_bit_products(k: Kernel, g: GemmLaunch, nb: int, kp: int) -> None:
+def _sixteen_bit_products(k: Kernel, g: GemmLaunch, nb: int, kp: int, packed: bool) -> None:
     """The products of one block of sixteen k in the GEMM's 16-bit type, from the float4s a4 of A's rows
-    g and g + 8 (see `gemm`), each of the warp tile's nb tiles of eight columns one mma.sync."""
+    g and g + 8 (see `gemm`), each of the warp tile's nb tiles of eight columns one mma.sync. W's four k
+    are one float4, rounded and packed here, or (`packed`: kept in the 16-bit type) already the two
+    registers, in 8 bytes (the first k in the low half, as in memory)."""
     t = g.multiply.suffix
     k.w(f"const unsigned a0 = cf_pack_{t}(a4[0].x, a4[0].y), a1 = cf_pack_{t}(a4[1].x, a4[1].y),",
         f"               a2 = cf_pack_{t}(a4[0].z, a4[0].w), a3 = cf_pack_{t}(a4[1].z, a4[1].w);",
         "#pragma unroll")
     with k.w.block(f"for (int x = 0; x < {nb}; ++x) {{"):
-        k.w(f"const float4 w4 = *(const float4*)(wt + x * {MMA_N * kp} + k);",
-            f"cf_mma_{t}(acc[x], a0, a1, a2, a3, cf_pack_{t}(w4.x, w4.y), cf_pack_{t}(w4.z, w4.w));")
+        if packed:
+            k.w(f"const uint2 w2 = *(const uint2*)(wt + x * {MMA_N * kp} + k);",
+                f"cf_mma_{t}(acc[x], a0, a1, a2, a3, w2.x, w2.y);")
+        else:
+            k.w(f"const float4 w4 = *(const float4*)(wt + x * {MMA_N * kp} + k);",
+                f"cf_mma_{t}(acc[x], a0, a1, a2, a3, cf_pack_{t}(w4.x, w4.y), cf_pack_{t}(w4.z, w4.w));")

@@ -20,6 +20,15 @@ def w_index(g: GemmLaunch, k: str, n: str) -> str:
     return f"(size_t){n} * {g.k} + {k}" if g.trans_w else f"(size_t){k} * {g.n} + {n}"
 
 
+def w_type(item: PersistentItem) -> str:
+    """The C type of a GEMM's on-chip weights: float, or its 16-bit type where it keeps them so."""
+    tl, g = item.tiling, item.launch
+    if tl.w_itemsize == 4:
+        return F
+    assert g.multiply.itemsize == tl.w_itemsize, f"{g.group}: {tl.w_itemsize}-byte weights, {g.multiply.name}"
+    return g.multiply.c
+
+
 def shared_memory(k: Kernel) -> None:
     """Where each part of shared memory starts; the on-chip weights loaded, padding zeroed."""
     threads, shared, w = k.launch.threads, k.launch.shared, k.w
@@ -37,17 +46,23 @@ def shared_memory(k: Kernel) -> None:
             # held the tensor-core kernel back (ncu;
             # docs/results/2026-11-26-persistent-rungs-changes-1-to-13.md, change 10)
             along = f"c = e / {kp}, k = e - c * {kp}" if g.trans_w else f"k = e / {ncp}, c = e - k * {ncp}"
-            w(f"{F}* const w{i} = cf_smem + {shared.weights_at(i)};  // [{ncp}][{kp}]: this block's {what}")
+            t, value, stored = w_type(item), f"{k.var[g.w]}[{w_index(g, 'k', 'n')}]", "v[q]"
+            if t == F:  # rounded as a 16-bit plan's CUDA cores multiply it
+                value = rounded(g, value)
+            else:  # kept in the GEMM's 16-bit type, rounded as it is stored
+                stored = g.multiply.store(stored)
+            at = f"cf_smem + {shared.weights_at(i)}"
+            w(f"{t}* const w{i} = {at if t == F else f'reinterpret_cast<{t}*>({at})'};  "
+              f"// [{ncp}][{kp}]: this block's {what}")
             with w.block(f"for (int e0 = tid; e0 < {ncp * kp}; e0 += {threads * W_LOADS}) {{"):
                 w(f"{F} v[{W_LOADS}];", "#pragma unroll")
                 with w.block(f"for (int q = 0; q < {W_LOADS}; ++q) {{"):
                     w(f"const int e = e0 + q * {threads}, {along}, n = cols{i}(c);",
-                      f"v[q] = (e < {ncp * kp} && k < {g.k} && n >= 0) ? "
-                      f"{rounded(g, k.var[g.w] + '[' + w_index(g, 'k', 'n') + ']')} : 0.0f;")
+                      f"v[q] = (e < {ncp * kp} && k < {g.k} && n >= 0) ? {value} : 0.0f;")
                 w("#pragma unroll")
                 with w.block(f"for (int q = 0; q < {W_LOADS}; ++q) {{"):
                     w(f"const int e = e0 + q * {threads}, {along};",
-                      f"if (e < {ncp * kp}) w{i}[c * {kp} + k] = v[q];")
+                      f"if (e < {ncp * kp}) w{i}[c * {kp} + k] = {stored};")
         if item.output_on_chip and tl.in_registers:
             width = tl.cols_per_thread
             w(f"{F}* const cf_part{i} = cf_smem + {shared.output_at(i)};  // [rows][{WARPS}][{width}]: "
