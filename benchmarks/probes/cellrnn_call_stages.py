@@ -1,0 +1,87 @@
+"""Where the host time of one CellRNN forward call goes, stage by stage, in a call made right after the
+device was synchronised (as `benchmarks/cellrnn_vs_cudnn.py` times single calls) and in calls queued back
+to back: perf_counter stamps as the call enters the module's forward, the eager path (`ops._forward`), the
+runner (`CudaRunner._forward`) and the launch list, and as the launch list and the call return. Under
+torch.no_grad(), the LSTM at input = hidden = 512, T=100.
+
+    python3 benchmarks/probes/cellrnn_call_stages.py [--schedule auto] [--batches 1,64] [--calls 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from cellfuse.gpu_runtime.launch_list import LaunchList
+from cellfuse.nn import CellRNN, ops
+from cellfuse.nn.cuda_runner import CudaRunner
+
+STAGES = ("module.forward", "ops._forward", "runner._forward", "launch list", "launched", "returned")
+_stamps: list[int] = []
+
+
+def _stamped(fn, after: bool = False):
+    def wrapper(*args, **kwargs):
+        _stamps.append(time.perf_counter_ns())
+        out = fn(*args, **kwargs)
+        if after:
+            _stamps.append(time.perf_counter_ns())
+        return out
+    return wrapper
+
+
+def _instrument() -> None:
+    CellRNN.forward = _stamped(CellRNN.forward)
+    ops._forward = _stamped(ops._forward)
+    CudaRunner._forward = _stamped(CudaRunner._forward)
+    LaunchList.run = _stamped(LaunchList.run, after=True)
+
+
+def _stages(rnn: CellRNN, x: torch.Tensor, calls: int, synchronised: bool) -> dict[str, float]:
+    """Median microseconds from the call's start to each stamp."""
+    rows = []
+    torch.cuda.synchronize()
+    for _ in range(calls):
+        if synchronised:
+            torch.cuda.synchronize()
+        _stamps.clear()
+        t0 = time.perf_counter_ns()
+        with torch.no_grad():
+            rnn(x)
+        end = time.perf_counter_ns()
+        if len(_stamps) == 5:  # (a replayed graph's call has no launch list run)
+            rows.append([(s - t0) / 1e3 for s in (*_stamps, end)])
+    torch.cuda.synchronize()
+    if not rows:
+        return {}
+    return {name: statistics.median(r[i] for r in rows) for i, name in enumerate(STAGES)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--schedule", default="auto")
+    p.add_argument("--batches", default="1,64")
+    p.add_argument("--calls", type=int, default=200)
+    args = p.parse_args()
+    _instrument()
+    print(f"microseconds from the call's start (median of {args.calls} calls); LSTM T=100, I=H=512, "
+          f"{torch.cuda.get_device_name()}")
+    print(f"{'B':>4} {'calls':<14}" + "".join(f"{s:>17}" for s in STAGES))
+    for batch in (int(b) for b in args.batches.split(",")):
+        rnn = CellRNN("lstm", 512, 512, 1, schedule=args.schedule, seed=1).cuda()
+        x = torch.randn(100, batch, 512, device="cuda")
+        for _ in range(20):
+            with torch.no_grad():
+                rnn(x)
+        for synchronised in (True, False):
+            stages = _stages(rnn, x, args.calls, synchronised)
+            what = "after a sync" if synchronised else "back to back"
+            print(f"{batch:>4} {what:<14}" + "".join(f"{stages.get(s, float('nan')):>17.1f}" for s in STAGES),
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main()
