@@ -439,18 +439,23 @@ class CudaRunner(Runner):
         return self._start_calls
 
     def _backward(self, program, dy, dfinals, x, states, params, y, reserve):
-        x, states = _in_place(x), [_in_place(s) for s in states]
+        # (dy held by a name until its copy is queued: a copy made here and freed at once could be given
+        # to another thread's allocation on the same stream, written before the copy read it)
+        x, states, dy = _in_place(x), [_in_place(s) for s in states], _in_place(dy)
         memory = self.memory
         T, B, H, L = self._sizes
         row = B * H * y.element_size()
         if y.storage_offset() * y.element_size() < row or reserve.numel() != memory.reserve_bytes:
             raise CellError("the backward pass was given a y or saved steps that its forward run did not "
                             "make")
+        if dy.dtype != torch.float32 or tuple(dy.shape) != (T, B, H):  # (copied as its bytes: see _starts)
+            raise CellError(f"the backward pass was given dy {dy.dtype} {list(dy.shape)}, and its forward "
+                            f"run made y torch.float32 {[T, B, H]}")
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         program.order(stream)  # (before the packing: see forward)
         packed = self._weights(params, stream, program)
         grads = torch.empty(memory.grad_bytes, dtype=torch.uint8, device=x.device)
-        self._starts().run([grads.data_ptr(), _in_place(dy).data_ptr()], stream)
+        self._starts().run([grads.data_ptr(), dy.data_ptr()], stream)
         views = _LazyViews(grads, self._grad_extents)
         self.layout.seed_finals(views, dfinals)
         bases = [reserve.data_ptr(), packed, x.data_ptr(), y.data_ptr() - row, grads.data_ptr(),

@@ -101,6 +101,26 @@ def test_float64_and_a_module_on_another_device_are_refused_on_the_gpu(cuda):
         rnn.to(cuda, torch.float64)(torch.randn(5, 2, 4, device=cuda, dtype=torch.float64))
 
 
+def test_the_backward_op_refuses_a_dy_unlike_its_forward_runs_y(cuda):
+    """The backward run copies dy in as its bytes: a dy of another type or shape, which the op can be
+    given directly, is refused, naming both."""
+    rnn = CellRNN("lstm", 4, 3).to(cuda)
+    x = torch.randn(5, 2, 4, device=cuda)
+    params = [rnn.param(k) for k in rnn.keys]
+    zeros = [torch.zeros(1, 2, 3, device=cuda)] * 2
+    y, *finals, reserve = torch.ops.cellfuse.rnn(x, zeros, params, rnn._cell_text, 3, 1, "graph", True, 0, "")
+
+    def backward(dy):
+        return torch.ops.cellfuse.rnn_backward(dy, zeros, x, zeros, params, y, reserve, rnn._cell_text, 3, 1,
+                                               "graph", 0)
+
+    for dy in (torch.ones_like(y, dtype=torch.bfloat16), torch.ones(5, 2, 2, device=cuda)):
+        with pytest.raises(CellError, match=r"given dy torch\.\w+ \[5, 2, \d\], and its forward run made y "
+                                            r"torch\.float32 \[5, 2, 3\]"):
+            backward(dy)
+    assert torch.isfinite(backward(torch.ones_like(y))[0]).all()
+
+
 @pytest.mark.parametrize("train", [False, True])
 def test_threads_whose_runs_share_a_persistent_kernel_take_turns(cuda, train):
     """Modules at two sequence lengths share one loaded persistent kernel (its exchange arrays): threads

@@ -42,15 +42,17 @@ def test_a_calls_memory_holds_every_buffer_once(name, schedule, layers):
     assert memory.reserve_bytes >= sum(plan.buffers[n].nbytes(plan.sizes) for n in in_reserve)
 
 
+@pytest.mark.parametrize("schedule", ["graph", "persistent", "tensor"])
 @pytest.mark.parametrize("name", template_names())
-def test_dy_goes_where_the_memset_left_zeros(name):
+def test_dy_goes_where_the_memset_left_zeros(name, schedule):
     """The backward run's start copies dy in where the forward pass wrote y (CudaRunner._starts): onto
-    zeros, which makes the copy an addition, and inside its buffer."""
+    zeros, which makes the copy an addition, all of it inside its buffer and the zeroed memory."""
     sizes = Sizes(seq=5, batch=3, input=16, hidden=16, layers=2)
-    plan = make_plan(load_template(name), sizes, "graph", H100, save_steps=True)
+    plan = make_plan(load_template(name), sizes, schedule, H100, save_steps=True)
     backward = backward_plan(plan)
     memory = Memory(plan, backward)
     buffer, at = backward.dy_place()
+    end = 4 * (at + sizes.seq * sizes.batch * sizes.hidden)
     assert backward.restarted(buffer) and backward.start_value(buffer) == 0.0
-    assert 4 * (at + sizes.seq * sizes.batch * sizes.hidden) <= backward.buffers[buffer].nbytes(plan.sizes)
-    assert memory.grads[buffer] + 4 * at < memory.restart_bytes
+    assert end <= backward.buffers[buffer].nbytes(plan.sizes)
+    assert memory.grads[buffer] + end <= memory.restart_bytes
