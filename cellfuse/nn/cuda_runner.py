@@ -30,6 +30,7 @@ import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import torch
 
@@ -176,9 +177,6 @@ class CudaRunner(Runner):
         s = plans.train.sizes
         self._sizes = (s.seq, s.batch, s.hidden, s.layers)
         self._empty = torch.empty(0, dtype=torch.uint8, device=device)  # the reserve of a run that saves none
-        self._ones = [name for name in (backward.buffers if backward else ())
-                      if backward.start_value(name) == 1.0]
-        self._start_calls: LaunchList | None = None  # (_starts)
         # the types y and each state are stored in (a 16-bit plan's may differ from the caller's), and
         # whether y and the final states can share one piece of memory (of one type)
         plan = plans.forward
@@ -418,25 +416,25 @@ class CudaRunner(Runner):
         with program.turn:
             return self._backward(program, dy, dfinals, x, states, params, y, reserve)
 
+    @cached_property
     def _starts(self) -> LaunchList:
         """The gradient memory's start values and dy put there in one call (bases: the memory, dy): the
         buffers the launches add into zeroed, the ones filled, dy copied where the forward pass wrote y
         (onto zeros: the same as adding it, as `TensorLayout.seed` does). A call of torch's each would
         cost the host more than the GPU takes to do them all."""
-        if self._start_calls is None:
-            memory, extents = self.memory, self._grad_extents
-            calls = LaunchList(f"the start of {self.plans.train.cell_name}'s backward pass")
-            if memory.restart_bytes:
-                calls.fill((0, 0), 0, memory.restart_bytes // 4, 0, "the zeroing of the gradients")
-            for name in self._ones:
+        memory, extents, backward = self.memory, self._grad_extents, self.plans.backward
+        calls = LaunchList(f"the start of {self.plans.train.cell_name}'s backward pass")
+        if memory.restart_bytes:
+            calls.fill((0, 0), 0, memory.restart_bytes // 4, 0, "the zeroing of the gradients")
+        for name in backward.buffers:
+            if backward.start_value(name) == 1.0:
                 at, nbytes = extents[name]
                 calls.fill((0, at), ONE, nbytes // 4, 0, f"the ones of {name}")
-            name, at = self.layout.dy_place
-            T, B, H, _ = self._sizes
-            calls.copy((0, extents[name][0] + 4 * at), (1, 0), 4 * T * B * H, 0, "the copy of dy")
-            calls.finish()
-            self._start_calls = calls
-        return self._start_calls
+        name, at = self.layout.dy_place
+        T, B, H, _ = self._sizes
+        calls.copy((0, extents[name][0] + 4 * at), (1, 0), 4 * T * B * H, 0, "the copy of dy")
+        calls.finish()
+        return calls
 
     def _backward(self, program, dy, dfinals, x, states, params, y, reserve):
         # (dy held by a name until its copy is queued: a copy made here and freed at once could be given
@@ -455,7 +453,7 @@ class CudaRunner(Runner):
         program.order(stream)  # (before the packing: see forward)
         packed = self._weights(params, stream, program)
         grads = torch.empty(memory.grad_bytes, dtype=torch.uint8, device=x.device)
-        self._starts().run([grads.data_ptr(), dy.data_ptr()], stream)
+        self._starts.run([grads.data_ptr(), dy.data_ptr()], stream)
         views = _LazyViews(grads, self._grad_extents)
         self.layout.seed_finals(views, dfinals)
         bases = [reserve.data_ptr(), packed, x.data_ptr(), y.data_ptr() - row, grads.data_ptr(),
