@@ -1,8 +1,8 @@
 """Where the host time of one CellRNN forward call goes, stage by stage, in a call made right after the
 device was synchronised (as `benchmarks/cellrnn_vs_cudnn.py` times single calls) and in calls queued back
-to back: perf_counter stamps as the call enters the module's forward, the eager path (`ops._forward`), the
-runner (`CudaRunner._forward`) and the launch list, and as the launch list and the call return. Under
-torch.no_grad(), the LSTM at input = hidden = 512, T=100.
+to back: perf_counter stamps as the call enters the module's forward, the runner (`CudaRunner._forward`)
+and the program's run (`StreamProgram.run`: the launch list, or the replay of a captured run), and as
+that run and the call return. Under torch.no_grad(), the LSTM at input = hidden = 512, T=100.
 
     python3 benchmarks/probes/cellrnn_call_stages.py [--schedule auto] [--batches 1,64] [--calls 200]
 """
@@ -15,11 +15,11 @@ import time
 
 import torch
 
-from cellfuse.gpu_runtime.launch_list import LaunchList
-from cellfuse.nn import CellRNN, ops
+from cellfuse.gpu_runtime.stream_program import StreamProgram
+from cellfuse.nn import CellRNN
 from cellfuse.nn.cuda_runner import CudaRunner
 
-STAGES = ("module.forward", "ops._forward", "runner._forward", "launch list", "launched", "returned")
+STAGES = ("module.forward", "runner._forward", "program.run", "on the stream", "returned")
 _stamps: list[int] = []
 
 
@@ -35,9 +35,8 @@ def _stamped(fn, after: bool = False):
 
 def _instrument() -> None:
     CellRNN.forward = _stamped(CellRNN.forward)
-    ops._forward = _stamped(ops._forward)
     CudaRunner._forward = _stamped(CudaRunner._forward)
-    LaunchList.run = _stamped(LaunchList.run, after=True)
+    StreamProgram.run = _stamped(StreamProgram.run, after=True)
 
 
 def _stages(rnn: CellRNN, x: torch.Tensor, calls: int, synchronised: bool) -> dict[str, float]:
@@ -52,7 +51,7 @@ def _stages(rnn: CellRNN, x: torch.Tensor, calls: int, synchronised: bool) -> di
         with torch.no_grad():
             rnn(x)
         end = time.perf_counter_ns()
-        if len(_stamps) == 5:  # (a replayed graph's call has no launch list run)
+        if len(_stamps) == 4:  # (a call of a rung replayed by the runner's _Replay has no program run)
             rows.append([(s - t0) / 1e3 for s in (*_stamps, end)])
     torch.cuda.synchronize()
     if not rows:

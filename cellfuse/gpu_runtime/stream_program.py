@@ -26,7 +26,9 @@ first (a persistent kernel's exchanges are arrays of its module; see `run`).
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 
@@ -47,8 +49,11 @@ from .kernel_cache import cubin
 from .launch_list import CHECK_LAUNCHES, COOPERATIVE, EARLY, KERNEL, LaunchList
 from .wgmma_gemms import Operands, usable
 
+log = logging.getLogger(__name__)
+
 _R_32F, _COMPUTE_32F_FAST_TF32 = 0, 77  # cudaDataType, cublasComputeType_t
 _TIMED_RUNS = 5
+MAX_KEPT_RUNS = 8  # runs a program keeps captured, by their bases (see StreamProgram.run)
 
 
 def split_name(stream: int) -> str:
@@ -357,6 +362,10 @@ class StreamProgram:
         self.capture_pays = any(isinstance(i, Loop) for i in instructions) and not CHECK_LAUNCHES
         self.ran = False  # whether a run was put on a stream yet
         self._capture_stream = None  # made at the first capture
+        # runs captured by their bases, the most recently run last, and the bases of runs seen once (see
+        # `run`); None where runs are not captured (each launch checked: a replay's fault names no launch)
+        self._kept: OrderedDict[tuple[int, ...], object] | None = None if CHECK_LAUNCHES else OrderedDict()
+        self._seen_once: OrderedDict[tuple[int, ...], None] = OrderedDict()
 
     @property
     def names(self) -> list[str]:
@@ -367,6 +376,7 @@ class StreamProgram:
         """Where each buffer (in the order of `buffers`) is in a run's memory: binder[i] = (which of the
         run's bases, the bytes after it); at first each buffer is a base of its own (see `resolve`)."""
         self.calls.bind(binder, bases)
+        self._forget_kept()  # (captured with the buffers where the binder before put them)
 
     def resolve(self, addresses: Mapping[str, int]) -> list[int]:
         """The addresses in the order of `buffers`, or a CellError naming one not given."""
@@ -375,12 +385,57 @@ class StreamProgram:
         except KeyError as e:
             raise CellError(f"{self.what}: no memory given for buffer {e.args[0]!r}") from None
 
-    def run(self, bases: Sequence[int], stream: int) -> None:
+    def run(self, bases: Sequence[int], stream: int, keep: bool = False) -> None:
         """Puts the whole program on `stream` (a raw CUstream handle) over a run's bases (see `bind`), its
-        side streams forked from it and joined back to it by the program's events."""
-        self.order(stream)
-        self.calls.run(bases, stream)
+        side streams forked from it and joined back to it by the program's events.
+
+        `keep`: the caller's stream is not being captured, so the run may be a replay: the second run over
+        the same bases captures the program over them into a CUDA graph, and later runs over them replay
+        it, one call where the launch list makes every launch (on an H200 a cuBLAS GEMM costs the host
+        about 10 us, a kernel's launch 5). A caller whose memory comes from torch's caching allocator finds
+        the same addresses again call after call. The last MAX_KEPT_RUNS captured runs are kept."""
+        graph = self._kept_run(tuple(bases)) if keep and self._kept is not None else None
+        if graph is None:
+            self.order(stream)
+            self.calls.run(bases, stream)
+        else:
+            self.replay(graph, stream)
         self.ran = True
+
+    def _kept_run(self, bases: tuple[int, ...]):
+        """The captured run over these bases: found, or captured where a run over them was seen before
+        (None where not, or where the capture fails: from then on every run launches)."""
+        kept = self._kept
+        graph = kept.get(bases)
+        if graph is not None:
+            kept.move_to_end(bases)
+            return graph
+        if bases not in self._seen_once:
+            self._seen_once[bases] = None
+            if len(self._seen_once) > 2 * MAX_KEPT_RUNS:
+                self._seen_once.popitem(last=False)
+            return None
+        del self._seen_once[bases]
+        try:
+            graph = self.capture(bases)
+        except CellError as e:  # (a DriverError among them)
+            log.warning("%s: a run could not be captured into a CUDA graph (%s); launching its kernels at "
+                        "every run instead", self.what, e)
+            self._forget_kept()
+            self._kept = None
+            return None
+        kept[bases] = graph
+        if len(kept) > MAX_KEPT_RUNS:
+            self.release(kept.popitem(last=False)[1])
+        return graph
+
+    def _forget_kept(self) -> None:
+        """Every captured run released, and the runs seen once forgotten."""
+        kept = self._kept if self._kept is not None else {}
+        for graph in kept.values():
+            self.release(graph)
+        kept.clear()
+        self._seen_once.clear()
 
     def order(self, stream: int) -> None:
         """What is put on `stream` from now on made to follow every run put on another stream before (see
@@ -445,6 +500,7 @@ class StreamProgram:
             self._image_calls.run(at, stream)
 
     def close(self) -> None:
+        self._forget_kept()  # (before the kernels its graphs launch)
         self.res.close()
         cu = self.res.cu
         captures = [] if self._capture_stream is None else [self._capture_stream]

@@ -35,6 +35,7 @@ from ..graph_model.limits import MAX_LAYERS, MAX_WIDTH
 from ..graph_model.params import REVERSE, check_names, check_widths
 from ..graph_model.validate import check_count
 from . import ops, stacks
+from .quick_call import QuickCall
 from .runners import DTYPES, FORWARD, direction_of, dtype_names, param_dtypes, precision_of
 from .zeros import Zeros
 
@@ -175,6 +176,7 @@ class CellRNN(torch.nn.Module):
         self._last_seen: tuple | None = None
         # ((T, B, input), device, whether lengths were given) of the recent forward calls
         self._seen: OrderedDict[tuple, None] = OrderedDict()
+        self._quick: QuickCall | None = None  # the last inference call on a GPU, where it can be kept
 
     def extra_repr(self) -> str:
         return (f"cell={self.cell.name!r}, input_size={self.input_size}, hidden_size={self.hidden_size}, "
@@ -278,6 +280,13 @@ class CellRNN(torch.nn.Module):
         if torch.jit.is_tracing() and torch.onnx.is_in_onnx_export():
             raise CellError("a CellRNN cannot be exported to ONNX: its forward pass is the custom op "
                             "cellfuse::rnn, which ONNX has no operator for (torch.export.export keeps it)")
+        quick = self._quick
+        if (quick is not None and states is None and lengths is None and type(x) is torch.Tensor
+                and not torch.compiler.is_compiling()):
+            done = quick(x, (self.schedule, self.batch_first), self._params())
+            if done is not None:
+                return done[0], dict(zip(self.state_ids, done[1], strict=True))
+        given = x
         packed = None
         if isinstance(x, PackedSequence):
             if lengths is not None:
@@ -311,11 +320,23 @@ class CellRNN(torch.nn.Module):
                 self._last_seen = seen
                 recent = [s for s in self._seen if s != seen][-(MAX_SEEN - 1):] + [seen]
                 self._seen = OrderedDict.fromkeys(recent)
+        self._quick = self._kept_call(given, states, lengths, cast, by_layer, params, initial)
         if packed is not None:
             y, finals = packed.pack(y), packed.unsorted(finals)
         elif self.batch_first:
             y = y.transpose(0, 1)
         return y, dict(zip(self.state_ids, finals, strict=True))
+
+    def _kept_call(self, x, states, lengths, cast, by_layer, params, initial) -> QuickCall | None:
+        """The call that just ran, kept for the next one like it (see quick_call), where it was an inference
+        call of one layer call on a GPU, with nothing given but x; else None."""
+        if (states is not None or lengths is not None or cast is not None or by_layer
+                or type(x) is not torch.Tensor or not x.is_cuda or torch.is_grad_enabled()
+                or torch.compiler.is_compiling()):
+            return None
+        runner = ops.runner(self._cell_text, x.transpose(0, 1) if self.batch_first else x, self.hidden_size,
+                            self.num_layers, self.schedule, FORWARD, self._float32)
+        return QuickCall(x, (self.schedule, self.batch_first), params, runner, initial)
 
     def _check(self, x: object, states: object) -> list[torch.Tensor]:
         """The initial states in the order of `state_ids` (zeros where not given), after checking every
@@ -369,5 +390,6 @@ class CellRNN(torch.nn.Module):
         state["_seen"] = OrderedDict()
         state["_zero_states"] = Zeros()
         state["_last_seen"] = None
+        state["_quick"] = None
         return state
 

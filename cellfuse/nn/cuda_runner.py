@@ -239,11 +239,10 @@ class CudaRunner(Runner):
                 raise CellError(f"{program.what}: scratch {name!r} needs {nbytes} bytes, and the call's "
                                 f"memory holds {have.get(name, 0)} for it")
 
-    def _weights(self, params: Sequence[torch.Tensor], stream: int, program) -> int:
+    def _weights(self, params: Sequence[torch.Tensor], stream: int, program, capturing: bool) -> int:
         """The address of the packed weights and images of these parameters' module, packed again where
         they are not its parameters as they are now (packed_for.PackedFor says), or a CUDA graph is being
-        captured; for a run of `program` on `stream`."""
-        capturing = torch.cuda.is_current_stream_capturing()
+        captured (`capturing`: the current stream); for a run of `program` on `stream`."""
         memory, packed_for = self._packing(params)
         base = memory.data_ptr()
         uses = self._uses.get(base)
@@ -346,8 +345,9 @@ class CudaRunner(Runner):
         which = "train" if save else "forward"
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         program.order(stream)  # (before the packing, which may write what a run on another stream reads)
-        packed = self._weights(params, stream, program)
-        if not save and program.capture_pays and program.ran and not torch.cuda.is_current_stream_capturing():
+        capturing = torch.cuda.is_current_stream_capturing()
+        packed = self._weights(params, stream, program, capturing)
+        if not save and program.capture_pays and program.ran and not capturing:
             # (captured from the second run on: the first made cuBLAS ready on its stream)
             replay = self._replays.get(which) or _Replay(self, program, x, (self._replays, which))
             try:
@@ -379,7 +379,7 @@ class CudaRunner(Runner):
             if not save:  # no steps to keep: an empty reserve (a view of the block would keep it alive)
                 reserve = reserve.new_empty(0)
         program.run([scratch, packed, x.data_ptr(), out, 0, *(s.data_ptr() for s in states),
-                     *(f if block is not None else f.data_ptr() for f in finals)], stream)
+                     *(f if block is not None else f.data_ptr() for f in finals)], stream, not capturing)
         if block is not None:
             y, finals = self._inference_outputs(block, x.dtype)
             return y, finals, reserve
@@ -451,14 +451,15 @@ class CudaRunner(Runner):
                             f"run made y torch.float32 {[T, B, H]}")
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         program.order(stream)  # (before the packing: see forward)
-        packed = self._weights(params, stream, program)
+        capturing = torch.cuda.is_current_stream_capturing()
+        packed = self._weights(params, stream, program, capturing)
         grads = torch.empty(memory.grad_bytes, dtype=torch.uint8, device=x.device)
         self._starts.run([grads.data_ptr(), dy.data_ptr()], stream)
         views = _LazyViews(grads, self._grad_extents)
         self.layout.seed_finals(views, dfinals)
         bases = [reserve.data_ptr(), packed, x.data_ptr(), y.data_ptr() - row, grads.data_ptr(),
                  *(s.data_ptr() for s in states), *([0] * len(states))]
-        program.run(bases, stream)
+        program.run(bases, stream, not capturing)
         return self.layout.gradients(views)
 
 

@@ -203,6 +203,12 @@ def _on_device(x: torch.Tensor):
     return _NOTHING
 
 
+def on_device(index: int) -> bool:
+    """Whether a call on CUDA device `index` needs nothing of _on_device: the device current, for the
+    driver too."""
+    return index == torch.cuda.current_device() and getattr(_thread, "has_context", False)
+
+
 _NOTHING = contextlib.nullcontext()
 _thread = threading.local()
 

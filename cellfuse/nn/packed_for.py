@@ -28,9 +28,13 @@ class PackedFor:
 
     def matches(self, params: Sequence[torch.Tensor]) -> bool:
         """Whether the weights packed last are these parameters' as they are now."""
-        if self._key is None or self._key != tuple((p.data_ptr(), p._version) for p in params):
+        key = self._key
+        if key is None or len(key) != len(params):
             return False
-        return all(ref() is owner(p) for ref, p in zip(self._owners, params, strict=True))
+        for (address, version), ref, p in zip(key, self._owners, params, strict=True):  # (one pass)
+            if p.data_ptr() != address or p._version != version or ref() is not owner(p):
+                return False
+        return True
 
     def remember(self, params: Sequence[torch.Tensor]) -> None:
         """The weights were just packed from `params`: remembered where they can be told apart (every one

@@ -1,0 +1,52 @@
+"""A module's last inference call on a GPU, kept so that the next call like it skips the checks and
+lookups that decided how to run it: the same shape, dtype and device of x, no states given, no gradient
+to follow, the same parameters (at the same addresses: on the device and of the dtype they were checked
+on), the same schedule and layout. Such a call goes from the module straight to the runner the first one
+found, with the initial states of zeros it made; the runner then checks what may change from call to
+call (the parameters' values, the stream, a CUDA graph capture) as for any call. Anything else, and the
+call takes the whole path, which keeps a new QuickCall where it may.
+
+Why: a forward call of a small batch spends more time in Python than its kernels take on the GPU, and
+the GPU waits for it (docs/results/2026-11-29-threads-backward-start-16-bit-weights.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from . import ops
+
+
+class QuickCall:
+    """What a module's inference call of x on a GPU decided (see the module's docstring)."""
+
+    __slots__ = ("_shape", "_dtype", "_index", "_autocast_matters", "_addresses", "_layout", "_runner",
+                 "_zeros")
+
+    def __init__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor], runner,
+                 zeros: Sequence[torch.Tensor]):
+        """x as the module was given it; `layout`: the module's (schedule, batch_first) then; the runner and
+        the initial states of zeros the call ran with."""
+        self._shape, self._dtype, self._index = x.shape, x.dtype, x.get_device()
+        self._autocast_matters = x.dtype == torch.float32  # (torch.autocast changes only float32 inputs)
+        self._addresses = tuple(p.data_ptr() for p in params)
+        self._layout, self._runner, self._zeros = layout, runner, list(zeros)
+
+    def __call__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor]
+                 ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """y (in the module's layout) and the final states of a call like the kept one, or None where it
+        is not like it."""
+        if (x.shape != self._shape or x.dtype != self._dtype or x.get_device() != self._index
+                or layout != self._layout or torch.is_grad_enabled()
+                or (self._autocast_matters and torch.is_autocast_enabled("cuda"))
+                or not ops.on_device(self._index)
+                or tuple(p.data_ptr() for p in params) != self._addresses):
+            return None
+        batch_first = layout[1]
+        runner = self._runner
+        with runner.lock:
+            y, finals, _ = runner.forward(x.transpose(0, 1) if batch_first else x, self._zeros, params,
+                                          False, True)
+        return (y.transpose(0, 1) if batch_first else y), finals

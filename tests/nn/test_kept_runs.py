@@ -1,0 +1,81 @@
+"""On a GPU: runs over memory seen before replay a captured CUDA graph of the program
+(StreamProgram.run with `keep`), forward and backward, with the results of launches, reading x, the
+initial states and the parameters as they are at each call; and a module's inference calls like the one
+before go straight to its runner (quick_call), seeing a change of sizes, dtype or device."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cellfuse.graph_model import CellError
+from cellfuse.nn import CellRNN, ops
+
+pytestmark = pytest.mark.gpu
+
+T, INPUT, H = 20, 32, 48  # each test its own batch size: runners, and their kept runs, are the process's
+
+
+def _program(rnn, x, which):
+    runner = ops.runner(rnn._cell_text, x, H, rnn.num_layers, rnn.schedule, float32=rnn._float32)
+    return runner._programs[which]
+
+
+def _trained_forward(rnn, x):
+    """The training program's forward pass of the same rung, made at every call."""
+    y, finals = rnn(x.clone().requires_grad_())
+    return y.detach(), {k: v.detach() for k, v in finals.items()}
+
+
+@pytest.mark.parametrize("schedule, batch", [("persistent", 3), ("tensor", 5)])
+def test_inference_calls_over_memory_seen_before_replay_and_match_the_launches(cuda, schedule, batch):
+    rnn = CellRNN("lstm", INPUT, H, 1, schedule=schedule, seed=3).to(cuda)
+    x = torch.randn(T, batch, INPUT, device=cuda)
+    with torch.no_grad():
+        first = rnn(x)[0].clone()  # launched
+        for _ in range(5):  # (y's memory alternates between two blocks: each seen twice, then replayed)
+            y = rnn(x)[0]
+        torch.testing.assert_close(y, first, rtol=0, atol=0)
+        assert _program(rnn, x, "forward")._kept
+        x.copy_(torch.randn_like(x))  # the same address, new values: read by the replays
+        rnn.param("l0.W_i").mul_(0.5)  # in place: packed again, where the replays read it
+        got = [rnn(x)[0].clone() for _ in range(3)]
+    want = _trained_forward(rnn, x)[0]
+    for y in got:
+        torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    assert (got[0] - first).abs().max() > 1e-3
+
+
+def test_training_steps_over_memory_seen_before_replay_forward_and_backward(cuda):
+    rnn = CellRNN("lstm", INPUT, H, 1, schedule="persistent", seed=4).to(cuda)
+    x = torch.randn(T, 6, INPUT, device=cuda)
+    grads = []
+    for _ in range(6):  # each step frees what the one before held: the same memory again
+        y, finals = rnn(x)
+        (y.square().sum() + finals["c"].sum()).backward()
+        grads.append([p.grad.cpu() for p in rnn.parameters()])  # (no GPU memory: the same again)
+        rnn.zero_grad(set_to_none=True)
+    assert _program(rnn, x, "train")._kept and _program(rnn, x, "backward")._kept
+    for later in grads[1:]:
+        for got, want in zip(later, grads[0], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_an_inference_call_like_the_last_goes_straight_to_the_runner(cuda, monkeypatch):
+    rnn = CellRNN("gru", INPUT, H, 1, schedule="persistent", seed=5).to(cuda)
+    x = torch.randn(T, 7, INPUT, device=cuda)
+    with torch.no_grad():
+        want = rnn(x)[0]
+    entered = []
+    whole = ops._forward
+    monkeypatch.setattr(ops, "_forward", lambda *a, **k: entered.append(1) or whole(*a, **k))
+    with torch.no_grad():
+        got = rnn(x)[0]
+        assert not entered
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+        other = torch.randn(T, 2, INPUT, device=cuda)
+        torch.testing.assert_close(rnn(other)[0], _trained_forward(rnn, other)[0], rtol=1e-5, atol=1e-5)
+        assert entered  # another batch: the whole path
+    rnn.half()  # the parameters elsewhere: checked again, and refused for float32 x
+    with torch.no_grad(), pytest.raises(CellError, match="parameter 'l0.W_.*' is torch.float16"):
+        rnn(other)

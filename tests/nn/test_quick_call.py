@@ -1,0 +1,84 @@
+"""A module's kept inference call (quick_call.QuickCall): made again only for a call like it (the same
+shape, dtype and device of x, layout, parameters' addresses, no gradient, no autocast change, the device
+current), with the runner and the zeros it kept. The runner is a stand-in here; the GPU tests run a
+module through it (tests/nn/test_kept_runs.py)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+from cellfuse.nn import CellRNN, ops
+from cellfuse.nn.quick_call import QuickCall
+
+
+class _Runner:
+    def __init__(self):
+        self.lock, self.calls = threading.Lock(), []
+
+    def forward(self, x, states, params, save, shared):
+        self.calls.append((x, states, params, save, shared))
+        return x[..., :2] * 2, [s + 1 for s in states], None
+
+
+@pytest.fixture
+def kept(monkeypatch):
+    monkeypatch.setattr(ops, "on_device", lambda index: True)
+    x = torch.randn(5, 3, 4)
+    params = [torch.randn(4, 2), torch.randn(2)]
+    zeros = [torch.zeros(1, 3, 2)]
+    runner = _Runner()
+    return QuickCall(x, ("persistent", False), params, runner, zeros), x, params, zeros, runner
+
+
+def test_a_call_like_the_kept_one_goes_to_its_runner_with_its_zeros(kept):
+    quick, x, params, zeros, runner = kept
+    with torch.no_grad():
+        y, finals = quick(torch.ones(5, 3, 4), ("persistent", False), params)
+    (given, states, given_params, save, shared), = runner.calls
+    assert states == zeros and given_params is params and (save, shared) == (False, True)
+    assert torch.equal(y, torch.full((5, 3, 2), 2.0)) and torch.equal(finals[0], torch.ones(1, 3, 2))
+
+
+def test_batch_first_x_goes_to_the_runner_time_first_and_y_comes_back_batch_first(monkeypatch):
+    monkeypatch.setattr(ops, "on_device", lambda index: True)
+    runner, params = _Runner(), [torch.randn(2)]
+    quick = QuickCall(torch.randn(3, 5, 4), ("graph", True), params, runner, [torch.zeros(1, 3, 2)])
+    x = torch.randn(3, 5, 4)
+    with torch.no_grad():
+        y, _ = quick(x, ("graph", True), params)
+    assert runner.calls[0][0].shape == (5, 3, 4) and y.shape == (3, 5, 2)
+    torch.testing.assert_close(y, x[..., :2] * 2)
+
+
+@pytest.mark.parametrize("unlike", ["shape", "dtype", "schedule", "batch_first", "grad", "parameter",
+                                    "autocast", "device"])
+def test_a_call_unlike_the_kept_one_is_left_to_the_whole_path(kept, monkeypatch, unlike):
+    quick, x, params, _, runner = kept
+    layout = ("persistent", False)
+    if unlike == "shape":
+        x = torch.randn(5, 2, 4)
+    elif unlike == "dtype":
+        x = x.double()
+    elif unlike == "schedule":
+        layout = ("graph", False)
+    elif unlike == "batch_first":
+        layout = ("persistent", True)
+    elif unlike == "parameter":  # another tensor: moved, or of another dtype
+        params = [params[0].clone(), params[1]]
+    elif unlike == "device":
+        monkeypatch.setattr(ops, "on_device", lambda index: False)
+    elif unlike == "autocast":  # (torch.autocast("cuda") is off without a GPU)
+        monkeypatch.setattr(torch, "is_autocast_enabled", lambda device: device == "cuda")
+    with torch.set_grad_enabled(unlike == "grad"):
+        assert quick(x, layout, params) is None
+    assert not runner.calls
+
+
+def test_a_module_keeps_no_call_on_the_cpu():
+    rnn = CellRNN("gru", 6, 8, 1, seed=1)
+    with torch.no_grad():
+        rnn(torch.randn(4, 2, 6))
+    assert rnn._quick is None
