@@ -2,9 +2,12 @@
 device was synchronised (as `benchmarks/cellrnn_vs_cudnn.py` times single calls) and in calls queued back
 to back: perf_counter stamps as the call enters the module's forward, the runner (`CudaRunner._forward`)
 and the program's run (`StreamProgram.run`: the launch list, or the replay of a captured run), and as
-that run and the call return. Under torch.no_grad(), the LSTM at input = hidden = 512, T=100.
+that run and the call return; and how many of the calls replayed a captured run. Under torch.no_grad(),
+the LSTM at input = hidden = 512, T=100. With --between cudnn, a torch.nn.LSTM (cuDNN) call of the same
+sizes comes before each timed call, as in the benchmark's turns.
 
-    python3 benchmarks/probes/cellrnn_call_stages.py [--schedule auto] [--batches 1,64] [--calls 200]
+    python3 benchmarks/probes/cellrnn_call_stages.py [--schedule auto] [--batches 1,64] [--calls 200] \
+        [--between none,cudnn]
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from cellfuse.nn.cuda_runner import CudaRunner
 
 STAGES = ("module.forward", "runner._forward", "program.run", "on the stream", "returned")
 _stamps: list[int] = []
+_replayed: list[bool] = []  # per program run: whether it replayed a captured run
 
 
 def _stamped(fn, after: bool = False):
@@ -37,13 +41,24 @@ def _instrument() -> None:
     CellRNN.forward = _stamped(CellRNN.forward)
     CudaRunner._forward = _stamped(CudaRunner._forward)
     StreamProgram.run = _stamped(StreamProgram.run, after=True)
+    kept_run = StreamProgram._kept_run
+
+    def counted(self, bases):
+        graph = kept_run(self, bases)
+        _replayed.append(graph is not None)
+        return graph
+    StreamProgram._kept_run = counted
 
 
-def _stages(rnn: CellRNN, x: torch.Tensor, calls: int, synchronised: bool) -> dict[str, float]:
-    """Median microseconds from the call's start to each stamp."""
+def _stages(rnn: CellRNN, x: torch.Tensor, calls: int, synchronised: bool, between) -> dict[str, float]:
+    """Median microseconds from the call's start to each stamp, and the share of calls replayed."""
     rows = []
     torch.cuda.synchronize()
+    _replayed.clear()
     for _ in range(calls):
+        if between is not None:
+            with torch.no_grad():
+                between(x)
         if synchronised:
             torch.cuda.synchronize()
         _stamps.clear()
@@ -56,7 +71,8 @@ def _stages(rnn: CellRNN, x: torch.Tensor, calls: int, synchronised: bool) -> di
     torch.cuda.synchronize()
     if not rows:
         return {}
-    return {name: statistics.median(r[i] for r in rows) for i, name in enumerate(STAGES)}
+    medians = {name: statistics.median(r[i] for r in rows) for i, name in enumerate(STAGES)}
+    return {**medians, "replayed": sum(_replayed) / max(1, len(_replayed))}
 
 
 def main() -> None:
@@ -64,23 +80,26 @@ def main() -> None:
     p.add_argument("--schedule", default="auto")
     p.add_argument("--batches", default="1,64")
     p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--between", default="none", help="comma-separated: none, cudnn")
     args = p.parse_args()
     _instrument()
     print(f"microseconds from the call's start (median of {args.calls} calls); LSTM T=100, I=H=512, "
           f"{torch.cuda.get_device_name()}")
-    print(f"{'B':>4} {'calls':<14}" + "".join(f"{s:>17}" for s in STAGES))
+    print(f"{'B':>4} {'between':<8} {'calls':<14}" + "".join(f"{s:>17}" for s in (*STAGES, "replayed")))
     for batch in (int(b) for b in args.batches.split(",")):
         rnn = CellRNN("lstm", 512, 512, 1, schedule=args.schedule, seed=1).cuda()
+        cudnn = torch.nn.LSTM(512, 512).cuda()
         x = torch.randn(100, batch, 512, device="cuda")
         for _ in range(20):
             with torch.no_grad():
-                rnn(x)
-        for synchronised in (True, False):
-            stages = _stages(rnn, x, args.calls, synchronised)
-            what = "after a sync" if synchronised else "back to back"
-            print(f"{batch:>4} {what:<14}" + "".join(f"{stages.get(s, float('nan')):>17.1f}" for s in STAGES),
-                  flush=True)
-
+                rnn(x), cudnn(x)
+        for between in args.between.split(","):
+            for synchronised in (True, False):
+                stages = _stages(rnn, x, args.calls, synchronised, cudnn if between == "cudnn" else None)
+                what = "after a sync" if synchronised else "back to back"
+                print(f"{batch:>4} {between:<8} {what:<14}"
+                      + "".join(f"{stages.get(s, float('nan')):>17.1f}" for s in STAGES)
+                      + f"{stages.get('replayed', float('nan')):>17.2f}", flush=True)
 
 if __name__ == "__main__":
     main()

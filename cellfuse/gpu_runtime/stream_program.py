@@ -366,6 +366,7 @@ class StreamProgram:
         # `run`); None where runs are not captured (each launch checked: a replay's fault names no launch)
         self._kept: OrderedDict[tuple[int, ...], object] | None = None if CHECK_LAUNCHES else OrderedDict()
         self._seen_once: OrderedDict[tuple[int, ...], None] = OrderedDict()
+        self._cu_streams: dict[int, object] = {}  # raw handle -> cuda.bindings' stream (made once each)
 
     @property
     def names(self) -> list[str]:
@@ -467,7 +468,14 @@ class StreamProgram:
     def replay(self, graph, stream: int) -> None:
         """A captured run put on `stream` (ordered as `run` orders runs), in one call."""
         self.order(stream)
-        check(self.res.cu.cuGraphLaunch(graph, driver.as_stream(stream)), f"replaying {self.what}")
+        cu_stream = self._cu_streams.get(stream)
+        if cu_stream is None:
+            if len(self._cu_streams) >= 64:  # (a process's streams are few; a bound all the same)
+                self._cu_streams.clear()
+            cu_stream = self._cu_streams[stream] = driver.as_stream(stream)
+        err = self.res.cu.cuGraphLaunch(graph, cu_stream)[0]
+        if int(err):  # (the message made only then: a replay is the whole host time of a call)
+            driver.fail(err, f"replaying {self.what}")
 
     def release(self, graph) -> None:
         check(self.res.cu.cuGraphExecDestroy(graph), f"releasing a captured run of {self.what}")
