@@ -35,7 +35,7 @@ from ..graph_model.limits import MAX_LAYERS, MAX_WIDTH
 from ..graph_model.params import REVERSE, check_names, check_widths
 from ..graph_model.validate import check_count
 from . import ops, stacks
-from .quick_call import QuickCall
+from .quick_call import QuickCall, kept_call
 from .runners import DTYPES, FORWARD, direction_of, dtype_names, param_dtypes, precision_of
 from .zeros import Zeros
 
@@ -320,23 +320,17 @@ class CellRNN(torch.nn.Module):
                 self._last_seen = seen
                 recent = [s for s in self._seen if s != seen][-(MAX_SEEN - 1):] + [seen]
                 self._seen = OrderedDict.fromkeys(recent)
-        self._quick = self._kept_call(given, states, lengths, cast, by_layer, params, initial)
+        if states is None and lengths is None and cast is None and not by_layer:  # (x alone: see quick_call)
+            self._quick = kept_call(given, x, (self.schedule, self.batch_first), params, initial,
+                                    self._cell_text, self.hidden_size, self.num_layers, self._float32)
+        else:
+            self._quick = None
         if packed is not None:
             y, finals = packed.pack(y), packed.unsorted(finals)
         elif self.batch_first:
             y = y.transpose(0, 1)
         return y, dict(zip(self.state_ids, finals, strict=True))
 
-    def _kept_call(self, x, states, lengths, cast, by_layer, params, initial) -> QuickCall | None:
-        """The call that just ran, kept for the next one like it (see quick_call), where it was an inference
-        call of one layer call on a GPU, with nothing given but x; else None."""
-        if (states is not None or lengths is not None or cast is not None or by_layer
-                or type(x) is not torch.Tensor or not x.is_cuda or torch.is_grad_enabled()
-                or torch.compiler.is_compiling()):
-            return None
-        runner = ops.runner(self._cell_text, x.transpose(0, 1) if self.batch_first else x, self.hidden_size,
-                            self.num_layers, self.schedule, FORWARD, self._float32)
-        return QuickCall(x, (self.schedule, self.batch_first), params, runner, initial)
 
     def _check(self, x: object, states: object) -> list[torch.Tensor]:
         """The initial states in the order of `state_ids` (zeros where not given), after checking every

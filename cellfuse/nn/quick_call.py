@@ -17,6 +17,20 @@ from collections.abc import Sequence
 import torch
 
 from . import ops
+from .runners import FORWARD
+
+
+def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
+              zeros: Sequence[torch.Tensor], cell: str, hidden: int, layers: int, float32: str
+              ) -> QuickCall | None:
+    """The inference call just made of x (as given; `time_first`: as the ops took it) kept, where it was
+    one on a GPU; None where not. The caller keeps only calls of x alone: no states, no lengths, no
+    autocast change, the layers in one call of the ops (`params`, `zeros`: that call's)."""
+    if (type(x) is not torch.Tensor or not x.is_cuda or torch.is_grad_enabled()
+            or torch.compiler.is_compiling()):
+        return None
+    runner = ops.runner(cell, time_first, hidden, layers, layout[0], FORWARD, float32)
+    return QuickCall(x, layout, params, runner, zeros)
 
 
 class QuickCall:
@@ -27,8 +41,9 @@ class QuickCall:
 
     def __init__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor], runner,
                  zeros: Sequence[torch.Tensor]):
-        """x as the module was given it; `layout`: the module's (schedule, batch_first) then; the runner and
-        the initial states of zeros the call ran with."""
+        """x as the module was given it; `layout`: the module's (schedule, batch_first) then, and anything
+        else of the module the call's path depended on; the runner and the initial states of zeros the
+        call ran with."""
         self._shape, self._dtype, self._index = x.shape, x.dtype, x.get_device()
         self._autocast_matters = x.dtype == torch.float32  # (torch.autocast changes only float32 inputs)
         self._addresses = tuple(p.data_ptr() for p in params)

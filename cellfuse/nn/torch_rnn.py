@@ -24,6 +24,7 @@ from ..gpu_runtime.auto_schedule import AUTO
 from ..graph_model import Cell, CellError, init_params
 from ..graph_model.builder import CellBuilder, sigmoid, tanh
 from . import ops, stacks
+from .quick_call import QuickCall, kept_call
 from .runners import DTYPES, dtype_names, param_dtypes
 from .zeros import Zeros
 
@@ -93,6 +94,7 @@ class _TorchRNN(torch.nn.Module):
                                                                                            "weight_hh")
         self._view_cache: dict[tuple[int, bool], tuple[tuple, list[torch.Tensor]]] = {}
         self._zeros = Zeros()
+        self._quick: QuickCall | None = None  # the last inference call on a GPU, where it can be kept
         # the template's weights of a layer, in the order of its keys (l0.W_i -> W_i), which the ops take
         self._names = [key.split(".", 1)[1] for key in init_params(cell, 1, 1, 1, 0)]
         gate_rows = len(self._gates) * hidden_size
@@ -169,6 +171,7 @@ class _TorchRNN(torch.nn.Module):
         state = self.__dict__.copy()
         state["_view_cache"] = {}
         state["_zeros"] = Zeros()
+        state["_quick"] = None
         return state
 
     # -- the forward pass ------------------------------------------------------------------------------
@@ -207,6 +210,13 @@ class _TorchRNN(torch.nn.Module):
         return out
 
     def forward(self, input, hx=None):
+        quick, layout = self._quick, (self.schedule, self.batch_first, self.training, self.dropout)
+        if (quick is not None and hx is None and type(input) is torch.Tensor
+                and not torch.compiler.is_compiling()):
+            done = quick(input, layout, self._fused_params())
+            if done is not None:
+                return self._returned(*done)
+        given = input
         packed = stacks.Unpacked(input) if isinstance(input, PackedSequence) else None
         lengths = None
         if packed is not None:  # padded, each row to its length, in the packed data's order of rows
@@ -227,10 +237,14 @@ class _TorchRNN(torch.nn.Module):
         initial = self._initial(hx, x.shape[1], x)
         if packed is not None:
             initial = packed.sorted(initial)
+        self._quick = None
         if not self.bidirectional and (self.dropout == 0 or not self.training or self.num_layers == 1):
-            params = [p for layer in range(self.num_layers) for p in self._layer_params(layer, False)]
+            params = self._fused_params()
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
                                    self.schedule, lengths)
+            if hx is None and packed is None and cast is None and not unbatched:  # (x alone: see quick_call)
+                self._quick = kept_call(given, x, layout, params, initial, self._cell_text, self.hidden_size,
+                                        self.num_layers, ops.DEFAULT_FLOAT32)
         else:
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params, self.num_layers, self.bidirectional, self.dropout,
@@ -241,6 +255,14 @@ class _TorchRNN(torch.nn.Module):
             y, finals = packed.pack(y), packed.unsorted(finals)
         elif self.batch_first:
             y = y.transpose(0, 1)
+        return self._returned(y, finals)
+
+    def _fused_params(self) -> list[torch.Tensor]:
+        """Every layer's weights of the forward direction, for a call of the layers at once."""
+        return [p for layer in range(self.num_layers) for p in self._layer_params(layer, False)]
+
+    def _returned(self, y: torch.Tensor, finals: list[torch.Tensor]):
+        """What torch's module returns: output, (h_n, c_n) or output, h_n."""
         if self.kind == "lstm":
             return y, (finals[0], finals[1])
         return y, finals[0]

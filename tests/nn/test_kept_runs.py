@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cellfuse.graph_model import CellError
-from cellfuse.nn import CellRNN, ops
+from cellfuse.nn import LSTM, CellRNN, ops
 
 pytestmark = pytest.mark.gpu
 
@@ -79,3 +79,24 @@ def test_an_inference_call_like_the_last_goes_straight_to_the_runner(cuda, monke
     rnn.half()  # the parameters elsewhere: checked again, and refused for float32 x
     with torch.no_grad(), pytest.raises(CellError, match="parameter 'l0.W_.*' is torch.float16"):
         rnn(other)
+
+
+def test_the_drop_in_lstm_keeps_its_inference_call(cuda, monkeypatch):
+    lstm = LSTM(INPUT, H, 2, batch_first=True, schedule="persistent").to(cuda)
+    torchs = torch.nn.LSTM(INPUT, H, 2, batch_first=True).to(cuda)
+    torchs.load_state_dict(lstm.state_dict())
+    x = torch.randn(3, T, INPUT, device=cuda)
+    with torch.no_grad():
+        first, (h, c) = lstm(x)
+    entered = []
+    whole = ops._forward
+    monkeypatch.setattr(ops, "_forward", lambda *a, **k: entered.append(1) or whole(*a, **k))
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        got, (got_h, got_c) = lstm(x)
+        assert not entered
+        want, (want_h, want_c) = torchs(x)
+        lstm(x, (h, c))  # states given: the whole path
+        assert entered
+    for a, b, z in ((got, first, want), (got_h, h, want_h), (got_c, c, want_c)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        torch.testing.assert_close(a, z, rtol=1e-4, atol=1e-5)

@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from cellfuse.nn import CellRNN, ops
+from cellfuse.nn import LSTM, CellRNN, ops
 from cellfuse.nn.quick_call import QuickCall
 
 
@@ -82,3 +82,10 @@ def test_a_module_keeps_no_call_on_the_cpu():
     with torch.no_grad():
         rnn(torch.randn(4, 2, 6))
     assert rnn._quick is None
+
+
+def test_a_drop_in_keeps_no_call_on_the_cpu():
+    lstm = LSTM(6, 8)
+    with torch.no_grad():
+        lstm(torch.randn(4, 2, 6))
+    assert lstm._quick is None
