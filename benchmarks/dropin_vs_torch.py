@@ -3,6 +3,7 @@ script calls them: padded and packed sequences (lengths drawn uniformly), one an
 record and a Markdown table.
 
     python3 benchmarks/dropin_vs_torch.py --out benchmarks/results/h200_DATE_dropin_vs_torch.json
+    python3 benchmarks/dropin_vs_torch.py --cases 0,1 --out /tmp/dropin.json  # the first two of CASES
 
 Each case is checked before it is timed: the outputs (a PackedSequence's data) and every gradient of a
 training step against torch's, in float32 with TF32 off on both sides (largest absolute difference of
@@ -63,6 +64,8 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--schedule", default="auto")
+    p.add_argument("--cases", type=lambda t: [int(i) for i in t.split(",")],
+                   help="comma-separated indices into CASES (default: all)")
     args = p.parse_args()
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -74,7 +77,8 @@ def main() -> None:
                   "out": str(args.out)}, "rows": []}
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     generator = torch.Generator().manual_seed(0)
-    for kind, T, B, layers, bidirectional, spec in CASES:
+    for kind, T, B, layers, bidirectional, spec in (CASES if args.cases is None else
+                                                    [CASES[i] for i in args.cases]):
         row = {"kind": kind, "seq": T, "batch": B, "layers": layers, "bidirectional": bidirectional,
                "lengths": spec or "padded"}
         print(row, flush=True)

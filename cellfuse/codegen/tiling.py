@@ -112,11 +112,13 @@ def k_stride(k: int) -> int:
 
 
 def mma_stride(k: int) -> int:
-    """Elements per row of a K-contiguous array that tensor cores read: K in whole MMA_K_BLOCKs, and one
-    more, so that the eight lanes of a float4 load (two rows, four float4s of each) fall in different
-    banks; of 16-bit elements, the sixteen lanes of each half-warp's 8-byte loads (four rows 32 bytes
-    apart in the banks, four loads of each) as well."""
-    return MMA_K_BLOCK * (-(-k // MMA_K_BLOCK) + 1)
+    """Elements per row of a K-contiguous array that tensor cores read: K in an odd number of whole
+    MMA_K_BLOCKs (one more where it is even), so that the eight lanes of a float4 load (two rows, four
+    float4s of each) fall in different banks, the second row's in the other half of them; of 16-bit
+    elements, the sixteen lanes of each half-warp's 8-byte loads (four rows 32 bytes apart in the banks,
+    four loads of each) as well."""
+    blocks = -(-k // MMA_K_BLOCK)
+    return MMA_K_BLOCK * (blocks if blocks % 2 else blocks + 1)
 
 
 def gemm_tiling(columns: tuple[int, ...], blocks: int, row_tile: int, k: int,

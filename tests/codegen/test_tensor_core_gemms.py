@@ -7,6 +7,7 @@ from cellfuse.codegen import generate_cuda, make_plan
 from cellfuse.codegen.gemm_routes import TF32X3_MIN_MACS, on_tensor_cores
 from cellfuse.codegen.lowering import lower
 from cellfuse.codegen.plan_text import describe, summary, tensor_core_groups
+from cellfuse.codegen.tiling import MMA_K_BLOCK, mma_stride
 from cellfuse.gpu_runtime.cuda_executor import split_elements
 from cellfuse.graph_model import Sizes, load_template
 
@@ -105,3 +106,13 @@ def test_the_splits_rounding_is_tf32s_to_nearest_ties_away():
     hi = tf32(x)
     lo = tf32((x - hi).astype(np.float32))
     assert np.all(np.abs((hi.astype(np.float64) + lo) - x) <= 2.0**-21 * np.abs(x))
+
+
+def test_rows_that_tensor_cores_read_start_where_one_load_keeps_them_apart_in_the_banks():
+    for k in range(1, 2100):
+        stride = mma_stride(k)
+        assert k <= stride < k + 2 * MMA_K_BLOCK and stride % MMA_K_BLOCK == 0, k
+        # float32: a quarter-warp's float4 loads read two rows of 16 words each, one per half of the 32 banks
+        assert stride % 32 == 16, k
+        # 16 bits: a half-warp's 8-byte loads read four rows of 32 bytes, each in its own quarter of the banks
+        assert len({row * 2 * stride % 128 for row in range(4)}) == 4, k

@@ -50,11 +50,12 @@ def test_training_steps_over_memory_seen_before_replay_forward_and_backward(cuda
     rnn = CellRNN("lstm", INPUT, H, 1, schedule="persistent", seed=4).to(cuda)
     x = torch.randn(T, 6, INPUT, device=cuda)
     grads = []
-    for _ in range(6):  # each step frees what the one before held: the same memory again
+    for _ in range(6):  # each step frees all it made before the next: the same memory again
         y, finals = rnn(x)
         (y.square().sum() + finals["c"].sum()).backward()
-        grads.append([p.grad.cpu() for p in rnn.parameters()])  # (no GPU memory: the same again)
+        grads.append([p.grad.cpu() for p in rnn.parameters()])  # (no GPU memory)
         rnn.zero_grad(set_to_none=True)
+        del y, finals
     assert _program(rnn, x, "train")._kept and _program(rnn, x, "backward")._kept
     for later in grads[1:]:
         for got, want in zip(later, grads[0], strict=True):
