@@ -281,11 +281,13 @@ class CellRNN(torch.nn.Module):
             raise CellError("a CellRNN cannot be exported to ONNX: its forward pass is the custom op "
                             "cellfuse::rnn, which ONNX has no operator for (torch.export.export keeps it)")
         quick = self._quick
-        if (quick is not None and states is None and lengths is None and type(x) is torch.Tensor
+        if (quick is not None and lengths is None and type(x) is torch.Tensor
                 and not torch.compiler.is_compiling()):
-            done = quick(x, (self.schedule, self.batch_first), self._params())
-            if done is not None:
-                return done[0], dict(zip(self.state_ids, done[1], strict=True))
+            given = None if states is None else self._every_state(states)
+            if states is None or given is not None:
+                done = quick(x, (self.schedule, self.batch_first), self._params(), given)
+                if done is not None:
+                    return done[0], dict(zip(self.state_ids, done[1], strict=True))
         given = x
         packed = None
         if isinstance(x, PackedSequence):
@@ -320,8 +322,10 @@ class CellRNN(torch.nn.Module):
                 self._last_seen = seen
                 recent = [s for s in self._seen if s != seen][-(MAX_SEEN - 1):] + [seen]
                 self._seen = OrderedDict.fromkeys(recent)
-        if states is None and lengths is None and cast is None and not by_layer:  # (x alone: see quick_call)
-            self._quick = kept_call(given, x, (self.schedule, self.batch_first), params, initial,
+        if (lengths is None and cast is None and not by_layer
+                and (states is None or self._every_state(states) is not None)):  # (see quick_call)
+            zeros = [self._zero_states(tuple(initial[0].shape), x.dtype, x.device)] * len(initial)
+            self._quick = kept_call(given, x, (self.schedule, self.batch_first), params, zeros,
                                     self._cell_text, self.hidden_size, self.num_layers, self._float32)
         else:
             self._quick = None
@@ -331,6 +335,15 @@ class CellRNN(torch.nn.Module):
             y = y.transpose(0, 1)
         return y, dict(zip(self.state_ids, finals, strict=True))
 
+
+    def _every_state(self, states: object) -> list[torch.Tensor] | None:
+        """The initial states in the cell's order where `states` maps every state id to one, else None."""
+        if isinstance(states, Mapping) and len(states) == len(self.state_ids):
+            try:
+                return [states[s] for s in self.state_ids]
+            except KeyError:
+                return None
+        return None
 
     def _check(self, x: object, states: object) -> list[torch.Tensor]:
         """The initial states in the order of `state_ids` (zeros where not given), after checking every

@@ -1,10 +1,11 @@
 """A module's last inference call on a GPU, kept so that the next call like it skips the checks and
-lookups that decided how to run it: the same shape, dtype and device of x, no states given, no gradient
-to follow, the same parameters (at the same addresses: on the device and of the dtype they were checked
-on), the same schedule and layout. Such a call goes from the module straight to the runner the first one
-found, with the initial states of zeros it made; the runner then checks what may change from call to
-call (the parameters' values, the stream, a CUDA graph capture) as for any call. Anything else, and the
-call takes the whole path, which keeps a new QuickCall where it may.
+lookups that decided how to run it: the same shape, dtype and device of x, no gradient to follow, the
+same parameters (at the same addresses: on the device and of the dtype they were checked on), the same
+schedule and layout, and either no initial states (zeros) or every one of them, each of the shape, dtype
+and device it must have (a model that carries its states from call to call gives them all). Such a call
+goes from the module straight to the runner the first one found; the runner then checks what may change
+from call to call (the parameters' values, the stream, a CUDA graph capture) as for any call. Anything
+else, and the call takes the whole path, which keeps a new QuickCall where it may.
 
 Why: a forward call of a small batch spends more time in Python than its kernels take on the GPU, and
 the GPU waits for it (docs/results/2026-11-29-threads-backward-start-16-bit-weights.md).
@@ -24,8 +25,9 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
               zeros: Sequence[torch.Tensor], cell: str, hidden: int, layers: int, float32: str
               ) -> QuickCall | None:
     """The inference call just made of x (as given; `time_first`: as the ops took it) kept, where it was
-    one on a GPU; None where not. The caller keeps only calls of x alone: no states, no lengths, no
-    autocast change, the layers in one call of the ops (`params`, `zeros`: that call's)."""
+    one on a GPU; None where not. The caller keeps only calls with no states or all of them, no lengths,
+    no autocast change, the layers in one call of the ops (`params`: that call's; `zeros`: the module's
+    initial states of zeros, one per state, for a call that gives none)."""
     if (type(x) is not torch.Tensor or not x.is_cuda or torch.is_grad_enabled()
             or torch.compiler.is_compiling()):
         return None
@@ -37,31 +39,39 @@ class QuickCall:
     """What a module's inference call of x on a GPU decided (see the module's docstring)."""
 
     __slots__ = ("_shape", "_dtype", "_index", "_autocast_matters", "_addresses", "_layout", "_runner",
-                 "_zeros")
+                 "_zeros", "_state_shape")
 
     def __init__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor], runner,
                  zeros: Sequence[torch.Tensor]):
         """x as the module was given it; `layout`: the module's (schedule, batch_first) then, and anything
-        else of the module the call's path depended on; the runner and the initial states of zeros the
-        call ran with."""
+        else of the module the call's path depended on; the runner, and the module's initial states of
+        zeros for x (one per state, in the cell's order)."""
         self._shape, self._dtype, self._index = x.shape, x.dtype, x.get_device()
         self._autocast_matters = x.dtype == torch.float32  # (torch.autocast changes only float32 inputs)
         self._addresses = tuple(p.data_ptr() for p in params)
         self._layout, self._runner, self._zeros = layout, runner, list(zeros)
+        self._state_shape = zeros[0].shape
 
-    def __call__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor]
+    def __call__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
+                 states: Sequence[torch.Tensor] | None = None
                  ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
-        """y (in the module's layout) and the final states of a call like the kept one, or None where it
-        is not like it."""
+        """y (in the module's layout) and the final states of a call like the kept one, from `states`
+        (every initial state, in the cell's order) or zeros, or None where it is not like it."""
         if (x.shape != self._shape or x.dtype != self._dtype or x.get_device() != self._index
                 or layout != self._layout or torch.is_grad_enabled()
                 or (self._autocast_matters and torch.is_autocast_enabled("cuda"))
                 or not ops.on_device(self._index)
                 or tuple(p.data_ptr() for p in params) != self._addresses):
             return None
+        if states is None:
+            states = self._zeros
+        elif len(states) != len(self._zeros) or not all(
+                type(s) is torch.Tensor and s.shape == self._state_shape and s.dtype == self._dtype
+                and s.get_device() == self._index for s in states):
+            return None
         batch_first = layout[1]
         runner = self._runner
         with runner.lock:
-            y, finals, _ = runner.forward(x.transpose(0, 1) if batch_first else x, self._zeros, params,
-                                          False, True)
+            y, finals, _ = runner.forward(x.transpose(0, 1) if batch_first else x, states, params, False,
+                                          True)
         return (y.transpose(0, 1) if batch_first else y), finals

@@ -211,9 +211,9 @@ class _TorchRNN(torch.nn.Module):
 
     def forward(self, input, hx=None):
         quick, layout = self._quick, (self.schedule, self.batch_first, self.training, self.dropout)
-        if (quick is not None and hx is None and type(input) is torch.Tensor
-                and not torch.compiler.is_compiling()):
-            done = quick(input, layout, self._fused_params())
+        if quick is not None and type(input) is torch.Tensor and not torch.compiler.is_compiling():
+            given = None if hx is None else list(hx) if isinstance(hx, (tuple, list)) else [hx]
+            done = quick(input, layout, self._fused_params(), given)
             if done is not None:
                 return self._returned(*done)
         given = input
@@ -242,8 +242,9 @@ class _TorchRNN(torch.nn.Module):
             params = self._fused_params()
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
                                    self.schedule, lengths)
-            if hx is None and packed is None and cast is None and not unbatched:  # (x alone: see quick_call)
-                self._quick = kept_call(given, x, layout, params, initial, self._cell_text, self.hidden_size,
+            if packed is None and cast is None and not unbatched:  # (see quick_call)
+                zeros = [self._zeros(tuple(initial[0].shape), x.dtype, x.device)] * len(initial)
+                self._quick = kept_call(given, x, layout, params, zeros, self._cell_text, self.hidden_size,
                                         self.num_layers, ops.DEFAULT_FLOAT32)
         else:
             y, finals = stacks.layer_by_layer(

@@ -21,9 +21,9 @@ def _program(rnn, x, which):
     return runner._programs[which]
 
 
-def _trained_forward(rnn, x):
+def _trained_forward(rnn, x, states=None):
     """The training program's forward pass of the same rung, made at every call."""
-    y, finals = rnn(x.clone().requires_grad_())
+    y, finals = rnn(x.clone().requires_grad_(), states)
     return y.detach(), {k: v.detach() for k, v in finals.items()}
 
 
@@ -94,10 +94,34 @@ def test_the_drop_in_lstm_keeps_its_inference_call(cuda, monkeypatch):
     monkeypatch.setattr(ops, "_forward", lambda *a, **k: entered.append(1) or whole(*a, **k))
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         got, (got_h, got_c) = lstm(x)
+        carried, (carried_h, carried_c) = lstm(x, (h, c))  # every state given: kept too
         assert not entered
         want, (want_h, want_c) = torchs(x)
-        lstm(x, (h, c))  # states given: the whole path
+        want_carried, (want_carried_h, want_carried_c) = torchs(x, (h, c))
+        lstm(x[:, :5])  # another length: the whole path
         assert entered
     for a, b, z in ((got, first, want), (got_h, h, want_h), (got_c, c, want_c)):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
         torch.testing.assert_close(a, z, rtol=1e-4, atol=1e-5)
+    for a, z in ((carried, want_carried), (carried_h, want_carried_h), (carried_c, want_carried_c)):
+        torch.testing.assert_close(a, z, rtol=1e-4, atol=1e-5)
+
+
+def test_calls_that_carry_their_states_go_straight_to_the_runner(cuda, monkeypatch):
+    rnn = CellRNN("lstm", INPUT, H, 1, schedule="tensor", seed=6).to(cuda)
+    xs = [torch.randn(T, 9, INPUT, device=cuda) for _ in range(4)]
+    entered = []
+    whole = ops._forward
+    monkeypatch.setattr(ops, "_forward", lambda *a, **k: entered.append(1) or whole(*a, **k))
+    states, got = None, []
+    with torch.no_grad():
+        for x in xs:  # the first takes the whole path; the others give every state, like it otherwise
+            y, states = rnn(x, states)
+            got.append((y, states))
+    assert len(entered) == 1
+    states = None
+    for x, (y, finals) in zip(xs, got, strict=True):
+        want, states = _trained_forward(rnn, x, states)
+        torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+        for s in rnn.state_ids:
+            torch.testing.assert_close(finals[s], states[s], rtol=1e-5, atol=1e-5)

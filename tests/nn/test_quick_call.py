@@ -89,3 +89,22 @@ def test_a_drop_in_keeps_no_call_on_the_cpu():
     with torch.no_grad():
         lstm(torch.randn(4, 2, 6))
     assert lstm._quick is None
+
+
+def test_a_call_that_gives_every_state_goes_to_the_runner_with_them(kept):
+    quick, x, params, zeros, runner = kept
+    states = [torch.randn(1, 3, 2)]
+    with torch.no_grad():
+        quick(x, ("persistent", False), params, states)
+    assert runner.calls[0][1] is states
+
+
+@pytest.mark.parametrize("unlike", ["count", "shape", "dtype", "type"])
+def test_states_unlike_the_modules_are_left_to_the_whole_path(kept, unlike):
+    quick, x, params, _, runner = kept
+    state = {"count": torch.randn(1, 3, 2), "shape": torch.randn(2, 3, 2),
+             "dtype": torch.randn(1, 3, 2).double(), "type": torch.nn.Parameter(torch.randn(1, 3, 2))}[unlike]
+    states = [state, state] if unlike == "count" else [state]
+    with torch.no_grad():
+        assert quick(x, ("persistent", False), params, states) is None
+    assert not runner.calls
