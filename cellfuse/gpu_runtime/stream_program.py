@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 _R_32F, _COMPUTE_32F_FAST_TF32 = 0, 77  # cudaDataType, cublasComputeType_t
 _TIMED_RUNS = 5
 MAX_KEPT_RUNS = 8  # runs a program keeps captured, by their bases (see StreamProgram.run)
+# captures after which a program whose captured runs were replayed fewer than twice each on average stops
+# capturing: its runs' bases come back too seldom (more of them in turn than it keeps) for captures to pay
+CAPTURES_ON_TRIAL = 4 * MAX_KEPT_RUNS
 
 
 def split_name(stream: int) -> str:
@@ -366,6 +369,7 @@ class StreamProgram:
         # `run`); None where runs are not captured (each launch checked: a replay's fault names no launch)
         self._kept: OrderedDict[tuple[int, ...], object] | None = None if CHECK_LAUNCHES else OrderedDict()
         self._seen_once: OrderedDict[tuple[int, ...], None] = OrderedDict()
+        self._captures = self._replays = 0
         self._cu_streams: dict[int, object] = {}  # raw handle -> cuda.bindings' stream (made once each)
 
     @property
@@ -394,13 +398,22 @@ class StreamProgram:
         the same bases captures the program over them into a CUDA graph, and later runs over them replay
         it, one call where the launch list makes every launch (on an H200 a cuBLAS GEMM costs the host
         about 10 us, a kernel's launch 5). A caller whose memory comes from torch's caching allocator finds
-        the same addresses again call after call. The last MAX_KEPT_RUNS captured runs are kept."""
+        the same addresses again call after call. The last MAX_KEPT_RUNS captured runs are kept. A replay
+        or a capture that fails, or captures that do not pay (CAPTURES_ON_TRIAL), leave every later run to
+        launch. Runs of one program are made one at a time (CudaRunner holds its lock around them, and
+        around `bind`)."""
         graph = self._kept_run(tuple(bases)) if keep and self._kept is not None else None
-        if graph is None:
-            self.order(stream)
-            self.calls.run(bases, stream)
-        else:
-            self.replay(graph, stream)
+        if graph is not None:
+            try:
+                self.replay(graph, stream)
+            except CellError as e:  # (out of memory, say: not the kernels', which would fail launched too)
+                self._stop_keeping(f"a captured run could not be replayed ({e})")
+            else:
+                self._replays += 1
+                self.ran = True
+                return
+        self.order(stream)
+        self.calls.run(bases, stream)
         self.ran = True
 
     def _kept_run(self, bases: tuple[int, ...]):
@@ -417,26 +430,33 @@ class StreamProgram:
                 self._seen_once.popitem(last=False)
             return None
         del self._seen_once[bases]
+        if self._captures >= CAPTURES_ON_TRIAL and self._replays < 2 * self._captures:
+            self._stop_keeping(f"{self._captures} captured runs were replayed {self._replays} times in all")
+            return None
         try:
             graph = self.capture(bases)
         except CellError as e:  # (a DriverError among them)
-            log.warning("%s: a run could not be captured into a CUDA graph (%s); launching its kernels at "
-                        "every run instead", self.what, e)
-            self._forget_kept()
-            self._kept = None
+            self._stop_keeping(f"a run could not be captured into a CUDA graph ({e})")
             return None
+        self._captures += 1
         kept[bases] = graph
         if len(kept) > MAX_KEPT_RUNS:
             self.release(kept.popitem(last=False)[1])
         return graph
 
+    def _stop_keeping(self, why: str) -> None:
+        log.warning("%s: %s; launching its kernels at every run instead", self.what, why)
+        self._forget_kept()
+        self._kept = None
+
     def _forget_kept(self) -> None:
         """Every captured run released, and the runs seen once forgotten."""
-        kept = self._kept if self._kept is not None else {}
-        for graph in kept.values():
-            self.release(graph)
-        kept.clear()
-        self._seen_once.clear()
+        kept, self._seen_once = self._kept, OrderedDict()  # (taken first: a release that fails leaves
+        if kept:  # none of them to be released twice)
+            graphs = list(kept.values())
+            kept.clear()
+            for graph in graphs:
+                self.release(graph)
 
     def order(self, stream: int) -> None:
         """What is put on `stream` from now on made to follow every run put on another stream before (see

@@ -280,12 +280,13 @@ class CellRNN(torch.nn.Module):
         if torch.jit.is_tracing() and torch.onnx.is_in_onnx_export():
             raise CellError("a CellRNN cannot be exported to ONNX: its forward pass is the custom op "
                             "cellfuse::rnn, which ONNX has no operator for (torch.export.export keeps it)")
-        quick = self._quick
-        if (quick is not None and lengths is None and type(x) is torch.Tensor
-                and not torch.compiler.is_compiling()):
+        # (what the path of a call depends on: dropout applies between layers while training)
+        layout = (self.schedule, self.batch_first, self.training, self.dropout)
+        compiling = torch.compiler.is_compiling()  # (first: torch.compile reads nothing of the kept call)
+        if not compiling and self._quick is not None and lengths is None and type(x) is torch.Tensor:
             given = None if states is None else self._every_state(states)
             if states is None or given is not None:
-                done = quick(x, (self.schedule, self.batch_first), self._params(), given)
+                done = self._quick(x, layout, self._params(), given)
                 if done is not None:
                     return done[0], dict(zip(self.state_ids, done[1], strict=True))
         given = x
@@ -322,11 +323,13 @@ class CellRNN(torch.nn.Module):
                 self._last_seen = seen
                 recent = [s for s in self._seen if s != seen][-(MAX_SEEN - 1):] + [seen]
                 self._seen = OrderedDict.fromkeys(recent)
-        if (lengths is None and cast is None and not by_layer
+        if compiling:
+            pass
+        elif (lengths is None and cast is None and not by_layer
                 and (states is None or self._every_state(states) is not None)):  # (see quick_call)
             zeros = [self._zero_states(tuple(initial[0].shape), x.dtype, x.device)] * len(initial)
-            self._quick = kept_call(given, x, (self.schedule, self.batch_first), params, zeros,
-                                    self._cell_text, self.hidden_size, self.num_layers, self._float32)
+            self._quick = kept_call(given, x, layout, params, zeros, self._cell_text, self.hidden_size,
+                                    self.num_layers, self._float32)
         else:
             self._quick = None
         if packed is not None:
@@ -391,6 +394,10 @@ class CellRNN(torch.nn.Module):
                 raise CellError(f"state '{s}' is {value.dtype} on {value.device}, and x is {dtype} on "
                                 f"{device}")
         return [states[s] if s in states else self._zero_states(want, dtype, device) for s in self.state_ids]
+
+    def _apply(self, fn, recurse=True):
+        self._quick = None  # (its zeros are on the device and of the dtype the module leaves)
+        return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

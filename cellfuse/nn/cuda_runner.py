@@ -376,10 +376,10 @@ class CudaRunner(Runner):
             finals = [torch.empty((L, B, H), dtype=s.dtype, device=x.device) for s in states]
             reserve = torch.empty(memory.reserve_bytes, dtype=torch.uint8, device=x.device)
             scratch = reserve.data_ptr()
-            if not save:  # no steps to keep: an empty reserve (a view of the block would keep it alive)
-                reserve = reserve.new_empty(0)
         program.run([scratch, packed, x.data_ptr(), out, 0, *(s.data_ptr() for s in states),
                      *(f if block is not None else f.data_ptr() for f in finals)], stream, not capturing)
+        if block is None and not save:  # no steps to keep: an empty reserve, its scratch freed only once
+            reserve = reserve.new_empty(0)  # the run is queued (another thread's allocation could take it)
         if block is not None:
             y, finals = self._inference_outputs(block, x.dtype)
             return y, finals, reserve

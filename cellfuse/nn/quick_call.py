@@ -1,6 +1,7 @@
 """A module's last inference call on a GPU, kept so that the next call like it skips the checks and
 lookups that decided how to run it: the same shape, dtype and device of x, no gradient to follow, the
-same parameters (at the same addresses: on the device and of the dtype they were checked on), the same
+same parameters (at the same addresses, of the same dtypes: on the device and of the dtype they were
+checked on; an address is one device's, CPU or GPU, in CUDA's unified address space), the same
 schedule and layout, and either no initial states (zeros) or every one of them, each of the shape, dtype
 and device it must have (a model that carries its states from call to call gives them all). Such a call
 goes from the module straight to the runner the first one found; the runner then checks what may change
@@ -13,6 +14,7 @@ the GPU waits for it (docs/results/2026-11-29-threads-backward-start-16-bit-weig
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -38,7 +40,7 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
 class QuickCall:
     """What a module's inference call of x on a GPU decided (see the module's docstring)."""
 
-    __slots__ = ("_shape", "_dtype", "_index", "_autocast_matters", "_addresses", "_layout", "_runner",
+    __slots__ = ("_shape", "_dtype", "_index", "_autocast_matters", "_params", "_layout", "_runner",
                  "_zeros", "_state_shape")
 
     def __init__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor], runner,
@@ -48,8 +50,9 @@ class QuickCall:
         zeros for x (one per state, in the cell's order)."""
         self._shape, self._dtype, self._index = x.shape, x.dtype, x.get_device()
         self._autocast_matters = x.dtype == torch.float32  # (torch.autocast changes only float32 inputs)
-        self._addresses = tuple(p.data_ptr() for p in params)
-        self._layout, self._runner, self._zeros = layout, runner, list(zeros)
+        self._params = [(p.data_ptr(), p.dtype) for p in params]
+        # (weakly: a runner the process's cache dropped goes, and its memory with it)
+        self._layout, self._runner, self._zeros = layout, weakref.ref(runner), list(zeros)
         self._state_shape = zeros[0].shape
 
     def __call__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
@@ -61,7 +64,7 @@ class QuickCall:
                 or layout != self._layout or torch.is_grad_enabled()
                 or (self._autocast_matters and torch.is_autocast_enabled("cuda"))
                 or not ops.on_device(self._index)
-                or tuple(p.data_ptr() for p in params) != self._addresses):
+                or [(p.data_ptr(), p.dtype) for p in params] != self._params):
             return None
         if states is None:
             states = self._zeros
@@ -69,8 +72,10 @@ class QuickCall:
                 type(s) is torch.Tensor and s.shape == self._state_shape and s.dtype == self._dtype
                 and s.get_device() == self._index for s in states):
             return None
+        runner = self._runner()
+        if runner is None:
+            return None
         batch_first = layout[1]
-        runner = self._runner
         with runner.lock:
             y, finals, _ = runner.forward(x.transpose(0, 1) if batch_first else x, states, params, False,
                                           True)

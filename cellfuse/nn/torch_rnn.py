@@ -165,6 +165,7 @@ class _TorchRNN(torch.nn.Module):
 
     def _apply(self, fn, recurse=True):
         self._view_cache.clear()  # views of the tensors a move replaces would keep them alive
+        self._quick = None  # (so would the kept call's zeros)
         return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict:
@@ -210,10 +211,11 @@ class _TorchRNN(torch.nn.Module):
         return out
 
     def forward(self, input, hx=None):
-        quick, layout = self._quick, (self.schedule, self.batch_first, self.training, self.dropout)
-        if quick is not None and type(input) is torch.Tensor and not torch.compiler.is_compiling():
+        layout = (self.schedule, self.batch_first, self.training, self.dropout)
+        compiling = torch.compiler.is_compiling()  # (first: torch.compile reads nothing of the kept call)
+        if not compiling and self._quick is not None and type(input) is torch.Tensor:
             given = None if hx is None else list(hx) if isinstance(hx, (tuple, list)) else [hx]
-            done = quick(input, layout, self._fused_params(), given)
+            done = self._quick(input, layout, self._fused_params(), given)
             if done is not None:
                 return self._returned(*done)
         given = input
@@ -237,12 +239,13 @@ class _TorchRNN(torch.nn.Module):
         initial = self._initial(hx, x.shape[1], x)
         if packed is not None:
             initial = packed.sorted(initial)
-        self._quick = None
+        if not compiling:
+            self._quick = None
         if not self.bidirectional and (self.dropout == 0 or not self.training or self.num_layers == 1):
             params = self._fused_params()
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
                                    self.schedule, lengths)
-            if packed is None and cast is None and not unbatched:  # (see quick_call)
+            if not compiling and packed is None and cast is None and not unbatched:  # (see quick_call)
                 zeros = [self._zeros(tuple(initial[0].shape), x.dtype, x.device)] * len(initial)
                 self._quick = kept_call(given, x, layout, params, zeros, self._cell_text, self.hidden_size,
                                         self.num_layers, ops.DEFAULT_FLOAT32)

@@ -1,7 +1,7 @@
 """Which runs of a StreamProgram replay a captured CUDA graph (StreamProgram.run with `keep`): the second
-run over the same bases captures, later ones replay, the last MAX_KEPT_RUNS are kept, and a capture that
-fails leaves every run to launch. The capture itself is a stand-in here; the GPU tests run the real one
-(tests/nn/test_kept_runs.py)."""
+run over the same bases captures, later ones replay, the last MAX_KEPT_RUNS are kept, and a capture or a
+replay that fails, or captures that are seldom replayed, leave every run to launch. The capture itself is
+a stand-in here; the GPU tests run the real one (tests/nn/test_kept_runs.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections import OrderedDict
 
 import pytest
 
-from cellfuse.gpu_runtime.stream_program import MAX_KEPT_RUNS, StreamProgram
+from cellfuse.gpu_runtime.stream_program import CAPTURES_ON_TRIAL, MAX_KEPT_RUNS, StreamProgram
 from cellfuse.graph_model import CellError
 
 
@@ -20,6 +20,7 @@ class _Program(StreamProgram):
     def __init__(self, fail: bool = False):  # (none of StreamProgram's: it would load kernels)
         self.what, self.fail = "the test's program", fail
         self._kept, self._seen_once = OrderedDict(), OrderedDict()
+        self._captures = self._replays = 0
         self.captured, self.released = [], []
 
     def capture(self, bases):
@@ -95,3 +96,52 @@ def test_run_replays_only_where_the_caller_says_it_may(keep):
         assert launched == [(5, 6)] and replayed == [("graph", (5, 6))] * 2
     else:
         assert launched == [(5, 6)] * 3 and not replayed and not p.captured
+
+
+def _launching(p):
+    """The program's launches and replays counted, not made."""
+    launched, replayed = [], []
+    p.order = lambda stream: None
+    p.calls = type("Calls", (), {"run": lambda self, bases, stream: launched.append(tuple(bases))})()
+    p.replay = lambda graph, stream: replayed.append(graph)
+    return launched, replayed
+
+
+def test_a_replay_that_fails_launches_instead_and_every_run_after_it(caplog):
+    p = _Program()
+    launched, _ = _launching(p)
+
+    def failing(graph, stream):
+        raise CellError("CUDA driver error CUDA_ERROR_OUT_OF_MEMORY while replaying")
+    p.replay = failing
+    p.run([1], 0, True), p.run([1], 0, True)  # launched, then captured and its replay failed: launched
+    assert launched == [(1,), (1,)] and p._kept is None and p.released == [("graph", (1,))]
+    assert "could not be replayed" in caplog.text
+    p.run([1], 0, True)
+    assert launched == [(1,)] * 3
+
+
+def test_captures_that_are_seldom_replayed_stop(caplog):
+    p = _Program()
+    launched, replayed = _launching(p)
+    turns = [[i] for i in range(2 * MAX_KEPT_RUNS)]  # twice as many sets of bases in turn as are kept
+    with caplog.at_level(logging.WARNING):
+        for _ in range(2 * CAPTURES_ON_TRIAL):
+            for bases in turns:
+                p.run(bases, 0, True)
+    assert p._kept is None and len(p.captured) == CAPTURES_ON_TRIAL
+    assert "were replayed" in caplog.text
+    runs = len(launched) + len(replayed)
+    before = len(launched)
+    p.run([0], 0, True)
+    assert len(launched) == before + 1 and runs == 2 * CAPTURES_ON_TRIAL * len(turns)
+
+
+def test_a_program_whose_captures_pay_keeps_capturing():
+    p = _Program()
+    _launching(p)
+    for round in range(CAPTURES_ON_TRIAL + 5):
+        for i in range(MAX_KEPT_RUNS):
+            for _ in range(3):
+                p.run([round, i], 0, True)  # each set of bases three times: captured, replayed
+    assert p._kept is not None and len(p.captured) == (CAPTURES_ON_TRIAL + 5) * MAX_KEPT_RUNS

@@ -36,30 +36,44 @@ def test_inference_calls_over_memory_seen_before_replay_and_match_the_launches(c
         for _ in range(5):  # (y's memory alternates between two blocks: each seen twice, then replayed)
             y = rnn(x)[0]
         torch.testing.assert_close(y, first, rtol=0, atol=0)
-        assert _program(rnn, x, "forward")._kept
+        program = _program(rnn, x, "forward")
+        replays = program._replays
+        assert program._kept and replays >= 2
         x.copy_(torch.randn_like(x))  # the same address, new values: read by the replays
         rnn.param("l0.W_i").mul_(0.5)  # in place: packed again, where the replays read it
-        got = [rnn(x)[0].clone() for _ in range(3)]
-    want = _trained_forward(rnn, x)[0]
+        got = []
+        for _ in range(4):
+            y = rnn(x)[0]
+            got.append(y.cpu())  # (no GPU memory: the calls' addresses as before)
+        assert program._replays >= replays + 3
+    want = _trained_forward(rnn, x)[0].cpu()
     for y in got:
         torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
-    assert (got[0] - first).abs().max() > 1e-3
+    assert (got[0] - first.cpu()).abs().max() > 1e-3
 
 
-def test_training_steps_over_memory_seen_before_replay_forward_and_backward(cuda):
+def test_training_steps_over_memory_seen_before_replay_and_read_x_and_the_weights_as_they_are(cuda):
     rnn = CellRNN("lstm", INPUT, H, 1, schedule="persistent", seed=4).to(cuda)
+    reference = CellRNN("lstm", INPUT, H, 1, seed=4).double()  # the numpy executor, in float64
     x = torch.randn(T, 6, INPUT, device=cuda)
-    grads = []
     for _ in range(6):  # each step frees all it made before the next: the same memory again
+        x.copy_(torch.randn_like(x))  # the same address, new values
         y, finals = rnn(x)
         (y.square().sum() + finals["c"].sum()).backward()
-        grads.append([p.grad.cpu() for p in rnn.parameters()])  # (no GPU memory)
+        want_y, want_finals = reference(x.double().cpu())
+        (want_y.square().sum() + want_finals["c"].sum()).backward()
+        torch.testing.assert_close(y.double().cpu(), want_y.detach(), rtol=1e-4, atol=1e-5)
+        with torch.no_grad():
+            for p, q in zip(rnn.parameters(), reference.parameters(), strict=True):
+                scale = float(q.grad.abs().max())
+                torch.testing.assert_close(p.grad.double().cpu(), q.grad, rtol=0, atol=1e-4 * scale)
+                p -= 0.05 * p.grad  # in place: the packed weights made again, where the replays read them
+                q -= 0.05 * q.grad
         rnn.zero_grad(set_to_none=True)
+        reference.zero_grad(set_to_none=True)
         del y, finals
-    assert _program(rnn, x, "train")._kept and _program(rnn, x, "backward")._kept
-    for later in grads[1:]:
-        for got, want in zip(later, grads[0], strict=True):
-            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    train, backward = _program(rnn, x, "train"), _program(rnn, x, "backward")
+    assert train._kept and backward._kept and train._replays >= 2 and backward._replays >= 2
 
 
 def test_an_inference_call_like_the_last_goes_straight_to_the_runner(cuda, monkeypatch):

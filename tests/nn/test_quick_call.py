@@ -10,7 +10,7 @@ import threading
 import pytest
 import torch
 
-from cellfuse.nn import LSTM, CellRNN, ops
+from cellfuse.nn import LSTM, CellRNN, cell_rnn, ops
 from cellfuse.nn.quick_call import QuickCall
 
 
@@ -54,7 +54,7 @@ def test_batch_first_x_goes_to_the_runner_time_first_and_y_comes_back_batch_firs
 
 
 @pytest.mark.parametrize("unlike", ["shape", "dtype", "schedule", "batch_first", "grad", "parameter",
-                                    "autocast", "device"])
+                                    "parameter dtype", "autocast", "device"])
 def test_a_call_unlike_the_kept_one_is_left_to_the_whole_path(kept, monkeypatch, unlike):
     quick, x, params, _, runner = kept
     layout = ("persistent", False)
@@ -68,6 +68,8 @@ def test_a_call_unlike_the_kept_one_is_left_to_the_whole_path(kept, monkeypatch,
         layout = ("persistent", True)
     elif unlike == "parameter":  # another tensor: moved, or of another dtype
         params = [params[0].clone(), params[1]]
+    elif unlike == "parameter dtype":  # at the same address (a tensor made for the call may be)
+        params = [params[0].view(torch.int32), params[1]]
     elif unlike == "device":
         monkeypatch.setattr(ops, "on_device", lambda index: False)
     elif unlike == "autocast":  # (torch.autocast("cuda") is off without a GPU)
@@ -108,3 +110,39 @@ def test_states_unlike_the_modules_are_left_to_the_whole_path(kept, unlike):
     with torch.no_grad():
         assert quick(x, ("persistent", False), params, states) is None
     assert not runner.calls
+
+
+def test_a_kept_call_whose_runner_is_gone_is_left_to_the_whole_path(monkeypatch):
+    monkeypatch.setattr(ops, "on_device", lambda index: True)
+    x, params = torch.randn(5, 3, 4), [torch.randn(2)]
+    quick = QuickCall(x, ("graph", False), params, _Runner(), [torch.zeros(1, 3, 2)])  # (held by none)
+    with torch.no_grad():
+        assert quick(x, ("graph", False), params) is None
+
+
+def test_a_modules_kept_call_is_not_made_again_once_dropout_applies(monkeypatch):
+    """Between layers, dropout applies only while training: after train(), or a new dropout, the call
+    takes the whole path (a kept call made on the CPU here, where modules keep none)."""
+    monkeypatch.setattr(ops, "on_device", lambda index: True)
+    runners = []
+
+    def keep_on_the_cpu(x, time_first, layout, params, zeros, *rest):
+        runners.append(_Runner())
+        return QuickCall(x, layout, params, runners[-1], zeros)
+    monkeypatch.setattr(cell_rnn, "kept_call", keep_on_the_cpu)
+    rnn = CellRNN("lstm", 6, 8, 2, dropout=0.5, seed=1).eval()
+    x = torch.randn(4, 2, 6)
+    with torch.no_grad():
+        rnn(x)
+        rnn(x)
+        assert len(runners[0].calls) == 1  # eval: no dropout, a call like the one before
+        rnn.train()
+        y, _ = rnn(x)
+        rnn.eval()
+        rnn.dropout = 0.25
+        rnn(x)
+    assert len(runners[0].calls) == 1 and all(not r.calls for r in runners[1:])
+    rnn._quick = None  # (its runner a stand-in)
+    with torch.no_grad():
+        want = rnn(x)[0]  # in eval, the whole path
+    assert y.shape == want.shape and (y - want).abs().max() > 1e-3  # dropout applied while training
