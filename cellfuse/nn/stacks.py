@@ -31,6 +31,7 @@ from ..graph_model import CellError
 from ..graph_model.lengths import STEPS_LEFT
 from . import ops
 from .runners import DTYPES, FORWARD, PRECISIONS, direction_of
+from .zeros import made_here
 
 
 def check_lengths(lengths: object, seq: int, batch: int) -> torch.Tensor:
@@ -242,9 +243,12 @@ class Unpacked:
         return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
 
     def sorted(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """States [n, B, H] in the batch's order, in this one."""
+        """States [n, B, H] in the batch's order, in this one (a module's kept zeros as they are: the
+        same in any order of rows, and kept by the runner in the types its plans store them in)."""
         order = self._like.sorted_indices
-        return list(states) if order is None else [s.index_select(1, order) for s in states]
+        if order is None:
+            return list(states)
+        return [s if made_here(s) else s.index_select(1, order) for s in states]
 
     def unsorted(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """States [n, B, H] in this order, in the batch's."""

@@ -11,7 +11,8 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from cellfuse.graph_model import CellError
-from cellfuse.nn import GRU, LSTM, CellRNN
+from cellfuse.nn import GRU, LSTM, CellRNN, stacks
+from cellfuse.nn.zeros import Zeros
 
 T, B, INPUT, H = 7, 4, 5, 6
 
@@ -120,3 +121,13 @@ def test_packed_batches_of_nearby_lengths_share_their_runs():
         torch.testing.assert_close(h, want_h, rtol=0, atol=1e-10)
         torch.testing.assert_close(c, want_c, rtol=0, atol=1e-10)
     assert [key[1] for key in ops._runners] == [8]
+
+
+def test_a_modules_kept_zeros_are_not_copied_into_the_packed_order():
+    x = torch.randn(7, 4, 3)
+    packed = pack_padded_sequence(x, torch.tensor([3, 7, 1, 5]), enforce_sorted=False)
+    kept = Zeros()((1, 4, 2), torch.float32, torch.device("cpu"))
+    given = torch.randn(1, 4, 2)
+    same, moved = stacks.Unpacked(packed).sorted([kept, given])
+    assert same is kept
+    torch.testing.assert_close(moved, given.index_select(1, packed.sorted_indices))
