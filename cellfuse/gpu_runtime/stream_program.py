@@ -451,8 +451,9 @@ class StreamProgram:
 
     def _forget_kept(self) -> None:
         """Every captured run released, and the runs seen once forgotten."""
-        kept, self._seen_once = self._kept, OrderedDict()  # (taken first: a release that fails leaves
-        if kept:  # none of them to be released twice)
+        # (taken out before any is released: a release that fails leaves none to be released again)
+        kept, self._seen_once = self._kept, OrderedDict()
+        if kept:
             graphs = list(kept.values())
             kept.clear()
             for graph in graphs:

@@ -284,12 +284,12 @@ class CellRNN(torch.nn.Module):
         layout = (self.schedule, self.batch_first, self.training, self.dropout)
         compiling = torch.compiler.is_compiling()  # (first: torch.compile reads nothing of the kept call)
         if not compiling and self._quick is not None and lengths is None and type(x) is torch.Tensor:
-            given = None if states is None else self._every_state(states)
-            if states is None or given is not None:
-                done = self._quick(x, layout, self._params(), given)
+            every = None if states is None else self._every_state(states)
+            if states is None or every is not None:
+                done = self._quick(x, layout, self._params(), every)
                 if done is not None:
                     return done[0], dict(zip(self.state_ids, done[1], strict=True))
-        given = x
+        x_given = x
         packed = None
         if isinstance(x, PackedSequence):
             if lengths is not None:
@@ -323,21 +323,18 @@ class CellRNN(torch.nn.Module):
                 self._last_seen = seen
                 recent = [s for s in self._seen if s != seen][-(MAX_SEEN - 1):] + [seen]
                 self._seen = OrderedDict.fromkeys(recent)
-        if compiling:
-            pass
-        elif (lengths is None and cast is None and not by_layer
-                and (states is None or self._every_state(states) is not None)):  # (see quick_call)
-            zeros = [self._zero_states(tuple(initial[0].shape), x.dtype, x.device)] * len(initial)
-            self._quick = kept_call(given, x, layout, params, zeros, self._cell_text, self.hidden_size,
-                                    self.num_layers, self._float32)
-        else:
+        if not compiling:  # (kept where quick_call can make the call again)
             self._quick = None
+            if (lengths is None and cast is None and not by_layer
+                    and (states is None or self._every_state(states) is not None)):
+                zeros = [self._zero_states(tuple(initial[0].shape), x.dtype, x.device)] * len(initial)
+                self._quick = kept_call(x_given, x, layout, params, zeros, self._cell_text, self.hidden_size,
+                                        self.num_layers, self._float32)
         if packed is not None:
             y, finals = packed.pack(y), packed.unsorted(finals)
         elif self.batch_first:
             y = y.transpose(0, 1)
         return y, dict(zip(self.state_ids, finals, strict=True))
-
 
     def _every_state(self, states: object) -> list[torch.Tensor] | None:
         """The initial states in the cell's order where `states` maps every state id to one, else None."""

@@ -214,11 +214,11 @@ class _TorchRNN(torch.nn.Module):
         layout = (self.schedule, self.batch_first, self.training, self.dropout)
         compiling = torch.compiler.is_compiling()  # (first: torch.compile reads nothing of the kept call)
         if not compiling and self._quick is not None and type(input) is torch.Tensor:
-            given = None if hx is None else list(hx) if isinstance(hx, (tuple, list)) else [hx]
-            done = self._quick(input, layout, self._fused_params(), given)
+            every = None if hx is None else list(hx) if isinstance(hx, (tuple, list)) else [hx]
+            done = self._quick(input, layout, self._fused_params(), every)
             if done is not None:
                 return self._returned(*done)
-        given = input
+        input_given = input
         packed = stacks.Unpacked(input) if isinstance(input, PackedSequence) else None
         lengths = None
         if packed is not None:  # padded, each row to its length, in the packed data's order of rows
@@ -247,8 +247,8 @@ class _TorchRNN(torch.nn.Module):
                                    self.schedule, lengths)
             if not compiling and packed is None and cast is None and not unbatched:  # (see quick_call)
                 zeros = [self._zeros(tuple(initial[0].shape), x.dtype, x.device)] * len(initial)
-                self._quick = kept_call(given, x, layout, params, zeros, self._cell_text, self.hidden_size,
-                                        self.num_layers, ops.DEFAULT_FLOAT32)
+                self._quick = kept_call(input_given, x, layout, params, zeros, self._cell_text,
+                                        self.hidden_size, self.num_layers, ops.DEFAULT_FLOAT32)
         else:
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params, self.num_layers, self.bidirectional, self.dropout,
