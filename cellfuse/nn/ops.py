@@ -193,13 +193,12 @@ def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, 
 def _on_device(x: torch.Tensor):
     """The tensors' device made current, where it is not (the kernels load into its context); on a
     thread's first call, for the driver too (use_primary_context)."""
-    if x.device.type != "cuda":
+    if x.device.type != "cuda" or on_device(x.device.index):
         return _NOTHING
     if x.device.index != torch.cuda.current_device():
         return torch.cuda.device(x.device)  # (the runtime makes the context current as it sets the device)
-    if not getattr(_thread, "has_context", False):
-        use_primary_context(x.device.index)
-        _thread.has_context = True
+    use_primary_context(x.device.index)
+    _thread.has_context = True
     return _NOTHING
 
 
