@@ -2,7 +2,9 @@
 device was synchronised (as `benchmarks/cellrnn_vs_cudnn.py` times single calls) and in calls queued back
 to back: perf_counter stamps as the call enters the module's forward, the runner (`CudaRunner._forward`)
 and the program's run (`StreamProgram.run`: the launch list, or the replay of a captured run), and as
-that run and the call return; and how many of the calls replayed a captured run. Under torch.no_grad(),
+that run and the call return; how many of the calls the module's C++ lane made (nn/quick_lane.py: no
+runner or program run in Python, so only the first and last stamps), and how many of the others replayed
+a captured run. Under torch.no_grad(),
 the LSTM at input = hidden = 512, T=100. With --between cudnn, a torch.nn.LSTM (cuDNN) call of the same
 sizes comes before each timed call, as in the benchmark's turns.
 
@@ -68,11 +70,18 @@ def _stages(rnn: CellRNN, x: torch.Tensor, calls: int, synchronised: bool, betwe
         end = time.perf_counter_ns()
         if len(_stamps) == 4:  # (a call of a rung replayed by the runner's _Replay has no program run)
             rows.append([(s - t0) / 1e3 for s in (*_stamps, end)])
+        elif len(_stamps) == 1:  # made by the lane
+            rows.append([(_stamps[0] - t0) / 1e3, None, None, None, (end - t0) / 1e3])
     torch.cuda.synchronize()
     if not rows:
         return {}
-    medians = {name: statistics.median(r[i] for r in rows) for i, name in enumerate(STAGES)}
-    return {**medians, "replayed": sum(_replayed) / max(1, len(_replayed))}
+    medians = {}
+    for i, name in enumerate(STAGES):
+        stamped = [r[i] for r in rows if r[i] is not None]
+        if stamped:
+            medians[name] = statistics.median(stamped)
+    lane = sum(r[1] is None for r in rows) / len(rows)
+    return {**medians, "lane": lane, "replayed": sum(_replayed) / max(1, len(_replayed))}
 
 
 def main() -> None:
@@ -85,7 +94,8 @@ def main() -> None:
     _instrument()
     print(f"microseconds from the call's start (median of {args.calls} calls); LSTM T=100, I=H=512, "
           f"{torch.cuda.get_device_name()}")
-    print(f"{'B':>4} {'between':<8} {'calls':<14}" + "".join(f"{s:>17}" for s in (*STAGES, "replayed")))
+    print(f"{'B':>4} {'between':<8} {'calls':<14}"
+          + "".join(f"{s:>17}" for s in (*STAGES, "lane", "replayed")))
     for batch in (int(b) for b in args.batches.split(",")):
         rnn = CellRNN("lstm", 512, 512, 1, schedule=args.schedule, seed=1).cuda()
         cudnn = torch.nn.LSTM(512, 512).cuda()
@@ -99,7 +109,8 @@ def main() -> None:
                 what = "after a sync" if synchronised else "back to back"
                 print(f"{batch:>4} {between:<8} {what:<14}"
                       + "".join(f"{stages.get(s, float('nan')):>17.1f}" for s in STAGES)
-                      + f"{stages.get('replayed', float('nan')):>17.2f}", flush=True)
+                      + "".join(f"{stages.get(s, float('nan')):>17.2f}" for s in ("lane", "replayed")),
+                      flush=True)
 
 if __name__ == "__main__":
     main()

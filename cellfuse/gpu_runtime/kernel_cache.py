@@ -64,21 +64,25 @@ def cubin(source: str, arch: str, options: tuple[str, ...] = ("-O3",)) -> bytes:
     return compiled
 
 
-def shared_library(source: str, name: str, fresh: bool = False) -> Path:
+def shared_library(source: str, name: str, fresh: bool = False, cxx_options: tuple[str, ...] | None = None
+                   ) -> Path:
     """The file of a shared library built by nvcc from C `source` (host code, such as the launch list's),
-    kept in the cache folder's `host/` as `<name>-<sha256>.so`; built where it is not there yet, or again
-    where `fresh` (the caller found the kept one damaged). A CellError where nvcc reports errors; built in
-    a temporary folder where the cache cannot be written."""
-    key = _key(source, "host", _LIBRARY_OPTIONS)
+    or from C++ `source` with `cxx_options` (the includes, definitions and libraries it needs), kept in
+    the cache folder's `host/` as `<name>-<sha256>.so`; built where it is not there yet, or again where
+    `fresh` (the caller found the kept one damaged). A CellError where nvcc reports errors; built in a
+    temporary folder where the cache cannot be written."""
+    options = _LIBRARY_OPTIONS if cxx_options is None else (*_LIBRARY_OPTIONS[:-1], "c++", *cxx_options)
+    file = f"{name}.c" if cxx_options is None else f"{name}.cpp"
+    key = _key(source, "host", options)
     path = cache_dir() / "host" / f"{name}-{key}.so"
     if path.is_file() and not fresh:
         return path
     with tempfile.TemporaryDirectory(prefix="cellfuse-host-") as tmp:
-        c, out = Path(tmp) / f"{name}.c", Path(tmp) / f"{name}.so"
+        c, out = Path(tmp) / file, Path(tmp) / f"{name}.so"
         c.write_text(source, encoding="utf-8")
-        proc = _run_nvcc([*_LIBRARY_OPTIONS, "-o", str(out), str(c)])
+        proc = _run_nvcc([*options, "-o", str(out), str(c)])
         if proc.returncode != 0:
-            raise CellError(f"nvcc could not build {name}.c:\n"
+            raise CellError(f"nvcc could not build {file}:\n"
                             + compile_error_lines(proc.stderr or proc.stdout, source))
         built = out.read_bytes()
     try:

@@ -68,6 +68,21 @@ def image_name(w: str, transposed: bool) -> str:
     return f"image:{w}:{'T' if transposed else 'N'}"
 
 
+class Changes:
+    """A count of the changes that may make a kept run's replay from outside Python wrong (nn's C++ lanes,
+    nn/quick_lane.py, which replay without asking here): the stream a loaded module's runs were last put
+    on, a captured run released, and what a caller counts of its own (a packing of weights made, dropped
+    or written). A lane made at one count replays only while the count is the same."""
+
+    def __init__(self):
+        self.value = 0
+
+    def bump(self) -> None:
+        self.value += 1
+
+
+CHANGES = Changes()
+
 _loaded: dict[tuple, driver.Module] = {}  # (device ordinal, what, source, lane) -> its module
 _last_stream: dict[int, int] = {}  # a loaded module's handle -> the stream its kernels were last put on
 _turns: dict[int, threading.RLock] = {}  # a loaded module's handle -> its `turn` (see StreamProgram)
@@ -451,6 +466,7 @@ class StreamProgram:
 
     def _forget_kept(self) -> None:
         """Every captured run released, and the runs seen once forgotten."""
+        CHANGES.bump()
         # (taken out before any is released: a release that fails leaves none to be released again)
         kept, self._seen_once = self._kept, OrderedDict()
         if kept:
@@ -458,6 +474,10 @@ class StreamProgram:
             kept.clear()
             for graph in graphs:
                 self.release(graph)
+
+    def kept_graph(self, bases: Sequence[int]):
+        """The captured run over these bases, where the program keeps one (None where not)."""
+        return None if self._kept is None else self._kept.get(tuple(bases))
 
     def order(self, stream: int) -> None:
         """What is put on `stream` from now on made to follow every run put on another stream before (see
@@ -468,6 +488,7 @@ class StreamProgram:
             if last is not None and not self._capturing(last):
                 self._after(last, stream)
             _last_stream[self._module_key] = stream
+            CHANGES.bump()
 
     def follow(self, last: int, stream: int) -> None:
         """`stream` made to wait for everything put on `last` so far, where neither captures (see
@@ -499,6 +520,7 @@ class StreamProgram:
             driver.fail(err, f"replaying {self.what}")
 
     def release(self, graph) -> None:
+        CHANGES.bump()  # (before: a lane must not replay it once it is destroyed)
         check(self.res.cu.cuGraphExecDestroy(graph), f"releasing a captured run of {self.what}")
 
     def _capturing(self, stream: int) -> bool:

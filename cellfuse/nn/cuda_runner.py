@@ -39,7 +39,9 @@ from ..codegen.backward_plan import BackwardPlan
 from ..codegen.lowering import lower
 from ..codegen.plan import Plan
 from ..gpu_runtime.launch_list import LaunchList
+from ..gpu_runtime.stream_program import CHANGES
 from ..graph_model import CellError
+from . import quick_lane
 from .packed_for import PackedFor, owner
 from .runners import TORCH_DTYPES, Plans, Runner
 from .tensor_layout import WEIGHT_ROLES, TensorLayout
@@ -185,6 +187,7 @@ class CudaRunner(Runner):
         self._one_type = all(dtype == self._y_dtype for dtype in self._state_dtypes)
         self._inference_layout()
         self._zeros = Zeros()  # modules' initial zeros in the types the plan stores them in
+        self._block_run = None  # (program, bases, packed weights, stream) of the last call in one piece
 
     # -- programs -------------------------------------------------------------------------------------
     def _program(self, which: str):
@@ -219,6 +222,7 @@ class CudaRunner(Runner):
         made from now on. The packings made so far are made again at their next use, but the memory of
         those that a user's CUDA graph captured stays the graph's (its replays pack and read it there)."""
         self._images.update(images)
+        CHANGES.bump()
         self._graphs_memory += [memory for memory, _ in self._packings.values()
                                 if memory.data_ptr() in self._captured]
         self._packings.clear()
@@ -252,6 +256,7 @@ class CudaRunner(Runner):
         if not capturing:  # (a capture's memory is the graph's to keep)
             _record(uses.streams, stream, (memory,))
         if capturing or not packed_for.matches(params):
+            CHANGES.bump()  # (a lane replays over the packing as it was)
             for layout, buffers in self.packing:
                 layout.pack(_views(memory, self._weight_extents, buffers), params, buffers)
             addresses = {name: base + at for name, at in (*self.weight_at.items(), *self._image_at.items())}
@@ -269,9 +274,11 @@ class CudaRunner(Runner):
         """A run on another stream than the packing's last one waits for what was put there: the runner's
         other programs (loaded modules of their own, whose `order` does not see this one's runs) read the
         packing, and a run may write it (packing anew)."""
-        if uses.last is not None and uses.last != stream:
-            program.follow(uses.last, stream)
-        uses.last = stream
+        if uses.last != stream:
+            if uses.last is not None:
+                program.follow(uses.last, stream)
+            uses.last = stream
+            CHANGES.bump()
 
     def _packing(self, params: Sequence[torch.Tensor]) -> tuple[torch.Tensor, PackedFor]:
         """The packed weights of the parameters' module (found by its first Parameter's id: a module made
@@ -289,6 +296,7 @@ class CudaRunner(Runner):
         gone = [k for k in evictable if self._packings[k][1].gone()]
         for k in gone or evictable[:max(0, len(self._packings) + 1 - MAX_PACKINGS)]:
             self._uses.pop(self._packings.pop(k)[0].data_ptr(), None)
+            CHANGES.bump()
         _, images = _layout(list(self._images.items()))
         memory = torch.empty(self.weight_bytes + images, dtype=torch.uint8, device=self.device)
         found = self._packings[key] = (memory, PackedFor())
@@ -343,6 +351,7 @@ class CudaRunner(Runner):
 
     def _forward(self, program, x, states, params, save, shared):
         which = "train" if save else "forward"
+        self._block_run = None
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         program.order(stream)  # (before the packing, which may write what a run on another stream reads)
         capturing = torch.cuda.is_current_stream_capturing()
@@ -376,8 +385,11 @@ class CudaRunner(Runner):
             finals = [torch.empty((L, B, H), dtype=s.dtype, device=x.device) for s in states]
             reserve = torch.empty(memory.reserve_bytes, dtype=torch.uint8, device=x.device)
             scratch = reserve.data_ptr()
-        program.run([scratch, packed, x.data_ptr(), out, 0, *(s.data_ptr() for s in states),
-                     *(f if block is not None else f.data_ptr() for f in finals)], stream, not capturing)
+        bases = [scratch, packed, x.data_ptr(), out, 0, *(s.data_ptr() for s in states),
+                 *(f if block is not None else f.data_ptr() for f in finals)]
+        program.run(bases, stream, not capturing)
+        if block is not None and not capturing:
+            self._block_run = (program, bases, packed, stream)
         if block is None and not save:  # no steps to keep: an empty reserve, its scratch freed only once
             reserve = reserve.new_empty(0)  # the run is queued (another thread's allocation could take it)
         if block is not None:
@@ -387,6 +399,32 @@ class CudaRunner(Runner):
         # in float32)
         y = y if y.dtype == x.dtype else y.to(x.dtype)
         return y, [f if f.dtype == x.dtype else f.to(x.dtype) for f in finals], reserve
+
+    def call_lane(self, lane, x: torch.Tensor, params: Sequence[torch.Tensor], zeros: Sequence[torch.Tensor],
+             batch_first: bool):
+        """A C++ lane (quick_lane) for inference calls like the one this runner just made, in one piece of
+        memory, of x (as the module was given it: [B, T, I] where batch_first), these parameters and the
+        module's kept zeros: `lane` taught that call's captured run where it is still current, else a new
+        one; `lane` as it is where that call was not a replay of a captured run, and None where no lane
+        can make such calls (no lane could be built, the parameters are packed at every call, y is stored
+        in another type than x's). Called with the runner's lock held, right after the call."""
+        made, self._block_run = self._block_run, None
+        if made is None or quick_lane.module() is None:
+            return lane
+        program, bases, packed, stream = made
+        graph = program.kept_graph(bases)
+        if graph is None:
+            return lane
+        if lane is None or not lane.current():
+            first = owner(params[0]) if params else None
+            found = None if first is None else self._packings.get(id(first))
+            if found is None or not found[1].matches(params) or self._y_dtype != x.dtype:
+                return None
+            lane = quick_lane.make(x, params, zeros, batch_first, self._sizes, self._block_elements,
+                                   self._outputs_end, self._finals_at, packed, stream,
+                                   (self.lock, program.turn), program)
+        lane.learn(bases, int(graph))
+        return lane
 
     def _inference_layout(self) -> None:
         """Where y's sequence (the initial states' row, then y), each final state and the scratch are in

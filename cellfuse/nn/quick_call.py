@@ -8,6 +8,10 @@ goes from the module straight to the runner the first one found; the runner then
 from call to call (the parameters' values, the stream, a CUDA graph capture) as for any call. Anything
 else, and the call takes the whole path, which keeps a new QuickCall where it may.
 
+Once such a call was a replay of a run its program captured, a C++ lane (quick_lane) makes the calls like
+it: it checks all of the above, and what the runner would, in C++, and replays the run; a call it cannot
+make it leaves to the Python here, which teaches it that call's run.
+
 Why: a forward call of a small batch spends more time in Python than its kernels take on the GPU, and
 the GPU waits for it (docs/results/2026-11-29-threads-backward-start-16-bit-weights.md).
 """
@@ -41,7 +45,7 @@ class QuickCall:
     """What a module's inference call of x on a GPU decided (see the module's docstring)."""
 
     __slots__ = ("_shape", "_dtype", "_index", "_autocast_matters", "_params", "_layout", "_runner",
-                 "_zeros", "_state_shape")
+                 "_zeros", "_state_shape", "_lane")
 
     def __init__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor], runner,
                  zeros: Sequence[torch.Tensor]):
@@ -54,12 +58,18 @@ class QuickCall:
         # (weakly: a runner the process's cache dropped goes, and its memory with it)
         self._layout, self._runner, self._zeros = layout, weakref.ref(runner), list(zeros)
         self._state_shape = zeros[0].shape
+        self._lane = None  # (made by the runner after a call of this path that replayed a captured run)
 
     def __call__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
                  states: Sequence[torch.Tensor] | None = None
                  ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
         """y (in the module's layout) and the final states of a call like the kept one, from `states`
         (every initial state, in the cell's order) or zeros, or None where it is not like it."""
+        lane = self._lane
+        if lane is not None and layout == self._layout:
+            done = lane(x, params, states, torch._C._cuda_getCurrentRawStream(self._index))
+            if done is not None:
+                return done
         if (x.shape != self._shape or x.dtype != self._dtype or x.get_device() != self._index
                 or layout != self._layout or torch.is_grad_enabled()
                 or (self._autocast_matters and torch.is_autocast_enabled("cuda"))
@@ -79,4 +89,5 @@ class QuickCall:
         with runner.lock:
             y, finals, _ = runner.forward(x.transpose(0, 1) if batch_first else x, states, params, False,
                                           True)
+            self._lane = runner.call_lane(self._lane, x, params, self._zeros, batch_first)
         return (y.transpose(0, 1) if batch_first else y), finals

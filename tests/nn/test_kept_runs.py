@@ -1,7 +1,8 @@
 """On a GPU: runs over memory seen before replay a captured CUDA graph of the program
 (StreamProgram.run with `keep`), forward and backward, with the results of launches, reading x, the
 initial states and the parameters as they are at each call; and a module's inference calls like the one
-before go straight to its runner (quick_call), seeing a change of sizes, dtype or device."""
+before go straight to its runner (quick_call), seeing a change of sizes, dtype or device, and once they
+replay, through the C++ lane (quick_lane), seeing every change too."""
 
 from __future__ import annotations
 
@@ -23,7 +24,8 @@ def _program(rnn, x, which):
 
 def _trained_forward(rnn, x, states=None):
     """The training program's forward pass of the same rung, made at every call."""
-    y, finals = rnn(x.clone().requires_grad_(), states)
+    with torch.enable_grad():
+        y, finals = rnn(x.clone().requires_grad_(), states)
     return y.detach(), {k: v.detach() for k, v in finals.items()}
 
 
@@ -139,3 +141,82 @@ def test_calls_that_carry_their_states_go_straight_to_the_runner(cuda, monkeypat
         torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
         for s in rnn.state_ids:
             torch.testing.assert_close(finals[s], states[s], rtol=1e-5, atol=1e-5)
+
+
+def _runner_entries(monkeypatch) -> list:
+    """Calls that reached the runner's forward (those the C++ lane made do not)."""
+    from cellfuse.nn.cuda_runner import CudaRunner
+
+    entered = []
+    whole = CudaRunner.forward
+    monkeypatch.setattr(CudaRunner, "forward", lambda *a, **k: entered.append(1) or whole(*a, **k))
+    return entered
+
+
+@pytest.mark.parametrize("schedule, batch_first", [("persistent", False), ("tensor", True)])
+def test_calls_like_a_replayed_one_are_made_by_the_lane_and_see_every_change(cuda, monkeypatch, schedule,
+                                                                              batch_first):
+    from cellfuse.nn import quick_lane
+
+    assert quick_lane.module() is not None, "the lane's C++ could not be built here"
+    rnn = CellRNN("lstm", INPUT, H, 1, schedule=schedule, batch_first=batch_first, seed=7).to(cuda)
+    batch = 10 if batch_first else 11
+    x = torch.randn(*((batch, T) if batch_first else (T, batch)), INPUT, device=cuda)
+    entered = _runner_entries(monkeypatch)
+    with torch.no_grad():
+        for _ in range(8):  # (the whole path, the kept call's Python, then the lane once it knows the runs)
+            y, finals = rnn(x)
+        program = _program(rnn, x.transpose(0, 1) if batch_first else x, "forward")
+        assert rnn._quick._lane is not None and rnn._quick._lane.known() >= 1
+        warm, replays = len(entered), program._replays
+        for _ in range(6):  # (y's memory alternates between two blocks, as in the warm-up)
+            y, finals = rnn(x)
+        assert len(entered) == warm and program._replays == replays + 6  # all made by the lane
+        want = _trained_forward(rnn, x)
+        torch.testing.assert_close(y, want[0], rtol=1e-5, atol=1e-5)
+        for s in rnn.state_ids:
+            torch.testing.assert_close(finals[s], want[1][s], rtol=1e-5, atol=1e-5)
+        held = [rnn(x) for _ in range(3)]  # (memory of their own: Python's calls, then the lane's)
+        for y, _ in held:
+            torch.testing.assert_close(y, want[0], rtol=1e-5, atol=1e-5)
+        # x changed where it is, the weights changed in place, the states given: each seen
+        x.copy_(torch.randn_like(x))
+        rnn.param("l0.U_f").mul_(0.5)
+        states = {s: torch.randn(1, batch, H, device=cuda) for s in rnn.state_ids}
+        for _ in range(6):
+            y, finals = rnn(x, states)
+        want = _trained_forward(rnn, x, states)
+        torch.testing.assert_close(y, want[0], rtol=1e-5, atol=1e-5)
+        # on another stream (ordered after the first), and under autocast (float32 x made bfloat16)
+        side = torch.cuda.Stream(cuda)
+        side.wait_stream(torch.cuda.current_stream(cuda))
+        with torch.cuda.stream(side):
+            for _ in range(5):
+                y_side = rnn(x, states)[0]
+        torch.cuda.current_stream(cuda).wait_stream(side)
+        torch.testing.assert_close(y_side, want[0], rtol=1e-5, atol=1e-5)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            assert rnn(x)[0].dtype == torch.bfloat16
+        torch.testing.assert_close(rnn(x, states)[0], want[0], rtol=1e-5, atol=1e-5)
+    y, _ = rnn(x, states)  # a gradient to follow: the training path
+    assert y.requires_grad
+
+
+def test_the_drop_in_gru_calls_through_the_lane(cuda, monkeypatch):
+    from cellfuse.nn import GRU
+
+    gru = GRU(INPUT, H, 1, batch_first=True, schedule="persistent").to(cuda)
+    torchs = torch.nn.GRU(INPUT, H, 1, batch_first=True).to(cuda)
+    torchs.load_state_dict(gru.state_dict())
+    x = torch.randn(12, T, INPUT, device=cuda)
+    entered = _runner_entries(monkeypatch)
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        for _ in range(8):
+            got, h = gru(x)
+        warm = len(entered)
+        for _ in range(4):
+            got, h = gru(x)
+        assert len(entered) == warm
+        want, want_h = torchs(x)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(h, want_h, rtol=1e-4, atol=1e-5)

@@ -16,11 +16,27 @@ from cellfuse.nn.quick_call import QuickCall
 
 class _Runner:
     def __init__(self):
-        self.lock, self.calls = threading.Lock(), []
+        self.lock, self.calls, self.lanes = threading.Lock(), [], []
+        self.next_lane = None  # what call_lane gives
 
     def forward(self, x, states, params, save, shared):
         self.calls.append((x, states, params, save, shared))
         return x[..., :2] * 2, [s + 1 for s in states], None
+
+    def call_lane(self, lane, x, params, zeros, batch_first):
+        self.lanes.append((lane, x, params, zeros, batch_first))
+        return self.next_lane
+
+
+class _Lane:
+    """A stand-in for the C++ lane: answers as told, recording its calls."""
+
+    def __init__(self, answer):
+        self.answer, self.calls = answer, []
+
+    def __call__(self, x, params, states, stream):
+        self.calls.append((x, params, states, stream))
+        return self.answer
 
 
 @pytest.fixture
@@ -146,3 +162,25 @@ def test_a_modules_kept_call_is_not_made_again_once_dropout_applies(monkeypatch)
     with torch.no_grad():
         want = rnn(x)[0]  # in eval, the whole path
     assert y.shape == want.shape and (y - want).abs().max() > 1e-3  # dropout applied while training
+
+
+def test_the_runners_lane_makes_the_next_calls_and_leaves_to_python_what_it_cannot(kept, monkeypatch):
+    quick, x, params, zeros, runner = kept
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 0x51, raising=False)
+    refusing, answered = _Lane(None), _Lane(("y", ["final"]))
+    with torch.no_grad():
+        runner.next_lane = refusing
+        quick(x, ("persistent", False), params)  # (no lane yet: Python's call, which asks for one)
+        (lane, given, given_params, given_zeros, batch_first), = runner.lanes
+        assert lane is None and given is x and given_params is params and given_zeros == zeros
+        assert not batch_first
+        states = [torch.ones(1, 3, 2)]
+        quick(x, ("persistent", False), params, states)  # refused by the lane: Python's call again
+        assert refusing.calls == [(x, params, states, 0x51)] and len(runner.calls) == 2
+        assert runner.lanes[-1][0] is refusing  # (given back to the runner to teach or replace)
+        runner.next_lane = answered
+        quick(x, ("persistent", False), params)
+        assert quick(x, ("persistent", False), params) == ("y", ["final"])  # the lane's answer
+        assert len(runner.calls) == 3 and len(answered.calls) == 1
+        assert quick(x, ("tensor", False), params) is None  # another layout: neither
+        assert len(answered.calls) == 1

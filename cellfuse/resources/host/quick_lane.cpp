@@ -1,0 +1,458 @@
+// A module's kept inference call on a GPU, made in C++: a `Lane` checks that a call is like the one it
+// was made from, takes the call's memory from torch's caching allocator, finds the CUDA graph its
+// program captured over that memory, and replays it on the caller's stream, all without Python.
+//
+// Why: the Python that decides and checks a call costs 40 to 90 us of host time a call, more than the
+// GPU takes for a small batch (docs/results/2026-11-29-cellrnn-kept-runs.md); done here it costs a few.
+//
+// A lane is made by cellfuse/nn/quick_lane.py after a call that its Python made (a replay of a kept run
+// of CudaRunner's forward program), and answers None for any call it cannot make exactly as that Python
+// would, which then makes it. What it checks, each call:
+//   - x: a torch.Tensor (not a subclass) of the shape, dtype and device the lane was made for; no
+//     gradient mode; no CUDA autocast where x is float32; the device current, and its driver context;
+//   - the parameters: the same tensor objects (held weakly, so that a new one cannot take a freed one's
+//     place), at the same addresses, of the same dtypes and at the same versions as when they were
+//     packed (a change in place bumps the version: then Python packs them again);
+//   - the states: none (the module's kept zeros) or every one, each of the lane's shape, dtype, device,
+//     contiguous and at a 16-byte address;
+//   - the stream: the one its run was put on, not capturing;
+//   - the locks the runner and its program hold around a run, both free (another thread's run is not
+//     half on a stream);
+//   - the count of changes (`changes.value`) as when it was made: Python counts every change to what a
+//     lane depends on (another stream's run, a packing made or dropped, a captured run released);
+//   - the bases of the run (the memory's addresses) those of a captured run it learned.
+// The replay is counted on the program (`_replays`), as Python's are, for its thrash guard.
+//
+// It is built by nvcc (as a host-only C++ file) against the headers of the torch the process runs, kept
+// in the kernel cache folder per torch version, and loaded as a Python extension module.
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <ATen/ops/empty_ops.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+#include <c10/util/intrusive_ptr.h>
+
+#include <structmember.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+// the driver's entry points, given by the caller (nothing of CUDA's is linked): handles as pointers
+typedef int (*GraphLaunch)(void*, void*);          // cuGraphLaunch(graph, stream)
+typedef int (*StreamIsCapturing)(void*, int*);     // cuStreamIsCapturing(stream, &status)
+typedef int (*CtxGetCurrent)(void**);              // cuCtxGetCurrent(&context)
+
+constexpr size_t MAX_KEPT = 8;  // captured runs a lane knows (StreamProgram keeps as many)
+
+struct Param {
+  c10::weak_intrusive_ptr<c10::TensorImpl> impl;
+  const void* data;
+  c10::ScalarType dtype;
+  uint32_t version;
+};
+
+struct Kept {
+  std::vector<uint64_t> bases;
+  uint64_t graph;
+};
+
+struct Core {
+  std::vector<int64_t> x_sizes;
+  c10::ScalarType dtype;
+  c10::Device device{c10::kCPU};
+  bool batch_first = false;
+  std::vector<Param> params;
+  std::vector<at::Tensor> zeros;  // the initial states of a call that gives none
+  std::vector<int64_t> state_sizes;
+  int64_t T = 0, B = 0, H = 0, L = 0;
+  int64_t block_elements = 0, outputs_end = 0;  // the call's one piece of memory, in elements
+  std::vector<int64_t> finals_at;
+  uint64_t packed = 0, stream = 0, context = 0;
+  PyObject* changes = nullptr;  // an object whose `value` counts the changes (a new reference)
+  long long changes_seen = 0;
+  PyObject* locks[2] = {nullptr, nullptr};
+  PyObject* program = nullptr;
+  GraphLaunch launch = nullptr;
+  StreamIsCapturing capturing = nullptr;
+  CtxGetCurrent current_context = nullptr;
+  std::vector<Kept> kept;  // the oldest first
+  std::vector<uint64_t> missed;  // the bases of the last call whose run it did not know
+};
+
+struct Lane {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  Core* core;
+};
+
+PyObject* value_name = nullptr;  // "value", interned
+PyObject* acquire_name = nullptr;
+PyObject* release_name = nullptr;
+PyObject* replays_name = nullptr;
+PyObject* one = nullptr;
+
+bool is_tensor(PyObject* o) { return THPVariable_CheckExact(o); }
+
+bool current(const Core& c) {
+  PyObject* v = PyObject_GetAttr(c.changes, value_name);
+  if (v == nullptr) {
+    PyErr_Clear();
+    return false;
+  }
+  long long n = PyLong_AsLongLong(v);
+  Py_DECREF(v);
+  if (n == -1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return false;
+  }
+  return n == c.changes_seen;
+}
+
+// the runner's and the program's locks, taken without waiting, and given back when it goes
+class Turn {
+ public:
+  explicit Turn(const Core& c) : c_(c) {
+    for (int i = 0; i < 2; ++i) {
+      PyObject* r = PyObject_CallMethodOneArg(c.locks[i], acquire_name, Py_False);
+      bool got = r == Py_True;
+      Py_XDECREF(r);
+      if (r == nullptr) PyErr_Clear();
+      if (!got) return;
+      held_ = i + 1;
+    }
+  }
+  ~Turn() {
+    for (int i = held_ - 1; i >= 0; --i) {
+      PyObject* r = PyObject_CallMethodNoArgs(c_.locks[i], release_name);
+      if (r == nullptr) PyErr_Clear();
+      Py_XDECREF(r);
+    }
+  }
+  bool ok() const { return held_ == 2; }
+
+ private:
+  const Core& c_;
+  int held_ = 0;
+};
+
+bool params_match(const Core& c, PyObject* list) {
+  if (!PyList_CheckExact(list) || (size_t)PyList_GET_SIZE(list) != c.params.size()) return false;
+  for (size_t i = 0; i < c.params.size(); ++i) {
+    PyObject* o = PyList_GET_ITEM(list, i);
+    if (!is_tensor(o)) return false;
+    const at::Tensor& p = THPVariable_Unpack(o);
+    c10::TensorImpl* impl = p.unsafeGetTensorImpl();
+    const Param& want = c.params[i];
+    if (impl != want.impl._unsafe_get_target() || impl->is_inference() || impl->data() != want.data ||
+        p.scalar_type() != want.dtype || impl->version_counter().current_version() != want.version)
+      return false;
+  }
+  return true;
+}
+
+bool in_place(const at::Tensor& t) {
+  return t.is_contiguous() && reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0;
+}
+
+// the states' addresses where they are as a call must give them (or the zeros where none are)
+bool states_of(const Core& c, PyObject* states, std::vector<uint64_t>& out) {
+  if (states == Py_None) {
+    for (const at::Tensor& z : c.zeros) out.push_back(reinterpret_cast<uint64_t>(z.data_ptr()));
+    return true;
+  }
+  if (!PyList_CheckExact(states) || (size_t)PyList_GET_SIZE(states) != c.zeros.size()) return false;
+  for (Py_ssize_t i = 0; i < PyList_GET_SIZE(states); ++i) {
+    PyObject* o = PyList_GET_ITEM(states, i);
+    if (!is_tensor(o)) return false;
+    const at::Tensor& s = THPVariable_Unpack(o);
+    if (s.sizes() != c10::IntArrayRef(c.state_sizes) || s.scalar_type() != c.dtype ||
+        s.device() != c.device || !in_place(s))
+      return false;
+    out.push_back(reinterpret_cast<uint64_t>(s.data_ptr()));
+  }
+  return true;
+}
+
+bool device_ready(const Core& c) {
+  if (c.device.is_cuda() &&
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != c.device.index())
+    return false;
+  void* context = nullptr;
+  if (c.current_context(&context) != 0 || reinterpret_cast<uint64_t>(context) != c.context) return false;
+  int status = 0;
+  return c.capturing(reinterpret_cast<void*>(c.stream), &status) == 0 && status == 0;
+}
+
+const Kept* find(const Core& c, const std::vector<uint64_t>& bases) {
+  for (const Kept& k : c.kept)
+    if (k.bases == bases) return &k;
+  return nullptr;
+}
+
+void count_replay(const Core& c) {
+  PyObject* n = PyObject_GetAttr(c.program, replays_name);
+  PyObject* more = n ? PyNumber_Add(n, one) : nullptr;
+  if (more == nullptr || PyObject_SetAttr(c.program, replays_name, more) != 0) PyErr_Clear();
+  Py_XDECREF(n);
+  Py_XDECREF(more);
+}
+
+// (y, [final states]) of a call made here, or None where the call is not one this lane makes
+PyObject* call(Lane* self, PyObject* x_obj, PyObject* params, PyObject* states, uint64_t stream) {
+  Core& c = *self->core;
+  if (stream != c.stream || !is_tensor(x_obj) || c10::GradMode::is_enabled()) Py_RETURN_NONE;
+  at::Tensor x = THPVariable_Unpack(x_obj);
+  if (x.sizes() != c10::IntArrayRef(c.x_sizes) || x.scalar_type() != c.dtype || x.device() != c.device)
+    Py_RETURN_NONE;
+  // (torch.autocast changes float32 inputs only; enabled where its key is not excluded)
+  if (c.dtype == c10::ScalarType::Float &&
+      !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::AutocastCUDA))
+    Py_RETURN_NONE;
+  if (!params_match(c, params) || !device_ready(c)) Py_RETURN_NONE;
+  std::vector<uint64_t> state_at;
+  if (!states_of(c, states, state_at)) Py_RETURN_NONE;
+  if (c.batch_first) x = x.transpose(0, 1);
+  if (!x.is_contiguous()) x = x.contiguous();  // (as the runner's _in_place copies it)
+  if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16) Py_RETURN_NONE;
+  Turn turn(c);
+  if (!turn.ok() || !current(c)) Py_RETURN_NONE;
+  int64_t n = c.block_elements;
+  at::Tensor block = at::_ops::empty_memory_format::call(
+      c10::fromIntArrayRefSlow(c10::IntArrayRef(&n, 1)), c.dtype, std::nullopt, c.device,
+      std::nullopt, std::nullopt);
+  uint64_t base = reinterpret_cast<uint64_t>(block.data_ptr()), size = block.element_size();
+  // the runner's bases: scratch, the packed weights, x, y's sequence, no gradients, the initial states,
+  // the final states (CudaRunner's RESERVE, PACKED, X, OUT, GRADS, STATES)
+  std::vector<uint64_t> bases{base + c.outputs_end * size, c.packed, reinterpret_cast<uint64_t>(x.data_ptr()),
+                              base, 0};
+  bases.insert(bases.end(), state_at.begin(), state_at.end());
+  for (int64_t at : c.finals_at) bases.push_back(base + at * size);
+  const Kept* kept = find(c, bases);
+  if (kept == nullptr) {  // (Python's call captures or finds it, and teaches it)
+    c.missed = std::move(bases);
+    Py_RETURN_NONE;
+  }
+  if (c.launch(reinterpret_cast<void*>(kept->graph), reinterpret_cast<void*>(c.stream)) != 0)
+    Py_RETURN_NONE;  // (Python's call tries again and says why)
+  count_replay(c);
+  int64_t row = c.B * c.H;
+  at::Tensor y = block.as_strided({c.T, c.B, c.H}, {row, c.H, 1}, row);
+  if (c.batch_first) y = y.transpose(0, 1);
+  PyObject* finals = PyList_New((Py_ssize_t)c.finals_at.size());
+  for (size_t i = 0; i < c.finals_at.size(); ++i)
+    PyList_SET_ITEM(finals, i, THPVariable_Wrap(block.as_strided({c.L, c.B, c.H}, {row, c.H, 1},
+                                                                 c.finals_at[i])));
+  PyObject* out = PyTuple_New(2);
+  PyTuple_SET_ITEM(out, 0, THPVariable_Wrap(std::move(y)));
+  PyTuple_SET_ITEM(out, 1, finals);
+  return out;
+}
+
+PyObject* lane_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  Py_ssize_t n = PyVectorcall_NARGS(nargsf);
+  if (n != 4 || kwnames != nullptr) {
+    PyErr_SetString(PyExc_TypeError, "a lane is called as lane(x, params, states or None, stream)");
+    return nullptr;
+  }
+  uint64_t stream = PyLong_AsUnsignedLongLong(args[3]);
+  if (stream == (uint64_t)-1 && PyErr_Occurred()) return nullptr;
+  try {
+    return call(reinterpret_cast<Lane*>(self), args[0], args[1], args[2], stream);
+  } catch (const std::exception&) {  // (out of memory, say: Python's call raises it as torch does)
+    Py_RETURN_NONE;
+  }
+}
+
+uint64_t as_u64(PyObject* o) { return PyLong_AsUnsignedLongLong(o); }
+
+std::vector<int64_t> int_list(PyObject* seq) {
+  std::vector<int64_t> out;
+  PyObject* fast = PySequence_Fast(seq, "a sequence of ints");
+  if (fast == nullptr) throw std::invalid_argument("a sequence of ints");
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i)
+    out.push_back(PyLong_AsLongLong(PySequence_Fast_GET_ITEM(fast, i)));
+  Py_DECREF(fast);
+  return out;
+}
+
+const char* kwlist[] = {"x", "params", "zeros", "batch_first", "sizes", "block_elements", "outputs_end",
+                        "finals_at", "packed", "stream", "context", "changes", "locks", "program",
+                        "entry_points", nullptr};
+
+PyObject* lane_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
+  PyObject *x, *params, *zeros, *sizes, *finals_at, *packed, *stream, *context, *changes, *program;
+  PyObject *lock_a, *lock_b, *launch, *capturing, *current_context;
+  int batch_first;
+  long long block_elements, outputs_end;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!O!pOLLOOOOO(OO)O(OOO):Lane", const_cast<char**>(kwlist),
+                                   THPVariableClass, &x, &PyList_Type, &params, &PyList_Type, &zeros,
+                                   &batch_first, &sizes, &block_elements, &outputs_end, &finals_at, &packed,
+                                   &stream, &context, &changes, &lock_a, &lock_b, &program, &launch,
+                                   &capturing, &current_context))
+    return nullptr;
+  auto core = std::make_unique<Core>();
+  Core& c = *core;
+  try {
+    const at::Tensor& xt = THPVariable_Unpack(x);
+    c.x_sizes = xt.sizes().vec();
+    c.dtype = xt.scalar_type();
+    c.device = xt.device();
+    c.batch_first = batch_first;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(params); ++i) {
+      PyObject* o = PyList_GET_ITEM(params, i);
+      if (!is_tensor(o)) throw std::invalid_argument("params: tensors");
+      const at::Tensor& p = THPVariable_Unpack(o);
+      c10::TensorImpl* impl = p.unsafeGetTensorImpl();
+      if (impl->is_inference()) throw std::invalid_argument("params: not inference tensors");
+      c.params.push_back({c10::weak_intrusive_ptr<c10::TensorImpl>(p.getIntrusivePtr()), impl->data(),
+                          p.scalar_type(), impl->version_counter().current_version()});
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(zeros); ++i) {
+      PyObject* o = PyList_GET_ITEM(zeros, i);
+      if (!is_tensor(o)) throw std::invalid_argument("zeros: tensors");
+      c.zeros.push_back(THPVariable_Unpack(o));
+    }
+    if (c.zeros.empty()) throw std::invalid_argument("zeros: one per state");
+    c.state_sizes = c.zeros[0].sizes().vec();
+    std::vector<int64_t> s = int_list(sizes);
+    if (s.size() != 4) throw std::invalid_argument("sizes: (T, B, H, L)");
+    c.T = s[0], c.B = s[1], c.H = s[2], c.L = s[3];
+    c.block_elements = block_elements;
+    c.outputs_end = outputs_end;
+    c.finals_at = int_list(finals_at);
+    if (c.finals_at.size() != c.zeros.size()) throw std::invalid_argument("finals_at: one per state");
+  } catch (const std::exception& e) {
+    PyErr_Format(PyExc_ValueError, "a lane cannot be made of these arguments: %s", e.what());
+    return nullptr;
+  }
+  c.packed = as_u64(packed);
+  c.stream = as_u64(stream);
+  c.context = as_u64(context);
+  c.launch = reinterpret_cast<GraphLaunch>(as_u64(launch));
+  c.capturing = reinterpret_cast<StreamIsCapturing>(as_u64(capturing));
+  c.current_context = reinterpret_cast<CtxGetCurrent>(as_u64(current_context));
+  if (PyErr_Occurred()) return nullptr;
+  if (!c.launch || !c.capturing || !c.current_context) {
+    PyErr_SetString(PyExc_ValueError, "a lane needs the driver's three entry points");
+    return nullptr;
+  }
+  PyObject* seen = PyObject_GetAttr(changes, value_name);
+  if (seen == nullptr) return nullptr;
+  c.changes_seen = PyLong_AsLongLong(seen);
+  Py_DECREF(seen);
+  if (PyErr_Occurred()) return nullptr;
+  Py_INCREF(changes);
+  Py_INCREF(lock_a);
+  Py_INCREF(lock_b);
+  Py_INCREF(program);
+  c.changes = changes;
+  c.locks[0] = lock_a;
+  c.locks[1] = lock_b;
+  c.program = program;
+  Lane* self = reinterpret_cast<Lane*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;  // (the references taken go with the core)
+  self->vectorcall = lane_vectorcall;
+  self->core = core.release();
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void lane_dealloc(PyObject* o) {
+  Lane* self = reinterpret_cast<Lane*>(o);
+  if (Core* c = self->core) {
+    Py_XDECREF(c->changes);
+    Py_XDECREF(c->locks[0]);
+    Py_XDECREF(c->locks[1]);
+    Py_XDECREF(c->program);
+    delete c;
+  }
+  Py_TYPE(o)->tp_free(o);
+}
+
+PyObject* lane_learn(PyObject* o, PyObject* const* args, Py_ssize_t n) {
+  // learn(bases, graph): the captured run over these bases (a sequence of ints), a CUgraphExec's address
+  if (n != 2) {
+    PyErr_SetString(PyExc_TypeError, "learn(bases, graph)");
+    return nullptr;
+  }
+  Core& c = *reinterpret_cast<Lane*>(o)->core;
+  std::vector<uint64_t> bases;
+  PyObject* fast = PySequence_Fast(args[0], "bases: a sequence of ints");
+  if (fast == nullptr) return nullptr;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(fast); ++i)
+    bases.push_back(PyLong_AsUnsignedLongLong(PySequence_Fast_GET_ITEM(fast, i)));
+  Py_DECREF(fast);
+  uint64_t graph = PyLong_AsUnsignedLongLong(args[1]);
+  if (PyErr_Occurred()) return nullptr;
+  for (auto it = c.kept.begin(); it != c.kept.end(); ++it)
+    if (it->bases == bases) {
+      c.kept.erase(it);
+      break;
+    }
+  if (c.kept.size() >= MAX_KEPT) c.kept.erase(c.kept.begin());
+  c.kept.push_back({std::move(bases), graph});
+  Py_RETURN_NONE;
+}
+
+PyObject* lane_current(PyObject* o, PyObject*) {
+  return PyBool_FromLong(current(*reinterpret_cast<Lane*>(o)->core));
+}
+
+PyObject* lane_known(PyObject* o, PyObject*) {
+  return PyLong_FromSize_t(reinterpret_cast<Lane*>(o)->core->kept.size());
+}
+
+PyObject* lane_missed(PyObject* o, PyObject*) {
+  const std::vector<uint64_t>& bases = reinterpret_cast<Lane*>(o)->core->missed;
+  PyObject* out = PyTuple_New((Py_ssize_t)bases.size());
+  for (size_t i = 0; out != nullptr && i < bases.size(); ++i)
+    PyTuple_SET_ITEM(out, i, PyLong_FromUnsignedLongLong(bases[i]));
+  return out;
+}
+
+PyMethodDef lane_methods[] = {
+    {"learn", (PyCFunction)(void (*)(void))lane_learn, METH_FASTCALL,
+     "learn(bases, graph): a captured run of the program over these bases, replayed from then on"},
+    {"current", lane_current, METH_NOARGS, "whether nothing it depends on changed since it was made"},
+    {"known", lane_known, METH_NOARGS, "how many captured runs it knows"},
+    {"missed", lane_missed, METH_NOARGS,
+     "the bases of the last call it left to Python for want of a captured run over them (() if none)"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyMemberDef lane_members[] = {
+    {"__vectorcalloffset__", T_PYSSIZET, offsetof(Lane, vectorcall), READONLY, nullptr},
+    {nullptr, 0, 0, 0, nullptr}};
+
+PyType_Slot lane_slots[] = {{Py_tp_new, (void*)lane_new},
+                            {Py_tp_dealloc, (void*)lane_dealloc},
+                            {Py_tp_call, (void*)PyVectorcall_Call},
+                            {Py_tp_methods, lane_methods},
+                            {Py_tp_members, lane_members},
+                            {Py_tp_doc, (void*)"A module's kept inference call, made in C++ (see the source)."},
+                            {0, nullptr}};
+
+PyType_Spec lane_spec = {"cf_quick_lane.Lane", sizeof(Lane), 0,
+                         Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL, lane_slots};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "cf_quick_lane", nullptr, -1, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit_cf_quick_lane(void) {
+  value_name = PyUnicode_InternFromString("value");
+  acquire_name = PyUnicode_InternFromString("acquire");
+  release_name = PyUnicode_InternFromString("release");
+  replays_name = PyUnicode_InternFromString("_replays");
+  one = PyLong_FromLong(1);
+  PyObject* m = PyModule_Create(&module_def);
+  if (m == nullptr) return nullptr;
+  PyObject* lane = PyType_FromSpec(&lane_spec);
+  if (lane == nullptr || PyModule_AddObject(m, "Lane", lane) != 0) {
+    Py_XDECREF(lane);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  return m;
+}

@@ -1,0 +1,219 @@
+"""The kept call's C++ lane (cellfuse/nn/quick_lane.py), built here and driven on CPU tensors with stand-ins
+for the driver's entry points: what it replays, where its outputs are, and every call it must leave to
+Python. (On a GPU, tests/nn/test_kept_runs.py runs it under the modules.)"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import threading
+
+import pytest
+import torch
+
+from cellfuse.gpu_runtime.stream_program import CHANGES
+from cellfuse.nn import quick_lane
+
+T, B, H, L = 3, 2, 4, 1
+ROW = B * H
+FINALS_AT = (64, 128)  # (256-byte aligned pieces of float32: y's sequence of (T + 1) rows first)
+OUTPUTS_END, BLOCK = 192, 1 << 19  # (2 MiB: memory the C library maps of its own: see `built`)
+PACKED, STREAM, CONTEXT, GRAPH = 0x7000, 0x5100, 0xC0, 0x6A0
+
+_M_MMAP_THRESHOLD = -3  # (glibc's mallopt parameter)
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_CAPTURING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
+_CONTEXT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+
+
+class FakeDriver:
+    """cuGraphLaunch, cuStreamIsCapturing and cuCtxGetCurrent as C function pointers that record and
+    answer as told."""
+
+    def __init__(self):
+        self.launches: list[tuple[int, int]] = []
+        self.capturing, self.context, self.error = 0, CONTEXT, 0
+
+        def launch(graph, stream):
+            self.launches.append((graph, stream))
+            return self.error
+
+        def capturing(stream, status):
+            status[0] = self.capturing
+            return 0
+
+        def context(out):
+            out[0] = self.context
+            return 0
+
+        self._keep = (_LAUNCH(launch), _CAPTURING(capturing), _CONTEXT(context))
+
+    @property
+    def entry_points(self) -> tuple[int, int, int]:
+        return tuple(ctypes.cast(f, ctypes.c_void_p).value for f in self._keep)
+
+
+class FakeProgram:
+    def __init__(self):
+        self._replays = 0
+        self.turn = threading.RLock()
+
+
+@pytest.fixture(scope="module")
+def built():
+    """The lane built; and the C library made to map each allocation of 128 KiB or more (its default)
+    from the system and unmap it when freed, so that a call's memory, freed, is found again at the same
+    address, as torch's caching allocator finds a GPU's (glibc otherwise raises that threshold at the
+    first such free, and then gives the CPU's small blocks at addresses that wander for a while)."""
+    assert ctypes.CDLL(ctypes.util.find_library("c")).mallopt(_M_MMAP_THRESHOLD, 128 << 10) == 1
+    if quick_lane.module() is None:
+        pytest.fail("the lane's C++ could not be built (see the warning logged)")
+
+
+@pytest.fixture
+def setup(built):
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(4 * H, H)), torch.nn.Parameter(torch.randn(4 * H))]
+    zeros = [torch.zeros(L, B, H), torch.zeros(L, B, H)]
+    x = torch.randn(T, B, H)
+    driver, program, lock = FakeDriver(), FakeProgram(), threading.Lock()
+    return x, params, zeros, driver, program, lock
+
+
+def make(setup, batch_first=False, x=None):
+    x0, params, zeros, driver, program, lock = setup
+    return quick_lane.make(x0 if x is None else x, params, zeros, batch_first, (T, B, H, L), BLOCK,
+                           OUTPUTS_END, FINALS_AT, PACKED, STREAM, (lock, program.turn), program,
+                           driver=driver.entry_points, context=CONTEXT)
+
+
+def replayed(lane, x, params, states=None):
+    """A call's outputs once the lane knows its run (taught each run it missed: the memory of a call whose
+    outputs are still held is at another address)."""
+    for _ in range(4):
+        done = lane(x, params, states, STREAM)
+        if done is not None:
+            return done
+        lane.learn(lane.missed(), GRAPH)
+    raise AssertionError("the lane never replayed")
+
+
+def test_a_lane_replays_the_run_it_learned_and_returns_views_of_one_piece_of_memory(setup):
+    x, params, zeros, driver, program, _ = setup
+    lane = make(setup)
+    with torch.no_grad():
+        assert lane(x, params, None, STREAM) is None  # (it knows no run yet)
+        assert lane.known() == 0 and len(lane.missed()) == 5 + 2 * len(zeros)
+        y, finals = replayed(lane, x, params)
+    assert driver.launches[-1] == (GRAPH, STREAM) and program._replays == len(driver.launches) == 1
+    size = 4
+    assert tuple(y.shape) == (T, B, H) and y.stride() == (ROW, H, 1)
+    base = y.data_ptr() - ROW * size  # (y's sequence starts with the initial states' row)
+    assert [tuple(f.shape) for f in finals] == [(L, B, H)] * 2
+    assert [f.data_ptr() - base for f in finals] == [at * size for at in FINALS_AT]
+    assert y.untyped_storage().data_ptr() == base == finals[1].untyped_storage().data_ptr()
+    assert y.untyped_storage().nbytes() == BLOCK * size
+    # the bases of the run it replayed: the runner's (scratch, packed, x, out, grads, states, finals)
+    scratch, packed, x_at, out, grads, *states = lane.missed()  # (the first call's, at another address)
+    assert (packed, x_at, grads) == (PACKED, x.data_ptr(), 0)  # (no states given: the module's zeros)
+    assert scratch - out == OUTPUTS_END * size and states[:2] == [z.data_ptr() for z in zeros]
+    assert [f - out for f in states[2:]] == [at * size for at in FINALS_AT]
+
+
+def test_given_states_are_read_where_they_are_and_batch_first_x_transposed(setup):
+    x, params, zeros, driver, program, _ = setup
+    # [B, T, I], copied to [T, B, I] at each call (large enough to be mapped: see `built`)
+    given = torch.randn(B, T, 1 << 14)
+    lane = make(setup, batch_first=True, x=given)
+    states = [torch.randn(L, B, H), torch.randn(L, B, H)]
+    with torch.no_grad():
+        assert lane(given, params, states, STREAM) is None
+        assert list(lane.missed()[5:7]) == [s.data_ptr() for s in states]
+        assert lane.missed()[2] != given.data_ptr()  # (its copy's)
+        y, _ = replayed(lane, given, params, states)
+    assert tuple(y.shape) == (B, T, H)  # (the module's layout)
+    assert y.stride() == (H, ROW, 1)
+
+
+def test_a_call_the_lane_cannot_make_as_python_would_is_left_to_python(setup):
+    x, params, zeros, driver, program, lock = setup
+    lane = make(setup)
+    with torch.no_grad():
+        replayed(lane, x, params)
+        launches = len(driver.launches)
+
+        def refused(*call, stream=STREAM) -> bool:
+            return lane(*call, stream) is None
+
+        assert refused(torch.randn(T + 1, B, H), params, None)  # shape
+        assert refused(x.double(), params, None)  # dtype
+        assert refused(x.transpose(0, 1), params, None)  # (B, T, H): another shape
+        assert refused(x, params[:1], None)  # parameters missing
+        assert refused(x, [params[1], params[0]], None)  # in another order
+        assert refused(x, tuple(params), None)  # not the list a module gives
+        assert refused(x, [torch.nn.Parameter(p.detach().clone()) for p in params], None)  # other tensors
+        assert refused(x, params, [zeros[0]])  # a state missing
+        assert refused(x, params, [torch.zeros(L, B + 1, H)] * 2)  # a state's shape
+        assert refused(x, params, [torch.zeros(L, B, H, dtype=torch.float64)] * 2)  # its dtype
+        assert refused(x, params, [torch.zeros(L, H, B).transpose(1, 2)] * 2)  # not contiguous
+        assert refused(x, params, None, stream=STREAM + 1)  # another stream
+        driver.capturing = 1
+        assert refused(x, params, None)  # the stream is capturing
+        driver.capturing, driver.context = 0, CONTEXT + 1
+        assert refused(x, params, None)  # another driver context
+        driver.context = CONTEXT
+        with lock:
+            assert refused(x, params, None)  # another thread's run under way
+        with torch.enable_grad():
+            assert refused(x, params, None)  # a gradient to follow
+        assert len(driver.launches) == launches  # (none of them launched)
+        assert lane(x, params, None, STREAM) is not None  # (and it replays again after all of them)
+
+
+def test_parameters_changed_in_place_or_a_change_counted_end_the_lane(setup):
+    x, params, zeros, driver, program, _ = setup
+    with torch.no_grad():
+        lane = make(setup)
+        replayed(lane, x, params)
+        params[0].add_(1.0)  # (their version moves on: Python packs them again)
+        assert lane(x, params, None, STREAM) is None
+        lane = make(setup)
+        replayed(lane, x, params)
+        assert lane.current()
+        CHANGES.bump()  # (another stream's run, a packing dropped, a captured run released)
+        assert not lane.current() and lane(x, params, None, STREAM) is None
+
+
+def test_autocast_on_cuda_leaves_float32_calls_to_python(setup):
+    x, params, zeros, driver, program, _ = setup
+    lane = make(setup)
+    with torch.no_grad():
+        replayed(lane, x, params)
+        torch.set_autocast_enabled("cuda", True)
+        try:
+            assert lane(x, params, None, STREAM) is None
+        finally:
+            torch.set_autocast_enabled("cuda", False)
+        assert lane(x, params, None, STREAM) is not None
+
+
+def test_a_failed_replay_is_left_to_python_and_not_counted(setup):
+    x, params, zeros, driver, program, _ = setup
+    lane = make(setup)
+    with torch.no_grad():
+        replayed(lane, x, params)
+        driver.error, replays = 1, program._replays
+        assert lane(x, params, None, STREAM) is None
+        assert program._replays == replays
+
+
+def test_bad_arguments_get_errors_not_crashes(setup):
+    x, params, zeros, driver, program, _ = setup
+    lane = make(setup)
+    with pytest.raises(TypeError, match="lane\\(x, params, states or None, stream\\)"):
+        lane(x, params)
+    with pytest.raises(ValueError, match="one per state"):
+        quick_lane.make(x, params, zeros, False, (T, B, H, L), BLOCK, OUTPUTS_END, FINALS_AT[:1], PACKED,
+                        STREAM, (threading.Lock(), program.turn), program, driver=driver.entry_points,
+                        context=CONTEXT)
+    assert lane("x", params, None, STREAM) is None  # (not a tensor: Python's call says what is wrong)
