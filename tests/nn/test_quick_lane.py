@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import shutil
 import threading
 
 import pytest
@@ -13,6 +14,8 @@ import torch
 
 from cellfuse.gpu_runtime.stream_program import CHANGES
 from cellfuse.nn import quick_lane
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 
 T, B, H, L = 3, 2, 4, 1
 ROW = B * H
