@@ -25,6 +25,7 @@ asks of any warm-up.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import weakref
 from collections import OrderedDict
@@ -257,8 +258,13 @@ class CudaRunner(Runner):
             _record(uses.streams, stream, (memory,))
         if capturing or not packed_for.matches(params):
             CHANGES.bump()  # (a lane replays over the packing as it was)
-            for layout, buffers in self.packing:
-                layout.pack(_views(memory, self._weight_extents, buffers), params, buffers)
+            calls = self._pack_calls
+            if calls is not None and all(params[i].dtype == dtype and params[i].is_contiguous()
+                                         for i, dtype in calls[1]):
+                calls[0].run([base, *(p.data_ptr() for p in params)], stream)
+            else:
+                for layout, buffers in self.packing:
+                    layout.pack(_views(memory, self._weight_extents, buffers), params, buffers)
             addresses = {name: base + at for name, at in (*self.weight_at.items(), *self._image_at.items())}
             for each in self._programs.values():
                 each.weights_changed(each.resolve_some(addresses), stream)
@@ -268,6 +274,33 @@ class CudaRunner(Runner):
             else:
                 packed_for.remember(params)
         return base
+
+    @cached_property
+    def _pack_calls(self) -> tuple[LaunchList, list[tuple[int, torch.dtype]]] | None:
+        """The packing of parameters into the weight buffers as one launch-list call (bases: the packing's
+        memory, then each parameter, in the order of `keys`), where every part is a copy of its
+        parameter's rows into columns of its buffer, and the (parameter, dtype) pairs a call's parameters
+        must match for it (contiguous, of each buffer's type: else TensorLayout.pack's torch ops, which
+        convert, run). After an optimizer's step each training forward packs: torch's ops, four a part,
+        took 0.55 ms of host time for the LSTM (docs/results/2026-11-29-cellrnn-lane.md)."""
+        keys = self.layout.keys
+        if any(layout.keys != keys for layout, _ in self.packing):
+            return None
+        calls = LaunchList(f"the packing of {self.plans.train.cell_name}'s weights")
+        dtypes: dict[int, torch.dtype] = {}
+        for layout, buffers in self.packing:
+            for part in layout.parts:
+                if part.buffer not in buffers:
+                    continue
+                index, (at, _, dtype) = keys.index(part.key), self._weight_extents[part.buffer]
+                if dtypes.setdefault(index, dtype) != dtype:
+                    return None
+                size = dtype.itemsize
+                rows = math.prod(layout.plan.params[part.key]) // part.width
+                calls.copy2d((0, at + part.col * size), part.ld * size, (1 + index, 0), part.width * size,
+                             part.width * size, rows, 0, f"the packing of {part.key} into {part.buffer}")
+        calls.finish()
+        return calls, sorted(dtypes.items())
 
     @staticmethod
     def _follow(uses: _Uses, program, stream: int) -> None:

@@ -220,3 +220,21 @@ def test_the_drop_in_gru_calls_through_the_lane(cuda, monkeypatch):
         want, want_h = torchs(x)
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(h, want_h, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("cell, schedule", [("lstm", "tensor"), ("gru", "persistent"), ("lstm", "graph")])
+def test_the_weights_packed_in_one_call_are_what_torchs_ops_pack(cuda, cell, schedule):
+    from cellfuse.nn.cuda_runner import _views
+
+    rnn = CellRNN(cell, INPUT, H, 1, schedule=schedule, seed=8).to(cuda)
+    x = torch.randn(T, 13, INPUT, device=cuda)
+    rnn(x)[0].sum().backward()  # (the forward and backward programs made)
+    runner = ops.runner(rnn._cell_text, x, H, 1, schedule)
+    params = rnn._params()
+    calls, dtypes = runner._pack_calls
+    assert [params[i].dtype for i, _ in dtypes] == [dtype for _, dtype in dtypes]
+    ours, theirs = (torch.full((runner.weight_bytes,), 0x7F, dtype=torch.uint8, device=cuda) for _ in "ab")
+    calls.run([ours.data_ptr(), *(p.data_ptr() for p in params)], torch.cuda.current_stream(cuda).cuda_stream)
+    for layout, buffers in runner.packing:
+        layout.pack(_views(theirs, runner._weight_extents, buffers), params, buffers)
+    assert torch.equal(ours, theirs)
