@@ -76,9 +76,11 @@ class Changes:
 
     def __init__(self):
         self.value = 0
+        self._lock = threading.Lock()  # (an increment of two threads at once must not count once)
 
     def bump(self) -> None:
-        self.value += 1
+        with self._lock:
+            self.value += 1
 
 
 CHANGES = Changes()

@@ -258,11 +258,7 @@ class CudaRunner(Runner):
             _record(uses.streams, stream, (memory,))
         if capturing or not packed_for.matches(params):
             CHANGES.bump()  # (a lane replays over the packing as it was)
-            calls = self._pack_calls
-            if calls is not None and all(params[i].dtype == dtype and params[i].is_contiguous()
-                                         for i, dtype in calls[1]):
-                calls[0].run([base, *(p.data_ptr() for p in params)], stream)
-            else:
+            if not self._packed_in_one_call(base, params, stream):
                 for layout, buffers in self.packing:
                     layout.pack(_views(memory, self._weight_extents, buffers), params, buffers)
             addresses = {name: base + at for name, at in (*self.weight_at.items(), *self._image_at.items())}
@@ -303,6 +299,21 @@ class CudaRunner(Runner):
         calls.finish()
         return calls, sorted(dtypes.items())
 
+    def _packed_in_one_call(self, base: int, params: Sequence[torch.Tensor], stream: int) -> bool:
+        """Whether the parameters were packed at `base` by _pack_calls (False where they cannot be: then
+        torch's ops pack them; where its run fails, they do from then on)."""
+        calls = self._pack_calls
+        if calls is None or not all(params[i].dtype == dtype and params[i].is_contiguous()
+                                    for i, dtype in calls[1]):
+            return False
+        try:
+            calls[0].run([base, *(p.data_ptr() for p in params)], stream)
+        except CellError as e:
+            log.warning("%s; packing with torch's ops from now on", e)
+            self.__dict__["_pack_calls"] = None
+            return False
+        return True
+
     @staticmethod
     def _follow(uses: _Uses, program, stream: int) -> None:
         """A run on another stream than the packing's last one waits for what was put there: the runner's
@@ -332,7 +343,9 @@ class CudaRunner(Runner):
             self._uses.pop(self._packings.pop(k)[0].data_ptr(), None)
             CHANGES.bump()
         _, images = _layout(list(self._images.items()))
-        memory = torch.empty(self.weight_bytes + images, dtype=torch.uint8, device=self.device)
+        # (zeros: a bias buffer's columns that no parameter gives, where a cell folds a bias into some of
+        # the GEMMs that share an operand and not others, are zeros, as Plan.weight_arrays makes them)
+        memory = torch.zeros(self.weight_bytes + images, dtype=torch.uint8, device=self.device)
         found = self._packings[key] = (memory, PackedFor())
         return found
 
@@ -452,11 +465,21 @@ class CudaRunner(Runner):
         if lane is None or not lane.current():
             first = owner(params[0]) if params else None
             found = None if first is None else self._packings.get(id(first))
-            if found is None or not found[1].matches(params) or self._y_dtype != x.dtype:
+            if (found is None or not found[1].matches(params) or self._y_dtype != x.dtype
+                    or not all(type(t) in _LANE_TYPES for t in (x, *params, *zeros))):
                 return None
-            lane = quick_lane.make(x, params, zeros, batch_first, self._sizes, self._block_elements,
-                                   self._outputs_end, self._finals_at, packed, stream,
-                                   (self.lock, program.turn), program)
+            try:
+                lane = quick_lane.make(x, params, zeros, batch_first, self._sizes, self._block_elements,
+                                       self._outputs_end, self._finals_at, packed, stream,
+                                       (self.lock, program.turn), program)
+            except (ValueError, CellError, OSError) as e:  # (the call itself was made: it stands)
+                log.warning("%s: no C++ lane for calls like this one (%s); they run in Python",
+                            program.what, e)
+                return None
+            # (the versions the lane holds must be the packed ones: another thread may have changed a
+            # parameter in place since `matches`, which bumps no count)
+            if not found[1].matches(params):
+                return None
         lane.learn(bases, int(graph))
         return lane
 
@@ -533,6 +556,9 @@ class CudaRunner(Runner):
                  *(s.data_ptr() for s in states), *([0] * len(states))]
         program.run(bases, stream, not capturing)
         return self.layout.gradients(views)
+
+
+_LANE_TYPES = (torch.Tensor, torch.nn.Parameter)  # what a lane takes (no subclass: it reads the C++ tensor)
 
 
 def _record(streams: set[int], stream: int, memory: Sequence[torch.Tensor]) -> None:

@@ -231,3 +231,102 @@ def test_bad_arguments_get_errors_not_crashes(setup):
                         STREAM, (threading.Lock(), program.turn), program, driver=driver.entry_points,
                         context=CONTEXT)
     assert lane("x", params, None, STREAM) is None  # (not a tensor: Python's call says what is wrong)
+
+
+def test_lanes_made_and_dropped_leave_no_reference_behind(setup):
+    import sys
+
+    lane_type = quick_lane.module().Lane
+    program = setup[4]
+    before = sys.getrefcount(lane_type), sys.getrefcount(program), sys.getrefcount(CHANGES)
+    for _ in range(100):
+        make(setup)
+    assert (sys.getrefcount(lane_type), sys.getrefcount(program), sys.getrefcount(CHANGES)) == before
+
+
+class _Program:
+    what = "a test's forward kernels"
+
+    def __init__(self):
+        self.turn = threading.RLock()
+        self._replays = 0
+
+    def kept_graph(self, bases):
+        return 0x6A0
+
+
+class _PackedFor:
+    def __init__(self, answers):
+        self.answers = list(answers)
+
+    def matches(self, params):
+        return self.answers.pop(0)
+
+
+def _runner(params, packed_for):
+    """What CudaRunner.call_lane reads of its runner, as a stand-in (no GPU here)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(_block_run=(_Program(), [1, 2, 3], PACKED, STREAM), lock=threading.Lock(),
+                           _packings={id(params[0]): (None, packed_for)}, _y_dtype=torch.float32,
+                           _sizes=(T, B, H, L), _block_elements=BLOCK, _outputs_end=OUTPUTS_END,
+                           _finals_at=FINALS_AT)
+
+
+def test_a_lane_that_cannot_be_made_leaves_the_call_to_python_without_an_error(setup, monkeypatch, caplog):
+    from cellfuse.nn.cuda_runner import CudaRunner
+
+    x, params, zeros, *_ = setup
+
+    class Weight(torch.nn.Parameter):  # (a subclass: the lane reads only torch's own types)
+        pass
+
+    subclassed = [Weight(p.detach().clone()) for p in params]
+    made = []
+    monkeypatch.setattr(quick_lane, "make", lambda *a, **k: made.append(1) or pytest.fail("made"))
+    assert CudaRunner.call_lane(_runner(subclassed, _PackedFor([True])), None, x, subclassed, zeros,
+                                False) is None
+    assert not made
+
+    def failing(*args, **kwargs):
+        raise OSError("libcuda.so.1: cannot open shared object file")
+
+    monkeypatch.setattr(quick_lane, "make", failing)
+    with caplog.at_level("WARNING"):
+        runner = _runner(params, _PackedFor([True]))
+        assert CudaRunner.call_lane(runner, None, x, params, zeros, False) is None
+    assert "no C++ lane for calls like this one (libcuda.so.1" in caplog.text
+
+
+def test_a_lane_is_not_kept_where_a_parameter_changed_while_it_was_made(setup, monkeypatch):
+    from cellfuse.nn.cuda_runner import CudaRunner
+
+    x, params, zeros, *_ = setup
+    lane = object()
+    monkeypatch.setattr(quick_lane, "make", lambda *a, **k: lane)
+    # (the packed parameters as they are before the lane reads their versions, and not after)
+    assert CudaRunner.call_lane(_runner(params, _PackedFor([True, False])), None, x, params, zeros,
+                                False) is None
+
+
+def test_weights_whose_packing_in_one_call_fails_are_packed_by_torchs_ops_from_then_on(caplog):
+    from types import SimpleNamespace
+
+    from cellfuse.graph_model import CellError
+    from cellfuse.nn.cuda_runner import CudaRunner
+
+    class Calls:
+        runs = 0
+
+        def run(self, bases, stream):
+            Calls.runs += 1
+            raise CellError("the packing of the LSTM's weights: CUDA_ERROR_INVALID_VALUE")
+
+    params = [torch.zeros(4, 4), torch.zeros(4)]
+    runner = SimpleNamespace(_pack_calls=(Calls(), [(0, torch.float32), (1, torch.float32)]))
+    with caplog.at_level("WARNING"):
+        assert not CudaRunner._packed_in_one_call(runner, 0x7000, params, STREAM)
+    assert runner._pack_calls is None and "packing with torch's ops from now on" in caplog.text
+    assert not CudaRunner._packed_in_one_call(runner, 0x7000, params, STREAM) and Calls.runs == 1
+    runner._pack_calls = (Calls(), [(0, torch.float16)])  # (a buffer of another type: torch's ops convert)
+    assert not CudaRunner._packed_in_one_call(runner, 0x7000, params, STREAM) and Calls.runs == 1

@@ -80,6 +80,16 @@ struct Core {
   CtxGetCurrent current_context = nullptr;
   std::vector<Kept> kept;  // the oldest first
   std::vector<uint64_t> missed;  // the bases of the last call whose run it did not know
+
+  Core() = default;
+  Core(const Core&) = delete;
+  Core& operator=(const Core&) = delete;
+  ~Core() {  // (the references it holds; a lane goes with the GIL held)
+    Py_XDECREF(changes);
+    Py_XDECREF(locks[0]);
+    Py_XDECREF(locks[1]);
+    Py_XDECREF(program);
+  }
 };
 
 struct Lane {
@@ -235,19 +245,38 @@ PyObject* call(Lane* self, PyObject* x_obj, PyObject* params, PyObject* states, 
     c.missed = std::move(bases);
     Py_RETURN_NONE;
   }
-  if (c.launch(reinterpret_cast<void*>(kept->graph), reinterpret_cast<void*>(c.stream)) != 0)
-    Py_RETURN_NONE;  // (Python's call tries again and says why)
-  count_replay(c);
+  // the outputs made before the replay: nothing after it may fail but Python's own objects (whose
+  // failure, out of memory, raises), so that a call is never replayed and then made again by Python
   int64_t row = c.B * c.H;
   at::Tensor y = block.as_strided({c.T, c.B, c.H}, {row, c.H, 1}, row);
   if (c.batch_first) y = y.transpose(0, 1);
-  PyObject* finals = PyList_New((Py_ssize_t)c.finals_at.size());
-  for (size_t i = 0; i < c.finals_at.size(); ++i)
-    PyList_SET_ITEM(finals, i, THPVariable_Wrap(block.as_strided({c.L, c.B, c.H}, {row, c.H, 1},
-                                                                 c.finals_at[i])));
+  std::vector<at::Tensor> finals;
+  for (int64_t at : c.finals_at) finals.push_back(block.as_strided({c.L, c.B, c.H}, {row, c.H, 1}, at));
+  if (c.launch(reinterpret_cast<void*>(kept->graph), reinterpret_cast<void*>(c.stream)) != 0)
+    Py_RETURN_NONE;  // (Python's call tries again and says why)
+  count_replay(c);
   PyObject* out = PyTuple_New(2);
-  PyTuple_SET_ITEM(out, 0, THPVariable_Wrap(std::move(y)));
-  PyTuple_SET_ITEM(out, 1, finals);
+  PyObject* final_states = PyList_New((Py_ssize_t)finals.size());
+  if (out == nullptr || final_states == nullptr) {
+    Py_XDECREF(out);
+    Py_XDECREF(final_states);
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(out, 1, final_states);
+  for (size_t i = 0; i < finals.size(); ++i) {
+    PyObject* f = THPVariable_Wrap(std::move(finals[i]));
+    if (f == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(final_states, i, f);
+  }
+  PyObject* wrapped = THPVariable_Wrap(std::move(y));
+  if (wrapped == nullptr) {
+    Py_DECREF(out);
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(out, 0, wrapped);
   return out;
 }
 
@@ -353,22 +382,17 @@ PyObject* lane_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
   c.locks[1] = lock_b;
   c.program = program;
   Lane* self = reinterpret_cast<Lane*>(type->tp_alloc(type, 0));
-  if (self == nullptr) return nullptr;  // (the references taken go with the core)
+  if (self == nullptr) return nullptr;  // (the references taken go with the core, freed here)
   self->vectorcall = lane_vectorcall;
   self->core = core.release();
   return reinterpret_cast<PyObject*>(self);
 }
 
 void lane_dealloc(PyObject* o) {
-  Lane* self = reinterpret_cast<Lane*>(o);
-  if (Core* c = self->core) {
-    Py_XDECREF(c->changes);
-    Py_XDECREF(c->locks[0]);
-    Py_XDECREF(c->locks[1]);
-    Py_XDECREF(c->program);
-    delete c;
-  }
-  Py_TYPE(o)->tp_free(o);
+  PyTypeObject* type = Py_TYPE(o);
+  delete reinterpret_cast<Lane*>(o)->core;
+  type->tp_free(o);
+  Py_DECREF(type);  // (an instance of a heap type holds a reference to it)
 }
 
 PyObject* lane_learn(PyObject* o, PyObject* const* args, Py_ssize_t n) {
