@@ -316,13 +316,19 @@ def train_part(rnn: CellRNN, cudnn: CudnnCell, x: torch.Tensor, clock: Clock, ar
     """The training step of each, checked by its parameters' gradients, then timed in turns."""
     module = cudnn.module.train()  # cuDNN's backward pass refuses a module in eval mode (there is no dropout)
     out: dict = {"ok": False, "error": None, "grad_rel_error": None, "loss_diff": None,
-                 "loss": "y.pow(2).mean()"}
+                 "loss": "y.pow(2).mean()", "optimizer": args.optimizer}
 
     def step(model) -> Callable[[], torch.Tensor]:
+        # (SGD's step changes the weights in place, as a training script's optimizer does: CellRNN packs
+        # them again at its next forward, cuDNN reads them where they are; a tiny rate keeps the values)
+        optimizer = torch.optim.SGD(model.parameters(), lr=1e-9) if args.optimizer == "sgd" else None
+
         def run() -> torch.Tensor:
             y = model(x)[0]
             loss = y.float().pow(2).mean()
             loss.backward()
+            if optimizer is not None:
+                optimizer.step()
             return loss
 
         return run
@@ -559,7 +565,8 @@ def tables(record: dict) -> str:
         cells.append(check_text(r))
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     if record["settings"]["train"]:
-        lines += ["", "Training step (forward, loss = y.pow(2).mean(), backward):", ""]
+        step = "backward, SGD's step" if settings.get("optimizer") == "sgd" else "backward"
+        lines += ["", f"Training step (forward, loss = y.pow(2).mean(), {step}):", ""]
         head = ["cell", "T", "B", "layers", "rung", "bench --train ms", "CellRNN ms", "cuDNN ms",
                 "CellRNN/bench", "speedup vs cuDNN", "CellRNN back to back ms", "cuDNN back to back ms",
                 "check (grad rel error)"]
@@ -658,6 +665,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="which `cellfuse bench` runs to compare with: forward,train (default), forward, "
                         "train, or none")
     p.add_argument("--no-train", dest="train", action="store_false", help="leave out the training step")
+    p.add_argument("--optimizer", choices=["none", "sgd"], default="none",
+                   help="end each training step with this optimizer's step (sgd: torch.optim.SGD)")
     p.add_argument("--precision", choices=list(DTYPES), default="fp32",
                    help="x and torch's module in this dtype (16 bits: forward only, CellRNN's parameters "
                         "float32 as under torch.autocast)")

@@ -69,6 +69,23 @@ def test_on_the_cpu_every_case_is_checked_then_timed(script, tmp_path, capsys):
     assert "| lstm | 5 | 2 | 1 | graph |" in stdout and "| gru | 5 | 2 | 1 | graph |" in stdout
 
 
+def test_a_training_step_may_end_with_an_optimizers_step_that_changes_the_weights(script, tmp_path, capsys,
+                                                                                  monkeypatch):
+    stepped = []
+    sgd_step = torch.optim.SGD.step
+    monkeypatch.setattr(torch.optim.SGD, "step", lambda self, *a, **k: stepped.append(1) or sgd_step(self))
+    out = tmp_path / "record.json"
+    code = script.main([*TINY, "--cells", "lstm", "--no-compile", "--optimizer", "sgd", "--out", str(out)])
+    stdout = capsys.readouterr().out
+    assert code == 0, stdout
+    record = json.loads(out.read_text())
+    (row,) = record["rows"]
+    check_row(script, row)  # (the gradients checked before any step changed the weights)
+    assert row["train"]["optimizer"] == "sgd" and record["settings"]["optimizer"] == "sgd"
+    assert len(stepped) > 2 * 2  # (every timed and back-to-back step of both, not the checks alone)
+    assert "Training step (forward, loss = y.pow(2).mean(), backward, SGD's step):" in stdout
+
+
 @pytest.mark.filterwarnings("ignore:Dynamo detected:UserWarning")  # torch.compile tracing into cellfuse
 def test_torch_compile_of_the_language_model_is_timed_or_its_failure_kept(script, tmp_path, capsys):
     out = tmp_path / "record.json"
