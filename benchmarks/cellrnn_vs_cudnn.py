@@ -24,7 +24,8 @@ torch does not flatten bf16 weights for cuDNN and so compacts them at every call
   synchronised between runs), after warm-up, the median of --repeats runs taken in turns (the order
   reversed every other round);
 - a training step (unless --no-train): forward, loss = y.pow(2).mean(), backward, the gradients zeroed
-  (set to None) between steps and outside the clock, no optimizer; checked first by the parameters'
+  (set to None) between steps and outside the clock, no optimizer (with --optimizer sgd, SGD's step at
+  its end, which changes the weights as a training script's does); checked first by the parameters'
   gradients (each parameter's largest difference relative to its largest gradient, or to GRAD_FLOOR of
   the largest gradient of all where that is more: at most GRAD_TOLERANCE); and the same steps queued
   back to back (BACK_TO_BACK of them, the gradients zeroed before each, the device synchronised only
