@@ -71,7 +71,8 @@ def shared_library(source: str, name: str, fresh: bool = False, cxx_options: tup
     the cache folder's `host/` as `<name>-<sha256>.so`; built where it is not there yet, or again where
     `fresh` (the caller found the kept one damaged). A CellError where nvcc reports errors; built in a
     temporary folder where the cache cannot be written."""
-    options = _LIBRARY_OPTIONS if cxx_options is None else (*_LIBRARY_OPTIONS[:-1], "c++", *cxx_options)
+    options = ((*_LIBRARY_OPTIONS, "-x", "c") if cxx_options is None
+               else (*_LIBRARY_OPTIONS, "-x", "c++", *cxx_options))
     file = f"{name}.c" if cxx_options is None else f"{name}.cpp"
     key = _key(source, "host", options)
     path = cache_dir() / "host" / f"{name}-{key}.so"
@@ -96,8 +97,9 @@ def shared_library(source: str, name: str, fresh: bool = False, cxx_options: tup
     return path
 
 
-# a C shared library that links nothing of CUDA's (the launch list is given the entry points it calls)
-_LIBRARY_OPTIONS = ("-shared", "-O2", "-Xcompiler", "-fPIC", "-cudart", "none", "-x", "c")
+# a host shared library that links nothing of CUDA's (the launch list is given the entry points it calls),
+# then its language
+_LIBRARY_OPTIONS = ("-shared", "-O2", "-Xcompiler", "-fPIC", "-cudart", "none")
 
 
 def _key(source: str, arch: str, options: tuple[str, ...]) -> str:

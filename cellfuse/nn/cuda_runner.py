@@ -25,7 +25,6 @@ asks of any warm-up.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import weakref
 from collections import OrderedDict
@@ -53,6 +52,7 @@ log = logging.getLogger(__name__)
 ONE = 0x3F800000  # the bits of float32's 1.0
 ALIGNMENT = 256  # bytes: where each buffer starts in a piece of memory (cuBLAS's fastest kernels want it)
 MAX_PACKINGS = 8  # modules whose packed weights a runner keeps at once
+_LANE_TYPES = (torch.Tensor, torch.nn.Parameter)  # what a lane takes (no subclass: it reads the C++ tensor)
 
 
 def _aligned(nbytes: int) -> int:
@@ -277,9 +277,9 @@ class CudaRunner(Runner):
         memory, then each parameter, in the order of `keys`), where every part is a copy of its
         parameter's rows into columns of its buffer, and the (parameter, dtype) pairs a call's parameters
         must match for it (contiguous, of each buffer's type: else TensorLayout.pack's torch ops, which
-        convert, run). After an optimizer's step each training forward packs: torch's ops, four a part,
-        took 0.55 ms of host time for the LSTM at B=64 on an H200, this 0.25
-        (docs/results/2026-11-29-cellrnn-lane.md)."""
+        convert, run). After an optimizer's step each training forward packs: with torch's ops, four a
+        part, the runner's forward took 0.55 ms of host time for the LSTM at B=64 on an H200, with this
+        0.25 (docs/results/2026-11-29-cellrnn-lane.md)."""
         keys = self.layout.keys
         if any(layout.keys != keys for layout, _ in self.packing):
             return None
@@ -293,9 +293,8 @@ class CudaRunner(Runner):
                 if dtypes.setdefault(index, dtype) != dtype:
                     return None
                 size = dtype.itemsize
-                rows = math.prod(layout.plan.params[part.key]) // part.width
                 calls.copy2d((0, at + part.col * size), part.ld * size, (1 + index, 0), part.width * size,
-                             part.width * size, rows, 0, f"the packing of {part.key} into {part.buffer}")
+                             part.width * size, part.rows, 0, f"the packing of {part.key} into {part.buffer}")
         calls.finish()
         return calls, sorted(dtypes.items())
 
@@ -448,7 +447,7 @@ class CudaRunner(Runner):
         return y, [f if f.dtype == x.dtype else f.to(x.dtype) for f in finals], reserve
 
     def call_lane(self, lane, x: torch.Tensor, params: Sequence[torch.Tensor], zeros: Sequence[torch.Tensor],
-             batch_first: bool):
+                  batch_first: bool):
         """A C++ lane (quick_lane) for inference calls like the one this runner just made, in one piece of
         memory, of x (as the module was given it: [B, T, I] where batch_first), these parameters and the
         module's kept zeros: `lane` taught that call's captured run where it is still current, else a new
@@ -557,8 +556,6 @@ class CudaRunner(Runner):
         program.run(bases, stream, not capturing)
         return self.layout.gradients(views)
 
-
-_LANE_TYPES = (torch.Tensor, torch.nn.Parameter)  # what a lane takes (no subclass: it reads the C++ tensor)
 
 
 def _record(streams: set[int], stream: int, memory: Sequence[torch.Tensor]) -> None:

@@ -1,7 +1,7 @@
 """A module's kept inference call made in C++ (resources/host/quick_lane.cpp): a `Lane` checks that a call
 is like the one it was made from, allocates the call's memory, and replays the captured run of the
 runner's forward program, in a few microseconds where the same in Python takes tens
-(docs/results/2026-11-29-cellrnn-kept-runs.md). Any call it cannot make exactly as CudaRunner would, it
+(docs/results/2026-11-29-cellrnn-lane.md). Any call it cannot make exactly as CudaRunner would, it
 answers None, and quick_call's Python makes it.
 
 The C++ is built at first use by nvcc against the headers of the torch the process runs, kept in the
