@@ -5,10 +5,11 @@ run and its return (the work on the stream), the module's return, the runner's b
 program's run and its return, and the step's end; and the GPU's time for the step (CUDA events around
 it). Each step right after a synchronisation, or queued back to back. LSTM, input = hidden = 512, T=100.
 With --sgd, each step ends with an optimizer's step (torch.optim.SGD, in place), as a training script's
-does: the next forward then packs the changed weights again.
+does: the next forward then packs the changed weights again. With --input-grad, x requires a gradient
+(a layer over another's output): the backward pass then computes dx, which it leaves out otherwise.
 
     python3 benchmarks/probes/cellrnn_train_stages.py [--schedule auto] [--batches 1,8,64] [--steps 100] \
-        [--sgd]
+        [--sgd] [--input-grad]
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ def _stages(rnn: CellRNN, x: torch.Tensor, steps: int, synchronised: bool, optim
     torch.cuda.synchronize()
     for _ in range(steps):
         rnn.zero_grad(set_to_none=True)
+        x.grad = None
         if synchronised:
             torch.cuda.synchronize()
         _stamps.clear()
@@ -98,6 +100,7 @@ def main() -> None:
     p.add_argument("--batches", default="1,8,64")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--sgd", action="store_true", help="an optimizer's step at the end of each step")
+    p.add_argument("--input-grad", action="store_true", help="x requires a gradient")
     args = p.parse_args()
     _instrument()
     print(f"microseconds from the step's start (median of {args.steps} steps); LSTM T=100, I=H=512, "
@@ -105,7 +108,7 @@ def main() -> None:
     print(f"{'B':>4} {'steps':<14}" + "".join(f"{s:>17}" for s in (*STAGES, "GPU ms")))
     for batch in (int(b) for b in args.batches.split(",")):
         rnn = CellRNN("lstm", 512, 512, 1, schedule=args.schedule, seed=1).cuda()
-        x = torch.randn(100, batch, 512, device="cuda")
+        x = torch.randn(100, batch, 512, device="cuda", requires_grad=args.input_grad)
         optimizer = torch.optim.SGD(rnn.parameters(), lr=1e-6) if args.sgd else None
         for _ in range(20):
             rnn(x)[0].float().pow(2).mean().backward()

@@ -119,6 +119,20 @@ class BackwardPlan:
     def buffer_elements(self, name: str) -> int:
         return self.buffers[name].elements(self.forward.sizes)
 
+    def without_input_grad(self) -> BackwardPlan:
+        """The same pass where nothing asks for x's gradient (x needs none: a first layer over data): the
+        GEMMs that write only dx left out, the first layer's input GEMM's dA (for the LSTM at B=64, T=100,
+        I=H=512, 0.13 ms of its 1.7 on an H200). dx's buffer is left as it starts. A persistent launch
+        keeps what it computes."""
+        dx = grad_of("x")
+
+        def kept(launches: tuple[Launch, ...]) -> tuple[Launch, ...]:
+            return tuple(launch for launch in launches
+                         if not (isinstance(launch, GemmLaunch) and launch.c.buffer == dx))
+        layers = [replace(lb, step=lb.step if lb.persistent else kept(lb.step), after=kept(lb.after))
+                  for lb in self.layers]
+        return replace(self, layers=layers)
+
     # -- the seeds a run starts from and the gradients it ends with ------------------------------------
     def seeds(self, dy: np.ndarray, dfinal: Mapping[str, np.ndarray] | None,
               dtype=np.float32) -> dict[str, np.ndarray]:

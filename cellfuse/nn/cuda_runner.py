@@ -53,6 +53,8 @@ ONE = 0x3F800000  # the bits of float32's 1.0
 ALIGNMENT = 256  # bytes: where each buffer starts in a piece of memory (cuBLAS's fastest kernels want it)
 MAX_PACKINGS = 8  # modules whose packed weights a runner keeps at once
 _LANE_TYPES = (torch.Tensor, torch.nn.Parameter)  # what a lane takes (no subclass: it reads the C++ tensor)
+# the backward programs: the whole pass, and the pass without x's gradient (BackwardPlan.without_input_grad)
+BACKWARD, BACKWARD_NO_DX = "backward", "backward without dx"
 
 
 def _aligned(nbytes: int) -> int:
@@ -192,16 +194,20 @@ class CudaRunner(Runner):
 
     # -- programs -------------------------------------------------------------------------------------
     def _program(self, which: str):
-        """The forward (`forward`, `train`) or `backward` program, made at its first use."""
+        """The forward (`forward`, `train`) or a backward (BACKWARD, BACKWARD_NO_DX) program, made at its
+        first use."""
         if which not in self._programs:
             from ..gpu_runtime.stream_program import StreamProgram
 
             major, minor = torch.cuda.get_device_capability(self.index)
             props = torch.cuda.get_device_properties(self.index)
             sharing = 1
-            if which == "backward":
-                plan, instructions = self.plans.train, self.plans.backward.instructions()
-                kernels = kernel_set.backward_kernels(self.plans.backward)
+            if which in (BACKWARD, BACKWARD_NO_DX):
+                backward = self.plans.backward
+                if which == BACKWARD_NO_DX:
+                    backward = backward.without_input_grad()
+                plan, instructions = self.plans.train, backward.instructions()
+                kernels = kernel_set.backward_kernels(backward)
             else:
                 plan = self.plans.forward if which == "forward" else self.plans.train
                 lowered = lower(plan)
@@ -238,7 +244,7 @@ class CudaRunner(Runner):
 
     def _check_scratch(self, which: str, program) -> None:
         memory = self.infer_memory if which == "forward" else self.memory
-        have = memory.grad_scratch if which == "backward" else memory.scratch
+        have = memory.grad_scratch if which in (BACKWARD, BACKWARD_NO_DX) else memory.scratch
         for name, nbytes in program.scratch.items():
             if nbytes > have.get(name, 0):
                 raise CellError(f"{program.what}: scratch {name!r} needs {nbytes} bytes, and the call's "
@@ -360,7 +366,7 @@ class CudaRunner(Runner):
         ids = self.plans.train.state_ids
         out = []
         for name in program.buffers:
-            if which == "backward" and name in memory.grads:
+            if which in (BACKWARD, BACKWARD_NO_DX) and name in memory.grads:
                 out.append((self.GRADS, memory.grads[name]))
             elif name in memory.reserve:
                 out.append((self.RESERVE, memory.reserve[name]))
@@ -505,10 +511,10 @@ class CudaRunner(Runner):
         y = block.as_strided((T, B, H), (row, H, 1), row)
         return y, [block.as_strided((L, B, H), (row, H, 1), at) for at in self._finals_at]
 
-    def backward(self, dy, dfinals, x, states, params, y, reserve):
-        program = self._program("backward")
+    def backward(self, dy, dfinals, x, states, params, y, reserve, input_grad=True):
+        program = self._program(BACKWARD if input_grad else BACKWARD_NO_DX)
         with program.turn:
-            return self._backward(program, dy, dfinals, x, states, params, y, reserve)
+            return self._backward(program, dy, dfinals, x, states, params, y, reserve, input_grad)
 
     @cached_property
     def _starts(self) -> LaunchList:
@@ -530,7 +536,7 @@ class CudaRunner(Runner):
         calls.finish()
         return calls
 
-    def _backward(self, program, dy, dfinals, x, states, params, y, reserve):
+    def _backward(self, program, dy, dfinals, x, states, params, y, reserve, input_grad):
         # (dy held by a name until its copy is queued: a copy made here and freed at once could be given
         # to another thread's allocation on the same stream, written before the copy read it)
         x, states, dy = _in_place(x), [_in_place(s) for s in states], _in_place(dy)
@@ -554,7 +560,7 @@ class CudaRunner(Runner):
         bases = [reserve.data_ptr(), packed, x.data_ptr(), y.data_ptr() - row, grads.data_ptr(),
                  *(s.data_ptr() for s in states), *([0] * len(states))]
         program.run(bases, stream, not capturing)
-        return self.layout.gradients(views)
+        return self.layout.gradients(views, input_grad)
 
 
 

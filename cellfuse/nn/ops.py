@@ -249,14 +249,15 @@ def _rnn_fake(x, states, params, cell, hidden, layers, schedule, save, direction
 def rnn_backward_impl(dy: torch.Tensor, dfinals: list[torch.Tensor], x: torch.Tensor,
                       states: list[torch.Tensor], params: list[torch.Tensor], y: torch.Tensor,
                       reserve: torch.Tensor, cell: str, hidden: int, layers: int,
-                      schedule: str, direction: int) -> list[torch.Tensor]:
+                      schedule: str, direction: int, input_grad: bool) -> list[torch.Tensor]:
     """[dx, *d initial states, *the parameters' gradients grouped (TensorLayout.gradients)] of the forward
-    pass that returned y and the reserve, for the seeds dy and dfinals."""
+    pass that returned y and the reserve, for the seeds dy and dfinals; without `input_grad` (x needs no
+    gradient) dx is not computed, and is an empty tensor here."""
     with _on_device(x):
         r = runner(cell, x, hidden, layers, schedule, direction)
         with r.lock:
-            dx, dstates, dparams = r.backward(dy, dfinals, x, states, params, y, reserve)
-    return [dx, *dstates, *dparams]
+            dx, dstates, dparams = r.backward(dy, dfinals, x, states, params, y, reserve, input_grad)
+    return [x.new_empty(0) if dx is None else dx, *dstates, *dparams]
 
 
 rnn_backward = torch.library.custom_op("cellfuse::rnn_backward", rnn_backward_impl, mutates_args=())
@@ -264,10 +265,10 @@ rnn_backward = torch.library.custom_op("cellfuse::rnn_backward", rnn_backward_im
 
 @rnn_backward.register_fake
 def _rnn_backward_fake(dy, dfinals, x, states, params, y, reserve, cell, hidden, layers, schedule,
-                       direction):
+                       direction, input_grad):
     T, B, inputs = (int(n) for n in x.shape)
     layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction).layout
-    return [x.new_empty(x.shape), *(s.new_empty(s.shape) for s in states),
+    return [x.new_empty(x.shape if input_grad else (0,)), *(s.new_empty(s.shape) for s in states),
             *(x.new_empty(shape) for shape in layout.grouped_shapes())]
 
 
@@ -279,9 +280,9 @@ def _setup_context(ctx, inputs, output) -> None:
 
 
 def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: bool) -> tuple:
-    """dx, the initial states' and the parameters' gradients, from `backward` (the op, or the runner's
-    own) given the seeds; a final state's None seed stays None where `none_seeds` (no seed added), else
-    is zeros, as y's always is."""
+    """dx (None where x needs no gradient: the backward pass then leaves it out), the initial states' and
+    the parameters' gradients, from `backward` (the op, or the runner's own) given the seeds; a final
+    state's None seed stays None where `none_seeds` (no seed added), else is zeros, as y's always is."""
     n_states, n_params, cell, hidden, layers, schedule, save, direction = ctx.meta
     if not save:
         raise CellError("this CellRNN forward pass ran without saving its steps (gradients were not "
@@ -292,11 +293,13 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: 
     dy = grads[0] if grads[0] is not None else torch.zeros_like(y)
     dfinals = [g if g is not None or none_seeds else torch.zeros_like(s)
                for g, s in zip(grads[1:1 + n_states], states, strict=True)]
+    input_grad = ctx.needs_input_grad[0]
     out = backward(dy, dfinals, x, list(states), list(params), y, reserve, cell, hidden, layers, schedule,
-                   direction)
+                   direction, input_grad)
     T, B, inputs = x.shape
     layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction).layout
-    return out[0], list(out[1:1 + n_states]), layout.param_gradients(out[1 + n_states:], x)
+    dx = out[0] if input_grad else None
+    return dx, list(out[1:1 + n_states]), layout.param_gradients(out[1 + n_states:], x)
 
 
 def _op_backward(ctx, grads):

@@ -1,19 +1,24 @@
-"""A module's last inference call on a GPU, kept so that the next call like it skips the checks and
-lookups that decided how to run it: the same shape, dtype and device of x, no gradient to follow, the
-same parameters (at the same addresses, of the same dtypes: on the device and of the dtype they were
-checked on; an address is one device's, CPU or GPU, in CUDA's unified address space), the same
-schedule and layout, and either no initial states (zeros) or every one of them, each of the shape, dtype
-and device it must have (a model that carries its states from call to call gives them all). Such a call
-goes from the module straight to the runner the first one found; the runner then checks what may change
-from call to call (the parameters' values, the stream, a CUDA graph capture) as for any call. Anything
-else, and the call takes the whole path, which keeps a new QuickCall where it may.
+"""A module's last call on a GPU, kept so that the next call like it skips the checks and lookups that
+decided how to run it: the same shape, dtype and device of x, the same grad mode (an inference call, or a
+training call of float32 x whose steps are saved for a backward pass: some parameter requires a
+gradient), the same parameters (at the same addresses, of the same dtypes, requiring gradients or not as
+then: on the device and of the dtype they were checked on; an address is one device's, CPU or GPU, in
+CUDA's unified address space), the same schedule and layout, and either no initial states (zeros) or
+every one of them, each of the shape, dtype and device it must have (a model that carries its states
+from call to call gives them all). An inference call goes from the module straight to the runner the
+first one found, a training call straight to the ops (ops.run, with its steps saved); the runner
+then checks what may change from call to call (the parameters' values, the stream, a CUDA graph
+capture) as for any call. Anything else, and the call takes the whole path, which keeps a new QuickCall
+where it may.
 
 Once such a call was a replay of a run its program captured, a C++ lane (quick_lane) makes the calls like
 it: it checks all of the above, and what the runner would, in C++, and replays the run; a call it cannot
 make it leaves to the Python here, which teaches it that call's run.
 
 Why: a forward call of a small batch spends more time in Python than its kernels take on the GPU, and
-the GPU waits for it (docs/results/2026-11-29-threads-backward-start-16-bit-weights.md).
+the GPU waits for it (docs/results/2026-11-29-threads-backward-start-16-bit-weights.md); a training step
+waits for its forward call's Python before its first kernel
+(docs/results/2026-11-29-cellrnn-lane.md).
 """
 
 from __future__ import annotations
@@ -30,31 +35,36 @@ from .runners import FORWARD
 def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
               zeros: Sequence[torch.Tensor], cell: str, hidden: int, layers: int, float32: str
               ) -> QuickCall | None:
-    """The inference call just made of x (as given; `time_first`: as the ops took it) kept, where it was
-    one on a GPU; None where not. The caller keeps only calls with no states or all of them, no lengths,
-    no autocast change, the layers in one call of the ops (`params`: that call's; `zeros`: the module's
-    initial states of zeros, one per state, for a call that gives none)."""
-    if (type(x) is not torch.Tensor or not x.is_cuda or torch.is_grad_enabled()
-            or torch.compiler.is_compiling()):
+    """The call just made of x (as given; `time_first`: as the ops took it) kept, where it was one on a
+    GPU, and where it saved its steps for a backward pass, one of float32 x with a parameter requiring a
+    gradient (so that any x saves them); None where not. The caller keeps only calls with no states or all
+    of them, no lengths, no autocast change, the layers in one call of the ops (`params`: that call's;
+    `zeros`: the module's initial states of zeros, one per state, for a call that gives none)."""
+    if type(x) is not torch.Tensor or not x.is_cuda or torch.compiler.is_compiling():
         return None
+    train = torch.is_grad_enabled()
+    if train and (x.dtype != torch.float32 or not any(p.requires_grad for p in params)):
+        return None  # (a 16-bit pass that a backward pass may follow runs float32 plans: stacks.run)
     runner = ops.runner(cell, time_first, hidden, layers, layout[0], FORWARD, float32)
-    return QuickCall(x, layout, params, runner, zeros)
+    return QuickCall(x, layout, params, runner, zeros, (cell, hidden, layers) if train else None)
 
 
 class QuickCall:
     """What a module's inference call of x on a GPU decided (see the module's docstring)."""
 
     __slots__ = ("_shape", "_dtype", "_index", "_autocast_matters", "_params", "_layout", "_runner",
-                 "_zeros", "_state_shape", "_lane")
+                 "_zeros", "_state_shape", "_lane", "_train")
 
     def __init__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor], runner,
-                 zeros: Sequence[torch.Tensor]):
+                 zeros: Sequence[torch.Tensor], train: tuple[str, int, int] | None = None):
         """x as the module was given it; `layout`: the module's (schedule, batch_first) then, and anything
         else of the module the call's path depended on; the runner, and the module's initial states of
-        zeros for x (one per state, in the cell's order)."""
+        zeros for x (one per state, in the cell's order); `train`: for a training call, the ops' cell,
+        hidden size and layers."""
         self._shape, self._dtype, self._index = x.shape, x.dtype, x.get_device()
         self._autocast_matters = x.dtype == torch.float32  # (torch.autocast changes only float32 inputs)
-        self._params = [(p.data_ptr(), p.dtype) for p in params]
+        self._params = [(p.data_ptr(), p.dtype, p.requires_grad) for p in params]
+        self._train = train
         # (weakly: a runner the process's cache dropped goes, and its memory with it)
         self._layout, self._runner, self._zeros = layout, weakref.ref(runner), list(zeros)
         self._state_shape = zeros[0].shape
@@ -71,10 +81,10 @@ class QuickCall:
             if done is not None:
                 return done
         if (x.shape != self._shape or x.dtype != self._dtype or x.get_device() != self._index
-                or layout != self._layout or torch.is_grad_enabled()
+                or layout != self._layout or torch.is_grad_enabled() != (self._train is not None)
                 or (self._autocast_matters and torch.is_autocast_enabled("cuda"))
                 or not ops.on_device(self._index)
-                or [(p.data_ptr(), p.dtype) for p in params] != self._params):
+                or [(p.data_ptr(), p.dtype, p.requires_grad) for p in params] != self._params):
             return None
         if states is None:
             states = self._zeros
@@ -86,8 +96,12 @@ class QuickCall:
         if runner is None:
             return None
         batch_first = layout[1]
+        time_first = x.transpose(0, 1) if batch_first else x
+        if self._train is not None:
+            out = ops.run(time_first, states, params, *self._train, layout[0], True)
+            y = out[0]
+            return (y.transpose(0, 1) if batch_first else y), list(out[1:1 + len(states)])
         with runner.lock:
-            y, finals, _ = runner.forward(x.transpose(0, 1) if batch_first else x, states, params, False,
-                                          True)
+            y, finals, _ = runner.forward(time_first, states, params, False, True)
             self._lane = runner.call_lane(self._lane, x, params, self._zeros, batch_first)
         return (y.transpose(0, 1) if batch_first else y), finals

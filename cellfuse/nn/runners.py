@@ -141,10 +141,11 @@ class Runner(ABC):
     @abstractmethod
     def backward(self, dy: torch.Tensor, dfinals: Sequence[torch.Tensor], x: torch.Tensor,
                  states: Sequence[torch.Tensor], params: Sequence[torch.Tensor], y: torch.Tensor,
-                 reserve: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """The gradients of x, of the initial states and of the parameters (grouped: see
-        TensorLayout.gradients), for the seeds dy and dfinals, of the forward run that returned y and the
-        reserve."""
+                 reserve: torch.Tensor, input_grad: bool = True
+                 ) -> tuple[torch.Tensor | None, list[torch.Tensor], list[torch.Tensor]]:
+        """The gradients of x (None unless `input_grad`), of the initial states and of the parameters
+        (grouped: see TensorLayout.gradients), for the seeds dy and dfinals, of the forward run that
+        returned y and the reserve."""
 
 
 class NumpyRunner(Runner):
@@ -188,7 +189,7 @@ class NumpyRunner(Runner):
                    else torch.empty(0, dtype=torch.uint8))
         return y, finals, reserve
 
-    def backward(self, dy, dfinals, x, states, params, y, reserve):
+    def backward(self, dy, dfinals, x, states, params, y, reserve, input_grad=True):
         views = self.views
         at = 0
         saved = reserve.view(views["x"].dtype)
@@ -202,4 +203,4 @@ class NumpyRunner(Runner):
         self.layout.seed(views, dy, dfinals)
         for instr in self.backward_pass.instructions:
             self.executor.execute(instr)
-        return self.layout.gradients(views)
+        return self.layout.gradients(views, input_grad)

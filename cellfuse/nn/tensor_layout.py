@@ -104,13 +104,15 @@ class TensorLayout:
         return ([(len(parts), parts[0].rows, parts[0].width) for parts in self.groups.values()]
                 + [tuple(self.plan.params[key]) for key in self.piece_keys])
 
-    def gradients(self, views: Views) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        """The gradients of x and of the initial states (in the order of `state_ids`) after a backward
-        run, and the parameters' grouped (see the module's docstring), each a tensor of its own (a view
-        would keep all the gradient buffers alive for as long as a .grad holds it)."""
+    def gradients(self, views: Views, input_grad: bool = True
+                  ) -> tuple[torch.Tensor | None, list[torch.Tensor], list[torch.Tensor]]:
+        """The gradients of x (None unless `input_grad`) and of the initial states (in the order of
+        `state_ids`) after a backward run, and the parameters' grouped (see the module's docstring), each
+        a tensor of its own (a view would keep all the gradient buffers alive for as long as a .grad holds
+        it)."""
         s = self.plan.sizes
         B, H = s.batch, s.hidden
-        dx = views[grad_of("x")].view(s.seq, B, s.input).clone()
+        dx = views[grad_of("x")].view(s.seq, B, s.input).clone() if input_grad else None
         dinitial = [torch.stack([self._state_grad(views, state, layer, 0).view(B, H)
                                  for layer in range(s.layers)]) for state in self.state_ids]
         # a copy always (contiguous() would return a view where the transpose moves a dimension of 1)

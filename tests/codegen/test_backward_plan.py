@@ -50,6 +50,21 @@ def test_the_lstm_step_is_its_kernel_then_one_gemm_on_the_stacked_recurrent_weig
     assert dw.a.buffer == "l1.out.y" and dw.a.slot == "all"  # h_{t-1} of every step: rows 0 .. T-1
 
 
+@pytest.mark.parametrize("schedule, where", [("hoisted", "after"), ("naive", "step")])
+def test_the_pass_without_dx_leaves_out_the_first_layers_gemms_into_dx_only(schedule, where):
+    whole = plan_of("lstm", schedule)
+    without = whole.without_input_grad()
+    assert [lb.layer for lb in without.layers] == [1, 0]
+    assert without.layers[0] == whole.layers[0]  # the second layer's dA is the first layer's dy
+    first, kept = getattr(whole.layers[1], where), getattr(without.layers[1], where)
+    left_out = [launch for launch in first if launch not in kept]
+    assert left_out and all(isinstance(launch, GemmLaunch) and launch.c.buffer == grad_of("x")
+                            for launch in left_out)
+    assert [launch for launch in first if launch not in left_out] == list(kept)
+    other = "step" if where == "after" else "after"
+    assert getattr(without.layers[1], other) == getattr(whole.layers[1], other)
+
+
 def test_layers_run_last_first_each_a_reverse_loop_then_what_follows_it():
     plan = plan_of("gru", "graph")
     assert [lb.layer for lb in plan.layers] == [1, 0]

@@ -43,6 +43,26 @@ def test_compiled_with_fullgraph_matches_eager_forward_and_backward(cell, layers
         _compare(model, compiled, torch.randint(0, 50, (6, 3), generator=torch.Generator().manual_seed(seed)))
 
 
+class Classifier(torch.nn.Module):
+    """A CellRNN over features that need no gradient: its backward pass leaves dx out."""
+
+    def __init__(self):
+        super().__init__()
+        self.rnn = CellRNN("gru", 4, 16, seed=6)
+        self.head = torch.nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.rnn(x)[0][-1])
+
+
+def test_compiled_over_an_input_that_needs_no_gradient_matches_eager():
+    torch._dynamo.reset()
+    model = Classifier()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    for seed in range(2):
+        _compare(model, compiled, torch.randn(6, 3, 4, generator=torch.Generator().manual_seed(seed)))
+
+
 @pytest.mark.slow
 def test_compiled_by_inductor_matches_eager():
     torch._dynamo.reset()

@@ -11,7 +11,8 @@ from cell_rnn_runs import eager_run, given_states, module_for, module_run
 from gradient_runs import assert_gradients, make_run
 
 from cellfuse.graph_model import CellError, Sizes, load_template, run_reference
-from cellfuse.nn import CellRNN
+from cellfuse.nn import CellRNN, ops
+from cellfuse.nn.cuda_runner import BACKWARD_NO_DX
 
 pytestmark = pytest.mark.gpu
 
@@ -68,6 +69,28 @@ def test_two_forward_passes_before_one_backward_on_the_gpu(cuda):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("schedule", ["naive", "graph", "persistent", "tensor"])
+def test_an_input_that_needs_no_gradient_gets_none_and_the_same_parameter_gradients(cuda, schedule):
+    """Where x needs no gradient, the backward pass leaves dx's GEMMs out (BackwardPlan.without_input_grad);
+    the parameters' and the initial states' gradients are those of the whole pass, to the bit."""
+    rnn = CellRNN("lstm", 24, 40, 2, schedule=schedule, seed=2).to(cuda)
+    x = torch.randn(7, 5, 24, device=cuda)
+    h0 = torch.randn(2, 5, 40, device=cuda, requires_grad=True)
+    grads = {}
+    for needs in (True, False):
+        rnn.zero_grad(set_to_none=True)
+        h0.grad = None
+        given = x.clone().requires_grad_(needs)
+        rnn(given, {"h": h0})[0].square().sum().backward()
+        grads[needs] = {"h0": h0.grad, **{name: p.grad for name, p in rnn.named_parameters()}}
+        assert (given.grad is not None) == needs
+    for name, want in grads[True].items():
+        torch.testing.assert_close(grads[False][name], want, rtol=0, atol=0, msg=name)
+    (runner,) = [r for key, r in ops._runners.items() if key[0] == rnn._cell_text and key[1:3] == (7, 5)
+                 and key[6] == schedule]
+    assert BACKWARD_NO_DX in runner._programs
+
+
 def test_a_few_optimizer_steps_give_the_losses_of_the_cpu(cuda):
     losses = {}
     for device in ("cpu", cuda):
@@ -112,7 +135,7 @@ def test_the_backward_op_refuses_a_dy_unlike_its_forward_runs_y(cuda):
 
     def backward(dy):
         return torch.ops.cellfuse.rnn_backward(dy, zeros, x, zeros, params, y, reserve, rnn._cell_text, 3, 1,
-                                               "graph", 0)
+                                               "graph", 0, True)
 
     for dy in (torch.ones_like(y, dtype=torch.bfloat16), torch.ones(5, 2, 2, device=cuda)):
         with pytest.raises(CellError, match=r"given dy torch\.\w+ \[5, 2, \d\], and its forward run made y "

@@ -2,7 +2,8 @@
 (StreamProgram.run with `keep`), forward and backward, with the results of launches, reading x, the
 initial states and the parameters as they are at each call; and a module's inference calls like the one
 before go straight to its runner (quick_call), seeing a change of sizes, dtype or device, and once they
-replay, through the C++ lane (quick_lane), seeing every change too."""
+replay, through the C++ lane (quick_lane), seeing every change too; a training call like the one before
+goes straight to the ops."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from cellfuse.graph_model import CellError
-from cellfuse.nn import LSTM, CellRNN, ops
+from cellfuse.nn import LSTM, CellRNN, ops, stacks
+from cellfuse.nn.cuda_runner import BACKWARD_NO_DX
 
 pytestmark = pytest.mark.gpu
 
@@ -74,7 +76,7 @@ def test_training_steps_over_memory_seen_before_replay_and_read_x_and_the_weight
         rnn.zero_grad(set_to_none=True)
         reference.zero_grad(set_to_none=True)
         del y, finals
-    train, backward = _program(rnn, x, "train"), _program(rnn, x, "backward")
+    train, backward = _program(rnn, x, "train"), _program(rnn, x, BACKWARD_NO_DX)  # (x needs no gradient)
     assert train._kept and backward._kept and train._replays >= 2 and backward._replays >= 2
 
 
@@ -96,6 +98,41 @@ def test_an_inference_call_like_the_last_goes_straight_to_the_runner(cuda, monke
     rnn.half()  # the parameters elsewhere: checked again, and refused for float32 x
     with torch.no_grad(), pytest.raises(CellError, match="parameter 'l0.W_.*' is torch.float16"):
         rnn(other)
+
+
+@pytest.mark.parametrize("make", ["cellrnn", "drop-in"])
+def test_a_training_step_like_the_last_skips_the_modules_checks_and_trains_the_same(cuda, monkeypatch, make):
+    """A training call like the one before goes from the module's kept call to the ops (stacks.run is not
+    entered), with its steps saved; its gradients and an optimizer's steps are the whole path's."""
+    def module():
+        torch.manual_seed(3)
+        if make == "cellrnn":
+            return CellRNN("lstm", INPUT, H, 2, schedule="tensor", batch_first=True, seed=4).to(cuda)
+        return LSTM(INPUT, H, 2, batch_first=True, schedule="tensor").to(cuda)
+    x = torch.randn(11, T, INPUT, device=cuda)
+    runs, entered, whole = {}, [], stacks.run
+    monkeypatch.setattr(stacks, "run", lambda *a, **k: entered.append(1) or whole(*a, **k))
+    for kept in (False, True):
+        rnn = module()
+        optimizer = torch.optim.SGD(rnn.parameters(), lr=0.1)
+        entered.clear()
+        losses = []
+        for _ in range(3):
+            if not kept:
+                rnn._quick = None
+            optimizer.zero_grad()
+            loss = rnn(x)[0].square().mean()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+        assert len(entered) == (1 if kept else 3)
+        runs[kept] = losses, [p.detach().clone() for p in rnn.parameters()]
+    torch.testing.assert_close(runs[True][0], runs[False][0], rtol=0, atol=0)
+    for a, b in zip(runs[True][1], runs[False][1], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    with torch.no_grad():  # an inference call after: the whole path, then kept as one
+        rnn(x)
+        assert rnn._quick is not None and rnn._quick._train is None
 
 
 def test_the_drop_in_lstm_keeps_its_inference_call(cuda, monkeypatch):

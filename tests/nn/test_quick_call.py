@@ -1,4 +1,4 @@
-"""A module's kept inference call (quick_call.QuickCall): made again only for a call like it (the same
+"""A module's kept call (quick_call.QuickCall): made again only for a call like it (the same
 shape, dtype and device of x, layout, parameters' addresses, no gradient, no autocast change, the device
 current), with the runner and the zeros it kept. The runner is a stand-in here; the GPU tests run a
 module through it (tests/nn/test_kept_runs.py)."""
@@ -184,3 +184,31 @@ def test_the_runners_lane_makes_the_next_calls_and_leaves_to_python_what_it_cann
         assert len(runner.calls) == 3 and len(answered.calls) == 1
         assert quick(x, ("tensor", False), params) is None  # another layout: neither
         assert len(answered.calls) == 1
+
+
+def test_a_kept_training_call_goes_to_the_ops_with_its_steps_saved(kept, monkeypatch):
+    """A training call kept (train: the ops' cell, hidden size, layers) goes to ops.run with save, x time
+    first, and the states or the kept zeros; an inference call, or parameters that require gradients
+    otherwise than then, are left to the whole path."""
+    _, x, params, zeros, runner = kept
+    params = [p.requires_grad_() for p in params]
+    calls = []
+
+    def run(x, states, params, cell, hidden, layers, schedule, save):
+        calls.append((x, states, params, cell, hidden, layers, schedule, save))
+        return [x[..., :2] * 2, *(s + 1 for s in states), torch.empty(0)]
+    monkeypatch.setattr(ops, "run", run)
+    layout = ("persistent", True)
+    quick = QuickCall(x, layout, params, runner, zeros, ("cell text", 2, 1))
+    given = torch.randn(5, 3, 4)
+    y, finals = quick(given, layout, params)
+    (time_first, states, given_params, *rest), = calls
+    assert time_first.shape == (3, 5, 4) and torch.equal(time_first, given.transpose(0, 1))
+    assert states == zeros and given_params is params
+    assert rest == ["cell text", 2, 1, "persistent", True]
+    assert torch.equal(y, given[..., :2] * 2) and torch.equal(finals[0], torch.ones(1, 3, 2))
+    with torch.no_grad():
+        assert quick(given, layout, params) is None
+    params[1].requires_grad_(False)
+    assert quick(given, layout, params) is None
+    assert len(calls) == 1 and not runner.calls
