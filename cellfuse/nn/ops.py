@@ -249,10 +249,11 @@ def _rnn_fake(x, states, params, cell, hidden, layers, schedule, save, direction
 def rnn_backward_impl(dy: torch.Tensor, dfinals: list[torch.Tensor], x: torch.Tensor,
                       states: list[torch.Tensor], params: list[torch.Tensor], y: torch.Tensor,
                       reserve: torch.Tensor, cell: str, hidden: int, layers: int,
-                      schedule: str, direction: int, input_grad: bool) -> list[torch.Tensor]:
+                      schedule: str, direction: int, input_grad: bool = True) -> list[torch.Tensor]:
     """[dx, *d initial states, *the parameters' gradients grouped (TensorLayout.gradients)] of the forward
     pass that returned y and the reserve, for the seeds dy and dfinals; without `input_grad` (x needs no
-    gradient) dx is not computed, and is an empty tensor here."""
+    gradient) dx is not computed, and is an empty tensor here. (True by default: graphs compiled before
+    the op took it, kept in torch.compile's caches on disk, call it without.)"""
     with _on_device(x):
         r = runner(cell, x, hidden, layers, schedule, direction)
         with r.lock:
@@ -265,7 +266,7 @@ rnn_backward = torch.library.custom_op("cellfuse::rnn_backward", rnn_backward_im
 
 @rnn_backward.register_fake
 def _rnn_backward_fake(dy, dfinals, x, states, params, y, reserve, cell, hidden, layers, schedule,
-                       direction, input_grad):
+                       direction, input_grad=True):
     T, B, inputs = (int(n) for n in x.shape)
     layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction).layout
     return [x.new_empty(x.shape if input_grad else (0,)), *(s.new_empty(s.shape) for s in states),
