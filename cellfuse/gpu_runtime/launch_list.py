@@ -35,7 +35,7 @@ from .kernel_cache import shared_library
 
 log = logging.getLogger(__name__)
 
-KERNEL, COOPERATIVE, EARLY, COPY, RECORD, WAIT, SGEMM, GEMM_EX, FILL, COPY2D = range(10)
+KERNEL, COOPERATIVE, EARLY, COPY, RECORD, WAIT, SGEMM, GEMM_EX, FILL = range(9)
 _CUBLAS_ERROR = 100000  # cf_run's code for a cuBLAS status s is this plus s
 _MASK = 0xFFFFFFFFFFFFFFFF
 
@@ -50,7 +50,7 @@ class Api(ctypes.Structure):
     """The entry points the C code calls (see launch_list.c's cf_api)."""
 
     _fields_ = [(name, _p) for name in ("launch", "launch_cooperative", "launch_ex", "copy", "record", "wait",
-                                        "synchronize", "sgemm", "gemm_ex", "set_stream", "fill", "copy2d")]
+                                        "synchronize", "sgemm", "gemm_ex", "set_stream", "fill")]
 
 
 class _Op(ctypes.Structure):
@@ -107,7 +107,7 @@ def _api() -> Api:
         "cuLaunchKernel", "cuLaunchCooperativeKernel", "cuLaunchKernelEx", "cuMemcpyDtoDAsync_v2",
         "cuEventRecord", "cuStreamWaitEvent", "cuCtxSynchronize")),
         *(cublas(name) for name in ("cublasSgemm_v2", "cublasGemmEx", "cublasSetStream_v2")),
-        ctypes.cast(cuda.cuMemsetD32Async, _p).value, ctypes.cast(cuda.cuMemcpy2DAsync_v2, _p).value)
+        ctypes.cast(cuda.cuMemsetD32Async, _p).value)
 
 
 Pointer = tuple[int, int]  # (slot, byte offset): an argument that is a buffer's address plus an offset
@@ -153,12 +153,6 @@ class LaunchList:
 
     def copy(self, dst: Pointer, src: Pointer, nbytes: int, stream: int, name: str) -> None:
         self._add(COPY, stream, 0, [dst, src, nbytes], name)
-
-    def copy2d(self, dst: Pointer, dst_pitch: int, src: Pointer, src_pitch: int, row_bytes: int, rows: int,
-               stream: int, name: str) -> None:
-        """`rows` rows of `row_bytes` bytes, device to device, each row of the source `src_pitch` bytes
-        after the one before, of the destination `dst_pitch`."""
-        self._add(COPY2D, stream, 0, [dst, dst_pitch, src, src_pitch, row_bytes, rows], name)
 
     def fill(self, dst: Pointer, pattern: int, words: int, stream: int, name: str) -> None:
         """`words` 32-bit words from dst set to `pattern` (the bits of a float32's 1.0, say)."""

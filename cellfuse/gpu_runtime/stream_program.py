@@ -91,7 +91,7 @@ _turns: dict[int, threading.RLock] = {}  # a loaded module's handle -> its `turn
 _route_choice: dict[tuple, str] = {}  # (device ordinal, SMs, shape) -> "wgmma" or "copies", for the process
 
 
-def _module(what: str, source: str, arch: str, lane: int = 0) -> driver.Module:
+def loaded_module(what: str, source: str, arch: str, lane: int = 0) -> driver.Module:
     """A module compiled for `arch` (or found in the kernel cache), loaded into the current context once
     per device and lane. A persistent kernel's exchanges are arrays of its module (one run at a time uses
     them): programs of the same kernels that run at once, side by side, are given lanes of their own, so
@@ -117,7 +117,7 @@ class _Resources:
 
         self.cu, self.cublas = driver.bindings(), cublas
         self.capability = capability
-        self.module = _module(what, kernels.module_source(), arch, lane)
+        self.module = loaded_module(what, kernels.module_source(), arch, lane)
         self.name_of = kernels.name_of
         self.functions: dict[str, object] = {}
         self.handles = [cublas.create() for _ in range(streams)]
@@ -135,7 +135,7 @@ class _Resources:
         return self.functions[name]
 
     def wgmma_functions(self):
-        module = _module("the warpgroup GEMM", SOURCE, "sm_90a")
+        module = loaded_module("the warpgroup GEMM", SOURCE, "sm_90a")
         return module.function("cf_wgmma_image"), module.function("cf_wgmma_gemm")
 
     def close(self) -> None:
@@ -350,9 +350,9 @@ class StreamProgram:
 
     def __init__(self, plan: Plan, instructions: Sequence[Instruction], kernels: KernelSet, arch: str,
                  capability: tuple[int, int], sm_count: int, what: str, lane: int = 0, sharing: int = 1):
-        """`lane`: which of the runs of these kernels that may run at once this program is (see _module);
-        `sharing`: how many layers run their steps at once (lowering.Program.sharing), each one's GEMMs
-        picked by cuBLAS for that share of the SMs, as the CUDA executor's are."""
+        """`lane`: which of the runs of these kernels that may run at once this program is (see
+        loaded_module); `sharing`: how many layers run their steps at once (lowering.Program.sharing),
+        each one's GEMMs picked by cuBLAS for that share of the SMs, as the CUDA executor's are."""
         self.plan, self.what = plan, what
         flat = list(_flat(instructions))
         streams = 1 + max((getattr(i, "stream", 0) for i in flat), default=0)

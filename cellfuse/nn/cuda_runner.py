@@ -37,9 +37,10 @@ import torch
 from ..codegen import kernel_set
 from ..codegen.backward_plan import BackwardPlan
 from ..codegen.lowering import lower
+from ..codegen.pack_kernel import PACK_BLOCK, PACK_KERNEL, PackCopy, pack_grid, pack_kernel_source
 from ..codegen.plan import Plan
 from ..gpu_runtime.launch_list import LaunchList
-from ..gpu_runtime.stream_program import CHANGES
+from ..gpu_runtime.stream_program import CHANGES, loaded_module
 from ..graph_model import CellError
 from . import quick_lane
 from .packed_for import PackedFor, owner
@@ -280,16 +281,17 @@ class CudaRunner(Runner):
     @cached_property
     def _pack_calls(self) -> tuple[LaunchList, list[tuple[int, torch.dtype]]] | None:
         """The packing of parameters into the weight buffers as one launch-list call (bases: the packing's
-        memory, then each parameter, in the order of `keys`), where every part is a copy of its
-        parameter's rows into columns of its buffer, and the (parameter, dtype) pairs a call's parameters
-        must match for it (contiguous, of each buffer's type: else TensorLayout.pack's torch ops, which
-        convert, run). After an optimizer's step each training forward packs: with torch's ops, four a
-        part, the runner's forward took 0.55 ms of host time for the LSTM at B=64 on an H200, with this
-        0.25 (docs/results/2026-11-29-cellrnn-lane.md)."""
+        memory, then each parameter, in the order of `keys`) of one kernel (codegen.pack_kernel), where
+        every part is a copy of its parameter's rows into columns of its buffer, and the (parameter, dtype)
+        pairs a call's parameters must match for it (contiguous, of each buffer's type: else
+        TensorLayout.pack's torch ops, which convert, run; and where the kernel cannot be made). After an
+        optimizer's step each training forward packs: with torch's ops, four a part, the runner's forward
+        took 0.55 ms of host time for the LSTM at B=64 on an H200, with a 2D copy per part 0.25
+        (docs/results/2026-11-29-cellrnn-lane.md), whose issuing the kernel saves."""
         keys = self.layout.keys
         if any(layout.keys != keys for layout, _ in self.packing):
             return None
-        calls = LaunchList(f"the packing of {self.plans.train.cell_name}'s weights")
+        copies, sources = [], []
         dtypes: dict[int, torch.dtype] = {}
         for layout, buffers in self.packing:
             for part in layout.parts:
@@ -298,9 +300,21 @@ class CudaRunner(Runner):
                 index, (at, _, dtype) = keys.index(part.key), self._weight_extents[part.buffer]
                 if dtypes.setdefault(index, dtype) != dtype:
                     return None
-                size = dtype.itemsize
-                calls.copy2d((0, at + part.col * size), part.ld * size, (1 + index, 0), part.width * size,
-                             part.width * size, part.rows, 0, f"the packing of {part.key} into {part.buffer}")
+                copies.append(PackCopy(at + part.col * dtype.itemsize, part.ld, part.rows, part.width,
+                                       dtype.itemsize))
+                sources.append((1 + index, 0))
+        if not copies:
+            return None
+        major, minor = torch.cuda.get_device_capability(self.index)
+        what = f"the packing of {self.plans.train.cell_name}'s weights"
+        try:
+            module = loaded_module(what, pack_kernel_source(copies), f"sm_{major}{minor}")
+            function = module.function(PACK_KERNEL)
+        except CellError as e:
+            log.warning("%s could not be made (%s); packing with torch's ops", what, e)
+            return None
+        calls = LaunchList(what)
+        calls.kernel(function, what, (pack_grid(copies),), PACK_BLOCK, 0, [(0, 0), *sources], 0)
         calls.finish()
         return calls, sorted(dtypes.items())
 

@@ -29,23 +29,6 @@ def cache(monkeypatch, tmp_path):
     launch_list.library.cache_clear()
 
 
-class Memcpy2D(ctypes.Structure):
-    """The driver's CUDA_MEMCPY2D."""
-
-    _fields_ = [("srcXInBytes", ctypes.c_size_t), ("srcY", ctypes.c_size_t), ("srcMemoryType", ctypes.c_int),
-                ("srcHost", p), ("srcDevice", u64), ("srcArray", p), ("srcPitch", ctypes.c_size_t),
-                ("dstXInBytes", ctypes.c_size_t), ("dstY", ctypes.c_size_t), ("dstMemoryType", ctypes.c_int),
-                ("dstHost", p), ("dstDevice", u64), ("dstArray", p), ("dstPitch", ctypes.c_size_t),
-                ("WidthInBytes", ctypes.c_size_t), ("Height", ctypes.c_size_t)]
-
-
-def _copy2d(m, stream) -> tuple:
-    m = ctypes.cast(m, ctypes.POINTER(Memcpy2D))[0]
-    device = 2  # (CU_MEMORYTYPE_DEVICE)
-    assert (m.srcMemoryType, m.dstMemoryType, m.srcXInBytes, m.dstXInBytes) == (device, device, 0, 0)
-    return m.dstDevice, m.dstPitch, m.srcDevice, m.srcPitch, m.WidthInBytes, m.Height, stream
-
-
 class Recorder:
     """An Api whose entry points append (what, arguments) to `calls`; `fail` maps an entry to the code it
     returns."""
@@ -87,7 +70,6 @@ class Recorder:
             entry("set_stream", i32, p, p, record=lambda h, s: (h, s)),
             entry("fill", i32, u64, ctypes.c_uint, ctypes.c_size_t, p,
                   record=lambda d, v, n, st: (d, v, n, st)),
-            entry("copy2d", i32, p, p, record=_copy2d),
         ]
         self.api = Api(*(ctypes.cast(e, p).value for e in self.entries))
 
@@ -102,7 +84,6 @@ def program(recorder: Recorder) -> LaunchList:
     calls.record(0x55, 1)
     calls.wait(0x55, 0)
     calls.fill((0, 256), 0x3F800000, 32, stream=0, name="the ones")
-    calls.copy2d((0, 8), 2048, (1, 0), 512, 512, 33, stream=0, name="the packing of W")
     calls.kernel(0x2000, "cf_persistent", (132,), 256, 1024, [(1, 12)], stream=0, kind=EARLY)
     calls.finish([0xAB], [0x99, 0x98], api=recorder.api)
     calls.bind([(1, 100), (0, 0)], bases=3)
@@ -121,7 +102,6 @@ def test_a_run_writes_each_pointer_from_its_base_and_makes_the_calls_in_order():
         ("record", 0x55, 0xAB),
         ("wait", 0xCD, 0x55),
         ("fill", 2100 + 256, 0x3F800000, 32, 0xCD),
-        ("copy2d", 2100 + 8, 2048, 1000, 512, 512, 33, 0xCD),
         ("launch_ex", 0x2000, 132, 0xCD, (1012,)),
     ]
 
@@ -150,7 +130,7 @@ def test_checked_runs_wait_after_every_call(monkeypatch):
     monkeypatch.setattr(launch_list, "CHECK_LAUNCHES", True)
     calls.run([1000, 2000], 0xCD)
     names = [c[0] for c in recorder.calls]
-    assert names.count("synchronize") == 8  # (one a call)
+    assert names.count("synchronize") == 7  # (one a call)
     assert names[names.index("copy") + 1] == "synchronize"
 
 

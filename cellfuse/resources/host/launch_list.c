@@ -13,8 +13,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { CF_KERNEL, CF_COOPERATIVE, CF_EARLY, CF_COPY, CF_RECORD, CF_WAIT, CF_SGEMM, CF_GEMM_EX, CF_FILL,
-       CF_COPY2D };
+enum { CF_KERNEL, CF_COOPERATIVE, CF_EARLY, CF_COPY, CF_RECORD, CF_WAIT, CF_SGEMM, CF_GEMM_EX, CF_FILL };
 
 /* cuBLAS's entry points, declared here so that no cuBLAS header is needed: handles are pointers, its
  * enums ints, its status an int (0: success). */
@@ -38,7 +37,6 @@ typedef struct {
     cf_gemm_ex gemm_ex;
     cf_set_stream set_stream;
     CUresult (*fill)(CUdeviceptr, unsigned, size_t, CUstream);
-    CUresult (*copy2d)(const CUDA_MEMCPY2D *, CUstream);
 } cf_api;
 
 /* One call. Its arguments are `args` 8-byte slots of `values` from `first`; a kernel reads them through
@@ -101,18 +99,6 @@ int cf_run(cf_program *p, uint64_t stream, const uint64_t *bases, int checked, i
         case CF_COPY:  /* dst, src, bytes */
             err = api->copy((CUdeviceptr)v[0], (CUdeviceptr)v[1], (size_t)v[2], s);
             break;
-        case CF_COPY2D: {  /* dst, its row pitch, src, its row pitch, bytes a row, rows (device to device) */
-            CUDA_MEMCPY2D m = {0};
-            m.dstMemoryType = m.srcMemoryType = CU_MEMORYTYPE_DEVICE;
-            m.dstDevice = (CUdeviceptr)v[0];
-            m.dstPitch = (size_t)v[1];
-            m.srcDevice = (CUdeviceptr)v[2];
-            m.srcPitch = (size_t)v[3];
-            m.WidthInBytes = (size_t)v[4];
-            m.Height = (size_t)v[5];
-            err = api->copy2d(&m, s);
-            break;
-        }
         case CF_FILL:  /* dst, a 32-bit pattern, words */
             err = api->fill((CUdeviceptr)v[0], (unsigned)v[1], (size_t)v[2], s);
             break;

@@ -1,0 +1,66 @@
+"""One kernel that copies a module's parameters into their places in the weight buffers, packed side by
+side in one piece of memory (the CUDA runner's packing): each parameter contiguous in its own tensor,
+each place `rows` rows of `width` elements from a byte of the packing, its rows `ld` elements apart (a
+column block of a matrix of weights stacked along N, a bias row, a weight's own buffer).
+
+After an optimizer's step every training forward packs: one launch copies every part, where a copy of
+each (a 2D copy per part: twelve for the LSTM) cost the host about 5 us apiece to issue while the GPU
+waited (docs/results/2026-11-29-cellrnn-training-step.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+PACK_KERNEL = "cf_pack"
+PACK_BLOCK = 256
+MAX_BLOCKS = 65535  # a grid of more strides over the elements
+
+_BITS = {2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}  # elements copied as their bits
+
+
+@dataclass(frozen=True)
+class PackCopy:
+    """A parameter's `rows` x `width` elements of `itemsize` bytes into the packing from byte `at`, the
+    rows `ld` elements apart there."""
+
+    at: int
+    ld: int
+    rows: int
+    width: int
+    itemsize: int
+
+    @property
+    def elements(self) -> int:
+        return self.rows * self.width
+
+
+def pack_kernel_source(copies: Sequence[PackCopy]) -> str:
+    """`cf_pack(char* packing, const void* source0, ...)`, a source per copy (in their order): a thread per
+    element, the grid striding over all of them."""
+    if not copies:
+        raise ValueError("a packing kernel needs at least one copy")
+    sources = ", ".join(f"const void* __restrict__ s{i}" for i in range(len(copies)))
+    total = sum(c.elements for c in copies)
+    lines = [f'extern "C" __global__ void {PACK_KERNEL}(char* __restrict__ packing, {sources}) {{',
+             "    const long long stride = (long long)gridDim.x * blockDim.x;",
+             f"    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < {total}LL; "
+             "e += stride) {"]
+    start = 0
+    for i, c in enumerate(copies):
+        bits = _BITS[c.itemsize]
+        test = "if" if i == 0 else "} else if"
+        lines += [f"        {test} (e < {start + c.elements}LL) {{",
+                  f"            const long long k = e - {start}LL, r = k / {c.width}, "
+                  f"col = k - r * {c.width};",
+                  f"            (({bits}*)(packing + {c.at}LL))[r * {c.ld}LL + col] = "
+                  f"((const {bits}*)s{i})[k];"]
+        start += c.elements
+    lines += ["        }", "    }", "}", ""]
+    return "\n".join(lines)
+
+
+def pack_grid(copies: Sequence[PackCopy]) -> int:
+    total = sum(c.elements for c in copies)
+    return max(1, min((total + PACK_BLOCK - 1) // PACK_BLOCK, MAX_BLOCKS))
