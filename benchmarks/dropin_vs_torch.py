@@ -9,9 +9,11 @@ Each case is checked before it is timed: the outputs (a PackedSequence's data) a
 training step against torch's, in float32 with TF32 off on both sides (largest absolute difference of
 the outputs at most 1e-4, of each gradient at most 1e-3 of its largest). Times: CUDA events around the
 forward call under torch.no_grad(), and around a training step (forward, loss = sum of squares of the
-outputs' data, backward; the gradients set to None between steps, outside the clock), the modules given
-the same input (a PackedSequence made once, before: torch's packing is not timed); medians of --repeats
-runs taken in turns, after --warmup runs of each.
+outputs' data, backward; the gradients set to None between steps, outside the clock; with --optimizer
+sgd an SGD step at its end, which changes the weights as a training script's does, so that the drop-in
+packs them again at its next forward), the modules given the same input (a PackedSequence made once,
+before: torch's packing is not timed); medians of --repeats runs taken in turns, after --warmup runs of
+each.
 """
 
 from __future__ import annotations
@@ -66,6 +68,8 @@ def main() -> None:
     p.add_argument("--schedule", default="auto")
     p.add_argument("--cases", type=lambda t: [int(i) for i in t.split(",")],
                    help="comma-separated indices into CASES (default: all)")
+    p.add_argument("--optimizer", choices=["none", "sgd"], default="none",
+                   help="end each training step with an optimizer's step (lr 1e-6)")
     args = p.parse_args()
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -88,6 +92,8 @@ def main() -> None:
                         schedule=args.schedule).to(device)
         ref = torch_cls(args.input, args.hidden, layers, bidirectional=bidirectional).to(device)
         ref.load_state_dict(ours.state_dict())
+        optimizers = {module: torch.optim.SGD(module.parameters(), lr=1e-6)
+                      for module in (ours, ref) if args.optimizer == "sgd"}
         x = torch.randn(T, B, args.input, device=device)
         lengths = lengths_of(spec, T, B, generator)
 
@@ -115,8 +121,10 @@ def main() -> None:
             with torch.no_grad():
                 module(inputs)
 
-        def step(module, inputs=inputs):
+        def step(module, inputs=inputs, optimizers=optimizers):
             data(module(inputs)).square().sum().backward()
+            if module in optimizers:
+                optimizers[module].step()
 
         for what, fn in (("forward", forward), ("train", step)):
             times = {"cellfuse": [], "torch": []}

@@ -1,7 +1,9 @@
 """One kernel that copies a module's parameters into their places in the weight buffers, packed side by
-side in one piece of memory (the CUDA runner's packing): each parameter contiguous in its own tensor,
-each place `rows` rows of `width` elements from a byte of the packing, its rows `ld` elements apart (a
-column block of a matrix of weights stacked along N, a bias row, a weight's own buffer).
+side in one piece of memory (the CUDA runner's packing): each place `rows` rows of `width` elements from
+a byte of the packing, its rows `ld` elements apart (a column block of a matrix of weights stacked along
+N, a bias row, a weight's own buffer); each parameter read with its own strides (the drop-ins' are
+transposed views of torch's weights), its elements taken in the order its memory holds them, so that
+the reads are coalesced.
 
 After an optimizer's step every training forward packs: one launch copies every part, where a copy of
 each (a 2D copy per part: twelve for the LSTM) cost the host about 5 us apiece to issue while the GPU
@@ -23,13 +25,21 @@ _BITS = {2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}  # ele
 @dataclass(frozen=True)
 class PackCopy:
     """A parameter's `rows` x `width` elements of `itemsize` bytes into the packing from byte `at`, the
-    rows `ld` elements apart there."""
+    rows `ld` elements apart there; element (r, c) of the parameter at `r * row_stride + c * col_stride`
+    elements from its start (a contiguous one's: width, 1)."""
 
     at: int
     ld: int
     rows: int
     width: int
     itemsize: int
+    row_stride: int
+    col_stride: int
+
+    @property
+    def by_columns(self) -> bool:
+        """Whether the source holds its columns contiguous (a transposed view): read down them."""
+        return self.rows > 1 and self.width > 1 and self.col_stride > self.row_stride
 
     @property
     def elements(self) -> int:
@@ -51,11 +61,14 @@ def pack_kernel_source(copies: Sequence[PackCopy]) -> str:
     for i, c in enumerate(copies):
         bits = _BITS[c.itemsize]
         test = "if" if i == 0 else "} else if"
+        if c.by_columns:
+            place = f"col = k / {c.rows}, r = k - col * {c.rows}"
+        else:
+            place = f"r = k / {c.width}, col = k - r * {c.width}"
         lines += [f"        {test} (e < {start + c.elements}LL) {{",
-                  f"            const long long k = e - {start}LL, r = k / {c.width}, "
-                  f"col = k - r * {c.width};",
+                  f"            const long long k = e - {start}LL, {place};",
                   f"            (({bits}*)(packing + {c.at}LL))[r * {c.ld}LL + col] = "
-                  f"((const {bits}*)s{i})[k];"]
+                  f"((const {bits}*)s{i})[r * {c.row_stride}LL + col * {c.col_stride}LL];"]
         start += c.elements
     lines += ["        }", "    }", "}", ""]
     return "\n".join(lines)

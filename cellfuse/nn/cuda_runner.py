@@ -38,7 +38,7 @@ from ..codegen import kernel_set
 from ..codegen.backward_plan import BackwardPlan
 from ..codegen.lowering import lower
 from ..codegen.pack_kernel import PACK_BLOCK, PACK_KERNEL, PackCopy, pack_grid, pack_kernel_source
-from ..codegen.plan import Plan
+from ..codegen.plan import ParamPart, Plan
 from ..gpu_runtime.launch_list import LaunchList
 from ..gpu_runtime.stream_program import CHANGES, loaded_module
 from ..graph_model import CellError
@@ -179,6 +179,8 @@ class CudaRunner(Runner):
         self._graphs_memory: list[torch.Tensor] = []  # captured packings no longer in use here (_add_images)
         self._uses: dict[int, _Uses] = {}  # a packing's address -> the streams its runs were put on
         self._images: dict[str, int] = {}  # W's images the programs read: name -> bytes
+        # the packing's launch lists by the parameters' layout (dtypes, shapes, strides; see _pack_call)
+        self._pack_calls: dict[tuple, LaunchList | None] = {}
         self._image_at: dict[str, int] = {}  # where each is in a packing
         s = plans.train.sizes
         self._sizes = (s.seq, s.batch, s.hidden, s.layers)
@@ -279,20 +281,14 @@ class CudaRunner(Runner):
         return base
 
     @cached_property
-    def _pack_calls(self) -> tuple[LaunchList, list[tuple[int, torch.dtype]]] | None:
-        """The packing of parameters into the weight buffers as one launch-list call (bases: the packing's
-        memory, then each parameter, in the order of `keys`) of one kernel (codegen.pack_kernel), where
-        every part is a copy of its parameter's rows into columns of its buffer, and the (parameter, dtype)
-        pairs a call's parameters must match for it (contiguous, of each buffer's type: else
-        TensorLayout.pack's torch ops, which convert, run; and where the kernel cannot be made). After an
-        optimizer's step each training forward packs: with torch's ops, four a part, the runner's forward
-        took 0.55 ms of host time for the LSTM at B=64 on an H200, with a 2D copy per part 0.25
-        (docs/results/2026-11-29-cellrnn-lane.md), whose issuing the kernel saves."""
+    def _pack_parts(self) -> list[tuple[int, int, ParamPart, torch.dtype]] | None:
+        """(parameter index in the order of `keys`, the byte of the packing it goes to, its part, the
+        buffer's type) of every part the packing copies; None where the layouts' keys differ or a
+        parameter goes into buffers of different types (TensorLayout.pack's torch ops pack those)."""
         keys = self.layout.keys
         if any(layout.keys != keys for layout, _ in self.packing):
             return None
-        copies, sources = [], []
-        dtypes: dict[int, torch.dtype] = {}
+        parts, dtypes = [], {}
         for layout, buffers in self.packing:
             for part in layout.parts:
                 if part.buffer not in buffers:
@@ -300,11 +296,37 @@ class CudaRunner(Runner):
                 index, (at, _, dtype) = keys.index(part.key), self._weight_extents[part.buffer]
                 if dtypes.setdefault(index, dtype) != dtype:
                     return None
-                copies.append(PackCopy(at + part.col * dtype.itemsize, part.ld, part.rows, part.width,
-                                       dtype.itemsize))
-                sources.append((1 + index, 0))
-        if not copies:
+                parts.append((index, at + part.col * dtype.itemsize, part, dtype))
+        return parts or None
+
+    def _pack_call(self, params: Sequence[torch.Tensor]) -> LaunchList | None:
+        """The packing of parameters laid out as these (dtypes, shapes, strides) into the weight buffers
+        as one launch-list call of one kernel (codegen.pack_kernel; bases: the packing's memory, then each
+        part's parameter), made at the first packing of such parameters and kept; None where a parameter
+        is not of its buffers' type or its elements are not where strides say (torch's ops then pack,
+        converting), or the kernel cannot be made. After an optimizer's step each training forward packs:
+        with torch's ops, four a part, the runner's forward took 0.55 ms of host time for the LSTM at B=64
+        on an H200, with a 2D copy per part 0.25 (docs/results/2026-11-29-cellrnn-lane.md), whose issuing
+        the kernel saves."""
+        parts = self._pack_parts
+        if parts is None:
             return None
+        layout = tuple((p.dtype, p.shape, p.stride()) for p in params)
+        if layout in self._pack_calls:
+            return self._pack_calls[layout]
+        copies = []
+        for index, at, part, dtype in parts:
+            p = params[index]
+            strides = _strides(p, part.rows, part.width)
+            if p.dtype != dtype or strides is None:
+                copies = None
+                break
+            copies.append(PackCopy(at, part.ld, part.rows, part.width, dtype.itemsize, *strides))
+        calls = None if copies is None else self._pack_kernel(copies, [index for index, *_ in parts])
+        self._pack_calls[layout] = calls
+        return calls
+
+    def _pack_kernel(self, copies: list[PackCopy], sources: list[int]) -> LaunchList | None:
         major, minor = torch.cuda.get_device_capability(self.index)
         what = f"the packing of {self.plans.train.cell_name}'s weights"
         try:
@@ -314,22 +336,22 @@ class CudaRunner(Runner):
             log.warning("%s could not be made (%s); packing with torch's ops", what, e)
             return None
         calls = LaunchList(what)
-        calls.kernel(function, what, (pack_grid(copies),), PACK_BLOCK, 0, [(0, 0), *sources], 0)
+        calls.kernel(function, what, (pack_grid(copies),), PACK_BLOCK, 0,
+                     [(0, 0), *((1 + index, 0) for index in sources)], 0)
         calls.finish()
-        return calls, sorted(dtypes.items())
+        return calls
 
     def _packed_in_one_call(self, base: int, params: Sequence[torch.Tensor], stream: int) -> bool:
-        """Whether the parameters were packed at `base` by _pack_calls (False where they cannot be: then
+        """Whether the parameters were packed at `base` by _pack_call (False where they cannot be: then
         torch's ops pack them; where its run fails, they do from then on)."""
-        calls = self._pack_calls
-        if calls is None or not all(params[i].dtype == dtype and params[i].is_contiguous()
-                                    for i, dtype in calls[1]):
+        calls = self._pack_call(params)
+        if calls is None:
             return False
         try:
-            calls[0].run([base, *(p.data_ptr() for p in params)], stream)
+            calls.run([base, *(p.data_ptr() for p in params)], stream)
         except CellError as e:
             log.warning("%s; packing with torch's ops from now on", e)
-            self.__dict__["_pack_calls"] = None
+            self.__dict__["_pack_parts"] = None
             return False
         return True
 
@@ -576,6 +598,18 @@ class CudaRunner(Runner):
         program.run(bases, stream, not capturing)
         return self.layout.gradients(views, input_grad)
 
+
+
+def _strides(p: torch.Tensor, rows: int, width: int) -> tuple[int, int] | None:
+    """The strides, in elements, of a parameter read as `rows` x `width` (a [rows, width] tensor, a row
+    [width], or any contiguous one of so many elements), or None where it is none of those."""
+    if p.dim() == 2 and tuple(p.shape) == (rows, width):
+        return p.stride(0), p.stride(1)
+    if p.dim() == 1 and rows == 1 and p.shape[0] == width:
+        return width * p.stride(0), p.stride(0)
+    if p.is_contiguous() and p.numel() == rows * width:
+        return width, 1
+    return None
 
 
 def _record(streams: set[int], stream: int, memory: Sequence[torch.Tensor]) -> None:

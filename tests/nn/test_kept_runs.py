@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from cellfuse.graph_model import CellError
-from cellfuse.nn import LSTM, CellRNN, ops, stacks
+from cellfuse.nn import GRU, LSTM, CellRNN, ops, stacks
 from cellfuse.nn.cuda_runner import BACKWARD_NO_DX
 
 pytestmark = pytest.mark.gpu
@@ -259,17 +259,24 @@ def test_the_drop_in_gru_calls_through_the_lane(cuda, monkeypatch):
     torch.testing.assert_close(h, want_h, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("cell, schedule", [("lstm", "tensor"), ("gru", "persistent"), ("lstm", "graph")])
-def test_the_weights_packed_in_one_call_are_what_torchs_ops_pack(cuda, cell, schedule):
+@pytest.mark.parametrize("make, schedule", [("lstm", "tensor"), ("gru", "persistent"), ("lstm", "graph"),
+                                            ("drop-in lstm", "tensor"), ("drop-in gru", "persistent")])
+def test_the_weights_packed_in_one_call_are_what_torchs_ops_pack(cuda, make, schedule):
+    """The packing kernel puts every parameter where torch's ops do, byte for byte: a CellRNN's
+    contiguous parameters, and the drop-ins' transposed views of torch's weights."""
     from cellfuse.nn.cuda_runner import _views
 
-    rnn = CellRNN(cell, INPUT, H, 1, schedule=schedule, seed=8).to(cuda)
+    if make.startswith("drop-in"):
+        rnn = (LSTM if make.endswith("lstm") else GRU)(INPUT, H, schedule=schedule).to(cuda)
+        params = rnn._fused_params()
+    else:
+        rnn = CellRNN(make, INPUT, H, 1, schedule=schedule, seed=8).to(cuda)
+        params = rnn._params()
     x = torch.randn(T, 13, INPUT, device=cuda)
     rnn(x)[0].sum().backward()  # (the forward and backward programs made)
     runner = ops.runner(rnn._cell_text, x, H, 1, schedule)
-    params = rnn._params()
-    calls, dtypes = runner._pack_calls
-    assert [params[i].dtype for i, _ in dtypes] == [dtype for _, dtype in dtypes]
+    calls = runner._pack_call(params)
+    assert calls is not None
     ours, theirs = (torch.full((runner.weight_bytes,), 0x7F, dtype=torch.uint8, device=cuda) for _ in "ab")
     calls.run([ours.data_ptr(), *(p.data_ptr() for p in params)], torch.cuda.current_stream(cuda).cuda_stream)
     for layout, buffers in runner.packing:

@@ -309,9 +309,24 @@ def test_a_lane_is_not_kept_where_a_parameter_changed_while_it_was_made(setup, m
                                 False) is None
 
 
-def test_weights_whose_packing_in_one_call_fails_are_packed_by_torchs_ops_from_then_on(caplog):
+def _packing_runner(calls):
+    """A runner's packing over stand-ins: two parts, a [4, 4] weight's at byte 0 and a bias's at byte 64,
+    a kernel that is `calls`."""
     from types import SimpleNamespace
 
+    from cellfuse.codegen.plan import ParamPart
+    from cellfuse.nn.cuda_runner import CudaRunner
+
+    made = []
+    parts = [(0, 0, ParamPart("w", "l0.W", 0, 4, 4, 4), torch.float32),
+             (1, 64, ParamPart("b", "l0.b", 0, 4, 4, 1), torch.float32)]
+    runner = SimpleNamespace(_pack_parts=parts, _pack_calls={},
+                             _pack_kernel=lambda copies, sources: made.append((copies, sources)) or calls)
+    runner._pack_call = lambda params: CudaRunner._pack_call(runner, params)
+    return runner, made
+
+
+def test_weights_whose_packing_in_one_call_fails_are_packed_by_torchs_ops_from_then_on(caplog):
     from cellfuse.graph_model import CellError
     from cellfuse.nn.cuda_runner import CudaRunner
 
@@ -323,10 +338,29 @@ def test_weights_whose_packing_in_one_call_fails_are_packed_by_torchs_ops_from_t
             raise CellError("the packing of the LSTM's weights: CUDA_ERROR_INVALID_VALUE")
 
     params = [torch.zeros(4, 4), torch.zeros(4)]
-    runner = SimpleNamespace(_pack_calls=(Calls(), [(0, torch.float32), (1, torch.float32)]))
+    runner, _ = _packing_runner(Calls())
     with caplog.at_level("WARNING"):
         assert not CudaRunner._packed_in_one_call(runner, 0x7000, params, STREAM)
-    assert runner._pack_calls is None and "packing with torch's ops from now on" in caplog.text
+    assert runner._pack_parts is None and "packing with torch's ops from now on" in caplog.text
     assert not CudaRunner._packed_in_one_call(runner, 0x7000, params, STREAM) and Calls.runs == 1
-    runner._pack_calls = (Calls(), [(0, torch.float16)])  # (a buffer of another type: torch's ops convert)
-    assert not CudaRunner._packed_in_one_call(runner, 0x7000, params, STREAM) and Calls.runs == 1
+
+
+def test_the_packing_kernel_reads_each_parameter_with_its_strides_and_is_made_once_per_layout():
+    """A transposed view (the drop-ins' weights) is read down its columns; parameters of another type
+    than their buffers', or laid out otherwise than strides say, are left to torch's ops; each layout's
+    kernel (or None) is made once."""
+    from cellfuse.nn.cuda_runner import CudaRunner
+
+    runner, made = _packing_runner("the kernel's calls")
+    weight, bias = torch.zeros(4, 4), torch.zeros(8)[::2]
+    assert CudaRunner._pack_call(runner, [weight.t(), bias]) == "the kernel's calls"
+    (copies, sources), = made
+    assert sources == [0, 1]
+    assert [(c.at, c.row_stride, c.col_stride, c.by_columns) for c in copies] == [(0, 1, 4, True),
+                                                                                 (64, 8, 2, False)]
+    CudaRunner._pack_call(runner, [weight.t(), bias])
+    CudaRunner._pack_call(runner, [torch.zeros(4, 4), bias])  # (another layout: another kernel)
+    assert len(made) == 2 and not made[1][0][0].by_columns
+    assert CudaRunner._pack_call(runner, [weight.half(), bias]) is None  # (torch's ops convert)
+    assert CudaRunner._pack_call(runner, [torch.zeros(32)[::2], bias]) is None  # (16 strided elements)
+    assert len(made) == 2
