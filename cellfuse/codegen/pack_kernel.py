@@ -19,7 +19,7 @@ PACK_KERNEL = "cf_pack"
 PACK_BLOCK = 256
 MAX_BLOCKS = 65535  # a grid of more strides over the elements
 
-_BITS = {2: "unsigned short", 4: "unsigned int", 8: "unsigned long long"}  # elements copied as their bits
+_BITS = {2: "unsigned short", 4: "unsigned int"}  # elements copied as their bits
 
 
 @dataclass(frozen=True)

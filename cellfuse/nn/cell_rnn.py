@@ -176,7 +176,7 @@ class CellRNN(torch.nn.Module):
         self._last_seen: tuple | None = None
         # ((T, B, input), device, whether lengths were given) of the recent forward calls
         self._seen: OrderedDict[tuple, None] = OrderedDict()
-        self._quick: QuickCall | None = None  # the last inference call on a GPU, where it can be kept
+        self._quick: QuickCall | None = None  # the last call on a GPU, where it can be kept
 
     def extra_repr(self) -> str:
         return (f"cell={self.cell.name!r}, input_size={self.input_size}, hidden_size={self.hidden_size}, "

@@ -19,7 +19,10 @@ allocator is told every stream that read it.
 
 No call synchronises with the host. Making a runner's programs compiles (or finds in the kernel cache),
 loads and measures, so the first call at a size must come before any CUDA graph capture of it, as torch
-asks of any warm-up.
+asks of any warm-up; so must the first backward pass of an x that needs no gradient (its own program:
+see BACKWARD_NO_DX), where a captured one will be. Parameters packed under a capture in a layout not
+packed before are packed by torch's ops (the packing kernel of a layout is made, compiled and loaded,
+outside captures only).
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ log = logging.getLogger(__name__)
 ONE = 0x3F800000  # the bits of float32's 1.0
 ALIGNMENT = 256  # bytes: where each buffer starts in a piece of memory (cuBLAS's fastest kernels want it)
 MAX_PACKINGS = 8  # modules whose packed weights a runner keeps at once
+MAX_PACK_KERNELS = 8  # layouts of parameters whose packing kernel a runner keeps
 _LANE_TYPES = (torch.Tensor, torch.nn.Parameter)  # what a lane takes (no subclass: it reads the C++ tensor)
 # the backward programs: the whole pass, and the pass without x's gradient (BackwardPlan.without_input_grad)
 BACKWARD, BACKWARD_NO_DX = "backward", "backward without dx"
@@ -179,8 +183,9 @@ class CudaRunner(Runner):
         self._graphs_memory: list[torch.Tensor] = []  # captured packings no longer in use here (_add_images)
         self._uses: dict[int, _Uses] = {}  # a packing's address -> the streams its runs were put on
         self._images: dict[str, int] = {}  # W's images the programs read: name -> bytes
-        # the packing's launch lists by the parameters' layout (dtypes, shapes, strides; see _pack_call)
-        self._pack_calls: dict[tuple, LaunchList | None] = {}
+        # the packing's launch lists by the parameters' layout (dtypes, shapes, strides; see _pack_call), the
+        # least recently used first
+        self._pack_calls: OrderedDict[tuple, LaunchList | None] = OrderedDict()
         self._image_at: dict[str, int] = {}  # where each is in a packing
         s = plans.train.sizes
         self._sizes = (s.seq, s.batch, s.hidden, s.layers)
@@ -267,7 +272,7 @@ class CudaRunner(Runner):
             _record(uses.streams, stream, (memory,))
         if capturing or not packed_for.matches(params):
             CHANGES.bump()  # (a lane replays over the packing as it was)
-            if not self._packed_in_one_call(base, params, stream):
+            if not self._packed_in_one_call(base, params, stream, capturing):
                 for layout, buffers in self.packing:
                     layout.pack(_views(memory, self._weight_extents, buffers), params, buffers)
             addresses = {name: base + at for name, at in (*self.weight_at.items(), *self._image_at.items())}
@@ -299,21 +304,25 @@ class CudaRunner(Runner):
                 parts.append((index, at + part.col * dtype.itemsize, part, dtype))
         return parts or None
 
-    def _pack_call(self, params: Sequence[torch.Tensor]) -> LaunchList | None:
+    def _pack_call(self, params: Sequence[torch.Tensor], capturing: bool = False) -> LaunchList | None:
         """The packing of parameters laid out as these (dtypes, shapes, strides) into the weight buffers
         as one launch-list call of one kernel (codegen.pack_kernel; bases: the packing's memory, then each
-        part's parameter), made at the first packing of such parameters and kept; None where a parameter
-        is not of its buffers' type or its elements are not where strides say (torch's ops then pack,
-        converting), or the kernel cannot be made. After an optimizer's step each training forward packs:
-        with torch's ops, four a part, the runner's forward took 0.55 ms of host time for the LSTM at B=64
-        on an H200, with a 2D copy per part 0.25 (docs/results/2026-11-29-cellrnn-lane.md), whose issuing
-        the kernel saves."""
+        parameter in the order of `keys`), made at the first packing of such parameters outside a CUDA
+        graph capture (`capturing`: loading a module there would break it) and kept (the last
+        MAX_PACK_KERNELS layouts'); None where a parameter is not of its buffers' type or its elements are
+        not where strides say (torch's ops then pack, converting), or the kernel cannot be made. After an
+        optimizer's step each training forward packs: with torch's ops, four a part, the runner's forward
+        took 0.55 ms of host time for the LSTM at B=64 on an H200, with a 2D copy per part 0.25
+        (docs/results/2026-11-29-cellrnn-lane.md), whose issuing the kernel saves."""
         parts = self._pack_parts
         if parts is None:
             return None
         layout = tuple((p.dtype, p.shape, p.stride()) for p in params)
         if layout in self._pack_calls:
+            self._pack_calls.move_to_end(layout)
             return self._pack_calls[layout]
+        if capturing:
+            return None
         copies = []
         for index, at, part, dtype in parts:
             p = params[index]
@@ -322,11 +331,14 @@ class CudaRunner(Runner):
                 copies = None
                 break
             copies.append(PackCopy(at, part.ld, part.rows, part.width, dtype.itemsize, *strides))
-        calls = None if copies is None else self._pack_kernel(copies, [index for index, *_ in parts])
+        calls = None if copies is None else self._pack_kernel(copies, [index for index, *_ in parts],
+                                                              len(params))
         self._pack_calls[layout] = calls
+        if len(self._pack_calls) > MAX_PACK_KERNELS:
+            self._pack_calls.popitem(last=False)
         return calls
 
-    def _pack_kernel(self, copies: list[PackCopy], sources: list[int]) -> LaunchList | None:
+    def _pack_kernel(self, copies: list[PackCopy], sources: list[int], n_params: int) -> LaunchList | None:
         major, minor = torch.cuda.get_device_capability(self.index)
         what = f"the packing of {self.plans.train.cell_name}'s weights"
         try:
@@ -339,12 +351,16 @@ class CudaRunner(Runner):
         calls.kernel(function, what, (pack_grid(copies),), PACK_BLOCK, 0,
                      [(0, 0), *((1 + index, 0) for index in sources)], 0)
         calls.finish()
+        # a run's bases are the packing and every parameter, also those no launch reads (a cell's weight
+        # that no node uses): room for all of them
+        calls.bind([(slot, 0) for slot in range(1 + n_params)], bases=1 + n_params)
         return calls
 
-    def _packed_in_one_call(self, base: int, params: Sequence[torch.Tensor], stream: int) -> bool:
+    def _packed_in_one_call(self, base: int, params: Sequence[torch.Tensor], stream: int,
+                            capturing: bool = False) -> bool:
         """Whether the parameters were packed at `base` by _pack_call (False where they cannot be: then
         torch's ops pack them; where its run fails, they do from then on)."""
-        calls = self._pack_call(params)
+        calls = self._pack_call(params, capturing)
         if calls is None:
             return False
         try:

@@ -50,17 +50,17 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
 
 
 class QuickCall:
-    """What a module's inference call of x on a GPU decided (see the module's docstring)."""
+    """What a module's call of x on a GPU decided (see the module's docstring)."""
 
     __slots__ = ("_shape", "_dtype", "_index", "_autocast_matters", "_params", "_layout", "_runner",
                  "_zeros", "_state_shape", "_lane", "_train")
 
     def __init__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor], runner,
                  zeros: Sequence[torch.Tensor], train: tuple[str, int, int] | None = None):
-        """x as the module was given it; `layout`: the module's (schedule, batch_first) then, and anything
-        else of the module the call's path depended on; the runner, and the module's initial states of
-        zeros for x (one per state, in the cell's order); `train`: for a training call, the ops' cell,
-        hidden size and layers."""
+        """x as the module was given it; `layout`: the module's (schedule, batch_first, training, dropout)
+        then, whatever of the module the call's path depended on; the runner, and the module's initial
+        states of zeros for x (one per state, in the cell's order); `train`: for a training call, the
+        ops' cell, hidden size and layers."""
         self._shape, self._dtype, self._index = x.shape, x.dtype, x.get_device()
         self._autocast_matters = x.dtype == torch.float32  # (torch.autocast changes only float32 inputs)
         self._params = [(p.data_ptr(), p.dtype, p.requires_grad) for p in params]

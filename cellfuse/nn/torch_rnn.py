@@ -94,7 +94,7 @@ class _TorchRNN(torch.nn.Module):
                                                                                            "weight_hh")
         self._view_cache: dict[tuple[int, bool], tuple[tuple, list[torch.Tensor]]] = {}
         self._zeros = Zeros()
-        self._quick: QuickCall | None = None  # the last inference call on a GPU, where it can be kept
+        self._quick: QuickCall | None = None  # the last call on a GPU, where it can be kept
         # the template's weights of a layer, in the order of its keys (l0.W_i -> W_i), which the ops take
         self._names = [key.split(".", 1)[1] for key in init_params(cell, 1, 1, 1, 0)]
         gate_rows = len(self._gates) * hidden_size

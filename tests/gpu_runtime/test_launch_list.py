@@ -117,6 +117,21 @@ def test_cublas_stream_is_set_only_when_the_run_stream_changes():
     assert [c for c in recorder.calls if c[0] == "set_stream"][-1] == ("set_stream", 0x99, 0xEF)
 
 
+def test_a_run_may_be_given_more_bases_than_its_calls_read_where_bound_for_them():
+    """A packing's run is given every parameter, also one no call reads (the last, here): bound with room
+    for them, the run takes them and reads the ones its calls name."""
+    recorder = Recorder()
+    recorder.args = {0x1000: 2}
+    calls = LaunchList("a packing")
+    calls.kernel(0x1000, "cf_pack", (1,), 256, 0, [(0, 0), (2, 0)], stream=0)
+    calls.finish(api=recorder.api)
+    with pytest.raises(ValueError):
+        calls.run([1000, 2000, 3000, 4000], 0xCD)
+    calls.bind([(slot, 0) for slot in range(4)], bases=4)
+    calls.run([1000, 2000, 3000, 4000], 0xCD)
+    assert recorder.calls == [("launch", 0x1000, (1, 1, 1), 256, 0, 0xCD, (1000, 3000))]
+
+
 def test_a_failing_call_is_named():
     calls = program(Recorder(fail={"sgemm": 13}))
     with pytest.raises(CellError, match=r"a test's calls: cuBLAS error 13 while running cuBLAS's SGEMM of "

@@ -55,12 +55,26 @@ class Classifier(torch.nn.Module):
         return self.head(self.rnn(x)[0][-1])
 
 
-def test_compiled_over_an_input_that_needs_no_gradient_matches_eager():
+def test_compiled_over_an_input_that_needs_no_gradient_matches_eager(monkeypatch):
+    """The compiled backward op is told that x needs no gradient (its runner leaves dx out), and told that
+    it does where x requires one."""
+    from cellfuse.nn.runners import NumpyRunner
+
+    asked, backward = [], NumpyRunner.backward
+
+    def told(self, *args):
+        asked.append(args[-1])
+        return backward(self, *args)
+    monkeypatch.setattr(NumpyRunner, "backward", told)
     torch._dynamo.reset()
     model = Classifier()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     for seed in range(2):
         _compare(model, compiled, torch.randn(6, 3, 4, generator=torch.Generator().manual_seed(seed)))
+    assert asked == [False] * 4  # (compiled, then eager, for each seed)
+    x = torch.randn(6, 3, 4, requires_grad=True)
+    compiled(x).square().mean().backward()
+    assert asked[-1] is True and x.grad is not None and x.grad.abs().max() > 0
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """A module's kept call (quick_call.QuickCall): made again only for a call like it (the same
-shape, dtype and device of x, layout, parameters' addresses, no gradient, no autocast change, the device
-current), with the runner and the zeros it kept. The runner is a stand-in here; the GPU tests run a
+shape, dtype and device of x, layout, parameters' addresses, grad mode, no autocast change, the device
+current), with the runner and the zeros it kept: an inference call to the runner, a training call to the
+ops with its steps saved. The runner is a stand-in here; the GPU tests run a
 module through it (tests/nn/test_kept_runs.py)."""
 
 from __future__ import annotations

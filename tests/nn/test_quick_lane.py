@@ -8,6 +8,7 @@ import ctypes
 import ctypes.util
 import shutil
 import threading
+from collections import OrderedDict
 
 import pytest
 import torch
@@ -320,9 +321,9 @@ def _packing_runner(calls):
     made = []
     parts = [(0, 0, ParamPart("w", "l0.W", 0, 4, 4, 4), torch.float32),
              (1, 64, ParamPart("b", "l0.b", 0, 4, 4, 1), torch.float32)]
-    runner = SimpleNamespace(_pack_parts=parts, _pack_calls={},
-                             _pack_kernel=lambda copies, sources: made.append((copies, sources)) or calls)
-    runner._pack_call = lambda params: CudaRunner._pack_call(runner, params)
+    runner = SimpleNamespace(_pack_parts=parts, _pack_calls=OrderedDict(),
+                             _pack_kernel=lambda *made_of: made.append(made_of) or calls)
+    runner._pack_call = lambda params, capturing: CudaRunner._pack_call(runner, params, capturing)
     return runner, made
 
 
@@ -354,8 +355,8 @@ def test_the_packing_kernel_reads_each_parameter_with_its_strides_and_is_made_on
     runner, made = _packing_runner("the kernel's calls")
     weight, bias = torch.zeros(4, 4), torch.zeros(8)[::2]
     assert CudaRunner._pack_call(runner, [weight.t(), bias]) == "the kernel's calls"
-    (copies, sources), = made
-    assert sources == [0, 1]
+    (copies, sources, n_params), = made
+    assert sources == [0, 1] and n_params == 2
     assert [(c.at, c.row_stride, c.col_stride, c.by_columns) for c in copies] == [(0, 1, 4, True),
                                                                                  (64, 8, 2, False)]
     CudaRunner._pack_call(runner, [weight.t(), bias])
@@ -364,3 +365,23 @@ def test_the_packing_kernel_reads_each_parameter_with_its_strides_and_is_made_on
     assert CudaRunner._pack_call(runner, [weight.half(), bias]) is None  # (torch's ops convert)
     assert CudaRunner._pack_call(runner, [torch.zeros(32)[::2], bias]) is None  # (16 strided elements)
     assert len(made) == 2
+
+
+def test_a_layout_first_packed_under_a_capture_is_left_to_torchs_ops_and_few_layouts_are_kept(monkeypatch):
+    """Making a packing kernel loads a module, which would break a CUDA graph capture: a layout first
+    seen under one is packed by torch's ops (nothing kept); one made before is used there. A runner keeps
+    the last MAX_PACK_KERNELS layouts' kernels."""
+    from cellfuse.nn import cuda_runner
+    from cellfuse.nn.cuda_runner import CudaRunner
+
+    runner, made = _packing_runner("the kernel's calls")
+    params = [torch.zeros(4, 4), torch.zeros(4)]
+    assert CudaRunner._pack_call(runner, params, capturing=True) is None and not made
+    assert not runner._pack_calls
+    assert CudaRunner._pack_call(runner, params) == "the kernel's calls"
+    assert CudaRunner._pack_call(runner, params, capturing=True) == "the kernel's calls" and len(made) == 1
+    monkeypatch.setattr(cuda_runner, "MAX_PACK_KERNELS", 2)
+    for width in (8, 12):  # (weights of other strides: views into wider tensors)
+        CudaRunner._pack_call(runner, [torch.zeros(4, width)[:, :4], params[1]])
+    assert len(runner._pack_calls) == 2 and len(made) == 3
+    assert CudaRunner._pack_call(runner, params, capturing=True) is None  # (the first layout's dropped)
