@@ -320,3 +320,34 @@ def test_a_bias_row_with_a_column_no_parameter_gives_packs_zeros_there(cuda, sch
     with torch.no_grad():
         got, want = rnn(x.to(cuda))[0].cpu(), reference(x)[0]
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def _cell_with_an_unused_last_weight():
+    from cellfuse.graph_model import CellBuilder, tanh
+
+    b = CellBuilder("RNN with an unused weight", "an Elman RNN that declares a weight it never reads")
+    x, h = b.input("x"), b.state("h")
+    W, U = b.weight("W", "input", "hidden"), b.weight("U", "hidden", "hidden")
+    b.weight("Z", "hidden", "hidden")  # (declared last, read by no node)
+    h_new = tanh(((x @ W).named("xw") + (h @ U).named("hu")).named("a")).named("h_new")
+    b.update(h, h_new)
+    b.output(h_new)
+    return b.build()
+
+
+@pytest.mark.parametrize("schedule", ["graph", "persistent"])
+def test_a_weight_no_node_reads_is_given_to_the_packing_and_gets_zero_gradients(cuda, schedule):
+    """The packing kernel's run is given every parameter, also the last one that no launch reads."""
+    cell = _cell_with_an_unused_last_weight()
+    rnn = CellRNN(cell, INPUT, H, 1, schedule=schedule, seed=10).to(cuda)
+    assert rnn.keys[-1] == "l0.Z"
+    reference = CellRNN(cell, INPUT, H, 1, seed=10)  # the numpy executor
+    x = torch.randn(T, 5, INPUT)
+    for module, given in ((rnn, x.to(cuda)), (reference, x)):
+        module(given)[0].square().sum().backward()
+    with torch.no_grad():
+        torch.testing.assert_close(rnn(x.to(cuda))[0].cpu(), reference(x)[0], rtol=1e-4, atol=1e-5)
+    for (name, p), q in zip(rnn.named_parameters(), reference.parameters(), strict=True):
+        scale = float(q.grad.abs().max())
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-4 * scale + 1e-7, msg=name)
+    assert not rnn.param("l0.Z").grad.any()
