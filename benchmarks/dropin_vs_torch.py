@@ -22,7 +22,6 @@ import argparse
 import json
 import platform
 import statistics
-import subprocess
 import time
 from pathlib import Path
 
@@ -74,10 +73,9 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     device = torch.device("cuda")
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout
     record = {"script": "benchmarks/dropin_vs_torch.py", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
               "gpu": torch.cuda.get_device_name(device), "torch": torch.__version__,
-              "python": platform.python_version(), "commit": commit.strip(), "settings": vars(args) | {
+              "python": platform.python_version(), "settings": vars(args) | {
                   "out": str(args.out)}, "rows": []}
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     generator = torch.Generator().manual_seed(0)
