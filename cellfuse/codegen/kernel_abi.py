@@ -9,8 +9,14 @@ from ..graph_model import CellError
 from .plan import Access, GemmLaunch, KernelLaunch, Plan
 
 BLOCK = 256  # threads per block of every elementwise kernel
+MAX_GRID = 65535  # blocks of a launch at most: its threads stride over the rest
 WARP = 32
 INT_MAX = 2**31 - 1  # the largest count the generated code holds in an int
+
+
+def grid_blocks(threads: int) -> int:
+    """The blocks of BLOCK threads of a launch with work for `threads` threads."""
+    return max(1, min((threads + BLOCK - 1) // BLOCK, MAX_GRID))
 
 
 def check_index_range(plan: Plan) -> None:

@@ -16,8 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 PACK_KERNEL = "cf_pack"
-PACK_BLOCK = 256
-MAX_BLOCKS = 65535  # a grid of more strides over the elements
 
 _BITS = {2: "unsigned short", 4: "unsigned int"}  # elements copied as their bits
 
@@ -52,7 +50,7 @@ def pack_kernel_source(copies: Sequence[PackCopy]) -> str:
     if not copies:
         raise ValueError("a packing kernel needs at least one copy")
     sources = ", ".join(f"const void* __restrict__ s{i}" for i in range(len(copies)))
-    total = sum(c.elements for c in copies)
+    total = total_elements(copies)
     lines = [f'extern "C" __global__ void {PACK_KERNEL}(char* __restrict__ packing, {sources}) {{',
              "    const long long stride = (long long)gridDim.x * blockDim.x;",
              f"    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < {total}LL; "
@@ -74,6 +72,6 @@ def pack_kernel_source(copies: Sequence[PackCopy]) -> str:
     return "\n".join(lines)
 
 
-def pack_grid(copies: Sequence[PackCopy]) -> int:
-    total = sum(c.elements for c in copies)
-    return max(1, min((total + PACK_BLOCK - 1) // PACK_BLOCK, MAX_BLOCKS))
+def total_elements(copies: Sequence[PackCopy]) -> int:
+    """The elements the kernel copies: a thread's work each (kernel_abi.grid_blocks of it)."""
+    return sum(c.elements for c in copies)

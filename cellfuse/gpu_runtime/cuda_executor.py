@@ -19,7 +19,7 @@ import numpy as np
 from ..codegen import Plan, plan_kernels
 from ..codegen.dtypes import loaded, stored
 from ..codegen.gemm_routes import GEMM_DEFAULT_ALGO, gemm_ex_types, split_threads, tf32x3_layout
-from ..codegen.kernel_abi import BLOCK, kernel_params
+from ..codegen.kernel_abi import BLOCK, grid_blocks, kernel_params
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import (
     Copy,
@@ -217,8 +217,8 @@ class CudaExecutor:
         split_a, split_w = op.pieces, op.pieces + 4 * w_at
         out: list[Callable[[], object]] = [
             partial(self.split_tf32x3.prepared_async_call,
-                    (_grid(int(split_threads(rows, cols, layout))), 1), (BLOCK, 1, 1), self.streams[s], to,
-                    fro, int(rows), int(cols), int(ld), layout, lo)
+                    (grid_blocks(int(split_threads(rows, cols, layout))), 1), (BLOCK, 1, 1), self.streams[s],
+                    to, fro, int(rows), int(cols), int(ld), layout, lo)
             for to, fro, (rows, cols, ld, layout, lo) in ((split_a, op.x, a_split), (split_w, op.w, w_split))]
         stream, workspace, sms = self._on_handle[handles[s]]
         shape = Shape(g.trans_w, g.n, op.m, 3 * g.k, ldw, lda, op.ldc, sms,
@@ -270,8 +270,8 @@ class CudaExecutor:
                 # (the warpgroup GEMM adds the bias in its epilogue; the others accumulate onto its rows)
                 out: list[Callable[[], object]] = []
                 if g.bias:
-                    out.append(partial(self.bias_rows.prepared_async_call, (_grid(m * g.n), 1), (BLOCK, 1, 1),
-                                       self.streams[s], c, self.addr[g.bias], m, g.n, g.c.ld))
+                    out.append(partial(self.bias_rows.prepared_async_call, (grid_blocks(m * g.n), 1),
+                                       (BLOCK, 1, 1), self.streams[s], c, self.addr[g.bias], m, g.n, g.c.ld))
                 beta = one if g.bias or g.accumulate else zero
                 # Row-major C = op(A) @ op(W) is column-major C^T = op(W)^T @ op(A)^T: W goes first, and a
                 # transposed operand (stored [N, K] or [K, M]) is cuBLAS's op T (1) with its own row length.
@@ -305,7 +305,7 @@ class CudaExecutor:
                 if self._prepared.get(name) is None:
                     self._prepared[name] = self.funcs[name].prepare("P" * len(params) + "i")
                 args = [self._ptr(instr, p.access, t) for p in params] + [rows]
-                return [partial(self._prepared[name].prepared_async_call, (_grid(rows * k.width), 1),
+                return [partial(self._prepared[name].prepared_async_call, (grid_blocks(rows * k.width), 1),
                                 (BLOCK, 1, 1), self.streams[s], *args)]
             case Copy(src=src, dst=dst, width=width, step=step, stream=s):
                 at = self.plan.sizes.seq if step is None else step
@@ -557,7 +557,3 @@ def _persistent_functions(cu, cubin: bytes, kernels,
                                             early)
                     for launch, name in kernels.name_of.items()
                     if isinstance(launch, PersistentLaunch)}
-
-
-def _grid(n: int) -> int:
-    return max(1, min((n + BLOCK - 1) // BLOCK, 65535))

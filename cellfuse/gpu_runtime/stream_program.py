@@ -36,7 +36,7 @@ import numpy as np
 
 from ..codegen.cuda_wgmma import SMEM_BYTES, SOURCE, THREADS, gemm_grid
 from ..codegen.gemm_routes import GEMM_DEFAULT_ALGO, gemm_ex_types, split_threads, tf32x3_layout
-from ..codegen.kernel_abi import BLOCK, kernel_params
+from ..codegen.kernel_abi import BLOCK, grid_blocks, kernel_params
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, element_offset
 from ..codegen.persistent_cuda import persistent_buffers
@@ -188,7 +188,7 @@ class _Calls:
             case Kernel(launch=k, rows=rows, stream=s):
                 args = [(p.access.buffer, p.access.dtype.itemsize * element_offset(instr, p.access, t, B))
                         for p in kernel_params(k)]
-                self._kernel(self.res.name_of[k], _grid(rows * k.width), BLOCK, [*args, rows], s)
+                self._kernel(self.res.name_of[k], grid_blocks(rows * k.width), BLOCK, [*args, rows], s)
             case Copy(src=src, dst=dst, width=width, step=step, stream=s):
                 at = self.plan.sizes.seq if step is None else step
                 assert src.dtype == dst.dtype, f"a copy from {src.buffer} to {dst.buffer} converts"
@@ -236,7 +236,7 @@ class _Calls:
             self.wgmma(g, replace(op, accumulate=bool(g.accumulate)), a, c, s)  # the bias in its epilogue
             return
         if g.bias:  # the bias rows first, then C accumulates A @ W onto them
-            self._kernel("cf_bias_rows", _grid(m * g.n), BLOCK, [c, (g.bias, 0), m, g.n, g.c.ld], s)
+            self._kernel("cf_bias_rows", grid_blocks(m * g.n), BLOCK, [c, (g.bias, 0), m, g.n, g.c.ld], s)
         if instr.route == "float32":
             self._sgemm(g, m, a, c, ldw, accumulate, s)
         elif instr.route == "16-bit":
@@ -273,7 +273,7 @@ class _Calls:
         self.scratch[scratch] = max(self.scratch.get(scratch, 0), 4 * 3 * (m * g.k + g.k * g.n))
         for to, fro, (rows, cols, ld, layout, lo) in (((scratch, 0), a, a_split),
                                                       ((scratch, 4 * w_at), (g.w, 0), w_split)):
-            self._kernel("cf_split_tf32x3", _grid(int(split_threads(rows, cols, layout))), BLOCK,
+            self._kernel("cf_split_tf32x3", grid_blocks(int(split_threads(rows, cols, layout))), BLOCK,
                          [to, fro, rows, cols, ld, layout, lo], s)
         one = self.res.scalars.ctypes.data
         beta = one if accumulate else one + 4
@@ -566,7 +566,3 @@ class StreamProgram:
 def _flat(instructions: Sequence[Instruction]):
     for instr in instructions:
         yield from (instr.body if isinstance(instr, Loop) else (instr,))
-
-
-def _grid(n: int) -> int:
-    return max(1, min((n + BLOCK - 1) // BLOCK, 65535))

@@ -39,8 +39,9 @@ import torch
 
 from ..codegen import kernel_set
 from ..codegen.backward_plan import BackwardPlan
+from ..codegen.kernel_abi import BLOCK, grid_blocks
 from ..codegen.lowering import lower
-from ..codegen.pack_kernel import PACK_BLOCK, PACK_KERNEL, PackCopy, pack_grid, pack_kernel_source
+from ..codegen.pack_kernel import PACK_KERNEL, PackCopy, pack_kernel_source, total_elements
 from ..codegen.plan import ParamPart, Plan
 from ..gpu_runtime.launch_list import LaunchList
 from ..gpu_runtime.stream_program import CHANGES, loaded_module
@@ -60,6 +61,7 @@ MAX_PACK_KERNELS = 8  # layouts of parameters whose packing kernel a runner keep
 _LANE_TYPES = (torch.Tensor, torch.nn.Parameter)  # what a lane takes (no subclass: it reads the C++ tensor)
 # the backward programs: the whole pass, and the pass without x's gradient (BackwardPlan.without_input_grad)
 BACKWARD, BACKWARD_NO_DX = "backward", "backward without dx"
+BACKWARDS = (BACKWARD, BACKWARD_NO_DX)
 
 
 def _aligned(nbytes: int) -> int:
@@ -210,7 +212,7 @@ class CudaRunner(Runner):
             major, minor = torch.cuda.get_device_capability(self.index)
             props = torch.cuda.get_device_properties(self.index)
             sharing = 1
-            if which in (BACKWARD, BACKWARD_NO_DX):
+            if which in BACKWARDS:
                 backward = self.plans.backward
                 if which == BACKWARD_NO_DX:
                     backward = backward.without_input_grad()
@@ -252,7 +254,7 @@ class CudaRunner(Runner):
 
     def _check_scratch(self, which: str, program) -> None:
         memory = self.infer_memory if which == "forward" else self.memory
-        have = memory.grad_scratch if which in (BACKWARD, BACKWARD_NO_DX) else memory.scratch
+        have = memory.grad_scratch if which in BACKWARDS else memory.scratch
         for name, nbytes in program.scratch.items():
             if nbytes > have.get(name, 0):
                 raise CellError(f"{program.what}: scratch {name!r} needs {nbytes} bytes, and the call's "
@@ -348,7 +350,7 @@ class CudaRunner(Runner):
             log.warning("%s could not be made (%s); packing with torch's ops", what, e)
             return None
         calls = LaunchList(what)
-        calls.kernel(function, what, (pack_grid(copies),), PACK_BLOCK, 0,
+        calls.kernel(function, what, (grid_blocks(total_elements(copies)),), BLOCK, 0,
                      [(0, 0), *((1 + index, 0) for index in sources)], 0)
         calls.finish()
         # a run's bases are the packing and every parameter, also those no launch reads (a cell's weight
@@ -418,7 +420,7 @@ class CudaRunner(Runner):
         ids = self.plans.train.state_ids
         out = []
         for name in program.buffers:
-            if which in (BACKWARD, BACKWARD_NO_DX) and name in memory.grads:
+            if which in BACKWARDS and name in memory.grads:
                 out.append((self.GRADS, memory.grads[name]))
             elif name in memory.reserve:
                 out.append((self.RESERVE, memory.reserve[name]))
@@ -613,7 +615,6 @@ class CudaRunner(Runner):
                  *(s.data_ptr() for s in states), *([0] * len(states))]
         program.run(bases, stream, not capturing)
         return self.layout.gradients(views, input_grad)
-
 
 
 def _strides(p: torch.Tensor, rows: int, width: int) -> tuple[int, int] | None:

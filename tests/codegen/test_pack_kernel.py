@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from compile_cuda import nvcc_cubin
 
-from cellfuse.codegen.pack_kernel import MAX_BLOCKS, PACK_BLOCK, PackCopy, pack_grid, pack_kernel_source
+from cellfuse.codegen.kernel_abi import BLOCK, MAX_GRID, grid_blocks
+from cellfuse.codegen.pack_kernel import PackCopy, pack_kernel_source, total_elements
 
 COPIES = [PackCopy(at=0, ld=8, rows=3, width=2, itemsize=4, row_stride=2, col_stride=1),  # two column
           PackCopy(at=8, ld=8, rows=3, width=6, itemsize=4, row_stride=1, col_stride=3),  # blocks, the 2nd
@@ -57,10 +58,10 @@ def test_each_element_lands_where_a_copy_per_part_puts_it():
 
 
 def test_the_grid_covers_the_elements_or_strides():
-    assert pack_grid(COPIES) == 1
+    assert grid_blocks(total_elements(COPIES)) == 1
     big = [PackCopy(0, 2048, 512, 2048, 4, 2048, 1)]
-    assert pack_grid(big) == 512 * 2048 // PACK_BLOCK
-    assert pack_grid([PackCopy(0, 1 << 16, 1 << 14, 1 << 16, 4, 1 << 16, 1)]) == MAX_BLOCKS
+    assert grid_blocks(total_elements(big)) == 512 * 2048 // BLOCK
+    assert grid_blocks(total_elements([PackCopy(0, 1 << 16, 1 << 14, 1 << 16, 4, 1 << 16, 1)])) == MAX_GRID
 
 
 def test_no_copies_is_refused():
