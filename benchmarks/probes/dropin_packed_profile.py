@@ -14,7 +14,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 from torch.profiler import ProfilerActivity, profile
 
-from cellfuse.nn import LSTM, ops, stacks
+from cellfuse.nn import LSTM, ops, packed_sequences, stacks
 
 
 def wall_us(fn, calls: int = 20) -> float:
@@ -39,12 +39,12 @@ def main() -> None:
     x = torch.randn(100, B, 512, device="cuda")
     lengths = torch.randint(10, 101, (B,), generator=torch.Generator().manual_seed(0))
     packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
-    unpacked = stacks.Unpacked(packed)
+    unpacked = packed_sequences.Unpacked(packed, 512, 1)
     padded, checked = unpacked.x, unpacked.lengths
     initial = rnn._initial(None, B, padded)
     params = list(rnn._layer_params(0, False))
     masked = ops.masked_text(rnn._cell_text)
-    states = [*initial, stacks._steps_left(checked, 1, padded, 512)]
+    states = [*initial, stacks.steps_left(checked, 1, padded, 512)]
     y, _ = stacks.run(padded, initial, params, rnn._cell_text, 512, 1, rnn.schedule, checked)
     with torch.no_grad():
         stages = {
@@ -53,9 +53,9 @@ def main() -> None:
             "module(packed)": lambda: rnn(packed),
             "module(x) padded": lambda: rnn(x),
             "torch's pad_packed_sequence": lambda: pad_packed_sequence(packed),
-            "stacks.Unpacked": lambda: stacks.Unpacked(packed),
+            "stacks.Unpacked": lambda: packed_sequences.Unpacked(packed, 512, 1),
             "check_lengths": lambda: stacks.check_lengths(checked, padded.shape[0], B),
-            "_steps_left": lambda: stacks._steps_left(checked, 1, padded, 512),
+            "steps_left": lambda: stacks.steps_left(checked, 1, padded, 512),
             "stacks.run with lengths": lambda: stacks.run(padded, initial, params, rnn._cell_text, 512, 1,
                                                           rnn.schedule, checked),
             "ops.run of the masked cell": lambda: ops.run(padded, states, params, masked, 512, 1,

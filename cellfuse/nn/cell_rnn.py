@@ -35,6 +35,7 @@ from ..graph_model.limits import MAX_LAYERS, MAX_WIDTH
 from ..graph_model.params import REVERSE, check_names, check_widths
 from ..graph_model.validate import check_count
 from . import ops, stacks
+from .packed_sequences import Unpacked
 from .quick_call import QuickCall, kept_call
 from .runners import DTYPES, FORWARD, direction_of, dtype_names, param_dtypes, precision_of
 from .zeros import Zeros
@@ -291,10 +292,12 @@ class CellRNN(torch.nn.Module):
                     return done[0], dict(zip(self.state_ids, done[1], strict=True))
         x_given = x
         packed = None
+        by_layer = self.bidirectional or bool(self.dropout and self.training and self.num_layers > 1)
         if isinstance(x, PackedSequence):
             if lengths is not None:
                 raise CellError("lengths are given twice: by the PackedSequence and by `lengths`")
-            packed = stacks.Unpacked(x)  # its rows in the packed data's order, the states sorted to it
+            # its rows in the packed data's order, the states sorted to it
+            packed = Unpacked(x, self.hidden_size, 1 if by_layer else self.num_layers)
             x, lengths = packed.x, packed.lengths
         elif self.batch_first and isinstance(x, torch.Tensor) and x.dim() == 3:
             x = x.transpose(0, 1)
@@ -308,15 +311,16 @@ class CellRNN(torch.nn.Module):
             initial = packed.sorted(initial)
         elif lengths is not None:  # (a PackedSequence's are right by construction)
             lengths = stacks.check_lengths(lengths, x.shape[0], x.shape[1])
-        by_layer = self.bidirectional or bool(self.dropout and self.training and self.num_layers > 1)
         params = self._params()
+        steps = None if packed is None else packed.steps
         if by_layer:
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params_of, self.num_layers, self.bidirectional, self.dropout,
-                self.training, self._cell_text, self.hidden_size, self.schedule, lengths, self._float32)
+                self.training, self._cell_text, self.hidden_size, self.schedule, lengths, self._float32,
+                steps)
         else:
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
-                                   self.schedule, lengths, float32=self._float32)
+                                   self.schedule, lengths, float32=self._float32, steps=steps)
         if not torch.compiler.is_compiling():  # (the dtype of the plans the pass ran)
             seen = (x.shape, x.device, stacks.plans_dtype(x, initial, params), lengths is not None, by_layer)
             if seen != self._last_seen:  # (a new dict, not changed in place: threads may read it)

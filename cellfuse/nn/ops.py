@@ -113,7 +113,7 @@ def side_by_side(cell: str, x: torch.Tensor, hidden: int, schedule: str) -> bool
     sizes = Sizes(seq=T, batch=B, input=inputs, hidden=hidden, layers=1)
 
     def measured() -> bool:
-        with _on_device(x):
+        with made_current(x):
             return choose(cell_from_text(cell), sizes, x.device, bidirectional=True,
                           precision=precision_of(x.dtype)).beside
     return _remember(_ways, key, measured)
@@ -190,7 +190,7 @@ def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, 
     return _remember(_runners, key, make)
 
 
-def _on_device(x: torch.Tensor):
+def made_current(x: torch.Tensor):
     """The tensors' device made current, where it is not (the kernels load into its context); on a
     thread's first call, for the driver too (use_primary_context)."""
     if x.device.type != "cuda" or on_device(x.device.index):
@@ -226,7 +226,7 @@ def _forward(x, states, params, cell, hidden, layers, schedule, save, direction,
              ) -> list[torch.Tensor]:
     """rnn's outputs; where `shared` (not through the op, which wants outputs of their own, and without
     saved steps), y and the final states may be views of one piece of memory."""
-    with _on_device(x):
+    with made_current(x):
         r = runner(cell, x, hidden, layers, schedule, direction, float32)
         with r.lock:
             y, finals, reserve = r.forward(x, states, params, save, shared)
@@ -254,7 +254,7 @@ def rnn_backward_impl(dy: torch.Tensor, dfinals: list[torch.Tensor], x: torch.Te
     pass that returned y and the reserve, for the seeds dy and dfinals; without `input_grad` (x needs no
     gradient) dx is not computed, and is an empty tensor here. (True by default: graphs compiled before
     the op took it, kept in torch.compile's caches on disk, call it without.)"""
-    with _on_device(x):
+    with made_current(x):
         r = runner(cell, x, hidden, layers, schedule, direction)
         with r.lock:
             dx, dstates, dparams = r.backward(dy, dfinals, x, states, params, y, reserve, input_grad)

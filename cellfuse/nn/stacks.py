@@ -23,15 +23,12 @@ import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 
-import numpy as np
 import torch
-from torch.nn.utils.rnn import PackedSequence
 
 from ..graph_model import CellError
 from ..graph_model.lengths import STEPS_LEFT
 from . import ops
 from .runners import DTYPES, FORWARD, PRECISIONS, direction_of
-from .zeros import made_here
 
 
 def check_lengths(lengths: object, seq: int, batch: int) -> torch.Tensor:
@@ -62,22 +59,22 @@ def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     return dtype if dtype in PRECISIONS else None
 
 
-def _steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int) -> torch.Tensor:
+def steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int) -> torch.Tensor:
     """The initial value of the lengths' state: each row's length in each of its elements, per layer (in
     float32 where x is 16-bit: bf16 holds whole numbers exactly only up to 256)."""
     B = lengths.shape[0]
     dtype = torch.float32 if x.dtype in PRECISIONS else x.dtype
-    return _to_device(lengths.to(dtype), x).view(1, B, 1).expand(layers, B, hidden).contiguous()
+    return to_device(lengths.to(dtype), x).view(1, B, 1).expand(layers, B, hidden).contiguous()
 
 
 def masked_float32(float32: str) -> str:
     """The float32 states (ops.float32_text) of the cell that runs each row to its own length: the count of
-    steps left among them whatever else is (see _steps_left)."""
+    steps left among them whatever else is (see steps_left)."""
     kept = ops.float32_states(float32)
     return float32 if kept is None else ops.float32_text([*kept, STEPS_LEFT])
 
 
-def _to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+def to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A CPU tensor on like's device; to a GPU from pinned memory, so that the copy does not wait for the
     work already on the stream (a copy from pageable memory would)."""
     if like.device.type == "cuda":
@@ -99,22 +96,23 @@ def plans_dtype(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequenc
 
 def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor], cell: str,
         hidden: int, layers: int, schedule: str, lengths: torch.Tensor | None = None,
-        direction: int = FORWARD, float32: str = ops.DEFAULT_FLOAT32
+        direction: int = FORWARD, float32: str = ops.DEFAULT_FLOAT32, steps: torch.Tensor | None = None
         ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """y and the final states of `layers` layers of the cell in one call of the ops (each row to its own
-    length where `lengths` are given: see the module's docstring; `direction` and `float32`, the states a
-    16-bit plan keeps in float32, as the ops take them)."""
+    length where `lengths` are given: see the module's docstring; `steps`: their steps-left state
+    [layers, B, hidden] where it was made already, as a PackedSequence's padding makes it; `direction`
+    and `float32`, the states a 16-bit plan keeps in float32, as the ops take them)."""
     states = list(states)
     save = saves(x, states, params)
     if save and x.dtype in PRECISIONS:  # 16-bit plans run forward only so far
         warnings.warn(f"CellRNN: a pass that a backward pass may follow runs in float32 so far, not in "
                       f"{x.dtype} (its results are given back in {x.dtype})", stacklevel=3)
         y, finals = run(x.float(), [s.float() for s in states], [p.float() for p in params], cell, hidden,
-                        layers, schedule, lengths, direction)  # (float32 plans keep every state float32)
+                        layers, schedule, lengths, direction, steps=steps)  # (float32 plans: all float32)
         return y.to(x.dtype), [f.to(s.dtype) for f, s in zip(finals, states, strict=True)]
     if lengths is not None:
         cell = ops.masked_text(cell)
-        states.append(_steps_left(lengths, layers, x, hidden))
+        states.append(steps if steps is not None else steps_left(lengths, layers, x, hidden))
         float32 = masked_float32(float32)
     out = ops.run(x, states, list(params), cell, hidden, layers, schedule, save, direction, float32)
     finals = list(out[1:1 + len(states)])
@@ -129,21 +127,22 @@ def _reversal(lengths: torch.Tensor | None, x: torch.Tensor) -> Callable[[torch.
     T, B = x.shape[0], x.shape[1]
     steps = torch.arange(T).view(T, 1)
     ends = lengths.view(1, B)
-    index = _to_device(torch.where(steps < ends, ends - 1 - steps, steps), x)
+    index = to_device(torch.where(steps < ends, ends - 1 - steps, steps), x)
     return lambda t: t.gather(0, index.view(T, B, 1).expand(T, B, t.shape[2]))
 
 
 def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
                    params_of: Callable[[int, bool], list[torch.Tensor]], layers: int, bidirectional: bool,
                    dropout: float, training: bool, cell: str, hidden: int, schedule: str,
-                   lengths: torch.Tensor | None = None, float32: str = ops.DEFAULT_FLOAT32
-                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                   lengths: torch.Tensor | None = None, float32: str = ops.DEFAULT_FLOAT32,
+                   steps: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """y and the final states of the stack, each layer and direction a call of its own (`params_of(layer,
     reverse)` gives a one-layer call's parameters); both directions' outputs side by side, the final
     states in torch's order (layer by layer, forward before reverse), `initial` in the same order. On a
     GPU the two directions of a layer run side by side, the reverse one on a stream of its own, each
     planned for half of the SMs (FORWARD_BESIDE), so that both persistent kernels run at once; under
-    `auto`, only where that was measured faster than one after the other (ops.side_by_side)."""
+    `auto`, only where that was measured faster than one after the other (ops.side_by_side). `steps`: the
+    lengths' steps-left state of one layer, where it was made already (see run)."""
     directions = (False, True) if bidirectional else (False,)
     reverse_time = _reversal(lengths, x) if bidirectional else None
     can_run_beside = bidirectional and _beside(x)
@@ -153,7 +152,7 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
             cell if lengths is None else ops.masked_text(cell), x, hidden, schedule)
         calls = [partial(_direction, x, [s[i:i + 1] for s in initial], params_of(layer, reverse),
                          reverse_time if reverse else None, cell, hidden, schedule, lengths,
-                         direction_of(reverse, beside), float32)
+                         direction_of(reverse, beside), float32, steps)
                  for i, reverse in enumerate(directions, start=layer * len(directions))]
         done = _side_by_side(*calls, x, initial) if beside else [call() for call in calls]
         outputs, lasts = [y for y, _ in done], [last for _, last in done]
@@ -166,10 +165,10 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     return x, [torch.cat(f) for f in finals]
 
 
-def _direction(x, initial, params, reverse_time, cell, hidden, schedule, lengths, direction, float32):
+def _direction(x, initial, params, reverse_time, cell, hidden, schedule, lengths, direction, float32, steps):
     """One direction of one layer: y and the final states (reverse_time: of the reverse direction)."""
     y, last = run(reverse_time(x) if reverse_time else x, initial, params, cell, hidden, 1, schedule,
-                  lengths, direction, float32)
+                  lengths, direction, float32, steps)
     return (reverse_time(y) if reverse_time else y), last
 
 
@@ -206,51 +205,3 @@ def _side_by_side(first: Callable, second: Callable, x: torch.Tensor, initial: S
     for t in (y, *last):  # made on the side stream, used on the current one
         t.record_stream(main)
     return [out, done]
-
-
-STEPS_MULTIPLE = 4  # a PackedSequence's steps are run in multiples of this (see Unpacked)
-
-
-class Unpacked:
-    """A PackedSequence padded in its own order of rows (longest first, as its data holds them), so that
-    nothing waits for the GPU: x [T', B, width] (zeros past each row's length; T' the longest length
-    rounded up to a multiple of STEPS_MULTIPLE), the rows' lengths (on the CPU, from the batch sizes),
-    and how to pack y back and to move states between the batch's order and this one. torch's
-    pad_packed_sequence and pack_padded_sequence copy a step at a time and read the order of rows back
-    from the GPU, which costs more than the kernels of a layer."""
-
-    def __init__(self, packed: PackedSequence):
-        sizes = packed.batch_sizes.numpy()  # on the CPU, as torch keeps them
-        T, B = len(sizes), int(sizes[0])
-        self.lengths = torch.from_numpy((np.arange(B)[None, :] < sizes[:, None]).sum(0))
-        # where each element of the packed data (step by step, longest row first) is in x [T * B, ...]:
-        # at step t, rows 0 .. sizes[t] - 1 (in numpy: a few microseconds, where torch's small ops take tens)
-        at = np.repeat(np.arange(T) * B - (np.cumsum(sizes) - sizes), sizes) + np.arange(int(sizes.sum()))
-        data = packed.data
-        self._at = _to_device(torch.from_numpy(at), data)
-        self._like = packed
-        # x's steps rounded up to a multiple of STEPS_MULTIPLE (past every row's length, the steps after
-        # T change nothing): batches whose longest rows differ by a few steps share a runner and `auto`'s
-        # choice, where each new length would have made (and measured) its own
-        steps = -(-T // STEPS_MULTIPLE) * STEPS_MULTIPLE
-        self.x = data.new_zeros((steps * B, *data.shape[1:])).index_copy(0, self._at, data).view(
-            steps, B, *data.shape[1:])
-
-    def pack(self, y: torch.Tensor) -> PackedSequence:
-        """y [T, B, ...] in this order of rows as a PackedSequence of the input's layout."""
-        like = self._like
-        data = y.reshape(-1, *y.shape[2:]).index_select(0, self._at)
-        return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
-
-    def sorted(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """States [n, B, H] in the batch's order, in this one (a module's kept zeros as they are: the
-        same in any order of rows, and kept by the runner in the types its plans store them in)."""
-        order = self._like.sorted_indices
-        if order is None:
-            return list(states)
-        return [s if made_here(s) else s.index_select(1, order) for s in states]
-
-    def unsorted(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """States [n, B, H] in this order, in the batch's."""
-        order = self._like.unsorted_indices
-        return list(states) if order is None else [s.index_select(1, order) for s in states]

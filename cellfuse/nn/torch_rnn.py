@@ -24,6 +24,7 @@ from ..gpu_runtime.auto_schedule import AUTO
 from ..graph_model import Cell, CellError, init_params
 from ..graph_model.builder import CellBuilder, sigmoid, tanh
 from . import ops, stacks
+from .packed_sequences import Unpacked
 from .quick_call import QuickCall, kept_call
 from .runners import DTYPES, dtype_names, param_dtypes
 from .zeros import Zeros
@@ -95,6 +96,7 @@ class _TorchRNN(torch.nn.Module):
         self._view_cache: dict[tuple[int, bool], tuple[tuple, list[torch.Tensor]]] = {}
         self._zeros = Zeros()
         self._quick: QuickCall | None = None  # the last call on a GPU, where it can be kept
+        self._quick_packed: QuickCall | None = None  # and the last of a PackedSequence
         # the template's weights of a layer, in the order of its keys (l0.W_i -> W_i), which the ops take
         self._names = [key.split(".", 1)[1] for key in init_params(cell, 1, 1, 1, 0)]
         gate_rows = len(self._gates) * hidden_size
@@ -165,14 +167,14 @@ class _TorchRNN(torch.nn.Module):
 
     def _apply(self, fn, recurse=True):
         self._view_cache.clear()  # views of the tensors a move replaces would keep them alive
-        self._quick = None  # (so would the kept call's zeros)
+        self._quick = self._quick_packed = None  # (so would the kept calls' zeros)
         return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_view_cache"] = {}
         state["_zeros"] = Zeros()
-        state["_quick"] = None
+        state["_quick"] = state["_quick_packed"] = None
         return state
 
     # -- the forward pass ------------------------------------------------------------------------------
@@ -213,15 +215,21 @@ class _TorchRNN(torch.nn.Module):
     def forward(self, input, hx=None):
         layout = (self.schedule, self.batch_first, self.training, self.dropout)
         compiling = torch.compiler.is_compiling()  # (first: torch.compile reads nothing of the kept call)
+        every = None if hx is None else list(hx) if isinstance(hx, (tuple, list)) else [hx]
         if not compiling and self._quick is not None and type(input) is torch.Tensor:
-            every = None if hx is None else list(hx) if isinstance(hx, (tuple, list)) else [hx]
             done = self._quick(input, layout, self._fused_params(), every)
             if done is not None:
                 return self._returned(*done)
+        fused = not self.bidirectional and (self.dropout == 0 or not self.training or self.num_layers == 1)
         input_given = input
-        packed = stacks.Unpacked(input) if isinstance(input, PackedSequence) else None
-        lengths = None
-        if packed is not None:  # padded, each row to its length, in the packed data's order of rows
+        packed, lengths = None, None
+        if isinstance(input, PackedSequence):  # padded, each row to its length, in the data's order of rows
+            packed = Unpacked(input, self.hidden_size, self.num_layers if fused else 1)
+            states = self._packed_states(packed, every) if self._quick_packed is not None else None
+            if not compiling and states is not None:
+                done = self._quick_packed(packed.x, _packed_layout(layout), self._fused_params(), states)
+                if done is not None:
+                    return self._returned(packed.pack(done[0]), packed.unsorted(done[1][:-1]))
             input, lengths = packed.x, packed.lengths
         cast = stacks.autocast_dtype(input) if isinstance(input, torch.Tensor) else None
         if cast is not None:  # under torch.autocast: the input and hx in its dtype, as torch.nn.LSTM's
@@ -239,20 +247,30 @@ class _TorchRNN(torch.nn.Module):
         initial = self._initial(hx, x.shape[1], x)
         if packed is not None:
             initial = packed.sorted(initial)
-        if not compiling:
-            self._quick = None
-        if not self.bidirectional and (self.dropout == 0 or not self.training or self.num_layers == 1):
+        if not compiling:  # (the kept call this one would replace)
+            if packed is None:
+                self._quick = None
+            else:
+                self._quick_packed = None
+        steps = None if packed is None else packed.steps
+        if fused:
             params = self._fused_params()
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
-                                   self.schedule, lengths)
-            if not compiling and packed is None and cast is None and not unbatched:  # (see quick_call)
+                                   self.schedule, lengths, steps=steps)
+            if not compiling and cast is None and not unbatched:  # (see quick_call)
                 zeros = [self._zeros(tuple(initial[0].shape), x.dtype, x.device)] * len(initial)
-                self._quick = kept_call(input_given, x, layout, params, zeros, self._cell_text,
-                                        self.hidden_size, self.num_layers, ops.DEFAULT_FLOAT32)
+                if packed is None:
+                    self._quick = kept_call(input_given, x, layout, params, zeros, self._cell_text,
+                                            self.hidden_size, self.num_layers, ops.DEFAULT_FLOAT32)
+                else:  # (the ops' cell: the one that runs each row to its own length)
+                    self._quick_packed = kept_call(
+                        x, x, _packed_layout(layout), params, [*zeros, steps],
+                        ops.masked_text(self._cell_text), self.hidden_size, self.num_layers,
+                        stacks.masked_float32(ops.DEFAULT_FLOAT32))
         else:
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params, self.num_layers, self.bidirectional, self.dropout,
-                self.training, self._cell_text, self.hidden_size, self.schedule, lengths)
+                self.training, self._cell_text, self.hidden_size, self.schedule, lengths, steps=steps)
         if unbatched:
             y, finals = y.squeeze(1), [f.squeeze(1) for f in finals]
         elif packed is not None:
@@ -260,6 +278,18 @@ class _TorchRNN(torch.nn.Module):
         elif self.batch_first:
             y = y.transpose(0, 1)
         return self._returned(y, finals)
+
+    def _packed_states(self, packed: Unpacked, every: list | None) -> list[torch.Tensor] | None:
+        """The initial states of a PackedSequence's kept call (quick_call), in its order of rows, then its
+        steps-left state; None where hx is not tensors, one per state (the whole path says what is
+        wrong)."""
+        if every is None:
+            B = int(packed.x.shape[1])
+            shape = (self.num_layers * self._directions, B, self.hidden_size)
+            every = [self._zeros(shape, packed.x.dtype, packed.x.device)] * len(self._state_ids)
+        elif len(every) != len(self._state_ids) or not all(type(s) is torch.Tensor for s in every):
+            return None
+        return [*packed.sorted(every), packed.steps]
 
     def _fused_params(self) -> list[torch.Tensor]:
         """Every layer's weights of the forward direction, for a call of the layers at once."""
@@ -270,6 +300,12 @@ class _TorchRNN(torch.nn.Module):
         if self.kind == "lstm":
             return y, (finals[0], finals[1])
         return y, finals[0]
+
+
+def _packed_layout(layout: tuple) -> tuple:
+    """The layout a PackedSequence's call runs in: time first, whatever the module's batch_first."""
+    schedule, _batch_first, training, dropout = layout
+    return schedule, False, training, dropout
 
 
 class LSTM(_TorchRNN):

@@ -11,7 +11,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from cellfuse.graph_model import CellError
-from cellfuse.nn import GRU, LSTM, CellRNN, stacks
+from cellfuse.nn import GRU, LSTM, CellRNN, packed_sequences
 from cellfuse.nn.zeros import Zeros
 
 T, B, INPUT, H = 7, 4, 5, 6
@@ -105,9 +105,9 @@ def test_dropout_with_packed_sequences_keeps_the_rows_apart():
 def test_packed_batches_of_nearby_lengths_share_their_runs():
     """A PackedSequence's steps run in multiples of STEPS_MULTIPLE: batches whose longest rows are 5 and 7
     steps long run 8 steps, through one runner, and give what torch gives."""
-    from cellfuse.nn import ops, stacks
+    from cellfuse.nn import ops, packed_sequences
 
-    assert stacks.STEPS_MULTIPLE == 4
+    assert packed_sequences.STEPS_MULTIPLE == 4
     torch.manual_seed(5)
     ours = LSTM(INPUT, H).double()
     ref = torch.nn.LSTM(INPUT, H).double()
@@ -128,6 +128,6 @@ def test_a_modules_kept_zeros_are_not_copied_into_the_packed_order():
     packed = pack_padded_sequence(x, torch.tensor([3, 7, 1, 5]), enforce_sorted=False)
     kept = Zeros()((1, 4, 2), torch.float32, torch.device("cpu"))
     given = torch.randn(1, 4, 2)
-    same, moved = stacks.Unpacked(packed).sorted([kept, given])
+    same, moved = packed_sequences.Unpacked(packed, 2, 1).sorted([kept, given])
     assert same is kept
     torch.testing.assert_close(moved, given.index_select(1, packed.sorted_indices))

@@ -1,0 +1,141 @@
+"""One forward call of the drop-in LSTM over a PackedSequence beside one over the padded tensor, as a
+timeline: perf_counter stamps as the call enters each stage on the host (unpacking, the lengths' state,
+the ops, the runner, the program's run, packing y back, the states' order) and, from torch.profiler's
+trace of the same calls, when each piece of GPU work started and ended, in microseconds from the call's
+start. Each call is made right after the device was synchronised, as the drop-in benchmark times them.
+LSTM, input = hidden = 512, T=100, lengths uniform in 10..100, under torch.no_grad(); with --train, a
+training step instead (the call, then backward() of its output's sum of squares).
+
+    python3 benchmarks/probes/dropin_packed_timeline.py [--batch 64] [--calls 50] [--train] [--trace OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+
+import torch
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from cellfuse.gpu_runtime.stream_program import StreamProgram
+from cellfuse.nn import LSTM, ops, packed_sequences, stacks
+from cellfuse.nn.cuda_runner import CudaRunner
+
+_stamps: dict[str, int] = {}
+
+
+def _stamped(owner, attr: str, name: str) -> None:
+    fn = getattr(owner, attr)
+
+    def wrapper(*args, **kwargs):
+        _stamps.setdefault(name, time.perf_counter_ns())
+        out = fn(*args, **kwargs)
+        _stamps.setdefault(name + " done", time.perf_counter_ns())
+        return out
+    setattr(owner, attr, wrapper)
+
+
+def _instrument() -> None:
+    _stamped(packed_sequences.Unpacked, "__init__", "Unpacked")
+    _stamped(packed_sequences.Unpacked, "_padded", "the padding kernel")
+    _stamped(stacks, "steps_left", "steps left")
+    _stamped(ops, "run", "ops.run")
+    _stamped(CudaRunner, "_forward", "runner._forward")
+    _stamped(StreamProgram, "run", "program.run")
+    _stamped(packed_sequences.Unpacked, "pack", "pack")
+    _stamped(packed_sequences.Unpacked, "unsorted", "unsorted")
+
+
+def _call(rnn, given, train: bool) -> None:
+    if not train:
+        with torch.no_grad():
+            rnn(given)
+        return
+    y = rnn(given)[0]
+    (y.data if isinstance(y, PackedSequence) else y).square().sum().backward()
+    rnn.zero_grad(set_to_none=True)
+
+
+def _host_stages(rnn, given, calls: int, train: bool) -> dict[str, float]:
+    rows = []
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        _stamps.clear()
+        t0 = time.perf_counter_ns()
+        _call(rnn, given, train)
+        _stamps["returned"] = time.perf_counter_ns()
+        torch.cuda.synchronize()
+        _stamps["synchronised"] = time.perf_counter_ns()
+        rows.append({name: (t - t0) / 1e3 for name, t in _stamps.items()})
+    names = list(dict.fromkeys(n for r in rows for n in r))
+    return {n: statistics.median(r[n] for r in rows if n in r) for n in names}
+
+
+def _gpu_timeline(rnn, given, calls: int, trace_path: str, train: bool) -> tuple[list, dict]:
+    """Per call: the GPU's pieces of work (name, start, end in us from the call's start), from the trace."""
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(calls):
+            torch.cuda.synchronize()
+            with record_function(f"call {i}"):
+                _call(rnn, given, train)
+            torch.cuda.synchronize()
+    prof.export_chrome_trace(trace_path)
+    with open(trace_path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    starts = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e["name"].startswith("call "))
+    gpu = [e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")]
+    per_call = []
+    for i, (t0, _) in enumerate(starts):
+        t1 = starts[i + 1][0] if i + 1 < len(starts) else float("inf")
+        work = sorted((e["ts"] - t0, e["ts"] + e["dur"] - t0, e["name"][:70])
+                      for e in gpu if t0 <= e["ts"] < t1)
+        per_call.append(work)
+    summary = {
+        "host: call returned": statistics.median(end - t0 for t0, end in starts),
+        "GPU: first work starts": statistics.median(w[0][0] for w in per_call if w),
+        "GPU: last work ends": statistics.median(w[-1][1] for w in per_call if w),
+        "GPU: busy": statistics.median(sum(e - s for s, e, _ in w) for w in per_call if w),
+        "GPU: pieces of work": statistics.median(len(w) for w in per_call),
+    }
+    return per_call, summary
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--calls", type=int, default=50)
+    p.add_argument("--train", action="store_true", help="time training steps, not inference calls")
+    p.add_argument("--trace", default=None, help="where to write the packed calls' chrome trace")
+    args = p.parse_args()
+    B = args.batch
+    torch.manual_seed(0)
+    rnn = LSTM(512, 512).cuda()
+    x = torch.randn(100, B, 512, device="cuda")
+    lengths = torch.randint(10, 101, (B,), generator=torch.Generator().manual_seed(0))
+    packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
+    for _ in range(20):
+        _call(rnn, packed, args.train), _call(rnn, x, args.train)
+    what = "training steps" if args.train else "calls"
+    print(f"{torch.cuda.get_device_name()}; LSTM T=100 B={B} I=H=512; microseconds from the call's start, "
+          f"medians of {args.calls} {what} each after a synchronisation")
+    _instrument()
+    for name, given in (("padded", x), ("packed", packed)):
+        print(f"\n== {name}: host stamps")
+        for stage, us in _host_stages(rnn, given, args.calls, args.train).items():
+            print(f"  {stage:28s} {us:9.1f}")
+        trace = args.trace if (args.trace and name == "packed") else tempfile.mktemp(suffix=".json")
+        per_call, summary = _gpu_timeline(rnn, given, args.calls, trace, args.train)
+        print(f"== {name}: GPU, from torch.profiler (its own overhead included)")
+        for what, us in summary.items():
+            print(f"  {what:28s} {us:9.1f}")
+        print("  the last call's work:")
+        for s, e, n in per_call[-1]:
+            print(f"    {s:9.1f} {e:9.1f} {n}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,131 @@
+"""A PackedSequence padded and packed back by the packed rows' kernels on a GPU (nn.packed_sequences),
+against torch's ops (the path the CPU takes): x, the steps-left state, y packed back and the gradients
+through both, for float32 and bfloat16, short and long sequences; and the drop-in's kept call of a
+PackedSequence: batches of other lengths, hx, a training step and a CUDA graph capture, against cuDNN."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from cellfuse.nn import LSTM, packed_sequences
+from cellfuse.nn.packed_sequences import Unpacked
+
+pytestmark = pytest.mark.gpu
+
+
+def _packed(cuda, T, B, width, dtype=torch.float32, seed=0, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[int(torch.randint(0, B, (1,), generator=g))] = T
+    x = torch.randn(T, B, width, generator=g).to(cuda, dtype).requires_grad_(requires_grad)
+    return pack_padded_sequence(x, lengths, enforce_sorted=False), x, lengths
+
+
+def _by_torch(packed, hidden, layers):
+    """An Unpacked made by torch's ops, as on the CPU."""
+    saved = packed_sequences._rows_kernels
+    packed_sequences._rows_kernels = lambda data, steps: None
+    try:
+        return Unpacked(packed, hidden, layers)
+    finally:
+        packed_sequences._rows_kernels = saved
+
+
+@pytest.mark.parametrize("T, B, width, dtype", [(9, 6, 24, torch.float32), (100, 64, 512, torch.float32),
+                                                (1000, 8, 40, torch.float32), (37, 5, 16, torch.bfloat16)])
+def test_the_kernels_pad_and_pack_as_torchs_ops(cuda, T, B, width, dtype):
+    packed, _, lengths = _packed(cuda, T, B, width, dtype)
+    ours, want = Unpacked(packed, 48, 3), _by_torch(packed, 48, 3)
+    assert ours._rows is not None and want._rows is None
+    assert ours.x.shape[0] % packed_sequences.STEPS_MULTIPLE == 0
+    assert torch.equal(ours.x, want.x)
+    assert ours.steps.dtype == want.steps.dtype == torch.float32 and torch.equal(ours.steps, want.steps)
+    assert torch.equal(ours.steps[0, :, 0].cpu().long(), lengths.sort(descending=True).values)
+    y = torch.randn(ours.x.shape[0], B, 48, device=cuda).to(dtype)
+    got, expected = ours.pack(y), want.pack(y)
+    assert torch.equal(got.data, expected.data)
+    assert torch.equal(got.batch_sizes, expected.batch_sizes)
+
+
+def test_gradients_flow_through_the_kernels_as_through_torchs_ops(cuda):
+    packed, x, _ = _packed(cuda, 23, 7, 12, requires_grad=True)
+    weight = torch.randn(12, 12, device=cuda)
+    grads = []
+    for make in (Unpacked, _by_torch):
+        unpacked = make(packed, 12, 1)
+        out = unpacked.pack(torch.tanh(unpacked.x @ weight))
+        grads.append(torch.autograd.grad(out.data.square().sum(), x, retain_graph=True)[0])
+    torch.testing.assert_close(grads[0], grads[1], rtol=0, atol=0)
+    padded, _ = pad_packed_sequence(packed)  # (rows past their lengths get no gradient)
+    assert grads[0][padded.shape[0]:].abs().sum() == 0
+
+
+def _cudnn(ours, cuda):
+    ref = torch.nn.LSTM(ours.input_size, ours.hidden_size, ours.num_layers).to(cuda)
+    ref.load_state_dict(ours.state_dict())
+    return ref
+
+
+def test_the_kept_call_of_a_packed_sequence_runs_batches_of_other_lengths(cuda):
+    """Batches of the same padded steps and batch, their lengths each their own: every call after the
+    first is the kept one, and each matches cuDNN, with and without hx."""
+    torch.manual_seed(0)
+    ours = LSTM(32, 48, num_layers=2).to(cuda)
+    ref = _cudnn(ours, cuda)
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        for seed in range(4):
+            packed, _, _ = _packed(cuda, 20, 6, 32, seed=seed)
+            hx = None if seed % 2 else tuple(torch.randn(2, 6, 48, device=cuda) for _ in range(2))
+            kept = ours._quick_packed
+            (y, (h, c)), (want_y, (want_h, want_c)) = ours(packed, hx), ref(packed, hx)
+            if seed:
+                assert ours._quick_packed is kept is not None  # (made by the call before, used)
+            torch.testing.assert_close(y.data, want_y.data, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(h, want_h, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(c, want_c, rtol=1e-4, atol=1e-5)
+
+
+def test_a_kept_training_call_of_a_packed_sequence_gives_cudnns_gradients(cuda):
+    torch.manual_seed(1)
+    ours = LSTM(32, 48).to(cuda)
+    ref = _cudnn(ours, cuda)
+    for seed in range(3):
+        packed, x, _ = _packed(cuda, 16, 5, 32, seed=seed, requires_grad=True)
+        kept = ours._quick_packed
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            (y, (h, _)), (want_y, (want_h, _)) = ours(packed), ref(packed)
+            got = torch.autograd.grad(y.data.square().sum() + h.sum(), [x, *ours.parameters()],
+                                      retain_graph=True)
+            want = torch.autograd.grad(want_y.data.square().sum() + want_h.sum(), [x, *ref.parameters()])
+        if seed:
+            assert ours._quick_packed is kept is not None
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_a_packed_forward_is_captured_and_replayed(cuda):
+    """A CUDA graph capture of the module's call of a PackedSequence (the kernels loaded by a call before
+    it): replayed over new contents of the same lengths, it gives cuDNN's result for them."""
+    torch.manual_seed(2)
+    ours = LSTM(32, 48).to(cuda)
+    ref = _cudnn(ours, cuda)
+    packed, _, lengths = _packed(cuda, 12, 4, 32)
+    data = packed.data.clone()
+    static = packed._replace(data=data)
+    with torch.no_grad():
+        ours(static), ours(static)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+            y, (h, c) = ours(static)
+        torch.cuda.current_stream().wait_stream(stream)
+        data.copy_(torch.randn_like(data))
+        graph.replay()
+        torch.cuda.synchronize()
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            want_y, (want_h, _) = ref(static)
+    torch.testing.assert_close(y.data, want_y.data, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(h, want_h, rtol=1e-4, atol=1e-5)
