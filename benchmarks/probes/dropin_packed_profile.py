@@ -39,7 +39,8 @@ def main() -> None:
     x = torch.randn(100, B, 512, device="cuda")
     lengths = torch.randint(10, 101, (B,), generator=torch.Generator().manual_seed(0))
     packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
-    unpacked = packed_sequences.Unpacked(packed, 512, 1)
+    unpacked = packed_sequences.Unpacked(packed)
+    unpacked.pad(512, 1)
     padded, checked = unpacked.x, unpacked.lengths
     initial = rnn._initial(None, B, padded)
     params = list(rnn._layer_params(0, False))
@@ -53,7 +54,7 @@ def main() -> None:
             "module(packed)": lambda: rnn(packed),
             "module(x) padded": lambda: rnn(x),
             "torch's pad_packed_sequence": lambda: pad_packed_sequence(packed),
-            "stacks.Unpacked": lambda: packed_sequences.Unpacked(packed, 512, 1),
+            "Unpacked and its padding": lambda: packed_sequences.Unpacked(packed).pad(512, 1),
             "check_lengths": lambda: stacks.check_lengths(checked, padded.shape[0], B),
             "steps_left": lambda: stacks.steps_left(checked, 1, padded, 512),
             "stacks.run with lengths": lambda: stacks.run(padded, initial, params, rnn._cell_text, 512, 1,

@@ -40,6 +40,11 @@ class PackedRows:
         self.capacity = steps_capacity
         self._dtype = _args_dtype(steps_capacity)
 
+    def lane_rows(self, threads: int) -> tuple[int, int, int]:
+        """The padding kernel's function (its address), the steps its arguments hold and its blocks for
+        work of `threads` elements, for a kept call's C++ lane (nn.quick_lane), which launches it."""
+        return int(self._unpack), self.capacity, grid_blocks(threads)
+
     def _args(self, src: int, dst: int, sizes: np.ndarray, width: int, elements: int) -> np.ndarray:
         if len(sizes) > self.capacity:
             raise ValueError(f"{len(sizes)} steps do not fit {self.what}")

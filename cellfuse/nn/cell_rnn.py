@@ -297,7 +297,8 @@ class CellRNN(torch.nn.Module):
             if lengths is not None:
                 raise CellError("lengths are given twice: by the PackedSequence and by `lengths`")
             # its rows in the packed data's order, the states sorted to it
-            packed = Unpacked(x, self.hidden_size, 1 if by_layer else self.num_layers)
+            packed = Unpacked(x)
+            packed.pad(self.hidden_size, 1 if by_layer else self.num_layers)
             x, lengths = packed.x, packed.lengths
         elif self.batch_first and isinstance(x, torch.Tensor) and x.dim() == 3:
             x = x.transpose(0, 1)

@@ -507,13 +507,14 @@ class CudaRunner(Runner):
         return y, [f if f.dtype == x.dtype else f.to(x.dtype) for f in finals], reserve
 
     def call_lane(self, lane, x: torch.Tensor, params: Sequence[torch.Tensor], zeros: Sequence[torch.Tensor],
-                  batch_first: bool):
+                  batch_first: bool, rows: tuple[int, int, int] | None = None):
         """A C++ lane (quick_lane) for inference calls like the one this runner just made, in one piece of
         memory, of x (as the module was given it: [B, T, I] where batch_first), these parameters and the
-        module's kept zeros: `lane` taught that call's captured run where it is still current, else a new
-        one; `lane` as it is where that call was not a replay of a captured run, and None where no lane
-        can make such calls (no lane could be built, the parameters are packed at every call, y is stored
-        in another type than x's). Called with the runner's lock held, right after the call."""
+        module's kept zeros (`rows`: and of PackedSequences, see quick_lane.make): `lane` taught that
+        call's captured run where it is still current, else a new one; `lane` as it is where that call was
+        not a replay of a captured run, and None where no lane can make such calls (no lane could be
+        built, the parameters are packed at every call, y is stored in another type than x's). Called with
+        the runner's lock held, right after the call."""
         made, self._block_run = self._block_run, None
         if made is None or quick_lane.module() is None:
             return lane
@@ -530,7 +531,7 @@ class CudaRunner(Runner):
             try:
                 lane = quick_lane.make(x, params, zeros, batch_first, self._sizes, self._block_elements,
                                        self._outputs_end, self._finals_at, packed, stream,
-                                       (self.lock, program.turn), program)
+                                       (self.lock, program.turn), program, rows=rows)
             except (ValueError, CellError, OSError) as e:  # (the call itself was made: it stands)
                 log.warning("%s: no C++ lane for calls like this one (%s); they run in Python",
                             program.what, e)

@@ -61,28 +61,42 @@ def _rows_kernels(data: torch.Tensor, steps: int):
 
 
 class Unpacked:
-    """A PackedSequence padded in its own order of rows: x [T', B, width] (zeros past each row's length;
-    T' the longest length rounded up to a multiple of STEPS_MULTIPLE), the steps-left state of a call of
-    `state_layers` layers ([state_layers, B, hidden]: each row's length, see stacks.run), the rows'
-    lengths (on the CPU, from the batch sizes), and how to pack y back and to move states between the
-    batch's order and this one. Gradients flow through the padding and the packing."""
+    """A PackedSequence padded in its own order of rows, by `pad`: x [T', B, width] (zeros past each
+    row's length; T' the longest length rounded up to a multiple of STEPS_MULTIPLE) and the steps-left
+    state of a call of `state_layers` layers ([state_layers, B, hidden]: each row's length, see
+    stacks.run); the rows' lengths (on the CPU, from the batch sizes), and how to pack y back and to
+    move states between the batch's order and this one. Gradients flow through the padding and the
+    packing."""
 
-    def __init__(self, packed: PackedSequence, hidden: int, state_layers: int):
+    def __init__(self, packed: PackedSequence):
         self._sizes = packed.batch_sizes.numpy()  # on the CPU, as torch keeps them
         self._like = packed
-        T, data = len(self._sizes), packed.data
         # x's steps rounded up to a multiple of STEPS_MULTIPLE (past every row's length, the steps after
         # T change nothing): batches whose longest rows differ by a few steps share a runner and `auto`'s
         # choice, where each new length would have made (and measured) its own
-        padded = -(-T // STEPS_MULTIPLE) * STEPS_MULTIPLE
-        self._rows = _rows_kernels(data, padded)
+        self._steps = -(-len(self._sizes) // STEPS_MULTIPLE) * STEPS_MULTIPLE
+        self._rows = _rows_kernels(packed.data, self._steps)
+        self.x: torch.Tensor | None = None
+        self.steps: torch.Tensor | None = None
+
+    def pad(self, hidden: int, state_layers: int) -> None:
+        """x and the steps-left state made (see the class's docstring)."""
+        data = self._like.data
         if self._rows is None:
-            self.x = self._positions_padded(data, padded)
+            self.x = self._positions_padded(data)
             self.steps = steps_left(self.lengths, state_layers, self.x, hidden)
         elif torch.is_grad_enabled() and data.requires_grad:
-            self.x, self.steps = _Padded.apply(data, self, padded, hidden, state_layers)
+            self.x, self.steps = _Padded.apply(data, self, hidden, state_layers)
         else:
-            self.x, self.steps = self._padded(data.detach(), padded, hidden, state_layers)
+            self.x, self.steps = self._padded(data.detach(), hidden, state_layers)
+
+    def lane_rows(self, hidden: int, state_layers: int) -> tuple[int, int, int] | None:
+        """What a lane needs to pad a float32 PackedSequence like this one for a call of `state_layers`
+        layers (quick_lane.make's `rows`), or None where the kernels do not pad it."""
+        if self._rows is None or self._like.data.dtype != torch.float32:
+            return None
+        B, width = int(self._sizes[0]), self._like.data[0].numel()
+        return self._rows.lane_rows(self._steps * B * width + state_layers * B * hidden)
 
     @cached_property
     def lengths(self) -> torch.Tensor:
@@ -99,20 +113,20 @@ class Unpacked:
         at = np.repeat(np.arange(T) * B - (np.cumsum(sizes) - sizes), sizes) + np.arange(int(sizes.sum()))
         return to_device(torch.from_numpy(at), self._like.data)
 
-    def _positions_padded(self, data: torch.Tensor, padded: int) -> torch.Tensor:
+    def _positions_padded(self, data: torch.Tensor) -> torch.Tensor:
         B = int(self._sizes[0])
-        return data.new_zeros((padded * B, *data.shape[1:])).index_copy(0, self._at, data).view(
-            padded, B, *data.shape[1:])
+        return data.new_zeros((self._steps * B, *data.shape[1:])).index_copy(0, self._at, data).view(
+            self._steps, B, *data.shape[1:])
 
     # -- through the kernels --------------------------------------------------------------------------
     def _stream(self, t: torch.Tensor) -> int:
         return torch._C._cuda_getCurrentRawStream(t.get_device())
 
-    def _padded(self, data: torch.Tensor, padded: int, hidden: int = 1, state_layers: int = 0
+    def _padded(self, data: torch.Tensor, hidden: int = 1, state_layers: int = 0
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x [padded, B, ...] from data [N, ...] by the kernel, and the steps-left state where
+        """x [T', B, ...] from data [N, ...] by the kernel, and the steps-left state where
         `state_layers`."""
-        B = int(self._sizes[0])
+        B, padded = int(self._sizes[0]), self._steps
         data = data.contiguous()
         x = data.new_empty((padded, B, *data.shape[1:]))
         steps = (torch.empty((state_layers, B, hidden), dtype=torch.float32, device=data.device)
@@ -163,15 +177,15 @@ class _Padded(torch.autograd.Function):
     other (the padding's: nothing)."""
 
     @staticmethod
-    def forward(ctx, data, unpacked: Unpacked, padded: int, hidden: int, state_layers: int):
+    def forward(ctx, data, unpacked: Unpacked, hidden: int, state_layers: int):
         ctx.unpacked = unpacked
-        x, steps = unpacked._padded(data, padded, hidden, state_layers)
+        x, steps = unpacked._padded(data, hidden, state_layers)
         ctx.mark_non_differentiable(steps)
         return x, steps
 
     @staticmethod
     def backward(ctx, dx, _dsteps):
-        return ctx.unpacked._packed_data(dx), None, None, None, None
+        return ctx.unpacked._packed_data(dx), None, None, None
 
 
 class _Packed(torch.autograd.Function):
@@ -180,9 +194,9 @@ class _Packed(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, y, unpacked: Unpacked):
-        ctx.unpacked, ctx.padded = unpacked, y.shape[0]
+        ctx.unpacked = unpacked
         return unpacked._packed_data(y)
 
     @staticmethod
     def backward(ctx, ddata):
-        return ctx.unpacked._padded(ddata, ctx.padded)[0], None
+        return ctx.unpacked._padded(ddata)[0], None

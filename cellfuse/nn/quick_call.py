@@ -15,6 +15,11 @@ Once such a call was a replay of a run its program captured, a C++ lane (quick_l
 it: it checks all of the above, and what the runner would, in C++, and replays the run; a call it cannot
 make it leaves to the Python here, which teaches it that call's run.
 
+A call of a PackedSequence is kept the same way, as the call of its padded x (time first) with every
+state given, the steps-left state of the cell that runs each row to its own length last
+(nn.packed_sequences): batches of other lengths whose steps round to the same are like it. Its lane pads
+the packed data too (`packed`) where the call gives no initial states.
+
 Why: a forward call of a small batch spends more time in Python than its kernels take on the GPU, and
 the GPU waits for it (docs/results/2026-11-29-threads-backward-start-16-bit-weights.md); a training step
 waits for its forward call's Python before its first kernel
@@ -33,34 +38,36 @@ from .runners import FORWARD
 
 
 def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
-              zeros: Sequence[torch.Tensor], cell: str, hidden: int, layers: int, float32: str
-              ) -> QuickCall | None:
+              zeros: Sequence[torch.Tensor], cell: str, hidden: int, layers: int, float32: str,
+              rows: tuple[int, int, int] | None = None) -> QuickCall | None:
     """The call just made of x (as given; `time_first`: as the ops took it) kept, where it was one on a
     GPU, and where it saved its steps for a backward pass, one of float32 x with a parameter requiring a
     gradient (so that any x saves them); None where not. The caller keeps only calls with no states or all
-    of them, no lengths, no autocast change, the layers in one call of the ops (`params`: that call's;
-    `zeros`: the module's initial states of zeros, one per state, for a call that gives none)."""
+    of them, no lengths but a PackedSequence's, no autocast change, the layers in one call of the ops
+    (`params`: that call's; `zeros`: the module's initial states of zeros, one per state, for a call that
+    gives none; `rows`: a PackedSequence's padding for its lane, see quick_lane.make)."""
     if type(x) is not torch.Tensor or not x.is_cuda or torch.compiler.is_compiling():
         return None
     train = torch.is_grad_enabled()
     if train and (x.dtype != torch.float32 or not any(p.requires_grad for p in params)):
         return None  # (a 16-bit pass that a backward pass may follow runs float32 plans: stacks.run)
     runner = ops.runner(cell, time_first, hidden, layers, layout[0], FORWARD, float32)
-    return QuickCall(x, layout, params, runner, zeros, (cell, hidden, layers) if train else None)
+    return QuickCall(x, layout, params, runner, zeros, (cell, hidden, layers) if train else None, rows)
 
 
 class QuickCall:
     """What a module's call of x on a GPU decided (see the module's docstring)."""
 
     __slots__ = ("_shape", "_dtype", "_index", "_autocast_matters", "_params", "_layout", "_runner",
-                 "_zeros", "_state_shape", "_lane", "_train")
+                 "_zeros", "_state_shape", "_lane", "_train", "_rows")
 
     def __init__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor], runner,
-                 zeros: Sequence[torch.Tensor], train: tuple[str, int, int] | None = None):
+                 zeros: Sequence[torch.Tensor], train: tuple[str, int, int] | None = None,
+                 rows: tuple[int, int, int] | None = None):
         """x as the module was given it; `layout`: the module's (schedule, batch_first, training, dropout)
         then, whatever of the module the call's path depended on; the runner, and the module's initial
         states of zeros for x (one per state, in the cell's order); `train`: for a training call, the
-        ops' cell, hidden size and layers."""
+        ops' cell, hidden size and layers; `rows`: see kept_call."""
         self._shape, self._dtype, self._index = x.shape, x.dtype, x.get_device()
         self._autocast_matters = x.dtype == torch.float32  # (torch.autocast changes only float32 inputs)
         self._params = [(p.data_ptr(), p.dtype, p.requires_grad) for p in params]
@@ -69,6 +76,17 @@ class QuickCall:
         self._layout, self._runner, self._zeros = layout, weakref.ref(runner), list(zeros)
         self._state_shape = zeros[0].shape
         self._lane = None  # (made by the runner after a call of this path that replayed a captured run)
+        self._rows = rows
+
+    def packed(self, packed, layout: tuple, params: Sequence[torch.Tensor]
+               ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """y (padded, time first) and the final states (the steps-left state's last) of a PackedSequence's
+        call with no initial states, made by the lane where it can (its data padded there), else None."""
+        lane = self._lane
+        if lane is None or self._rows is None or layout != self._layout:
+            return None
+        return lane.packed(packed.data, packed.batch_sizes, params,
+                           torch._C._cuda_getCurrentRawStream(self._index))
 
     def __call__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
                  states: Sequence[torch.Tensor] | None = None
@@ -103,5 +121,5 @@ class QuickCall:
             return (y.transpose(0, 1) if batch_first else y), list(out[1:1 + len(states)])
         with runner.lock:
             y, finals, _ = runner.forward(time_first, states, params, False, True)
-            self._lane = runner.call_lane(self._lane, x, params, self._zeros, batch_first)
+            self._lane = runner.call_lane(self._lane, x, params, self._zeros, batch_first, self._rows)
         return (y.transpose(0, 1) if batch_first else y), finals

@@ -75,11 +75,11 @@ def _load(path: Path):
 
 
 @lru_cache(maxsize=1)
-def entry_points() -> tuple[int, int, int]:
-    """The driver's cuGraphLaunch, cuStreamIsCapturing and cuCtxGetCurrent, from libcuda."""
+def entry_points() -> tuple[int, int, int, int]:
+    """The driver's cuGraphLaunch, cuStreamIsCapturing, cuCtxGetCurrent and cuLaunchKernel, from libcuda."""
     cuda = ctypes.CDLL("libcuda.so.1")
     return tuple(ctypes.cast(getattr(cuda, name), ctypes.c_void_p).value
-                 for name in ("cuGraphLaunch", "cuStreamIsCapturing", "cuCtxGetCurrent"))
+                 for name in ("cuGraphLaunch", "cuStreamIsCapturing", "cuCtxGetCurrent", "cuLaunchKernel"))
 
 
 def current_context() -> int:
@@ -93,14 +93,16 @@ def current_context() -> int:
 
 def make(x: torch.Tensor, params: Sequence[torch.Tensor], zeros: Sequence[torch.Tensor], batch_first: bool,
          sizes: tuple[int, int, int, int], block_elements: int, outputs_end: int, finals_at: Sequence[int],
-         packed: int, stream: int, locks: tuple, program, driver: tuple[int, int, int] | None = None,
-         context: int | None = None):
+         packed: int, stream: int, locks: tuple, program, driver: tuple[int, int, int, int] | None = None,
+         context: int | None = None, rows: tuple[int, int, int] | None = None):
     """A lane for calls like one just made of x (as the module was given it), these parameters (packed at
     `packed`, as they are now) and the module's kept zeros, on `stream`, in one piece of `block_elements`
     elements of x's type (y's sequence from its start, each final state at `finals_at`, the scratch from
     `outputs_end`), `sizes` (T, B, H, layers); `locks`: the runner's and the program's, held around each
-    run; `program`: whose replays it counts. `driver` and `context` stand in for the driver's entry
-    points and the current context (tests). Only where `module()` is not None."""
+    run; `program`: whose replays it counts; `rows`: for the calls of a PackedSequence too (x padded
+    from one, its steps-left state the last of `zeros`), cf_unpack_rows's function, the steps its
+    arguments hold and its blocks (codegen.packed_rows). `driver` and `context` stand in for the
+    driver's entry points and the current context (tests). Only where `module()` is not None."""
     return module().Lane(x, list(params), list(zeros), batch_first, sizes, block_elements, outputs_end,
                       list(finals_at), packed, stream, current_context() if context is None else context,
-                      CHANGES, locks, program, driver or entry_points())
+                      CHANGES, locks, program, driver or entry_points(), rows)

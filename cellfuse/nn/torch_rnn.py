@@ -224,12 +224,13 @@ class _TorchRNN(torch.nn.Module):
         input_given = input
         packed, lengths = None, None
         if isinstance(input, PackedSequence):  # padded, each row to its length, in the data's order of rows
-            packed = Unpacked(input, self.hidden_size, self.num_layers if fused else 1)
-            states = self._packed_states(packed, every) if self._quick_packed is not None else None
-            if not compiling and states is not None:
-                done = self._quick_packed(packed.x, _packed_layout(layout), self._fused_params(), states)
+            packed, state_layers = Unpacked(input), self.num_layers if fused else 1
+            if not compiling and self._quick_packed is not None:
+                done = self._kept_packed(packed, input, layout, every, state_layers)
                 if done is not None:
                     return self._returned(packed.pack(done[0]), packed.unsorted(done[1][:-1]))
+            if packed.x is None:
+                packed.pad(self.hidden_size, state_layers)
             input, lengths = packed.x, packed.lengths
         cast = stacks.autocast_dtype(input) if isinstance(input, torch.Tensor) else None
         if cast is not None:  # under torch.autocast: the input and hx in its dtype, as torch.nn.LSTM's
@@ -266,7 +267,8 @@ class _TorchRNN(torch.nn.Module):
                     self._quick_packed = kept_call(
                         x, x, _packed_layout(layout), params, [*zeros, steps],
                         ops.masked_text(self._cell_text), self.hidden_size, self.num_layers,
-                        stacks.masked_float32(ops.DEFAULT_FLOAT32))
+                        stacks.masked_float32(ops.DEFAULT_FLOAT32),
+                        packed.lane_rows(self.hidden_size, self.num_layers))
         else:
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params, self.num_layers, self.bidirectional, self.dropout,
@@ -278,6 +280,19 @@ class _TorchRNN(torch.nn.Module):
         elif self.batch_first:
             y = y.transpose(0, 1)
         return self._returned(y, finals)
+
+    def _kept_packed(self, packed: Unpacked, given: PackedSequence, layout: tuple, every: list | None,
+                     state_layers: int) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """A PackedSequence's call made as the kept one (quick_call): by its lane where hx is None, else
+        padded here; y padded and every final state, or None (then padded for the whole path)."""
+        quick, layout, params = self._quick_packed, _packed_layout(layout), self._fused_params()
+        if every is None:
+            done = quick.packed(given, layout, params)
+            if done is not None:
+                return done
+        packed.pad(self.hidden_size, state_layers)
+        states = self._packed_states(packed, every)
+        return None if states is None else quick(packed.x, layout, params, states)
 
     def _packed_states(self, packed: Unpacked, every: list | None) -> list[torch.Tensor] | None:
         """The initial states of a PackedSequence's kept call (quick_call), in its order of rows, then its

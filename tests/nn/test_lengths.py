@@ -128,6 +128,6 @@ def test_a_modules_kept_zeros_are_not_copied_into_the_packed_order():
     packed = pack_padded_sequence(x, torch.tensor([3, 7, 1, 5]), enforce_sorted=False)
     kept = Zeros()((1, 4, 2), torch.float32, torch.device("cpu"))
     given = torch.randn(1, 4, 2)
-    same, moved = packed_sequences.Unpacked(packed, 2, 1).sorted([kept, given])
+    same, moved = packed_sequences.Unpacked(packed).sorted([kept, given])
     assert same is kept
     torch.testing.assert_close(moved, given.index_select(1, packed.sorted_indices))

@@ -24,8 +24,8 @@ class _Runner:
         self.calls.append((x, states, params, save, shared))
         return x[..., :2] * 2, [s + 1 for s in states], None
 
-    def call_lane(self, lane, x, params, zeros, batch_first):
-        self.lanes.append((lane, x, params, zeros, batch_first))
+    def call_lane(self, lane, x, params, zeros, batch_first, rows=None):
+        self.lanes.append((lane, x, params, zeros, batch_first, rows))
         return self.next_lane
 
 
@@ -37,6 +37,10 @@ class _Lane:
 
     def __call__(self, x, params, states, stream):
         self.calls.append((x, params, states, stream))
+        return self.answer
+
+    def packed(self, data, batch_sizes, params, stream):
+        self.calls.append((data, batch_sizes, params, stream))
         return self.answer
 
 
@@ -94,6 +98,28 @@ def test_a_call_unlike_the_kept_one_is_left_to_the_whole_path(kept, monkeypatch,
     with torch.set_grad_enabled(unlike == "grad"):
         assert quick(x, layout, params) is None
     assert not runner.calls
+
+
+def test_a_packed_sequences_call_goes_to_the_lane_made_with_its_padding(kept, monkeypatch):
+    """A kept call made with `rows` (a PackedSequence's padding) hands them to the runner's lane, and its
+    `packed` goes to that lane with the data and batch sizes, in its layout only; without a lane, or
+    kept without rows, it is left to the caller."""
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 77, raising=False)
+    _, x, params, zeros, runner = kept
+    rows = (0xF00, 64, 3)
+    quick = QuickCall(x, ("persistent", False), params, runner, zeros, rows=rows)
+    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.randn(5, 3, 4), torch.tensor([5, 3, 2]))
+    assert quick.packed(packed, ("persistent", False), params) is None  # (no lane yet)
+    lane = runner.next_lane = _Lane(("y", ["h"]))
+    with torch.no_grad():
+        quick(x, ("persistent", False), params)
+    assert runner.lanes[-1][-1] == rows
+    assert quick.packed(packed, ("graph", False), params) is None and not lane.calls  # another layout
+    assert quick.packed(packed, ("persistent", False), params) == ("y", ["h"])
+    assert lane.calls == [(packed.data, packed.batch_sizes, params, 77)]
+    plain = QuickCall(x, ("persistent", False), params, runner, zeros)
+    plain._lane = lane
+    assert plain.packed(packed, ("persistent", False), params) is None and len(lane.calls) == 1
 
 
 def test_a_module_keeps_no_call_on_the_cpu():
@@ -172,7 +198,7 @@ def test_the_runners_lane_makes_the_next_calls_and_leaves_to_python_what_it_cann
     with torch.no_grad():
         runner.next_lane = refusing
         quick(x, ("persistent", False), params)  # (no lane yet: Python's call, which asks for one)
-        (lane, given, given_params, given_zeros, batch_first), = runner.lanes
+        (lane, given, given_params, given_zeros, batch_first, _), = runner.lanes
         assert lane is None and given is x and given_params is params and given_zeros == zeros
         assert not batch_first
         states = [torch.ones(1, 3, 2)]

@@ -10,9 +10,11 @@ import shutil
 import threading
 from collections import OrderedDict
 
+import numpy as np
 import pytest
 import torch
 
+from cellfuse.gpu_runtime.packed_rows import _args_dtype
 from cellfuse.gpu_runtime.stream_program import CHANGES
 from cellfuse.nn import quick_lane
 
@@ -28,19 +30,32 @@ _M_MMAP_THRESHOLD = -3  # (glibc's mallopt parameter)
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
 _CAPTURING = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.POINTER(ctypes.c_int))
 _CONTEXT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+_LAUNCH_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
+                                  ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
+ROWS_CAPACITY = 64  # (the steps the padding kernel's arguments hold, in the packed calls' lanes)
 
 
 class FakeDriver:
-    """cuGraphLaunch, cuStreamIsCapturing and cuCtxGetCurrent as C function pointers that record and
-    answer as told."""
+    """cuGraphLaunch, cuStreamIsCapturing, cuCtxGetCurrent and cuLaunchKernel as C function pointers that
+    record and answer as told (a kernel's launch: its function, grid, block, stream and the bytes of its
+    one argument, cf_unpack_rows's)."""
 
     def __init__(self):
         self.launches: list[tuple[int, int]] = []
+        self.kernels: list[tuple[int, int, int, int, bytes]] = []
+        self.order: list[str] = []
         self.capturing, self.context, self.error = 0, CONTEXT, 0
+        args_bytes = _args_dtype(ROWS_CAPACITY).itemsize
 
         def launch(graph, stream):
             self.launches.append((graph, stream))
+            self.order.append("graph")
             return self.error
+
+        def launch_kernel(function, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
+            self.kernels.append((function, gx, bx, stream, ctypes.string_at(params[0], args_bytes)))
+            self.order.append("kernel")
+            return 0
 
         def capturing(stream, status):
             status[0] = self.capturing
@@ -50,10 +65,11 @@ class FakeDriver:
             out[0] = self.context
             return 0
 
-        self._keep = (_LAUNCH(launch), _CAPTURING(capturing), _CONTEXT(context))
+        self._keep = (_LAUNCH(launch), _CAPTURING(capturing), _CONTEXT(context),
+                      _LAUNCH_KERNEL(launch_kernel))
 
     @property
-    def entry_points(self) -> tuple[int, int, int]:
+    def entry_points(self) -> tuple[int, int, int, int]:
         return tuple(ctypes.cast(f, ctypes.c_void_p).value for f in self._keep)
 
 
@@ -232,6 +248,85 @@ def test_bad_arguments_get_errors_not_crashes(setup):
                         STREAM, (threading.Lock(), program.turn), program, driver=driver.entry_points,
                         context=CONTEXT)
     assert lane("x", params, None, STREAM) is None  # (not a tensor: Python's call says what is wrong)
+
+
+# a PackedSequence's lane: x [T', B, PH] padded from data [N, PH] (T' = 4: 3 steps rounded up), the LSTM's
+# two states and the steps-left state, each final state at its place in the call's memory (x and the
+# states large enough to be mapped: see `built`)
+PH = 1 << 14
+PACKED_FINALS_AT = tuple(5 * B * PH + i * L * B * PH for i in range(3))
+PACKED_OUTPUTS_END, UNPACK, GRID = 8 * B * PH, 0xF00, 3
+SIZES = torch.tensor([2, 2, 1])
+
+
+@pytest.fixture
+def packed_setup(setup):
+    """setup, with the module's zeros of the packed lane's states and data to pad."""
+    _, params, _, driver, program, lock = setup
+    zeros = [torch.zeros(L, B, PH), torch.zeros(L, B, PH)]
+    lane = quick_lane.make(torch.zeros(4, B, PH), params, [*zeros, torch.zeros(L, B, PH)], False,
+                           (4, B, PH, L), BLOCK, PACKED_OUTPUTS_END, PACKED_FINALS_AT, PACKED, STREAM,
+                           (lock, program.turn), program, driver=driver.entry_points, context=CONTEXT,
+                           rows=(UNPACK, ROWS_CAPACITY, GRID))
+    return lane, torch.randn(int(SIZES.sum()), PH), params, zeros, driver
+
+
+def packed_replayed(lane, data, params, taught=None):
+    """As `replayed`, for a PackedSequence's call; `taught` gets the bases of each run it was taught."""
+    for _ in range(100):
+        done = lane.packed(data, SIZES, params, STREAM)
+        if done is not None:
+            return done
+        if taught is not None:
+            taught.append(lane.missed())
+        lane.learn(lane.missed(), GRAPH)
+    raise AssertionError("the lane never replayed")
+
+
+def test_a_lane_pads_a_packed_sequence_by_the_kernel_then_replays_the_run(packed_setup):
+    lane, data, params, zeros, driver = packed_setup
+    with torch.no_grad():
+        assert lane.packed(data, SIZES, params, STREAM) is None and not driver.kernels  # (no run known)
+        taught = []
+        y, finals = packed_replayed(lane, data, params, taught)
+    assert driver.order == ["kernel", "graph"]  # (the padding first, on the same stream)
+    function, grid, block, stream, raw = driver.kernels[0]
+    assert (function, grid, block, stream) == (UNPACK, GRID, 256, STREAM)
+    args = np.frombuffer(raw, dtype=_args_dtype(ROWS_CAPACITY))[0]
+    assert int(args["src"]) == data.data_ptr()
+    # the bases of the run it replayed, one it was taught: x and the steps-left state where it padded
+    # them, after the module's zeros
+    assert (PACKED, int(args["dst"]), 0, *(z.data_ptr() for z in zeros), int(args["steps"])) in [
+        (packed, x_at, grads, h0, c0, steps) for _, packed, x_at, _, grads, h0, c0, steps, *_ in taught]
+    assert (int(args["elements"]), int(args["steps_elements"])) == (4 * B * PH, L * B * PH)
+    assert (int(args["T"]), int(args["B"]), int(args["W"]), int(args["H"])) == (3, B, PH, PH)
+    assert list(args["sizes"][:4]) == [2, 2, 1, 0] and list(args["offsets"][:4]) == [0, 2, 4, 0]
+    assert tuple(y.shape) == (4, B, PH) and [tuple(f.shape) for f in finals] == [(L, B, PH)] * 3
+
+
+def test_a_packed_sequence_the_lane_cannot_pad_as_python_would_is_left_to_python(setup, packed_setup):
+    lane, data, params, _, driver = packed_setup
+    with torch.no_grad():
+        packed_replayed(lane, data, params)
+        kernels, launches, missed = len(driver.kernels), len(driver.launches), lane.missed()
+        for sizes, given in (
+                (torch.tensor([2, 1, 2]), data),  # sizes that grow
+                (torch.tensor([2, 2, 0]), data[:4]),  # an empty step
+                (torch.tensor([1, 1, 1]), data[:3]),  # the first is not B
+                (torch.tensor([2, 2, 1, 1, 1]), torch.randn(7, PH)),  # 5 steps: 8 when rounded up, not 4
+                (torch.tensor([2, 2]), data),  # rows that do not sum to the data's
+                (SIZES.int(), data),  # not int64
+                (SIZES, data.double()),  # data of another dtype
+                (SIZES, torch.randn(PH, 5).t()),  # not contiguous
+                (SIZES, torch.randn(5, PH + 1))):  # another width
+            assert lane.packed(given, sizes, params, STREAM) is None, sizes
+        assert lane.packed(data, SIZES, params, STREAM + 1) is None  # another stream
+        with torch.enable_grad():
+            assert lane.packed(data, SIZES, params, STREAM) is None
+        assert (len(driver.kernels), len(driver.launches), lane.missed()) == (kernels, launches, missed)
+        assert make(setup).packed(data, SIZES, params, STREAM) is None  # (a lane made without rows)
+        with pytest.raises(TypeError, match="packed\\(data, batch_sizes, params, stream\\)"):
+            lane.packed(data, SIZES, params)
 
 
 def test_lanes_made_and_dropped_leave_no_reference_behind(setup):

@@ -23,6 +23,13 @@
 //   - the bases of the run (the memory's addresses) those of a captured run it learned.
 // The replay is counted on the program (`_replays`), as Python's are, for its thrash guard.
 //
+// A lane made with `rows` also makes the kept calls of a PackedSequence (`packed`, with no initial
+// states): it pads the packed data into x and writes the steps-left state of the cell that runs each row
+// to its own length by one launch of codegen/packed_rows.py's cf_unpack_rows (the batch sizes in its
+// arguments), then replays the run over them; Python packs y back. It checks the batch sizes too: on the
+// CPU, int64, at most `capacity` of them, their steps rounded up to STEPS_MULTIPLE x's, the first B,
+// none larger than the one before, none below 1, summing to the data's rows.
+//
 // It is built by nvcc (as a host-only C++ file) against the headers of the torch the process runs, kept
 // in the kernel cache folder per torch version, and loaded as a Python extension module.
 #include <torch/csrc/autograd/python_variable.h>
@@ -36,6 +43,7 @@
 #include <structmember.h>
 
 #include <cstdint>
+#include <cstring>
 #include <vector>
 
 namespace {
@@ -44,8 +52,21 @@ namespace {
 typedef int (*GraphLaunch)(void*, void*);          // cuGraphLaunch(graph, stream)
 typedef int (*StreamIsCapturing)(void*, int*);     // cuStreamIsCapturing(stream, &status)
 typedef int (*CtxGetCurrent)(void**);              // cuCtxGetCurrent(&context)
+typedef int (*LaunchKernel)(void*, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                            void*, void**, void**);  // cuLaunchKernel
 
 constexpr size_t MAX_KEPT = 8;  // captured runs a lane knows (StreamProgram keeps as many)
+constexpr int64_t STEPS_MULTIPLE = 4;  // a PackedSequence's steps are run in multiples of this
+constexpr unsigned BLOCK = 256;  // threads per block of cf_unpack_rows (codegen/kernel_abi.py)
+
+// the head of cf_unpack_rows's arguments (codegen/packed_rows.py's args_fields); the batch sizes follow,
+// then their offsets, `capacity` ints each
+struct RowsHead {
+  uint64_t src, dst, steps;
+  int64_t elements, steps_elements;
+  int32_t T, B, W, H;
+};
+static_assert(sizeof(RowsHead) == 56, "cf_rows_args' head is 56 bytes");
 
 struct Param {
   c10::weak_intrusive_ptr<c10::TensorImpl> impl;
@@ -78,6 +99,9 @@ struct Core {
   GraphLaunch launch = nullptr;
   StreamIsCapturing capturing = nullptr;
   CtxGetCurrent current_context = nullptr;
+  LaunchKernel launch_kernel = nullptr;
+  void* unpack = nullptr;  // cf_unpack_rows, where the lane makes a PackedSequence's calls
+  int64_t capacity = 0, grid = 0;  // (the steps its arguments hold; its blocks)
   std::vector<Kept> kept;  // the oldest first
   std::vector<uint64_t> missed;  // the bases of the last call whose run it did not know
 
@@ -210,23 +234,93 @@ void count_replay(const Core& c) {
   Py_XDECREF(more);
 }
 
-// (y, [final states]) of a call made here, or None where the call is not one this lane makes
-PyObject* call(Lane* self, PyObject* x_obj, PyObject* params, PyObject* states, uint64_t stream) {
-  Core& c = *self->core;
-  if (stream != c.stream || !is_tensor(x_obj) || c10::GradMode::is_enabled()) Py_RETURN_NONE;
-  at::Tensor x = THPVariable_Unpack(x_obj);
-  if (x.sizes() != c10::IntArrayRef(c.x_sizes) || x.scalar_type() != c.dtype || x.device() != c.device)
-    Py_RETURN_NONE;
+// whether a call on this stream, of these parameters, may be made here (what x aside)
+bool may_call(const Core& c, PyObject* params, uint64_t stream) {
+  if (stream != c.stream || c10::GradMode::is_enabled()) return false;
   // (torch.autocast changes float32 inputs only; enabled where its key is not excluded)
   if (c.dtype == c10::ScalarType::Float &&
       !c10::impl::tls_is_dispatch_key_excluded(c10::DispatchKey::AutocastCUDA))
+    return false;
+  return params_match(c, params) && device_ready(c);
+}
+
+PyObject* replay(Core& c, const at::Tensor& x, const std::vector<uint64_t>& state_at,
+                 const std::vector<uint8_t>* unpack_args);
+
+// (y, [final states]) of a call made here, or None where the call is not one this lane makes
+PyObject* call(Lane* self, PyObject* x_obj, PyObject* params, PyObject* states, uint64_t stream) {
+  Core& c = *self->core;
+  if (!is_tensor(x_obj)) Py_RETURN_NONE;
+  at::Tensor x = THPVariable_Unpack(x_obj);
+  if (x.sizes() != c10::IntArrayRef(c.x_sizes) || x.scalar_type() != c.dtype || x.device() != c.device)
     Py_RETURN_NONE;
-  if (!params_match(c, params) || !device_ready(c)) Py_RETURN_NONE;
+  if (!may_call(c, params, stream)) Py_RETURN_NONE;
   std::vector<uint64_t> state_at;
   if (!states_of(c, states, state_at)) Py_RETURN_NONE;
   if (c.batch_first) x = x.transpose(0, 1);
   if (!x.is_contiguous()) x = x.contiguous();  // (as the runner's _in_place copies it)
   if (reinterpret_cast<uintptr_t>(x.data_ptr()) % 16) Py_RETURN_NONE;
+  return replay(c, x, state_at, nullptr);
+}
+
+// cf_unpack_rows's arguments for a PackedSequence's data and batch sizes into x and steps, or false
+// where the sizes are not those of a call this lane makes
+bool unpack_args(const Core& c, const at::Tensor& data, const at::Tensor& sizes, const at::Tensor& x,
+                 const at::Tensor& steps, std::vector<uint8_t>& out) {
+  const int64_t T = sizes.size(0), B = c.x_sizes[1], W = c.x_sizes[2];
+  if (T < 1 || T > c.capacity || (T + STEPS_MULTIPLE - 1) / STEPS_MULTIPLE * STEPS_MULTIPLE != c.x_sizes[0])
+    return false;
+  out.assign(sizeof(RowsHead) + 2 * c.capacity * sizeof(int32_t), 0);
+  int32_t* sized = reinterpret_cast<int32_t*>(out.data() + sizeof(RowsHead));
+  int32_t* offsets = sized + c.capacity;
+  const int64_t* s = sizes.data_ptr<int64_t>();
+  if (s[0] != B) return false;
+  int64_t rows = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    if (s[t] < 1 || (t && s[t] > s[t - 1])) return false;
+    sized[t] = (int32_t)s[t];
+    offsets[t] = (int32_t)rows;
+    rows += s[t];
+  }
+  if (rows != data.size(0)) return false;
+  RowsHead head{reinterpret_cast<uint64_t>(data.data_ptr()), reinterpret_cast<uint64_t>(x.data_ptr()),
+                reinterpret_cast<uint64_t>(steps.data_ptr()), x.numel(), steps.numel(), (int32_t)T,
+                (int32_t)B, (int32_t)W, (int32_t)c.H};
+  std::memcpy(out.data(), &head, sizeof(head));
+  return true;
+}
+
+// (y, [final states]) of a PackedSequence's call made here (its data padded, then the run replayed), or
+// None where it is not one this lane makes
+PyObject* packed_call(Core& c, PyObject* data_obj, PyObject* sizes_obj, PyObject* params, uint64_t stream) {
+  if (c.unpack == nullptr || c.dtype != c10::ScalarType::Float || !is_tensor(data_obj) ||
+      !is_tensor(sizes_obj))
+    Py_RETURN_NONE;
+  const at::Tensor& data = THPVariable_Unpack(data_obj);
+  const at::Tensor& sizes = THPVariable_Unpack(sizes_obj);
+  if (data.scalar_type() != c.dtype || data.device() != c.device || data.dim() != 2 ||
+      data.size(1) != c.x_sizes[2] || !data.is_contiguous() || sizes.device().type() != c10::kCPU ||
+      sizes.scalar_type() != c10::ScalarType::Long || sizes.dim() != 1 || !sizes.is_contiguous())
+    Py_RETURN_NONE;
+  if (!may_call(c, params, stream)) Py_RETURN_NONE;
+  at::Tensor x = at::_ops::empty_memory_format::call(
+      c10::fromIntArrayRefSlow(c10::IntArrayRef(c.x_sizes)), c.dtype, std::nullopt, c.device, std::nullopt,
+      std::nullopt);
+  at::Tensor steps = at::_ops::empty_memory_format::call(
+      c10::fromIntArrayRefSlow(c10::IntArrayRef(c.state_sizes)), c10::ScalarType::Float, std::nullopt,
+      c.device, std::nullopt, std::nullopt);
+  std::vector<uint8_t> args;
+  if (!unpack_args(c, data, sizes, x, steps, args)) Py_RETURN_NONE;
+  std::vector<uint64_t> state_at;  // the module's zeros, then the steps-left state
+  for (size_t i = 0; i + 1 < c.zeros.size(); ++i)
+    state_at.push_back(reinterpret_cast<uint64_t>(c.zeros[i].data_ptr()));
+  state_at.push_back(reinterpret_cast<uint64_t>(steps.data_ptr()));
+  return replay(c, x, state_at, &args);
+}
+
+// the run replayed over x and the states (after cf_unpack_rows with these arguments, where given)
+PyObject* replay(Core& c, const at::Tensor& x, const std::vector<uint64_t>& state_at,
+                 const std::vector<uint8_t>* unpack_args) {
   Turn turn(c);
   if (!turn.ok() || !current(c)) Py_RETURN_NONE;
   int64_t n = c.block_elements;
@@ -252,8 +346,14 @@ PyObject* call(Lane* self, PyObject* x_obj, PyObject* params, PyObject* states, 
   if (c.batch_first) y = y.transpose(0, 1);
   std::vector<at::Tensor> finals;
   for (int64_t at : c.finals_at) finals.push_back(block.as_strided({c.L, c.B, c.H}, {row, c.H, 1}, at));
+  if (unpack_args != nullptr) {
+    void* arg = const_cast<uint8_t*>(unpack_args->data());
+    if (c.launch_kernel(c.unpack, (unsigned)c.grid, 1, 1, BLOCK, 1, 1, 0, reinterpret_cast<void*>(c.stream),
+                        &arg, nullptr) != 0)
+      Py_RETURN_NONE;  // (Python's call tries again and says why)
+  }
   if (c.launch(reinterpret_cast<void*>(kept->graph), reinterpret_cast<void*>(c.stream)) != 0)
-    Py_RETURN_NONE;  // (Python's call tries again and says why)
+    Py_RETURN_NONE;  // (as above; a padding done again writes the same)
   count_replay(c);
   PyObject* out = PyTuple_New(2);
   PyObject* final_states = PyList_New((Py_ssize_t)finals.size());
@@ -309,18 +409,18 @@ std::vector<int64_t> int_list(PyObject* seq) {
 
 const char* kwlist[] = {"x", "params", "zeros", "batch_first", "sizes", "block_elements", "outputs_end",
                         "finals_at", "packed", "stream", "context", "changes", "locks", "program",
-                        "entry_points", nullptr};
+                        "entry_points", "rows", nullptr};
 
 PyObject* lane_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
   PyObject *x, *params, *zeros, *sizes, *finals_at, *packed, *stream, *context, *changes, *program;
-  PyObject *lock_a, *lock_b, *launch, *capturing, *current_context;
+  PyObject *lock_a, *lock_b, *launch, *capturing, *current_context, *launch_kernel, *rows = Py_None;
   int batch_first;
   long long block_elements, outputs_end;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!O!pOLLOOOOO(OO)O(OOO):Lane", const_cast<char**>(kwlist),
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "O!O!O!pOLLOOOOO(OO)O(OOOO)|O:Lane", const_cast<char**>(kwlist),
                                    THPVariableClass, &x, &PyList_Type, &params, &PyList_Type, &zeros,
                                    &batch_first, &sizes, &block_elements, &outputs_end, &finals_at, &packed,
                                    &stream, &context, &changes, &lock_a, &lock_b, &program, &launch,
-                                   &capturing, &current_context))
+                                   &capturing, &current_context, &launch_kernel, &rows))
     return nullptr;
   auto core = std::make_unique<Core>();
   Core& c = *core;
@@ -353,6 +453,13 @@ PyObject* lane_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
     c.outputs_end = outputs_end;
     c.finals_at = int_list(finals_at);
     if (c.finals_at.size() != c.zeros.size()) throw std::invalid_argument("finals_at: one per state");
+    if (rows != Py_None) {  // (cf_unpack_rows's function, the steps its arguments hold, its blocks)
+      std::vector<int64_t> r = int_list(rows);
+      if (r.size() != 3 || r[0] == 0 || r[1] < 1 || r[2] < 1 || c.x_sizes.size() != 3)
+        throw std::invalid_argument("rows: (function, capacity, grid)");
+      c.unpack = reinterpret_cast<void*>(r[0]);
+      c.capacity = r[1], c.grid = r[2];
+    }
   } catch (const std::exception& e) {
     PyErr_Format(PyExc_ValueError, "a lane cannot be made of these arguments: %s", e.what());
     return nullptr;
@@ -363,9 +470,10 @@ PyObject* lane_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
   c.launch = reinterpret_cast<GraphLaunch>(as_u64(launch));
   c.capturing = reinterpret_cast<StreamIsCapturing>(as_u64(capturing));
   c.current_context = reinterpret_cast<CtxGetCurrent>(as_u64(current_context));
+  c.launch_kernel = reinterpret_cast<LaunchKernel>(as_u64(launch_kernel));
   if (PyErr_Occurred()) return nullptr;
-  if (!c.launch || !c.capturing || !c.current_context) {
-    PyErr_SetString(PyExc_ValueError, "a lane needs the driver's three entry points");
+  if (!c.launch || !c.capturing || !c.current_context || !c.launch_kernel) {
+    PyErr_SetString(PyExc_ValueError, "a lane needs the driver's four entry points");
     return nullptr;
   }
   PyObject* seen = PyObject_GetAttr(changes, value_name);
@@ -420,6 +528,20 @@ PyObject* lane_learn(PyObject* o, PyObject* const* args, Py_ssize_t n) {
   Py_RETURN_NONE;
 }
 
+PyObject* lane_packed(PyObject* o, PyObject* const* args, Py_ssize_t n) {
+  if (n != 4) {
+    PyErr_SetString(PyExc_TypeError, "packed(data, batch_sizes, params, stream)");
+    return nullptr;
+  }
+  uint64_t stream = PyLong_AsUnsignedLongLong(args[3]);
+  if (stream == (uint64_t)-1 && PyErr_Occurred()) return nullptr;
+  try {
+    return packed_call(*reinterpret_cast<Lane*>(o)->core, args[0], args[1], args[2], stream);
+  } catch (const std::exception&) {  // (as lane_vectorcall)
+    Py_RETURN_NONE;
+  }
+}
+
 PyObject* lane_current(PyObject* o, PyObject*) {
   return PyBool_FromLong(current(*reinterpret_cast<Lane*>(o)->core));
 }
@@ -439,6 +561,9 @@ PyObject* lane_missed(PyObject* o, PyObject*) {
 PyMethodDef lane_methods[] = {
     {"learn", (PyCFunction)(void (*)(void))lane_learn, METH_FASTCALL,
      "learn(bases, graph): a captured run of the program over these bases, replayed from then on"},
+    {"packed", (PyCFunction)(void (*)(void))lane_packed, METH_FASTCALL,
+     "packed(data, batch_sizes, params, stream): (y, [final states]) of a PackedSequence's call with no "
+     "initial states, its data padded here, or None"},
     {"current", lane_current, METH_NOARGS, "whether nothing it depends on changed since it was made"},
     {"known", lane_known, METH_NOARGS, "how many captured runs it knows"},
     {"missed", lane_missed, METH_NOARGS,
