@@ -19,6 +19,8 @@ came before the first kernel of the call and the GPU waited for it
 
 from __future__ import annotations
 
+from .kernel_abi import MAX_GRID
+
 UNPACK_ROWS = "cf_unpack_rows"
 PACK_ROWS = "cf_pack_rows"
 ARGS = "cf_rows_args"
@@ -38,6 +40,12 @@ def capacity(steps: int) -> int:
     return max(MIN_CAPACITY, 1 << (steps - 1).bit_length())
 
 
+def launch_blocks(rows: int) -> int:
+    """The blocks of a launch of either kernel over `rows` rows (of x and the steps-left state, or of the
+    data): one a row, up to kernel_abi's largest grid."""
+    return min(max(1, rows), MAX_GRID)
+
+
 def args_fields(steps_capacity: int) -> list[tuple[str, str, int]]:
     """The arguments' fields in their order in memory: (name, C type, count); the host writes the same
     layout (no padding: every field is aligned to its size)."""
@@ -48,8 +56,8 @@ def args_fields(steps_capacity: int) -> list[tuple[str, str, int]]:
 
 
 def packed_rows_source(itemsize: int, steps_capacity: int) -> str:
-    """Both kernels for elements of `itemsize` bytes and sequences of up to `steps_capacity` steps; a
-    thread per element, the grid striding over all of them (kernel_abi.grid_blocks)."""
+    """Both kernels for elements of `itemsize` bytes and sequences of up to `steps_capacity` steps: a block
+    of threads per row (`launch_blocks`), the grid striding over the rows."""
     if itemsize not in _BITS:
         raise ValueError(f"the packed rows' kernels move elements of 2 or 4 bytes, not {itemsize}")
     bits = _BITS[itemsize]
@@ -69,38 +77,49 @@ __device__ __forceinline__ int cf_row_length(const {ARGS}& a, int b) {{
     return lo;
 }}
 
+// a row of `bytes` bytes from s to d (zeros where s is null) by the block's threads, as 16-byte words
+// where the row's length and both places allow
+__device__ __forceinline__ void cf_copy_row(const char* s, char* d, int bytes) {{
+    if ((((unsigned long long)s | (unsigned long long)d | (unsigned long long)bytes) & 15) == 0) {{
+        for (int i = threadIdx.x * 16; i < bytes; i += blockDim.x * 16)
+            *(uint4*)(d + i) = s ? *(const uint4*)(s + i) : make_uint4(0, 0, 0, 0);
+    }} else {{
+        for (int i = threadIdx.x * {itemsize}; i < bytes; i += blockDim.x * {itemsize})
+            *({bits}*)(d + i) = s ? *(const {bits}*)(s + i) : ({bits})0;
+    }}
+}}
+
+// a block per row, striding: x's rows (t, b), then the steps-left state's rows (l, b)
 extern "C" __global__ void {UNPACK_ROWS}(const __grid_constant__ {ARGS} a) {{
-    const {bits}* __restrict__ src = (const {bits}*)a.src;
-    {bits}* __restrict__ dst = ({bits}*)a.dst;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    const long long total = a.elements + a.steps_elements;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < total; e += stride) {{
-        if (e < a.elements) {{
-            const long long r = e / a.W;
-            const int w = (int)(e - r * a.W), b = (int)(r % a.B), t = (int)(r / a.B);
-            {bits} v = 0;
-            if (t < a.T && b < a.sizes[t]) v = src[((long long)a.offsets[t] + b) * a.W + w];
-            dst[e] = v;
+    const int bytes = a.W * {itemsize};
+    const long long rows = a.elements / a.W, steps_rows = a.steps_elements ? a.steps_elements / a.H : 0;
+    for (long long r = blockIdx.x; r < rows + steps_rows; r += gridDim.x) {{
+        if (r < rows) {{
+            const int t = (int)(r / a.B), b = (int)(r - (long long)t * a.B);
+            const char* s = t < a.T && b < a.sizes[t]
+                ? (const char*)a.src + ((long long)a.offsets[t] + b) * bytes : nullptr;
+            cf_copy_row(s, (char*)a.dst + r * bytes, bytes);
         }} else {{
-            const long long k = e - a.elements;
-            ((float*)a.steps)[k] = (float)cf_row_length(a, (int)((k / a.H) % a.B));
+            const long long k = r - rows;
+            const float v = (float)cf_row_length(a, (int)(k % a.B));
+            float* d = (float*)a.steps + k * a.H;
+            for (int j = threadIdx.x; j < a.H; j += blockDim.x) d[j] = v;
         }}
     }}
 }}
 
+// a block per row of the data, striding
 extern "C" __global__ void {PACK_ROWS}(const __grid_constant__ {ARGS} a) {{
-    const {bits}* __restrict__ src = (const {bits}*)a.src;
-    {bits}* __restrict__ dst = ({bits}*)a.dst;
-    const long long stride = (long long)gridDim.x * blockDim.x;
-    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < a.elements; e += stride) {{
-        const long long p = e / a.W;
-        const int w = (int)(e - p * a.W);
-        int lo = 0, hi = a.T - 1;  // the step whose rows hold row p of the data: the last offset not above it
+    const int bytes = a.W * {itemsize};
+    const long long rows = a.elements / a.W;
+    for (long long p = blockIdx.x; p < rows; p += gridDim.x) {{
+        int lo = 0, hi = a.T - 1;  // the step whose rows hold row p: the last offset not above it
         while (lo < hi) {{
             const int mid = (lo + hi + 1) >> 1;
             if (a.offsets[mid] <= p) lo = mid; else hi = mid - 1;
         }}
-        dst[e] = src[((long long)lo * a.B + (p - a.offsets[lo])) * a.W + w];
+        cf_copy_row((const char*)a.src + ((long long)lo * a.B + (p - a.offsets[lo])) * bytes,
+                    (char*)a.dst + p * bytes, bytes);
     }}
 }}
 """

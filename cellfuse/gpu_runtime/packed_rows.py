@@ -13,8 +13,8 @@ from functools import cache
 
 import numpy as np
 
-from ..codegen.kernel_abi import BLOCK, grid_blocks
-from ..codegen.packed_rows import PACK_ROWS, UNPACK_ROWS, args_fields, packed_rows_source
+from ..codegen.kernel_abi import BLOCK
+from ..codegen.packed_rows import PACK_ROWS, UNPACK_ROWS, args_fields, launch_blocks, packed_rows_source
 from . import driver
 from .stream_program import loaded_module
 
@@ -40,10 +40,11 @@ class PackedRows:
         self.capacity = steps_capacity
         self._dtype = _args_dtype(steps_capacity)
 
-    def lane_rows(self, threads: int) -> tuple[int, int, int]:
+    def lane_rows(self, rows: int) -> tuple[int, int, int]:
         """The padding kernel's function (its address), the steps its arguments hold and its blocks for
-        work of `threads` elements, for a kept call's C++ lane (nn.quick_lane), which launches it."""
-        return int(self._unpack), self.capacity, grid_blocks(threads)
+        `rows` rows (of x and the steps-left state), for a kept call's C++ lane (nn.quick_lane), which
+        launches it."""
+        return int(self._unpack), self.capacity, launch_blocks(rows)
 
     def _args(self, src: int, dst: int, sizes: np.ndarray, width: int, elements: int) -> np.ndarray:
         if len(sizes) > self.capacity:
@@ -55,10 +56,10 @@ class PackedRows:
         a["offsets"][1:len(sizes)] = np.cumsum(sizes[:-1])
         return a
 
-    def _launch(self, function, args: np.ndarray, threads: int, stream: int, doing: str) -> None:
+    def _launch(self, function, args: np.ndarray, rows: int, stream: int, doing: str) -> None:
         # (the driver copies the arguments as it launches: they need not outlive the call)
         table = np.array([args.ctypes.data], dtype=np.uint64)
-        driver.check(self.cu.cuLaunchKernel(function, grid_blocks(threads), 1, 1, BLOCK, 1, 1, 0,
+        driver.check(self.cu.cuLaunchKernel(function, launch_blocks(rows), 1, 1, BLOCK, 1, 1, 0,
                                             driver.as_stream(stream), table.ctypes.data, 0), doing)
 
     def unpack(self, data: int, x: int, steps: int, sizes: np.ndarray, padded_steps: int, width: int,
@@ -68,10 +69,11 @@ class PackedRows:
         B = int(sizes[0])
         a = self._args(data, x, sizes, width, padded_steps * B * width)
         a["steps"], a["steps_elements"], a["H"] = steps, copies * B * hidden if steps else 0, hidden
-        self._launch(self._unpack, a, int(a["elements"] + a["steps_elements"]), stream,
+        self._launch(self._unpack, a, padded_steps * B + (copies * B if steps else 0), stream,
                      "padding a PackedSequence")
 
     def pack(self, y: int, data: int, sizes: np.ndarray, width: int, stream: int) -> None:
         """The packed data from a padded y [T' >= len(sizes), B, width]."""
-        a = self._args(y, data, sizes, width, int(sizes.sum()) * width)
-        self._launch(self._pack, a, int(a["elements"]), stream, "packing a padded sequence")
+        rows = int(sizes.sum())
+        a = self._args(y, data, sizes, width, rows * width)
+        self._launch(self._pack, a, rows, stream, "packing a padded sequence")

@@ -90,13 +90,13 @@ class Unpacked:
         else:
             self.x, self.steps = self._padded(data.detach(), hidden, state_layers)
 
-    def lane_rows(self, hidden: int, state_layers: int) -> tuple[int, int, int] | None:
+    def lane_rows(self, state_layers: int) -> tuple[int, int, int] | None:
         """What a lane needs to pad a float32 PackedSequence like this one for a call of `state_layers`
         layers (quick_lane.make's `rows`), or None where the kernels do not pad it."""
         if self._rows is None or self._like.data.dtype != torch.float32:
             return None
-        B, width = int(self._sizes[0]), self._like.data[0].numel()
-        return self._rows.lane_rows(self._steps * B * width + state_layers * B * hidden)
+        B = int(self._sizes[0])
+        return self._rows.lane_rows((self._steps + state_layers) * B)
 
     @cached_property
     def lengths(self) -> torch.Tensor:

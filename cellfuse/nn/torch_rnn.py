@@ -268,7 +268,7 @@ class _TorchRNN(torch.nn.Module):
                         x, x, _packed_layout(layout), params, [*zeros, steps],
                         ops.masked_text(self._cell_text), self.hidden_size, self.num_layers,
                         stacks.masked_float32(ops.DEFAULT_FLOAT32),
-                        packed.lane_rows(self.hidden_size, self.num_layers))
+                        packed.lane_rows(self.num_layers))
         else:
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params, self.num_layers, self.bidirectional, self.dropout,

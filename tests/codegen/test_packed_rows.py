@@ -10,12 +10,14 @@ import subprocess
 import pytest
 from compile_cuda import nvcc_cubin
 
+from cellfuse.codegen.kernel_abi import MAX_GRID
 from cellfuse.codegen.packed_rows import (
     ARGS,
     MAX_STEPS,
     MIN_CAPACITY,
     args_fields,
     capacity,
+    launch_blocks,
     packed_rows_source,
 )
 from cellfuse.gpu_runtime.packed_rows import _args_dtype
@@ -52,6 +54,10 @@ def test_capacities_are_few_and_bounded():
     for refused in (0, MAX_STEPS + 1):
         with pytest.raises(ValueError):
             capacity(refused)
+
+
+def test_a_launch_has_a_block_a_row_up_to_the_largest_grid():
+    assert [launch_blocks(rows) for rows in (0, 1, 6464, MAX_GRID + 1)] == [1, 1, 6464, MAX_GRID]
 
 
 def test_elements_of_other_sizes_are_refused():

@@ -41,8 +41,10 @@ def _by_torch(packed, hidden, layers):
 
 
 @pytest.mark.parametrize("T, B, width, dtype", [(9, 6, 24, torch.float32), (100, 64, 512, torch.float32),
-                                                (1000, 8, 40, torch.float32), (37, 5, 16, torch.bfloat16)])
+                                                (1000, 8, 40, torch.float32), (37, 5, 16, torch.bfloat16),
+                                                (9, 6, 7, torch.float32), (11, 3, 13, torch.bfloat16)])
 def test_the_kernels_pad_and_pack_as_torchs_ops(cuda, T, B, width, dtype):
+    """Rows of 16-byte words and rows of single elements (widths of 7 and 13: 28 and 26 bytes)."""
     packed, _, lengths = _packed(cuda, T, B, width, dtype)
     ours, want = _unpacked(packed, 48, 3), _by_torch(packed, 48, 3)
     assert ours._rows is not None and want._rows is None
