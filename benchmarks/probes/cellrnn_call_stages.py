@@ -5,11 +5,11 @@ to back: perf_counter stamps as the call enters the module's forward, the module
 (`StreamProgram.run`: the launch list, or the replay of a captured run), and as that run and the call
 return (each stage's median over the calls that reached it); how many of the calls the lane made (the
 others reach the runner), and how many of the others replayed a captured run. Under torch.no_grad(), the
-LSTM at input = hidden = 512, T=100. With --between cudnn, a torch.nn.LSTM (cuDNN) call of the same
+LSTM at input = hidden = 512, T=100 (--seq). With --between cudnn, a torch.nn.LSTM (cuDNN) call of the same
 sizes comes before each timed call, as in the benchmark's turns.
 
-    python3 benchmarks/probes/cellrnn_call_stages.py [--schedule auto] [--batches 1,64] [--calls 200] \
-        [--between none,cudnn]
+    python3 benchmarks/probes/cellrnn_call_stages.py [--schedule auto] [--batches 1,64] [--seq 100] \
+        [--calls 200] [--between none,cudnn]
 """
 
 from __future__ import annotations
@@ -104,18 +104,19 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--schedule", default="auto")
     p.add_argument("--batches", default="1,64")
+    p.add_argument("--seq", type=int, default=100)
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--between", default="none", help="comma-separated: none, cudnn")
     args = p.parse_args()
     _instrument()
-    print(f"microseconds from the call's start (median of {args.calls} calls); LSTM T=100, I=H=512, "
+    print(f"microseconds from the call's start (median of {args.calls} calls); LSTM T={args.seq}, I=H=512, "
           f"{torch.cuda.get_device_name()}")
     print(f"{'B':>4} {'between':<8} {'calls':<14}"
           + "".join(f"{s:>16}" for s in (*STAGES, "lane made", "replayed")))
     for batch in (int(b) for b in args.batches.split(",")):
         rnn = CellRNN("lstm", 512, 512, 1, schedule=args.schedule, seed=1).cuda()
         cudnn = torch.nn.LSTM(512, 512).cuda()
-        x = torch.randn(100, batch, 512, device="cuda")
+        x = torch.randn(args.seq, batch, 512, device="cuda")
         for _ in range(20):
             with torch.no_grad():
                 rnn(x), cudnn(x)
