@@ -36,7 +36,7 @@ from ..graph_model.params import REVERSE, check_names, check_widths
 from ..graph_model.validate import check_count
 from . import ops, stacks
 from .packed_sequences import Unpacked
-from .quick_call import QuickCall, kept_call
+from .quick_call import QuickCall, kept_call, kept_packed_call
 from .runners import DTYPES, FORWARD, direction_of, dtype_names, param_dtypes, precision_of
 from .zeros import Zeros
 
@@ -178,6 +178,7 @@ class CellRNN(torch.nn.Module):
         # ((T, B, input), device, whether lengths were given) of the recent forward calls
         self._seen: OrderedDict[tuple, None] = OrderedDict()
         self._quick: QuickCall | None = None  # the last call on a GPU, where it can be kept
+        self._quick_packed: QuickCall | None = None  # and the last of a PackedSequence
 
     def extra_repr(self) -> str:
         return (f"cell={self.cell.name!r}, input_size={self.input_size}, hidden_size={self.hidden_size}, "
@@ -297,8 +298,16 @@ class CellRNN(torch.nn.Module):
             if lengths is not None:
                 raise CellError("lengths are given twice: by the PackedSequence and by `lengths`")
             # its rows in the packed data's order, the states sorted to it
-            packed = Unpacked(x)
-            packed.pad(self.hidden_size, 1 if by_layer else self.num_layers)
+            packed, state_layers = Unpacked(x), 1 if by_layer else self.num_layers
+            quick = self._quick_packed
+            every = None if states is None else self._every_state(states)
+            if not compiling and quick is not None and (states is None or every is not None):
+                done = quick.packed(packed, x, layout, self._params(), every, self.hidden_size, state_layers)
+                if done is not None:
+                    finals = packed.unsorted(done[1][:-1])
+                    return packed.pack(done[0]), dict(zip(self.state_ids, finals, strict=True))
+            if packed.x is None:
+                packed.pad(self.hidden_size, state_layers)
             x, lengths = packed.x, packed.lengths
         elif self.batch_first and isinstance(x, torch.Tensor) and x.dim() == 3:
             x = x.transpose(0, 1)
@@ -328,13 +337,20 @@ class CellRNN(torch.nn.Module):
                 self._last_seen = seen
                 recent = [s for s in self._seen if s != seen][-(MAX_SEEN - 1):] + [seen]
                 self._seen = OrderedDict.fromkeys(recent)
-        if not compiling:  # (kept where quick_call can make the call again)
-            self._quick = None
-            if (lengths is None and cast is None and not by_layer
+        if not compiling:  # (kept where quick_call can make the call again; each replaces its own)
+            if packed is None:
+                self._quick = None
+            else:
+                self._quick_packed = None
+            if ((lengths is None or packed is not None) and cast is None and not by_layer
                     and (states is None or self._every_state(states) is not None)):
                 zeros = [self._zero_states(tuple(initial[0].shape), x.dtype, x.device)] * len(initial)
-                self._quick = kept_call(x_given, x, layout, params, zeros, self._cell_text, self.hidden_size,
-                                        self.num_layers, self._float32)
+                if packed is None:
+                    self._quick = kept_call(x_given, x, layout, params, zeros, self._cell_text,
+                                            self.hidden_size, self.num_layers, self._float32)
+                else:
+                    self._quick_packed = kept_packed_call(packed, layout, params, zeros, self._cell_text,
+                                                          self.hidden_size, self.num_layers, self._float32)
         if packed is not None:
             y, finals = packed.pack(y), packed.unsorted(finals)
         elif self.batch_first:
@@ -398,7 +414,7 @@ class CellRNN(torch.nn.Module):
         return [states[s] if s in states else self._zero_states(want, dtype, device) for s in self.state_ids]
 
     def _apply(self, fn, recurse=True):
-        self._quick = None  # (its zeros are on the device and of the dtype the module leaves)
+        self._quick = self._quick_packed = None  # (their zeros are on the device and dtype it leaves)
         return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict:
@@ -406,6 +422,6 @@ class CellRNN(torch.nn.Module):
         state["_seen"] = OrderedDict()
         state["_zero_states"] = Zeros()
         state["_last_seen"] = None
-        state["_quick"] = None
+        state["_quick"] = state["_quick_packed"] = None
         return state
 

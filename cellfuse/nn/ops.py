@@ -203,7 +203,7 @@ def made_current(x: torch.Tensor):
 
 
 def on_device(index: int) -> bool:
-    """Whether a call on CUDA device `index` needs nothing of _on_device: the device current, for the
+    """Whether a call on CUDA device `index` needs nothing of made_current: the device current, for the
     driver too."""
     return index == torch.cuda.current_device() and getattr(_thread, "has_context", False)
 

@@ -9,8 +9,8 @@ launches' arguments, so the host works out and copies nothing before the call's 
 with torch's ops (the positions of the packed elements worked out on the host and copied to the GPU, a
 fill, an index_copy, the lengths' state made hidden wide) cost the call 0.6 ms of host time before its
 first kernel on an H200 (docs/results/2026-11-29-packed-rows.md). Elsewhere (the CPU, torch.compile's
-tracing, a CUDA graph capture before the kernels were loaded, more steps than a launch's arguments hold)
-torch's ops pad and pack.
+tracing, a CUDA graph capture before the kernels were loaded, more steps than a launch's arguments
+hold, 2**31 rows or more, elements of other sizes than 2 and 4 bytes) torch's ops pad and pack.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from functools import cached_property
 
 import numpy as np
 import torch
+from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence
 
 from ..codegen.packed_rows import MAX_STEPS, capacity
@@ -45,19 +46,57 @@ def _rows_kernels(data: torch.Tensor, steps: int):
     key = (data.get_device(), data.element_size(), capacity(steps))
     if key in _kernels:
         return _kernels[key]
-    if torch.cuda.is_current_stream_capturing():  # (loading a module would break the capture)
-        return None
     from ..gpu_runtime.packed_rows import PackedRows
 
     major, minor = torch.cuda.get_device_capability(data.device)
-    try:
-        with ops.made_current(data):
+    with ops.made_current(data):
+        if torch.cuda.is_current_stream_capturing():  # (loading a module would break the capture)
+            return None
+        try:
             made = PackedRows(key[1], key[2], f"sm_{major}{minor}")
-    except CellError as e:
-        log.warning("the packed rows' kernels could not be made (%s); torch's ops pad PackedSequences", e)
-        made = None
+        except CellError as e:
+            log.warning("the packed rows' kernels could not be made (%s); torch's ops pad PackedSequences",
+                        e)
+            made = None
     _kernels[key] = made
     return made
+
+
+class _Rows:
+    """A PackedSequence's rows as the kernels move them: its batch sizes and padded steps, no tensors
+    (an autograd Function's context keeps it: one that held the padded x would keep it alive, through
+    x's grad_fn, until Python's cycle collector came by)."""
+
+    def __init__(self, sizes: np.ndarray, steps: int):
+        self.sizes, self.steps = sizes, steps
+
+    @staticmethod
+    def _stream(t: torch.Tensor) -> int:
+        return torch._C._cuda_getCurrentRawStream(t.get_device())
+
+    def padded(self, data: torch.Tensor, steps: int, hidden: int = 1, state_layers: int = 0
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """x [steps, B, ...] from data [N, ...] by the kernel for data's elements, and the steps-left
+        state where `state_layers`."""
+        B = int(self.sizes[0])
+        data = data.contiguous()
+        x = data.new_empty((steps, B, *data.shape[1:]))
+        left = (torch.empty((state_layers, B, hidden), dtype=torch.float32, device=data.device)
+                if state_layers else None)
+        with ops.made_current(data):
+            _rows_kernels(data, steps).unpack(
+                data.data_ptr(), x.data_ptr(), 0 if left is None else left.data_ptr(), self.sizes, steps,
+                data.numel() // data.shape[0], hidden, state_layers, self._stream(data))
+        return x, left
+
+    def packed(self, y: torch.Tensor) -> torch.Tensor:
+        """The packed data [N, ...] of y [T' >= T, B, ...] by the kernel for y's elements."""
+        y = y.contiguous()
+        data = y.new_empty((int(self.sizes.sum()), *y.shape[2:]))
+        with ops.made_current(y):
+            _rows_kernels(y, y.shape[0]).pack(y.data_ptr(), data.data_ptr(), self.sizes,
+                                              data.numel() // data.shape[0], self._stream(y))
+        return data
 
 
 class Unpacked:
@@ -69,93 +108,71 @@ class Unpacked:
     packing."""
 
     def __init__(self, packed: PackedSequence):
-        self._sizes = packed.batch_sizes.numpy()  # on the CPU, as torch keeps them
+        sizes = packed.batch_sizes.numpy()  # on the CPU, as torch keeps them
         self._like = packed
         # x's steps rounded up to a multiple of STEPS_MULTIPLE (past every row's length, the steps after
         # T change nothing): batches whose longest rows differ by a few steps share a runner and `auto`'s
         # choice, where each new length would have made (and measured) its own
-        self._steps = -(-len(self._sizes) // STEPS_MULTIPLE) * STEPS_MULTIPLE
-        self._rows = _rows_kernels(packed.data, self._steps)
+        self._rows = _Rows(sizes, -(-len(sizes) // STEPS_MULTIPLE) * STEPS_MULTIPLE)
+        self._kernels = _rows_kernels(packed.data, self._rows.steps) is not None
         self.x: torch.Tensor | None = None
         self.steps: torch.Tensor | None = None
 
     def pad(self, hidden: int, state_layers: int) -> None:
-        """x and the steps-left state made (see the class's docstring)."""
-        data = self._like.data
-        if self._rows is None:
+        """x and the steps-left state made (see the class's docstring), after the batch sizes are checked
+        (the kernels would read past the data of sizes that do not add up)."""
+        sizes, data = self._rows.sizes, self._like.data
+        if len(sizes) == 0 or sizes[-1] < 1 or (sizes[1:] > sizes[:-1]).any() or sizes.sum() != data.shape[0]:
+            raise CellError(f"a PackedSequence's batch sizes must not grow, be at least 1 and add up to its "
+                            f"data's {data.shape[0]} rows; got {sizes.tolist()}")
+        if not self._kernels:
             self.x = self._positions_padded(data)
             self.steps = steps_left(self.lengths, state_layers, self.x, hidden)
         elif torch.is_grad_enabled() and data.requires_grad:
-            self.x, self.steps = _Padded.apply(data, self, hidden, state_layers)
+            self.x, self.steps = _Padded.apply(data, self._rows, hidden, state_layers)
         else:
-            self.x, self.steps = self._padded(data.detach(), hidden, state_layers)
+            self.x, self.steps = self._rows.padded(data.detach(), self._rows.steps, hidden, state_layers)
 
     def lane_rows(self, state_layers: int) -> tuple[int, int, int] | None:
         """What a lane needs to pad a float32 PackedSequence like this one for a call of `state_layers`
         layers (quick_lane.make's `rows`), or None where the kernels do not pad it."""
-        if self._rows is None or self._like.data.dtype != torch.float32:
+        data = self._like.data
+        if not self._kernels or data.dtype != torch.float32:
             return None
-        B = int(self._sizes[0])
-        return self._rows.lane_rows((self._steps + state_layers) * B)
+        steps = self._rows.steps
+        return _rows_kernels(data, steps).lane_rows((steps + state_layers) * int(self._rows.sizes[0]))
 
     @cached_property
     def lengths(self) -> torch.Tensor:
         """The rows' lengths, in this order (CPU, int64)."""
-        sizes = self._sizes
+        sizes = self._rows.sizes
         return torch.from_numpy((np.arange(int(sizes[0]))[None, :] < sizes[:, None]).sum(0))
 
     @cached_property
     def _at(self) -> torch.Tensor:
         """Where each element of the packed data (step by step, longest row first) is in x [T * B, ...]: at
         step t, rows 0 .. sizes[t] - 1 (in numpy: a few microseconds, where torch's small ops take tens)."""
-        sizes = self._sizes
+        sizes = self._rows.sizes
         T, B = len(sizes), int(sizes[0])
         at = np.repeat(np.arange(T) * B - (np.cumsum(sizes) - sizes), sizes) + np.arange(int(sizes.sum()))
         return to_device(torch.from_numpy(at), self._like.data)
 
     def _positions_padded(self, data: torch.Tensor) -> torch.Tensor:
-        B = int(self._sizes[0])
-        return data.new_zeros((self._steps * B, *data.shape[1:])).index_copy(0, self._at, data).view(
-            self._steps, B, *data.shape[1:])
-
-    # -- through the kernels --------------------------------------------------------------------------
-    def _stream(self, t: torch.Tensor) -> int:
-        return torch._C._cuda_getCurrentRawStream(t.get_device())
-
-    def _padded(self, data: torch.Tensor, hidden: int = 1, state_layers: int = 0
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x [T', B, ...] from data [N, ...] by the kernel, and the steps-left state where
-        `state_layers`."""
-        B, padded = int(self._sizes[0]), self._steps
-        data = data.contiguous()
-        x = data.new_empty((padded, B, *data.shape[1:]))
-        steps = (torch.empty((state_layers, B, hidden), dtype=torch.float32, device=data.device)
-                 if state_layers else None)
-        with ops.made_current(data):
-            self._rows.unpack(data.data_ptr(), x.data_ptr(), 0 if steps is None else steps.data_ptr(),
-                              self._sizes, padded, data.numel() // data.shape[0], hidden, state_layers,
-                              self._stream(data))
-        return x, steps
-
-    def _packed_data(self, y: torch.Tensor) -> torch.Tensor:
-        """The packed data [N, ...] of y [T', B, ...] by the kernel."""
-        y = y.contiguous()
-        data = y.new_empty((int(self._sizes.sum()), *y.shape[2:]))
-        with ops.made_current(y):
-            self._rows.pack(y.data_ptr(), data.data_ptr(), self._sizes, data.numel() // data.shape[0],
-                            self._stream(y))
-        return data
+        B, steps = int(self._rows.sizes[0]), self._rows.steps
+        return data.new_zeros((steps * B, *data.shape[1:])).index_copy(0, self._at, data).view(
+            steps, B, *data.shape[1:])
 
     # -- back ------------------------------------------------------------------------------------------
     def pack(self, y: torch.Tensor) -> PackedSequence:
-        """y [T, B, ...] in this order of rows as a PackedSequence of the input's layout."""
+        """y [T' >= T, B, ...] in this order of rows as a PackedSequence of the input's layout (by the
+        kernels for y's elements where there are some: under torch.autocast y's differ from x's)."""
         like = self._like
-        if self._rows is None:
-            data = y.reshape(-1, *y.shape[2:]).index_select(0, self._at)
+        if not self._kernels or _rows_kernels(y, y.shape[0]) is None:
+            data = y[:self._rows.steps].reshape(-1, *y.shape[2:]).index_select(0, self._at)
         elif torch.is_grad_enabled() and y.requires_grad:
-            data = _Packed.apply(y, self)
+            data = _Packed.apply(y, self._rows)
         else:
-            data = self._packed_data(y.detach())
+            data = self._rows.packed(y.detach())
         return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
 
     def sorted(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -177,26 +194,28 @@ class _Padded(torch.autograd.Function):
     other (the padding's: nothing)."""
 
     @staticmethod
-    def forward(ctx, data, unpacked: Unpacked, hidden: int, state_layers: int):
-        ctx.unpacked = unpacked
-        x, steps = unpacked._padded(data, hidden, state_layers)
-        ctx.mark_non_differentiable(steps)
-        return x, steps
+    def forward(ctx, data, rows: _Rows, hidden: int, state_layers: int):
+        ctx.rows = rows
+        x, left = rows.padded(data, rows.steps, hidden, state_layers)
+        ctx.mark_non_differentiable(left)
+        return x, left
 
     @staticmethod
-    def backward(ctx, dx, _dsteps):
-        return ctx.unpacked._packed_data(dx), None, None, None
+    @once_differentiable
+    def backward(ctx, dx, _dleft):
+        return ctx.rows.packed(dx), None, None, None
 
 
 class _Packed(torch.autograd.Function):
     """The packed data of y by the kernel; its gradient padded by the other (zeros past each row's
-    length)."""
+    length), to y's steps."""
 
     @staticmethod
-    def forward(ctx, y, unpacked: Unpacked):
-        ctx.unpacked = unpacked
-        return unpacked._packed_data(y)
+    def forward(ctx, y, rows: _Rows):
+        ctx.rows, ctx.steps = rows, y.shape[0]
+        return rows.packed(y)
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, ddata):
-        return ctx.unpacked._padded(ddata)[0], None
+        return ctx.rows.padded(ddata, ctx.steps)[0], None

@@ -35,6 +35,7 @@ import torch
 
 from . import ops
 from .runners import FORWARD
+from .stacks import masked_float32
 
 
 def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
@@ -53,6 +54,24 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
         return None  # (a 16-bit pass that a backward pass may follow runs float32 plans: stacks.run)
     runner = ops.runner(cell, time_first, hidden, layers, layout[0], FORWARD, float32)
     return QuickCall(x, layout, params, runner, zeros, (cell, hidden, layers) if train else None, rows)
+
+
+def kept_packed_call(unpacked, layout: tuple, params: Sequence[torch.Tensor], zeros: Sequence[torch.Tensor],
+                     cell: str, hidden: int, layers: int, float32: str) -> QuickCall | None:
+    """kept_call of a PackedSequence's call just made in one call of the ops (`unpacked`: its padding,
+    nn.packed_sequences.Unpacked; `cell` and `float32` as the module gives them: the call ran the cell
+    that runs each row to its own length)."""
+    x = unpacked.x
+    if unpacked.steps.dtype != x.dtype:  # (16-bit x: its float32 steps-left state is unlike the others)
+        return None
+    return kept_call(x, x, time_first(layout), params, [*zeros, unpacked.steps], ops.masked_text(cell),
+                     hidden, layers, masked_float32(float32), unpacked.lane_rows(layers))
+
+
+def time_first(layout: tuple) -> tuple:
+    """The layout a PackedSequence's call runs in: time first, whatever the module's batch_first."""
+    schedule, _batch_first, *rest = layout
+    return (schedule, False, *rest)
 
 
 class QuickCall:
@@ -78,15 +97,28 @@ class QuickCall:
         self._lane = None  # (made by the runner after a call of this path that replayed a captured run)
         self._rows = rows
 
-    def packed(self, packed, layout: tuple, params: Sequence[torch.Tensor]
+    def packed(self, unpacked, given, layout: tuple, params: Sequence[torch.Tensor],
+               states: Sequence[torch.Tensor] | None, hidden: int, layers: int
                ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
         """y (padded, time first) and the final states (the steps-left state's last) of a PackedSequence's
-        call with no initial states, made by the lane where it can (its data padded there), else None."""
-        lane = self._lane
-        if lane is None or self._rows is None or layout != self._layout:
+        call like the kept one (kept_packed_call): `given`, `unpacked` its Unpacked, `layout` the
+        module's, `states` every initial state in the batch's order, or None (zeros). Made by the lane
+        where no states are given (the data padded there), else padded here (for `layers` layers of
+        `hidden`) and made as any kept call; None where not like it."""
+        layout = time_first(layout)
+        if states is None:
+            lane = self._lane
+            if lane is not None and self._rows is not None and layout == self._layout:
+                done = lane.packed(given.data, given.batch_sizes, params,
+                                   torch._C._cuda_getCurrentRawStream(self._index))
+                if done is not None:
+                    return done
+            states = self._zeros[:-1]
+        elif len(states) != len(self._zeros) - 1 or not all(
+                type(s) is torch.Tensor and s.shape == self._state_shape for s in states):
             return None
-        return lane.packed(packed.data, packed.batch_sizes, params,
-                           torch._C._cuda_getCurrentRawStream(self._index))
+        unpacked.pad(hidden, layers)
+        return self(unpacked.x, layout, params, [*unpacked.sorted(states), unpacked.steps])
 
     def __call__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
                  states: Sequence[torch.Tensor] | None = None

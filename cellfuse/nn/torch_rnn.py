@@ -25,7 +25,7 @@ from ..graph_model import Cell, CellError, init_params
 from ..graph_model.builder import CellBuilder, sigmoid, tanh
 from . import ops, stacks
 from .packed_sequences import Unpacked
-from .quick_call import QuickCall, kept_call
+from .quick_call import QuickCall, kept_call, kept_packed_call
 from .runners import DTYPES, dtype_names, param_dtypes
 from .zeros import Zeros
 
@@ -226,7 +226,8 @@ class _TorchRNN(torch.nn.Module):
         if isinstance(input, PackedSequence):  # padded, each row to its length, in the data's order of rows
             packed, state_layers = Unpacked(input), self.num_layers if fused else 1
             if not compiling and self._quick_packed is not None:
-                done = self._kept_packed(packed, input, layout, every, state_layers)
+                done = self._quick_packed.packed(packed, input, layout, self._fused_params(), every,
+                                                 self.hidden_size, state_layers)
                 if done is not None:
                     return self._returned(packed.pack(done[0]), packed.unsorted(done[1][:-1]))
             if packed.x is None:
@@ -263,12 +264,10 @@ class _TorchRNN(torch.nn.Module):
                 if packed is None:
                     self._quick = kept_call(input_given, x, layout, params, zeros, self._cell_text,
                                             self.hidden_size, self.num_layers, ops.DEFAULT_FLOAT32)
-                else:  # (the ops' cell: the one that runs each row to its own length)
-                    self._quick_packed = kept_call(
-                        x, x, _packed_layout(layout), params, [*zeros, steps],
-                        ops.masked_text(self._cell_text), self.hidden_size, self.num_layers,
-                        stacks.masked_float32(ops.DEFAULT_FLOAT32),
-                        packed.lane_rows(self.num_layers))
+                else:
+                    self._quick_packed = kept_packed_call(packed, layout, params, zeros, self._cell_text,
+                                                          self.hidden_size, self.num_layers,
+                                                          ops.DEFAULT_FLOAT32)
         else:
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params, self.num_layers, self.bidirectional, self.dropout,
@@ -281,31 +280,6 @@ class _TorchRNN(torch.nn.Module):
             y = y.transpose(0, 1)
         return self._returned(y, finals)
 
-    def _kept_packed(self, packed: Unpacked, given: PackedSequence, layout: tuple, every: list | None,
-                     state_layers: int) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
-        """A PackedSequence's call made as the kept one (quick_call): by its lane where hx is None, else
-        padded here; y padded and every final state, or None (then padded for the whole path)."""
-        quick, layout, params = self._quick_packed, _packed_layout(layout), self._fused_params()
-        if every is None:
-            done = quick.packed(given, layout, params)
-            if done is not None:
-                return done
-        packed.pad(self.hidden_size, state_layers)
-        states = self._packed_states(packed, every)
-        return None if states is None else quick(packed.x, layout, params, states)
-
-    def _packed_states(self, packed: Unpacked, every: list | None) -> list[torch.Tensor] | None:
-        """The initial states of a PackedSequence's kept call (quick_call), in its order of rows, then its
-        steps-left state; None where hx is not tensors, one per state (the whole path says what is
-        wrong)."""
-        if every is None:
-            B = int(packed.x.shape[1])
-            shape = (self.num_layers * self._directions, B, self.hidden_size)
-            every = [self._zeros(shape, packed.x.dtype, packed.x.device)] * len(self._state_ids)
-        elif len(every) != len(self._state_ids) or not all(type(s) is torch.Tensor for s in every):
-            return None
-        return [*packed.sorted(every), packed.steps]
-
     def _fused_params(self) -> list[torch.Tensor]:
         """Every layer's weights of the forward direction, for a call of the layers at once."""
         return [p for layer in range(self.num_layers) for p in self._layer_params(layer, False)]
@@ -315,12 +289,6 @@ class _TorchRNN(torch.nn.Module):
         if self.kind == "lstm":
             return y, (finals[0], finals[1])
         return y, finals[0]
-
-
-def _packed_layout(layout: tuple) -> tuple:
-    """The layout a PackedSequence's call runs in: time first, whatever the module's batch_first."""
-    schedule, _batch_first, training, dropout = layout
-    return schedule, False, training, dropout
 
 
 class LSTM(_TorchRNN):

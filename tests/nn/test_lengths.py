@@ -131,3 +131,13 @@ def test_a_modules_kept_zeros_are_not_copied_into_the_packed_order():
     same, moved = packed_sequences.Unpacked(packed).sorted([kept, given])
     assert same is kept
     torch.testing.assert_close(moved, given.index_select(1, packed.sorted_indices))
+
+
+def test_a_packed_sequence_whose_batch_sizes_do_not_add_up_is_refused_by_name():
+    from torch.nn.utils.rnn import PackedSequence
+
+    lstm = LSTM(INPUT, H)
+    for sizes in ([3, 2, 2], [2, 3], [2, 0]):  # more rows than the data's, growing, an empty step
+        bad = PackedSequence(torch.randn(5, INPUT), torch.tensor(sizes))
+        with pytest.raises(CellError, match="batch sizes"):
+            lstm(bad)

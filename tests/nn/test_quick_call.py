@@ -100,26 +100,53 @@ def test_a_call_unlike_the_kept_one_is_left_to_the_whole_path(kept, monkeypatch,
     assert not runner.calls
 
 
+class _Unpacked:
+    """A stand-in for nn.packed_sequences.Unpacked: pads to x when asked, its steps-left state given."""
+
+    def __init__(self, x, steps):
+        self.padded_x, self.steps, self.x, self.pads = x, steps, None, []
+
+    def pad(self, hidden, layers):
+        self.pads.append((hidden, layers))
+        self.x = self.padded_x
+
+    def sorted(self, states):
+        return list(states)
+
+
 def test_a_packed_sequences_call_goes_to_the_lane_made_with_its_padding(kept, monkeypatch):
-    """A kept call made with `rows` (a PackedSequence's padding) hands them to the runner's lane, and its
-    `packed` goes to that lane with the data and batch sizes, in its layout only; without a lane, or
-    kept without rows, it is left to the caller."""
+    """A kept call made with `rows` (a PackedSequence's padding) hands them to the runner's lane; its
+    `packed` goes to that lane with the data and batch sizes where no states are given, time first;
+    otherwise (no lane yet, states given, a kept call without rows) the sequence is padded and the call
+    made as any kept call, the steps-left state after the states."""
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda index: 77, raising=False)
     _, x, params, zeros, runner = kept
+    steps = torch.full((1, 3, 2), 5.0)
     rows = (0xF00, 64, 3)
-    quick = QuickCall(x, ("persistent", False), params, runner, zeros, rows=rows)
+    quick = QuickCall(x, ("persistent", False), params, runner, [*zeros, steps], rows=rows)
     packed = torch.nn.utils.rnn.pack_padded_sequence(torch.randn(5, 3, 4), torch.tensor([5, 3, 2]))
-    assert quick.packed(packed, ("persistent", False), params) is None  # (no lane yet)
-    lane = runner.next_lane = _Lane(("y", ["h"]))
+    module_layout = ("persistent", True)  # (a batch_first module's: a packed call runs time first)
     with torch.no_grad():
-        quick(x, ("persistent", False), params)
-    assert runner.lanes[-1][-1] == rows
-    assert quick.packed(packed, ("graph", False), params) is None and not lane.calls  # another layout
-    assert quick.packed(packed, ("persistent", False), params) == ("y", ["h"])
-    assert lane.calls == [(packed.data, packed.batch_sizes, params, 77)]
-    plain = QuickCall(x, ("persistent", False), params, runner, zeros)
+        unpacked = _Unpacked(x, steps)
+        quick.packed(unpacked, packed, module_layout, params, None, 2, 1)  # (no lane yet: padded here)
+        assert unpacked.pads == [(2, 1)] and runner.calls[-1][1] == [*zeros, steps]
+        lane = runner.next_lane = _Lane(("y", ["h"]))
+        quick(x, ("persistent", False), params, [*zeros, steps])
+        assert runner.lanes[-1][-1] == rows
+        unpacked = _Unpacked(x, steps)
+        assert quick.packed(unpacked, packed, module_layout, params, None, 2, 1) == ("y", ["h"])
+        assert lane.calls[-1] == (packed.data, packed.batch_sizes, params, 77) and not unpacked.pads
+        given = [torch.ones(1, 3, 2)]
+        quick.packed(_Unpacked(x, steps), packed, module_layout, params, given, 2, 1)
+        assert lane.calls[-1][2] == [*given, steps]  # (states given: padded here, the lane's call)
+        assert quick.packed(_Unpacked(x, steps), packed, module_layout, params, [torch.ones(1, 4, 2)],
+                            2, 1) is None  # (a state of another shape)
+    plain = QuickCall(x, ("persistent", False), params, runner, [*zeros, steps])
     plain._lane = lane
-    assert plain.packed(packed, ("persistent", False), params) is None and len(lane.calls) == 1
+    calls = len(lane.calls)
+    with torch.no_grad():
+        plain.packed(_Unpacked(x, steps), packed, module_layout, params, None, 2, 1)
+    assert lane.calls[-1][0] is x and len(lane.calls) == calls + 1  # (kept without rows: padded here)
 
 
 def test_a_module_keeps_no_call_on_the_cpu():

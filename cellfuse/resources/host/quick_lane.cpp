@@ -42,6 +42,7 @@
 
 #include <structmember.h>
 
+#include <climits>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -282,7 +283,7 @@ bool unpack_args(const Core& c, const at::Tensor& data, const at::Tensor& sizes,
     offsets[t] = (int32_t)rows;
     rows += s[t];
   }
-  if (rows != data.size(0)) return false;
+  if (rows != data.size(0) || rows > INT32_MAX) return false;  // (the kernel's offsets are ints)
   RowsHead head{reinterpret_cast<uint64_t>(data.data_ptr()), reinterpret_cast<uint64_t>(x.data_ptr()),
                 reinterpret_cast<uint64_t>(steps.data_ptr()), x.numel(), steps.numel(), (int32_t)T,
                 (int32_t)B, (int32_t)W, (int32_t)c.H};
