@@ -19,7 +19,7 @@ came before the first kernel of the call and the GPU waited for it
 
 from __future__ import annotations
 
-from .kernel_abi import MAX_GRID
+from .kernel_abi import BLOCK, grid_blocks
 
 UNPACK_ROWS = "cf_unpack_rows"
 PACK_ROWS = "cf_pack_rows"
@@ -42,8 +42,8 @@ def capacity(steps: int) -> int:
 
 def launch_blocks(rows: int) -> int:
     """The blocks of a launch of either kernel over `rows` rows (of x and the steps-left state, or of the
-    data): one a row, up to kernel_abi's largest grid."""
-    return min(max(1, rows), MAX_GRID)
+    data): a block of BLOCK threads a row, up to kernel_abi's largest grid."""
+    return grid_blocks(rows * BLOCK)
 
 
 def args_fields(steps_capacity: int) -> list[tuple[str, str, int]]:

@@ -63,12 +63,12 @@ def _rows_kernels(data: torch.Tensor, steps: int):
 
 
 class _Rows:
-    """A PackedSequence's rows as the kernels move them: its batch sizes and padded steps, no tensors
-    (an autograd Function's context keeps it: one that held the padded x would keep it alive, through
-    x's grad_fn, until Python's cycle collector came by)."""
+    """A PackedSequence's rows as the kernels for one size of elements move them: its batch sizes and
+    those kernels, no tensors (an autograd Function's context keeps it: one that held the padded x
+    would keep it alive, through x's grad_fn, until Python's cycle collector came by)."""
 
-    def __init__(self, sizes: np.ndarray, steps: int):
-        self.sizes, self.steps = sizes, steps
+    def __init__(self, sizes: np.ndarray, kernels):
+        self.sizes, self.kernels = sizes, kernels
 
     @staticmethod
     def _stream(t: torch.Tensor) -> int:
@@ -76,26 +76,25 @@ class _Rows:
 
     def padded(self, data: torch.Tensor, steps: int, hidden: int = 1, state_layers: int = 0
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """x [steps, B, ...] from data [N, ...] by the kernel for data's elements, and the steps-left
-        state where `state_layers`."""
+        """x [steps, B, ...] from data [N, ...], and the steps-left state where `state_layers`."""
         B = int(self.sizes[0])
         data = data.contiguous()
         x = data.new_empty((steps, B, *data.shape[1:]))
         left = (torch.empty((state_layers, B, hidden), dtype=torch.float32, device=data.device)
                 if state_layers else None)
         with ops.made_current(data):
-            _rows_kernels(data, steps).unpack(
-                data.data_ptr(), x.data_ptr(), 0 if left is None else left.data_ptr(), self.sizes, steps,
-                data.numel() // data.shape[0], hidden, state_layers, self._stream(data))
+            self.kernels.unpack(data.data_ptr(), x.data_ptr(), 0 if left is None else left.data_ptr(),
+                                self.sizes, steps, data.numel() // data.shape[0], hidden, state_layers,
+                                self._stream(data))
         return x, left
 
     def packed(self, y: torch.Tensor) -> torch.Tensor:
-        """The packed data [N, ...] of y [T' >= T, B, ...] by the kernel for y's elements."""
+        """The packed data [N, ...] of y [T' >= T, B, ...]."""
         y = y.contiguous()
         data = y.new_empty((int(self.sizes.sum()), *y.shape[2:]))
         with ops.made_current(y):
-            _rows_kernels(y, y.shape[0]).pack(y.data_ptr(), data.data_ptr(), self.sizes,
-                                              data.numel() // data.shape[0], self._stream(y))
+            self.kernels.pack(y.data_ptr(), data.data_ptr(), self.sizes, data.numel() // data.shape[0],
+                              self._stream(y))
         return data
 
 
@@ -108,57 +107,60 @@ class Unpacked:
     packing."""
 
     def __init__(self, packed: PackedSequence):
-        sizes = packed.batch_sizes.numpy()  # on the CPU, as torch keeps them
+        self._sizes = packed.batch_sizes.numpy()  # on the CPU, as torch keeps them
         self._like = packed
         # x's steps rounded up to a multiple of STEPS_MULTIPLE (past every row's length, the steps after
         # T change nothing): batches whose longest rows differ by a few steps share a runner and `auto`'s
         # choice, where each new length would have made (and measured) its own
-        self._rows = _Rows(sizes, -(-len(sizes) // STEPS_MULTIPLE) * STEPS_MULTIPLE)
-        self._kernels = _rows_kernels(packed.data, self._rows.steps) is not None
+        self._steps = -(-len(self._sizes) // STEPS_MULTIPLE) * STEPS_MULTIPLE
+        self._rows = self._rows_for(packed.data)
         self.x: torch.Tensor | None = None
         self.steps: torch.Tensor | None = None
+
+    def _rows_for(self, t: torch.Tensor) -> _Rows | None:
+        """The kernels' rows for tensors of t's device and elements, or None (torch's ops move them)."""
+        kernels = _rows_kernels(t, self._steps)
+        return None if kernels is None else _Rows(self._sizes, kernels)
 
     def pad(self, hidden: int, state_layers: int) -> None:
         """x and the steps-left state made (see the class's docstring), after the batch sizes are checked
         (the kernels would read past the data of sizes that do not add up)."""
-        sizes, data = self._rows.sizes, self._like.data
+        sizes, data = self._sizes, self._like.data
         if len(sizes) == 0 or sizes[-1] < 1 or (sizes[1:] > sizes[:-1]).any() or sizes.sum() != data.shape[0]:
             raise CellError(f"a PackedSequence's batch sizes must not grow, be at least 1 and add up to its "
                             f"data's {data.shape[0]} rows; got {sizes.tolist()}")
-        if not self._kernels:
+        if self._rows is None:
             self.x = self._positions_padded(data)
             self.steps = steps_left(self.lengths, state_layers, self.x, hidden)
         elif torch.is_grad_enabled() and data.requires_grad:
-            self.x, self.steps = _Padded.apply(data, self._rows, hidden, state_layers)
+            self.x, self.steps = _Padded.apply(data, self._rows, self._steps, hidden, state_layers)
         else:
-            self.x, self.steps = self._rows.padded(data.detach(), self._rows.steps, hidden, state_layers)
+            self.x, self.steps = self._rows.padded(data.detach(), self._steps, hidden, state_layers)
 
     def lane_rows(self, state_layers: int) -> tuple[int, int, int] | None:
         """What a lane needs to pad a float32 PackedSequence like this one for a call of `state_layers`
         layers (quick_lane.make's `rows`), or None where the kernels do not pad it."""
-        data = self._like.data
-        if not self._kernels or data.dtype != torch.float32:
+        if self._rows is None or self._like.data.dtype != torch.float32:
             return None
-        steps = self._rows.steps
-        return _rows_kernels(data, steps).lane_rows((steps + state_layers) * int(self._rows.sizes[0]))
+        return self._rows.kernels.lane_rows((self._steps + state_layers) * int(self._sizes[0]))
 
     @cached_property
     def lengths(self) -> torch.Tensor:
         """The rows' lengths, in this order (CPU, int64)."""
-        sizes = self._rows.sizes
+        sizes = self._sizes
         return torch.from_numpy((np.arange(int(sizes[0]))[None, :] < sizes[:, None]).sum(0))
 
     @cached_property
     def _at(self) -> torch.Tensor:
         """Where each element of the packed data (step by step, longest row first) is in x [T * B, ...]: at
         step t, rows 0 .. sizes[t] - 1 (in numpy: a few microseconds, where torch's small ops take tens)."""
-        sizes = self._rows.sizes
+        sizes = self._sizes
         T, B = len(sizes), int(sizes[0])
         at = np.repeat(np.arange(T) * B - (np.cumsum(sizes) - sizes), sizes) + np.arange(int(sizes.sum()))
         return to_device(torch.from_numpy(at), self._like.data)
 
     def _positions_padded(self, data: torch.Tensor) -> torch.Tensor:
-        B, steps = int(self._rows.sizes[0]), self._rows.steps
+        B, steps = int(self._sizes[0]), self._steps
         return data.new_zeros((steps * B, *data.shape[1:])).index_copy(0, self._at, data).view(
             steps, B, *data.shape[1:])
 
@@ -166,13 +168,15 @@ class Unpacked:
     def pack(self, y: torch.Tensor) -> PackedSequence:
         """y [T' >= T, B, ...] in this order of rows as a PackedSequence of the input's layout (by the
         kernels for y's elements where there are some: under torch.autocast y's differ from x's)."""
-        like = self._like
-        if not self._kernels or _rows_kernels(y, y.shape[0]) is None:
-            data = y[:self._rows.steps].reshape(-1, *y.shape[2:]).index_select(0, self._at)
+        like, rows = self._like, self._rows
+        if rows is not None and y.element_size() != like.data.element_size():
+            rows = self._rows_for(y)
+        if rows is None:
+            data = y[:self._steps].reshape(-1, *y.shape[2:]).index_select(0, self._at)
         elif torch.is_grad_enabled() and y.requires_grad:
-            data = _Packed.apply(y, self._rows)
+            data = _Packed.apply(y, rows)
         else:
-            data = self._rows.packed(y.detach())
+            data = rows.packed(y.detach())
         return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
 
     def sorted(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -194,16 +198,16 @@ class _Padded(torch.autograd.Function):
     other (the padding's: nothing)."""
 
     @staticmethod
-    def forward(ctx, data, rows: _Rows, hidden: int, state_layers: int):
+    def forward(ctx, data, rows: _Rows, steps: int, hidden: int, state_layers: int):
         ctx.rows = rows
-        x, left = rows.padded(data, rows.steps, hidden, state_layers)
+        x, left = rows.padded(data, steps, hidden, state_layers)
         ctx.mark_non_differentiable(left)
         return x, left
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dx, _dleft):
-        return ctx.rows.packed(dx), None, None, None
+        return ctx.rows.packed(dx), None, None, None, None
 
 
 class _Packed(torch.autograd.Function):
