@@ -21,8 +21,10 @@ torch does not flatten bf16 weights for cuDNN and so compacts them at every call
   absolute difference is above TOLERANCE is marked failed and not timed;
 - the forward pass under torch.no_grad(), `rnn(x)` against `lstm(x)`: CUDA events around the call, and
   the host time (perf_counter until the call returns, without synchronising inside; the device is
-  synchronised between runs), after warm-up, the median of --repeats runs taken in turns (the order
-  reversed every other round);
+  synchronised between runs), after warm-up, the median of --repeats runs taken in turns (each turn
+  times two calls, the first right after the other library's call and the second after its own, as a
+  loop calls it: the second is the time reported, the first is in the record and in the tables' "after
+  cuDNN's call" columns);
 - a training step (unless --no-train): forward, loss = y.pow(2).mean(), backward, the gradients zeroed
   (set to None) between steps and outside the clock, no optimizer (with --optimizer sgd, SGD's step at
   its end, which changes the weights as a training script's does); checked first by the parameters'
@@ -150,28 +152,37 @@ def stats(times: list[float]) -> dict:
 
 def time_in_turns(impls: dict[str, tuple[Run, Run | None]], clock: Clock, repeats: int, warmup: int
                   ) -> dict[str, dict]:
-    """Each implementation (run, before) warmed up, then timed `repeats` times in rounds that take every
-    implementation in turn, the order reversed every other round. {name: {"device": stats, "host": stats}}"""
+    """Each implementation (run, before) warmed up, then timed in `repeats` rounds that take every
+    implementation in turn. A turn times two runs one after the other: the first follows another
+    implementation's run, the second its own, as the calls of a loop over batches do (the order is the
+    same in every round, so that each first run follows another's; the second runs do not depend on it). A call's host time depends on what ran on the host just before it (right after
+    cuDNN's call the same Python and C++ take 1.5 to 5x longer: its code and data are out of the CPU's
+    caches), so the second is the time reported, and the first is kept beside it.
+    {name: {"device": stats, "host": stats, "device_after_other": stats, "host_after_other": stats}}"""
     for run, before in impls.values():
         for _ in range(warmup):
             if before is not None:
                 before()
             run()
     clock.sync()
-    times: dict[str, list[tuple[float, float]]] = {name: [] for name in impls}
+    first: dict[str, list[tuple[float, float]]] = {name: [] for name in impls}
+    second: dict[str, list[tuple[float, float]]] = {name: [] for name in impls}
     names = list(impls)
     gc.collect()  # as timeit does: collect before, not during
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        for r in range(repeats):
-            for name in names if r % 2 == 0 else names[::-1]:
-                times[name].append(clock.once(*impls[name]))
+        for _ in range(repeats):
+            for name in names:
+                first[name].append(clock.once(*impls[name]))
+                second[name].append(clock.once(*impls[name]))
     finally:
         if was_enabled:
             gc.enable()
-    return {name: {"device": stats([d for d, _ in ts]), "host": stats([h for _, h in ts])}
-            for name, ts in times.items()}
+    return {name: {"device": stats([d for d, _ in second[name]]), "host": stats([h for _, h in second[name]]),
+                   "device_after_other": stats([d for d, _ in first[name]]),
+                   "host_after_other": stats([h for _, h in first[name]])}
+            for name in impls}
 
 
 def time_back_to_back(impls: dict[str, tuple[Run, Run]], clock: Clock, repeats: int) -> dict[str, dict]:
@@ -551,7 +562,8 @@ def tables(record: dict) -> str:
              f"{DTYPES[settings['precision']]}{theirs}; medians of {settings['repeats']} runs, ms", "",
              "Forward (torch.no_grad()):", ""]
     head = ["cell", "T", "B", "layers", "rung", "bench ms", "CellRNN ms", "CellRNN host ms", "cuDNN ms",
-            "CellRNN/bench", "speedup vs cuDNN"]
+            "CellRNN/bench", "speedup vs cuDNN", "CellRNN ms after cuDNN's call",
+            "CellRNN host ms after cuDNN's call"]
     head += ["CellRNN graph ms", "cuDNN graph ms"] if graph else []
     head += ["check (max abs diff)"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -560,7 +572,8 @@ def tables(record: dict) -> str:
         ours, theirs = median(f, "CellRNN"), median(f, "cuDNN")
         cells = [r["cell"], r["seq"], r["batch"], r["layers"], r["rung"] or "", ms(bench_ms(r, "forward")),
                  ms(ours), ms(median(f, "CellRNN", "host")), ms(theirs), ratio(ours, bench_ms(r, "forward")),
-                 ratio(theirs, ours, "x")]
+                 ratio(theirs, ours, "x"), ms(median(f, "CellRNN", "device_after_other")),
+                 ms(median(f, "CellRNN", "host_after_other"))]
         if graph:
             cells += [ms(median(r["graph"], "CellRNN")), ms(median(r["graph"], "cuDNN"))]
         cells.append(check_text(r))
@@ -569,8 +582,8 @@ def tables(record: dict) -> str:
         step = "backward, SGD's step" if settings.get("optimizer") == "sgd" else "backward"
         lines += ["", f"Training step (forward, loss = y.pow(2).mean(), {step}):", ""]
         head = ["cell", "T", "B", "layers", "rung", "bench --train ms", "CellRNN ms", "cuDNN ms",
-                "CellRNN/bench", "speedup vs cuDNN", "CellRNN back to back ms", "cuDNN back to back ms",
-                "check (grad rel error)"]
+                "CellRNN/bench", "speedup vs cuDNN", "CellRNN ms after cuDNN's step", "CellRNN back to back ms",
+                "cuDNN back to back ms", "check (grad rel error)"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rows:
             t = r["train"] or {}
@@ -581,6 +594,7 @@ def tables(record: dict) -> str:
             together = t.get("back_to_back") or {}
             cells = [r["cell"], r["seq"], r["batch"], r["layers"], r["rung"] or "", ms(bench_ms(r, "train")),
                      ms(ours), ms(theirs), ratio(ours, bench_ms(r, "train")), ratio(theirs, ours, "x"),
+                     ms(median(t, "CellRNN", "device_after_other")),
                      *(ms(together[name]["median_ms"] if name in together else None)
                        for name in ("CellRNN", "cuDNN")), check]
             lines.append("| " + " | ".join(map(str, cells)) + " |")
@@ -735,7 +749,8 @@ def main(argv: list[str] | None = None) -> int:
         "timing": ("CUDA events around each call (device ms) and perf_counter until the call returns (host "
                    "ms), the device synchronised between runs" if device.type == "cuda" else
                    "perf_counter around each call") + f"; median of {args.repeats} runs after {args.warmup} "
-                  "warm-up runs, taken in turns, the order reversed every other round",
+                  "warm-up runs, taken in turns of two calls each: reported, the second (after its own "
+                  "call); kept as *_after_other, the first (after the other library's call)",
         "check": {"y_max_abs_diff": TOLERANCE, "grad_rel_error": GRAD_TOLERANCE, "grad_floor": GRAD_FLOOR},
         "rows": [], "compile": [], "elapsed_s": 0.0,
     }

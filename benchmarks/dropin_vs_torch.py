@@ -13,7 +13,9 @@ outputs' data, backward; the gradients set to None between steps, outside the cl
 sgd an SGD step at its end, which changes the weights as a training script's does, so that the drop-in
 packs them again at its next forward), the modules given the same input (a PackedSequence made once,
 before: torch's packing is not timed); medians of --repeats runs taken in turns, after --warmup runs of
-each.
+each. A turn times two calls: the first right after the other library's call, the second after its own,
+as a loop calls it; the second is the time reported, the first is kept in the record (`*_after_other`):
+a call's host time is longer while the other library's code and data hold the CPU's caches.
 """
 
 from __future__ import annotations
@@ -126,18 +128,20 @@ def main() -> None:
 
         for what, fn in (("forward", forward), ("train", step)):
             times = {"cellfuse": [], "torch": []}
+            after_other = {"cellfuse": [], "torch": []}
             modules = {"cellfuse": ours, "torch": ref}
             for module in modules.values():
                 for _ in range(args.warmup):
                     fn(module)
                     module.zero_grad(set_to_none=True)
-            for r in range(args.repeats):
-                order = list(modules.items())[::(-1 if r % 2 else 1)]
-                for name, module in order:
-                    torch.cuda.synchronize()
-                    times[name].append(timed(lambda module=module, fn=fn: fn(module), start, end))
-                    module.zero_grad(set_to_none=True)
+            for _ in range(args.repeats):
+                for name, module in modules.items():
+                    for into in (after_other, times):  # right after the other's call, then after its own
+                        torch.cuda.synchronize()
+                        into[name].append(timed(lambda module=module, fn=fn: fn(module), start, end))
+                        module.zero_grad(set_to_none=True)
             row[what] = {name: statistics.median(v) for name, v in times.items()}
+            row[f"{what}_after_other"] = {name: statistics.median(v) for name, v in after_other.items()}
         print("  ", {k: row[k] for k in ("forward", "train")}, flush=True)
         record["rows"].append(row)
         args.out.write_text(json.dumps(record, indent=1))

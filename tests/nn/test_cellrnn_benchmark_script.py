@@ -29,7 +29,32 @@ def timed(part: dict, name: str) -> float:
     value = part[name]["device"]["median_ms"]
     assert isinstance(value, float) and math.isfinite(value) and value > 0
     assert part[name]["host"]["median_ms"] > 0 and len(part[name]["device"]["runs_ms"]) == 2
+    # and the call right after the other library's, kept beside it
+    assert len(part[name]["device_after_other"]["runs_ms"]) == 2 and part[name]["host_after_other"]["min_ms"] > 0
     return value
+
+
+def test_each_turn_times_a_call_after_the_others_then_one_after_its_own(script):
+    calls = []
+
+    class Clock:  # the order of the runs, and a time that says which run of its turn it was
+        def sync(self):
+            pass
+
+        def once(self, run, before=None):
+            if before is not None:
+                before()
+            run()
+            previous = calls[-2] if len(calls) > 1 else None
+            return (1.0, 1.0) if previous == calls[-1] else (2.0, 2.0)
+
+    impls = {"a": (lambda: calls.append("a"), None), "b": (lambda: calls.append("b"), None)}
+    out = script.time_in_turns(impls, Clock(), repeats=3, warmup=0)
+    assert calls == ["a", "a", "b", "b"] * 3
+    for name in impls:
+        assert out[name]["device"]["runs_ms"] == out[name]["host"]["runs_ms"] == [1.0] * 3  # after its own
+        assert out[name]["device_after_other"]["runs_ms"][1:] == [2.0] * 2  # after the other's
+    assert out["b"]["device_after_other"]["runs_ms"] == [2.0] * 3
 
 
 def check_row(script, row: dict) -> None:
