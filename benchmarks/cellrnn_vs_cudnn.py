@@ -155,9 +155,10 @@ def time_in_turns(impls: dict[str, tuple[Run, Run | None]], clock: Clock, repeat
     """Each implementation (run, before) warmed up, then timed in `repeats` rounds that take every
     implementation in turn. A turn times two runs one after the other: the first follows another
     implementation's run, the second its own, as the calls of a loop over batches do (the order is the
-    same in every round, so that each first run follows another's; the second runs do not depend on it). A call's host time depends on what ran on the host just before it (right after
-    cuDNN's call the same Python and C++ take 1.5 to 5x longer: its code and data are out of the CPU's
-    caches), so the second is the time reported, and the first is kept beside it.
+    same in every round, so that each first run follows another's). A call's host time depends on what
+    ran on the host just before it (right after cuDNN's call the same Python and C++ take 2 to 9x as
+    long: its code and data are out of the CPU's caches), so the second is the time reported, and the
+    first is kept beside it.
     {name: {"device": stats, "host": stats, "device_after_other": stats, "host_after_other": stats}}"""
     for run, before in impls.values():
         for _ in range(warmup):
@@ -582,8 +583,8 @@ def tables(record: dict) -> str:
         step = "backward, SGD's step" if settings.get("optimizer") == "sgd" else "backward"
         lines += ["", f"Training step (forward, loss = y.pow(2).mean(), {step}):", ""]
         head = ["cell", "T", "B", "layers", "rung", "bench --train ms", "CellRNN ms", "cuDNN ms",
-                "CellRNN/bench", "speedup vs cuDNN", "CellRNN ms after cuDNN's step", "CellRNN back to back ms",
-                "cuDNN back to back ms", "check (grad rel error)"]
+                "CellRNN/bench", "speedup vs cuDNN", "CellRNN ms after cuDNN's step",
+                "CellRNN back to back ms", "cuDNN back to back ms", "check (grad rel error)"]
         lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rows:
             t = r["train"] or {}

@@ -30,7 +30,8 @@ def timed(part: dict, name: str) -> float:
     assert isinstance(value, float) and math.isfinite(value) and value > 0
     assert part[name]["host"]["median_ms"] > 0 and len(part[name]["device"]["runs_ms"]) == 2
     # and the call right after the other library's, kept beside it
-    assert len(part[name]["device_after_other"]["runs_ms"]) == 2 and part[name]["host_after_other"]["min_ms"] > 0
+    after_other = part[name]["device_after_other"]
+    assert len(after_other["runs_ms"]) == 2 and part[name]["host_after_other"]["min_ms"] > 0
     return value
 
 
