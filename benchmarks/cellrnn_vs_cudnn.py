@@ -11,10 +11,11 @@ For each case (cell, T, B, layers), on one device in float32 (TF32 off for cuDNN
 sides compute in float32), or with --precision bf16 / fp16 in that dtype: x in it, torch.nn.LSTM / GRU
 converted to it (cuDNN in 16 bits), CellRNN's parameters left float32 as under torch.autocast (packed
 into 16-bit weights); the check then allows twice the precision's bound (codegen.precision) relative to
-y's largest magnitude, and the training step, the torch.compile part and the bench's training run are
-left out (CellRNN trains in float32 so far). --cudnn-precision runs torch's module in another dtype than
-CellRNN (x converted to it outside the clock): fp16 against CellRNN's bf16, cuDNN at its best, since
-torch does not flatten bf16 weights for cuDNN and so compacts them at every call:
+y's largest magnitude, the training step's twice the bound of 16-bit gradients (its floor
+precision.GRADIENT_FLOOR), and the torch.compile part is left out. --cudnn-precision runs torch's module
+in another dtype than CellRNN (x converted to it outside the clock; no training step then): fp16 against
+CellRNN's bf16, cuDNN at its best, since torch does not flatten bf16 weights for cuDNN and so compacts
+them at every call:
 
 - the check, before anything is timed: CellRNN(x)'s y against torch.nn.LSTM / GRU(x)'s y, loaded with the
   CellRNN's weights by the benchmark's own mapping (torch_baselines.CudnnCell): a row whose largest
@@ -25,7 +26,8 @@ torch does not flatten bf16 weights for cuDNN and so compacts them at every call
   times two calls, the first right after the other library's call and the second after its own, as a
   loop calls it: the second is the time reported, the first is in the record and in the tables' "after
   cuDNN's call" columns);
-- a training step (unless --no-train): forward, loss = y.pow(2).mean(), backward, the gradients zeroed
+- a training step (unless --no-train): forward, loss = y.pow(2).mean() (in fp16 times FP16_LOSS_SCALE,
+  as torch.amp.GradScaler scales it), backward, the gradients zeroed
   (set to None) between steps and outside the clock, no optimizer (with --optimizer sgd, SGD's step at
   its end, which changes the weights as a training script's does); checked first by the parameters'
   gradients (each parameter's largest difference relative to its largest gradient, or to GRAD_FLOOR of
@@ -74,12 +76,14 @@ import torch
 
 from cellfuse import __version__
 from cellfuse.codegen import SCHEDULES
-from cellfuse.codegen.precision import forward_tolerance
+from cellfuse.codegen.precision import GRADIENT_FLOOR as SIXTEEN_BIT_GRADIENT_FLOOR
+from cellfuse.codegen.precision import forward_tolerance, gradient_tolerance
 from cellfuse.gpu_runtime.torch_baselines import CudnnCell
 from cellfuse.graph_model import Sizes, atomic_write, load_template
 from cellfuse.nn import CellRNN
 
 TOLERANCE = 1e-3  # the largest absolute difference of y (float32 against float32) that passes
+FP16_LOSS_SCALE = 2.0**16  # torch.amp.GradScaler's initial scale
 GRAD_TOLERANCE = 1e-3  # of a parameter's gradient, relative to its largest (see GRAD_FLOOR)
 BACK_TO_BACK = 10  # training steps queued without waiting, per timed run of them
 GRAD_FLOOR = 1e-3  # a parameter's gradient counts relative to at least this fraction of the largest of all
@@ -328,8 +332,12 @@ def train_part(rnn: CellRNN, cudnn: CudnnCell, x: torch.Tensor, clock: Clock, ar
                ) -> dict:
     """The training step of each, checked by its parameters' gradients, then timed in turns."""
     module = cudnn.module.train()  # cuDNN's backward pass refuses a module in eval mode (there is no dropout)
+    # fp16 gradients this small (the mean over T*B*H outputs) underflow: scaled as GradScaler starts, on
+    # both sides alike (each side's gradients, and so their relative difference, scale with it)
+    scale = FP16_LOSS_SCALE if args.precision == "fp16" else 1.0
     out: dict = {"ok": False, "error": None, "grad_rel_error": None, "loss_diff": None,
-                 "loss": "y.pow(2).mean()", "optimizer": args.optimizer}
+                 "loss": "y.pow(2).mean()" + (f" * {scale:g}" if scale != 1 else ""),
+                 "optimizer": args.optimizer}
 
     def step(model) -> Callable[[], torch.Tensor]:
         # (SGD's step changes the weights in place, as a training script's optimizer does: CellRNN packs
@@ -338,7 +346,7 @@ def train_part(rnn: CellRNN, cudnn: CudnnCell, x: torch.Tensor, clock: Clock, ar
 
         def run() -> torch.Tensor:
             y = model(x)[0]
-            loss = y.float().pow(2).mean()
+            loss = y.float().pow(2).mean() * scale
             loss.backward()
             if optimizer is not None:
                 optimizer.step()
@@ -361,18 +369,22 @@ def train_part(rnn: CellRNN, cudnn: CudnnCell, x: torch.Tensor, clock: Clock, ar
     if missing:
         out["error"] = f"no gradient to compare for {', '.join(missing)}; not timed"
         return out
+    # in 16 bits, twice the bound of 16-bit gradients (each side rounds), with that bound's floor
+    sixteen = args.precision != "fp32"
+    grad_tolerance = 2 * gradient_tolerance(args.precision) if sixteen else GRAD_TOLERANCE
+    grad_floor = SIXTEEN_BIT_GRADIENT_FLOOR if sixteen else GRAD_FLOOR
     largest = max(float(np.max(np.abs(g))) for g in theirs.values())
     worst = 0.0
     for key, g in ours.items():
         want = theirs[key].astype(np.float64)
-        scale = max(float(np.max(np.abs(want))), GRAD_FLOOR * largest, 1e-30)
+        scale = max(float(np.max(np.abs(want))), grad_floor * largest, 1e-30)
         got = g.detach().cpu().double().numpy()
         error = float(np.max(np.abs(got - want))) / scale if np.all(np.isfinite(got)) else math.inf
         worst = max(worst, error)
     out["grad_rel_error"] = worst
-    if not passes(worst, GRAD_TOLERANCE):
+    if not passes(worst, grad_tolerance):
         out["error"] = (f"the parameters' gradients differ from torch.nn.{module.__class__.__name__}'s by "
-                        f"{worst:.3e} relative (tolerance {GRAD_TOLERANCE:g}); not timed")
+                        f"{worst:.3e} relative (tolerance {grad_tolerance:g}); not timed")
         module.eval()
         return out
     out["ok"] = True
@@ -715,9 +727,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.cudnn_precision = args.cudnn_precision or args.precision
     if args.cudnn_precision != args.precision:  # the training steps compare one dtype's gradients
         args.train = False
-    if args.precision != "fp32":  # CellRNN trains in float32 so far: a 16-bit run times the forward pass
-        args.train, args.compile = False, False
-        args.bench = [mode for mode in args.bench if mode == "forward"]
+    if args.precision != "fp32":  # (the language model is compiled in float32 only)
+        args.compile = False
     return args
 
 

@@ -45,23 +45,23 @@ class Run:
         return run_reference_backward(self.cell, self.params, inputs, self.sizes.layers, self.dy, self.dfinal)
 
     def numpy(self, schedule: str, dtype=np.float64, target: Target = H100,
-              reverse_blocks: bool = False) -> Gradients:
+              reverse_blocks: bool = False, precision: str = "fp32") -> Gradients:
         """The gradients by the numpy executor's backward Plan (a persistent plan's made for `target`, its
-        blocks run in decreasing order with `reverse_blocks`)."""
+        blocks run in decreasing order with `reverse_blocks`; a 16-bit `precision` emulated)."""
         s = self.sizes
         initial = self.initial or {st: np.zeros((s.layers, s.batch, s.hidden)) for st in self.cell.updates}
-        plan = make_plan(self.cell, s, schedule, target, save_steps=True)
+        plan = make_plan(self.cell, s, schedule, target, save_steps=True, precision=precision)
         forward = NumpyExecutor(plan, self.params, dtype, reverse_blocks=reverse_blocks)
         forward.run(self.x, initial)
         return NumpyBackward(forward).run(self.dy.astype(dtype), self.dfinal)
 
-    def cuda(self, schedule: str) -> Gradients:
+    def cuda(self, schedule: str, precision: str = "fp32") -> Gradients:
         """The gradients by the CUDA executor's backward Plan, float32 (on a GPU only)."""
         from cellfuse.gpu_runtime.cuda_backward import CudaBackward
         from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
 
         s = self.sizes
-        plan = make_plan(self.cell, s, schedule, device_target(), save_steps=True)
+        plan = make_plan(self.cell, s, schedule, device_target(), save_steps=True, precision=precision)
         initial = self.initial or {st: np.zeros((s.layers, s.batch, s.hidden)) for st in self.cell.updates}
         forward = CudaExecutor(plan, self.params)
         backward = None
@@ -89,6 +89,20 @@ def make_run(cell: Cell, layers: int = 2, seed: int = 0, initial: bool = True, d
                {s: rng.standard_normal(shape) for s in cell.updates} if initial else None,
                rng.standard_normal((sizes.seq, sizes.batch, sizes.hidden)),
                {s: rng.standard_normal(shape) for s in cell.updates} if dfinal else None)
+
+
+def sixteen_bit_error(got: Gradients, want: Gradients) -> tuple[float, str]:
+    """The largest error of a 16-bit run's gradients, each relative to its own largest magnitude or
+    precision.GRADIENT_FLOOR of the largest of all where that is more, and the gradient it is in."""
+    from cellfuse.codegen.precision import GRADIENT_FLOOR
+
+    pairs = [("x", got.dx, want.dx),
+             *((f"initial {s}", got.dinitial[s], v) for s, v in want.dinitial.items()),
+             *((key, got.dparams[key], v) for key, v in want.dparams.items())]
+    largest = max(float(np.max(np.abs(w), initial=0.0)) for _, _, w in pairs)
+    return max((float(np.max(np.abs(g.astype(np.float64) - w))) /
+                max(float(np.max(np.abs(w), initial=0.0)), GRADIENT_FLOOR * largest), name)
+               for name, g, w in pairs)
 
 
 def assert_gradients(got: Gradients, want: Gradients, rtol: float, what: str = "") -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from PySide6 import QtCore, QtGui, QtWidgets
 
-from ..codegen.precision import PRECISIONS, forward_tolerance
+from ..codegen.precision import PRECISIONS, forward_tolerance, gradient_tolerance
 from ..gpu_runtime.bench import TRAIN_BASELINES
 from ..graph_model import Sizes
 from .bench_results_view import BenchResultsView
@@ -45,13 +45,15 @@ BIDIRECTIONAL_TIP = ("Both directions of one layer side by side, each with weigh
                      "one over each row reversed in time); one layer only")
 ONE_DIRECTION = "one direction"
 # What every plan is made in and every baseline runs in (BenchConfig.precision, the command line's
-# --precision); 16-bit ones forward only.
+# --precision), forward and in training.
 PRECISION_TEXT = "Precision"
 PRECISION_TIP = ("fp32 runs in float32. bf16 and fp16 store x, the weights, the outputs and the states in 16 "
-                 "bits and multiply on tensor cores into float32, forward only; each result is checked "
-                 "against the float64 reference within the precision's bound "
+                 "bits and multiply on tensor cores into float32, the gradients in float32; each result is "
+                 "checked against the float64 reference within the precision's bound "
                  f"({', '.join(f'{p} {forward_tolerance(p):.1e}' for p in PRECISIONS if p != 'fp32')} of "
-                 "the largest value)")
+                 "the largest value forward, "
+                 f"{', '.join(f'{p} {gradient_tolerance(p):.1e}' for p in PRECISIONS if p != 'fp32')} of "
+                 "each gradient's in training)")
 FORWARD_ONLY = ("Forward only: not run in training mode, which times forward + backward with autograd "
                 f"and offers {', '.join(TRAIN_BASELINES)}")
 
@@ -313,35 +315,14 @@ class BenchPanel(QtWidgets.QWidget):
         self._bidirectional_refused = why is not None
 
     def _build_precision(self) -> QtWidgets.QComboBox:
-        """The precision, fp32 first (as the panel opens). Checked as the training switch changes, as the
-        directions are with the layers: training runs in float32 only, so a 16-bit precision with it marks
-        the box, and the status and its tooltip say why; the window refuses to run it. The switch is built
-        with the run bar, after the settings: its `_train_toggled` checks the precision again."""
+        """The precision, fp32 first (as the panel opens), forward and in training alike."""
         combo = QtWidgets.QComboBox()
         combo.addItems(list(PRECISIONS))
         combo.setCurrentText("fp32")
         combo.setToolTip(PRECISION_TIP)
         combo.setAccessibleName(PRECISION_TEXT)
         self.precision_combo = combo
-        self._precision_refused = False
-        combo.currentTextChanged.connect(self._check_precision)
         return combo
-
-    def _check_precision(self) -> None:
-        """The box marked while it cannot run, the status and its tooltip saying why; once it can again,
-        the status says so."""
-        why = self.precision_problem()
-        combo = self.precision_combo
-        combo.setToolTip(why or PRECISION_TIP)
-        combo.setProperty("invalid", why is not None)
-        combo.style().unpolish(combo)
-        combo.style().polish(combo)
-        if why is not None:
-            self.show_status(why)
-        elif self._precision_refused:
-            self.show_status(f"Precision {self.precision()}, "
-                             + ("forward + backward." if self.train() else "forward."))
-        self._precision_refused = why is not None
 
     def _check_list(self, what: str, names: list[str]
                     ) -> tuple[QtWidgets.QToolButton, dict[str, QtWidgets.QCheckBox]]:
@@ -398,7 +379,6 @@ class BenchPanel(QtWidgets.QWidget):
     def _train_toggled(self, on: bool) -> None:
         settings().setValue(TRAIN_KEY, on)
         self._offer_baselines()
-        self._check_precision()
 
     def _offer_baselines(self) -> None:
         """In training mode the forward-only baselines are disabled and say why; each keeps its tick for
@@ -592,14 +572,6 @@ class BenchPanel(QtWidgets.QWidget):
     def precision(self) -> str:
         """BenchConfig.precision: fp32, bf16 or fp16."""
         return self.precision_combo.currentText()
-
-    def precision_problem(self) -> str | None:
-        """Why the precision cannot run, or None (also for fp32): training runs in float32 only, a 16-bit
-        precision times the forward pass. The fix first: the status line cuts a long message short."""
-        precision = self.precision()
-        if precision == "fp32" or not self.train():
-            return None
-        return f"Precision {precision} runs forward only: choose fp32, or untick {TRAIN_TEXT}."
 
     # -- running --------------------------------------------------------------------------------------
     def set_running(self, running: bool) -> None:

@@ -16,7 +16,7 @@ import datetime as dt
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..codegen.precision import forward_tolerance
+from ..codegen.precision import forward_tolerance, gradient_tolerance
 from ..gpu_runtime.bench import BASELINES
 
 COLUMNS = ["Implementation", "Kind", "Median ms", "Min ms", "Max ms", "Rel. error", "Compile s",
@@ -72,8 +72,12 @@ class BenchRun:
         """'in bf16: stored in 16 bits, multiplied on tensor cores into float32, ...', or '' for fp32."""
         if self.precision == "fp32":
             return ""
-        return (f"in {self.precision}: stored in 16 bits and multiplied on tensor cores into float32, "
-                "forward only; each result checked against the float64 reference within "
+        if self.train:
+            return (f"in {self.precision}: stored in 16 bits and multiplied on tensor cores into float32, "
+                    "the gradients float32; each result's gradients checked against the float64 reference "
+                    f"within {gradient_tolerance(self.precision):.1e} of each one's largest value")
+        return (f"in {self.precision}: stored in 16 bits and multiplied on tensor cores into float32; each "
+                "result checked against the float64 reference within "
                 f"{forward_tolerance(self.precision):.1e} of its largest value")
 
     def measures(self) -> str:

@@ -768,7 +768,7 @@ class MainWindow(QtWidgets.QMainWindow):
             return False
         # Refused here, not by the worker once it has started (a sweep would lose the values run before).
         panel = self.bench_panel
-        if why := panel.lengths_problem() or panel.bidirectional_problem() or panel.precision_problem():
+        if why := panel.lengths_problem() or panel.bidirectional_problem():
             self.bench_panel.show_status(why)
             return False
         config = self.bench_config()

@@ -25,7 +25,7 @@ def generate_cuda(cell: Cell, sizes: Sizes, schedule: str = "hoisted", backward:
         if bidirectional:
             raise Float32Only("--bidirectional exports float32 launchers only so far")
         if backward:
-            raise Float32Only(f"the backward pass runs in float32 only so far: leave out --backward to "
+            raise Float32Only(f"--backward exports float32 launchers only so far: leave out --backward to "
                               f"export the forward pass in {precision}")
         return emit(make_plan(cell, sizes, schedule, precision=precision, float32_states=float32_states))
     if bidirectional:

@@ -50,6 +50,14 @@ made by the forward's machinery for the same GPU: the step's adjoint kernels on 
 elements, and each dA += dC @ W^T with the block's rows of W (its columns of W^T) in shared memory, a
 grid-wide barrier before it (every block wrote dC). An LSTM's backward step then has one barrier, as
 its forward step does. An adjoint that reduces rows runs a block per row there, as in the forward step.
+
+In 16 bits (a bf16 or fp16 forward plan), as PyTorch's mixed precision does: the backward pass reads the
+forward's saved values in the types they were stored in, and every gradient is float32 (the parameters'
+accumulated in float32 over all steps), except the gradient of a GEMM's output whose operands are 16-bit
+(`sixteen_bit_grads`): the adjoint kernel stores it rounded to the 16-bit type, so that both GEMMs that
+read it (dA += dC @ W^T and dW += A^T @ dC) multiply 16-bit operands on tensor cores, accumulating in
+float32, as the forward GEMM did. A GEMM whose operands are float32 (a float32 state's, or in a
+persistent launch, whose operands and weights the forward plan keeps float32) multiplies in float32.
 """
 
 from __future__ import annotations
@@ -61,6 +69,7 @@ import numpy as np
 
 from ..graph_model import OPS, CellError, Gradients
 from .adjoint import adjoint
+from .dtypes import FLOAT32, DType
 from .lowering import Instruction, Loop, Persistent, as_instruction
 from .persistent import persistent_launch, written
 from .plan import (
@@ -76,9 +85,9 @@ from .plan import (
     grad_of,
     launch_name,
 )
-from .precision import Float32Only
+from .precision import PRECISIONS, Float32Only, retyped
 
-ONES = "ones"  # T*B ones: the left operand of a column sum
+ONES = "ones"  # T*B ones: the left operand of a column sum (of float32 rows; `ones_name` for 16-bit rows)
 
 
 @dataclass(frozen=True)
@@ -242,10 +251,9 @@ def backward_plan(forward: Plan) -> BackwardPlan:
     if not forward.saves_steps:
         raise CellError(f"the backward pass of '{forward.cell_name}' reads every step of the forward pass: "
                         "make the forward plan with save_steps=True")
-    if forward.precision != "fp32":
-        raise Float32Only(f"the backward pass runs in float32 only so far: '{forward.cell_name}' in "
-                        f"{forward.precision} runs forward only")
-    buffers = {grad_of(b.name): Buffer(grad_of(b.name), b.rows, b.width, "grad")
+    sixteen = sixteen_bit_grads(forward)
+    buffers = {grad_of(b.name): Buffer(grad_of(b.name), b.rows, b.width, "grad",
+                                       dtype=sixteen.get(grad_of(b.name), FLOAT32))
                for b in forward.buffers.values() if b.role not in ("init", "final")}
     buffers[ONES] = Buffer(ONES, "seq", 1, "ones")
     builders = [_Layer(forward, lp.layer, buffers) for lp in reversed(forward.layers)]
@@ -260,11 +268,43 @@ def backward_plan(forward: Plan) -> BackwardPlan:
         return replace(launch, overwrites=frozenset(acc.buffer for _, acc in launch.outputs
                                                     if acc.buffer in once))
 
+    dtypes = {name: b.dtype for name, b in (*forward.buffers.items(), *buffers.items())}
+    multiply = PRECISIONS[forward.precision]
+
+    def typed(launch: Launch) -> Launch:
+        """Every access in its buffer's type (a gradient's access made from the forward's has the forward
+        buffer's); a GEMM of 16-bit operands multiplying in the plan's type, any other in float32."""
+        launch = retyped(launch, dtypes, FLOAT32)
+        if isinstance(launch, GemmLaunch) and FLOAT32 not in (dtypes[launch.a.buffer], dtypes[launch.w]):
+            return replace(launch, multiply=multiply)
+        return launch
+
     layers = []
     for b, (step, after) in zip(builders, launched, strict=True):
-        step, after = tuple(map(stores, step)), tuple(map(stores, after))
+        step, after = (tuple(typed(stores(launch)) for launch in part) for part in (step, after))
         layers.append(LayerBackward(b.lp.layer, step, after, b.persistent(list(step))))
     return BackwardPlan(forward, buffers, layers, frozenset(once))
+
+
+def sixteen_bit_grads(forward: Plan) -> dict[str, DType]:
+    """The gradient buffers stored in 16 bits, with their types: those of the GEMM outputs whose GEMMs
+    multiply 16-bit operands (their weights' type; a GEMM's left operand has its weights' type). Raises
+    Float32Only where such a gradient would also be seeded or read as a float32 one: a GEMM writing
+    into a buffer of another role than its own outputs', or two GEMMs of different types into one."""
+    out: dict[str, DType] = {}
+    for lp in forward.layers:
+        for g in (*lp.prologue, *lp.step):
+            if not isinstance(g, GemmLaunch):
+                continue
+            w = forward.buffers[g.w].dtype
+            name = grad_of(g.c.buffer)
+            if w == FLOAT32 and name not in out:
+                continue
+            if forward.buffers[g.c.buffer].role != "gemm" or out.setdefault(name, w) != w:
+                raise Float32Only(f"the backward pass of '{forward.cell_name}' in {forward.precision} would "
+                                  f"mix 16-bit and float32 gradients in '{g.c.buffer}' (GEMM {g.group}): it "
+                                  "runs in float32 only")
+    return out
 
 
 def written_once(launches: list[Launch], buffers: dict[str, Buffer], seeded: set[str]) -> set[str]:
@@ -411,7 +451,10 @@ class _Layer:
         """into += the sum of the rows of a [count, width] buffer (T*B rows, or B that every step added
         to): ones[1, count] @ rows."""
         count = self.plan.sizes.batch if self.buffers[rows].rows == "batch" else self.rows
-        return GemmLaunch(name, "one", 1, width, count, Access(ONES, "row", count), rows, into, None,
+        dtype = self.buffers[rows].dtype
+        ones = ones_name(dtype)
+        self.buffers.setdefault(ones, Buffer(ones, "seq", 1, "ones", dtype=dtype))
+        return GemmLaunch(name, "one", 1, width, count, Access(ones, "row", count), rows, into, None,
                           accumulate=True)
 
     def adjoint(self, k: KernelLaunch) -> list[KernelLaunch]:
@@ -471,6 +514,11 @@ class _Layer:
                 raise CellError(f"kernel {k.island} computes '{value}' per row and a kernel of [N] values "
                                 "reads it: the plan mixes two rungs")
         return out
+
+
+def ones_name(dtype: DType) -> str:
+    """The buffer of ones that sums rows of this type (cuBLAS multiplies operands of one type)."""
+    return ONES if dtype == FLOAT32 else f"{ONES}.{dtype.name}"
 
 
 def _check_seed(what: str, value: object, shape: tuple[int, ...]) -> None:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from ..graph_model import CellError
 from .address import Expr, as_expr
-from .dtypes import FLOAT32, DType
+from .dtypes import FLOAT32
 from .kernel_abi import BLOCK, INT_MAX
 from .plan import GemmLaunch
 
@@ -102,11 +102,12 @@ def tf32x3_layout(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> tuple[tuple
 GEMM_DEFAULT_ALGO = -1  # cublasGemmAlgo_t of cublasGemmEx: cuBLAS's own choice
 
 
-def gemm_ex_types(g: GemmLaunch, w: DType) -> tuple[tuple[int, int, int], int]:
-    """cublasGemmEx's types of a 16-bit route's GEMM with weights of type `w`: (W's, A's, C's
-    cudaDataType_t) and its cublasComputeType_t. Operands of the 16-bit type multiply as they are,
+def gemm_ex_types(g: GemmLaunch) -> tuple[tuple[int, int, int], int]:
+    """cublasGemmEx's types of a 16-bit route's GEMM: (W's, A's, C's cudaDataType_t) and its
+    cublasComputeType_t. Operands of the 16-bit type multiply as they are,
     accumulating in float32; float32 operands (a float32 state times its weights) are rounded to the
     16-bit type as cuBLAS multiplies them (its "fast" compute types)."""
+    w = g.w_dtype
     if g.a.dtype != w:
         raise CellError(f"the GEMM of {g.group} multiplies {g.a.dtype.name} by {w.name} weights: cuBLAS "
                         "multiplies operands of one type")

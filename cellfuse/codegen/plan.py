@@ -181,6 +181,7 @@ class GemmLaunch:
     trans_w: bool = False
     accumulate: bool = False  # C += op(A) @ op(W) instead of C = ...
     multiply: DType = FLOAT32  # what its operands are rounded to as they are multiplied (see `precision`)
+    w_dtype: DType = FLOAT32  # what W's buffer stores (set with the accesses' types: precision.retyped)
 
     @property
     def flops(self) -> int:

@@ -28,7 +28,14 @@ import numpy as np
 from .. import __version__
 from ..codegen import SCHEDULES, Plan, make_plan
 from ..codegen.plan import H100, Target
-from ..codegen.precision import PRECISIONS, Float32Only, check_precision, forward_tolerance
+from ..codegen.precision import GRADIENT_FLOOR as SIXTEEN_BIT_GRADIENT_FLOOR
+from ..codegen.precision import (
+    PRECISIONS,
+    Float32Only,
+    check_precision,
+    forward_tolerance,
+    gradient_tolerance,
+)
 from ..codegen.roofline import Peaks, roofline
 from ..graph_model import (
     Cell,
@@ -114,7 +121,7 @@ class BenchConfig:
     lengths: str | None = None
     # both directions of the layer side by side, each with weights of its own (see directions.py)
     bidirectional: bool = False
-    # what every plan is made in and every baseline runs in (codegen.precision.PRECISIONS); forward only
+    # what every plan is made in and every baseline runs in (codegen.precision.PRECISIONS)
     precision: str = "fp32"
 
 
@@ -266,13 +273,15 @@ def largest_gradient(g: Gradients) -> float:
     return max(float(np.max(np.abs(v), initial=0.0)) for v in every)
 
 
-def _grad_error(got: Gradients, ref: Gradients) -> float:
+def _grad_error(got: Gradients, ref: Gradients, precision: str = "fp32") -> float:
     """The largest over every gradient (of x, each initial state, each parameter) of its largest absolute
-    error relative to its own largest value (or GRADIENT_FLOOR times the largest of all gradients);
-    infinite for a gradient missing or not finite."""
+    error relative to its own largest value (or the floor times the largest of all gradients: float32's
+    GRADIENT_FLOOR, a 16-bit precision's precision.GRADIENT_FLOOR); infinite for a gradient missing or not
+    finite."""
+    floor = GRADIENT_FLOOR if precision == "fp32" else SIXTEEN_BIT_GRADIENT_FLOOR
     return _worst_relative([(got.dx, ref.dx), *((got.dinitial.get(s), v) for s, v in ref.dinitial.items()),
                             *((got.dparams.get(k), v) for k, v in ref.dparams.items())],
-                           GRADIENT_FLOOR * largest_gradient(ref))
+                           floor * largest_gradient(ref))
 
 
 def _stats(times_ms: list[float]) -> dict:
@@ -335,9 +344,6 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
     sizes = config.sizes
     check_sizes(sizes, cell)
     check_precision(config.precision)
-    if config.train and config.precision != "fp32":
-        raise CellError(f"training runs in float32 only so far; --precision {config.precision} times the "
-                        "forward pass")
     backend = config.backend
     if backend == "auto":
         backend = "cuda" if "cuda" in available_backends() else "numpy"
@@ -468,9 +474,10 @@ class _Problem:
 
     @property
     def tolerance(self) -> float:
-        """The relative error a result may have: a forward pass's in the benchmark's precision, or
-        gradients' (training runs in float32)."""
-        return TOLERANCE if self.config.train else forward_tolerance(self.config.precision)
+        """The relative error a result may have, in the benchmark's precision: a forward pass's, or its
+        gradients'."""
+        precision = self.config.precision
+        return gradient_tolerance(precision) if self.config.train else forward_tolerance(precision)
 
     @cached_property
     def each_direction(self) -> list[tuple[dict[str, np.ndarray], np.ndarray, dict[str, np.ndarray]]]:
@@ -484,19 +491,20 @@ class _Problem:
         passes within rounding of kinks, against its gradients with some of them on their other side
         (one, then two, ... of the nearest), which a float32 run may take as rightly: the error against
         the first of those that it matches, and the row's note says which kinks."""
-        row.rel_error = _grad_error(grads, self.ref_grads)
-        if row.rel_error < TOLERANCE or self.tape is None:
+        precision = self.config.precision
+        row.rel_error = _grad_error(grads, self.ref_grads, precision)
+        if row.rel_error < self.tolerance or self.tape is None:
             return
         for chosen in _subsets(len(self.kinks)):
             if chosen not in self.branches:
                 flipped = other_branch(self.tape, [self.kinks[i] for i in chosen])
                 self.branches[chosen] = backward(flipped, self.dy)
-            error = _grad_error(grads, self.branches[chosen])
-            if error < TOLERANCE:
+            error = _grad_error(grads, self.branches[chosen], precision)
+            if error < self.tolerance:
                 row.rel_error = error
                 where = "; ".join(self.kinks[i].text() for i in chosen)
-                _add_note(row, f"right along the other branch of {where}, within float32's rounding of the "
-                               "reference's")
+                _add_note(row, f"right along the other branch of {where}, within {precision}'s rounding of "
+                               "the reference's")
                 return
 
     def plan(self, schedule: str) -> Plan:

@@ -1,5 +1,6 @@
 """The backward pass of a CUDA executor's forward run: the backward Plan's launches on the GPU, reading the
-forward run's saved buffers where they are, float32.
+forward run's saved buffers where they are, in the types they are stored in (the gradients it returns
+float32; a 16-bit plan's see `backward_plan`).
 
     forward = CudaExecutor(make_plan(cell, sizes, schedule, device_target(), save_steps=True), params)
     out = forward.run(x, initial)
@@ -22,6 +23,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..codegen.backward_plan import BackwardPlan, backward_plan
+from ..codegen.dtypes import stored
 from ..codegen.kernel_set import backward_kernels
 from ..graph_model import CellError, Gradients
 from .cuda_executor import _CUBLAS_WORKSPACE, CudaExecutor, _compile, aligned_offsets, split_elements
@@ -78,13 +80,16 @@ class CudaBackward:
         (every backward launch adds into its buffers), the ones; raises CellError for a seed that does
         not fit."""
         drv, addr = self.forward.drv, self.forward.addr
-        seeds = self.plan.seeds(dy, dfinal, np.float32)
-        for name in self.plan.buffers:
+        seeds = self.plan.seeds(dy, dfinal, np.float32)  # (seeded buffers are float32: see backward_plan)
+        for name, b in self.plan.buffers.items():
             if name in seeds:
                 drv.memcpy_htod(addr[name], seeds[name])
-            else:  # memset writes the value's 32 bits
-                bits = int(np.float32(self.plan.start_value(name)).view(np.uint32))
-                drv.memset_d32(addr[name], bits, self.plan.buffer_elements(name))
+            else:  # memset writes the value's bits in the buffer's type
+                value = stored(b.dtype, np.array([self.plan.start_value(name)], np.float32))
+                if b.dtype.itemsize == 4:
+                    drv.memset_d32(addr[name], int(value.view(np.uint32)[0]), self.plan.buffer_elements(name))
+                else:
+                    drv.memset_d16(addr[name], int(value.view(np.uint16)[0]), self.plan.buffer_elements(name))
         # These ran on the legacy default stream, which the executor's non-blocking streams do not wait for.
         drv.Context.synchronize()
 

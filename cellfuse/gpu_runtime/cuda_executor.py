@@ -281,7 +281,7 @@ class CudaExecutor:
                                        g.k, one, self.addr[g.w], ldw, a, g.a.ld, beta, c, g.c.ld))
                     return out
                 if route == "16-bit":
-                    (w_type, a_type, c_type), compute = gemm_ex_types(g, self.plan.buffers[g.w].dtype)
+                    (w_type, a_type, c_type), compute = gemm_ex_types(g)
                     out.append(partial(self.cublas.gemm_ex, handles[s], int(g.trans_w), int(g.trans_a), g.n,
                                        m, g.k, one, self.addr[g.w], w_type, ldw, a, a_type, g.a.ld, beta, c,
                                        c_type, g.c.ld, compute, GEMM_DEFAULT_ALGO))

@@ -48,7 +48,6 @@ from ..codegen.plan import (
     PersistentLaunch,
     Plan,
 )
-from ..codegen.precision import PRECISIONS
 from ..graph_model import Forward
 
 CHECKED_STEPS = 3  # steps of a persistent launch run block by block
@@ -81,9 +80,8 @@ class NumpyExecutor:
         self.program = lower(plan)
         self.batch, self.seq = plan.sizes.batch, plan.sizes.seq
         self.buf = {name: np.empty(plan.buffer_elements(name), self.dtype) for name in plan.buffers}
-        # the buffers stored in a 16-bit type, and the type a GEMM's operands are rounded to
+        # the buffers stored in a 16-bit type (a backward pass adds its own)
         self.rounded = {name: b.dtype for name, b in plan.buffers.items() if b.dtype != FLOAT32}
-        self.gemm_dtype = PRECISIONS[plan.precision]
         self.weights = {name: self.round(name, w)
                         for name, w in plan.weight_arrays(params, self.dtype).items()}
         self.buf.update(self.weights)
@@ -92,8 +90,10 @@ class NumpyExecutor:
         """`values` as buffer `buffer` holds them."""
         return round_to(self.rounded[buffer], values) if buffer in self.rounded else values
 
-    def _operand(self, values: np.ndarray) -> np.ndarray:
-        return values if self.gemm_dtype == FLOAT32 else round_to(self.gemm_dtype, values)
+    @staticmethod
+    def _operand(values: np.ndarray, multiply) -> np.ndarray:
+        """A GEMM's operand as it multiplies it: rounded to its `multiply` type."""
+        return values if multiply == FLOAT32 else round_to(multiply, values)
 
     def view(self, acc: Access, offset: int, rows: int, width: int) -> np.ndarray:
         """The [rows, width] block (or [width] vector, [rows, 1] column, or one scalar) of an access starting
@@ -120,7 +120,7 @@ class NumpyExecutor:
                 a = self.view(g.a, at, g.k, rows).T if g.trans_a else self.view(g.a, at, rows, g.k)
                 w = self.buf[g.w].reshape(g.n, g.k).T if g.trans_w else self.buf[g.w].reshape(g.k, g.n)
                 c = self.view(g.c, element_offset(instr, g.c, t, B), rows, g.n)
-                product = self._operand(a) @ self._operand(w)
+                product = self._operand(a, g.multiply) @ self._operand(w, g.multiply)
                 if g.accumulate:
                     c += product
                 else:
@@ -230,9 +230,9 @@ class NumpyExecutor:
                 if first_row == last_row:
                     return
                 a = self._operand(self.view(g.a, g.a.offset(t, B) + first_row * g.a.ld, last_row - first_row,
-                                            g.k))
+                                            g.k), g.multiply)
                 w = self._operand(self.buf[g.w].reshape(g.n, g.k).T if g.trans_w
-                                  else self.buf[g.w].reshape(g.k, g.n))
+                                  else self.buf[g.w].reshape(g.k, g.n), g.multiply)
                 start = 0
                 for width in item.columns:
                     first, last = (start + c for c in launch.columns(width, block))

@@ -258,7 +258,7 @@ class _Calls:
         gemm_ex_types)."""
         one = self.res.scalars.ctypes.data
         beta = one if accumulate else one + 4
-        types, compute = gemm_ex_types(g, self.plan.buffers[g.w].dtype)
+        types, compute = gemm_ex_types(g)
         self.calls.gemm_ex(self.res.handles[s], self._args(
             [int(g.trans_w), int(g.trans_a), g.n, m, g.k, one, (g.w, 0), types[0], ldw, a, types[1], g.a.ld,
              beta, c, types[2], g.c.ld, compute, GEMM_DEFAULT_ALGO]),

@@ -67,6 +67,14 @@ def make_step(cell: Cell) -> Callable:
 COMPILE_MODES = {"torch.compile": "reduce-overhead", "torch.compile default": "default"}
 
 
+
+def _as_numpy(t) -> np.ndarray:
+    """A tensor's values in numpy: a 16-bit tensor's as float32 (numpy has no bfloat16)."""
+    import torch
+
+    t = t.detach().cpu()
+    return (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
+
 class _CellWeights:
     """The cell's weights as tensors, per layer by weight id; with `train`, leaves that require gradients."""
 
@@ -88,7 +96,7 @@ class _CellWeights:
     def param_gradients(self, grads) -> dict[str, np.ndarray]:
         """The gradients of `parameters()`, in their order, by parameter key."""
         keys = [param_key(layer, w) for layer, ws in enumerate(self.weights) for w in ws]
-        return {k: g.detach().cpu().numpy() for k, g in zip(keys, grads, strict=True)}
+        return {k: _as_numpy(g) for k, g in zip(keys, grads, strict=True)}
 
 
 class TorchCell(_CellWeights):
@@ -330,7 +338,7 @@ class CudnnCell:
         mapping of __init__ read backwards (gate i's rows of weight_ih are W^T; the LSTM's one bias per
         gate is bias_ih + bias_hh, whose gradients are the same)."""
         H, out = self.hidden, {}
-        grads = iter([g.detach().cpu().numpy() for g in grads])
+        grads = iter([_as_numpy(g) for g in grads])
         for layer in range(self.layers):
             for suffix in self.suffixes:
                 w_ih, w_hh, b_ih, b_hh = (next(grads) for _ in range(4))
@@ -415,7 +423,7 @@ class SruPackageCell:
     def param_gradients(self, grads) -> dict[str, np.ndarray]:
         """The gradients of `parameters()`, in their order, mapped back to the cell's parameter keys."""
         H, out = self.hidden, {}
-        grads = [g.detach().cpu().numpy() for g in grads]
+        grads = [_as_numpy(g) for g in grads]
         for layer in range(self.layers):
             weight, v, b = grads[3 * layer:3 * layer + 3]
             per_matrix = weight.reshape(weight.shape[0], H, 3)

@@ -332,7 +332,7 @@ class CellRNN(torch.nn.Module):
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
                                    self.schedule, lengths, float32=self._float32, steps=steps)
         if not torch.compiler.is_compiling():  # (the dtype of the plans the pass ran)
-            seen = (x.shape, x.device, stacks.plans_dtype(x, initial, params), lengths is not None, by_layer)
+            seen = (x.shape, x.device, x.dtype, lengths is not None, by_layer)
             if seen != self._last_seen:  # (a new dict, not changed in place: threads may read it)
                 self._last_seen = seen
                 recent = [s for s in self._seen if s != seen][-(MAX_SEEN - 1):] + [seen]

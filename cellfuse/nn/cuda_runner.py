@@ -28,6 +28,7 @@ outside captures only).
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import weakref
 from collections import OrderedDict
@@ -35,10 +36,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
 import torch
 
 from ..codegen import kernel_set
 from ..codegen.backward_plan import BackwardPlan
+from ..codegen.dtypes import stored
 from ..codegen.kernel_abi import BLOCK, grid_blocks
 from ..codegen.lowering import lower
 from ..codegen.pack_kernel import PACK_KERNEL, PackCopy, pack_kernel_source, total_elements
@@ -54,7 +57,6 @@ from .zeros import Zeros, made_here
 
 log = logging.getLogger(__name__)
 
-ONE = 0x3F800000  # the bits of float32's 1.0
 ALIGNMENT = 256  # bytes: where each buffer starts in a piece of memory (cuBLAS's fastest kernels want it)
 MAX_PACKINGS = 8  # modules whose packed weights a runner keeps at once
 MAX_PACK_KERNELS = 8  # layouts of parameters whose packing kernel a runner keeps
@@ -80,14 +82,21 @@ class Memory:
     """Where each buffer of a training forward plan and its backward plan lives: in the caller's tensors
     (x, the initial states, y's sequence, the final states), in the packed weights, in the reserve, or in
     a backward run's gradient memory. Scratch for GEMMs on tensor cores comes after the reserve's buffers
-    (and the gradients'), sized for the copies route, the larger of the two."""
+    (and the gradients'), sized for the copies route, the larger of the two. A 16-bit plan that keeps y's
+    sequence or an initial state in float32 (`kept`: the caller's are in x's type) keeps them in the
+    reserve when a backward pass follows, where that pass reads them: the run writes y there, and the
+    initial states are copied there first."""
 
     def __init__(self, plan: Plan, backward: BackwardPlan | None):
         from ..gpu_runtime.cuda_executor import split_elements
         from ..gpu_runtime.stream_program import split_name
 
         self.output = plan.layers[-1].output_seq
+        x_type = plan.buffers["x"].dtype
+        self.kept = [name for name in (self.output, *(f"init.{s}" for s in plan.state_ids))
+                     if backward is not None and plan.buffers[name].dtype != x_type]
         external = {"x", self.output, *(f"{e}.{s}" for s in plan.state_ids for e in ("init", "final"))}
+        external -= set(self.kept)
         weights = [name for name, b in plan.buffers.items() if b.role in WEIGHT_ROLES]
         own = [name for name in plan.buffers if name not in external and name not in weights]
         program = lower(plan)
@@ -171,9 +180,8 @@ class CudaRunner(Runner):
         self._weight_extents = {name: (self.weight_at[name], nbytes, TORCH_DTYPES[buffers[name].dtype.name])
                                 for name, nbytes in weights.items()}
         sizes = plans.train.sizes
-        backward = plans.backward
         self._grad_extents = {name: (self.memory.grads[name], b.nbytes(sizes))
-                              for name, b in (backward.buffers.items() if backward else ())}
+                              for name, b in plans.backward.buffers.items()}
         self.packing = [(self.layout, set(self.memory.weights))]
         if set(self.infer_memory.weights) - set(self.memory.weights):
             self.packing.append((TensorLayout(plans.forward, plans.backward),
@@ -439,6 +447,12 @@ class CudaRunner(Runner):
                 raise CellError(f"{program.what}: buffer {name!r} has no place in a call's memory")
         return out
 
+    def _kept(self, reserve: torch.Tensor, name: str, shape: tuple[int, ...]) -> torch.Tensor:
+        """A buffer that a training run keeps in its reserve (Memory.kept), as a tensor of its type."""
+        dtype = TORCH_DTYPES[self.plans.train.buffers[name].dtype.name]
+        at = self.memory.reserve[name]
+        return reserve[at:at + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+
     def _state_in(self, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """An initial state in the type its plan stores it in (a 16-bit plan keeps some float32): converted
         at every call where it is not, but for a module's kept zeros (zeros.made_here, which no one
@@ -475,8 +489,10 @@ class CudaRunner(Runner):
             else:
                 return y, finals, self._empty if shared else x.new_empty(0, dtype=torch.uint8)
         x = _in_place(x)
-        states = [self._state_in(s, dtype) for s, dtype in zip(states, self._state_dtypes, strict=True)]
         memory = self.memory if save else self.infer_memory
+        kept = [f"init.{s}" in memory.kept for s in self.plans.train.state_ids]
+        states = [s if keep else self._state_in(s, dtype)
+                  for s, dtype, keep in zip(states, self._state_dtypes, kept, strict=True)]
         T, B, H, L = self._sizes
         if shared and not save and self._one_type:  # one allocation, in the time of a call that returns
             block = torch.empty(self._block_elements, dtype=self._y_dtype, device=x.device)  # (microseconds)
@@ -486,11 +502,18 @@ class CudaRunner(Runner):
             reserve = self._empty
         else:  # tensors of their own: autograd holds each for as long as it needs it
             block = None
-            whole = torch.empty((T + 1, B, H), dtype=self._y_dtype, device=x.device)
-            y, out = whole[1:], whole.data_ptr()
-            finals = [torch.empty((L, B, H), dtype=s.dtype, device=x.device) for s in states]
             reserve = torch.empty(memory.reserve_bytes, dtype=torch.uint8, device=x.device)
             scratch = reserve.data_ptr()
+            if memory.output in memory.kept:
+                whole, out = self._kept(reserve, memory.output, (T + 1, B, H)), 0
+            else:
+                whole = torch.empty((T + 1, B, H), dtype=self._y_dtype, device=x.device)
+                out = whole.data_ptr()
+            y = whole[1:]
+            for state, s, keep in zip(self.plans.train.state_ids, states, kept, strict=True):
+                if keep:
+                    self._kept(reserve, f"init.{state}", (L, B, H)).copy_(s)
+            finals = [torch.empty((L, B, H), dtype=dtype, device=x.device) for dtype in self._state_dtypes]
         bases = [scratch, packed, x.data_ptr(), out, 0, *(s.data_ptr() for s in states),
                  *(f if block is not None else f.data_ptr() for f in finals)]
         program.run(bases, stream, not capturing)
@@ -581,10 +604,13 @@ class CudaRunner(Runner):
         calls = LaunchList(f"the start of {self.plans.train.cell_name}'s backward pass")
         if memory.restart_bytes:
             calls.fill((0, 0), 0, memory.restart_bytes // 4, 0, "the zeroing of the gradients")
-        for name in backward.buffers:
-            if backward.start_value(name) == 1.0:
+        for name, b in backward.buffers.items():
+            if backward.start_value(name) == 1.0:  # (a 16-bit one twice in each 32-bit word)
                 at, nbytes = extents[name]
-                calls.fill((0, at), ONE, nbytes // 4, 0, f"the ones of {name}")
+                word = b.dtype.itemsize == 4
+                one = int(stored(b.dtype, np.ones(1, np.float32)).view(np.uint32 if word else np.uint16)[0])
+                bits = one if word else one * 0x10001
+                calls.fill((0, at), bits, -(-nbytes // 4), 0, f"the ones of {name}")
         name, at = self.layout.dy_place
         T, B, H, _ = self._sizes
         calls.copy((0, extents[name][0] + 4 * at), (1, 0), 4 * T * B * H, 0, "the copy of dy")
@@ -598,12 +624,16 @@ class CudaRunner(Runner):
         memory = self.memory
         T, B, H, L = self._sizes
         row = B * H * y.element_size()
-        if y.storage_offset() * y.element_size() < row or reserve.numel() != memory.reserve_bytes:
+        y_kept = memory.output in memory.kept  # (then y is a copy in x's type: the run's is in the reserve)
+        if (not y_kept and y.storage_offset() * y.element_size() < row
+                or reserve.numel() != memory.reserve_bytes):
             raise CellError("the backward pass was given a y or saved steps that its forward run did not "
                             "make")
-        if dy.dtype != torch.float32 or tuple(dy.shape) != (T, B, H):  # (copied as its bytes: see _starts)
+        if dy.dtype != y.dtype or tuple(dy.shape) != (T, B, H):
             raise CellError(f"the backward pass was given dy {dy.dtype} {list(dy.shape)}, and its forward "
-                            f"run made y torch.float32 {[T, B, H]}")
+                            f"run made y {y.dtype} {[T, B, H]}")
+        if dy.dtype != torch.float32:  # (a 16-bit y's: its gradient's buffer is float32, copied as bytes)
+            dy = dy.float()
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         program.order(stream)  # (before the packing: see forward)
         capturing = torch.cuda.is_current_stream_capturing()
@@ -612,8 +642,8 @@ class CudaRunner(Runner):
         self._starts.run([grads.data_ptr(), dy.data_ptr()], stream)
         views = _LazyViews(grads, self._grad_extents)
         self.layout.seed_finals(views, dfinals)
-        bases = [reserve.data_ptr(), packed, x.data_ptr(), y.data_ptr() - row, grads.data_ptr(),
-                 *(s.data_ptr() for s in states), *([0] * len(states))]
+        bases = [reserve.data_ptr(), packed, x.data_ptr(), 0 if y_kept else y.data_ptr() - row,
+                 grads.data_ptr(), *(s.data_ptr() for s in states), *([0] * len(states))]
         program.run(bases, stream, not capturing)
         return self.layout.gradients(views, input_grad)
 

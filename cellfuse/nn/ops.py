@@ -158,8 +158,8 @@ def plans(cell: str, seq: int, batch: int, input_size: int, hidden: int, layers:
 
 def reserve_bytes(plans: Plans, device_type: str, dtype: torch.dtype) -> int:
     """The bytes of a forward run's reserve, known before it runs (for torch.compile's fake tensors)."""
-    if device_type == "cpu":
-        itemsize = torch.empty((), dtype=dtype).element_size()
+    if device_type == "cpu":  # (the numpy executor's buffers: float64, or float32, 16-bit ones emulated)
+        itemsize = 8 if dtype == torch.float64 else 4
         return itemsize * sum(plans.train.buffer_elements(name) for name in plans.train.buffers)
     from .cuda_runner import Memory
 
@@ -249,16 +249,26 @@ def _rnn_fake(x, states, params, cell, hidden, layers, schedule, save, direction
 def rnn_backward_impl(dy: torch.Tensor, dfinals: list[torch.Tensor], x: torch.Tensor,
                       states: list[torch.Tensor], params: list[torch.Tensor], y: torch.Tensor,
                       reserve: torch.Tensor, cell: str, hidden: int, layers: int,
-                      schedule: str, direction: int, input_grad: bool = True) -> list[torch.Tensor]:
+                      schedule: str, direction: int, input_grad: bool = True,
+                      float32: str = DEFAULT_FLOAT32) -> list[torch.Tensor]:
     """[dx, *d initial states, *the parameters' gradients grouped (TensorLayout.gradients)] of the forward
     pass that returned y and the reserve, for the seeds dy and dfinals; without `input_grad` (x needs no
     gradient) dx is not computed, and is an empty tensor here. (True by default: graphs compiled before
-    the op took it, kept in torch.compile's caches on disk, call it without.)"""
+    the op took it, kept in torch.compile's caches on disk, call it without; so `float32`, the forward's.)
+    A 16-bit pass's gradients are float32: dx and the initial states' are given back in their dtypes, the
+    parameters' float32 (`param_grad_dtype`)."""
     with made_current(x):
-        r = runner(cell, x, hidden, layers, schedule, direction)
+        r = runner(cell, x, hidden, layers, schedule, direction, float32)
         with r.lock:
             dx, dstates, dparams = r.backward(dy, dfinals, x, states, params, y, reserve, input_grad)
-    return [x.new_empty(0) if dx is None else dx, *dstates, *dparams]
+    dx = x.new_empty(0) if dx is None else dx.to(x.dtype)
+    return [dx, *(d.to(s.dtype) for d, s in zip(dstates, states, strict=True)), *dparams]
+
+
+def param_grad_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype of a backward pass's parameter gradients: float32 for a 16-bit x's (float32 parameters, as
+    under torch.autocast), else x's."""
+    return torch.float32 if x.dtype in PRECISIONS else x.dtype
 
 
 rnn_backward = torch.library.custom_op("cellfuse::rnn_backward", rnn_backward_impl, mutates_args=())
@@ -266,17 +276,18 @@ rnn_backward = torch.library.custom_op("cellfuse::rnn_backward", rnn_backward_im
 
 @rnn_backward.register_fake
 def _rnn_backward_fake(dy, dfinals, x, states, params, y, reserve, cell, hidden, layers, schedule,
-                       direction, input_grad=True):
+                       direction, input_grad=True, float32=DEFAULT_FLOAT32):
     T, B, inputs = (int(n) for n in x.shape)
-    layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction).layout
+    layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction, precision_of(x.dtype),
+                   float32).layout
+    dtype = param_grad_dtype(x)
     return [x.new_empty(x.shape if input_grad else (0,)), *(s.new_empty(s.shape) for s in states),
-            *(x.new_empty(shape) for shape in layout.grouped_shapes())]
+            *(x.new_empty(shape, dtype=dtype) for shape in layout.grouped_shapes())]
 
 
 def _setup_context(ctx, inputs, output) -> None:
-    x, states, params, cell, hidden, layers, schedule, save, direction, _ = inputs  # (a backward pass
-    # runs float32 plans, which keep every state float32)
-    ctx.meta = (len(states), len(params), cell, hidden, layers, schedule, save, direction)
+    x, states, params, cell, hidden, layers, schedule, save, direction, float32 = inputs
+    ctx.meta = (len(states), len(params), cell, hidden, layers, schedule, save, direction, float32)
     ctx.save_for_backward(x, *states, *params, output[0], output[-1])
 
 
@@ -284,7 +295,7 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: 
     """dx (None where x needs no gradient: the backward pass then leaves it out), the initial states' and
     the parameters' gradients, from `backward` (the op, or the runner's own) given the seeds; a final
     state's None seed stays None where `none_seeds` (no seed added), else is zeros, as y's always is."""
-    n_states, n_params, cell, hidden, layers, schedule, save, direction = ctx.meta
+    n_states, n_params, cell, hidden, layers, schedule, save, direction, float32 = ctx.meta
     if not save:
         raise CellError("this CellRNN forward pass ran without saving its steps (gradients were not "
                         "needed when it ran), so it has no backward pass")
@@ -296,9 +307,10 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: 
                for g, s in zip(grads[1:1 + n_states], states, strict=True)]
     input_grad = ctx.needs_input_grad[0]
     out = backward(dy, dfinals, x, list(states), list(params), y, reserve, cell, hidden, layers, schedule,
-                   direction, input_grad)
+                   direction, input_grad, float32)
     T, B, inputs = x.shape
-    layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction).layout
+    layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction, precision_of(x.dtype),
+                   float32).layout
     dx = out[0] if input_grad else None
     return dx, list(out[1:1 + n_states]), layout.param_gradients(out[1 + n_states:], x)
 
@@ -317,15 +329,15 @@ class _Eager(torch.autograd.Function):
     GPU (on an H200, about 90 microseconds a call: docs/results/2026-11-28-cellrnn-in-torch.md)."""
 
     @staticmethod
-    def forward(ctx, x, cell, hidden, layers, schedule, save, direction, n_states, *tensors):
+    def forward(ctx, x, cell, hidden, layers, schedule, save, direction, float32, n_states, *tensors):
         # (ctx in forward: a separate setup_context makes autograd bind the arguments by inspect, slowly)
         # Outputs that nothing used get None, not zeros, in backward: a final state no loss reads adds no
         # seed, where zeros would cost an allocation, a fill and an addition each
         ctx.set_materialize_grads(False)
         states, params = list(tensors[:n_states]), list(tensors[n_states:])
-        output = rnn_impl(x, states, params, cell, hidden, layers, schedule, save, direction, DEFAULT_FLOAT32)
-        _setup_context(ctx, (x, states, params, cell, hidden, layers, schedule, save, direction,
-                             DEFAULT_FLOAT32), output)
+        output = rnn_impl(x, states, params, cell, hidden, layers, schedule, save, direction, float32)
+        _setup_context(ctx, (x, states, params, cell, hidden, layers, schedule, save, direction, float32),
+                       output)
         ctx.mark_non_differentiable(output[-1])
         return tuple(output)
 
@@ -333,7 +345,7 @@ class _Eager(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, *grads):
         dx, dstates, dparams = _gradients(ctx, grads, rnn_backward_impl, none_seeds=True)
-        return dx, None, None, None, None, None, None, None, *dstates, *dparams
+        return dx, None, None, None, None, None, None, None, None, *dstates, *dparams
 
 
 def run(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor], cell: str, hidden: int,
@@ -348,4 +360,5 @@ def run(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor],
     if not save:  # no backward pass to follow: nothing for autograd to record
         return _forward(x, states, params, cell, hidden, layers, schedule, save, direction, float32,
                         shared=True)
-    return _Eager.apply(x, cell, hidden, layers, schedule, save, direction, len(states), *states, *params)
+    return _Eager.apply(x, cell, hidden, layers, schedule, save, direction, float32, len(states), *states,
+                        *params)

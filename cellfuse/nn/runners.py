@@ -11,8 +11,8 @@ a copy of them. On a CUDA device, see cuda_runner: the kernels compute in torch'
 current stream.
 
 Inputs of bfloat16 or float16 run the plans of that precision (codegen.precision; emulated in float32 on
-the CPU): forward only, so far, so their Plans have no backward plan (stacks runs a pass that needs one in
-float32).
+the CPU), forward and backward: the backward pass's gradients are float32 (see codegen.backward_plan), and
+the ops give x's and the initial states' back in their dtypes.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class Plans:
 
     forward: Plan
     train: Plan
-    backward: BackwardPlan | None  # None in a 16-bit precision (forward only, so far)
+    backward: BackwardPlan
 
     @property
     def schedule(self) -> str:
@@ -101,23 +101,27 @@ def make_plans(cell: Cell, sizes: Sizes, schedule: str, device: torch.device, sh
     for one of `share` runs side by side on it, in `precision` (a 16-bit plan keeping `float32_states` in
     float32; None: those that accumulate)."""
     target = device_target(device, share) if device.type == "cuda" else H100
-    if precision != "fp32":
-        forward = make_plan(cell, sizes, schedule, target, precision=precision, float32_states=float32_states)
-        return Plans(forward, forward, None)
+
+    def plan(rung: str, save: bool) -> Plan:
+        return make_plan(cell, sizes, rung, target, save_steps=save, precision=precision,
+                         float32_states=float32_states)
+
     if device.type == "cpu":
         # the numpy executor runs the plan that saves its steps, with a backward pass to follow or not
-        train = make_plan(cell, sizes, schedule, target, save_steps=True)
+        train = plan(schedule, True)
         return Plans(train, train, backward_plan(train))
-    forward = make_plan(cell, sizes, schedule, target, save_steps=False)
+    forward = plan(schedule, False)
     try:
-        train = make_plan(cell, sizes, schedule, target, save_steps=True)
+        train = plan(schedule, True)
+        backward = backward_plan(train)
     except CellError as e:
         if schedule == GRAPH:
             raise
         # The rung measured fastest forward may not fit on chip with its steps saved for the backward pass.
         log.info("'%s' cannot run with its steps saved (%s); training runs '%s'", schedule, e, GRAPH)
-        train = make_plan(cell, sizes, GRAPH, target, save_steps=True)
-    return Plans(forward, train, backward_plan(train))
+        train = plan(GRAPH, True)
+        backward = backward_plan(train)
+    return Plans(forward, train, backward)
 
 
 class Runner(ABC):
@@ -162,7 +166,7 @@ class NumpyRunner(Runner):
         zeros = {key: np.zeros(shape, np.float32) for key, shape in plan.params.items()}
         self.executor = NumpyExecutor(plan, zeros, np_dtype)
         # its gradient buffers join the executor's
-        self.backward_pass = NumpyBackward(self.executor) if plans.backward is not None else None
+        self.backward_pass = NumpyBackward(self.executor)
         # the weight buffers stored in 16 bits, rounded as the parameters are packed into them
         self.rounded = [name for name in self.layout.weight_buffers if name in self.executor.rounded]
         self.order = list(execution_order(self.executor.program, self.executor.prefer))

@@ -9,9 +9,9 @@ length a row's output is zero and its states keep their values, so its final sta
 own last step. The reverse direction reverses each row within its own length (a gather), so that it
 starts at the row's last step.
 
-Inputs of bfloat16 or float16 run the plans of that precision forward (the states that accumulate kept
-float32 inside); a pass that saves its steps for a backward one runs in float32 so far, its results
-given back in the inputs' dtypes. Under torch.autocast, float32 inputs run in autocast's dtype, as torch's
+Inputs of bfloat16 or float16 run the plans of that precision, forward and backward (the states that
+accumulate kept float32 inside; the backward pass's gradients float32, given back in the dtypes of what
+they are the gradients of). Under torch.autocast, float32 inputs run in autocast's dtype, as torch's
 RNN modules do (the parameters stay float32: the packed 16-bit weights are made from them when they
 change).
 """
@@ -19,7 +19,6 @@ change).
 from __future__ import annotations
 
 import threading
-import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 
@@ -87,13 +86,6 @@ def saves(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torc
     return torch.is_grad_enabled() and any(t.requires_grad for t in (x, *states, *params))
 
 
-def plans_dtype(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
-                ) -> torch.dtype:
-    """The dtype whose plans a call runs: x's, but float32 where a backward pass may follow a 16-bit x's
-    (see `run`)."""
-    return torch.float32 if x.dtype in PRECISIONS and saves(x, states, params) else x.dtype
-
-
 def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor], cell: str,
         hidden: int, layers: int, schedule: str, lengths: torch.Tensor | None = None,
         direction: int = FORWARD, float32: str = ops.DEFAULT_FLOAT32, steps: torch.Tensor | None = None
@@ -104,12 +96,6 @@ def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.
     and `float32`, the states a 16-bit plan keeps in float32, as the ops take them)."""
     states = list(states)
     save = saves(x, states, params)
-    if save and x.dtype in PRECISIONS:  # 16-bit plans run forward only so far
-        warnings.warn(f"CellRNN: a pass that a backward pass may follow runs in float32 so far, not in "
-                      f"{x.dtype} (its results are given back in {x.dtype})", stacklevel=3)
-        y, finals = run(x.float(), [s.float() for s in states], [p.float() for p in params], cell, hidden,
-                        layers, schedule, lengths, direction, steps=steps)  # (float32 plans: all float32)
-        return y.to(x.dtype), [f.to(s.dtype) for f, s in zip(finals, states, strict=True)]
     if lengths is not None:
         cell = ops.masked_text(cell)
         states.append(steps if steps is not None else steps_left(lengths, layers, x, hidden))

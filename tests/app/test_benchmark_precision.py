@@ -1,25 +1,21 @@
 """The benchmark panel's Precision choice: fp32, or bf16 and fp16 (16-bit storage, tensor cores into
-float32, forward only; the command line's --precision), refused with training as the bench refuses it; a run
-names its precision, and two runs of different precisions are charted side by side, each named with its
-own."""
+float32; the command line's --precision), in training too; a run names its precision, and two runs of
+different precisions are charted side by side, each named with its own."""
 
 from __future__ import annotations
 
 import datetime as dt
-from dataclasses import replace
 
-import pytest
 from bench_setup import one_quick_numpy_rung
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from PySide6 import QtCore
 
 from cellfuse.app.bench_charts import draw_comparison, draw_themed
-from cellfuse.app.bench_panel import TRAIN_TEXT
 from cellfuse.app.bench_runs import BenchRun, comparison_rows
-from cellfuse.codegen.precision import forward_tolerance
-from cellfuse.gpu_runtime.bench import BenchResult, BenchRow, run_benchmark
-from cellfuse.graph_model import CellError, Sizes
+from cellfuse.codegen.precision import forward_tolerance, gradient_tolerance
+from cellfuse.gpu_runtime.bench import BenchResult, BenchRow
+from cellfuse.graph_model import Sizes
 
 TIMEOUT_MS = 60_000
 SMALL = {"seq": 3, "batch": 2, "input": 4, "hidden": 4, "layers": 1}
@@ -34,16 +30,6 @@ def run(qtbot, window) -> BenchRun:
     return blocker.args[0]
 
 
-def refused(window, words: str) -> None:
-    """Run (F5) starts nothing and the status says why, the box marked and its tooltip saying it too."""
-    panel = window.bench_panel
-    window.actions_.benchmark.trigger()
-    assert window.worker is None and panel.run_button.isEnabled() and not panel.runs
-    assert words in panel.status.text(), panel.status.text()
-    assert panel.precision_combo.property("invalid")
-    assert panel.precision_combo.toolTip() == panel.status.text()
-
-
 def test_the_choice_gives_the_benchmark_its_precision(qtbot, window):
     panel = window.bench_panel
     combo = panel.precision_combo
@@ -51,7 +37,7 @@ def test_the_choice_gives_the_benchmark_its_precision(qtbot, window):
     assert combo.currentText() == "fp32" and window.bench_config().precision == "fp32"  # as before
     assert combo.isVisibleTo(panel)
     tip = combo.toolTip()
-    assert "16 bits" in tip and "tensor cores into float32" in tip and "forward only" in tip
+    assert "16 bits" in tip and "tensor cores into float32" in tip and "the gradients in float32" in tip
     assert "float64 reference within the precision's bound" in tip
     assert f"bf16 {forward_tolerance('bf16'):.1e}" in tip
     # Under Repeats, in its column, beside Bidirectional: the grid grows no wider.
@@ -65,7 +51,7 @@ def test_the_choice_gives_the_benchmark_its_precision(qtbot, window):
     assert panel.precision() == "bf16" and window.bench_config().precision == "bf16"
     qtbot.keyClick(combo, QtCore.Qt.Key.Key_Down)
     assert window.bench_config().precision == "fp16"
-    assert panel.precision_problem() is None and not combo.property("invalid")
+    assert not combo.property("invalid")
 
     # The presets run in float32, as the panel opens.
     (quick,) = [a for a in panel.preset_button.menu().actions() if a.text().startswith("Quick CPU")]
@@ -74,29 +60,24 @@ def test_the_choice_gives_the_benchmark_its_precision(qtbot, window):
     assert window.bench_config().precision == "fp32"
 
 
-def test_training_in_16_bits_is_refused_with_a_message_before_any_run(window):
+def test_training_runs_in_16_bits_too_and_says_its_bound(qtbot, window):
     panel = window.bench_panel
     one_quick_numpy_rung(panel, SMALL)
+    for name, check in panel.schedule_checks.items():
+        check.setChecked(name == "graph")
     panel.train_check.setChecked(True)
-    assert panel.precision_problem() is None  # training in fp32
     panel.precision_combo.setCurrentText("bf16")
-    assert "Precision bf16 runs forward only" in panel.status.text()  # said as it is chosen
-    refused(window, f"choose fp32, or untick {TRAIN_TEXT}")
-    # The bench refuses it too: the panel only says so before the worker starts.
-    with pytest.raises(CellError, match="training runs in float32 only"):
-        run_benchmark(window.cell, replace(window.bench_config(), backend="numpy", repeats=1))
-
-    panel.train_check.setChecked(False)  # the forward pass in bf16 runs
-    assert panel.precision_problem() is None and not panel.precision_combo.property("invalid")
-    assert panel.status.text() == "Precision bf16, forward."  # said again once it can run
-
-    # Chosen the other way round: fp16 first, then training.
-    panel.precision_combo.setCurrentText("fp16")
-    panel.train_check.setChecked(True)
-    refused(window, "Precision fp16 runs forward only")
-    panel.precision_combo.setCurrentText("fp32")
-    assert panel.precision_problem() is None and panel.status.text() == "Precision fp32, forward + backward."
-    assert window.bench_config().train and window.bench_config().precision == "fp32"
+    assert not panel.precision_combo.property("invalid")
+    config = window.bench_config()
+    assert config.train and config.precision == "bf16"
+    bf16 = run(qtbot, window)
+    graph = bf16.result.row("graph")
+    assert bf16.train and bf16.result.precision == "bf16"
+    # its gradients rounded, and within the bound of 16-bit gradients
+    assert graph.ok and 1e-4 < graph.rel_error < gradient_tolerance("bf16")
+    assert f"within {gradient_tolerance('bf16'):.1e} of each one's largest value" in bf16.precision_text()
+    assert "forward only" not in panel.precision_combo.toolTip()
+    assert f"bf16 {gradient_tolerance('bf16'):.1e}" in panel.precision_combo.toolTip()
 
 
 def test_a_bf16_run_says_so_and_is_charted_beside_an_fp32_run(qtbot, qapp, window, chart_problems):

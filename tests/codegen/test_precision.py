@@ -17,8 +17,15 @@ from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.dtypes import BFLOAT16, FLOAT16, FLOAT32, round_to
 from cellfuse.codegen.kernel_set import plan_kernels
 from cellfuse.codegen.lowering import Copy, Loop, lower
-from cellfuse.codegen.plan import GemmLaunch, KernelLaunch
-from cellfuse.codegen.precision import BOUND_UNITS, PRECISIONS, UNIT, accumulating_states, forward_tolerance
+from cellfuse.codegen.plan import H100, Access, GemmLaunch, KernelLaunch, grad_of, launch_name
+from cellfuse.codegen.precision import (
+    BOUND_UNITS,
+    PRECISIONS,
+    UNIT,
+    Float32Only,
+    accumulating_states,
+    forward_tolerance,
+)
 from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
 from cellfuse.graph_model import (
     CellError,
@@ -112,8 +119,6 @@ def test_float32_is_the_plan_of_before_and_unknown_precisions_and_persistent_run
     for schedule in ("persistent", "tensor"):
         with pytest.raises(CellError, match="the weights of gemm1 do not fit on chip at hidden size 2048"):
             make_plan(cell, wide, schedule, precision="bf16")
-    with pytest.raises(CellError, match="the backward pass runs in float32 only so far: 'LSTM' in fp16"):
-        backward_plan(make_plan(cell, SIZES, "graph", save_steps=True, precision="fp16"))
     assert forward_tolerance("fp32") == 1e-4 and forward_tolerance("bf16") == 4 * 2.0**-8
 
 
@@ -242,3 +247,52 @@ def test_the_persistent_rungs_kernels_round_what_they_multiply_and_compile(preci
         source = plan_kernels(plan).module_source()
         assert source.count(f"cf_round_{suffix}(") >= 3 and "cf_mma_" not in source.split("extern")[-1]
         nvcc_cubin(source, tmp_path)
+
+
+@pytest.mark.parametrize("schedule", ["graph", "tensor"])
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_a_16_bit_backward_plan_keeps_its_gradients_float32_but_the_gemm_outputs_it_multiplies(name,
+                                                                                             schedule):
+    """As PyTorch's mixed precision does: every gradient float32, except that of a GEMM output whose GEMM
+    multiplied 16-bit operands, stored in 16 bits so that dA += dC @ W^T and dW += A^T @ dC multiply
+    16-bit operands too (and a bias's column sum, ones of the 16-bit type: the GRU folds its biases into
+    its GEMMs); every access in its buffer's type; each GEMM's operands of one type."""
+    cell = load_template(name)
+    forward = make_plan(cell, SIZES, schedule, H100, save_steps=True, precision="bf16")
+    plan = backward_plan(forward)
+    dtypes = {name: b.dtype for name, b in (*forward.buffers.items(), *plan.buffers.items())}
+    sixteen = {name for name, b in plan.buffers.items() if b.dtype != FLOAT32}
+    gemm_outputs = {grad_of(g.c.buffer) for lp in forward.layers for g in (*lp.prologue, *lp.step)
+                    if isinstance(g, GemmLaunch) and forward.buffers[g.w].dtype != FLOAT32}
+    assert sixteen - {"ones.bfloat16"} == gemm_outputs and gemm_outputs
+    assert ("ones.bfloat16" in sixteen) == (name == "gru")
+    launches = [launch for lb in plan.layers for launch in (*lb.step, *lb.after)]
+    launches += [item.launch for lb in plan.layers if lb.persistent for item in lb.persistent.items]
+    gemms = [g for g in launches if isinstance(g, GemmLaunch)]
+    for launch in launches:
+        for acc in _accesses(launch):
+            assert acc.dtype == dtypes[acc.buffer], f"{launch_name(launch)}: {acc.buffer}"
+    for g in gemms:
+        assert dtypes[g.a.buffer] == dtypes[g.w] == g.w_dtype, f"{g.group}: {g.a.buffer} by {g.w}"
+        assert g.multiply == (BFLOAT16 if dtypes[g.w] == BFLOAT16 else FLOAT32)
+    assert any(g.multiply == BFLOAT16 for g in gemms)
+    if schedule == "tensor":  # the reverse loop's GEMM reads the float32 operands the forward kept
+        loop = [item.launch for item in plan.layers[0].persistent.items
+                if isinstance(item.launch, GemmLaunch)]
+        assert loop and all(g.multiply == FLOAT32 for g in loop)
+
+
+def test_a_16_bit_backward_plan_that_would_mix_gradient_types_is_refused():
+    cell = load_template("lstm")
+    forward = make_plan(cell, SIZES, "graph", save_steps=True, precision="bf16")
+    gemm = next(g for g in forward.layers[0].step if isinstance(g, GemmLaunch))
+    buffers = dict(forward.buffers)
+    buffers[gemm.c.buffer] = dataclasses.replace(buffers[gemm.c.buffer], role="value")
+    with pytest.raises(Float32Only, match=f"would mix 16-bit and float32 gradients in '{gemm.c.buffer}'"):
+        backward_plan(dataclasses.replace(forward, buffers=buffers))
+
+
+def _accesses(launch) -> list[Access]:
+    if isinstance(launch, GemmLaunch):
+        return [launch.a, launch.c]
+    return [acc for _, acc in (*launch.inputs, *launch.outputs)]

@@ -144,10 +144,11 @@ def test_a_case_that_fails_its_check_is_not_timed(script, tmp_path, capsys, monk
     assert "FAILED" in stdout and "Failures:" in stdout
 
 
-def test_in_bf16_the_forward_pass_is_checked_within_the_precisions_bound_then_timed(script, tmp_path, capsys):
+def test_in_bf16_each_pass_is_checked_within_the_precisions_bound_then_timed(script, tmp_path, capsys):
     """--precision bf16: x and torch's module in bf16, CellRNN's parameters float32; each y within twice
-    bf16's bound of y's largest magnitude (and not float32's result); forward only."""
-    from cellfuse.codegen.precision import forward_tolerance
+    bf16's bound of y's largest magnitude (and not float32's result), each training step's gradients
+    within twice the bound of bf16 gradients."""
+    from cellfuse.codegen.precision import forward_tolerance, gradient_tolerance
 
     out = tmp_path / "record.json"
     code = script.main([*TINY, "--precision", "bf16", "--out", str(out)])
@@ -156,11 +157,13 @@ def test_in_bf16_the_forward_pass_is_checked_within_the_precisions_bound_then_ti
     record = json.loads(out.read_text())
     assert record["settings"]["precision"] == "bf16" and record["compile"] == []
     for row in record["rows"]:
-        assert row["ok"] and row["train"] is None and list(row["bench"]) == ["forward"]
+        assert row["ok"] and row["train"]["ok"] and list(row["bench"]) == ["forward", "train"]
+        assert 1e-4 < row["train"]["grad_rel_error"] <= 2 * gradient_tolerance("bf16")
+        timed(row["train"], "CellRNN"), timed(row["train"], "cuDNN")
         assert 1e-5 < row["max_abs_diff"] <= row["tolerance"]
         assert row["tolerance"] <= 2 * forward_tolerance("bf16") * 1.0  # y of an LSTM/GRU is within [-1, 1]
         timed(row["forward"], "CellRNN"), timed(row["forward"], "cuDNN")
-    assert "torch.bfloat16; medians of 2 runs" in stdout and "Training step" not in stdout
+    assert "torch.bfloat16; medians of 2 runs" in stdout and "Training step" in stdout
 
 
 def test_cuDNN_may_run_another_precision_than_cellrnn(script, tmp_path, capsys):

@@ -1,16 +1,19 @@
 """cellfuse.nn in bfloat16 and float16: inputs of those dtypes (or float32 ones under torch.autocast) run
 the plans of that precision, within the bound stated against the float64 reference, and give their results
-back in the inputs' dtype; float32 parameters are packed into 16-bit weights; a pass that a backward pass
-may follow runs in float32 so far, and says so. On the CPU (the precision emulated) and on the GPU."""
+back in the inputs' dtype; float32 parameters are packed into 16-bit weights; a training pass runs in the
+precision too, its gradients within their bound. On the CPU (the precision emulated) and on the GPU."""
 
 from __future__ import annotations
+
+import warnings
 
 import numpy as np
 import pytest
 import torch
+from gradient_runs import sixteen_bit_error
 
-from cellfuse.codegen.precision import forward_tolerance
-from cellfuse.graph_model import CellError, load_template, run_reference
+from cellfuse.codegen.precision import UNIT, forward_tolerance, gradient_tolerance
+from cellfuse.graph_model import CellError, Gradients, load_template, run_reference, run_reference_backward
 from cellfuse.nn import GRU, LSTM, CellRNN, ops
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
@@ -82,20 +85,33 @@ def test_modules_in_16_bits_and_the_drop_ins_match_torch_within_the_bound(device
         assert error < forward_tolerance("bf16"), f"{cls.__name__}: {error:.2e}"
 
 
-def test_a_pass_that_may_be_followed_by_a_backward_pass_runs_in_float32_and_says_so(device):
-    rnn = CellRNN("gru", INPUT, H, 1, seed=3).to(device)
-    x = torch.randn(T, B, INPUT, device=device).bfloat16()
-    x16 = x.clone().requires_grad_()
-    with pytest.warns(UserWarning, match="runs in float32 so far, not in torch.bfloat16"):
-        y, finals = rnn(x16)
-    assert y.dtype == finals["h"].dtype == torch.bfloat16
-    y.float().square().sum().backward()
-    x32 = x.float().requires_grad_()
-    y32, _ = rnn(x32)
-    y32.to(torch.bfloat16).float().square().sum().backward()
-    torch.testing.assert_close(y, y32.to(torch.bfloat16), rtol=0, atol=0)
-    assert x16.grad.dtype == torch.bfloat16
-    torch.testing.assert_close(x16.grad.float(), x32.grad.to(torch.bfloat16).float(), rtol=0, atol=0)
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("name", ["lstm", "gru"])
+def test_a_16_bit_training_pass_runs_in_its_precision_within_the_gradients_bound(device, name, precision):
+    """x, y and the initial states' gradients in the 16-bit dtype, the parameters' float32 (as under
+    torch.autocast), every gradient within the bound of 16-bit gradients against the float64 reference,
+    and rounded (not a float32 pass's)."""
+    dtype = DTYPES[precision]
+    rnn = CellRNN(name, INPUT, H, 2, seed=3).to(device)
+    x = torch.randn(T, B, INPUT, device=device).to(dtype).requires_grad_()
+    initial = {s: torch.zeros(2, B, H, device=device, dtype=dtype, requires_grad=True) for s in rnn.state_ids}
+    dy = torch.randn(T, B, H, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no pass in float32 instead)
+        y, _ = rnn(x, initial)
+    assert y.dtype == dtype
+    (y.float() * dy).sum().backward()
+    assert x.grad.dtype == dtype and all(v.grad.dtype == dtype for v in initial.values())
+    assert all(rnn.param(key).grad.dtype == torch.float32 for key in rnn.keys)
+    params = {key: rnn.param(key).detach().double().cpu().numpy() for key in rnn.keys}
+    inputs = {"x": x.detach().double().cpu().numpy(),
+              **{s: v.detach().double().cpu().numpy() for s, v in initial.items()}}
+    want = run_reference_backward(load_template(name), params, inputs, 2, dy.double().cpu().numpy())
+    got = Gradients(x.grad.double().cpu().numpy(),
+                    {s: v.grad.double().cpu().numpy() for s, v in initial.items()},
+                    {key: rnn.param(key).grad.double().cpu().numpy() for key in rnn.keys})
+    error, where = sixteen_bit_error(got, want)
+    assert 1e-2 * UNIT[precision] < error <= gradient_tolerance(precision), f"d{where}: {error:.2e}"
 
 
 @pytest.mark.parametrize("float32_states", [None, ()])

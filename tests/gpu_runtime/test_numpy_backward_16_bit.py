@@ -1,0 +1,42 @@
+"""The backward Plan of a 16-bit forward plan, emulated by the numpy executor (every 16-bit store and GEMM
+operand rounded as on the GPU): the gradients of x, the initial states and every parameter against the
+float64 reference, within the precision's bound (precision.gradient_tolerance), for every template under
+the rungs whose plans differ most (`naive` stores every node's value, `graph` fuses, `tensor` runs one
+persistent launch a layer and keeps its GEMM operands float32)."""
+
+from __future__ import annotations
+
+import pytest
+from gradient_runs import make_run, sixteen_bit_error
+from tiers import slow_where
+
+from cellfuse.codegen.precision import UNIT, gradient_tolerance
+from cellfuse.graph_model import Sizes, load_template, template_names
+
+SIZES = Sizes(seq=20, batch=8, input=32, hidden=32, layers=1)
+KINKS = 64  # IndRNN in bf16, units: see precision.GRADIENT_BOUND_UNITS
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("schedule", ["naive", "graph", "tensor"])
+@pytest.mark.parametrize("name", template_names())
+@pytest.mark.parametrize("layers", slow_where([1, 2], lambda layers: layers == 2))
+def test_16_bit_gradients_of_every_template_are_within_the_precisions_bound(name, schedule, precision,
+                                                                             layers):
+    run = make_run(load_template(name), layers, scale=1.0, initial=False, sizes=SIZES)
+    error, where = sixteen_bit_error(run.numpy(schedule, precision=precision), run.reference())
+    kinks = (name, precision) == ("indrnn", "bf16")
+    bound = KINKS * UNIT[precision] if kinks else gradient_tolerance(precision)
+    units = error / UNIT[precision]
+    assert error <= bound, f"{name} {schedule} {precision}: d{where} off by {units:.1f} units"
+    # and not float32's: the run did round (a plan that stored nothing in 16 bits would be ~1e-7 off)
+    assert error > 1e-2 * UNIT[precision]
+
+
+def test_the_bound_fails_a_backward_pass_that_loses_a_gradients_term():
+    """The check can fail: half of one parameter's gradient lost is far outside the bound."""
+    run = make_run(load_template("lstm"), 1, scale=1.0, initial=False, sizes=SIZES)
+    got = run.numpy("graph", precision="bf16")
+    got.dparams["l0.U_i"][: SIZES.hidden // 2] = 0.0
+    error, where = sixteen_bit_error(got, run.reference())
+    assert error > gradient_tolerance("bf16") and where == "l0.U_i"
