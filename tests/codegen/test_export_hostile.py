@@ -394,6 +394,7 @@ def test_an_export_without_and_one_with_the_backward_pass_compile(tmp_path):
 
 
 @pytest.mark.nvcc
+@pytest.mark.slow  # whole files through nvcc: about 10 s on 2 cores
 @needs_nvcc
 def test_16_bit_exports_compile(tmp_path):
     """Whole files in 16 bits, hostile names in them, in one nvcc run: the LSTM's forward in bf16 on the
@@ -418,6 +419,7 @@ def test_16_bit_exports_compile(tmp_path):
 
 
 @pytest.mark.nvcc
+@pytest.mark.slow  # whole files through nvcc: about 10 s on 2 cores
 @needs_nvcc
 def test_exports_of_both_directions_compile(tmp_path):
     """The launcher of both directions with its demo program: side by side (graph; persistent kernels
