@@ -56,8 +56,10 @@ forward's saved values in the types they were stored in, and every gradient is f
 accumulated in float32 over all steps), except the gradient of a GEMM's output whose operands are 16-bit
 (`sixteen_bit_grads`): the adjoint kernel stores it rounded to the 16-bit type, so that both GEMMs that
 read it (dA += dC @ W^T and dW += A^T @ dC) multiply 16-bit operands on tensor cores, accumulating in
-float32, as the forward GEMM did. A GEMM whose operands are float32 (a float32 state's, or in a
-persistent launch, whose operands and weights the forward plan keeps float32) multiplies in float32.
+float32, as the forward GEMM did. Every GEMM multiplies in the 16-bit type, as every forward GEMM of the
+plan does: one whose operands are float32 (a float32 state's, or in a persistent launch, whose operands
+and weights the forward plan keeps float32) rounds them as it multiplies them, and a persistent reverse
+loop keeps its W^T on chip in the 16-bit type, as the forward loop keeps W.
 """
 
 from __future__ import annotations
@@ -273,11 +275,8 @@ def backward_plan(forward: Plan) -> BackwardPlan:
 
     def typed(launch: Launch) -> Launch:
         """Every access in its buffer's type (a gradient's access made from the forward's has the forward
-        buffer's); a GEMM of 16-bit operands multiplying in the plan's type, any other in float32."""
-        launch = retyped(launch, dtypes, FLOAT32)
-        if isinstance(launch, GemmLaunch) and FLOAT32 not in (dtypes[launch.a.buffer], dtypes[launch.w]):
-            return replace(launch, multiply=multiply)
-        return launch
+        buffer's), every GEMM multiplying in the plan's type."""
+        return retyped(launch, dtypes, multiply)
 
     layers = []
     for b, (step, after) in zip(builders, launched, strict=True):
@@ -415,7 +414,8 @@ class _Layer:
             return None
         columns = [(launch.n,) if isinstance(launch, GemmLaunch) else (launch.width,) for launch in step]
         return persistent_launch(self.lp.layer, step, columns, plan.sizes.hidden, plan.sizes.batch,
-                                 plan.target, saved=True, reverse=True, mma=plan.tensor_cores)
+                                 plan.target, saved=True, reverse=True, mma=plan.tensor_cores,
+                                 sixteen_bit=plan.precision != "fp32")
 
     def reverse(self, launch: Launch) -> list[Launch]:
         """The backward launches of a forward launch of the loop or the prologue, in that place."""

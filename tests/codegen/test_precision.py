@@ -15,7 +15,7 @@ from random_cells import random_cell
 from cellfuse.codegen import make_plan
 from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.dtypes import BFLOAT16, FLOAT16, FLOAT32, round_to
-from cellfuse.codegen.kernel_set import plan_kernels
+from cellfuse.codegen.kernel_set import backward_kernels, plan_kernels
 from cellfuse.codegen.lowering import Copy, Loop, lower
 from cellfuse.codegen.plan import H100, Access, GemmLaunch, KernelLaunch, grad_of, launch_name
 from cellfuse.codegen.precision import (
@@ -183,6 +183,20 @@ def test_the_tensor_rungs_kernels_multiply_in_16_bits_and_compile(precision, tmp
         nvcc_cubin(source, tmp_path)
 
 
+@pytest.mark.nvcc
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_the_tensor_rungs_reverse_loop_multiplies_in_16_bits_and_compiles(precision, tmp_path):
+    """The backward pass's persistent launch of a 16-bit tensor plan: one mma.sync of the 16-bit type per
+    sixteen k, W^T on chip in that type (the LSTM at its full sizes, Cho's GRU with two GEMMs a step)."""
+    suffix = {"bf16": "bf16", "fp16": "f16"}[precision]
+    for name, sizes in (("lstm", Sizes(100, 64, 512, 512, 1)), ("gru_cho", SIZES)):
+        forward = make_plan(load_template(name), sizes, "tensor", save_steps=True, precision=precision)
+        source = backward_kernels(backward_plan(forward)).module_source()
+        assert f"cf_mma_{suffix}(acc[x]" in source and "cf_mma_tf32(acc" not in source
+        assert f"reinterpret_cast<{PRECISIONS[precision].c}*>(cf_smem + " in source
+        nvcc_cubin(source, tmp_path)
+
+
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_16_bit_weights_on_chip_take_half_the_room(precision):
     """The tensor rung keeps a 16-bit plan's weights in its type: half the shared memory of float32's, so
@@ -256,7 +270,8 @@ def test_a_16_bit_backward_plan_keeps_its_gradients_float32_but_the_gemm_outputs
     """As PyTorch's mixed precision does: every gradient float32, except that of a GEMM output whose GEMM
     multiplied 16-bit operands, stored in 16 bits so that dA += dC @ W^T and dW += A^T @ dC multiply
     16-bit operands too (and a bias's column sum, ones of the 16-bit type: the GRU folds its biases into
-    its GEMMs); every access in its buffer's type; each GEMM's operands of one type."""
+    its GEMMs); every access in its buffer's type; each GEMM's operands of one type, every GEMM
+    multiplying in the 16-bit type, the reverse loop's of a persistent plan too, with W^T on chip in it."""
     cell = load_template(name)
     forward = make_plan(cell, SIZES, schedule, H100, save_steps=True, precision="bf16")
     plan = backward_plan(forward)
@@ -274,12 +289,11 @@ def test_a_16_bit_backward_plan_keeps_its_gradients_float32_but_the_gemm_outputs
             assert acc.dtype == dtypes[acc.buffer], f"{launch_name(launch)}: {acc.buffer}"
     for g in gemms:
         assert dtypes[g.a.buffer] == dtypes[g.w] == g.w_dtype, f"{g.group}: {g.a.buffer} by {g.w}"
-        assert g.multiply == (BFLOAT16 if dtypes[g.w] == BFLOAT16 else FLOAT32)
-    assert any(g.multiply == BFLOAT16 for g in gemms)
+        assert g.multiply == BFLOAT16
     if schedule == "tensor":  # the reverse loop's GEMM reads the float32 operands the forward kept
-        loop = [item.launch for item in plan.layers[0].persistent.items
-                if isinstance(item.launch, GemmLaunch)]
-        assert loop and all(g.multiply == FLOAT32 for g in loop)
+        loop = [item for item in plan.layers[0].persistent.items if isinstance(item.launch, GemmLaunch)]
+        assert loop and all(dtypes[item.launch.a.buffer] == FLOAT32 for item in loop)
+        assert all(item.tiling.w_itemsize == 2 for item in loop)
 
 
 def test_a_16_bit_backward_plan_that_would_mix_gradient_types_is_refused():
