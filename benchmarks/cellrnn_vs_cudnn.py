@@ -696,8 +696,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--optimizer", choices=["none", "sgd"], default="none",
                    help="end each training step with this optimizer's step (sgd: torch.optim.SGD)")
     p.add_argument("--precision", choices=list(DTYPES), default="fp32",
-                   help="x and torch's module in this dtype (16 bits: forward only, CellRNN's parameters "
-                        "float32 as under torch.autocast)")
+                   help="x and torch's module in this dtype (16 bits: CellRNN's parameters float32 as under "
+                        "torch.autocast; in fp16 the training step's loss scaled as GradScaler does)")
     p.add_argument("--cudnn-precision", choices=list(DTYPES),
                    help="torch's module in this dtype instead of --precision's (fp16 beside bf16: cuDNN at "
                         "its best)")

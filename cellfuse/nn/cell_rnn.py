@@ -100,9 +100,10 @@ class CellRNN(torch.nn.Module):
     x of bfloat16 or float16 (or float32 x under torch.autocast) runs the plans of that precision
     (codegen.precision; on the CPU emulated): y and the final states come back in x's dtype, the
     parameters may stay float32 (packed into 16-bit weights when they change). Every rung runs it
-    (`auto` measures them in it), and a pass that a backward pass may follow runs in float32 so far
-    (with a warning). Those plans keep in float32 the states that accumulate (the LSTM's c, the GRU's h:
-    a state the step adds something to), or the states `float32_states` names (none, with an empty one).
+    (`auto` measures them in it), forward and backward: the gradients are float32 inside, x's and the
+    initial states' given back in their dtypes, the parameters' float32. Those plans keep in float32
+    the states that accumulate (the LSTM's c, the GRU's h: a state the step adds something to), or the
+    states `float32_states` names (none, with an empty one).
 
     A cell whose backward pass the backward Plan cannot plan (an op with no derivative in the op table)
     is refused here, with the node that stops it.
