@@ -51,7 +51,7 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
         return None
     train = torch.is_grad_enabled()
     if train and (x.dtype != torch.float32 or not any(p.requires_grad for p in params)):
-        return None  # (a 16-bit pass that a backward pass may follow runs float32 plans: stacks.run)
+        return None  # (a 16-bit training call takes the whole path so far)
     runner = ops.runner(cell, time_first, hidden, layers, layout[0], FORWARD, float32)
     return QuickCall(x, layout, params, runner, zeros, (cell, hidden, layers) if train else None, rows)
 
