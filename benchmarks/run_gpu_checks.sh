@@ -7,7 +7,7 @@
 #              either route of a GEMM on tensor cores; the exported .cu built and run (its backward
 #              checked by finite differences)
 #   backward   the backward Plans on the GPU (every template and schedule, random cells, full sizes,
-#              the CUDA-graph capture)
+#              the CUDA-graph capture, in bf16 and fp16)
 #   rest       the benchmark, auto, cuDNN's persistent algorithms, the sru package, cellfuse.nn
 #   nn         cellfuse.nn on the GPU: CellRNN against the reference, in CUDA graphs, torch.compile and
 #              torch.export, out of memory, a faulting kernel, two devices where there are two
@@ -38,7 +38,7 @@ for group in $groups; do
                      tests/gpu_runtime/test_wgmma_gemm.py) ;;
         backward)
             command=("${pytest[@]}" tests/gpu_runtime/test_cuda_backward.py
-                     tests/gpu_runtime/test_cuda_backward_graph.py) ;;
+                     tests/gpu_runtime/test_cuda_backward_graph.py tests/gpu_runtime/test_cuda_backward_16_bit.py) ;;
         rest)
             command=("${pytest[@]}" tests/gpu_runtime/test_bench.py
                      tests/gpu_runtime/test_bench_train.py tests/gpu_runtime/test_bench_train_lm.py
