@@ -56,3 +56,26 @@ def test_dy_goes_where_the_memset_left_zeros(name, schedule):
     assert backward.restarted(buffer) and backward.start_value(buffer) == 0.0
     assert end <= backward.buffers[buffer].nbytes(plan.sizes)
     assert memory.grads[buffer] + end <= memory.restart_bytes
+
+
+@pytest.mark.parametrize("schedule, kept", [("graph", ["init.c"]),
+                                            ("tensor", ["l0.out.y", "init.h", "init.c"])])
+def test_a_16_bit_training_run_keeps_its_float32_y_and_initial_states_in_the_reserve(schedule, kept):
+    """The caller's y and initial states are in x's type; a 16-bit plan keeps some of them float32 (the
+    LSTM's c; on the tensor rung h too, a persistent GEMM's operand, and with it y's sequence): a run that
+    a backward pass follows keeps those in its reserve, where that pass reads them. An inference run, and
+    a float32 plan, keep none."""
+    sizes = Sizes(seq=7, batch=8, input=32, hidden=32)
+    lstm = load_template("lstm")
+    plan = make_plan(lstm, sizes, schedule, H100, save_steps=True, precision="bf16")
+    memory = Memory(plan, backward_plan(plan))
+    assert memory.kept == kept
+    for name in kept:
+        b = plan.buffers[name]
+        assert b.dtype.name == "float32" and memory.reserve[name] % ALIGNMENT == 0
+        assert memory.reserve[name] + b.nbytes(sizes) <= memory.reserve_bytes
+    alone = Memory(plan, None)
+    assert alone.kept == [] and not set(kept) & set(alone.reserve)
+    assert memory.reserve_bytes >= alone.reserve_bytes + sum(plan.buffers[n].nbytes(sizes) for n in kept)
+    fp32 = make_plan(lstm, sizes, schedule, H100, save_steps=True)
+    assert Memory(fp32, backward_plan(fp32)).kept == []
