@@ -12,7 +12,7 @@ sides compute in float32), or with --precision bf16 / fp16 in that dtype: x in i
 converted to it (cuDNN in 16 bits), CellRNN's parameters left float32 as under torch.autocast (packed
 into 16-bit weights); the check then allows twice the precision's bound (codegen.precision) relative to
 y's largest magnitude, the training step's twice the bound of 16-bit gradients (its floor
-precision.GRADIENT_FLOOR), and the torch.compile part is left out. --cudnn-precision runs torch's module
+precision.gradient_floor), and the torch.compile part is left out. --cudnn-precision runs torch's module
 in another dtype than CellRNN (x converted to it outside the clock; no training step then): fp16 against
 CellRNN's bf16, cuDNN at its best, since torch does not flatten bf16 weights for cuDNN and so compacts
 them at every call:
@@ -76,8 +76,7 @@ import torch
 
 from cellfuse import __version__
 from cellfuse.codegen import SCHEDULES
-from cellfuse.codegen.precision import GRADIENT_FLOOR as SIXTEEN_BIT_GRADIENT_FLOOR
-from cellfuse.codegen.precision import forward_tolerance, gradient_tolerance
+from cellfuse.codegen.precision import forward_tolerance, gradient_floor, gradient_tolerance
 from cellfuse.gpu_runtime.torch_baselines import CudnnCell
 from cellfuse.graph_model import Sizes, atomic_write, load_template
 from cellfuse.nn import CellRNN
@@ -372,7 +371,7 @@ def train_part(rnn: CellRNN, cudnn: CudnnCell, x: torch.Tensor, clock: Clock, ar
     # in 16 bits, twice the bound of 16-bit gradients (each side rounds), with that bound's floor
     sixteen = args.precision != "fp32"
     grad_tolerance = 2 * gradient_tolerance(args.precision) if sixteen else GRAD_TOLERANCE
-    grad_floor = SIXTEEN_BIT_GRADIENT_FLOOR if sixteen else GRAD_FLOOR
+    grad_floor = gradient_floor(args.precision) if sixteen else GRAD_FLOOR
     largest = max(float(np.max(np.abs(g))) for g in theirs.values())
     worst = 0.0
     for key, g in ours.items():

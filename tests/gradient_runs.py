@@ -93,15 +93,16 @@ def make_run(cell: Cell, layers: int = 2, seed: int = 0, initial: bool = True, d
 
 def sixteen_bit_error(got: Gradients, want: Gradients) -> tuple[float, str]:
     """The largest error of a 16-bit run's gradients, each relative to its own largest magnitude or
-    precision.GRADIENT_FLOOR of the largest of all where that is more, and the gradient it is in."""
-    from cellfuse.codegen.precision import GRADIENT_FLOOR
+    precision.SIXTEEN_BIT_GRADIENT_FLOOR of the largest of all where that is more, and the gradient it is
+    in."""
+    from cellfuse.codegen.precision import SIXTEEN_BIT_GRADIENT_FLOOR
 
     pairs = [("x", got.dx, want.dx),
              *((f"initial {s}", got.dinitial[s], v) for s, v in want.dinitial.items()),
              *((key, got.dparams[key], v) for key, v in want.dparams.items())]
     largest = max(float(np.max(np.abs(w), initial=0.0)) for _, _, w in pairs)
     return max((float(np.max(np.abs(g.astype(np.float64) - w))) /
-                max(float(np.max(np.abs(w), initial=0.0)), GRADIENT_FLOOR * largest), name)
+                max(float(np.max(np.abs(w), initial=0.0)), SIXTEEN_BIT_GRADIENT_FLOOR * largest), name)
                for name, g, w in pairs)
 
 

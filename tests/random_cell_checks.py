@@ -30,7 +30,7 @@ FIRST_SEED = 7000  # apart from the seeds of the other random-cell tests
 # input == hidden: a cell that ties the two widths runs only there; 40 columns over many blocks
 SIZES = Sizes(seq=6, batch=5, input=40, hidden=40)
 FORWARD_TOLERANCE = 1e-4  # float32 against float64, relative to the largest magnitude (at least 1)
-# Gradients, each relative to its own largest magnitude (or bench.GRADIENT_FLOOR times the largest
+# Gradients, each relative to its own largest magnitude (or precision.gradient_floor times the largest
 # gradient, where that is more): on numpy in float64, where the plan's arithmetic
 # is the reference's up to rounding; on the GPU in float32, within 1e-4 or, where float32 itself loses
 # more (through three layers of random ops it can: 3e-3 for 2 cells of 1000), within 10 times the error

@@ -86,6 +86,12 @@ def stored(dtype: DType, values: np.ndarray) -> np.ndarray:
     raise ValueError(f"no storage as {dtype.name}")
 
 
+def bits(dtype: DType, value: float) -> int:
+    """The bits of one `value` as memory of `dtype` holds it (what a memset of the type's width writes)."""
+    return int(stored(dtype, np.array([value], np.float32)).view(np.uint32 if dtype.itemsize == 4
+                                                                  else np.uint16)[0])
+
+
 def loaded(dtype: DType, memory: np.ndarray) -> np.ndarray:
     """What `stored` made (copied back from the GPU) as float32 values."""
     if dtype == BFLOAT16:

@@ -41,7 +41,7 @@ UNIT = {"bf16": 2.0**-8, "fp16": 2.0**-11}
 BOUND_UNITS = 4.0
 FLOAT32_TOLERANCE = 1e-4  # the same for float32 (3xTF32 and float32 GEMMs alike)
 # A 16-bit backward pass's largest error over the gradients (of x, the initial states and every parameter),
-# each relative to its own largest magnitude or GRADIENT_FLOOR of the largest of all gradients where that
+# each relative to its own largest magnitude or `gradient_floor` of the largest of all gradients where that
 # is more, in units of its type's rounding: every template at T=20, B=8, I=H=32, one and two layers, from
 # zero states, emulated, came within 0.8 to 5.1 units (the layer-normalised LSTM's largest, in `naive`,
 # where every node's value is stored rounded), PyTorch's own LSTM and GRU with bf16 weights and inputs
@@ -49,7 +49,15 @@ FLOAT32_TOLERANCE = 1e-4  # the same for float32 (3xTF32 and float32 GEMMs alike
 # a pre-activation of relu lies within a rounding of 0, the 16-bit run takes the other side's derivative
 # (IndRNN in bf16: 42 units), as any run in that precision would.
 GRADIENT_BOUND_UNITS = 8.0
-GRADIENT_FLOOR = 1e-2  # gradients this much smaller than the largest carry its rounding, not their own
+# Each gradient's error counts relative to its own largest value, or to a fraction of the largest of all
+# gradients where that is more. In float32, so that an absolute error of one float32 rounding (2^-23) of
+# the largest gradient passes FLOAT32_TOLERANCE whatever the gradient: a gradient that float32 rounds to 0
+# (a saturated sigmoid's derivative) or that is 0 in exact arithmetic (the sLSTM's input-gate bias: its
+# output is the same for any common shift of the input gate's pre-activations) comes out of float32's sums
+# over every step and row as rounding noise, which is not an error of 1. In 16 bits, gradients a hundred
+# times smaller than the largest carry its rounding, not their own.
+FLOAT32_GRADIENT_FLOOR = 2.0**-23 / FLOAT32_TOLERANCE
+SIXTEEN_BIT_GRADIENT_FLOOR = 1e-2
 
 
 class Float32Only(CellError):
@@ -60,6 +68,11 @@ class Float32Only(CellError):
 def forward_tolerance(precision: str) -> float:
     """The relative error a forward pass in `precision` is allowed against the float64 reference."""
     return FLOAT32_TOLERANCE if precision == "fp32" else BOUND_UNITS * UNIT[precision]
+
+
+def gradient_floor(precision: str) -> float:
+    """The fraction of the largest gradient that each gradient's error counts relative to at least."""
+    return FLOAT32_GRADIENT_FLOOR if precision == "fp32" else SIXTEEN_BIT_GRADIENT_FLOOR
 
 
 def gradient_tolerance(precision: str) -> float:

@@ -28,12 +28,12 @@ import numpy as np
 from .. import __version__
 from ..codegen import SCHEDULES, Plan, make_plan
 from ..codegen.plan import H100, Target
-from ..codegen.precision import GRADIENT_FLOOR as SIXTEEN_BIT_GRADIENT_FLOOR
 from ..codegen.precision import (
     PRECISIONS,
     Float32Only,
     check_precision,
     forward_tolerance,
+    gradient_floor,
     gradient_tolerance,
 )
 from ..codegen.roofline import Peaks, roofline
@@ -258,15 +258,6 @@ def _rel_error(result: Forward, ref: Forward) -> float:
                                                   if s in result.final])
 
 
-# Each gradient's error counts relative to its own largest value, or to this fraction of the largest of
-# all gradients where that is more, so that an absolute error of one float32 rounding (2^-23) of the
-# largest gradient passes TOLERANCE whatever the gradient. A gradient that float32 rounds to 0 (a saturated
-# sigmoid's derivative) or that is 0 in exact arithmetic (the sLSTM's input-gate bias: its output is the
-# same for any common shift of the input gate's pre-activations) comes out of float32's sums over every
-# step and row as rounding noise, which is not an error of 1.
-GRADIENT_FLOOR = float(np.finfo(np.float32).eps) / TOLERANCE
-
-
 def largest_gradient(g: Gradients) -> float:
     """The largest magnitude over every gradient (of x, each initial state, each parameter)."""
     every = (g.dx, *g.dinitial.values(), *g.dparams.values())
@@ -275,13 +266,11 @@ def largest_gradient(g: Gradients) -> float:
 
 def _grad_error(got: Gradients, ref: Gradients, precision: str = "fp32") -> float:
     """The largest over every gradient (of x, each initial state, each parameter) of its largest absolute
-    error relative to its own largest value (or the floor times the largest of all gradients: float32's
-    GRADIENT_FLOOR, a 16-bit precision's precision.GRADIENT_FLOOR); infinite for a gradient missing or not
-    finite."""
-    floor = GRADIENT_FLOOR if precision == "fp32" else SIXTEEN_BIT_GRADIENT_FLOOR
+    error relative to its own largest value (or precision.gradient_floor times the largest of all
+    gradients); infinite for a gradient missing or not finite."""
     return _worst_relative([(got.dx, ref.dx), *((got.dinitial.get(s), v) for s, v in ref.dinitial.items()),
                             *((got.dparams.get(k), v) for k, v in ref.dparams.items())],
-                           floor * largest_gradient(ref))
+                           gradient_floor(precision) * largest_gradient(ref))
 
 
 def _stats(times_ms: list[float]) -> dict:

@@ -23,7 +23,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from ..codegen.backward_plan import BackwardPlan, backward_plan
-from ..codegen.dtypes import stored
+from ..codegen.dtypes import bits
 from ..codegen.kernel_set import backward_kernels
 from ..graph_model import CellError, Gradients
 from .cuda_executor import _CUBLAS_WORKSPACE, CudaExecutor, _compile, aligned_offsets, split_elements
@@ -85,11 +85,9 @@ class CudaBackward:
             if name in seeds:
                 drv.memcpy_htod(addr[name], seeds[name])
             else:  # memset writes the value's bits in the buffer's type
-                value = stored(b.dtype, np.array([self.plan.start_value(name)], np.float32))
-                if b.dtype.itemsize == 4:
-                    drv.memset_d32(addr[name], int(value.view(np.uint32)[0]), self.plan.buffer_elements(name))
-                else:
-                    drv.memset_d16(addr[name], int(value.view(np.uint16)[0]), self.plan.buffer_elements(name))
+                memset = drv.memset_d32 if b.dtype.itemsize == 4 else drv.memset_d16
+                value = bits(b.dtype, self.plan.start_value(name))
+                memset(addr[name], value, self.plan.buffer_elements(name))
         # These ran on the legacy default stream, which the executor's non-blocking streams do not wait for.
         drv.Context.synchronize()
 

@@ -36,12 +36,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import numpy as np
 import torch
 
 from ..codegen import kernel_set
 from ..codegen.backward_plan import BackwardPlan
-from ..codegen.dtypes import stored
+from ..codegen.dtypes import bits
 from ..codegen.kernel_abi import BLOCK, grid_blocks
 from ..codegen.lowering import lower
 from ..codegen.pack_kernel import PACK_KERNEL, PackCopy, pack_kernel_source, total_elements
@@ -607,10 +606,9 @@ class CudaRunner(Runner):
         for name, b in backward.buffers.items():
             if backward.start_value(name) == 1.0:  # (a 16-bit one twice in each 32-bit word)
                 at, nbytes = extents[name]
-                word = b.dtype.itemsize == 4
-                one = int(stored(b.dtype, np.ones(1, np.float32)).view(np.uint32 if word else np.uint16)[0])
-                bits = one if word else one * 0x10001
-                calls.fill((0, at), bits, -(-nbytes // 4), 0, f"the ones of {name}")
+                one = bits(b.dtype, 1.0)
+                calls.fill((0, at), one if b.dtype.itemsize == 4 else one * 0x10001, -(-nbytes // 4), 0,
+                           f"the ones of {name}")
         name, at = self.layout.dy_place
         T, B, H, _ = self._sizes
         calls.copy((0, extents[name][0] + 4 * at), (1, 0), 4 * T * B * H, 0, "the copy of dy")

@@ -12,7 +12,7 @@ from compile_cuda import nvcc_cubin
 from cellfuse.codegen import SCHEDULES, make_plan
 from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.cuda_kernels import PRELUDE
-from cellfuse.codegen.dtypes import BFLOAT16, COMPUTE, DTYPES, FLOAT16, FLOAT32, DType
+from cellfuse.codegen.dtypes import BFLOAT16, COMPUTE, DTYPES, FLOAT16, FLOAT32, DType, bits
 from cellfuse.codegen.kernel_set import kernel_source
 from cellfuse.codegen.plan import Access, GemmLaunch, KernelLaunch
 from cellfuse.graph_model import Sizes, load_template, template_names
@@ -82,3 +82,13 @@ def test_a_kernel_of_another_storage_type_compiles(tmp_path):
 
 def test_access_of_another_type_is_another_access():
     assert Access("b") != Access("b", dtype=HALF)
+
+
+def test_bits_are_what_a_memset_of_the_types_width_writes():
+    """The value's bits in memory of the type: float32's 32, a 16-bit type's 16 (a backward pass's start
+    values: its ones, zeros and the NaN of buffers written whole)."""
+    assert [bits(FLOAT32, v) for v in (0.0, 1.0)] == [0, 0x3F800000]
+    assert [bits(BFLOAT16, v) for v in (0.0, 1.0, -2.0)] == [0, 0x3F80, 0xC000]
+    assert [bits(FLOAT16, v) for v in (0.0, 1.0, -2.0)] == [0, 0x3C00, 0xC000]
+    for dtype in (BFLOAT16, FLOAT16):
+        assert bits(dtype, float("nan")) == dtype.nan_bits

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from cellfuse.codegen import SCHEDULES
+from cellfuse.codegen.precision import gradient_floor
 from cellfuse.gpu_runtime import bench
 from cellfuse.gpu_runtime.bench import TOLERANCE, TRAIN_BASELINES, BenchConfig, run_benchmark
 from cellfuse.gpu_runtime.numpy_backward import NumpyBackward
@@ -127,9 +128,9 @@ def test_gradient_error_of_a_vanishing_gradient_counts_against_the_largest_gradi
     not an error of 1; an error of that size in a large gradient still counts."""
     ref = Gradients(np.ones((2, 1, 3)), {"h": np.full((1, 1, 3), 1e-12)}, {"l0.W": np.full((3, 3), 2.0)})
     vanished = Gradients(ref.dx.copy(), {"h": np.zeros((1, 1, 3))}, {"l0.W": ref.dparams["l0.W"].copy()})
-    assert bench._grad_error(vanished, ref) == pytest.approx(1e-12 / (2.0 * bench.GRADIENT_FLOOR))
+    assert bench._grad_error(vanished, ref) == pytest.approx(1e-12 / (2.0 * gradient_floor("fp32")))
     vanished.dx[0, 0, 0] += 1e-12
-    assert bench._grad_error(vanished, ref) == pytest.approx(1e-12 / (2.0 * bench.GRADIENT_FLOOR))
+    assert bench._grad_error(vanished, ref) == pytest.approx(1e-12 / (2.0 * gradient_floor("fp32")))
     half = Gradients(ref.dx.copy(), {"h": np.full((1, 1, 3), 0.5e-12)}, ref.dparams)
     ref_small = Gradients(ref.dx, {"h": np.full((1, 1, 3), 1e-2)}, ref.dparams)
     assert bench._grad_error(half, ref_small) == pytest.approx(1.0, rel=1e-6)  # above the floor: relative
