@@ -12,6 +12,7 @@ BLOCK = 256  # threads per block of every elementwise kernel
 MAX_GRID = 65535  # blocks of a launch at most: its threads stride over the rest
 WARP = 32
 INT_MAX = 2**31 - 1  # the largest count the generated code holds in an int
+BITS_C = {2: "unsigned short", 4: "unsigned int"}  # the C type of an element's bits, by its bytes (moved as)
 
 
 def grid_blocks(threads: int) -> int:

@@ -15,9 +15,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from .kernel_abi import BITS_C
+
 PACK_KERNEL = "cf_pack"
 
-_BITS = {2: "unsigned short", 4: "unsigned int"}  # elements copied as their bits
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ def pack_kernel_source(copies: Sequence[PackCopy]) -> str:
              "e += stride) {"]
     start = 0
     for i, c in enumerate(copies):
-        bits = _BITS[c.itemsize]
+        bits = BITS_C[c.itemsize]
         test = "if" if i == 0 else "} else if"
         if c.by_columns:
             place = f"col = k / {c.rows}, r = k - col * {c.rows}"

@@ -19,7 +19,7 @@ came before the first kernel of the call and the GPU waited for it
 
 from __future__ import annotations
 
-from .kernel_abi import BLOCK, grid_blocks
+from .kernel_abi import BITS_C, BLOCK, grid_blocks
 
 UNPACK_ROWS = "cf_unpack_rows"
 PACK_ROWS = "cf_pack_rows"
@@ -29,7 +29,6 @@ ARGS = "cf_rows_args"
 MAX_STEPS = 2048
 MIN_CAPACITY = 64  # the fewest steps a kernel's arguments are made for
 
-_BITS = {2: "unsigned short", 4: "unsigned int"}  # elements moved as their bits
 
 
 def capacity(steps: int) -> int:
@@ -58,9 +57,9 @@ def args_fields(steps_capacity: int) -> list[tuple[str, str, int]]:
 def packed_rows_source(itemsize: int, steps_capacity: int) -> str:
     """Both kernels for elements of `itemsize` bytes and sequences of up to `steps_capacity` steps: a block
     of threads per row (`launch_blocks`), the grid striding over the rows."""
-    if itemsize not in _BITS:
+    if itemsize not in BITS_C:
         raise ValueError(f"the packed rows' kernels move elements of 2 or 4 bytes, not {itemsize}")
-    bits = _BITS[itemsize]
+    bits = BITS_C[itemsize]
     fields = "\n".join(f"    {ctype} {name}{f'[{count}]' if count > 1 else ''};"
                        for name, ctype, count in args_fields(steps_capacity))
     return f"""struct {ARGS} {{

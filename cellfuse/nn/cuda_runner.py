@@ -28,7 +28,6 @@ outside captures only).
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import weakref
 from collections import OrderedDict
@@ -181,6 +180,12 @@ class CudaRunner(Runner):
         sizes = plans.train.sizes
         self._grad_extents = {name: (self.memory.grads[name], b.nbytes(sizes))
                               for name, b in plans.backward.buffers.items()}
+        # what a training run keeps in its reserve (Memory.kept): y's sequence, then each initial state,
+        # where kept (else None)
+        kept = {name: (self.memory.reserve[name], plans.train.buffers[name].nbytes(sizes),
+                       TORCH_DTYPES[plans.train.buffers[name].dtype.name]) for name in self.memory.kept}
+        self._y_kept = kept.get(self.memory.output)
+        self._states_kept = [kept.get(f"init.{s}") for s in plans.train.state_ids]
         self.packing = [(self.layout, set(self.memory.weights))]
         if set(self.infer_memory.weights) - set(self.memory.weights):
             self.packing.append((TensorLayout(plans.forward, plans.backward),
@@ -446,12 +451,6 @@ class CudaRunner(Runner):
                 raise CellError(f"{program.what}: buffer {name!r} has no place in a call's memory")
         return out
 
-    def _kept(self, reserve: torch.Tensor, name: str, shape: tuple[int, ...]) -> torch.Tensor:
-        """A buffer that a training run keeps in its reserve (Memory.kept), as a tensor of its type."""
-        dtype = TORCH_DTYPES[self.plans.train.buffers[name].dtype.name]
-        at = self.memory.reserve[name]
-        return reserve[at:at + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
-
     def _state_in(self, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """An initial state in the type its plan stores it in (a 16-bit plan keeps some float32): converted
         at every call where it is not, but for a module's kept zeros (zeros.made_here, which no one
@@ -489,7 +488,7 @@ class CudaRunner(Runner):
                 return y, finals, self._empty if shared else x.new_empty(0, dtype=torch.uint8)
         x = _in_place(x)
         memory = self.memory if save else self.infer_memory
-        kept = [f"init.{s}" in memory.kept for s in self.plans.train.state_ids]
+        kept = self._states_kept if save else [None] * len(states)
         states = [s if keep else self._state_in(s, dtype)
                   for s, dtype, keep in zip(states, self._state_dtypes, kept, strict=True)]
         T, B, H, L = self._sizes
@@ -503,15 +502,15 @@ class CudaRunner(Runner):
             block = None
             reserve = torch.empty(memory.reserve_bytes, dtype=torch.uint8, device=x.device)
             scratch = reserve.data_ptr()
-            if memory.output in memory.kept:
-                whole, out = self._kept(reserve, memory.output, (T + 1, B, H)), 0
+            if save and self._y_kept:
+                whole, out = _view(reserve, *self._y_kept).view(T + 1, B, H), 0
             else:
                 whole = torch.empty((T + 1, B, H), dtype=self._y_dtype, device=x.device)
                 out = whole.data_ptr()
             y = whole[1:]
-            for state, s, keep in zip(self.plans.train.state_ids, states, kept, strict=True):
+            for s, keep in zip(states, kept, strict=True):
                 if keep:
-                    self._kept(reserve, f"init.{state}", (L, B, H)).copy_(s)
+                    _view(reserve, *keep).view(L, B, H).copy_(s)
             finals = [torch.empty((L, B, H), dtype=dtype, device=x.device) for dtype in self._state_dtypes]
         bases = [scratch, packed, x.data_ptr(), out, 0, *(s.data_ptr() for s in states),
                  *(f if block is not None else f.data_ptr() for f in finals)]
@@ -622,7 +621,7 @@ class CudaRunner(Runner):
         memory = self.memory
         T, B, H, L = self._sizes
         row = B * H * y.element_size()
-        y_kept = memory.output in memory.kept  # (then y is a copy in x's type: the run's is in the reserve)
+        y_kept = self._y_kept is not None  # (then y is a copy in x's type: the run's is in the reserve)
         if (not y_kept and y.storage_offset() * y.element_size() < row
                 or reserve.numel() != memory.reserve_bytes):
             raise CellError("the backward pass was given a y or saved steps that its forward run did not "
