@@ -5,6 +5,7 @@ time is measured), so that the grid barrier, the per-step GEMM and the elementwi
 their share.
 
     python benchmarks/step_profile.py lstm:64 gru:64 lstm:1 --json results/step_profile.json
+    python benchmarks/step_profile.py lstm:64 --schedule tensor --precision bf16 --ablations whole
 
 A CASE is TEMPLATE:BATCH (T=100, input=hidden=512 unless --seq/--hidden say otherwise). With
 --inference, the forward program of inference (no step saved for a backward pass: the one the forward
@@ -87,15 +88,17 @@ def _time(ex, instr, reps: int, splits: list[int] | None = None) -> float:
     return median_ms(ex.drv, run, stream, reps, idle=True)
 
 
-def _variants(cell, sizes, schedule, edits, training: bool):
-    plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=training)
+def _variants(cell, sizes, schedule, edits, training: bool, precision: str):
+    plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=training,
+                     precision=precision)
     yield _ablate(cuda_executor.plan_kernels(plan), edits).module_source()
     if training:
         yield _ablate(cuda_backward.backward_kernels(cuda_backward.backward_plan(plan)),
                       edits).module_source()
 
 
-def precompile(cases, seq: int, hidden: int, schedule: str, ablations: dict, training: bool = True) -> None:
+def precompile(cases, seq: int, hidden: int, schedule: str, ablations: dict, training: bool = True,
+               precision: str = "fp32") -> None:
     """Every variant's module compiled at once, into PyCUDA's cache of cubins (nvcc runs one module on
     one core, and there are dozens of them): the timed runs then find them there."""
     from concurrent.futures import ThreadPoolExecutor
@@ -109,7 +112,7 @@ def precompile(cases, seq: int, hidden: int, schedule: str, ablations: dict, tra
         sizes = Sizes(seq, batch, hidden, hidden)
         for edits in ablations.values():
             try:
-                sources.update(_variants(load_template(name), sizes, schedule, edits, training))
+                sources.update(_variants(load_template(name), sizes, schedule, edits, training, precision))
             except NotApplicable:
                 pass
     with ThreadPoolExecutor(16) as pool:
@@ -118,7 +121,7 @@ def precompile(cases, seq: int, hidden: int, schedule: str, ablations: dict, tra
 
 
 def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, reps: int,
-            ablations: dict, training: bool = True) -> dict:
+            ablations: dict, training: bool = True, precision: str = "fp32") -> dict:
     cell = load_template(cell_name)
     sizes = Sizes(seq, batch, hidden, hidden)
     params = init_params(cell, 1, hidden, hidden, 0)
@@ -126,13 +129,14 @@ def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, re
     x = rng.standard_normal((seq, batch, hidden)).astype(np.float32)
     dy = rng.standard_normal((seq, batch, hidden)).astype(np.float32)
     record: dict = {"cell": cell_name, "batch": batch, "seq": seq, "hidden": hidden, "schedule": schedule,
-                    "training": training}
+                    "training": training, "precision": precision}
     plan_kernels, backward_kernels = cuda_executor.plan_kernels, cuda_backward.backward_kernels
     try:
         for ablation, edits in ablations.items():
             cuda_executor.plan_kernels = lambda p, e=edits: _ablate(plan_kernels(p), e)
             cuda_backward.backward_kernels = lambda p, e=edits: _ablate(backward_kernels(p), e)
-            plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=training)
+            plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=training,
+                             precision=precision)
             try:
                 ex = cuda_executor.CudaExecutor(plan, params)
             except NotApplicable:
@@ -178,15 +182,17 @@ def main() -> None:
                     help="which of the kernels' variants to time (default: all)")
     ap.add_argument("--inference", action="store_true",
                     help="the forward program of inference alone, not a training step's two programs")
+    ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
     ap.add_argument("--json")
     args = ap.parse_args()
     ablations = {name: ABLATIONS[name] for name in args.ablations.split(",")}
     cases = [(name, int(batch)) for name, batch in (case.split(":") for case in args.cases)]
     training = not args.inference
-    precompile(cases, args.seq, args.hidden, args.schedule, ablations, training)
+    precompile(cases, args.seq, args.hidden, args.schedule, ablations, training, args.precision)
     records = []
     for case, (name, batch) in zip(args.cases, cases, strict=True):
-        rec = profile(name, batch, args.seq, args.hidden, args.schedule, args.reps, ablations, training)
+        rec = profile(name, batch, args.seq, args.hidden, args.schedule, args.reps, ablations, training,
+                      args.precision)
         for part in ("forward", "backward") if training else ("forward",):
             print(f"{case} {part}:")
             for what, ms in rec[part]:

@@ -352,8 +352,8 @@ def run(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor],
         layers: int, schedule: str, save: bool, direction: int = FORWARD, float32: str = DEFAULT_FLOAT32
         ) -> Sequence[torch.Tensor]:
     """[y, *final states, reserve] of `rnn`: through the op where torch.compile or torch.export traces
-    (fake or functional tensors), else straight to the runner (a pass that saves its steps runs float32
-    plans: `float32` is for those that do not)."""
+    (fake or functional tensors), else straight to the runner (`float32`: the states a 16-bit plan keeps
+    in float32, float32_text)."""
     if torch.compiler.is_compiling() or type(x) is not torch.Tensor:
         return torch.ops.cellfuse.rnn(x, states, params, cell, hidden, layers, schedule, save, direction,
                                       float32)

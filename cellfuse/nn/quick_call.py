@@ -1,15 +1,14 @@
-"""A module's last call on a GPU, kept so that the next call like it skips the checks and lookups that
-decided how to run it: the same shape, dtype and device of x, the same grad mode (an inference call, or a
-training call of float32 x whose steps are saved for a backward pass: some parameter requires a
-gradient), the same parameters (at the same addresses, of the same dtypes, requiring gradients or not as
-then: on the device and of the dtype they were checked on; an address is one device's, CPU or GPU, in
-CUDA's unified address space), the same schedule and layout, and either no initial states (zeros) or
-every one of them, each of the shape, dtype and device it must have (a model that carries its states
-from call to call gives them all). An inference call goes from the module straight to the runner the
-first one found, a training call straight to the ops (ops.run, with its steps saved); the runner
-then checks what may change from call to call (the parameters' values, the stream, a CUDA graph
-capture) as for any call. Anything else, and the call takes the whole path, which keeps a new QuickCall
-where it may.
+"""A module's last call on a GPU, kept so that the next call like it skips the checks and lookups that decided
+how to run it: the same shape, dtype and device of x, the same grad mode (an inference call, or a training
+call whose steps are saved for a backward pass: some parameter requires a gradient), the same parameters (at
+the same addresses, of the same dtypes, requiring gradients or not as then: on the device and of the dtype
+they were checked on; an address is one device's, CPU or GPU, in CUDA's unified address space), the same
+schedule and layout, and either no initial states (zeros) or every one of them, each of the shape, dtype and
+device it must have (a model that carries its states from call to call gives them all). An inference call goes
+from the module straight to the runner the first one found, a training call straight to the ops (ops.run, with
+its steps saved); the runner then checks what may change from call to call (the parameters' values, the
+stream, a CUDA graph capture) as for any call. Anything else, and the call takes the whole path, which keeps a
+new QuickCall where it may.
 
 Once such a call was a replay of a run its program captured, a C++ lane (quick_lane) makes the calls like
 it: it checks all of the above, and what the runner would, in C++, and replays the run; a call it cannot
@@ -42,18 +41,19 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
               zeros: Sequence[torch.Tensor], cell: str, hidden: int, layers: int, float32: str,
               rows: tuple[int, int, int] | None = None) -> QuickCall | None:
     """The call just made of x (as given; `time_first`: as the ops took it) kept, where it was one on a
-    GPU, and where it saved its steps for a backward pass, one of float32 x with a parameter requiring a
-    gradient (so that any x saves them); None where not. The caller keeps only calls with no states or all
+    GPU, and where it saved its steps for a backward pass, one with a parameter requiring a gradient (so
+    that any x saves them); None where not. The caller keeps only calls with no states or all
     of them, no lengths but a PackedSequence's, no autocast change, the layers in one call of the ops
     (`params`: that call's; `zeros`: the module's initial states of zeros, one per state, for a call that
     gives none; `rows`: a PackedSequence's padding for its lane, see quick_lane.make)."""
     if type(x) is not torch.Tensor or not x.is_cuda or torch.compiler.is_compiling():
         return None
     train = torch.is_grad_enabled()
-    if train and (x.dtype != torch.float32 or not any(p.requires_grad for p in params)):
-        return None  # (a 16-bit training call takes the whole path so far)
+    if train and not any(p.requires_grad for p in params):
+        return None
     runner = ops.runner(cell, time_first, hidden, layers, layout[0], FORWARD, float32)
-    return QuickCall(x, layout, params, runner, zeros, (cell, hidden, layers) if train else None, rows)
+    return QuickCall(x, layout, params, runner, zeros, (cell, hidden, layers, float32) if train else None,
+                     rows)
 
 
 def kept_packed_call(unpacked, layout: tuple, params: Sequence[torch.Tensor], zeros: Sequence[torch.Tensor],
@@ -81,12 +81,12 @@ class QuickCall:
                  "_zeros", "_state_shape", "_lane", "_train", "_rows")
 
     def __init__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor], runner,
-                 zeros: Sequence[torch.Tensor], train: tuple[str, int, int] | None = None,
+                 zeros: Sequence[torch.Tensor], train: tuple[str, int, int, str] | None = None,
                  rows: tuple[int, int, int] | None = None):
         """x as the module was given it; `layout`: the module's (schedule, batch_first, training, dropout)
         then, whatever of the module the call's path depended on; the runner, and the module's initial
         states of zeros for x (one per state, in the cell's order); `train`: for a training call, the
-        ops' cell, hidden size and layers; `rows`: see kept_call."""
+        ops' cell, hidden size, layers and float32 states (ops.float32_text); `rows`: see kept_call."""
         self._shape, self._dtype, self._index = x.shape, x.dtype, x.get_device()
         self._autocast_matters = x.dtype == torch.float32  # (torch.autocast changes only float32 inputs)
         self._params = [(p.data_ptr(), p.dtype, p.requires_grad) for p in params]
@@ -148,7 +148,8 @@ class QuickCall:
         batch_first = layout[1]
         time_first = x.transpose(0, 1) if batch_first else x
         if self._train is not None:
-            out = ops.run(time_first, states, params, *self._train, layout[0], True)
+            cell, hidden, layers, float32 = self._train
+            out = ops.run(time_first, states, params, cell, hidden, layers, layout[0], True, FORWARD, float32)
             y = out[0]
             return (y.transpose(0, 1) if batch_first else y), list(out[1:1 + len(states)])
         with runner.lock:

@@ -100,16 +100,19 @@ def test_an_inference_call_like_the_last_goes_straight_to_the_runner(cuda, monke
         rnn(other)
 
 
-@pytest.mark.parametrize("make", ["cellrnn", "drop-in"])
-def test_a_training_step_like_the_last_skips_the_modules_checks_and_trains_the_same(cuda, monkeypatch, make):
+@pytest.mark.parametrize("make,dtype", [("cellrnn", torch.float32), ("drop-in", torch.float32),
+                                        ("cellrnn", torch.bfloat16), ("drop-in", torch.float16)])
+def test_a_training_step_like_the_last_skips_the_modules_checks_and_trains_the_same(cuda, monkeypatch, make,
+                                                                                   dtype):
     """A training call like the one before goes from the module's kept call to the ops (stacks.run is not
-    entered), with its steps saved; its gradients and an optimizer's steps are the whole path's."""
+    entered), with its steps saved; its gradients and an optimizer's steps are the whole path's, in 16
+    bits too (the plans of x's precision, their float32 states as the module's)."""
     def module():
         torch.manual_seed(3)
         if make == "cellrnn":
-            return CellRNN("lstm", INPUT, H, 2, schedule="tensor", batch_first=True, seed=4).to(cuda)
-        return LSTM(INPUT, H, 2, batch_first=True, schedule="tensor").to(cuda)
-    x = torch.randn(11, T, INPUT, device=cuda)
+            return CellRNN("lstm", INPUT, H, 2, schedule="tensor", batch_first=True, seed=4).to(cuda, dtype)
+        return LSTM(INPUT, H, 2, batch_first=True, schedule="tensor").to(cuda, dtype)
+    x = torch.randn(11, T, INPUT, device=cuda, dtype=dtype)
     runs, entered, whole = {}, [], stacks.run
     monkeypatch.setattr(stacks, "run", lambda *a, **k: entered.append(1) or whole(*a, **k))
     for kept in (False, True):

@@ -241,25 +241,25 @@ def test_the_runners_lane_makes_the_next_calls_and_leaves_to_python_what_it_cann
 
 
 def test_a_kept_training_call_goes_to_the_ops_with_its_steps_saved(kept, monkeypatch):
-    """A training call kept (train: the ops' cell, hidden size, layers) goes to ops.run with save, x time
-    first, and the states or the kept zeros; an inference call, or parameters that require gradients
-    otherwise than then, are left to the whole path."""
+    """A training call kept (train: the ops' cell, hidden size, layers, float32 states) goes to ops.run with
+    save, x time first, the forward direction, the float32 states, and the states or the kept zeros; an
+    inference call, or parameters that require gradients otherwise than then, are left to the whole path."""
     _, x, params, zeros, runner = kept
     params = [p.requires_grad_() for p in params]
     calls = []
 
-    def run(x, states, params, cell, hidden, layers, schedule, save):
-        calls.append((x, states, params, cell, hidden, layers, schedule, save))
+    def run(x, states, params, cell, hidden, layers, schedule, save, direction, float32):
+        calls.append((x, states, params, cell, hidden, layers, schedule, save, direction, float32))
         return [x[..., :2] * 2, *(s + 1 for s in states), torch.empty(0)]
     monkeypatch.setattr(ops, "run", run)
     layout = ("persistent", True)
-    quick = QuickCall(x, layout, params, runner, zeros, ("cell text", 2, 1))
+    quick = QuickCall(x, layout, params, runner, zeros, ("cell text", 2, 1, "float32:c"))
     given = torch.randn(5, 3, 4)
     y, finals = quick(given, layout, params)
     (time_first, states, given_params, *rest), = calls
     assert time_first.shape == (3, 5, 4) and torch.equal(time_first, given.transpose(0, 1))
     assert states == zeros and given_params is params
-    assert rest == ["cell text", 2, 1, "persistent", True]
+    assert rest == ["cell text", 2, 1, "persistent", True, ops.FORWARD, "float32:c"]
     assert torch.equal(y, given[..., :2] * 2) and torch.equal(finals[0], torch.ones(1, 3, 2))
     with torch.no_grad():
         assert quick(given, layout, params) is None
