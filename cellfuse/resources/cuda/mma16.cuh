@@ -35,3 +35,40 @@ __device__ __forceinline__ void cf_mma_f16(float (&c)[4], unsigned a0, unsigned 
 __device__ __forceinline__ float cf_round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
 __device__ __forceinline__ float cf_round_f16(float v) { return __half2float(__float2half_rn(v)); }
+
+// An exchange's (step tag, value) pair where the GEMMs that read it multiply in 16 bits (see plan.Exchange):
+// the value rounded to their type in the low half, the tag's low 16 bits in the high half, 4 aligned bytes
+// stored at once and read at once. A type per 16-bit type, so that cf_publish and the poll know its values.
+struct cf_bf16_pair { unsigned bits; };
+struct cf_f16_pair { unsigned bits; };
+
+__device__ __forceinline__ void cf_publish(cf_bf16_pair* at, unsigned tag, float v) {
+    const unsigned w = (tag << 16) | __bfloat16_as_ushort(__float2bfloat16_rn(v));
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" :: "l"(at), "r"(w) : "memory");
+}
+
+__device__ __forceinline__ void cf_publish(cf_f16_pair* at, unsigned tag, float v) {
+    const unsigned w = (tag << 16) | __half_as_ushort(__float2half_rn(v));
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;\n" :: "l"(at), "r"(w) : "memory");
+}
+
+template <class Pair> __device__ __forceinline__ void cf_peek(const Pair* at, unsigned& a) {
+    asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];\n" : "=r"(a) : "l"(at) : "memory");
+}
+
+template <class Pair> __device__ __forceinline__ void cf_peek2(const Pair* at, unsigned& a, unsigned& b) {
+    asm volatile("ld.relaxed.gpu.global.v2.u32 {%0, %1}, [%2];\n" : "=r"(a), "=r"(b) : "l"(at) : "memory");
+}
+
+template <class Pair>
+__device__ __forceinline__ void cf_peek4(const Pair* at, unsigned& a, unsigned& b, unsigned& c, unsigned& d) {
+    asm volatile("ld.relaxed.gpu.global.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(at) : "memory");
+}
+
+// The value of a 16-bit pair's bits, in float32
+__device__ __forceinline__ float cf_bf16_pair_value(unsigned w) { return __uint_as_float(w << 16); }
+
+__device__ __forceinline__ float cf_f16_pair_value(unsigned w) {
+    return __half2float(__ushort_as_half((unsigned short)(w & 0xffffu)));
+}
