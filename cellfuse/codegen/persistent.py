@@ -22,7 +22,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .address import slot_rows
-from .dtypes import COMPUTE, FLOAT32
+from .dtypes import COMPUTE
 from .plan import (
     Access,
     Exchange,
@@ -47,10 +47,9 @@ from .tiling import (
 ROW_TILE = 64  # rows of a GEMM's left operand staged in shared memory at a time, at most
 ROW_GROUPS = (8, 4, 2, 1)  # the ways to split the batch between blocks, most first
 MIN_GROUP_ROWS = 8  # rows of a group, at least: fewer would not fill a block's threads
-EXCHANGE_BYTES = 64 * 2**20  # of a persistent kernel's exchanges, at most (two slots of pairs)
+EXCHANGE_BYTES = 64 * 2**20  # of a persistent kernel's exchanges, at most (two slots of 8-byte pairs)
 # The bytes an exchange's (tag, value) pairs add to a step's reads from L2 (its readers' rows of the
-# operand, 4 more bytes a value than its float32 rows where the pairs are 8 bytes; none where they are
-# 4, a 16-bit value's), per grid-wide barrier it takes away, at most. Measured on an H100,
+# operand, 4 more bytes a value), per grid-wide barrier it takes away, at most. Measured on an H100,
 # exchanges against barriers: at 2 and 4 MiB a wait the exchanges were faster (the MGU's backward, the
 # LSTM's forward, B=64), at 6 MiB they broke even (the GRU's backward, B=64), and from 8 MiB on they were
 # slower, the more so the more bytes (the LSTM's backward at B=8 and B=64, its forward at B=256 and at
@@ -256,14 +255,13 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
         tiles = sorted(acc.col - read.col for _, acc in writers) == [width * m for m in range(len(writers))]
         same = all(slot_rows(acc.slot).evaluate(t=t + lag, batch=1)
                    == slot_rows(read.slot).evaluate(t=t, batch=1) for _, acc in writers for t in (10, 11))
-        ex = Exchange(read.buffer, w, item.launch.k, lag, read.col, item.launch.multiply)
+        ex = Exchange(read.buffer, w, item.launch.k, lag, read.col)
         if (items[w].whole or any(acc.kind != "row" for _, acc in writers) or not tiles
                 or width * len(writers) != ex.width or not same or out.setdefault(read.buffer, ex) != ex):
             return ()
-    if sum(2 * ex.pair_bytes * batch * ex.width for ex in out.values()) > EXCHANGE_BYTES:
+    if sum(16 * batch * ex.width for ex in out.values()) > EXCHANGE_BYTES:
         return ()
-    added = sum((ex.pair_bytes - FLOAT32.itemsize) * batch * column_blocks * ex.width for ex in out.values())
-    if added > EXCHANGE_BYTES_PER_WAIT * len(out):
+    if 4 * batch * column_blocks * sum(ex.width for ex in out.values()) > EXCHANGE_BYTES_PER_WAIT * len(out):
         return ()
     return tuple(out.values())
 

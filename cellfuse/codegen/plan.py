@@ -275,22 +275,13 @@ class Exchange:
     before, whose value at the first step is the operand's initial rows, which each block publishes for
     its own elements before the loop; 0: the same step, earlier in it). The operand starts at column
     `col` of its buffer; the writer may write it in several outputs side by side (a backward step's
-    gradients of the stacked gates), each to the exchange's columns from its own column less `col`.
-    `dtype`: what the values travel in, the type the GEMMs that read them multiply in (which rounds them
-    anyway): a 16-bit one in pairs of 4 bytes (the tag's low 16 bits beside the value), float32 in pairs
-    of 8, so that a 16-bit step reads half the bytes from L2 as it waits (precision.retyped keeps it the
-    GEMMs' type where a plan's launches are typed after its persistent launches are made)."""
+    gradients of the stacked gates), each to the exchange's columns from its own column less `col`."""
 
     buffer: str
     writer: int
     width: int
     lag: int
     col: int
-    dtype: DType = FLOAT32
-
-    @property
-    def pair_bytes(self) -> int:
-        return 8 if self.dtype == FLOAT32 else 4
 
 
 @dataclass(frozen=True)

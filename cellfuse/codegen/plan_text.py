@@ -3,7 +3,6 @@ editor's plan panel (`summary`)."""
 
 from __future__ import annotations
 
-from .dtypes import FLOAT32
 from .gemm_routes import on_tensor_cores
 from .plan import GemmLaunch, Plan, launch_name
 from .roofline import H100_SXM, roofline
@@ -125,9 +124,8 @@ def describe(plan: Plan) -> str:
                         else f"wait for {item.launch.a.buffer} in its exchange, then ")
             lines.append(f"  {wait}{launch_name(item.launch)} ({what})")
         for ex in p.exchange:
-            pairs = "" if ex.dtype == FLOAT32 else f" ({ex.dtype.name} values, 4 bytes a pair)"
-            lines.append(f"  {ex.buffer} also goes to an exchange of (step, value) pairs{pairs}, polled by "
-                         "the blocks that read it")
+            lines.append(f"  {ex.buffer} also goes to an exchange of (step, value) pairs, polled by the "
+                         "blocks that read it")
         if persistent.note:
             lines.append(f"  note: {persistent.note}")
     else:

@@ -27,7 +27,7 @@ from collections.abc import Collection
 
 from ..graph_model import Cell, CellError
 from .dtypes import BFLOAT16, FLOAT16, FLOAT32, DType
-from .plan import Access, Exchange, GemmLaunch, Plan
+from .plan import Access, GemmLaunch, Plan
 
 PRECISIONS: dict[str, DType] = {"fp32": FLOAT32, "bf16": BFLOAT16, "fp16": FLOAT16}
 
@@ -176,13 +176,10 @@ def _gemms(plan: Plan):
 
 def retyped(value, dtypes: dict[str, DType], multiply: DType):
     """`value` with every Access in it (through dataclasses, lists, tuples and dicts) given its buffer's
-    type, every GEMM launch multiplying in `multiply` and every exchange of a persistent launch carrying
-    its values in that type (its readers are GEMMs); the same object where nothing in it changes."""
+    type and every GEMM launch multiplying in `multiply`; the same object where nothing in it changes."""
     if isinstance(value, Access):
         dtype = dtypes.get(value.buffer, value.dtype)
         return value if dtype == value.dtype else dataclasses.replace(value, dtype=dtype)
-    if isinstance(value, Exchange):
-        return value if value.dtype == multiply else dataclasses.replace(value, dtype=multiply)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         changes = ({"multiply": multiply, "w_dtype": dtypes.get(value.w, value.w_dtype)}
                    if isinstance(value, GemmLaunch) else {})

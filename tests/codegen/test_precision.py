@@ -252,46 +252,15 @@ def test_the_plan_says_how_each_gemm_multiplies_in_16_bits(precision):
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_the_persistent_rungs_kernels_round_what_they_multiply_and_compile(precision, tmp_path):
     """On the CUDA cores a 16-bit GEMM multiplies values rounded to the type (exact products in float32):
-    the weights as they are loaded into shared memory, the operand as it is polled from its exchange,
-    where it travels in the type (staged rows at B=64, products in registers at B=1)."""
+    the weights as they are loaded into shared memory, the operand as it is staged, polled or loaded
+    (staged rows at B=64, products in registers at B=1)."""
     suffix = {"bf16": "bf16", "fp16": "f16"}[precision]
     for batch in (1, 64):
         sizes = Sizes(100, batch, 512, 512, 1)
         plan = make_plan(load_template("lstm"), sizes, "persistent", precision=precision)
         source = plan_kernels(plan).module_source()
-        kernel = source.split("extern")[-1]
-        assert f"cf_round_{suffix}(" in kernel and "cf_mma_" not in kernel
-        assert f"cf_{suffix}_pair_value(" in kernel
+        assert source.count(f"cf_round_{suffix}(") >= 3 and "cf_mma_" not in source.split("extern")[-1]
         nvcc_cubin(source, tmp_path)
-
-
-@pytest.mark.nvcc
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
-@pytest.mark.parametrize("schedule", ["persistent", "tensor"])
-def test_a_16_bit_plans_exchanges_carry_16_bit_pairs(precision, schedule, tmp_path):
-    """The operand a 16-bit step's GEMM polls from its exchange travels in the GEMM's type, 4 bytes a
-    (tag, value) pair where float32's are 8, 16 bytes of them a load: half of what a step reads from L2
-    as it waits; a float32 plan's stay 8-byte pairs. The forward and reverse loops compile (the reverse
-    one clears its pairs with a tag its first waits are not for)."""
-    suffix = {"bf16": "bf16", "fp16": "f16"}[precision]
-    sizes = Sizes(100, 8, 512, 512, 1)
-    plan = make_plan(load_template("lstm"), sizes, schedule, save_steps=True, precision=precision)
-    (ex,) = plan.layers[0].persistent.exchange
-    assert ex.dtype == PRECISIONS[precision] and ex.pair_bytes == 4
-    source = plan_kernels(plan).module_source()
-    kernel = source.split("extern")[-1]
-    assert f"cf_{suffix}_pair cf_lstm_persistent_x0[{2 * 8 * 512}]" in source
-    assert "cf_peek4(p, " in kernel and "unsigned long long" not in kernel
-    assert "const unsigned want = (t + 1) & 0xffffu;" in kernel
-    nvcc_cubin(source, tmp_path)
-    (fp32,) = make_plan(load_template("lstm"), sizes, schedule).layers[0].persistent.exchange
-    assert fp32.dtype == FLOAT32 and fp32.pair_bytes == 8
-    small = make_plan(load_template("lstm"), SIZES, schedule, save_steps=True, precision=precision)
-    reverse = backward_plan(small)
-    assert all(ex.dtype == PRECISIONS[precision] for lp in reverse.layers for ex in lp.persistent.exchange)
-    backward = backward_kernels(reverse).module_source()
-    assert f"__align__(16) cf_{suffix}_pair " in backward and "seq + 2u" in backward
-    nvcc_cubin(backward, tmp_path)
 
 
 @pytest.mark.parametrize("schedule", ["graph", "tensor"])

@@ -1,59 +1,19 @@
 """The exchanges of a persistent kernel (see `plan.Exchange`): where a (step tag, value) pair lives, how a
 writer publishes its values, and how a GEMM stages its rows of an exchanged operand once their tags are
 the step's. A value written at step t has the tag t + 2 and goes to slot t & 1; the initial state's have
-the tag 1, in slot 1. A float32 pair is 8 bytes, the tag whole (persistent.cuh's cf_publish); a 16-bit
-pair 4, the tag's low 16 bits (mma16.cuh's): a reader tells the step's value from the one two steps
-before, and from a cleared pair (see publish_initial), by those bits as well."""
+the tag 1, in slot 1."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from ..address import c_address
-from ..dtypes import FLOAT32
 from ..kernel_abi import Param, kernel_params
 from ..plan import Exchange, GemmLaunch
 from .context import Kernel
 
 POLL_PIECES = 16  # loads of an exchange's pairs a thread has in flight at once, at most
 POLL_ROUNDS = 1 << 24  # rounds of polling an exchange, at most (seconds; a step waits microseconds)
-
-
-def pair_type(ex: Exchange) -> str:
-    """The C type of the exchange's pairs."""
-    return "unsigned long long" if ex.dtype == FLOAT32 else f"cf_{ex.dtype.suffix}_pair"
-
-
-def _word(ex: Exchange) -> str:
-    """The C type a pair is loaded as."""
-    return "unsigned long long" if ex.dtype == FLOAT32 else "unsigned"
-
-
-def _want(ex: Exchange) -> str:
-    """The tag a reader at step t waits for, as the pairs hold it."""
-    tag = f"t + {2 + ex.lag}"
-    return tag if ex.dtype == FLOAT32 else f"({tag}) & 0xffffu"
-
-
-def _tag(ex: Exchange, word: str) -> str:
-    return f"(unsigned)({word} >> 32)" if ex.dtype == FLOAT32 else f"({word} >> 16)"
-
-
-def _value(ex: Exchange, word: str, rounding: Callable[[str], str]) -> str:
-    """A loaded pair's value as the GEMM multiplies it (a 16-bit pair's is of its type already)."""
-    if ex.dtype == FLOAT32:
-        return rounding(f"__uint_as_float((unsigned){word})")
-    return f"cf_{ex.dtype.suffix}_pair_value({word})"
-
-
-def _per_load(ex: Exchange) -> int:
-    """Pairs a thread loads at once where the width allows: 16 bytes."""
-    most = 16 // ex.pair_bytes
-    return next(per for per in (4, 2, 1) if per <= most and ex.width % per == 0)
-
-
-_PEEKS = {1: "cf_peek(p, {w}[0])", 2: "cf_peek2(p, {w}[0], {w}[1])",
-          4: "cf_peek4(p, {w}[0], {w}[1], {w}[2], {w}[3])"}
 
 
 def pair_at(k: Kernel, n: int, ex: Exchange, slot: str, row: str, col: str, batch: str = "batch") -> str:
@@ -85,45 +45,41 @@ def published(k: Kernel, i: int) -> dict[int, str]:
 
 
 def publish_initial(k: Kernel) -> None:
-    """Before the loop, each block's own elements of every exchange: both slots cleared, with a tag that
-    neither slot's first wait is for (0 in a forward loop, whose first waits are for 1 and 2; seq + 2 in
-    a reverse one, whose are for seq + 1 and seq), so that no pair of an earlier run is taken for one of
-    this run's (after its first wait a slot holds this run's pairs), and, for an operand the first step
-    reads from before the loop (the initial state), its values with the tag of step -1; then one
-    grid-wide barrier, after which every block sees them."""
+    """Before the loop, each block's own elements of every exchange: both slots cleared (tag 0, which no
+    step waits for, so that no pair of an earlier run is taken for one of this run's), and, for an operand
+    the first step reads from before the loop (the initial state), its values with the tag of step -1;
+    then one grid-wide barrier, after which every block sees them."""
     launch, w = k.launch, k.w
-    cleared = "seq + 2u" if launch.reverse else "0u"
     for n, ex in enumerate(launch.exchange):
         unit = launch.unit(ex.width)
         with w.block(f"for (int e = tid; e < rows * {unit}; e += {launch.threads}) {{"):
             w(f"const int r = row0 + e / {unit}, j = cb * {unit} + e % {unit}, t = 0;",
               "(void)t;",
               f"if (j >= {ex.width}) continue;",
-              f"cf_publish({pair_at(k, n, ex, '0', 'r', 'j')}, {cleared}, 0.0f);")
+              f"cf_publish({pair_at(k, n, ex, '0', 'r', 'j')}, 0u, 0.0f);")
             if ex.lag == -1:
                 a = next(item.launch.a for item in launch.items
                          if isinstance(item.launch, GemmLaunch) and item.launch.a.buffer == ex.buffer)
                 w(f"cf_publish({pair_at(k, n, ex, '1', 'r', 'j')}, 1u,",
                   f"           ({c_address(k.var[a.buffer], a)})[(size_t)r * {a.ld} + j]);")
             else:
-                w(f"cf_publish({pair_at(k, n, ex, '1', 'r', 'j')}, {cleared}, 0.0f);")
+                w(f"cf_publish({pair_at(k, n, ex, '1', 'r', 'j')}, 0u, 0.0f);")
     w("grid.sync();  // every block's clearing and initial values are visible")
 
 
 def poll_rows(k: Kernel, n: int, ex: Exchange, stride: int, rounding: Callable[[str], str] = str) -> None:
-    """Stages rows rb.. of the block's rows of an exchanged operand from its exchange: the pairs (16 bytes
-    of them at a time where the width allows) loaded all at once, then, in rounds, those whose tag is not
-    yet the step's loaded again, all at once, until every one is. (The first loads written as a round of
-    the loop instead, from tags of 0, cost ptxas registers and the LSTM time at B=8:
+    """Stages rows rb.. of the block's rows of an exchanged operand from its exchange: the pairs (two at a
+    time where the width is even) loaded all at once, then, in rounds, those whose tag is not yet the
+    step's loaded again, all at once, until every one is. (The first loads written as a round of the loop
+    instead, from tags of 0, cost ptxas registers and the LSTM time at B=8:
     docs/results/2026-11-26-persistent-rungs-changes-1-to-13.md, "The LSTM at B=8 between bc46496 and
-    12b9cf3".) Each value staged as `rounding` makes it (a 16-bit GEMM's on the CUDA cores rounds it;
-    a 16-bit pair's value is rounded already)."""
+    12b9cf3".) Each value staged as `rounding` makes it (a 16-bit GEMM's on the CUDA cores rounds it)."""
     launch, width, w = k.launch, ex.width, k.w
-    per = _per_load(ex)
+    per = 2 if width % 2 == 0 else 1
     pieces = launch.row_tile * width // per
     chunk = min(POLL_PIECES, -(-pieces // launch.threads))
-    peek = _PEEKS[per].format(w="w[u]")
-    stale = " || ".join(f"{_tag(ex, f'w[u][{v}]')} != want" for v in range(per))
+    peek = "cf_peek2(p, w[u][0], w[u][1])" if per == 2 else "cf_peek(p, w[u][0])"
+    stale = " || ".join(f"(unsigned)(w[u][{v}] >> 32) != want" for v in range(per))
     slot = "t + 1" if ex.lag else "t"  # of the value written at step t - 1, or at step t
     # the pairs thread tid loads (u-th of its chunk): element e of the rows, of row r, at p
     element = f"const int e = {per} * (e0 + tid + u * {launch.threads}), r = e / {width};"
@@ -133,13 +89,13 @@ def poll_rows(k: Kernel, n: int, ex: Exchange, stride: int, rounding: Callable[[
     split = launch.row_groups > 1
     start = pair_at(k, n, ex, slot, "row0 + rb", "0")
     p = "rows_at + e" if split else pair_at(k, n, ex, slot, "row0 + rb + r", f"e - r * {width}")
-    at = f"const {pair_type(ex)}* const p = {p};"
+    at = f"const unsigned long long* const p = {p};"
     with w.block("{"):
-        w(f"const unsigned want = {_want(ex)};")
+        w(f"const unsigned want = t + {2 + ex.lag};")
         if split:
-            w(f"const {pair_type(ex)}* const rows_at = {start};")
+            w(f"const unsigned long long* const rows_at = {start};")
         with w.block(f"for (int e0 = 0; e0 < {pieces}; e0 += {chunk * launch.threads}) {{"):
-            w(f"{_word(ex)} w[{chunk}][{per}];",
+            w(f"unsigned long long w[{chunk}][{per}];",
               "#pragma unroll")
             with w.block(f"for (int u = 0; u < {chunk}; ++u) {{"):
                 w(element, at, f"if (e < {pieces * per} && rb + r < rows) {peek};")
@@ -160,7 +116,7 @@ def poll_rows(k: Kernel, n: int, ex: Exchange, stride: int, rounding: Callable[[
                   "#pragma unroll",
                   f"for (int v = 0; v < {per}; ++v)",
                   f"    cf_stage[r * {stride} + e - r * {width} + v] =",
-                  f"        rb + r < rows ? {_value(ex, 'w[u][v]', rounding)} : 0.0f;")
+                  f"        rb + r < rows ? {rounding('__uint_as_float((unsigned)w[u][v])')} : 0.0f;")
 
 
 def poll_pair(k: Kernel, n: int, ex: Exchange, rounding: Callable[[str], str] = str) -> None:
@@ -169,13 +125,13 @@ def poll_pair(k: Kernel, n: int, ex: Exchange, rounding: Callable[[str], str] = 
     them."""
     w = k.w
     slot = "t + 1" if ex.lag else "t"  # as in `poll_rows`
-    w(f"const unsigned want = {_want(ex)};",
-      f"const {pair_type(ex)}* const p = {pair_at(k, n, ex, slot, 'row0 + rb', '2 * tid')};",
-      f"{_word(ex)} w0, w1;",
+    w(f"const unsigned want = t + {2 + ex.lag};",
+      f"const unsigned long long* const p = {pair_at(k, n, ex, slot, 'row0 + rb', '2 * tid')};",
+      "unsigned long long w0, w1;",
       "cf_peek2(p, w0, w1);")
-    with w.block(f"for (unsigned cf_round = 1; {_tag(ex, 'w0')} != want || {_tag(ex, 'w1')} != want; "
+    with w.block("for (unsigned cf_round = 1; (unsigned)(w0 >> 32) != want || (unsigned)(w1 >> 32) != want; "
                  "++cf_round) {"):
         w(f"if (cf_round == {POLL_ROUNDS}u) __trap();  // a fault, not a hang, should a value never come",
           "cf_peek2(p, w0, w1);")
-    w(f"a0 = {_value(ex, 'w0', rounding)};",
-      f"a1 = {_value(ex, 'w1', rounding)};")
+    w(f"a0 = {rounding('__uint_as_float((unsigned)w0)')};",
+      f"a1 = {rounding('__uint_as_float((unsigned)w1)')};")

@@ -26,7 +26,7 @@ from .elementwise import (
     read_only,
     rotate,
 )
-from .exchange import pair_type, publish_initial, published
+from .exchange import publish_initial, published
 from .shared_memory import shared_memory, weights_in_registers
 
 KERNEL_START = (
@@ -55,7 +55,7 @@ def persistent_source(launch: PersistentLaunch, name: str) -> str:
     for n, ex in enumerate(launch.exchange):
         w(f"// the exchange of {comment_text(ex.buffer)}: two slots of [batch][{ex.width}] (step tag, value) "
           "pairs; one run of the kernel at a time uses it",
-          f"__device__ __align__(16) {pair_type(ex)} {name}_x{n}[{2 * launch.batch * ex.width}];", "")
+          f"__device__ unsigned long long {name}_x{n}[{2 * launch.batch * ex.width}];", "")
     steps = (f"the backward pass of every step of layer {launch.layer}, from the last to the first,"
              if launch.reverse else f"every step of layer {launch.layer}")
     assert launch.threads == BLOCK, "a block per row runs the body of a kernel of BLOCK threads"
