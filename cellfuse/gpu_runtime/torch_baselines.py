@@ -236,6 +236,12 @@ class Autocast:
         with torch.autocast(x.device.type, dtype=self.dtype):
             return self.model(x, initial)
 
+    def parameters(self):  # (the model's, for a training pass: see Training)
+        return self.model.parameters()
+
+    def param_gradients(self, grads) -> dict[str, np.ndarray]:
+        return self.model.param_gradients(grads)
+
 
 class GraphedCell:
     """A model's whole forward pass on fixed tensors, captured once into a CUDA graph and replayed: what

@@ -215,6 +215,25 @@ def test_torch_nn_rnn_gradients_map_back_to_the_cells_parameters(kind):
     assert bench._grad_error(got, ref) < 1e-10
 
 
+def test_a_baseline_under_autocast_trains_as_pytorchs_mixed_precision_does():
+    """`bench --train --precision bf16` runs PyTorch's own baselines under torch.autocast: their training
+    pass takes the wrapped model's parameters (float32 leaves) and gives gradients within bf16's bound of
+    the float32 model's, and not the same ones."""
+    torch = pytest.importorskip("torch")
+    from cellfuse.codegen.precision import gradient_tolerance
+    from cellfuse.gpu_runtime.torch_baselines import Autocast, TorchCell
+
+    cell, _, params, x, initial, dy, _ = baseline_problem("lstm")
+    params = {k: v.astype(np.float32) for k, v in params.items()}
+    x, dy = x.astype(np.float32), dy.astype(np.float32)
+    initial = {s: v.astype(np.float32) for s, v in initial.items()}
+    full = baseline_gradients(TorchCell(cell, params, LAYERS, device="cpu", train=True), cell, x, initial, dy)
+    mixed = baseline_gradients(Autocast(TorchCell(cell, params, LAYERS, device="cpu", train=True),
+                                        torch.bfloat16), cell, x, initial, dy)
+    assert all(g.dtype == np.float32 for g in mixed.dparams.values())
+    assert 0 < bench._grad_error(mixed, full, "bf16") < gradient_tolerance("bf16")
+
+
 def test_an_inference_baseline_keeps_no_graph():
     torch = pytest.importorskip("torch")
     from cellfuse.gpu_runtime.torch_baselines import CompiledCell, CudnnCell, TorchCell
