@@ -4,7 +4,11 @@ for, as a benchmark that times single steps does), when the GPU sits idle and wh
 then: the time from the step's start to its first kernel, and every gap between kernels of more than
 GAP_US with the host's ops running as it ends.
 
-    python3 benchmarks/probes/cellrnn_train_profile.py [--batch 1] [--schedule persistent]
+    python3 benchmarks/probes/cellrnn_train_profile.py [--batch 1] [--schedule persistent] [--precision fp16]
+
+With --precision bf16 or fp16, x in that dtype and the parameters float32, as the benchmark's 16-bit
+training step runs them (benchmarks/cellrnn_vs_cudnn.py), its fp16 loss scaled the same way (by
+torch.amp.GradScaler's initial scale).
 """
 
 from __future__ import annotations
@@ -15,7 +19,9 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
+from cellfuse.codegen.precision import PRECISIONS
 from cellfuse.nn import CellRNN
+from cellfuse.nn.runners import TORCH_DTYPES
 
 GAP_US = 3.0  # idle time on the GPU worth naming
 STEPS = 5
@@ -25,13 +31,16 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--schedule", default="persistent")
     p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
     args = p.parse_args()
     rnn = CellRNN("lstm", 512, 512, 1, schedule=args.schedule, seed=1).cuda()
-    x = torch.randn(100, args.batch, 512, device="cuda", requires_grad=True)
+    dtype = TORCH_DTYPES[PRECISIONS[args.precision].name]
+    x = torch.randn(100, args.batch, 512, device="cuda", dtype=dtype, requires_grad=True)
+    scale = torch.amp.GradScaler("cuda").get_scale() if dtype == torch.float16 else 1.0
 
     def step() -> None:
         y, _ = rnn(x)
-        y.pow(2).mean().backward()
+        (y.float().pow(2).mean() * scale).backward()
 
     for _ in range(5):
         step()

@@ -534,8 +534,11 @@ class CudaRunner(Runner):
         module's kept zeros (`rows`: and of PackedSequences, see quick_lane.make): `lane` taught that
         call's captured run where it is still current, else a new one; `lane` as it is where that call was
         not a replay of a captured run, and None where no lane can make such calls (no lane could be
-        built, the parameters are packed at every call, y is stored in another type than x's). Called with
-        the runner's lock held, right after the call."""
+        built, the parameters are packed at every call, y and the states are stored in types of their
+        own). Where y and every state are stored in one type other than x's (a 16-bit plan that keeps them
+        float32), the lane runs over the runner's zeros of that type, as the call did, and gives its
+        outputs back in x's type; not for PackedSequences. Called with the runner's lock held, right after
+        the call."""
         made, self._block_run = self._block_run, None
         if made is None or quick_lane.module() is None:
             return lane
@@ -546,9 +549,12 @@ class CudaRunner(Runner):
         if lane is None or not lane.current():
             first = owner(params[0]) if params else None
             found = None if first is None else self._packings.get(id(first))
-            if (found is None or not found[1].matches(params) or self._y_dtype != x.dtype
+            if (found is None or not found[1].matches(params)
+                    or self._y_dtype != x.dtype and (not self._one_type or rows is not None)
                     or not all(type(t) in _LANE_TYPES for t in (x, *params, *zeros))):
                 return None
+            if self._y_dtype != x.dtype:  # (the zeros the call ran over: see _state_in)
+                zeros = [self._zeros(tuple(z.shape), self._y_dtype, z.device) for z in zeros]
             try:
                 lane = quick_lane.make(x, params, zeros, batch_first, self._sizes, self._block_elements,
                                        self._outputs_end, self._finals_at, packed, stream,

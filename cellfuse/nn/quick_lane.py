@@ -96,9 +96,10 @@ def make(x: torch.Tensor, params: Sequence[torch.Tensor], zeros: Sequence[torch.
          packed: int, stream: int, locks: tuple, program, driver: tuple[int, int, int, int] | None = None,
          context: int | None = None, rows: tuple[int, int, int] | None = None):
     """A lane for calls like one just made of x (as the module was given it), these parameters (packed at
-    `packed`, as they are now) and the module's kept zeros, on `stream`, in one piece of `block_elements`
-    elements of x's type (y's sequence from its start, each final state at `finals_at`, the scratch from
-    `outputs_end`), `sizes` (T, B, H, layers); `locks`: the runner's and the program's, held around each
+    `packed`, as they are now) and the kept zeros (in the type the plan stores the states in), on
+    `stream`, in one piece of `block_elements` elements of the zeros' type (y's sequence from its start,
+    each final state at `finals_at`, the scratch from `outputs_end`; y and the final states given back in
+    x's type), `sizes` (T, B, H, layers); `locks`: the runner's and the program's, held around each
     run; `program`: whose replays it counts; `rows`: for the calls of a PackedSequence too (x padded
     from one, its steps-left state the last of `zeros`), cf_unpack_rows's function, the steps its
     arguments hold and its blocks (codegen.packed_rows). `driver` and `context` stand in for the

@@ -242,6 +242,36 @@ def test_calls_like_a_replayed_one_are_made_by_the_lane_and_see_every_change(cud
     assert y.requires_grad
 
 
+@pytest.mark.parametrize("dtype, batch", [(torch.bfloat16, 14), (torch.float16, 15)])
+def test_a_16_bit_call_whose_plan_keeps_y_float32_is_made_by_the_lane(cuda, monkeypatch, dtype, batch):
+    """The tensor rung keeps a 16-bit plan's y and states float32 (its GEMM's operand): the lane makes the
+    calls over float32 memory and gives y and the final states back in x's type, as the runner's Python
+    does (the parameters float32, as under autocast)."""
+    from cellfuse.nn import quick_lane
+
+    assert quick_lane.module() is not None, "the lane's C++ could not be built here"
+    rnn = CellRNN("lstm", INPUT, H, 1, schedule="tensor", seed=7).to(cuda)
+    x = torch.randn(T, batch, INPUT, device=cuda, dtype=dtype)
+    assert ops.runner(rnn._cell_text, x, H, 1, "tensor", float32=rnn._float32)._y_dtype == torch.float32
+    entered = _runner_entries(monkeypatch)
+    with torch.no_grad():
+        for _ in range(8):
+            y, finals = rnn(x)
+        program = _program(rnn, x, "forward")
+        assert rnn._quick._lane is not None and rnn._quick._lane.known() >= 1
+        warm, replays = len(entered), program._replays
+        for _ in range(6):
+            y, finals = rnn(x)
+        assert len(entered) == warm and program._replays == replays + 6  # all made by the lane
+        rnn._quick = None
+        want_y, want_finals = rnn(x)  # (the whole path, the runner's Python)
+        assert len(entered) == warm + 1
+    assert y.dtype == dtype and all(f.dtype == dtype for f in finals.values())
+    torch.testing.assert_close(y, want_y, rtol=0, atol=0)
+    for s in rnn.state_ids:
+        torch.testing.assert_close(finals[s], want_finals[s], rtol=0, atol=0)
+
+
 def test_the_drop_in_gru_calls_through_the_lane(cuda, monkeypatch):
     from cellfuse.nn import GRU
 

@@ -156,6 +156,25 @@ def test_given_states_are_read_where_they_are_and_batch_first_x_transposed(setup
     assert y.stride() == (H, ROW, 1)
 
 
+def test_a_16_bit_x_over_float32_memory_gets_its_outputs_back_in_its_own_type(setup):
+    """Where the plan stores y and the states float32 for a 16-bit x, the lane runs over memory of its
+    zeros' type and gives y and the final states back in x's, one copy of the outputs; states given must
+    be of the plan's type (the runner converts others: Python's call)."""
+    x, params, zeros, driver, program, lock = setup
+    x16 = x.to(torch.bfloat16)
+    lane = quick_lane.make(x16, params, zeros, False, (T, B, H, L), BLOCK, OUTPUTS_END, FINALS_AT, PACKED,
+                           STREAM, (lock, program.turn), program, driver=driver.entry_points, context=CONTEXT)
+    with torch.no_grad():
+        y, finals = replayed(lane, x16, params)
+        assert y.dtype == torch.bfloat16 and [f.dtype for f in finals] == [torch.bfloat16] * 2
+        assert tuple(y.shape) == (T, B, H) and y.untyped_storage().nbytes() == OUTPUTS_END * 2
+        assert lane(x16, params, [s.to(torch.bfloat16) for s in zeros], STREAM) is None
+        assert lane(x, params, None, STREAM) is None  # (x of another type)
+        given = [torch.randn(L, B, H), torch.randn(L, B, H)]
+        assert replayed(lane, x16, params, given)[0].dtype == torch.bfloat16
+    assert program._replays == 2
+
+
 def test_a_call_the_lane_cannot_make_as_python_would_is_left_to_python(setup):
     x, params, zeros, driver, program, lock = setup
     lane = make(setup)

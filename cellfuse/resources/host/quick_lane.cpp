@@ -13,8 +13,8 @@
 //   - the parameters: the same tensor objects (held weakly, so that a new one cannot take a freed one's
 //     place), at the same addresses, of the same dtypes and at the same versions as when they were
 //     packed (a change in place bumps the version: then Python packs them again);
-//   - the states: none (the module's kept zeros) or every one, each of the lane's shape, dtype, device,
-//     contiguous and at a 16-byte address;
+//   - the states: none (the kept zeros) or every one, each of the lane's shape, device and type (the
+//     plan's: that of its zeros), contiguous and at a 16-byte address;
 //   - the stream: the one its run was put on, not capturing;
 //   - the locks the runner and its program hold around a run, both free (another thread's run is not
 //     half on a stream);
@@ -22,6 +22,10 @@
 //     lane depends on (another stream's run, a packing made or dropped, a captured run released);
 //   - the bases of the run (the memory's addresses) those of a captured run it learned.
 // The replay is counted on the program (`_replays`), as Python's are, for its thrash guard.
+//
+// The call's memory is of the type the plan stores y and the states in (`out_dtype`, its zeros'): where
+// that is not x's (a 16-bit plan that keeps them float32), y and the final states are given back
+// converted to x's type, in one copy of the outputs after the replay, as CudaRunner's Python does.
 //
 // A lane made with `rows` also makes the kept calls of a PackedSequence (`packed`, with no initial
 // states): it pads the packed data into x and writes the steps-left state of the cell that runs each row
@@ -83,11 +87,12 @@ struct Kept {
 
 struct Core {
   std::vector<int64_t> x_sizes;
-  c10::ScalarType dtype;
+  c10::ScalarType dtype;      // x's, and that of y and the final states given back
+  c10::ScalarType out_dtype;  // that of the call's memory, its states and its zeros (the plan's)
   c10::Device device{c10::kCPU};
   bool batch_first = false;
   std::vector<Param> params;
-  std::vector<at::Tensor> zeros;  // the initial states of a call that gives none
+  std::vector<at::Tensor> zeros;  // the initial states of a call that gives none, of out_dtype
   std::vector<int64_t> state_sizes;
   int64_t T = 0, B = 0, H = 0, L = 0;
   int64_t block_elements = 0, outputs_end = 0;  // the call's one piece of memory, in elements
@@ -203,7 +208,7 @@ bool states_of(const Core& c, PyObject* states, std::vector<uint64_t>& out) {
     PyObject* o = PyList_GET_ITEM(states, i);
     if (!is_tensor(o)) return false;
     const at::Tensor& s = THPVariable_Unpack(o);
-    if (s.sizes() != c10::IntArrayRef(c.state_sizes) || s.scalar_type() != c.dtype ||
+    if (s.sizes() != c10::IntArrayRef(c.state_sizes) || s.scalar_type() != c.out_dtype ||
         s.device() != c.device || !in_place(s))
       return false;
     out.push_back(reinterpret_cast<uint64_t>(s.data_ptr()));
@@ -294,7 +299,8 @@ bool unpack_args(const Core& c, const at::Tensor& data, const at::Tensor& sizes,
 // (y, [final states]) of a PackedSequence's call made here (its data padded, then the run replayed), or
 // None where it is not one this lane makes
 PyObject* packed_call(Core& c, PyObject* data_obj, PyObject* sizes_obj, PyObject* params, uint64_t stream) {
-  if (c.unpack == nullptr || c.dtype != c10::ScalarType::Float || !is_tensor(data_obj) ||
+  if (c.unpack == nullptr || c.dtype != c10::ScalarType::Float || c.out_dtype != c.dtype ||
+      !is_tensor(data_obj) ||
       !is_tensor(sizes_obj))
     Py_RETURN_NONE;
   const at::Tensor& data = THPVariable_Unpack(data_obj);
@@ -326,7 +332,7 @@ PyObject* replay(Core& c, const at::Tensor& x, const std::vector<uint64_t>& stat
   if (!turn.ok() || !current(c)) Py_RETURN_NONE;
   int64_t n = c.block_elements;
   at::Tensor block = at::_ops::empty_memory_format::call(
-      c10::fromIntArrayRefSlow(c10::IntArrayRef(&n, 1)), c.dtype, std::nullopt, c.device,
+      c10::fromIntArrayRefSlow(c10::IntArrayRef(&n, 1)), c.out_dtype, std::nullopt, c.device,
       std::nullopt, std::nullopt);
   uint64_t base = reinterpret_cast<uint64_t>(block.data_ptr()), size = block.element_size();
   // the runner's bases: scratch, the packed weights, x, y's sequence, no gradients, the initial states,
@@ -341,12 +347,19 @@ PyObject* replay(Core& c, const at::Tensor& x, const std::vector<uint64_t>& stat
     Py_RETURN_NONE;
   }
   // the outputs made before the replay: nothing after it may fail but Python's own objects (whose
-  // failure, out of memory, raises), so that a call is never replayed and then made again by Python
+  // failure, out of memory, raises) and a conversion's copy (a CUDA error), so that a call is never
+  // replayed and then made again by Python
+  at::Tensor outputs = block.narrow(0, 0, c.outputs_end);
+  at::Tensor given = outputs;  // (where the types differ: the outputs' copy in x's type)
+  if (c.out_dtype != c.dtype)
+    given = at::_ops::empty_memory_format::call(
+        c10::fromIntArrayRefSlow(c10::IntArrayRef(&c.outputs_end, 1)), c.dtype, std::nullopt, c.device,
+        std::nullopt, std::nullopt);
   int64_t row = c.B * c.H;
-  at::Tensor y = block.as_strided({c.T, c.B, c.H}, {row, c.H, 1}, row);
+  at::Tensor y = given.as_strided({c.T, c.B, c.H}, {row, c.H, 1}, row);
   if (c.batch_first) y = y.transpose(0, 1);
   std::vector<at::Tensor> finals;
-  for (int64_t at : c.finals_at) finals.push_back(block.as_strided({c.L, c.B, c.H}, {row, c.H, 1}, at));
+  for (int64_t at : c.finals_at) finals.push_back(given.as_strided({c.L, c.B, c.H}, {row, c.H, 1}, at));
   if (unpack_args != nullptr) {
     void* arg = const_cast<uint8_t*>(unpack_args->data());
     if (c.launch_kernel(c.unpack, (unsigned)c.grid, 1, 1, BLOCK, 1, 1, 0, reinterpret_cast<void*>(c.stream),
@@ -356,6 +369,7 @@ PyObject* replay(Core& c, const at::Tensor& x, const std::vector<uint64_t>& stat
   if (c.launch(reinterpret_cast<void*>(kept->graph), reinterpret_cast<void*>(c.stream)) != 0)
     Py_RETURN_NONE;  // (as above; a padding done again writes the same)
   count_replay(c);
+  if (c.out_dtype != c.dtype) given.copy_(outputs);  // (on the current stream, the run's)
   PyObject* out = PyTuple_New(2);
   PyObject* final_states = PyList_New((Py_ssize_t)finals.size());
   if (out == nullptr || final_states == nullptr) {
@@ -447,6 +461,7 @@ PyObject* lane_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
     }
     if (c.zeros.empty()) throw std::invalid_argument("zeros: one per state");
     c.state_sizes = c.zeros[0].sizes().vec();
+    c.out_dtype = c.zeros[0].scalar_type();
     std::vector<int64_t> s = int_list(sizes);
     if (s.size() != 4) throw std::invalid_argument("sizes: (T, B, H, L)");
     c.T = s[0], c.B = s[1], c.H = s[2], c.L = s[3];
