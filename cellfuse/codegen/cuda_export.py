@@ -30,6 +30,7 @@ from .cuda_library import cuda_library
 from .dtypes import COMPUTE_C, FLOAT32
 from .gemm_routes import (
     TENSOR_CORE_RULE,
+    TF32X3_MAX_K,
     gemm_ex_types,
     may_run_on_tensor_cores,
     split_threads,
@@ -226,8 +227,9 @@ class _Export:
             w("")
         if not self.splits:
             return
-        w("/* A GEMM of at least 2^30 multiply-adds runs on tensor cores with float32's accuracy, its",
-          "   operands split by cf_split_tf32x3 into the workspace's first cf_split_elements floats. */",
+        w(f"/* A GEMM of at least 2^30 multiply-adds and K at most {TF32X3_MAX_K} runs on tensor cores with",
+          "   float32's accuracy, its operands split by cf_split_tf32x3 into the workspace's first",
+          "   cf_split_elements floats. */",
           *TENSOR_CORE_RULE.split("\n"),
           "")
         with w.block("static size_t cf_split_elements(int seq, int batch) {"):

@@ -12,7 +12,7 @@ from typing import Literal
 from ..graph_model import CellError
 from .address import Expr, as_expr
 from .dtypes import FLOAT32
-from .kernel_abi import BLOCK, INT_MAX
+from .kernel_abi import BLOCK
 from .plan import GemmLaunch
 
 # A GEMM of at least this many multiply-adds runs on tensor cores with float32's accuracy: each operand
@@ -24,6 +24,12 @@ from .plan import GemmLaunch
 # triple.
 TF32X3_MIN_MACS = 2**30
 TF32X3_MIN_SIDE = 64
+# ... and of K at most this. Tensor cores add a GEMM's products in float32 but keep fewer of their low
+# bits as they align them, so a 3xTF32 sum's error grows with K where float32's stays near its rounding:
+# the LSTM's weight gradients (K = T x B) on an H200 were 1.9e-5 from float64 at K = 6,400 and 1.8e-4 at
+# K = 64,000 (beyond float32's 1e-4), against 2.2e-6 to 2.7e-6 with cuBLAS's float32 GEMM and cuDNN
+# (docs/results/2026-11-29-sixteen-bit-module-calls.md, "A weight's gradient over a long sequence").
+TF32X3_MAX_K = 8192
 
 # The warpgroup GEMM's tiles: a block's columns of C, and the values of K of a stage (see cuda_wgmma)
 WGMMA_COLUMNS = 256
@@ -38,16 +44,16 @@ Route = Literal["float32", "tf32x3", "tf32x3-wgmma", "16-bit"]
 
 def on_tensor_cores(rows: int, n: int, k: int) -> bool:
     """Whether a GEMM of these rows, columns and K runs as 3xTF32 on tensor cores (else float32): where
-    it is large enough, and its K of 3K still counts in cuBLAS's int."""
+    it is large enough, and its K short enough for float32's accuracy (TF32X3_MAX_K)."""
     return (rows * n * k >= TF32X3_MIN_MACS and min(rows, n, k) >= TF32X3_MIN_SIDE
-            and 3 * k <= INT_MAX)
+            and k <= TF32X3_MAX_K)
 
 
 # The same rule as C, for the exported launcher (its sizes in size_t, the product in double).
 TENSOR_CORE_RULE = f"""\
 static int cf_tf32x3(size_t rows, size_t n, size_t k) {{
     return (double)rows * n * k >= {TF32X3_MIN_MACS}.0 && rows >= {TF32X3_MIN_SIDE} && \
-n >= {TF32X3_MIN_SIDE} && k >= {TF32X3_MIN_SIDE} && 3 * k <= INT_MAX;
+n >= {TF32X3_MIN_SIDE} && k >= {TF32X3_MIN_SIDE} && k <= {TF32X3_MAX_K};
 }}"""
 
 
@@ -71,7 +77,7 @@ def may_run_on_tensor_cores(g: GemmLaunch) -> bool:
     run time where it may): a weight's gradient sums over seq * batch rows (its K), a column sum never."""
     if g.row_kind in ("input", "hidden"):
         return min(g.m, g.n) >= TF32X3_MIN_SIDE
-    return g.row_kind != "one" and min(g.n, g.k) >= TF32X3_MIN_SIDE and 3 * g.k <= INT_MAX
+    return g.row_kind != "one" and min(g.n, g.k) >= TF32X3_MIN_SIDE and g.k <= TF32X3_MAX_K
 
 
 SIDE_BY_SIDE, STACKED, TRANSPOSED = 0, 1, 2  # the layouts of cf_split_tf32x3's copies

@@ -4,7 +4,7 @@ exported launcher decide it. The GPU tests check the results; these, the decisio
 from __future__ import annotations
 
 from cellfuse.codegen import generate_cuda, make_plan
-from cellfuse.codegen.gemm_routes import TF32X3_MIN_MACS, on_tensor_cores
+from cellfuse.codegen.gemm_routes import TF32X3_MAX_K, TF32X3_MIN_MACS, on_tensor_cores
 from cellfuse.codegen.lowering import lower
 from cellfuse.codegen.plan_text import describe, summary, tensor_core_groups
 from cellfuse.codegen.tiling import MMA_K_BLOCK, mma_stride
@@ -12,12 +12,30 @@ from cellfuse.gpu_runtime.cuda_executor import split_elements
 from cellfuse.graph_model import Sizes, load_template
 
 
-def test_the_rule_is_the_size_of_the_gemm_and_an_int_for_its_3k():
+def test_the_rule_is_the_size_of_the_gemm_and_a_k_short_enough_for_float32s_accuracy():
     assert on_tensor_cores(1024, 2048, 512) and TF32X3_MIN_MACS == 1024 * 2048 * 512
     assert not on_tensor_cores(1023, 2048, 512)
-    assert not on_tensor_cores(1, 2**20, 2**30)  # a column sum; and 3K would not count in cuBLAS's int
-    assert not on_tensor_cores(2**16, 2**20, 2**30)
+    assert not on_tensor_cores(1, 2**20, 2**30)  # a column sum
     assert not on_tensor_cores(2**24, 2**20, 32)
+    # a weight's gradient sums over K = T x B rows: on tensor cores up to TF32X3_MAX_K of them
+    assert on_tensor_cores(512, 2048, 100 * 64) and TF32X3_MAX_K == 8192
+    assert on_tensor_cores(512, 2048, TF32X3_MAX_K) and not on_tensor_cores(512, 2048, TF32X3_MAX_K + 1)
+    assert not on_tensor_cores(512, 2048, 1000 * 64)
+
+
+def test_a_long_sequences_weight_gradients_run_in_float32():
+    """At T=1000, B=64 the LSTM's weights' gradients (K = 64,000) run through cuBLAS's float32 GEMM, as
+    3xTF32 they were 1.8e-4 from float64 on an H200; at T=100 (K = 6,400) on tensor cores still."""
+    from cellfuse.codegen.backward_plan import backward_plan
+    from cellfuse.codegen.lowering import Gemm, Loop
+
+    def gradient_routes(seq):
+        plan = make_plan(load_template("lstm"), Sizes(seq, 64, 512, 512), "tensor", save_steps=True)
+        flat = [i for instr in backward_plan(plan).instructions()
+                for i in (instr.body if isinstance(instr, Loop) else (instr,))]
+        return {i.route for i in flat if isinstance(i, Gemm) and i.launch.row_kind in ("input", "hidden")}
+
+    assert gradient_routes(100) == {"tf32x3"} and gradient_routes(1000) == {"float32"}
 
 
 def test_hoisted_gemms_of_large_runs_go_to_tensor_cores():
@@ -74,7 +92,7 @@ def test_each_stream_has_room_for_its_largest_split():
 
 def test_the_exported_launcher_decides_at_run_time():
     text = generate_cuda(load_template("lstm"), Sizes(100, 64, 512, 512), "persistent", backward=True).text
-    assert f">= {TF32X3_MIN_MACS}.0" in text
+    assert f">= {TF32X3_MIN_MACS}.0" in text and f"k <= {TF32X3_MAX_K};" in text
     # the input GEMM, then in the backward pass x's gradient and the two weights' gradients (not the
     # column sums of the bias's gradient, nor the steps' dh = dG @ U^T in the persistent kernel)
     assert text.count("cublasGemmEx(") == 4

@@ -49,6 +49,22 @@ def test_long_sequence_gradients_stay_near_float64(cuda):
     assert worst < 5e-5
 
 
+def test_a_long_sequences_weight_gradients_are_float32s(cuda):
+    """T=1000, B=64: the weights' gradients sum over K = 64,000 rows, beyond gemm_routes.TF32X3_MAX_K, in
+    cuBLAS's float32 GEMM: within 1e-5 of a float64 torch.nn.LSTM's (as 3xTF32 they were 1.8e-4 away on an
+    H200, cuDNN's float32 ones 2.7e-6)."""
+    torch.manual_seed(0)
+    ours = LSTM(512, 512, schedule="tensor").to(cuda)
+    ref = torch.nn.LSTM(512, 512).to(cuda).double()
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(1000, 64, 512, device=cuda)
+    got = torch.autograd.grad(ours(x)[0].pow(2).mean(), list(ours.parameters()))
+    want = torch.autograd.grad(ref(x.double())[0].pow(2).mean(), list(ref.parameters()))
+    worst = max(float((g.double() - w).abs().max()) / float(w.abs().max())
+                for g, w in zip(got[:2], want[:2], strict=True))  # (the weights')
+    assert worst < 1e-5
+
+
 @pytest.mark.parametrize("schedule", ["graph", "wavefront", "persistent", "tensor"])
 @pytest.mark.parametrize("cls, torch_cls", [(LSTM, torch.nn.LSTM), (GRU, torch.nn.GRU)])
 def test_packed_sequences_match_cudnn(cuda, schedule, cls, torch_cls):
