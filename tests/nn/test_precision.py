@@ -243,3 +243,67 @@ def test_compiled_with_fullgraph_in_16_bits_matches_eager(device, float32_states
         got, finals = compiled(x)
     assert got.dtype == finals["h"].dtype == torch.float16
     torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_training_pass_compiled_with_fullgraph_matches_eager(device, dtype):
+    """torch.compile(fullgraph=True) of a 16-bit training pass: the ops' fake implementations give the
+    dtypes the real ones do (x's gradient in x's dtype, the float32 parameters' in float32), and the
+    compiled pass's gradients are eager's."""
+    torch._dynamo.reset()
+    rnn = CellRNN("lstm", INPUT, H, 1, seed=7).to(device)
+    compiled = torch.compile(rnn, fullgraph=True, backend="aot_eager")
+    x = torch.randn(T, B, INPUT, device=device).to(dtype)
+
+    def gradients(module):
+        given = x.clone().requires_grad_()
+        y, _ = module(given)
+        return torch.autograd.grad(y.float().square().mean(), [given, *rnn.parameters()])
+
+    want, got = gradients(rnn), gradients(compiled)
+    assert got[0].dtype == dtype and all(g.dtype == torch.float32 for g in got[1:])
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_a_captured_16_bit_training_step_replays(cuda):
+    """A training step of bf16 x (the parameters float32, an optimizer's step in it) captured with
+    torch.cuda.graph: each replay on new x gives the loss and the weights of the same steps run eagerly
+    from the same start."""
+    def model():
+        torch.manual_seed(3)
+        return CellRNN("lstm", INPUT, H, 1, seed=7, schedule="tensor").to(cuda)
+
+    rnn, twin = model(), model()
+    optimizer = torch.optim.SGD(rnn.parameters(), lr=0.1)
+    static_x = torch.randn(T, B, INPUT, device=cuda).bfloat16()
+
+    def step(module, x, opt):
+        loss = module(x)[0].float().square().mean()
+        loss.backward()
+        opt.step()
+        return loss
+
+    side = torch.cuda.Stream(cuda)
+    side.wait_stream(torch.cuda.current_stream(cuda))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            optimizer.zero_grad(set_to_none=True)
+            step(rnn, static_x, optimizer)
+    torch.cuda.current_stream(cuda).wait_stream(side)
+    twin.load_state_dict(rnn.state_dict())
+    twin_optimizer = torch.optim.SGD(twin.parameters(), lr=0.1)
+    optimizer.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_loss = step(rnn, static_x, optimizer)
+    bound = 8 * UNIT["bf16"]
+    for i in range(3):
+        x = torch.randn(T, B, INPUT, device=cuda).bfloat16()
+        static_x.copy_(x)
+        graph.replay()
+        twin_optimizer.zero_grad()
+        loss = step(twin, x, twin_optimizer)
+        torch.testing.assert_close(static_loss, loss, rtol=bound, atol=bound, msg=f"replay {i}")
+    torch.testing.assert_close(rnn.param("l0.W_i"), twin.param("l0.W_i"), rtol=bound, atol=bound)
