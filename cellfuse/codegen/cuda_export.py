@@ -649,10 +649,9 @@ class _Export:
                  f"{ldw}, {_ptr(g.a, t)}, {g.a.ld}, {beta}, {_ptr(g.c, t)}, {g.c.ld});  "
                  f"/* {comment_text(g.group)} */")
         if g.multiply != FLOAT32:  # a 16-bit plan's GEMM: in its operands' types (see gemm_ex_types)
-            w_dtype = g.w_dtype
             _, compute = gemm_ex_types(g)
             w(f"st = cublasGemmEx(handle, {op_w}, {op_a}, {g.n}, {rows}, {k}, &one, {_var(g.w)}, "
-              f"{w_dtype.cuda_c}, {ldw}, {_ptr(g.a, t)}, {g.a.dtype.cuda_c}, {g.a.ld}, {beta}, "
+              f"{g.w_dtype.cuda_c}, {ldw}, {_ptr(g.a, t)}, {g.a.dtype.cuda_c}, {g.a.ld}, {beta}, "
               f"{_ptr(g.c, t)}, {g.c.dtype.cuda_c}, {g.c.ld}, {COMPUTE_C[compute]}, CUBLAS_GEMM_DEFAULT);  "
               f"/* {comment_text(g.group)} */")
         elif not may_run_on_tensor_cores(g):

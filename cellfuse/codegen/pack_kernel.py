@@ -20,7 +20,6 @@ from .kernel_abi import BITS_C
 PACK_KERNEL = "cf_pack"
 
 
-
 @dataclass(frozen=True)
 class PackCopy:
     """A parameter's `rows` x `width` elements of `itemsize` bytes into the packing from byte `at`, the

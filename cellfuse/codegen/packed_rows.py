@@ -30,7 +30,6 @@ MAX_STEPS = 2048
 MIN_CAPACITY = 64  # the fewest steps a kernel's arguments are made for
 
 
-
 def capacity(steps: int) -> int:
     """The steps of the kernels' arguments a sequence of `steps` steps uses: the next power of two, at
     least MIN_CAPACITY (so that a few sources serve every length); ValueError above MAX_STEPS."""

@@ -67,13 +67,13 @@ def make_step(cell: Cell) -> Callable:
 COMPILE_MODES = {"torch.compile": "reduce-overhead", "torch.compile default": "default"}
 
 
-
 def _as_numpy(t) -> np.ndarray:
     """A tensor's values in numpy: a 16-bit tensor's as float32 (numpy has no bfloat16)."""
     import torch
 
     t = t.detach().cpu()
     return (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy()
+
 
 class _CellWeights:
     """The cell's weights as tensors, per layer by weight id; with `train`, leaves that require gradients."""

@@ -42,10 +42,10 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
               rows: tuple[int, int, int] | None = None) -> QuickCall | None:
     """The call just made of x (as given; `time_first`: as the ops took it) kept, where it was one on a
     GPU, and where it saved its steps for a backward pass, one with a parameter requiring a gradient (so
-    that any x saves them); None where not. The caller keeps only calls with no states or all
-    of them, no lengths but a PackedSequence's, no autocast change, the layers in one call of the ops
-    (`params`: that call's; `zeros`: the module's initial states of zeros, one per state, for a call that
-    gives none; `rows`: a PackedSequence's padding for its lane, see quick_lane.make)."""
+    that any x saves them); None where not. The caller keeps only calls with no states or all of them, no
+    lengths but a PackedSequence's, no autocast change, the layers in one call of the ops (`params`: that
+    call's; `zeros`: the module's initial states of zeros, one per state, for a call that gives none;
+    `rows`: a PackedSequence's padding for its lane, see quick_lane.make)."""
     if type(x) is not torch.Tensor or not x.is_cuda or torch.compiler.is_compiling():
         return None
     train = torch.is_grad_enabled()
