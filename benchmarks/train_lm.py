@@ -12,8 +12,12 @@ difference is not below the goal.
 
 With `--precision bf16` (or fp16) it trains in mixed precision as PyTorch users do: three runs from the
 same initial weights, CellRNN in float32, then CellRNN and torch.nn.LSTM each under torch.autocast to
-that type (fp16 with a GradScaler). The goal then is the 16-bit CellRNN's final loss within MARGIN_16 of
-the float32 run's (exit status 1 where not); torch.nn.LSTM's 16-bit run is printed beside it for scale.
+that type (fp16 with a GradScaler). The goal then is that the 16-bit CellRNN reaches the float32 run's
+loss: its final loss at most MARGIN_16 above it, lower counting as reached (exit status 1 where not). Two
+runs in 16 bits and in float32 do not keep to one curve: rounding changes each step a little, and on this
+task the changes grow (torch.nn.LSTM's own 16-bit run, printed beside it for scale, ends several times
+the margin away from the float32 run at the default sizes), so the goal asks that mixed precision costs no
+training progress, not that the losses agree.
 
 The two models step in turn (step i of one, then step i of the other), so that a slow drift of the
 machine weighs on both alike. The LSTM weights are mapped as the benchmark's cuDNN baseline maps them
@@ -192,13 +196,18 @@ def main(argv: list[str] | None = None) -> int:
                   + f" {abs(a - b) / abs(b):9.2e}", flush=True)
     a, b = ours.losses[-1], theirs.losses[-1]
     rel = abs(a - b) / abs(b)
+    # float32: the curves agree; 16 bits: the float32 run's loss reached (at most the margin above it)
+    met = rel < GOAL if args.precision == "fp32" else (a - b) / abs(b) < MARGIN_16
     ms = {name: t.ms_per_step() for name, t in zip(labels, trainers, strict=True)}
     for name, t in zip(labels, trainers, strict=True):
         print(f"{name:20s} loss {t.losses[0]:.4f} at the first step, {t.losses[-1]:.4f} at the last")
     between = (f"{labels[0]} and {labels[1]}" if args.precision == "fp32"
                else f"{labels[1]} and {labels[0]} (float32)")
-    print(f"relative difference of the losses of {between} after {args.steps} steps: {rel:.2e} "
-          f"(goal: below {goal:g}: {'met' if rel < goal else 'NOT met'})")
+    goal_text = (f"below {goal:g}" if args.precision == "fp32"
+                 else f"{labels[1]}'s loss at most {goal:g} above float32's, or below it")
+    print(f"relative difference of the losses of {between} after {args.steps} steps: {rel:.2e}, "
+          f"{labels[1] if args.precision != 'fp32' else labels[0]}'s {'lower' if a < b else 'higher'} "
+          f"(goal: {goal_text}: {'met' if met else 'NOT met'})")
     scale = None
     if args.precision != "fp32":
         scale = abs(trainers[2].losses[-1] - b) / abs(b)
@@ -219,13 +228,14 @@ def main(argv: list[str] | None = None) -> int:
             "steps": args.steps, "batches": args.batches, "lr": args.lr, "schedule": args.schedule,
             "schedules_run": ran, "seed": args.seed, "precision": args.precision,
             "losses": {name: t.losses for name, t in zip(labels, trainers, strict=True)},
-            "final_rel_diff": rel, "goal": goal, "ms_per_step": ms,
+            "final_rel_diff": rel, "final_rel_change": (a - b) / abs(b), "goal": goal, "goal_met": met,
+            "ms_per_step": ms,
             "step_ms": {name: t.ms for name, t in zip(labels, trainers, strict=True)},
             **({} if scale is None else {"reference_rel_diff": scale}),
         }
         args.json.write_text(json.dumps(record, indent=1) + "\n")
         print(f"wrote {args.json}")
-    return 0 if rel < goal else 1
+    return 0 if met else 1
 
 
 if __name__ == "__main__":

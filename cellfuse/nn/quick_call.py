@@ -3,12 +3,13 @@ how to run it: the same shape, dtype and device of x, the same grad mode (an inf
 call whose steps are saved for a backward pass: some parameter requires a gradient), the same parameters (at
 the same addresses, of the same dtypes, requiring gradients or not as then: on the device and of the dtype
 they were checked on; an address is one device's, CPU or GPU, in CUDA's unified address space), the same
-schedule and layout, and either no initial states (zeros) or every one of them, each of the shape, dtype and
-device it must have (a model that carries its states from call to call gives them all). An inference call goes
-from the module straight to the runner the first one found, a training call straight to the ops (ops.run, with
-its steps saved); the runner then checks what may change from call to call (the parameters' values, the
-stream, a CUDA graph capture) as for any call. Anything else, and the call takes the whole path, which keeps a
-new QuickCall where it may.
+schedule and layout, torch.autocast as it was (a float32 x that it cast to bf16 or fp16 is cast to the same
+again, and the states with it, as the whole path casts them), and either no initial states (zeros) or every
+one of them, each of the shape, dtype and device it must have (a model that carries its states from call to
+call gives them all). An inference call goes from the module straight to the runner the first one found, a
+training call straight to the ops (ops.run, with its steps saved); the runner then checks what may change
+from call to call (the parameters' values, the stream, a CUDA graph capture) as for any call. Anything else,
+and the call takes the whole path, which keeps a new QuickCall where it may.
 
 Once such a call was a replay of a run its program captured, a C++ lane (quick_lane) makes the calls like
 it: it checks all of the above, and what the runner would, in C++, and replays the run; a call it cannot
@@ -37,15 +38,22 @@ from .runners import FORWARD
 from .stacks import masked_float32
 
 
+def autocast_dtype() -> torch.dtype | None:
+    """The dtype torch.autocast casts float32 inputs on CUDA devices to, or None where it is off."""
+    return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else None
+
+
 def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
               zeros: Sequence[torch.Tensor], cell: str, hidden: int, layers: int, float32: str,
-              rows: tuple[int, int, int] | None = None) -> QuickCall | None:
-    """The call just made of x (as given; `time_first`: as the ops took it) kept, where it was one on a
-    GPU, and where it saved its steps for a backward pass, one with a parameter requiring a gradient (so
-    that any x saves them); None where not. The caller keeps only calls with no states or all of them, no
-    lengths but a PackedSequence's, no autocast change, the layers in one call of the ops (`params`: that
-    call's; `zeros`: the module's initial states of zeros, one per state, for a call that gives none;
-    `rows`: a PackedSequence's padding for its lane, see quick_lane.make)."""
+              rows: tuple[int, int, int] | None = None, cast: torch.dtype | None = None
+              ) -> QuickCall | None:
+    """The call just made of x (as given; `time_first`: as the ops took it, in `cast` where torch.autocast
+    cast it) kept, where it was one on a GPU, and where it saved its steps for a backward pass, one with a
+    parameter requiring a gradient (so that any x saves them); None where not. The caller keeps only calls
+    with no states or all of them, no lengths but a PackedSequence's, the layers in one call of the ops
+    (`params`: that call's; `zeros`: the module's initial states of zeros, one per state, in the type the
+    call ran in, for a call that gives none; `rows`: a PackedSequence's padding for its lane, see
+    quick_lane.make)."""
     if type(x) is not torch.Tensor or not x.is_cuda or torch.compiler.is_compiling():
         return None
     train = torch.is_grad_enabled()
@@ -53,7 +61,7 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
         return None
     runner = ops.runner(cell, time_first, hidden, layers, layout[0], FORWARD, float32)
     return QuickCall(x, layout, params, runner, zeros, (cell, hidden, layers, float32) if train else None,
-                     rows)
+                     rows, cast)
 
 
 def kept_packed_call(unpacked, layout: tuple, params: Sequence[torch.Tensor], zeros: Sequence[torch.Tensor],
@@ -77,18 +85,21 @@ def time_first(layout: tuple) -> tuple:
 class QuickCall:
     """What a module's call of x on a GPU decided (see the module's docstring)."""
 
-    __slots__ = ("_shape", "_dtype", "_index", "_autocast_matters", "_params", "_layout", "_runner",
+    __slots__ = ("_shape", "_dtype", "_index", "_cast", "_autocast_matters", "_params", "_layout", "_runner",
                  "_zeros", "_state_shape", "_lane", "_train", "_rows")
 
     def __init__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor], runner,
                  zeros: Sequence[torch.Tensor], train: tuple[str, int, int, str] | None = None,
-                 rows: tuple[int, int, int] | None = None):
+                 rows: tuple[int, int, int] | None = None, cast: torch.dtype | None = None):
         """x as the module was given it; `layout`: the module's (schedule, batch_first, training, dropout)
         then, whatever of the module the call's path depended on; the runner, and the module's initial
         states of zeros for x (one per state, in the cell's order); `train`: for a training call, the
-        ops' cell, hidden size, layers and float32 states (ops.float32_text); `rows`: see kept_call."""
-        self._shape, self._dtype, self._index = x.shape, x.dtype, x.get_device()
-        self._autocast_matters = x.dtype == torch.float32  # (torch.autocast changes only float32 inputs)
+        ops' cell, hidden size, layers and float32 states (ops.float32_text); `rows`: see kept_call;
+        `cast`: the dtype torch.autocast cast the float32 x and states to (None: not cast)."""
+        # (the dtype the call ran in: x's, or autocast's, to which a call like it casts x and the states)
+        self._shape, self._dtype, self._index, self._cast = x.shape, cast or x.dtype, x.get_device(), cast
+        # (torch.autocast changes only float32 inputs: a call kept without it is unlike one with it)
+        self._autocast_matters = cast is None and x.dtype == torch.float32
         self._params = [(p.data_ptr(), p.dtype, p.requires_grad) for p in params]
         self._train = train
         # (weakly: a runner the process's cache dropped goes, and its memory with it)
@@ -125,6 +136,14 @@ class QuickCall:
                  ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
         """y (in the module's layout) and the final states of a call like the kept one, from `states`
         (every initial state, in the cell's order) or zeros, or None where it is not like it."""
+        if self._cast is not None:  # as torch.autocast had it: x and the states cast, as the whole path does
+            if x.dtype != torch.float32 or self._cast != autocast_dtype():
+                return None
+            x = x.to(self._cast)
+            if states is not None:
+                if not all(type(s) is torch.Tensor for s in states):
+                    return None
+                states = [s.to(self._cast) for s in states]
         lane = self._lane
         if lane is not None and layout == self._layout:
             done = lane(x, params, states, torch._C._cuda_getCurrentRawStream(self._index))

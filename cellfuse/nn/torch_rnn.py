@@ -259,11 +259,13 @@ class _TorchRNN(torch.nn.Module):
             params = self._fused_params()
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
                                    self.schedule, lengths, steps=steps)
-            if not compiling and cast is None and not unbatched:  # (see quick_call)
+            # (see quick_call; a PackedSequence's call under autocast is not: its padding is cast after)
+            if not compiling and (cast is None or packed is None) and not unbatched:
                 zeros = [self._zeros(tuple(initial[0].shape), x.dtype, x.device)] * len(initial)
                 if packed is None:
                     self._quick = kept_call(input_given, x, layout, params, zeros, self._cell_text,
-                                            self.hidden_size, self.num_layers, ops.DEFAULT_FLOAT32)
+                                            self.hidden_size, self.num_layers, ops.DEFAULT_FLOAT32,
+                                            cast=cast)
                 else:
                     self._quick_packed = kept_packed_call(packed, layout, params, zeros, self._cell_text,
                                                           self.hidden_size, self.num_layers,

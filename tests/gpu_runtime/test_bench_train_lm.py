@@ -72,6 +72,7 @@ def test_in_bf16_on_the_cpu_the_loss_stays_within_its_margin_of_float32s(train_l
     float32, ours, torchs = (np.array(record["losses"][name]) for name in names)
     assert (np.diff(ours) < 0).all() and not np.array_equal(ours, float32)  # trained, and in other types
     assert record["final_rel_diff"] == abs(ours[-1] - float32[-1]) / float32[-1] < train_lm.MARGIN_16
+    assert record["final_rel_change"] == (ours[-1] - float32[-1]) / float32[-1] and record["goal_met"]
     assert record["reference_rel_diff"] == abs(torchs[-1] - float32[-1]) / float32[-1]
     assert record["precision"] == "bf16" and record["goal"] == train_lm.MARGIN_16
     assert "for scale, torch.nn.LSTM bf16 against CellRNN (float32)" in out
@@ -99,12 +100,12 @@ def test_on_the_gpu_the_loss_curves_agree(gpu, train_lm, tmp_path):
 @pytest.mark.gpu
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_on_the_gpu_a_16_bit_run_stays_within_its_margin(gpu, train_lm, tmp_path, precision):
-    """Under torch.autocast (fp16 with a GradScaler) the loss stays within MARGIN_16 of float32's."""
+    """Under torch.autocast (fp16 with a GradScaler) the loss reaches float32's: at most MARGIN_16 above."""
     if not torch.cuda.is_available():
         pytest.skip("torch sees no CUDA device")
     code = train_lm.main(["--device", "cuda", *SMALL, "--precision", precision,
                           "--json", str(tmp_path / "r.json")])
     record = json.loads((tmp_path / "r.json").read_text())
-    assert code == 0 and record["final_rel_diff"] < train_lm.MARGIN_16
+    assert code == 0 and record["goal_met"] and record["final_rel_change"] < train_lm.MARGIN_16
     ours = np.array(record["losses"][f"CellRNN {precision}"])
     assert ours[-2:].max() < ours[:2].min()

@@ -100,13 +100,16 @@ def test_an_inference_call_like_the_last_goes_straight_to_the_runner(cuda, monke
         rnn(other)
 
 
-@pytest.mark.parametrize("make,dtype", [("cellrnn", torch.float32), ("drop-in", torch.float32),
-                                        ("cellrnn", torch.bfloat16), ("drop-in", torch.float16)])
+@pytest.mark.parametrize("make,dtype,autocast", [
+    ("cellrnn", torch.float32, None), ("drop-in", torch.float32, None), ("cellrnn", torch.bfloat16, None),
+    ("drop-in", torch.float16, None), ("cellrnn", torch.float32, torch.bfloat16),
+    ("drop-in", torch.float32, torch.float16)])
 def test_a_training_step_like_the_last_skips_the_modules_checks_and_trains_the_same(cuda, monkeypatch, make,
-                                                                                   dtype):
+                                                                                   dtype, autocast):
     """A training call like the one before goes from the module's kept call to the ops (stacks.run is not
     entered), with its steps saved; its gradients and an optimizer's steps are the whole path's, in 16
-    bits too (the plans of x's precision, their float32 states as the module's)."""
+    bits too (the plans of x's precision, their float32 states as the module's), and under torch.autocast
+    (float32 x cast to its dtype at every call)."""
     def module():
         torch.manual_seed(3)
         if make == "cellrnn":
@@ -124,7 +127,10 @@ def test_a_training_step_like_the_last_skips_the_modules_checks_and_trains_the_s
             if not kept:
                 rnn._quick = None
             optimizer.zero_grad()
-            loss = rnn(x)[0].square().mean()
+            with torch.autocast("cuda", dtype=autocast, enabled=autocast is not None):
+                y = rnn(x)[0]
+            assert y.dtype == (autocast or dtype)
+            loss = y.float().square().mean()
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
@@ -270,6 +276,40 @@ def test_a_16_bit_call_whose_plan_keeps_y_float32_is_made_by_the_lane(cuda, monk
     torch.testing.assert_close(y, want_y, rtol=0, atol=0)
     for s in rnn.state_ids:
         torch.testing.assert_close(finals[s], want_finals[s], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("make, autocast", [("cellrnn", torch.bfloat16), ("drop-in", torch.float16)])
+def test_inference_calls_under_autocast_are_kept_and_made_by_the_lane(cuda, monkeypatch, make, autocast):
+    """Under torch.autocast a float32 x is cast at every call, and the kept call makes it again: the lane
+    makes the calls over the cast x, with the results of the whole path; out of autocast the same x
+    runs in float32 again."""
+    from cellfuse.nn import quick_lane
+
+    assert quick_lane.module() is not None, "the lane's C++ could not be built here"
+    rnn = (CellRNN("lstm", INPUT, H, 1, schedule="tensor", seed=8) if make == "cellrnn"
+           else LSTM(INPUT, H, 1, schedule="tensor")).to(cuda)
+    x = torch.randn(T, 17, INPUT, device=cuda)
+    entered = _runner_entries(monkeypatch)
+
+    def call():
+        out = rnn(x)
+        return out[0], out[1] if make == "cellrnn" else dict(zip(("h", "c"), out[1], strict=True))
+    with torch.no_grad(), torch.autocast("cuda", dtype=autocast):
+        for _ in range(8):
+            y, finals = call()
+        warm = len(entered)
+        for _ in range(4):
+            y, finals = call()
+        assert len(entered) == warm  # all made by the lane
+        rnn._quick = None
+        want_y, want_finals = call()  # (the whole path)
+        assert len(entered) == warm + 1
+    assert y.dtype == autocast and all(f.dtype == autocast for f in finals.values())
+    torch.testing.assert_close(y, want_y, rtol=0, atol=0)
+    for s in finals:
+        torch.testing.assert_close(finals[s], want_finals[s], rtol=0, atol=0)
+    with torch.no_grad():
+        assert call()[0].dtype == torch.float32
 
 
 def test_the_drop_in_gru_calls_through_the_lane(cuda, monkeypatch):

@@ -182,6 +182,48 @@ def test_states_unlike_the_modules_are_left_to_the_whole_path(kept, unlike):
     assert not runner.calls
 
 
+def _autocast(monkeypatch, dtype):
+    """torch.autocast("cuda") as on, to `dtype` (it is off without a GPU)."""
+    monkeypatch.setattr(torch, "is_autocast_enabled", lambda device: device == "cuda")
+    monkeypatch.setattr(torch, "get_autocast_dtype", lambda device: dtype)
+
+
+def test_a_call_kept_under_autocast_casts_x_and_the_states_again(monkeypatch):
+    """A float32 x that torch.autocast cast: a call like it under the same autocast goes to the runner
+    with x and the states cast to its dtype, as the whole path casts them."""
+    monkeypatch.setattr(ops, "on_device", lambda index: True)
+    runner, params = _Runner(), [torch.randn(2)]
+    zeros = [torch.zeros(1, 3, 2, dtype=torch.bfloat16)]
+    quick = QuickCall(torch.randn(5, 3, 4), ("tensor", False), params, runner, zeros, cast=torch.bfloat16)
+    _autocast(monkeypatch, torch.bfloat16)
+    x, states = torch.randn(5, 3, 4), [torch.randn(1, 3, 2)]
+    with torch.no_grad():
+        y, finals = quick(x, ("tensor", False), params)
+        quick(x, ("tensor", False), params, states)
+    (given, kept_states, *_), (_, given_states, *_) = runner.calls
+    assert given.dtype == torch.bfloat16 and torch.equal(given, x.to(torch.bfloat16))
+    assert kept_states == zeros and y.dtype == torch.bfloat16
+    assert given_states[0].dtype == torch.bfloat16 and torch.equal(given_states[0], states[0].bfloat16())
+
+
+@pytest.mark.parametrize("unlike", ["autocast off", "another dtype", "x already 16-bit", "a state's type"])
+def test_a_call_kept_under_autocast_is_left_to_the_whole_path_unlike_it(monkeypatch, unlike):
+    monkeypatch.setattr(ops, "on_device", lambda index: True)
+    runner, params = _Runner(), [torch.randn(2)]
+    quick = QuickCall(torch.randn(5, 3, 4), ("tensor", False), params, runner,
+                      [torch.zeros(1, 3, 2, dtype=torch.float16)], cast=torch.float16)
+    x, states = torch.randn(5, 3, 4), None
+    if unlike != "autocast off":
+        _autocast(monkeypatch, torch.bfloat16 if unlike == "another dtype" else torch.float16)
+    if unlike == "x already 16-bit":
+        x = x.half()
+    elif unlike == "a state's type":
+        states = [torch.nn.Parameter(torch.randn(1, 3, 2))]
+    with torch.no_grad():
+        assert quick(x, ("tensor", False), params, states) is None
+    assert not runner.calls
+
+
 def test_a_kept_call_whose_runner_is_gone_is_left_to_the_whole_path(monkeypatch):
     monkeypatch.setattr(ops, "on_device", lambda index: True)
     x, params = torch.randn(5, 3, 4), [torch.randn(2)]
@@ -196,7 +238,7 @@ def test_a_modules_kept_call_is_not_made_again_once_dropout_applies(monkeypatch)
     monkeypatch.setattr(ops, "on_device", lambda index: True)
     runners = []
 
-    def keep_on_the_cpu(x, time_first, layout, params, zeros, *rest):
+    def keep_on_the_cpu(x, time_first, layout, params, zeros, *rest, **options):
         runners.append(_Runner())
         return QuickCall(x, layout, params, runners[-1], zeros)
     monkeypatch.setattr(cell_rnn, "kept_call", keep_on_the_cpu)
