@@ -4,7 +4,9 @@ training step (forward, `y.float().pow(2).mean()`, backward; fp16's loss scaled 
 scale), each made as a loop makes it ("kept": the call like the one before made again by the kept call)
 and through the whole path ("whole": the kept call dropped before each call, as every call under
 autocast ran before such calls were kept). CUDA events around each (the device synchronised before it)
-and perf_counter until it returns, medians of runs taken in turns.
+and perf_counter until it returns, medians of runs taken in turns; each timed run follows WARM runs of
+its own case, as in a loop (a kept inference call is made by the C++ lane from the second call like it
+that replayed a run).
 
     python3 benchmarks/probes/autocast_calls.py [--batches 8,64] [--precision bf16] [--repeats 30]
 """
@@ -20,6 +22,7 @@ import torch
 from cellfuse.nn import CellRNN
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+WARM = 3  # runs of a case before each of its timed runs
 
 
 def main() -> None:
@@ -71,7 +74,8 @@ def timed(rnn: CellRNN, batch: int, dtype: torch.dtype, repeats: int) -> dict[tu
             run()
     for _ in range(repeats):
         for case, run in cases.items():
-            run()  # (the call before it its own: the kept call made by the one before)
+            for _ in range(WARM):  # (the calls before it its own)
+                run()
             torch.cuda.synchronize()
             start.record()
             t0 = time.perf_counter()

@@ -5,10 +5,12 @@ then: the time from the step's start to its first kernel, and every gap between 
 GAP_US with the host's ops running as it ends.
 
     python3 benchmarks/probes/cellrnn_train_profile.py [--batch 1] [--schedule persistent] [--precision fp16]
+        [--autocast]
 
 With --precision bf16 or fp16, x in that dtype and the parameters float32, as the benchmark's 16-bit
 training step runs them (benchmarks/cellrnn_vs_cudnn.py), its fp16 loss scaled the same way (by
-torch.amp.GradScaler's initial scale).
+torch.amp.GradScaler's initial scale); with --autocast too, x float32 and the forward call inside
+torch.autocast to that dtype, as a mixed-precision training script makes it.
 """
 
 from __future__ import annotations
@@ -32,14 +34,18 @@ def main() -> None:
     p.add_argument("--schedule", default="persistent")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--precision", choices=list(PRECISIONS), default="fp32")
+    p.add_argument("--autocast", action="store_true", help="x float32, the call under torch.autocast")
     args = p.parse_args()
     rnn = CellRNN("lstm", 512, 512, 1, schedule=args.schedule, seed=1).cuda()
     dtype = TORCH_DTYPES[PRECISIONS[args.precision].name]
-    x = torch.randn(100, args.batch, 512, device="cuda", dtype=dtype, requires_grad=True)
+    autocast = args.autocast and dtype != torch.float32
+    x = torch.randn(100, args.batch, 512, device="cuda", dtype=torch.float32 if autocast else dtype,
+                    requires_grad=True)
     scale = torch.amp.GradScaler("cuda").get_scale() if dtype == torch.float16 else 1.0
 
     def step() -> None:
-        y, _ = rnn(x)
+        with torch.autocast("cuda", dtype=dtype, enabled=autocast):
+            y, _ = rnn(x)
         (y.float().pow(2).mean() * scale).backward()
 
     for _ in range(5):
