@@ -35,7 +35,8 @@ import numpy as np
 import cellfuse.codegen.persistent_cuda as cuda_persistent
 import cellfuse.gpu_runtime.cuda_executor as cuda_executor
 from cellfuse.codegen import make_plan, plan_kernels
-from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, _compile, _cu_check, device_description
+from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, _compile, device_description
+from cellfuse.gpu_runtime.driver import check as _cu_check
 from cellfuse.gpu_runtime.event_timing import median_ms
 from cellfuse.graph_model import Sizes, init_params, load_template
 from cellfuse.graph_model.reference import run_reference

@@ -357,8 +357,8 @@ def test_the_split_writes_three_copies_of_tf32_parts(gpu, rows, cols, ld, offset
     nothing past the copies is written."""
     from cellfuse.codegen.cuda_kernels import PRELUDE
     from cellfuse.codegen.gemm_routes import split_threads
-    from cellfuse.codegen.kernel_abi import BLOCK
-    from cellfuse.gpu_runtime.cuda_executor import _compile, _grid
+    from cellfuse.codegen.kernel_abi import BLOCK, grid_blocks
+    from cellfuse.gpu_runtime.cuda_executor import _compile
 
     drv = gpu[0]
     rng = np.random.default_rng(rows + cols)
@@ -371,7 +371,7 @@ def test_the_split_writes_three_copies_of_tf32_parts(gpu, rows, cols, ld, offset
     split = module.get_function("cf_split_tf32x3").prepare("PPiiiii")
     src_d = drv.to_device(src)
     out_d = drv.to_device(np.full(n + 64, 7.0, np.float32))
-    split.prepared_call((_grid(int(split_threads(rows, cols, layout))), 1), (BLOCK, 1, 1), out_d,
+    split.prepared_call((grid_blocks(int(split_threads(rows, cols, layout))), 1), (BLOCK, 1, 1), out_d,
                         int(src_d) + 4 * offset, rows, cols, ld, layout, 1)
     got = drv.from_device(out_d, (n + 64,), np.float32)
     np.testing.assert_array_equal(got[n:], 7.0)
