@@ -36,7 +36,7 @@ from ..graph_model.params import REVERSE, check_names, check_widths
 from ..graph_model.validate import check_count
 from . import ops, stacks
 from .packed_sequences import Unpacked
-from .quick_call import QuickCall, kept_call, kept_packed_call
+from .quick_call import KeptLayers, QuickCall, kept_call, kept_packed_call
 from .runners import DTYPES, FORWARD, direction_of, dtype_names, param_dtypes, precision_of
 from .zeros import Zeros
 
@@ -180,6 +180,7 @@ class CellRNN(torch.nn.Module):
         self._seen: OrderedDict[tuple, None] = OrderedDict()
         self._quick: QuickCall | None = None  # the last call on a GPU, where it can be kept
         self._quick_packed: QuickCall | None = None  # and the last of a PackedSequence
+        self._kept_layers = KeptLayers()  # and of each layer and direction, where they run a call each
 
     def extra_repr(self) -> str:
         return (f"cell={self.cell.name!r}, input_size={self.input_size}, hidden_size={self.hidden_size}, "
@@ -203,7 +204,7 @@ class CellRNN(torch.nn.Module):
         if by_layer and self.bidirectional and device.type == "cuda":
             x = torch.empty((), dtype=dtype, device=device).expand(shape)  # its sizes, no memory
             direction = direction_of(False, ops.side_by_side(cell, x, self.hidden_size, self.schedule))
-        float32 = stacks.masked_float32(self._float32) if lengths else self._float32
+        float32 = ops.masked_float32(self._float32) if lengths else self._float32
         return ops.plans(cell, *shape, self.hidden_size, 1 if by_layer else self.num_layers, self.schedule,
                          device, direction, precision_of(dtype), float32).schedule
 
@@ -328,7 +329,7 @@ class CellRNN(torch.nn.Module):
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params_of, self.num_layers, self.bidirectional, self.dropout,
                 self.training, self._cell_text, self.hidden_size, self.schedule, lengths, self._float32,
-                steps)
+                steps, None if compiling else self._kept_layers)
         else:
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
                                    self.schedule, lengths, float32=self._float32, steps=steps)
@@ -417,6 +418,7 @@ class CellRNN(torch.nn.Module):
 
     def _apply(self, fn, recurse=True):
         self._quick = self._quick_packed = None  # (their zeros are on the device and dtype it leaves)
+        self._kept_layers = KeptLayers()
         return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict:
@@ -425,5 +427,6 @@ class CellRNN(torch.nn.Module):
         state["_zero_states"] = Zeros()
         state["_last_seen"] = None
         state["_quick"] = state["_quick_packed"] = None
+        state["_kept_layers"] = KeptLayers()
         return state
 

@@ -530,15 +530,15 @@ class CudaRunner(Runner):
     def call_lane(self, lane, x: torch.Tensor, params: Sequence[torch.Tensor], zeros: Sequence[torch.Tensor],
                   batch_first: bool, rows: tuple[int, int, int] | None = None):
         """A C++ lane (quick_lane) for inference calls like the one this runner just made, in one piece of
-        memory, of x (as the module was given it: [B, T, I] where batch_first), these parameters and the
-        module's kept zeros (`rows`: and of PackedSequences, see quick_lane.make): `lane` taught that
-        call's captured run where it is still current, else a new one; `lane` as it is where that call was
-        not a replay of a captured run, and None where no lane can make such calls (no lane could be
-        built, the parameters are packed at every call, y and the states are stored in types of their
-        own). Where y and every state are stored in one type other than x's (a 16-bit plan that keeps them
-        float32), the lane runs over the runner's zeros of that type, as the call did, and gives its
-        outputs back in x's type; not for PackedSequences. Called with the runner's lock held, right after
-        the call."""
+        memory, of x (as the module was given it: [B, T, I] where batch_first; cast where autocast cast
+        it), these parameters and the module's kept zeros (`rows`: and of PackedSequences, see
+        quick_lane.make): `lane` taught that call's captured run where it is still current, else a new
+        one; `lane` as it is where that call was not a replay of a captured run, and None where no lane
+        can make such calls (no lane could be built, the parameters are packed at every call, y and the
+        states are stored in types of their own). Where y and every state are stored in one type other
+        than x's (a 16-bit plan that keeps them float32), the lane runs over the runner's zeros of that
+        type, as the call did, and gives its outputs back in x's type; not for PackedSequences. Called
+        with the runner's lock held, right after the call."""
         made, self._block_run = self._block_run, None
         if made is None or quick_lane.module() is None:
             return lane

@@ -33,7 +33,7 @@ from torch.autograd.function import once_differentiable
 from ..gpu_runtime.auto_schedule import AUTO
 from ..gpu_runtime.driver import use_primary_context
 from ..graph_model import Cell, CellError, Sizes, cell_from_text, cell_to_text
-from ..graph_model.lengths import masked
+from ..graph_model.lengths import STEPS_LEFT, masked
 from .auto_choice import choose
 from .runners import FORWARD, FORWARD_BESIDE, PRECISIONS, Plans, Runner, make_plans, precision_of
 
@@ -57,6 +57,13 @@ def cell_text(cell: Cell) -> str:
 def masked_text(cell: str) -> str:
     """The text of the cell that runs each batch row to its own length (graph_model.lengths)."""
     return cell_text(masked(cell_from_text(cell)))
+
+
+def masked_float32(float32: str) -> str:
+    """The float32 states (float32_text) of the cell that runs each row to its own length: the count of
+    steps left among them whatever else is (see stacks.steps_left)."""
+    kept = float32_states(float32)
+    return float32 if kept is None else float32_text([*kept, STEPS_LEFT])
 
 
 def _found(cache: OrderedDict, key: tuple):

@@ -12,8 +12,9 @@ from call to call (the parameters' values, the stream, a CUDA graph capture) as 
 and the call takes the whole path, which keeps a new QuickCall where it may.
 
 Once such a call was a replay of a run its program captured, a C++ lane (quick_lane) makes the calls like
-it: it checks all of the above, and what the runner would, in C++, and replays the run; a call it cannot
-make it leaves to the Python here, which teaches it that call's run.
+it: it checks all of the above, and what the runner would, in C++, and replays the run (under autocast,
+autocast's dtype is checked and x and the states cast here first, and the lane is given them cast); a call
+it cannot make it leaves to the Python here, which teaches it that call's run.
 
 A call of a PackedSequence is kept the same way, as the call of its padded x (time first) with every
 state given, the steps-left state of the cell that runs each row to its own length last
@@ -35,7 +36,7 @@ import torch
 
 from . import ops
 from .runners import FORWARD
-from .stacks import masked_float32
+from .zeros import Zeros
 
 
 def autocast_dtype() -> torch.dtype | None:
@@ -45,23 +46,25 @@ def autocast_dtype() -> torch.dtype | None:
 
 def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
               zeros: Sequence[torch.Tensor], cell: str, hidden: int, layers: int, float32: str,
-              rows: tuple[int, int, int] | None = None, cast: torch.dtype | None = None
-              ) -> QuickCall | None:
+              rows: tuple[int, int, int] | None = None, cast: torch.dtype | None = None,
+              direction: int = FORWARD) -> QuickCall | None:
     """The call just made of x (as given; `time_first`: as the ops took it, in `cast` where torch.autocast
     cast it) kept, where it was one on a GPU, and where it saved its steps for a backward pass, one with a
     parameter requiring a gradient (so that any x saves them); None where not. The caller keeps only calls
-    with no states or all of them, no lengths but a PackedSequence's, the layers in one call of the ops
+    with no states or all of them, no lengths but a PackedSequence's (and that not under autocast, whose
+    cast comes after the padding), the layers in one call of the ops
     (`params`: that call's; `zeros`: the module's initial states of zeros, one per state, in the type the
     call ran in, for a call that gives none; `rows`: a PackedSequence's padding for its lane, see
-    quick_lane.make)."""
+    quick_lane.make; `direction`: the ops' direction of the call, runners.FORWARD unless a layer's
+    directions ran a call each)."""
     if type(x) is not torch.Tensor or not x.is_cuda or torch.compiler.is_compiling():
         return None
     train = torch.is_grad_enabled()
     if train and not any(p.requires_grad for p in params):
         return None
-    runner = ops.runner(cell, time_first, hidden, layers, layout[0], FORWARD, float32)
+    runner = ops.runner(cell, time_first, hidden, layers, layout[0], direction, float32)
     return QuickCall(x, layout, params, runner, zeros, (cell, hidden, layers, float32) if train else None,
-                     rows, cast)
+                     rows, cast, direction)
 
 
 def kept_packed_call(unpacked, layout: tuple, params: Sequence[torch.Tensor], zeros: Sequence[torch.Tensor],
@@ -73,7 +76,7 @@ def kept_packed_call(unpacked, layout: tuple, params: Sequence[torch.Tensor], ze
     if unpacked.steps.dtype != x.dtype:  # (16-bit x: its float32 steps-left state is unlike the others)
         return None
     return kept_call(x, x, time_first(layout), params, [*zeros, unpacked.steps], ops.masked_text(cell),
-                     hidden, layers, masked_float32(float32), unpacked.lane_rows(layers))
+                     hidden, layers, ops.masked_float32(float32), unpacked.lane_rows(layers))
 
 
 def time_first(layout: tuple) -> tuple:
@@ -86,16 +89,18 @@ class QuickCall:
     """What a module's call of x on a GPU decided (see the module's docstring)."""
 
     __slots__ = ("_shape", "_dtype", "_index", "_cast", "_autocast_matters", "_params", "_layout", "_runner",
-                 "_zeros", "_state_shape", "_lane", "_train", "_rows")
+                 "_zeros", "_state_shape", "_lane", "_train", "_rows", "_direction")
 
     def __init__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor], runner,
                  zeros: Sequence[torch.Tensor], train: tuple[str, int, int, str] | None = None,
-                 rows: tuple[int, int, int] | None = None, cast: torch.dtype | None = None):
+                 rows: tuple[int, int, int] | None = None, cast: torch.dtype | None = None,
+                 direction: int = FORWARD):
         """x as the module was given it; `layout`: the module's (schedule, batch_first, training, dropout)
         then, whatever of the module the call's path depended on; the runner, and the module's initial
-        states of zeros for x (one per state, in the cell's order); `train`: for a training call, the
-        ops' cell, hidden size, layers and float32 states (ops.float32_text); `rows`: see kept_call;
-        `cast`: the dtype torch.autocast cast the float32 x and states to (None: not cast)."""
+        states of zeros for x, in the type the call ran in (one per state, in the cell's order); `train`:
+        for a training call, the ops' cell, hidden size, layers and float32 states (ops.float32_text);
+        `rows`: see kept_call; `cast`: the dtype torch.autocast cast the float32 x and states to (None:
+        not cast); `direction`: the ops' direction of the call (runners.FORWARD, ...)."""
         # (the dtype the call ran in: x's, or autocast's, to which a call like it casts x and the states)
         self._shape, self._dtype, self._index, self._cast = x.shape, cast or x.dtype, x.get_device(), cast
         # (torch.autocast changes only float32 inputs: a call kept without it is unlike one with it)
@@ -107,6 +112,7 @@ class QuickCall:
         self._state_shape = zeros[0].shape
         self._lane = None  # (made by the runner after a call of this path that replayed a captured run)
         self._rows = rows
+        self._direction = direction
 
     def packed(self, unpacked, given, layout: tuple, params: Sequence[torch.Tensor],
                states: Sequence[torch.Tensor] | None, hidden: int, layers: int
@@ -137,7 +143,9 @@ class QuickCall:
         """y (in the module's layout) and the final states of a call like the kept one, from `states`
         (every initial state, in the cell's order) or zeros, or None where it is not like it."""
         if self._cast is not None:  # as torch.autocast had it: x and the states cast, as the whole path does
-            if x.dtype != torch.float32 or self._cast != autocast_dtype():
+            # (the cheap checks first: a call unlike it would be cast twice, here and by the whole path)
+            if (x.dtype != torch.float32 or x.shape != self._shape or layout != self._layout
+                    or self._cast != autocast_dtype()):
                 return None
             x = x.to(self._cast)
             if states is not None:
@@ -168,10 +176,49 @@ class QuickCall:
         time_first = x.transpose(0, 1) if batch_first else x
         if self._train is not None:
             cell, hidden, layers, float32 = self._train
-            out = ops.run(time_first, states, params, cell, hidden, layers, layout[0], True, FORWARD, float32)
+            out = ops.run(time_first, states, params, cell, hidden, layers, layout[0], True, self._direction,
+                          float32)
             y = out[0]
             return (y.transpose(0, 1) if batch_first else y), list(out[1:1 + len(states)])
         with runner.lock:
             y, finals, _ = runner.forward(time_first, states, params, False, True)
             self._lane = runner.call_lane(self._lane, x, params, self._zeros, batch_first, self._rows)
         return (y.transpose(0, 1) if batch_first else y), finals
+
+
+class KeptLayers:
+    """The kept inference calls of a module whose forward pass runs a call of the ops per layer and
+    direction (stacks.layer_by_layer: both directions of a layer, or dropout between layers): a QuickCall
+    for each layer and direction, made again by that layer and direction's next call like it (x of the
+    same shape, dtype and device, the same parameters, its initial states every one given or the
+    module's zeros), through its runner's C++ lane once a run of it replayed, as a layer of one call is
+    (a bidirectional layer's forward call spent 0.87 ms on the host at B=64 on an H200, each direction
+    through the whole path: docs/results/2026-11-29-autocast-calls-and-long-gradients.md). A call with
+    gradients to follow, or of sequences of their own lengths, takes the whole path."""
+
+    def __init__(self):
+        self._calls: dict[tuple[int, int], QuickCall] = {}
+        self._zeros = Zeros()
+
+    def __call__(self, layer: int, direction: int, x: torch.Tensor, params: Sequence[torch.Tensor],
+                 states: Sequence[torch.Tensor] | None, schedule: str
+                 ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """y and the final states of a call like the kept one of the layer and direction (x time first;
+        `states`: every initial state, or None for zeros), or None where there is none like it."""
+        quick = self._calls.get((layer, direction))
+        return None if quick is None else quick(x, (schedule, False), params, states)
+
+    def keep(self, layer: int, direction: int, x: torch.Tensor, params: Sequence[torch.Tensor], states: int,
+             cell: str, hidden: int, schedule: str, float32: str) -> None:
+        """The call just made by the whole path of the layer and direction (of `states` initial states)
+        kept for the next, where it was an inference call on a GPU; the one kept before dropped where
+        not."""
+        quick = None
+        if not torch.is_grad_enabled():
+            zeros = [self._zeros((1, x.shape[1], hidden), x.dtype, x.device)] * states
+            quick = kept_call(x, x, (schedule, False), params, zeros, cell, hidden, 1, float32,
+                              direction=direction)
+        if quick is None:
+            self._calls.pop((layer, direction), None)
+        else:
+            self._calls[layer, direction] = quick

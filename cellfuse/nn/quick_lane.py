@@ -95,15 +95,16 @@ def make(x: torch.Tensor, params: Sequence[torch.Tensor], zeros: Sequence[torch.
          sizes: tuple[int, int, int, int], block_elements: int, outputs_end: int, finals_at: Sequence[int],
          packed: int, stream: int, locks: tuple, program, driver: tuple[int, int, int, int] | None = None,
          context: int | None = None, rows: tuple[int, int, int] | None = None):
-    """A lane for calls like one just made of x (as the module was given it), these parameters (packed at
-    `packed`, as they are now) and the kept zeros (in the type the plan stores the states in), on
-    `stream`, in one piece of `block_elements` elements of the zeros' type (y's sequence from its start,
-    each final state at `finals_at`, the scratch from `outputs_end`; y and the final states given back in
-    x's type), `sizes` (T, B, H, layers); `locks`: the runner's and the program's, held around each
-    run; `program`: whose replays it counts; `rows`: for the calls of a PackedSequence too (x padded
-    from one, its steps-left state the last of `zeros`), cf_unpack_rows's function, the steps its
-    arguments hold and its blocks (codegen.packed_rows). `driver` and `context` stand in for the
-    driver's entry points and the current context (tests). Only where `module()` is not None."""
+    """A lane for calls like one just made of x (as the module was given it, or as torch.autocast cast it:
+    the kept call casts such calls' x before the lane sees it), these parameters (packed at `packed`, as
+    they are now) and the kept zeros (in the type the plan stores the states in), on `stream`, in one
+    piece of `block_elements` elements of the zeros' type (y's sequence from its start, each final state
+    at `finals_at`, the scratch from `outputs_end`; y and the final states given back in x's type),
+    `sizes` (T, B, H, layers); `locks`: the runner's and the program's, held around each run; `program`:
+    whose replays it counts; `rows`: for the calls of a PackedSequence too (x padded from one, its
+    steps-left state the last of `zeros`), cf_unpack_rows's function, the steps its arguments hold and
+    its blocks (codegen.packed_rows). `driver` and `context` stand in for the driver's entry points and
+    the current context (tests). Only where `module()` is not None."""
     return module().Lane(x, list(params), list(zeros), batch_first, sizes, block_elements, outputs_end,
                       list(finals_at), packed, stream, current_context() if context is None else context,
                       CHANGES, locks, program, driver or entry_points(), rows)

@@ -21,13 +21,17 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..graph_model import CellError
-from ..graph_model.lengths import STEPS_LEFT
 from . import ops
 from .runners import DTYPES, FORWARD, PRECISIONS, direction_of
+from .zeros import made_here
+
+if TYPE_CHECKING:
+    from .quick_call import KeptLayers
 
 
 def check_lengths(lengths: object, seq: int, batch: int) -> torch.Tensor:
@@ -66,13 +70,6 @@ def steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int)
     return to_device(lengths.to(dtype), x).view(1, B, 1).expand(layers, B, hidden).contiguous()
 
 
-def masked_float32(float32: str) -> str:
-    """The float32 states (ops.float32_text) of the cell that runs each row to its own length: the count of
-    steps left among them whatever else is (see steps_left)."""
-    kept = ops.float32_states(float32)
-    return float32 if kept is None else ops.float32_text([*kept, STEPS_LEFT])
-
-
 def to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A CPU tensor on like's device; to a GPU from pinned memory, so that the copy does not wait for the
     work already on the stream (a copy from pageable memory would)."""
@@ -99,7 +96,7 @@ def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.
     if lengths is not None:
         cell = ops.masked_text(cell)
         states.append(steps if steps is not None else steps_left(lengths, layers, x, hidden))
-        float32 = masked_float32(float32)
+        float32 = ops.masked_float32(float32)
     out = ops.run(x, states, list(params), cell, hidden, layers, schedule, save, direction, float32)
     finals = list(out[1:1 + len(states)])
     return out[0], finals[:-1] if lengths is not None else finals
@@ -121,24 +118,31 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
                    params_of: Callable[[int, bool], list[torch.Tensor]], layers: int, bidirectional: bool,
                    dropout: float, training: bool, cell: str, hidden: int, schedule: str,
                    lengths: torch.Tensor | None = None, float32: str = ops.DEFAULT_FLOAT32,
-                   steps: torch.Tensor | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                   steps: torch.Tensor | None = None, kept: KeptLayers | None = None
+                   ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """y and the final states of the stack, each layer and direction a call of its own (`params_of(layer,
     reverse)` gives a one-layer call's parameters); both directions' outputs side by side, the final
     states in torch's order (layer by layer, forward before reverse), `initial` in the same order. On a
     GPU the two directions of a layer run side by side, the reverse one on a stream of its own, each
     planned for half of the SMs (FORWARD_BESIDE), so that both persistent kernels run at once; under
     `auto`, only where that was measured faster than one after the other (ops.side_by_side). `steps`: the
-    lengths' steps-left state of one layer, where it was made already (see run)."""
+    lengths' steps-left state of one layer, where it was made already (see run); `kept`: the module's
+    kept calls of its layers and directions (quick_call.KeptLayers), which make a call like the one
+    before of each and keep the others, for all sequences of the full length."""
     directions = (False, True) if bidirectional else (False,)
     reverse_time = _reversal(lengths, x) if bidirectional else None
     can_run_beside = bidirectional and _beside(x)
+    if lengths is not None:
+        kept = None
+    # (the module's zeros, or every state given: the kept calls run over zeros of their own for the former)
+    zeros = kept is not None and all(made_here(s) for s in initial)
     finals: list[list[torch.Tensor]] = [[] for _ in initial]
     for layer in range(layers):
         beside = can_run_beside and ops.side_by_side(
             cell if lengths is None else ops.masked_text(cell), x, hidden, schedule)
         calls = [partial(_direction, x, [s[i:i + 1] for s in initial], params_of(layer, reverse),
                          reverse_time if reverse else None, cell, hidden, schedule, lengths,
-                         direction_of(reverse, beside), float32, steps)
+                         direction_of(reverse, beside), float32, steps, (kept, layer, zeros))
                  for i, reverse in enumerate(directions, start=layer * len(directions))]
         done = _side_by_side(*calls, x, initial) if beside else [call() for call in calls]
         outputs, lasts = [y for y, _ in done], [last for _, last in done]
@@ -151,10 +155,19 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     return x, [torch.cat(f) for f in finals]
 
 
-def _direction(x, initial, params, reverse_time, cell, hidden, schedule, lengths, direction, float32, steps):
-    """One direction of one layer: y and the final states (reverse_time: of the reverse direction)."""
-    y, last = run(reverse_time(x) if reverse_time else x, initial, params, cell, hidden, 1, schedule,
-                  lengths, direction, float32, steps)
+def _direction(x, initial, params, reverse_time, cell, hidden, schedule, lengths, direction, float32, steps,
+               kept_as: tuple[KeptLayers | None, int, bool]):
+    """One direction of one layer: y and the final states (reverse_time: of the reverse direction);
+    `kept_as`: the module's kept calls, the layer, and whether the initial states are the module's zeros
+    (see layer_by_layer)."""
+    x = reverse_time(x) if reverse_time else x
+    kept, layer, zeros = kept_as
+    done = None if kept is None else kept(layer, direction, x, params, None if zeros else initial, schedule)
+    if done is None:
+        done = run(x, initial, params, cell, hidden, 1, schedule, lengths, direction, float32, steps)
+        if kept is not None:
+            kept.keep(layer, direction, x, params, len(initial), cell, hidden, schedule, float32)
+    y, last = done
     return (reverse_time(y) if reverse_time else y), last
 
 

@@ -25,7 +25,7 @@ from ..graph_model import Cell, CellError, init_params
 from ..graph_model.builder import CellBuilder, sigmoid, tanh
 from . import ops, stacks
 from .packed_sequences import Unpacked
-from .quick_call import QuickCall, kept_call, kept_packed_call
+from .quick_call import KeptLayers, QuickCall, kept_call, kept_packed_call
 from .runners import DTYPES, dtype_names, param_dtypes
 from .zeros import Zeros
 
@@ -97,6 +97,7 @@ class _TorchRNN(torch.nn.Module):
         self._zeros = Zeros()
         self._quick: QuickCall | None = None  # the last call on a GPU, where it can be kept
         self._quick_packed: QuickCall | None = None  # and the last of a PackedSequence
+        self._kept_layers = KeptLayers()  # and of each layer and direction, where they run a call each
         # the template's weights of a layer, in the order of its keys (l0.W_i -> W_i), which the ops take
         self._names = [key.split(".", 1)[1] for key in init_params(cell, 1, 1, 1, 0)]
         gate_rows = len(self._gates) * hidden_size
@@ -168,6 +169,7 @@ class _TorchRNN(torch.nn.Module):
     def _apply(self, fn, recurse=True):
         self._view_cache.clear()  # views of the tensors a move replaces would keep them alive
         self._quick = self._quick_packed = None  # (so would the kept calls' zeros)
+        self._kept_layers = KeptLayers()
         return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict:
@@ -175,6 +177,7 @@ class _TorchRNN(torch.nn.Module):
         state["_view_cache"] = {}
         state["_zeros"] = Zeros()
         state["_quick"] = state["_quick_packed"] = None
+        state["_kept_layers"] = KeptLayers()
         return state
 
     # -- the forward pass ------------------------------------------------------------------------------
@@ -273,7 +276,8 @@ class _TorchRNN(torch.nn.Module):
         else:
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params, self.num_layers, self.bidirectional, self.dropout,
-                self.training, self._cell_text, self.hidden_size, self.schedule, lengths, steps=steps)
+                self.training, self._cell_text, self.hidden_size, self.schedule, lengths, steps=steps,
+                kept=None if compiling else self._kept_layers)
         if unbatched:
             y, finals = y.squeeze(1), [f.squeeze(1) for f in finals]
         elif packed is not None:

@@ -312,6 +312,39 @@ def test_inference_calls_under_autocast_are_kept_and_made_by_the_lane(cuda, monk
         assert call()[0].dtype == torch.float32
 
 
+@pytest.mark.parametrize("schedule", ["tensor", "auto"])
+def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeypatch, schedule):
+    """Each layer's and direction's inference call is kept (quick_call.KeptLayers): once its run replayed,
+    the calls like it are made by each direction's lane, side by side on their streams, with the whole
+    path's results to the bit, with and without hx, and torch's LSTM's within float32 rounding."""
+    from cellfuse.nn import quick_lane
+
+    assert quick_lane.module() is not None, "the lane's C++ could not be built here"
+    lstm = LSTM(INPUT, H, 2, bidirectional=True, schedule=schedule).to(cuda)
+    torchs = torch.nn.LSTM(INPUT, H, 2, bidirectional=True).to(cuda)
+    torchs.load_state_dict(lstm.state_dict())
+    x = torch.randn(T, 19, INPUT, device=cuda)
+    hx = tuple(torch.randn(4, 19, H, device=cuda) for _ in range(2))
+    entered = _runner_entries(monkeypatch)
+    with torch.no_grad():
+        for given in (None, hx):
+            for _ in range(8):
+                got, (h, c) = lstm(x, given)
+            warm = len(entered)
+            for _ in range(4):
+                got, (h, c) = lstm(x, given)
+            assert len(entered) == warm  # every direction of every layer made by its lane
+            lstm._kept_layers = type(lstm._kept_layers)()
+            want, (want_h, want_c) = lstm(x, given)  # (the whole path)
+            assert len(entered) == warm + 4
+            for a, b in ((got, want), (h, want_h), (c, want_c)):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
+            with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+                theirs, (their_h, their_c) = torchs(x, given)
+            for a, b in ((got, theirs), (h, their_h), (c, their_c)):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_the_drop_in_gru_calls_through_the_lane(cuda, monkeypatch):
     from cellfuse.nn import GRU
 

@@ -11,8 +11,10 @@ import threading
 import pytest
 import torch
 
-from cellfuse.nn import LSTM, CellRNN, cell_rnn, ops
+from cellfuse.nn import LSTM, CellRNN, cell_rnn, ops, quick_call, stacks
 from cellfuse.nn.quick_call import QuickCall
+from cellfuse.nn.runners import FORWARD, REVERSE
+from cellfuse.nn.zeros import made_here
 
 
 class _Runner:
@@ -308,3 +310,90 @@ def test_a_kept_training_call_goes_to_the_ops_with_its_steps_saved(kept, monkeyp
     params[1].requires_grad_(False)
     assert quick(given, layout, params) is None
     assert len(calls) == 1 and not runner.calls
+
+
+class _Delegate:
+    """A CPU runner (the numpy executor's, the real one) standing in for a GPU runner: forward as it does,
+    and no C++ lane; its forward calls recorded."""
+
+    def __init__(self, runner):
+        self.runner, self.lock, self.calls = runner, threading.Lock(), []
+
+    def forward(self, x, states, params, save, shared):
+        self.calls.append((x, states))
+        return self.runner.forward(x, states, params, save, shared)
+
+    def call_lane(self, lane, x, params, zeros, batch_first, rows=None):
+        return None
+
+
+@pytest.fixture
+def kept_on_the_cpu(monkeypatch):
+    """quick_call.kept_call as on a GPU, over the CPU's runners (each wrapped in a _Delegate): returns the
+    delegates made, by the ops' direction and x's width."""
+    monkeypatch.setattr(ops, "on_device", lambda index: True)
+    made = {}
+
+    def keep(x, time_first, layout, params, zeros, cell, hidden, layers, float32, rows=None, cast=None,
+             direction=FORWARD):
+        if torch.is_grad_enabled():
+            return None
+        runner = made.setdefault((direction, time_first.shape[2]), _Delegate(
+            ops.runner(cell, time_first, hidden, layers, layout[0], direction, float32)))
+        return QuickCall(x, layout, params, runner, zeros, None, rows, cast, direction)
+    monkeypatch.setattr(quick_call, "kept_call", keep)
+    return made
+
+
+@pytest.mark.parametrize("make", ["cellrnn", "drop-in"])
+def test_a_bidirectional_layers_directions_are_kept_each_and_give_the_whole_paths_results(
+        kept_on_the_cpu, monkeypatch, make):
+    """Each direction of each layer of a bidirectional stack keeps its inference call: the next call like
+    it goes to its runner (the reverse direction with x reversed in time) without the whole path, over
+    zeros of its own or the states given, with the whole path's results; a call with gradients to follow,
+    or with lengths, takes the whole path."""
+    torch.manual_seed(0)
+    rnn = (CellRNN("lstm", 6, 5, 2, bidirectional=True, seed=2) if make == "cellrnn"
+           else LSTM(6, 5, 2, bidirectional=True)).double()
+    x = torch.randn(4, 3, 6, dtype=torch.float64)
+    entered, whole = [], stacks.run
+    monkeypatch.setattr(stacks, "run", lambda *a, **k: entered.append(1) or whole(*a, **k))
+
+    def call(states=None, lengths=None):
+        if make == "cellrnn":
+            y, finals = rnn(x, states, lengths)
+            return y, [finals[s] for s in rnn.state_ids]
+        y, (h, c) = rnn(x, None if states is None else (states["h"], states["c"]))
+        return y, [h, c]
+    with torch.no_grad():
+        want = call()
+        assert len(entered) == 4  # two layers, two directions: the whole path
+        got = call()
+        assert len(entered) == 4  # every direction of every layer kept
+        states = {s: torch.randn(4, 3, 5, dtype=torch.float64) for s in ("h", "c")}
+        want_given = call(states)  # (kept too: every state given, slices of them)
+        assert len(entered) == 4
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    # on the CPU the directions run one after the other; each layer's and direction's runner made
+    # two calls: over the kept zeros, then over the states given (slices of them)
+    assert sorted(kept_on_the_cpu) == [(FORWARD, 6), (FORWARD, 10), (REVERSE, 6), (REVERSE, 10)]
+    for runner in kept_on_the_cpu.values():
+        (_, zeros), (_, given) = runner.calls
+        assert all(made_here(z) and not z.any() for z in zeros)
+        assert [s.shape for s in given] == [(1, 3, 5)] * 2 and not any(made_here(s) for s in given)
+    (reverse_x, _), _ = kept_on_the_cpu[REVERSE, 6].calls
+    torch.testing.assert_close(reverse_x, x.flip(0), rtol=0, atol=0)  # the first layer's, reversed
+    rnn._kept_layers = quick_call.KeptLayers()
+    with torch.no_grad():
+        for a, b in zip(call(states), want_given, strict=True):  # the whole path's, with the states given
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    entered.clear()
+    call()[0].sum().backward()  # gradients to follow: the whole path, and nothing kept
+    assert len(entered) == 4 and not rnn._kept_layers._calls
+    if make == "cellrnn":
+        with torch.no_grad():
+            call()
+            entered.clear()
+            call(lengths=[4, 2, 3])
+        assert len(entered) == 4  # each row to its own length: the whole path
