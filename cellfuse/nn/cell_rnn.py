@@ -180,7 +180,8 @@ class CellRNN(torch.nn.Module):
         self._seen: OrderedDict[tuple, None] = OrderedDict()
         self._quick: QuickCall | None = None  # the last call on a GPU, where it can be kept
         self._quick_packed: QuickCall | None = None  # and the last of a PackedSequence
-        self._kept_layers = KeptLayers()  # and of each layer and direction, where they run a call each
+        # and of each layer and direction, where they run a call each (over the module's zeros)
+        self._kept_layers = KeptLayers(self._zero_states)
 
     def extra_repr(self) -> str:
         return (f"cell={self.cell.name!r}, input_size={self.input_size}, hidden_size={self.hidden_size}, "
@@ -418,7 +419,7 @@ class CellRNN(torch.nn.Module):
 
     def _apply(self, fn, recurse=True):
         self._quick = self._quick_packed = None  # (their zeros are on the device and dtype it leaves)
-        self._kept_layers = KeptLayers()
+        self._kept_layers = KeptLayers(self._zero_states)
         return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict:
@@ -427,6 +428,6 @@ class CellRNN(torch.nn.Module):
         state["_zero_states"] = Zeros()
         state["_last_seen"] = None
         state["_quick"] = state["_quick_packed"] = None
-        state["_kept_layers"] = KeptLayers()
+        state["_kept_layers"] = KeptLayers(state["_zero_states"])
         return state
 

@@ -35,7 +35,7 @@ from collections.abc import Sequence
 import torch
 
 from . import ops
-from .runners import FORWARD
+from .runners import FORWARD, FORWARD_BESIDE, REVERSE, REVERSE_BESIDE, direction_of
 from .zeros import Zeros
 
 
@@ -186,6 +186,12 @@ class QuickCall:
         return (y.transpose(0, 1) if batch_first else y), finals
 
 
+def layer_call_keepable(x: torch.Tensor) -> bool:
+    """Whether KeptLayers may keep a layer's call of x: on a GPU, with no gradients to follow, and not
+    while the stream captures a CUDA graph."""
+    return x.is_cuda and not torch.is_grad_enabled() and not torch.cuda.is_current_stream_capturing()
+
+
 class KeptLayers:
     """The kept inference calls of a module whose forward pass runs a call of the ops per layer and
     direction (stacks.layer_by_layer: both directions of a layer, or dropout between layers): a QuickCall
@@ -196,9 +202,11 @@ class KeptLayers:
     through the whole path: docs/results/2026-11-29-autocast-calls-and-long-gradients.md). A call with
     gradients to follow, or of sequences of their own lengths, takes the whole path."""
 
-    def __init__(self):
+    def __init__(self, zeros: Zeros):
+        """`zeros`: the module's kept zeros, from which the kept calls take theirs (a CUDA graph the user
+        captures over a kept call reads them: they live as long as the module's own)."""
         self._calls: dict[tuple[int, int], QuickCall] = {}
-        self._zeros = Zeros()
+        self._zeros = zeros
 
     def __call__(self, layer: int, direction: int, x: torch.Tensor, params: Sequence[torch.Tensor],
                  states: Sequence[torch.Tensor] | None, schedule: str
@@ -211,10 +219,14 @@ class KeptLayers:
     def keep(self, layer: int, direction: int, x: torch.Tensor, params: Sequence[torch.Tensor], states: int,
              cell: str, hidden: int, schedule: str, float32: str) -> None:
         """The call just made by the whole path of the layer and direction (of `states` initial states)
-        kept for the next, where it was an inference call on a GPU; the one kept before dropped where
-        not."""
+        kept for the next, where it was an inference call on a GPU, not under a CUDA graph's capture
+        (zeros made then would be filled only by the graph's replays); the one kept before dropped where
+        not. So is the layer's kept call of the same direction run the other way (side by side, or not:
+        `auto` may choose either for a size), which no call like this one will make."""
+        reverse, beside = direction in (REVERSE, REVERSE_BESIDE), direction >= FORWARD_BESIDE
+        self._calls.pop((layer, direction_of(reverse, not beside)), None)
         quick = None
-        if not torch.is_grad_enabled():
+        if layer_call_keepable(x):
             zeros = [self._zeros((1, x.shape[1], hidden), x.dtype, x.device)] * states
             quick = kept_call(x, x, (schedule, False), params, zeros, cell, hidden, 1, float32,
                               direction=direction)

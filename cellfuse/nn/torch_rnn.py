@@ -97,7 +97,8 @@ class _TorchRNN(torch.nn.Module):
         self._zeros = Zeros()
         self._quick: QuickCall | None = None  # the last call on a GPU, where it can be kept
         self._quick_packed: QuickCall | None = None  # and the last of a PackedSequence
-        self._kept_layers = KeptLayers()  # and of each layer and direction, where they run a call each
+        # and of each layer and direction, where they run a call each (over the module's zeros)
+        self._kept_layers = KeptLayers(self._zeros)
         # the template's weights of a layer, in the order of its keys (l0.W_i -> W_i), which the ops take
         self._names = [key.split(".", 1)[1] for key in init_params(cell, 1, 1, 1, 0)]
         gate_rows = len(self._gates) * hidden_size
@@ -169,7 +170,7 @@ class _TorchRNN(torch.nn.Module):
     def _apply(self, fn, recurse=True):
         self._view_cache.clear()  # views of the tensors a move replaces would keep them alive
         self._quick = self._quick_packed = None  # (so would the kept calls' zeros)
-        self._kept_layers = KeptLayers()
+        self._kept_layers = KeptLayers(self._zeros)
         return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict:
@@ -177,7 +178,7 @@ class _TorchRNN(torch.nn.Module):
         state["_view_cache"] = {}
         state["_zeros"] = Zeros()
         state["_quick"] = state["_quick_packed"] = None
-        state["_kept_layers"] = KeptLayers()
+        state["_kept_layers"] = KeptLayers(state["_zeros"])
         return state
 
     # -- the forward pass ------------------------------------------------------------------------------

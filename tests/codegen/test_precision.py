@@ -11,6 +11,7 @@ import pytest
 from compile_cuda import nvcc_cubin
 from forward_errors import relative_error
 from random_cells import random_cell
+from tiers import slow_beyond
 
 from cellfuse.codegen import make_plan
 from cellfuse.codegen.backward_plan import backward_plan
@@ -39,6 +40,10 @@ from cellfuse.graph_model import (
 
 SIXTEEN_BIT_RUNGS = ["naive", "combined", "fused", "hoisted", "graph", "wavefront", "persistent", "tensor"]
 SIZES = Sizes(seq=20, batch=4, input=32, hidden=32, layers=2)
+
+# nvcc's compiles of the 16-bit kernels: bf16's in the default tier, fp16's (the same code with the other
+# type's names and conversions) in the slow one
+COMPILED_PRECISIONS = slow_beyond(["bf16", "fp16"], 1)
 
 
 def test_rounding_is_to_nearest_with_ties_to_even_and_keeps_infinities_and_nans():
@@ -152,7 +157,7 @@ def test_random_cells_in_bf16_are_within_the_bound(seed):
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("precision", COMPILED_PRECISIONS)
 def test_the_kernels_of_a_16_bit_plan_include_their_types_header_and_compile(precision, tmp_path):
     for name in ("lstm", "layernorm_lstm"):
         plan = make_plan(load_template(name), SIZES, "graph", precision=precision)
@@ -164,7 +169,7 @@ def test_the_kernels_of_a_16_bit_plan_include_their_types_header_and_compile(pre
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("precision", COMPILED_PRECISIONS)
 def test_the_tensor_rungs_kernels_multiply_in_16_bits_and_compile(precision, tmp_path):
     """One mma.sync of the 16-bit type per sixteen k (no TF32 splits), for a step with one GEMM (the LSTM)
     and with two and an exchange (Cho's GRU), at the LSTM's full sizes too; a step that reduces rows and
@@ -184,7 +189,7 @@ def test_the_tensor_rungs_kernels_multiply_in_16_bits_and_compile(precision, tmp
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("precision", COMPILED_PRECISIONS)
 def test_the_tensor_rungs_reverse_loop_multiplies_in_16_bits_and_compiles(precision, tmp_path):
     """The backward pass's persistent launch of a 16-bit tensor plan: one mma.sync of the 16-bit type per
     sixteen k, W^T on chip in that type (the LSTM at its full sizes, Cho's GRU with two GEMMs a step)."""
@@ -249,7 +254,7 @@ def test_the_plan_says_how_each_gemm_multiplies_in_16_bits(precision):
 
 
 @pytest.mark.nvcc
-@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("precision", COMPILED_PRECISIONS)
 def test_the_persistent_rungs_kernels_round_what_they_multiply_and_compile(precision, tmp_path):
     """On the CUDA cores a 16-bit GEMM multiplies values rounded to the type (exact products in float32):
     the weights as they are loaded into shared memory, the operand as it is staged, polled or loaded

@@ -342,6 +342,7 @@ def kept_on_the_cpu(monkeypatch):
             ops.runner(cell, time_first, hidden, layers, layout[0], direction, float32)))
         return QuickCall(x, layout, params, runner, zeros, None, rows, cast, direction)
     monkeypatch.setattr(quick_call, "kept_call", keep)
+    monkeypatch.setattr(quick_call, "layer_call_keepable", lambda x: not torch.is_grad_enabled())
     return made
 
 
@@ -384,7 +385,7 @@ def test_a_bidirectional_layers_directions_are_kept_each_and_give_the_whole_path
         assert [s.shape for s in given] == [(1, 3, 5)] * 2 and not any(made_here(s) for s in given)
     (reverse_x, _), _ = kept_on_the_cpu[REVERSE, 6].calls
     torch.testing.assert_close(reverse_x, x.flip(0), rtol=0, atol=0)  # the first layer's, reversed
-    rnn._kept_layers = quick_call.KeptLayers()
+    rnn._kept_layers._calls.clear()
     with torch.no_grad():
         for a, b in zip(call(states), want_given, strict=True):  # the whole path's, with the states given
             torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -397,3 +398,23 @@ def test_a_bidirectional_layers_directions_are_kept_each_and_give_the_whole_path
             entered.clear()
             call(lengths=[4, 2, 3])
         assert len(entered) == 4  # each row to its own length: the whole path
+
+
+def test_a_layers_call_kept_one_way_drops_the_same_direction_kept_the_other_way(kept_on_the_cpu):
+    """`auto` may run a layer's directions side by side at one size and one after the other at another:
+    a call kept one way drops the layer's call of the same direction kept the other way (no call like
+    the new one would make it), and only that one."""
+    from cellfuse.nn.runners import FORWARD_BESIDE, REVERSE_BESIDE
+    from cellfuse.nn.zeros import Zeros
+
+    kept = quick_call.KeptLayers(Zeros())
+    rnn = CellRNN("gru", 4, 3, 1, seed=1)
+    x, params, cell = torch.randn(5, 2, 4), rnn._params(), rnn._cell_text
+    with torch.no_grad():
+        for direction in (FORWARD, REVERSE, REVERSE_BESIDE):
+            kept.keep(0, direction, x, params, 1, cell, 3, "graph", "")
+        assert sorted(kept._calls) == [(0, FORWARD), (0, REVERSE_BESIDE)]
+        kept.keep(1, FORWARD_BESIDE, x, params, 1, cell, 3, "graph", "")
+        assert sorted(kept._calls) == [(0, FORWARD), (0, REVERSE_BESIDE), (1, FORWARD_BESIDE)]
+    kept.keep(0, FORWARD, x, params, 1, cell, 3, "graph", "")  # with gradients: not kept, and dropped
+    assert sorted(kept._calls) == [(0, REVERSE_BESIDE), (1, FORWARD_BESIDE)]
