@@ -18,8 +18,9 @@
 # is packed into OUTDIR.tar.gz at the end, one file to bring back. LIMIT (seconds, default 540) bounds
 # each group.
 # The tests are bound by nvcc's compiles, one at a time: where pytest-xdist imports (its wheel and
-# execnet's, carried in .gpu/ beside the others), each pytest group runs in WORKERS processes (default 8),
-# each with its own CUDA context.
+# execnet's, carried in .gpu/ beside the others), each pytest group runs in WORKERS processes, each with
+# its own CUDA context (default: three quarters of the cores; on a 16-core machine, 12: the backward group
+# took 139 s with 12, and 180 to more than 210 with 8).
 set -uo pipefail
 out=${1:?usage: run_gpu_checks.sh OUTDIR [GROUP...]}
 shift
@@ -29,7 +30,7 @@ mkdir -p "$out"
 export PYTHONUNBUFFERED=1
 pytest=(python3 -m pytest -q -m gpu -rs)
 if python3 -c "import xdist" 2>/dev/null; then
-    pytest+=(-n "${WORKERS:-8}")
+    pytest+=(-n "${WORKERS:-$(( $(nproc) * 3 / 4 ))}")
 fi
 for group in $groups; do
     case $group in
