@@ -52,11 +52,10 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
     cast it) kept, where it was one on a GPU, and where it saved its steps for a backward pass, one with a
     parameter requiring a gradient (so that any x saves them); None where not. The caller keeps only calls
     with no states or all of them, no lengths but a PackedSequence's (and that not under autocast, whose
-    cast comes after the padding), the layers in one call of the ops
-    (`params`: that call's; `zeros`: the module's initial states of zeros, one per state, in the type the
-    call ran in, for a call that gives none; `rows`: a PackedSequence's padding for its lane, see
-    quick_lane.make; `direction`: the ops' direction of the call, runners.FORWARD unless a layer's
-    directions ran a call each)."""
+    cast comes after the padding), the layers in one call of the ops (`params`: that call's; `zeros`: the
+    module's initial states of zeros, one per state, in the type the call ran in, for a call that gives
+    none; `rows`: a PackedSequence's padding for its lane, see quick_lane.make; `direction`: the ops'
+    direction of the call, runners.FORWARD unless a layer's directions ran a call each)."""
     if type(x) is not torch.Tensor or not x.is_cuda or torch.compiler.is_compiling():
         return None
     train = torch.is_grad_enabled()
