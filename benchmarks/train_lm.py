@@ -195,9 +195,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{i + 1:5d} " + " ".join(f"{t.losses[-1]:20.6f}" for t in trainers)
                   + f" {abs(a - b) / abs(b):9.2e}", flush=True)
     a, b = ours.losses[-1], theirs.losses[-1]
-    rel = abs(a - b) / abs(b)
+    change = (a - b) / abs(b)
+    rel = abs(change)
     # float32: the curves agree; 16 bits: the float32 run's loss reached (at most the margin above it)
-    met = rel < GOAL if args.precision == "fp32" else (a - b) / abs(b) < MARGIN_16
+    met = rel < GOAL if args.precision == "fp32" else change < MARGIN_16
     ms = {name: t.ms_per_step() for name, t in zip(labels, trainers, strict=True)}
     for name, t in zip(labels, trainers, strict=True):
         print(f"{name:20s} loss {t.losses[0]:.4f} at the first step, {t.losses[-1]:.4f} at the last")
@@ -205,8 +206,9 @@ def main(argv: list[str] | None = None) -> int:
                else f"{labels[1]} and {labels[0]} (float32)")
     goal_text = (f"below {goal:g}" if args.precision == "fp32"
                  else f"{labels[1]}'s loss at most {goal:g} above float32's, or below it")
+    ours_label = labels[0] if args.precision == "fp32" else labels[1]
     print(f"relative difference of the losses of {between} after {args.steps} steps: {rel:.2e}, "
-          f"{labels[1] if args.precision != 'fp32' else labels[0]}'s {'lower' if a < b else 'higher'} "
+          f"{ours_label}'s {'lower' if a < b else 'higher'} "
           f"(goal: {goal_text}: {'met' if met else 'NOT met'})")
     scale = None
     if args.precision != "fp32":
@@ -228,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
             "steps": args.steps, "batches": args.batches, "lr": args.lr, "schedule": args.schedule,
             "schedules_run": ran, "seed": args.seed, "precision": args.precision,
             "losses": {name: t.losses for name, t in zip(labels, trainers, strict=True)},
-            "final_rel_diff": rel, "final_rel_change": (a - b) / abs(b), "goal": goal, "goal_met": met,
+            "final_rel_diff": rel, "final_rel_change": change, "goal": goal, "goal_met": met,
             "ms_per_step": ms,
             "step_ms": {name: t.ms for name, t in zip(labels, trainers, strict=True)},
             **({} if scale is None else {"reference_rel_diff": scale}),

@@ -142,7 +142,7 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
             cell if lengths is None else ops.masked_text(cell), x, hidden, schedule)
         calls = [partial(_direction, x, [s[i:i + 1] for s in initial], params_of(layer, reverse),
                          reverse_time if reverse else None, cell, hidden, schedule, lengths,
-                         direction_of(reverse, beside), float32, steps, (kept, layer, zeros))
+                         direction_of(reverse, beside), float32, steps, kept, layer, zeros)
                  for i, reverse in enumerate(directions, start=layer * len(directions))]
         done = _side_by_side(*calls, x, initial) if beside else [call() for call in calls]
         outputs, lasts = [y for y, _ in done], [last for _, last in done]
@@ -156,12 +156,11 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
 
 
 def _direction(x, initial, params, reverse_time, cell, hidden, schedule, lengths, direction, float32, steps,
-               kept_as: tuple[KeptLayers | None, int, bool]):
+               kept: KeptLayers | None, layer: int, zeros: bool):
     """One direction of one layer: y and the final states (reverse_time: of the reverse direction);
-    `kept_as`: the module's kept calls, the layer, and whether the initial states are the module's zeros
-    (see layer_by_layer)."""
+    `kept`: the module's kept calls, `layer` the layer's index, `zeros` whether the initial states are the
+    module's zeros (see layer_by_layer)."""
     x = reverse_time(x) if reverse_time else x
-    kept, layer, zeros = kept_as
     done = None if kept is None else kept(layer, direction, x, params, None if zeros else initial, schedule)
     if done is None:
         done = run(x, initial, params, cell, hidden, 1, schedule, lengths, direction, float32, steps)
