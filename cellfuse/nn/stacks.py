@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from ..gpu_runtime.driver import new_stream
 from ..graph_model import CellError
 from . import ops
 from .runners import DTYPES, FORWARD, PRECISIONS, direction_of
@@ -144,7 +145,7 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
                          reverse_time if reverse else None, cell, hidden, schedule, lengths,
                          direction_of(reverse, beside), float32, steps, kept, layer, zeros)
                  for i, reverse in enumerate(directions, start=layer * len(directions))]
-        done = _side_by_side(*calls, x, initial) if beside else [call() for call in calls]
+        done = _side_by_side(*calls, x) if beside else [call() for call in calls]
         outputs, lasts = [y for y, _ in done], [last for _, last in done]
         for last in lasts:
             for i, value in enumerate(last):
@@ -177,29 +178,48 @@ def _beside(x: torch.Tensor) -> bool:
     return x.device.type == "cuda" and not torch.compiler.is_compiling()
 
 
-# per thread, per device: a thread's side stream waits for no other thread's work, and joins no other
-# thread's CUDA graph capture
+# per thread: (device, main stream) -> its side stream (see _side_stream)
 _side_streams = threading.local()
+MAX_SIDE_STREAMS = 64  # per thread and device: main streams beyond as many run a layer's directions in turn
 
 
-def _side_by_side(first: Callable, second: Callable, x: torch.Tensor, initial: Sequence[torch.Tensor]):
-    """first() on the current stream and second() on a side stream forked from it and joined back."""
-    main = torch.cuda.current_stream(x.device)
-    index = x.device.index if x.device.index is not None else torch.cuda.current_device()
-    mine = getattr(_side_streams, "by_device", None)
+def _side_stream(x: torch.Tensor, main: torch.cuda.Stream) -> torch.cuda.Stream | None:
+    """The side stream of the calling thread's layers run on `main`, made at its first use; None where
+    the thread has run them on MAX_SIDE_STREAMS others of x's device already.
+
+    Why one per main stream, made by the driver and no one else's (not from torch's pool, whose streams
+    other code is given too): the memory of the side stream's outputs goes back to its pool without
+    record_stream, as soon as the host drops it. That is safe only where every later use of the side
+    stream waits for the main stream that read those outputs, which a side stream that serves one main
+    stream alone does (_side_by_side). And it must be so: memory held back by record_stream until the
+    GPU passes an event comes back at addresses that depend on how far the GPU lags, and a kept call
+    replays its captured run only over addresses it has seen (quick_call), so that the calls of a
+    bidirectional layer would take the whole path, and capture new runs, without end."""
+    mine = getattr(_side_streams, "by_main", None)
     if mine is None:
-        mine = _side_streams.by_device = {}
-    if index not in mine:
-        mine[index] = torch.cuda.Stream(x.device)
-    side = mine[index]
+        mine = _side_streams.by_main = {}
+    key = (x.device, main.cuda_stream)
+    side = mine.get(key)
+    if side is None:
+        if sum(device == x.device for device, _ in mine) >= MAX_SIDE_STREAMS:
+            return None
+        with ops.made_current(x):
+            side = mine[key] = torch.cuda.ExternalStream(int(new_stream()), device=x.device)
+    return side
+
+
+def _side_by_side(first: Callable, second: Callable, x: torch.Tensor):
+    """first() on the current stream and second() on its side stream, forked from it and joined back
+    (one after the other where it has none)."""
+    main = torch.cuda.current_stream(x.device)
+    side = _side_stream(x, main)
+    if side is None:
+        return [first(), second()]
     side.wait_stream(main)
-    with torch.cuda.stream(side):
-        for t in (x, *initial):  # made on the current stream, read on the side one
-            t.record_stream(side)
-        done = second()
-    out = first()
-    main.wait_stream(side)
-    y, last = done
-    for t in (y, *last):  # made on the side stream, used on the current one
-        t.record_stream(main)
+    try:
+        with torch.cuda.stream(side):
+            done = second()
+        out = first()
+    finally:  # (even where one failed: the next use of the side stream must follow this one)
+        main.wait_stream(side)
     return [out, done]

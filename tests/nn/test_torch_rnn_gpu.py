@@ -135,6 +135,37 @@ def test_directions_side_by_side_take_half_of_the_sms_each(cuda):
     assert modules[0] != modules[1]
 
 
+def test_each_main_stream_has_a_side_stream_of_its_own(cuda):
+    """A bidirectional layer's reverse direction runs on a side stream that serves one main stream alone
+    (its outputs' memory goes back to its pool without record_stream: stacks._side_stream): two streams
+    of one thread calling a module in turn, neither waiting for the other, each get a side stream of
+    their own, and torch's results, call after call."""
+    from cellfuse.nn import stacks
+
+    torch.manual_seed(0)
+    lstm = LSTM(32, 48, 2, bidirectional=True, schedule="persistent").to(cuda)
+    ref = torch.nn.LSTM(32, 48, 2, bidirectional=True).to(cuda)
+    ref.load_state_dict(lstm.state_dict())
+    xs = [torch.randn(30, 5, 32, device=cuda) for _ in range(2)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    for stream in streams:
+        stream.wait_stream(torch.cuda.current_stream())
+    got: list[list[torch.Tensor]] = [[], []]
+    with torch.no_grad():
+        for _ in range(6):
+            for i, stream in enumerate(streams):
+                with torch.cuda.stream(stream):
+                    got[i].append(lstm(xs[i])[0])
+        torch.cuda.synchronize()
+        sides = [stacks._side_stream(xs[0], stream).cuda_stream for stream in streams]
+        assert sides[0] != sides[1] and not set(sides) & {s.cuda_stream for s in streams}
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            for i, x in enumerate(xs):
+                want = ref(x)[0]
+                for y in got[i]:
+                    torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("schedule", ["graph", "tensor"])
 def test_modules_of_the_same_sizes_each_run_on_their_own_weights(cuda, schedule):
     """Two modules of one cell and sizes share a runner (each with packed weights of its own in it):
