@@ -8,7 +8,8 @@
 #              checked by finite differences)
 #   backward   the backward Plans on the GPU (every template and schedule, random cells, full sizes,
 #              the CUDA-graph capture, in bf16 and fp16)
-#   rest       the benchmark, auto, cuDNN's persistent algorithms, the sru package, cellfuse.nn
+#   rest       the benchmark (one and two directions, rows of their own lengths), auto, cuDNN's persistent
+#              algorithms, the sru and flashrnn packages
 #   nn         cellfuse.nn on the GPU: CellRNN against the reference, in CUDA graphs, torch.compile and
 #              torch.export, out of memory, a faulting kernel, two devices where there are two
 #   random     tests/random_cell_checks.py: 200 random cells forward and backward under every schedule
@@ -44,7 +45,8 @@ for group in $groups; do
             command=("${pytest[@]}" tests/gpu_runtime/test_bench.py
                      tests/gpu_runtime/test_bench_train.py tests/gpu_runtime/test_bench_train_lm.py
                      tests/gpu_runtime/test_auto_schedule.py tests/gpu_runtime/test_cudnn_persistent.py
-                     tests/gpu_runtime/test_sru_package.py tests/gpu_runtime/test_random_cell_checks.py) ;;
+                     tests/gpu_runtime/test_sru_package.py tests/gpu_runtime/test_random_cell_checks.py
+                     tests/gpu_runtime/test_directions.py tests/gpu_runtime/test_flashrnn_package.py) ;;
         nn)
             command=("${pytest[@]}" tests/nn) ;;
         random)
@@ -60,7 +62,7 @@ for group in $groups; do
                               nvcc -O3 -arch=sm_90 benchmarks/probes/cluster_lstm_probe.cu -o /tmp/cluster_lstm &&
                               /tmp/cluster_lstm") ;;
         *)
-            echo "unknown group '$group' (groups: forward backward rest random probes)" >&2
+            echo "unknown group '$group' (groups: forward backward rest nn random probes)" >&2
             exit 2 ;;
     esac
     # -k: a compile in progress can outlive the polite signal

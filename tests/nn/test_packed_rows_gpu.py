@@ -230,3 +230,29 @@ def test_a_training_calls_padding_is_freed_without_the_cycle_collector(cuda):
     finally:
         gc.enable()
     assert held[1] == held[2] == held[3], held
+
+
+def test_the_tensor_rung_runs_rows_of_their_own_lengths_as_cudnn(cuda):
+    """64 rows of lengths from 60 down to 3 (four tiles of sixteen rows on tensor cores, ending at steps
+    of their own) under the tensor rung: two layers' outputs, final states and every gradient of a
+    training step as cuDNN's, and an inference call's as the training call's."""
+    torch.manual_seed(2)
+    ours = LSTM(64, 128, num_layers=2, schedule="tensor").to(cuda)
+    ref = _cudnn(ours, cuda)
+    lengths = torch.linspace(60, 3, 64).round().long()
+    x = torch.randn(60, 64, 64, device=cuda, requires_grad=True)
+    packed = pack_padded_sequence(x, lengths)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        (y, (h, c)), (want_y, (want_h, want_c)) = ours(packed), ref(packed)
+        got = torch.autograd.grad(y.data.square().sum() + h.sum() + c.sum(), [x, *ours.parameters()],
+                                  retain_graph=True)  # (the packing's graph is both modules')
+        want = torch.autograd.grad(want_y.data.square().sum() + want_h.sum() + want_c.sum(),
+                                   [x, *ref.parameters()])
+        with torch.no_grad():
+            inferred, (inferred_h, inferred_c) = ours(packed)
+    for a, b in ((y.data, want_y.data), (h, want_h), (c, want_c)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+    for a, b in ((inferred.data, y.data), (inferred_h, h), (inferred_c, c)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
