@@ -198,8 +198,9 @@ class KeptLayers:
     same shape, dtype and device, the same parameters, its initial states every one given or the
     module's zeros), through its runner's C++ lane once a run of it replayed, as a layer of one call is
     (a bidirectional layer's forward call spent 0.87 ms on the host at B=64 on an H200, each direction
-    through the whole path: docs/results/2026-11-29-autocast-calls-and-long-gradients.md). A call with
-    gradients to follow, or of sequences of their own lengths, takes the whole path."""
+    through the whole path, and 0.24 with these:
+    docs/results/2026-11-29-kept-directions-and-the-step-profile.md). A call with gradients to follow, or
+    of sequences of their own lengths, takes the whole path."""
 
     def __init__(self, zeros: Zeros):
         """`zeros`: the module's kept zeros, from which the kept calls take theirs (a CUDA graph the user
