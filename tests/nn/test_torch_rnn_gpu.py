@@ -6,15 +6,18 @@ from __future__ import annotations
 import pytest
 import torch
 
+from cellfuse.codegen.scheduler import SCHEDULES
 from cellfuse.nn import GRU, LSTM
 
 pytestmark = pytest.mark.gpu
 
 
-@pytest.mark.parametrize("schedule", ["graph", "persistent", "auto"])
+@pytest.mark.parametrize("schedule", [*SCHEDULES, "auto"])
 @pytest.mark.parametrize("cls, torch_cls", [(LSTM, torch.nn.LSTM), (GRU, torch.nn.GRU)])
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_matches_cudnn(cuda, schedule, cls, torch_cls, bidirectional):
+    """Two layers, batch first, one or two directions, under every rung: outputs, final states and every
+    gradient as cuDNN's."""
     options = {"num_layers": 2, "batch_first": True, "bidirectional": bidirectional}
     ours = cls(24, 40, **options, schedule=schedule).to(cuda)
     ref = torch_cls(24, 40, **options).to(cuda)
@@ -29,6 +32,37 @@ def test_matches_cudnn(cuda, schedule, cls, torch_cls, bidirectional):
     with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         want = torch.autograd.grad(want_y.square().sum(), [x, *ref.parameters()])
     for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+
+@pytest.mark.parametrize("schedule", ["persistent", "tensor"])
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_dropout_between_layers_drops_what_torchs_dropout_drops(cuda, schedule, bidirectional):
+    """Training with dropout between layers on the GPU drops the units torch's own dropout drops from the
+    same seed (the layer's outputs go through torch.nn.functional.dropout, on torch's CUDA generator):
+    the stack equals cuDNN's layers one at a time with that dropout between them, outputs and every
+    gradient. (cuDNN's own dropout draws from generators of its own: nothing to compare by seed.)"""
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    ours = LSTM(24, 40, num_layers=2, dropout=0.5, bidirectional=bidirectional, schedule=schedule).to(cuda)
+    width = 80 if bidirectional else 40
+    first = torch.nn.LSTM(24, 40, bidirectional=bidirectional).to(cuda)
+    second = torch.nn.LSTM(width, 40, bidirectional=bidirectional).to(cuda)
+    state = ours.state_dict()
+    first.load_state_dict({k: v for k, v in state.items() if "_l0" in k})
+    second.load_state_dict({k.replace("_l1", "_l0"): v for k, v in state.items() if "_l1" in k})
+    x = torch.randn(9, 6, 24, device=cuda, requires_grad=True)
+    torch.manual_seed(5)
+    y = ours(x)[0]
+    torch.manual_seed(5)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        want = second(F.dropout(first(x)[0], 0.5, training=True))[0]
+        torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-5)
+        got = torch.autograd.grad(y.square().sum(), [x, *ours.parameters()])
+        expected = torch.autograd.grad(want.square().sum(), [x, *first.parameters(), *second.parameters()])
+    for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
