@@ -2,10 +2,14 @@
 its backward program timed alone (CUDA events on its stream, the median of --reps runs), and the
 persistent kernels timed again with parts of them taken out (their results are then wrong; only their
 time is measured), so that the grid barrier, the per-step GEMM and the elementwise island each show
-their share.
+their share. With --variants, the persistent kernels timed again with changes that keep their results
+(each variant's outputs, and a training step's gradients, checked against the kernels' as they are):
+a change to the generated kernels tried on the GPU, A/B in one run, before it is made in codegen.
 
     python benchmarks/step_profile.py lstm:64 gru:64 lstm:1 --json results/step_profile.json
     python benchmarks/step_profile.py lstm:64 --schedule tensor --precision bf16 --ablations whole
+    python benchmarks/step_profile.py lstm:64 --schedule tensor --inference --ablations whole \
+        --variants "small products apart"
 
 A CASE is TEMPLATE:BATCH (T=100, input=hidden=512 unless --seq/--hidden say otherwise). With
 --inference, the forward program of inference (no step saved for a backward pass: the one the forward
@@ -37,6 +41,8 @@ _NO_FMA = (r"for \(int (it = 0; it < )\d+;|for \(int (k = ks \* \d+; k < )",
            lambda m: f"for (int {m[1]}0;" if m[1] else f"for (int {m[2]}0 && k < ")
 _NO_ELEMENTWISE = (r"(?m)^\s*p\d+\[\(long long\)r \* \d+ \+ j\] \+?= [^;]*;\s*$", "")
 _NO_SYNC = (r"grid\.sync\(\);", ";")
+# the two small TF32 products of a 3xTF32 one (lo * hi, hi * lo) left out: one TF32 product each
+_ONE_TF32 = (r"(?m)^\s*cf_mma_tf32\(acc\[x\], (al\[p\]\[0\][^;]*wh|ah\[p\]\[0\][^;]*wl)\[[^;]*;\s*$", "")
 ABLATIONS = {
     "whole": [],
     "no grid barrier": [_NO_SYNC],
@@ -44,7 +50,23 @@ ABLATIONS = {
     "GEMM staging only (no FMAs)": [_NO_FMA],
     "no elementwise stores": [_NO_ELEMENTWISE],
     "barrier only": [_NO_GEMM, _NO_ELEMENTWISE],
+    "one TF32 product (no small ones)": [_ONE_TF32],
 }
+# Changes that keep the results (to rounding: sums in another order), checked and timed with --variants.
+VARIANTS = {
+    # 3xTF32's two small products summed in accumulators of their own, added to the large ones' at the
+    # end: each accumulator's chain of dependent mma.sync a third as long, the products' order otherwise
+    # the same
+    "small products apart": [
+        (r"float acc\[(\d+)\]\[4\];", r"float acc[\1][4]; float cf_small[\1][4] = {};"),
+        (r"cf_mma_tf32\(acc\[x\], (al\[p\]\[0\][^;]*wh|ah\[p\]\[0\][^;]*wl)\[",
+         r"cf_mma_tf32(cf_small[x], \1["),
+        (r"part\[m \* 32\] = acc\[m / 4\]\[m % 4\];",
+         "part[m * 32] = acc[m / 4][m % 4] + cf_small[m / 4][m % 4];"),
+    ],
+}
+# a variant's largest difference from the kernels' results, relative to the largest of those (or to 1)
+VARIANT_TOLERANCE = 1e-4
 
 
 class NotApplicable(Exception):
@@ -121,7 +143,8 @@ def precompile(cases, seq: int, hidden: int, schedule: str, ablations: dict, tra
 
 
 def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, reps: int,
-            ablations: dict, training: bool = True, precision: str = "fp32") -> dict:
+            ablations: dict, training: bool = True, precision: str = "fp32", variants: dict | None = None
+            ) -> dict:
     cell = load_template(cell_name)
     sizes = Sizes(seq, batch, hidden, hidden)
     params = init_params(cell, 1, hidden, hidden, 0)
@@ -131,41 +154,62 @@ def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, re
     record: dict = {"cell": cell_name, "batch": batch, "seq": seq, "hidden": hidden, "schedule": schedule,
                     "training": training, "precision": precision}
     plan_kernels, backward_kernels = cuda_executor.plan_kernels, cuda_backward.backward_kernels
-    try:
-        for ablation, edits in ablations.items():
-            cuda_executor.plan_kernels = lambda p, e=edits: _ablate(plan_kernels(p), e)
-            cuda_backward.backward_kernels = lambda p, e=edits: _ablate(backward_kernels(p), e)
-            plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=training,
-                             precision=precision)
-            try:
-                ex = cuda_executor.CudaExecutor(plan, params)
-            except NotApplicable:
-                record.setdefault("ablations", {})[ablation] = None
-                continue
-            try:
-                back = cuda_backward.CudaBackward(ex) if training else None
-            except NotApplicable:
-                ex.close()
-                record.setdefault("ablations", {})[ablation] = None
-                continue
-            try:
-                ex.run(x, {s: np.zeros((1, batch, hidden), np.float32) for s in cell.updates})
-                forward = [(_describe(i, batch), _time(ex, i, reps)) for i in ex.program.instructions]
-                backward = []
-                if back:
-                    back.seed(dy)
-                    backward = [(_describe(i, batch), _time(ex, i, reps, back.splits))
-                                for i in back.plan.instructions()]
-            finally:
-                if back:
-                    back.close()
-                ex.close()
-            if ablation == "whole":
-                record["forward"], record["backward"] = forward, backward
-            record.setdefault("ablations", {})[ablation] = {
-                "forward persistent ms": sum(t for d, t in forward if d == "persistent kernel"),
+
+    def run(edits):
+        """The programs' instructions timed with the persistent kernels edited, and their results (the
+        forward pass's arrays, then a training step's gradients); None where the edits do not apply."""
+        cuda_executor.plan_kernels = lambda p, e=edits: _ablate(plan_kernels(p), e)
+        cuda_backward.backward_kernels = lambda p, e=edits: _ablate(backward_kernels(p), e)
+        plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=training,
+                         precision=precision)
+        try:
+            ex = cuda_executor.CudaExecutor(plan, params)
+        except NotApplicable:
+            return None
+        back = None
+        try:
+            back = cuda_backward.CudaBackward(ex) if training else None
+            results = ex.run(x, {s: np.zeros((1, batch, hidden), np.float32) for s in cell.updates}).arrays()
+            forward = [(_describe(i, batch), _time(ex, i, reps)) for i in ex.program.instructions]
+            backward = []
+            if back:
+                grads = back.run(dy)
+                results.update({"dx": grads.dx, **{f"d{k}": v for k, v in grads.dparams.items()}})
+                back.seed(dy)
+                backward = [(_describe(i, batch), _time(ex, i, reps, back.splits))
+                            for i in back.plan.instructions()]
+        except NotApplicable:
+            return None
+        finally:
+            if back:
+                back.close()
+            ex.close()
+        return forward, backward, results
+
+    def persistent_ms(forward, backward):
+        return {"forward persistent ms": sum(t for d, t in forward if d == "persistent kernel"),
                 "backward persistent ms": sum(t for d, t in backward if d == "persistent kernel")}
+
+    whole = None
+    try:
+        for ablation, edits in {**ablations, **({"whole": []} if variants else {})}.items():
+            done = run(edits)
+            record.setdefault("ablations", {})[ablation] = done and persistent_ms(*done[:2])
+            if done and ablation == "whole":
+                record["forward"], record["backward"], whole = *done[:2], done[2]
             print(cell_name, batch, ablation, record["ablations"][ablation], flush=True)
+        for variant, edits in (variants or {}).items():
+            done = run(edits)
+            if done is None:
+                record.setdefault("variants", {})[variant] = None
+            else:
+                differences = {name: float(np.max(np.abs(done[2][name] - want))
+                                           / max(1.0, np.max(np.abs(want)))) for name, want in whole.items()}
+                worst = max(differences, key=differences.get)
+                record.setdefault("variants", {})[variant] = {
+                    **persistent_ms(*done[:2]), "largest relative difference": differences[worst],
+                    "in": worst, "matches": differences[worst] <= VARIANT_TOLERANCE}
+            print(cell_name, batch, "variant", variant, record["variants"][variant], flush=True)
     finally:
         cuda_executor.plan_kernels, cuda_backward.backward_kernels = plan_kernels, backward_kernels
     return record
@@ -183,16 +227,21 @@ def main() -> None:
     ap.add_argument("--inference", action="store_true",
                     help="the forward program of inference alone, not a training step's two programs")
     ap.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "fp16"])
+    ap.add_argument("--variants", default="",
+                    help=f"changes of the kernels that keep their results, checked and timed: "
+                         f"{', '.join(VARIANTS)}")
     ap.add_argument("--json")
     args = ap.parse_args()
     ablations = {name: ABLATIONS[name] for name in args.ablations.split(",")}
+    variants = {name: VARIANTS[name] for name in args.variants.split(",") if name}
     cases = [(name, int(batch)) for name, batch in (case.split(":") for case in args.cases)]
     training = not args.inference
-    precompile(cases, args.seq, args.hidden, args.schedule, ablations, training, args.precision)
+    precompile(cases, args.seq, args.hidden, args.schedule, {**ablations, **variants}, training,
+               args.precision)
     records = []
     for case, (name, batch) in zip(args.cases, cases, strict=True):
         rec = profile(name, batch, args.seq, args.hidden, args.schedule, args.reps, ablations, training,
-                      args.precision)
+                      args.precision, variants)
         for part in ("forward", "backward") if training else ("forward",):
             print(f"{case} {part}:")
             for what, ms in rec[part]:

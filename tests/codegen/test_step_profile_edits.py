@@ -1,0 +1,54 @@
+"""benchmarks/step_profile.py edits the generated persistent kernels to time them with parts taken out
+(ablations) and with changes that keep their results (variants): each edit must find what it edits in
+the kernels it is meant for, or the profile times the kernel as it is under the edit's name."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+from compile_cuda import nvcc_cubin
+
+from cellfuse.codegen import make_plan
+from cellfuse.gpu_runtime import cuda_backward, cuda_executor
+from cellfuse.graph_model import Sizes, load_template
+
+
+def _script():
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "step_profile.py"
+    spec = importlib.util.spec_from_file_location("step_profile", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def _kernels(precision: str):
+    plan = make_plan(load_template("lstm"), Sizes(20, 64, 64, 64), "tensor", save_steps=True,
+                     precision=precision)
+    return (cuda_executor.plan_kernels(plan),
+            cuda_backward.backward_kernels(cuda_backward.backward_plan(plan)))
+
+
+def test_every_edit_applies_to_the_float32_tensor_rungs_kernels_and_the_16_bit_ones_say_where_not():
+    """Every ablation and variant edits the LSTM's float32 tensor-rung kernels, forward and backward; in
+    bf16, those of 3xTF32's products do not apply (NotApplicable: the profile records None)."""
+    script = _script()
+    for precision in ("fp32", "bf16"):
+        for name, edits in {**script.ABLATIONS, **script.VARIANTS}.items():
+            for made in _kernels(precision):
+                before = dict(made.sources)
+                if precision == "bf16" and "tf32" in repr(edits).lower():
+                    with pytest.raises(script.NotApplicable):
+                        script._ablate(made, edits)
+                    continue
+                edited = script._ablate(made, edits)
+                assert (edited.sources != before) == bool(edits), (precision, name)
+
+
+def test_the_variants_kernels_compile(tmp_path):
+    """What each variant makes of the float32 tensor rung's kernels, forward and backward, compiles."""
+    script = _script()
+    for edits in script.VARIANTS.values():
+        for made in _kernels("fp32"):
+            nvcc_cubin(script._ablate(made, edits).module_source(), tmp_path)
