@@ -155,9 +155,10 @@ def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, re
                     "training": training, "precision": precision}
     plan_kernels, backward_kernels = cuda_executor.plan_kernels, cuda_backward.backward_kernels
 
-    def run(edits):
-        """The programs' instructions timed with the persistent kernels edited, and their results (the
-        forward pass's arrays, then a training step's gradients); None where the edits do not apply."""
+    def run(edits, check: bool):
+        """The programs' instructions timed with the persistent kernels edited, and, where `check`, their
+        results (the forward pass's arrays, then a training step's gradients: a backward pass more, which
+        an ablation's wrong results do not need); None where the edits do not apply."""
         cuda_executor.plan_kernels = lambda p, e=edits: _ablate(plan_kernels(p), e)
         cuda_backward.backward_kernels = lambda p, e=edits: _ablate(backward_kernels(p), e)
         plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=training,
@@ -173,8 +174,9 @@ def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, re
             forward = [(_describe(i, batch), _time(ex, i, reps)) for i in ex.program.instructions]
             backward = []
             if back:
-                grads = back.run(dy)
-                results.update({"dx": grads.dx, **{f"d{k}": v for k, v in grads.dparams.items()}})
+                if check:
+                    grads = back.run(dy)
+                    results.update({"dx": grads.dx, **{f"d{k}": v for k, v in grads.dparams.items()}})
                 back.seed(dy)
                 backward = [(_describe(i, batch), _time(ex, i, reps, back.splits))
                             for i in back.plan.instructions()]
@@ -193,13 +195,13 @@ def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, re
     whole = None
     try:
         for ablation, edits in {**ablations, **({"whole": []} if variants else {})}.items():
-            done = run(edits)
+            done = run(edits, check=ablation == "whole" and bool(variants))
             record.setdefault("ablations", {})[ablation] = done and persistent_ms(*done[:2])
             if done and ablation == "whole":
                 record["forward"], record["backward"], whole = *done[:2], done[2]
             print(cell_name, batch, ablation, record["ablations"][ablation], flush=True)
         for variant, edits in (variants or {}).items():
-            done = run(edits)
+            done = run(edits, check=True)
             if done is None:
                 record.setdefault("variants", {})[variant] = None
             else:
