@@ -8,6 +8,7 @@
 //   mma       as the generated kernel does it: 8 warps, each a 16 x 32 tile over a quarter of K, every
 //             product as three mma.sync.m16n8k8 TF32 ones, the warps' partial tiles added in shared
 //             memory; U's slice float32 in shared memory, split into TF32 pieces at every product
+//   mma16     the same with 16 warps (512 threads), 8 over each tile's K
 //   wgmma2    the product transposed (C^T = U^T h^T: M = the block's 64 columns, N = its 16 rows), as
 //             wgmma.m64n16k8: 2 warpgroups, each over half of K; U's TF32 hi piece in shared memory (the A
 //             descriptor's), its lo piece in registers (A from registers), h's hi and lo pieces staged
@@ -17,8 +18,10 @@
 //   wgmma2n32r the same, h loaded a row at a time (as the generated kernel's polls take it)
 //   wgmma4    wgmma2 with 4 warpgroups (512 threads), each over a quarter of K
 //   wgmma4n32 wgmma2n32 with 4 warpgroups
-// Each with the products and without them (the staging and the stores alone), so that the products'
-// own time shows. Every variant's results are checked against a float64 product on the host first.
+// Each with the products, without them (the staging and the stores alone) and with no steps (what a
+// launch does before its loop), so that the products' own time and the rest of a step show. Every
+// variant's results are checked against a float64 product on the host first. Values are split into
+// TF32 pieces as the generated kernels split them (two instructions, persistent.cuh's cf_split_tf32).
 //
 //     nvcc -O3 -gencode arch=compute_90a,code=sm_90a benchmarks/probes/step_gemm_wgmma_probe.cu \
 //         -o /tmp/step_gemm_wgmma_probe && /tmp/step_gemm_wgmma_probe
@@ -45,15 +48,11 @@ constexpr int STRIDE = K + 16;                     // the generated kernel's row
         }                                                                                              \
     } while (0)
 
-__device__ __forceinline__ unsigned tf32(float v) {
-    unsigned r;
-    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
-    return r;
-}
-
+// as the generated kernels split a float32 value (persistent.cuh's cf_split_tf32): hi its 13 low bits
+// cleared, lo = v - hi, whose low bits the tensor cores leave out as they do hi's (two instructions)
 __device__ __forceinline__ void split(float v, unsigned& hi, unsigned& lo) {
-    hi = tf32(v);
-    lo = tf32(v - __uint_as_float(hi));
+    hi = __float_as_uint(v) & 0xffffe000u;
+    lo = __float_as_uint(v - __uint_as_float(hi));
 }
 
 __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
@@ -65,44 +64,47 @@ __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsig
 
 // ---- mma.sync, as generated ----
 
-constexpr int MMA_SMEM = (ROWS * STRIDE + COLS * STRIDE + 8 * 512) * 4;
+template <int W>
+constexpr int mma_smem() { return (ROWS * STRIDE + COLS * STRIDE + W * 512) * 4; }
 
-__global__ void __launch_bounds__(256, 1) step_mma(const float* __restrict__ u, const float* __restrict__ h,
+template <int W>  // warps: two tiles of 16 x 32, W / 2 warps over each one's K
+__global__ void __launch_bounds__(32 * W, 1) step_mma(const float* __restrict__ u, const float* __restrict__ h,
                                                    float* __restrict__ out, int products, int steps) {
     extern __shared__ __align__(128) float smem[];
     float* const stage = smem;                   // [16][STRIDE]
     float* const w0 = stage + ROWS * STRIDE;     // [64][STRIDE]: the block's columns of U, transposed
     float* const part = w0 + COLS * STRIDE;      // [8 warps][16 x 32]
     const int tid = threadIdx.x, lane = tid & 31, cb = blockIdx.x % COL_BLOCKS, rg = blockIdx.x / COL_BLOCKS;
-    for (int e = tid; e < K * COLS; e += 256) {
+    constexpr int THREADS = 32 * W, SPLIT = W / 2;
+    for (int e = tid; e < K * COLS; e += THREADS) {
         const int k = e / COLS, c = e % COLS;
         w0[c * STRIDE + k] = u[(size_t)k * N + cb * COLS + c];
     }
     for (int t = 0; t < steps; ++t) {
         __syncthreads();
         {  // all of a thread's loads in flight at once, as the generated kernel's polls of h are
-            constexpr int PER = ROWS * K / 4 / 256;
+            constexpr int PER = ROWS * K / 4 / THREADS;
             float4 v[PER];
             #pragma unroll
             for (int i = 0; i < PER; ++i) {
-                const int e = tid + i * 256, r = e / (K / 4), k4 = e % (K / 4);
+                const int e = tid + i * THREADS, r = e / (K / 4), k4 = e % (K / 4);
                 v[i] = *(const float4*)(h + ((size_t)t * B + rg * ROWS + r) * K + 4 * k4);
             }
             #pragma unroll
             for (int i = 0; i < PER; ++i) {
-                const int e = tid + i * 256, r = e / (K / 4), k4 = e % (K / 4);
+                const int e = tid + i * THREADS, r = e / (K / 4), k4 = e % (K / 4);
                 *(float4*)(stage + r * STRIDE + 4 * k4) = v[i];
             }
         }
         __syncthreads();
         {
-            const int o = tid / 32, tile = o / 4, ks = o % 4;
+            const int o = tid / 32, tile = o / SPLIT, ks = o % SPLIT;
             const float* const at = stage + (lane >> 2) * STRIDE + 4 * (lane & 3);
             const float* const wt = w0 + (tile * 32 + (lane >> 2)) * STRIDE + 4 * (lane & 3);
             float acc[4][4] = {};
             if (products > 0) {
                 #pragma unroll
-                for (int k = ks * 16; k < K; k += 64) {
+                for (int k = ks * 16; k < K; k += 16 * SPLIT) {
                     const float4 a4[2] = {*(const float4*)(at + k), *(const float4*)(at + 8 * STRIDE + k)};
                     unsigned ah[2][4], al[2][4];
                     #pragma unroll
@@ -134,12 +136,12 @@ __global__ void __launch_bounds__(256, 1) step_mma(const float* __restrict__ u, 
         }
         __syncthreads();
         #pragma unroll
-        for (int q = 0; q < 4; ++q) {
-            const int e = tid + q * 256, tile = e / 512, y = e % 512 / 32, x = e % 32;
+        for (int q = 0; q < 1024 / THREADS; ++q) {
+            const int e = tid + q * THREADS, tile = e / 512, y = e % 512 / 32, x = e % 32;
             const int at = (4 * (x / 8) + 2 * (y / 8) + x % 2) * 32 + 4 * (y % 8) + x % 8 / 2;
             float v = 0.0f;
             #pragma unroll
-            for (int s = 0; s < 4; ++s) v += part[(tile * 4 + s) * 512 + at];
+            for (int s = 0; s < SPLIT; ++s) v += part[(tile * SPLIT + s) * 512 + at];
             out[((size_t)t * B + rg * ROWS + y) * N + cb * COLS + tile * 32 + x] = v;
         }
     }
@@ -215,7 +217,7 @@ __global__ void __launch_bounds__(128 * WG, 1) step_wgmma(const float* __restric
     const int wg = tid / 128, w = tid / 32 % 4, cb = blockIdx.x % COL_BLOCKS, rg = blockIdx.x / COL_BLOCKS;
     for (int e = tid; e < K * COLS; e += THREADS) {
         const int k = e / COLS, c = e % COLS;
-        uhi[image_at(COLS, c, k)] = __uint_as_float(tf32(u[(size_t)k * N + cb * COLS + c]));
+        uhi[image_at(COLS, c, k)] = __uint_as_float(__float_as_uint(u[(size_t)k * N + cb * COLS + c]) & 0xffffe000u);
     }
     // U^T's lo pieces as A fragments: rows 16 w + g (+ 8) of the block's columns, k q (+ 4) of each step
     unsigned ulo[S][4];
@@ -322,7 +324,8 @@ int main() {
     CHECK(cudaMemcpy(du, u.data(), u.size() * 4, cudaMemcpyHostToDevice));
     CHECK(cudaMemcpy(dh, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
     const Variant variants[] = {
-        {"mma", step_mma, 256, MMA_SMEM},
+        {"mma", step_mma<8>, 256, mma_smem<8>()},
+        {"mma16", step_mma<16>, 512, mma_smem<16>()},
         {"wgmma2", step_wgmma<2, false>, 256, wgmma_smem<2, false>()},
         {"wgmma2n32", step_wgmma<2, true>, 256, wgmma_smem<2, true>()},
         {"wgmma2n32r", step_wgmma<2, true, true>, 256, wgmma_smem<2, true>()},
