@@ -9,6 +9,7 @@
 //             product as three mma.sync.m16n8k8 TF32 ones, the warps' partial tiles added in shared
 //             memory; U's slice float32 in shared memory, split into TF32 pieces at every product
 //   mma16     the same with 16 warps (512 threads), 8 over each tile's K
+//   mma_tma   mma with h's rows staged by the tensor memory accelerator (one bulk copy a row)
 //   wgmma2    the product transposed (C^T = U^T h^T: M = the block's 64 columns, N = its 16 rows), as
 //             wgmma.m64n16k8: 2 warpgroups, each over half of K; U's TF32 hi piece in shared memory (the A
 //             descriptor's), its lo piece in registers (A from registers), h's hi and lo pieces staged
@@ -65,9 +66,18 @@ __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsig
 // ---- mma.sync, as generated ----
 
 template <int W>
-constexpr int mma_smem() { return (ROWS * STRIDE + COLS * STRIDE + W * 512) * 4; }
+constexpr int mma_smem() { return (ROWS * STRIDE + COLS * STRIDE + W * 512) * 4 + 8; }
 
-template <int W>  // warps: two tiles of 16 x 32, W / 2 warps over each one's K
+__device__ __forceinline__ void wait_parity(unsigned barrier, unsigned parity) {
+    unsigned done = 0;
+    while (!done)
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n" : "=r"(done) : "r"(barrier), "r"(parity) : "memory");
+}
+
+// warps: two tiles of 16 x 32, W / 2 warps over each one's K; TMA: h's rows staged by the tensor memory
+// accelerator (a bulk copy of each row, issued by one thread, an mbarrier saying when all have come)
+template <int W, bool TMA = false>
 __global__ void __launch_bounds__(32 * W, 1) step_mma(const float* __restrict__ u, const float* __restrict__ h,
                                                    float* __restrict__ out, int products, int steps) {
     extern __shared__ __align__(128) float smem[];
@@ -80,9 +90,27 @@ __global__ void __launch_bounds__(32 * W, 1) step_mma(const float* __restrict__ 
         const int k = e / COLS, c = e % COLS;
         w0[c * STRIDE + k] = u[(size_t)k * N + cb * COLS + c];
     }
+    const unsigned arrived = (unsigned)__cvta_generic_to_shared(part + W * 512);
+    if (TMA && tid == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n" ::"r"(arrived) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
     for (int t = 0; t < steps; ++t) {
         __syncthreads();
-        {  // all of a thread's loads in flight at once, as the generated kernel's polls of h are
+        if (TMA) {
+            if (tid == 0) {
+                asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");  // the stage's last reads
+                asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n"
+                             ::"r"(arrived), "n"(ROWS * K * 4) : "memory");
+                for (int r = 0; r < ROWS; ++r)
+                    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes "
+                                 "[%0], [%1], %2, [%3];\n"
+                                 ::"r"((unsigned)__cvta_generic_to_shared(stage + r * STRIDE)),
+                                 "l"(h + ((size_t)t * B + rg * ROWS + r) * K), "n"(K * 4), "r"(arrived)
+                                 : "memory");
+            }
+            wait_parity(arrived, t & 1);
+        } else {  // all of a thread's loads in flight at once, as the generated kernel's polls of h are
             constexpr int PER = ROWS * K / 4 / THREADS;
             float4 v[PER];
             #pragma unroll
@@ -326,6 +354,7 @@ int main() {
     const Variant variants[] = {
         {"mma", step_mma<8>, 256, mma_smem<8>()},
         {"mma16", step_mma<16>, 512, mma_smem<16>()},
+        {"mma_tma", step_mma<8, true>, 256, mma_smem<8>()},
         {"wgmma2", step_wgmma<2, false>, 256, wgmma_smem<2, false>()},
         {"wgmma2n32", step_wgmma<2, true>, 256, wgmma_smem<2, true>()},
         {"wgmma2n32r", step_wgmma<2, true, true>, 256, wgmma_smem<2, true>()},
