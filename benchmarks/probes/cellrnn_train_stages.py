@@ -1,12 +1,13 @@
-"""Where the host time of one CellRNN training step goes, as `benchmarks/cellrnn_vs_cudnn.py` times it
-(`y = rnn(x)[0]; y.float().pow(2).mean().backward()`, the gradients set to None before each step): a
-perf_counter stamp as the step enters the module's forward, the runner's forward, the forward program's
-run and its return (the work on the stream), the module's return, the runner's backward, the backward
-program's run and its return, and the step's end; and the GPU's time for the step (CUDA events around
-it). Each step right after a synchronisation, or queued back to back. LSTM, input = hidden = 512, T=100.
-With --sgd, each step ends with an optimizer's step (torch.optim.SGD, in place), as a training script's
-does: the next forward then packs the changed weights again. With --input-grad, x requires a gradient
-(a layer over another's output): the backward pass then computes dx, which it leaves out otherwise.
+"""Where the host time of one CellRNN training step goes, as `benchmarks/cellrnn_vs_cudnn.py` times it (`y =
+rnn(x)[0]; y.float().pow(2).mean().backward()`, the gradients set to None before each step): a perf_counter
+stamp as the step enters the module's forward, the runner's forward, the forward program's run and its
+return (the work on the stream), the module's return, the runner's backward, the backward program's run and
+its return, the parameters' gradients made from its buffers, autograd's Function's return, the first and the
+last parameter's gradient stored (AccumulateGrad), and the step's end; and the GPU's time for the step (CUDA
+events around it). Each step right after a synchronisation, or queued back to back. LSTM, input = hidden =
+512, T=100. With --sgd, each step ends with an optimizer's step (torch.optim.SGD, in place), as a training
+script's does: the next forward then packs the changed weights again. With --input-grad, x requires a
+gradient (a layer over another's output): the backward pass then computes dx, which it leaves out otherwise.
 
     python3 benchmarks/probes/cellrnn_train_stages.py [--schedule auto] [--batches 1,8,64] [--steps 100] \
         [--sgd] [--input-grad]
@@ -23,10 +24,13 @@ import torch
 from cellfuse.gpu_runtime.stream_program import StreamProgram
 from cellfuse.nn import CellRNN, ops, stacks
 from cellfuse.nn.cuda_runner import CudaRunner
+from cellfuse.nn.tensor_layout import TensorLayout
 
 STAGES = ("module.forward", "stacks.run", "_Eager.forward", "runner.forward", "runner._forward",
           "forward run", "forward queued", "module returned", "loss", "_Eager.backward", "runner.backward",
-          "runner._backward", "backward run", "backward queued", "backward returned", "step returned")
+          "runner._backward", "backward run", "backward queued", "gradients made", "param grads made",
+          "_Eager.backward returned", "first grad stored", "last grad stored", "backward returned",
+          "step returned")
 _stamps: dict[str, int] = {}
 
 
@@ -35,6 +39,21 @@ def _stamped(fn, name: str):
         _stamps[name] = time.perf_counter_ns()
         return fn(*args, **kwargs)
     return wrapper
+
+
+def _stamped_after(fn, name: str):
+    def wrapper(*args, **kwargs):
+        out = fn(*args, **kwargs)
+        _stamps[name] = time.perf_counter_ns()
+        return out
+    return wrapper
+
+
+def _grad_stored(_param) -> None:
+    """A parameter's gradient stored in .grad by autograd's AccumulateGrad."""
+    now = time.perf_counter_ns()
+    _stamps.setdefault("first grad stored", now)
+    _stamps["last grad stored"] = now
 
 
 def _run_stamped(run):
@@ -52,7 +71,10 @@ def _instrument() -> None:
     stacks.run = _stamped(stacks.run, "stacks.run")
     forward, backward = ops._Eager.forward, ops._Eager.backward
     ops._Eager.forward = staticmethod(_stamped(forward, "_Eager.forward"))
-    ops._Eager.backward = staticmethod(_stamped(backward, "_Eager.backward"))
+    ops._Eager.backward = staticmethod(_stamped_after(_stamped(backward, "_Eager.backward"),
+                                                      "_Eager.backward returned"))
+    TensorLayout.gradients = _stamped_after(TensorLayout.gradients, "gradients made")
+    TensorLayout.param_gradients = _stamped_after(TensorLayout.param_gradients, "param grads made")
     CudaRunner.forward = _stamped(CudaRunner.forward, "runner.forward")
     CudaRunner._forward = _stamped(CudaRunner._forward, "runner._forward")
     CudaRunner.backward = _stamped(CudaRunner.backward, "runner.backward")
@@ -110,6 +132,8 @@ def main() -> None:
         rnn = CellRNN("lstm", 512, 512, 1, schedule=args.schedule, seed=1).cuda()
         x = torch.randn(100, batch, 512, device="cuda", requires_grad=args.input_grad)
         optimizer = torch.optim.SGD(rnn.parameters(), lr=1e-6) if args.sgd else None
+        for param in rnn.parameters():
+            param.register_post_accumulate_grad_hook(_grad_stored)
         for _ in range(20):
             rnn(x)[0].float().pow(2).mean().backward()
             if optimizer is not None:

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from .kernel_abi import BITS_C
+from .segment_kernel import segment_kernel
 
 PACK_KERNEL = "cf_pack"
 
@@ -50,26 +51,18 @@ def pack_kernel_source(copies: Sequence[PackCopy]) -> str:
     if not copies:
         raise ValueError("a packing kernel needs at least one copy")
     sources = ", ".join(f"const void* __restrict__ s{i}" for i in range(len(copies)))
-    total = total_elements(copies)
-    lines = [f'extern "C" __global__ void {PACK_KERNEL}(char* __restrict__ packing, {sources}) {{',
-             "    const long long stride = (long long)gridDim.x * blockDim.x;",
-             f"    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < {total}LL; "
-             "e += stride) {"]
-    start = 0
+    segments = []
     for i, c in enumerate(copies):
         bits = BITS_C[c.itemsize]
-        test = "if" if i == 0 else "} else if"
         if c.by_columns:
             place = f"col = k / {c.rows}, r = k - col * {c.rows}"
         else:
             place = f"r = k / {c.width}, col = k - r * {c.width}"
-        lines += [f"        {test} (e < {start + c.elements}LL) {{",
-                  f"            const long long k = e - {start}LL, {place};",
-                  f"            (({bits}*)(packing + {c.at}LL))[r * {c.ld}LL + col] = "
-                  f"((const {bits}*)s{i})[r * {c.row_stride}LL + col * {c.col_stride}LL];"]
-        start += c.elements
-    lines += ["        }", "    }", "}", ""]
-    return "\n".join(lines)
+        source = f"((const {bits}*)s{i})[r * {c.row_stride}LL + col * {c.col_stride}LL]"
+        store = f"(({bits}*)(packing + {c.at}LL))[r * {c.ld}LL + col] = {source};"
+        segments.append((c.elements, place, [store]))
+    return segment_kernel(f'extern "C" __global__ void {PACK_KERNEL}(char* __restrict__ packing, {sources})',
+                          segments)
 
 
 def total_elements(copies: Sequence[PackCopy]) -> int:

@@ -37,13 +37,13 @@ from functools import cached_property
 
 import torch
 
-from ..codegen import kernel_set
+from ..codegen import gradient_gather, kernel_set
 from ..codegen.backward_plan import BackwardPlan
 from ..codegen.dtypes import bits
 from ..codegen.kernel_abi import BLOCK, grid_blocks
 from ..codegen.lowering import lower
 from ..codegen.pack_kernel import PACK_KERNEL, PackCopy, pack_kernel_source, total_elements
-from ..codegen.plan import ParamPart, Plan
+from ..codegen.plan import ParamPart, Plan, grad_of
 from ..gpu_runtime.launch_list import LaunchList
 from ..gpu_runtime.stream_program import CHANGES, loaded_module
 from ..graph_model import CellError
@@ -648,7 +648,41 @@ class CudaRunner(Runner):
         bases = [reserve.data_ptr(), packed, x.data_ptr(), 0 if y_kept else y.data_ptr() - row,
                  grads.data_ptr(), *(s.data_ptr() for s in states), *([0] * len(states))]
         program.run(bases, stream, not capturing)
-        return self.layout.gradients(views, input_grad)
+        gather = self._gather if not capturing or "_gather" in self.__dict__ else None
+        if gather is None:
+            return self.layout.gradients(views, input_grad)
+        grouped = [torch.empty(shape, dtype=torch.float32, device=x.device) for shape in self._grouped_shapes]
+        dinitial = [torch.empty((L, B, H), dtype=torch.float32, device=x.device) for _ in states]
+        gather.run([grads.data_ptr(), *(t.data_ptr() for t in (*grouped, *dinitial))], stream)
+        dx = views[grad_of("x")].view(T, B, x.shape[2]).clone() if input_grad else None
+        return dx, dinitial, grouped
+
+    @cached_property
+    def _grouped_shapes(self) -> list[tuple[int, ...]]:
+        return self.layout.grouped_shapes()
+
+    @cached_property
+    def _gather(self) -> LaunchList | None:
+        """What TensorLayout.gradients does but dx, as one launch-list call of one kernel
+        (codegen.gradient_gather; bases: the gradient memory, each grouped gradient, each state's); made
+        at the first backward run outside a CUDA graph capture (loading a module there would break it);
+        None where the kernel cannot be made (torch's ops then gather)."""
+        offsets = {name: at for name, (at, _) in self._grad_extents.items()}
+        gathers = self.layout.gathers(offsets)
+        major, minor = torch.cuda.get_device_capability(self.index)
+        what = f"the gathering of {self.plans.train.cell_name}'s gradients"
+        try:
+            module = loaded_module(what, gradient_gather.gather_kernel_source(gathers), f"sm_{major}{minor}")
+            function = module.function(gradient_gather.GATHER_KERNEL)
+        except CellError as e:
+            log.warning("%s could not be made (%s); gathering with torch's ops", what, e)
+            return None
+        calls = LaunchList(what)
+        outputs = len(self._grouped_shapes) + len(self.layout.state_ids)
+        calls.kernel(function, what, (grid_blocks(gradient_gather.total_elements(gathers)),), BLOCK, 0,
+                     [(slot, 0) for slot in range(1 + outputs)], 0)
+        calls.finish()
+        return calls
 
 
 def _strides(p: torch.Tensor, rows: int, width: int) -> tuple[int, int] | None:

@@ -18,7 +18,9 @@ The parameters' gradients come out in two steps, as few torch ops as can be (eac
 host time): `gradients` copies them out of the gradient buffers as `grouped` tensors (a stacked buffer
 split evenly among its keys in one copy, [keys, rows, width]; every other key's own tensor), which the
 backward pass returns (a custom op's outputs may not be views of each other); `param_gradients` makes
-each key's gradient of those (views of a group).
+each key's gradient of those (views of a group). On a GPU one kernel does what `gradients` does but dx
+(`gathers`, codegen.gradient_gather): with torch's ops it cost a training step more host time than the
+backward pass's own launches.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Collection, Mapping, Sequence
 import torch
 
 from ..codegen.backward_plan import BackwardPlan
+from ..codegen.gradient_gather import Gather, Source
 from ..codegen.plan import ParamPart, Plan, grad_of
 
 Views = Mapping[str, torch.Tensor]
@@ -127,6 +130,26 @@ class TensorLayout:
                 own = pieces[part.key] = block.new_empty(self.plan.params[part.key])
                 own.view(block.shape).copy_(block)
         return dx, dinitial, grouped + [pieces[key] for key in self.piece_keys]
+
+    def gathers(self, offsets: Mapping[str, int]) -> list[Gather]:
+        """What `gradients` does but dx, for codegen.gradient_gather's kernel, the gradient buffers at the
+        bytes `offsets` (by name) of one piece of memory: output i the i-th grouped gradient (contiguous,
+        of `grouped_shapes`), then each state's [layers, B, hidden] (in the order of `state_ids`)."""
+        def source(part: ParamPart) -> Source:
+            return Source(offsets[grad_of(part.buffer)] + 4 * part.col, part.ld)
+
+        out = [Gather(i, j * part.rows * part.width, part.rows, part.width, (source(part),))
+               for i, parts in enumerate(self.groups.values()) for j, part in enumerate(parts)]
+        for i, key in enumerate(self.piece_keys, start=len(self.groups)):
+            parts = [part for part in self.pieces if part.key == key]  # summed: a key several launches read
+            out.append(Gather(i, 0, parts[0].rows, parts[0].width, tuple(source(part) for part in parts)))
+        s = self.plan.sizes
+        n = s.batch * s.hidden
+        for i, state in enumerate(self.state_ids, start=len(self.groups) + len(self.piece_keys)):
+            for layer in range(s.layers):
+                name, at = self.state_places[state, layer, 0]
+                out.append(Gather(i, layer * n, 1, n, (Source(offsets[name] + 4 * at, n),)))
+        return out
 
     def param_gradients(self, grouped: Sequence[torch.Tensor], like: torch.Tensor) -> list[torch.Tensor]:
         """Each parameter's gradient (in the order of `keys`) from the grouped ones: views of a group,

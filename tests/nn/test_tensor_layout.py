@@ -1,17 +1,22 @@
 """TensorLayout's gradients out of gradient buffers that are views of one piece of memory (as a GPU run's
 are): tensors of their own, none a view of that memory (which a custom op's outputs may not be, and
-which would keep the memory alive), and each parameter's gradient where the buffers hold it."""
+which would keep the memory alive), and each parameter's gradient where the buffers hold it; the gathers
+that a GPU's kernel is given (codegen.gradient_gather) say the same, and that kernel compiles."""
 
 from __future__ import annotations
 
 import pytest
 import torch
+from compile_cuda import nvcc_cubin
 
+from cellfuse.codegen.gradient_gather import gather_kernel_source
 from cellfuse.codegen.plan import grad_of
 from cellfuse.nn import CellRNN, ops
 
+CASES = [("lstm", 1), ("gru", 2), ("lstm", 2)]
 
-@pytest.mark.parametrize("name, layers", [("lstm", 1), ("gru", 2)])
+
+@pytest.mark.parametrize("name, layers", CASES)
 def test_gradients_are_copies_and_in_place(name, layers):
     x = torch.zeros(3, 2, 4)
     plans = ops.plans(CellRNN(name, 4, 5, layers)._cell_text, 3, 2, 4, 5, layers, "fused", x.device)
@@ -31,3 +36,36 @@ def test_gradients_are_copies_and_in_place(name, layers):
         key = layout.keys.index(part.key)
         if sum(p.key == part.key for p in layout.parts) == 1:
             torch.testing.assert_close(dparams[key].reshape(block.shape), block)
+
+
+@pytest.mark.parametrize("name, layers", CASES)
+@pytest.mark.parametrize("schedule", ["fused", "persistent"])
+def test_the_gathers_give_what_the_torch_ops_give(name, layers, schedule):
+    """Each gather's elements (the kernel's outputs: the grouped gradients, then each state's) are the
+    sums of its sources' in the memory, which must be what `gradients` makes of it with torch's ops."""
+    x = torch.zeros(3, 2, 4)
+    plans = ops.plans(CellRNN(name, 4, 5, layers)._cell_text, 3, 2, 4, 5, layers, schedule, x.device)
+    layout, backward, sizes = plans.layout, plans.backward, plans.train.sizes
+    offsets, views, at = {}, {}, 0
+    memory = torch.randn(sum(b.nbytes(sizes) // 4 for b in backward.buffers.values()))
+    for n, b in backward.buffers.items():
+        offsets[n], views[n] = 4 * at, memory[at:at + b.nbytes(sizes) // 4]
+        at += b.nbytes(sizes) // 4
+    _, dinitial, grouped = layout.gradients(views, input_grad=False)
+    outputs = [torch.full(t.shape, float("nan")) for t in (*grouped, *dinitial)]
+    for g in layout.gathers(offsets):
+        place = outputs[g.out].view(-1)[g.start:g.start + g.elements].view(g.rows, g.width)
+        assert place.isnan().all(), "an element gathered twice"
+        place.zero_()
+        for source in g.sources:
+            place += memory.as_strided((g.rows, g.width), (source.ld, 1), source.at // 4)
+    for got, want in zip(outputs, (*grouped, *dinitial), strict=True):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("name, layers", [("lstm", 2), ("gru", 1)])
+def test_the_gathering_kernel_of_a_layout_compiles(name, layers, tmp_path):
+    x = torch.zeros(3, 2, 4)
+    plans = ops.plans(CellRNN(name, 4, 5, layers)._cell_text, 3, 2, 4, 5, layers, "persistent", x.device)
+    gathers = plans.layout.gathers({n: 1024 * i for i, n in enumerate(plans.backward.buffers)})
+    nvcc_cubin(gather_kernel_source(gathers), tmp_path)
