@@ -10,6 +10,11 @@
 //             memory; U's slice float32 in shared memory, split into TF32 pieces at every product
 //   mma16     the same with 16 warps (512 threads), 8 over each tile's K
 //   mma_tma   mma with h's rows staged by the tensor memory accelerator (one bulk copy a row)
+//   mma_f16x3 mma with each product as three fp16 mma.sync.m16n8k16 ones (fp16 multiplies at twice
+//             TF32's rate): values split into an fp16 hi piece and an fp16 lo piece scaled by 2^11, the
+//             small products summed apart and scaled back; float32's accuracy only while every value
+//             and its pieces stay in fp16's range (|v| < 65504; below 2^-14 hi loses bits), which the
+//             data here do (U within 0.05, h within 1)
 //   wgmma2    the product transposed (C^T = U^T h^T: M = the block's 64 columns, N = its 16 rows), as
 //             wgmma.m64n16k8: 2 warpgroups, each over half of K; U's TF32 hi piece in shared memory (the A
 //             descriptor's), its lo piece in registers (A from registers), h's hi and lo pieces staged
@@ -26,6 +31,7 @@
 //
 //     nvcc -O3 -gencode arch=compute_90a,code=sm_90a benchmarks/probes/step_gemm_wgmma_probe.cu \
 //         -o /tmp/step_gemm_wgmma_probe && /tmp/step_gemm_wgmma_probe
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -63,6 +69,22 @@ __device__ __forceinline__ void mma(float (&d)[4], const unsigned (&a)[4], unsig
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// a float32 value pair as fp16 pieces: hi (rounded), lo = (v - hi) * 2^11 (rounded), so that lo keeps
+// the 11 bits after hi's at fp16's exponents; each pair packed into one register (the first value low)
+__device__ __forceinline__ void split16(float v0, float v1, unsigned& hi, unsigned& lo) {
+    const __half2 h = __floats2half2_rn(v0, v1);
+    const __half2 l = __floats2half2_rn((v0 - __low2float(h)) * 2048.0f, (v1 - __high2float(h)) * 2048.0f);
+    hi = *reinterpret_cast<const unsigned*>(&h);
+    lo = *reinterpret_cast<const unsigned*>(&l);
+}
+
+__device__ __forceinline__ void mma16(float (&d)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+                 "{%8, %9}, {%0, %1, %2, %3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 // ---- mma.sync, as generated ----
 
 template <int W>
@@ -76,8 +98,11 @@ __device__ __forceinline__ void wait_parity(unsigned barrier, unsigned parity) {
 }
 
 // warps: two tiles of 16 x 32, W / 2 warps over each one's K; TMA: h's rows staged by the tensor memory
-// accelerator (a bulk copy of each row, issued by one thread, an mbarrier saying when all have come)
-template <int W, bool TMA = false>
+// accelerator (a bulk copy of each row, issued by one thread, an mbarrier saying when all have come);
+// F16: each product as three fp16 ones (hi * hi, and hi * lo + lo * hi, lo scaled by 2^11, summed
+// apart and scaled back at the end), U's pieces made once into shared memory (two fp16 arrays where the
+// float32 one was), h's split at every product
+template <int W, bool TMA = false, bool F16 = false>
 __global__ void __launch_bounds__(32 * W, 1) step_mma(const float* __restrict__ u, const float* __restrict__ h,
                                                    float* __restrict__ out, int products, int steps) {
     extern __shared__ __align__(128) float smem[];
@@ -86,9 +111,17 @@ __global__ void __launch_bounds__(32 * W, 1) step_mma(const float* __restrict__ 
     float* const part = w0 + COLS * STRIDE;      // [8 warps][16 x 32]
     const int tid = threadIdx.x, lane = tid & 31, cb = blockIdx.x % COL_BLOCKS, rg = blockIdx.x / COL_BLOCKS;
     constexpr int THREADS = 32 * W, SPLIT = W / 2;
+    __half* const whi = reinterpret_cast<__half*>(w0);  // (F16) [64][STRIDE] each
+    __half* const wlo = whi + COLS * STRIDE;
     for (int e = tid; e < K * COLS; e += THREADS) {
         const int k = e / COLS, c = e % COLS;
-        w0[c * STRIDE + k] = u[(size_t)k * N + cb * COLS + c];
+        const float v = u[(size_t)k * N + cb * COLS + c];
+        if (F16) {
+            whi[c * STRIDE + k] = __float2half_rn(v);
+            wlo[c * STRIDE + k] = __float2half_rn((v - __half2float(whi[c * STRIDE + k])) * 2048.0f);
+        } else {
+            w0[c * STRIDE + k] = v;
+        }
     }
     const unsigned arrived = (unsigned)__cvta_generic_to_shared(part + W * 512);
     if (TMA && tid == 0) {
@@ -129,8 +162,34 @@ __global__ void __launch_bounds__(32 * W, 1) step_mma(const float* __restrict__ 
             const int o = tid / 32, tile = o / SPLIT, ks = o % SPLIT;
             const float* const at = stage + (lane >> 2) * STRIDE + 4 * (lane & 3);
             const float* const wt = w0 + (tile * 32 + (lane >> 2)) * STRIDE + 4 * (lane & 3);
-            float acc[4][4] = {};
-            if (products > 0) {
+            float acc[4][4] = {}, small[4][4] = {};
+            if (products > 0 && F16) {
+                // the k of a product in the generated 16-bit kernels' order: lane q's float4 of a row holds
+                // k 4q .. 4q + 3, the first pair in slots 2q, 2q + 1, the second in 2q + 8, 2q + 9 (A and
+                // U alike, so the sum over K is the same)
+                const int kw = (tile * 32 + (lane >> 2)) * STRIDE + 4 * (lane & 3);
+                #pragma unroll
+                for (int k = ks * 16; k < K; k += 16 * SPLIT) {
+                    const float4 a4[2] = {*(const float4*)(at + k), *(const float4*)(at + 8 * STRIDE + k)};
+                    unsigned ah[4], al[4];
+                    split16(a4[0].x, a4[0].y, ah[0], al[0]);
+                    split16(a4[1].x, a4[1].y, ah[1], al[1]);
+                    split16(a4[0].z, a4[0].w, ah[2], al[2]);
+                    split16(a4[1].z, a4[1].w, ah[3], al[3]);
+                    #pragma unroll
+                    for (int x = 0; x < 4; ++x) {
+                        const uint2 bh = *(const uint2*)(whi + kw + x * 8 * STRIDE + k);
+                        const uint2 bl = *(const uint2*)(wlo + kw + x * 8 * STRIDE + k);
+                        mma16(small[x], ah, bl.x, bl.y);
+                        mma16(small[x], al, bh.x, bh.y);
+                        mma16(acc[x], ah, bh.x, bh.y);
+                    }
+                }
+                #pragma unroll
+                for (int x = 0; x < 4; ++x)
+                    #pragma unroll
+                    for (int i = 0; i < 4; ++i) acc[x][i] += small[x][i] * (1.0f / 2048.0f);
+            } else if (products > 0) {
                 #pragma unroll
                 for (int k = ks * 16; k < K; k += 16 * SPLIT) {
                     const float4 a4[2] = {*(const float4*)(at + k), *(const float4*)(at + 8 * STRIDE + k)};
@@ -355,6 +414,7 @@ int main() {
         {"mma", step_mma<8>, 256, mma_smem<8>()},
         {"mma16", step_mma<16>, 512, mma_smem<16>()},
         {"mma_tma", step_mma<8, true>, 256, mma_smem<8>()},
+        {"mma_f16x3", step_mma<8, false, true>, 256, mma_smem<8>()},
         {"wgmma2", step_wgmma<2, false>, 256, wgmma_smem<2, false>()},
         {"wgmma2n32", step_wgmma<2, true>, 256, wgmma_smem<2, true>()},
         {"wgmma2n32r", step_wgmma<2, true, true>, 256, wgmma_smem<2, true>()},
