@@ -10,6 +10,9 @@
 //             memory; U's slice float32 in shared memory, split into TF32 pieces at every product
 //   mma16     the same with 16 warps (512 threads), 8 over each tile's K
 //   mma_tma   mma with h's rows staged by the tensor memory accelerator (one bulk copy a row)
+//   mma_direct mma.sync with each warp all 64 columns over its eighth of K, loading its own fragments of
+//             h from global memory into registers: no stage in shared memory, no block barrier between
+//             the loads and the products
 //   mma_f16x3 mma with each product as three fp16 mma.sync.m16n8k16 ones (fp16 multiplies at twice
 //             TF32's rate): values split into an fp16 hi piece and an fp16 lo piece scaled by 2^11, the
 //             small products summed apart and scaled back; float32's accuracy only while every value
@@ -234,6 +237,87 @@ __global__ void __launch_bounds__(32 * W, 1) step_mma(const float* __restrict__ 
     }
 }
 
+// ---- mma.sync, each warp loading its own fragments of h ----
+
+constexpr int DIRECT_SMEM = (COLS * STRIDE + 8 * ROWS * COLS) * 4;
+
+// 8 warps, each all 64 columns (eight products side by side) over its eighth of K (64 k): each lane
+// loads its fragments of h's rows (g and g + 8) straight from global memory into registers, all at once,
+// so that no block barrier stands between the loads and the products (as a warp polling its own part of
+// the exchange would start as soon as its part came); the warps' partial tiles added in shared memory
+__global__ void __launch_bounds__(256, 1) step_direct(const float* __restrict__ u, const float* __restrict__ h,
+                                                     float* __restrict__ out, int products, int steps) {
+    extern __shared__ __align__(128) float smem[];
+    float* const w0 = smem;                      // [64][STRIDE]: the block's columns of U, transposed
+    float* const part = w0 + COLS * STRIDE;      // [8 warps][16 x 64], in mma.sync's order
+    const int tid = threadIdx.x, lane = tid & 31, ks = tid / 32;
+    const int cb = blockIdx.x % COL_BLOCKS, rg = blockIdx.x / COL_BLOCKS;
+    for (int e = tid; e < K * COLS; e += 256) {
+        const int k = e / COLS, c = e % COLS;
+        w0[c * STRIDE + k] = u[(size_t)k * N + cb * COLS + c];
+    }
+    const float* const wt = w0 + (lane >> 2) * STRIDE + 4 * (lane & 3);
+    for (int t = 0; t < steps; ++t) {
+        __syncthreads();  // the partial tiles are free again (and, at t = 0, U is in)
+        const float* const at = h + ((size_t)t * B + rg * ROWS + (lane >> 2)) * K + 4 * (lane & 3);
+        float4 a4[4][2];
+        #pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int k = ks * 64 + i * 16;
+            a4[i][0] = *(const float4*)(at + k);
+            a4[i][1] = *(const float4*)(at + 8 * K + k);
+        }
+        float acc[8][4] = {};
+        if (products > 0) {
+            #pragma unroll
+            for (int i = 0; i < 4; ++i) {
+                const int k = ks * 64 + i * 16;
+                unsigned ah[2][4], al[2][4];
+                #pragma unroll
+                for (int y = 0; y < 2; ++y) {
+                    split(a4[i][y].x, ah[0][y], al[0][y]);
+                    split(a4[i][y].y, ah[0][y + 2], al[0][y + 2]);
+                    split(a4[i][y].z, ah[1][y], al[1][y]);
+                    split(a4[i][y].w, ah[1][y + 2], al[1][y + 2]);
+                }
+                #pragma unroll
+                for (int x = 0; x < 8; ++x) {
+                    const float4 w4 = *(const float4*)(wt + x * 8 * STRIDE + k);
+                    unsigned wh[4], wl[4];
+                    split(w4.x, wh[0], wl[0]);
+                    split(w4.y, wh[1], wl[1]);
+                    split(w4.z, wh[2], wl[2]);
+                    split(w4.w, wh[3], wl[3]);
+                    #pragma unroll
+                    for (int p = 0; p < 2; ++p) {
+                        mma(acc[x], al[p], wh[2 * p], wh[2 * p + 1]);
+                        mma(acc[x], ah[p], wl[2 * p], wl[2 * p + 1]);
+                        mma(acc[x], ah[p], wh[2 * p], wh[2 * p + 1]);
+                    }
+                }
+            }
+        } else {  // the loads kept (their values summed into the tile), the products left out
+            #pragma unroll
+            for (int i = 0; i < 4; ++i)
+                #pragma unroll
+                for (int y = 0; y < 2; ++y) acc[0][y] += a4[i][y].x + a4[i][y].y + a4[i][y].z + a4[i][y].w;
+        }
+        #pragma unroll
+        for (int m = 0; m < 32; ++m) part[ks * 1024 + m * 32 + lane] = acc[m / 4][m % 4];
+        __syncthreads();
+        // element (y, x) of a warp's tile is register 4 (x / 8) + 2 (y / 8) + x % 2 of lane 4 (y % 8) + x % 8 / 2
+        #pragma unroll
+        for (int q = 0; q < 4; ++q) {
+            const int e = tid + q * 256, y = e / 64, x = e % 64;
+            const int at_tile = (4 * (x / 8) + 2 * (y / 8) + x % 2) * 32 + 4 * (y % 8) + x % 8 / 2;
+            float v = 0.0f;
+            #pragma unroll
+            for (int s = 0; s < 8; ++s) v += part[s * 1024 + at_tile];
+            out[((size_t)t * B + rg * ROWS + y) * N + cb * COLS + x] = v;
+        }
+    }
+}
+
 // ---- wgmma, transposed ----
 
 // A K-major operand with no swizzle: core matrices of 8 rows (of M or N) by 4 values of K, 128 bytes
@@ -415,6 +499,7 @@ int main() {
         {"mma16", step_mma<16>, 512, mma_smem<16>()},
         {"mma_tma", step_mma<8, true>, 256, mma_smem<8>()},
         {"mma_f16x3", step_mma<8, false, true>, 256, mma_smem<8>()},
+        {"mma_direct", step_direct, 256, DIRECT_SMEM},
         {"wgmma2", step_wgmma<2, false>, 256, wgmma_smem<2, false>()},
         {"wgmma2n32", step_wgmma<2, true>, 256, wgmma_smem<2, true>()},
         {"wgmma2n32r", step_wgmma<2, true, true>, 256, wgmma_smem<2, true>()},
