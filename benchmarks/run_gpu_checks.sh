@@ -13,8 +13,8 @@
 #   nn         cellfuse.nn on the GPU: CellRNN against the reference, in CUDA graphs, torch.compile and
 #              torch.export, out of memory, a faulting kernel, two devices where there are two
 #   random     tests/random_cell_checks.py: 200 random cells forward and backward under every schedule
-#   probes     benchmarks/probes/barrier_probe.cu, tf32x3_gemm_probe.cu, tf32x3_wgmma_probe.cu and
-#              cluster_lstm_probe.cu, built and run
+#   probes     benchmarks/probes/barrier_probe.cu, tf32x3_gemm_probe.cu, tf32x3_wgmma_probe.cu,
+#              cluster_lstm_probe.cu and step_gemm_wgmma_probe.cu, built and run
 # (default: forward, backward, rest, nn and random, longer than one ten-minute call). Each group writes OUTDIR/<group>.log; everything
 # is packed into OUTDIR.tar.gz at the end, one file to bring back. LIMIT (seconds, default 540) bounds
 # each group.
@@ -60,7 +60,10 @@ for group in $groups; do
                                   -lcublas -o /tmp/tf32x3_wgmma &&
                               /tmp/tf32x3_wgmma &&
                               nvcc -O3 -arch=sm_90 benchmarks/probes/cluster_lstm_probe.cu -o /tmp/cluster_lstm &&
-                              /tmp/cluster_lstm") ;;
+                              /tmp/cluster_lstm &&
+                              nvcc -O3 -gencode arch=compute_90a,code=sm_90a \
+                                  benchmarks/probes/step_gemm_wgmma_probe.cu -o /tmp/step_gemm &&
+                              /tmp/step_gemm") ;;
         *)
             echo "unknown group '$group' (groups: forward backward rest nn random probes)" >&2
             exit 2 ;;
