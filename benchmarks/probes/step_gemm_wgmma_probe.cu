@@ -16,8 +16,8 @@
 //   mma_f16x3 mma with each product as three fp16 mma.sync.m16n8k16 ones (fp16 multiplies at twice
 //             TF32's rate): values split into an fp16 hi piece and an fp16 lo piece scaled by 2^11, the
 //             small products summed apart and scaled back; float32's accuracy only while every value
-//             and its pieces stay in fp16's range (|v| < 65504; below 2^-14 hi loses bits), which the
-//             data here do (U within 0.05, h within 1)
+//             and its pieces stay in fp16's range (|v| < 65504; below 2^-14 hi loses bits): the
+//             small and the large scale of the check say how far
 //   wgmma2    the product transposed (C^T = U^T h^T: M = the block's 64 columns, N = its 16 rows), as
 //             wgmma.m64n16k8: 2 warpgroups, each over half of K; U's TF32 hi piece in shared memory (the A
 //             descriptor's), its lo piece in registers (A from registers), h's hi and lo pieces staged
@@ -27,10 +27,11 @@
 //   wgmma2n32r the same, h loaded a row at a time (as the generated kernel's polls take it)
 //   wgmma4    wgmma2 with 4 warpgroups (512 threads), each over a quarter of K
 //   wgmma4n32 wgmma2n32 with 4 warpgroups
-// Each with the products, without them (the staging and the stores alone) and with no steps (what a
-// launch does before its loop), so that the products' own time and the rest of a step show. Every
-// variant's results are checked against a float64 product on the host first. Values are split into
-// TF32 pieces as the generated kernels split them (two instructions, persistent.cuh's cf_split_tf32).
+// Each variant's results are checked against a float64 product on the host at three scales of U and h
+// (an LSTM's, small, large), then timed at the first: with the products, without them (the staging and
+// the stores alone) and with no steps (what a launch does before its loop), so that the products' own
+// time and the rest of a step show. Values are split into TF32 pieces as the generated kernels split
+// them (two instructions, persistent.cuh's cf_split_tf32).
 //
 //     nvcc -O3 -gencode arch=compute_90a,code=sm_90a benchmarks/probes/step_gemm_wgmma_probe.cu \
 //         -o /tmp/step_gemm_wgmma_probe && /tmp/step_gemm_wgmma_probe
@@ -485,15 +486,23 @@ struct Variant {
 int main() {
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-    std::vector<float> u((size_t)K * N), h((size_t)T * B * K);
-    for (auto& v : u) v = dist(rng) * 0.05f;
-    for (auto& v : h) v = dist(rng);
+    std::vector<float> u0((size_t)K * N), h0((size_t)T * B * K), u(u0.size()), h(h0.size());
+    for (auto& v : u0) v = dist(rng);
+    for (auto& v : h0) v = dist(rng);
     float *du, *dh, *dout;
     CHECK(cudaMalloc(&du, u.size() * 4));
     CHECK(cudaMalloc(&dh, h.size() * 4));
     CHECK(cudaMalloc(&dout, (size_t)T * B * N * 4));
-    CHECK(cudaMemcpy(du, u.data(), u.size() * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dh, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    // U within `su` and h within `sh`, on the host and the GPU
+    const auto scaled = [&](float su, float sh) {
+        for (size_t i = 0; i < u.size(); ++i) u[i] = u0[i] * su;
+        for (size_t i = 0; i < h.size(); ++i) h[i] = h0[i] * sh;
+        CHECK(cudaMemcpy(du, u.data(), u.size() * 4, cudaMemcpyHostToDevice));
+        CHECK(cudaMemcpy(dh, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+    };
+    // the scales the results are checked at: the timed one (an LSTM's U and h), small values (fp16's
+    // subnormals), large ones (within fp16's range)
+    const float scales[][2] = {{0.05f, 1.0f}, {1e-3f, 1e-2f}, {4.0f, 100.0f}};
     const Variant variants[] = {
         {"mma", step_mma<8>, 256, mma_smem<8>()},
         {"mma16", step_mma<16>, 512, mma_smem<16>()},
@@ -510,29 +519,37 @@ int main() {
     cudaEvent_t start, end;
     CHECK(cudaEventCreate(&start));
     CHECK(cudaEventCreate(&end));
-    std::printf("T=%d B=%d K=%d N=%d, %d blocks (%d column blocks x %d row groups)\n", T, B, K, N,
-                COL_BLOCKS * ROW_GROUPS, COL_BLOCKS, ROW_GROUPS);
+    std::printf("T=%d B=%d K=%d N=%d, %d blocks (%d column blocks x %d row groups); errors at U within %g, "
+                "%g, %g and h within %g, %g, %g; timed at the first\n", T, B, K, N, COL_BLOCKS * ROW_GROUPS,
+                COL_BLOCKS, ROW_GROUPS, scales[0][0], scales[1][0], scales[2][0], scales[0][1], scales[1][1],
+                scales[2][1]);
     for (const Variant& v : variants) {
         CHECK(cudaFuncSetAttribute(v.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, v.smem));
         cudaFuncAttributes attr;
         CHECK(cudaFuncGetAttributes(&attr, v.kernel));
-        CHECK(cudaMemset(dout, 0, (size_t)T * B * N * 4));
-        v.kernel<<<COL_BLOCKS * ROW_GROUPS, v.threads, v.smem>>>(du, dh, dout, 1, T);
-        CHECK(cudaGetLastError());
-        CHECK(cudaDeviceSynchronize());
-        CHECK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
-        double worst = 0.0;  // |error| / sum |terms|, over steps 0 and T - 1
-        for (int t : {0, T - 1})
-            for (int b = 0; b < B; ++b)
-                for (int n = 0; n < N; ++n) {
-                    double ref = 0.0, mag = 0.0;
-                    for (int k = 0; k < K; ++k) {
-                        const double p = (double)h[((size_t)t * B + b) * K + k] * u[(size_t)k * N + n];
-                        ref += p;
-                        mag += std::fabs(p);
+        double errors[3];
+        for (int sc = 2; sc >= 0; --sc) {  // (the timed scale last: its data stay for the timing)
+            scaled(scales[sc][0], scales[sc][1]);
+            CHECK(cudaMemset(dout, 0, (size_t)T * B * N * 4));
+            v.kernel<<<COL_BLOCKS * ROW_GROUPS, v.threads, v.smem>>>(du, dh, dout, 1, T);
+            CHECK(cudaGetLastError());
+            CHECK(cudaDeviceSynchronize());
+            CHECK(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
+            double worst = 0.0;  // |error| / sum |terms|, over steps 0 and T - 1
+            for (int t : {0, T - 1})
+                for (int b = 0; b < B; ++b)
+                    for (int n = 0; n < N; ++n) {
+                        double ref = 0.0, mag = 0.0;
+                        for (int k = 0; k < K; ++k) {
+                            const double p = (double)h[((size_t)t * B + b) * K + k] * u[(size_t)k * N + n];
+                            ref += p;
+                            mag += std::fabs(p);
+                        }
+                        worst = std::max(worst, std::fabs(got[((size_t)t * B + b) * N + n] - ref) / mag);
                     }
-                    worst = std::max(worst, std::fabs(got[((size_t)t * B + b) * N + n] - ref) / mag);
-                }
+            errors[sc] = worst;
+        }
+        const double worst = std::max({errors[0], errors[1], errors[2]});
         // [products + 2]: no steps (what a launch does before its loop); without the products and the
         // proxy fence (wgmma); without the products; with them
         float ms[4];
@@ -551,10 +568,12 @@ int main() {
             std::sort(runs.begin(), runs.end());
             ms[products + 2] = runs[runs.size() / 2];
         }
-        std::printf("%-10s %3d registers, %6d bytes of shared memory: error %.2e (%s); %.4f ms, without the "
+        std::printf("%-10s %3d registers, %6d bytes of shared memory: errors %.2e %.2e %.2e (%s); %.4f ms, "
+                    "without the "
                     "products %.4f ms (and without the proxy fence %.4f), no steps %.4f ms: the products %.3f us "
                     "a step, the rest of a step %.3f us\n",
-                    v.name, attr.numRegs, v.smem, worst, worst < 1e-6 ? "float32's" : "NOT float32's", ms[3],
+                    v.name, attr.numRegs, v.smem, errors[0], errors[1], errors[2],
+                    worst < 1e-6 ? "float32's" : "NOT float32's", ms[3],
                     ms[2], ms[1], ms[0], (ms[3] - ms[2]) * 1e3 / T, (ms[2] - ms[0]) * 1e3 / T);
     }
     return 0;
