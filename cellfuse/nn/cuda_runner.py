@@ -669,6 +669,8 @@ class CudaRunner(Runner):
         None where the kernel cannot be made (torch's ops then gather)."""
         offsets = {name: at for name, (at, _) in self._grad_extents.items()}
         gathers = self.layout.gathers(offsets)
+        if not gathers:  # (no parameter and no state: nothing to gather)
+            return None
         major, minor = torch.cuda.get_device_capability(self.index)
         what = f"the gathering of {self.plans.train.cell_name}'s gradients"
         try:
