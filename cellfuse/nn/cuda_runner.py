@@ -43,7 +43,7 @@ from ..codegen.dtypes import bits
 from ..codegen.kernel_abi import BLOCK, grid_blocks
 from ..codegen.lowering import lower
 from ..codegen.pack_kernel import PACK_KERNEL, PackCopy, pack_kernel_source, total_elements
-from ..codegen.plan import ParamPart, Plan, grad_of
+from ..codegen.plan import ParamPart, Plan
 from ..gpu_runtime.launch_list import LaunchList
 from ..gpu_runtime.stream_program import CHANGES, loaded_module
 from ..graph_model import CellError
@@ -648,14 +648,14 @@ class CudaRunner(Runner):
         bases = [reserve.data_ptr(), packed, x.data_ptr(), 0 if y_kept else y.data_ptr() - row,
                  grads.data_ptr(), *(s.data_ptr() for s in states), *([0] * len(states))]
         program.run(bases, stream, not capturing)
+        # (the kernel is made outside a capture only: see _gather)
         gather = self._gather if not capturing or "_gather" in self.__dict__ else None
         if gather is None:
             return self.layout.gradients(views, input_grad)
         grouped = [torch.empty(shape, dtype=torch.float32, device=x.device) for shape in self._grouped_shapes]
         dinitial = [torch.empty((L, B, H), dtype=torch.float32, device=x.device) for _ in states]
         gather.run([grads.data_ptr(), *(t.data_ptr() for t in (*grouped, *dinitial))], stream)
-        dx = views[grad_of("x")].view(T, B, x.shape[2]).clone() if input_grad else None
-        return dx, dinitial, grouped
+        return self.layout.input_gradient(views) if input_grad else None, dinitial, grouped
 
     @cached_property
     def _grouped_shapes(self) -> list[tuple[int, ...]]:

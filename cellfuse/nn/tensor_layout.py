@@ -115,7 +115,7 @@ class TensorLayout:
         it)."""
         s = self.plan.sizes
         B, H = s.batch, s.hidden
-        dx = views[grad_of("x")].view(s.seq, B, s.input).clone() if input_grad else None
+        dx = self.input_gradient(views) if input_grad else None
         dinitial = [torch.stack([self._state_grad(views, state, layer, 0).view(B, H)
                                  for layer in range(s.layers)]) for state in self.state_ids]
         # a copy always (contiguous() would return a view where the transpose moves a dimension of 1)
@@ -130,6 +130,11 @@ class TensorLayout:
                 own = pieces[part.key] = block.new_empty(self.plan.params[part.key])
                 own.view(block.shape).copy_(block)
         return dx, dinitial, grouped + [pieces[key] for key in self.piece_keys]
+
+    def input_gradient(self, views: Views) -> torch.Tensor:
+        """dx [T, B, input] after a backward run, a tensor of its own (see `gradients`)."""
+        s = self.plan.sizes
+        return views[grad_of("x")].view(s.seq, s.batch, s.input).clone()
 
     def gathers(self, offsets: Mapping[str, int]) -> list[Gather]:
         """What `gradients` does but dx, for codegen.gradient_gather's kernel, the gradient buffers at the
