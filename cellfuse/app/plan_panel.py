@@ -40,7 +40,7 @@ def loop_text(summary: dict) -> str:
             f"threads, {waits}, "
             f"{p['smem_bytes_per_block'] / 1024:.0f} KiB of shared memory per block.")
     if p.get("tensor_cores"):
-        text += " GEMMs on tensor cores (3xTF32, float32's accuracy)."
+        text += f" GEMMs on tensor cores ({p['tensor_core_math']})."
     if p.get("note"):
         text += f" Note: {p['note']}."
     return text

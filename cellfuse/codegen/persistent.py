@@ -67,11 +67,12 @@ class _Placed:
     weights: bool  # its block's columns of W
     output: bool  # its block's columns of C, for every row of the batch
     mma: bool = False  # on tensor cores, which read W from shared memory only
-    w_itemsize: int = 4  # of W on tensor cores (2 in a 16-bit plan: see GemmTiling.w_itemsize)
+    w_itemsize: int = 4  # of W on tensor cores (2 in a 16-bit plan: see GemmTiling.w_itemsize; 4: float32's
+    # products, each as three fp16 ones, see GemmTiling.f16x3)
 
     def tiling(self, blocks: int, row_tile: int) -> GemmTiling:
         return gemm_tiling(self.columns, blocks, row_tile, self.launch.k, self.mma, self.partials,
-                           self.w_itemsize)
+                           self.w_itemsize, self.mma and self.w_itemsize == 4)
 
     @property
     def partials(self) -> bool:

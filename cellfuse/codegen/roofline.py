@@ -3,9 +3,10 @@ its bytes alone would take at the memory's peak bandwidth, and the time of its p
 alone, beside which a measured time says what is left (`bench` records it for every schedule it times on
 a GPU, from the GPU's attributes; `cellfuse plan` says it at an H100 SXM's published peaks).
 
-The arithmetic: every GEMM's 2 m n k and one operation per element of each elementwise op (the plan's
-counts, `Plan.flops_per_step` and the hoisted GEMMs), over T steps and every layer (and direction); a GEMM
+The arithmetic: every GEMM's 2 m n k and one operation per element of each elementwise op (the plan's counts,
+`Plan.flops_per_step` and the hoisted GEMMs), over T steps and every layer (and direction); a hoisted GEMM
 that runs on tensor cores (3xTF32: three TF32 products per float32 product) at a third of the TF32 peak, a
+persistent kernel's on tensor cores (three fp16 products per float32 one) at a third of the dense fp16 peak, a
 GEMM of a 16-bit plan at the dense bf16/fp16 peak, the rest at float32's. The bytes: what each launch reads
 and writes in global memory as `Plan.bytes_per_step` counts them (a persistent kernel's weights kept on chip
 read once), at the HBM's peak; values that pass between a persistent kernel's blocks through L2 are not
@@ -80,11 +81,15 @@ class Roofline:
                 f"{self.sync_ms:.3f} ms: at least {self.bound_ms:.3f} ms")
 
 
-def _on_tensor_cores(layer: LayerPlan, launch: GemmLaunch, in_step: bool) -> bool:
-    if in_step:  # a step's GEMM: on tensor cores where the persistent kernel multiplies with mma
-        persistent = layer.persistent
-        return persistent is not None and any(item.launch is launch and item.mma for item in persistent.items)
-    return may_run_on_tensor_cores(launch)
+def _float32_rate(layer: LayerPlan, launch: GemmLaunch, peaks: Peaks, in_step: bool) -> float:
+    """Float32 operations per second of a float32 GEMM: a step's where the persistent kernel multiplies
+    with mma as three fp16 products each (a third of fp16's rate), a hoisted one's as 3xTF32 where it may
+    run on tensor cores, float32's otherwise."""
+    if in_step:
+        items = layer.persistent.items if layer.persistent is not None else ()
+        on_cores = any(item.launch is launch and item.mma for item in items)
+        return peaks.sixteen_bit_flops / 3 if on_cores else peaks.fp32_flops
+    return peaks.tf32x3_flops if may_run_on_tensor_cores(launch) else peaks.fp32_flops
 
 
 def _flops_seconds(layer: LayerPlan, launches, peaks: Peaks, in_step: bool) -> float:
@@ -94,8 +99,7 @@ def _flops_seconds(layer: LayerPlan, launches, peaks: Peaks, in_step: bool) -> f
             case GemmLaunch() if launch.multiply.itemsize == 2:
                 seconds += launch.flops / peaks.sixteen_bit_flops
             case GemmLaunch():
-                fast = _on_tensor_cores(layer, launch, in_step)
-                seconds += launch.flops / (peaks.tf32x3_flops if fast else peaks.fp32_flops)
+                seconds += launch.flops / _float32_rate(layer, launch, peaks, in_step)
             case KernelLaunch():
                 seconds += launch.rows * launch.width * len(launch.body) / peaks.fp32_flops
     return seconds

@@ -35,7 +35,9 @@ class GemmTiling:
     each tile's sum over K, sixteen k at a time, adding their partial tiles through shared memory
     (`mma_floats`). The operand is staged `k_chunk` columns of K at a time, the warps' partial tiles
     kept in shared memory from one chunk to the next, so that a long K (a backward step's 4H) leaves
-    room for the weights."""
+    room for the weights. Float32 products there are three fp16 ones each (`f16x3`, persistent.cuh's
+    cf_split_f16x3), over values scaled per row (each warp its own, over its share of the chunk) and per
+    column of W (kept in shared memory beside W)."""
 
     cols: int  # the block's columns of the GEMM, over all its stacked weights
     rows_per_thread: int
@@ -49,6 +51,7 @@ class GemmTiling:
     # bytes of an on-chip weight: 2 on tensor cores in a 16-bit plan, whose weights are kept in its type
     # (rounded once as they are loaded, where float32 ones were rounded at every step's product)
     w_itemsize: int = 4
+    f16x3: bool = False
 
     @property
     def output_stride(self) -> int:
@@ -77,8 +80,10 @@ class GemmTiling:
         return mma_stride(k) if self.mma else k_stride(k)
 
     def w_floats(self, k: int) -> int:
-        """Shared memory for the block's on-chip weights, in floats, whole 32 bytes (see `whole32`)."""
-        return whole32(-(-self.padded_cols * self.w_stride(k) * self.w_itemsize // 4))
+        """Shared memory for the block's on-chip weights (and their columns' scales), in floats, whole 32
+        bytes (see `whole32`)."""
+        scales = whole32(self.padded_cols) if self.f16x3 else 0
+        return whole32(-(-self.padded_cols * self.w_stride(k) * self.w_itemsize // 4)) + scales
 
     @property
     def mma_floats(self) -> int:
@@ -122,13 +127,14 @@ def mma_stride(k: int) -> int:
 
 
 def gemm_tiling(columns: tuple[int, ...], blocks: int, row_tile: int, k: int,
-                mma: bool = False, partials: bool = False, w_itemsize: int = 4) -> GemmTiling:
+                mma: bool = False, partials: bool = False, w_itemsize: int = 4,
+                f16x3: bool = False) -> GemmTiling:
     """The cheapest tiling by a simple count: the float4 loads and FMAs of the busiest thread, and its
     shuffles. On tensor cores: the warp tiles' width and the warps on each tile that cost the busiest
     warp the fewest loads and products, leaving no warp idle that could share a tile's K. With one row
     at a time, the products in registers where they fit and the elementwise work may read the output as
     partial sums (`partials`: W and C on chip, no bias, nothing added into C). `w_itemsize`: of the
-    weights on tensor cores."""
+    weights on tensor cores; `f16x3`: float32 products there, as three fp16 ones."""
     cols = sum(-(-w // blocks) for w in columns)
     if partials and not mma and row_tile == 1 and k % 2 == 0 and k <= 2 * THREADS and cols <= REGISTER_COLS:
         width = 1 << (cols - 1).bit_length()
@@ -145,13 +151,13 @@ def gemm_tiling(columns: tuple[int, ...], blocks: int, row_tile: int, k: int,
             while split < WARPS and ct * rt * split * 2 <= WARPS and split * 2 <= kb:
                 split *= 2
             units = -(-ct * rt * split // WARPS)  # warp tiles of the busiest warp
-            # per K_BLOCK: two float4s of A and one of W per product column, two products each, three
-            # TF32 products for each; then the sums of the split warps' partial tiles
-            cost = (units * -(-kb // split) * (2 + nb + 6 * nb)
+            # per K_BLOCK: two float4s of A and one of W per product column, three fp16 products each (a
+            # 16-bit plan's one weighed the same); then the sums of the split warps' partial tiles
+            cost = (units * -(-kb // split) * (2 + nb + 3 * nb)
                     + ct * rt * split * MMA_M * nb * MMA_N // THREADS)
             if best is None or cost < best[0]:
                 best = (cost, GemmTiling(cols, MMA_M, MMA_N * nb, split, ct, rt, mma=True, k_chunk=chunk,
-                                         w_itemsize=w_itemsize))
+                                         w_itemsize=w_itemsize, f16x3=f16x3))
         return best[1]
     k4 = -(-k // 4)
     best = None

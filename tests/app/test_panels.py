@@ -202,7 +202,8 @@ def test_plan_view_says_what_a_persistent_kernel_holds(window):
     text = panel.kernel_label.text()
     assert panel.kernel_label.isVisibleTo(window)
     assert "1 wait(s) per step for the values of other blocks in an exchange buffer (no grid barrier)" in text
-    assert "on tensor cores (3xTF32" in text and panel.stat_values["launches_per_step"].text() == "0"
+    assert "on tensor cores (3xFP16, rows and columns scaled)" in text
+    assert panel.stat_values["launches_per_step"].text() == "0"
     window.bench_panel.set_sizes(hidden=1024)  # a K of 1024 on tensor cores, staged in two chunks
     window.refresh_plan()
     assert "1 grid barrier(s) per step" in panel.kernel_label.text()

@@ -53,7 +53,7 @@ def test_a_kernel_of_every_kind_compiles(tmp_path):
         forward = make_plan(load_template(name), SIZES, schedule, save_steps=True)
         parts += renamed_apart(backward_kernels(backward_plan(forward)).sources, f"{schedule}_grad")
     source = "\n".join(parts)
-    for kind in ("cf_lanes_sum(", "_rows1(", "cf_deviations(", "cf_publish(", "cf_mma_tf32(acc",
+    for kind in ("cf_lanes_sum(", "_rows1(", "cf_deviations(", "cf_publish(", "cf_split_f16x3(a4",
                  "cf_warp_sums<", "griddepcontrol.wait", "for (int t = seq - 1",
                  "__shared__ float cf_partial", "cf_split_tf32x3(", "cf_bias_rows("):
         assert kind in source, kind

@@ -388,7 +388,8 @@ def test_an_export_without_and_one_with_the_backward_pass_compile(tmp_path):
     sources = [generate_cuda(gru, fit(SIZES, gru), "hoisted").text,
                generate_cuda(norm, fit(SIZES, norm), "tensor", backward=True).text]
     assert "_backward(" not in sources[0] and "int cellfuse_c_1_x_error_injected_backward(" in sources[1]
-    for helper in ("cf_mma_tf32", "cf_copy16", "cf_prefetch_l2", "cf_copies_done", "cf_publish", "cf_peek2"):
+    for helper in ("cf_mma_f16", "cf_split_f16x3", "cf_copy16", "cf_prefetch_l2", "cf_copies_done",
+                   "cf_publish", "cf_peek2"):
         assert sources[1].count(f"{helper}(") > 1, helper  # called, not only defined
     compile_objects(sources, tmp_path)
 

@@ -338,16 +338,22 @@ def test_the_tensor_rung_puts_the_gemms_whose_weights_fit_on_tensor_cores(name, 
     assert [item.launch for item in launch.items] == [item.launch for item in fp32.layers[0].persistent.items]
     assert launch.smem_bytes <= H100.smem_per_block and launch.smem_bytes % 32 == 0
     for item in gemms:
-        tiling = gemm_tiling(item.columns, launch.column_blocks, launch.row_tile, item.launch.k, mma=True)
+        tiling = gemm_tiling(item.columns, launch.column_blocks, launch.row_tile, item.launch.k, mma=True,
+                             f16x3=True)
+        assert tiling == item.tiling
         assert tiling.padded_rows % 16 == 0 and tiling.padded_cols % 8 == 0
         assert tiling.padded_rows >= launch.row_tile and tiling.padded_cols >= tiling.cols
         assert tiling.padded_cols - tiling.cols < tiling.cols_per_thread  # no warp tile of padding alone
         assert tiling.output_threads * tiling.k_split <= 8 or tiling.k_split == 1  # no warp idle
         assert tiling.mma_floats == tiling.output_threads * tiling.k_split * 16 * tiling.cols_per_thread
         assert tiling.w_stride(item.launch.k) % 32 == 16  # a lane group's float4s in different banks
-    assert summary(plan)["persistent"]["tensor_cores"] and "on tensor cores (3xTF32)" in describe(plan)
+    assert summary(plan)["persistent"]["tensor_cores"]
+    assert "on tensor cores (3xFP16, rows and columns scaled)" in describe(plan)
     source = plan_kernels(plan).module_source()
-    assert source.count("cf_mma_tf32(acc[x]") == 3 * len(gemms)  # three TF32 products each
+    # three fp16 products each, the two small ones apart; the rows scaled by each warp
+    assert source.count("cf_mma_f16(acc[x]") == len(gemms)
+    assert source.count("cf_mma_f16(small[x]") == 2 * len(gemms)
+    assert source.count("s0 = cf_f16x3_scale(m0), s1 = cf_f16x3_scale(m1)") == len(gemms)
 
 
 @pytest.mark.slow

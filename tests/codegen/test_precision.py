@@ -171,15 +171,15 @@ def test_the_kernels_of_a_16_bit_plan_include_their_types_header_and_compile(pre
 @pytest.mark.nvcc
 @pytest.mark.parametrize("precision", COMPILED_PRECISIONS)
 def test_the_tensor_rungs_kernels_multiply_in_16_bits_and_compile(precision, tmp_path):
-    """One mma.sync of the 16-bit type per sixteen k (no TF32 splits), for a step with one GEMM (the LSTM)
-    and with two and an exchange (Cho's GRU), at the LSTM's full sizes too; a step that reduces rows and
-    prefetches its 16-bit values (the layer-normalised LSTM)."""
+    """One mma.sync of the 16-bit type per sixteen k (no fp16 splits of float32 values), for a step with one
+    GEMM (the LSTM) and with two and an exchange (Cho's GRU), at the LSTM's full sizes too; a step that
+    reduces rows and prefetches its 16-bit values (the layer-normalised LSTM)."""
     suffix = {"bf16": "bf16", "fp16": "f16"}[precision]
     cases = (("lstm", Sizes(100, 64, 512, 512, 1)), ("gru_cho", SIZES), ("layernorm_lstm", SIZES))
     for name, sizes in cases:
         plan = make_plan(load_template(name), sizes, "tensor", precision=precision)
         source = plan_kernels(plan).module_source()
-        assert f"cf_mma_{suffix}(acc[x]" in source and "cf_mma_tf32(acc" not in source
+        assert f"cf_mma_{suffix}(acc[x]" in source and "cf_split_f16x3(a4" not in source
         assert f"m16n8k16.row.col.f32.{suffix}.{suffix}.f32" in source
         # the weights on chip in the 16-bit type, each fragment's two registers one 8-byte load
         dtype = PRECISIONS[precision]
@@ -197,7 +197,7 @@ def test_the_tensor_rungs_reverse_loop_multiplies_in_16_bits_and_compiles(precis
     for name, sizes in (("lstm", Sizes(100, 64, 512, 512, 1)), ("gru_cho", SIZES)):
         forward = make_plan(load_template(name), sizes, "tensor", save_steps=True, precision=precision)
         source = backward_kernels(backward_plan(forward)).module_source()
-        assert f"cf_mma_{suffix}(acc[x]" in source and "cf_mma_tf32(acc" not in source
+        assert f"cf_mma_{suffix}(acc[x]" in source and "cf_split_f16x3(a4" not in source
         assert f"reinterpret_cast<{PRECISIONS[precision].c}*>(cf_smem + " in source
         nvcc_cubin(source, tmp_path)
 

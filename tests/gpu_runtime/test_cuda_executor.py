@@ -311,6 +311,46 @@ def test_persistent_at_full_sizes_matches_reference(gpu, schedule, name, batch, 
     np.testing.assert_array_equal(out.y, again.y)
 
 
+def test_the_tensor_rungs_products_keep_float32s_accuracy_at_any_scale(gpu):
+    """Each float32 product of the tensor rung's step GEMM is three fp16 ones over rows and columns scaled
+    by powers of two (persistent.cuh's cf_split_f16x3): a linear cell, h' = h @ U + x @ W with x = 0,
+    whose batch rows lie 1e-20 to 1e20 apart (one of them zero) and U's columns 1e-3 to 1e3, gives at
+    every step, element by element, the float64 product of its own previous output within 2^-20 of the
+    sum of the terms' magnitudes (unscaled, fp16 would flush the small rows to zero and overflow the
+    large ones); a row with an inf in it gives non-finite values in that row alone."""
+    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
+    from cellfuse.graph_model import CellBuilder
+
+    b = CellBuilder("linear", "a linear RNN")
+    x, h = b.input("x"), b.state("h")
+    W, U = b.weight("W", "input", "hidden"), b.weight("U", "hidden", "hidden")
+    h_new = (x @ W + h @ U).named("h_new")
+    b.update(h, h_new)
+    b.output(h_new)
+    cell = b.build()
+    seq, batch, hidden, rng = 3, 16, 512, np.random.default_rng(7)
+    u = rng.standard_normal((hidden, hidden)) / np.sqrt(hidden) * np.logspace(-3, 3, hidden)[None, :]
+    params = {"l0.W": rng.standard_normal((hidden, hidden)).astype(np.float32), "l0.U": u.astype(np.float32)}
+    h0 = rng.standard_normal((1, batch, hidden)) * np.logspace(-20, 20, batch)[None, :, None]
+    h0[0, 3] = 0.0
+    h0[0, 5, 17] = np.inf
+    plan = make_plan(cell, Sizes(seq, batch, hidden, hidden, 1), "tensor", device_target())
+    assert any(item.mma for item in plan.layers[0].persistent.items)
+    ex = CudaExecutor(plan, params)
+    out = ex.run(np.zeros((seq, batch, hidden), np.float32), {"h": h0.astype(np.float32)})
+    ex.close()
+    finite = np.arange(batch) != 5
+    assert not np.isfinite(out.y[0, 5]).any() and np.isfinite(out.y[:, finite]).all()
+    uu = params["l0.U"].astype(np.float64)
+    before = h0[0].astype(np.float32).astype(np.float64)
+    for t in range(seq):
+        got = out.y[t, finite].astype(np.float64)
+        want, size = before[finite] @ uu, np.abs(before[finite]) @ np.abs(uu)
+        assert np.all(np.abs(got - want) <= 2.0 ** -20 * size), t
+        assert np.all(got[3] == 0.0)  # the zero row
+        before = out.y[t].astype(np.float64)
+
+
 @pytest.mark.parametrize("schedule, name, seq, batch, layers", [
     ("persistent", "lstm", 16, 80, 1), ("persistent", "slstm", 16, 80, 2), ("graph", "gru", 12, 160, 1),
     ("wavefront", "residual_lstm", 12, 128, 2),

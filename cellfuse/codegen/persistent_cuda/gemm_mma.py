@@ -1,8 +1,9 @@
-"""A GEMM of a persistent kernel on tensor cores (`mma.sync` on TF32, each float32 product as three TF32
-ones, the error of float32's; in a 16-bit plan, one bf16 or fp16 product, its operands rounded to the
-type as they are taken into registers): per tile of rows and chunk of K, the chunk staged (or its rows
-taken from their exchange), each warp's tile of C over its share of the chunk, the warps that share a tile
-adding their partial tiles through shared memory."""
+"""A GEMM of a persistent kernel on tensor cores (`mma.sync`; each float32 product as three fp16 ones over
+values scaled per row and per column, the error of float32's: persistent.cuh's cf_split_f16x3; in a
+16-bit plan, one bf16 or fp16 product, its operands rounded to the type as they are taken into
+registers): per tile of rows and chunk of K, the chunk staged (or its rows taken from their exchange),
+each warp's tile of C over its share of the chunk, the warps that share a tile adding their partial tiles
+through shared memory."""
 
 from __future__ import annotations
 
@@ -16,15 +17,15 @@ from .gemm_fma import FULL_UNROLL
 from .shared_memory import w_type
 from .staging import pointers, stage, store
 
-# a product's three TF32 ones, the A and W fragments of each: lo * hi, hi * lo, hi * hi
-_PRODUCTS = (("al", "wh"), ("ah", "wl"), ("ah", "wh"))
-
 
 def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
     """Per tile of rows and chunk of K, each warp's tile of C over its share of the chunk, sixteen k at a
-    time, each product in three TF32 ones, the small ones first, its partial tile carried in shared memory
-    from one chunk to the next; then the warps' partial tiles added up and stored by all the block's
-    threads, through the column map and the bias.
+    time, its partial tile carried in shared memory from one chunk to the next; then the warps' partial
+    tiles added up and stored by all the block's threads, through the column map and the bias. A float32
+    product is three fp16 ones (see `_f16x3_products`), over the chunk's rows scaled each by its own
+    power of two (`_row_scales`, each warp over its share of K) and W's columns by theirs
+    (`f16x3_weights`): the small products summed apart, and the scales undone as the warp's partial tile
+    of the chunk is stored.
 
     A lane of group g (lane / 4) and place q (lane % 4) holds, for the mma.sync products, rows g and g + 8
     of A and column g of W (of each product's eight columns), at k q and q + 4 of each product. Those k
@@ -49,6 +50,7 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
     end = (str(MMA_K_BLOCK * blocks) if g.k % chunk == 0
            else f"min({MMA_K_BLOCK * blocks}, {MMA_K_BLOCK * -(-g.k // MMA_K_BLOCK)} - kc)")
     iters = -(-blocks // split)
+    assert tl.f16x3 == (g.multiply == FLOAT32), f"{g.group}: {g.multiply.name} products, f16x3 {tl.f16x3}"
     pointers(k, item)
     with w.block(f"for (int rb = 0; rb < rows; rb += {rt}) {{"):
         with w.block(f"for (int kc = 0; kc < {chunks * chunk}; kc += {chunk}) {{"):
@@ -66,20 +68,36 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
                   f"const {w_type(item)}* const wt = w{i} + ((tile % {nt}) * {wc} + (lane >> 2)) * {kp} + "
                   "kc + 4 * (lane & 3);",
                   f"{F}* const part = cf_mma + (size_t)o * {regs * 32} + lane;  // [{regs}][32]",
-                  f"{F} acc[{nb}][4];",
-                  "#pragma unroll",
-                  f"for (int m = 0; m < {regs}; ++m)",
-                  f"    acc[m / 4][m % 4] = {'kc ? part[m * 32] : 0.0f' if chunks > 1 else '0.0f'};",
-                  f"#pragma unroll{'' if iters <= FULL_UNROLL else ' 2'}")
+                  f"{F} acc[{nb}][4];")
+                if tl.f16x3:  # the small products apart, every chunk from zero (its own rows' scales)
+                    _row_scales(k, split, stride, end)
+                    w(f"{F} small[{nb}][4];",
+                      "#pragma unroll",
+                      f"for (int m = 0; m < {regs}; ++m) acc[m / 4][m % 4] = small[m / 4][m % 4] = 0.0f;")
+                else:
+                    w("#pragma unroll",
+                      f"for (int m = 0; m < {regs}; ++m)",
+                      f"    acc[m / 4][m % 4] = {'kc ? part[m * 32] : 0.0f' if chunks > 1 else '0.0f'};")
+                w(f"#pragma unroll{'' if iters <= FULL_UNROLL else ' 2'}")
                 with w.block(f"for (int k = ks * {MMA_K_BLOCK}; k < {end}; k += {split * MMA_K_BLOCK}) {{"):
                     w(f"const float4 a4[2] = {{*(const float4*)(at + k), "
                       f"*(const float4*)(at + {8 * stride} + k)}};")
-                    if g.multiply != FLOAT32:
-                        _sixteen_bit_products(k, g, nb, kp, tl.w_itemsize == 2)
+                    if tl.f16x3:
+                        _f16x3_products(k, nb, kp)
                     else:
-                        _tf32x3_products(k, nb, kp)
-                w("#pragma unroll",
-                  f"for (int m = 0; m < {regs}; ++m) part[m * 32] = acc[m / 4][m % 4];")
+                        _sixteen_bit_products(k, g, nb, kp, tl.w_itemsize == 2)
+                # element m of the lane's tile: row g + 8 (m % 4 / 2), column 8 (m / 4) + 2q + m % 2; the
+                # rows' scales undone here, W's columns' (the same in every chunk) as C is stored
+                if tl.f16x3:
+                    w(f"const {F} i0 = cf_f16x3_unscale(s0), i1 = cf_f16x3_unscale(s1);",
+                      "#pragma unroll")
+                    with w.block(f"for (int m = 0; m < {regs}; ++m) {{"):
+                        w(f"const {F} v = (acc[m / 4][m % 4] + small[m / 4][m % 4] * (1.0f / 2048.0f)) * "
+                          "(m % 4 < 2 ? i0 : i1);",
+                          f"part[m * 32] = {'kc ? part[m * 32] + v : v' if chunks > 1 else 'v'};")
+                else:
+                    w("#pragma unroll",
+                      f"for (int m = 0; m < {regs}; ++m) part[m * 32] = acc[m / 4][m % 4];")
         # element (y, x) of a warp tile is register 4 (x / 8) + 2 (y / 8) + x % 2 of lane 4 (y % 8) + x % 8
         # / 2: mma.sync's layout of C (the thread's elements unrolled, their loads before any test: all in
         # flight at once)
@@ -97,34 +115,48 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
               "#pragma unroll",
               f"for (int s = 0; s < {split}; ++s) "
               f"v += cf_mma[(size_t)(tile * {split} + s) * {regs * 32} + at];",
+              *([f"v *= cf_wscale{i}[cc];"] if tl.f16x3 else []),
               f"const int n = cols{i}(cc);",
               f"if (n >= 0 && r < {rt} && rb + r < rows)",
               f"    {store(k, i, item, 'rb + r', 'cc', 'v')}")
     w("__syncthreads();  // C is read next by other threads of the block")
 
 
-def _tf32x3_products(k: Kernel, nb: int, kp: int) -> None:
-    """The products of one block of sixteen k as TF32 ones, from the float4s a4 of A's rows g and g + 8
-    (see `gemm`): each float32 product as three, the small ones first."""
-    k.w("unsigned ah[2][4], al[2][4];  // [product][fragment register]",
+def _row_scales(k: Kernel, split: int, stride: int, end: str) -> None:
+    """s0 and s1, the scales of the warp's rows g and g + 8 for their split into fp16 pieces
+    (persistent.cuh's cf_f16x3_scale of their largest magnitude over the k the warp multiplies, which its
+    four lanes of each row read): each warp its own, so that no barrier waits for them (a pass over the
+    whole staged rows and a barrier after it took 0.8 us of the LSTM's 5.6 us step at B=64); the warps
+    that share a tile add their partial tiles once each has undone its own scales."""
+    w = k.w
+    w("float m0 = 0.0f, m1 = 0.0f;",
+      "#pragma unroll")
+    with w.block(f"for (int k = ks * {MMA_K_BLOCK}; k < {end}; k += {split * MMA_K_BLOCK}) {{"):
+        w("m0 = fmaxf(m0, cf_abs_max(*(const float4*)(at + k)));",
+          f"m1 = fmaxf(m1, cf_abs_max(*(const float4*)(at + {8 * stride} + k)));")
+    w("#pragma unroll")
+    with w.block("for (int d = 1; d < 4; d *= 2) {  // the row's four lanes"):
+        w("m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, d));",
+          "m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, d));")
+    w(f"const {F} s0 = cf_f16x3_scale(m0), s1 = cf_f16x3_scale(m1);")
+
+
+def _f16x3_products(k: Kernel, nb: int, kp: int) -> None:
+    """The products of one block of sixteen k, from the float4s a4 of A's rows g and g + 8 (see `gemm`),
+    each float32 product as three fp16 ones (m16n8k16): A's values scaled by their rows' s0 and s1 and
+    split here, W's split in shared memory already (a float4 of four k: their hi pieces, then their lo
+    pieces, see `f16x3_weights`); hi * lo and lo * hi summed apart, in `small`, and hi * hi in `acc`."""
+    k.w("unsigned ah[4], al[4];",
+        "cf_split_f16x3(a4[0].x * s0, a4[0].y * s0, ah[0], al[0]);",
+        "cf_split_f16x3(a4[1].x * s1, a4[1].y * s1, ah[1], al[1]);",
+        "cf_split_f16x3(a4[0].z * s0, a4[0].w * s0, ah[2], al[2]);",
+        "cf_split_f16x3(a4[1].z * s1, a4[1].w * s1, ah[3], al[3]);",
         "#pragma unroll")
-    with k.w.block("for (int y = 0; y < 2; ++y) {  // rows g and g + 8"):
-        k.w("cf_split_tf32(a4[y].x, ah[0][y], al[0][y]);",
-            "cf_split_tf32(a4[y].y, ah[0][y + 2], al[0][y + 2]);",
-            "cf_split_tf32(a4[y].z, ah[1][y], al[1][y]);",
-            "cf_split_tf32(a4[y].w, ah[1][y + 2], al[1][y + 2]);")
-    k.w("#pragma unroll")
     with k.w.block(f"for (int x = 0; x < {nb}; ++x) {{"):
-        k.w(f"const float4 w4 = *(const float4*)(wt + x * {MMA_N * kp} + k);",
-            "unsigned wh[4], wl[4];",
-            "cf_split_tf32(w4.x, wh[0], wl[0]);",
-            "cf_split_tf32(w4.y, wh[1], wl[1]);",
-            "cf_split_tf32(w4.z, wh[2], wl[2]);",
-            "cf_split_tf32(w4.w, wh[3], wl[3]);",
-            "#pragma unroll")
-        with k.w.block("for (int p = 0; p < 2; ++p) {"):  # the small products first
-            k.w(*(f"cf_mma_tf32(acc[x], {a}[p][0], {a}[p][1], {a}[p][2], {a}[p][3], "
-                  f"{b}[2 * p], {b}[2 * p + 1]);" for a, b in _PRODUCTS))
+        k.w(f"const uint4 w4 = *(const uint4*)(wt + x * {MMA_N * kp} + k);",
+            "cf_mma_f16(small[x], ah[0], ah[1], ah[2], ah[3], w4.z, w4.w);",
+            "cf_mma_f16(small[x], al[0], al[1], al[2], al[3], w4.x, w4.y);",
+            "cf_mma_f16(acc[x], ah[0], ah[1], ah[2], ah[3], w4.x, w4.y);")
 
 
 def _sixteen_bit_products(k: Kernel, g: GemmLaunch, nb: int, kp: int, packed: bool) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from ..c_text import comment_text
 from ..cuda_kernels import F
 from ..plan import GemmLaunch, PersistentItem
-from ..tiling import WARPS
+from ..tiling import WARPS, whole32
 from .context import Kernel
 from .staging import rounded
 
@@ -63,6 +63,8 @@ def shared_memory(k: Kernel) -> None:
                 with w.block(f"for (int q = 0; q < {W_LOADS}; ++q) {{"):
                     w(f"const int e = e0 + q * {threads}, {along};",
                       f"if (e < {ncp * kp}) w{i}[c * {kp} + k] = {stored};")
+            if tl.f16x3:
+                f16x3_weights(k, i, item)
         if item.output_on_chip and tl.in_registers:
             width = tl.cols_per_thread
             w(f"{F}* const cf_part{i} = cf_smem + {shared.output_at(i)};  // [rows][{WARPS}][{width}]: "
@@ -77,6 +79,32 @@ def shared_memory(k: Kernel) -> None:
     if shared.stage:  # the columns past K of every staged row stay zero: the float4 sums run over them
         w(f"for (int e = tid; e < {shared.stage}; e += {threads}) cf_stage[e] = 0.0f;")
     w("__syncthreads();")
+
+
+def f16x3_weights(k: Kernel, i: int, item: PersistentItem) -> None:
+    """The block's on-chip weights of a float32 GEMM on tensor cores split in place into fp16 pieces
+    (persistent.cuh's cf_split_f16x3), a warp a column: each float4 of four k becomes, in its own 16
+    bytes, the hi pieces of those k (two registers of pairs, as mma.sync takes them) then their lo
+    pieces; each column scaled by its own power of two, whose inverse `cf_wscale{i}` keeps (for the
+    stores of C)."""
+    tl, w = item.tiling, k.w
+    kp, ncp = tl.w_stride(item.launch.k), tl.padded_cols
+    w(f"{F}* const cf_wscale{i} = cf_smem + {k.launch.shared.weights_at(i) + whole32(ncp * kp)};  "
+      f"// [{ncp}]: 1 / each column's scale",
+      "__syncthreads();  // the weights whole, before a warp splits a column of them")
+    with w.block(f"for (int c = tid / 32; c < {ncp}; c += {k.launch.threads // 32}) {{"):
+        w(f"float4* const col = reinterpret_cast<float4*>(w{i} + c * {kp});",
+          "float m = 0.0f;")
+        with w.block(f"for (int q = tid & 31; q < {kp // 4}; q += 32) {{"):
+            w("m = fmaxf(m, cf_abs_max(col[q]));")
+        w("const float s = cf_f16x3_scale(cf_warp_max(m));")
+        with w.block(f"for (int q = tid & 31; q < {kp // 4}; q += 32) {{"):
+            w("const float4 v = col[q];",
+              "uint4 p;",
+              "cf_split_f16x3(v.x * s, v.y * s, p.x, p.z);",
+              "cf_split_f16x3(v.z * s, v.w * s, p.y, p.w);",
+              "reinterpret_cast<uint4*>(col)[q] = p;")
+        w(f"if ((tid & 31) == 0) cf_wscale{i}[c] = cf_f16x3_unscale(s);")
 
 
 def weights_in_registers(k: Kernel) -> None:
