@@ -27,13 +27,11 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
     (`f16x3_weights`): the small products summed apart, and the scales undone as the warp's partial tile
     of the chunk is stored.
 
-    A lane of group g (lane / 4) and place q (lane % 4) holds, for the mma.sync products, rows g and g + 8
-    of A and column g of W (of each product's eight columns), at k q and q + 4 of each product. Those k
-    are taken in an order of their own: the first product of a K_BLOCK reads the block's k 4q and 4q + 1,
-    the second 4q + 2 and 4q + 3, so that each row a lane reads is one float4 (A and W in the same order,
-    the sum over K is the same). A 16-bit product (m16n8k16) takes the same float4s: a pair of k in each
-    register, k 4q and 4q + 1 in the first of a row (slots 2q and 2q + 1), 4q + 2 and 4q + 3 in the second
-    (slots 2q + 8 and 2q + 9), W's the same way."""
+    A lane of group g (lane / 4) and place q (lane % 4) holds, for each mma.sync product (m16n8k16, a pair
+    of k in each register), rows g and g + 8 of A and column g of W (of the product's eight columns), at
+    the product's k 2q, 2q + 1, 2q + 8 and 2q + 9. Those k are taken in an order of their own, so that each
+    row a lane reads is one float4: the K_BLOCK's k 4q and 4q + 1 in slots 2q and 2q + 1, 4q + 2 and 4q + 3
+    in slots 2q + 8 and 2q + 9 (A and W in the same order: the sum over K is the same)."""
     g: GemmLaunch = item.launch
     tl: GemmTiling = item.tiling
     w = k.w
