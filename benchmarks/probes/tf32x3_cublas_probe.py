@@ -8,8 +8,10 @@ W unsplit as the hi pieces (the tensor cores then leave out their low 13 bits, i
 them first: its error says which) beside lo pieces taken against the truncation. "kcat best of N" is the
 fastest of the N algorithms cuBLASLt offers for the kcat GEMM (nvmath-python's Matmul), beside "kcat
 heuristic", the first it offers: each execute is launched from Python, whose overhead per call (about
-0.035 ms on an H100) can exceed the GEMM's own time and hide the differences. Needs PyTorch with CUDA
-(and nvmath-python for those two):
+0.035 ms on an H100) can exceed the GEMM's own time and hide the differences. "3xfp16 kcat" is the same
+GEMM as three fp16 products over A's rows and W's columns scaled by powers of two (the pieces the tensor
+rung's persistent kernels multiply), one fp16 GEMM over 3K into float32 (torch.mm's out_dtype), its
+error taken after the scales are undone. Needs PyTorch with CUDA (and nvmath-python for the algorithms):
 
     python3 benchmarks/probes/tf32x3_cublas_probe.py OUT.json [SHAPE ...]
 """
@@ -35,6 +37,18 @@ def split(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 def truncated(x: torch.Tensor) -> torch.Tensor:
     """x with the 13 low bits of its mantissa cleared: what the tensor cores keep of a float32 as TF32."""
     return (x.view(torch.int32) & ~0x1FFF).view(torch.float32)
+
+
+def f16x3_pieces(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """x scaled by a power of two per row (dim=1: A's) or per column (dim=0: W's), so that its largest
+    magnitude lies in [2^14, 2^15), as fp16 hi and lo pieces, lo = (x - hi) * 2^11 (persistent.cuh's
+    cf_split_f16x3), and the inverse scales."""
+    m = x.abs().amax(dim=dim, keepdim=True)
+    one = torch.ones_like(m)
+    scale = torch.where(m > 0, torch.ldexp(one, 15 - torch.frexp(m).exponent), one)
+    xs = x * scale
+    hi = xs.half()
+    return hi, ((xs - hi.float()) * 2048).half(), 1 / scale
 
 
 def median_ms(f, n: int = 30) -> float:
@@ -97,6 +111,21 @@ def measure(M: int, K: int, N: int, g: torch.Generator) -> dict[str, float]:
     Ar, Br = torch.cat([A, A, A - truncated(A)], 1), torch.cat([B, B - truncated(B), B], 0)
     r["3xtf32 kcat raw hi err"], r["3xtf32 kcat raw hi ms"] = err(Ar @ Br), median_ms(lambda: Ar @ Br)
     r.update(algorithms(A3, B3, err))
+    # three fp16 products over scaled rows of A and columns of W, one GEMM over 3K (fp16 in, float32 out):
+    # hi * hi + hi' * lo + lo * hi', the primed pieces scaled down by 2^11 (exact, but for values that
+    # fall below fp16's normal range, 2^-18 of their row's or column's largest)
+    Fh, Fl, ra = f16x3_pieces(A, 1)
+    Gh, Gl, cb = f16x3_pieces(B, 0)
+    F3 = torch.cat([Fh, (Fh.float() / 2048).half(), Fl], 1)
+    G3 = torch.cat([Gh, Gl, (Gh.float() / 2048).half()], 0)
+    try:
+        f16 = torch.mm(F3, G3, out_dtype=torch.float32)
+    except TypeError:  # (a torch without fp16 GEMMs into float32)
+        return r
+    r["3xfp16 kcat err"] = err(f16 * ra * cb)
+    r["3xfp16 kcat ms"] = median_ms(lambda: torch.mm(F3, G3, out_dtype=torch.float32))
+    r["3xfp16 kcat split bytes"] = (F3.numel() + G3.numel()) * 2
+    r["3xtf32 kcat split bytes"] = (A3.numel() + B3.numel()) * 4
     return r
 
 
