@@ -243,8 +243,9 @@ class PersistentItem:
 
     @property
     def mma(self) -> bool:
-        """A GEMM on tensor cores, each product in three TF32 ones (a = a_hi + a_lo, a_hi * b_lo + a_lo *
-        b_hi + a_hi * b_hi), as accurate as float32's (its weights on chip: the fragments load from there)."""
+        """A GEMM on tensor cores (its weights on chip: the fragments load from there); in float32 each
+        product as three fp16 ones over rows and columns scaled by powers of two (a = a_hi + a_lo, a_hi *
+        b_lo + a_lo * b_hi + a_hi * b_hi: see GemmTiling.f16x3)."""
         return self.tiling is not None and self.tiling.mma
 
     @property

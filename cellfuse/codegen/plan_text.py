@@ -163,6 +163,6 @@ SCHEDULE_LINES = {
     "wavefront": "graph, with each layer on streams of its own, a chunk of steps behind the layer below",
     "persistent": "each layer's whole step loop in one kernel, its recurrent weights kept on chip "
                   "(they must fit in the GPU's shared memory)",
-    "tensor": "persistent, with its GEMMs on tensor cores in 3xTF32 (float32's accuracy; needs "
-              "compute capability 8.0 or later)",
+    "tensor": "persistent, with its GEMMs on tensor cores as three fp16 products each, rows and columns "
+              "scaled (float32's accuracy; needs compute capability 8.0 or later)",
 }

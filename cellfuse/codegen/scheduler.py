@@ -14,8 +14,9 @@ beside layer l-1's next chunk (see `lowering`).
 The persistent rung keeps the hoisted rung's launches, but for the row reductions that depend on no
 state, which it runs before the loop, and runs each layer's step loop as one cooperative launch (see
 `persistent`); the tensor rung runs the GEMMs of the persistent rung's launches on tensor
-cores, each float32 product as three TF32 ones: the error of float32's, at a third of the tensor cores'
-rate, several times the CUDA cores'.
+cores, each float32 product as three fp16 ones over rows and columns scaled by powers of two (float32's
+error for values within 2^-26 of their row's and column's largest), at a third of fp16's rate on the
+tensor cores, several times the CUDA cores'.
 """
 
 from __future__ import annotations
@@ -321,7 +322,7 @@ class Rung:
     cuda_graph: bool = False  # the whole forward pass captured once into a CUDA graph and replayed
     layer_streams: bool = False  # each layer's loop on its own stream, a chunk of steps behind the one below
     persistent: bool = False  # each layer's step loop is one cooperative launch
-    tensor_cores: bool = False  # and the GEMMs in them on tensor cores, three TF32 products for each
+    tensor_cores: bool = False  # and the GEMMs in them on tensor cores, three fp16 products for each
 
 
 _HOISTED = (gemm_per_left_operand, hoist, fold_biases, place, fuse, store_the_rest)

@@ -93,9 +93,9 @@ class GemmTiling:
         return self.output_threads * self.k_split * self.rows_per_thread * self.cols_per_thread
 
 
-MMA_M, MMA_N, MMA_K = 16, 8, 8  # the tile of C and the K of one mma.sync product on TF32 operands
-# K read at a time by a warp on tensor cores: two products, each lane's operands of both one float4 of a
-# row (the k of a product taken in the order that makes them so: any order gives the same sum)
+MMA_M, MMA_N = 16, 8  # the tile of C of one mma.sync product
+# K of one mma.sync product (m16n8k16), read at a time by a warp on tensor cores: each lane's operands one
+# float4 of a row (the k of a product taken in the order that makes them so: any order gives the same sum)
 MMA_K_BLOCK = 16
 MMA_K_CHUNK = 512  # columns of K staged at a time on tensor cores, at most
 # the products side by side in a warp's tile of C, the choices (3 and 6: a GRU block's 3 * 2^n columns)

@@ -356,6 +356,27 @@ def test_the_tensor_rung_puts_the_gemms_whose_weights_fit_on_tensor_cores(name, 
     assert source.count("s0 = cf_f16x3_scale(m0), s1 = cf_f16x3_scale(m1)") == len(gemms)
 
 
+def test_a_gemm_zeroes_the_columns_past_its_k_that_a_longer_one_may_have_staged():
+    """The step's GEMMs share the stage: where K is not a whole block of the products' reads (16 k on
+    tensor cores, a float4 on the CUDA cores), a GEMM zeroes its rows' columns past K after staging them
+    (a longer GEMM's values there would count in its rows' fp16 scales, an inf or NaN would make NaN), in
+    the last chunk only where K is staged in chunks; at K = 512 nothing is emitted."""
+    from cellfuse.codegen.kernel_set import backward_kernels
+
+    def zeroing(name, sizes, schedule):
+        plan = make_plan(load_template(name), sizes, schedule, save_steps=True)
+        source = plan_kernels(plan).module_source() + backward_kernels(backward_plan(plan)).module_source()
+        return [line.strip() for line in source.splitlines() if "cf_stage[(e / " in line]
+
+    lines = zeroing("gru_cho", Sizes(10, 8, 40, 40), "tensor")  # K = 40: columns 40 .. 47 of each row
+    assert lines and all(line.endswith("cf_stage[(e / 8) * 48 + 40 + e % 8] = 0.0f;") for line in lines)
+    (line,) = zeroing("lstm", Sizes(12, 1, 512, 600), "tensor")  # K = 600 in chunks: the last one.s 88 .. 95
+    assert line.startswith("if (kc == 512) ") and "+ 88 + e % 8] = 0.0f;" in line
+    (line, *_) = zeroing("lstm", Sizes(6, 3, 37, 37), "persistent")  # on the CUDA cores: K = 37, 37 .. 39
+    assert "+ 37 + e % 3] = 0.0f;" in line
+    assert zeroing("lstm", Sizes(12, 64, 512, 512), "tensor") == []
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name, batch", [("lstm", 64), ("layernorm_lstm", 64), ("gru_cho", 8)])
 def test_the_tensor_rung_s_kernels_compile_forward_and_backward(name, batch, tmp_path):

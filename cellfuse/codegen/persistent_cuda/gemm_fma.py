@@ -12,7 +12,7 @@ from ..tiling import WARPS, GemmTiling
 from .context import Kernel
 from .exchange import poll_pair, poll_rows
 from .shared_memory import w_index
-from .staging import pointers, rounded, stage, store
+from .staging import pointers, rounded, stage, store, zero_past_k
 
 FULL_UNROLL = 32  # iterations of a GEMM's loop over K, at most, unrolled whole (else two at a time)
 
@@ -33,6 +33,7 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
             poll_rows(k, *k.exchange[g.a.buffer], stride, lambda v: rounded(g, v))
         else:
             stage(k, g, "0", g.k, stride, rounding=g.multiply != FLOAT32)
+        zero_past_k(k, g, tl.padded_rows, stride, 4)
         w("__syncthreads();",
           f"const int ks = tid % {split};")
         step = launch.threads // split

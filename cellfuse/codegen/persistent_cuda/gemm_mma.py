@@ -15,7 +15,7 @@ from .context import Kernel
 from .exchange import poll_rows
 from .gemm_fma import FULL_UNROLL
 from .shared_memory import w_type
-from .staging import pointers, stage, store
+from .staging import pointers, stage, store, zero_past_k
 
 
 def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
@@ -57,6 +57,8 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
                 poll_rows(k, *k.exchange[g.a.buffer], stride)
             else:
                 stage(k, g, "kc", chunk, stride)
+            zero_past_k(k, g, tl.padded_rows, stride, MMA_K_BLOCK, (chunks - 1) * chunk if chunks > 1
+                        else None)
             w("__syncthreads();",
               "const int lane = tid & 31;")
             with w.block(f"for (int o = tid / 32; o < {tiles * split}; o += {WARPS}) {{"):
@@ -85,7 +87,9 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
                     else:
                         _sixteen_bit_products(k, g, nb, kp, tl.w_itemsize == 2)
                 # element m of the lane's tile: row g + 8 (m % 4 / 2), column 8 (m / 4) + 2q + m % 2; the
-                # rows' scales undone here, W's columns' (the same in every chunk) as C is stored
+                # rows' scales undone here, W's columns' (the same in every chunk) as C is stored: a partial
+                # sum keeps its column's scale (at most 2^15 over the column's largest), so it overflows
+                # only where K times its row's largest passes 2^113
                 if tl.f16x3:
                     w(f"const {F} i0 = cf_f16x3_unscale(s0), i1 = cf_f16x3_unscale(s1);",
                       "#pragma unroll")

@@ -76,7 +76,8 @@ def shared_memory(k: Kernel) -> None:
     if shared.mma is not None:
         w(f"{F}* const cf_mma = cf_smem + {shared.mma};  // the warps' partial tiles of a GEMM's output, "
           "on tensor cores")
-    if shared.stage:  # the columns past K of every staged row stay zero: the float4 sums run over them
+    if shared.stage:  # the columns past K of the staged rows start zero (the float4 sums run over them; a
+        # GEMM zeroes them again where a longer one may have written there: staging.zero_past_k)
         w(f"for (int e = tid; e < {shared.stage}; e += {threads}) cf_stage[e] = 0.0f;")
     w("__syncthreads();")
 

@@ -58,6 +58,22 @@ def stage(k: Kernel, g: GemmLaunch, first: str, width: int, stride: int, roundin
           f"{rounded(g, value) if rounding else value} : 0.0f;")
 
 
+def zero_past_k(k: Kernel, g: GemmLaunch, rows: int, stride: int, multiple: int,
+                last: int | None = None) -> None:
+    """Zeroes the staged rows' columns from K up to K rounded up to `multiple` (what the products read past
+    K: float4s on the CUDA cores, blocks of sixteen k on tensor cores), where K is not a multiple of it:
+    the kernel's GEMMs share the stage, and one with longer rows may have left its values there (an inf or
+    NaN times W's zero padding is NaN; on tensor cores any value there would count in its row's scale).
+    `last`: the first column of the last chunk of K, where K is staged in chunks (`kc` the chunk's)."""
+    pad = -g.k % multiple
+    if not pad:
+        return
+    start = last or 0
+    k.w(("" if last is None else f"if (kc == {last}) ")
+        + f"for (int e = tid; e < {rows * pad}; e += {k.launch.threads}) "
+        f"cf_stage[(e / {pad}) * {stride} + {g.k - start} + e % {pad}] = 0.0f;")
+
+
 def store(k: Kernel, i: int, item: PersistentItem, row: str, col: str, value: str, old: str = "") -> str:
     """The statement that puts a GEMM's `value` at `row` of the block's rows and `col` of its columns (n:
     the column of C): into shared memory where the output stays on chip, else to C, with the bias; added

@@ -39,13 +39,16 @@ __device__ __forceinline__ void cf_peek2(const unsigned long long* at, unsigned 
 // rate: the LSTM's step GEMM at B=64 took 1.26 us a step where three TF32 products took 2.35,
 // benchmarks/probes/step_gemm_wgmma_probe.cu). A value, scaled so that its row's (or column's) largest
 // magnitude lies in [2^14, 2^15), is an fp16 hi piece and an fp16 lo piece, lo = (v - hi) * 2^11: the
-// value to 22 of its 24 bits, give or take 2^-50 of the largest (where lo is below fp16's normal range).
+// value to 22 of its 24 bits, give or take 2^-50 of the largest (where lo is below fp16's normal range,
+// for values under about 2^-26 of the largest: unlike 3xTF32's, the accuracy is relative to the row's
+// and column's largest, not to each value).
 // The products lo * lo are left out, as 3xTF32 leaves them; the scales are powers of two (exact), undone
 // on the sums, which are float32's.
 
 // The scale of values whose largest magnitude is m: 2^(14 - e) for m in [2^e, 2^(e + 1)), from m's
 // exponent bits (2^126 at most, where m is tiny or subnormal, so that its inverse is a normal float); 1
-// where m is zero or not finite (an inf or NaN then reaches the sum as float32's would).
+// where m is zero or not finite (an inf's lo piece is then NaN: the products of its row or column are
+// NaN, as 3xTF32's were).
 __device__ __forceinline__ float cf_f16x3_scale(float m) {
     const int e = __float_as_int(m) >> 23;  // (m >= 0: no sign bit)
     return m == 0.0f || e == 255 ? 1.0f : __int_as_float(min(253, 268 - e) << 23);
