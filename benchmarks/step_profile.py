@@ -10,10 +10,14 @@ a change to the generated kernels tried on the GPU, A/B in one run, before it is
     python benchmarks/step_profile.py lstm:64 --schedule tensor --precision bf16 --ablations whole
     python benchmarks/step_profile.py lstm:64 --schedule tensor --inference --ablations whole \
         --variants "rows unscaled"
+    python benchmarks/step_profile.py lstm:64 --schedule tensor --k-chunk 1024 \
+        --ablations "whole,no staging (where staged)"
 
 A CASE is TEMPLATE:BATCH (T=100, input=hidden=512 unless --seq/--hidden say otherwise). With
 --inference, the forward program of inference (no step saved for a backward pass: the one the forward
-benchmark times) instead of a training step's two programs.
+benchmark times) instead of a training step's two programs. With --k-chunk, the tensor rung's GEMMs
+stage K in chunks of that many columns instead of tiling.MMA_K_CHUNK's (where shared memory holds them):
+a plan of another shape, timed in a run of its own.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from datetime import UTC, datetime
 
 import numpy as np
 
+import cellfuse.codegen.persistent as persistent
+import cellfuse.codegen.tiling as tiling
 import cellfuse.gpu_runtime.cuda_backward as cuda_backward
 import cellfuse.gpu_runtime.cuda_executor as cuda_executor
 from cellfuse.codegen.lowering import Gemm, Kernel, Persistent
@@ -34,13 +40,18 @@ from cellfuse.codegen.scheduler import make_plan
 from cellfuse.gpu_runtime.event_timing import median_ms
 from cellfuse.graph_model import Sizes, init_params, load_template
 
-# Each ablation: (pattern, replacement) edits of a persistent kernel's source.
+# Each ablation: (pattern, replacement) edits of a persistent kernel's source (and WHERE_FOUND, for an
+# edit that leaves a kernel without the pattern as it is).
 _NO_GEMM = (r"rb < rows; rb \+= (\d+)", r"rb < 0; rb += \1")  # no staging, no products, no stores
 # staging and stores only: the loop over K of the CUDA cores' products, or of the tensor cores'
 _NO_FMA = (r"for \(int (it = 0; it < )\d+;|for \(int (k = ks \* \d+; k < )",
            lambda m: f"for (int {m[1]}0;" if m[1] else f"for (int {m[2]}0 && k < ")
 _NO_ELEMENTWISE = (r"(?m)^\s*p\d+\[\(long long\)r \* \d+ \+ j\] \+?= [^;]*;\s*$", "")
 _NO_SYNC = (r"grid\.sync\(\);", ";")
+# the operand's rows not copied into the stage (the products run on what it held): what staging costs,
+# where a GEMM stages its rows (not where they come through an exchange: an edit that may find nothing)
+WHERE_FOUND = "where found"
+_NO_STAGING = (r"cf_copy16\(s, [^;]*;", ";", WHERE_FOUND)
 # the two small fp16 products of a float32 one (hi * lo, lo * hi) left out: one fp16 product each
 _ONE_F16 = (r"(?m)^\s*cf_mma_f16\(small\[x\], [^;]*;\s*$", "")
 # the rows of a float32 GEMM's operand on tensor cores left unscaled (their largest magnitudes, then
@@ -54,6 +65,7 @@ ABLATIONS = {
     "GEMM staging only (no FMAs)": [_NO_FMA],
     "no elementwise stores": [_NO_ELEMENTWISE],
     "barrier only": [_NO_GEMM, _NO_ELEMENTWISE],
+    "no staging (where staged)": [_NO_STAGING],
     "one fp16 product (no small ones)": [_ONE_F16],
 }
 # Changes that keep the results (to rounding: sums in another order), checked and timed with --variants.
@@ -74,9 +86,9 @@ def _ablate(kernels, edits):
     for name, source in kernels.sources.items():
         if "grid_group" not in source:
             continue
-        for pattern, replacement in edits:
+        for pattern, replacement, *where_found in edits:
             source, n = re.subn(pattern, replacement, source)
-            if not n:
+            if not n and not where_found:
                 raise NotApplicable(f"{pattern!r} is not in {name}")
         kernels.sources[name] = source
     return kernels
@@ -229,8 +241,11 @@ def main() -> None:
     ap.add_argument("--variants", default="",
                     help=f"changes of the kernels that keep their results, checked and timed: "
                          f"{', '.join(VARIANTS)}")
+    ap.add_argument("--k-chunk", type=int, help="columns of K the tensor rung stages at a time")
     ap.add_argument("--json")
     args = ap.parse_args()
+    if args.k_chunk:
+        tiling.MMA_K_CHUNK = persistent.MMA_K_CHUNK = args.k_chunk
     ablations = {name: ABLATIONS[name] for name in args.ablations.split(",")}
     variants = {name: VARIANTS[name] for name in args.variants.split(",") if name}
     cases = [(name, int(batch)) for name, batch in (case.split(":") for case in args.cases)]
