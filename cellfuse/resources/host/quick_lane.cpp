@@ -346,20 +346,13 @@ PyObject* replay(Core& c, const at::Tensor& x, const std::vector<uint64_t>& stat
     c.missed = std::move(bases);
     Py_RETURN_NONE;
   }
-  // the outputs made before the replay: nothing after it may fail but Python's own objects (whose
-  // failure, out of memory, raises) and a conversion's copy (a CUDA error), so that a call is never
-  // replayed and then made again by Python
-  at::Tensor outputs = block.narrow(0, 0, c.outputs_end);
-  at::Tensor given = outputs;  // (where the types differ: the outputs' copy in x's type)
+  // (the conversion's memory, where the types differ, taken before the replay: out of memory then leaves
+  // the call to Python's path, which raises it, before anything ran)
+  at::Tensor given = block;  // (where the types differ: the outputs' copy in x's type)
   if (c.out_dtype != c.dtype)
     given = at::_ops::empty_memory_format::call(
         c10::fromIntArrayRefSlow(c10::IntArrayRef(&c.outputs_end, 1)), c.dtype, std::nullopt, c.device,
         std::nullopt, std::nullopt);
-  int64_t row = c.B * c.H;
-  at::Tensor y = given.as_strided({c.T, c.B, c.H}, {row, c.H, 1}, row);
-  if (c.batch_first) y = y.transpose(0, 1);
-  std::vector<at::Tensor> finals;
-  for (int64_t at : c.finals_at) finals.push_back(given.as_strided({c.L, c.B, c.H}, {row, c.H, 1}, at));
   if (unpack_args != nullptr) {
     void* arg = const_cast<uint8_t*>(unpack_args->data());
     if (c.launch_kernel(c.unpack, (unsigned)c.grid, 1, 1, BLOCK, 1, 1, 0, reinterpret_cast<void*>(c.stream),
@@ -369,7 +362,14 @@ PyObject* replay(Core& c, const at::Tensor& x, const std::vector<uint64_t>& stat
   if (c.launch(reinterpret_cast<void*>(kept->graph), reinterpret_cast<void*>(c.stream)) != 0)
     Py_RETURN_NONE;  // (as above; a padding done again writes the same)
   count_replay(c);
-  if (c.out_dtype != c.dtype) given.copy_(outputs);  // (on the current stream, the run's)
+  // the outputs' views made after the launch, which the GPU starts on meanwhile (a B=1 call's time is its
+  // host time to the launch plus the run's): views of memory already held do not fail
+  if (c.out_dtype != c.dtype) given.copy_(block.narrow(0, 0, c.outputs_end));  // (on the run's stream)
+  int64_t row = c.B * c.H;
+  at::Tensor y = given.as_strided({c.T, c.B, c.H}, {row, c.H, 1}, row);
+  if (c.batch_first) y = y.transpose(0, 1);
+  std::vector<at::Tensor> finals;
+  for (int64_t at : c.finals_at) finals.push_back(given.as_strided({c.L, c.B, c.H}, {row, c.H, 1}, at));
   PyObject* out = PyTuple_New(2);
   PyObject* final_states = PyList_New((Py_ssize_t)finals.size());
   if (out == nullptr || final_states == nullptr) {
