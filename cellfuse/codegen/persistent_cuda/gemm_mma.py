@@ -1,9 +1,9 @@
 """A GEMM of a persistent kernel on tensor cores (`mma.sync`; each float32 product as three fp16 ones over
-values scaled per row and per column, the error of float32's: persistent.cuh's cf_split_f16x3; in a
-16-bit plan, one bf16 or fp16 product, its operands rounded to the type as they are taken into
-registers): per tile of rows and chunk of K, the chunk staged (or its rows taken from their exchange),
-each warp's tile of C over its share of the chunk, the warps that share a tile adding their partial tiles
-through shared memory."""
+values scaled per row and per column, float32's error for values within 2^-26 of their row's and column's
+largest: persistent.cuh's cf_split_f16x3; in a 16-bit plan, one bf16 or fp16 product, its operands rounded
+to the type as they are taken into registers): per tile of rows and chunk of K, the chunk staged (or its
+rows taken from their exchange), each warp's tile of C over its share of the chunk, the warps that share a
+tile adding their partial tiles through shared memory."""
 
 from __future__ import annotations
 
