@@ -31,7 +31,6 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-import cellfuse.codegen.persistent as persistent
 import cellfuse.codegen.tiling as tiling
 import cellfuse.gpu_runtime.cuda_backward as cuda_backward
 import cellfuse.gpu_runtime.cuda_executor as cuda_executor
@@ -245,7 +244,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.k_chunk:
-        tiling.MMA_K_CHUNK = persistent.MMA_K_CHUNK = args.k_chunk
+        tiling.MMA_K_CHUNK = args.k_chunk
     ablations = {name: ABLATIONS[name] for name in args.ablations.split(",")}
     variants = {name: VARIANTS[name] for name in args.variants.split(",") if name}
     cases = [(name, int(batch)) for name, batch in (case.split(":") for case in args.cases)]

@@ -18,7 +18,6 @@
 //
 //     nvcc -O3 -arch=sm_90 benchmarks/probes/chunked_staging_probe.cu -o /tmp/chunked_staging_probe &&
 //         /tmp/chunked_staging_probe
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -27,6 +26,9 @@
 #include <cstdlib>
 #include <random>
 #include <vector>
+
+// the generated kernels' helpers: cf_f16x3_scale, cf_split_f16x3, cf_mma_f16, cf_copy16, ...
+#include "../../cellfuse/resources/cuda/persistent.cuh"
 
 constexpr int T = 100, B = 64, K = 2048, N = 512;  // steps, rows, K, columns
 constexpr int COLS = 16, ROWS = 16, WARPS = 8, THREADS = 32 * WARPS;
@@ -42,34 +44,6 @@ constexpr int KP = K + 16;  // U^T's row length in shared memory (K in an odd nu
         }                                                                                              \
     } while (0)
 
-// persistent.cuh's helpers, as the generated kernels have them
-__device__ __forceinline__ float scale_of(float m) {
-    const int e = __float_as_int(m) >> 23;
-    return m == 0.0f || e == 255 ? 1.0f : __int_as_float(min(253, 268 - e) << 23);
-}
-__device__ __forceinline__ float unscale(float s) {
-    return __int_as_float((254 - (__float_as_int(s) >> 23)) << 23);
-}
-__device__ __forceinline__ float abs_max(float4 v) {
-    return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));
-}
-__device__ __forceinline__ void split(float a, float b, unsigned& hi, unsigned& lo) {
-    const __half2 h = __floats2half2_rn(a, b);
-    const float2 back = __half22float2(h);
-    const __half2 l = __floats2half2_rn((a - back.x) * 2048.0f, (b - back.y) * 2048.0f);
-    hi = *reinterpret_cast<const unsigned*>(&h);
-    lo = *reinterpret_cast<const unsigned*>(&l);
-}
-__device__ __forceinline__ void mma(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-        "{%8, %9}, {%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void copy16(float* shared, const float* global) {
-    const unsigned to = (unsigned)__cvta_generic_to_shared(shared);
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to), "l"(global) : "memory");
-}
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int PENDING> __device__ __forceinline__ void wait_groups() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(PENDING) : "memory");
@@ -84,7 +58,7 @@ __device__ __forceinline__ void issue(float* stage, const float* a, int t, int r
     constexpr int Q = CHUNK / 4;
     for (int e = threadIdx.x; e < ROWS * Q; e += THREADS) {
         const int r = e / Q, q = e % Q;
-        copy16(stage + r * (CHUNK + 16) + 4 * q, a + ((size_t)t * B + rg * ROWS + r) * K + kc + 4 * q);
+        cf_copy16(stage + r * (CHUNK + 16) + 4 * q, a + ((size_t)t * B + rg * ROWS + r) * K + kc + 4 * q);
     }
     commit();
 }
@@ -108,17 +82,16 @@ __global__ void __launch_bounds__(THREADS, 1) step(const float* __restrict__ u, 
     for (int c = o; c < COLS; c += WARPS) {  // each column split in place, scaled by its own power of two
         float4* const col = reinterpret_cast<float4*>(w + c * KP);
         float m = 0.0f;
-        for (int q = lane; q < KP / 4; q += 32) m = fmaxf(m, abs_max(col[q]));
-        for (int d = 16; d > 0; d /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, d));
-        const float s = scale_of(m);
+        for (int q = lane; q < KP / 4; q += 32) m = fmaxf(m, cf_abs_max(col[q]));
+        const float s = cf_f16x3_scale(cf_warp_max(m));
         for (int q = lane; q < KP / 4; q += 32) {
             const float4 v = col[q];
             uint4 p;
-            split(v.x * s, v.y * s, p.x, p.z);
-            split(v.z * s, v.w * s, p.y, p.w);
+            cf_split_f16x3(v.x * s, v.y * s, p.x, p.z);
+            cf_split_f16x3(v.z * s, v.w * s, p.y, p.w);
             reinterpret_cast<uint4*>(col)[q] = p;
         }
-        if (lane == 0) wscale[c] = unscale(s);
+        if (lane == 0) wscale[c] = cf_f16x3_unscale(s);
     }
     for (int t = 0; t < steps; ++t) {
         if (BUFFERS == 2) {
@@ -147,34 +120,34 @@ __global__ void __launch_bounds__(THREADS, 1) step(const float* __restrict__ u, 
             float m0 = 0.0f, m1 = 0.0f;
             #pragma unroll
             for (int k = o * 16; k < CHUNK; k += SPLIT * 16) {
-                m0 = fmaxf(m0, abs_max(*(const float4*)(at + k)));
-                m1 = fmaxf(m1, abs_max(*(const float4*)(at + 8 * SS + k)));
+                m0 = fmaxf(m0, cf_abs_max(*(const float4*)(at + k)));
+                m1 = fmaxf(m1, cf_abs_max(*(const float4*)(at + 8 * SS + k)));
             }
             #pragma unroll
             for (int d = 1; d < 4; d *= 2) {
                 m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, d));
                 m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, d));
             }
-            const float s0 = scale_of(m0), s1 = scale_of(m1);
+            const float s0 = cf_f16x3_scale(m0), s1 = cf_f16x3_scale(m1);
             if (products) {
                 #pragma unroll
                 for (int k = o * 16; k < CHUNK; k += SPLIT * 16) {
                     const float4 a0 = *(const float4*)(at + k), a1 = *(const float4*)(at + 8 * SS + k);
                     unsigned ah[4], al[4];
-                    split(a0.x * s0, a0.y * s0, ah[0], al[0]);
-                    split(a1.x * s1, a1.y * s1, ah[1], al[1]);
-                    split(a0.z * s0, a0.w * s0, ah[2], al[2]);
-                    split(a1.z * s1, a1.w * s1, ah[3], al[3]);
+                    cf_split_f16x3(a0.x * s0, a0.y * s0, ah[0], al[0]);
+                    cf_split_f16x3(a1.x * s1, a1.y * s1, ah[1], al[1]);
+                    cf_split_f16x3(a0.z * s0, a0.w * s0, ah[2], al[2]);
+                    cf_split_f16x3(a1.z * s1, a1.w * s1, ah[3], al[3]);
                     #pragma unroll
                     for (int x = 0; x < 2; ++x) {
                         const uint4 w4 = *(const uint4*)(wt + x * 8 * KP + k);
-                        mma(small[x], ah, w4.z, w4.w);
-                        mma(small[x], al, w4.x, w4.y);
-                        mma(acc[x], ah, w4.x, w4.y);
+                        cf_mma_f16(small[x], ah[0], ah[1], ah[2], ah[3], w4.z, w4.w);
+                        cf_mma_f16(small[x], al[0], al[1], al[2], al[3], w4.x, w4.y);
+                        cf_mma_f16(acc[x], ah[0], ah[1], ah[2], ah[3], w4.x, w4.y);
                     }
                 }
             }
-            const float i0 = unscale(s0), i1 = unscale(s1);
+            const float i0 = cf_f16x3_unscale(s0), i1 = cf_f16x3_unscale(s1);
             #pragma unroll
             for (int m = 0; m < 8; ++m) {
                 const float v = (acc[m / 4][m % 4] + small[m / 4][m % 4] * (1.0f / 2048.0f)) *

@@ -35,7 +35,6 @@ from .plan import (
 )
 from .row_passes import row_sums
 from .tiling import (
-    MMA_K_CHUNK,
     THREADS,
     GemmTiling,
     SharedRegions,
@@ -224,7 +223,7 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
     barrier they take away (every block of a row group reads all its rows), the step meets at barriers
     instead."""
     if not any(item.barrier for item in items) or any(
-            item.mma and item.launch.k > MMA_K_CHUNK for item in items):
+            item.mma and item.tiling.k_chunk < item.launch.k for item in items):
         return ()  # (tensor cores stage a long K in chunks, from memory)
     step = [item.launch for item in items]
     for item in items:
