@@ -16,8 +16,9 @@ a change to the generated kernels tried on the GPU, A/B in one run, before it is
 A CASE is TEMPLATE:BATCH (T=100, input=hidden=512 unless --seq/--hidden say otherwise). With
 --inference, the forward program of inference (no step saved for a backward pass: the one the forward
 benchmark times) instead of a training step's two programs. With --k-chunk, the tensor rung's GEMMs
-stage K in chunks of that many columns instead of tiling.MMA_K_CHUNK's (where shared memory holds them):
-a plan of another shape, timed in a run of its own.
+stage K in chunks of that many columns where shared memory holds them (of the first of
+tiling.MMA_K_CHUNKS otherwise) instead of the widest of MMA_K_CHUNKS that fits: a plan of another shape,
+timed in a run of its own.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-import cellfuse.codegen.tiling as tiling
+import cellfuse.codegen.persistent as persistent
 import cellfuse.gpu_runtime.cuda_backward as cuda_backward
 import cellfuse.gpu_runtime.cuda_executor as cuda_executor
 from cellfuse.codegen.lowering import Gemm, Kernel, Persistent
@@ -244,7 +245,7 @@ def main() -> None:
     ap.add_argument("--json")
     args = ap.parse_args()
     if args.k_chunk:
-        tiling.MMA_K_CHUNK = args.k_chunk
+        persistent.MMA_K_CHUNKS = (args.k_chunk,)
     ablations = {name: ABLATIONS[name] for name in args.ablations.split(",")}
     variants = {name: VARIANTS[name] for name in args.variants.split(",") if name}
     cases = [(name, int(batch)) for name, batch in (case.split(":") for case in args.cases)]

@@ -35,6 +35,7 @@ from .plan import (
 )
 from .row_passes import row_sums
 from .tiling import (
+    MMA_K_CHUNKS,
     THREADS,
     GemmTiling,
     SharedRegions,
@@ -68,10 +69,11 @@ class _Placed:
     mma: bool = False  # on tensor cores, which read W from shared memory only
     w_itemsize: int = 4  # of W on tensor cores (2 in a 16-bit plan: see GemmTiling.w_itemsize; 4: float32's
     # products, each as three fp16 ones, see GemmTiling.f16x3)
+    k_chunk: int = MMA_K_CHUNKS[0]  # on tensor cores, the most columns of K staged at a time
 
     def tiling(self, blocks: int, row_tile: int) -> GemmTiling:
         return gemm_tiling(self.columns, blocks, row_tile, self.launch.k, self.mma, self.partials,
-                           self.w_itemsize, self.mma and self.w_itemsize == 4)
+                           self.w_itemsize, self.mma and self.w_itemsize == 4, self.k_chunk)
 
     @property
     def partials(self) -> bool:
@@ -300,6 +302,23 @@ def _place(gemms: list[_Placed], column_blocks: int, rows: int, limit: int, save
     return gemms
 
 
+def _widest_chunks(gemms: list[_Placed], column_blocks: int, row_tile: int, rows: int,
+                   limit: int) -> list[_Placed]:
+    """Each GEMM on tensor cores whose K is staged in chunks, in the widest of MMA_K_CHUNKS that fits
+    beside what stays on chip (fewer chunks: fewer barriers and partial-tile stores a step)."""
+    for i, p in enumerate(gemms):
+        if not p.mma:
+            continue
+        for chunk in MMA_K_CHUNKS:
+            if chunk <= p.k_chunk or p.k_chunk >= p.launch.k:
+                continue
+            trial = [*gemms[:i], dataclasses.replace(p, k_chunk=chunk), *gemms[i + 1:]]
+            if shared_regions(trial, column_blocks, row_tile, rows).floats > limit:
+                break
+            gemms, p = trial, trial[i]
+    return gemms
+
+
 def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns: list[tuple[int, ...]],
                       hidden: int, batch: int, target: Target, saved: bool = False,
                       reverse: bool = False, mma: bool = False,
@@ -346,6 +365,7 @@ def persistent_launch(layer: int, step: list[GemmLaunch | KernelLaunch], columns
     row_tile = max(1, min(rows, ROW_TILE))
     while row_tile > 1 and shared_regions(placed, column_blocks, row_tile, rows).floats > limit:
         row_tile = -(-row_tile // 2)
+    placed = _widest_chunks(placed, column_blocks, row_tile, rows, limit)
     items, off_chip = [], []
     chosen = iter(placed)
     for launch, cols, barrier in zip(step, columns, barriers(step, reverse), strict=True):

@@ -97,7 +97,11 @@ MMA_M, MMA_N = 16, 8  # the tile of C of one mma.sync product
 # K of one mma.sync product (m16n8k16), read at a time by a warp on tensor cores: each lane's operands one
 # float4 of a row (the k of a product taken in the order that makes them so: any order gives the same sum)
 MMA_K_BLOCK = 16
-MMA_K_CHUNK = 512  # columns of K staged at a time on tensor cores, at most
+# columns of K staged at a time on tensor cores, the choices, narrowest first: the placement of the weights
+# assumes the first, and each GEMM then stages the widest that fits beside them (the backward step's K =
+# 4H = 2048 at B=64 in chunks of 1024 instead of 512: 6.0 us a step instead of 8.1, fewer barriers and
+# chunk epilogues; benchmarks/results/h200_2026-11-30_chunked_staging_probe_cf1c18d.txt)
+MMA_K_CHUNKS = (512, 1024, 2048, 4096)
 # the products side by side in a warp's tile of C, the choices (3 and 6: a GRU block's 3 * 2^n columns)
 MMA_COL_TILES = (1, 2, 3, 4, 6, 8)
 
@@ -128,19 +132,20 @@ def mma_stride(k: int) -> int:
 
 def gemm_tiling(columns: tuple[int, ...], blocks: int, row_tile: int, k: int,
                 mma: bool = False, partials: bool = False, w_itemsize: int = 4,
-                f16x3: bool = False) -> GemmTiling:
+                f16x3: bool = False, k_chunk: int = MMA_K_CHUNKS[0]) -> GemmTiling:
     """The cheapest tiling by a simple count: the float4 loads and FMAs of the busiest thread, and its
     shuffles. On tensor cores: the warp tiles' width and the warps on each tile that cost the busiest
     warp the fewest loads and products, leaving no warp idle that could share a tile's K. With one row
     at a time, the products in registers where they fit and the elementwise work may read the output as
     partial sums (`partials`: W and C on chip, no bias, nothing added into C). `w_itemsize`: of the
-    weights on tensor cores; `f16x3`: float32 products there, as three fp16 ones."""
+    weights on tensor cores; `f16x3`: float32 products there, as three fp16 ones; `k_chunk`: the most
+    columns of K staged at a time there."""
     cols = sum(-(-w // blocks) for w in columns)
     if partials and not mma and row_tile == 1 and k % 2 == 0 and k <= 2 * THREADS and cols <= REGISTER_COLS:
         width = 1 << (cols - 1).bit_length()
         return GemmTiling(cols, 1, width, 32, 1, 1, in_registers=True)
     if mma:
-        chunk = min(k, MMA_K_CHUNK)
+        chunk = min(k, k_chunk)
         n_tiles, rt, kb = -(-cols // MMA_N), -(-row_tile // MMA_M), -(-chunk // MMA_K_BLOCK)
         best = None
         for nb in MMA_COL_TILES:

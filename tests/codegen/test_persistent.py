@@ -12,7 +12,7 @@ from compile_cuda import nvcc_cubin
 from hypothesis import HealthCheck, given, settings
 from random_cells import random_cell, random_cells
 
-from cellfuse.codegen import make_plan, plan_kernels
+from cellfuse.codegen import make_plan, persistent, plan_kernels
 from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.cuda_kernels import PRELUDE
 from cellfuse.codegen.lowering import SIDE
@@ -370,8 +370,12 @@ def test_a_gemm_zeroes_the_columns_past_its_k_that_a_longer_one_may_have_staged(
 
     lines = zeroing("gru_cho", Sizes(10, 8, 40, 40), "tensor")  # K = 40: columns 40 .. 47 of each row
     assert lines and all(line.endswith("cf_stage[(e / 8) * 48 + 40 + e % 8] = 0.0f;") for line in lines)
-    (line,) = zeroing("lstm", Sizes(12, 1, 512, 600), "tensor")  # K = 600 in chunks: the last one.s 88 .. 95
-    assert line.startswith("if (kc == 512) ") and "+ 88 + e % 8] = 0.0f;" in line
+    # K = 598 forward, staged whole: 598 .. 607; 4H = 2392 backward, at B=1 in chunks of 2048 (at B=64 of
+    # 512): the last one's 344 .. 351
+    for batch, stride in [(1, 2064), (64, 528)]:
+        whole, last = zeroing("lstm", Sizes(12, batch, 512, 598), "tensor")
+        assert whole.startswith("for ") and whole.endswith("* 624 + 598 + e % 10] = 0.0f;")
+        assert last.startswith("if (kc == 2048) ") and last.endswith(f"* {stride} + 344 + e % 8] = 0.0f;")
     (line, *_) = zeroing("lstm", Sizes(6, 3, 37, 37), "persistent")  # on the CUDA cores: K = 37, 37 .. 39
     assert "+ 37 + e % 3] = 0.0f;" in line
     assert zeroing("lstm", Sizes(12, 64, 512, 512), "tensor") == []
@@ -662,7 +666,7 @@ def test_the_lanes_of_a_tile_add_up_every_output_once(outputs, split):
 
 
 @pytest.mark.parametrize("name, lags", [("lstm", [-1]), ("gru_cho", [-1, 0]), ("residual_lstm", [-1])])
-def test_operands_pass_between_blocks_through_exchanges(name, lags):
+def test_operands_pass_between_blocks_through_exchanges(name, lags, monkeypatch):
     """A forward step's GEMM operands go through exchanges of (step tag, value) pairs: the kernel has no
     grid barrier in its loop; before it, each block clears its own elements of both slots and publishes
     those of the initial state, and one barrier makes them visible; in the loop it publishes the
@@ -670,7 +674,8 @@ def test_operands_pass_between_blocks_through_exchanges(name, lags):
     the step it reads (the one before for h, its own for Cho's r*h). At B=8 the LSTM's backward step,
     whose operand is 2048 gates wide, keeps its barrier (see EXCHANGE_BYTES_PER_WAIT), Cho's GRU's too
     (its r*h gradient comes from the step before, in a reverse loop). The tensor rung passes them the
-    same way where it stages all of K at once (not at hidden 1024: two chunks of 512)."""
+    same way where it stages all of K at once (at hidden 1024 too, whose K fits whole beside the weights at
+    B=8; not where it is staged in two chunks of 512)."""
     from cellfuse.codegen.backward_plan import backward_plan
     from cellfuse.codegen.kernel_set import backward_kernels
 
@@ -690,7 +695,10 @@ def test_operands_pass_between_blocks_through_exchanges(name, lags):
     tensor = make_plan(load_template(name), Sizes(100, 8, 512, 512), "tensor").layers[0].persistent
     assert tensor.exchange == launch.exchange and not tensor.barriers_per_step
     wide = make_plan(load_template(name), Sizes(100, 8, 1024, 1024), "tensor").layers[0].persistent
-    assert not wide.exchange and wide.barriers_per_step == len(lags)
+    assert [ex.lag for ex in wide.exchange] == lags and not wide.barriers_per_step
+    monkeypatch.setattr(persistent, "MMA_K_CHUNKS", (512,))
+    chunked = make_plan(load_template(name), Sizes(100, 8, 1024, 1024), "tensor").layers[0].persistent
+    assert not chunked.exchange and chunked.barriers_per_step == len(lags)
 
 
 @pytest.mark.parametrize("name, batch, hidden, forward, backward", [

@@ -38,7 +38,7 @@ def test_gradients_of_seeded_random_cells_on_the_gpu(gpu, schedule, reductions):
                                                  ("sru", 19, 2)])
 def test_gradients_at_full_sizes_on_the_gpu(gpu, name, batch, layers, schedule):
     """At hidden 512 the persistent backward's blocks own 4 to 16 units, split the batch into row groups
-    and stage the 2048 columns of dG in row tiles (on tensor cores, in chunks of 512 columns); its dA
+    and stage the 2048 columns of dG in row tiles (on tensor cores, in chunks of 1024 columns); its dA
     GEMM reads W^T rows from shared memory. A step with no GEMM (IndRNN, the SRU) splits the rows too,
     at B=19 into groups of 10 and 9."""
     cell = load_template(name)
