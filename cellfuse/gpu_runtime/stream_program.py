@@ -174,9 +174,11 @@ class _Calls:
     def _kernel(self, name: str, grid, block: int, args: list, stream: int, smem: int = 0,
                 kind: int = KERNEL, function=None, calls: LaunchList | None = None,
                 label: str | None = None) -> None:
-        """A launch of a kernel whose arguments are (buffer, byte offset) pointers or ints; `label` names
-        it in errors (else its name)."""
-        (calls or self.calls).kernel(function or self.res.function(name), label or name,
+        """A launch of a kernel whose arguments are (buffer, byte offset) pointers or ints, into `calls`
+        (the run's own list unless given); `label` names it in errors (else its name)."""
+        # (`is None`: a LaunchList with no calls yet is falsy, and the first image's kernel would go into
+        # the run's own list, unordered against the GEMMs on other streams that read the image)
+        (self.calls if calls is None else calls).kernel(function or self.res.function(name), label or name,
                                      grid if isinstance(grid, tuple) else (grid,), block, smem,
                                      self._args(args), stream, kind)
 

@@ -223,3 +223,27 @@ def test_modules_of_the_same_sizes_each_run_on_their_own_weights(cuda, schedule)
         torch.cuda.synchronize()
         c, ref_c = pair()  # the freed modules' memory is there for the taking
         torch.testing.assert_close(c(x)[0], ref_c(x)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("schedule", ["graph", "wavefront"])
+def test_a_stacks_first_call_and_a_call_after_its_weights_change_read_the_new_weights(cuda, schedule):
+    """Two layers at B=256, where the hoisted input GEMMs may run on the warpgroup GEMM, which reads an image
+    of W: a module's first call, a second module's first call (new packed weights in the runner the first
+    made), and a call after a weight of the second layer changed in place each match cuDNN with the weights
+    of then (the images were once made inside the run, unordered against the GEMMs on the side streams
+    that read them: docs/results/2026-11-30-widest-chunks-and-a-first-call-bug.md)."""
+    torch.manual_seed(0)
+    x = torch.randn(20, 256, 512, device=cuda)
+
+    def pair():
+        ours = LSTM(512, 512, num_layers=2, schedule=schedule).to(cuda)
+        ref = torch.nn.LSTM(512, 512, num_layers=2).to(cuda)
+        ref.load_state_dict(ours.state_dict())
+        return ours, ref
+
+    with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        for ours, ref in (pair(), pair()):
+            torch.testing.assert_close(ours(x)[0], ref(x)[0], rtol=1e-4, atol=1e-5)
+        ours.weight_ih_l1.mul_(1.5)
+        ref.load_state_dict(ours.state_dict())
+        torch.testing.assert_close(ours(x)[0], ref(x)[0], rtol=1e-4, atol=1e-5)

@@ -1,0 +1,69 @@
+"""Where a StreamProgram puts the kernels that make W's images for its warpgroup GEMMs, on stand-ins for
+the driver and cuBLAS: in the image list that `weights_changed` runs on the caller's stream whenever the
+weights change, before any run reads them (a run's side streams start after what its caller's stream
+holds), never in the run's own list. There nothing orders an image before the GEMMs on other streams that
+read it: a two-layer `wavefront` or `graph` module's first call at B=256 read layer 1's image before it
+was made, and a second module's first call over new weights read zeros
+(docs/results/2026-11-30-widest-chunks-and-a-first-call-bug.md)."""
+
+from __future__ import annotations
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from cellfuse.codegen import kernel_set
+from cellfuse.codegen.lowering import lower
+from cellfuse.codegen.scheduler import make_plan
+from cellfuse.gpu_runtime import driver, stream_program
+from cellfuse.gpu_runtime.launch_list import LaunchList
+from cellfuse.graph_model import Sizes, load_template
+
+IMAGE = "cf_wgmma_image"
+
+
+class Resources:
+    """_Resources without a GPU: kernels and handles are numbers."""
+
+    def __init__(self, kernels, arch, capability, streams, what, lane, sm_target=0):
+        self.capability, self.name_of, self.sm_target = capability, kernels.name_of, sm_target
+        self.module = SimpleNamespace(handle=1)
+        self.handles = list(range(100, 100 + streams))
+        self.scalars = np.array([1.0, 0.0], np.float32)
+        self._numbers = itertools.count(1000)
+
+    def point(self, s, stream):
+        pass
+
+    def function(self, name):
+        return next(self._numbers)
+
+    def wgmma_functions(self):
+        return 7, 8
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    numbers = itertools.count(5000)
+    monkeypatch.setattr(stream_program, "_Resources", Resources)
+    monkeypatch.setattr(stream_program, "route_choice", lambda *args: "wgmma")  # as measured at B=256
+    monkeypatch.setattr(driver, "new_stream", lambda: next(numbers))
+    monkeypatch.setattr(driver, "new_event", lambda: next(numbers))
+    cu = SimpleNamespace(cuFuncSetAttribute=lambda *args: (0,),
+                         CUfunction_attribute=SimpleNamespace(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES=8))
+    monkeypatch.setattr(driver, "bindings", lambda: cu)
+    monkeypatch.setattr(LaunchList, "finish", lambda self, *args, **kwargs: None)
+    monkeypatch.setattr(LaunchList, "bind", lambda self, *args, **kwargs: None)
+
+
+@pytest.mark.parametrize("schedule", ["wavefront", "graph"])
+def test_w_images_are_made_when_the_weights_change_not_inside_a_run(stand_ins, schedule):
+    plan = make_plan(load_template("lstm"), Sizes(100, 256, 512, 512, 2), schedule)
+    program = lower(plan)
+    made = stream_program.StreamProgram(plan, program.instructions, kernel_set.plan_kernels(plan), "sm_90a",
+                                        (9, 0), 132, "the test's kernels", 0, program.sharing)
+    assert len(made.images) == 2  # each layer's input weights, read by its hoisted GEMMs
+    assert made._image_calls.names == [IMAGE, IMAGE]
+    assert IMAGE not in made.names and made.names.count("cf_wgmma_gemm of gemm0") >= 2
