@@ -193,7 +193,7 @@ def test_plan_follows_the_sizes_and_says_why_when_there_is_none(qtbot, window):
 def test_plan_view_says_what_a_persistent_kernel_holds(window):
     """Under `persistent` and `tensor` a layer's steps are one cooperative kernel: the plan view says how
     many blocks it has, its barriers (or waits on exchanges) per step, its shared memory and whether its
-    GEMMs run on tensor cores (whose K, staged in chunks past 512, keeps a grid barrier); under
+    GEMMs run on tensor cores (whose K, where it is staged in chunks, keeps a grid barrier); under
     `wavefront` that the layers run side by side; under `graph` nothing is said."""
     panel = window.plan_panel
     window.bench_panel.set_sizes(hidden=64)
@@ -204,10 +204,12 @@ def test_plan_view_says_what_a_persistent_kernel_holds(window):
     assert "1 wait(s) per step for the values of other blocks in an exchange buffer (no grid barrier)" in text
     assert "on tensor cores (3xFP16, rows and columns scaled)" in text
     assert panel.stat_values["launches_per_step"].text() == "0"
-    window.bench_panel.set_sizes(hidden=1024)  # a K of 1024 on tensor cores, staged in two chunks
+    batch = window.bench_panel.size_spins["batch"].value()
+    # a K of 1024 on tensor cores: staged whole beside a small batch, in two chunks beside 16 rows of 64
+    window.bench_panel.set_sizes(hidden=1024, batch=64)
     window.refresh_plan()
     assert "1 grid barrier(s) per step" in panel.kernel_label.text()
-    window.bench_panel.set_sizes(hidden=64)
+    window.bench_panel.set_sizes(hidden=64, batch=batch)
     panel.set_schedule("persistent")
     window.refresh_plan()
     text = panel.kernel_label.text()
