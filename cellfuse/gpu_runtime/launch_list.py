@@ -125,9 +125,6 @@ class LaunchList:
         self._patches: list[tuple[int, int, int]] = []  # (value, slot, offset)
         self._program: _Program | None = None
 
-    def __len__(self) -> int:
-        return len(self._ops)
-
     # -- building -------------------------------------------------------------------------------------
     def _add(self, kind: int, stream: int, function: int, args: Sequence[int | Pointer], name: str,
              grid: tuple[int, ...] = (1,), block: int = 1, smem: int = 0) -> None:

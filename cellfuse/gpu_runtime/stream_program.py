@@ -176,8 +176,9 @@ class _Calls:
                 label: str | None = None) -> None:
         """A launch of a kernel whose arguments are (buffer, byte offset) pointers or ints, into `calls`
         (the run's own list unless given); `label` names it in errors (else its name)."""
-        # (`is None`: a LaunchList with no calls yet is falsy, and the first image's kernel would go into
-        # the run's own list, unordered against the GEMMs on other streams that read the image)
+        # (`is None`, not `or`: a list given must be used even while it is empty, or the first image's
+        # kernel would go into the run's own list, unordered against the GEMMs on other streams that read
+        # the image)
         (self.calls if calls is None else calls).kernel(function or self.res.function(name), label or name,
                                      grid if isinstance(grid, tuple) else (grid,), block, smem,
                                      self._args(args), stream, kind)
@@ -551,7 +552,7 @@ class StreamProgram:
     def weights_changed(self, at: list[int], stream: int) -> None:
         """Remakes W's images for the warpgroup GEMMs from the weights (addresses in the order of
         `buffers`: those of the weights and images are read), on `stream`."""
-        if len(self._image_calls):
+        if self._image_calls.names:
             self._image_calls.run(at, stream)
 
     def close(self) -> None:
