@@ -214,6 +214,11 @@ class CudaRunner(Runner):
         self._zeros = Zeros()  # modules' initial zeros in the types the plan stores them in
         self._block_run = None  # (program, bases, packed weights, stream) of the last call in one piece
 
+    @property
+    def captured(self) -> bool:
+        """Whether a CUDA graph captured any of its packed weights (ops keeps such a runner)."""
+        return bool(self._captured)
+
     # -- programs -------------------------------------------------------------------------------------
     def _program(self, which: str):
         """The forward (`forward`, `train`) or a backward (BACKWARD, BACKWARD_NO_DX) program, made at its
@@ -454,11 +459,14 @@ class CudaRunner(Runner):
     def _state_in(self, s: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """An initial state in the type its plan stores it in (a 16-bit plan keeps some float32): converted
         at every call where it is not, but for a module's kept zeros (zeros.made_here, which no one
-        writes) the runner's own kept zeros of that type (not made under a CUDA graph capture, whose zeros
-        would be written only by a replay)."""
+        writes) the runner's own kept zeros of that type. Under a CUDA graph capture, kept zeros are
+        zeros of the graph's own instead, made by its replays: the kept ones go when other shapes come
+        (zeros.MAX_ZEROS), while the graph lives on."""
+        if made_here(s) and torch.cuda.is_current_stream_capturing():
+            return torch.zeros(tuple(s.shape), dtype=dtype, device=s.device)
         if s.dtype == dtype:
             return _in_place(s)
-        if made_here(s) and not torch.cuda.is_current_stream_capturing():
+        if made_here(s):
             return self._zeros(tuple(s.shape), dtype, s.device)
         return s.to(dtype, memory_format=torch.contiguous_format)
 

@@ -96,9 +96,20 @@ def _remember(cache: OrderedDict, key: tuple, make):
         with _caches:  # (kept and no longer being made at once: a thread between would make it again)
             cache[key] = value
             if len(cache) > MAX_RUNNERS:
-                cache.popitem(last=False)  # a backward pass that still needs it made it again
+                _drop_oldest(cache)
             _making.pop((id(cache), key), None)
         return value
+
+
+def _drop_oldest(cache: OrderedDict) -> None:
+    """The least recently used value dropped (a backward pass that still needs it makes it again), but
+    not a runner whose packed weights a user's CUDA graph captured: its replays read and write them, and
+    run its programs' kernels, without a call here to find it, for as long as the graph lives (the
+    process, as far as the runner can tell)."""
+    for key, value in cache.items():
+        if not getattr(value, "captured", False):
+            del cache[key]
+            return
 
 
 def _share(direction: int) -> int:

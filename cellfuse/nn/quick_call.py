@@ -204,7 +204,7 @@ class KeptLayers:
 
     def __init__(self, zeros: Zeros):
         """`zeros`: the module's kept zeros, from which the kept calls take theirs (a CUDA graph the user
-        captures over a kept call reads them: they live as long as the module's own)."""
+        captures over a kept call reads zeros of its own instead: see CudaRunner._state_in)."""
         self._calls: dict[tuple[int, int], QuickCall] = {}
         self._zeros = zeros
 

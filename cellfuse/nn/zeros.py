@@ -2,7 +2,8 @@
 kept (the ops only read it, and no one else holds it), so that a call allocates and fills none, and a
 16-bit call converts it only once to a state its plan keeps float32 (cuda_runner, which asks
 `made_here`: any other tensor may change without its version counter telling, as a CUDA graph's replay
-writes its static tensors, and is converted at every call)."""
+writes its static tensors, and is converted at every call). Under a CUDA graph's capture the zeros are
+the graph's own, made there and not kept (see Zeros.__call__ and cuda_runner's `_state_in`)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,10 @@ class Zeros:
         self._kept: dict[tuple, torch.Tensor] = {}
 
     def __call__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        if torch.compiler.is_compiling():
+        # (under a CUDA graph's capture, zeros of the graph's own, not kept: its replays fill them, which
+        # calls made outside it would read unfilled)
+        if torch.compiler.is_compiling() or (torch.device(device).type == "cuda"
+                                             and torch.cuda.is_current_stream_capturing()):
             return torch.zeros(shape, dtype=dtype, device=device)
         key = (shape, dtype, device)
         t = self._kept.get(key)

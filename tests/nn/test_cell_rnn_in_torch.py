@@ -112,6 +112,39 @@ def test_a_captured_forward_still_replays_after_the_first_training_step(cuda, sc
     assert all(bool((other == 255).all()) for other in others)
 
 
+@pytest.mark.parametrize("schedule", ["tensor", "graph"])
+def test_a_captured_forward_replays_after_calls_of_many_other_sizes(cuda, schedule):
+    """Calls of other batch sizes after a capture (the module keeps zeros for a few shapes, the process
+    runners for a few sizes) leave the graph's own memory alone: its initial zeros and the packed weights
+    it reads stay its own, not given back for other tensors that its replays would then read or write."""
+    from cellfuse.nn import ops
+
+    rnn = _lstm(cuda, schedule, layers=1)
+    static_x = torch.randn(30, 8, 32, device=cuda)
+    side = torch.cuda.Stream(cuda)
+    side.wait_stream(torch.cuda.current_stream(cuda))
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(2):
+            rnn(static_x)
+    torch.cuda.current_stream(cuda).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static_y, _ = rnn(static_x)
+    with torch.no_grad():
+        for batch in range(1, ops.MAX_RUNNERS + 3):  # more sizes than the process keeps runners for
+            if batch != 8:
+                rnn(torch.randn(30, batch, 32, device=cuda))
+    # tensors filled with NaN where the graph's memory would be, had it been given back
+    others = [torch.full((1 << 20,), float("nan"), device=cuda) for _ in range(32)]
+    new_x = torch.randn_like(static_x)
+    static_x.copy_(new_x)
+    graph.replay()
+    with torch.no_grad():
+        want_y, _ = rnn(new_x)
+    torch.testing.assert_close(static_y, want_y, rtol=1e-5, atol=1e-5)
+    assert not any(bool(other.isnan().logical_not().any()) for other in others)
+
+
 def test_a_captured_training_step_replays(cuda):
     rnn = _lstm(cuda, "persistent")
     head = torch.nn.Linear(64, 5).to(cuda)

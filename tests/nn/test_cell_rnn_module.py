@@ -417,3 +417,21 @@ def test_what_a_thread_is_making_is_made_once_and_keeps_no_one_else_waiting():
     first.join(10)
     second.join(10)
     assert made == ["slow"] and got == ["slow", "slow"] and list(cache) == [("quick",), ("slow",)]
+
+
+def test_the_process_keeps_the_runners_a_cuda_graph_captured():
+    """Past MAX_RUNNERS the least recently used runner goes, but not one whose packed weights a user's CUDA
+    graph captured: the graph's replays read them and run the runner's kernels without asking for it, so
+    calls of other sizes (validation batches, say) must not free them under it."""
+    from collections import OrderedDict
+    from types import SimpleNamespace
+
+    from cellfuse.nn import ops
+
+    cache: OrderedDict = OrderedDict()
+    captured = SimpleNamespace(captured=True)
+    ops._remember(cache, ("captured",), lambda: captured)
+    for size in range(ops.MAX_RUNNERS + 3):
+        ops._remember(cache, (size,), lambda: SimpleNamespace(captured=False))
+    assert len(cache) == ops.MAX_RUNNERS and cache[("captured",)] is captured
+    assert list(cache)[1:] == [(size,) for size in range(4, ops.MAX_RUNNERS + 3)]

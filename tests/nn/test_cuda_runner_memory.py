@@ -12,7 +12,7 @@ import torch
 
 from cellfuse.nn import cuda_runner
 from cellfuse.nn.cuda_runner import CudaRunner
-from cellfuse.nn.zeros import Zeros
+from cellfuse.nn.zeros import Zeros, made_here
 
 T, B, H, L = 5, 3, 4, 2
 
@@ -160,3 +160,34 @@ def test_a_packing_used_on_another_stream_waits_for_the_last_one():
     for program, stream in ((forward, 1), (forward, 1), (backward, 2), (forward, 2), (forward, 1)):
         CudaRunner._follow(uses, program, stream)
     assert backward.followed == [(1, 2)] and forward.followed == [(2, 1)] and uses.last == 1
+
+
+@pytest.mark.parametrize("stored", [torch.float32, torch.bfloat16])
+def test_under_a_capture_a_modules_kept_zeros_are_zeros_of_the_graphs_own(monkeypatch, stored):
+    """A user's CUDA graph must not read a module's kept zeros (the module drops them when other shapes
+    come, while the graph lives on): under a capture the runner takes zeros made there, which the
+    graph's replays fill, and keeps none of them."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    r = runner(stored, states=1)
+    kept = Zeros()((L, B, H), torch.float32, torch.device("cpu"))  # (kept before the capture)
+    got = r._state_in(kept, stored)
+    assert got is not kept and got.dtype == stored and not got.any() and not r._zeros._kept
+    given = torch.ones(L, B, H)
+    assert r._state_in(given, torch.float32) is given  # (the user's own: read where it is)
+
+
+def test_zeros_asked_for_under_a_capture_are_made_there_and_not_kept(monkeypatch):
+    """A module's first call of a shape inside a capture: its zeros are the graph's, filled only by its
+    replays, so the module keeps none for its calls outside the graph."""
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    real, made = torch.zeros, []
+
+    def zeros_on_the_cpu(*shape, dtype=None, device=None):
+        made.append(device)
+        return real(*shape, dtype=dtype)
+    monkeypatch.setattr(torch, "zeros", zeros_on_the_cpu)
+    zeros = Zeros()
+    first, second = (zeros((L, B, H), torch.float32, torch.device("cuda")) for _ in range(2))
+    assert first is not second and not made_here(first) and made == [torch.device("cuda")] * 2
+    assert zeros((L, B, H), torch.float32, torch.device("cpu")) is zeros((L, B, H), torch.float32,
+                                                                          torch.device("cpu"))
