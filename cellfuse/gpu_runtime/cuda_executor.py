@@ -146,6 +146,9 @@ class CudaExecutor:
         self.image_at = dict(zip(images, at[len(sizes) + len(splits):], strict=True))
         for name, arr in plan.weight_arrays(params, np.float32).items():
             drv.memcpy_htod(self.addr[name], stored(plan.buffers[name].dtype, arr))
+        # (a copy from pageable memory may return before it lands, on the legacy default stream, which the
+        # non-blocking streams below, where W's images are made from these weights, do not wait for)
+        drv.Context.synchronize()
 
         # Non-blocking (capturable) streams, the first layer's recurrence on the first; each with its own
         # cuBLAS handle and workspace (two GEMMs running at once must not share a workspace). Where the
