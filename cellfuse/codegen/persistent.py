@@ -310,7 +310,9 @@ def _widest_chunks(gemms: list[_Placed], column_blocks: int, row_tile: int, rows
         if not p.mma:
             continue
         for chunk in MMA_K_CHUNKS:
-            if chunk <= p.k_chunk or p.k_chunk >= p.launch.k:
+            if p.k_chunk >= p.launch.k:  # (K staged whole)
+                break
+            if chunk <= p.k_chunk:
                 continue
             trial = [*gemms[:i], dataclasses.replace(p, k_chunk=chunk), *gemms[i + 1:]]
             if shared_regions(trial, column_blocks, row_tile, rows).floats > limit:
