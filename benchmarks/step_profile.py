@@ -18,12 +18,17 @@ A CASE is TEMPLATE:BATCH (T=100, input=hidden=512 unless --seq/--hidden say othe
 benchmark times) instead of a training step's two programs. With --k-chunk, the tensor rung's GEMMs
 stage K in chunks of that many columns where shared memory holds them (of the first of
 tiling.MMA_K_CHUNKS otherwise) instead of the widest of MMA_K_CHUNKS that fits: a plan of another shape,
-timed in a run of its own.
+timed in a run of its own. With --sms N, the plans are made for N SMs (66: a direction's half of an H100
+or H200, as two directions side by side are planned), their blocks then alone on the GPU.
+
+    python benchmarks/step_profile.py lstm:64 gru:64 --schedule tensor --inference --sms 66 \
+        --ablations whole --variants "k loops unrolled 8"
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import shlex
@@ -58,6 +63,14 @@ _ONE_F16 = (r"(?m)^\s*cf_mma_f16\(small\[x\], [^;]*;\s*$", "")
 # unused, compiled away)
 _NO_ROW_SCALES = [(r"const float s0 = cf_f16x3_scale\(m0\), s1 = cf_f16x3_scale\(m1\);",
                    "const float s0 = 1.0f, s1 = 1.0f;")]
+# the tensor cores' loops over K (the products', the rows' scales'), whose trip count nvcc does not know
+# (it starts at the warp's share), unrolled 8 at a time instead of as nvcc chooses. The LSTM's forward
+# kernel planned for half the SMs (B=64: 16 iterations a warp) used all 255 registers and spilled 216
+# bytes; unrolled 8, 243 and none, and on an H200 0.90 ms instead of 1.19 to 1.22; the GRU's forward
+# there (8 iterations, spilling 20 bytes) took 0.78 instead of 0.71, the backward kernels 3% to 6% more
+# (benchmarks/results/h200_2026-11-30_step_profile_half_the_sms_d6f0f20.txt)
+_UNROLL_8 = (r"#pragma unroll(\n\s*for \(int k = ks \* \d+;)", r"#pragma unroll 8\1")
+SMS = 0  # --sms
 ABLATIONS = {
     "whole": [],
     "no grid barrier": [_NO_SYNC],
@@ -73,6 +86,7 @@ VARIANTS = {
     # what the rows' scales cost: the results the same only where every row's values lie in fp16's range
     # unscaled (an LSTM's h, in inference; "matches" says whether they did)
     "rows unscaled": _NO_ROW_SCALES,
+    "k loops unrolled 8": [_UNROLL_8],
 }
 # a variant's largest difference from the kernels' results, relative to the largest of those (or to 1)
 VARIANT_TOLERANCE = 1e-4
@@ -119,8 +133,15 @@ def _time(ex, instr, reps: int, splits: list[int] | None = None) -> float:
     return median_ms(ex.drv, run, stream, reps, idle=True)
 
 
+def _target():
+    """The GPU's target, or with --sms, one of that many of its SMs (a direction's half of them, as two
+    directions side by side are planned): the plan's blocks then run alone on the GPU."""
+    target = cuda_executor.device_target()
+    return dataclasses.replace(target, sm_count=SMS) if SMS else target
+
+
 def _variants(cell, sizes, schedule, edits, training: bool, precision: str):
-    plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=training,
+    plan = make_plan(cell, sizes, schedule, _target(), save_steps=training,
                      precision=precision)
     yield _ablate(cuda_executor.plan_kernels(plan), edits).module_source()
     if training:
@@ -170,7 +191,7 @@ def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, re
         an ablation's wrong results do not need); None where the edits do not apply."""
         cuda_executor.plan_kernels = lambda p, e=edits: _ablate(plan_kernels(p), e)
         cuda_backward.backward_kernels = lambda p, e=edits: _ablate(backward_kernels(p), e)
-        plan = make_plan(cell, sizes, schedule, cuda_executor.device_target(), save_steps=training,
+        plan = make_plan(cell, sizes, schedule, _target(), save_steps=training,
                          precision=precision)
         try:
             ex = cuda_executor.CudaExecutor(plan, params)
@@ -242,8 +263,11 @@ def main() -> None:
                     help=f"changes of the kernels that keep their results, checked and timed: "
                          f"{', '.join(VARIANTS)}")
     ap.add_argument("--k-chunk", type=int, help="columns of K the tensor rung stages at a time")
+    ap.add_argument("--sms", type=int, help="plan for this many SMs (a direction's half: 66 on an H100)")
     ap.add_argument("--json")
     args = ap.parse_args()
+    global SMS
+    SMS = args.sms or 0
     if args.k_chunk:
         persistent.MMA_K_CHUNKS = (args.k_chunk,)
     ablations = {name: ABLATIONS[name] for name in args.ablations.split(",")}
