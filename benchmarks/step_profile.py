@@ -63,13 +63,15 @@ _ONE_F16 = (r"(?m)^\s*cf_mma_f16\(small\[x\], [^;]*;\s*$", "")
 # unused, compiled away)
 _NO_ROW_SCALES = [(r"const float s0 = cf_f16x3_scale\(m0\), s1 = cf_f16x3_scale\(m1\);",
                    "const float s0 = 1.0f, s1 = 1.0f;")]
-# the tensor cores' loops over K (the products', the rows' scales'), whose trip count nvcc does not know
-# (it starts at the warp's share), unrolled 8 at a time instead of as nvcc chooses. The LSTM's forward
-# kernel planned for half the SMs (B=64: 16 iterations a warp) used all 255 registers and spilled 216
-# bytes; unrolled 8, 243 and none, and on an H200 0.90 ms instead of 1.19 to 1.22; the GRU's forward
-# there (8 iterations, spilling 20 bytes) took 0.78 instead of 0.71, the backward kernels 3% to 6% more
-# (benchmarks/results/h200_2026-11-30_step_profile_half_the_sms_d6f0f20.txt)
-_UNROLL_8 = (r"#pragma unroll(\n\s*for \(int k = ks \* \d+;)", r"#pragma unroll 8\1")
+# the loops over K unrolled 8 at a time where they are unrolled whole: the tensor cores' (the products',
+# the rows' scales'), whose trip count nvcc does not know (it starts at the warp's share), and the CUDA
+# cores' (`for (int it = 0; ...)`). The LSTM's forward kernel on tensor cores planned for half the SMs
+# (B=64: 16 iterations a warp) used all 255 registers and spilled 216 bytes; unrolled 8, 243 and none, and
+# on an H200 0.90 ms instead of 1.19 to 1.22; the GRU's forward there (8 iterations, spilling 20 bytes)
+# took 0.78 instead of 0.71, the backward kernels 3% to 6% more
+# (benchmarks/results/h200_2026-11-30_step_profile_half_the_sms_d6f0f20.txt). The LSTM's kernels on CUDA
+# cores at H=1024 on half the SMs (W read from L2) spill 0.9 to 2.1 KB; unrolled 8, none (not timed).
+_UNROLL_8 = (r"#pragma unroll(\n\s*for \(int (?:k = ks \* \d+;|it = 0; it < \d+;))", r"#pragma unroll 8\1")
 SMS = 0  # --sms
 ABLATIONS = {
     "whole": [],
