@@ -1,7 +1,8 @@
 """Registers and spills of the persistent kernels, as ptxas reports them (nvcc -Xptxas -v, sm_90), for the
 LSTM and the GRU under the persistent and tensor rungs over batches, hidden sizes, all of an H100's 132
-SMs or half of them (one of two directions side by side), float32 and bf16, forward (inference) and
-backward: no GPU needed, a kernel that spills is marked SPILL.
+SMs or half of them (one of two directions side by side), float32 and bf16, forward (inference), a
+training step's forward (its steps saved) and backward: no GPU needed, a kernel that spills is marked
+SPILL.
 
     python3 benchmarks/probes/kernel_registers.py > kernel_registers.txt
     python3 benchmarks/probes/kernel_registers.py --cells lstm --batches 64 --hidden 512 --sms 66
@@ -53,19 +54,19 @@ def main() -> None:
     args = ap.parse_args()
     print("cell schedule B H SMs precision pass kernel registers spill-bytes")
     cases = itertools.product(args.cells.split(","), args.schedules.split(","), args.batches, args.hidden,
-                              args.sms, ("fp32", "bf16"), (False, True))
+                              args.sms, ("fp32", "bf16"), ("fwd", "train-fwd", "bwd"))
     with tempfile.TemporaryDirectory() as tmp:
-        for cell, schedule, batch, hidden, sms, precision, backward in cases:
+        for cell, schedule, batch, hidden, sms, precision, part in cases:
             if precision != "fp32" and schedule != "tensor":
                 continue  # (a 16-bit plan runs its recurrent GEMMs on tensor cores)
-            what = (cell, schedule, batch, hidden, sms, precision, "bwd" if backward else "fwd")
+            what = (cell, schedule, batch, hidden, sms, precision, part)
             try:
                 plan = make_plan(load_template(cell), Sizes(args.seq, batch, hidden, hidden), schedule,
-                                 replace(H100, sm_count=sms), save_steps=backward, precision=precision)
+                                 replace(H100, sm_count=sms), save_steps=part != "fwd", precision=precision)
             except CellError as e:
                 print(*what, "no plan:", e)
                 continue
-            kernels = backward_kernels(backward_plan(plan)) if backward else plan_kernels(plan)
+            kernels = backward_kernels(backward_plan(plan)) if part == "bwd" else plan_kernels(plan)
             for name, regs, spill in registers(kernels.module_source(), Path(tmp)):
                 print(*what, name, regs, spill, "SPILL" if spill else "", flush=True)
 
