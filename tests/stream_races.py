@@ -33,35 +33,34 @@ from cellfuse.codegen.lowering import (
     element_offset,
 )
 from cellfuse.codegen.plan import Access, GemmLaunch, KernelLaunch
+from cellfuse.gpu_runtime.numpy_executor import NumpyExecutor
 
 BEFORE = "the caller, before the run"
 AFTER = "the caller, after the run"
 
 
-def elements(acc: Access, offset: int, rows: int, width: int) -> np.ndarray:
-    """The flat elements of an access's [rows, width] block starting at `offset` (its [width] vector, its
-    [rows, 1] column or its one scalar), as the numpy executor's `view` addresses them."""
-    if acc.kind == "scalar":
-        return np.array([offset])
-    if acc.kind == "vec":
-        return offset + np.arange(width)
-    if acc.kind == "col":
-        width = 1
-    return (offset + acc.ld * np.arange(rows)[:, None] + np.arange(width)[None, :]).ravel()
+class Elements:
+    """Each buffer's element numbers, addressed by the numpy executor's own `view`: the elements of an
+    access's [rows, width] block starting at `offset` (its [width] vector, its [rows, 1] column or its one
+    scalar) are the numbers its view holds."""
+
+    view = NumpyExecutor.view
+
+    def __init__(self, plan):
+        self.buf = {name: np.arange(plan.buffer_elements(name)) for name in plan.buffers}
+
+    def __call__(self, acc: Access, offset: int, rows: int, width: int) -> np.ndarray:
+        return self.view(acc, offset, rows, width).ravel()
 
 
 Accesses = list[tuple[str, np.ndarray, bool]]  # (buffer, its elements, written)
 
 
-def accesses(program: Program, instr: Instruction, t: int = 0) -> Accesses:
+def accesses(program: Program, elements: Elements, instr: Instruction, t: int = 0) -> Accesses:
     """What an instruction (at step t) reads and writes; a loop's at every step, a persistent launch's at
     every step of its layer and its states' copies. A buffer added into is read and written."""
-    plan = program.plan
-    B, T = plan.sizes.batch, plan.sizes.seq
-
-    def whole(name: str) -> np.ndarray:
-        return np.arange(plan.buffer_elements(name))
-
+    B, T = program.plan.sizes.batch, program.plan.sizes.seq
+    whole = elements.buf.__getitem__
     out: Accesses = []
     match instr:
         case Gemm(launch=g, rows=rows):
@@ -85,7 +84,7 @@ def accesses(program: Program, instr: Instruction, t: int = 0) -> Accesses:
         case Loop(body=body):
             for step in instr.steps(T):
                 for inner in body:
-                    out += accesses(program, inner, step)
+                    out += accesses(program, elements, inner, step)
         case Persistent(launch=p):
             for state in p.states:
                 out += [(state.initial.buffer, elements(state.initial, state.initial.offset(0, B), B,
@@ -99,7 +98,7 @@ def accesses(program: Program, instr: Instruction, t: int = 0) -> Accesses:
             for step in range(T):
                 for item in p.items:
                     if isinstance(item.launch, GemmLaunch | KernelLaunch):
-                        out += accesses(program, as_instruction(item.launch, B), step)
+                        out += accesses(program, elements, as_instruction(item.launch, B), step)
         case _:
             raise TypeError(f"no accesses known for {instr!r}")
     return out
@@ -112,7 +111,8 @@ def hazards(program: Program) -> list[str]:
     clock = np.full((n, n), -1)  # clock[s][u]: how far stream s knows stream u to have run
     np.fill_diagonal(clock, 0)
     recorded: dict[int, np.ndarray] = {}
-    names = {name: program.plan.buffer_elements(name) for name in program.plan.buffers}
+    elements = Elements(program.plan)
+    names = {name: numbers.size for name, numbers in elements.buf.items()}
     # per element: the stream, clock and name of its last write (the caller's, at MAIN's clock 0), and per
     # stream the clock of its last read
     writer = {b: np.full(size, MAIN) for b, size in names.items()}
@@ -166,12 +166,11 @@ def hazards(program: Program) -> list[str]:
                 clock[s][s] += 1
                 what.append(f"instruction {number} ({type(instr).__name__})")
                 label = len(what) - 1
-                for buffer, where, write in accesses(program, instr):
+                for buffer, where, write in accesses(program, elements, instr):
                     touch(s, label, buffer, where, write)
     clock[MAIN][MAIN] += 1
     what.append(AFTER)
-    for buffer, size in names.items():
-        everything = np.arange(size)
+    for buffer, everything in elements.buf.items():
         touch(MAIN, len(what) - 1, buffer, everything, False)
         touch(MAIN, len(what) - 1, buffer, everything, True)
     return list(found.values())

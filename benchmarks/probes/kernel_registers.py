@@ -70,5 +70,6 @@ def main() -> None:
             for name, regs, spill in registers(kernels.module_source(), Path(tmp)):
                 print(*what, name, regs, spill, "SPILL" if spill else "", flush=True)
 
+
 if __name__ == "__main__":
     main()
