@@ -42,7 +42,9 @@ import cellfuse.gpu_runtime.cuda_backward as cuda_backward
 import cellfuse.gpu_runtime.cuda_executor as cuda_executor
 from cellfuse.codegen.lowering import Gemm, Kernel, Persistent
 from cellfuse.codegen.scheduler import make_plan
+from cellfuse.gpu_runtime import kernel_cache
 from cellfuse.gpu_runtime.event_timing import median_ms
+from cellfuse.gpu_runtime.kernel_cache import fitted
 from cellfuse.graph_model import Sizes, init_params, load_template
 
 # Each ablation: (pattern, replacement) edits of a persistent kernel's source (and WHERE_FOUND, for an
@@ -63,14 +65,12 @@ _ONE_F16 = (r"(?m)^\s*cf_mma_f16\(small\[x\], [^;]*;\s*$", "")
 # unused, compiled away)
 _NO_ROW_SCALES = [(r"const float s0 = cf_f16x3_scale\(m0\), s1 = cf_f16x3_scale\(m1\);",
                    "const float s0 = 1.0f, s1 = 1.0f;")]
-# the loops over K unrolled 8 at a time where they are unrolled whole: the tensor cores' (the products',
-# the rows' scales'), whose trip count nvcc does not know (it starts at the warp's share), and the CUDA
-# cores' (`for (int it = 0; ...)`). The LSTM's forward kernel on tensor cores planned for half the SMs
-# (B=64: 16 iterations a warp) used all 255 registers and spilled 216 bytes; unrolled 8, 243 and none, and
-# on an H200 0.90 ms instead of 1.19 to 1.22; the GRU's forward there (8 iterations, spilling 20 bytes)
-# took 0.78 instead of 0.71, the backward kernels 3% to 6% more
-# (benchmarks/results/h200_2026-11-30_step_profile_half_the_sms_d6f0f20.txt). The LSTM's kernels on CUDA
-# cores at H=1024 on half the SMs (W read from L2) spill 0.9 to 2.1 KB; unrolled 8, none (not timed).
+# the loops over K unrolled 8 at a time where they are unrolled whole, in every kernel: the tensor cores'
+# (the products', the rows' scales'), whose trip count nvcc does not know (it starts at the warp's
+# share), and the CUDA cores' (`for (int it = 0; ...)`). The executors compile a kernel that spills so
+# where it has more than 8 iterations (kernel_cache.fitted); where nothing spills it cost 1% to 28%
+# (benchmarks/results/h200_2026-11-30_unroll_8_over_8_e25739a.txt, made with a variant that unrolled 8
+# only loops of more than 8 iterations: gemm_fma.k_loop_unroll's rule in every kernel).
 _UNROLL_8 = (r"#pragma unroll(\n\s*for \(int (?:k = ks \* \d+;|it = 0; it < \d+;))", r"#pragma unroll 8\1")
 SMS = 0  # --sms
 ABLATIONS = {
@@ -142,36 +142,42 @@ def _target():
     return dataclasses.replace(target, sm_count=SMS) if SMS else target
 
 
-def _variants(cell, sizes, schedule, edits, training: bool, precision: str):
-    plan = make_plan(cell, sizes, schedule, _target(), save_steps=training,
-                     precision=precision)
-    yield _ablate(cuda_executor.plan_kernels(plan), edits).module_source()
-    if training:
-        yield _ablate(cuda_backward.backward_kernels(cuda_backward.backward_plan(plan)),
-                      edits).module_source()
+def _edited(kernels, arch: str, edits):
+    """A plan's kernels as the executors compile them (kernel_cache.fitted), the persistent ones then
+    edited, and their cubin."""
+    kernels, cubin = fitted(kernels, arch)
+    if not edits:
+        return kernels, cubin
+    kernels = _ablate(kernels, edits)
+    return kernels, kernel_cache.cubin(kernels.module_source(), arch)
 
 
 def precompile(cases, seq: int, hidden: int, schedule: str, ablations: dict, training: bool = True,
                precision: str = "fp32") -> None:
-    """Every variant's module compiled at once, into PyCUDA's cache of cubins (nvcc runs one module on
-    one core, and there are dozens of them): the timed runs then find them there."""
+    """Every variant's modules compiled at once, into the kernel cache (nvcc runs one module on one core,
+    and there are dozens of them): the timed runs then find them there."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from pycuda.compiler import compile as nvcc
 
     drv = cuda_executor.gpu_modules()[0]
     major, minor = drv.Context.get_device().compute_capability()
-    sources = set()
+    jobs = []
     for name, batch in cases:
-        sizes = Sizes(seq, batch, hidden, hidden)
+        plan = make_plan(load_template(name), Sizes(seq, batch, hidden, hidden), schedule, _target(),
+                         save_steps=training, precision=precision)
         for edits in ablations.values():
-            try:
-                sources.update(_variants(load_template(name), sizes, schedule, edits, training, precision))
-            except NotApplicable:
-                pass
+            jobs.append((cuda_executor.plan_kernels(plan), edits))
+            if training:
+                jobs.append((cuda_backward.backward_kernels(cuda_backward.backward_plan(plan)), edits))
+
+    def compile_one(job):
+        kernels, edits = job
+        try:
+            _edited(kernels, f"sm_{major}{minor}", edits)
+        except NotApplicable:
+            pass
+
     with ThreadPoolExecutor(16) as pool:
-        list(pool.map(lambda src: nvcc(src, no_extern_c=True, arch=f"sm_{major}{minor}", options=["-O3"]),
-                      sources))
+        list(pool.map(compile_one, jobs))
 
 
 def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, reps: int,
@@ -185,14 +191,12 @@ def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, re
     dy = rng.standard_normal((seq, batch, hidden)).astype(np.float32)
     record: dict = {"cell": cell_name, "batch": batch, "seq": seq, "hidden": hidden, "schedule": schedule,
                     "training": training, "precision": precision}
-    plan_kernels, backward_kernels = cuda_executor.plan_kernels, cuda_backward.backward_kernels
 
     def run(edits, check: bool):
         """The programs' instructions timed with the persistent kernels edited, and, where `check`, their
         results (the forward pass's arrays, then a training step's gradients: a backward pass more, which
         an ablation's wrong results do not need); None where the edits do not apply."""
-        cuda_executor.plan_kernels = lambda p, e=edits: _ablate(plan_kernels(p), e)
-        cuda_backward.backward_kernels = lambda p, e=edits: _ablate(backward_kernels(p), e)
+        cuda_executor.fitted = lambda kernels, arch, e=edits: _edited(kernels, arch, e)
         plan = make_plan(cell, sizes, schedule, _target(), save_steps=training,
                          precision=precision)
         try:
@@ -245,7 +249,7 @@ def profile(cell_name: str, batch: int, seq: int, hidden: int, schedule: str, re
                     "in": worst, "matches": differences[worst] <= VARIANT_TOLERANCE}
             print(cell_name, batch, "variant", variant, record["variants"][variant], flush=True)
     finally:
-        cuda_executor.plan_kernels, cuda_backward.backward_kernels = plan_kernels, backward_kernels
+        cuda_executor.fitted = fitted
     return record
 
 

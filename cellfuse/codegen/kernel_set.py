@@ -3,7 +3,8 @@ persistent layer, each distinct source once, named after the cell."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 
 from .backward_plan import BackwardPlan
 from .c_text import c_name, c_stem
@@ -31,6 +32,23 @@ class KernelSet:
             self.by_body[body] = name
             self.sources[name] = body.replace("@NAME@", name)
         self.name_of[launch] = self.by_body[body]
+
+    def persistent_launches(self) -> dict[str, PersistentLaunch]:
+        """Each persistent kernel's name -> the first launch of it (a launch of every one the same)."""
+        launches: dict[str, PersistentLaunch] = {}
+        for launch, name in self.name_of.items():
+            if isinstance(launch, PersistentLaunch):
+                launches.setdefault(name, launch)
+        return launches
+
+    def unrolled(self, names: Collection[str], k_unroll: int) -> KernelSet:
+        """The same kernels, the persistent kernels `names` written with their GEMMs' loops over K
+        unrolled `k_unroll` iterations at a time (see persistent_cuda.gemm_fma.k_loop_unroll)."""
+        launches = self.persistent_launches()
+        sources = dict(self.sources)
+        for name in names:
+            sources[name] = persistent_source(launches[name], name, k_unroll)
+        return replace(self, sources=sources, by_body=dict(self.by_body))
 
     def module_source(self) -> str:
         persistent = [launch for launch in self.name_of if isinstance(launch, PersistentLaunch)]

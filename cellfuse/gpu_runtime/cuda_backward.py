@@ -26,7 +26,7 @@ from ..codegen.backward_plan import BackwardPlan, backward_plan
 from ..codegen.dtypes import bits
 from ..codegen.kernel_set import backward_kernels
 from ..graph_model import CellError, Gradients
-from .cuda_executor import _CUBLAS_WORKSPACE, CudaExecutor, _compile, aligned_offsets, split_elements
+from .cuda_executor import _CUBLAS_WORKSPACE, CudaExecutor, aligned_offsets, compiled_kernels, split_elements
 
 
 class CudaBackward:
@@ -37,8 +37,7 @@ class CudaBackward:
         drv = forward.drv
         self.forward = forward
         self.plan: BackwardPlan = backward_plan(forward.plan)
-        kernels = backward_kernels(self.plan)
-        forward.add_kernels(kernels, _compile(kernels.module_source()))
+        forward.add_kernels(*compiled_kernels(backward_kernels(self.plan)))
 
         sizes = {name: b.nbytes(forward.plan.sizes) for name, b in self.plan.buffers.items()}
         instructions = self.plan.instructions()

@@ -38,7 +38,7 @@ from ..codegen.plan import PersistentLaunch, Target
 from ..codegen.roofline import Peaks
 from ..graph_model import CellError, Forward
 from .driver import capture, check
-from .kernel_cache import cubin
+from .kernel_cache import cubin, fitted
 from .tf32_gemms import Shape, TensorCoreGemms, alignment
 from .wgmma_gemms import Operands, WgmmaGemms, usable
 
@@ -83,11 +83,20 @@ def device_description() -> str:
     return f"{dev.name()} (driver CUDA {version // 1000}.{version % 1000 // 10})"
 
 
+def _arch() -> str:
+    major, minor = gpu_modules()[0].Context.get_device().compute_capability()
+    return f"sm_{major}{minor}"
+
+
 def _compile(source: str, arch: str | None = None) -> bytes:
     """The cubin of a module, for this GPU (or for `arch`, such as sm_90a's own instructions), from the
     kernel cache."""
-    major, minor = gpu_modules()[0].Context.get_device().compute_capability()
-    return cubin(source, arch or f"sm_{major}{minor}")
+    return cubin(source, arch or _arch())
+
+
+def compiled_kernels(kernels: KernelSet) -> tuple[KernelSet, bytes]:
+    """A plan's kernels as they are compiled for this GPU (see kernel_cache.fitted), and their cubin."""
+    return fitted(kernels, _arch())
 
 
 @lru_cache(maxsize=1)
@@ -112,8 +121,7 @@ class CudaExecutor:
         self.plan = plan
         self.program = lower(plan)
         t0 = time.perf_counter()
-        kernels = plan_kernels(plan)
-        cubin = _compile(kernels.module_source())
+        kernels, cubin = compiled_kernels(plan_kernels(plan))
         self.compile_s = time.perf_counter() - t0
         self.funcs: dict = {}  # kernel name -> PyCUDA function
         self._prepared: dict = {}  # kernel name -> the function prepared for its arguments, at first use

@@ -1,12 +1,15 @@
 """Compiled CUDA kernels, kept on disk so that a run with kernels compiled before starts without nvcc's
 seconds per module.
 
-`cubin(source, arch)` runs nvcc once per source, architecture, options and nvcc version: its result is
-kept in memory for the process and in a file of the cache folder, `kernels/<sha256>.cubin`, that later
-processes read. The cache folder is the user's (platformdirs' `user_cache_dir("cellfuse")`), or the one
+`compiled(source, arch)` runs nvcc once per source, architecture, options and nvcc version: its result
+(the cubin, and which kernels ptxas says spill registers) is kept in memory for the process and in a file
+of the cache folder, `kernels/<sha256>.cubin`, that later processes read. `fitted(kernels, arch)` compiles
+a plan's kernels so, and a persistent kernel that spills a second time with its loops over K unrolled
+less (see `fitted`). The cache folder is the user's (platformdirs' `user_cache_dir("cellfuse")`), or the one
 the environment variable CELLFUSE_CACHE_DIR names; `--schedule auto` keeps its choices there too.
 
-A cache file is a header (MAGIC, the sha256 of the cubin, its length) and the cubin. A file that does not
+A cache file is a header (MAGIC, the sha256 of its payload, the payload's length) and the payload: the
+length of the spill report, the report (JSON), the cubin. A file that does not
 check out (cut short, overwritten, not a file) is logged, compiled again and replaced; a folder that
 cannot be written is logged and the cubin is still returned. Files are written beside their place and
 renamed into it, so that processes compiling the same kernel at once leave one whole file.
@@ -25,20 +28,33 @@ import re
 import struct
 import subprocess
 import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import platformdirs
 
+from ..codegen.kernel_set import KernelSet
 from ..graph_model import CellError, atomic_write
 
 log = logging.getLogger(__name__)
 
 ENV_VAR = "CELLFUSE_CACHE_DIR"
 # Part of every file's name: a change to how cubins are compiled or stored leaves the old files unread.
-FORMAT_VERSION = 1
-MAGIC = b"CFCUBIN1"
-_HEADER = struct.Struct(f"<{len(MAGIC)}s32sQ")  # magic, sha256 of the cubin, the cubin's length in bytes
+FORMAT_VERSION = 2
+MAGIC = b"CFCUBIN2"
+_HEADER = struct.Struct(f"<{len(MAGIC)}s32sQ")  # magic, sha256 of the payload, its length in bytes
+_REPORT_LENGTH = struct.Struct("<I")
+# How many iterations of a loop over K a persistent kernel that spills unrolls at a time instead (see
+# `fitted`).
+SPILLING_K_UNROLL = 8
+
+
+@dataclass(frozen=True)
+class Compiled:
+    cubin: bytes
+    spills: Mapping[str, int]  # each kernel (or device function) that spills -> its bytes of spill stores
 
 
 def cache_dir() -> Path:
@@ -51,17 +67,46 @@ def kernels_dir() -> Path:
 
 
 @lru_cache(maxsize=64)
-def cubin(source: str, arch: str, options: tuple[str, ...] = ("-O3",)) -> bytes:
-    """The cubin of CUDA C++ `source` (which declares its kernels `extern "C"` itself) for `arch`, such as
+def compiled(source: str, arch: str, options: tuple[str, ...] = ("-O3",)) -> Compiled:
+    """CUDA C++ `source` (which declares its kernels `extern "C"` itself) compiled for `arch`, such as
     "sm_90" or "sm_90a": from this process's memory, else from the cache folder, else compiled by nvcc
     and kept in both. A CellError where nvcc cannot be run or reports errors."""
     path = kernels_dir() / f"{_key(source, arch, options)}.cubin"
     cached = _read(path)
     if cached is not None:
         return cached
-    compiled = _compile(source, arch, options)
-    _write(path, compiled)
-    return compiled
+    fresh = _compile(source, arch, options)
+    _write(path, fresh)
+    return fresh
+
+
+def cubin(source: str, arch: str, options: tuple[str, ...] = ("-O3",)) -> bytes:
+    """The cubin of `compiled`."""
+    return compiled(source, arch, options).cubin
+
+
+def fitted(kernels: KernelSet, arch: str) -> tuple[KernelSet, bytes]:
+    """A plan's kernels and their cubin: as written, but a persistent kernel that spills registers (its
+    GEMMs' loops over K unrolled whole keep more values live than a thread has registers for) written
+    again with those loops unrolled SPILLING_K_UNROLL iterations at a time, and kept so where that
+    spills fewer bytes. Where nothing spills, unrolling less was measured slower (see
+    codegen.persistent_cuda.gemm_fma.k_loop_unroll), so it is only the answer to a spill."""
+    first = compiled(kernels.module_source(), arch)
+    spilling = [name for name in kernels.persistent_launches() if first.spills.get(name, 0)]
+    if not spilling:
+        return kernels, first.cubin
+    unrolled = kernels.unrolled(spilling, SPILLING_K_UNROLL)
+    second = compiled(unrolled.module_source(), arch)
+    better = [name for name in spilling if second.spills.get(name, 0) < first.spills[name]]
+    for name in spilling:
+        log.info("%s spills %d bytes; its loops over K unrolled %d at a time, %d", name, first.spills[name],
+                 SPILLING_K_UNROLL, second.spills.get(name, 0))
+    if better == spilling:
+        return unrolled, second.cubin
+    if not better:
+        return kernels, first.cubin
+    chosen = kernels.unrolled(better, SPILLING_K_UNROLL)
+    return chosen, cubin(chosen.module_source(), arch)
 
 
 def shared_library(source: str, name: str, fresh: bool = False, cxx_options: tuple[str, ...] | None = None
@@ -114,15 +159,25 @@ def nvcc_version() -> str:
     return _run_nvcc(["--version"]).stdout.strip()
 
 
-def _compile(source: str, arch: str, options: tuple[str, ...]) -> bytes:
+def _compile(source: str, arch: str, options: tuple[str, ...]) -> Compiled:
     with tempfile.TemporaryDirectory(prefix="cellfuse-nvcc-") as tmp:
         cu, out = Path(tmp) / "kernel.cu", Path(tmp) / "kernel.cubin"
         cu.write_text(source, encoding="utf-8")
-        proc = _run_nvcc(["-cubin", f"-arch={arch}", *options, "-o", str(out), str(cu)])
+        proc = _run_nvcc(["-cubin", f"-arch={arch}", *options, "-Xptxas", "-v", "-o", str(out), str(cu)])
         if proc.returncode != 0:
             raise CellError("nvcc could not compile the generated kernels:\n"
                             + compile_error_lines(proc.stderr or proc.stdout, source))
-        return out.read_bytes()
+        return Compiled(out.read_bytes(), spills(proc.stderr + proc.stdout))
+
+
+# ptxas -v's report of a function: its name, then its stack frame and spill stores
+_PROPERTIES = re.compile(r"Function properties for (\w+)\s*\n\s*\d+ bytes stack frame, "
+                         r"(\d+) bytes spill stores")
+
+
+def spills(report: str) -> dict[str, int]:
+    """Each function of ptxas -v's report that spills registers -> its bytes of spill stores."""
+    return {m[1]: int(m[2]) for m in _PROPERTIES.finditer(report) if int(m[2])}
 
 
 def _run_nvcc(args: list[str]) -> subprocess.CompletedProcess[str]:
@@ -144,8 +199,8 @@ def compile_error_lines(stderr: str, source: str) -> str:
     return "\n".join(found) if found else stderr.strip()
 
 
-def _read(path: Path) -> bytes | None:
-    """The cubin kept in `path`; None where there is none yet, or where the file does not check out (which
+def _read(path: Path) -> Compiled | None:
+    """What is kept in `path`; None where there is none yet, or where the file does not check out (which
     the log says, and which is removed so that the fresh compile takes its place)."""
     try:
         data = path.read_bytes()
@@ -153,12 +208,12 @@ def _read(path: Path) -> bytes | None:
         return None
     except OSError as e:
         return _discard(path, f"cannot be read ({e.strerror or e})")
-    payload, fault = unpack(data)
-    return payload if fault is None else _discard(path, fault)
+    kept, fault = unpack(data)
+    return kept if fault is None else _discard(path, fault)
 
 
-def unpack(data: bytes) -> tuple[bytes | None, str | None]:
-    """(the cubin, None) of a cache file's bytes, or (None, what is wrong with them)."""
+def unpack(data: bytes) -> tuple[Compiled | None, str | None]:
+    """(what is kept, None) of a cache file's bytes, or (None, what is wrong with them)."""
     if len(data) < _HEADER.size:
         return None, f"is {len(data)} bytes long, shorter than its header"
     magic, digest, length = _HEADER.unpack_from(data)
@@ -169,10 +224,14 @@ def unpack(data: bytes) -> tuple[bytes | None, str | None]:
         return None, f"holds {len(payload)} bytes of a cubin of {length}"
     if hashlib.sha256(payload).digest() != digest:
         return None, "holds a cubin whose sha256 is not the one in its header"
-    return payload, None
+    (n,) = _REPORT_LENGTH.unpack_from(payload)
+    report = json.loads(payload[_REPORT_LENGTH.size:_REPORT_LENGTH.size + n])
+    return Compiled(payload[_REPORT_LENGTH.size + n:], report), None
 
 
-def pack(payload: bytes) -> bytes:
+def pack(kept: Compiled) -> bytes:
+    report = json.dumps(dict(kept.spills), sort_keys=True).encode()
+    payload = _REPORT_LENGTH.pack(len(report)) + report + kept.cubin
     return _HEADER.pack(MAGIC, hashlib.sha256(payload).digest(), len(payload)) + payload
 
 
@@ -189,7 +248,7 @@ def _discard(path: Path, fault: str) -> None:
         pass  # then the write that follows says why it cannot replace it
 
 
-def _write(path: Path, payload: bytes) -> None:
+def _write(path: Path, payload: Compiled) -> None:
     """Keeps a cubin for later processes; where the folder cannot be written, the log says so and the
     cubin is used all the same."""
     try:

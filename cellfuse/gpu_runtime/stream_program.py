@@ -45,7 +45,7 @@ from ..graph_model import CellError
 from . import driver
 from .driver import check
 from .event_timing import median_ms
-from .kernel_cache import cubin
+from .kernel_cache import cubin, fitted
 from .launch_list import CHECK_LAUNCHES, COOPERATIVE, EARLY, KERNEL, LaunchList
 from .wgmma_gemms import Operands, usable
 
@@ -117,6 +117,7 @@ class _Resources:
 
         self.cu, self.cublas = driver.bindings(), cublas
         self.capability = capability
+        kernels, _ = fitted(kernels, arch)  # (its cubin kept for loaded_module)
         self.module = loaded_module(what, kernels.module_source(), arch, lane)
         self.name_of = kernels.name_of
         self.functions: dict[str, object] = {}

@@ -789,3 +789,21 @@ def test_a_launch_of_independent_blocks_starts_early_and_waits_at_its_top():
         loop = source.split("for (int t0")[-1].split("// the block wrote its final states")[0]
         assert ("if (cf_ok) " in loop and "continue;" not in loop and ") break;" not in loop.replace(
             "if (t >= seq) break;", "")) == independent
+
+
+@pytest.mark.parametrize(("name", "schedule", "batch", "hidden", "loops"), [
+    ("lstm", "tensor", 64, 512, 2),  # 16 blocks of K a warp: its products and its rows' scales
+    ("gru", "tensor", 64, 512, 0),  # 8 blocks of K a warp: unrolled whole either way
+    ("lstm", "persistent", 8, 1024, 1),  # a thread's FMAs over K, W read from L2
+])
+def test_a_kernel_written_to_unroll_its_k_loops_8_at_a_time_does_so_only_where_they_have_more(
+        name, schedule, batch, hidden, loops):
+    """Planned for half an H100's SMs (a direction of two side by side), where the kernels spill as
+    written (benchmarks/probes/kernel_registers.py)."""
+    plan = make_plan(load_template(name), Sizes(100, batch, hidden, hidden), schedule,
+                     dataclasses.replace(H100, sm_count=66))
+    launch = plan.layers[0].persistent
+    written, unrolled = persistent_source(launch, "k"), persistent_source(launch, "k", k_unroll=8)
+    assert "#pragma unroll 8" not in written
+    assert unrolled.count("#pragma unroll 8") == loops
+    assert unrolled.replace("#pragma unroll 8", "#pragma unroll") == written

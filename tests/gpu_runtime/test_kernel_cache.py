@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from cellfuse.gpu_runtime import kernel_cache
-from cellfuse.gpu_runtime.kernel_cache import cubin, unpack
+from cellfuse.gpu_runtime.kernel_cache import Compiled, cubin, unpack
 from cellfuse.graph_model import CellError
 
 no_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -32,7 +32,7 @@ def cache(monkeypatch, tmp_path):
     """A cache folder of the test's own, and nothing remembered in memory before or after the test."""
     folder = tmp_path / "cache"
     monkeypatch.setenv("CELLFUSE_CACHE_DIR", str(folder))
-    memories = (kernel_cache.cubin, kernel_cache.nvcc_version)  # before a test puts a fake in their place
+    memories = (kernel_cache.compiled, kernel_cache.nvcc_version)  # before a test puts a fake in their place
     for memory in memories:
         memory.cache_clear()
     yield folder
@@ -47,7 +47,7 @@ def fake_nvcc(monkeypatch):
 
     def compile_(source, arch, options):
         compiled.append(source)
-        return f"cubin of {source} for {arch}".encode()
+        return kernel_cache.Compiled(f"cubin of {source} for {arch}".encode(), {})
 
     monkeypatch.setattr(kernel_cache, "_compile", compile_)
     monkeypatch.setattr(kernel_cache, "nvcc_version", lambda: "fake nvcc 1.0")
@@ -72,8 +72,8 @@ def no_nvcc_runs(monkeypatch):
 def test_a_kernel_compiled_once_is_read_back_without_nvcc(cache, monkeypatch):
     first = cubin(TINY, "sm_90")
     assert first.startswith(ELF)
-    assert unpack(only_file(cache).read_bytes()) == (first, None)
-    kernel_cache.cubin.cache_clear()  # as a new process would start (nvcc's version aside)
+    assert unpack(only_file(cache).read_bytes()) == (Compiled(first, {}), None)
+    kernel_cache.compiled.cache_clear()  # as a new process would start (nvcc's version aside)
     no_nvcc_runs(monkeypatch)
     assert cubin(TINY, "sm_90") == first
 
@@ -84,11 +84,11 @@ def test_a_truncated_file_is_compiled_again_and_fixed(cache, caplog):
     first = cubin(TINY, "sm_90")
     path = only_file(cache)
     path.write_bytes(path.read_bytes()[:100])
-    kernel_cache.cubin.cache_clear()
+    kernel_cache.compiled.cache_clear()
     with caplog.at_level(logging.WARNING, logger=kernel_cache.__name__):
         assert cubin(TINY, "sm_90") == first
     assert [str(path) in r.getMessage() for r in caplog.records] == [True]
-    assert unpack(path.read_bytes()) == (first, None)
+    assert unpack(path.read_bytes()) == (Compiled(first, {}), None)
 
 
 @pytest.mark.nvcc
@@ -141,12 +141,12 @@ def test_a_damaged_file_is_logged_compiled_again_and_replaced(cache, fake_nvcc, 
     first = cubin("k", "sm_90")
     path = only_file(cache)
     damage(path)
-    kernel_cache.cubin.cache_clear()
+    kernel_cache.compiled.cache_clear()
     with caplog.at_level(logging.WARNING, logger=kernel_cache.__name__):
         assert cubin("k", "sm_90") == first
     assert [str(path) in r.getMessage() for r in caplog.records] == [True]
     assert fake_nvcc == ["k", "k"]
-    assert unpack(path.read_bytes()) == (first, None)
+    assert unpack(path.read_bytes()) == (Compiled(first, {}), None)
 
 
 @needs_permissions
@@ -175,7 +175,7 @@ def test_each_arch_options_and_nvcc_have_a_file_of_their_own(cache, fake_nvcc, m
     cubin("k", "sm_90a")
     cubin("k", "sm_90", ("-O2",))
     monkeypatch.setattr(kernel_cache, "nvcc_version", lambda: "fake nvcc 2.0")
-    kernel_cache.cubin.cache_clear()
+    kernel_cache.compiled.cache_clear()
     cubin("k", "sm_90")
     assert len(list((cache / "kernels").iterdir())) == 4 and len(fake_nvcc) == 4
 
@@ -212,4 +212,87 @@ def test_two_processes_compiling_one_kernel_at_once_both_get_it(cache, tmp_path)
         assert proc.wait(timeout=120) == 0, proc.stderr.read()
     first, second = (out.read_bytes() for out in outs)
     assert first.startswith(ELF) and first == second
-    assert unpack(only_file(cache).read_bytes()) == (first, None)
+    assert unpack(only_file(cache).read_bytes()) == (Compiled(first, {}), None)
+
+
+# every thread's 64 values live at once: more than 16 registers hold
+SPILLER = """extern "C" __global__ void k(const float* p, float* q) {
+    float v[64];
+    #pragma unroll
+    for (int i = 0; i < 64; ++i) v[i] = p[i * blockDim.x + threadIdx.x];
+    float s = 0.0f;
+    #pragma unroll
+    for (int i = 0; i < 64; ++i) s += v[i] * v[63 - i] + v[(i + 1) % 64];
+    q[threadIdx.x] = s;
+}
+"""
+
+
+@pytest.mark.nvcc
+@no_nvcc
+def test_ptxas_report_of_spills_is_kept_with_the_cubin(cache):
+    assert kernel_cache.compiled(TINY, "sm_90").spills == {}
+    spilled = kernel_cache.compiled(SPILLER, "sm_90", ("-O3", "-maxrregcount=16")).spills
+    assert list(spilled) == ["k"] and spilled["k"] > 0
+    kernel_cache.compiled.cache_clear()
+    assert kernel_cache.compiled(SPILLER, "sm_90", ("-O3", "-maxrregcount=16")).spills == spilled
+
+
+def test_the_spill_report_is_read_from_ptxas_words():
+    report = ("ptxas info    : Compiling entry function 'a' for 'sm_90'\n"
+              "ptxas info    : Function properties for a\n"
+              "    216 bytes stack frame, 216 bytes spill stores, 216 bytes spill loads\n"
+              "ptxas info    : Used 255 registers\n"
+              "ptxas info    : Function properties for b\n"
+              "    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n")
+    assert kernel_cache.spills(report) == {"a": 216}
+
+
+def _half_the_sms_lstm():
+    """The LSTM's kernels on tensor cores at B=64 planned for 66 SMs: 16 blocks of K a warp."""
+    from dataclasses import replace
+
+    from cellfuse.codegen import make_plan, plan_kernels
+    from cellfuse.codegen.scheduler import H100
+    from cellfuse.graph_model import Sizes, load_template
+
+    plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "tensor", replace(H100, sm_count=66))
+    return plan_kernels(plan)
+
+
+def _fake_ptxas(monkeypatch, spills_as_written: int, spills_unrolled: int):
+    """compiled() replaced: the persistent kernel spills as the arguments say, by how its loops are
+    unrolled; returns the sources compiled."""
+    seen = []
+
+    def compiled(source, arch, options=("-O3",)):
+        seen.append(source)
+        bytes_ = spills_unrolled if "#pragma unroll 8" in source else spills_as_written
+        return Compiled(f"cubin {len(seen)}".encode(), {"cf_lstm_persistent": bytes_} if bytes_ else {})
+
+    monkeypatch.setattr(kernel_cache, "compiled", compiled)
+    return seen
+
+
+def test_a_kernel_that_does_not_spill_is_compiled_once_as_written(monkeypatch):
+    kernels = _half_the_sms_lstm()
+    seen = _fake_ptxas(monkeypatch, 0, 0)
+    assert kernel_cache.fitted(kernels, "sm_90") == (kernels, b"cubin 1")
+    assert seen == [kernels.module_source()]
+
+
+def test_a_kernel_that_spills_is_compiled_with_its_k_loops_unrolled_less(monkeypatch):
+    kernels = _half_the_sms_lstm()
+    seen = _fake_ptxas(monkeypatch, 216, 0)
+    chosen, cubin_ = kernel_cache.fitted(kernels, "sm_90")
+    assert cubin_ == b"cubin 2" and chosen.name_of == kernels.name_of
+    written, unrolled = kernels.sources["cf_lstm_persistent"], chosen.sources["cf_lstm_persistent"]
+    assert "#pragma unroll 8" not in written and unrolled.count("#pragma unroll 8") == 2  # products, scales
+    assert unrolled.replace("#pragma unroll 8", "#pragma unroll") == written
+    assert seen == [kernels.module_source(), chosen.module_source()]
+
+
+def test_a_kernel_that_spills_more_unrolled_less_is_kept_as_written(monkeypatch):
+    kernels = _half_the_sms_lstm()
+    _fake_ptxas(monkeypatch, 60, 216)
+    assert kernel_cache.fitted(kernels, "sm_90") == (kernels, b"cubin 1")

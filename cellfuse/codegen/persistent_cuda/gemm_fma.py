@@ -17,6 +17,19 @@ from .staging import pointers, rounded, stage, store, zero_past_k
 FULL_UNROLL = 32  # iterations of a GEMM's loop over K, at most, unrolled whole (else two at a time)
 
 
+def k_loop_unroll(k: Kernel, iters: int) -> str:
+    """The pragma over a GEMM's loop over K of `iters` iterations (a thread's, or a warp's): unrolled
+    whole up to FULL_UNROLL, two at a time past it; `k.k_unroll` at a time where the kernel asks for it
+    and the loop has more. A loop unrolled whole keeps every iteration's loads in flight at once, which
+    is what makes it fast, and what made some kernels use more registers than a thread has (the LSTM's
+    forward on tensor cores planned for half an H200's SMs, B=64: 16 iterations a warp, 216 bytes of
+    spills, 1.23 ms; unrolled 8, none and 0.90 ms); where nothing spills, unrolling 8 at a time lost 1%
+    to 28% (benchmarks/results/h200_2026-11-30_unroll_8_over_8_e25739a.txt)."""
+    if iters > FULL_UNROLL:
+        return "#pragma unroll 2"
+    return f"#pragma unroll {k.k_unroll}" if 0 < k.k_unroll < iters else "#pragma unroll"
+
+
 def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
     g: GemmLaunch = item.launch
     tl: GemmTiling = item.tiling
@@ -64,7 +77,7 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
             w(f"float4 av[2][{tr}], wv[2][{tc}];")
             with w.block(f"if (ks < {k4}) {{"):
                 operands(k, i, item, "0", "ks")
-            w(f"#pragma unroll{'' if iters <= FULL_UNROLL else ' 2'}")
+            w(k_loop_unroll(k, iters))
             with w.block(f"for (int it = 0; it < {iters}; ++it) {{"):
                 w(f"const int q = ks + it * {split}, cur = it & 1;",
                   f"if (q >= {k4}) break;")

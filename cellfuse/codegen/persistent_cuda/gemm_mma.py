@@ -13,7 +13,7 @@ from ..plan import GemmLaunch, PersistentItem
 from ..tiling import MMA_K_BLOCK, MMA_M, MMA_N, WARPS, GemmTiling
 from .context import Kernel
 from .exchange import poll_rows
-from .gemm_fma import FULL_UNROLL
+from .gemm_fma import k_loop_unroll
 from .shared_memory import w_type
 from .staging import pointers, stage, store, zero_past_k
 
@@ -70,7 +70,7 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
                   f"{F}* const part = cf_mma + (size_t)o * {regs * 32} + lane;  // [{regs}][32]",
                   f"{F} acc[{nb}][4];")
                 if tl.f16x3:  # the small products apart, every chunk from zero (its own rows' scales)
-                    _row_scales(k, split, stride, end)
+                    _row_scales(k, split, stride, end, iters)
                     w(f"{F} small[{nb}][4];",
                       "#pragma unroll",
                       f"for (int m = 0; m < {regs}; ++m) acc[m / 4][m % 4] = small[m / 4][m % 4] = 0.0f;")
@@ -78,7 +78,7 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
                     w("#pragma unroll",
                       f"for (int m = 0; m < {regs}; ++m)",
                       f"    acc[m / 4][m % 4] = {'kc ? part[m * 32] : 0.0f' if chunks > 1 else '0.0f'};")
-                w(f"#pragma unroll{'' if iters <= FULL_UNROLL else ' 2'}")
+                w(k_loop_unroll(k, iters))
                 with w.block(f"for (int k = ks * {MMA_K_BLOCK}; k < {end}; k += {split * MMA_K_BLOCK}) {{"):
                     w(f"const float4 a4[2] = {{*(const float4*)(at + k), "
                       f"*(const float4*)(at + {8 * stride} + k)}};")
@@ -124,7 +124,7 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
     w("__syncthreads();  // C is read next by other threads of the block")
 
 
-def _row_scales(k: Kernel, split: int, stride: int, end: str) -> None:
+def _row_scales(k: Kernel, split: int, stride: int, end: str, iters: int) -> None:
     """s0 and s1, the scales of the warp's rows g and g + 8 for their split into fp16 pieces
     (persistent.cuh's cf_f16x3_scale of their largest magnitude over the k the warp multiplies, which its
     four lanes of each row read): each warp its own, so that no barrier waits for them (a pass over the
@@ -132,7 +132,7 @@ def _row_scales(k: Kernel, split: int, stride: int, end: str) -> None:
     that share a tile add their partial tiles once each has undone its own scales."""
     w = k.w
     w("float m0 = 0.0f, m1 = 0.0f;",
-      "#pragma unroll")
+      k_loop_unroll(k, iters))
     with w.block(f"for (int k = ks * {MMA_K_BLOCK}; k < {end}; k += {split * MMA_K_BLOCK}) {{"):
         w("m0 = fmaxf(m0, cf_abs_max(*(const float4*)(at + k)));",
           f"m1 = fmaxf(m1, cf_abs_max(*(const float4*)(at + {8 * stride} + k)));")

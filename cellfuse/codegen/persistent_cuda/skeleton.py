@@ -48,9 +48,11 @@ PDL_WAIT = (
 )
 
 
-def persistent_source(launch: PersistentLaunch, name: str) -> str:
-    """The source of a persistent launch's kernel (and the device functions and exchanges it uses)."""
-    k = Kernel(launch, name)
+def persistent_source(launch: PersistentLaunch, name: str, k_unroll: int = 0) -> str:
+    """The source of a persistent launch's kernel (and the device functions and exchanges it uses); its
+    GEMMs' loops over K unrolled `k_unroll` iterations at a time where they have more (see
+    gemm_fma.k_loop_unroll)."""
+    k = Kernel(launch, name, k_unroll)
     w = k.w
     for n, ex in enumerate(launch.exchange):
         w(f"// the exchange of {comment_text(ex.buffer)}: two slots of [batch][{ex.width}] (step tag, value) "
