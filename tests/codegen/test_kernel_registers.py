@@ -7,12 +7,11 @@ kernels planned for half the SMs (one of two directions) spill more
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 import shutil
-from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 from cellfuse.codegen import make_plan
 from cellfuse.codegen.backward_plan import backward_plan
@@ -34,11 +33,7 @@ SPILLING = {"cf_lstm_persistent_lstm_tensor_256_512_f"}
 
 
 def _probe():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "probes" / "kernel_registers.py"
-    spec = importlib.util.spec_from_file_location("kernel_registers", path)
-    probe = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(probe)
-    return probe
+    return load_script("benchmarks/probes/kernel_registers.py")
 
 
 HEAD = "#include <cuda_bf16.h>\n#include <cuda_fp16.h>\n" + PERSISTENT_PRELUDE + MMA16_PRELUDE + PRELUDE

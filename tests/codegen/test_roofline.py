@@ -7,6 +7,7 @@ import csv
 import io
 
 import pytest
+from script_loader import ROOT, load_script
 
 from cellfuse.codegen import make_plan
 from cellfuse.codegen.roofline import GRID_BARRIER_S, H100_SXM, Peaks, roofline
@@ -73,16 +74,10 @@ def test_the_csv_gives_the_roofline_columns_of_their_own():
 def test_the_readme_table_comes_from_a_record():
     """benchmarks/roofline_table.py on the record of the persistent table (H100): every case's fastest rung
     beside its roofline at the H100's published peaks."""
-    import importlib.util
-    from pathlib import Path
-
-    root = Path(__file__).resolve().parents[2]
-    spec = importlib.util.spec_from_file_location("roofline_table", root / "benchmarks" / "roofline_table.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
     import json
 
-    record = json.loads((root / "benchmarks/results/h100_2026-11-27_persistent_5136e32.json").read_text())
+    script = load_script("benchmarks/roofline_table.py")
+    record = json.loads((ROOT / "benchmarks/results/h100_2026-11-27_persistent_5136e32.json").read_text())
     table = script.rows(record)
     assert len(table) == len(record["cases"])
     lstm = next(row for row in table if row.startswith("| LSTM T=100 B=64 H=512 |"))

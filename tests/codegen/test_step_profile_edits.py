@@ -4,11 +4,9 @@ the kernels it is meant for, or the profile times the kernel as it is under the 
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 from compile_cuda import nvcc_cubin
+from script_loader import load_script
 
 from cellfuse.codegen import make_plan
 from cellfuse.gpu_runtime import cuda_backward, cuda_executor
@@ -16,11 +14,7 @@ from cellfuse.graph_model import Sizes, load_template
 
 
 def _script():
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "step_profile.py"
-    spec = importlib.util.spec_from_file_location("step_profile", path)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    return script
+    return load_script("benchmarks/step_profile.py")
 
 
 SMALL, FULL = Sizes(20, 64, 64, 64), Sizes(100, 64, 512, 512)

@@ -4,16 +4,14 @@ trained under torch.autocast to 16 bits ends within its margin of the float32 ru
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
+from script_loader import load_script
 
 torch = pytest.importorskip("torch")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "train_lm.py"
 TINY = ["--seq", "5", "--batch", "3", "--vocab", "40", "--embed", "10", "--hidden", "12", "--steps", "6",
         "--every", "2", "--batches", "1", "--lr", "1e-2"]
 SMALL = "--seq 20 --batch 8 --vocab 100 --embed 64 --hidden 64 --steps 20 --batches 2".split()
@@ -21,10 +19,7 @@ SMALL = "--seq 20 --batch 8 --vocab 100 --embed 64 --hidden 64 --steps 20 --batc
 
 @pytest.fixture(scope="module")
 def train_lm():
-    spec = importlib.util.spec_from_file_location("train_lm", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/train_lm.py")
 
 
 def test_the_two_models_start_from_the_same_function(train_lm):

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
+from script_loader import load_script
 
 from cellfuse.graph_model import Cell, Node
 
@@ -64,10 +63,4 @@ def elman_nodes_list() -> list[tuple[Any, ...]]:
 @pytest.fixture(scope="session")
 def make_templates_module() -> ModuleType:
     """scripts/make_templates.py, imported as a module."""
-    path = ROOT / "scripts" / "make_templates.py"
-    spec = importlib.util.spec_from_file_location("make_templates_under_test", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_script("scripts/make_templates.py", "make_templates_under_test")

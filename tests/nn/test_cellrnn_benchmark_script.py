@@ -3,26 +3,21 @@ before it is timed, its numbers in the JSON record, and a case that fails its ch
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 torch = pytest.importorskip("torch")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "cellrnn_vs_cudnn.py"
 TINY = ["--device", "cpu", "--hidden", "16", "--input", "16", "--batches", "2", "--seqs", "5",
         "--layers", "1", "--repeats", "2"]
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("cellrnn_vs_cudnn", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/cellrnn_vs_cudnn.py")
 
 
 def timed(part: dict, name: str) -> float:

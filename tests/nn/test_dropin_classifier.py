@@ -4,21 +4,16 @@ curve step for step, and the record says so."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
+from script_loader import load_script
 
 torch = pytest.importorskip("torch")
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "dropin_classifier.py"
-
 
 def test_the_drop_in_follows_torchs_loss_curve(tmp_path):
-    spec = importlib.util.spec_from_file_location("dropin_classifier", SCRIPT)
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("benchmarks/dropin_classifier.py")
     out = tmp_path / "record.json"
     script.main(["--device", "cpu", "--dtype", "float64", "--steps", "12", "--warmup", "2", "--batch", "6",
                  "--seq", "9", "--min-length", "2", "--features", "5", "--hidden", "7", "--lr", "0.05",
