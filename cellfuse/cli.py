@@ -303,6 +303,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .codegen import generate_cuda
     from .codegen.c_text import c_stem
+    from .gpu_runtime.kernel_cache import SPILLING_K_UNROLL, ExportFit
     from .graph_model import atomic_write
 
     cell = resolve_cell(args.cell)
@@ -314,12 +315,19 @@ def cmd_export(args: argparse.Namespace) -> int:
         if float32_states is not None:  # a row's steps left, whole numbers past 256, stay float32
             float32_states = [*float32_states, STEPS_LEFT]
     sizes = _plan_sizes(cell, args)
+    fit = ExportFit()
     src = generate_cuda(cell, sizes, _schedule(cell, sizes, args.schedule, args.precision),
                         backward=args.backward, bidirectional=args.bidirectional, precision=args.precision,
-                        float32_states=float32_states)
+                        float32_states=float32_states, fit=fit)
     atomic_write(output, src.text.encode())
     print(f"wrote {args.output} ({len(src.text.splitlines())} lines); build it with: "
-          f"nvcc -O3 -arch=sm_90 -DCELLFUSE_DEMO_MAIN {args.output} -lcublas")
+          f"nvcc -O3 -arch={fit.arch} -DCELLFUSE_DEMO_MAIN {args.output} -lcublas")
+    for name, spilled in fit.rewritten.items():
+        print(f"  {name} spilled {spilled} bytes of registers as planned: written with its loops over K "
+              f"unrolled {SPILLING_K_UNROLL} at a time, as CellFuse runs it")
+    if fit.failed:
+        print(f"  the kernels are written as planned, not checked for spilled registers: {fit.failed}",
+              file=sys.stderr)
     if args.bidirectional:
         print(f"  both directions of the layer: cellfuse_{c_stem(cell.name)}_bidirectional_forward takes the "
               "forward direction's parameters, then the reverse one's, and gives y [seq, batch, 2 * hidden]")

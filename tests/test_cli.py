@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -946,3 +947,28 @@ def test_the_states_kept_in_float32_are_chosen_on_the_command_line(cli, tmp_path
     assert code == 1 and "float32 states ['q'] are not states of cell 'LSTM'" in err
     code, _, err = cli("plan", "lstm", "--float32-states", "c")
     assert code == 1 and "give --precision bf16 or fp16 with it" in err
+
+
+@pytest.mark.slow
+@pytest.mark.nvcc
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_export_writes_a_kernel_that_spills_as_cellfuse_runs_it(cli, tmp_path):
+    """The LSTM's forward kernel on tensor cores that saves its steps for a backward pass spills registers
+    at B=256 as planned; the export writes it with its loops over K unrolled 8 at a time, as
+    kernel_cache.fitted compiles it, and says so."""
+    code, out, err = cli("export", "lstm", "-o", tmp_path / "l.cu", "--backward", "--schedule", "tensor",
+                         "--batch", 256, "--input", 512, "--hidden", 512)
+    assert code == 0, err
+    assert "#pragma unroll 8" in (tmp_path / "l.cu").read_text()
+    assert "cf_lstm_persistent spilled" in out and "unrolled 8 at a time" in out
+
+
+def test_export_without_nvcc_writes_the_kernels_as_planned_and_says_so(cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "")
+    monkeypatch.setenv("CELLFUSE_CACHE_DIR", str(tmp_path / "cache"))  # (no cubin of these kernels kept)
+    code, out, err = cli("export", "lstm", "-o", tmp_path / "l.cu", "--schedule", "persistent", "--input", 7,
+                         "--hidden", 9)
+    assert code == 0, err
+    assert "__global__" in (tmp_path / "l.cu").read_text()
+    assert ("the kernels are written as planned, not checked for spilled registers: nvcc could not be run"
+            in err)

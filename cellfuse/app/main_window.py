@@ -15,6 +15,7 @@ from PySide6 import QtCore, QtGui, QtWidgets
 
 from ..codegen import SCHEDULES, generate_cuda, make_plan
 from ..gpu_runtime.bench import BASELINES, BenchConfig, available_backends
+from ..gpu_runtime.kernel_cache import SPILLING_K_UNROLL, ExportFit
 from ..graph_model import (
     Cell,
     CellError,
@@ -624,8 +625,12 @@ class MainWindow(QtWidgets.QMainWindow):
                                          "CUDA source (*.cu);;All files (*)")
             if path is None:
                 return False
+        fit = ExportFit()
+        # a persistent kernel is compiled by nvcc to see whether it spills registers (seconds, the first
+        # time; the kernel cache keeps the answer)
+        QtWidgets.QApplication.setOverrideCursor(QtCore.Qt.CursorShape.WaitCursor)
         try:
-            source = generate_cuda(self.cell, self.sizes(), schedule)
+            source = generate_cuda(self.cell, self.sizes(), schedule, fit=fit)
             atomic_write(path, source.text.encode("utf-8"))
         except CellError as e:
             dialogs.show_error(self, "Cannot export CUDA", str(e))
@@ -633,7 +638,14 @@ class MainWindow(QtWidgets.QMainWindow):
         except OSError as e:
             dialogs.show_error(self, "Cannot export CUDA", f"{path}: {e.strerror or e}")
             return False
-        self.statusBar().showMessage(f"Wrote {path}", 4000)
+        finally:
+            QtWidgets.QApplication.restoreOverrideCursor()
+        notes = [f"{name} spilled registers as planned: written with its loops over K unrolled "
+                 f"{SPILLING_K_UNROLL} at a time" for name in fit.rewritten]
+        if fit.failed:
+            notes.append(f"kernels not checked for spilled registers: {fit.failed.splitlines()[0]}")
+            log.warning("export: the kernels are written as planned: %s", fit.failed)
+        self.statusBar().showMessage("; ".join([f"Wrote {path}", *notes]), 8000 if notes else 4000)
         return True
 
     def rebuild_recent_menu(self, menu: QtWidgets.QMenu) -> None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import date
 
@@ -37,7 +38,7 @@ from .gemm_routes import (
     tf32x3_layout,
 )
 from .kernel_abi import BLOCK, INT_MAX, kernel_params
-from .kernel_set import backward_kernels, plan_kernels
+from .kernel_set import KernelSet, backward_kernels, plan_kernels
 from .lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, lower
 from .persistent_cuda import persistent_buffers
 from .plan import Access, Buffer, GemmLaunch, KernelLaunch, PersistentLaunch, Plan, grad_of
@@ -50,11 +51,17 @@ class CudaSource:
     kernel_line: dict[str, int]  # kernel or GEMM name -> 1-based line where it is defined or called
 
 
-def emit(plan: Plan, backward: BackwardPlan | None = None, bidirectional: bool = False) -> CudaSource:
+# What a caller may make of a plan's kernels before they are written: the kernels as a compiler checked
+# them (such as gpu_runtime.kernel_cache.fitted's, a kernel that spills written to unroll less).
+Fit = Callable[[KernelSet], KernelSet]
+
+
+def emit(plan: Plan, backward: BackwardPlan | None = None, bidirectional: bool = False,
+         fit: Fit | None = None) -> CudaSource:
     """The self-contained .cu of a forward plan (see the module's docstring); with its `backward` plan,
     whose forward plan it must be, a backward launcher follows the forward one; with `bidirectional`, a
-    launcher of both directions of the (one-layer) plan."""
-    return _Export(plan, backward, bidirectional).source()
+    launcher of both directions of the (one-layer) plan; the kernels as `fit` makes them where given."""
+    return _Export(plan, backward, bidirectional, fit).source()
 
 
 def has_exchanges(plan: Plan) -> bool:
@@ -88,14 +95,16 @@ def _splits(g: GemmLaunch) -> bool:
 class _Export:
     """The text of one exported .cu, written part by part, top to bottom (see `source`)."""
 
-    def __init__(self, plan: Plan, backward: BackwardPlan | None, bidirectional: bool = False):
+    def __init__(self, plan: Plan, backward: BackwardPlan | None, bidirectional: bool = False,
+                 fit: Fit | None = None):
         self.plan, self.backward, self.bidirectional = plan, backward, bidirectional
         self.sizes = plan.sizes
         self.stem = c_stem(plan.cell_name)
         self.macro = f"CELLFUSE_{self.stem.upper()}"  # the prefix keeps the macros apart from the headers'
         self.fn = f"cellfuse_{self.stem}_forward"
-        self.kernels = plan_kernels(plan)
-        self.back_kernels = backward_kernels(backward) if backward else None
+        fit = fit or (lambda kernels: kernels)
+        self.kernels = fit(plan_kernels(plan))
+        self.back_kernels = fit(backward_kernels(backward)) if backward else None
         if self.back_kernels:
             assert not set(self.back_kernels.sources) & set(self.kernels.sources), "a kernel name used twice"
             self.kernels.name_of.update(self.back_kernels.name_of)

@@ -109,6 +109,35 @@ def fitted(kernels: KernelSet, arch: str) -> tuple[KernelSet, bytes]:
     return chosen, cubin(chosen.module_source(), arch)
 
 
+# The architecture an exported .cu is built for (the command `cellfuse export` prints says -arch=sm_90).
+EXPORT_ARCH = "sm_90"
+
+
+class ExportFit:
+    """`fitted` for the kernels of an exported .cu (codegen.Fit): compiled for EXPORT_ARCH, so that it
+    holds the kernels CellFuse's own runs compile. `rewritten`: each kernel written to unroll less -> the
+    bytes it spilled as planned; `failed`: why nvcc could not check them (the kernels are then written as
+    planned), or None."""
+
+    def __init__(self, arch: str = EXPORT_ARCH):
+        self.arch = arch
+        self.rewritten: dict[str, int] = {}
+        self.failed: str | None = None
+
+    def __call__(self, kernels: KernelSet) -> KernelSet:
+        if not kernels.persistent_launches():  # (nothing to rewrite: no compile)
+            return kernels
+        try:
+            chosen, _ = fitted(kernels, self.arch)
+        except CellError as e:
+            self.failed = str(e)
+            return kernels
+        planned = compiled(kernels.module_source(), self.arch).spills
+        self.rewritten.update({name: planned[name] for name in kernels.sources
+                               if chosen.sources[name] != kernels.sources[name]})
+        return chosen
+
+
 def shared_library(source: str, name: str, fresh: bool = False, cxx_options: tuple[str, ...] | None = None
                    ) -> Path:
     """The file of a shared library built by nvcc from C `source` (host code, such as the launch list's),

@@ -112,6 +112,36 @@ def test_export_cuda_writes_the_chosen_schedule(window, answers, tmp_path):
     assert text == window.cuda_view.text()
 
 
+def test_export_cuda_writes_the_kernels_as_fitted_and_says_which_it_rewrote(window, tmp_path, monkeypatch):
+    """Export CUDA writes the kernels as gpu_runtime.kernel_cache.ExportFit makes them (here a fake that
+    rewrites the persistent kernel, as one that spills registers is) and says so in the status bar; where
+    nvcc cannot check them, the kernels as planned, and it says that."""
+    from cellfuse.app import main_window
+
+    class Rewrites(main_window.ExportFit):
+        def __call__(self, kernels):
+            name = next(iter(kernels.persistent_launches()))
+            self.rewritten[name] = 216
+            kernels.sources[name] = "// rewritten\n" + kernels.sources[name]
+            return kernels
+
+    monkeypatch.setattr(main_window, "ExportFit", Rewrites)
+    window.plan_panel.set_schedule("persistent")
+    assert window.export_cuda(tmp_path / "l.cu")
+    assert "// rewritten" in (tmp_path / "l.cu").read_text()
+    assert "cf_lstm_persistent spilled registers as planned" in window.statusBar().currentMessage()
+
+    class Fails(main_window.ExportFit):
+        def __call__(self, kernels):
+            self.failed = "nvcc could not be run (no such file); is the CUDA toolkit on the PATH?"
+            return kernels
+
+    monkeypatch.setattr(main_window, "ExportFit", Fails)
+    assert window.export_cuda(tmp_path / "m.cu")
+    assert "// rewritten" not in (tmp_path / "m.cu").read_text()
+    assert "not checked for spilled registers: nvcc could not be run" in window.statusBar().currentMessage()
+
+
 @pytest.mark.slow
 def test_closing_with_unsaved_changes_asks(make_window, answers, user):
     w = make_window()

@@ -296,3 +296,42 @@ def test_a_kernel_that_spills_more_unrolled_less_is_kept_as_written(monkeypatch)
     kernels = _half_the_sms_lstm()
     _fake_ptxas(monkeypatch, 60, 216)
     assert kernel_cache.fitted(kernels, "sm_90") == (kernels, b"cubin 1")
+
+
+def test_an_export_writes_the_kernels_as_fitted_and_names_those_rewritten(monkeypatch):
+    from dataclasses import replace
+
+    from cellfuse.codegen import make_plan
+    from cellfuse.codegen.cuda_export import emit
+    from cellfuse.codegen.scheduler import H100
+    from cellfuse.graph_model import Sizes, load_template
+
+    plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "tensor", replace(H100, sm_count=66))
+    _fake_ptxas(monkeypatch, 216, 0)
+    fit = kernel_cache.ExportFit()
+    text = emit(plan, fit=fit).text
+    assert fit.rewritten == {"cf_lstm_persistent": 216} and fit.failed is None
+    assert text.count("#pragma unroll 8") == 2
+    assert "#pragma unroll 8" not in emit(plan).text
+
+
+def test_an_export_without_persistent_kernels_compiles_nothing(monkeypatch):
+    from cellfuse.codegen import make_plan
+    from cellfuse.codegen.kernel_set import plan_kernels
+    from cellfuse.graph_model import Sizes, load_template
+
+    kernels = plan_kernels(make_plan(load_template("lstm"), Sizes(10, 4, 8, 8), "hoisted"))
+    seen = _fake_ptxas(monkeypatch, 216, 0)
+    assert kernel_cache.ExportFit()(kernels) is kernels and seen == []
+
+
+def test_an_export_whose_kernels_nvcc_cannot_compile_writes_them_as_planned(monkeypatch):
+    kernels = _half_the_sms_lstm()
+
+    def no_nvcc(*args, **kwargs):
+        raise CellError("nvcc could not be run (no such file); is the CUDA toolkit on the PATH?")
+
+    monkeypatch.setattr(kernel_cache, "compiled", no_nvcc)
+    fit = kernel_cache.ExportFit()
+    assert fit(kernels) is kernels
+    assert fit.rewritten == {} and fit.failed.startswith("nvcc could not be run")
