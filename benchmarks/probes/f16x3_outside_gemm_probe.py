@@ -27,6 +27,7 @@ import sys
 
 import numpy as np
 import torch
+from tf32x3_cublas_probe import f16x3_pieces, median_ms, tf32  # (beside this file)
 
 SHAPES = {"input 6400x512 @ 512x2048": (6400, 512, 2048),
           "B256 input 25600x512 @ 512x2048": (25600, 512, 2048),
@@ -34,30 +35,6 @@ SHAPES = {"input 6400x512 @ 512x2048": (6400, 512, 2048),
 _R_16F, _R_32F, _COMPUTE_32F = 2, 0, 68  # cudaDataType, cublasComputeType_t
 _ALPHA_VECTOR_BETA_ZERO, _EPILOGUE_BIAS = 3, 4
 WORKSPACE = 32 << 20
-
-
-def median_ms(f, n: int = 30) -> float:
-    for _ in range(3):
-        f()
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(n)]
-    for start, end in events:
-        start.record()
-        f()
-        end.record()
-    torch.cuda.synchronize()
-    return sorted(start.elapsed_time(end) for start, end in events)[n // 2]
-
-
-def power_scale(m: torch.Tensor) -> torch.Tensor:
-    """The power of two that brings magnitudes m into [2^14, 2^15) (1 where m is 0)."""
-    one = torch.ones_like(m)
-    return torch.where(m > 0, torch.ldexp(one, 15 - torch.frexp(m).exponent), one)
-
-
-def pieces(xs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """fp16 hi and lo (scaled up by 2^11) of values already scaled into fp16's range."""
-    hi = xs.half()
-    return hi, ((xs - hi.float()) * 2048).half()
 
 
 class LtAlphaVector:
@@ -114,21 +91,17 @@ def measure(M: int, K: int, N: int, wide: bool, g: torch.Generator) -> dict:
 
     r: dict = {}
     torch.backends.cuda.matmul.allow_tf32 = True
-    hi = A.view(torch.int32).add(0x1000).bitwise_and(~0x1FFF).view(torch.float32)
-    whi = W.view(torch.int32).add(0x1000).bitwise_and(~0x1FFF).view(torch.float32)
+    hi, whi = tf32(A), tf32(W)
     A3 = torch.cat([hi, hi, A - hi], 1)
     W3 = torch.cat([whi, W - whi, whi], 0)
     r["3xtf32"] = {**errors(A3 @ W3 + bias), "gemm ms": median_ms(lambda: A3 @ W3)}
     torch.backends.cuda.matmul.allow_tf32 = False
 
-    sw = power_scale(W.abs().amax(0, keepdim=True))  # [1, N]
-    Wh, Wl = pieces(W * sw)
+    Wh, Wl, rw = f16x3_pieces(W, 0)  # rw: [1, N]
     G3 = torch.cat([Wh, Wl, (Wh.float() / 2048).half()], 0)
     # per row of A
-    sa = power_scale(A.abs().amax(1, keepdim=True))  # [M, 1]
-    Ah, Al = pieces(A * sa)
+    Ah, Al, ra = f16x3_pieces(A, 1)  # ra: [M, 1]
     F3 = torch.cat([Ah, (Ah.float() / 2048).half(), Al], 1)
-    ra, rw = 1 / sa, 1 / sw
     C = torch.mm(F3, G3, out_dtype=torch.float32)
 
     def undo(C=C):
@@ -140,10 +113,10 @@ def measure(M: int, K: int, N: int, wide: bool, g: torch.Generator) -> dict:
     undo(C)
     r["f16x3 rows"] = {**errors(C), "gemm ms": gemm_ms, "passes ms (torch, unfused)": pass_ms}
     # one scale for the whole of A, W's columns' undone by cuBLASLt's alpha vector, the bias its epilogue's
-    s1 = power_scale(A.abs().amax().reshape(1, 1))
-    Bh, Bl = pieces(A * s1)
+    Bh, Bl, r1 = f16x3_pieces(A.reshape(1, -1), 1)  # (one row: all of A)
+    Bh, Bl = Bh.reshape(M, K), Bl.reshape(M, K)
     F3 = torch.cat([Bh, (Bh.float() / 2048).half(), Bl], 1).contiguous()
-    alpha = (rw / s1).reshape(N).contiguous()
+    alpha = (rw * r1).reshape(N).contiguous()
     out = torch.empty(M, N, device="cuda")
     try:
         lt = LtAlphaVector(M, N, 3 * K)
