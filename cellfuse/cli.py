@@ -326,7 +326,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         print(f"  {name} spilled {spilled} bytes of registers as planned: written with its loops over K "
               f"unrolled {SPILLING_K_UNROLL} at a time, as CellFuse runs it")
     if fit.failed:
-        print(f"  the kernels are written as planned, not checked for spilled registers: {fit.failed}",
+        print(f"  kernels not checked for spilled registers are written as planned: {fit.failed}",
               file=sys.stderr)
     if args.bidirectional:
         print(f"  both directions of the layer: cellfuse_{c_stem(cell.name)}_bidirectional_forward takes the "

@@ -626,11 +626,14 @@ class MainWindow(QtWidgets.QMainWindow):
             if path is None:
                 return False
         fit = ExportFit()
-        # a persistent kernel is compiled by nvcc to see whether it spills registers (seconds, the first
-        # time; the kernel cache keeps the answer)
-        QtWidgets.QApplication.setOverrideCursor(QtCore.Qt.CursorShape.WaitCursor)
         try:
-            source = generate_cuda(self.cell, self.sizes(), schedule, fit=fit)
+            # a module with persistent kernels is compiled by nvcc to see whether one spills registers
+            # (seconds, the first time; the kernel cache keeps the answer)
+            QtWidgets.QApplication.setOverrideCursor(QtCore.Qt.CursorShape.WaitCursor)
+            try:
+                source = generate_cuda(self.cell, self.sizes(), schedule, fit=fit)
+            finally:
+                QtWidgets.QApplication.restoreOverrideCursor()
             atomic_write(path, source.text.encode("utf-8"))
         except CellError as e:
             dialogs.show_error(self, "Cannot export CUDA", str(e))
@@ -638,13 +641,11 @@ class MainWindow(QtWidgets.QMainWindow):
         except OSError as e:
             dialogs.show_error(self, "Cannot export CUDA", f"{path}: {e.strerror or e}")
             return False
-        finally:
-            QtWidgets.QApplication.restoreOverrideCursor()
         notes = [f"{name} spilled registers as planned: written with its loops over K unrolled "
                  f"{SPILLING_K_UNROLL} at a time" for name in fit.rewritten]
         if fit.failed:
             notes.append(f"kernels not checked for spilled registers: {fit.failed.splitlines()[0]}")
-            log.warning("export: the kernels are written as planned: %s", fit.failed)
+            log.warning("export: the kernels nvcc could not check are written as planned: %s", fit.failed)
         self.statusBar().showMessage("; ".join([f"Wrote {path}", *notes]), 8000 if notes else 4000)
         return True
 

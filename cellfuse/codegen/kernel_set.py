@@ -48,7 +48,7 @@ class KernelSet:
         sources = dict(self.sources)
         for name in names:
             sources[name] = persistent_source(launches[name], name, k_unroll)
-        return replace(self, sources=sources, by_body=dict(self.by_body))
+        return replace(self, sources=sources, name_of=dict(self.name_of), by_body=dict(self.by_body))
 
     def module_source(self) -> str:
         persistent = [launch for launch in self.name_of if isinstance(launch, PersistentLaunch)]

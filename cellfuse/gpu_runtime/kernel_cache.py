@@ -32,6 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from types import MappingProxyType
 
 import platformdirs
 
@@ -56,6 +57,9 @@ class Compiled:
     cubin: bytes
     spills: Mapping[str, int]  # each kernel (or device function) that spills -> its bytes of spill stores
 
+    def __post_init__(self):  # (kept in memory for every caller: read-only)
+        object.__setattr__(self, "spills", MappingProxyType(dict(self.spills)))
+
 
 def cache_dir() -> Path:
     """The folder of cellfuse's caches: CELLFUSE_CACHE_DIR where it is set, else the user's cache folder."""
@@ -66,11 +70,15 @@ def kernels_dir() -> Path:
     return cache_dir() / "kernels"
 
 
-@lru_cache(maxsize=64)
 def compiled(source: str, arch: str, options: tuple[str, ...] = ("-O3",)) -> Compiled:
     """CUDA C++ `source` (which declares its kernels `extern "C"` itself) compiled for `arch`, such as
     "sm_90" or "sm_90a": from this process's memory, else from the cache folder, else compiled by nvcc
     and kept in both. A CellError where nvcc cannot be run or reports errors."""
+    return _compiled(source, arch, options)  # (the options always given: one key in memory per module)
+
+
+@lru_cache(maxsize=64)
+def _compiled(source: str, arch: str, options: tuple[str, ...]) -> Compiled:
     path = kernels_dir() / f"{_key(source, arch, options)}.cubin"
     cached = _read(path)
     if cached is not None:
@@ -96,7 +104,12 @@ def fitted(kernels: KernelSet, arch: str) -> tuple[KernelSet, bytes]:
     if not spilling:
         return kernels, first.cubin
     unrolled = kernels.unrolled(spilling, SPILLING_K_UNROLL)
-    second = compiled(unrolled.module_source(), arch)
+    try:
+        second = compiled(unrolled.module_source(), arch)
+    except CellError as e:  # (the kernels as written compiled: run them)
+        log.warning("%s spill registers; written to unroll their loops over K less, they do not compile: %s",
+                    ", ".join(spilling), e)
+        return kernels, first.cubin
     better = [name for name in spilling if second.spills.get(name, 0) < first.spills[name]]
     for name in spilling:
         log.info("%s spills %d bytes; its loops over K unrolled %d at a time, %d", name, first.spills[name],
@@ -250,11 +263,16 @@ def unpack(data: bytes) -> tuple[Compiled | None, str | None]:
     if magic != MAGIC:
         return None, "does not start as a cached kernel does"
     if length != len(payload):
-        return None, f"holds {len(payload)} bytes of a cubin of {length}"
+        return None, f"holds {len(payload)} bytes of a kept kernel of {length}"
     if hashlib.sha256(payload).digest() != digest:
-        return None, "holds a cubin whose sha256 is not the one in its header"
-    (n,) = _REPORT_LENGTH.unpack_from(payload)
-    report = json.loads(payload[_REPORT_LENGTH.size:_REPORT_LENGTH.size + n])
+        return None, "holds a kept kernel whose sha256 is not the one in its header"
+    try:
+        (n,) = _REPORT_LENGTH.unpack_from(payload)
+        report = json.loads(payload[_REPORT_LENGTH.size:_REPORT_LENGTH.size + n])
+        if not isinstance(report, dict) or _REPORT_LENGTH.size + n > len(payload):
+            raise ValueError(report)
+    except (struct.error, ValueError):
+        return None, "holds no spill report that can be read"
     return Compiled(payload[_REPORT_LENGTH.size + n:], report), None
 
 

@@ -40,10 +40,12 @@ class Answers:
 
 @pytest.fixture(autouse=True)
 def isolated(tmp_path, monkeypatch):
-    """QSettings and the autosave folder under tmp_path, for every test."""
+    """QSettings, the autosave folder and cellfuse's caches (what an export compiles) under tmp_path, for
+    every test."""
     config, data = tmp_path / "config", tmp_path / "data"
     monkeypatch.setenv("XDG_CONFIG_HOME", str(config))
     monkeypatch.setenv("XDG_DATA_HOME", str(data))
+    monkeypatch.setenv("CELLFUSE_CACHE_DIR", str(tmp_path / "cache"))
     for fmt in (QtCore.QSettings.Format.NativeFormat, QtCore.QSettings.Format.IniFormat):
         QtCore.QSettings.setPath(fmt, QtCore.QSettings.Scope.UserScope, str(config))
     yield tmp_path

@@ -6,6 +6,7 @@ check (the files, the warnings) does not depend on what the cubin holds."""
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import shutil
@@ -32,7 +33,7 @@ def cache(monkeypatch, tmp_path):
     """A cache folder of the test's own, and nothing remembered in memory before or after the test."""
     folder = tmp_path / "cache"
     monkeypatch.setenv("CELLFUSE_CACHE_DIR", str(folder))
-    memories = (kernel_cache.compiled, kernel_cache.nvcc_version)  # before a test puts a fake in their place
+    memories = (kernel_cache._compiled, kernel_cache.nvcc_version)  # before a test puts a fake in their place
     for memory in memories:
         memory.cache_clear()
     yield folder
@@ -73,7 +74,7 @@ def test_a_kernel_compiled_once_is_read_back_without_nvcc(cache, monkeypatch):
     first = cubin(TINY, "sm_90")
     assert first.startswith(ELF)
     assert unpack(only_file(cache).read_bytes()) == (Compiled(first, {}), None)
-    kernel_cache.compiled.cache_clear()  # as a new process would start (nvcc's version aside)
+    kernel_cache._compiled.cache_clear()  # as a new process would start (nvcc's version aside)
     no_nvcc_runs(monkeypatch)
     assert cubin(TINY, "sm_90") == first
 
@@ -84,7 +85,7 @@ def test_a_truncated_file_is_compiled_again_and_fixed(cache, caplog):
     first = cubin(TINY, "sm_90")
     path = only_file(cache)
     path.write_bytes(path.read_bytes()[:100])
-    kernel_cache.compiled.cache_clear()
+    kernel_cache._compiled.cache_clear()
     with caplog.at_level(logging.WARNING, logger=kernel_cache.__name__):
         assert cubin(TINY, "sm_90") == first
     assert [str(path) in r.getMessage() for r in caplog.records] == [True]
@@ -141,7 +142,7 @@ def test_a_damaged_file_is_logged_compiled_again_and_replaced(cache, fake_nvcc, 
     first = cubin("k", "sm_90")
     path = only_file(cache)
     damage(path)
-    kernel_cache.compiled.cache_clear()
+    kernel_cache._compiled.cache_clear()
     with caplog.at_level(logging.WARNING, logger=kernel_cache.__name__):
         assert cubin("k", "sm_90") == first
     assert [str(path) in r.getMessage() for r in caplog.records] == [True]
@@ -175,7 +176,7 @@ def test_each_arch_options_and_nvcc_have_a_file_of_their_own(cache, fake_nvcc, m
     cubin("k", "sm_90a")
     cubin("k", "sm_90", ("-O2",))
     monkeypatch.setattr(kernel_cache, "nvcc_version", lambda: "fake nvcc 2.0")
-    kernel_cache.compiled.cache_clear()
+    kernel_cache._compiled.cache_clear()
     cubin("k", "sm_90")
     assert len(list((cache / "kernels").iterdir())) == 4 and len(fake_nvcc) == 4
 
@@ -234,7 +235,7 @@ def test_ptxas_report_of_spills_is_kept_with_the_cubin(cache):
     assert kernel_cache.compiled(TINY, "sm_90").spills == {}
     spilled = kernel_cache.compiled(SPILLER, "sm_90", ("-O3", "-maxrregcount=16")).spills
     assert list(spilled) == ["k"] and spilled["k"] > 0
-    kernel_cache.compiled.cache_clear()
+    kernel_cache._compiled.cache_clear()
     assert kernel_cache.compiled(SPILLER, "sm_90", ("-O3", "-maxrregcount=16")).spills == spilled
 
 
@@ -285,7 +286,8 @@ def test_a_kernel_that_spills_is_compiled_with_its_k_loops_unrolled_less(monkeyp
     kernels = _half_the_sms_lstm()
     seen = _fake_ptxas(monkeypatch, 216, 0)
     chosen, cubin_ = kernel_cache.fitted(kernels, "sm_90")
-    assert cubin_ == b"cubin 2" and chosen.name_of == kernels.name_of
+    assert cubin_ == b"cubin 2" and chosen.sources.keys() == kernels.sources.keys()
+    assert chosen.name_of == kernels.name_of and chosen.name_of is not kernels.name_of
     written, unrolled = kernels.sources["cf_lstm_persistent"], chosen.sources["cf_lstm_persistent"]
     assert "#pragma unroll 8" not in written and unrolled.count("#pragma unroll 8") == 2  # products, scales
     assert unrolled.replace("#pragma unroll 8", "#pragma unroll") == written
@@ -296,6 +298,60 @@ def test_a_kernel_that_spills_more_unrolled_less_is_kept_as_written(monkeypatch)
     kernels = _half_the_sms_lstm()
     _fake_ptxas(monkeypatch, 60, 216)
     assert kernel_cache.fitted(kernels, "sm_90") == (kernels, b"cubin 1")
+
+
+def test_a_kernel_that_spills_is_kept_as_written_where_unrolled_it_does_not_compile(monkeypatch, caplog):
+    kernels = _half_the_sms_lstm()
+
+    def compiled(source, arch, options=("-O3",)):
+        if "#pragma unroll 8" in source:
+            raise CellError("nvcc could not compile the generated kernels:\nline 1: no")
+        return Compiled(b"as written", {"cf_lstm_persistent": 216})
+
+    monkeypatch.setattr(kernel_cache, "compiled", compiled)
+    with caplog.at_level(logging.WARNING, logger=kernel_cache.__name__):
+        assert kernel_cache.fitted(kernels, "sm_90") == (kernels, b"as written")
+    assert "they do not compile" in caplog.text
+
+
+def test_of_two_kernels_that_spill_only_the_one_that_spills_less_unrolled_is_so(monkeypatch):
+    """The LSTM's direction on tensor cores (216 bytes as written, none unrolled) and its kernel at H=1024
+    on CUDA cores (faked: more unrolled), in one module: the first unrolled, the second as written,
+    compiled a third time."""
+    from dataclasses import replace
+
+    from cellfuse.codegen import make_plan
+    from cellfuse.codegen.kernel_set import KernelSet
+    from cellfuse.codegen.persistent_cuda import persistent_source
+    from cellfuse.codegen.scheduler import H100
+    from cellfuse.graph_model import Sizes, load_template
+
+    kernels = KernelSet({}, {})
+    for name, sizes, schedule in (("cf_a", Sizes(100, 64, 512, 512), "tensor"),
+                                  ("cf_b", Sizes(100, 8, 1024, 1024), "persistent")):
+        plan = make_plan(load_template("lstm"), sizes, schedule, replace(H100, sm_count=66))
+        launch = plan.layers[0].persistent
+        kernels.add(launch, persistent_source(launch, "@NAME@"), name)
+    unrolled = {name: kernels.unrolled([name], 8).sources[name] for name in ("cf_a", "cf_b")}
+    seen = []
+
+    def compiled(source, arch, options=("-O3",)):
+        seen.append(source)
+        spills = {"cf_a": 0 if unrolled["cf_a"] in source else 216,
+                  "cf_b": 400 if unrolled["cf_b"] in source else 100}
+        return Compiled(f"cubin {len(seen)}".encode(), spills)
+
+    monkeypatch.setattr(kernel_cache, "compiled", compiled)
+    chosen, cubin_ = kernel_cache.fitted(kernels, "sm_90")
+    assert chosen.sources == {"cf_a": unrolled["cf_a"], "cf_b": kernels.sources["cf_b"]}
+    assert cubin_ == b"cubin 3" and seen[-1] == chosen.module_source()
+
+
+def test_a_kept_file_whose_spill_report_cannot_be_read_is_a_fault():
+    payload = b"\xff\xff\xff\x00{not json" + b"\x7fELF"
+    header = kernel_cache._HEADER.pack(kernel_cache.MAGIC, hashlib.sha256(payload).digest(), len(payload))
+    data = header + payload
+    assert unpack(data) == (None, "holds no spill report that can be read")
 
 
 def test_an_export_writes_the_kernels_as_fitted_and_names_those_rewritten(monkeypatch):
