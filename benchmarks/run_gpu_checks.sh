@@ -38,7 +38,7 @@ fi
 for group in $groups; do
     case $group in
         forward)
-            command=("${pytest[@]}" tests/gpu_runtime/test_cuda_executor.py tests/gpu_runtime/test_tf32_gemms.py
+            command=("${pytest[@]}" tests/gpu_runtime/test_cuda_executor.py tests/gpu_runtime/test_f16x3_gemms.py
                      tests/gpu_runtime/test_wgmma_gemm.py) ;;
         backward)
             command=("${pytest[@]}" tests/gpu_runtime/test_cuda_backward.py

@@ -28,6 +28,7 @@
 #include <vector>
 
 // the generated kernels' helpers: cf_f16x3_scale, cf_split_f16x3, cf_mma_f16, cf_copy16, ...
+#include "../../cellfuse/resources/cuda/f16x3.cuh"
 #include "../../cellfuse/resources/cuda/persistent.cuh"
 
 constexpr int T = 100, B = 64, K = 2048, N = 512;  // steps, rows, K, columns

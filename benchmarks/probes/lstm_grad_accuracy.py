@@ -2,7 +2,7 @@
 rung, and torch.nn.LSTM in float32 (cuDNN, TF32 off) beside it, each as the largest difference of a
 parameter's gradient relative to the largest of that gradient (or 1e-3 of the largest of all), the
 largest over the parameters and each parameter's. With --float32-gemms, every cuBLAS GEMM of the plans in
-float32 (no 3xTF32 splits: gemm_routes.TF32X3_MIN_MACS out of reach), so that the persistent kernels'
+float32 (no splits on tensor cores: gemm_routes.F16X3_MIN_MACS out of reach), so that the persistent kernels'
 own products are all that differ.
 
     python3 benchmarks/probes/lstm_grad_accuracy.py --cases 1000:8:persistent,100:256:tensor [--float32-gemms]
@@ -36,7 +36,7 @@ def main() -> None:
     p.add_argument("--float32-gemms", action="store_true", help="cuBLAS's GEMMs in float32, not 3xTF32")
     args = p.parse_args()
     if args.float32_gemms:
-        gemm_routes.TF32X3_MIN_MACS = 2**62
+        gemm_routes.F16X3_MIN_MACS = 2**62
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     for case in args.cases.split(","):

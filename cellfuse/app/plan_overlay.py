@@ -67,7 +67,7 @@ class PlanRegion:
     rgb: theme.RGB
     kind: str  # "gemm" or "fused"
     hoisted: bool
-    tensor_cores: bool = False  # a GEMM run as 3xTF32 on tensor cores
+    tensor_cores: bool = False  # a GEMM run on tensor cores with float32's accuracy
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def _gemm_region(i: int, g: dict, rgb: theme.RGB) -> PlanRegion:
     folded = list(g.get("folded", []))
     where = "hoisted: once for all steps" if g.get("hoisted") else "every step"
     if g.get("tensor_cores"):
-        where += ", on tensor cores (3xTF32)"
+        where += ", on tensor cores (3xFP16)"
     label = f"{name} · {_plural(len(matmuls), 'matmul')} as one GEMM · {where}"
     if folded:
         label += f" · +{len(folded)} bias folded"

@@ -30,12 +30,14 @@ from .c_text import CWriter, c_stem, comment_text
 from .cuda_library import cuda_library
 from .dtypes import COMPUTE_C, FLOAT32
 from .gemm_routes import (
+    F16X3_MAX_K,
     TENSOR_CORE_RULE,
-    TF32X3_MAX_K,
+    f16x3_layout,
     gemm_ex_types,
+    maxima_threads,
     may_run_on_tensor_cores,
     split_threads,
-    tf32x3_layout,
+    unscale_threads,
 )
 from .kernel_abi import BLOCK, INT_MAX, kernel_params
 from .kernel_set import KernelSet, backward_kernels, plan_kernels
@@ -86,7 +88,8 @@ def _ptr(acc: Access, t: Expr | int = T) -> str:
 
 
 def _splits(g: GemmLaunch) -> bool:
-    """Whether a GEMM may split its operands for 3xTF32 (a float32 GEMM; a 16-bit one multiplies as it is)."""
+    """Whether a GEMM may split its operands into fp16 pieces (a float32 GEMM; a 16-bit one multiplies as
+    it is)."""
     return g.multiply == FLOAT32 and may_run_on_tensor_cores(g)
 
 
@@ -116,9 +119,10 @@ class _Export:
         everything = (*self.program.instructions, *(backward.instructions() if backward else ()))
         flat = [i for instr in everything for i in (instr.body if isinstance(instr, Loop) else [instr])]
         self.flat = flat
-        # the shapes of the GEMMs that may run on tensor cores at some seq and batch: (rows, K, N)
-        self.splits = list(dict.fromkeys((*self._gemm_dims(i.launch), i.launch.n) for i in flat
-                                         if isinstance(i, Gemm) and _splits(i.launch)))
+        # the GEMMs that may run on tensor cores at some seq and batch: (rows, K, N, their workspace's bytes)
+        self.splits = list(dict.fromkeys(
+            (*dims, i.launch.n, f16x3_layout(i.launch, *dims).nbytes) for i in flat
+            if isinstance(i, Gemm) and _splits(i.launch) for dims in [self._gemm_dims(i.launch)]))
         # The caller's memory: x, the parameters, the initial and final states, where the plan stores
         # them in float32 (as the caller's arrays are); the rest is workspace, with the converted copies
         # of the others last.
@@ -236,17 +240,16 @@ class _Export:
             w("")
         if not self.splits:
             return
-        w(f"/* A GEMM of at least 2^30 multiply-adds and K at most {TF32X3_MAX_K} runs on tensor cores with",
-          "   float32's accuracy, its operands split by cf_split_tf32x3 into the workspace's first",
-          "   cf_split_elements floats. */",
+        w(f"/* A GEMM of at least 2^30 multiply-adds and K at most {F16X3_MAX_K} runs on tensor cores with",
+          "   float32's accuracy, each product as three fp16 ones: its operands split by",
+          "   cf_split_f16x3_copies into the workspace's first cf_split_bytes bytes. */",
           *TENSOR_CORE_RULE.split("\n"),
           "")
-        with w.block("static size_t cf_split_elements(int seq, int batch) {"):
+        with w.block("static size_t cf_split_bytes(int seq, int batch) {"):
             w("size_t most = 0;")
-            for rows, k, n in self.splits:
-                split = (3 * (rows * k + k * n)).c()
-                w(f"if (cf_tf32x3({rows.c(wide=False)}, {n}, {k.c(wide=False)}) && {split} > most)",
-                  f"    most = {split};")
+            for rows, k, n, nbytes in self.splits:
+                w(f"if (cf_f16x3({rows.c(wide=False)}, {n}, {k.c(wide=False)}) && {nbytes.c()} > most)",
+                  f"    most = {nbytes.c()};")
             w("return most;")
         w("")
 
@@ -258,7 +261,7 @@ class _Export:
         with w.block(f"size_t {self.fn[:-len('_forward')]}_workspace_bytes(int seq, int batch) {{"):
             w("size_t n = 0;")
             if self.splits:
-                w("n += cf_aligned(cf_split_elements(seq, batch) * sizeof(float));")
+                w("n += cf_aligned(cf_split_bytes(seq, batch));")
             for b in self.ws_buffers:
                 w(f"n += {self._bytes(b)};  /* {comment_text(b.name)} */")
             w("return n;")
@@ -508,14 +511,14 @@ class _Export:
 
     def _split_room(self, instructions) -> list[str]:
         """The start of the workspace, where the GEMMs on tensor cores split their operands (see
-        cf_split_elements): named where these instructions split, stepped over where only the other pass
+        cf_split_bytes): named where these instructions split, stepped over where only the other pass
         does (the forward and backward passes find their buffers at the same places)."""
         if not self.splits:
             return []
         flat = [i for instr in instructions for i in (instr.body if isinstance(instr, Loop) else [instr])]
-        room = "ws += cf_aligned(cf_split_elements(seq, batch) * sizeof(float));"
+        room = "ws += cf_aligned(cf_split_bytes(seq, batch));"
         if any(isinstance(i, Gemm) and _splits(i.launch) for i in flat):
-            return [f"float* cf_split = (float*)ws; {room}"]
+            return [f"unsigned char* cf_split = ws; {room}"]
         return [f"{room}  /* the other pass's splits */"]
 
     def _check_sizes(self) -> None:
@@ -644,46 +647,62 @@ class _Export:
         w = self.w
         m, kk = self._gemm_dims(g)
         rows, k = m.c(wide=False), kk.c(wide=False)
-        beta = "&one" if g.accumulate else "&zero"
-        if g.bias:
-            w(f"cf_bias_rows<<<cf_blocks({(m * g.n).c()}), {BLOCK}, 0, stream>>>("
-              f"{_ptr(g.c, t)}, {_var(g.bias)}, {rows}, {g.n}, {g.c.ld});")
-            beta = "&one"
         if id(g) in self.first_layer:
             self.kernel_line.setdefault(g.group, self._line)
         # a transposed operand is cuBLAS's op T, with its own row length (see the executor's call)
         op_w, op_a = ("CUBLAS_OP_T" if x else "CUBLAS_OP_N" for x in (g.trans_w, g.trans_a))
         ldw = g.k if g.trans_w else g.n
+        bias_rows = (f"cf_bias_rows<<<cf_blocks({(m * g.n).c()}), {BLOCK}, 0, stream>>>("
+                     f"{_ptr(g.c, t)}, {_var(g.bias)}, {rows}, {g.n}, {g.c.ld});") if g.bias else None
+        beta = "&one" if g.bias or g.accumulate else "&zero"  # (onto the bias rows)
         sgemm = (f"st = cublasSgemm(handle, {op_w}, {op_a}, {g.n}, {rows}, {k}, &one, {_var(g.w)}, "
                  f"{ldw}, {_ptr(g.a, t)}, {g.a.ld}, {beta}, {_ptr(g.c, t)}, {g.c.ld});  "
                  f"/* {comment_text(g.group)} */")
         if g.multiply != FLOAT32:  # a 16-bit plan's GEMM: in its operands' types (see gemm_ex_types)
             _, compute = gemm_ex_types(g)
-            w(f"st = cublasGemmEx(handle, {op_w}, {op_a}, {g.n}, {rows}, {k}, &one, {_var(g.w)}, "
+            w(*filter(None, [bias_rows]),
+              f"st = cublasGemmEx(handle, {op_w}, {op_a}, {g.n}, {rows}, {k}, &one, {_var(g.w)}, "
               f"{g.w_dtype.cuda_c}, {ldw}, {_ptr(g.a, t)}, {g.a.dtype.cuda_c}, {g.a.ld}, {beta}, "
               f"{_ptr(g.c, t)}, {g.c.dtype.cuda_c}, {g.c.ld}, {COMPUTE_C[compute]}, CUBLAS_GEMM_DEFAULT);  "
               f"/* {comment_text(g.group)} */")
         elif not may_run_on_tensor_cores(g):
-            w(sgemm)
+            w(*filter(None, [bias_rows]), sgemm)
         else:
-            # 3xTF32 (see cf_split_tf32x3): A's pieces (hi, hi, lo), W's (hi, lo, hi), a GEMM over 3K, A's
-            # copies untransposed (see tf32x3_layout)
-            a_split, w_split, ld_a, ld_w, w_at = tf32x3_layout(g, m, kk)
-            split_w = f"cf_split + {w_at.c()}"
-            with w.block(f"if (cf_tf32x3({rows}, {g.n}, {k})) {{  /* {comment_text(g.group)} */", "} else {"):
-                for to, fro, (r, c, ld, layout, lo) in (("cf_split", _ptr(g.a, t), a_split),
-                                                        (split_w, _var(g.w), w_split)):
-                    threads = split_threads(r, c, layout).c()
-                    w(f"cf_split_tf32x3<<<cf_blocks({threads}), {BLOCK}, 0, stream>>>({to}, {fro}, "
-                      f"{r.c(wide=False)}, {c.c(wide=False)}, {ld.c(wide=False)}, {layout}, {lo});")
-                w(f"st = cublasGemmEx(handle, {op_w}, CUBLAS_OP_N, {g.n}, {rows}, {(3 * kk).c(wide=False)}, "
-                  f"&one, {split_w}, CUDA_R_32F, {ld_w.c(wide=False)}, cf_split, CUDA_R_32F, "
-                  f"{ld_a.c(wide=False)}, {beta}, {_ptr(g.c, t)}, CUDA_R_32F, {g.c.ld}, "
-                  "CUBLAS_COMPUTE_32F_FAST_TF32, CUBLAS_GEMM_DEFAULT);")
+            with w.block(f"if (cf_f16x3({rows}, {g.n}, {k})) {{  /* {comment_text(g.group)} */", "} else {"):
+                self._f16x3(g, m, kk, t)
             with w.indented():
-                w(sgemm)
+                w(*filter(None, [bias_rows]), sgemm)
             w("}")
         w("if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
+
+    def _f16x3(self, g: GemmLaunch, m: Expr, kk: Expr, t: Expr | int) -> None:
+        """A GEMM on tensor cores as three fp16 products (see gemm_splits.cuh and f16x3_layout): each
+        operand's largest magnitudes (zeroed first where folded in by atomics), its copies, cuBLAS's fp16
+        GEMM over 3K into float32 (C, or the sums where it accumulates), the pass that undoes the scales,
+        adds the bias and accumulates."""
+        w, lay, rows = self.w, f16x3_layout(g, m, kk), m.c(wide=False)
+        at = lambda offset: f"cf_split + {offset.c()}"  # noqa: E731  (a byte offset into the workspace)
+        for op, fro in ((lay.a, _ptr(g.a, t)), (lay.w, _var(g.w))):
+            r, c, ld = (e.c(wide=False) for e in (op.rows, op.cols, op.ld))
+            maxima = f"(float*)({at(op.maxima)})"
+            if op.per_column:
+                w(f"cudaMemsetAsync({maxima}, 0, {(4 * op.scales).c()}, stream);")
+            maxima_grid = f"cf_blocks({maxima_threads(op.rows, op.cols, op.layout).c()}), {BLOCK}, 0, stream"
+            split_grid = f"cf_blocks({split_threads(op.rows, op.cols, op.layout).c()}), {BLOCK}, 0, stream"
+            w(f"cf_f16x3_maxima<<<{maxima_grid}>>>({maxima}, {fro}, {r}, {c}, {ld}, {op.layout});",
+              f"cf_split_f16x3_copies<<<{split_grid}>>>((__half*)({at(op.pieces)}), {fro}, {maxima}, {r}, "
+              f"{c}, {ld}, {op.layout}, {op.lo_piece});")
+        sums, ldd = (f"(float*)({at(lay.sums)})", g.n) if lay.sums is not None else (_ptr(g.c, t), g.c.ld)
+        op_w = "CUBLAS_OP_T" if g.trans_w else "CUBLAS_OP_N"
+        w(f"st = cublasGemmEx(handle, {op_w}, CUBLAS_OP_N, {g.n}, {rows}, {(3 * kk).c(wide=False)}, &one, "
+          f"{at(lay.w.pieces)}, CUDA_R_16F, {lay.ldw3.c(wide=False)}, {at(lay.a.pieces)}, CUDA_R_16F, "
+          f"{lay.lda3.c(wide=False)}, &zero, {sums}, CUDA_R_32F, {ldd}, CUBLAS_COMPUTE_32F, "
+          "CUBLAS_GEMM_DEFAULT);",
+          "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;",
+          f"cf_f16x3_unscale<<<cf_blocks({unscale_threads(m, g.n).c()}), {BLOCK}, 0, stream>>>("
+          f"{_ptr(g.c, t)}, {sums}, (const float*)({at(lay.a.maxima)}), (const float*)({at(lay.w.maxima)}), "
+          f"{_var(g.bias) if g.bias else 'NULL'}, {rows}, {g.n}, {g.c.ld}, {ldd}, "
+          f"{int(bool(g.accumulate))});")
 
     def _cooperative(self, p: PersistentLaunch) -> None:
         name, w = self.kernels.name_of[p], self.w

@@ -16,7 +16,7 @@ from .plan import GRAD, Access, Const, GradInstr, Instr, KernelLaunch
 from .row_passes import live, loaded
 
 # The device math of the op table and the row sums, and the kernels every module's GEMMs call (the bias
-# rows, the 3xTF32 splits): at the top of every module.
+# rows, the splits of three fp16 products): at the top of every module.
 PRELUDE = cuda_library("math.cuh", "gemm_splits.cuh")
 F = COMPUTE.c  # what a kernel computes in
 

@@ -1,8 +1,9 @@
 """The fixed CUDA of the generated modules, kept in `.cuh` files of the package (cellfuse/resources/cuda):
-the device math of the op table, the 3xTF32 splits, what a persistent kernel's blocks share, the
-warpgroup GEMM, the exported program's demo. A module is assembled as one self-contained source, each
-file's `#include "x.cuh"` of another of them replaced by that file's text the first time (as an include
-guard would) and by nothing after; parameters the Python side decides come first, as #defines."""
+the device math of the op table, the splits of three fp16 products, what a persistent kernel's blocks
+share, the warpgroup GEMM, the exported program's demo. A module is assembled as one self-contained
+source, each file's `#include "x.cuh"` of another of them replaced by that file's text the first time
+(as an include guard would) and by nothing after; parameters the Python side decides come first, as
+#defines."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """A GEMM with float32's accuracy on the warpgroup tensor-core instructions of sm_90a (wgmma), which
-splits its operands as it loads them: the alternative to `cf_split_tf32x3`'s copies and cuBLAS's TF32
-GEMM over 3K for a hoisted GEMM, the faster of the two measured per shape (see gpu_runtime.wgmma_gemms).
+splits its operands into TF32 pieces as it loads them (3xTF32): the alternative to the split copies of
+three fp16 products and cuBLAS's fp16 GEMM over 3K for a hoisted GEMM (gemm_splits.cuh), the faster of
+the two measured per shape (see gpu_runtime.wgmma_gemms).
 
 C[m, n] (+)= x[m, k] @ W[k, n], x row-major. W goes first into an image of the GEMM's B tiles, TF32 hi
 and lo (`cf_wgmma_image`, W's 2 * k * n floats); x stays float32 where it is: each thread loads its

@@ -40,7 +40,7 @@ def summary(plan: Plan) -> dict:
             "weights_on_chip": all(i.on_chip for i in plan.layers[0].persistent.items
                                    if isinstance(i.launch, GemmLaunch)),
             "tensor_cores": any(i.mma for i in plan.layers[0].persistent.items),
-            "tensor_core_math": _tensor_core_math(plan, persistent=True),
+            "tensor_core_math": _tensor_core_math(plan),
             "cooperative": plan.layers[0].persistent.cooperative,
             "note": plan.layers[0].persistent.note},
         "dropped": list(plan.dead),
@@ -115,7 +115,7 @@ def describe(plan: Plan) -> str:
                 what = f"{units} column(s) per block" + (f", {' and '.join(on_chip)} in shared memory"
                                                          if on_chip else "")
                 if item.mma:
-                    what += f", on tensor cores ({_tensor_core_math(plan, persistent=True)})"
+                    what += f", on tensor cores ({_tensor_core_math(plan)})"
                 elif sixteen_bit and isinstance(item.launch, GemmLaunch):
                     what += f", on the CUDA cores, its operands rounded to {plan.precision}"
                 what += ", products in registers" if item.in_registers else ""
@@ -137,16 +137,16 @@ def describe(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def _tensor_core_math(plan: Plan, persistent: bool = False) -> str:
-    """How a GEMM on tensor cores multiplies in the plan's precision (in a persistent kernel, float32's
-    products as three fp16 ones over scaled rows and columns: persistent.cuh's cf_split_f16x3)."""
+def _tensor_core_math(plan: Plan) -> str:
+    """How a GEMM on tensor cores multiplies in the plan's precision (in float32, each product as three
+    fp16 ones over scaled rows and columns: f16x3.cuh)."""
     if plan.precision != "fp32":
         return f"{plan.precision} into float32"
-    return "3xFP16, rows and columns scaled" if persistent else "3xTF32"
+    return "3xFP16, rows and columns scaled"
 
 
 def tensor_core_groups(plan: Plan) -> list[str]:
-    """The GEMM groups whose hoisted launches run on tensor cores (3xTF32, see `on_tensor_cores`): in
+    """The GEMM groups whose hoisted launches run on tensor cores (see `on_tensor_cores`): in
     chunks of `chunk_steps` steps where the plan has them, whole otherwise."""
     rows = plan.chunk_steps * plan.sizes.batch if plan.chunk_steps else plan.sizes.seq * plan.sizes.batch
     return [g.group for g in plan.layers[0].prologue

@@ -1,6 +1,7 @@
 """A plan's precision: what its buffers are stored in, and what its GEMMs multiply in.
 
-In float32 (`fp32`) every buffer is float32 and a GEMM multiplies in float32 (or 3xTF32, its accuracy).
+In float32 (`fp32`) every buffer is float32 and a GEMM multiplies in float32 (or, on tensor cores, each
+product as three fp16 ones, to its accuracy).
 In `bf16` or `fp16` the input, the weights, the outputs, the step values and the states are stored in
 the 16-bit type, a GEMM multiplies 16-bit operands into float32 (accumulating in float32), and every
 kernel computes in float32 as always, converting as it loads and stores. Some buffers stay float32:
@@ -39,7 +40,7 @@ UNIT = {"bf16": 2.0**-8, "fp16": 2.0**-11}
 # 100, two layers, emulated, came within 0.3 to 1.9 units (the residual LSTM's largest), so rounding does
 # not compound over the steps; the bound allows twice that.
 BOUND_UNITS = 4.0
-FLOAT32_TOLERANCE = 1e-4  # the same for float32 (3xTF32 and float32 GEMMs alike)
+FLOAT32_TOLERANCE = 1e-4  # the same for float32 (GEMMs on tensor cores and float32 GEMMs alike)
 # A 16-bit backward pass's largest error over the gradients (of x, the initial states and every parameter),
 # each relative to its own largest magnitude or `gradient_floor` of the largest of all gradients where that
 # is more, in units of its type's rounding: every template at T=20, B=8, I=H=32, one and two layers, from

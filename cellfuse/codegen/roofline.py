@@ -5,8 +5,8 @@ a GPU, from the GPU's attributes; `cellfuse plan` says it at an H100 SXM's publi
 
 The arithmetic: every GEMM's 2 m n k and one operation per element of each elementwise op (the plan's counts,
 `Plan.flops_per_step` and the hoisted GEMMs), over T steps and every layer (and direction); a hoisted GEMM
-that runs on tensor cores (3xTF32: three TF32 products per float32 product) at a third of the TF32 peak, a
-persistent kernel's on tensor cores (three fp16 products per float32 one) at a third of the dense fp16 peak, a
+that runs on tensor cores, or a persistent kernel's, at a third of the dense fp16 peak (three fp16 products
+per float32 one), a
 GEMM of a 16-bit plan at the dense bf16/fp16 peak, the rest at float32's. The bytes: what each launch reads
 and writes in global memory as `Plan.bytes_per_step` counts them (a persistent kernel's weights kept on chip
 read once), at the HBM's peak; values that pass between a persistent kernel's blocks through L2 are not
@@ -18,8 +18,8 @@ benchmarks/results/h200_2026-11-25_probes.txt, docs/results/2026-11-23-persisten
 The three add up to no faster than max(arithmetic, bytes) + synchronisation, `bound_ms`.
 
 The peaks are the GPU's at its highest clock, from its SM count, clock and memory interface
-(`Peaks.of_device`): per SM and clock, float32 256 operations (128 FMA units), TF32 2048 and bf16/fp16
-4096 (dense) on compute capability 9.0; 256 (128 on 8.0), 1024 and 2048 on 8.x.
+(`Peaks.of_device`): per SM and clock, float32 256 operations (128 FMA units) and bf16/fp16 4096 (dense)
+on compute capability 9.0; 256 (128 on 8.0) and 2048 on 8.x.
 """
 
 from __future__ import annotations
@@ -30,16 +30,14 @@ from .gemm_routes import may_run_on_tensor_cores
 from .plan import GemmLaunch, KernelLaunch, LayerPlan, Plan
 
 GRID_BARRIER_S = 1.0e-6
-# float32, dense TF32 and dense bf16/fp16 operations per SM per clock, by compute capability (major, minor)
-_PER_SM_CLOCK = {(9, 0): (256, 2048, 4096), (8, 0): (128, 1024, 2048), (8, 6): (256, 1024, 2048),
-                 (8, 9): (256, 1024, 2048)}
+# float32 and dense bf16/fp16 operations per SM per clock, by compute capability (major, minor)
+_PER_SM_CLOCK = {(9, 0): (256, 4096), (8, 0): (128, 2048), (8, 6): (256, 2048), (8, 9): (256, 2048)}
 
 
 @dataclass(frozen=True)
 class Peaks:
     name: str
     fp32_flops: float  # per second
-    tf32x3_flops: float  # float32 products on tensor cores, three TF32 products each, per second
     memory_bytes: float  # per second
     sixteen_bit_flops: float  # bf16 or fp16 products on tensor cores (dense), per second
 
@@ -50,17 +48,15 @@ class Peaks:
         per_clock = _PER_SM_CLOCK.get(tuple(capability))
         if per_clock is None or not (sms and clock_khz and memory_clock_khz and bus_bits):
             return None
-        fp32, tf32, sixteen = per_clock
+        fp32, sixteen = per_clock
         hz = clock_khz * 1e3
-        return Peaks(name, sms * fp32 * hz, sms * tf32 * hz / 3, memory_clock_khz * 1e3 * 2 * bus_bits / 8,
-                     sms * sixteen * hz)
+        return Peaks(name, sms * fp32 * hz, memory_clock_khz * 1e3 * 2 * bus_bits / 8, sms * sixteen * hz)
 
 
-# NVIDIA's published figures: float32 66.9 TFLOP/s, dense TF32 494.7 TFLOP/s (3xTF32: a third of it) and
-# dense bf16/fp16 989.4 TFLOP/s, HBM 3.35 TB/s on the H100 SXM, 4.8 TB/s on the H200 (the same SMs and
-# clocks)
-H100_SXM = Peaks("H100 SXM", 66.9e12, 494.7e12 / 3, 3.35e12, 989.4e12)
-PUBLISHED = {"H100 80GB HBM3": H100_SXM, "H200": Peaks("H200", 66.9e12, 494.7e12 / 3, 4.8e12, 989.4e12)}
+# NVIDIA's published figures: float32 66.9 TFLOP/s and dense bf16/fp16 989.4 TFLOP/s, HBM 3.35 TB/s on the
+# H100 SXM, 4.8 TB/s on the H200 (the same SMs and clocks)
+H100_SXM = Peaks("H100 SXM", 66.9e12, 3.35e12, 989.4e12)
+PUBLISHED = {"H100 80GB HBM3": H100_SXM, "H200": Peaks("H200", 66.9e12, 4.8e12, 989.4e12)}
 
 
 @dataclass(frozen=True)
@@ -83,13 +79,13 @@ class Roofline:
 
 def _float32_rate(layer: LayerPlan, launch: GemmLaunch, peaks: Peaks, in_step: bool) -> float:
     """Float32 operations per second of a float32 GEMM: a step's where the persistent kernel multiplies
-    with mma as three fp16 products each (a third of fp16's rate), a hoisted one's as 3xTF32 where it may
-    run on tensor cores, float32's otherwise."""
+    with mma as three fp16 products each (a third of fp16's rate), a hoisted one's as three fp16 products
+    where it may run on tensor cores, float32's otherwise."""
     if in_step:
         items = layer.persistent.items if layer.persistent is not None else ()
         on_cores = any(item.launch is launch and item.mma for item in items)
         return peaks.sixteen_bit_flops / 3 if on_cores else peaks.fp32_flops
-    return peaks.tf32x3_flops if may_run_on_tensor_cores(launch) else peaks.fp32_flops
+    return peaks.sixteen_bit_flops / 3 if may_run_on_tensor_cores(launch) else peaks.fp32_flops
 
 
 def _flops_seconds(layer: LayerPlan, launches, peaks: Peaks, in_step: bool) -> float:

@@ -26,7 +26,7 @@ from ..codegen.backward_plan import BackwardPlan, backward_plan
 from ..codegen.dtypes import bits
 from ..codegen.kernel_set import backward_kernels
 from ..graph_model import CellError, Gradients
-from .cuda_executor import _CUBLAS_WORKSPACE, CudaExecutor, aligned_offsets, compiled_kernels, split_elements
+from .cuda_executor import _CUBLAS_WORKSPACE, CudaExecutor, aligned_offsets, compiled_kernels, split_bytes
 
 
 class CudaBackward:
@@ -41,11 +41,11 @@ class CudaBackward:
 
         sizes = {name: b.nbytes(forward.plan.sizes) for name, b in self.plan.buffers.items()}
         instructions = self.plan.instructions()
-        splits = split_elements(instructions, len(forward.streams))
+        splits = split_bytes(instructions, len(forward.streams))
         # Every gradient buffer in one span, those a run restarts (`BackwardPlan.restarted`) first, in
         # its first `restart_nbytes`: a copy of that part puts a seeded state back.
         order = sorted(sizes, key=lambda name: not self.plan.restarted(name))
-        offsets, need = aligned_offsets([*(sizes[name] for name in order), *(4 * n for n in splits)])
+        offsets, need = aligned_offsets([*(sizes[name] for name in order), *splits])
         free, _ = drv.mem_get_info()
         if need + _CUBLAS_WORKSPACE > free:
             raise CellError(f"out of GPU memory: the backward pass at these sizes needs {need / 2**20:.0f} "

@@ -18,7 +18,14 @@ import numpy as np
 
 from ..codegen import Plan, plan_kernels
 from ..codegen.dtypes import loaded, stored
-from ..codegen.gemm_routes import GEMM_DEFAULT_ALGO, gemm_ex_types, split_threads, tf32x3_layout
+from ..codegen.gemm_routes import (
+    GEMM_DEFAULT_ALGO,
+    f16x3_layout,
+    gemm_ex_types,
+    maxima_threads,
+    split_threads,
+    unscale_threads,
+)
 from ..codegen.kernel_abi import BLOCK, grid_blocks, kernel_params
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import (
@@ -38,8 +45,8 @@ from ..codegen.plan import PersistentLaunch, Target
 from ..codegen.roofline import Peaks
 from ..graph_model import CellError, Forward
 from .driver import capture, check
+from .f16x3_gemms import Shape, TensorCoreGemms, alignment
 from .kernel_cache import cubin, fitted
-from .tf32_gemms import Shape, TensorCoreGemms, alignment
 from .wgmma_gemms import Operands, WgmmaGemms, usable
 
 log = logging.getLogger(__name__)
@@ -131,15 +138,17 @@ class CudaExecutor:
         self.capability = drv.Context.get_device().compute_capability()
         module = self.add_kernels(kernels, cubin)
         self.bias_rows = module.get_function("cf_bias_rows").prepare("PPiii")
-        self.split_tf32x3 = module.get_function("cf_split_tf32x3").prepare("PPiiiii")
+        self.f16x3_maxima = module.get_function("cf_f16x3_maxima").prepare("PPiiii")
+        self.f16x3_split = module.get_function("cf_split_f16x3_copies").prepare("PPPiiiii")
+        self.f16x3_unscale = module.get_function("cf_f16x3_unscale").prepare("PPPPPiiiii")
 
         self.weights = {name for name, b in plan.buffers.items()
                         if b.role in ("weight", "stacked", "bias")}
         sizes = {name: b.nbytes(plan.sizes) for name, b in plan.buffers.items()}
-        splits = split_elements(self.program.instructions, self.program.streams)
+        splits = split_bytes(self.program.instructions, self.program.streams)
         images = (image_elements(self.program.instructions, self.weights)
                   if self.capability == (9, 0) else {})
-        offsets, span = aligned_offsets([*sizes.values(), *(4 * n for n in (*splits, *images.values()))])
+        offsets, span = aligned_offsets([*sizes.values(), *splits, *(4 * n for n in images.values())])
         free, _ = drv.mem_get_info()
         need = span + self.program.streams * _CUBLAS_WORKSPACE
         if need > free:
@@ -148,7 +157,7 @@ class CudaExecutor:
         self.memory = drv.mem_alloc(span)
         at = [int(self.memory) + offset for offset in offsets]
         self.addr: dict[str, int] = dict(zip(sizes, at[:len(sizes)], strict=True))
-        # per stream, where its tensor-core GEMMs split their operands
+        # per stream, the workspace of its GEMMs on tensor cores (see f16x3_layout)
         self.splits = at[len(sizes):len(sizes) + len(splits)]
         # per GEMM of the weights that the warpgroup GEMM may run, where the forward pass keeps W's image
         self.image_at = dict(zip(images, at[len(sizes) + len(splits):], strict=True))
@@ -168,7 +177,7 @@ class CudaExecutor:
         self.stream = self.streams[0]
         self.workspaces = [drv.mem_alloc(_CUBLAS_WORKSPACE) for _ in self.streams]
         self._on_handle: dict[int, tuple[object, int, int]] = {}  # handle -> its stream, workspace, SMs
-        self.tf32_gemms = TensorCoreGemms(drv, device_description(), _CUBLAS_WORKSPACE)
+        self.f16x3_gemms = TensorCoreGemms(drv, device_description(), _CUBLAS_WORKSPACE)
         pairs = list(zip(self.streams, self.workspaces, strict=True))
         self.handles = [self._handle(stream, workspace) for stream, workspace in pairs]
         self.forward_handles = self.handles
@@ -190,7 +199,7 @@ class CudaExecutor:
 
     def _handle(self, stream, workspace, sms: int | None = None) -> int:
         """A cuBLAS handle on the stream, with the workspace, picking its kernels for `sms` SMs where
-        given (for all of them otherwise); the TF32 GEMMs through it go to `tf32_gemms` with the same."""
+        given (for all of them otherwise); the fp16 GEMMs through it go to `f16x3_gemms` with the same."""
         handle = self.cublas.create()
         self.cublas.set_stream(handle, stream.handle)
         self.cublas.set_workspace(handle, int(workspace), _CUBLAS_WORKSPACE)
@@ -220,24 +229,36 @@ class CudaExecutor:
                                                                           self.plan.sizes.batch)
 
     def _copies(self, g, op: Operands, s: int, handles: list[int]) -> list[Callable[[], object]]:
-        """A GEMM on tensor cores as 3xTF32 copies: A's pieces (hi, hi, lo) and W's (hi, lo, hi) along K,
-        into `op.pieces`, then one cuBLASLt TF32 GEMM over 3K, A's copies untransposed (see
-        tf32x3_layout)."""
-        a_split, w_split, lda, ldw, w_at = (int(e) if not isinstance(e, tuple) else e
-                                            for e in tf32x3_layout(g, op.m, g.k))
-        split_a, split_w = op.pieces, op.pieces + 4 * w_at
-        out: list[Callable[[], object]] = [
-            partial(self.split_tf32x3.prepared_async_call,
-                    (grid_blocks(int(split_threads(rows, cols, layout))), 1), (BLOCK, 1, 1), self.streams[s],
-                    to, fro, int(rows), int(cols), int(ld), layout, lo)
-            for to, fro, (rows, cols, ld, layout, lo) in ((split_a, op.x, a_split), (split_w, op.w, w_split))]
+        """A GEMM on tensor cores as three fp16 products (see gemm_splits.cuh and f16x3_layout), its
+        workspace at `op.pieces`: each operand's largest magnitudes (zeroed first where folded in by
+        atomics) and copies, one cuBLASLt fp16 GEMM over 3K into float32 (C, or the workspace's sums where
+        it accumulates), then the pass that undoes the scales, adds the bias and accumulates."""
+        lay = f16x3_layout(g, op.m, g.k)
         stream, workspace, sms = self._on_handle[handles[s]]
-        shape = Shape(g.trans_w, g.n, op.m, 3 * g.k, ldw, lda, op.ldc, sms,
-                      (alignment(split_w), alignment(split_a), alignment(op.c)))
-        chosen = self.tf32_gemms.chosen(shape, stream, workspace)  # measured now, not while captured
+        out: list[Callable[[], object]] = []
+        for part, source in ((lay.a, op.x), (lay.w, op.w)):
+            rows, cols, ld = int(part.rows), int(part.cols), int(part.ld)
+            maxima = op.pieces + int(part.maxima)
+            if part.per_column:
+                out.append(partial(self.drv.memset_d32_async, maxima, 0, int(part.scales), stream))
+            grids = [(grid_blocks(int(threads(rows, cols, part.layout))), 1)
+                     for threads in (maxima_threads, split_threads)]
+            out += [partial(self.f16x3_maxima.prepared_async_call, grids[0], (BLOCK, 1, 1), stream, maxima,
+                            source, rows, cols, ld, part.layout),
+                    partial(self.f16x3_split.prepared_async_call, grids[1], (BLOCK, 1, 1), stream,
+                            op.pieces + int(part.pieces), source, maxima, rows, cols, ld, part.layout,
+                            part.lo_piece)]
+        sums, ldd = (op.pieces + int(lay.sums), g.n) if lay.sums is not None else (op.c, op.ldc)
+        split_a, split_w = op.pieces + int(lay.a.pieces), op.pieces + int(lay.w.pieces)
+        shape = Shape(g.trans_w, g.n, op.m, 3 * g.k, int(lay.ldw3), int(lay.lda3), ldd, sms,
+                      (alignment(split_w), alignment(split_a), alignment(sums)))
+        chosen = self.f16x3_gemms.chosen(shape, stream, workspace)  # measured now, not while captured
         one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
-        out.append(partial(self.tf32_gemms.call, chosen, stream, workspace, one, split_w, split_a,
-                           one if op.accumulate else zero, op.c))
+        out += [partial(self.f16x3_gemms.call, chosen, stream, workspace, one, split_w, split_a, zero, sums),
+                partial(self.f16x3_unscale.prepared_async_call,
+                        (grid_blocks(int(unscale_threads(op.m, g.n))), 1), (BLOCK, 1, 1), stream, op.c, sums,
+                        op.pieces + int(lay.a.maxima), op.pieces + int(lay.w.maxima), op.bias, op.m, g.n,
+                        op.ldc, ldd, int(op.accumulate))]
         return out
 
     def _route(self, g, op: Operands, s: int, handles: list[int]) -> str:
@@ -249,8 +270,9 @@ class CudaExecutor:
         key = (device_description(), op.m, op.n, op.k, op.lda, op.ldw, op.ldc, op.trans_w, op.accumulate, sms)
         if key not in gemms.chosen:
             w_rows = op.n if op.trans_w else op.k
-            floats = [op.m * op.lda, w_rows * op.ldw, op.m * op.ldc, 3 * (op.m * op.k + op.k * op.n)]
-            offsets, span = aligned_offsets([4 * n for n in floats])
+            workspace = max(int(f16x3_layout(g, op.m, g.k).nbytes), 4 * 2 * op.n * op.k)  # or W's image
+            offsets, span = aligned_offsets([4 * op.m * op.lda, 4 * w_rows * op.ldw, 4 * op.m * op.ldc,
+                                             workspace])
             scratch = self.drv.mem_alloc(span)
             try:
                 x, w, c, pieces = (int(scratch) + offset for offset in offsets)
@@ -267,7 +289,7 @@ class CudaExecutor:
                images: dict[tuple, Callable[[], object]] | None = None) -> list[Callable[[], object]]:
         """The calls that put one instruction at step t on its stream, its GEMMs through `handles` (per
         stream; the executor's own by default), those on tensor cores splitting their operands into
-        `splits` (per stream, as `split_elements` counts them; the executor's own by default). Where
+        `splits` (per stream, as `split_bytes` counts them; the executor's own by default). Where
         `images` is given, a warpgroup GEMM of the weights reads W's image where `image_at` keeps it, and
         the call that makes it goes into `images` (one per image) instead of before the GEMM."""
         handles = handles or self.handles
@@ -278,9 +300,10 @@ class CudaExecutor:
                 one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
                 c = self._ptr(instr, g.c, t)
                 a = self._ptr(instr, g.a, t)
-                # (the warpgroup GEMM adds the bias in its epilogue; the others accumulate onto its rows)
+                # (on tensor cores the bias is added after the GEMM; cuBLAS's float32 and 16-bit GEMMs
+                # accumulate onto its rows)
                 out: list[Callable[[], object]] = []
-                if g.bias:
+                if g.bias and route in ("float32", "16-bit"):
                     out.append(partial(self.bias_rows.prepared_async_call, (grid_blocks(m * g.n), 1),
                                        (BLOCK, 1, 1), self.streams[s], c, self.addr[g.bias], m, g.n, g.c.ld))
                 beta = one if g.bias or g.accumulate else zero
@@ -298,18 +321,17 @@ class CudaExecutor:
                                        c_type, g.c.ld, compute, GEMM_DEFAULT_ALGO))
                     return out
                 op = Operands(c, a, self.addr[g.w], splits[s], m, g.n, g.k, g.a.ld, ldw, g.c.ld, g.trans_w,
-                              beta == one)
-                wgmma = (route == "tf32x3-wgmma" and usable(self.capability, op)
+                              bool(g.accumulate), self.addr[g.bias] if g.bias else 0)
+                wgmma = (route == "f16x3-or-wgmma" and usable(self.capability, op)
                          and warpgroup_gemms() is not None)
                 if wgmma and self._route(g, op, s, handles) == "wgmma":
                     gemms, key = warpgroup_gemms(), image_key(g)
-                    op = replace(op, accumulate=bool(g.accumulate), bias=self.addr[g.bias] if g.bias else 0)
                     if images is None or key not in self.image_at:  # W's image made by every run
                         return gemms.calls(op, self.streams[s])
                     op = replace(op, pieces=self.image_at[key])
                     images.setdefault(key, gemms.image_call(op, self.stream))
                     return [gemms.gemm_call(op, self.streams[s])]
-                return out + self._copies(g, op, s, handles)
+                return self._copies(g, op, s, handles)
             case Kernel(launch=k, rows=rows, stream=s):
                 name = self.name_of[k]
                 params = kernel_params(k)
@@ -421,7 +443,7 @@ class CudaExecutor:
             self.release(self.graph_exec)
         for handle in dict.fromkeys([*self.handles, *self.forward_handles]):
             self.cublas.destroy(handle)
-        self.tf32_gemms.close()
+        self.f16x3_gemms.close()
         for workspace in self.workspaces:
             workspace.free()
         for cu_module in self._cu_modules:
@@ -440,21 +462,22 @@ def aligned_offsets(nbytes: list[int]) -> tuple[list[int], int]:
 
 
 def _tensor_core_gemms(instructions):
-    """The program's GEMMs on tensor cores as 3xTF32 (those of a loop's body once each)."""
+    """The program's GEMMs on tensor cores with float32's accuracy (those of a loop's body once each)."""
     for instr in instructions:
         for inner in instr.body if isinstance(instr, Loop) else (instr,):
-            if isinstance(inner, Gemm) and inner.route.startswith("tf32x3"):
+            if isinstance(inner, Gemm) and inner.route.startswith("f16x3"):
                 yield inner
 
 
-def split_elements(instructions, streams: int) -> list[int]:
-    """Per stream, the float32 elements its largest GEMM on tensor cores splits its operands into
-    (three times A's, then three times W's; 0 where none runs on tensor cores): one GEMM at a time per
-    stream, so they share it."""
+def split_bytes(instructions, streams: int) -> list[int]:
+    """Per stream, the bytes of workspace its largest GEMM on tensor cores needs (f16x3_layout's, or a
+    warpgroup GEMM's image of W made by every run, 2 k n floats; 0 where none runs on tensor cores): one
+    GEMM at a time per stream, so they share it."""
     need = [0] * streams
     for gemm in _tensor_core_gemms(instructions):
         g = gemm.launch
-        need[gemm.stream] = max(need[gemm.stream], 3 * (gemm.rows * g.k + g.k * g.n))
+        image = 4 * 2 * g.k * g.n if gemm.route == "f16x3-or-wgmma" else 0
+        need[gemm.stream] = max(need[gemm.stream], int(f16x3_layout(g, gemm.rows, g.k).nbytes), image)
     return need
 
 
@@ -468,7 +491,7 @@ def image_elements(instructions, weights: set[str]) -> dict[tuple, int]:
     elements of W's image (hi and lo, 2 k n)."""
     return {image_key(gemm.launch): 2 * gemm.launch.n * gemm.launch.k
             for gemm in _tensor_core_gemms(instructions)
-            if gemm.route == "tf32x3-wgmma" and gemm.launch.w in weights}
+            if gemm.route == "f16x3-or-wgmma" and gemm.launch.w in weights}
 
 
 def device_peaks() -> Peaks | None:

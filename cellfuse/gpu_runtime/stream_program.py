@@ -12,9 +12,10 @@ as a launch list (launch_list.py) that makes them all in one call from Python.
     at = program.resolve({"x": x_ptr, "init.h": ..., ...})  # every buffer of `program.buffers`
     program.run(at, stream_handle)  # or: program.bind(where each buffer is); program.run(bases, ...)
 
-The GEMMs run as the Plan's routes say: float32 through cuBLAS; on tensor cores, 3xTF32, as split copies
-and cuBLAS's TF32 GEMM over 3K, or as the warpgroup GEMM where it is usable and measured faster for the
-shape (`route_choice`, once per shape and process). The split copies need scratch memory (`scratch`,
+The GEMMs run as the Plan's routes say: float32 through cuBLAS; on tensor cores, each float32 product as
+three fp16 ones through split copies and cuBLAS's fp16 GEMM over 3K, or as the warpgroup GEMM where it is
+usable and measured faster for the shape (`route_choice`, once per shape and process). The split copies
+need scratch memory (`scratch`,
 bytes per name, to be given with the buffers); a warpgroup GEMM of a weight reads W's image, made by
 `weights_changed` into memory the caller gives under `image_name(w)` (see `images`).
 
@@ -30,12 +31,18 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 
 import numpy as np
 
 from ..codegen.cuda_wgmma import SMEM_BYTES, SOURCE, THREADS, gemm_grid
-from ..codegen.gemm_routes import GEMM_DEFAULT_ALGO, gemm_ex_types, split_threads, tf32x3_layout
+from ..codegen.gemm_routes import (
+    GEMM_DEFAULT_ALGO,
+    f16x3_layout,
+    gemm_ex_types,
+    maxima_threads,
+    split_threads,
+    unscale_threads,
+)
 from ..codegen.kernel_abi import BLOCK, grid_blocks, kernel_params
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, element_offset
@@ -51,7 +58,7 @@ from .wgmma_gemms import Operands, usable
 
 log = logging.getLogger(__name__)
 
-_R_32F, _COMPUTE_32F_FAST_TF32 = 0, 77  # cudaDataType, cublasComputeType_t
+_R_32F, _R_16F, _COMPUTE_32F = 0, 2, 68  # cudaDataType, cublasComputeType_t
 _TIMED_RUNS = 5
 MAX_KEPT_RUNS = 8  # runs a program keeps captured, by their bases (see StreamProgram.run)
 # captures after which a program whose captured runs were replayed fewer than twice each on average stops
@@ -232,21 +239,22 @@ class _Calls:
         B = self.plan.sizes.batch
         a = (g.a.buffer, g.a.dtype.itemsize * element_offset(instr, g.a, t, B))
         c = (g.c.buffer, g.c.dtype.itemsize * element_offset(instr, g.c, t, B))
-        accumulate = bool(g.bias or g.accumulate)
         ldw = g.k if g.trans_w else g.n
-        op = Operands(c[1], a[1], 0, 0, m, g.n, g.k, g.a.ld, ldw, g.c.ld, g.trans_w, accumulate)
-        if (instr.route == "tf32x3-wgmma" and usable(self.res.capability, op)
-                and route_choice(self.res, self.plan, g, op, a, c, s) == "wgmma"):
-            self.wgmma(g, replace(op, accumulate=bool(g.accumulate)), a, c, s)  # the bias in its epilogue
+        op = Operands(c[1], a[1], 0, 0, m, g.n, g.k, g.a.ld, ldw, g.c.ld, g.trans_w, bool(g.accumulate))
+        if instr.route.startswith("f16x3"):  # the bias added after the GEMM
+            if (instr.route == "f16x3-or-wgmma" and usable(self.res.capability, op)
+                    and route_choice(self.res, self.plan, g, op, a, c, s) == "wgmma"):
+                self.wgmma(g, op, a, c, s)
+            else:
+                self.copies(g, m, a, c, s)
             return
         if g.bias:  # the bias rows first, then C accumulates A @ W onto them
             self._kernel("cf_bias_rows", grid_blocks(m * g.n), BLOCK, [c, (g.bias, 0), m, g.n, g.c.ld], s)
+        accumulate = bool(g.bias or g.accumulate)
         if instr.route == "float32":
             self._sgemm(g, m, a, c, ldw, accumulate, s)
-        elif instr.route == "16-bit":
-            self._gemm_ex(g, m, a, c, ldw, accumulate, s)
         else:
-            self.copies(g, m, a, c, accumulate, s)
+            self._gemm_ex(g, m, a, c, ldw, accumulate, s)
 
     def _sgemm(self, g, m: int, a, c, ldw: int, accumulate: bool, s: int) -> None:
         # Row-major C = op(A) @ op(W) is column-major C^T = op(W)^T @ op(A)^T: W goes first, and a
@@ -268,23 +276,35 @@ class _Calls:
              beta, c, types[2], g.c.ld, compute, GEMM_DEFAULT_ALGO]),
             s, f"cuBLAS's {g.multiply.name} GEMM of {g.group}")
 
-    def copies(self, g, m: int, a, c, accumulate: bool, s: int) -> None:
-        """3xTF32 as split copies: A's pieces (hi, hi, lo) and W's (hi, lo, hi) along K into the stream's
-        scratch, then one TF32 GEMM over 3K (see tf32x3_layout)."""
-        a_split, w_split, lda3, ldw3, w_at = (tuple(int(v) for v in e) if isinstance(e, tuple) else int(e)
-                                              for e in tf32x3_layout(g, m, g.k))
+    def copies(self, g, m: int, a, c, s: int) -> None:
+        """Three fp16 products (see gemm_splits.cuh and f16x3_layout) in the stream's scratch: each
+        operand's largest magnitudes (zeroed first where folded in by atomics) and copies, cuBLAS's fp16
+        GEMM over 3K into float32 (C, or the scratch's sums where it accumulates), then the pass that
+        undoes the scales, adds the bias and accumulates."""
+        lay = f16x3_layout(g, m, g.k)
         scratch = split_name(s)
-        self.scratch[scratch] = max(self.scratch.get(scratch, 0), 4 * 3 * (m * g.k + g.k * g.n))
-        for to, fro, (rows, cols, ld, layout, lo) in (((scratch, 0), a, a_split),
-                                                      ((scratch, 4 * w_at), (g.w, 0), w_split)):
-            self._kernel("cf_split_tf32x3", grid_blocks(int(split_threads(rows, cols, layout))), BLOCK,
-                         [to, fro, rows, cols, ld, layout, lo], s)
+        self.scratch[scratch] = max(self.scratch.get(scratch, 0), int(lay.nbytes))
+        at = lambda offset: (scratch, int(offset))  # noqa: E731
+        for part, source in ((lay.a, a), (lay.w, (g.w, 0))):
+            rows, cols, ld = int(part.rows), int(part.cols), int(part.ld)
+            if part.per_column:
+                self.calls.fill(self._args([at(part.maxima)])[0], 0, int(part.scales), s,
+                                f"zeroing the column maxima of {g.group}")
+            self._kernel("cf_f16x3_maxima", grid_blocks(int(maxima_threads(rows, cols, part.layout))), BLOCK,
+                         [at(part.maxima), source, rows, cols, ld, part.layout], s)
+            self._kernel("cf_split_f16x3_copies", grid_blocks(int(split_threads(rows, cols, part.layout))),
+                         BLOCK, [at(part.pieces), source, at(part.maxima), rows, cols, ld, part.layout,
+                                 part.lo_piece], s)
+        sums, ldd = (at(lay.sums), g.n) if lay.sums is not None else (c, g.c.ld)
         one = self.res.scalars.ctypes.data
-        beta = one if accumulate else one + 4
         self.calls.gemm_ex(self.res.handles[s], self._args(
-            [int(g.trans_w), 0, g.n, m, 3 * g.k, one, (scratch, 4 * w_at), _R_32F, ldw3, (scratch, 0), _R_32F,
-             lda3, beta, c, _R_32F, g.c.ld, _COMPUTE_32F_FAST_TF32, GEMM_DEFAULT_ALGO]),
-            s, f"cuBLAS's TF32 GEMM of {g.group}")
+            [int(g.trans_w), 0, g.n, m, 3 * g.k, one, at(lay.w.pieces), _R_16F, int(lay.ldw3),
+             at(lay.a.pieces), _R_16F, int(lay.lda3), one + 4, sums, _R_32F, ldd, _COMPUTE_32F,
+             GEMM_DEFAULT_ALGO]),
+            s, f"cuBLAS's fp16 GEMM of {g.group}")
+        self._kernel("cf_f16x3_unscale", grid_blocks(int(unscale_threads(m, g.n))), BLOCK,
+                     [c, sums, at(lay.a.maxima), at(lay.w.maxima), (g.bias, 0) if g.bias else 0, m, g.n,
+                      g.c.ld, ldd, int(bool(g.accumulate))], s)
 
     def wgmma(self, g, op: Operands, a, c, s: int) -> None:
         """W's image, then the warpgroup GEMM (adding g's bias, if it has one, in its epilogue): the image
@@ -321,13 +341,13 @@ def route_choice(res: _Resources, plan: Plan, g, op: Operands, a, c, s: int) -> 
     routes = {}
     for route in ("copies", "wgmma"):
         calls = _Calls(res, plan, 0, [], f"the {route} route of a GEMM")
-        calls.copies(g, op.m, a, c, op.accumulate, s) if route == "copies" else calls.wgmma(g, op, a, c, s)
+        calls.copies(g, op.m, a, c, s) if route == "copies" else calls.wgmma(g, op, a, c, s)
         routes[route] = calls
     stream = driver.new_stream()
     names = {name for calls in routes.values() for name in calls.buffers}
     w_rows = op.n if op.trans_w else op.k
-    largest = 4 * max(op.m * op.lda + a[1] // 4, w_rows * op.ldw, op.m * op.ldc + c[1] // 4,
-                      3 * (op.m * op.k + op.k * op.n))
+    largest = max(4 * (op.m * op.lda + a[1] // 4), 4 * w_rows * op.ldw, 4 * (op.m * op.ldc + c[1] // 4),
+                  int(f16x3_layout(g, op.m, op.k).nbytes), 4 * 2 * op.n * op.k)
     memory = {name: check(cu.cuMemAlloc(largest), "allocating scratch to time a GEMM") for name in names}
     try:
         for i in range(s + 1):

@@ -86,7 +86,7 @@ class Memory:
     initial states are copied there first."""
 
     def __init__(self, plan: Plan, backward: BackwardPlan | None):
-        from ..gpu_runtime.cuda_executor import split_elements
+        from ..gpu_runtime.cuda_executor import split_bytes
         from ..gpu_runtime.stream_program import split_name
 
         self.output = plan.layers[-1].output_seq
@@ -98,16 +98,16 @@ class Memory:
         weights = [name for name, b in plan.buffers.items() if b.role in WEIGHT_ROLES]
         own = [name for name in plan.buffers if name not in external and name not in weights]
         program = lower(plan)
-        splits = split_elements(program.instructions, program.streams)
-        self.scratch = scratch = {split_name(s): 4 * n for s, n in enumerate(splits) if n}
+        splits = split_bytes(program.instructions, program.streams)
+        self.scratch = scratch = {split_name(s): n for s, n in enumerate(splits) if n}
         self.reserve, self.reserve_bytes = _layout([(n, plan.buffers[n].nbytes(plan.sizes)) for n in own]
                                                    + list(scratch.items()))
         self.weights = {n: plan.buffers[n].nbytes(plan.sizes) for n in weights}
         if backward is not None:
             instructions = backward.instructions()
-            splits = split_elements(instructions, 1 + max((getattr(i, "stream", 0) for i in instructions),
+            splits = split_bytes(instructions, 1 + max((getattr(i, "stream", 0) for i in instructions),
                                                           default=0))
-            self.grad_scratch = scratch = {split_name(s): 4 * n for s, n in enumerate(splits) if n}
+            self.grad_scratch = scratch = {split_name(s): n for s, n in enumerate(splits) if n}
             # those a run must start at zero first, so that one memset of `restart_bytes` clears them all;
             # a buffer that a kernel overwrites whole, and the scratch, need no start
             order = sorted(backward.buffers, key=lambda n: not backward.restarted(n))

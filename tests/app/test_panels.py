@@ -250,8 +250,8 @@ def test_plan_view_says_when_a_persistent_kernel_s_blocks_never_wait_for_each_ot
 
 @pytest.mark.slow
 def test_plan_view_says_which_gemms_run_on_tensor_cores(window):
-    """At T=100, B=64 and 512 units the LSTM's hoisted input GEMM (6400 x 2048 x 512) runs as 3xTF32: its
-    row in the plan list and its outline's label say so; at B=8 (800 rows) neither does."""
+    """At T=100, B=64 and 512 units the LSTM's hoisted input GEMM (6400 x 2048 x 512) runs on tensor cores:
+    its row in the plan list and its outline's label say so; at B=8 (800 rows) neither does."""
     panel = window.plan_panel
     panel.set_schedule("persistent")
     window.bench_panel.set_sizes(seq=100, batch=64, input=512, hidden=512, layers=1)
@@ -259,7 +259,7 @@ def test_plan_view_says_which_gemms_run_on_tensor_cores(window):
     rows = [panel.tree.topLevelItem(i).text(0) for i in range(panel.tree.topLevelItemCount())]
     assert [r for r in rows if "tensor cores" in r] == [r for r in rows if "GEMM, hoisted" in r] != []
     labels = [r.label for r in window.overlay.regions if r.tensor_cores]
-    assert labels and all("on tensor cores (3xTF32)" in label for label in labels)
+    assert labels and all("on tensor cores (3xFP16)" in label for label in labels)
     window.bench_panel.set_sizes(batch=8)
     window.refresh_plan()
     rows = [panel.tree.topLevelItem(i).text(0) for i in range(panel.tree.topLevelItemCount())]

@@ -55,7 +55,8 @@ def test_a_kernel_of_every_kind_compiles(tmp_path):
     source = "\n".join(parts)
     for kind in ("cf_lanes_sum(", "_rows1(", "cf_deviations(", "cf_publish(", "cf_split_f16x3(a4",
                  "cf_warp_sums<", "griddepcontrol.wait", "for (int t = seq - 1",
-                 "__shared__ float cf_partial", "cf_split_tf32x3(", "cf_bias_rows("):
+                 "__shared__ float cf_partial", "cf_split_f16x3_copies(", "cf_f16x3_unscale(",
+                 "cf_bias_rows("):
         assert kind in source, kind
     ptx = nvcc_ptx(source, tmp_path)
     assert ptx.count(".entry ") == source.count("__global__")

@@ -22,8 +22,7 @@ LSTM_B64 = Sizes(seq=100, batch=64, input=512, hidden=512, layers=1)
 def test_the_peaks_come_from_the_gpus_attributes():
     assert H100.fp32_flops == pytest.approx(66.9e12, rel=1e-3)  # NVIDIA's float32 figure for the H100 SXM
     assert H100.memory_bytes == pytest.approx(3.35e12, rel=1e-3)  # and its HBM3 bandwidth
-    assert H100.tf32x3_flops == pytest.approx(132 * 2048 * 1.98e9 / 3)
-    assert H100.sixteen_bit_flops == pytest.approx(2 * H100.tf32x3_flops * 3)  # twice dense TF32
+    assert H100.sixteen_bit_flops == pytest.approx(132 * 4096 * 1.98e9)  # dense fp16
     assert H100_SXM.fp32_flops == pytest.approx(H100.fp32_flops, rel=1e-3)  # the published figure
     assert Peaks.of_device("unknown", (7, 5), 40, 1_500_000, 7_000_000, 256) is None
     assert Peaks.of_device("no clock", (9, 0), 132, 0, 2_619_000, 5120) is None
@@ -31,15 +30,15 @@ def test_the_peaks_come_from_the_gpus_attributes():
 
 def test_the_lstms_arithmetic_is_its_26_8_gflop():
     """T=100, B=64, I=H=512: 2 * 64 * 1024 * 2048 * 100 = 26.8 GFLOP of GEMMs, half of them hoisted. The
-    hoisted GEMM of every rung on tensor cores at a third of TF32's peak (3xTF32); the tensor rung's step
-    GEMM at a third of fp16's (three fp16 products each), the persistent rung's at float32's."""
+    hoisted GEMM of every rung on tensor cores and the tensor rung's step GEMM at a third of fp16's peak
+    (three fp16 products each), the persistent rung's step GEMM at float32's."""
     tensor = roofline(make_plan(load_template("lstm"), LSTM_B64, "tensor"), H100)
     gemm = 2 * 64 * 1024 * 2048 * 100
     half = gemm / 2
-    want = 1e3 * (half / H100.tf32x3_flops + half / (H100.sixteen_bit_flops / 3))
+    want = 1e3 * gemm / (H100.sixteen_bit_flops / 3)
     assert tensor.arithmetic_ms == pytest.approx(want, rel=0.02)
     persistent = roofline(make_plan(load_template("lstm"), LSTM_B64, "persistent"), H100)
-    want = 1e3 * (half / H100.tf32x3_flops + half / H100.fp32_flops)
+    want = 1e3 * (half / (H100.sixteen_bit_flops / 3) + half / H100.fp32_flops)
     assert persistent.arithmetic_ms == pytest.approx(want, rel=0.02)
     bf16 = roofline(make_plan(load_template("lstm"), LSTM_B64, "graph", precision="bf16"), H100)
     # (and its elementwise work, at float32's peak: 3% of it)
@@ -83,5 +82,5 @@ def test_the_readme_table_comes_from_a_record():
     lstm = next(row for row in table if row.startswith("| LSTM T=100 B=64 H=512 |"))
     cells = [c.strip() for c in lstm.strip("|").split("|")]
     assert cells[1] == "tensor" and float(cells[2]) == pytest.approx(0.693, abs=1e-3)
-    # 13.4 GFLOP at 165 TFLOP/s (3xTF32), 13.4 at 330 (three fp16 products), and 100 barriers
-    assert float(cells[6]) == pytest.approx(0.223, abs=0.01)
+    # 26.8 GFLOP at 330 TFLOP/s (three fp16 products), and 100 barriers
+    assert float(cells[6]) == pytest.approx(0.184, abs=0.01)

@@ -1,31 +1,33 @@
-"""Which GEMMs run on tensor cores as 3xTF32 (float32's accuracy), as the plan, the executor and the
-exported launcher decide it. The GPU tests check the results; these, the decisions."""
+"""Which GEMMs run on tensor cores with float32's accuracy (three fp16 products), as the plan, the executor
+and the exported launcher decide it, and the arithmetic of their splits. The GPU tests check the results;
+these, the decisions."""
 
 from __future__ import annotations
 
 from cellfuse.codegen import generate_cuda, make_plan
-from cellfuse.codegen.gemm_routes import TF32X3_MAX_K, TF32X3_MIN_MACS, on_tensor_cores
+from cellfuse.codegen.gemm_routes import F16X3_MAX_K, F16X3_MIN_MACS, f16x3_layout, on_tensor_cores
 from cellfuse.codegen.lowering import lower
 from cellfuse.codegen.plan_text import describe, summary, tensor_core_groups
 from cellfuse.codegen.tiling import MMA_K_BLOCK, mma_stride
-from cellfuse.gpu_runtime.cuda_executor import split_elements
+from cellfuse.gpu_runtime.cuda_executor import split_bytes
 from cellfuse.graph_model import Sizes, load_template
 
 
 def test_the_rule_is_the_size_of_the_gemm_and_a_k_short_enough_for_float32s_accuracy():
-    assert on_tensor_cores(1024, 2048, 512) and TF32X3_MIN_MACS == 1024 * 2048 * 512
+    assert on_tensor_cores(1024, 2048, 512) and F16X3_MIN_MACS == 1024 * 2048 * 512
     assert not on_tensor_cores(1023, 2048, 512)
     assert not on_tensor_cores(1, 2**20, 2**30)  # a column sum
     assert not on_tensor_cores(2**24, 2**20, 32)
-    # a weight's gradient sums over K = T x B rows: on tensor cores up to TF32X3_MAX_K of them
-    assert on_tensor_cores(512, 2048, 100 * 64) and TF32X3_MAX_K == 8192
-    assert on_tensor_cores(512, 2048, TF32X3_MAX_K) and not on_tensor_cores(512, 2048, TF32X3_MAX_K + 1)
+    # a weight's gradient sums over K = T x B rows: on tensor cores up to F16X3_MAX_K of them
+    assert on_tensor_cores(512, 2048, 100 * 64) and F16X3_MAX_K == 8192
+    assert on_tensor_cores(512, 2048, F16X3_MAX_K) and not on_tensor_cores(512, 2048, F16X3_MAX_K + 1)
     assert not on_tensor_cores(512, 2048, 1000 * 64)
 
 
 def test_a_long_sequences_weight_gradients_run_in_float32():
     """At T=1000, B=64 the LSTM's weights' gradients (K = 64,000) run through cuBLAS's float32 GEMM, as
-    3xTF32 they were 1.8e-4 from float64 on an H200; at T=100 (K = 6,400) on tensor cores still."""
+    on tensor cores (3xTF32) they were 1.8e-4 from float64 on an H200; at T=100 (K = 6,400) on tensor
+    cores still."""
     from cellfuse.codegen.backward_plan import backward_plan
     from cellfuse.codegen.lowering import Gemm, Loop
 
@@ -35,7 +37,7 @@ def test_a_long_sequences_weight_gradients_run_in_float32():
                 for i in (instr.body if isinstance(instr, Loop) else (instr,))]
         return {i.route for i in flat if isinstance(i, Gemm) and i.launch.row_kind in ("input", "hidden")}
 
-    assert gradient_routes(100) == {"tf32x3"} and gradient_routes(1000) == {"float32"}
+    assert gradient_routes(100) == {"f16x3"} and gradient_routes(1000) == {"float32"}
 
 
 def test_hoisted_gemms_of_large_runs_go_to_tensor_cores():
@@ -64,39 +66,65 @@ def test_each_gemm_instruction_carries_its_route():
 
     lstm = load_template("lstm")
     assert routes(lower(make_plan(lstm, Sizes(100, 64, 512, 512), "persistent")).instructions) == {
-        ("gemm0", False): (6400, "tf32x3-wgmma")}
+        ("gemm0", False): (6400, "f16x3-or-wgmma")}
     assert routes(lower(make_plan(lstm, Sizes(100, 64, 512, 512), "hoisted")).instructions) == {
         ("gemm0", False): (640, "float32"), ("gemm1", False): (64, "float32")}
     back = backward_plan(make_plan(lstm, Sizes(100, 64, 512, 512), "hoisted", save_steps=True))
-    assert "tf32x3" in {route for (_, trans_a), (_, route) in routes(back.instructions()).items() if trans_a}
+    assert "f16x3" in {route for (_, trans_a), (_, route) in routes(back.instructions()).items() if trans_a}
 
 
 def test_the_plan_says_which_groups_run_on_tensor_cores():
     plan = make_plan(load_template("gru"), Sizes(100, 64, 512, 512), "persistent")
     groups_said = summary(plan)["gemm_groups"]
     assert [g["tensor_cores"] for g in groups_said] == [g["hoisted"] for g in groups_said]
-    assert sum(line.count("on tensor cores (3xTF32)") for line in describe(plan).splitlines()
+    said = "on tensor cores (3xFP16, rows and columns scaled)"
+    assert sum(line.count(said) for line in describe(plan).splitlines()
                if "hoisted" in line) == 1
 
 
 def test_each_stream_has_room_for_its_largest_split():
     plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512, 2), "wavefront")
     program = lower(plan)
-    need = split_elements(program.instructions, program.streams)
+    need = split_bytes(program.instructions, program.streams)
     # the hoisted GEMMs of 10 steps: 640 rows, too small; the recurrent ones of 64 rows too
     assert need == [0] * program.streams
     plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "persistent")
     program = lower(plan)
-    assert split_elements(program.instructions, program.streams)[0] == 3 * (6400 * 512 + 512 * 2048)
+    # fp16 copies of A and W, A's row maxima and W's column maxima (no sums: the input GEMM does not
+    # accumulate), each part from a multiple of 256 bytes
+    assert split_bytes(program.instructions, program.streams)[0] == 2 * 3 * (6400 * 512 + 512 * 2048) + 4 * (
+        6400 + 2048)
+
+
+def test_a_gemm_that_accumulates_sums_into_its_workspace_first():
+    """Where a GEMM adds onto C (a backward pass's gradients), cuBLAS writes its sums into the workspace,
+    after the copies and maxima, and the pass adds them to C; each part starts on 256 bytes."""
+    from cellfuse.codegen.backward_plan import backward_plan
+    from cellfuse.codegen.lowering import Gemm, Loop
+
+    plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "tensor", save_steps=True)
+    gemms = [i for instr in backward_plan(plan).instructions()
+             for i in (instr.body if isinstance(instr, Loop) else (instr,))
+             if isinstance(i, Gemm) and i.route.startswith("f16x3")]
+    assert gemms and all(g.launch.accumulate for g in gemms)
+    for gemm in gemms:
+        g = gemm.launch
+        lay = f16x3_layout(g, gemm.rows, g.k)
+        parts = [lay.a.pieces, lay.w.pieces, lay.a.maxima, lay.w.maxima, lay.sums]
+        assert [int(p) % 256 for p in parts] == [0] * 5 and sorted(map(int, parts)) == list(map(int, parts))
+        assert int(lay.nbytes) >= int(lay.sums) + 4 * gemm.rows * g.n
+        # a weight's gradient reads x^T: A's copies transposed, its maxima per column of x (A's rows)
+        assert (lay.a.per_column, int(lay.a.scales)) == (g.trans_a, gemm.rows)
 
 
 def test_the_exported_launcher_decides_at_run_time():
     text = generate_cuda(load_template("lstm"), Sizes(100, 64, 512, 512), "persistent", backward=True).text
-    assert f">= {TF32X3_MIN_MACS}.0" in text and f"k <= {TF32X3_MAX_K};" in text
+    assert f">= {F16X3_MIN_MACS}.0" in text and f"k <= {F16X3_MAX_K};" in text
     # the input GEMM, then in the backward pass x's gradient and the two weights' gradients (not the
     # column sums of the bias's gradient, nor the steps' dh = dG @ U^T in the persistent kernel)
     assert text.count("cublasGemmEx(") == 4
-    assert "ws += cf_aligned(cf_split_elements(seq, batch) * sizeof(float));" in text
+    assert "ws += cf_aligned(cf_split_bytes(seq, batch));" in text
+    assert text.count("cf_f16x3_unscale<<<") == 4 and "CUDA_R_16F" in text and "FAST_TF32" not in text
 
 
 def test_the_splits_rounding_is_tf32s_to_nearest_ties_away():
@@ -105,9 +133,9 @@ def test_the_splits_rounding_is_tf32s_to_nearest_ties_away():
     hi + lo, both TF32, holds x to about 2^-21 of it."""
     import numpy as np
 
-    from cellfuse.codegen.cuda_kernels import PRELUDE
+    from cellfuse.codegen.cuda_wgmma import SOURCE
 
-    assert "(__float_as_uint(v) + 0x1000u) & 0xffffe000u" in PRELUDE
+    assert "(__float_as_uint(v) + 0x1000u) & 0xffffe000u" in SOURCE
 
     def tf32(v):
         return ((v.view(np.uint32) + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
@@ -134,3 +162,40 @@ def test_rows_that_tensor_cores_read_start_where_one_load_keeps_them_apart_in_th
         assert stride % 32 == 16, k
         # 16 bits: a half-warp's 8-byte loads read four rows of 32 bytes, each in its own quarter of the banks
         assert len({row * 2 * stride % 128 for row in range(4)}) == 4, k
+
+
+def _f16x3_pieces(x, m, lo_piece: int):
+    """gemm_splits.cuh's pieces in numpy: x scaled by the power of two that puts m (its row's or column's
+    largest magnitude) in [2^14, 2^15), as fp16 hi, lo = (x - hi) * 2^11 and hi / 2^11, laid out along the
+    last axis in the order the split writes them."""
+    import numpy as np
+
+    e = np.frexp(m.astype(np.float32))[1]  # m in [2^(e-1), 2^e)
+    scale = np.where(m > 0, np.ldexp(np.float32(1), 15 - e), 1).astype(np.float32)
+    xs = (x * scale).astype(np.float32)
+    hi = xs.astype(np.float16)
+    lo = ((xs - hi.astype(np.float32)) * 2048).astype(np.float16)
+    small = (hi.astype(np.float32) / 2048).astype(np.float16)
+    pieces = [hi, small, lo] if lo_piece == 2 else [hi, lo, small]
+    return np.concatenate(pieces, axis=-1), scale
+
+
+def test_three_fp16_products_over_scaled_rows_and_columns_hold_float32s_accuracy():
+    """The split's arithmetic (numpy's fp16 rounds as cuda_fp16's __float2half_rn does): A's pieces
+    (hi, hi / 2^11, lo) against W's (hi, lo, hi / 2^11) summed over 3K in float64, both scales undone,
+    miss A @ W by about 2^-22 of its rows' scale, whether a row's values span 2^20 or not, and for rows
+    whose largest value is 1e-30 or 1e30 (each scaled into fp16's range by its own power of two)."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((64, 256)).astype(np.float32) * np.float32(0.5)
+    a[:8] *= np.float32(2.0) ** -rng.integers(0, 20, (8, 1))  # rows far below the largest
+    a[8] *= np.float32(1e-30)
+    a[9] *= np.float32(1e30)
+    w = (rng.standard_normal((256, 96)) * 0.05).astype(np.float32)
+    a3, sa = _f16x3_pieces(a, np.abs(a).max(1, keepdims=True), lo_piece=2)  # [64, 3K]
+    w3, sw = _f16x3_pieces(w.T, np.abs(w).max(0)[:, None], lo_piece=1)  # [96, 3K]: W's columns
+    got = (a3.astype(np.float64) @ w3.astype(np.float64).T) / sa / sw.T
+    want = a.astype(np.float64) @ w.astype(np.float64)
+    for r in range(64):
+        assert np.abs(got[r] - want[r]).max() <= 2.0**-20 * np.abs(want[r]).max(), r

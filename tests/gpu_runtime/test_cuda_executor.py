@@ -356,10 +356,10 @@ def test_the_tensor_rungs_products_keep_float32s_accuracy_at_any_scale(gpu):
     ("wavefront", "residual_lstm", 12, 128, 2),
 ])
 def test_hoisted_gemms_on_tensor_cores_match_reference(gpu, schedule, name, seq, batch, layers):
-    """Hoisted GEMMs of at least 2^30 multiply-adds run as 3xTF32 on tensor cores (whole, or in chunks
-    of 10 steps beside the loop): float32's accuracy, the captured graph replayed alike. (The sLSTM starts
-    from zero states: from random ones, its normaliser n can start near 0, and h = c / n amplifies any
-    rounding.)"""
+    """Hoisted GEMMs of at least 2^30 multiply-adds run on tensor cores, three fp16 products each (whole,
+    or in chunks of 10 steps beside the loop): float32's accuracy, the captured graph replayed alike. (The
+    sLSTM starts from zero states: from random ones, its normaliser n can start near 0, and h = c / n
+    amplifies any rounding.)"""
     from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
 
     cell = load_template(name)
@@ -387,46 +387,53 @@ def test_hoisted_gemms_on_tensor_cores_match_reference(gpu, schedule, name, seq,
     (64, 512, 512, 0),  # whole 16-byte groups
     (37, 5, 7, 0),  # a row length that is not a multiple of 4: one value at a time
     (9, 12, 12, 3),  # a source that does not start on 16 bytes
-    (300, 8, 12, 0),  # more threads than one block, rows of 8 in rows of 12
+    (600, 8, 12, 0),  # more threads than one block, rows of 8 in rows of 12, columns of 3 blocks of rows
     (70, 45, 50, 1),  # tiles of 32 x 32 cut at both edges, transposed
 ])
-def test_the_split_writes_three_copies_of_tf32_parts(gpu, rows, cols, ld, offset, layout):
-    """cf_split_tf32x3 against numpy, with extreme values beside ordinary ones: the copies lie one after
-    another along K (side by side along the rows, stacked, or side by side in the transposed source's
-    rows), piece 1 is lo, the others hi; hi + lo is x to 2^-21 of it, infinities and NaN stay in hi;
-    nothing past the copies is written."""
+def test_the_split_writes_three_copies_of_scaled_fp16_pieces(gpu, rows, cols, ld, offset, layout):
+    """cf_f16x3_maxima and cf_split_f16x3_copies against numpy's fp16 (which rounds as __float2half_rn):
+    each row's (side by side) or column's largest magnitude, the values scaled by its power of two, the
+    pieces hi, hi / 2^11 and lo (lo piece 2) one copy after another along K (side by side along the rows,
+    stacked, or side by side in the transposed source's rows), to the bit; rows and columns of values
+    1e-30 and 1e30 beside ordinary ones; nothing past the copies written."""
     from cellfuse.codegen.cuda_kernels import PRELUDE
-    from cellfuse.codegen.gemm_routes import split_threads
+    from cellfuse.codegen.gemm_routes import maxima_threads, split_threads
     from cellfuse.codegen.kernel_abi import BLOCK, grid_blocks
     from cellfuse.gpu_runtime.cuda_executor import _compile
 
     drv = gpu[0]
     rng = np.random.default_rng(rows + cols)
-    src = (rng.standard_normal(offset + rows * ld) * 10.0 ** rng.integers(-20, 20, offset + rows * ld))
-    src = src.astype(np.float32)
-    src[offset:offset + 4] = [np.inf, -np.inf, np.nan, np.finfo(np.float32).max]
+    src = rng.standard_normal(offset + rows * ld).astype(np.float32)
     x = src[offset:].reshape(rows, ld)[:, :cols]
-    n = 3 * rows * cols
+    x[1] *= np.float32(1e-30)
+    x[2] *= np.float32(1e30)
+    x[:, 1] *= np.float32(2.0**-20)
+    per_column = layout != 0
+    m = np.abs(x).max(0 if per_column else 1)
     module = drv.module_from_buffer(_compile(PRELUDE))
-    split = module.get_function("cf_split_tf32x3").prepare("PPiiiii")
+    maxima = module.get_function("cf_f16x3_maxima").prepare("PPiiii")
+    split = module.get_function("cf_split_f16x3_copies").prepare("PPPiiiii")
     src_d = drv.to_device(src)
-    out_d = drv.to_device(np.full(n + 64, 7.0, np.float32))
+    m_d = drv.to_device(np.zeros(m.size, np.float32))
+    n = 3 * rows * cols
+    out_d = drv.to_device(np.full(n + 64, 7.0, np.float16))
+    maxima.prepared_call((grid_blocks(int(maxima_threads(rows, cols, layout))), 1), (BLOCK, 1, 1), m_d,
+                         int(src_d) + 4 * offset, rows, cols, ld, layout)
     split.prepared_call((grid_blocks(int(split_threads(rows, cols, layout))), 1), (BLOCK, 1, 1), out_d,
-                        int(src_d) + 4 * offset, rows, cols, ld, layout, 1)
-    got = drv.from_device(out_d, (n + 64,), np.float32)
-    np.testing.assert_array_equal(got[n:], 7.0)
+                        int(src_d) + 4 * offset, m_d, rows, cols, ld, layout, 2)
+    np.testing.assert_array_equal(drv.from_device(m_d, m.shape, np.float32), m)
+    got = drv.from_device(out_d, (n + 64,), np.float16)
+    np.testing.assert_array_equal(got[n:], np.float16(7.0))
     copies = (got[:n].reshape(rows, 3, cols).transpose(1, 0, 2), got[:n].reshape(3, rows, cols),
               got[:n].reshape(cols, 3, rows).transpose(1, 2, 0))[layout]
-    hi, lo, hi2 = copies
-    np.testing.assert_array_equal(hi, hi2)
-    bits = hi.view(np.uint32)
-    assert np.all((bits & 0x1FFF) == 0)
-    assert np.all((lo.view(np.uint32) & 0x1FFF) == 0)
-    finite = np.isfinite(x)
-    np.testing.assert_array_equal(hi[~finite], x[~finite])
-    assert np.all(lo[~finite] == 0.0)
-    big = finite & (np.abs(x) < np.finfo(np.float32).max / 2)
-    assert np.all(np.abs(hi[big].astype(np.float64) + lo[big] - x[big]) <= 2.0**-21 * np.abs(x[big]))
+    e = np.frexp(m)[1]
+    scale = np.where(m > 0, np.ldexp(np.float32(1), np.minimum(15 - e, 126)), 1).astype(np.float32)
+    xs = x * (scale[None, :] if per_column else scale[:, None])
+    hi = xs.astype(np.float16)
+    lo = ((xs - hi.astype(np.float32)) * np.float32(2048)).astype(np.float16)
+    small = (hi.astype(np.float32) / np.float32(2048)).astype(np.float16)
+    for got_piece, want in zip(copies, (hi, small, lo), strict=True):
+        np.testing.assert_array_equal(got_piece.view(np.uint16), want.view(np.uint16))
 
 
 def test_exported_program_runs_its_large_gemms_on_tensor_cores(gpu, tmp_path):

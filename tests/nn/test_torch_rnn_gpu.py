@@ -91,7 +91,7 @@ def test_long_sequence_gradients_stay_near_float64(cuda):
 
 
 def test_a_long_sequences_weight_gradients_are_float32s(cuda):
-    """T=1000, B=64: the weights' gradients sum over K = 64,000 rows, beyond gemm_routes.TF32X3_MAX_K, in
+    """T=1000, B=64: the weights' gradients sum over K = 64,000 rows, beyond gemm_routes.F16X3_MAX_K, in
     cuBLAS's float32 GEMM: within 1e-5 of a float64 torch.nn.LSTM's (as 3xTF32 they were 1.8e-4 away on an
     H200, cuDNN's float32 ones 2.7e-6)."""
     weight_ih, weight_hh, *_ = _gradient_errors(cuda, "tensor", 1000, 64)

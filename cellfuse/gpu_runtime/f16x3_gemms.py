@@ -1,5 +1,6 @@
-"""The TF32 GEMMs of 3xTF32 products (see `cf_split_tf32x3`) through cuBLASLt, each shape with the
-algorithm measured fastest on this GPU among those cuBLASLt's heuristic offers.
+"""The fp16 GEMMs over 3K of float32 products as three fp16 ones (see gemm_splits.cuh) through cuBLASLt,
+into float32, each shape with the algorithm measured fastest on this GPU among those cuBLASLt's heuristic
+offers.
 
 cublasGemmEx takes the heuristic's first algorithm, which is not always the fastest: for IndRNN's input
 projection at B=64 (C[6400, 512] over K = 3 x 512) its second was faster than the first on an H100
@@ -17,14 +18,15 @@ import numpy as np
 
 from .event_timing import median_ms
 
-_R_32F, _COMPUTE_32F_FAST_TF32 = 0, 77  # cudaDataType, cublasComputeType_t
+_R_32F, _R_16F, _COMPUTE_32F = 0, 2, 68  # cudaDataType, cublasComputeType_t
 CANDIDATES = 8  # of the heuristic's algorithms, at most, timed per shape
 _RUNS = 5  # timed runs of each candidate (after one to warm up); the median counts
 
 
 @dataclass(frozen=True)
 class Shape:
-    """A column-major GEMM C[m, n] = op(A)[m, k] @ B[k, n] (cuBLAS's terms), with op(A) = A^T where
+    """A column-major GEMM C[m, n] = op(A)[m, k] @ B[k, n] (cuBLAS's terms; A and B fp16, C float32),
+    with op(A) = A^T where
     `trans_a`, picking its kernels for `sms` SMs (0: all of them), on A, B and C at addresses aligned to
     `aligned` bytes (see `alignment`): cuBLASLt's algorithms assume 256 unless told less."""
 
@@ -49,14 +51,14 @@ class _Chosen:
     rest of the process like the choice itself."""
 
     def __init__(self, lt, shape: Shape):
-        self.desc = lt.matmul_desc_create(_COMPUTE_32F_FAST_TF32, _R_32F)
+        self.desc = lt.matmul_desc_create(_COMPUTE_32F, _R_32F)
         if shape.trans_a:
             _set(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.TRANSA, 1)
         if shape.sms:
             _set(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.SM_COUNT_TARGET, shape.sms)
         a_rows, a_cols = (shape.k, shape.m) if shape.trans_a else (shape.m, shape.k)
-        self.a = lt.matrix_layout_create(_R_32F, a_rows, a_cols, shape.lda)
-        self.b = lt.matrix_layout_create(_R_32F, shape.k, shape.n, shape.ldb)
+        self.a = lt.matrix_layout_create(_R_16F, a_rows, a_cols, shape.lda)
+        self.b = lt.matrix_layout_create(_R_16F, shape.k, shape.n, shape.ldb)
         self.c = lt.matrix_layout_create(_R_32F, shape.m, shape.n, shape.ldc)
         self.algo = np.zeros(0, np.uint8)  # set by `TensorCoreGemms._measure`
         self.times_ms: list[float] = []  # each candidate's, in the heuristic's order
@@ -68,7 +70,7 @@ def _set(setter, desc, attribute, value: int) -> None:
 
 
 class TensorCoreGemms:
-    """The GEMMs over 3K of an executor's 3xTF32 products: one cuBLASLt handle, and per shape the
+    """The GEMMs over 3K of an executor's products on tensor cores: one cuBLASLt handle, and per shape the
     algorithm measured fastest (measured once per process: every executor shares the choices)."""
 
     _chosen: dict[tuple[str, Shape], _Chosen] = {}
@@ -114,15 +116,15 @@ class TensorCoreGemms:
         algos = [np.frombuffer(ctypes.string_at(results.ptr + i * size, lt.matmul_algo_dtype.itemsize),
                                np.uint8).copy() for i in range(int(count[0]))]
         if not algos:
-            raise RuntimeError(f"cuBLASLt offers no algorithm for the TF32 GEMM {shape}")
+            raise RuntimeError(f"cuBLASLt offers no algorithm for the fp16 GEMM {shape}")
         # scratch operands as large as the GEMM's: the time does not depend on their values, and the
         # executor's own buffers (a gradient that accumulates, say) must not change
         a_elems = shape.lda * (shape.m if shape.trans_a else shape.k)
-        scratch = drv.mem_alloc(4 * (a_elems + shape.ldb * shape.n + shape.ldc * shape.n))
+        scratch = drv.mem_alloc(2 * (a_elems + shape.ldb * shape.n) + 4 * shape.ldc * shape.n + 512)
         try:
             a = int(scratch)
-            b = a + 4 * a_elems
-            c = b + 4 * shape.ldb * shape.n
+            b = a + -(-2 * a_elems // 256) * 256
+            c = b + -(-2 * shape.ldb * shape.n // 256) * 256
             alpha_beta = np.array([1.0, 0.0], np.float32)
             for algo in algos:
                 def run(algo=algo):
@@ -138,7 +140,7 @@ class TensorCoreGemms:
         finally:
             scratch.free()
         if all(t == float("inf") for t in chosen.times_ms):
-            raise RuntimeError(f"cuBLASLt refused every algorithm it offered for the TF32 GEMM {shape}")
+            raise RuntimeError(f"cuBLASLt refused every algorithm it offered for the fp16 GEMM {shape}")
         chosen.algo = algos[int(np.argmin(chosen.times_ms))]
         return chosen
 
