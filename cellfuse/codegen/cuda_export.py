@@ -677,20 +677,20 @@ class _Export:
 
     def _f16x3(self, g: GemmLaunch, m: Expr, kk: Expr, t: Expr | int) -> None:
         """A GEMM on tensor cores as three fp16 products (see gemm_splits.cuh and f16x3_layout): each
-        operand's largest magnitudes (zeroed first where folded in by atomics), its copies, cuBLAS's fp16
-        GEMM over 3K into float32 (C, or the sums where it accumulates), the pass that undoes the scales,
-        adds the bias and accumulates."""
+        operand's column maxima where it has them (zeroed first: folded in by atomics), its copies,
+        cuBLAS's fp16 GEMM over 3K into float32 (C, or the sums where it accumulates), the pass that
+        undoes the scales, adds the bias and accumulates."""
         w, lay, rows = self.w, f16x3_layout(g, m, kk), m.c(wide=False)
         at = lambda offset: f"cf_split + {offset.c()}"  # noqa: E731  (a byte offset into the workspace)
         for op, fro in ((lay.a, _ptr(g.a, t)), (lay.w, _var(g.w))):
             r, c, ld = (e.c(wide=False) for e in (op.rows, op.cols, op.ld))
             maxima = f"(float*)({at(op.maxima)})"
             if op.per_column:
-                w(f"cudaMemsetAsync({maxima}, 0, {(4 * op.scales).c()}, stream);")
-            maxima_grid = f"cf_blocks({maxima_threads(op.rows, op.cols, op.layout).c()}), {BLOCK}, 0, stream"
+                w(f"cudaMemsetAsync({maxima}, 0, {(4 * op.scales).c()}, stream);",
+                  f"cf_f16x3_maxima<<<cf_blocks({maxima_threads(op.rows, op.cols).c()}), {BLOCK}, 0, "
+                  f"stream>>>({maxima}, {fro}, {r}, {c}, {ld});")
             split_grid = f"cf_blocks({split_threads(op.rows, op.cols, op.layout).c()}), {BLOCK}, 0, stream"
-            w(f"cf_f16x3_maxima<<<{maxima_grid}>>>({maxima}, {fro}, {r}, {c}, {ld}, {op.layout});",
-              f"cf_split_f16x3_copies<<<{split_grid}>>>((__half*)({at(op.pieces)}), {fro}, {maxima}, {r}, "
+            w(f"cf_split_f16x3_copies<<<{split_grid}>>>((__half*)({at(op.pieces)}), {fro}, {maxima}, {r}, "
               f"{c}, {ld}, {op.layout}, {op.lo_piece});")
         sums, ldd = (f"(float*)({at(lay.sums)})", g.n) if lay.sums is not None else (_ptr(g.c, t), g.c.ld)
         op_w = "CUBLAS_OP_T" if g.trans_w else "CUBLAS_OP_N"

@@ -90,20 +90,20 @@ _ALIGN = 256  # bytes: where each part of the workspace starts (cuBLAS's fastest
 
 
 def split_threads(rows: Expr | int, cols: Expr | int, layout: int) -> Expr:
-    """The threads cf_split_f16x3_copies runs with for a source of `rows` x `cols`: one per 32 x 32 tile
-    and per BLOCK threads where it transposes, else one per 4 columns of a row."""
+    """The threads cf_split_f16x3_copies runs with for a source of `rows` x `cols`: a warp per row side by
+    side, BLOCK per 32 x 32 tile where it transposes, else one per 4 columns of a row."""
     rows, cols = as_expr(rows), as_expr(cols)
+    if layout == SIDE_BY_SIDE:
+        return 32 * rows
     if layout == TRANSPOSED:
         return BLOCK * ((rows + 31) // 32) * ((cols + 31) // 32)
     return rows * ((cols + 3) // 4)
 
 
-def maxima_threads(rows: Expr | int, cols: Expr | int, layout: int) -> Expr:
-    """The threads cf_f16x3_maxima runs with for a source of `rows` x `cols`: a warp per row side by
-    side, else BLOCK per 32 columns of MAX_ROWS rows."""
+def maxima_threads(rows: Expr | int, cols: Expr | int) -> Expr:
+    """The threads cf_f16x3_maxima runs with for a source of `rows` x `cols` (whose columns' maxima it
+    finds): BLOCK per 32 columns of MAX_ROWS rows."""
     rows, cols = as_expr(rows), as_expr(cols)
-    if layout == SIDE_BY_SIDE:
-        return 32 * rows
     return BLOCK * ((cols + 31) // 32) * ((rows + (MAX_ROWS - 1)) // MAX_ROWS)
 
 
@@ -120,7 +120,8 @@ def _aligned(nbytes: Expr) -> Expr:
 class Operand:
     """How one operand of a GEMM on tensor cores is split: its source's rows, columns and row length, its
     layout, the copy that is its lo piece, and where in the workspace (bytes) its copies and its largest
-    magnitudes go (one per source row side by side, else per source column: A's rows, W's columns)."""
+    magnitudes go (one per source row side by side, found by the split; else per source column, by
+    cf_f16x3_maxima first: A's rows, W's columns)."""
 
     rows: Expr
     cols: Expr

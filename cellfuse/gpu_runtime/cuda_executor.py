@@ -138,7 +138,7 @@ class CudaExecutor:
         self.capability = drv.Context.get_device().compute_capability()
         module = self.add_kernels(kernels, cubin)
         self.bias_rows = module.get_function("cf_bias_rows").prepare("PPiii")
-        self.f16x3_maxima = module.get_function("cf_f16x3_maxima").prepare("PPiiii")
+        self.f16x3_maxima = module.get_function("cf_f16x3_maxima").prepare("PPiii")
         self.f16x3_split = module.get_function("cf_split_f16x3_copies").prepare("PPPiiiii")
         self.f16x3_unscale = module.get_function("cf_f16x3_unscale").prepare("PPPPPiiiii")
 
@@ -230,8 +230,8 @@ class CudaExecutor:
 
     def _copies(self, g, op: Operands, s: int, handles: list[int]) -> list[Callable[[], object]]:
         """A GEMM on tensor cores as three fp16 products (see gemm_splits.cuh and f16x3_layout), its
-        workspace at `op.pieces`: each operand's largest magnitudes (zeroed first where folded in by
-        atomics) and copies, one cuBLASLt fp16 GEMM over 3K into float32 (C, or the workspace's sums where
+        workspace at `op.pieces`: each operand's column maxima where it has them (zeroed first: folded in
+        by atomics) and copies, one cuBLASLt fp16 GEMM over 3K into float32 (C, or the workspace's sums where
         it accumulates), then the pass that undoes the scales, adds the bias and accumulates."""
         lay = f16x3_layout(g, op.m, g.k)
         stream, workspace, sms = self._on_handle[handles[s]]
@@ -240,14 +240,14 @@ class CudaExecutor:
             rows, cols, ld = int(part.rows), int(part.cols), int(part.ld)
             maxima = op.pieces + int(part.maxima)
             if part.per_column:
-                out.append(partial(self.drv.memset_d32_async, maxima, 0, int(part.scales), stream))
-            grids = [(grid_blocks(int(threads(rows, cols, part.layout))), 1)
-                     for threads in (maxima_threads, split_threads)]
-            out += [partial(self.f16x3_maxima.prepared_async_call, grids[0], (BLOCK, 1, 1), stream, maxima,
-                            source, rows, cols, ld, part.layout),
-                    partial(self.f16x3_split.prepared_async_call, grids[1], (BLOCK, 1, 1), stream,
-                            op.pieces + int(part.pieces), source, maxima, rows, cols, ld, part.layout,
-                            part.lo_piece)]
+                out += [partial(self.drv.memset_d32_async, maxima, 0, int(part.scales), stream),
+                        partial(self.f16x3_maxima.prepared_async_call,
+                                (grid_blocks(int(maxima_threads(rows, cols))), 1), (BLOCK, 1, 1), stream,
+                                maxima, source, rows, cols, ld)]
+            out.append(partial(self.f16x3_split.prepared_async_call,
+                               (grid_blocks(int(split_threads(rows, cols, part.layout))), 1), (BLOCK, 1, 1),
+                               stream, op.pieces + int(part.pieces), source, maxima, rows, cols, ld,
+                               part.layout, part.lo_piece))
         sums, ldd = (op.pieces + int(lay.sums), g.n) if lay.sums is not None else (op.c, op.ldc)
         split_a, split_w = op.pieces + int(lay.a.pieces), op.pieces + int(lay.w.pieces)
         shape = Shape(g.trans_w, g.n, op.m, 3 * g.k, int(lay.ldw3), int(lay.lda3), ldd, sms,

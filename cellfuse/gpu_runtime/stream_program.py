@@ -278,9 +278,9 @@ class _Calls:
 
     def copies(self, g, m: int, a, c, s: int) -> None:
         """Three fp16 products (see gemm_splits.cuh and f16x3_layout) in the stream's scratch: each
-        operand's largest magnitudes (zeroed first where folded in by atomics) and copies, cuBLAS's fp16
-        GEMM over 3K into float32 (C, or the scratch's sums where it accumulates), then the pass that
-        undoes the scales, adds the bias and accumulates."""
+        operand's column maxima where it has them (zeroed first: folded in by atomics) and copies,
+        cuBLAS's fp16 GEMM over 3K into float32 (C, or the scratch's sums where it accumulates), then the
+        pass that undoes the scales, adds the bias and accumulates."""
         lay = f16x3_layout(g, m, g.k)
         scratch = split_name(s)
         self.scratch[scratch] = max(self.scratch.get(scratch, 0), int(lay.nbytes))
@@ -290,8 +290,8 @@ class _Calls:
             if part.per_column:
                 self.calls.fill(self._args([at(part.maxima)])[0], 0, int(part.scales), s,
                                 f"zeroing the column maxima of {g.group}")
-            self._kernel("cf_f16x3_maxima", grid_blocks(int(maxima_threads(rows, cols, part.layout))), BLOCK,
-                         [at(part.maxima), source, rows, cols, ld, part.layout], s)
+                self._kernel("cf_f16x3_maxima", grid_blocks(int(maxima_threads(rows, cols))), BLOCK,
+                             [at(part.maxima), source, rows, cols, ld], s)
             self._kernel("cf_split_f16x3_copies", grid_blocks(int(split_threads(rows, cols, part.layout))),
                          BLOCK, [at(part.pieces), source, at(part.maxima), rows, cols, ld, part.layout,
                                  part.lo_piece], s)

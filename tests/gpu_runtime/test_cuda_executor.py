@@ -391,11 +391,12 @@ def test_hoisted_gemms_on_tensor_cores_match_reference(gpu, schedule, name, seq,
     (70, 45, 50, 1),  # tiles of 32 x 32 cut at both edges, transposed
 ])
 def test_the_split_writes_three_copies_of_scaled_fp16_pieces(gpu, rows, cols, ld, offset, layout):
-    """cf_f16x3_maxima and cf_split_f16x3_copies against numpy's fp16 (which rounds as __float2half_rn):
-    each row's (side by side) or column's largest magnitude, the values scaled by its power of two, the
-    pieces hi, hi / 2^11 and lo (lo piece 2) one copy after another along K (side by side along the rows,
-    stacked, or side by side in the transposed source's rows), to the bit; rows and columns of values
-    1e-30 and 1e30 beside ordinary ones; nothing past the copies written."""
+    """cf_split_f16x3_copies (after cf_f16x3_maxima where the maxima are its columns') against numpy's
+    fp16 (which rounds as __float2half_rn): each row's (side by side) or column's largest magnitude, the
+    values scaled by its power of two, the pieces hi, hi / 2^11 and lo (lo piece 2) one copy after
+    another along K (side by side along the rows, stacked, or side by side in the transposed source's
+    rows), to the bit; rows and columns of values 1e-30 and 1e30 beside ordinary ones; nothing past the
+    copies written."""
     from cellfuse.codegen.cuda_kernels import PRELUDE
     from cellfuse.codegen.gemm_routes import maxima_threads, split_threads
     from cellfuse.codegen.kernel_abi import BLOCK, grid_blocks
@@ -411,14 +412,15 @@ def test_the_split_writes_three_copies_of_scaled_fp16_pieces(gpu, rows, cols, ld
     per_column = layout != 0
     m = np.abs(x).max(0 if per_column else 1)
     module = drv.module_from_buffer(_compile(PRELUDE))
-    maxima = module.get_function("cf_f16x3_maxima").prepare("PPiiii")
+    maxima = module.get_function("cf_f16x3_maxima").prepare("PPiii")
     split = module.get_function("cf_split_f16x3_copies").prepare("PPPiiiii")
     src_d = drv.to_device(src)
     m_d = drv.to_device(np.zeros(m.size, np.float32))
     n = 3 * rows * cols
     out_d = drv.to_device(np.full(n + 64, 7.0, np.float16))
-    maxima.prepared_call((grid_blocks(int(maxima_threads(rows, cols, layout))), 1), (BLOCK, 1, 1), m_d,
-                         int(src_d) + 4 * offset, rows, cols, ld, layout)
+    if per_column:
+        maxima.prepared_call((grid_blocks(int(maxima_threads(rows, cols))), 1), (BLOCK, 1, 1), m_d,
+                             int(src_d) + 4 * offset, rows, cols, ld)
     split.prepared_call((grid_blocks(int(split_threads(rows, cols, layout))), 1), (BLOCK, 1, 1), out_d,
                         int(src_d) + 4 * offset, m_d, rows, cols, ld, layout, 2)
     np.testing.assert_array_equal(drv.from_device(m_d, m.shape, np.float32), m)

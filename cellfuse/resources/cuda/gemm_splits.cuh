@@ -16,11 +16,11 @@ extern "C" __global__ void __launch_bounds__(256) cf_bias_rows(
 
 // The GEMMs outside the time loop on tensor cores with float32's accuracy, each float32 product as
 // three fp16 ones (f16x3.cuh): the largest magnitude of each row of A and each column of W
-// (cf_f16x3_maxima), each operand scaled by its rows' or columns' powers of two and written as three
-// copies of fp16 pieces along K (cf_split_f16x3_copies), one fp16 GEMM over 3K into float32 (cuBLAS),
-// then a pass that undoes the scales and adds the bias (cf_f16x3_unscale). On an H200 the GEMM took half
-// the time of 3xTF32's over 3K and was more accurate (the LSTM's input projection at B=64: 0.059 against
-// 0.129 ms, 3.7e-6 against 6.2e-6 of the largest output from float64;
+// (cf_f16x3_maxima, or the split itself), each operand scaled by its rows' or columns' powers of two
+// and written as three copies of fp16 pieces along K (cf_split_f16x3_copies), one fp16 GEMM over 3K into
+// float32 (cuBLAS), then a pass that undoes the scales and adds the bias (cf_f16x3_unscale). On an H200
+// the GEMM took half the time of 3xTF32's over 3K and was more accurate (the LSTM's input projection at
+// B=64: 0.059 against 0.129 ms, 3.7e-6 against 6.2e-6 of the largest output from float64;
 // benchmarks/results/h200_2026-11-30_f16x3_outside_gemm_probe.txt).
 //
 // A source [rows, cols] with row length ld is one operand, laid out as `layout` says:
@@ -34,30 +34,20 @@ extern "C" __global__ void __launch_bounds__(256) cf_bias_rows(
 #define CF_TRANSPOSED 2
 #define CF_MAX_ROWS 256  // the rows a block of cf_f16x3_maxima takes of 32 columns
 
-// The largest magnitude (NaN left out) of each source row, side by side (one warp a row, m[r] written),
-// or of each column otherwise (blocks of 32 columns by CF_MAX_ROWS rows, each folding its columns' into
-// m[c] by atomicMax on their bits, which order non-negative floats as their values do: m zeroed first).
-// Launched with 256 threads a block, as many in all as `maxima_threads` counts.
+// The largest magnitude (NaN left out) of each column of a source whose K runs down its columns (stacked
+// or transposed; side by side, the split finds its rows' itself): blocks of 32 columns by CF_MAX_ROWS
+// rows, each folding its columns' into m[c] by atomicMax on their bits, which order non-negative floats
+// as their values do (m zeroed first). Launched with 256 threads a block, as many in all as
+// `maxima_threads` counts.
 extern "C" __global__ void __launch_bounds__(256) cf_f16x3_maxima(
-    float* __restrict__ m, const float* __restrict__ src, int rows, int cols, int ld, int layout)
+    float* __restrict__ m, const float* __restrict__ src, int rows, int cols, int ld)
 {
-    if (layout == CF_SIDE_BY_SIDE) {
-        const int lane = threadIdx.x % 32;
-        const unsigned warps = gridDim.x * blockDim.x / 32;
-        for (unsigned r = (blockIdx.x * blockDim.x + threadIdx.x) / 32; r < (unsigned)rows; r += warps) {
-            const float* const s = src + (size_t)r * ld;
-            float v = 0.0f;
-            for (int j = lane; j < cols; j += 32) v = fmaxf(v, fabsf(s[j]));
-            v = cf_warp_max(v);
-            if (lane == 0) m[r] = v;
-        }
-        return;
-    }
     __shared__ float part[8][32];
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
     const unsigned across = (cols + 31) / 32, tiles = across * ((rows + CF_MAX_ROWS - 1) / CF_MAX_ROWS);
     for (unsigned t = blockIdx.x; t < tiles; t += gridDim.x) {
-        const int c = 32 * (t % across) + tx, r0 = CF_MAX_ROWS * (t / across), r1 = min(rows, r0 + CF_MAX_ROWS);
+        const int c = 32 * (t % across) + tx, r0 = CF_MAX_ROWS * (t / across);
+        const int r1 = min(rows, r0 + CF_MAX_ROWS);
         float v = 0.0f;
         if (c < cols)
             for (int r = r0 + ty; r < r1; r += 8) v = fmaxf(v, fabsf(src[(size_t)r * ld + c]));
@@ -83,14 +73,62 @@ __device__ __forceinline__ void cf_f16x3_pieces(float v, float s, int lo_piece, 
     p[3 - lo_piece] = __float2half_rn(back * (1.0f / 2048.0f));
 }
 
-// One operand's three copies (see above), scaled by the largest magnitudes `m` of cf_f16x3_maxima.
-// Launched with 256 threads a block, as many in all as `split_threads` counts.
+// Four values as their pieces (see cf_f16x3_pieces), piece q's four at p[q].
+__device__ __forceinline__ void cf_f16x3_pieces4(const float (&x)[4], const float (&s)[4], int lo_piece,
+                                                 __half (&p)[3][4]) {
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        __half q[3];
+        cf_f16x3_pieces(x[i], s[i], lo_piece, q);
+        p[0][i] = q[0], p[1][i] = q[1], p[2][i] = q[2];
+    }
+}
+
+// One operand's three copies (see above), scaled by its rows' largest magnitudes, which side by side it
+// finds itself (one warp a row, reading the row twice: the second time from the cache) and writes to `m`,
+// and otherwise by its columns' from `m` (cf_f16x3_maxima). Launched with 256 threads a block, as many in
+// all as `split_threads` counts.
 extern "C" __global__ void __launch_bounds__(256) cf_split_f16x3_copies(
-    __half* __restrict__ out, const float* __restrict__ src, const float* __restrict__ m, int rows, int cols,
+    __half* __restrict__ out, const float* __restrict__ src, float* __restrict__ m, int rows, int cols,
     int ld, int layout, int lo_piece)
 {
     // Indices are 32-bit (a 64-bit division per element is dozens of instructions): rows * cols < 2^32
     // wherever the three copies, 6 bytes an element, fit in a GPU's memory.
+    if (layout == CF_SIDE_BY_SIDE) {
+        const bool whole = ((cols | ld) & 3) == 0 && (reinterpret_cast<size_t>(src) & 15) == 0
+                           && (reinterpret_cast<size_t>(out) & 7) == 0;
+        const int lane = threadIdx.x % 32, step = whole ? 128 : 32, first = whole ? 4 * lane : lane;
+        const unsigned warps = gridDim.x * blockDim.x / 32;
+        for (unsigned r = (blockIdx.x * blockDim.x + threadIdx.x) / 32; r < (unsigned)rows; r += warps) {
+            const float* const s = src + (size_t)r * ld;
+            __half* const o = out + (size_t)r * 3 * cols;
+            float v = 0.0f;
+            for (int j = first; j < cols; j += step)
+                v = fmaxf(v, whole ? cf_abs_max(*reinterpret_cast<const float4*>(s + j)) : fabsf(s[j]));
+            v = cf_warp_max(v);
+            if (lane == 0) m[r] = v;
+            const float scale = cf_f16x3_scale(v);
+            const float sc[4] = {scale, scale, scale, scale};
+            for (int j = first; j < cols; j += step) {
+                if (whole) {
+                    const float4 x4 = *reinterpret_cast<const float4*>(s + j);
+                    const float x[4] = {x4.x, x4.y, x4.z, x4.w};
+                    __align__(8) __half p[3][4];
+                    cf_f16x3_pieces4(x, sc, lo_piece, p);
+                    #pragma unroll
+                    for (int q = 0; q < 3; ++q)
+                        *reinterpret_cast<uint2*>(o + (size_t)q * cols + j)
+                            = *reinterpret_cast<const uint2*>(p[q]);
+                } else {
+                    __half p[3];
+                    cf_f16x3_pieces(s[j], scale, lo_piece, p);
+                    #pragma unroll
+                    for (int q = 0; q < 3; ++q) o[(size_t)q * cols + j] = p[q];
+                }
+            }
+        }
+        return;
+    }
     if (layout == CF_TRANSPOSED) {
         // tiles of 32 x 32 through shared memory, so that both the loads (along a source row) and the
         // stores (along an output row) are coalesced
@@ -117,32 +155,27 @@ extern "C" __global__ void __launch_bounds__(256) cf_split_f16x3_copies(
         }
         return;
     }
-    // A split is bound by memory: a thread takes 4 columns of a row at a time, in one 16-byte load and
-    // three 8-byte stores where the row length and the pointers allow.
+    // stacked: bound by memory, a thread takes 4 columns of a row at a time, in one 16-byte load and
+    // three 8-byte stores where the row length and the pointers allow
     const unsigned groups = (cols + 3) / 4, total = (unsigned)rows * groups;
     const bool whole = ((cols | ld) & 3) == 0 && (reinterpret_cast<size_t>(src) & 15) == 0
                        && (reinterpret_cast<size_t>(out) & 7) == 0;
-    const size_t piece = layout == CF_STACKED ? (size_t)rows * cols : (size_t)cols;  // copy to copy
-    const size_t out_row = layout == CF_STACKED ? (size_t)cols : 3 * (size_t)cols;
+    const size_t piece = (size_t)rows * cols;  // copy to copy
     for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
         const unsigned r = e / groups, j = 4 * (e - r * groups);
         const float* const s = src + (size_t)r * ld + j;
-        __half* const o = out + (size_t)r * out_row + j;
-        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        __half* const o = out + (size_t)r * cols + j;
+        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f}, sc[4];
         if (whole) {
             const float4 v = *reinterpret_cast<const float4*>(s);
             x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
         } else {
             for (int i = 0; i < 4 && j + i < cols; ++i) x[i] = s[i];
         }
-        __align__(8) __half p[3][4];
         #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            __half q[3];
-            const float scale = cf_f16x3_scale(m[layout == CF_STACKED ? min((int)j + i, cols - 1) : r]);
-            cf_f16x3_pieces(x[i], scale, lo_piece, q);
-            p[0][i] = q[0], p[1][i] = q[1], p[2][i] = q[2];
-        }
+        for (int i = 0; i < 4; ++i) sc[i] = cf_f16x3_scale(m[min((int)j + i, cols - 1)]);
+        __align__(8) __half p[3][4];
+        cf_f16x3_pieces4(x, sc, lo_piece, p);
         #pragma unroll
         for (int q = 0; q < 3; ++q) {
             __half* const to = o + q * piece;
@@ -189,7 +222,8 @@ extern "C" __global__ void __launch_bounds__(256) cf_f16x3_unscale(
             }
         }
         #pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = old[i] + (v[i] * ua * cf_f16x3_unscale(cf_f16x3_scale(w[i])) + b[i]);
+        for (int i = 0; i < 4; ++i)
+            v[i] = old[i] + (v[i] * ua * cf_f16x3_unscale(cf_f16x3_scale(w[i])) + b[i]);
         if (whole) {
             *reinterpret_cast<float4*>(to) = *reinterpret_cast<const float4*>(v);
         } else {
