@@ -7,12 +7,18 @@ LSTM, input = hidden = 512, T=100, lengths uniform in 10..100, under torch.no_gr
 training step instead (the call, then backward() of its output's sum of squares).
 
     python3 benchmarks/probes/dropin_packed_timeline.py [--batch 64] [--calls 50] [--train] [--trace OUT.json]
+        [--profile]
+
+With --profile, cProfile over the calls of each (queued back to back, no synchronisation between them),
+its functions by their own time and by their cumulative time, before the timelines.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
+import pstats
 import statistics
 import tempfile
 import time
@@ -41,7 +47,8 @@ def _stamped(owner, attr: str, name: str) -> None:
 
 def _instrument() -> None:
     _stamped(packed_sequences.Unpacked, "__init__", "Unpacked")
-    _stamped(packed_sequences.Unpacked, "_padded", "the padding kernel")
+    _stamped(packed_sequences.Unpacked, "pad", "pad")
+    _stamped(packed_sequences._Rows, "padded", "the padding kernel")
     _stamped(stacks, "steps_left", "steps left")
     _stamped(ops, "run", "ops.run")
     _stamped(CudaRunner, "_forward", "runner._forward")
@@ -104,12 +111,29 @@ def _gpu_timeline(rnn, given, calls: int, trace_path: str, train: bool) -> tuple
     return per_call, summary
 
 
+def _profiled(name: str, rnn, given, calls: int, train: bool) -> None:
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    t0 = time.perf_counter()
+    profiler.enable()
+    for _ in range(calls):
+        _call(rnn, given, train)
+    profiler.disable()
+    host = (time.perf_counter() - t0) / calls
+    torch.cuda.synchronize()
+    print(f"\n== {name}: cProfile, host {1e3 * host:.3f} ms a call (under the profiler)")
+    stats = pstats.Stats(profiler)
+    stats.strip_dirs().sort_stats("tottime").print_stats(25)
+    stats.sort_stats("cumulative").print_stats(30)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--calls", type=int, default=50)
     p.add_argument("--train", action="store_true", help="time training steps, not inference calls")
     p.add_argument("--trace", default=None, help="where to write the packed calls' chrome trace")
+    p.add_argument("--profile", action="store_true", help="cProfile the calls first (see the docstring)")
     args = p.parse_args()
     B = args.batch
     torch.manual_seed(0)
@@ -122,6 +146,9 @@ def main() -> None:
     what = "training steps" if args.train else "calls"
     print(f"{torch.cuda.get_device_name()}; LSTM T=100 B={B} I=H=512; microseconds from the call's start, "
           f"medians of {args.calls} {what} each after a synchronisation")
+    if args.profile:
+        for name, given in (("padded", x), ("packed", packed)):
+            _profiled(name, rnn, given, args.calls, args.train)
     _instrument()
     for name, given in (("padded", x), ("packed", packed)):
         print(f"\n== {name}: host stamps")
