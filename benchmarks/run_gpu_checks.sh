@@ -3,7 +3,7 @@
 #   bash benchmarks/run_gpu_checks.sh OUTDIR [GROUP...]
 # GROUP is one of
 #   forward    the CUDA executor: every template under every schedule, the persistent and tensor rungs
-#              at full sizes, random cells, the algorithms of its TF32 GEMMs, the warpgroup GEMM and
+#              at full sizes, random cells, the algorithms of its fp16 GEMMs, the warpgroup GEMM and
 #              either route of a GEMM on tensor cores; the exported .cu built and run (its backward
 #              checked by finite differences)
 #   backward   the backward Plans on the GPU (every template and schedule, random cells, full sizes,

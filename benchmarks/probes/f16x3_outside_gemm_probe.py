@@ -1,6 +1,7 @@
 """Three fp16 products for the GEMMs outside the time loop (the input projection, a backward pass's dx
-and dW), which run today as 3xTF32 through split copies and cuBLASLt: what they would cost and how
-accurate they are, two ways of undoing the scales that keep fp16's pieces in range.
+and dW), which ran as 3xTF32 through split copies and cuBLASLt when it was written (the library now runs
+"f16x3 rows", gemm_splits.cuh): what they would cost and how accurate they are, two ways of undoing the
+scales that keep fp16's pieces in range.
 
 - "f16x3 rows": A's rows and W's columns each scaled by their own power of two (as the tensor rung's
   persistent kernels do), one fp16 GEMM over 3K into float32, then a pass over C undoing both scales

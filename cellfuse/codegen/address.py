@@ -132,8 +132,9 @@ def _mul(a: Expr, b: Expr) -> Expr:
 def _c(e: Expr, wide: bool) -> tuple[str, bool]:
     """The C text of an expression, and whether it is computed in size_t."""
     match e.op:
-        case "int":
-            return str(e.args[0]), False
+        case "int":  # (from 2^63 a byte count's, in size_t: modulo 2^64, as C would have wrapped it)
+            v = e.args[0]
+            return (f"{v % 2**64}ULL" if v >= 2**63 else str(v)), False
         case "sym":
             return e.args[0], False
         case "+":

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from datetime import date
 
 from ..graph_model.lengths import STEPS_LEFT
-from .address import SEQ, Expr, Int, T, c_address, rows_of
+from .address import SEQ, Expr, Int, T, as_expr, c_address, rows_of
 from .backward_plan import BackwardPlan, grad
 from .c_text import CWriter, c_stem, comment_text
 from .cuda_library import cuda_library
@@ -32,12 +32,11 @@ from .dtypes import COMPUTE_C, FLOAT32
 from .gemm_routes import (
     F16X3_MAX_K,
     TENSOR_CORE_RULE,
+    Ref,
     f16x3_layout,
+    f16x3_steps,
     gemm_ex_types,
-    maxima_threads,
     may_run_on_tensor_cores,
-    split_threads,
-    unscale_threads,
 )
 from .kernel_abi import BLOCK, INT_MAX, kernel_params
 from .kernel_set import KernelSet, backward_kernels, plan_kernels
@@ -676,33 +675,31 @@ class _Export:
         w("if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
 
     def _f16x3(self, g: GemmLaunch, m: Expr, kk: Expr, t: Expr | int) -> None:
-        """A GEMM on tensor cores as three fp16 products (see gemm_splits.cuh and f16x3_layout): each
-        operand's column maxima where it has them (zeroed first: folded in by atomics), its copies,
-        cuBLAS's fp16 GEMM over 3K into float32 (C, or the sums where it accumulates), the pass that
-        undoes the scales, adds the bias and accumulates."""
-        w, lay, rows = self.w, f16x3_layout(g, m, kk), m.c(wide=False)
-        at = lambda offset: f"cf_split + {offset.c()}"  # noqa: E731  (a byte offset into the workspace)
-        for op, fro in ((lay.a, _ptr(g.a, t)), (lay.w, _var(g.w))):
-            r, c, ld = (e.c(wide=False) for e in (op.rows, op.cols, op.ld))
-            maxima = f"(float*)({at(op.maxima)})"
-            if op.per_column:
-                w(f"cudaMemsetAsync({maxima}, 0, {(4 * op.scales).c()}, stream);",
-                  f"cf_f16x3_maxima<<<cf_blocks({maxima_threads(op.rows, op.cols).c()}), {BLOCK}, 0, "
-                  f"stream>>>({maxima}, {fro}, {r}, {c}, {ld});")
-            split_grid = f"cf_blocks({split_threads(op.rows, op.cols, op.layout).c()}), {BLOCK}, 0, stream"
-            w(f"cf_split_f16x3_copies<<<{split_grid}>>>((__half*)({at(op.pieces)}), {fro}, {maxima}, {r}, "
-              f"{c}, {ld}, {op.layout}, {op.lo_piece});")
-        sums, ldd = (f"(float*)({at(lay.sums)})", g.n) if lay.sums is not None else (_ptr(g.c, t), g.c.ld)
-        op_w = "CUBLAS_OP_T" if g.trans_w else "CUBLAS_OP_N"
-        w(f"st = cublasGemmEx(handle, {op_w}, CUBLAS_OP_N, {g.n}, {rows}, {(3 * kk).c(wide=False)}, &one, "
-          f"{at(lay.w.pieces)}, CUDA_R_16F, {lay.ldw3.c(wide=False)}, {at(lay.a.pieces)}, CUDA_R_16F, "
-          f"{lay.lda3.c(wide=False)}, &zero, {sums}, CUDA_R_32F, {ldd}, CUBLAS_COMPUTE_32F, "
-          "CUBLAS_GEMM_DEFAULT);",
-          "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;",
-          f"cf_f16x3_unscale<<<cf_blocks({unscale_threads(m, g.n).c()}), {BLOCK}, 0, stream>>>("
-          f"{_ptr(g.c, t)}, {sums}, (const float*)({at(lay.a.maxima)}), (const float*)({at(lay.w.maxima)}), "
-          f"{_var(g.bias) if g.bias else 'NULL'}, {rows}, {g.n}, {g.c.ld}, {ldd}, "
-          f"{int(bool(g.accumulate))});")
+        """A GEMM on tensor cores as three fp16 products: the calls of gemm_routes.f16x3_steps, as C."""
+        where = {"a": _ptr(g.a, t), "w": _var(g.w), "c": _ptr(g.c, t),
+                 "bias": _var(g.bias) if g.bias else "NULL"}
+
+        def value(arg) -> str:
+            if isinstance(arg, Ref):  # (a byte offset into the workspace, cast to its elements)
+                return f"({arg.ctype}*)(cf_split + {as_expr(arg.offset).c()})" if arg.of == "workspace" \
+                    else where[arg.of]
+            return as_expr(arg).c(wide=False)
+
+        for step in f16x3_steps(g, m, kk):
+            args = [value(arg) for arg in step.args]
+            if step.kind == "zero":
+                self.w(f"cudaMemsetAsync({args[0]}, 0, {(4 * as_expr(step.args[1])).c()}, stream);")
+            elif step.kind == "kernel":
+                self.w(f"{step.name}<<<cf_blocks({as_expr(step.threads).c()}), {BLOCK}, 0, stream>>>("
+                       f"{', '.join(args)});")
+            else:
+                split_w, ldw3, split_a, lda3, sums, ldd = args
+                op_w = "CUBLAS_OP_T" if g.trans_w else "CUBLAS_OP_N"
+                self.w(f"st = cublasGemmEx(handle, {op_w}, CUBLAS_OP_N, {g.n}, {m.c(wide=False)}, "
+                       f"{(3 * kk).c(wide=False)}, &one, {split_w}, CUDA_R_16F, {ldw3}, {split_a}, "
+                       f"CUDA_R_16F, {lda3}, &zero, {sums}, CUDA_R_32F, {ldd}, CUBLAS_COMPUTE_32F, "
+                       "CUBLAS_GEMM_DEFAULT);",
+                       "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
 
     def _cooperative(self, p: PersistentLaunch) -> None:
         name, w = self.kernels.name_of[p], self.w

@@ -108,7 +108,7 @@ def maxima_threads(rows: Expr | int, cols: Expr | int) -> Expr:
 
 
 def unscale_threads(rows: Expr | int, n: Expr | int) -> Expr:
-    """The threads cf_f16x3_unscale runs with for C of `rows` x `n`: one per 4 columns of a row."""
+    """The threads cf_f16x3_unscale_sums runs with for C of `rows` x `n`: one per 4 columns of a row."""
     return as_expr(rows) * ((as_expr(n) + 3) // 4)
 
 
@@ -174,6 +174,66 @@ def f16x3_layout(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> F16x3Layout:
     w = (Operand(n, k, k, SIDE_BY_SIDE, 1, w_pieces, w_max) if g.trans_w
          else Operand(k, n, n, STACKED, 1, w_pieces, w_max))
     return F16x3Layout(a, w, 3 * k, 3 * k if g.trans_w else n, sums, end)
+
+
+@dataclass(frozen=True)
+class Ref:
+    """An address a step of a GEMM on tensor cores reads or writes: one of the GEMM's own ("a", "w", "c",
+    "bias": null where it has none) or a byte offset into its workspace ("workspace", its elements of
+    `ctype`, as the exported launcher casts it)."""
+
+    of: Literal["a", "w", "c", "bias", "workspace"]
+    offset: Expr | int = 0
+    ctype: str = "float"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One call of a GEMM on tensor cores (`f16x3_steps`): "zero" (args: where, 32-bit words), "kernel" (a
+    kernel of gemm_splits.cuh by `name`, with `threads` threads of BLOCK a block, and its arguments) or
+    "gemm" (cuBLAS's fp16 GEMM over 3K into float32; args: W's copies, their row length, A's, theirs, the
+    sums, theirs: cuBLAS's W first, as the float32 GEMM)."""
+
+    kind: Literal["zero", "kernel", "gemm"]
+    name: str
+    args: tuple
+    threads: Expr | int = 0
+
+
+def f16x3_steps(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> list[Step]:
+    """The calls of a GEMM on tensor cores computing `rows` rows over `k`, in order, the one sequence the
+    executors and the exported launcher each put in their own terms: each operand's column maxima where it
+    has them (zeroed first: cf_f16x3_maxima folds them in by atomics) and its copies, the fp16 GEMM into C
+    or the workspace's sums, then the pass that undoes the scales, adds the bias and accumulates."""
+    lay = f16x3_layout(g, rows, k)
+    steps: list[Step] = []
+    for part, source in ((lay.a, Ref("a")), (lay.w, Ref("w"))):
+        maxima = Ref("workspace", part.maxima)
+        if part.per_column:
+            steps += [Step("zero", "zeroing the column maxima", (maxima, part.scales)),
+                      Step("kernel", "cf_f16x3_maxima", (maxima, source, part.rows, part.cols, part.ld),
+                           maxima_threads(part.rows, part.cols))]
+        steps.append(Step("kernel", "cf_split_f16x3_copies",
+                          (Ref("workspace", part.pieces, "__half"), source, maxima, part.rows, part.cols,
+                           part.ld, part.layout, part.lo_piece),
+                          split_threads(part.rows, part.cols, part.layout)))
+    sums, ldd = (Ref("workspace", lay.sums), as_expr(g.n)) if lay.sums is not None else (Ref("c"), g.c.ld)
+    a_pieces, w_pieces = (Ref("workspace", part.pieces, "__half") for part in (lay.a, lay.w))
+    a_max, w_max = (Ref("workspace", part.maxima) for part in (lay.a, lay.w))
+    steps += [Step("gemm", "cuBLAS's fp16 GEMM", (w_pieces, lay.ldw3, a_pieces, lay.lda3, sums, ldd)),
+              Step("kernel", "cf_f16x3_unscale_sums",
+                   (Ref("c"), sums, a_max, w_max, Ref("bias"), as_expr(rows), g.n, g.c.ld, ldd,
+                    int(bool(g.accumulate))),
+                   unscale_threads(rows, g.n))]
+    return steps
+
+
+def workspace_bytes(g: GemmLaunch, rows: int, route: Route) -> int:
+    """The bytes of workspace a GEMM on tensor cores computing `rows` rows needs in an executor: its
+    f16x3_layout's, or, where its route may take the warpgroup GEMM, that GEMM's image of W (2 k n floats)
+    if larger."""
+    image = 4 * 2 * g.n * g.k if route == "f16x3-or-wgmma" else 0
+    return max(int(f16x3_layout(g, rows, g.k).nbytes), image)
 
 
 GEMM_DEFAULT_ALGO = -1  # cublasGemmAlgo_t of cublasGemmEx: cuBLAS's own choice

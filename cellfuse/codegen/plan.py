@@ -175,13 +175,19 @@ class GemmLaunch:
     a: Access  # [M, K] rows of A, or [K, M] when trans_a
     w: str  # buffer holding the [K, N] weights, row-major ([N, K] when trans_w)
     c: Access
-    bias: str | None  # a [N] buffer broadcast into C before the GEMM accumulates into it
+    bias: str | None  # a [N] buffer added to every row of C
     # cuBLAS's transpose flags and beta = 1: a backward pass's dA = dC @ W^T, dW += A^T @ dC
     trans_a: bool = False
     trans_w: bool = False
     accumulate: bool = False  # C += op(A) @ op(W) instead of C = ...
     multiply: DType = FLOAT32  # what its operands are rounded to as they are multiplied (see `precision`)
     w_dtype: DType = FLOAT32  # what W's buffer stores (set with the accesses' types: precision.retyped)
+
+    def __post_init__(self):
+        # (a GEMM on tensor cores adds the bias after its products, the others start C from it: the two
+        # agree only where C does not accumulate)
+        if self.bias and self.accumulate:
+            raise ValueError(f"{self.group}: a GEMM adds a bias or accumulates onto C, not both")
 
     @property
     def flops(self) -> int:

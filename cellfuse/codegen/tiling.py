@@ -35,7 +35,7 @@ class GemmTiling:
     each tile's sum over K, sixteen k at a time, adding their partial tiles through shared memory
     (`mma_floats`). The operand is staged `k_chunk` columns of K at a time, the warps' partial tiles
     kept in shared memory from one chunk to the next, so that a long K (a backward step's 4H) leaves
-    room for the weights. Float32 products there are three fp16 ones each (`f16x3`, persistent.cuh's
+    room for the weights. Float32 products there are three fp16 ones each (`f16x3`, f16x3.cuh's
     cf_split_f16x3), over values scaled per row (each warp its own, over its share of the chunk) and per
     column of W (kept in shared memory beside W)."""
 

@@ -18,14 +18,7 @@ import numpy as np
 
 from ..codegen import Plan, plan_kernels
 from ..codegen.dtypes import loaded, stored
-from ..codegen.gemm_routes import (
-    GEMM_DEFAULT_ALGO,
-    f16x3_layout,
-    gemm_ex_types,
-    maxima_threads,
-    split_threads,
-    unscale_threads,
-)
+from ..codegen.gemm_routes import GEMM_DEFAULT_ALGO, Ref, f16x3_steps, gemm_ex_types, workspace_bytes
 from ..codegen.kernel_abi import BLOCK, grid_blocks, kernel_params
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import (
@@ -138,9 +131,10 @@ class CudaExecutor:
         self.capability = drv.Context.get_device().compute_capability()
         module = self.add_kernels(kernels, cubin)
         self.bias_rows = module.get_function("cf_bias_rows").prepare("PPiii")
-        self.f16x3_maxima = module.get_function("cf_f16x3_maxima").prepare("PPiii")
-        self.f16x3_split = module.get_function("cf_split_f16x3_copies").prepare("PPPiiiii")
-        self.f16x3_unscale = module.get_function("cf_f16x3_unscale").prepare("PPPPPiiiii")
+        # gemm_splits.cuh's kernels of the GEMMs on tensor cores (gemm_routes.f16x3_steps), by name
+        self.f16x3_kernels = {name: module.get_function(name).prepare(types) for name, types in (
+            ("cf_f16x3_maxima", "PPiii"), ("cf_split_f16x3_copies", "PPPiiiii"),
+            ("cf_f16x3_unscale_sums", "PPPPPiiiii"))}
 
         self.weights = {name for name, b in plan.buffers.items()
                         if b.role in ("weight", "stacked", "bias")}
@@ -229,36 +223,30 @@ class CudaExecutor:
                                                                           self.plan.sizes.batch)
 
     def _copies(self, g, op: Operands, s: int, handles: list[int]) -> list[Callable[[], object]]:
-        """A GEMM on tensor cores as three fp16 products (see gemm_splits.cuh and f16x3_layout), its
-        workspace at `op.pieces`: each operand's column maxima where it has them (zeroed first: folded in
-        by atomics) and copies, one cuBLASLt fp16 GEMM over 3K into float32 (C, or the workspace's sums where
-        it accumulates), then the pass that undoes the scales, adds the bias and accumulates."""
-        lay = f16x3_layout(g, op.m, g.k)
+        """A GEMM on tensor cores as three fp16 products, its workspace at `op.pieces`: the calls of
+        gemm_routes.f16x3_steps, its fp16 GEMM by cuBLASLt's algorithm measured fastest for the shape."""
         stream, workspace, sms = self._on_handle[handles[s]]
+        where = {"a": op.x, "w": op.w, "c": op.c, "bias": op.bias, "workspace": op.pieces}
+
+        def value(arg) -> int:
+            return where[arg.of] + int(arg.offset) if isinstance(arg, Ref) else int(arg)
+
         out: list[Callable[[], object]] = []
-        for part, source in ((lay.a, op.x), (lay.w, op.w)):
-            rows, cols, ld = int(part.rows), int(part.cols), int(part.ld)
-            maxima = op.pieces + int(part.maxima)
-            if part.per_column:
-                out += [partial(self.drv.memset_d32_async, maxima, 0, int(part.scales), stream),
-                        partial(self.f16x3_maxima.prepared_async_call,
-                                (grid_blocks(int(maxima_threads(rows, cols))), 1), (BLOCK, 1, 1), stream,
-                                maxima, source, rows, cols, ld)]
-            out.append(partial(self.f16x3_split.prepared_async_call,
-                               (grid_blocks(int(split_threads(rows, cols, part.layout))), 1), (BLOCK, 1, 1),
-                               stream, op.pieces + int(part.pieces), source, maxima, rows, cols, ld,
-                               part.layout, part.lo_piece))
-        sums, ldd = (op.pieces + int(lay.sums), g.n) if lay.sums is not None else (op.c, op.ldc)
-        split_a, split_w = op.pieces + int(lay.a.pieces), op.pieces + int(lay.w.pieces)
-        shape = Shape(g.trans_w, g.n, op.m, 3 * g.k, int(lay.ldw3), int(lay.lda3), ldd, sms,
-                      (alignment(split_w), alignment(split_a), alignment(sums)))
-        chosen = self.f16x3_gemms.chosen(shape, stream, workspace)  # measured now, not while captured
-        one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
-        out += [partial(self.f16x3_gemms.call, chosen, stream, workspace, one, split_w, split_a, zero, sums),
-                partial(self.f16x3_unscale.prepared_async_call,
-                        (grid_blocks(int(unscale_threads(op.m, g.n))), 1), (BLOCK, 1, 1), stream, op.c, sums,
-                        op.pieces + int(lay.a.maxima), op.pieces + int(lay.w.maxima), op.bias, op.m, g.n,
-                        op.ldc, ldd, int(op.accumulate))]
+        for step in f16x3_steps(g, op.m, g.k):
+            args = [value(a) for a in step.args]
+            if step.kind == "zero":
+                out.append(partial(self.drv.memset_d32_async, args[0], 0, args[1], stream))
+            elif step.kind == "kernel":
+                out.append(partial(self.f16x3_kernels[step.name].prepared_async_call,
+                                   (grid_blocks(int(step.threads)), 1), (BLOCK, 1, 1), stream, *args))
+            else:
+                split_w, ldw3, split_a, lda3, sums, ldd = args
+                shape = Shape(g.trans_w, g.n, op.m, 3 * g.k, ldw3, lda3, ldd, sms,
+                              (alignment(split_w), alignment(split_a), alignment(sums)))
+                chosen = self.f16x3_gemms.chosen(shape, stream, workspace)  # measured now, not while captured
+                one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
+                out.append(partial(self.f16x3_gemms.call, chosen, stream, workspace, one, split_w, split_a,
+                                   zero, sums))
         return out
 
     def _route(self, g, op: Operands, s: int, handles: list[int]) -> str:
@@ -270,9 +258,8 @@ class CudaExecutor:
         key = (device_description(), op.m, op.n, op.k, op.lda, op.ldw, op.ldc, op.trans_w, op.accumulate, sms)
         if key not in gemms.chosen:
             w_rows = op.n if op.trans_w else op.k
-            workspace = max(int(f16x3_layout(g, op.m, g.k).nbytes), 4 * 2 * op.n * op.k)  # or W's image
             offsets, span = aligned_offsets([4 * op.m * op.lda, 4 * w_rows * op.ldw, 4 * op.m * op.ldc,
-                                             workspace])
+                                             workspace_bytes(g, op.m, "f16x3-or-wgmma")])
             scratch = self.drv.mem_alloc(span)
             try:
                 x, w, c, pieces = (int(scratch) + offset for offset in offsets)
@@ -470,14 +457,12 @@ def _tensor_core_gemms(instructions):
 
 
 def split_bytes(instructions, streams: int) -> list[int]:
-    """Per stream, the bytes of workspace its largest GEMM on tensor cores needs (f16x3_layout's, or a
-    warpgroup GEMM's image of W made by every run, 2 k n floats; 0 where none runs on tensor cores): one
-    GEMM at a time per stream, so they share it."""
+    """Per stream, the bytes of workspace its largest GEMM on tensor cores needs (gemm_routes.workspace_bytes;
+    0 where none runs on tensor cores): one GEMM at a time per stream, so they share it."""
     need = [0] * streams
     for gemm in _tensor_core_gemms(instructions):
         g = gemm.launch
-        image = 4 * 2 * g.k * g.n if gemm.route == "f16x3-or-wgmma" else 0
-        need[gemm.stream] = max(need[gemm.stream], int(f16x3_layout(g, gemm.rows, g.k).nbytes), image)
+        need[gemm.stream] = max(need[gemm.stream], workspace_bytes(g, gemm.rows, gemm.route))
     return need
 
 

@@ -35,14 +35,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..codegen.cuda_wgmma import SMEM_BYTES, SOURCE, THREADS, gemm_grid
-from ..codegen.gemm_routes import (
-    GEMM_DEFAULT_ALGO,
-    f16x3_layout,
-    gemm_ex_types,
-    maxima_threads,
-    split_threads,
-    unscale_threads,
-)
+from ..codegen.gemm_routes import GEMM_DEFAULT_ALGO, Ref, f16x3_steps, gemm_ex_types, workspace_bytes
 from ..codegen.kernel_abi import BLOCK, grid_blocks, kernel_params
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, element_offset
@@ -277,34 +270,31 @@ class _Calls:
             s, f"cuBLAS's {g.multiply.name} GEMM of {g.group}")
 
     def copies(self, g, m: int, a, c, s: int) -> None:
-        """Three fp16 products (see gemm_splits.cuh and f16x3_layout) in the stream's scratch: each
-        operand's column maxima where it has them (zeroed first: folded in by atomics) and copies,
-        cuBLAS's fp16 GEMM over 3K into float32 (C, or the scratch's sums where it accumulates), then the
-        pass that undoes the scales, adds the bias and accumulates."""
-        lay = f16x3_layout(g, m, g.k)
+        """Three fp16 products in the stream's scratch: the calls of gemm_routes.f16x3_steps, on stream s."""
         scratch = split_name(s)
-        self.scratch[scratch] = max(self.scratch.get(scratch, 0), int(lay.nbytes))
-        at = lambda offset: (scratch, int(offset))  # noqa: E731
-        for part, source in ((lay.a, a), (lay.w, (g.w, 0))):
-            rows, cols, ld = int(part.rows), int(part.cols), int(part.ld)
-            if part.per_column:
-                self.calls.fill(self._args([at(part.maxima)])[0], 0, int(part.scales), s,
-                                f"zeroing the column maxima of {g.group}")
-                self._kernel("cf_f16x3_maxima", grid_blocks(int(maxima_threads(rows, cols))), BLOCK,
-                             [at(part.maxima), source, rows, cols, ld], s)
-            self._kernel("cf_split_f16x3_copies", grid_blocks(int(split_threads(rows, cols, part.layout))),
-                         BLOCK, [at(part.pieces), source, at(part.maxima), rows, cols, ld, part.layout,
-                                 part.lo_piece], s)
-        sums, ldd = (at(lay.sums), g.n) if lay.sums is not None else (c, g.c.ld)
-        one = self.res.scalars.ctypes.data
-        self.calls.gemm_ex(self.res.handles[s], self._args(
-            [int(g.trans_w), 0, g.n, m, 3 * g.k, one, at(lay.w.pieces), _R_16F, int(lay.ldw3),
-             at(lay.a.pieces), _R_16F, int(lay.lda3), one + 4, sums, _R_32F, ldd, _COMPUTE_32F,
-             GEMM_DEFAULT_ALGO]),
-            s, f"cuBLAS's fp16 GEMM of {g.group}")
-        self._kernel("cf_f16x3_unscale", grid_blocks(int(unscale_threads(m, g.n))), BLOCK,
-                     [c, sums, at(lay.a.maxima), at(lay.w.maxima), (g.bias, 0) if g.bias else 0, m, g.n,
-                      g.c.ld, ldd, int(bool(g.accumulate))], s)
+        self.scratch[scratch] = max(self.scratch.get(scratch, 0), workspace_bytes(g, m, "f16x3"))
+        where = {"a": a, "w": (g.w, 0), "c": c, "bias": (g.bias, 0) if g.bias else None,
+                 "workspace": (scratch, 0)}
+
+        def value(arg):
+            if not isinstance(arg, Ref):
+                return int(arg)
+            at = where[arg.of]
+            return 0 if at is None else (at[0], at[1] + int(arg.offset))
+
+        for step in f16x3_steps(g, m, g.k):
+            args = [value(arg) for arg in step.args]
+            if step.kind == "zero":
+                self.calls.fill(self._args(args[:1])[0], 0, args[1], s, f"{step.name} of {g.group}")
+            elif step.kind == "kernel":
+                self._kernel(step.name, grid_blocks(int(step.threads)), BLOCK, args, s)
+            else:
+                split_w, ldw3, split_a, lda3, sums, ldd = args
+                one = self.res.scalars.ctypes.data
+                self.calls.gemm_ex(self.res.handles[s], self._args(
+                    [int(g.trans_w), 0, g.n, m, 3 * g.k, one, split_w, _R_16F, ldw3, split_a, _R_16F, lda3,
+                     one + 4, sums, _R_32F, ldd, _COMPUTE_32F, GEMM_DEFAULT_ALGO]),
+                    s, f"{step.name} of {g.group}")
 
     def wgmma(self, g, op: Operands, a, c, s: int) -> None:
         """W's image, then the warpgroup GEMM (adding g's bias, if it has one, in its epilogue): the image
@@ -347,7 +337,7 @@ def route_choice(res: _Resources, plan: Plan, g, op: Operands, a, c, s: int) -> 
     names = {name for calls in routes.values() for name in calls.buffers}
     w_rows = op.n if op.trans_w else op.k
     largest = max(4 * (op.m * op.lda + a[1] // 4), 4 * w_rows * op.ldw, 4 * (op.m * op.ldc + c[1] // 4),
-                  int(f16x3_layout(g, op.m, op.k).nbytes), 4 * 2 * op.n * op.k)
+                  workspace_bytes(g, op.m, "f16x3-or-wgmma"))
     memory = {name: check(cu.cuMemAlloc(largest), "allocating scratch to time a GEMM") for name in names}
     try:
         for i in range(s + 1):

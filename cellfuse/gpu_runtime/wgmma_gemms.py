@@ -1,6 +1,7 @@
-"""The warpgroup GEMM that splits its operands as it loads them (codegen.cuda_wgmma) on this GPU, and the
-choice, per GEMM shape, between it and the split copies with cuBLASLt's TF32 GEMM over 3K: the two
-routes of a GEMM on tensor cores with float32's accuracy.
+"""The warpgroup GEMM that splits its operands into TF32 pieces as it loads them (codegen.cuda_wgmma) on
+this GPU, and the choice, per GEMM shape, between it and the split copies of three fp16 products with
+cuBLAS's fp16 GEMM over 3K (gemm_splits.cuh): the two routes of a GEMM on tensor cores with float32's
+accuracy.
 
 Neither wins everywhere: on an H100 the warpgroup GEMM took IndRNN's input GEMM (6400 x 512 x 512) in
 less time than the copies and cuBLAS (see codegen.cuda_wgmma;
@@ -26,8 +27,8 @@ _GRID_Y = 65535  # blocks, at most, along a grid's second dimension
 @dataclass(frozen=True)
 class Operands:
     """Where a GEMM C[m, n] (+)= x[m, k] @ W on tensor cores reads and writes: W is [k, n] (row length
-    ldw), or [n, k] where `trans_w`; `pieces` has room for the operands' TF32 pieces (three copies of
-    each, or the warpgroup GEMM's image of W)."""
+    ldw), or [n, k] where `trans_w`; `pieces` has room for the workspace of the split copies
+    (gemm_routes.f16x3_layout) or the warpgroup GEMM's image of W."""
 
     c: int
     x: int
@@ -41,7 +42,7 @@ class Operands:
     ldc: int
     trans_w: bool
     accumulate: bool
-    bias: int = 0  # the address of a bias added to every row in the GEMM's epilogue, or 0
+    bias: int = 0  # the address of a bias added to every row after the products (epilogue or pass), or 0
 
 
 def usable(compute_capability: tuple[int, int], op: Operands) -> bool:

@@ -55,7 +55,7 @@ def test_a_kernel_of_every_kind_compiles(tmp_path):
     source = "\n".join(parts)
     for kind in ("cf_lanes_sum(", "_rows1(", "cf_deviations(", "cf_publish(", "cf_split_f16x3(a4",
                  "cf_warp_sums<", "griddepcontrol.wait", "for (int t = seq - 1",
-                 "__shared__ float cf_partial", "cf_split_f16x3_copies(", "cf_f16x3_unscale(",
+                 "__shared__ float cf_partial", "cf_split_f16x3_copies(", "cf_f16x3_unscale_sums(",
                  "cf_bias_rows("):
         assert kind in source, kind
     ptx = nvcc_ptx(source, tmp_path)

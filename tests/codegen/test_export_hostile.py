@@ -530,3 +530,14 @@ def test_an_op_on_constants_that_underflows_or_overflows_compiles_without_a_warn
     tiny, huge = float_literal(np.finfo(np.float32).tiny), float_literal(3e38)
     nvcc_ptx(PRELUDE + "\n__global__ void k(float* p) {\n"
                f"    p[0] = ({tiny} * {tiny});\n    p[1] = ({huge} * {huge});\n}}\n", tmp_path)
+
+
+def test_a_byte_count_past_2_63_is_written_as_size_t_arithmetic_would_wrap_it():
+    """A workspace's constant part at the largest sizes passes 2^64 bytes (a weight gradient's sums of
+    INT_MAX x INT_MAX floats): folded in Python, it is written modulo 2^64 and unsigned, as the same sum
+    in C's size_t would have wrapped, so that the file compiles; smaller constants are written as they are."""
+    from cellfuse.codegen.address import Int, Sym
+
+    assert Int(2**63 - 1).c() == str(2**63 - 1)
+    assert Int(2**63).c() == "9223372036854775808ULL"
+    assert (Sym("seq") + Int(2**64 + 256)).c() == "seq + 256ULL"

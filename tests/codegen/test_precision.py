@@ -234,8 +234,8 @@ def test_16_bit_weights_on_chip_take_half_the_room(precision):
 @pytest.mark.parametrize("precision", ["bf16", "fp16"])
 def test_the_plan_says_how_each_gemm_multiplies_in_16_bits(precision):
     """`cellfuse plan` in 16 bits: cuBLAS's GEMMs and the tensor rung's on tensor cores in the 16-bit type,
-    the persistent rung's on the CUDA cores on rounded operands; no 3xTF32 anywhere, and no GEMM words
-    on an elementwise kernel."""
+    the persistent rung's on the CUDA cores on rounded operands; no three fp16 products anywhere, and no
+    GEMM words on an elementwise kernel."""
     from cellfuse.codegen.plan_text import describe
 
     cores = f"on tensor cores ({precision} into float32)"
@@ -244,7 +244,7 @@ def test_the_plan_says_how_each_gemm_multiplies_in_16_bits(precision):
         text = describe(make_plan(load_template("lstm"), Sizes(100, 64, 512, 512, 1), schedule,
                                   precision=precision))
         lines = text.splitlines()
-        assert "3xTF32" not in text, schedule
+        assert "3xFP16" not in text, schedule
         assert cores in next(line for line in lines if line.strip().startswith("gemm0")), schedule
         # (a persistent kernel's GEMM is said in its step's lines, cuBLAS's among the groups)
         said = [line for line in lines if "gemm1 (" in line] if schedule != "graph" else [

@@ -124,7 +124,7 @@ def test_the_exported_launcher_decides_at_run_time():
     # column sums of the bias's gradient, nor the steps' dh = dG @ U^T in the persistent kernel)
     assert text.count("cublasGemmEx(") == 4
     assert "ws += cf_aligned(cf_split_bytes(seq, batch));" in text
-    assert text.count("cf_f16x3_unscale<<<") == 4 and "CUDA_R_16F" in text and "FAST_TF32" not in text
+    assert text.count("cf_f16x3_unscale_sums<<<") == 4 and "CUDA_R_16F" in text and "FAST_TF32" not in text
 
 
 def test_the_splits_rounding_is_tf32s_to_nearest_ties_away():

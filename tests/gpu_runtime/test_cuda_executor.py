@@ -313,7 +313,7 @@ def test_persistent_at_full_sizes_matches_reference(gpu, schedule, name, batch, 
 
 def test_the_tensor_rungs_products_keep_float32s_accuracy_at_any_scale(gpu):
     """Each float32 product of the tensor rung's step GEMM is three fp16 ones over rows and columns scaled
-    by powers of two (persistent.cuh's cf_split_f16x3): a linear cell, h' = h @ U + x @ W with x = 0,
+    by powers of two (f16x3.cuh's cf_split_f16x3): a linear cell, h' = h @ U + x @ W with x = 0,
     whose batch rows lie 1e-20 to 1e20 apart (one of them zero) and U's columns 1e-3 to 1e3, gives at
     every step, element by element, the float64 product of its own previous output within 2^-20 of the
     sum of the terms' magnitudes (unscaled, fp16 would flush the small rows to zero and overflow the
@@ -382,7 +382,7 @@ def test_hoisted_gemms_on_tensor_cores_match_reference(gpu, schedule, name, seq,
     np.testing.assert_array_equal(out.y, again.y)
 
 
-@pytest.mark.parametrize("layout", [0, 1, 2])
+@pytest.mark.parametrize("layout, lo_piece", [(0, 2), (1, 1), (2, 2), (0, 1)])  # A's and W's orders
 @pytest.mark.parametrize("rows, cols, ld, offset", [
     (64, 512, 512, 0),  # whole 16-byte groups
     (37, 5, 7, 0),  # a row length that is not a multiple of 4: one value at a time
@@ -390,13 +390,14 @@ def test_hoisted_gemms_on_tensor_cores_match_reference(gpu, schedule, name, seq,
     (600, 8, 12, 0),  # more threads than one block, rows of 8 in rows of 12, columns of 3 blocks of rows
     (70, 45, 50, 1),  # tiles of 32 x 32 cut at both edges, transposed
 ])
-def test_the_split_writes_three_copies_of_scaled_fp16_pieces(gpu, rows, cols, ld, offset, layout):
+def test_the_split_writes_three_copies_of_scaled_fp16_pieces(gpu, rows, cols, ld, offset, layout, lo_piece):
     """cf_split_f16x3_copies (after cf_f16x3_maxima where the maxima are its columns') against numpy's
     fp16 (which rounds as __float2half_rn): each row's (side by side) or column's largest magnitude, the
-    values scaled by its power of two, the pieces hi, hi / 2^11 and lo (lo piece 2) one copy after
-    another along K (side by side along the rows, stacked, or side by side in the transposed source's
-    rows), to the bit; rows and columns of values 1e-30 and 1e30 beside ordinary ones; nothing past the
-    copies written."""
+    values scaled by its power of two, the pieces hi, hi / 2^11 and lo (lo piece 2: A's order) or hi, lo
+    and hi / 2^11 (lo piece 1: W's) one copy after another along K (side by side along the rows,
+    stacked, or side by side in the transposed source's rows), to the bit; rows and columns of values
+    1e-30 and 1e30 beside ordinary ones, and an infinity and a NaN (left out of the maxima; an infinite
+    largest magnitude scales by 1, its lo pieces NaN); nothing past the copies written."""
     from cellfuse.codegen.cuda_kernels import PRELUDE
     from cellfuse.codegen.gemm_routes import maxima_threads, split_threads
     from cellfuse.codegen.kernel_abi import BLOCK, grid_blocks
@@ -409,8 +410,10 @@ def test_the_split_writes_three_copies_of_scaled_fp16_pieces(gpu, rows, cols, ld
     x[1] *= np.float32(1e-30)
     x[2] *= np.float32(1e30)
     x[:, 1] *= np.float32(2.0**-20)
+    x[rows - 1, cols - 1] = np.inf
+    x[rows - 2, cols - 2] = np.nan
     per_column = layout != 0
-    m = np.abs(x).max(0 if per_column else 1)
+    m = np.nanmax(np.abs(x), 0 if per_column else 1)
     module = drv.module_from_buffer(_compile(PRELUDE))
     maxima = module.get_function("cf_f16x3_maxima").prepare("PPiii")
     split = module.get_function("cf_split_f16x3_copies").prepare("PPPiiiii")
@@ -422,20 +425,78 @@ def test_the_split_writes_three_copies_of_scaled_fp16_pieces(gpu, rows, cols, ld
         maxima.prepared_call((grid_blocks(int(maxima_threads(rows, cols))), 1), (BLOCK, 1, 1), m_d,
                              int(src_d) + 4 * offset, rows, cols, ld)
     split.prepared_call((grid_blocks(int(split_threads(rows, cols, layout))), 1), (BLOCK, 1, 1), out_d,
-                        int(src_d) + 4 * offset, m_d, rows, cols, ld, layout, 2)
+                        int(src_d) + 4 * offset, m_d, rows, cols, ld, layout, lo_piece)
     np.testing.assert_array_equal(drv.from_device(m_d, m.shape, np.float32), m)
     got = drv.from_device(out_d, (n + 64,), np.float16)
     np.testing.assert_array_equal(got[n:], np.float16(7.0))
     copies = (got[:n].reshape(rows, 3, cols).transpose(1, 0, 2), got[:n].reshape(3, rows, cols),
               got[:n].reshape(cols, 3, rows).transpose(1, 2, 0))[layout]
     e = np.frexp(m)[1]
-    scale = np.where(m > 0, np.ldexp(np.float32(1), np.minimum(15 - e, 126)), 1).astype(np.float32)
-    xs = x * (scale[None, :] if per_column else scale[:, None])
-    hi = xs.astype(np.float16)
-    lo = ((xs - hi.astype(np.float32)) * np.float32(2048)).astype(np.float16)
-    small = (hi.astype(np.float32) / np.float32(2048)).astype(np.float16)
-    for got_piece, want in zip(copies, (hi, small, lo), strict=True):
-        np.testing.assert_array_equal(got_piece.view(np.uint16), want.view(np.uint16))
+    scale = np.where((m > 0) & np.isfinite(m), np.ldexp(np.float32(1), np.minimum(15 - e, 126)), 1)
+    xs = x * (scale[None, :] if per_column else scale[:, None]).astype(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):  # (the infinity's and NaN's pieces)
+        hi = xs.astype(np.float16)
+        lo = ((xs - hi.astype(np.float32)) * np.float32(2048)).astype(np.float16)
+        small = (hi.astype(np.float32) / np.float32(2048)).astype(np.float16)
+    for got_piece, want in zip(copies, (hi, small, lo) if lo_piece == 2 else (hi, lo, small), strict=True):
+        np.testing.assert_array_equal(got_piece, want)  # (NaN where NaN: their bits may differ)
+        finite = np.isfinite(want)
+        np.testing.assert_array_equal(got_piece[finite].view(np.uint16), want[finite].view(np.uint16))
+
+
+@pytest.mark.parametrize("rows, n, ldc, accumulate, bias, offset", [
+    (64, 512, 512, False, True, 0),  # whole 16-byte groups, C itself the sums
+    (37, 5, 7, True, False, 0),  # rows of 5 in rows of 7: one value at a time; onto C
+    (9, 12, 12, True, True, 1),  # C not on 16 bytes
+])
+def test_the_pass_undoes_both_scales_adds_the_bias_and_accumulates(gpu, rows, n, ldc, accumulate, bias,
+                                                                    offset):
+    """cf_f16x3_unscale_sums: C = D * 2^-(A's row exponent + W's column exponent) (+ bias) (+ C), both
+    exponents at once, so that rows of A near 1e34 times W's columns near 1e-2 give their finite products
+    (undone one at a time, the first would overflow); D in the workspace (row length n) where the GEMM
+    accumulates, else C itself."""
+    from cellfuse.codegen.cuda_kernels import PRELUDE
+    from cellfuse.codegen.gemm_routes import unscale_threads
+    from cellfuse.codegen.kernel_abi import BLOCK, grid_blocks
+    from cellfuse.gpu_runtime.cuda_executor import _compile
+
+    drv = gpu[0]
+    rng = np.random.default_rng(rows + n)
+    ma = (np.abs(rng.standard_normal(rows)) * 10.0 ** rng.integers(-30, 34, rows)).astype(np.float32)
+    ma[0], ma[1] = 0.0, np.float32(3e34)
+    mw = (np.abs(rng.standard_normal(n)) * 10.0 ** rng.integers(-3, 3, n)).astype(np.float32)
+    mw[0] = np.float32(0.03)
+
+    def exponent(m):  # cf_f16x3_exponent: the scale 2^(14 - e) for m in [2^e, 2^(e + 1)), 0 for m = 0
+        return np.where(m > 0, np.minimum(15 - np.frexp(m)[1], 126), 0)
+
+    want = rng.standard_normal((rows, n)) * np.abs(ma)[:, None].clip(1e-30) * np.abs(mw)[None, :]
+    want = want.astype(np.float32)  # the true products, float32
+    sums = np.ldexp(want.astype(np.float64), exponent(ma)[:, None] + exponent(mw)[None, :]).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    old = rng.standard_normal((rows, ldc)).astype(np.float32)
+    module = drv.module_from_buffer(_compile(PRELUDE))
+    unscale = module.get_function("cf_f16x3_unscale_sums").prepare("PPPPPiiiii")
+    c_d = drv.to_device(np.concatenate([np.zeros(offset, np.float32), old.ravel(),
+                                        np.full(16, 7.0, np.float32)]))
+    c_at = int(c_d) + 4 * offset
+    if accumulate:
+        d_d = drv.to_device(sums)
+        d_at, ldd = int(d_d), n
+    else:
+        drv.memcpy_htod(c_at, np.ascontiguousarray(
+            np.concatenate([sums, old[:, n:]], 1) if ldc > n else sums))
+        d_at, ldd = c_at, ldc
+    ma_d, mw_d, b_d = (drv.to_device(v) for v in (ma, mw, b))
+    unscale.prepared_call((grid_blocks(int(unscale_threads(rows, n))), 1), (BLOCK, 1, 1), c_at, d_at, ma_d,
+                          mw_d, int(b_d) if bias else 0, rows, n, ldc, ldd, int(accumulate))
+    got = drv.from_device(c_d, (offset + rows * ldc + 16,), np.float32)
+    np.testing.assert_array_equal(got[offset + rows * ldc:], 7.0)  # nothing past C written
+    got = got[offset:offset + rows * ldc].reshape(rows, ldc)
+    expect = want + (b if bias else 0) + (old[:, :n] if accumulate else 0)
+    assert np.all(np.isfinite(got[:, :n]))
+    np.testing.assert_allclose(got[:, :n], expect, rtol=1e-6, atol=0)
+    np.testing.assert_array_equal(got[:, n:], old[:, n:])  # past each row's n: as it was
 
 
 def test_exported_program_runs_its_large_gemms_on_tensor_cores(gpu, tmp_path):

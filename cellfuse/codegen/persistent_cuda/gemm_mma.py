@@ -1,6 +1,6 @@
 """A GEMM of a persistent kernel on tensor cores (`mma.sync`; each float32 product as three fp16 ones over
 values scaled per row and per column, float32's error for values within 2^-26 of their row's and column's
-largest: persistent.cuh's cf_split_f16x3; in a 16-bit plan, one bf16 or fp16 product, its operands rounded
+largest: f16x3.cuh's cf_split_f16x3; in a 16-bit plan, one bf16 or fp16 product, its operands rounded
 to the type as they are taken into registers): per tile of rows and chunk of K, the chunk staged (or its
 rows taken from their exchange), each warp's tile of C over its share of the chunk, the warps that share a
 tile adding their partial tiles through shared memory."""
@@ -126,7 +126,7 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
 
 def _row_scales(k: Kernel, split: int, stride: int, end: str, iters: int) -> None:
     """s0 and s1, the scales of the warp's rows g and g + 8 for their split into fp16 pieces
-    (persistent.cuh's cf_f16x3_scale of their largest magnitude over the k the warp multiplies, which its
+    (f16x3.cuh's cf_f16x3_scale of their largest magnitude over the k the warp multiplies, which its
     four lanes of each row read): each warp its own, so that no barrier waits for them (a pass over the
     whole staged rows and a barrier after it took 0.8 us of the LSTM's 5.6 us step at B=64); the warps
     that share a tile add their partial tiles once each has undone its own scales."""

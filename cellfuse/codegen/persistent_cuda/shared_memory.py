@@ -84,7 +84,7 @@ def shared_memory(k: Kernel) -> None:
 
 def f16x3_weights(k: Kernel, i: int, item: PersistentItem) -> None:
     """The block's on-chip weights of a float32 GEMM on tensor cores split in place into fp16 pieces
-    (persistent.cuh's cf_split_f16x3), a warp a column: each float4 of four k becomes, in its own 16
+    (f16x3.cuh's cf_split_f16x3), a warp a column: each float4 of four k becomes, in its own 16
     bytes, the hi pieces of those k (two registers of pairs, as mma.sync takes them) then their lo
     pieces; each column scaled by its own power of two, whose inverse `cf_wscale{i}` keeps (for the
     stores of C)."""

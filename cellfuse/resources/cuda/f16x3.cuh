@@ -24,6 +24,11 @@ __forceinline__ __device__ float cf_f16x3_scale(float m) {
     return m == 0.0f || e == 255 ? 1.0f : __int_as_float(min(253, 268 - e) << 23);
 }
 
+// The power of two of cf_f16x3_scale(m): the scale is 2^cf_f16x3_exponent(m).
+__forceinline__ __device__ int cf_f16x3_exponent(float m) {
+    return (__float_as_int(cf_f16x3_scale(m)) >> 23) - 127;
+}
+
 // 1 / s of a scale s (a power of two, 2^-126 to 2^126), from its exponent bits: exact, and no division.
 __forceinline__ __device__ float cf_f16x3_unscale(float s) {
     return __int_as_float((254 - (__float_as_int(s) >> 23)) << 23);

@@ -18,7 +18,7 @@ extern "C" __global__ void __launch_bounds__(256) cf_bias_rows(
 // three fp16 ones (f16x3.cuh): the largest magnitude of each row of A and each column of W
 // (cf_f16x3_maxima, or the split itself), each operand scaled by its rows' or columns' powers of two
 // and written as three copies of fp16 pieces along K (cf_split_f16x3_copies), one fp16 GEMM over 3K into
-// float32 (cuBLAS), then a pass that undoes the scales and adds the bias (cf_f16x3_unscale). On an H200
+// float32 (cuBLAS), then a pass that undoes the scales and adds the bias (cf_f16x3_unscale_sums). On an H200
 // the GEMM took half the time of 3xTF32's over 3K and was more accurate (the LSTM's input projection at
 // B=64: 0.059 against 0.129 ms, 3.7e-6 against 6.2e-6 of the largest output from float64;
 // benchmarks/results/h200_2026-11-30_f16x3_outside_gemm_probe.txt).
@@ -92,8 +92,9 @@ extern "C" __global__ void __launch_bounds__(256) cf_split_f16x3_copies(
     __half* __restrict__ out, const float* __restrict__ src, float* __restrict__ m, int rows, int cols,
     int ld, int layout, int lo_piece)
 {
-    // Indices are 32-bit (a 64-bit division per element is dozens of instructions): rows * cols < 2^32
-    // wherever the three copies, 6 bytes an element, fit in a GPU's memory.
+    // Indices are 32-bit (a 64-bit division per element is dozens of instructions): a stacked source has
+    // at most F16X3_MAX_K rows (gemm_routes), so that rows * cols < 2^32 wherever W fits in a GPU's
+    // memory; the others count rows and tiles, not elements.
     if (layout == CF_SIDE_BY_SIDE) {
         const bool whole = ((cols | ld) & 3) == 0 && (reinterpret_cast<size_t>(src) & 15) == 0
                            && (reinterpret_cast<size_t>(out) & 7) == 0;
@@ -190,21 +191,27 @@ extern "C" __global__ void __launch_bounds__(256) cf_split_f16x3_copies(
 
 // C[rows, n] (row length ldc) = D's sums with A's scale (per row, from ma) and W's (per column, from mw)
 // undone, plus the bias where there is one (else null), plus C where the GEMM accumulates; D (row length
-// ldd) is C itself where it does not. Each scale is a power of two undone on its own, so that nothing in
-// between leaves float32's range that the result does not. Bound by memory: a thread takes 4 columns of
-// a row, in 16-byte loads and stores where the row lengths and the pointers allow. Launched with 256
-// threads a block, as many in all as `unscale_threads` counts.
-extern "C" __global__ void __launch_bounds__(256) cf_f16x3_unscale(
+// ldd) is C itself where it does not. Both scales are undone at once, by their exponents' sum (ldexpf:
+// one at a time, the first could leave float32's range that the result does not). Bound by memory: a
+// thread takes 4 columns of a row, in 16-byte loads and stores where the row lengths and the pointers
+// allow; its index 64-bit only where C has 2^32 groups of 4 or more (a 64-bit division per element is
+// dozens of instructions). Launched with 256 threads a block, as many in all as `unscale_threads` counts.
+extern "C" __global__ void __launch_bounds__(256) cf_f16x3_unscale_sums(
     float* c, const float* d, const float* __restrict__ ma, const float* __restrict__ mw,
     const float* __restrict__ bias, int rows, int n, int ldc, int ldd, int accumulate)
 {
-    const unsigned groups = (n + 3) / 4, total = (unsigned)rows * groups;
+    const unsigned groups = (n + 3) / 4;
+    const unsigned long long total = (unsigned long long)rows * groups;
+    const bool narrow = total <= 0xffffffffull;
     const bool whole = ((n | ldc | ldd) & 3) == 0
                        && ((reinterpret_cast<size_t>(c) | reinterpret_cast<size_t>(d)
                             | reinterpret_cast<size_t>(mw) | reinterpret_cast<size_t>(bias)) & 15) == 0;
-    for (unsigned e = blockIdx.x * blockDim.x + threadIdx.x; e < total; e += gridDim.x * blockDim.x) {
-        const unsigned r = e / groups, j = 4 * (e - r * groups);
-        const float ua = cf_f16x3_unscale(cf_f16x3_scale(ma[r]));
+    const unsigned long long stride = (unsigned long long)gridDim.x * blockDim.x;
+    for (unsigned long long e = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x; e < total;
+         e += stride) {
+        const unsigned r = narrow ? (unsigned)e / groups : (unsigned)(e / groups);
+        const unsigned j = 4 * (unsigned)(e - (unsigned long long)r * groups);
+        const int ea = cf_f16x3_exponent(ma[r]);
         const float* const from = d + (size_t)r * ldd + j;
         float* const to = c + (size_t)r * ldc + j;
         float v[4], w[4], b[4] = {0.0f, 0.0f, 0.0f, 0.0f}, old[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -222,8 +229,7 @@ extern "C" __global__ void __launch_bounds__(256) cf_f16x3_unscale(
             }
         }
         #pragma unroll
-        for (int i = 0; i < 4; ++i)
-            v[i] = old[i] + (v[i] * ua * cf_f16x3_unscale(cf_f16x3_scale(w[i])) + b[i]);
+        for (int i = 0; i < 4; ++i) v[i] = old[i] + (ldexpf(v[i], -(ea + cf_f16x3_exponent(w[i]))) + b[i]);
         if (whole) {
             *reinterpret_cast<float4*>(to) = *reinterpret_cast<const float4*>(v);
         } else {
