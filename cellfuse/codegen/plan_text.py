@@ -3,7 +3,7 @@ editor's plan panel (`summary`)."""
 
 from __future__ import annotations
 
-from .gemm_routes import on_tensor_cores
+from .gemm_routes import on_tensor_cores, route
 from .plan import GemmLaunch, Plan, launch_name
 from .roofline import H100_SXM, roofline
 
@@ -80,10 +80,16 @@ def describe(plan: Plan) -> str:
     tensor_cores = tensor_core_groups(plan)
     sixteen_bit = plan.precision != "fp32"
     on_cores = f", on tensor cores ({_tensor_core_math(plan)})"
+    # (a GEMM the warpgroup GEMM may take runs whichever of the two measures faster on an sm_90 GPU)
+    rows = tensor_cores_rows(plan)
+    or_wgmma = {g.group for g in plan.layers[0].prologue if isinstance(g, GemmLaunch)
+                and g.group in tensor_cores and route(g, rows) == "f16x3-or-wgmma"}
     for g in plan.groups:
         where = "hoisted: once for all steps" if g.hoisted else f"every step, stage {g.stage}"
         # (in 16 bits, every GEMM that cuBLAS runs: those of a persistent kernel are said below)
         where += on_cores if g.name in tensor_cores or (sixteen_bit and (g.hoisted or not persistent)) else ""
+        where += (", or 3xTF32 in the warpgroup GEMM where that measures faster on an sm_90 GPU"
+                  if g.name in or_wgmma else "")
         folded = f"; bias folded: {', '.join(sorted(g.folded))}" if g.folded else ""
         lines.append(f"  {g.name:8s} {g.left} @ [{', '.join(g.weights)}] -> {', '.join(g.matmuls)}  "
                      f"({where}{folded})")
@@ -145,10 +151,15 @@ def _tensor_core_math(plan: Plan) -> str:
     return "3xFP16, rows and columns scaled"
 
 
+def tensor_cores_rows(plan: Plan) -> int:
+    """The rows of a hoisted GEMM's launch: `chunk_steps` steps' where the plan has chunks, all otherwise."""
+    return plan.chunk_steps * plan.sizes.batch if plan.chunk_steps else plan.sizes.seq * plan.sizes.batch
+
+
 def tensor_core_groups(plan: Plan) -> list[str]:
     """The GEMM groups whose hoisted launches run on tensor cores (see `on_tensor_cores`): in
     chunks of `chunk_steps` steps where the plan has them, whole otherwise."""
-    rows = plan.chunk_steps * plan.sizes.batch if plan.chunk_steps else plan.sizes.seq * plan.sizes.batch
+    rows = tensor_cores_rows(plan)
     return [g.group for g in plan.layers[0].prologue
             if isinstance(g, GemmLaunch) and on_tensor_cores(rows, g.n, g.k)]
 

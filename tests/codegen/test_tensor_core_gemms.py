@@ -77,7 +77,7 @@ def test_the_plan_says_which_groups_run_on_tensor_cores():
     plan = make_plan(load_template("gru"), Sizes(100, 64, 512, 512), "persistent")
     groups_said = summary(plan)["gemm_groups"]
     assert [g["tensor_cores"] for g in groups_said] == [g["hoisted"] for g in groups_said]
-    said = "on tensor cores (3xFP16, rows and columns scaled)"
+    said = "on tensor cores (3xFP16, rows and columns scaled), or 3xTF32 in the warpgroup GEMM"
     assert sum(line.count(said) for line in describe(plan).splitlines()
                if "hoisted" in line) == 1
 
