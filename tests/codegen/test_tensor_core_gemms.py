@@ -4,6 +4,8 @@ these, the decisions."""
 
 from __future__ import annotations
 
+from f16x3_pieces import f16x3_pieces, f16x3_scale
+
 from cellfuse.codegen import generate_cuda, make_plan
 from cellfuse.codegen.gemm_routes import F16X3_MAX_K, F16X3_MIN_MACS, f16x3_layout, on_tensor_cores
 from cellfuse.codegen.lowering import lower
@@ -164,24 +166,17 @@ def test_rows_that_tensor_cores_read_start_where_one_load_keeps_them_apart_in_th
         assert len({row * 2 * stride % 128 for row in range(4)}) == 4, k
 
 
-def _f16x3_pieces(x, m, lo_piece: int):
-    """gemm_splits.cuh's pieces in numpy: x scaled by the power of two that puts m (its row's or column's
-    largest magnitude) in [2^14, 2^15), as fp16 hi, lo = (x - hi) * 2^11 and hi / 2^11, laid out along the
-    last axis in the order the split writes them."""
+def _f16x3_copies(x, m, lo_piece: int):
+    """x scaled by its rows' largest magnitudes m ([rows, 1]) as the split's three copies side by side
+    along the last axis, and the scales."""
     import numpy as np
 
-    e = np.frexp(m.astype(np.float32))[1]  # m in [2^(e-1), 2^e)
-    scale = np.where(m > 0, np.ldexp(np.float32(1), 15 - e), 1).astype(np.float32)
-    xs = (x * scale).astype(np.float32)
-    hi = xs.astype(np.float16)
-    lo = ((xs - hi.astype(np.float32)) * 2048).astype(np.float16)
-    small = (hi.astype(np.float32) / 2048).astype(np.float16)
-    pieces = [hi, small, lo] if lo_piece == 2 else [hi, lo, small]
-    return np.concatenate(pieces, axis=-1), scale
+    scale = f16x3_scale(m)
+    return np.concatenate(f16x3_pieces((x * scale).astype(np.float32), lo_piece), axis=-1), scale
 
 
 def test_three_fp16_products_over_scaled_rows_and_columns_hold_float32s_accuracy():
-    """The split's arithmetic (numpy's fp16 rounds as cuda_fp16's __float2half_rn does): A's pieces
+    """The split's arithmetic (tests/f16x3_pieces.py, as the GPU tests check the kernels against): A's pieces
     (hi, hi / 2^11, lo) against W's (hi, lo, hi / 2^11) summed over 3K in float64, both scales undone,
     miss A @ W by about 2^-22 of its rows' scale, whether a row's values span 2^20 or not, and for rows
     whose largest value is 1e-30 or 1e30 (each scaled into fp16's range by its own power of two)."""
@@ -193,8 +188,8 @@ def test_three_fp16_products_over_scaled_rows_and_columns_hold_float32s_accuracy
     a[8] *= np.float32(1e-30)
     a[9] *= np.float32(1e30)
     w = (rng.standard_normal((256, 96)) * 0.05).astype(np.float32)
-    a3, sa = _f16x3_pieces(a, np.abs(a).max(1, keepdims=True), lo_piece=2)  # [64, 3K]
-    w3, sw = _f16x3_pieces(w.T, np.abs(w).max(0)[:, None], lo_piece=1)  # [96, 3K]: W's columns
+    a3, sa = _f16x3_copies(a, np.abs(a).max(1, keepdims=True), lo_piece=2)  # [64, 3K]
+    w3, sw = _f16x3_copies(w.T, np.abs(w).max(0)[:, None], lo_piece=1)  # [96, 3K]: W's columns
     got = (a3.astype(np.float64) @ w3.astype(np.float64).T) / sa / sw.T
     want = a.astype(np.float64) @ w.astype(np.float64)
     for r in range(64):

@@ -398,6 +398,8 @@ def test_the_split_writes_three_copies_of_scaled_fp16_pieces(gpu, rows, cols, ld
     stacked, or side by side in the transposed source's rows), to the bit; rows and columns of values
     1e-30 and 1e30 beside ordinary ones, and an infinity and a NaN (left out of the maxima; an infinite
     largest magnitude scales by 1, its lo pieces NaN); nothing past the copies written."""
+    from f16x3_pieces import f16x3_pieces, f16x3_scale
+
     from cellfuse.codegen.cuda_kernels import PRELUDE
     from cellfuse.codegen.gemm_routes import maxima_threads, split_threads
     from cellfuse.codegen.kernel_abi import BLOCK, grid_blocks
@@ -431,14 +433,9 @@ def test_the_split_writes_three_copies_of_scaled_fp16_pieces(gpu, rows, cols, ld
     np.testing.assert_array_equal(got[n:], np.float16(7.0))
     copies = (got[:n].reshape(rows, 3, cols).transpose(1, 0, 2), got[:n].reshape(3, rows, cols),
               got[:n].reshape(cols, 3, rows).transpose(1, 2, 0))[layout]
-    e = np.frexp(m)[1]
-    scale = np.where((m > 0) & np.isfinite(m), np.ldexp(np.float32(1), np.minimum(15 - e, 126)), 1)
-    xs = x * (scale[None, :] if per_column else scale[:, None]).astype(np.float32)
-    with np.errstate(invalid="ignore", over="ignore"):  # (the infinity's and NaN's pieces)
-        hi = xs.astype(np.float16)
-        lo = ((xs - hi.astype(np.float32)) * np.float32(2048)).astype(np.float16)
-        small = (hi.astype(np.float32) / np.float32(2048)).astype(np.float16)
-    for got_piece, want in zip(copies, (hi, small, lo) if lo_piece == 2 else (hi, lo, small), strict=True):
+    scale = f16x3_scale(m)
+    wants = f16x3_pieces(x * (scale[None, :] if per_column else scale[:, None]), lo_piece)
+    for got_piece, want in zip(copies, wants, strict=True):
         np.testing.assert_array_equal(got_piece, want)  # (NaN where NaN: their bits may differ)
         finite = np.isfinite(want)
         np.testing.assert_array_equal(got_piece[finite].view(np.uint16), want[finite].view(np.uint16))
