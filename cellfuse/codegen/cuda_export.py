@@ -651,31 +651,32 @@ class _Export:
         # a transposed operand is cuBLAS's op T, with its own row length (see the executor's call)
         op_w, op_a = ("CUBLAS_OP_T" if x else "CUBLAS_OP_N" for x in (g.trans_w, g.trans_a))
         ldw = g.k if g.trans_w else g.n
-        bias_rows = (f"cf_bias_rows<<<cf_blocks({(m * g.n).c()}), {BLOCK}, 0, stream>>>("
-                     f"{_ptr(g.c, t)}, {_var(g.bias)}, {rows}, {g.n}, {g.c.ld});") if g.bias else None
+        bias_rows = [f"cf_bias_rows<<<cf_blocks({(m * g.n).c()}), {BLOCK}, 0, stream>>>("
+                     f"{_ptr(g.c, t)}, {_var(g.bias)}, {rows}, {g.n}, {g.c.ld});"] if g.bias else []
         beta = "&one" if g.bias or g.accumulate else "&zero"  # (onto the bias rows)
         sgemm = (f"st = cublasSgemm(handle, {op_w}, {op_a}, {g.n}, {rows}, {k}, &one, {_var(g.w)}, "
                  f"{ldw}, {_ptr(g.a, t)}, {g.a.ld}, {beta}, {_ptr(g.c, t)}, {g.c.ld});  "
                  f"/* {comment_text(g.group)} */")
         if g.multiply != FLOAT32:  # a 16-bit plan's GEMM: in its operands' types (see gemm_ex_types)
             _, compute = gemm_ex_types(g)
-            w(*filter(None, [bias_rows]),
+            w(*bias_rows,
               f"st = cublasGemmEx(handle, {op_w}, {op_a}, {g.n}, {rows}, {k}, &one, {_var(g.w)}, "
               f"{g.w_dtype.cuda_c}, {ldw}, {_ptr(g.a, t)}, {g.a.dtype.cuda_c}, {g.a.ld}, {beta}, "
               f"{_ptr(g.c, t)}, {g.c.dtype.cuda_c}, {g.c.ld}, {COMPUTE_C[compute]}, CUBLAS_GEMM_DEFAULT);  "
               f"/* {comment_text(g.group)} */")
         elif not may_run_on_tensor_cores(g):
-            w(*filter(None, [bias_rows]), sgemm)
+            w(*bias_rows, sgemm)
         else:
             with w.block(f"if (cf_f16x3({rows}, {g.n}, {k})) {{  /* {comment_text(g.group)} */", "} else {"):
-                self._f16x3(g, m, kk, t)
+                self._f16x3(g, m, kk, t, op_w)
             with w.indented():
-                w(*filter(None, [bias_rows]), sgemm)
+                w(*bias_rows, sgemm)
             w("}")
         w("if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
 
-    def _f16x3(self, g: GemmLaunch, m: Expr, kk: Expr, t: Expr | int) -> None:
-        """A GEMM on tensor cores as three fp16 products: the calls of gemm_routes.f16x3_steps, as C."""
+    def _f16x3(self, g: GemmLaunch, m: Expr, kk: Expr, t: Expr | int, op_w: str) -> None:
+        """A GEMM on tensor cores as three fp16 products: the calls of gemm_routes.f16x3_steps, as C (W's
+        copies read as cuBLAS's `op_w`, W's own)."""
         where = {"a": _ptr(g.a, t), "w": _var(g.w), "c": _ptr(g.c, t),
                  "bias": _var(g.bias) if g.bias else "NULL"}
 
@@ -694,7 +695,6 @@ class _Export:
                        f"{', '.join(args)});")
             else:
                 split_w, ldw3, split_a, lda3, sums, ldd = args
-                op_w = "CUBLAS_OP_T" if g.trans_w else "CUBLAS_OP_N"
                 self.w(f"st = cublasGemmEx(handle, {op_w}, CUBLAS_OP_N, {g.n}, {m.c(wide=False)}, "
                        f"{(3 * kk).c(wide=False)}, &one, {split_w}, CUDA_R_16F, {ldw3}, {split_a}, "
                        f"CUDA_R_16F, {lda3}, &zero, {sums}, CUDA_R_32F, {ldd}, CUBLAS_COMPUTE_32F, "

@@ -26,9 +26,9 @@ _RUNS = 5  # timed runs of each candidate (after one to warm up); the median cou
 @dataclass(frozen=True)
 class Shape:
     """A column-major GEMM C[m, n] = op(A)[m, k] @ B[k, n] (cuBLAS's terms; A and B fp16, C float32),
-    with op(A) = A^T where
-    `trans_a`, picking its kernels for `sms` SMs (0: all of them), on A, B and C at addresses aligned to
-    `aligned` bytes (see `alignment`): cuBLASLt's algorithms assume 256 unless told less."""
+    with op(A) = A^T where `trans_a`, picking its kernels for `sms` SMs (0: all of them), on A, B and C at
+    addresses aligned to `aligned` bytes (see `alignment`): cuBLASLt's algorithms assume 256 unless told
+    less."""
 
     trans_a: bool
     m: int

@@ -15,9 +15,9 @@ as a launch list (launch_list.py) that makes them all in one call from Python.
 The GEMMs run as the Plan's routes say: float32 through cuBLAS; on tensor cores, each float32 product as
 three fp16 ones through split copies and cuBLAS's fp16 GEMM over 3K, or as the warpgroup GEMM where it is
 usable and measured faster for the shape (`route_choice`, once per shape and process). The split copies
-need scratch memory (`scratch`,
-bytes per name, to be given with the buffers); a warpgroup GEMM of a weight reads W's image, made by
-`weights_changed` into memory the caller gives under `image_name(w)` (see `images`).
+need scratch memory (`scratch`, bytes per name, to be given with the buffers); a warpgroup GEMM of a
+weight reads W's image, made by `weights_changed` into memory the caller gives under `image_name(w)` (see
+`images`).
 
 No call of `run` waits for the GPU or allocates: everything that does (compiling, loading, measuring)
 happens when the program is made, so a program must be made before a CUDA graph capture begins. Runs of
