@@ -2,7 +2,8 @@
 timeline: perf_counter stamps as the call enters each stage on the host (unpacking, the lengths' state,
 the ops, the runner, the program's run, packing y back, the states' order) and, from torch.profiler's
 trace of the same calls, when each piece of GPU work started and ended, in microseconds from the call's
-start. Each call is made right after the device was synchronised, as the drop-in benchmark times them.
+start; with --train, the loss, backward() and the backward passes' stages too. Each call is made right
+after the device was synchronised, as the drop-in benchmark times them.
 LSTM, input = hidden = 512, T=100, lengths uniform in 10..100, under torch.no_grad(); with --train, a
 training step instead (the call, then backward() of its output's sum of squares).
 
@@ -55,6 +56,9 @@ def _instrument() -> None:
     _stamped(StreamProgram, "run", "program.run")
     _stamped(packed_sequences.Unpacked, "pack", "pack")
     _stamped(packed_sequences.Unpacked, "unsorted", "unsorted")
+    _stamped(packed_sequences._Packed, "backward", "y's packing: backward")
+    _stamped(ops._Eager, "backward", "the ops: backward")
+    _stamped(CudaRunner, "_backward", "runner._backward")
 
 
 def _call(rnn, given, train: bool) -> None:
@@ -63,7 +67,10 @@ def _call(rnn, given, train: bool) -> None:
             rnn(given)
         return
     y = rnn(given)[0]
-    (y.data if isinstance(y, PackedSequence) else y).square().sum().backward()
+    _stamps.setdefault("the loss", time.perf_counter_ns())
+    loss = (y.data if isinstance(y, PackedSequence) else y).square().sum()
+    _stamps.setdefault("backward()", time.perf_counter_ns())
+    loss.backward()
     rnn.zero_grad(set_to_none=True)
 
 

@@ -36,6 +36,7 @@ from ..graph_model import Cell, CellError, Sizes, cell_from_text, cell_to_text
 from ..graph_model.lengths import STEPS_LEFT, masked
 from .auto_choice import choose
 from .runners import FORWARD, FORWARD_BESIDE, PRECISIONS, Plans, Runner, make_plans, precision_of
+from .weight_views import WeightViews
 
 log = logging.getLogger(__name__)
 
@@ -347,12 +348,16 @@ class _Eager(torch.autograd.Function):
     GPU (on an H200, about 90 microseconds a call: docs/results/2026-11-28-cellrnn-in-torch.md)."""
 
     @staticmethod
-    def forward(ctx, x, cell, hidden, layers, schedule, save, direction, float32, n_states, *tensors):
+    def forward(ctx, x, cell, hidden, layers, schedule, save, direction, float32, n_states, views, *tensors):
+        """`tensors`: the initial states, then the parameters, or where `views` (a WeightViews) holds
+        the weights, their sources (the views go by, out of autograd's sight)."""
         # (ctx in forward: a separate setup_context makes autograd bind the arguments by inspect, slowly)
         # Outputs that nothing used get None, not zeros, in backward: a final state no loss reads adds no
         # seed, where zeros would cost an allocation, a fill and an addition each
         ctx.set_materialize_grads(False)
-        states, params = list(tensors[:n_states]), list(tensors[n_states:])
+        states = list(tensors[:n_states])
+        params = list(tensors[n_states:]) if views is None else list(views)
+        ctx.views = views
         output = rnn_impl(x, states, params, cell, hidden, layers, schedule, save, direction, float32)
         _setup_context(ctx, (x, states, params, cell, hidden, layers, schedule, save, direction, float32),
                        output)
@@ -363,7 +368,9 @@ class _Eager(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, *grads):
         dx, dstates, dparams = _gradients(ctx, grads, rnn_backward_impl, none_seeds=True)
-        return dx, None, None, None, None, None, None, None, None, *dstates, *dparams
+        if ctx.views is not None:
+            dparams = ctx.views.gradients(dparams, ctx.needs_input_grad[10 + len(dstates):])
+        return dx, None, None, None, None, None, None, None, None, None, *dstates, *dparams
 
 
 def run(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor], cell: str, hidden: int,
@@ -371,12 +378,16 @@ def run(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor],
         ) -> Sequence[torch.Tensor]:
     """[y, *final states, reserve] of `rnn`: through the op where torch.compile or torch.export traces
     (fake or functional tensors), else straight to the runner (`float32`: the states a 16-bit plan keeps
-    in float32, float32_text)."""
+    in float32, float32_text). Where `params` is a WeightViews, autograd sees its sources instead (see
+    weight_views)."""
     if torch.compiler.is_compiling() or type(x) is not torch.Tensor:
-        return torch.ops.cellfuse.rnn(x, states, params, cell, hidden, layers, schedule, save, direction,
-                                      float32)
+        return torch.ops.cellfuse.rnn(x, states, list(params), cell, hidden, layers, schedule, save,
+                                      direction, float32)
     if not save:  # no backward pass to follow: nothing for autograd to record
         return _forward(x, states, params, cell, hidden, layers, schedule, save, direction, float32,
                         shared=True)
-    return _Eager.apply(x, cell, hidden, layers, schedule, save, direction, float32, len(states), *states,
-                        *params)
+    if isinstance(params, WeightViews):
+        return _Eager.apply(x, cell, hidden, layers, schedule, save, direction, float32, len(states), params,
+                            *states, *params.sources)
+    return _Eager.apply(x, cell, hidden, layers, schedule, save, direction, float32, len(states), None,
+                        *states, *params)

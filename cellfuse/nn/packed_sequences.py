@@ -70,6 +70,10 @@ class _Rows:
     def __init__(self, sizes: np.ndarray, kernels):
         self.sizes, self.kernels = sizes, kernels
 
+    @cached_property
+    def _args(self) -> np.ndarray:
+        return self.kernels.rows_args(self.sizes)
+
     @staticmethod
     def _stream(t: torch.Tensor) -> int:
         return torch._C._cuda_getCurrentRawStream(t.get_device())
@@ -84,7 +88,7 @@ class _Rows:
                 if state_layers else None)
         with ops.made_current(data):
             self.kernels.unpack(data.data_ptr(), x.data_ptr(), 0 if left is None else left.data_ptr(),
-                                self.sizes, steps, data.numel() // data.shape[0], hidden, state_layers,
+                                self._args, steps, data.numel() // data.shape[0], hidden, state_layers,
                                 self._stream(data))
         return x, left
 
@@ -93,7 +97,7 @@ class _Rows:
         y = y.contiguous()
         data = y.new_empty((int(self.sizes.sum()), *y.shape[2:]))
         with ops.made_current(y):
-            self.kernels.pack(y.data_ptr(), data.data_ptr(), self.sizes, data.numel() // data.shape[0],
+            self.kernels.pack(y.data_ptr(), data.data_ptr(), self._args, data.numel() // data.shape[0],
                               self._stream(y))
         return data
 

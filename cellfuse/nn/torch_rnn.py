@@ -5,7 +5,9 @@ model built on torch's modules changes one line.
 
 The parameters are torch's (`weight_ih_l0`, `weight_hh_l0_reverse`, `bias_ih_l0`, ...: a state dict loads
 both ways); the cell's weights are views of them (gate i's rows of `weight_ih` are the transpose of the
-cell's `W`, its rows of `bias_ih` and `bias_hh` the cell's two biases), made once and reused.
+cell's `W`, its rows of `bias_ih` and `bias_hh` the cell's two biases), made once and reused; a training
+call gives autograd the parameters themselves, each one's gradient joined from its views' in one op
+(weight_views).
 
 A stack of one direction runs as one fused call of every layer. Two directions, or dropout between layers
 while training, run layer by layer: the reverse direction on the sequence reversed in time, torch's
@@ -16,6 +18,7 @@ stacks) and comes back packed as torch's does; hx and the final states are in th
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from torch.nn.utils.rnn import PackedSequence
@@ -27,6 +30,7 @@ from . import ops, stacks
 from .packed_sequences import Unpacked
 from .quick_call import KeptLayers, QuickCall, kept_call, kept_packed_call
 from .runners import DTYPES, dtype_names, param_dtypes
+from .weight_views import WeightViews, joined
 from .zeros import Zeros
 
 # torch's gates in the order of its rows: the cell's input and recurrent matrices and its input and
@@ -93,7 +97,8 @@ class _TorchRNN(torch.nn.Module):
         # each layer's parameters a call reads the cell's weights out of, in the order of a gate's names
         self._sources = ("weight_ih", "weight_hh", "bias_ih", "bias_hh") if self.bias else ("weight_ih",
                                                                                            "weight_hh")
-        self._view_cache: dict[tuple[int, bool], tuple[tuple, list[torch.Tensor]]] = {}
+        self._view_cache: dict[tuple[int, bool], tuple[tuple, WeightViews]] = {}
+        self._fused: tuple[list[WeightViews], WeightViews] | None = None  # (see _fused_params)
         self._zeros = Zeros()
         self._quick: QuickCall | None = None  # the last call on a GPU, where it can be kept
         self._quick_packed: QuickCall | None = None  # and the last of a PackedSequence
@@ -155,7 +160,8 @@ class _TorchRNN(torch.nn.Module):
         key = (torch.is_grad_enabled(), *((id(p), p.data_ptr(), p.requires_grad) for p in sources))
         cached = self._view_cache.get((layer, reverse))
         if cached is None or cached[0] != key:
-            cached = self._view_cache[layer, reverse] = (key, self._views(sources))
+            cached = self._view_cache[layer, reverse] = (key, WeightViews(self._views(sources), sources,
+                                                                          self._source_gradients))
         return cached[1]
 
     def _views(self, sources: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -167,15 +173,27 @@ class _TorchRNN(torch.nn.Module):
                 by_name[name] = source[rows].t() if source.dim() == 2 else source[rows]
         return [by_name[name] for name in self._names]
 
+    def _source_gradients(self, grads: Sequence[torch.Tensor], needed: Sequence[bool]
+                          ) -> list[torch.Tensor | None]:
+        """One layer's parameters' gradients (in the order of `_sources`) from its weights' (in the order
+        of `_names`), each the gates' rows joined in one op (see weight_views)."""
+        by_name = dict(zip(self._names, grads, strict=True))
+        out: list[torch.Tensor | None] = []
+        for j, need in enumerate(needed):
+            rows = [by_name[names[j]] for names in self._gates]
+            out.append(torch.cat([g.t() if g.dim() == 2 else g for g in rows]) if need else None)
+        return out
+
     def _apply(self, fn, recurse=True):
         self._view_cache.clear()  # views of the tensors a move replaces would keep them alive
+        self._fused = None
         self._quick = self._quick_packed = None  # (so would the kept calls' zeros)
         self._kept_layers = KeptLayers(self._zeros)
         return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_view_cache"] = {}
+        state["_view_cache"], state["_fused"] = {}, None
         state["_zeros"] = Zeros()
         state["_quick"] = state["_quick_packed"] = None
         state["_kept_layers"] = KeptLayers(state["_zeros"])
@@ -288,8 +306,14 @@ class _TorchRNN(torch.nn.Module):
         return self._returned(y, finals)
 
     def _fused_params(self) -> list[torch.Tensor]:
-        """Every layer's weights of the forward direction, for a call of the layers at once."""
-        return [p for layer in range(self.num_layers) for p in self._layer_params(layer, False)]
+        """Every layer's weights of the forward direction, for a call of the layers at once (one
+        WeightViews, kept while each layer's are)."""
+        layers = [self._layer_params(layer, False) for layer in range(self.num_layers)]
+        if torch.compiler.is_compiling():
+            return [p for views in layers for p in views]
+        if self._fused is None or any(a is not b for a, b in zip(self._fused[0], layers, strict=True)):
+            self._fused = (layers, joined(layers))
+        return self._fused[1]
 
     def _returned(self, y: torch.Tensor, finals: list[torch.Tensor]):
         """What torch's module returns: output, (h_n, c_n) or output, h_n."""

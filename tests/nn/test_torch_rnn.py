@@ -150,6 +150,30 @@ def test_the_views_a_call_reuses_follow_the_parameters(kind):
     torch.testing.assert_close(ours(x)[0], fresh(x)[0], rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("layers", [1, 2])
+def test_autograd_sees_the_parameters_not_their_views(kind, layers):
+    """A training call's node in autograd's graph leads straight to the parameters' AccumulateGrad nodes,
+    none through a view's backward (each gate's transpose and slice), and only to those that need a
+    gradient; the gradients stay torch's (a frozen weight_hh_l0 gets none)."""
+    ours, ref = _pair(kind, num_layers=layers)
+    for module in (ours, ref):
+        module.weight_hh_l0.requires_grad_(False)
+    x = torch.randn(6, 3, INPUT, dtype=torch.float64)
+    y = ours(x)[0]
+    reached = [fn for fn, _ in y.grad_fn.next_functions if fn is not None]
+    assert all(type(fn).__name__ == "AccumulateGrad" for fn in reached), reached
+    trained = [p for p in ours.parameters() if p.requires_grad]
+    assert sorted(id(fn.variable) for fn in reached) == sorted(id(p) for p in trained)
+    y.square().sum().backward()
+    ref(x)[0].square().sum().backward()
+    for (name, a), b in zip(ours.named_parameters(), ref.parameters(), strict=True):
+        if b.grad is None:
+            assert a.grad is None, name
+        else:
+            torch.testing.assert_close(a.grad, b.grad, rtol=1e-9, atol=1e-11, msg=name)
+
+
 def test_the_initial_zeros_are_made_once_and_not_pickled():
     """Without hx every call starts from the same kept zeros (nothing to allocate or fill per call); a
     pickled module leaves them behind."""

@@ -179,7 +179,7 @@ class Turn {
 };
 
 bool params_match(const Core& c, PyObject* list) {
-  if (!PyList_CheckExact(list) || (size_t)PyList_GET_SIZE(list) != c.params.size()) return false;
+  if (!PyList_Check(list) || (size_t)PyList_GET_SIZE(list) != c.params.size()) return false;
   for (size_t i = 0; i < c.params.size(); ++i) {
     PyObject* o = PyList_GET_ITEM(list, i);
     if (!is_tensor(o)) return false;
