@@ -1,6 +1,7 @@
 """The CUDA driver API through NVIDIA's cuda.bindings, for work put on a caller's stream: modules loaded
 into the current context (the primary context of the device the caller has made current, as PyTorch does),
-streams and events. The launches themselves go through the launch list (launch_list.py), in C.
+streams and events. The launches themselves go through the launch list (launch_list.py), in C, or, one at
+a time, through libcuda's own entry point (`launch`).
 """
 
 from __future__ import annotations
@@ -124,13 +125,22 @@ def new_event():
 
 
 @lru_cache(maxsize=1)
+def libcuda() -> ctypes.CDLL:
+    """The driver's library, for the calls made without cuda.bindings (`launch`, the launch list's C, the
+    kept calls' C++ lane), given its entry points' addresses (`entry_point`)."""
+    return ctypes.CDLL("libcuda.so.1")
+
+
+def entry_point(name: str) -> int:
+    """The address of one of libcuda's functions."""
+    return ctypes.cast(getattr(libcuda(), name), ctypes.c_void_p).value
+
+
+@lru_cache(maxsize=1)
 def _launch_kernel():
-    cuda = ctypes.CDLL("libcuda.so.1")
-    launch = cuda.cuLaunchKernel
     pointer = ctypes.c_void_p
-    launch.argtypes = (pointer, *(ctypes.c_uint,) * 7, pointer, pointer, pointer)
-    launch.restype = ctypes.c_int
-    return launch
+    prototype = ctypes.CFUNCTYPE(ctypes.c_int, pointer, *(ctypes.c_uint,) * 7, pointer, pointer, pointer)
+    return prototype(entry_point("cuLaunchKernel"))
 
 
 def launch(function: int, blocks: int, threads: int, stream: int, table: int, doing: str) -> None:

@@ -94,7 +94,6 @@ def library() -> ctypes.CDLL:
 def _api() -> Api:
     """The entry points the C code calls: the CUDA driver's from libcuda, cuBLAS's from the library
     nvmath-python loaded."""
-    cuda = ctypes.CDLL("libcuda.so.1")
     from nvmath.bindings._internal import cublas as found
 
     def cublas(name: str) -> int:
@@ -103,11 +102,11 @@ def _api() -> Api:
             raise CellError(f"cuBLAS's {name} was not found in the cuBLAS library nvmath-python loaded")
         return address
 
-    return Api(*(ctypes.cast(getattr(cuda, name), _p).value for name in (
+    return Api(*(driver.entry_point(name) for name in (
         "cuLaunchKernel", "cuLaunchCooperativeKernel", "cuLaunchKernelEx", "cuMemcpyDtoDAsync_v2",
         "cuEventRecord", "cuStreamWaitEvent", "cuCtxSynchronize")),
         *(cublas(name) for name in ("cublasSgemm_v2", "cublasGemmEx", "cublasSetStream_v2")),
-        ctypes.cast(cuda.cuMemsetD32Async, _p).value)
+        driver.entry_point("cuMemsetD32Async"))
 
 
 Pointer = tuple[int, int]  # (slot, byte offset): an argument that is a buffer's address plus an offset

@@ -342,6 +342,9 @@ def _op_backward(ctx, grads):
 rnn.register_autograd(_op_backward, setup_context=_setup_context)
 
 
+_LEADING = 10  # _Eager.forward's arguments before its tensors (x, cell, ..., views)
+
+
 class _Eager(torch.autograd.Function):
     """The same forward and backward passes as the ops, called without the dispatcher: in eager mode the
     op's dispatch and checks cost more host time than the kernels of a small forward pass take on the
@@ -369,11 +372,11 @@ class _Eager(torch.autograd.Function):
     def backward(ctx, *grads):
         dx, dstates, dparams = _gradients(ctx, grads, rnn_backward_impl, none_seeds=True)
         if ctx.views is not None:
-            dparams = ctx.views.gradients(dparams, ctx.needs_input_grad[10 + len(dstates):])
-        return dx, None, None, None, None, None, None, None, None, None, *dstates, *dparams
+            dparams = ctx.views.gradients(dparams, ctx.needs_input_grad[_LEADING + len(dstates):])
+        return dx, *(None,) * (_LEADING - 1), *dstates, *dparams
 
 
-def run(x: torch.Tensor, states: list[torch.Tensor], params: list[torch.Tensor], cell: str, hidden: int,
+def run(x: torch.Tensor, states: list[torch.Tensor], params: Sequence[torch.Tensor], cell: str, hidden: int,
         layers: int, schedule: str, save: bool, direction: int = FORWARD, float32: str = DEFAULT_FLOAT32
         ) -> Sequence[torch.Tensor]:
     """[y, *final states, reserve] of `rnn`: through the op where torch.compile or torch.export traces

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from ..gpu_runtime.driver import entry_point
 from ..gpu_runtime.kernel_cache import shared_library
 from ..gpu_runtime.stream_program import CHANGES
 from ..graph_model import CellError
@@ -77,8 +78,7 @@ def _load(path: Path):
 @lru_cache(maxsize=1)
 def entry_points() -> tuple[int, int, int, int]:
     """The driver's cuGraphLaunch, cuStreamIsCapturing, cuCtxGetCurrent and cuLaunchKernel, from libcuda."""
-    cuda = ctypes.CDLL("libcuda.so.1")
-    return tuple(ctypes.cast(getattr(cuda, name), ctypes.c_void_p).value
+    return tuple(entry_point(name)
                  for name in ("cuGraphLaunch", "cuStreamIsCapturing", "cuCtxGetCurrent", "cuLaunchKernel"))
 
 

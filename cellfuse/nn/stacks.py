@@ -98,8 +98,7 @@ def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.
         cell = ops.masked_text(cell)
         states.append(steps if steps is not None else steps_left(lengths, layers, x, hidden))
         float32 = ops.masked_float32(float32)
-    out = ops.run(x, states, params if isinstance(params, list) else list(params), cell, hidden, layers,
-                  schedule, save, direction, float32)
+    out = ops.run(x, states, params, cell, hidden, layers, schedule, save, direction, float32)
     finals = list(out[1:1 + len(states)])
     return out[0], finals[:-1] if lengths is not None else finals
 

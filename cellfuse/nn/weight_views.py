@@ -22,10 +22,7 @@ class WeightViews(list):
     def __init__(self, views: Sequence[torch.Tensor], sources: Sequence[torch.Tensor], gradients: Gradients):
         super().__init__(views)
         self.sources = tuple(sources)
-        self._gradients = gradients
-
-    def gradients(self, grads: Sequence[torch.Tensor], needed: Sequence[bool]) -> list[torch.Tensor | None]:
-        return self._gradients(grads, needed)
+        self.gradients = gradients
 
 
 def joined(parts: Sequence[WeightViews]) -> WeightViews:
