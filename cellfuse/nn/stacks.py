@@ -141,8 +141,14 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     for layer in range(layers):
         beside = can_run_beside and ops.side_by_side(
             cell if lengths is None else ops.masked_text(cell), x, hidden, schedule)
-        calls = [partial(_direction, x, [s[i:i + 1] for s in initial], params_of(layer, reverse),
-                         reverse_time if reverse else None, cell, hidden, schedule, lengths,
+        # x reversed in the reverse direction's call, on its stream (where its memory's addresses repeat
+        # call after call, as a kept call's lane wants them), but here, before the fork, where x is a leaf
+        # that requires a gradient: its AccumulateGrad node takes the stream of x's first use, and torch's
+        # engine wants both of its gradients from that stream
+        early = bidirectional and x.requires_grad and x.is_leaf and torch.is_grad_enabled()
+        xs = (x, reverse_time(x)) if early else (x, x)
+        calls = [partial(_direction, xs[reverse], [s[i:i + 1] for s in initial], params_of, reverse,
+                         reverse_time if reverse else None, early, cell, hidden, schedule, lengths,
                          direction_of(reverse, beside), float32, steps, kept, layer, zeros)
                  for i, reverse in enumerate(directions, start=layer * len(directions))]
         done = _side_by_side(*calls, x) if beside else [call() for call in calls]
@@ -156,12 +162,15 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     return x, [torch.cat(f) for f in finals]
 
 
-def _direction(x, initial, params, reverse_time, cell, hidden, schedule, lengths, direction, float32, steps,
-               kept: KeptLayers | None, layer: int, zeros: bool):
-    """One direction of one layer: y and the final states (reverse_time: of the reverse direction);
-    `kept`: the module's kept calls, `layer` the layer's index, `zeros` whether the initial states are the
-    module's zeros (see layer_by_layer)."""
-    x = reverse_time(x) if reverse_time else x
+def _direction(x, initial, params_of, reverse, reverse_time, reversed_x, cell, hidden, schedule, lengths,
+               direction, float32, steps, kept: KeptLayers | None, layer: int, zeros: bool):
+    """One direction of one layer: y and the final states (reverse_time: of the reverse direction, which
+    reverses x, unless `reversed_x`, and its y); its parameters from params_of(layer, reverse), asked for
+    on the stream the call runs on (see torch_rnn's _layer_params); `kept`: the module's kept calls,
+    `layer` the layer's index, `zeros` whether the initial states are the module's zeros (see
+    layer_by_layer)."""
+    x = reverse_time(x) if reverse_time and not reversed_x else x
+    params = params_of(layer, reverse)
     done = None if kept is None else kept(layer, direction, x, params, None if zeros else initial, schedule)
     if done is None:
         done = run(x, initial, params, cell, hidden, 1, schedule, lengths, direction, float32, steps)

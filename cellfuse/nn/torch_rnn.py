@@ -151,13 +151,23 @@ class _TorchRNN(torch.nn.Module):
     def _layer_params(self, layer: int, reverse: bool) -> list[torch.Tensor]:
         """One layer's weights of one direction in the cell's order of keys: views of torch's parameters,
         made again only when a parameter was replaced (moved, or swapped by torch.func.functional_call),
-        its requires_grad changed, or grad mode did; a call otherwise reuses them (two dozen views cost
-        tens of microseconds a call), and they follow in-place changes of the parameters as views do."""
+        its requires_grad changed, or grad mode did, or, in grad mode, the current stream; a call otherwise
+        reuses them (two dozen views cost tens of microseconds a call), and they follow in-place changes
+        of the parameters as views do.
+
+        Why the stream: a view made in grad mode holds its parameter's AccumulateGrad node, which keeps
+        the stream current when it was made, and torch's engine wants a parameter's gradient to come from
+        the stream of that node (it synchronises, and warns, where it does not). The ops' node of a call
+        runs its backward pass on the stream of the call (stacks.layer_by_layer runs a reverse direction
+        on a stream of its own): the views of that call are made on it."""
         suffix = "_reverse" if reverse else ""
         sources = [self._parameters[f"{name}_l{layer}{suffix}"] for name in self._sources]
         if torch.compiler.is_compiling():
             return self._views(sources)
-        key = (torch.is_grad_enabled(), *((id(p), p.data_ptr(), p.requires_grad) for p in sources))
+        graph = torch.is_grad_enabled()
+        stream = (torch._C._cuda_getCurrentRawStream(sources[0].get_device())
+                  if graph and sources[0].is_cuda else None)
+        key = (graph, stream, *((id(p), p.data_ptr(), p.requires_grad) for p in sources))
         cached = self._view_cache.get((layer, reverse))
         if cached is None or cached[0] != key:
             cached = self._view_cache[layer, reverse] = (key, WeightViews(self._views(sources), sources,

@@ -202,6 +202,41 @@ def test_each_main_stream_has_a_side_stream_of_its_own(cuda):
                     torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-5)
 
 
+def test_training_side_by_side_feeds_each_gradient_from_its_own_stream(cuda, tmp_path):
+    """Training a bidirectional stack whose reverse directions run on a side stream, step after step, with
+    an input that is a leaf requiring a gradient: torch's engine meets no AccumulateGrad node on another
+    stream than the gradient it is given (it warns of that once a process, so a process of its own), and
+    the gradients are cuDNN's."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import torch\n"
+        "from cellfuse.nn import LSTM\n"
+        "torch.manual_seed(0)\n"
+        "ours = LSTM(24, 40, 2, bidirectional=True, schedule='persistent').cuda()\n"
+        "ref = torch.nn.LSTM(24, 40, 2, bidirectional=True).cuda()\n"
+        "ref.load_state_dict(ours.state_dict())\n"
+        "for module in (ours, ref):\n"
+        "    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)\n"
+        "    torch.manual_seed(1)\n"
+        "    for _ in range(4):\n"
+        "        x = torch.randn(9, 6, 24, device='cuda', requires_grad=True)\n"
+        "        optimizer.zero_grad()\n"
+        "        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):\n"
+        "            module(x)[0].square().sum().backward()\n"
+        "        optimizer.step()\n"
+        "    module.x_grad = x.grad\n"
+        "for (name, a), b in zip(ours.named_parameters(), ref.parameters()):\n"
+        "    torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4, msg=name)\n"
+        "torch.testing.assert_close(ours.x_grad, ref.x_grad, rtol=1e-3, atol=1e-4)\n"
+        "print('TRAINED')\n")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert "TRAINED" in done.stdout, done.stdout + done.stderr
+    assert "AccumulateGrad" not in done.stderr, done.stderr
+
+
 @pytest.mark.parametrize("schedule", ["graph", "tensor"])
 def test_modules_of_the_same_sizes_each_run_on_their_own_weights(cuda, schedule):
     """Two modules of one cell and sizes share a runner (each with packed weights of its own in it):
