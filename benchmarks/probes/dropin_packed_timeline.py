@@ -57,6 +57,11 @@ def _instrument() -> None:
     _stamped(packed_sequences.Unpacked, "pack", "pack")
     _stamped(packed_sequences.Unpacked, "unsorted", "unsorted")
     _stamped(packed_sequences._Packed, "backward", "y's packing: backward")
+    if hasattr(packed_sequences, "Ends"):  # (the ops' node pads and packs a kept training call's rows)
+        _stamped(packed_sequences.Ends, "padded", "the ops pad")
+        _stamped(packed_sequences.Ends, "packed", "the ops pack y")
+        _stamped(packed_sequences.Ends, "unsorted", "the ops reorder the final states")
+        _stamped(packed_sequences.Ends, "gradient_padded", "the ops pad y's gradient")
     _stamped(ops._Eager, "backward", "the ops: backward")
     _stamped(CudaRunner, "_backward", "runner._backward")
 

@@ -307,8 +307,7 @@ class CellRNN(torch.nn.Module):
             if not compiling and quick is not None and (states is None or every is not None):
                 done = quick.packed(packed, x, layout, self._params(), every, self.hidden_size, state_layers)
                 if done is not None:
-                    finals = packed.unsorted(done[1][:-1])
-                    return packed.pack(done[0]), dict(zip(self.state_ids, finals, strict=True))
+                    return done[0], dict(zip(self.state_ids, done[1], strict=True))
             if packed.x is None:
                 packed.pad(self.hidden_size, state_layers)
             x, lengths = packed.x, packed.lengths

@@ -342,7 +342,7 @@ def _op_backward(ctx, grads):
 rnn.register_autograd(_op_backward, setup_context=_setup_context)
 
 
-_LEADING = 10  # _Eager.forward's arguments before its tensors (x, cell, ..., views)
+_LEADING = 11  # _Eager.forward's arguments before its tensors (x, cell, ..., views, ends)
 
 
 class _Eager(torch.autograd.Function):
@@ -351,38 +351,54 @@ class _Eager(torch.autograd.Function):
     GPU (on an H200, about 90 microseconds a call: docs/results/2026-11-28-cellrnn-in-torch.md)."""
 
     @staticmethod
-    def forward(ctx, x, cell, hidden, layers, schedule, save, direction, float32, n_states, views, *tensors):
+    def forward(ctx, x, cell, hidden, layers, schedule, save, direction, float32, n_states, views, ends,
+                *tensors):
         """`tensors`: the initial states, then the parameters, or where `views` (a WeightViews) holds
-        the weights, their sources (the views go by, out of autograd's sight)."""
+        the weights, their sources (the views go by, out of autograd's sight). `ends` (a PackedSequence's
+        packed_sequences.Ends): x is its data, padded here, and y is given back packed, the final states
+        in the batch's order of rows (the states too are given in it)."""
         # (ctx in forward: a separate setup_context makes autograd bind the arguments by inspect, slowly)
         # Outputs that nothing used get None, not zeros, in backward: a final state no loss reads adds no
         # seed, where zeros would cost an allocation, a fill and an addition each
         ctx.set_materialize_grads(False)
         states = list(tensors[:n_states])
         params = list(tensors[n_states:]) if views is None else list(views)
-        ctx.views = views
+        ctx.views, ctx.ends = views, ends
+        if ends is not None:
+            x, left = ends.padded(x)
+            states = [*ends.sorted(states), left]
         output = rnn_impl(x, states, params, cell, hidden, layers, schedule, save, direction, float32)
         _setup_context(ctx, (x, states, params, cell, hidden, layers, schedule, save, direction, float32),
                        output)
+        if ends is not None:  # (the steps-left state's final left out)
+            output = [ends.packed(output[0]), *ends.unsorted(output[1:n_states + 1]), output[-1]]
         ctx.mark_non_differentiable(output[-1])
         return tuple(output)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, *grads):
+        ends = ctx.ends
+        if ends is not None:
+            dy = None if grads[0] is None else ends.gradient_padded(grads[0])
+            grads = (dy, *ends.sorted(grads[1:-1]), None)
         dx, dstates, dparams = _gradients(ctx, grads, rnn_backward_impl, none_seeds=True)
+        if ends is not None:
+            dx = None if dx is None else ends.packed(dx)
+            needed = ctx.needs_input_grad[_LEADING:_LEADING + len(dstates) - 1]
+            dstates = ends.unsorted([d if need else None for d, need in zip(dstates, needed, strict=False)])
         if ctx.views is not None:
             dparams = ctx.views.gradients(dparams, ctx.needs_input_grad[_LEADING + len(dstates):])
         return dx, *(None,) * (_LEADING - 1), *dstates, *dparams
 
 
 def run(x: torch.Tensor, states: list[torch.Tensor], params: Sequence[torch.Tensor], cell: str, hidden: int,
-        layers: int, schedule: str, save: bool, direction: int = FORWARD, float32: str = DEFAULT_FLOAT32
-        ) -> Sequence[torch.Tensor]:
+        layers: int, schedule: str, save: bool, direction: int = FORWARD, float32: str = DEFAULT_FLOAT32,
+        ends=None) -> Sequence[torch.Tensor]:
     """[y, *final states, reserve] of `rnn`: through the op where torch.compile or torch.export traces
     (fake or functional tensors), else straight to the runner (`float32`: the states a 16-bit plan keeps
     in float32, float32_text). Where `params` is a WeightViews, autograd sees its sources instead (see
-    weight_views)."""
+    weight_views). `ends`: a training call's PackedSequence, x its data (see _Eager.forward)."""
     if torch.compiler.is_compiling() or type(x) is not torch.Tensor:
         return torch.ops.cellfuse.rnn(x, states, list(params), cell, hidden, layers, schedule, save,
                                       direction, float32)
@@ -391,6 +407,6 @@ def run(x: torch.Tensor, states: list[torch.Tensor], params: Sequence[torch.Tens
                         shared=True)
     if isinstance(params, WeightViews):
         return _Eager.apply(x, cell, hidden, layers, schedule, save, direction, float32, len(states), params,
-                            *states, *params.sources)
-    return _Eager.apply(x, cell, hidden, layers, schedule, save, direction, float32, len(states), None,
+                            ends, *states, *params.sources)
+    return _Eager.apply(x, cell, hidden, layers, schedule, save, direction, float32, len(states), None, ends,
                         *states, *params)

@@ -126,13 +126,26 @@ class Unpacked:
         kernels = _rows_kernels(t, self._steps)
         return None if kernels is None else _Rows(self._sizes, kernels)
 
-    def pad(self, hidden: int, state_layers: int) -> None:
-        """x and the steps-left state made (see the class's docstring), after the batch sizes are checked
-        (the kernels would read past the data of sizes that do not add up)."""
+    def _check(self) -> None:
+        """The batch sizes checked (the kernels would read past the data of sizes that do not add up)."""
         sizes, data = self._sizes, self._like.data
         if len(sizes) == 0 or sizes[-1] < 1 or (sizes[1:] > sizes[:-1]).any() or sizes.sum() != data.shape[0]:
             raise CellError(f"a PackedSequence's batch sizes must not grow, be at least 1 and add up to its "
                             f"data's {data.shape[0]} rows; got {sizes.tolist()}")
+
+    def ends(self, hidden: int, state_layers: int) -> Ends | None:
+        """How the ops' training call pads the data and packs y back itself (ops.run's `ends`), for a call
+        of `state_layers` layers of `hidden`; None where the kernels do not move these rows."""
+        if self._rows is None:
+            return None
+        self._check()
+        like = self._like
+        return Ends(self._rows, self._steps, hidden, state_layers, like.sorted_indices, like.unsorted_indices)
+
+    def pad(self, hidden: int, state_layers: int) -> None:
+        """x and the steps-left state made (see the class's docstring), after the batch sizes are checked."""
+        self._check()
+        data = self._like.data
         if self._rows is None:
             self.x = self._positions_padded(data)
             self.steps = steps_left(self.lengths, state_layers, self.x, hidden)
@@ -168,7 +181,17 @@ class Unpacked:
         return data.new_zeros((steps * B, *data.shape[1:])).index_copy(0, self._at, data).view(
             steps, B, *data.shape[1:])
 
+    def padded_shape(self) -> tuple[int, ...]:
+        """The shape of x, as `pad` makes it."""
+        data = self._like.data
+        return (self._steps, int(self._sizes[0]), *data.shape[1:])
+
     # -- back ------------------------------------------------------------------------------------------
+    def sequence(self, data: torch.Tensor) -> PackedSequence:
+        """Packed data of the input's rows as a PackedSequence of the input's layout."""
+        like = self._like
+        return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
+
     def pack(self, y: torch.Tensor) -> PackedSequence:
         """y [T' >= T, B, ...] in this order of rows as a PackedSequence of the input's layout (by the
         kernels for y's elements where there are some: under torch.autocast y's differ from x's)."""
@@ -181,20 +204,58 @@ class Unpacked:
             data = _Packed.apply(y, rows)
         else:
             data = rows.packed(y.detach())
-        return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
+        return self.sequence(data)
 
     def sorted(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """States [n, B, H] in the batch's order, in this one (a module's kept zeros as they are: the
-        same in any order of rows, and kept by the runner in the types its plans store them in)."""
-        order = self._like.sorted_indices
-        if order is None:
-            return list(states)
-        return [s if made_here(s) else s.index_select(1, order) for s in states]
+        """States [n, B, H] in the batch's order, in this one (see _reordered)."""
+        return _reordered(states, self._like.sorted_indices)
 
     def unsorted(self, states: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """States [n, B, H] in this order, in the batch's."""
-        order = self._like.unsorted_indices
-        return list(states) if order is None else [s.index_select(1, order) for s in states]
+        return _reordered(states, self._like.unsorted_indices)
+
+
+def _reordered(states: Sequence[torch.Tensor | None], order: torch.Tensor | None
+               ) -> list[torch.Tensor | None]:
+    """States [n, B, H] with their rows in `order` (None: as they are); None stays None, and a module's
+    kept zeros stay as they are (the same in any order of rows, and kept by the runner in the types its
+    plans store them in)."""
+    if order is None:
+        return list(states)
+    return [s if s is None or made_here(s) else s.index_select(1, order) for s in states]
+
+
+class Ends:
+    """A PackedSequence as a training call of the ops pads its data and packs y back, inside one autograd
+    node (ops._Eager), and their gradients the other way: where the padding, the packing and the two
+    reorderings of states were each a node of autograd's graph, their host time (the recording, and the
+    engine's calls in the backward pass) kept the GPU waiting between the forward and backward kernels
+    of a step timed alone. Holds no tensor that requires a gradient (an autograd context keeps it)."""
+
+    def __init__(self, rows: _Rows, steps: int, hidden: int, state_layers: int, order: torch.Tensor | None,
+                 unorder: torch.Tensor | None):
+        self._rows, self._steps, self._hidden, self._state_layers = rows, steps, hidden, state_layers
+        self._order, self._unorder = order, unorder
+
+    def padded(self, data: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [steps, B, ...] and the steps-left state of the call, from the data."""
+        return self._rows.padded(data, self._steps, self._hidden, self._state_layers)
+
+    def packed(self, y: torch.Tensor) -> torch.Tensor:
+        """The packed data of y (or of x's gradient)."""
+        return self._rows.packed(y)
+
+    def gradient_padded(self, ddata: torch.Tensor) -> torch.Tensor:
+        """y's gradient padded (zeros past each row's length) from the packed data's."""
+        return self._rows.padded(ddata, self._steps)[0]
+
+    def sorted(self, states: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """States (or final states' gradients) in the batch's order of rows, in the data's."""
+        return _reordered(states, self._order)
+
+    def unsorted(self, states: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+        """Final states (or initial states' gradients) in the data's order of rows, in the batch's."""
+        return _reordered(states, self._unorder)
 
 
 class _Padded(torch.autograd.Function):

@@ -33,6 +33,7 @@ import weakref
 from collections.abc import Sequence
 
 import torch
+from torch.nn.utils.rnn import PackedSequence
 
 from . import ops
 from .runners import FORWARD, FORWARD_BESIDE, REVERSE, REVERSE_BESIDE, direction_of
@@ -115,12 +116,13 @@ class QuickCall:
 
     def packed(self, unpacked, given, layout: tuple, params: Sequence[torch.Tensor],
                states: Sequence[torch.Tensor] | None, hidden: int, layers: int
-               ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
-        """y (padded, time first) and the final states (the steps-left state's last) of a PackedSequence's
-        call like the kept one (kept_packed_call): `given`, `unpacked` its Unpacked, `layout` the
-        module's, `states` every initial state in the batch's order, or None (zeros). Made by the lane
-        where no states are given (the data padded there), else padded here (for `layers` layers of
-        `hidden`) and made as any kept call; None where not like it."""
+               ) -> tuple[PackedSequence, list[torch.Tensor]] | None:
+        """y and the final states (in the batch's order of rows) of a PackedSequence's call like the kept
+        one (kept_packed_call): `given`, `unpacked` its Unpacked, `layout` the module's, `states` every
+        initial state in the batch's order, or None (zeros). Made by the lane where no states are given
+        (the data padded there); a training call by the ops, which pad and pack inside their autograd
+        node (packed_sequences.Ends); else padded here (for `layers` layers of `hidden`) and made as any
+        kept call; None where not like it."""
         layout = time_first(layout)
         if states is None:
             lane = self._lane
@@ -128,13 +130,40 @@ class QuickCall:
                 done = lane.packed(given.data, given.batch_sizes, params,
                                    torch._C._cuda_getCurrentRawStream(self._index))
                 if done is not None:
-                    return done
+                    return unpacked.pack(done[0]), unpacked.unsorted(done[1][:-1])
             states = self._zeros[:-1]
         elif len(states) != len(self._zeros) - 1 or not all(
                 type(s) is torch.Tensor and s.shape == self._state_shape for s in states):
             return None
+        ends = unpacked.ends(hidden, layers) if self._train is not None and self._cast is None else None
+        if ends is not None:
+            data = given.data
+            if not self._like(unpacked.padded_shape(), data, layout, params) or not self._states_like(states):
+                return None
+            cell, hidden, layers, float32 = self._train
+            out = ops.run(data, list(states), params, cell, hidden, layers, layout[0], True, self._direction,
+                          float32, ends)
+            return unpacked.sequence(out[0]), list(out[1:1 + len(states)])
         unpacked.pad(hidden, layers)
-        return self(unpacked.x, layout, params, [*unpacked.sorted(states), unpacked.steps])
+        done = self(unpacked.x, layout, params, [*unpacked.sorted(states), unpacked.steps])
+        return None if done is None else (unpacked.pack(done[0]), unpacked.unsorted(done[1][:-1]))
+
+    def _like(self, shape, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor]) -> bool:
+        """Whether a call of x (of `shape` as the ops take it), the module's layout and these parameters
+        is like the kept one, in the grad mode and autocast state of now."""
+        return (shape == self._shape and x.dtype == self._dtype and x.get_device() == self._index
+                and layout == self._layout and torch.is_grad_enabled() == (self._train is not None)
+                and not (self._autocast_matters and torch.is_autocast_enabled("cuda"))
+                and ops.on_device(self._index)
+                and [(p.data_ptr(), p.dtype, p.requires_grad) for p in params] == self._params)
+
+    def _states_like(self, states: Sequence[torch.Tensor], count: int | None = None) -> bool:
+        """Whether the given initial states are `count` (default: the kept call's but the steps-left
+        state) of the kept call's shape, dtype and device (a module's kept zeros are)."""
+        count = len(self._zeros) - 1 if count is None else count
+        return len(states) == count and all(
+            type(s) is torch.Tensor and s.shape == self._state_shape and s.dtype == self._dtype
+            and s.get_device() == self._index for s in states)
 
     def __call__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
                  states: Sequence[torch.Tensor] | None = None
@@ -156,17 +185,11 @@ class QuickCall:
             done = lane(x, params, states, torch._C._cuda_getCurrentRawStream(self._index))
             if done is not None:
                 return done
-        if (x.shape != self._shape or x.dtype != self._dtype or x.get_device() != self._index
-                or layout != self._layout or torch.is_grad_enabled() != (self._train is not None)
-                or (self._autocast_matters and torch.is_autocast_enabled("cuda"))
-                or not ops.on_device(self._index)
-                or [(p.data_ptr(), p.dtype, p.requires_grad) for p in params] != self._params):
+        if not self._like(x.shape, x, layout, params):
             return None
         if states is None:
             states = self._zeros
-        elif len(states) != len(self._zeros) or not all(
-                type(s) is torch.Tensor and s.shape == self._state_shape and s.dtype == self._dtype
-                and s.get_device() == self._index for s in states):
+        elif not self._states_like(states, len(self._zeros)):
             return None
         runner = self._runner()
         if runner is None:

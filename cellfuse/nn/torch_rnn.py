@@ -261,7 +261,7 @@ class _TorchRNN(torch.nn.Module):
                 done = self._quick_packed.packed(packed, input, layout, self._fused_params(), every,
                                                  self.hidden_size, state_layers)
                 if done is not None:
-                    return self._returned(packed.pack(done[0]), packed.unsorted(done[1][:-1]))
+                    return self._returned(*done)
             if packed.x is None:
                 packed.pad(self.hidden_size, state_layers)
             input, lengths = packed.x, packed.lengths

@@ -96,21 +96,30 @@ def test_the_kept_call_of_a_packed_sequence_runs_batches_of_other_lengths(cuda):
             torch.testing.assert_close(c, want_c, rtol=1e-4, atol=1e-5)
 
 
-def test_a_kept_training_call_of_a_packed_sequence_gives_cudnns_gradients(cuda):
+@pytest.mark.parametrize("given", [False, True])
+def test_a_kept_training_call_of_a_packed_sequence_gives_cudnns_gradients(cuda, given):
+    """The kept training calls of PackedSequences (their rows out of the batch's order) pad and pack in
+    the ops' node (packed_sequences.Ends): y, the final states and the gradients of x, the parameters and
+    any initial states given are cuDNN's."""
     torch.manual_seed(1)
     ours = LSTM(32, 48).to(cuda)
     ref = _cudnn(ours, cuda)
     for seed in range(3):
         packed, x, _ = _packed(cuda, 16, 5, 32, seed=seed, requires_grad=True)
+        hx = (tuple(torch.randn(1, 5, 48, device=cuda, requires_grad=True) for _ in range(2)) if given
+              else None)
         kept = ours._quick_packed
         with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
-            (y, (h, _)), (want_y, (want_h, _)) = ours(packed), ref(packed)
-            got = torch.autograd.grad(y.data.square().sum() + h.sum(), [x, *ours.parameters()],
+            (y, (h, c)), (want_y, (want_h, want_c)) = ours(packed, hx), ref(packed, hx)
+            wrt = [x, *ours.parameters(), *(hx or ())]
+            got = torch.autograd.grad(y.data.square().sum() + h.sum() + c.square().sum(), wrt,
                                       retain_graph=True)
-            want = torch.autograd.grad(want_y.data.square().sum() + want_h.sum(), [x, *ref.parameters()])
-        if seed:
+            wrt = [x, *ref.parameters(), *(hx or ())]
+            want = torch.autograd.grad(want_y.data.square().sum() + want_h.sum() + want_c.square().sum(), wrt)
+        if seed:  # (the kept call: one node of autograd's graph pads, runs, packs and reorders)
             assert ours._quick_packed is kept is not None
-        for a, b in zip(got, want, strict=True):
+            assert type(y.data.grad_fn).__name__ == type(h.grad_fn).__name__ == "_EagerBackward"
+        for a, b in ((y.data, want_y.data), (h, want_h), (c, want_c), *zip(got, want, strict=True)):
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
@@ -170,8 +179,8 @@ def test_the_lane_pads_a_packed_sequence_and_replays_its_run(cuda):
             made.append(seed)
             y, finals = done
             want_y, (want_h, want_c) = ref(packed)
-            torch.testing.assert_close(unpacked.pack(y).data, want_y.data, rtol=1e-4, atol=1e-5)
-            h, c = unpacked.unsorted(finals[:-1])
+            torch.testing.assert_close(y.data, want_y.data, rtol=1e-4, atol=1e-5)
+            h, c = finals
             torch.testing.assert_close(h, want_h, rtol=1e-4, atol=1e-5)
             torch.testing.assert_close(c, want_c, rtol=1e-4, atol=1e-5)
     assert made, padded_here

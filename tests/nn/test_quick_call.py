@@ -115,6 +115,12 @@ class _Unpacked:
     def sorted(self, states):
         return list(states)
 
+    def unsorted(self, states):
+        return list(states)
+
+    def pack(self, y):
+        return ("packed", y)
+
 
 def test_a_packed_sequences_call_goes_to_the_lane_made_with_its_padding(kept, monkeypatch):
     """A kept call made with `rows` (a PackedSequence's padding) hands them to the runner's lane; its
@@ -132,11 +138,11 @@ def test_a_packed_sequences_call_goes_to_the_lane_made_with_its_padding(kept, mo
         unpacked = _Unpacked(x, steps)
         quick.packed(unpacked, packed, module_layout, params, None, 2, 1)  # (no lane yet: padded here)
         assert unpacked.pads == [(2, 1)] and runner.calls[-1][1] == [*zeros, steps]
-        lane = runner.next_lane = _Lane(("y", ["h"]))
+        lane = runner.next_lane = _Lane(("y", ["h", "steps left"]))
         quick(x, ("persistent", False), params, [*zeros, steps])
         assert runner.lanes[-1][-1] == rows
         unpacked = _Unpacked(x, steps)
-        assert quick.packed(unpacked, packed, module_layout, params, None, 2, 1) == ("y", ["h"])
+        assert quick.packed(unpacked, packed, module_layout, params, None, 2, 1) == (("packed", "y"), ["h"])
         assert lane.calls[-1] == (packed.data, packed.batch_sizes, params, 77) and not unpacked.pads
         given = [torch.ones(1, 3, 2)]
         quick.packed(_Unpacked(x, steps), packed, module_layout, params, given, 2, 1)
