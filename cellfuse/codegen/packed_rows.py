@@ -19,7 +19,7 @@ came before the first kernel of the call and the GPU waited for it
 
 from __future__ import annotations
 
-from .kernel_abi import BITS_C, BLOCK, grid_blocks
+from .kernel_abi import BITS_C, WARP, grid_blocks
 
 UNPACK_ROWS = "cf_unpack_rows"
 PACK_ROWS = "cf_pack_rows"
@@ -40,8 +40,10 @@ def capacity(steps: int) -> int:
 
 def launch_blocks(rows: int) -> int:
     """The blocks of a launch of either kernel over `rows` rows (of x and the steps-left state, or of the
-    data): a block of BLOCK threads a row, up to kernel_abi's largest grid."""
-    return grid_blocks(rows * BLOCK)
+    data): a warp a row, BLOCK threads a block, up to kernel_abi's largest grid. (A block a row, as
+    before, moved the LSTM's rows at B=64, H=512 at under half of an H200's bandwidth: a row of 2 KiB is
+    less work than a block's start.)"""
+    return grid_blocks(rows * WARP)
 
 
 def args_fields(steps_capacity: int) -> list[tuple[str, str, int]]:
@@ -54,8 +56,8 @@ def args_fields(steps_capacity: int) -> list[tuple[str, str, int]]:
 
 
 def packed_rows_source(itemsize: int, steps_capacity: int) -> str:
-    """Both kernels for elements of `itemsize` bytes and sequences of up to `steps_capacity` steps: a block
-    of threads per row (`launch_blocks`), the grid striding over the rows."""
+    """Both kernels for elements of `itemsize` bytes and sequences of up to `steps_capacity` steps: a warp
+    per row (`launch_blocks`), the grid's warps striding over the rows."""
     if itemsize not in BITS_C:
         raise ValueError(f"the packed rows' kernels move elements of 2 or 4 bytes, not {itemsize}")
     bits = BITS_C[itemsize]
@@ -75,49 +77,57 @@ __device__ __forceinline__ int cf_row_length(const {ARGS}& a, int b) {{
     return lo;
 }}
 
-// a row of `bytes` bytes from s to d (zeros where s is null) by the block's threads, as 16-byte words
-// where the row's length and both places allow
-__device__ __forceinline__ void cf_copy_row(const char* s, char* d, int bytes) {{
+// a row of `bytes` bytes from s to d (zeros where s is null) by a warp's threads (`lane` each), as
+// 16-byte words where the row's length and both places allow
+__device__ __forceinline__ void cf_copy_row(const char* s, char* d, int bytes, int lane) {{
     if ((((unsigned long long)s | (unsigned long long)d | (unsigned long long)bytes) & 15) == 0) {{
-        for (int i = threadIdx.x * 16; i < bytes; i += blockDim.x * 16)
+        for (int i = lane * 16; i < bytes; i += 32 * 16)
             *(uint4*)(d + i) = s ? *(const uint4*)(s + i) : make_uint4(0, 0, 0, 0);
     }} else {{
-        for (int i = threadIdx.x * {itemsize}; i < bytes; i += blockDim.x * {itemsize})
+        for (int i = lane * {itemsize}; i < bytes; i += 32 * {itemsize})
             *({bits}*)(d + i) = s ? *(const {bits}*)(s + i) : ({bits})0;
     }}
 }}
 
-// a block per row, striding: x's rows (t, b), then the steps-left state's rows (l, b)
+// the calling thread's warp of the grid, the grid's warps and its lane
+#define CF_WARPS_OF_THE_GRID \
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; \
+    const long long warps = (long long)gridDim.x * blockDim.x / 32; \
+    const int lane = threadIdx.x % 32;
+
+// a warp per row, striding: x's rows (t, b), then the steps-left state's rows (l, b)
 extern "C" __global__ void {UNPACK_ROWS}(const __grid_constant__ {ARGS} a) {{
+    CF_WARPS_OF_THE_GRID
     const int bytes = a.W * {itemsize};
     const long long rows = a.elements / a.W, steps_rows = a.steps_elements ? a.steps_elements / a.H : 0;
-    for (long long r = blockIdx.x; r < rows + steps_rows; r += gridDim.x) {{
+    for (long long r = warp; r < rows + steps_rows; r += warps) {{
         if (r < rows) {{
             const int t = (int)(r / a.B), b = (int)(r - (long long)t * a.B);
             const char* s = t < a.T && b < a.sizes[t]
                 ? (const char*)a.src + ((long long)a.offsets[t] + b) * bytes : nullptr;
-            cf_copy_row(s, (char*)a.dst + r * bytes, bytes);
+            cf_copy_row(s, (char*)a.dst + r * bytes, bytes, lane);
         }} else {{
             const long long k = r - rows;
             const float v = (float)cf_row_length(a, (int)(k % a.B));
             float* d = (float*)a.steps + k * a.H;
-            for (int j = threadIdx.x; j < a.H; j += blockDim.x) d[j] = v;
+            for (int j = lane; j < a.H; j += 32) d[j] = v;
         }}
     }}
 }}
 
-// a block per row of the data, striding
+// a warp per row of the data, striding
 extern "C" __global__ void {PACK_ROWS}(const __grid_constant__ {ARGS} a) {{
+    CF_WARPS_OF_THE_GRID
     const int bytes = a.W * {itemsize};
     const long long rows = a.elements / a.W;
-    for (long long p = blockIdx.x; p < rows; p += gridDim.x) {{
+    for (long long p = warp; p < rows; p += warps) {{
         int lo = 0, hi = a.T - 1;  // the step whose rows hold row p: the last offset not above it
         while (lo < hi) {{
             const int mid = (lo + hi + 1) >> 1;
             if (a.offsets[mid] <= p) lo = mid; else hi = mid - 1;
         }}
         cf_copy_row((const char*)a.src + ((long long)lo * a.B + (p - a.offsets[lo])) * bytes,
-                    (char*)a.dst + p * bytes, bytes);
+                    (char*)a.dst + p * bytes, bytes, lane);
     }}
 }}
 """

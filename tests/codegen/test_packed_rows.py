@@ -56,8 +56,9 @@ def test_capacities_are_few_and_bounded():
             capacity(refused)
 
 
-def test_a_launch_has_a_block_a_row_up_to_the_largest_grid():
-    assert [launch_blocks(rows) for rows in (0, 1, 6464, MAX_GRID + 1)] == [1, 1, 6464, MAX_GRID]
+def test_a_launch_has_a_warp_a_row_up_to_the_largest_grid():
+    assert [launch_blocks(rows) for rows in (0, 1, 8, 9, 6464, 8 * MAX_GRID + 1)] == [1, 1, 1, 2, 808,
+                                                                                     MAX_GRID]
 
 
 def test_elements_of_other_sizes_are_refused():
