@@ -190,12 +190,19 @@ def test_calls_that_carry_their_states_go_straight_to_the_runner(cuda, monkeypat
 
 
 def _runner_entries(monkeypatch) -> list:
-    """Calls that reached the runner's forward (those the C++ lane made do not)."""
+    """Calls that reached the runner's forward (those the C++ lane made do not), each as (the runner's
+    rung, its lane, the count of changes a lane stands aside at, stream_program.CHANGES), which an
+    assertion's message shows."""
+    from cellfuse.gpu_runtime.stream_program import CHANGES
     from cellfuse.nn.cuda_runner import CudaRunner
 
     entered = []
     whole = CudaRunner.forward
-    monkeypatch.setattr(CudaRunner, "forward", lambda *a, **k: entered.append(1) or whole(*a, **k))
+
+    def forward(runner, *a, **k):
+        entered.append((runner.plans.forward.schedule, runner.lane, CHANGES.value))
+        return whole(runner, *a, **k)
+    monkeypatch.setattr(CudaRunner, "forward", forward)
     return entered
 
 
@@ -333,7 +340,7 @@ def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeyp
             warm = len(entered)
             for _ in range(4):
                 got, (h, c) = lstm(x, given)
-            assert len(entered) == warm  # every direction of every layer made by its lane
+            assert len(entered) == warm, entered[warm - 4:]  # every direction of every layer made by its lane
             lstm._kept_layers._calls.clear()
             want, (want_h, want_c) = lstm(x, given)  # (the whole path)
             assert len(entered) == warm + 4
