@@ -385,8 +385,9 @@ class _Eager(torch.autograd.Function):
         dx, dstates, dparams = _gradients(ctx, grads, rnn_backward_impl, none_seeds=True)
         if ends is not None:
             dx = None if dx is None else ends.packed(dx)
-            needed = ctx.needs_input_grad[_LEADING:_LEADING + len(dstates) - 1]
-            dstates = ends.unsorted([d if need else None for d, need in zip(dstates, needed, strict=False)])
+            given = dstates[:-1]  # (the steps-left state was made here: no gradient goes back)
+            needed = ctx.needs_input_grad[_LEADING:_LEADING + len(given)]
+            dstates = ends.unsorted([d if need else None for d, need in zip(given, needed, strict=True)])
         if ctx.views is not None:
             dparams = ctx.views.gradients(dparams, ctx.needs_input_grad[_LEADING + len(dstates):])
         return dx, *(None,) * (_LEADING - 1), *dstates, *dparams
@@ -405,8 +406,6 @@ def run(x: torch.Tensor, states: list[torch.Tensor], params: Sequence[torch.Tens
     if not save:  # no backward pass to follow: nothing for autograd to record
         return _forward(x, states, params, cell, hidden, layers, schedule, save, direction, float32,
                         shared=True)
-    if isinstance(params, WeightViews):
-        return _Eager.apply(x, cell, hidden, layers, schedule, save, direction, float32, len(states), params,
-                            ends, *states, *params.sources)
-    return _Eager.apply(x, cell, hidden, layers, schedule, save, direction, float32, len(states), None, ends,
-                        *states, *params)
+    views = params if isinstance(params, WeightViews) else None
+    return _Eager.apply(x, cell, hidden, layers, schedule, save, direction, float32, len(states), views, ends,
+                        *states, *(params if views is None else views.sources))
