@@ -679,11 +679,13 @@ class _Export:
         copies read as cuBLAS's `op_w`, W's own)."""
         where = {"a": _ptr(g.a, t), "w": _var(g.w), "c": _ptr(g.c, t),
                  "bias": _var(g.bias) if g.bias else "NULL"}
+        # (W's region in the workspace too: the launcher makes W's copies at every call)
+        region = {"workspace": as_expr(0), "kept": f16x3_layout(g, m, kk).kept_at}
 
         def value(arg) -> str:
             if isinstance(arg, Ref):  # (a byte offset into the workspace, cast to its elements)
-                return f"({arg.ctype}*)(cf_split + {as_expr(arg.offset).c()})" if arg.of == "workspace" \
-                    else where[arg.of]
+                return (f"({arg.ctype}*)(cf_split + {(region[arg.of] + arg.offset).c()})" if arg.of in region
+                        else where[arg.of])
             return as_expr(arg).c(wide=False)
 
         for step in f16x3_steps(g, m, kk):

@@ -148,41 +148,48 @@ class F16x3Layout:
     W's splits, the copies' row lengths (A's always [rows, 3K], K contiguous, which the GEMM reads
     untransposed: where A is stored transposed, a weight gradient's x^T, its split transposes it), where
     the GEMM's float32 sums go (C itself, or, where the GEMM accumulates onto C, `sums` in the workspace,
-    row length n) and the workspace's bytes."""
+    row length n) and the workspace's bytes. W's copies and largest magnitudes are a region of their own at
+    the workspace's end (`kept_at`, `kept_bytes`; W's offsets are within it): they depend on W alone, so
+    that an executor may keep them elsewhere, made once per change of the weights."""
 
     a: Operand
     w: Operand
     lda3: Expr
     ldw3: Expr
     sums: Expr | None
-    nbytes: Expr
+    kept_at: Expr
+    kept_bytes: Expr
+
+    @property
+    def nbytes(self) -> Expr:
+        return self.kept_at + self.kept_bytes
 
 
 def f16x3_layout(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> F16x3Layout:
     """The workspace of a GEMM on tensor cores computing `rows` rows over `k` (the GEMM's)."""
     rows, k, n, lda = as_expr(rows), as_expr(k), as_expr(g.n), as_expr(g.a.ld)
     a_pieces = as_expr(0)
-    w_pieces = a_pieces + _aligned(2 * 3 * rows * k)
-    a_max = w_pieces + _aligned(2 * 3 * k * n)
-    w_max = a_max + _aligned(4 * rows)
-    end = w_max + _aligned(4 * n)
+    a_max = a_pieces + _aligned(2 * 3 * rows * k)
+    end = a_max + _aligned(4 * rows)
     sums = end if g.accumulate else None
     if sums is not None:
         end = end + _aligned(4 * rows * n)
+    w_pieces, w_max = as_expr(0), _aligned(2 * 3 * k * n)  # within W's region, at `end`
     a = (Operand(k, rows, lda, TRANSPOSED, 2, a_pieces, a_max) if g.trans_a
          else Operand(rows, k, lda, SIDE_BY_SIDE, 2, a_pieces, a_max))
     w = (Operand(n, k, k, SIDE_BY_SIDE, 1, w_pieces, w_max) if g.trans_w
          else Operand(k, n, n, STACKED, 1, w_pieces, w_max))
-    return F16x3Layout(a, w, 3 * k, 3 * k if g.trans_w else n, sums, end)
+    return F16x3Layout(a, w, 3 * k, 3 * k if g.trans_w else n, sums, end, w_max + _aligned(4 * n))
 
 
 @dataclass(frozen=True)
 class Ref:
     """An address a step of a GEMM on tensor cores reads or writes: one of the GEMM's own ("a", "w", "c",
-    "bias": null where it has none) or a byte offset into its workspace ("workspace", its elements of
-    `ctype`, as the exported launcher casts it)."""
+    "bias": null where it has none), a byte offset into its workspace ("workspace") or into W's region
+    ("kept": its copies and largest magnitudes, see F16x3Layout), its elements of `ctype`, as the exported
+    launcher casts it."""
 
-    of: Literal["a", "w", "c", "bias", "workspace"]
+    of: Literal["a", "w", "c", "bias", "workspace", "kept"]
     offset: Expr | int = 0
     ctype: str = "float"
 
@@ -192,34 +199,37 @@ class Step:
     """One call of a GEMM on tensor cores (`f16x3_steps`): "zero" (args: where, 32-bit words), "kernel" (a
     kernel of gemm_splits.cuh by `name`, with `threads` threads of BLOCK a block, and its arguments) or
     "gemm" (cuBLAS's fp16 GEMM over 3K into float32; args: W's copies, their row length, A's, theirs, the
-    sums, theirs: cuBLAS's W first, as the float32 GEMM)."""
+    sums, theirs: cuBLAS's W first, as the float32 GEMM). `of_w`: a step that makes W's region (W's
+    column maxima and copies), which depends on W alone."""
 
     kind: Literal["zero", "kernel", "gemm"]
     name: str
     args: tuple
     threads: Expr | int = 0
+    of_w: bool = False
 
 
 def f16x3_steps(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> list[Step]:
     """The calls of a GEMM on tensor cores computing `rows` rows over `k`, in order, the one sequence the
     executors and the exported launcher each put in their own terms: each operand's column maxima where it
-    has them (zeroed first: cf_f16x3_maxima folds them in by atomics) and its copies, the fp16 GEMM into C
-    or the workspace's sums, then the pass that undoes the scales, adds the bias and accumulates."""
+    has them (zeroed first: cf_f16x3_maxima folds them in by atomics) and its copies (W's first, `of_w`),
+    the fp16 GEMM into C or the workspace's sums, then the pass that undoes the scales, adds the bias and
+    accumulates."""
     lay = f16x3_layout(g, rows, k)
     steps: list[Step] = []
-    for part, source in ((lay.a, Ref("a")), (lay.w, Ref("w"))):
-        maxima = Ref("workspace", part.maxima)
+    for part, source, region in ((lay.w, Ref("w"), "kept"), (lay.a, Ref("a"), "workspace")):
+        maxima, of_w = Ref(region, part.maxima), region == "kept"
         if part.per_column:
-            steps += [Step("zero", "zeroing the column maxima", (maxima, part.scales)),
+            steps += [Step("zero", "zeroing the column maxima", (maxima, part.scales), of_w=of_w),
                       Step("kernel", "cf_f16x3_maxima", (maxima, source, part.rows, part.cols, part.ld),
-                           maxima_threads(part.rows, part.cols))]
+                           maxima_threads(part.rows, part.cols), of_w)]
         steps.append(Step("kernel", "cf_split_f16x3_copies",
-                          (Ref("workspace", part.pieces, "__half"), source, maxima, part.rows, part.cols,
+                          (Ref(region, part.pieces, "__half"), source, maxima, part.rows, part.cols,
                            part.ld, part.layout, part.lo_piece),
-                          split_threads(part.rows, part.cols, part.layout)))
+                          split_threads(part.rows, part.cols, part.layout), of_w))
     sums, ldd = (Ref("workspace", lay.sums), as_expr(g.n)) if lay.sums is not None else (Ref("c"), g.c.ld)
-    a_pieces, w_pieces = (Ref("workspace", part.pieces, "__half") for part in (lay.a, lay.w))
-    a_max, w_max = (Ref("workspace", part.maxima) for part in (lay.a, lay.w))
+    a_pieces, w_pieces = Ref("workspace", lay.a.pieces, "__half"), Ref("kept", lay.w.pieces, "__half")
+    a_max, w_max = Ref("workspace", lay.a.maxima), Ref("kept", lay.w.maxima)
     steps += [Step("gemm", "cuBLAS's fp16 GEMM", (w_pieces, lay.ldw3, a_pieces, lay.lda3, sums, ldd)),
               Step("kernel", "cf_f16x3_unscale_sums",
                    (Ref("c"), sums, a_max, w_max, Ref("bias"), as_expr(rows), g.n, g.c.ld, ldd,

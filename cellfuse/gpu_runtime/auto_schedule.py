@@ -61,8 +61,9 @@ REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 # independent blocks start early and mask their elements; version 17's tensor rung multiplies each float32
 # product of its step GEMMs as three fp16 ones; version 18's stages K in the widest chunks that fit;
 # version 19's persistent kernels that spill registers unroll their loops over K 8 at a time; version 20's
-# GEMMs outside the loop multiply each float32 product as three fp16 ones) is measured again.
-RUNGS_VERSION = 20
+# GEMMs outside the loop multiply each float32 product as three fp16 ones; version 21's forward passes
+# keep W's fp16 copies between runs) is measured again.
+RUNGS_VERSION = 21
 
 
 @dataclass(frozen=True)

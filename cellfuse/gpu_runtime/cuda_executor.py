@@ -18,7 +18,14 @@ import numpy as np
 
 from ..codegen import Plan, plan_kernels
 from ..codegen.dtypes import loaded, stored
-from ..codegen.gemm_routes import GEMM_DEFAULT_ALGO, Ref, f16x3_steps, gemm_ex_types, workspace_bytes
+from ..codegen.gemm_routes import (
+    GEMM_DEFAULT_ALGO,
+    Ref,
+    f16x3_layout,
+    f16x3_steps,
+    gemm_ex_types,
+    workspace_bytes,
+)
 from ..codegen.kernel_abi import BLOCK, grid_blocks, kernel_params
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import (
@@ -140,9 +147,8 @@ class CudaExecutor:
                         if b.role in ("weight", "stacked", "bias")}
         sizes = {name: b.nbytes(plan.sizes) for name, b in plan.buffers.items()}
         splits = split_bytes(self.program.instructions, self.program.streams)
-        images = (image_elements(self.program.instructions, self.weights)
-                  if self.capability == (9, 0) else {})
-        offsets, span = aligned_offsets([*sizes.values(), *splits, *(4 * n for n in images.values())])
+        images = image_bytes(self.program.instructions, self.weights, self.capability == (9, 0))
+        offsets, span = aligned_offsets([*sizes.values(), *splits, *images.values()])
         free, _ = drv.mem_get_info()
         need = span + self.program.streams * _CUBLAS_WORKSPACE
         if need > free:
@@ -153,7 +159,8 @@ class CudaExecutor:
         self.addr: dict[str, int] = dict(zip(sizes, at[:len(sizes)], strict=True))
         # per stream, the workspace of its GEMMs on tensor cores (see f16x3_layout)
         self.splits = at[len(sizes):len(sizes) + len(splits)]
-        # per GEMM of the weights that the warpgroup GEMM may run, where the forward pass keeps W's image
+        # per GEMM of the weights on tensor cores and route, where the forward pass keeps what it makes of W
+        # (the copies' W region, the warpgroup GEMM's image)
         self.image_at = dict(zip(images, at[len(sizes) + len(splits):], strict=True))
         for name, arr in plan.weight_arrays(params, np.float32).items():
             drv.memcpy_htod(self.addr[name], stored(plan.buffers[name].dtype, arr))
@@ -182,11 +189,11 @@ class CudaExecutor:
         self.events = [drv.Event(drv.event_flags.DISABLE_TIMING) for _ in range(self.program.events)]
         self.graph_exec = None
         self._cs = self.cu.CUstream(self.stream.handle) if self.cu is not None else None  # for graphs
-        # Every launch of a forward pass with its addresses resolved once; `enqueue` only calls them. The
-        # images of W that its warpgroup GEMMs read are made apart, when the weights are written (see
-        # `weights_changed`): on an H100 that made IndRNN's forward at B=64 faster
-        # (docs/results/2026-11-27-persistent-rungs-changes-14-to-19.md, change 19).
-        self.image_calls: dict[tuple, Callable[[], object]] = {}
+        # Every launch of a forward pass with its addresses resolved once; `enqueue` only calls them. What
+        # its GEMMs on tensor cores make of the weights (W's copies, the warpgroup GEMM's image of W) is
+        # made apart, when the weights are written (see `weights_changed`): on an H100 that made IndRNN's
+        # forward at B=64 faster (docs/results/2026-11-27-persistent-rungs-changes-14-to-19.md, change 19).
+        self.image_calls: dict[tuple, list[Callable[[], object]]] = {}
         self.calls = [call for instr in self.program.instructions
                       for call in self._calls(instr, 0, self.forward_handles, images=self.image_calls)]
         self.weights_changed()
@@ -222,23 +229,28 @@ class CudaExecutor:
         return self.addr[acc.buffer] + acc.dtype.itemsize * element_offset(instr, acc, t,
                                                                           self.plan.sizes.batch)
 
-    def _copies(self, g, op: Operands, s: int, handles: list[int]) -> list[Callable[[], object]]:
+    def _copies(self, g, op: Operands, s: int, handles: list[int],
+                kept: tuple[int, list] | None = None) -> list[Callable[[], object]]:
         """A GEMM on tensor cores as three fp16 products, its workspace at `op.pieces`: the calls of
-        gemm_routes.f16x3_steps, its fp16 GEMM by cuBLASLt's algorithm measured fastest for the shape."""
+        gemm_routes.f16x3_steps, its fp16 GEMM by cuBLASLt's algorithm measured fastest for the shape.
+        Where `kept` is given (an address, a list), W's region is there and the calls that make it go into
+        the list (on the executor's stream, for `weights_changed`), not among those returned."""
         stream, workspace, sms = self._on_handle[handles[s]]
-        where = {"a": op.x, "w": op.w, "c": op.c, "bias": op.bias, "workspace": op.pieces}
+        lay = f16x3_layout(g, op.m, g.k)
+        where = {"a": op.x, "w": op.w, "c": op.c, "bias": op.bias, "workspace": op.pieces,
+                 "kept": kept[0] if kept else op.pieces + int(lay.kept_at)}
 
         def value(arg) -> int:
             return where[arg.of] + int(arg.offset) if isinstance(arg, Ref) else int(arg)
 
         out: list[Callable[[], object]] = []
         for step in f16x3_steps(g, op.m, g.k):
+            if kept and step.of_w:
+                kept[1].append(self._f16x3_kernel(step, [value(a) for a in step.args], self.stream))
+                continue
             args = [value(a) for a in step.args]
-            if step.kind == "zero":
-                out.append(partial(self.drv.memset_d32_async, args[0], 0, args[1], stream))
-            elif step.kind == "kernel":
-                out.append(partial(self.f16x3_kernels[step.name].prepared_async_call,
-                                   (grid_blocks(int(step.threads)), 1), (BLOCK, 1, 1), stream, *args))
+            if step.kind in ("zero", "kernel"):
+                out.append(self._f16x3_kernel(step, args, stream))
             else:
                 split_w, ldw3, split_a, lda3, sums, ldd = args
                 shape = Shape(g.trans_w, g.n, op.m, 3 * g.k, ldw3, lda3, ldd, sms,
@@ -248,6 +260,13 @@ class CudaExecutor:
                 out.append(partial(self.f16x3_gemms.call, chosen, stream, workspace, one, split_w, split_a,
                                    zero, sums))
         return out
+
+    def _f16x3_kernel(self, step, args: list[int], stream) -> Callable[[], object]:
+        """The call of a "zero" or "kernel" step of gemm_routes.f16x3_steps, its arguments resolved."""
+        if step.kind == "zero":
+            return partial(self.drv.memset_d32_async, args[0], 0, args[1], stream)
+        return partial(self.f16x3_kernels[step.name].prepared_async_call, (grid_blocks(int(step.threads)), 1),
+                       (BLOCK, 1, 1), stream, *args)
 
     def _route(self, g, op: Operands, s: int, handles: list[int]) -> str:
         """Which route runs a GEMM on tensor cores that the warpgroup GEMM could run: the one measured
@@ -312,13 +331,19 @@ class CudaExecutor:
                 wgmma = (route == "f16x3-or-wgmma" and usable(self.capability, op)
                          and warpgroup_gemms() is not None)
                 if wgmma and self._route(g, op, s, handles) == "wgmma":
-                    gemms, key = warpgroup_gemms(), image_key(g)
+                    gemms, key = warpgroup_gemms(), (image_key(g), "wgmma")
                     if images is None or key not in self.image_at:  # W's image made by every run
                         return gemms.calls(op, self.streams[s])
                     op = replace(op, pieces=self.image_at[key])
-                    images.setdefault(key, gemms.image_call(op, self.stream))
+                    images.setdefault(key, [gemms.image_call(op, self.stream)])
                     return [gemms.gemm_call(op, self.streams[s])]
-                return self._copies(g, op, s, handles)
+                key = (image_key(g), "copies")
+                if images is None or key not in self.image_at:  # W's copies made by every run
+                    return self._copies(g, op, s, handles)
+                made: list[Callable[[], object]] = []
+                calls = self._copies(g, op, s, handles, (self.image_at[key], made))
+                images.setdefault(key, made)
+                return calls
             case Kernel(launch=k, rows=rows, stream=s):
                 name = self.name_of[k]
                 params = kernel_params(k)
@@ -348,11 +373,13 @@ class CudaExecutor:
                 raise TypeError(f"the CUDA executor cannot run {instr!r}")
 
     def weights_changed(self) -> None:
-        """Remakes, on the stream, what the forward pass keeps of the weights from run to run (the images
-        of W that its warpgroup GEMMs read): to be called once the weights' buffers are written, before
-        the next forward pass; the executor calls it for the weights it is made with."""
-        for call in self.image_calls.values():
-            call()
+        """Remakes, on the stream, what the forward pass keeps of the weights from run to run (W's copies
+        of its GEMMs on tensor cores, the images of W that its warpgroup GEMMs read): to be called once the
+        weights' buffers are written, before the next forward pass; the executor calls it for the weights
+        it is made with."""
+        for calls in self.image_calls.values():
+            for call in calls:
+                call()
 
     def enqueue(self) -> None:
         """Puts one whole forward pass on the streams."""
@@ -471,12 +498,21 @@ def image_key(g) -> tuple:
     return g.w, g.n, g.k, g.trans_w
 
 
-def image_elements(instructions, weights: set[str]) -> dict[tuple, int]:
-    """Per GEMM of the weights that the warpgroup GEMM may run (its route), by `image_key`: the float32
-    elements of W's image (hi and lo, 2 k n)."""
-    return {image_key(gemm.launch): 2 * gemm.launch.n * gemm.launch.k
-            for gemm in _tensor_core_gemms(instructions)
-            if gemm.route == "f16x3-or-wgmma" and gemm.launch.w in weights}
+def image_bytes(instructions, weights: set[str], wgmma: bool) -> dict[tuple, int]:
+    """What a forward pass keeps of its weights between runs, made when they change: per GEMM of the
+    weights on tensor cores, by (`image_key`, route), the bytes of W's region of the split copies
+    (gemm_routes.F16x3Layout: W's copies and largest magnitudes) and, where the warpgroup GEMM may run it
+    (its route, and `wgmma`: this GPU has sm_90a's instructions), of W's image for it (hi and lo, 2 k n
+    floats). Both where both may run: the route is measured per shape, and two GEMMs of one W may differ."""
+    kept: dict[tuple, int] = {}
+    for gemm in _tensor_core_gemms(instructions):
+        g = gemm.launch
+        if g.w not in weights:
+            continue
+        kept[(image_key(g), "copies")] = int(f16x3_layout(g, gemm.rows, g.k).kept_bytes)
+        if wgmma and gemm.route == "f16x3-or-wgmma":
+            kept[(image_key(g), "wgmma")] = 4 * 2 * g.n * g.k
+    return kept
 
 
 def device_peaks() -> Peaks | None:

@@ -15,9 +15,10 @@ as a launch list (launch_list.py) that makes them all in one call from Python.
 The GEMMs run as the Plan's routes say: float32 through cuBLAS; on tensor cores, each float32 product as
 three fp16 ones through split copies and cuBLAS's fp16 GEMM over 3K, or as the warpgroup GEMM where it is
 usable and measured faster for the shape (`route_choice`, once per shape and process). The split copies
-need scratch memory (`scratch`, bytes per name, to be given with the buffers); a warpgroup GEMM of a
-weight reads W's image, made by `weights_changed` into memory the caller gives under `image_name(w)` (see
-`images`).
+need scratch memory (`scratch`, bytes per name, to be given with the buffers); what a GEMM on tensor cores
+makes of a weight (W's copies and largest magnitudes, `pieces_name(w)`; the warpgroup GEMM's image of W,
+`image_name(w)`) is made by `weights_changed` into memory the caller gives under that name (see
+`images`), not by every run.
 
 No call of `run` waits for the GPU or allocates: everything that does (compiling, loading, measuring)
 happens when the program is made, so a program must be made before a CUDA graph capture begins. Runs of
@@ -35,7 +36,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..codegen.cuda_wgmma import SMEM_BYTES, SOURCE, THREADS, gemm_grid
-from ..codegen.gemm_routes import GEMM_DEFAULT_ALGO, Ref, f16x3_steps, gemm_ex_types, workspace_bytes
+from ..codegen.gemm_routes import (
+    GEMM_DEFAULT_ALGO,
+    Ref,
+    f16x3_layout,
+    f16x3_steps,
+    gemm_ex_types,
+    workspace_bytes,
+)
 from ..codegen.kernel_abi import BLOCK, grid_blocks, kernel_params
 from ..codegen.kernel_set import KernelSet
 from ..codegen.lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, element_offset
@@ -61,6 +69,19 @@ CAPTURES_ON_TRIAL = 4 * MAX_KEPT_RUNS
 
 def split_name(stream: int) -> str:
     return f"split:{stream}"
+
+
+def _is_weight(plan: Plan, name: str) -> bool:
+    """Whether a GEMM's W is one of the weights, which change only where the caller says so
+    (`weights_changed`); a backward pass's W may be a gradient, of its own plan's buffers only."""
+    buffer = plan.buffers.get(name)
+    return buffer is not None and buffer.role in ("weight", "stacked", "bias")
+
+
+def pieces_name(w: str, transposed: bool) -> str:
+    """The name of W's region of the split copies (its copies and largest magnitudes; one per layout W is
+    read in)."""
+    return f"pieces:{w}:{'T' if transposed else 'N'}"
 
 
 def image_name(w: str, transposed: bool) -> str:
@@ -270,11 +291,19 @@ class _Calls:
             s, f"cuBLAS's {g.multiply.name} GEMM of {g.group}")
 
     def copies(self, g, m: int, a, c, s: int) -> None:
-        """Three fp16 products in the stream's scratch: the calls of gemm_routes.f16x3_steps, on stream s."""
+        """Three fp16 products in the stream's scratch: the calls of gemm_routes.f16x3_steps, on stream s.
+        W's region (its copies and largest magnitudes) is made by `weights_changed` into memory the caller
+        gives under `pieces_name(w)` where W is a weight, else by every run in the scratch."""
         scratch = split_name(s)
         self.scratch[scratch] = max(self.scratch.get(scratch, 0), workspace_bytes(g, m, "f16x3"))
+        lay = f16x3_layout(g, m, g.k)
+        weight = _is_weight(self.plan, g.w)
+        kept = (pieces_name(g.w, g.trans_w), 0) if weight else (scratch, int(lay.kept_at))
+        made = weight and kept[0] in self.images  # by another GEMM of the same W
+        if weight:
+            self.images[kept[0]] = int(lay.kept_bytes)
         where = {"a": a, "w": (g.w, 0), "c": c, "bias": (g.bias, 0) if g.bias else None,
-                 "workspace": (scratch, 0)}
+                 "workspace": (scratch, 0), "kept": kept}
 
         def value(arg):
             if not isinstance(arg, Ref):
@@ -284,10 +313,11 @@ class _Calls:
 
         for step in f16x3_steps(g, m, g.k):
             args = [value(arg) for arg in step.args]
-            if step.kind == "zero":
-                self.calls.fill(self._args(args[:1])[0], 0, args[1], s, f"{step.name} of {g.group}")
-            elif step.kind == "kernel":
-                self._kernel(step.name, grid_blocks(int(step.threads)), BLOCK, args, s)
+            if step.of_w and weight:  # made when the weights change, on the stream given then
+                if not made:
+                    self._f16x3_kernel(step, args, g, 0, self.image_calls)
+            elif step.kind in ("zero", "kernel"):
+                self._f16x3_kernel(step, args, g, s, self.calls)
             else:
                 split_w, ldw3, split_a, lda3, sums, ldd = args
                 one = self.res.scalars.ctypes.data
@@ -296,12 +326,19 @@ class _Calls:
                      one + 4, sums, _R_32F, ldd, _COMPUTE_32F, GEMM_DEFAULT_ALGO]),
                     s, f"{step.name} of {g.group}")
 
+    def _f16x3_kernel(self, step, args: list, g, s: int, calls: LaunchList) -> None:
+        """A "zero" or "kernel" step of gemm_routes.f16x3_steps into `calls`, on stream s."""
+        if step.kind == "zero":
+            calls.fill(self._args(args[:1])[0], 0, args[1], s, f"{step.name} of {g.group}")
+        else:
+            self._kernel(step.name, grid_blocks(int(step.threads)), BLOCK, args, s, calls=calls)
+
     def wgmma(self, g, op: Operands, a, c, s: int) -> None:
         """W's image, then the warpgroup GEMM (adding g's bias, if it has one, in its epilogue): the image
         made by `weights_changed` where W is a weight the caller keeps an image of, else by every run into
         the stream's scratch."""
         image_fn, gemm_fn = self.res.wgmma_functions()
-        weight = self.plan.buffers[g.w].role in ("weight", "stacked", "bias")
+        weight = _is_weight(self.plan, g.w)
         pieces = (image_name(g.w, g.trans_w), 0) if weight else (split_name(s), 0)
         nbytes = 4 * 2 * g.n * g.k
         image = ("cf_wgmma_image", (g.n * g.k + 255) // 256, 256,

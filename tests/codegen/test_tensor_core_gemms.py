@@ -100,7 +100,8 @@ def test_each_stream_has_room_for_its_largest_split():
 
 def test_a_gemm_that_accumulates_sums_into_its_workspace_first():
     """Where a GEMM adds onto C (a backward pass's gradients), cuBLAS writes its sums into the workspace,
-    after the copies and maxima, and the pass adds them to C; each part starts on 256 bytes."""
+    after A's copies and maxima and before W's region (W's copies and maxima, which an executor may keep
+    elsewhere), and the pass adds them to C; each part starts on 256 bytes."""
     from cellfuse.codegen.backward_plan import backward_plan
     from cellfuse.codegen.lowering import Gemm, Loop
 
@@ -112,9 +113,11 @@ def test_a_gemm_that_accumulates_sums_into_its_workspace_first():
     for gemm in gemms:
         g = gemm.launch
         lay = f16x3_layout(g, gemm.rows, g.k)
-        parts = [lay.a.pieces, lay.w.pieces, lay.a.maxima, lay.w.maxima, lay.sums]
+        parts = [lay.a.pieces, lay.a.maxima, lay.sums, lay.kept_at, lay.kept_at + lay.w.maxima]
         assert [int(p) % 256 for p in parts] == [0] * 5 and sorted(map(int, parts)) == list(map(int, parts))
-        assert int(lay.nbytes) >= int(lay.sums) + 4 * gemm.rows * g.n
+        assert int(lay.kept_at) >= int(lay.sums) + 4 * gemm.rows * g.n
+        assert int(lay.w.pieces) == 0 and int(lay.kept_bytes) >= int(lay.w.maxima) + 4 * g.n
+        assert int(lay.nbytes) == int(lay.kept_at + lay.kept_bytes)
         # a weight's gradient reads x^T: A's copies transposed, its maxima per column of x (A's rows)
         assert (lay.a.per_column, int(lay.a.scales)) == (g.trans_a, gemm.rows)
 

@@ -67,3 +67,20 @@ def test_w_images_are_made_when_the_weights_change_not_inside_a_run(stand_ins, s
     assert len(made.images) == 2  # each layer's input weights, read by its hoisted GEMMs
     assert made._image_calls.names == [IMAGE, IMAGE]
     assert IMAGE not in made.names and made.names.count("cf_wgmma_gemm of gemm0") >= 2
+
+
+@pytest.mark.parametrize("schedule", ["wavefront", "graph"])
+def test_w_copies_are_made_when_the_weights_change_not_inside_a_run(stand_ins, monkeypatch, schedule):
+    """Where the split copies run a GEMM of a weight, W's copies and column maxima (its region) are made
+    with the images, once per layer's weights however many GEMMs read them; a run splits x alone."""
+    monkeypatch.setattr(stream_program, "route_choice", lambda *args: "copies")
+    plan = make_plan(load_template("lstm"), Sizes(100, 256, 512, 512, 2), schedule)
+    program = lower(plan)
+    made = stream_program.StreamProgram(plan, program.instructions, kernel_set.plan_kernels(plan), "sm_90a",
+                                        (9, 0), 132, "the test's kernels", 0, program.sharing)
+    assert sorted(made.images) == [stream_program.pieces_name(w, False) for w in ("l0.gemm0.w", "l1.gemm0.w")]
+    assert made._image_calls.names.count("cf_f16x3_maxima") == 2
+    assert made._image_calls.names.count("cf_split_f16x3_copies") == 2
+    gemms = made.names.count("cuBLAS's fp16 GEMM of gemm0")
+    assert gemms >= 2 and made.names.count("cf_split_f16x3_copies") == gemms  # x's, not W's
+    assert "cf_f16x3_maxima" not in made.names

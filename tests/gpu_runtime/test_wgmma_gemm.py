@@ -86,14 +86,16 @@ def test_either_route_matches_the_reference(sm90, monkeypatch, route, name, sche
     assert rel < 1e-4
 
 
-def test_new_weights_reach_the_kept_image_once_the_executor_is_told(sm90, monkeypatch):
-    """The forward pass reads W's image made when the weights were written, not by every run: weights
-    written into the executor's buffers (as cellfuse.nn writes them) and `weights_changed` called, the
-    next run (its CUDA graph replayed) matches the reference with the new weights; the image kernel is
-    not among the forward pass's own calls."""
+@pytest.mark.parametrize("route, made", [("wgmma", 1), ("copies", 3)])
+def test_new_weights_reach_the_kept_image_once_the_executor_is_told(sm90, monkeypatch, route, made):
+    """The forward pass reads what it makes of W (the warpgroup GEMM's image, or W's copies and column
+    maxima: a zeroing, the maxima, the copies) made when the weights were written, not by every run:
+    weights written into the executor's buffers (as cellfuse.nn writes them) and `weights_changed`
+    called, the next run (its CUDA graph replayed) matches the reference with the new weights; those
+    calls are not among the forward pass's own."""
     from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
 
-    monkeypatch.setattr(CudaExecutor, "_route", lambda self, g, op, s, handles: "wgmma")
+    monkeypatch.setattr(CudaExecutor, "_route", lambda self, g, op, s, handles: route)
     cell = load_template("indrnn")
     rng = np.random.default_rng(7)
     x = rng.standard_normal((100, 64, 512)).astype(np.float32)
@@ -101,7 +103,8 @@ def test_new_weights_reach_the_kept_image_once_the_executor_is_told(sm90, monkey
     plan = make_plan(cell, Sizes(100, 64, 512, 512), "persistent", device_target())
     ex = CudaExecutor(plan, init_params(cell, 1, 512, 512, 7))
     try:
-        assert len(ex.image_calls) == 1 and not set(ex.image_calls.values()) & set(ex.calls)
+        ((key, calls),) = ex.image_calls.items()
+        assert key[1] == route and len(calls) == made and not set(calls) & set(ex.calls)
         ex.run(x, initial)
         params = init_params(cell, 1, 512, 512, 8)
         for name, arr in plan.weight_arrays(params, np.float32).items():

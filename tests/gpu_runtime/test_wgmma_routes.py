@@ -20,25 +20,30 @@ def test_the_route_is_taken_only_where_the_kernel_can_run_here():
     assert usable((9, 0), replace(op, m=65535 * 128)) and not usable((9, 0), replace(op, m=65535 * 128 + 1))
 
 
-def test_the_forward_keeps_an_image_of_each_weight_gemm_the_kernel_takes():
+def test_the_forward_keeps_what_its_gemms_on_tensor_cores_make_of_each_weight():
     """IndRNN's input GEMM (W a weight, 6400 x 512 x 512) and the LSTM's (6400 x 2048 x 512) get a place
-    for W's image, kept between forward passes; under `graph` (the input GEMM in chunks of 640 rows, the
-    recurrent one of 64 rows a step: CUDA cores) and where W is not a weight, none does."""
+    for W's region of the split copies (its fp16 copies and column maxima) and, on a GPU where the
+    warpgroup GEMM may run, for its image of W (hi and lo floats), kept between forward passes; under
+    `graph` (the input GEMM in chunks of 640 rows, the recurrent one of 64 rows a step: CUDA cores) and
+    where W is not a weight, none is."""
     from cellfuse.codegen import make_plan
     from cellfuse.codegen.lowering import lower
-    from cellfuse.gpu_runtime.cuda_executor import image_elements
+    from cellfuse.gpu_runtime.cuda_executor import image_bytes
     from cellfuse.graph_model import Sizes, load_template
 
-    def images(name, schedule, batch, weights=None):
+    def images(name, schedule, batch, weights=None, wgmma=True):
         plan = make_plan(load_template(name), Sizes(100, batch, 512, 512), schedule)
         weights = weights if weights is not None else {n for n, b in plan.buffers.items()
                                                        if b.role in ("weight", "stacked", "bias")}
-        return image_elements(lower(plan).instructions, weights)
+        return image_bytes(lower(plan).instructions, weights, wgmma)
 
     found = images("indrnn", "persistent", 64)
-    assert list(found.values()) == [2 * 512 * 512]
-    ((w, n, k, trans_w),) = found
+    ((w, n, k, trans_w),) = {key for key, _ in found}
     assert (n, k, trans_w) == (512, 512, False)
+    assert found == {((w, n, k, trans_w), "copies"): 2 * 3 * 512 * 512 + 4 * 512,
+                     ((w, n, k, trans_w), "wgmma"): 4 * 2 * 512 * 512}
+    assert list(images("indrnn", "persistent", 64, wgmma=False)) == [((w, n, k, trans_w), "copies")]
     assert images("indrnn", "persistent", 64, weights=set()) == {}
-    assert [key[1:] for key in images("lstm", "persistent", 64)] == [(2048, 512, False)]
+    assert [(key[1:], route) for key, route in images("lstm", "persistent", 64)] == [
+        ((2048, 512, False), "copies"), ((2048, 512, False), "wgmma")]
     assert images("lstm", "graph", 64) == {}
