@@ -119,9 +119,9 @@ def _aligned(nbytes: Expr) -> Expr:
 @dataclass(frozen=True)
 class Operand:
     """How one operand of a GEMM on tensor cores is split: its source's rows, columns and row length, its
-    layout, the copy that is its lo piece, and where in the workspace (bytes) its copies and its largest
-    magnitudes go (one per source row side by side, found by the split; else per source column, by
-    cf_f16x3_maxima first: A's rows, W's columns)."""
+    layout, the copy that is its lo piece, and where its copies and its largest magnitudes go (bytes into
+    the workspace for A, into W's region for W; one magnitude per source row side by side, found by the
+    split; else per source column, by cf_f16x3_maxima first: A's rows, W's columns)."""
 
     rows: Expr
     cols: Expr

@@ -268,23 +268,36 @@ class CudaExecutor:
         return partial(self.f16x3_kernels[step.name].prepared_async_call, (grid_blocks(int(step.threads)), 1),
                        (BLOCK, 1, 1), stream, *args)
 
-    def _route(self, g, op: Operands, s: int, handles: list[int]) -> str:
+    def _route(self, g, op: Operands, s: int, handles: list[int], kept: bool) -> str:
         """Which route runs a GEMM on tensor cores that the warpgroup GEMM could run: the one measured
         faster for its shape, once per process (on scratch memory as large as its operands, so that no
-        buffer of the executor changes; a shape already measured costs nothing more)."""
+        buffer of the executor changes; a shape already measured costs nothing more). Where the forward
+        pass keeps what each route makes of W (`kept`), that is made once before the timing and not
+        timed, as the stream programs time it."""
         gemms = warpgroup_gemms()
         stream, _, sms = self._on_handle[handles[s]]
-        key = (device_description(), op.m, op.n, op.k, op.lda, op.ldw, op.ldc, op.trans_w, op.accumulate, sms)
+        key = (device_description(), op.m, op.n, op.k, op.lda, op.ldw, op.ldc, op.trans_w, op.accumulate, sms,
+               kept)
         if key not in gemms.chosen:
             w_rows = op.n if op.trans_w else op.k
             offsets, span = aligned_offsets([4 * op.m * op.lda, 4 * w_rows * op.ldw, 4 * op.m * op.ldc,
-                                             workspace_bytes(g, op.m, "f16x3-or-wgmma")])
+                                             workspace_bytes(g, op.m, "f16x3-or-wgmma"),
+                                             int(f16x3_layout(g, op.m, g.k).kept_bytes), 4 * 2 * g.n * g.k])
             scratch = self.drv.mem_alloc(span)
             try:
-                x, w, c, pieces = (int(scratch) + offset for offset in offsets)
+                x, w, c, pieces, region, image = (int(scratch) + offset for offset in offsets)
                 on = replace(op, c=c, x=x, w=w, pieces=pieces)
-                gemms.chosen[key] = gemms.faster({"copies": self._copies(g, on, s, handles),
-                                                  "wgmma": gemms.calls(on, stream)}, stream)
+                if kept:
+                    made: list[Callable[[], object]] = []
+                    copies = self._copies(g, on, s, handles, (region, made))
+                    imaged = replace(on, pieces=image)
+                    for call in [*made, gemms.image_call(imaged, stream)]:
+                        call()
+                    self.stream.synchronize()  # (W's copies were made on it)
+                    routes = {"copies": copies, "wgmma": [gemms.gemm_call(imaged, stream)]}
+                else:
+                    routes = {"copies": self._copies(g, on, s, handles), "wgmma": gemms.calls(on, stream)}
+                gemms.chosen[key] = gemms.faster(routes, stream)
             finally:
                 stream.synchronize()
                 scratch.free()
@@ -292,12 +305,13 @@ class CudaExecutor:
 
     def _calls(self, instr: Instruction, t: int, handles: list[int] | None = None,
                splits: list[int] | None = None,
-               images: dict[tuple, Callable[[], object]] | None = None) -> list[Callable[[], object]]:
+               images: dict[tuple, list[Callable[[], object]]] | None = None) -> list[Callable[[], object]]:
         """The calls that put one instruction at step t on its stream, its GEMMs through `handles` (per
         stream; the executor's own by default), those on tensor cores splitting their operands into
         `splits` (per stream, as `split_bytes` counts them; the executor's own by default). Where
-        `images` is given, a warpgroup GEMM of the weights reads W's image where `image_at` keeps it, and
-        the call that makes it goes into `images` (one per image) instead of before the GEMM."""
+        `images` is given, a GEMM on tensor cores of the weights reads what it makes of W (W's copies, or
+        the warpgroup GEMM's image of W) where `image_at` keeps it, and the calls that make it go into
+        `images` (once per weight, layout and route) instead of before the GEMM."""
         handles = handles or self.handles
         splits = splits or self.splits
         B = self.plan.sizes.batch
@@ -330,7 +344,8 @@ class CudaExecutor:
                               bool(g.accumulate), self.addr[g.bias] if g.bias else 0)
                 wgmma = (route == "f16x3-or-wgmma" and usable(self.capability, op)
                          and warpgroup_gemms() is not None)
-                if wgmma and self._route(g, op, s, handles) == "wgmma":
+                kept = images is not None and (image_key(g), "copies") in self.image_at
+                if wgmma and self._route(g, op, s, handles, kept) == "wgmma":
                     gemms, key = warpgroup_gemms(), (image_key(g), "wgmma")
                     if images is None or key not in self.image_at:  # W's image made by every run
                         return gemms.calls(op, self.streams[s])
@@ -338,7 +353,7 @@ class CudaExecutor:
                     images.setdefault(key, [gemms.image_call(op, self.stream)])
                     return [gemms.gemm_call(op, self.streams[s])]
                 key = (image_key(g), "copies")
-                if images is None or key not in self.image_at:  # W's copies made by every run
+                if not kept:  # W's copies made by every run
                     return self._copies(g, op, s, handles)
                 made: list[Callable[[], object]] = []
                 calls = self._copies(g, op, s, handles, (self.image_at[key], made))

@@ -167,14 +167,14 @@ class _Resources:
 
 class _Calls:
     """The calls of instructions as they are built: the buffers they address (by slot), the scratch the
-    split copies need, and the images of weights that the warpgroup GEMMs read (made by calls of their
-    own, `images`, on one stream)."""
+    split copies need, and what the GEMMs on tensor cores make of the weights (W's copies, the warpgroup
+    GEMMs' images of W: `images`, made by calls of their own, `image_calls`, on one stream)."""
 
     def __init__(self, res: _Resources, plan: Plan, sm_count: int, events: list, what: str):
         self.res, self.plan, self.sm_count, self.events = res, plan, sm_count, events
         self.buffers: dict[str, int] = {}  # buffer name -> slot
         self.scratch: dict[str, int] = {}  # name -> bytes
-        self.images: dict[str, int] = {}  # image_name(w) -> bytes
+        self.images: dict[str, int] = {}  # pieces_name(w) or image_name(w) -> bytes
         self.calls = LaunchList(what)
         self.image_calls = LaunchList(f"{what}: the images of weights")
 
@@ -598,8 +598,9 @@ class StreamProgram:
         return [addresses.get(name, 0) for name in self.buffers]
 
     def weights_changed(self, at: list[int], stream: int) -> None:
-        """Remakes W's images for the warpgroup GEMMs from the weights (addresses in the order of
-        `buffers`: those of the weights and images are read), on `stream`."""
+        """Remakes what the GEMMs on tensor cores make of the weights (W's copies, the warpgroup GEMMs'
+        images of W) from the weights (addresses in the order of `buffers`: those of the weights and of
+        `images` are read), on `stream`."""
         if self._image_calls.names:
             self._image_calls.run(at, stream)
 

@@ -84,3 +84,20 @@ def test_w_copies_are_made_when_the_weights_change_not_inside_a_run(stand_ins, m
     gemms = made.names.count("cuBLAS's fp16 GEMM of gemm0")
     assert gemms >= 2 and made.names.count("cf_split_f16x3_copies") == gemms  # x's, not W's
     assert "cf_f16x3_maxima" not in made.names
+
+
+def test_a_backward_program_keeps_w_transposed_and_splits_the_gradients_every_run(stand_ins, monkeypatch):
+    """A backward program (the train plan's buffers, the backward plan's instructions, as cellfuse.nn
+    makes it): its input gradient's GEMM reads the weights transposed, a region of their own made with
+    the images; the weights' gradients multiply by the gates' gradient, not a weight, split at every run."""
+    from cellfuse.codegen.backward_plan import backward_plan
+
+    monkeypatch.setattr(stream_program, "route_choice", lambda *args: "copies")
+    plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "graph", save_steps=True)
+    backward = backward_plan(plan)
+    made = stream_program.StreamProgram(plan, backward.instructions(), kernel_set.backward_kernels(backward),
+                                        "sm_90a", (9, 0), 132, "the test's backward kernels")
+    assert sorted(made.images) == [stream_program.pieces_name("l0.gemm0.w", True)]
+    assert made._image_calls.names.count("cf_split_f16x3_copies") == 1
+    gemms = sum(name.startswith("cuBLAS's fp16 GEMM") for name in made.names)
+    assert gemms >= 3 and made.names.count("cf_split_f16x3_copies") == 2 * gemms - 1
