@@ -88,6 +88,12 @@ class Buffer:
     def nbytes(self, sizes: Sizes) -> int:
         return self.elements(sizes) * self.dtype.itemsize
 
+    @property
+    def is_weight(self) -> bool:
+        """Whether the caller's parameters fill it (from `sources`): it changes only where the caller says
+        so, never in a run."""
+        return self.role in ("weight", "stacked", "bias")
+
 
 @dataclass
 class GemmGroup:

@@ -143,8 +143,7 @@ class CudaExecutor:
             ("cf_f16x3_maxima", "PPiii"), ("cf_split_f16x3_copies", "PPPiiiii"),
             ("cf_f16x3_unscale_sums", "PPPPPiiiii"))}
 
-        self.weights = {name for name, b in plan.buffers.items()
-                        if b.role in ("weight", "stacked", "bias")}
+        self.weights = {name for name, b in plan.buffers.items() if b.is_weight}
         sizes = {name: b.nbytes(plan.sizes) for name, b in plan.buffers.items()}
         splits = split_bytes(self.program.instructions, self.program.streams)
         images = image_bytes(self.program.instructions, self.weights, self.capability == (9, 0))
@@ -245,11 +244,10 @@ class CudaExecutor:
 
         out: list[Callable[[], object]] = []
         for step in f16x3_steps(g, op.m, g.k):
-            if kept and step.of_w:
-                kept[1].append(self._f16x3_kernel(step, [value(a) for a in step.args], self.stream))
-                continue
             args = [value(a) for a in step.args]
-            if step.kind in ("zero", "kernel"):
+            if kept and step.of_w:
+                kept[1].append(self._f16x3_kernel(step, args, self.stream))
+            elif step.kind in ("zero", "kernel"):
                 out.append(self._f16x3_kernel(step, args, stream))
             else:
                 split_w, ldw3, split_a, lda3, sums, ldd = args
@@ -344,7 +342,8 @@ class CudaExecutor:
                               bool(g.accumulate), self.addr[g.bias] if g.bias else 0)
                 wgmma = (route == "f16x3-or-wgmma" and usable(self.capability, op)
                          and warpgroup_gemms() is not None)
-                kept = images is not None and (image_key(g), "copies") in self.image_at
+                copies_key = (image_key(g), "copies")
+                kept = images is not None and copies_key in self.image_at
                 if wgmma and self._route(g, op, s, handles, kept) == "wgmma":
                     gemms, key = warpgroup_gemms(), (image_key(g), "wgmma")
                     if images is None or key not in self.image_at:  # W's image made by every run
@@ -352,12 +351,11 @@ class CudaExecutor:
                     op = replace(op, pieces=self.image_at[key])
                     images.setdefault(key, [gemms.image_call(op, self.stream)])
                     return [gemms.gemm_call(op, self.streams[s])]
-                key = (image_key(g), "copies")
                 if not kept:  # W's copies made by every run
                     return self._copies(g, op, s, handles)
                 made: list[Callable[[], object]] = []
-                calls = self._copies(g, op, s, handles, (self.image_at[key], made))
-                images.setdefault(key, made)
+                calls = self._copies(g, op, s, handles, (self.image_at[copies_key], made))
+                images.setdefault(copies_key, made)
                 return calls
             case Kernel(launch=k, rows=rows, stream=s):
                 name = self.name_of[k]

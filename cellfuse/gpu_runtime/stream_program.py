@@ -72,10 +72,10 @@ def split_name(stream: int) -> str:
 
 
 def _is_weight(plan: Plan, name: str) -> bool:
-    """Whether a GEMM's W is one of the weights, which change only where the caller says so
-    (`weights_changed`); a backward pass's W may be a gradient, of its own plan's buffers only."""
+    """Whether a GEMM's W is one of the weights (`Buffer.is_weight`: they change only where the caller
+    says so, `weights_changed`); a backward pass's W may be a gradient, of its own plan's buffers only."""
     buffer = plan.buffers.get(name)
-    return buffer is not None and buffer.role in ("weight", "stacked", "bias")
+    return buffer is not None and buffer.is_weight
 
 
 def pieces_name(w: str, transposed: bool) -> str:

@@ -50,7 +50,7 @@ from ..graph_model import CellError
 from . import quick_lane
 from .packed_for import PackedFor, owner
 from .runners import TORCH_DTYPES, Plans, Runner
-from .tensor_layout import WEIGHT_ROLES, TensorLayout
+from .tensor_layout import TensorLayout
 from .zeros import Zeros, made_here
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class Memory:
                      if backward is not None and plan.buffers[name].dtype != x_type]
         external = {"x", self.output, *(f"{e}.{s}" for s in plan.state_ids for e in ("init", "final"))}
         external -= set(self.kept)
-        weights = [name for name, b in plan.buffers.items() if b.role in WEIGHT_ROLES]
+        weights = [name for name, b in plan.buffers.items() if b.is_weight]
         own = [name for name in plan.buffers if name not in external and name not in weights]
         program = lower(plan)
         splits = split_bytes(program.instructions, program.streams)

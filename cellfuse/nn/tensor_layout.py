@@ -35,9 +35,6 @@ from ..codegen.plan import ParamPart, Plan, grad_of
 
 Views = Mapping[str, torch.Tensor]
 
-WEIGHT_ROLES = ("weight", "stacked", "bias")
-
-
 class TensorLayout:
     """The module's parameters into a plan's weight buffers, the seeds into its backward plan's gradient
     buffers, the gradients out of them."""

@@ -11,7 +11,6 @@ from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.plan import Target
 from cellfuse.graph_model import Sizes, load_template, template_names
 from cellfuse.nn.cuda_runner import ALIGNMENT, Memory
-from cellfuse.nn.tensor_layout import WEIGHT_ROLES
 
 H100 = Target(132, 232448)
 
@@ -28,7 +27,7 @@ def test_a_calls_memory_holds_every_buffer_once(name, schedule, layers):
     memory = Memory(plan, backward)
     states = {f"{e}.{s}" for s in plan.state_ids for e in ("init", "final")}
     caller = {"x", plan.layers[-1].output_seq, *states}
-    weights = {n for n, b in plan.buffers.items() if b.role in WEIGHT_ROLES}
+    weights = {n for n, b in plan.buffers.items() if b.is_weight}
     assert set(memory.weights) == weights
     in_reserve = {n for n in memory.reserve if not n.startswith("split:")}
     assert in_reserve == set(plan.buffers) - caller - weights
