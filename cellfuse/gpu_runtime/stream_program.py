@@ -295,9 +295,11 @@ class _Calls:
         W's region (its copies and largest magnitudes) is made by `weights_changed` into memory the caller
         gives under `pieces_name(w)` where W is a weight, else by every run in the scratch."""
         scratch = split_name(s)
-        self.scratch[scratch] = max(self.scratch.get(scratch, 0), workspace_bytes(g, m, "f16x3"))
         lay = f16x3_layout(g, m, g.k)
         weight = _is_weight(self.plan, g.w)
+        # (W's region is in the scratch only where it is made there)
+        need = int(lay.kept_at if weight else lay.nbytes)
+        self.scratch[scratch] = max(self.scratch.get(scratch, 0), need)
         kept = (pieces_name(g.w, g.trans_w), 0) if weight else (scratch, int(lay.kept_at))
         made = weight and kept[0] in self.images  # by another GEMM of the same W
         if weight:

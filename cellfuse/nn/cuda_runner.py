@@ -31,7 +31,7 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -295,8 +295,7 @@ class CudaRunner(Runner):
                 for layout, buffers in self.packing:
                     layout.pack(_views(memory, self._weight_extents, buffers), params, buffers)
             addresses = {name: base + at for name, at in (*self.weight_at.items(), *self._image_at.items())}
-            for each in self._programs.values():
-                each.weights_changed(each.resolve_some(addresses), stream)
+            remake_images(self._programs.values(), addresses, stream)
             if capturing:  # a replay reads what the capture's packing wrote then, where it is: kept
                 packed_for.forget()
                 self._captured.add(memory.data_ptr())
@@ -693,6 +692,20 @@ class CudaRunner(Runner):
                      [(slot, 0) for slot in range(1 + outputs)], 0)
         calls.finish()
         return calls
+
+
+def remake_images(programs: Iterable, addresses: dict[str, int], stream: int) -> None:
+    """What the programs make of the weights (their `images`, at `addresses` in a packing), made again on
+    `stream` after the weights changed: each image once where it can be. Programs that read the same image
+    (the forward and training programs read W's copies, both backward programs W^T's) share its region,
+    so a program whose images a program before it has made is skipped, the programs with most images
+    first."""
+    made: set[str] = set()
+    for program in sorted(programs, key=lambda p: -len(p.images)):
+        if program.images.keys() <= made:
+            continue
+        program.weights_changed(program.resolve_some(addresses), stream)
+        made |= program.images.keys()
 
 
 def _strides(p: torch.Tensor, rows: int, width: int) -> tuple[int, int] | None:

@@ -72,13 +72,20 @@ def test_w_images_are_made_when_the_weights_change_not_inside_a_run(stand_ins, s
 @pytest.mark.parametrize("schedule", ["wavefront", "graph"])
 def test_w_copies_are_made_when_the_weights_change_not_inside_a_run(stand_ins, monkeypatch, schedule):
     """Where the split copies run a GEMM of a weight, W's copies and column maxima (its region) are made
-    with the images, once per layer's weights however many GEMMs read them; a run splits x alone."""
+    with the images, once per layer's weights however many GEMMs read them; a run splits x alone, and
+    its scratch has no room for W's region."""
+    from cellfuse.codegen.gemm_routes import f16x3_layout
+
     monkeypatch.setattr(stream_program, "route_choice", lambda *args: "copies")
     plan = make_plan(load_template("lstm"), Sizes(100, 256, 512, 512, 2), schedule)
     program = lower(plan)
     made = stream_program.StreamProgram(plan, program.instructions, kernel_set.plan_kernels(plan), "sm_90a",
                                         (9, 0), 132, "the test's kernels", 0, program.sharing)
     assert sorted(made.images) == [stream_program.pieces_name(w, False) for w in ("l0.gemm0.w", "l1.gemm0.w")]
+    layouts = [f16x3_layout(i.launch, i.rows, i.launch.k) for i in stream_program._flat(program.instructions)
+               if getattr(i, "route", "").startswith("f16x3")]
+    assert layouts and max(made.scratch.values()) == max(int(lay.kept_at) for lay in layouts)
+    assert made.images[stream_program.pieces_name("l0.gemm0.w", False)] == int(layouts[0].kept_bytes)
     assert made._image_calls.names.count("cf_f16x3_maxima") == 2
     assert made._image_calls.names.count("cf_split_f16x3_copies") == 2
     gemms = made.names.count("cuBLAS's fp16 GEMM of gemm0")

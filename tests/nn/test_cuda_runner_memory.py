@@ -191,3 +191,27 @@ def test_zeros_asked_for_under_a_capture_are_made_there_and_not_kept(monkeypatch
     assert first is not second and not made_here(first) and made == [torch.device("cuda")] * 2
     assert zeros((L, B, H), torch.float32, torch.device("cpu")) is zeros((L, B, H), torch.float32,
                                                                           torch.device("cpu"))
+
+
+def test_new_weights_remake_each_image_once_where_programs_share_it():
+    """After the weights change, each program that reads images of them remakes them, but an image that
+    two programs read (one region of the packing) is made by one: the program with most images first,
+    then only those that read an image no program before them made."""
+    made = []
+
+    class Program:
+        def __init__(self, name, images):
+            self.name, self.images = name, dict.fromkeys(images, 64)
+
+        def resolve_some(self, addresses):
+            return [addresses[name] for name in self.images]
+
+        def weights_changed(self, at, stream):
+            made.append((self.name, at, stream))
+
+    programs = [Program("forward", ["W copies"]), Program("none", []),
+                Program("train", ["W copies", "U image"]), Program("backward", ["W^T copies"]),
+                Program("backward without dx", ["W^T copies"])]
+    addresses = {"W copies": 100, "U image": 200, "W^T copies": 300}
+    cuda_runner.remake_images(programs, addresses, stream=7)
+    assert made == [("train", [100, 200], 7), ("backward", [300], 7)]
