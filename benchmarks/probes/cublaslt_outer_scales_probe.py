@@ -23,6 +23,8 @@ import pycuda.autoinit  # noqa: F401
 import pycuda.driver as drv
 from nvmath.bindings import cublasLt as lt
 
+from cellfuse.gpu_runtime.event_timing import median_ms
+
 R_32F, R_16F, COMPUTE_32F = 0, 2, 68
 OUTER_VEC_32F = 3
 ALPHA_DEVICE_VECTOR_BETA_HOST = 4
@@ -32,18 +34,6 @@ CANDIDATES = 8
 def set_attr(desc, attribute, value, dtype=np.int32):
     v = np.array([value], dtype)
     lt.matmul_desc_set_attribute(desc, attribute, v.ctypes.data, v.nbytes)
-
-
-def median_ms(fn, runs=20):
-    start, end = drv.Event(), drv.Event()
-    times = []
-    for _ in range(runs):
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(end.time_since(start))
-    return float(np.median(times))
 
 
 def main() -> None:
@@ -137,7 +127,7 @@ def main() -> None:
             except lt.cuBLASLtError as e:
                 print(f"{name:28s} an offered algorithm refused: {e}")
                 continue
-            t = median_ms(run)
+            t = median_ms(drv, run, None, 20)  # (the default stream, as lt.matmul's 0)
             if best is None or t < best[0]:
                 best = (t, run)
         if best is None:

@@ -238,12 +238,16 @@ def f16x3_steps(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> list[Step]:
     return steps
 
 
-def workspace_bytes(g: GemmLaunch, rows: int, route: Route) -> int:
+def workspace_bytes(g: GemmLaunch, rows: int, route: Route, w_kept: bool = False) -> int:
     """The bytes of workspace a GEMM on tensor cores computing `rows` rows needs in an executor: its
     f16x3_layout's, or, where its route may take the warpgroup GEMM, that GEMM's image of W (2 k n floats)
-    if larger."""
+    if larger; where what it makes of W is kept elsewhere (`w_kept`: W's region and image, made when the
+    weights change), the layout's up to W's region alone."""
+    lay = f16x3_layout(g, rows, g.k)
+    if w_kept:
+        return int(lay.kept_at)
     image = 4 * 2 * g.n * g.k if route == "f16x3-or-wgmma" else 0
-    return max(int(f16x3_layout(g, rows, g.k).nbytes), image)
+    return max(int(lay.nbytes), image)
 
 
 GEMM_DEFAULT_ALGO = -1  # cublasGemmAlgo_t of cublasGemmEx: cuBLAS's own choice

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import replace
 from functools import lru_cache, partial
 
@@ -145,7 +145,8 @@ class CudaExecutor:
 
         self.weights = {name for name, b in plan.buffers.items() if b.is_weight}
         sizes = {name: b.nbytes(plan.sizes) for name, b in plan.buffers.items()}
-        splits = split_bytes(self.program.instructions, self.program.streams)
+        # (the forward pass keeps what its GEMMs make of every weight: `image_bytes`)
+        splits = split_bytes(self.program.instructions, self.program.streams, self.weights)
         images = image_bytes(self.program.instructions, self.weights, self.capability == (9, 0))
         offsets, span = aligned_offsets([*sizes.values(), *splits, *images.values()])
         free, _ = drv.mem_get_info()
@@ -496,13 +497,14 @@ def _tensor_core_gemms(instructions):
                 yield inner
 
 
-def split_bytes(instructions, streams: int) -> list[int]:
+def split_bytes(instructions, streams: int, kept: Collection[str] = ()) -> list[int]:
     """Per stream, the bytes of workspace its largest GEMM on tensor cores needs (gemm_routes.workspace_bytes;
-    0 where none runs on tensor cores): one GEMM at a time per stream, so they share it."""
+    0 where none runs on tensor cores): one GEMM at a time per stream, so they share it. A GEMM whose W is
+    among `kept` has what it makes of W kept elsewhere (made when the weights change)."""
     need = [0] * streams
     for gemm in _tensor_core_gemms(instructions):
         g = gemm.launch
-        need[gemm.stream] = max(need[gemm.stream], workspace_bytes(g, gemm.rows, gemm.route))
+        need[gemm.stream] = max(need[gemm.stream], workspace_bytes(g, gemm.rows, gemm.route, g.w in kept))
     return need
 
 

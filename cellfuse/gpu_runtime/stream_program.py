@@ -297,9 +297,7 @@ class _Calls:
         scratch = split_name(s)
         lay = f16x3_layout(g, m, g.k)
         weight = _is_weight(self.plan, g.w)
-        # (W's region is in the scratch only where it is made there)
-        need = int(lay.kept_at if weight else lay.nbytes)
-        self.scratch[scratch] = max(self.scratch.get(scratch, 0), need)
+        self.scratch[scratch] = max(self.scratch.get(scratch, 0), workspace_bytes(g, m, "f16x3", weight))
         kept = (pieces_name(g.w, g.trans_w), 0) if weight else (scratch, int(lay.kept_at))
         made = weight and kept[0] in self.images  # by another GEMM of the same W
         if weight:

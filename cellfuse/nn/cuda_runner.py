@@ -98,7 +98,8 @@ class Memory:
         weights = [name for name, b in plan.buffers.items() if b.is_weight]
         own = [name for name in plan.buffers if name not in external and name not in weights]
         program = lower(plan)
-        splits = split_bytes(program.instructions, program.streams)
+        # (the programs keep what their GEMMs make of the weights: stream_program's `images`)
+        splits = split_bytes(program.instructions, program.streams, weights)
         self.scratch = scratch = {split_name(s): n for s, n in enumerate(splits) if n}
         self.reserve, self.reserve_bytes = _layout([(n, plan.buffers[n].nbytes(plan.sizes)) for n in own]
                                                    + list(scratch.items()))
@@ -106,7 +107,7 @@ class Memory:
         if backward is not None:
             instructions = backward.instructions()
             splits = split_bytes(instructions, 1 + max((getattr(i, "stream", 0) for i in instructions),
-                                                          default=0))
+                                                          default=0), weights)
             self.grad_scratch = scratch = {split_name(s): n for s, n in enumerate(splits) if n}
             # those a run must start at zero first, so that one memset of `restart_bytes` clears them all;
             # a buffer that a kernel overwrites whole, and the scratch, need no start

@@ -35,6 +35,7 @@ from ..codegen.plan import ParamPart, Plan, grad_of
 
 Views = Mapping[str, torch.Tensor]
 
+
 class TensorLayout:
     """The module's parameters into a plan's weight buffers, the seeds into its backward plan's gradient
     buffers, the gradients out of them."""

@@ -108,3 +108,30 @@ def test_a_backward_program_keeps_w_transposed_and_splits_the_gradients_every_ru
     assert made._image_calls.names.count("cf_split_f16x3_copies") == 1
     gemms = sum(name.startswith("cuBLAS's fp16 GEMM") for name in made.names)
     assert gemms >= 3 and made.names.count("cf_split_f16x3_copies") == 2 * gemms - 1
+
+
+@pytest.mark.parametrize("route", ["copies", "wgmma"])
+@pytest.mark.parametrize("cell, schedule, batch, layers",
+                         [("lstm", "tensor", 64, 1), ("gru", "wavefront", 256, 2)])
+def test_the_runners_memory_holds_each_programs_scratch_and_no_room_for_kept_weights(
+        stand_ins, monkeypatch, route, cell, schedule, batch, layers):
+    """cellfuse.nn's runner reserves each stream's scratch as split_bytes counts it: exactly what the
+    forward and backward programs ask for where they split copies, W's region left out where they keep it
+    among their images."""
+    from cellfuse.codegen.backward_plan import backward_plan
+    from cellfuse.nn.cuda_runner import Memory
+
+    monkeypatch.setattr(stream_program, "route_choice", lambda *args: route)
+    monkeypatch.setattr(driver, "resident_blocks", lambda *args: 1)
+    plan = make_plan(load_template(cell), Sizes(100, batch, 512, 512, layers), schedule, save_steps=True)
+    backward = backward_plan(plan)
+    memory = Memory(plan, backward)
+    program = lower(plan)
+    forward = stream_program.StreamProgram(plan, program.instructions, kernel_set.plan_kernels(plan),
+                                           "sm_90a", (9, 0), 132, "the test's kernels", 0, program.sharing)
+    back = stream_program.StreamProgram(plan, backward.instructions(), kernel_set.backward_kernels(backward),
+                                        "sm_90a", (9, 0), 132, "the test's backward kernels")
+    for made, have in ((forward, memory.scratch), (back, memory.grad_scratch)):
+        assert all(nbytes <= have.get(name, 0) for name, nbytes in made.scratch.items())
+        if route == "copies":
+            assert made.scratch == have
