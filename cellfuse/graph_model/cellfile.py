@@ -130,9 +130,12 @@ def _write_beside_and_replace(path: Path, data: bytes, mode: int | None) -> None
         tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
         try:
             fd = os.open(tmp, flags, 0o666)  # the umask applies, as for any new file
-            break
         except FileExistsError:
             continue
+        except BaseException:  # a signal's (the CLI raises SIGTERM's), as the call that made the file ends
+            tmp.unlink(missing_ok=True)
+            raise
+        break
     else:
         raise OSError("cannot create a temporary file beside it")
     try:
