@@ -27,6 +27,8 @@ width: states keep seq+1 row blocks, GEMM outputs and step values one per step);
 starts at zero and every backward launch adds into it (cuBLAS's beta = 1, kernels' `+=`), so a value
 read by several launches collects each one's gradient; except a buffer that one kernel writes whole,
 each element once, which that kernel overwrites (`written_once`): it need not load the zeros first.
+Two such buffers that the kernel fills with the same values (the LSTM's gradients of x @ W and h @ U,
+both their sum's) are one (`same_gradients`): stored once, and read by both weights' gradients.
 Within one launch no two threads add into the same element: a [N] value that a kernel broadcasts over
 its rows gets its gradient per row into a buffer of that kernel's own (T*B rows), summed after the loop;
 where only that sum is wanted (a weight's gradient), a kernel of the loop adds each step's into the same
@@ -72,13 +74,14 @@ import numpy as np
 from ..graph_model import OPS, CellError, Gradients
 from .adjoint import adjoint
 from .dtypes import FLOAT32, DType
-from .lowering import Instruction, Loop, Persistent, as_instruction
+from .lowering import Instruction, Loop, Persistent, as_instruction, w_regions_shared
 from .persistent import persistent_launch, written
 from .plan import (
     ALL_STEPS,
     Access,
     Buffer,
     GemmLaunch,
+    GradInstr,
     Instr,
     KernelLaunch,
     Launch,
@@ -125,7 +128,7 @@ class BackwardPlan:
             else:
                 out.append(Loop(tuple(as_instruction(launch, batch) for launch in lb.step), reverse=True))
             out += [as_instruction(launch, batch) for launch in lb.after]
-        return tuple(out)
+        return w_regions_shared(tuple(out))
 
     def buffer_elements(self, name: str) -> int:
         return self.buffers[name].elements(self.forward.sizes)
@@ -263,6 +266,11 @@ def backward_plan(forward: Plan) -> BackwardPlan:
     seeded = {grad_of(lp.output_seq) for lp in forward.layers}
     seeded |= {grad_of(acc.buffer) for lp in forward.layers for acc in lp.state_read.values()}
     once = written_once([launch for step, after in launched for launch in (*step, *after)], buffers, seeded)
+    if same := same_gradients([launch for step, _ in launched for launch in step], buffers, once):
+        launched = [(renamed(step, same), renamed(after, same)) for step, after in launched]
+        once -= same.keys()
+        for name in same:
+            del buffers[name]
 
     def stores(launch: Launch) -> Launch:
         if not isinstance(launch, KernelLaunch):
@@ -304,6 +312,81 @@ def sixteen_bit_grads(forward: Plan) -> dict[str, DType]:
                                   f"mix 16-bit and float32 gradients in '{g.c.buffer}' (GEMM {g.group}): it "
                                   "runs in float32 only")
     return out
+
+
+def same_gradients(launches: list[Launch], buffers: dict[str, Buffer], once: set[str]) -> dict[str, str]:
+    """Gradient buffers that hold what another holds, element for element -> that other one. A kernel of
+    the loop that writes two `written_once` buffers of one shape, each of its columns of one the same
+    value as the same columns of the other, writes them both whole: the LSTM's step kernel, whose
+    gradients of x @ W and h @ U are both the gradient of their sum (an add passes its result's gradient
+    on as it is). One buffer then does for both: the kernel stores it once, and the two weights'
+    gradients read the same operand (which the GEMMs on tensor cores then split once)."""
+    same: dict[str, str] = {}
+    for launch in launches:
+        if not isinstance(launch, KernelLaunch):
+            continue
+        value = _passed_on(launch.body)
+        stored: dict[str, dict[int, tuple[str, Access]]] = {}
+        for v, acc in launch.outputs:
+            if acc.buffer in once:
+                stored.setdefault(acc.buffer, {})[acc.col] = (value.get(v, v), replace(acc, buffer=""))
+        names = list(stored)
+        for i, name in enumerate(names):
+            b = buffers[name]
+            for kept in names[:i]:
+                k = buffers[kept]
+                if kept not in same and (b.rows, b.width, b.dtype) == (k.rows, k.width, k.dtype) \
+                        and stored[name] == stored[kept]:
+                    same[name] = kept
+                    break
+    return same
+
+
+def _passed_on(body: tuple[Instr | GradInstr, ...]) -> dict[str, str]:
+    """The values of a body that are another value as it is: the gradient an add passes each argument
+    (its derivative rule is dy itself) -> the value it is, followed back to one that is not."""
+    value: dict[str, str] = {}
+    for instr in body:
+        if isinstance(instr, GradInstr) and instr.op.cuda_grad[instr.arg] == "{dy}":
+            value[instr.result] = value.get(instr.dy, instr.dy)
+    return value
+
+
+def renamed(launches: list[Launch], same: dict[str, str]) -> list[Launch]:
+    """The launches with each buffer of `same` read and written as the one it names; a kernel's store
+    into the same place twice (the same value, see same_gradients) made once, and what only the store
+    left out read dropped from its body."""
+    def at(acc: Access) -> Access:
+        return replace(acc, buffer=same[acc.buffer]) if acc.buffer in same else acc
+
+    out: list[Launch] = []
+    for launch in launches:
+        if isinstance(launch, GemmLaunch):
+            out.append(replace(launch, a=at(launch.a), c=at(launch.c), w=same.get(launch.w, launch.w)))
+            continue
+        places: dict[Access, str] = {}
+        for v, acc in launch.outputs:
+            places.setdefault(at(acc), v)
+        outputs = tuple((v, acc) for acc, v in places.items())
+        body = launch.body if len(outputs) == len(launch.outputs) else _live(launch.body, outputs)
+        out.append(replace(launch, inputs=tuple((v, at(acc)) for v, acc in launch.inputs), outputs=outputs,
+                           body=body))
+    return out
+
+
+def _live(body: tuple[Instr | GradInstr, ...], outputs: tuple[tuple[str, Access], ...]
+          ) -> tuple[Instr | GradInstr, ...]:
+    """The instructions of a body that the outputs need."""
+    need = {v for v, _ in outputs}
+    kept = []
+    for instr in reversed(body):
+        if instr.result not in need:
+            continue
+        kept.append(instr)
+        need |= {a for a in instr.args if isinstance(a, str)}
+        if isinstance(instr, GradInstr):
+            need |= {instr.dy, instr.y}
+    return tuple(reversed(kept))
 
 
 def written_once(launches: list[Launch], buffers: dict[str, Buffer], seeded: set[str]) -> set[str]:

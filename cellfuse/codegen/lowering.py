@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from .gemm_routes import Route, route
+from .gemm_routes import Route, f16x3_layout, route
 from .plan import Access, GemmLaunch, KernelLaunch, Launch, PersistentLaunch, Plan, state_copies
 
 MAIN, SIDE = 0, 1  # the streams: the recurrence, and the hoisted launches beside it
@@ -36,6 +36,37 @@ class Gemm:
     route: Route
     stream: int = MAIN
     steps: tuple[int, int] | None = None
+    # On tensor cores: where in its stream's workspace (bytes) the GEMM before it on the stream left its
+    # W's region (gemm_routes.F16x3Layout), the same W's, which this one reads instead of making it again
+    # (see `w_regions_shared`); None: it makes its own. (The exported launcher, whose routes are decided
+    # at run time, makes every GEMM's own.)
+    w_made_at: int | None = None
+
+
+def w_regions_shared(instructions: tuple[Instruction, ...]) -> tuple[Instruction, ...]:
+    """The instructions with `w_made_at` set on each GEMM on tensor cores right after one of the same W on
+    the same stream (both split copies, `route` "f16x3"; the one before does not write W): the LSTM's
+    two weight gradients read the same gates' gradient as W, which is then split once. W's region stays
+    where the first GEMM made it (at its layout's `kept_at`), so a GEMM shares it only where its own
+    operands and sums end before that."""
+    out: list[Instruction] = []
+    last: tuple[Gemm, int] | None = None  # the instruction before if a GEMM splitting copies, W's region
+    for instr in instructions:
+        if not isinstance(instr, Gemm) or instr.route != "f16x3" or instr.steps is not None:
+            last = None
+            out.append(instr)
+            continue
+        g = instr.launch
+        own = int(f16x3_layout(g, instr.rows, g.k).kept_at)
+        if last is not None:
+            h, at = last[0].launch, last[1]
+            if (h.w, h.trans_w, h.n, h.k, h.w_dtype, last[0].stream) == (g.w, g.trans_w, g.n, g.k, g.w_dtype,
+                                                                         instr.stream) \
+                    and h.c.buffer != g.w and own <= at:
+                instr = replace(instr, w_made_at=at)
+        last = (instr, own if instr.w_made_at is None else instr.w_made_at)
+        out.append(instr)
+    return tuple(out)
 
 
 @dataclass(frozen=True)

@@ -229,16 +229,19 @@ class CudaExecutor:
         return self.addr[acc.buffer] + acc.dtype.itemsize * element_offset(instr, acc, t,
                                                                           self.plan.sizes.batch)
 
-    def _copies(self, g, op: Operands, s: int, handles: list[int],
-                kept: tuple[int, list] | None = None) -> list[Callable[[], object]]:
+    def _copies(self, g, op: Operands, s: int, handles: list[int], kept: tuple[int, list] | None = None,
+                w_made_at: int | None = None) -> list[Callable[[], object]]:
         """A GEMM on tensor cores as three fp16 products, its workspace at `op.pieces`: the calls of
         gemm_routes.f16x3_steps, its fp16 GEMM by cuBLASLt's algorithm measured fastest for the shape.
         Where `kept` is given (an address, a list), W's region is there and the calls that make it go into
-        the list (on the executor's stream, for `weights_changed`), not among those returned."""
+        the list (on the executor's stream, for `weights_changed`), not among those returned; where
+        `w_made_at` is (the instruction's, see lowering.w_regions_shared), the GEMM before made it there
+        in the workspace."""
         stream, workspace, sms = self._on_handle[handles[s]]
         lay = f16x3_layout(g, op.m, g.k)
+        at = int(lay.kept_at) if w_made_at is None else w_made_at
         where = {"a": op.x, "w": op.w, "c": op.c, "bias": op.bias, "workspace": op.pieces,
-                 "kept": kept[0] if kept else op.pieces + int(lay.kept_at)}
+                 "kept": kept[0] if kept else op.pieces + at}
 
         def value(arg) -> int:
             return where[arg.of] + int(arg.offset) if isinstance(arg, Ref) else int(arg)
@@ -248,6 +251,8 @@ class CudaExecutor:
             args = [value(a) for a in step.args]
             if kept and step.of_w:
                 kept[1].append(self._f16x3_kernel(step, args, self.stream))
+            elif step.of_w and w_made_at is not None:
+                continue
             elif step.kind in ("zero", "kernel"):
                 out.append(self._f16x3_kernel(step, args, stream))
             else:
@@ -315,7 +320,7 @@ class CudaExecutor:
         splits = splits or self.splits
         B = self.plan.sizes.batch
         match instr:
-            case Gemm(launch=g, rows=m, route=route, stream=s):
+            case Gemm(launch=g, rows=m, route=route, stream=s, w_made_at=w_made_at):
                 one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
                 c = self._ptr(instr, g.c, t)
                 a = self._ptr(instr, g.a, t)
@@ -352,8 +357,8 @@ class CudaExecutor:
                     op = replace(op, pieces=self.image_at[key])
                     images.setdefault(key, [gemms.image_call(op, self.stream)])
                     return [gemms.gemm_call(op, self.streams[s])]
-                if not kept:  # W's copies made by every run
-                    return self._copies(g, op, s, handles)
+                if not kept:  # W's copies made by every run (or by the GEMM before, see w_made_at)
+                    return self._copies(g, op, s, handles, w_made_at=w_made_at)
                 made: list[Callable[[], object]] = []
                 calls = self._copies(g, op, s, handles, (self.image_at[copies_key], made))
                 images.setdefault(copies_key, made)

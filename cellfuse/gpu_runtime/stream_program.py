@@ -260,7 +260,7 @@ class _Calls:
                     and route_choice(self.res, self.plan, g, op, a, c, s) == "wgmma"):
                 self.wgmma(g, op, a, c, s)
             else:
-                self.copies(g, m, a, c, s)
+                self.copies(g, m, a, c, s, instr.w_made_at)
             return
         if g.bias:  # the bias rows first, then C accumulates A @ W onto them
             self._kernel("cf_bias_rows", grid_blocks(m * g.n), BLOCK, [c, (g.bias, 0), m, g.n, g.c.ld], s)
@@ -290,16 +290,19 @@ class _Calls:
              beta, c, types[2], g.c.ld, compute, GEMM_DEFAULT_ALGO]),
             s, f"cuBLAS's {g.multiply.name} GEMM of {g.group}")
 
-    def copies(self, g, m: int, a, c, s: int) -> None:
+    def copies(self, g, m: int, a, c, s: int, w_made_at: int | None = None) -> None:
         """Three fp16 products in the stream's scratch: the calls of gemm_routes.f16x3_steps, on stream s.
         W's region (its copies and largest magnitudes) is made by `weights_changed` into memory the caller
-        gives under `pieces_name(w)` where W is a weight, else by every run in the scratch."""
+        gives under `pieces_name(w)` where W is a weight, else by every run in the scratch (by the GEMM
+        before, at `w_made_at`, where that is given: see lowering.w_regions_shared)."""
         scratch = split_name(s)
         lay = f16x3_layout(g, m, g.k)
         weight = _is_weight(self.plan, g.w)
         self.scratch[scratch] = max(self.scratch.get(scratch, 0), workspace_bytes(g, m, "f16x3", weight))
-        kept = (pieces_name(g.w, g.trans_w), 0) if weight else (scratch, int(lay.kept_at))
-        made = weight and kept[0] in self.images  # by another GEMM of the same W
+        kept = (pieces_name(g.w, g.trans_w), 0) if weight else (
+            scratch, int(lay.kept_at) if w_made_at is None else w_made_at)
+        # by another GEMM of the same W
+        made = kept[0] in self.images if weight else w_made_at is not None
         if weight:
             self.images[kept[0]] = int(lay.kept_bytes)
         where = {"a": a, "w": (g.w, 0), "c": c, "bias": (g.bias, 0) if g.bias else None,
@@ -316,6 +319,8 @@ class _Calls:
             if step.of_w and weight:  # made when the weights change, on the stream given then
                 if not made:
                     self._f16x3_kernel(step, args, g, 0, self.image_calls)
+            elif step.of_w and made:
+                continue
             elif step.kind in ("zero", "kernel"):
                 self._f16x3_kernel(step, args, g, s, self.calls)
             else:

@@ -37,7 +37,8 @@ def test_the_lstm_step_is_its_kernel_then_one_gemm_on_the_stacked_recurrent_weig
     assert kernel.accumulate and kernel.rows == SIZES.batch
     # dh_{t-1} += d[hi hf ho hg]_t @ [U_i U_f U_o U_g]^T
     assert (gemm.trans_w, gemm.trans_a, gemm.accumulate) == (True, False, True)
-    assert gemm.w == "l1.gemm1.w" and gemm.a.buffer == grad_of("l1.gemm1.out")
+    # (the gradient of h @ U is that of x @ W, their sum's: one buffer holds both, see the next test)
+    assert gemm.w == "l1.gemm1.w" and gemm.a.buffer == grad_of("l1.gemm0.out")
     assert (gemm.m, gemm.n, gemm.k) == (SIZES.batch, SIZES.hidden, 4 * SIZES.hidden)
     assert gemm.c.buffer == grad_of("l1.out.y") and gemm.c.slot == "t"
     after = [launch_name(launch) for launch in plan.layers[0].after]
@@ -48,6 +49,28 @@ def test_the_lstm_step_is_its_kernel_then_one_gemm_on_the_stacked_recurrent_weig
     assert dw.trans_a and not dw.trans_w and dw.accumulate
     assert (dw.m, dw.n, dw.k) == (SIZES.hidden, 4 * SIZES.hidden, SIZES.seq * SIZES.batch)
     assert dw.a.buffer == "l1.out.y" and dw.a.slot == "all"  # h_{t-1} of every step: rows 0 .. T-1
+
+
+@pytest.mark.parametrize("schedule", ["graph", "tensor"])
+def test_the_lstms_gradients_of_its_two_gemms_are_one_buffer_stored_once(schedule):
+    # gates = x @ W + h @ U: the step kernel's gradients of both GEMM outputs are the gates' gradient
+    plan = plan_of("lstm", schedule)
+    assert grad_of("l0.gemm1.out") not in plan.buffers and grad_of("l0.gemm0.out") in plan.overwritten
+    kernel = plan.layers[1].step[0]
+    places = [(acc.buffer, acc.col) for _, acc in kernel.outputs if acc.buffer == grad_of("l0.gemm0.out")]
+    assert sorted(places) == [(grad_of("l0.gemm0.out"), i * SIZES.hidden) for i in range(4)]
+    stored = {v for v, _ in kernel.outputs}
+    # what only the stores left out needed is not computed (the gradients named for h @ U's columns)
+    assert all(v in stored or any(v in (i.args + ((i.dy, i.y) if hasattr(i, "dy") else ()))
+                                  for i in kernel.body) for v in (i.result for i in kernel.body))
+    weights = [g for g in plan.layers[1].after if isinstance(g, GemmLaunch) and g.group.endswith("dW")]
+    assert [g.w for g in weights] == [grad_of("l0.gemm0.out")] * 2
+
+
+def test_the_grus_gradients_of_its_gemms_stay_apart():
+    # r * (h @ U_n): the gradient of h @ U_n is not that of x @ W_n
+    plan = plan_of("gru", "graph")
+    assert {grad_of("l0.gemm0.out"), grad_of("l0.gemm1.out")} <= plan.buffers.keys()
 
 
 @pytest.mark.parametrize("schedule, where", [("hoisted", "after"), ("naive", "step")])
@@ -95,7 +118,7 @@ def test_the_step_is_the_forward_step_in_reverse_with_one_dA_gemm_per_gemm_group
 def test_gradient_buffers_mirror_the_forward_buffers():
     plan = plan_of("lstm", "hoisted")
     fwd = plan.forward.buffers
-    for name in ("l0.state.c", "l0.out.y", "l0.gemm1.out", "l0.gemm0.w", "x"):
+    for name in ("l0.state.c", "l0.out.y", "l0.gemm0.out", "l0.gemm0.w", "x"):
         assert (plan.buffers[grad_of(name)].rows, plan.buffers[grad_of(name)].width) == (fwd[name].rows,
                                                                                           fwd[name].width)
         assert plan.buffers[grad_of(name)].role == "grad"
@@ -251,20 +274,20 @@ def test_a_persistent_forward_gets_a_persistent_reverse_loop_where_it_fits(name,
 
 
 def test_a_gradient_one_kernel_writes_whole_is_stored_not_added_to():
-    """The LSTM's adjoint kernel is the only writer of its GEMM outputs' gradients (each step's rows,
-    side by side across the width): it stores them, and they start as NaN instead of zeros, so a read
-    before the write would show. dc and dh are seeded and collect several launches' gradients, and the
-    biases' per-row gradients every step's: added to."""
+    """The LSTM's adjoint kernel is the only writer of its GEMM outputs' gradient (one buffer for both
+    GEMMs; each step's rows, side by side across the width): it stores it, and it starts as NaN instead
+    of zeros, so a read before the write would show. dc and dh are seeded and collect several launches'
+    gradients, and the biases' per-row gradients every step's: added to."""
     plan = plan_of("lstm", "hoisted")
     kernel = plan.layers[0].step[0]
-    expected = {grad_of("l1.gemm0.out"), grad_of("l1.gemm1.out")}
-    assert {grad_of(f"l0.{b}") for b in ("gemm0.out", "gemm1.out")} < plan.overwritten
+    expected = {grad_of("l1.gemm0.out")}
+    assert grad_of("l0.gemm0.out") in plan.overwritten
     assert expected <= plan.overwritten and kernel.overwrites == expected
     stored = {acc.buffer: kernel.adds(acc) for _, acc in kernel.outputs}
     biases = {grad_of(f"l1.k0.b_{g}") for g in "ifog"}  # each step adds into their B rows
     assert stored == {**dict.fromkeys(expected, False), **dict.fromkeys(biases, True),
                       grad_of("l1.state.c"): True}
-    assert np.isnan(plan.start_value(grad_of("l1.gemm1.out")))
+    assert np.isnan(plan.start_value(grad_of("l1.gemm0.out")))
     assert plan.start_value(grad_of("l1.state.c")) == 0
     # what every run must put back: the buffers added into, not the overwritten ones nor the ones
     restarted = {name for name in plan.buffers if plan.restarted(name)}

@@ -250,3 +250,23 @@ def test_kernels_carry_their_bodies():
     literal = [instr for k in kernels for instr in k.launch.body
                if any(not isinstance(a, str) for a in instr.args)]
     assert literal and all(instr.op.is_elementwise for instr in literal)
+
+
+@pytest.mark.parametrize("cell, inputs, shared", [("lstm", 512, ["gemm1 dW"]), ("lstm", 1024, ["gemm1 dW"]),
+                                                  ("lstm", 256, []), ("gru", 512, [])])
+def test_a_gemm_after_one_of_the_same_w_on_tensor_cores_reads_its_w_region(cell, inputs, shared):
+    """The LSTM's two weight gradients multiply by one gates' gradient (the backward plan's same_gradients):
+    the second reads W's region where the first made it, where its own operands end before that (its
+    rows, h's, no more than the first's, x's); the GRU's gradients of x @ W and h @ U differ."""
+    from cellfuse.codegen.backward_plan import backward_plan
+    from cellfuse.codegen.gemm_routes import f16x3_layout
+
+    plan = make_plan(load_template(cell), Sizes(100, 64, inputs, 512), "tensor", save_steps=True)
+    instructions = backward_plan(plan).instructions()
+    reading = [i for i in instructions if isinstance(i, Gemm) and i.w_made_at is not None]
+    assert [i.launch.group for i in reading] == shared
+    for i in reading:
+        before = instructions[instructions.index(i) - 1]
+        assert before.launch.w == i.launch.w and before.route == i.route == "f16x3"
+        assert i.w_made_at == int(f16x3_layout(before.launch, before.rows, before.launch.k).kept_at)
+        assert int(f16x3_layout(i.launch, i.rows, i.launch.k).kept_at) <= i.w_made_at

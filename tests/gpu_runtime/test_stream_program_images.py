@@ -96,7 +96,8 @@ def test_w_copies_are_made_when_the_weights_change_not_inside_a_run(stand_ins, m
 def test_a_backward_program_keeps_w_transposed_and_splits_the_gradients_every_run(stand_ins, monkeypatch):
     """A backward program (the train plan's buffers, the backward plan's instructions, as cellfuse.nn
     makes it): its input gradient's GEMM reads the weights transposed, a region of their own made with
-    the images; the weights' gradients multiply by the gates' gradient, not a weight, split at every run."""
+    the images; the weights' gradients multiply by the gates' gradient, not a weight, split at every run,
+    once for both (lowering.w_regions_shared)."""
     from cellfuse.codegen.backward_plan import backward_plan
 
     monkeypatch.setattr(stream_program, "route_choice", lambda *args: "copies")
@@ -107,7 +108,11 @@ def test_a_backward_program_keeps_w_transposed_and_splits_the_gradients_every_ru
     assert sorted(made.images) == [stream_program.pieces_name("l0.gemm0.w", True)]
     assert made._image_calls.names.count("cf_split_f16x3_copies") == 1
     gemms = sum(name.startswith("cuBLAS's fp16 GEMM") for name in made.names)
-    assert gemms >= 3 and made.names.count("cf_split_f16x3_copies") == 2 * gemms - 1
+    # each GEMM's A, and W for the two weights' gradients: the gates' gradient once
+    assert gemms == 3 and made.names.count("cf_split_f16x3_copies") == 4
+    assert made.names.count("cf_f16x3_maxima") == 3  # dx's A finds its own; x^T, h^T, the gates' gradient
+    shared = [i for i in backward.instructions() if getattr(i, "w_made_at", None) is not None]
+    assert [i.launch.group for i in shared] == ["gemm1 dW"]
 
 
 @pytest.mark.parametrize("route", ["copies", "wgmma"])
