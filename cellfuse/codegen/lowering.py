@@ -44,16 +44,18 @@ class Gemm:
 
 
 def w_regions_shared(instructions: tuple[Instruction, ...]) -> tuple[Instruction, ...]:
-    """The instructions with `w_made_at` set on each GEMM on tensor cores right after one of the same W on
-    the same stream (both split copies, `route` "f16x3"; the one before does not write W): the LSTM's
-    two weight gradients read the same gates' gradient as W, which is then split once. W's region stays
-    where the first GEMM made it (at its layout's `kept_at`), so a GEMM shares it only where its own
-    operands and sums end before that."""
+    """The instructions with `w_made_at` set on each GEMM on tensor cores after one of the same W on the
+    same stream (both split copies, `route` "f16x3"), with nothing between but GEMMs that use no split
+    copies (a bias's column sum) and none that writes W: the LSTM's two weight gradients read the same
+    gates' gradient as W, which is then split once. W's region stays where the first GEMM made it (at
+    its layout's `kept_at`), so a GEMM shares it only where its own operands and sums end before that."""
     out: list[Instruction] = []
-    last: tuple[Gemm, int] | None = None  # the instruction before if a GEMM splitting copies, W's region
+    last: tuple[Gemm, int] | None = None  # the last GEMM that split W's copies, and where W's region is
     for instr in instructions:
         if not isinstance(instr, Gemm) or instr.route != "f16x3" or instr.steps is not None:
-            last = None
+            if not (isinstance(instr, Gemm) and instr.route in ("float32", "16-bit") and last is not None
+                    and instr.stream == last[0].stream and instr.launch.c.buffer != last[0].launch.w):
+                last = None
             out.append(instr)
             continue
         g = instr.launch

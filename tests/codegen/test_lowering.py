@@ -259,14 +259,48 @@ def test_a_gemm_after_one_of_the_same_w_on_tensor_cores_reads_its_w_region(cell,
     the second reads W's region where the first made it, where its own operands end before that (its
     rows, h's, no more than the first's, x's); the GRU's gradients of x @ W and h @ U differ."""
     from cellfuse.codegen.backward_plan import backward_plan
-    from cellfuse.codegen.gemm_routes import f16x3_layout
 
     plan = make_plan(load_template(cell), Sizes(100, 64, inputs, 512), "tensor", save_steps=True)
     instructions = backward_plan(plan).instructions()
+    _assert_shared(instructions, shared)
+
+
+def test_the_drop_in_lstms_weight_gradients_share_w_across_its_biases_column_sums():
+    """torch's LSTM has a bias in each GEMM: each weight's gradient is followed by its bias's column sum
+    (cuBLAS's float32 GEMM, no split copies), which leaves W's region as it is."""
+    from cellfuse.codegen.backward_plan import backward_plan
+    from cellfuse.nn.torch_rnn import torch_cell
+
+    plan = make_plan(torch_cell("lstm"), Sizes(100, 64, 512, 512), "tensor", save_steps=True)
+    instructions = backward_plan(plan).without_input_grad().instructions()
+    groups = [i.launch.group for i in instructions if isinstance(i, Gemm)]
+    assert groups.index("gemm1 dW") > groups.index("gemm0 dbias") > groups.index("gemm0 dW")
+    _assert_shared(instructions, ["gemm1 dW"])
+
+
+def _assert_shared(instructions, shared: list[str]) -> None:
+    from cellfuse.codegen.gemm_routes import f16x3_layout
+
     reading = [i for i in instructions if isinstance(i, Gemm) and i.w_made_at is not None]
     assert [i.launch.group for i in reading] == shared
     for i in reading:
-        before = instructions[instructions.index(i) - 1]
+        before = next(b for b in instructions[instructions.index(i) - 1::-1]
+                      if getattr(b, "route", "") == "f16x3")
         assert before.launch.w == i.launch.w and before.route == i.route == "f16x3"
         assert i.w_made_at == int(f16x3_layout(before.launch, before.rows, before.launch.k).kept_at)
         assert int(f16x3_layout(i.launch, i.rows, i.launch.k).kept_at) <= i.w_made_at
+
+
+def test_a_kernel_between_two_gemms_of_one_w_makes_the_second_split_it_again():
+    from cellfuse.codegen.backward_plan import backward_plan
+    from cellfuse.codegen.lowering import w_regions_shared
+
+    plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "tensor", save_steps=True)
+    made = [replace(i, w_made_at=None) if isinstance(i, Gemm) else i
+            for i in backward_plan(plan).instructions()]
+    shared = [i.launch.group for i in w_regions_shared(tuple(made)) if getattr(i, "w_made_at", None)]
+    assert shared == ["gemm1 dW"]
+    kernel = next(i for loop in lower(make_plan(load_template("lstm"), SIZES, "fused")).instructions
+                  if isinstance(loop, Loop) for i in loop.body if isinstance(i, Kernel))
+    at = next(n for n, i in enumerate(made) if isinstance(i, Gemm) and i.launch.group == "gemm1 dW")
+    assert not any(getattr(i, "w_made_at", None) for i in w_regions_shared((*made[:at], kernel, *made[at:])))
