@@ -89,9 +89,9 @@ def main() -> None:
     _timed("torch.cuda.current_device()", torch.cuda.current_device, n)
     rows_args = kernels.rows_args(sizes)
     _timed("PackedRows.rows_args (once a batch)", lambda: kernels.rows_args(sizes), n)
-    _timed("PackedRows._args", lambda: kernels._args(rows_args, data.data_ptr(), xo.data_ptr(), 512, 1), n)
-    a = kernels._args(rows_args, data.data_ptr(), xo.data_ptr(), 512, 104 * B * 512)
-    _timed("PackedRows._launch", lambda: kernels._launch(kernels._unpack, a, 104 * B, stream, "x"), n)
+    head = (data.data_ptr(), xo.data_ptr(), 0, 104 * B * 512, 0, 512, 0)
+    _timed("PackedRows._launch (args + launch)",
+           lambda: kernels._launch(kernels._unpack, rows_args, head, 104 * B, stream, "x"), n)
     _timed("PackedRows.unpack", lambda: kernels.unpack(data.data_ptr(), xo.data_ptr(), left.data_ptr(),
                                                        rows_args, 104, 512, 512, 1, stream), n)
     idx = packed.unsorted_indices

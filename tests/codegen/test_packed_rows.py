@@ -5,8 +5,10 @@ field, as nvcc lays it out."""
 
 from __future__ import annotations
 
+import ctypes
 import subprocess
 
+import numpy as np
 import pytest
 from compile_cuda import nvcc_cubin
 
@@ -20,7 +22,8 @@ from cellfuse.codegen.packed_rows import (
     launch_blocks,
     packed_rows_source,
 )
-from cellfuse.gpu_runtime.packed_rows import _args_dtype
+from cellfuse.gpu_runtime import driver
+from cellfuse.gpu_runtime.packed_rows import PackedRows, args_struct, rows_args
 
 
 @pytest.mark.parametrize("itemsize", [2, 4])
@@ -41,11 +44,39 @@ def test_the_largest_arguments_stay_where_the_launch_put_them(tmp_path):
 
 def test_the_hosts_layout_of_the_arguments_is_the_structs(tmp_path):
     steps = 64
-    dtype = _args_dtype(steps)
-    checks = [f"static_assert(sizeof({ARGS}) == {dtype.itemsize}, \"size\");"]
-    for name, _ctype, _count in args_fields(steps):
-        checks.append(f"static_assert(offsetof({ARGS}, {name}) == {dtype.fields[name][1]}, \"{name}\");")
+    checks = [f"static_assert(sizeof({ARGS}) == {args_struct(steps).size}, \"size\");"]
+    for n, (name, _ctype, _count) in enumerate(args_fields(steps)):
+        checks.append(f"static_assert(offsetof({ARGS}, {name}) == {args_struct(steps, n).size}, \"{name}\");")
     nvcc_cubin("#include <cstddef>\n" + packed_rows_source(4, steps) + "\n".join(checks) + "\n", tmp_path)
+
+
+def test_a_launch_carries_its_batchs_sizes_and_its_own_fields(monkeypatch):
+    """What the driver is given: the arguments' bytes with the batch's sizes and offsets, T, B and the
+    launch's own addresses and counts (here a padding with the steps-left state, then a packing)."""
+    steps, launches = 64, []
+
+    def launch(function, blocks, threads, stream, table, doing):
+        address = np.frombuffer(bytes((ctypes.c_char * 8).from_address(table)), np.uint64)[0]
+        launches.append((function, blocks, stream, ctypes.string_at(int(address), args_struct(steps).size)))
+
+    monkeypatch.setattr(driver, "launch", launch)
+    rows = PackedRows.__new__(PackedRows)
+    rows._unpack, rows._pack, rows.capacity = 11, 12, steps
+    a = rows.rows_args(np.array([3, 3, 2, 1]))
+    assert (a.T, a.B, a.rows) == (4, 3, 9)
+    rows.unpack(1000, 2000, 3000, a, 8, 5, 6, 1, 77)
+    rows.pack(4000, 5000, a, 5, 78)
+    fields = [name for name, _, _ in args_fields(steps)]
+    (f0, blocks0, s0, raw0), (f1, _, s1, raw1) = launches
+    assert (f0, s0, f1, s1) == (11, 77, 12, 78) and blocks0 == launch_blocks(8 * 3 + 3)
+    for raw, head in ((raw0, (1000, 2000, 3000, 8 * 3 * 5, 3 * 6, 4, 3, 5, 6)),
+                      (raw1, (4000, 5000, 0, 9 * 5, 0, 4, 3, 5, 0))):
+        values = args_struct(steps).unpack(raw)
+        assert dict(zip(fields[:9], values[:9], strict=True)) == dict(zip(fields[:9], head, strict=True))
+        assert list(values[9:13]) == [3, 3, 2, 1] and list(values[9 + steps:9 + steps + 4]) == [0, 3, 6, 8]
+        assert not any(values[13:9 + steps]) and not any(values[9 + steps + 4:])
+    with pytest.raises(ValueError, match="5 steps do not fit"):
+        rows_args(np.ones(5, np.int64), 4)
 
 
 def test_capacities_are_few_and_bounded():

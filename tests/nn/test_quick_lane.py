@@ -10,11 +10,11 @@ import shutil
 import threading
 from collections import OrderedDict
 
-import numpy as np
 import pytest
 import torch
 
-from cellfuse.gpu_runtime.packed_rows import _args_dtype
+from cellfuse.codegen.packed_rows import args_fields
+from cellfuse.gpu_runtime.packed_rows import args_struct
 from cellfuse.gpu_runtime.stream_program import CHANGES
 from cellfuse.nn import quick_lane
 
@@ -45,7 +45,7 @@ class FakeDriver:
         self.kernels: list[tuple[int, int, int, int, bytes]] = []
         self.order: list[str] = []
         self.capturing, self.context, self.error = 0, CONTEXT, 0
-        args_bytes = _args_dtype(ROWS_CAPACITY).itemsize
+        args_bytes = args_struct(ROWS_CAPACITY).size
 
         def launch(graph, stream):
             self.launches.append((graph, stream))
@@ -311,7 +311,9 @@ def test_a_lane_pads_a_packed_sequence_by_the_kernel_then_replays_the_run(packed
     assert driver.order == ["kernel", "graph"]  # (the padding first, on the same stream)
     function, grid, block, stream, raw = driver.kernels[0]
     assert (function, grid, block, stream) == (UNPACK, GRID, 256, STREAM)
-    args = np.frombuffer(raw, dtype=_args_dtype(ROWS_CAPACITY))[0]
+    values = args_struct(ROWS_CAPACITY).unpack(raw)
+    args = {name: value for (name, _, _), value in zip(args_fields(ROWS_CAPACITY)[:9], values, strict=False)}
+    args["sizes"], args["offsets"] = values[9:9 + ROWS_CAPACITY], values[9 + ROWS_CAPACITY:]
     assert int(args["src"]) == data.data_ptr()
     # the bases of the run it replayed, one it was taught: x and the steps-left state where it padded
     # them, after the module's zeros
