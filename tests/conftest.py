@@ -4,7 +4,9 @@ The default tier (`python -m pytest`) is the loop to run before every commit; th
 (`python -m pytest -m slow`) is the rest: the long sweeps, the compiles of every template and schedule,
 most of the editor's tests (see tests/app/conftest.py), and the Hypothesis tests at their full counts.
 A test goes to the slow tier with `@pytest.mark.slow`, a case of a parametrisation with
-`pytest.param(..., marks=pytest.mark.slow)` (tests/tiers.py has helpers). CI runs both tiers.
+`pytest.param(..., marks=pytest.mark.slow)` (tests/tiers.py has helpers). CI runs both tiers, each in a
+process per core (pytest-xdist's `-n auto`, as the README's commands): a test must not depend on another
+having run in its process first.
 pyproject.toml's addopts deselect the slow tier (`-m "not slow"`); a `-m` on the command line replaces
 that one (`-m slow`, `-m gpu`, or `-m ""` for everything at once).
 
