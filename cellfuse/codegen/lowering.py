@@ -42,6 +42,14 @@ class Gemm:
     # at run time, makes every GEMM's own.)
     w_made_at: int | None = None
 
+    @property
+    def w_region(self) -> int:
+        """Where in its stream's workspace (bytes) a GEMM on tensor cores finds W's region: where the GEMM
+        before made it, or at its own layout's `kept_at`."""
+        if self.w_made_at is not None:
+            return self.w_made_at
+        return int(f16x3_layout(self.launch, self.rows, self.launch.k).kept_at)
+
 
 def w_regions_shared(instructions: tuple[Instruction, ...]) -> tuple[Instruction, ...]:
     """The instructions with `w_made_at` set on each GEMM on tensor cores after one of the same W on the
@@ -50,23 +58,22 @@ def w_regions_shared(instructions: tuple[Instruction, ...]) -> tuple[Instruction
     gates' gradient as W, which is then split once. W's region stays where the first GEMM made it (at
     its layout's `kept_at`), so a GEMM shares it only where its own operands and sums end before that."""
     out: list[Instruction] = []
-    last: tuple[Gemm, int] | None = None  # the last GEMM that split W's copies, and where W's region is
+    last: Gemm | None = None  # the last GEMM that split W's copies
     for instr in instructions:
         if not isinstance(instr, Gemm) or instr.route != "f16x3" or instr.steps is not None:
             if not (isinstance(instr, Gemm) and instr.route in ("float32", "16-bit") and last is not None
-                    and instr.stream == last[0].stream and instr.launch.c.buffer != last[0].launch.w):
+                    and instr.stream == last.stream and instr.launch.c.buffer != last.launch.w):
                 last = None
             out.append(instr)
             continue
         g = instr.launch
-        own = int(f16x3_layout(g, instr.rows, g.k).kept_at)
         if last is not None:
-            h, at = last[0].launch, last[1]
-            if (h.w, h.trans_w, h.n, h.k, h.w_dtype, last[0].stream) == (g.w, g.trans_w, g.n, g.k, g.w_dtype,
-                                                                         instr.stream) \
-                    and h.c.buffer != g.w and own <= at:
-                instr = replace(instr, w_made_at=at)
-        last = (instr, own if instr.w_made_at is None else instr.w_made_at)
+            h = last.launch
+            if (h.w, h.trans_w, h.n, h.k, h.w_dtype, last.stream) == (g.w, g.trans_w, g.n, g.k, g.w_dtype,
+                                                                      instr.stream) \
+                    and h.c.buffer != g.w and instr.w_region <= last.w_region:
+                instr = replace(instr, w_made_at=last.w_region)
+        last = instr
         out.append(instr)
     return tuple(out)
 

@@ -67,7 +67,16 @@ class PackedRows:
     def rows_args(self, sizes: np.ndarray) -> RowsArgs:
         """The arguments that a batch's launches share (its sizes, their offsets, T and B), which each
         launch copies and completes: a batch's rows are moved two to four times a training step."""
-        return rows_args(sizes, self.capacity)
+        T, capacity = len(sizes), self.capacity
+        if T > capacity:
+            raise ValueError(f"{T} steps do not fit {self.what}")
+        padded = np.zeros(capacity, np.int64)
+        padded[:T] = sizes
+        offsets = np.zeros(capacity, np.int64)
+        offsets[1:T] = np.cumsum(sizes[:-1])
+        B = int(sizes[0])
+        data = args_struct(capacity).pack(0, 0, 0, 0, 0, T, B, 0, 0, *padded.tolist(), *offsets.tolist())
+        return RowsArgs(data, T, B, int(sizes.sum()))
 
     def _launch(self, function: int, a: RowsArgs, head: tuple, rows: int, stream: int, doing: str) -> None:
         """One launch, its arguments `a`'s with the fields before the sizes (src, dst, steps, elements,
@@ -98,16 +107,3 @@ class PackedRows:
         self._launch(self._pack, rows_args, (y, data, 0, rows * width, 0, width, 0), rows, stream,
                      "packing a padded sequence")
 
-
-def rows_args(sizes: np.ndarray, steps_capacity: int) -> RowsArgs:
-    """A batch's `RowsArgs` for kernels of `steps_capacity` steps; ValueError where its steps do not fit."""
-    T = len(sizes)
-    if T > steps_capacity:
-        raise ValueError(f"{T} steps do not fit the packed rows' kernels of up to {steps_capacity} steps")
-    padded = np.zeros(steps_capacity, np.int64)
-    padded[:T] = sizes
-    offsets = np.zeros(steps_capacity, np.int64)
-    offsets[1:T] = np.cumsum(sizes[:-1])
-    B = int(sizes[0])
-    data = args_struct(steps_capacity).pack(0, 0, 0, 0, 0, T, B, 0, 0, *padded.tolist(), *offsets.tolist())
-    return RowsArgs(data, T, B, int(sizes.sum()))

@@ -23,7 +23,7 @@ from cellfuse.codegen.packed_rows import (
     packed_rows_source,
 )
 from cellfuse.gpu_runtime import driver
-from cellfuse.gpu_runtime.packed_rows import PackedRows, args_struct, rows_args
+from cellfuse.gpu_runtime.packed_rows import PackedRows, args_struct
 
 
 @pytest.mark.parametrize("itemsize", [2, 4])
@@ -61,7 +61,7 @@ def test_a_launch_carries_its_batchs_sizes_and_its_own_fields(monkeypatch):
 
     monkeypatch.setattr(driver, "launch", launch)
     rows = PackedRows.__new__(PackedRows)
-    rows._unpack, rows._pack, rows.capacity = 11, 12, steps
+    rows._unpack, rows._pack, rows.capacity, rows.what = 11, 12, steps, "the kernels"
     a = rows.rows_args(np.array([3, 3, 2, 1]))
     assert (a.T, a.B, a.rows) == (4, 3, 9)
     rows.unpack(1000, 2000, 3000, a, 8, 5, 6, 1, 77)
@@ -75,8 +75,8 @@ def test_a_launch_carries_its_batchs_sizes_and_its_own_fields(monkeypatch):
         assert dict(zip(fields[:9], values[:9], strict=True)) == dict(zip(fields[:9], head, strict=True))
         assert list(values[9:13]) == [3, 3, 2, 1] and list(values[9 + steps:9 + steps + 4]) == [0, 3, 6, 8]
         assert not any(values[13:9 + steps]) and not any(values[9 + steps + 4:])
-    with pytest.raises(ValueError, match="5 steps do not fit"):
-        rows_args(np.ones(5, np.int64), 4)
+    with pytest.raises(ValueError, match=f"{steps + 1} steps do not fit"):
+        rows.rows_args(np.ones(steps + 1, np.int64))
 
 
 def test_capacities_are_few_and_bounded():
