@@ -58,6 +58,12 @@ class PackedRows:
         self._unpack, self._pack = (int(module.function(name)) for name in (UNPACK_ROWS, PACK_ROWS))
         self.capacity = steps_capacity
 
+    @property
+    def functions(self) -> tuple[int, int]:
+        """Both kernels' functions (their addresses): the padding's, the packing's, for the C++ that
+        launches them (nn.quick_lane)."""
+        return self._unpack, self._pack
+
     def lane_rows(self, rows: int) -> tuple[int, int, int]:
         """The padding kernel's function (its address), the steps its arguments hold and its blocks for
         `rows` rows (of x and the steps-left state), for a kept call's C++ lane (nn.quick_lane), which

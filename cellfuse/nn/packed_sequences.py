@@ -26,7 +26,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from ..codegen.packed_rows import MAX_STEPS, capacity
 from ..graph_model import CellError
-from . import ops
+from . import ops, quick_lane
 from .stacks import steps_left, to_device
 from .zeros import made_here
 
@@ -34,12 +34,13 @@ log = logging.getLogger(__name__)
 
 STEPS_MULTIPLE = 4  # a PackedSequence's steps are run in multiples of this (see Unpacked)
 
-_kernels: dict[tuple[int, int, int], object] = {}  # (device, itemsize, capacity) -> PackedRows, or None
+_kernels: dict[tuple[int, int, int], tuple | None] = {}  # (device, itemsize, capacity) -> see _rows_kernels
 
 
-def _rows_kernels(data: torch.Tensor, steps: int):
+def _rows_kernels(data: torch.Tensor, steps: int) -> tuple | None:
     """The packed rows' kernels (gpu_runtime.packed_rows) for data's device and elements and `steps`
-    steps, loaded at their first use; None where torch's ops pad instead (see the module's docstring)."""
+    steps, loaded at their first use, and the same launched in C++ (quick_lane.rows; None where it is not
+    built); None where torch's ops pad instead (see the module's docstring)."""
     if (data.device.type != "cuda" or torch.compiler.is_compiling() or steps > MAX_STEPS
             or data.element_size() not in (2, 4) or data.shape[0] >= 2**31):
         return None
@@ -53,7 +54,8 @@ def _rows_kernels(data: torch.Tensor, steps: int):
         if torch.cuda.is_current_stream_capturing():  # (loading a module would break the capture)
             return None
         try:
-            made = PackedRows(key[1], key[2], f"sm_{major}{minor}")
+            kernels = PackedRows(key[1], key[2], f"sm_{major}{minor}")
+            made = (kernels, quick_lane.rows(kernels, key[0], key[1]))
         except CellError as e:
             log.warning("the packed rows' kernels could not be made (%s); torch's ops pad PackedSequences",
                         e)
@@ -62,16 +64,31 @@ def _rows_kernels(data: torch.Tensor, steps: int):
     return made
 
 
-class _Rows:
-    """A PackedSequence's rows as the kernels for one size of elements move them: its batch sizes and
-    those kernels, no tensors (an autograd Function's context keeps it: one that held the padded x
-    would keep it alive, through x's grad_fn, until Python's cycle collector came by)."""
+def _checked(sizes: np.ndarray, rows: int) -> None:
+    """Raises CellError where batch sizes are not a PackedSequence's of `rows` rows (the kernels would read
+    past the data of sizes that do not add up)."""
+    if len(sizes) == 0 or sizes[-1] < 1 or (sizes[1:] > sizes[:-1]).any() or sizes.sum() != rows:
+        raise CellError(f"a PackedSequence's batch sizes must not grow, be at least 1 and add up to its "
+                        f"data's {rows} rows; got {sizes.tolist()}")
 
-    def __init__(self, sizes: np.ndarray, kernels):
-        self.sizes, self.kernels = sizes, kernels
+
+class _Rows:
+    """A PackedSequence's rows as the kernels for one size of elements move them: its batch sizes (a CPU
+    tensor, as torch keeps them) and those kernels, no tensors of the GPU (an autograd Function's context
+    keeps it: one that held the padded x would keep it alive, through x's grad_fn, until Python's cycle
+    collector came by). The C++ launches them where it is built (quick_lane.rows: it checks the sizes
+    too, and answers None for what it does not move); else, or where it answers None, Python does."""
+
+    def __init__(self, batch_sizes: torch.Tensor, kernels: tuple):
+        self.batch_sizes = batch_sizes
+        self.kernels, self._fast = kernels
 
     @cached_property
-    def _args(self) -> np.ndarray:
+    def sizes(self) -> np.ndarray:
+        return self.batch_sizes.numpy()
+
+    @cached_property
+    def _args(self):
         return self.kernels.rows_args(self.sizes)
 
     @staticmethod
@@ -81,6 +98,11 @@ class _Rows:
     def padded(self, data: torch.Tensor, steps: int, hidden: int = 1, state_layers: int = 0
                ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """x [steps, B, ...] from data [N, ...], and the steps-left state where `state_layers`."""
+        if self._fast is not None:
+            done = self._fast.padded(data, self.batch_sizes, steps, hidden, state_layers, self._stream(data))
+            if done is not None:
+                return done
+        _checked(self.sizes, data.shape[0])
         B = int(self.sizes[0])
         data = data.contiguous()
         x = data.new_empty((steps, B, *data.shape[1:]))
@@ -93,7 +115,11 @@ class _Rows:
         return x, left
 
     def packed(self, y: torch.Tensor) -> torch.Tensor:
-        """The packed data [N, ...] of y [T' >= T, B, ...]."""
+        """The packed data [N, ...] of y [T' >= T, B, ...] (its sizes checked as its padding was)."""
+        if self._fast is not None:
+            done = self._fast.packed(y, self.batch_sizes, self._stream(y))
+            if done is not None:
+                return done
         y = y.contiguous()
         data = y.new_empty((int(self.sizes.sum()), *y.shape[2:]))
         with ops.made_current(y):
@@ -124,29 +150,21 @@ class Unpacked:
     def _rows_for(self, t: torch.Tensor) -> _Rows | None:
         """The kernels' rows for tensors of t's device and elements, or None (torch's ops move them)."""
         kernels = _rows_kernels(t, self._steps)
-        return None if kernels is None else _Rows(self._sizes, kernels)
-
-    def _check(self) -> None:
-        """The batch sizes checked (the kernels would read past the data of sizes that do not add up)."""
-        sizes, data = self._sizes, self._like.data
-        if len(sizes) == 0 or sizes[-1] < 1 or (sizes[1:] > sizes[:-1]).any() or sizes.sum() != data.shape[0]:
-            raise CellError(f"a PackedSequence's batch sizes must not grow, be at least 1 and add up to its "
-                            f"data's {data.shape[0]} rows; got {sizes.tolist()}")
+        return None if kernels is None else _Rows(self._like.batch_sizes, kernels)
 
     def ends(self, hidden: int, state_layers: int) -> Ends | None:
         """How the ops' training call pads the data and packs y back itself (ops.run's `ends`), for a call
         of `state_layers` layers of `hidden`; None where the kernels do not move these rows."""
         if self._rows is None:
             return None
-        self._check()
         like = self._like
         return Ends(self._rows, self._steps, hidden, state_layers, like.sorted_indices, like.unsorted_indices)
 
     def pad(self, hidden: int, state_layers: int) -> None:
-        """x and the steps-left state made (see the class's docstring), after the batch sizes are checked."""
-        self._check()
+        """x and the steps-left state made (see the class's docstring), the batch sizes checked."""
         data = self._like.data
         if self._rows is None:
+            _checked(self._sizes, data.shape[0])
             self.x = self._positions_padded(data)
             self.steps = steps_left(self.lengths, state_layers, self.x, hidden)
         elif torch.is_grad_enabled() and data.requires_grad:

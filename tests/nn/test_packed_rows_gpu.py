@@ -1,7 +1,8 @@
 """A PackedSequence padded and packed back by the packed rows' kernels on a GPU (nn.packed_sequences),
-against torch's ops (the path the CPU takes): x, the steps-left state, y packed back and the gradients
-through both, for float32 and bfloat16, short and long sequences; and the drop-in's kept call of a
-PackedSequence: batches of other lengths, hx, a training step and a CUDA graph capture, against cuDNN."""
+launched by the C++ and by Python, against torch's ops (the path the CPU takes): x, the steps-left state,
+y packed back and the gradients through both, for float32 and bfloat16, short and long sequences; and
+the drop-in's kept call of a PackedSequence: batches of other lengths, hx, a training step and a CUDA
+graph capture, against cuDNN."""
 
 from __future__ import annotations
 
@@ -30,6 +31,14 @@ def _unpacked(packed, hidden, layers):
     return out
 
 
+def _by_python(packed, hidden, layers):
+    """An Unpacked whose kernels Python launches (where the C++ is not built, or leaves a call to it)."""
+    out = Unpacked(packed)
+    out._rows._fast = None
+    out.pad(hidden, layers)
+    return out
+
+
 def _by_torch(packed, hidden, layers):
     """An Unpacked made by torch's ops, as on the CPU."""
     saved = packed_sequences._rows_kernels
@@ -46,16 +55,20 @@ def _by_torch(packed, hidden, layers):
 def test_the_kernels_pad_and_pack_as_torchs_ops(cuda, T, B, width, dtype):
     """Rows of 16-byte words and rows of single elements (widths of 7 and 13: 28 and 26 bytes)."""
     packed, _, lengths = _packed(cuda, T, B, width, dtype)
-    ours, want = _unpacked(packed, 48, 3), _by_torch(packed, 48, 3)
-    assert ours._rows is not None and want._rows is None
-    assert ours.x.shape[0] % packed_sequences.STEPS_MULTIPLE == 0
-    assert torch.equal(ours.x, want.x)
-    assert ours.steps.dtype == want.steps.dtype == torch.float32 and torch.equal(ours.steps, want.steps)
-    assert torch.equal(ours.steps[0, :, 0].cpu().long(), lengths.sort(descending=True).values)
-    y = torch.randn(ours.x.shape[0], B, 48, device=cuda).to(dtype)
-    got, expected = ours.pack(y), want.pack(y)
-    assert torch.equal(got.data, expected.data)
-    assert torch.equal(got.batch_sizes, expected.batch_sizes)
+    want = _by_torch(packed, 48, 3)
+    assert want._rows is None
+    y = torch.randn(want.x.shape[0], B, 48, device=cuda).to(dtype)
+    expected = want.pack(y)
+    for ours in (_unpacked(packed, 48, 3), _by_python(packed, 48, 3)):  # (launched by the C++, by Python)
+        assert ours._rows is not None
+        assert ours.x.shape[0] % packed_sequences.STEPS_MULTIPLE == 0
+        assert torch.equal(ours.x, want.x)
+        assert ours.steps.dtype == want.steps.dtype == torch.float32 and torch.equal(ours.steps, want.steps)
+        assert torch.equal(ours.steps[0, :, 0].cpu().long(), lengths.sort(descending=True).values)
+        got = ours.pack(y)
+        assert torch.equal(got.data, expected.data)
+        assert torch.equal(got.batch_sizes, expected.batch_sizes)
+    assert _unpacked(packed, 48, 3)._rows._fast is not None, "the C++ that launches the kernels is not built"
 
 
 def test_gradients_flow_through_the_kernels_as_through_torchs_ops(cuda):

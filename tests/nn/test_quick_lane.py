@@ -44,7 +44,7 @@ class FakeDriver:
         self.launches: list[tuple[int, int]] = []
         self.kernels: list[tuple[int, int, int, int, bytes]] = []
         self.order: list[str] = []
-        self.capturing, self.context, self.error = 0, CONTEXT, 0
+        self.capturing, self.context, self.error, self.kernel_error = 0, CONTEXT, 0, 0
         args_bytes = args_struct(ROWS_CAPACITY).size
 
         def launch(graph, stream):
@@ -55,7 +55,7 @@ class FakeDriver:
         def launch_kernel(function, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
             self.kernels.append((function, gx, bx, stream, ctypes.string_at(params[0], args_bytes)))
             self.order.append("kernel")
-            return 0
+            return self.kernel_error
 
         def capturing(stream, status):
             status[0] = self.capturing
@@ -276,6 +276,89 @@ PH = 1 << 14
 PACKED_FINALS_AT = tuple(5 * B * PH + i * L * B * PH for i in range(3))
 PACKED_OUTPUTS_END, UNPACK, GRID = 8 * B * PH, 0xF00, 3
 SIZES = torch.tensor([2, 2, 1])
+
+
+def _rows_args(raw: bytes) -> dict:
+    """cf_unpack_rows's / cf_pack_rows's arguments by name (the sizes and offsets as lists)."""
+    values = args_struct(ROWS_CAPACITY).unpack(raw)
+    args = {name: value for (name, _, _), value in zip(args_fields(ROWS_CAPACITY)[:9], values, strict=False)}
+    args["sizes"], args["offsets"] = list(values[9:9 + ROWS_CAPACITY]), list(values[9 + ROWS_CAPACITY:])
+    return args
+
+
+PACK = 0xF40
+
+
+class _Kernels:
+    """What quick_lane.rows reads of gpu_runtime.packed_rows.PackedRows."""
+
+    functions, capacity = (UNPACK, PACK), ROWS_CAPACITY
+
+
+def _rows(driver, itemsize=4):
+    return quick_lane.rows(_Kernels(), -1, itemsize, driver=driver.entry_points[2:], context=CONTEXT)
+
+
+def test_rows_pads_a_packed_sequences_data_by_one_launch_of_the_kernel(built):
+    driver, data, sizes = FakeDriver(), torch.randn(5, 3, 4), torch.tensor([2, 2, 1])
+    x, left = _rows(driver).padded(data, sizes, 4, 6, 2, STREAM)
+    assert x.shape == (4, 2, 3, 4) and x.dtype == data.dtype and left.shape == (2, 2, 6)
+    assert left.dtype == torch.float32
+    [(function, grid, block, stream, raw)] = driver.kernels
+    # (a warp a row: x's 4 x 2 rows and the steps-left state's 2 x 2, 8 rows a block of 256 threads)
+    assert (function, grid, block, stream) == (UNPACK, 2, 256, STREAM)
+    args = _rows_args(raw)
+    assert (args["src"], args["dst"], args["steps"]) == (data.data_ptr(), x.data_ptr(), left.data_ptr())
+    assert (args["elements"], args["steps_elements"]) == (4 * 2 * 12, 2 * 2 * 6)
+    assert (args["T"], args["B"], args["W"], args["H"]) == (3, 2, 12, 6)
+    assert args["sizes"][:4] == [2, 2, 1, 0] and args["offsets"][:4] == [0, 2, 4, 0]
+    # y's gradient: no steps-left state
+    strided = torch.randn(7, 5).t()
+    x, left = _rows(driver).padded(strided, sizes, 3, 1, 0, STREAM)
+    assert x.shape == (3, 2, 7) and left is None
+    args = _rows_args(driver.kernels[-1][-1])
+    assert (args["steps"], args["steps_elements"], args["W"]) == (0, 0, 7)
+    assert args["src"] not in (0, strided.data_ptr())  # (not contiguous: a contiguous copy's address)
+
+
+def test_rows_packs_y_by_one_launch_of_the_other_kernel(built):
+    driver, sizes = FakeDriver(), torch.tensor([3, 1, 1])
+    y = torch.randn(4, 3, 5, 2)
+    data = _rows(driver).packed(y, sizes, STREAM)
+    assert data.shape == (5, 5, 2) and data.dtype == y.dtype
+    [(function, grid, block, stream, raw)] = driver.kernels
+    assert (function, grid, block, stream) == (PACK, 1, 256, STREAM)
+    args = _rows_args(raw)
+    assert (args["src"], args["dst"], args["steps"]) == (y.data_ptr(), data.data_ptr(), 0)
+    assert (args["elements"], args["steps_elements"], args["T"], args["B"], args["W"]) == (50, 0, 3, 3, 10)
+    assert args["sizes"][:3] == [3, 1, 1] and args["offsets"][:3] == [0, 3, 4]
+
+
+def test_rows_leave_what_they_cannot_move_as_python_would_to_python(built):
+    driver = FakeDriver()
+    rows, data, sizes, y = _rows(driver), torch.randn(5, 3), torch.tensor([2, 2, 1]), torch.randn(4, 2, 3)
+    for given, sized, steps in (
+            (data, torch.tensor([2, 1, 2]), 4),  # sizes that grow
+            (data[:4], torch.tensor([2, 2, 0]), 4),  # an empty step
+            (data, torch.tensor([2, 2]), 4),  # rows that do not sum to the data's
+            (data, sizes.int(), 4),  # not int64
+            (data, torch.ones(ROWS_CAPACITY + 1, dtype=torch.long), 80),  # more steps than its arguments hold
+            (data, sizes, 2),  # fewer steps than the sequence's
+            (data.double(), sizes, 4)):  # elements of another size
+        assert rows.padded(given, sized, steps, 1, 1, STREAM) is None, (sized, steps)
+    for given, sized in ((y, torch.tensor([2, 1, 2])), (y[:2], sizes), (torch.randn(4, 3, 3), sizes),
+                         (y.double(), sizes)):
+        assert rows.packed(given, sized, STREAM) is None, (given.shape, sized)
+    driver.context = CONTEXT + 1  # another context current
+    assert rows.padded(data, sizes, 4, 1, 1, STREAM) is None and rows.packed(y, sizes, STREAM) is None
+    assert not driver.kernels
+    driver.context, driver.kernel_error = CONTEXT, 1  # a launch that failed
+    assert rows.padded(data, sizes, 4, 1, 1, STREAM) is None and rows.packed(y, sizes, STREAM) is None
+    with pytest.raises(TypeError, match="packed\\(y, batch_sizes, stream\\)"):
+        rows.packed(y, sizes)
+    with pytest.raises(ValueError, match="2 or 4 bytes"):
+        _rows(driver, itemsize=8)
+    assert _rows(driver, itemsize=2).padded(data, sizes, 4, 1, 1, STREAM) is None
 
 
 @pytest.fixture

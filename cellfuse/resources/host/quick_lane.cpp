@@ -34,6 +34,9 @@
 // CPU, int64, at most `capacity` of them, their steps rounded up to STEPS_MULTIPLE x's, the first B,
 // none larger than the one before, none below 1, summing to the data's rows.
 //
+// `Rows` (at the end) launches the padding and packing kernels of a PackedSequence's rows for the calls a
+// lane does not make, in the same way.
+//
 // It is built by nvcc (as a host-only C++ file) against the headers of the torch the process runs, kept
 // in the kernel cache folder per torch version, and loaded as a Python extension module.
 #include <torch/csrc/autograd/python_variable.h>
@@ -46,6 +49,7 @@
 
 #include <structmember.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
@@ -135,6 +139,12 @@ PyObject* replays_name = nullptr;
 PyObject* one = nullptr;
 
 bool is_tensor(PyObject* o) { return THPVariable_CheckExact(o); }
+
+// memory from torch's caching allocator, on the current stream
+at::Tensor empty(c10::IntArrayRef shape, c10::ScalarType dtype, c10::Device device) {
+  return at::_ops::empty_memory_format::call(c10::fromIntArrayRefSlow(shape), dtype, std::nullopt, device,
+                                             std::nullopt, std::nullopt);
+}
 
 bool current(const Core& c) {
   PyObject* v = PyObject_GetAttr(c.changes, value_name);
@@ -269,30 +279,54 @@ PyObject* call(Lane* self, PyObject* x_obj, PyObject* params, PyObject* states, 
   return replay(c, x, state_at, nullptr);
 }
 
-// cf_unpack_rows's arguments for a PackedSequence's data and batch sizes into x and steps, or false
-// where the sizes are not those of a call this lane makes
-bool unpack_args(const Core& c, const at::Tensor& data, const at::Tensor& sizes, const at::Tensor& x,
-                 const at::Tensor& steps, std::vector<uint8_t>& out) {
-  const int64_t T = sizes.size(0), B = c.x_sizes[1], W = c.x_sizes[2];
-  if (T < 1 || T > c.capacity || (T + STEPS_MULTIPLE - 1) / STEPS_MULTIPLE * STEPS_MULTIPLE != c.x_sizes[0])
-    return false;
-  out.assign(sizeof(RowsHead) + 2 * c.capacity * sizeof(int32_t), 0);
-  int32_t* sized = reinterpret_cast<int32_t*>(out.data() + sizeof(RowsHead));
-  int32_t* offsets = sized + c.capacity;
+// the rows of a PackedSequence of these batch sizes (their sum), or -1 where they are not ones the packed
+// rows' kernels take: on the CPU, int64, 1 to `capacity` of them, none below 1, none larger than the one
+// before, summing to at most INT32_MAX (the kernels' offsets are ints)
+int64_t rows_of(const at::Tensor& sizes, int64_t capacity) {
+  if (sizes.device().type() != c10::kCPU || sizes.scalar_type() != c10::ScalarType::Long ||
+      sizes.dim() != 1 || !sizes.is_contiguous())
+    return -1;
+  const int64_t T = sizes.size(0);
+  if (T < 1 || T > capacity) return -1;
   const int64_t* s = sizes.data_ptr<int64_t>();
-  if (s[0] != B) return false;
   int64_t rows = 0;
   for (int64_t t = 0; t < T; ++t) {
-    if (s[t] < 1 || (t && s[t] > s[t - 1])) return false;
+    if (s[t] < 1 || (t && s[t] > s[t - 1])) return -1;
+    rows += s[t];
+  }
+  return rows > INT32_MAX ? -1 : rows;
+}
+
+// cf_unpack_rows's or cf_pack_rows's arguments (codegen/packed_rows.py's args_fields) for batch sizes
+// that rows_of took: `head` with T and B written, then the sizes and their offsets, `capacity` ints each
+void rows_args(const at::Tensor& sizes, int64_t capacity, RowsHead head, std::vector<uint8_t>& out) {
+  const int64_t T = sizes.size(0);
+  const int64_t* s = sizes.data_ptr<int64_t>();
+  out.assign(sizeof(RowsHead) + 2 * capacity * sizeof(int32_t), 0);
+  int32_t* sized = reinterpret_cast<int32_t*>(out.data() + sizeof(RowsHead));
+  int32_t* offsets = sized + capacity;
+  int64_t rows = 0;
+  for (int64_t t = 0; t < T; ++t) {
     sized[t] = (int32_t)s[t];
     offsets[t] = (int32_t)rows;
     rows += s[t];
   }
-  if (rows != data.size(0) || rows > INT32_MAX) return false;  // (the kernel's offsets are ints)
-  RowsHead head{reinterpret_cast<uint64_t>(data.data_ptr()), reinterpret_cast<uint64_t>(x.data_ptr()),
-                reinterpret_cast<uint64_t>(steps.data_ptr()), x.numel(), steps.numel(), (int32_t)T,
-                (int32_t)B, (int32_t)W, (int32_t)c.H};
+  head.T = (int32_t)T;
+  head.B = (int32_t)s[0];
   std::memcpy(out.data(), &head, sizeof(head));
+}
+
+// cf_unpack_rows's arguments for a PackedSequence's data and batch sizes into x and steps, or false
+// where the sizes are not those of a call this lane makes
+bool unpack_args(const Core& c, const at::Tensor& data, const at::Tensor& sizes, const at::Tensor& x,
+                 const at::Tensor& steps, std::vector<uint8_t>& out) {
+  if (rows_of(sizes, c.capacity) != data.size(0) || sizes.data_ptr<int64_t>()[0] != c.x_sizes[1] ||
+      (sizes.size(0) + STEPS_MULTIPLE - 1) / STEPS_MULTIPLE * STEPS_MULTIPLE != c.x_sizes[0])
+    return false;
+  RowsHead head{reinterpret_cast<uint64_t>(data.data_ptr()), reinterpret_cast<uint64_t>(x.data_ptr()),
+                reinterpret_cast<uint64_t>(steps.data_ptr()), x.numel(), steps.numel(), 0, 0,
+                (int32_t)c.x_sizes[2], (int32_t)c.H};
+  rows_args(sizes, c.capacity, head, out);
   return true;
 }
 
@@ -306,16 +340,11 @@ PyObject* packed_call(Core& c, PyObject* data_obj, PyObject* sizes_obj, PyObject
   const at::Tensor& data = THPVariable_Unpack(data_obj);
   const at::Tensor& sizes = THPVariable_Unpack(sizes_obj);
   if (data.scalar_type() != c.dtype || data.device() != c.device || data.dim() != 2 ||
-      data.size(1) != c.x_sizes[2] || !data.is_contiguous() || sizes.device().type() != c10::kCPU ||
-      sizes.scalar_type() != c10::ScalarType::Long || sizes.dim() != 1 || !sizes.is_contiguous())
+      data.size(1) != c.x_sizes[2] || !data.is_contiguous())
     Py_RETURN_NONE;
   if (!may_call(c, params, stream)) Py_RETURN_NONE;
-  at::Tensor x = at::_ops::empty_memory_format::call(
-      c10::fromIntArrayRefSlow(c10::IntArrayRef(c.x_sizes)), c.dtype, std::nullopt, c.device, std::nullopt,
-      std::nullopt);
-  at::Tensor steps = at::_ops::empty_memory_format::call(
-      c10::fromIntArrayRefSlow(c10::IntArrayRef(c.state_sizes)), c10::ScalarType::Float, std::nullopt,
-      c.device, std::nullopt, std::nullopt);
+  at::Tensor x = empty(c.x_sizes, c.dtype, c.device);
+  at::Tensor steps = empty(c.state_sizes, c10::ScalarType::Float, c.device);
   std::vector<uint8_t> args;
   if (!unpack_args(c, data, sizes, x, steps, args)) Py_RETURN_NONE;
   std::vector<uint64_t> state_at;  // the module's zeros, then the steps-left state
@@ -331,9 +360,7 @@ PyObject* replay(Core& c, const at::Tensor& x, const std::vector<uint64_t>& stat
   Turn turn(c);
   if (!turn.ok() || !current(c)) Py_RETURN_NONE;
   int64_t n = c.block_elements;
-  at::Tensor block = at::_ops::empty_memory_format::call(
-      c10::fromIntArrayRefSlow(c10::IntArrayRef(&n, 1)), c.out_dtype, std::nullopt, c.device,
-      std::nullopt, std::nullopt);
+  at::Tensor block = empty(c10::IntArrayRef(&n, 1), c.out_dtype, c.device);
   uint64_t base = reinterpret_cast<uint64_t>(block.data_ptr()), size = block.element_size();
   // the runner's bases: scratch, the packed weights, x, y's sequence, no gradients, the initial states,
   // the final states (CudaRunner's RESERVE, PACKED, X, OUT, GRADS, STATES)
@@ -350,9 +377,7 @@ PyObject* replay(Core& c, const at::Tensor& x, const std::vector<uint64_t>& stat
   // the call to Python's path, which raises it, before anything ran)
   at::Tensor given = block;  // (where the types differ: the outputs' copy in x's type)
   if (c.out_dtype != c.dtype)
-    given = at::_ops::empty_memory_format::call(
-        c10::fromIntArrayRefSlow(c10::IntArrayRef(&c.outputs_end, 1)), c.dtype, std::nullopt, c.device,
-        std::nullopt, std::nullopt);
+    given = empty(c10::IntArrayRef(&c.outputs_end, 1), c.dtype, c.device);
   if (unpack_args != nullptr) {
     void* arg = const_cast<uint8_t*>(unpack_args->data());
     if (c.launch_kernel(c.unpack, (unsigned)c.grid, 1, 1, BLOCK, 1, 1, 0, reinterpret_cast<void*>(c.stream),
@@ -601,6 +626,206 @@ PyType_Slot lane_slots[] = {{Py_tp_new, (void*)lane_new},
 PyType_Spec lane_spec = {"cf_quick_lane.Lane", sizeof(Lane), 0,
                          Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL, lane_slots};
 
+// -- a PackedSequence's rows ------------------------------------------------------------------------
+// `Rows`: codegen/packed_rows.py's two kernels for elements of one size on one device, launched here with
+// the call's memory taken from torch's caching allocator, for the padding and packing of the calls that
+// the lane does not make (training calls, calls given initial states): the same launches as
+// nn/packed_sequences.py's _Rows makes in Python, where its arguments' bytes, allocations and launch
+// took a training step's host 30 to 160 us each time, several times a step. It answers None for what it
+// cannot move as that Python would (the batch sizes not a PackedSequence's, another device or context
+// current, the launch failed), which Python then moves, or raises about.
+
+struct RowsCore {
+  void* unpack = nullptr;  // cf_unpack_rows
+  void* pack = nullptr;    // cf_pack_rows
+  int64_t itemsize = 0, capacity = 0, max_grid = 0;
+  c10::Device device{c10::kCPU};
+  uint64_t context = 0;
+  CtxGetCurrent current_context = nullptr;
+  LaunchKernel launch_kernel = nullptr;
+};
+
+struct Rows {
+  PyObject_HEAD
+  RowsCore* core;
+};
+
+// whether the kernels may be launched now: the device current, and its driver context
+bool rows_ready(const RowsCore& r) {
+  if (r.device.is_cuda() &&
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != r.device.index())
+    return false;
+  void* context = nullptr;
+  return r.current_context(&context) == 0 && reinterpret_cast<uint64_t>(context) == r.context;
+}
+
+// one launch over `rows` rows (a warp a row, as codegen/packed_rows.py's launch_blocks): false where it
+// failed
+bool launch_rows(const RowsCore& r, void* function, int64_t rows, std::vector<uint8_t>& args, uint64_t stream) {
+  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>((rows * 32 + BLOCK - 1) / BLOCK, r.max_grid));
+  void* arg = args.data();
+  return r.launch_kernel(function, (unsigned)blocks, 1, 1, BLOCK, 1, 1, 0, reinterpret_cast<void*>(stream),
+                         &arg, nullptr) == 0;
+}
+
+// (x [steps, B, ...] from the data [N, ...], the steps-left state [state_layers, B, hidden] or None), or
+// None (see above)
+PyObject* rows_padded(const RowsCore& r, PyObject* data_obj, PyObject* sizes_obj, int64_t steps, int64_t hidden,
+                      int64_t state_layers, uint64_t stream) {
+  if (!is_tensor(data_obj) || !is_tensor(sizes_obj) || hidden < 1 || state_layers < 0) Py_RETURN_NONE;
+  at::Tensor data = THPVariable_Unpack(data_obj);
+  const at::Tensor& sizes = THPVariable_Unpack(sizes_obj);
+  if (data.device() != r.device || data.element_size() != r.itemsize || data.dim() < 1 || !rows_ready(r))
+    Py_RETURN_NONE;
+  const int64_t rows = rows_of(sizes, r.capacity);
+  if (rows != data.size(0) || steps < sizes.size(0)) Py_RETURN_NONE;
+  if (!data.is_contiguous()) data = data.contiguous();
+  const int64_t B = sizes.data_ptr<int64_t>()[0], W = data.numel() / rows;
+  std::vector<int64_t> shape{steps, B};
+  shape.insert(shape.end(), data.sizes().begin() + 1, data.sizes().end());
+  at::Tensor x = empty(shape, data.scalar_type(), r.device);
+  at::Tensor left;
+  if (state_layers) left = empty({state_layers, B, hidden}, c10::ScalarType::Float, r.device);
+  RowsHead head{reinterpret_cast<uint64_t>(data.data_ptr()), reinterpret_cast<uint64_t>(x.data_ptr()),
+                state_layers ? reinterpret_cast<uint64_t>(left.data_ptr()) : 0, x.numel(),
+                state_layers ? left.numel() : 0, 0, 0, (int32_t)W, (int32_t)hidden};
+  std::vector<uint8_t> args;
+  rows_args(sizes, r.capacity, head, args);
+  if (!launch_rows(r, r.unpack, steps * B + (state_layers ? state_layers * B : 0), args, stream))
+    Py_RETURN_NONE;
+  PyObject* out = PyTuple_New(2);
+  if (out == nullptr) return nullptr;
+  PyObject* made = THPVariable_Wrap(std::move(x));
+  if (made == nullptr) {
+    Py_DECREF(out);
+    return nullptr;
+  }
+  PyTuple_SET_ITEM(out, 0, made);
+  if (state_layers) {
+    made = THPVariable_Wrap(std::move(left));
+    if (made == nullptr) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+  } else {
+    made = Py_NewRef(Py_None);
+  }
+  PyTuple_SET_ITEM(out, 1, made);
+  return out;
+}
+
+// the packed data [N, ...] of y [T' >= T, B, ...], or None (see above)
+PyObject* rows_packed(const RowsCore& r, PyObject* y_obj, PyObject* sizes_obj, uint64_t stream) {
+  if (!is_tensor(y_obj) || !is_tensor(sizes_obj)) Py_RETURN_NONE;
+  at::Tensor y = THPVariable_Unpack(y_obj);
+  const at::Tensor& sizes = THPVariable_Unpack(sizes_obj);
+  if (y.device() != r.device || y.element_size() != r.itemsize || y.dim() < 2 || !rows_ready(r))
+    Py_RETURN_NONE;
+  const int64_t rows = rows_of(sizes, r.capacity);
+  if (rows < 0 || y.size(0) < sizes.size(0) || y.size(1) != sizes.data_ptr<int64_t>()[0]) Py_RETURN_NONE;
+  if (!y.is_contiguous()) y = y.contiguous();
+  const int64_t W = y.numel() / (y.size(0) * y.size(1));
+  std::vector<int64_t> shape{rows};
+  shape.insert(shape.end(), y.sizes().begin() + 2, y.sizes().end());
+  at::Tensor data = empty(shape, y.scalar_type(), r.device);
+  RowsHead head{reinterpret_cast<uint64_t>(y.data_ptr()), reinterpret_cast<uint64_t>(data.data_ptr()), 0,
+                data.numel(), 0, 0, 0, (int32_t)W, 0};
+  std::vector<uint8_t> args;
+  rows_args(sizes, r.capacity, head, args);
+  if (!launch_rows(r, r.pack, rows, args, stream)) Py_RETURN_NONE;
+  return THPVariable_Wrap(std::move(data));
+}
+
+bool int_arg(PyObject* o, int64_t& out) {
+  out = PyLong_AsLongLong(o);
+  return !(out == -1 && PyErr_Occurred());
+}
+
+PyObject* rows_padded_method(PyObject* o, PyObject* const* args, Py_ssize_t n) {
+  if (n != 6) {
+    PyErr_SetString(PyExc_TypeError, "padded(data, batch_sizes, steps, hidden, state_layers, stream)");
+    return nullptr;
+  }
+  int64_t steps, hidden, state_layers;
+  if (!int_arg(args[2], steps) || !int_arg(args[3], hidden) || !int_arg(args[4], state_layers)) return nullptr;
+  uint64_t stream = PyLong_AsUnsignedLongLong(args[5]);
+  if (stream == (uint64_t)-1 && PyErr_Occurred()) return nullptr;
+  try {
+    return rows_padded(*reinterpret_cast<Rows*>(o)->core, args[0], args[1], steps, hidden, state_layers, stream);
+  } catch (const std::exception&) {  // (out of memory, say: Python's path raises it as torch does)
+    Py_RETURN_NONE;
+  }
+}
+
+PyObject* rows_packed_method(PyObject* o, PyObject* const* args, Py_ssize_t n) {
+  if (n != 3) {
+    PyErr_SetString(PyExc_TypeError, "packed(y, batch_sizes, stream)");
+    return nullptr;
+  }
+  uint64_t stream = PyLong_AsUnsignedLongLong(args[2]);
+  if (stream == (uint64_t)-1 && PyErr_Occurred()) return nullptr;
+  try {
+    return rows_packed(*reinterpret_cast<Rows*>(o)->core, args[0], args[1], stream);
+  } catch (const std::exception&) {  // (as padded)
+    Py_RETURN_NONE;
+  }
+}
+
+const char* rows_kwlist[] = {"device", "itemsize", "unpack", "pack", "capacity", "max_grid", "context",
+                             "entry_points", nullptr};
+
+PyObject* rows_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
+  long long device, itemsize, capacity, max_grid;
+  PyObject *unpack, *pack, *context, *current_context, *launch_kernel;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "LLOOLLO(OO):Rows", const_cast<char**>(rows_kwlist), &device,
+                                   &itemsize, &unpack, &pack, &capacity, &max_grid, &context, &current_context,
+                                   &launch_kernel))
+    return nullptr;
+  auto core = std::make_unique<RowsCore>();
+  RowsCore& r = *core;
+  r.device = device < 0 ? c10::Device(c10::kCPU) : c10::Device(c10::kCUDA, (c10::DeviceIndex)device);
+  r.itemsize = itemsize, r.capacity = capacity, r.max_grid = max_grid;
+  r.unpack = reinterpret_cast<void*>(as_u64(unpack));
+  r.pack = reinterpret_cast<void*>(as_u64(pack));
+  r.context = as_u64(context);
+  r.current_context = reinterpret_cast<CtxGetCurrent>(as_u64(current_context));
+  r.launch_kernel = reinterpret_cast<LaunchKernel>(as_u64(launch_kernel));
+  if (PyErr_Occurred()) return nullptr;
+  if (!r.unpack || !r.pack || !r.current_context || !r.launch_kernel || capacity < 1 || max_grid < 1 ||
+      (itemsize != 2 && itemsize != 4)) {
+    PyErr_SetString(PyExc_ValueError, "Rows needs both kernels, the driver's two entry points, a capacity, "
+                                      "a largest grid and elements of 2 or 4 bytes");
+    return nullptr;
+  }
+  Rows* self = reinterpret_cast<Rows*>(type->tp_alloc(type, 0));
+  if (self == nullptr) return nullptr;
+  self->core = core.release();
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void rows_dealloc(PyObject* o) {
+  PyTypeObject* type = Py_TYPE(o);
+  delete reinterpret_cast<Rows*>(o)->core;
+  type->tp_free(o);
+  Py_DECREF(type);
+}
+
+PyMethodDef rows_methods[] = {
+    {"padded", (PyCFunction)(void (*)(void))rows_padded_method, METH_FASTCALL,
+     "padded(data, batch_sizes, steps, hidden, state_layers, stream): (x, the steps-left state or None), "
+     "or None"},
+    {"packed", (PyCFunction)(void (*)(void))rows_packed_method, METH_FASTCALL,
+     "packed(y, batch_sizes, stream): the packed data of y, or None"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyType_Slot rows_slots[] = {{Py_tp_new, (void*)rows_new},
+                            {Py_tp_dealloc, (void*)rows_dealloc},
+                            {Py_tp_methods, rows_methods},
+                            {Py_tp_doc, (void*)"A PackedSequence's rows padded and packed in C++ (see the source)."},
+                            {0, nullptr}};
+
+PyType_Spec rows_spec = {"cf_quick_lane.Rows", sizeof(Rows), 0, Py_TPFLAGS_DEFAULT, rows_slots};
+
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "cf_quick_lane", nullptr, -1, nullptr};
 
 }  // namespace
@@ -616,6 +841,12 @@ PyMODINIT_FUNC PyInit_cf_quick_lane(void) {
   PyObject* lane = PyType_FromSpec(&lane_spec);
   if (lane == nullptr || PyModule_AddObject(m, "Lane", lane) != 0) {
     Py_XDECREF(lane);
+    Py_DECREF(m);
+    return nullptr;
+  }
+  PyObject* rows = PyType_FromSpec(&rows_spec);
+  if (rows == nullptr || PyModule_AddObject(m, "Rows", rows) != 0) {
+    Py_XDECREF(rows);
     Py_DECREF(m);
     return nullptr;
   }
