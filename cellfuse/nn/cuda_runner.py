@@ -109,7 +109,7 @@ class Memory:
             splits = split_bytes(instructions, 1 + max((getattr(i, "stream", 0) for i in instructions),
                                                           default=0), weights)
             self.grad_scratch = scratch = {split_name(s): n for s, n in enumerate(splits) if n}
-            # those a run must start at zero first, so that one memset of `restart_bytes` clears them all;
+            # those a run must start at zero first, together, so that the memsets of `zeroed` clear them;
             # a buffer that a kernel overwrites whole, and the scratch, need no start
             order = sorted(backward.buffers, key=lambda n: not backward.restarted(n))
             grads = [(n, backward.buffers[n].nbytes(plan.sizes)) for n in order]
@@ -118,6 +118,13 @@ class Memory:
             self.restart_bytes = (self.grads[restarted[-1]] + _aligned(backward.buffers[restarted[-1]]
                                                                        .nbytes(plan.sizes))
                                   if restarted else 0)
+            name, at = backward.dy_place()
+            start = self.grads[name] + 4 * at
+            self.dy = (start, start + 4 * plan.sizes.seq * plan.sizes.batch * plan.sizes.hidden)
+            # what the start of a run zeroes: the restarted buffers but dy's place, which dy's copy then
+            # overwrites (as large as y: most of them)
+            self.zeroed = [(a, b) for a, b in ((0, min(start, self.restart_bytes)),
+                                               (self.dy[1], self.restart_bytes)) if b > a]
 
 
 def _views(memory: torch.Tensor, extents: dict[str, tuple], names) -> dict[str, torch.Tensor]:
@@ -610,21 +617,20 @@ class CudaRunner(Runner):
     def _starts(self) -> LaunchList:
         """The gradient memory's start values and dy put there in one call (bases: the memory, dy): the
         buffers the launches add into zeroed, the ones filled, dy copied where the forward pass wrote y
-        (onto zeros: the same as adding it, as `TensorLayout.seed` does). A call of torch's each would
-        cost the host more than the GPU takes to do them all."""
+        (where nothing else is: the same as adding it onto zeros, as `TensorLayout.seed` does). A call of
+        torch's each would cost the host more than the GPU takes to do them all."""
         memory, extents, backward = self.memory, self._grad_extents, self.plans.backward
         calls = LaunchList(f"the start of {self.plans.train.cell_name}'s backward pass")
-        if memory.restart_bytes:
-            calls.fill((0, 0), 0, memory.restart_bytes // 4, 0, "the zeroing of the gradients")
+        for start, end in memory.zeroed:
+            calls.fill((0, start), 0, (end - start) // 4, 0, "the zeroing of the gradients")
         for name, b in backward.buffers.items():
             if backward.start_value(name) == 1.0:  # (a 16-bit one twice in each 32-bit word)
                 at, nbytes = extents[name]
                 one = bits(b.dtype, 1.0)
                 calls.fill((0, at), one if b.dtype.itemsize == 4 else one * 0x10001, -(-nbytes // 4), 0,
                            f"the ones of {name}")
-        name, at = self.layout.dy_place
-        T, B, H, _ = self._sizes
-        calls.copy((0, extents[name][0] + 4 * at), (1, 0), 4 * T * B * H, 0, "the copy of dy")
+        start, end = memory.dy
+        calls.copy((0, start), (1, 0), end - start, 0, "the copy of dy")
         calls.finish()
         return calls
 

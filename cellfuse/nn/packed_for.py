@@ -7,7 +7,10 @@ before it from the caching allocator, at version 0 again, with other values; suc
 every call. Address and version are not enough for Parameters either: a module made after another was
 freed may get its parameters at the same addresses, at the same versions (the same initialisation), with
 other values. So the Parameters packed are remembered by weak reference: a new module's are other objects,
-and the old ones are gone.
+and the old ones are gone. So are the tensors given (a module's views of its Parameters, kept from call to
+call): where a call gives the same objects, their Parameters are the same, and the owners' check, two
+isinstance tests of torch's Parameter each (its metaclass's, in Python), is not made: 12 of them took a
+drop-in LSTM's call 17 of its 21 microseconds here, twice a training step.
 """
 
 from __future__ import annotations
@@ -25,14 +28,17 @@ class PackedFor:
     def __init__(self):
         self._key: tuple | None = None  # the parameters' addresses and versions
         self._owners: list[weakref.ref] = []  # the Parameters they are (or are views of)
+        self._given: list[weakref.ref] = []  # the tensors given
 
     def matches(self, params: Sequence[torch.Tensor]) -> bool:
         """Whether the weights packed last are these parameters' as they are now."""
         key = self._key
         if key is None or len(key) != len(params):
             return False
-        for (address, version), ref, p in zip(key, self._owners, params, strict=True):  # (one pass)
-            if p.data_ptr() != address or p._version != version or ref() is not owner(p):
+        for (address, version), given, ref, p in zip(key, self._given, self._owners, params,
+                                                     strict=True):  # (one pass)
+            if p.data_ptr() != address or p._version != version or (given() is not p
+                                                                     and ref() is not owner(p)):
                 return False
         return True
 
@@ -43,11 +49,12 @@ class PackedFor:
         if all(o is not None for o in owners):
             self._key = tuple((p.data_ptr(), p._version) for p in params)
             self._owners = [weakref.ref(o) for o in owners]
+            self._given = [weakref.ref(p) for p in params]
         else:
             self.forget()
 
     def forget(self) -> None:
-        self._key, self._owners = None, []
+        self._key, self._owners, self._given = None, [], []
 
     def gone(self) -> bool:
         """Whether the Parameters packed last have all been freed (False where none are remembered)."""

@@ -143,9 +143,14 @@ class Unpacked:
         # T change nothing): batches whose longest rows differ by a few steps share a runner and `auto`'s
         # choice, where each new length would have made (and measured) its own
         self._steps = -(-len(self._sizes) // STEPS_MULTIPLE) * STEPS_MULTIPLE
-        self._rows = self._rows_for(packed.data)
         self.x: torch.Tensor | None = None
         self.steps: torch.Tensor | None = None
+
+    @cached_property
+    def _rows(self) -> _Rows | None:
+        """The kernels' rows for the data (looked up when first needed: a kept call's lane pads the data
+        itself, and the call's packing of y after its launch is host time the GPU does not wait for)."""
+        return self._rows_for(self._like.data)
 
     def _rows_for(self, t: torch.Tensor) -> _Rows | None:
         """The kernels' rows for tensors of t's device and elements, or None (torch's ops move them)."""

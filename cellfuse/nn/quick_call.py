@@ -37,6 +37,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from . import ops
 from .runners import FORWARD, FORWARD_BESIDE, REVERSE, REVERSE_BESIDE, direction_of
+from .weight_views import WeightViews
 from .zeros import Zeros
 
 
@@ -88,8 +89,8 @@ def time_first(layout: tuple) -> tuple:
 class QuickCall:
     """What a module's call of x on a GPU decided (see the module's docstring)."""
 
-    __slots__ = ("_shape", "_dtype", "_index", "_cast", "_autocast_matters", "_params", "_layout", "_runner",
-                 "_zeros", "_state_shape", "_lane", "_train", "_rows", "_direction")
+    __slots__ = ("_shape", "_dtype", "_index", "_cast", "_autocast_matters", "_params", "_given", "_layout",
+                 "_runner", "_zeros", "_state_shape", "_lane", "_train", "_rows", "_direction")
 
     def __init__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor], runner,
                  zeros: Sequence[torch.Tensor], train: tuple[str, int, int, str] | None = None,
@@ -106,6 +107,8 @@ class QuickCall:
         # (torch.autocast changes only float32 inputs: a call kept without it is unlike one with it)
         self._autocast_matters = cast is None and x.dtype == torch.float32
         self._params = [(p.data_ptr(), p.dtype, p.requires_grad) for p in params]
+        # (a module's WeightViews, kept while its parameters are as they were: given again, the same)
+        self._given = weakref.ref(params) if isinstance(params, WeightViews) else None
         self._train = train
         # (weakly: a runner the process's cache dropped goes, and its memory with it)
         self._layout, self._runner, self._zeros = layout, weakref.ref(runner), list(zeros)
@@ -155,7 +158,8 @@ class QuickCall:
                 and layout == self._layout and torch.is_grad_enabled() == (self._train is not None)
                 and not (self._autocast_matters and torch.is_autocast_enabled("cuda"))
                 and ops.on_device(self._index)
-                and [(p.data_ptr(), p.dtype, p.requires_grad) for p in params] == self._params)
+                and ((given := self._given) is not None and given() is params
+                     or [(p.data_ptr(), p.dtype, p.requires_grad) for p in params] == self._params))
 
     def _states_like(self, states: Sequence[torch.Tensor], count: int | None = None) -> bool:
         """Whether the given initial states are `count` (default: the kept call's but the steps-left

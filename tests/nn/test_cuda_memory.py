@@ -1,6 +1,7 @@
 """Where a CellRNN call's buffers live on a GPU (cuda_runner.Memory), checked on the CPU: the caller's
 tensors and the weights stay out of the reserve, every buffer a backward run adds into is cleared by its
-one memset, dy is copied onto zeros, and every piece starts where cuBLAS's fastest kernels want it."""
+memsets but for dy's place, which dy's copy writes whole, and every piece starts where cuBLAS's fastest
+kernels want it."""
 
 from __future__ import annotations
 
@@ -43,9 +44,10 @@ def test_a_calls_memory_holds_every_buffer_once(name, schedule, layers):
 
 @pytest.mark.parametrize("schedule", ["graph", "persistent", "tensor"])
 @pytest.mark.parametrize("name", template_names())
-def test_dy_goes_where_the_memset_left_zeros(name, schedule):
-    """The backward run's start copies dy in where the forward pass wrote y (CudaRunner._starts): onto
-    zeros, which makes the copy an addition, all of it inside its buffer and the zeroed memory."""
+def test_dy_goes_where_the_memset_leaves_nothing_else(name, schedule):
+    """The backward run's start copies dy in where the forward pass wrote y (CudaRunner._starts), inside
+    its buffer, a buffer the launches add into: the memsets zero the rest of those buffers, not dy's place
+    (the copy writes it whole), which makes the copy an addition onto zeros."""
     sizes = Sizes(seq=5, batch=3, input=16, hidden=16, layers=2)
     plan = make_plan(load_template(name), sizes, schedule, H100, save_steps=True)
     backward = backward_plan(plan)
@@ -54,7 +56,11 @@ def test_dy_goes_where_the_memset_left_zeros(name, schedule):
     end = 4 * (at + sizes.seq * sizes.batch * sizes.hidden)
     assert backward.restarted(buffer) and backward.start_value(buffer) == 0.0
     assert end <= backward.buffers[buffer].nbytes(plan.sizes)
-    assert memory.grads[buffer] + end <= memory.restart_bytes
+    assert memory.dy == (memory.grads[buffer] + 4 * at, memory.grads[buffer] + end)
+    pieces = sorted([*memory.zeroed, memory.dy])
+    assert pieces[0][0] == 0 and pieces[-1][1] == memory.restart_bytes
+    assert all(a[1] == b[0] for a, b in zip(pieces, pieces[1:], strict=False))  # no gap, no overlap
+    assert all(a % 4 == 0 and b % 4 == 0 for a, b in pieces)
 
 
 @pytest.mark.parametrize("schedule, kept", [("graph", ["init.c"]),

@@ -28,6 +28,28 @@ def test_the_same_parameters_match_until_one_changes_in_place():
     assert not packed.matches([w, b])
 
 
+def test_the_tensors_packed_given_again_match_without_asking_for_their_parameters(monkeypatch):
+    """A module's views kept from call to call: the same objects are the same Parameters' (the owners'
+    check, slow, is made only for tensors other than those packed)."""
+    from cellfuse.nn import packed_for
+
+    w, b = params()
+    views = [w[:, :3].t(), b]
+    packed = PackedFor()
+    packed.remember(views)
+    asked, owner = [], packed_for.owner
+
+    def counted(p):
+        asked.append(p)
+        return owner(p)
+    monkeypatch.setattr(packed_for, "owner", counted)
+    assert packed.matches(views) and not asked
+    assert packed.matches([w[:, :3].t(), b]) and len(asked) == 1  # (a view made anew: its owner checked)
+    with torch.no_grad():
+        w.mul_(2.0)
+    assert not packed.matches(views)
+
+
 def test_other_parameters_at_the_same_addresses_and_versions_do_not_match():
     """A module made after another was freed may get its memory, at the same versions: other objects."""
     w, b = params()
