@@ -151,13 +151,15 @@ class CellRNN(torch.nn.Module):
         # names "reverse.l0_W"): no name made from a weight id can then meet another.
         self.reverse = torch.nn.Module() if self.bidirectional else None
         reverse_part = f".{REVERSE}."
-        self._where: dict[str, tuple[torch.nn.Module, str]] = {}  # key -> (module, name)
+        # key -> (whether `reverse` holds it, its name there): not the module itself, which would make a
+        # cycle that keeps a dropped module, and its GPU memory, until Python's collector runs
+        self._where: dict[str, tuple[bool, str]] = {}
         for key, value in params.items():
-            owner = self.reverse if reverse_part in key else self
+            reverse = reverse_part in key
             name = _param_name(key.replace(reverse_part, ".", 1))
-            owner.register_parameter(name, torch.nn.Parameter(torch.from_numpy(value)))
-            self._where[key] = (owner, name)
-        self._names = {key: name for key, (owner, name) in self._where.items() if owner is self}
+            self._owner(reverse).register_parameter(name, torch.nn.Parameter(torch.from_numpy(value)))
+            self._where[key] = (reverse, name)
+        self._names = {key: name for key, (reverse, name) in self._where.items() if not reverse}
         # each layer's parameters per direction, in the order of a one-layer plan's keys (for the stacks
         # that run a layer at a time)
         self._layer_params = [[[self._where[key] for key in params if key.startswith(f"l{layer}.")
@@ -225,12 +227,16 @@ class CellRNN(torch.nn.Module):
         if key not in self._where:
             raise CellError(f"{key!r} is not a parameter of this CellRNN ({self.num_layers} layer(s) of cell "
                             f"'{self.cell.name}'): its keys are {', '.join(self._where)}")
-        owner, name = self._where[key]
-        return getattr(owner, name)  # the attribute, which torch.func.functional_call replaces
+        reverse, name = self._where[key]
+        return getattr(self._owner(reverse), name)  # (the attribute: torch.func.functional_call replaces it)
+
+    def _owner(self, reverse: bool) -> torch.nn.Module:
+        """The module that holds a parameter of the reverse direction or of the forward one."""
+        return self.reverse if reverse else self
 
     def _layer_params_of(self, layer: int, reverse: bool) -> list[torch.Tensor]:
         """One layer's parameters of one direction, in the order of a one-layer plan's keys."""
-        return [owner._parameters[name] for owner, name in self._layer_params[layer][int(reverse)]]
+        return [self._owner(r)._parameters[name] for r, name in self._layer_params[layer][int(reverse)]]
 
     def _params(self) -> list[torch.Tensor]:
         """The parameters in the order of `keys`, as torch.func.functional_call may have replaced them (in
@@ -384,8 +390,8 @@ class CellRNN(torch.nn.Module):
             raise CellError(f"x has dtype {dtype}; on {device.type} CellRNN runs {dtype_names(device.type)}")
         # (by is_cuda, is_cpu and the device's index: a tensor's device is an object made at every ask)
         cuda, index, dtypes = x.is_cuda, x.get_device(), param_dtypes(dtype)
-        for key, (owner, name) in self._where.items():
-            p = owner._parameters[name]
+        for key, (reverse, name) in self._where.items():
+            p = self._owner(reverse)._parameters[name]
             elsewhere = (not p.is_cuda or p.get_device() != index) if cuda else not p.is_cpu
             if elsewhere or p.dtype not in dtypes:
                 raise CellError(f"parameter '{key}' is {p.dtype} on {p.device}, and x is {dtype} on "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 from torch.nn.utils.rnn import PackedSequence
@@ -69,6 +70,19 @@ def torch_cell(kind: str, bias: bool = True) -> Cell:
         b.update(h, h_new)
     b.output(h_new)
     return b.build()
+
+
+def _source_gradients(names: Sequence[str], gates: Sequence[Sequence[str]],
+                      grads: Sequence[torch.Tensor], needed: Sequence[bool]) -> list[torch.Tensor | None]:
+    """One layer's parameters' gradients (in the order of the module's `_sources`) from its weights' (in
+    the order of `names`, the cell's keys), each the gates' rows (`gates`: each gate's names, in torch's
+    order of rows) joined in one op (see weight_views)."""
+    by_name = dict(zip(names, grads, strict=True))
+    out: list[torch.Tensor | None] = []
+    for j, need in enumerate(needed):
+        rows = [by_name[gate[j]] for gate in gates]
+        out.append(torch.cat([g.t() if g.dim() == 2 else g for g in rows]) if need else None)
+    return out
 
 
 class _TorchRNN(torch.nn.Module):
@@ -170,8 +184,11 @@ class _TorchRNN(torch.nn.Module):
         key = (graph, stream, *((id(p), p.data_ptr(), p.requires_grad) for p in sources))
         cached = self._view_cache.get((layer, reverse))
         if cached is None or cached[0] != key:
+            # (their gradients' function holds what it reads, not the module: a bound method here would
+            # make a cycle that keeps a dropped module, and its GPU memory, until Python's collector runs)
+            gradients = partial(_source_gradients, self._names, self._gates)
             cached = self._view_cache[layer, reverse] = (key, WeightViews(self._views(sources), sources,
-                                                                          self._source_gradients))
+                                                                          gradients))
         return cached[1]
 
     def _views(self, sources: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -182,17 +199,6 @@ class _TorchRNN(torch.nn.Module):
             for name, source in zip(names, sources, strict=False):
                 by_name[name] = source[rows].t() if source.dim() == 2 else source[rows]
         return [by_name[name] for name in self._names]
-
-    def _source_gradients(self, grads: Sequence[torch.Tensor], needed: Sequence[bool]
-                          ) -> list[torch.Tensor | None]:
-        """One layer's parameters' gradients (in the order of `_sources`) from its weights' (in the order
-        of `_names`), each the gates' rows joined in one op (see weight_views)."""
-        by_name = dict(zip(self._names, grads, strict=True))
-        out: list[torch.Tensor | None] = []
-        for j, need in enumerate(needed):
-            rows = [by_name[names[j]] for names in self._gates]
-            out.append(torch.cat([g.t() if g.dim() == 2 else g for g in rows]) if need else None)
-        return out
 
     def _apply(self, fn, recurse=True):
         self._view_cache.clear()  # views of the tensors a move replaces would keep them alive

@@ -184,3 +184,25 @@ def test_the_initial_zeros_are_made_once_and_not_pickled():
     assert all(a is b for a, b in zip(lstm._initial(None, 2, x), lstm._initial(None, 2, x), strict=True))
     torch.testing.assert_close(lstm(x)[0], lstm(x, (torch.zeros(1, 2, H), torch.zeros(1, 2, H)))[0])
     assert not pickle.loads(pickle.dumps(lstm))._zeros._kept
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_dropped_module_is_freed_at_once_not_by_the_cycle_collector(kind):
+    """A module called (training and inference) and then dropped goes with its last reference, and its
+    memory with it (a GPU's, for `del model; torch.cuda.empty_cache()`): nothing it keeps points back at
+    it."""
+    import gc
+    import weakref
+
+    ours, _ = _pair(kind, num_layers=2, bidirectional=True)
+    x = torch.randn(5, 3, INPUT, dtype=torch.float64, requires_grad=True)
+    ours(x)[0].sum().backward()
+    with torch.no_grad():
+        ours(x)
+    gone = weakref.ref(ours)
+    gc.disable()
+    try:
+        del ours
+        assert gone() is None
+    finally:
+        gc.enable()
