@@ -1,7 +1,8 @@
-"""The host time of each piece of the padding a drop-in's packed training call makes in Python
-(`packed_sequences._Rows.padded`: the padded x and the steps-left state allocated, the kernel's arguments,
-its launch), timed alone, 60 times each: after a synchronisation, after one with the GPU kept busy, and
-back to back; to hold beside the same stage inside a training step (`dropin_packed_timeline.py --train`).
+"""The host time of each piece of the padding a drop-in's packed training call makes when Python launches
+the kernel (`packed_sequences._Rows.padded` where the C++ does not: the padded x and the steps-left state
+allocated, the kernel's arguments, its launch), beside the whole `_Rows.padded` (by the C++ where it is
+built), timed alone, 60 times each: after a synchronisation, after one with the GPU kept busy, and back to
+back; to hold beside the same stage inside a training step (`dropin_packed_timeline.py --train`).
 The LSTM's shapes: T=100, B=64, width 512, lengths uniform in 10..100.
 
     python3 benchmarks/probes/packed_padding_pieces.py
