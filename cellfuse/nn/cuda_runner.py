@@ -550,10 +550,11 @@ class CudaRunner(Runner):
         quick_lane.make): `lane` taught that call's captured run where it is still current, else a new
         one; `lane` as it is where that call was not a replay of a captured run, and None where no lane
         can make such calls (no lane could be built, the parameters are packed at every call, y and the
-        states are stored in types of their own). Where y and every state are stored in one type other
-        than x's (a 16-bit plan that keeps them float32), the lane runs over the runner's zeros of that
-        type, as the call did, and gives its outputs back in x's type; not for PackedSequences. Called
-        with the runner's lock held, right after the call."""
+        states are stored in types of their own, the zeros are of more than one type: a 16-bit
+        PackedSequence's, whose steps-left state is float32). Where y and every state are stored in one
+        type other than x's (a 16-bit plan that keeps them float32), the lane runs over the runner's zeros
+        of that type, as the call did, and gives its outputs back in x's type; not for PackedSequences.
+        Called with the runner's lock held, right after the call."""
         made, self._block_run = self._block_run, None
         if made is None or quick_lane.module() is None:
             return lane
@@ -566,6 +567,7 @@ class CudaRunner(Runner):
             found = None if first is None else self._packings.get(id(first))
             if (found is None or not found[1].matches(params)
                     or self._y_dtype != x.dtype and (not self._one_type or rows is not None)
+                    or any(z.dtype != zeros[0].dtype for z in zeros)  # (a 16-bit PackedSequence's)
                     or not all(type(t) in _LANE_TYPES for t in (x, *params, *zeros))):
                 return None
             if self._y_dtype != x.dtype:  # (the zeros the call ran over: see _state_in)

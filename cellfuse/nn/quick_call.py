@@ -74,8 +74,6 @@ def kept_packed_call(unpacked, layout: tuple, params: Sequence[torch.Tensor], ze
     nn.packed_sequences.Unpacked; `cell` and `float32` as the module gives them: the call ran the cell
     that runs each row to its own length)."""
     x = unpacked.x
-    if unpacked.steps.dtype != x.dtype:  # (16-bit x: its float32 steps-left state is unlike the others)
-        return None
     return kept_call(x, x, time_first(layout), params, [*zeros, unpacked.steps], ops.masked_text(cell),
                      hidden, layers, ops.masked_float32(float32), unpacked.lane_rows(layers))
 
@@ -163,11 +161,12 @@ class QuickCall:
 
     def _states_like(self, states: Sequence[torch.Tensor], count: int | None = None) -> bool:
         """Whether the given initial states are `count` (default: the kept call's but the steps-left
-        state) of the kept call's shape, dtype and device (a module's kept zeros are)."""
+        state) of the kept call's shape and device, each of its zero's dtype (a module's kept zeros are;
+        a 16-bit PackedSequence's call has a float32 steps-left state)."""
         count = len(self._zeros) - 1 if count is None else count
         return len(states) == count and all(
-            type(s) is torch.Tensor and s.shape == self._state_shape and s.dtype == self._dtype
-            and s.get_device() == self._index for s in states)
+            type(s) is torch.Tensor and s.shape == self._state_shape and s.dtype == z.dtype
+            and s.get_device() == self._index for s, z in zip(states, self._zeros, strict=False))
 
     def __call__(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
                  states: Sequence[torch.Tensor] | None = None

@@ -1,3 +1,5 @@
+import gc
+
 import pytest
 
 
@@ -17,3 +19,13 @@ def cuda():
         pytest.skip("this torch has no CUDA")
     device = drv.Context.get_device()  # where `auto` measures the rungs
     return next(torch.device("cuda", i) for i in range(drv.Device.count()) if drv.Device(i) == device)
+
+
+@pytest.fixture
+def no_cycle_collector():
+    """Python's cycle collector off during the test: what it still frees is held only by cycles."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()

@@ -355,22 +355,17 @@ def test_a_modules_zeros_are_made_once_and_known_as_its_own():
     assert key not in _made
 
 
-def test_a_dropped_module_is_freed_at_once_not_by_the_cycle_collector():
+def test_a_dropped_module_is_freed_at_once_not_by_the_cycle_collector(no_cycle_collector):
     """A CellRNN (two directions: a child module holds the reverse's parameters) called and then dropped
     goes with its last reference, and its memory with it: nothing it keeps points back at it."""
-    import gc
     import weakref
 
     rnn = CellRNN("lstm", 4, 3, 2, bidirectional=True, seed=1)
     x = torch.randn(5, 2, 4, requires_grad=True)
     rnn(x)[0].sum().backward()
     gone = weakref.ref(rnn)
-    gc.disable()
-    try:
-        del rnn
-        assert gone() is None
-    finally:
-        gc.enable()
+    del rnn
+    assert gone() is None
 
 
 def test_calls_from_several_threads_get_their_own_results():

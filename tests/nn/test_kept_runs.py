@@ -22,20 +22,16 @@ T, INPUT, H = 20, 32, 48  # each test its own batch size: runners, and their kep
 
 
 @pytest.fixture(autouse=True)
-def settled_memory(cuda):
+def settled_memory(cuda, no_cycle_collector):
     """The process's garbage collected and the caching allocator's free blocks given back before each
-    test, and no collection during it: these tests count the calls that replay, and a call replays only
-    over memory at addresses seen before; blocks that the worker's earlier tests freed in the middle of
-    one (by Python's cycle collector) move the calls' memory elsewhere, and a lane then leaves them to
-    Python (10 of 16 calls, once in a while, among a worker's other tests)."""
+    test, and no collection during it (`no_cycle_collector`; an explicit one still runs): these tests
+    count the calls that replay, and a call replays only over memory at addresses seen before; blocks
+    that the worker's earlier tests freed in the middle of one (by Python's cycle collector) move the
+    calls' memory elsewhere, and a lane then leaves them to Python (10 of 16 calls, once in a while,
+    among a worker's other tests)."""
     gc.collect()
     torch.cuda.synchronize(cuda)
     torch.cuda.empty_cache()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.enable()
 
 
 def _program(rnn, x, which):

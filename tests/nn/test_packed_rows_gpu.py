@@ -136,6 +136,46 @@ def test_a_kept_training_call_of_a_packed_sequence_gives_cudnns_gradients(cuda, 
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
+def test_a_16_bit_modules_packed_calls_are_kept_with_the_whole_paths_results(cuda):
+    """A module in bfloat16 keeps its PackedSequence calls as a float32 one does (its steps-left state
+    float32 beside the 16-bit states): the inference call and the training step like the one before are
+    made by the kept call, the training step in one node of autograd's graph, with the whole path's
+    results."""
+    torch.manual_seed(4)
+    ours = LSTM(32, 48).to(cuda, torch.bfloat16)
+
+    def infer(packed):
+        with torch.no_grad():
+            y, (h, c) = ours(packed)
+        return [y.data, h, c]
+
+    def train(packed, x):
+        y, (h, c) = ours(packed)
+        loss = y.data.float().square().sum() + h.float().sum() + c.float().square().sum()
+        # (the graph kept: x's packing, made once, is part of each step's)
+        return [y.data, h, c, *torch.autograd.grad(loss, [x, *ours.parameters()], retain_graph=True)], \
+            y.data.grad_fn
+
+    for seed in range(3):  # (batches of their own lengths, the same padded steps)
+        packed, x, _ = _packed(cuda, 16, 5, 32, torch.bfloat16, seed=seed, requires_grad=True)
+        ours._quick_packed = None
+        want = infer(packed)  # (the whole path)
+        assert ours._quick_packed is not None
+        kept = ours._quick_packed
+        got = infer(packed)
+        assert ours._quick_packed is kept
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        ours._quick_packed = None
+        want, _ = train(packed, x)
+        kept = ours._quick_packed
+        assert kept is not None
+        got, grad_fn = train(packed, x)
+        assert ours._quick_packed is kept and type(grad_fn).__name__ == "_EagerBackward"
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+
+
 def test_a_packed_forward_is_captured_and_replayed(cuda):
     """A CUDA graph capture of the module's call of a PackedSequence (the kernels loaded by a call before
     it): replayed over new contents of the same lengths, it gives cuDNN's result for them."""

@@ -187,11 +187,10 @@ def test_the_initial_zeros_are_made_once_and_not_pickled():
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
-def test_a_dropped_module_is_freed_at_once_not_by_the_cycle_collector(kind):
+def test_a_dropped_module_is_freed_at_once_not_by_the_cycle_collector(kind, no_cycle_collector):
     """A module called (training and inference) and then dropped goes with its last reference, and its
     memory with it (a GPU's, for `del model; torch.cuda.empty_cache()`): nothing it keeps points back at
     it."""
-    import gc
     import weakref
 
     ours, _ = _pair(kind, num_layers=2, bidirectional=True)
@@ -200,9 +199,5 @@ def test_a_dropped_module_is_freed_at_once_not_by_the_cycle_collector(kind):
     with torch.no_grad():
         ours(x)
     gone = weakref.ref(ours)
-    gc.disable()
-    try:
-        del ours
-        assert gone() is None
-    finally:
-        gc.enable()
+    del ours
+    assert gone() is None
