@@ -436,3 +436,15 @@ class CellRNN(torch.nn.Module):
         state["_kept_layers"] = KeptLayers(state["_zero_states"])
         return state
 
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+
+        # (a module saved when the parameters' map held the module that holds each key, itself or
+        # `reverse`, loads with the map of now)
+        def now(where: tuple) -> tuple[bool, str]:
+            owner, name = where
+            return (owner is not self, name) if isinstance(owner, torch.nn.Module) else where
+        self._where = {key: now(where) for key, where in self._where.items()}
+        self._layer_params = [[[now(where) for where in direction] for direction in layer]
+                              for layer in self._layer_params]
+

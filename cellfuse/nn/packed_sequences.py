@@ -55,11 +55,17 @@ def _rows_kernels(data: torch.Tensor, steps: int) -> tuple | None:
             return None
         try:
             kernels = PackedRows(key[1], key[2], f"sm_{major}{minor}")
-            made = (kernels, quick_lane.rows(kernels, key[0], key[1]))
         except CellError as e:
             log.warning("the packed rows' kernels could not be made (%s); torch's ops pad PackedSequences",
                         e)
             made = None
+        else:
+            try:
+                made = (kernels, quick_lane.rows(kernels, key[0], key[1]))
+            except (CellError, ValueError) as e:  # (the driver's context or entry points not found)
+                log.warning("the packed rows' kernels cannot be launched from C++ (%s); Python launches "
+                            "them", e)
+                made = (kernels, None)
     _kernels[key] = made
     return made
 

@@ -368,6 +368,24 @@ def test_a_dropped_module_is_freed_at_once_not_by_the_cycle_collector(no_cycle_c
     assert gone() is None
 
 
+def test_a_module_saved_when_its_parameters_map_held_its_modules_loads_and_runs_the_same():
+    """A CellRNN pickled (torch.save of the whole module) when its map of parameter keys held the module
+    that holds each (itself, or `reverse`) loads with the map of now, each direction reading its own
+    weights."""
+    import pickle
+
+    rnn = CellRNN("lstm", 4, 3, 2, bidirectional=True, seed=1)
+    x = torch.randn(5, 2, 4)
+    want = rnn(x)[0]
+    owner = {False: rnn, True: rnn.reverse}
+    rnn._where = {key: (owner[reverse], name) for key, (reverse, name) in rnn._where.items()}
+    rnn._layer_params = [[[(owner[r], name) for r, name in direction] for direction in layer]
+                         for layer in rnn._layer_params]
+    loaded = pickle.loads(pickle.dumps(rnn))
+    assert all(isinstance(reverse, bool) for reverse, _ in loaded._where.values())
+    torch.testing.assert_close(loaded(x)[0], want, rtol=0, atol=0)
+
+
 def test_calls_from_several_threads_get_their_own_results():
     """Threads that call one module at once (one runner: the numpy executor's buffers) get the results of
     the same calls made one at a time, forward and backward."""

@@ -342,12 +342,14 @@ def test_rows_leave_what_they_cannot_move_as_python_would_to_python(built):
             (data[:4], torch.tensor([2, 2, 0]), 4),  # an empty step
             (data, torch.tensor([2, 2]), 4),  # rows that do not sum to the data's
             (data, sizes.int(), 4),  # not int64
-            (data, torch.ones(ROWS_CAPACITY + 1, dtype=torch.long), 80),  # more steps than its arguments hold
+            (torch.randn(ROWS_CAPACITY + 1, 3), torch.ones(ROWS_CAPACITY + 1, dtype=torch.long),
+             68),  # more steps than its arguments hold (its rows those of the data)
             (data, sizes, 2),  # fewer steps than the sequence's
             (data.double(), sizes, 4)):  # elements of another size
         assert rows.padded(given, sized, steps, 1, 1, STREAM) is None, (sized, steps)
+    steps = torch.ones(ROWS_CAPACITY + 1, dtype=torch.long)  # (more than the arguments hold)
     for given, sized in ((y, torch.tensor([2, 1, 2])), (y[:2], sizes), (torch.randn(4, 3, 3), sizes),
-                         (y.double(), sizes)):
+                         (y.double(), sizes), (torch.randn(ROWS_CAPACITY + 1, 1, 3), steps)):
         assert rows.packed(given, sized, STREAM) is None, (given.shape, sized)
     driver.context = CONTEXT + 1  # another context current
     assert rows.padded(data, sizes, 4, 1, 1, STREAM) is None and rows.packed(y, sizes, STREAM) is None

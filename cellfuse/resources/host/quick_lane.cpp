@@ -53,6 +53,7 @@
 #include <climits>
 #include <cstdint>
 #include <cstring>
+#include <stdexcept>
 #include <vector>
 
 namespace {
@@ -301,6 +302,7 @@ int64_t rows_of(const at::Tensor& sizes, int64_t capacity) {
 // that rows_of took: `head` with T and B written, then the sizes and their offsets, `capacity` ints each
 void rows_args(const at::Tensor& sizes, int64_t capacity, RowsHead head, std::vector<uint8_t>& out) {
   const int64_t T = sizes.size(0);
+  if (T > capacity) throw std::length_error("more batch sizes than the arguments hold");  // (rows_of's)
   const int64_t* s = sizes.data_ptr<int64_t>();
   out.assign(sizeof(RowsHead) + 2 * capacity * sizeof(int32_t), 0);
   int32_t* sized = reinterpret_cast<int32_t*>(out.data() + sizeof(RowsHead));
@@ -431,6 +433,7 @@ PyObject* lane_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, 
   try {
     return call(reinterpret_cast<Lane*>(self), args[0], args[1], args[2], stream);
   } catch (const std::exception&) {  // (out of memory, say: Python's call raises it as torch does)
+    PyErr_Clear();  // (where the exception was a Python error's)
     Py_RETURN_NONE;
   }
 }
@@ -579,6 +582,7 @@ PyObject* lane_packed(PyObject* o, PyObject* const* args, Py_ssize_t n) {
   try {
     return packed_call(*reinterpret_cast<Lane*>(o)->core, args[0], args[1], args[2], stream);
   } catch (const std::exception&) {  // (as lane_vectorcall)
+    PyErr_Clear();
     Py_RETURN_NONE;
   }
 }
@@ -753,6 +757,7 @@ PyObject* rows_padded_method(PyObject* o, PyObject* const* args, Py_ssize_t n) {
   try {
     return rows_padded(*reinterpret_cast<Rows*>(o)->core, args[0], args[1], steps, hidden, state_layers, stream);
   } catch (const std::exception&) {  // (out of memory, say: Python's path raises it as torch does)
+    PyErr_Clear();  // (where the exception was a Python error's)
     Py_RETURN_NONE;
   }
 }
@@ -767,6 +772,7 @@ PyObject* rows_packed_method(PyObject* o, PyObject* const* args, Py_ssize_t n) {
   try {
     return rows_packed(*reinterpret_cast<Rows*>(o)->core, args[0], args[1], stream);
   } catch (const std::exception&) {  // (as padded)
+    PyErr_Clear();
     Py_RETURN_NONE;
   }
 }
