@@ -160,11 +160,7 @@ class CellRNN(torch.nn.Module):
             self._owner(reverse).register_parameter(name, torch.nn.Parameter(torch.from_numpy(value)))
             self._where[key] = (reverse, name)
         self._names = {key: name for key, (reverse, name) in self._where.items() if not reverse}
-        # each layer's parameters per direction, in the order of a one-layer plan's keys (for the stacks
-        # that run a layer at a time)
-        self._layer_params = [[[self._where[key] for key in params if key.startswith(f"l{layer}.")
-                                and (reverse_part in key) == reverse] for reverse in self._directions]
-                              for layer in range(self.num_layers)]
+        self._layer_params = self._layer_places()
         self._cell_text = ops.cell_text(self.cell)
         check_sizes(sizes, self.cell)
         if self.bidirectional and self.num_layers > 1:
@@ -229,6 +225,13 @@ class CellRNN(torch.nn.Module):
                             f"'{self.cell.name}'): its keys are {', '.join(self._where)}")
         reverse, name = self._where[key]
         return getattr(self._owner(reverse), name)  # (the attribute: torch.func.functional_call replaces it)
+
+    def _layer_places(self) -> list[list[list[tuple[bool, str]]]]:
+        """Each layer's parameters per direction, where `_where` says they are, in the order of a one-layer
+        plan's keys (for the stacks that run a layer at a time)."""
+        return [[[where for key, where in self._where.items()
+                  if key.startswith(f"l{layer}.") and where[0] == reverse] for reverse in self._directions]
+                for layer in range(self.num_layers)]
 
     def _owner(self, reverse: bool) -> torch.nn.Module:
         """The module that holds a parameter of the reverse direction or of the forward one."""
@@ -445,6 +448,5 @@ class CellRNN(torch.nn.Module):
             owner, name = where
             return (owner is not self, name) if isinstance(owner, torch.nn.Module) else where
         self._where = {key: now(where) for key, where in self._where.items()}
-        self._layer_params = [[[now(where) for where in direction] for direction in layer]
-                              for layer in self._layer_params]
+        self._layer_params = self._layer_places()
 

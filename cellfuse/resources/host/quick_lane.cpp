@@ -227,12 +227,17 @@ bool states_of(const Core& c, PyObject* states, std::vector<uint64_t>& out) {
   return true;
 }
 
-bool device_ready(const Core& c) {
-  if (c.device.is_cuda() &&
-      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != c.device.index())
+// whether `device` is the current one (where it is a GPU), and `context` the driver's current context
+bool device_current(c10::Device device, uint64_t context, CtxGetCurrent current_context) {
+  if (device.is_cuda() &&
+      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != device.index())
     return false;
-  void* context = nullptr;
-  if (c.current_context(&context) != 0 || reinterpret_cast<uint64_t>(context) != c.context) return false;
+  void* now = nullptr;
+  return current_context(&now) == 0 && reinterpret_cast<uint64_t>(now) == context;
+}
+
+bool device_ready(const Core& c) {
+  if (!device_current(c.device, c.context, c.current_context)) return false;
   int status = 0;
   return c.capturing(reinterpret_cast<void*>(c.stream), &status) == 0 && status == 0;
 }
@@ -655,13 +660,7 @@ struct Rows {
 };
 
 // whether the kernels may be launched now: the device current, and its driver context
-bool rows_ready(const RowsCore& r) {
-  if (r.device.is_cuda() &&
-      c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index() != r.device.index())
-    return false;
-  void* context = nullptr;
-  return r.current_context(&context) == 0 && reinterpret_cast<uint64_t>(context) == r.context;
-}
+bool rows_ready(const RowsCore& r) { return device_current(r.device, r.context, r.current_context); }
 
 // one launch over `rows` rows (a warp a row, as codegen/packed_rows.py's launch_blocks): false where it
 // failed
