@@ -29,3 +29,18 @@ def no_cycle_collector():
         yield
     finally:
         gc.enable()
+
+
+@pytest.fixture
+def settled_memory(cuda, no_cycle_collector):
+    """The process's garbage collected and the caching allocator's free blocks given back before the
+    test, and no collection during it (`no_cycle_collector`; an explicit one still runs), for tests that
+    count the calls that replay: and a call replays only over memory at addresses seen before; blocks
+    that the worker's earlier tests freed in the middle of one (by Python's cycle collector) move the
+    calls' memory elsewhere, and a lane then leaves them to Python (10 of 16 calls, once in a while,
+    among a worker's other tests)."""
+    import torch
+
+    gc.collect()
+    torch.cuda.synchronize(cuda)
+    torch.cuda.empty_cache()

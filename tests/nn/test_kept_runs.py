@@ -7,8 +7,6 @@ goes straight to the ops."""
 
 from __future__ import annotations
 
-import gc
-
 import pytest
 import torch
 
@@ -16,22 +14,9 @@ from cellfuse.graph_model import CellError
 from cellfuse.nn import GRU, LSTM, CellRNN, ops, stacks
 from cellfuse.nn.cuda_runner import BACKWARD_NO_DX
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("settled_memory")]
 
 T, INPUT, H = 20, 32, 48  # each test its own batch size: runners, and their kept runs, are the process's
-
-
-@pytest.fixture(autouse=True)
-def settled_memory(cuda, no_cycle_collector):
-    """The process's garbage collected and the caching allocator's free blocks given back before each
-    test, and no collection during it (`no_cycle_collector`; an explicit one still runs): these tests
-    count the calls that replay, and a call replays only over memory at addresses seen before; blocks
-    that the worker's earlier tests freed in the middle of one (by Python's cycle collector) move the
-    calls' memory elsewhere, and a lane then leaves them to Python (10 of 16 calls, once in a while,
-    among a worker's other tests)."""
-    gc.collect()
-    torch.cuda.synchronize(cuda)
-    torch.cuda.empty_cache()
 
 
 def _program(rnn, x, which):

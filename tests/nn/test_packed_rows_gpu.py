@@ -202,7 +202,7 @@ def test_a_packed_forward_is_captured_and_replayed(cuda):
     torch.testing.assert_close(h, want_h, rtol=1e-4, atol=1e-5)
 
 
-def test_the_lane_pads_a_packed_sequence_and_replays_its_run(cuda):
+def test_the_lane_pads_a_packed_sequence_and_replays_its_run(cuda, settled_memory):
     """A kept PackedSequence call with no hx, made by the C++ lane (its data padded there by the kernel,
     the run replayed): the lane makes it where a call of the module taught it the run over the same
     memory, and its result is cuDNN's, for lengths of its own. (Small tensors' memory wanders among the
@@ -213,11 +213,8 @@ def test_the_lane_pads_a_packed_sequence_and_replays_its_run(cuda):
     ours = LSTM(32, 48, num_layers=2, schedule="persistent").to(cuda)  # (a run in one piece: see quick_call)
     ref = _cudnn(ours, cuda)
     layout = (ours.schedule, ours.batch_first, ours.training, ours.dropout)  # (the module's)
-    made, padded_here = [], []
-    # the cached blocks other tests of the process left, given back: where they were, this test's calls
-    # may find none of their runs (it failed so once, among the other tests of its worker)
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
+    made, padded_here = [], []  # (`settled_memory`: among a worker's other tests, every call was once
+    # left to Python)
     with torch.no_grad(), torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
         for seed in range(8):
             packed, _, _ = _packed(cuda, 20, 6, 32, seed=seed)
