@@ -709,13 +709,7 @@ class _Export:
         with w.block(f"{{  /* every step of {p.label} in one cooperative launch */"):
             w("int cf_seq = seq, cf_batch = batch, cf_dev = 0, cf_sms = 0, cf_per_sm = 0;",
               *(f"const {self._buffer(b).dtype.c}* cf_p{i} = {_var(b)};" for i, b in enumerate(args)))
-            # the launcher's GEMMs undo their sums' scales themselves: no sums reach the kernel scaled
-            # (see codegen.scaled_sums)
-            unscaled = ["(void*)&cf_no_scales"] * 2 * len(p.scaled)
-            if unscaled:
-                w("const float* cf_no_scales = NULL;")
-            table = ", ".join(["&cf_seq", "&cf_batch"] + [f"(void*)&cf_p{i}" for i in range(len(args))]
-                              + unscaled)
+            table = ", ".join(["&cf_seq", "&cf_batch"] + [f"(void*)&cf_p{i}" for i in range(len(args))])
             w(f"void* cf_args[] = {{{table}}};",
               "cudaError_t cf_e = cudaGetDevice(&cf_dev);",
               "if (!cf_e) cf_e = cudaDeviceGetAttribute(&cf_sms, cudaDevAttrMultiProcessorCount, cf_dev);",

@@ -209,14 +209,12 @@ class Step:
     of_w: bool = False
 
 
-def f16x3_steps(g: GemmLaunch, rows: Expr | int, k: Expr | int, scaled: bool = False) -> list[Step]:
+def f16x3_steps(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> list[Step]:
     """The calls of a GEMM on tensor cores computing `rows` rows over `k`, in order, the one sequence the
     executors and the exported launcher each put in their own terms: each operand's column maxima where it
     has them (zeroed first: cf_f16x3_maxima folds them in by atomics) and its copies (W's first, `of_w`),
     the fp16 GEMM into C or the workspace's sums, then the pass that undoes the scales, adds the bias and
-    accumulates; where `scaled`, no pass: C holds the sums still scaled, for a reader that undoes the
-    scales itself from `scales` (codegen.scaled_sums; a GEMM with no bias that does not accumulate)."""
-    assert not (scaled and (g.bias or g.accumulate)), f"{g.group}: its pass adds a bias or accumulates"
+    accumulates."""
     lay = f16x3_layout(g, rows, k)
     steps: list[Step] = []
     for part, source, region in ((lay.w, Ref("w"), "kept"), (lay.a, Ref("a"), "workspace")):
@@ -232,20 +230,12 @@ def f16x3_steps(g: GemmLaunch, rows: Expr | int, k: Expr | int, scaled: bool = F
     sums, ldd = (Ref("workspace", lay.sums), as_expr(g.n)) if lay.sums is not None else (Ref("c"), g.c.ld)
     a_pieces, w_pieces = Ref("workspace", lay.a.pieces, "__half"), Ref("kept", lay.w.pieces, "__half")
     a_max, w_max = Ref("workspace", lay.a.maxima), Ref("kept", lay.w.maxima)
-    steps.append(Step("gemm", "cuBLAS's fp16 GEMM", (w_pieces, lay.ldw3, a_pieces, lay.lda3, sums, ldd)))
-    if not scaled:
-        steps.append(Step("kernel", "cf_f16x3_unscale_sums",
-                          (Ref("c"), sums, a_max, w_max, Ref("bias"), as_expr(rows), g.n, g.c.ld, ldd,
-                           int(bool(g.accumulate))),
-                          unscale_threads(rows, g.n)))
+    steps += [Step("gemm", "cuBLAS's fp16 GEMM", (w_pieces, lay.ldw3, a_pieces, lay.lda3, sums, ldd)),
+              Step("kernel", "cf_f16x3_unscale_sums",
+                   (Ref("c"), sums, a_max, w_max, Ref("bias"), as_expr(rows), g.n, g.c.ld, ldd,
+                    int(bool(g.accumulate))),
+                   unscale_threads(rows, g.n))]
     return steps
-
-
-def scales(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> tuple[Ref, Ref]:
-    """Where a GEMM on tensor cores leaves the largest magnitudes of A's rows and of W's columns, whose
-    scales its sums carry (see f16x3_steps)."""
-    lay = f16x3_layout(g, rows, k)
-    return Ref("workspace", lay.a.maxima), Ref("kept", lay.w.maxima)
 
 
 def workspace_bytes(g: GemmLaunch, rows: int, route: Route, w_kept: bool = False) -> int:

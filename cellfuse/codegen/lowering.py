@@ -41,10 +41,6 @@ class Gemm:
     # (see `w_regions_shared`); None: it makes its own. (The exported launcher, whose routes are decided
     # at run time, makes every GEMM's own.)
     w_made_at: int | None = None
-    # On tensor cores: where it runs by the split copies, its sums left scaled for the persistent kernel
-    # that reads them (no pass after the GEMM: see codegen.scaled_sums); the warpgroup GEMM, where it is
-    # the faster (measured so), undoes its scales itself.
-    scaled: bool = False
 
     @property
     def w_region(self) -> int:
@@ -179,14 +175,6 @@ def as_instruction(launch: Launch, batch: int, stream: int = MAIN,
             raise TypeError(f"unknown launch {launch!r}")
 
 
-def _scaled(instr: Gemm | Kernel, scaled: tuple[str, ...]) -> Gemm | Kernel:
-    """A prologue's instruction, a GEMM on tensor cores whose sums its persistent kernel unscales marked
-    so."""
-    if isinstance(instr, Gemm) and instr.launch.c.buffer in scaled and instr.route.startswith("f16x3"):
-        return replace(instr, scaled=True)
-    return instr
-
-
 def lower(plan: Plan, one_stream: bool = False) -> Program:
     """The program of a whole forward pass. `one_stream` runs the hoisted launches before each layer's
     loop on the main stream instead of in chunks beside it (what the exported .cu does), and the layers
@@ -212,7 +200,7 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
         main, side = (2 * (lp.layer % sharing), 2 * (lp.layer % sharing) + 1) if apart else (MAIN, SIDE)
         step = tuple(as_instruction(launch, B, main) for launch in lp.step)
         if lp.persistent:  # whose kernel copies the states in and out itself (`PersistentLaunch.states`)
-            out += [_scaled(as_instruction(launch, B), lp.persistent.scaled) for launch in lp.prologue]
+            out += [as_instruction(launch, B) for launch in lp.prologue]
             out.append(Persistent(lp.persistent))
             continue
         copies = state_copies(lp.state_read, H, lp.layer, plan.buffers)

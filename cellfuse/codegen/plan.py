@@ -352,11 +352,6 @@ class PersistentLaunch:
     # only, IndRNN's) each block owns its elements for every step, and the launch is an ordinary one,
     # which may start while the kernel before it ends (programmatic dependent launch).
     cooperative: bool = True
-    # The hoisted GEMM outputs (one per layer, at most) that the kernel reads as sums still scaled, the pass
-    # after their GEMM left out (see codegen.scaled_sums): after the buffers' pointers, two more each, the
-    # largest magnitudes of the GEMM's rows of A and of its columns of W (null where the GEMM ran in
-    # float32: the sums are then values).
-    scaled: tuple[str, ...] = ()
 
     @property
     def smem_bytes(self) -> int:

@@ -58,7 +58,6 @@ from .plan import (
     state_copies,
 )
 from .precision import check_precision, with_precision
-from .scaled_sums import with_scaled_sums
 
 # Hoisted work runs in chunks of this many steps beside the recurrence (see Plan.chunk_steps): small
 # enough that step 0 waits for little, large enough that each chunk's GEMM keeps the GPU busy.
@@ -572,4 +571,4 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
                 chunk_steps=chunk, layer_streams=side_by_side,
                 saves_steps=save_steps,
                 target=target if rung.persistent else None, tensor_cores=rung.tensor_cores)
-    return with_scaled_sums(with_precision(plan, cell, precision, float32_states))
+    return with_precision(plan, cell, precision, float32_states)

@@ -24,7 +24,6 @@ from ..codegen.gemm_routes import (
     f16x3_layout,
     f16x3_steps,
     gemm_ex_types,
-    scales,
     workspace_bytes,
 )
 from ..codegen.kernel_abi import BLOCK, grid_blocks, kernel_params
@@ -195,9 +194,6 @@ class CudaExecutor:
         # made apart, when the weights are written (see `weights_changed`): on an H100 that made IndRNN's
         # forward at B=64 faster (docs/results/2026-11-27-persistent-rungs-changes-14-to-19.md, change 19).
         self.image_calls: dict[tuple, list[Callable[[], object]]] = {}
-        # of each GEMM whose sums its persistent kernel unscales (Gemm.scaled): its C's buffer -> the
-        # addresses of its rows' and columns' largest magnitudes, which that kernel is given
-        self.scales: dict[str, tuple[int, int]] = {}
         self.calls = [call for instr in self.program.instructions
                       for call in self._calls(instr, 0, self.forward_handles, images=self.image_calls)]
         self.weights_changed()
@@ -234,14 +230,13 @@ class CudaExecutor:
                                                                           self.plan.sizes.batch)
 
     def _copies(self, g, op: Operands, s: int, handles: list[int], kept: tuple[int, list] | None = None,
-                w_made_at: int | None = None, scales_into: dict | None = None) -> list[Callable[[], object]]:
+                w_made_at: int | None = None) -> list[Callable[[], object]]:
         """A GEMM on tensor cores as three fp16 products, its workspace at `op.pieces`: the calls of
         gemm_routes.f16x3_steps, its fp16 GEMM by cuBLASLt's algorithm measured fastest for the shape.
         Where `kept` is given (an address, a list), W's region is there and the calls that make it go into
         the list (on the executor's stream, for `weights_changed`), not among those returned; where
         `w_made_at` is (the instruction's, see lowering.w_regions_shared), the GEMM before made it there
-        in the workspace. Where `scales_into` is given, C keeps the sums scaled (no pass after the GEMM),
-        and the addresses of the maxima of their scales (gemm_routes.scales) go into it under C's buffer."""
+        in the workspace."""
         stream, workspace, sms = self._on_handle[handles[s]]
         lay = f16x3_layout(g, op.m, g.k)
         at = int(lay.kept_at) if w_made_at is None else w_made_at
@@ -251,11 +246,8 @@ class CudaExecutor:
         def value(arg) -> int:
             return where[arg.of] + int(arg.offset) if isinstance(arg, Ref) else int(arg)
 
-        scaled = scales_into is not None
-        if scaled:
-            scales_into[g.c.buffer] = tuple(value(ref) for ref in scales(g, op.m, g.k))
         out: list[Callable[[], object]] = []
-        for step in f16x3_steps(g, op.m, g.k, scaled):
+        for step in f16x3_steps(g, op.m, g.k):
             args = [value(a) for a in step.args]
             if kept and step.of_w:
                 kept[1].append(self._f16x3_kernel(step, args, self.stream))
@@ -280,18 +272,16 @@ class CudaExecutor:
         return partial(self.f16x3_kernels[step.name].prepared_async_call, (grid_blocks(int(step.threads)), 1),
                        (BLOCK, 1, 1), stream, *args)
 
-    def _route(self, g, op: Operands, s: int, handles: list[int], kept: bool, scaled: bool = False) -> str:
+    def _route(self, g, op: Operands, s: int, handles: list[int], kept: bool) -> str:
         """Which route runs a GEMM on tensor cores that the warpgroup GEMM could run: the one measured
         faster for its shape, once per process (on scratch memory as large as its operands, so that no
         buffer of the executor changes; a shape already measured costs nothing more). Where the forward
         pass keeps what each route makes of W (`kept`), that is made once before the timing and not
-        timed, as the stream programs time it; `scaled`: the copies' sums left scaled for their reader
-        (Gemm.scaled), no pass after them."""
+        timed, as the stream programs time it."""
         gemms = warpgroup_gemms()
         stream, _, sms = self._on_handle[handles[s]]
         key = (device_description(), op.m, op.n, op.k, op.lda, op.ldw, op.ldc, op.trans_w, op.accumulate, sms,
-               kept, scaled)
-        into = {} if scaled else None  # (the maxima's places in the scratch, not kept)
+               kept)
         if key not in gemms.chosen:
             w_rows = op.n if op.trans_w else op.k
             offsets, span = aligned_offsets([4 * op.m * op.lda, 4 * w_rows * op.ldw, 4 * op.m * op.ldc,
@@ -303,15 +293,14 @@ class CudaExecutor:
                 on = replace(op, c=c, x=x, w=w, pieces=pieces)
                 if kept:
                     made: list[Callable[[], object]] = []
-                    copies = self._copies(g, on, s, handles, (region, made), scales_into=into)
+                    copies = self._copies(g, on, s, handles, (region, made))
                     imaged = replace(on, pieces=image)
                     for call in [*made, gemms.image_call(imaged, stream)]:
                         call()
                     self.stream.synchronize()  # (W's copies were made on it)
                     routes = {"copies": copies, "wgmma": [gemms.gemm_call(imaged, stream)]}
                 else:
-                    routes = {"copies": self._copies(g, on, s, handles, scales_into=into),
-                              "wgmma": gemms.calls(on, stream)}
+                    routes = {"copies": self._copies(g, on, s, handles), "wgmma": gemms.calls(on, stream)}
                 gemms.chosen[key] = gemms.faster(routes, stream)
             finally:
                 stream.synchronize()
@@ -361,8 +350,7 @@ class CudaExecutor:
                          and warpgroup_gemms() is not None)
                 copies_key = (image_key(g), "copies")
                 kept = images is not None and copies_key in self.image_at
-                scales_into = self.scales if instr.scaled else None
-                if wgmma and self._route(g, op, s, handles, kept, instr.scaled) == "wgmma":
+                if wgmma and self._route(g, op, s, handles, kept) == "wgmma":
                     gemms, key = warpgroup_gemms(), (image_key(g), "wgmma")
                     if images is None or key not in self.image_at:  # W's image made by every run
                         return gemms.calls(op, self.streams[s])
@@ -370,10 +358,9 @@ class CudaExecutor:
                     images.setdefault(key, [gemms.image_call(op, self.stream)])
                     return [gemms.gemm_call(op, self.streams[s])]
                 if not kept:  # W's copies made by every run (or by the GEMM before, see w_made_at)
-                    return self._copies(g, op, s, handles, w_made_at=w_made_at, scales_into=scales_into)
+                    return self._copies(g, op, s, handles, w_made_at=w_made_at)
                 made: list[Callable[[], object]] = []
-                calls = self._copies(g, op, s, handles, (self.image_at[copies_key], made),
-                                     scales_into=scales_into)
+                calls = self._copies(g, op, s, handles, (self.image_at[copies_key], made))
                 images.setdefault(copies_key, made)
                 return calls
             case Kernel(launch=k, rows=rows, stream=s):
@@ -400,7 +387,6 @@ class CudaExecutor:
             case Persistent(launch=p, stream=s):
                 kernel = self.persistent[self.name_of[p]]
                 pointers = [self.addr[b] for b in persistent_buffers(p)]
-                pointers += [at for b in p.scaled for at in self.scales.get(b, (0, 0))]  # (0: unscaled)
                 return [kernel.call(p, [self.plan.sizes.seq, B], pointers, self.streams[s])]
             case _:
                 raise TypeError(f"the CUDA executor cannot run {instr!r}")

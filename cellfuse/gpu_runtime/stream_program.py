@@ -42,7 +42,6 @@ from ..codegen.gemm_routes import (
     f16x3_layout,
     f16x3_steps,
     gemm_ex_types,
-    scales,
     workspace_bytes,
 )
 from ..codegen.kernel_abi import BLOCK, grid_blocks, kernel_params
@@ -176,9 +175,6 @@ class _Calls:
         self.buffers: dict[str, int] = {}  # buffer name -> slot
         self.scratch: dict[str, int] = {}  # name -> bytes
         self.images: dict[str, int] = {}  # pieces_name(w) or image_name(w) -> bytes
-        # of each GEMM whose sums its persistent kernel unscales (Gemm.scaled): its C's buffer -> where its
-        # rows' and columns' largest magnitudes are, which that kernel is given
-        self.scales: dict[str, tuple[tuple[str, int], tuple[str, int]]] = {}
         self.calls = LaunchList(what)
         self.image_calls = LaunchList(f"{what}: the images of weights")
 
@@ -243,8 +239,7 @@ class _Calls:
         function = self.res.function(name)
         early = self.res.capability >= (9, 0)
         kind = COOPERATIVE if p.cooperative else EARLY if early else KERNEL
-        args = [self.plan.sizes.seq, self.plan.sizes.batch, *((b, 0) for b in persistent_buffers(p)),
-                *(at for b in p.scaled for at in self.scales.get(b, (0, 0)))]  # (0: unscaled)
+        args = [self.plan.sizes.seq, self.plan.sizes.batch, *((b, 0) for b in persistent_buffers(p))]
         self._kernel(name, p.blocks, p.threads, args, s, p.smem_bytes, kind, function)
         if p.cooperative:
             per_sm = driver.resident_blocks(function, p.threads, p.smem_bytes)
@@ -262,10 +257,10 @@ class _Calls:
         op = Operands(c[1], a[1], 0, 0, m, g.n, g.k, g.a.ld, ldw, g.c.ld, g.trans_w, bool(g.accumulate))
         if instr.route.startswith("f16x3"):  # the bias added after the GEMM
             if (instr.route == "f16x3-or-wgmma" and usable(self.res.capability, op)
-                    and route_choice(self.res, self.plan, g, op, a, c, s, instr.scaled) == "wgmma"):
+                    and route_choice(self.res, self.plan, g, op, a, c, s) == "wgmma"):
                 self.wgmma(g, op, a, c, s)
             else:
-                self.copies(g, m, a, c, s, instr.w_made_at, instr.scaled)
+                self.copies(g, m, a, c, s, instr.w_made_at)
             return
         if g.bias:  # the bias rows first, then C accumulates A @ W onto them
             self._kernel("cf_bias_rows", grid_blocks(m * g.n), BLOCK, [c, (g.bias, 0), m, g.n, g.c.ld], s)
@@ -295,12 +290,11 @@ class _Calls:
              beta, c, types[2], g.c.ld, compute, GEMM_DEFAULT_ALGO]),
             s, f"cuBLAS's {g.multiply.name} GEMM of {g.group}")
 
-    def copies(self, g, m: int, a, c, s: int, w_made_at: int | None = None, scaled: bool = False) -> None:
+    def copies(self, g, m: int, a, c, s: int, w_made_at: int | None = None) -> None:
         """Three fp16 products in the stream's scratch: the calls of gemm_routes.f16x3_steps, on stream s.
         W's region (its copies and largest magnitudes) is made by `weights_changed` into memory the caller
         gives under `pieces_name(w)` where W is a weight, else by every run in the scratch (by the GEMM
-        before, at `w_made_at`, where that is given: see lowering.w_regions_shared). Where `scaled`, C keeps
-        the sums scaled, and `scales` says where their scales' maxima are."""
+        before, at `w_made_at`, where that is given: see lowering.w_regions_shared)."""
         scratch = split_name(s)
         lay = f16x3_layout(g, m, g.k)
         weight = _is_weight(self.plan, g.w)
@@ -320,9 +314,7 @@ class _Calls:
             at = where[arg.of]
             return 0 if at is None else (at[0], at[1] + int(arg.offset))
 
-        if scaled:  # (C keeps the sums scaled for its persistent kernel)
-            self.scales[g.c.buffer] = tuple(value(ref) for ref in scales(g, m, g.k))
-        for step in f16x3_steps(g, m, g.k, scaled):
+        for step in f16x3_steps(g, m, g.k):
             args = [value(arg) for arg in step.args]
             if step.of_w and weight:  # made when the weights change, on the stream given then
                 if not made:
@@ -369,20 +361,19 @@ class _Calls:
                      SMEM_BYTES, function=gemm_fn, label=f"cf_wgmma_gemm of {g.group}")
 
 
-def route_choice(res: _Resources, plan: Plan, g, op: Operands, a, c, s: int, scaled: bool = False) -> str:
+def route_choice(res: _Resources, plan: Plan, g, op: Operands, a, c, s: int) -> str:
     """The faster route of a GEMM the warpgroup GEMM could run, timed once per shape, share of the SMs
     (cuBLAS picks other kernels for fewer) and process on scratch memory as large as its operands (their
-    values do not change the time); `scaled`: the copies' sums left scaled for their reader (Gemm.scaled),
-    no pass after them."""
+    values do not change the time)."""
     key = (driver.current_device(), res.sm_target, op.m, op.n, op.k, op.lda, op.ldw, op.ldc, op.trans_w,
-           op.accumulate, scaled)
+           op.accumulate)
     if key in _route_choice:
         return _route_choice[key]
     cu = res.cu
     routes = {}
     for route in ("copies", "wgmma"):
         calls = _Calls(res, plan, 0, [], f"the {route} route of a GEMM")
-        calls.copies(g, op.m, a, c, s, scaled=scaled) if route == "copies" else calls.wgmma(g, op, a, c, s)
+        calls.copies(g, op.m, a, c, s) if route == "copies" else calls.wgmma(g, op, a, c, s)
         routes[route] = calls
     stream = driver.new_stream()
     names = {name for calls in routes.values() for name in calls.buffers}

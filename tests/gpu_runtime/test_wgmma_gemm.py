@@ -69,7 +69,7 @@ def test_either_route_matches_the_reference(sm90, monkeypatch, route, name, sche
     with the bias rows before it (the LSTM's, accumulating) and one without (IndRNN's)."""
     from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
 
-    monkeypatch.setattr(CudaExecutor, "_route", lambda self, g, op, s, handles, kept, scaled: route)
+    monkeypatch.setattr(CudaExecutor, "_route", lambda self, g, op, s, handles, kept: route)
     cell = load_template(name)
     seq = 100 if name == "indrnn" else 16
     rng = np.random.default_rng(5)
@@ -95,7 +95,7 @@ def test_new_weights_reach_the_kept_image_once_the_executor_is_told(sm90, monkey
     calls are not among the forward pass's own."""
     from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
 
-    monkeypatch.setattr(CudaExecutor, "_route", lambda self, g, op, s, handles, kept, scaled: route)
+    monkeypatch.setattr(CudaExecutor, "_route", lambda self, g, op, s, handles, kept: route)
     cell = load_template("indrnn")
     rng = np.random.default_rng(7)
     x = rng.standard_normal((100, 64, 512)).astype(np.float32)

@@ -62,9 +62,6 @@ class Kernel:
         self.written_by_rows = set().union(*(writes(item.launch) for item in launch.items if item.by_rows))
         # exchanged operands: buffer -> (its index, its Exchange)
         self.exchange = {ex.buffer: (n, ex) for n, ex in enumerate(launch.exchange)}
-        # hoisted GEMM outputs read as sums still scaled: buffer -> the pointer arguments of the largest
-        # magnitudes of the GEMM's rows of A and of its columns of W (see codegen.scaled_sums)
-        self.scaled = {b: (f"cf_rmax{n}", f"cf_cmax{n}") for n, b in enumerate(launch.scaled)}
         # In a launch whose steps' inputs are loaded ahead, a thread's elements are not skipped by branches
         # but masked (see `elementwise.element_loop`); set by the skeleton.
         self.masked = False

@@ -16,7 +16,7 @@ from ..c_text import comment_text
 from ..cuda_kernels import F, element_body, pointer_type
 from ..kernel_abi import element_index, kernel_params
 from ..persistent import writes
-from ..plan import Access, KernelLaunch, PersistentItem
+from ..plan import KernelLaunch, PersistentItem
 from ..row_passes import loaded
 from .context import Kernel
 from .exchange import at_columns, exchanged_outputs
@@ -29,10 +29,6 @@ AHEAD_STEPS = 16  # steps whose inputs a launch with no barrier loads at once, a
 _NEXT_SLOT = {"t%2": "(t+1)%2", "t": "t+1"}
 
 Arrays = dict[int, dict[int, str]]  # per launch (item index), param index -> a register array
-# The key, beside the param indices, of the register array of the rows' largest magnitudes of a scaled
-# input (see codegen.scaled_sums), loaded a step ahead with its values: their scales are undone as the
-# step uses them, so that the loads stay in flight beside the barrier and the GEMM.
-ROW_MAXIMA = -1
 
 
 def row_inputs(k: Kernel, item: PersistentItem, kind: str = "row") -> list[int]:
@@ -102,15 +98,8 @@ def read_only(k: Kernel) -> Arrays:
     out: Arrays = {}
     for i, item in _elementwise_items(k):
         if k.elements(item)[0] <= PREFETCH_ELEMENTS and (inputs := unwritten(k, item)):
-            out[i] = {p_i: _array("cf_next", i, p_i) for p_i in inputs}
-            params = kernel_params(item.launch)
-            if any(params[p_i].access.buffer in k.scaled for p_i in inputs):
-                out[i][ROW_MAXIMA] = _array("cf_next", i, ROW_MAXIMA)
+            out[i] = {p_i: f"cf_next{i}_{p_i}" for p_i in inputs}
     return out
-
-
-def _array(prefix: str, i: int, p_i: int) -> str:
-    return f"{prefix}{i}_{'rmax' if p_i == ROW_MAXIMA else p_i}"
 
 
 def fixed(k: Kernel) -> Arrays:
@@ -180,8 +169,9 @@ def rotate(k: Kernel, nxt: Arrays) -> Arrays:
         most = k.elements(k.launch.items[i])[0]
         now[i] = {}
         for p_i, array in arrays.items():
-            now[i][p_i] = name = _array("cf_now", i, p_i)
-            k.w(f"{F} {name}[{most}];", f"for (int u = 0; u < {most}; ++u) {name}[u] = {array}[u];")
+            now[i][p_i] = f"cf_now{i}_{p_i}"
+            k.w(f"{F} cf_now{i}_{p_i}[{most}];",
+                f"for (int u = 0; u < {most}; ++u) cf_now{i}_{p_i}[u] = {array}[u];")
     return now
 
 
@@ -231,43 +221,15 @@ def element_loop(k: Kernel, item: PersistentItem) -> Iterator[None]:
 
 def element_loads(k: Kernel, item: PersistentItem, registers: dict[int, str]) -> None:
     """The loop over a thread's elements (see `element_loop`), loading the inputs of `registers` (param
-    index -> register array, indexed by u) at step t; a scaled input's values unscaled as they come, or,
-    where `registers` has the rows' largest magnitudes (ROW_MAXIMA), loaded as they are beside those."""
+    index -> register array, indexed by u) at step t."""
     params = kernel_params(item.launch)
-    valid = "cf_ok" if k.masked else None
     with element_loop(k, item):
-        if all(p_i != ROW_MAXIMA and params[p_i].access.kind == "vec" for p_i in registers):
-            k.w("(void)r;")  # (the same for every row)
+        if all(params[p_i].access.kind == "vec" for p_i in registers):  # the same for every row
+            k.w("(void)r;")
         for p_i, register in registers.items():
-            if p_i == ROW_MAXIMA:
-                ((rmax, _),) = k.scaled.values()  # (one scaled input a kernel: see scaled_sums)
-                k.w(f"{register}[u] = {rmax} ? {rmax}[{_scaled_row(valid)}] : 0.0f;")
-                continue
             acc = params[p_i].access
             at = f"cf_ok ? {element_index(acc)} : 0" if k.masked else element_index(acc)
-            value = acc.dtype.load(f"({c_address(k.var[acc.buffer], acc)})[{at}]")
-            k.w(f"{register}[u] = {value if ROW_MAXIMA in registers else unscaled(k, acc, value, valid)};")
-
-
-def _scaled_row(valid: str | None) -> str:
-    """Element (r, j)'s row of a scaled input at step t: its row of the GEMM's rows."""
-    return f"{valid} ? (size_t)t * batch + r : 0" if valid else "(size_t)t * batch + r"
-
-
-def _scaled_col(acc: Access, valid: str | None) -> str:
-    """Element (r, j)'s column of W of a scaled input (its access's columns start at acc.col)."""
-    col = f"{acc.col} + j" if acc.col else "j"
-    return f"{valid} ? {col} : 0" if valid else col
-
-
-def unscaled(k: Kernel, acc: Access, value: str, valid: str | None) -> str:
-    """The value loaded at element (r, j) of step t, with its scales undone where its buffer holds a GEMM's
-    sums still scaled (see codegen.scaled_sums: row t * batch + r of its rows, its column at the
-    access's); `valid`: the condition of an element that exists (the others' row and column read 0)."""
-    if acc.buffer not in k.scaled:
-        return value
-    rmax, cmax = k.scaled[acc.buffer]
-    return f"cf_f16x3_unscaled_at({value}, {rmax}, {cmax}, {_scaled_row(valid)}, {_scaled_col(acc, valid)})"
+            k.w(f"{register}[u] = {acc.dtype.load(f'({c_address(k.var[acc.buffer], acc)})[{at}]')};")
 
 
 def carry_in(k: Kernel, carried: dict[int, dict[int, tuple[int, str]]]) -> None:
@@ -335,18 +297,6 @@ def elementwise(k: Kernel, i: int, item: PersistentItem, prefetched: dict[int, s
                 at = f"({valid} ? {element_index(p.access)} : 0)" if valid else element_index(p.access)
                 w(f"const {F} cf_l2_{n}[1] = {{{p.access.dtype.load(f'__ldcg({names[n]} + {at})')}}};")
                 names[n], index[n] = f"cf_l2_{n}", "0"
-            elif p.access.buffer in k.scaled:
-                at = f"({valid} ? {element_index(p.access)} : 0)" if valid else element_index(p.access)
-                value = unscaled(k, p.access, p.access.dtype.load(f"{names[n]}[{at}]"), valid)
-                w(f"const {F} cf_unscaled_{n}[1] = {{{value}}};")
-                names[n], index[n] = f"cf_unscaled_{n}", "0"
-        if ROW_MAXIMA in prefetched:  # the values loaded a step ahead, scaled: undone now
-            for n, p in enumerate(params):
-                if n in prefetched and n not in unused and p.access.buffer in k.scaled:
-                    cmax = k.scaled[p.access.buffer][1]
-                    w(f"const {F} cf_unscaled_{n}[1] = {{cf_f16x3_unscaled_by({prefetched[n]}[u], "
-                      f"{prefetched[ROW_MAXIMA]}[u], {cmax}, {_scaled_col(p.access, valid)})}};")
-                    names[n], index[n] = f"cf_unscaled_{n}", "0"
         copies = {out: f"{array}[u]" for out, array in carried.values()}
         # the values other blocks read from an exchange: put there too, with the step's tag, each output at
         # its columns of the exchange

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from ..address import c_address
 from ..c_text import comment_text
-from ..cuda_kernels import F
 from ..cuda_rows import reduction_kernel_source
 from ..kernel_abi import BLOCK, kernel_params
 from ..plan import GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
@@ -74,12 +73,9 @@ def persistent_source(launch: PersistentLaunch, name: str, k_unroll: int = 0) ->
       f"{launch.smem_bytes} bytes of shared memory per block,",
       f"// a batch of at most {launch.batch}; arguments:",
       *(f"//   {k.var[b]}: {comment_text(b)}" for b in k.buffers),
-      *(f"//   {rmax}, {cmax}: the largest magnitudes of the rows of A and the columns of W whose scales "
-        f"{comment_text(b)} carries (null: none)" for b, (rmax, cmax) in k.scaled.items()),
       f'extern "C" __global__ void __launch_bounds__({launch.threads}, 1) {name}(')
     args = ["int seq", "int batch", *(f"{k.dtype[b].c}* {k.var[b]}" if b in k.written else
-                                      f"const {k.dtype[b].c}* __restrict__ {k.var[b]}" for b in k.buffers),
-            *(f"const {F}* __restrict__ {p}" for pair in k.scaled.values() for p in pair)]
+                                      f"const {k.dtype[b].c}* __restrict__ {k.var[b]}" for b in k.buffers)]
     with w.indented():
         w(*(f"{arg}," for arg in args[:-1]), f"{args[-1]})")
     with w.block("{"):

@@ -34,29 +34,6 @@ __forceinline__ __device__ float cf_f16x3_unscale(float s) {
     return __int_as_float((254 - (__float_as_int(s) >> 23)) << 23);
 }
 
-// A sum of products of A's values and W's scaled by the powers of two of their row's and column's
-// largest magnitudes ma and mw (cf_f16x3_scale), unscaled: both scales undone at once, by their exponents'
-// sum e (one at a time, the first could leave float32's range that the result does not): one multiply by
-// 2^-e where that is a normal float (exact, or rounded once into the subnormals, as ldexpf is), else
-// ldexpf (a library call of dozens of instructions, in the persistent kernels' loads of every step).
-__forceinline__ __device__ float cf_f16x3_unscaled(float v, float ma, float mw) {
-    const int e = cf_f16x3_exponent(ma) + cf_f16x3_exponent(mw);
-    return (unsigned)(e + 127) <= 253u ? v * __int_as_float((127 - e) << 23) : ldexpf(v, -e);
-}
-
-// A value of C read where its GEMM may have left its sums still scaled (codegen/scaled_sums.py): at
-// row `row` of A and column `col` of W, unscaled from their largest magnitudes ma and mw, or as it is
-// where ma is null (the GEMM ran in float32).
-__forceinline__ __device__ float cf_f16x3_unscaled_at(float v, const float* ma, const float* mw, size_t row,
-                                                      int col) {
-    return ma ? cf_f16x3_unscaled(v, ma[row], mw[col]) : v;
-}
-
-// The same, its row's largest magnitude ma loaded before (with v, a step ahead) and mw null where ma was.
-__forceinline__ __device__ float cf_f16x3_unscaled_by(float v, float ma, const float* mw, int col) {
-    return mw ? cf_f16x3_unscaled(v, ma, mw[col]) : v;
-}
-
 // The largest magnitude of four values (a NaN among them left out).
 __forceinline__ __device__ float cf_abs_max(float4 v) {
     return fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w)));

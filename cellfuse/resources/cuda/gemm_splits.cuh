@@ -190,9 +190,9 @@ extern "C" __global__ void __launch_bounds__(256) cf_split_f16x3_copies(
 }
 
 // C[rows, n] (row length ldc) = D's sums with A's scale (per row, from ma) and W's (per column, from mw)
-// undone (f16x3.cuh's cf_f16x3_unscaled), plus the bias where there is one (else null), plus C where the
-// GEMM accumulates; D (row length ldd) is C itself where it does not. (A persistent kernel that alone
-// reads C undoes the scales itself as it loads each value instead: codegen/scaled_sums.py.) Bound by memory: a
+// undone, plus the bias where there is one (else null), plus C where the GEMM accumulates; D (row length
+// ldd) is C itself where it does not. Both scales are undone at once, by their exponents' sum (ldexpf:
+// one at a time, the first could leave float32's range that the result does not). Bound by memory: a
 // thread takes 4 columns of a row, in 16-byte loads and stores where the row lengths and the pointers
 // allow; its index 64-bit only where C has 2^32 groups of 4 or more (a 64-bit division per element is
 // dozens of instructions). Launched with 256 threads a block, as many in all as `unscale_threads` counts.
@@ -211,7 +211,7 @@ extern "C" __global__ void __launch_bounds__(256) cf_f16x3_unscale_sums(
          e += stride) {
         const unsigned r = narrow ? (unsigned)e / groups : (unsigned)(e / groups);
         const unsigned j = 4 * (unsigned)(e - (unsigned long long)r * groups);
-        const float a = ma[r];
+        const int ea = cf_f16x3_exponent(ma[r]);
         const float* const from = d + (size_t)r * ldd + j;
         float* const to = c + (size_t)r * ldc + j;
         float v[4], w[4], b[4] = {0.0f, 0.0f, 0.0f, 0.0f}, old[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -229,7 +229,7 @@ extern "C" __global__ void __launch_bounds__(256) cf_f16x3_unscale_sums(
             }
         }
         #pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = old[i] + (cf_f16x3_unscaled(v[i], a, w[i]) + b[i]);
+        for (int i = 0; i < 4; ++i) v[i] = old[i] + (ldexpf(v[i], -(ea + cf_f16x3_exponent(w[i]))) + b[i]);
         if (whole) {
             *reinterpret_cast<float4*>(to) = *reinterpret_cast<const float4*>(v);
         } else {
