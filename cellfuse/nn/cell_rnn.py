@@ -353,16 +353,16 @@ class CellRNN(torch.nn.Module):
                 self._quick = None
             else:
                 self._quick_packed = None
-            # (a PackedSequence's call under autocast is not: its padding is cast after it is made)
-            if ((lengths is None or packed is not None) and (cast is None or packed is None) and not by_layer
+            if ((lengths is None or packed is not None) and not by_layer
                     and (states is None or self._every_state(states) is not None)):
                 zeros = [self._zero_states(tuple(initial[0].shape), x.dtype, x.device)] * len(initial)
                 if packed is None:
                     self._quick = kept_call(x_given, x, layout, params, zeros, self._cell_text,
                                             self.hidden_size, self.num_layers, self._float32, cast=cast)
                 else:
-                    self._quick_packed = kept_packed_call(packed, layout, params, zeros, self._cell_text,
-                                                          self.hidden_size, self.num_layers, self._float32)
+                    self._quick_packed = kept_packed_call(packed, x, layout, params, zeros, self._cell_text,
+                                                          self.hidden_size, self.num_layers, self._float32,
+                                                          cast)
         if packed is not None:
             y, finals = packed.pack(y), packed.unsorted(finals)
         elif self.batch_first:

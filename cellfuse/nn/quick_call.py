@@ -53,11 +53,11 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
     """The call just made of x (as given; `time_first`: as the ops took it, in `cast` where torch.autocast
     cast it) kept, where it was one on a GPU, and where it saved its steps for a backward pass, one with a
     parameter requiring a gradient (so that any x saves them); None where not. The caller keeps only calls
-    with no states or all of them, no lengths but a PackedSequence's (and that not under autocast, whose
-    cast comes after the padding), the layers in one call of the ops (`params`: that call's; `zeros`: the
-    module's initial states of zeros, one per state, in the type the call ran in, for a call that gives
-    none; `rows`: a PackedSequence's padding for its lane, see quick_lane.make; `direction`: the ops'
-    direction of the call, runners.FORWARD unless a layer's directions ran a call each)."""
+    with no states or all of them, no lengths but a PackedSequence's, the layers in one call of the ops
+    (`params`: that call's; `zeros`: the module's initial states of zeros, one per state, in the type the
+    call ran in, for a call that gives none; `rows`: a PackedSequence's padding for its lane, see
+    quick_lane.make; `direction`: the ops' direction of the call, runners.FORWARD unless a layer's
+    directions ran a call each)."""
     if type(x) is not torch.Tensor or not x.is_cuda or torch.compiler.is_compiling():
         return None
     train = torch.is_grad_enabled()
@@ -68,14 +68,16 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
                      rows, cast, direction)
 
 
-def kept_packed_call(unpacked, layout: tuple, params: Sequence[torch.Tensor], zeros: Sequence[torch.Tensor],
-                     cell: str, hidden: int, layers: int, float32: str) -> QuickCall | None:
+def kept_packed_call(unpacked, ran: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
+                     zeros: Sequence[torch.Tensor], cell: str, hidden: int, layers: int, float32: str,
+                     cast: torch.dtype | None = None) -> QuickCall | None:
     """kept_call of a PackedSequence's call just made in one call of the ops (`unpacked`: its padding,
-    nn.packed_sequences.Unpacked; `cell` and `float32` as the module gives them: the call ran the cell
-    that runs each row to its own length)."""
-    x = unpacked.x
-    return kept_call(x, x, time_first(layout), params, [*zeros, unpacked.steps], ops.masked_text(cell),
-                     hidden, layers, ops.masked_float32(float32), unpacked.lane_rows(layers))
+    nn.packed_sequences.Unpacked; `ran`: the padding as the ops ran it, in `cast` where torch.autocast
+    cast it, the steps-left state left float32; `cell` and `float32` as the module gives them: the call ran
+    the cell that runs each row to its own length)."""
+    return kept_call(unpacked.x, ran, time_first(layout), params, [*zeros, unpacked.steps],
+                     ops.masked_text(cell), hidden, layers, ops.masked_float32(float32),
+                     unpacked.lane_rows(layers), cast)
 
 
 def time_first(layout: tuple) -> tuple:
@@ -182,7 +184,8 @@ class QuickCall:
             if states is not None:
                 if not all(type(s) is torch.Tensor for s in states):
                     return None
-                states = [s.to(self._cast) for s in states]
+                # (each to its zero's dtype: a PackedSequence's steps-left state stays float32)
+                states = [s.to(z.dtype) for s, z in zip(states, self._zeros, strict=False)]
         lane = self._lane
         if lane is not None and layout == self._layout:
             done = lane(x, params, states, torch._C._cuda_getCurrentRawStream(self._index))

@@ -297,17 +297,16 @@ class _TorchRNN(torch.nn.Module):
             params = self._fused_params()
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
                                    self.schedule, lengths, steps=steps)
-            # (see quick_call; a PackedSequence's call under autocast is not: its padding is cast after)
-            if not compiling and (cast is None or packed is None) and not unbatched:
+            if not compiling and not unbatched:  # (see quick_call)
                 zeros = [self._zeros(tuple(initial[0].shape), x.dtype, x.device)] * len(initial)
                 if packed is None:
                     self._quick = kept_call(input_given, x, layout, params, zeros, self._cell_text,
                                             self.hidden_size, self.num_layers, ops.DEFAULT_FLOAT32,
                                             cast=cast)
                 else:
-                    self._quick_packed = kept_packed_call(packed, layout, params, zeros, self._cell_text,
+                    self._quick_packed = kept_packed_call(packed, x, layout, params, zeros, self._cell_text,
                                                           self.hidden_size, self.num_layers,
-                                                          ops.DEFAULT_FLOAT32)
+                                                          ops.DEFAULT_FLOAT32, cast)
         else:
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params, self.num_layers, self.bidirectional, self.dropout,

@@ -176,6 +176,54 @@ def test_a_16_bit_modules_packed_calls_are_kept_with_the_whole_paths_results(cud
             torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("kind", ["drop-in", "CellRNN"])
+def test_packed_calls_under_autocast_are_kept_with_the_whole_paths_results(cuda, kind):
+    """Under torch.autocast a float32 module keeps its PackedSequence calls (the padding cast to bf16 as
+    the whole path casts it, the steps-left state left float32): the inference call and the training
+    step like the one before are made by the kept call, with the whole path's results; a call without
+    autocast after them is not (it is not like them) and runs in float32."""
+    from cellfuse.nn import CellRNN
+
+    torch.manual_seed(5)
+    ours = (LSTM(32, 48) if kind == "drop-in" else CellRNN("lstm", 32, 48)).to(cuda)
+
+    def call(packed):
+        y, finals = ours(packed)
+        return [y.data, *(finals if kind == "drop-in" else finals.values())]
+
+    def infer(packed):
+        with torch.no_grad(), torch.autocast("cuda", torch.bfloat16):
+            return call(packed)
+
+    def train(packed, x):
+        with torch.autocast("cuda", torch.bfloat16):
+            got = call(packed)
+        loss = sum(t.float().square().sum() for t in got)
+        # (the graph kept: x's packing, made once, is part of each step's)
+        return [*got, *torch.autograd.grad(loss, [x, *ours.parameters()], retain_graph=True)]
+
+    for seed in range(3):  # (batches of their own lengths, the same padded steps)
+        packed, x, _ = _packed(cuda, 16, 5, 32, seed=seed, requires_grad=True)
+        ours._quick_packed = None
+        want = infer(packed)  # (the whole path)
+        kept = ours._quick_packed
+        assert kept is not None and want[0].dtype == torch.bfloat16
+        got = infer(packed)
+        assert ours._quick_packed is kept
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        with torch.no_grad():
+            assert call(packed)[0].dtype == torch.float32  # (autocast off: not the kept call's)
+        ours._quick_packed = None
+        want = train(packed, x)
+        kept = ours._quick_packed
+        assert kept is not None
+        got = train(packed, x)
+        assert ours._quick_packed is kept
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+
+
 def test_a_packed_forward_is_captured_and_replayed(cuda):
     """A CUDA graph capture of the module's call of a PackedSequence (the kernels loaded by a call before
     it): replayed over new contents of the same lengths, it gives cuDNN's result for them."""
