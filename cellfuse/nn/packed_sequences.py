@@ -42,7 +42,8 @@ def _rows_kernels(data: torch.Tensor, steps: int) -> tuple | None:
     steps, loaded at their first use, and the same launched in C++ (quick_lane.rows; None where it is not
     built); None where torch's ops pad instead (see the module's docstring)."""
     if (data.device.type != "cuda" or torch.compiler.is_compiling() or steps > MAX_STEPS
-            or data.element_size() not in (2, 4) or data.shape[0] >= 2**31):
+            or data.element_size() not in (2, 4) or data.shape[0] >= 2**31
+            or data.numel() == 0):  # (rows of no elements: the kernels divide by a row's width)
         return None
     key = (data.get_device(), data.element_size(), capacity(steps))
     if key in _kernels:

@@ -71,6 +71,18 @@ def test_the_kernels_pad_and_pack_as_torchs_ops(cuda, T, B, width, dtype):
     assert _unpacked(packed, 48, 3)._rows._fast is not None, "the C++ that launches the kernels is not built"
 
 
+def test_rows_of_no_elements_are_padded_by_torchs_ops(cuda):
+    """Data of width 0 (torch's packing refuses it and the modules an input size of 0: only a
+    PackedSequence made by hand gives it) is left to torch's ops, whose padding and steps-left state it
+    gets."""
+    packed, _, lengths = _packed(cuda, 9, 4, 1)
+    packed = packed._replace(data=packed.data[:, :0])
+    ours = _unpacked(packed, 48, 1)
+    assert ours._rows is None
+    assert ours.x.shape == (12, 4, 0)
+    assert torch.equal(ours.steps[0, :, 0].cpu().long(), lengths.sort(descending=True).values)
+
+
 def test_gradients_flow_through_the_kernels_as_through_torchs_ops(cuda):
     packed, x, _ = _packed(cuda, 23, 7, 12, requires_grad=True)
     weight = torch.randn(12, 12, device=cuda)
