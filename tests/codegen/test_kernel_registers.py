@@ -1,8 +1,11 @@
-"""Which persistent kernels that the benchmarks time on a whole GPU spill registers (ptxas's report,
-through benchmarks/probes/kernel_registers.py): a change to the emitters that makes one spill would
-otherwise show only as a slower kernel on a GPU. One does as written today, listed in SPILLING, and the
-executors compile it again with its loops over K unrolled less (kernel_cache.fitted), which none spills;
-kernels planned for half the SMs (one of two directions) spill more
+"""Which persistent kernels that the benchmarks time on a whole GPU spill registers or keep arrays in local
+memory (ptxas's report, through benchmarks/probes/kernel_registers.py): a change to the emitters that
+makes one spill, or leaves a loop over a thread's elements not unrolled (its register arrays then in local
+memory: a stack frame with no spill; an LSTM kernel at B=256 ran 110 to 290 us slower so,
+docs/results/2026-11-30-g-scaled-sums-tried-autocast-packed-kept.md), would otherwise show only as a
+slower kernel on a GPU. One spills as written today, listed in SPILLING, and the executors compile it
+again with its loops over K unrolled less (kernel_cache.fitted), which none spills; kernels planned for
+half the SMs (one of two directions) spill more
 (docs/results/2026-11-30-a-direction-on-half-the-sms.md) and are not asserted here."""
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ def test_the_benchmarked_persistent_kernels_that_spill_are_known(precision, tmp_
     """The LSTM's and the GRU's persistent kernels (inference, and a training step's forward and backward)
     under the persistent and tensor rungs (the tensor rung only in bf16) at the benchmark's batches,
     hidden 512 and 1024: those that spill as written are SPILLING, and written as the executors then
-    compile them (their loops over K unrolled SPILLING_K_UNROLL at a time), none does."""
+    compile them (their loops over K unrolled SPILLING_K_UNROLL at a time), none does; none keeps arrays
+    in local memory without spilling."""
     sets: dict[str, tuple[KernelSet, str]] = {}  # a kernel's name apart -> its set and name there
     schedules = ("persistent", "tensor") if precision == "fp32" else ("tensor",)
     for cell, schedule, batch, hidden in itertools.product(("lstm", "gru"), schedules, (1, 8, 64, 256),
@@ -59,11 +63,12 @@ def test_the_benchmarked_persistent_kernels_that_spill_are_known(precision, tmp_
                for body in [kernels.sources[name]]]
     report = _probe().registers(HEAD + "\n".join(sources), tmp_path)
     assert len(report) == 3 * len(schedules) * 2 * 4 * 2
-    spilling = {name for name, _, spill in report if spill}
+    spilling = {name for name, _, spill, _ in report if spill}
     assert spilling == (SPILLING if precision == "fp32" else set())
+    assert not [name for name, _, spill, stack in report if stack and not spill]  # (arrays in local memory)
     unrolled = [body.replace(name, apart) for apart in spilling
                 for kernels, name in [sets[apart]]
                 for body in [kernels.unrolled([name], SPILLING_K_UNROLL).sources[name]]]
     if unrolled:
         report = _probe().registers(HEAD + "\n".join(unrolled), tmp_path)
-        assert len(report) == len(unrolled) and all(spill == 0 for _, _, spill in report)
+        assert len(report) == len(unrolled) and all(spill == 0 for _, _, spill, _ in report)
