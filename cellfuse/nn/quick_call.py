@@ -19,7 +19,9 @@ it cannot make it leaves to the Python here, which teaches it that call's run.
 A call of a PackedSequence is kept the same way, as the call of its padded x (time first) with every
 state given, the steps-left state of the cell that runs each row to its own length last
 (nn.packed_sequences): batches of other lengths whose steps round to the same are like it. Its lane pads
-the packed data too (`packed`) where the call gives no initial states.
+the packed data too (`packed`) where the call gives no initial states. Under autocast the padding is cast
+as the whole path casts it, the steps-left state left float32 (no lane takes such a call: its states are
+of two types).
 
 Why: a forward call of a small batch spends more time in Python than its kernels take on the GPU, and
 the GPU waits for it (docs/results/2026-11-29-threads-backward-start-16-bit-weights.md); a training step
@@ -124,8 +126,8 @@ class QuickCall:
         one (kept_packed_call): `given`, `unpacked` its Unpacked, `layout` the module's, `states` every
         initial state in the batch's order, or None (zeros). Made by the lane where no states are given
         (the data padded there); a training call by the ops, which pad and pack inside their autograd
-        node (packed_sequences.Ends); else padded here (for `layers` layers of `hidden`) and made as any
-        kept call; None where not like it."""
+        node (packed_sequences.Ends), but under autocast; else padded here (for `layers` layers of
+        `hidden`) and made as any kept call (cast there under autocast); None where not like it."""
         layout = time_first(layout)
         if states is None:
             lane = self._lane
