@@ -696,25 +696,14 @@ PyObject* rows_padded(const RowsCore& r, PyObject* data_obj, PyObject* sizes_obj
   rows_args(sizes, r.capacity, head, args);
   if (!launch_rows(r, r.unpack, steps * B + (state_layers ? state_layers * B : 0), args, stream))
     Py_RETURN_NONE;
-  PyObject* out = PyTuple_New(2);
-  if (out == nullptr) return nullptr;
-  PyObject* made = THPVariable_Wrap(std::move(x));
-  if (made == nullptr) {
-    Py_DECREF(out);
+  PyObject* padded = THPVariable_Wrap(std::move(x));
+  if (padded == nullptr) return nullptr;
+  PyObject* steps_left = state_layers ? THPVariable_Wrap(std::move(left)) : Py_NewRef(Py_None);
+  if (steps_left == nullptr) {
+    Py_DECREF(padded);
     return nullptr;
   }
-  PyTuple_SET_ITEM(out, 0, made);
-  if (state_layers) {
-    made = THPVariable_Wrap(std::move(left));
-    if (made == nullptr) {
-      Py_DECREF(out);
-      return nullptr;
-    }
-  } else {
-    made = Py_NewRef(Py_None);
-  }
-  PyTuple_SET_ITEM(out, 1, made);
-  return out;
+  return Py_BuildValue("(NN)", padded, steps_left);  // (both references given to the tuple)
 }
 
 // the packed data [N, ...] of y [T' >= T, B, ...], or None (see above)
