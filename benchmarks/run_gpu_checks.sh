@@ -15,7 +15,7 @@
 #   random     tests/random_cell_checks.py: 200 random cells forward and backward under every schedule
 #   probes     benchmarks/probes/barrier_probe.cu, tf32x3_gemm_probe.cu, tf32x3_wgmma_probe.cu,
 #              cluster_lstm_probe.cu, step_gemm_wgmma_probe.cu, chunked_staging_probe.cu,
-#              cluster_staging_probe.cu and f16x3_wgmma_probe.cu, built and
+#              cluster_staging_probe.cu, compact_exchange_probe.cu and f16x3_wgmma_probe.cu, built and
 #              run; tf32x3_cublas_probe.py (its record OUTDIR/tf32x3_cublas.json)
 # (default: forward, backward, rest, nn and random, longer than one ten-minute call). Each group writes OUTDIR/<group>.log; everything
 # is packed into OUTDIR.tar.gz at the end, one file to bring back. LIMIT (seconds, default 540) bounds
@@ -70,6 +70,8 @@ for group in $groups; do
                               /tmp/chunked &&
                               nvcc -O3 -arch=sm_90 benchmarks/probes/cluster_staging_probe.cu -o /tmp/cluster_staging &&
                               /tmp/cluster_staging &&
+                              nvcc -O3 -arch=sm_90 benchmarks/probes/compact_exchange_probe.cu -o /tmp/compact_exchange &&
+                              /tmp/compact_exchange &&
                               nvcc -O3 -gencode arch=compute_90a,code=sm_90a benchmarks/probes/f16x3_wgmma_probe.cu \
                                   -lcublas -o /tmp/f16x3_wgmma &&
                               /tmp/f16x3_wgmma &&

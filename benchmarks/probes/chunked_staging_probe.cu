@@ -27,6 +27,8 @@
 #include <random>
 #include <vector>
 
+#include "probe_check.cuh"  // CHECK, median_event_ms
+
 // the generated kernels' helpers: cf_f16x3_scale, cf_split_f16x3, cf_mma_f16, cf_copy16, ...
 #include "../../cellfuse/resources/cuda/f16x3.cuh"
 #include "../../cellfuse/resources/cuda/persistent.cuh"
@@ -35,15 +37,6 @@ constexpr int T = 100, B = 64, K = 2048, N = 512;  // steps, rows, K, columns
 constexpr int COLS = 16, ROWS = 16, WARPS = 8, THREADS = 32 * WARPS;
 constexpr int COL_BLOCKS = N / COLS, ROW_GROUPS = B / ROWS;
 constexpr int KP = K + 16;  // U^T's row length in shared memory (K in an odd number of 16-k blocks)
-
-#define CHECK(call)                                                                                    \
-    do {                                                                                               \
-        cudaError_t e_ = (call);                                                                       \
-        if (e_ != cudaSuccess) {                                                                       \
-            std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));                   \
-            std::exit(1);                                                                              \
-        }                                                                                              \
-    } while (0)
 
 __device__ __forceinline__ void commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int PENDING> __device__ __forceinline__ void wait_groups() {

@@ -21,6 +21,8 @@
 #include <random>
 #include <vector>
 
+#include "probe_check.cuh"  // CHECK, median_event_ms
+
 namespace cg = cooperative_groups;
 
 constexpr int H = 512;              // hidden size (and K of the recurrent GEMM)
@@ -29,15 +31,6 @@ constexpr int UNITS = H / BLOCKS;   // hidden units of a block: 32
 constexpr int COLS = 4 * UNITS;     // its gate columns: 128 (i, f, g, o of each unit)
 constexpr int THREADS = 256;
 constexpr int STRIDE = H + 8;       // bf16 per row of U in shared memory: rows 16 bytes apart in the banks
-
-#define CHECK(call)                                                                                    \
-    do {                                                                                               \
-        cudaError_t e_ = (call);                                                                       \
-        if (e_ != cudaSuccess) {                                                                       \
-            std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));                   \
-            std::exit(1);                                                                              \
-        }                                                                                              \
-    } while (0)
 
 __device__ __forceinline__ float sigmoid(float v) { return 1.0f / (1.0f + __expf(-v)); }
 

@@ -27,6 +27,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "probe_check.cuh"  // CHECK, median_event_ms
+
 // cf_publish, cf_peek2: the generated kernels' exchange
 #include "../../cellfuse/resources/cuda/persistent.cuh"
 
@@ -34,15 +36,6 @@ namespace cg = cooperative_groups;
 
 constexpr int T = 100, B = 64, H = 512, COL_BLOCKS = 32, UNITS = H / COL_BLOCKS, THREADS = 256;
 constexpr int RUNS = 20;
-
-#define CHECK(call)                                                                                    \
-    do {                                                                                               \
-        cudaError_t e_ = (call);                                                                       \
-        if (e_ != cudaSuccess) {                                                                       \
-            std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));                   \
-            std::exit(1);                                                                              \
-        }                                                                                              \
-    } while (0)
 
 // the made-up update: unit u of a row from unit (7u + 1) % H of the h before (another block's)
 __host__ __device__ inline float update(float before, int u) { return 0.5f * before + 0.001f * (u % 17); }
@@ -167,22 +160,9 @@ void run(const char* what, unsigned long long* x, const float* h0, float* out, c
     double worst = 0;
     for (int e = 0; e < B * H; ++e)
         if (STAGE || e % H / UNITS == 0) worst = std::max(worst, (double)std::fabs(got[e] - want[e]));
-    cudaEvent_t start, end;
-    CHECK(cudaEventCreate(&start));
-    CHECK(cudaEventCreate(&end));
-    std::vector<float> ms;
-    for (int i = 0; i < RUNS; ++i) {
-        CHECK(cudaEventRecord(start));
-        launch();
-        CHECK(cudaEventRecord(end));
-        CHECK(cudaEventSynchronize(end));
-        float m = 0;
-        CHECK(cudaEventElapsedTime(&m, start, end));
-        ms.push_back(m);
-    }
-    std::sort(ms.begin(), ms.end());
+    const float median = median_event_ms(launch, RUNS);
     std::printf("%-34s %3d blocks, %2d rows a block: %6.2f us a step (%.3f ms), max |error| %.1e %s\n", what,
-                COL_BLOCKS * ROW_GROUPS, ROWS, 1000.0 * ms[RUNS / 2] / T, ms[RUNS / 2], worst,
+                COL_BLOCKS * ROW_GROUPS, ROWS, 1000.0 * median / T, median, worst,
                 worst <= 1e-5 ? "ok" : "WRONG");
 }
 

@@ -45,19 +45,12 @@
 #include <random>
 #include <vector>
 
+#include "probe_check.cuh"  // CHECK, median_event_ms
+
 constexpr int T = 100, B = 64, K = 512, N = 2048;  // steps, rows of h, K, gate columns
 constexpr int COLS = 64, ROWS = 16;                // a block's
 constexpr int COL_BLOCKS = N / COLS, ROW_GROUPS = B / ROWS;
 constexpr int STRIDE = K + 16;                     // the generated kernel's row length in shared memory
-
-#define CHECK(call)                                                                                    \
-    do {                                                                                               \
-        cudaError_t e_ = (call);                                                                       \
-        if (e_ != cudaSuccess) {                                                                       \
-            std::fprintf(stderr, "%s failed: %s\n", #call, cudaGetErrorString(e_));                   \
-            std::exit(1);                                                                              \
-        }                                                                                              \
-    } while (0)
 
 // as the generated kernels split a float32 value (persistent.cuh's cf_split_tf32): hi its 13 low bits
 // cleared, lo = v - hi, whose low bits the tensor cores leave out as they do hi's (two instructions)

@@ -8,6 +8,8 @@ persistent kernel runs the same body as a device function (`device`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from .c_text import CWriter, c_name, comment_text, float_literal
 from .cuda_kernels import F, c_vars, expression, pointer_type, when_it_runs
 from .dtypes import COMPUTE
@@ -22,15 +24,15 @@ EARLY_LOAD_FLOATS = 64
 
 def reduction_kernel_source(launch: KernelLaunch, name: str, device: bool = False,
                             written: frozenset[str] = frozenset(),
-                            published: dict[int, str] | None = None) -> str:
+                            published: dict[int, Callable[[str], str]] | None = None) -> str:
     """A kernel whose body reduces rows: a block per row (see the module's docstring). Pointers arrive
     already offset to the step's rows; the launch may have any number of blocks of BLOCK threads. A
     `device` function instead, with the same body, for a persistent kernel's blocks to run: it loads
     the buffers that the kernel writes (`written`) through L2 (`__ldcg`), what it adds to as well, since
     other blocks of the kernel wrote them, and an SM's L1 is not coherent with the others'; and it
     also publishes the outputs of `published` (the index of each among the kernel's parameters) to
-    an exchange, at the address given (in r, j and the batch, `rows`), with the tag of its step `t`, an
-    argument after the rows (see `persistent_cuda`).
+    an exchange, by the statement given for a value (in r, j and the batch, `rows`, with the tag of its
+    step `t`, an argument after the rows: see `persistent_cuda`).
 
     The body may be an adjoint's (see `adjoint`): its gradients are computed in the same passes, and a
     column's gradient, the sum over the row of what each element passes it, is one more row sum. A
@@ -178,7 +180,7 @@ def _rows(w: CWriter, rs: RowSums, read, kept, uniform, made, used, stores, publ
                         vec = target.endswith("[j]")
                         w(f"{'if (r == 0) ' if vec else ''}{store(target, assign, var[v], i)}")
                         if i in published:
-                            w(f"cf_publish({published[i]}, t + 2, {var[v]});")
+                            w(published[i](var[v]))
                 for i, red in enumerate(own):
                     w(f"s_{step}_{i} += {var[red.args[0]]};")
                 for i, x in enumerate(stats):  # Welford's update, k + 1 values so far (k a constant)

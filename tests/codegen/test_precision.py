@@ -5,6 +5,7 @@ buffer, the rounding emulated by the numpy executor, and the results within a bo
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -266,6 +267,25 @@ def test_the_persistent_rungs_kernels_round_what_they_multiply_and_compile(preci
         source = plan_kernels(plan).module_source()
         assert source.count(f"cf_round_{suffix}(") >= 3 and "cf_mma_" not in source.split("extern")[-1]
         nvcc_cubin(source, tmp_path)
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("name", ["lstm", "gru", "layernorm_lstm"])
+def test_an_exchanged_operand_is_rounded_once_by_its_writer_for_the_cuda_cores(name, precision):
+    """A 16-bit GEMM on the CUDA cores multiplies its exchanged operand as the block that wrote it rounded
+    it when it published it (its initial values and each step's), not as each block that stages it
+    rounds it; tensor cores, which round as they load it, get it as it is. Staged rows at B=64, products
+    in registers at B=1; a block per row (the layer norm's) publishes as the elementwise launches do."""
+    suffix = {"bf16": "bf16", "fp16": "f16"}[precision]
+    for schedule, rounded in (("persistent", True), ("tensor", False)):
+        for batch in (1, 64):
+            sizes = Sizes(100, batch, 512, 512, 1)
+            plan = make_plan(load_template(name), sizes, schedule, precision=precision)
+            source = plan_kernels(plan).module_source()
+            values = re.findall(r"cf_publish\([^;]*?, (?:t \+ 2|1u),\s*([^;]*)\);", source)
+            assert values, (name, schedule, batch)
+            assert all(v.startswith(f"cf_round_{suffix}(") == rounded for v in values), (schedule, values)
+            assert not re.search(rf"cf_round_{suffix}\(__uint_as_float\(\(unsigned\)w", source)
 
 
 @pytest.mark.parametrize("schedule", ["graph", "tensor"])

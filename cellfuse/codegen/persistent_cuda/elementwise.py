@@ -19,7 +19,7 @@ from ..persistent import writes
 from ..plan import KernelLaunch, PersistentItem
 from ..row_passes import loaded
 from .context import Kernel
-from .exchange import at_columns, exchanged_outputs
+from .exchange import at_columns, exchanged_outputs, publish
 
 PREFETCH_ELEMENTS = 4  # per thread, at most, for an elementwise launch's loads to start the step early
 AHEAD_REGISTERS = 64  # per thread, at most, for the inputs of the steps ahead in a launch with no barrier
@@ -306,4 +306,4 @@ def elementwise(k: Kernel, i: int, item: PersistentItem, prefetched: dict[int, s
             copies[n] = f"cf_pub{n}"
         element_body(w, params, names, launch.body, index, launch.adds, copies, valid)
         for n, x, ex in published:
-            w(f"cf_publish({at_columns(k, n, x, ex, params)}, t + 2, cf_pub{n});")
+            w(publish(k, x, ex, at_columns(k, n, x, ex, params), "t + 2", f"cf_pub{n}"))

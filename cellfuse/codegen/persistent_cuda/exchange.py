@@ -1,7 +1,7 @@
 """The exchanges of a persistent kernel (see `plan.Exchange`): where a (step tag, value) pair lives, how a
 writer publishes its values, and how a GEMM stages its rows of an exchanged operand once their tags are
 the step's. A value written at step t has the tag t + 2 and goes to slot t & 1; the initial state's have
-the tag 1, in slot 1."""
+the tag 1, in slot 1. A value is published as the GEMM that reads it multiplies it (`stored`)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from ..address import c_address
 from ..kernel_abi import Param, kernel_params
 from ..plan import Exchange, GemmLaunch
 from .context import Kernel
+from .staging import rounded
 
 POLL_PIECES = 16  # loads of an exchange's pairs a thread has in flight at once, at most
 POLL_ROUNDS = 1 << 24  # rounds of polling an exchange, at most (seconds; a step waits microseconds)
@@ -20,6 +21,26 @@ def pair_at(k: Kernel, n: int, ex: Exchange, slot: str, row: str, col: str, batc
     """The address of exchange n's pair at row `row`, column `col` of the slot `slot` & 1."""
     return (f"{k.name}_x{n} + (size_t)(({slot}) & 1) * {batch} * {ex.width} "
             f"+ (size_t)({row}) * {ex.width}" + (f" + {col}" if col != "0" else ""))
+
+
+def stored(k: Kernel, ex: Exchange) -> Callable[[str], str]:
+    """How a value goes into exchange `ex`: as the GEMM that reads it multiplies it, where that GEMM runs on
+    the CUDA cores (`staging.rounded`: a 16-bit GEMM's operand rounded to its type), so that it stages the
+    values as they come. The writer rounds each value once, where each of the blocks that stage it rounded
+    every value of its rows at every step: that took the bf16 LSTM's persistent kernel at B=8 a sixth of
+    its time (benchmarks/results/h200_2026-12-01_rounded_by_the_writer_ae6750a.txt). Tensor cores round the
+    operand as they load it; rounded by the writer as well, fp16's GRU at B=8 lost 4%."""
+    readers = [item for item in k.launch.items
+               if isinstance(item.launch, GemmLaunch) and item.launch.a.buffer == ex.buffer]
+    assert len({(item.mma, item.launch.multiply) for item in readers}) == 1, f"{ex.buffer}: read alike"
+    if readers[0].mma:
+        return str
+    return lambda value: rounded(readers[0].launch, value)
+
+
+def publish(k: Kernel, n: int, ex: Exchange, at: str, tag: str, value: str) -> str:
+    """The statement that puts `value` (as `stored` makes it) at `at` of exchange n with the tag `tag`."""
+    return f"cf_publish({at}, {tag}, {stored(k, ex)(value)});"
 
 
 def exchanged_outputs(k: Kernel, i: int, params: list[Param]) -> list[tuple[int, int, Exchange]]:
@@ -36,12 +57,15 @@ def at_columns(k: Kernel, n: int, x: int, ex: Exchange, params: list[Param], bat
     return pair_at(k, x, ex, "t", "r", f"j + {col}" if col else "j", batch)
 
 
-def published(k: Kernel, i: int) -> dict[int, str]:
-    """Of a block per row that writes an exchanged operand (item i), where each such output (by its index
-    among the kernel's parameters) goes in its exchange, in the terms of the device function (the batch is
-    `rows` there)."""
+def published(k: Kernel, i: int) -> dict[int, Callable[[str], str]]:
+    """Of a block per row that writes an exchanged operand (item i), per such output (by its index among
+    the kernel's parameters), the statement that publishes a value of it at step t in its exchange, in the
+    terms of the device function (the batch is `rows` there)."""
     params = kernel_params(k.launch.items[i].launch)
-    return {n: at_columns(k, n, x, ex, params, "rows") for n, x, ex in exchanged_outputs(k, i, params)}
+
+    def statement(n: int, x: int, ex: Exchange) -> Callable[[str], str]:
+        return lambda value: publish(k, x, ex, at_columns(k, n, x, ex, params, "rows"), "t + 2", value)
+    return {n: statement(n, x, ex) for n, x, ex in exchanged_outputs(k, i, params)}
 
 
 def publish_initial(k: Kernel) -> None:
@@ -60,20 +84,21 @@ def publish_initial(k: Kernel) -> None:
             if ex.lag == -1:
                 a = next(item.launch.a for item in launch.items
                          if isinstance(item.launch, GemmLaunch) and item.launch.a.buffer == ex.buffer)
+                value = stored(k, ex)(f"({c_address(k.var[a.buffer], a)})[(size_t)r * {a.ld} + j]")
                 w(f"cf_publish({pair_at(k, n, ex, '1', 'r', 'j')}, 1u,",
-                  f"           ({c_address(k.var[a.buffer], a)})[(size_t)r * {a.ld} + j]);")
+                  f"           {value});")
             else:
                 w(f"cf_publish({pair_at(k, n, ex, '1', 'r', 'j')}, 0u, 0.0f);")
     w("grid.sync();  // every block's clearing and initial values are visible")
 
 
-def poll_rows(k: Kernel, n: int, ex: Exchange, stride: int, rounding: Callable[[str], str] = str) -> None:
+def poll_rows(k: Kernel, n: int, ex: Exchange, stride: int) -> None:
     """Stages rows rb.. of the block's rows of an exchanged operand from its exchange: the pairs (two at a
     time where the width is even) loaded all at once, then, in rounds, those whose tag is not yet the
     step's loaded again, all at once, until every one is. (The first loads written as a round of the loop
     instead, from tags of 0, cost ptxas registers and the LSTM time at B=8:
     docs/results/2026-11-26-persistent-rungs-changes-1-to-13.md, "The LSTM at B=8 between bc46496 and
-    12b9cf3".) Each value staged as `rounding` makes it (a 16-bit GEMM's on the CUDA cores rounds it)."""
+    12b9cf3".)"""
     launch, width, w = k.launch, ex.width, k.w
     per = 2 if width % 2 == 0 else 1
     pieces = launch.row_tile * width // per
@@ -116,13 +141,12 @@ def poll_rows(k: Kernel, n: int, ex: Exchange, stride: int, rounding: Callable[[
                   "#pragma unroll",
                   f"for (int v = 0; v < {per}; ++v)",
                   f"    cf_stage[r * {stride} + e - r * {width} + v] =",
-                  f"        rb + r < rows ? {rounding('__uint_as_float((unsigned)w[u][v])')} : 0.0f;")
+                  "        rb + r < rows ? __uint_as_float((unsigned)w[u][v]) : 0.0f;")
 
 
-def poll_pair(k: Kernel, n: int, ex: Exchange, rounding: Callable[[str], str] = str) -> None:
+def poll_pair(k: Kernel, n: int, ex: Exchange) -> None:
     """Thread tid's two k (2 tid, 2 tid + 1) of row rb of its rows of an exchanged operand, into a0 and a1,
-    once their tags are the step's (for products in registers, one row at a time), as `rounding` makes
-    them."""
+    once their tags are the step's (for products in registers, one row at a time)."""
     w = k.w
     slot = "t + 1" if ex.lag else "t"  # as in `poll_rows`
     w(f"const unsigned want = t + {2 + ex.lag};",
@@ -133,5 +157,5 @@ def poll_pair(k: Kernel, n: int, ex: Exchange, rounding: Callable[[str], str] = 
                  "++cf_round) {"):
         w(f"if (cf_round == {POLL_ROUNDS}u) __trap();  // a fault, not a hang, should a value never come",
           "cf_peek2(p, w0, w1);")
-    w(f"a0 = {rounding('__uint_as_float((unsigned)w0)')};",
-      f"a1 = {rounding('__uint_as_float((unsigned)w1)')};")
+    w("a0 = __uint_as_float((unsigned)w0);",
+      "a1 = __uint_as_float((unsigned)w1);")

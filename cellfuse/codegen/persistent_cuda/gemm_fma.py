@@ -43,7 +43,7 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
     with w.block(f"for (int rb = 0; rb < rows; rb += {rt}) {{"):
         w("__syncthreads();  // the stage is free again")
         if g.a.buffer in k.exchange:
-            poll_rows(k, *k.exchange[g.a.buffer], stride, lambda v: rounded(g, v))
+            poll_rows(k, *k.exchange[g.a.buffer], stride)
         else:
             stage(k, g, "0", g.k, stride, rounding=g.multiply != FLOAT32)
         zero_past_k(k, g, tl.padded_rows, stride, 4)
@@ -116,7 +116,7 @@ def products_in_registers(k: Kernel, i: int, item: PersistentItem) -> None:
         w(f"{F} a0 = 0.0f, a1 = 0.0f;")
         with w.block(f"if (2 * tid < {g.k}) {{"):
             if g.a.buffer in k.exchange:
-                poll_pair(k, *k.exchange[g.a.buffer], lambda v: rounded(g, v))
+                poll_pair(k, *k.exchange[g.a.buffer])
             else:
                 w(f"a0 = {rounded(g, f'__ldcg(a + (size_t)rb * {g.a.ld} + 2 * tid)')};",
                   f"a1 = {rounded(g, f'__ldcg(a + (size_t)rb * {g.a.ld} + 2 * tid + 1)')};")
