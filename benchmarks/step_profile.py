@@ -72,6 +72,11 @@ _NO_ROW_SCALES = [(r"const float s0 = cf_f16x3_scale\(m0\), s1 = cf_f16x3_scale\
 # (benchmarks/results/h200_2026-11-30_unroll_8_over_8_e25739a.txt, made with a variant that unrolled 8
 # only loops of more than 8 iterations: gemm_fma.k_loop_unroll's rule in every kernel).
 _UNROLL_8 = (r"#pragma unroll(\n\s*for \(int (?:k = ks \* \d+;|it = 0; it < \d+;))", r"#pragma unroll 8\1")
+# the tensor cores' products with W's fragments made from A's (in registers) instead of loaded from shared
+# memory: what W's loads cost, where the products would keep W in registers
+_NO_W_LOADS = (r"const (uint[24]) (w[24]) = \*\(const uint[24]\*\)\(wt \+ x \* \d+ \+ k\);",
+               lambda m: (f"const {m[1]} {m[2]} = make_{m[1]}(" +
+                          ", ".join(["a4[0].x == 0.0f ? (unsigned)x : (unsigned)k"] * int(m[1][-1])) + ");"))
 SMS = 0  # --sms
 ABLATIONS = {
     "whole": [],
@@ -82,6 +87,7 @@ ABLATIONS = {
     "barrier only": [_NO_GEMM, _NO_ELEMENTWISE],
     "no staging (where staged)": [_NO_STAGING],
     "one fp16 product (no small ones)": [_ONE_F16],
+    "no W loads (tensor cores)": [_NO_W_LOADS],
 }
 # Changes that keep the results (to rounding: sums in another order), checked and timed with --variants.
 VARIANTS = {
