@@ -50,8 +50,9 @@ from cellfuse.graph_model import Sizes, init_params, load_template
 # Each ablation: (pattern, replacement) edits of a persistent kernel's source (and WHERE_FOUND, for an
 # edit that leaves a kernel without the pattern as it is).
 _NO_GEMM = (r"rb < rows; rb \+= (\d+)", r"rb < 0; rb += \1")  # no staging, no products, no stores
-# staging and stores only: the loop over K of the CUDA cores' products, or of the tensor cores'
-_NO_FMA = (r"for \(int (it = 0; it < )\d+;|for \(int (k = ks \* \d+; k < )",
+# staging and stores only: the loop over K of the CUDA cores' products, or of the tensor cores' (counted
+# where W's fragments stay in registers, gemm_mma.fragments, whose loads before the loop go too)
+_NO_FMA = (r"for \(int (it = 0; it < |j = 0; j < )\d+;|for \(int (k = ks \* \d+; k < )",
            lambda m: f"for (int {m[1]}0;" if m[1] else f"for (int {m[2]}0 && k < ")
 _NO_ELEMENTWISE = (r"(?m)^\s*p\d+\[\(long long\)r \* \d+ \+ j\] \+?= [^;]*;\s*$", "")
 _NO_SYNC = (r"grid\.sync\(\);", ";")
@@ -73,8 +74,9 @@ _NO_ROW_SCALES = [(r"const float s0 = cf_f16x3_scale\(m0\), s1 = cf_f16x3_scale\
 # only loops of more than 8 iterations: gemm_fma.k_loop_unroll's rule in every kernel).
 _UNROLL_8 = (r"#pragma unroll(\n\s*for \(int (?:k = ks \* \d+;|it = 0; it < \d+;))", r"#pragma unroll 8\1")
 # the tensor cores' products with W's fragments made from A's (in registers) instead of loaded from shared
-# memory: what W's loads cost, where the products would keep W in registers
-_NO_W_LOADS = (r"const (uint[24]) (w[24]) = \*\(const uint[24]\*\)\(wt \+ x \* \d+ \+ k\);",
+# memory (or kept in registers: gemm_mma.fragments): what W's loads cost
+_NO_W_LOADS = (r"const (uint[24]) (w[24]) = (?:j < \d+ \? cf_wf\d+\[j\]\[x\] : )?"
+               r"\*\(const uint[24]\*\)\(wt \+ x \* \d+ \+ k\);",
                lambda m: (f"const {m[1]} {m[2]} = make_{m[1]}(" +
                           ", ".join(["a4[0].x == 0.0f ? (unsigned)x : (unsigned)k"] * int(m[1][-1])) + ");"))
 SMS = 0  # --sms

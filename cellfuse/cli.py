@@ -303,7 +303,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .codegen import generate_cuda
     from .codegen.c_text import c_stem
-    from .gpu_runtime.kernel_cache import SPILLING_K_UNROLL, ExportFit
+    from .gpu_runtime.kernel_cache import ExportFit
     from .graph_model import atomic_write
 
     cell = resolve_cell(args.cell)
@@ -322,9 +322,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     atomic_write(output, src.text.encode())
     print(f"wrote {args.output} ({len(src.text.splitlines())} lines); build it with: "
           f"nvcc -O3 -arch={fit.arch} -DCELLFUSE_DEMO_MAIN {args.output} -lcublas")
-    for name, spilled in fit.rewritten.items():
-        print(f"  {name} spilled {spilled} bytes of registers as planned: written with its loops over K "
-              f"unrolled {SPILLING_K_UNROLL} at a time, as CellFuse runs it")
+    for name, (spilled, how) in fit.rewritten.items():
+        print(f"  {name} spilled {spilled} bytes of registers as planned: written with {how}, as CellFuse "
+              "runs it")
     if fit.failed:
         print(f"  kernels not checked for spilled registers are written as planned: {fit.failed}",
               file=sys.stderr)

@@ -15,7 +15,7 @@ from PySide6 import QtCore, QtGui, QtWidgets
 
 from ..codegen import SCHEDULES, generate_cuda, make_plan
 from ..gpu_runtime.bench import BASELINES, BenchConfig, available_backends
-from ..gpu_runtime.kernel_cache import SPILLING_K_UNROLL, ExportFit
+from ..gpu_runtime.kernel_cache import ExportFit
 from ..graph_model import (
     Cell,
     CellError,
@@ -641,8 +641,8 @@ class MainWindow(QtWidgets.QMainWindow):
         except OSError as e:
             dialogs.show_error(self, "Cannot export CUDA", f"{path}: {e.strerror or e}")
             return False
-        notes = [f"{name} spilled registers as planned: written with its loops over K unrolled "
-                 f"{SPILLING_K_UNROLL} at a time" for name in fit.rewritten]
+        notes = [f"{name} spilled registers as planned: written with {how}"
+                 for name, (_, how) in fit.rewritten.items()]
         if fit.failed:
             notes.append(f"kernels not checked for spilled registers: {fit.failed.splitlines()[0]}")
             log.warning("export: the kernels nvcc could not check are written as planned: %s", fit.failed)

@@ -41,13 +41,14 @@ class KernelSet:
                 launches.setdefault(name, launch)
         return launches
 
-    def unrolled(self, names: Collection[str], k_unroll: int) -> KernelSet:
+    def rewritten(self, names: Collection[str], k_unroll: int = 0, fragments: bool = True) -> KernelSet:
         """The same kernels, the persistent kernels `names` written with their GEMMs' loops over K
-        unrolled `k_unroll` iterations at a time (see persistent_cuda.gemm_fma.k_loop_unroll)."""
+        unrolled `k_unroll` iterations at a time (see persistent_cuda.gemm_fma.k_loop_unroll) and, unless
+        `fragments`, no fragments of W in registers (persistent_cuda.gemm_mma.fragments)."""
         launches = self.persistent_launches()
         sources = dict(self.sources)
         for name in names:
-            sources[name] = persistent_source(launches[name], name, k_unroll)
+            sources[name] = persistent_source(launches[name], name, k_unroll, fragments)
         return replace(self, sources=sources, name_of=dict(self.name_of), by_body=dict(self.by_body))
 
     def module_source(self) -> str:

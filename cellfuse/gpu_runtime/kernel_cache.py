@@ -4,8 +4,8 @@ seconds per module.
 `compiled(source, arch)` runs nvcc once per source, architecture, options and nvcc version: its result
 (the cubin, and which kernels ptxas says spill registers) is kept in memory for the process and in a file
 of the cache folder, `kernels/<sha256>.cubin`, that later processes read. `fitted(kernels, arch)` compiles
-a plan's kernels so, and a persistent kernel that spills a second time with its loops over K unrolled
-less (see `fitted`). The cache folder is the user's (platformdirs' `user_cache_dir("cellfuse")`), or the one
+a plan's kernels so, and a persistent kernel that spills again written to keep fewer values in registers
+(see `fitted`). The cache folder is the user's (platformdirs' `user_cache_dir("cellfuse")`), or the one
 the environment variable CELLFUSE_CACHE_DIR names; `--schedule auto` keeps its choices there too.
 
 A cache file is a header (MAGIC, the sha256 of its payload, the payload's length) and the payload: the
@@ -29,7 +29,7 @@ import struct
 import subprocess
 import tempfile
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from types import MappingProxyType
@@ -93,33 +93,64 @@ def cubin(source: str, arch: str, options: tuple[str, ...] = ("-O3",)) -> bytes:
     return compiled(source, arch, options).cubin
 
 
+@dataclass(frozen=True)
+class Rewrite:
+    """How a persistent kernel that spills registers is written again (see KernelSet.rewritten)."""
+
+    k_unroll: int
+    fragments: bool
+
+    def text(self, kept_fragments: bool) -> str:
+        """What the rewrite did to a kernel (`kept_fragments`: one that kept fragments of W in registers)."""
+        done = [f"its loops over K unrolled {self.k_unroll} at a time"] if self.k_unroll else []
+        if kept_fragments and not self.fragments:
+            done.append("W's fragments left in shared memory")
+        return " and ".join(done)
+
+
+# What a persistent kernel that spills is written as instead, in turn, while it still spills: without the
+# fragments of W that its GEMMs on tensor cores keep in registers, then with its loops over K unrolled
+# SPILLING_K_UNROLL iterations at a time as well.
+REWRITES = (Rewrite(0, False), Rewrite(SPILLING_K_UNROLL, False))
+
+
 def fitted(kernels: KernelSet, arch: str) -> tuple[KernelSet, bytes]:
-    """A plan's kernels and their cubin: as written, but a persistent kernel that spills registers (its
-    GEMMs' loops over K unrolled whole keep more values live than a thread has registers for) written
-    again with those loops unrolled SPILLING_K_UNROLL iterations at a time, and kept so where that
-    spills fewer bytes. Where nothing spills, unrolling less was measured slower (see
-    codegen.persistent_cuda.gemm_fma.k_loop_unroll), so it is only the answer to a spill."""
+    """A plan's kernels and their cubin: as written, but a persistent kernel that spills registers (the
+    fragments of W its GEMMs keep in registers, or its loops over K unrolled whole, keeping more values
+    live than a thread has registers for) written again as REWRITES say, in turn, each kept where it
+    spills fewer bytes than the kernel as kept so far; a rewrite that changes no spilling kernel is not
+    compiled. Where nothing spills, unrolling less was measured slower (see
+    codegen.persistent_cuda.gemm_fma.k_loop_unroll), and the fragments faster (gemm_mma.fragments), so
+    both are only the answer to a spill."""
     first = compiled(kernels.module_source(), arch)
-    spilling = [name for name in kernels.persistent_launches() if first.spills.get(name, 0)]
+    spills = {name: first.spills.get(name, 0) for name in kernels.persistent_launches()}
+    spilling = [name for name, spilled in spills.items() if spilled]
     if not spilling:
         return kernels, first.cubin
-    unrolled = kernels.unrolled(spilling, SPILLING_K_UNROLL)
-    try:
-        second = compiled(unrolled.module_source(), arch)
-    except CellError as e:  # (the kernels as written compiled: run them)
-        log.warning("%s spill registers; written to unroll their loops over K less, they do not compile: %s",
-                    ", ".join(spilling), e)
+    kept, last = dict(kernels.sources), None
+    for rewrite in REWRITES:
+        left = [name for name in spilling if spills[name]]
+        candidate = kernels.rewritten(left, rewrite.k_unroll, rewrite.fragments)
+        tried = [name for name in left if candidate.sources[name] != kept[name]]
+        if not tried:
+            continue
+        try:
+            result = compiled(candidate.module_source(), arch)
+        except CellError as e:  # (the kernels as kept compiled: run them)
+            log.warning("%s spill registers; written again (%s), they do not compile: %s", ", ".join(tried),
+                        rewrite.text(True), e)
+            continue
+        last = candidate.module_source(), result
+        for name in tried:
+            log.info("%s spills %d bytes; written again (%s), %d", name, spills[name], rewrite.text(True),
+                     result.spills.get(name, 0))
+            if result.spills.get(name, 0) < spills[name]:
+                spills[name], kept[name] = result.spills.get(name, 0), candidate.sources[name]
+    if kept == kernels.sources:
         return kernels, first.cubin
-    better = [name for name in spilling if second.spills.get(name, 0) < first.spills[name]]
-    for name in spilling:
-        log.info("%s spills %d bytes; its loops over K unrolled %d at a time, %d", name, first.spills[name],
-                 SPILLING_K_UNROLL, second.spills.get(name, 0))
-    if better == spilling:
-        return unrolled, second.cubin
-    if not better:
-        return kernels, first.cubin
-    chosen = kernels.unrolled(better, SPILLING_K_UNROLL)
-    return chosen, cubin(chosen.module_source(), arch)
+    chosen = replace(kernels, sources=kept, name_of=dict(kernels.name_of), by_body=dict(kernels.by_body))
+    source = chosen.module_source()
+    return chosen, last[1].cubin if last and last[0] == source else cubin(source, arch)
 
 
 # The architecture an exported .cu is built for (the command `cellfuse export` prints says -arch=sm_90).
@@ -128,13 +159,13 @@ EXPORT_ARCH = "sm_90"
 
 class ExportFit:
     """`fitted` for the kernels of an exported .cu (codegen.Fit): compiled for EXPORT_ARCH, so that it
-    holds the kernels CellFuse's own runs compile. `rewritten`: each kernel written to unroll less -> the
-    bytes it spilled as planned; `failed`: why nvcc could not check them (the kernels are then written as
-    planned), or None."""
+    holds the kernels CellFuse's own runs compile. `rewritten`: each kernel written again -> the bytes it
+    spilled as planned and how it was written (`Rewrite.text`); `failed`: why nvcc could not check them
+    (the kernels are then written as planned), or None."""
 
     def __init__(self, arch: str = EXPORT_ARCH):
         self.arch = arch
-        self.rewritten: dict[str, int] = {}
+        self.rewritten: dict[str, tuple[int, str]] = {}
         self.failed: str | None = None
 
     def __call__(self, kernels: KernelSet) -> KernelSet:
@@ -146,8 +177,14 @@ class ExportFit:
             self.failed = str(e)
             return kernels
         planned = compiled(kernels.module_source(), self.arch).spills
-        self.rewritten.update({name: planned[name] for name in kernels.sources
-                               if chosen.sources[name] != kernels.sources[name]})
+        for name in kernels.sources:
+            if chosen.sources[name] == kernels.sources[name]:
+                continue
+            rewrite = next(r for r in REWRITES
+                           if kernels.rewritten([name], r.k_unroll, r.fragments).sources[name]
+                           == chosen.sources[name])
+            had = kernels.rewritten([name], fragments=False).sources[name] != kernels.sources[name]
+            self.rewritten[name] = planned[name], rewrite.text(had)
         return chosen
 
 

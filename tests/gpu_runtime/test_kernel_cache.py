@@ -294,6 +294,33 @@ def test_a_kernel_that_spills_is_compiled_with_its_k_loops_unrolled_less(monkeyp
     assert seen == [kernels.module_source(), chosen.module_source()]
 
 
+def test_a_kernel_that_spills_with_its_fragments_of_w_is_written_without_them_first(monkeypatch):
+    """The bf16 LSTM's kernel on tensor cores keeps fragments of W in registers (codegen's
+    gemm_mma.fragments); faked to spill with them only, it is written again without them, its loops still
+    unrolled whole, compiled twice; the export says how it was written."""
+    from cellfuse.codegen import make_plan, plan_kernels
+    from cellfuse.codegen.cuda_export import emit
+    from cellfuse.graph_model import Sizes, load_template
+
+    plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "tensor", precision="bf16")
+    kernels = plan_kernels(plan)
+    seen = []
+
+    def compiled(source, arch, options=("-O3",)):
+        seen.append(source)
+        return Compiled(f"cubin {len(seen)}".encode(), {"cf_lstm_persistent": 8} if "cf_wf" in source else {})
+
+    monkeypatch.setattr(kernel_cache, "compiled", compiled)
+    chosen, cubin_ = kernel_cache.fitted(kernels, "sm_90")
+    written = chosen.sources["cf_lstm_persistent"]
+    assert "cf_wf" not in written and "#pragma unroll 8" not in written and cubin_ == b"cubin 2"
+    assert written == kernels.rewritten(["cf_lstm_persistent"], fragments=False).sources["cf_lstm_persistent"]
+    assert seen == [kernels.module_source(), chosen.module_source()]
+    fit = kernel_cache.ExportFit()
+    assert "cf_wf" not in emit(plan, fit=fit).text
+    assert fit.rewritten == {"cf_lstm_persistent": (8, "W's fragments left in shared memory")}
+
+
 def test_a_kernel_that_spills_more_unrolled_less_is_kept_as_written(monkeypatch):
     kernels = _half_the_sms_lstm()
     _fake_ptxas(monkeypatch, 60, 216)
@@ -332,7 +359,7 @@ def test_of_two_kernels_that_spill_only_the_one_that_spills_less_unrolled_is_so(
         plan = make_plan(load_template("lstm"), sizes, schedule, replace(H100, sm_count=66))
         launch = plan.layers[0].persistent
         kernels.add(launch, persistent_source(launch, "@NAME@"), name)
-    unrolled = {name: kernels.unrolled([name], 8).sources[name] for name in ("cf_a", "cf_b")}
+    unrolled = {name: kernels.rewritten([name], 8).sources[name] for name in ("cf_a", "cf_b")}
     seen = []
 
     def compiled(source, arch, options=("-O3",)):
@@ -366,7 +393,8 @@ def test_an_export_writes_the_kernels_as_fitted_and_names_those_rewritten(monkey
     _fake_ptxas(monkeypatch, 216, 0)
     fit = kernel_cache.ExportFit()
     text = emit(plan, fit=fit).text
-    assert fit.rewritten == {"cf_lstm_persistent": 216} and fit.failed is None
+    assert fit.rewritten == {"cf_lstm_persistent": (216, "its loops over K unrolled 8 at a time")}
+    assert fit.failed is None
     assert text.count("#pragma unroll 8") == 2
     assert "#pragma unroll 8" not in emit(plan).text
 

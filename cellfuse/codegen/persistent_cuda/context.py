@@ -43,10 +43,11 @@ class Kernel:
     """One persistent kernel being written: `var` names its pointer arguments (`b0`, `b1`, ...), `written`
     the buffers it writes; `w` the writer of its text; `k_unroll`: how many iterations of a GEMM's loop
     over K are unrolled at a time where it has more (0: every loop of up to FULL_UNROLL unrolled whole;
-    see gemm_fma.k_loop_unroll)."""
+    see gemm_fma.k_loop_unroll); `fragments`: whether GEMMs on tensor cores may keep fragments of W in
+    registers (see gemm_mma.fragments)."""
 
-    def __init__(self, launch: PersistentLaunch, name: str, k_unroll: int = 0):
-        self.launch, self.name, self.k_unroll = launch, name, k_unroll
+    def __init__(self, launch: PersistentLaunch, name: str, k_unroll: int = 0, fragments: bool = True):
+        self.launch, self.name, self.k_unroll, self.fragments = launch, name, k_unroll, fragments
         self.buffers = persistent_buffers(launch)
         self.var = {b: f"b{i}" for i, b in enumerate(self.buffers)}
         # what each buffer's elements are stored in: as its accesses say; a GEMM's weights and bias, which

@@ -17,6 +17,69 @@ from .gemm_fma import k_loop_unroll
 from .shared_memory import w_type
 from .staging import pointers, stage, store, zero_past_k
 
+# Registers a thread gives W's fragments, at most, over all of a kernel's GEMMs that keep them there (see
+# `fragments`): the bf16 LSTM's forward at B=64 uses 166 registers without them, 232 with half of its
+# block's 512 x 128 of W in them (all of it would take 128 more)
+FRAGMENT_REGISTERS = 64
+
+
+def fragments(k: Kernel) -> dict[int, int]:
+    """Of the kernel's GEMMs on tensor cores, those whose warps keep fragments of W in registers for the
+    whole run (item index -> how many of a warp's iterations over K take theirs from registers, the first
+    ones; the others load theirs from shared memory at every step): a 16-bit W (two k a register), all of
+    K in one chunk, each warp one tile and one share of K (so that its fragments never change), in the
+    order of the GEMMs while their registers fit in FRAGMENT_REGISTERS; none where the kernel is written
+    without them (`k.fragments`: written again because it spilled registers, see
+    gpu_runtime.kernel_cache.fitted). Loading all of them from shared memory at every step took the bf16
+    LSTM's forward at B=64 a ninth of its kernel's time
+    (benchmarks/results/h200_2026-12-01_step_profile_no_w_loads_cd06826.txt)."""
+    kept, left = {}, FRAGMENT_REGISTERS if k.fragments else 0
+    for i, item in k.gemms:
+        tl, g = item.tiling, item.launch
+        if not item.mma or tl.f16x3 or tl.w_itemsize != 2 or -(-g.k // tl.k_chunk) > 1:
+            continue
+        if tl.output_threads * tl.k_split > WARPS:
+            continue
+        blocks = -(-tl.k_chunk // MMA_K_BLOCK)
+        iters = -(-blocks // tl.k_split)
+        each = (tl.cols_per_thread // MMA_N) * 2  # registers an iteration's fragments take
+        if n := min(iters, left // each):
+            kept[i], left = n, left - n * each
+    return kept
+
+
+def load_fragments(k: Kernel) -> None:
+    """Before the loop, each warp's fragments of W kept in registers (see `fragments`) from shared memory:
+    cf_wf{i}[iteration][product], the lane's two registers of each mma.sync product."""
+    w = k.w
+    for i, kept in fragments(k).items():
+        item = k.launch.items[i]
+        tl, g = item.tiling, item.launch
+        nb, kp, split = tl.cols_per_thread // MMA_N, tl.w_stride(g.k), tl.k_split
+        w(f"uint2 cf_wf{i}[{kept}][{nb}];")
+        with w.block("{"):
+            w("const int o = tid / 32, lane = tid & 31, kc = 0;",
+              "(void)kc;",
+              f"const int tile = o / {split}, ks = o % {split};",
+              f"const {w_type(item)}* const wt = w{i} + ((tile % {tl.col_threads}) * {tl.cols_per_thread} + "
+              f"(lane >> 2)) * {kp} + 4 * (lane & 3);",
+              "#pragma unroll")
+            with w.block(f"for (int j = 0; j < {kept}; ++j) {{"):
+                w(f"const int k = (ks + j * {split}) * {MMA_K_BLOCK};",
+                  "#pragma unroll",
+                  f"for (int x = 0; x < {nb}; ++x)",
+                  f"    cf_wf{i}[j][x] = o < {tl.output_threads * split} && k < {_k_end(tl, g)}",
+                  f"        ? *(const uint2*)(wt + x * {MMA_N * kp} + k) : make_uint2(0u, 0u);")
+
+
+def _k_end(tl: GemmTiling, g: GemmLaunch) -> str:
+    """Where a chunk's k end (kc, the chunk's first column): the chunk's blocks of sixteen k, the last
+    chunk's ending with K's last block (the rows of W end there)."""
+    chunk = tl.k_chunk
+    blocks = -(-chunk // MMA_K_BLOCK)
+    return (str(MMA_K_BLOCK * blocks) if g.k % chunk == 0
+            else f"min({MMA_K_BLOCK * blocks}, {MMA_K_BLOCK * -(-g.k // MMA_K_BLOCK)} - kc)")
+
 
 def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
     """Per tile of rows and chunk of K, each warp's tile of C over its share of the chunk, sixteen k at a
@@ -43,11 +106,10 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
     regs = 4 * nb  # of its accumulators
     area = MMA_M * wc
     chunks = -(-g.k // chunk)
-    # the last chunk may end before the others do: no k past K's last block (the rows of W end there)
     blocks = -(-chunk // MMA_K_BLOCK)
-    end = (str(MMA_K_BLOCK * blocks) if g.k % chunk == 0
-           else f"min({MMA_K_BLOCK * blocks}, {MMA_K_BLOCK * -(-g.k // MMA_K_BLOCK)} - kc)")
+    end = _k_end(tl, g)
     iters = -(-blocks // split)
+    kept = fragments(k).get(i, 0)
     assert tl.f16x3 == (g.multiply == FLOAT32), f"{g.group}: {g.multiply.name} products, f16x3 {tl.f16x3}"
     pointers(k, item)
     with w.block(f"for (int rb = 0; rb < rows; rb += {rt}) {{"):
@@ -78,14 +140,21 @@ def gemm(k: Kernel, i: int, item: PersistentItem) -> None:
                     w("#pragma unroll",
                       f"for (int m = 0; m < {regs}; ++m)",
                       f"    acc[m / 4][m % 4] = {'kc ? part[m * 32] : 0.0f' if chunks > 1 else '0.0f'};")
-                w(k_loop_unroll(k, iters))
-                with w.block(f"for (int k = ks * {MMA_K_BLOCK}; k < {end}; k += {split * MMA_K_BLOCK}) {{"):
-                    w(f"const float4 a4[2] = {{*(const float4*)(at + k), "
+                if kept:  # the iterations counted, so that each knows its fragments
+                    loop = (f"for (int j = 0; j < {iters}; ++j) {{", f"const int k = (ks + j * {split}) * "
+                            f"{MMA_K_BLOCK};", f"if (k >= {end}) break;")
+                else:
+                    loop = (f"for (int k = ks * {MMA_K_BLOCK}; k < {end}; k += {split * MMA_K_BLOCK}) {{",)
+                w("#pragma unroll" if kept else k_loop_unroll(k, iters))
+                with w.block(loop[0]):
+                    w(*loop[1:],
+                      f"const float4 a4[2] = {{*(const float4*)(at + k), "
                       f"*(const float4*)(at + {8 * stride} + k)}};")
                     if tl.f16x3:
                         _f16x3_products(k, nb, kp)
                     else:
-                        _sixteen_bit_products(k, g, nb, kp, tl.w_itemsize == 2)
+                        _sixteen_bit_products(k, g, nb, kp, tl.w_itemsize == 2,
+                                              f"j < {kept} ? cf_wf{i}[j][x] : " if kept else "")
                 # element m of the lane's tile: row g + 8 (m % 4 / 2), column 8 (m / 4) + 2q + m % 2; the
                 # rows' scales undone here, W's columns' (the same in every chunk) as C is stored: a partial
                 # sum keeps its column's scale (at most 2^15 over the column's largest), so it overflows
@@ -161,18 +230,19 @@ def _f16x3_products(k: Kernel, nb: int, kp: int) -> None:
             "cf_mma_f16(acc[x], ah[0], ah[1], ah[2], ah[3], w4.x, w4.y);")
 
 
-def _sixteen_bit_products(k: Kernel, g: GemmLaunch, nb: int, kp: int, packed: bool) -> None:
+def _sixteen_bit_products(k: Kernel, g: GemmLaunch, nb: int, kp: int, packed: bool, kept: str = "") -> None:
     """The products of one block of sixteen k in the GEMM's 16-bit type, from the float4s a4 of A's rows
     g and g + 8 (see `gemm`), each of the warp tile's nb tiles of eight columns one mma.sync. W's four k
     are one float4, rounded and packed here, or (`packed`: kept in the 16-bit type) already the two
-    registers, in 8 bytes (the first k in the low half, as in memory)."""
+    registers, in 8 bytes (the first k in the low half, as in memory), those of the iterations that
+    keep them in registers for the run taken from there (`kept`: the choice, see `fragments`)."""
     t = g.multiply.suffix
     k.w(f"const unsigned a0 = cf_pack_{t}(a4[0].x, a4[0].y), a1 = cf_pack_{t}(a4[1].x, a4[1].y),",
         f"               a2 = cf_pack_{t}(a4[0].z, a4[0].w), a3 = cf_pack_{t}(a4[1].z, a4[1].w);",
         "#pragma unroll")
     with k.w.block(f"for (int x = 0; x < {nb}; ++x) {{"):
         if packed:
-            k.w(f"const uint2 w2 = *(const uint2*)(wt + x * {MMA_N * kp} + k);",
+            k.w(f"const uint2 w2 = {kept}*(const uint2*)(wt + x * {MMA_N * kp} + k);",
                 f"cf_mma_{t}(acc[x], a0, a1, a2, a3, w2.x, w2.y);")
         else:
             k.w(f"const float4 w4 = *(const float4*)(wt + x * {MMA_N * kp} + k);",

@@ -48,11 +48,12 @@ PDL_WAIT = (
 )
 
 
-def persistent_source(launch: PersistentLaunch, name: str, k_unroll: int = 0) -> str:
+def persistent_source(launch: PersistentLaunch, name: str, k_unroll: int = 0, fragments: bool = True) -> str:
     """The source of a persistent launch's kernel (and the device functions and exchanges it uses); its
     GEMMs' loops over K unrolled `k_unroll` iterations at a time where they have more (see
-    gemm_fma.k_loop_unroll)."""
-    k = Kernel(launch, name, k_unroll)
+    gemm_fma.k_loop_unroll), and fragments of W kept in registers where `fragments` (see
+    gemm_mma.fragments)."""
+    k = Kernel(launch, name, k_unroll, fragments)
     w = k.w
     for n, ex in enumerate(launch.exchange):
         w(f"// the exchange of {comment_text(ex.buffer)}: two slots of [batch][{ex.width}] (step tag, value) "
@@ -103,6 +104,7 @@ def _body(k: Kernel, publishes: dict[int, dict[int, str]]) -> None:
         publish_initial(k)
     shared_memory(k)
     weights_in_registers(k)
+    gemm_mma.load_fragments(k)
     loads, carried = ahead(k)
     steps = depth(k, loads) if loads else 0
     k.masked = bool(steps)
