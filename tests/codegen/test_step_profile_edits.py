@@ -52,6 +52,8 @@ def test_every_edit_applies_to_the_float32_tensor_rungs_kernels_and_the_16_bit_o
                 assert all(c == bool(edits) for c in changed), (precision, name)
 
 
+@pytest.mark.slow
+@pytest.mark.nvcc
 def test_the_variants_kernels_compile(tmp_path):
     """What each variant makes of the float32 tensor rung's kernels, forward and backward, compiles."""
     script = _script()
