@@ -233,6 +233,14 @@ def exchanges(items: list[PersistentItem], reverse: bool, batch: int,
                 item.barrier or shared_reads(item.launch, step)):
             return ()  # a kernel that reads other blocks' values: the step meets at barriers
     by_rows = any(item.by_rows for item in items)
+    # where GEMMs that read one operand multiply it differently (one on tensor cores, one on the CUDA cores
+    # in 16 bits), no one form of its values in the exchange suits both (persistent_cuda.exchange.stored)
+    reads: dict[str, set] = {}
+    for item in items:
+        if isinstance(item.launch, GemmLaunch):
+            reads.setdefault(item.launch.a.buffer, set()).add((item.mma, item.launch.multiply))
+    if any(len(kinds) > 1 for kinds in reads.values()):
+        return ()
     if by_rows and not _rows_then_gemms(items):
         return ()
     out: dict[str, Exchange] = {}

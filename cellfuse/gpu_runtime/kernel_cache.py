@@ -128,24 +128,29 @@ def fitted(kernels: KernelSet, arch: str) -> tuple[KernelSet, bytes]:
     if not spilling:
         return kernels, first.cubin
     kept, last = dict(kernels.sources), None
+    plain = kernels.rewritten(spilling, fragments=False).sources  # (which kernels keep fragments)
     for rewrite in REWRITES:
         left = [name for name in spilling if spills[name]]
-        candidate = kernels.rewritten(left, rewrite.k_unroll, rewrite.fragments)
-        tried = [name for name in left if candidate.sources[name] != kept[name]]
+        rewritten = kernels.rewritten(left, rewrite.k_unroll, rewrite.fragments).sources
+        tried = [name for name in left if rewritten[name] != kept[name]]
         if not tried:
             continue
+        # on top of the kernels as kept so far, so that the last candidate may be the module chosen
+        candidate = replace(kernels, sources={**kept, **{name: rewritten[name] for name in tried}},
+                            name_of=dict(kernels.name_of), by_body=dict(kernels.by_body))
+        how = {name: rewrite.text(plain[name] != kernels.sources[name]) for name in tried}
         try:
             result = compiled(candidate.module_source(), arch)
         except CellError as e:  # (the kernels as kept compiled: run them)
             log.warning("%s spill registers; written again (%s), they do not compile: %s", ", ".join(tried),
-                        rewrite.text(True), e)
+                        "; ".join(how.values()), e)
             continue
         last = candidate.module_source(), result
         for name in tried:
-            log.info("%s spills %d bytes; written again (%s), %d", name, spills[name], rewrite.text(True),
+            log.info("%s spills %d bytes; written again (%s), %d", name, spills[name], how[name],
                      result.spills.get(name, 0))
             if result.spills.get(name, 0) < spills[name]:
-                spills[name], kept[name] = result.spills.get(name, 0), candidate.sources[name]
+                spills[name], kept[name] = result.spills.get(name, 0), rewritten[name]
     if kept == kernels.sources:
         return kernels, first.cubin
     chosen = replace(kernels, sources=kept, name_of=dict(kernels.name_of), by_body=dict(kernels.by_body))

@@ -306,4 +306,4 @@ def elementwise(k: Kernel, i: int, item: PersistentItem, prefetched: dict[int, s
             copies[n] = f"cf_pub{n}"
         element_body(w, params, names, launch.body, index, launch.adds, copies, valid)
         for n, x, ex in published:
-            w(publish(k, x, ex, at_columns(k, n, x, ex, params), "t + 2", f"cf_pub{n}"))
+            w(publish(k, ex, at_columns(k, n, x, ex, params), "t + 2", f"cf_pub{n}"))

@@ -32,14 +32,15 @@ def stored(k: Kernel, ex: Exchange) -> Callable[[str], str]:
     operand as they load it; rounded by the writer as well, fp16's GRU at B=8 lost 4%."""
     readers = [item for item in k.launch.items
                if isinstance(item.launch, GemmLaunch) and item.launch.a.buffer == ex.buffer]
-    assert len({(item.mma, item.launch.multiply) for item in readers}) == 1, f"{ex.buffer}: read alike"
+    assert len({(item.mma, item.launch.multiply) for item in readers}) == 1, \
+        f"{ex.buffer}: its GEMMs multiply it alike (persistent.exchanges sees to it)"
     if readers[0].mma:
         return str
     return lambda value: rounded(readers[0].launch, value)
 
 
-def publish(k: Kernel, n: int, ex: Exchange, at: str, tag: str, value: str) -> str:
-    """The statement that puts `value` (as `stored` makes it) at `at` of exchange n with the tag `tag`."""
+def publish(k: Kernel, ex: Exchange, at: str, tag: str, value: str) -> str:
+    """The statement that puts `value` (as `stored` makes it) at `at` of exchange `ex` with the tag `tag`."""
     return f"cf_publish({at}, {tag}, {stored(k, ex)(value)});"
 
 
@@ -64,7 +65,7 @@ def published(k: Kernel, i: int) -> dict[int, Callable[[str], str]]:
     params = kernel_params(k.launch.items[i].launch)
 
     def statement(n: int, x: int, ex: Exchange) -> Callable[[str], str]:
-        return lambda value: publish(k, x, ex, at_columns(k, n, x, ex, params, "rows"), "t + 2", value)
+        return lambda value: publish(k, ex, at_columns(k, n, x, ex, params, "rows"), "t + 2", value)
     return {n: statement(n, x, ex) for n, x, ex in exchanged_outputs(k, i, params)}
 
 

@@ -4,6 +4,8 @@ launches in order (and the barriers or exchanges between them), the states copie
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..address import c_address
 from ..c_text import comment_text
 from ..cuda_rows import reduction_kernel_source
@@ -87,7 +89,7 @@ def persistent_source(launch: PersistentLaunch, name: str, k_unroll: int = 0, fr
     return w.text()
 
 
-def _body(k: Kernel, publishes: dict[int, dict[int, str]]) -> None:
+def _body(k: Kernel, publishes: dict[int, dict[int, Callable[[str], str]]]) -> None:
     """What a block of the launch does, from its shared memory to its last step."""
     launch, w = k.launch, k.w
     columns = launch.column_blocks
