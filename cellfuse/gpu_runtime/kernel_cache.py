@@ -115,19 +115,26 @@ REWRITES = (Rewrite(0, False), Rewrite(SPILLING_K_UNROLL, False))
 
 
 def fitted(kernels: KernelSet, arch: str) -> tuple[KernelSet, bytes]:
+    """A plan's kernels and their cubin, as `_fit` makes them."""
+    chosen, cubin_, _ = _fit(kernels, arch)
+    return chosen, cubin_
+
+
+def _fit(kernels: KernelSet, arch: str) -> tuple[KernelSet, bytes, dict[str, tuple[int, str]]]:
     """A plan's kernels and their cubin: as written, but a persistent kernel that spills registers (the
     fragments of W its GEMMs keep in registers, or its loops over K unrolled whole, keeping more values
     live than a thread has registers for) written again as REWRITES say, in turn, each kept where it
     spills fewer bytes than the kernel as kept so far; a rewrite that changes no spilling kernel is not
     compiled. Where nothing spills, unrolling less was measured slower (see
     codegen.persistent_cuda.gemm_fma.k_loop_unroll), and the fragments faster (gemm_mma.fragments), so
-    both are only the answer to a spill."""
+    both are only the answer to a spill. Also, per kernel written again, the bytes it spilled as written
+    and how it was written again (`Rewrite.text`)."""
     first = compiled(kernels.module_source(), arch)
     spills = {name: first.spills.get(name, 0) for name in kernels.persistent_launches()}
     spilling = [name for name, spilled in spills.items() if spilled]
     if not spilling:
-        return kernels, first.cubin
-    kept, last = dict(kernels.sources), None
+        return kernels, first.cubin, {}
+    kept, last, done = dict(kernels.sources), None, {}
     plain = kernels.rewritten(spilling, fragments=False).sources  # (which kernels keep fragments)
     for rewrite in REWRITES:
         left = [name for name in spilling if spills[name]]
@@ -151,11 +158,12 @@ def fitted(kernels: KernelSet, arch: str) -> tuple[KernelSet, bytes]:
                      result.spills.get(name, 0))
             if result.spills.get(name, 0) < spills[name]:
                 spills[name], kept[name] = result.spills.get(name, 0), rewritten[name]
-    if kept == kernels.sources:
-        return kernels, first.cubin
+                done[name] = first.spills[name], how[name]
+    if not done:
+        return kernels, first.cubin, {}
     chosen = replace(kernels, sources=kept, name_of=dict(kernels.name_of), by_body=dict(kernels.by_body))
     source = chosen.module_source()
-    return chosen, last[1].cubin if last and last[0] == source else cubin(source, arch)
+    return chosen, last[1].cubin if last and last[0] == source else cubin(source, arch), done
 
 
 # The architecture an exported .cu is built for (the command `cellfuse export` prints says -arch=sm_90).
@@ -177,19 +185,11 @@ class ExportFit:
         if not kernels.persistent_launches():  # (nothing to rewrite: no compile)
             return kernels
         try:
-            chosen, _ = fitted(kernels, self.arch)
+            chosen, _, done = _fit(kernels, self.arch)
         except CellError as e:
             self.failed = str(e)
             return kernels
-        planned = compiled(kernels.module_source(), self.arch).spills
-        for name in kernels.sources:
-            if chosen.sources[name] == kernels.sources[name]:
-                continue
-            rewrite = next(r for r in REWRITES
-                           if kernels.rewritten([name], r.k_unroll, r.fragments).sources[name]
-                           == chosen.sources[name])
-            had = kernels.rewritten([name], fragments=False).sources[name] != kernels.sources[name]
-            self.rewritten[name] = planned[name], rewrite.text(had)
+        self.rewritten.update(done)
         return chosen
 
 
