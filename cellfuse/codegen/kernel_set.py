@@ -14,6 +14,7 @@ from .dtypes import FLOAT32
 from .kernel_abi import check_index_range
 from .persistent_cuda import MMA16_PRELUDE, PERSISTENT_PRELUDE, persistent_source
 from .plan import GemmLaunch, KernelLaunch, PersistentLaunch, Plan
+from .tiling import FRAGMENT_REGISTERS
 
 
 @dataclass
@@ -41,10 +42,11 @@ class KernelSet:
                 launches.setdefault(name, launch)
         return launches
 
-    def rewritten(self, names: Collection[str], k_unroll: int = 0, fragments: bool = True) -> KernelSet:
+    def rewritten(self, names: Collection[str], k_unroll: int = 0,
+                  fragments: int = FRAGMENT_REGISTERS) -> KernelSet:
         """The same kernels, the persistent kernels `names` written with their GEMMs' loops over K
-        unrolled `k_unroll` iterations at a time (see persistent_cuda.gemm_fma.k_loop_unroll) and, unless
-        `fragments`, no fragments of W in registers (persistent_cuda.gemm_mma.fragments)."""
+        unrolled `k_unroll` iterations at a time (see persistent_cuda.gemm_fma.k_loop_unroll) and at most
+        `fragments` registers a thread for fragments of W (persistent_cuda.gemm_mma.fragments; 0: none)."""
         launches = self.persistent_launches()
         sources = dict(self.sources)
         for name in names:

@@ -11,6 +11,12 @@ from dataclasses import dataclass
 THREADS = 256
 WARPS = THREADS // 32
 REGISTER_COLS = 16  # a block's columns of a GEMM, at most, held in registers for products one row at a time
+# Registers a thread gives W's fragments, at most, over all of a kernel's GEMMs on tensor cores that keep
+# them there (see persistent_cuda.gemm_mma.fragments). The bf16 LSTM's forward at B=64 uses 166 registers
+# without them, 232 with 64 (8 of a warp's 16 iterations over K), 250 with 96 (12): 0.377 ms with 64,
+# 0.365 with 96 on an H200 (benchmarks/results/h200_2026-12-01_fragment_registers_96_ab.txt); with 128
+# it spills. At B=256 96 spill, and the kernel is written again with 64 (gpu_runtime.kernel_cache.REWRITES).
+FRAGMENT_REGISTERS = 96
 
 
 @dataclass(frozen=True)

@@ -64,8 +64,8 @@ REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 # GEMMs outside the loop multiply each float32 product as three fp16 ones; version 21's forward passes
 # keep W's fp16 copies between runs; version 22's 16-bit GEMMs on the CUDA cores take their exchanged
 # operand rounded by its writer; version 23's 16-bit GEMMs on tensor cores keep fragments of W in
-# registers) is measured again.
-RUNGS_VERSION = 23
+# registers, version 24's in up to 96 of them) is measured again.
+RUNGS_VERSION = 24
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ from types import MappingProxyType
 import platformdirs
 
 from ..codegen.kernel_set import KernelSet
+from ..codegen.tiling import FRAGMENT_REGISTERS
 from ..graph_model import CellError, atomic_write
 
 log = logging.getLogger(__name__)
@@ -98,20 +99,24 @@ class Rewrite:
     """How a persistent kernel that spills registers is written again (see KernelSet.rewritten)."""
 
     k_unroll: int
-    fragments: bool
+    fragments: int  # registers a thread may give W's fragments (codegen.persistent_cuda.gemm_mma.fragments)
 
     def text(self, kept_fragments: bool) -> str:
         """What the rewrite did to a kernel (`kept_fragments`: one that kept fragments of W in registers)."""
         done = [f"its loops over K unrolled {self.k_unroll} at a time"] if self.k_unroll else []
         if kept_fragments and not self.fragments:
             done.append("W's fragments left in shared memory")
+        elif kept_fragments and self.fragments < FRAGMENT_REGISTERS:
+            done.append(f"W's fragments in at most {self.fragments} registers a thread")
         return " and ".join(done)
 
 
-# What a persistent kernel that spills is written as instead, in turn, while it still spills: without the
-# fragments of W that its GEMMs on tensor cores keep in registers, then with its loops over K unrolled
-# SPILLING_K_UNROLL iterations at a time as well.
-REWRITES = (Rewrite(0, False), Rewrite(SPILLING_K_UNROLL, False))
+# What a persistent kernel that spills is written as instead, in turn, while it still spills: with fewer
+# registers for the fragments of W that its GEMMs on tensor cores keep in registers (32 fewer each time,
+# down to none: a budget that spills at one batch may fit at another, B=64 against B=256), then with its
+# loops over K unrolled SPILLING_K_UNROLL iterations at a time as well. A rewrite that leaves every
+# spilling kernel as it was is not compiled.
+REWRITES = (*(Rewrite(0, r) for r in range(FRAGMENT_REGISTERS - 32, -1, -32)), Rewrite(SPILLING_K_UNROLL, 0))
 
 
 def fitted(kernels: KernelSet, arch: str) -> tuple[KernelSet, bytes]:
@@ -135,7 +140,7 @@ def _fit(kernels: KernelSet, arch: str) -> tuple[KernelSet, bytes, dict[str, tup
     if not spilling:
         return kernels, first.cubin, {}
     kept, last, done = dict(kernels.sources), None, {}
-    plain = kernels.rewritten(spilling, fragments=False).sources  # (which kernels keep fragments)
+    plain = kernels.rewritten(spilling, fragments=0).sources  # (which kernels keep fragments)
     for rewrite in REWRITES:
         left = [name for name in spilling if spills[name]]
         rewritten = kernels.rewritten(left, rewrite.k_unroll, rewrite.fragments).sources

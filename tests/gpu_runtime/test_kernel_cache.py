@@ -294,31 +294,61 @@ def test_a_kernel_that_spills_is_compiled_with_its_k_loops_unrolled_less(monkeyp
     assert seen == [kernels.module_source(), chosen.module_source()]
 
 
-def test_a_kernel_that_spills_with_its_fragments_of_w_is_written_without_them_first(monkeypatch):
-    """The bf16 LSTM's kernel on tensor cores keeps fragments of W in registers (codegen's
-    gemm_mma.fragments); faked to spill with them only, it is written again without them, its loops still
-    unrolled whole, compiled twice; the export says how it was written."""
+def _bf16_lstm_on_tensor_cores():
     from cellfuse.codegen import make_plan, plan_kernels
-    from cellfuse.codegen.cuda_export import emit
     from cellfuse.graph_model import Sizes, load_template
 
     plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "tensor", precision="bf16")
-    kernels = plan_kernels(plan)
+    return plan, plan_kernels(plan)
+
+
+def _spilling_where(monkeypatch, spills) -> list[str]:
+    """ptxas faked: the LSTM's persistent kernel spills 8 bytes where `spills(source)`."""
     seen = []
 
     def compiled(source, arch, options=("-O3",)):
         seen.append(source)
-        return Compiled(f"cubin {len(seen)}".encode(), {"cf_lstm_persistent": 8} if "cf_wf" in source else {})
+        return Compiled(f"cubin {len(seen)}".encode(), {"cf_lstm_persistent": 8} if spills(source) else {})
 
     monkeypatch.setattr(kernel_cache, "compiled", compiled)
+    return seen
+
+
+def test_a_kernel_that_spills_with_its_fragments_of_w_is_written_without_them_in_the_end(monkeypatch):
+    """The bf16 LSTM's kernel on tensor cores keeps fragments of W in registers (codegen's
+    gemm_mma.fragments: at B=64, 12 of a warp's 16 iterations over K in 96 registers); faked to spill with
+    any, it is written again with 32 registers fewer for them each time (8 iterations, then 4), which
+    still spills, then without them, its loops still unrolled whole, compiled four times; the export says
+    how it was written."""
+    from cellfuse.codegen.cuda_export import emit
+
+    plan, kernels = _bf16_lstm_on_tensor_cores()
+    seen = _spilling_where(monkeypatch, lambda source: "cf_wf" in source)
     chosen, cubin_ = kernel_cache.fitted(kernels, "sm_90")
     written = chosen.sources["cf_lstm_persistent"]
-    assert "cf_wf" not in written and "#pragma unroll 8" not in written and cubin_ == b"cubin 2"
-    assert written == kernels.rewritten(["cf_lstm_persistent"], fragments=False).sources["cf_lstm_persistent"]
-    assert seen == [kernels.module_source(), chosen.module_source()]
+    assert "cf_wf" not in written and "#pragma unroll 8" not in written and cubin_ == b"cubin 4"
+    assert written == kernels.rewritten(["cf_lstm_persistent"], fragments=0).sources["cf_lstm_persistent"]
+    assert len(seen) == 4 and seen[3] == chosen.module_source()
+    assert [f"uint2 cf_wf0[{n}][4];" in source for n, source in zip((12, 8, 4), seen[:3], strict=True)] == [True] * 3
     fit = kernel_cache.ExportFit()
     assert "cf_wf" not in emit(plan, fit=fit).text
     assert fit.rewritten == {"cf_lstm_persistent": (8, "W's fragments left in shared memory")}
+
+
+def test_a_kernel_that_spills_with_its_fragments_of_w_keeps_as_many_as_fit(monkeypatch):
+    """Faked to spill only with more than 64 registers of fragments, the kernel keeps 8 of its iterations'
+    fragments in registers (64 registers), compiled twice."""
+    from cellfuse.codegen.cuda_export import emit
+
+    plan, kernels = _bf16_lstm_on_tensor_cores()
+    seen = _spilling_where(monkeypatch, lambda source: "cf_wf0[12]" in source)
+    chosen, cubin_ = kernel_cache.fitted(kernels, "sm_90")
+    assert "uint2 cf_wf0[8][4];" in chosen.sources["cf_lstm_persistent"] and cubin_ == b"cubin 2"
+    assert chosen.sources == kernels.rewritten(["cf_lstm_persistent"], fragments=64).sources
+    assert len(seen) == 2
+    fit = kernel_cache.ExportFit()
+    assert "uint2 cf_wf0[8][4];" in emit(plan, fit=fit).text
+    assert fit.rewritten == {"cf_lstm_persistent": (8, "W's fragments in at most 64 registers a thread")}
 
 
 def test_a_kernel_that_spills_more_unrolled_less_is_kept_as_written(monkeypatch):

@@ -10,6 +10,7 @@ from ..c_text import CWriter
 from ..dtypes import FLOAT32
 from ..persistent import writes
 from ..plan import Access, GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
+from ..tiling import FRAGMENT_REGISTERS
 
 
 def persistent_buffers(launch: PersistentLaunch) -> list[str]:
@@ -43,10 +44,11 @@ class Kernel:
     """One persistent kernel being written: `var` names its pointer arguments (`b0`, `b1`, ...), `written`
     the buffers it writes; `w` the writer of its text; `k_unroll`: how many iterations of a GEMM's loop
     over K are unrolled at a time where it has more (0: every loop of up to FULL_UNROLL unrolled whole;
-    see gemm_fma.k_loop_unroll); `fragments`: whether GEMMs on tensor cores may keep fragments of W in
-    registers (see gemm_mma.fragments)."""
+    see gemm_fma.k_loop_unroll); `fragments`: how many registers a thread may give the fragments of W
+    that GEMMs on tensor cores keep in registers (see gemm_mma.fragments; 0: none)."""
 
-    def __init__(self, launch: PersistentLaunch, name: str, k_unroll: int = 0, fragments: bool = True):
+    def __init__(self, launch: PersistentLaunch, name: str, k_unroll: int = 0,
+                 fragments: int = FRAGMENT_REGISTERS):
         self.launch, self.name, self.k_unroll, self.fragments = launch, name, k_unroll, fragments
         self.buffers = persistent_buffers(launch)
         self.var = {b: f"b{i}" for i, b in enumerate(self.buffers)}

@@ -17,23 +17,19 @@ from .gemm_fma import k_loop_unroll
 from .shared_memory import w_type
 from .staging import pointers, stage, store, zero_past_k
 
-# Registers a thread gives W's fragments, at most, over all of a kernel's GEMMs that keep them there (see
-# `fragments`): the bf16 LSTM's forward at B=64 uses 166 registers without them, 232 with half of its
-# block's 512 x 128 of W in them (all of it would take 128 more)
-FRAGMENT_REGISTERS = 64
-
 
 def fragments(k: Kernel) -> dict[int, int]:
     """Of the kernel's GEMMs on tensor cores, those whose warps keep fragments of W in registers for the
     whole run (item index -> how many of a warp's iterations over K take theirs from registers, the first
     ones; the others load theirs from shared memory at every step): a 16-bit W (two k a register), all of
     K in one chunk, each warp one tile and one share of K (so that its fragments never change), the GEMMs
-    in order, each given what is left of FRAGMENT_REGISTERS; none where the kernel is written without
-    them (`k.fragments`: written again because it spilled registers, see gpu_runtime.kernel_cache.fitted),
-    nor where its loops over K unroll less (`k.k_unroll`: the loop of kept fragments is unrolled whole).
+    in order, each given what is left of the kernel's budget of registers for them (`k.fragments`, at
+    most tiling.FRAGMENT_REGISTERS: less where the kernel is written again because it spilled registers,
+    see gpu_runtime.kernel_cache.fitted); none where its loops over K unroll less (`k.k_unroll`: the loop
+    of kept fragments is unrolled whole).
     Loading all of them from shared memory at every step took the bf16 LSTM's forward at B=64 a ninth of
     its kernel's time (benchmarks/results/h200_2026-12-01_step_profile_no_w_loads_cd06826.txt)."""
-    kept, left = {}, FRAGMENT_REGISTERS if k.fragments and not k.k_unroll else 0
+    kept, left = {}, 0 if k.k_unroll else k.fragments
     for i, item in k.gemms:
         tl, g = item.tiling, item.launch
         if not item.mma or tl.f16x3 or tl.w_itemsize != 2 or -(-g.k // tl.k_chunk) > 1:

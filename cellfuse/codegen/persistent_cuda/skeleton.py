@@ -11,6 +11,7 @@ from ..c_text import comment_text
 from ..cuda_rows import reduction_kernel_source
 from ..kernel_abi import BLOCK, kernel_params
 from ..plan import GemmLaunch, KernelLaunch, PersistentItem, PersistentLaunch
+from ..tiling import FRAGMENT_REGISTERS
 from . import gemm_fma, gemm_mma
 from .context import Kernel
 from .elementwise import (
@@ -50,10 +51,11 @@ PDL_WAIT = (
 )
 
 
-def persistent_source(launch: PersistentLaunch, name: str, k_unroll: int = 0, fragments: bool = True) -> str:
+def persistent_source(launch: PersistentLaunch, name: str, k_unroll: int = 0,
+                      fragments: int = FRAGMENT_REGISTERS) -> str:
     """The source of a persistent launch's kernel (and the device functions and exchanges it uses); its
     GEMMs' loops over K unrolled `k_unroll` iterations at a time where they have more (see
-    gemm_fma.k_loop_unroll), and fragments of W kept in registers where `fragments` (see
+    gemm_fma.k_loop_unroll), and fragments of W kept in at most `fragments` registers a thread (see
     gemm_mma.fragments)."""
     k = Kernel(launch, name, k_unroll, fragments)
     w = k.w
