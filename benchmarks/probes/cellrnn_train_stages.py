@@ -8,9 +8,11 @@ events around it). Each step right after a synchronisation, or queued back to ba
 512, T=100. With --sgd, each step ends with an optimizer's step (torch.optim.SGD, in place), as a training
 script's does: the next forward then packs the changed weights again. With --input-grad, x requires a
 gradient (a layer over another's output): the backward pass then computes dx, which it leaves out otherwise.
+With --precision bf16 or fp16, x in that dtype and the parameters float32, the fp16 loss scaled by
+torch.amp.GradScaler's initial scale, as `benchmarks/cellrnn_vs_cudnn.py --precision` times the step.
 
     python3 benchmarks/probes/cellrnn_train_stages.py [--schedule auto] [--batches 1,8,64] [--steps 100] \
-        [--sgd] [--input-grad]
+        [--sgd] [--input-grad] [--precision fp16]
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ import time
 
 import torch
 
+from cellfuse.codegen.precision import PRECISIONS
 from cellfuse.gpu_runtime.stream_program import StreamProgram
 from cellfuse.nn import CellRNN, ops, stacks
 from cellfuse.nn.cuda_runner import CudaRunner
+from cellfuse.nn.runners import TORCH_DTYPES
 from cellfuse.nn.tensor_layout import TensorLayout
 
 STAGES = ("module.forward", "stacks.run", "_Eager.forward", "runner.forward", "runner._forward",
@@ -31,6 +35,7 @@ STAGES = ("module.forward", "stacks.run", "_Eager.forward", "runner.forward", "r
           "runner._backward", "backward run", "backward queued", "gradients made", "param grads made",
           "_Eager.backward returned", "first grad stored", "last grad stored", "backward returned",
           "step returned")
+FP16_LOSS_SCALE = 2.0**16  # torch.amp.GradScaler's initial scale
 _stamps: dict[str, int] = {}
 
 
@@ -82,7 +87,8 @@ def _instrument() -> None:
     StreamProgram.run = _run_stamped(StreamProgram.run)
 
 
-def _stages(rnn: CellRNN, x: torch.Tensor, steps: int, synchronised: bool, optimizer) -> dict[str, float]:
+def _stages(rnn: CellRNN, x: torch.Tensor, steps: int, synchronised: bool, optimizer, scale: float
+            ) -> dict[str, float]:
     rows, gpu = [], []
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
@@ -96,7 +102,7 @@ def _stages(rnn: CellRNN, x: torch.Tensor, steps: int, synchronised: bool, optim
         t0 = time.perf_counter_ns()
         y = rnn(x)[0]
         _stamps["module returned"] = time.perf_counter_ns()
-        loss = y.float().pow(2).mean()
+        loss = y.float().pow(2).mean() * scale
         _stamps["loss"] = time.perf_counter_ns()
         loss.backward()
         _stamps["backward returned"] = time.perf_counter_ns()
@@ -123,23 +129,26 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--sgd", action="store_true", help="an optimizer's step at the end of each step")
     p.add_argument("--input-grad", action="store_true", help="x requires a gradient")
+    p.add_argument("--precision", choices=list(PRECISIONS), default="fp32", help="x's dtype")
     args = p.parse_args()
+    dtype = TORCH_DTYPES[PRECISIONS[args.precision].name]
+    scale = FP16_LOSS_SCALE if args.precision == "fp16" else 1.0
     _instrument()
     print(f"microseconds from the step's start (median of {args.steps} steps); LSTM T=100, I=H=512, "
-          f"{torch.cuda.get_device_name()}")
+          f"x {dtype}, {torch.cuda.get_device_name()}")
     print(f"{'B':>4} {'steps':<14}" + "".join(f"{s:>17}" for s in (*STAGES, "GPU ms")))
     for batch in (int(b) for b in args.batches.split(",")):
         rnn = CellRNN("lstm", 512, 512, 1, schedule=args.schedule, seed=1).cuda()
-        x = torch.randn(100, batch, 512, device="cuda", requires_grad=args.input_grad)
+        x = torch.randn(100, batch, 512, device="cuda").to(dtype).requires_grad_(args.input_grad)
         optimizer = torch.optim.SGD(rnn.parameters(), lr=1e-6) if args.sgd else None
         for param in rnn.parameters():
             param.register_post_accumulate_grad_hook(_grad_stored)
         for _ in range(20):
-            rnn(x)[0].float().pow(2).mean().backward()
+            (rnn(x)[0].float().pow(2).mean() * scale).backward()
             if optimizer is not None:
                 optimizer.step()
         for synchronised in (True, False):
-            stages = _stages(rnn, x, args.steps, synchronised, optimizer)
+            stages = _stages(rnn, x, args.steps, synchronised, optimizer, scale)
             what = "after a sync" if synchronised else "back to back"
             print(f"{batch:>4} {what:<14}" + "".join(f"{stages.get(s, float('nan')):>17.1f}" for s in STAGES)
                   + f"{stages.get('GPU ms', float('nan')):>17.3f}", flush=True)

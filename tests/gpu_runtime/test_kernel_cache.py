@@ -329,7 +329,8 @@ def test_a_kernel_that_spills_with_its_fragments_of_w_is_written_without_them_in
     assert "cf_wf" not in written and "#pragma unroll 8" not in written and cubin_ == b"cubin 4"
     assert written == kernels.rewritten(["cf_lstm_persistent"], fragments=0).sources["cf_lstm_persistent"]
     assert len(seen) == 4 and seen[3] == chosen.module_source()
-    assert [f"uint2 cf_wf0[{n}][4];" in source for n, source in zip((12, 8, 4), seen[:3], strict=True)] == [True] * 3
+    for n, source in zip((12, 8, 4), seen, strict=False):  # (the fourth has none)
+        assert f"uint2 cf_wf0[{n}][4];" in source
     fit = kernel_cache.ExportFit()
     assert "cf_wf" not in emit(plan, fit=fit).text
     assert fit.rewritten == {"cf_lstm_persistent": (8, "W's fragments left in shared memory")}
