@@ -903,6 +903,7 @@ def test_run_and_plan_in_a_16_bit_precision(cli, tmp_path, lstm_files):
     assert code == 1 and "the weights of gemm1 do not fit on chip at hidden size 2048" in err
 
 
+@pytest.mark.slow  # every rung of a 16-bit plan checked and timed on the numpy executor: about 7 s on 2 cores
 def test_bench_in_a_16_bit_precision(cli, tmp_path):
     """--precision bf16: every schedule checked within bf16's bound (not float32's result); a rung that
     does not run in it (here: weights too large for the chip) is left out with the reason, not failed;

@@ -121,6 +121,7 @@ def test_kernels_that_reduce_rows_compile_at_every_width(hidden, tmp_path):
     nvcc_cubin(source, tmp_path)
 
 
+@pytest.mark.slow  # four cells' kernels, forward and backward, under several rungs: about 12 s on 2 cores
 def test_the_kernels_of_the_drop_ins_cells_compile(tmp_path):
     """torch.nn.LSTM's and GRU's cells (two biases a gate, or none), and the LSTM rewritten to stop each
     batch row at its own length (graph_model.lengths), forward and backward under the rungs that keep

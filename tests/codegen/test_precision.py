@@ -212,6 +212,7 @@ def test_the_tensor_rungs_warps_keep_fragments_of_w_in_registers_where_they_fit(
 
 
 @pytest.mark.nvcc
+@pytest.mark.slow  # two backward modules through nvcc: about 7 s on 2 cores
 @pytest.mark.parametrize("precision", COMPILED_PRECISIONS)
 def test_the_tensor_rungs_reverse_loop_multiplies_in_16_bits_and_compiles(precision, tmp_path):
     """The backward pass's persistent launch of a 16-bit tensor plan: one mma.sync of the 16-bit type per
@@ -277,6 +278,7 @@ def test_the_plan_says_how_each_gemm_multiplies_in_16_bits(precision):
 
 
 @pytest.mark.nvcc
+@pytest.mark.slow  # the persistent rung's 16-bit modules through nvcc: about 8 s on 2 cores
 @pytest.mark.parametrize("precision", COMPILED_PRECISIONS)
 def test_the_persistent_rungs_kernels_round_what_they_multiply_and_compile(precision, tmp_path):
     """On the CUDA cores a 16-bit GEMM multiplies values rounded to the type (exact products in float32):

@@ -70,6 +70,7 @@ def check_row(script, row: dict) -> None:
     assert all("needs a GPU" in b["note"] for b in row["bench"].values())
 
 
+@pytest.mark.slow  # every case of the script on the CPU: about 6 s on 2 cores
 def test_on_the_cpu_every_case_is_checked_then_timed(script, tmp_path, capsys):
     out = tmp_path / "record.json"
     code = script.main([*TINY, "--no-compile", "--out", str(out)])
@@ -107,6 +108,7 @@ def test_a_training_step_may_end_with_an_optimizers_step_that_changes_the_weight
     assert "Training step (forward, loss = y.pow(2).mean(), backward, SGD's step):" in stdout
 
 
+@pytest.mark.slow  # torch.compile of a model: about 8 s on 2 cores
 @pytest.mark.filterwarnings("ignore:Dynamo detected:UserWarning")  # torch.compile tracing into cellfuse
 def test_torch_compile_of_the_language_model_is_timed_or_its_failure_kept(script, tmp_path, capsys):
     out = tmp_path / "record.json"
