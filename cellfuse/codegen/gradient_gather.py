@@ -12,9 +12,10 @@ pass's own launches, for kernels that take microseconds on the GPU
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from .dtypes import FLOAT32, DType
 from .segment_kernel import segment_kernel
 
 GATHER_KERNEL = "cf_gather"
@@ -45,20 +46,24 @@ class Gather:
         return self.rows * self.width
 
 
-def gather_kernel_source(gathers: Sequence[Gather]) -> str:
+def gather_kernel_source(gathers: Sequence[Gather], types: Mapping[int, DType] | None = None) -> str:
     """`cf_gather(const char* memory, float* o0, float* o1, ...)`, an output per `out` index (0 up to the
-    largest): a thread per element, the grid striding over all of them."""
+    largest): a thread per element, the grid striding over all of them. `types`: the element types of
+    outputs other than float32 (a 16-bit caller's initial states' gradients), each sum rounded to it as
+    it is stored."""
     if not gathers or not all(g.sources for g in gathers):
         raise ValueError("a gathering kernel needs at least one gather, each with a source")
+    types = types or {}
     outputs = 1 + max(g.out for g in gathers)
-    pointers = ", ".join(f"float* __restrict__ o{i}" for i in range(outputs))
+    headers = sorted({t.header for t in types.values()} - {""})
+    pointers = ", ".join(f"{types.get(i, FLOAT32).c}* __restrict__ o{i}" for i in range(outputs))
     segments = []
     for g in gathers:
         terms = " + ".join(f"((const float*)(memory + {s.at}LL))[r * {s.ld}LL + col]" for s in g.sources)
         segments.append((g.elements, f"r = k / {g.width}, col = k - r * {g.width}",
-                         [f"o{g.out}[{g.start}LL + k] = {terms};"]))
-    return segment_kernel(f'extern "C" __global__ void {GATHER_KERNEL}(const char* __restrict__ memory, '
-                          f'{pointers})', segments)
+                         [f"o{g.out}[{g.start}LL + k] = {types.get(g.out, FLOAT32).store(terms)};"]))
+    return "".join(f"#include <{h}>\n" for h in headers) + segment_kernel(
+        f'extern "C" __global__ void {GATHER_KERNEL}(const char* __restrict__ memory, {pointers})', segments)
 
 
 def total_elements(gathers: Sequence[Gather]) -> int:

@@ -2,9 +2,11 @@
 
 A `Program` is a list of instructions on streams: a GEMM, a kernel, a copy of a [batch, width] block,
 an event recorded or waited for, and a loop over steps (with its direction) whose body holds GEMMs and
-kernels. The numpy executor, the CUDA executor and the `.cu` exporter each execute it with one `match`
-that raises on an unknown instruction, so the order of work, the streams and their events are decided
-here once, and a mistake in them shows on a machine without a GPU too (see `execution_order`).
+kernels; and, where a caller's tensors are of another type than the plan's buffers, the conversions at
+a run's edges (`with_edges`, which only the PyTorch runner adds). The numpy executor, the CUDA executor
+and the `.cu` exporter each execute it with one `match` that raises on an unknown instruction, so the
+order of work, the streams and their events are decided here once, and a mistake in them shows on a
+machine without a GPU too (see `execution_order`).
 
 With `Plan.chunk_steps`, the hoisted launches run in chunks of steps on a second stream beside the
 recurrence: step t waits only for its own chunk, and a chunk of layer l's hoisted work waits only for
@@ -20,6 +22,7 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
+from .dtypes import DType
 from .gemm_routes import Route, f16x3_layout, route
 from .plan import Access, GemmLaunch, KernelLaunch, Launch, PersistentLaunch, Plan, state_copies
 
@@ -102,6 +105,22 @@ class Copy:
 
 
 @dataclass(frozen=True)
+class Convert:
+    """Copies `elements` elements from buffer src (from element `src_at`) to dst (from `dst_at`), each
+    converted from src's type to dst's (conversions.py): a run's edge where its caller gives or takes a
+    buffer in another type than the plan stores it in (see `with_edges`)."""
+
+    src: str
+    src_at: int
+    src_dtype: DType
+    dst: str
+    dst_at: int
+    dst_dtype: DType
+    elements: int
+    stream: int = MAIN
+
+
+@dataclass(frozen=True)
 class Record:
     """Marks the point of `stream` that a Wait for `event` waits for."""
 
@@ -142,7 +161,7 @@ class Persistent:
     stream: int = MAIN
 
 
-Instruction = Gemm | Kernel | Copy | Record | Wait | Loop | Persistent
+Instruction = Gemm | Kernel | Copy | Convert | Record | Wait | Loop | Persistent
 
 
 @dataclass(frozen=True)
@@ -233,6 +252,14 @@ def lower(plan: Plan, one_stream: bool = False) -> Program:
     return Program(plan, tuple(out), streams, events, sharing)
 
 
+def with_edges(program: Program, before: tuple[Convert, ...], after: tuple[Convert, ...]) -> Program:
+    """The program with conversions on the main stream before all of it (the caller's inputs into the
+    plan's buffers) and after all of it (the plan's outputs into the caller's): its side streams fork
+    from the main one after the first and join it before the last."""
+    assert all(c.stream == MAIN for c in (*before, *after)), "a run's edges are on its main stream"
+    return replace(program, instructions=(*before, *program.instructions, *after))
+
+
 def execution_order(program: Program, prefer: int = SIDE) -> Iterator[Instruction]:
     """The top-level instructions in an order the streams allow: each stream's own in program order, and
     none after a Wait before its event is recorded. `prefer` runs the work of that kind of stream as early
@@ -251,7 +278,7 @@ def execution_order(program: Program, prefer: int = SIDE) -> Iterator[Instructio
                 recorded_before.add(e)
             case Wait(event=e) if e not in recorded_before:
                 raise ValueError(f"stream {instr.stream} waits for event {e} before it is recorded")
-            case Gemm() | Kernel() | Copy() | Loop() | Persistent() | Wait():
+            case Gemm() | Kernel() | Copy() | Convert() | Loop() | Persistent() | Wait():
                 pass
             case _:
                 raise TypeError(f"unknown instruction {instr!r}")

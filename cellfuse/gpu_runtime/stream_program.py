@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from ..codegen.conversions import conversion_name, conversions_source
 from ..codegen.cuda_wgmma import SMEM_BYTES, SOURCE, THREADS, gemm_grid
 from ..codegen.gemm_routes import (
     GEMM_DEFAULT_ALGO,
@@ -46,7 +47,18 @@ from ..codegen.gemm_routes import (
 )
 from ..codegen.kernel_abi import BLOCK, grid_blocks, kernel_params
 from ..codegen.kernel_set import KernelSet
-from ..codegen.lowering import Copy, Gemm, Instruction, Kernel, Loop, Persistent, Record, Wait, element_offset
+from ..codegen.lowering import (
+    Convert,
+    Copy,
+    Gemm,
+    Instruction,
+    Kernel,
+    Loop,
+    Persistent,
+    Record,
+    Wait,
+    element_offset,
+)
 from ..codegen.persistent_cuda import persistent_buffers
 from ..codegen.plan import Plan
 from ..graph_model import CellError
@@ -123,6 +135,11 @@ def loaded_module(what: str, source: str, arch: str, lane: int = 0) -> driver.Mo
     return _loaded[key]
 
 
+def conversion(name: str, arch: str):
+    """A kernel of codegen.conversions, from a module of them all (loaded once per device)."""
+    return loaded_module("the conversions between types", conversions_source(), arch).function(name)
+
+
 class _Resources:
     """What a program's calls share and keep: the loaded kernels, a cuBLAS handle per stream, alpha and
     beta.
@@ -154,6 +171,11 @@ class _Resources:
     def function(self, name: str):
         if name not in self.functions:
             self.functions[name] = self.module.function(name)
+        return self.functions[name]
+
+    def conversion(self, name: str):
+        if name not in self.functions:
+            self.functions[name] = conversion(name, f"sm_{self.capability[0]}{self.capability[1]}")
         return self.functions[name]
 
     def wgmma_functions(self):
@@ -221,6 +243,12 @@ class _Calls:
                 self.calls.copy((self._slot(dst.buffer), dst.dtype.itemsize * dst.offset(at, B)),
                                 (self._slot(src.buffer), src.dtype.itemsize * src.offset(at, B)), nbytes, s,
                                 f"the copy of {src.buffer} to {dst.buffer}")
+            case Convert(src=src, dst=dst, elements=n, stream=s):
+                name = conversion_name(instr.dst_dtype, instr.src_dtype)
+                self._kernel(name, grid_blocks(n), BLOCK,
+                             [(dst, instr.dst_at * instr.dst_dtype.itemsize),
+                              (src, instr.src_at * instr.src_dtype.itemsize), n], s,
+                             function=self.res.conversion(name), label=f"the conversion of {src} to {dst}")
             case Record(event=e, stream=s):
                 self.calls.record(self.events[e], s)
             case Wait(event=e, stream=s):

@@ -39,14 +39,16 @@ import torch
 
 from ..codegen import gradient_gather, kernel_set
 from ..codegen.backward_plan import BackwardPlan
-from ..codegen.dtypes import bits
+from ..codegen.conversions import conversion_name
+from ..codegen.dtypes import FLOAT32, DType, bits
 from ..codegen.kernel_abi import BLOCK, grid_blocks
-from ..codegen.lowering import lower
+from ..codegen.lowering import Convert, lower, with_edges
 from ..codegen.pack_kernel import PACK_KERNEL, PackCopy, pack_kernel_source, total_elements
 from ..codegen.plan import ParamPart, Plan
 from ..gpu_runtime.launch_list import LaunchList
-from ..gpu_runtime.stream_program import CHANGES, loaded_module
+from ..gpu_runtime.stream_program import CHANGES, conversion, loaded_module
 from ..graph_model import CellError
+from ..graph_model.lengths import STEPS_LEFT
 from . import quick_lane
 from .packed_for import PackedFor, owner
 from .runners import TORCH_DTYPES, Plans, Runner
@@ -80,10 +82,14 @@ class Memory:
     """Where each buffer of a training forward plan and its backward plan lives: in the caller's tensors
     (x, the initial states, y's sequence, the final states), in the packed weights, in the reserve, or in
     a backward run's gradient memory. Scratch for GEMMs on tensor cores comes after the reserve's buffers
-    (and the gradients'), sized for the copies route, the larger of the two. A 16-bit plan that keeps y's
-    sequence or an initial state in float32 (`kept`: the caller's are in x's type) keeps them in the
-    reserve when a backward pass follows, where that pass reads them: the run writes y there, and the
-    initial states are copied there first."""
+    (and the gradients'), sized for the copies route, the larger of the two.
+
+    A 16-bit plan keeps some of those in float32 where its caller's are in x's type (the steps-left state
+    of a PackedSequence's call is float32 for both): when a backward pass follows, the training run keeps
+    them in the reserve (`kept`: y's sequence and those initial states, which the backward pass reads
+    there; `converted`: those final states), converting the caller's initial states into it first and
+    its y and final states out of it last, in the run's own program (`edges`). Calls without a backward
+    pass convert with torch's ops (CudaRunner._forward)."""
 
     def __init__(self, plan: Plan, backward: BackwardPlan | None):
         from ..gpu_runtime.cuda_executor import split_bytes
@@ -91,10 +97,17 @@ class Memory:
 
         self.output = plan.layers[-1].output_seq
         x_type = plan.buffers["x"].dtype
-        self.kept = [name for name in (self.output, *(f"init.{s}" for s in plan.state_ids))
-                     if backward is not None and plan.buffers[name].dtype != x_type]
+        # the types the caller gives and takes them in
+        self.caller_types = {self.output: x_type,
+                             **{f"{e}.{s}": caller_state_type(s, x_type)
+                                for s in plan.state_ids for e in ("init", "final")}}
+        differ = [name for name, dtype in self.caller_types.items()
+                  if backward is not None and plan.buffers[name].dtype != dtype]
+        self.kept = [name for name in differ if not name.startswith("final.")]
+        self.converted = [name for name in differ if name.startswith("final.")]
+        self.edges = self._edges(plan)
         external = {"x", self.output, *(f"{e}.{s}" for s in plan.state_ids for e in ("init", "final"))}
-        external -= set(self.kept)
+        external -= set(differ)
         weights = [name for name, b in plan.buffers.items() if b.is_weight]
         own = [name for name in plan.buffers if name not in external and name not in weights]
         program = lower(plan)
@@ -125,6 +138,34 @@ class Memory:
             # overwrites (as large as y: most of them)
             self.zeroed = [(a, b) for a, b in ((0, min(start, self.restart_bytes)),
                                                (self.dy[1], self.restart_bytes)) if b > a]
+
+    def _edges(self, plan: Plan) -> tuple[tuple[Convert, ...], tuple[Convert, ...]]:
+        """The conversions before a training run (each kept initial state from the caller's, `caller(name)`)
+        and after it (y's sequence, its first B rows the initial slot, and each converted final state
+        into the caller's)."""
+        s = plan.sizes
+        states, rows = s.layers * s.batch * s.hidden, s.batch * s.hidden
+
+        def convert(src: str, dst: str, n: int, src_at: int = 0) -> Convert:
+            def dtype(name: str) -> DType:
+                theirs = name.removeprefix("caller.")
+                return self.caller_types[theirs] if theirs != name else plan.buffers[name].dtype
+            return Convert(src, src_at, dtype(src), dst, 0, dtype(dst), n)
+        before = tuple(convert(caller(name), name, states) for name in self.kept if name != self.output)
+        after = tuple(convert(self.output, caller(self.output), s.seq * rows, rows)
+                      for name in self.kept if name == self.output)
+        return before, after + tuple(convert(name, caller(name), states) for name in self.converted)
+
+
+def caller(name: str) -> str:
+    """The buffer of the caller's tensor that a run's edge converts `name` from or into."""
+    return f"caller.{name}"
+
+
+def caller_state_type(state: str, x_type: DType) -> DType:
+    """The type a caller gives and takes a state in: x's, but the steps-left state of a PackedSequence's
+    call, which is float32 (its counts past 256 are not all bf16's)."""
+    return FLOAT32 if state == STEPS_LEFT else x_type
 
 
 def _views(memory: torch.Tensor, extents: dict[str, tuple], names) -> dict[str, torch.Tensor]:
@@ -188,12 +229,14 @@ class CudaRunner(Runner):
         sizes = plans.train.sizes
         self._grad_extents = {name: (self.memory.grads[name], b.nbytes(sizes))
                               for name, b in plans.backward.buffers.items()}
-        # what a training run keeps in its reserve (Memory.kept): y's sequence, then each initial state,
-        # where kept (else None)
-        kept = {name: (self.memory.reserve[name], plans.train.buffers[name].nbytes(sizes),
-                       TORCH_DTYPES[plans.train.buffers[name].dtype.name]) for name in self.memory.kept}
-        self._y_kept = kept.get(self.memory.output)
-        self._states_kept = [kept.get(f"init.{s}") for s in plans.train.state_ids]
+        # a training run's y in the reserve (Memory.kept), and the types it is given the initial states in
+        # and gives the final states back in (the caller's, where the run converts them: Memory.edges)
+        self._y_kept = self.memory.output in self.memory.kept
+        train = plans.train
+        self._train_states = [
+            [TORCH_DTYPES[(self.memory.caller_types[f"{e}.{s}"] if f"{e}.{s}" in differ
+                           else train.buffers[f"{e}.{s}"].dtype).name] for s in train.state_ids]
+            for e, differ in (("init", self.memory.kept), ("final", self.memory.converted))]
         self.packing = [(self.layout, set(self.memory.weights))]
         if set(self.infer_memory.weights) - set(self.memory.weights):
             self.packing.append((TensorLayout(plans.forward, plans.backward),
@@ -221,6 +264,7 @@ class CudaRunner(Runner):
         self._inference_layout()
         self._zeros = Zeros()  # modules' initial zeros in the types the plan stores them in
         self._block_run = None  # (program, bases, packed weights, stream) of the last call in one piece
+        self._gathers: dict[bool, LaunchList | None] = {}  # the gradients' gathering, without and with dx
 
     @property
     def captured(self) -> bool:
@@ -246,6 +290,8 @@ class CudaRunner(Runner):
             else:
                 plan = self.plans.forward if which == "forward" else self.plans.train
                 lowered = lower(plan)
+                if which == "train":
+                    lowered = with_edges(lowered, *self.memory.edges)
                 instructions, sharing = lowered.instructions, lowered.sharing
                 kernels = kernel_set.plan_kernels(plan)
             program = StreamProgram(plan, instructions, kernels, f"sm_{major}{minor}", (major, minor),
@@ -454,10 +500,10 @@ class CudaRunner(Runner):
                 out.append((self.PACKED, self._image_at[name]))
             elif name == "x":
                 out.append((self.X, 0))
-            elif name == memory.output:
+            elif name in (memory.output, caller(memory.output)):  # (the second where the first is kept)
                 out.append((self.OUT, 0))
-            elif name.startswith(("init.", "final.")):
-                kind, state = name.split(".", 1)
+            elif name.removeprefix("caller.").startswith(("init.", "final.")):
+                kind, state = name.removeprefix("caller.").split(".", 1)
                 out.append((self.STATES + ids.index(state) + (len(ids) if kind == "final" else 0), 0))
             else:
                 raise CellError(f"{program.what}: buffer {name!r} has no place in a call's memory")
@@ -503,9 +549,8 @@ class CudaRunner(Runner):
                 return y, finals, self._empty if shared else x.new_empty(0, dtype=torch.uint8)
         x = _in_place(x)
         memory = self.memory if save else self.infer_memory
-        kept = self._states_kept if save else [None] * len(states)
-        states = [s if keep else self._state_in(s, dtype)
-                  for s, dtype, keep in zip(states, self._state_dtypes, kept, strict=True)]
+        initial, final = self._train_states if save else (self._state_dtypes, self._state_dtypes)
+        states = [self._state_in(s, dtype) for s, dtype in zip(states, initial, strict=True)]
         T, B, H, L = self._sizes
         if shared and not save and self._one_type:  # one allocation, in the time of a call that returns
             block = torch.empty(self._block_elements, dtype=self._y_dtype, device=x.device)  # (microseconds)
@@ -517,16 +562,13 @@ class CudaRunner(Runner):
             block = None
             reserve = torch.empty(memory.reserve_bytes, dtype=torch.uint8, device=x.device)
             scratch = reserve.data_ptr()
-            if save and self._y_kept:
-                whole, out = _view(reserve, *self._y_kept).view(T + 1, B, H), 0
+            if save and self._y_kept:  # (the run converts its y in the reserve into this one)
+                y = torch.empty((T, B, H), dtype=x.dtype, device=x.device)
+                out = y.data_ptr()
             else:
                 whole = torch.empty((T + 1, B, H), dtype=self._y_dtype, device=x.device)
-                out = whole.data_ptr()
-            y = whole[1:]
-            for s, keep in zip(states, kept, strict=True):
-                if keep:
-                    _view(reserve, *keep).view(L, B, H).copy_(s)
-            finals = [torch.empty((L, B, H), dtype=dtype, device=x.device) for dtype in self._state_dtypes]
+                y, out = whole[1:], whole.data_ptr()
+            finals = [torch.empty((L, B, H), dtype=dtype, device=x.device) for dtype in final]
         bases = [scratch, packed, x.data_ptr(), out, 0, *(s.data_ptr() for s in states),
                  *(f if block is not None else f.data_ptr() for f in finals)]
         program.run(bases, stream, not capturing)
@@ -536,6 +578,8 @@ class CudaRunner(Runner):
             reserve = reserve.new_empty(0)  # the run is queued (another thread's allocation could take it)
         if block is not None:
             y, finals = self._inference_outputs(block, x.dtype)
+            return y, finals, reserve
+        if save:  # (in the caller's types already)
             return y, finals, reserve
         # in x's type, as the initial states are given (a 16-bit plan keeps some states, and so maybe y,
         # in float32)
@@ -619,8 +663,9 @@ class CudaRunner(Runner):
     def _starts(self) -> LaunchList:
         """The gradient memory's start values and dy put there in one call (bases: the memory, dy): the
         buffers the launches add into zeroed, the ones filled, dy copied where the forward pass wrote y
-        (where nothing else is: the same as adding it onto zeros, as `TensorLayout.seed` does). A call of
-        torch's each would cost the host more than the GPU takes to do them all."""
+        (where nothing else is: the same as adding it onto zeros, as `TensorLayout.seed` does), converted
+        to float32 from a 16-bit x's type as it is copied (the gradients are float32). A call of torch's
+        each would cost the host more than the GPU takes to do them all."""
         memory, extents, backward = self.memory, self._grad_extents, self.plans.backward
         calls = LaunchList(f"the start of {self.plans.train.cell_name}'s backward pass")
         for start, end in memory.zeroed:
@@ -632,7 +677,14 @@ class CudaRunner(Runner):
                 calls.fill((0, at), one if b.dtype.itemsize == 4 else one * 0x10001, -(-nbytes // 4), 0,
                            f"the ones of {name}")
         start, end = memory.dy
-        calls.copy((0, start), (1, 0), end - start, 0, "the copy of dy")
+        dy_type = self.plans.train.buffers["x"].dtype  # (y's as the caller has it, and so dy's)
+        if dy_type == FLOAT32:
+            calls.copy((0, start), (1, 0), end - start, 0, "the copy of dy")
+        else:
+            name, n = conversion_name(FLOAT32, dy_type), (end - start) // 4
+            major, minor = torch.cuda.get_device_capability(self.index)
+            calls.kernel(conversion(name, f"sm_{major}{minor}"), "the conversion of dy", (grid_blocks(n),),
+                         BLOCK, 0, [(0, start), (1, 0), n], 0)
         calls.finish()
         return calls
 
@@ -643,7 +695,7 @@ class CudaRunner(Runner):
         memory = self.memory
         T, B, H, L = self._sizes
         row = B * H * y.element_size()
-        y_kept = self._y_kept is not None  # (then y is a copy in x's type: the run's is in the reserve)
+        y_kept = self._y_kept  # (then y is a copy in x's type: the run's is in the reserve)
         if (not y_kept and y.storage_offset() * y.element_size() < row
                 or reserve.numel() != memory.reserve_bytes):
             raise CellError("the backward pass was given a y or saved steps that its forward run did not "
@@ -651,8 +703,6 @@ class CudaRunner(Runner):
         if dy.dtype != y.dtype or tuple(dy.shape) != (T, B, H):
             raise CellError(f"the backward pass was given dy {dy.dtype} {list(dy.shape)}, and its forward "
                             f"run made y {y.dtype} {[T, B, H]}")
-        if dy.dtype != torch.float32:  # (a 16-bit y's: its gradient's buffer is float32, copied as bytes)
-            dy = dy.float()
         stream = torch._C._cuda_getCurrentRawStream(self.index)
         program.order(stream)  # (before the packing: see forward)
         capturing = torch.cuda.is_current_stream_capturing()
@@ -665,41 +715,60 @@ class CudaRunner(Runner):
                  grads.data_ptr(), *(s.data_ptr() for s in states), *([0] * len(states))]
         program.run(bases, stream, not capturing)
         # (the kernel is made outside a capture only: see _gather)
-        gather = self._gather if not capturing or "_gather" in self.__dict__ else None
+        if capturing and input_grad not in self._gathers:
+            return self.layout.gradients(views, input_grad)
+        gather = self._gather(input_grad)
         if gather is None:
             return self.layout.gradients(views, input_grad)
         grouped = [torch.empty(shape, dtype=torch.float32, device=x.device) for shape in self._grouped_shapes]
-        dinitial = [torch.empty((L, B, H), dtype=torch.float32, device=x.device) for _ in states]
-        gather.run([grads.data_ptr(), *(t.data_ptr() for t in (*grouped, *dinitial))], stream)
-        return self.layout.input_gradient(views) if input_grad else None, dinitial, grouped
+        dinitial = [torch.empty((L, B, H), dtype=dtype, device=x.device) for dtype in self._dinitial_dtypes]
+        dx = [torch.empty(x.shape, dtype=x.dtype, device=x.device)] if input_grad else []
+        gather.run([grads.data_ptr(), *(t.data_ptr() for t in (*grouped, *dinitial, *dx))], stream)
+        return dx[0] if input_grad else None, dinitial, grouped
 
     @cached_property
     def _grouped_shapes(self) -> list[tuple[int, ...]]:
         return self.layout.grouped_shapes()
 
     @cached_property
-    def _gather(self) -> LaunchList | None:
-        """What TensorLayout.gradients does but dx, as one launch-list call of one kernel
-        (codegen.gradient_gather; bases: the gradient memory, each grouped gradient, each state's); made
-        at the first backward run outside a CUDA graph capture (loading a module there would break it);
+    def _dinitial_dtypes(self) -> list[torch.dtype]:
+        """The types of the initial states' gradients as the gathering writes them: the caller's states'
+        (Memory.caller_types), as the backward pass gives them back."""
+        types = self.memory.caller_types
+        return [TORCH_DTYPES[types[f"init.{s}"].name] for s in self.plans.train.state_ids]
+
+    def _gather(self, input_grad: bool) -> LaunchList | None:
+        """What TensorLayout.gradients does, as one launch-list call of one kernel
+        (codegen.gradient_gather; bases: the gradient memory, each grouped gradient, each state's in
+        `_dinitial_dtypes`, and with `input_grad` dx in x's type), made at the first backward run of each
+        kind outside a CUDA graph capture (loading a module there would break it) and kept (`_gathers`);
         None where the kernel cannot be made (torch's ops then gather)."""
+        if input_grad in self._gathers:
+            return self._gathers[input_grad]
         offsets = {name: at for name, (at, _) in self._grad_extents.items()}
-        gathers = self.layout.gathers(offsets)
-        if not gathers:  # (no parameter and no state: nothing to gather)
-            return None
-        major, minor = torch.cuda.get_device_capability(self.index)
-        what = f"the gathering of {self.plans.train.cell_name}'s gradients"
-        try:
-            module = loaded_module(what, gradient_gather.gather_kernel_source(gathers), f"sm_{major}{minor}")
-            function = module.function(gradient_gather.GATHER_KERNEL)
-        except CellError as e:
-            log.warning("%s could not be made (%s); gathering with torch's ops", what, e)
-            return None
-        calls = LaunchList(what)
-        outputs = len(self._grouped_shapes) + len(self.layout.state_ids)
-        calls.kernel(function, what, (grid_blocks(gradient_gather.total_elements(gathers)),), BLOCK, 0,
-                     [(slot, 0) for slot in range(1 + outputs)], 0)
-        calls.finish()
+        gathers = self.layout.gathers(offsets, input_grad)
+        calls = None
+        if gathers:  # (none: no parameter, no state and no dx, nothing to gather)
+            major, minor = torch.cuda.get_device_capability(self.index)
+            what = f"the gathering of {self.plans.train.cell_name}'s gradients"
+            first, caller_types = len(self._grouped_shapes), self.memory.caller_types
+            types = {first + i: caller_types[f"init.{s}"] for i, s in enumerate(self.plans.train.state_ids)}
+            if input_grad:
+                types[first + len(types)] = self.plans.train.buffers["x"].dtype
+            types = {i: t for i, t in types.items() if t != FLOAT32}
+            try:
+                module = loaded_module(what, gradient_gather.gather_kernel_source(gathers, types),
+                                       f"sm_{major}{minor}")
+                function = module.function(gradient_gather.GATHER_KERNEL)
+            except CellError as e:
+                log.warning("%s could not be made (%s); gathering with torch's ops", what, e)
+            else:
+                calls = LaunchList(what)
+                outputs = len(self._grouped_shapes) + len(self.layout.state_ids) + input_grad
+                calls.kernel(function, what, (grid_blocks(gradient_gather.total_elements(gathers)),), BLOCK,
+                             0, [(slot, 0) for slot in range(1 + outputs)], 0)
+                calls.finish()
+        self._gathers[input_grad] = calls
         return calls
 
 

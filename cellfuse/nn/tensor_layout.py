@@ -134,10 +134,11 @@ class TensorLayout:
         s = self.plan.sizes
         return views[grad_of("x")].view(s.seq, s.batch, s.input).clone()
 
-    def gathers(self, offsets: Mapping[str, int]) -> list[Gather]:
-        """What `gradients` does but dx, for codegen.gradient_gather's kernel, the gradient buffers at the
-        bytes `offsets` (by name) of one piece of memory: output i the i-th grouped gradient (contiguous,
-        of `grouped_shapes`), then each state's [layers, B, hidden] (in the order of `state_ids`)."""
+    def gathers(self, offsets: Mapping[str, int], input_grad: bool = False) -> list[Gather]:
+        """What `gradients` does, for codegen.gradient_gather's kernel, the gradient buffers at the bytes
+        `offsets` (by name) of one piece of memory: output i the i-th grouped gradient (contiguous, of
+        `grouped_shapes`), then each state's [layers, B, hidden] (in the order of `state_ids`), then,
+        with `input_grad`, dx [T, B, input]."""
         def source(part: ParamPart) -> Source:
             return Source(offsets[grad_of(part.buffer)] + 4 * part.col, part.ld)
 
@@ -152,6 +153,10 @@ class TensorLayout:
             for layer in range(s.layers):
                 name, at = self.state_places[state, layer, 0]
                 out.append(Gather(i, layer * n, 1, n, (Source(offsets[name] + 4 * at, n),)))
+        if input_grad:
+            dx = len(self.groups) + len(self.piece_keys) + len(self.state_ids)
+            out.append(Gather(dx, 0, s.seq * s.batch, s.input,
+                              (Source(offsets[grad_of("x")], s.input),)))
         return out
 
     def param_gradients(self, grouped: Sequence[torch.Tensor], like: torch.Tensor) -> list[torch.Tensor]:

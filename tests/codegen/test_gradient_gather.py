@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from compile_cuda import nvcc_cubin
 
+from cellfuse.codegen.dtypes import BFLOAT16
 from cellfuse.codegen.gradient_gather import Gather, Source, gather_kernel_source, total_elements
 from cellfuse.codegen.kernel_abi import grid_blocks
 
@@ -75,3 +76,13 @@ def test_no_gathers_or_one_without_a_source_is_refused():
         gather_kernel_source([])
     with pytest.raises(ValueError):
         gather_kernel_source([*GATHERS, Gather(0, 12, 1, 4, ())])
+
+
+def test_a_16_bit_callers_state_gradients_are_rounded_as_they_are_stored(tmp_path):
+    """Outputs given a type (the initial states' gradients of a bf16 or fp16 caller) are pointers of it,
+    each sum rounded to it as the type's store does; the others stay float32."""
+    source = gather_kernel_source(GATHERS, {2: BFLOAT16})
+    assert "float* __restrict__ o0" in source and "__nv_bfloat16* __restrict__ o2" in source
+    stores = re.findall(r"(o\d)\[.*?\] = (.*?);\n", source)
+    assert [name for name, value in stores if value.startswith("__float2bfloat16_rn(")] == ["o2", "o2"]
+    nvcc_cubin(source, tmp_path)

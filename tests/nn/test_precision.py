@@ -114,6 +114,44 @@ def test_a_16_bit_training_pass_runs_in_its_precision_within_the_gradients_bound
     assert 1e-2 * UNIT[precision] < error <= gradient_tolerance(precision), f"d{where}: {error:.2e}"
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["graph", "tensor"])
+def test_a_16_bit_training_call_converts_the_states_and_y_in_its_run(cuda, schedule):
+    """A training call whose plan keeps some of what the caller gives and takes in x's type in float32
+    (the LSTM's c; on the tensor rung h and y's sequence too) converts them inside its run: the initial
+    states given (not zeros) are read, y and the final states come back in x's type, dy goes in and dx
+    and the states' gradients come back in it, each within its bound of the float64 reference, and a
+    second call (a replay of the captured run) gives the same gradients."""
+    rnn = CellRNN("lstm", INPUT, H, 1, seed=5, schedule=schedule).to(cuda)
+    x = torch.randn(T, B, INPUT, device=cuda).bfloat16()
+    states = {s: (0.5 * torch.randn(1, B, H, device=cuda)).bfloat16() for s in rnn.state_ids}
+    dy = torch.randn(T, B, H, device=cuda)
+    ref = _reference(rnn, x, states)
+    params = {key: rnn.param(key).detach().double().cpu().numpy() for key in rnn.keys}
+    inputs = {"x": x.double().cpu().numpy(), **{s: v.double().cpu().numpy() for s, v in states.items()}}
+    want = run_reference_backward(load_template("lstm"), params, inputs, 1, dy.double().cpu().numpy())
+    grads = []
+    for _ in range(2):
+        xg = x.clone().requires_grad_()
+        given = {s: v.clone().requires_grad_() for s, v in states.items()}
+        rnn.zero_grad(set_to_none=True)
+        y, finals = rnn(xg, given)
+        assert y.dtype == torch.bfloat16 and all(f.dtype == torch.bfloat16 for f in finals.values())
+        assert _error(y, ref.y) < forward_tolerance("bf16")
+        for s, value in finals.items():
+            assert _error(value, ref.final[s]) < forward_tolerance("bf16"), s
+        (y.float() * dy).sum().backward()
+        assert xg.grad.dtype == torch.bfloat16 and all(v.grad.dtype == torch.bfloat16 for v in given.values())
+        got = Gradients(xg.grad.double().cpu().numpy(),
+                        {s: v.grad.double().cpu().numpy() for s, v in given.items()},
+                        {key: rnn.param(key).grad.double().cpu().numpy() for key in rnn.keys})
+        error, where = sixteen_bit_error(got, want)
+        assert error <= gradient_tolerance("bf16"), f"d{where}: {error:.2e}"
+        grads.append([xg.grad, *(v.grad for v in given.values())])
+    for first, second in zip(*grads, strict=True):
+        torch.testing.assert_close(first, second, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("float32_states", [None, ()])
 def test_lengths_past_256_steps_stay_exact_in_16_bits(device, float32_states):
     """The steps left of each row are counted in float32 (bfloat16 holds whole numbers exactly only up to

@@ -40,9 +40,11 @@ def test_gradients_are_copies_and_in_place(name, layers):
 
 @pytest.mark.parametrize("name, layers", CASES)
 @pytest.mark.parametrize("schedule", ["fused", "persistent"])
-def test_the_gathers_give_what_the_torch_ops_give(name, layers, schedule):
-    """Each gather's elements (the kernel's outputs: the grouped gradients, then each state's) are the
-    sums of its sources' in the memory, which must be what `gradients` makes of it with torch's ops."""
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_the_gathers_give_what_the_torch_ops_give(name, layers, schedule, input_grad):
+    """Each gather's elements (the kernel's outputs: the grouped gradients, then each state's, then dx
+    where asked for) are the sums of its sources' in the memory, which must be what `gradients` makes
+    of it with torch's ops."""
     x = torch.zeros(3, 2, 4)
     plans = ops.plans(CellRNN(name, 4, 5, layers)._cell_text, 3, 2, 4, 5, layers, schedule, x.device)
     layout, backward, sizes = plans.layout, plans.backward, plans.train.sizes
@@ -51,15 +53,16 @@ def test_the_gathers_give_what_the_torch_ops_give(name, layers, schedule):
     for n, b in backward.buffers.items():
         offsets[n], views[n] = 4 * at, memory[at:at + b.nbytes(sizes) // 4]
         at += b.nbytes(sizes) // 4
-    _, dinitial, grouped = layout.gradients(views, input_grad=False)
-    outputs = [torch.full(t.shape, float("nan")) for t in (*grouped, *dinitial)]
-    for g in layout.gathers(offsets):
+    dx, dinitial, grouped = layout.gradients(views, input_grad=input_grad)
+    wanted = (*grouped, *dinitial, *([dx] if input_grad else []))
+    outputs = [torch.full(t.shape, float("nan")) for t in wanted]
+    for g in layout.gathers(offsets, input_grad):
         place = outputs[g.out].view(-1)[g.start:g.start + g.elements].view(g.rows, g.width)
         assert place.isnan().all(), "an element gathered twice"
         place.zero_()
         for source in g.sources:
             place += memory.as_strided((g.rows, g.width), (source.ld, 1), source.at // 4)
-    for got, want in zip(outputs, (*grouped, *dinitial), strict=True):
+    for got, want in zip(outputs, wanted, strict=True):
         torch.testing.assert_close(got, want)
 
 
