@@ -271,6 +271,9 @@ def backward_plan(forward: Plan) -> BackwardPlan:
         once -= same.keys()
         for name in same:
             del buffers[name]
+    if twins := sixteen_bit_twins([launch for step, _ in launched for launch in step], buffers, once):
+        launched = [(step, sixteen_bit_operands(after, twins, forward, buffers, once))
+                    for step, after in launched]
 
     def stores(launch: Launch) -> Launch:
         if not isinstance(launch, KernelLaunch):
@@ -322,6 +325,28 @@ def same_gradients(launches: list[Launch], buffers: dict[str, Buffer], once: set
     on as it is). One buffer then does for both: the kernel stores it once, and the two weights'
     gradients read the same operand (which the GEMMs on tensor cores then split once)."""
     same: dict[str, str] = {}
+    for name, kept in _stored_alike(launches, buffers, once):
+        if kept not in same and name not in same and buffers[name].dtype == buffers[kept].dtype:
+            same[name] = kept
+    return same
+
+
+def sixteen_bit_twins(launches: list[Launch], buffers: dict[str, Buffer], once: set[str]) -> dict[str, str]:
+    """Float32 gradient buffers whose every element a 16-bit one holds too, rounded -> that 16-bit one:
+    in a 16-bit plan on the persistent rungs, the LSTM's gradient of h @ U stays float32 (the reverse
+    loop's GEMM reads it, and its forward operand h is float32) while the gradient of x @ W, the same
+    values, is stored in 16 bits (see `same_gradients`)."""
+    return {name: kept for name, kept in (*_stored_alike(launches, buffers, once),
+                                          *((k, n) for n, k in _stored_alike(launches, buffers, once)))
+            if buffers[name].dtype == FLOAT32 and buffers[kept].dtype != FLOAT32}
+
+
+def _stored_alike(launches: list[Launch], buffers: dict[str, Buffer], once: set[str]
+                  ) -> list[tuple[str, str]]:
+    """(buffer, an earlier one) pairs of `written_once` buffers of one shape that one kernel of the loop
+    writes whole, each of its columns of one the same value as the same columns of the other, in any
+    types."""
+    pairs = []
     for launch in launches:
         if not isinstance(launch, KernelLaunch):
             continue
@@ -329,17 +354,48 @@ def same_gradients(launches: list[Launch], buffers: dict[str, Buffer], once: set
         stored: dict[str, dict[int, tuple[str, Access]]] = {}
         for v, acc in launch.outputs:
             if acc.buffer in once:
-                stored.setdefault(acc.buffer, {})[acc.col] = (value.get(v, v), replace(acc, buffer=""))
+                stored.setdefault(acc.buffer, {})[acc.col] = (value.get(v, v),
+                                                              replace(acc, buffer="", dtype=FLOAT32))
         names = list(stored)
         for i, name in enumerate(names):
             b = buffers[name]
             for kept in names[:i]:
                 k = buffers[kept]
-                if kept not in same and (b.rows, b.width, b.dtype) == (k.rows, k.width, k.dtype) \
-                        and stored[name] == stored[kept]:
-                    same[name] = kept
-                    break
-    return same
+                if (b.rows, b.width) == (k.rows, k.width) and stored[name] == stored[kept]:
+                    pairs.append((name, kept))
+    return pairs
+
+
+def sixteen_bit_operands(after: list[Launch], twins: dict[str, str], forward: Plan,
+                         buffers: dict[str, Buffer], once: set[str]) -> list[Launch]:
+    """The launches after a loop with each weights' gradient dW += A^T @ dC whose dC has a 16-bit twin
+    (`sixteen_bit_twins`) and whose A is float32 (a persistent loop's h) multiplying 16-bit operands
+    instead: the twin, and A converted to its type first by a kernel of its own (a new buffer of the
+    gradient memory, which it overwrites whole: added to `buffers` and `once`). cuBLAS multiplies float32
+    operands at a third of the rate of 16-bit ones (the LSTM's dU at B=64: 0.095 ms against 0.036 on an
+    H200, benchmarks/results/h200_2026-12-01_float32_operand_gemm_probe.txt); the GEMM rounded them to
+    the 16-bit type's precision as it multiplied them, which it still does."""
+    out: list[Launch] = []
+    made: set[str] = set()
+    for launch in after:
+        if not (isinstance(launch, GemmLaunch) and launch.trans_a and launch.w in twins
+                and forward.buffers[launch.a.buffer].dtype == FLOAT32):
+            out.append(launch)
+            continue
+        twin = twins[launch.w]
+        dtype = buffers[twin].dtype
+        copy = f"{launch.a.buffer}.{dtype.name}"
+        rows, width = launch.k, launch.m  # A is [K, M]: T*B rows of the operand's width
+        into = Access(copy, "row", width, slot=launch.a.slot)
+        if copy not in made:
+            made.add(copy)
+            buffers[copy] = Buffer(copy, "seq", width, "grad", dtype=dtype)
+            once.add(copy)
+            # (a backward pass's kernel, after the loop; its output stored, not added: in `once`)
+            out.append(KernelLaunch(f"{launch.a.buffer} in {dtype.name}", "seq", rows, width,
+                                    (("v", launch.a),), (("v", into),), (), hoisted=True, accumulate=True))
+        out.append(replace(launch, a=into, w=twin))
+    return out
 
 
 def _passed_on(body: tuple[Instr | GradInstr, ...]) -> dict[str, str]:

@@ -126,8 +126,9 @@ def pointer_type(p: Param) -> str:
 def when_it_runs(launch: KernelLaunch) -> str:
     """When a kernel runs, for the comment above it."""
     if launch.accumulate:  # a backward kernel: the hoisted ones run after the reverse time loop
+        adds = any(launch.adds(acc) for _, acc in launch.outputs)
         return ("after the time loop, all steps at once" if launch.hoisted else "once per time step, in "
-                "reverse") + "; adds the gradients it computes into its outputs"
+                "reverse") + ("; adds the gradients it computes into its outputs" if adds else "")
     return "before the time loop, all steps at once" if launch.hoisted else "once per time step"
 
 

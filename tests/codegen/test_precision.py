@@ -329,8 +329,10 @@ def test_a_16_bit_backward_plan_keeps_its_gradients_float32_but_the_gemm_outputs
     gemm_outputs = {grad_of(g.c.buffer) for lp in forward.layers for g in (*lp.prologue, *lp.step)
                     if isinstance(g, GemmLaunch) and forward.buffers[g.w].dtype != FLOAT32}
     gemm_outputs &= plan.buffers.keys()  # (the LSTM's two are one: backward_plan.same_gradients)
-    assert sixteen - {"ones.bfloat16"} == gemm_outputs and gemm_outputs
-    assert ("ones.bfloat16" in sixteen) == (name == "gru")
+    # (and a 16-bit copy of the LSTM's float32 h on the persistent rungs: sixteen_bit_operands)
+    copies = {"l0.out.y.bfloat16"} if (name, schedule) == ("lstm", "tensor") else set()
+    assert sixteen - {"ones.bfloat16"} - copies == gemm_outputs and gemm_outputs
+    assert ("ones.bfloat16" in sixteen) == (name == "gru") and copies <= sixteen
     launches = [launch for lb in plan.layers for launch in (*lb.step, *lb.after)]
     launches += [item.launch for lb in plan.layers if lb.persistent for item in lb.persistent.items]
     gemms = [g for g in launches if isinstance(g, GemmLaunch)]
@@ -360,3 +362,38 @@ def _accesses(launch) -> list[Access]:
     if isinstance(launch, GemmLaunch):
         return [launch.a, launch.c]
     return [acc for _, acc in (*launch.inputs, *launch.outputs)]
+
+
+@pytest.mark.parametrize("name, schedule, copied", [("lstm", "tensor", True), ("lstm", "persistent", True),
+                                                    ("lstm", "graph", False), ("gru", "tensor", False)])
+def test_a_weights_gradient_of_a_float32_h_multiplies_its_16_bit_twin(name, schedule, copied):
+    """On the persistent rungs a 16-bit LSTM keeps h float32 (its loop's GEMM operand), and so the
+    gradient of h @ U, which the reverse loop reads; the gradient of x @ W holds the same values in 16
+    bits. dU += h^T @ dgates multiplies that 16-bit twin and h converted to 16 bits after the loop (a
+    kernel of its own, overwriting its buffer whole), not float32 operands; the loop still reads the
+    float32 gradient. The GRU's two gradients differ: its dU stays as it was; so does an upper layer's
+    over the float32 h below it, whose two gradients are float32 alike."""
+    forward = make_plan(load_template(name), SIZES, schedule, H100, save_steps=True, precision="bf16")
+    plan = backward_plan(forward)
+    converted = 0
+    for lb in plan.layers:
+        after, y = list(lb.after), f"l{lb.layer}.out.y"
+        du = next(g for g in after if isinstance(g, GemmLaunch) and g.group == "gemm1 dW")
+        twin = plan.buffers[grad_of(f"l{lb.layer}.gemm0.out")].dtype == BFLOAT16
+        if not (copied and twin and forward.buffers[y].dtype == FLOAT32):
+            # (y of the 16-bit type; or an upper layer's gradients float32 alike, over a float32 input)
+            assert du.a.buffer == y and du.w == grad_of(f"l{lb.layer}.gemm{1 if name == 'gru' else 0}.out")
+            continue
+        converted += 1
+        copy = f"{y}.bfloat16"
+        assert (du.a.buffer, du.w) == (copy, grad_of(f"l{lb.layer}.gemm0.out"))
+        assert du.a.dtype == du.w_dtype == BFLOAT16
+        convert = after[after.index(du) - 1]
+        assert isinstance(convert, KernelLaunch) and convert.body == ()
+        (_, src), = convert.inputs
+        (_, dst), = convert.outputs
+        assert (src.buffer, src.dtype, dst.buffer, dst.dtype) == (y, FLOAT32, copy, BFLOAT16)
+        assert convert.rows == du.k and convert.width == du.m and src.slot == dst.slot == "all"
+        assert copy in plan.overwritten and not plan.restarted(copy)
+        assert plan.buffers[grad_of(f"l{lb.layer}.gemm1.out")].dtype == FLOAT32  # (the reverse loop's)
+    assert bool(converted) == copied
