@@ -384,9 +384,11 @@ def sixteen_bit_operands(after: list[Launch], twins: dict[str, str], forward: Pl
             continue
         twin = twins[launch.w]
         dtype = buffers[twin].dtype
-        copy = f"{launch.a.buffer}.{dtype.name}"
-        rows, width = launch.k, launch.m  # A is [K, M]: T*B rows of the operand's width
-        into = Access(copy, "row", width, slot=launch.a.slot)
+        copy = f"{launch.a.buffer}.{launch.a.slot}.{dtype.name}"  # (layers read their own steps of it)
+        # A is [K, M]: T*B rows of the operand's width, from the step A's access starts at (the first
+        # step's h, or the second's, "all+1"), copied to the start of the copy
+        rows, width = launch.k, launch.m
+        into = Access(copy, "row", width, slot="all")
         if copy not in made:
             made.add(copy)
             buffers[copy] = Buffer(copy, "seq", width, "grad", dtype=dtype)

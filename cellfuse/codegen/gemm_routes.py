@@ -256,8 +256,9 @@ GEMM_DEFAULT_ALGO = -1  # cublasGemmAlgo_t of cublasGemmEx: cuBLAS's own choice
 def gemm_ex_types(g: GemmLaunch) -> tuple[tuple[int, int, int], int]:
     """cublasGemmEx's types of a 16-bit route's GEMM: (W's, A's, C's cudaDataType_t) and its
     cublasComputeType_t. Operands of the 16-bit type multiply as they are,
-    accumulating in float32; float32 operands (a float32 state times its weights) are rounded to the
-    16-bit type as cuBLAS multiplies them (its "fast" compute types)."""
+    accumulating in float32; float32 operands (a float32 state times its weights) are multiplied with
+    cuBLAS's "fast" compute type for the 16-bit type (as precisely as TF32, on an H200: see
+    precision.py)."""
     w = g.w_dtype
     if g.a.dtype != w:
         raise CellError(f"the GEMM of {g.group} multiplies {g.a.dtype.name} by {w.name} weights: cuBLAS "

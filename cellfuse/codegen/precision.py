@@ -13,8 +13,11 @@ kernel computes in float32 as always, converting as it loads and stores. Some bu
 - the GEMMs' outputs (float32 accumulators that the next kernel reads; a bias added to them first), and
   the biases.
 - the weights of a GEMM whose left operand is a float32 state: cuBLAS multiplies operands of one type,
-  so that GEMM reads both in float32 and rounds them to the 16-bit type's precision on tensor cores
-  (cuBLAS's "fast" compute types), which is the arithmetic of a 16-bit GEMM.
+  so that GEMM reads both in float32 and multiplies them on tensor cores with cuBLAS's "fast" compute
+  type for the 16-bit type, at least as precisely as 16-bit operands (on an H200 as TF32 does, and at
+  TF32's rate, a third of 16-bit operands': h200_2026-12-01_float32_operand_gemm_probe.txt of
+  benchmarks/results). Where the same values are also stored in 16 bits (the LSTM's gate gradients on
+  the persistent rungs), the backward pass multiplies those instead (backward_plan.sixteen_bit_operands).
 
 `with_precision` sets these types on a float32 plan: each Buffer's, then every Access's to its buffer's
 and every GEMM's `multiply`, in one pass over the plan's launches (`retyped`, which the backward plan

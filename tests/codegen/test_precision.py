@@ -330,7 +330,7 @@ def test_a_16_bit_backward_plan_keeps_its_gradients_float32_but_the_gemm_outputs
                     if isinstance(g, GemmLaunch) and forward.buffers[g.w].dtype != FLOAT32}
     gemm_outputs &= plan.buffers.keys()  # (the LSTM's two are one: backward_plan.same_gradients)
     # (and a 16-bit copy of the LSTM's float32 h on the persistent rungs: sixteen_bit_operands)
-    copies = {"l0.out.y.bfloat16"} if (name, schedule) == ("lstm", "tensor") else set()
+    copies = {"l0.out.y.all.bfloat16"} if (name, schedule) == ("lstm", "tensor") else set()
     assert sixteen - {"ones.bfloat16"} - copies == gemm_outputs and gemm_outputs
     assert ("ones.bfloat16" in sixteen) == (name == "gru") and copies <= sixteen
     launches = [launch for lb in plan.layers for launch in (*lb.step, *lb.after)]
@@ -385,7 +385,7 @@ def test_a_weights_gradient_of_a_float32_h_multiplies_its_16_bit_twin(name, sche
             assert du.a.buffer == y and du.w == grad_of(f"l{lb.layer}.gemm{1 if name == 'gru' else 0}.out")
             continue
         converted += 1
-        copy = f"{y}.bfloat16"
+        copy = f"{y}.all.bfloat16"
         assert (du.a.buffer, du.w) == (copy, grad_of(f"l{lb.layer}.gemm0.out"))
         assert du.a.dtype == du.w_dtype == BFLOAT16
         convert = after[after.index(du) - 1]
@@ -393,7 +393,7 @@ def test_a_weights_gradient_of_a_float32_h_multiplies_its_16_bit_twin(name, sche
         (_, src), = convert.inputs
         (_, dst), = convert.outputs
         assert (src.buffer, src.dtype, dst.buffer, dst.dtype) == (y, FLOAT32, copy, BFLOAT16)
-        assert convert.rows == du.k and convert.width == du.m and src.slot == dst.slot == "all"
+        assert convert.rows == du.k and convert.width == du.m and dst.slot == du.a.slot == "all"
         assert copy in plan.overwritten and not plan.restarted(copy)
         assert plan.buffers[grad_of(f"l{lb.layer}.gemm1.out")].dtype == FLOAT32  # (the reverse loop's)
     assert bool(converted) == copied
