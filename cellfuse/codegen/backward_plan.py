@@ -336,8 +336,8 @@ def sixteen_bit_twins(launches: list[Launch], buffers: dict[str, Buffer], once: 
     in a 16-bit plan on the persistent rungs, the LSTM's gradient of h @ U stays float32 (the reverse
     loop's GEMM reads it, and its forward operand h is float32) while the gradient of x @ W, the same
     values, is stored in 16 bits (see `same_gradients`)."""
-    return {name: kept for name, kept in (*_stored_alike(launches, buffers, once),
-                                          *((k, n) for n, k in _stored_alike(launches, buffers, once)))
+    pairs = _stored_alike(launches, buffers, once)
+    return {name: kept for name, kept in (*pairs, *((k, n) for n, k in pairs))
             if buffers[name].dtype == FLOAT32 and buffers[kept].dtype != FLOAT32}
 
 
@@ -372,9 +372,9 @@ def sixteen_bit_operands(after: list[Launch], twins: dict[str, str], forward: Pl
     (`sixteen_bit_twins`) and whose A is float32 (a persistent loop's h) multiplying 16-bit operands
     instead: the twin, and A converted to its type first by a kernel of its own (a new buffer of the
     gradient memory, which it overwrites whole: added to `buffers` and `once`). cuBLAS multiplies float32
-    operands at a third of the rate of 16-bit ones (the LSTM's dU at B=64: 0.095 ms against 0.036 on an
-    H200, benchmarks/results/h200_2026-12-01_float32_operand_gemm_probe.txt); the GEMM rounded them to
-    the 16-bit type's precision as it multiplied them, which it still does."""
+    operands at a third of the rate of 16-bit ones, as precisely as TF32 (the LSTM's dU at B=64: 0.095 ms
+    against 0.036 on an H200, benchmarks/results/h200_2026-12-01_float32_operand_gemm_probe.txt); with
+    16-bit operands the GEMM multiplies as the plan's others do."""
     out: list[Launch] = []
     made: set[str] = set()
     for launch in after:

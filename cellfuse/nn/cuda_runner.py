@@ -229,14 +229,12 @@ class CudaRunner(Runner):
         sizes = plans.train.sizes
         self._grad_extents = {name: (self.memory.grads[name], b.nbytes(sizes))
                               for name, b in plans.backward.buffers.items()}
-        # a training run's y in the reserve (Memory.kept), and the types it is given the initial states in
-        # and gives the final states back in (the caller's, where the run converts them: Memory.edges)
+        # a training run's y in the reserve (Memory.kept), and the caller's types of the states, in which a
+        # training run takes the initial states and gives back the final states and the initial states'
+        # gradients (where the plan's differ, the run converts them: Memory.edges)
         self._y_kept = self.memory.output in self.memory.kept
-        train = plans.train
-        self._train_states = [
-            [TORCH_DTYPES[(self.memory.caller_types[f"{e}.{s}"] if f"{e}.{s}" in differ
-                           else train.buffers[f"{e}.{s}"].dtype).name] for s in train.state_ids]
-            for e, differ in (("init", self.memory.kept), ("final", self.memory.converted))]
+        self._caller_states = [self.memory.caller_types[f"init.{s}"] for s in plans.train.state_ids]
+        self._caller_state_dtypes = [TORCH_DTYPES[t.name] for t in self._caller_states]
         self.packing = [(self.layout, set(self.memory.weights))]
         if set(self.infer_memory.weights) - set(self.memory.weights):
             self.packing.append((TensorLayout(plans.forward, plans.backward),
@@ -549,8 +547,8 @@ class CudaRunner(Runner):
                 return y, finals, self._empty if shared else x.new_empty(0, dtype=torch.uint8)
         x = _in_place(x)
         memory = self.memory if save else self.infer_memory
-        initial, final = self._train_states if save else (self._state_dtypes, self._state_dtypes)
-        states = [self._state_in(s, dtype) for s, dtype in zip(states, initial, strict=True)]
+        types = self._caller_state_dtypes if save else self._state_dtypes
+        states = [self._state_in(s, dtype) for s, dtype in zip(states, types, strict=True)]
         T, B, H, L = self._sizes
         if shared and not save and self._one_type:  # one allocation, in the time of a call that returns
             block = torch.empty(self._block_elements, dtype=self._y_dtype, device=x.device)  # (microseconds)
@@ -568,7 +566,7 @@ class CudaRunner(Runner):
             else:
                 whole = torch.empty((T + 1, B, H), dtype=self._y_dtype, device=x.device)
                 y, out = whole[1:], whole.data_ptr()
-            finals = [torch.empty((L, B, H), dtype=dtype, device=x.device) for dtype in final]
+            finals = [torch.empty((L, B, H), dtype=dtype, device=x.device) for dtype in types]
         bases = [scratch, packed, x.data_ptr(), out, 0, *(s.data_ptr() for s in states),
                  *(f if block is not None else f.data_ptr() for f in finals)]
         program.run(bases, stream, not capturing)
@@ -721,7 +719,7 @@ class CudaRunner(Runner):
         if gather is None:
             return self.layout.gradients(views, input_grad)
         grouped = [torch.empty(shape, dtype=torch.float32, device=x.device) for shape in self._grouped_shapes]
-        dinitial = [torch.empty((L, B, H), dtype=dtype, device=x.device) for dtype in self._dinitial_dtypes]
+        dinitial = [torch.empty((L, B, H), dtype=t, device=x.device) for t in self._caller_state_dtypes]
         dx = [torch.empty(x.shape, dtype=x.dtype, device=x.device)] if input_grad else []
         gather.run([grads.data_ptr(), *(t.data_ptr() for t in (*grouped, *dinitial, *dx))], stream)
         return dx[0] if input_grad else None, dinitial, grouped
@@ -730,17 +728,10 @@ class CudaRunner(Runner):
     def _grouped_shapes(self) -> list[tuple[int, ...]]:
         return self.layout.grouped_shapes()
 
-    @cached_property
-    def _dinitial_dtypes(self) -> list[torch.dtype]:
-        """The types of the initial states' gradients as the gathering writes them: the caller's states'
-        (Memory.caller_types), as the backward pass gives them back."""
-        types = self.memory.caller_types
-        return [TORCH_DTYPES[types[f"init.{s}"].name] for s in self.plans.train.state_ids]
-
     def _gather(self, input_grad: bool) -> LaunchList | None:
         """What TensorLayout.gradients does, as one launch-list call of one kernel
         (codegen.gradient_gather; bases: the gradient memory, each grouped gradient, each state's in
-        `_dinitial_dtypes`, and with `input_grad` dx in x's type), made at the first backward run of each
+        the caller's type, and with `input_grad` dx in x's type), made at the first backward run of each
         kind outside a CUDA graph capture (loading a module there would break it) and kept (`_gathers`);
         None where the kernel cannot be made (torch's ops then gather)."""
         if input_grad in self._gathers:
@@ -751,11 +742,9 @@ class CudaRunner(Runner):
         if gathers:  # (none: no parameter, no state and no dx, nothing to gather)
             major, minor = torch.cuda.get_device_capability(self.index)
             what = f"the gathering of {self.plans.train.cell_name}'s gradients"
-            first, caller_types = len(self._grouped_shapes), self.memory.caller_types
-            types = {first + i: caller_types[f"init.{s}"] for i, s in enumerate(self.plans.train.state_ids)}
-            if input_grad:
-                types[first + len(types)] = self.plans.train.buffers["x"].dtype
-            types = {i: t for i, t in types.items() if t != FLOAT32}
+            # (the outputs after the grouped gradients: each state's, then dx)
+            after = [*self._caller_states, *([self.plans.train.buffers["x"].dtype] if input_grad else [])]
+            types = {len(self._grouped_shapes) + i: t for i, t in enumerate(after) if t != FLOAT32}
             try:
                 module = loaded_module(what, gradient_gather.gather_kernel_source(gathers, types),
                                        f"sm_{major}{minor}")
@@ -764,7 +753,7 @@ class CudaRunner(Runner):
                 log.warning("%s could not be made (%s); gathering with torch's ops", what, e)
             else:
                 calls = LaunchList(what)
-                outputs = len(self._grouped_shapes) + len(self.layout.state_ids) + input_grad
+                outputs = len(self._grouped_shapes) + len(after)
                 calls.kernel(function, what, (grid_blocks(gradient_gather.total_elements(gathers)),), BLOCK,
                              0, [(slot, 0) for slot in range(1 + outputs)], 0)
                 calls.finish()
