@@ -69,8 +69,9 @@ PRO, STEP = "pro", "step"  # the phases: once before the time loop, and in every
 class _Step:
     """What the passes know of the cell's step, and what they have decided so far."""
 
-    def __init__(self, cell: Cell, info: CellInfo):
+    def __init__(self, cell: Cell, info: CellInfo, precision: str = "fp32"):
         self.cell, self.order, self.shapes = cell, info.order, info.shapes
+        self.precision = precision
         self.nodes: dict[str, Node] = cell.by_id()
         self.spec = {n: OPS[self.nodes[n].op] for n in self.order}
         self.consumers: dict[str, list[str]] = {n: [] for n in self.order}
@@ -137,7 +138,14 @@ def hoist(st: _Step) -> None:
 
 def fold_biases(st: _Step) -> None:
     """A bias added directly to a hoisted matmul (its only use) is added by the hoisted GEMM itself.
-    A matmul that is also an update or the output has another use: its own value must stay readable."""
+    A matmul that is also an update or the output has another use: its own value must stay readable.
+    Not in a 16-bit plan: its GEMMs (cublasGemmEx) cannot add a bias as they write, so a folded one
+    costs a pass writing the bias into every row and the GEMM reading them back (the GRU's input GEMM at
+    B=64 in bf16: 0.096 ms against 0.035 alone, benchmarks/probes/folded_bias_probe.py), where the fused
+    kernel that reads the GEMM's output adds it for nothing. float32's GEMMs on tensor cores add it in
+    the pass that undoes their scales, or in the warpgroup GEMM's epilogue."""
+    if st.precision != "fp32":
+        return
     for g in st.groups:
         if not g.hoisted:
             continue
@@ -536,7 +544,7 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
     _check_plan_sizes(sizes)
     info = require_valid(cell)
     check_widths(sizes, cell, info)
-    st = _Step(cell, info)
+    st = _Step(cell, info, precision)
     for run_pass in rung.passes:
         run_pass(st)
     H = sizes.hidden

@@ -390,6 +390,19 @@ def test_gru_hoisted_folds_the_input_biases_into_the_hoisted_gemm():
     assert plan.launches_per_step == 2
 
 
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+@pytest.mark.parametrize("schedule", ["hoisted", "graph", "persistent", "tensor"])
+def test_a_16_bit_plan_folds_no_bias_and_its_kernel_adds_them(schedule, precision):
+    """cublasGemmEx adds no bias as it writes: the GRU's input biases are added by its step's kernel."""
+    plan = make_plan(load_template("gru"), SIZES, schedule, precision=precision)
+    assert all(not g.folded for g in plan.groups)
+    assert all(launch.bias is None for lp in plan.layers for launch in (*lp.prologue, *lp.step)
+               if isinstance(launch, GemmLaunch))
+    (step_kernel,) = [i for i in plan.islands if not i.hoisted]
+    assert {"xr_b", "xz_b", "xn_b"} <= set(step_kernel.nodes)
+    assert {"b_ir", "b_iz", "b_in"} <= set(step_kernel.inputs)
+
+
 def test_no_bias_folds_below_hoisted():
     for name in TEMPLATES:
         for schedule in ("naive", "combined", "fused"):
