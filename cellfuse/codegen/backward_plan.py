@@ -55,13 +55,14 @@ its forward step does. An adjoint that reduces rows runs a block per row there, 
 
 In 16 bits (a bf16 or fp16 forward plan), as PyTorch's mixed precision does: the backward pass reads the
 forward's saved values in the types they were stored in, and every gradient is float32 (the parameters'
-accumulated in float32 over all steps), except the gradient of a GEMM's output whose operands are 16-bit
-(`sixteen_bit_grads`): the adjoint kernel stores it rounded to the 16-bit type, so that both GEMMs that
-read it (dA += dC @ W^T and dW += A^T @ dC) multiply 16-bit operands on tensor cores, accumulating in
-float32, as the forward GEMM did. Every GEMM multiplies in the 16-bit type, as every forward GEMM of the
-plan does: one whose operands are float32 (a float32 state's, or in a persistent launch, whose operands
-and weights the forward plan keeps float32) rounds them as it multiplies them, and a persistent reverse
-loop keeps its W^T on chip in the 16-bit type, as the forward loop keeps W.
+accumulated in float32 over all steps), except the gradient of a GEMM's output whose GEMM multiplied
+16-bit values (`sixteen_bit_grads`): the adjoint kernel stores it rounded to the 16-bit type, so that
+both GEMMs that read it (dA += dC @ W^T and dW += A^T @ dC) multiply 16-bit operands on tensor cores,
+accumulating in float32, as the forward GEMM did. Every GEMM multiplies in the 16-bit type, as every
+forward GEMM of the plan does: one whose operands are float32 (a float32 state's) rounds them as it
+multiplies them; a persistent reverse loop keeps its W^T on chip in the 16-bit type, as the forward
+loop keeps W; and a weights' gradient over a float32 operand that a persistent loop rounded (its h)
+multiplies a 16-bit copy of it (`sixteen_bit_operands`).
 """
 
 from __future__ import annotations
@@ -271,9 +272,7 @@ def backward_plan(forward: Plan) -> BackwardPlan:
         once -= same.keys()
         for name in same:
             del buffers[name]
-    if twins := sixteen_bit_twins([launch for step, _ in launched for launch in step], buffers, once):
-        launched = [(step, sixteen_bit_operands(after, twins, forward, buffers, once))
-                    for step, after in launched]
+    launched = [(step, sixteen_bit_operands(after, forward, buffers, once)) for step, after in launched]
 
     def stores(launch: Launch) -> Launch:
         if not isinstance(launch, KernelLaunch):
@@ -298,16 +297,23 @@ def backward_plan(forward: Plan) -> BackwardPlan:
 
 def sixteen_bit_grads(forward: Plan) -> dict[str, DType]:
     """The gradient buffers stored in 16 bits, with their types: those of the GEMM outputs whose GEMMs
-    multiply 16-bit operands (their weights' type; a GEMM's left operand has its weights' type). Raises
-    Float32Only where such a gradient would also be seeded or read as a float32 one: a GEMM writing
-    into a buffer of another role than its own outputs', or two GEMMs of different types into one."""
+    multiply 16-bit operands (their weights' type; a GEMM's left operand has its weights' type), and of
+    a persistent loop's GEMMs, which round their float32 operand and weights to the plan's type as they
+    multiply them (precision._persistent_operands): the reverse loop then stages dC in half the bytes,
+    and an LSTM's gradients of x @ W and h @ U, the same values in one type, are stored once
+    (`same_gradients`). Raises Float32Only where such a gradient would also be seeded or read as a
+    float32 one: a GEMM writing into a buffer of another role than its own outputs', or two GEMMs of
+    different types into one."""
     out: dict[str, DType] = {}
     for lp in forward.layers:
+        looped = lp.step if lp.persistent else ()
         for g in (*lp.prologue, *lp.step):
             if not isinstance(g, GemmLaunch):
                 continue
             w = forward.buffers[g.w].dtype
             name = grad_of(g.c.buffer)
+            if w == FLOAT32 and g in looped and forward.buffers[g.c.buffer].role == "gemm":
+                w = PRECISIONS[forward.precision]
             if w == FLOAT32 and name not in out:
                 continue
             if forward.buffers[g.c.buffer].role != "gemm" or out.setdefault(name, w) != w:
@@ -329,16 +335,6 @@ def same_gradients(launches: list[Launch], buffers: dict[str, Buffer], once: set
         if kept not in same and name not in same and buffers[name].dtype == buffers[kept].dtype:
             same[name] = kept
     return same
-
-
-def sixteen_bit_twins(launches: list[Launch], buffers: dict[str, Buffer], once: set[str]) -> dict[str, str]:
-    """Float32 gradient buffers whose every element a 16-bit one holds too, rounded -> that 16-bit one:
-    in a 16-bit plan on the persistent rungs, the LSTM's gradient of h @ U stays float32 (the reverse
-    loop's GEMM reads it, and its forward operand h is float32) while the gradient of x @ W, the same
-    values, is stored in 16 bits (see `same_gradients`)."""
-    pairs = _stored_alike(launches, buffers, once)
-    return {name: kept for name, kept in (*pairs, *((k, n) for n, k in pairs))
-            if buffers[name].dtype == FLOAT32 and buffers[kept].dtype != FLOAT32}
 
 
 def _stored_alike(launches: list[Launch], buffers: dict[str, Buffer], once: set[str]
@@ -366,24 +362,23 @@ def _stored_alike(launches: list[Launch], buffers: dict[str, Buffer], once: set[
     return pairs
 
 
-def sixteen_bit_operands(after: list[Launch], twins: dict[str, str], forward: Plan,
-                         buffers: dict[str, Buffer], once: set[str]) -> list[Launch]:
-    """The launches after a loop with each weights' gradient dW += A^T @ dC whose dC has a 16-bit twin
-    (`sixteen_bit_twins`) and whose A is float32 (a persistent loop's h) multiplying 16-bit operands
-    instead: the twin, and A converted to its type first by a kernel of its own (a new buffer of the
-    gradient memory, which it overwrites whole: added to `buffers` and `once`). cuBLAS multiplies float32
+def sixteen_bit_operands(after: list[Launch], forward: Plan, buffers: dict[str, Buffer],
+                         once: set[str]) -> list[Launch]:
+    """The launches after a loop with each weights' gradient dW += A^T @ dC whose dC is 16-bit and whose
+    A is float32 (a persistent loop's h, which its GEMM rounded as it multiplied it) multiplying 16-bit
+    operands: A converted to dC's type first by a kernel of its own (a new buffer of the gradient
+    memory, which it overwrites whole: added to `buffers` and `once`). cuBLAS multiplies float32
     operands at a third of the rate of 16-bit ones, as precisely as TF32 (the LSTM's dU at B=64: 0.095 ms
-    against 0.036 on an H200, benchmarks/results/h200_2026-12-01_float32_operand_gemm_probe.txt); with
-    16-bit operands the GEMM multiplies as the plan's others do."""
+    against 0.036 on an H200, benchmarks/results/h200_2026-12-01_float32_operand_gemm_probe.txt), and
+    one GEMM multiplies operands of one type."""
     out: list[Launch] = []
     made: set[str] = set()
     for launch in after:
-        if not (isinstance(launch, GemmLaunch) and launch.trans_a and launch.w in twins
+        if not (isinstance(launch, GemmLaunch) and launch.trans_a and buffers[launch.w].dtype != FLOAT32
                 and forward.buffers[launch.a.buffer].dtype == FLOAT32):
             out.append(launch)
             continue
-        twin = twins[launch.w]
-        dtype = buffers[twin].dtype
+        dtype = buffers[launch.w].dtype
         copy = f"{launch.a.buffer}.{launch.a.slot}.{dtype.name}"  # (layers read their own steps of it)
         # A is [K, M]: T*B rows of the operand's width, from the step A's access starts at (the first
         # step's h, or the second's, "all+1"), copied to the start of the copy
@@ -396,7 +391,7 @@ def sixteen_bit_operands(after: list[Launch], twins: dict[str, str], forward: Pl
             # (a backward pass's kernel, after the loop; its output stored, not added: in `once`)
             out.append(KernelLaunch(f"{launch.a.buffer} in {dtype.name}", "seq", rows, width,
                                     (("v", launch.a),), (("v", into),), (), hoisted=True, accumulate=True))
-        out.append(replace(launch, a=into, w=twin))
+        out.append(replace(launch, a=into))
     return out
 
 

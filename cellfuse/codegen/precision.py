@@ -16,8 +16,10 @@ kernel computes in float32 as always, converting as it loads and stores. Some bu
   so that GEMM reads both in float32 and multiplies them on tensor cores with cuBLAS's "fast" compute
   type for the 16-bit type, at least as precisely as 16-bit operands (on an H200 as TF32 does, and at
   TF32's rate, a third of 16-bit operands': h200_2026-12-01_float32_operand_gemm_probe.txt of
-  benchmarks/results). Where the same values are also stored in 16 bits (the LSTM's gate gradients on
-  the persistent rungs), the backward pass multiplies those instead (backward_plan.sixteen_bit_operands).
+  benchmarks/results). A persistent loop's GEMMs round such operands and weights to the 16-bit type as
+  they multiply them (`_persistent_operands`): their outputs' gradients are 16-bit, and the weights'
+  gradients multiply 16-bit copies of the operands (backward_plan.sixteen_bit_grads and
+  sixteen_bit_operands).
 
 `with_precision` sets these types on a float32 plan: each Buffer's, then every Access's to its buffer's
 and every GEMM's `multiply`, in one pass over the plan's launches (`retyped`, which the backward plan

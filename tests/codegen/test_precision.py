@@ -317,35 +317,43 @@ def test_an_exchanged_operand_is_rounded_once_by_its_writer_for_the_cuda_cores(n
 def test_a_16_bit_backward_plan_keeps_its_gradients_float32_but_the_gemm_outputs_it_multiplies(name,
                                                                                              schedule):
     """As PyTorch's mixed precision does: every gradient float32, except that of a GEMM output whose GEMM
-    multiplied 16-bit operands, stored in 16 bits so that dA += dC @ W^T and dW += A^T @ dC multiply
-    16-bit operands too (no bias's column sum of such a gradient: a 16-bit plan folds no bias into a
-    GEMM, so every bias's gradient is summed from float32 parts); every access in its buffer's type;
-    each GEMM's operands of one type, every GEMM multiplying in the 16-bit type, the reverse loop's of a
-    persistent plan too, with W^T on chip in it."""
+    multiplied 16-bit values (16-bit operands, or a persistent loop's, which it rounds), stored in 16
+    bits so that dA += dC @ W^T and dW += A^T @ dC multiply 16-bit operands too (no bias's column sum of
+    such a gradient: a 16-bit plan folds no bias into a GEMM, so every bias's gradient is summed from
+    float32 parts); every access in its buffer's type; each cuBLAS GEMM's operands of one type, every
+    GEMM multiplying in the 16-bit type, the reverse loop's of a persistent plan too, reading the 16-bit
+    gradient, with W^T on chip in 16 bits."""
     cell = load_template(name)
     forward = make_plan(cell, SIZES, schedule, H100, save_steps=True, precision="bf16")
     plan = backward_plan(forward)
     dtypes = {name: b.dtype for name, b in (*forward.buffers.items(), *plan.buffers.items())}
     sixteen = {name for name, b in plan.buffers.items() if b.dtype != FLOAT32}
+    looped = {g.c.buffer for lp in forward.layers if lp.persistent for g in lp.step
+              if isinstance(g, GemmLaunch)}
     gemm_outputs = {grad_of(g.c.buffer) for lp in forward.layers for g in (*lp.prologue, *lp.step)
-                    if isinstance(g, GemmLaunch) and forward.buffers[g.w].dtype != FLOAT32}
+                    if isinstance(g, GemmLaunch)
+                    and (forward.buffers[g.w].dtype != FLOAT32 or g.c.buffer in looped)}
     gemm_outputs &= plan.buffers.keys()  # (the LSTM's two are one: backward_plan.same_gradients)
-    # (and a 16-bit copy of the LSTM's float32 h on the persistent rungs: sixteen_bit_operands)
-    copies = {"l0.out.y.all.bfloat16"} if (name, schedule) == ("lstm", "tensor") else set()
-    assert sixteen - copies == gemm_outputs and gemm_outputs and copies <= sixteen
+    # (and 16-bit copies of the float32 h of the persistent rungs: sixteen_bit_operands)
+    copies = {name for name in sixteen if not name.startswith(grad_of(""))}
+    assert sixteen - copies == gemm_outputs and gemm_outputs
+    assert bool(copies) == (schedule == "tensor")
     launches = [launch for lb in plan.layers for launch in (*lb.step, *lb.after)]
-    launches += [item.launch for lb in plan.layers if lb.persistent for item in lb.persistent.items]
-    gemms = [g for g in launches if isinstance(g, GemmLaunch)]
-    for launch in launches:
+    loop = [item for lb in plan.layers if lb.persistent for item in lb.persistent.items]
+    for launch in (*launches, *(item.launch for item in loop)):
         for acc in _accesses(launch):
             assert acc.dtype == dtypes[acc.buffer], f"{launch_name(launch)}: {acc.buffer}"
-    for g in gemms:
+        if isinstance(launch, GemmLaunch):
+            assert launch.multiply == BFLOAT16
+    cublas = [g for lb in plan.layers for g in (*lb.after, *(() if lb.persistent else lb.step))
+              if isinstance(g, GemmLaunch)]
+    assert cublas
+    for g in cublas:
         assert dtypes[g.a.buffer] == dtypes[g.w] == g.w_dtype, f"{g.group}: {g.a.buffer} by {g.w}"
-        assert g.multiply == BFLOAT16
-    if schedule == "tensor":  # the reverse loop's GEMM reads the float32 operands the forward kept
-        loop = [item for item in plan.layers[0].persistent.items if isinstance(item.launch, GemmLaunch)]
-        assert loop and all(dtypes[item.launch.a.buffer] == FLOAT32 for item in loop)
-        assert all(item.tiling.w_itemsize == 2 for item in loop)
+    gemms = [item for item in loop if isinstance(item.launch, GemmLaunch)]
+    assert bool(gemms) == (schedule == "tensor")
+    for item in gemms:  # the reverse loop's GEMM reads the 16-bit gradient, W^T rounded on chip
+        assert dtypes[item.launch.a.buffer] == BFLOAT16 and item.tiling.w_itemsize == 2
 
 
 def test_a_16_bit_backward_plan_that_would_mix_gradient_types_is_refused():
@@ -365,29 +373,27 @@ def _accesses(launch) -> list[Access]:
 
 
 @pytest.mark.parametrize("name, schedule, copied", [("lstm", "tensor", True), ("lstm", "persistent", True),
-                                                    ("lstm", "graph", False), ("gru", "tensor", False)])
-def test_a_weights_gradient_of_a_float32_h_multiplies_its_16_bit_twin(name, schedule, copied):
-    """On the persistent rungs a 16-bit LSTM keeps h float32 (its loop's GEMM operand), and so the
-    gradient of h @ U, which the reverse loop reads; the gradient of x @ W holds the same values in 16
-    bits. dU += h^T @ dgates multiplies that 16-bit twin and h converted to 16 bits after the loop (a
-    kernel of its own, overwriting its buffer whole), not float32 operands; the loop still reads the
-    float32 gradient. The GRU's two gradients differ: its dU stays as it was; so does an upper layer's
-    over the float32 h below it, whose two gradients are float32 alike."""
+                                                    ("lstm", "graph", False), ("gru", "tensor", True)])
+def test_a_weights_gradient_of_a_float32_h_multiplies_a_16_bit_copy_of_it(name, schedule, copied):
+    """On the persistent rungs a 16-bit plan keeps h float32 (its loop's GEMM operand, rounded as the GEMM
+    multiplies it), and the gradient of h @ U is 16-bit: dU += h^T @ dgates multiplies it and h
+    converted to 16 bits after the loop (a kernel of its own, overwriting its buffer whole), not float32
+    operands; the reverse loop reads the same 16-bit gradient (layer 0's LSTM: the gradient of x @ W too,
+    the same values, stored once)."""
     forward = make_plan(load_template(name), SIZES, schedule, H100, save_steps=True, precision="bf16")
     plan = backward_plan(forward)
     converted = 0
     for lb in plan.layers:
         after, y = list(lb.after), f"l{lb.layer}.out.y"
         du = next(g for g in after if isinstance(g, GemmLaunch) and g.group == "gemm1 dW")
-        twin = plan.buffers[grad_of(f"l{lb.layer}.gemm0.out")].dtype == BFLOAT16
-        if not (copied and twin and forward.buffers[y].dtype == FLOAT32):
-            # (y of the 16-bit type; or an upper layer's gradients float32 alike, over a float32 input)
-            assert du.a.buffer == y and du.w == grad_of(f"l{lb.layer}.gemm{1 if name == 'gru' else 0}.out")
+        if not copied:  # (y of the 16-bit type)
+            assert forward.buffers[y].dtype == BFLOAT16 and du.a.buffer == y
             continue
         converted += 1
         copy = f"{y}.all.bfloat16"
-        assert (du.a.buffer, du.w) == (copy, grad_of(f"l{lb.layer}.gemm0.out"))
-        assert du.a.dtype == du.w_dtype == BFLOAT16
+        merged = name == "lstm" and lb.layer == 0  # (an upper layer's gradient of x @ W is float32)
+        assert (du.a.buffer, du.w) == (copy, grad_of(f"l{lb.layer}.gemm{0 if merged else 1}.out"))
+        assert du.a.dtype == du.w_dtype == plan.buffers[du.w].dtype == BFLOAT16
         convert = after[after.index(du) - 1]
         assert isinstance(convert, KernelLaunch) and convert.body == ()
         (_, src), = convert.inputs
@@ -395,5 +401,7 @@ def test_a_weights_gradient_of_a_float32_h_multiplies_its_16_bit_twin(name, sche
         assert (src.buffer, src.dtype, dst.buffer, dst.dtype) == (y, FLOAT32, copy, BFLOAT16)
         assert convert.rows == du.k and convert.width == du.m and dst.slot == du.a.slot == "all"
         assert copy in plan.overwritten and not plan.restarted(copy)
-        assert plan.buffers[grad_of(f"l{lb.layer}.gemm1.out")].dtype == FLOAT32  # (the reverse loop's)
+        if lb.persistent:
+            (loop,) = [item.launch for item in lb.persistent.items if isinstance(item.launch, GemmLaunch)]
+            assert loop.a.buffer == du.w
     assert bool(converted) == copied

@@ -12,7 +12,7 @@ from ..tiling import WARPS, GemmTiling
 from .context import Kernel
 from .exchange import poll_pair, poll_rows
 from .shared_memory import w_index
-from .staging import pointers, rounded, stage, store, zero_past_k
+from .staging import operand, pointers, stage, store, zero_past_k
 
 FULL_UNROLL = 32  # iterations of a GEMM's loop over K, at most, unrolled whole (else two at a time)
 
@@ -118,8 +118,8 @@ def products_in_registers(k: Kernel, i: int, item: PersistentItem) -> None:
             if g.a.buffer in k.exchange:
                 poll_pair(k, *k.exchange[g.a.buffer])
             else:
-                w(f"a0 = {rounded(g, f'__ldcg(a + (size_t)rb * {g.a.ld} + 2 * tid)')};",
-                  f"a1 = {rounded(g, f'__ldcg(a + (size_t)rb * {g.a.ld} + 2 * tid + 1)')};")
+                w(f"a0 = {operand(g, f'(size_t)rb * {g.a.ld} + 2 * tid')};",
+                  f"a1 = {operand(g, f'(size_t)rb * {g.a.ld} + 2 * tid + 1')};")
         # the lanes together again (their polls ended apart) before they shuffle: diverged, every shuffle
         # takes the slow path (docs/results/2026-11-27-persistent-rungs-changes-14-to-19.md, change 16)
         w("__syncwarp();",

@@ -16,14 +16,23 @@ def rounded(g: GemmLaunch, value: str) -> str:
     return value if g.multiply == FLOAT32 else f"cf_round_{g.multiply.suffix}({value})"
 
 
+def operand(g: GemmLaunch, at: str) -> str:
+    """The operand's element at offset `at` from `a`, as the GEMM multiplies it on the CUDA cores: a float32
+    one `rounded`, a 16-bit one (a reverse loop's dC, see backward_plan.sixteen_bit_grads) as it is."""
+    value = g.a.dtype.load(f"__ldcg(a + {at})")
+    return rounded(g, value) if g.a.dtype == FLOAT32 else value
+
+
 def pointers(k: Kernel, item: PersistentItem) -> None:
     """`a`, the block's first row of the operand at step t (unless it comes from an exchange), and `c`, of
     the output (unless it stays on chip)."""
     g: GemmLaunch = item.launch
-    # the staging's 16-byte copies, the products' float4 loads and the stores are float32's
-    assert g.a.dtype == g.c.dtype == FLOAT32, f"{g.group}: a persistent GEMM reads and writes float32"
+    # the products' float4 loads from the stage and the stores are float32's; the operand is staged from
+    # float32 or from the 16-bit type
+    assert g.c.dtype == FLOAT32, f"{g.group}: a persistent GEMM writes float32"
+    assert g.a.dtype in (FLOAT32, g.multiply), f"{g.group}: its operand is float32 or {g.multiply.name}"
     if g.a.buffer not in k.exchange:
-        k.w(f"const {F}* const a = {c_address(k.var[g.a.buffer], g.a)} + (size_t)row0 * {g.a.ld};")
+        k.w(f"const {g.a.dtype.c}* const a = {c_address(k.var[g.a.buffer], g.a)} + (size_t)row0 * {g.a.ld};")
     if not item.output_on_chip:
         k.w(f"{F}* const c = {c_address(k.var[g.c.buffer], g.c)} + (size_t)row0 * {g.c.ld};")
 
@@ -36,7 +45,22 @@ def stage(k: Kernel, g: GemmLaunch, first: str, width: int, stride: int, roundin
     rt, threads, w = k.launch.row_tile, k.launch.threads, k.w
     past = f"{first} + " if first != "0" else ""
     clip = width < g.k  # a chunk of K, the last one possibly past its end
-    if g.k % 4 == 0 and g.a.ld % 4 == 0 and g.a.col % 4 == 0 and width % 4 == 0:
+    fours = g.k % 4 == 0 and g.a.ld % 4 == 0 and g.a.col % 4 == 0 and width % 4 == 0
+    if fours and g.a.dtype != FLOAT32:  # four 16-bit values in an 8-byte load, as float32 into the stage
+        w4 = width // 4
+        with w.block("if ((((size_t)a) & 7) == 0) {", "} else"):
+            with w.block(f"for (int e = tid; e < {rt * w4}; e += {threads}) {{"):
+                four = [g.a.dtype.load(f"h[{i}]") for i in range(4)]
+                src = f"a + (size_t)(rb + r) * {g.a.ld} + {past}4 * q"
+                w(f"const int r = e / {w4}, q = e - r * {w4};",
+                  "float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);",
+                  f"if (rb + r < rows{f' && {past}4 * q < {g.k}' if clip else ''}) {{",
+                  f"    const uint2 u = __ldcg((const uint2*)({src}));",
+                  f"    const {g.a.dtype.c}* const h = (const {g.a.dtype.c}*)&u;",
+                  f"    v = make_float4({', '.join(four)});",
+                  "}",
+                  f"*(float4*)(cf_stage + r * {stride} + 4 * q) = v;")
+    elif fours:
         w4 = width // 4
         with w.block("if ((((size_t)a) & 15) == 0) {", "} else"):
             with w.block(f"for (int e = tid; e < {rt * w4}; e += {threads}) {{"):
@@ -51,11 +75,11 @@ def stage(k: Kernel, g: GemmLaunch, first: str, width: int, stride: int, roundin
                     w(f"float4* const s = (float4*)(cf_stage + (e / {w4}) * {stride} + 4 * (e % {w4}));",
                       f"*s = make_float4({', '.join(rounded(g, f's->{c}') for c in 'xyzw')});")
     with w.block(f"for (int e = tid; e < {rt * width}; e += {threads}) {{"):
-        value = f"__ldcg(a + (size_t)(rb + r) * {g.a.ld} + {past}k)"
+        at = f"(size_t)(rb + r) * {g.a.ld} + {past}k"
+        value = operand(g, at) if rounding else g.a.dtype.load(f"__ldcg(a + {at})")
         w(f"const int r = e / {width}, k = e - r * {width};",
           f"cf_stage[r * {stride} + k] =",
-          f"    rb + r < rows{f' && {past}k < {g.k}' if clip else ''} ? "
-          f"{rounded(g, value) if rounding else value} : 0.0f;")
+          f"    rb + r < rows{f' && {past}k < {g.k}' if clip else ''} ? {value} : 0.0f;")
 
 
 def zero_past_k(k: Kernel, g: GemmLaunch, rows: int, stride: int, multiple: int,
