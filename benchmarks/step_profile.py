@@ -60,7 +60,8 @@ _NO_SYNC = (r"grid\.sync\(\);", ";")
 # where a GEMM stages its rows (not where they come through an exchange: an edit that may find nothing);
 # a float32 operand's 16-byte copies, or a 16-bit one's four values stored as float32
 WHERE_FOUND = "where found"
-_NO_STAGING = (r"cf_copy16\(s, [^;]*;|\*\(float4\*\)\(cf_stage \+ [^;]*\) = v;", ";", WHERE_FOUND)
+_NO_STAGING = (r"cf_copy16\(s, [^;]*;|\*\(float4\*\)\(cf_stage \+ [^;]*\) = make_float4\([^;]*;", ";",
+               WHERE_FOUND)
 # the two small fp16 products of a float32 one (hi * lo, lo * hi) left out: one fp16 product each
 _ONE_F16 = (r"(?m)^\s*cf_mma_f16\(small\[x\], [^;]*;\s*$", "")
 # the rows of a float32 GEMM's operand on tensor cores left unscaled (their largest magnitudes, then
