@@ -9,7 +9,10 @@ from ..dtypes import FLOAT32
 from ..plan import GemmLaunch, PersistentItem
 from .context import Kernel
 
-IN_FLIGHT_WORDS = 16  # registers of a 16-bit operand's values a thread loads at once as it stages them
+# registers of a 16-bit operand's values a thread loads at once as it stages them: with 16, the bf16 LSTM's
+# training step at B=256 took 3.21 ms, with 32 3.14 (float32's asynchronous copies: 3.11), at B=64 both
+# 1.13 (benchmarks/results/h200_2026-12-01_sixteen_bit_staging_in_flight_ab_a69c1c9.txt)
+IN_FLIGHT_WORDS = 32
 
 
 def rounded(g: GemmLaunch, value: str) -> str:
@@ -76,7 +79,7 @@ def sixteen_bit_stage(k: Kernel, g: GemmLaunch, past: str, width: int, stride: i
     """`stage` of a 16-bit operand whose K, rows and chunk come in fours: each thread loads four values (8
     bytes) at a time, IN_FLIGHT_WORDS registers of them all at once before it converts any and stores
     them as a float4 (a warp's stores side by side, free of bank conflicts). Loaded and stored one at a
-    time, each load waited for, the reverse loop of the bf16 LSTM at B=256 took 5% longer than with
+    time, each load waited for, the bf16 LSTM's training step at B=256 took 5% longer than with
     float32's asynchronous copies."""
     rt, threads, w = k.launch.row_tile, k.launch.threads, k.w
     per, t = width // 4, g.a.dtype.c
