@@ -272,7 +272,9 @@ def backward_plan(forward: Plan) -> BackwardPlan:
         once -= same.keys()
         for name in same:
             del buffers[name]
-    launched = [(step, sixteen_bit_operands(after, forward, buffers, once)) for step, after in launched]
+    twins = sixteen_bit_twins([launch for step, _ in launched for launch in step], buffers, once)
+    launched = [(step, sixteen_bit_operands(after, twins, forward, buffers, once))
+                for step, after in launched]
 
     def stores(launch: Launch) -> Launch:
         if not isinstance(launch, KernelLaunch):
@@ -300,10 +302,11 @@ def sixteen_bit_grads(forward: Plan) -> dict[str, DType]:
     multiply 16-bit operands (their weights' type; a GEMM's left operand has its weights' type), and of
     a persistent loop's GEMMs, which round their float32 operand and weights to the plan's type as they
     multiply them (precision._persistent_operands): the reverse loop then stages dC in half the bytes,
-    and an LSTM's gradients of x @ W and h @ U, the same values in one type, are stored once
-    (`same_gradients`). Raises Float32Only where such a gradient would also be seeded or read as a
-    float32 one: a GEMM writing into a buffer of another role than its own outputs', or two GEMMs of
-    different types into one."""
+    and the first layer of an LSTM stores its gradients of x @ W and h @ U, the same values in one type,
+    once (`same_gradients`; an upper layer's gradient of x @ W is float32, its GEMM multiplying the
+    float32 h below through cuBLAS). Raises Float32Only where such a gradient would also be seeded or
+    read as a float32 one: a GEMM writing into a buffer of another role than its own outputs', or two
+    GEMMs of different types into one."""
     out: dict[str, DType] = {}
     for lp in forward.layers:
         looped = lp.step if lp.persistent else ()
@@ -337,6 +340,15 @@ def same_gradients(launches: list[Launch], buffers: dict[str, Buffer], once: set
     return same
 
 
+def sixteen_bit_twins(launches: list[Launch], buffers: dict[str, Buffer], once: set[str]) -> dict[str, str]:
+    """Float32 gradient buffers whose every element a 16-bit one holds too, rounded -> that 16-bit one: on
+    the `naive` rung, Cho's GRU's and the MGU's gradient of h @ U (float32: h is a float32 state, its
+    GEMM multiplies float32 operands) and that of x @ W, the same values, stored in 16 bits."""
+    pairs = _stored_alike(launches, buffers, once)
+    return {name: kept for name, kept in (*pairs, *((k, n) for n, k in pairs))
+            if buffers[name].dtype == FLOAT32 and buffers[kept].dtype != FLOAT32}
+
+
 def _stored_alike(launches: list[Launch], buffers: dict[str, Buffer], once: set[str]
                   ) -> list[tuple[str, str]]:
     """(buffer, an earlier one) pairs of `written_once` buffers of one shape that one kernel of the loop
@@ -362,23 +374,24 @@ def _stored_alike(launches: list[Launch], buffers: dict[str, Buffer], once: set[
     return pairs
 
 
-def sixteen_bit_operands(after: list[Launch], forward: Plan, buffers: dict[str, Buffer],
-                         once: set[str]) -> list[Launch]:
-    """The launches after a loop with each weights' gradient dW += A^T @ dC whose dC is 16-bit and whose
-    A is float32 (a persistent loop's h, which its GEMM rounded as it multiplied it) multiplying 16-bit
-    operands: A converted to dC's type first by a kernel of its own (a new buffer of the gradient
-    memory, which it overwrites whole: added to `buffers` and `once`). cuBLAS multiplies float32
-    operands at a third of the rate of 16-bit ones, as precisely as TF32 (the LSTM's dU at B=64: 0.095 ms
-    against 0.036 on an H200, benchmarks/results/h200_2026-12-01_float32_operand_gemm_probe.txt), and
-    one GEMM multiplies operands of one type."""
+def sixteen_bit_operands(after: list[Launch], twins: dict[str, str], forward: Plan,
+                         buffers: dict[str, Buffer], once: set[str]) -> list[Launch]:
+    """The launches after a loop with each weights' gradient dW += A^T @ dC whose A is float32 (a
+    persistent loop's h, which its GEMM rounded as it multiplied it, or a float32 state) and whose dC is
+    16-bit, or float32 with a 16-bit twin (`sixteen_bit_twins`), multiplying 16-bit operands: dC or its
+    twin, and A converted to that type first by a kernel of its own (a new buffer of the gradient memory,
+    which it overwrites whole: added to `buffers` and `once`). cuBLAS multiplies float32 operands at a
+    third of the rate of 16-bit ones, as precisely as TF32 (the LSTM's dU at B=64: 0.095 ms against 0.036
+    on an H200, benchmarks/results/h200_2026-12-01_float32_operand_gemm_probe.txt), and one GEMM
+    multiplies operands of one type."""
     out: list[Launch] = []
     made: set[str] = set()
     for launch in after:
-        if not (isinstance(launch, GemmLaunch) and launch.trans_a and buffers[launch.w].dtype != FLOAT32
-                and forward.buffers[launch.a.buffer].dtype == FLOAT32):
+        dc = twins.get(launch.w, launch.w) if isinstance(launch, GemmLaunch) and launch.trans_a else None
+        if dc is None or buffers[dc].dtype == FLOAT32 or forward.buffers[launch.a.buffer].dtype != FLOAT32:
             out.append(launch)
             continue
-        dtype = buffers[launch.w].dtype
+        dtype = buffers[dc].dtype
         copy = f"{launch.a.buffer}.{launch.a.slot}.{dtype.name}"  # (layers read their own steps of it)
         # A is [K, M]: T*B rows of the operand's width, from the step A's access starts at (the first
         # step's h, or the second's, "all+1"), copied to the start of the copy
@@ -391,7 +404,7 @@ def sixteen_bit_operands(after: list[Launch], forward: Plan, buffers: dict[str, 
             # (a backward pass's kernel, after the loop; its output stored, not added: in `once`)
             out.append(KernelLaunch(f"{launch.a.buffer} in {dtype.name}", "seq", rows, width,
                                     (("v", launch.a),), (("v", into),), (), hoisted=True, accumulate=True))
-        out.append(replace(launch, a=into))
+        out.append(replace(launch, a=into, w=dc))
     return out
 
 

@@ -64,8 +64,9 @@ REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 # GEMMs outside the loop multiply each float32 product as three fp16 ones; version 21's forward passes
 # keep W's fp16 copies between runs; version 22's 16-bit GEMMs on the CUDA cores take their exchanged
 # operand rounded by its writer; version 23's 16-bit GEMMs on tensor cores keep fragments of W in
-# registers, version 24's in up to 96 of them) is measured again.
-RUNGS_VERSION = 24
+# registers, version 24's in up to 96 of them; version 25's 16-bit plans add their input biases in the
+# step's kernel, and their persistent reverse loops read the gates' gradient in 16 bits) is measured again.
+RUNGS_VERSION = 25
 
 
 @dataclass(frozen=True)

@@ -212,17 +212,23 @@ def test_the_tensor_rungs_warps_keep_fragments_of_w_in_registers_where_they_fit(
 
 
 @pytest.mark.nvcc
-@pytest.mark.slow  # two backward modules through nvcc: about 7 s on 2 cores
+@pytest.mark.slow  # three backward modules through nvcc: about 10 s on 2 cores
 @pytest.mark.parametrize("precision", COMPILED_PRECISIONS)
 def test_the_tensor_rungs_reverse_loop_multiplies_in_16_bits_and_compiles(precision, tmp_path):
     """The backward pass's persistent launch of a 16-bit tensor plan: one mma.sync of the 16-bit type per
-    sixteen k, W^T on chip in that type (the LSTM at its full sizes, Cho's GRU with two GEMMs a step)."""
-    suffix = {"bf16": "bf16", "fp16": "f16"}[precision]
-    for name, sizes in (("lstm", Sizes(100, 64, 512, 512, 1)), ("gru_cho", SIZES)):
+    sixteen k, W^T on chip in that type, the gates' gradient staged from 16 bits, four values a load where
+    K comes in fours, else one (the LSTM at its full sizes, Cho's GRU with two GEMMs a step, the GRU's K
+    of 3 x 330 at B=256, where the step meets at a grid barrier and stages dG)."""
+    dtype = PRECISIONS[precision]
+    cases = (("lstm", Sizes(100, 64, 512, 512, 1), True), ("gru_cho", SIZES, True),
+             ("gru", Sizes(20, 256, 330, 330, 1), False))
+    for name, sizes, fours in cases:
         forward = make_plan(load_template(name), sizes, "tensor", save_steps=True, precision=precision)
         source = backward_kernels(backward_plan(forward)).module_source()
-        assert f"cf_mma_{suffix}(acc[x]" in source and "cf_split_f16x3(a4" not in source
-        assert f"reinterpret_cast<{PRECISIONS[precision].c}*>(cf_smem + " in source
+        assert f"cf_mma_{dtype.suffix}(acc[x]" in source and "cf_split_f16x3(a4" not in source
+        assert f"reinterpret_cast<{dtype.c}*>(cf_smem + " in source
+        assert ("__ldcg((const uint2*)(a + " in source) == fours
+        assert dtype.load("__ldcg(a + ").removesuffix(")") in source
         nvcc_cubin(source, tmp_path)
 
 
@@ -405,3 +411,16 @@ def test_a_weights_gradient_of_a_float32_h_multiplies_a_16_bit_copy_of_it(name, 
             (loop,) = [item.launch for item in lb.persistent.items if isinstance(item.launch, GemmLaunch)]
             assert loop.a.buffer == du.w
     assert bool(converted) == copied
+
+
+@pytest.mark.parametrize("name", ["gru_cho", "mgu"])
+def test_a_weights_gradient_over_a_float32_state_multiplies_the_16_bit_twin_of_its_gradient(name):
+    """On the `naive` rung each matmul is a GEMM of its own: h @ U_z multiplies the float32 state h, and so
+    its gradient is float32, while that of x @ W_z, the same values, is 16-bit. dU_z multiplies that twin
+    and h converted to 16 bits, not float32 operands."""
+    forward = make_plan(load_template(name), SIZES, "naive", save_steps=True, precision="bf16")
+    plan = backward_plan(forward)
+    du = next(g for g in plan.layers[-1].after if isinstance(g, GemmLaunch) and g.group == "gemm1 dW")
+    assert plan.buffers[grad_of("l0.gemm1.out")].dtype == FLOAT32
+    assert (du.a.buffer, du.w) == ("l0.out.y.all.bfloat16", grad_of("l0.gemm0.out"))
+    assert du.a.dtype == du.w_dtype == plan.buffers[du.w].dtype == BFLOAT16

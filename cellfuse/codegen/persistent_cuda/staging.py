@@ -46,7 +46,8 @@ def stage(k: Kernel, g: GemmLaunch, first: str, width: int, stride: int, roundin
     """Stages rows rb.. of the block's rows of A, columns `first` .. + `width` of K (zeros past K), at
     `stride` floats a row: asynchronous copies, all in flight at once, where A's rows allow them. With
     `rounding`, each value as the GEMM multiplies it on the CUDA cores (`rounded`): each thread rounds
-    the values it copied once its copies are done."""
+    the values it copied once its copies are done. A 16-bit operand is loaded into registers and stored
+    converted (`sixteen_bit_stage`), its values the GEMM's type already."""
     rt, threads, w = k.launch.row_tile, k.launch.threads, k.w
     past = f"{first} + " if first != "0" else ""
     clip = width < g.k  # a chunk of K, the last one possibly past its end
