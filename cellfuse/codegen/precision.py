@@ -19,7 +19,8 @@ kernel computes in float32 as always, converting as it loads and stores. Some bu
   benchmarks/results). A persistent loop's GEMMs round such operands and weights to the 16-bit type as
   they multiply them (`_persistent_operands`): their outputs' gradients are 16-bit, and the weights'
   gradients multiply 16-bit copies of the operands (backward_plan.sixteen_bit_grads and
-  sixteen_bit_operands).
+  sixteen_bit_operands). Where another GEMM multiplies the same weights by a 16-bit operand through
+  cuBLAS, it reads a 16-bit copy of them (`_sixteen_bit_weight_copies`).
 
 `with_precision` sets these types on a float32 plan: each Buffer's, then every Access's to its buffer's
 and every GEMM's `multiply`, in one pass over the plan's launches (`retyped`, which the backward plan
@@ -33,7 +34,7 @@ from collections.abc import Collection
 
 from ..graph_model import Cell, CellError
 from .dtypes import BFLOAT16, FLOAT16, FLOAT32, DType
-from .plan import Access, GemmLaunch, Plan
+from .plan import Access, GemmLaunch, Launch, Plan
 
 PRECISIONS: dict[str, DType] = {"fp32": FLOAT32, "bf16": BFLOAT16, "fp16": FLOAT16}
 
@@ -149,9 +150,39 @@ def with_precision(plan: Plan, cell: Cell, precision: str, float32_states: Colle
     for g in _gemms(plan):
         if dtypes[g.a.buffer] == FLOAT32:
             dtypes[g.w] = FLOAT32
+    plan = _sixteen_bit_weight_copies(plan, dtypes, dtype)
     return dataclasses.replace(retyped(plan, dtypes, dtype), precision=precision,
                                buffers={name: dataclasses.replace(b, dtype=dtypes[name])
                                         for name, b in plan.buffers.items()})
+
+
+def _sixteen_bit_weight_copies(plan: Plan, dtypes: dict[str, DType], dtype: DType) -> Plan:
+    """`plan` with each cuBLAS GEMM of a 16-bit operand whose weights are float32 (a weight that another
+    GEMM multiplies by a float32 operand, a state's, say) reading a copy of them in the 16-bit type
+    instead: a weight buffer of its own, made from the same parameter (whose gradient then adds up the
+    gradients of both: Plan.param_parts), added to `dtypes`. cuBLAS multiplies operands of one type; a
+    persistent loop's GEMM, which rounds its weights as it loads them, needs none."""
+    copies: dict[str, str] = {}
+    for lp in plan.layers:
+        for g in (*lp.prologue, *(() if lp.persistent else lp.step)):
+            if (isinstance(g, GemmLaunch) and dtypes[g.a.buffer] != FLOAT32 and dtypes[g.w] == FLOAT32
+                    and plan.buffers[g.w].role == "weight"):
+                copies[g.w] = f"{g.w}.{dtype.name}"
+                dtypes[copies[g.w]] = dtype
+    if not copies:
+        return plan
+
+    def copied(launches: list[Launch]) -> list[Launch]:
+        return [dataclasses.replace(g, w=copies[g.w])
+                if isinstance(g, GemmLaunch) and g.w in copies and dtypes[g.a.buffer] != FLOAT32 else g
+                for g in launches]
+
+    buffers = dict(plan.buffers)
+    for name, copy in copies.items():
+        buffers[copy] = dataclasses.replace(buffers[name], name=copy)
+    layers = [dataclasses.replace(lp, prologue=copied(lp.prologue),
+                                  step=lp.step if lp.persistent else copied(lp.step)) for lp in plan.layers]
+    return dataclasses.replace(plan, layers=layers, buffers=buffers)
 
 
 def _persistent_operands(plan: Plan, precision: str) -> set[str]:

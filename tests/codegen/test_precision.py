@@ -17,6 +17,7 @@ from tiers import slow_beyond
 from cellfuse.codegen import make_plan
 from cellfuse.codegen.backward_plan import backward_plan
 from cellfuse.codegen.dtypes import BFLOAT16, FLOAT16, FLOAT32, round_to
+from cellfuse.codegen.gemm_routes import gemm_ex_types
 from cellfuse.codegen.kernel_set import backward_kernels, plan_kernels
 from cellfuse.codegen.lowering import Copy, Loop, lower
 from cellfuse.codegen.plan import H100, Access, GemmLaunch, KernelLaunch, grad_of, launch_name
@@ -360,6 +361,28 @@ def test_a_16_bit_backward_plan_keeps_its_gradients_float32_but_the_gemm_outputs
     assert bool(gemms) == (schedule == "tensor")
     for item in gemms:  # the reverse loop's GEMM reads the 16-bit gradient, W^T rounded on chip
         assert dtypes[item.launch.a.buffer] == BFLOAT16 and item.tiling.w_itemsize == 2
+
+
+@pytest.mark.parametrize("seed, schedule", [(28, "graph"), (59, "tensor")])
+def test_a_weight_that_gemms_of_both_types_multiply_has_a_16_bit_copy_for_cublas(seed, schedule):
+    """A weight that one GEMM multiplies by a float32 operand (a float32 state, or a persistent loop's
+    operand) and another, through cuBLAS, by a 16-bit one: cuBLAS multiplies operands of one type, so the
+    second reads a 16-bit copy of the weight, a buffer of its own made from the same parameter, whose
+    gradient adds to the parameter's (forward and backward, every cuBLAS GEMM of one type)."""
+    cell = random_cell(seed)
+    forward = make_plan(cell, SIZES, schedule, H100, save_steps=True, precision="bf16")
+    plan = backward_plan(forward)
+    copies = [b for name, b in forward.buffers.items() if name.endswith(".bfloat16")]
+    assert copies and all(b.role == "weight" and b.dtype == BFLOAT16 for b in copies)
+    keys = [part.key for part in forward.param_parts()]
+    assert all(keys.count(b.sources[0]) == 2 for b in copies)
+    buffers = {**forward.buffers, **plan.buffers}
+    cublas = [g for lp in forward.layers for g in (*lp.prologue, *(() if lp.persistent else lp.step))]
+    cublas += [g for lb in plan.layers for g in (*lb.after, *(() if lb.persistent else lb.step))]
+    for g in cublas:
+        if isinstance(g, GemmLaunch):
+            assert buffers[g.a.buffer].dtype == buffers[g.w].dtype == g.w_dtype, (g.group, g.a.buffer, g.w)
+            gemm_ex_types(g)
 
 
 def test_a_16_bit_backward_plan_that_would_mix_gradient_types_is_refused():

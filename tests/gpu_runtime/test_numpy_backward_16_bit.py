@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from gradient_runs import make_run, sixteen_bit_error
+from random_cells import random_cell
 from tiers import slow_where
 
 from cellfuse.codegen.precision import UNIT, gradient_tolerance
@@ -31,6 +32,16 @@ def test_16_bit_gradients_of_every_template_are_within_the_precisions_bound(name
     assert error <= bound, f"{name} {schedule} {precision}: d{where} off by {units:.1f} units"
     # and not float32's: the run did round (a plan that stored nothing in 16 bits would be ~1e-7 off)
     assert error > 1e-2 * UNIT[precision]
+
+
+@pytest.mark.parametrize("seed, schedule", [(28, "graph"), (59, "tensor")])
+def test_a_weight_multiplied_in_both_types_gets_both_gemms_gradients(seed, schedule):
+    """A random cell whose weight one GEMM multiplies by a float32 operand and another by a 16-bit one,
+    the second through a 16-bit copy of it (precision._sixteen_bit_weight_copies): the parameter's
+    gradient is the sum of both, within the bound like every other."""
+    run = make_run(random_cell(seed), 1, scale=1.0, initial=False, sizes=SIZES)
+    error, where = sixteen_bit_error(run.numpy(schedule, precision="bf16"), run.reference())
+    assert error <= gradient_tolerance("bf16"), f"d{where} off by {error / UNIT['bf16']:.1f} units"
 
 
 def test_the_bound_fails_a_backward_pass_that_loses_a_gradients_term():
