@@ -69,7 +69,7 @@ PRO, STEP = "pro", "step"  # the phases: once before the time loop, and in every
 class _Step:
     """What the passes know of the cell's step, and what they have decided so far."""
 
-    def __init__(self, cell: Cell, info: CellInfo, precision: str = "fp32"):
+    def __init__(self, cell: Cell, info: CellInfo, precision: str):
         self.cell, self.order, self.shapes = cell, info.order, info.shapes
         self.precision = precision
         self.nodes: dict[str, Node] = cell.by_id()

@@ -21,11 +21,12 @@ def rounded(g: GemmLaunch, value: str) -> str:
     return value if g.multiply == FLOAT32 else f"cf_round_{g.multiply.suffix}({value})"
 
 
-def operand(g: GemmLaunch, at: str) -> str:
-    """The operand's element at offset `at` from `a`, as the GEMM multiplies it on the CUDA cores: a float32
-    one `rounded`, a 16-bit one (a reverse loop's dC, see backward_plan.sixteen_bit_grads) as it is."""
+def operand(g: GemmLaunch, at: str, rounding: bool = True) -> str:
+    """The operand's element at offset `at` from `a`, with `rounding` as the GEMM multiplies it on the CUDA
+    cores: a float32 one `rounded`, a 16-bit one (a reverse loop's dC, see backward_plan.sixteen_bit_grads)
+    as it is."""
     value = g.a.dtype.load(f"__ldcg(a + {at})")
-    return rounded(g, value) if g.a.dtype == FLOAT32 else value
+    return rounded(g, value) if rounding and g.a.dtype == FLOAT32 else value
 
 
 def pointers(k: Kernel, item: PersistentItem) -> None:
@@ -69,8 +70,7 @@ def stage(k: Kernel, g: GemmLaunch, first: str, width: int, stride: int, roundin
                     w(f"float4* const s = (float4*)(cf_stage + (e / {w4}) * {stride} + 4 * (e % {w4}));",
                       f"*s = make_float4({', '.join(rounded(g, f's->{c}') for c in 'xyzw')});")
     with w.block(f"for (int e = tid; e < {rt * width}; e += {threads}) {{"):
-        at = f"(size_t)(rb + r) * {g.a.ld} + {past}k"
-        value = operand(g, at) if rounding else g.a.dtype.load(f"__ldcg(a + {at})")
+        value = operand(g, f"(size_t)(rb + r) * {g.a.ld} + {past}k", rounding)
         w(f"const int r = e / {width}, k = e - r * {width};",
           f"cf_stage[r * {stride} + k] =",
           f"    rb + r < rows{f' && {past}k < {g.k}' if clip else ''} ? {value} : 0.0f;")
