@@ -306,23 +306,28 @@ def sixteen_bit_grads(forward: Plan) -> dict[str, DType]:
     once (`same_gradients`; an upper layer's gradient of x @ W is float32, its GEMM multiplying the
     float32 h below through cuBLAS). Raises Float32Only where such a gradient would also be seeded or
     read as a float32 one: a GEMM writing into a buffer of another role than its own outputs', or two
-    GEMMs of different types into one."""
-    out: dict[str, DType] = {}
+    GEMMs of different types into one (in whichever order they come)."""
+    types: dict[str, dict[DType, GemmLaunch]] = {}  # a gradient buffer -> each type a GEMM gives it
     for lp in forward.layers:
         looped = lp.step if lp.persistent else ()
         for g in (*lp.prologue, *lp.step):
             if not isinstance(g, GemmLaunch):
                 continue
             w = forward.buffers[g.w].dtype
-            name = grad_of(g.c.buffer)
             if w == FLOAT32 and g in looped and forward.buffers[g.c.buffer].role == "gemm":
                 w = PRECISIONS[forward.precision]
-            if w == FLOAT32 and name not in out:
-                continue
-            if forward.buffers[g.c.buffer].role != "gemm" or out.setdefault(name, w) != w:
-                raise Float32Only(f"the backward pass of '{forward.cell_name}' in {forward.precision} would "
-                                  f"mix 16-bit and float32 gradients in '{g.c.buffer}' (GEMM {g.group}): it "
-                                  "runs in float32 only")
+            types.setdefault(grad_of(g.c.buffer), {}).setdefault(w, g)
+    out: dict[str, DType] = {}
+    for name, given in types.items():
+        sixteen = [w for w in given if w != FLOAT32]
+        if not sixteen:
+            continue
+        g = given[sixteen[0]]
+        if len(given) > 1 or forward.buffers[g.c.buffer].role != "gemm":
+            raise Float32Only(f"the backward pass of '{forward.cell_name}' in {forward.precision} would "
+                              f"mix 16-bit and float32 gradients in '{g.c.buffer}' (GEMM {g.group}): it "
+                              "runs in float32 only")
+        out[name] = sixteen[0]
     return out
 
 

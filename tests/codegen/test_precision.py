@@ -15,7 +15,7 @@ from random_cells import random_cell
 from tiers import slow_beyond
 
 from cellfuse.codegen import make_plan
-from cellfuse.codegen.backward_plan import backward_plan
+from cellfuse.codegen.backward_plan import backward_plan, sixteen_bit_grads
 from cellfuse.codegen.dtypes import BFLOAT16, FLOAT16, FLOAT32, round_to
 from cellfuse.codegen.gemm_routes import gemm_ex_types
 from cellfuse.codegen.kernel_set import backward_kernels, plan_kernels
@@ -394,6 +394,22 @@ def test_a_16_bit_backward_plan_that_would_mix_gradient_types_is_refused():
     with pytest.raises(Float32Only, match=f"would mix 16-bit and float32 gradients in '{gemm.c.buffer}'"):
         backward_plan(dataclasses.replace(forward, buffers=buffers))
 
+
+
+@pytest.mark.parametrize("float32_first", [True, False])
+def test_two_gemms_of_either_type_into_one_gradient_are_refused_in_either_order(float32_first):
+    """A 16-bit GEMM and a float32 one writing one output buffer: its gradient would be read as both."""
+    forward = make_plan(load_template("lstm"), SIZES, "graph", save_steps=True, precision="bf16")
+    lp = forward.layers[0]
+    x_w = next(g for g in lp.prologue if isinstance(g, GemmLaunch))
+    h_u = next(g for g in lp.step if isinstance(g, GemmLaunch))
+    assert forward.buffers[x_w.w].dtype == BFLOAT16
+    buffers = {**forward.buffers, "U.float32": dataclasses.replace(forward.buffers[h_u.w], dtype=FLOAT32)}
+    wide = dataclasses.replace(h_u, group="h@U into x@W's", w="U.float32", c=x_w.c)
+    prologue = [wide, *lp.prologue] if float32_first else [*lp.prologue, wide]
+    layers = [dataclasses.replace(lp, prologue=prologue), *forward.layers[1:]]
+    with pytest.raises(Float32Only, match=f"would mix 16-bit and float32 gradients in '{x_w.c.buffer}'"):
+        sixteen_bit_grads(dataclasses.replace(forward, buffers=buffers, layers=layers))
 
 def _accesses(launch) -> list[Access]:
     if isinstance(launch, GemmLaunch):
