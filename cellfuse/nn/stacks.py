@@ -126,7 +126,8 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     states in torch's order (layer by layer, forward before reverse), `initial` in the same order. On a
     GPU the two directions of a layer run side by side, the reverse one on a stream of its own, each
     planned for half of the SMs (FORWARD_BESIDE), so that both persistent kernels run at once; under
-    `auto`, only where that was measured faster than one after the other (ops.side_by_side). `steps`: the
+    `auto`, only where that was measured faster than one after the other (ops.side_by_side), and else
+    the reverse one after the forward one, on that stream still (see _two_streams). `steps`: the
     lengths' steps-left state of one layer, where it was made already (see run); `kept`: the module's
     kept calls of its layers and directions (quick_call.KeptLayers), which make a call like the one
     before of each and keep the others, for all sequences of the full length."""
@@ -151,7 +152,7 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
                          reverse_time if reverse else None, early, cell, hidden, schedule, lengths,
                          direction_of(reverse, beside), float32, steps, kept, layer, zeros)
                  for i, reverse in enumerate(directions, start=layer * len(directions))]
-        done = _side_by_side(*calls, x) if beside else [call() for call in calls]
+        done = _two_streams(*calls, x, beside) if can_run_beside else [call() for call in calls]
         outputs, lasts = [y for y, _ in done], [last for _, last in done]
         for last in lasts:
             for i, value in enumerate(last):
@@ -200,7 +201,7 @@ def _side_stream(x: torch.Tensor, main: torch.cuda.Stream) -> torch.cuda.Stream 
     other code is given too): the memory of the side stream's outputs goes back to its pool without
     record_stream, as soon as the host drops it. That is safe only where every later use of the side
     stream waits for the main stream that read those outputs, which a side stream that serves one main
-    stream alone does (_side_by_side). And it must be so: memory held back by record_stream until the
+    stream alone does (_two_streams). And it must be so: memory held back by record_stream until the
     GPU passes an event comes back at addresses that depend on how far the GPU lags, and a kept call
     replays its captured run only over addresses it has seen (quick_call), so that the calls of a
     bidirectional layer would take the whole path, and capture new runs, without end."""
@@ -217,18 +218,24 @@ def _side_stream(x: torch.Tensor, main: torch.cuda.Stream) -> torch.cuda.Stream 
     return side
 
 
-def _side_by_side(first: Callable, second: Callable, x: torch.Tensor):
-    """first() on the current stream and second() on its side stream, forked from it and joined back
-    (one after the other where it has none)."""
+def _two_streams(first: Callable, second: Callable, x: torch.Tensor, at_once: bool):
+    """first() on the current stream and second() on its side stream, forked from it and joined back:
+    side by side where `at_once`, else second() after first() (where the stream has no side stream,
+    one after the other on it). Not at once, second() runs on the side stream all the same, so that
+    each stream allocates alike whichever way each layer runs: on the current stream, a reverse
+    direction run one after the other in one layer, beside another layer's run side by side, found its
+    memory at addresses its kept call's lane had seen only now and then."""
     main = torch.cuda.current_stream(x.device)
     side = _side_stream(x, main)
     if side is None:
         return [first(), second()]
+    out = None if at_once else first()
     side.wait_stream(main)
     try:
         with torch.cuda.stream(side):
             done = second()
-        out = first()
+        if at_once:
+            out = first()
     finally:  # (even where one failed: the next use of the side stream must follow this one)
         main.wait_stream(side)
     return [out, done]

@@ -319,19 +319,36 @@ def test_inference_calls_under_autocast_are_kept_and_made_by_the_lane(cuda, monk
         assert call()[0].dtype == torch.float32
 
 
-@pytest.mark.parametrize("schedule", ["tensor", "auto"])
-def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeypatch, schedule):
+T_BESIDE, T_IN_ORDER, P_BESIDE, P_IN_ORDER = ("tensor", True), ("tensor", False), ("persistent", True), \
+    ("persistent", False)
+
+
+@pytest.mark.parametrize("schedule, chosen, batch", [
+    ("tensor", None, 19), ("auto", None, 21), ("auto", (T_BESIDE, P_BESIDE), 23),
+    ("auto", (T_IN_ORDER, P_IN_ORDER), 25), ("auto", (T_IN_ORDER, P_BESIDE), 27),
+    ("auto", (T_BESIDE, P_IN_ORDER), 29), ("auto", (P_IN_ORDER, P_BESIDE), 31),
+    ("auto", (P_BESIDE, P_IN_ORDER), 33)])
+def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeypatch, schedule, chosen,
+                                                                   batch):
     """Each layer's and direction's inference call is kept (quick_call.KeptLayers): once its run replayed,
-    the calls like it are made by each direction's lane, side by side on their streams, with the whole
-    path's results to the bit, with and without hx, and torch's LSTM's within float32 rounding."""
+    the calls like it are made by each direction's lane, side by side on their streams or one after the
+    other, with the whole path's results to the bit, with and without hx, and torch's LSTM's within
+    float32 rounding. `chosen`: what `auto` chooses for each layer, its rung and whether its directions
+    run side by side (where None, as measured: the layers may choose differently)."""
+    from cellfuse.gpu_runtime.auto_schedule import Choice
     from cellfuse.nn import quick_lane
 
     assert quick_lane.module() is not None, "the lane's C++ could not be built here"
+    if chosen is not None:
+        def choose(cell, sizes, device, bidirectional=False, precision="fp32"):
+            rung, beside = chosen[0 if sizes.input == INPUT else 1]
+            return Choice(rung, "as if measured", beside)
+        monkeypatch.setattr(ops, "choose", choose)
     lstm = LSTM(INPUT, H, 2, bidirectional=True, schedule=schedule).to(cuda)
     torchs = torch.nn.LSTM(INPUT, H, 2, bidirectional=True).to(cuda)
     torchs.load_state_dict(lstm.state_dict())
-    x = torch.randn(T, 19, INPUT, device=cuda)
-    hx = tuple(torch.randn(4, 19, H, device=cuda) for _ in range(2))
+    x = torch.randn(T, batch, INPUT, device=cuda)
+    hx = tuple(torch.randn(4, batch, H, device=cuda) for _ in range(2))
     entered = _runner_entries(monkeypatch)
     with torch.no_grad():
         for given in (None, hx):
