@@ -302,9 +302,9 @@ def sixteen_bit_grads(forward: Plan) -> dict[str, DType]:
     multiply 16-bit operands (their weights' type; a GEMM's left operand has its weights' type), and of
     a persistent loop's GEMMs, which round their float32 operand and weights to the plan's type as they
     multiply them (precision._persistent_operands): the reverse loop then stages dC in half the bytes,
-    and the first layer of an LSTM stores its gradients of x @ W and h @ U, the same values in one type,
-    once (`same_gradients`; an upper layer's gradient of x @ W is float32, its GEMM multiplying the
-    float32 h below through cuBLAS). Raises Float32Only where such a gradient would also be seeded or
+    and each layer of an LSTM stores its gradients of x @ W and h @ U, the same values in one type, once
+    (`same_gradients`; an upper layer's x @ W multiplies a 16-bit copy of the outputs below:
+    precision._sixteen_bit_operand_copies). Raises Float32Only where such a gradient would also be seeded or
     read as a float32 one: a GEMM writing into a buffer of another role than its own outputs', or two
     GEMMs of different types into one (in whichever order they come)."""
     types: dict[str, dict[DType, GemmLaunch]] = {}  # a gradient buffer -> each type a GEMM gives it

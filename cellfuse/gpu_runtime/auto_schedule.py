@@ -65,8 +65,9 @@ REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 # keep W's fp16 copies between runs; version 22's 16-bit GEMMs on the CUDA cores take their exchanged
 # operand rounded by its writer; version 23's 16-bit GEMMs on tensor cores keep fragments of W in
 # registers, version 24's in up to 96 of them; version 25's 16-bit plans add their input biases in the
-# step's kernel, and their persistent reverse loops read the gates' gradient in 16 bits) is measured again.
-RUNGS_VERSION = 25
+# step's kernel, and their persistent reverse loops read the gates' gradient in 16 bits; version 26's 16-bit
+# GEMMs outside the loop multiply a 16-bit copy of a float32 operand) is measured again.
+RUNGS_VERSION = 26
 
 
 @dataclass(frozen=True)

@@ -411,6 +411,7 @@ def test_two_gemms_of_either_type_into_one_gradient_are_refused_in_either_order(
     with pytest.raises(Float32Only, match=f"would mix 16-bit and float32 gradients in '{x_w.c.buffer}'"):
         sixteen_bit_grads(dataclasses.replace(forward, buffers=buffers, layers=layers))
 
+
 def _accesses(launch) -> list[Access]:
     if isinstance(launch, GemmLaunch):
         return [launch.a, launch.c]
@@ -423,8 +424,9 @@ def test_a_weights_gradient_of_a_float32_h_multiplies_a_16_bit_copy_of_it(name, 
     """On the persistent rungs a 16-bit plan keeps h float32 (its loop's GEMM operand, rounded as the GEMM
     multiplies it), and the gradient of h @ U is 16-bit: dU += h^T @ dgates multiplies it and h
     converted to 16 bits after the loop (a kernel of its own, overwriting its buffer whole), not float32
-    operands; the reverse loop reads the same 16-bit gradient (layer 0's LSTM: the gradient of x @ W too,
-    the same values, stored once)."""
+    operands; the reverse loop reads the same 16-bit gradient (the LSTM's gradient of x @ W too, the same
+    values, stored once, in every layer: an upper layer's x @ W multiplies a 16-bit copy of the outputs
+    below)."""
     forward = make_plan(load_template(name), SIZES, schedule, H100, save_steps=True, precision="bf16")
     plan = backward_plan(forward)
     converted = 0
@@ -436,7 +438,7 @@ def test_a_weights_gradient_of_a_float32_h_multiplies_a_16_bit_copy_of_it(name, 
             continue
         converted += 1
         copy = f"{y}.all.bfloat16"
-        merged = name == "lstm" and lb.layer == 0  # (an upper layer's gradient of x @ W is float32)
+        merged = name == "lstm"
         assert (du.a.buffer, du.w) == (copy, grad_of(f"l{lb.layer}.gemm{0 if merged else 1}.out"))
         assert du.a.dtype == du.w_dtype == plan.buffers[du.w].dtype == BFLOAT16
         convert = after[after.index(du) - 1]
