@@ -498,6 +498,15 @@ class _Layer:
         # The launches of the graph rung, also those of a persistent plan, whose backward pass
         # is therefore the graph rung's.
         self.forward_launches = [*self.lp.prologue, *self.lp.step]
+        # the 16-bit copies the prologue makes of a float32 operand for GEMMs (precision.
+        # _sixteen_bit_operand_copies) -> (the place they copy, the copy): the gradient of a GEMM's
+        # operand that is such a copy adds straight into that place's, with no kernel between
+        kernels_read = {acc.buffer for lp in forward.layers for k in (*lp.prologue, *lp.step)
+                        if isinstance(k, KernelLaunch) for _, acc in k.inputs}
+        self.copied = {k.outputs[0][1].buffer: (k.inputs[0][1], k.outputs[0][1]) for k in self.lp.prologue
+                       if _converts(k) and k.outputs[0][1].buffer not in kernels_read}
+        for copy in self.copied:
+            del buffers[grad_of(copy)]
         for k in self.kernels():
             for instr in k.body:
                 if instr.op.grad is None or instr.op.cuda_grad is None:
@@ -578,14 +587,21 @@ class _Layer:
                 return [self.grad_a(launch)]
             case KernelLaunch() if launch.row_kind == "one":
                 return []  # after the loop, once (see `launches`)
+            case KernelLaunch() if launch.outputs[0][1].buffer in self.copied:
+                return []  # its GEMMs' gradient of the copy went to the place it copies (`grad_a`)
             case KernelLaunch():
                 return self.adjoint(launch)
             case _:
                 raise TypeError(f"unknown launch {launch!r}")
 
     def grad_a(self, g: GemmLaunch) -> GemmLaunch:
-        """dA += dC @ W^T."""
-        return GemmLaunch(f"{g.group} dA", g.row_kind, g.m, g.k, g.n, grad(g.c), g.w, grad(g.a), None,
+        """dA += dC @ W^T (where A is a copy made in the prologue, into the gradient of what it copies)."""
+        into = grad(g.a)
+        if g.a.buffer in self.copied:
+            source, whole = self.copied[g.a.buffer]
+            assert g.a == whole, f"GEMM {g.group} reads part of the copy {g.a.buffer}"
+            into = grad(source)
+        return GemmLaunch(f"{g.group} dA", g.row_kind, g.m, g.k, g.n, grad(g.c), g.w, into, None,
                           trans_w=True, accumulate=True)
 
     def weight_grads(self, g: GemmLaunch) -> list[GemmLaunch]:
@@ -668,6 +684,13 @@ class _Layer:
                 raise CellError(f"kernel {k.island} computes '{value}' per row and a kernel of [N] values "
                                 "reads it: the plan mixes two rungs")
         return out
+
+
+def _converts(k: Launch) -> bool:
+    """Whether a forward launch is a kernel that stores its one input, as it is, into one output of
+    another type."""
+    return (isinstance(k, KernelLaunch) and k.body == () and len(k.inputs) == len(k.outputs) == 1
+            and k.inputs[0][0] == k.outputs[0][0] and k.inputs[0][1].dtype != k.outputs[0][1].dtype)
 
 
 def ones_name(dtype: DType) -> str:

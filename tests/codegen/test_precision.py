@@ -465,3 +465,26 @@ def test_a_weights_gradient_over_a_float32_state_multiplies_the_16_bit_twin_of_i
     assert plan.buffers[grad_of("l0.gemm1.out")].dtype == FLOAT32
     assert (du.a.buffer, du.w) == ("l0.out.y.all.bfloat16", grad_of("l0.gemm0.out"))
     assert du.a.dtype == du.w_dtype == plan.buffers[du.w].dtype == BFLOAT16
+
+
+@pytest.mark.parametrize("name, schedule", [("lstm", "tensor"), ("lstm", "persistent"), ("gru", "graph")])
+def test_an_upper_layers_input_gemm_multiplies_a_16_bit_copy_of_the_float32_outputs_below(name, schedule):
+    """Where the outputs below are float32 (the persistent rungs' h, a GRU's h everywhere), the upper
+    layer's prologue converts them into a 16-bit copy first, and its input GEMM multiplies the copy by
+    16-bit weights; the backward pass's gradient of that operand goes straight into the outputs' below,
+    with no kernel and no gradient buffer of the copy."""
+    forward = make_plan(load_template(name), SIZES, schedule, H100, save_steps=True, precision="bf16")
+    below = forward.buffers["l0.out.y"]
+    assert below.dtype == FLOAT32
+    convert, gemm = forward.layers[1].prologue[:2]
+    assert isinstance(convert, KernelLaunch) and convert.body == () and isinstance(gemm, GemmLaunch)
+    (_, src), = convert.inputs
+    (_, copy), = convert.outputs
+    assert src.buffer == "l0.out.y" and forward.buffers[copy.buffer].dtype == BFLOAT16
+    assert gemm.a == copy and gemm.a.dtype == gemm.w_dtype == forward.buffers[gemm.w].dtype == BFLOAT16
+    plan = backward_plan(forward)
+    after = plan.layers[0].after  # (layer 1's, reversed)
+    d_a = next(g for g in after if isinstance(g, GemmLaunch) and g.group == f"{gemm.group} dA")
+    assert d_a.c == dataclasses.replace(src, buffer=grad_of(src.buffer))
+    assert grad_of(copy.buffer) not in plan.buffers
+    assert not any(isinstance(k, KernelLaunch) and k.island.startswith(convert.island) for k in after)
