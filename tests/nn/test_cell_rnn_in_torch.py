@@ -244,13 +244,21 @@ def test_modules_on_two_devices_of_one_process():
 
 
 def test_out_of_memory_raises_torchs_error_and_leaves_the_module_usable(cuda):
+    """Out of the memory torch's allocator may take (2 GiB more than the process holds: filling the
+    whole GPU instead makes other test processes' allocators that cannot allocate give their cached
+    memory back, which moves the memory of the calls whose replays they count)."""
     rnn = _lstm(cuda, "graph", hidden=1024, inputs=32)
-    free, _ = torch.cuda.mem_get_info(cuda)
-    batch = int(free // (200 * 4 * 1024 * 4)) + 64  # x fits; the gates of its 200 steps do not
-    x = torch.zeros(200, batch, 32, device=cuda)
-    with pytest.raises(torch.cuda.OutOfMemoryError), torch.no_grad():
-        rnn(x)
-    del x
+    room = 2 << 30
+    total = torch.cuda.get_device_properties(cuda).total_memory
+    torch.cuda.set_per_process_memory_fraction((torch.cuda.memory_reserved(cuda) + room) / total, cuda)
+    try:
+        batch = room // (200 * 4 * 1024 * 4) + 64  # x fits; the gates of its 200 steps do not
+        x = torch.zeros(200, batch, 32, device=cuda)
+        with pytest.raises(torch.cuda.OutOfMemoryError), torch.no_grad():
+            rnn(x)
+        del x
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, cuda)
     with torch.no_grad():
         y, _ = rnn(torch.randn(10, 4, 32, device=cuda))
     assert torch.isfinite(y).all()
