@@ -3,6 +3,7 @@ editor's plan panel (`summary`)."""
 
 from __future__ import annotations
 
+from .dtypes import FLOAT32
 from .gemm_routes import on_tensor_cores, route
 from .plan import GemmLaunch, Plan, launch_name
 from .roofline import H100_SXM, roofline
@@ -79,7 +80,6 @@ def describe(plan: Plan) -> str:
     lines += ["", "GEMM groups:"]
     tensor_cores = tensor_core_groups(plan)
     sixteen_bit = plan.precision != "fp32"
-    on_cores = f", on tensor cores ({_tensor_core_math(plan)})"
     # (a GEMM the warpgroup GEMM may take runs whichever of the two measures faster on an sm_90 GPU)
     rows = tensor_cores_rows(plan)
     or_wgmma = {g.group for g in plan.layers[0].prologue if isinstance(g, GemmLaunch)
@@ -87,7 +87,8 @@ def describe(plan: Plan) -> str:
     for g in plan.groups:
         where = "hoisted: once for all steps" if g.hoisted else f"every step, stage {g.stage}"
         # (in 16 bits, every GEMM that cuBLAS runs: those of a persistent kernel are said below)
-        where += on_cores if g.name in tensor_cores or (sixteen_bit and (g.hoisted or not persistent)) else ""
+        if g.name in tensor_cores or (sixteen_bit and (g.hoisted or not persistent)):
+            where += f", on tensor cores ({_cublas_math(plan, g.name)})"
         where += (", or 3xTF32 in the warpgroup GEMM where that measures faster on an sm_90 GPU"
                   if g.name in or_wgmma else "")
         folded = f"; bias folded: {', '.join(sorted(g.folded))}" if g.folded else ""
@@ -149,6 +150,18 @@ def _tensor_core_math(plan: Plan) -> str:
     if plan.precision != "fp32":
         return f"{plan.precision} into float32"
     return "3xFP16, rows and columns scaled"
+
+
+def _cublas_math(plan: Plan, group: str) -> str:
+    """How cuBLAS multiplies a GEMM group of the first layer on tensor cores: as `_tensor_core_math`, but
+    in 16 bits a GEMM of float32 operands (a float32 state's: precision's module doc) in cuBLAS's fast
+    compute type for the 16-bit type, which rounds as TF32 does, at TF32's rate."""
+    first = plan.layers[0]
+    launch = next((g for g in (*first.prologue, *first.step)
+                   if isinstance(g, GemmLaunch) and g.group == group), None)
+    if plan.precision != "fp32" and launch is not None and launch.w_dtype == FLOAT32:
+        return f"float32 operands, in cuBLAS's fast {plan.precision} compute type: as TF32, at its rate"
+    return _tensor_core_math(plan)
 
 
 def tensor_cores_rows(plan: Plan) -> int:

@@ -284,6 +284,21 @@ def test_the_plan_says_how_each_gemm_multiplies_in_16_bits(precision):
         assert all("cores" not in line for line in lines if line.strip().startswith("k0 (")), schedule
 
 
+
+def test_the_plan_says_a_16_bit_gemm_of_float32_operands_multiplies_them_at_tf32s_rate():
+    """The GRU's h is a float32 state in bf16 too: its step GEMM multiplies float32 operands through
+    cuBLAS, which the plan says, where its GEMM of the 16-bit x multiplies in bf16."""
+    from cellfuse.codegen.plan_text import describe
+
+    lines = describe(make_plan(load_template("gru"), Sizes(100, 64, 512, 512, 1), "graph",
+                               precision="bf16")).splitlines()
+    gemm0, gemm1 = (next(line for line in lines if line.strip().startswith(g + " "))
+                    for g in ("gemm0", "gemm1"))
+    assert "on tensor cores (bf16 into float32)" in gemm0
+    assert ("on tensor cores (float32 operands, in cuBLAS's fast bf16 compute type: as TF32, at its rate)"
+            in gemm1)
+
+
 @pytest.mark.nvcc
 @pytest.mark.slow  # the persistent rung's 16-bit modules through nvcc: about 8 s on 2 cores
 @pytest.mark.parametrize("precision", COMPILED_PRECISIONS)
