@@ -202,20 +202,23 @@ def test_each_main_stream_has_a_side_stream_of_its_own(cuda):
                     torch.testing.assert_close(y, want, rtol=1e-4, atol=1e-5)
 
 
-def test_training_side_by_side_feeds_each_gradient_from_its_own_stream(cuda, tmp_path):
-    """Training a bidirectional stack whose reverse directions run on a side stream, step after step, with
-    an input that is a leaf requiring a gradient: torch's engine meets no AccumulateGrad node on another
-    stream than the gradient it is given (it warns of that once a process, so a process of its own), and
-    the gradients are cuDNN's."""
+@pytest.mark.parametrize("beside", [True, False])
+def test_training_side_by_side_feeds_each_gradient_from_its_own_stream(cuda, tmp_path, beside):
+    """Training a bidirectional stack whose reverse directions run on a side stream (`beside` the forward
+    ones, or after them, as `auto` may choose), step after step, with an input that is a leaf requiring
+    a gradient: torch's engine meets no AccumulateGrad node on another stream than the gradient it is
+    given (it warns of that once a process, so a process of its own), and the gradients are cuDNN's."""
     import subprocess
     import sys
 
     script = tmp_path / "train.py"
     script.write_text(
         "import torch\n"
-        "from cellfuse.nn import LSTM\n"
+        "from cellfuse.gpu_runtime.auto_schedule import Choice\n"
+        "from cellfuse.nn import LSTM, ops\n"
+        f"ops.choose = lambda *args, **kwargs: Choice('persistent', 'as if measured', {beside})\n"
         "torch.manual_seed(0)\n"
-        "ours = LSTM(24, 40, 2, bidirectional=True, schedule='persistent').cuda()\n"
+        "ours = LSTM(24, 40, 2, bidirectional=True, schedule='auto').cuda()\n"
         "ref = torch.nn.LSTM(24, 40, 2, bidirectional=True).cuda()\n"
         "ref.load_state_dict(ours.state_dict())\n"
         "for module in (ours, ref):\n"
