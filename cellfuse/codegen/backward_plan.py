@@ -91,7 +91,7 @@ from .plan import (
     grad_of,
     launch_name,
 )
-from .precision import PRECISIONS, Float32Only, retyped
+from .precision import PRECISIONS, Float32Only, retyped, sixteen_bit_copy
 
 ONES = "ones"  # T*B ones: the left operand of a column sum (of float32 rows; `ones_name` for 16-bit rows)
 
@@ -397,17 +397,17 @@ def sixteen_bit_operands(after: list[Launch], twins: dict[str, str], forward: Pl
             out.append(launch)
             continue
         dtype = buffers[dc].dtype
-        copy = f"{launch.a.buffer}.{launch.a.slot}.{dtype.name}"  # (layers read their own steps of it)
         # A is [K, M]: T*B rows of the operand's width, from the step A's access starts at (the first
         # step's h, or the second's, "all+1"), copied to the start of the copy
         rows, width = launch.k, launch.m
+        copy, island = sixteen_bit_copy(launch.a, width, forward.buffers[launch.a.buffer].width, dtype)
         into = Access(copy, "row", width, slot="all")
         if copy not in made:
             made.add(copy)
             buffers[copy] = Buffer(copy, "seq", width, "grad", dtype=dtype)
             once.add(copy)
             # (a backward pass's kernel, after the loop; its output stored, not added: in `once`)
-            out.append(KernelLaunch(f"{launch.a.buffer} in {dtype.name}", "seq", rows, width,
+            out.append(KernelLaunch(island, "seq", rows, width,
                                     (("v", launch.a),), (("v", into),), (), hoisted=True, accumulate=True))
         out.append(replace(launch, a=into, w=dc))
     return out
@@ -599,7 +599,9 @@ class _Layer:
         into = grad(g.a)
         if g.a.buffer in self.copied:
             source, whole = self.copied[g.a.buffer]
-            assert g.a == whole, f"GEMM {g.group} reads part of the copy {g.a.buffer}"
+            if g.a != whole:
+                raise CellError(f"GEMM {g.group} of layer {self.lp.layer} reads part of the copy "
+                                f"{g.a.buffer}, whose gradient goes to what it copies whole")
             into = grad(source)
         return GemmLaunch(f"{g.group} dA", g.row_kind, g.m, g.k, g.n, grad(g.c), g.w, into, None,
                           trans_w=True, accumulate=True)

@@ -175,18 +175,26 @@ def _sixteen_bit_operand_copies(plan: Plan, dtypes: dict[str, DType], dtype: DTy
             if not isinstance(g, GemmLaunch) or dtypes[g.a.buffer] != FLOAT32:
                 prologue.append(g)
                 continue
-            into = made.get(g.a)
+            into = made.get((g.a, g.k))
             if into is None:
-                name = f"{g.a.buffer}.{g.a.slot}.{dtype.name}"  # (a layer reads its own steps of it)
-                into = made[g.a] = Access(name, "row", g.k, slot="all")
+                name, island = sixteen_bit_copy(g.a, g.k, plan.buffers[g.a.buffer].width, dtype)
+                into = made[g.a, g.k] = Access(name, "row", g.k, slot="all")
                 buffers[name] = Buffer(name, "seq", g.k, "value", dtype=dtype)
                 dtypes[name] = dtype
-                prologue.append(KernelLaunch(f"{g.a.buffer} in {dtype.name}", "seq", g.m, g.k,
-                                             ((name, g.a),), ((name, into),), (), hoisted=True))
+                prologue.append(KernelLaunch(island, "seq", g.m, g.k, ((name, g.a),), ((name, into),), (),
+                                             hoisted=True))
             prologue.append(dataclasses.replace(g, a=into))
             changed = True
         layers.append(dataclasses.replace(lp, prologue=prologue))
     return dataclasses.replace(plan, layers=layers, buffers=buffers) if changed else plan
+
+
+def sixteen_bit_copy(acc: Access, width: int, stored: int, dtype: DType) -> tuple[str, str]:
+    """The buffer and the kernel's island of a copy in `dtype` of `width` columns of the buffer `acc`
+    reads (`stored` columns wide), from the step `acc` starts at on (a layer's copy of its own steps),
+    naming the columns where it copies some of them (GEMMs over two matmuls' columns of one output)."""
+    cols = "" if (acc.col, width) == (0, stored) else f".cols{acc.col}-{acc.col + width}"
+    return f"{acc.buffer}{cols}.{acc.slot}.{dtype.name}", f"{acc.buffer}{cols} in {dtype.name}"
 
 
 def _sixteen_bit_weight_copies(plan: Plan, dtypes: dict[str, DType], dtype: DType) -> Plan:

@@ -102,10 +102,13 @@ def _flops_seconds(layer: LayerPlan, launches, peaks: Peaks, in_step: bool) -> f
 
 
 def _prologue_bytes(plan: Plan, launches) -> int:
-    """What the hoisted GEMMs read and write: A, W, C (and the bias)."""
+    """What the hoisted launches read and write: a GEMM's A, W, C (and the bias), a kernel's rows."""
     total = 0
     for launch in launches:
-        if isinstance(launch, GemmLaunch):
+        if isinstance(launch, KernelLaunch):
+            total += launch.rows * launch.width * sum(acc.dtype.itemsize for _, acc in
+                                                      (*launch.inputs, *launch.outputs) if acc.kind == "row")
+        elif isinstance(launch, GemmLaunch):
             total += (launch.m * launch.k * launch.a.dtype.itemsize
                       + launch.m * launch.n * launch.c.dtype.itemsize
                       + launch.k * launch.n * plan.buffers[launch.w].dtype.itemsize)

@@ -13,6 +13,7 @@ from tiers import slow_where
 
 from cellfuse.codegen.precision import UNIT, gradient_tolerance
 from cellfuse.graph_model import Sizes, load_template, template_names
+from cellfuse.graph_model.builder import CellBuilder, apply
 
 SIZES = Sizes(seq=20, batch=8, input=32, hidden=32, layers=1)
 KINKS = 64  # IndRNN in bf16, units: see precision.GRADIENT_BOUND_UNITS
@@ -43,6 +44,33 @@ def test_a_weight_multiplied_in_both_types_gets_both_gemms_gradients(seed, sched
     error, where = sixteen_bit_error(run.numpy(schedule, precision="bf16"), run.reference())
     assert error <= gradient_tolerance("bf16"), f"d{where} off by {error / UNIT['bf16']:.1f} units"
 
+
+
+def _two_slices_cell():
+    """x @ W0 and x @ W1 (one GEMM, one float32 output, of hidden and input columns), each multiplied again
+    outside the loop: two GEMMs over two slices of one float32 buffer, each through a 16-bit copy of its
+    own slice."""
+    b = CellBuilder("two_slices")
+    x, h = b.input("x"), b.state("h")
+    a = (x @ b.weight("W0", "input", "hidden")).named("a")
+    c = (x @ b.weight("W1", "input", "input")).named("c")
+    total = a @ b.weight("W2", "hidden", "hidden") + c @ b.weight("W3", "input", "hidden")
+    h_new = apply("tanh", total + h @ b.weight("U", "hidden", "hidden")).named("h_new")
+    b.update(h, h_new)
+    b.output(h_new)
+    return b.build()
+
+
+@pytest.mark.parametrize("schedule", ["graph", "tensor"])
+@pytest.mark.parametrize("inputs", [4, 8])
+def test_gemms_over_two_slices_of_a_float32_output_multiply_copies_of_their_own(schedule, inputs):
+    """Each slice's 16-bit copy is a buffer of its own (precision.sixteen_bit_copy names its columns), and
+    each GEMM's gradient of its slice goes back into that slice's columns (slices of two widths, and of
+    one)."""
+    sizes = Sizes(seq=12, batch=3, input=inputs, hidden=8, layers=1)
+    run = make_run(_two_slices_cell(), 1, scale=1.0, initial=False, sizes=sizes)
+    error, where = sixteen_bit_error(run.numpy(schedule, precision="bf16"), run.reference())
+    assert error <= gradient_tolerance("bf16"), f"d{where} off by {error / UNIT['bf16']:.1f} units"
 
 def test_the_bound_fails_a_backward_pass_that_loses_a_gradients_term():
     """The check can fail: half of one parameter's gradient lost is far outside the bound."""
