@@ -127,8 +127,8 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     GPU the two directions of a layer run side by side, the reverse one on a stream of its own, each
     planned for half of the SMs (FORWARD_BESIDE), so that both persistent kernels run at once; under
     `auto`, only where that was measured faster than one after the other (ops.side_by_side), and else
-    the reverse one after the forward one, on that stream still (see _two_streams). `steps`: the
-    lengths' steps-left state of one layer, where it was made already (see run); `kept`: the module's
+    the reverse one after the forward one (in inference on that stream still: see _two_streams). `steps`:
+    the lengths' steps-left state of one layer, where it was made already (see run); `kept`: the module's
     kept calls of its layers and directions (quick_call.KeptLayers), which make a call like the one
     before of each and keep the others, for all sequences of the full length."""
     directions = (False, True) if bidirectional else (False,)
@@ -152,7 +152,11 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
                          reverse_time if reverse else None, early, cell, hidden, schedule, lengths,
                          direction_of(reverse, beside), float32, steps, kept, layer, zeros)
                  for i, reverse in enumerate(directions, start=layer * len(directions))]
-        done = _two_streams(*calls, x, beside) if can_run_beside else [call() for call in calls]
+        # (one after the other, a training call's directions stay on the current stream: each direction's
+        # backward pass runs on its forward pass's stream, and the two, each planned for all of the SMs,
+        # would then run at once)
+        two = can_run_beside and (beside or not torch.is_grad_enabled())
+        done = _two_streams(*calls, x, beside) if two else [call() for call in calls]
         outputs, lasts = [y for y, _ in done], [last for _, last in done]
         for last in lasts:
             for i, value in enumerate(last):
@@ -221,10 +225,10 @@ def _side_stream(x: torch.Tensor, main: torch.cuda.Stream) -> torch.cuda.Stream 
 def _two_streams(first: Callable, second: Callable, x: torch.Tensor, at_once: bool):
     """first() on the current stream and second() on its side stream, forked from it and joined back:
     side by side where `at_once`, else second() after first() (where the stream has no side stream,
-    one after the other on it). Not at once, second() runs on the side stream all the same, so that
-    each stream allocates alike whichever way each layer runs: on the current stream, a reverse
-    direction run one after the other in one layer, beside another layer's run side by side, found its
-    memory at addresses its kept call's lane had seen only now and then."""
+    one after the other on it). Not at once (inference calls only), second() runs on the side stream
+    all the same, so that each stream allocates alike whichever way each layer runs: on the current
+    stream, a reverse direction run one after the other in one layer, beside another layer's run side
+    by side, found its memory at addresses its kept call's lane had seen only now and then."""
     main = torch.cuda.current_stream(x.device)
     side = _side_stream(x, main)
     if side is None:

@@ -204,10 +204,11 @@ def test_each_main_stream_has_a_side_stream_of_its_own(cuda):
 
 @pytest.mark.parametrize("beside", [True, False])
 def test_training_side_by_side_feeds_each_gradient_from_its_own_stream(cuda, tmp_path, beside):
-    """Training a bidirectional stack whose reverse directions run on a side stream (`beside` the forward
-    ones, or after them, as `auto` may choose), step after step, with an input that is a leaf requiring
-    a gradient: torch's engine meets no AccumulateGrad node on another stream than the gradient it is
-    given (it warns of that once a process, so a process of its own), and the gradients are cuDNN's."""
+    """Training a bidirectional stack whose reverse directions run on a side stream, `beside` the forward
+    ones (or one after the other, as `auto` may choose, where a training call's run on the current
+    stream), step after step, with an input that is a leaf requiring a gradient: torch's engine meets no
+    AccumulateGrad node on another stream than the gradient it is given (it warns of that once a
+    process, so a process of its own), and the gradients are cuDNN's."""
     import subprocess
     import sys
 
