@@ -399,17 +399,15 @@ def sixteen_bit_operands(after: list[Launch], twins: dict[str, str], forward: Pl
         dtype = buffers[dc].dtype
         # A is [K, M]: T*B rows of the operand's width, from the step A's access starts at (the first
         # step's h, or the second's, "all+1"), copied to the start of the copy
-        rows, width = launch.k, launch.m
-        copy, island = sixteen_bit_copy(launch.a, width, forward.buffers[launch.a.buffer].width, dtype)
-        into = Access(copy, "row", width, slot="all")
-        if copy not in made:
-            made.add(copy)
-            buffers[copy] = Buffer(copy, "seq", width, "grad", dtype=dtype)
-            once.add(copy)
+        stored = forward.buffers[launch.a.buffer].width
+        buffer, kernel = sixteen_bit_copy(launch.a, launch.k, launch.m, stored, dtype, "grad")
+        if buffer.name not in made:
+            made.add(buffer.name)
+            buffers[buffer.name] = buffer
+            once.add(buffer.name)
             # (a backward pass's kernel, after the loop; its output stored, not added: in `once`)
-            out.append(KernelLaunch(island, "seq", rows, width,
-                                    (("v", launch.a),), (("v", into),), (), hoisted=True, accumulate=True))
-        out.append(replace(launch, a=into, w=dc))
+            out.append(replace(kernel, accumulate=True))
+        out.append(replace(launch, a=kernel.outputs[0][1], w=dc))
     return out
 
 

@@ -177,24 +177,29 @@ def _sixteen_bit_operand_copies(plan: Plan, dtypes: dict[str, DType], dtype: DTy
                 continue
             into = made.get((g.a, g.k))
             if into is None:
-                name, island = sixteen_bit_copy(g.a, g.k, plan.buffers[g.a.buffer].width, dtype)
-                into = made[g.a, g.k] = Access(name, "row", g.k, slot="all")
-                buffers[name] = Buffer(name, "seq", g.k, "value", dtype=dtype)
-                dtypes[name] = dtype
-                prologue.append(KernelLaunch(island, "seq", g.m, g.k, ((name, g.a),), ((name, into),), (),
-                                             hoisted=True))
+                stored = plan.buffers[g.a.buffer].width
+                buffer, kernel = sixteen_bit_copy(g.a, g.m, g.k, stored, dtype, "value")
+                buffers[buffer.name], dtypes[buffer.name] = buffer, dtype
+                prologue.append(kernel)
+                into = made[g.a, g.k] = kernel.outputs[0][1]
             prologue.append(dataclasses.replace(g, a=into))
             changed = True
         layers.append(dataclasses.replace(lp, prologue=prologue))
     return dataclasses.replace(plan, layers=layers, buffers=buffers) if changed else plan
 
 
-def sixteen_bit_copy(acc: Access, width: int, stored: int, dtype: DType) -> tuple[str, str]:
-    """The buffer and the kernel's island of a copy in `dtype` of `width` columns of the buffer `acc`
-    reads (`stored` columns wide), from the step `acc` starts at on (a layer's copy of its own steps),
-    naming the columns where it copies some of them (GEMMs over two matmuls' columns of one output)."""
+def sixteen_bit_copy(acc: Access, rows: int, width: int, stored: int, dtype: DType, role: str
+                     ) -> tuple[Buffer, KernelLaunch]:
+    """A copy in `dtype` of `rows` rows and `width` columns of the buffer `acc` reads (`stored` columns
+    wide), from the step `acc` starts at on (a layer's copy of its own steps), and the kernel that stores
+    it (its output's access: where a GEMM reads the copy): a buffer of `role` named by the columns where
+    it copies some of them (GEMMs over two matmuls' columns of one output)."""
     cols = "" if (acc.col, width) == (0, stored) else f".cols{acc.col}-{acc.col + width}"
-    return f"{acc.buffer}{cols}.{acc.slot}.{dtype.name}", f"{acc.buffer}{cols} in {dtype.name}"
+    name = f"{acc.buffer}{cols}.{acc.slot}.{dtype.name}"
+    into = Access(name, "row", width, slot="all")
+    return (Buffer(name, "seq", width, role, dtype=dtype),
+            KernelLaunch(f"{acc.buffer}{cols} in {dtype.name}", "seq", rows, width, ((name, acc),),
+                         ((name, into),), (), hoisted=True))
 
 
 def _sixteen_bit_weight_copies(plan: Plan, dtypes: dict[str, DType], dtype: DType) -> Plan:
