@@ -112,15 +112,16 @@ def candidates(sizes: Sizes) -> list[str]:
     return [s for s in CANDIDATES if s != "wavefront" or sizes.layers > 1]
 
 
-def bench_times(cell: Cell, sizes: Sizes, bidirectional: bool = False, precision: str = "fp32"
-                ) -> dict[str, float]:
+def bench_times(cell: Cell, sizes: Sizes, bidirectional: bool = False, precision: str = "fp32",
+                train: bool = False) -> dict[str, float]:
     """Median ms of each candidate that matched the reference on the GPU (of both directions of the layer
-    side by side, where `bidirectional`), in `precision` (where it runs there)."""
+    side by side, where `bidirectional`), in `precision` (where it runs there); where `train`, of its
+    forward and backward passes, its gradients checked too."""
     from .bench import BenchConfig, run_benchmark
 
     result = run_benchmark(cell, BenchConfig(sizes, backend="cuda", schedules=candidates(sizes), baselines=[],
                                              repeats=REPEATS, bidirectional=bidirectional,
-                                             precision=precision))
+                                             precision=precision, train=train))
     return {r.name: r.median_ms for r in result.rows if r.ok and r.median_ms is not None}
 
 

@@ -9,6 +9,12 @@ the runner a module's call uses (CudaRunner's forward run, on random inputs), an
 of those times, remembered apart from the benchmark's choice (auto_schedule's `runs_as`). (Since then a
 module's inference call replays a rung of launches every step from a CUDA graph of its own, and the
 times, as called, come closer to the benchmark's.)
+
+A training call (one that saves its steps for a backward pass) is planned with the rung whose forward and
+backward passes together were fastest, chosen apart from the inference calls' choice: the fastest
+forward pass need not be the fastest step (on an H200 the fp16 LSTM at B=8 ran its forward call fastest on
+the `persistent` rung, whose backward pass multiplies on the CUDA cores, and the training step fastest on
+`tensor`: docs/results/2026-12-01-g-lanes-of-mixed-layers-and-operand-copies.md).
 """
 
 from __future__ import annotations
@@ -34,33 +40,36 @@ log = logging.getLogger(__name__)
 # measured again (version 2: a rung that launches at every step is replayed from a CUDA graph, and a
 # wavefront's GEMMs are picked for each layer's share of the SMs).
 RUNS_AS = "called from PyTorch, version 2"
+TRAINING = ", training"  # and after it, for the choices of training calls
 WARMUP = 3  # untimed calls of each rung first (the first makes its programs)
 
 
 def choose(cell: Cell, sizes: Sizes, device: torch.device, bidirectional: bool = False,
-           precision: str = "fp32") -> Choice:
+           precision: str = "fp32", train: bool = False) -> Choice:
     """The rung `auto` stands for in a module's call on the device (with `bidirectional`, for a layer of
-    both directions, and whether they run side by side)."""
+    both directions, and whether they run side by side): of an inference call, or where `train`, of a
+    training call."""
     if device.type != "cuda":
         return choose_schedule(cell, sizes, "numpy", bidirectional=bidirectional, precision=precision)
-    return choose_schedule(cell, sizes, "cuda", partial(called_times, device), bidirectional, precision,
-                           runs_as=RUNS_AS)
+    return choose_schedule(cell, sizes, "cuda", partial(called_times, device, train=train), bidirectional,
+                           precision, runs_as=RUNS_AS + (TRAINING if train else ""))
 
 
 def called_times(device: torch.device, cell: Cell, sizes: Sizes, bidirectional: bool = False,
-                 precision: str = "fp32") -> dict[str, float]:
+                 precision: str = "fp32", train: bool = False) -> dict[str, float]:
     """Median ms of a module's forward call of each rung that the benchmark checked (both directions side
-    by side, where `bidirectional`); a rung that cannot run that way is left out, and where none can, the
-    benchmark's times stand."""
+    by side, where `bidirectional`), or where `train`, of its forward call that saves the steps and its
+    backward call (the benchmark checked the gradients too); a rung that cannot run that way is left out,
+    and where none can, the benchmark's times stand."""
     with _measuring:
-        checked = bench_times(cell, sizes, bidirectional, precision)
+        checked = bench_times(cell, sizes, bidirectional, precision, train)
         times = {}
         # (torch.compile and torch.export ask for the plans from the op's fake implementation, under their
         # dispatch modes: the rungs still run on real tensors)
         with _disable_current_modes():
             for rung in checked:
                 try:
-                    times[rung] = _called_ms(cell, sizes, rung, device, bidirectional, precision)
+                    times[rung] = _called_ms(cell, sizes, rung, device, bidirectional, precision, train)
                 except CellError as e:
                     log.info("auto: '%s' ran in the benchmark but not as a module calls it (%s)", rung, e)
     return times or checked
@@ -71,7 +80,7 @@ _measuring = threading.Lock()
 
 
 def _called_ms(cell: Cell, sizes: Sizes, rung: str, device: torch.device, bidirectional: bool,
-               precision: str) -> float:
+               precision: str, train: bool) -> float:
     from .cuda_runner import CudaRunner
 
     lanes = (FORWARD_BESIDE, REVERSE_BESIDE) if bidirectional else (FORWARD,)
@@ -86,17 +95,26 @@ def _called_ms(cell: Cell, sizes: Sizes, rung: str, device: torch.device, bidire
     # Parameters, so that each is packed once, as a module's are
     params = [torch.nn.Parameter(0.1 * torch.randn(shape, device=device, generator=generator))
               for shape in plans.forward.params.values()]
+    dy = torch.randn(s.seq, s.batch, s.hidden, device=device, generator=generator).to(dtype)
     main = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
 
+    def run(runner) -> None:
+        if not train:
+            runner.forward(x, states, params, save=False, shared=True)
+            return
+        # (as a training step's: the backward pass on the forward pass's stream, no seeds of the finals)
+        y, finals, reserve = runner.forward(x, states, params, save=True)
+        runner.backward(dy, [None] * len(finals), x, states, params, y, reserve)
+
     def call() -> None:
         if len(runners) == 1:
-            runners[0].forward(x, states, params, save=False, shared=True)
+            run(runners[0])
             return
         side.wait_stream(main)
         with torch.cuda.stream(side):
-            runners[1].forward(x, states, params, save=False, shared=True)
-        runners[0].forward(x, states, params, save=False, shared=True)
+            run(runners[1])
+        run(runners[0])
         main.wait_stream(side)
 
     with contextlib.ExitStack() as held:  # (their replays are the process's: see cuda_runner._live)

@@ -191,21 +191,24 @@ class CellRNN(torch.nn.Module):
 
     @property
     def schedules_run(self) -> list[str]:
-        """The rungs the module's recent forward passes ran (`auto` resolved), one per size seen: of the
-        first layer's call where the layers ran one at a time."""
+        """The rungs the module's recent forward passes ran (`auto` resolved: a training call's apart from
+        an inference call's), one per size and grad mode seen: of the first layer's call where the layers
+        ran one at a time."""
         return [self._rung(*seen) for seen in self._seen]
 
     def _rung(self, shape: torch.Size, device: torch.device, dtype: torch.dtype, lengths: bool,
-              by_layer: bool) -> str:
-        """The rung of a forward pass's (first) call to the ops, as stacks makes it."""
+              by_layer: bool, save: bool) -> str:
+        """The rung of a forward pass's (first) call to the ops, as stacks makes it (`save`: a training
+        call's)."""
         cell = ops.masked_text(self._cell_text) if lengths else self._cell_text
         direction = FORWARD
         if by_layer and self.bidirectional and device.type == "cuda":
             x = torch.empty((), dtype=dtype, device=device).expand(shape)  # its sizes, no memory
-            direction = direction_of(False, ops.side_by_side(cell, x, self.hidden_size, self.schedule))
+            direction = direction_of(False, ops.side_by_side(cell, x, self.hidden_size, self.schedule, save))
         float32 = ops.masked_float32(self._float32) if lengths else self._float32
-        return ops.plans(cell, *shape, self.hidden_size, 1 if by_layer else self.num_layers, self.schedule,
-                         device, direction, precision_of(dtype), float32).schedule
+        return ops.plans(cell, *shape, self.hidden_size, 1 if by_layer else self.num_layers,
+                         ops.schedule_of(self.schedule, save), device, direction, precision_of(dtype),
+                         float32).schedule
 
     # -- parameters ----------------------------------------------------------------------------------
     @property
@@ -343,7 +346,8 @@ class CellRNN(torch.nn.Module):
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
                                    self.schedule, lengths, float32=self._float32, steps=steps)
         if not torch.compiler.is_compiling():  # (the dtype of the plans the pass ran)
-            seen = (x.shape, x.device, x.dtype, lengths is not None, by_layer)
+            save = stacks.saves(x, initial, params)
+            seen = (x.shape, x.device, x.dtype, lengths is not None, by_layer, save)
             if seen != self._last_seen:  # (a new dict, not changed in place: threads may read it)
                 self._last_seen = seen
                 recent = [s for s in self._seen if s != seen][-(MAX_SEEN - 1):] + [seen]

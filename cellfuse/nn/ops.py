@@ -7,7 +7,9 @@ An op names its cell by the cell's text (the .cell.json format, on one line), an
 the states a 16-bit plan keeps in float32 (float32_text) by value, so an exported program holds everything
 it needs; the runner of each (cell, sizes, schedule, dtype, device, float32 states) is made at its first
 call and kept (the last MAX_RUNNERS of them) for the process. Under `auto` the rung is the one measured
-fastest as a module calls it (auto_choice).
+fastest as a module calls it (auto_choice): a call that saves its steps names it AUTO_TRAINING instead
+(`run`), so that its plans are those measured fastest in training, and its backward call, its fake
+implementations' and torch.export's programs find the same plans by the name they are given.
 
 In eager mode `run` calls the same runner without the dispatcher (see _Eager), or, where nothing is saved
 for a backward pass, with no autograd at all.
@@ -121,21 +123,31 @@ def _share(direction: int) -> int:
 _ways: OrderedDict[tuple, bool] = OrderedDict()
 
 
-def side_by_side(cell: str, x: torch.Tensor, hidden: int, schedule: str) -> bool:
+def side_by_side(cell: str, x: torch.Tensor, hidden: int, schedule: str, save: bool = False) -> bool:
     """Whether a bidirectional layer of the cell over x (on a GPU) runs its two directions side by side:
     under `auto`, as measured for its sizes (auto_schedule's Choice.beside: the persistent rungs on half
-    of the SMs may take longer side by side than one after the other); with a rung named, always."""
+    of the SMs may take longer side by side than one after the other), in training where the call
+    `save`s its steps; with a rung named, always."""
     if schedule != AUTO:
         return True
     T, B, inputs = x.shape
-    key = (cell, T, B, inputs, hidden, x.device.index, x.dtype)
+    key = (cell, T, B, inputs, hidden, x.device.index, x.dtype, save)
     sizes = Sizes(seq=T, batch=B, input=inputs, hidden=hidden, layers=1)
 
     def measured() -> bool:
         with made_current(x):
             return choose(cell_from_text(cell), sizes, x.device, bidirectional=True,
-                          precision=precision_of(x.dtype)).beside
+                          precision=precision_of(x.dtype), train=save).beside
     return _remember(_ways, key, measured)
+
+
+# How `run` names `auto` in a call that saves its steps for a backward pass (see the module's docstring)
+AUTO_TRAINING = "auto, training"
+
+
+def schedule_of(schedule: str, save: bool) -> str:
+    """The schedule the ops are given for a module's `schedule` in a call that does or does not `save`."""
+    return AUTO_TRAINING if save and schedule == AUTO else schedule
 
 
 # How the ops name the states a 16-bit plan keeps in float32: DEFAULT_FLOAT32 for those that accumulate
@@ -167,8 +179,9 @@ def plans(cell: str, seq: int, batch: int, input_size: int, hidden: int, layers:
 
     def make() -> Plans:
         parsed, rung = cell_from_text(cell), schedule
-        if schedule == AUTO:  # (with share 2, the rung measured fastest for both directions side by side)
-            choice = choose(parsed, sizes, device, bidirectional=share == 2, precision=precision)
+        if schedule in (AUTO, AUTO_TRAINING):  # (with share 2: for both directions side by side)
+            choice = choose(parsed, sizes, device, bidirectional=share == 2, precision=precision,
+                            train=schedule == AUTO_TRAINING)
             log.info("%s", choice.why)
             rung = choice.schedule
         return make_plans(parsed, sizes, rung, device, share, precision, float32_states(float32))
@@ -399,7 +412,9 @@ def run(x: torch.Tensor, states: list[torch.Tensor], params: Sequence[torch.Tens
     """[y, *final states, reserve] of `rnn`: through the op where torch.compile or torch.export traces
     (fake or functional tensors), else straight to the runner (`float32`: the states a 16-bit plan keeps
     in float32, float32_text). Where `params` is a WeightViews, autograd sees its sources instead (see
-    weight_views). `ends`: a training call's PackedSequence, x its data (see _Eager.forward)."""
+    weight_views). `ends`: a training call's PackedSequence, x its data (see _Eager.forward). `auto` in a
+    call that saves is AUTO_TRAINING."""
+    schedule = schedule_of(schedule, save)
     if torch.compiler.is_compiling() or type(x) is not torch.Tensor:
         return torch.ops.cellfuse.rnn(x, states, list(params), cell, hidden, layers, schedule, save,
                                       direction, float32)

@@ -65,7 +65,8 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
     train = torch.is_grad_enabled()
     if train and not any(p.requires_grad for p in params):
         return None
-    runner = ops.runner(cell, time_first, hidden, layers, layout[0], direction, float32)
+    schedule = ops.schedule_of(layout[0], train)
+    runner = ops.runner(cell, time_first, hidden, layers, schedule, direction, float32)
     return QuickCall(x, layout, params, runner, zeros, (cell, hidden, layers, float32) if train else None,
                      rows, cast, direction)
 

@@ -141,7 +141,8 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     finals: list[list[torch.Tensor]] = [[] for _ in initial]
     for layer in range(layers):
         beside = can_run_beside and ops.side_by_side(
-            cell if lengths is None else ops.masked_text(cell), x, hidden, schedule)
+            cell if lengths is None else ops.masked_text(cell), x, hidden, schedule,
+            saves(x, initial, params_of(layer, False)))
         # x reversed in the reverse direction's call, on its stream (where its memory's addresses repeat
         # call after call, as a kept call's lane wants them), but here, before the fork, where x is a leaf
         # that requires a gradient: its AccumulateGrad node takes the stream of x's first use, and torch's

@@ -298,6 +298,38 @@ def test_the_schedules_run_say_what_auto_resolved_to():
     assert fused.schedules_run == ["fused"]
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_auto_chooses_a_training_calls_rung_apart_from_an_inference_calls(monkeypatch, bidirectional):
+    """Under `auto` a call that saves its steps is planned with the rung chosen for training (asked for
+    with train=True), its backward pass with the same plans, and an inference call with the rung chosen
+    for inference; the gradients are those of the training rung named outright."""
+    from cellfuse.gpu_runtime.auto_schedule import Choice
+    from cellfuse.nn import ops
+
+    asked = []
+
+    def choose(cell, sizes, device, bidirectional=False, precision="fp32", train=False):
+        asked.append(train)
+        return Choice("hoisted" if train else "fused", "as if measured")
+    monkeypatch.setattr(ops, "choose", choose)
+    rnn = CellRNN("gru", 4, 7, num_layers=2, bidirectional=bidirectional, seed=3).double()
+    named = CellRNN("gru", 4, 7, num_layers=2, bidirectional=bidirectional, seed=3,
+                    schedule="hoisted").double()
+    x = torch.randn(5, 3, 4, dtype=torch.float64)  # (sizes of its own: no other test made their plans)
+    with torch.no_grad():
+        rnn(x)
+    assert rnn.schedules_run == ["fused"] and set(asked) == {False}
+    y, finals = rnn(x)
+    (y.square().sum() + finals["h"].sum()).backward()
+    assert rnn.schedules_run == ["fused", "hoisted"] and set(asked) == {False, True}
+    assert any(key[2] == ops.AUTO_TRAINING for key in ops._plans)
+    want_y, want_finals = named(x)
+    (want_y.square().sum() + want_finals["h"].sum()).backward()
+    torch.testing.assert_close(y, want_y, rtol=0, atol=0)
+    for key in rnn.keys:
+        torch.testing.assert_close(rnn.param(key).grad, named.param(key).grad, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("dtype, grad", [(torch.float32, False), (torch.bfloat16, False),
                                          (torch.bfloat16, True)])
 @pytest.mark.parametrize("bidirectional", [False, True])
