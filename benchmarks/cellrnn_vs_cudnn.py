@@ -254,8 +254,9 @@ class Messages(logging.Handler):
 def run_case(kind: str, seq: int, batch: int, layers: int, args: argparse.Namespace, device: torch.device,
              clock: Clock) -> dict:
     row: dict = {"cell": kind, "seq": seq, "batch": batch, "layers": layers, "input": args.input,
-                 "hidden": args.hidden, "schedule": args.schedule, "rung": None, "ok": False, "error": None,
-                 "max_abs_diff": None, "forward": None, "train": None, "bench": {}, "graph": None}
+                 "hidden": args.hidden, "schedule": args.schedule, "rung": None, "train_rung": None,
+                 "ok": False, "error": None, "max_abs_diff": None, "forward": None, "train": None,
+                 "bench": {}, "graph": None}
     handler = Messages()
     logger = logging.getLogger("cellfuse")
     level = logger.level
@@ -308,6 +309,7 @@ def _case(row: dict, kind: str, seq: int, batch: int, layers: int, args: argpars
     if args.train:
         try:
             row["train"] = train_part(rnn, cudnn, x, clock, args)
+            row["train_rung"] = rnn.schedules_run[-1]  # (auto chooses a training call's rung apart)
         except Exception as e:  # the rest of the case still runs
             row["train"] = {"ok": False, "error": error_text(e), "grad_rel_error": None,
                             "traceback": traceback.format_exc()}
@@ -315,8 +317,13 @@ def _case(row: dict, kind: str, seq: int, batch: int, layers: int, args: argpars
             row["ok"] = False
     if device.type == "cuda":
         for mode in args.bench:
-            row["bench"][mode] = (bench_part(kind, seq, batch, layers, row["rung"], mode == "train", args)
-                                  if not out_of_time(args) else dict(SKIPPED))
+            train = mode == "train"
+            rung = row["train_rung"] if train else row["rung"]
+            if rung is None:
+                row["bench"][mode] = {"ok": False, "ms": None, "note": "skipped: the training step failed"}
+            else:
+                row["bench"][mode] = (bench_part(kind, seq, batch, layers, rung, train, args)
+                                      if not out_of_time(args) else dict(SKIPPED))
         if args.graph:
             row["graph"] = (graph_part(rnn, module, x, x_cudnn, y_ref, clock, args) if not out_of_time(args)
                             else dict(SKIPPED))
@@ -604,7 +611,8 @@ def tables(record: dict) -> str:
             check = ("" if not t else ("ok" if t.get("ok") else "FAILED")
                      + ("" if error is None else f" ({error:.1e})"))
             together = t.get("back_to_back") or {}
-            cells = [r["cell"], r["seq"], r["batch"], r["layers"], r["rung"] or "", ms(bench_ms(r, "train")),
+            cells = [r["cell"], r["seq"], r["batch"], r["layers"], r.get("train_rung") or "",
+                     ms(bench_ms(r, "train")),
                      ms(ours), ms(theirs), ratio(ours, bench_ms(r, "train")), ratio(theirs, ours, "x"),
                      ms(median(t, "CellRNN", "device_after_other")),
                      *(ms(together[name]["median_ms"] if name in together else None)
