@@ -340,7 +340,7 @@ def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeyp
 
     assert quick_lane.module() is not None, "the lane's C++ could not be built here"
     if chosen is not None:
-        def choose(cell, sizes, device, bidirectional=False, precision="fp32"):
+        def choose(cell, sizes, device, bidirectional=False, precision="fp32", train=False):
             rung, beside = chosen[0 if sizes.input == INPUT else 1]
             return Choice(rung, "as if measured", beside)
         monkeypatch.setattr(ops, "choose", choose)
