@@ -189,6 +189,12 @@ def test_calls_that_carry_their_states_go_straight_to_the_runner(cuda, monkeypat
             torch.testing.assert_close(finals[s], states[s], rtol=1e-5, atol=1e-5)
 
 
+def _allocator_retries(cuda) -> int:
+    """How often torch's caching allocator gave its free blocks back to the driver to retry an allocation
+    that failed (other processes filling the GPU): the memory of the calls after it moves."""
+    return torch.cuda.memory_stats(cuda).get("num_alloc_retries", 0)
+
+
 def _runner_entries(monkeypatch) -> list:
     """Calls that reached the runner's forward (those the C++ lane made do not), each as (the runner's
     rung, its lane, the count of changes a lane stands aside at, stream_program.CHANGES), which an
@@ -350,6 +356,7 @@ def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeyp
     x = torch.randn(T, batch, INPUT, device=cuda)
     hx = tuple(torch.randn(4, batch, H, device=cuda) for _ in range(2))
     entered = _runner_entries(monkeypatch)
+    retries = _allocator_retries(cuda)
     with torch.no_grad():
         for given in (None, hx):
             for _ in range(8):
@@ -357,7 +364,9 @@ def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeyp
             warm = len(entered)
             for _ in range(4):
                 got, (h, c) = lstm(x, given)
-            assert len(entered) == warm, entered[warm - 4:]  # every direction of every layer made by its lane
+            # (every direction of every layer made by its lane)
+            assert len(entered) == warm, (entered[warm - 4:], "the caching allocator's retries during the "
+                                          f"test: {_allocator_retries(cuda) - retries}")
             lstm._kept_layers._calls.clear()
             want, (want_h, want_c) = lstm(x, given)  # (the whole path)
             assert len(entered) == warm + 4
