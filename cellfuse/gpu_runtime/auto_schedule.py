@@ -89,20 +89,22 @@ def _key(device: str, cell: Cell, sizes: Sizes, bidirectional: bool, precision: 
             + (f" | {precision}" if precision != "fp32" else "") + (f" | {runs_as}" if runs_as else ""))
 
 
-def _read(path: Path) -> dict[str, dict]:
+def _read(path: Path, quiet: bool = False) -> dict[str, dict]:
     """The cache, or an empty one where the file is missing or not what this module writes; the log names
-    a file that is there but unusable, since every choice it held is measured again (and it is rewritten)."""
+    a file that is there but unusable, since every choice it held is measured again (and it is rewritten),
+    unless `quiet` (named already)."""
+    warn = log.debug if quiet else log.warning
     try:
         data = json.loads(path.read_bytes())
     except FileNotFoundError:
         return {}
     except OSError as e:
-        log.warning("cannot read the remembered schedules in %s (%s); measuring again", path, e.strerror or e)
+        warn("cannot read the remembered schedules in %s (%s); measuring again", path, e.strerror or e)
         return {}
     except ValueError:  # not JSON, or not UTF-8
         data = None
     if not isinstance(data, dict):
-        log.warning("%s is not a JSON object of remembered schedules; measuring again", path)
+        warn("%s is not a JSON object of remembered schedules; measuring again", path)
         return {}
     return data
 
@@ -158,8 +160,7 @@ def choose_schedule(cell: Cell, sizes: Sizes, backend: str, measure: Measure = b
     from .cuda_executor import device_description
 
     path, key = cache_path(), _key(device_description(), cell, sizes, bidirectional, precision, runs_as)
-    cache = _read(path)
-    entry = cache.get(key)
+    entry = _read(path).get(key)
     if isinstance(entry, dict) and entry.get("schedule") in CANDIDATES:
         best, beside = entry["schedule"], bool(entry.get("beside"))
         return Choice(best, f"auto: '{best}'{_way(bidirectional, beside)}, measured fastest for these sizes "
@@ -173,6 +174,8 @@ def choose_schedule(cell: Cell, sizes: Sizes, backend: str, measure: Measure = b
     # the record's names: the rung, and for both directions how they ran
     times = {rung + (f" {BESIDE if side else IN_ORDER}" if bidirectional else ""): ms
              for (rung, side), ms in ways.items()}
+    # (read again: another process, or a thread measuring other sizes, may have remembered choices since)
+    cache = _read(path, quiet=True)
     cache[key] = {"schedule": best, "ms": times, **({"beside": beside} if bidirectional else {})}
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -103,7 +103,8 @@ def _called_ms(cell: Cell, sizes: Sizes, rung: str, device: torch.device, bidire
         if not train:
             runner.forward(x, states, params, save=False, shared=True)
             return
-        # (as a training step's: the backward pass on the forward pass's stream, no seeds of the finals)
+        # (as a training step's: the backward pass on the forward pass's stream, no seeds of the finals,
+        # x's gradient too, as a model whose input is an embedding's wants it)
         y, finals, reserve = runner.forward(x, states, params, save=True)
         runner.backward(dy, [None] * len(finals), x, states, params, y, reserve)
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch.nn.utils.rnn import PackedSequence
 
-from ..codegen import SCHEDULES, make_plan
+from ..codegen import make_plan
 from ..codegen.backward_plan import backward_plan
 from ..gpu_runtime.auto_schedule import AUTO
 from ..graph_model import (
@@ -40,7 +40,7 @@ from .quick_call import KeptLayers, QuickCall, kept_call, kept_packed_call
 from .runners import DTYPES, FORWARD, direction_of, dtype_names, param_dtypes, precision_of
 from .zeros import Zeros
 
-MAX_SEEN = 4  # the sizes, dtypes and devices whose rungs `schedules_run` reports
+MAX_SEEN = 4  # the sizes, dtypes, devices and grad modes whose rungs `schedules_run` reports
 
 
 def resolve_cell(cell: Cell | str | os.PathLike[str]) -> Cell:
@@ -123,8 +123,7 @@ class CellRNN(torch.nn.Module):
         self.input_size = _size(self.cell, input_size, "input", "input_size")
         self.hidden_size = _size(self.cell, hidden_size, "hidden", "hidden_size")
         self.num_layers = check_count("num_layers", num_layers, MAX_LAYERS)
-        if schedule != AUTO and schedule not in SCHEDULES:
-            raise CellError(f"unknown schedule {schedule!r} (schedules: {AUTO}, {', '.join(SCHEDULES)})")
+        ops.check_schedule(schedule)
         self.schedule = schedule
         self.state_ids = tuple(self.cell.updates)
         if float32_states is not None:
@@ -346,7 +345,9 @@ class CellRNN(torch.nn.Module):
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
                                    self.schedule, lengths, float32=self._float32, steps=steps)
         if not torch.compiler.is_compiling():  # (the dtype of the plans the pass ran)
-            save = stacks.saves(x, initial, params)
+            # (whether the first call of the ops saved: where the layers run one at a time, by the
+            # first layer's parameters, which may be frozen where the others are not)
+            save = stacks.saves(x, initial, self._layer_params_of(0, False) if by_layer else params)
             seen = (x.shape, x.device, x.dtype, lengths is not None, by_layer, save)
             if seen != self._last_seen:  # (a new dict, not changed in place: threads may read it)
                 self._last_seen = seen

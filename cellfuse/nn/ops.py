@@ -9,7 +9,8 @@ it needs; the runner of each (cell, sizes, schedule, dtype, device, float32 stat
 call and kept (the last MAX_RUNNERS of them) for the process. Under `auto` the rung is the one measured
 fastest as a module calls it (auto_choice): a call that saves its steps names it AUTO_TRAINING instead
 (`run`), so that its plans are those measured fastest in training, and its backward call, its fake
-implementations' and torch.export's programs find the same plans by the name they are given.
+implementations' and torch.export's programs find the same plans by the name they are given. Where
+both names stand for one rung, one runner (kept under the rung's name too) makes the calls of both.
 
 In eager mode `run` calls the same runner without the dispatcher (see _Eager), or, where nothing is saved
 for a backward pass, with no autograd at all.
@@ -27,11 +28,12 @@ import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..codegen import SCHEDULES
 from ..gpu_runtime.auto_schedule import AUTO
 from ..gpu_runtime.driver import use_primary_context
 from ..graph_model import Cell, CellError, Sizes, cell_from_text, cell_to_text
@@ -42,7 +44,7 @@ from .weight_views import WeightViews
 
 log = logging.getLogger(__name__)
 
-MAX_RUNNERS = 16  # sizes, dtypes and devices whose plans and programs the process keeps at once
+MAX_RUNNERS = 16  # runners (sizes, dtypes, devices, rungs) whose plans and programs the process keeps
 
 _plans: OrderedDict[tuple, Plans] = OrderedDict()
 _runners: OrderedDict[tuple, Runner] = OrderedDict()
@@ -98,20 +100,24 @@ def _remember(cache: OrderedDict, key: tuple, make):
             raise
         with _caches:  # (kept and no longer being made at once: a thread between would make it again)
             cache[key] = value
-            if len(cache) > MAX_RUNNERS:
+            # (a runner may be kept under two keys: `auto`'s and its rung's)
+            if len({id(v) for v in cache.values()}) > MAX_RUNNERS:
                 _drop_oldest(cache)
             _making.pop((id(cache), key), None)
         return value
 
 
 def _drop_oldest(cache: OrderedDict) -> None:
-    """The least recently used value dropped (a backward pass that still needs it makes it again), but
-    not a runner whose packed weights a user's CUDA graph captured: its replays read and write them, and
-    run its programs' kernels, without a call here to find it, for as long as the graph lives (the
-    process, as far as the runner can tell)."""
-    for key, value in cache.items():
+    """The least recently used value dropped, under every key it is kept by (a value's use is its last
+    key's: `auto`'s runner is kept under its rung's key too), and a backward pass that still needs it
+    makes it again; but not a runner whose packed weights a user's CUDA graph captured: its replays read
+    and write them, and run its programs' kernels, without a call here to find it, for as long as the
+    graph lives (the process, as far as the runner can tell)."""
+    last = {id(value): (i, value) for i, value in enumerate(cache.values())}
+    for _, value in sorted(last.values(), key=lambda t: t[0]):
         if not getattr(value, "captured", False):
-            del cache[key]
+            for key in [k for k, v in cache.items() if v is value]:
+                del cache[key]
             return
 
 
@@ -143,6 +149,12 @@ def side_by_side(cell: str, x: torch.Tensor, hidden: int, schedule: str, save: b
 
 # How `run` names `auto` in a call that saves its steps for a backward pass (see the module's docstring)
 AUTO_TRAINING = "auto, training"
+
+
+def check_schedule(schedule: str) -> None:
+    """A module's schedule: `auto` or a rung (not AUTO_TRAINING, the ops' own name); else CellError."""
+    if schedule != AUTO and schedule not in SCHEDULES:
+        raise CellError(f"unknown schedule {schedule!r} (schedules: {AUTO}, {', '.join(SCHEDULES)})")
 
 
 def schedule_of(schedule: str, save: bool) -> str:
@@ -212,14 +224,21 @@ def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, 
     def make() -> Runner:
         p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction, precision_of(x.dtype),
                   float32)
-        if x.device.type == "cpu":
-            from .runners import NumpyRunner
-
-            return NumpyRunner(p, x.dtype)
-        from .cuda_runner import CudaRunner
-
-        return CudaRunner(p, x.device, direction)
+        if p.schedule != schedule:  # (auto: one runner of the rung for both grad modes and a named one)
+            return _remember(_runners, (*key[:6], p.schedule, *key[7:]), partial(_made, p, x, direction))
+        return _made(p, x, direction)
     return _remember(_runners, key, make)
+
+
+def _made(plans: Plans, x: torch.Tensor, direction: int) -> Runner:
+    """A new runner of the plans for tensors like x."""
+    if x.device.type == "cpu":
+        from .runners import NumpyRunner
+
+        return NumpyRunner(plans, x.dtype)
+    from .cuda_runner import CudaRunner
+
+    return CudaRunner(plans, x.device, direction)
 
 
 def made_current(x: torch.Tensor):

@@ -126,9 +126,10 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     states in torch's order (layer by layer, forward before reverse), `initial` in the same order. On a
     GPU the two directions of a layer run side by side, the reverse one on a stream of its own, each
     planned for half of the SMs (FORWARD_BESIDE), so that both persistent kernels run at once; under
-    `auto`, only where that was measured faster than one after the other (ops.side_by_side), and else
-    the reverse one after the forward one (in inference on that stream still: see _two_streams). `steps`:
-    the lengths' steps-left state of one layer, where it was made already (see run); `kept`: the module's
+    `auto`, only where that was measured faster than one after the other in the call's grad mode
+    (ops.side_by_side), and else the reverse one after the forward one (in inference on that stream
+    still: see _two_streams). `steps`: the lengths' steps-left state of one layer, where it was made
+    already (see run); `kept`: the module's
     kept calls of its layers and directions (quick_call.KeptLayers), which make a call like the one
     before of each and keep the others, for all sequences of the full length."""
     directions = (False, True) if bidirectional else (False,)
@@ -142,7 +143,7 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     for layer in range(layers):
         beside = can_run_beside and ops.side_by_side(
             cell if lengths is None else ops.masked_text(cell), x, hidden, schedule,
-            saves(x, initial, params_of(layer, False)))
+            torch.is_grad_enabled() and saves(x, initial, params_of(layer, False)))
         # x reversed in the reverse direction's call, on its stream (where its memory's addresses repeat
         # call after call, as a kept call's lane wants them), but here, before the fork, where x is a leaf
         # that requires a gradient: its AccumulateGrad node takes the stream of x's first use, and torch's

@@ -101,6 +101,7 @@ class _TorchRNN(torch.nn.Module):
         if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout <= 1:
             raise CellError(f"dropout must be a number from 0 to 1, got {dropout!r}")
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
+        ops.check_schedule(schedule)
         self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
         self.bidirectional, self.schedule = bool(bidirectional), schedule
         cell = torch_cell(self.kind, self.bias)

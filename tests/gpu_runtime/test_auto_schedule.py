@@ -62,6 +62,20 @@ def test_each_way_of_running_the_rungs_is_chosen_and_remembered_apart(gpu_here):
     assert len(keys) == 2 and keys[1].endswith(" | called") and keys[0] == keys[1].removesuffix(" | called")
 
 
+def test_a_choice_remembered_by_another_measurement_meanwhile_is_kept(gpu_here):
+    """While one choice is measured (seconds), another process or thread may remember one of its own:
+    both are in the file after."""
+    cache, calls, measure = gpu_here
+    cell = load_template("lstm")
+
+    def measure_while_another_remembers(cell, sizes, precision="fp32"):
+        choose_schedule(cell, sizes, "cuda", measure, runs_as="another way")
+        return measure(cell, sizes, precision)
+    choose_schedule(cell, SIZES, "cuda", measure_while_another_remembers)
+    keys = json.loads(cache.read_text())
+    assert len(keys) == 2 and len(calls) == 2 and any(key.endswith(" | another way") for key in keys)
+
+
 def test_a_choice_remembered_for_other_rungs_is_measured_again(gpu_here, monkeypatch):
     """A new version of the rungs (the wavefront's meaning changed, say) makes every remembered choice
     stale: measured again, and remembered beside the old one."""

@@ -93,6 +93,18 @@ def test_exported_program_computes_on_new_inputs():
         torch.testing.assert_close(exported.module()(tokens), model(tokens))
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_an_exported_program_names_auto_as_the_call_ran_it(grad):
+    """`auto` in a traced call that saves its steps is the ops' AUTO_TRAINING, so that the program's
+    forward and backward ops find the plans chosen for training; in one that does not, `auto`."""
+    from cellfuse.nn import ops
+
+    with torch.set_grad_enabled(grad):
+        exported = torch.export.export(LanguageModel(), (torch.randint(0, 50, (6, 3)),))
+    (schedule,) = [node.args[6] for node in exported.graph.nodes if "cellfuse.rnn" in str(node.target)]
+    assert schedule == (ops.AUTO_TRAINING if grad else ops.AUTO)
+
+
 def test_onnx_export_is_refused_naming_the_op(tmp_path):
     model = LanguageModel()
     with pytest.raises(CellError, match="cellfuse::rnn"):

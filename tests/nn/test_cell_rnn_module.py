@@ -330,6 +330,63 @@ def test_auto_chooses_a_training_calls_rung_apart_from_an_inference_calls(monkey
         torch.testing.assert_close(rnn.param(key).grad, named.param(key).grad, rtol=0, atol=0)
 
 
+def test_a_frozen_first_layer_reports_its_inference_rung_and_one_runner_serves_both_names(monkeypatch):
+    """Layers run one at a time with the first frozen: its call is an inference call (the rung for
+    inference), the second's a training call, and `schedules_run` reports the first's without asking
+    `auto` for anything more; where both names stand for one rung, one runner makes both calls."""
+    from cellfuse.gpu_runtime.auto_schedule import Choice
+    from cellfuse.nn import ops
+
+    asked = []
+
+    def choose(cell, sizes, device, bidirectional=False, precision="fp32", train=False):
+        asked.append((sizes.input, train))
+        return Choice("fused" if sizes.input == 6 or not train else "hoisted", "as if measured")
+    monkeypatch.setattr(ops, "choose", choose)
+    rnn = CellRNN("gru", 6, 9, num_layers=2, dropout=0.5, seed=5).double()  # (dropout: a call per layer)
+    for key in rnn.keys:
+        if key.startswith("l0."):
+            rnn.param(key).requires_grad_(False)
+    x = torch.randn(4, 3, 6, dtype=torch.float64)  # (sizes of their own: no other test made their plans)
+    y, _ = rnn(x)
+    y.sum().backward()
+    assert sorted(asked) == [(6, False), (9, True)]
+    assert rnn.schedules_run == ["fused"] and len(asked) == 2
+    assert rnn.param("l1.W_ir").grad is not None and rnn.param("l0.W_ir").grad is None
+    # the second layer: trained on `hoisted`; then the first in training too, on `fused` by both names
+    rnn.param("l0.W_ir").requires_grad_(True)
+    rnn(x)[0].sum().backward()
+    with torch.no_grad():
+        rnn(x)
+    runners = {key[6]: runner for key, runner in ops._runners.items() if key[:4] == (rnn._cell_text, 4, 3, 6)}
+    assert runners.keys() == {ops.AUTO, ops.AUTO_TRAINING, "fused"}
+    assert runners[ops.AUTO] is runners[ops.AUTO_TRAINING] is runners["fused"]
+
+
+def test_the_runners_kept_past_the_limit_are_the_least_recently_used_under_any_of_their_keys():
+    """A runner kept under two keys (`auto`'s and its rung's) counts once, and is as recently used as
+    its last key: past MAX_RUNNERS the least recently used runner goes, under every key."""
+    from collections import OrderedDict
+    from types import SimpleNamespace
+
+    from cellfuse.nn import ops
+
+    cache: OrderedDict = OrderedDict()
+    both = SimpleNamespace(captured=False)
+    ops._remember(cache, ("rung",), lambda: both)
+    ops._remember(cache, ("auto",), lambda: both)
+    for size in range(ops.MAX_RUNNERS - 1):
+        ops._remember(cache, (size,), lambda: SimpleNamespace(captured=False))
+    assert len(cache) == ops.MAX_RUNNERS + 1  # (MAX_RUNNERS runners)
+    ops._found(cache, ("auto",))  # (used now: its rung's key is the oldest, but it is not)
+    ops._remember(cache, ("new",), lambda: SimpleNamespace(captured=False))
+    assert cache[("rung",)] is cache[("auto",)] is both and (0,) not in cache
+    for size in range(ops.MAX_RUNNERS):
+        ops._remember(cache, ("more", size), lambda: SimpleNamespace(captured=False))
+    assert ("rung",) not in cache and ("auto",) not in cache
+    assert len({id(v) for v in cache.values()}) == ops.MAX_RUNNERS
+
+
 @pytest.mark.parametrize("dtype, grad", [(torch.float32, False), (torch.bfloat16, False),
                                          (torch.bfloat16, True)])
 @pytest.mark.parametrize("bidirectional", [False, True])

@@ -110,6 +110,8 @@ def test_what_it_refuses():
         lstm(torch.randn(4, 2, INPUT), (torch.zeros(1, 2, H).double(), torch.zeros(1, 2, H).double()))
     with pytest.raises(CellError, match="dropout"):
         GRU(INPUT, H, dropout=2)
+    with pytest.raises(CellError, match=r"unknown schedule 'auto, training' \(schedules: auto, naive, "):
+        GRU(INPUT, H, schedule="auto, training")
     with pytest.raises(CellError, match="float64 on cpu, and input is torch.float32"):
         LSTM(INPUT, H).double()(torch.randn(4, 2, INPUT))
 
