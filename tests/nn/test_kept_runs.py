@@ -195,6 +195,17 @@ def _allocator_retries(cuda) -> int:
     return torch.cuda.memory_stats(cuda).get("num_alloc_retries", 0)
 
 
+def _lanes(module) -> dict:
+    """For a failure's message: each kept layer call's (layer, ops direction) -> its runner's rung, how
+    many captured runs its lane knows and the bases (addresses) of the last call it left to Python."""
+    out = {}
+    for key, quick in module._kept_layers._calls.items():
+        runner, lane = quick._runner(), quick._lane
+        out[key] = (None if runner is None else runner.plans.forward.schedule,
+                    None if lane is None else (lane.known(), [hex(b) for b in lane.missed()]))
+    return out
+
+
 def _runner_entries(monkeypatch) -> list:
     """Calls that reached the runner's forward (those the C++ lane made do not), each as (the runner's
     rung, its lane, the count of changes a lane stands aside at, stream_program.CHANGES), which an
@@ -366,7 +377,7 @@ def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeyp
                 got, (h, c) = lstm(x, given)
             # (every direction of every layer made by its lane)
             assert len(entered) == warm, (entered[warm - 4:], "the caching allocator's retries during the "
-                                          f"test: {_allocator_retries(cuda) - retries}")
+                                          f"test: {_allocator_retries(cuda) - retries}", _lanes(lstm))
             lstm._kept_layers._calls.clear()
             want, (want_h, want_c) = lstm(x, given)  # (the whole path)
             assert len(entered) == warm + 4
