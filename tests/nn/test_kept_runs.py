@@ -344,7 +344,8 @@ T_BESIDE, T_IN_ORDER, P_BESIDE, P_IN_ORDER = ("tensor", True), ("tensor", False)
     ("tensor", None, 19), ("auto", None, 21), ("auto", (T_BESIDE, P_BESIDE), 23),
     ("auto", (T_IN_ORDER, P_IN_ORDER), 25), ("auto", (T_IN_ORDER, P_BESIDE), 27),
     ("auto", (T_BESIDE, P_IN_ORDER), 29), ("auto", (P_IN_ORDER, P_BESIDE), 31),
-    ("auto", (P_BESIDE, P_IN_ORDER), 33)])
+    ("auto", (P_BESIDE, P_IN_ORDER), 33), ("auto", (T_IN_ORDER, T_BESIDE), 35),
+    ("auto", (T_BESIDE, T_IN_ORDER), 37)])
 def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeypatch, schedule, chosen,
                                                                    batch):
     """Each layer's and direction's inference call is kept (quick_call.KeptLayers): once its run replayed,
