@@ -86,10 +86,11 @@ class CellRNN(torch.nn.Module):
     torch.manual_seed makes them repeatable.
 
     `forward(x, states)` runs the forward Plan of `schedule` over the whole sequence; its gradients
-    come from the backward Plan. `auto` is, on the CPU, the rung that auto_schedule picks without a GPU;
-    on a GPU, the rung auto_schedule measures fastest for the sizes, or `graph` where that rung cannot
-    keep the steps a backward pass reads. Every backward pass runs the `graph` machinery (see
-    codegen.backward_plan).
+    come from the backward Plan (codegen.backward_plan). `auto` is, on the CPU, the rung that
+    auto_schedule picks without a GPU; on a GPU, the rung measured fastest for the sizes as the module
+    calls it (auto_choice): for an inference call by forward calls, for a training call by forward and
+    backward calls together, each chosen and remembered apart. A rung that cannot keep the steps a
+    backward pass reads trains on `graph`.
 
     On CPU tensors the numpy executor runs the plans, in float32 or float64 (so that
     torch.autograd.gradcheck runs on it); on a CUDA device the kernels compute in float32 in torch's
