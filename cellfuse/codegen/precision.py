@@ -167,7 +167,7 @@ def _sixteen_bit_operand_copies(plan: Plan, dtypes: dict[str, DType], dtype: DTy
     float32 operands at a third of the rate of 16-bit ones (the LSTM's x @ W at B=64 on an H200: 0.123
     ms as three fp16 products, 0.039 in bf16; converting the operand, 0.017). The copy rounds the layer's
     input once, as the first layer's x is rounded."""
-    buffers, layers, changed = dict(plan.buffers), [], False
+    buffers, layers = dict(plan.buffers), []
     for lp in plan.layers:
         prologue: list[Launch] = []
         made: dict[Access, Access] = {}
@@ -183,9 +183,8 @@ def _sixteen_bit_operand_copies(plan: Plan, dtypes: dict[str, DType], dtype: DTy
                 prologue.append(kernel)
                 into = made[g.a, g.k] = kernel.outputs[0][1]
             prologue.append(dataclasses.replace(g, a=into))
-            changed = True
         layers.append(dataclasses.replace(lp, prologue=prologue))
-    return dataclasses.replace(plan, layers=layers, buffers=buffers) if changed else plan
+    return dataclasses.replace(plan, layers=layers, buffers=buffers)
 
 
 def sixteen_bit_copy(acc: Access, rows: int, width: int, stored: int, dtype: DType, role: str

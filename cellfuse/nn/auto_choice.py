@@ -95,7 +95,8 @@ def _called_ms(cell: Cell, sizes: Sizes, rung: str, device: torch.device, bidire
     # Parameters, so that each is packed once, as a module's are
     params = [torch.nn.Parameter(0.1 * torch.randn(shape, device=device, generator=generator))
               for shape in plans.forward.params.values()]
-    dy = torch.randn(s.seq, s.batch, s.hidden, device=device, generator=generator).to(dtype)
+    dy = torch.randn(s.seq, s.batch, s.hidden, device=device, generator=generator).to(dtype) if train \
+        else None
     main = torch.cuda.current_stream(device)
     side = torch.cuda.Stream(device)
 

@@ -225,9 +225,13 @@ def runner(cell: str, x: torch.Tensor, hidden: int, layers: int, schedule: str, 
         p = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction, precision_of(x.dtype),
                   float32)
         if p.schedule != schedule:  # (auto: one runner of the rung for both grad modes and a named one)
-            return _remember(_runners, (*key[:6], p.schedule, *key[7:]), partial(_made, p, x, direction))
+            named = (*key[:_SCHEDULE_AT], p.schedule, *key[_SCHEDULE_AT + 1:])
+            return _remember(_runners, named, partial(_made, p, x, direction))
         return _made(p, x, direction)
     return _remember(_runners, key, make)
+
+
+_SCHEDULE_AT = 6  # where a runner's key (see `runner`) holds the schedule
 
 
 def _made(plans: Plans, x: torch.Tensor, direction: int) -> Runner:

@@ -129,9 +129,9 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     `auto`, only where that was measured faster than one after the other in the call's grad mode
     (ops.side_by_side), and else the reverse one after the forward one (in inference on that stream
     still: see _two_streams). `steps`: the lengths' steps-left state of one layer, where it was made
-    already (see run); `kept`: the module's
-    kept calls of its layers and directions (quick_call.KeptLayers), which make a call like the one
-    before of each and keep the others, for all sequences of the full length."""
+    already (see run); `kept`: the module's kept calls of its layers and directions
+    (quick_call.KeptLayers), which make a call like the one before of each and keep the others, for all
+    sequences of the full length."""
     directions = (False, True) if bidirectional else (False,)
     reverse_time = _reversal(lengths, x) if bidirectional else None
     can_run_beside = bidirectional and _beside(x)
