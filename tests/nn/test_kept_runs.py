@@ -354,6 +354,8 @@ def test_inference_calls_under_autocast_are_kept_and_made_by_the_lane(cuda, monk
         assert call()[0].dtype == torch.float32
 
 
+# calls in a row that every layer's lanes make, within so many calls of a stack (see below)
+SETTLED_CALLS, CALLS_TO_SETTLE = 8, 40
 T_BESIDE, T_IN_ORDER, P_BESIDE, P_IN_ORDER = ("tensor", True), ("tensor", False), ("persistent", True), \
     ("persistent", False)
 
@@ -366,9 +368,10 @@ T_BESIDE, T_IN_ORDER, P_BESIDE, P_IN_ORDER = ("tensor", True), ("tensor", False)
     ("auto", (T_BESIDE, T_IN_ORDER), 37)])
 def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeypatch, schedule, chosen,
                                                                    batch):
-    """Each layer's and direction's inference call is kept (quick_call.KeptLayers): once its run replayed,
-    the calls like it are made by each direction's lane, side by side on their streams or one after the
-    other, with the whole path's results to the bit, with and without hx, and torch's LSTM's within
+    """Each layer's and direction's inference call is kept (quick_call.KeptLayers): once the calls' memory
+    settles at addresses whose runs were captured, within CALLS_TO_SETTLE calls, the calls like it are
+    made by each direction's lane, side by side on their streams or one after the other, with the whole
+    path's results to the bit, with and without hx, and torch's LSTM's within
     float32 rounding. `chosen`: what `auto` chooses for each layer, its rung and whether its directions
     run side by side (where None, as measured: the layers may choose differently)."""
     from cellfuse.gpu_runtime.auto_schedule import Choice
@@ -390,19 +393,21 @@ def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeyp
     runs = _program_runs(monkeypatch)
     with torch.no_grad():
         for given in (None, hx):
-            # (a call's memory can cycle through four addresses, the caching allocator's pools of two
-            # streams taking turns, each learned by a lane once its run was captured at its second
-            # sighting: in a stack of (tensor beside, tensor in order), the upper layer's forward call's
-            # fourth address was first seen at the fifth call, after a first call over zeros of its own)
-            for _ in range(12):
+            # (the lanes settle: a call's memory comes from the caching allocator, at addresses that
+            # depend on what the calls before it freed, and a lane learns a run's addresses at their second
+            # sighting, once its program captured a run over them; a call the whole path makes allocates
+            # otherwise than a lane, which moves the addresses of the calls after it. In a stack of (tensor
+            # beside, tensor in order) the upper layer's forward call, with hx, took more than a dozen
+            # calls to find only addresses its lane knew)
+            calls, settled = 0, 0
+            while settled < SETTLED_CALLS:
+                assert calls < CALLS_TO_SETTLE, (
+                    f"{entered[-8:]}; the caching allocator's retries during the test: "
+                    f"{_allocator_retries(cuda) - retries}; the kept calls: {_lanes(lstm)}; the runs: {runs}")
+                before = len(entered)
                 got, (h, c) = lstm(x, given)
+                calls, settled = calls + 1, settled + 1 if len(entered) == before else 0
             warm = len(entered)
-            for _ in range(8):
-                got, (h, c) = lstm(x, given)
-            # (every direction of every layer made by its lane)
-            assert len(entered) == warm, (
-                f"{entered[warm - 4:]}; the caching allocator's retries during the test: "
-                f"{_allocator_retries(cuda) - retries}; the kept calls: {_lanes(lstm)}; the runs: {runs}")
             lstm._kept_layers._calls.clear()
             want, (want_h, want_c) = lstm(x, given)  # (the whole path)
             assert len(entered) == warm + 4
