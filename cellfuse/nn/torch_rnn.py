@@ -18,6 +18,8 @@ stacks) and comes back packed as torch's does; hx and the final states are in th
 from __future__ import annotations
 
 import math
+import sys
+import warnings
 from collections.abc import Sequence
 from functools import partial
 
@@ -85,6 +87,15 @@ def _source_gradients(names: Sequence[str], gates: Sequence[Sequence[str]],
     return out
 
 
+def _callers_level() -> int:
+    """warnings.warn's stacklevel, called here, that names the first caller outside this module (LSTM's
+    constructor calls _TorchRNN's, GRU's is _TorchRNN's)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 class _TorchRNN(torch.nn.Module):
     """What LSTM and GRU share; `kind` is the template ("lstm" or "gru")."""
 
@@ -100,6 +111,10 @@ class _TorchRNN(torch.nn.Module):
                 raise CellError(f"{name} must be a whole number of at least 1, got {value!r}")
         if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout <= 1:
             raise CellError(f"dropout must be a number from 0 to 1, got {dropout!r}")
+        if dropout > 0 and num_layers == 1:  # (torch's warning, word for word)
+            warnings.warn("dropout option adds dropout after all but last recurrent layer, so non-zero "
+                          f"dropout expects num_layers greater than 1, but got dropout={dropout} and "
+                          f"num_layers={num_layers}", stacklevel=_callers_level())
         self.input_size, self.hidden_size, self.num_layers = input_size, hidden_size, num_layers
         ops.check_schedule(schedule)
         self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
@@ -123,18 +138,30 @@ class _TorchRNN(torch.nn.Module):
         self._names = [key.split(".", 1)[1] for key in init_params(cell, 1, 1, 1, 0)]
         gate_rows = len(self._gates) * hidden_size
         factory = {"device": device, "dtype": dtype}
+        # the parameters' names per layer and direction, and all of them in that order, as torch's
+        # modules list them (code written for those reads them, to set the forget gates' biases, say)
+        self._all_weights: list[list[str]] = []
         for layer in range(num_layers):
             width = input_size if layer == 0 else hidden_size * self._directions
             for suffix in self._suffixes:
-                self.register_parameter(f"weight_ih_l{layer}{suffix}",
-                                        torch.nn.Parameter(torch.empty(gate_rows, width, **factory)))
-                self.register_parameter(f"weight_hh_l{layer}{suffix}",
-                                        torch.nn.Parameter(torch.empty(gate_rows, hidden_size, **factory)))
-                if self.bias:
-                    for name in ("bias_ih", "bias_hh"):
-                        self.register_parameter(f"{name}_l{layer}{suffix}",
-                                                torch.nn.Parameter(torch.empty(gate_rows, **factory)))
+                names = [f"{name}_l{layer}{suffix}" for name in self._sources]
+                shapes = [(gate_rows, width), (gate_rows, hidden_size), (gate_rows,), (gate_rows,)]
+                for name, shape in zip(names, shapes, strict=False):
+                    self.register_parameter(name, torch.nn.Parameter(torch.empty(shape, **factory)))
+                self._all_weights.append(names)
+        self._flat_weights_names = [name for names in self._all_weights for name in names]
         self.reset_parameters()
+
+    @property
+    def all_weights(self) -> list[list[torch.nn.Parameter]]:
+        """Each layer's and direction's parameters (torch's modules' `all_weights`)."""
+        return [[getattr(self, name) for name in names] for names in self._all_weights]
+
+    @property
+    def _flat_weights(self) -> list[torch.Tensor]:
+        """Every parameter in the order of `_flat_weights_names`, as they are now (torch's modules keep
+        such a list up to date)."""
+        return [getattr(self, name) for name in self._flat_weights_names]
 
     @property
     def _directions(self) -> int:
@@ -220,7 +247,10 @@ class _TorchRNN(torch.nn.Module):
     def _check(self, x: object) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"input must be a tensor, got a {type(x).__name__}")
-        if x.dim() not in (2, 3) or x.shape[-1] != self.input_size or 0 in x.shape:
+        if x.dim() in (2, 3) and x.shape[-1] == self.input_size and 0 in x.shape:
+            empty = "steps" if x.shape[1 if self.batch_first and x.dim() == 3 else 0] == 0 else "batch rows"
+            raise CellError(f"input has shape {list(x.shape)}: no {empty}")
+        if x.dim() not in (2, 3) or x.shape[-1] != self.input_size:
             raise CellError(f"input has shape {list(x.shape)}, expected [T, B, {self.input_size}]"
                             f"{' with batch_first: [B, T, ...]' if self.batch_first else ''} or unbatched "
                             f"[T, {self.input_size}]")
@@ -342,7 +372,7 @@ class LSTM(_TorchRNN):
     """torch.nn.LSTM's module (without `proj_size`), run by CellFuse's `lstm` template; `schedule` as
     CellRNN's. forward(input, (h_0, c_0)=None) -> output, (h_n, c_n)."""
 
-    kind = "lstm"
+    kind, mode = "lstm", "LSTM"
     _hx_doc = "(h_0, c_0)"
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
@@ -360,5 +390,5 @@ class GRU(_TorchRNN):
     """torch.nn.GRU's module, run by CellFuse's `gru` template; `schedule` as CellRNN's.
     forward(input, h_0=None) -> output, h_n."""
 
-    kind = "gru"
+    kind, mode = "gru", "GRU"
     _hx_doc = "h_0"

@@ -114,6 +114,51 @@ def test_what_it_refuses():
         GRU(INPUT, H, schedule="auto, training")
     with pytest.raises(CellError, match="float64 on cpu, and input is torch.float32"):
         LSTM(INPUT, H).double()(torch.randn(4, 2, INPUT))
+    with pytest.raises(CellError, match=r"input has shape \[0, 2, 5\]: no steps"):
+        lstm(torch.randn(0, 2, INPUT))
+    with pytest.raises(CellError, match=r"input has shape \[2, 0, 5\]: no steps"):
+        LSTM(INPUT, H, batch_first=True)(torch.randn(2, 0, INPUT))
+    with pytest.raises(CellError, match=r"input has shape \[4, 0, 5\]: no batch rows"):
+        lstm(torch.randn(4, 0, INPUT))
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_dropout_on_one_layer_warns_as_torchs(kind):
+    ours_cls, torch_cls = PAIRS[kind]
+    with pytest.warns(UserWarning) as ours:
+        ours_cls(INPUT, H, dropout=0.25)
+    with pytest.warns(UserWarning) as theirs:
+        torch_cls(INPUT, H, dropout=0.25)
+    assert [str(w.message) for w in ours] == [str(w.message) for w in theirs]
+    assert ours[0].filename == __file__  # (the caller's line, as torch's)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_weights_are_listed_as_torchs_and_setting_them_by_name_works_alike(kind, bias):
+    """Code written for torch's modules that reads their lists of weights (`all_weights`, `_all_weights`,
+    `_flat_weights_names`, `_flat_weights`, `mode`), here to set the forget gate's (LSTM) or update gate's
+    (GRU) biases to 1, does the same to either."""
+    ours, ref = _pair(kind, num_layers=2, bidirectional=True, bias=bias)
+    assert ours.mode == ref.mode
+    assert ours._all_weights == ref._all_weights
+    assert ours._flat_weights_names == ref._flat_weights_names
+    assert all(a is b for a, b in zip(ours._flat_weights,
+                                      [getattr(ours, n) for n in ours._flat_weights_names], strict=True))
+    assert ([[p.shape for p in ps] for ps in ours.all_weights]
+            == [[p.shape for p in ps] for ps in ref.all_weights])
+    assert all(p is getattr(ours, n) for ps, ns in zip(ours.all_weights, ours._all_weights, strict=True)
+               for p, n in zip(ps, ns, strict=True))
+    for module in (ours, ref):
+        with torch.no_grad():
+            for names in module._all_weights:
+                for name in filter(lambda n: "bias" in n, names):
+                    getattr(module, name)[H:2 * H].fill_(1.0)
+            for p in module.all_weights[0]:
+                p.mul_(0.5)
+    x = torch.randn(6, 3, INPUT, dtype=torch.float64)
+    (y, _), (want, _) = ours(x), ref(x)
+    torch.testing.assert_close(y, want)
 
 
 def test_compiled_with_fullgraph_matches_eager():
