@@ -617,7 +617,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "reverse one over each row reversed in time); y is both outputs side by side")
     _precision_option(s, "what every schedule and baseline runs in, checked against the reference within "
                          "the precision's bound (bf16, fp16: the rungs that run in it, cuDNN in that type, "
-                         "the other PyTorch baselines under autocast; forward only)")
+                         "the other PyTorch baselines under autocast)")
     s.add_argument("--json", type=Path, help="write the result record here")
     s.add_argument("--plot", type=Path, help="write a chart here: SVG or PDF where named so, else PNG")
     _force_option(s)
