@@ -138,19 +138,28 @@ class _TorchRNN(torch.nn.Module):
         self._names = [key.split(".", 1)[1] for key in init_params(cell, 1, 1, 1, 0)]
         gate_rows = len(self._gates) * hidden_size
         factory = {"device": device, "dtype": dtype}
-        # the parameters' names per layer and direction, and all of them in that order, as torch's
-        # modules list them (code written for those reads them, to set the forget gates' biases, say)
-        self._all_weights: list[list[str]] = []
-        for layer in range(num_layers):
-            width = input_size if layer == 0 else hidden_size * self._directions
-            for suffix in self._suffixes:
-                names = [f"{name}_l{layer}{suffix}" for name in self._sources]
-                shapes = [(gate_rows, width), (gate_rows, hidden_size), (gate_rows,), (gate_rows,)]
-                for name, shape in zip(names, shapes, strict=False):
-                    self.register_parameter(name, torch.nn.Parameter(torch.empty(shape, **factory)))
-                self._all_weights.append(names)
-        self._flat_weights_names = [name for names in self._all_weights for name in names]
+        for i, names in enumerate(self._all_weights):
+            width = input_size if i < self._directions else hidden_size * self._directions
+            shapes = [(gate_rows, width), (gate_rows, hidden_size), (gate_rows,), (gate_rows,)]
+            for name, shape in zip(names, shapes, strict=False):
+                self.register_parameter(name, torch.nn.Parameter(torch.empty(shape, **factory)))
         self.reset_parameters()
+
+    # torch's modules' lists of their parameters, which code written for them reads (to set the forget
+    # gates' biases, say)
+    @property
+    def mode(self) -> str:
+        return self.kind.upper()
+
+    @property
+    def _all_weights(self) -> list[list[str]]:
+        """The parameters' names per layer and direction, in torch's order."""
+        return [[f"{name}_l{layer}{suffix}" for name in self._sources]
+                for layer in range(self.num_layers) for suffix in self._suffixes]
+
+    @property
+    def _flat_weights_names(self) -> list[str]:
+        return [name for names in self._all_weights for name in names]
 
     @property
     def all_weights(self) -> list[list[torch.nn.Parameter]]:
@@ -372,7 +381,7 @@ class LSTM(_TorchRNN):
     """torch.nn.LSTM's module (without `proj_size`), run by CellFuse's `lstm` template; `schedule` as
     CellRNN's. forward(input, (h_0, c_0)=None) -> output, (h_n, c_n)."""
 
-    kind, mode = "lstm", "LSTM"
+    kind = "lstm"
     _hx_doc = "(h_0, c_0)"
 
     def __init__(self, input_size: int, hidden_size: int, num_layers: int = 1, bias: bool = True,
@@ -390,5 +399,5 @@ class GRU(_TorchRNN):
     """torch.nn.GRU's module, run by CellFuse's `gru` template; `schedule` as CellRNN's.
     forward(input, h_0=None) -> output, h_n."""
 
-    kind, mode = "gru", "GRU"
+    kind = "gru"
     _hx_doc = "h_0"

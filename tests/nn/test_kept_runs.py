@@ -371,9 +371,9 @@ def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeyp
     """Each layer's and direction's inference call is kept (quick_call.KeptLayers): once the calls' memory
     settles at addresses whose runs were captured, within CALLS_TO_SETTLE calls, the calls like it are
     made by each direction's lane, side by side on their streams or one after the other, with the whole
-    path's results to the bit, with and without hx, and torch's LSTM's within
-    float32 rounding. `chosen`: what `auto` chooses for each layer, its rung and whether its directions
-    run side by side (where None, as measured: the layers may choose differently)."""
+    path's results to the bit, with and without hx, and torch's LSTM's within float32 rounding.
+    `chosen`: what `auto` chooses for each layer, its rung and whether its directions run side by side
+    (where None, as measured: the layers may choose differently)."""
     from cellfuse.gpu_runtime.auto_schedule import Choice
     from cellfuse.nn import quick_lane
 
