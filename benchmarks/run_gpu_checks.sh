@@ -14,9 +14,10 @@
 #              torch.export, out of memory, a faulting kernel, two devices where there are two
 #   random     tests/random_cell_checks.py: 200 random cells forward and backward under every schedule
 #   probes     benchmarks/probes/barrier_probe.cu, tf32x3_gemm_probe.cu, tf32x3_wgmma_probe.cu,
-#              cluster_lstm_probe.cu, step_gemm_wgmma_probe.cu, chunked_staging_probe.cu,
-#              cluster_staging_probe.cu, compact_exchange_probe.cu and f16x3_wgmma_probe.cu, built and
-#              run; tf32x3_cublas_probe.py (its record OUTDIR/tf32x3_cublas.json)
+#              cluster_lstm_probe.cu, cluster_registers_probe.cu, step_gemm_wgmma_probe.cu,
+#              chunked_staging_probe.cu, cluster_staging_probe.cu, compact_exchange_probe.cu and
+#              f16x3_wgmma_probe.cu, built and run; tf32x3_cublas_probe.py (its record
+#              OUTDIR/tf32x3_cublas.json)
 # (default: forward, backward, rest, nn and random, longer than one ten-minute call). Each group writes OUTDIR/<group>.log; everything
 # is packed into OUTDIR.tar.gz at the end, one file to bring back. LIMIT (seconds, default 540) bounds
 # each group.
@@ -68,6 +69,8 @@ for group in $groups; do
                               /tmp/step_gemm &&
                               nvcc -O3 -arch=sm_90 benchmarks/probes/chunked_staging_probe.cu -o /tmp/chunked &&
                               /tmp/chunked &&
+                              nvcc -O3 -arch=sm_90 benchmarks/probes/cluster_registers_probe.cu -o /tmp/cluster_registers &&
+                              /tmp/cluster_registers 8 100 8 2 && /tmp/cluster_registers 64 100 16 4 1 8 &&
                               nvcc -O3 -arch=sm_90 benchmarks/probes/cluster_staging_probe.cu -o /tmp/cluster_staging &&
                               /tmp/cluster_staging &&
                               nvcc -O3 -arch=sm_90 benchmarks/probes/compact_exchange_probe.cu -o /tmp/compact_exchange &&

@@ -1,0 +1,318 @@
+// Whether clusters that keep the LSTM's recurrent weights in registers, as tensor-core fragments, can run
+// a step in well under the persistent rungs' microsecond. The persistent rungs spread U (4H x H) over
+// every SM and exchange h through L2: every block reads all rows of h at every step, and a step costs
+// about 1.1 us at B=1 and 2.4 at B=8 in bf16 on an H200 (grid-wide waits and staging through L2). The
+// cluster probe of 2026-11-29 (cluster_lstm_probe.cu) kept U in one cluster's shared memory and
+// multiplied on the CUDA cores: 3.4 us a step, bound by reading 128 KiB of shared memory a step.
+//
+// Here U in bf16 (2 MiB at H=512) is held by the 16 blocks of one cluster in their registers (128 KiB a
+// block: 128 registers of each of 256 threads) as the A fragments of mma.sync m16n8k16, loaded once.
+// Each block owns 32 hidden units (their 128 gate columns); a step multiplies them by h (bf16, in shared
+// memory), sums the warps' shares of K, applies the cell, and writes its 32 new values of h (rounded to
+// bf16) into every block of the cluster through distributed shared memory; one cluster barrier a step.
+// The batch is split between clusters, R rows each (a multiple of 8, mma's N): the rows of a batch are
+// independent, so clusters never wait for each other, and each holds its own copy of U.
+//
+// The input projection (x @ W + b) is taken as done (random gate inputs, as the hoisted GEMM gives).
+// Checked against a float64 recurrence on the host with the same bf16 U and h rounded to bf16 before its
+// product (as the kernel exchanges it); then timed (CUDA events, median of 20 launches of the sequence).
+//
+//     nvcc -O3 -arch=sm_90 -Ibenchmarks/probes benchmarks/probes/cluster_registers_probe.cu -o probe
+//     ./probe B T [R WM [mma [flags]]]   (R rows a cluster, WM warps along the gate columns, mma=0: no
+//     products; flags: the sum of NO_GX 1, NO_REMOTE 2, NO_CLUSTER_SYNC 4 (with 2 only), THROUGH_L2 8,
+//     NO_CELL 16 (h the gates' sum): the NO_ ones for their time only)
+#include <cooperative_groups.h>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#include "probe_check.cuh"  // CHECK, median_event_ms
+
+namespace cg = cooperative_groups;
+
+constexpr int H = 512;             // hidden size (and K of the recurrent GEMM)
+constexpr int CLUSTER = 16;        // blocks of a cluster (the largest an H100 or H200 allows)
+constexpr int UNITS = H / CLUSTER; // hidden units of a block: 32
+constexpr int COLS = 4 * UNITS;    // its gate columns: 128 (i, f, g, o of each unit)
+constexpr int THREADS = 256, WARPS = THREADS / 32;
+constexpr int M_TILES = COLS / 16, K_TILES = H / 16;  // 8 x 32 fragments of 16 x 16
+constexpr int HS = H + 8;  // bf16 a row of h in shared memory: rows 16 bytes apart in the banks
+
+// ablations and alternatives, for their time (NO_*: the results are then wrong)
+constexpr int NO_GX = 1, NO_REMOTE = 2, NO_CLUSTER_SYNC = 4, THROUGH_L2 = 8, NO_CELL = 16;
+
+// the logistic function as the generated kernels compute it (cellfuse/resources/cuda/math.cuh: the
+// reciprocal and one Newton step, not IEEE division and its slow path); tanh(v) = 2 sigmoid(2 v) - 1
+__device__ __forceinline__ float sigmoid(float a)
+{
+    const float z = expf(-fabsf(a)), d = 1.0f + z;
+    const float r0 = __fdividef(1.0f, d), r = fmaf(fmaf(-d, r0, 1.0f), r0, r0);
+    return (a >= 0.0f ? 1.0f : z) * r;
+}
+__device__ __forceinline__ float tanh_(float v) { return fmaf(2.0f, sigmoid(2.0f * v), -1.0f); }
+
+__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// the gate column n of U (its row: n = q * H + j) that local column m of block `rank` is
+__device__ __forceinline__ int column(int rank, int m) { return (m / UNITS) * H + rank * UNITS + m % UNITS; }
+
+// u: [4H][H] bf16 (row n = gate column n); gx: [T][B][4H] the gates' inputs; y: [T][B][H]
+template <int R, int WM, bool MMA>
+__global__ void __launch_bounds__(THREADS, 1) lstm_registers(const __nv_bfloat16* __restrict__ u,
+                                                             const float* __restrict__ gx,
+                                                             float* __restrict__ y, int T, int B,
+                                                             __nv_bfloat16* __restrict__ hg, int flags)
+{
+    constexpr int WK = WARPS / WM, MT = M_TILES / WM, KT = K_TILES / WK, NT = R / 8, RP = R + 1;
+    extern __shared__ __align__(16) unsigned char smem[];
+    __nv_bfloat16* hs = reinterpret_cast<__nv_bfloat16*>(smem);                 // [2][R][HS]
+    float* red = reinterpret_cast<float*>(smem + 2 * R * HS * 2);               // [WK][COLS][RP]
+    __nv_bfloat16* hnew = reinterpret_cast<__nv_bfloat16*>(red + WK * COLS * RP);  // [R][UNITS]
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = cluster.block_rank(), row0 = (blockIdx.x / CLUSTER) * R;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
+    const int wm = warp % WM, wk = warp / WM;
+    uint32_t a[MT][KT][4];  // this warp's fragments of U: MT x KT tiles, 4 registers a thread each
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+        const int m = (wm * MT + mt) * 16 + g;
+        const __nv_bfloat16* lo = u + (size_t)column(rank, m) * H;
+        const __nv_bfloat16* hi = u + (size_t)column(rank, m + 8) * H;
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+            const int k = (wk * KT + kt) * 16 + 2 * tg;
+            a[mt][kt][0] = *reinterpret_cast<const uint32_t*>(lo + k);
+            a[mt][kt][1] = *reinterpret_cast<const uint32_t*>(hi + k);
+            a[mt][kt][2] = *reinterpret_cast<const uint32_t*>(lo + k + 8);
+            a[mt][kt][3] = *reinterpret_cast<const uint32_t*>(hi + k + 8);
+        }
+    }
+    for (int e = tid; e < 2 * R * HS; e += THREADS) hs[e] = __float2bfloat16_rn(0.0f);
+    const int jj = tid & 31, rb = tid >> 5;  // the cell's thread: unit jj of rows rb, rb + 8, ...
+    float c[NT] = {};
+    // the gates' inputs of a step, loaded a step ahead: their latency behind the step before
+    auto load_gin = [&](float (&gin)[NT][4], int t) {
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+            const int row = row0 + rb + 8 * i;
+#pragma unroll
+            for (int q = 0; q < 4; ++q)
+                gin[i][q] = row < B && t < T && !(flags & NO_GX)
+                                ? gx[((size_t)t * B + row) * 4 * H + q * H + rank * UNITS + jj] : 0.0f;
+        }
+    };
+    float gin[NT][4];
+    load_gin(gin, 0);
+    cluster.sync();  // every block's h zeroed before any block writes the next
+    for (int t = 0; t < T; ++t) {
+        const __nv_bfloat16* h = hs + (t & 1) * R * HS;
+        float acc[MT][NT][4] = {};
+        if constexpr (MMA) {
+#pragma unroll
+            for (int kt = 0; kt < KT; ++kt) {
+                const int k = (wk * KT + kt) * 16 + 2 * tg;
+                uint32_t b[NT][2];
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    b[nt][0] = *reinterpret_cast<const uint32_t*>(h + (nt * 8 + g) * HS + k);
+                    b[nt][1] = *reinterpret_cast<const uint32_t*>(h + (nt * 8 + g) * HS + k + 8);
+                }
+#pragma unroll
+                for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) mma(acc[mt][nt], a[mt][kt], b[nt][0], b[nt][1]);
+            }
+        }
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                float* out = red + ((size_t)wk * COLS + (wm * MT + mt) * 16 + g) * RP + nt * 8 + 2 * tg;
+                out[0] = acc[mt][nt][0];
+                out[1] = acc[mt][nt][1];
+                out[8 * RP] = acc[mt][nt][2];
+                out[8 * RP + 1] = acc[mt][nt][3];
+            }
+        __syncthreads();
+#pragma unroll
+        for (int i = 0; i < NT; ++i) {
+            const int r = rb + 8 * i, row = row0 + r;
+            float s[4];
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+                s[q] = gin[i][q];
+#pragma unroll
+                for (int w = 0; w < WK; ++w) s[q] += red[((size_t)w * COLS + q * UNITS + jj) * RP + r];
+            }
+            float hv;
+            if (flags & NO_CELL) {
+                hv = s[0] + s[1] + s[2] + s[3];
+            } else {
+                const float ig = sigmoid(s[0]), fg = sigmoid(s[1]), gg = tanh_(s[2]), og = sigmoid(s[3]);
+                c[i] = fg * c[i] + ig * gg;
+                hv = og * tanh_(c[i]);
+            }
+            if (row < B) y[((size_t)t * B + row) * H + rank * UNITS + jj] = hv;
+            hnew[r * UNITS + jj] = __float2bfloat16_rn(row < B ? hv : 0.0f);
+        }
+        load_gin(gin, t + 1);
+        __syncthreads();
+        __nv_bfloat16* next = hs + ((t + 1) & 1) * R * HS;
+        if (flags & THROUGH_L2) {  // the block's values to global memory, the cluster's h read back after
+            __nv_bfloat16* hgc = hg + ((size_t)((t + 1) & 1) * gridDim.x / CLUSTER + blockIdx.x / CLUSTER) * R * H;
+            for (int e = tid; e < R * 4; e += THREADS) {
+                const int r = e >> 2, part = e & 3;
+                reinterpret_cast<uint4*>(hgc + r * H + rank * UNITS)[part] =
+                    reinterpret_cast<const uint4*>(hnew + r * UNITS)[part];
+            }
+            if (flags & NO_CLUSTER_SYNC) __syncthreads(); else cluster.sync();
+            for (int e = tid; e < R * H / 8; e += THREADS) {
+                const int r = e / (H / 8), part = e % (H / 8);
+                reinterpret_cast<uint4*>(next + r * HS)[part] = __ldcg(reinterpret_cast<const uint4*>(hgc + r * H) + part);
+            }
+            __syncthreads();
+            continue;
+        }
+        // the block's R x 32 values into the next step's h of every block: 16 B pieces, 4 a row
+        for (int e = tid; e < CLUSTER * R * 4; e += THREADS) {
+            const int to = e / (R * 4), r = (e >> 2) % R, part = e & 3;
+            __nv_bfloat16* remote = (flags & NO_REMOTE ? next : cluster.map_shared_rank(next, to))
+                                    + r * HS + rank * UNITS;
+            reinterpret_cast<uint4*>(remote)[part] = reinterpret_cast<const uint4*>(hnew + r * UNITS)[part];
+        }
+        if (flags & NO_CLUSTER_SYNC) __syncthreads(); else cluster.sync();  // the next h whole everywhere
+    }
+}
+
+static float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+template <int R, int WM, bool MMA>
+static int run(int B, int T, int flags)
+{
+    constexpr int WK = WARPS / WM;
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    const float scale = 1.0f / std::sqrt((float)H);
+    std::vector<__nv_bfloat16> u(4 * H * H);
+    std::vector<float> ur(4 * H * H), gx((size_t)T * B * 4 * H);
+    for (size_t e = 0; e < u.size(); ++e) {
+        ur[e] = bf16_round(dist(rng) * scale);
+        u[e] = __float2bfloat16_rn(ur[e]);
+    }
+    for (auto& v : gx) v = dist(rng);
+    __nv_bfloat16* du;
+    float *dgx, *dy;
+    CHECK(cudaMalloc(&du, u.size() * sizeof(__nv_bfloat16)));
+    CHECK(cudaMalloc(&dgx, gx.size() * sizeof(float)));
+    CHECK(cudaMalloc(&dy, (size_t)T * B * H * sizeof(float)));
+    CHECK(cudaMemcpy(du, u.data(), u.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dgx, gx.data(), gx.size() * sizeof(float), cudaMemcpyHostToDevice));
+    const int clusters = (B + R - 1) / R;
+    __nv_bfloat16* dhg;  // h through global memory (THROUGH_L2): two steps' of every cluster's rows
+    CHECK(cudaMalloc(&dhg, (size_t)2 * clusters * R * H * sizeof(__nv_bfloat16)));
+    CHECK(cudaMemset(dhg, 0, (size_t)2 * clusters * R * H * sizeof(__nv_bfloat16)));
+    auto kernel = lstm_registers<R, WM, MMA>;
+    const size_t smem = (size_t)2 * R * HS * 2 + (size_t)WK * COLS * (R + 1) * 4 + (size_t)R * UNITS * 2;
+    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+    CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    cudaFuncAttributes attributes;
+    CHECK(cudaFuncGetAttributes(&attributes, kernel));
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(clusters * CLUSTER);
+    config.blockDim = dim3(THREADS);
+    config.dynamicSmemBytes = smem;
+    cudaLaunchAttribute attribute;
+    attribute.id = cudaLaunchAttributeClusterDimension;
+    attribute.val.clusterDim.x = CLUSTER;
+    attribute.val.clusterDim.y = attribute.val.clusterDim.z = 1;
+    config.attrs = &attribute;
+    config.numAttrs = 1;
+    int fit = 0;
+    CHECK(cudaOccupancyMaxActiveClusters(&fit, kernel, &config));
+    std::printf("B=%d T=%d R=%d WM=%d flags=%d%s: %d clusters of %d blocks, %d registers, %d spilled bytes, %.1f KiB "
+                "shared; %d clusters fit at once\n", B, T, R, WM, flags, MMA ? "" : " (no products)", clusters,
+                CLUSTER, attributes.numRegs, (int)attributes.localSizeBytes, smem / 1024.0, fit);
+    if (fit < clusters) {
+        std::printf("does not fit\n");
+        return 0;
+    }
+    auto launch = [&] {
+        CHECK(cudaLaunchKernelEx(&config, kernel, (const __nv_bfloat16*)du, (const float*)dgx, dy, T, B, dhg, flags));
+    };
+    launch();
+    CHECK(cudaDeviceSynchronize());
+    int status = 0;
+    if (MMA && !(flags & (NO_GX | NO_REMOTE | NO_CLUSTER_SYNC | NO_CELL))) {
+        std::vector<float> y((size_t)T * B * H);
+        CHECK(cudaMemcpy(y.data(), dy, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
+        double err = 0.0, mag = 0.0;
+        // the reference, in float64, h rounded to bf16 for its product: the first row and the last (the
+        // host's float64 is slow)
+        for (int b : {0, B - 1}) {
+            std::vector<double> h(H, 0.0), c(H, 0.0), hb(H, 0.0), gate(4 * H);
+            for (int t = 0; t < T; ++t) {
+                for (int n = 0; n < 4 * H; ++n) {
+                    double s = gx[((size_t)t * B + b) * 4 * H + n];
+                    const float* row = &ur[(size_t)n * H];
+                    for (int k = 0; k < H; ++k) s += (double)row[k] * hb[k];
+                    gate[n] = s;
+                }
+                for (int j = 0; j < H; ++j) {
+                    const double i = 1 / (1 + std::exp(-gate[j])), f = 1 / (1 + std::exp(-gate[H + j]));
+                    const double gg = std::tanh(gate[2 * H + j]), o = 1 / (1 + std::exp(-gate[3 * H + j]));
+                    c[j] = f * c[j] + i * gg;
+                    h[j] = o * std::tanh(c[j]);
+                    const double got = y[((size_t)t * B + b) * H + j];
+                    err = std::max(err, std::fabs(got - h[j]));
+                    mag = std::max(mag, std::fabs(h[j]));
+                    hb[j] = bf16_round((float)got);  // (the kernel's own h: a rounding that tips one way
+                }                                    // there and the other here does not grow)
+            }
+        }
+        std::printf("max abs error against float64 with the same bf16 U and h: %.2e (largest |y| %.3f)\n", err,
+                    mag);
+        status = err < 1e-3 ? 0 : 2;
+    }
+    const float ms = median_event_ms(launch, 21);
+    std::printf("recurrence of %d steps: median %.4f ms, %.3f us a step\n", T, ms, 1e3f * ms / T);
+    CHECK(cudaFree(du));
+    CHECK(cudaFree(dgx));
+    CHECK(cudaFree(dy));
+    CHECK(cudaFree(dhg));
+    return status;
+}
+
+template <int R, int WM> static int pick_mma(int B, int T, bool products, int flags)
+{
+    return products ? run<R, WM, true>(B, T, flags) : run<R, WM, false>(B, T, flags);
+}
+
+int main(int argc, char** argv)
+{
+    const int B = argc > 1 ? std::atoi(argv[1]) : 8, T = argc > 2 ? std::atoi(argv[2]) : 100;
+    const int R = argc > 3 ? std::atoi(argv[3]) : 8, WM = argc > 4 ? std::atoi(argv[4]) : 2;
+    const bool products = argc > 5 ? std::atoi(argv[5]) != 0 : true;
+    const int flags = argc > 6 ? std::atoi(argv[6]) : 0;
+#define CASE(r, wm) \
+    if (R == r && WM == wm) return pick_mma<r, wm>(B, T, products, flags);
+    CASE(8, 1) CASE(8, 2) CASE(8, 4) CASE(8, 8)
+    CASE(16, 2) CASE(16, 4) CASE(16, 8)
+    CASE(24, 4) CASE(24, 8)
+    CASE(32, 4) CASE(32, 8)
+    CASE(40, 8)
+#undef CASE
+    std::fprintf(stderr, "no kernel for R=%d WM=%d\n", R, WM);
+    return 1;
+}
