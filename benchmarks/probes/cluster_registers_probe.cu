@@ -18,7 +18,8 @@
 // product (as the kernel exchanges it); then timed (CUDA events, median of 20 launches of the sequence).
 //
 //     nvcc -O3 -arch=sm_90 -Ibenchmarks/probes benchmarks/probes/cluster_registers_probe.cu -o probe
-//     ./probe B T [R WM [mma [flags]]]   (R rows a cluster, WM warps along the gate columns, mma=0: no
+//     ./probe B T [R WM [mma [flags]]]   (R rows a cluster, WM warps along the gate columns (0: the second
+//     layout, below, R 8, 16, 24 or 40), mma=0: no
 //     products; flags: the sum of NO_GX 1, NO_REMOTE 2, NO_CLUSTER_SYNC 4 (with 2 only), THROUGH_L2 8,
 //     NO_CELL 16 (h the gates' sum): the NO_ ones for their time only)
 #include <cooperative_groups.h>
@@ -196,12 +197,191 @@ __global__ void __launch_bounds__(THREADS, 1) lstm_registers(const __nv_bfloat16
     }
 }
 
+// The second layout: no block barrier and no cluster barrier a step. Warp w of a block owns 4 of its
+// units (gate columns 4a + q of its one 16-row tile: unit a, gate q) over the whole of K, in 4 chains of
+// products summed in registers; a transpose among each 4 lanes through shuffles gives each lane the four
+// gates of one (unit, row), on which it applies the cell; the warp's new h (8 bytes a row: its 4 units)
+// goes to every block of the cluster by `st.async`, whose bytes count down the receiving block's mbarrier
+// of that step's buffer (8 KiB a step for 8 rows). A block waits only for that mbarrier: every block's
+// values of h arrived. Two buffers suffice: values for a buffer's next step are sent only after their
+// sender has every block's values of the step between, each sent after its sender's products read the
+// buffer. Its thread 0 arms the buffer's next phase (its bytes) once it has waited for the current one.
+__device__ __forceinline__ uint32_t shared_address(const void* p)
+{
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ uint32_t cluster_address(uint32_t local, int rank)
+{
+    uint32_t out;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(out) : "r"(local), "r"(rank));
+    return out;
+}
+
+__device__ __forceinline__ void arm(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.release.cta.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+
+__device__ __forceinline__ void wait_phase(uint32_t bar, uint32_t parity)
+{
+    asm volatile("{\n\t.reg .pred done;\n"
+                 "WAIT_%=:\n\t"
+                 "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n\t"
+                 "@!done bra WAIT_%=;\n}" ::"r"(bar), "r"(parity) : "memory");
+}
+
+__device__ __forceinline__ void send(uint32_t remote, uint64_t value, uint32_t remote_bar)
+{
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];"
+                 ::"r"(remote), "l"(value), "r"(remote_bar) : "memory");
+}
+
+// lane `from`'s value of slot `slot` (0 to 3) of v, as a select: a register array indexed by a value that
+// differs between lanes would go to local memory
+__device__ __forceinline__ float pick(const float (&v)[4], int slot)
+{
+    return slot == 0 ? v[0] : slot == 1 ? v[1] : slot == 2 ? v[2] : v[3];
+}
+
+template <int NT>
+__global__ void __launch_bounds__(THREADS, 1) lstm_async(const __nv_bfloat16* __restrict__ u,
+                                                         const float* __restrict__ gx,
+                                                         float* __restrict__ y, int T, int B)
+{
+    constexpr int R = 8 * NT, SETS = NT == 1 ? 4 : NT == 2 ? 2 : 1;
+    extern __shared__ __align__(16) unsigned char smem[];
+    uint64_t* bars = reinterpret_cast<uint64_t*>(smem);                           // [2]
+    __nv_bfloat16* hs = reinterpret_cast<__nv_bfloat16*>(smem + 16);              // [2][R][HS]
+    cg::cluster_group cluster = cg::this_cluster();
+    const int rank = cluster.block_rank(), row0 = (blockIdx.x / CLUSTER) * R;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
+    const int q = g & 3, gh = g >> 2;  // this lane's gate in the tile's rows g and g + 8, and its half
+    uint32_t a[K_TILES][4];
+    {
+        // tile row r: unit r / 4 of the warp's 4, gate r % 4
+        auto col = [&](int r) { return (r & 3) * H + rank * UNITS + warp * 4 + (r >> 2); };
+        const __nv_bfloat16* lo = u + (size_t)col(g) * H;
+        const __nv_bfloat16* hi = u + (size_t)col(g + 8) * H;
+#pragma unroll
+        for (int kt = 0; kt < K_TILES; ++kt) {
+            const int k = kt * 16 + 2 * tg;
+            a[kt][0] = *reinterpret_cast<const uint32_t*>(lo + k);
+            a[kt][1] = *reinterpret_cast<const uint32_t*>(hi + k);
+            a[kt][2] = *reinterpret_cast<const uint32_t*>(lo + k + 8);
+            a[kt][3] = *reinterpret_cast<const uint32_t*>(hi + k + 8);
+        }
+    }
+    // after the transpose this lane holds the gates of unit `unit` (of the warp's 4) of row nt * 8 + rrow
+    const int unit = 2 * (q >> 1) + gh, rrow = 2 * tg + (q & 1);
+    const int hcol = rank * UNITS + warp * 4 + unit;  // its column of h (and of y)
+    const uint32_t bytes = CLUSTER * R * UNITS * 2;   // a step's h, into each block
+    const uint32_t bar0 = shared_address(bars), hs0 = shared_address(hs);
+    for (int e = tid; e < 2 * R * HS; e += THREADS) hs[e] = __float2bfloat16_rn(0.0f);
+    if (tid == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8));
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        if (T > 1) arm(bar0 + 8, bytes);  // h of step 1, into buffer 1
+    }
+    // where this lane's sends go: 4 blocks of the 16, one row's 8 bytes each
+    const int sender_row = lane & 7, first_to = 4 * (lane >> 3);
+    auto load_gin = [&](float (&gin)[NT][4], int t) {
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const int row = row0 + nt * 8 + rrow;
+#pragma unroll
+            for (int gate = 0; gate < 4; ++gate)
+                gin[nt][gate] = row < B && t < T ? gx[((size_t)t * B + row) * 4 * H + gate * H + hcol] : 0.0f;
+        }
+    };
+    float gin[NT][4], c[NT] = {};
+    load_gin(gin, 0);
+    uint32_t parity = 0;  // bit b: the parity of buffer b's phase waited for next
+    cluster.sync();  // every block's barriers made and h zeroed before any block sends
+    for (int t = 0; t < T; ++t) {
+        const int buf = t & 1;
+        if (t > 0) {
+            wait_phase(bar0 + 8 * buf, (parity >> buf) & 1);
+            parity ^= 1u << buf;
+        }
+        if (tid == 0 && t + 2 < T) arm(bar0 + 8 * buf, bytes);  // its next phase: h of step t + 2
+        const __nv_bfloat16* h = hs + buf * R * HS;
+        float acc[SETS][NT][4] = {};
+#pragma unroll
+        for (int kt = 0; kt < K_TILES; ++kt) {
+            const int k = kt * 16 + 2 * tg;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt)
+                mma(acc[kt % SETS][nt], a[kt], *reinterpret_cast<const uint32_t*>(h + (nt * 8 + g) * HS + k),
+                    *reinterpret_cast<const uint32_t*>(h + (nt * 8 + g) * HS + k + 8));
+        }
+        float hv[NT];
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            float v[4];  // gate q of (unit gh, rows 2tg, 2tg + 1), (unit 2 + gh, the same rows)
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                v[j] = acc[0][nt][j];
+#pragma unroll
+                for (int set = 1; set < SETS; ++set) v[j] += acc[set][nt][j];
+            }
+            // the 4 x 4 transpose among lanes 4 apart: slot s of v is (unit, row) s, to the lane of gate
+            // s; this lane ends with the 4 gates of its own slot q
+            const float own = pick(v, q);
+            float gates[4] = {own, own, own, own};  // (slot q's own gate stays; the others are replaced)
+#pragma unroll
+            for (int r = 1; r < 4; ++r) {
+                const float got = __shfl_xor_sync(0xffffffffu, pick(v, q ^ r), 4 * r);
+                const int slot = q ^ r;  // the gate `got` is, of this lane's (unit, row)
+                gates[0] = slot == 0 ? got : gates[0];
+                gates[1] = slot == 1 ? got : gates[1];
+                gates[2] = slot == 2 ? got : gates[2];
+                gates[3] = slot == 3 ? got : gates[3];
+            }
+            const float ig = sigmoid(gates[0] + gin[nt][0]), fg = sigmoid(gates[1] + gin[nt][1]);
+            const float gg = tanh_(gates[2] + gin[nt][2]), og = sigmoid(gates[3] + gin[nt][3]);
+            c[nt] = fg * c[nt] + ig * gg;
+            hv[nt] = og * tanh_(c[nt]);
+            const int row = row0 + nt * 8 + rrow;
+            if (row < B) y[((size_t)t * B + row) * H + hcol] = hv[nt];
+        }
+        load_gin(gin, t + 1);
+        if (t + 1 < T) {
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+                // the row's 4 units into one 8-byte piece: unit a of row (tg, q & 1) is in lane
+                // 16 (a & 1) + 8 (a >> 1) + 4 (q & 1) + tg
+                const float mine = hv[nt];
+                const int base = lane & 7;
+                const float h0 = __shfl_sync(0xffffffffu, mine, base), h1 = __shfl_sync(0xffffffffu, mine, base + 16);
+                const float h2 = __shfl_sync(0xffffffffu, mine, base + 8), h3 = __shfl_sync(0xffffffffu, mine, base + 24);
+                const __nv_bfloat162 p01 = __floats2bfloat162_rn(h0, h1), p23 = __floats2bfloat162_rn(h2, h3);
+                const uint64_t piece = (uint64_t)*reinterpret_cast<const uint32_t*>(&p01)
+                                       | (uint64_t)*reinterpret_cast<const uint32_t*>(&p23) << 32;
+                // row base (lane & 7) = 2 tg + (q & 1) of rows nt * 8 ...
+                const int r = nt * 8 + 2 * (sender_row & 3) + (sender_row >> 2);
+                const uint32_t at = hs0 + (uint32_t)((((t + 1) & 1) * R * HS + r * HS + rank * UNITS + warp * 4) * 2);
+#pragma unroll
+                for (int i = 0; i < 4; ++i) {
+                    const int to = first_to + i;
+                    send(cluster_address(at, to), piece, cluster_address(bar0 + 8 * ((t + 1) & 1), to));
+                }
+            }
+        }
+    }
+    cluster.sync();  // no block leaves while another may still write into it
+}
+
 static float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
 
-template <int R, int WM, bool MMA>
-static int run(int B, int T, int flags)
+// Runs `launch(config, u, gx, y, hg)` (hg: two steps of h of every cluster's rows in global memory, for
+// THROUGH_L2) over B rows of T random steps, R rows a cluster: checks it against float64 where `check`,
+// then times it.
+template <typename Kernel, typename Launch>
+static int run(Kernel kernel, Launch launch, size_t smem, int R, int B, int T, bool check, const char* what)
 {
-    constexpr int WK = WARPS / WM;
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     const float scale = 1.0f / std::sqrt((float)H);
@@ -212,19 +392,16 @@ static int run(int B, int T, int flags)
         u[e] = __float2bfloat16_rn(ur[e]);
     }
     for (auto& v : gx) v = dist(rng);
-    __nv_bfloat16* du;
+    __nv_bfloat16 *du, *dhg;
     float *dgx, *dy;
+    const int clusters = (B + R - 1) / R;
     CHECK(cudaMalloc(&du, u.size() * sizeof(__nv_bfloat16)));
     CHECK(cudaMalloc(&dgx, gx.size() * sizeof(float)));
     CHECK(cudaMalloc(&dy, (size_t)T * B * H * sizeof(float)));
-    CHECK(cudaMemcpy(du, u.data(), u.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(dgx, gx.data(), gx.size() * sizeof(float), cudaMemcpyHostToDevice));
-    const int clusters = (B + R - 1) / R;
-    __nv_bfloat16* dhg;  // h through global memory (THROUGH_L2): two steps' of every cluster's rows
     CHECK(cudaMalloc(&dhg, (size_t)2 * clusters * R * H * sizeof(__nv_bfloat16)));
     CHECK(cudaMemset(dhg, 0, (size_t)2 * clusters * R * H * sizeof(__nv_bfloat16)));
-    auto kernel = lstm_registers<R, WM, MMA>;
-    const size_t smem = (size_t)2 * R * HS * 2 + (size_t)WK * COLS * (R + 1) * 4 + (size_t)R * UNITS * 2;
+    CHECK(cudaMemcpy(du, u.data(), u.size() * sizeof(__nv_bfloat16), cudaMemcpyHostToDevice));
+    CHECK(cudaMemcpy(dgx, gx.data(), gx.size() * sizeof(float), cudaMemcpyHostToDevice));
     CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     cudaFuncAttributes attributes;
@@ -241,20 +418,18 @@ static int run(int B, int T, int flags)
     config.numAttrs = 1;
     int fit = 0;
     CHECK(cudaOccupancyMaxActiveClusters(&fit, kernel, &config));
-    std::printf("B=%d T=%d R=%d WM=%d flags=%d%s: %d clusters of %d blocks, %d registers, %d spilled bytes, %.1f KiB "
-                "shared; %d clusters fit at once\n", B, T, R, WM, flags, MMA ? "" : " (no products)", clusters,
-                CLUSTER, attributes.numRegs, (int)attributes.localSizeBytes, smem / 1024.0, fit);
+    std::printf("B=%d T=%d R=%d %s: %d clusters of %d blocks, %d registers, %d spilled bytes, %.1f KiB "
+                "shared; %d clusters fit at once\n", B, T, R, what, clusters, CLUSTER, attributes.numRegs,
+                (int)attributes.localSizeBytes, smem / 1024.0, fit);
     if (fit < clusters) {
         std::printf("does not fit\n");
         return 0;
     }
-    auto launch = [&] {
-        CHECK(cudaLaunchKernelEx(&config, kernel, (const __nv_bfloat16*)du, (const float*)dgx, dy, T, B, dhg, flags));
-    };
-    launch();
+    auto go = [&] { CHECK(launch(config, (const __nv_bfloat16*)du, (const float*)dgx, dy, dhg)); };
+    go();
     CHECK(cudaDeviceSynchronize());
     int status = 0;
-    if (MMA && !(flags & (NO_GX | NO_REMOTE | NO_CLUSTER_SYNC | NO_CELL))) {
+    if (check) {
         std::vector<float> y((size_t)T * B * H);
         CHECK(cudaMemcpy(y.data(), dy, y.size() * sizeof(float), cudaMemcpyDeviceToHost));
         double err = 0.0, mag = 0.0;
@@ -285,7 +460,7 @@ static int run(int B, int T, int flags)
                     mag);
         status = err < 1e-3 ? 0 : 2;
     }
-    const float ms = median_event_ms(launch, 21);
+    const float ms = median_event_ms(go, 21);
     std::printf("recurrence of %d steps: median %.4f ms, %.3f us a step\n", T, ms, 1e3f * ms / T);
     CHECK(cudaFree(du));
     CHECK(cudaFree(dgx));
@@ -294,9 +469,29 @@ static int run(int B, int T, int flags)
     return status;
 }
 
-template <int R, int WM> static int pick_mma(int B, int T, bool products, int flags)
+template <int R, int WM> static int run_registers(int B, int T, bool products, int flags)
 {
-    return products ? run<R, WM, true>(B, T, flags) : run<R, WM, false>(B, T, flags);
+    constexpr int WK = WARPS / WM;
+    const size_t smem = (size_t)2 * R * HS * 2 + (size_t)WK * COLS * (R + 1) * 4 + (size_t)R * UNITS * 2;
+    const bool check = products && !(flags & (NO_GX | NO_REMOTE | NO_CLUSTER_SYNC | NO_CELL));
+    char what[64];
+    std::snprintf(what, sizeof what, "WM=%d flags=%d%s", WM, flags, products ? "" : " (no products)");
+    auto body = [&](auto kernel) {
+        return run(kernel, [&](cudaLaunchConfig_t& config, const __nv_bfloat16* u, const float* gx, float* y,
+                               __nv_bfloat16* hg) {
+            return cudaLaunchKernelEx(&config, kernel, u, gx, y, T, B, hg, flags);
+        }, smem, R, B, T, check, what);
+    };
+    return products ? body(lstm_registers<R, WM, true>) : body(lstm_registers<R, WM, false>);
+}
+
+template <int NT> static int run_async(int B, int T)
+{
+    const size_t smem = 16 + (size_t)2 * 8 * NT * HS * 2;
+    auto kernel = lstm_async<NT>;
+    return run(kernel, [&](cudaLaunchConfig_t& config, const __nv_bfloat16* u, const float* gx, float* y,
+                           __nv_bfloat16*) { return cudaLaunchKernelEx(&config, kernel, u, gx, y, T, B); },
+               smem, 8 * NT, B, T, true, "async (mbarriers, no block or cluster barrier)");
 }
 
 int main(int argc, char** argv)
@@ -305,8 +500,14 @@ int main(int argc, char** argv)
     const int R = argc > 3 ? std::atoi(argv[3]) : 8, WM = argc > 4 ? std::atoi(argv[4]) : 2;
     const bool products = argc > 5 ? std::atoi(argv[5]) != 0 : true;
     const int flags = argc > 6 ? std::atoi(argv[6]) : 0;
+    if (WM == 0) {  // the second layout
+        if (R == 8) return run_async<1>(B, T);
+        if (R == 16) return run_async<2>(B, T);
+        if (R == 24) return run_async<3>(B, T);
+        if (R == 40) return run_async<5>(B, T);
+    }
 #define CASE(r, wm) \
-    if (R == r && WM == wm) return pick_mma<r, wm>(B, T, products, flags);
+    if (R == r && WM == wm) return run_registers<r, wm>(B, T, products, flags);
     CASE(8, 1) CASE(8, 2) CASE(8, 4) CASE(8, 8)
     CASE(16, 2) CASE(16, 4) CASE(16, 8)
     CASE(24, 4) CASE(24, 8)
