@@ -197,15 +197,20 @@ __global__ void __launch_bounds__(THREADS, 1) lstm_registers(const __nv_bfloat16
     }
 }
 
-// The second layout: no block barrier and no cluster barrier a step. Warp w of a block owns 4 of its
-// units (gate columns 4a + q of its one 16-row tile: unit a, gate q) over the whole of K, in 4 chains of
-// products summed in registers; a transpose among each 4 lanes through shuffles gives each lane the four
-// gates of one (unit, row), on which it applies the cell; the warp's new h (8 bytes a row: its 4 units)
-// goes to every block of the cluster by `st.async`, whose bytes count down the receiving block's mbarrier
-// of that step's buffer (8 KiB a step for 8 rows). A block waits only for that mbarrier: every block's
-// values of h arrived. Two buffers suffice: values for a buffer's next step are sent only after their
-// sender has every block's values of the step between, each sent after its sender's products read the
-// buffer. Its thread 0 arms the buffer's next phase (its bytes) once it has waited for the current one.
+// The second layout: no cluster barrier a step, and no sum of warps' partial products. Warp w of a block
+// owns 4 of its units (gate columns 4a + q of its one 16-row tile: unit a, gate q) over the whole of K,
+// in chains of products summed in registers; a transpose among each 4 lanes through shuffles gives each
+// lane the four gates of one (unit, row), on which it applies the cell. The block's new h (R rows of its
+// 32 units, in a staging buffer) goes to every block of the cluster by one bulk copy each
+// (`cp.async.bulk` into distributed shared memory), whose bytes count down the receiving block's mbarrier
+// of that step's buffer; a block waits only for that mbarrier: every block's values of h arrived. The
+// receiving buffer holds each sender's rows apart ([sender][row][32 units, 8 more of padding]), so that
+// one copy fills a sender's part. Two buffers suffice: values for a buffer's next step are sent only
+// after their sender has every block's values of the step between, each sent after its sender's products
+// read the buffer; so do two staging buffers, read by copies that every receiver has waited for two steps
+// later. Thread 0 arms a buffer's next phase (its bytes) once it has waited for the current one. (Its
+// first state sent each lane's 8 bytes by `st.async` instead, 1024 stores into each block a step at 8
+// rows: 2.22 us a step at B=8, record h200_2026-12-01_cluster_registers_probe_023bc14.txt, run 4.)
 __device__ __forceinline__ uint32_t shared_address(const void* p)
 {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -232,11 +237,14 @@ __device__ __forceinline__ void wait_phase(uint32_t bar, uint32_t parity)
                  "@!done bra WAIT_%=;\n}" ::"r"(bar), "r"(parity) : "memory");
 }
 
-__device__ __forceinline__ void send(uint32_t remote, uint64_t value, uint32_t remote_bar)
+// `bytes` of this block's shared memory at `from` to another block's at `remote`, counted down its mbarrier
+__device__ __forceinline__ void send(uint32_t remote, uint32_t from, uint32_t bytes, uint32_t remote_bar)
 {
-    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b64 [%0], %1, [%2];"
-                 ::"r"(remote), "l"(value), "r"(remote_bar) : "memory");
+    asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                 ::"r"(remote), "r"(from), "r"(bytes), "r"(remote_bar) : "memory");
 }
+
+constexpr int HP = UNITS + 8;  // bf16 a sender's row in the receiving buffer: rows 16 bytes apart in the banks
 
 // lane `from`'s value of slot `slot` (0 to 3) of v, as a select: a register array indexed by a value that
 // differs between lanes would go to local memory
@@ -253,7 +261,8 @@ __global__ void __launch_bounds__(THREADS, 1) lstm_async(const __nv_bfloat16* __
     constexpr int R = 8 * NT, SETS = NT == 1 ? 4 : NT == 2 ? 2 : 1;
     extern __shared__ __align__(16) unsigned char smem[];
     uint64_t* bars = reinterpret_cast<uint64_t*>(smem);                           // [2]
-    __nv_bfloat16* hs = reinterpret_cast<__nv_bfloat16*>(smem + 16);              // [2][R][HS]
+    __nv_bfloat16* hs = reinterpret_cast<__nv_bfloat16*>(smem + 16);              // [2][CLUSTER][R][HP]
+    __nv_bfloat16* stage = hs + 2 * CLUSTER * R * HP;                             // [2][R][HP]
     cg::cluster_group cluster = cg::this_cluster();
     const int rank = cluster.block_rank(), row0 = (blockIdx.x / CLUSTER) * R;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, tg = lane & 3;
@@ -276,17 +285,15 @@ __global__ void __launch_bounds__(THREADS, 1) lstm_async(const __nv_bfloat16* __
     // after the transpose this lane holds the gates of unit `unit` (of the warp's 4) of row nt * 8 + rrow
     const int unit = 2 * (q >> 1) + gh, rrow = 2 * tg + (q & 1);
     const int hcol = rank * UNITS + warp * 4 + unit;  // its column of h (and of y)
-    const uint32_t bytes = CLUSTER * R * UNITS * 2;   // a step's h, into each block
-    const uint32_t bar0 = shared_address(bars), hs0 = shared_address(hs);
-    for (int e = tid; e < 2 * R * HS; e += THREADS) hs[e] = __float2bfloat16_rn(0.0f);
+    const uint32_t part = R * HP * 2, bytes = CLUSTER * part;  // a sender's h, a step's into each block
+    const uint32_t bar0 = shared_address(bars), hs0 = shared_address(hs), stage0 = shared_address(stage);
+    for (int e = tid; e < 2 * CLUSTER * R * HP; e += THREADS) hs[e] = __float2bfloat16_rn(0.0f);
     if (tid == 0) {
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0));
         asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar0 + 8));
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
         if (T > 1) arm(bar0 + 8, bytes);  // h of step 1, into buffer 1
     }
-    // where this lane's sends go: 4 blocks of the 16, one row's 8 bytes each
-    const int sender_row = lane & 7, first_to = 4 * (lane >> 3);
     auto load_gin = [&](float (&gin)[NT][4], int t) {
 #pragma unroll
         for (int nt = 0; nt < NT; ++nt) {
@@ -307,15 +314,16 @@ __global__ void __launch_bounds__(THREADS, 1) lstm_async(const __nv_bfloat16* __
             parity ^= 1u << buf;
         }
         if (tid == 0 && t + 2 < T) arm(bar0 + 8 * buf, bytes);  // its next phase: h of step t + 2
-        const __nv_bfloat16* h = hs + buf * R * HS;
+        const __nv_bfloat16* h = hs + buf * CLUSTER * R * HP;
         float acc[SETS][NT][4] = {};
 #pragma unroll
         for (int kt = 0; kt < K_TILES; ++kt) {
-            const int k = kt * 16 + 2 * tg;
+            // k = kt * 16 + 2 tg: sender kt / 2, its unit (kt % 2) * 16 + 2 tg
+            const __nv_bfloat16* from = h + (kt >> 1) * R * HP + (kt & 1) * 16 + 2 * tg;
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt)
-                mma(acc[kt % SETS][nt], a[kt], *reinterpret_cast<const uint32_t*>(h + (nt * 8 + g) * HS + k),
-                    *reinterpret_cast<const uint32_t*>(h + (nt * 8 + g) * HS + k + 8));
+                mma(acc[kt % SETS][nt], a[kt], *reinterpret_cast<const uint32_t*>(from + (nt * 8 + g) * HP),
+                    *reinterpret_cast<const uint32_t*>(from + (nt * 8 + g) * HP + 8));
         }
         float hv[NT];
 #pragma unroll
@@ -349,26 +357,15 @@ __global__ void __launch_bounds__(THREADS, 1) lstm_async(const __nv_bfloat16* __
         }
         load_gin(gin, t + 1);
         if (t + 1 < T) {
+            const int next = (t + 1) & 1;
 #pragma unroll
-            for (int nt = 0; nt < NT; ++nt) {
-                // the row's 4 units into one 8-byte piece: unit a of row (tg, q & 1) is in lane
-                // 16 (a & 1) + 8 (a >> 1) + 4 (q & 1) + tg
-                const float mine = hv[nt];
-                const int base = lane & 7;
-                const float h0 = __shfl_sync(0xffffffffu, mine, base), h1 = __shfl_sync(0xffffffffu, mine, base + 16);
-                const float h2 = __shfl_sync(0xffffffffu, mine, base + 8), h3 = __shfl_sync(0xffffffffu, mine, base + 24);
-                const __nv_bfloat162 p01 = __floats2bfloat162_rn(h0, h1), p23 = __floats2bfloat162_rn(h2, h3);
-                const uint64_t piece = (uint64_t)*reinterpret_cast<const uint32_t*>(&p01)
-                                       | (uint64_t)*reinterpret_cast<const uint32_t*>(&p23) << 32;
-                // row base (lane & 7) = 2 tg + (q & 1) of rows nt * 8 ...
-                const int r = nt * 8 + 2 * (sender_row & 3) + (sender_row >> 2);
-                const uint32_t at = hs0 + (uint32_t)((((t + 1) & 1) * R * HS + r * HS + rank * UNITS + warp * 4) * 2);
-#pragma unroll
-                for (int i = 0; i < 4; ++i) {
-                    const int to = first_to + i;
-                    send(cluster_address(at, to), piece, cluster_address(bar0 + 8 * ((t + 1) & 1), to));
-                }
-            }
+            for (int nt = 0; nt < NT; ++nt)
+                stage[(next * R + nt * 8 + rrow) * HP + warp * 4 + unit] = __float2bfloat16_rn(hv[nt]);
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");  // (the copies read them)
+            __syncthreads();
+            if (tid < CLUSTER)  // one copy a receiving block
+                send(cluster_address(hs0 + (next * CLUSTER + rank) * part, tid), stage0 + next * part, part,
+                     cluster_address(bar0 + 8 * next, tid));
         }
     }
     cluster.sync();  // no block leaves while another may still write into it
@@ -487,11 +484,11 @@ template <int R, int WM> static int run_registers(int B, int T, bool products, i
 
 template <int NT> static int run_async(int B, int T)
 {
-    const size_t smem = 16 + (size_t)2 * 8 * NT * HS * 2;
+    const size_t smem = 16 + (size_t)2 * (CLUSTER + 1) * 8 * NT * HP * 2;
     auto kernel = lstm_async<NT>;
     return run(kernel, [&](cudaLaunchConfig_t& config, const __nv_bfloat16* u, const float* gx, float* y,
                            __nv_bfloat16*) { return cudaLaunchKernelEx(&config, kernel, u, gx, y, T, B); },
-               smem, 8 * NT, B, T, true, "async (mbarriers, no block or cluster barrier)");
+               smem, 8 * NT, B, T, true, "second layout (bulk copies counted by mbarriers)");
 }
 
 int main(int argc, char** argv)
