@@ -256,9 +256,9 @@ class _TorchRNN(torch.nn.Module):
     def _check(self, x: object) -> torch.Tensor:
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"input must be a tensor, got a {type(x).__name__}")
-        if x.dim() in (2, 3) and x.shape[-1] == self.input_size and 0 in x.shape:
-            empty = "steps" if x.shape[1 if self.batch_first and x.dim() == 3 else 0] == 0 else "batch rows"
-            raise CellError(f"input has shape {list(x.shape)}: no {empty}")
+        if (x.dim() in (2, 3) and x.shape[-1] == self.input_size
+                and x.shape[1 if self.batch_first and x.dim() == 3 else 0] == 0):
+            raise CellError(f"input has shape {list(x.shape)}: no steps")
         if x.dim() not in (2, 3) or x.shape[-1] != self.input_size:
             raise CellError(f"input has shape {list(x.shape)}, expected [T, B, {self.input_size}]"
                             f"{' with batch_first: [B, T, ...]' if self.batch_first else ''} or unbatched "
@@ -325,6 +325,9 @@ class _TorchRNN(torch.nn.Module):
         elif self.batch_first and packed is None:
             x = x.transpose(0, 1)
         initial = self._initial(hx, x.shape[1], x)
+        if x.shape[1] == 0:
+            y, finals = self._no_rows(x, initial)
+            return self._returned(y.transpose(0, 1) if self.batch_first else y, finals)
         if packed is not None:
             initial = packed.sorted(initial)
         if not compiling:  # (the kept call this one would replace)
@@ -359,6 +362,15 @@ class _TorchRNN(torch.nn.Module):
         elif self.batch_first:
             y = y.transpose(0, 1)
         return self._returned(y, finals)
+
+    def _no_rows(self, x: torch.Tensor, initial: list[torch.Tensor]
+                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        """torch's outputs for a batch of no rows (x time first): y of no rows and the final states, the
+        initial ones, each following the parameters, x and the initial states in autograd as torch's do,
+        so that a backward pass gives them gradients (of zeros)."""
+        follow = sum(t.reshape(-1)[:0].sum() for t in (*self._flat_weights, x))  # (a zero)
+        y = x.new_zeros((x.shape[0], 0, self._directions * self.hidden_size)) + follow
+        return y, [s + follow for s in initial]
 
     def _fused_params(self) -> list[torch.Tensor]:
         """Every layer's weights of the forward direction, for a call of the layers at once (one

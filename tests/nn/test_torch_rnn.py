@@ -118,8 +118,31 @@ def test_what_it_refuses():
         lstm(torch.randn(0, 2, INPUT))
     with pytest.raises(CellError, match=r"input has shape \[2, 0, 5\]: no steps"):
         LSTM(INPUT, H, batch_first=True)(torch.randn(2, 0, INPUT))
-    with pytest.raises(CellError, match=r"input has shape \[4, 0, 5\]: no batch rows"):
-        lstm(torch.randn(4, 0, INPUT))
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_batch_of_no_rows_gives_torchs_empty_outputs(kind, bidirectional, batch_first):
+    ours_cls, torch_cls = PAIRS[kind]
+    ours = ours_cls(INPUT, H, num_layers=2, bidirectional=bidirectional, batch_first=batch_first)
+    theirs = torch_cls(INPUT, H, num_layers=2, bidirectional=bidirectional, batch_first=batch_first)
+    shape = (0, 4, INPUT) if batch_first else (4, 0, INPUT)
+    x_ours, x_theirs = torch.randn(shape, requires_grad=True), torch.randn(shape, requires_grad=True)
+    hx = torch.zeros(2 * (1 + bidirectional), 0, H, requires_grad=True)
+    given = (hx, hx) if kind == "lstm" else hx
+    y_shape = (*shape[:2], H * (1 + bidirectional))
+    for module, x in ((ours, x_ours), (theirs, x_theirs)):  # (the same checks of both)
+        for states in (None, given):
+            y, finals = module(x, states)
+            finals = finals if isinstance(finals, tuple) else (finals,)
+            assert y.shape == y_shape and y.requires_grad
+            assert all(f.shape == hx.shape and f.requires_grad for f in finals)
+            (y.sum() + sum(f.sum() for f in finals)).backward()
+        assert x.grad.shape == x.shape
+        assert all(p.grad is not None and not p.grad.any() for p in module.parameters())
+    with torch.no_grad():
+        assert not ours(x_ours)[0].requires_grad
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])

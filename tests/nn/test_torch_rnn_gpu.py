@@ -35,6 +35,24 @@ def test_matches_cudnn(cuda, schedule, cls, torch_cls, bidirectional):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_a_batch_of_no_rows_after_kept_calls(cuda, bidirectional):
+    """A batch of no rows, after inference calls of rows that the module keeps (and a lane makes), gives
+    cuDNN's empty outputs; the next call of rows is made as before it."""
+    ours = LSTM(24, 40, num_layers=2, bidirectional=bidirectional, schedule="tensor").to(cuda)
+    ref = torch.nn.LSTM(24, 40, num_layers=2, bidirectional=bidirectional).to(cuda)
+    ref.load_state_dict(ours.state_dict())
+    x, empty = torch.randn(7, 5, 24, device=cuda), torch.randn(7, 0, 24, device=cuda)
+    with torch.no_grad():
+        for _ in range(3):
+            ours(x)
+        y, (h, c) = ours(empty)
+        want_y, (want_h, want_c) = ref(empty)
+        assert (y.shape, h.shape, c.shape) == (want_y.shape, want_h.shape, want_c.shape)
+        assert y.device == want_y.device
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            torch.testing.assert_close(ours(x)[0], ref(x)[0], rtol=1e-4, atol=1e-5)
+
 
 @pytest.mark.parametrize("schedule", ["persistent", "tensor"])
 @pytest.mark.parametrize("bidirectional", [False, True])
