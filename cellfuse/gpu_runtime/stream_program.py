@@ -491,7 +491,7 @@ class StreamProgram:
         except KeyError as e:
             raise CellError(f"{self.what}: no memory given for buffer {e.args[0]!r}") from None
 
-    def run(self, bases: Sequence[int], stream: int, keep: bool = False) -> None:
+    def run(self, bases: Sequence[int], stream: int, keep: bool = False, at_first: bool = False) -> None:
         """Puts the whole program on `stream` (a raw CUstream handle) over a run's bases (see `bind`), its
         side streams forked from it and joined back to it by the program's events.
 
@@ -502,8 +502,14 @@ class StreamProgram:
         the same addresses again call after call. The last MAX_KEPT_RUNS captured runs are kept. A replay
         or a capture that fails, or captures that do not pay (CAPTURES_ON_TRIAL), leave every later run to
         launch. Runs of one program are made one at a time (CudaRunner holds its lock around them, and
-        around `bind`)."""
-        graph = self._kept_run(tuple(bases)) if keep and self._kept is not None else None
+        around `bind`).
+
+        `at_first`: captured at the first run over the bases already, for a caller that makes the next run
+        over them another way once they are captured (a module's inference call made in one piece, whose
+        C++ lane learns a run's bases from its captured graph): it learns them a sighting sooner. In a
+        stack whose calls' memory comes back at a few addresses in turn, the lanes otherwise took twice
+        as many calls to make every call."""
+        graph = self._kept_run(tuple(bases), at_first) if keep and self._kept is not None else None
         if graph is not None:
             try:
                 self.replay(graph, stream)
@@ -517,20 +523,23 @@ class StreamProgram:
         self.calls.run(bases, stream)
         self.ran = True
 
-    def _kept_run(self, bases: tuple[int, ...]):
+    def _kept_run(self, bases: tuple[int, ...], at_first: bool = False):
         """The captured run over these bases: found, or captured where a run over them was seen before
-        (None where not, or where the capture fails: from then on every run launches)."""
+        or `at_first` (None where not, or where the capture fails: from then on every run launches)."""
         kept = self._kept
         graph = kept.get(bases)
         if graph is not None:
             kept.move_to_end(bases)
             return graph
-        if bases not in self._seen_once:
+        if at_first:
+            self._seen_once.pop(bases, None)
+        elif bases not in self._seen_once:
             self._seen_once[bases] = None
             if len(self._seen_once) > 2 * MAX_KEPT_RUNS:
                 self._seen_once.popitem(last=False)
             return None
-        del self._seen_once[bases]
+        else:
+            del self._seen_once[bases]
         if self._captures >= CAPTURES_ON_TRIAL and self._replays < 2 * self._captures:
             self._stop_keeping(f"{self._captures} captured runs were replayed {self._replays} times in all")
             return None

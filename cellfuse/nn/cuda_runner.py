@@ -569,7 +569,7 @@ class CudaRunner(Runner):
             finals = [torch.empty((L, B, H), dtype=dtype, device=x.device) for dtype in types]
         bases = [scratch, packed, x.data_ptr(), out, 0, *(s.data_ptr() for s in states),
                  *(f if block is not None else f.data_ptr() for f in finals)]
-        program.run(bases, stream, not capturing)
+        program.run(bases, stream, not capturing, at_first=block is not None)
         if block is not None and not capturing:
             self._block_run = (program, bases, packed, stream)
         if block is None and not save:  # no steps to keep: an empty reserve, its scratch freed only once

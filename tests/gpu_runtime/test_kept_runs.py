@@ -43,6 +43,15 @@ def test_the_second_run_over_the_same_bases_captures_and_later_ones_replay_it():
     assert p._kept_run((3, 4)) == ("graph", (3, 4))
 
 
+def test_a_run_kept_at_first_is_captured_at_its_first_sighting():
+    p = _Program()
+    assert p._kept_run((1, 2)) is None  # seen once
+    graph = p._kept_run((3, 4), at_first=True)
+    assert graph == ("graph", (3, 4)) and p.captured == [(3, 4)]
+    assert p._kept_run((3, 4)) is graph and p.captured == [(3, 4)]
+    assert p._kept_run((1, 2), at_first=True) == ("graph", (1, 2)) and not p._seen_once
+
+
 def test_only_the_last_runs_stay_captured():
     p = _Program()
     keys = [(i,) for i in range(MAX_KEPT_RUNS + 1)]

@@ -217,9 +217,9 @@ def _program_runs(monkeypatch) -> list:
 
     runs, whole = [], StreamProgram.run
 
-    def run(program, bases, stream, keep=False):
+    def run(program, bases, stream, keep=False, at_first=False):
         runs.append((id(program) % 1000, [hex(b) for b in bases]))
-        return whole(program, bases, stream, keep)
+        return whole(program, bases, stream, keep, at_first)
     monkeypatch.setattr(StreamProgram, "run", run)
     return runs
 
