@@ -394,11 +394,11 @@ def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeyp
     with torch.no_grad():
         for given in (None, hx):
             # (the lanes settle: a call's memory comes from the caching allocator, at addresses that
-            # depend on what the calls before it freed, and a lane learns a run's addresses at their second
-            # sighting, once its program captured a run over them; a call the whole path makes allocates
-            # otherwise than a lane, which moves the addresses of the calls after it. In a stack of (tensor
-            # beside, tensor in order) the upper layer's forward call, with hx, took more than a dozen
-            # calls to find only addresses its lane knew)
+            # depend on what the calls before it freed, and a lane learns a run's addresses once its
+            # program captured a run over them (at their first sighting); a call the whole path makes
+            # allocates otherwise than a lane, which moves the addresses of the calls after it. In a stack
+            # of (tensor beside, tensor in order) the upper layer's forward call, with hx, took more than a
+            # dozen calls to find only addresses its lane knew, when runs were captured at their second)
             calls, settled = 0, 0
             while settled < SETTLED_CALLS:
                 assert calls < CALLS_TO_SETTLE, (
