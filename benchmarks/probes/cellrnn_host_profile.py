@@ -1,9 +1,12 @@
 """Where the host time of CellRNN's calls goes: cProfile over many forward calls under torch.no_grad()
 (and, in float32, many training steps) of the LSTM at input = hidden = 512, then torch's profiler over a
-few forward calls (the CUDA API calls and kernels they make, with their times).
+few forward calls (the CUDA API calls and kernels they make, with their times). `--module dropin`: the
+same of cellfuse.nn.LSTM (`--lengths uniform:10-100`: of a PackedSequence of such lengths);
+`--lines`: the profile's lines shown, by own time and by cumulative time.
 
     python3 benchmarks/probes/cellrnn_host_profile.py [--schedule persistent] [--calls 500] [--batch 1]
-        [--seq 100] [--layers 1] [--precision fp32|bf16|fp16]
+        [--seq 100] [--layers 1] [--precision fp32|bf16|fp16] [--module cellrnn|dropin]
+        [--lengths uniform:LO-HI] [--lines 16]
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ import pstats
 import time
 
 import torch
+from torch.nn.utils.rnn import pack_padded_sequence
 
-from cellfuse.nn import CellRNN
+from cellfuse.nn import LSTM, CellRNN
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -28,11 +32,25 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=100)
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--precision", choices=sorted(DTYPES), default="fp32")
+    p.add_argument("--module", choices=["cellrnn", "dropin"], default="cellrnn")
+    p.add_argument("--lengths", default="", help="uniform:LO-HI: a PackedSequence of such lengths (dropin)")
+    p.add_argument("--lines", type=int, default=16)
     args = p.parse_args()
-    rnn = CellRNN("lstm", 512, 512, args.layers, schedule=args.schedule, seed=1).cuda()
+    if args.module == "dropin":
+        rnn = LSTM(512, 512, args.layers, schedule=args.schedule).cuda()
+    else:
+        rnn = CellRNN("lstm", 512, 512, args.layers, schedule=args.schedule, seed=1).cuda()
     x = torch.randn(args.seq, args.batch, 512, device="cuda").to(DTYPES[args.precision])
     xg = x.clone().requires_grad_()
-    print(f"LSTM T={args.seq} B={args.batch} layers={args.layers} {args.precision} {args.schedule}")
+    if args.lengths:
+        low, high = map(int, args.lengths.removeprefix("uniform:").split("-"))
+        lengths = torch.randint(low, high + 1, (args.batch,), generator=torch.Generator().manual_seed(1))
+        x = pack_padded_sequence(x, lengths, enforce_sorted=False)
+        # (its data a leaf of its own: packed from xg, every step's backward would go through the one
+        # packing, whose graph the first frees)
+        xg = x._replace(data=x.data.clone().requires_grad_())
+    print(f"LSTM T={args.seq} B={args.batch} layers={args.layers} {args.precision} {args.schedule} "
+          f"{args.module} {args.lengths or 'padded'}")
 
     def forward() -> None:
         with torch.no_grad():
@@ -40,7 +58,7 @@ def main() -> None:
 
     def train() -> None:
         y, _ = rnn(xg)
-        y.float().sum().backward()
+        (y.data if args.lengths else y).float().sum().backward()
 
     passes = [("forward", forward)] + ([("training step", train)] if args.precision == "fp32" else [])
     for name, fn in passes:
@@ -60,7 +78,8 @@ def main() -> None:
             fn()
         profile.disable()
         torch.cuda.synchronize()
-        pstats.Stats(profile).sort_stats("tottime").print_stats(16)
+        pstats.Stats(profile).sort_stats("tottime").print_stats(args.lines)
+        pstats.Stats(profile).sort_stats("cumulative").print_stats(args.lines)
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
                                                 torch.profiler.ProfilerActivity.CUDA]) as prof:
             for _ in range(10):
