@@ -42,6 +42,12 @@ GATES = {"lstm": [(f"W_{g}", f"U_{g}", f"b_{g}", f"c_{g}") for g in "ifgo"],
          "gru": [(f"W_i{g}", f"W_h{g}", f"b_i{g}", f"b_h{g}") for g in "rzn"]}
 
 
+class TorchRefusal(CellError, ValueError, RuntimeError):
+    """A drop-in's refusal of an argument or input that torch's module refuses too (sizes, dropout, x's
+    or hx's shapes and types, a sequence of no steps): torch raises a RuntimeError or a ValueError for
+    them, so this is both, and code written for torch's module catches it as it caught torch's."""
+
+
 def torch_cell(kind: str, bias: bool = True) -> Cell:
     """torch.nn.LSTM's or GRU's cell (the `lstm` and `gru` templates' gates), with torch's two biases per
     gate apart (b_ih's rows and b_hh's, named as GATES says), or none without `bias`: every weight the
@@ -108,9 +114,9 @@ class _TorchRNN(torch.nn.Module):
         for name, value in (("input_size", input_size), ("hidden_size", hidden_size),
                             ("num_layers", num_layers)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise CellError(f"{name} must be a whole number of at least 1, got {value!r}")
+                raise TorchRefusal(f"{name} must be a whole number of at least 1, got {value!r}")
         if not isinstance(dropout, (int, float)) or isinstance(dropout, bool) or not 0 <= dropout <= 1:
-            raise CellError(f"dropout must be a number from 0 to 1, got {dropout!r}")
+            raise TorchRefusal(f"dropout must be a number from 0 to 1, got {dropout!r}")
         if dropout > 0 and num_layers == 1:  # (torch's warning, word for word)
             warnings.warn("dropout option adds dropout after all but last recurrent layer, so non-zero "
                           f"dropout expects num_layers greater than 1, but got dropout={dropout} and "
@@ -258,18 +264,18 @@ class _TorchRNN(torch.nn.Module):
             raise TypeError(f"input must be a tensor, got a {type(x).__name__}")
         if (x.dim() in (2, 3) and x.shape[-1] == self.input_size
                 and x.shape[1 if self.batch_first and x.dim() == 3 else 0] == 0):
-            raise CellError(f"input has shape {list(x.shape)}: no steps")
+            raise TorchRefusal(f"input has shape {list(x.shape)}: no steps")
         if x.dim() not in (2, 3) or x.shape[-1] != self.input_size:
-            raise CellError(f"input has shape {list(x.shape)}, expected [T, B, {self.input_size}]"
-                            f"{' with batch_first: [B, T, ...]' if self.batch_first else ''} or unbatched "
-                            f"[T, {self.input_size}]")
+            raise TorchRefusal(f"input has shape {list(x.shape)}, expected [T, B, {self.input_size}]"
+                               f"{' with batch_first: [B, T, ...]' if self.batch_first else ''} or "
+                               f"unbatched [T, {self.input_size}]")
         if x.device.type not in DTYPES or x.dtype not in DTYPES[x.device.type]:
             raise CellError(f"input is {x.dtype} on {x.device}; on {x.device.type} this module runs "
                             f"{dtype_names(x.device.type) if x.device.type in DTYPES else 'nothing'}")
         p = self.weight_ih_l0
         if p.device != x.device or p.dtype not in param_dtypes(x.dtype):
-            raise CellError(f"the parameters are {p.dtype} on {p.device}, and input is {x.dtype} on "
-                            f"{x.device}: move the module to the input's device and dtype")
+            raise TorchRefusal(f"the parameters are {p.dtype} on {p.device}, and input is {x.dtype} on "
+                               f"{x.device}: move the module to the input's device and dtype")
         return x
 
     def _initial(self, hx, batch: int, x: torch.Tensor) -> list[torch.Tensor]:
@@ -277,16 +283,16 @@ class _TorchRNN(torch.nn.Module):
         want = (self.num_layers * self._directions, batch, self.hidden_size)
         given = (hx if isinstance(hx, (tuple, list)) else (hx,)) if hx is not None else None
         if given is not None and len(given) != len(self._state_ids):
-            raise CellError(f"hx must be {self._hx_doc}, got {len(given)} tensor(s)")
+            raise TorchRefusal(f"hx must be {self._hx_doc}, got {len(given)} tensor(s)")
         out = []
         for i, state in enumerate(self._state_ids):
             value = given[i] if given is not None else self._zeros(want, x.dtype, x.device)
             if tuple(value.shape) != want:
-                raise CellError(f"hx's {state} has shape {list(value.shape)}, expected {list(want)} "
-                                "(num_layers * num_directions, batch, hidden_size)")
+                raise TorchRefusal(f"hx's {state} has shape {list(value.shape)}, expected {list(want)} "
+                                   "(num_layers * num_directions, batch, hidden_size)")
             if value.dtype != x.dtype or value.device != x.device:
-                raise CellError(f"hx's {state} is {value.dtype} on {value.device}, and input is {x.dtype} on "
-                                f"{x.device}")
+                raise TorchRefusal(f"hx's {state} is {value.dtype} on {value.device}, and input is "
+                                   f"{x.dtype} on {x.device}")
             out.append(value)
         return out
 

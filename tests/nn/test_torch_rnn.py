@@ -120,6 +120,33 @@ def test_what_it_refuses():
         LSTM(INPUT, H, batch_first=True)(torch.randn(2, 0, INPUT))
 
 
+REFUSED = {  # what torch's module refuses too: the module's options, x, and h_0 (c_0 the same) or None
+    "x's width": ({}, lambda: torch.randn(4, 2, 3), None),
+    "x of four dimensions": ({}, lambda: torch.randn(1, 4, 2, INPUT), None),
+    "no steps": ({}, lambda: torch.randn(0, 2, INPUT), None),
+    "x's dtype": ({}, lambda: torch.randn(4, 2, INPUT, dtype=torch.float64), None),
+    "hx's shape": ({}, lambda: torch.randn(4, 2, INPUT), lambda: torch.zeros(2, 2, H)),
+    "hx's dtype": ({}, lambda: torch.randn(4, 2, INPUT), lambda: torch.zeros(1, 2, H, dtype=torch.float64)),
+    "dropout": ({"dropout": 2.0}, lambda: torch.randn(4, 2, INPUT), None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_what_torch_refuses_too_is_refused_as_torchs_exceptions_are(case):
+    """Code written for torch's module catches the drop-in's refusal of what torch refuses (a
+    RuntimeError or a ValueError there): TorchRefusal is both, and a CellError."""
+    from cellfuse.nn.torch_rnn import TorchRefusal
+
+    options, x, h0 = REFUSED[case]
+    raised = []
+    for cls in (LSTM, torch.nn.LSTM):
+        with pytest.raises(Exception) as info:
+            cls(INPUT, H, **options)(x(), None if h0 is None else (h0(), h0()))
+        raised.append(info.value)
+    ours, theirs = raised
+    assert isinstance(ours, TorchRefusal) and isinstance(ours, type(theirs))
+
+
 @pytest.mark.parametrize("batch_first", [False, True])
 @pytest.mark.parametrize("bidirectional", [False, True])
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
