@@ -125,6 +125,7 @@ class _TorchRNN(torch.nn.Module):
         ops.check_schedule(schedule)
         self.bias, self.batch_first, self.dropout = bool(bias), bool(batch_first), float(dropout)
         self.bidirectional, self.schedule = bool(bidirectional), schedule
+        self.proj_size = 0  # (torch's modules have it; its checks read it)
         cell = torch_cell(self.kind, self.bias)
         # the ops name the cell by its text on one line (see CellRNN)
         self._cell_text = ops.cell_text(cell)
@@ -150,6 +151,14 @@ class _TorchRNN(torch.nn.Module):
             for name, shape in zip(names, shapes, strict=False):
                 self.register_parameter(name, torch.nn.Parameter(torch.empty(shape, **factory)))
         self.reset_parameters()
+
+    # torch's own checks and the hidden state's reordering, which code that subclasses torch's modules
+    # calls: they read only what these modules share with torch's (the sizes, the flags, _flat_weights)
+    check_input = torch.nn.RNNBase.check_input
+    get_expected_hidden_size = torch.nn.RNNBase.get_expected_hidden_size
+    check_hidden_size = torch.nn.RNNBase.check_hidden_size
+    check_forward_args = torch.nn.RNNBase.check_forward_args
+    permute_hidden = torch.nn.RNNBase.permute_hidden
 
     # torch's modules' lists of their parameters, which code written for them reads (to set the forget
     # gates' biases, say)
@@ -410,7 +419,10 @@ class LSTM(_TorchRNN):
                             "projection; draw a cell with one, or use torch.nn.LSTM")
         super().__init__(input_size, hidden_size, num_layers, bias, batch_first, dropout, bidirectional,
                          device, dtype, schedule=schedule)
-        self.proj_size = 0
+
+    get_expected_cell_size = torch.nn.LSTM.get_expected_cell_size
+    check_forward_args = torch.nn.LSTM.check_forward_args
+    permute_hidden = torch.nn.LSTM.permute_hidden
 
 
 class GRU(_TorchRNN):

@@ -120,6 +120,30 @@ def test_what_it_refuses():
         LSTM(INPUT, H, batch_first=True)(torch.randn(2, 0, INPUT))
 
 
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_torchs_checks_and_hidden_reordering_work_as_on_torchs(kind):
+    """Every public name of torch's module is the drop-in's too, and the checks and the reordering of the
+    hidden state that code subclassing torch's module calls behave as torch's."""
+    ours_cls, torch_cls = PAIRS[kind]
+    ours, theirs = (cls(INPUT, H, num_layers=2, batch_first=True, bidirectional=True)
+                    for cls in (ours_cls, torch_cls))
+    assert {n for n in dir(theirs) if not n.startswith("_")} <= set(dir(ours))
+    x, perm = torch.randn(3, 7, INPUT), torch.tensor([2, 0, 1])
+    h, c = torch.randn(4, 3, H), torch.randn(4, 3, H)
+    hx, wrong = ((h, c), (h, torch.zeros(4, 2, H))) if kind == "lstm" else (h, torch.zeros(4, 2, H))
+    messages = []
+    for module in (ours, theirs):
+        module.check_forward_args(x, hx, None)
+        with pytest.raises(RuntimeError) as info:
+            module.check_forward_args(x, wrong, None)
+        messages.append(str(info.value))
+        got = module.permute_hidden(hx, perm)
+        for a, b in zip(got if kind == "lstm" else (got,), hx if kind == "lstm" else (hx,), strict=True):
+            torch.testing.assert_close(a, b[:, perm], rtol=0, atol=0)
+    assert messages[0] == messages[1]
+    assert ours.get_expected_hidden_size(x, None) == theirs.get_expected_hidden_size(x, None) == (4, 3, H)
+
+
 REFUSED = {  # what torch's module refuses too: the module's options, x, and h_0 (c_0 the same) or None
     "x's width": ({}, lambda: torch.randn(4, 2, 3), None),
     "x of four dimensions": ({}, lambda: torch.randn(1, 4, 2, INPUT), None),
