@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from weight_drop import WeightDropout
 
 from cellfuse.graph_model import CellError
 from cellfuse.nn import GRU, LSTM
@@ -142,6 +143,33 @@ def test_torchs_checks_and_hidden_reordering_work_as_on_torchs(kind):
             torch.testing.assert_close(a, b[:, perm], rtol=0, atol=0)
     assert messages[0] == messages[1]
     assert ours.get_expected_hidden_size(x, None) == theirs.get_expected_hidden_size(x, None) == (4, 3, H)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_a_weight_drop_wrapper_works_as_on_torchs(kind):
+    """A wrapper that replaces a weight by a tensor of its own at every call (fastai's WeightDropout)
+    gives the drop-in's calls that tensor's values, and its raw Parameter torch's gradients."""
+    ours_cls, torch_cls = PAIRS[kind]
+    theirs = torch_cls(INPUT, H, num_layers=2).double()
+    ours = ours_cls(INPUT, H, num_layers=2).double()
+    ours.load_state_dict(theirs.state_dict())
+    wrapped = [WeightDropout(module, 0.5) for module in (ours, theirs)]
+    x = torch.randn(6, 3, INPUT, dtype=torch.float64)
+    for training in (True, False):
+        for step in range(2):
+            outs = []
+            for wrapper in wrapped:
+                wrapper.train(training)
+                torch.manual_seed(step)  # (the same dropout for both)
+                y = wrapper(x)[0]
+                y.square().sum().backward()
+                outs.append((y.detach(), [p.grad.clone() for p in wrapper.parameters()]))
+                wrapper.zero_grad()
+            (y_ours, g_ours), (y_theirs, g_theirs) = outs
+            torch.testing.assert_close(y_ours, y_theirs, rtol=1e-12, atol=1e-12)
+            assert len(g_ours) == len(g_theirs) == 8  # (the raw weight and the 7 left in the module)
+            for a, b in zip(g_ours, g_theirs, strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 REFUSED = {  # what torch's module refuses too: the module's options, x, and h_0 (c_0 the same) or None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from weight_drop import WeightDropout
 
 from cellfuse.codegen.scheduler import SCHEDULES
 from cellfuse.nn import GRU, LSTM
@@ -33,6 +34,34 @@ def test_matches_cudnn(cuda, schedule, cls, torch_cls, bidirectional):
         want = torch.autograd.grad(want_y.square().sum(), [x, *ref.parameters()])
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("schedule", ["graph", "tensor"])
+def test_a_weight_drop_wrapper_matches_cudnn(cuda, schedule):
+    """fastai's WeightDropout around the drop-in (its recurrent weight a new tensor at every call, at an
+    address the caching allocator may give again): training steps' outputs and gradients, then inference
+    calls in a row (which the module keeps), all as cuDNN's under the same wrapper."""
+    ours = LSTM(24, 40, num_layers=2, schedule=schedule).to(cuda)
+    ref = torch.nn.LSTM(24, 40, num_layers=2).to(cuda)
+    ref.load_state_dict(ours.state_dict())
+    wrapped = [WeightDropout(module, 0.3) for module in (ours, ref)]
+    x = torch.randn(7, 5, 24, device=cuda)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        for training in (True, False):
+            for step in range(3):
+                outs = []
+                for wrapper in wrapped:
+                    wrapper.train(training)
+                    torch.manual_seed(step)  # (the same dropout for both)
+                    with torch.set_grad_enabled(training):
+                        y = wrapper(x)[0]
+                    params = list(wrapper.parameters())
+                    grads = torch.autograd.grad(y.square().sum(), params) if training else []
+                    outs.append((y.detach(), grads))
+                (y_ours, g_ours), (y_ref, g_ref) = outs
+                torch.testing.assert_close(y_ours, y_ref, rtol=1e-4, atol=1e-5)
+                for a, b in zip(g_ours, g_ref, strict=True):
+                    torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
 @pytest.mark.parametrize("bidirectional", [False, True])
