@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.utils.parametrizations
+import torch.nn.utils.prune
 from weight_drop import WeightDropout
 
 from cellfuse.graph_model import CellError
@@ -170,6 +172,30 @@ def test_a_weight_drop_wrapper_works_as_on_torchs(kind):
             assert len(g_ours) == len(g_theirs) == 8  # (the raw weight and the 7 left in the module)
             for a, b in zip(g_ours, g_theirs, strict=True):
                 torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+WEIGHT_UTILITIES = {  # torch's utilities that put a computed tensor in a Parameter's place
+    "weight_norm": lambda m: torch.nn.utils.parametrizations.weight_norm(m, "weight_hh_l0"),
+    "orthogonal": lambda m: torch.nn.utils.parametrizations.orthogonal(m, "weight_hh_l1"),
+    "pruned": lambda m: torch.nn.utils.prune.l1_unstructured(m, "weight_ih_l1", 0.3),
+}
+
+
+@pytest.mark.parametrize("utility", sorted(WEIGHT_UTILITIES))
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_torchs_weight_utilities_work_as_on_torchs(kind, utility):
+    ours, theirs = (cls(INPUT, H, num_layers=2).double() for cls in PAIRS[kind])
+    ours.load_state_dict(theirs.state_dict())
+    for module in (ours, theirs):
+        torch.manual_seed(0)  # (the orthogonal parametrization draws its base)
+        WEIGHT_UTILITIES[utility](module)
+    x = torch.randn(6, 3, INPUT, dtype=torch.float64)
+    (y_ours, _), (y_theirs, _) = ours(x), theirs(x)
+    torch.testing.assert_close(y_ours, y_theirs, rtol=1e-12, atol=1e-12)
+    params = [[p for p in module.parameters() if p.requires_grad] for module in (ours, theirs)]
+    for a, b in zip(torch.autograd.grad(y_ours.square().sum(), params[0]),
+                    torch.autograd.grad(y_theirs.square().sum(), params[1]), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 REFUSED = {  # what torch's module refuses too: the module's options, x, and h_0 (c_0 the same) or None
