@@ -35,6 +35,7 @@ from ..graph_model.limits import MAX_LAYERS, MAX_WIDTH
 from ..graph_model.params import REVERSE, check_names, check_widths
 from ..graph_model.validate import check_count
 from . import ops, stacks
+from .held_weights import held
 from .packed_sequences import Unpacked
 from .quick_call import KeptLayers, QuickCall, kept_call, kept_packed_call
 from .runners import DTYPES, FORWARD, direction_of, dtype_names, param_dtypes, precision_of
@@ -242,12 +243,12 @@ class CellRNN(torch.nn.Module):
 
     def _layer_params_of(self, layer: int, reverse: bool) -> list[torch.Tensor]:
         """One layer's parameters of one direction, in the order of a one-layer plan's keys."""
-        return [self._owner(r)._parameters[name] for r, name in self._layer_params[layer][int(reverse)]]
+        return [held(self._owner(r), name) for r, name in self._layer_params[layer][int(reverse)]]
 
     def _params(self) -> list[torch.Tensor]:
-        """The parameters in the order of `keys`, as torch.func.functional_call may have replaced them (in
-        `_parameters`, which Module.__getattr__ would search more slowly)."""
-        return [self._parameters[name] for name in self._names.values()]
+        """The parameters in the order of `keys`, as torch.func.functional_call, a parametrization or
+        pruning may have replaced them (held_weights)."""
+        return [held(self, name) for name in self._names.values()]
 
     def load_params(self, params: Mapping[str, object] | str | os.PathLike[str]) -> None:
         """Copies every parameter from a mapping of .npz keys to arrays or tensors, as `cellfuse
@@ -400,7 +401,7 @@ class CellRNN(torch.nn.Module):
         # (by is_cuda, is_cpu and the device's index: a tensor's device is an object made at every ask)
         cuda, index, dtypes = x.is_cuda, x.get_device(), param_dtypes(dtype)
         for key, (reverse, name) in self._where.items():
-            p = self._owner(reverse)._parameters[name]
+            p = held(self._owner(reverse), name)
             elsewhere = (not p.is_cuda or p.get_device() != index) if cuda else not p.is_cpu
             if elsewhere or p.dtype not in dtypes:
                 raise CellError(f"parameter '{key}' is {p.dtype} on {p.device}, and x is {dtype} on "

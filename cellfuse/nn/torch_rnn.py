@@ -30,6 +30,7 @@ from ..gpu_runtime.auto_schedule import AUTO
 from ..graph_model import Cell, CellError, init_params
 from ..graph_model.builder import CellBuilder, sigmoid, tanh
 from . import ops, stacks
+from .held_weights import held
 from .packed_sequences import Unpacked
 from .quick_call import KeptLayers, QuickCall, kept_call, kept_packed_call
 from .runners import DTYPES, dtype_names, param_dtypes
@@ -227,7 +228,7 @@ class _TorchRNN(torch.nn.Module):
         runs its backward pass on the stream of the call (stacks.layer_by_layer runs a reverse direction
         on a stream of its own): the views of that call are made on it."""
         suffix = "_reverse" if reverse else ""
-        sources = [self._weight(f"{name}_l{layer}{suffix}") for name in self._sources]
+        sources = [held(self, f"{name}_l{layer}{suffix}") for name in self._sources]
         if torch.compiler.is_compiling():
             return self._views(sources)
         graph = torch.is_grad_enabled()
@@ -242,14 +243,6 @@ class _TorchRNN(torch.nn.Module):
             cached = self._view_cache[layer, reverse] = (key, WeightViews(self._views(sources), sources,
                                                                           gradients))
         return cached[1]
-
-    def _weight(self, name: str) -> torch.Tensor:
-        """A weight as the module holds it now: its Parameter, or a tensor set in its place (weight-drop
-        wrappers of torch's modules, fastai's WeightDropout among them, delete a Parameter and set a
-        dropped copy at every call; torch's modules read their weights as attributes too). Such a tensor
-        is packed for the kernels at every call (packed_for)."""
-        p = self._parameters.get(name)
-        return p if p is not None else getattr(self, name)
 
     def _views(self, sources: list[torch.Tensor]) -> list[torch.Tensor]:
         H = self.hidden_size

@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+import torch.nn.utils.prune
 
 from cellfuse.graph_model import CellError, init_params, load_npz, load_template, save_cell, save_npz
 from cellfuse.nn import CellRNN
@@ -183,6 +184,26 @@ def test_a_copy_and_a_pickle_compute_what_the_module_does():
     y, _ = rnn(x)
     for other in (copy.deepcopy(rnn), pickle.loads(pickle.dumps(rnn))):
         torch.testing.assert_close(other(x)[0], y, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_a_weight_put_in_a_parameters_place_is_read_as_it_is(bidirectional):
+    """torch's pruning (and its parametrizations, weight-drop wrappers) take a Parameter out of a module
+    and set the name to a tensor computed before every call: the module reads that tensor, and its
+    gradient reaches the Parameter behind it (here, the pruned weight's: the mask times the weight's)."""
+    pruned = CellRNN("lstm", 5, 4, 2, bidirectional=bidirectional, seed=3).double()
+    plain = CellRNN("lstm", 5, 4, 2, bidirectional=bidirectional, seed=3).double()
+    owner = pruned.reverse if bidirectional else pruned  # (a reverse direction's weight, where there is one)
+    torch.nn.utils.prune.l1_unstructured(owner, "l1_U_f", 0.4)
+    with torch.no_grad():
+        (plain.reverse if bidirectional else plain).l1_U_f.copy_(owner.l1_U_f)
+    x = torch.randn(6, 3, 5, dtype=torch.float64)
+    (y, _), (want, _) = pruned(x), plain(x)
+    torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
+    got = torch.autograd.grad(y.square().sum(), owner.l1_U_f_orig)[0]
+    weight = (plain.reverse if bidirectional else plain).l1_U_f
+    torch.testing.assert_close(got, owner.l1_U_f_mask * torch.autograd.grad(want.square().sum(), weight)[0])
+    assert not owner.l1_U_f_mask.all()
 
 
 def test_many_forward_passes_wait_for_their_backward_passes_each_with_its_own_steps():
