@@ -531,15 +531,12 @@ class StreamProgram:
         if graph is not None:
             kept.move_to_end(bases)
             return graph
-        if at_first:
-            self._seen_once.pop(bases, None)
-        elif bases not in self._seen_once:
+        if not at_first and bases not in self._seen_once:
             self._seen_once[bases] = None
             if len(self._seen_once) > 2 * MAX_KEPT_RUNS:
                 self._seen_once.popitem(last=False)
             return None
-        else:
-            del self._seen_once[bases]
+        self._seen_once.pop(bases, None)
         if self._captures >= CAPTURES_ON_TRIAL and self._replays < 2 * self._captures:
             self._stop_keeping(f"{self._captures} captured runs were replayed {self._replays} times in all")
             return None

@@ -223,12 +223,12 @@ class CellRNN(torch.nn.Module):
         return (False, True) if self.bidirectional else (False,)
 
     def param(self, key: str) -> torch.nn.Parameter:
-        """The parameter behind an .npz key ("l0.W_i")."""
+        """The parameter behind an .npz key ("l0.W_i"), as the module holds it now (held_weights)."""
         if key not in self._where:
             raise CellError(f"{key!r} is not a parameter of this CellRNN ({self.num_layers} layer(s) of cell "
                             f"'{self.cell.name}'): its keys are {', '.join(self._where)}")
         reverse, name = self._where[key]
-        return getattr(self._owner(reverse), name)  # (the attribute: torch.func.functional_call replaces it)
+        return held(self._owner(reverse), name)
 
     def _layer_places(self) -> list[list[list[tuple[bool, str]]]]:
         """Each layer's parameters per direction, where `_where` says they are, in the order of a one-layer

@@ -180,13 +180,13 @@ class _TorchRNN(torch.nn.Module):
     @property
     def all_weights(self) -> list[list[torch.nn.Parameter]]:
         """Each layer's and direction's parameters (torch's modules' `all_weights`)."""
-        return [[getattr(self, name) for name in names] for names in self._all_weights]
+        return [[held(self, name) for name in names] for names in self._all_weights]
 
     @property
     def _flat_weights(self) -> list[torch.Tensor]:
         """Every parameter in the order of `_flat_weights_names`, as they are now (torch's modules keep
         such a list up to date)."""
-        return [getattr(self, name) for name in self._flat_weights_names]
+        return [held(self, name) for name in self._flat_weights_names]
 
     @property
     def _directions(self) -> int:
@@ -282,7 +282,7 @@ class _TorchRNN(torch.nn.Module):
         if x.device.type not in DTYPES or x.dtype not in DTYPES[x.device.type]:
             raise CellError(f"input is {x.dtype} on {x.device}; on {x.device.type} this module runs "
                             f"{dtype_names(x.device.type) if x.device.type in DTYPES else 'nothing'}")
-        p = self.weight_ih_l0
+        p = held(self, "weight_ih_l0")
         if p.device != x.device or p.dtype not in param_dtypes(x.dtype):
             raise TorchRefusal(f"the parameters are {p.dtype} on {p.device}, and input is {x.dtype} on "
                                f"{x.device}: move the module to the input's device and dtype")
