@@ -237,6 +237,13 @@ class _TorchRNN(torch.nn.Module):
         key = (graph, stream, *((id(p), p.data_ptr(), p.requires_grad) for p in sources))
         cached = self._view_cache.get((layer, reverse))
         if cached is None or cached[0] != key:
+            # The views made before go first, the fused call's too: while one lives, its parameter's
+            # AccumulateGrad node does, and new views would take that node, with its stream (a training
+            # step captured into a CUDA graph after eager ones then failed: the engine made the default
+            # stream wait for the capturing one)
+            self._view_cache.pop((layer, reverse), None)
+            self._fused = None
+            cached = None
             # (their gradients' function holds what it reads, not the module: a bound method here would
             # make a cycle that keeps a dropped module, and its GPU memory, until Python's collector runs)
             gradients = partial(_source_gradients, self._names, self._gates)

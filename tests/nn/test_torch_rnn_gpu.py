@@ -197,6 +197,46 @@ def test_both_directions_capture_and_replay(cuda):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("layers, bidirectional", [(1, False), (2, True)])
+def test_a_training_step_is_captured_after_eager_steps(cuda, layers, bidirectional):
+    """A training step captured into a CUDA graph after eager steps on the default stream (a loop that
+    captures its step once it runs) replays to eager's gradients. The views of the parameters made on
+    the default stream go before the capture's are made: while they lived, their parameters'
+    AccumulateGrad nodes did, with the default stream, on which the captured backward pass then
+    accumulated (the capture failed: the default stream may not wait for a capturing one)."""
+    torch.manual_seed(0)
+    lstm = LSTM(32, 48, layers, bidirectional=bidirectional, schedule="persistent").to(cuda)
+    x = torch.randn(12, 5, 32, device=cuda)
+
+    def step():
+        y, _ = lstm(x)
+        y.square().sum().backward()
+
+    for _ in range(2):
+        lstm.zero_grad(set_to_none=True)
+        step()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # (warm-up before a capture, as torch asks)
+        for _ in range(2):
+            lstm.zero_grad(set_to_none=True)
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    lstm.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    fresh = torch.randn_like(x)
+    x.copy_(fresh)
+    graph.replay()
+    torch.cuda.synchronize()
+    got = [p.grad.clone() for p in lstm.parameters()]
+    y, _ = lstm(fresh)
+    want = torch.autograd.grad(y.square().sum(), list(lstm.parameters()))
+    for name, g, w in zip(dict(lstm.named_parameters()), got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, msg=name)
+
+
 def test_directions_side_by_side_take_half_of_the_sms_each(cuda):
     """Eagerly each direction of a bidirectional layer runs a persistent kernel planned for half of the
     SMs, so that the two are resident at once, from a module of its own (the kernels' exchanges are
