@@ -16,6 +16,15 @@ before: torch's packing is not timed); medians of --repeats runs taken in turns,
 each. A turn times two calls: the first right after the other library's call, the second after its own,
 as a loop calls it; the second is the time reported, the first is kept in the record (`*_after_other`):
 a call's host time is longer while the other library's code and data hold the CPU's caches.
+
+--seq and --batch replace the cases' T and B (lengths drawn up to the new T): small models and short
+sequences, where a training step is bound by its host time. With --graph, each module's training step
+(forward, loss, backward; the gradients left where the capture put them) is also captured into a CUDA
+graph, as torch's docs say, its replay checked against the eager step's gradients and timed in turns:
+what a training loop that captures its step pays, without the host's share.
+
+    python3 benchmarks/dropin_vs_torch.py --hidden 128 --input 128 --seq 20 --batch 32 --cases 0,1 \
+        --graph --out /tmp/dropin_small.json
 """
 
 from __future__ import annotations
@@ -71,6 +80,10 @@ def main() -> None:
                    help="comma-separated indices into CASES (default: all)")
     p.add_argument("--optimizer", choices=["none", "sgd"], default="none",
                    help="end each training step with an optimizer's step (lr 1e-6)")
+    p.add_argument("--seq", type=int, help="every case's T (its lengths drawn up to it)")
+    p.add_argument("--batch", type=int, help="every case's B")
+    p.add_argument("--graph", action="store_true",
+                   help="also time each module's training step captured into a CUDA graph and replayed")
     args = p.parse_args()
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -83,6 +96,7 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     for kind, T, B, layers, bidirectional, spec in (CASES if args.cases is None else
                                                     [CASES[i] for i in args.cases]):
+        T, B = args.seq or T, args.batch or B
         row = {"kind": kind, "seq": T, "batch": B, "layers": layers, "bidirectional": bidirectional,
                "lengths": spec or "padded"}
         print(row, flush=True)
@@ -112,6 +126,9 @@ def main() -> None:
         row["grad_rel_error"] = max(float((a - b).abs().max() / b.abs().max().clamp_min(1e-30))
                                     for a, b in zip(*grads, strict=True))
         row["ok"] = row["max_abs_diff"] <= 1e-4 and row["grad_rel_error"] <= 1e-3
+        # (their autograd graphs hold the parameters' AccumulateGrad nodes on this stream: alive, they
+        # would break a capture on another)
+        del got, want, out
         if not row["ok"]:
             print("  check failed:", row, flush=True)
             record["rows"].append(row)
@@ -142,24 +159,82 @@ def main() -> None:
                         module.zero_grad(set_to_none=True)
             row[what] = {name: statistics.median(v) for name, v in times.items()}
             row[f"{what}_after_other"] = {name: statistics.median(v) for name, v in after_other.items()}
-        print("  ", {k: row[k] for k in ("forward", "train")}, flush=True)
+        if args.graph:
+            # (torch's first, so that a failed capture of the drop-in's cannot take it along)
+            row["train_graph"] = graph_steps({"torch": ref, "cellfuse": ours}, step, grads[::-1], args,
+                                             start, end)
+        print("  ", {k: row[k] for k in ("forward", "train", "train_graph") if k in row}, flush=True)
         record["rows"].append(row)
         args.out.write_text(json.dumps(record, indent=1))
+    graphs = args.graph
     lines = ["| cell | T | B | layers | directions | lengths | forward: cellfuse | cuDNN | speedup | "
-             "training: cellfuse | cuDNN | speedup | check |", "|---" * 13 + "|"]
+             "training: cellfuse | cuDNN | speedup |"
+             + (" captured step: cellfuse | cuDNN | speedup |" if graphs else "") + " check |",
+             "|---" * (16 if graphs else 13) + "|"]
     for r in record["rows"]:
         if not r["ok"]:
             lines.append(f"| {r['kind']} | {r['seq']} | {r['batch']} | {r['layers']} | "
-                         f"{2 if r['bidirectional'] else 1} | {r['lengths']} | | | | | | | FAILED |")
+                         f"{2 if r['bidirectional'] else 1} | {r['lengths']} | | | | | | |"
+                         + (" | | |" if graphs else "") + " FAILED |")
             continue
         f, t = r["forward"], r["train"]
         lines.append(f"| {r['kind']} | {r['seq']} | {r['batch']} | {r['layers']} | "
                      f"{2 if r['bidirectional'] else 1} | {r['lengths']} | {f['cellfuse']:.3f} | "
                      f"{f['torch']:.3f} | {f['torch'] / f['cellfuse']:.2f}x | {t['cellfuse']:.3f} | "
-                     f"{t['torch']:.3f} | {t['torch'] / t['cellfuse']:.2f}x | ok ({r['max_abs_diff']:.1e}) |")
+                     f"{t['torch']:.3f} | {t['torch'] / t['cellfuse']:.2f}x | "
+                     + (_graph_cells(r["train_graph"]) if graphs else "")
+                     + f"ok ({r['max_abs_diff']:.1e}) |")
     record["table"] = "\n".join(lines)
     args.out.write_text(json.dumps(record, indent=1))
     print(record["table"])
+
+
+def graph_steps(modules: dict, step, eager_grads, args, start, end) -> dict:
+    """Each module's training step captured into a CUDA graph (warm-up steps on a side stream, then the
+    capture, the gradients None before it), one replay's gradients checked against the eager step's
+    (`eager_grads`, in the order of `modules`), then the replays timed in turns: medians in ms, or the
+    error that stopped a module's capture or check."""
+    graphs, out = {}, {}
+    for (name, module), want in zip(modules.items(), eager_grads, strict=True):
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(max(1, args.warmup)):
+                    module.zero_grad(set_to_none=True)
+                    step(module)
+            torch.cuda.current_stream().wait_stream(side)
+            module.zero_grad(set_to_none=True)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                step(module)
+            graph.replay()
+            torch.cuda.synchronize()
+            error = max(float((p.grad - w).abs().max() / w.abs().max().clamp_min(1e-30))
+                        for p, w in zip(module.parameters(), want, strict=True))
+        except Exception as e:  # (recorded: the other module's capture is still timed)
+            out[name] = {"error": f"{type(e).__name__}: {e}"}
+            torch.cuda.synchronize()
+            continue
+        if error > 1e-3:
+            out[name] = {"error": f"a replay's gradients are {error:.1e} from the eager step's"}
+            continue
+        graphs[name] = graph
+        out[name] = {"grad_rel_error": error, "times": []}
+    for _ in range(args.repeats):
+        for name, graph in graphs.items():
+            torch.cuda.synchronize()
+            out[name]["times"].append(timed(graph.replay, start, end))
+    for name in graphs:
+        out[name]["ms"] = statistics.median(out[name].pop("times"))
+    return out
+
+
+def _graph_cells(g: dict) -> str:
+    ours, theirs = (g[name].get("ms") for name in ("cellfuse", "torch"))
+    cells = [f"{v:.3f}" if v is not None else "failed" for v in (ours, theirs)]
+    speedup = f"{theirs / ours:.2f}x" if ours and theirs else ""
+    return f"{cells[0]} | {cells[1]} | {speedup} | "
 
 
 if __name__ == "__main__":
