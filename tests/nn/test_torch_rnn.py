@@ -4,6 +4,8 @@ between layers, without biases, unbatched; and what they refuse."""
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 import torch.nn.utils.parametrizations
@@ -323,6 +325,31 @@ def test_the_views_a_call_reuses_follow_the_parameters(kind):
     fresh = _pair(kind, num_layers=2)[1]
     ours.load_state_dict(fresh.state_dict())
     torch.testing.assert_close(ours(x)[0], fresh(x)[0], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_views_made_again_are_made_after_the_ones_before_are_let_go(kind):
+    """When a layer's views are made again (here for grad mode turned off; on a GPU also for another
+    current stream), the module holds none of the layer's views before as it makes the new ones: a view
+    made in grad mode holds its parameter's AccumulateGrad node, which keeps the stream it was made on,
+    and views made while one before lived took that node (on a GPU a training step captured into a CUDA
+    graph after eager steps failed: its backward pass accumulated on the default stream)."""
+    lstm = _pair(kind, num_layers=2)[0]
+    x = torch.randn(6, 3, INPUT, dtype=torch.float64)
+    lstm(x)[0].sum().backward()  # views made in grad mode
+    before = {layer: [weakref.ref(v) for v in lstm._layer_params(layer, False)] for layer in range(2)}
+    alive = []
+    make = lstm._views
+
+    def views(sources):
+        layer = next(layer for layer in range(2) if sources[0] is getattr(lstm, f"weight_ih_l{layer}"))
+        alive.append(sum(ref() is not None for ref in before[layer]))
+        return make(sources)
+
+    lstm._views = views
+    with torch.no_grad():
+        lstm(x)
+    assert alive == [0, 0]
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
