@@ -39,6 +39,7 @@ from .held_weights import held
 from .packed_sequences import Unpacked
 from .quick_call import KeptLayers, QuickCall, kept_call, kept_packed_call
 from .runners import DTYPES, FORWARD, direction_of, dtype_names, param_dtypes, precision_of
+from .tracing import refuse_onnx, refuse_script, traced
 from .zeros import Zeros
 
 MAX_SEEN = 4  # the sizes, dtypes, devices and grad modes whose rungs `schedules_run` reports
@@ -182,6 +183,9 @@ class CellRNN(torch.nn.Module):
         # and of each layer and direction, where they run a call each (over the module's zeros)
         self._kept_layers = KeptLayers(self._zero_states)
 
+    def __prepare_scriptable__(self):
+        refuse_script("CellRNN")
+
     def extra_repr(self) -> str:
         return (f"cell={self.cell.name!r}, input_size={self.input_size}, hidden_size={self.hidden_size}, "
                 f"num_layers={self.num_layers}, schedule={self.schedule!r}"
@@ -294,14 +298,11 @@ class CellRNN(torch.nn.Module):
         finite. Or x is a torch.nn.utils.rnn.PackedSequence, and y is one with the same layout. The lengths
         are read on the host, as torch's packing reads them: give them on the CPU (a GPU tensor of them is
         copied there, which waits for the GPU)."""
-        # (ONNX's exporter traces: the cheap test first, as torch.onnx's costs microseconds a call)
-        if torch.jit.is_tracing() and torch.onnx.is_in_onnx_export():
-            raise CellError("a CellRNN cannot be exported to ONNX: its forward pass is the custom op "
-                            "cellfuse::rnn, which ONNX has no operator for (torch.export.export keeps it)")
+        refuse_onnx("CellRNN")
         # (what the path of a call depends on: dropout applies between layers while training)
         layout = (self.schedule, self.batch_first, self.training, self.dropout)
-        compiling = torch.compiler.is_compiling()  # (first: torch.compile reads nothing of the kept call)
-        if not compiling and self._quick is not None and lengths is None and type(x) is torch.Tensor:
+        tracing = traced()  # (first: a trace reads nothing of the kept call)
+        if not tracing and self._quick is not None and lengths is None and type(x) is torch.Tensor:
             every = None if states is None else self._every_state(states)
             if states is None or every is not None:
                 done = self._quick(x, layout, self._params(), every)
@@ -317,7 +318,7 @@ class CellRNN(torch.nn.Module):
             packed, state_layers = Unpacked(x), 1 if by_layer else self.num_layers
             quick = self._quick_packed
             every = None if states is None else self._every_state(states)
-            if not compiling and quick is not None and (states is None or every is not None):
+            if not tracing and quick is not None and (states is None or every is not None):
                 done = quick.packed(packed, x, layout, self._params(), every, self.hidden_size, state_layers)
                 if done is not None:
                     return done[0], dict(zip(self.state_ids, done[1], strict=True))
@@ -342,11 +343,11 @@ class CellRNN(torch.nn.Module):
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params_of, self.num_layers, self.bidirectional, self.dropout,
                 self.training, self._cell_text, self.hidden_size, self.schedule, lengths, self._float32,
-                steps, None if compiling else self._kept_layers)
+                steps, None if tracing else self._kept_layers)
         else:
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
                                    self.schedule, lengths, float32=self._float32, steps=steps)
-        if not torch.compiler.is_compiling():  # (the dtype of the plans the pass ran)
+        if not traced():  # (the dtype of the plans the pass ran)
             # (whether the first call of the ops saved: where the layers run one at a time, by the
             # first layer's parameters, which may be frozen where the others are not)
             save = stacks.saves(x, initial, self._layer_params_of(0, False) if by_layer else params)
@@ -355,7 +356,7 @@ class CellRNN(torch.nn.Module):
                 self._last_seen = seen
                 recent = [s for s in self._seen if s != seen][-(MAX_SEEN - 1):] + [seen]
                 self._seen = OrderedDict.fromkeys(recent)
-        if not compiling:  # (kept where quick_call can make the call again; each replaces its own)
+        if not tracing:  # (kept where quick_call can make the call again; each replaces its own)
             if packed is None:
                 self._quick = None
             else:

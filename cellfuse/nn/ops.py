@@ -40,6 +40,7 @@ from ..graph_model import Cell, CellError, Sizes, cell_from_text, cell_to_text
 from ..graph_model.lengths import STEPS_LEFT, masked
 from .auto_choice import choose
 from .runners import FORWARD, FORWARD_BESIDE, PRECISIONS, Plans, Runner, make_plans, precision_of
+from .tracing import traced
 from .weight_views import WeightViews
 
 log = logging.getLogger(__name__)
@@ -352,8 +353,9 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: 
     state's None seed stays None where `none_seeds` (no seed added), else is zeros, as y's always is."""
     n_states, n_params, cell, hidden, layers, schedule, save, direction, float32 = ctx.meta
     if not save:
-        raise CellError("this CellRNN forward pass ran without saving its steps (gradients were not "
-                        "needed when it ran), so it has no backward pass")
+        raise CellError("this forward pass ran without saving its steps (no gradient was needed when it "
+                        "ran, or torch.jit.trace traced it: its traces run inference only), so it has no "
+                        "backward pass")
     x, *rest = ctx.saved_tensors
     states, params = rest[:n_states], rest[n_states:n_states + n_params]
     y, reserve = rest[-2], rest[-1]
@@ -438,7 +440,7 @@ def run(x: torch.Tensor, states: list[torch.Tensor], params: Sequence[torch.Tens
     weight_views). `ends`: a training call's PackedSequence, x its data (see _Eager.forward). `auto` in a
     call that saves is AUTO_TRAINING."""
     schedule = schedule_of(schedule, save)
-    if torch.compiler.is_compiling() or type(x) is not torch.Tensor:
+    if traced() or type(x) is not torch.Tensor:
         return torch.ops.cellfuse.rnn(x, states, list(params), cell, hidden, layers, schedule, save,
                                       direction, float32)
     if not save:  # no backward pass to follow: nothing for autograd to record

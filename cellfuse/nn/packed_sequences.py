@@ -28,6 +28,7 @@ from ..codegen.packed_rows import MAX_STEPS, capacity
 from ..graph_model import CellError
 from . import ops, quick_lane
 from .stacks import steps_left, to_device
+from .tracing import traced
 from .zeros import made_here
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def _rows_kernels(data: torch.Tensor, steps: int) -> tuple | None:
     """The packed rows' kernels (gpu_runtime.packed_rows) for data's device and elements and `steps`
     steps, loaded at their first use, and the same launched in C++ (quick_lane.rows; None where it is not
     built); None where torch's ops pad instead (see the module's docstring)."""
-    if (data.device.type != "cuda" or torch.compiler.is_compiling() or steps > MAX_STEPS
+    if (data.device.type != "cuda" or traced() or steps > MAX_STEPS
             or data.element_size() not in (2, 4) or data.shape[0] >= 2**31
             or data.numel() == 0):  # (rows of no elements: the kernels divide by a row's width)
         return None

@@ -39,6 +39,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from . import ops
 from .runners import FORWARD, FORWARD_BESIDE, REVERSE, REVERSE_BESIDE, direction_of
+from .tracing import traced
 from .weight_views import WeightViews
 from .zeros import Zeros
 
@@ -60,7 +61,7 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
     call ran in, for a call that gives none; `rows`: a PackedSequence's padding for its lane, see
     quick_lane.make; `direction`: the ops' direction of the call, runners.FORWARD unless a layer's
     directions ran a call each)."""
-    if type(x) is not torch.Tensor or not x.is_cuda or torch.compiler.is_compiling():
+    if type(x) is not torch.Tensor or not x.is_cuda or traced():
         return None
     train = torch.is_grad_enabled()
     if train and not any(p.requires_grad for p in params):

@@ -29,6 +29,7 @@ from ..gpu_runtime.driver import new_stream
 from ..graph_model import CellError
 from . import ops
 from .runners import DTYPES, FORWARD, PRECISIONS, direction_of
+from .tracing import traced
 from .zeros import made_here
 
 if TYPE_CHECKING:
@@ -80,8 +81,11 @@ def to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def saves(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> bool:
-    """Whether a call saves its steps: only where a backward pass may follow."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in (x, *states, *params))
+    """Whether a call saves its steps: only where a backward pass may follow, and not in a trace of
+    torch.jit.trace, which records inference alone (its check runs the call again without grad mode, and
+    the two graphs must be the same)."""
+    return (torch.is_grad_enabled() and not torch.jit.is_tracing()
+            and any(t.requires_grad for t in (x, *states, *params)))
 
 
 def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor], cell: str,
@@ -189,9 +193,9 @@ def _direction(x, initial, params_of, reverse, reverse_time, reversed_x, cell, h
 
 def _beside(x: torch.Tensor) -> bool:
     """Whether a layer's two directions run side by side: on a GPU (in a CUDA graph capture too, where the
-    side stream is a branch of the graph), but not while torch.compile traces (its graph holds the ops one
-    after the other)."""
-    return x.device.type == "cuda" and not torch.compiler.is_compiling()
+    side stream is a branch of the graph), but not in a trace (its graph holds the ops one after the
+    other)."""
+    return x.device.type == "cuda" and not traced()
 
 
 # per thread: (device, main stream) -> its side stream (see _side_stream)

@@ -34,6 +34,7 @@ from .held_weights import held
 from .packed_sequences import Unpacked
 from .quick_call import KeptLayers, QuickCall, kept_call, kept_packed_call
 from .runners import DTYPES, dtype_names, param_dtypes
+from .tracing import refuse_onnx, refuse_script, traced
 from .weight_views import WeightViews, joined
 from .zeros import Zeros
 
@@ -206,6 +207,9 @@ class _TorchRNN(torch.nn.Module):
         """Nothing to do, here as in torch's modules after a move: the kernels' copy of the weights is
         made again whenever a parameter changes (its version counter tells)."""
 
+    def __prepare_scriptable__(self):
+        refuse_script(f"cellfuse.nn.{type(self).__name__}")
+
     def extra_repr(self) -> str:
         s = f"{self.input_size}, {self.hidden_size}, num_layers={self.num_layers}"
         for name, default in (("bias", True), ("batch_first", False), ("dropout", 0.0),
@@ -229,7 +233,7 @@ class _TorchRNN(torch.nn.Module):
         on a stream of its own): the views of that call are made on it."""
         suffix = "_reverse" if reverse else ""
         sources = [held(self, f"{name}_l{layer}{suffix}") for name in self._sources]
-        if torch.compiler.is_compiling():
+        if traced():
             return self._views(sources)
         graph = torch.is_grad_enabled()
         stream = (torch._C._cuda_getCurrentRawStream(sources[0].get_device())
@@ -314,10 +318,11 @@ class _TorchRNN(torch.nn.Module):
         return out
 
     def forward(self, input, hx=None):
+        refuse_onnx(f"cellfuse.nn.{type(self).__name__}")
         layout = (self.schedule, self.batch_first, self.training, self.dropout)
-        compiling = torch.compiler.is_compiling()  # (first: torch.compile reads nothing of the kept call)
+        tracing = traced()  # (first: a trace reads nothing of the kept call)
         every = None if hx is None else list(hx) if isinstance(hx, (tuple, list)) else [hx]
-        if not compiling and self._quick is not None and type(input) is torch.Tensor:
+        if not tracing and self._quick is not None and type(input) is torch.Tensor:
             done = self._quick(input, layout, self._fused_params(), every)
             if done is not None:
                 return self._returned(*done)
@@ -326,7 +331,7 @@ class _TorchRNN(torch.nn.Module):
         packed, lengths = None, None
         if isinstance(input, PackedSequence):  # padded, each row to its length, in the data's order of rows
             packed, state_layers = Unpacked(input), self.num_layers if fused else 1
-            if not compiling and self._quick_packed is not None:
+            if not tracing and self._quick_packed is not None:
                 done = self._quick_packed.packed(packed, input, layout, self._fused_params(), every,
                                                  self.hidden_size, state_layers)
                 if done is not None:
@@ -353,7 +358,7 @@ class _TorchRNN(torch.nn.Module):
             return self._returned(y.transpose(0, 1) if self.batch_first else y, finals)
         if packed is not None:
             initial = packed.sorted(initial)
-        if not compiling:  # (the kept call this one would replace)
+        if not tracing:  # (the kept call this one would replace)
             if packed is None:
                 self._quick = None
             else:
@@ -363,7 +368,7 @@ class _TorchRNN(torch.nn.Module):
             params = self._fused_params()
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
                                    self.schedule, lengths, steps=steps)
-            if not compiling and not unbatched:  # (see quick_call)
+            if not tracing and not unbatched:  # (see quick_call)
                 zeros = [self._zeros(tuple(initial[0].shape), x.dtype, x.device)] * len(initial)
                 if packed is None:
                     self._quick = kept_call(input_given, x, layout, params, zeros, self._cell_text,
@@ -377,7 +382,7 @@ class _TorchRNN(torch.nn.Module):
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params, self.num_layers, self.bidirectional, self.dropout,
                 self.training, self._cell_text, self.hidden_size, self.schedule, lengths, steps=steps,
-                kept=None if compiling else self._kept_layers)
+                kept=None if tracing else self._kept_layers)
         if unbatched:
             y, finals = y.squeeze(1), [f.squeeze(1) for f in finals]
         elif packed is not None:
@@ -399,7 +404,7 @@ class _TorchRNN(torch.nn.Module):
         """Every layer's weights of the forward direction, for a call of the layers at once (one
         WeightViews, kept while each layer's are)."""
         layers = [self._layer_params(layer, False) for layer in range(self.num_layers)]
-        if torch.compiler.is_compiling():
+        if traced():
             return [p for views in layers for p in views]
         if self._fused is None or any(a is not b for a, b in zip(self._fused[0], layers, strict=True)):
             self._fused = (layers, joined(layers))

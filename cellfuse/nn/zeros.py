@@ -12,6 +12,8 @@ from functools import partial
 
 import torch
 
+from .tracing import traced
+
 MAX_ZEROS = 4  # the shapes, dtypes and devices whose initial states of zeros a module keeps
 
 _made: dict[int, weakref.ref] = {}  # id of each kept tensor -> it, while it lives
@@ -36,7 +38,7 @@ class Zeros:
     def __call__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         # (under a CUDA graph's capture, zeros of the graph's own, not kept: its replays fill them, which
         # calls made outside it would read unfilled)
-        if torch.compiler.is_compiling() or (torch.device(device).type == "cuda"
+        if traced() or (torch.device(device).type == "cuda"
                                              and torch.cuda.is_current_stream_capturing()):
             return torch.zeros(shape, dtype=dtype, device=device)
         key = (shape, dtype, device)

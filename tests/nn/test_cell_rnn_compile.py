@@ -1,6 +1,7 @@
-"""CellRNN inside torch.compile and torch.export, on the CPU: its forward and backward passes are the
-custom ops cellfuse::rnn and cellfuse::rnn_backward, so a model holding it compiles with fullgraph=True
-(no graph break) and exports to a program that computes, matching eager on new inputs."""
+"""CellRNN inside torch.compile, torch.export and torch.jit.trace, on the CPU: its forward and backward
+passes are the custom ops cellfuse::rnn and cellfuse::rnn_backward, so a model holding it compiles with
+fullgraph=True (no graph break), exports to a program that computes and traces into one, each matching
+eager on new inputs."""
 
 from __future__ import annotations
 
@@ -93,6 +94,16 @@ def test_exported_program_computes_on_new_inputs():
         torch.testing.assert_close(exported.module()(tokens), model(tokens))
 
 
+def test_a_jit_trace_computes_on_new_inputs_of_other_sizes():
+    model = LanguageModel("gru_cho", layers=2).eval()
+    with torch.no_grad():
+        traced = torch.jit.trace(model, (torch.randint(0, 50, (6, 3)),))
+        assert "cellfuse::rnn" in str(traced.inlined_graph)
+        for seed, (T, B) in enumerate([(6, 3), (9, 2), (4, 5)]):
+            tokens = torch.randint(0, 50, (T, B), generator=torch.Generator().manual_seed(seed))
+            torch.testing.assert_close(traced(tokens), model(tokens))
+
+
 @pytest.mark.parametrize("grad", [False, True])
 def test_an_exported_program_names_auto_as_the_call_ran_it(grad):
     """`auto` in a traced call that saves its steps is the ops' AUTO_TRAINING, so that the program's
@@ -109,6 +120,11 @@ def test_onnx_export_is_refused_naming_the_op(tmp_path):
     model = LanguageModel()
     with pytest.raises(CellError, match="cellfuse::rnn"):
         torch.onnx.export(model, (torch.randint(0, 50, (6, 3)),), str(tmp_path / "m.onnx"), dynamo=False)
+
+
+def test_torchscript_is_refused_by_name():
+    with pytest.raises(CellError, match="CellRNN cannot be compiled by torch.jit.script"):
+        torch.jit.script(LanguageModel())
 
 
 def test_a_failure_inside_the_compiled_op_leaves_torchs_random_state_as_it_was():

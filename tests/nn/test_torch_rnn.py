@@ -304,6 +304,38 @@ def test_compiled_with_fullgraph_matches_eager():
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("layers, bidirectional, batch_first", [(1, False, False), (2, True, True)])
+def test_a_jit_trace_runs_other_sizes_and_saves(kind, layers, bidirectional, batch_first, tmp_path):
+    """torch.jit.trace records the op cellfuse::rnn, whose plans are made for the sizes of each call: the
+    trace, and the trace saved and loaded, give torch's outputs for other lengths and batches. A trace
+    runs inference only (traced in grad mode, as here, it keeps no steps: its backward pass is refused by
+    name)."""
+    ours, ref = _pair(kind, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first)
+    x = torch.randn(3, 2, INPUT, dtype=torch.float64)
+    with pytest.warns(torch.jit.TracerWarning):  # (the input checks' comparisons of sizes, as torch's)
+        traced = torch.jit.trace(ours, (x,))
+    assert "cellfuse::rnn" in str(traced.graph)
+    torch.jit.save(traced, str(tmp_path / "lstm.pt"))
+    loaded = torch.jit.load(str(tmp_path / "lstm.pt"))
+    other = torch.randn(7, 5, INPUT, dtype=torch.float64)
+    want = ref(other)
+    for module in (traced, loaded):
+        got = module(other)
+        torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-12)
+        for g, w in zip(_finals(kind, got[1]), _finals(kind, want[1]), strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    with pytest.raises(CellError, match="torch.jit.trace"):
+        traced(other)[0].sum().backward()
+
+
+def test_onnx_export_and_torchscript_are_refused_by_name(tmp_path):
+    with pytest.raises(CellError, match="cellfuse.nn.LSTM cannot be exported to ONNX.*cellfuse::rnn"):
+        torch.onnx.export(LSTM(INPUT, H), (torch.randn(3, 2, INPUT),), str(tmp_path / "m.onnx"), dynamo=False)
+    with pytest.raises(CellError, match="cellfuse.nn.GRU cannot be compiled by torch.jit.script"):
+        torch.jit.script(torch.nn.Sequential(GRU(INPUT, H)))
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_the_views_a_call_reuses_follow_the_parameters(kind):
     """The weights' views are made once and reused: they follow in-place updates (an optimizer's steps,
     load_state_dict), and grad mode and requires_grad as they change."""

@@ -197,6 +197,26 @@ def test_both_directions_capture_and_replay(cuda):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_a_jit_trace_runs_other_sizes_as_cudnn(cuda):
+    """A drop-in traced by torch.jit.trace after eager calls (kept calls and lanes made) runs through the
+    op at other sizes, as cuDNN computes."""
+    torch.manual_seed(0)
+    lstm = LSTM(32, 48, 2, bidirectional=True, schedule="persistent").to(cuda)
+    ref = torch.nn.LSTM(32, 48, 2, bidirectional=True).to(cuda)
+    ref.load_state_dict(lstm.state_dict())
+    x = torch.randn(12, 5, 32, device=cuda)
+    with torch.no_grad():
+        for _ in range(3):
+            lstm(x)
+        traced = torch.jit.trace(lstm, (x,))
+        other = torch.randn(20, 7, 32, device=cuda)
+        (y, (h, c)) = traced(other)
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # (cuDNN takes TF32 by default)
+            want_y, (want_h, want_c) = ref(other)
+    for got, want in ((y, want_y), (h, want_h), (c, want_c)):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("layers, bidirectional", [(1, False), (2, True)])
 def test_a_training_step_is_captured_after_eager_steps(cuda, layers, bidirectional):
     """A training step captured into a CUDA graph after eager steps on the default stream (a loop that

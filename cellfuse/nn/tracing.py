@@ -1,0 +1,33 @@
+"""Whether a call is traced into a graph rather than run: by torch.compile or torch.export (the compiler's
+tracing), or by torch.jit.trace. A traced call goes through the custom ops, so that the graph holds
+`cellfuse::rnn` (and a trace saved with torch.jit.save runs again wherever cellfuse is imported), with
+views of the parameters and zeros of its own, and leaves nothing kept for the calls after it: a kept
+call or a lane would go around the ops, and under torch.jit.trace the sizes are tensors. What cannot hold
+the modules, ONNX's exporter and TorchScript's compiler, is refused here by name."""
+
+from __future__ import annotations
+
+import torch
+
+from ..graph_model import CellError
+
+
+def traced() -> bool:
+    """Whether the call now running is traced (see the module's docstring)."""
+    return torch.compiler.is_compiling() or torch.jit.is_tracing()
+
+
+def refuse_onnx(module: str) -> None:
+    """Raises where torch.onnx.export traces the call: ONNX has no operator for cellfuse::rnn (`module`
+    names the module in the message). The cheap test first: torch.onnx's costs microseconds a call."""
+    if torch.jit.is_tracing() and torch.onnx.is_in_onnx_export():
+        raise CellError(f"a {module} cannot be exported to ONNX: its forward pass is the custom op "
+                        "cellfuse::rnn, which ONNX has no operator for (torch.export.export keeps it)")
+
+
+def refuse_script(module: str) -> None:
+    """Raises for torch.jit.script (a module's `__prepare_scriptable__`): TorchScript cannot compile the
+    module's Python (its kept calls, lanes and plans); `module` names the module in the message."""
+    raise CellError(f"a {module} cannot be compiled by torch.jit.script, which cannot read the module's "
+                    "Python: torch.jit.trace it (its trace records the op cellfuse::rnn), or use "
+                    "torch.compile or torch.export.export")
