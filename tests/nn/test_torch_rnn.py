@@ -328,6 +328,39 @@ def test_a_jit_trace_runs_other_sizes_and_saves(kind, layers, bidirectional, bat
         traced(other)[0].sum().backward()
 
 
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_torch_export_and_functional_call_compute_as_torchs(kind):
+    """torch.export.export gives a program holding the op cellfuse::rnn that computes torch's outputs on
+    new inputs; torch.func.functional_call with other parameters computes as torch's module with them."""
+    ours, ref = _pair(kind, num_layers=2, bidirectional=True)
+    x = torch.randn(6, 3, INPUT, dtype=torch.float64)
+    exported = torch.export.export(ours, (x,))
+    assert any("cellfuse.rnn" in str(node.target) for node in exported.graph.nodes)
+    other = torch.randn_like(x)
+    torch.testing.assert_close(exported.module()(other)[0], ref(other)[0], rtol=1e-10, atol=1e-12)
+    params = {name: p * 1.1 for name, p in ours.named_parameters()}
+    got = torch.func.functional_call(ours, params, (other,))[0]
+    torch.testing.assert_close(got, torch.func.functional_call(ref, params, (other,))[0], rtol=1e-10,
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("way", ["to_empty", "assign"])
+def test_a_module_made_on_the_meta_device_loads_a_state_dict(kind, way):
+    """Made on the meta device (no memory), then given memory and loaded (to_empty and load_state_dict,
+    or load_state_dict(assign=True)), it computes as torch's module of the same state dict."""
+    ours, ref = _pair(kind, num_layers=2)
+    with torch.device("meta"):
+        empty = PAIRS[kind][0](INPUT, H, num_layers=2, dtype=torch.float64)
+    if way == "to_empty":
+        empty = empty.to_empty(device="cpu")
+        empty.load_state_dict(ours.state_dict())
+    else:
+        empty.load_state_dict(ours.state_dict(), assign=True)
+    x = torch.randn(6, 3, INPUT, dtype=torch.float64)
+    torch.testing.assert_close(empty(x)[0], ref(x)[0], rtol=1e-10, atol=1e-12)
+
+
 def test_onnx_export_and_torchscript_are_refused_by_name(tmp_path):
     with pytest.raises(CellError, match="cellfuse.nn.LSTM cannot be exported to ONNX.*cellfuse::rnn"):
         torch.onnx.export(LSTM(INPUT, H), (torch.randn(3, 2, INPUT),), str(tmp_path / "m.onnx"), dynamo=False)
