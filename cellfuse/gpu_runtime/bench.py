@@ -418,7 +418,10 @@ def run_benchmark(cell: Cell, config: BenchConfig, progress: Progress | None = N
             result.rows.append(row)
             ready += [timed] if timed else []
         for name in baselines:
-            step(f"checking baseline {name}")
+            # (torch.compile compiles every step of the sequence first: on an H200 from half a minute to
+            # more than two at T=100, with nothing to show meanwhile)
+            step(f"checking baseline {name}" + (f" (it compiles all {sizes.seq} steps first: minutes "
+                                                "at T=100)" if name in COMPILE_MODES else ""))
             if name == "numpy reference":
                 note = TRAIN_NOTES[name] if config.train else "float64 on the CPU, one run"
                 result.rows.append(BenchRow(name, "baseline", True, ref_ms, ref_ms, ref_ms, 0.0, note=note))
