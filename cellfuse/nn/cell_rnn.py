@@ -298,10 +298,11 @@ class CellRNN(torch.nn.Module):
         finite. Or x is a torch.nn.utils.rnn.PackedSequence, and y is one with the same layout. The lengths
         are read on the host, as torch's packing reads them: give them on the CPU (a GPU tensor of them is
         copied there, which waits for the GPU)."""
-        refuse_onnx("CellRNN")
         # (what the path of a call depends on: dropout applies between layers while training)
         layout = (self.schedule, self.batch_first, self.training, self.dropout)
         tracing = traced()  # (first: a trace reads nothing of the kept call)
+        if tracing:
+            refuse_onnx("CellRNN")
         if not tracing and self._quick is not None and lengths is None and type(x) is torch.Tensor:
             every = None if states is None else self._every_state(states)
             if states is None or every is not None:

@@ -318,9 +318,10 @@ class _TorchRNN(torch.nn.Module):
         return out
 
     def forward(self, input, hx=None):
-        refuse_onnx(f"cellfuse.nn.{type(self).__name__}")
         layout = (self.schedule, self.batch_first, self.training, self.dropout)
         tracing = traced()  # (first: a trace reads nothing of the kept call)
+        if tracing:
+            refuse_onnx(f"cellfuse.nn.{type(self).__name__}")
         every = None if hx is None else list(hx) if isinstance(hx, (tuple, list)) else [hx]
         if not tracing and self._quick is not None and type(input) is torch.Tensor:
             done = self._quick(input, layout, self._fused_params(), every)
