@@ -50,6 +50,7 @@ from ..gpu_runtime.stream_program import CHANGES, conversion, loaded_module
 from ..graph_model import CellError
 from ..graph_model.lengths import STEPS_LEFT
 from . import quick_lane
+from .kept_tensors import kept_tensors
 from .packed_for import PackedFor, owner
 from .runners import TORCH_DTYPES, Plans, Runner
 from .tensor_layout import TensorLayout
@@ -523,7 +524,7 @@ class CudaRunner(Runner):
 
     def forward(self, x, states, params, save, shared=False):
         program = self._program("train" if save else "forward")
-        with program.turn:
+        with program.turn, kept_tensors():  # (its packings, zeros and replays' memory are kept)
             return self._forward(program, x, states, params, save, shared)
 
     def _forward(self, program, x, states, params, save, shared):

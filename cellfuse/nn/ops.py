@@ -39,6 +39,7 @@ from ..gpu_runtime.driver import use_primary_context
 from ..graph_model import Cell, CellError, Sizes, cell_from_text, cell_to_text
 from ..graph_model.lengths import STEPS_LEFT, masked
 from .auto_choice import choose
+from .kept_tensors import kept_tensors
 from .runners import FORWARD, FORWARD_BESIDE, PRECISIONS, Plans, Runner, make_plans, precision_of
 from .tracing import traced
 from .weight_views import WeightViews
@@ -236,14 +237,15 @@ _SCHEDULE_AT = 6  # where a runner's key (see `runner`) holds the schedule
 
 
 def _made(plans: Plans, x: torch.Tensor, direction: int) -> Runner:
-    """A new runner of the plans for tensors like x."""
-    if x.device.type == "cpu":
-        from .runners import NumpyRunner
+    """A new runner of the plans for tensors like x (its buffers kept: see kept_tensors)."""
+    with kept_tensors():
+        if x.device.type == "cpu":
+            from .runners import NumpyRunner
 
-        return NumpyRunner(plans, x.dtype)
-    from .cuda_runner import CudaRunner
+            return NumpyRunner(plans, x.dtype)
+        from .cuda_runner import CudaRunner
 
-    return CudaRunner(plans, x.device, direction)
+        return CudaRunner(plans, x.device, direction)
 
 
 def made_current(x: torch.Tensor):

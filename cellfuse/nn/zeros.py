@@ -12,6 +12,7 @@ from functools import partial
 
 import torch
 
+from .kept_tensors import kept_tensors
 from .tracing import traced
 
 MAX_ZEROS = 4  # the shapes, dtypes and devices whose initial states of zeros a module keeps
@@ -46,6 +47,7 @@ class Zeros:
         if t is None:  # (threads may make one each: the last kept, every one of them zeros)
             while len(self._kept) >= MAX_ZEROS:
                 self._kept.pop(next(iter(self._kept), None), None)
-            t = self._kept[key] = torch.zeros(shape, dtype=dtype, device=device)
+            with kept_tensors():
+                t = self._kept[key] = torch.zeros(shape, dtype=dtype, device=device)
             _made[id(t)] = weakref.ref(t, partial(_forget, id(t)))
         return t

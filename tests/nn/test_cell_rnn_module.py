@@ -231,6 +231,20 @@ def test_without_gradients_no_steps_are_saved():
     assert y.grad_fn is None
 
 
+def test_a_call_under_inference_mode_leaves_training_calls_working():
+    """What the module keeps from a call under torch.inference_mode() (its runner's buffers, its initial
+    zeros) is made of normal tensors: the training calls after it give the gradients of a module that
+    never ran under it."""
+    rnn, fresh = small(), small()
+    x = torch.randn(5, 2, 4)
+    with torch.inference_mode():
+        rnn(x)
+    got = torch.autograd.grad(rnn(x)[0].square().sum(), list(rnn.parameters()))
+    want = torch.autograd.grad(fresh(x)[0].square().sum(), list(fresh.parameters()))
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b)
+
+
 def test_a_non_contiguous_input_gives_what_its_copy_does():
     rnn = small()
     x = torch.randn(2, 5, 4).transpose(0, 1)

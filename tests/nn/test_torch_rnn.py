@@ -369,6 +369,32 @@ def test_onnx_export_and_torchscript_are_refused_by_name(tmp_path):
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_calls_under_inference_mode_leave_training_calls_as_torchs(kind, packed):
+    """An evaluation under torch.inference_mode() between training steps (as a training script makes):
+    what the module keeps from it (its runner's buffers, its initial zeros) is made of normal tensors, so
+    the training calls after it run, with torch's gradients (an inference tensor kept from such a call
+    could be neither written in place nor saved for a backward pass outside that mode)."""
+    ours, ref = _pair(kind, num_layers=2, bidirectional=True)
+    x = torch.randn(6, 3, INPUT, dtype=torch.float64)
+    if packed:
+        x = torch.nn.utils.rnn.pack_padded_sequence(x, torch.tensor([6, 2, 4]), enforce_sorted=False)
+
+    def data(out):
+        return out[0].data if packed else out[0]
+
+    for module in (ours, ref):
+        with torch.inference_mode():
+            module(x)
+    for _ in range(2):
+        grads = [torch.autograd.grad(data(m(x)).square().sum(), list(m.parameters())) for m in (ours, ref)]
+        for got, want in zip(*grads, strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-11)
+        with torch.inference_mode():
+            torch.testing.assert_close(data(ours(x)), data(ref(x)), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_the_views_a_call_reuses_follow_the_parameters(kind):
     """The weights' views are made once and reused: they follow in-place updates (an optimizer's steps,
     load_state_dict), and grad mode and requires_grad as they change."""

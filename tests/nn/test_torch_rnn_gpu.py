@@ -197,6 +197,26 @@ def test_both_directions_capture_and_replay(cuda):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_training_after_calls_under_inference_mode_matches_cudnn(cuda, bidirectional):
+    """Evaluations under torch.inference_mode() (kept calls, lanes, packed weights and zeros made in
+    them) between training steps: the steps after them give cuDNN's gradients."""
+    torch.manual_seed(0)
+    lstm = LSTM(32, 48, 2, bidirectional=bidirectional, schedule="auto").to(cuda)
+    ref = torch.nn.LSTM(32, 48, 2, bidirectional=bidirectional).to(cuda)
+    ref.load_state_dict(lstm.state_dict())
+    x = torch.randn(12, 5, 32, device=cuda)
+    for _ in range(2):
+        with torch.inference_mode():
+            for _ in range(3):
+                lstm(x)
+        got = torch.autograd.grad(lstm(x)[0].square().sum(), list(lstm.parameters()))
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            want = torch.autograd.grad(ref(x)[0].square().sum(), list(ref.parameters()))
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
 def test_a_jit_trace_runs_other_sizes_as_cudnn(cuda):
     """A drop-in traced by torch.jit.trace after eager calls (kept calls and lanes made) runs through the
     op at other sizes, as cuDNN computes."""
