@@ -39,7 +39,7 @@ from .held_weights import held
 from .packed_sequences import Unpacked
 from .quick_call import KeptLayers, QuickCall, kept_call, kept_packed_call
 from .runners import DTYPES, FORWARD, direction_of, dtype_names, param_dtypes, precision_of
-from .tracing import refuse_onnx, refuse_script, traced
+from .tracing import refuse_onnx, refuse_script, refuse_transforms, traced
 from .zeros import Zeros
 
 MAX_SEEN = 4  # the sizes, dtypes, devices and grad modes whose rungs `schedules_run` reports
@@ -303,6 +303,7 @@ class CellRNN(torch.nn.Module):
         tracing = traced()  # (first: a trace reads nothing of the kept call)
         if tracing:
             refuse_onnx("CellRNN")
+        refuse_transforms("CellRNN")
         if not tracing and self._quick is not None and lengths is None and type(x) is torch.Tensor:
             every = None if states is None else self._every_state(states)
             if states is None or every is not None:

@@ -3,7 +3,8 @@ tracing), or by torch.jit.trace. A traced call goes through the custom ops, so t
 `cellfuse::rnn` (and a trace saved with torch.jit.save runs again wherever cellfuse is imported), with
 views of the parameters and zeros of its own, and leaves nothing kept for the calls after it: a kept
 call or a lane would go around the ops, and under torch.jit.trace the sizes are tensors. What cannot hold
-the modules, ONNX's exporter and TorchScript's compiler, is refused here by name."""
+the modules, ONNX's exporter, TorchScript's compiler and torch.func's transforms, is refused here by
+name."""
 
 from __future__ import annotations
 
@@ -34,3 +35,13 @@ def refuse_script(module: str) -> None:
     raise CellError(f"a {module} cannot be compiled by torch.jit.script, which cannot read the module's "
                     "Python: torch.jit.trace it (its trace records the op cellfuse::rnn), or use "
                     "torch.compile or torch.export.export")
+
+
+def refuse_transforms(module: str) -> None:
+    """Raises where a transform of torch.func (grad, vmap, jacrev, ...) runs the call: its tensors are
+    wrappers with no memory of their own, which the kernels cannot read, and its checks refuse the runner's
+    writes into the buffers it keeps; `module` names the module in the message."""
+    if torch._C._are_functorch_transforms_active():
+        raise CellError(f"a {module} cannot run under a transform of torch.func (grad, vmap, jacrev, ...): "
+                        "take gradients with torch.autograd (torch.func.functional_call with other "
+                        "parameters works)")

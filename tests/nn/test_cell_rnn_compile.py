@@ -122,9 +122,13 @@ def test_onnx_export_is_refused_naming_the_op(tmp_path):
         torch.onnx.export(model, (torch.randint(0, 50, (6, 3)),), str(tmp_path / "m.onnx"), dynamo=False)
 
 
-def test_torchscript_is_refused_by_name():
+def test_torchscript_and_torch_func_transforms_are_refused_by_name():
     with pytest.raises(CellError, match="CellRNN cannot be compiled by torch.jit.script"):
         torch.jit.script(LanguageModel())
+    model, tokens = LanguageModel(), torch.randint(0, 50, (6, 3))
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    with pytest.raises(CellError, match="CellRNN cannot run under a transform of torch.func"):
+        torch.func.grad(lambda p: torch.func.functional_call(model, p, (tokens,)).sum())(params)
 
 
 def test_a_failure_inside_the_compiled_op_leaves_torchs_random_state_as_it_was():

@@ -361,11 +361,15 @@ def test_a_module_made_on_the_meta_device_loads_a_state_dict(kind, way):
     torch.testing.assert_close(empty(x)[0], ref(x)[0], rtol=1e-10, atol=1e-12)
 
 
-def test_onnx_export_and_torchscript_are_refused_by_name(tmp_path):
+def test_onnx_export_torchscript_and_torch_func_transforms_are_refused_by_name(tmp_path):
     with pytest.raises(CellError, match="cellfuse.nn.LSTM cannot be exported to ONNX.*cellfuse::rnn"):
         torch.onnx.export(LSTM(INPUT, H), (torch.randn(3, 2, INPUT),), str(tmp_path / "m.onnx"), dynamo=False)
     with pytest.raises(CellError, match="cellfuse.nn.GRU cannot be compiled by torch.jit.script"):
         torch.jit.script(torch.nn.Sequential(GRU(INPUT, H)))
+    lstm, x = LSTM(INPUT, H), torch.randn(3, 2, INPUT)
+    params = {name: p.detach() for name, p in lstm.named_parameters()}
+    with pytest.raises(CellError, match="cellfuse.nn.LSTM cannot run under a transform of torch.func"):
+        torch.func.grad(lambda p: torch.func.functional_call(lstm, p, (x,))[0].sum())(params)
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
