@@ -39,7 +39,7 @@ from .held_weights import held
 from .packed_sequences import Unpacked
 from .quick_call import KeptLayers, QuickCall, kept_call, kept_packed_call
 from .runners import DTYPES, FORWARD, direction_of, dtype_names, param_dtypes, precision_of
-from .tracing import refuse_onnx, refuse_script, refuse_transforms, traced
+from .tracing import refuse_script, traced_call
 from .zeros import Zeros
 
 MAX_SEEN = 4  # the sizes, dtypes, devices and grad modes whose rungs `schedules_run` reports
@@ -300,10 +300,7 @@ class CellRNN(torch.nn.Module):
         copied there, which waits for the GPU)."""
         # (what the path of a call depends on: dropout applies between layers while training)
         layout = (self.schedule, self.batch_first, self.training, self.dropout)
-        tracing = traced()  # (first: a trace reads nothing of the kept call)
-        if tracing:
-            refuse_onnx("CellRNN")
-        refuse_transforms("CellRNN")
+        tracing = traced_call("CellRNN")  # (first: a trace reads nothing of the kept call)
         if not tracing and self._quick is not None and lengths is None and type(x) is torch.Tensor:
             every = None if states is None else self._every_state(states)
             if states is None or every is not None:
@@ -349,7 +346,7 @@ class CellRNN(torch.nn.Module):
         else:
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
                                    self.schedule, lengths, float32=self._float32, steps=steps)
-        if not traced():  # (the dtype of the plans the pass ran)
+        if not tracing:  # (the dtype of the plans the pass ran)
             # (whether the first call of the ops saved: where the layers run one at a time, by the
             # first layer's parameters, which may be frozen where the others are not)
             save = stacks.saves(x, initial, self._layer_params_of(0, False) if by_layer else params)

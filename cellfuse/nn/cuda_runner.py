@@ -616,9 +616,10 @@ class CudaRunner(Runner):
             if self._y_dtype != x.dtype:  # (the zeros the call ran over: see _state_in)
                 zeros = [self._zeros(tuple(z.shape), self._y_dtype, z.device) for z in zeros]
             try:
-                lane = quick_lane.make(x, params, zeros, batch_first, self._sizes, self._block_elements,
-                                       self._outputs_end, self._finals_at, packed, stream,
-                                       (self.lock, program.turn), program, rows=rows)
+                with kept_tensors():  # (what the lane allocates, it keeps)
+                    lane = quick_lane.make(x, params, zeros, batch_first, self._sizes, self._block_elements,
+                                           self._outputs_end, self._finals_at, packed, stream,
+                                           (self.lock, program.turn), program, rows=rows)
             except (ValueError, CellError, OSError) as e:  # (the call itself was made: it stands)
                 log.warning("%s: no C++ lane for calls like this one (%s); they run in Python",
                             program.what, e)

@@ -1,8 +1,8 @@
 """Tensors kept from call to call are made as normal tensors, even in a call under torch.inference_mode:
 an inference tensor may be neither written in place nor saved for a backward pass outside that mode,
 so a tensor kept from an evaluation under torch.inference_mode() (a runner's buffers, a module's
-initial zeros, its packed weights) broke every training call after it. The runners' calls, the making of
-a runner and the module's kept zeros run in `kept_tensors()`."""
+initial zeros, its packed weights) broke every training call after it. The making of a runner, the CUDA
+runner's calls and the making of its lanes, and the making of kept zeros run in `kept_tensors()`."""
 
 from __future__ import annotations
 

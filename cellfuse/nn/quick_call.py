@@ -38,7 +38,6 @@ import torch
 from torch.nn.utils.rnn import PackedSequence
 
 from . import ops
-from .kept_tensors import kept_tensors
 from .runners import FORWARD, FORWARD_BESIDE, REVERSE, REVERSE_BESIDE, direction_of
 from .tracing import traced
 from .weight_views import WeightViews
@@ -215,8 +214,7 @@ class QuickCall:
             return (y.transpose(0, 1) if batch_first else y), list(out[1:1 + len(states)])
         with runner.lock:
             y, finals, _ = runner.forward(time_first, states, params, False, True)
-            with kept_tensors():  # (what a new lane allocates, it keeps)
-                self._lane = runner.call_lane(self._lane, x, params, self._zeros, batch_first, self._rows)
+            self._lane = runner.call_lane(self._lane, x, params, self._zeros, batch_first, self._rows)
         return (y.transpose(0, 1) if batch_first else y), finals
 
 

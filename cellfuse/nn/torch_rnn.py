@@ -34,7 +34,7 @@ from .held_weights import held
 from .packed_sequences import Unpacked
 from .quick_call import KeptLayers, QuickCall, kept_call, kept_packed_call
 from .runners import DTYPES, dtype_names, param_dtypes
-from .tracing import refuse_onnx, refuse_script, refuse_transforms, traced
+from .tracing import refuse_script, traced, traced_call
 from .weight_views import WeightViews, joined
 from .zeros import Zeros
 
@@ -319,10 +319,8 @@ class _TorchRNN(torch.nn.Module):
 
     def forward(self, input, hx=None):
         layout = (self.schedule, self.batch_first, self.training, self.dropout)
-        tracing = traced()  # (first: a trace reads nothing of the kept call)
-        if tracing:
-            refuse_onnx(f"cellfuse.nn.{type(self).__name__}")
-        refuse_transforms(f"cellfuse.nn.{type(self).__name__}")
+        # (first: a trace reads nothing of the kept call)
+        tracing = traced_call(f"cellfuse.nn.{type(self).__name__}")
         every = None if hx is None else list(hx) if isinstance(hx, (tuple, list)) else [hx]
         if not tracing and self._quick is not None and type(input) is torch.Tensor:
             done = self._quick(input, layout, self._fused_params(), every)

@@ -20,13 +20,22 @@ def traced() -> bool:
     return torch.compiler.is_compiling() or torch._C._is_tracing()
 
 
-def refuse_onnx(module: str) -> None:
-    """Raises where torch.onnx.export traces the call (asked of traced calls): ONNX has no operator for
-    cellfuse::rnn (`module` names the module in the message). The cheap test first: torch.onnx's costs
-    microseconds a call."""
+def traced_call(module: str) -> bool:
+    """traced(), asked by a module's forward pass, which first refuses what cannot hold it (`module`
+    names it in the message): a transform of torch.func, whose tensors are wrappers with no memory of
+    their own (the kernels cannot read them, and its checks refuse the runner's writes into the buffers
+    it keeps), and, of traced calls, torch.onnx.export's (ONNX has no operator for cellfuse::rnn; the
+    cheap test first: torch.onnx's costs microseconds a call)."""
+    if torch._C._are_functorch_transforms_active():
+        raise CellError(f"a {module} cannot run under a transform of torch.func (grad, vmap, jacrev, ...): "
+                        "take gradients with torch.autograd (torch.func.functional_call with other "
+                        "parameters works)")
+    if not traced():
+        return False
     if torch.jit.is_tracing() and torch.onnx.is_in_onnx_export():
         raise CellError(f"a {module} cannot be exported to ONNX: its forward pass is the custom op "
                         "cellfuse::rnn, which ONNX has no operator for (torch.export.export keeps it)")
+    return True
 
 
 def refuse_script(module: str) -> None:
@@ -36,12 +45,3 @@ def refuse_script(module: str) -> None:
                     "Python: torch.jit.trace it (its trace records the op cellfuse::rnn), or use "
                     "torch.compile or torch.export.export")
 
-
-def refuse_transforms(module: str) -> None:
-    """Raises where a transform of torch.func (grad, vmap, jacrev, ...) runs the call: its tensors are
-    wrappers with no memory of their own, which the kernels cannot read, and its checks refuse the runner's
-    writes into the buffers it keeps; `module` names the module in the message."""
-    if torch._C._are_functorch_transforms_active():
-        raise CellError(f"a {module} cannot run under a transform of torch.func (grad, vmap, jacrev, ...): "
-                        "take gradients with torch.autograd (torch.func.functional_call with other "
-                        "parameters works)")

@@ -39,8 +39,7 @@ class Zeros:
     def __call__(self, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
         # (under a CUDA graph's capture, zeros of the graph's own, not kept: its replays fill them, which
         # calls made outside it would read unfilled)
-        if traced() or (torch.device(device).type == "cuda"
-                                             and torch.cuda.is_current_stream_capturing()):
+        if traced() or (torch.device(device).type == "cuda" and torch.cuda.is_current_stream_capturing()):
             return torch.zeros(shape, dtype=dtype, device=device)
         key = (shape, dtype, device)
         t = self._kept.get(key)
