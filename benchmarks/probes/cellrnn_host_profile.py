@@ -1,11 +1,11 @@
 """Where the host time of CellRNN's calls goes: cProfile over many forward calls under torch.no_grad()
-(and, in float32, many training steps) of the LSTM at input = hidden = 512, then torch's profiler over a
-few forward calls (the CUDA API calls and kernels they make, with their times). `--module dropin`: the
-same of cellfuse.nn.LSTM (`--lengths uniform:10-100`: of a PackedSequence of such lengths);
-`--lines`: the profile's lines shown, by own time and by cumulative time.
+(and, in float32, many training steps) of the LSTM at input = hidden = 512 (or --hidden), then torch's
+profiler over a few forward calls (the CUDA API calls and kernels they make, with their times).
+`--module dropin`: the same of cellfuse.nn.LSTM (`--lengths uniform:10-100`: of a PackedSequence of such
+lengths); `--lines`: the profile's lines shown, by own time and by cumulative time.
 
     python3 benchmarks/probes/cellrnn_host_profile.py [--schedule persistent] [--calls 500] [--batch 1]
-        [--seq 100] [--layers 1] [--precision fp32|bf16|fp16] [--module cellrnn|dropin]
+        [--seq 100] [--hidden 512] [--layers 1] [--precision fp32|bf16|fp16] [--module cellrnn|dropin]
         [--lengths uniform:LO-HI] [--lines 16]
 """
 
@@ -30,6 +30,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=500)
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq", type=int, default=100)
+    p.add_argument("--hidden", type=int, default=512, help="the input and hidden sizes")
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--precision", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--module", choices=["cellrnn", "dropin"], default="cellrnn")
@@ -37,10 +38,10 @@ def main() -> None:
     p.add_argument("--lines", type=int, default=16)
     args = p.parse_args()
     if args.module == "dropin":
-        rnn = LSTM(512, 512, args.layers, schedule=args.schedule).cuda()
+        rnn = LSTM(args.hidden, args.hidden, args.layers, schedule=args.schedule).cuda()
     else:
-        rnn = CellRNN("lstm", 512, 512, args.layers, schedule=args.schedule, seed=1).cuda()
-    x = torch.randn(args.seq, args.batch, 512, device="cuda").to(DTYPES[args.precision])
+        rnn = CellRNN("lstm", args.hidden, args.hidden, args.layers, schedule=args.schedule, seed=1).cuda()
+    x = torch.randn(args.seq, args.batch, args.hidden, device="cuda").to(DTYPES[args.precision])
     xg = x.clone().requires_grad_()
     if args.lengths:
         low, high = map(int, args.lengths.removeprefix("uniform:").split("-"))
@@ -49,8 +50,8 @@ def main() -> None:
         # (its data a leaf of its own: packed from xg, every step's backward would go through the one
         # packing, whose graph the first frees)
         xg = x._replace(data=x.data.clone().requires_grad_())
-    print(f"LSTM T={args.seq} B={args.batch} layers={args.layers} {args.precision} {args.schedule} "
-          f"{args.module} {args.lengths or 'padded'}")
+    print(f"LSTM T={args.seq} B={args.batch} H={args.hidden} layers={args.layers} {args.precision} "
+          f"{args.schedule} {args.module} {args.lengths or 'padded'}")
 
     def forward() -> None:
         with torch.no_grad():

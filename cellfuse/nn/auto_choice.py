@@ -32,6 +32,7 @@ from ..gpu_runtime import driver
 from ..gpu_runtime.auto_schedule import REPEATS, Choice, bench_times, choose_schedule
 from ..gpu_runtime.event_timing import median_ms
 from ..graph_model import Cell, CellError, Sizes
+from .kept_tensors import kept_tensors
 from .runners import FORWARD, FORWARD_BESIDE, REVERSE_BESIDE, TORCH_DTYPES, make_plans
 
 log = logging.getLogger(__name__)
@@ -65,8 +66,9 @@ def called_times(device: torch.device, cell: Cell, sizes: Sizes, bidirectional: 
         checked = bench_times(cell, sizes, bidirectional, precision, train)
         times = {}
         # (torch.compile and torch.export ask for the plans from the op's fake implementation, under their
-        # dispatch modes: the rungs still run on real tensors)
-        with _disable_current_modes():
+        # dispatch modes: the rungs still run on real tensors; a call under torch.inference_mode() asks
+        # too, and the inputs made for the timing are normal tensors, as a module's parameters are)
+        with _disable_current_modes(), kept_tensors():
             for rung in checked:
                 try:
                     times[rung] = _called_ms(cell, sizes, rung, device, bidirectional, precision, train)

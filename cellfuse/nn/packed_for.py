@@ -35,18 +35,26 @@ class PackedFor:
         key = self._key
         if key is None or len(key) != len(params):
             return False
+        new = False
         for (address, version), given, ref, p in zip(key, self._given, self._owners, params,
                                                      strict=True):  # (one pass)
-            if p.data_ptr() != address or p._version != version or (given() is not p
-                                                                     and ref() is not owner(p)):
+            if p.data_ptr() != address or p._version != version:
                 return False
+            if given() is not p:
+                if ref() is not owner(p):
+                    return False
+                new = True
+        if new:  # other views of the same Parameters (a module's, made again): those are asked for next
+            self._given = [weakref.ref(p) for p in params]
         return True
 
     def remember(self, params: Sequence[torch.Tensor]) -> None:
         """The weights were just packed from `params`: remembered where they can be told apart (every one
         a Parameter or a view of one), else forgotten, so that the next call packs again."""
         owners = [owner(p) for p in params]
-        if all(o is not None for o in owners):
+        # (an inference tensor keeps no version counter: one made under torch.inference_mode() may change
+        # unseen, so such weights are packed at every call)
+        if all(o is not None for o in owners) and not any(p.is_inference() for p in params):
             self._key = tuple((p.data_ptr(), p._version) for p in params)
             self._owners = [weakref.ref(o) for o in owners]
             self._given = [weakref.ref(p) for p in params]

@@ -30,7 +30,8 @@ def test_the_same_parameters_match_until_one_changes_in_place():
 
 def test_the_tensors_packed_given_again_match_without_asking_for_their_parameters(monkeypatch):
     """A module's views kept from call to call: the same objects are the same Parameters' (the owners'
-    check, slow, is made only for tensors other than those packed)."""
+    check, slow, is made only for tensors other than those given last: a module's views made again after
+    a change of grad mode are checked once)."""
     from cellfuse.nn import packed_for
 
     w, b = params()
@@ -44,10 +45,12 @@ def test_the_tensors_packed_given_again_match_without_asking_for_their_parameter
         return owner(p)
     monkeypatch.setattr(packed_for, "owner", counted)
     assert packed.matches(views) and not asked
-    assert packed.matches([w[:, :3].t(), b]) and len(asked) == 1  # (a view made anew: its owner checked)
+    again = [w[:, :3].t(), b]
+    assert packed.matches(again) and len(asked) == 1  # (a view made anew: its owner checked)
+    assert packed.matches(again) and len(asked) == 1  # (the views given last are those asked for next)
     with torch.no_grad():
         w.mul_(2.0)
-    assert not packed.matches(views)
+    assert not packed.matches(again)
 
 
 def test_other_parameters_at_the_same_addresses_and_versions_do_not_match():
@@ -82,6 +85,15 @@ def test_tensors_of_their_own_are_packed_at_every_call():
     packed.remember([w, b])
     packed.forget()
     assert not packed.matches([w, b])
+
+
+def test_parameters_made_under_inference_mode_are_packed_at_every_call():
+    """An inference tensor keeps no version counter (asking for it raises): it cannot be told unchanged."""
+    with torch.inference_mode():
+        w, b = params()
+        packed = PackedFor()
+        packed.remember([w, b])
+        assert not packed.matches([w, b])
 
 
 def runner_packings():

@@ -217,6 +217,24 @@ def test_training_after_calls_under_inference_mode_matches_cudnn(cuda, bidirecti
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
+def test_a_module_made_under_inference_mode_runs_as_cudnn(cuda):
+    """Parameters that are inference tensors (no version counter) are packed at every call; a change made
+    to them in place between calls is seen."""
+    with torch.inference_mode():
+        torch.manual_seed(0)
+        lstm = LSTM(32, 48, 2, schedule="auto").to(cuda)
+        ref = torch.nn.LSTM(32, 48, 2).to(cuda)
+        ref.load_state_dict(lstm.state_dict())
+        x = torch.randn(12, 5, 32, device=cuda)
+        for _ in range(2):
+            lstm(x)
+            lstm.weight_hh_l1.mul_(0.5)
+            ref.weight_hh_l1.mul_(0.5)
+            with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+                want = ref(x)[0]
+            torch.testing.assert_close(lstm(x)[0], want, rtol=1e-4, atol=1e-5)
+
+
 def test_a_jit_trace_runs_other_sizes_as_cudnn(cuda):
     """A drop-in traced by torch.jit.trace after eager calls (kept calls and lanes made) runs through the
     op at other sizes, as cuDNN computes."""
