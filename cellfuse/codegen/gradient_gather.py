@@ -32,18 +32,35 @@ class Source:
 
 @dataclass(frozen=True)
 class Gather:
-    """Elements `start` .. `start` + rows * width of output `out` (float32, contiguous), element (r, c) at
-    `start` + r * width + c: the sum of each source's (r, c)."""
+    """A rows x width block of output `out`, element (r, c) at `start` + r * width + c (or, with `strides`
+    (row, column), at `start` + r * row + c * column: a block of a parameter's gradient that the weights
+    read transposed, say): the sum of each source's (r, c)."""
 
     out: int
     start: int
     rows: int
     width: int
     sources: tuple[Source, ...]
+    strides: tuple[int, int] | None = None
 
     @property
     def elements(self) -> int:
         return self.rows * self.width
+
+    def place(self) -> str:
+        """The kernel's declarations of r and col from k, the element's index: in the order of the output's
+        elements where a row's are not next to each other in it (so that the stores are coalesced)."""
+        rs, cs = self.strides or (self.width, 1)
+        if cs != 1 and rs == 1:
+            return f"col = k / {self.rows}, r = k - col * {self.rows}"
+        return f"r = k / {self.width}, col = k - r * {self.width}"
+
+    def target(self) -> str:
+        """The index of the element's place in the output."""
+        if self.strides is None:
+            return f"{self.start}LL + k"
+        rs, cs = self.strides
+        return f"{self.start}LL + r * {rs}LL + " + ("col" if cs == 1 else f"col * {cs}LL")
 
 
 def gather_kernel_source(gathers: Sequence[Gather], types: Mapping[int, DType] | None = None) -> str:
@@ -60,8 +77,8 @@ def gather_kernel_source(gathers: Sequence[Gather], types: Mapping[int, DType] |
     segments = []
     for g in gathers:
         terms = " + ".join(f"((const float*)(memory + {s.at}LL))[r * {s.ld}LL + col]" for s in g.sources)
-        segments.append((g.elements, f"r = k / {g.width}, col = k - r * {g.width}",
-                         [f"o{g.out}[{g.start}LL + k] = {types.get(g.out, FLOAT32).store(terms)};"]))
+        store = types.get(g.out, FLOAT32).store(terms)
+        segments.append((g.elements, g.place(), [f"o{g.out}[{g.target()}] = {store};"]))
     return "".join(f"#include <{h}>\n" for h in headers) + segment_kernel(
         f'extern "C" __global__ void {GATHER_KERNEL}(const char* __restrict__ memory, {pointers})', segments)
 

@@ -263,7 +263,8 @@ class CudaRunner(Runner):
         self._inference_layout()
         self._zeros = Zeros()  # modules' initial zeros in the types the plan stores them in
         self._block_run = None  # (program, bases, packed weights, stream) of the last call in one piece
-        self._gathers: dict[bool, LaunchList | None] = {}  # the gradients' gathering, without and with dx
+        # the gradients' gathering, by (with dx, the weight_views.Places written into or None)
+        self._gathers: dict[tuple, LaunchList | None] = {}
 
     @property
     def captured(self) -> bool:
@@ -654,10 +655,23 @@ class CudaRunner(Runner):
         y = block.as_strided((T, B, H), (row, H, 1), row)
         return y, [block.as_strided((L, B, H), (row, H, 1), at) for at in self._finals_at]
 
-    def backward(self, dy, dfinals, x, states, params, y, reserve, input_grad=True):
+    def backward(self, dy, dfinals, x, states, params, y, reserve, input_grad=True, into=None):
+        """dx (None without `input_grad`), the initial states' gradients and the parameters' grouped
+        (TensorLayout.gradients); with `into` (the parameters' weight_views.Places, where
+        `places_gradients` says yes), the gradients of the tensors the parameters are views of instead."""
         program = self._program(BACKWARD if input_grad else BACKWARD_NO_DX)
         with program.turn:
-            return self._backward(program, dy, dfinals, x, states, params, y, reserve, input_grad)
+            return self._backward(program, dy, dfinals, x, states, params, y, reserve, input_grad, into)
+
+    def places_gradients(self, input_grad: bool, into) -> bool:
+        """Whether a backward call can give the gradients of the tensors that the parameters are views of
+        (`into`: their weight_views.Places) in one kernel: one that can be made, made here (outside a CUDA
+        graph capture only). A drop-in's views of torch's parameters (the gates' rows, transposed) then
+        cost no torch op (a join of the gates' rows took four of them and 0.1 ms of host time a training
+        step)."""
+        if (input_grad, into) not in self._gathers and torch.cuda.is_current_stream_capturing():
+            return False
+        return self._gather(input_grad, into) is not None
 
     @cached_property
     def _starts(self) -> LaunchList:
@@ -688,7 +702,7 @@ class CudaRunner(Runner):
         calls.finish()
         return calls
 
-    def _backward(self, program, dy, dfinals, x, states, params, y, reserve, input_grad):
+    def _backward(self, program, dy, dfinals, x, states, params, y, reserve, input_grad, into):
         # (dy held by a name until its copy is queued: a copy made here and freed at once could be given
         # to another thread's allocation on the same stream, written before the copy read it)
         x, states, dy = _in_place(x), [_in_place(s) for s in states], _in_place(dy)
@@ -715,12 +729,13 @@ class CudaRunner(Runner):
                  grads.data_ptr(), *(s.data_ptr() for s in states), *([0] * len(states))]
         program.run(bases, stream, not capturing)
         # (the kernel is made outside a capture only: see _gather)
-        if capturing and input_grad not in self._gathers:
+        if capturing and (input_grad, into) not in self._gathers:
             return self.layout.gradients(views, input_grad)
-        gather = self._gather(input_grad)
+        gather = self._gather(input_grad, into)
         if gather is None:
             return self.layout.gradients(views, input_grad)
-        grouped = [torch.empty(shape, dtype=torch.float32, device=x.device) for shape in self._grouped_shapes]
+        shapes = self._grouped_shapes if into is None else into.sources
+        grouped = [torch.empty(shape, dtype=torch.float32, device=x.device) for shape in shapes]
         dinitial = [torch.empty((L, B, H), dtype=t, device=x.device) for t in self._caller_state_dtypes]
         dx = [torch.empty(x.shape, dtype=x.dtype, device=x.device)] if input_grad else []
         gather.run([grads.data_ptr(), *(t.data_ptr() for t in (*grouped, *dinitial, *dx))], stream)
@@ -730,23 +745,26 @@ class CudaRunner(Runner):
     def _grouped_shapes(self) -> list[tuple[int, ...]]:
         return self.layout.grouped_shapes()
 
-    def _gather(self, input_grad: bool) -> LaunchList | None:
+    def _gather(self, input_grad: bool, into=None) -> LaunchList | None:
         """What TensorLayout.gradients does, as one launch-list call of one kernel
-        (codegen.gradient_gather; bases: the gradient memory, each grouped gradient, each state's in
-        the caller's type, and with `input_grad` dx in x's type), made at the first backward run of each
-        kind outside a CUDA graph capture (loading a module there would break it) and kept (`_gathers`);
-        None where the kernel cannot be made (torch's ops then gather)."""
-        if input_grad in self._gathers:
-            return self._gathers[input_grad]
+        (codegen.gradient_gather; bases: the gradient memory, each grouped gradient, or with `into` each
+        gradient of the tensors the parameters are views of, each state's in the caller's type, and with
+        `input_grad` dx in x's type), made at the first backward run of each kind outside a CUDA graph
+        capture (loading a module there would break it) and kept (`_gathers`); None where the kernel
+        cannot be made (torch's ops then gather) or `into` cannot be written so."""
+        key = (input_grad, into)
+        if key in self._gathers:
+            return self._gathers[key]
         offsets = {name: at for name, (at, _) in self._grad_extents.items()}
-        gathers = self.layout.gathers(offsets, input_grad)
+        gathers = self.layout.gathers(offsets, input_grad, into)
         calls = None
         if gathers:  # (none: no parameter, no state and no dx, nothing to gather)
             major, minor = torch.cuda.get_device_capability(self.index)
             what = f"the gathering of {self.plans.train.cell_name}'s gradients"
             # (the outputs after the grouped gradients: each state's, then dx)
             after = [*self._caller_states, *([self.plans.train.buffers["x"].dtype] if input_grad else [])]
-            types = {len(self._grouped_shapes) + i: t for i, t in enumerate(after) if t != FLOAT32}
+            first = len(self._grouped_shapes if into is None else into.sources)
+            types = {first + i: t for i, t in enumerate(after) if t != FLOAT32}
             try:
                 module = loaded_module(what, gradient_gather.gather_kernel_source(gathers, types),
                                        f"sm_{major}{minor}")
@@ -755,11 +773,11 @@ class CudaRunner(Runner):
                 log.warning("%s could not be made (%s); gathering with torch's ops", what, e)
             else:
                 calls = LaunchList(what)
-                outputs = len(self._grouped_shapes) + len(after)
+                outputs = first + len(after)
                 calls.kernel(function, what, (grid_blocks(gradient_gather.total_elements(gathers)),), BLOCK,
                              0, [(slot, 0) for slot in range(1 + outputs)], 0)
                 calls.finish()
-        self._gathers[input_grad] = calls
+        self._gathers[key] = calls
         return calls
 
 

@@ -349,10 +349,12 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(x, *states, *params, output[0], output[-1])
 
 
-def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: bool) -> tuple:
+def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: bool, into=None) -> tuple:
     """dx (None where x needs no gradient: the backward pass then leaves it out), the initial states' and
     the parameters' gradients, from `backward` (the op, or the runner's own) given the seeds; a final
-    state's None seed stays None where `none_seeds` (no seed added), else is zeros, as y's always is."""
+    state's None seed stays None where `none_seeds` (no seed added), else is zeros, as y's always is.
+    With `into` (the parameters being views: their weight_views.Places), the gradients of the tensors
+    they are views of where the runner writes those itself; a fourth value says whether it did."""
     n_states, n_params, cell, hidden, layers, schedule, save, direction, float32 = ctx.meta
     if not save:
         raise CellError("this forward pass ran without saving its steps (no gradient was needed when it "
@@ -365,17 +367,27 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: 
     dfinals = [g if g is not None or none_seeds else torch.zeros_like(s)
                for g, s in zip(grads[1:1 + n_states], states, strict=True)]
     input_grad = ctx.needs_input_grad[0]
+    if into is not None:
+        with made_current(x):
+            r = runner(cell, x, hidden, layers, schedule, direction, float32)
+            with r.lock:
+                placed = getattr(r, "places_gradients", None)
+                if placed is not None and placed(input_grad, into):
+                    dx, dstates, sources = r.backward(dy, dfinals, x, list(states), list(params), y, reserve,
+                                                      input_grad, into)
+                    return (dx.to(x.dtype) if input_grad else None,
+                            [d.to(s.dtype) for d, s in zip(dstates, states, strict=True)], sources, True)
     out = backward(dy, dfinals, x, list(states), list(params), y, reserve, cell, hidden, layers, schedule,
                    direction, input_grad, float32)
     T, B, inputs = x.shape
     layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction, precision_of(x.dtype),
                    float32).layout
     dx = out[0] if input_grad else None
-    return dx, list(out[1:1 + n_states]), layout.param_gradients(out[1 + n_states:], x)
+    return dx, list(out[1:1 + n_states]), layout.param_gradients(out[1 + n_states:], x), False
 
 
 def _op_backward(ctx, grads):
-    dx, dstates, dparams = _gradients(ctx, grads, torch.ops.cellfuse.rnn_backward, none_seeds=False)
+    dx, dstates, dparams, _ = _gradients(ctx, grads, torch.ops.cellfuse.rnn_backward, none_seeds=False)
     return dx, dstates, dparams, None, None, None, None, None, None, None
 
 
@@ -422,14 +434,18 @@ class _Eager(torch.autograd.Function):
         if ends is not None:
             dy = None if grads[0] is None else ends.gradient_padded(grads[0])
             grads = (dy, *ends.sorted(grads[1:-1]), None)
-        dx, dstates, dparams = _gradients(ctx, grads, rnn_backward_impl, none_seeds=True)
+        views = ctx.views
+        dx, dstates, dparams, placed = _gradients(ctx, grads, rnn_backward_impl, none_seeds=True,
+                                                  into=None if views is None else views.places())
         if ends is not None:
             dx = None if dx is None else ends.packed(dx)
             given = dstates[:-1]  # (the steps-left state was made here: no gradient goes back)
             needed = ctx.needs_input_grad[_LEADING:_LEADING + len(given)]
             dstates = ends.unsorted([d if need else None for d, need in zip(given, needed, strict=True)])
-        if ctx.views is not None:
-            dparams = ctx.views.gradients(dparams, ctx.needs_input_grad[_LEADING + len(dstates):])
+        if views is not None:
+            needed = ctx.needs_input_grad[_LEADING + len(dstates):]
+            dparams = ([d if need else None for d, need in zip(dparams, needed, strict=True)] if placed
+                       else views.gradients(dparams, needed))
         return dx, *(None,) * (_LEADING - 1), *dstates, *dparams
 
 

@@ -32,6 +32,7 @@ import torch
 from ..codegen.backward_plan import BackwardPlan
 from ..codegen.gradient_gather import Gather, Source
 from ..codegen.plan import ParamPart, Plan, grad_of
+from .weight_views import Place, Places
 
 Views = Mapping[str, torch.Tensor]
 
@@ -134,28 +135,43 @@ class TensorLayout:
         s = self.plan.sizes
         return views[grad_of("x")].view(s.seq, s.batch, s.input).clone()
 
-    def gathers(self, offsets: Mapping[str, int], input_grad: bool = False) -> list[Gather]:
+    def gathers(self, offsets: Mapping[str, int], input_grad: bool = False, into: Places | None = None
+                ) -> list[Gather] | None:
         """What `gradients` does, for codegen.gradient_gather's kernel, the gradient buffers at the bytes
         `offsets` (by name) of one piece of memory: output i the i-th grouped gradient (contiguous, of
         `grouped_shapes`), then each state's [layers, B, hidden] (in the order of `state_ids`), then,
-        with `input_grad`, dx [T, B, input]."""
+        with `input_grad`, dx [T, B, input]. With `into` (the parameters being views of other tensors, in
+        the order of `keys`), the first outputs are those tensors' gradients instead, each key's placed
+        where its view reads (None where a key's cannot be: one that no launch reads, or a view of
+        another shape than the key's)."""
         def source(part: ParamPart) -> Source:
             return Source(offsets[grad_of(part.buffer)] + 4 * part.col, part.ld)
 
-        out = [Gather(i, j * part.rows * part.width, part.rows, part.width, (source(part),))
-               for i, parts in enumerate(self.groups.values()) for j, part in enumerate(parts)]
-        for i, key in enumerate(self.piece_keys, start=len(self.groups)):
-            parts = [part for part in self.pieces if part.key == key]  # summed: a key several launches read
-            out.append(Gather(i, 0, parts[0].rows, parts[0].width, tuple(source(part) for part in parts)))
+        if into is None:
+            out = [Gather(i, j * part.rows * part.width, part.rows, part.width, (source(part),))
+                   for i, parts in enumerate(self.groups.values()) for j, part in enumerate(parts)]
+            for i, key in enumerate(self.piece_keys, start=len(self.groups)):
+                parts = [part for part in self.pieces if part.key == key]  # summed: several launches read it
+                out.append(Gather(i, 0, parts[0].rows, parts[0].width, tuple(source(part) for part in parts)))
+            first = len(self.groups) + len(self.piece_keys)
+        else:
+            out = []
+            for key, place in zip(self.keys, into.views, strict=True):
+                parts = [part for part in self.parts if part.key == key]
+                strides = _strides(place, self.plan.params[key], parts)
+                if strides is None:
+                    return None
+                out.append(Gather(place.source, place.offset, parts[0].rows, parts[0].width,
+                                  tuple(source(part) for part in parts), strides))
+            first = len(into.sources)
         s = self.plan.sizes
         n = s.batch * s.hidden
-        for i, state in enumerate(self.state_ids, start=len(self.groups) + len(self.piece_keys)):
+        for i, state in enumerate(self.state_ids, start=first):
             for layer in range(s.layers):
                 name, at = self.state_places[state, layer, 0]
                 out.append(Gather(i, layer * n, 1, n, (Source(offsets[name] + 4 * at, n),)))
         if input_grad:
-            dx = len(self.groups) + len(self.piece_keys) + len(self.state_ids)
-            out.append(Gather(dx, 0, s.seq * s.batch, s.input,
+            out.append(Gather(first + len(self.state_ids), 0, s.seq * s.batch, s.input,
                               (Source(offsets[grad_of("x")], s.input),)))
         return out
 
@@ -169,3 +185,17 @@ class TensorLayout:
                 out[part.key] = grad if grad.shape == shape else grad.view(shape)
         out.update(zip(self.piece_keys, grouped[len(self.groups):], strict=True))
         return [out[key] if key in out else like.new_zeros(self.plan.params[key]) for key in self.keys]
+
+
+def _strides(place: Place, shape: Sequence[int], parts: Sequence[ParamPart]) -> tuple[int, int] | None:
+    """The (row, column) strides, in its source, of a key's view read as its parts' rows x width (the
+    key's tensor reshaped so, as `pack` reads it); None where there are no parts, or the view is not of
+    the key's shape or is not one of [rows, width] or [width] (a row)."""
+    if not parts or place.shape != tuple(shape):
+        return None
+    rows, width = parts[0].rows, parts[0].width
+    if place.shape == (rows, width):
+        return place.strides[0], place.strides[1]
+    if place.shape == (width,) and rows == 1:
+        return width * place.strides[0], place.strides[0]
+    return None

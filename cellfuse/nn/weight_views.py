@@ -2,16 +2,40 @@
 the cell's `W_i`, `W_f`, ...): the ops give autograd the parameters themselves, and each parameter's
 gradient made from its views' in one op, where autograd would otherwise run the backward of every view (a
 transpose and a slice: a fill and a copy each on a GPU) and add them up, two dozen small kernels and
-their host time at the end of every training step of a drop-in LSTM.
+their host time at the end of every training step of a drop-in LSTM. On a GPU the backward pass's
+gathering kernel writes the parameters' gradients itself where `WeightViews.places` says where each view
+reads (cuda_runner.CudaRunner.places_gradients): the join of the views' gradients (four torch ops for a
+drop-in LSTM's layer) is then not made either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import torch
 
 Gradients = Callable[[Sequence[torch.Tensor], Sequence[bool]], list[torch.Tensor | None]]
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where a view's elements are in its source: element i of the view (an index per dimension) is element
+    `offset` + sum(i * `strides`) of source `source` (flat)."""
+
+    source: int
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Places:
+    """Each view's Place (in the views' order) and the sources' shapes: what a backward pass needs to write
+    the sources' gradients itself, each element of a view's gradient where the view reads its source."""
+
+    views: tuple[Place, ...]
+    sources: tuple[tuple[int, ...], ...]
 
 
 class WeightViews(list):
@@ -23,6 +47,40 @@ class WeightViews(list):
         super().__init__(views)
         self.sources = tuple(sources)
         self.gradients = gradients
+        self._places: Places | None | bool = False  # (not yet worked out)
+
+    def places(self) -> Places | None:
+        """Where the views are in their sources, worked out at the first asking; None unless the sources
+        are contiguous float32 tensors (their gradients' type, as the kernels give them) that the views
+        cover exactly, each element read by one view: then a source's gradient is its views' placed."""
+        if self._places is False:
+            self._places = _places(list(self), self.sources)
+        return self._places
+
+
+def _places(views: Sequence[torch.Tensor], sources: Sequence[torch.Tensor]) -> Places | None:
+    if not all(s.dtype == torch.float32 and s.is_contiguous() for s in sources):
+        return None
+    counts = [torch.zeros(s.numel(), dtype=torch.int32) for s in sources]
+    places = []
+    for view in views:
+        at = view.storage_offset()
+        found = [j for j, s in enumerate(sources)
+                 if view.untyped_storage().data_ptr() == s.untyped_storage().data_ptr()
+                 and s.storage_offset() <= at < s.storage_offset() + s.numel()]
+        if len(found) != 1:
+            return None
+        j = found[0]
+        place = Place(j, at - sources[j].storage_offset(), tuple(view.shape), tuple(view.stride()))
+        last = place.offset + sum((n - 1) * st for n, st in zip(place.shape, place.strides, strict=True))
+        if last >= sources[j].numel():
+            return None
+        index = torch.arange(sources[j].numel()).as_strided(place.shape, place.strides, place.offset)
+        counts[j] += torch.bincount(index.reshape(-1), minlength=sources[j].numel()).to(torch.int32)
+        places.append(place)
+    if not all(bool((c == 1).all()) for c in counts):
+        return None
+    return Places(tuple(places), tuple(tuple(s.shape) for s in sources))
 
 
 def joined(parts: Sequence[WeightViews]) -> WeightViews:

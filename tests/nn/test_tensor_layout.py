@@ -72,3 +72,57 @@ def test_the_gathering_kernel_of_a_layout_compiles(name, layers, tmp_path):
     plans = ops.plans(CellRNN(name, 4, 5, layers)._cell_text, 3, 2, 4, 5, layers, "persistent", x.device)
     gathers = plans.layout.gathers({n: 1024 * i for i, n in enumerate(plans.backward.buffers)})
     nvcc_cubin(gather_kernel_source(gathers), tmp_path)
+
+
+def emulated(gathers, memory, shapes):
+    """The gathering kernel's outputs, of `shapes`, worked out with torch's ops (each element gathered
+    once)."""
+    outputs = [torch.full(shape, float("nan")) for shape in shapes]
+    for g in gathers:
+        place = outputs[g.out].as_strided((g.rows, g.width), g.strides or (g.width, 1), g.start)
+        assert place.isnan().all(), "an element gathered twice"
+        place.zero_()
+        for source in g.sources:
+            place += memory.as_strided((g.rows, g.width), (source.ld, 1), source.at // 4)
+    return outputs
+
+
+@pytest.mark.parametrize("kind, layers, reverse", [("LSTM", 1, False), ("LSTM", 2, False), ("GRU", 1, True),
+                                                   ("GRU", 3, False)])
+@pytest.mark.parametrize("input_grad", [False, True])
+def test_gathers_into_a_drop_ins_parameters_give_what_its_views_gradients_give(kind, layers, reverse,
+                                                                              input_grad):
+    """Written straight into torch's parameters' gradients (the gates' rows of weight_ih_l0, transposed,
+    ...), the gradients are what the grouped ones make through the module's join of its views'."""
+    from cellfuse.nn import GRU, LSTM
+
+    module = {"LSTM": LSTM, "GRU": GRU}[kind](4, 5, layers, bidirectional=reverse)
+    views = module._layer_params(0, True) if reverse else module._fused_params()
+    calls = 1 if reverse else layers
+    x = torch.zeros(3, 2, 4)
+    plans = ops.plans(module._cell_text, 3, 2, 4, 5, calls, "persistent", x.device)
+    layout, backward, sizes = plans.layout, plans.backward, plans.train.sizes
+    offsets, memory_views, at = {}, {}, 0
+    memory = torch.randn(sum(b.nbytes(sizes) // 4 for b in backward.buffers.values()))
+    for n, b in backward.buffers.items():
+        offsets[n], memory_views[n] = 4 * at, memory[at:at + b.nbytes(sizes) // 4]
+        at += b.nbytes(sizes) // 4
+    dx, dinitial, grouped = layout.gradients(memory_views, input_grad=input_grad)
+    want = views.gradients(layout.param_gradients(grouped, x), [True] * len(views.sources))
+    into = views.places()
+    assert into is not None and into.sources == tuple(tuple(s.shape) for s in views.sources)
+    shapes = [*into.sources, *(t.shape for t in dinitial), *([dx.shape] if input_grad else [])]
+    got = emulated(layout.gathers(offsets, input_grad, into), memory, shapes)
+    for a, b in zip(got, [*want, *dinitial, *([dx] if input_grad else [])], strict=True):
+        torch.testing.assert_close(a, b)
+
+
+def test_the_gathering_kernel_into_a_drop_ins_parameters_compiles(tmp_path):
+    from cellfuse.nn import LSTM
+
+    module = LSTM(4, 5, 2)
+    plans = ops.plans(module._cell_text, 3, 2, 4, 5, 2, "persistent", torch.device("cpu"))
+    gathers = plans.layout.gathers({n: 1024 * i for i, n in enumerate(plans.backward.buffers)}, True,
+                                   module._fused_params().places())
+    assert any(g.strides is not None and g.strides[0] == 1 for g in gathers)  # (transposed: W's rows)
+    nvcc_cubin(gather_kernel_source(gathers), tmp_path)

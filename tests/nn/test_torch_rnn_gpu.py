@@ -217,6 +217,40 @@ def test_training_after_calls_under_inference_mode_matches_cudnn(cuda, bidirecti
             torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("kind", ["LSTM", "GRU"])
+@pytest.mark.parametrize("packed", [False, True])
+def test_the_backward_pass_writes_torchs_parameters_gradients_itself(cuda, kind, packed, monkeypatch):
+    """The gathering kernel of a drop-in's backward pass writes the gradients of torch's parameters (the
+    gates' rows joined, W's transposed) itself: the module's join of its views' gradients with torch's
+    ops is never called, and every gradient is cuDNN's."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    from cellfuse.nn import torch_rnn
+
+    def joined_by_torch(*args):
+        raise AssertionError("the views' gradients were joined by torch's ops")
+
+    monkeypatch.setattr(torch_rnn, "_source_gradients", joined_by_torch)
+    torch.manual_seed(0)
+    mine = {"LSTM": LSTM, "GRU": GRU}[kind](32, 48, 2, bidirectional=True, schedule="auto").to(cuda)
+    ref = getattr(torch.nn, kind)(32, 48, 2, bidirectional=True).to(cuda)
+    ref.load_state_dict(mine.state_dict())
+    x = torch.randn(12, 5, 32, device=cuda)
+    if packed:
+        x = pack_padded_sequence(x, torch.tensor([12, 3, 9, 12, 5]), enforce_sorted=False)
+
+    def grads(module):
+        y = module(x)[0]
+        return torch.autograd.grad((y.data if packed else y).square().sum(), list(module.parameters()))
+
+    for _ in range(2):  # (the second step's kernels are those made at the first)
+        got = grads(mine)
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            want = grads(ref)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
 def test_a_module_made_under_inference_mode_runs_as_cudnn(cuda):
     """Parameters that are inference tensors (no version counter) are packed at every call; a change made
     to them in place between calls is seen."""
