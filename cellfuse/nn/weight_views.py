@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -36,6 +37,13 @@ class Places:
 
     views: tuple[Place, ...]
     sources: tuple[tuple[int, ...], ...]
+
+    def __hash__(self) -> int:  # (a runner's key at every backward call: its fields' hash, worked out once)
+        return self._hash
+
+    @cached_property
+    def _hash(self) -> int:
+        return hash((self.views, self.sources))
 
 
 class WeightViews(list):
