@@ -47,31 +47,25 @@ def test_the_gathers_give_what_the_torch_ops_give(name, layers, schedule, input_
     of it with torch's ops."""
     x = torch.zeros(3, 2, 4)
     plans = ops.plans(CellRNN(name, 4, 5, layers)._cell_text, 3, 2, 4, 5, layers, schedule, x.device)
-    layout, backward, sizes = plans.layout, plans.backward, plans.train.sizes
+    layout = plans.layout
+    memory, offsets, views = gradient_memory(plans)
+    dx, dinitial, grouped = layout.gradients(views, input_grad=input_grad)
+    wanted = (*grouped, *dinitial, *([dx] if input_grad else []))
+    outputs = emulated(layout.gathers(offsets, input_grad), memory, [t.shape for t in wanted])
+    for got, want in zip(outputs, wanted, strict=True):
+        torch.testing.assert_close(got, want)
+
+
+def gradient_memory(plans):
+    """Random gradient buffers laid end to end in one piece of memory, as a GPU run's: the memory, each
+    buffer's byte offset in it and its view, by name."""
+    backward, sizes = plans.backward, plans.train.sizes
     offsets, views, at = {}, {}, 0
     memory = torch.randn(sum(b.nbytes(sizes) // 4 for b in backward.buffers.values()))
     for n, b in backward.buffers.items():
         offsets[n], views[n] = 4 * at, memory[at:at + b.nbytes(sizes) // 4]
         at += b.nbytes(sizes) // 4
-    dx, dinitial, grouped = layout.gradients(views, input_grad=input_grad)
-    wanted = (*grouped, *dinitial, *([dx] if input_grad else []))
-    outputs = [torch.full(t.shape, float("nan")) for t in wanted]
-    for g in layout.gathers(offsets, input_grad):
-        place = outputs[g.out].view(-1)[g.start:g.start + g.elements].view(g.rows, g.width)
-        assert place.isnan().all(), "an element gathered twice"
-        place.zero_()
-        for source in g.sources:
-            place += memory.as_strided((g.rows, g.width), (source.ld, 1), source.at // 4)
-    for got, want in zip(outputs, wanted, strict=True):
-        torch.testing.assert_close(got, want)
-
-
-@pytest.mark.parametrize("name, layers", [("lstm", 2), ("gru", 1)])
-def test_the_gathering_kernel_of_a_layout_compiles(name, layers, tmp_path):
-    x = torch.zeros(3, 2, 4)
-    plans = ops.plans(CellRNN(name, 4, 5, layers)._cell_text, 3, 2, 4, 5, layers, "persistent", x.device)
-    gathers = plans.layout.gathers({n: 1024 * i for i, n in enumerate(plans.backward.buffers)})
-    nvcc_cubin(gather_kernel_source(gathers), tmp_path)
+    return memory, offsets, views
 
 
 def emulated(gathers, memory, shapes):
@@ -85,6 +79,14 @@ def emulated(gathers, memory, shapes):
         for source in g.sources:
             place += memory.as_strided((g.rows, g.width), (source.ld, 1), source.at // 4)
     return outputs
+
+
+@pytest.mark.parametrize("name, layers", [("lstm", 2), ("gru", 1)])
+def test_the_gathering_kernel_of_a_layout_compiles(name, layers, tmp_path):
+    x = torch.zeros(3, 2, 4)
+    plans = ops.plans(CellRNN(name, 4, 5, layers)._cell_text, 3, 2, 4, 5, layers, "persistent", x.device)
+    gathers = plans.layout.gathers({n: 1024 * i for i, n in enumerate(plans.backward.buffers)})
+    nvcc_cubin(gather_kernel_source(gathers), tmp_path)
 
 
 @pytest.mark.parametrize("kind, layers, reverse", [("LSTM", 1, False), ("LSTM", 2, False), ("GRU", 1, True),
@@ -101,12 +103,8 @@ def test_gathers_into_a_drop_ins_parameters_give_what_its_views_gradients_give(k
     calls = 1 if reverse else layers
     x = torch.zeros(3, 2, 4)
     plans = ops.plans(module._cell_text, 3, 2, 4, 5, calls, "persistent", x.device)
-    layout, backward, sizes = plans.layout, plans.backward, plans.train.sizes
-    offsets, memory_views, at = {}, {}, 0
-    memory = torch.randn(sum(b.nbytes(sizes) // 4 for b in backward.buffers.values()))
-    for n, b in backward.buffers.items():
-        offsets[n], memory_views[n] = 4 * at, memory[at:at + b.nbytes(sizes) // 4]
-        at += b.nbytes(sizes) // 4
+    layout = plans.layout
+    memory, offsets, memory_views = gradient_memory(plans)
     dx, dinitial, grouped = layout.gradients(memory_views, input_grad=input_grad)
     want = views.gradients(layout.param_gradients(grouped, x), [True] * len(views.sources))
     into = views.places()
