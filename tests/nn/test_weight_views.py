@@ -33,3 +33,9 @@ def test_views_of_other_tensors_or_of_other_types_are_not_placed():
     assert WeightViews([w[0:4].t(), w[4:8].t(), b.clone()], [w, b], gradients=None).places() is None
     w16 = w.to(torch.bfloat16)
     assert WeightViews([w16[0:4].t(), w16[4:8].t(), b], [w16, b], gradients=None).places() is None
+
+
+def test_views_of_elements_apart_in_their_source_are_not_placed():
+    w, b = torch.randn(8, 3), torch.randn(5)
+    every_other = WeightViews([w[0::2].t(), w[1::2].t(), b], [w, b], gradients=None)
+    assert every_other.places() is None  # (they do tile w, but neither is a block of it)
