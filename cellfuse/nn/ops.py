@@ -349,12 +349,19 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(x, *states, *params, output[0], output[-1])
 
 
+# _gradients' `into` for parameters that are tensors of their own (TensorLayout.own_places): on a GPU the
+# gathering kernel writes each one's gradient, without the grouped tensors and the views of them that
+# TensorLayout.param_gradients makes
+OWN_TENSORS = "own tensors"
+
+
 def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: bool, into=None) -> tuple:
     """dx (None where x needs no gradient: the backward pass then leaves it out), the initial states' and
     the parameters' gradients, from `backward` (the op, or the runner's own) given the seeds; a final
     state's None seed stays None where `none_seeds` (no seed added), else is zeros, as y's always is.
-    With `into` (the parameters being views: their weight_views.Places), the gradients of the tensors
-    they are views of where the runner writes those itself; a fourth value says whether it did."""
+    With `into` (the parameters being views: their weight_views.Places; OWN_TENSORS: they are tensors of
+    their own), the gradients of the tensors they are views of (or each parameter's) where the runner
+    writes those itself; a fourth value says whether it did."""
     n_states, n_params, cell, hidden, layers, schedule, save, direction, float32 = ctx.meta
     if not save:
         raise CellError("this forward pass ran without saving its steps (no gradient was needed when it "
@@ -372,6 +379,8 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: 
             r = runner(cell, x, hidden, layers, schedule, direction, float32)
             with r.lock:
                 placed = getattr(r, "places_gradients", None)
+                if into is OWN_TENSORS and placed is not None:
+                    into = r.layout.own_places
                 if placed is not None and placed(input_grad, into):
                     dx, dstates, sources = r.backward(dy, dfinals, x, list(states), list(params), y, reserve,
                                                       input_grad, into)
@@ -436,7 +445,7 @@ class _Eager(torch.autograd.Function):
             grads = (dy, *ends.sorted(grads[1:-1]), None)
         views = ctx.views
         dx, dstates, dparams, placed = _gradients(ctx, grads, rnn_backward_impl, none_seeds=True,
-                                                  into=None if views is None else views.places())
+                                                  into=OWN_TENSORS if views is None else views.places())
         if ends is not None:
             dx = None if dx is None else ends.packed(dx)
             given = dstates[:-1]  # (the steps-left state was made here: no gradient goes back)

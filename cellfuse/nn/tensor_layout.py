@@ -26,6 +26,7 @@ backward pass's own launches.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from functools import cached_property
 
 import torch
 
@@ -134,6 +135,15 @@ class TensorLayout:
         """dx [T, B, input] after a backward run, a tensor of its own (see `gradients`)."""
         s = self.plan.sizes
         return views[grad_of("x")].view(s.seq, s.batch, s.input).clone()
+
+    @cached_property
+    def own_places(self) -> Places:
+        """Places for parameters that are tensors of their own, each key's contiguous: `gathers` into them
+        writes each key's gradient in a tensor of its own, as `param_gradients` gives them, without the
+        grouped ones and their views between."""
+        shapes = [tuple(self.plan.params[key]) for key in self.keys]
+        return Places(tuple(Place(i, 0, shape, torch.empty(shape, device="meta").stride())
+                            for i, shape in enumerate(shapes)), tuple(shapes))
 
     def gathers(self, offsets: Mapping[str, int], input_grad: bool = False, into: Places | None = None
                 ) -> list[Gather] | None:

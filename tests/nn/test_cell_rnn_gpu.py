@@ -90,6 +90,26 @@ def test_an_input_that_needs_no_gradient_gets_none_and_the_same_parameter_gradie
     assert BACKWARD_NO_DX in runner._programs
 
 
+@pytest.mark.parametrize("schedule", ["graph", "tensor"])
+def test_each_parameters_gradient_comes_from_the_gathering_kernel(cuda, schedule, monkeypatch):
+    """The gathering kernel writes each parameter's gradient in a tensor of its own: the grouped tensors
+    and their views (TensorLayout.param_gradients) are not made, and the gradients are those of the
+    reference."""
+    from cellfuse.nn.tensor_layout import TensorLayout
+
+    def grouped(*args):
+        raise AssertionError("the gradients were made from grouped ones")
+
+    monkeypatch.setattr(TensorLayout, "param_gradients", grouped)
+    run = make_run(load_template("gru_cho"), 2, seed=4, sizes=SIZES, scale=1.0)
+    rnn = module_for(run, schedule, torch.float32, str(cuda))
+    for _ in range(2):  # (the second call's kernel is the one the first made)
+        y, final, got = module_run(rnn, run)
+        ref = run_reference(run.cell, run.params, {"x": run.x, **(run.initial or {})}, 2)
+        assert_outputs(y, final, ref.y, ref.final, schedule)
+        assert_gradients(got, given_states(run, run.reference()), RTOL, schedule)
+
+
 def test_a_few_optimizer_steps_give_the_losses_of_the_cpu(cuda):
     losses = {}
     for device in ("cpu", cuda):

@@ -124,3 +124,20 @@ def test_the_gathering_kernel_into_a_drop_ins_parameters_compiles(tmp_path):
                                    module._fused_params().places())
     assert any(g.strides is not None and g.strides[0] == 1 for g in gathers)  # (transposed: W's rows)
     nvcc_cubin(gather_kernel_source(gathers), tmp_path)
+
+
+@pytest.mark.parametrize("name, layers", [("lstm", 1), ("gru", 2), ("indrnn", 1), ("layernorm_lstm", 1)])
+def test_gathers_into_each_parameters_own_tensor_give_what_param_gradients_give(name, layers):
+    """CellRNN's parameters are tensors of their own: each key's gradient written into its own tensor is
+    the view of the grouped ones that param_gradients gives."""
+    x = torch.zeros(3, 2, 4)
+    plans = ops.plans(CellRNN(name, 4, 4, layers)._cell_text, 3, 2, 4, 4, layers, "persistent", x.device)
+    layout = plans.layout
+    memory, offsets, views = gradient_memory(plans)
+    dx, dinitial, grouped = layout.gradients(views)
+    want = layout.param_gradients(grouped, x)
+    into = layout.own_places
+    got = emulated(layout.gathers(offsets, True, into), memory,
+                   [*into.sources, *(t.shape for t in dinitial), dx.shape])
+    for a, b in zip(got, [*want, *dinitial, dx], strict=True):
+        torch.testing.assert_close(a, b)
