@@ -315,12 +315,34 @@ def rnn_backward_impl(dy: torch.Tensor, dfinals: list[torch.Tensor], x: torch.Te
     the op took it, kept in torch.compile's caches on disk, call it without; so `float32`, the forward's.)
     A 16-bit pass's gradients are float32: dx and the initial states' are given back in their dtypes, the
     parameters' float32 (`param_grad_dtype`)."""
+    dx, dstates, dparams, _ = _runner_backward(dy, dfinals, x, states, params, y, reserve, cell, hidden,
+                                               layers, schedule, direction, input_grad, float32)
+    return [x.new_empty(0) if dx is None else dx, *dstates, *dparams]
+
+
+# `into` of _runner_backward for parameters that are tensors of their own (TensorLayout.own_places): on a
+# GPU the gathering kernel writes each one's gradient, without the grouped tensors and the views of them
+# that TensorLayout.param_gradients makes
+OWN_TENSORS = "own tensors"
+
+
+def _runner_backward(dy, dfinals, x, states, params, y, reserve, cell, hidden, layers, schedule, direction,
+                     input_grad, float32, into=None) -> tuple:
+    """The runner's backward pass: dx (None without `input_grad`) and the initial states' gradients in
+    their dtypes, the parameters' grouped, and False; or, with `into` (weight_views.Places of the tensors
+    the parameters are views of, or OWN_TENSORS) where the runner writes those itself, the gradients of
+    those tensors, and True."""
     with made_current(x):
         r = runner(cell, x, hidden, layers, schedule, direction, float32)
         with r.lock:
-            dx, dstates, dparams = r.backward(dy, dfinals, x, states, params, y, reserve, input_grad)
-    dx = x.new_empty(0) if dx is None else dx.to(x.dtype)
-    return [dx, *(d.to(s.dtype) for d, s in zip(dstates, states, strict=True)), *dparams]
+            places = getattr(r, "places_gradients", None)  # (a CUDA runner's)
+            if into is OWN_TENSORS and places is not None:
+                into = r.layout.own_places
+            placed = into is not None and places is not None and places(input_grad, into)
+            dx, dstates, dparams = r.backward(dy, dfinals, x, list(states), list(params), y, reserve,
+                                              input_grad, *([into] if placed else []))
+    return (None if dx is None else dx.to(x.dtype),
+            [d.to(s.dtype) for d, s in zip(dstates, states, strict=True)], dparams, placed)
 
 
 def param_grad_dtype(x: torch.Tensor) -> torch.dtype:
@@ -349,19 +371,12 @@ def _setup_context(ctx, inputs, output) -> None:
     ctx.save_for_backward(x, *states, *params, output[0], output[-1])
 
 
-# _gradients' `into` for parameters that are tensors of their own (TensorLayout.own_places): on a GPU the
-# gathering kernel writes each one's gradient, without the grouped tensors and the views of them that
-# TensorLayout.param_gradients makes
-OWN_TENSORS = "own tensors"
-
-
-def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: bool, into=None) -> tuple:
+def _gradients(ctx, grads: Sequence[torch.Tensor | None], none_seeds: bool, into=None) -> tuple:
     """dx (None where x needs no gradient: the backward pass then leaves it out), the initial states' and
-    the parameters' gradients, from `backward` (the op, or the runner's own) given the seeds; a final
-    state's None seed stays None where `none_seeds` (no seed added), else is zeros, as y's always is.
-    With `into` (the parameters being views: their weight_views.Places; OWN_TENSORS: they are tensors of
-    their own), the gradients of the tensors they are views of (or each parameter's) where the runner
-    writes those itself; a fourth value says whether it did."""
+    the parameters' gradients given the seeds, through the op where `into` is None (a graph of
+    torch.compile's calls it), else from the runner itself (`_runner_backward`: into the tensors of
+    `into` where it can, which a fourth value says); a final state's None seed stays None where
+    `none_seeds` (no seed added), else is zeros, as y's always is."""
     n_states, n_params, cell, hidden, layers, schedule, save, direction, float32 = ctx.meta
     if not save:
         raise CellError("this forward pass ran without saving its steps (no gradient was needed when it "
@@ -374,29 +389,25 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], backward, none_seeds: 
     dfinals = [g if g is not None or none_seeds else torch.zeros_like(s)
                for g, s in zip(grads[1:1 + n_states], states, strict=True)]
     input_grad = ctx.needs_input_grad[0]
-    if into is not None:
-        with made_current(x):
-            r = runner(cell, x, hidden, layers, schedule, direction, float32)
-            with r.lock:
-                placed = getattr(r, "places_gradients", None)
-                if into is OWN_TENSORS and placed is not None:
-                    into = r.layout.own_places
-                if placed is not None and placed(input_grad, into):
-                    dx, dstates, sources = r.backward(dy, dfinals, x, list(states), list(params), y, reserve,
-                                                      input_grad, into)
-                    return (dx.to(x.dtype) if input_grad else None,
-                            [d.to(s.dtype) for d, s in zip(dstates, states, strict=True)], sources, True)
-    out = backward(dy, dfinals, x, list(states), list(params), y, reserve, cell, hidden, layers, schedule,
-                   direction, input_grad, float32)
+    if into is None:
+        out = torch.ops.cellfuse.rnn_backward(dy, dfinals, x, list(states), list(params), y, reserve, cell,
+                                              hidden, layers, schedule, direction, input_grad, float32)
+        dx, dstates, dparams, placed = out[0] if input_grad else None, list(out[1:1 + n_states]), \
+            out[1 + n_states:], False
+    else:
+        dx, dstates, dparams, placed = _runner_backward(dy, dfinals, x, states, params, y, reserve, cell,
+                                                        hidden, layers, schedule, direction, input_grad,
+                                                        float32, into)
+    if placed:
+        return dx, dstates, dparams, True
     T, B, inputs = x.shape
     layout = plans(cell, T, B, inputs, hidden, layers, schedule, x.device, direction, precision_of(x.dtype),
                    float32).layout
-    dx = out[0] if input_grad else None
-    return dx, list(out[1:1 + n_states]), layout.param_gradients(out[1 + n_states:], x), False
+    return dx, dstates, layout.param_gradients(dparams, x), False
 
 
 def _op_backward(ctx, grads):
-    dx, dstates, dparams, _ = _gradients(ctx, grads, torch.ops.cellfuse.rnn_backward, none_seeds=False)
+    dx, dstates, dparams, _ = _gradients(ctx, grads, none_seeds=False)
     return dx, dstates, dparams, None, None, None, None, None, None, None
 
 
@@ -443,9 +454,11 @@ class _Eager(torch.autograd.Function):
         if ends is not None:
             dy = None if grads[0] is None else ends.gradient_padded(grads[0])
             grads = (dy, *ends.sorted(grads[1:-1]), None)
+        # (the gradients of a WeightViews' sources where its places are known, else each parameter's)
         views = ctx.views
-        dx, dstates, dparams, placed = _gradients(ctx, grads, rnn_backward_impl, none_seeds=True,
-                                                  into=OWN_TENSORS if views is None else views.places())
+        places = None if views is None else views.places()
+        into = OWN_TENSORS if places is None else places
+        dx, dstates, dparams, placed = _gradients(ctx, grads, none_seeds=True, into=into)
         if ends is not None:
             dx = None if dx is None else ends.packed(dx)
             given = dstates[:-1]  # (the steps-left state was made here: no gradient goes back)
@@ -453,8 +466,8 @@ class _Eager(torch.autograd.Function):
             dstates = ends.unsorted([d if need else None for d, need in zip(given, needed, strict=True)])
         if views is not None:
             needed = ctx.needs_input_grad[_LEADING + len(dstates):]
-            dparams = ([d if need else None for d, need in zip(dparams, needed, strict=True)] if placed
-                       else views.gradients(dparams, needed))
+            dparams = ([d if need else None for d, need in zip(dparams, needed, strict=True)]
+                       if placed and places is not None else views.gradients(dparams, needed))
         return dx, *(None,) * (_LEADING - 1), *dstates, *dparams
 
 

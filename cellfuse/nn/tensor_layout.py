@@ -25,6 +25,7 @@ backward pass's own launches.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from functools import cached_property
 
@@ -142,7 +143,7 @@ class TensorLayout:
         writes each key's gradient in a tensor of its own, as `param_gradients` gives them, without the
         grouped ones and their views between."""
         shapes = [tuple(self.plan.params[key]) for key in self.keys]
-        return Places(tuple(Place(i, 0, shape, torch.empty(shape, device="meta").stride())
+        return Places(tuple(Place(i, 0, shape, tuple(math.prod(shape[d + 1:]) for d in range(len(shape))))
                             for i, shape in enumerate(shapes)), tuple(shapes))
 
     def gathers(self, offsets: Mapping[str, int], input_grad: bool = False, into: Places | None = None
