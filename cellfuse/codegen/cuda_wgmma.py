@@ -23,8 +23,12 @@ docs/results/2026-11-27-persistent-rungs-changes-14-to-19.md, change 18.)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from ..graph_model.lengths import STEPS_LEFT
 from .cuda_library import cuda_library
 from .gemm_routes import WGMMA_COLUMNS, WGMMA_STAGE_K
+from .plan import Plan
 
 ROWS = 128  # of C, a block's: two warpgroups of 64
 STAGES = 3
@@ -36,5 +40,43 @@ SOURCE = cuda_library("wgmma.cuh", defines={"CF_COLUMNS": WGMMA_COLUMNS, "CF_STA
                                             "CF_STAGES": STAGES, "CF_SMEM": SMEM_BYTES})
 
 
-def gemm_grid(m: int, n: int) -> tuple[int, int]:
+# where a GEMM's rows are steps of a batch whose rows have lengths of their own: a block's steps, and its
+# rows of the batch (a warp a step)
+BLOCK_STEPS = 8
+BLOCK_BATCH_ROWS = ROWS // BLOCK_STEPS
+
+
+@dataclass(frozen=True)
+class RowEnds:
+    """A GEMM whose rows are steps of `batch` rows from `first_step` on, in a plan whose batch rows have
+    lengths of their own: `lengths` names the buffer of the steps-left state's initial value ([layers, B,
+    width], row b's length in each element of its row; graph_model.lengths), read where the GEMM runs.
+    Past its length a row's x reads as zeros (a PackedSequence's padding), which the step's mask
+    discards; the GEMM skips the blocks whose rows have all ended."""
+
+    lengths: str
+    width: int
+    batch: int
+    first_step: int
+
+
+def row_ends(plan: Plan, launch, rows: int, steps: tuple[int, int] | None) -> RowEnds | None:
+    """The RowEnds of a forward plan's GEMM over whole steps (`rows` of them from `steps[0]`, or all), x
+    not transposed, where its batch is a multiple of BLOCK_BATCH_ROWS; else None."""
+    lengths = plan.buffers.get(f"init.{STEPS_LEFT}")  # (a backward plan has none)
+    if lengths is None:
+        return None
+    batch = plan.sizes.batch
+    if (launch.row_kind != "seq" or launch.trans_a or launch.a.kind != "row" or launch.c.kind != "row"
+            or batch % BLOCK_BATCH_ROWS or rows % batch):
+        return None
+    return RowEnds(lengths.name, lengths.width, batch, steps[0] if steps else 0)
+
+
+def gemm_grid(m: int, n: int, batch: int = 0) -> tuple[int, int]:
+    """The blocks of a GEMM of m rows and n columns: 128 rows a block, or, where `batch` is given (its
+    rows are steps of a batch whose rows have lengths, see RowEnds), BLOCK_STEPS steps of
+    BLOCK_BATCH_ROWS rows of it."""
+    if batch:
+        return n // WGMMA_COLUMNS, -(-(m // batch) // BLOCK_STEPS) * (batch // BLOCK_BATCH_ROWS)
     return n // WGMMA_COLUMNS, (m + ROWS - 1) // ROWS

@@ -17,6 +17,7 @@ from functools import lru_cache, partial
 import numpy as np
 
 from ..codegen import Plan, plan_kernels
+from ..codegen.cuda_wgmma import row_ends
 from ..codegen.dtypes import loaded, stored
 from ..codegen.gemm_routes import (
     GEMM_DEFAULT_ALGO,
@@ -290,7 +291,7 @@ class CudaExecutor:
             scratch = self.drv.mem_alloc(span)
             try:
                 x, w, c, pieces, region, image = (int(scratch) + offset for offset in offsets)
-                on = replace(op, c=c, x=x, w=w, pieces=pieces)
+                on = replace(op, c=c, x=x, w=w, pieces=pieces, lengths=0)  # (timed as if every row ran)
                 if kept:
                     made: list[Callable[[], object]] = []
                     copies = self._copies(g, on, s, handles, (region, made))
@@ -344,8 +345,11 @@ class CudaExecutor:
                                        m, g.k, one, self.addr[g.w], w_type, ldw, a, a_type, g.a.ld, beta, c,
                                        c_type, g.c.ld, compute, GEMM_DEFAULT_ALGO))
                     return out
+                ends = row_ends(self.plan, g, m, instr.steps)
                 op = Operands(c, a, self.addr[g.w], splits[s], m, g.n, g.k, g.a.ld, ldw, g.c.ld, g.trans_w,
-                              bool(g.accumulate), self.addr[g.bias] if g.bias else 0)
+                              bool(g.accumulate), self.addr[g.bias] if g.bias else 0,
+                              *((self.addr[ends.lengths], ends.width, ends.batch, ends.first_step) if ends
+                                else ()))
                 wgmma = (route == "f16x3-or-wgmma" and usable(self.capability, op)
                          and warpgroup_gemms() is not None)
                 copies_key = (image_key(g), "copies")

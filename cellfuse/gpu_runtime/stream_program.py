@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..codegen.conversions import conversion_name, conversions_source
-from ..codegen.cuda_wgmma import SMEM_BYTES, SOURCE, THREADS, gemm_grid
+from ..codegen.cuda_wgmma import SMEM_BYTES, SOURCE, THREADS, RowEnds, gemm_grid, row_ends
 from ..codegen.gemm_routes import (
     GEMM_DEFAULT_ALGO,
     Ref,
@@ -286,7 +286,7 @@ class _Calls:
         if instr.route.startswith("f16x3"):  # the bias added after the GEMM
             if (instr.route == "f16x3-or-wgmma" and usable(self.res.capability, op)
                     and route_choice(self.res, self.plan, g, op, a, c, s) == "wgmma"):
-                self.wgmma(g, op, a, c, s)
+                self.wgmma(g, op, a, c, s, row_ends(self.plan, g, m, instr.steps))
             else:
                 self.copies(g, m, a, c, s, instr.w_made_at)
             return
@@ -366,10 +366,10 @@ class _Calls:
         else:
             self._kernel(step.name, grid_blocks(int(step.threads)), BLOCK, args, s, calls=calls)
 
-    def wgmma(self, g, op: Operands, a, c, s: int) -> None:
+    def wgmma(self, g, op: Operands, a, c, s: int, ends: RowEnds | None = None) -> None:
         """W's image, then the warpgroup GEMM (adding g's bias, if it has one, in its epilogue): the image
         made by `weights_changed` where W is a weight the caller keeps an image of, else by every run into
-        the stream's scratch."""
+        the stream's scratch. `ends`: where its rows are steps of a batch whose rows have lengths."""
         image_fn, gemm_fn = self.res.wgmma_functions()
         weight = _is_weight(self.plan, g.w)
         pieces = (image_name(g.w, g.trans_w), 0) if weight else (split_name(s), 0)
@@ -384,8 +384,9 @@ class _Calls:
             self.scratch[pieces[0]] = max(self.scratch.get(pieces[0], 0), nbytes)
             self._kernel(*image, s, function=image_fn)
         bias = (g.bias, 0) if g.bias else 0
-        self._kernel("cf_wgmma_gemm", gemm_grid(op.m, op.n), THREADS,
-                     [c, a, pieces, bias, op.m, op.n, op.k, op.lda, op.ldc, int(op.accumulate)], s,
+        lengths = [(ends.lengths, 0), ends.width, ends.batch, ends.first_step] if ends else [0, 0, 0, 0]
+        self._kernel("cf_wgmma_gemm", gemm_grid(op.m, op.n, ends.batch if ends else 0), THREADS,
+                     [c, a, pieces, bias, op.m, op.n, op.k, op.lda, op.ldc, int(op.accumulate), *lengths], s,
                      SMEM_BYTES, function=gemm_fn, label=f"cf_wgmma_gemm of {g.group}")
 
 

@@ -43,14 +43,25 @@ class Operands:
     trans_w: bool
     accumulate: bool
     bias: int = 0  # the address of a bias added to every row after the products (epilogue or pass), or 0
+    # where the rows are steps of a batch whose rows have lengths (codegen.cuda_wgmma.RowEnds): the
+    # address of the lengths, their row length, the batch and the GEMM's first step (the warpgroup GEMM
+    # skips what has ended; the split copies compute it)
+    lengths: int = 0
+    lengths_ld: int = 0
+    batch: int = 0
+    first_step: int = 0
 
 
 def usable(compute_capability: tuple[int, int], op: Operands) -> bool:
     """Whether the warpgroup GEMM can run a GEMM whose route allows it (its shape, see
     gemm_routes.wgmma_shape_fits) here: an sm_90 GPU (sm_90a's instructions), no more blocks of rows than
     a grid's second dimension holds, x's rows 16-byte aligned and C's 8-byte aligned."""
-    return (compute_capability == (9, 0) and 0 < op.m and gemm_grid(op.m, op.n)[1] <= _GRID_Y
+    return (compute_capability == (9, 0) and 0 < op.m and gemm_grid(op.m, op.n, _batch(op))[1] <= _GRID_Y
             and op.x % 16 == 0 and op.lda % 4 == 0 and op.c % 8 == 0 and op.ldc % 2 == 0)
+
+
+def _batch(op: Operands) -> int:
+    return op.batch if op.lengths else 0
 
 
 class WgmmaGemms:
@@ -63,7 +74,7 @@ class WgmmaGemms:
         gemm = self.module.get_function("cf_wgmma_gemm")
         gemm.set_attribute(drv.function_attribute.MAX_DYNAMIC_SHARED_SIZE_BYTES, SMEM_BYTES)
         self.image = self.module.get_function("cf_wgmma_image").prepare("PPiiii")
-        self.gemm = gemm.prepare("PPPPiiiiii")
+        self.gemm = gemm.prepare("PPPPiiiiiiPiii")
         self.chosen: dict[tuple, str] = {}  # shape -> its route, measured by the executor (`faster`)
 
     def calls(self, op: Operands, stream) -> list[Callable[[], object]]:
@@ -78,8 +89,9 @@ class WgmmaGemms:
 
     def gemm_call(self, op: Operands, stream) -> Callable[[], object]:
         """The GEMM, W's image in `op.pieces`, on `stream`."""
-        return partial(self.gemm.prepared_async_call, gemm_grid(op.m, op.n), (THREADS, 1, 1), stream,
-                       op.c, op.x, op.pieces, op.bias, op.m, op.n, op.k, op.lda, op.ldc, int(op.accumulate),
+        return partial(self.gemm.prepared_async_call, gemm_grid(op.m, op.n, _batch(op)), (THREADS, 1, 1),
+                       stream, op.c, op.x, op.pieces, op.bias, op.m, op.n, op.k, op.lda, op.ldc,
+                       int(op.accumulate), op.lengths, op.lengths_ld, op.batch, op.first_step,
                        shared_size=SMEM_BYTES)
 
     def faster(self, routes: dict[str, list[Callable[[], object]]], stream) -> str:

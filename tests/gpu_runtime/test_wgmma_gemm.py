@@ -86,6 +86,35 @@ def test_either_route_matches_the_reference(sm90, monkeypatch, route, name, sche
     assert rel < 1e-4
 
 
+@pytest.mark.parametrize("schedule", ["tensor", "persistent"])
+def test_rows_of_their_own_lengths_match_the_reference_on_the_warpgroup_gemm(sm90, monkeypatch, schedule):
+    """A two-layer LSTM whose rows have lengths of their own (uniform in 4..24, longest first, as a
+    PackedSequence's), each layer's input GEMM on the warpgroup GEMM skipping the ended rows: outputs
+    and final states match the reference."""
+    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
+    from cellfuse.graph_model.lengths import STEPS_LEFT, masked
+
+    monkeypatch.setattr(CudaExecutor, "_route", lambda self, g, op, s, handles, kept: "wgmma")
+    cell = masked(load_template("lstm"))
+    T, B, H = 24, 64, 512
+    rng = np.random.default_rng(9)
+    lengths = np.sort(rng.integers(4, T + 1, B))[::-1]
+    params = init_params(cell, 2, H, H, 9)
+    x = rng.standard_normal((T, B, H)).astype(np.float32)
+    x[np.arange(T)[:, None] >= lengths[None, :]] = 0.0  # (a PackedSequence's padding)
+    initial = {s: (0.5 * rng.standard_normal((2, B, H))).astype(np.float32) for s in ("h", "c")}
+    initial[STEPS_LEFT] = np.broadcast_to(lengths[None, :, None], (2, B, H)).astype(np.float32)
+    ref = run_reference(cell, params, {"x": x, **initial}, 2)
+    plan = make_plan(cell, Sizes(T, B, H, H, 2), schedule, device_target())
+    assert tensor_core_groups(plan)
+    ex = CudaExecutor(plan, params)
+    out = ex.run(x, initial)
+    ex.close()
+    assert float(np.max(np.abs(out.y - ref.y)) / np.max(np.abs(ref.y))) < 1e-4
+    for s in ("h", "c"):
+        assert float(np.max(np.abs(out.final[s] - ref.final[s])) / np.max(np.abs(ref.final[s]))) < 1e-4
+
+
 @pytest.mark.parametrize("route, made", [("wgmma", 1), ("copies", 3)])
 def test_new_weights_reach_the_kept_image_once_the_executor_is_told(sm90, monkeypatch, route, made):
     """The forward pass reads what it makes of W (the warpgroup GEMM's image, or W's copies and column
@@ -149,3 +178,56 @@ def test_without_the_warpgroup_gemm_the_copies_run(sm90, monkeypatch, caplog):
         assert float(np.max(np.abs(out.y - ref.y)) / np.max(np.abs(ref.y))) < 1e-4
     finally:
         cuda_executor.warpgroup_gemms.cache_clear()
+
+
+@pytest.mark.parametrize("steps, batch, first_step, order", [
+    (100, 64, 0, "longest first"),  # a PackedSequence's LSTM at B=64: lengths uniform in 10..100
+    (13, 32, 40, "any"),  # a GEMM of a range of steps (a wavefront's), steps not a multiple of 8
+])
+def test_rows_past_their_lengths_read_as_zeros(sm90, steps, batch, first_step, order):
+    """Where the rows are steps of a batch whose rows have lengths, a row past its length gives what a
+    row of zeros gives, the other rows what they give without lengths: x holds NaN past each row's
+    length, so that a block that multiplied an ended row would write NaN. The blocks whose 16 rows have
+    all ended are skipped: with the rows longest first, about a third of them."""
+    from cellfuse.codegen.cuda_wgmma import BLOCK_BATCH_ROWS, BLOCK_STEPS
+    from cellfuse.gpu_runtime.cuda_executor import warpgroup_gemms
+    from cellfuse.gpu_runtime.wgmma_gemms import Operands, usable
+
+    drv = sm90
+    n, k, width = 512, 256, 8
+    rng = np.random.default_rng(steps + batch)
+    lengths = rng.integers(10, first_step + steps + 1, batch)
+    if order == "longest first":
+        lengths = np.sort(lengths)[::-1]
+    m = steps * batch
+    x = rng.standard_normal((steps, batch, k)).astype(np.float32)
+    live = first_step + np.arange(steps)[:, None] < lengths[None, :]  # [steps, batch]
+    x[~live] = np.nan
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    b = rng.standard_normal(n).astype(np.float32)
+    c0 = rng.standard_normal((m, n)).astype(np.float32)
+    want = np.where(live.reshape(m, 1), np.nan_to_num(x.reshape(m, k), nan=0.0).astype(np.float64) @ w, 0.0)
+    want += c0 + b
+    left = np.repeat(lengths.astype(np.float32)[:, None], width, axis=1)  # the steps-left state's layout
+    x_d, w_d, c_d, b_d, l_d = (drv.to_device(a) for a in (x, w, c0, b, left))
+    pieces = drv.mem_alloc(4 * 2 * n * k)
+    op = Operands(int(c_d), int(x_d), int(w_d), int(pieces), m, n, k, k, n, n, False, True, int(b_d),
+                  int(l_d), width, batch, first_step)
+    assert usable((9, 0), op)
+    stream = drv.Stream()
+    for call in warpgroup_gemms().calls(op, stream):
+        call()
+    stream.synchronize()
+    got = drv.from_device(c_d, c0.shape, np.float32)
+    # a block of BLOCK_STEPS steps of BLOCK_BATCH_ROWS rows: skipped where all its rows ended before it
+    blocks = -(-steps // BLOCK_STEPS)
+    groups = lengths.reshape(-1, BLOCK_BATCH_ROWS).max(axis=1)
+    skipped = groups[None, :] <= first_step + BLOCK_STEPS * np.arange(blocks)[:, None]
+    if order == "longest first":
+        assert 0.25 < skipped.mean() < 0.45
+    rows_skipped = np.repeat(np.repeat(skipped, BLOCK_STEPS, axis=0)[:steps], BLOCK_BATCH_ROWS, axis=1)
+    assert not np.isnan(got[live.reshape(m)]).any()
+    assert np.max(np.abs(got[live.reshape(m)] - want[live.reshape(m)])) <= 1e-5 * np.max(np.abs(want))
+    ended = rows_skipped.reshape(m)
+    np.testing.assert_array_equal(got[ended], (c0 + b)[ended])
+    assert np.isnan(got[~live.reshape(m) & ~ended]).all(axis=1).all()  # (ended rows of running blocks)

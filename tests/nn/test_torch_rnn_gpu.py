@@ -172,6 +172,37 @@ def test_packed_sequences_match_cudnn(cuda, schedule, cls, torch_cls):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize("route", ["wgmma", "copies"])
+def test_packed_sequences_match_cudnn_whichever_route_the_input_gemm_takes(cuda, monkeypatch, route):
+    """Sizes at which each layer's input GEMM runs on tensor cores (the warpgroup GEMM skipping the rows
+    that have ended, or the split copies and cuBLAS), two layers, both directions, lengths unsorted:
+    outputs, final states and gradients against cuDNN's packed run."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    import cellfuse.gpu_runtime.stream_program as stream_program
+    from cellfuse.nn import ops
+
+    if torch.cuda.get_device_capability(cuda) != (9, 0):
+        pytest.skip("the warpgroup GEMM needs an sm_90 GPU (H100, H200)")
+    monkeypatch.setattr(stream_program, "route_choice", lambda *args: route)
+    monkeypatch.setattr(ops, "_runners", type(ops._runners)())  # (runners of this route alone, dropped after)
+    torch.manual_seed(0)
+    ours = LSTM(512, 512, num_layers=2, bidirectional=True, schedule="tensor").to(cuda)
+    ref = torch.nn.LSTM(512, 512, num_layers=2, bidirectional=True).to(cuda)
+    ref.load_state_dict(ours.state_dict())
+    x = torch.randn(24, 64, 512, device=cuda, requires_grad=True)
+    lengths = torch.randint(4, 25, (64,), generator=torch.Generator().manual_seed(1))
+    packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        (y, (h, c)), (want_y, (want_h, want_c)) = ours(packed), ref(packed)
+        for got, want in ((y.data, want_y.data), (h, want_h), (c, want_c)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        got = torch.autograd.grad(y.data.square().sum() + c.sum(), [x, *ours.parameters()])
+        want = torch.autograd.grad(want_y.data.square().sum() + want_c.sum(), [x, *ref.parameters()])
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
+
+
 def test_both_directions_capture_and_replay(cuda):
     """The reverse direction runs on a side stream, a branch of the graph under a CUDA graph capture: the
     capture of the bidirectional forward pass replays on new inputs to eager's results (the two
