@@ -197,7 +197,7 @@ def test_packed_sequences_match_cudnn_whichever_route_the_input_gemm_takes(cuda,
         (y, (h, c)), (want_y, (want_h, want_c)) = ours(packed), ref(packed)
         for got, want in ((y.data, want_y.data), (h, want_h), (c, want_c)):
             torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
-        got = torch.autograd.grad(y.data.square().sum() + c.sum(), [x, *ours.parameters()])
+        got = torch.autograd.grad(y.data.square().sum() + c.sum(), [x, *ours.parameters()], retain_graph=True)
         want = torch.autograd.grad(want_y.data.square().sum() + want_c.sum(), [x, *ref.parameters()])
     for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-3, atol=1e-4)
