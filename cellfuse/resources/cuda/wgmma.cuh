@@ -106,11 +106,11 @@ __device__ __forceinline__ void cf_wait(unsigned barrier, unsigned parity) {
 // CF_SMEM bytes of dynamic shared memory.
 // Where `lengths` is not null, x's rows are steps of `batch` rows of a batch whose rows have lengths of
 // their own (row t * batch + b is row b at step first_step + t; row b's length is lengths[b * lengths_ld],
-// a whole number; batch a multiple of 16), and a row past its length reads as zeros, as the padding of
-// a PackedSequence is: a block then holds 8 steps of 16 rows of the batch (a warp a step), and where
-// every one of its 16 rows has ended before its first step, it multiplies nothing and stores what zero
-// rows give. With the rows sorted longest first, as a PackedSequence's are, the batch's ends leave that
-// many blocks with nothing to do: with lengths uniform in 10..100 at B=64, a third of them.
+// a whole number; batch a multiple of 16), and a row past its length is taken to hold zeros (as a
+// PackedSequence's padding does; the step's mask discards it, whatever it holds): a block then holds 8
+// steps of 16 rows of the batch (a warp a step), and where every one of its 16 rows has ended before
+// its first step, it multiplies nothing and stores what zero rows give. With the rows longest first, as
+// a PackedSequence's are, that is a third of the blocks at lengths uniform in 10..100, B=64.
 extern "C" __global__ void __launch_bounds__(256, 1) cf_wgmma_gemm(
     float* __restrict__ c, const float* __restrict__ x, const float* __restrict__ image,
     const float* __restrict__ bias, int m, int n, int k, int lda, int ldc, int accumulate,
@@ -124,7 +124,8 @@ extern "C" __global__ void __launch_bounds__(256, 1) cf_wgmma_gemm(
         const int groups = batch / 16, step = blockIdx.y / groups * 8, first = blockIdx.y % groups * 16;
         float longest = 0.0f;
         #pragma unroll
-        for (int i = 0; i < 16; ++i) longest = fmaxf(longest, __ldg(lengths + (size_t)(first + i) * lengths_ld));
+        for (int i = 0; i < 16; ++i)
+            longest = fmaxf(longest, __ldg(lengths + (size_t)(first + i) * lengths_ld));
         ended = longest <= (float)(first_step + step);
         row = (step + tid / 32) * batch + first + g;
     }
