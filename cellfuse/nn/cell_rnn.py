@@ -294,10 +294,11 @@ class CellRNN(torch.nn.Module):
 
         Sequences of different lengths: `lengths` (one per batch row, from 1 to T, in any order) makes each
         row stop at its own length in the kernels (its outputs zero past it, its final states those of its
-        last step; the reverse direction starts at its last step); the padding past a row's length must be
-        finite. Or x is a torch.nn.utils.rnn.PackedSequence, and y is one with the same layout. The lengths
-        are read on the host, as torch's packing reads them: give them on the CPU (a GPU tensor of them is
-        copied there, which waits for the GPU)."""
+        last step; the reverse direction starts at its last step; whatever the padding past it holds, NaN
+        included, does not reach the run, and its gradient is zero). Or x is a
+        torch.nn.utils.rnn.PackedSequence, and y is one with the same layout. The lengths are read on the
+        host, as torch's packing reads them: give them on the CPU (a GPU tensor of them is copied there,
+        which waits for the GPU)."""
         # (what the path of a call depends on: dropout applies between layers while training)
         layout = (self.schedule, self.batch_first, self.training, self.dropout)
         tracing = traced_call("CellRNN")  # (first: a trace reads nothing of the kept call)
@@ -334,8 +335,9 @@ class CellRNN(torch.nn.Module):
         initial = self._check(x, states)
         if packed is not None:
             initial = packed.sorted(initial)
-        elif lengths is not None:  # (a PackedSequence's are right by construction)
+        elif lengths is not None:  # (a PackedSequence's are right by construction, its padding zeros)
             lengths = stacks.check_lengths(lengths, x.shape[0], x.shape[1])
+            x = stacks.padding_zeroed(x, lengths)
         params = self._params()
         steps = None if packed is None else packed.steps
         if by_layer:

@@ -64,6 +64,18 @@ def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     return dtype if dtype in PRECISIONS else None
 
 
+def padding_zeroed(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """x [T, B, width] with each row's steps past its length (`lengths`, on the CPU) set to zero. The
+    padding a caller gives may hold anything, and the cell that runs each row to its own length keeps a
+    state as m * new + (1 - m) * old, which would carry a NaN or an infinity of the padding into it (0 *
+    NaN is NaN). (A PackedSequence's padding is made of zeros already.)"""
+    T = x.shape[0]
+    if x.shape[1] == 0 or int(lengths.min()) == T:
+        return x
+    ended = torch.arange(T).view(T, 1, 1) >= lengths.view(1, -1, 1)
+    return x.masked_fill(to_device(ended, x), 0)
+
+
 def steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int) -> torch.Tensor:
     """The initial value of the lengths' state: each row's length in each of its elements, per layer (in
     float32 where x is 16-bit: bf16 holds whole numbers exactly only up to 256)."""

@@ -68,6 +68,32 @@ def test_cell_rnn_lengths_give_each_row_what_it_gives_alone(name, bidirectional)
     assert got_lengths.tolist() == lengths
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_cell_rnn_lengths_read_nothing_of_the_padding(bidirectional):
+    """NaN and infinities past the rows' lengths (the padding of torch.empty, say) change nothing: the
+    outputs, final states and gradients of the zero-padded batch, the padding's gradient zero."""
+    rnn = CellRNN("lstm", 4, 8, 2, seed=5, bidirectional=bidirectional, batch_first=True).double()
+    lengths = [2, 6, 4]
+    x = torch.randn(3, 6, 4, dtype=torch.float64)
+    padded = x.clone()
+    for b, n in enumerate(lengths):
+        x[b, n:] = 0.0
+        padded[b, n:] = float("nan") if b % 2 else float("inf")
+    outs = []
+    for given in (x, padded):
+        given = given.clone().requires_grad_()
+        y, states = rnn(given, lengths=lengths)
+        loss = y.square().sum() + sum(v.sum() for v in states.values())
+        outs.append((y, states, torch.autograd.grad(loss, [given, *rnn.parameters()])))
+    (y, states, grads), (got_y, got_states, got_grads) = outs
+    torch.testing.assert_close(got_y, y, rtol=0, atol=0)
+    for state, value in states.items():
+        torch.testing.assert_close(got_states[state], value, rtol=0, atol=0)
+    for a, b in zip(got_grads, grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert all((got_grads[0][b, n:] == 0).all() for b, n in enumerate(lengths))
+
+
 @pytest.mark.parametrize("lengths, message", [
     ([0, 3, 2], "lengths must be from 1 to the sequence's length 5, got 0 to 3"),
     ([1, 6, 2], "lengths must be from 1 to the sequence's length 5, got 1 to 6"),
