@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from ..graph_model.lengths import STEPS_LEFT
 from .cuda_library import cuda_library
+from .dtypes import FLOAT32
 from .gemm_routes import WGMMA_COLUMNS, WGMMA_STAGE_K
 from .plan import Plan
 
@@ -64,7 +65,7 @@ def row_ends(plan: Plan, launch, rows: int, steps: tuple[int, int] | None) -> Ro
     """The RowEnds of a forward plan's GEMM over whole steps (`rows` of them from `steps[0]`, or all), x
     not transposed, where its batch is a multiple of BLOCK_BATCH_ROWS; else None."""
     lengths = plan.buffers.get(f"init.{STEPS_LEFT}")  # (a backward plan has none)
-    if lengths is None:
+    if lengths is None or lengths.dtype != FLOAT32:  # (the kernel reads float32 lengths)
         return None
     batch = plan.sizes.batch
     if (launch.row_kind != "seq" or launch.trans_a or launch.a.kind != "row" or launch.c.kind != "row"
@@ -78,5 +79,8 @@ def gemm_grid(m: int, n: int, batch: int = 0) -> tuple[int, int]:
     rows are steps of a batch whose rows have lengths, see RowEnds), BLOCK_STEPS steps of
     BLOCK_BATCH_ROWS rows of it."""
     if batch:
+        if batch % BLOCK_BATCH_ROWS or m % batch:
+            raise ValueError(f"rows of a batch with lengths come in whole steps of a batch of whole blocks "
+                             f"of {BLOCK_BATCH_ROWS} rows: not {m} rows of a batch of {batch}")
         return n // WGMMA_COLUMNS, -(-(m // batch) // BLOCK_STEPS) * (batch // BLOCK_BATCH_ROWS)
     return n // WGMMA_COLUMNS, (m + ROWS - 1) // ROWS

@@ -284,9 +284,10 @@ class _Calls:
         ldw = g.k if g.trans_w else g.n
         op = Operands(c[1], a[1], 0, 0, m, g.n, g.k, g.a.ld, ldw, g.c.ld, g.trans_w, bool(g.accumulate))
         if instr.route.startswith("f16x3"):  # the bias added after the GEMM
-            if (instr.route == "f16x3-or-wgmma" and usable(self.res.capability, op)
+            ends = row_ends(self.plan, g, m, instr.steps)
+            if (instr.route == "f16x3-or-wgmma" and usable(self.res.capability, op, ends.batch if ends else 0)
                     and route_choice(self.res, self.plan, g, op, a, c, s) == "wgmma"):
-                self.wgmma(g, op, a, c, s, row_ends(self.plan, g, m, instr.steps))
+                self.wgmma(g, op, a, c, s, ends)
             else:
                 self.copies(g, m, a, c, s, instr.w_made_at)
             return

@@ -52,11 +52,14 @@ class Operands:
     first_step: int = 0
 
 
-def usable(compute_capability: tuple[int, int], op: Operands) -> bool:
+def usable(compute_capability: tuple[int, int], op: Operands, batch: int | None = None) -> bool:
     """Whether the warpgroup GEMM can run a GEMM whose route allows it (its shape, see
     gemm_routes.wgmma_shape_fits) here: an sm_90 GPU (sm_90a's instructions), no more blocks of rows than
-    a grid's second dimension holds, x's rows 16-byte aligned and C's 8-byte aligned."""
-    return (compute_capability == (9, 0) and 0 < op.m and gemm_grid(op.m, op.n, _batch(op))[1] <= _GRID_Y
+    a grid's second dimension holds, x's rows 16-byte aligned and C's 8-byte aligned. `batch`: where the
+    rows are steps of a batch whose rows have lengths (see gemm_grid), where `op` does not say so itself
+    (the stream programs pass the lengths apart from it)."""
+    rows_batch = _batch(op) if batch is None else batch
+    return (compute_capability == (9, 0) and 0 < op.m and gemm_grid(op.m, op.n, rows_batch)[1] <= _GRID_Y
             and op.x % 16 == 0 and op.lda % 4 == 0 and op.c % 8 == 0 and op.ldc % 2 == 0)
 
 

@@ -25,6 +25,9 @@ def test_the_shapes_it_takes_are_whole_tiles_of_columns_and_stages():
     assert gemm_grid(6400, 512) == (2, 50) and gemm_grid(6401, 512) == (2, 51)
     # rows of a batch with lengths: blocks of 8 steps of 16 rows (100 steps: 13 blocks of steps)
     assert gemm_grid(6400, 512, 64) == (2, 52) and gemm_grid(416, 256, 32) == (1, 4)
+    for m, batch in ((6400, 40), (6401, 64)):  # not whole blocks of 16 rows; not whole steps
+        with pytest.raises(ValueError, match="whole steps"):
+            gemm_grid(m, 512, batch)
 
 
 def _gemms(instructions):

@@ -18,6 +18,12 @@ def test_the_route_is_taken_only_where_the_kernel_can_run_here():
     assert not usable((9, 0), replace(op, ldc=513))
     assert not usable((9, 0), replace(op, m=0))
     assert usable((9, 0), replace(op, m=65535 * 128)) and not usable((9, 0), replace(op, m=65535 * 128 + 1))
+    # rows of a batch with lengths: blocks of 8 steps of 16 rows, a taller grid than 128 rows a block
+    # where the steps are not a multiple of 8 (T=2047, B=4096: 65504 blocks of rows, or 65536)
+    tall = replace(op, m=2047 * 4096)
+    assert usable((9, 0), tall) and not usable((9, 0), tall, 4096)
+    assert not usable((9, 0), replace(tall, lengths=256, lengths_ld=512, batch=4096))
+    assert usable((9, 0), replace(op, lengths=256, lengths_ld=512, batch=64))
 
 
 def test_the_forward_keeps_what_its_gemms_on_tensor_cores_make_of_each_weight():
