@@ -333,13 +333,14 @@ class CellRNN(torch.nn.Module):
             if isinstance(states, Mapping):
                 states = {s: v.to(cast) if isinstance(v, torch.Tensor) else v for s, v in states.items()}
         initial = self._check(x, states)
+        steps = None  # (the lengths' steps-left state, where there are lengths)
         if packed is not None:
-            initial = packed.sorted(initial)
+            initial, steps = packed.sorted(initial), packed.steps
         elif lengths is not None:  # (a PackedSequence's are right by construction, its padding zeros)
             lengths = stacks.check_lengths(lengths, x.shape[0], x.shape[1])
-            x = stacks.padding_zeroed(x, lengths)
+            steps = stacks.steps_left(lengths, 1 if by_layer else self.num_layers, x, self.hidden_size)
+            x = stacks.padding_zeroed(x, lengths, steps)
         params = self._params()
-        steps = None if packed is None else packed.steps
         if by_layer:
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params_of, self.num_layers, self.bidirectional, self.dropout,

@@ -64,16 +64,17 @@ def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:
     return dtype if dtype in PRECISIONS else None
 
 
-def padding_zeroed(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-    """x [T, B, width] with each row's steps past its length (`lengths`, on the CPU) set to zero. The
-    padding a caller gives may hold anything, and the cell that runs each row to its own length keeps a
-    state as m * new + (1 - m) * old, which would carry a NaN or an infinity of the padding into it (0 *
-    NaN is NaN). (A PackedSequence's padding is made of zeros already.)"""
+def padding_zeroed(x: torch.Tensor, lengths: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """x [T, B, width] with each row's steps past its length set to zero (`lengths` on the CPU, `steps`
+    their steps-left state on x's device: the mask is made there, from it). The padding a caller gives may
+    hold anything, and the cell that runs each row to its own length keeps a state as m * new + (1 - m) *
+    old, which would carry a NaN or an infinity of the padding into it (0 * NaN is NaN). (A
+    PackedSequence's padding is made of zeros already.)"""
     T = x.shape[0]
-    if x.shape[1] == 0 or int(lengths.min()) == T:
+    if int(lengths.min()) == T:
         return x
-    ended = torch.arange(T).view(T, 1, 1) >= lengths.view(1, -1, 1)
-    return x.masked_fill(to_device(ended, x), 0)
+    ended = torch.arange(T, device=x.device).view(T, 1, 1) >= steps[0, :, :1].view(1, -1, 1)
+    return x.masked_fill(ended, 0)
 
 
 def steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int) -> torch.Tensor:
