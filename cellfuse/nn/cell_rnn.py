@@ -298,7 +298,8 @@ class CellRNN(torch.nn.Module):
         included, does not reach the run, and its gradient is zero). Or x is a
         torch.nn.utils.rnn.PackedSequence, and y is one with the same layout. The lengths are read on the
         host, as torch's packing reads them: give them on the CPU (a GPU tensor of them is copied there,
-        which waits for the GPU)."""
+        which waits for the GPU). Under torch.compile and torch.export they are an input of the graph,
+        which checks their bounds as it runs (a RuntimeError)."""
         # (what the path of a call depends on: dropout applies between layers while training)
         layout = (self.schedule, self.batch_first, self.training, self.dropout)
         tracing = traced_call("CellRNN")  # (first: a trace reads nothing of the kept call)

@@ -60,9 +60,14 @@ def cell_text(cell: Cell) -> str:
     return json.dumps(json.loads(cell_to_text(cell)), separators=(",", ":"))
 
 
-@lru_cache(maxsize=MAX_RUNNERS)
+@torch.compiler.assume_constant_result  # (torch.compile calls it as it traces, as a constant)
 def masked_text(cell: str) -> str:
     """The text of the cell that runs each batch row to its own length (graph_model.lengths)."""
+    return _masked_text(cell)
+
+
+@lru_cache(maxsize=MAX_RUNNERS)
+def _masked_text(cell: str) -> str:
     return cell_text(masked(cell_from_text(cell)))
 
 

@@ -49,6 +49,10 @@ def check_lengths(lengths: object, seq: int, batch: int) -> torch.Tensor:
             raise CellError(f"lengths must be a sequence of integers, got {lengths!r}") from None
     if lengths.shape != (batch,):
         raise CellError(f"lengths has shape {list(lengths.shape)}, expected [{batch}] (one per batch row)")
+    if traced():  # (their values are not known while the call is traced: the graph checks them as it runs)
+        torch._assert_async(((lengths >= 1) & (lengths <= seq)).all(),
+                            f"lengths must be from 1 to the sequence's length {seq}")
+        return lengths
     if batch and (int(lengths.min()) < 1 or int(lengths.max()) > seq):
         raise CellError(f"lengths must be from 1 to the sequence's length {seq}, got "
                         f"{int(lengths.min())} to {int(lengths.max())}")
@@ -71,7 +75,7 @@ def padding_zeroed(x: torch.Tensor, lengths: torch.Tensor, steps: torch.Tensor) 
     old, which would carry a NaN or an infinity of the padding into it (0 * NaN is NaN). (A
     PackedSequence's padding is made of zeros already.)"""
     T = x.shape[0]
-    if int(lengths.min()) == T:
+    if not traced() and int(lengths.min()) == T:
         return x
     ended = torch.arange(T, device=x.device).view(T, 1, 1) >= steps[0, :, :1].view(1, -1, 1)
     return x.masked_fill(ended, 0)
@@ -87,8 +91,8 @@ def steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int)
 
 def to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A CPU tensor on like's device; to a GPU from pinned memory, so that the copy does not wait for the
-    work already on the stream (a copy from pageable memory would)."""
-    if like.device.type == "cuda":
+    work already on the stream (a copy from pageable memory would); in a traced call, the graph's copy."""
+    if like.device.type == "cuda" and not traced():
         return t.pin_memory().to(like.device, non_blocking=True)
     return t
 

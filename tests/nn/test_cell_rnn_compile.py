@@ -44,6 +44,56 @@ def test_compiled_with_fullgraph_matches_eager_forward_and_backward(cell, layers
         _compare(model, compiled, torch.randint(0, 50, (6, 3), generator=torch.Generator().manual_seed(seed)))
 
 
+class Tagger(torch.nn.Module):
+    """A CellRNN over rows of their own lengths, given as a tensor beside x."""
+
+    def __init__(self, bidirectional):
+        super().__init__()
+        self.rnn = CellRNN("gru", 4, 8, 2, bidirectional=bidirectional, seed=7)
+
+    def forward(self, x, lengths):
+        y, final = self.rnn(x, lengths=lengths)
+        return y, final["h"]
+
+
+def _lengths(*values):
+    return torch.tensor(values)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_compiled_with_fullgraph_runs_rows_of_their_own_lengths_as_eager(bidirectional):
+    """The lengths are a tensor the compiled graph reads as it runs: other lengths in the next calls need
+    no new trace and give eager's outputs, final states and gradients; lengths out of their bounds are
+    refused by the graph."""
+    torch._dynamo.reset()
+    model = Tagger(bidirectional)
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    x = torch.randn(6, 3, 4, generator=torch.Generator().manual_seed(1), requires_grad=True)
+    for lengths in (_lengths(6, 2, 4), _lengths(1, 6, 5)):
+        got = compiled(x, lengths)
+        want = model(x, lengths)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b)
+        (grad,) = torch.autograd.grad(got[0].square().sum() + got[1].sum(), x)
+        (want_grad,) = torch.autograd.grad(want[0].square().sum() + want[1].sum(), x)
+        torch.testing.assert_close(grad, want_grad)
+        assert all(not grad[n:, row].any() for row, n in enumerate(lengths.tolist()))  # (past the lengths)
+    for bad in (_lengths(7, 2, 4), _lengths(6, 0, 4)):
+        with pytest.raises(RuntimeError, match="lengths must be from 1 to the sequence's length 6"):
+            compiled(x, bad)
+
+
+def test_an_exported_program_runs_rows_of_new_lengths():
+    model = Tagger(bidirectional=True).eval()
+    x = torch.randn(6, 3, 4)
+    exported = torch.export.export(model, (x, _lengths(6, 2, 4)))
+    for lengths in (_lengths(3, 6, 1), _lengths(6, 6, 6)):
+        for a, b in zip(exported.module()(x, lengths), model(x, lengths), strict=True):
+            torch.testing.assert_close(a, b)
+    with pytest.raises(RuntimeError, match="lengths must be from 1"):
+        exported.module()(x, _lengths(0, 2, 4))
+
+
 class Classifier(torch.nn.Module):
     """A CellRNN over features that need no gradient: its backward pass leaves dx out."""
 

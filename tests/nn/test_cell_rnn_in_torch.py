@@ -220,6 +220,30 @@ def test_torch_compile_fullgraph_matches_eager(cuda, mode):
     torch.testing.assert_close(grad, model.rnn.param("l0.W_i").grad, rtol=1e-4, atol=1e-6)
 
 
+@pytest.mark.parametrize("lengths_on", ["cpu", "cuda"])
+def test_torch_compile_fullgraph_runs_rows_of_their_own_lengths_as_eager(cuda, lengths_on):
+    """Two directions of rows of their own lengths, compiled whole by inductor: each call's lengths are
+    read by the graph (on the CPU, or copied there from the GPU), outputs, final states and x's gradient
+    as eager's."""
+    torch._dynamo.reset()
+    rnn = CellRNN("lstm", 32, 64, 2, bidirectional=True, schedule="persistent", seed=4).to(cuda)
+
+    def call(x, lengths):
+        y, final = rnn(x, lengths=lengths)
+        return y, final["h"], final["c"]
+    compiled = torch.compile(call, fullgraph=True)
+    for seed in range(3):
+        torch.manual_seed(seed)
+        x = torch.randn(20, 5, 32, device=cuda, requires_grad=True)
+        lengths = torch.randint(1, 21, (5,), device=lengths_on)
+        got, want = compiled(x, lengths), call(x, lengths)
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+        (grad,) = torch.autograd.grad(got[0].square().sum(), x)
+        (want_grad,) = torch.autograd.grad(want[0].square().sum(), x)
+        torch.testing.assert_close(grad, want_grad, rtol=1e-4, atol=1e-5)
+
+
 def test_torch_export_computes_on_new_inputs(cuda):
     model = _LanguageModel().to(cuda).eval()
     tokens = torch.randint(0, 50, (20, 4), device=cuda)
