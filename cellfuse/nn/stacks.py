@@ -92,9 +92,11 @@ def steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int)
 def to_device(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """A CPU tensor on like's device; to a GPU from pinned memory, so that the copy does not wait for the
     work already on the stream (a copy from pageable memory would); in a traced call, the graph's copy."""
+    if t.device == like.device:
+        return t
     if like.device.type == "cuda" and not traced():
         return t.pin_memory().to(like.device, non_blocking=True)
-    return t
+    return t.to(like.device)
 
 
 def saves(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.Tensor]) -> bool:

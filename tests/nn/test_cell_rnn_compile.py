@@ -94,6 +94,19 @@ def test_an_exported_program_runs_rows_of_new_lengths():
         exported.module()(x, _lengths(0, 2, 4))
 
 
+def test_a_traced_calls_lengths_reach_xs_device(monkeypatch):
+    """In a traced call the lengths' steps-left state and the reversal's index are the graph's copies on
+    x's device (a GPU's in a run; the meta device stands for it here), not left on the CPU."""
+    from cellfuse.nn import stacks
+
+    monkeypatch.setattr(stacks, "traced", lambda: True)
+    x = torch.empty(6, 3, 4, device="meta")
+    steps = stacks.steps_left(_lengths(6, 2, 4), 2, x, 8)
+    assert steps.device == x.device and steps.shape == (2, 3, 8)
+    assert stacks.padding_zeroed(x, _lengths(6, 2, 4), steps).device == x.device
+    assert stacks._reversal(_lengths(6, 2, 4), x)(x).device == x.device
+
+
 class Classifier(torch.nn.Module):
     """A CellRNN over features that need no gradient: its backward pass leaves dx out."""
 
