@@ -491,13 +491,12 @@ def _float32_states(args: argparse.Namespace) -> list[str] | None:
     return [s.strip() for s in args.float32_states.split(",") if s.strip()]
 
 
-def _size_options(s: argparse.ArgumentParser, seq: bool = True) -> None:
+def _size_options(s: argparse.ArgumentParser) -> None:
     s.add_argument("--input", type=_positive, help="input size (default: the cell's)")
     s.add_argument("--hidden", type=_positive, help="hidden size (default: the cell's)")
     s.add_argument("--layers", type=_positive, default=1)
-    if seq:
-        s.add_argument("--seq", type=_positive, default=100)
-        s.add_argument("--batch", type=_positive, default=64)
+    s.add_argument("--seq", type=_positive, default=100)
+    s.add_argument("--batch", type=_positive, default=64)
 
 
 def build_parser() -> argparse.ArgumentParser:

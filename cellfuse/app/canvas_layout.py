@@ -143,7 +143,7 @@ def layered_layout(keys: Iterable[Key], edges: Iterable[tuple[Key, Key]],
     def centre(k: Key) -> float:
         return y[k] + height(k) / 2.0
 
-    def barycentre(k: Key, neighbours: list[Key]) -> float | None:
+    def barycentre(neighbours: list[Key]) -> float | None:
         if not neighbours:
             return None
         return sum(centre(n) for n in neighbours) / len(neighbours)
@@ -153,7 +153,7 @@ def layered_layout(keys: Iterable[Key], edges: Iterable[tuple[Key, Key]],
         order = range(n_layers) if forward else range(n_layers - 1, -1, -1)
         for i in order:
             col = columns[i]
-            near = {k: barycentre(k, preds[k] if forward else succs[k]) for k in col}
+            near = {k: barycentre(preds[k] if forward else succs[k]) for k in col}
             _order(col, group_of, {k: centre(k) if v is None else v for k, v in near.items()})
             stack(col, {k: v for k, v in near.items() if v is not None})
 

@@ -39,9 +39,7 @@ class CudaHighlighter(QtGui.QSyntaxHighlighter):
         self._rules = [
             (words(KEYWORDS), _fmt("#c792ea", bold=True)),
             (words(TYPES), _fmt("#82aaff")),
-            (re.compile(r"(__global__|__device__|__host__|__shared__|__constant__|__forceinline__|"
-                        r"__launch_bounds__|__syncthreads)|\b(threadIdx|blockIdx|blockDim|gridDim|warpSize)\b"),
-             _fmt("#ffcb6b", bold=True)),
+            (words(CUDA_WORDS), _fmt("#ffcb6b", bold=True)),
             (re.compile(r"\b(cublas\w+|cuda\w+|cf_\w+)\b"), _fmt("#89ddff")),
             (re.compile(r"\b[0-9]+(\.[0-9]*)?([eE][+-]?[0-9]+)?[fFuUlL]*\b"), _fmt("#f78c6c")),
             (re.compile(r'"([^"\\]|\\.)*"'), _fmt("#c3e88d")),

@@ -89,7 +89,6 @@ from .plan import (
     PersistentLaunch,
     Plan,
     grad_of,
-    launch_name,
 )
 from .precision import PRECISIONS, Float32Only, retyped, sixteen_bit_copy
 
@@ -225,21 +224,6 @@ class BackwardPlan:
         """The gradient buffer and element offset of a layer's state before step t (t = T: after the last)."""
         acc = self.forward.layers[layer].state_read[state]
         return grad_of(acc.buffer), acc.offset(t, self.forward.sizes.batch)
-
-    def describe(self) -> str:
-        """The backward plan for people."""
-        lb = self.layers[0]
-        head = f"backward pass of '{self.forward.cell_name}', schedule '{self.forward.schedule}': "
-        if lb.persistent:
-            p = lb.persistent
-            head += (f"every step in reverse in one persistent launch per layer ({p.blocks} blocks, "
-                     f"{p.barriers_per_step} grid-wide barrier(s) per step)")
-        else:
-            head += f"{self.launches_per_step} launch(es) per step in reverse"
-        lines = [f"{head}, {len(lb.after)} after the loop", "",
-                 "one step, in order:", *(f"  {launch_name(launch)}" for launch in lb.step)]
-        lines += ["", "after the loop:", *(f"  {launch_name(launch)}" for launch in lb.after)]
-        return "\n".join(lines)
 
 
 def grad(acc: Access) -> Access:

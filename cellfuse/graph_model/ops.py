@@ -261,6 +261,3 @@ OPS: dict[str, OpSpec] = {spec.name: spec for spec in [
            "({0} / {width})", "mean", None, grad=(_row_mean_grad,), cuda_grad=("({dy} / {width})",)),
 ]}
 
-
-def elementwise_ops() -> list[OpSpec]:
-    return [s for s in OPS.values() if s.is_elementwise]

@@ -270,7 +270,7 @@ def test_a_persistent_forward_gets_a_persistent_reverse_loop_where_it_fits(name,
             item.launch, GemmLaunch) for item in p.items]
         for ex in p.exchange:  # dC, whole: the adjoint's outputs side by side, read in the same step
             assert ex.lag == 0 and ex.buffer.startswith("∂") and ex.width in {g.k for g in gemms}
-    assert "in one persistent launch per layer" in plan.describe() and plan.launches_per_step == 0
+    assert all(lb.persistent is not None for lb in plan.layers) and plan.launches_per_step == 0
 
 
 def test_a_gradient_one_kernel_writes_whole_is_stored_not_added_to():

@@ -31,7 +31,7 @@ _NEXT_SLOT = {"t%2": "(t+1)%2", "t": "t+1"}
 Arrays = dict[int, dict[int, str]]  # per launch (item index), param index -> a register array
 
 
-def row_inputs(k: Kernel, item: PersistentItem, kind: str = "row") -> list[int]:
+def row_inputs(item: PersistentItem, kind: str = "row") -> list[int]:
     """The param indices of an elementwise launch's inputs that its body reads element by element (or, of
     kind "vec", column by column: the same for every row)."""
     params = kernel_params(item.launch)
@@ -44,7 +44,7 @@ def unwritten(k: Kernel, item: PersistentItem) -> list[int]:
     steps ahead."""
     params = kernel_params(item.launch)
     elsewhere = k.written | k.on_chip.keys()
-    return [p_i for p_i in row_inputs(k, item) if params[p_i].access.buffer not in elsewhere]
+    return [p_i for p_i in row_inputs(item) if params[p_i].access.buffer not in elsewhere]
 
 
 def _elementwise_items(k: Kernel) -> Iterator[tuple[int, PersistentItem]]:
@@ -73,7 +73,7 @@ def ahead(k: Kernel) -> tuple[Arrays, dict[int, dict[int, tuple[int, str]]]]:
             loads[i] = {p_i: f"cf_ahead{i}_{p_i}" for p_i in inputs}
         params = kernel_params(item.launch)
         others = set().union(*(writes(o.launch) for o in launch.items if o is not item))
-        for p_i in row_inputs(k, item):
+        for p_i in row_inputs(item):
             acc = params[p_i].access
             slot = _NEXT_SLOT.get(acc.slot)
             if acc.buffer not in k.written or acc.buffer in others or slot is None:
@@ -109,7 +109,7 @@ def fixed(k: Kernel) -> Arrays:
     out: Arrays = {}
     for i, item in _elementwise_items(k):
         params = kernel_params(item.launch)
-        vectors = [p_i for p_i in row_inputs(k, item, "vec")
+        vectors = [p_i for p_i in row_inputs(item, "vec")
                    if not params[p_i].output and params[p_i].access.buffer not in k.written]
         if vectors and k.elements(item)[0] <= PREFETCH_ELEMENTS:
             out[i] = {p_i: f"cf_fixed{i}_{p_i}" for p_i in vectors}
@@ -127,7 +127,7 @@ def prefetch(k: Kernel, skip: dict[int, set[int]]) -> Arrays:
             most = k.elements(item)[0]
             params = kernel_params(item.launch)
             later = written | k.on_chip.keys() | k.written_by_rows  # (not before the barrier)
-            early = [p_i for p_i in row_inputs(k, item) if p_i not in skip.get(i, set())
+            early = [p_i for p_i in row_inputs(item) if p_i not in skip.get(i, set())
                      and params[p_i].access.buffer not in later]
             if early and most <= PREFETCH_ELEMENTS:
                 if not out:  # the previous step's writes, by any thread of the block, are done
