@@ -62,9 +62,8 @@ def _lengths(*values):
 
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_compiled_with_fullgraph_runs_rows_of_their_own_lengths_as_eager(bidirectional):
-    """The lengths are a tensor the compiled graph reads as it runs: other lengths in the next calls need
-    no new trace and give eager's outputs, final states and gradients; lengths out of their bounds are
-    refused by the graph."""
+    """The lengths are a tensor the compiled graph reads as it runs: other lengths in the next calls give
+    eager's outputs, final states and gradients; lengths out of their bounds are refused by the graph."""
     torch._dynamo.reset()
     model = Tagger(bidirectional)
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
@@ -92,6 +91,21 @@ def test_an_exported_program_runs_rows_of_new_lengths():
             torch.testing.assert_close(a, b)
     with pytest.raises(RuntimeError, match="lengths must be from 1"):
         exported.module()(x, _lengths(0, 2, 4))
+
+
+def test_a_jit_trace_made_with_full_lengths_masks_the_padding_of_shorter_ones():
+    """A trace whose example rows all ran the whole sequence still zeroes the padding of later calls'
+    shorter rows (a trace records the mask whatever the lengths): NaN there does not reach the run."""
+    model = Tagger(bidirectional=True).eval()
+    with torch.no_grad():
+        traced = torch.jit.trace(model, (torch.randn(6, 3, 4), _lengths(6, 6, 6)))
+        x = torch.randn(6, 3, 4)
+        x[4:, 1] = float("nan")
+        for lengths in (_lengths(6, 4, 2), _lengths(3, 4, 1)):
+            got, want = traced(x, lengths), model(x, lengths)
+            assert not got[0].isnan().any()
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b)
 
 
 def test_a_traced_calls_lengths_reach_xs_device(monkeypatch):
