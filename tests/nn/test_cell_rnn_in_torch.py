@@ -237,11 +237,13 @@ def test_torch_compile_fullgraph_runs_rows_of_their_own_lengths_as_eager(cuda, l
         x = torch.randn(20, 5, 32, device=cuda, requires_grad=True)
         lengths = torch.randint(1, 21, (5,), device=lengths_on)
         got, want = compiled(x, lengths), call(x, lengths)
+        # (eager runs the two directions side by side, each planned for half of the SMs; the compiled
+        # graph one after the other, each planned for all: other plans, other orders of summation)
         for a, b in zip(got, want, strict=True):
-            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
         (grad,) = torch.autograd.grad(got[0].square().sum(), x)
         (want_grad,) = torch.autograd.grad(want[0].square().sum(), x)
-        torch.testing.assert_close(grad, want_grad, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(grad, want_grad, rtol=1e-3, atol=1e-4)
 
 
 def test_torch_export_computes_on_new_inputs(cuda):
