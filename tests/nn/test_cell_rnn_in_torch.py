@@ -256,6 +256,29 @@ def test_torch_export_computes_on_new_inputs(cuda):
         torch.testing.assert_close(exported.module()(new), model(new), rtol=1e-5, atol=1e-5)
 
 
+def test_torch_export_runs_rows_of_new_lengths(cuda):
+    """An exported program of two directions over rows of their own lengths (given on the CPU) runs other
+    lengths as eager does, and refuses lengths out of bounds."""
+
+    class Tagger(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.rnn = CellRNN("gru", 32, 64, 1, bidirectional=True, schedule="persistent", seed=6)
+
+        def forward(self, x, lengths):
+            y, final = self.rnn(x, lengths=lengths)
+            return y, final["h"]
+    model = Tagger().to(cuda).eval()
+    x = torch.randn(20, 5, 32, device=cuda)
+    exported = torch.export.export(model, (x, torch.tensor([20, 3, 7, 1, 12])))
+    with torch.no_grad():
+        for lengths in (torch.tensor([5, 20, 1, 9, 20]), torch.full((5,), 20)):
+            for a, b in zip(exported.module()(x, lengths), model(x, lengths), strict=True):
+                torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+        with pytest.raises(RuntimeError, match="lengths must be from 1"):
+            exported.module()(x, torch.tensor([21, 3, 7, 1, 12]))
+
+
 def test_modules_on_two_devices_of_one_process():
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
