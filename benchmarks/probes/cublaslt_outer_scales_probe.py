@@ -3,7 +3,9 @@ the loop (gemm_splits.cuh) with each row of A's copies and each column of W's sc
 the GEMM's epilogue (cuBLASLt's A/B scale mode OUTER_VEC_32F), the bias added there too (epilogue BIAS),
 or W's columns' scales as a vector alpha (pointer mode ALPHA_DEVICE_VECTOR_BETA_HOST). Where it can,
 the pass that undoes the scales (cf_f16x3_unscale_sums, memory-bound: 42 us of the LSTM's forward at B=64
-on an H200) is not needed.
+on an H200) is not needed. Last, for one scale per operand (docs/results/2026-12-02-c): a scalar alpha
+read from device memory (pointer mode DEVICE) with the bias epilogue, and whether a CUDA graph that
+captured that GEMM reads the alpha as it is at each replay (a value the GPU sets before the GEMM).
 
 For each variant, at the LSTM's input projection (C[T*B, 4H] over K = 3 x 512, H = 512): how many
 algorithms cuBLASLt's heuristic offers, whether the fastest computes the scaled product (against numpy,
@@ -70,7 +72,10 @@ def main() -> None:
         "NN alpha vector + bias": dict(trans=False, alpha_vector=True, bias=True),
         "TN alpha vector + bias": dict(trans=True, alpha_vector=True, bias=True),
         "NN bias": dict(trans=False, bias=True),
+        "NN device alpha": dict(trans=False, device_alpha=True),
+        "NN device alpha + bias": dict(trans=False, device_alpha=True, bias=True),
     }
+    d_ab = drv.to_device(np.array([2.0 ** -10, 0.0], np.float32))  # a device alpha and beta
     print(f"C[{rows}, {n}] over 3K = {k3}; {drv.Device(0).name()}")
     for name, v in variants.items():
         desc = lt.matmul_desc_create(COMPUTE_32F, R_32F)
@@ -91,7 +96,11 @@ def main() -> None:
             set_attr(desc, A.A_SCALE_POINTER, int(d_sw), np.uint64)
             set_attr(desc, A.B_SCALE_POINTER, int(d_sx), np.uint64)
             expect = expect * sx[:, None] * sw[None, :]
-        alpha_ptr = one_zero.ctypes.data
+        alpha_ptr, beta_ptr = one_zero.ctypes.data, one_zero.ctypes.data + 4
+        if v.get("device_alpha"):
+            set_attr(desc, A.POINTER_MODE, int(lt.PointerMode.DEVICE))
+            alpha_ptr, beta_ptr = int(d_ab), int(d_ab) + 4
+            expect = expect * 2.0 ** -10
         if v.get("alpha_vector"):
             set_attr(desc, A.POINTER_MODE, ALPHA_DEVICE_VECTOR_BETA_HOST)
             alpha_ptr = int(d_sw)
@@ -118,9 +127,10 @@ def main() -> None:
                                np.uint8).copy() for i in range(int(count[0]))]
         best = None
         for algo in algos:
-            run = partial(lt.matmul, handle, desc, alpha_ptr, a_ptr, a_layout, int(d_x), b_layout,
-                          one_zero.ctypes.data + 4, int(d_c), c_layout, int(d_c), c_layout,
-                          algo.ctypes.data, int(workspace), workspace_bytes, 0)
+            on = partial(lt.matmul, handle, desc, alpha_ptr, a_ptr, a_layout, int(d_x), b_layout,
+                         beta_ptr, int(d_c), c_layout, int(d_c), c_layout,
+                         algo.ctypes.data, int(workspace), workspace_bytes)  # (the stream last)
+            run = partial(on, 0)
             try:
                 run()
                 drv.Context.synchronize()
@@ -129,7 +139,7 @@ def main() -> None:
                 continue
             t = median_ms(drv, run, None, 20)  # (the default stream, as lt.matmul's 0)
             if best is None or t < best[0]:
-                best = (t, run)
+                best = (t, run, on)
         if best is None:
             print(f"{name:28s} offered {len(algos)}, none ran")
             continue
@@ -139,7 +149,32 @@ def main() -> None:
         err = float(np.abs(got - expect).max() / np.abs(expect).max())
         print(f"{name:28s} offered {len(algos)}; fastest {best[0] * 1e3:8.1f} us; "
               f"largest error {err:.1e} of the largest {'ok' if err < 1e-5 else 'WRONG'}")
+        if v.get("device_alpha"):
+            want = plain * 2.0 ** -3 + (bias[None, :] if v.get("bias") else 0.0)
+            replayed_with_a_new_alpha(best[2], d_ab, d_c, want, rows, n)
     lt.destroy(handle)
+
+
+def replayed_with_a_new_alpha(on, d_ab, d_c, expect: np.ndarray, rows: int, n: int) -> None:
+    """The GEMM (`on(stream)`) captured into a CUDA graph with alpha 2^-10 in device memory, then
+    replayed after alpha was set to 2^-3: whether the replay read the new value (`expect`: the result
+    with 2^-3)."""
+    from cellfuse.gpu_runtime import driver
+
+    cu = driver.bindings()
+    stream = driver.new_stream()
+    graph = driver.capture(stream, lambda: on(int(stream)), "capturing the GEMM")
+    drv.memcpy_htod(d_ab, np.array([2.0 ** -3, 0.0], np.float32))
+    driver.check(cu.cuGraphLaunch(graph, stream), "replaying the GEMM")
+    driver.check(cu.cuStreamSynchronize(stream), "replaying the GEMM")
+    got = np.empty((rows, n), np.float32)
+    drv.memcpy_dtoh(got, d_c)
+    err = float(np.abs(got - expect).max() / np.abs(expect).max())
+    print(f"{'':28s} captured, replayed after alpha changed: largest error {err:.1e} "
+          f"{'ok (the replay reads alpha)' if err < 1e-5 else 'WRONG'}")
+    drv.memcpy_htod(d_ab, np.array([2.0 ** -10, 0.0], np.float32))
+    driver.check(cu.cuGraphExecDestroy(graph), "freeing the graph")
+    driver.check(cu.cuStreamDestroy(stream), "freeing the stream")
 
 
 if __name__ == "__main__":
