@@ -397,8 +397,8 @@ def _gradients(ctx, grads: Sequence[torch.Tensor | None], none_seeds: bool, into
     if into is None:
         out = torch.ops.cellfuse.rnn_backward(dy, dfinals, x, list(states), list(params), y, reserve, cell,
                                               hidden, layers, schedule, direction, input_grad, float32)
-        dx, dstates, dparams, placed = out[0] if input_grad else None, list(out[1:1 + n_states]), \
-            out[1 + n_states:], False
+        dx = out[0] if input_grad else None
+        dstates, dparams, placed = list(out[1:1 + n_states]), out[1 + n_states:], False
     else:
         dx, dstates, dparams, placed = _runner_backward(dy, dfinals, x, states, params, y, reserve, cell,
                                                         hidden, layers, schedule, direction, input_grad,

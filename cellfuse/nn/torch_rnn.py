@@ -247,7 +247,7 @@ class _TorchRNN(torch.nn.Module):
             # stream wait for the capturing one)
             self._view_cache.pop((layer, reverse), None)
             self._fused = None
-            cached = None  # (this name held them too)
+            cached = None  # (the old views, held by this name too, go before the new are made)
             # (their gradients' function holds what it reads, not the module: a bound method here would
             # make a cycle that keeps a dropped module, and its GPU memory, until Python's collector runs)
             gradients = partial(_source_gradients, self._names, self._gates)
