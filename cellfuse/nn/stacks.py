@@ -172,8 +172,9 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
         # that requires a gradient: its AccumulateGrad node takes the stream of x's first use, and torch's
         # engine wants both of its gradients from that stream
         early = bidirectional and x.requires_grad and x.is_leaf and torch.is_grad_enabled()
+        # (a tuple indexed by an int: Dynamo of torch 2.11 refuses a bool index while tracing)
         xs = (x, reverse_time(x)) if early else (x, x)
-        calls = [partial(_direction, xs[reverse], [s[i:i + 1] for s in initial], params_of, reverse,
+        calls = [partial(_direction, xs[int(reverse)], [s[i:i + 1] for s in initial], params_of, reverse,
                          reverse_time if reverse else None, early, cell, hidden, schedule, lengths,
                          direction_of(reverse, beside), float32, steps, kept, layer, zeros)
                  for i, reverse in enumerate(directions, start=layer * len(directions))]
