@@ -24,3 +24,26 @@ def f16x3_pieces(scaled: np.ndarray, lo_piece: int) -> tuple[np.ndarray, np.ndar
         lo = ((scaled - hi.astype(np.float32)) * np.float32(2048)).astype(np.float16)
         small = (hi.astype(np.float32) / np.float32(2048)).astype(np.float16)
     return (hi, small, lo) if lo_piece == 2 else (hi, lo, small)
+
+
+ONE_SCALE_SPREAD = 20  # gemm_splits.cuh's CF_ONE_SCALE_SPREAD
+
+
+def f16x3_range(m: np.ndarray) -> np.ndarray:
+    """gemm_splits.cuh's range of largest magnitudes m (non-negative): the largest's bits and the
+    complement of the smallest non-zero one's (0 where all are zero), as the kernels fold them."""
+    bits = np.asarray(m, np.float32).ravel().view(np.uint32)
+    nonzero = bits[bits != 0]
+    return np.array([bits.max(initial=0), ~nonzero.min() if nonzero.size else 0], np.uint32)
+
+
+def f16x3_one_max(m: np.ndarray) -> float | None:
+    """gemm_splits.cuh's cf_f16x3_one_max: the largest of m where one scale serves every row or column of
+    these largest magnitudes (they lie within 2^ONE_SCALE_SPREAD of each other, all finite), else None."""
+    hi, lo = f16x3_range(m)
+    if hi >> 23 >= 255:
+        return None
+    largest = float(np.uint32(hi).view(np.float32))
+    if lo == 0:
+        return largest
+    return largest if int(hi >> 23) - int(~lo >> 23) <= ONE_SCALE_SPREAD else None

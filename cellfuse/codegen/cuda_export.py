@@ -696,11 +696,15 @@ class _Export:
                 self.w(f"{step.name}<<<cf_blocks({as_expr(step.threads).c()}), {BLOCK}, 0, stream>>>("
                        f"{', '.join(args)});")
             else:
-                split_w, ldw3, split_a, lda3, sums, ldd = args
-                self.w(f"st = cublasGemmEx(handle, {op_w}, CUBLAS_OP_N, {g.n}, {m.c(wide=False)}, "
-                       f"{(3 * kk).c(wide=False)}, &one, {split_w}, CUDA_R_16F, {ldw3}, {split_a}, "
-                       f"CUDA_R_16F, {lda3}, &zero, {sums}, CUDA_R_32F, {ldd}, CUBLAS_COMPUTE_32F, "
+                # (alpha and beta from the workspace, where A's split wrote them)
+                split_w, ldw3, split_a, lda3, sums, ldd, scalars = args
+                self.w("st = cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE);",
+                       "if (st == CUBLAS_STATUS_SUCCESS)",
+                       f"    st = cublasGemmEx(handle, {op_w}, CUBLAS_OP_N, {g.n}, {m.c(wide=False)}, "
+                       f"{(3 * kk).c(wide=False)}, {scalars}, {split_w}, CUDA_R_16F, {ldw3}, {split_a}, "
+                       f"CUDA_R_16F, {lda3}, {scalars} + 1, {sums}, CUDA_R_32F, {ldd}, CUBLAS_COMPUTE_32F, "
                        "CUBLAS_GEMM_DEFAULT);",
+                       "cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST);",
                        "if (st != CUBLAS_STATUS_SUCCESS) return (int)st;")
 
     def _cooperative(self, p: PersistentLaunch) -> None:

@@ -1,6 +1,7 @@
 """How a GEMM runs: cuBLAS's float32 GEMM, or on tensor cores with float32's accuracy, each float32 product
 as three fp16 ones (f16x3: split copies of its operands, scaled by powers of two per row of A and column
-of W, one cuBLAS fp16 GEMM over 3K into float32 and a pass that undoes the scales), or through the
+of W or one per operand, one cuBLAS fp16 GEMM over 3K into float32 and a pass that undoes the scales its
+alpha did not: see gemm_splits.cuh), or through the
 warpgroup GEMM that splits its operands into TF32 pieces as it loads them (`cuda_wgmma`). The rule is
 decided here once: the lowering records each GEMM instruction's route (`route`), the executors follow
 it, and the exported .cu, whose seq and batch are chosen at run time, carries the same rule as C
@@ -86,6 +87,8 @@ def may_run_on_tensor_cores(g: GemmLaunch) -> bool:
 
 SIDE_BY_SIDE, STACKED, TRANSPOSED = 0, 1, 2  # the layouts of cf_split_f16x3_copies's copies
 MAX_ROWS = 256  # gemm_splits.cuh's CF_MAX_ROWS: the rows a block of cf_f16x3_maxima takes of 32 columns
+RANGE_WORDS = 4  # gemm_splits.cuh's CF_RANGE_WORDS: an operand's range of largest magnitudes, after them
+UNSCALE_ROWS = 8  # see unscale_threads
 _ALIGN = 256  # bytes: where each part of the workspace starts (cuBLAS's fastest kernels want it)
 
 
@@ -108,8 +111,11 @@ def maxima_threads(rows: Expr | int, cols: Expr | int) -> Expr:
 
 
 def unscale_threads(rows: Expr | int, n: Expr | int) -> Expr:
-    """The threads cf_f16x3_unscale_sums runs with for C of `rows` x `n`: one per 4 columns of a row."""
-    return as_expr(rows) * ((as_expr(n) + 3) // 4)
+    """The threads cf_f16x3_unscale_sums runs with for C of `rows` x `n`: one per 4 columns of every
+    UNSCALE_ROWS-th row, striding over the rest. Where the GEMM's alpha undid the scales and nothing is
+    left to add, each block returns at once: with one thread per 4 columns of every row, such a pass still
+    took 12 us after the LSTM's input GEMM at B=64 on an H200 (12,800 blocks), 40 us at B=256."""
+    return (as_expr(rows) + (UNSCALE_ROWS - 1)) // UNSCALE_ROWS * ((as_expr(n) + 3) // 4)
 
 
 def _aligned(nbytes: Expr) -> Expr:
@@ -120,8 +126,9 @@ def _aligned(nbytes: Expr) -> Expr:
 class Operand:
     """How one operand of a GEMM on tensor cores is split: its source's rows, columns and row length, its
     layout, the copy that is its lo piece, and where its copies and its largest magnitudes go (bytes into
-    the workspace for A, into W's region for W; one magnitude per source row side by side, found by the
-    split; else per source column, by cf_f16x3_maxima first: A's rows, W's columns)."""
+    the workspace for A, into W's region for W; one magnitude per source row side by side, found by
+    cf_f16x3_row_maxima; else per source column, by cf_f16x3_maxima: A's rows, W's columns), their range
+    (RANGE_WORDS words, `range`) right after them."""
 
     rows: Expr
     cols: Expr
@@ -140,22 +147,30 @@ class Operand:
         """How many largest magnitudes it has."""
         return self.cols if self.per_column else self.rows
 
+    @property
+    def range(self) -> Expr:
+        """Where the range of its largest magnitudes goes (see gemm_splits.cuh)."""
+        return self.maxima + 4 * self.scales
+
 
 @dataclass(frozen=True)
 class F16x3Layout:
     """How a GEMM on tensor cores (see gemm_splits.cuh) uses its workspace, for the executors (ints: the
     expressions are constants) and the exported launcher (expressions of seq and batch) alike: A's and
     W's splits, the copies' row lengths (A's always [rows, 3K], K contiguous, which the GEMM reads
-    untransposed: where A is stored transposed, a weight gradient's x^T, its split transposes it), where
-    the GEMM's float32 sums go (C itself, or, where the GEMM accumulates onto C, `sums` in the workspace,
-    row length n) and the workspace's bytes. W's copies and largest magnitudes are a region of their own at
-    the workspace's end (`kept_at`, `kept_bytes`; W's offsets are within it): they depend on W alone, so
-    that an executor may keep them elsewhere, made once per change of the weights."""
+    untransposed: where A is stored transposed, a weight gradient's x^T, its split transposes it), the
+    GEMM's alpha and beta (`scalars`, float32s that A's split writes: cuBLAS reads them from device
+    memory), where the GEMM's float32 sums go (C itself, or, where the GEMM accumulates onto C, `sums` in
+    the workspace, row length n) and the workspace's bytes. W's copies, largest magnitudes and their range
+    are a region of their own at the workspace's end (`kept_at`, `kept_bytes`; W's offsets are within it):
+    they depend on W alone, so that an executor may keep them elsewhere, made once per change of the
+    weights."""
 
     a: Operand
     w: Operand
     lda3: Expr
     ldw3: Expr
+    scalars: Expr
     sums: Expr | None
     kept_at: Expr
     kept_bytes: Expr
@@ -170,7 +185,8 @@ def f16x3_layout(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> F16x3Layout:
     rows, k, n, lda = as_expr(rows), as_expr(k), as_expr(g.n), as_expr(g.a.ld)
     a_pieces = as_expr(0)
     a_max = a_pieces + _aligned(2 * 3 * rows * k)
-    end = a_max + _aligned(4 * rows)
+    scalars = a_max + _aligned(4 * (rows + RANGE_WORDS))
+    end = scalars + _aligned(as_expr(8))
     sums = end if g.accumulate else None
     if sums is not None:
         end = end + _aligned(4 * rows * n)
@@ -179,7 +195,8 @@ def f16x3_layout(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> F16x3Layout:
          else Operand(rows, k, lda, SIDE_BY_SIDE, 2, a_pieces, a_max))
     w = (Operand(n, k, k, SIDE_BY_SIDE, 1, w_pieces, w_max) if g.trans_w
          else Operand(k, n, n, STACKED, 1, w_pieces, w_max))
-    return F16x3Layout(a, w, 3 * k, 3 * k if g.trans_w else n, sums, end, w_max + _aligned(4 * n))
+    return F16x3Layout(a, w, 3 * k, 3 * k if g.trans_w else n, scalars, sums, end,
+                       w_max + _aligned(4 * (n + RANGE_WORDS)))
 
 
 @dataclass(frozen=True)
@@ -197,10 +214,11 @@ class Ref:
 @dataclass(frozen=True)
 class Step:
     """One call of a GEMM on tensor cores (`f16x3_steps`): "zero" (args: where, 32-bit words), "kernel" (a
-    kernel of gemm_splits.cuh by `name`, with `threads` threads of BLOCK a block, and its arguments) or
-    "gemm" (cuBLAS's fp16 GEMM over 3K into float32; args: W's copies, their row length, A's, theirs, the
-    sums, theirs: cuBLAS's W first, as the float32 GEMM). `of_w`: a step that makes W's region (W's
-    column maxima and copies), which depends on W alone."""
+    kernel of gemm_splits.cuh by `name`, with `threads` threads of BLOCK a block, and its arguments; 0 for
+    a null pointer) or "gemm" (cuBLAS's fp16 GEMM over 3K into float32; args: W's copies, their row
+    length, A's, theirs, the sums, theirs, and the device address of its alpha and beta: cuBLAS's W first,
+    as the float32 GEMM). `of_w`: a step that makes W's region (W's maxima, their range and W's copies),
+    which depends on W alone."""
 
     kind: Literal["zero", "kernel", "gemm"]
     name: str
@@ -211,29 +229,41 @@ class Step:
 
 def f16x3_steps(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> list[Step]:
     """The calls of a GEMM on tensor cores computing `rows` rows over `k`, in order, the one sequence the
-    executors and the exported launcher each put in their own terms: each operand's column maxima where it
-    has them (zeroed first: cf_f16x3_maxima folds them in by atomics) and its copies (W's first, `of_w`),
-    the fp16 GEMM into C or the workspace's sums, then the pass that undoes the scales, adds the bias and
-    accumulates."""
+    executors and the exported launcher each put in their own terms: each operand's maxima and their range
+    (zeroed first: the kernels fold them in by atomics) and its copies (W's first, `of_w`; A's split writes
+    the GEMM's alpha), the fp16 GEMM into C or the workspace's sums, then the pass that undoes the scales
+    the alpha did not, adds the bias and accumulates (see gemm_splits.cuh)."""
     lay = f16x3_layout(g, rows, k)
+    w_range = Ref("kept", lay.w.range, "unsigned")
+    scalars = Ref("workspace", lay.scalars)
     steps: list[Step] = []
     for part, source, region in ((lay.w, Ref("w"), "kept"), (lay.a, Ref("a"), "workspace")):
         maxima, of_w = Ref(region, part.maxima), region == "kept"
+        span = Ref(region, part.range, "unsigned")
         if part.per_column:
-            steps += [Step("zero", "zeroing the column maxima", (maxima, part.scales), of_w=of_w),
-                      Step("kernel", "cf_f16x3_maxima", (maxima, source, part.rows, part.cols, part.ld),
+            steps += [Step("zero", "zeroing the column maxima", (maxima, part.scales + RANGE_WORDS),
+                           of_w=of_w),
+                      Step("kernel", "cf_f16x3_maxima", (maxima, span, source, part.rows, part.cols, part.ld),
                            maxima_threads(part.rows, part.cols), of_w)]
+        else:
+            steps += [Step("zero", "zeroing the row maxima's range", (span, RANGE_WORDS), of_w=of_w),
+                      Step("kernel", "cf_f16x3_row_maxima", (maxima, span, source, part.rows, part.cols,
+                                                             part.ld),
+                           split_threads(part.rows, part.cols, SIDE_BY_SIDE), of_w)]
         steps.append(Step("kernel", "cf_split_f16x3_copies",
-                          (Ref(region, part.pieces, "__half"), source, maxima, part.rows, part.cols,
-                           part.ld, part.layout, part.lo_piece),
+                          (Ref(region, part.pieces, "__half"), source, maxima, span,
+                           *((0, 0) if of_w else (w_range, scalars)), part.rows, part.cols, part.ld,
+                           part.layout, part.lo_piece),
                           split_threads(part.rows, part.cols, part.layout), of_w))
     sums, ldd = (Ref("workspace", lay.sums), as_expr(g.n)) if lay.sums is not None else (Ref("c"), g.c.ld)
     a_pieces, w_pieces = Ref("workspace", lay.a.pieces, "__half"), Ref("kept", lay.w.pieces, "__half")
     a_max, w_max = Ref("workspace", lay.a.maxima), Ref("kept", lay.w.maxima)
-    steps += [Step("gemm", "cuBLAS's fp16 GEMM", (w_pieces, lay.ldw3, a_pieces, lay.lda3, sums, ldd)),
+    a_range = Ref("workspace", lay.a.range, "unsigned")
+    steps += [Step("gemm", "cuBLAS's fp16 GEMM",
+                   (w_pieces, lay.ldw3, a_pieces, lay.lda3, sums, ldd, scalars)),
               Step("kernel", "cf_f16x3_unscale_sums",
-                   (Ref("c"), sums, a_max, w_max, Ref("bias"), as_expr(rows), g.n, g.c.ld, ldd,
-                    int(bool(g.accumulate))),
+                   (Ref("c"), sums, a_max, a_range, w_max, w_range, Ref("bias"), as_expr(rows), g.n, g.c.ld,
+                    ldd, int(bool(g.accumulate))),
                    unscale_threads(rows, g.n))]
     return steps
 

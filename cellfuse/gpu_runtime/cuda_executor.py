@@ -141,8 +141,8 @@ class CudaExecutor:
         self.bias_rows = module.get_function("cf_bias_rows").prepare("PPiii")
         # gemm_splits.cuh's kernels of the GEMMs on tensor cores (gemm_routes.f16x3_steps), by name
         self.f16x3_kernels = {name: module.get_function(name).prepare(types) for name, types in (
-            ("cf_f16x3_maxima", "PPiii"), ("cf_split_f16x3_copies", "PPPiiiii"),
-            ("cf_f16x3_unscale_sums", "PPPPPiiiii"))}
+            ("cf_f16x3_row_maxima", "PPPiii"), ("cf_f16x3_maxima", "PPPiii"),
+            ("cf_split_f16x3_copies", "PPPPPPiiiii"), ("cf_f16x3_unscale_sums", "PPPPPPPiiiii"))}
 
         self.weights = {name for name, b in plan.buffers.items() if b.is_weight}
         sizes = {name: b.nbytes(plan.sizes) for name, b in plan.buffers.items()}
@@ -257,13 +257,12 @@ class CudaExecutor:
             elif step.kind in ("zero", "kernel"):
                 out.append(self._f16x3_kernel(step, args, stream))
             else:
-                split_w, ldw3, split_a, lda3, sums, ldd = args
+                split_w, ldw3, split_a, lda3, sums, ldd, scalars = args
                 shape = Shape(g.trans_w, g.n, op.m, 3 * g.k, ldw3, lda3, ldd, sms,
                               (alignment(split_w), alignment(split_a), alignment(sums)))
                 chosen = self.f16x3_gemms.chosen(shape, stream, workspace)  # measured now, not while captured
-                one, zero = self._scalars.ctypes.data, self._scalars.ctypes.data + 4
-                out.append(partial(self.f16x3_gemms.call, chosen, stream, workspace, one, split_w, split_a,
-                                   zero, sums))
+                out.append(partial(self.f16x3_gemms.call, chosen, stream, workspace, scalars, split_w,
+                                   split_a, scalars + 4, sums))
         return out
 
     def _f16x3_kernel(self, step, args: list[int], stream) -> Callable[[], object]:
@@ -290,6 +289,7 @@ class CudaExecutor:
                                              int(f16x3_layout(g, op.m, g.k).kept_bytes), 4 * 2 * g.n * g.k])
             scratch = self.drv.mem_alloc(span)
             try:
+                self.drv.memset_d32(scratch, 0, span // 4)  # (see stream_program.route_choice)
                 x, w, c, pieces, region, image = (int(scratch) + offset for offset in offsets)
                 on = replace(op, c=c, x=x, w=w, pieces=pieces, lengths=0)  # (timed as if every row ran)
                 if kept:

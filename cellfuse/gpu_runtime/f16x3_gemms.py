@@ -19,6 +19,9 @@ import numpy as np
 from .event_timing import median_ms
 
 _R_32F, _R_16F, _COMPUTE_32F = 0, 2, 68  # cudaDataType, cublasComputeType_t
+# cublasLtPointerMode_t: alpha and beta read from device memory, where the split of A writes them (see
+# gemm_splits.cuh: an alpha that undoes both operands' scales, or 1), at each run and each graph replay
+_POINTER_MODE_DEVICE = 1
 CANDIDATES = 8  # of the heuristic's algorithms, at most, timed per shape
 _RUNS = 5  # timed runs of each candidate (after one to warm up); the median counts
 
@@ -52,10 +55,12 @@ class _Chosen:
 
     def __init__(self, lt, shape: Shape):
         self.desc = lt.matmul_desc_create(_COMPUTE_32F, _R_32F)
+        attribute = lt.MatmulDescAttribute
+        _set(lt.matmul_desc_set_attribute, self.desc, attribute.POINTER_MODE, _POINTER_MODE_DEVICE)
         if shape.trans_a:
-            _set(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.TRANSA, 1)
+            _set(lt.matmul_desc_set_attribute, self.desc, attribute.TRANSA, 1)
         if shape.sms:
-            _set(lt.matmul_desc_set_attribute, self.desc, lt.MatmulDescAttribute.SM_COUNT_TARGET, shape.sms)
+            _set(lt.matmul_desc_set_attribute, self.desc, attribute.SM_COUNT_TARGET, shape.sms)
         a_rows, a_cols = (shape.k, shape.m) if shape.trans_a else (shape.m, shape.k)
         self.a = lt.matrix_layout_create(_R_16F, a_rows, a_cols, shape.lda)
         self.b = lt.matrix_layout_create(_R_16F, shape.k, shape.n, shape.ldb)
@@ -120,17 +125,18 @@ class TensorCoreGemms:
         # scratch operands as large as the GEMM's: the time does not depend on their values, and the
         # executor's own buffers (a gradient that accumulates, say) must not change
         a_elems = shape.lda * (shape.m if shape.trans_a else shape.k)
-        scratch = drv.mem_alloc(2 * (a_elems + shape.ldb * shape.n) + 4 * shape.ldc * shape.n + 512)
+        scratch = drv.mem_alloc(2 * (a_elems + shape.ldb * shape.n) + 4 * shape.ldc * shape.n + 768)
         try:
             a = int(scratch)
             b = a + -(-2 * a_elems // 256) * 256
             c = b + -(-2 * shape.ldb * shape.n // 256) * 256
-            alpha_beta = np.array([1.0, 0.0], np.float32)
+            alpha = c + -(-4 * shape.ldc * shape.n // 256) * 256
+            drv.memcpy_htod(alpha, np.array([1.0, 0.0], np.float32))
             for algo in algos:
                 def run(algo=algo):
-                    lt.matmul(self.handle, chosen.desc, alpha_beta.ctypes.data, a, chosen.a, b, chosen.b,
-                              alpha_beta.ctypes.data + 4, c, chosen.c, c, chosen.c, algo.ctypes.data,
-                              workspace, self.workspace_bytes, stream.handle)
+                    lt.matmul(self.handle, chosen.desc, alpha, a, chosen.a, b, chosen.b, alpha + 4, c,
+                              chosen.c, c, chosen.c, algo.ctypes.data, workspace, self.workspace_bytes,
+                              stream.handle)
                 try:
                     run()
                 except lt.cuBLASLtError:  # offered, yet refused for these operands: never chosen
@@ -146,6 +152,6 @@ class TensorCoreGemms:
 
     def call(self, chosen: _Chosen, stream, workspace: int, alpha: int, a: int, b: int, beta: int, c: int):
         """C = alpha op(A) @ B + beta C on `stream`, by the algorithm `chosen` for its shape (alpha, beta:
-        host addresses of float32 scalars)."""
+        device addresses of float32 scalars)."""
         self.lt.matmul(self.handle, chosen.desc, alpha, a, chosen.a, b, chosen.b, beta, c, chosen.c, c,
                        chosen.c, chosen.algo.ctypes.data, workspace, self.workspace_bytes, stream.handle)

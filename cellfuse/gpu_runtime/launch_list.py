@@ -35,7 +35,7 @@ from .kernel_cache import shared_library
 
 log = logging.getLogger(__name__)
 
-KERNEL, COOPERATIVE, EARLY, COPY, RECORD, WAIT, SGEMM, GEMM_EX, FILL = range(9)
+KERNEL, COOPERATIVE, EARLY, COPY, RECORD, WAIT, SGEMM, GEMM_EX, FILL, GEMM_EX_DEVICE = range(10)
 _CUBLAS_ERROR = 100000  # cf_run's code for a cuBLAS status s is this plus s
 _MASK = 0xFFFFFFFFFFFFFFFF
 
@@ -50,7 +50,8 @@ class Api(ctypes.Structure):
     """The entry points the C code calls (see launch_list.c's cf_api)."""
 
     _fields_ = [(name, _p) for name in ("launch", "launch_cooperative", "launch_ex", "copy", "record", "wait",
-                                        "synchronize", "sgemm", "gemm_ex", "set_stream", "fill")]
+                                        "synchronize", "sgemm", "gemm_ex", "set_stream", "fill",
+                                        "set_pointer_mode")]
 
 
 class _Op(ctypes.Structure):
@@ -106,7 +107,7 @@ def _api() -> Api:
         "cuLaunchKernel", "cuLaunchCooperativeKernel", "cuLaunchKernelEx", "cuMemcpyDtoDAsync_v2",
         "cuEventRecord", "cuStreamWaitEvent", "cuCtxSynchronize")),
         *(cublas(name) for name in ("cublasSgemm_v2", "cublasGemmEx", "cublasSetStream_v2")),
-        driver.entry_point("cuMemsetD32Async"))
+        driver.entry_point("cuMemsetD32Async"), cublas("cublasSetPointerMode_v2"))
 
 
 Pointer = tuple[int, int]  # (slot, byte offset): an argument that is a buffer's address plus an offset
@@ -164,9 +165,12 @@ class LaunchList:
         """cublasSgemm_v2 on the stream's handle; `args` after the handle, as cuBLAS takes them."""
         self._add(SGEMM, stream, 0, [handle, *args], name)
 
-    def gemm_ex(self, handle: int, args: Sequence[int | Pointer], stream: int, name: str) -> None:
-        """cublasGemmEx on the stream's handle; `args` after the handle, as cuBLAS takes them."""
-        self._add(GEMM_EX, stream, 0, [handle, *args], name)
+    def gemm_ex(self, handle: int, args: Sequence[int | Pointer], stream: int, name: str,
+                device_scalars: bool = False) -> None:
+        """cublasGemmEx on the stream's handle; `args` after the handle, as cuBLAS takes them, alpha and
+        beta host addresses, or device ones with `device_scalars` (the handle's pointer mode DEVICE for
+        this call alone)."""
+        self._add(GEMM_EX_DEVICE if device_scalars else GEMM_EX, stream, 0, [handle, *args], name)
 
     def finish(self, side_streams: Sequence = (), handles: Sequence[int] = (),
                api: Api | None = None) -> None:

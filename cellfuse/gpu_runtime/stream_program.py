@@ -353,12 +353,11 @@ class _Calls:
             elif step.kind in ("zero", "kernel"):
                 self._f16x3_kernel(step, args, g, s, self.calls)
             else:
-                split_w, ldw3, split_a, lda3, sums, ldd = args
-                one = self.res.scalars.ctypes.data
+                split_w, ldw3, split_a, lda3, sums, ldd, (scalars, at) = args
                 self.calls.gemm_ex(self.res.handles[s], self._args(
-                    [int(g.trans_w), 0, g.n, m, 3 * g.k, one, split_w, _R_16F, ldw3, split_a, _R_16F, lda3,
-                     one + 4, sums, _R_32F, ldd, _COMPUTE_32F, GEMM_DEFAULT_ALGO]),
-                    s, f"{step.name} of {g.group}")
+                    [int(g.trans_w), 0, g.n, m, 3 * g.k, (scalars, at), split_w, _R_16F, ldw3, split_a,
+                     _R_16F, lda3, (scalars, at + 4), sums, _R_32F, ldd, _COMPUTE_32F, GEMM_DEFAULT_ALGO]),
+                    s, f"{step.name} of {g.group}", device_scalars=True)
 
     def _f16x3_kernel(self, step, args: list, g, s: int, calls: LaunchList) -> None:
         """A "zero" or "kernel" step of gemm_routes.f16x3_steps into `calls`, on stream s."""
@@ -393,8 +392,9 @@ class _Calls:
 
 def route_choice(res: _Resources, plan: Plan, g, op: Operands, a, c, s: int) -> str:
     """The faster route of a GEMM the warpgroup GEMM could run, timed once per shape, share of the SMs
-    (cuBLAS picks other kernels for fewer) and process on scratch memory as large as its operands (their
-    values do not change the time)."""
+    (cuBLAS picks other kernels for fewer) and process on scratch memory as large as its operands, zeroed
+    (the values do not change a GEMM's time, but the copies' pass returns at once where each operand has
+    one scale, as zeros and most operands do: see gemm_splits.cuh)."""
     key = (driver.current_device(), res.sm_target, op.m, op.n, op.k, op.lda, op.ldw, op.ldc, op.trans_w,
            op.accumulate)
     if key in _route_choice:
@@ -412,6 +412,8 @@ def route_choice(res: _Resources, plan: Plan, g, op: Operands, a, c, s: int) -> 
                   workspace_bytes(g, op.m, "f16x3-or-wgmma"))
     memory = {name: check(cu.cuMemAlloc(largest), "allocating scratch to time a GEMM") for name in names}
     try:
+        for m in memory.values():
+            check(cu.cuMemsetD32Async(m, 0, largest // 4, stream), "zeroing scratch to time a GEMM")
         for i in range(s + 1):
             res.point(i, stream)
         times = {}

@@ -200,7 +200,8 @@ def _direction(x, initial, params_of, reverse, reverse_time, reversed_x, cell, h
     on the stream the call runs on (see torch_rnn's _layer_params); `kept`: the module's kept calls,
     `layer` the layer's index, `zeros` whether the initial states are the module's zeros (see
     layer_by_layer)."""
-    x = reverse_time(x) if reverse_time and not reversed_x else x
+    # (`is not None`: Dynamo of torch 2.11 refuses to branch on a function's truth while tracing)
+    x = reverse_time(x) if reverse_time is not None and not reversed_x else x
     params = params_of(layer, reverse)
     done = None if kept is None else kept(layer, direction, x, params, None if zeros else initial, schedule)
     if done is None:
@@ -208,7 +209,7 @@ def _direction(x, initial, params_of, reverse, reverse_time, reversed_x, cell, h
         if kept is not None:
             kept.keep(layer, direction, x, params, len(initial), cell, hidden, schedule, float32)
     y, last = done
-    return (reverse_time(y) if reverse_time else y), last
+    return (reverse_time(y) if reverse_time is not None else y), last
 
 
 def _beside(x: torch.Tensor) -> bool:

@@ -3,7 +3,9 @@ includes resolved as a module assembles them (each file once), with every warnin
 
 from __future__ import annotations
 
+import re
 import shutil
+import subprocess
 
 import pytest
 from compile_cuda import nvcc_cubin
@@ -58,3 +60,20 @@ def test_an_include_is_resolved_once():
 @pytest.mark.parametrize("name", sorted(_ALONE))
 def test_each_file_compiles_on_its_own(name, tmp_path):
     nvcc_cubin(_ALONE[name] + cuda_library(name), tmp_path)
+
+
+@pytest.mark.nvcc
+@needs_nvcc
+def test_the_splits_kernels_keep_their_values_in_registers(tmp_path):
+    """gemm_splits.cuh's kernels use no local memory (ptxas's report): an array indexed by a value known
+    only at run time (which copy is the lo piece) once put the split's pieces there, and the split took
+    several times as long."""
+    cu = tmp_path / "splits.cu"
+    cu.write_text(cuda_library("gemm_splits.cuh"))
+    proc = subprocess.run(["nvcc", "-arch=sm_90", "-O3", "-cubin", "-Xptxas", "-v",
+                           "-o", str(tmp_path / "s.cubin"), str(cu)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    frames = re.findall(r"Function properties for (\w+)\n\s+(\d+) bytes stack frame", proc.stderr)
+    assert {name for name, _ in frames} >= {"cf_f16x3_row_maxima", "cf_f16x3_maxima",
+                                            "cf_split_f16x3_copies", "cf_f16x3_unscale_sums"}
+    assert [name for name, size in frames if int(size)] == []

@@ -4,10 +4,20 @@ these, the decisions."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from f16x3_pieces import f16x3_pieces, f16x3_scale
 
 from cellfuse.codegen import generate_cuda, make_plan
-from cellfuse.codegen.gemm_routes import F16X3_MAX_K, F16X3_MIN_MACS, f16x3_layout, on_tensor_cores
+from cellfuse.codegen.gemm_routes import (
+    F16X3_MAX_K,
+    F16X3_MIN_MACS,
+    RANGE_WORDS,
+    Ref,
+    f16x3_layout,
+    f16x3_steps,
+    on_tensor_cores,
+)
 from cellfuse.codegen.lowering import lower
 from cellfuse.codegen.plan_text import describe, summary, tensor_core_groups
 from cellfuse.codegen.tiling import MMA_K_BLOCK, mma_stride
@@ -92,16 +102,20 @@ def test_each_stream_has_room_for_its_largest_split():
     assert need == [0] * program.streams
     plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "persistent")
     program = lower(plan)
-    # fp16 copies of A and W, A's row maxima and W's column maxima (no sums: the input GEMM does not
-    # accumulate), each part from a multiple of 256 bytes
-    assert split_bytes(program.instructions, program.streams)[0] == 2 * 3 * (6400 * 512 + 512 * 2048) + 4 * (
-        6400 + 2048)
+    # fp16 copies of A and W, A's row maxima and W's column maxima each followed by their range of 4
+    # words, the GEMM's alpha and beta (no sums: the input GEMM does not accumulate), each part from a
+    # multiple of 256 bytes
+    def aligned(n):
+        return -(-n // 256) * 256
+    assert split_bytes(program.instructions, program.streams)[0] == (
+        2 * 3 * (6400 * 512 + 512 * 2048) + aligned(4 * (6400 + 4)) + 256 + aligned(4 * (2048 + 4)))
 
 
 def test_a_gemm_that_accumulates_sums_into_its_workspace_first():
     """Where a GEMM adds onto C (a backward pass's gradients), cuBLAS writes its sums into the workspace,
-    after A's copies and maxima and before W's region (W's copies and maxima, which an executor may keep
-    elsewhere), and the pass adds them to C; each part starts on 256 bytes."""
+    after A's copies, maxima (their range after them) and the GEMM's alpha and beta, and before W's region
+    (W's copies, maxima and range, which an executor may keep elsewhere), and the pass adds them to C; each
+    part starts on 256 bytes."""
     from cellfuse.codegen.backward_plan import backward_plan
     from cellfuse.codegen.lowering import Gemm, Loop
 
@@ -113,13 +127,51 @@ def test_a_gemm_that_accumulates_sums_into_its_workspace_first():
     for gemm in gemms:
         g = gemm.launch
         lay = f16x3_layout(g, gemm.rows, g.k)
-        parts = [lay.a.pieces, lay.a.maxima, lay.sums, lay.kept_at, lay.kept_at + lay.w.maxima]
-        assert [int(p) % 256 for p in parts] == [0] * 5 and sorted(map(int, parts)) == list(map(int, parts))
+        parts = [lay.a.pieces, lay.a.maxima, lay.scalars, lay.sums, lay.kept_at, lay.kept_at + lay.w.maxima]
+        assert [int(p) % 256 for p in parts] == [0] * 6 and sorted(map(int, parts)) == list(map(int, parts))
+        assert int(lay.a.range) == int(lay.a.maxima) + 4 * gemm.rows
+        assert int(lay.scalars) >= int(lay.a.range) + 4 * RANGE_WORDS
+        assert int(lay.sums) >= int(lay.scalars) + 8
         assert int(lay.kept_at) >= int(lay.sums) + 4 * gemm.rows * g.n
-        assert int(lay.w.pieces) == 0 and int(lay.kept_bytes) >= int(lay.w.maxima) + 4 * g.n
+        assert int(lay.w.range) == int(lay.w.maxima) + 4 * g.n
+        assert int(lay.w.pieces) == 0 and int(lay.kept_bytes) >= int(lay.w.range) + 4 * RANGE_WORDS
         assert int(lay.nbytes) == int(lay.kept_at + lay.kept_bytes)
         # a weight's gradient reads x^T: A's copies transposed, its maxima per column of x (A's rows)
         assert (lay.a.per_column, int(lay.a.scales)) == (g.trans_a, gemm.rows)
+
+
+def test_each_operand_is_measured_before_it_is_split_and_as_splits_write_the_gemms_alpha():
+    """The steps of the LSTM's input GEMM: W's region (its column maxima and their range zeroed, found,
+    W split), then x's row maxima and their range (the range zeroed first), x's split, which alone is
+    given W's range and where the GEMM's alpha and beta go, the GEMM reading them there, and the pass
+    given both operands' maxima and ranges."""
+    plan = make_plan(load_template("lstm"), Sizes(100, 64, 512, 512), "persistent")
+    gemm = next(i for i in lower(plan).instructions if getattr(i, "route", "").startswith("f16x3"))
+    g = gemm.launch
+    lay = f16x3_layout(g, gemm.rows, g.k)
+
+    def plain(value):  # (constant expressions as ints)
+        return Ref(value.of, int(value.offset), value.ctype) if isinstance(value, Ref) else int(value)
+
+    steps = [replace(s, args=tuple(map(plain, s.args))) for s in f16x3_steps(g, gemm.rows, g.k)]
+    assert [(s.kind, s.name, s.of_w) for s in steps] == [
+        ("zero", "zeroing the column maxima", True), ("kernel", "cf_f16x3_maxima", True),
+        ("kernel", "cf_split_f16x3_copies", True),
+        ("zero", "zeroing the row maxima's range", False), ("kernel", "cf_f16x3_row_maxima", False),
+        ("kernel", "cf_split_f16x3_copies", False),
+        ("gemm", "cuBLAS's fp16 GEMM", False), ("kernel", "cf_f16x3_unscale_sums", False)]
+    w_max, a_max = plain(Ref("kept", lay.w.maxima)), plain(Ref("workspace", lay.a.maxima))
+    w_range = plain(Ref("kept", lay.w.range, "unsigned"))
+    a_range = plain(Ref("workspace", lay.a.range, "unsigned"))
+    scalars = plain(Ref("workspace", lay.scalars))
+    assert steps[0].args == (w_max, 2048 + RANGE_WORDS)
+    assert steps[1].args[:2] == (w_max, w_range)
+    assert steps[2].args[3:6] == (w_range, 0, 0)  # W's split: its range, no other's, no scalars
+    assert steps[3].args == (a_range, RANGE_WORDS)
+    assert steps[4].args[:2] == (a_max, a_range)
+    assert steps[5].args[3:6] == (a_range, w_range, scalars)
+    assert steps[6].args[-1] == scalars
+    assert steps[7].args[2:6] == (a_max, a_range, w_max, w_range)
 
 
 def test_the_exported_launcher_decides_at_run_time():
@@ -130,6 +182,9 @@ def test_the_exported_launcher_decides_at_run_time():
     assert text.count("cublasGemmEx(") == 4
     assert "ws += cf_aligned(cf_split_bytes(seq, batch));" in text
     assert text.count("cf_f16x3_unscale_sums<<<") == 4 and "CUDA_R_16F" in text and "FAST_TF32" not in text
+    # each GEMM's alpha and beta read from the workspace, the handle's pointer mode put back after it
+    assert text.count("cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_DEVICE);") == 4
+    assert text.count("cublasSetPointerMode(handle, CUBLAS_POINTER_MODE_HOST);") == 4
 
 
 def test_the_splits_rounding_is_tf32s_to_nearest_ties_away():

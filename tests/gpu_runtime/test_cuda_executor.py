@@ -382,6 +382,31 @@ def test_hoisted_gemms_on_tensor_cores_match_reference(gpu, schedule, name, seq,
     np.testing.assert_array_equal(out.y, again.y)
 
 
+def _split_kernels(drv):
+    """gemm_splits.cuh's maxima (of rows, of columns) and split kernels, prepared."""
+    from cellfuse.codegen.cuda_kernels import PRELUDE
+    from cellfuse.gpu_runtime.cuda_executor import _compile
+
+    module = drv.module_from_buffer(_compile(PRELUDE))
+    return (module.get_function("cf_f16x3_row_maxima").prepare("PPPiii"),
+            module.get_function("cf_f16x3_maxima").prepare("PPPiii"),
+            module.get_function("cf_split_f16x3_copies").prepare("PPPPPPiiiii"))
+
+
+def _measured(drv, kernels, src_at: int, rows: int, cols: int, ld: int, per_column: bool):
+    """An operand's maxima and range on the GPU, as f16x3_steps makes them (the range zeroed first)."""
+    from cellfuse.codegen.gemm_routes import SIDE_BY_SIDE, maxima_threads, split_threads
+    from cellfuse.codegen.kernel_abi import BLOCK, grid_blocks
+
+    row_maxima, maxima, _ = kernels
+    m_d = drv.to_device(np.zeros(cols if per_column else rows, np.float32))
+    range_d = drv.to_device(np.zeros(4, np.uint32))
+    kernel, threads = ((maxima, maxima_threads(rows, cols)) if per_column
+                       else (row_maxima, split_threads(rows, cols, SIDE_BY_SIDE)))
+    kernel.prepared_call((grid_blocks(int(threads)), 1), (BLOCK, 1, 1), m_d, range_d, src_at, rows, cols, ld)
+    return m_d, range_d
+
+
 @pytest.mark.parametrize("layout, lo_piece", [(0, 2), (1, 1), (2, 2), (0, 1)])  # A's and W's orders
 @pytest.mark.parametrize("rows, cols, ld, offset", [
     (64, 512, 512, 0),  # whole 16-byte groups
@@ -390,50 +415,51 @@ def test_hoisted_gemms_on_tensor_cores_match_reference(gpu, schedule, name, seq,
     (600, 8, 12, 0),  # more threads than one block, rows of 8 in rows of 12, columns of 3 blocks of rows
     (70, 45, 50, 1),  # tiles of 32 x 32 cut at both edges, transposed
 ])
-def test_the_split_writes_three_copies_of_scaled_fp16_pieces(gpu, rows, cols, ld, offset, layout, lo_piece):
-    """cf_split_f16x3_copies (after cf_f16x3_maxima where the maxima are its columns') against numpy's
-    fp16 (which rounds as __float2half_rn): each row's (side by side) or column's largest magnitude, the
-    values scaled by its power of two, the pieces hi, hi / 2^11 and lo (lo piece 2: A's order) or hi, lo
-    and hi / 2^11 (lo piece 1: W's) one copy after another along K (side by side along the rows,
-    stacked, or side by side in the transposed source's rows), to the bit; rows and columns of values
-    1e-30 and 1e30 beside ordinary ones, and an infinity and a NaN (left out of the maxima; an infinite
-    largest magnitude scales by 1, its lo pieces NaN); nothing past the copies written."""
-    from f16x3_pieces import f16x3_pieces, f16x3_scale
+@pytest.mark.parametrize("spread", ["wide", "narrow"])
+def test_the_split_writes_three_copies_of_scaled_fp16_pieces(gpu, rows, cols, ld, offset, layout, lo_piece,
+                                                             spread):
+    """cf_split_f16x3_copies after cf_f16x3_row_maxima (side by side) or cf_f16x3_maxima (where the
+    maxima are its columns') against numpy's fp16 (which rounds as __float2half_rn): each row's or
+    column's largest magnitude and their range, the values scaled by a power of two, the pieces hi,
+    hi / 2^11 and lo (lo piece 2: A's order) or hi, lo and hi / 2^11 (lo piece 1: W's) one copy after
+    another along K (side by side along the rows, stacked, or side by side in the transposed source's
+    rows), to the bit. "wide": rows and columns of values 1e-30 and 1e30 beside ordinary ones, and an
+    infinity and a NaN (left out of the maxima; an infinite largest magnitude scales by 1, its lo pieces
+    NaN): each row or column by its own scale. "narrow": ordinary values, all by the largest's scale;
+    nothing past the copies written."""
+    from f16x3_pieces import f16x3_one_max, f16x3_pieces, f16x3_range, f16x3_scale
 
-    from cellfuse.codegen.cuda_kernels import PRELUDE
-    from cellfuse.codegen.gemm_routes import maxima_threads, split_threads
+    from cellfuse.codegen.gemm_routes import split_threads
     from cellfuse.codegen.kernel_abi import BLOCK, grid_blocks
-    from cellfuse.gpu_runtime.cuda_executor import _compile
 
     drv = gpu[0]
     rng = np.random.default_rng(rows + cols)
     src = rng.standard_normal(offset + rows * ld).astype(np.float32)
     x = src[offset:].reshape(rows, ld)[:, :cols]
-    x[1] *= np.float32(1e-30)
-    x[2] *= np.float32(1e30)
-    x[:, 1] *= np.float32(2.0**-20)
-    x[rows - 1, cols - 1] = np.inf
-    x[rows - 2, cols - 2] = np.nan
+    if spread == "wide":
+        x[1] *= np.float32(1e-30)
+        x[2] *= np.float32(1e30)
+        x[:, 1] *= np.float32(2.0**-20)
+        x[rows - 1, cols - 1] = np.inf
+        x[rows - 2, cols - 2] = np.nan
     per_column = layout != 0
     m = np.nanmax(np.abs(x), 0 if per_column else 1)
-    module = drv.module_from_buffer(_compile(PRELUDE))
-    maxima = module.get_function("cf_f16x3_maxima").prepare("PPiii")
-    split = module.get_function("cf_split_f16x3_copies").prepare("PPPiiiii")
+    one = f16x3_one_max(m)
+    assert (one is None) == (spread == "wide")
+    kernels = _split_kernels(drv)
     src_d = drv.to_device(src)
-    m_d = drv.to_device(np.zeros(m.size, np.float32))
     n = 3 * rows * cols
     out_d = drv.to_device(np.full(n + 64, 7.0, np.float16))
-    if per_column:
-        maxima.prepared_call((grid_blocks(int(maxima_threads(rows, cols))), 1), (BLOCK, 1, 1), m_d,
-                             int(src_d) + 4 * offset, rows, cols, ld)
-    split.prepared_call((grid_blocks(int(split_threads(rows, cols, layout))), 1), (BLOCK, 1, 1), out_d,
-                        int(src_d) + 4 * offset, m_d, rows, cols, ld, layout, lo_piece)
+    m_d, range_d = _measured(drv, kernels, int(src_d) + 4 * offset, rows, cols, ld, per_column)
+    kernels[2].prepared_call((grid_blocks(int(split_threads(rows, cols, layout))), 1), (BLOCK, 1, 1), out_d,
+                             int(src_d) + 4 * offset, m_d, range_d, 0, 0, rows, cols, ld, layout, lo_piece)
     np.testing.assert_array_equal(drv.from_device(m_d, m.shape, np.float32), m)
+    np.testing.assert_array_equal(drv.from_device(range_d, (4,), np.uint32)[:2], f16x3_range(m))
     got = drv.from_device(out_d, (n + 64,), np.float16)
     np.testing.assert_array_equal(got[n:], np.float16(7.0))
     copies = (got[:n].reshape(rows, 3, cols).transpose(1, 0, 2), got[:n].reshape(3, rows, cols),
               got[:n].reshape(cols, 3, rows).transpose(1, 2, 0))[layout]
-    scale = f16x3_scale(m)
+    scale = f16x3_scale(m if one is None else np.full_like(m, one))
     wants = f16x3_pieces(x * (scale[None, :] if per_column else scale[:, None]), lo_piece)
     for got_piece, want in zip(copies, wants, strict=True):
         np.testing.assert_array_equal(got_piece, want)  # (NaN where NaN: their bits may differ)
@@ -441,17 +467,62 @@ def test_the_split_writes_three_copies_of_scaled_fp16_pieces(gpu, rows, cols, ld
         np.testing.assert_array_equal(got_piece[finite].view(np.uint16), want[finite].view(np.uint16))
 
 
+@pytest.mark.parametrize("a_size, w_size, by_alpha", [
+    (1.0, 0.05, True),  # the usual: both one scale, 2^-(ea + ew) a normal float
+    (1e-30, 1e-30, False),  # both one scale, but 2^-(ea + ew) below float32's normal range
+    ("wide", 0.05, False),  # A's rows 2^30 apart: a scale each
+])
+def test_as_split_writes_the_gemms_alpha(gpu, a_size, w_size, by_alpha):
+    """A's split, given W's range and where the GEMM's scalars go, writes alpha 2^-(A's exponent + W's)
+    where both operands have one scale and that is a normal float, else 1, and beta 0."""
+    from f16x3_pieces import f16x3_scale
+
+    from cellfuse.codegen.gemm_routes import SIDE_BY_SIDE, split_threads
+    from cellfuse.codegen.kernel_abi import BLOCK, grid_blocks
+
+    drv = gpu[0]
+    rng = np.random.default_rng(7)
+    a = rng.standard_normal((64, 32)).astype(np.float32)
+    if a_size == "wide":
+        a[1] *= np.float32(2.0**-30)
+    else:
+        a *= np.float32(a_size)
+    w = (rng.standard_normal((32, 48)) * w_size).astype(np.float32)
+    kernels = _split_kernels(drv)
+    a_d, w_d = drv.to_device(a), drv.to_device(w)
+    _, w_range = _measured(drv, kernels, int(w_d), 32, 48, 48, per_column=True)
+    am, a_range = _measured(drv, kernels, int(a_d), 64, 32, 32, per_column=False)
+    out_d = drv.mem_alloc(2 * 3 * a.size)
+    scalars = drv.to_device(np.array([7.0, 7.0], np.float32))
+    kernels[2].prepared_call((grid_blocks(int(split_threads(64, 32, SIDE_BY_SIDE))), 1), (BLOCK, 1, 1), out_d,
+                             a_d, am, a_range, w_range, scalars, 64, 32, 32, SIDE_BY_SIDE, 2)
+    alpha, beta = drv.from_device(scalars, (2,), np.float32)
+    assert beta == 0.0
+    if by_alpha:
+        assert alpha == 1.0 / (f16x3_scale(np.abs(a).max()) * f16x3_scale(np.abs(w).max()))
+        assert alpha < 1.0
+    else:
+        assert alpha == 1.0
+
+
 @pytest.mark.parametrize("rows, n, ldc, accumulate, bias, offset", [
     (64, 512, 512, False, True, 0),  # whole 16-byte groups, C itself the sums
     (37, 5, 7, True, False, 0),  # rows of 5 in rows of 7: one value at a time; onto C
     (9, 12, 12, True, True, 1),  # C not on 16 bytes
+    (64, 512, 512, False, False, 0),  # nothing to add: with one scale each, nothing to do
 ])
+@pytest.mark.parametrize("spread", ["wide A", "wide W", "narrow"])
 def test_the_pass_undoes_both_scales_adds_the_bias_and_accumulates(gpu, rows, n, ldc, accumulate, bias,
-                                                                    offset):
+                                                                    offset, spread):
     """cf_f16x3_unscale_sums: C = D * 2^-(A's row exponent + W's column exponent) (+ bias) (+ C), both
     exponents at once, so that rows of A near 1e34 times W's columns near 1e-2 give their finite products
-    (undone one at a time, the first would overflow); D in the workspace (row length n) where the GEMM
-    accumulates, else C itself."""
+    (undone one at a time, the first would overflow); an operand whose maxima lie within 2^20 of each
+    other was split by one scale, its largest's (gemm_splits.cuh); where both were, the GEMM's alpha
+    undid them and D holds the products ("narrow"): only the bias and C are added, and with neither C
+    is left as the GEMM wrote it. D in the workspace (row length n) where the GEMM accumulates, else C
+    itself."""
+    from f16x3_pieces import f16x3_one_max, f16x3_range
+
     from cellfuse.codegen.cuda_kernels import PRELUDE
     from cellfuse.codegen.gemm_routes import unscale_threads
     from cellfuse.codegen.kernel_abi import BLOCK, grid_blocks
@@ -459,21 +530,30 @@ def test_the_pass_undoes_both_scales_adds_the_bias_and_accumulates(gpu, rows, n,
 
     drv = gpu[0]
     rng = np.random.default_rng(rows + n)
-    ma = (np.abs(rng.standard_normal(rows)) * 10.0 ** rng.integers(-30, 34, rows)).astype(np.float32)
-    ma[0], ma[1] = 0.0, np.float32(3e34)
-    mw = (np.abs(rng.standard_normal(n)) * 10.0 ** rng.integers(-3, 3, n)).astype(np.float32)
-    mw[0] = np.float32(0.03)
+    wide_a, wide_w = spread == "wide A", spread == "wide W"
+    ma = (rng.uniform(0.5, 2.0, rows) * 10.0 ** rng.integers(*((-30, 34) if wide_a else (-2, 2)), rows)
+          ).astype(np.float32)
+    ma[0], ma[1] = 0.0, np.float32(3e34 if wide_a else 3.0)
+    mw = (rng.uniform(0.5, 2.0, n) * 10.0 ** rng.integers(*((-9, 3) if wide_w else (-3, 0)), n)
+          ).astype(np.float32)
+    mw[0], mw[-1] = np.float32(0.03), np.float32(1e-9 if wide_w else 0.5)
+    one_a, one_w = f16x3_one_max(ma), f16x3_one_max(mw)
+    assert (one_a is None, one_w is None) == (wide_a, wide_w)
 
     def exponent(m):  # cf_f16x3_exponent: the scale 2^(14 - e) for m in [2^e, 2^(e + 1)), 0 for m = 0
         return np.where(m > 0, np.minimum(15 - np.frexp(m)[1], 126), 0)
 
+    ea = exponent(ma if one_a is None else np.full_like(ma, one_a))
+    ew = exponent(mw if one_w is None else np.full_like(mw, one_w))
+    by_alpha = not (wide_a or wide_w)
     want = rng.standard_normal((rows, n)) * np.abs(ma)[:, None].clip(1e-30) * np.abs(mw)[None, :]
     want = want.astype(np.float32)  # the true products, float32
-    sums = np.ldexp(want.astype(np.float64), exponent(ma)[:, None] + exponent(mw)[None, :]).astype(np.float32)
+    scaled = np.ldexp(want.astype(np.float64), ea[:, None] + ew[None, :]).astype(np.float32)
+    sums = want if by_alpha else scaled
     b = rng.standard_normal(n).astype(np.float32)
     old = rng.standard_normal((rows, ldc)).astype(np.float32)
     module = drv.module_from_buffer(_compile(PRELUDE))
-    unscale = module.get_function("cf_f16x3_unscale_sums").prepare("PPPPPiiiii")
+    unscale = module.get_function("cf_f16x3_unscale_sums").prepare("PPPPPPPiiiii")
     c_d = drv.to_device(np.concatenate([np.zeros(offset, np.float32), old.ravel(),
                                         np.full(16, 7.0, np.float32)]))
     c_at = int(c_d) + 4 * offset
@@ -484,9 +564,10 @@ def test_the_pass_undoes_both_scales_adds_the_bias_and_accumulates(gpu, rows, n,
         drv.memcpy_htod(c_at, np.ascontiguousarray(
             np.concatenate([sums, old[:, n:]], 1) if ldc > n else sums))
         d_at, ldd = c_at, ldc
-    ma_d, mw_d, b_d = (drv.to_device(v) for v in (ma, mw, b))
+    ranges = [np.concatenate([f16x3_range(m), np.zeros(2, np.uint32)]) for m in (ma, mw)]
+    ma_d, a_range, mw_d, w_range, b_d = (drv.to_device(v) for v in (ma, ranges[0], mw, ranges[1], b))
     unscale.prepared_call((grid_blocks(int(unscale_threads(rows, n))), 1), (BLOCK, 1, 1), c_at, d_at, ma_d,
-                          mw_d, int(b_d) if bias else 0, rows, n, ldc, ldd, int(accumulate))
+                          a_range, mw_d, w_range, int(b_d) if bias else 0, rows, n, ldc, ldd, int(accumulate))
     got = drv.from_device(c_d, (offset + rows * ldc + 16,), np.float32)
     np.testing.assert_array_equal(got[offset + rows * ldc:], 7.0)  # nothing past C written
     got = got[offset:offset + rows * ldc].reshape(rows, ldc)

@@ -27,7 +27,8 @@ def gemms(gpu):
 @pytest.mark.parametrize("trans_a, offset", [(False, 0), (True, 0), (False, 4), (True, 12)])
 def test_the_fastest_measured_algorithm_computes_the_product(gemms, trans_a, offset):
     """Each way round, on operands at 256-byte boundaries and `offset` bytes past them (a GEMM's output
-    inside a larger buffer: cuBLASLt then offers only algorithms that allow it)."""
+    inside a larger buffer: cuBLASLt then offers only algorithms that allow it), alpha and beta read from
+    device memory (alpha 2^-3 here, applied exactly)."""
     drv, g, workspace = gemms
     m, n, k = 96, 80, 3 * 64  # column-major C[m, n] = op(A)[m, k] @ B[k, n]
     rng = np.random.default_rng(0)
@@ -49,13 +50,13 @@ def test_the_fastest_measured_algorithm_computes_the_product(gemms, trans_a, off
     chosen = g.chosen(shape, stream, int(workspace))
     assert chosen.times_ms and np.isfinite(min(chosen.times_ms))
     assert g.chosen(shape, stream, int(workspace)) is chosen  # measured once
-    scalars = np.array([1.0, 0.0], np.float32)
-    g.call(chosen, stream, int(workspace), scalars.ctypes.data, a_dev, b_dev, scalars.ctypes.data + 4, c_dev)
+    scalars = drv.to_device(np.array([0.125, 0.0], np.float32))
+    g.call(chosen, stream, int(workspace), int(scalars), a_dev, b_dev, int(scalars) + 4, c_dev)
     stream.synchronize()
     c = np.empty((n, m), np.float32)
     drv.memcpy_dtoh(c, c_dev)
     c = c.T  # column-major [m, n]
     room.free()
-    ref = op_a.astype(np.float64) @ b.astype(np.float64)
+    ref = op_a.astype(np.float64) @ b.astype(np.float64) * 0.125
     # fp16 products are exact in float32, and their sums float32's
     assert np.max(np.abs(c - ref)) / np.max(np.abs(ref)) < 1e-5

@@ -70,6 +70,7 @@ class Recorder:
             entry("set_stream", i32, p, p, record=lambda h, s: (h, s)),
             entry("fill", i32, u64, ctypes.c_uint, ctypes.c_size_t, p,
                   record=lambda d, v, n, st: (d, v, n, st)),
+            entry("set_pointer_mode", i32, p, i32, record=lambda h, mode: (h, mode)),
         ]
         self.api = Api(*(ctypes.cast(e, p).value for e in self.entries))
 
@@ -130,6 +131,38 @@ def test_a_run_may_be_given_more_bases_than_its_calls_read_where_bound_for_them(
     calls.bind([(slot, 0) for slot in range(4)], bases=4)
     calls.run([1000, 2000, 3000, 4000], 0xCD)
     assert recorder.calls == [("launch", 0x1000, (1, 1, 1), 256, 0, 0xCD, (1000, 3000))]
+
+
+def _gemms(recorder: Recorder, device_scalars: tuple[bool, ...]) -> LaunchList:
+    """cublasGemmEx calls of one handle, alpha at slot 0's base and beta 4 bytes on, operands at slot 1's."""
+    calls = LaunchList("a GEMM's calls")
+    args = [0, 0, 4, 5, 6, (0, 0), (1, 0), 2, 4, (1, 64), 2, 6, (0, 4), (1, 128), 0, 4, 68, -1]
+    for device in device_scalars:
+        calls.gemm_ex(0x99, args, stream=0, name=f"the GEMM of {'device' if device else 'host'} scalars",
+                      device_scalars=device)
+    calls.finish(handles=[0x99], api=recorder.api)
+    calls.bind([(0, 0), (1, 0)])
+    return calls
+
+
+def test_a_gemm_of_device_scalars_sets_the_handles_pointer_mode_for_itself_alone():
+    """cublasGemmEx given alpha and beta in device memory: the handle's pointer mode DEVICE (1) around
+    that call and HOST (0) again after it; a GEMM of host scalars leaves it alone."""
+    recorder = Recorder()
+    _gemms(recorder, (False, True)).run([1000, 2000], 0xCD)
+    assert [c[0] for c in recorder.calls] == ["set_stream", "gemm_ex", "set_pointer_mode", "gemm_ex",
+                                              "set_pointer_mode"]
+    assert recorder.calls[2] == ("set_pointer_mode", 0x99, 1)
+    assert recorder.calls[4] == ("set_pointer_mode", 0x99, 0)
+    assert recorder.calls[3][7] == 1000 and recorder.calls[3][14] == 1004  # alpha, beta: device addresses
+
+
+def test_a_failing_gemm_of_device_scalars_is_named_and_its_pointer_mode_put_back():
+    recorder = Recorder(fail={"gemm_ex": 7})
+    with pytest.raises(CellError, match="cuBLAS error 7 while running the GEMM of device scalars"):
+        _gemms(recorder, (True,)).run([1000, 2000], 0xCD)
+    assert [c[0] for c in recorder.calls] == ["set_stream", "set_pointer_mode", "gemm_ex", "set_pointer_mode"]
+    assert recorder.calls[-1] == ("set_pointer_mode", 0x99, 0)
 
 
 def test_a_failing_call_is_named():

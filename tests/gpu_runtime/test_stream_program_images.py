@@ -72,9 +72,11 @@ def test_w_images_are_made_when_the_weights_change_not_inside_a_run(stand_ins, s
 @pytest.mark.parametrize("schedule", ["wavefront", "graph"])
 def test_w_copies_are_made_when_the_weights_change_not_inside_a_run(stand_ins, monkeypatch, schedule):
     """Where the split copies run a GEMM of a weight, W's copies and column maxima (its region) are made
-    with the images, once per layer's weights however many GEMMs read them; a run splits x alone, and
+    with the images, once per layer's weights however many GEMMs read them; a run measures and splits x
+    alone, its fp16 GEMMs reading alpha and beta from device memory (where x's split writes them), and
     its scratch has no room for W's region."""
     from cellfuse.codegen.gemm_routes import f16x3_layout
+    from cellfuse.gpu_runtime.launch_list import GEMM_EX_DEVICE
 
     monkeypatch.setattr(stream_program, "route_choice", lambda *args: "copies")
     plan = make_plan(load_template("lstm"), Sizes(100, 256, 512, 512, 2), schedule)
@@ -90,7 +92,11 @@ def test_w_copies_are_made_when_the_weights_change_not_inside_a_run(stand_ins, m
     assert made._image_calls.names.count("cf_split_f16x3_copies") == 2
     gemms = made.names.count("cuBLAS's fp16 GEMM of gemm0")
     assert gemms >= 2 and made.names.count("cf_split_f16x3_copies") == gemms  # x's, not W's
+    assert made.names.count("cf_f16x3_row_maxima") == gemms
     assert "cf_f16x3_maxima" not in made.names
+    kinds = [op[0] for op, name in zip(made.calls._ops, made.calls.names, strict=True)
+             if name == "cuBLAS's fp16 GEMM of gemm0"]
+    assert kinds == [GEMM_EX_DEVICE] * gemms
 
 
 def test_a_backward_program_keeps_w_transposed_and_splits_the_gradients_every_run(stand_ins, monkeypatch):

@@ -28,10 +28,10 @@ def test_the_route_is_taken_only_where_the_kernel_can_run_here():
 
 def test_the_forward_keeps_what_its_gemms_on_tensor_cores_make_of_each_weight():
     """IndRNN's input GEMM (W a weight, 6400 x 512 x 512) and the LSTM's (6400 x 2048 x 512) get a place
-    for W's region of the split copies (its fp16 copies and column maxima) and, on a GPU where the
-    warpgroup GEMM may run, for its image of W (hi and lo floats), kept between forward passes; under
-    `graph` (the input GEMM in chunks of 640 rows, the recurrent one of 64 rows a step: CUDA cores) and
-    where W is not a weight, none is."""
+    for W's region of the split copies (its fp16 copies, column maxima and their range) and, on a GPU
+    where the warpgroup GEMM may run, for its image of W (hi and lo floats), kept between forward passes;
+    under `graph` (the input GEMM in chunks of 640 rows, the recurrent one of 64 rows a step: CUDA cores)
+    and where W is not a weight, none is."""
     from cellfuse.codegen import make_plan
     from cellfuse.codegen.lowering import lower
     from cellfuse.gpu_runtime.cuda_executor import image_bytes
@@ -46,7 +46,8 @@ def test_the_forward_keeps_what_its_gemms_on_tensor_cores_make_of_each_weight():
     found = images("indrnn", "persistent", 64)
     ((w, n, k, trans_w),) = {key for key, _ in found}
     assert (n, k, trans_w) == (512, 512, False)
-    assert found == {((w, n, k, trans_w), "copies"): 2 * 3 * 512 * 512 + 4 * 512,
+    # (W's copies, then its column maxima and their range of 4 words, from 256 bytes)
+    assert found == {((w, n, k, trans_w), "copies"): 2 * 3 * 512 * 512 + 4 * 512 + 256,
                      ((w, n, k, trans_w), "wgmma"): 4 * 2 * 512 * 512}
     assert list(images("indrnn", "persistent", 64, wgmma=False)) == [((w, n, k, trans_w), "copies")]
     assert images("indrnn", "persistent", 64, weights=set()) == {}

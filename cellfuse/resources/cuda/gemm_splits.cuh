@@ -16,7 +16,7 @@ extern "C" __global__ void __launch_bounds__(256) cf_bias_rows(
 
 // The GEMMs outside the time loop on tensor cores with float32's accuracy, each float32 product as
 // three fp16 ones (f16x3.cuh): the largest magnitude of each row of A and each column of W
-// (cf_f16x3_maxima, or the split itself), each operand scaled by its rows' or columns' powers of two
+// (cf_f16x3_row_maxima, cf_f16x3_maxima), each operand scaled by its rows' or columns' powers of two
 // and written as three copies of fp16 pieces along K (cf_split_f16x3_copies), one fp16 GEMM over 3K into
 // float32 (cuBLAS), then a pass that undoes the scales and adds the bias (cf_f16x3_unscale_sums). On an H200
 // the GEMM took half the time of 3xTF32's over 3K and was more accurate (the LSTM's input projection at
@@ -29,18 +29,97 @@ extern "C" __global__ void __launch_bounds__(256) cf_bias_rows(
 //   CF_TRANSPOSED (2):   K runs down its columns; the copies are [cols, 3 * rows], K along each row, as
 //                        cuBLAS reads an operand fastest (a weight gradient's x^T)
 // so that its scales are its rows' where K runs along them (side by side) and its columns' otherwise.
+//
+// One scale serves a whole operand where its rows' (or columns') largest magnitudes lie within
+// 2^CF_ONE_SCALE_SPREAD of each other: its pieces are then as accurate as with a scale each
+// (docs/results/2026-12-02-c-one-scale-for-a-gemms-rows.md). Where both operands have one, the GEMM
+// undoes both by its alpha (read from device memory, written by A's split: the choice costs no wait
+// for the host, and a captured graph reads it at every replay), and the pass has nothing left to do
+// where there is no bias to add nor C to add onto: it returns at once. The choice is each operand's
+// range: the largest of its maxima and the smallest of those that are not zero, folded on the GPU
+// (CF_RANGE_WORDS words: the largest's bits, the complement of the smallest's, a count of the blocks
+// of cf_f16x3_maxima done; zeroed before, as non-negative floats' bits order as their values do).
 #define CF_SIDE_BY_SIDE 0
 #define CF_STACKED 1
 #define CF_TRANSPOSED 2
 #define CF_MAX_ROWS 256  // the rows a block of cf_f16x3_maxima takes of 32 columns
+#define CF_ONE_SCALE_SPREAD 20
+#define CF_RANGE_WORDS 4
+
+// A block's largest of two words per thread (blockDim.x a multiple of 32, at most 1024), in thread 0.
+__forceinline__ __device__ void cf_block_max2(unsigned& a, unsigned& b) {
+    __shared__ unsigned part[2][32];
+    for (int d = 16; d > 0; d /= 2)
+        a = max(a, __shfl_xor_sync(0xffffffffu, a, d)), b = max(b, __shfl_xor_sync(0xffffffffu, b, d));
+    const int warp = threadIdx.x / 32, warps = blockDim.x / 32;
+    __syncthreads();
+    if (threadIdx.x % 32 == 0) part[0][warp] = a, part[1][warp] = b;
+    __syncthreads();
+    if (threadIdx.x == 0)
+        for (int i = 1; i < warps; ++i) a = max(a, part[0][i]), b = max(b, part[1][i]);
+}
+
+// A largest magnitude's share of its operand's range: its bits, and the complement of its bits where it is
+// not zero (a row of zeros scales by anything).
+__forceinline__ __device__ void cf_range_add(unsigned& hi, unsigned& lo, float m) {
+    const unsigned bits = __float_as_uint(m);
+    hi = max(hi, bits);
+    if (bits) lo = max(lo, ~bits);
+}
+
+// The largest magnitude one scale is made from for every row (or column) of an operand of this range, or
+// -1 where its maxima spread wider than 2^CF_ONE_SCALE_SPREAD (or one is not finite: its own scale, 1).
+__forceinline__ __device__ float cf_f16x3_one_max(const unsigned* __restrict__ range) {
+    const unsigned hi = range[0], lo = ~range[1];
+    if ((hi >> 23) >= 255) return -1.0f;
+    if (range[1] == 0u) return __uint_as_float(hi);  // no value but zeros
+    return (int)(hi >> 23) - (int)(lo >> 23) <= CF_ONE_SCALE_SPREAD ? __uint_as_float(hi) : -1.0f;
+}
+
+// The exponent e of the GEMM's alpha 2^-e, given each operand's cf_f16x3_one_max: both scales undone at
+// once (their exponents' sum) where each operand has one and 2^-e is a normal float, else CF_NO_ALPHA
+// (alpha 1: the pass undoes them).
+#define CF_NO_ALPHA 1000
+__forceinline__ __device__ int cf_f16x3_alpha_exponent(float one_a, float one_w) {
+    if (one_a < 0.0f || one_w < 0.0f) return CF_NO_ALPHA;
+    const int e = cf_f16x3_exponent(one_a) + cf_f16x3_exponent(one_w);
+    return e < 127 && e > -127 ? e : CF_NO_ALPHA;
+}
+
+// The largest magnitude (NaN left out) of each row of a source whose K runs along its rows (side by
+// side), into m[r], and their range into `range` (zeroed first): a warp a row. Launched with 256 threads a
+// block, as many in all as `split_threads` counts for the layout.
+extern "C" __global__ void __launch_bounds__(256) cf_f16x3_row_maxima(
+    float* __restrict__ m, unsigned* __restrict__ range, const float* __restrict__ src, int rows, int cols,
+    int ld)
+{
+    const bool whole = ((cols | ld) & 3) == 0 && (reinterpret_cast<size_t>(src) & 15) == 0;
+    const int lane = threadIdx.x % 32, step = whole ? 128 : 32, first = whole ? 4 * lane : lane;
+    const unsigned warps = gridDim.x * blockDim.x / 32;
+    unsigned hi = 0, lo = 0;
+    for (unsigned r = (blockIdx.x * blockDim.x + threadIdx.x) / 32; r < (unsigned)rows; r += warps) {
+        const float* const s = src + (size_t)r * ld;
+        float v = 0.0f;
+        for (int j = first; j < cols; j += step)
+            v = fmaxf(v, whole ? cf_abs_max(*reinterpret_cast<const float4*>(s + j)) : fabsf(s[j]));
+        v = cf_warp_max(v);
+        if (lane == 0) m[r] = v;
+        cf_range_add(hi, lo, v);
+    }
+    cf_block_max2(hi, lo);
+    if (threadIdx.x == 0) {
+        if (hi) atomicMax(range, hi);
+        if (lo) atomicMax(range + 1, lo);
+    }
+}
 
 // The largest magnitude (NaN left out) of each column of a source whose K runs down its columns (stacked
-// or transposed; side by side, the split finds its rows' itself): blocks of 32 columns by CF_MAX_ROWS
-// rows, each folding its columns' into m[c] by atomicMax on their bits, which order non-negative floats
-// as their values do (m zeroed first). Launched with 256 threads a block, as many in all as
-// `maxima_threads` counts.
+// or transposed): blocks of 32 columns by CF_MAX_ROWS rows, each folding its columns' into m[c] by
+// atomicMax on their bits (m and `range` zeroed first); the last block to finish folds every column's
+// into `range`. Launched with 256 threads a block, as many in all as `maxima_threads` counts.
 extern "C" __global__ void __launch_bounds__(256) cf_f16x3_maxima(
-    float* __restrict__ m, const float* __restrict__ src, int rows, int cols, int ld)
+    float* __restrict__ m, unsigned* __restrict__ range, const float* __restrict__ src, int rows, int cols,
+    int ld)
 {
     __shared__ float part[8][32];
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
@@ -59,6 +138,18 @@ extern "C" __global__ void __launch_bounds__(256) cf_f16x3_maxima(
         }
         __syncthreads();
     }
+    // (the threadFenceReduction pattern: this block's atomics seen by all before it counts itself done)
+    __shared__ bool last;
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last = atomicAdd(range + 2, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (!last) return;
+    unsigned hi = 0, lo = 0;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x)
+        cf_range_add(hi, lo, __ldcg(m + c));
+    cf_block_max2(hi, lo);
+    if (threadIdx.x == 0) range[0] = hi, range[1] = lo;
 }
 
 // A value scaled by s as its three fp16 pieces: piece 0 hi, piece `lo_piece` lo (times 2^11, see
@@ -68,9 +159,12 @@ __device__ __forceinline__ void cf_f16x3_pieces(float v, float s, int lo_piece, 
     const float x = v * s;
     const __half hi = __float2half_rn(x);
     const float back = __half2float(hi);
+    const __half lo = __float2half_rn((x - back) * 2048.0f), small = __float2half_rn(back * (1.0f / 2048.0f));
+    // (selected, not indexed by lo_piece: an index known only at run time puts p in local memory, which
+    // made the split several times slower)
     p[0] = hi;
-    p[lo_piece] = __float2half_rn((x - back) * 2048.0f);
-    p[3 - lo_piece] = __float2half_rn(back * (1.0f / 2048.0f));
+    p[1] = lo_piece == 1 ? lo : small;
+    p[2] = lo_piece == 1 ? small : lo;
 }
 
 // Four values as their pieces (see cf_f16x3_pieces), piece q's four at p[q].
@@ -84,14 +178,22 @@ __device__ __forceinline__ void cf_f16x3_pieces4(const float (&x)[4], const floa
     }
 }
 
-// One operand's three copies (see above), scaled by its rows' largest magnitudes, which side by side it
-// finds itself (one warp a row, reading the row twice: the second time from the cache) and writes to `m`,
-// and otherwise by its columns' from `m` (cf_f16x3_maxima). Launched with 256 threads a block, as many in
-// all as `split_threads` counts.
+// One operand's three copies (see above), scaled by its rows' largest magnitudes side by side and by its
+// columns' otherwise, from `m` (cf_f16x3_row_maxima, cf_f16x3_maxima), or all by the largest of them where
+// its range allows one scale (cf_f16x3_one_max). A's split (given W's range and where the GEMM's alpha
+// and beta go, `scalars`; W's split null for both) writes them: alpha undoes both scales where both
+// operands have one (cf_f16x3_alpha_exponent), else 1. Launched with 256 threads a block, as many in all as
+// `split_threads` counts.
 extern "C" __global__ void __launch_bounds__(256) cf_split_f16x3_copies(
-    __half* __restrict__ out, const float* __restrict__ src, float* __restrict__ m, int rows, int cols,
-    int ld, int layout, int lo_piece)
+    __half* __restrict__ out, const float* __restrict__ src, const float* __restrict__ m,
+    const unsigned* __restrict__ range, const unsigned* __restrict__ w_range, float* __restrict__ scalars,
+    int rows, int cols, int ld, int layout, int lo_piece)
 {
+    const float one = cf_f16x3_one_max(range);
+    if (scalars && blockIdx.x == 0 && threadIdx.x == 0) {
+        const int e = cf_f16x3_alpha_exponent(one, cf_f16x3_one_max(w_range));
+        scalars[0] = e == CF_NO_ALPHA ? 1.0f : __int_as_float((127 - e) << 23), scalars[1] = 0.0f;
+    }
     // Indices are 32-bit (a 64-bit division per element is dozens of instructions): a stacked source has
     // at most F16X3_MAX_K rows (gemm_routes), so that rows * cols < 2^32 wherever W fits in a GPU's
     // memory; the others count rows and tiles, not elements.
@@ -103,12 +205,7 @@ extern "C" __global__ void __launch_bounds__(256) cf_split_f16x3_copies(
         for (unsigned r = (blockIdx.x * blockDim.x + threadIdx.x) / 32; r < (unsigned)rows; r += warps) {
             const float* const s = src + (size_t)r * ld;
             __half* const o = out + (size_t)r * 3 * cols;
-            float v = 0.0f;
-            for (int j = first; j < cols; j += step)
-                v = fmaxf(v, whole ? cf_abs_max(*reinterpret_cast<const float4*>(s + j)) : fabsf(s[j]));
-            v = cf_warp_max(v);
-            if (lane == 0) m[r] = v;
-            const float scale = cf_f16x3_scale(v);
+            const float scale = cf_f16x3_scale(one >= 0.0f ? one : m[r]);
             const float sc[4] = {scale, scale, scale, scale};
             for (int j = first; j < cols; j += step) {
                 if (whole) {
@@ -147,7 +244,7 @@ extern "C" __global__ void __launch_bounds__(256) cf_split_f16x3_copies(
                 const int c = c0 + i, k = k0 + tx;
                 if (c >= cols || k >= rows) continue;
                 __half p[3];
-                cf_f16x3_pieces(tile[tx][i], cf_f16x3_scale(m[c]), lo_piece, p);
+                cf_f16x3_pieces(tile[tx][i], cf_f16x3_scale(one >= 0.0f ? one : m[c]), lo_piece, p);
                 __half* const o = out + (size_t)c * 3 * rows + k;
                 #pragma unroll
                 for (int q = 0; q < 3; ++q) o[(size_t)q * rows] = p[q];
@@ -174,7 +271,8 @@ extern "C" __global__ void __launch_bounds__(256) cf_split_f16x3_copies(
             for (int i = 0; i < 4 && j + i < cols; ++i) x[i] = s[i];
         }
         #pragma unroll
-        for (int i = 0; i < 4; ++i) sc[i] = cf_f16x3_scale(m[min((int)j + i, cols - 1)]);
+        for (int i = 0; i < 4; ++i)
+            sc[i] = cf_f16x3_scale(one >= 0.0f ? one : m[min((int)j + i, cols - 1)]);
         __align__(8) __half p[3][4];
         cf_f16x3_pieces4(x, sc, lo_piece, p);
         #pragma unroll
@@ -189,17 +287,27 @@ extern "C" __global__ void __launch_bounds__(256) cf_split_f16x3_copies(
     }
 }
 
-// C[rows, n] (row length ldc) = D's sums with A's scale (per row, from ma) and W's (per column, from mw)
-// undone, plus the bias where there is one (else null), plus C where the GEMM accumulates; D (row length
-// ldd) is C itself where it does not. Both scales are undone at once, by their exponents' sum (ldexpf:
-// one at a time, the first could leave float32's range that the result does not). Bound by memory: a
-// thread takes 4 columns of a row, in 16-byte loads and stores where the row lengths and the pointers
-// allow; its index 64-bit only where C has 2^32 groups of 4 or more (a 64-bit division per element is
-// dozens of instructions). Launched with 256 threads a block, as many in all as `unscale_threads` counts.
+// C[rows, n] (row length ldc) = D's sums with A's scale (per row, from ma, or one for all, see
+// cf_f16x3_one_max) and W's (per column, from mw, or one) undone, plus the bias where there is one (else
+// null), plus C where the GEMM accumulates; D (row length ldd) is C itself where it does not. Where the
+// GEMM's alpha undid the scales (cf_f16x3_alpha_exponent), only the bias and C are added, and with neither it
+// returns at once. Both scales are undone at once, by their exponents' sum (ldexpf: one at a time, the
+// first could leave float32's range that the result does not). Bound by memory: a thread takes 4 columns
+// of a row, in 16-byte loads and stores where the row lengths and the pointers allow; its index 64-bit
+// only where C has 2^32 groups of 4 or more (a 64-bit division per element is dozens of instructions).
+// Launched with 256 threads a block, as many in all as `unscale_threads` counts.
 extern "C" __global__ void __launch_bounds__(256) cf_f16x3_unscale_sums(
-    float* c, const float* d, const float* __restrict__ ma, const float* __restrict__ mw,
-    const float* __restrict__ bias, int rows, int n, int ldc, int ldd, int accumulate)
+    float* c, const float* d, const float* __restrict__ ma, const unsigned* __restrict__ a_range,
+    const float* __restrict__ mw, const unsigned* __restrict__ w_range, const float* __restrict__ bias,
+    int rows, int n, int ldc, int ldd, int accumulate)
 {
+    const float one_a = cf_f16x3_one_max(a_range), one_w = cf_f16x3_one_max(w_range);
+    const bool by_alpha = cf_f16x3_alpha_exponent(one_a, one_w) != CF_NO_ALPHA;
+    if (by_alpha && !bias && !accumulate) return;
+    // (scales undone here: each row's and column's exponent, or the operand's one; by the GEMM: none)
+    const int ea1 = by_alpha || one_a < 0.0f ? 0 : cf_f16x3_exponent(one_a);
+    const int ew1 = by_alpha || one_w < 0.0f ? 0 : cf_f16x3_exponent(one_w);
+    const bool a_rows = !by_alpha && one_a < 0.0f, w_columns = !by_alpha && one_w < 0.0f;
     const unsigned groups = (n + 3) / 4;
     const unsigned long long total = (unsigned long long)rows * groups;
     const bool narrow = total <= 0xffffffffull;
@@ -211,7 +319,7 @@ extern "C" __global__ void __launch_bounds__(256) cf_f16x3_unscale_sums(
          e += stride) {
         const unsigned r = narrow ? (unsigned)e / groups : (unsigned)(e / groups);
         const unsigned j = 4 * (unsigned)(e - (unsigned long long)r * groups);
-        const int ea = cf_f16x3_exponent(ma[r]);
+        const int ea = a_rows ? cf_f16x3_exponent(ma[r]) : ea1;
         const float* const from = d + (size_t)r * ldd + j;
         float* const to = c + (size_t)r * ldc + j;
         float v[4], w[4], b[4] = {0.0f, 0.0f, 0.0f, 0.0f}, old[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -229,7 +337,8 @@ extern "C" __global__ void __launch_bounds__(256) cf_f16x3_unscale_sums(
             }
         }
         #pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = old[i] + (ldexpf(v[i], -(ea + cf_f16x3_exponent(w[i]))) + b[i]);
+        for (int i = 0; i < 4; ++i)
+            v[i] = old[i] + (ldexpf(v[i], -(ea + (w_columns ? cf_f16x3_exponent(w[i]) : ew1))) + b[i]);
         if (whole) {
             *reinterpret_cast<float4*>(to) = *reinterpret_cast<const float4*>(v);
         } else {

@@ -13,7 +13,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-enum { CF_KERNEL, CF_COOPERATIVE, CF_EARLY, CF_COPY, CF_RECORD, CF_WAIT, CF_SGEMM, CF_GEMM_EX, CF_FILL };
+enum { CF_KERNEL, CF_COOPERATIVE, CF_EARLY, CF_COPY, CF_RECORD, CF_WAIT, CF_SGEMM, CF_GEMM_EX, CF_FILL,
+       CF_GEMM_EX_DEVICE };
+enum { CF_POINTER_MODE_HOST, CF_POINTER_MODE_DEVICE };  /* cublasPointerMode_t */
 
 /* cuBLAS's entry points, declared here so that no cuBLAS header is needed: handles are pointers, its
  * enums ints, its status an int (0: success). */
@@ -22,6 +24,7 @@ typedef int (*cf_sgemm)(void *, int, int, int, int, int, const float *, const fl
 typedef int (*cf_gemm_ex)(void *, int, int, int, int, int, const void *, const void *, int, int, const void *,
                           int, int, const void *, void *, int, int, int, int);
 typedef int (*cf_set_stream)(void *, CUstream);
+typedef int (*cf_set_pointer_mode)(void *, int);
 
 typedef struct {
     CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
@@ -37,6 +40,7 @@ typedef struct {
     cf_gemm_ex gemm_ex;
     cf_set_stream set_stream;
     CUresult (*fill)(CUdeviceptr, unsigned, size_t, CUstream);
+    cf_set_pointer_mode set_pointer_mode;
 } cf_api;
 
 /* One call. Its arguments are `args` 8-byte slots of `values` from `first`; a kernel reads them through
@@ -115,12 +119,21 @@ int cf_run(cf_program *p, uint64_t stream, const uint64_t *bases, int checked, i
             err = status ? 100000 + status : 0;
             break;
         }
-        case CF_GEMM_EX: {  /* handle, op W, op A, n, m, k, alpha, W, type, ldw, A, type, lda, beta, C, type,
-                               ldc, compute type, algorithm */
-            int status = api->gemm_ex((void *)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5],
+        case CF_GEMM_EX:
+        case CF_GEMM_EX_DEVICE: {  /* handle, op W, op A, n, m, k, alpha, W, type, ldw, A, type, lda, beta, C,
+                                      type, ldc, compute type, algorithm; alpha and beta host addresses, or
+                                      device ones (the handle's pointer mode set for this call alone) */
+            const int device = op->kind == CF_GEMM_EX_DEVICE;
+            int status = device ? api->set_pointer_mode((void *)v[0], CF_POINTER_MODE_DEVICE) : 0;
+            if (!status)
+                status = api->gemm_ex((void *)v[0], (int)v[1], (int)v[2], (int)v[3], (int)v[4], (int)v[5],
                                       (const void *)v[6], (const void *)v[7], (int)v[8], (int)v[9],
                                       (const void *)v[10], (int)v[11], (int)v[12], (const void *)v[13],
                                       (void *)v[14], (int)v[15], (int)v[16], (int)v[17], (int)v[18]);
+            if (device) {
+                const int reset = api->set_pointer_mode((void *)v[0], CF_POINTER_MODE_HOST);
+                status = status ? status : reset;
+            }
             err = status ? 100000 + status : 0;
             break;
         }
