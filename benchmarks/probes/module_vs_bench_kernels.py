@@ -1,9 +1,11 @@
 """The same rung through `cellfuse bench` and through CellRNN's inference calls, each under torch's
 profiler: the kernels each put on the GPU, with their counts and mean times, to tell where a module's
-pass spends the time its benchmark does not.
+pass spends the time its benchmark does not; with --timeline, each one's last pass as a timeline (when
+each kernel started and ended, from the end of the persistent kernel before it), which shows what runs
+at once.
 
     python3 benchmarks/probes/module_vs_bench_kernels.py [--batch 64] [--layers 4] [--precision bf16]
-        [--schedule wavefront] [--workspace-mib 32]
+        [--schedule wavefront] [--workspace-mib 32] [--timeline]
 """
 
 from __future__ import annotations
@@ -31,6 +33,23 @@ def kernels(prof, title: str, calls: int) -> None:
               f"= {e.self_device_time_total / calls:9.1f} us  {e.key[:90]}")
 
 
+def timeline(prof, title: str) -> None:
+    """The GPU work from the end of the next-to-last persistent kernel to the end of the last: each
+    kernel's (or copy's, or memset's) start and end in microseconds from there, and its duration."""
+    events = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                    key=lambda e: e.time_range.start)
+    ends = [e.time_range.end for e in events if "persistent" in e.name]
+    if len(ends) < 2:
+        print(f"\n{title}: fewer than two persistent kernels in the profile")
+        return
+    origin, last = ends[-2], ends[-1]
+    print(f"\n{title}: us from the end of the persistent kernel before it (start, end, duration)")
+    for e in events:
+        if origin <= e.time_range.start < last:
+            start, end = e.time_range.start - origin, e.time_range.end - origin
+            print(f"  {start:9.1f} {end:9.1f} {end - start:8.1f}  {e.name[:80]}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--batch", type=int, default=64)
@@ -41,6 +60,7 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=5)
     p.add_argument("--workspace-mib", type=int, default=0,
                    help="then again with this much cuBLAS workspace per handle (the benchmark's is 32)")
+    p.add_argument("--timeline", action="store_true", help="each one's last pass as a timeline")
     args = p.parse_args()
     sizes = Sizes(args.seq, args.batch, 512, 512, args.layers)
     config = BenchConfig(sizes, backend="cuda", schedules=[args.schedule], baselines=[], repeats=args.calls,
@@ -51,12 +71,16 @@ def main() -> None:
     row = result.row(args.schedule)
     print(f"bench {args.schedule}: {row.median_ms:.3f} ms (ok {row.ok}); the profile holds its checks too")
     kernels(prof, "bench (checks, warm-up and timed runs)", args.calls + 3)
+    if args.timeline:
+        timeline(prof, "bench's last pass")
 
     rnn = CellRNN("lstm", 512, 512, args.layers, schedule=args.schedule, seed=1).cuda()
     x = torch.randn(args.seq, args.batch, 512, device="cuda").to(DTYPES[args.precision])
     ms, prof = module_calls(rnn, x, args.calls)
     print(f"\nCellRNN {args.schedule}: {ms:.3f} ms a call, back to back")
     kernels(prof, "CellRNN", args.calls)
+    if args.timeline:
+        timeline(prof, "CellRNN's last call")
     if args.workspace_mib:
         with torch.no_grad():
             given_workspace(rnn, x, args.workspace_mib)
