@@ -26,7 +26,7 @@ def f16x3_pieces(scaled: np.ndarray, lo_piece: int) -> tuple[np.ndarray, np.ndar
     return (hi, small, lo) if lo_piece == 2 else (hi, lo, small)
 
 
-ONE_SCALE_SPREAD = 20  # gemm_splits.cuh's CF_ONE_SCALE_SPREAD
+ONE_SCALE_SPREAD = 19  # gemm_splits.cuh's CF_ONE_SCALE_SPREAD: exponents 19 apart, a ratio below 2^20
 
 
 def f16x3_range(m: np.ndarray) -> np.ndarray:
@@ -39,7 +39,7 @@ def f16x3_range(m: np.ndarray) -> np.ndarray:
 
 def f16x3_one_max(m: np.ndarray) -> float | None:
     """gemm_splits.cuh's cf_f16x3_one_max: the largest of m where one scale serves every row or column of
-    these largest magnitudes (they lie within 2^ONE_SCALE_SPREAD of each other, all finite), else None."""
+    these largest magnitudes (their exponents at most ONE_SCALE_SPREAD apart, all finite), else None."""
     hi, lo = f16x3_range(m)
     if hi >> 23 >= 255:
         return None

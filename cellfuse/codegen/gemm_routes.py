@@ -110,12 +110,14 @@ def maxima_threads(rows: Expr | int, cols: Expr | int) -> Expr:
     return BLOCK * ((cols + 31) // 32) * ((rows + (MAX_ROWS - 1)) // MAX_ROWS)
 
 
-def unscale_threads(rows: Expr | int, n: Expr | int) -> Expr:
+def unscale_threads(rows: Expr | int, n: Expr | int, rows_a_thread: int = 1) -> Expr:
     """The threads cf_f16x3_unscale_sums runs with for C of `rows` x `n`: one per 4 columns of every
-    UNSCALE_ROWS-th row, striding over the rest. Where the GEMM's alpha undid the scales and nothing is
-    left to add, each block returns at once: with one thread per 4 columns of every row, such a pass still
-    took 12 us after the LSTM's input GEMM at B=64 on an H200 (12,800 blocks), 40 us at B=256."""
-    return (as_expr(rows) + (UNSCALE_ROWS - 1)) // UNSCALE_ROWS * ((as_expr(n) + 3) // 4)
+    `rows_a_thread`-th row, striding over the rest. A pass with nothing to do (the GEMM's alpha undid the
+    scales and there is nothing to add) returns at once in each block, yet with one thread per 4 columns
+    of every row it still took 12 us after the LSTM's input GEMM at B=64 on an H200 (12,800 blocks) and
+    40 us at B=256: f16x3_steps gives UNSCALE_ROWS where that is likely, 1 where the pass has work for
+    certain (a bias, C to add onto), so that a small C (a weight's gradient, 512 x 2048) keeps its blocks."""
+    return (as_expr(rows) + (rows_a_thread - 1)) // rows_a_thread * ((as_expr(n) + 3) // 4)
 
 
 def _aligned(nbytes: Expr) -> Expr:
@@ -264,7 +266,7 @@ def f16x3_steps(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> list[Step]:
               Step("kernel", "cf_f16x3_unscale_sums",
                    (Ref("c"), sums, a_max, a_range, w_max, w_range, Ref("bias"), as_expr(rows), g.n, g.c.ld,
                     ldd, int(bool(g.accumulate))),
-                   unscale_threads(rows, g.n))]
+                   unscale_threads(rows, g.n, 1 if g.accumulate or g.bias else UNSCALE_ROWS))]
     return steps
 
 

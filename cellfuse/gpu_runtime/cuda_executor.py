@@ -289,7 +289,10 @@ class CudaExecutor:
                                              int(f16x3_layout(g, op.m, g.k).kept_bytes), 4 * 2 * g.n * g.k])
             scratch = self.drv.mem_alloc(span)
             try:
-                self.drv.memset_d32(scratch, 0, span // 4)  # (see stream_program.route_choice)
+                # zeroed (see stream_program.route_choice), before anything on the executor's streams,
+                # which do not wait for the legacy stream
+                self.drv.memset_d32(scratch, 0, span // 4)
+                self.drv.Context.synchronize()
                 x, w, c, pieces, region, image = (int(scratch) + offset for offset in offsets)
                 on = replace(op, c=c, x=x, w=w, pieces=pieces, lengths=0)  # (timed as if every row ran)
                 if kept:

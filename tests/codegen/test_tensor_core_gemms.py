@@ -138,6 +138,8 @@ def test_a_gemm_that_accumulates_sums_into_its_workspace_first():
         assert int(lay.nbytes) == int(lay.kept_at + lay.kept_bytes)
         # a weight's gradient reads x^T: A's copies transposed, its maxima per column of x (A's rows)
         assert (lay.a.per_column, int(lay.a.scales)) == (g.trans_a, gemm.rows)
+        # its pass has work for certain (C to add onto): a thread per 4 columns of every row of C
+        assert int(f16x3_steps(g, gemm.rows, g.k)[-1].threads) == gemm.rows * -(-g.n // 4)
 
 
 def test_each_operand_is_measured_before_it_is_split_and_as_splits_write_the_gemms_alpha():
@@ -172,6 +174,9 @@ def test_each_operand_is_measured_before_it_is_split_and_as_splits_write_the_gem
     assert steps[5].args[3:6] == (a_range, w_range, scalars)
     assert steps[6].args[-1] == scalars
     assert steps[7].args[2:6] == (a_max, a_range, w_max, w_range)
+    # the pass, likely to return at once (no bias, nothing to add onto): a thread per 4 columns of every
+    # 8th row, so that its blocks are few
+    assert int(steps[7].threads) == 6400 // 8 * 2048 // 4
 
 
 def test_the_exported_launcher_decides_at_run_time():

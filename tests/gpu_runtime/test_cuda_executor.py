@@ -382,6 +382,35 @@ def test_hoisted_gemms_on_tensor_cores_match_reference(gpu, schedule, name, seq,
     np.testing.assert_array_equal(out.y, again.y)
 
 
+def test_a_captured_graph_chooses_one_scale_or_a_scale_per_row_at_each_replay(gpu):
+    """The hoisted GEMM's split decides on the GPU, at every replay of the captured pass, whether one power
+    of two serves all of x (its rows' largest values within 2^20: the GEMM's alpha undoes the scales) or
+    each row needs its own (rows 2^-24 below the others: the pass undoes them): x of each kind in turn,
+    each against the reference, and the first x again gives the first run's output to the bit (the
+    ranges zeroed at every replay, none left from the run before)."""
+    from cellfuse.gpu_runtime.cuda_executor import CudaExecutor, device_target
+
+    cell, seq, batch = load_template("lstm"), 16, 80
+    rng = np.random.default_rng(5)
+    params = init_params(cell, 1, 512, 512, 5)
+    plain = rng.standard_normal((seq, batch, 512)).astype(np.float32)
+    spread = plain.copy()
+    spread[:, :8] *= np.float32(2.0**-24)
+    initial = {s: (0.5 * rng.standard_normal((1, batch, 512))).astype(np.float32) for s in cell.updates}
+    plan = make_plan(cell, Sizes(seq, batch, 512, 512), "persistent", device_target())
+    assert tensor_core_groups(plan) and plan.cuda_graph
+    ex = CudaExecutor(plan, params)
+    outs = [ex.run(x, initial) for x in (plain, spread, plain)]
+    ex.close()
+    for x, out in zip((plain, spread), outs, strict=False):
+        ref = run_reference(cell, params, {"x": x, **initial}, 1)
+        assert rel(out.y, ref.y) < 1e-4
+        for s in ref.final:
+            assert rel(out.final[s], ref.final[s]) < 1e-4
+    np.testing.assert_array_equal(outs[2].y, outs[0].y)
+    assert not np.array_equal(outs[1].y, outs[0].y)
+
+
 def _split_kernels(drv):
     """gemm_splits.cuh's maxima (of rows, of columns) and split kernels, prepared."""
     from cellfuse.codegen.cuda_kernels import PRELUDE
@@ -524,7 +553,7 @@ def test_the_pass_undoes_both_scales_adds_the_bias_and_accumulates(gpu, rows, n,
     from f16x3_pieces import f16x3_one_max, f16x3_range
 
     from cellfuse.codegen.cuda_kernels import PRELUDE
-    from cellfuse.codegen.gemm_routes import unscale_threads
+    from cellfuse.codegen.gemm_routes import UNSCALE_ROWS, unscale_threads
     from cellfuse.codegen.kernel_abi import BLOCK, grid_blocks
     from cellfuse.gpu_runtime.cuda_executor import _compile
 
@@ -566,8 +595,10 @@ def test_the_pass_undoes_both_scales_adds_the_bias_and_accumulates(gpu, rows, n,
         d_at, ldd = c_at, ldc
     ranges = [np.concatenate([f16x3_range(m), np.zeros(2, np.uint32)]) for m in (ma, mw)]
     ma_d, a_range, mw_d, w_range, b_d = (drv.to_device(v) for v in (ma, ranges[0], mw, ranges[1], b))
-    unscale.prepared_call((grid_blocks(int(unscale_threads(rows, n))), 1), (BLOCK, 1, 1), c_at, d_at, ma_d,
-                          a_range, mw_d, w_range, int(b_d) if bias else 0, rows, n, ldc, ldd, int(accumulate))
+    # (a thread per 4 columns of every 8th row: each strides over rows, as after a forward GEMM)
+    threads = unscale_threads(rows, n, UNSCALE_ROWS)
+    unscale.prepared_call((grid_blocks(int(threads)), 1), (BLOCK, 1, 1), c_at, d_at, ma_d, a_range, mw_d,
+                          w_range, int(b_d) if bias else 0, rows, n, ldc, ldd, int(accumulate))
     got = drv.from_device(c_d, (offset + rows * ldc + 16,), np.float32)
     np.testing.assert_array_equal(got[offset + rows * ldc:], 7.0)  # nothing past C written
     got = got[offset:offset + rows * ldc].reshape(rows, ldc)

@@ -30,9 +30,10 @@ extern "C" __global__ void __launch_bounds__(256) cf_bias_rows(
 //                        cuBLAS reads an operand fastest (a weight gradient's x^T)
 // so that its scales are its rows' where K runs along them (side by side) and its columns' otherwise.
 //
-// One scale serves a whole operand where its rows' (or columns') largest magnitudes lie within
-// 2^CF_ONE_SCALE_SPREAD of each other: its pieces are then as accurate as with a scale each
-// (docs/results/2026-12-02-c-one-scale-for-a-gemms-rows.md). Where both operands have one, the GEMM
+// One scale serves a whole operand where its rows' (or columns') largest magnitudes lie within 2^20 of
+// each other (their exponents within CF_ONE_SCALE_SPREAD): its pieces are then as accurate as with a
+// scale each (docs/results/2026-12-02-c-one-scale-for-a-gemms-rows.md: up to 2^20 measured as accurate,
+// 2^22 not). Where both operands have one, the GEMM
 // undoes both by its alpha (read from device memory, written by A's split: the choice costs no wait
 // for the host, and a captured graph reads it at every replay), and the pass has nothing left to do
 // where there is no bias to add nor C to add onto: it returns at once. The choice is each operand's
@@ -43,7 +44,7 @@ extern "C" __global__ void __launch_bounds__(256) cf_bias_rows(
 #define CF_STACKED 1
 #define CF_TRANSPOSED 2
 #define CF_MAX_ROWS 256  // the rows a block of cf_f16x3_maxima takes of 32 columns
-#define CF_ONE_SCALE_SPREAD 20
+#define CF_ONE_SCALE_SPREAD 19  // exponents 19 apart: a ratio below 2^20
 #define CF_RANGE_WORDS 4
 
 // A block's largest of two words per thread (blockDim.x a multiple of 32, at most 1024), in thread 0.
@@ -68,7 +69,8 @@ __forceinline__ __device__ void cf_range_add(unsigned& hi, unsigned& lo, float m
 }
 
 // The largest magnitude one scale is made from for every row (or column) of an operand of this range, or
-// -1 where its maxima spread wider than 2^CF_ONE_SCALE_SPREAD (or one is not finite: its own scale, 1).
+// -1 where their exponents lie more than CF_ONE_SCALE_SPREAD apart (or one is not finite: its own
+// scale, 1). A subnormal maximum counts as 2^-126, far below any ordinary largest.
 __forceinline__ __device__ float cf_f16x3_one_max(const unsigned* __restrict__ range) {
     const unsigned hi = range[0], lo = ~range[1];
     if ((hi >> 23) >= 255) return -1.0f;
