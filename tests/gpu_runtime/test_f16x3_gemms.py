@@ -28,7 +28,7 @@ def gemms(gpu):
 def test_the_fastest_measured_algorithm_computes_the_product(gemms, trans_a, offset):
     """Each way round, on operands at 256-byte boundaries and `offset` bytes past them (a GEMM's output
     inside a larger buffer: cuBLASLt then offers only algorithms that allow it), alpha and beta read from
-    device memory (alpha 2^-3 here, applied exactly)."""
+    device memory (alpha 2^-3 here, applied exactly; beta 0, so that C, NaN before, is not read)."""
     drv, g, workspace = gemms
     m, n, k = 96, 80, 3 * 64  # column-major C[m, n] = op(A)[m, k] @ B[k, n]
     rng = np.random.default_rng(0)
@@ -44,6 +44,7 @@ def test_the_fastest_measured_algorithm_computes_the_product(gemms, trans_a, off
     c_dev += 2 * (a_stored.size + b.size)
     drv.memcpy_htod(a_dev, np.ascontiguousarray(a_stored))
     drv.memcpy_htod(b_dev, np.ascontiguousarray(b.T))
+    drv.memcpy_htod(c_dev, np.full(m * n, np.nan, np.float32))
     aligned = tuple(alignment(p) for p in (a_dev, b_dev, c_dev))
     assert offset == 0 or max(aligned) <= offset
     shape = Shape(trans_a, m, n, k, lda, k, m, 0, aligned)
