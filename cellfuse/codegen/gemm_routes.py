@@ -241,7 +241,7 @@ def f16x3_steps(g: GemmLaunch, rows: Expr | int, k: Expr | int) -> list[Step]:
     steps: list[Step] = []
     for part, source, region in ((lay.w, Ref("w"), "kept"), (lay.a, Ref("a"), "workspace")):
         maxima, of_w = Ref(region, part.maxima), region == "kept"
-        span = Ref(region, part.range, "unsigned")
+        span = w_range if of_w else Ref(region, part.range, "unsigned")
         if part.per_column:
             steps += [Step("zero", "zeroing the column maxima", (maxima, part.scales + RANGE_WORDS),
                            of_w=of_w),

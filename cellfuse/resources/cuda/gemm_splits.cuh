@@ -33,13 +33,13 @@ extern "C" __global__ void __launch_bounds__(256) cf_bias_rows(
 // One scale serves a whole operand where its rows' (or columns') largest magnitudes lie within 2^20 of
 // each other (their exponents within CF_ONE_SCALE_SPREAD): its pieces are then as accurate as with a
 // scale each (docs/results/2026-12-02-c-one-scale-for-a-gemms-rows.md: up to 2^20 measured as accurate,
-// 2^22 not). Where both operands have one, the GEMM
-// undoes both by its alpha (read from device memory, written by A's split: the choice costs no wait
-// for the host, and a captured graph reads it at every replay), and the pass has nothing left to do
-// where there is no bias to add nor C to add onto: it returns at once. The choice is each operand's
-// range: the largest of its maxima and the smallest of those that are not zero, folded on the GPU
-// (CF_RANGE_WORDS words: the largest's bits, the complement of the smallest's, a count of the blocks
-// of cf_f16x3_maxima done; zeroed before, as non-negative floats' bits order as their values do).
+// 2^22 not). Where both operands have one, the GEMM undoes both by its alpha (read from device memory,
+// written by A's split: the choice costs no wait for the host, and a captured graph reads it at every
+// replay), and the pass has nothing left to do where there is no bias to add nor C to add onto: it
+// returns at once. The choice is each operand's range: the largest of its maxima and the smallest of
+// those that are not zero, folded on the GPU (CF_RANGE_WORDS words: the largest's bits, the complement
+// of the smallest's, a count of the blocks of cf_f16x3_maxima done; zeroed before, as non-negative
+// floats' bits order as their values do).
 #define CF_SIDE_BY_SIDE 0
 #define CF_STACKED 1
 #define CF_TRANSPOSED 2
