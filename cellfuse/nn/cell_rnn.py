@@ -37,7 +37,7 @@ from ..graph_model.validate import check_count
 from . import ops, stacks
 from .held_weights import held
 from .packed_sequences import Unpacked
-from .quick_call import KeptLayers, QuickCall, kept_call, kept_packed_call
+from .quick_call import KeptLayers, QuickCall, kept_call, kept_lengths_call, kept_packed_call
 from .runners import DTYPES, FORWARD, direction_of, dtype_names, param_dtypes, precision_of
 from .tracing import refuse_script, traced_call
 from .zeros import Zeros
@@ -180,6 +180,7 @@ class CellRNN(torch.nn.Module):
         self._seen: OrderedDict[tuple, None] = OrderedDict()
         self._quick: QuickCall | None = None  # the last call on a GPU, where it can be kept
         self._quick_packed: QuickCall | None = None  # and the last of a PackedSequence
+        self._quick_lengths: QuickCall | None = None  # and the last of rows of their own lengths
         # and of each layer and direction, where they run a call each (over the module's zeros)
         self._kept_layers = KeptLayers(self._zero_states)
 
@@ -309,6 +310,13 @@ class CellRNN(torch.nn.Module):
                 done = self._quick(x, layout, self._params(), every)
                 if done is not None:
                     return done[0], dict(zip(self.state_ids, done[1], strict=True))
+        if (not tracing and self._quick_lengths is not None and lengths is not None
+                and type(x) is torch.Tensor and x.dim() == 3):
+            every = None if states is None else self._every_state(states)
+            if states is None or every is not None:
+                done = self._kept_lengths_call(x, lengths, layout, every)
+                if done is not None:
+                    return done[0], dict(zip(self.state_ids, done[1], strict=True))
         x_given = x
         packed = None
         by_layer = self.bidirectional or bool(self.dropout and self.training and self.num_layers > 1)
@@ -340,7 +348,7 @@ class CellRNN(torch.nn.Module):
         elif lengths is not None:  # (a PackedSequence's are right by construction, its padding zeros)
             lengths = stacks.check_lengths(lengths, x.shape[0], x.shape[1])
             steps = stacks.steps_left(lengths, 1 if by_layer else self.num_layers, x, self.hidden_size)
-            x = stacks.padding_zeroed(x, lengths, steps)
+            zeroed = x = stacks.padding_zeroed(x, lengths, steps)
         params = self._params()
         if by_layer:
             y, finals = stacks.layer_by_layer(
@@ -359,26 +367,47 @@ class CellRNN(torch.nn.Module):
                 self._last_seen = seen
                 recent = [s for s in self._seen if s != seen][-(MAX_SEEN - 1):] + [seen]
                 self._seen = OrderedDict.fromkeys(recent)
-        if not tracing:  # (kept where quick_call can make the call again; each replaces its own)
-            if packed is None:
-                self._quick = None
-            else:
-                self._quick_packed = None
-            if ((lengths is None or packed is not None) and not by_layer
-                    and (states is None or self._every_state(states) is not None)):
+        if not tracing:  # (kept where quick_call can make the call again; each kind replaces its own)
+            kept = None
+            if not by_layer and (states is None or self._every_state(states) is not None):
                 zeros = [self._zero_states(tuple(initial[0].shape), x.dtype, x.device)] * len(initial)
-                if packed is None:
-                    self._quick = kept_call(x_given, x, layout, params, zeros, self._cell_text,
-                                            self.hidden_size, self.num_layers, self._float32, cast=cast)
+                if packed is not None:
+                    kept = kept_packed_call(packed, x, layout, params, zeros, self._cell_text,
+                                            self.hidden_size, self.num_layers, self._float32, cast)
+                elif lengths is not None:
+                    kept = kept_lengths_call(zeroed, x, layout, params, zeros, steps, self._cell_text,
+                                             self.hidden_size, self.num_layers, self._float32, cast)
                 else:
-                    self._quick_packed = kept_packed_call(packed, x, layout, params, zeros, self._cell_text,
-                                                          self.hidden_size, self.num_layers, self._float32,
-                                                          cast)
+                    kept = kept_call(x_given, x, layout, params, zeros, self._cell_text, self.hidden_size,
+                                     self.num_layers, self._float32, cast=cast)
+            if packed is not None:
+                self._quick_packed = kept
+            elif lengths is not None:
+                self._quick_lengths = kept
+            else:
+                self._quick = kept
         if packed is not None:
             y, finals = packed.pack(y), packed.unsorted(finals)
         elif self.batch_first:
             y = y.transpose(0, 1)
         return y, dict(zip(self.state_ids, finals, strict=True))
+
+    def _kept_lengths_call(self, x: torch.Tensor, lengths: object, layout: tuple,
+                           every: list[torch.Tensor] | None
+                           ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """y and the final states of a call of rows of their own lengths like the one kept (x as given, 3-D;
+        `every`: every initial state given, or None for zeros), its lengths checked and its padding zeroed
+        as the whole path does; None where it is not like it. A module called over rows of other lengths
+        call after call (a training loop's batches) thus skips the whole path's checks and lookups, as a
+        PackedSequence's call does."""
+        time_major = x.transpose(0, 1) if self.batch_first else x
+        lengths = stacks.check_lengths(lengths, time_major.shape[0], time_major.shape[1])
+        steps = stacks.steps_left(lengths, self.num_layers, time_major, self.hidden_size)
+        done = self._quick_lengths.lengths(stacks.padding_zeroed(time_major, lengths, steps), layout,
+                                           self._params(), every, steps)
+        if done is None or not self.batch_first:
+            return done
+        return done[0].transpose(0, 1), done[1]
 
     def _every_state(self, states: object) -> list[torch.Tensor] | None:
         """The initial states in the cell's order where `states` maps every state id to one, else None."""
@@ -437,7 +466,8 @@ class CellRNN(torch.nn.Module):
         return [states[s] if s in states else self._zero_states(want, dtype, device) for s in self.state_ids]
 
     def _apply(self, fn, recurse=True):
-        self._quick = self._quick_packed = None  # (their zeros are on the device and dtype it leaves)
+        # (their zeros are on the device and dtype it leaves)
+        self._quick = self._quick_packed = self._quick_lengths = None
         self._kept_layers = KeptLayers(self._zero_states)
         return super()._apply(fn, recurse)
 
@@ -446,7 +476,7 @@ class CellRNN(torch.nn.Module):
         state["_seen"] = OrderedDict()
         state["_zero_states"] = Zeros()
         state["_last_seen"] = None
-        state["_quick"] = state["_quick_packed"] = None
+        state["_quick"] = state["_quick_packed"] = state["_quick_lengths"] = None
         state["_kept_layers"] = KeptLayers(state["_zero_states"])
         return state
 

@@ -56,7 +56,8 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
     """The call just made of x (as given; `time_first`: as the ops took it, in `cast` where torch.autocast
     cast it) kept, where it was one on a GPU, and where it saved its steps for a backward pass, one with a
     parameter requiring a gradient (so that any x saves them); None where not. The caller keeps only calls
-    with no states or all of them, no lengths but a PackedSequence's, the layers in one call of the ops
+    with no states or all of them, the layers in one call of the ops (a PackedSequence's call and one with
+    lengths: kept_packed_call, kept_lengths_call)
     (`params`: that call's; `zeros`: the module's initial states of zeros, one per state, in the type the
     call ran in, for a call that gives none; `rows`: a PackedSequence's padding for its lane, see
     quick_lane.make; `direction`: the ops' direction of the call, runners.FORWARD unless a layer's
@@ -82,6 +83,18 @@ def kept_packed_call(unpacked, ran: torch.Tensor, layout: tuple, params: Sequenc
     return kept_call(unpacked.x, ran, time_first(layout), params, [*zeros, unpacked.steps],
                      ops.masked_text(cell), hidden, layers, ops.masked_float32(float32),
                      unpacked.lane_rows(layers), cast)
+
+
+def kept_lengths_call(x: torch.Tensor, ran: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
+                      zeros: Sequence[torch.Tensor], steps: torch.Tensor, cell: str, hidden: int, layers: int,
+                      float32: str, cast: torch.dtype | None = None) -> QuickCall | None:
+    """kept_call of a call of rows of their own lengths just made in one call of the ops (`x`: its padding
+    zeroed, time first; `ran`: that x as the ops ran it, in `cast` where torch.autocast cast it; `steps`:
+    the call's steps-left state; `cell` and `float32` as the module gives them: the call ran the cell that
+    runs each row to its own length). A call like it gives its own lengths' steps-left state to
+    QuickCall.lengths, after the state given or the zeros kept here."""
+    return kept_call(x, ran, time_first(layout), params, [*zeros, steps], ops.masked_text(cell), hidden,
+                     layers, ops.masked_float32(float32), cast=cast)
 
 
 def time_first(layout: tuple) -> tuple:
@@ -154,6 +167,16 @@ class QuickCall:
         unpacked.pad(hidden, layers)
         done = self(unpacked.x, layout, params, [*unpacked.sorted(states), unpacked.steps])
         return None if done is None else (unpacked.pack(done[0]), unpacked.unsorted(done[1][:-1]))
+
+    def lengths(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
+                states: Sequence[torch.Tensor] | None, steps: torch.Tensor
+                ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
+        """y (time first) and the final states of a call of rows of their own lengths like the kept one
+        (kept_lengths_call): x time first, its padding zeroed, `layout` the module's, `states` every
+        initial state or None (zeros), `steps` the call's steps-left state; None where not like it."""
+        states = self._zeros[:-1] if states is None else states
+        done = self(x, time_first(layout), params, [*states, steps])
+        return None if done is None else (done[0], done[1][:-1])
 
     def _like(self, shape, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor]) -> bool:
         """Whether a call of x (of `shape` as the ops take it), the module's layout and these parameters

@@ -336,7 +336,8 @@ class _Delegate:
 @pytest.fixture
 def kept_on_the_cpu(monkeypatch):
     """quick_call.kept_call as on a GPU, over the CPU's runners (each wrapped in a _Delegate): returns the
-    delegates made, by the ops' direction and x's width."""
+    delegates made, by the ops' direction, x's width and the count of states (a call of rows of their
+    own lengths has one more: the steps-left state)."""
     monkeypatch.setattr(ops, "on_device", lambda index: True)
     made = {}
 
@@ -344,7 +345,7 @@ def kept_on_the_cpu(monkeypatch):
              direction=FORWARD):
         if torch.is_grad_enabled():
             return None
-        runner = made.setdefault((direction, time_first.shape[2]), _Delegate(
+        runner = made.setdefault((direction, time_first.shape[2], len(zeros)), _Delegate(
             ops.runner(cell, time_first, hidden, layers, layout[0], direction, float32)))
         return QuickCall(x, layout, params, runner, zeros, None, rows, cast, direction)
     monkeypatch.setattr(quick_call, "kept_call", keep)
@@ -384,12 +385,12 @@ def test_a_bidirectional_layers_directions_are_kept_each_and_give_the_whole_path
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     # on the CPU the directions run one after the other; each layer's and direction's runner made
     # two calls: over the kept zeros, then over the states given (slices of them)
-    assert sorted(kept_on_the_cpu) == [(FORWARD, 6), (FORWARD, 10), (REVERSE, 6), (REVERSE, 10)]
+    assert sorted(kept_on_the_cpu) == [(FORWARD, 6, 2), (FORWARD, 10, 2), (REVERSE, 6, 2), (REVERSE, 10, 2)]
     for runner in kept_on_the_cpu.values():
         (_, zeros), (_, given) = runner.calls
         assert all(made_here(z) and not z.any() for z in zeros)
         assert [s.shape for s in given] == [(1, 3, 5)] * 2 and not any(made_here(s) for s in given)
-    (reverse_x, _), _ = kept_on_the_cpu[REVERSE, 6].calls
+    (reverse_x, _), _ = kept_on_the_cpu[REVERSE, 6, 2].calls
     torch.testing.assert_close(reverse_x, x.flip(0), rtol=0, atol=0)  # the first layer's, reversed
     rnn._kept_layers._calls.clear()
     with torch.no_grad():
@@ -424,3 +425,57 @@ def test_a_layers_call_kept_one_way_drops_the_same_direction_kept_the_other_way(
         assert sorted(kept._calls) == [(0, FORWARD), (0, REVERSE_BESIDE), (1, FORWARD_BESIDE)]
     kept.keep(0, FORWARD, x, params, 1, cell, 3, "graph", "")  # with gradients: not kept, and dropped
     assert sorted(kept._calls) == [(0, REVERSE_BESIDE), (1, FORWARD_BESIDE)]
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_a_call_of_rows_of_their_own_lengths_is_kept_and_gives_the_whole_paths_results(
+        kept_on_the_cpu, monkeypatch, batch_first):
+    """A module called over rows of their own lengths keeps that call apart from its plain one: the next
+    call like it, of any lengths, goes to the kept runner (the cell that runs each row to its own length)
+    with its padding zeroed and its own steps-left state after the zeros or the states given, without the
+    whole path, with the whole path's results; lengths out of bounds are refused there too; a plain call
+    keeps its own kept call."""
+    monkeypatch.setattr(cell_rnn, "kept_call", quick_call.kept_call)  # (the fixture's, for the plain call)
+    torch.manual_seed(1)
+    rnn = CellRNN("lstm", 6, 5, 2, seed=3, batch_first=batch_first).double()
+    entered, whole = [], stacks.run
+    monkeypatch.setattr(stacks, "run", lambda *a, **k: entered.append(1) or whole(*a, **k))
+
+    def x_of(seed):
+        x = torch.randn(7, 4, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+        return x.transpose(0, 1).contiguous() if batch_first else x
+
+    def whole_path(x, lengths, states=None):
+        kept = rnn._quick_lengths
+        rnn._quick_lengths = None
+        try:
+            return rnn(x, states, lengths)
+        finally:
+            rnn._quick_lengths = kept
+    with torch.no_grad():
+        rnn(x_of(0), lengths=[7, 2, 5, 1])
+        assert len(entered) == 1 and rnn._quick_lengths is not None
+        plain = rnn(x_of(0))[0]
+        assert len(entered) == 2 and rnn._quick_lengths is not None and rnn._quick is not None
+        for seed, lengths in enumerate(([3, 7, 7, 1], torch.tensor([1, 1, 2, 6]))):
+            x = x_of(seed + 1)
+            time_x = x.transpose(0, 1) if batch_first else x
+            time_x[6:, 3] = float("nan")  # (padding past a row's length may hold anything)
+            got = rnn(x, lengths=lengths)
+            assert len(entered) == 2  # kept
+            want = whole_path(x, lengths)
+            assert len(entered) == 3
+            entered.pop()
+            torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+            for s in rnn.state_ids:
+                torch.testing.assert_close(got[1][s], want[1][s], rtol=0, atol=0)
+        states = {s: torch.randn(2, 4, 5, dtype=torch.float64) for s in rnn.state_ids}
+        got, want = rnn(x, states, [2, 3, 4, 5]), whole_path(x, [2, 3, 4, 5], states)
+        assert len(entered) == 3  # (the states given: kept too; the whole path's once)
+        torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+        with pytest.raises(cell_rnn.CellError, match="from 1 to the sequence's length 7"):
+            rnn(x, lengths=[8, 1, 1, 1])
+        torch.testing.assert_close(rnn(x_of(0))[0], plain, rtol=0, atol=0)
+        assert len(entered) == 3  # the plain call still kept
+    assert sorted(kept_on_the_cpu) == [(FORWARD, 6, 2), (FORWARD, 6, 3)]  # (h, c; and the steps left)
+    assert len(kept_on_the_cpu[FORWARD, 6, 3].calls) == 3 and len(kept_on_the_cpu[FORWARD, 6, 2].calls) == 1
