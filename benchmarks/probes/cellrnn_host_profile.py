@@ -1,8 +1,9 @@
 """Where the host time of CellRNN's calls goes: cProfile over many forward calls under torch.no_grad()
 (and, in float32, many training steps) of the LSTM at input = hidden = 512 (or --hidden), then torch's
 profiler over a few forward calls (the CUDA API calls and kernels they make, with their times).
-`--module dropin`: the same of cellfuse.nn.LSTM (`--lengths uniform:10-100`: of a PackedSequence of such
-lengths); `--lines`: the profile's lines shown, by own time and by cumulative time.
+`--module dropin`: the same of cellfuse.nn.LSTM; `--lengths uniform:10-100`: rows of such lengths, a
+PackedSequence of them for the drop-in, `rnn(x, lengths=...)` (lengths on the CPU) for CellRNN; `--lines`:
+the profile's lines shown, by own time and by cumulative time.
 
     python3 benchmarks/probes/cellrnn_host_profile.py [--schedule persistent] [--calls 500] [--batch 1]
         [--seq 100] [--hidden 512] [--layers 1] [--precision fp32|bf16|fp16] [--module cellrnn|dropin]
@@ -17,7 +18,7 @@ import pstats
 import time
 
 import torch
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 from cellfuse.nn import LSTM, CellRNN
 
@@ -34,7 +35,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=1)
     p.add_argument("--precision", choices=sorted(DTYPES), default="fp32")
     p.add_argument("--module", choices=["cellrnn", "dropin"], default="cellrnn")
-    p.add_argument("--lengths", default="", help="uniform:LO-HI: a PackedSequence of such lengths (dropin)")
+    p.add_argument("--lengths", default="",
+                   help="uniform:LO-HI: rows of such lengths (the drop-in: a PackedSequence of them)")
     p.add_argument("--lines", type=int, default=16)
     args = p.parse_args()
     if args.module == "dropin":
@@ -46,20 +48,22 @@ def main() -> None:
     if args.lengths:
         low, high = map(int, args.lengths.removeprefix("uniform:").split("-"))
         lengths = torch.randint(low, high + 1, (args.batch,), generator=torch.Generator().manual_seed(1))
-        x = pack_padded_sequence(x, lengths, enforce_sorted=False)
-        # (its data a leaf of its own: packed from xg, every step's backward would go through the one
-        # packing, whose graph the first frees)
-        xg = x._replace(data=x.data.clone().requires_grad_())
+        if args.module == "dropin":
+            x = pack_padded_sequence(x, lengths, enforce_sorted=False)
+            # (its data a leaf of its own: packed from xg, every step's backward would go through the one
+            # packing, whose graph the first frees)
+            xg = x._replace(data=x.data.clone().requires_grad_())
+    given = {"lengths": lengths} if args.lengths and args.module == "cellrnn" else {}
     print(f"LSTM T={args.seq} B={args.batch} H={args.hidden} layers={args.layers} {args.precision} "
           f"{args.schedule} {args.module} {args.lengths or 'padded'}")
 
     def forward() -> None:
         with torch.no_grad():
-            rnn(x)
+            rnn(x, **given)
 
     def train() -> None:
-        y, _ = rnn(xg)
-        (y.data if args.lengths else y).float().sum().backward()
+        y, _ = rnn(xg, **given)
+        (y.data if isinstance(y, PackedSequence) else y).float().sum().backward()
 
     passes = [("forward", forward)] + ([("training step", train)] if args.precision == "fp32" else [])
     for name, fn in passes:
