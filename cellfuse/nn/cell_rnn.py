@@ -310,11 +310,16 @@ class CellRNN(torch.nn.Module):
                 done = self._quick(x, layout, self._params(), every)
                 if done is not None:
                     return done[0], dict(zip(self.state_ids, done[1], strict=True))
-        if (not tracing and self._quick_lengths is not None and lengths is not None
-                and type(x) is torch.Tensor and x.dim() == 3):
+        quick = self._quick_lengths  # (once: another thread's call may replace it)
+        if (not tracing and quick is not None and lengths is not None and type(x) is torch.Tensor
+                and x.dim() == 3):
             every = None if states is None else self._every_state(states)
-            if states is None or every is not None:
-                done = self._kept_lengths_call(x, lengths, layout, every)
+            time_major = x.transpose(0, 1) if self.batch_first else x
+            if (states is None or every is not None) and quick.may_take(time_major, layout):
+                # (the lengths read once: where the kept call turns the call down, the whole path takes them
+                # as checked here, an iterator of them included)
+                lengths = stacks.check_lengths(lengths, time_major.shape[0], time_major.shape[1])
+                done = self._kept_lengths_call(quick, time_major, lengths, layout, every)
                 if done is not None:
                     return done[0], dict(zip(self.state_ids, done[1], strict=True))
         x_given = x
@@ -392,19 +397,16 @@ class CellRNN(torch.nn.Module):
             y = y.transpose(0, 1)
         return y, dict(zip(self.state_ids, finals, strict=True))
 
-    def _kept_lengths_call(self, x: torch.Tensor, lengths: object, layout: tuple,
+    def _kept_lengths_call(self, quick: QuickCall, x: torch.Tensor, lengths: torch.Tensor, layout: tuple,
                            every: list[torch.Tensor] | None
                            ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
-        """y and the final states of a call of rows of their own lengths like the one kept (x as given, 3-D;
-        `every`: every initial state given, or None for zeros), its lengths checked and its padding zeroed
+        """y and the final states of a call of rows of their own lengths like the one kept, `quick` (x time
+        first; `lengths` checked; `every`: every initial state given, or None for zeros), its padding zeroed
         as the whole path does; None where it is not like it. A module called over rows of other lengths
         call after call (a training loop's batches) thus skips the whole path's checks and lookups, as a
         PackedSequence's call does."""
-        time_major = x.transpose(0, 1) if self.batch_first else x
-        lengths = stacks.check_lengths(lengths, time_major.shape[0], time_major.shape[1])
-        steps = stacks.steps_left(lengths, self.num_layers, time_major, self.hidden_size)
-        done = self._quick_lengths.lengths(stacks.padding_zeroed(time_major, lengths, steps), layout,
-                                           self._params(), every, steps)
+        steps = stacks.steps_left(lengths, self.num_layers, x, self.hidden_size)
+        done = quick.lengths(stacks.padding_zeroed(x, lengths, steps), layout, self._params(), every, steps)
         if done is None or not self.batch_first:
             return done
         return done[0].transpose(0, 1), done[1]

@@ -16,6 +16,10 @@ it: it checks all of the above, and what the runner would, in C++, and replays t
 autocast's dtype is checked and x and the states cast here first, and the lane is given them cast); a call
 it cannot make it leaves to the Python here, which teaches it that call's run.
 
+A call of rows of their own lengths (CellRNN's `lengths=`) is kept apart from a plain one, as the call of its
+x (time first, its padding zeroed) with every state given, the steps-left state last: a call like it, of
+any lengths, gives its own steps-left state (`QuickCall.lengths`).
+
 A call of a PackedSequence is kept the same way, as the call of its padded x (time first) with every
 state given, the steps-left state of the cell that runs each row to its own length last
 (nn.packed_sequences): batches of other lengths whose steps round to the same are like it. Its lane pads
@@ -62,7 +66,8 @@ def kept_call(x: torch.Tensor, time_first: torch.Tensor, layout: tuple, params: 
     call ran in, for a call that gives none; `rows`: a PackedSequence's padding for its lane, see
     quick_lane.make; `direction`: the ops' direction of the call, runners.FORWARD unless a layer's
     directions ran a call each)."""
-    if type(x) is not torch.Tensor or not x.is_cuda or traced():
+    # (not under a CUDA graph's capture: the zeros made there are the graph's, filled only by its replays)
+    if type(x) is not torch.Tensor or not x.is_cuda or traced() or torch.cuda.is_current_stream_capturing():
         return None
     train = torch.is_grad_enabled()
     if train and not any(p.requires_grad for p in params):
@@ -167,6 +172,14 @@ class QuickCall:
         unpacked.pad(hidden, layers)
         done = self(unpacked.x, layout, params, [*unpacked.sorted(states), unpacked.steps])
         return None if done is None else (unpacked.pack(done[0]), unpacked.unsorted(done[1][:-1]))
+
+    def may_take(self, x: torch.Tensor, layout: tuple) -> bool:
+        """Whether a call of rows of their own lengths, of x (time first) in the module's `layout`, may be
+        like the one kept (kept_lengths_call), by what is known before its lengths are read: x's shape and
+        device, the layout and the grad mode (the rest, the call itself tells)."""
+        layout = time_first(layout)
+        return (x.shape == self._shape and x.get_device() == self._index and layout == self._layout
+                and torch.is_grad_enabled() == (self._train is not None))
 
     def lengths(self, x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
                 states: Sequence[torch.Tensor] | None, steps: torch.Tensor

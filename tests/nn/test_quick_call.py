@@ -434,7 +434,8 @@ def test_a_call_of_rows_of_their_own_lengths_is_kept_and_gives_the_whole_paths_r
     call like it, of any lengths, goes to the kept runner (the cell that runs each row to its own length)
     with its padding zeroed and its own steps-left state after the zeros or the states given, without the
     whole path, with the whole path's results; lengths out of bounds are refused there too; a plain call
-    keeps its own kept call."""
+    keeps its own kept call; a call it turns down gets the whole path's errors and results, its lengths
+    (an iterator of them too) read once."""
     monkeypatch.setattr(cell_rnn, "kept_call", quick_call.kept_call)  # (the fixture's, for the plain call)
     torch.manual_seed(1)
     rnn = CellRNN("lstm", 6, 5, 2, seed=3, batch_first=batch_first).double()
@@ -477,5 +478,13 @@ def test_a_call_of_rows_of_their_own_lengths_is_kept_and_gives_the_whole_paths_r
             rnn(x, lengths=[8, 1, 1, 1])
         torch.testing.assert_close(rnn(x_of(0))[0], plain, rtol=0, atol=0)
         assert len(entered) == 3  # the plain call still kept
+        # calls the kept one turns down get the whole path's errors and results, their lengths read once
+        with pytest.raises(cell_rnn.CellError, match="and x is torch.float32"):
+            rnn(x.float(), lengths=iter([2, 3, 4, 5]))
+        with pytest.raises(cell_rnn.CellError, match="T and B at least 1"):
+            rnn(x[:0] if batch_first else x[:, :0], lengths=[])
+        shorter = x[:, :5] if batch_first else x[:5]
+        got = rnn(shorter, lengths=iter([2, 5, 4, 1]))[0]
+        torch.testing.assert_close(got, whole_path(shorter, [2, 5, 4, 1])[0], rtol=0, atol=0)
     assert sorted(kept_on_the_cpu) == [(FORWARD, 6, 2), (FORWARD, 6, 3)]  # (h, c; and the steps left)
     assert len(kept_on_the_cpu[FORWARD, 6, 3].calls) == 3 and len(kept_on_the_cpu[FORWARD, 6, 2].calls) == 1
