@@ -78,7 +78,8 @@ def padding_zeroed(x: torch.Tensor, lengths: torch.Tensor, steps: torch.Tensor) 
     if not traced() and int(lengths.min()) == T:
         return x
     ended = torch.arange(T, device=x.device).view(T, 1, 1) >= steps[0, :, :1].view(1, -1, 1)
-    return x.masked_fill(ended, 0)
+    # (one kernel: masked_fill out of place is a copy of x, then the fill over it)
+    return torch.where(ended, 0.0, x)
 
 
 def steps_left(lengths: torch.Tensor, layers: int, x: torch.Tensor, hidden: int) -> torch.Tensor:
