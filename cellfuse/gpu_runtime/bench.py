@@ -59,6 +59,7 @@ from .torch_baselines import COMPILE_MODES, FLASHRNN, SRU_PACKAGE
 
 log = logging.getLogger(__name__)
 
+TOLERANCE = 1e-4  # relative error allowed in float32 (a forward pass's: precision.forward_tolerance)
 MOST_KINKS = 3  # of the kinks the reference passes within rounding of, the nearest whose branches count
 BASELINES = ("numpy reference", "pytorch eager", "pytorch graph", "torch.compile", "torch.compile default",
              "cudnn", *CUDNN_PERSISTENT, SRU_PACKAGE, FLASHRNN)

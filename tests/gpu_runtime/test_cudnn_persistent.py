@@ -17,7 +17,7 @@ import pytest
 from cellfuse.codegen.precision import forward_tolerance
 from cellfuse.gpu_runtime import bench
 from cellfuse.gpu_runtime import cudnn_persistent as cp
-from cellfuse.gpu_runtime.bench import BenchConfig, run_benchmark
+from cellfuse.gpu_runtime.bench import TOLERANCE, BenchConfig, run_benchmark
 from cellfuse.graph_model import Forward, Sizes, init_params, load_template, run_reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -244,7 +244,7 @@ def test_gpu_each_algorithm_computes_the_cell_or_is_refused(cuda_torch, kind, la
         except cp.CudnnRefused as e:
             assert e.status != 0 and e.status_name.startswith("CUDNN_STATUS_"), e
             continue
-        assert bench._rel_error(got, ref) < forward_tolerance("fp32"), name
+        assert bench._rel_error(got, ref) < TOLERANCE, name
         ran.append(name)
     # At these small sizes the static kernel holds the weights on chip: it must run.
     assert "cudnn persistent static" in ran
@@ -270,7 +270,7 @@ def test_gpu_in_float16_each_algorithm_is_within_fp16s_bound_or_is_refused(cuda_
 def test_gpu_without_initial_states_they_start_at_zero(cuda_torch, kind):
     sizes = Sizes(seq=6, batch=4, input=64, hidden=64, layers=2)
     ref, got = run_persistent(cuda_torch, kind, cp.CUDNN_RNN_ALGO_PERSIST_STATIC, sizes, initial=False)
-    assert bench._rel_error(got, ref) < forward_tolerance("fp32")
+    assert bench._rel_error(got, ref) < TOLERANCE
 
 
 @pytest.mark.gpu
@@ -282,7 +282,7 @@ def test_gpu_a_baseline_row_is_checked_and_timed_or_not_applicable(cuda_torch):
     problem = bench._Problem(cell, sizes, params, x, initial, BenchConfig(sizes, "cuda", warmup=1), runs=2)
     problem.ref = run_reference(cell, params, {"x": x, **initial})
     row, timed = bench._prepare_torch(problem, "cudnn persistent static")
-    assert timed is not None and row.rel_error < forward_tolerance("fp32") and "; cuDNN 9" in row.note
+    assert timed is not None and row.rel_error < TOLERANCE and "; cuDNN 9" in row.note
     assert timed.once() > 0
     # The kernel for small hidden sizes does not take 512: cuDNN says so, and the row says it.
     row, timed = bench._prepare_torch(problem, "cudnn persistent small h")
@@ -299,8 +299,7 @@ def test_gpu_the_benchmark_checks_and_times_them_or_says_why_not(gpu, cuda_torch
     assert [r.name for r in result.rows] == list(cp.ALGORITHMS)
     for r in result.rows:
         if r.ok:
-            assert r.rel_error < forward_tolerance("fp32") and 0 < r.min_ms <= r.median_ms <= r.max_ms
-            assert "cuDNN 9" in r.note
+            assert r.rel_error < TOLERANCE and 0 < r.min_ms <= r.median_ms <= r.max_ms and "cuDNN 9" in r.note
         else:
             assert r.note.startswith("not applicable: cudnn") and " returned CUDNN_STATUS_" in r.note, r.note
     assert result.row("cudnn persistent static").ok
