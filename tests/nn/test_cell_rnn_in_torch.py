@@ -79,6 +79,30 @@ def test_a_captured_forward_replays_on_new_inputs(cuda, schedule):
     torch.testing.assert_close(static_final["c"], want_final["c"], rtol=1e-5, atol=1e-5)
 
 
+def test_a_call_that_takes_the_whole_path_under_a_capture_is_not_kept(cuda):
+    """The zeros a call makes under a CUDA graph's capture are the graph's, filled by its replays only: a
+    call that takes the whole path there keeps nothing (a call like it made eagerly after the capture,
+    before any replay, would start from them), and an eager call after the capture gives what it gave
+    before."""
+    rnn = _lstm(cuda, "persistent", layers=1)
+    static_x = torch.randn(30, 8, 32, device=cuda)
+    side = torch.cuda.Stream(cuda)
+    side.wait_stream(torch.cuda.current_stream(cuda))
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(2):
+            want, _ = rnn(static_x)
+    torch.cuda.current_stream(cuda).wait_stream(side)
+    want = want.clone()
+    rnn._quick = None  # (so that the captured call takes the whole path)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        rnn(static_x)
+    assert rnn._quick is None
+    with torch.no_grad():
+        y, _ = rnn(static_x)
+    torch.testing.assert_close(y, want, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("schedule", ["tensor", "graph"])
 def test_a_captured_forward_still_replays_after_the_first_training_step(cuda, schedule):
     """The first backward pass after inference calls makes the module's packed weights anew (its

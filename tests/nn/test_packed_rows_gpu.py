@@ -354,32 +354,6 @@ def test_a_cellrnns_kept_call_of_rows_of_their_own_lengths_gives_the_whole_paths
                         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
-def test_a_call_with_lengths_made_under_a_cuda_graphs_capture_is_not_kept(cuda):
-    """The zeros a call makes under a CUDA graph's capture are the graph's, filled by its replays only: a
-    call with lengths that takes the whole path there keeps nothing, and an eager call like it after the
-    capture gives what it gave before."""
-    from cellfuse.nn import CellRNN
-
-    rnn = CellRNN("lstm", 32, 48, 1, schedule="persistent", seed=3).to(cuda)
-    static_x = torch.randn(20, 6, 32, device=cuda)
-    lengths = torch.tensor([20, 3, 7, 20, 1, 12])
-    side = torch.cuda.Stream(cuda)
-    side.wait_stream(torch.cuda.current_stream(cuda))
-    with torch.no_grad(), torch.cuda.stream(side):
-        for _ in range(2):  # (the runner made and its kernels loaded before the capture)
-            want, _ = rnn(static_x, lengths=lengths)
-    torch.cuda.current_stream(cuda).wait_stream(side)
-    want = want.clone()
-    rnn._quick_lengths = None  # (so that the captured call takes the whole path)
-    graph = torch.cuda.CUDAGraph()
-    with torch.no_grad(), torch.cuda.graph(graph):
-        rnn(static_x, lengths=lengths)
-    assert rnn._quick_lengths is None
-    with torch.no_grad():
-        y, _ = rnn(static_x, lengths=lengths)
-    torch.testing.assert_close(y, want, rtol=0, atol=0)
-
-
 def test_a_packed_sequence_under_autocast_is_packed_back_by_the_kernels_for_its_outputs_dtype(cuda):
     """Under torch.autocast the data is float32 and y bfloat16: y is packed back by the kernels for
     2-byte elements, forward and in training, as cuDNN gives it."""
