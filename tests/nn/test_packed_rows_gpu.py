@@ -315,43 +315,55 @@ def test_a_cellrnns_kept_call_of_a_packed_sequence_matches_its_call_with_lengths
                 torch.testing.assert_close(value, want[state], rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("batch_first", [False, True])
-def test_a_cellrnns_kept_call_of_rows_of_their_own_lengths_gives_the_whole_paths_results(cuda, batch_first):
+@pytest.mark.parametrize("batch_first, mode", [(False, "float32"), (True, "float32"), (False, "states given"),
+                                               (False, "autocast"), (True, "bf16 x")])
+def test_a_cellrnns_kept_call_of_rows_of_their_own_lengths_gives_the_whole_paths_results(cuda, batch_first,
+                                                                                          mode):
     """CellRNN keeps a call with lengths apart from its plain one: the calls after the first, of other
     lengths and NaN in their padding, are the kept one (by the lane or not), in inference and in
-    training, with the whole path's outputs, final states and gradients."""
+    training, with the whole path's outputs, final states and gradients: float32, every initial state
+    given, under torch.autocast to bf16, and a bf16 x."""
     from cellfuse.nn import CellRNN
 
     rnn = CellRNN("lstm", 32, 48, 2, schedule="persistent", seed=3, batch_first=batch_first).to(cuda)
+    sixteen = mode in ("autocast", "bf16 x")
+    tolerance = {"rtol": 0, "atol": 1e-2 if sixteen else 1e-6}
 
-    def whole(x, lengths):
+    def whole(x, lengths, states):
         kept = rnn._quick_lengths
         rnn._quick_lengths = None
         try:
-            return rnn(x, lengths=lengths)
+            return rnn(x, states, lengths)
         finally:
             rnn._quick_lengths = kept
     params = list(rnn.parameters())
     for train in (False, True):
-        with torch.set_grad_enabled(train):
+        autocast = mode == "autocast"
+        with torch.set_grad_enabled(train), torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             for seed in range(4):
                 g = torch.Generator().manual_seed(seed)
                 lengths = torch.randint(1, 21, (6,), generator=g)
                 x = torch.randn(20, 6, 32, generator=g)
                 x[-1, lengths < 20] = float("nan")
                 x = (x.transpose(0, 1) if batch_first else x).to(cuda)
+                if mode == "bf16 x":
+                    x = x.to(torch.bfloat16)
+                states = ({s: torch.randn(2, 6, 48, generator=g).to(cuda) for s in rnn.state_ids}
+                          if mode == "states given" else None)
                 kept = rnn._quick_lengths
-                y, finals = rnn(x, lengths=lengths)
+                y, finals = rnn(x, states, lengths)
                 if seed:
                     assert rnn._quick_lengths is kept is not None
-                want_y, want = whole(x, lengths)
-                torch.testing.assert_close(y, want_y, rtol=0, atol=1e-6)
+                want_y, want = whole(x, lengths, states)
+                assert y.dtype == want_y.dtype and torch.isfinite(y).all()
+                torch.testing.assert_close(y, want_y, **tolerance)
                 for state, value in finals.items():
-                    torch.testing.assert_close(value, want[state], rtol=0, atol=1e-6)
+                    torch.testing.assert_close(value, want[state], **tolerance)
                 if train:
-                    grads = torch.autograd.grad(y.square().sum(), params)
-                    for a, b in zip(grads, torch.autograd.grad(want_y.square().sum(), params), strict=True):
-                        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+                    grads = torch.autograd.grad(y.float().square().sum(), params)
+                    for a, b in zip(grads, torch.autograd.grad(want_y.float().square().sum(), params),
+                                    strict=True):
+                        torch.testing.assert_close(a, b, rtol=1e-3 if sixteen else 1e-5, atol=1e-6)
 
 
 def test_a_packed_sequence_under_autocast_is_packed_back_by_the_kernels_for_its_outputs_dtype(cuda):
