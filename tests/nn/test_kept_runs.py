@@ -426,6 +426,36 @@ def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeyp
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def test_calls_of_rows_of_their_own_lengths_are_made_by_the_lane(cuda, monkeypatch):
+    """A CellRNN call of rows of their own lengths is kept (quick_call.kept_lengths_call): once the calls'
+    memory settles at addresses whose runs were captured, within CALLS_TO_SETTLE calls, the calls like it,
+    each of other lengths, are made by the lane (none reaches the runner), with the whole path's results
+    to the bit."""
+    from cellfuse.nn import quick_lane
+
+    assert quick_lane.module() is not None, "the lane's C++ could not be built here"
+    batch = 40
+    rnn = CellRNN("lstm", INPUT, H, 1, schedule="persistent", seed=5).to(cuda)
+    x = torch.randn(T, batch, INPUT, device=cuda)
+    g = torch.Generator().manual_seed(0)
+    entered = _runner_entries(monkeypatch)
+    with torch.no_grad():
+        calls, settled = 0, 0
+        while settled < SETTLED_CALLS:
+            assert calls < CALLS_TO_SETTLE, f"{entered[-8:]}; the kept call: {rnn._quick_lengths}"
+            lengths = torch.randint(1, T + 1, (batch,), generator=g)
+            before = len(entered)
+            got, finals = rnn(x, lengths=lengths)
+            calls, settled = calls + 1, 0 if len(entered) > before else settled + 1
+        assert rnn._quick_lengths._lane is not None
+        kept, rnn._quick_lengths = rnn._quick_lengths, None
+        want, want_finals = rnn(x, lengths=lengths)  # (the whole path)
+        rnn._quick_lengths = kept
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    for s in rnn.state_ids:
+        torch.testing.assert_close(finals[s], want_finals[s], rtol=0, atol=0)
+
+
 def test_the_drop_in_gru_calls_through_the_lane(cuda, monkeypatch):
     from cellfuse.nn import GRU
 
