@@ -353,7 +353,7 @@ class CellRNN(torch.nn.Module):
         elif lengths is not None:  # (a PackedSequence's are right by construction, its padding zeros)
             lengths = stacks.check_lengths(lengths, x.shape[0], x.shape[1])
             steps = stacks.steps_left(lengths, 1 if by_layer else self.num_layers, x, self.hidden_size)
-            zeroed = x = stacks.padding_zeroed(x, lengths, steps)
+            x = stacks.padding_zeroed(x, lengths, steps)
         params = self._params()
         if by_layer:
             y, finals = stacks.layer_by_layer(
@@ -380,7 +380,7 @@ class CellRNN(torch.nn.Module):
                     kept = kept_packed_call(packed, x, layout, params, zeros, self._cell_text,
                                             self.hidden_size, self.num_layers, self._float32, cast)
                 elif lengths is not None:
-                    kept = kept_lengths_call(zeroed, x, layout, params, zeros, steps, self._cell_text,
+                    kept = kept_lengths_call(x, layout, params, zeros, steps, self._cell_text,
                                              self.hidden_size, self.num_layers, self._float32, cast)
                 else:
                     kept = kept_call(x_given, x, layout, params, zeros, self._cell_text, self.hidden_size,

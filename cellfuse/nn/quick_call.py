@@ -90,16 +90,17 @@ def kept_packed_call(unpacked, ran: torch.Tensor, layout: tuple, params: Sequenc
                      unpacked.lane_rows(layers), cast)
 
 
-def kept_lengths_call(x: torch.Tensor, ran: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
+def kept_lengths_call(x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
                       zeros: Sequence[torch.Tensor], steps: torch.Tensor, cell: str, hidden: int, layers: int,
                       float32: str, cast: torch.dtype | None = None) -> QuickCall | None:
-    """kept_call of a call of rows of their own lengths just made in one call of the ops (`x`: its padding
-    zeroed, time first; `ran`: that x as the ops ran it, in `cast` where torch.autocast cast it; `steps`:
-    the call's steps-left state; `cell` and `float32` as the module gives them: the call ran the cell that
-    runs each row to its own length). A call like it gives its own lengths' steps-left state to
-    QuickCall.lengths, after the state given or the zeros kept here."""
-    return kept_call(x, ran, time_first(layout), params, [*zeros, steps], ops.masked_text(cell), hidden,
-                     layers, ops.masked_float32(float32), cast=cast)
+    """kept_call of a call of rows of their own lengths just made in one call of the ops (`x`: as the ops
+    ran it, time first, its padding zeroed, in `cast` where torch.autocast cast it: a call like it gives
+    its x before the cast, as the whole path takes it; `steps`: the call's steps-left state; `cell` and
+    `float32` as the module gives them: the call ran the cell that runs each row to its own length). A call
+    like it gives its own lengths' steps-left state to QuickCall.lengths, after the state given or the
+    zeros kept here."""
+    return kept_call(x, x, time_first(layout), params, [*zeros, steps], ops.masked_text(cell), hidden, layers,
+                     ops.masked_float32(float32), cast=cast)
 
 
 def time_first(layout: tuple) -> tuple:
