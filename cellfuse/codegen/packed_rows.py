@@ -1,6 +1,6 @@
-"""Two kernels that move a PackedSequence's rows between its packed data and a padded tensor, each in one
-launch whose arguments carry the batch sizes by value, so that nothing about a batch's lengths goes
-through host memory the GPU must copy first.
+"""Three kernels that move a batch's rows into the padded tensor the cell runs over, or back, each in one
+launch whose arguments carry the rows' lengths by value (a PackedSequence's batch sizes, or each row's
+length), so that nothing about a batch's lengths goes through host memory the GPU must copy first.
 
 A PackedSequence's data holds step t's rows one after another, `sizes[t]` of them (the rows still
 running at t, longest first: sizes do not increase), from row `offsets[t]` (the sizes' running sum);
@@ -11,10 +11,19 @@ each row W elements. The padded tensor is [T', B, W] with B = sizes[0] and T' >=
   [n, B, H] float tensor is row b's length, the count of steps whose size exceeds b.
 - `cf_pack_rows` writes the data from a padded y (the rows past their lengths are not read).
 
+A padded x [T, B, W] whose rows have lengths of their own (CellRNN's `lengths=`, any order) may hold
+anything past them, NaN included, which the cell would carry into its states (0 * NaN is NaN):
+
+- `cf_zero_rows` copies x (any strides of its first two dimensions: a batch-first x as it is) zeroing
+  each row's steps past its length, and writes the steps-left state as `cf_unpack_rows` does, the lengths
+  in its arguments (`lengths_args_fields`).
+
 Built to replace, on a GPU, a PackedSequence's padding by torch's ops (positions worked out on the host,
 copied to the GPU, and a zero fill, an index_copy and an expand of the lengths' state): their host time
 came before the first kernel of the call and the GPU waited for it
-(docs/results/2026-11-29-packed-rows.md).
+(docs/results/2026-11-29-packed-rows.md); likewise the padding of a call with lengths (a mask made from
+the steps-left state, a torch.where, the lengths copied to the GPU from pinned memory: 0.2 ms of a kept
+call's host time, 0.4 from a synchronised device, where the GPU took 0.6 ms).
 """
 
 from __future__ import annotations
@@ -23,24 +32,28 @@ from .kernel_abi import BITS_C, WARP, grid_blocks
 
 UNPACK_ROWS = "cf_unpack_rows"
 PACK_ROWS = "cf_pack_rows"
+ZERO_ROWS = "cf_zero_rows"
 ARGS = "cf_rows_args"
-# the most steps a launch's arguments hold (a power of two): sizes and offsets as ints, 16 KiB of the 32
-# KiB that a kernel's arguments may take (CUDA 12.1 and later, compute capability 7.0 and later)
+LENGTHS_ARGS = "cf_lengths_args"
+# the most steps (or rows' lengths) a launch's arguments hold (a power of two): sizes and offsets as ints,
+# 16 KiB of the 32 KiB that a kernel's arguments may take (CUDA 12.1 and later, compute capability 7.0
+# and later)
 MAX_STEPS = 2048
 MIN_CAPACITY = 64  # the fewest steps a kernel's arguments are made for
 
 
 def capacity(steps: int) -> int:
-    """The steps of the kernels' arguments a sequence of `steps` steps uses: the next power of two, at
-    least MIN_CAPACITY (so that a few sources serve every length); ValueError above MAX_STEPS."""
+    """The steps (or rows' lengths) of the kernels' arguments a sequence of `steps` steps (a batch of
+    `steps` rows) uses: the next power of two, at least MIN_CAPACITY (so that a few sources serve every
+    length); ValueError above MAX_STEPS."""
     if not 1 <= steps <= MAX_STEPS:
         raise ValueError(f"the packed rows' kernels take 1 to {MAX_STEPS} steps, not {steps}")
     return max(MIN_CAPACITY, 1 << (steps - 1).bit_length())
 
 
 def launch_blocks(rows: int) -> int:
-    """The blocks of a launch of either kernel over `rows` rows (of x and the steps-left state, or of the
-    data): a warp a row, BLOCK threads a block, up to kernel_abi's largest grid. (A block a row, as
+    """The blocks of a launch of any of the kernels over `rows` rows (of x and the steps-left state, or of
+    the data): a warp a row, BLOCK threads a block, up to kernel_abi's largest grid. (A block a row, as
     before, moved the LSTM's rows at B=64, H=512 at under half of an H200's bandwidth: a row of 2 KiB is
     less work than a block's start.)"""
     return grid_blocks(rows * WARP)
@@ -55,16 +68,34 @@ def args_fields(steps_capacity: int) -> list[tuple[str, str, int]]:
             ("H", "int", 1), ("sizes", "int", steps_capacity), ("offsets", "int", steps_capacity)]
 
 
+def lengths_args_fields(rows_capacity: int) -> list[tuple[str, str, int]]:
+    """cf_zero_rows's arguments' fields, as args_fields: x's strides (in elements) of a step and of a row,
+    then each row's length, `rows_capacity` ints (64 bytes before them: no padding at the end either)."""
+    return [("src", "unsigned long long", 1), ("dst", "unsigned long long", 1),
+            ("steps", "unsigned long long", 1), ("t_stride", "long long", 1), ("b_stride", "long long", 1),
+            ("steps_elements", "long long", 1), ("T", "int", 1), ("B", "int", 1), ("W", "int", 1),
+            ("H", "int", 1), ("lengths", "int", rows_capacity)]
+
+
+def _c_fields(fields: list[tuple[str, str, int]]) -> str:
+    """A C struct's fields, one a line."""
+    return "\n".join(f"    {ctype} {name}{f'[{count}]' if count > 1 else ''};"
+                     for name, ctype, count in fields)
+
+
 def packed_rows_source(itemsize: int, steps_capacity: int) -> str:
-    """Both kernels for elements of `itemsize` bytes and sequences of up to `steps_capacity` steps: a warp
-    per row (`launch_blocks`), the grid's warps striding over the rows."""
+    """The three kernels for elements of `itemsize` bytes and sequences of up to `steps_capacity` steps
+    (batches of up to as many rows, for cf_zero_rows): a warp per row (`launch_blocks`), the grid's warps
+    striding over the rows."""
     if itemsize not in BITS_C:
         raise ValueError(f"the packed rows' kernels move elements of 2 or 4 bytes, not {itemsize}")
     bits = BITS_C[itemsize]
-    fields = "\n".join(f"    {ctype} {name}{f'[{count}]' if count > 1 else ''};"
-                       for name, ctype, count in args_fields(steps_capacity))
     return f"""struct {ARGS} {{
-{fields}
+{_c_fields(args_fields(steps_capacity))}
+}};
+
+struct {LENGTHS_ARGS} {{
+{_c_fields(lengths_args_fields(steps_capacity))}
 }};
 
 // the count of steps whose size exceeds row b: row b's length (sizes do not increase)
@@ -128,6 +159,27 @@ extern "C" __global__ void {PACK_ROWS}(const __grid_constant__ {ARGS} a) {{
         }}
         cf_copy_row((const char*)a.src + ((long long)lo * a.B + (p - a.offsets[lo])) * bytes,
                     (char*)a.dst + p * bytes, bytes, lane);
+    }}
+}}
+
+// a warp per row, striding: x's rows (t, b), zero past row b's length, then the steps-left state's rows
+// (l, b)
+extern "C" __global__ void {ZERO_ROWS}(const __grid_constant__ {LENGTHS_ARGS} a) {{
+    CF_WARPS_OF_THE_GRID
+    const int bytes = a.W * {itemsize};
+    const long long rows = (long long)a.T * a.B, steps_rows = a.steps_elements ? a.steps_elements / a.H : 0;
+    for (long long r = warp; r < rows + steps_rows; r += warps) {{
+        if (r < rows) {{
+            const int t = (int)(r / a.B), b = (int)(r - (long long)t * a.B);
+            const char* s = t < a.lengths[b]
+                ? (const char*)a.src + (t * a.t_stride + b * a.b_stride) * {itemsize} : nullptr;
+            cf_copy_row(s, (char*)a.dst + r * bytes, bytes, lane);
+        }} else {{
+            const long long k = r - rows;
+            const float v = (float)a.lengths[k % a.B];
+            float* d = (float*)a.steps + k * a.H;
+            for (int j = lane; j < a.H; j += 32) d[j] = v;
+        }}
     }}
 }}
 """

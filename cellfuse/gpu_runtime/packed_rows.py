@@ -1,6 +1,8 @@
 """codegen.packed_rows' kernels launched on a caller's stream: a PackedSequence's rows moved between its
 packed data and a padded tensor, given the memory's addresses and the batch sizes (on the host, as a
-PackedSequence keeps them), which the launch's arguments carry by value.
+PackedSequence keeps them), which the launch's arguments carry by value. (cf_zero_rows, for rows of
+lengths of their own, is launched by nn.quick_lane's C++ alone: where that is not built, torch's ops zero
+the padding.)
 
     rows = PackedRows(4, 128, "sm_90")          # float32 elements, sequences of up to 128 steps
     args = rows.rows_args(sizes)                 # once per batch: its sizes and their offsets
@@ -18,7 +20,15 @@ from functools import cache
 import numpy as np
 
 from ..codegen.kernel_abi import BLOCK
-from ..codegen.packed_rows import PACK_ROWS, UNPACK_ROWS, args_fields, launch_blocks, packed_rows_source
+from ..codegen.packed_rows import (
+    PACK_ROWS,
+    UNPACK_ROWS,
+    ZERO_ROWS,
+    args_fields,
+    launch_blocks,
+    lengths_args_fields,
+    packed_rows_source,
+)
 from . import driver
 from .stream_program import loaded_module
 
@@ -29,11 +39,12 @@ _HEAD_FIELDS = 9
 
 
 @cache
-def args_struct(steps_capacity: int, fields: int | None = None) -> struct.Struct:
-    """The kernels' arguments (or their first `fields` fields) as the host lays them out: the C struct's
-    fields in order, none padded."""
+def args_struct(steps_capacity: int, fields: int | None = None, lengths: bool = False) -> struct.Struct:
+    """The kernels' arguments (or their first `fields` fields; `lengths`: cf_zero_rows's) as the host lays
+    them out: the C struct's fields in order, none padded."""
+    of = (lengths_args_fields if lengths else args_fields)(steps_capacity)
     return struct.Struct("<" + "".join(f"{count if count > 1 else ''}{_CODES[ctype]}"
-                                       for _, ctype, count in args_fields(steps_capacity)[:fields]))
+                                       for _, ctype, count in of[:fields]))
 
 
 @dataclass(frozen=True)
@@ -48,21 +59,22 @@ class RowsArgs:
 
 
 class PackedRows:
-    """Both kernels for elements of `itemsize` bytes and up to `steps_capacity` steps, loaded into the
-    current context for `arch`."""
+    """The kernels for elements of `itemsize` bytes and up to `steps_capacity` steps (or rows, for
+    cf_zero_rows), loaded into the current context for `arch`."""
 
     def __init__(self, itemsize: int, steps_capacity: int, arch: str):
         what = f"the packed rows' kernels ({itemsize}-byte elements, up to {steps_capacity} steps)"
         module = loaded_module(what, packed_rows_source(itemsize, steps_capacity), arch)
         self.what = what
-        self._unpack, self._pack = (int(module.function(name)) for name in (UNPACK_ROWS, PACK_ROWS))
+        self._unpack, self._pack, self._zero = (int(module.function(name))
+                                                for name in (UNPACK_ROWS, PACK_ROWS, ZERO_ROWS))
         self.capacity = steps_capacity
 
     @property
-    def functions(self) -> tuple[int, int]:
-        """Both kernels' functions (their addresses): the padding's, the packing's, for the C++ that
-        launches them (nn.quick_lane)."""
-        return self._unpack, self._pack
+    def functions(self) -> tuple[int, int, int]:
+        """The kernels' functions (their addresses): the padding's, the packing's and the zeroing's, for
+        the C++ that launches them (nn.quick_lane)."""
+        return self._unpack, self._pack, self._zero
 
     def lane_rows(self, rows: int) -> tuple[int, int, int]:
         """The padding kernel's function (its address), the steps its arguments hold and its blocks for

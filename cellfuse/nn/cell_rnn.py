@@ -317,8 +317,8 @@ class CellRNN(torch.nn.Module):
             time_major = x.transpose(0, 1) if self.batch_first else x
             if (states is None or every is not None) and quick.may_take(time_major, layout):
                 # (the lengths read once: where the kept call turns the call down, the whole path takes them
-                # as checked here, an iterator of them included)
-                lengths = stacks.check_lengths(lengths, time_major.shape[0], time_major.shape[1])
+                # as read here, an iterator of them included)
+                lengths = stacks.read_lengths(lengths, time_major.shape[0], time_major.shape[1])
                 done = self._kept_lengths_call(quick, time_major, lengths, layout, every)
                 if done is not None:
                     return done[0], dict(zip(self.state_ids, done[1], strict=True))
@@ -351,9 +351,9 @@ class CellRNN(torch.nn.Module):
         if packed is not None:
             initial, steps = packed.sorted(initial), packed.steps
         elif lengths is not None:  # (a PackedSequence's are right by construction, its padding zeros)
-            lengths = stacks.check_lengths(lengths, x.shape[0], x.shape[1])
-            steps = stacks.steps_left(lengths, 1 if by_layer else self.num_layers, x, self.hidden_size)
-            x = stacks.padding_zeroed(x, lengths, steps)
+            lengths = stacks.read_lengths(lengths, x.shape[0], x.shape[1])
+            x, steps, lengths = stacks.lengths_applied(x, lengths, 1 if by_layer else self.num_layers,
+                                                       self.hidden_size)
         params = self._params()
         if by_layer:
             y, finals = stacks.layer_by_layer(
@@ -401,12 +401,12 @@ class CellRNN(torch.nn.Module):
                            every: list[torch.Tensor] | None
                            ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
         """y and the final states of a call of rows of their own lengths like the one kept, `quick` (x time
-        first; `lengths` checked; `every`: every initial state given, or None for zeros), its padding zeroed
-        as the whole path does; None where it is not like it. A module called over rows of other lengths
-        call after call (a training loop's batches) thus skips the whole path's checks and lookups, as a
-        PackedSequence's call does."""
-        steps = stacks.steps_left(lengths, self.num_layers, x, self.hidden_size)
-        done = quick.lengths(stacks.padding_zeroed(x, lengths, steps), layout, self._params(), every, steps)
+        first; `lengths` as stacks.read_lengths gives them; `every`: every initial state given, or None for
+        zeros), its padding zeroed as the whole path does; None where it is not like it. A module called
+        over rows of other lengths call after call (a training loop's batches) thus skips the whole path's
+        checks and lookups, as a PackedSequence's call does."""
+        x, steps, _ = stacks.lengths_applied(x, lengths, self.num_layers, self.hidden_size)
+        done = quick.lengths(x, layout, self._params(), every, steps)
         if done is None or not self.batch_first:
             return done
         return done[0].transpose(0, 1), done[1]

@@ -15,7 +15,6 @@ hold, 2**31 rows or more, elements of other sizes than 2 and 4 bytes) torch's op
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from functools import cached_property
 
@@ -24,52 +23,13 @@ import torch
 from torch.autograd.function import once_differentiable
 from torch.nn.utils.rnn import PackedSequence
 
-from ..codegen.packed_rows import MAX_STEPS, capacity
 from ..graph_model import CellError
-from . import ops, quick_lane
+from . import ops
+from .row_kernels import rows_kernels
 from .stacks import steps_left, to_device
-from .tracing import traced
 from .zeros import made_here
 
-log = logging.getLogger(__name__)
-
 STEPS_MULTIPLE = 4  # a PackedSequence's steps are run in multiples of this (see Unpacked)
-
-_kernels: dict[tuple[int, int, int], tuple | None] = {}  # (device, itemsize, capacity) -> see _rows_kernels
-
-
-def _rows_kernels(data: torch.Tensor, steps: int) -> tuple | None:
-    """The packed rows' kernels (gpu_runtime.packed_rows) for data's device and elements and `steps`
-    steps, loaded at their first use, and the same launched in C++ (quick_lane.rows; None where it is not
-    built); None where torch's ops pad instead (see the module's docstring)."""
-    if (data.device.type != "cuda" or traced() or steps > MAX_STEPS
-            or data.element_size() not in (2, 4) or data.shape[0] >= 2**31
-            or data.numel() == 0):  # (rows of no elements: the kernels divide by a row's width)
-        return None
-    key = (data.get_device(), data.element_size(), capacity(steps))
-    if key in _kernels:
-        return _kernels[key]
-    from ..gpu_runtime.packed_rows import PackedRows
-
-    major, minor = torch.cuda.get_device_capability(data.device)
-    with ops.made_current(data):
-        if torch.cuda.is_current_stream_capturing():  # (loading a module would break the capture)
-            return None
-        try:
-            kernels = PackedRows(key[1], key[2], f"sm_{major}{minor}")
-        except CellError as e:
-            log.warning("the packed rows' kernels could not be made (%s); torch's ops pad PackedSequences",
-                        e)
-            made = None
-        else:
-            try:
-                made = (kernels, quick_lane.rows(kernels, key[0], key[1]))
-            except (CellError, ValueError) as e:  # (the driver's context or entry points not found)
-                log.warning("the packed rows' kernels cannot be launched from C++ (%s); Python launches "
-                            "them", e)
-                made = (kernels, None)
-    _kernels[key] = made
-    return made
 
 
 def _checked(sizes: np.ndarray, rows: int) -> None:
@@ -162,7 +122,7 @@ class Unpacked:
 
     def _rows_for(self, t: torch.Tensor) -> _Rows | None:
         """The kernels' rows for tensors of t's device and elements, or None (torch's ops move them)."""
-        kernels = _rows_kernels(t, self._steps)
+        kernels = rows_kernels(t, self._steps)
         return None if kernels is None else _Rows(self._like.batch_sizes, kernels)
 
     def ends(self, hidden: int, state_layers: int) -> Ends | None:

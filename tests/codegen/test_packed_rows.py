@@ -1,7 +1,7 @@
 """The packed rows' kernels (codegen.packed_rows): their source compiles with nvcc for each element size
 and the largest capacity, with no memory of a thread's own (the arguments are read where the launch put
-them), and the arguments' layout the host writes (gpu_runtime.packed_rows) is the C struct's, field by
-field, as nvcc lays it out."""
+them), and the arguments' layouts the host writes (gpu_runtime.packed_rows, and quick_lane.cpp's for
+cf_zero_rows) are the C structs', field by field, as nvcc lays them out."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from compile_cuda import nvcc_cubin
 from cellfuse.codegen.kernel_abi import MAX_GRID
 from cellfuse.codegen.packed_rows import (
     ARGS,
+    LENGTHS_ARGS,
     MAX_STEPS,
     MIN_CAPACITY,
     args_fields,
     capacity,
     launch_blocks,
+    lengths_args_fields,
     packed_rows_source,
 )
 from cellfuse.gpu_runtime import driver
@@ -32,21 +34,28 @@ def test_the_kernels_compile(tmp_path, itemsize):
 
 
 def test_the_largest_arguments_stay_where_the_launch_put_them(tmp_path):
-    """At MAX_STEPS the arguments take 16 KiB: read through __grid_constant__, no thread copies them."""
+    """At MAX_STEPS the arguments take 16 KiB: read through __grid_constant__, no thread of any of the three
+    kernels copies them."""
     cu = tmp_path / "rows.cu"
     cu.write_text(packed_rows_source(4, MAX_STEPS))
     proc = subprocess.run(["nvcc", "-arch=sm_90", "-cubin", "-O3", "-Xptxas", "-v", "-o",
                            str(tmp_path / "rows.cubin"), str(cu)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     frames = [line for line in proc.stderr.splitlines() if "stack frame" in line]
-    assert len(frames) == 2 and all(line.strip().startswith("0 bytes stack frame") for line in frames)
+    assert len(frames) == 3 and all(line.strip().startswith("0 bytes stack frame") for line in frames)
 
 
 def test_the_hosts_layout_of_the_arguments_is_the_structs(tmp_path):
-    steps = 64
-    checks = [f"static_assert(sizeof({ARGS}) == {args_struct(steps).size}, \"size\");"]
-    for n, (name, _ctype, _count) in enumerate(args_fields(steps)):
-        checks.append(f"static_assert(offsetof({ARGS}, {name}) == {args_struct(steps, n).size}, \"{name}\");")
+    steps, checks = 64, []
+    for struct_name, fields, lengths in ((ARGS, args_fields(steps), False),
+                                         (LENGTHS_ARGS, lengths_args_fields(steps), True)):
+        size = args_struct(steps, lengths=lengths).size
+        checks.append(f"static_assert(sizeof({struct_name}) == {size}, \"size\");")
+        for n, (name, _ctype, _count) in enumerate(fields):
+            at = args_struct(steps, n, lengths).size
+            checks.append(f"static_assert(offsetof({struct_name}, {name}) == {at}, \"{name}\");")
+    # (quick_lane.cpp writes cf_zero_rows's head as a struct of its own, 64 bytes, then the lengths)
+    assert args_struct(steps, len(lengths_args_fields(steps)) - 1, True).size == 64
     nvcc_cubin("#include <cstddef>\n" + packed_rows_source(4, steps) + "\n".join(checks) + "\n", tmp_path)
 
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from cellfuse.nn import LSTM, packed_sequences
+from cellfuse.graph_model import CellError
+from cellfuse.nn import LSTM, packed_sequences, stacks
 from cellfuse.nn.packed_sequences import Unpacked
 from cellfuse.nn.quick_lane import module as lane_module
 
@@ -41,12 +42,12 @@ def _by_python(packed, hidden, layers):
 
 def _by_torch(packed, hidden, layers):
     """An Unpacked made by torch's ops, as on the CPU."""
-    saved = packed_sequences._rows_kernels
-    packed_sequences._rows_kernels = lambda data, steps: None
+    saved = packed_sequences.rows_kernels
+    packed_sequences.rows_kernels = lambda data, count: None
     try:
         return _unpacked(packed, hidden, layers)
     finally:
-        packed_sequences._rows_kernels = saved
+        packed_sequences.rows_kernels = saved
 
 
 @pytest.mark.parametrize("T, B, width, dtype", [(9, 6, 24, torch.float32), (100, 64, 512, torch.float32),
@@ -69,6 +70,33 @@ def test_the_kernels_pad_and_pack_as_torchs_ops(cuda, T, B, width, dtype):
         assert torch.equal(got.data, expected.data)
         assert torch.equal(got.batch_sizes, expected.batch_sizes)
     assert _unpacked(packed, 48, 3)._rows._fast is not None, "the C++ that launches the kernels is not built"
+
+
+@pytest.mark.parametrize("T, B, width, hidden, layers, dtype, batch_first", [
+    (9, 6, 24, 8, 1, torch.float32, False), (100, 64, 512, 512, 2, torch.float32, True),
+    (1000, 8, 40, 33, 1, torch.float32, False), (37, 5, 16, 16, 1, torch.bfloat16, True),
+    (11, 3, 13, 7, 3, torch.float16, False)])
+def test_the_zeroing_kernel_zeroes_the_padding_and_makes_the_steps_left_state_as_torchs_ops(
+        cuda, T, B, width, hidden, layers, dtype, batch_first):
+    """stacks.lengths_applied by cf_zero_rows (the padding NaN: none of it may be carried) against torch's
+    ops, bit for bit; a batch-first x read where it is (its strides)."""
+    g = torch.Generator().manual_seed(T)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    given = torch.randn(B, T, width, generator=g) if batch_first else torch.randn(T, B, width, generator=g)
+    x = given.to(cuda, dtype)
+    x = x.transpose(0, 1) if batch_first else x
+    ended = torch.arange(T).view(T, 1) >= lengths.view(1, B)
+    x[ended.to(cuda)] = float("nan")
+    with torch.no_grad():
+        zeroed, steps, checked = stacks.lengths_applied(x, lengths, layers, hidden)
+    assert checked is lengths and zeroed.is_contiguous() and steps.dtype == torch.float32
+    want = stacks.padding_zeroed(x, lengths, stacks.steps_left(lengths, layers, x, hidden))
+    assert torch.equal(zeroed, want) and not zeroed.isnan().any()
+    assert torch.equal(steps, stacks.steps_left(lengths, layers, x, hidden))
+    # lengths that are not 1 to T: torch's ops' check says why
+    with pytest.raises(CellError, match="lengths must be from 1"):
+        stacks.lengths_applied(x, torch.zeros(B, dtype=torch.long), layers, hidden)
 
 
 def test_rows_of_no_elements_are_padded_by_torchs_ops(cuda):

@@ -13,7 +13,7 @@ from collections import OrderedDict
 import pytest
 import torch
 
-from cellfuse.codegen.packed_rows import args_fields
+from cellfuse.codegen.packed_rows import args_fields, lengths_args_fields
 from cellfuse.gpu_runtime.packed_rows import args_struct
 from cellfuse.gpu_runtime.stream_program import CHANGES
 from cellfuse.nn import quick_lane
@@ -33,12 +33,13 @@ _CONTEXT = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
 _LAUNCH_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint] * 7, ctypes.c_void_p,
                                   ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
 ROWS_CAPACITY = 64  # (the steps the padding kernel's arguments hold, in the packed calls' lanes)
+ZERO = 0xF80  # (cf_zero_rows's function, whose arguments are of a size of their own)
 
 
 class FakeDriver:
     """cuGraphLaunch, cuStreamIsCapturing, cuCtxGetCurrent and cuLaunchKernel as C function pointers that
     record and answer as told (a kernel's launch: its function, grid, block, stream and the bytes of its
-    one argument, cf_unpack_rows's)."""
+    one argument, cf_unpack_rows's, cf_pack_rows's or cf_zero_rows's)."""
 
     def __init__(self):
         self.launches: list[tuple[int, int]] = []
@@ -46,6 +47,7 @@ class FakeDriver:
         self.order: list[str] = []
         self.capturing, self.context, self.error, self.kernel_error = 0, CONTEXT, 0, 0
         args_bytes = args_struct(ROWS_CAPACITY).size
+        lengths_bytes = args_struct(ROWS_CAPACITY, lengths=True).size
 
         def launch(graph, stream):
             self.launches.append((graph, stream))
@@ -53,7 +55,8 @@ class FakeDriver:
             return self.error
 
         def launch_kernel(function, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-            self.kernels.append((function, gx, bx, stream, ctypes.string_at(params[0], args_bytes)))
+            size = lengths_bytes if function == ZERO else args_bytes
+            self.kernels.append((function, gx, bx, stream, ctypes.string_at(params[0], size)))
             self.order.append("kernel")
             return self.kernel_error
 
@@ -292,7 +295,7 @@ PACK = 0xF40
 class _Kernels:
     """What quick_lane.rows reads of gpu_runtime.packed_rows.PackedRows."""
 
-    functions, capacity = (UNPACK, PACK), ROWS_CAPACITY
+    functions, capacity = (UNPACK, PACK, ZERO), ROWS_CAPACITY
 
 
 def _rows(driver, itemsize=4):
@@ -361,6 +364,65 @@ def test_rows_leave_what_they_cannot_move_as_python_would_to_python(built):
     with pytest.raises(ValueError, match="2 or 4 bytes"):
         _rows(driver, itemsize=8)
     assert _rows(driver, itemsize=2).padded(data, sizes, 4, 1, 1, STREAM) is None
+
+
+def _lengths_args(raw: bytes) -> dict:
+    """cf_zero_rows's arguments by name (the lengths as a list)."""
+    values = args_struct(ROWS_CAPACITY, lengths=True).unpack(raw)
+    fields = lengths_args_fields(ROWS_CAPACITY)
+    args = {name: value for (name, _, _), value in zip(fields[:-1], values, strict=False)}
+    args["lengths"] = list(values[len(fields) - 1:])
+    return args
+
+
+def test_rows_zero_the_padding_of_rows_of_their_own_lengths_by_one_launch(built):
+    driver = FakeDriver()
+    x, lengths = torch.randn(5, 3, 4), torch.tensor([5, 2, 3])
+    zeroed, left = _rows(driver).zeroed(x, lengths, 6, 2, STREAM)
+    assert zeroed.shape == (5, 3, 4) and zeroed.dtype == x.dtype and zeroed.data_ptr() != x.data_ptr()
+    assert left.shape == (2, 3, 6) and left.dtype == torch.float32
+    [(function, grid, block, stream, raw)] = driver.kernels
+    # (a warp a row: x's 5 x 3 rows and the steps-left state's 2 x 3, 8 rows a block of 256 threads)
+    assert (function, grid, block, stream) == (ZERO, 3, 256, STREAM)
+    args = _lengths_args(raw)
+    assert (args["src"], args["dst"], args["steps"]) == (x.data_ptr(), zeroed.data_ptr(), left.data_ptr())
+    assert (args["t_stride"], args["b_stride"], args["steps_elements"]) == (12, 4, 2 * 3 * 6)
+    assert (args["T"], args["B"], args["W"], args["H"]) == (5, 3, 4, 6)
+    assert args["lengths"][:4] == [5, 2, 3, 0] and not any(args["lengths"][4:])
+    # a batch-first x as it is (its strides), and no steps-left state
+    given = torch.randn(3, 5, 4)
+    zeroed, left = _rows(driver).zeroed(given.transpose(0, 1), lengths, 1, 0, STREAM)
+    assert zeroed.shape == (5, 3, 4) and zeroed.is_contiguous() and left is None
+    args = _lengths_args(driver.kernels[-1][-1])
+    assert (args["src"], args["t_stride"], args["b_stride"]) == (given.data_ptr(), 4, 20)
+    assert (args["steps"], args["steps_elements"]) == (0, 0)
+
+
+def test_rows_leave_lengths_and_x_they_cannot_zero_as_python_would_to_python(built):
+    driver = FakeDriver()
+    rows, x, lengths = _rows(driver), torch.randn(5, 3, 4), torch.tensor([5, 2, 3])
+    for given, told in (
+            (x, torch.tensor([5, 0, 3])),  # a length below 1 (Python's check says why)
+            (x, torch.tensor([5, 6, 3])),  # one past the sequence
+            (x, lengths.int()),  # not int64
+            (x, lengths[:2]),  # not one a row
+            (x, torch.tensor([[5, 2, 3]])),  # not one-dimensional
+            (x, torch.tensor([5, 9, 2, 9, 3])[::2]),  # not contiguous
+            (torch.randn(4, 5, 3).permute(1, 2, 0), lengths),  # x's rows not contiguous
+            (torch.randn(5, 3), lengths),  # not [T, B, width]
+            (torch.randn(5, 0, 4), torch.tensor([], dtype=torch.long)),  # no rows
+            (torch.randn(2, ROWS_CAPACITY + 1, 1),
+             torch.ones(ROWS_CAPACITY + 1, dtype=torch.long)),  # more rows than its arguments hold
+            (x.double(), lengths)):  # elements of another size
+        assert rows.zeroed(given, told, 2, 1, STREAM) is None, (given.shape, told)
+    assert rows.zeroed(x, lengths, 0, 1, STREAM) is None  # (no hidden size)
+    driver.context = CONTEXT + 1  # another context current
+    assert rows.zeroed(x, lengths, 2, 1, STREAM) is None
+    assert not driver.kernels
+    driver.context, driver.kernel_error = CONTEXT, 1  # a launch that failed
+    assert rows.zeroed(x, lengths, 2, 1, STREAM) is None
+    with pytest.raises(TypeError, match="zeroed\\(x, lengths, hidden, state_layers, stream\\)"):
+        rows.zeroed(x, lengths, 2, 1)
 
 
 @pytest.fixture

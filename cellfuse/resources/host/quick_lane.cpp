@@ -35,7 +35,7 @@
 // none larger than the one before, none below 1, summing to the data's rows.
 //
 // `Rows` (at the end) launches the padding and packing kernels of a PackedSequence's rows for the calls a
-// lane does not make, in the same way.
+// lane does not make, in the same way, and the zeroing of the padding of rows of lengths of their own.
 //
 // It is built by nvcc (as a host-only C++ file) against the headers of the torch the process runs, kept
 // in the kernel cache folder per torch version, and loaded as a Python extension module.
@@ -77,6 +77,15 @@ struct RowsHead {
   int32_t T, B, W, H;
 };
 static_assert(sizeof(RowsHead) == 56, "cf_rows_args' head is 56 bytes");
+
+// the head of cf_zero_rows's arguments (codegen/packed_rows.py's lengths_args_fields); the rows' lengths
+// follow, `capacity` ints
+struct LengthsHead {
+  uint64_t src, dst, steps;
+  int64_t t_stride, b_stride, steps_elements;
+  int32_t T, B, W, H;
+};
+static_assert(sizeof(LengthsHead) == 64, "cf_lengths_args' head is 64 bytes");
 
 struct Param {
   c10::weak_intrusive_ptr<c10::TensorImpl> impl;
@@ -636,17 +645,21 @@ PyType_Spec lane_spec = {"cf_quick_lane.Lane", sizeof(Lane), 0,
                          Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL, lane_slots};
 
 // -- a PackedSequence's rows ------------------------------------------------------------------------
-// `Rows`: codegen/packed_rows.py's two kernels for elements of one size on one device, launched here with
+// `Rows`: codegen/packed_rows.py's kernels for elements of one size on one device, launched here with
 // the call's memory taken from torch's caching allocator, for the padding and packing of the calls that
 // the lane does not make (training calls, calls given initial states): the same launches as
 // nn/packed_sequences.py's _Rows makes in Python, where its arguments' bytes, allocations and launch
 // took a training step's host 30 to 160 us each time, several times a step. It answers None for what it
 // cannot move as that Python would (the batch sizes not a PackedSequence's, another device or context
-// current, the launch failed), which Python then moves, or raises about.
+// current, the launch failed), which Python then moves, or raises about. Its `zeroed` zeroes the padding
+// of rows of lengths of their own (CellRNN's `lengths=`) and writes their steps-left state in one launch
+// of cf_zero_rows, where torch's ops (nn/stacks.py) took 0.2 to 0.4 ms of a call's host time; where it
+// answers None, they do.
 
 struct RowsCore {
   void* unpack = nullptr;  // cf_unpack_rows
   void* pack = nullptr;    // cf_pack_rows
+  void* zero = nullptr;    // cf_zero_rows
   int64_t itemsize = 0, capacity = 0, max_grid = 0;
   c10::Device device{c10::kCPU};
   uint64_t context = 0;
@@ -669,6 +682,18 @@ bool launch_rows(const RowsCore& r, void* function, int64_t rows, std::vector<ui
   void* arg = args.data();
   return r.launch_kernel(function, (unsigned)blocks, 1, 1, BLOCK, 1, 1, 0, reinterpret_cast<void*>(stream),
                          &arg, nullptr) == 0;
+}
+
+// (x, the steps-left state or None where it was not made) as Python objects
+PyObject* padded_pair(at::Tensor x, at::Tensor steps_left) {
+  PyObject* padded = THPVariable_Wrap(std::move(x));
+  if (padded == nullptr) return nullptr;
+  PyObject* left = steps_left.defined() ? THPVariable_Wrap(std::move(steps_left)) : Py_NewRef(Py_None);
+  if (left == nullptr) {
+    Py_DECREF(padded);
+    return nullptr;
+  }
+  return Py_BuildValue("(NN)", padded, left);  // (both references given to the tuple)
 }
 
 // (x [steps, B, ...] from the data [N, ...], the steps-left state [state_layers, B, hidden] or None), or
@@ -696,14 +721,7 @@ PyObject* rows_padded(const RowsCore& r, PyObject* data_obj, PyObject* sizes_obj
   rows_args(sizes, r.capacity, head, args);
   if (!launch_rows(r, r.unpack, steps * B + (state_layers ? state_layers * B : 0), args, stream))
     Py_RETURN_NONE;
-  PyObject* padded = THPVariable_Wrap(std::move(x));
-  if (padded == nullptr) return nullptr;
-  PyObject* steps_left = state_layers ? THPVariable_Wrap(std::move(left)) : Py_NewRef(Py_None);
-  if (steps_left == nullptr) {
-    Py_DECREF(padded);
-    return nullptr;
-  }
-  return Py_BuildValue("(NN)", padded, steps_left);  // (both references given to the tuple)
+  return padded_pair(std::move(x), std::move(left));
 }
 
 // the packed data [N, ...] of y [T' >= T, B, ...], or None (see above)
@@ -726,6 +744,41 @@ PyObject* rows_packed(const RowsCore& r, PyObject* y_obj, PyObject* sizes_obj, u
   rows_args(sizes, r.capacity, head, args);
   if (!launch_rows(r, r.pack, rows, args, stream)) Py_RETURN_NONE;
   return THPVariable_Wrap(std::move(data));
+}
+
+// (x [T, B, W] with each row's steps past its length zero, the steps-left state [state_layers, B, hidden]
+// float32 or None) from x [T, B, W] (the strides of its first two dimensions any, its rows contiguous)
+// and the rows' lengths (on the CPU, int64, B of them, at most `capacity`, each from 1 to T), or None
+// (see above, and where the lengths are not such: Python's check then says why)
+PyObject* rows_zeroed(const RowsCore& r, PyObject* x_obj, PyObject* lengths_obj, int64_t hidden,
+                      int64_t state_layers, uint64_t stream) {
+  if (!is_tensor(x_obj) || !is_tensor(lengths_obj) || hidden < 1 || state_layers < 0) Py_RETURN_NONE;
+  const at::Tensor& x = THPVariable_Unpack(x_obj);
+  const at::Tensor& lengths = THPVariable_Unpack(lengths_obj);
+  if (x.device() != r.device || x.element_size() != r.itemsize || x.dim() != 3 || x.numel() == 0 ||
+      (x.stride(2) != 1 && x.size(2) != 1) || !rows_ready(r))
+    Py_RETURN_NONE;
+  const int64_t T = x.size(0), B = x.size(1), W = x.size(2);
+  if (lengths.device().type() != c10::kCPU || lengths.scalar_type() != c10::ScalarType::Long ||
+      lengths.dim() != 1 || lengths.size(0) != B || B > r.capacity || !lengths.is_contiguous() ||
+      T > INT32_MAX || W > INT32_MAX)
+    Py_RETURN_NONE;
+  std::vector<uint8_t> args(sizeof(LengthsHead) + r.capacity * sizeof(int32_t), 0);
+  int32_t* each = reinterpret_cast<int32_t*>(args.data() + sizeof(LengthsHead));
+  const int64_t* given = lengths.data_ptr<int64_t>();
+  for (int64_t b = 0; b < B; ++b) {
+    if (given[b] < 1 || given[b] > T) Py_RETURN_NONE;
+    each[b] = (int32_t)given[b];
+  }
+  at::Tensor zeroed = empty({T, B, W}, x.scalar_type(), r.device);
+  at::Tensor left;
+  if (state_layers) left = empty({state_layers, B, hidden}, c10::ScalarType::Float, r.device);
+  LengthsHead head{reinterpret_cast<uint64_t>(x.data_ptr()), reinterpret_cast<uint64_t>(zeroed.data_ptr()),
+                   state_layers ? reinterpret_cast<uint64_t>(left.data_ptr()) : 0, x.stride(0), x.stride(1),
+                   state_layers ? left.numel() : 0, (int32_t)T, (int32_t)B, (int32_t)W, (int32_t)hidden};
+  std::memcpy(args.data(), &head, sizeof(head));
+  if (!launch_rows(r, r.zero, T * B + state_layers * B, args, stream)) Py_RETURN_NONE;
+  return padded_pair(std::move(zeroed), std::move(left));
 }
 
 bool int_arg(PyObject* o, int64_t& out) {
@@ -765,15 +818,32 @@ PyObject* rows_packed_method(PyObject* o, PyObject* const* args, Py_ssize_t n) {
   }
 }
 
-const char* rows_kwlist[] = {"device", "itemsize", "unpack", "pack", "capacity", "max_grid", "context",
-                             "entry_points", nullptr};
+PyObject* rows_zeroed_method(PyObject* o, PyObject* const* args, Py_ssize_t n) {
+  if (n != 5) {
+    PyErr_SetString(PyExc_TypeError, "zeroed(x, lengths, hidden, state_layers, stream)");
+    return nullptr;
+  }
+  int64_t hidden, state_layers;
+  if (!int_arg(args[2], hidden) || !int_arg(args[3], state_layers)) return nullptr;
+  uint64_t stream = PyLong_AsUnsignedLongLong(args[4]);
+  if (stream == (uint64_t)-1 && PyErr_Occurred()) return nullptr;
+  try {
+    return rows_zeroed(*reinterpret_cast<Rows*>(o)->core, args[0], args[1], hidden, state_layers, stream);
+  } catch (const std::exception&) {  // (as padded)
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+}
+
+const char* rows_kwlist[] = {"device", "itemsize", "unpack", "pack", "zero", "capacity", "max_grid",
+                             "context", "entry_points", nullptr};
 
 PyObject* rows_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
   long long device, itemsize, capacity, max_grid;
-  PyObject *unpack, *pack, *context, *current_context, *launch_kernel;
-  if (!PyArg_ParseTupleAndKeywords(args, kw, "LLOOLLO(OO):Rows", const_cast<char**>(rows_kwlist), &device,
-                                   &itemsize, &unpack, &pack, &capacity, &max_grid, &context, &current_context,
-                                   &launch_kernel))
+  PyObject *unpack, *pack, *zero, *context, *current_context, *launch_kernel;
+  if (!PyArg_ParseTupleAndKeywords(args, kw, "LLOOOLLO(OO):Rows", const_cast<char**>(rows_kwlist), &device,
+                                   &itemsize, &unpack, &pack, &zero, &capacity, &max_grid, &context,
+                                   &current_context, &launch_kernel))
     return nullptr;
   auto core = std::make_unique<RowsCore>();
   RowsCore& r = *core;
@@ -781,14 +851,15 @@ PyObject* rows_new(PyTypeObject* type, PyObject* args, PyObject* kw) {
   r.itemsize = itemsize, r.capacity = capacity, r.max_grid = max_grid;
   r.unpack = reinterpret_cast<void*>(as_u64(unpack));
   r.pack = reinterpret_cast<void*>(as_u64(pack));
+  r.zero = reinterpret_cast<void*>(as_u64(zero));
   r.context = as_u64(context);
   r.current_context = reinterpret_cast<CtxGetCurrent>(as_u64(current_context));
   r.launch_kernel = reinterpret_cast<LaunchKernel>(as_u64(launch_kernel));
   if (PyErr_Occurred()) return nullptr;
-  if (!r.unpack || !r.pack || !r.current_context || !r.launch_kernel || capacity < 1 || max_grid < 1 ||
-      (itemsize != 2 && itemsize != 4)) {
-    PyErr_SetString(PyExc_ValueError, "Rows needs both kernels, the driver's two entry points, a capacity, "
-                                      "a largest grid and elements of 2 or 4 bytes");
+  if (!r.unpack || !r.pack || !r.zero || !r.current_context || !r.launch_kernel || capacity < 1 ||
+      max_grid < 1 || (itemsize != 2 && itemsize != 4)) {
+    PyErr_SetString(PyExc_ValueError, "Rows needs the three kernels, the driver's two entry points, a "
+                                      "capacity, a largest grid and elements of 2 or 4 bytes");
     return nullptr;
   }
   Rows* self = reinterpret_cast<Rows*>(type->tp_alloc(type, 0));
@@ -810,6 +881,9 @@ PyMethodDef rows_methods[] = {
      "or None"},
     {"packed", (PyCFunction)(void (*)(void))rows_packed_method, METH_FASTCALL,
      "packed(y, batch_sizes, stream): the packed data of y, or None"},
+    {"zeroed", (PyCFunction)(void (*)(void))rows_zeroed_method, METH_FASTCALL,
+     "zeroed(x, lengths, hidden, state_layers, stream): (x with each row's padding zero, the steps-left "
+     "state or None), or None"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyType_Slot rows_slots[] = {{Py_tp_new, (void*)rows_new},
