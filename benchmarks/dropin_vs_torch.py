@@ -16,6 +16,8 @@ before: torch's packing is not timed); medians of --repeats runs taken in turns,
 each. A turn times two calls: the first right after the other library's call, the second after its own,
 as a loop calls it; the second is the time reported, the first is kept in the record (`*_after_other`):
 a call's host time is longer while the other library's code and data hold the CPU's caches.
+The table's rungs are those the drop-in's last forward call and training step ran (`schedules_run`,
+`auto` resolved).
 
 --seq and --batch replace the cases' T and B (lengths drawn up to the new T): small models and short
 sequences, where a training step is bound by its host time. With --graph, each module's training step
@@ -158,6 +160,7 @@ def main() -> None:
                         into[name].append(timed(lambda module=module, fn=fn: fn(module), start, end))
                         module.zero_grad(set_to_none=True)
             row[what] = {name: statistics.median(v) for name, v in times.items()}
+            row[f"{what}_rung"] = ours.schedules_run[-1]  # (`auto` resolved: a training call's apart)
             row[f"{what}_after_other"] = {name: statistics.median(v) for name, v in after_other.items()}
         if args.graph:
             # (torch's first, so that a failed capture of the drop-in's cannot take it along)
@@ -169,13 +172,13 @@ def main() -> None:
     graphs = args.graph
     lines = ["| cell | T | B | layers | directions | lengths | forward: cellfuse | cuDNN | speedup | "
              "training: cellfuse | cuDNN | speedup |"
-             + (" captured step: cellfuse | cuDNN | speedup |" if graphs else "") + " check |",
-             "|---" * (16 if graphs else 13) + "|"]
+             + (" captured step: cellfuse | cuDNN | speedup |" if graphs else "") + " rungs | check |",
+             "|---" * (17 if graphs else 14) + "|"]
     for r in record["rows"]:
         if not r["ok"]:
             lines.append(f"| {r['kind']} | {r['seq']} | {r['batch']} | {r['layers']} | "
                          f"{2 if r['bidirectional'] else 1} | {r['lengths']} | | | | | | |"
-                         + (" | | |" if graphs else "") + " FAILED |")
+                         + (" | | |" if graphs else "") + " | FAILED |")
             continue
         f, t = r["forward"], r["train"]
         lines.append(f"| {r['kind']} | {r['seq']} | {r['batch']} | {r['layers']} | "
@@ -183,7 +186,7 @@ def main() -> None:
                      f"{f['torch']:.3f} | {f['torch'] / f['cellfuse']:.2f}x | {t['cellfuse']:.3f} | "
                      f"{t['torch']:.3f} | {t['torch'] / t['cellfuse']:.2f}x | "
                      + (_graph_cells(r["train_graph"]) if graphs else "")
-                     + f"ok ({r['max_abs_diff']:.1e}) |")
+                     + f"{r['forward_rung']} / {r['train_rung']} | ok ({r['max_abs_diff']:.1e}) |")
     record["table"] = "\n".join(lines)
     args.out.write_text(json.dumps(record, indent=1))
     print(record["table"])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections import OrderedDict
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
@@ -38,11 +37,10 @@ from . import ops, stacks
 from .held_weights import held
 from .packed_sequences import Unpacked
 from .quick_call import KeptLayers, QuickCall, kept_call, kept_lengths_call, kept_packed_call
-from .runners import DTYPES, FORWARD, direction_of, dtype_names, param_dtypes, precision_of
+from .recent_calls import RecentCalls
+from .runners import DTYPES, dtype_names, param_dtypes
 from .tracing import refuse_script, traced_call
 from .zeros import Zeros
-
-MAX_SEEN = 4  # the sizes, dtypes, devices and grad modes whose rungs `schedules_run` reports
 
 
 def resolve_cell(cell: Cell | str | os.PathLike[str]) -> Cell:
@@ -175,9 +173,7 @@ class CellRNN(torch.nn.Module):
                                 ) from None
         self._sizes_checked: set[tuple[int, int]] = set()  # (T, B) that passed check_sizes
         self._zero_states = Zeros()
-        self._last_seen: tuple | None = None
-        # ((T, B, input), device, whether lengths were given) of the recent forward calls
-        self._seen: OrderedDict[tuple, None] = OrderedDict()
+        self._recent = RecentCalls()  # (for schedules_run)
         self._quick: QuickCall | None = None  # the last call on a GPU, where it can be kept
         self._quick_packed: QuickCall | None = None  # and the last of a PackedSequence
         self._quick_lengths: QuickCall | None = None  # and the last of rows of their own lengths
@@ -200,21 +196,8 @@ class CellRNN(torch.nn.Module):
         """The rungs the module's recent forward passes ran (`auto` resolved: a training call's apart from
         an inference call's), one per size and grad mode seen: of the first layer's call where the layers
         ran one at a time."""
-        return [self._rung(*seen) for seen in self._seen]
-
-    def _rung(self, shape: torch.Size, device: torch.device, dtype: torch.dtype, lengths: bool,
-              by_layer: bool, save: bool) -> str:
-        """The rung of a forward pass's (first) call to the ops, as stacks makes it (`save`: a training
-        call's)."""
-        cell = ops.masked_text(self._cell_text) if lengths else self._cell_text
-        direction = FORWARD
-        if by_layer and self.bidirectional and device.type == "cuda":
-            x = torch.empty((), dtype=dtype, device=device).expand(shape)  # its sizes, no memory
-            direction = direction_of(False, ops.side_by_side(cell, x, self.hidden_size, self.schedule, save))
-        float32 = ops.masked_float32(self._float32) if lengths else self._float32
-        return ops.plans(cell, *shape, self.hidden_size, 1 if by_layer else self.num_layers,
-                         ops.schedule_of(self.schedule, save), device, direction, precision_of(dtype),
-                         float32).schedule
+        return self._recent.rungs(self._cell_text, self._float32, self.hidden_size, self.num_layers,
+                                  self.schedule, self.bidirectional)
 
     # -- parameters ----------------------------------------------------------------------------------
     @property
@@ -367,11 +350,7 @@ class CellRNN(torch.nn.Module):
             # (whether the first call of the ops saved: where the layers run one at a time, by the
             # first layer's parameters, which may be frozen where the others are not)
             save = stacks.saves(x, initial, self._layer_params_of(0, False) if by_layer else params)
-            seen = (x.shape, x.device, x.dtype, lengths is not None, by_layer, save)
-            if seen != self._last_seen:  # (a new dict, not changed in place: threads may read it)
-                self._last_seen = seen
-                recent = [s for s in self._seen if s != seen][-(MAX_SEEN - 1):] + [seen]
-                self._seen = OrderedDict.fromkeys(recent)
+            self._recent.saw(x, lengths is not None, by_layer, save)
         if not tracing:  # (kept where quick_call can make the call again; each kind replaces its own)
             kept = None
             if not by_layer and (states is None or self._every_state(states) is not None):
@@ -475,14 +454,17 @@ class CellRNN(torch.nn.Module):
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_seen"] = OrderedDict()
+        state["_recent"] = RecentCalls()
         state["_zero_states"] = Zeros()
-        state["_last_seen"] = None
         state["_quick"] = state["_quick_packed"] = state["_quick_lengths"] = None
         state["_kept_layers"] = KeptLayers(state["_zero_states"])
         return state
 
     def __setstate__(self, state: dict) -> None:
+        # (a module saved when it kept its recent calls in two fields of its own loads with a RecentCalls)
+        state.pop("_seen", None)
+        state.pop("_last_seen", None)
+        state.setdefault("_recent", RecentCalls())
         super().__setstate__(state)
 
         # (a module saved when the parameters' map held the module that holds each key, itself or

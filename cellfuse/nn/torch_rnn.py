@@ -33,6 +33,7 @@ from . import ops, stacks
 from .held_weights import held
 from .packed_sequences import Unpacked
 from .quick_call import KeptLayers, QuickCall, kept_call, kept_packed_call
+from .recent_calls import RecentCalls
 from .runners import DTYPES, dtype_names, param_dtypes
 from .tracing import refuse_script, traced, traced_call
 from .weight_views import WeightViews, joined
@@ -143,6 +144,7 @@ class _TorchRNN(torch.nn.Module):
         self._quick_packed: QuickCall | None = None  # and the last of a PackedSequence
         # and of each layer and direction, where they run a call each (over the module's zeros)
         self._kept_layers = KeptLayers(self._zeros)
+        self._recent = RecentCalls()  # (for schedules_run)
         # the template's weights of a layer, in the order of its keys (l0.W_i -> W_i), which the ops take
         self._names = [key.split(".", 1)[1] for key in init_params(cell, 1, 1, 1, 0)]
         gate_rows = len(self._gates) * hidden_size
@@ -277,7 +279,20 @@ class _TorchRNN(torch.nn.Module):
         state["_zeros"] = Zeros()
         state["_quick"] = state["_quick_packed"] = None
         state["_kept_layers"] = KeptLayers(state["_zeros"])
+        state["_recent"] = RecentCalls()
         return state
+
+    def __setstate__(self, state: dict) -> None:
+        state.setdefault("_recent", RecentCalls())  # (a module saved before it kept its recent calls)
+        super().__setstate__(state)
+
+    @property
+    def schedules_run(self) -> list[str]:
+        """The rungs the module's recent forward passes ran (`auto` resolved: a training call's apart from
+        an inference call's), one per size and grad mode seen: of the first layer's call where the layers
+        ran one at a time (as CellRNN's)."""
+        return self._recent.rungs(self._cell_text, ops.DEFAULT_FLOAT32, self.hidden_size, self.num_layers,
+                                  self.schedule, self.bidirectional)
 
     # -- the forward pass ------------------------------------------------------------------------------
     def _check(self, x: object) -> torch.Tensor:
@@ -383,6 +398,9 @@ class _TorchRNN(torch.nn.Module):
                 x, initial, self._layer_params, self.num_layers, self.bidirectional, self.dropout,
                 self.training, self._cell_text, self.hidden_size, self.schedule, lengths, steps=steps,
                 kept=None if tracing else self._kept_layers)
+        if not tracing:  # (as CellRNN's: whether the first call of the ops saved, by its parameters)
+            first = self._fused_params() if fused else self._layer_params(0, False)
+            self._recent.saw(x, lengths is not None, not fused, stacks.saves(x, initial, first))
         if unbatched:
             y, finals = y.squeeze(1), [f.squeeze(1) for f in finals]
         elif packed is not None:

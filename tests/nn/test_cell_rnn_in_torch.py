@@ -79,6 +79,36 @@ def test_a_captured_forward_replays_on_new_inputs(cuda, schedule):
     torch.testing.assert_close(static_final["c"], want_final["c"], rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_a_captured_forward_with_lengths_replays_on_new_inputs(cuda, batch_first):
+    """A call with lengths (on the CPU) captured after calls that kept it: the graph holds the padding's
+    zeroing with the lengths of its capture (as a capture holds whatever the host gave its launches), and
+    its replays over new x, NaN in the padding, give what an eager call with those lengths gives."""
+    rnn = CellRNN("lstm", 32, 64, 2, schedule="persistent", batch_first=batch_first, seed=3).to(cuda)
+    T, B = 30, 8
+    lengths = torch.tensor([30, 3, 17, 30, 1, 29, 12, 8])
+    static_x = torch.randn((B, T, 32) if batch_first else (T, B, 32), device=cuda)
+    side = torch.cuda.Stream(cuda)
+    side.wait_stream(torch.cuda.current_stream(cuda))
+    with torch.no_grad(), torch.cuda.stream(side):
+        for _ in range(3):
+            rnn(static_x, lengths=lengths)
+    torch.cuda.current_stream(cuda).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        static_y, static_final = rnn(static_x, lengths=lengths)
+    new_x = torch.randn_like(static_x)
+    ended = (torch.arange(T).view(T, 1) >= lengths.view(1, B)).to(cuda)
+    (new_x.transpose(0, 1) if batch_first else new_x)[ended] = float("nan")
+    static_x.copy_(new_x)
+    graph.replay()
+    with torch.no_grad():
+        want_y, want_final = rnn(new_x, lengths=lengths)
+    assert not static_y.isnan().any()
+    torch.testing.assert_close(static_y, want_y, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(static_final["c"], want_final["c"], rtol=1e-5, atol=1e-5)
+
+
 def test_a_call_that_takes_the_whole_path_under_a_capture_is_not_kept(cuda):
     """The zeros a call makes under a CUDA graph's capture are the graph's, filled by its replays only: a
     call that takes the whole path there keeps nothing (a call like it made eagerly after the capture,

@@ -510,6 +510,22 @@ def test_a_module_saved_when_its_parameters_map_held_its_modules_loads_and_runs_
     torch.testing.assert_close(loaded(x)[0], want, rtol=0, atol=0)
 
 
+def test_a_module_saved_when_it_kept_its_recent_calls_in_two_fields_loads_and_reports_its_rungs():
+    """A CellRNN pickled when it kept its recent calls as `_seen` and `_last_seen` loads without them, and
+    reports the rungs of the calls it makes from then on."""
+    from collections import OrderedDict
+
+    rnn = CellRNN("lstm", 4, 3, schedule="fused", seed=1)
+    state = rnn.__getstate__()
+    del state["_recent"]
+    state["_seen"], state["_last_seen"] = OrderedDict(), None
+    loaded = CellRNN.__new__(CellRNN)
+    loaded.__setstate__(state)
+    assert not hasattr(loaded, "_seen") and loaded.schedules_run == []
+    loaded(torch.randn(5, 2, 4))
+    assert loaded.schedules_run == ["fused"]
+
+
 def test_calls_from_several_threads_get_their_own_results():
     """Threads that call one module at once (one runner: the numpy executor's buffers) get the results of
     the same calls made one at a time, forward and backward."""

@@ -13,7 +13,7 @@ import torch.nn.utils.prune
 from weight_drop import WeightDropout
 
 from cellfuse.graph_model import CellError
-from cellfuse.nn import GRU, LSTM
+from cellfuse.nn import GRU, LSTM, CellRNN
 
 PAIRS = {"lstm": (LSTM, torch.nn.LSTM), "gru": (GRU, torch.nn.GRU)}
 INPUT, H = 5, 4
@@ -481,6 +481,28 @@ def test_the_initial_zeros_are_made_once_and_not_pickled():
     assert all(a is b for a, b in zip(lstm._initial(None, 2, x), lstm._initial(None, 2, x), strict=True))
     torch.testing.assert_close(lstm(x)[0], lstm(x, (torch.zeros(1, 2, H), torch.zeros(1, 2, H)))[0])
     assert not pickle.loads(pickle.dumps(lstm))._zeros._kept
+
+
+def test_the_schedules_run_say_what_auto_resolved_to_as_cellrnns():
+    """A drop-in reports the rungs of its recent passes as CellRNN does: one per size and grad mode, of
+    the first layer's call where its layers run one call each; a pickled module has seen none."""
+    import pickle
+
+    lstm = LSTM(INPUT, H, schedule="auto")
+    assert lstm.schedules_run == []
+    with torch.no_grad():
+        lstm(torch.randn(4, 2, INPUT))
+    lstm(torch.randn(3, 2, INPUT))[0].sum().backward()  # a training call: the training plans' rung
+    assert lstm.schedules_run == ["graph", "graph"]  # (graph is auto without a GPU)
+    assert pickle.loads(pickle.dumps(lstm)).schedules_run == []
+    packed = torch.nn.utils.rnn.pack_padded_sequence(torch.randn(5, 3, INPUT), [5, 2, 4],
+                                                     enforce_sorted=False)
+    both = GRU(INPUT, H, 2, bidirectional=True, schedule="fused")
+    both(packed)
+    assert both.schedules_run == ["fused"]
+    cellrnn = CellRNN("gru", INPUT, H, 2, bidirectional=True, schedule="fused")
+    cellrnn(packed)
+    assert list(cellrnn._recent._seen) == list(both._recent._seen)
 
 
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
