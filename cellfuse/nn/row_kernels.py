@@ -2,8 +2,8 @@
 packed_rows: a PackedSequence's padding and packing, the zeroing of the padding of rows of lengths of their
 own), loaded once per device, element size and capacity, with the C++ that launches them (quick_lane.rows).
 Where they cannot be used (the CPU, torch.compile's tracing, a CUDA graph capture before they were loaded,
-more steps or rows than a launch's arguments hold, 2**31 rows or more, elements of other sizes than 2 and
-4 bytes), torch's ops do the same instead.
+more steps or rows than a launch's arguments hold, 2**31 rows of packed data or steps of x or more,
+elements of other sizes than 2 and 4 bytes), torch's ops do the same instead.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def rows_kernels(data: torch.Tensor, count: int) -> tuple | None:
                 made = (kernels, quick_lane.rows(kernels, key[0], key[1]))
             except (CellError, ValueError) as e:  # (the driver's context or entry points not found)
                 log.warning("the packed rows' kernels cannot be launched from C++ (%s); Python launches "
-                            "them", e)
+                            "a PackedSequence's, and torch's ops zero the padding of rows of lengths of "
+                            "their own", e)
                 made = (kernels, None)
     _kernels[key] = made
     return made

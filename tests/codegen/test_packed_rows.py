@@ -1,7 +1,8 @@
 """The packed rows' kernels (codegen.packed_rows): their source compiles with nvcc for each element size
 and the largest capacity, with no memory of a thread's own (the arguments are read where the launch put
-them), and the arguments' layouts the host writes (gpu_runtime.packed_rows, and quick_lane.cpp's for
-cf_zero_rows) are the C structs', field by field, as nvcc lays them out."""
+them), and the arguments' layouts the host describes (gpu_runtime.packed_rows' structs) are the C
+structs', field by field, as nvcc lays them out. (quick_lane.cpp writes its own heads: their sizes are
+checked here, their fields by tests/nn/test_quick_lane.py.)"""
 
 from __future__ import annotations
 

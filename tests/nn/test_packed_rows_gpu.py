@@ -11,7 +11,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from cellfuse.graph_model import CellError
-from cellfuse.nn import LSTM, packed_sequences, stacks
+from cellfuse.nn import LSTM, packed_sequences, row_kernels, stacks
 from cellfuse.nn.packed_sequences import Unpacked
 from cellfuse.nn.quick_lane import module as lane_module
 
@@ -94,9 +94,27 @@ def test_the_zeroing_kernel_zeroes_the_padding_and_makes_the_steps_left_state_as
     want = stacks.padding_zeroed(x, lengths, stacks.steps_left(lengths, layers, x, hidden))
     assert torch.equal(zeroed, want) and not zeroed.isnan().any()
     assert torch.equal(steps, stacks.steps_left(lengths, layers, x, hidden))
-    # lengths that are not 1 to T: torch's ops' check says why
+    # lengths that are not 1 to T: the kernel's C++ turns them down, and torch's ops' check says why
+    stream = torch.cuda.current_stream(cuda).cuda_stream
+    rows = row_kernels.rows_kernels(x, B)[1]
+    assert rows.zeroed(x, torch.zeros(B, dtype=torch.long), hidden, layers, stream) is None
     with pytest.raises(CellError, match="lengths must be from 1"):
         stacks.lengths_applied(x, torch.zeros(B, dtype=torch.long), layers, hidden)
+    # every row T long: x itself, as torch's ops give it
+    full = torch.full((B,), T)
+    with torch.no_grad():
+        same, steps, _ = stacks.lengths_applied(x, full, layers, hidden)
+    assert same is x and torch.equal(steps, stacks.steps_left(full, layers, x, hidden))
+
+
+def test_an_x_that_needs_a_gradient_is_zeroed_by_torchs_ops_and_gets_none_in_its_padding(cuda):
+    x = torch.randn(6, 3, 4, device=cuda, requires_grad=True)
+    lengths = torch.tensor([6, 2, 4])
+    zeroed, steps, _ = stacks.lengths_applied(x, lengths, 1, 5)
+    assert zeroed.grad_fn is not None
+    zeroed.sum().backward()
+    want = (torch.arange(6).view(6, 1) < lengths.view(1, 3)).to(cuda, torch.float32)
+    assert torch.equal(x.grad, want.view(6, 3, 1).expand(6, 3, 4))
 
 
 def test_rows_of_no_elements_are_padded_by_torchs_ops(cuda):

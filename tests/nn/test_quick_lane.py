@@ -379,7 +379,7 @@ def test_rows_zero_the_padding_of_rows_of_their_own_lengths_by_one_launch(built)
     driver = FakeDriver()
     x, lengths = torch.randn(5, 3, 4), torch.tensor([5, 2, 3])
     zeroed, left = _rows(driver).zeroed(x, lengths, 6, 2, STREAM)
-    assert zeroed.shape == (5, 3, 4) and zeroed.dtype == x.dtype and zeroed.data_ptr() != x.data_ptr()
+    assert zeroed.shape == (5, 3, 4) and zeroed.dtype == x.dtype
     assert left.shape == (2, 3, 6) and left.dtype == torch.float32
     [(function, grid, block, stream, raw)] = driver.kernels
     # (a warp a row: x's 5 x 3 rows and the steps-left state's 2 x 3, 8 rows a block of 256 threads)
@@ -396,6 +396,15 @@ def test_rows_zero_the_padding_of_rows_of_their_own_lengths_by_one_launch(built)
     args = _lengths_args(driver.kernels[-1][-1])
     assert (args["src"], args["t_stride"], args["b_stride"]) == (given.data_ptr(), 4, 20)
     assert (args["steps"], args["steps_elements"]) == (0, 0)
+    # every row T long: x itself, nothing to zero; the launch writes the steps-left state alone
+    full = torch.tensor([5, 5, 5])
+    zeroed, left = _rows(driver).zeroed(x, full, 6, 2, STREAM)
+    assert zeroed is x and left.shape == (2, 3, 6)
+    args = _lengths_args(driver.kernels[-1][-1])
+    assert (args["src"], args["dst"], args["T"], args["steps"]) == (0, 0, 0, left.data_ptr())
+    assert driver.kernels[-1][1] == 1 and args["lengths"][:3] == [5, 5, 5]  # (a warp a row of the state)
+    launched = len(driver.kernels)
+    assert _rows(driver).zeroed(x, full, 1, 0, STREAM) == (x, None) and len(driver.kernels) == launched
 
 
 def test_rows_leave_lengths_and_x_they_cannot_zero_as_python_would_to_python(built):

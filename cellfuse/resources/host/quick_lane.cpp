@@ -749,7 +749,8 @@ PyObject* rows_packed(const RowsCore& r, PyObject* y_obj, PyObject* sizes_obj, u
 // (x [T, B, W] with each row's steps past its length zero, the steps-left state [state_layers, B, hidden]
 // float32 or None) from x [T, B, W] (the strides of its first two dimensions any, its rows contiguous)
 // and the rows' lengths (on the CPU, int64, B of them, at most `capacity`, each from 1 to T), or None
-// (see above, and where the lengths are not such: Python's check then says why)
+// (see above, and where the lengths are not such: Python's check then says why). Where every row is T
+// long, x itself (nothing to zero: the launch writes the steps-left state alone, if any).
 PyObject* rows_zeroed(const RowsCore& r, PyObject* x_obj, PyObject* lengths_obj, int64_t hidden,
                       int64_t state_layers, uint64_t stream) {
   if (!is_tensor(x_obj) || !is_tensor(lengths_obj) || hidden < 1 || state_layers < 0) Py_RETURN_NONE;
@@ -761,23 +762,28 @@ PyObject* rows_zeroed(const RowsCore& r, PyObject* x_obj, PyObject* lengths_obj,
   const int64_t T = x.size(0), B = x.size(1), W = x.size(2);
   if (lengths.device().type() != c10::kCPU || lengths.scalar_type() != c10::ScalarType::Long ||
       lengths.dim() != 1 || lengths.size(0) != B || B > r.capacity || !lengths.is_contiguous() ||
-      T > INT32_MAX || W > INT32_MAX)
+      T > INT32_MAX || W * r.itemsize > INT32_MAX || hidden > INT32_MAX)  // (the kernel's ints)
     Py_RETURN_NONE;
   std::vector<uint8_t> args(sizeof(LengthsHead) + r.capacity * sizeof(int32_t), 0);
   int32_t* each = reinterpret_cast<int32_t*>(args.data() + sizeof(LengthsHead));
   const int64_t* given = lengths.data_ptr<int64_t>();
+  bool full = true;  // (every row T long: x has no padding, and is given back as it is, as torch's ops do)
   for (int64_t b = 0; b < B; ++b) {
     if (given[b] < 1 || given[b] > T) Py_RETURN_NONE;
     each[b] = (int32_t)given[b];
+    full = full && given[b] == T;
   }
-  at::Tensor zeroed = empty({T, B, W}, x.scalar_type(), r.device);
+  at::Tensor zeroed = full ? x : empty({T, B, W}, x.scalar_type(), r.device);
   at::Tensor left;
   if (state_layers) left = empty({state_layers, B, hidden}, c10::ScalarType::Float, r.device);
-  LengthsHead head{reinterpret_cast<uint64_t>(x.data_ptr()), reinterpret_cast<uint64_t>(zeroed.data_ptr()),
+  const int64_t rows = full ? 0 : T;  // (the kernel's steps of x to copy)
+  LengthsHead head{full ? 0 : reinterpret_cast<uint64_t>(x.data_ptr()),
+                   full ? 0 : reinterpret_cast<uint64_t>(zeroed.data_ptr()),
                    state_layers ? reinterpret_cast<uint64_t>(left.data_ptr()) : 0, x.stride(0), x.stride(1),
-                   state_layers ? left.numel() : 0, (int32_t)T, (int32_t)B, (int32_t)W, (int32_t)hidden};
+                   state_layers ? left.numel() : 0, (int32_t)rows, (int32_t)B, (int32_t)W, (int32_t)hidden};
   std::memcpy(args.data(), &head, sizeof(head));
-  if (!launch_rows(r, r.zero, T * B + state_layers * B, args, stream)) Py_RETURN_NONE;
+  if (rows * B + state_layers * B && !launch_rows(r, r.zero, rows * B + state_layers * B, args, stream))
+    Py_RETURN_NONE;
   return padded_pair(std::move(zeroed), std::move(left));
 }
 
