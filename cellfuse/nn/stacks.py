@@ -24,6 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from ..gpu_runtime.driver import new_stream
 from ..graph_model import CellError
@@ -73,22 +74,54 @@ def lengths_applied(x: torch.Tensor, lengths: torch.Tensor, layers: int, hidden:
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """x [T, B, width] with each row's steps past its length zero (see padding_zeroed), the steps-left
     state of `layers` layers of `hidden` (steps_left) and the lengths, checked (`lengths`: as read_lengths
-    gives them). On a GPU, where x needs no gradient, one launch of the zeroing kernel
-    (codegen.packed_rows' cf_zero_rows, from C++: quick_lane's Rows.zeroed, the lengths in its arguments)
-    checks the lengths and makes both, where torch's ops (the lengths copied to the GPU, a mask, a
-    torch.where, the state made hidden wide) took a kept call's host 0.2 to 0.4 ms; elsewhere, torch's
-    ops."""
-    T, B = x.shape[0], x.shape[1]
-    if x.is_cuda and not traced() and not (torch.is_grad_enabled() and x.requires_grad):
-        kernels = rows_kernels(x, B)
+    gives them). On a GPU one launch of the zeroing kernel (codegen.packed_rows' cf_zero_rows, from C++:
+    quick_lane's Rows.zeroed, the lengths in its arguments) checks the lengths and makes both, where
+    torch's ops (the lengths copied to the GPU, a mask, a torch.where, the state made hidden wide) took a
+    kept call's host 0.2 to 0.4 ms; where x needs a gradient, inside an autograd node whose backward
+    zeroes the gradient's padding by the same kernel (_Zeroed). Elsewhere, torch's ops."""
+    if x.is_cuda and not traced():
+        kernels = rows_kernels(x, x.shape[1])
         if kernels is not None and kernels[1] is not None:
             stream = torch._C._cuda_getCurrentRawStream(x.get_device())
+            if torch.is_grad_enabled() and x.requires_grad:
+                zeroed, steps = _Zeroed.apply(x, lengths, kernels[1], layers, hidden, stream)
+                return zeroed, steps, lengths
             done = kernels[1].zeroed(x, lengths, hidden, layers, stream)
             if done is not None:
                 return done[0], done[1], lengths
-    lengths = check_lengths(lengths, T, B)
+    return _by_torch(x, lengths, layers, hidden)
+
+
+def _by_torch(x: torch.Tensor, lengths: torch.Tensor, layers: int, hidden: int
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """lengths_applied by torch's ops (which check the lengths, and say what is wrong with them)."""
+    lengths = check_lengths(lengths, x.shape[0], x.shape[1])
     steps = steps_left(lengths, layers, x, hidden)
     return padding_zeroed(x, lengths, steps), steps, lengths
+
+
+class _Zeroed(torch.autograd.Function):
+    """lengths_applied's zeroed x and steps-left state by the kernel (`rows`: quick_lane's Rows), for an x
+    that needs a gradient: x's gradient is the zeroed x's with its padding zeroed, by the same kernel
+    (where the kernel turns either down, torch's ops do it)."""
+
+    @staticmethod
+    def forward(ctx, x, lengths, rows, layers: int, hidden: int, stream: int):
+        done = rows.zeroed(x, lengths, hidden, layers, stream)
+        if done is None:  # (lengths it turns down, say: torch's ops check them)
+            done = _by_torch(x, lengths, layers, hidden)[:2]
+        ctx.rows, ctx.lengths = rows, lengths
+        ctx.mark_non_differentiable(done[1])
+        return done
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dx, _dsteps):
+        stream = torch._C._cuda_getCurrentRawStream(dx.get_device())
+        done = ctx.rows.zeroed(dx, ctx.lengths, 1, 0, stream)
+        if done is None:  # (a gradient of other strides, say)
+            done = _by_torch(dx, ctx.lengths, 1, 1)
+        return done[0], None, None, None, None, None
 
 
 def autocast_dtype(x: torch.Tensor) -> torch.dtype | None:

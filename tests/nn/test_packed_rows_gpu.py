@@ -107,14 +107,29 @@ def test_the_zeroing_kernel_zeroes_the_padding_and_makes_the_steps_left_state_as
     assert same is x and torch.equal(steps, stacks.steps_left(full, layers, x, hidden))
 
 
-def test_an_x_that_needs_a_gradient_is_zeroed_by_torchs_ops_and_gets_none_in_its_padding(cuda):
-    x = torch.randn(6, 3, 4, device=cuda, requires_grad=True)
-    lengths = torch.tensor([6, 2, 4])
-    zeroed, steps, _ = stacks.lengths_applied(x, lengths, 1, 5)
-    assert zeroed.grad_fn is not None
-    zeroed.sum().backward()
-    want = (torch.arange(6).view(6, 1) < lengths.view(1, 3)).to(cuda, torch.float32)
-    assert torch.equal(x.grad, want.view(6, 3, 1).expand(6, 3, 4))
+@pytest.mark.parametrize("lengths", [[6, 2, 4], [6, 6, 6]])
+def test_an_x_that_needs_a_gradient_gets_none_in_its_padding_by_the_kernel_as_by_torchs_ops(cuda, lengths):
+    """Through the kernel's autograd node: the zeroed x and its gradient (a contiguous one, zeroed by the
+    kernel; one of stride 0, which it turns down, by torch's ops) as torch's ops give them."""
+    lengths = torch.tensor(lengths)
+    w = torch.randn(6, 3, 4, device=cuda)
+    for loss in (lambda z: (z * w).sum(), lambda z: z.sum()):
+        grads = []
+        for kernel in (True, False):
+            x = torch.randn(6, 3, 4, generator=torch.Generator().manual_seed(0)).to(cuda).requires_grad_()
+            if kernel:
+                zeroed, steps, _ = stacks.lengths_applied(x, lengths, 2, 5)
+                assert type(zeroed.grad_fn).__name__ == "_ZeroedBackward"
+            else:
+                zeroed, steps, _ = stacks._by_torch(x, lengths, 2, 5)
+            assert not steps.requires_grad
+            loss(zeroed).backward()
+            grads.append((zeroed.detach(), steps, x.grad))
+        for got, want in zip(*grads, strict=True):
+            assert torch.equal(got, want)
+    with pytest.raises(CellError, match="lengths must be from 1"):
+        stacks.lengths_applied(torch.randn(6, 3, 4, device=cuda, requires_grad=True), torch.tensor([7, 1, 1]),
+                               1, 5)
 
 
 def test_rows_of_no_elements_are_padded_by_torchs_ops(cuda):
@@ -359,6 +374,39 @@ def test_a_cellrnns_kept_call_of_a_packed_sequence_matches_its_call_with_lengths
             torch.testing.assert_close(pad_packed_sequence(y)[0], want_y, rtol=0, atol=1e-6)
             for state, value in finals.items():
                 torch.testing.assert_close(value, want[state], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_a_cellrnns_training_calls_with_lengths_give_a_packed_sequences_gradients(cuda, batch_first):
+    """Training calls of rows of their own lengths, x needing a gradient and NaN in its padding (the
+    first by the whole path, the next by the kept call, each through the zeroing kernel's autograd
+    node): y, x's gradient (none in the padding) and the parameters' are those of the same rows given as
+    a PackedSequence (padded by the packed rows' kernels, in its own order of rows)."""
+    from cellfuse.nn import CellRNN
+
+    rnn = CellRNN("lstm", 32, 48, 1, schedule="persistent", batch_first=batch_first, seed=3).to(cuda)
+    for seed in range(3):
+        packed, x, lengths = _packed(cuda, 20, 6, 32, seed=seed)
+        ended = (torch.arange(20).view(20, 1) >= lengths.view(1, 6)).to(cuda)
+        x = x.clone()
+        x[ended] = float("nan")
+        given = (x.transpose(0, 1) if batch_first else x).detach().requires_grad_()
+        y, _ = rnn(given, lengths=lengths)
+        y.square().sum().backward()
+        grads = [p.grad.clone() for p in rnn.parameters()]
+        rnn.zero_grad()
+        data = packed.data.detach().requires_grad_()
+        y_packed, _ = rnn(packed._replace(data=data))
+        y_packed.data.square().sum().backward()
+        dx = given.grad.transpose(0, 1) if batch_first else given.grad
+        assert not dx.isnan().any() and not dx[ended].any()
+        torch.testing.assert_close(y.transpose(0, 1) if batch_first else y, pad_packed_sequence(y_packed)[0],
+                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(pack_padded_sequence(dx, lengths, enforce_sorted=False).data, data.grad,
+                                   rtol=1e-5, atol=1e-6)
+        for got, p in zip(grads, rnn.parameters(), strict=True):
+            torch.testing.assert_close(got, p.grad, rtol=1e-4, atol=1e-5)
+        rnn.zero_grad()
 
 
 @pytest.mark.parametrize("batch_first, mode", [(False, "float32"), (True, "float32"), (False, "states given"),
