@@ -3,9 +3,11 @@ input = hidden = 512, `auto`): the time from a synchronised device (CUDA events 
 host's time until the call returns, medians of --calls, for lengths on the CPU, on the GPU, and after a
 training call; with --profile, torch's profiler over five calls each (kernels by total time, and the last
 call's kernels as a timeline, us from the last kernel's start). Says whether the module kept the call with
-lengths and whether a C++ lane makes it.
+lengths and whether a C++ lane makes it. With --train, training steps too (x needing a gradient, the
+loss y.square().mean(), backward), in three turns: padded, with lengths (the padding zeroed by the
+zeroing kernel's autograd node) and with lengths zeroed by torch's ops (the kernels withheld).
 
-    python3 benchmarks/probes/lengths_call_times.py [--calls 20] [--profile]
+    python3 benchmarks/probes/lengths_call_times.py [--calls 20] [--profile] [--train]
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from cellfuse.nn import CellRNN
+from cellfuse.nn import CellRNN, stacks
 
 
 def times(fn, calls: int) -> tuple[float, float]:
@@ -58,6 +60,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--calls", type=int, default=20)
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--train", action="store_true")
     args = p.parse_args()
     torch.manual_seed(0)
     rnn = CellRNN("lstm", 512, 512, 1, seed=1).cuda()
@@ -84,6 +87,26 @@ def main() -> None:
     rnn(xg, lengths=lengths)[0].sum().backward()
     event, host = times(lambda: call(lengths), args.calls)
     print(f"lengths on the CPU, after a training call: {event:.3f} ms, host {host:.3f} ms ({kept()})")
+    if args.train:
+        trained(rnn, xg, lengths, args.calls)
+
+
+def trained(rnn, xg, lengths, calls: int) -> None:
+    """Training steps' times in turns: padded, lengths by the zeroing kernel, lengths by torch's ops."""
+    kernels = stacks.rows_kernels
+
+    def step(given, by_torch: bool = False) -> None:
+        stacks.rows_kernels = (lambda t, count: None) if by_torch else kernels
+        try:
+            y, _ = rnn(xg) if given is None else rnn(xg, lengths=given)
+            y.square().mean().backward()
+        finally:
+            stacks.rows_kernels = kernels
+    for turn in range(3):
+        for name, fn in (("padded", lambda: step(None)), ("lengths, the kernel", lambda: step(lengths)),
+                         ("lengths, torch's ops", lambda: step(lengths, True))):
+            event, host = times(fn, calls)
+            print(f"training step, turn {turn + 1}, {name}: {event:.3f} ms, host {host:.3f} ms", flush=True)
 
 
 if __name__ == "__main__":
