@@ -83,7 +83,8 @@ def lengths_applied(x: torch.Tensor, lengths: torch.Tensor, layers: int, hidden:
         kernels = rows_kernels(x, x.shape[1])
         if kernels is not None and kernels[1] is not None:
             stream = torch._C._cuda_getCurrentRawStream(x.get_device())
-            if torch.is_grad_enabled() and x.requires_grad:
+            # (where every row is T long, x as it is: its gradient flows to x as it is)
+            if torch.is_grad_enabled() and x.requires_grad and int(lengths.min()) < x.shape[0]:
                 zeroed, steps = _Zeroed.apply(x, lengths, kernels[1], layers, hidden, stream)
                 return zeroed, steps, lengths
             done = kernels[1].zeroed(x, lengths, hidden, layers, stream)
@@ -110,13 +111,17 @@ class _Zeroed(torch.autograd.Function):
         done = rows.zeroed(x, lengths, hidden, layers, stream)
         if done is None:  # (lengths it turns down, say: torch's ops check them)
             done = _by_torch(x, lengths, layers, hidden)[:2]
-        ctx.rows, ctx.lengths = rows, lengths
+        # (a copy: the caller's lengths may change in place before the backward pass)
+        ctx.rows, ctx.lengths = rows, lengths.clone()
         ctx.mark_non_differentiable(done[1])
+        ctx.set_materialize_grads(False)  # (the steps-left state's gradient: none, not zeros made)
         return done
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dx, _dsteps):
+        if dx is None:
+            return None, None, None, None, None, None
         stream = torch._C._cuda_getCurrentRawStream(dx.get_device())
         done = ctx.rows.zeroed(dx, ctx.lengths, 1, 0, stream)
         if done is None:  # (a gradient of other strides, say)

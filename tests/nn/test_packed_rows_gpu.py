@@ -108,22 +108,35 @@ def test_the_zeroing_kernel_zeroes_the_padding_and_makes_the_steps_left_state_as
 
 
 @pytest.mark.parametrize("lengths", [[6, 2, 4], [6, 6, 6]])
-def test_an_x_that_needs_a_gradient_gets_none_in_its_padding_by_the_kernel_as_by_torchs_ops(cuda, lengths):
-    """Through the kernel's autograd node: the zeroed x and its gradient (a contiguous one, zeroed by the
-    kernel; one of stride 0, which it turns down, by torch's ops) as torch's ops give them."""
+def test_an_x_that_needs_a_gradient_gets_none_in_its_padding_by_the_kernel_as_by_torchs_ops(cuda, lengths,
+                                                                                           monkeypatch):
+    """Through the kernel's autograd node: the zeroed x and its gradient (a contiguous one zeroed by the
+    kernel; one of stride 0, which it turns down, by torch's ops) as torch's ops give them; rows all T
+    long, x itself, with no node."""
+    full = lengths == [6] * 3
     lengths = torch.tensor(lengths)
     w = torch.randn(6, 3, 4, device=cuda)
-    for loss in (lambda z: (z * w).sum(), lambda z: z.sum()):
+    by_torch, torchs = [], stacks._by_torch
+
+    def spied(*args):
+        by_torch.append(args[0].shape)
+        return torchs(*args)
+    for loss, backward_by_torch in ((lambda z: (z * w).sum(), False), (lambda z: z.sum(), not full)):
         grads = []
         for kernel in (True, False):
             x = torch.randn(6, 3, 4, generator=torch.Generator().manual_seed(0)).to(cuda).requires_grad_()
             if kernel:
+                monkeypatch.setattr(stacks, "_by_torch", spied)
                 zeroed, steps, _ = stacks.lengths_applied(x, lengths, 2, 5)
-                assert type(zeroed.grad_fn).__name__ == "_ZeroedBackward"
+                assert zeroed is x if full else type(zeroed.grad_fn).__name__ == "_ZeroedBackward"
+                loss(zeroed).backward()
+                monkeypatch.setattr(stacks, "_by_torch", torchs)
+                assert len(by_torch) == backward_by_torch
+                by_torch.clear()
             else:
                 zeroed, steps, _ = stacks._by_torch(x, lengths, 2, 5)
+                loss(zeroed).backward()
             assert not steps.requires_grad
-            loss(zeroed).backward()
             grads.append((zeroed.detach(), steps, x.grad))
         for got, want in zip(*grads, strict=True):
             assert torch.equal(got, want)
@@ -391,7 +404,10 @@ def test_a_cellrnns_training_calls_with_lengths_give_a_packed_sequences_gradient
         x = x.clone()
         x[ended] = float("nan")
         given = (x.transpose(0, 1) if batch_first else x).detach().requires_grad_()
+        kept = rnn._quick_lengths
         y, _ = rnn(given, lengths=lengths)
+        if seed:  # (made by the kept call: the whole path would have kept a new one)
+            assert rnn._quick_lengths is kept is not None
         y.square().sum().backward()
         grads = [p.grad.clone() for p in rnn.parameters()]
         rnn.zero_grad()
