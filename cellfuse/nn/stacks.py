@@ -83,8 +83,10 @@ def lengths_applied(x: torch.Tensor, lengths: torch.Tensor, layers: int, hidden:
         kernels = rows_kernels(x, x.shape[1])
         if kernels is not None and kernels[1] is not None:
             stream = torch._C._cuda_getCurrentRawStream(x.get_device())
-            # (where every row is T long, x as it is: its gradient flows to x as it is)
-            if torch.is_grad_enabled() and x.requires_grad and int(lengths.min()) < x.shape[0]:
+            # (where every row is T long, x as it is: its gradient flows to x as it is; lengths of another
+            # shape go to the kernel's C++, which turns them down, and check_lengths says why)
+            if (torch.is_grad_enabled() and x.requires_grad and lengths.shape == (x.shape[1],)
+                    and int(lengths.min()) < x.shape[0]):
                 zeroed, steps = _Zeroed.apply(x, lengths, kernels[1], layers, hidden, stream)
                 return zeroed, steps, lengths
             done = kernels[1].zeroed(x, lengths, hidden, layers, stream)

@@ -15,14 +15,14 @@ from cellfuse.nn import stacks
 
 class FakeRows:
     """Rows.zeroed by torch's ops: x itself where every row is T long; None for a gradient whose rows are
-    not contiguous, as the C++ answers; each call recorded."""
+    not contiguous and for lengths not one a row, as the C++ answers; each call recorded."""
 
     def __init__(self):
         self.calls: list[tuple[list[int], int]] = []
 
     def zeroed(self, x, lengths, hidden, layers, stream):
         self.calls.append((lengths.tolist(), layers))
-        if x.stride(2) != 1:
+        if x.stride(2) != 1 or lengths.shape != (x.shape[1],):
             return None
         steps = stacks.steps_left(lengths, layers, x, hidden) if layers else None
         if int(lengths.min()) == x.shape[0]:
@@ -62,3 +62,14 @@ def test_lengths_the_kernel_turns_down_are_checked_by_torchs_ops(rows, monkeypat
     monkeypatch.setattr(rows, "zeroed", lambda *args: None)
     with pytest.raises(CellError, match="lengths must be from 1 to the sequence's length 4"):
         stacks._Zeroed.apply(torch.randn(4, 3, 2, requires_grad=True), torch.tensor([5, 1, 1]), rows, 1, 2, 0)
+
+
+def test_lengths_of_another_shape_for_an_x_that_needs_a_gradient_are_refused_by_name(rows, monkeypatch):
+    """lengths_applied reads no reduction of lengths it cannot use (none at all: torch would raise its own
+    error), and the kernel's refusal leaves them to check_lengths."""
+    monkeypatch.setattr(stacks, "rows_kernels", lambda x, count: (None, rows))
+    x = torch.randn(4, 3, 2, requires_grad=True)
+    monkeypatch.setattr(torch.Tensor, "is_cuda", property(lambda t: True))
+    for given in (torch.tensor([], dtype=torch.long), torch.tensor([4, 1])):
+        with pytest.raises(CellError, match="expected \\[3\\] \\(one per batch row\\)"):
+            stacks.lengths_applied(x, given, 1, 2)
