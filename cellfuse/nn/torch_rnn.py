@@ -380,7 +380,7 @@ class _TorchRNN(torch.nn.Module):
                 self._quick_packed = None
         steps = None if packed is None else packed.steps
         if fused:
-            params = self._fused_params()
+            params = first = self._fused_params()
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
                                    self.schedule, lengths, steps=steps)
             if not tracing and not unbatched:  # (see quick_call)
@@ -394,12 +394,12 @@ class _TorchRNN(torch.nn.Module):
                                                           self.hidden_size, self.num_layers,
                                                           ops.DEFAULT_FLOAT32, cast)
         else:
+            first = self._layer_params(0, False)
             y, finals = stacks.layer_by_layer(
                 x, initial, self._layer_params, self.num_layers, self.bidirectional, self.dropout,
                 self.training, self._cell_text, self.hidden_size, self.schedule, lengths, steps=steps,
                 kept=None if tracing else self._kept_layers)
         if not tracing:  # (as CellRNN's: whether the first call of the ops saved, by its parameters)
-            first = self._fused_params() if fused else self._layer_params(0, False)
             self._recent.saw(x, lengths is not None, not fused, stacks.saves(x, initial, first))
         if unbatched:
             y, finals = y.squeeze(1), [f.squeeze(1) for f in finals]

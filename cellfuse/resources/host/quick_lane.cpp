@@ -150,6 +150,24 @@ PyObject* one = nullptr;
 
 bool is_tensor(PyObject* o) { return THPVariable_CheckExact(o); }
 
+// a stream's handle given as a Python int: false (a Python error set) where it is not one
+bool stream_arg(PyObject* o, uint64_t& out) {
+  out = PyLong_AsUnsignedLongLong(o);
+  return !(out == (uint64_t)-1 && PyErr_Occurred());
+}
+
+// what `make` answers, or None where it throws (out of memory, say: Python's path then raises it as torch
+// does; where the exception was a Python error's, that error cleared)
+template <class Make>
+PyObject* none_where_it_throws(Make make) {
+  try {
+    return make();
+  } catch (const std::exception&) {
+    PyErr_Clear();
+    Py_RETURN_NONE;
+  }
+}
+
 // memory from torch's caching allocator, on the current stream
 at::Tensor empty(c10::IntArrayRef shape, c10::ScalarType dtype, c10::Device device) {
   return at::_ops::empty_memory_format::call(c10::fromIntArrayRefSlow(shape), dtype, std::nullopt, device,
@@ -442,14 +460,10 @@ PyObject* lane_vectorcall(PyObject* self, PyObject* const* args, size_t nargsf, 
     PyErr_SetString(PyExc_TypeError, "a lane is called as lane(x, params, states or None, stream)");
     return nullptr;
   }
-  uint64_t stream = PyLong_AsUnsignedLongLong(args[3]);
-  if (stream == (uint64_t)-1 && PyErr_Occurred()) return nullptr;
-  try {
-    return call(reinterpret_cast<Lane*>(self), args[0], args[1], args[2], stream);
-  } catch (const std::exception&) {  // (out of memory, say: Python's call raises it as torch does)
-    PyErr_Clear();  // (where the exception was a Python error's)
-    Py_RETURN_NONE;
-  }
+  uint64_t stream;
+  if (!stream_arg(args[3], stream)) return nullptr;
+  return none_where_it_throws(
+      [&] { return call(reinterpret_cast<Lane*>(self), args[0], args[1], args[2], stream); });
 }
 
 uint64_t as_u64(PyObject* o) { return PyLong_AsUnsignedLongLong(o); }
@@ -591,14 +605,10 @@ PyObject* lane_packed(PyObject* o, PyObject* const* args, Py_ssize_t n) {
     PyErr_SetString(PyExc_TypeError, "packed(data, batch_sizes, params, stream)");
     return nullptr;
   }
-  uint64_t stream = PyLong_AsUnsignedLongLong(args[3]);
-  if (stream == (uint64_t)-1 && PyErr_Occurred()) return nullptr;
-  try {
-    return packed_call(*reinterpret_cast<Lane*>(o)->core, args[0], args[1], args[2], stream);
-  } catch (const std::exception&) {  // (as lane_vectorcall)
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
+  uint64_t stream;
+  if (!stream_arg(args[3], stream)) return nullptr;
+  return none_where_it_throws(
+      [&] { return packed_call(*reinterpret_cast<Lane*>(o)->core, args[0], args[1], args[2], stream); });
 }
 
 PyObject* lane_current(PyObject* o, PyObject*) {
@@ -799,14 +809,11 @@ PyObject* rows_padded_method(PyObject* o, PyObject* const* args, Py_ssize_t n) {
   }
   int64_t steps, hidden, state_layers;
   if (!int_arg(args[2], steps) || !int_arg(args[3], hidden) || !int_arg(args[4], state_layers)) return nullptr;
-  uint64_t stream = PyLong_AsUnsignedLongLong(args[5]);
-  if (stream == (uint64_t)-1 && PyErr_Occurred()) return nullptr;
-  try {
+  uint64_t stream;
+  if (!stream_arg(args[5], stream)) return nullptr;
+  return none_where_it_throws([&] {
     return rows_padded(*reinterpret_cast<Rows*>(o)->core, args[0], args[1], steps, hidden, state_layers, stream);
-  } catch (const std::exception&) {  // (out of memory, say: Python's path raises it as torch does)
-    PyErr_Clear();  // (where the exception was a Python error's)
-    Py_RETURN_NONE;
-  }
+  });
 }
 
 PyObject* rows_packed_method(PyObject* o, PyObject* const* args, Py_ssize_t n) {
@@ -814,14 +821,10 @@ PyObject* rows_packed_method(PyObject* o, PyObject* const* args, Py_ssize_t n) {
     PyErr_SetString(PyExc_TypeError, "packed(y, batch_sizes, stream)");
     return nullptr;
   }
-  uint64_t stream = PyLong_AsUnsignedLongLong(args[2]);
-  if (stream == (uint64_t)-1 && PyErr_Occurred()) return nullptr;
-  try {
-    return rows_packed(*reinterpret_cast<Rows*>(o)->core, args[0], args[1], stream);
-  } catch (const std::exception&) {  // (as padded)
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
+  uint64_t stream;
+  if (!stream_arg(args[2], stream)) return nullptr;
+  return none_where_it_throws(
+      [&] { return rows_packed(*reinterpret_cast<Rows*>(o)->core, args[0], args[1], stream); });
 }
 
 PyObject* rows_zeroed_method(PyObject* o, PyObject* const* args, Py_ssize_t n) {
@@ -831,14 +834,11 @@ PyObject* rows_zeroed_method(PyObject* o, PyObject* const* args, Py_ssize_t n) {
   }
   int64_t hidden, state_layers;
   if (!int_arg(args[2], hidden) || !int_arg(args[3], state_layers)) return nullptr;
-  uint64_t stream = PyLong_AsUnsignedLongLong(args[4]);
-  if (stream == (uint64_t)-1 && PyErr_Occurred()) return nullptr;
-  try {
+  uint64_t stream;
+  if (!stream_arg(args[4], stream)) return nullptr;
+  return none_where_it_throws([&] {
     return rows_zeroed(*reinterpret_cast<Rows*>(o)->core, args[0], args[1], hidden, state_layers, stream);
-  } catch (const std::exception&) {  // (as padded)
-    PyErr_Clear();
-    Py_RETURN_NONE;
-  }
+  });
 }
 
 const char* rows_kwlist[] = {"device", "itemsize", "unpack", "pack", "zero", "capacity", "max_grid",
