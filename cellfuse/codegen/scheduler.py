@@ -40,6 +40,7 @@ from ..graph_model.limits import MAX_LAYERS
 from ..graph_model.ops import OPS
 from ..graph_model.params import check_widths
 from ..graph_model.validate import ONE, ROW, check_count
+from .gemm_routes import on_tensor_cores
 from .persistent import persistent_launch
 from .plan import (
     H100,
@@ -69,9 +70,10 @@ PRO, STEP = "pro", "step"  # the phases: once before the time loop, and in every
 class _Step:
     """What the passes know of the cell's step, and what they have decided so far."""
 
-    def __init__(self, cell: Cell, info: CellInfo, precision: str):
+    def __init__(self, cell: Cell, info: CellInfo, precision: str, sizes: Sizes, hoisted_rows: int):
         self.cell, self.order, self.shapes = cell, info.order, info.shapes
-        self.precision = precision
+        self.precision, self.sizes = precision, sizes
+        self.hoisted_rows = hoisted_rows  # the rows of a hoisted GEMM's launch (a chunk's, or all steps')
         self.nodes: dict[str, Node] = cell.by_id()
         self.spec = {n: OPS[self.nodes[n].op] for n in self.order}
         self.consumers: dict[str, list[str]] = {n: [] for n in self.order}
@@ -99,6 +101,17 @@ class _Step:
     @property
     def group_of(self) -> dict[str, GemmGroup]:
         return {m: g for g in self.groups for m in g.matmuls}
+
+    def on_tensor_cores(self, g: GemmGroup) -> bool:
+        """Whether a hoisted GEMM runs on tensor cores with float32's accuracy (gemm_routes) in some
+        layer: x is the input's width wide in the first, the hidden width above."""
+        s = self.sizes
+        for x_width in {s.input, s.hidden} if s.layers > 1 else {s.input}:
+            dims = {"input": x_width, "hidden": s.hidden, ONE: 1, "": 1}
+            if on_tensor_cores(self.hoisted_rows, sum(dims[d] for d in g.n_dims),
+                               dims[self.shapes[g.left][-1]]):
+                return True
+        return False
 
 
 Pass = Callable[[_Step], None]
@@ -142,12 +155,16 @@ def fold_biases(st: _Step) -> None:
     Not in a 16-bit plan: its GEMMs (cublasGemmEx) cannot add a bias as they write, so a folded one
     costs a pass writing the bias into every row and the GEMM reading them back (the GRU's input GEMM at
     B=64 in bf16: 0.096 ms against 0.035 alone, benchmarks/probes/folded_bias_probe.py), where the fused
-    kernel that reads the GEMM's output adds it for nothing. float32's GEMMs on tensor cores add it in
-    the pass that undoes their scales, or in the warpgroup GEMM's epilogue."""
+    kernel that reads the GEMM's output adds it for nothing. Nor where a float32 GEMM runs on tensor
+    cores at the plan's sizes: its pass after the GEMM would add the bias, reading and writing all of C,
+    where with one scale per operand it otherwise returns at once (gemm_splits.cuh; the LSTM, which
+    folds none, lost that pass's 42 us at B=64 on an H200:
+    docs/results/2026-12-02-d-one-scale-per-operand.md; the GRU's three input biases added in its step
+    instead: forward 5% faster at B=64 and 256, docs/results/2026-12-02-g-input-biases-in-the-step.md)."""
     if st.precision != "fp32":
         return
     for g in st.groups:
-        if not g.hoisted:
+        if not g.hoisted or st.on_tensor_cores(g):
             continue
         for m in g.matmuls:
             if len(st.consumers[m]) != 1 or m in st.targets:
@@ -544,7 +561,9 @@ def make_plan(cell: Cell, sizes: Sizes, schedule: str, target: Target = H100,
     _check_plan_sizes(sizes)
     info = require_valid(cell)
     check_widths(sizes, cell, info)
-    st = _Step(cell, info, precision)
+    # (a hoisted GEMM's launch: all steps' rows where the loop is one persistent launch, else a chunk's)
+    hoisted_rows = sizes.batch * (sizes.seq if rung.persistent else min(sizes.seq, HOIST_CHUNK_STEPS))
+    st = _Step(cell, info, precision, sizes, hoisted_rows)
     for run_pass in rung.passes:
         run_pass(st)
     H = sizes.hidden

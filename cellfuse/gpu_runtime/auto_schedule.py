@@ -66,8 +66,9 @@ REPEATS = 10  # timed runs of each candidate: the choice, not a published number
 # operand rounded by its writer; version 23's 16-bit GEMMs on tensor cores keep fragments of W in
 # registers, version 24's in up to 96 of them; version 25's 16-bit plans add their input biases in the
 # step's kernel, and their persistent reverse loops read the gates' gradient in 16 bits; version 26's 16-bit
-# GEMMs outside the loop multiply a 16-bit copy of a float32 operand) is measured again.
-RUNGS_VERSION = 26
+# GEMMs outside the loop multiply a 16-bit copy of a float32 operand; version 27's float32 GEMMs outside
+# the loop on tensor cores leave their biases to the step's kernel) is measured again.
+RUNGS_VERSION = 27
 
 
 @dataclass(frozen=True)

@@ -266,12 +266,14 @@ def test_a_gemm_after_one_of_the_same_w_on_tensor_cores_reads_its_w_region(cell,
 
 
 def test_the_drop_in_lstms_weight_gradients_share_w_across_its_biases_column_sums():
-    """torch's LSTM has a bias in each GEMM: each weight's gradient is followed by its bias's column sum
-    (cuBLAS's float32 GEMM, no split copies), which leaves W's region as it is."""
+    """torch's LSTM has a bias in each GEMM: under `graph` its input GEMM runs in chunks of 640 rows on
+    CUDA cores and adds the bias (folded), and its weights' gradient, over all 6400 rows on tensor cores,
+    is followed by the bias's column sum (cuBLAS's float32 GEMM, no split copies), which leaves W's region
+    as it is."""
     from cellfuse.codegen.backward_plan import backward_plan
     from cellfuse.nn.torch_rnn import torch_cell
 
-    plan = make_plan(torch_cell("lstm"), Sizes(100, 64, 512, 512), "tensor", save_steps=True)
+    plan = make_plan(torch_cell("lstm"), Sizes(100, 64, 512, 512), "graph", save_steps=True)
     instructions = backward_plan(plan).without_input_grad().instructions()
     groups = [i.launch.group for i in instructions if isinstance(i, Gemm)]
     assert groups.index("gemm1 dW") > groups.index("gemm0 dbias") > groups.index("gemm0 dW")

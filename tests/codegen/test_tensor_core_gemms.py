@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from f16x3_pieces import f16x3_pieces, f16x3_scale
 
 from cellfuse.codegen import generate_cuda, make_plan
@@ -140,6 +141,26 @@ def test_a_gemm_that_accumulates_sums_into_its_workspace_first():
         assert (lay.a.per_column, int(lay.a.scales)) == (g.trans_a, gemm.rows)
         # its pass has work for certain (C to add onto): a thread per 4 columns of every row of C
         assert int(f16x3_steps(g, gemm.rows, g.k)[-1].threads) == gemm.rows * -(-g.n // 4)
+
+
+@pytest.mark.parametrize("schedule, batch, layers, folded", [
+    ("tensor", 8, 1, True),  # 800 rows: cuBLAS's float32 GEMM, which adds the bias by beta = 1
+    ("tensor", 64, 1, False),  # 6400 rows on tensor cores
+    ("graph", 64, 1, True),  # chunks of 640 rows beside the loop
+    ("graph", 256, 1, False),  # chunks of 2560 rows, on tensor cores
+    ("tensor", 8, 2, True),
+    ("persistent", 64, 2, False),
+])
+def test_a_bias_folds_into_a_hoisted_gemm_only_where_that_runs_on_cuda_cores(schedule, batch, layers, folded):
+    """The GRU's input biases are added by its hoisted GEMM where cuBLAS's float32 GEMM runs it; where it
+    runs on tensor cores they are left to the fused kernel that reads its output, so that the pass after
+    the GEMM has nothing to do (gemm_splits.cuh), as for the LSTM, whose biases never fold."""
+    plan = make_plan(load_template("gru"), Sizes(100, batch, 512, 512, layers), schedule)
+    hoisted = next(g for g in plan.groups if g.hoisted)
+    assert bool(hoisted.folded) == folded
+    routes = {i.route for i in lower(plan).instructions if getattr(i, "launch", None) is not None
+              and getattr(i.launch, "group", "") == hoisted.name}
+    assert routes and routes <= ({"float32"} if folded else {"f16x3", "f16x3-or-wgmma"})
 
 
 def test_each_operand_is_measured_before_it_is_split_and_as_splits_write_the_gemms_alpha():
