@@ -5,10 +5,11 @@ trace of the same calls, when each piece of GPU work started and ended, in micro
 start; with --train, the loss, backward() and the backward passes' stages too. Each call is made right
 after the device was synchronised, as the drop-in benchmark times them.
 LSTM, input = hidden = 512, T=100, lengths uniform in 10..100, under torch.no_grad(); with --train, a
-training step instead (the call, then backward() of its output's sum of squares).
+training step instead (the call, then backward() of its output's sum of squares); --layers and
+--bidirectional as torch.nn.LSTM's, --schedule as the drop-in's (default auto).
 
     python3 benchmarks/probes/dropin_packed_timeline.py [--batch 64] [--calls 50] [--train] [--trace OUT.json]
-        [--profile]
+        [--profile] [--layers 1] [--bidirectional] [--schedule auto]
 
 With --profile, cProfile over the calls of each (queued back to back, no synchronisation between them),
 its functions by their own time and by their cumulative time, before the timelines.
@@ -51,6 +52,7 @@ def _instrument() -> None:
     _stamped(packed_sequences.Unpacked, "pad", "pad")
     _stamped(packed_sequences._Rows, "padded", "the padding kernel")
     _stamped(stacks, "steps_left", "steps left")
+    _stamped(stacks, "layer_by_layer", "layer by layer")
     _stamped(ops, "run", "ops.run")
     _stamped(CudaRunner, "_forward", "runner._forward")
     _stamped(StreamProgram, "run", "program.run")
@@ -146,17 +148,21 @@ def main() -> None:
     p.add_argument("--train", action="store_true", help="time training steps, not inference calls")
     p.add_argument("--trace", default=None, help="where to write the packed calls' chrome trace")
     p.add_argument("--profile", action="store_true", help="cProfile the calls first (see the docstring)")
+    p.add_argument("--layers", type=int, default=1)
+    p.add_argument("--bidirectional", action="store_true")
+    p.add_argument("--schedule", default="auto")
     args = p.parse_args()
     B = args.batch
     torch.manual_seed(0)
-    rnn = LSTM(512, 512).cuda()
+    rnn = LSTM(512, 512, args.layers, bidirectional=args.bidirectional, schedule=args.schedule).cuda()
     x = torch.randn(100, B, 512, device="cuda")
     lengths = torch.randint(10, 101, (B,), generator=torch.Generator().manual_seed(0))
     packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
     for _ in range(20):
         _call(rnn, packed, args.train), _call(rnn, x, args.train)
     what = "training steps" if args.train else "calls"
-    print(f"{torch.cuda.get_device_name()}; LSTM T=100 B={B} I=H=512; microseconds from the call's start, "
+    print(f"{torch.cuda.get_device_name()}; LSTM T=100 B={B} I=H=512, {args.layers} layer(s), "
+          f"{2 if args.bidirectional else 1} direction(s); microseconds from the call's start, "
           f"medians of {args.calls} {what} each after a synchronisation")
     if args.profile:
         for name, given in (("padded", x), ("packed", packed)):
