@@ -92,15 +92,16 @@ def kept_packed_call(unpacked, ran: torch.Tensor, layout: tuple, params: Sequenc
 
 def kept_lengths_call(x: torch.Tensor, layout: tuple, params: Sequence[torch.Tensor],
                       zeros: Sequence[torch.Tensor], steps: torch.Tensor, cell: str, hidden: int, layers: int,
-                      float32: str, cast: torch.dtype | None = None) -> QuickCall | None:
+                      float32: str, cast: torch.dtype | None = None, direction: int = FORWARD
+                      ) -> QuickCall | None:
     """kept_call of a call of rows of their own lengths just made in one call of the ops (`x`: as the ops
     ran it, time first, its padding zeroed, in `cast` where torch.autocast cast it: a call like it gives
     its x before the cast, as the whole path takes it; `steps`: the call's steps-left state; `cell` and
     `float32` as the module gives them: the call ran the cell that runs each row to its own length). A call
     like it gives its own lengths' steps-left state to QuickCall.lengths, after the state given or the
-    zeros kept here."""
+    zeros kept here; `direction` as kept_call's."""
     return kept_call(x, x, time_first(layout), params, [*zeros, steps], ops.masked_text(cell), hidden, layers,
-                     ops.masked_float32(float32), cast=cast)
+                     ops.masked_float32(float32), cast=cast, direction=direction)
 
 
 def time_first(layout: tuple) -> tuple:
@@ -269,38 +270,52 @@ class KeptLayers:
     module's zeros), through its runner's C++ lane once a run of it replayed, as a layer of one call is
     (a bidirectional layer's forward call spent 0.87 ms on the host at B=64 on an H200, each direction
     through the whole path, and 0.24 with these:
-    docs/results/2026-11-29-kept-directions-and-the-step-profile.md). A call with gradients to follow, or
-    of sequences of their own lengths, takes the whole path."""
+    docs/results/2026-11-29-kept-directions-and-the-step-profile.md). A call of sequences of their own
+    lengths is kept apart from a plain one, as kept_lengths_call keeps CellRNN's, a call like it giving its
+    own steps-left state (a bidirectional PackedSequence's call through the whole path started its second
+    direction 0.3 to 0.4 ms after the first:
+    docs/results/2026-12-02-h-a-bidirectional-packed-calls-timeline.md). A call with gradients to follow
+    takes the whole path."""
 
     def __init__(self, zeros: Zeros):
         """`zeros`: the module's kept zeros, from which the kept calls take theirs (a CUDA graph the user
         captures over a kept call reads zeros of its own instead: see CudaRunner._state_in)."""
-        self._calls: dict[tuple[int, int], QuickCall] = {}
+        # (layer, the ops' direction, whether its rows have lengths of their own) -> its kept call
+        self._calls: dict[tuple[int, int, bool], QuickCall] = {}
         self._zeros = zeros
 
     def __call__(self, layer: int, direction: int, x: torch.Tensor, params: Sequence[torch.Tensor],
-                 states: Sequence[torch.Tensor] | None, schedule: str
+                 states: Sequence[torch.Tensor] | None, schedule: str, steps: torch.Tensor | None = None
                  ) -> tuple[torch.Tensor, list[torch.Tensor]] | None:
         """y and the final states of a call like the kept one of the layer and direction (x time first;
-        `states`: every initial state, or None for zeros), or None where there is none like it."""
-        quick = self._calls.get((layer, direction))
-        return None if quick is None else quick(x, (schedule, False), params, states)
+        `states`: every initial state, or None for zeros; `steps`: the steps-left state of rows of their own
+        lengths, x's padding zeroed), or None where there is none like it."""
+        quick = self._calls.get((layer, direction, steps is not None))
+        if quick is None:
+            return None
+        if steps is None:
+            return quick(x, (schedule, False), params, states)
+        return quick.lengths(x, (schedule, False), params, states, steps)
 
     def keep(self, layer: int, direction: int, x: torch.Tensor, params: Sequence[torch.Tensor], states: int,
-             cell: str, hidden: int, schedule: str, float32: str) -> None:
-        """The call just made by the whole path of the layer and direction (of `states` initial states)
-        kept for the next, where it was an inference call on a GPU, not under a CUDA graph's capture
-        (zeros made then would be filled only by the graph's replays); the one kept before dropped where
-        not. So is the layer's kept call of the same direction run the other way (side by side, or not:
-        `auto` may choose either for a size), which no call like this one will make."""
+             cell: str, hidden: int, schedule: str, float32: str, steps: torch.Tensor | None = None) -> None:
+        """The call just made by the whole path of the layer and direction (of `states` initial states;
+        `steps`: as __call__'s) kept for the next, where it was an inference call on a GPU, not under a CUDA
+        graph's capture (zeros made then would be filled only by the graph's replays); the one kept before
+        dropped where not. So is the layer's kept call of the same direction run the other way (side by
+        side, or not: `auto` may choose either for a size), which no call like this one will make."""
         reverse, beside = direction in (REVERSE, REVERSE_BESIDE), direction >= FORWARD_BESIDE
-        self._calls.pop((layer, direction_of(reverse, not beside)), None)
+        lengths = steps is not None
+        self._calls.pop((layer, direction_of(reverse, not beside), lengths), None)
         quick = None
         if layer_call_keepable(x):
             zeros = [self._zeros((1, x.shape[1], hidden), x.dtype, x.device)] * states
-            quick = kept_call(x, x, (schedule, False), params, zeros, cell, hidden, 1, float32,
-                              direction=direction)
+            layout = (schedule, False)
+            quick = (kept_call(x, x, layout, params, zeros, cell, hidden, 1, float32, direction=direction)
+                     if steps is None else
+                     kept_lengths_call(x, layout, params, zeros, steps, cell, hidden, 1, float32,
+                                       direction=direction))
         if quick is None:
-            self._calls.pop((layer, direction), None)
+            self._calls.pop((layer, direction, lengths), None)
         else:
-            self._calls[layer, direction] = quick
+            self._calls[layer, direction, lengths] = quick

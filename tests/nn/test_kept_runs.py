@@ -456,6 +456,47 @@ def test_calls_of_rows_of_their_own_lengths_are_made_by_the_lane(cuda, monkeypat
         torch.testing.assert_close(finals[s], want_finals[s], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("schedule", ["tensor", "persistent"])
+def test_a_bidirectional_stacks_packed_calls_are_made_by_their_lanes(cuda, monkeypatch, schedule):
+    """A bidirectional stack's call of a PackedSequence keeps each layer's and direction's call of rows of
+    their own lengths (quick_call.KeptLayers): once the calls' memory settles at addresses whose runs were
+    captured, within CALLS_TO_SETTLE calls, the calls like it, each of other lengths, are made by the
+    lanes (none reaches the runner), with the whole path's results to the bit, and torch's LSTM's within
+    float32 rounding."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    from cellfuse.nn import quick_lane
+
+    assert quick_lane.module() is not None, "the lane's C++ could not be built here"
+    batch = 24
+    lstm = LSTM(INPUT, H, 2, bidirectional=True, schedule=schedule).to(cuda)
+    torchs = torch.nn.LSTM(INPUT, H, 2, bidirectional=True).to(cuda)
+    torchs.load_state_dict(lstm.state_dict())
+    x = torch.randn(T, batch, INPUT, device=cuda)
+    g = torch.Generator().manual_seed(0)
+    entered = _runner_entries(monkeypatch)
+    with torch.no_grad():
+        calls, settled = 0, 0
+        while settled < SETTLED_CALLS:
+            assert calls < CALLS_TO_SETTLE, f"{entered[-8:]}; the kept calls: {_lanes(lstm)}"
+            lengths = torch.randint(1, T + 1, (batch,), generator=g)
+            lengths[calls % batch] = T  # (the padding as long: a shape like the last call's)
+            packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
+            before = len(entered)
+            got, (h, c) = lstm(packed)
+            calls, settled = calls + 1, 0 if len(entered) > before else settled + 1
+        assert sorted(key for key in lstm._kept_layers._calls if key[2]) == [
+            (layer, direction, True) for layer in (0, 1) for direction in
+            sorted({key[1] for key in lstm._kept_layers._calls})]
+        lstm._kept_layers._calls.clear()
+        want, (want_h, want_c) = lstm(packed)  # (the whole path)
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            theirs, (their_h, their_c) = torchs(packed)
+    for a, b in ((got.data, want.data), (h, want_h), (c, want_c)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in ((got.data, theirs.data), (h, their_h), (c, their_c)):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
 def test_the_drop_in_gru_calls_through_the_lane(cuda, monkeypatch):
     from cellfuse.nn import GRU
 

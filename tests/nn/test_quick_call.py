@@ -358,8 +358,8 @@ def test_a_bidirectional_layers_directions_are_kept_each_and_give_the_whole_path
         kept_on_the_cpu, monkeypatch, make):
     """Each direction of each layer of a bidirectional stack keeps its inference call: the next call like
     it goes to its runner (the reverse direction with x reversed in time) without the whole path, over
-    zeros of its own or the states given, with the whole path's results; a call with gradients to follow,
-    or with lengths, takes the whole path."""
+    zeros of its own or the states given, with the whole path's results; a call with gradients to follow
+    takes the whole path (one of rows of their own lengths is kept apart: the test below)."""
     torch.manual_seed(0)
     rnn = (CellRNN("lstm", 6, 5, 2, bidirectional=True, seed=2) if make == "cellrnn"
            else LSTM(6, 5, 2, bidirectional=True)).double()
@@ -399,12 +399,57 @@ def test_a_bidirectional_layers_directions_are_kept_each_and_give_the_whole_path
     entered.clear()
     call()[0].sum().backward()  # gradients to follow: the whole path, and nothing kept
     assert len(entered) == 4 and not rnn._kept_layers._calls
-    if make == "cellrnn":
-        with torch.no_grad():
-            call()
-            entered.clear()
-            call(lengths=[4, 2, 3])
-        assert len(entered) == 4  # each row to its own length: the whole path
+
+
+@pytest.mark.parametrize("make", ["cellrnn", "cellrnn packed", "drop-in packed"])
+def test_a_bidirectional_layers_calls_of_rows_of_their_own_lengths_are_kept_apart(
+        kept_on_the_cpu, monkeypatch, make):
+    """A bidirectional stack's inference call of rows of their own lengths (CellRNN's `lengths=`, or a
+    PackedSequence) keeps each layer's and direction's call apart from its plain one: the next call like
+    it, of other lengths, goes to the kept runners (the cell that runs each row to its own length) with
+    its own steps-left state after the zeros or the states given, without the whole path, with the whole
+    path's results; a plain call keeps its own, and neither drops the other."""
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    torch.manual_seed(0)
+    rnn = (LSTM(6, 5, 2, bidirectional=True) if make == "drop-in packed"
+           else CellRNN("lstm", 6, 5, 2, bidirectional=True, seed=2)).double()
+    x = torch.randn(5, 3, 6, dtype=torch.float64)
+    entered, whole = [], stacks.run
+    monkeypatch.setattr(stacks, "run", lambda *a, **k: entered.append(1) or whole(*a, **k))
+
+    def call(lengths=None, states=None):
+        given = x if lengths is None or make == "cellrnn" else pack_padded_sequence(
+            x, torch.tensor(lengths), enforce_sorted=False)
+        if make == "drop-in packed":
+            y, (h, c) = rnn(given, None if states is None else (states["h"], states["c"]))
+            finals = [h, c]
+        else:
+            y, by_id = rnn(given, states, lengths) if make == "cellrnn" else rnn(given, states)
+            finals = [by_id[s] for s in ("h", "c")]
+        return [y if lengths is None or make == "cellrnn" else y.data, *finals]
+    states = {s: torch.randn(4, 3, 5, dtype=torch.float64) for s in ("h", "c")}
+    with torch.no_grad():
+        call([4, 2, 5])
+        assert len(entered) == 4  # two layers, two directions: the whole path
+        got = call([3, 5, 1])
+        got_given = call([2, 2, 5], states)
+        assert len(entered) == 4  # of other lengths, with and without states: kept
+        call()
+        assert len(entered) == 8  # a plain call: the whole path, then kept beside the others
+        call()
+        again = call([3, 5, 1])
+        assert len(entered) == 8
+        assert sorted(k for k in kept_on_the_cpu if k[2] == 3) == [(FORWARD, 6, 3), (FORWARD, 10, 3),
+                                                                   (REVERSE, 6, 3), (REVERSE, 10, 3)]
+        wants = []
+        for lengths, given in (([3, 5, 1], None), ([2, 2, 5], states)):  # the whole path's
+            rnn._kept_layers._calls.clear()
+            wants.append(call(lengths, given))
+        want, want_given = wants
+        assert len(entered) == 16
+    for a, b in zip([*got, *got_given, *again], [*want, *want_given, *want], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_a_layers_call_kept_one_way_drops_the_same_direction_kept_the_other_way(kept_on_the_cpu):
@@ -420,11 +465,12 @@ def test_a_layers_call_kept_one_way_drops_the_same_direction_kept_the_other_way(
     with torch.no_grad():
         for direction in (FORWARD, REVERSE, REVERSE_BESIDE):
             kept.keep(0, direction, x, params, 1, cell, 3, "graph", "")
-        assert sorted(kept._calls) == [(0, FORWARD), (0, REVERSE_BESIDE)]
+        assert sorted(kept._calls) == [(0, FORWARD, False), (0, REVERSE_BESIDE, False)]
         kept.keep(1, FORWARD_BESIDE, x, params, 1, cell, 3, "graph", "")
-        assert sorted(kept._calls) == [(0, FORWARD), (0, REVERSE_BESIDE), (1, FORWARD_BESIDE)]
+        assert sorted(kept._calls) == [(0, FORWARD, False), (0, REVERSE_BESIDE, False),
+                                       (1, FORWARD_BESIDE, False)]
     kept.keep(0, FORWARD, x, params, 1, cell, 3, "graph", "")  # with gradients: not kept, and dropped
-    assert sorted(kept._calls) == [(0, REVERSE_BESIDE), (1, FORWARD_BESIDE)]
+    assert sorted(kept._calls) == [(0, REVERSE_BESIDE, False), (1, FORWARD_BESIDE, False)]
 
 
 @pytest.mark.parametrize("batch_first", [False, True])
