@@ -52,6 +52,7 @@ CASES = [  # kind, T, B, layers, bidirectional, lengths ("" = padded, all T long
     ("gru", 100, 64, 1, False, "uniform:10-100"),
     ("lstm", 100, 8, 1, False, "uniform:10-100"),
     ("lstm", 1000, 8, 1, False, "uniform:100-1000"),
+    ("lstm", 100, 64, 1, True, "uniform:10-100"),  # (last: the cases before keep their numbers)
 ]
 
 
