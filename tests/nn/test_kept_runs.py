@@ -426,6 +426,18 @@ def test_a_bidirectional_stacks_directions_are_made_by_their_lanes(cuda, monkeyp
                 torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
+def _until_settled(call, entered: list, describe):
+    """call(count) made until SETTLED_CALLS calls in a row reach no runner (`entered`: _runner_entries'),
+    within CALLS_TO_SETTLE calls (else the assertion says describe()); the last call's result."""
+    calls, settled = 0, 0
+    while settled < SETTLED_CALLS:
+        assert calls < CALLS_TO_SETTLE, describe()
+        before = len(entered)
+        out = call(calls)
+        calls, settled = calls + 1, 0 if len(entered) > before else settled + 1
+    return out
+
+
 def test_calls_of_rows_of_their_own_lengths_are_made_by_the_lane(cuda, monkeypatch):
     """A CellRNN call of rows of their own lengths is kept (quick_call.kept_lengths_call): once the calls'
     memory settles at addresses whose runs were captured, within CALLS_TO_SETTLE calls, the calls like it,
@@ -440,13 +452,11 @@ def test_calls_of_rows_of_their_own_lengths_are_made_by_the_lane(cuda, monkeypat
     g = torch.Generator().manual_seed(0)
     entered = _runner_entries(monkeypatch)
     with torch.no_grad():
-        calls, settled = 0, 0
-        while settled < SETTLED_CALLS:
-            assert calls < CALLS_TO_SETTLE, f"{entered[-8:]}; the kept call: {rnn._quick_lengths}"
+        def call(_):
             lengths = torch.randint(1, T + 1, (batch,), generator=g)
-            before = len(entered)
-            got, finals = rnn(x, lengths=lengths)
-            calls, settled = calls + 1, 0 if len(entered) > before else settled + 1
+            return lengths, rnn(x, lengths=lengths)
+        lengths, (got, finals) = _until_settled(
+            call, entered, lambda: f"{entered[-8:]}; the kept call: {rnn._quick_lengths}")
         assert rnn._quick_lengths._lane is not None
         kept, rnn._quick_lengths = rnn._quick_lengths, None
         want, want_finals = rnn(x, lengths=lengths)  # (the whole path)
@@ -476,15 +486,13 @@ def test_a_bidirectional_stacks_packed_calls_are_made_by_their_lanes(cuda, monke
     g = torch.Generator().manual_seed(0)
     entered = _runner_entries(monkeypatch)
     with torch.no_grad():
-        calls, settled = 0, 0
-        while settled < SETTLED_CALLS:
-            assert calls < CALLS_TO_SETTLE, f"{entered[-8:]}; the kept calls: {_lanes(lstm)}"
+        def call(count: int):
             lengths = torch.randint(1, T + 1, (batch,), generator=g)
-            lengths[calls % batch] = T  # (the padding as long: a shape like the last call's)
+            lengths[count % batch] = T  # (the padding as long: a shape like the last call's)
             packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
-            before = len(entered)
-            got, (h, c) = lstm(packed)
-            calls, settled = calls + 1, 0 if len(entered) > before else settled + 1
+            return packed, lstm(packed)
+        packed, (got, (h, c)) = _until_settled(
+            call, entered, lambda: f"{entered[-8:]}; the kept calls: {_lanes(lstm)}")
         assert sorted(key for key in lstm._kept_layers._calls if key[2]) == [
             (layer, direction, True) for layer in (0, 1) for direction in
             sorted({key[1] for key in lstm._kept_layers._calls})]
