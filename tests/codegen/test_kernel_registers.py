@@ -40,11 +40,12 @@ SPILLING = {"fp32": {"cf_lstm_persistent_lstm_tensor_256_512_f", "cf_gru_persist
                      "cf_gru_persistent_gru_tensor_256_512_i", "cf_gru_persistent_gru_tensor_256_512_f"}}
 # The GRU's inference kernel at B=256 on tensor cores (its three input biases added in the step: they are
 # not folded into a GEMM on tensor cores, see scheduler.fold_biases) takes 255 registers and spills 36
-# bytes or none, as written and unrolled 8 alike, by the path of the file nvcc compiles (the same source:
-# none in /tmp/a, 36 bytes in /tmp/bb; about one path in four spills); unrolled 4, 224 registers in every
-# path tried. Neither is timed against the other yet; on an H200 the GRU's forward at B=256 took 1.35 ms
-# so against 1.42 with the biases folded (docs/results/2026-12-02-g-input-biases-in-the-step.md). Such a
-# kernel may spill at most BORDERLINE_BYTES, written or fitted.
+# bytes or none from one compile to the next, as written and unrolled 8 alike: ptxas (nvcc 13) is not
+# deterministic at that edge (the same file in the same folder spilled in 1 compile of 6, on an idle
+# machine; about 1 in 4 over folders); unrolled 4, 224 registers and none in every compile tried. Neither
+# is timed against the other yet; on an H200 the GRU's forward at B=256 took 1.35 ms against 1.42 with
+# the biases folded (docs/results/2026-12-02-g-input-biases-in-the-step.md). Such a kernel may spill at
+# most BORDERLINE_BYTES, written or fitted.
 BORDERLINE = {"fp32": {"cf_gru_persistent_gru_tensor_256_512_i"}, "bf16": set()}
 BORDERLINE_BYTES = 64
 
