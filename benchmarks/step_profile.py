@@ -74,7 +74,8 @@ _NO_ROW_SCALES = [(r"const float s0 = cf_f16x3_scale\(m0\), s1 = cf_f16x3_scale\
 # where it has more than 8 iterations (kernel_cache.fitted); where nothing spills it cost 1% to 28%
 # (benchmarks/results/h200_2026-11-30_unroll_8_over_8_e25739a.txt, made with a variant that unrolled 8
 # only loops of more than 8 iterations: gemm_fma.k_loop_unroll's rule in every kernel).
-_UNROLL_8 = (r"#pragma unroll(\n\s*for \(int (?:k = ks \* \d+;|it = 0; it < \d+;))", r"#pragma unroll 8\1")
+def _unrolled(n: int) -> tuple[str, str]:
+    return r"#pragma unroll(\n\s*for \(int (?:k = ks \* \d+;|it = 0; it < \d+;))", rf"#pragma unroll {n}\1"
 # the tensor cores' products with W's fragments made from A's (in registers) instead of loaded from shared
 # memory (or kept in registers: gemm_mma.fragments): what W's loads cost
 _NO_W_LOADS = (r"const (uint[24]) (w[24]) = (?:j < \d+ \? cf_wf\d+\[j\]\[x\] : )?"
@@ -98,7 +99,11 @@ VARIANTS = {
     # what the rows' scales cost: the results the same only where every row's values lie in fp16's range
     # unscaled (an LSTM's h, in inference; "matches" says whether they did)
     "rows unscaled": _NO_ROW_SCALES,
-    "k loops unrolled 8": [_UNROLL_8],
+    "k loops unrolled 8": [_unrolled(8)],
+    # (the GRU's float32 inference kernel at B=256 on tensor cores: 255 registers, as written and unrolled
+    # 8 spilling 36 bytes or none by ptxas's chance, unrolled 4 224 and none:
+    # tests/codegen/test_kernel_registers.py)
+    "k loops unrolled 4": [_unrolled(4)],
 }
 # a variant's largest difference from the kernels' results, relative to the largest of those (or to 1)
 VARIANT_TOLERANCE = 1e-4
