@@ -225,10 +225,10 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     `auto`, only where that was measured faster than one after the other in the call's grad mode
     (ops.side_by_side), and else the reverse one after the forward one (in inference on that stream
     still: see _two_streams). `steps`: the lengths' steps-left state of one layer, where it was made
-    already (see run); `kept`: the module's kept calls of its layers and directions
-    (quick_call.KeptLayers), which make a call like the one before of each and keep the others, for all
-    sequences of the full length, and apart for rows of their own lengths given their steps-left state
-    (one for all layers and directions)."""
+    already (see run; given with lengths only); `kept`: the module's kept calls of its layers and
+    directions (quick_call.KeptLayers), which make a call like the one before of each and keep the
+    others, for all sequences of the full length, and apart for rows of their own lengths given their
+    steps-left state (one for all layers and directions)."""
     directions = (False, True) if bidirectional else (False,)
     reverse_time = _reversal(lengths, x) if bidirectional else None
     can_run_beside = bidirectional and _beside(x)
@@ -277,13 +277,12 @@ def _direction(x, initial, params_of, reverse, reverse_time, reversed_x, cell, h
     # (`is not None`: Dynamo of torch 2.11 refuses to branch on a function's truth while tracing)
     x = reverse_time(x) if reverse_time is not None and not reversed_x else x
     params = params_of(layer, reverse)
-    masked = steps if lengths is not None else None  # (the kept calls of rows of their own lengths take it)
     done = None if kept is None else kept(layer, direction, x, params, None if zeros else initial, schedule,
-                                          masked)
+                                          steps)
     if done is None:
         done = run(x, initial, params, cell, hidden, 1, schedule, lengths, direction, float32, steps)
         if kept is not None:
-            kept.keep(layer, direction, x, params, len(initial), cell, hidden, schedule, float32, masked)
+            kept.keep(layer, direction, x, params, len(initial), cell, hidden, schedule, float32, steps)
     y, last = done
     return (reverse_time(y) if reverse_time is not None else y), last
 
