@@ -27,6 +27,12 @@ what a training loop that captures its step pays, without the host's share.
 
     python3 benchmarks/dropin_vs_torch.py --hidden 128 --input 128 --seq 20 --batch 32 --cases 0,1 \
         --graph --out /tmp/dropin_small.json
+
+With --fresh-lengths N, each call of a case with lengths takes the next of N PackedSequences of the same x,
+each of lengths drawn anew (made before, in turn), as a loop over a dataset gives each batch lengths of its
+own, where by default every call is given the same one: a drop-in's memory then comes back at the same
+addresses call after call, which its kept calls' captured runs want (nn.quick_call), and batches of other
+lengths may not give it that. The check is of the first.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ import json
 import platform
 import statistics
 import time
+from functools import partial
+from itertools import cycle
 from pathlib import Path
 
 import torch
@@ -87,6 +95,9 @@ def main() -> None:
     p.add_argument("--batch", type=int, help="every case's B")
     p.add_argument("--graph", action="store_true",
                    help="also time each module's training step captured into a CUDA graph and replayed")
+    p.add_argument("--fresh-lengths", type=int, default=1, metavar="N",
+                   help="calls of a case with lengths take N PackedSequences in turn, each of its own "
+                        "lengths (default: 1, the same one every call)")
     args = p.parse_args()
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
@@ -114,8 +125,15 @@ def main() -> None:
         x = torch.randn(T, B, args.input, device=device)
         lengths = lengths_of(spec, T, B, generator)
 
-        # packed once, outside the clock: the modules' calls are timed, not torch's packing
+        # packed before, outside the clock: the modules' calls are timed, not torch's packing
         inputs = x if lengths is None else pack_padded_sequence(x, lengths, enforce_sorted=False)
+        if lengths is not None and args.fresh_lengths > 1:
+            row["fresh_lengths"] = args.fresh_lengths
+            given = cycle([inputs] + [pack_padded_sequence(x, lengths_of(spec, T, B, generator),
+                                                           enforce_sorted=False)
+                                      for _ in range(args.fresh_lengths - 1)])
+        else:
+            given = cycle([inputs])
 
         def data(out, packed=lengths is not None):
             return out[0].data if packed else out[0]
@@ -137,12 +155,12 @@ def main() -> None:
             record["rows"].append(row)
             continue
 
-        def forward(module, inputs=inputs):
+        def forward(module, given=given):
             with torch.no_grad():
-                module(inputs)
+                module(next(given))
 
-        def step(module, inputs=inputs, optimizers=optimizers):
-            data(module(inputs)).square().sum().backward()
+        def step(module, inputs=None, given=given, optimizers=optimizers):
+            data(module(next(given) if inputs is None else inputs)).square().sum().backward()
             if module in optimizers:
                 optimizers[module].step()
 
@@ -165,8 +183,9 @@ def main() -> None:
             row[f"{what}_after_other"] = {name: statistics.median(v) for name, v in after_other.items()}
         if args.graph:
             # (torch's first, so that a failed capture of the drop-in's cannot take it along)
-            row["train_graph"] = graph_steps({"torch": ref, "cellfuse": ours}, step, grads[::-1], args,
-                                             start, end)
+            # (of the checked input: a capture replays the one it was given)
+            row["train_graph"] = graph_steps({"torch": ref, "cellfuse": ours}, partial(step, inputs=inputs),
+                                             grads[::-1], args, start, end)
         print("  ", {k: row[k] for k in ("forward", "train", "train_graph") if k in row}, flush=True)
         record["rows"].append(row)
         args.out.write_text(json.dumps(record, indent=1))
