@@ -168,16 +168,3 @@ def test_a_packed_sequence_whose_batch_sizes_do_not_add_up_is_refused_by_name():
         bad = PackedSequence(torch.randn(5, INPUT), torch.tensor(sizes))
         with pytest.raises(CellError, match="batch sizes"):
             lstm(bad)
-
-
-def test_the_reversal_of_rows_of_their_own_lengths_reads_their_steps_left_state_as_their_lengths():
-    """A bidirectional stack reverses each row's first `lengths` steps by an index made from the
-    steps-left state where it was made (on x's device), the same index as from the lengths themselves."""
-    from cellfuse.nn import stacks
-
-    x = torch.randn(7, 4, 3)
-    lengths = torch.tensor([7, 1, 4, 6])
-    steps = stacks.steps_left(lengths, 2, x, 5)
-    got, want = stacks._reversal(lengths, x, steps)(x), stacks._reversal(lengths, x)(x)
-    assert torch.equal(got, want)
-    assert torch.equal(got[:4, 2], x[:4, 2].flip(0)) and torch.equal(got[4:, 2], x[4:, 2])
