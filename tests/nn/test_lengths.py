@@ -168,3 +168,15 @@ def test_a_packed_sequence_whose_batch_sizes_do_not_add_up_is_refused_by_name():
         bad = PackedSequence(torch.randn(5, INPUT), torch.tensor(sizes))
         with pytest.raises(CellError, match="batch sizes"):
             lstm(bad)
+
+
+@pytest.mark.parametrize("lengths", [[1], [5], [3, 3, 3], [7, 1, 4, 7, 2], [1, 1, 2], list(range(1, 41))])
+def test_a_packed_sequences_rows_lengths_are_read_from_its_batch_sizes(lengths):
+    """Unpacked.lengths gives each row's length in the packed order (longest first), as torch's
+    pad_packed_sequence reads them, whatever their ties."""
+    x = torch.randn(max(lengths), len(lengths), 2)
+    packed = pack_padded_sequence(x, torch.tensor(lengths), enforce_sorted=False)
+    _, theirs = pad_packed_sequence(packed)
+    got = packed_sequences.Unpacked(packed).lengths
+    assert got.dtype == torch.int64
+    assert torch.equal(got, theirs[packed.sorted_indices])
