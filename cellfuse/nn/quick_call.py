@@ -274,8 +274,11 @@ class KeptLayers:
     lengths is kept apart from a plain one, as kept_lengths_call keeps CellRNN's, a call like it giving its
     own steps-left state (a bidirectional PackedSequence's call through the whole path started its second
     direction 0.3 to 0.4 ms after the first:
-    docs/results/2026-12-02-h-a-bidirectional-packed-calls-timeline.md). A call with gradients to follow
-    takes the whole path."""
+    docs/results/2026-12-02-h-a-bidirectional-packed-calls-timeline.md). Its lanes make such calls only
+    over memory at addresses they have seen, as where the same batch comes again: over PackedSequences of
+    lengths drawn anew, whose data of other sizes moves the caching allocator's addresses, they seldom do
+    (docs/results/2026-12-02-i-packed-calls-of-other-lengths.md). A call with gradients to follow takes
+    the whole path."""
 
     def __init__(self, zeros: Zeros):
         """`zeros`: the module's kept zeros, from which the kept calls take theirs (a CUDA graph the user
