@@ -225,15 +225,15 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     `auto`, only where that was measured faster than one after the other in the call's grad mode
     (ops.side_by_side), and else the reverse one after the forward one (in inference on that stream
     still: see _two_streams). `steps`: the lengths' steps-left state of one layer, where it was made
-    already (see run; given with lengths only); `kept`: the module's kept calls of its layers and
-    directions (quick_call.KeptLayers), which make a call like the one before of each and keep the
-    others, for all sequences of the full length, and apart for rows of their own lengths given their
+    already (see run; made here from the lengths otherwise); `kept`: the module's kept calls of its
+    layers and directions (quick_call.KeptLayers), which make a call like the one before of each and keep
+    the others, for all sequences of the full length, and apart for rows of their own lengths given their
     steps-left state (one for all layers and directions)."""
     directions = (False, True) if bidirectional else (False,)
     reverse_time = _reversal(lengths, x) if bidirectional else None
     can_run_beside = bidirectional and _beside(x)
-    if lengths is not None and steps is None:
-        kept = None
+    if lengths is not None and steps is None:  # (one for every layer and direction, kept calls' too)
+        steps = steps_left(lengths, 1, x, hidden)
     # (the module's zeros, or every state given: the kept calls run over zeros of their own for the former)
     zeros = kept is not None and all(made_here(s) for s in initial)
     finals: list[list[torch.Tensor]] = [[] for _ in initial]
