@@ -1,4 +1,4 @@
-"""Three kernels that move a batch's rows into the padded tensor the cell runs over, or back, each in one
+"""Four kernels that move a batch's rows into the padded tensor the cell runs over, or back, each in one
 launch whose arguments carry the rows' lengths by value (a PackedSequence's batch sizes, or each row's
 length), so that nothing about a batch's lengths goes through host memory the GPU must copy first.
 
@@ -17,13 +17,18 @@ anything past them, NaN included, which the cell would carry into its states (0 
 - `cf_zero_rows` copies x (any strides of its first two dimensions: a batch-first x as it is) zeroing
   each row's steps past its length, and writes the steps-left state as `cf_unpack_rows` does, the lengths
   in its arguments (`lengths_args_fields`).
+- `cf_reverse_rows` reverses each row of x (the same arguments) in time over its own length: row b's step
+  t is its step L_b - 1 - t where t < L_b, and stays in place after, as a bidirectional layer's reverse
+  direction reads its input and gives back its output.
 
 Built to replace, on a GPU, a PackedSequence's padding by torch's ops (positions worked out on the host,
 copied to the GPU, and a zero fill, an index_copy and an expand of the lengths' state): their host time
 came before the first kernel of the call and the GPU waited for it
 (docs/results/2026-11-29-packed-rows.md); likewise the padding of a call with lengths (a mask made from
 the steps-left state, a torch.where, the lengths copied to the GPU from pinned memory: 0.2 ms of a kept
-call's host time, 0.4 from a synchronised device, where the GPU took 0.6 ms).
+call's host time, 0.4 from a synchronised device, where the GPU took 0.6 ms), and the reversal of rows of
+lengths of their own (a gather by an index made on the host and copied from pinned memory: 0.15 ms of a
+bidirectional call's host time before its directions' launches on an H200).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from .kernel_abi import BITS_C, WARP, grid_blocks
 UNPACK_ROWS = "cf_unpack_rows"
 PACK_ROWS = "cf_pack_rows"
 ZERO_ROWS = "cf_zero_rows"
+REVERSE_ROWS = "cf_reverse_rows"
 ARGS = "cf_rows_args"
 LENGTHS_ARGS = "cf_lengths_args"
 # the most steps (or rows' lengths) a launch's arguments hold (a power of two): sizes and offsets as ints,
@@ -69,8 +75,9 @@ def args_fields(steps_capacity: int) -> list[tuple[str, str, int]]:
 
 
 def lengths_args_fields(rows_capacity: int) -> list[tuple[str, str, int]]:
-    """cf_zero_rows's arguments' fields, as args_fields: x's strides (in elements) of a step and of a row,
-    then each row's length, `rows_capacity` ints (64 bytes before them: no padding at the end either)."""
+    """cf_zero_rows's (and cf_reverse_rows's) arguments' fields, as args_fields: x's strides (in
+    elements) of a step and of a row, then each row's length, `rows_capacity` ints (64 bytes before them:
+    no padding at the end either)."""
     return [("src", "unsigned long long", 1), ("dst", "unsigned long long", 1),
             ("steps", "unsigned long long", 1), ("t_stride", "long long", 1), ("b_stride", "long long", 1),
             ("steps_elements", "long long", 1), ("T", "int", 1), ("B", "int", 1), ("W", "int", 1),
@@ -84,9 +91,9 @@ def _c_fields(fields: list[tuple[str, str, int]]) -> str:
 
 
 def packed_rows_source(itemsize: int, steps_capacity: int) -> str:
-    """The three kernels for elements of `itemsize` bytes and sequences of up to `steps_capacity` steps
-    (batches of up to as many rows, for cf_zero_rows): a warp per row (`launch_blocks`), the grid's warps
-    striding over the rows."""
+    """The four kernels for elements of `itemsize` bytes and sequences of up to `steps_capacity` steps
+    (batches of up to as many rows, for cf_zero_rows and cf_reverse_rows): a warp per row
+    (`launch_blocks`), the grid's warps striding over the rows."""
     if itemsize not in BITS_C:
         raise ValueError(f"the packed rows' kernels move elements of 2 or 4 bytes, not {itemsize}")
     bits = BITS_C[itemsize]
@@ -180,6 +187,20 @@ extern "C" __global__ void {ZERO_ROWS}(const __grid_constant__ {LENGTHS_ARGS} a)
             float* d = (float*)a.steps + k * a.H;
             for (int j = lane; j < a.H; j += 32) d[j] = v;
         }}
+    }}
+}}
+
+// a warp per row (t, b) of the reversed x, striding: row b's step lengths[b] - 1 - t of x, or step t past
+// its length
+extern "C" __global__ void {REVERSE_ROWS}(const __grid_constant__ {LENGTHS_ARGS} a) {{
+    CF_WARPS_OF_THE_GRID
+    const int bytes = a.W * {itemsize};
+    const long long rows = (long long)a.T * a.B;
+    for (long long r = warp; r < rows; r += warps) {{
+        const int t = (int)(r / a.B), b = (int)(r - (long long)t * a.B), length = a.lengths[b];
+        const long long from = t < length ? length - 1 - t : t;
+        cf_copy_row((const char*)a.src + (from * a.t_stride + b * a.b_stride) * {itemsize},
+                    (char*)a.dst + r * bytes, bytes, lane);
     }}
 }}
 """

@@ -1,8 +1,8 @@
 """codegen.packed_rows' kernels launched on a caller's stream: a PackedSequence's rows moved between its
 packed data and a padded tensor, given the memory's addresses and the batch sizes (on the host, as a
-PackedSequence keeps them), which the launch's arguments carry by value. (cf_zero_rows, for rows of
-lengths of their own, is launched by nn.quick_lane's C++ alone: where that is not built, torch's ops zero
-the padding.)
+PackedSequence keeps them), which the launch's arguments carry by value. (cf_zero_rows and cf_reverse_rows,
+for rows of lengths of their own, are launched by nn.quick_lane's C++ alone: where that is not built,
+torch's ops zero the padding and reverse the rows.)
 
     rows = PackedRows(4, 128, "sm_90")          # float32 elements, sequences of up to 128 steps
     args = rows.rows_args(sizes)                 # once per batch: its sizes and their offsets
@@ -22,6 +22,7 @@ import numpy as np
 from ..codegen.kernel_abi import BLOCK
 from ..codegen.packed_rows import (
     PACK_ROWS,
+    REVERSE_ROWS,
     UNPACK_ROWS,
     ZERO_ROWS,
     args_fields,
@@ -60,21 +61,21 @@ class RowsArgs:
 
 class PackedRows:
     """The kernels for elements of `itemsize` bytes and up to `steps_capacity` steps (or rows, for
-    cf_zero_rows), loaded into the current context for `arch`."""
+    cf_zero_rows and cf_reverse_rows), loaded into the current context for `arch`."""
 
     def __init__(self, itemsize: int, steps_capacity: int, arch: str):
         what = f"the packed rows' kernels ({itemsize}-byte elements, up to {steps_capacity} steps)"
         module = loaded_module(what, packed_rows_source(itemsize, steps_capacity), arch)
         self.what = what
-        self._unpack, self._pack, self._zero = (int(module.function(name))
-                                                for name in (UNPACK_ROWS, PACK_ROWS, ZERO_ROWS))
+        self._unpack, self._pack, self._zero, self._reverse = (
+            int(module.function(name)) for name in (UNPACK_ROWS, PACK_ROWS, ZERO_ROWS, REVERSE_ROWS))
         self.capacity = steps_capacity
 
     @property
-    def functions(self) -> tuple[int, int, int]:
-        """The kernels' functions (their addresses): the padding's, the packing's and the zeroing's, for
-        the C++ that launches them (nn.quick_lane)."""
-        return self._unpack, self._pack, self._zero
+    def functions(self) -> tuple[int, int, int, int]:
+        """The kernels' functions (their addresses): the padding's, the packing's, the zeroing's and the
+        reversal's, for the C++ that launches them (nn.quick_lane)."""
+        return self._unpack, self._pack, self._zero, self._reverse
 
     def lane_rows(self, rows: int) -> tuple[int, int, int]:
         """The padding kernel's function (its address), the steps its arguments hold and its blocks for

@@ -4,7 +4,7 @@ runner's forward program, in a few microseconds where the same in Python takes t
 (docs/results/2026-11-29-cellrnn-lane.md). Any call it cannot make exactly as CudaRunner would, it
 answers None, and quick_call's Python makes it. `Rows` pads and packs a PackedSequence's rows for the
 calls a lane does not make (nn.packed_sequences), and zeroes the padding of rows of lengths of their own
-(nn.stacks), likewise.
+and reverses them in time (nn.stacks), likewise.
 
 The C++ is built at first use by nvcc against the headers of the torch the process runs, kept in the
 kernel cache folder (a build per torch version and place), and loaded as an extension module. Where it
@@ -117,13 +117,13 @@ def rows(kernels, device: int, itemsize: int, driver: tuple[int, int] | None = N
          context: int | None = None):
     """`kernels` (gpu_runtime.packed_rows.PackedRows, loaded into the current context of CUDA device
     `device`) for elements of `itemsize` bytes launched in C++ (`Rows`: padded(data, batch_sizes, steps,
-    hidden, state_layers, stream), packed(y, batch_sizes, stream) and zeroed(x, lengths, hidden,
-    state_layers, stream), each None for what Python must move instead), or None where the C++ is not
-    built. `driver` (cuCtxGetCurrent and cuLaunchKernel) and `context` stand in for the driver's and the
-    current context (tests; -1 for `device`: CPU tensors)."""
+    hidden, state_layers, stream), packed(y, batch_sizes, stream), zeroed(x, lengths, hidden,
+    state_layers, stream) and reversed(x, lengths, stream), each None for what Python must move
+    instead), or None where the C++ is not built. `driver` (cuCtxGetCurrent and cuLaunchKernel) and
+    `context` stand in for the driver's and the current context (tests; -1 for `device`: CPU tensors)."""
     built = module()
     if built is None:
         return None
-    unpack, pack, zero = kernels.functions
-    return built.Rows(device, itemsize, unpack, pack, zero, kernels.capacity, MAX_GRID,
+    unpack, pack, zero, reverse = kernels.functions
+    return built.Rows(device, itemsize, unpack, pack, zero, reverse, kernels.capacity, MAX_GRID,
                       current_context() if context is None else context, driver or entry_points()[2:])

@@ -6,8 +6,8 @@ torch.nn.LSTM and GRU share it.
 With `lengths` (one per batch row, from 1 to T), each row stops at its own length in the kernels: the
 ops run the cell of graph_model.lengths, whose extra last state starts at the rows' lengths; past its
 length a row's output is zero and its states keep their values, so its final states are those of its
-own last step. The reverse direction reverses each row within its own length (a gather), so that it
-starts at the row's last step.
+own last step. The reverse direction reverses each row within its own length (on a GPU by a kernel,
+elsewhere a gather), so that it starts at the row's last step.
 
 Inputs of bfloat16 or float16 run the plans of that precision, forward and backward (the states that
 accumulate kept float32 inside; the backward pass's gradients float32, given back in the dtypes of what
@@ -201,14 +201,51 @@ def run(x: torch.Tensor, states: Sequence[torch.Tensor], params: Sequence[torch.
 
 def _reversal(lengths: torch.Tensor | None, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """The reversal in time of [T, B, width] tensors like x: of the whole sequence, or of each row's
-    first `lengths` steps (the steps after stay in place)."""
+    first `lengths` steps (the steps after stay in place). With lengths on a GPU, one launch of
+    codegen.packed_rows' cf_reverse_rows from C++ (quick_lane's Rows.reversed, the lengths in its
+    arguments), where a gather by an index made on the host and copied from pinned memory took 0.15 ms
+    of a bidirectional call's host time before its directions' launches on an H200; elsewhere (or for a
+    tensor the kernel does not take), that gather."""
     if lengths is None:
         return lambda t: t.flip(0)
+    kernels = rows_kernels(x, x.shape[1]) if x.is_cuda and not traced() else None
+    if kernels is not None and kernels[1] is not None:
+        return partial(_reversed, rows=kernels[1], lengths=lengths)
+    return _gathered(lengths, x)
+
+
+def _gathered(lengths: torch.Tensor, x: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """_reversal's gather, its index made for tensors like x."""
     T, B = x.shape[0], x.shape[1]
     steps = torch.arange(T).view(T, 1)
     ends = lengths.view(1, B)
     index = to_device(torch.where(steps < ends, ends - 1 - steps, steps), x)
     return lambda t: t.gather(0, index.view(T, B, 1).expand(T, B, t.shape[2]))
+
+
+def _reversed(t: torch.Tensor, rows, lengths: torch.Tensor) -> torch.Tensor:
+    """t reversed within each row's length by the kernel (`rows`: quick_lane's Rows), in an autograd node
+    where t needs a gradient (_Reversed); by the gather where the kernel turns t down."""
+    if torch.is_grad_enabled() and t.requires_grad:
+        return _Reversed.apply(t, rows, lengths)
+    done = rows.reversed(t, lengths, torch._C._cuda_getCurrentRawStream(t.get_device()))
+    return done if done is not None else _gathered(lengths, t)(t)
+
+
+class _Reversed(torch.autograd.Function):
+    """_reversed for a t that needs a gradient: the reversal is its own inverse and a permutation of the
+    steps, so that t's gradient is the output's reversed the same way, by the same kernel."""
+
+    @staticmethod
+    def forward(ctx, t, rows, lengths):
+        # (a copy: the caller's lengths may change in place before the backward pass)
+        ctx.rows, ctx.lengths = rows, lengths.clone()
+        return _reversed(t.detach(), rows, lengths)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy):
+        return _reversed(dy, ctx.rows, ctx.lengths), None, None
 
 
 def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],

@@ -35,7 +35,7 @@ def test_the_kernels_compile(tmp_path, itemsize):
 
 
 def test_the_largest_arguments_stay_where_the_launch_put_them(tmp_path):
-    """At MAX_STEPS the arguments take 16 KiB: read through __grid_constant__, no thread of any of the three
+    """At MAX_STEPS the arguments take 16 KiB: read through __grid_constant__, no thread of any of the four
     kernels copies them."""
     cu = tmp_path / "rows.cu"
     cu.write_text(packed_rows_source(4, MAX_STEPS))
@@ -43,7 +43,7 @@ def test_the_largest_arguments_stay_where_the_launch_put_them(tmp_path):
                            str(tmp_path / "rows.cubin"), str(cu)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     frames = [line for line in proc.stderr.splitlines() if "stack frame" in line]
-    assert len(frames) == 3 and all(line.strip().startswith("0 bytes stack frame") for line in frames)
+    assert len(frames) == 4 and all(line.strip().startswith("0 bytes stack frame") for line in frames)
 
 
 def test_the_hosts_layout_of_the_arguments_is_the_structs(tmp_path):

@@ -107,6 +107,35 @@ def test_the_zeroing_kernel_zeroes_the_padding_and_makes_the_steps_left_state_as
     assert same is x and torch.equal(steps, stacks.steps_left(full, layers, x, hidden))
 
 
+@pytest.mark.parametrize("T, B, width, dtype, batch_first", [
+    (9, 5, 32, torch.float32, False), (100, 64, 1024, torch.float32, True),
+    (11, 3, 13, torch.bfloat16, False), (7, 4, 6, torch.float16, True)])
+def test_the_reversal_kernel_reverses_each_row_within_its_length_as_the_gather(cuda, T, B, width, dtype,
+                                                                               batch_first):
+    """stacks._reversal by cf_reverse_rows against its gather, bit for bit (a batch-first x read where it
+    is); twice is the identity; the gradient through its autograd node the gather's; rows all T long, a
+    flip; and lengths the kernel turns down, by the gather."""
+    g = torch.Generator().manual_seed(T)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    given = torch.randn(B, T, width, generator=g) if batch_first else torch.randn(T, B, width, generator=g)
+    x = given.to(cuda, dtype)
+    x = x.transpose(0, 1) if batch_first else x
+    reverse, gather = stacks._reversal(lengths, x), stacks._gathered(lengths, x)
+    assert reverse.func is stacks._reversed
+    got = reverse(x)
+    assert got.is_contiguous() and torch.equal(got, gather(x)) and torch.equal(reverse(got), x)
+    full = torch.full((B,), T)
+    assert torch.equal(stacks._reversal(full, x)(x), x.flip(0))
+    x.requires_grad_(True)
+    w = torch.randn(T, B, width, generator=g).to(cuda, dtype)
+    (grad,) = torch.autograd.grad((reverse(x) * w).float().sum(), x)
+    (want,) = torch.autograd.grad((gather(x) * w).float().sum(), x)
+    assert torch.equal(grad, want)
+    stream = torch.cuda.current_stream(cuda).cuda_stream
+    assert reverse.keywords["rows"].reversed(x.detach(), torch.zeros(B, dtype=torch.long), stream) is None
+
+
 @pytest.mark.parametrize("lengths", [[6, 2, 4], [6, 6, 6]])
 def test_an_x_that_needs_a_gradient_gets_none_in_its_padding_by_the_kernel_as_by_torchs_ops(cuda, lengths,
                                                                                            monkeypatch):

@@ -34,12 +34,13 @@ _LAUNCH_KERNEL = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, *[ctypes.c_uint
                                   ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p)
 ROWS_CAPACITY = 64  # (the steps the padding kernel's arguments hold, in the packed calls' lanes)
 ZERO = 0xF80  # (cf_zero_rows's function, whose arguments are of a size of their own)
+REVERSE = 0xFC0  # (cf_reverse_rows's, whose arguments are cf_zero_rows's)
 
 
 class FakeDriver:
     """cuGraphLaunch, cuStreamIsCapturing, cuCtxGetCurrent and cuLaunchKernel as C function pointers that
     record and answer as told (a kernel's launch: its function, grid, block, stream and the bytes of its
-    one argument, cf_unpack_rows's, cf_pack_rows's or cf_zero_rows's)."""
+    one argument, cf_unpack_rows's, cf_pack_rows's, or cf_zero_rows's and cf_reverse_rows's)."""
 
     def __init__(self):
         self.launches: list[tuple[int, int]] = []
@@ -55,7 +56,7 @@ class FakeDriver:
             return self.error
 
         def launch_kernel(function, gx, gy, gz, bx, by, bz, smem, stream, params, extra):
-            size = lengths_bytes if function == ZERO else args_bytes
+            size = lengths_bytes if function in (ZERO, REVERSE) else args_bytes
             self.kernels.append((function, gx, bx, stream, ctypes.string_at(params[0], size)))
             self.order.append("kernel")
             return self.kernel_error
@@ -295,7 +296,7 @@ PACK = 0xF40
 class _Kernels:
     """What quick_lane.rows reads of gpu_runtime.packed_rows.PackedRows."""
 
-    functions, capacity = (UNPACK, PACK, ZERO), ROWS_CAPACITY
+    functions, capacity = (UNPACK, PACK, ZERO, REVERSE), ROWS_CAPACITY
 
 
 def _rows(driver, itemsize=4):
@@ -432,6 +433,51 @@ def test_rows_leave_lengths_and_x_they_cannot_zero_as_python_would_to_python(bui
     assert rows.zeroed(x, lengths, 2, 1, STREAM) is None
     with pytest.raises(TypeError, match="zeroed\\(x, lengths, hidden, state_layers, stream\\)"):
         rows.zeroed(x, lengths, 2, 1)
+
+
+def test_rows_reverse_rows_of_their_own_lengths_by_one_launch(built):
+    driver = FakeDriver()
+    x, lengths = torch.randn(5, 3, 4), torch.tensor([5, 2, 3])
+    reversed_ = _rows(driver).reversed(x, lengths, STREAM)
+    assert reversed_.shape == (5, 3, 4) and reversed_.dtype == x.dtype and reversed_.is_contiguous()
+    [(function, grid, block, stream, raw)] = driver.kernels
+    # (a warp a row: x's 5 x 3 rows, 8 rows a block of 256 threads)
+    assert (function, grid, block, stream) == (REVERSE, 2, 256, STREAM)
+    args = _lengths_args(raw)
+    assert (args["src"], args["dst"], args["steps"]) == (x.data_ptr(), reversed_.data_ptr(), 0)
+    assert (args["t_stride"], args["b_stride"], args["steps_elements"]) == (12, 4, 0)
+    assert (args["T"], args["B"], args["W"]) == (5, 3, 4)
+    assert args["lengths"][:4] == [5, 2, 3, 0] and not any(args["lengths"][4:])
+    # a batch-first x as it is (its strides); every row T long is reversed all the same (a new tensor)
+    given = torch.randn(3, 5, 4)
+    reversed_ = _rows(driver).reversed(given.transpose(0, 1), torch.tensor([5, 5, 5]), STREAM)
+    assert reversed_.shape == (5, 3, 4) and reversed_.data_ptr() != given.data_ptr()
+    args = _lengths_args(driver.kernels[-1][-1])
+    assert (args["src"], args["t_stride"], args["b_stride"]) == (given.data_ptr(), 4, 20)
+    assert args["lengths"][:3] == [5, 5, 5]
+
+
+def test_rows_leave_lengths_and_x_they_cannot_reverse_as_python_would_to_python(built):
+    driver = FakeDriver()
+    rows, x, lengths = _rows(driver), torch.randn(5, 3, 4), torch.tensor([5, 2, 3])
+    for given, told in (
+            (x, torch.tensor([5, 0, 3])),  # a length below 1
+            (x, torch.tensor([5, 6, 3])),  # one past the sequence
+            (x, lengths.int()),  # not int64
+            (x, lengths[:2]),  # not one a row
+            (torch.randn(4, 5, 3).permute(1, 2, 0), lengths),  # x's rows not contiguous
+            (torch.randn(5, 3), lengths),  # not [T, B, width]
+            (torch.randn(2, ROWS_CAPACITY + 1, 1),
+             torch.ones(ROWS_CAPACITY + 1, dtype=torch.long)),  # more rows than its arguments hold
+            (x.double(), lengths)):  # elements of another size
+        assert rows.reversed(given, told, STREAM) is None, (given.shape, told)
+    driver.context = CONTEXT + 1  # another context current
+    assert rows.reversed(x, lengths, STREAM) is None
+    assert not driver.kernels
+    driver.context, driver.kernel_error = CONTEXT, 1  # a launch that failed
+    assert rows.reversed(x, lengths, STREAM) is None
+    with pytest.raises(TypeError, match="reversed\\(x, lengths, stream\\)"):
+        rows.reversed(x, lengths)
 
 
 @pytest.fixture
