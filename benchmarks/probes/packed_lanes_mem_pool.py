@@ -8,12 +8,15 @@ around the packed data of another size, at other addresses call after call
 (docs/results/2026-12-02-i-packed-calls-of-other-lengths.md). Here the padding and the stack run inside
 torch.cuda.use_mem_pool over a pool of the module's own, where only those tensors are allocated, in the
 same order every call; the packed y (of the batch's size) is made outside it. For each way, N calls each
-given the next of 16 PackedSequences (lengths uniform in 10..T, the longest T, so that every batch pads
-to T steps): how many of the last half reached a runner's whole path (none where the lanes make them), the
-forward time (CUDA events after a synchronisation, median), the pool's memory, and the outputs against
-the plain calls' to the bit.
+given the next of --batches PackedSequences (lengths uniform in 10..T, the longest T, so that every batch
+pads to T steps; by default one per call, each call's lengths never seen before): how many of the last
+half reached a runner's whole path (none where the lanes make them), the forward time (CUDA events after
+a synchronisation, median), the pool's memory, and the outputs against the plain calls' to the bit.
 
-    python3 benchmarks/probes/packed_lanes_mem_pool.py [--batch 64] [--layers 2] [--calls 80]
+    python3 benchmarks/probes/packed_lanes_mem_pool.py [--batch 64] [--layers 2] [--calls 80] [--batches N]
+
+(Over 16 PackedSequences given in turn, the plain calls' lanes already made every call of the last half
+on an H200: the caching allocator's addresses repeat with the batches; there the pool changed nothing.)
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--seq", type=int, default=100)
     p.add_argument("--calls", type=int, default=80)
+    p.add_argument("--batches", type=int, help="PackedSequences given in turn (default: one per call)")
     args = p.parse_args()
     device = torch.device("cuda")
     torch.backends.cudnn.allow_tf32 = False
@@ -67,7 +71,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(T, B, 512, device=device)
     batches = []
-    for _ in range(16):
+    for _ in range(args.batches or args.calls):
         lengths = torch.randint(10, T + 1, (B,), generator=g)
         lengths[0] = T
         batches.append(pack_padded_sequence(x, lengths, enforce_sorted=False))
@@ -75,7 +79,7 @@ def main() -> None:
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     results = {}
     print(f"{torch.cuda.get_device_name(device)}; LSTM T={T} B={B} I=H=512, {args.layers} layer(s), two "
-          f"directions, {args.calls} inference calls over 16 PackedSequences in turn")
+          f"directions, {args.calls} inference calls over {len(batches)} PackedSequences in turn")
     for way in ("plain", "own pool"):
         torch.manual_seed(0)
         lstm = LSTM(512, 512, args.layers, bidirectional=True, schedule="tensor").to(device)
