@@ -10,18 +10,23 @@ Cases (T=100, B=64, input = hidden = 512, float32, schedule as --schedule): one 
 reference), two directions padded, two directions over one PackedSequence (lengths uniform in 10..100),
 two layers of two directions padded. Each replay is checked against the eager call's outputs to the bit;
 then eager calls and replays in turns, each after a synchronisation, CUDA events, medians of --repeats.
+With --timeline, each case's last eager call and last replay as torch.profiler traced them: each piece
+of GPU work's start and end, in microseconds from the first one's start.
 
-    python3 benchmarks/probes/bidirectional_graph_probe.py [--repeats 30] [--schedule tensor]
+    python3 benchmarks/probes/bidirectional_graph_probe.py [--repeats 30] [--schedule tensor] [--timeline]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import tempfile
 from functools import partial
 
 import torch
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+from torch.profiler import ProfilerActivity, profile
 
 from cellfuse.nn import LSTM
 
@@ -43,10 +48,28 @@ def _timed(fn, start, end) -> float:
     return start.elapsed_time(end)
 
 
+def _timeline(fn) -> list[tuple[float, float, str]]:
+    """The GPU's pieces of work of one call of fn after a synchronisation: (start, end, name), us from
+    the first's start."""
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        with open(f.name) as trace:
+            events = json.load(trace)["traceEvents"]
+    work = sorted((e["ts"], e["ts"] + e["dur"], e["name"][:60]) for e in events
+                  if e.get("ph") == "X" and e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"))
+    t0 = work[0][0] if work else 0.0
+    return [(s - t0, e - t0, name) for s, e, name in work]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--schedule", default="tensor")
+    p.add_argument("--timeline", action="store_true", help="print each case's GPU work, eager and replayed")
     args = p.parse_args()
     device = torch.device("cuda")
     torch.backends.cudnn.allow_tf32 = False
@@ -62,6 +85,7 @@ def main() -> None:
           f"inference; eager calls and graph replays in turns, medians of {args.repeats}, ms")
     print("| layers | directions | input | eager | one graph | eager / graph | same to the bit |")
     print("|---|---|---|---|---|---|---|")
+    timelines = []
     for layers, directions, is_packed in CASES:
         torch.manual_seed(0)
         lstm = LSTM(width, width, layers, bidirectional=directions == 2, schedule=args.schedule).to(device)
@@ -85,10 +109,19 @@ def main() -> None:
             for _ in range(args.repeats):
                 eager.append(_timed(partial(lstm, given), start, end))
                 replays.append(_timed(graph.replay, start, end))
+            if args.timeline:
+                timelines.append((layers, directions, is_packed, _timeline(partial(lstm, given)),
+                                  _timeline(graph.replay)))
         e, r = statistics.median(eager), statistics.median(replays)
         kind = "packed 10..100" if is_packed else "padded"
         print(f"| {layers} | {directions} | {kind} | {e:.3f} | {r:.3f} | {e / r:.2f}x | {same} |", flush=True)
         del graph, lstm
+    for layers, directions, is_packed, eager_work, graph_work in timelines:
+        kind = "packed" if is_packed else "padded"
+        for way, work in (("eager", eager_work), ("one graph", graph_work)):
+            print(f"\n== {layers} layer(s), {directions} direction(s), {kind}, {way}: the GPU's work (us)")
+            for s, e, name in work:
+                print(f"  {s:9.1f} {e:9.1f}  {name}")
 
 
 if __name__ == "__main__":
