@@ -62,6 +62,8 @@ def _instrument() -> None:
     _stamped(stacks, "layer_by_layer", "layer by layer")
     # (the first of each in a call, as every stamp: where a bidirectional packed call's host goes)
     _stamped(stacks, "_reversal", "the lengths' reversal")
+    if hasattr(stacks, "_reversed"):  # (the reversal by the kernel, in each direction's call)
+        _stamped(stacks, "_reversed", "a reversal by the kernel")
     _stamped(stacks, "to_device", "a copy to the device")
     _stamped(ops, "side_by_side", "side by side?")
     _stamped(stacks, "_two_streams", "two streams")

@@ -19,7 +19,9 @@ anything past them, NaN included, which the cell would carry into its states (0 
   in its arguments (`lengths_args_fields`).
 - `cf_reverse_rows` reverses each row of x (the same arguments) in time over its own length: row b's step
   t is its step L_b - 1 - t where t < L_b, and stays in place after, as a bidirectional layer's reverse
-  direction reads its input and gives back its output.
+  direction reads its input and gives back its output. (An exported program's launcher writes a kernel
+  of the same name and work of its own, codegen.cuda_export: it reads the lengths from the steps-left
+  state in device memory, as a program given no lengths on the host must.)
 
 Built to replace, on a GPU, a PackedSequence's padding by torch's ops (positions worked out on the host,
 copied to the GPU, and a zero fill, an index_copy and an expand of the lengths' state): their host time

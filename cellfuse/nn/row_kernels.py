@@ -1,6 +1,7 @@
 """The kernels that move a batch's rows into the padded tensor the cell runs over and back (codegen.
 packed_rows: a PackedSequence's padding and packing, the zeroing of the padding of rows of lengths of their
-own), loaded once per device, element size and capacity, with the C++ that launches them (quick_lane.rows).
+own and their reversal in time), loaded once per device, element size and capacity, with the C++ that
+launches them (quick_lane.rows).
 Where they cannot be used (the CPU, torch.compile's tracing, a CUDA graph capture before they were loaded,
 more steps or rows than a launch's arguments hold, 2**31 rows of packed data or steps of x or more,
 elements of other sizes than 2 and 4 bytes), torch's ops do the same instead.
@@ -51,7 +52,7 @@ def rows_kernels(data: torch.Tensor, count: int) -> tuple | None:
             except (CellError, ValueError) as e:  # (the driver's context or entry points not found)
                 log.warning("the packed rows' kernels cannot be launched from C++ (%s); Python launches "
                             "a PackedSequence's, and torch's ops zero the padding of rows of lengths of "
-                            "their own", e)
+                            "their own and reverse them", e)
                 made = (kernels, None)
     _kernels[key] = made
     return made

@@ -225,9 +225,14 @@ def _gathered(lengths: torch.Tensor, x: torch.Tensor) -> Callable[[torch.Tensor]
 
 def _reversed(t: torch.Tensor, rows, lengths: torch.Tensor) -> torch.Tensor:
     """t reversed within each row's length by the kernel (`rows`: quick_lane's Rows), in an autograd node
-    where t needs a gradient (_Reversed); by the gather where the kernel turns t down."""
+    where t needs a gradient (_Reversed); by the gather where the kernel turns t down (another device
+    current, say). The kernel reads rows whose elements are contiguous: others (the gradient of a sum
+    comes as an expanded scalar, each element at stride 0) are made contiguous first, one copy, where
+    the gather would make its index on the host and copy it to the GPU."""
     if torch.is_grad_enabled() and t.requires_grad:
         return _Reversed.apply(t, rows, lengths)
+    if t.dim() == 3 and t.stride(2) != 1 and t.shape[2] != 1:
+        t = t.contiguous()
     done = rows.reversed(t, lengths, torch._C._cuda_getCurrentRawStream(t.get_device()))
     return done if done is not None else _gathered(lengths, t)(t)
 

@@ -111,10 +111,11 @@ def test_the_zeroing_kernel_zeroes_the_padding_and_makes_the_steps_left_state_as
     (9, 5, 32, torch.float32, False), (100, 64, 1024, torch.float32, True),
     (11, 3, 13, torch.bfloat16, False), (7, 4, 6, torch.float16, True)])
 def test_the_reversal_kernel_reverses_each_row_within_its_length_as_the_gather(cuda, T, B, width, dtype,
-                                                                               batch_first):
+                                                                               batch_first, monkeypatch):
     """stacks._reversal by cf_reverse_rows against its gather, bit for bit (a batch-first x read where it
-    is); twice is the identity; the gradient through its autograd node the gather's; rows all T long, a
-    flip; and lengths the kernel turns down, by the gather."""
+    is); twice is the identity; the gradients through its autograd node the gather's, a sum's too (an
+    expanded gradient, made contiguous for the kernel, not gathered); rows all T long, a flip; and a
+    tensor the kernel turns down, by the gather."""
     g = torch.Generator().manual_seed(T)
     lengths = torch.randint(1, T + 1, (B,), generator=g)
     lengths[0] = T
@@ -129,11 +130,22 @@ def test_the_reversal_kernel_reverses_each_row_within_its_length_as_the_gather(c
     assert torch.equal(stacks._reversal(full, x)(x), x.flip(0))
     x.requires_grad_(True)
     w = torch.randn(T, B, width, generator=g).to(cuda, dtype)
-    (grad,) = torch.autograd.grad((reverse(x) * w).float().sum(), x)
-    (want,) = torch.autograd.grad((gather(x) * w).float().sum(), x)
-    assert torch.equal(grad, want)
+    gathered, by_index = [], stacks._gathered
+
+    def spied(*args):
+        gathered.append(args[1].dtype)
+        return by_index(*args)
+    monkeypatch.setattr(stacks, "_gathered", spied)
+    for loss in (lambda y: (y * w).float().sum(), lambda y: y.sum()):
+        (grad,) = torch.autograd.grad(loss(reverse(x)), x)
+        (want,) = torch.autograd.grad(loss(gather(x)), x)
+        assert torch.equal(grad, want)
+    assert not gathered
     stream = torch.cuda.current_stream(cuda).cuda_stream
-    assert reverse.keywords["rows"].reversed(x.detach(), torch.zeros(B, dtype=torch.long), stream) is None
+    rows = reverse.keywords["rows"]
+    assert rows.reversed(x.detach(), torch.zeros(B, dtype=torch.long), stream) is None
+    wide = x.detach().double()  # (elements of 8 bytes: the kernel turns them down)
+    assert torch.equal(stacks._reversed(wide, rows, lengths), gather(wide)) and gathered == [torch.float64]
 
 
 @pytest.mark.parametrize("lengths", [[6, 2, 4], [6, 6, 6]])

@@ -78,8 +78,8 @@ struct RowsHead {
 };
 static_assert(sizeof(RowsHead) == 56, "cf_rows_args' head is 56 bytes");
 
-// the head of cf_zero_rows's arguments (codegen/packed_rows.py's lengths_args_fields); the rows' lengths
-// follow, `capacity` ints
+// the head of cf_zero_rows's and cf_reverse_rows's arguments (codegen/packed_rows.py's
+// lengths_args_fields); the rows' lengths follow, `capacity` ints
 struct LengthsHead {
   uint64_t src, dst, steps;
   int64_t t_stride, b_stride, steps_elements;
