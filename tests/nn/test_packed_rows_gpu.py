@@ -72,6 +72,17 @@ def test_the_kernels_pad_and_pack_as_torchs_ops(cuda, T, B, width, dtype):
     assert _unpacked(packed, 48, 3)._rows._fast is not None, "the C++ that launches the kernels is not built"
 
 
+def _rows_of_own_lengths(cuda, T, B, width, dtype, batch_first):
+    """x [T, B, width] on the GPU (a batch-first tensor's transposed view where `batch_first`), each row's
+    length from 1 to T (the first T), and the generator that drew them, seeded by T."""
+    g = torch.Generator().manual_seed(T)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0] = T
+    given = torch.randn(B, T, width, generator=g) if batch_first else torch.randn(T, B, width, generator=g)
+    x = given.to(cuda, dtype)
+    return (x.transpose(0, 1) if batch_first else x), lengths, g
+
+
 @pytest.mark.parametrize("T, B, width, hidden, layers, dtype, batch_first", [
     (9, 6, 24, 8, 1, torch.float32, False), (100, 64, 512, 512, 2, torch.float32, True),
     (1000, 8, 40, 33, 1, torch.float32, False), (37, 5, 16, 16, 1, torch.bfloat16, True),
@@ -80,12 +91,7 @@ def test_the_zeroing_kernel_zeroes_the_padding_and_makes_the_steps_left_state_as
         cuda, T, B, width, hidden, layers, dtype, batch_first):
     """stacks.lengths_applied by cf_zero_rows (the padding NaN: none of it may be carried) against torch's
     ops, bit for bit; a batch-first x read where it is (its strides)."""
-    g = torch.Generator().manual_seed(T)
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[0] = T
-    given = torch.randn(B, T, width, generator=g) if batch_first else torch.randn(T, B, width, generator=g)
-    x = given.to(cuda, dtype)
-    x = x.transpose(0, 1) if batch_first else x
+    x, lengths, _ = _rows_of_own_lengths(cuda, T, B, width, dtype, batch_first)
     ended = torch.arange(T).view(T, 1) >= lengths.view(1, B)
     x[ended.to(cuda)] = float("nan")
     with torch.no_grad():
@@ -116,12 +122,7 @@ def test_the_reversal_kernel_reverses_each_row_within_its_length_as_the_gather(c
     is); twice is the identity; the gradients through its autograd node the gather's, a sum's too (an
     expanded gradient, made contiguous for the kernel, not gathered); rows all T long, a flip; and a
     tensor the kernel turns down, by the gather."""
-    g = torch.Generator().manual_seed(T)
-    lengths = torch.randint(1, T + 1, (B,), generator=g)
-    lengths[0] = T
-    given = torch.randn(B, T, width, generator=g) if batch_first else torch.randn(T, B, width, generator=g)
-    x = given.to(cuda, dtype)
-    x = x.transpose(0, 1) if batch_first else x
+    x, lengths, g = _rows_of_own_lengths(cuda, T, B, width, dtype, batch_first)
     reverse, gather = stacks._reversal(lengths, x), stacks._gathered(lengths, x)
     assert reverse.func is stacks._reversed
     got = reverse(x)
