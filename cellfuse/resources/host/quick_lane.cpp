@@ -762,9 +762,9 @@ PyObject* rows_packed(const RowsCore& r, PyObject* y_obj, PyObject* sizes_obj, u
 // whether x [T, B, W] (the strides of its first two dimensions any, its rows contiguous) and the rows'
 // lengths (on the CPU, int64, B of them, at most `capacity`, each from 1 to T) are such as the kernels of
 // rows of lengths of their own take, with the lengths written after the head of `args`, their
-// arguments, and `full` whether every row is T long
+// arguments, and `*full` (where given) whether every row is T long
 bool lengths_args(const RowsCore& r, const at::Tensor& x, const at::Tensor& lengths, std::vector<uint8_t>& args,
-                  bool& full) {
+                  bool* full = nullptr) {
   if (x.device() != r.device || x.element_size() != r.itemsize || x.dim() != 3 || x.numel() == 0 ||
       (x.stride(2) != 1 && x.size(2) != 1) || !rows_ready(r))
     return false;
@@ -776,12 +776,13 @@ bool lengths_args(const RowsCore& r, const at::Tensor& x, const at::Tensor& leng
   args.assign(sizeof(LengthsHead) + r.capacity * sizeof(int32_t), 0);
   int32_t* each = reinterpret_cast<int32_t*>(args.data() + sizeof(LengthsHead));
   const int64_t* given = lengths.data_ptr<int64_t>();
-  full = true;
+  bool every_full = true;
   for (int64_t b = 0; b < B; ++b) {
     if (given[b] < 1 || given[b] > T) return false;
     each[b] = (int32_t)given[b];
-    full = full && given[b] == T;
+    every_full = every_full && given[b] == T;
   }
+  if (full) *full = every_full;
   return true;
 }
 
@@ -796,7 +797,7 @@ PyObject* rows_zeroed(const RowsCore& r, PyObject* x_obj, PyObject* lengths_obj,
   const at::Tensor& x = THPVariable_Unpack(x_obj);
   std::vector<uint8_t> args;
   bool full;  // (every row T long: x has no padding, and is given back as it is, as torch's ops do)
-  if (!lengths_args(r, x, THPVariable_Unpack(lengths_obj), args, full)) Py_RETURN_NONE;
+  if (!lengths_args(r, x, THPVariable_Unpack(lengths_obj), args, &full)) Py_RETURN_NONE;
   const int64_t T = x.size(0), B = x.size(1), W = x.size(2);
   at::Tensor zeroed = full ? x : empty({T, B, W}, x.scalar_type(), r.device);
   at::Tensor left;
@@ -818,8 +819,7 @@ PyObject* rows_reversed(const RowsCore& r, PyObject* x_obj, PyObject* lengths_ob
   if (!is_tensor(x_obj) || !is_tensor(lengths_obj)) Py_RETURN_NONE;
   const at::Tensor& x = THPVariable_Unpack(x_obj);
   std::vector<uint8_t> args;
-  bool full;
-  if (!lengths_args(r, x, THPVariable_Unpack(lengths_obj), args, full)) Py_RETURN_NONE;
+  if (!lengths_args(r, x, THPVariable_Unpack(lengths_obj), args)) Py_RETURN_NONE;
   const int64_t T = x.size(0), B = x.size(1), W = x.size(2);
   at::Tensor reversed = empty({T, B, W}, x.scalar_type(), r.device);
   LengthsHead head{reinterpret_cast<uint64_t>(x.data_ptr()), reinterpret_cast<uint64_t>(reversed.data_ptr()),
