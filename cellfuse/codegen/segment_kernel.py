@@ -7,15 +7,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def segment_kernel(head: str, segments: Sequence[tuple[int, str, Sequence[str]]]) -> str:
+def segment_kernel(head: str, segments: Sequence[tuple[int, str, Sequence[str]]],
+                   before: Sequence[str] = ()) -> str:
     """The kernel declared by `head` (up to its body's brace), over `segments`: each (its elements, the
     declarations that follow `k`, the element's index in the segment, in its `const long long` line, and
-    its statements)."""
+    its statements); `before`: the body's lines before the segments' loop (none where no segments)."""
+    lines = [f"{head} {{", *before]
+    if not segments:
+        return "\n".join([*lines, "}", ""])
     total = sum(n for n, _, _ in segments)
-    lines = [f"{head} {{",
-             "    const long long stride = (long long)gridDim.x * blockDim.x;",
-             f"    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < {total}LL; "
-             "e += stride) {"]
+    lines += ["    const long long stride = (long long)gridDim.x * blockDim.x;",
+              f"    for (long long e = blockIdx.x * (long long)blockDim.x + threadIdx.x; e < {total}LL; "
+              "e += stride) {"]
     start = 0
     for i, (n, place, statements) in enumerate(segments):
         lines += [f"        {'if' if i == 0 else '} else if'} (e < {start + n}LL) {{",
