@@ -6,14 +6,15 @@ for the host). On an H200 at b3829a6 the eager call's second direction started i
 after the first direction's, beside the first direction's persistent kernel on half of the SMs, and its
 persistent kernel 120 us after the first's (docs/results/2026-12-02-j-the-reversal-by-a-kernel.md).
 
-Cases (T=100, B=64, input = hidden = 512, float32, schedule as --schedule): one direction padded (the
-reference), two directions padded, two directions over one PackedSequence (lengths uniform in 10..100),
-two layers of two directions padded. Each replay is checked against the eager call's outputs to the bit;
+Cases (T=100, B=64, input = hidden = 512 unless --steps, --batch and --width say, float32, schedule as
+--schedule): one direction padded (the reference), two directions padded, two directions over one
+PackedSequence (lengths uniform in 10..T), two layers of two directions padded. Each replay is checked against the eager call's outputs to the bit;
 then eager calls and replays in turns, each after a synchronisation, CUDA events, medians of --repeats.
 With --timeline, each case's last eager call and last replay as torch.profiler traced them: each piece
 of GPU work's start and end, in microseconds from the first one's start.
 
     python3 benchmarks/probes/bidirectional_graph_probe.py [--repeats 30] [--schedule tensor] [--timeline]
+        [--steps 100] [--batch 64] [--width 512]
 """
 
 from __future__ import annotations
@@ -70,14 +71,17 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--schedule", default="tensor")
     p.add_argument("--timeline", action="store_true", help="print each case's GPU work, eager and replayed")
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--width", type=int, default=512, help="input and hidden size")
     args = p.parse_args()
     device = torch.device("cuda")
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
-    T, B, width = 100, 64, 512
+    T, B, width = args.steps, args.batch, args.width
     g = torch.Generator().manual_seed(0)
     x = torch.randn(T, B, width, generator=g).to(device)
-    lengths = torch.randint(10, T + 1, (B,), generator=g)
+    lengths = torch.randint(min(10, T), T + 1, (B,), generator=g)
     lengths[0] = T
     packed = pack_padded_sequence(x, lengths, enforce_sorted=False)
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -113,7 +117,7 @@ def main() -> None:
                 timelines.append((layers, directions, is_packed, _timeline(partial(lstm, given)),
                                   _timeline(graph.replay)))
         e, r = statistics.median(eager), statistics.median(replays)
-        kind = "packed 10..100" if is_packed else "padded"
+        kind = f"packed {min(10, T)}..{T}" if is_packed else "padded"
         print(f"| {layers} | {directions} | {kind} | {e:.3f} | {r:.3f} | {e / r:.2f}x | {same} |", flush=True)
         del graph, lstm
     for layers, directions, is_packed, eager_work, graph_work in timelines:
