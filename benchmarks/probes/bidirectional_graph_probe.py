@@ -1,15 +1,17 @@
 """Whether a bidirectional layer's inference call would gain from running as one CUDA graph: the drop-in
 LSTM's call made eagerly (its kept calls, one replay per layer and direction, launched by the host one
 after the other) beside the same call captured whole into a torch.cuda.graph and replayed (both
-directions' work branches of one graph, so that their input GEMMs are ready together and neither waits
-for the host). On an H200 at b3829a6 the eager call's second direction started its input GEMM 90 us
+directions' work branches of one graph, neither waiting for the host; which branch's kernels the GPU
+takes first is its own choice: docs/results/2026-12-02-k-packing-by-tiles-and-a-whole-call-graph-tried.md).
+On an H200 at b3829a6 the eager call's second direction started its input GEMM 90 us
 after the first direction's, beside the first direction's persistent kernel on half of the SMs, and its
 persistent kernel 120 us after the first's (docs/results/2026-12-02-j-the-reversal-by-a-kernel.md).
 
 Cases (T=100, B=64, input = hidden = 512 unless --steps, --batch and --width say, float32, schedule as
 --schedule): one direction padded (the reference), two directions padded, two directions over one
-PackedSequence (lengths uniform in 10..T), two layers of two directions padded. Each replay is checked against the eager call's outputs to the bit;
-then eager calls and replays in turns, each after a synchronisation, CUDA events, medians of --repeats.
+PackedSequence (lengths uniform in 10..T), two layers of two directions padded. Each replay is checked
+against the eager call's outputs to the bit; then eager calls and replays in turns, each after a
+synchronisation, CUDA events, medians of --repeats.
 With --timeline, each case's last eager call and last replay as torch.profiler traced them: each piece
 of GPU work's start and end, in microseconds from the first one's start.
 
