@@ -3,9 +3,9 @@ LSTM's call made eagerly (its kept calls, one replay per layer and direction, la
 after the other) beside the same call captured whole into a torch.cuda.graph and replayed (both
 directions' work branches of one graph, neither waiting for the host; which branch's kernels the GPU
 takes first is its own choice: docs/results/2026-12-02-k-packing-by-tiles-and-a-whole-call-graph-tried.md).
-On an H200 at b3829a6 the eager call's second direction started its input GEMM 90 us
-after the first direction's, beside the first direction's persistent kernel on half of the SMs, and its
-persistent kernel 120 us after the first's (docs/results/2026-12-02-j-the-reversal-by-a-kernel.md).
+On an H200 at b3829a6 the eager call's second direction started its input GEMM 90 us after the first
+direction's, beside the first direction's persistent kernel on half of the SMs, and its persistent
+kernel 120 us after the first's (docs/results/2026-12-02-j-the-reversal-by-a-kernel.md).
 
 Cases (T=100, B=64, input = hidden = 512 unless --steps, --batch and --width say, float32, schedule as
 --schedule): one direction padded (the reference), two directions padded, two directions over one

@@ -11,7 +11,8 @@ def segment_kernel(head: str, segments: Sequence[tuple[int, str, Sequence[str]]]
                    before: Sequence[str] = ()) -> str:
     """The kernel declared by `head` (up to its body's brace), over `segments`: each (its elements, the
     declarations that follow `k`, the element's index in the segment, in its `const long long` line, and
-    its statements); `before`: the body's lines before the segments' loop (none where no segments)."""
+    its statements); `before`: the body's lines before the segments' loop (where there are no segments,
+    the whole body)."""
     lines = [f"{head} {{", *before]
     if not segments:
         return "\n".join([*lines, "}", ""])
