@@ -175,3 +175,70 @@ def capture(stream, put: Callable[[], object], doing: str):
         return check(cu.cuGraphInstantiate(graph, 0), doing)
     finally:
         check(cu.cuGraphDestroy(graph), doing)  # the instantiated graph keeps what it needs
+
+
+_KERNEL_NODE, _COOPERATIVE = 0, 2  # CU_GRAPH_NODE_TYPE_KERNEL, CU_LAUNCH_ATTRIBUTE_COOPERATIVE
+
+
+@lru_cache(maxsize=1)
+def _graph_calls():
+    """libcuda's calls that read and add a graph's dependencies (the _v2 ones, with edge data: NULL for
+    plain edges), typed."""
+    p, size = ctypes.c_void_p, ctypes.c_size_t
+
+    def typed(name: str, *args):
+        call = ctypes.CFUNCTYPE(ctypes.c_int, *args)(entry_point(name))
+        return lambda *a: call(*a)
+    return (typed("cuGraphGetNodes", p, ctypes.POINTER(p), ctypes.POINTER(size)),
+            typed("cuGraphNodeGetType", p, ctypes.POINTER(ctypes.c_int)),
+            typed("cuGraphKernelNodeGetAttribute", p, ctypes.c_int, p),
+            typed("cuGraphNodeGetDependencies_v2", p, ctypes.POINTER(p), p, ctypes.POINTER(size)),
+            typed("cuGraphAddDependencies_v2", p, ctypes.POINTER(p), ctypes.POINTER(p), p, size))
+
+
+def _listed(call, head, edges: bool = False) -> list[int]:
+    """The handles a cuGraph... call lists of `head` (asked for their count first; `edges`: the call
+    takes the edges' data after them, NULL here)."""
+    count, extra = ctypes.c_size_t(0), (None,) if edges else ()
+    fail(call(head, None, *extra, ctypes.byref(count)), "reading a CUDA graph")
+    handles = (ctypes.c_void_p * count.value)()
+    if count.value:
+        fail(call(head, handles, *extra, ctypes.byref(count)), "reading a CUDA graph")
+    return [h or 0 for h in handles[:count.value]]
+
+
+def start_together(graph: int) -> int:
+    """The cooperative kernels (persistent loops) of a captured CUDA graph (a cudaGraph_t, not yet
+    instantiated) that do not depend on one another, each made to wait for what the others wait for
+    too, so that they start together; the dependencies added. Why: a graph's branches run as the GPU
+    takes their work, and a bidirectional layer's reverse direction started its persistent kernel on
+    half of the SMs while the forward direction's input GEMM still waited for SMs, then ran beside it at
+    half speed and delayed the forward persistent kernel by 0.11 ms on an H200."""
+    get_nodes, get_type, get_attribute, get_dependencies, add = _graph_calls()
+    nodes = _listed(get_nodes, graph)
+    before = {node: _listed(get_dependencies, node, edges=True) for node in nodes}
+    cooperative = []
+    for node in nodes:
+        kind, value = ctypes.c_int(-1), (ctypes.c_int * 16)()  # (a CUlaunchAttributeValue: 64 bytes)
+        fail(get_type(node, ctypes.byref(kind)), "reading a CUDA graph")
+        if kind.value == _KERNEL_NODE:
+            fail(get_attribute(node, _COOPERATIVE, value), "reading a CUDA graph")
+            if value[0]:
+                cooperative.append(node)
+    above: dict[int, set[int]] = {}  # node -> every node it depends on, directly or not
+
+    def ancestors(node: int) -> set[int]:
+        if node not in above:
+            found = above[node] = set()
+            for d in before[node]:
+                found |= {d} | ancestors(d)
+        return above[node]
+    edges = [(d, a) for a in cooperative for b in cooperative
+             if a != b and a not in ancestors(b) and b not in ancestors(a)
+             for d in before[b] if d not in before[a]]
+    edges = list(dict.fromkeys(edges))
+    if edges:
+        froms = (ctypes.c_void_p * len(edges))(*(f for f, _ in edges))
+        tos = (ctypes.c_void_p * len(edges))(*(t for _, t in edges))
+        fail(add(graph, froms, tos, None, len(edges)), "ordering a CUDA graph's persistent kernels")
+    return len(edges)
