@@ -9,10 +9,10 @@ one replay's, and the graph makes each layer's persistent kernels start together
 input GEMMs (driver.start_together: a graph's branches otherwise run as the GPU takes their work, and did
 as the eager calls did) (docs/results/2026-12-02-k-packing-by-tiles-and-a-whole-call-graph-tried.md).
 That pays where the host's time is the call's, at small sizes: on an H200 a bidirectional layer at
-hidden 128, B=16 took 0.27 to 0.31 ms a call against 0.34 to 0.38 eagerly, and at hidden 512, B=64 the
-two were within the machine's noise (docs/results/2026-12-02-l-a-small-models-call-in-one-graph.md). A
-graph holds its call's intermediates for as long as it is kept, so only calls whose layers' outputs
-come to at most MAX_OUTPUT_BYTES are captured (`small`); the others are made as eager calls.
+hidden 128, B=16 took 0.27 ms replayed against 0.34 to 0.38 eagerly, and at hidden 512, B=64 the two were
+within the machine's noise (docs/results/2026-12-02-l-a-small-models-call-in-one-graph.md). A graph
+holds its call's intermediates for as long as it is kept, so a call whose graph would hold more than
+MAX_GRAPH_BYTES is not kept: the memory stays the caller's, as an eager call's.
 
 A call is like the one captured where it is an inference call (no grad mode) on a GPU, not traced nor
 under a capture of the caller's, on the same stream, of x of the same shape, strides, dtype and device,
@@ -49,12 +49,10 @@ from .zeros import made_here
 
 log = logging.getLogger(__name__)
 
-# The largest call captured, by its layers' outputs (steps x rows x hidden x layers x directions, 4 bytes
-# each): its graph holds a few times that, in torch's segments of 20 MiB. A bidirectional layer at T=100,
-# B=16, hidden 128 comes to 1.6 MB, at B=32, hidden 256 to 6.6, at B=64, hidden 512 to 26, where a replay
-# gains nothing. (A bound known before the capture: a capture tried and dropped cost the calls after it
-# more than it would have saved, 0.89 ms against 0.61 at B=32, hidden 256, and was not found out why.)
-MAX_OUTPUT_BYTES = 8 << 20
+# The most memory a captured call's graph may hold (its pool of the call's intermediates, which an eager
+# call's allocations leave in torch's cache as well): a bidirectional LSTM layer at T=100 holds a few MiB
+# at B=16, hidden 128, and more than a hundred at B=64, hidden 512, where a replay gains nothing
+MAX_GRAPH_BYTES = 64 << 20
 
 # run(x, initial states, steps-left state or None, kept) -> (y, final states): the call through the whole
 # path, `kept` whether it may make its layers' kept calls (not under a capture)
@@ -70,7 +68,7 @@ class KeptStack:
         self._graph: _Graph | None = None
         # the key of the last call the whole path made, and its parameters, as it packed them
         self._last: tuple[tuple, PackedFor] | None = None
-        self._refused: set[tuple] = set()  # keys whose capture failed
+        self._refused: set[tuple] = set()  # keys whose capture failed or held too much
         self._replayed = False  # whether the last call was replayed (or captured and replayed)
         # the module's own key of the last call replayed, its parameters as it holds them, and the graph
         self._front: tuple[tuple, PackedFor, _Graph] | None = None
@@ -136,10 +134,12 @@ class KeptStack:
     def _capture(key: tuple, x: torch.Tensor, initial: Sequence[torch.Tensor], steps: torch.Tensor | None,
                  params: PackedFor, run: Run) -> _Graph | None:
         """The call captured over tensors of its own on a stream of the thread's own (None where it
-        cannot be: a warning says why), for as long as `params` match the call's."""
+        cannot be: a warning says why, or where its graph would hold more than MAX_GRAPH_BYTES), for as
+        long as `params` match the call's."""
         with kept_tensors():
             inputs = [torch.empty_like(x), *(s if made_here(s) else torch.empty_like(s) for s in initial),
                       *(() if steps is None else (torch.empty_like(steps),))]
+            before = torch.cuda.memory_reserved(x.device)  # (a capture's allocations are its pool's own)
             side, current = _capture_stream(x), torch.cuda.current_stream(x.device)
             side.wait_stream(current)
             # (kept until instantiated: its persistent kernels are made to start together first)
@@ -168,6 +168,11 @@ class KeptStack:
         if failed is not None:
             log.warning("a call of the layers one at a time could not be captured into a CUDA graph "
                         "(%s: %s); calls like it run layer by layer", type(failed).__name__, failed)
+            return None
+        held = torch.cuda.memory_reserved(x.device) - before
+        if held > MAX_GRAPH_BYTES:
+            log.debug("a call of the layers one at a time not kept as a CUDA graph: it holds %d MiB",
+                      held >> 20)
             return None
         return _Graph(key, graph, params, inputs, [not made_here(s) for s in initial], y, finals,
                       checked.packings, checked.programs, together)
@@ -203,12 +208,6 @@ class _Graph:
                 self._inputs[-1].copy_(steps)
             self.graph.replay()
             return self._y.clone(), [f.clone() for f in self._finals]
-
-
-def small(x: torch.Tensor, hidden: int, runs: int) -> bool:
-    """Whether a call of x through `runs` layers and directions of `hidden` units is one to capture (see
-    MAX_OUTPUT_BYTES)."""
-    return x.shape[0] * x.shape[1] * hidden * runs * 4 <= MAX_OUTPUT_BYTES
 
 
 def front_key(layout: tuple, x: object, states: Sequence[object] | None) -> tuple | None:

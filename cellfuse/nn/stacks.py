@@ -31,7 +31,6 @@ from ..graph_model import CellError
 from . import ops
 from .row_kernels import rows_kernels
 from .runners import DTYPES, FORWARD, PRECISIONS, direction_of
-from .stack_graph import small
 from .tracing import traced
 from .zeros import made_here
 
@@ -277,12 +276,11 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
         return _layers(x, initial, params_of, layers, bidirectional, dropout, training, cell, hidden,
                        schedule, lengths, float32, steps, kept if keep else None)
 
-    directions = (False, True) if bidirectional else (False,)
     # (inference calls only; not with torch's dropout, which draws anew at every call: and the parameters
     # not asked for in grad mode on this stream, whose views the reverse direction's stream would make again)
-    if (kept is None or torch.is_grad_enabled() or (dropout and training)
-            or not small(x, hidden, layers * len(directions))):
+    if kept is None or torch.is_grad_enabled() or (dropout and training):
         return through(x, initial, steps, True)
+    directions = (False, True) if bidirectional else (False,)
     params = [p for layer in range(layers) for reverse in directions for p in params_of(layer, reverse)]
     return kept.stack((layers, bidirectional, cell, hidden, schedule, float32), x, initial, lengths, steps,
                       params, through)

@@ -115,12 +115,3 @@ def test_a_call_the_whole_path_made_leaves_no_key_to_replay(on_a_gpu):
         assert stack.front("its key", held, x, None) is None
         stack.took("its key", held)  # (no call through it since: nothing replayed)
         assert stack.front("its key", held, x, None) is None
-
-
-def test_calls_whose_layers_outputs_pass_the_bound_are_not_captured():
-    """A bidirectional layer at T=100: B=16, hidden 128 (1.6 MB of outputs) is captured; B=64, hidden
-    512 (26 MB, where a replay gains nothing) is not; nor two such layers at B=32, hidden 256."""
-    assert stack_graph.small(torch.empty(100, 16, 128), 128, 2)
-    assert stack_graph.small(torch.empty(16, 100, 256), 256, 2)  # (batch first: the same count)
-    assert not stack_graph.small(torch.empty(100, 64, 512), 512, 2)
-    assert not stack_graph.small(torch.empty(100, 32, 256), 256, 4)

@@ -137,9 +137,9 @@ def test_calls_unlike_the_captured_one_take_the_whole_path(cuda):
     _exact(smaller, _whole_path(lstm, x[:, :7])[0])
 
 
-def test_a_call_larger_than_the_bound_is_never_captured(cuda, monkeypatch):
-    """Above the bound (here every call's), each call takes the whole path and no capture is tried."""
-    monkeypatch.setattr(stack_graph, "MAX_OUTPUT_BYTES", 0)
+def test_a_call_whose_graph_would_hold_too_much_memory_is_never_kept(cuda, monkeypatch):
+    """Above the bound (here every call's), each call takes the whole path, its capture tried once."""
+    monkeypatch.setattr(stack_graph, "MAX_GRAPH_BYTES", 0)
     lstm = LSTM(INPUT, H, 1, bidirectional=True, schedule="tensor").to(cuda)
     x = torch.randn(T, 16, INPUT, device=cuda)
     stack = lstm._kept_layers.stack
@@ -151,7 +151,8 @@ def test_a_call_larger_than_the_bound_is_never_captured(cuda, monkeypatch):
     monkeypatch.setattr(KeptStack, "_capture", staticmethod(counted))
     with torch.no_grad():
         outs = [lstm(x)[0] for _ in range(4)]
-    assert (stack.captures, stack.replays, len(tries)) == (0, 0, 0)
+    assert (stack.captures, stack.replays, len(tries)) == (0, 0, 1)
+    assert stack._graph is None
     want = _whole_path(lstm, x)[0]
     for got in outs:
         _exact(got, want)
