@@ -39,7 +39,6 @@ from .packed_sequences import Unpacked
 from .quick_call import KeptLayers, QuickCall, kept_call, kept_lengths_call, kept_packed_call
 from .recent_calls import RecentCalls
 from .runners import DTYPES, dtype_names, param_dtypes
-from .stack_graph import front_key
 from .tracing import refuse_script, traced_call
 from .zeros import Zeros
 
@@ -306,19 +305,9 @@ class CellRNN(torch.nn.Module):
                 done = self._kept_lengths_call(quick, time_major, lengths, layout, every)
                 if done is not None:
                     return done[0], dict(zip(self.state_ids, done[1], strict=True))
-        by_layer = self.bidirectional or bool(self.dropout and self.training and self.num_layers > 1)
-        front = None  # (a call of the layers one at a time like the last one replayed)
-        if not tracing and by_layer and lengths is None:
-            every = None if states is None else self._every_state(states)
-            front = None if states is not None and every is None else front_key(layout, x, every)
-            if front is not None:
-                done = self._kept_layers.stack.front(front, self._params(),
-                                                     x.transpose(0, 1) if self.batch_first else x, every)
-                if done is not None:
-                    y = done[0].transpose(0, 1) if self.batch_first else done[0]
-                    return y, dict(zip(self.state_ids, done[1], strict=True))
         x_given = x
         packed = None
+        by_layer = self.bidirectional or bool(self.dropout and self.training and self.num_layers > 1)
         if isinstance(x, PackedSequence):
             if lengths is not None:
                 raise CellError("lengths are given twice: by the PackedSequence and by `lengths`")
@@ -354,8 +343,6 @@ class CellRNN(torch.nn.Module):
                 x, initial, self._layer_params_of, self.num_layers, self.bidirectional, self.dropout,
                 self.training, self._cell_text, self.hidden_size, self.schedule, lengths, self._float32,
                 steps, None if tracing else self._kept_layers)
-            if not tracing:
-                self._kept_layers.stack.took(front, params)
         else:
             y, finals = stacks.run(x, initial, params, self._cell_text, self.hidden_size, self.num_layers,
                                    self.schedule, lengths, float32=self._float32, steps=steps)

@@ -10,8 +10,7 @@ replays a CUDA graph of the program over memory the runner keeps (see _Replay). 
 parameters are packed into the weight buffers the kernels read (stacked along N where GEMMs share an
 operand) only when they change: their version counters and addresses tell, so a forward pass of unchanged
 weights copies nothing; under a CUDA graph capture they are always packed, so that a replay reads the
-parameters as they are then (but for a module's own graph of a whole call, replayed only while they are
-unchanged: params_checked_capture). Modules of the same cell and sizes share a runner, and each module's
+parameters as they are then. Modules of the same cell and sizes share a runner, and each module's
 parameters keep packed weights of their own in it (the last MAX_PACKINGS modules'), so that a model of
 several such modules packs nothing when it calls them in turn. The forward, training and backward
 programs (loaded modules of their own) all read a module's packing, on whichever streams they are called:
@@ -28,7 +27,6 @@ outside captures only).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import weakref
@@ -59,31 +57,6 @@ from .tensor_layout import TensorLayout
 from .zeros import Zeros, made_here
 
 log = logging.getLogger(__name__)
-
-_checked = threading.local()  # `capture`: the CheckedCapture of params_checked_capture, while it lasts
-
-
-@dataclass
-class CheckedCapture:
-    """What the runs put on a stream under params_checked_capture read: the packings of the weights
-    (which the caller holds while it replays the graph: the runner may drop or remake its own), and the
-    programs (whose runs on other streams each replay must follow, as theirs do: StreamProgram.order)."""
-
-    packings: list[torch.Tensor] = field(default_factory=list)
-    programs: list = field(default_factory=list)
-
-
-@contextlib.contextmanager
-def params_checked_capture():
-    """Within (giving a CheckedCapture): a CUDA graph capture whose replays the caller makes only while the
-    parameters are the same objects at the same versions as now (nn.stack_graph checks them before each):
-    the runs read the packed weights where they are, packed already, instead of packing them again in
-    the graph (35 to 40 us a direction of an LSTM at I=H=512 on an H200, at every replay)."""
-    _checked.capture = CheckedCapture()
-    try:
-        yield _checked.capture
-    finally:
-        _checked.capture = None
 
 ALIGNMENT = 256  # bytes: where each buffer starts in a piece of memory (cuBLAS's fastest kernels want it)
 MAX_PACKINGS = 8  # modules whose packed weights a runner keeps at once
@@ -370,10 +343,7 @@ class CudaRunner(Runner):
         self._follow(uses, program, stream)
         if not capturing:  # (a capture's memory is the graph's to keep)
             _record(uses.streams, stream, (memory,))
-        checked = getattr(_checked, "capture", None) if capturing else None
-        if checked is not None and all(p is not program for p in checked.programs):
-            checked.programs.append(program)
-        if (capturing and checked is None) or not packed_for.matches(params):
+        if capturing or not packed_for.matches(params):
             CHANGES.bump()  # (a lane replays over the packing as it was)
             if not self._packed_in_one_call(base, params, stream, capturing):
                 for layout, buffers in self.packing:
@@ -385,8 +355,6 @@ class CudaRunner(Runner):
                 self._captured.add(memory.data_ptr())
             else:
                 packed_for.remember(params)
-        elif checked is not None:  # (read where it is by a graph replayed only while these are the params)
-            checked.packings.append(memory)
         return base
 
     @cached_property

@@ -43,7 +43,6 @@ from torch.nn.utils.rnn import PackedSequence
 
 from . import ops
 from .runners import FORWARD, FORWARD_BESIDE, REVERSE, REVERSE_BESIDE, direction_of
-from .stack_graph import KeptStack
 from .tracing import traced
 from .weight_views import WeightViews
 from .zeros import Zeros
@@ -287,7 +286,6 @@ class KeptLayers:
         # (layer, the ops' direction, whether its rows have lengths of their own) -> its kept call
         self._calls: dict[tuple[int, int, bool], QuickCall] = {}
         self._zeros = zeros
-        self.stack = KeptStack()  # the whole call captured, for inference calls like it
 
     def __call__(self, layer: int, direction: int, x: torch.Tensor, params: Sequence[torch.Tensor],
                  states: Sequence[torch.Tensor] | None, schedule: str, steps: torch.Tensor | None = None

@@ -270,29 +270,7 @@ def layer_by_layer(x: torch.Tensor, initial: Sequence[torch.Tensor],
     already (see run; made here from the lengths otherwise); `kept`: the module's kept calls of its
     layers and directions (quick_call.KeptLayers), which make a call like the one before of each and keep
     the others, for all sequences of the full length, and apart for rows of their own lengths given their
-    steps-left state (one for all layers and directions), and its capture of the whole call, replayed for
-    the inference calls like it (stack_graph)."""
-    def through(x: torch.Tensor, initial: Sequence[torch.Tensor], steps: torch.Tensor | None, keep: bool):
-        return _layers(x, initial, params_of, layers, bidirectional, dropout, training, cell, hidden,
-                       schedule, lengths, float32, steps, kept if keep else None)
-
-    # (inference calls only; not with torch's dropout, which draws anew at every call: and the parameters
-    # not asked for in grad mode on this stream, whose views the reverse direction's stream would make again)
-    if kept is None or torch.is_grad_enabled() or (dropout and training):
-        return through(x, initial, steps, True)
-    directions = (False, True) if bidirectional else (False,)
-    params = [p for layer in range(layers) for reverse in directions for p in params_of(layer, reverse)]
-    return kept.stack((layers, bidirectional, cell, hidden, schedule, float32), x, initial, lengths, steps,
-                      params, through)
-
-
-def _layers(x: torch.Tensor, initial: Sequence[torch.Tensor],
-            params_of: Callable[[int, bool], list[torch.Tensor]], layers: int, bidirectional: bool,
-            dropout: float, training: bool, cell: str, hidden: int, schedule: str,
-            lengths: torch.Tensor | None, float32: str, steps: torch.Tensor | None,
-            kept: KeptLayers | None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """layer_by_layer's call through the whole path, each layer and direction through its kept call where
-    `kept`."""
+    steps-left state (one for all layers and directions)."""
     directions = (False, True) if bidirectional else (False,)
     reverse_time = _reversal(lengths, x) if bidirectional else None
     can_run_beside = bidirectional and _beside(x)

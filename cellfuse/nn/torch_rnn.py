@@ -35,7 +35,6 @@ from .packed_sequences import Unpacked
 from .quick_call import KeptLayers, QuickCall, kept_call, kept_packed_call
 from .recent_calls import RecentCalls
 from .runners import DTYPES, dtype_names, param_dtypes
-from .stack_graph import front_key
 from .tracing import refuse_script, traced, traced_call
 from .weight_views import WeightViews, joined
 from .zeros import Zeros
@@ -343,12 +342,6 @@ class _TorchRNN(torch.nn.Module):
             if done is not None:
                 return self._returned(*done)
         fused = not self.bidirectional and (self.dropout == 0 or not self.training or self.num_layers == 1)
-        front = None if tracing or fused else front_key(layout, input, every)
-        if front is not None:  # (a call of the layers one at a time like the last one replayed)
-            done = self._kept_layers.stack.front(front, self._flat_weights,
-                                                 input.transpose(0, 1) if self.batch_first else input, every)
-            if done is not None:
-                return self._returned(done[0].transpose(0, 1) if self.batch_first else done[0], done[1])
         input_given = input
         packed, lengths = None, None
         if isinstance(input, PackedSequence):  # padded, each row to its length, in the data's order of rows
@@ -406,8 +399,6 @@ class _TorchRNN(torch.nn.Module):
                 x, initial, self._layer_params, self.num_layers, self.bidirectional, self.dropout,
                 self.training, self._cell_text, self.hidden_size, self.schedule, lengths, steps=steps,
                 kept=None if tracing else self._kept_layers)
-            if not tracing:
-                self._kept_layers.stack.took(front, self._flat_weights)
         if not tracing:  # (as CellRNN's: whether the first call of the ops saved, by its parameters)
             self._recent.saw(x, lengths is not None, not fused, stacks.saves(x, initial, first))
         if unbatched:

@@ -357,24 +357,12 @@ def test_inference_calls_under_autocast_are_kept_and_made_by_the_lane(cuda, monk
         assert call()[0].dtype == torch.float32
 
 
-@pytest.fixture
-def layer_by_layer(monkeypatch):
-    """A stack's inference calls made a layer and a direction at a time through their kept calls, whose
-    lanes the test watches, not replayed as one CUDA graph of the whole call (nn.stack_graph)."""
-    from cellfuse.nn.stack_graph import KeptStack
-
-    def through(stack, what, x, initial, lengths, steps, params, run):
-        return run(x, initial, steps, True)
-    monkeypatch.setattr(KeptStack, "__call__", through)
-
-
 # calls in a row that every layer's lanes make, within so many calls of a stack (see below)
 SETTLED_CALLS, CALLS_TO_SETTLE = 8, 40
 T_BESIDE, T_IN_ORDER, P_BESIDE, P_IN_ORDER = ("tensor", True), ("tensor", False), ("persistent", True), \
     ("persistent", False)
 
 
-@pytest.mark.usefixtures("layer_by_layer")
 @pytest.mark.parametrize("schedule, chosen, batch", [
     ("tensor", None, 19), ("auto", None, 21), ("auto", (T_BESIDE, P_BESIDE), 23),
     ("auto", (T_IN_ORDER, P_IN_ORDER), 25), ("auto", (T_IN_ORDER, P_BESIDE), 27),
@@ -478,7 +466,6 @@ def test_calls_of_rows_of_their_own_lengths_are_made_by_the_lane(cuda, monkeypat
         torch.testing.assert_close(finals[s], want_finals[s], rtol=0, atol=0)
 
 
-@pytest.mark.usefixtures("layer_by_layer")
 @pytest.mark.parametrize("schedule", ["tensor", "persistent"])
 def test_a_bidirectional_stacks_packed_calls_are_made_by_their_lanes(cuda, monkeypatch, schedule):
     """A bidirectional stack's call of a PackedSequence keeps each layer's and direction's call of rows of
