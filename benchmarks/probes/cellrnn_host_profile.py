@@ -1,13 +1,13 @@
 """Where the host time of CellRNN's calls goes: cProfile over many forward calls under torch.no_grad()
 (and, in float32, many training steps) of the LSTM at input = hidden = 512 (or --hidden), then torch's
 profiler over a few forward calls (the CUDA API calls and kernels they make, with their times).
-`--module dropin`: the same of cellfuse.nn.LSTM; `--lengths uniform:10-100`: rows of such lengths, a
-PackedSequence of them for the drop-in, `rnn(x, lengths=...)` (lengths on the CPU) for CellRNN; `--lines`:
-the profile's lines shown, by own time and by cumulative time.
+`--module dropin`: the same of cellfuse.nn.LSTM; `--bidirectional`: of two directions; `--lengths
+uniform:10-100`: rows of such lengths, a PackedSequence of them for the drop-in, `rnn(x, lengths=...)`
+(lengths on the CPU) for CellRNN; `--lines`: the profile's lines shown, by own time and by cumulative time.
 
     python3 benchmarks/probes/cellrnn_host_profile.py [--schedule persistent] [--calls 500] [--batch 1]
         [--seq 100] [--hidden 512] [--layers 1] [--precision fp32|bf16|fp16] [--module cellrnn|dropin]
-        [--lengths uniform:LO-HI] [--lines 16]
+        [--bidirectional] [--lengths uniform:LO-HI] [--lines 16]
 """
 
 from __future__ import annotations
@@ -38,11 +38,14 @@ def main() -> None:
     p.add_argument("--lengths", default="",
                    help="uniform:LO-HI: rows of such lengths (the drop-in: a PackedSequence of them)")
     p.add_argument("--lines", type=int, default=16)
+    p.add_argument("--bidirectional", action="store_true")
     args = p.parse_args()
     if args.module == "dropin":
-        rnn = LSTM(args.hidden, args.hidden, args.layers, schedule=args.schedule).cuda()
+        rnn = LSTM(args.hidden, args.hidden, args.layers, bidirectional=args.bidirectional,
+                   schedule=args.schedule).cuda()
     else:
-        rnn = CellRNN("lstm", args.hidden, args.hidden, args.layers, schedule=args.schedule, seed=1).cuda()
+        rnn = CellRNN("lstm", args.hidden, args.hidden, args.layers, schedule=args.schedule, seed=1,
+                      bidirectional=args.bidirectional).cuda()
     x = torch.randn(args.seq, args.batch, args.hidden, device="cuda").to(DTYPES[args.precision])
     xg = x.clone().requires_grad_()
     if args.lengths:
@@ -55,7 +58,8 @@ def main() -> None:
             xg = x._replace(data=x.data.clone().requires_grad_())
     given = {"lengths": lengths} if args.lengths and args.module == "cellrnn" else {}
     print(f"LSTM T={args.seq} B={args.batch} H={args.hidden} layers={args.layers} {args.precision} "
-          f"{args.schedule} {args.module} {args.lengths or 'padded'}")
+          f"{args.schedule} {args.module} {args.lengths or 'padded'}"
+          f"{' bidirectional' if args.bidirectional else ''}")
 
     def forward() -> None:
         with torch.no_grad():
