@@ -377,11 +377,14 @@ def _print_bench(result) -> None:
         print("  (cancelled)")
 
 
-def _choices(option: str, text: str, known) -> list[str]:
+def _choices(option: str, text: str, known, none: str = "") -> list[str]:
+    """The comma-separated names of `text`, each one of `known`; `none`: how to ask for none of them, said
+    where a name is unknown."""
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise CellError(f"{option}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+        raise CellError(f"{option}: unknown {', '.join(map(repr, unknown))}; choose from {', '.join(known)}"
+                        + (f" ({none})" if none else ""))
     return names
 
 
@@ -405,7 +408,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         config.schedules = _choices("--schedules", args.schedules, SCHEDULES)
     if args.baselines is not None:
         config.baselines = _choices("--baselines" + " with --train" * args.train, args.baselines,
-                                    TRAIN_BASELINES if args.train else BASELINES)
+                                    TRAIN_BASELINES if args.train else BASELINES,
+                                    none='--baselines "" for none')
 
     def progress(done: int, total: int, message: str) -> None:
         print(f"[{done}/{total}] {message}", file=sys.stderr, flush=True)

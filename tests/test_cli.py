@@ -700,6 +700,7 @@ def test_bench_sweep(cli, tmp_path):
     (("--sweep", "width=1,2"), "cannot sweep 'width'"),
     (("--schedules", "naive,fast"), "--schedules: unknown 'fast'; choose from naive"),
     (("--baselines", "cudnn,tensorflow"), "--baselines: unknown 'tensorflow'"),
+    (("--baselines", "none"), "flashrnn (--baselines \"\" for none)"),
 ])
 def test_bench_bad_options(cli, tmp_path, argv, message):
     code, out, err = cli("bench", "elman", "--backend", "numpy", "--seq", 2, "--batch", 1, "--input", 3,
