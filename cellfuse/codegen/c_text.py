@@ -53,10 +53,11 @@ def c_stem(name: str) -> str:
     """A cell's name as the stem of the generated C names (`cellfuse_<stem>_forward`, `cf_<stem>_k0`) and
     of the file name in the build command: lower-case ASCII letters, digits and single underscores, never
     empty, starting with a letter, and short enough for a file name."""
-    stem = re.sub(r"_+", "_", c_name(name).lower())[:MAX_STEM].strip("_")
+    stem = re.sub(r"_+", "_", c_name(name).lower()).strip("_")
     if not stem:
         return "cell"
-    return "c_" + stem if stem[0].isdigit() else stem
+    # (cut after `c_` is put in front, so that a stem is its own stem: at most MAX_STEM characters)
+    return ("c_" + stem if stem[0].isdigit() else stem)[:MAX_STEM].rstrip("_")
 
 
 def float_literal(value: float) -> str:

@@ -220,6 +220,7 @@ def test_comment_text_leaves_ordinary_text_as_it_is():
     ("LSTM", "lstm"), ("Elman RNN", "elman_rnn"), ("1cell", "c_1cell"), ("42", "c_42"), ("", "cell"),
     ("!!! ***", "cell"), ("_x__y_", "x_y"), ("Ünïcode", "n_code"), ("σ", "cell"), ("int", "int"),
     (HOSTILE_NAME, "c_1_x_error_injected"), ("Long name " * 100, ("long_name_" * 7)[:64]),
+    ("1" + "x" * 100, "c_1" + "x" * 61), ("9" + "_" * 61 + "ab", "c_9_ab"),
 ])
 def test_the_c_stem_of_any_name_is_a_valid_ascii_name(name, stem):
     assert c_stem(name) == stem
